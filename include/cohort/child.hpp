@@ -1,0 +1,91 @@
+// A running child process, owned through its pidfd.
+#pragma once
+
+#include "cohort/exit_status.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/readable_pipe.hpp>
+#include <asio/writable_pipe.hpp>
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <system_error>
+
+namespace cohort {
+
+namespace detail {
+struct child_state;
+}
+
+/// One child process. The object owns the child through a pidfd, so it can
+/// never signal or reap a recycled pid.
+///
+/// Destroying (or assigning over) a child that is still running kills it with
+/// SIGKILL and reaps it, unless it was detach()ed; if a wait() is in flight,
+/// the kill makes that wait complete instead. A child in uninterruptible
+/// sleep (D state) delays that reap until the kernel lets it die.
+///
+/// Like asio's I/O objects, one child object must not be used from two
+/// threads at once.
+class child {
+ public:
+  child() noexcept;  ///< no process
+  child(child&&) noexcept;
+  child& operator=(child&&) noexcept;
+  ~child();
+
+  /// Whether this object holds a process (spawned, not moved from or detached).
+  explicit operator bool() const noexcept { return state_ != nullptr; }
+  pid_t pid() const noexcept;
+  /// The pidfd; -1 without a process. Owned by this object.
+  int native_handle() const noexcept;
+
+  /// Waits for the child to exit and reaps it. Starts lazily, when awaited.
+  /// Once reaped, every later wait returns the same status at once.
+  /// Cancellation (asio per-operation cancellation) stops the wait and leaves
+  /// the child running: it throws std::system_error(operation_aborted).
+  /// Throws std::logic_error while another wait() is in flight.
+  [[nodiscard]] asio::awaitable<exit_status> wait();
+  /// Blocks the calling thread until the child exits, and reaps it.
+  exit_status join();
+  exit_status join(std::error_code& ec);
+  /// Reaps the child if it has exited; never blocks.
+  std::optional<exit_status> try_wait();
+  std::optional<exit_status> try_wait(std::error_code& ec);
+  /// The status, once reaped.
+  std::optional<exit_status> status() const noexcept;
+
+  /// Sends `signal` through the pidfd (pidfd_send_signal). Does nothing once
+  /// the child has exited. Throws std::system_error for a bad signal number.
+  void signal(int signal);
+  void signal(int signal, std::error_code& ec);
+  /// To every process in the child's process group (killpg). Only for
+  /// children started as group leaders (the default; otherwise
+  /// errc::invalid_argument). Does nothing once reaped.
+  void signal_group(int signal);
+  void signal_group(int signal, std::error_code& ec);
+
+  /// Lets the child run on its own: it is no longer killed when this object
+  /// goes, and is reaped in the background once it exits, as long as the
+  /// io_context it was spawned on runs. Its pipes are closed here.
+  /// Afterwards this object holds no process.
+  void detach();
+
+  /// The parent ends of the pipes the spawn options asked for. Throw
+  /// std::logic_error when that stream is not a pipe.
+  asio::writable_pipe& in();
+  asio::readable_pipe& out();
+  asio::readable_pipe& err();
+
+  /// Used by spawn(): adopts a launched process.
+  explicit child(std::shared_ptr<detail::child_state> state) noexcept;
+
+ private:
+  void release() noexcept;
+  std::shared_ptr<detail::child_state> state_;
+};
+
+}  // namespace cohort

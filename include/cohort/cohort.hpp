@@ -1,0 +1,10 @@
+// Everything cohort offers, in one include.
+#pragma once
+
+#include "cohort/child.hpp"
+#include "cohort/command.hpp"
+#include "cohort/environment.hpp"
+#include "cohort/exit_status.hpp"
+#include "cohort/io_uring_info.hpp"
+#include "cohort/spawn.hpp"
+#include "cohort/stdio.hpp"

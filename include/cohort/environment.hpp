@@ -1,0 +1,41 @@
+// The environment a child starts with.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cohort {
+
+/// A base (this process's environment at spawn time, or nothing) plus
+/// variables set or unset on top of it. Later calls win over earlier ones.
+class environment {
+ public:
+  /// This process's environment as it is when the child is spawned.
+  static environment inherit() { return environment(true); }
+  /// No variables but those set here.
+  static environment empty() { return environment(false); }
+  /// Exactly these variables.
+  static environment from(const std::map<std::string, std::string>& variables);
+
+  environment() = default;  ///< inherit()
+
+  environment& set(std::string name, std::string value);
+  environment& unset(std::string name);
+
+  /// The "NAME=value" strings the child gets, sorted by name.
+  /// Throws std::invalid_argument for a name that is empty or holds '=' or
+  /// NUL, or a value that holds NUL.
+  std::vector<std::string> materialize() const;
+  /// The value the child will see for `name`, if any.
+  std::optional<std::string> get(const std::string& name) const;
+
+ private:
+  explicit environment(bool inherit) : inherit_(inherit) {}
+
+  bool inherit_ = true;
+  std::map<std::string, std::optional<std::string>> changes_;  // nullopt = unset
+};
+
+}  // namespace cohort

@@ -1,0 +1,23 @@
+// What the io_uring of an io_context can do on the running kernel.
+#pragma once
+
+#include <asio/io_context.hpp>
+
+#include <string>
+
+namespace cohort {
+
+/// Probed once per io_context, when cohort first uses it.
+struct io_uring_info {
+  bool ring = false;    ///< cohort drives a ring; false: asio's reactor does everything
+  bool waitid = false;  ///< IORING_OP_WAITID (Linux 6.7): exits arrive on the ring
+  bool poll = false;    ///< IORING_OP_POLL_ADD
+  bool read = false;    ///< IORING_OP_READ
+  bool futex = false;   ///< IORING_OP_FUTEX_WAIT/WAKE (Linux 6.7)
+  bool cancel = false;  ///< IORING_OP_ASYNC_CANCEL
+  std::string why_not;  ///< why there is no ring, when there is none
+};
+
+io_uring_info io_uring_support(asio::io_context& io);
+
+}  // namespace cohort

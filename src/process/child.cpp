@@ -1,0 +1,213 @@
+// Waiting for, reaping and signalling a child through its pidfd.
+#include "cohort/child.hpp"
+
+#include "config.hpp"
+#include "process/child_state.hpp"
+#include "uring/waitid.hpp"
+
+#include <asio/redirect_error.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <stdexcept>
+
+namespace cohort {
+namespace detail {
+namespace {
+
+std::chrono::microseconds to_duration(const timeval& tv) {
+  return std::chrono::seconds(tv.tv_sec) + std::chrono::microseconds(tv.tv_usec);
+}
+
+exit_status to_status(const siginfo_t& info, const rusage& usage) {
+  resource_usage used{to_duration(usage.ru_utime), to_duration(usage.ru_stime), usage.ru_maxrss};
+  switch (info.si_code) {
+    case CLD_EXITED: return exit_status::from_code(info.si_status, used);
+    case CLD_DUMPED: return exit_status::from_signal(info.si_status, true, used);
+    default: return exit_status::from_signal(info.si_status, false, used);
+  }
+}
+
+}  // namespace
+
+child_state::~child_state() {
+  if (pidfd >= 0) ::close(pidfd);
+}
+
+// glibc's waitid() has no rusage argument; the system call does.
+std::optional<exit_status> child_state::reap(bool block, std::error_code& ec) {
+  ec.clear();
+  if (status) return status;
+  siginfo_t info{};
+  rusage usage{};
+  long rc;
+  do {
+    rc = ::syscall(SYS_waitid, config::p_pidfd, pidfd, &info, WEXITED | (block ? 0 : WNOHANG), &usage);
+  } while (rc < 0 && errno == EINTR);
+  if (rc < 0) {
+    ec.assign(errno, std::system_category());
+    return std::nullopt;
+  }
+  if (info.si_pid == 0) return std::nullopt;
+  status = to_status(info, usage);
+  return status;
+}
+
+}  // namespace detail
+
+child::child() noexcept = default;
+child::child(std::shared_ptr<detail::child_state> state) noexcept : state_(std::move(state)) {}
+child::child(child&& other) noexcept = default;
+
+child& child::operator=(child&& other) noexcept {
+  if (this != &other) {
+    release();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+child::~child() { release(); }
+
+// Kills a child that still runs; reaps it unless a wait in flight will.
+void child::release() noexcept {
+  auto state = std::move(state_);
+  if (!state || state->status) return;
+  config::pidfd_send_signal(state->pidfd, SIGKILL);
+  if (!state->waiting) {
+    std::error_code ignored;
+    state->reap(true, ignored);
+  }
+}
+
+pid_t child::pid() const noexcept { return state_ ? state_->pid : -1; }
+int child::native_handle() const noexcept { return state_ ? state_->pidfd : -1; }
+
+std::optional<exit_status> child::status() const noexcept {
+  return state_ ? state_->status : std::nullopt;
+}
+
+asio::awaitable<exit_status> child::wait() {
+  auto state = state_;  // the wait keeps the process's state alive
+  if (!state) throw std::logic_error("cohort::child::wait: no process");
+  if (state->status) co_return *state->status;
+  if (state->waiting) throw std::logic_error("cohort::child::wait: a wait is already in flight");
+  state->waiting = true;
+  struct clear_waiting {
+    detail::child_state& s;
+    ~clear_waiting() { s.waiting = false; }
+  } guard{*state};
+
+  for (;;) {
+    std::error_code ec;
+    // WNOWAIT: the ring only tells us the child exited; the reap below
+    // collects its status together with its resource usage.
+    co_await uring::async_waitid(state->executor, state->pidfd, WEXITED | WNOWAIT,
+                                 asio::redirect_error(asio::use_awaitable, ec));
+    if (state->status) co_return *state->status;  // reaped meanwhile by try_wait()
+    if (ec == asio::error::operation_aborted) throw std::system_error(ec, "cohort::child::wait");
+    if (!ec) {
+      if (auto status = state->reap(false, ec)) co_return *status;
+    }
+    if (ec) throw std::system_error(ec, fmt::format("cohort::child::wait: waitid for pid {}", state->pid));
+  }
+}
+
+exit_status child::join() {
+  std::error_code ec;
+  auto status = join(ec);
+  if (ec) throw std::system_error(ec, fmt::format("cohort::child::join: waitid for pid {}", pid()));
+  return status;
+}
+
+exit_status child::join(std::error_code& ec) {
+  if (!state_) throw std::logic_error("cohort::child::join: no process");
+  if (state_->waiting) throw std::logic_error("cohort::child::join: a wait is already in flight");
+  auto status = state_->reap(true, ec);
+  return status ? *status : exit_status::from_code(-1);
+}
+
+std::optional<exit_status> child::try_wait() {
+  std::error_code ec;
+  auto status = try_wait(ec);
+  if (ec) throw std::system_error(ec, fmt::format("cohort::child::try_wait: waitid for pid {}", pid()));
+  return status;
+}
+
+std::optional<exit_status> child::try_wait(std::error_code& ec) {
+  if (!state_) throw std::logic_error("cohort::child::try_wait: no process");
+  return state_->reap(false, ec);
+}
+
+void child::signal(int sig) {
+  std::error_code ec;
+  signal(sig, ec);
+  if (ec) throw std::system_error(ec, fmt::format("cohort::child::signal: {} to pid {}", signal_name(sig), pid()));
+}
+
+void child::signal(int sig, std::error_code& ec) {
+  ec.clear();
+  if (!state_) throw std::logic_error("cohort::child::signal: no process");
+  if (state_->status) return;
+  if (config::pidfd_send_signal(state_->pidfd, sig) != 0 && errno != ESRCH) {
+    ec.assign(errno, std::system_category());
+  }
+}
+
+void child::signal_group(int sig) {
+  std::error_code ec;
+  signal_group(sig, ec);
+  if (ec) throw std::system_error(ec, fmt::format("cohort::child::signal_group: {} to group {}", signal_name(sig), pid()));
+}
+
+// The group id is the child's pid, which stays reserved while the child is
+// unreaped, so the group cannot be a recycled one.
+void child::signal_group(int sig, std::error_code& ec) {
+  ec.clear();
+  if (!state_) throw std::logic_error("cohort::child::signal_group: no process");
+  if (!state_->group_leader) {
+    ec = std::make_error_code(std::errc::invalid_argument);  // its group is not its own
+    return;
+  }
+  if (state_->status) return;
+  if (::killpg(state_->pid, sig) != 0 && errno != ESRCH) ec.assign(errno, std::system_category());
+}
+
+void child::detach() {
+  auto state = std::move(state_);
+  if (!state || state->status) return;
+  state->in.reset();
+  state->out.reset();
+  state->err.reset();
+  if (state->waiting) return;  // the wait in flight reaps it
+  uring::async_waitid(state->executor, state->pidfd, WEXITED | WNOWAIT,
+                      [state](std::error_code ec, siginfo_t) {
+                        if (!ec) state->reap(false, ec);
+                      });
+}
+
+namespace {
+
+template <class Pipe>
+Pipe& pipe_or_throw(detail::child_state* state, std::optional<Pipe> detail::child_state::*member,
+                    const char* name) {
+  if (state == nullptr) throw std::logic_error(fmt::format("cohort::child::{}: no process", name));
+  auto& pipe = state->*member;
+  if (!pipe) throw std::logic_error(fmt::format("cohort::child::{}: that stream is not a pipe", name));
+  return *pipe;
+}
+
+}  // namespace
+
+asio::writable_pipe& child::in() { return pipe_or_throw(state_.get(), &detail::child_state::in, "in"); }
+asio::readable_pipe& child::out() { return pipe_or_throw(state_.get(), &detail::child_state::out, "out"); }
+asio::readable_pipe& child::err() { return pipe_or_throw(state_.get(), &detail::child_state::err, "err"); }
+
+}  // namespace cohort

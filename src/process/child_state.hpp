@@ -1,0 +1,42 @@
+// What a child object and its in-flight operations share.
+#pragma once
+
+#include "cohort/exit_status.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/readable_pipe.hpp>
+#include <asio/writable_pipe.hpp>
+
+#include <sys/types.h>
+
+#include <optional>
+#include <system_error>
+
+namespace cohort::detail {
+
+/// Held by the child object and by each operation in flight on it, so an
+/// operation outlives the object that started it. Closes the pidfd when the
+/// last holder lets go.
+struct child_state {
+  child_state(asio::any_io_executor ex, pid_t p, int fd) : executor(std::move(ex)), pid(p), pidfd(fd) {}
+  child_state(const child_state&) = delete;
+  child_state& operator=(const child_state&) = delete;
+  ~child_state();
+
+  /// Reaps through the pidfd (waitid with rusage). Without `block`, returns
+  /// nullopt while the child runs. Sets `status`. ECHILD when someone else
+  /// reaped it (a waitpid(-1) elsewhere in the process).
+  std::optional<exit_status> reap(bool block, std::error_code& ec);
+
+  asio::any_io_executor executor;
+  pid_t pid;
+  int pidfd;
+  std::optional<exit_status> status;
+  bool group_leader = false;  ///< started with new_process_group
+  bool waiting = false;  ///< a wait() is in flight; it will reap
+  std::optional<asio::writable_pipe> in;
+  std::optional<asio::readable_pipe> out;
+  std::optional<asio::readable_pipe> err;
+};
+
+}  // namespace cohort::detail

@@ -1,0 +1,425 @@
+// Launching a child: everything is prepared in the parent, then a
+// vfork-style clone (CLONE_VM | CLONE_VFORK | CLONE_PIDFD) runs a short,
+// allocation-free child routine that sets the process up and execs. The
+// parent thread sleeps until the exec or the child's _exit, and the child
+// writes its failure, if any, into the shared plan: a failed launch is known
+// before spawn returns, with no pipe to read and no zombie left.
+#include "cohort/spawn.hpp"
+
+#include "config.hpp"
+#include "process/child_state.hpp"
+
+#include <asio/io_context.hpp>
+#include <asio/this_coro.hpp>
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <variant>
+
+namespace cohort {
+namespace {
+
+// Where a launch failed; names the cause in the exception.
+enum class stage { none, path_lookup, open_file, pipe, clone, signals, setpgid, pdeathsig, dup2, chdir, fds, exec };
+
+struct failure {
+  stage where = stage::none;
+  int error = 0;
+  std::string detail;  // the file or directory involved
+};
+
+// A descriptor the parent opened for the child; closed when the launch ends.
+class owned_fd {
+ public:
+  owned_fd() = default;
+  explicit owned_fd(int fd) : fd_(fd) {}
+  owned_fd(owned_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  owned_fd& operator=(owned_fd&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  ~owned_fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_ = -1;
+};
+
+// What the child routine reads. Built before the clone; the child only
+// reads it, except for `failed_at` / `error`, which it writes before _exit.
+struct plan {
+  const char* path = nullptr;
+  char* const* argv = nullptr;
+  char* const* envp = nullptr;
+  std::array<int, 3> source{-1, -1, -1};  // what goes to 0, 1, 2; -1 leaves it
+  const char* cwd = nullptr;
+  bool new_group = true;
+  int death_signal = 0;
+  pid_t parent = 0;
+  bool close_fds = true;
+  const int* keep = nullptr;
+  std::size_t keep_count = 0;
+  int fd_limit = 0;
+
+  stage failed_at = stage::none;
+  int error = 0;
+};
+
+constexpr int all_signals = 64;
+
+[[noreturn]] void fail(plan& p, stage where) {
+  p.failed_at = where;
+  p.error = errno;
+  ::_exit(127);
+}
+
+// Runs in the child, on its own stack, sharing the parent's memory: only
+// system calls, no allocation, no locks.
+int child_routine(void* arg) {
+  auto& p = *static_cast<plan*>(arg);
+
+  // Handlers of the parent must not run here (they would run on the
+  // parent's memory); ignored SIGPIPE/SIGXFSZ are reset as a shell would.
+  for (int sig = 1; sig <= all_signals; ++sig) {
+    struct sigaction sa {};
+    if (::syscall(SYS_rt_sigaction, sig, nullptr, &sa, _NSIG / 8) != 0) continue;
+    const bool handled = sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
+    const bool reset_ignored = sa.sa_handler == SIG_IGN && (sig == SIGPIPE || sig == SIGXFSZ);
+    if (handled || reset_ignored) {
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      ::syscall(SYS_rt_sigaction, sig, &dfl, nullptr, _NSIG / 8);
+    }
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  if (::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, nullptr, _NSIG / 8) != 0) fail(p, stage::signals);
+
+  if (p.new_group && ::setpgid(0, 0) != 0) fail(p, stage::setpgid);
+  if (p.death_signal != 0) {
+    if (::prctl(PR_SET_PDEATHSIG, p.death_signal) != 0) fail(p, stage::pdeathsig);
+    if (::getppid() != p.parent) ::_exit(127);  // the parent is already gone
+  }
+  for (int target = 0; target < 3; ++target) {
+    int src = p.source[static_cast<std::size_t>(target)];
+    if (src >= 0 && ::dup2(src, target) < 0) fail(p, stage::dup2);
+  }
+  if (p.cwd != nullptr && ::chdir(p.cwd) != 0) fail(p, stage::chdir);
+  if (p.close_fds && ::syscall(SYS_close_range, 3U, ~0U, config::close_range_cloexec) != 0) {
+    for (int fd = 3; fd < p.fd_limit; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  for (std::size_t i = 0; i < p.keep_count; ++i) {
+    if (::fcntl(p.keep[i], F_SETFD, 0) != 0) fail(p, stage::fds);
+  }
+  ::execve(p.path, p.argv, p.envp);
+  fail(p, stage::exec);
+}
+
+// The child routine's stack: one per spawning thread, reused, with a guard
+// page below it. The thread sleeps while its child uses it.
+class child_stack {
+ public:
+  static constexpr std::size_t size = 64 * 1024;
+  child_stack() {
+    void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    if (m == MAP_FAILED) throw std::system_error(errno, std::system_category(), "cohort::spawn: mmap of the child stack");
+    ::mprotect(m, 4096, PROT_NONE);
+    base_ = m;
+  }
+  ~child_stack() { ::munmap(base_, size); }
+  void* top() const { return static_cast<char*>(base_) + size; }
+
+ private:
+  void* base_;
+};
+
+bool is_executable_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// execvp's search, done in the parent so a missing program is a clear error
+// before anything starts.
+std::string find_program(const std::string& program, const environment& env, failure& f) {
+  if (program.empty()) {
+    f = {stage::path_lookup, ENOENT, ""};
+    return {};
+  }
+  if (program.find('/') != std::string::npos) return program;
+  std::string search = env.get("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
+  int error = ENOENT;
+  std::size_t begin = 0;
+  for (;;) {
+    std::size_t end = search.find(':', begin);
+    std::string dir = search.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
+    if (is_executable_file(candidate)) return candidate;
+    if (::access(candidate.c_str(), F_OK) == 0) error = EACCES;
+    if (end == std::string::npos) break;
+    begin = end + 1;
+  }
+  f = {stage::path_lookup, error, ""};
+  return {};
+}
+
+int open_cloexec(const std::filesystem::path& path, int flags, failure& f) {
+  int fd = ::open(path.c_str(), flags | O_CLOEXEC, 0644);
+  if (fd < 0) f = {stage::open_file, errno, path.string()};
+  return fd;
+}
+
+// Makes sure the descriptor given to the child is >= 3, so placing one
+// stream never overwrites the source of another.
+int above_stdio(int fd, std::vector<owned_fd>& owned, failure& f) {
+  if (fd >= 3) return fd;
+  int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  if (copy < 0) {
+    f = {stage::dup2, errno, ""};
+    return -1;
+  }
+  owned.emplace_back(copy);
+  return copy;
+}
+
+struct pipe_ends {
+  owned_fd parent;
+  int target = -1;  // 0, 1 or 2
+};
+
+// Resolves one stream's option into the descriptor the child gets.
+// Returns -1 for "leave it", sets `f` on failure.
+int prepare_stream(const stdio& option, int target, std::vector<owned_fd>& owned,
+                   std::vector<pipe_ends>& pipes, failure& f) {
+  return std::visit(
+      [&](const auto& kind) -> int {
+        using K = std::decay_t<decltype(kind)>;
+        if constexpr (std::is_same_v<K, stdio::inherit_t>) {
+          return -1;
+        } else if constexpr (std::is_same_v<K, stdio::stdout_t>) {
+          if (target != 2) throw std::invalid_argument("cohort::spawn: same_as_stdout() is for stderr only");
+          return 1;  // placed after stdout
+        } else if constexpr (std::is_same_v<K, stdio::null_t>) {
+          int fd = open_cloexec("/dev/null", target == 0 ? O_RDONLY : O_WRONLY, f);
+          if (fd < 0) return -1;
+          owned.emplace_back(fd);
+          return above_stdio(fd, owned, f);
+        } else if constexpr (std::is_same_v<K, stdio::file_t>) {
+          int flags = kind.flags != 0 ? kind.flags : target == 0 ? O_RDONLY : O_WRONLY | O_CREAT | O_TRUNC;
+          int fd = open_cloexec(kind.path, flags, f);
+          if (fd < 0) return -1;
+          owned.emplace_back(fd);
+          return above_stdio(fd, owned, f);
+        } else if constexpr (std::is_same_v<K, stdio::fd_t>) {
+          if (::fcntl(kind.fd, F_GETFD) < 0) {
+            f = {stage::dup2, EBADF, fmt::format("descriptor {}", kind.fd)};
+            return -1;
+          }
+          return above_stdio(kind.fd, owned, f);
+        } else {
+          int ends[2];
+          if (::pipe2(ends, O_CLOEXEC) != 0) {
+            f = {stage::pipe, errno, ""};
+            return -1;
+          }
+          owned_fd read_end(ends[0]), write_end(ends[1]);
+          int child_end = target == 0 ? read_end.get() : write_end.get();
+          pipes.push_back({target == 0 ? std::move(write_end) : std::move(read_end), target});
+          owned.push_back(target == 0 ? std::move(read_end) : std::move(write_end));
+          return above_stdio(child_end, owned, f);
+        }
+      },
+      option.get());
+}
+
+std::string describe(const command& cmd, const failure& f) {
+  std::string what = fmt::format("cohort::spawn '{}'", cmd.program);
+  switch (f.where) {
+    case stage::path_lookup: what += cmd.program.empty() ? ": empty program name" : ": not found in PATH"; break;
+    case stage::open_file: what += fmt::format(": cannot open '{}'", f.detail); break;
+    case stage::pipe: what += ": pipe2"; break;
+    case stage::clone: what += ": clone"; break;
+    case stage::signals: what += ": resetting signals"; break;
+    case stage::setpgid: what += ": setpgid"; break;
+    case stage::pdeathsig: what += ": prctl(PR_SET_PDEATHSIG)"; break;
+    case stage::dup2: what += fmt::format(": placing standard streams{}", f.detail.empty() ? "" : " (" + f.detail + ")"); break;
+    case stage::chdir: what += fmt::format(": cannot change directory to '{}'", f.detail); break;
+    case stage::fds: what += ": keeping inherited descriptors"; break;
+    case stage::exec: what += ": execve"; break;
+    case stage::none: break;
+  }
+  if (f.error == EMFILE || f.error == ENFILE) {
+    rlimit lim{};
+    ::getrlimit(RLIMIT_NOFILE, &lim);
+    what += fmt::format(" (open file limit RLIMIT_NOFILE is {})", lim.rlim_cur);
+  }
+  return what;
+}
+
+void check_keep_fds(const std::vector<int>& keep) {
+  for (int fd : keep) {
+    if (fd < 3) throw std::invalid_argument(fmt::format("cohort::spawn: keep_fds holds {}; use in/out/err for 0..2", fd));
+    if (::fcntl(fd, F_GETFD) < 0) throw std::invalid_argument(fmt::format("cohort::spawn: keep_fds holds {}, which is not open", fd));
+  }
+}
+
+// The launch. On failure returns an empty state and fills `f`.
+std::shared_ptr<detail::child_state> launch(const asio::any_io_executor& executor, const command& cmd,
+                                            const spawn_options& options, failure& f) {
+  check_keep_fds(options.keep_fds);
+  std::string path = find_program(cmd.program, options.env, f);
+  if (f.where != stage::none) return nullptr;
+
+  std::vector<std::string> env_block = options.env.materialize();
+  std::vector<char*> envp;
+  envp.reserve(env_block.size() + 1);
+  for (auto& entry : env_block) envp.push_back(entry.data());
+  envp.push_back(nullptr);
+
+  std::vector<std::string> args;
+  args.reserve(cmd.args.size() + 1);
+  args.push_back(cmd.program);
+  args.insert(args.end(), cmd.args.begin(), cmd.args.end());
+  std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
+  for (auto& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+
+  std::vector<owned_fd> owned;  // closed in the parent when this returns
+  std::vector<pipe_ends> pipes;
+  plan p;
+  const stdio* streams[3] = {&options.in, &options.out, &options.err};
+  for (int target = 0; target < 3; ++target) {
+    p.source[static_cast<std::size_t>(target)] = prepare_stream(*streams[target], target, owned, pipes, f);
+    if (f.where != stage::none) return nullptr;
+  }
+  std::string cwd = options.cwd.string();
+  p.path = path.c_str();
+  p.argv = argv.data();
+  p.envp = envp.data();
+  p.cwd = cwd.empty() ? nullptr : cwd.c_str();
+  p.new_group = options.new_process_group;
+  p.death_signal = options.parent_death_signal;
+  p.parent = ::getpid();
+  p.close_fds = options.close_other_fds;
+  p.keep = options.keep_fds.data();
+  p.keep_count = options.keep_fds.size();
+  rlimit lim{};
+  ::getrlimit(RLIMIT_NOFILE, &lim);
+  p.fd_limit = static_cast<int>(std::min<rlim_t>(lim.rlim_cur, 1 << 20));
+
+  static thread_local child_stack stack;
+  // Every signal stays blocked across the clone, glibc's own included, so no
+  // handler runs in the child before it resets them.
+  sigset_t all, old;
+  sigfillset(&all);
+  ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, _NSIG / 8);
+  int pidfd = -1;
+  pid_t pid = ::clone(child_routine, stack.top(), CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD, &p, &pidfd);
+  const int clone_error = errno;
+  ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, nullptr, _NSIG / 8);
+
+  if (pid < 0) {
+    f = {stage::clone, clone_error, ""};
+    return nullptr;
+  }
+  if (p.failed_at != stage::none) {
+    siginfo_t info;
+    while (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED) != 0 &&
+           errno == EINTR) {
+    }
+    ::close(pidfd);
+    f = {p.failed_at, p.error, p.failed_at == stage::chdir ? cwd : ""};
+    return nullptr;
+  }
+
+  auto state = std::make_shared<detail::child_state>(executor, pid, pidfd);
+  state->group_leader = options.new_process_group;
+  for (auto& end : pipes) {
+    int fd = end.parent.release();
+    if (end.target == 0) state->in.emplace(executor, fd);
+    else if (end.target == 1) state->out.emplace(executor, fd);
+    else state->err.emplace(executor, fd);
+  }
+  return state;
+}
+
+}  // namespace
+
+child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options,
+            std::error_code& ec) {
+  failure f;
+  auto state = launch(executor, cmd, options, f);
+  if (!state) {
+    ec.assign(f.error, std::system_category());
+    return child();
+  }
+  ec.clear();
+  return child(std::move(state));
+}
+
+child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options) {
+  failure f;
+  auto state = launch(executor, cmd, options, f);
+  if (!state) throw std::system_error(f.error, std::system_category(), describe(cmd, f));
+  return child(std::move(state));
+}
+
+asio::awaitable<child> spawn(command cmd, const spawn_options& options) {
+  auto executor = co_await asio::this_coro::executor;
+  co_return spawn(executor, cmd, options);
+}
+
+asio::awaitable<child> spawn(command cmd) {
+  const spawn_options defaults;  // named: no aggregate temporary near a co_await (g++ 12)
+  auto executor = co_await asio::this_coro::executor;
+  co_return spawn(executor, cmd, defaults);
+}
+
+namespace {
+
+void refuse_pipes(const spawn_options& options) {
+  for (const stdio* s : {&options.in, &options.out, &options.err}) {
+    if (std::holds_alternative<stdio::pipe_t>(s->get())) {
+      throw std::invalid_argument("cohort::run: pipes need an io_context; use spawn()");
+    }
+  }
+}
+
+}  // namespace
+
+exit_status run(const command& cmd, const spawn_options& options) {
+  refuse_pipes(options);
+  asio::io_context io;
+  return spawn(io.get_executor(), cmd, options).join();
+}
+
+exit_status run(const command& cmd, const spawn_options& options, std::error_code& ec) {
+  refuse_pipes(options);
+  asio::io_context io;
+  child c = spawn(io.get_executor(), cmd, options, ec);
+  if (ec) return exit_status::from_code(127);
+  return c.join(ec);
+}
+
+}  // namespace cohort

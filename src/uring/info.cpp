@@ -1,0 +1,13 @@
+// The public view of the ring's probe.
+#include "cohort/io_uring_info.hpp"
+
+#include "uring/service.hpp"
+
+namespace cohort {
+
+io_uring_info io_uring_support(asio::io_context& io) {
+  const auto& caps = asio::use_service<uring::service>(io).caps();
+  return {caps.ring, caps.waitid, caps.poll, caps.read, caps.futex, caps.cancel, caps.why_not};
+}
+
+}  // namespace cohort

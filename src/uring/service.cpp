@@ -1,0 +1,235 @@
+// The ring, its probe, and the bridge from its completions to asio.
+#include "uring/service.hpp"
+
+#include "config.hpp"
+
+#include <asio/post.hpp>
+#include <asio/strand.hpp>
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string_view>
+#include <utility>
+
+namespace cohort::uring {
+namespace {
+
+constexpr unsigned sq_entries = 256;
+constexpr unsigned cq_entries = 4096;
+// How long shutdown waits for the kernel to confirm cancellations.
+constexpr auto shutdown_wait = std::chrono::seconds(5);
+
+bool switched_off() {
+  const char* value = std::getenv(config::io_uring_env);
+  return value != nullptr && std::string_view(value) == "0";
+}
+
+}  // namespace
+
+asio::io_context& io_context_of(const asio::any_io_executor& executor) {
+  if (auto* ex = executor.target<asio::io_context::executor_type>()) return ex->context();
+  if (auto* strand = executor.target<asio::strand<asio::io_context::executor_type>>()) {
+    return strand->get_inner_executor().context();
+  }
+  throw std::invalid_argument("cohort needs the executor of an asio::io_context (or a strand of one)");
+}
+
+service::service(asio::io_context& io) : asio::execution_context::service(io), io_(io) {
+  if (switched_off()) {
+    caps_.why_not = std::string(config::io_uring_env) + "=0";
+    return;
+  }
+  io_uring_params params{};
+  params.flags = IORING_SETUP_CQSIZE | IORING_SETUP_SUBMIT_ALL;
+  params.cq_entries = cq_entries;
+  if (int rc = io_uring_queue_init_params(sq_entries, &ring_, &params); rc < 0) {
+    caps_.why_not = std::string("io_uring_queue_init: ") + std::strerror(-rc);
+    return;
+  }
+  io_uring_probe* probe = io_uring_get_probe_ring(&ring_);
+  if (probe != nullptr) {
+    auto supported = [&](int op) { return io_uring_opcode_supported(probe, op) != 0; };
+    caps_.waitid = supported(config::op_waitid);
+    caps_.poll = supported(IORING_OP_POLL_ADD);
+    caps_.read = supported(IORING_OP_READ);
+    caps_.futex = supported(config::op_futex_wait) && supported(config::op_futex_wake);
+    caps_.cancel = supported(IORING_OP_ASYNC_CANCEL);
+    io_uring_free_probe(probe);
+  }
+  eventfd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  const bool bridged = eventfd_ >= 0 && io_uring_register_eventfd(&ring_, eventfd_) == 0;
+  if (!bridged || !caps_.cancel) {
+    caps_ = {};
+    caps_.why_not = probe == nullptr ? "io_uring probe refused"
+                    : !bridged       ? "io_uring eventfd registration refused"
+                                     : "io_uring lacks IORING_OP_ASYNC_CANCEL";
+    if (eventfd_ >= 0) ::close(eventfd_);
+    eventfd_ = -1;
+    io_uring_queue_exit(&ring_);
+    return;
+  }
+  watch_.emplace(io_, eventfd_);  // owns the eventfd from here on
+  caps_.ring = true;
+}
+
+service::~service() {
+  if (!caps_.ring) return;
+  watch_.reset();
+  io_uring_queue_exit(&ring_);
+}
+
+void service::link_locked(operation& op) {
+  op.in_flight_ = true;
+  op.prev_ = nullptr;
+  op.next_ = head_;
+  if (head_ != nullptr) head_->prev_ = &op;
+  head_ = &op;
+  ++in_flight_;
+}
+
+void service::unlink_locked(operation& op) {
+  if (op.prev_ != nullptr) op.prev_->next_ = op.next_;
+  else head_ = op.next_;
+  if (op.next_ != nullptr) op.next_->prev_ = op.prev_;
+  op.prev_ = op.next_ = nullptr;
+  op.in_flight_ = false;
+  --in_flight_;
+}
+
+// Hands queued entries to the kernel. Entries the kernel could not take yet
+// (EAGAIN, EBUSY under completion backlog) stay queued; a retry is posted so
+// they are not stranded when no completion is coming to wake us.
+void service::flush_locked() {
+  int rc;
+  do rc = io_uring_submit(&ring_);
+  while (rc == -EINTR);
+  if (rc < 0 && io_uring_sq_ready(&ring_) > 0) {
+    asio::post(io_, [this] {
+      std::lock_guard lock(mutex_);
+      if (!shut_down_) flush_locked();
+    });
+  }
+}
+
+// Keeps one wait on the eventfd while anything is in flight, and none
+// otherwise: an armed wait counts as work and would keep io_context::run()
+// from returning.
+void service::arm_locked() {
+  if (armed_ || in_flight_ == 0) return;
+  armed_ = true;
+  watch_->async_wait(asio::posix::stream_descriptor::wait_read,
+                     [this](const std::error_code& ec) { on_ready(ec); });
+}
+
+void service::start(operation& op) {
+  std::unique_lock lock(mutex_);
+  if (shut_down_) {
+    lock.unlock();
+    op.destroy();
+    return;
+  }
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) {
+    flush_locked();
+    sqe = io_uring_get_sqe(&ring_);
+  }
+  if (sqe == nullptr) {
+    lock.unlock();
+    asio::post(io_, [&op] { op.complete(-EBUSY); });
+    return;
+  }
+  op.prepare(*sqe);
+  io_uring_sqe_set_data(sqe, &op);
+  link_locked(op);
+  arm_locked();
+  flush_locked();
+}
+
+void service::cancel(operation& op) {
+  std::lock_guard lock(mutex_);
+  if (shut_down_ || !op.in_flight_) return;
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) {
+    flush_locked();
+    sqe = io_uring_get_sqe(&ring_);
+    if (sqe == nullptr) return;  // the ring is saturated; the op completes on its own
+  }
+  io_uring_prep_cancel(sqe, &op, 0);
+  io_uring_sqe_set_data(sqe, nullptr);  // nobody waits for the cancel's own completion
+  flush_locked();
+}
+
+void service::on_ready(const std::error_code& ec) {
+  if (ec == asio::error::operation_aborted) return;
+  std::uint64_t counter;
+  [[maybe_unused]] auto n = ::read(eventfd_, &counter, sizeof counter);
+
+  // Collect under the lock, complete outside it: a completion may start or
+  // cancel other operations, or resume a coroutine that destroys things.
+  struct done {
+    operation* op;
+    int res;
+  };
+  std::vector<done> batch;
+  {
+    std::lock_guard lock(mutex_);
+    io_uring_cqe* cqe;
+    unsigned head;
+    unsigned seen = 0;
+    io_uring_for_each_cqe(&ring_, head, cqe) {
+      ++seen;
+      auto* op = static_cast<operation*>(io_uring_cqe_get_data(cqe));
+      if (op == nullptr) continue;
+      unlink_locked(*op);
+      batch.push_back({op, cqe->res});
+    }
+    io_uring_cq_advance(&ring_, seen);
+    if (io_uring_sq_ready(&ring_) > 0) flush_locked();
+    armed_ = false;
+    arm_locked();
+  }
+  for (auto [op, res] : batch) op->complete(res);
+}
+
+// Called before any context object is destroyed. The kernel may still write
+// into in-flight operations (a waitid's siginfo), so every request is
+// cancelled and its completion awaited before the operations are destroyed.
+void service::shutdown() {
+  if (!caps_.ring) return;
+  std::vector<operation*> confirmed;
+  {
+    std::lock_guard lock(mutex_);
+    shut_down_ = true;
+    if (in_flight_ > 0) {
+      if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_)) {
+        io_uring_prep_cancel(sqe, nullptr, IORING_ASYNC_CANCEL_ANY);
+        io_uring_sqe_set_data(sqe, nullptr);
+      }
+      flush_locked();
+    }
+    const auto deadline = std::chrono::steady_clock::now() + shutdown_wait;
+    while (in_flight_ > 0 && std::chrono::steady_clock::now() < deadline) {
+      io_uring_cqe* cqe;
+      __kernel_timespec tick{.tv_sec = 0, .tv_nsec = 10'000'000};
+      if (io_uring_wait_cqe_timeout(&ring_, &cqe, &tick) != 0) continue;
+      if (auto* op = static_cast<operation*>(io_uring_cqe_get_data(cqe))) {
+        unlink_locked(*op);
+        confirmed.push_back(op);
+      }
+      io_uring_cqe_seen(&ring_, cqe);
+    }
+    // Whatever is still listed never confirmed its cancellation: its memory
+    // is leaked rather than freed while the kernel may still write to it.
+    head_ = nullptr;
+  }
+  watch_.reset();
+  for (operation* op : confirmed) op->destroy();
+}
+
+}  // namespace cohort::uring

@@ -1,0 +1,57 @@
+// waitid on a pidfd: IORING_OP_WAITID (opcode 50, Linux 6.7), or readiness
+// of the pidfd on the reactor followed by waitid(WNOHANG).
+#pragma once
+
+#include "config.hpp"
+#include "uring/async.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+namespace cohort::uring {
+
+/// The ring part. Completion: res 0 with `info` filled (info.si_pid is the
+/// child's pid); -ECHILD when the process is not our child or was reaped
+/// elsewhere; -ECANCELED when cancelled. With WNOWAIT in `options` the child
+/// stays waitable.
+struct waitid_ring {
+  int pidfd;
+  int options;
+  siginfo_t info{};
+
+  void prepare(io_uring_sqe& sqe) {
+    io_uring_prep_rw(config::op_waitid, &sqe, pidfd, nullptr, config::p_pidfd, 0);
+    sqe.file_index = static_cast<unsigned>(options);
+    sqe.addr2 = reinterpret_cast<std::uintptr_t>(&info);
+  }
+  std::pair<std::error_code, siginfo_t> result(int res) { return {error_from_res(res), info}; }
+};
+
+/// The reactor part: the pidfd reads ready once the process has exited.
+struct waitid_attempt {
+  int pidfd;
+  int options;
+
+  std::optional<std::pair<std::error_code, siginfo_t>> operator()() const {
+    siginfo_t info{};
+    if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info,
+                 options | WNOHANG) != 0) {
+      return std::pair{std::error_code(errno, std::system_category()), info};
+    }
+    if (info.si_pid == 0) return std::nullopt;
+    return std::pair{std::error_code{}, info};
+  }
+};
+
+/// Waits for the process behind `pidfd` to exit; completes with
+/// `void(std::error_code, siginfo_t)`. `options` is WEXITED plus WNOWAIT to
+/// leave the child waitable. The pidfd must stay open until completion.
+template <class Token>
+auto async_waitid(const asio::any_io_executor& executor, int pidfd, int options, Token&& token) {
+  return async_start<siginfo_t>(executor, service_of(executor).caps().waitid,
+                                waitid_ring{pidfd, options}, pidfd,
+                                asio::posix::descriptor_base::wait_read,
+                                waitid_attempt{pidfd, options}, std::forward<Token>(token));
+}
+
+}  // namespace cohort::uring

@@ -1,0 +1,249 @@
+#include "cohort/child.hpp"
+
+#include "cohort/spawn.hpp"
+#include "support/harness.hpp"
+#include "support/process_probe.hpp"
+
+#include <doctest/doctest.h>
+
+#include <asio/detached.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/read_until.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+using namespace cohort;
+using namespace std::chrono_literals;
+using namespace asio::experimental::awaitable_operators;
+namespace fs = std::filesystem;
+
+namespace {
+
+command target(std::vector<std::string> args) { return command{test::target, std::move(args)}; }
+
+// Polls try_wait() until the child is reaped, for at most `limit`.
+std::optional<exit_status> poll_until_exit(child& c, std::chrono::milliseconds limit = 10s) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (auto status = c.try_wait()) return status;
+    std::this_thread::sleep_for(1ms);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_SUITE("child") {
+  TEST_CASE("wait() reaps once; later waits return the same status at once") {
+    asio::io_context io;
+    test::run(io, []() -> asio::awaitable<void> {
+      command c_cmd = target({"exit", "4"});
+      child c = co_await spawn(c_cmd);
+      const auto proc = "/proc/" + std::to_string(c.pid());
+      CHECK(fs::exists(proc));  // running, or a zombie until reaped
+      CHECK_FALSE(c.status());
+      auto first = co_await c.wait();
+      CHECK(first.code() == 4);
+      CHECK_FALSE(fs::exists(proc));  // reaped
+      auto second = co_await c.wait();
+      CHECK(second == first);
+      CHECK(c.status() == first);
+    }());
+  }
+
+  TEST_CASE("try_wait() never blocks, and reaps once the child has exited") {
+    asio::io_context io;
+    child c = spawn(io.get_executor(), target({"sleep", "1"}));
+    auto start = std::chrono::steady_clock::now();
+    CHECK_FALSE(c.try_wait());
+    CHECK(std::chrono::steady_clock::now() - start < 500ms);
+    c.signal(SIGKILL);
+    auto status = poll_until_exit(c);
+    REQUIRE(status);
+    CHECK(status->signal() == SIGKILL);
+    CHECK(c.try_wait() == status);
+  }
+
+  TEST_CASE("join() blocks until the child exits") {
+    asio::io_context io;
+    child c = spawn(io.get_executor(), target({"exit", "12"}));
+    CHECK(c.join().code() == 12);
+  }
+
+  TEST_CASE("resource usage reports CPU time and peak memory") {
+    asio::io_context io;
+    child burner = spawn(io.get_executor(), target({"burn-cpu", "200"}));
+    auto burnt = burner.join();
+    CHECK(burnt.usage().user_time + burnt.usage().system_time >= 150ms);
+    child toucher = spawn(io.get_executor(), target({"touch-mib", "64"}));
+    auto touched = toucher.join();
+    CHECK(touched.usage().max_rss_kib >= 60 * 1024);
+    child idle = spawn(io.get_executor(), target({"exit", "0"}));
+    CHECK(idle.join().usage().max_rss_kib < 60 * 1024);
+  }
+
+  TEST_CASE("signal() reaches the child; after its exit it does nothing") {
+    asio::io_context io;
+    test::run(io, []() -> asio::awaitable<void> {
+      command c_cmd = target({"sleep", "30"});
+      child c = co_await spawn(c_cmd);
+      c.signal(SIGTERM);
+      auto status = co_await c.wait();
+      CHECK(status.signal() == SIGTERM);
+      c.signal(SIGKILL);  // reaped already: nothing to signal, no error
+    }());
+  }
+
+  TEST_CASE("a bad signal number is an error naming the operation") {
+    asio::io_context io;
+    child c = spawn(io.get_executor(), target({"sleep", "30"}));
+    std::error_code ec;
+    c.signal(12345, ec);
+    CHECK(ec == std::error_code(EINVAL, std::system_category()));
+    CHECK_THROWS_WITH_AS(c.signal(12345), doctest::Contains("cohort::child::signal"), std::system_error);
+  }
+
+  TEST_CASE("signal_group() reaches the child's descendants in its process group") {
+    asio::io_context io;
+    test::run(io, []() -> asio::awaitable<void> {
+      command c_cmd{"/bin/sh", {"-c", test::target + " sleep 30 & echo $!; wait"}};
+      spawn_options c_opts{.out = stdio::pipe()};
+      child c = co_await spawn(c_cmd, c_opts);
+      std::string line;
+      co_await asio::async_read_until(c.out(), asio::dynamic_buffer(line), '\n', asio::use_awaitable);
+      const pid_t grandchild = std::stoi(line);
+      CHECK(test::alive(grandchild));
+      c.signal_group(SIGKILL);
+      CHECK((co_await c.wait()).signal() == SIGKILL);
+      auto deadline = std::chrono::steady_clock::now() + 5s;
+      while (test::alive(grandchild) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+      CHECK_FALSE(test::alive(grandchild));
+    }());
+  }
+
+  TEST_CASE("signal_group() is refused for a child that does not lead a group") {
+    asio::io_context io;
+    child c = spawn(io.get_executor(), target({"sleep", "30"}), {.new_process_group = false});
+    std::error_code ec;
+    c.signal_group(SIGTERM, ec);
+    CHECK(ec == std::errc::invalid_argument);
+  }
+
+  TEST_CASE("destroying a running child kills and reaps it") {
+    asio::io_context io;
+    pid_t pid;
+    {
+      child c = spawn(io.get_executor(), target({"sleep", "30"}));
+      pid = c.pid();
+      CHECK(test::alive(pid));
+    }
+    CHECK_FALSE(test::alive(pid));
+    CHECK_FALSE(fs::exists("/proc/" + std::to_string(pid)));  // reaped, not a zombie
+  }
+
+  TEST_CASE("assigning over a running child kills the old one; a moved-from child holds nothing") {
+    asio::io_context io;
+    child a = spawn(io.get_executor(), target({"sleep", "30"}));
+    const pid_t old_pid = a.pid();
+    a = spawn(io.get_executor(), target({"exit", "0"}));
+    CHECK_FALSE(fs::exists("/proc/" + std::to_string(old_pid)));
+    child b = std::move(a);
+    CHECK_FALSE(a);
+    CHECK(a.pid() == -1);
+    CHECK(b.join().success());
+  }
+
+  TEST_CASE("destroying a child while a wait is in flight makes that wait see the kill") {
+    asio::io_context io;
+    auto c = std::make_unique<child>(spawn(io.get_executor(), target({"sleep", "30"})));
+    std::optional<exit_status> seen;
+    asio::co_spawn(io, c->wait(), [&](std::exception_ptr e, exit_status s) {
+      if (!e) seen = s;
+    });
+    io.poll();
+    c.reset();
+    io.run();
+    REQUIRE(seen);
+    CHECK(seen->signal() == SIGKILL);
+  }
+
+  TEST_CASE("a detached child runs to its end and is reaped in the background") {
+    auto marker = fs::temp_directory_path() / ("cohort-detach-" + std::to_string(::getpid()));
+    fs::remove(marker);
+    asio::io_context io;
+    pid_t pid;
+    {
+      child c = spawn(io.get_executor(), command{"/bin/sh", {"-c", "sleep 0.2; echo done > " + marker.string()}});
+      pid = c.pid();
+      c.detach();
+      CHECK_FALSE(c);
+    }
+    CHECK(test::alive(pid));  // not killed by the destructor
+    io.run();                 // returns once the background reap is done
+    CHECK_FALSE(fs::exists("/proc/" + std::to_string(pid)));
+    std::ifstream in(marker);
+    std::string text;
+    in >> text;
+    CHECK(text == "done");
+    fs::remove(marker);
+  }
+
+  TEST_CASE("a cancelled wait leaves the child running and waitable") {
+    asio::io_context io;
+    test::run(io, []() -> asio::awaitable<void> {
+      command c_cmd = target({"sleep", "30"});
+      child c = co_await spawn(c_cmd);
+      asio::steady_timer timer(co_await asio::this_coro::executor, 20ms);
+      auto first = co_await (c.wait() || timer.async_wait(asio::use_awaitable));
+      CHECK(first.index() == 1);
+      CHECK(test::alive(c.pid()));
+      CHECK_FALSE(c.try_wait());
+      c.signal(SIGKILL);
+      CHECK((co_await c.wait()).signal() == SIGKILL);
+    }());
+  }
+
+  TEST_CASE("two waits at once on one child are refused") {
+    asio::io_context io;
+    test::run(io, []() -> asio::awaitable<void> {
+      command c_cmd = target({"sleep", "30"});
+      child c = co_await spawn(c_cmd);
+      auto ex = co_await asio::this_coro::executor;
+      std::optional<exit_status> first;
+      asio::co_spawn(ex, c.wait(), [&](std::exception_ptr, exit_status s) { first = s; });
+      asio::steady_timer tick(ex, 5ms);
+      co_await tick.async_wait(asio::use_awaitable);
+      CHECK_THROWS_AS(co_await c.wait(), std::logic_error);
+      c.signal(SIGKILL);
+      while (!first) {
+        tick.expires_after(1ms);
+        co_await tick.async_wait(asio::use_awaitable);
+      }
+      CHECK(first->signal() == SIGKILL);
+    }());
+  }
+
+  TEST_CASE("children spawned and awaited from four threads of one io_context all report") {
+    asio::io_context io;
+    constexpr int count = 200;
+    std::atomic<int> matched{0};
+    for (int i = 0; i < count; ++i) {
+      asio::co_spawn(io, [&matched, i]() -> asio::awaitable<void> {
+        command c_cmd = target({"exit", std::to_string(i % 100)});
+        child c = co_await spawn(c_cmd);
+        if ((co_await c.wait()).code() == i % 100) ++matched;
+      }, asio::detached);
+    }
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) threads.emplace_back([&] { io.run(); });
+    for (auto& t : threads) t.join();
+    CHECK(matched == count);
+  }
+}

@@ -1,0 +1,52 @@
+#include "cohort/environment.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+
+using cohort::environment;
+
+namespace {
+
+bool holds(const std::vector<std::string>& block, const std::string& entry) {
+  return std::find(block.begin(), block.end(), entry) != block.end();
+}
+
+}  // namespace
+
+TEST_SUITE("environment") {
+  TEST_CASE("inherit() carries this process's variables, with changes on top") {
+    ::setenv("COHORT_TEST_INHERITED", "yes", 1);
+    ::setenv("COHORT_TEST_DROPPED", "x", 1);
+    auto block = environment::inherit().set("COHORT_TEST_ADDED", "1").unset("COHORT_TEST_DROPPED").materialize();
+    CHECK(holds(block, "COHORT_TEST_INHERITED=yes"));
+    CHECK(holds(block, "COHORT_TEST_ADDED=1"));
+    CHECK(std::none_of(block.begin(), block.end(), [](const std::string& e) { return e.rfind("COHORT_TEST_DROPPED=", 0) == 0; }));
+  }
+
+  TEST_CASE("empty() and from() hold exactly what they are given") {
+    CHECK(environment::empty().materialize().empty());
+    auto block = environment::from({{"B", "2"}, {"A", "1"}}).materialize();
+    CHECK(block == std::vector<std::string>{"A=1", "B=2"});
+  }
+
+  TEST_CASE("later changes win, and values may hold '='") {
+    auto block = environment::empty().set("K", "1").unset("K").set("K", "a=b").materialize();
+    CHECK(block == std::vector<std::string>{"K=a=b"});
+  }
+
+  TEST_CASE("get() answers what the child will see") {
+    ::setenv("COHORT_TEST_GET", "v", 1);
+    CHECK(environment::inherit().get("COHORT_TEST_GET") == "v");
+    CHECK_FALSE(environment::empty().get("COHORT_TEST_GET"));
+    CHECK_FALSE(environment::inherit().unset("COHORT_TEST_GET").get("COHORT_TEST_GET"));
+  }
+
+  TEST_CASE("bad names and values are refused") {
+    CHECK_THROWS_AS(environment::empty().set("", "x").materialize(), std::invalid_argument);
+    CHECK_THROWS_AS(environment::empty().set("A=B", "x").materialize(), std::invalid_argument);
+    CHECK_THROWS_AS(environment::empty().set("A", std::string("x\0y", 3)).materialize(), std::invalid_argument);
+  }
+}

@@ -1,0 +1,321 @@
+#include "cohort/spawn.hpp"
+
+#include "support/harness.hpp"
+#include "support/process_probe.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+using namespace cohort;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Runs the target with `args` and returns what it printed, without the newline.
+std::string output_of(std::vector<std::string> args, spawn_options options = {}) {
+  asio::io_context io;
+  options.out = stdio::pipe();
+  return test::run(io, [&]() -> asio::awaitable<std::string> {
+    command c_cmd{test::target, std::move(args)};
+    child c = co_await spawn(c_cmd, options);
+    std::string text = co_await test::read_all(c.out());
+    auto status = co_await c.wait();
+    CHECK(status.success());
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    co_return text;
+  }());
+}
+
+exit_status status_of(std::vector<std::string> args) {
+  asio::io_context io;
+  return test::run(io, [&]() -> asio::awaitable<exit_status> {
+    command c_cmd{test::target, std::move(args)};
+    child c = co_await spawn(c_cmd);
+    co_return co_await c.wait();
+  }());
+}
+
+// The error a spawn throws, or a failed check when it does not throw.
+std::system_error spawn_error(const command& cmd, const spawn_options& options = {}) {
+  asio::io_context io;
+  try {
+    spawn(io.get_executor(), cmd, options);
+  } catch (const std::system_error& e) {
+    return e;
+  }
+  FAIL("spawn succeeded");
+  return std::system_error(std::error_code());
+}
+
+bool has_unreaped_children() {
+  siginfo_t info{};
+  return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0;
+}
+
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    std::string pattern = (fs::temp_directory_path() / "cohort-test-XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path = fs::canonical(pattern);
+  }
+  ~temp_dir() { fs::remove_all(path); }
+};
+
+struct nofile_limit {
+  rlimit saved{};
+  explicit nofile_limit(rlim_t soft) {
+    ::getrlimit(RLIMIT_NOFILE, &saved);
+    rlimit next = saved;
+    next.rlim_cur = std::min(soft, saved.rlim_max);
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &next) == 0);
+  }
+  rlim_t current() const {
+    rlimit now{};
+    ::getrlimit(RLIMIT_NOFILE, &now);
+    return now.rlim_cur;
+  }
+  ~nofile_limit() { ::setrlimit(RLIMIT_NOFILE, &saved); }
+};
+
+}  // namespace
+
+TEST_SUITE("spawn") {
+  TEST_CASE("exit codes 0, 1 and 255 arrive as they were given") {
+    for (int code : {0, 1, 255}) {
+      auto status = status_of({"exit", std::to_string(code)});
+      CHECK(status.exited());
+      CHECK(status.code() == code);
+      CHECK(fmt::format("{}", status) == fmt::format("exited with code {}", code));
+    }
+  }
+
+  TEST_CASE("deaths by SIGKILL, SIGSEGV and SIGTERM name the signal") {
+    for (auto [name, number] : {std::pair{"KILL", SIGKILL}, {"SEGV", SIGSEGV}, {"TERM", SIGTERM}}) {
+      auto status = status_of({"kill-self", name});
+      CHECK(status.signaled());
+      CHECK(status.signal() == number);
+      CHECK(fmt::format("{}", status).starts_with(fmt::format("killed by signal SIG{} ({})", name, number)));
+    }
+  }
+
+  TEST_CASE("the environment is inherited, extended, trimmed or replaced") {
+    ::setenv("COHORT_SPAWN_TEST", "parent", 1);
+    CHECK(output_of({"print-env", "COHORT_SPAWN_TEST"}) == "parent");
+    CHECK(output_of({"print-env", "COHORT_SPAWN_TEST"}, {.env = environment::inherit().set("COHORT_SPAWN_TEST", "child")}) == "child");
+    CHECK(output_of({"print-env", "COHORT_SPAWN_TEST"}, {.env = environment::inherit().unset("COHORT_SPAWN_TEST")}) == "<unset>");
+    CHECK(output_of({"print-env", "HOME"}, {.env = environment::from({{"ONLY", "1"}})}) == "<unset>");
+    CHECK(output_of({"print-env", "ONLY"}, {.env = environment::from({{"ONLY", "1"}})}) == "1");
+  }
+
+  TEST_CASE("the working directory is the one asked for") {
+    temp_dir dir;
+    CHECK(output_of({"print-cwd"}, {.cwd = dir.path}) == dir.path.string());
+    CHECK(output_of({"print-cwd"}) == fs::current_path().string());
+  }
+
+  TEST_CASE("a bad working directory fails the spawn, naming it, and leaves no zombie") {
+    auto e = spawn_error(command{test::target, {"exit", "0"}}, {.cwd = "/nonexistent/dir"});
+    CHECK(e.code() == std::error_code(ENOENT, std::system_category()));
+    CHECK(std::string(e.what()).find("/nonexistent/dir") != std::string::npos);
+    CHECK(std::string(e.what()).find(test::target) != std::string::npos);
+    CHECK_FALSE(has_unreaped_children());
+  }
+
+  TEST_CASE("a program missing from PATH is a clear error") {
+    auto e = spawn_error(command{"cohort-no-such-program", {}});
+    CHECK(e.code() == std::error_code(ENOENT, std::system_category()));
+    CHECK(std::string(e.what()).find("'cohort-no-such-program': not found in PATH") != std::string::npos);
+    auto empty = spawn_error(command{"", {}});
+    CHECK(empty.code() == std::error_code(ENOENT, std::system_category()));
+  }
+
+  TEST_CASE("a program found in PATH runs, and the child's own PATH is searched when set") {
+    temp_dir dir;
+    fs::copy_file(test::target, dir.path / "cohort-target-copy");
+    CHECK(spawn_error(command{"cohort-target-copy", {"exit", "0"}}).code() == std::error_code(ENOENT, std::system_category()));
+    auto path = environment::inherit().set("PATH", dir.path.string() + ":/usr/bin:/bin");
+    CHECK(output_of({"print-env", "PATH"}, {.env = path}) == dir.path.string() + ":/usr/bin:/bin");
+    asio::io_context io;
+    auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
+      command c_cmd{"cohort-target-copy", {"exit", "7"}};
+      spawn_options c_opts{.env = path};
+      child c = co_await spawn(c_cmd, c_opts);
+      co_return co_await c.wait();
+    }());
+    CHECK(status.code() == 7);
+  }
+
+  TEST_CASE("a relative path with a slash is taken from the child's working directory") {
+    temp_dir dir;
+    fs::copy_file(test::target, dir.path / "relative-target");
+    asio::io_context io;
+    auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
+      command c_cmd{"./relative-target", {"exit", "5"}};
+      spawn_options c_opts{.cwd = dir.path};
+      child c = co_await spawn(c_cmd, c_opts);
+      co_return co_await c.wait();
+    }());
+    CHECK(status.code() == 5);
+  }
+
+  TEST_CASE("a file that is not executable, or not a program, fails at exec with the cause") {
+    temp_dir dir;
+    auto plain = dir.path / "plain.txt";
+    std::ofstream(plain) << "not a program\n";
+    auto e = spawn_error(command{plain.string(), {}});
+    CHECK(e.code() == std::error_code(EACCES, std::system_category()));
+    CHECK(std::string(e.what()).find(plain.string()) != std::string::npos);
+    CHECK(std::string(e.what()).find("execve") != std::string::npos);
+
+    fs::permissions(plain, fs::perms::owner_all);
+    auto noexec = spawn_error(command{plain.string(), {}});
+    CHECK(noexec.code() == std::error_code(ENOEXEC, std::system_category()));
+
+    auto directory = spawn_error(command{dir.path.string(), {}});
+    CHECK(directory.code() == std::error_code(EACCES, std::system_category()));
+    CHECK_FALSE(has_unreaped_children());
+  }
+
+  TEST_CASE("the error_code overload reports instead of throwing") {
+    asio::io_context io;
+    std::error_code ec;
+    child c = spawn(io.get_executor(), command{"cohort-no-such-program", {}}, {}, ec);
+    CHECK(ec == std::error_code(ENOENT, std::system_category()));
+    CHECK_FALSE(c);
+    auto status = run(command{"cohort-no-such-program", {}}, {}, ec);
+    CHECK(ec == std::error_code(ENOENT, std::system_category()));
+    (void)status;
+  }
+
+  TEST_CASE("a child leads its own process group unless told not to") {
+    auto own = output_of({"print-pgid"});
+    std::istringstream in(own);
+    pid_t pid = 0, pgid = 0;
+    in >> pid >> pgid;
+    CHECK(pid == pgid);
+
+    std::istringstream shared(output_of({"print-pgid"}, {.new_process_group = false}));
+    shared >> pid >> pgid;
+    CHECK(pgid == ::getpgid(0));
+  }
+
+  TEST_CASE("the parent-death signal is SIGKILL by default, and can be changed or disabled") {
+    CHECK(output_of({"print-pdeathsig"}) == std::to_string(SIGKILL));
+    CHECK(output_of({"print-pdeathsig"}, {.parent_death_signal = SIGTERM}) == std::to_string(SIGTERM));
+    CHECK(output_of({"print-pdeathsig"}, {.parent_death_signal = 0}) == "0");
+  }
+
+  TEST_CASE("the child starts with no blocked signals and SIGPIPE at its default") {
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGUSR1);
+    ::pthread_sigmask(SIG_BLOCK, &block, &old);
+    auto saved = ::signal(SIGPIPE, SIG_IGN);
+    auto mask = output_of({"print-sigmask"});
+    auto sigpipe = output_of({"print-sigpipe"});
+    ::signal(SIGPIPE, saved);
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    CHECK(mask == "0");
+    CHECK(sigpipe == "default");
+  }
+
+  TEST_CASE("only the standard streams and keep_fds are inherited, unless closing is off") {
+    int leaky = ::open("/dev/null", O_RDONLY);  // no O_CLOEXEC on purpose
+    int kept = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    REQUIRE(leaky >= 3);
+    CHECK(output_of({"list-fds"}) == "");
+    CHECK(output_of({"list-fds"}, {.keep_fds = {kept}}) == std::to_string(kept));
+    auto open_without_closing = output_of({"list-fds"}, {.close_other_fds = false});
+    CHECK(open_without_closing.find(std::to_string(leaky)) != std::string::npos);
+    CHECK(open_without_closing.find(std::to_string(kept)) == std::string::npos);
+    ::close(leaky);
+    ::close(kept);
+  }
+
+  TEST_CASE("keep_fds must name open descriptors above 2") {
+    asio::io_context io;
+    CHECK_THROWS_AS(spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.keep_fds = {1}}), std::invalid_argument);
+    CHECK_THROWS_AS(spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.keep_fds = {987654}}), std::invalid_argument);
+  }
+
+  TEST_CASE("a spawn leaves no descriptor open in the parent") {
+    const int before = test::open_fd_count();
+    {
+      asio::io_context io;
+      test::run(io, []() -> asio::awaitable<void> {
+        command c_cmd{test::target, {"cat"}};
+        spawn_options c_opts{.in = stdio::pipe(), .out = stdio::pipe(), .err = stdio::null()};
+        child c = co_await spawn(c_cmd, c_opts);
+        c.in().close();
+        co_await test::read_all(c.out());
+        co_await c.wait();
+      }());
+      spawn_error(command{test::target, {}}, {.cwd = "/nonexistent"});
+    }
+    CHECK(test::open_fd_count() == before);
+  }
+
+  TEST_CASE("1,000 children launched at once are all waited for") {
+    nofile_limit limit(4096);
+    if (limit.current() < 1100) {
+      MESSAGE("RLIMIT_NOFILE hard limit below 1100: launching fewer children");
+    }
+    const int count = limit.current() < 1100 ? static_cast<int>(limit.current()) - 100 : 1000;
+    asio::io_context io;
+    std::vector<child> children;
+    children.reserve(static_cast<std::size_t>(count));
+    for (int i = 0; i < count; ++i) {
+      children.push_back(spawn(io.get_executor(), command{test::target, {"exit", std::to_string(i % 256)}}));
+    }
+    int matched = 0;
+    for (int i = 0; i < count; ++i) {
+      asio::co_spawn(io, children[static_cast<std::size_t>(i)].wait(), [&matched, i](std::exception_ptr e, exit_status s) {
+        if (!e && s.code() == i % 256) ++matched;
+      });
+    }
+    io.run();
+    CHECK(matched == count);
+    CHECK_FALSE(has_unreaped_children());
+  }
+
+  TEST_CASE("running out of descriptors is EMFILE naming the limit, and nothing is left behind") {
+    asio::io_context io;
+    std::vector<child> children;
+    std::optional<std::system_error> error;
+    {
+      nofile_limit limit(static_cast<rlim_t>(test::open_fd_count() + 8));
+      try {
+        for (int i = 0; i < 64; ++i) {
+          children.push_back(spawn(io.get_executor(), command{test::target, {"sleep", "30"}}, {.out = stdio::pipe()}));
+        }
+      } catch (const std::system_error& e) {
+        error = e;
+      }
+      CHECK(error.has_value());
+      if (error) {
+        CHECK(error->code() == std::error_code(EMFILE, std::system_category()));
+        CHECK(std::string(error->what()).find(fmt::format("RLIMIT_NOFILE is {}", limit.current())) != std::string::npos);
+      }
+    }
+    children.clear();  // kills and reaps them
+    CHECK_FALSE(has_unreaped_children());
+  }
+
+  TEST_CASE("run() blocks until the child exits and returns its status") {
+    CHECK(run(command{test::target, {"exit", "9"}}).code() == 9);
+    CHECK(run(command{test::target, {"kill-self", "TERM"}}).signal() == SIGTERM);
+  }
+}

@@ -1,0 +1,174 @@
+#include "cohort/stdio.hpp"
+
+#include "cohort/spawn.hpp"
+#include "support/harness.hpp"
+
+#include <doctest/doctest.h>
+
+#include <asio/write.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+using namespace cohort;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    std::string pattern = (fs::temp_directory_path() / "cohort-test-XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path = pattern;
+  }
+  ~temp_dir() { fs::remove_all(path); }
+};
+
+}  // namespace
+
+TEST_SUITE("stdio") {
+  TEST_CASE("a piped stdout delivers what the child wrote, then end of file") {
+    asio::io_context io;
+    auto text = test::run(io, []() -> asio::awaitable<std::string> {
+      command c_cmd{test::target, {"write", "1", "to stdout"}};
+      spawn_options c_opts{.out = stdio::pipe()};
+      child c = co_await spawn(c_cmd, c_opts);
+      std::string got = co_await test::read_all(c.out());
+      CHECK((co_await c.wait()).success());
+      co_return got;
+    }());
+    CHECK(text == "to stdout");
+  }
+
+  TEST_CASE("a piped stdin carries what the parent writes") {
+    asio::io_context io;
+    auto echoed = test::run(io, []() -> asio::awaitable<std::string> {
+      command c_cmd{test::target, {"cat"}};
+      spawn_options c_opts{.in = stdio::pipe(), .out = stdio::pipe()};
+      child c = co_await spawn(c_cmd, c_opts);
+      co_await asio::async_write(c.in(), asio::buffer(std::string("round trip")), asio::use_awaitable);
+      c.in().close();
+      std::string got = co_await test::read_all(c.out());
+      CHECK((co_await c.wait()).success());
+      co_return got;
+    }());
+    CHECK(echoed == "round trip");
+  }
+
+  TEST_CASE("stderr can be piped apart from stdout, or joined to it") {
+    asio::io_context io;
+    test::run(io, []() -> asio::awaitable<void> {
+      command apart_cmd{test::target, {"write", "2", "oops"}};
+      spawn_options apart_opts{.out = stdio::pipe(), .err = stdio::pipe()};
+      child apart = co_await spawn(apart_cmd, apart_opts);
+      CHECK(co_await test::read_all(apart.err()) == "oops");
+      CHECK(co_await test::read_all(apart.out()) == "");
+      co_await apart.wait();
+
+      command joined_cmd{test::target, {"write", "2", "joined"}};
+      spawn_options joined_opts{.out = stdio::pipe(), .err = stdio::same_as_stdout()};
+      child joined = co_await spawn(joined_cmd, joined_opts);
+      CHECK(co_await test::read_all(joined.out()) == "joined");
+      co_await joined.wait();
+    }());
+  }
+
+  TEST_CASE("a file receives output, truncated or appended") {
+    temp_dir dir;
+    auto log = dir.path / "out.log";
+    CHECK(run(command{test::target, {"write", "1", "first"}}, {.out = stdio::file(log)}).success());
+    CHECK(slurp(log) == "first");
+    CHECK(run(command{test::target, {"write", "1", "second"}}, {.out = stdio::file(log)}).success());
+    CHECK(slurp(log) == "second");
+    CHECK(run(command{test::target, {"write", "1", "+third"}}, {.out = stdio::append(log)}).success());
+    CHECK(slurp(log) == "second+third");
+  }
+
+  TEST_CASE("a file feeds stdin") {
+    temp_dir dir;
+    auto input = dir.path / "in.txt";
+    std::ofstream(input) << "from a file";
+    auto output = dir.path / "out.txt";
+    CHECK(run(command{test::target, {"cat"}}, {.in = stdio::file(input), .out = stdio::file(output)}).success());
+    CHECK(slurp(output) == "from a file");
+  }
+
+  TEST_CASE("null gives end of file on stdin and swallows output") {
+    asio::io_context io;
+    auto text = test::run(io, []() -> asio::awaitable<std::string> {
+      command c_cmd{test::target, {"cat"}};
+      spawn_options c_opts{.in = stdio::null(), .out = stdio::pipe()};
+      child c = co_await spawn(c_cmd, c_opts);
+      std::string got = co_await test::read_all(c.out());
+      CHECK((co_await c.wait()).success());
+      co_return got;
+    }());
+    CHECK(text.empty());
+    CHECK(run(command{test::target, {"write", "1", "gone"}}, {.out = stdio::null()}).success());
+  }
+
+  TEST_CASE("a descriptor of the parent can be handed over") {
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    CHECK(run(command{test::target, {"write", "1", "via fd"}}, {.out = stdio::fd(p[1])}).success());
+    ::close(p[1]);
+    char buf[32];
+    auto n = ::read(p[0], buf, sizeof buf);
+    CHECK(std::string(buf, static_cast<std::size_t>(n)) == "via fd");
+    ::close(p[0]);
+  }
+
+  TEST_CASE("handing over this process's fd 0 as stdout survives stdin being replaced first") {
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    int saved_stdin = ::dup(0);
+    REQUIRE(::dup2(p[1], 0) == 0);
+    auto status = run(command{test::target, {"write", "1", "fd0"}}, {.in = stdio::null(), .out = stdio::fd(0)});
+    ::dup2(saved_stdin, 0);
+    ::close(saved_stdin);
+    ::close(p[1]);
+    CHECK(status.success());
+    char buf[32];
+    auto n = ::read(p[0], buf, sizeof buf);
+    CHECK(std::string(buf, static_cast<std::size_t>(n > 0 ? n : 0)) == "fd0");
+    ::close(p[0]);
+  }
+
+  TEST_CASE("a file that cannot be opened fails the spawn, naming the file") {
+    asio::io_context io;
+    try {
+      spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.out = stdio::file("/nonexistent-dir/x.log")});
+      FAIL("spawn succeeded");
+    } catch (const std::system_error& e) {
+      CHECK(e.code() == std::error_code(ENOENT, std::system_category()));
+      CHECK(std::string(e.what()).find("/nonexistent-dir/x.log") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("same_as_stdout() is for stderr only, and pipes are refused by run()") {
+    asio::io_context io;
+    CHECK_THROWS_AS(spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.out = stdio::same_as_stdout()}),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(run(command{test::target, {"exit", "0"}}, {.out = stdio::pipe()}), std::invalid_argument);
+  }
+
+  TEST_CASE("asking for a pipe that was not configured is a logic error") {
+    asio::io_context io;
+    child c = spawn(io.get_executor(), command{test::target, {"exit", "0"}});
+    CHECK_THROWS_AS(c.out(), std::logic_error);
+    CHECK_THROWS_AS(c.in(), std::logic_error);
+    c.join();
+  }
+}

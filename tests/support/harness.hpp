@@ -1,0 +1,54 @@
+// What every test file shares: the target program's path, running a
+// coroutine to its end, and the io_uring mode the suite runs in.
+#pragma once
+
+#include <cohort/io_uring_info.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/read.hpp>
+#include <asio/readable_pipe.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_future.hpp>
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace cohort::test {
+
+/// The helper program driven by its first argument (tests/support/target.cpp).
+inline const std::string target = COHORT_TEST_TARGET;
+
+/// Whether this run was told to use the reactor (COHORT_IO_URING=0).
+inline bool reactor_mode() {
+  const char* v = std::getenv("COHORT_IO_URING");
+  return v != nullptr && std::string_view(v) == "0";
+}
+
+/// Runs `work` on `io` with `threads` threads until io runs out of work;
+/// returns its result or rethrows its exception.
+template <class T>
+T run(asio::io_context& io, asio::awaitable<T> work, int threads = 1) {
+  auto result = asio::co_spawn(io, std::move(work), asio::use_future);
+  std::vector<std::thread> extra;
+  for (int i = 1; i < threads; ++i) extra.emplace_back([&io] { io.run(); });
+  io.run();
+  for (auto& t : extra) t.join();
+  io.restart();
+  return result.get();
+}
+
+/// Reads a pipe until end of file.
+inline asio::awaitable<std::string> read_all(asio::readable_pipe& pipe) {
+  std::string text;
+  std::error_code ec;  // asio::error::eof ends the read
+  co_await asio::async_read(pipe, asio::dynamic_buffer(text), asio::redirect_error(asio::use_awaitable, ec));
+  if (ec && ec != asio::error::eof) throw std::system_error(ec, "read_all");
+  co_return text;
+}
+
+}  // namespace cohort::test

@@ -1,0 +1,152 @@
+// The program tests spawn. Its first argument names what it does:
+//   exit N                 exit with code N
+//   sleep SECONDS          sleep, then exit 0
+//   kill-self SIG          raise SIG (a name without "SIG": KILL, SEGV, TERM...)
+//   print-env NAME         print NAME's value, or "<unset>"
+//   print-cwd              print the working directory
+//   print-pgid             print "<pid> <pgid>"
+//   print-pdeathsig        print the parent-death signal number
+//   print-sigmask          print the blocked-signal mask as hex
+//   print-sigpipe          print "default" or "ignored" for SIGPIPE's disposition
+//   list-fds               print the open descriptors above 2, space separated
+//   cat                    copy stdin to stdout until EOF
+//   write FD TEXT          write TEXT to descriptor FD
+//   ignore-term            ignore SIGTERM, print "ready", sleep 60
+//   burn-cpu MS            spin for MS milliseconds of CPU time
+//   touch-mib N            touch N MiB of memory
+//   timestamp-exit FD      write CLOCK_MONOTONIC (ns, 8 bytes) to FD, then _exit(0)
+#include <dirent.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+int usage() {
+  std::fprintf(stderr, "target: unknown command\n");
+  return 100;
+}
+
+int signal_number(const char* name) {
+  for (int sig = 1; sig < NSIG; ++sig) {
+    const char* abbrev = sigabbrev_np(sig);
+    if (abbrev != nullptr && std::strcmp(abbrev, name) == 0) return sig;
+  }
+  return std::atoi(name);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage();
+  std::string what = argv[1];
+  const char* arg = argc > 2 ? argv[2] : "";
+
+  if (what == "exit") return std::atoi(arg);
+  if (what == "sleep") {
+    ::sleep(static_cast<unsigned>(std::atoi(arg)));
+    return 0;
+  }
+  if (what == "kill-self") {
+    ::raise(signal_number(arg));
+    return 99;
+  }
+  if (what == "print-env") {
+    const char* value = std::getenv(arg);
+    std::printf("%s\n", value != nullptr ? value : "<unset>");
+    return 0;
+  }
+  if (what == "print-cwd") {
+    char buf[4096];
+    std::printf("%s\n", ::getcwd(buf, sizeof buf));
+    return 0;
+  }
+  if (what == "print-pgid") {
+    std::printf("%d %d\n", ::getpid(), ::getpgid(0));
+    return 0;
+  }
+  if (what == "print-pdeathsig") {
+    int sig = 0;
+    ::prctl(PR_GET_PDEATHSIG, &sig);
+    std::printf("%d\n", sig);
+    return 0;
+  }
+  if (what == "print-sigmask") {
+    sigset_t mask;
+    ::sigprocmask(SIG_BLOCK, nullptr, &mask);
+    std::uint64_t bits = 0;
+    for (int sig = 1; sig <= 64; ++sig) {
+      if (sigismember(&mask, sig) == 1) bits |= std::uint64_t{1} << (sig - 1);
+    }
+    std::printf("%llx\n", static_cast<unsigned long long>(bits));
+    return 0;
+  }
+  if (what == "print-sigpipe") {
+    struct sigaction sa {};
+    ::sigaction(SIGPIPE, nullptr, &sa);
+    std::printf("%s\n", sa.sa_handler == SIG_IGN ? "ignored" : "default");
+    return 0;
+  }
+  if (what == "list-fds") {
+    std::vector<int> fds;
+    DIR* dir = ::opendir("/proc/self/fd");
+    const int own = ::dirfd(dir);
+    while (dirent* entry = ::readdir(dir)) {
+      int fd = std::atoi(entry->d_name);
+      if (entry->d_name[0] != '.' && fd > 2 && fd != own) fds.push_back(fd);
+    }
+    ::closedir(dir);
+    for (std::size_t i = 0; i < fds.size(); ++i) std::printf(i ? " %d" : "%d", fds[i]);
+    std::printf("\n");
+    return 0;
+  }
+  if (what == "cat") {
+    char buf[65536];
+    ssize_t n;
+    while ((n = ::read(0, buf, sizeof buf)) > 0) {
+      if (::write(1, buf, static_cast<std::size_t>(n)) != n) return 1;
+    }
+    return n < 0 ? 1 : 0;
+  }
+  if (what == "write" && argc > 3) {
+    std::size_t len = std::strlen(argv[3]);
+    return ::write(std::atoi(arg), argv[3], len) == static_cast<ssize_t>(len) ? 0 : 1;
+  }
+  if (what == "ignore-term") {
+    ::signal(SIGTERM, SIG_IGN);
+    std::printf("ready\n");
+    std::fflush(stdout);
+    ::sleep(60);
+    return 0;
+  }
+  if (what == "burn-cpu") {
+    timespec start{}, now{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &start);
+    const long budget_ns = std::atol(arg) * 1'000'000L;
+    do ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+    while ((now.tv_sec - start.tv_sec) * 1'000'000'000L + (now.tv_nsec - start.tv_nsec) < budget_ns);
+    return 0;
+  }
+  if (what == "touch-mib") {
+    const std::size_t bytes = static_cast<std::size_t>(std::atol(arg)) << 20;
+    auto* p = static_cast<volatile char*>(std::malloc(bytes));
+    for (std::size_t i = 0; i < bytes; i += 4096) p[i] = 1;
+    return 0;
+  }
+  if (what == "timestamp-exit") {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    std::int64_t ns = ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+    if (::write(std::atoi(arg), &ns, sizeof ns) != sizeof ns) ::_exit(1);
+    ::_exit(0);
+  }
+  return usage();
+}

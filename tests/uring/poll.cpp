@@ -1,0 +1,66 @@
+#include "uring/poll.hpp"
+
+#include "support/harness.hpp"
+
+#include <doctest/doctest.h>
+
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+using namespace cohort;
+using namespace asio::experimental::awaitable_operators;
+
+TEST_SUITE("poll") {
+  TEST_CASE("a poll completes with POLLIN once the pipe has data") {
+    asio::io_context io;
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    asio::steady_timer later(io, std::chrono::milliseconds(20));
+    bool written = false;
+    later.async_wait([&](std::error_code) { written = ::write(p[1], "x", 1) == 1; });
+    short revents = test::run(io, uring::async_poll(io.get_executor(), p[0], POLLIN, asio::use_awaitable));
+    CHECK(written);
+    CHECK((revents & POLLIN) != 0);
+    ::close(p[0]);
+    ::close(p[1]);
+  }
+
+  TEST_CASE("a poll reports hang-up when the other end closes") {
+    asio::io_context io;
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    ::close(p[1]);
+    short revents = test::run(io, uring::async_poll(io.get_executor(), p[0], POLLIN, asio::use_awaitable));
+    CHECK((revents & POLLHUP) != 0);
+    ::close(p[0]);
+  }
+
+  TEST_CASE("a poll on a descriptor that is not open fails with EBADF") {
+    asio::io_context io;
+    const int unused = 4000;  // far above anything this test opens
+    REQUIRE(::fcntl(unused, F_GETFD) == -1);
+    std::error_code ec;
+    uring::async_poll(io.get_executor(), unused, POLLIN, [&](std::error_code e, short) { ec = e; });
+    io.run();
+    CHECK(ec == std::error_code(EBADF, std::system_category()));
+  }
+
+  TEST_CASE("a poll loses a race with a timer and is cancelled") {
+    asio::io_context io;
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    auto winner = test::run(io, [&]() -> asio::awaitable<std::size_t> {
+      asio::steady_timer t(io, std::chrono::milliseconds(10));
+      auto r = co_await (uring::async_poll(io.get_executor(), p[0], POLLIN, asio::use_awaitable) ||
+                         t.async_wait(asio::use_awaitable));
+      co_return r.index();
+    }());
+    CHECK(winner == 1);
+    ::close(p[0]);
+    ::close(p[1]);
+  }
+}

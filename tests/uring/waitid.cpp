@@ -1,0 +1,91 @@
+#include "uring/waitid.hpp"
+
+#include "support/harness.hpp"
+
+#include <doctest/doctest.h>
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+using namespace cohort;
+
+namespace {
+
+// A forked child that exits with `code` after `delay_ms`, and its pidfd.
+struct forked {
+  pid_t pid;
+  int pidfd;
+  forked(int code, int delay_ms) {
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::usleep(static_cast<useconds_t>(delay_ms) * 1000);
+      ::_exit(code);
+    }
+    pidfd = config::pidfd_open(pid);
+    REQUIRE(pidfd >= 0);
+  }
+  ~forked() {
+    config::pidfd_send_signal(pidfd, SIGKILL);
+    siginfo_t info;
+    ::waitid(P_PIDFD, static_cast<id_t>(pidfd), &info, WEXITED);
+    ::close(pidfd);
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("waitid") {
+  TEST_CASE("waitid reports the exit code and reaps the child") {
+    asio::io_context io;
+    forked child(42, 20);
+    siginfo_t info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, WEXITED, asio::use_awaitable));
+    CHECK(info.si_pid == child.pid);
+    CHECK(info.si_code == CLD_EXITED);
+    CHECK(info.si_status == 42);
+    siginfo_t again{};
+    CHECK(::waitid(P_PIDFD, static_cast<id_t>(child.pidfd), &again, WEXITED | WNOHANG) == -1);
+    CHECK(errno == ECHILD);
+  }
+
+  TEST_CASE("waitid with WNOWAIT leaves the child waitable") {
+    asio::io_context io;
+    forked child(3, 0);
+    siginfo_t info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, WEXITED | WNOWAIT, asio::use_awaitable));
+    CHECK(info.si_status == 3);
+    siginfo_t again{};
+    REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(child.pidfd), &again, WEXITED | WNOHANG) == 0);
+    CHECK(again.si_pid == child.pid);
+    CHECK(again.si_status == 3);
+  }
+
+  TEST_CASE("waitid reports a death by signal") {
+    asio::io_context io;
+    forked child(0, 10'000);
+    REQUIRE(config::pidfd_send_signal(child.pidfd, SIGTERM) == 0);
+    siginfo_t info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, WEXITED, asio::use_awaitable));
+    CHECK(info.si_code == CLD_KILLED);
+    CHECK(info.si_status == SIGTERM);
+  }
+
+  TEST_CASE("a cancelled waitid completes as operation_aborted and leaves the child running") {
+    asio::io_context io;
+    forked child(0, 10'000);
+    asio::cancellation_signal cancel;
+    std::error_code result;
+    uring::async_waitid(io.get_executor(), child.pidfd, WEXITED,
+                        asio::bind_cancellation_slot(cancel.slot(), [&](std::error_code ec, siginfo_t) { result = ec; }));
+    io.poll();
+    cancel.emit(asio::cancellation_type::terminal);
+    io.run();
+    CHECK(result == asio::error::operation_aborted);
+    siginfo_t info{};
+    REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(child.pidfd), &info, WEXITED | WNOHANG) == 0);
+    CHECK(info.si_pid == 0);  // still running
+  }
+}
