@@ -25,8 +25,9 @@ struct child_state;
 ///
 /// Destroying (or assigning over) a child that is still running kills it with
 /// SIGKILL and reaps it, unless it was detach()ed; if a wait() is in flight,
-/// the kill makes that wait complete instead. A child in uninterruptible
-/// sleep (D state) delays that reap until the kernel lets it die.
+/// that wait reaps it when it ends, however it ends. A child in
+/// uninterruptible sleep (D state) delays that reap until the kernel lets it
+/// die.
 ///
 /// Like asio's I/O objects, one child object must not be used from two
 /// threads at once.
@@ -69,9 +70,11 @@ class child {
   void signal_group(int signal, std::error_code& ec);
 
   /// Lets the child run on its own: it is no longer killed when this object
-  /// goes, and is reaped in the background once it exits, as long as the
-  /// io_context it was spawned on runs. Its pipes are closed here.
-  /// Afterwards this object holds no process.
+  /// goes, and is reaped in the background once it exits. That background
+  /// wait is work of the io_context it was spawned on: run() does not return
+  /// before the child has exited; destroying the io_context first leaves the
+  /// child unreaped. Its pipes are closed here. Afterwards this object holds
+  /// no process.
   void detach();
 
   /// The parent ends of the pipes the spawn options asked for. Throw

@@ -28,6 +28,8 @@ class environment {
   /// Throws std::invalid_argument for a name that is empty or holds '=' or
   /// NUL, or a value that holds NUL.
   std::vector<std::string> materialize() const;
+  /// inherit() with no changes: the child gets this process's block as is.
+  bool unchanged_inherit() const noexcept { return inherit_ && changes_.empty(); }
   /// The value the child will see for `name`, if any.
   std::optional<std::string> get(const std::string& name) const;
 

@@ -37,6 +37,12 @@ exit_status to_status(const siginfo_t& info, const rusage& usage) {
 
 }  // namespace
 
+void reap_in_background(const std::shared_ptr<child_state>& state) {
+  uring::async_waitid(state->executor, state->pidfd, WEXITED | WNOWAIT, [state](std::error_code ec, siginfo_t) {
+    if (!ec) state->reap(false, ec);
+  });
+}
+
 child_state::~child_state() {
   if (pidfd >= 0) ::close(pidfd);
 }
@@ -76,12 +82,15 @@ child& child::operator=(child&& other) noexcept {
 
 child::~child() { release(); }
 
-// Kills a child that still runs; reaps it unless a wait in flight will.
+// Kills a child that still runs, and reaps it; a wait in flight reaps it
+// instead, when it ends, whether it completes, is cancelled or is destroyed.
 void child::release() noexcept {
   auto state = std::move(state_);
   if (!state || state->status) return;
   config::pidfd_send_signal(state->pidfd, SIGKILL);
-  if (!state->waiting) {
+  if (state->waiting) {
+    state->kept_by = detail::child_state::keeper::killed;
+  } else {
     std::error_code ignored;
     state->reap(true, ignored);
   }
@@ -100,10 +109,20 @@ asio::awaitable<exit_status> child::wait() {
   if (state->status) co_return *state->status;
   if (state->waiting) throw std::logic_error("cohort::child::wait: a wait is already in flight");
   state->waiting = true;
-  struct clear_waiting {
-    detail::child_state& s;
-    ~clear_waiting() { s.waiting = false; }
-  } guard{*state};
+  // However the wait ends, a process whose object went meanwhile is reaped.
+  struct end_of_wait {
+    std::shared_ptr<detail::child_state> s;
+    ~end_of_wait() {
+      s->waiting = false;
+      if (s->status) return;
+      if (s->kept_by == detail::child_state::keeper::killed) {
+        std::error_code ignored;
+        s->reap(true, ignored);
+      } else if (s->kept_by == detail::child_state::keeper::detached) {
+        detail::reap_in_background(s);
+      }
+    }
+  } guard{state};
 
   for (;;) {
     std::error_code ec;
@@ -186,11 +205,11 @@ void child::detach() {
   state->in.reset();
   state->out.reset();
   state->err.reset();
-  if (state->waiting) return;  // the wait in flight reaps it
-  uring::async_waitid(state->executor, state->pidfd, WEXITED | WNOWAIT,
-                      [state](std::error_code ec, siginfo_t) {
-                        if (!ec) state->reap(false, ec);
-                      });
+  if (state->waiting) {
+    state->kept_by = detail::child_state::keeper::detached;  // the wait in flight hands over
+  } else {
+    detail::reap_in_background(state);
+  }
 }
 
 namespace {

@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <optional>
 #include <system_error>
 
@@ -32,11 +33,24 @@ struct child_state {
   pid_t pid;
   int pidfd;
   std::optional<exit_status> status;
+  /// Who reaps the process once no child object holds it.
+  enum class keeper {
+    object,    ///< the child object (or a wait in flight on its behalf)
+    killed,    ///< the object went while a wait was in flight: reap after the kill
+    detached,  ///< detach()ed while a wait was in flight: reap in the background
+  };
+
   bool group_leader = false;  ///< started with new_process_group
-  bool waiting = false;  ///< a wait() is in flight; it will reap
+  bool waiting = false;       ///< a wait() is in flight; it reaps, or hands over to `kept_by`
+  keeper kept_by = keeper::object;
   std::optional<asio::writable_pipe> in;
   std::optional<asio::readable_pipe> out;
   std::optional<asio::readable_pipe> err;
 };
+
+/// Reaps `state`'s process once it exits, with no child object left: a wait
+/// on its executor keeps the state alive until then. Dropped, unreaped, if
+/// the io_context is destroyed first.
+void reap_in_background(const std::shared_ptr<child_state>& state);
 
 }  // namespace cohort::detail

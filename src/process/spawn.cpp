@@ -15,7 +15,6 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
-#include <linux/close_range.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -33,6 +32,8 @@
 #include <stdexcept>
 #include <string>
 #include <variant>
+
+extern char** environ;
 
 namespace cohort {
 namespace {
@@ -101,15 +102,17 @@ int child_routine(void* arg) {
 
   // Handlers of the parent must not run here (they would run on the
   // parent's memory); ignored SIGPIPE/SIGXFSZ are reset as a shell would.
+  // (glibc's sigaction is a plain system call wrapper; it refuses glibc's
+  // own internal signals, which stay blocked until the exec.)
   for (int sig = 1; sig <= all_signals; ++sig) {
     struct sigaction sa {};
-    if (::syscall(SYS_rt_sigaction, sig, nullptr, &sa, _NSIG / 8) != 0) continue;
+    if (::sigaction(sig, nullptr, &sa) != 0) continue;
     const bool handled = sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
     const bool reset_ignored = sa.sa_handler == SIG_IGN && (sig == SIGPIPE || sig == SIGXFSZ);
     if (handled || reset_ignored) {
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
-      ::syscall(SYS_rt_sigaction, sig, &dfl, nullptr, _NSIG / 8);
+      ::sigaction(sig, &dfl, nullptr);
     }
   }
   sigset_t none;
@@ -141,10 +144,14 @@ int child_routine(void* arg) {
 class child_stack {
  public:
   static constexpr std::size_t size = 64 * 1024;
+  static constexpr std::size_t guard = 4096;
   child_stack() {
     void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (m == MAP_FAILED) throw std::system_error(errno, std::system_category(), "cohort::spawn: mmap of the child stack");
-    ::mprotect(m, 4096, PROT_NONE);
+    if (m == MAP_FAILED || ::mprotect(m, guard, PROT_NONE) != 0) {
+      const int error = errno;
+      if (m != MAP_FAILED) ::munmap(m, size);
+      throw std::system_error(error, std::system_category(), "cohort::spawn: mapping the child's stack");
+    }
     base_ = m;
   }
   ~child_stack() { ::munmap(base_, size); }
@@ -283,6 +290,18 @@ void check_keep_fds(const std::vector<int>& keep) {
   }
 }
 
+void reap_blocking(int pidfd) {
+  siginfo_t info;
+  while (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED) != 0 &&
+         errno == EINTR) {
+  }
+}
+
+void kill_and_reap(int pidfd) {
+  config::pidfd_send_signal(pidfd, SIGKILL);
+  reap_blocking(pidfd);
+}
+
 // The launch. On failure returns an empty state and fills `f`.
 std::shared_ptr<detail::child_state> launch(const asio::any_io_executor& executor, const command& cmd,
                                             const spawn_options& options, failure& f) {
@@ -290,11 +309,15 @@ std::shared_ptr<detail::child_state> launch(const asio::any_io_executor& executo
   std::string path = find_program(cmd.program, options.env, f);
   if (f.where != stage::none) return nullptr;
 
-  std::vector<std::string> env_block = options.env.materialize();
+  // An unchanged inherited environment is passed as it is, uncopied.
+  std::vector<std::string> env_block;
   std::vector<char*> envp;
-  envp.reserve(env_block.size() + 1);
-  for (auto& entry : env_block) envp.push_back(entry.data());
-  envp.push_back(nullptr);
+  if (!options.env.unchanged_inherit()) {
+    env_block = options.env.materialize();
+    envp.reserve(env_block.size() + 1);
+    for (auto& entry : env_block) envp.push_back(entry.data());
+    envp.push_back(nullptr);
+  }
 
   std::vector<std::string> args;
   args.reserve(cmd.args.size() + 1);
@@ -316,7 +339,7 @@ std::shared_ptr<detail::child_state> launch(const asio::any_io_executor& executo
   std::string cwd = options.cwd.string();
   p.path = path.c_str();
   p.argv = argv.data();
-  p.envp = envp.data();
+  p.envp = envp.empty() ? environ : envp.data();
   p.cwd = cwd.empty() ? nullptr : cwd.c_str();
   p.new_group = options.new_process_group;
   p.death_signal = options.parent_death_signal;
@@ -344,22 +367,33 @@ std::shared_ptr<detail::child_state> launch(const asio::any_io_executor& executo
     return nullptr;
   }
   if (p.failed_at != stage::none) {
-    siginfo_t info;
-    while (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED) != 0 &&
-           errno == EINTR) {
-    }
+    reap_blocking(pidfd);  // it has called _exit
     ::close(pidfd);
     f = {p.failed_at, p.error, p.failed_at == stage::chdir ? cwd : ""};
     return nullptr;
   }
 
-  auto state = std::make_shared<detail::child_state>(executor, pid, pidfd);
-  state->group_leader = options.new_process_group;
-  for (auto& end : pipes) {
-    int fd = end.parent.release();
-    if (end.target == 0) state->in.emplace(executor, fd);
-    else if (end.target == 1) state->out.emplace(executor, fd);
-    else state->err.emplace(executor, fd);
+  // The child runs from here on: should adopting it fail (no memory, asio
+  // refusing a pipe), it is killed and reaped, not left behind.
+  std::shared_ptr<detail::child_state> state;
+  try {
+    state = std::make_shared<detail::child_state>(executor, pid, pidfd);
+  } catch (...) {
+    kill_and_reap(pidfd);
+    ::close(pidfd);
+    throw;
+  }
+  try {
+    state->group_leader = options.new_process_group;
+    for (auto& end : pipes) {
+      if (end.target == 0) state->in.emplace(executor).assign(end.parent.get());
+      else if (end.target == 1) state->out.emplace(executor).assign(end.parent.get());
+      else state->err.emplace(executor).assign(end.parent.get());
+      end.parent.release();  // the pipe object owns it now
+    }
+  } catch (...) {
+    kill_and_reap(state->pidfd);
+    throw;
   }
   return state;
 }

@@ -14,9 +14,11 @@
 #include <asio/dispatch.hpp>
 #include <asio/error.hpp>
 #include <asio/executor_work_guard.hpp>
+#include <asio/experimental/append.hpp>
 #include <asio/posix/stream_descriptor.hpp>
+#include <asio/post.hpp>
 
-#include <fcntl.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -38,9 +40,10 @@ inline std::error_code error_from_res(int res) {
 }
 
 /// An operation on the ring that ends by calling an asio handler.
-/// `Ring` has `void prepare(io_uring_sqe&)` and `result_type result(int res)`
-/// where result_type is `std::pair<std::error_code, T>`; it lives inside this
-/// object, so pointers it puts into the SQE stay valid until completion.
+/// `Ring` has `void prepare(io_uring_sqe&)` and `std::pair<std::error_code, T>
+/// result(int res)`, and may have `bool orphaned(int res) const`; it lives
+/// inside this object, so pointers it puts into the SQE stay valid until
+/// completion.
 template <class Ring, class Handler>
 class ring_operation final : public operation {
  public:
@@ -51,8 +54,9 @@ class ring_operation final : public operation {
         work_(asio::get_associated_executor(handler_, std::move(fallback))) {}
 
   /// Submits, with the handler's cancellation slot (if any) mapped to
-  /// IORING_OP_ASYNC_CANCEL. Cancellation must be emitted from the handler's
-  /// own executor, as for every asio operation.
+  /// IORING_OP_ASYNC_CANCEL. As for every asio operation, cancellation must
+  /// be emitted from the handler's own executor: the slot is cleared, and
+  /// this object freed, only there.
   void start() {
     auto slot = asio::get_associated_cancellation_slot(handler_);
     if (slot.is_connected()) {
@@ -63,109 +67,163 @@ class ring_operation final : public operation {
 
   void prepare(io_uring_sqe& sqe) override { ring_.prepare(sqe); }
 
-  void complete(int res) override {
-    auto slot = asio::get_associated_cancellation_slot(handler_);
-    if (slot.is_connected()) slot.clear();
-    auto [ec, value] = ring_.result(res);
-    auto work = std::move(work_);
-    auto handler = std::move(handler_);
-    delete this;
-    asio::dispatch(work.get_executor(),
-                   [handler = std::move(handler), ec = ec, value = std::move(value)]() mutable {
-                     std::move(handler)(ec, std::move(value));
-                   });
+  bool orphaned(int res) const override {
+    if constexpr (requires(const Ring& r) { r.orphaned(res); }) return ring_.orphaned(res);
+    return false;
   }
 
-  void destroy() override { delete this; }
+  void complete(int res) override {
+    auto [ec, value] = ring_.result(res);
+    auto executor = work_.get_executor();
+    asio::dispatch(executor, finisher{this, ec, std::move(value)});
+  }
+
+  void destroy() override {
+    clear_slot();
+    delete this;
+  }
 
  private:
+  using value_type = decltype(std::declval<Ring&>().result(0).second);
+
+  // Runs on the handler's executor: clears the slot there, frees the
+  // operation, then calls the handler. Destroyed uncalled (the io_context
+  // went first), it frees the operation without calling anything.
+  struct finisher {
+    ring_operation* op;
+    std::error_code ec;
+    value_type value;
+
+    finisher(ring_operation* o, std::error_code e, value_type v) : op(o), ec(e), value(std::move(v)) {}
+    finisher(finisher&& other) noexcept
+        : op(std::exchange(other.op, nullptr)), ec(other.ec), value(std::move(other.value)) {}
+    finisher& operator=(finisher&&) = delete;
+    ~finisher() {
+      if (op != nullptr) op->destroy();
+    }
+    void operator()() {
+      ring_operation* self = std::exchange(op, nullptr);
+      self->clear_slot();
+      auto handler = std::move(self->handler_);
+      auto work = std::move(self->work_);
+      delete self;
+      std::move(handler)(ec, std::move(value));
+    }
+  };
+
+  void clear_slot() {
+    auto slot = asio::get_associated_cancellation_slot(handler_);
+    if (slot.is_connected()) slot.clear();
+  }
+
   service& owner_;
   Ring ring_;
   Handler handler_;
   asio::executor_work_guard<asio::associated_executor_t<Handler, asio::any_io_executor>> work_;
 };
 
-/// Watches a descriptor the caller owns, on asio's reactor, through a
-/// duplicate: several operations may watch one descriptor at once (epoll
-/// takes each number once), and the caller's descriptor stays open. asio
-/// puts a watched descriptor in non-blocking mode, which the duplicate
-/// shares; the original mode is put back when the watch ends.
-class borrowed_descriptor {
+/// The readiness of one descriptor for the reactor path, without touching
+/// it: a private epoll set holds the caller's descriptor with the exact event
+/// mask, and asio watches that set, which reads ready while the descriptor
+/// is. The caller's file flags stay as they are (asio would make a
+/// descriptor it watches non-blocking), and any number of operations may
+/// watch one descriptor at once, up to the kernel's limit on nested epoll
+/// wake-up paths: beyond 500 at once on one descriptor the watch fails with
+/// EINVAL. Regular files, which epoll refuses, are always ready.
+class readiness_watch {
  public:
-  borrowed_descriptor(const asio::any_io_executor& executor, int fd, std::error_code& ec) : sd_(executor) {
-    flags_ = ::fcntl(fd, F_GETFL);
-    int copy = flags_ < 0 ? -1 : ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
-    if (copy < 0) {
+  readiness_watch(const asio::any_io_executor& executor, int fd, short events, std::error_code& ec)
+      : sd_(executor) {
+    int set = ::epoll_create1(EPOLL_CLOEXEC);
+    if (set < 0) {
       ec.assign(errno, std::system_category());
       return;
     }
-    sd_.assign(copy, ec);
-    if (ec) ::close(copy);
+    epoll_event ev{};
+    ev.events = static_cast<std::uint32_t>(events);
+    if (::epoll_ctl(set, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      if (errno == EPERM) {
+        always_ready_ = true;
+      } else {
+        ec.assign(errno, std::system_category());
+        ::close(set);
+        return;
+      }
+    }
+    sd_.assign(set, ec);
+    if (ec) ::close(set);
   }
-  borrowed_descriptor(const borrowed_descriptor&) = delete;
-  borrowed_descriptor& operator=(const borrowed_descriptor&) = delete;
-  ~borrowed_descriptor() {
-    if (!sd_.is_open()) return;
-    ::fcntl(sd_.native_handle(), F_SETFL, flags_);
-    std::error_code ignored;
-    sd_.close(ignored);
-  }
+  readiness_watch(const readiness_watch&) = delete;
+  readiness_watch& operator=(const readiness_watch&) = delete;
+
+  bool always_ready() const noexcept { return always_ready_; }
   asio::posix::stream_descriptor& get() { return sd_; }
 
  private:
-  asio::posix::stream_descriptor sd_;
-  int flags_ = -1;
+  asio::posix::stream_descriptor sd_;  // owns the epoll set
+  bool always_ready_ = false;
 };
 
-/// The reactor path: wait until `fd` is ready for `wait`, then run `attempt`,
-/// which returns the result or nullopt to wait again (a spurious wake-up).
+/// The reactor path: wait until `fd` has one of `events`, then run
+/// `attempt`, which returns the result or nullopt to wait again (a spurious
+/// wake-up).
 template <class Attempt>
 class reactor_operation {
  public:
   using value_type = typename std::invoke_result_t<Attempt&>::value_type::second_type;
 
-  reactor_operation(const asio::any_io_executor& executor, int fd,
-                    asio::posix::descriptor_base::wait_type wait, Attempt attempt)
-      : executor_(executor), fd_(fd), wait_(wait), attempt_(std::move(attempt)) {}
+  reactor_operation(const asio::any_io_executor& executor, int fd, short events, Attempt attempt)
+      : executor_(executor), fd_(fd), events_(events), attempt_(std::move(attempt)) {}
 
   template <class Self>
   void operator()(Self& self) {
     std::error_code ec;
-    sd_ = std::make_unique<borrowed_descriptor>(executor_, fd_, ec);
+    watch_ = std::make_unique<readiness_watch>(executor_, fd_, events_, ec);
     if (ec) return finish(self, ec, value_type{});
-    sd_->get().async_wait(wait_, std::move(self));
+    wait(self);
   }
 
   template <class Self>
   void operator()(Self& self, std::error_code ec) {
     if (ec) return finish(self, ec, value_type{});
     if (auto result = attempt_()) return finish(self, result->first, std::move(result->second));
-    sd_->get().async_wait(wait_, std::move(self));
+    wait(self);
   }
 
  private:
   template <class Self>
+  void wait(Self& self) {
+    if (watch_->always_ready()) {
+      auto executor = executor_;  // copied before `self`, which holds it, moves
+      asio::post(executor, asio::experimental::append(std::move(self), std::error_code{}));
+    } else {
+      watch_->get().async_wait(asio::posix::descriptor_base::wait_read, std::move(self));
+    }
+  }
+
+  template <class Self>
   void finish(Self& self, std::error_code ec, value_type value) {
-    sd_.reset();
+    watch_.reset();
     self.complete(ec, std::move(value));
   }
 
   asio::any_io_executor executor_;
-  std::unique_ptr<borrowed_descriptor> sd_;
   int fd_;
-  asio::posix::descriptor_base::wait_type wait_;
+  short events_;
   Attempt attempt_;
+  std::unique_ptr<readiness_watch> watch_;
 };
 
 /// Starts an operation that completes with `void(std::error_code, T)`:
-/// `ring` on the ring when `on_ring`, otherwise `attempt` after readiness of
-/// `fd` on the reactor. The initiation owns copies of everything: tokens
-/// such as use_awaitable run it only later, when the result is awaited.
+/// `ring` on the ring when `on_ring`, otherwise `attempt` once `fd` has one
+/// of `events` (poll(2) bits) on the reactor. The initiation owns copies of
+/// everything: tokens such as use_awaitable run it only later, when the
+/// result is awaited.
 template <class T, class Ring, class Attempt, class Token>
-auto async_start(const asio::any_io_executor& executor, bool on_ring, Ring ring, int fd,
-                 asio::posix::descriptor_base::wait_type wait, Attempt attempt, Token&& token) {
+auto async_start(const asio::any_io_executor& executor, bool on_ring, Ring ring, int fd, short events,
+                 Attempt attempt, Token&& token) {
   return asio::async_initiate<Token, void(std::error_code, T)>(
-      [executor, on_ring, ring = std::move(ring), fd, wait,
+      [executor, on_ring, ring = std::move(ring), fd, events,
        attempt = std::move(attempt)](auto handler) mutable {
         using handler_type = decltype(handler);
         if (on_ring) {
@@ -174,8 +232,7 @@ auto async_start(const asio::any_io_executor& executor, bool on_ring, Ring ring,
           op->start();
         } else {
           asio::async_compose<handler_type, void(std::error_code, T)>(
-              reactor_operation<Attempt>(executor, fd, wait, std::move(attempt)), handler,
-              executor);
+              reactor_operation<Attempt>(executor, fd, events, std::move(attempt)), handler, executor);
         }
       },
       token);

@@ -33,17 +33,14 @@ struct poll_attempt {
   }
 };
 
-/// Waits until `fd` has one of `events` (POLLIN, POLLOUT or POLLPRI; error and
-/// hang-up are always reported); completes with `void(std::error_code, short
-/// revents)`. `fd` must stay open until completion.
+/// Waits until `fd` has one of `events` (POLLIN, POLLOUT, POLLPRI, in any
+/// combination; error and hang-up are always reported); completes with
+/// `void(std::error_code, short revents)`. `fd` must stay open until
+/// completion.
 template <class Token>
 auto async_poll(const asio::any_io_executor& executor, int fd, short events, Token&& token) {
-  using wait = asio::posix::descriptor_base::wait_type;
-  const wait type = (events & POLLIN) != 0    ? wait::wait_read
-                    : (events & POLLOUT) != 0 ? wait::wait_write
-                                              : wait::wait_error;
-  return async_start<short>(executor, service_of(executor).caps().poll, poll_ring{fd, events}, fd,
-                            type, poll_attempt{fd, events}, std::forward<Token>(token));
+  return async_start<short>(executor, service_of(executor).caps().poll, poll_ring{fd, events}, fd, events,
+                            poll_attempt{fd, events}, std::forward<Token>(token));
 }
 
 }  // namespace cohort::uring

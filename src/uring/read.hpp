@@ -6,6 +6,8 @@
 
 #include <asio/buffer.hpp>
 
+#include <poll.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 
 namespace cohort::uring {
@@ -28,6 +30,8 @@ struct read_ring {
 
 /// The reactor part: RWF_NOWAIT keeps the read from blocking even on a
 /// descriptor in blocking mode, so the caller's flags are left alone.
+/// Regular files (always "ready", and RWF_NOWAIT would refuse uncached
+/// pages for ever) and descriptors without RWF_NOWAIT get a plain read.
 struct read_attempt {
   int fd;
   asio::mutable_buffer buffer;
@@ -35,10 +39,18 @@ struct read_attempt {
   std::optional<std::pair<std::error_code, std::size_t>> operator()() const {
     iovec iov{buffer.data(), buffer.size()};
     ssize_t n = ::preadv2(fd, &iov, 1, -1, RWF_NOWAIT);
-    if (n < 0 && errno == EOPNOTSUPP) n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0 && (errno == EOPNOTSUPP || (errno == EAGAIN && is_regular_file()))) {
+      n = ::read(fd, buffer.data(), buffer.size());
+    }
     if (n >= 0) return std::pair{std::error_code{}, static_cast<std::size_t>(n)};
     if (errno == EAGAIN || errno == EINTR) return std::nullopt;
     return std::pair{std::error_code(errno, std::system_category()), std::size_t{0}};
+  }
+
+ private:
+  bool is_regular_file() const {
+    struct stat st {};
+    return ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
   }
 };
 
@@ -48,10 +60,8 @@ struct read_attempt {
 template <class Token>
 auto async_read_some(const asio::any_io_executor& executor, int fd, asio::mutable_buffer buffer,
                      Token&& token) {
-  return async_start<std::size_t>(executor, service_of(executor).caps().read,
-                                  read_ring{fd, buffer}, fd,
-                                  asio::posix::descriptor_base::wait_read,
-                                  read_attempt{fd, buffer}, std::forward<Token>(token));
+  return async_start<std::size_t>(executor, service_of(executor).caps().read, read_ring{fd, buffer}, fd,
+                                  POLLIN, read_attempt{fd, buffer}, std::forward<Token>(token));
 }
 
 }  // namespace cohort::uring

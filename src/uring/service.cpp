@@ -4,6 +4,7 @@
 #include "config.hpp"
 
 #include <asio/post.hpp>
+#include <asio/prefer.hpp>
 #include <asio/strand.hpp>
 
 #include <sys/eventfd.h>
@@ -15,7 +16,9 @@
 #include <cstring>
 #include <stdexcept>
 #include <string_view>
+#include <typeinfo>
 #include <utility>
+#include <vector>
 
 namespace cohort::uring {
 namespace {
@@ -32,11 +35,44 @@ bool switched_off() {
 
 }  // namespace
 
-asio::io_context& io_context_of(const asio::any_io_executor& executor) {
-  if (auto* ex = executor.target<asio::io_context::executor_type>()) return ex->context();
-  if (auto* strand = executor.target<asio::strand<asio::io_context::executor_type>>()) {
-    return strand->get_inner_executor().context();
+namespace {
+
+// any_io_executor::target<T>() in Asio 1.22 does not check the type; this does.
+template <class T>
+const T* exact_target(const asio::any_io_executor& executor) {
+  return executor.target_type() == typeid(T) ? executor.target<T>() : nullptr;
+}
+
+asio::io_context* find_io_context(const asio::any_io_executor& executor) {
+  auto plain = asio::prefer(executor, asio::execution::outstanding_work.untracked);
+  if (auto* ex = exact_target<asio::io_context::executor_type>(plain)) return &ex->context();
+  if (auto* strand = exact_target<asio::strand<asio::io_context::executor_type>>(plain)) {
+    return &strand->get_inner_executor().context();
   }
+  if (auto* strand = exact_target<asio::strand<asio::any_io_executor>>(plain)) {
+    return find_io_context(strand->get_inner_executor());
+  }
+  return nullptr;
+}
+
+// Completes an operation that never reached the kernel, through the
+// io_context; destroys it uncalled if the context goes first.
+struct fail_later {
+  operation* op;
+  int res;
+  fail_later(operation* o, int r) : op(o), res(r) {}
+  fail_later(fail_later&& other) noexcept : op(std::exchange(other.op, nullptr)), res(other.res) {}
+  fail_later& operator=(fail_later&&) = delete;
+  ~fail_later() {
+    if (op != nullptr) op->destroy();
+  }
+  void operator()() { std::exchange(op, nullptr)->complete(res); }
+};
+
+}  // namespace
+
+asio::io_context& io_context_of(const asio::any_io_executor& executor) {
+  if (auto* io = find_io_context(executor)) return *io;
   throw std::invalid_argument("cohort needs the executor of an asio::io_context (or a strand of one)");
 }
 
@@ -45,10 +81,19 @@ service::service(asio::io_context& io) : asio::execution_context::service(io), i
     caps_.why_not = std::string(config::io_uring_env) + "=0";
     return;
   }
+  // IORING_SETUP_SUBMIT_ALL needs Linux 5.18; without it a refused entry
+  // stops the rest of a batch, which cohort's one-entry submits never have.
   io_uring_params params{};
   params.flags = IORING_SETUP_CQSIZE | IORING_SETUP_SUBMIT_ALL;
   params.cq_entries = cq_entries;
-  if (int rc = io_uring_queue_init_params(sq_entries, &ring_, &params); rc < 0) {
+  int rc = io_uring_queue_init_params(sq_entries, &ring_, &params);
+  if (rc == -EINVAL) {
+    params = {};
+    params.flags = IORING_SETUP_CQSIZE;
+    params.cq_entries = cq_entries;
+    rc = io_uring_queue_init_params(sq_entries, &ring_, &params);
+  }
+  if (rc < 0) {
     caps_.why_not = std::string("io_uring_queue_init: ") + std::strerror(-rc);
     return;
   }
@@ -127,6 +172,17 @@ void service::arm_locked() {
                      [this](const std::error_code& ec) { on_ready(ec); });
 }
 
+// A free submission entry, flushing queued ones to the kernel first when
+// the queue is full; nullptr when the kernel takes none.
+io_uring_sqe* service::sqe_locked() {
+  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+  if (sqe == nullptr) {
+    flush_locked();
+    sqe = io_uring_get_sqe(&ring_);
+  }
+  return sqe;
+}
+
 void service::start(operation& op) {
   std::unique_lock lock(mutex_);
   if (shut_down_) {
@@ -134,35 +190,40 @@ void service::start(operation& op) {
     op.destroy();
     return;
   }
-  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-  if (sqe == nullptr) {
-    flush_locked();
-    sqe = io_uring_get_sqe(&ring_);
-  }
+  io_uring_sqe* sqe = sqe_locked();
   if (sqe == nullptr) {
     lock.unlock();
-    asio::post(io_, [&op] { op.complete(-EBUSY); });
+    asio::post(io_, fail_later(&op, -EBUSY));
     return;
   }
   op.prepare(*sqe);
   io_uring_sqe_set_data(sqe, &op);
+  op.cancel_requested_ = false;
   link_locked(op);
   arm_locked();
   flush_locked();
 }
 
-void service::cancel(operation& op) {
-  std::lock_guard lock(mutex_);
-  if (shut_down_ || !op.in_flight_) return;
-  io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-  if (sqe == nullptr) {
-    flush_locked();
-    sqe = io_uring_get_sqe(&ring_);
-    if (sqe == nullptr) return;  // the ring is saturated; the op completes on its own
-  }
+// Queues an IORING_OP_ASYNC_CANCEL for `op`; false when no entry was free
+// (the cancel is then retried after the next completions are drained).
+bool service::queue_cancel_locked(operation& op) {
+  io_uring_sqe* sqe = sqe_locked();
+  if (sqe == nullptr) return false;
   io_uring_prep_cancel(sqe, &op, 0);
   io_uring_sqe_set_data(sqe, nullptr);  // nobody waits for the cancel's own completion
-  flush_locked();
+  return true;
+}
+
+void service::cancel(operation& op) {
+  std::lock_guard lock(mutex_);
+  if (shut_down_ || !op.in_flight_ || op.cancel_requested_) return;
+  op.cancel_requested_ = true;
+  if (queue_cancel_locked(op)) {
+    flush_locked();
+  } else {
+    op.cancel_unsent_ = true;
+    ++unsent_cancels_;
+  }
 }
 
 void service::on_ready(const std::error_code& ec) {
@@ -177,19 +238,52 @@ void service::on_ready(const std::error_code& ec) {
     int res;
   };
   std::vector<done> batch;
+  std::vector<operation*> orphans;
   {
     std::lock_guard lock(mutex_);
-    io_uring_cqe* cqe;
-    unsigned head;
-    unsigned seen = 0;
-    io_uring_for_each_cqe(&ring_, head, cqe) {
-      ++seen;
-      auto* op = static_cast<operation*>(io_uring_cqe_get_data(cqe));
-      if (op == nullptr) continue;
-      unlink_locked(*op);
-      batch.push_back({op, cqe->res});
+    for (;;) {
+      io_uring_cqe* cqe;
+      unsigned head;
+      unsigned seen = 0;
+      io_uring_for_each_cqe(&ring_, head, cqe) {
+        ++seen;
+        auto* op = static_cast<operation*>(io_uring_cqe_get_data(cqe));
+        if (op == nullptr) continue;
+        const int res = cqe->res;
+        if (!op->cancel_requested_ && (res == -ECANCELED || op->orphaned(res))) {
+          orphans.push_back(op);  // its thread exited; it stays in flight
+          continue;
+        }
+        if (op->cancel_unsent_) {
+          op->cancel_unsent_ = false;
+          --unsent_cancels_;
+        }
+        unlink_locked(*op);
+        batch.push_back({op, res});
+      }
+      io_uring_cq_advance(&ring_, seen);
+      // Completions beyond the queue's size wait in the kernel's backlog
+      // until asked for.
+      if (!io_uring_cq_has_overflow(&ring_)) break;
+      io_uring_get_events(&ring_);
     }
-    io_uring_cq_advance(&ring_, seen);
+    for (operation* op : orphans) {
+      if (io_uring_sqe* sqe = sqe_locked()) {
+        op->prepare(*sqe);
+        io_uring_sqe_set_data(sqe, op);
+      } else {
+        unlink_locked(*op);
+        batch.push_back({op, -EBUSY});
+      }
+    }
+    if (unsent_cancels_ > 0) {
+      for (operation* op = head_; op != nullptr; op = op->next_) {
+        if (op->cancel_unsent_ && queue_cancel_locked(*op)) {
+          op->cancel_unsent_ = false;
+          --unsent_cancels_;
+        }
+      }
+    }
     if (io_uring_sq_ready(&ring_) > 0) flush_locked();
     armed_ = false;
     arm_locked();

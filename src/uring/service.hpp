@@ -20,8 +20,8 @@ namespace cohort::uring {
 class service;
 
 /// One request on the ring. The service owns it from `service::start` until
-/// it calls `complete`, exactly once, from a thread running the execution
-/// context; `complete` may delete the object.
+/// it calls `complete`, exactly once, from a thread running the io_context;
+/// `complete` takes the object over (and eventually deletes it).
 class operation {
  public:
   operation(const operation&) = delete;
@@ -34,6 +34,10 @@ class operation {
   virtual void complete(int res) = 0;
   /// The service is shutting down: release resources, invoke nothing.
   virtual void destroy() = 0;
+  /// Whether `res` (other than -ECANCELED) can mean "the thread that
+  /// submitted this exited" for this operation, so that it is to be
+  /// submitted again rather than completed.
+  virtual bool orphaned(int res) const { return false; }
 
  protected:
   operation() = default;
@@ -44,6 +48,8 @@ class operation {
   operation* prev_ = nullptr;
   operation* next_ = nullptr;
   bool in_flight_ = false;
+  bool cancel_requested_ = false;  // a -ECANCELED is then ours, not an orphaning
+  bool cancel_unsent_ = false;     // no submission entry was free for the cancel yet
 };
 
 /// What the running kernel supports, probed once when the service starts.
@@ -57,10 +63,15 @@ struct capabilities {
   std::string why_not;    ///< why the ring is off, when it is ("COHORT_IO_URING=0", "io_uring_queue_init: ...")
 };
 
-/// The ring of one execution context. Thread-safe: operations may be started
-/// and cancelled from any thread; completions run on the context's threads.
+/// The ring of one io_context. Thread-safe: operations may be started and
+/// cancelled from any thread; completions run on the context's threads.
 /// Where io_uring is missing, refused, or switched off with COHORT_IO_URING=0,
 /// `caps().ring` is false and callers use asio's reactor instead.
+///
+/// The kernel ties each request to the thread that submitted it and cancels
+/// it when that thread exits. Such orphaned requests are submitted again from
+/// the thread that sees their completion, so operations survive the exit of
+/// the thread that started them.
 class service final : public asio::execution_context::service {
  public:
   using key_type = service;
@@ -83,6 +94,8 @@ class service final : public asio::execution_context::service {
  private:
   void shutdown() override;
   void flush_locked();
+  io_uring_sqe* sqe_locked();
+  bool queue_cancel_locked(operation& op);
   void arm_locked();
   void on_ready(const std::error_code& ec);
   void link_locked(operation& op);
@@ -97,6 +110,7 @@ class service final : public asio::execution_context::service {
   std::mutex mutex_;          // guards the submission queue, the in-flight list and armed_
   operation* head_ = nullptr;  // in-flight operations, for cancel and shutdown
   std::size_t in_flight_ = 0;
+  std::size_t unsent_cancels_ = 0;
   bool armed_ = false;
   bool shut_down_ = false;
 };

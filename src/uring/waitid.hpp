@@ -5,6 +5,7 @@
 #include "config.hpp"
 #include "uring/async.hpp"
 
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -25,6 +26,10 @@ struct waitid_ring {
     sqe.addr2 = reinterpret_cast<std::uintptr_t>(&info);
   }
   std::pair<std::error_code, siginfo_t> result(int res) { return {error_from_res(res), info}; }
+  /// When the submitting thread exits, a pending waitid fails with -EFAULT
+  /// (there is no memory left to copy siginfo into), not -ECANCELED.
+  /// Harmless to repeat with WNOWAIT, which cohort always uses.
+  bool orphaned(int res) const { return res == -EFAULT; }
 };
 
 /// The reactor part: the pidfd reads ready once the process has exited.
@@ -48,10 +53,8 @@ struct waitid_attempt {
 /// leave the child waitable. The pidfd must stay open until completion.
 template <class Token>
 auto async_waitid(const asio::any_io_executor& executor, int pidfd, int options, Token&& token) {
-  return async_start<siginfo_t>(executor, service_of(executor).caps().waitid,
-                                waitid_ring{pidfd, options}, pidfd,
-                                asio::posix::descriptor_base::wait_read,
-                                waitid_attempt{pidfd, options}, std::forward<Token>(token));
+  return async_start<siginfo_t>(executor, service_of(executor).caps().waitid, waitid_ring{pidfd, options},
+                                pidfd, POLLIN, waitid_attempt{pidfd, options}, std::forward<Token>(token));
 }
 
 }  // namespace cohort::uring

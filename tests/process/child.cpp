@@ -6,7 +6,10 @@
 
 #include <doctest/doctest.h>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/detached.hpp>
+#include <asio/strand.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/read_until.hpp>
 #include <asio/steady_timer.hpp>
@@ -245,5 +248,68 @@ TEST_SUITE("child") {
     for (int t = 0; t < 4; ++t) threads.emplace_back([&] { io.run(); });
     for (auto& t : threads) t.join();
     CHECK(matched == count);
+  }
+
+  TEST_CASE("a child whose object goes while its wait is then cancelled is still reaped") {
+    asio::io_context io;
+    auto c = std::make_unique<child>(spawn(io.get_executor(), target({"sleep", "30"})));
+    const auto proc = "/proc/" + std::to_string(c->pid());
+    asio::cancellation_signal cancel;
+    asio::co_spawn(io, c->wait(), asio::bind_cancellation_slot(cancel.slot(), [](std::exception_ptr, exit_status) {}));
+    io.poll();
+    c.reset();  // kills it; the wait in flight is now the one to reap it
+    cancel.emit(asio::cancellation_type::terminal);
+    io.run();
+    CHECK_FALSE(fs::exists(proc));
+  }
+
+  TEST_CASE("a child whose object goes while its wait is in flight is reaped when the io_context is destroyed") {
+    pid_t pid;
+    {
+      asio::io_context io;
+      auto c = std::make_unique<child>(spawn(io.get_executor(), target({"sleep", "30"})));
+      pid = c->pid();
+      asio::co_spawn(io, c->wait(), [](std::exception_ptr, exit_status) {});
+      io.poll();
+      c.reset();
+    }  // never run again: the wait is destroyed, not completed
+    CHECK_FALSE(fs::exists("/proc/" + std::to_string(pid)));
+  }
+
+  TEST_CASE("a child detached while its wait is cancelled is reaped in the background") {
+    asio::io_context io;
+    child c = spawn(io.get_executor(), target({"sleep", "0"}));
+    const auto proc = "/proc/" + std::to_string(c.pid());
+    asio::cancellation_signal cancel;
+    asio::co_spawn(io, c.wait(), asio::bind_cancellation_slot(cancel.slot(), [](std::exception_ptr, exit_status) {}));
+    io.poll();
+    c.detach();
+    cancel.emit(asio::cancellation_type::terminal);
+    io.run();
+    CHECK_FALSE(fs::exists(proc));
+  }
+
+  TEST_CASE("a child spawned and detached on a thread that then exits is reaped") {
+    asio::io_context io;
+    pid_t pid = 0;
+    std::thread([&] {
+      child c = spawn(io.get_executor(), target({"sleep", "0"}), spawn_options{.parent_death_signal = 0});
+      pid = c.pid();
+      c.detach();
+    }).join();
+    io.run();
+    CHECK_FALSE(fs::exists("/proc/" + std::to_string(pid)));
+  }
+
+  TEST_CASE("children can be spawned and awaited on a strand") {
+    asio::io_context io;
+    auto strand = asio::make_strand(io);
+    auto status = asio::co_spawn(strand, []() -> asio::awaitable<exit_status> {
+      command cmd = target({"exit", "6"});
+      child c = co_await spawn(cmd);
+      co_return co_await c.wait();
+    }(), asio::use_future);
+    io.run();
+    CHECK(status.get().code() == 6);
   }
 }

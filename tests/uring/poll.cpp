@@ -4,11 +4,14 @@
 
 #include <doctest/doctest.h>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 using namespace cohort;
@@ -60,6 +63,38 @@ TEST_SUITE("poll") {
       co_return r.index();
     }());
     CHECK(winner == 1);
+    ::close(p[0]);
+    ::close(p[1]);
+  }
+
+  TEST_CASE("a poll for input or output completes with POLLOUT on a writable, unread socket") {
+    asio::io_context io;
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    short revents = test::run(io, uring::async_poll(io.get_executor(), sv[0], POLLIN | POLLOUT, asio::use_awaitable));
+    CHECK((revents & POLLOUT) != 0);
+    CHECK((revents & POLLIN) == 0);
+    ::close(sv[0]);
+    ::close(sv[1]);
+  }
+
+  TEST_CASE("polls leave the descriptor's blocking mode alone, also two at once with one cancelled") {
+    asio::io_context io;
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    asio::cancellation_signal cancel;
+    std::error_code first, second;
+    uring::async_poll(io.get_executor(), p[0], POLLIN,
+                      asio::bind_cancellation_slot(cancel.slot(), [&](std::error_code ec, short) { first = ec; }));
+    uring::async_poll(io.get_executor(), p[0], POLLIN, [&](std::error_code ec, short) { second = ec; });
+    io.poll();
+    cancel.emit(asio::cancellation_type::terminal);
+    io.poll();
+    REQUIRE(::write(p[1], "x", 1) == 1);
+    io.run();
+    CHECK(first == asio::error::operation_aborted);
+    CHECK_FALSE(second);
+    CHECK((::fcntl(p[0], F_GETFL) & O_NONBLOCK) == 0);
     ::close(p[0]);
     ::close(p[1]);
   }

@@ -91,4 +91,18 @@ TEST_SUITE("read") {
     io.run();
     CHECK(ec == std::error_code(EBADF, std::system_category()));
   }
+
+  TEST_CASE("a read of a regular file returns its bytes from the file position") {
+    asio::io_context io;
+    char path[] = "/tmp/cohort-read-XXXXXX";
+    int fd = ::mkstemp(path);
+    REQUIRE(fd >= 0);
+    ::unlink(path);
+    REQUIRE(::write(fd, "file contents", 13) == 13);
+    REQUIRE(::lseek(fd, 5, SEEK_SET) == 5);
+    char buf[64];
+    auto n = test::run(io, uring::async_read_some(io.get_executor(), fd, asio::buffer(buf), asio::use_awaitable));
+    CHECK(std::string(buf, n) == "contents");
+    ::close(fd);
+  }
 }

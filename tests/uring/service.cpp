@@ -6,7 +6,11 @@
 #include <doctest/doctest.h>
 
 #include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
 #include <asio/cancellation_signal.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/strand.hpp>
+#include <asio/thread_pool.hpp>
 
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -34,6 +38,8 @@ struct fd_guard {
   int fd;
   ~fd_guard() { ::close(fd); }
 };
+
+
 
 }  // namespace
 
@@ -133,5 +139,83 @@ TEST_SUITE("uring service") {
     for (auto& t : runners) t.join();
     CHECK(completed == threads * per_thread);
     for (int fd : fds) ::close(fd);
+  }
+
+  TEST_CASE("completions beyond the completion queue's size all arrive") {
+    // The ring's completion queue holds 4096. The reactor path has no such
+    // queue, but the kernel lets at most 500 epoll sets watch one descriptor.
+    const int count = test::reactor_mode() ? 400 : 5000;
+    asio::io_context io;
+    fd_guard efd{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
+    int completed = 0;
+    for (int i = 0; i < count; ++i) {
+      uring::async_poll(io.get_executor(), efd.fd, POLLIN, [&](std::error_code ec, short) {
+        if (!ec) ++completed;
+      });
+    }
+    io.poll();
+    std::uint64_t one = 1;
+    REQUIRE(::write(efd.fd, &one, sizeof one) == sizeof one);
+    io.run();
+    CHECK(completed == count);
+  }
+
+  TEST_CASE("an operation started from a thread that then exits still completes") {
+    asio::io_context io;
+    fd_guard efd{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
+    std::error_code result = asio::error::would_block;
+    short revents = 0;
+    std::thread([&] {
+      uring::async_poll(io.get_executor(), efd.fd, POLLIN, [&](std::error_code ec, short r) {
+        result = ec;
+        revents = r;
+      });
+    }).join();
+    io.poll();  // sees the kernel cancel the request of the exited thread
+    std::uint64_t one = 1;
+    REQUIRE(::write(efd.fd, &one, sizeof one) == sizeof one);
+    io.run();
+    CHECK_FALSE(result);
+    CHECK((revents & POLLIN) != 0);
+  }
+
+  TEST_CASE("cancellation racing completion on a strand of a multi-threaded io_context is safe") {
+    asio::io_context io;
+    auto strand = asio::make_strand(io);
+    fd_guard efd{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE)};
+    constexpr int rounds = 500;
+    std::atomic<int> finished{0};
+    auto guard = asio::make_work_guard(io);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) threads.emplace_back([&] { io.run(); });
+    for (int i = 0; i < rounds; ++i) {
+      auto signal = std::make_shared<asio::cancellation_signal>();
+      asio::dispatch(strand, [&, signal] {
+        uring::async_poll(strand, efd.fd, POLLIN,
+                          asio::bind_cancellation_slot(signal->slot(), asio::bind_executor(strand, [&, signal](std::error_code, short) {
+                            ++finished;
+                          })));
+        std::uint64_t one = 1;
+        [[maybe_unused]] auto n = ::write(efd.fd, &one, sizeof one);
+        signal->emit(asio::cancellation_type::terminal);
+      });
+    }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (finished < rounds && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    guard.reset();
+    io.stop();
+    for (auto& t : threads) t.join();
+    CHECK(finished == rounds);
+  }
+
+  TEST_CASE("executors of an io_context are accepted in every usual wrapping, others refused") {
+    asio::io_context io;
+    asio::any_io_executor plain = io.get_executor();
+    asio::any_io_executor strand = asio::make_strand(io);
+    asio::any_io_executor strand_of_any = asio::make_strand(plain);
+    asio::any_io_executor tracked = asio::prefer(io.get_executor(), asio::execution::outstanding_work.tracked);
+    for (const auto& ex : {plain, strand, strand_of_any, tracked}) CHECK(&uring::io_context_of(ex) == &io);
+    asio::thread_pool pool(1);
+    CHECK_THROWS_AS(uring::io_context_of(pool.get_executor()), std::invalid_argument);
   }
 }

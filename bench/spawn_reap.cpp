@@ -1,0 +1,121 @@
+// spawn+reap of N children of /bin/true: cohort (spawn, then co_await wait()
+// on an io_context) against a raw posix_spawn + pidfd_open + waitid loop and
+// Boost.Process v2 (when built with it), in one run. "cohort, blocking
+// join()" reaps with join() instead, to tell launch cost from wait cost. Each round runs every
+// variant once, in turn; the report gives the median over the rounds and the
+// ratio to the raw loop.
+//
+//   spawn_reap [rounds]     (default 15)
+#include <cohort/cohort.hpp>
+
+#include "config.hpp"
+#include "stats.hpp"
+#ifdef COHORT_BENCH_BOOST
+#include "boost_baseline.hpp"
+#endif
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+const char* const program = "/bin/true";
+
+void raw_spawn_reap(int n) {
+  std::vector<int> pidfds;
+  pidfds.reserve(static_cast<std::size_t>(n));
+  char* const argv[] = {const_cast<char*>(program), nullptr};
+  for (int i = 0; i < n; ++i) {
+    pid_t pid;
+    if (::posix_spawn(&pid, program, nullptr, nullptr, argv, environ) != 0) throw std::runtime_error("posix_spawn");
+    pidfds.push_back(cohort::config::pidfd_open(pid));
+  }
+  for (int fd : pidfds) {
+    siginfo_t info;
+    ::waitid(static_cast<idtype_t>(cohort::config::p_pidfd), static_cast<id_t>(fd), &info, WEXITED);
+    ::close(fd);
+  }
+}
+
+void cohort_spawn_reap(asio::io_context& io, int n) {
+  std::vector<cohort::child> children;
+  children.reserve(static_cast<std::size_t>(n));
+  const cohort::command cmd(program);
+  const cohort::spawn_options options;
+  for (int i = 0; i < n; ++i) children.push_back(cohort::spawn(io.get_executor(), cmd, options));
+  int failed = 0;
+  for (auto& c : children) {
+    asio::co_spawn(io, c.wait(), [&failed](std::exception_ptr e, cohort::exit_status s) {
+      if (e || !s.success()) ++failed;
+    });
+  }
+  io.run();
+  io.restart();
+  if (failed != 0) throw std::runtime_error("a child failed");
+}
+
+// The same launches, reaped with the blocking join(): separates the cost of
+// cohort's launch from that of its asynchronous wait.
+void cohort_spawn_join(asio::io_context& io, int n) {
+  std::vector<cohort::child> children;
+  children.reserve(static_cast<std::size_t>(n));
+  const cohort::command cmd(program);
+  const cohort::spawn_options options;
+  for (int i = 0; i < n; ++i) children.push_back(cohort::spawn(io.get_executor(), cmd, options));
+  for (auto& c : children) {
+    if (!c.join().success()) throw std::runtime_error("a child failed");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 15;
+  asio::io_context ring_io;
+  asio::io_context* io = &ring_io;
+  const auto info = cohort::io_uring_support(ring_io);
+
+  std::map<std::string, std::function<void(int)>> variants{
+      {"raw posix_spawn+pidfd", raw_spawn_reap},
+      {"cohort", [io](int n) { cohort_spawn_reap(*io, n); }},
+      {"cohort, blocking join()", [io](int n) { cohort_spawn_join(*io, n); }},
+#ifdef COHORT_BENCH_BOOST
+      {"Boost.Process v2", [](int n) { cohort::bench::boost_spawn_reap(program, n); }},
+#endif
+  };
+  fmt::print("spawn+reap of N x {}; {} rounds; cohort waits through {}\n", program, rounds,
+             info.waitid ? "io_uring waitid" : "the reactor");
+  fmt::print("{:>4}  {:<22} {:>12} {:>14} {:>10}\n", "N", "variant", "median ms", "us per child", "vs raw");
+  for (int n : {1, 8, 64, 512}) {
+    std::map<std::string, std::vector<double>> samples;
+    for (auto& [name, run] : variants) run(n);  // warm-up
+    for (int r = 0; r < rounds; ++r) {
+      for (auto& [name, run] : variants) {
+        auto start = cohort::bench::clock::now();
+        run(n);
+        samples[name].push_back(cohort::bench::seconds_since(start));
+      }
+    }
+    const double raw = cohort::bench::median(samples["raw posix_spawn+pidfd"]);
+    for (auto& [name, s] : samples) {
+      const double m = cohort::bench::median(s);
+      fmt::print("{:>4}  {:<22} {:>12.3f} {:>14.1f} {:>9.2f}x\n", n, name, m * 1e3, m * 1e6 / n, m / raw);
+    }
+  }
+}
