@@ -53,12 +53,17 @@ void raw_spawn_reap(int n) {
   }
 }
 
-void cohort_spawn_reap(asio::io_context& io, int n) {
+std::vector<cohort::child> cohort_launch(asio::io_context& io, int n) {
   std::vector<cohort::child> children;
   children.reserve(static_cast<std::size_t>(n));
   const cohort::command cmd(program);
   const cohort::spawn_options options;
   for (int i = 0; i < n; ++i) children.push_back(cohort::spawn(io.get_executor(), cmd, options));
+  return children;
+}
+
+void cohort_spawn_reap(asio::io_context& io, int n) {
+  auto children = cohort_launch(io, n);
   int failed = 0;
   for (auto& c : children) {
     asio::co_spawn(io, c.wait(), [&failed](std::exception_ptr e, cohort::exit_status s) {
@@ -73,12 +78,7 @@ void cohort_spawn_reap(asio::io_context& io, int n) {
 // The same launches, reaped with the blocking join(): separates the cost of
 // cohort's launch from that of its asynchronous wait.
 void cohort_spawn_join(asio::io_context& io, int n) {
-  std::vector<cohort::child> children;
-  children.reserve(static_cast<std::size_t>(n));
-  const cohort::command cmd(program);
-  const cohort::spawn_options options;
-  for (int i = 0; i < n; ++i) children.push_back(cohort::spawn(io.get_executor(), cmd, options));
-  for (auto& c : children) {
+  for (auto& c : cohort_launch(io, n)) {
     if (!c.join().success()) throw std::runtime_error("a child failed");
   }
 }

@@ -8,6 +8,7 @@
 
 #include "config.hpp"
 #include "process/child_state.hpp"
+#include "process/descriptor_limit.hpp"
 
 #include <asio/io_context.hpp>
 #include <asio/this_coro.hpp>
@@ -275,12 +276,7 @@ std::string describe(const command& cmd, const failure& f) {
     case stage::exec: what += ": execve"; break;
     case stage::none: break;
   }
-  if (f.error == EMFILE || f.error == ENFILE) {
-    rlimit lim{};
-    ::getrlimit(RLIMIT_NOFILE, &lim);
-    what += fmt::format(" (open file limit RLIMIT_NOFILE is {})", lim.rlim_cur);
-  }
-  return what;
+  return what + detail::descriptor_limit_note(f.error);
 }
 
 void check_keep_fds(const std::vector<int>& keep) {

@@ -14,7 +14,10 @@
 #include <asio/read_until.hpp>
 #include <asio/steady_timer.hpp>
 
+#include <fmt/format.h>
+
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -311,5 +314,31 @@ TEST_SUITE("child") {
     }(), asio::use_future);
     io.run();
     CHECK(status.get().code() == 6);
+  }
+
+  TEST_CASE("a wait that cannot get a descriptor names the limit; on the ring it needs none") {
+    asio::io_context io;
+    io_uring_support(io);  // the ring, if any, exists before the limit drops
+    child c = spawn(io.get_executor(), target({"exit", "2"}));
+    rlimit saved{};
+    ::getrlimit(RLIMIT_NOFILE, &saved);
+    rlimit tight = saved;
+    tight.rlim_cur = static_cast<rlim_t>(test::open_fd_count());
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &tight) == 0);
+    std::string error;
+    std::optional<exit_status> status;
+    try {
+      status = test::run(io, c.wait());
+    } catch (const std::system_error& e) {
+      error = e.what();
+    }
+    ::setrlimit(RLIMIT_NOFILE, &saved);
+    if (test::reactor_mode()) {
+      CHECK(error.find(fmt::format("RLIMIT_NOFILE is {}", tight.rlim_cur)) != std::string::npos);
+      CHECK(c.join().code() == 2);
+    } else {
+      REQUIRE(status);
+      CHECK(status->code() == 2);
+    }
   }
 }

@@ -64,15 +64,6 @@ bool has_unreaped_children() {
   return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0;
 }
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::string pattern = (fs::temp_directory_path() / "cohort-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = fs::canonical(pattern);
-  }
-  ~temp_dir() { fs::remove_all(path); }
-};
 
 struct nofile_limit {
   rlimit saved{};
@@ -121,7 +112,7 @@ TEST_SUITE("spawn") {
   }
 
   TEST_CASE("the working directory is the one asked for") {
-    temp_dir dir;
+    test::temp_dir dir;
     CHECK(output_of({"print-cwd"}, {.cwd = dir.path}) == dir.path.string());
     CHECK(output_of({"print-cwd"}) == fs::current_path().string());
   }
@@ -143,7 +134,7 @@ TEST_SUITE("spawn") {
   }
 
   TEST_CASE("a program found in PATH runs, and the child's own PATH is searched when set") {
-    temp_dir dir;
+    test::temp_dir dir;
     fs::copy_file(test::target, dir.path / "cohort-target-copy");
     CHECK(spawn_error(command{"cohort-target-copy", {"exit", "0"}}).code() == std::error_code(ENOENT, std::system_category()));
     auto path = environment::inherit().set("PATH", dir.path.string() + ":/usr/bin:/bin");
@@ -159,7 +150,7 @@ TEST_SUITE("spawn") {
   }
 
   TEST_CASE("a relative path with a slash is taken from the child's working directory") {
-    temp_dir dir;
+    test::temp_dir dir;
     fs::copy_file(test::target, dir.path / "relative-target");
     asio::io_context io;
     auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
@@ -172,7 +163,7 @@ TEST_SUITE("spawn") {
   }
 
   TEST_CASE("a file that is not executable, or not a program, fails at exec with the cause") {
-    temp_dir dir;
+    test::temp_dir dir;
     auto plain = dir.path / "plain.txt";
     std::ofstream(plain) << "not a program\n";
     auto e = spawn_error(command{plain.string(), {}});

@@ -26,15 +26,6 @@ std::string slurp(const fs::path& path) {
   return s.str();
 }
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::string pattern = (fs::temp_directory_path() / "cohort-test-XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~temp_dir() { fs::remove_all(path); }
-};
 
 }  // namespace
 
@@ -86,7 +77,7 @@ TEST_SUITE("stdio") {
   }
 
   TEST_CASE("a file receives output, truncated or appended") {
-    temp_dir dir;
+    test::temp_dir dir;
     auto log = dir.path / "out.log";
     CHECK(run(command{test::target, {"write", "1", "first"}}, {.out = stdio::file(log)}).success());
     CHECK(slurp(log) == "first");
@@ -97,7 +88,7 @@ TEST_SUITE("stdio") {
   }
 
   TEST_CASE("a file feeds stdin") {
-    temp_dir dir;
+    test::temp_dir dir;
     auto input = dir.path / "in.txt";
     std::ofstream(input) << "from a file";
     auto output = dir.path / "out.txt";

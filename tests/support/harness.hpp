@@ -12,10 +12,13 @@
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
 
+#include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <system_error>
 #include <vector>
 
 namespace cohort::test {
@@ -41,6 +44,19 @@ T run(asio::io_context& io, asio::awaitable<T> work, int threads = 1) {
   io.restart();
   return result.get();
 }
+
+/// A fresh directory under the temporary directory, removed with its contents.
+struct temp_dir {
+  std::filesystem::path path;
+  temp_dir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "cohort-test-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::system_error(errno, std::system_category(), "mkdtemp");
+    path = std::filesystem::canonical(pattern);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
 
 /// Reads a pipe until end of file.
 inline asio::awaitable<std::string> read_all(asio::readable_pipe& pipe) {
