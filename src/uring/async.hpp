@@ -178,7 +178,11 @@ class reactor_operation {
   template <class Self>
   void operator()(Self& self) {
     std::error_code ec;
-    watch_ = std::make_unique<readiness_watch>(executor_, fd_, events_, ec);
+    try {
+      watch_ = std::make_unique<readiness_watch>(executor_, fd_, events_, ec);
+    } catch (const std::system_error& e) {  // asio could not bring up its reactor
+      ec = e.code();
+    }
     if (ec) return finish(self, ec, value_type{});
     wait(self);
   }

@@ -77,6 +77,10 @@ asio::io_context& io_context_of(const asio::any_io_executor& executor) {
 }
 
 service::service(asio::io_context& io) : asio::execution_context::service(io), io_(io) {
+  // The descriptor object exists in both modes: it brings up asio's reactor
+  // now, while descriptors are surely available, rather than inside some
+  // later operation, where a failure could not reach its caller.
+  watch_.emplace(io_);
   if (switched_off()) {
     caps_.why_not = std::string(config::io_uring_env) + "=0";
     return;
@@ -119,7 +123,7 @@ service::service(asio::io_context& io) : asio::execution_context::service(io), i
     io_uring_queue_exit(&ring_);
     return;
   }
-  watch_.emplace(io_, eventfd_);  // owns the eventfd from here on
+  watch_->assign(eventfd_);  // owns the eventfd from here on
   caps_.ring = true;
 }
 

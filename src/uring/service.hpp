@@ -37,7 +37,7 @@ class operation {
   /// Whether `res` (other than -ECANCELED) can mean "the thread that
   /// submitted this exited" for this operation, so that it is to be
   /// submitted again rather than completed.
-  virtual bool orphaned(int res) const { return false; }
+  virtual bool orphaned([[maybe_unused]] int res) const { return false; }
 
  protected:
   operation() = default;

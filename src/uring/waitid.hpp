@@ -27,9 +27,16 @@ struct waitid_ring {
   }
   std::pair<std::error_code, siginfo_t> result(int res) { return {error_from_res(res), info}; }
   /// When the submitting thread exits, a pending waitid fails with -EFAULT
-  /// (there is no memory left to copy siginfo into), not -ECANCELED.
+  /// or -ECHILD (the waiter is gone), not -ECANCELED. -ECHILD is told apart
+  /// from a child really reaped elsewhere by asking again from this thread.
   /// Harmless to repeat with WNOWAIT, which cohort always uses.
-  bool orphaned(int res) const { return res == -EFAULT; }
+  bool orphaned(int res) const {
+    if (res == -EFAULT) return true;
+    if (res != -ECHILD) return false;
+    siginfo_t still{};
+    return ::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &still,
+                    WEXITED | WNOHANG | WNOWAIT) == 0;
+  }
 };
 
 /// The reactor part: the pidfd reads ready once the process has exited.
