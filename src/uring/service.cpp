@@ -33,10 +33,6 @@ bool switched_off() {
   return value != nullptr && std::string_view(value) == "0";
 }
 
-}  // namespace
-
-namespace {
-
 // any_io_executor::target<T>() in Asio 1.22 does not check the type; this does.
 template <class T>
 const T* exact_target(const asio::any_io_executor& executor) {
@@ -128,9 +124,7 @@ service::service(asio::io_context& io) : asio::execution_context::service(io), i
 }
 
 service::~service() {
-  if (!caps_.ring) return;
-  watch_.reset();
-  io_uring_queue_exit(&ring_);
+  if (caps_.ring) io_uring_queue_exit(&ring_);
 }
 
 void service::link_locked(operation& op) {
@@ -299,7 +293,10 @@ void service::on_ready(const std::error_code& ec) {
 // into in-flight operations (a waitid's siginfo), so every request is
 // cancelled and its completion awaited before the operations are destroyed.
 void service::shutdown() {
-  if (!caps_.ring) return;
+  if (!caps_.ring) {
+    watch_.reset();
+    return;
+  }
   std::vector<operation*> confirmed;
   {
     std::lock_guard lock(mutex_);
