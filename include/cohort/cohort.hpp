@@ -5,6 +5,7 @@
 #include "cohort/command.hpp"
 #include "cohort/environment.hpp"
 #include "cohort/exit_status.hpp"
+#include "cohort/group.hpp"
 #include "cohort/io_uring_info.hpp"
 #include "cohort/spawn.hpp"
 #include "cohort/stdio.hpp"

@@ -15,6 +15,10 @@
 //   burn-cpu MS            spin for MS milliseconds of CPU time
 //   touch-mib N            touch N MiB of memory
 //   timestamp-exit FD      write CLOCK_MONOTONIC (ns, 8 bytes) to FD, then _exit(0)
+//   exit-after MS CODE     sleep MS milliseconds, then exit with CODE
+//   exit-env NAME          exit with the number in environment variable NAME
+//   setsid-grandchild CODE start a grandchild that calls setsid() and sleeps 60 s,
+//                          print its pid, then exit with CODE
 #include <dirent.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -147,6 +151,32 @@ int main(int argc, char** argv) {
     std::int64_t ns = ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
     if (::write(std::atoi(arg), &ns, sizeof ns) != sizeof ns) ::_exit(1);
     ::_exit(0);
+  }
+  if (what == "exit-after" && argc > 3) {
+    ::usleep(static_cast<useconds_t>(std::atoi(arg)) * 1000);
+    return std::atoi(argv[3]);
+  }
+  if (what == "exit-env") {
+    const char* value = std::getenv(arg);
+    return value != nullptr ? std::atoi(value) : 100;
+  }
+  if (what == "setsid-grandchild") {
+    int ready[2];
+    if (::pipe(ready) != 0) return 101;
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setsid();
+      ::close(ready[0]);
+      ::close(ready[1]);  // tells the parent setsid() is done
+      ::sleep(60);
+      ::_exit(0);
+    }
+    ::close(ready[1]);
+    char byte;
+    [[maybe_unused]] auto n = ::read(ready[0], &byte, 1);
+    std::printf("%d\n", pid);
+    std::fflush(stdout);
+    return std::atoi(arg);
   }
   return usage();
 }

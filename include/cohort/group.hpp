@@ -1,0 +1,128 @@
+// Supervised groups of processes: N ranks of one program, and the first
+// failure shutting the rest down.
+#pragma once
+
+#include "cohort/child.hpp"
+#include "cohort/command.hpp"
+#include "cohort/exit_status.hpp"
+#include "cohort/spawn.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cohort {
+
+/// How a group is shut down once a rank fails (or stop() is called):
+/// `grace` for the others to finish on their own, SIGTERM to every live
+/// rank's process group, `term_grace` for them to exit, SIGKILL to them and
+/// to every process started under the group, then at most `kill_wait` more.
+/// What survives even that (a process stuck in the kernel, D state) is
+/// reported in the result and reaped in the background, never waited for.
+struct shutdown_policy {
+  std::chrono::milliseconds grace{0};
+  std::chrono::milliseconds term_grace{std::chrono::seconds(30)};
+  std::chrono::milliseconds kill_wait{std::chrono::seconds(5)};
+};
+
+/// N ranks of one program.
+struct group_spec {
+  std::string name = "default";  ///< the role, used in messages
+  command entry;                 ///< what every rank runs
+  int nprocs = 1;
+  /// Extra arguments per rank, after entry.args. Empty, or keys exactly 0..nprocs-1.
+  std::map<int, std::vector<std::string>> args{};
+  /// Environment variables per rank, set on top of options.env. Empty, or
+  /// keys exactly 0..nprocs-1.
+  std::map<int, std::map<std::string, std::string>> envs{};
+  /// Everything else about how each rank starts (working directory, stdio,
+  /// base environment...); shared by all ranks.
+  spawn_options options{};
+  shutdown_policy shutdown{};
+};
+
+/// A rank that failed on its own (not by the group's shutdown).
+struct rank_failure {
+  int rank = 0;
+  pid_t pid = 0;
+  exit_status status;
+  /// When the supervisor saw the exit.
+  std::chrono::system_clock::time_point timestamp;
+};
+
+/// How a group's run ended.
+struct run_result {
+  /// Per rank, in rank order; nullopt for a rank never reaped (see unreaped).
+  std::vector<std::optional<exit_status>> statuses;
+  /// Ranks that failed on their own, in the order they were seen.
+  std::vector<rank_failure> failures;
+  /// Ranks still alive after SIGKILL and kill_wait: reported, not waited for.
+  std::vector<int> unreaped;
+  /// The run was shut down by stop() or by cancelling wait(), not by a failure.
+  bool stopped = false;
+
+  /// Every rank exited with code 0.
+  bool ok() const noexcept { return failures.empty() && unreaped.empty() && !stopped; }
+  /// The earliest failure; nullptr when none.
+  const rank_failure* first_failure() const noexcept { return failures.empty() ? nullptr : &failures.front(); }
+};
+
+namespace detail {
+struct group_state;
+}
+
+/// A running group. Supervision starts with the group and goes on whether or
+/// not anyone waits: a rank's failure shuts the others down by itself.
+/// Destroying the group object stops the group (as stop()) and leaves the
+/// shutdown to finish on the io_context.
+class group {
+ public:
+  group() noexcept;
+  group(group&&) noexcept;
+  group& operator=(group&&) noexcept;
+  ~group();
+
+  /// Waits until every rank has ended and returns how the run went. Starts
+  /// lazily, when awaited. Cancelling the wait shuts the group down as a
+  /// failure would; the wait then ends, after the shutdown, with
+  /// std::system_error(operation_aborted). Any number of waits may be in
+  /// flight at once.
+  [[nodiscard]] asio::awaitable<run_result> wait();
+  /// Blocks the calling thread for at most `timeout`; true once every rank
+  /// has ended (the result is then in result()). The io_context must run on
+  /// another thread meanwhile.
+  bool join(std::chrono::milliseconds timeout);
+  /// The result, once the run has ended.
+  std::optional<run_result> result() const;
+  /// The ranks' pids, in rank order.
+  std::vector<pid_t> pids() const;
+  /// Starts the shutdown now. Thread-safe.
+  void stop();
+
+  explicit group(std::shared_ptr<detail::group_state> state) noexcept;
+
+ private:
+  std::shared_ptr<detail::group_state> state_;
+};
+
+/// Starts the ranks of `spec` on the calling coroutine's executor. Bad rank
+/// maps (missing or extra keys), nprocs < 1, and launch failures throw before
+/// anything keeps running: ranks already started are killed and reaped.
+/// This process becomes a child subreaper (PR_SET_CHILD_SUBREAPER), so
+/// descendants that leave their rank's process group (setsid) are still
+/// found and ended with the run. Starts lazily, when awaited; `spec` must
+/// live until then.
+[[nodiscard]] asio::awaitable<group> start_processes(const group_spec& spec);
+
+/// Starts the ranks now; supervision runs on `executor` (an io_context's).
+group start_processes(const asio::any_io_executor& executor, const group_spec& spec);
+
+}  // namespace cohort

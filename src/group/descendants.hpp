@@ -1,0 +1,25 @@
+// Finding every process a group started, however far it wandered: each
+// rank's environment carries a marker that its descendants inherit.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace cohort::detail {
+
+/// Processes other than this one whose initial environment holds `marker`
+/// ("NAME=value"), from /proc/<pid>/environ. Processes that exit during the
+/// scan, or whose environment cannot be read, are skipped.
+std::vector<pid_t> marked_processes(const std::string& marker);
+
+/// SIGKILLs `pid`, and reaps it if it is this process's child (reparented
+/// to it as a subreaper) and has died. True when it is gone for good: reaped,
+/// or not this process's child (its own parent reaps it).
+bool kill_and_reap(pid_t pid);
+
+/// Makes this process a child subreaper, once.
+void become_subreaper();
+
+}  // namespace cohort::detail

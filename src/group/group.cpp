@@ -1,0 +1,320 @@
+// Starting the ranks of a group and supervising them: a watcher per rank
+// reports its exit to the supervisor, which runs the shutdown sequence on
+// the first failure (or on stop()) and ends the run with nothing left.
+#include "cohort/group.hpp"
+
+#include "group/descendants.hpp"
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/dispatch.hpp>
+#include <asio/experimental/concurrent_channel.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/strand.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <set>
+#include <stdexcept>
+
+namespace cohort {
+namespace detail {
+
+using steady = std::chrono::steady_clock;
+/// Wakes one wait() when the run ends; thread-safe, as waits run on any
+/// executor. (The int is unused: Asio 1.22 cannot build a channel of
+/// void(error_code) alone.)
+using run_end = asio::experimental::concurrent_channel<void(std::error_code, int)>;
+
+/// Shared by the group object, the supervisor and the rank watchers. All of
+/// it but `finished`/`result` (guarded by `mutex`) is touched only on `strand`.
+struct group_state {
+  group_state(asio::any_io_executor ex, const group_spec& s) : strand(asio::make_strand(ex)), spec(s), wake(strand) {}
+
+  asio::strand<asio::any_io_executor> strand;
+  group_spec spec;
+  std::string marker;  // "COHORT_GROUP=<id>", in every rank's environment
+  std::vector<child> children;
+  std::vector<pid_t> pids;
+  run_result partial;
+  int running = 0;
+  bool failed = false;
+  bool stopping = false;
+  bool signalled = false;  // SIGTERM went out: later non-zero exits are the shutdown's doing
+  asio::steady_timer wake;  // the supervisor sleeps on it; exits and stop() cancel it
+
+  mutable std::mutex mutex;  // guards what follows: waits and join() read it from any thread
+  std::condition_variable finished_cv;
+  bool finished = false;
+  run_result result;
+  std::vector<std::shared_ptr<run_end>> waiters;  // each wait() in flight, told when the run ends
+};
+
+namespace {
+
+std::string new_marker() {
+  static std::atomic<unsigned> counter{0};
+  std::random_device random;
+  return fmt::format("COHORT_GROUP={}-{}-{:08x}", ::getpid(), counter++, random());
+}
+
+void check_rank_keys(const char* what, const std::set<int>& keys, int nprocs) {
+  if (keys.empty()) return;
+  std::vector<int> missing, extra;
+  for (int r = 0; r < nprocs; ++r) {
+    if (!keys.contains(r)) missing.push_back(r);
+  }
+  for (int k : keys) {
+    if (k < 0 || k >= nprocs) extra.push_back(k);
+  }
+  if (missing.empty() && extra.empty()) return;
+  std::string message = fmt::format("cohort::start_processes: {} must name every rank 0..{}", what, nprocs - 1);
+  if (!missing.empty()) message += fmt::format("; missing {}", fmt::join(missing, ", "));
+  if (!extra.empty()) message += fmt::format("; no such rank {}", fmt::join(extra, ", "));
+  throw std::invalid_argument(message);
+}
+
+template <class Map>
+std::set<int> keys_of(const Map& map) {
+  std::set<int> keys;
+  for (const auto& [k, v] : map) keys.insert(k);
+  return keys;
+}
+
+void validate(const group_spec& spec) {
+  if (spec.nprocs < 1) throw std::invalid_argument(fmt::format("cohort::start_processes: nprocs is {}", spec.nprocs));
+  check_rank_keys("args", keys_of(spec.args), spec.nprocs);
+  check_rank_keys("envs", keys_of(spec.envs), spec.nprocs);
+}
+
+// Sleeps until `until` or until something cancels state.wake; returns
+// whether the deadline passed.
+asio::awaitable<bool> nap(group_state& state, steady::time_point until) {
+  if (steady::now() >= until) co_return true;
+  state.wake.expires_at(until);
+  std::error_code ec;
+  co_await state.wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  co_return !ec;
+}
+
+// Waits until no rank runs, or `limit` passes.
+asio::awaitable<void> await_exits(group_state& state, std::chrono::milliseconds limit) {
+  const auto until = steady::now() + limit;
+  while (state.running > 0 && !co_await nap(state, until)) {
+  }
+}
+
+void signal_running(group_state& state, int sig) {
+  for (auto& c : state.children) {
+    if (c && !c.status()) {
+      std::error_code ignored;
+      c.signal_group(sig, ignored);
+      if (ignored) c.signal(sig, ignored);  // not a group leader
+    }
+  }
+}
+
+// Kills whatever carries the marker and reaps what became ours (orphans
+// reparented to this subreaper), until nothing marked is alive or unreaped,
+// or `limit` passes. A process is remembered once seen: dead, its
+// environment can no longer be read.
+asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit) {
+  const auto until = steady::now() + limit;
+  const std::set<pid_t> ranks(state.pids.begin(), state.pids.end());
+  std::set<pid_t> seen;
+  for (;;) {
+    for (pid_t pid : marked_processes(state.marker)) {
+      if (!ranks.contains(pid)) seen.insert(pid);  // ranks are reaped by their child objects
+    }
+    if (seen.empty()) co_return;
+    std::erase_if(seen, [](pid_t pid) { return kill_and_reap(pid); });
+    if (seen.empty() || steady::now() >= until) co_return;
+    asio::steady_timer tick(state.strand, std::chrono::milliseconds(1));
+    std::error_code ec;
+    co_await tick.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+}
+
+void finish(const std::shared_ptr<group_state>& state) {
+  run_result r = std::move(state->partial);
+  for (std::size_t rank = 0; rank < state->children.size(); ++rank) {
+    r.statuses[rank] = state->children[rank] ? state->children[rank].status() : std::nullopt;
+  }
+  {
+    std::lock_guard lock(state->mutex);
+    state->result = std::move(r);
+    state->finished = true;
+    for (auto& waiter : state->waiters) waiter->try_send(std::error_code{}, 0);
+    state->waiters.clear();
+  }
+  state->finished_cv.notify_all();
+}
+
+void begin_stop(group_state& state) {
+  if (state.stopping) return;
+  state.stopping = true;
+  if (!state.failed) state.partial.stopped = true;
+  state.wake.cancel();
+}
+
+asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
+  auto& s = *state;
+  const auto& policy = s.spec.shutdown;
+  while (s.running > 0 && !s.failed && !s.stopping) co_await nap(s, steady::time_point::max());
+
+  if (s.running > 0) {
+    co_await await_exits(s, policy.grace);
+    s.signalled = true;
+    signal_running(s, SIGTERM);
+    co_await await_exits(s, policy.term_grace);
+    signal_running(s, SIGKILL);
+    co_await sweep(s, std::chrono::milliseconds(0));
+    co_await await_exits(s, policy.kill_wait);
+    for (std::size_t rank = 0; rank < s.children.size(); ++rank) {
+      if (!s.children[rank].status()) {
+        s.partial.unreaped.push_back(static_cast<int>(rank));
+        s.children[rank].detach();  // reaped in the background if it ever dies
+      }
+    }
+  }
+  co_await sweep(s, policy.kill_wait);
+  finish(state);
+}
+
+asio::awaitable<void> watch(std::shared_ptr<group_state> state, int rank) {
+  auto& s = *state;
+  exit_status status;
+  try {
+    status = co_await s.children[static_cast<std::size_t>(rank)].wait();
+  } catch (const std::exception&) {
+    // The wait failed (reaped elsewhere?): counted as ended, not as a success.
+    status = exit_status::from_code(255);
+  }
+  --s.running;
+  if (!status.success() && !s.signalled) {
+    s.partial.failures.push_back({rank, s.pids[static_cast<std::size_t>(rank)], status, std::chrono::system_clock::now()});
+    s.failed = true;
+  }
+  s.wake.cancel();
+}
+
+}  // namespace
+}  // namespace detail
+
+group::group() noexcept = default;
+group::group(std::shared_ptr<detail::group_state> state) noexcept : state_(std::move(state)) {}
+group::group(group&&) noexcept = default;
+group& group::operator=(group&& other) noexcept {
+  if (this != &other) {
+    stop();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+group::~group() { stop(); }
+
+void group::stop() {
+  if (!state_) return;
+  asio::dispatch(state_->strand, [state = state_] { detail::begin_stop(*state); });
+}
+
+std::vector<pid_t> group::pids() const { return state_ ? state_->pids : std::vector<pid_t>{}; }
+
+std::optional<run_result> group::result() const {
+  if (!state_) return std::nullopt;
+  std::lock_guard lock(state_->mutex);
+  return state_->finished ? std::optional(state_->result) : std::nullopt;
+}
+
+bool group::join(std::chrono::milliseconds timeout) {
+  if (!state_) throw std::logic_error("cohort::group::join: no group");
+  std::unique_lock lock(state_->mutex);
+  return state_->finished_cv.wait_for(lock, timeout, [&] { return state_->finished; });
+}
+
+asio::awaitable<run_result> group::wait() {
+  if (!state_) throw std::logic_error("cohort::group::wait: no group");
+  auto state = state_;
+  auto executor = co_await asio::this_coro::executor;
+  // Once cancelled, this coroutine still waits for the shutdown it starts:
+  // later awaits must not throw at once, as Asio makes them by default.
+  co_await asio::this_coro::throw_if_cancelled(false);
+  asio::cancellation_signal none;
+  for (bool cancelled = false;;) {
+    auto waiter = std::make_shared<detail::run_end>(executor, 1);
+    {
+      std::lock_guard lock(state->mutex);
+      if (state->finished) {
+        if (cancelled) throw std::system_error(asio::error::operation_aborted, "cohort::group::wait");
+        co_return state->result;
+      }
+      state->waiters.push_back(waiter);
+    }
+    std::error_code ec;
+    if (!cancelled) {
+      co_await waiter->async_receive(asio::redirect_error(asio::use_awaitable, ec));
+    } else {  // the shutdown is waited for unhindered
+      co_await waiter->async_receive(asio::bind_cancellation_slot(none.slot(), asio::redirect_error(asio::use_awaitable, ec)));
+    }
+    if (ec) {  // cancelled from outside: shut the group down as a failure would
+      cancelled = true;
+      co_await asio::this_coro::reset_cancellation_state();
+      stop();
+      std::lock_guard lock(state->mutex);
+      std::erase(state->waiters, waiter);
+    }
+  }
+}
+
+group start_processes(const asio::any_io_executor& executor, const group_spec& spec) {
+  detail::validate(spec);
+  detail::become_subreaper();
+  auto state = std::make_shared<detail::group_state>(executor, spec);
+  state->marker = detail::new_marker();
+  const auto eq = state->marker.find('=');
+  const std::string marker_name = state->marker.substr(0, eq), marker_value = state->marker.substr(eq + 1);
+
+  state->children.reserve(static_cast<std::size_t>(spec.nprocs));
+  for (int rank = 0; rank < spec.nprocs; ++rank) {
+    command cmd = spec.entry;
+    if (auto it = spec.args.find(rank); it != spec.args.end()) {
+      cmd.args.insert(cmd.args.end(), it->second.begin(), it->second.end());
+    }
+    spawn_options options = spec.options;
+    options.env.set(marker_name, marker_value);
+    if (auto it = spec.envs.find(rank); it != spec.envs.end()) {
+      for (const auto& [name, value] : it->second) options.env.set(name, value);
+    }
+    // On failure the children already started are killed and reaped as
+    // `state` unwinds.
+    state->children.push_back(spawn(state->strand, cmd, options));
+    state->pids.push_back(state->children.back().pid());
+  }
+  state->running = spec.nprocs;
+  state->partial.statuses.resize(static_cast<std::size_t>(spec.nprocs));
+  for (int rank = 0; rank < spec.nprocs; ++rank) {
+    asio::co_spawn(state->strand, detail::watch(state, rank), asio::detached);
+  }
+  asio::co_spawn(state->strand, detail::supervise(state), asio::detached);
+  return group(std::move(state));
+}
+
+asio::awaitable<group> start_processes(const group_spec& spec) {
+  auto executor = co_await asio::this_coro::executor;
+  co_return start_processes(executor, spec);
+}
+
+}  // namespace cohort

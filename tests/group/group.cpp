@@ -1,0 +1,209 @@
+#include "cohort/group.hpp"
+
+#include "support/harness.hpp"
+#include "support/process_probe.hpp"
+
+#include <doctest/doctest.h>
+
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+using namespace cohort;
+using namespace std::chrono_literals;
+using namespace asio::experimental::awaitable_operators;
+namespace fs = std::filesystem;
+
+namespace {
+
+group_spec ranks_of(int nprocs, std::vector<std::string> args) {
+  group_spec spec;
+  spec.entry = command(test::target, std::move(args));
+  spec.nprocs = nprocs;
+  return spec;
+}
+
+run_result run_group(const group_spec& spec) {
+  asio::io_context io;
+  return test::run(io, [&]() -> asio::awaitable<run_result> {
+    group g = co_await start_processes(spec);
+    co_return co_await g.wait();
+  }());
+}
+
+// Processes whose parent is this one (from /proc/<pid>/stat).
+std::vector<pid_t> children_of_self() {
+  std::vector<pid_t> found;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    char state;
+    pid_t ppid;
+    rest >> state >> ppid;
+    if (ppid == ::getpid()) found.push_back(std::stoi(name));
+  }
+  return found;
+}
+
+pid_t first_line_pid(const fs::path& file) {
+  std::ifstream in(file);
+  pid_t pid = 0;
+  in >> pid;
+  return pid;
+}
+
+}  // namespace
+
+TEST_SUITE("group") {
+  TEST_CASE("every rank runs, and a run where all exit 0 has no failures") {
+    auto result = run_group(ranks_of(4, {"exit", "0"}));
+    CHECK(result.ok());
+    REQUIRE(result.statuses.size() == 4);
+    for (const auto& status : result.statuses) CHECK((status && status->success()));
+    CHECK(result.first_failure() == nullptr);
+    CHECK(children_of_self().empty());
+  }
+
+  TEST_CASE("per-rank arguments and environments reach their rank") {
+    auto spec = ranks_of(3, {});
+    spec.args = {{0, {"exit", "10"}}, {1, {"exit", "11"}}, {2, {"exit-env", "CODE"}}};
+    spec.envs = {{0, {}}, {1, {}}, {2, {{"CODE", "12"}}}};
+    spec.shutdown.grace = 10s;  // the first failure must not cut the others short
+    auto result = run_group(spec);
+    for (int rank = 0; rank < 3; ++rank) {
+      REQUIRE(result.statuses[static_cast<std::size_t>(rank)]);
+      CHECK(result.statuses[static_cast<std::size_t>(rank)]->code() == 10 + rank);
+    }
+    CHECK(result.failures.size() == 3);
+  }
+
+  TEST_CASE("the first failure shuts the other ranks down with SIGTERM") {
+    auto spec = ranks_of(4, {});
+    spec.args = {{0, {"sleep", "30"}}, {1, {"exit", "3"}}, {2, {"sleep", "30"}}, {3, {"sleep", "30"}}};
+    auto result = run_group(spec);
+    REQUIRE(result.failures.size() == 1);
+    const auto* first = result.first_failure();
+    REQUIRE(first != nullptr);
+    CHECK(first->rank == 1);
+    CHECK(first->status.code() == 3);
+    for (int rank : {0, 2, 3}) CHECK(result.statuses[static_cast<std::size_t>(rank)]->signal() == SIGTERM);
+    CHECK_FALSE(result.ok());
+    CHECK(children_of_self().empty());
+  }
+
+  TEST_CASE("a rank that ignores SIGTERM is SIGKILLed once the grace period is over") {
+    auto spec = ranks_of(2, {});
+    spec.args = {{0, {"exit-after", "300", "1"}}, {1, {"ignore-term"}}};  // fails once SIGTERM is ignored
+    spec.options.out = stdio::null();
+    spec.shutdown.term_grace = 300ms;
+    auto start = std::chrono::steady_clock::now();
+    auto result = run_group(spec);
+    CHECK(std::chrono::steady_clock::now() - start >= 300ms);  // the grace is honoured
+    CHECK(result.statuses[1]->signal() == SIGKILL);
+    REQUIRE(result.first_failure() != nullptr);
+    CHECK(result.first_failure()->rank == 0);
+  }
+
+  TEST_CASE("a grandchild that escaped with setsid is gone after the run") {
+    test::temp_dir dir;
+    for (int code : {0, 1}) {
+      auto spec = ranks_of(1, {"setsid-grandchild", std::to_string(code)});
+      spec.options.out = stdio::file(dir.path / "grandchild");
+      auto result = run_group(spec);
+      const pid_t grandchild = first_line_pid(dir.path / "grandchild");
+      REQUIRE(grandchild > 0);
+      CHECK(result.statuses[0]->code() == code);
+      CHECK_FALSE(test::alive(grandchild));
+      CHECK_FALSE(fs::exists("/proc/" + std::to_string(grandchild)));  // reaped by this subreaper
+    }
+  }
+
+  TEST_CASE("bad rank maps and rank counts are refused before anything starts") {
+    asio::io_context io;
+    auto spec = ranks_of(3, {"exit", "0"});
+    spec.args = {{0, {}}, {2, {}}, {5, {}}};
+    CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec),
+                         "cohort::start_processes: args must name every rank 0..2; missing 1; no such rank 5",
+                         std::invalid_argument);
+    spec.args = {};
+    spec.envs = {{0, {}}, {1, {}}};
+    CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec), doctest::Contains("envs must name every rank 0..2; missing 2"),
+                         std::invalid_argument);
+    spec.envs = {};
+    spec.nprocs = 0;
+    CHECK_THROWS_AS(start_processes(io.get_executor(), spec), std::invalid_argument);
+    CHECK(children_of_self().empty());
+  }
+
+  TEST_CASE("a launch that fails midway kills and reaps the ranks already started") {
+    asio::io_context io;
+    auto spec = ranks_of(3, {"sleep", "30"});
+    spec.envs = {{0, {}}, {1, {{"BAD=NAME", "x"}}}, {2, {}}};
+    CHECK_THROWS_AS(start_processes(io.get_executor(), spec), std::invalid_argument);
+    CHECK(children_of_self().empty());
+  }
+
+  TEST_CASE("256 ranks run and are all reported") {
+    auto result = run_group(ranks_of(256, {"exit", "0"}));
+    CHECK(result.ok());
+    CHECK(result.statuses.size() == 256);
+    CHECK(std::all_of(result.statuses.begin(), result.statuses.end(), [](const auto& s) { return s && s->success(); }));
+  }
+
+  TEST_CASE("stop() shuts the group down and the result says it was stopped") {
+    asio::io_context io;
+    auto result = test::run(io, []() -> asio::awaitable<run_result> {
+      group_spec spec = ranks_of(3, {"sleep", "30"});
+      group g = co_await start_processes(spec);
+      CHECK(g.pids().size() == 3);
+      g.stop();
+      co_return co_await g.wait();
+    }());
+    CHECK(result.stopped);
+    CHECK(result.failures.empty());
+    CHECK_FALSE(result.ok());
+    for (const auto& s : result.statuses) CHECK(s->signal() == SIGTERM);
+  }
+
+  TEST_CASE("cancelling the coroutine that waits shuts the group down") {
+    asio::io_context io;
+    std::vector<pid_t> pids;
+    test::run(io, [&]() -> asio::awaitable<void> {
+      group_spec spec = ranks_of(2, {"sleep", "30"});
+      group g = co_await start_processes(spec);
+      pids = g.pids();
+      asio::steady_timer timer(co_await asio::this_coro::executor, 50ms);
+      auto first = co_await (g.wait() || timer.async_wait(asio::use_awaitable));
+      CHECK(first.index() == 1);
+      auto result = g.result();
+      REQUIRE(result);  // the cancelled wait ended only after the shutdown
+      CHECK(result->stopped);
+    }());
+    for (pid_t pid : pids) CHECK_FALSE(fs::exists("/proc/" + std::to_string(pid)));
+  }
+
+  TEST_CASE("join() waits at most its timeout, and says when the run is over") {
+    asio::io_context io;
+    auto work = asio::make_work_guard(io);
+    std::thread runner([&] { io.run(); });
+    auto spec = ranks_of(2, {"sleep", "30"});
+    group g = start_processes(io.get_executor(), spec);
+    CHECK_FALSE(g.join(20ms));
+    CHECK_FALSE(g.result());
+    g.stop();
+    CHECK(g.join(10s));
+    CHECK(g.result()->stopped);
+    work.reset();
+    runner.join();
+  }
+}
