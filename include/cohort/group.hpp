@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <csignal>
 #include <map>
 #include <memory>
 #include <optional>
@@ -66,8 +67,12 @@ struct run_result {
   std::vector<rank_failure> failures;
   /// Ranks still alive after SIGKILL and kill_wait: reported, not waited for.
   std::vector<int> unreaped;
-  /// The run was shut down by stop() or by cancelling wait(), not by a failure.
+  /// The run was shut down by stop(), by cancelling wait() or by a
+  /// forwarded signal, not by a failure.
   bool stopped = false;
+  /// The signal that ended the run, when forward_signals() turned one into
+  /// the shutdown.
+  std::optional<int> signal;
 
   /// Every rank exited with code 0.
   bool ok() const noexcept { return failures.empty() && unreaped.empty() && !stopped; }
@@ -106,6 +111,14 @@ class group {
   std::vector<pid_t> pids() const;
   /// Starts the shutdown now. Thread-safe.
   void stop();
+  /// Until the run ends, signals in `shutdown_signals` that reach this
+  /// process start the shutdown (the result records which), and signals in
+  /// `passed_on` are sent on to every live rank's process group. A second
+  /// shutdown signal skips what is left of the grace periods: SIGKILL at
+  /// once. Replaces the handlers of those signals in this process while the
+  /// run lasts (asio::signal_set). Call once per group.
+  void forward_signals(std::vector<int> shutdown_signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT},
+                       std::vector<int> passed_on = {});
 
   explicit group(std::shared_ptr<detail::group_state> state) noexcept;
 

@@ -12,6 +12,7 @@
 #include <asio/dispatch.hpp>
 #include <asio/experimental/concurrent_channel.hpp>
 #include <asio/redirect_error.hpp>
+#include <asio/signal_set.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/strand.hpp>
 #include <asio/this_coro.hpp>
@@ -54,6 +55,8 @@ struct group_state {
   bool failed = false;
   bool stopping = false;
   bool signalled = false;  // SIGTERM went out: later non-zero exits are the shutdown's doing
+  bool hurry = false;      // a second shutdown signal: no more grace
+  std::optional<asio::signal_set> signals;
   asio::steady_timer wake;  // the supervisor sleeps on it; exits and stop() cancel it
 
   mutable std::mutex mutex;  // guards what follows: waits and join() read it from any thread
@@ -110,10 +113,11 @@ asio::awaitable<bool> nap(group_state& state, steady::time_point until) {
   co_return !ec;
 }
 
-// Waits until no rank runs, or `limit` passes.
+// Waits until no rank runs, or `limit` passes, or a second shutdown signal
+// asks to hurry.
 asio::awaitable<void> await_exits(group_state& state, std::chrono::milliseconds limit) {
   const auto until = steady::now() + limit;
-  while (state.running > 0 && !co_await nap(state, until)) {
+  while (state.running > 0 && !state.hurry && !co_await nap(state, until)) {
   }
 }
 
@@ -170,6 +174,24 @@ void begin_stop(group_state& state) {
   state.wake.cancel();
 }
 
+// Handles one signal that reached this process, then waits for the next.
+void on_signal(const std::shared_ptr<group_state>& state, const std::vector<int>& passed_on, int sig) {
+  auto& s = *state;
+  if (std::find(passed_on.begin(), passed_on.end(), sig) != passed_on.end()) {
+    signal_running(s, sig);
+  } else if (!s.stopping) {
+    s.partial.signal = sig;
+    begin_stop(s);
+  } else {
+    s.hurry = true;
+    s.wake.cancel();
+  }
+  s.signals->async_wait([state, passed_on](std::error_code ec, int next) {
+    if (!ec) on_signal(state, passed_on, next);
+  });
+}
+
+
 asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
   auto& s = *state;
   const auto& policy = s.spec.shutdown;
@@ -182,6 +204,7 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
     co_await await_exits(s, policy.term_grace);
     signal_running(s, SIGKILL);
     co_await sweep(s, std::chrono::milliseconds(0));
+    s.hurry = false;  // the bounded wait after SIGKILL always runs
     co_await await_exits(s, policy.kill_wait);
     for (std::size_t rank = 0; rank < s.children.size(); ++rank) {
       if (!s.children[rank].status()) {
@@ -191,6 +214,7 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
     }
   }
   co_await sweep(s, policy.kill_wait);
+  s.signals.reset();  // the process's own handling of those signals comes back
   finish(state);
 }
 
@@ -229,6 +253,28 @@ group::~group() { stop(); }
 void group::stop() {
   if (!state_) return;
   asio::dispatch(state_->strand, [state = state_] { detail::begin_stop(*state); });
+}
+
+void group::forward_signals(std::vector<int> shutdown_signals, std::vector<int> passed_on) {
+  if (!state_) throw std::logic_error("cohort::group::forward_signals: no group");
+  for (const auto* list : {&shutdown_signals, &passed_on}) {
+    for (int sig : *list) {
+      if (sig <= 0 || sig >= NSIG || sig == SIGKILL || sig == SIGSTOP) {
+        throw std::invalid_argument(fmt::format("cohort::group::forward_signals: cannot handle {}", signal_name(sig)));
+      }
+    }
+  }
+  asio::dispatch(state_->strand, [state = state_, shutdown_signals = std::move(shutdown_signals),
+                                  passed_on = std::move(passed_on)] {
+    std::lock_guard lock(state->mutex);
+    if (state->finished || state->signals) return;
+    auto& set = state->signals.emplace(state->strand);
+    for (int sig : shutdown_signals) set.add(sig);
+    for (int sig : passed_on) set.add(sig);
+    set.async_wait([state, passed_on](std::error_code ec, int sig) {
+      if (!ec) detail::on_signal(state, passed_on, sig);
+    });
+  });
 }
 
 std::vector<pid_t> group::pids() const { return state_ ? state_->pids : std::vector<pid_t>{}; }

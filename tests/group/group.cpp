@@ -206,4 +206,69 @@ TEST_SUITE("group") {
     work.reset();
     runner.join();
   }
+
+  TEST_CASE("a forwarded shutdown signal ends the run, and the result names it") {
+    asio::io_context io;
+    auto result = test::run(io, []() -> asio::awaitable<run_result> {
+      group_spec spec = ranks_of(2, {"sleep", "30"});
+      group g = co_await start_processes(spec);
+      g.forward_signals({SIGTERM}, {});
+      asio::steady_timer settle(co_await asio::this_coro::executor, 20ms);  // the handler is in place
+      co_await settle.async_wait(asio::use_awaitable);
+      ::kill(::getpid(), SIGTERM);
+      co_return co_await g.wait();
+    }());
+    REQUIRE(result.signal);
+    CHECK(*result.signal == SIGTERM);
+    CHECK(result.stopped);
+    for (const auto& s : result.statuses) CHECK(s->signal() == SIGTERM);
+  }
+
+  TEST_CASE("signals to pass on reach every rank") {
+    asio::io_context io;
+    auto result = test::run(io, []() -> asio::awaitable<run_result> {
+      group_spec spec = ranks_of(2, {"sleep", "30"});
+      group g = co_await start_processes(spec);
+      g.forward_signals({SIGTERM}, {SIGUSR1});
+      asio::steady_timer settle(co_await asio::this_coro::executor, 20ms);
+      co_await settle.async_wait(asio::use_awaitable);
+      ::kill(::getpid(), SIGUSR1);  // the ranks die of it: SIGUSR1's default action
+      co_return co_await g.wait();
+    }());
+    CHECK_FALSE(result.signal);
+    REQUIRE_FALSE(result.failures.empty());
+    CHECK(result.first_failure()->status.signal() == SIGUSR1);
+    for (const auto& s : result.statuses) CHECK(s->signal() == SIGUSR1);
+  }
+
+  TEST_CASE("a second shutdown signal skips the grace period") {
+    asio::io_context io;
+    auto start = std::chrono::steady_clock::now();
+    auto result = test::run(io, []() -> asio::awaitable<run_result> {
+      group_spec spec = ranks_of(1, {"ignore-term"});
+      spec.options.out = stdio::null();
+      spec.shutdown.term_grace = 60s;
+      group g = co_await start_processes(spec);
+      g.forward_signals({SIGINT}, {});
+      asio::steady_timer settle(co_await asio::this_coro::executor, 100ms);  // SIGTERM is ignored by then
+      co_await settle.async_wait(asio::use_awaitable);
+      ::kill(::getpid(), SIGINT);
+      settle.expires_after(100ms);
+      co_await settle.async_wait(asio::use_awaitable);
+      ::kill(::getpid(), SIGINT);
+      co_return co_await g.wait();
+    }());
+    CHECK(std::chrono::steady_clock::now() - start < 30s);  // far below the 60 s grace
+    CHECK(*result.signal == SIGINT);
+    CHECK(result.statuses[0]->signal() == SIGKILL);
+  }
+
+  TEST_CASE("signals that cannot be handled are refused") {
+    asio::io_context io;
+    auto spec = ranks_of(1, {"exit", "0"});
+    group g = start_processes(io.get_executor(), spec);
+    CHECK_THROWS_AS(g.forward_signals({SIGKILL}), std::invalid_argument);
+    CHECK_THROWS_AS(g.forward_signals({}, {0}), std::invalid_argument);
+    io.run();
+  }
 }
