@@ -4,6 +4,7 @@
 #include "cohort/child.hpp"
 #include "cohort/command.hpp"
 #include "cohort/environment.hpp"
+#include "cohort/error_file.hpp"
 #include "cohort/exit_status.hpp"
 #include "cohort/group.hpp"
 #include "cohort/io_uring_info.hpp"

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <filesystem>
 #include <csignal>
 #include <map>
 #include <memory>
@@ -48,6 +49,10 @@ struct group_spec {
   /// base environment...); shared by all ranks.
   spawn_options options{};
   shutdown_policy shutdown{};
+  /// Where the ranks' error files go: <error_dir>/<rank>/error.json, named to
+  /// each rank in COHORT_ERROR_FILE and TORCHELASTIC_ERROR_FILE. Empty: a
+  /// private directory under $TMPDIR, removed when the run ends.
+  std::filesystem::path error_dir{};
 };
 
 /// A rank that failed on its own (not by the group's shutdown).
@@ -55,7 +60,12 @@ struct rank_failure {
   int rank = 0;
   pid_t pid = 0;
   exit_status status;
-  /// When the supervisor saw the exit.
+  /// From the rank's error file, when it wrote one (cohort::record_error,
+  /// or torch's @record): "<type>: <what>", and the stack trace.
+  std::string message;
+  std::string trace;
+  /// When the error happened (the error file's timestamp), else when the
+  /// supervisor saw the exit.
   std::chrono::system_clock::time_point timestamp;
 };
 
@@ -76,8 +86,15 @@ struct run_result {
 
   /// Every rank exited with code 0.
   bool ok() const noexcept { return failures.empty() && unreaped.empty() && !stopped; }
-  /// The earliest failure; nullptr when none.
-  const rank_failure* first_failure() const noexcept { return failures.empty() ? nullptr : &failures.front(); }
+  /// The earliest failure by timestamp (the first seen among equals);
+  /// nullptr when none.
+  const rank_failure* first_failure() const noexcept {
+    const rank_failure* first = nullptr;
+    for (const auto& f : failures) {
+      if (first == nullptr || f.timestamp < first->timestamp) first = &f;
+    }
+    return first;
+  }
 };
 
 namespace detail {

@@ -3,6 +3,7 @@
 // the first failure (or on stop()) and ends the run with nothing left.
 #include "cohort/group.hpp"
 
+#include "cohort/error_file.hpp"
 #include "group/descendants.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -24,6 +25,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -44,10 +48,20 @@ using run_end = asio::experimental::concurrent_channel<void(std::error_code, int
 /// it but `finished`/`result` (guarded by `mutex`) is touched only on `strand`.
 struct group_state {
   group_state(asio::any_io_executor ex, const group_spec& s) : strand(asio::make_strand(ex)), spec(s), wake(strand) {}
+  group_state(const group_state&) = delete;
+  group_state& operator=(const group_state&) = delete;
+  ~group_state() {
+    if (own_error_dir) {
+      std::error_code ignored;
+      std::filesystem::remove_all(error_dir, ignored);
+    }
+  }
 
   asio::strand<asio::any_io_executor> strand;
   group_spec spec;
   std::string marker;  // "COHORT_GROUP=<id>", in every rank's environment
+  std::filesystem::path error_dir;
+  bool own_error_dir = false;  // made by cohort: removed when the run ends
   std::vector<child> children;
   std::vector<pid_t> pids;
   run_result partial;
@@ -67,6 +81,32 @@ struct group_state {
 };
 
 namespace {
+
+std::filesystem::path error_file_of(const std::filesystem::path& dir, int rank) {
+  return dir / std::to_string(rank) / "error.json";
+}
+
+// The directory of the ranks' error files, with an empty folder per rank
+// (a stale error.json from an earlier run is removed).
+void prepare_error_dir(group_state& state) {
+  if (state.spec.error_dir.empty()) {
+    std::string pattern = (std::filesystem::temp_directory_path() / "cohort-errors-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      throw std::system_error(errno, std::system_category(), "cohort::start_processes: mkdtemp " + pattern);
+    }
+    state.error_dir = pattern;
+    state.own_error_dir = true;
+  } else {
+    state.error_dir = state.spec.error_dir;
+  }
+  for (int rank = 0; rank < state.spec.nprocs; ++rank) {
+    auto file = error_file_of(state.error_dir, rank);
+    std::error_code ec;
+    std::filesystem::create_directories(file.parent_path(), ec);
+    if (!ec) std::filesystem::remove(file, ec);
+    if (ec) throw std::system_error(ec, "cohort::start_processes: error file " + file.string());
+  }
+}
 
 std::string new_marker() {
   static std::atomic<unsigned> counter{0};
@@ -117,7 +157,10 @@ asio::awaitable<bool> nap(group_state& state, steady::time_point until) {
 // asks to hurry.
 asio::awaitable<void> await_exits(group_state& state, std::chrono::milliseconds limit) {
   const auto until = steady::now() + limit;
-  while (state.running > 0 && !state.hurry && !co_await nap(state, until)) {
+  // (No co_await inside the loop condition: g++ 12 evaluates it even when
+  // the left side of && is false.)
+  while (state.running > 0 && !state.hurry) {
+    if (co_await nap(state, until)) break;
   }
 }
 
@@ -229,7 +272,13 @@ asio::awaitable<void> watch(std::shared_ptr<group_state> state, int rank) {
   }
   --s.running;
   if (!status.success() && !s.signalled) {
-    s.partial.failures.push_back({rank, s.pids[static_cast<std::size_t>(rank)], status, std::chrono::system_clock::now()});
+    rank_failure failure{rank, s.pids[static_cast<std::size_t>(rank)], status, {}, {}, std::chrono::system_clock::now()};
+    if (auto report = read_error_file(error_file_of(s.error_dir, rank))) {
+      failure.message = std::move(report->message);
+      failure.trace = std::move(report->trace);
+      if (report->timestamp) failure.timestamp = *report->timestamp;
+    }
+    s.partial.failures.push_back(std::move(failure));
     s.failed = true;
   }
   s.wake.cancel();
@@ -330,6 +379,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   detail::become_subreaper();
   auto state = std::make_shared<detail::group_state>(executor, spec);
   state->marker = detail::new_marker();
+  detail::prepare_error_dir(*state);
   const auto eq = state->marker.find('=');
   const std::string marker_name = state->marker.substr(0, eq), marker_value = state->marker.substr(eq + 1);
 
@@ -341,6 +391,9 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
     }
     spawn_options options = spec.options;
     options.env.set(marker_name, marker_value);
+    const auto error_file = detail::error_file_of(state->error_dir, rank).string();
+    options.env.set("COHORT_ERROR_FILE", error_file);
+    options.env.set("TORCHELASTIC_ERROR_FILE", error_file);
     if (auto it = spec.envs.find(rank); it != spec.envs.end()) {
       for (const auto& [name, value] : it->second) options.env.set(name, value);
     }

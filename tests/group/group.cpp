@@ -1,5 +1,7 @@
 #include "cohort/group.hpp"
 
+#include "cohort/error_file.hpp"
+
 #include "support/harness.hpp"
 #include "support/process_probe.hpp"
 
@@ -270,5 +272,43 @@ TEST_SUITE("group") {
     CHECK_THROWS_AS(g.forward_signals({SIGKILL}), std::invalid_argument);
     CHECK_THROWS_AS(g.forward_signals({}, {0}), std::invalid_argument);
     io.run();
+  }
+
+  TEST_CASE("a rank's error file reaches the failure: message, trace and time") {
+    auto spec = ranks_of(2, {});
+    spec.args = {{0, {"sleep", "30"}}, {1, {"record-error", "boom"}}};
+    auto result = run_group(spec);
+    const auto* first = result.first_failure();
+    REQUIRE(first != nullptr);
+    CHECK(first->rank == 1);
+    CHECK(first->status.code() == 1);
+    CHECK(first->message == "std::runtime_error: boom");
+    CHECK(first->trace == "frame 1\nframe 2");
+  }
+
+  TEST_CASE("the first failure is the earliest by its error file's time, not the first seen") {
+    auto spec = ranks_of(2, {});
+    // Rank 0 failed long ago by its own account but exits 300 ms late; rank 1
+    // fails now and is seen first.
+    spec.args = {{0, {"record-error", "early", "1000", "300"}}, {1, {"record-error", "late"}}};
+    spec.shutdown.grace = 10s;  // rank 0 ends on its own
+    auto result = run_group(spec);
+    REQUIRE(result.failures.size() == 2);
+    CHECK(result.failures.front().rank == 1);  // seen first
+    CHECK(result.first_failure()->rank == 0);
+    CHECK(result.first_failure()->message == "std::runtime_error: early");
+  }
+
+  TEST_CASE("error files go where error_dir says, one folder per rank") {
+    test::temp_dir dir;
+    auto spec = ranks_of(2, {"record-error", "kept"});
+    spec.error_dir = dir.path;
+    spec.shutdown.grace = 10s;
+    run_group(spec);
+    for (int rank : {0, 1}) {
+      auto report = read_error_file(dir.path / std::to_string(rank) / "error.json");
+      REQUIRE(report);
+      CHECK(report->message == "std::runtime_error: kept");
+    }
   }
 }

@@ -17,8 +17,15 @@
 //   timestamp-exit FD      write CLOCK_MONOTONIC (ns, 8 bytes) to FD, then _exit(0)
 //   exit-after MS CODE     sleep MS milliseconds, then exit with CODE
 //   exit-env NAME          exit with the number in environment variable NAME
+//   record-error MSG [SECONDS [DELAY_MS]]
+//                          write an error file (cohort::record_error) for a
+//                          std::runtime_error(MSG) with trace "frame 1\nframe 2",
+//                          stamped SECONDS after the epoch (default now); after
+//                          DELAY_MS, exit 1
 //   setsid-grandchild CODE start a grandchild that calls setsid() and sleeps 60 s,
 //                          print its pid, then exit with CODE
+#include <cohort/error_file.hpp>
+
 #include <dirent.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -155,6 +162,13 @@ int main(int argc, char** argv) {
   if (what == "exit-after" && argc > 3) {
     ::usleep(static_cast<useconds_t>(std::atoi(arg)) * 1000);
     return std::atoi(argv[3]);
+  }
+  if (what == "record-error") {
+    cohort::error_report report{std::string("std::runtime_error: ") + arg, "frame 1\nframe 2", std::nullopt};
+    if (argc > 3) report.timestamp = std::chrono::system_clock::time_point(std::chrono::seconds(std::atoll(argv[3])));
+    if (!cohort::record_error(report)) return 2;
+    if (argc > 4) ::usleep(static_cast<useconds_t>(std::atoi(argv[4])) * 1000);
+    return 1;
   }
   if (what == "exit-env") {
     const char* value = std::getenv(arg);

@@ -1,0 +1,39 @@
+// The error file through which a rank tells its supervisor why it failed,
+// in torchelastic's error.json shape, so Python workers decorated with
+// torch's @record report to cohort too.
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace cohort {
+
+/// What an error file says.
+struct error_report {
+  std::string message;  ///< "<type>: <what>" for exceptions
+  std::string trace;    ///< the stack trace, when the writer had one
+  std::optional<std::chrono::system_clock::time_point> timestamp;  ///< when the error happened
+};
+
+/// The file this process should write its error to: $COHORT_ERROR_FILE,
+/// else $TORCHELASTIC_ERROR_FILE; nullopt outside a supervised rank.
+std::optional<std::filesystem::path> error_file_path();
+
+/// Writes `report` to error_file_path() as torchelastic does:
+/// {"message": {"message": ..., "extraInfo": {"py_callstack": ...,
+/// "timestamp": "<unix seconds>"}}}. The timestamp defaults to now. Returns
+/// false when there is no error file to write, or it cannot be written. Never
+/// throws: it runs while a program is failing.
+bool record_error(const error_report& report) noexcept;
+/// The same for an exception: the message is "<demangled type>: <what()>".
+bool record_error(const std::exception& error, std::string_view trace = {}) noexcept;
+
+/// Reads an error file. Accepts torchelastic's shape, and a plain string in
+/// "message". nullopt when the file is missing, empty or not such a file.
+std::optional<error_report> read_error_file(const std::filesystem::path& path);
+
+}  // namespace cohort

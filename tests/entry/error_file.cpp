@@ -1,0 +1,90 @@
+#include "cohort/error_file.hpp"
+
+#include "support/harness.hpp"
+
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <stdexcept>
+
+using namespace cohort;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Sets COHORT_ERROR_FILE (and clears TORCHELASTIC_ERROR_FILE) for one test.
+struct error_file_env {
+  explicit error_file_env(const fs::path& path) {
+    ::setenv("COHORT_ERROR_FILE", path.c_str(), 1);
+    ::unsetenv("TORCHELASTIC_ERROR_FILE");
+  }
+  ~error_file_env() { ::unsetenv("COHORT_ERROR_FILE"); }
+};
+
+nlohmann::json parse(const fs::path& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+}  // namespace
+
+TEST_SUITE("error_file") {
+  TEST_CASE("an exception is written in torchelastic's error.json shape") {
+    test::temp_dir dir;
+    error_file_env env(dir.path / "error.json");
+    const auto before = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    REQUIRE(record_error(std::invalid_argument("bad rank"), "at main()"));
+    auto file = parse(dir.path / "error.json");
+    REQUIRE(file["message"].is_object());
+    CHECK(file["message"]["message"] == "std::invalid_argument: bad rank");
+    CHECK(file["message"]["extraInfo"]["py_callstack"] == "at main()");
+    REQUIRE(file["message"]["extraInfo"]["timestamp"].is_string());  // torch writes seconds as a string
+    CHECK(std::stoll(file["message"]["extraInfo"]["timestamp"].get<std::string>()) >= before);
+  }
+
+  TEST_CASE("what is written reads back") {
+    test::temp_dir dir;
+    error_file_env env(dir.path / "error.json");
+    const auto stamp = std::chrono::system_clock::time_point(std::chrono::seconds(1700000000));
+    REQUIRE(record_error(error_report{"ValueError: x", "Traceback ...", stamp}));
+    auto report = read_error_file(dir.path / "error.json");
+    REQUIRE(report);
+    CHECK(report->message == "ValueError: x");
+    CHECK(report->trace == "Traceback ...");
+    CHECK(report->timestamp == stamp);
+  }
+
+  TEST_CASE("TORCHELASTIC_ERROR_FILE is used when COHORT_ERROR_FILE is not set") {
+    test::temp_dir dir;
+    ::unsetenv("COHORT_ERROR_FILE");
+    ::setenv("TORCHELASTIC_ERROR_FILE", (dir.path / "torch.json").c_str(), 1);
+    CHECK(error_file_path() == dir.path / "torch.json");
+    CHECK(record_error(std::runtime_error("r")));
+    ::unsetenv("TORCHELASTIC_ERROR_FILE");
+    CHECK(fs::exists(dir.path / "torch.json"));
+  }
+
+  TEST_CASE("without an error file, nothing is written and record_error says so") {
+    ::unsetenv("COHORT_ERROR_FILE");
+    ::unsetenv("TORCHELASTIC_ERROR_FILE");
+    CHECK_FALSE(error_file_path());
+    CHECK_FALSE(record_error(std::runtime_error("nowhere")));
+  }
+
+  TEST_CASE("a plain string message, a missing file and garbage are read sensibly") {
+    test::temp_dir dir;
+    std::ofstream(dir.path / "plain.json") << R"({"message": "RuntimeError: plain"})";
+    auto plain = read_error_file(dir.path / "plain.json");
+    REQUIRE(plain);
+    CHECK(plain->message == "RuntimeError: plain");
+    CHECK_FALSE(plain->timestamp);
+    CHECK_FALSE(read_error_file(dir.path / "missing.json"));
+    std::ofstream(dir.path / "garbage.json") << "not json {";
+    CHECK_FALSE(read_error_file(dir.path / "garbage.json"));
+    std::ofstream(dir.path / "other.json") << R"({"error": 1})";
+    CHECK_FALSE(read_error_file(dir.path / "other.json"));
+  }
+}
