@@ -234,7 +234,6 @@ void on_signal(const std::shared_ptr<group_state>& state, const std::vector<int>
   });
 }
 
-
 asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
   auto& s = *state;
   const auto& policy = s.spec.shutdown;
