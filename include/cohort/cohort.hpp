@@ -10,3 +10,4 @@
 #include "cohort/io_uring_info.hpp"
 #include "cohort/spawn.hpp"
 #include "cohort/stdio.hpp"
+#include "cohort/thread_name.hpp"
