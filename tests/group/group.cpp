@@ -8,13 +8,17 @@
 #include <doctest/doctest.h>
 
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/read_until.hpp>
 #include <asio/steady_timer.hpp>
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 using namespace cohort;
@@ -309,6 +313,31 @@ TEST_SUITE("group") {
       auto report = read_error_file(dir.path / std::to_string(rank) / "error.json");
       REQUIRE(report);
       CHECK(report->message == "std::runtime_error: kept");
+    }
+  }
+
+  TEST_CASE("a supervisor killed with SIGKILL leaves none of its ranks behind") {
+    asio::io_context io;
+    std::vector<pid_t> ranks;
+    test::run(io, [&]() -> asio::awaitable<void> {
+      command cmd(test::supervisor, {test::target, "3"});
+      spawn_options options{.out = stdio::pipe()};
+      child supervisor = co_await spawn(cmd, options);
+      std::string line;
+      co_await asio::async_read_until(supervisor.out(), asio::dynamic_buffer(line), '\n', asio::use_awaitable);
+      std::istringstream in(line);
+      for (pid_t pid; in >> pid;) ranks.push_back(pid);
+      supervisor.signal(SIGKILL);
+      CHECK((co_await supervisor.wait()).signal() == SIGKILL);
+    }());
+    REQUIRE(ranks.size() == 3);
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    auto any_alive = [&] { return std::any_of(ranks.begin(), ranks.end(), [](pid_t p) { return test::alive(p); }); };
+    while (any_alive() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    CHECK_FALSE(any_alive());
+    for (pid_t pid : ranks) {  // orphans may have come to this process, a subreaper since earlier tests
+      siginfo_t info{};
+      ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG);
     }
   }
 }

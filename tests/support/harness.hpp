@@ -25,6 +25,8 @@ namespace cohort::test {
 
 /// The helper program driven by its first argument (tests/support/target.cpp).
 inline const std::string target = COHORT_TEST_TARGET;
+/// A program that supervises a group of sleeping ranks (tests/support/supervisor.cpp).
+inline const std::string supervisor = COHORT_TEST_SUPERVISOR;
 
 /// Whether this run was told to use the reactor (COHORT_IO_URING=0).
 inline bool reactor_mode() {
