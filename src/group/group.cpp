@@ -244,14 +244,16 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
     s.signalled = true;
     signal_running(s, SIGTERM);
     co_await await_exits(s, policy.term_grace);
-    signal_running(s, SIGKILL);
-    co_await sweep(s, std::chrono::milliseconds(0));
-    s.hurry = false;  // the bounded wait after SIGKILL always runs
-    co_await await_exits(s, policy.kill_wait);
-    for (std::size_t rank = 0; rank < s.children.size(); ++rank) {
-      if (!s.children[rank].status()) {
-        s.partial.unreaped.push_back(static_cast<int>(rank));
-        s.children[rank].detach();  // reaped in the background if it ever dies
+    if (s.running > 0) {
+      signal_running(s, SIGKILL);
+      co_await sweep(s, std::chrono::milliseconds(0));
+      s.hurry = false;  // the bounded wait after SIGKILL always runs
+      co_await await_exits(s, policy.kill_wait);
+      for (std::size_t rank = 0; rank < s.children.size(); ++rank) {
+        if (!s.children[rank].status()) {
+          s.partial.unreaped.push_back(static_cast<int>(rank));
+          s.children[rank].detach();  // reaped in the background if it ever dies
+        }
       }
     }
   }

@@ -1,0 +1,88 @@
+// Fail-fast teardown: 4 ranks, rank 0 fails at once, the others sleep; the
+// time from start_processes to the run's result, with no grace period
+// before SIGTERM. The baseline does the same by hand in the same run:
+// posix_spawn 4, waitid for rank 0, SIGTERM the rest, waitid each.
+//
+//   group_teardown [rounds]     (default 200)
+#include <cohort/group.hpp>
+
+#include "config.hpp"
+#include "stats.hpp"
+
+#include <asio/co_spawn.hpp>
+#include <asio/use_future.hpp>
+
+#include <fmt/format.h>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <stdexcept>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+const char* const rank_program = COHORT_BENCH_RANK;
+constexpr int ranks = 4;
+
+double raw_teardown() {
+  auto start = cohort::bench::clock::now();
+  std::vector<int> pidfds;
+  for (int r = 0; r < ranks; ++r) {
+    char* const argv[] = {const_cast<char*>(rank_program), const_cast<char*>(r == 0 ? "fail" : "sleep"), nullptr};
+    pid_t pid;
+    if (::posix_spawn(&pid, rank_program, nullptr, nullptr, argv, environ) != 0) throw std::runtime_error("posix_spawn");
+    pidfds.push_back(cohort::config::pidfd_open(pid));
+  }
+  siginfo_t info;
+  const auto p_pidfd = static_cast<idtype_t>(cohort::config::p_pidfd);
+  ::waitid(p_pidfd, static_cast<id_t>(pidfds[0]), &info, WEXITED);
+  for (int r = 1; r < ranks; ++r) cohort::config::pidfd_send_signal(pidfds[static_cast<std::size_t>(r)], SIGTERM);
+  for (int r = 1; r < ranks; ++r) ::waitid(p_pidfd, static_cast<id_t>(pidfds[static_cast<std::size_t>(r)]), &info, WEXITED);
+  for (int fd : pidfds) ::close(fd);
+  return cohort::bench::seconds_since(start);
+}
+
+double cohort_teardown(asio::io_context& io, const cohort::group_spec& spec) {
+  auto start = cohort::bench::clock::now();
+  auto result = asio::co_spawn(io, [&]() -> asio::awaitable<cohort::run_result> {
+    cohort::group g = co_await cohort::start_processes(spec);
+    co_return co_await g.wait();
+  }(), asio::use_future);
+  io.run();
+  io.restart();
+  auto r = result.get();
+  if (r.first_failure() == nullptr || r.first_failure()->rank != 0) throw std::runtime_error("rank 0 did not fail first");
+  return cohort::bench::seconds_since(start);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 200;
+  cohort::group_spec spec;
+  spec.entry = cohort::command(rank_program);
+  spec.nprocs = ranks;
+  spec.args = {{0, {"fail"}}, {1, {"sleep"}}, {2, {"sleep"}}, {3, {"sleep"}}};
+  spec.shutdown.grace = std::chrono::milliseconds(0);
+  asio::io_context io;
+  std::vector<double> raw, ours;
+  raw_teardown();
+  cohort_teardown(io, spec);  // warm-up
+  for (int i = 0; i < rounds; ++i) {
+    raw.push_back(raw_teardown());
+    ours.push_back(cohort_teardown(io, spec));
+  }
+  fmt::print("fail-fast teardown of {} ranks (rank 0 fails at once, grace 0), {} rounds, ms\n", ranks, rounds);
+  fmt::print("{:<34} {:>8} {:>8}\n", "variant", "p50", "p90");
+  fmt::print("{:<34} {:>8.2f} {:>8.2f}\n", "raw posix_spawn + waitid + SIGTERM", cohort::bench::median(raw) * 1e3,
+             cohort::bench::percentile(raw, 90) * 1e3);
+  fmt::print("{:<34} {:>8.2f} {:>8.2f}\n", "cohort start_processes + wait", cohort::bench::median(ours) * 1e3,
+             cohort::bench::percentile(ours, 90) * 1e3);
+  fmt::print("ratio of medians (cohort / raw): {:.2f}x\n", cohort::bench::median(ours) / cohort::bench::median(raw));
+}
