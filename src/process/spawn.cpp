@@ -388,7 +388,9 @@ std::shared_ptr<detail::child_state> launch(const asio::any_io_executor& executo
       end.parent.release();  // the pipe object owns it now
     }
   } catch (...) {
-    kill_and_reap(state->pidfd);
+    config::pidfd_send_signal(state->pidfd, SIGKILL);
+    std::error_code ignored;
+    state->reap(true, ignored);
     throw;
   }
   return state;

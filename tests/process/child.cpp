@@ -320,23 +320,20 @@ TEST_SUITE("child") {
     asio::io_context io;
     io_uring_support(io);  // the ring, if any, exists before the limit drops
     child c = spawn(io.get_executor(), target({"exit", "2"}));
-    rlimit saved{};
-    ::getrlimit(RLIMIT_NOFILE, &saved);
-    rlimit tight = saved;
-    const int lowest_free = ::dup(0);  // no new descriptor can be numbered below the limit
-    ::close(lowest_free);
-    tight.rlim_cur = static_cast<rlim_t>(lowest_free);
-    REQUIRE(::setrlimit(RLIMIT_NOFILE, &tight) == 0);
     std::string error;
     std::optional<exit_status> status;
-    try {
-      status = test::run(io, c.wait());
-    } catch (const std::system_error& e) {
-      error = e.what();
+    rlim_t tight;
+    {
+      test::nofile_limit limit(static_cast<rlim_t>(test::lowest_free_descriptor()));
+      tight = limit.current();
+      try {
+        status = test::run(io, c.wait());
+      } catch (const std::system_error& e) {
+        error = e.what();
+      }
     }
-    ::setrlimit(RLIMIT_NOFILE, &saved);
     if (test::reactor_mode()) {
-      CHECK(error.find(fmt::format("RLIMIT_NOFILE is {}", tight.rlim_cur)) != std::string::npos);
+      CHECK(error.find(fmt::format("RLIMIT_NOFILE is {}", tight)) != std::string::npos);
       CHECK(c.join().code() == 2);
     } else {
       REQUIRE(status);

@@ -65,22 +65,6 @@ bool has_unreaped_children() {
 }
 
 
-struct nofile_limit {
-  rlimit saved{};
-  explicit nofile_limit(rlim_t soft) {
-    ::getrlimit(RLIMIT_NOFILE, &saved);
-    rlimit next = saved;
-    next.rlim_cur = std::min(soft, saved.rlim_max);
-    REQUIRE(::setrlimit(RLIMIT_NOFILE, &next) == 0);
-  }
-  rlim_t current() const {
-    rlimit now{};
-    ::getrlimit(RLIMIT_NOFILE, &now);
-    return now.rlim_cur;
-  }
-  ~nofile_limit() { ::setrlimit(RLIMIT_NOFILE, &saved); }
-};
-
 }  // namespace
 
 TEST_SUITE("spawn") {
@@ -260,7 +244,7 @@ TEST_SUITE("spawn") {
   }
 
   TEST_CASE("1,000 children launched at once are all waited for") {
-    nofile_limit limit(4096);
+    test::nofile_limit limit(4096);
     if (limit.current() < 1100) {
       MESSAGE("RLIMIT_NOFILE hard limit below 1100: launching fewer children");
     }
@@ -287,7 +271,7 @@ TEST_SUITE("spawn") {
     std::vector<child> children;
     std::optional<std::system_error> error;
     {
-      nofile_limit limit(static_cast<rlim_t>(test::open_fd_count() + 8));
+      test::nofile_limit limit(static_cast<rlim_t>(test::open_fd_count() + 8));
       try {
         for (int i = 0; i < 64; ++i) {
           children.push_back(spawn(io.get_executor(), command{test::target, {"sleep", "30"}}, {.out = stdio::pipe()}));

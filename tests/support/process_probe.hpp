@@ -1,7 +1,13 @@
 // Looking at processes from the outside, as a test must.
 #pragma once
 
+#include <sys/resource.h>
 #include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <system_error>
 
 #include <filesystem>
 #include <fstream>
@@ -23,6 +29,34 @@ inline int open_fd_count() {
   int n = 0;
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
   return n;
+}
+
+/// Lowers the soft RLIMIT_NOFILE (never above the hard limit) for a scope,
+/// and puts it back. A process may always lower its own soft limit.
+struct nofile_limit {
+  rlimit saved{};
+  explicit nofile_limit(rlim_t soft) {
+    ::getrlimit(RLIMIT_NOFILE, &saved);
+    rlimit next = saved;
+    next.rlim_cur = std::min(soft, saved.rlim_max);
+    if (::setrlimit(RLIMIT_NOFILE, &next) != 0) throw std::system_error(errno, std::system_category(), "setrlimit");
+  }
+  nofile_limit(const nofile_limit&) = delete;
+  nofile_limit& operator=(const nofile_limit&) = delete;
+  ~nofile_limit() { ::setrlimit(RLIMIT_NOFILE, &saved); }
+  rlim_t current() const {
+    rlimit now{};
+    ::getrlimit(RLIMIT_NOFILE, &now);
+    return now.rlim_cur;
+  }
+};
+
+/// The number the next new descriptor would get: with the soft limit there,
+/// no descriptor can be created.
+inline int lowest_free_descriptor() {
+  const int probe = ::dup(0);
+  ::close(probe);
+  return probe;
 }
 
 }  // namespace cohort::test
