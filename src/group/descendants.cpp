@@ -61,9 +61,8 @@ bool kill_and_reap(pid_t pid) {
   return info.si_pid == pid;
 }
 
-void become_subreaper() {
-  static std::once_flag once;
-  std::call_once(once, [] { ::prctl(PR_SET_CHILD_SUBREAPER, 1); });
-}
+// Not remembered in a flag: a forked child inherits the flag but not the
+// attribute.
+void become_subreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
 
 }  // namespace cohort::detail

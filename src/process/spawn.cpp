@@ -9,6 +9,7 @@
 #include "config.hpp"
 #include "process/child_state.hpp"
 #include "process/descriptor_limit.hpp"
+#include "process/launch.hpp"
 
 #include <asio/io_context.hpp>
 #include <asio/this_coro.hpp>
@@ -37,16 +38,10 @@
 extern char** environ;
 
 namespace cohort {
+namespace detail {
 namespace {
 
-// Where a launch failed; names the cause in the exception.
-enum class stage { none, path_lookup, open_file, pipe, clone, signals, setpgid, pdeathsig, dup2, chdir, fds, exec };
-
-struct failure {
-  stage where = stage::none;
-  int error = 0;
-  std::string detail;  // the file or directory involved
-};
+using failure = launch_failure;
 
 // A descriptor the parent opened for the child; closed when the launch ends.
 class owned_fd {
@@ -68,39 +63,28 @@ class owned_fd {
   int fd_ = -1;
 };
 
-// What the child routine reads. Built before the clone; the child only
-// reads it, except for `failed_at` / `error`, which it writes before _exit.
-struct plan {
-  const char* path = nullptr;
-  char* const* argv = nullptr;
-  char* const* envp = nullptr;
-  std::array<int, 3> source{-1, -1, -1};  // what goes to 0, 1, 2; -1 leaves it
-  const char* cwd = nullptr;
-  bool new_group = true;
-  int death_signal = 0;
-  pid_t parent = 0;
-  bool close_fds = true;
-  const int* keep = nullptr;
-  std::size_t keep_count = 0;
-  int fd_limit = 0;
-
-  stage failed_at = stage::none;
-  int error = 0;
-};
-
 constexpr int all_signals = 64;
 
-[[noreturn]] void fail(plan& p, stage where) {
+bool failed(launch_plan& p, stage where) {
   p.failed_at = where;
   p.error = errno;
-  ::_exit(127);
+  return false;
 }
 
-// Runs in the child, on its own stack, sharing the parent's memory: only
-// system calls, no allocation, no locks.
-int child_routine(void* arg) {
-  auto& p = *static_cast<plan*>(arg);
+// Closes every descriptor from 3 up but those in the sorted `keep`.
+bool close_all_but(const int* keep, std::size_t count) {
+  unsigned from = 3;
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto fd = static_cast<unsigned>(keep[i]);
+    if (fd > from && ::syscall(SYS_close_range, from, fd - 1, 0U) != 0) return false;
+    from = std::max(from, fd + 1);
+  }
+  return ::syscall(SYS_close_range, from, ~0U, 0U) == 0;
+}
 
+}  // namespace
+
+bool set_up_child(launch_plan& p) noexcept {
   // Handlers of the parent must not run here (they would run on the
   // parent's memory); ignored SIGPIPE/SIGXFSZ are reset as a shell would.
   // (glibc's sigaction is a plain system call wrapper; it refuses glibc's
@@ -118,26 +102,41 @@ int child_routine(void* arg) {
   }
   sigset_t none;
   sigemptyset(&none);
-  if (::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, nullptr, _NSIG / 8) != 0) fail(p, stage::signals);
+  if (::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, nullptr, _NSIG / 8) != 0) return failed(p, stage::signals);
 
-  if (p.new_group && ::setpgid(0, 0) != 0) fail(p, stage::setpgid);
+  if (p.new_group && ::setpgid(0, 0) != 0) return failed(p, stage::setpgid);
   if (p.death_signal != 0) {
-    if (::prctl(PR_SET_PDEATHSIG, p.death_signal) != 0) fail(p, stage::pdeathsig);
+    if (::prctl(PR_SET_PDEATHSIG, p.death_signal) != 0) return failed(p, stage::pdeathsig);
     if (::getppid() != p.parent) ::_exit(127);  // the parent is already gone
   }
   for (int target = 0; target < 3; ++target) {
     int src = p.source[static_cast<std::size_t>(target)];
-    if (src >= 0 && ::dup2(src, target) < 0) fail(p, stage::dup2);
+    if (src >= 0 && ::dup2(src, target) < 0) return failed(p, stage::dup2);
   }
-  if (p.cwd != nullptr && ::chdir(p.cwd) != 0) fail(p, stage::chdir);
-  if (p.close_fds && ::syscall(SYS_close_range, 3U, ~0U, config::close_range_cloexec) != 0) {
+  if (p.cwd != nullptr && ::chdir(p.cwd) != 0) return failed(p, stage::chdir);
+  if (p.close_fds && p.close_now) {
+    if (!close_all_but(p.keep, p.keep_count)) return failed(p, stage::fds);
+  } else if (p.close_fds && ::syscall(SYS_close_range, 3U, ~0U, config::close_range_cloexec) != 0) {
     for (int fd = 3; fd < p.fd_limit; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
   for (std::size_t i = 0; i < p.keep_count; ++i) {
-    if (::fcntl(p.keep[i], F_SETFD, 0) != 0) fail(p, stage::fds);
+    if (::fcntl(p.keep[i], F_SETFD, 0) != 0) return failed(p, stage::fds);
   }
-  ::execve(p.path, p.argv, p.envp);
-  fail(p, stage::exec);
+  return true;
+}
+
+namespace {
+
+// Runs in the vfork-style child, on its own stack, sharing the parent's
+// memory: only system calls, no allocation, no locks.
+int exec_routine(void* arg) {
+  auto& p = *static_cast<launch_plan*>(arg);
+  if (set_up_child(p)) {
+    ::execve(p.path, p.argv, p.envp);
+    p.failed_at = stage::exec;
+    p.error = errno;
+  }
+  ::_exit(127);
 }
 
 // The child routine's stack: one per spawning thread, reused, with a guard
@@ -260,25 +259,6 @@ int prepare_stream(const stdio& option, int target, std::vector<owned_fd>& owned
       option.get());
 }
 
-std::string describe(const command& cmd, const failure& f) {
-  std::string what = fmt::format("cohort::spawn '{}'", cmd.program);
-  switch (f.where) {
-    case stage::path_lookup: what += cmd.program.empty() ? ": empty program name" : ": not found in PATH"; break;
-    case stage::open_file: what += fmt::format(": cannot open '{}'", f.detail); break;
-    case stage::pipe: what += ": pipe2"; break;
-    case stage::clone: what += ": clone"; break;
-    case stage::signals: what += ": resetting signals"; break;
-    case stage::setpgid: what += ": setpgid"; break;
-    case stage::pdeathsig: what += ": prctl(PR_SET_PDEATHSIG)"; break;
-    case stage::dup2: what += fmt::format(": placing standard streams{}", f.detail.empty() ? "" : " (" + f.detail + ")"); break;
-    case stage::chdir: what += fmt::format(": cannot change directory to '{}'", f.detail); break;
-    case stage::fds: what += ": keeping inherited descriptors"; break;
-    case stage::exec: what += ": execve"; break;
-    case stage::none: break;
-  }
-  return what + detail::descriptor_limit_note(f.error);
-}
-
 void check_keep_fds(const std::vector<int>& keep) {
   for (int fd : keep) {
     if (fd < 3) throw std::invalid_argument(fmt::format("cohort::spawn: keep_fds holds {}; use in/out/err for 0..2", fd));
@@ -298,12 +278,78 @@ void kill_and_reap(int pidfd) {
   reap_blocking(pidfd);
 }
 
-// The launch. On failure returns an empty state and fills `f`.
-std::shared_ptr<detail::child_state> launch(const asio::any_io_executor& executor, const command& cmd,
+// The vfork-style start of a program: the parent thread sleeps until the
+// child has exec'd or failed.
+int start_exec(launch_plan& p, pid_t& pid) {
+  static thread_local child_stack stack;
+  int pidfd = -1;
+  pid = ::clone(exec_routine, stack.top(), CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD, &p, &pidfd);
+  if (pid < 0) {
+    p.failed_at = stage::clone;
+    p.error = errno;
+    return -1;
+  }
+  if (p.failed_at != stage::none) {
+    reap_blocking(pidfd);  // it has called _exit
+    ::close(pidfd);
+    return -1;
+  }
+  return pidfd;
+}
+
+std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executor, const command& cmd,
                                             const spawn_options& options, failure& f) {
-  check_keep_fds(options.keep_fds);
   std::string path = find_program(cmd.program, options.env, f);
   if (f.where != stage::none) return nullptr;
+  std::vector<std::string> args;
+  args.reserve(cmd.args.size() + 1);
+  args.push_back(cmd.program);
+  args.insert(args.end(), cmd.args.begin(), cmd.args.end());
+  std::vector<char*> argv;
+  argv.reserve(args.size() + 1);
+  for (auto& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  return launch(executor, options, [&](launch_plan& p, pid_t& pid) {
+    p.path = path.c_str();
+    p.argv = argv.data();
+    return start_exec(p, pid);
+  }, f);
+}
+
+std::string describe(const command& cmd, const failure& f) {
+  std::string what = fmt::format("cohort::spawn '{}'", cmd.program);
+  if (f.where == stage::path_lookup) {
+    return what + (cmd.program.empty() ? ": empty program name" : ": not found in PATH");
+  }
+  return describe_failure(what, f);
+}
+
+}  // namespace
+
+std::string describe_failure(const std::string& what, const launch_failure& f) {
+  std::string cause;
+  switch (f.where) {
+    case stage::path_lookup: cause = ": not found"; break;
+    case stage::open_file: cause = fmt::format(": cannot open '{}'", f.detail); break;
+    case stage::pipe: cause = ": pipe2"; break;
+    case stage::clone: cause = ": clone"; break;
+    case stage::signals: cause = ": resetting signals"; break;
+    case stage::setpgid: cause = ": setpgid"; break;
+    case stage::pdeathsig: cause = ": prctl(PR_SET_PDEATHSIG)"; break;
+    case stage::dup2: cause = fmt::format(": placing standard streams{}", f.detail.empty() ? "" : " (" + f.detail + ")"); break;
+    case stage::chdir: cause = fmt::format(": cannot change directory to '{}'", f.detail); break;
+    case stage::fds: cause = ": keeping inherited descriptors"; break;
+    case stage::exec: cause = ": execve"; break;
+    case stage::start: cause = f.detail.empty() ? "" : ": " + f.detail; break;
+    case stage::none: break;
+  }
+  return what + cause + descriptor_limit_note(f.error);
+}
+
+std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, const spawn_options& options,
+                                    const process_starter& start, launch_failure& f,
+                                    const std::vector<int>& extra_keep) {
+  check_keep_fds(options.keep_fds);
 
   // An unchanged inherited environment is passed as it is, uncopied.
   std::vector<std::string> env_block;
@@ -315,65 +361,49 @@ std::shared_ptr<detail::child_state> launch(const asio::any_io_executor& executo
     envp.push_back(nullptr);
   }
 
-  std::vector<std::string> args;
-  args.reserve(cmd.args.size() + 1);
-  args.push_back(cmd.program);
-  args.insert(args.end(), cmd.args.begin(), cmd.args.end());
-  std::vector<char*> argv;
-  argv.reserve(args.size() + 1);
-  for (auto& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-
   std::vector<owned_fd> owned;  // closed in the parent when this returns
   std::vector<pipe_ends> pipes;
-  plan p;
+  launch_plan p;
   const stdio* streams[3] = {&options.in, &options.out, &options.err};
   for (int target = 0; target < 3; ++target) {
     p.source[static_cast<std::size_t>(target)] = prepare_stream(*streams[target], target, owned, pipes, f);
     if (f.where != stage::none) return nullptr;
   }
+  std::vector<int> keep = options.keep_fds;
+  keep.insert(keep.end(), extra_keep.begin(), extra_keep.end());
+  std::sort(keep.begin(), keep.end());
+  keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
   std::string cwd = options.cwd.string();
-  p.path = path.c_str();
-  p.argv = argv.data();
   p.envp = envp.empty() ? environ : envp.data();
   p.cwd = cwd.empty() ? nullptr : cwd.c_str();
   p.new_group = options.new_process_group;
   p.death_signal = options.parent_death_signal;
   p.parent = ::getpid();
   p.close_fds = options.close_other_fds;
-  p.keep = options.keep_fds.data();
-  p.keep_count = options.keep_fds.size();
+  p.keep = keep.data();
+  p.keep_count = keep.size();
   rlimit lim{};
   ::getrlimit(RLIMIT_NOFILE, &lim);
   p.fd_limit = static_cast<int>(std::min<rlim_t>(lim.rlim_cur, 1 << 20));
 
-  static thread_local child_stack stack;
-  // Every signal stays blocked across the clone, glibc's own included, so no
-  // handler runs in the child before it resets them.
+  // Every signal stays blocked across the start, glibc's own included, so no
+  // handler of this process runs in the child before it resets them.
   sigset_t all, old;
   sigfillset(&all);
   ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, _NSIG / 8);
-  int pidfd = -1;
-  pid_t pid = ::clone(child_routine, stack.top(), CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD, &p, &pidfd);
-  const int clone_error = errno;
+  pid_t pid = -1;
+  const int pidfd = start(p, pid);
   ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, nullptr, _NSIG / 8);
-
-  if (pid < 0) {
-    f = {stage::clone, clone_error, ""};
-    return nullptr;
-  }
-  if (p.failed_at != stage::none) {
-    reap_blocking(pidfd);  // it has called _exit
-    ::close(pidfd);
+  if (pidfd < 0) {
     f = {p.failed_at, p.error, p.failed_at == stage::chdir ? cwd : ""};
     return nullptr;
   }
 
   // The child runs from here on: should adopting it fail (no memory, asio
   // refusing a pipe), it is killed and reaped, not left behind.
-  std::shared_ptr<detail::child_state> state;
+  std::shared_ptr<child_state> state;
   try {
-    state = std::make_shared<detail::child_state>(executor, pid, pidfd);
+    state = std::make_shared<child_state>(executor, pid, pidfd);
   } catch (...) {
     kill_and_reap(pidfd);
     ::close(pidfd);
@@ -396,12 +426,12 @@ std::shared_ptr<detail::child_state> launch(const asio::any_io_executor& executo
   return state;
 }
 
-}  // namespace
+}  // namespace detail
 
 child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options,
             std::error_code& ec) {
-  failure f;
-  auto state = launch(executor, cmd, options, f);
+  detail::launch_failure f;
+  auto state = detail::launch_program(executor, cmd, options, f);
   if (!state) {
     ec.assign(f.error, std::system_category());
     return child();
@@ -411,9 +441,9 @@ child spawn(const asio::any_io_executor& executor, const command& cmd, const spa
 }
 
 child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options) {
-  failure f;
-  auto state = launch(executor, cmd, options, f);
-  if (!state) throw std::system_error(f.error, std::system_category(), describe(cmd, f));
+  detail::launch_failure f;
+  auto state = detail::launch_program(executor, cmd, options, f);
+  if (!state) throw std::system_error(f.error, std::system_category(), detail::describe(cmd, f));
   return child(std::move(state));
 }
 

@@ -1,0 +1,71 @@
+// The launch of a child, split so that other ways of starting a process
+// (fork, a forkserver) share what spawn prepares: the descriptors, the
+// environment block, the set-up in the child and the adoption of the result.
+#pragma once
+
+#include "cohort/spawn.hpp"
+#include "process/child_state.hpp"
+
+#include <sys/types.h>
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace cohort::detail {
+
+/// Where a launch failed; names the cause in the exception.
+enum class stage { none, path_lookup, open_file, pipe, clone, signals, setpgid, pdeathsig, dup2, chdir, fds, exec, start };
+
+/// What the new process does to set itself up, built in the parent. The new
+/// process only reads it, except for `failed_at` / `error`.
+struct launch_plan {
+  const char* path = nullptr;         // exec only
+  char* const* argv = nullptr;        // exec only
+  char* const* envp = nullptr;        // the child's environment
+  std::array<int, 3> source{-1, -1, -1};  // what goes to 0, 1, 2; -1 leaves it
+  const char* cwd = nullptr;
+  bool new_group = true;
+  int death_signal = 0;
+  pid_t parent = 0;
+  bool close_fds = true;
+  /// Close the other descriptors now rather than at exec: for children that
+  /// never exec. `keep` must then be sorted.
+  bool close_now = false;
+  const int* keep = nullptr;
+  std::size_t keep_count = 0;
+  int fd_limit = 0;
+
+  stage failed_at = stage::none;
+  int error = 0;
+};
+
+/// Runs in the new process: resets signal handlers and the mask, then the
+/// process group, parent-death signal, standard streams, working directory
+/// and descriptors as `p` says. Only system calls: safe in a vfork-style
+/// child. Returns false with `failed_at` and `error` set.
+bool set_up_child(launch_plan& p) noexcept;
+
+/// Starts the process for a finished plan; runs with every signal blocked.
+/// Returns its pidfd and sets `pid`, or returns -1 with `p.failed_at` and
+/// `p.error` set and no process left.
+using process_starter = std::function<int(launch_plan& p, pid_t& pid)>;
+
+struct launch_failure {
+  stage where = stage::none;
+  int error = 0;
+  std::string detail;  // the file or directory involved
+};
+
+/// Prepares `options` into a plan, lets `start` make the process and adopts
+/// it. `extra_keep` are descriptors the child keeps besides options.keep_fds.
+/// On failure returns nullptr and fills `f`.
+std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, const spawn_options& options,
+                                    const process_starter& start, launch_failure& f,
+                                    const std::vector<int>& extra_keep = {});
+
+/// "<what>: <cause>" for a failed launch, naming the descriptor limit on EMFILE.
+std::string describe_failure(const std::string& what, const launch_failure& f);
+
+}  // namespace cohort::detail
