@@ -1,9 +1,11 @@
-// Supervised groups of processes: N ranks of one program, and the first
-// failure shutting the rest down.
+// Supervised groups of processes: N ranks of one program or function, and
+// the first failure shutting the rest down.
 #pragma once
 
 #include "cohort/child.hpp"
 #include "cohort/command.hpp"
+#include "cohort/encoding.hpp"
+#include "cohort/entry_point.hpp"
 #include "cohort/exit_status.hpp"
 #include "cohort/spawn.hpp"
 
@@ -19,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace cohort {
@@ -35,12 +38,18 @@ struct shutdown_policy {
   std::chrono::milliseconds kill_wait{std::chrono::seconds(5)};
 };
 
-/// N ranks of one program.
+/// What the ranks of a group run: a program, or a registered function
+/// (cohort::call), which rank r runs as fn(r, args...).
+using entry_point = std::variant<command, function_call>;
+
+/// N ranks of one program or function.
 struct group_spec {
   std::string name = "default";  ///< the role, used in messages
-  command entry;                 ///< what every rank runs
+  entry_point entry;             ///< what every rank runs
   int nprocs = 1;
-  /// Extra arguments per rank, after entry.args. Empty, or keys exactly 0..nprocs-1.
+  /// Extra program arguments per rank, after the command's own. Empty, or
+  /// keys exactly 0..nprocs-1. Only for a command: a function's arguments
+  /// are in its call.
   std::map<int, std::vector<std::string>> args{};
   /// Environment variables per rank, set on top of options.env. Empty, or
   /// keys exactly 0..nprocs-1.
@@ -75,6 +84,9 @@ struct run_result {
   std::vector<std::optional<exit_status>> statuses;
   /// Ranks that failed on their own, in the order they were seen.
   std::vector<rank_failure> failures;
+  /// Per rank, in rank order: what the rank's function returned (decode it
+  /// with as<T>()); nullopt for programs, void functions and ranks that failed.
+  std::vector<std::optional<encoded>> return_values;
   /// Ranks still alive after SIGKILL and kill_wait: reported, not waited for.
   std::vector<int> unreaped;
   /// The run was shut down by stop(), by cancelling wait() or by a

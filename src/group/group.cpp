@@ -4,6 +4,7 @@
 #include "cohort/group.hpp"
 
 #include "cohort/error_file.hpp"
+#include "entry/entry.hpp"
 #include "group/descendants.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -51,6 +52,9 @@ struct group_state {
   group_state(const group_state&) = delete;
   group_state& operator=(const group_state&) = delete;
   ~group_state() {
+    for (int fd : result_fds) {
+      if (fd >= 0) ::close(fd);
+    }
     if (own_error_dir) {
       std::error_code ignored;
       std::filesystem::remove_all(error_dir, ignored);
@@ -59,11 +63,12 @@ struct group_state {
 
   asio::strand<asio::any_io_executor> strand;
   group_spec spec;
-  std::string marker;  // "COHORT_GROUP=<id>", in every rank's environment
+  std::string marker;  // "COHORT_GROUP_<id>=1", in every rank's environment
   std::filesystem::path error_dir;
   bool own_error_dir = false;  // made by cohort: removed when the run ends
   std::vector<child> children;
   std::vector<pid_t> pids;
+  std::vector<int> result_fds;  // per rank, for function entries: the memfd its result lands in
   run_result partial;
   int running = 0;
   bool failed = false;
@@ -111,7 +116,9 @@ void prepare_error_dir(group_state& state) {
 std::string new_marker() {
   static std::atomic<unsigned> counter{0};
   std::random_device random;
-  return fmt::format("COHORT_GROUP={}-{}-{:08x}", ::getpid(), counter++, random());
+  // A variable of its own per group, so a rank that starts a group of its
+  // own keeps the outer marker too: every level's sweep finds what is below.
+  return fmt::format("COHORT_GROUP_{}_{}_{:08x}=1", ::getpid(), counter++, random());
 }
 
 void check_rank_keys(const char* what, const std::set<int>& keys, int nprocs) {
@@ -139,6 +146,9 @@ std::set<int> keys_of(const Map& map) {
 
 void validate(const group_spec& spec) {
   if (spec.nprocs < 1) throw std::invalid_argument(fmt::format("cohort::start_processes: nprocs is {}", spec.nprocs));
+  if (std::holds_alternative<function_call>(spec.entry) && !spec.args.empty()) {
+    throw std::invalid_argument("cohort::start_processes: args are for programs; a function's arguments are in its call");
+  }
   check_rank_keys("args", keys_of(spec.args), spec.nprocs);
   check_rank_keys("envs", keys_of(spec.envs), spec.nprocs);
 }
@@ -272,8 +282,18 @@ asio::awaitable<void> watch(std::shared_ptr<group_state> state, int rank) {
     status = exit_status::from_code(255);
   }
   --s.running;
+  const auto r = static_cast<std::size_t>(rank);
+  std::string unreadable;  // a result that cannot be read fails the rank: never a silent nullopt
+  if (status.success() && r < s.result_fds.size()) {
+    try {
+      s.partial.return_values[r] = read_result(s.result_fds[r]);
+    } catch (const std::exception& e) {
+      unreadable = fmt::format("cohort: reading the rank's result: {}", e.what());
+      status = exit_status::from_code(255);
+    }
+  }
   if (!status.success() && !s.signalled) {
-    rank_failure failure{rank, s.pids[static_cast<std::size_t>(rank)], status, {}, {}, std::chrono::system_clock::now()};
+    rank_failure failure{rank, s.pids[r], status, unreadable, {}, std::chrono::system_clock::now()};
     if (auto report = read_error_file(error_file_of(s.error_dir, rank))) {
       failure.message = std::move(report->message);
       failure.trace = std::move(report->trace);
@@ -384,12 +404,10 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   const auto eq = state->marker.find('=');
   const std::string marker_name = state->marker.substr(0, eq), marker_value = state->marker.substr(eq + 1);
 
+  const auto* function = std::get_if<function_call>(&spec.entry);
   state->children.reserve(static_cast<std::size_t>(spec.nprocs));
+  if (function != nullptr) state->result_fds.assign(static_cast<std::size_t>(spec.nprocs), -1);
   for (int rank = 0; rank < spec.nprocs; ++rank) {
-    command cmd = spec.entry;
-    if (auto it = spec.args.find(rank); it != spec.args.end()) {
-      cmd.args.insert(cmd.args.end(), it->second.begin(), it->second.end());
-    }
     spawn_options options = spec.options;
     options.env.set(marker_name, marker_value);
     const auto error_file = detail::error_file_of(state->error_dir, rank).string();
@@ -400,11 +418,21 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
     }
     // On failure the children already started are killed and reaped as
     // `state` unwinds.
-    state->children.push_back(spawn(state->strand, cmd, options));
+    if (function != nullptr) {
+      auto& result_fd = state->result_fds[static_cast<std::size_t>(rank)];
+      state->children.push_back(detail::start_function(state->strand, *function, rank, options, result_fd));
+    } else {
+      command cmd = std::get<command>(spec.entry);
+      if (auto it = spec.args.find(rank); it != spec.args.end()) {
+        cmd.args.insert(cmd.args.end(), it->second.begin(), it->second.end());
+      }
+      state->children.push_back(spawn(state->strand, cmd, options));
+    }
     state->pids.push_back(state->children.back().pid());
   }
   state->running = spec.nprocs;
   state->partial.statuses.resize(static_cast<std::size_t>(spec.nprocs));
+  state->partial.return_values.resize(static_cast<std::size_t>(spec.nprocs));
   for (int rank = 0; rank < spec.nprocs; ++rank) {
     asio::co_spawn(state->strand, detail::watch(state, rank), asio::detached);
   }

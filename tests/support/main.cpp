@@ -1,4 +1,5 @@
-// doctest's main for every test program. A program built with
+// doctest's main for every test program; it hands control to a function
+// entry point first, as every program that starts functions must. A program built with
 // COHORT_TEST_NEEDS_RING tests the ring itself: where the kernel offers no
 // io_uring (and the reactor was not asked for) it skips with exit code 77.
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -6,9 +7,13 @@
 
 #include "harness.hpp"
 
+#include <cohort/entry_point.hpp>
+
 #include <cstdio>
 
 int main(int argc, char** argv) {
+  // Function entry points started by re-execution run here.
+  if (auto rc = cohort::child_main(argc, argv)) return *rc;
 #ifdef COHORT_TEST_NEEDS_RING
   if (!cohort::test::reactor_mode()) {
     asio::io_context io;

@@ -1,0 +1,157 @@
+// Start and join of 8 function ranks per start method, against the same
+// work done by hand in the same run: posix_spawn of this binary (exiting at
+// once) and raw fork + _exit, each with waitpid; and against Python's
+// multiprocessing and torch.multiprocessing where python3 (and torch) are
+// installed. Prints the median of each and its ratio to the hand-made
+// baseline of the same kind.
+//
+//   start_join [rounds]     (default 50)
+#include <cohort/entry_point.hpp>
+#include <cohort/spawn_and_join.hpp>
+
+#include "stats.hpp"
+
+#include <fmt/format.h>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace bench_ranks {
+void noop(int) {}
+COHORT_ENTRYPOINT(noop);
+}  // namespace bench_ranks
+
+namespace {
+
+constexpr int ranks = 8;
+constexpr const char* exit_at_once = "COHORT_BENCH_EXIT_AT_ONCE";
+
+template <class F>
+double median_of(int rounds, F&& once) {
+  std::vector<double> samples;
+  for (int i = 0; i < rounds; ++i) {
+    auto start = cohort::bench::clock::now();
+    once();
+    samples.push_back(cohort::bench::seconds_since(start));
+  }
+  return cohort::bench::median(std::move(samples));
+}
+
+void raw_spawn() {
+  std::vector<pid_t> pids;
+  std::string variable = std::string(exit_at_once) + "=1";
+  std::vector<char*> env{variable.data()};
+  for (char** e = environ; *e != nullptr; ++e) env.push_back(*e);
+  env.push_back(nullptr);
+  char self[] = "/proc/self/exe";
+  char* const argv[] = {self, nullptr};
+  for (int r = 0; r < ranks; ++r) {
+    pid_t pid;
+    if (::posix_spawn(&pid, self, nullptr, nullptr, argv, env.data()) != 0) throw std::runtime_error("posix_spawn");
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
+}
+
+void raw_fork() {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < ranks; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) ::_exit(0);
+    if (pid < 0) throw std::runtime_error("fork");
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
+}
+
+// Python's multiprocessing (and torch's, when importable), timed in Python;
+// prints "<name> <median seconds>" lines.
+const char* python_script = R"(
+import multiprocessing as mp, statistics, sys, time
+def noop(*args): pass
+def median(run, rounds):
+    samples = []
+    for _ in range(rounds):
+        t = time.perf_counter(); run(); samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+def plain(method):
+    ctx = mp.get_context(method)
+    def run():
+        ps = [ctx.Process(target=noop, args=(r,)) for r in range(8)]
+        for p in ps: p.start()
+        for p in ps: p.join()
+    return run
+if __name__ == '__main__':
+    rounds = int(sys.argv[1])
+    for method in ('spawn', 'forkserver', 'fork'):
+        print('python', method, median(plain(method), rounds), flush=True)
+    try:
+        import torch.multiprocessing as tmp
+    except ImportError:
+        sys.exit(0)
+    for method in ('spawn', 'fork'):
+        r = 3 if method == 'spawn' else rounds
+        print('torch', method, median(lambda: tmp.start_processes(noop, nprocs=8, start_method=method), r), flush=True)
+)";
+
+std::vector<std::string> python_lines(int rounds) {
+  std::string path = "/tmp/cohort-bench-start-join.py";
+  if (FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fputs(python_script, f);
+    std::fclose(f);
+  }
+  std::vector<std::string> lines;
+  FILE* out = ::popen(fmt::format("python3 {} {} 2>/dev/null", path, rounds).c_str(), "r");
+  if (out == nullptr) return lines;
+  char line[256];
+  while (std::fgets(line, sizeof line, out) != nullptr) lines.emplace_back(line);
+  ::pclose(out);
+  std::remove(path.c_str());
+  return lines;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (auto rc = cohort::child_main(argc, argv)) return *rc;
+  if (std::getenv(exit_at_once) != nullptr) return 0;
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 50;
+
+  const auto spawn_raw = median_of(rounds, raw_spawn);
+  const auto fork_raw = median_of(rounds, raw_fork);
+  fmt::print("start+join of {} ranks, median of {} rounds\n", ranks, rounds);
+  fmt::print("  {:<28} {:>9.3f} ms\n", "posix_spawn + waitpid", spawn_raw * 1e3);
+  fmt::print("  {:<28} {:>9.3f} ms\n", "fork + waitpid", fork_raw * 1e3);
+
+  std::map<std::string, double> ours;
+  for (auto method : {cohort::start_method::spawn, cohort::start_method::fork, cohort::start_method::forkserver}) {
+    cohort::join_options options{.method = method};
+    auto once = [&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, options); };
+    const auto first = median_of(1, once);  // the forkserver starts here
+    const auto typical = median_of(rounds, once);
+    ours[std::string(cohort::to_string(method))] = typical;
+    const double baseline = method == cohort::start_method::spawn ? spawn_raw : fork_raw;
+    fmt::print("  {:<28} {:>9.3f} ms  ({:.2f}x {}; first run {:.3f} ms)\n", fmt::format("cohort {}", cohort::to_string(method)),
+               typical * 1e3, typical / baseline, method == cohort::start_method::spawn ? "posix_spawn" : "fork",
+               first * 1e3);
+  }
+  for (const auto& line : python_lines(std::max(3, rounds / 5))) {
+    char who[16], method[16];
+    double seconds = 0;
+    if (std::sscanf(line.c_str(), "%15s %15s %lf", who, method, &seconds) == 3) {
+      const double mine = ours.count(method) != 0 ? ours[method] : 0;
+      fmt::print("  {:<28} {:>9.3f} ms  (cohort {} is {:.1f}x faster)\n", fmt::format("{} {}", who, method),
+                 seconds * 1e3, method, mine > 0 ? seconds / mine : 0.0);
+    }
+  }
+}

@@ -1,0 +1,53 @@
+// The blocking way to run N ranks of a function, as torch.multiprocessing's
+// spawn(fn, args, nprocs): start them, wait for all, throw the first failure.
+#pragma once
+
+#include "cohort/entry_point.hpp"
+#include "cohort/group.hpp"
+#include "cohort/process_error.hpp"
+
+#include <filesystem>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace cohort {
+
+struct join_options {
+  start_method method = start_method::spawn;
+  /// How every rank starts (environment, directory, standard streams...).
+  spawn_options spawn{};
+  shutdown_policy shutdown{};
+  /// As group_spec::error_dir.
+  std::filesystem::path error_dir{};
+};
+
+namespace detail {
+/// Runs the group on an io_context of its own and returns when every rank
+/// has ended; throws the first failure (throw_first_failure).
+run_result run_to_end(const function_call& call, int nprocs, const join_options& options);
+}  // namespace detail
+
+/// Runs fn(rank, args...) for every rank 0..nprocs-1 in its own process and
+/// blocks until all have ended. The first failure shuts the others down (as
+/// options.shutdown says) and is thrown: process_raised_error when an
+/// exception escaped fn, process_exited_error when a rank exited non-zero or
+/// was killed by a signal. Returns what each rank returned, in rank order
+/// (nothing for a void fn). Launch failures throw std::system_error, bad
+/// arguments std::invalid_argument, an fn not registered std::logic_error.
+/// No process of the run survives it.
+template <class R, class... P, class... A>
+auto spawn_and_join(R (*fn)(int, P...), std::tuple<A...> args, int nprocs, const join_options& options = {}) {
+  const function_call call_spec = std::apply(
+      [&](auto&&... a) { return call(options.method, fn, std::forward<decltype(a)>(a)...); }, std::move(args));
+  run_result result = detail::run_to_end(call_spec, nprocs, options);
+  if constexpr (!std::is_void_v<R>) {
+    std::vector<std::decay_t<R>> values;
+    values.reserve(result.return_values.size());
+    for (const auto& value : result.return_values) values.push_back(value.value().template as<std::decay_t<R>>());
+    return values;
+  }
+}
+
+}  // namespace cohort

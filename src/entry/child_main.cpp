@@ -1,0 +1,275 @@
+// The child's side of a function entry point: the registry of functions,
+// child_main(), and running a function so that an exception escaping it
+// reaches the parent with its type, message and stack trace.
+#include "entry/entry.hpp"
+#include "entry/forkserver.hpp"
+
+#include "cohort/error_file.hpp"
+
+#include <fmt/format.h>
+
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+namespace cohort {
+namespace detail {
+namespace {
+
+struct registered {
+  std::string name;
+  erased_function fn;
+  entry_thunk thunk;
+};
+
+struct registry {
+  std::mutex mutex;
+  std::vector<registered> entries;
+  std::vector<std::string> shared_names;  // given to two different functions
+};
+
+registry& entries() {
+  static registry r;
+  return r;
+}
+
+std::atomic<bool> main_called{false};
+
+// What the entry thread runs and what it leaves behind.
+struct entry_run {
+  entry_thunk thunk;
+  erased_function fn;
+  int rank;
+  const encoded* args;
+  std::optional<encoded> result;
+};
+
+int entry_rank = -1;  // for the report of an uncaught exception
+
+void* entry_thread(void* arg) {
+  auto& run = *static_cast<entry_run*>(arg);
+  // No handler between here and the function: an escaping exception calls
+  // std::terminate at the throw, with the thrower's frames still on the
+  // stack for the trace.
+  run.result = run.thunk(run.fn, run.rank, *run.args);
+  return nullptr;
+}
+
+std::string describe_frame(void* address) {
+  Dl_info info{};
+  if (::dladdr(address, &info) == 0) return fmt::format("{}", address);
+  const char* module = info.dli_fname != nullptr ? info.dli_fname : "?";
+  if (info.dli_sname == nullptr) {
+    return fmt::format("{}+{:#x}", module, reinterpret_cast<std::uintptr_t>(address) - reinterpret_cast<std::uintptr_t>(info.dli_fbase));
+  }
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status), std::free);
+  return fmt::format("{}+{:#x} in {}", status == 0 ? name.get() : info.dli_sname,
+                     reinterpret_cast<std::uintptr_t>(address) - reinterpret_cast<std::uintptr_t>(info.dli_saddr), module);
+}
+
+const char* module_of(void* address) {
+  Dl_info info{};
+  return ::dladdr(address, &info) != 0 && info.dli_fname != nullptr ? info.dli_fname : "";
+}
+
+// The frames from the throw down, innermost first: the frames of this
+// handler and of the C++ runtime that called it are left out. Function
+// names need them exported (external linkage, the program linked with
+// -rdynamic); other frames show as module+offset, for addr2line.
+std::string stack_trace() {
+  void* frames[64];
+  const int n = ::backtrace(frames, 64);
+  const std::string_view own = module_of(reinterpret_cast<void*>(&stack_trace));
+  int first = 0;
+  while (first < n && module_of(frames[first]) == own) ++first;
+  const auto in_runtime = [](std::string_view module) {
+    return module.find("libstdc++") != std::string_view::npos || module.find("libgcc_s") != std::string_view::npos;
+  };
+  while (first < n && in_runtime(module_of(frames[first]))) ++first;
+  std::string trace;
+  for (int i = first; i < n; ++i) trace += fmt::format("#{} {}\n", i - first, describe_frame(frames[i]));
+  return trace;
+}
+
+[[noreturn]] void on_uncaught() {
+  std::string trace = stack_trace();
+  std::string message = "std::terminate called without an exception";
+  if (auto error = std::current_exception()) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      message = demangle(typeid(e)) + ": " + e.what();
+    } catch (...) {
+      const std::type_info* type = abi::__cxa_current_exception_type();
+      message = type != nullptr ? demangle(*type) : "unknown exception";
+    }
+  }
+  record_error(error_report{message, trace, std::nullopt});
+  std::fflush(stdout);
+  std::fprintf(stderr, "cohort: rank %d (pid %d) raised %s\n%s", entry_rank, static_cast<int>(::getpid()),
+               message.c_str(), trace.c_str());
+  std::fflush(stderr);
+  ::_exit(1);
+}
+
+// Parses "<args fd>,<result fd>,<rank>,<name>".
+bool parse_entry(std::string_view value, int& args_fd, int& result_fd, int& rank, std::string& name) {
+  int* fields[] = {&args_fd, &result_fd, &rank};
+  for (int* field : fields) {
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), *field);
+    if (ec != std::errc{} || end == value.data() + value.size() || *end != ',') return false;
+    value.remove_prefix(static_cast<std::size_t>(end - value.data()) + 1);
+  }
+  name = value;
+  return !name.empty();
+}
+
+}  // namespace
+
+std::string demangle(const std::type_info& type) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(type.name(), nullptr, nullptr, &status), std::free);
+  return status == 0 && name ? std::string(name.get()) : std::string(type.name());
+}
+
+bool read_whole(int fd, std::vector<std::byte>& out) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  out.resize(static_cast<std::size_t>(st.st_size));
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n == 0 ? (out.resize(done), true) : false;
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+bool write_whole(int fd, std::span<const std::byte> bytes) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+bool register_entry(std::string_view name, erased_function fn, entry_thunk thunk) noexcept {
+  try {
+    auto& r = entries();
+    std::lock_guard lock(r.mutex);
+    for (const auto& e : r.entries) {
+      if (e.name == name && e.fn != fn) r.shared_names.emplace_back(name);
+      if (e.name == name || e.fn == fn) return true;
+    }
+    r.entries.push_back({std::string(name), fn, thunk});
+    return true;
+  } catch (...) {
+    return false;  // out of memory during static initialisation: reported on use
+  }
+}
+
+const std::string& registered_name(erased_function fn) {
+  auto& r = entries();
+  std::lock_guard lock(r.mutex);
+  for (const auto& e : r.entries) {
+    if (e.fn != fn) continue;
+    if (std::find(r.shared_names.begin(), r.shared_names.end(), e.name) != r.shared_names.end()) {
+      throw std::logic_error(fmt::format("cohort: two different entry points are registered as '{}'", e.name));
+    }
+    return e.name;
+  }
+  throw std::logic_error("cohort: the function is not an entry point: register it with COHORT_ENTRYPOINT(fn)");
+}
+
+bool child_main_called() noexcept { return main_called.load(std::memory_order_relaxed); }
+
+int run_entry(const std::string& name, int rank, const encoded& args, int result_fd) {
+  entry_run run{nullptr, nullptr, rank, &args, std::nullopt};
+  {
+    auto& r = entries();
+    std::lock_guard lock(r.mutex);
+    for (const auto& e : r.entries) {
+      if (e.name == name) {
+        run.thunk = e.thunk;
+        run.fn = e.fn;
+      }
+    }
+  }
+  entry_rank = rank;
+  std::set_terminate(on_uncaught);
+  if (run.thunk == nullptr) {
+    throw std::logic_error(fmt::format("cohort: this program has no entry point named '{}'", name));
+  }
+  // The function runs on a thread of its own, whose stack holds no handler
+  // of the caller's: see entry_thread.
+  pthread_t thread;
+  if (int error = ::pthread_create(&thread, nullptr, entry_thread, &run); error != 0) {
+    throw std::system_error(error, std::system_category(), "cohort: starting the entry point's thread");
+  }
+  ::pthread_join(thread, nullptr);
+  if (run.result && !write_whole(result_fd, run.result->bytes())) {
+    throw std::system_error(errno, std::system_category(), "cohort: writing the entry point's result");
+  }
+  ::close(result_fd);
+  return 0;
+}
+
+}  // namespace detail
+
+std::string_view to_string(start_method method) noexcept {
+  switch (method) {
+    case start_method::spawn: return "spawn";
+    case start_method::fork: return "fork";
+    case start_method::forkserver: return "forkserver";
+  }
+  return "?";
+}
+
+std::optional<int> child_main(int /*argc*/, char** /*argv*/) {
+  // This main hands control over: the functions it runs may start others by
+  // re-execution in turn.
+  detail::main_called.store(true, std::memory_order_relaxed);
+  if (const char* server = std::getenv(detail::forkserver_env)) {
+    const int socket = std::atoi(server);
+    ::unsetenv(detail::forkserver_env);
+    return detail::serve_forks(socket);
+  }
+  const char* entry = std::getenv(detail::entry_env);
+  if (entry == nullptr) return std::nullopt;
+  int args_fd = -1, result_fd = -1, rank = -1;
+  std::string name;
+  const bool parsed = detail::parse_entry(entry, args_fd, result_fd, rank, name);
+  ::unsetenv(detail::entry_env);  // not inherited by what the function starts
+  std::set_terminate(detail::on_uncaught);
+  if (!parsed) throw std::invalid_argument(fmt::format("cohort::child_main: malformed {}", detail::entry_env));
+  std::vector<std::byte> bytes;
+  if (!detail::read_whole(args_fd, bytes)) {
+    throw std::system_error(errno, std::system_category(), "cohort::child_main: reading the arguments");
+  }
+  ::close(args_fd);
+  const encoded args = encoded::from_bytes(std::move(bytes));
+  return detail::run_entry(name, rank, args, result_fd);
+}
+
+}  // namespace cohort

@@ -1,0 +1,364 @@
+#include "cohort/entry_point.hpp"
+
+#include "cohort/group.hpp"
+#include "cohort/process_error.hpp"
+#include "cohort/spawn_and_join.hpp"
+
+#include "support/harness.hpp"
+#include "support/process_probe.hpp"
+
+#include <doctest/doctest.h>
+
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+
+#include <fmt/format.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <thread>
+
+using namespace cohort;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+// The behaviours of PyTorch's test/test_multiprocessing_spawn.py, for every
+// start method. The entry points have external linkage so that their names
+// appear in stack traces (the program is linked with -rdynamic).
+namespace entry_tests {
+
+void succeed(int) {}
+COHORT_ENTRYPOINT(succeed);
+
+int rank_itself(int rank) { return rank; }
+COHORT_ENTRYPOINT(rank_itself);
+
+std::string describe_args(int rank, std::string text, std::vector<int> numbers, std::vector<std::byte> bytes) {
+  int sum = 0;
+  for (int n : numbers) sum += n;
+  return fmt::format("{}:{}:{}:{}", rank, text, sum, bytes.size());
+}
+COHORT_ENTRYPOINT(describe_args);
+
+[[noreturn]] void throw_legitimate(int rank) {
+  throw std::invalid_argument(fmt::format("legitimate exception from rank {}", rank));
+}
+
+void raise_on(int rank, int which) {
+  if (which < 0 || rank == which) throw_legitimate(rank);
+}
+COHORT_ENTRYPOINT(raise_on);
+
+void throw_int(int) { throw 42; }
+COHORT_ENTRYPOINT(throw_int);
+
+void signal_self(int rank, int sig) {
+  if (rank == 0) ::raise(sig);
+  std::this_thread::sleep_for(30s);
+}
+COHORT_ENTRYPOINT(signal_self);
+
+void exit_with(int rank, int code) {
+  if (rank == 0) ::_exit(code);
+  std::this_thread::sleep_for(30s);
+}
+COHORT_ENTRYPOINT(exit_with);
+
+void succeed_then_raise(int rank) {
+  if (rank == 0) return;
+  std::this_thread::sleep_for(100ms);
+  throw_legitimate(rank);
+}
+COHORT_ENTRYPOINT(succeed_then_raise);
+
+// Writes this process's pid into `dir`, then sleeps.
+void record_pid_and_sleep(int rank, std::string dir) {
+  std::ofstream(fs::path(dir) / fmt::format("{}-{}", rank, ::getpid())) << ::getpid();
+  std::this_thread::sleep_for(60s);
+}
+COHORT_ENTRYPOINT(record_pid_and_sleep);
+
+// Starts a nested group of two sleeping ranks, by the same start method.
+void start_nested(int, std::string dir, int method) {
+  join_options options;
+  options.method = static_cast<start_method>(method);
+  spawn_and_join(record_pid_and_sleep, std::tuple{dir}, 2, options);
+}
+COHORT_ENTRYPOINT(start_nested);
+
+std::string environment_of(int, std::string name) {
+  const char* value = std::getenv(name.c_str());
+  return value != nullptr ? value : "<unset>";
+}
+COHORT_ENTRYPOINT(environment_of);
+
+void print_rank(int rank) { std::printf("rank %d\n", rank); }
+COHORT_ENTRYPOINT(print_rank);
+
+const start_method all_methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
+
+// Runs `call` as `nprocs` ranks to the end.
+run_result run_function(const function_call& call, int nprocs, shutdown_policy shutdown = {}) {
+  group_spec spec;
+  spec.entry = call;
+  spec.nprocs = nprocs;
+  spec.shutdown = shutdown;
+  asio::io_context io;
+  return test::run(io, [&]() -> asio::awaitable<run_result> {
+    group g = co_await start_processes(spec);
+    co_return co_await g.wait();
+  }());
+}
+
+template <class F>
+void for_each_method(F&& body) {
+  for (start_method method : all_methods) {
+    CAPTURE(to_string(method));
+    body(method);
+  }
+}
+
+int files_in(const fs::path& dir) {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
+  return n;
+}
+
+}  // namespace entry_tests
+
+using namespace entry_tests;
+
+TEST_SUITE("entry points") {
+  TEST_CASE("every rank of a function runs and the run succeeds") {
+    for_each_method([](start_method method) {
+      auto r = run_function(call(method, succeed), 4);
+      CHECK(r.ok());
+      REQUIRE(r.statuses.size() == 4);
+      for (const auto& s : r.statuses) CHECK(s->success());
+    });
+  }
+
+  TEST_CASE("the first argument is the rank, and what a rank returns reaches the parent") {
+    for_each_method([](start_method method) {
+      auto r = run_function(call(method, rank_itself), 5);
+      REQUIRE(r.ok());
+      REQUIRE(r.return_values.size() == 5);
+      for (int rank = 0; rank < 5; ++rank) CHECK(r.return_values[static_cast<std::size_t>(rank)]->as<int>() == rank);
+    });
+  }
+
+  TEST_CASE("arguments cross whole: strings with NULs, vectors and a megabyte of bytes") {
+    for_each_method([](start_method method) {
+      std::string text("a\0b", 3);
+      std::vector<std::byte> big(1 << 20, std::byte{7});
+      auto values = spawn_and_join(describe_args, std::tuple{text, std::vector<int>{1, 2, 3}, big}, 2,
+                                   join_options{.method = method});
+      REQUIRE(values.size() == 2);
+      CHECK(values[0] == fmt::format("0:{}:6:{}", text, big.size()));
+      CHECK(values[1] == fmt::format("1:{}:6:{}", text, big.size()));
+    });
+  }
+
+  TEST_CASE("a non-blocking join reports false until every rank has ended") {
+    for_each_method([](start_method method) {
+      group_spec spec;
+      spec.entry = call(method, succeed_then_raise);
+      spec.nprocs = 1;
+      asio::io_context io;
+      auto work = asio::make_work_guard(io);
+      std::thread runner([&] { io.run(); });
+      group g = start_processes(io.get_executor(), spec);
+      int polls = 0;
+      while (!g.join(1ms)) ++polls;
+      CHECK(g.result()->ok());
+      work.reset();
+      runner.join();
+    });
+  }
+
+  TEST_CASE("an exception in one rank reaches the parent with rank, pid, type, message and trace") {
+    for_each_method([](start_method method) {
+      try {
+        spawn_and_join(raise_on, std::tuple{1}, 2, join_options{.method = method});
+        FAIL("no exception");
+      } catch (const process_raised_error& e) {
+        CHECK(e.rank() == 1);
+        CHECK(e.pid() > 0);
+        CHECK(e.message() == "std::invalid_argument: legitimate exception from rank 1");
+        const std::string what = e.what();
+        CHECK(what.find(fmt::format("rank 1 (pid {}) raised std::invalid_argument: legitimate exception from rank 1", e.pid())) == 0);
+        // The trace is taken where the exception was thrown.
+        CHECK(e.trace().find("throw_legitimate") != std::string::npos);
+        INFO(e.trace());
+        CHECK(e.trace().rfind("#0 entry_tests::throw_legitimate(int)", 0) == 0);
+      }
+    });
+  }
+
+  TEST_CASE("when every rank raises, the first failure is one of them") {
+    for_each_method([](start_method method) {
+      auto r = run_function(call(method, raise_on, -1), 2);
+      CHECK_FALSE(r.ok());
+      // Whether the second raises before the first failure's SIGTERM
+      // reaches it is a race; each failure reported is its own rank's.
+      REQUIRE_FALSE(r.failures.empty());
+      for (const auto& f : r.failures) {
+        CHECK(f.message == fmt::format("std::invalid_argument: legitimate exception from rank {}", f.rank));
+      }
+      const auto* first = r.first_failure();
+      REQUIRE(first != nullptr);
+      CHECK_THROWS_AS(throw_first_failure(r), process_raised_error);
+    });
+  }
+
+  TEST_CASE("an exception that is not a std::exception is reported by its type") {
+    for_each_method([](start_method method) {
+      auto r = run_function(call(method, throw_int), 1);
+      REQUIRE(r.failures.size() == 1);
+      CHECK(r.failures[0].message == "int");
+      CHECK(r.failures[0].status.code() == 1);
+    });
+  }
+
+  TEST_CASE("a rank killed by a signal gives process_exited_error naming the signal") {
+    for_each_method([](start_method method) {
+      try {
+        spawn_and_join(signal_self, std::tuple{SIGABRT}, 2, join_options{.method = method});
+        FAIL("no exception");
+      } catch (const process_exited_error& e) {
+        CHECK(e.rank() == 0);
+        CHECK(e.signal() == SIGABRT);
+        CHECK(e.exit_code() == -1);
+        CHECK(std::string(e.what()).find("killed by signal SIGABRT") != std::string::npos);
+      }
+    });
+  }
+
+  TEST_CASE("a rank exiting non-zero gives process_exited_error with the code") {
+    for_each_method([](start_method method) {
+      try {
+        spawn_and_join(exit_with, std::tuple{123}, 2, join_options{.method = method});
+        FAIL("no exception");
+      } catch (const process_exited_error& e) {
+        CHECK(e.rank() == 0);
+        CHECK(e.exit_code() == 123);
+        CHECK(std::string(e.what()) == fmt::format("rank 0 (pid {}) exited with code 123", e.pid()));
+      }
+    });
+  }
+
+  TEST_CASE("a rank that succeeds first does not hide a later exception") {
+    for_each_method([](start_method method) {
+      CHECK_THROWS_AS(spawn_and_join(succeed_then_raise, std::tuple{}, 2, join_options{.method = method}),
+                      process_raised_error);
+    });
+  }
+
+  TEST_CASE("a nested group dies with its parent's run: no process of either survives") {
+    for_each_method([](start_method method) {
+      test::temp_dir dir;
+      group_spec spec;
+      spec.entry = call(method, start_nested, dir.path.string(), static_cast<int>(method));
+      spec.nprocs = 1;
+      spec.shutdown.term_grace = 5s;
+      asio::io_context io;
+      auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
+        group g = co_await start_processes(spec);
+        // Stop once both nested ranks have started.
+        asio::steady_timer tick(co_await asio::this_coro::executor);
+        for (int i = 0; i < 2000 && files_in(dir.path) < 2; ++i) {
+          tick.expires_after(5ms);
+          co_await tick.async_wait(asio::use_awaitable);
+        }
+        g.stop();
+        co_return co_await g.wait();
+      }());
+      CHECK(r.stopped);
+      REQUIRE(files_in(dir.path) == 2);
+      for (const auto& e : fs::directory_iterator(dir.path)) {
+        const pid_t pid = std::stoi(e.path().filename().string().substr(2));
+        CHECK_FALSE(test::alive(pid));
+      }
+    });
+  }
+
+  TEST_CASE("a function rank gets its error file and the group's environment") {
+    for_each_method([](start_method method) {
+      group_spec spec;
+      spec.entry = call(method, environment_of, std::string("COHORT_ERROR_FILE"));
+      spec.nprocs = 2;
+      spec.envs = {{0, {{"ONLY", "0"}}}, {1, {{"ONLY", "1"}}}};
+      spec.error_dir = test::temp_dir().path;  // removed at once: re-created by the run
+      asio::io_context io;
+      auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
+        group g = co_await start_processes(spec);
+        co_return co_await g.wait();
+      }());
+      REQUIRE(r.ok());
+      CHECK(r.return_values[1]->as<std::string>() == (spec.error_dir / "1" / "error.json").string());
+      fs::remove_all(spec.error_dir);
+      auto only = run_function(call(method, environment_of, std::string("COHORT_ENTRY")), 1);
+      CHECK(only.return_values[0]->as<std::string>() == "<unset>");
+    });
+  }
+
+  TEST_CASE("what a function prints reaches its stdout, and the parent's unwritten output does not") {
+    for_each_method([](start_method method) {
+      test::temp_dir dir;
+      group_spec spec;
+      spec.entry = call(method, print_rank);
+      spec.nprocs = 1;
+      spec.options.out = stdio::file(dir.path / "out");
+      std::fputs("unwritten text of the parent", stdout);  // buffered: no newline, no flush
+      asio::io_context io;
+      auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
+        group g = co_await start_processes(spec);
+        co_return co_await g.wait();
+      }());
+      std::fputs("\n", stdout);
+      std::fflush(stdout);
+      REQUIRE(r.ok());
+      std::ifstream in(dir.path / "out");
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      CHECK(text == "rank 0\n");
+    });
+  }
+
+  TEST_CASE("a return value read as another type is refused") {
+    auto r = run_function(call(start_method::fork, rank_itself), 1);
+    REQUIRE(r.return_values[0]);
+    CHECK_THROWS_AS(r.return_values[0]->as<std::string>(), decode_error);
+  }
+
+  TEST_CASE("a function that is not registered cannot be called") {
+    CHECK_THROWS_AS(call(+[](int) {}), std::logic_error);
+  }
+
+  TEST_CASE("args per rank are refused for a function entry") {
+    group_spec spec;
+    spec.entry = call(succeed);
+    spec.nprocs = 1;
+    spec.args = {{0, {"x"}}};
+    asio::io_context io;
+    CHECK_THROWS_AS(start_processes(io.get_executor(), spec), std::invalid_argument);
+  }
+
+  TEST_CASE("a launch failure names the rank and the start method") {
+    for_each_method([](start_method method) {
+      join_options options{.method = method};
+      options.spawn.cwd = "/nonexistent/directory";
+      try {
+        spawn_and_join(succeed, std::tuple{}, 2, options);
+        FAIL("no exception");
+      } catch (const std::system_error& e) {
+        CHECK(std::string(e.what()).find(fmt::format("rank 0 of 'succeed' ({})", to_string(method))) != std::string::npos);
+        CHECK(e.code().value() == ENOENT);
+      }
+    });
+  }
+}
