@@ -5,6 +5,7 @@
 #include "cohort/encoding.hpp"
 #include "cohort/entry_point.hpp"
 #include "cohort/spawn.hpp"
+#include "process/launch.hpp"
 
 #include <optional>
 #include <string>
@@ -37,6 +38,13 @@ child start_function(const asio::any_io_executor& executor, const function_call&
 /// Reads what a function child left in its result memfd: nullopt when it
 /// returned nothing. Throws decode_error on a malformed value.
 std::optional<encoded> read_result(int result_fd);
+
+/// In a child that never execs: sets it up as `p` says; on failure writes
+/// where and why on `report_fd` and exits with 127. Closes `report_fd`.
+void set_up_or_report(launch_plan& p, int report_fd) noexcept;
+/// In the parent: reads that report (and closes `report_fd`). Returns a pidfd
+/// for `pid`, or -1 with p.failed_at and p.error set and the child reaped.
+int adopt_after_set_up(launch_plan& p, pid_t pid, int report_fd) noexcept;
 
 /// The demangled name of a type.
 std::string demangle(const std::type_info& type);

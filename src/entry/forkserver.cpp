@@ -43,11 +43,6 @@ enum slot { in_fd, out_fd, err_fd, result_slot, report_slot, request_slot, slots
 using request = std::tuple<int, int, int, bool, bool, std::string, std::string, std::vector<std::string>,
                            std::vector<std::byte>>;
 
-struct setup_report {
-  stage where;
-  int error;
-};
-
 bool send_with_fds(int socket, const void* data, std::size_t size, const int* fds, std::size_t count) {
   iovec iov{const_cast<void*>(data), size};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * slots)]{};
@@ -131,12 +126,7 @@ int run_forked(request& r, const std::array<int, slots>& fds) {
   p.close_now = true;
   p.keep = keep.data();
   p.keep_count = keep.size();
-  if (!set_up_child(p)) {
-    const setup_report report{p.failed_at, p.error};
-    [[maybe_unused]] auto n = ::write(fds[report_slot], &report, sizeof report);
-    ::_exit(127);
-  }
-  ::close(fds[report_slot]);
+  set_up_or_report(p, fds[report_slot]);
   environ = envp.data();
   static_cast<void>(close_fds);
   const encoded call_args = encoded::from_bytes(std::move(args));
@@ -299,25 +289,8 @@ int start_from_server(launch_plan& p, pid_t& pid, const function_call& call, int
       ::close(report[0]);
       return fail(stage::start, -reply);
     }
-    pid = reply;
-    setup_report report_of_child{};
-    ssize_t n;
-    do {
-      n = ::read(report[0], &report_of_child, sizeof report_of_child);
-    } while (n < 0 && errno == EINTR);
-    ::close(report[0]);
-    if (n == static_cast<ssize_t>(sizeof report_of_child)) {
-      ::waitpid(pid, nullptr, 0);  // ours: CLONE_PARENT
-      return fail(report_of_child.where, report_of_child.error);
-    }
-    const int pidfd = config::pidfd_open(pid);
-    if (pidfd < 0) {
-      const int error = errno;
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-      return fail(stage::start, error);
-    }
-    return pidfd;
+    pid = reply;  // ours: CLONE_PARENT
+    return adopt_after_set_up(p, pid, report[0]);
   } catch (const std::bad_alloc&) {
     return fail(stage::start, ENOMEM);
   } catch (const std::system_error& e) {

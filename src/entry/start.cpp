@@ -44,12 +44,6 @@ class memfd {
   int fd_;
 };
 
-// What the forked child reports when its set-up fails.
-struct setup_report {
-  stage where;
-  int error;
-};
-
 // A true fork of this process (glibc's fork: its malloc and stdio locks are
 // taken across it). The child sets itself up, reports a failure on a pipe
 // and calls the function; the pipe's EOF tells the parent it is running.
@@ -76,12 +70,7 @@ int start_fork(launch_plan& p, pid_t& pid, const function_call& call, int rank, 
     // The child's copy of the lock is held by a thread it does not have:
     // made anew, so the function can fork in turn.
     new (&forking) std::mutex;
-    if (!set_up_child(p)) {
-      const setup_report r{p.failed_at, p.error};
-      [[maybe_unused]] auto n = ::write(report[1], &r, sizeof r);
-      ::_exit(127);
-    }
-    ::close(report[1]);
+    set_up_or_report(p, report[1]);
     // Output the parent had buffered but not written is the parent's to
     // write: dropped here, or it would appear twice.
     ::__fpurge(stdout);
@@ -95,17 +84,39 @@ int start_fork(launch_plan& p, pid_t& pid, const function_call& call, int rank, 
   }
   const int fork_error = errno;
   ::close(report[1]);
-  setup_report r{};
-  ssize_t n;
-  do {
-    n = ::read(report[0], &r, sizeof r);
-  } while (n < 0 && errno == EINTR);
-  ::close(report[0]);
   if (pid < 0) {
+    ::close(report[0]);
     p.failed_at = stage::clone;
     p.error = fork_error;
     return -1;
   }
+  return adopt_after_set_up(p, pid, report[0]);
+}
+
+// What the child reports when its set-up fails.
+struct setup_report {
+  stage where;
+  int error;
+};
+
+}  // namespace
+
+void set_up_or_report(launch_plan& p, int report_fd) noexcept {
+  if (!set_up_child(p)) {
+    const setup_report r{p.failed_at, p.error};
+    [[maybe_unused]] auto n = ::write(report_fd, &r, sizeof r);
+    ::_exit(127);
+  }
+  ::close(report_fd);
+}
+
+int adopt_after_set_up(launch_plan& p, pid_t pid, int report_fd) noexcept {
+  setup_report r{};
+  ssize_t n;
+  do {
+    n = ::read(report_fd, &r, sizeof r);
+  } while (n < 0 && errno == EINTR);
+  ::close(report_fd);
   if (n == static_cast<ssize_t>(sizeof r)) {
     ::waitpid(pid, nullptr, 0);
     p.failed_at = r.where;
@@ -122,6 +133,8 @@ int start_fork(launch_plan& p, pid_t& pid, const function_call& call, int rank, 
   }
   return pidfd;
 }
+
+namespace {
 
 // spawn and forkserver re-execute this program: its main must pass control
 // to child_main, or the child would run the parent's main.

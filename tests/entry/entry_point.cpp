@@ -339,6 +339,24 @@ TEST_SUITE("entry points") {
     CHECK_THROWS_AS(call(+[](int) {}), std::logic_error);
   }
 
+  TEST_CASE("re-executing start methods refuse a program whose main does not call child_main") {
+    for (const char* method : {"spawn", "forkserver"}) {
+      CAPTURE(method);
+      asio::io_context io;
+      spawn_options options{.out = stdio::pipe()};
+      child c = spawn(io.get_executor(), command(test::target, {"spawn-function", method}), options);
+      std::string text;
+      auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
+        text = co_await test::read_all(c.out());
+        co_return co_await c.wait();
+      }());
+      CHECK(status.code() == 3);
+      CHECK(text.find(fmt::format("the {} start method re-executes this program, whose main must call "
+                                  "cohort::child_main(argc, argv) first", method)) != std::string::npos);
+    }
+    CHECK(run(command(test::target, {"spawn-function", "fork"})).code() == 0);  // fork needs no re-execution
+  }
+
   TEST_CASE("args per rank are refused for a function entry") {
     group_spec spec;
     spec.entry = call(succeed);

@@ -22,9 +22,15 @@
 //                          std::runtime_error(MSG) with trace "frame 1\nframe 2",
 //                          stamped SECONDS after the epoch (default now); after
 //                          DELAY_MS, exit 1
+//   spawn-function METHOD  without having called child_main, run a registered
+//                          function by start method METHOD (spawn, fork,
+//                          forkserver); print what a std::logic_error says and
+//                          exit 3, or exit 0 when the function ran
 //   setsid-grandchild CODE start a grandchild that calls setsid() and sleeps 60 s,
 //                          print its pid, then exit with CODE
+#include <cohort/entry_point.hpp>
 #include <cohort/error_file.hpp>
+#include <cohort/spawn_and_join.hpp>
 
 #include <dirent.h>
 #include <signal.h>
@@ -38,6 +44,9 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+void does_nothing(int) {}
+COHORT_ENTRYPOINT(does_nothing);
 
 namespace {
 
@@ -62,6 +71,20 @@ int main(int argc, char** argv) {
   const char* arg = argc > 2 ? argv[2] : "";
 
   if (what == "exit") return std::atoi(arg);
+  if (what == "spawn-function") {
+    const std::string method = arg;
+    cohort::join_options options;
+    options.method = method == "fork" ? cohort::start_method::fork
+                     : method == "forkserver" ? cohort::start_method::forkserver
+                                              : cohort::start_method::spawn;
+    try {
+      cohort::spawn_and_join(does_nothing, std::tuple{}, 1, options);
+    } catch (const std::logic_error& e) {
+      std::printf("%s\n", e.what());
+      return 3;
+    }
+    return 0;
+  }
   if (what == "sleep") {
     ::sleep(static_cast<unsigned>(std::atoi(arg)));
     return 0;
