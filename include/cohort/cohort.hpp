@@ -15,3 +15,4 @@
 #include "cohort/spawn_and_join.hpp"
 #include "cohort/stdio.hpp"
 #include "cohort/thread_name.hpp"
+#include "cohort/when_any.hpp"
