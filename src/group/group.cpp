@@ -1,9 +1,11 @@
-// Starting the ranks of a group and supervising them: a watcher per rank
-// reports its exit to the supervisor, which runs the shutdown sequence on
-// the first failure (or on stop()) and ends the run with nothing left.
+// Starting the ranks of a group and supervising them. Supervision is a race
+// (when_any) between the ranks' exits and a stop request; the first failure,
+// the last exit or stop() decides it. The shutdown sequence follows, and the
+// run ends with nothing of it left.
 #include "cohort/group.hpp"
 
 #include "cohort/error_file.hpp"
+#include "cohort/when_any.hpp"
 #include "entry/entry.hpp"
 #include "group/descendants.hpp"
 
@@ -45,7 +47,7 @@ using steady = std::chrono::steady_clock;
 /// void(error_code) alone.)
 using run_end = asio::experimental::concurrent_channel<void(std::error_code, int)>;
 
-/// Shared by the group object, the supervisor and the rank watchers. All of
+/// Shared by the group object and the supervision coroutines. All of
 /// it but `finished`/`result` (guarded by `mutex`) is touched only on `strand`.
 struct group_state {
   group_state(asio::any_io_executor ex, const group_spec& s) : strand(asio::make_strand(ex)), spec(s), wake(strand) {}
@@ -76,7 +78,8 @@ struct group_state {
   bool signalled = false;  // SIGTERM went out: later non-zero exits are the shutdown's doing
   bool hurry = false;      // a second shutdown signal: no more grace
   std::optional<asio::signal_set> signals;
-  asio::steady_timer wake;  // the supervisor sleeps on it; exits and stop() cancel it
+  asio::steady_timer wake;  // the shutdown sleeps on it; exits and stop() cancel it
+  asio::steady_timer stop_requested{strand, steady::time_point::max()};  // stop() cancels it
 
   mutable std::mutex mutex;  // guards what follows: waits and join() read it from any thread
   std::condition_variable finished_cv;
@@ -224,6 +227,7 @@ void begin_stop(group_state& state) {
   if (state.stopping) return;
   state.stopping = true;
   if (!state.failed) state.partial.stopped = true;
+  state.stop_requested.cancel();
   state.wake.cancel();
 }
 
@@ -244,12 +248,86 @@ void on_signal(const std::shared_ptr<group_state>& state, const std::vector<int>
   });
 }
 
+// Records how rank `rank` ended; returns whether it failed on its own.
+bool record_exit(group_state& s, int rank, exit_status status) {
+  --s.running;
+  const auto r = static_cast<std::size_t>(rank);
+  std::string unreadable;  // a result that cannot be read fails the rank: never a silent nullopt
+  if (status.success() && r < s.result_fds.size()) {
+    try {
+      s.partial.return_values[r] = read_result(s.result_fds[r]);
+    } catch (const std::exception& e) {
+      unreadable = fmt::format("cohort: reading the rank's result: {}", e.what());
+      status = exit_status::from_code(255);
+    }
+  }
+  if (status.success() || s.signalled) return false;
+  rank_failure failure{rank, s.pids[r], status, unreadable, {}, std::chrono::system_clock::now()};
+  if (auto report = read_error_file(error_file_of(s.error_dir, rank))) {
+    failure.message = std::move(report->message);
+    failure.trace = std::move(report->trace);
+    if (report->timestamp) failure.timestamp = *report->timestamp;
+  }
+  s.partial.failures.push_back(std::move(failure));
+  s.failed = true;
+  return true;
+}
+
+// The rank's exit. A wait that fails (the child reaped elsewhere?) counts as
+// an end, not as a success. Cancellation passes through.
+asio::awaitable<exit_status> exit_of(group_state& s, int rank) {
+  try {
+    co_return co_await s.children[static_cast<std::size_t>(rank)].wait();
+  } catch (const std::system_error& e) {
+    if (e.code() == asio::error::operation_aborted) throw;
+  } catch (const std::exception&) {
+  }
+  co_return exit_status::from_code(255);
+}
+
+// One rank's entry in the race: completes when the rank fails on its own or
+// is the last to end. A rank that succeeds earlier stays in the race, parked
+// until the race is decided and when_any cancels it.
+asio::awaitable<void> race_rank(std::shared_ptr<group_state> state, int rank) {
+  auto& s = *state;
+  const bool failed = record_exit(s, rank, co_await exit_of(s, rank));
+  if (failed || s.running == 0) co_return;
+  asio::steady_timer parked(s.strand, steady::time_point::max());
+  co_await parked.async_wait(asio::use_awaitable);
+}
+
+// The race's entry for stop(), forwarded signals and a cancelled wait().
+asio::awaitable<void> race_stop(std::shared_ptr<group_state> state) {
+  auto& s = *state;
+  if (s.stopping) co_return;  // asked before the race began
+  std::error_code ec;
+  co_await s.stop_requested.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+}
+
+// After the race: waits for a rank still running, and wakes the shutdown.
+asio::awaitable<void> drain(std::shared_ptr<group_state> state, int rank) {
+  auto& s = *state;
+  record_exit(s, rank, co_await exit_of(s, rank));
+  s.wake.cancel();
+}
+
 asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
   auto& s = *state;
   const auto& policy = s.spec.shutdown;
-  while (s.running > 0 && !s.failed && !s.stopping) co_await nap(s, steady::time_point::max());
+  // The ops of when_any run on a strand over s.strand: they touch the state
+  // one at a time, and never alongside the rest of the supervision.
+  std::vector<asio::awaitable<void>> race;
+  race.reserve(s.children.size() + 1);
+  for (int rank = 0; rank < s.spec.nprocs; ++rank) race.push_back(race_rank(state, rank));
+  race.push_back(race_stop(state));
+  co_await when_any(std::move(race));
 
   if (s.running > 0) {
+    for (int rank = 0; rank < s.spec.nprocs; ++rank) {
+      if (!s.children[static_cast<std::size_t>(rank)].status()) {
+        asio::co_spawn(s.strand, drain(state, rank), asio::detached);
+      }
+    }
     co_await await_exits(s, policy.grace);
     s.signalled = true;
     signal_running(s, SIGTERM);
@@ -270,39 +348,6 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
   co_await sweep(s, policy.kill_wait);
   s.signals.reset();  // the process's own handling of those signals comes back
   finish(state);
-}
-
-asio::awaitable<void> watch(std::shared_ptr<group_state> state, int rank) {
-  auto& s = *state;
-  exit_status status;
-  try {
-    status = co_await s.children[static_cast<std::size_t>(rank)].wait();
-  } catch (const std::exception&) {
-    // The wait failed (reaped elsewhere?): counted as ended, not as a success.
-    status = exit_status::from_code(255);
-  }
-  --s.running;
-  const auto r = static_cast<std::size_t>(rank);
-  std::string unreadable;  // a result that cannot be read fails the rank: never a silent nullopt
-  if (status.success() && r < s.result_fds.size()) {
-    try {
-      s.partial.return_values[r] = read_result(s.result_fds[r]);
-    } catch (const std::exception& e) {
-      unreadable = fmt::format("cohort: reading the rank's result: {}", e.what());
-      status = exit_status::from_code(255);
-    }
-  }
-  if (!status.success() && !s.signalled) {
-    rank_failure failure{rank, s.pids[r], status, unreadable, {}, std::chrono::system_clock::now()};
-    if (auto report = read_error_file(error_file_of(s.error_dir, rank))) {
-      failure.message = std::move(report->message);
-      failure.trace = std::move(report->trace);
-      if (report->timestamp) failure.timestamp = *report->timestamp;
-    }
-    s.partial.failures.push_back(std::move(failure));
-    s.failed = true;
-  }
-  s.wake.cancel();
 }
 
 }  // namespace
@@ -433,9 +478,6 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   state->running = spec.nprocs;
   state->partial.statuses.resize(static_cast<std::size_t>(spec.nprocs));
   state->partial.return_values.resize(static_cast<std::size_t>(spec.nprocs));
-  for (int rank = 0; rank < spec.nprocs; ++rank) {
-    asio::co_spawn(state->strand, detail::watch(state, rank), asio::detached);
-  }
   asio::co_spawn(state->strand, detail::supervise(state), asio::detached);
   return group(std::move(state));
 }

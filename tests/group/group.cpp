@@ -107,6 +107,19 @@ TEST_SUITE("group") {
     CHECK(children_of_self().empty());
   }
 
+  TEST_CASE("ranks that succeed early leave supervision on: a later failure still shuts the rest down") {
+    auto spec = ranks_of(4, {});
+    spec.args = {{0, {"exit", "0"}}, {1, {"exit-after", "200", "4"}}, {2, {"sleep", "30"}}, {3, {"exit", "0"}}};
+    auto result = run_group(spec);
+    CHECK(result.statuses[0]->success());
+    CHECK(result.statuses[3]->success());
+    CHECK(result.statuses[1]->code() == 4);
+    CHECK(result.statuses[2]->signal() == SIGTERM);
+    REQUIRE(result.failures.size() == 1);
+    CHECK(result.failures[0].rank == 1);
+    CHECK(children_of_self().empty());
+  }
+
   TEST_CASE("a rank that ignores SIGTERM is SIGKILLed once the grace period is over") {
     auto spec = ranks_of(2, {});
     spec.args = {{0, {"exit-after", "300", "1"}}, {1, {"ignore-term"}}};  // fails once SIGTERM is ignored
