@@ -58,9 +58,12 @@ struct group_spec {
   /// base environment...); shared by all ranks.
   spawn_options options{};
   shutdown_policy shutdown{};
-  /// Where the ranks' error files go: <error_dir>/<rank>/error.json, named to
-  /// each rank in COHORT_ERROR_FILE and TORCHELASTIC_ERROR_FILE. Empty: a
-  /// private directory under $TMPDIR, removed when the run ends.
+  /// Where the ranks' error files go: <error_dir>/<rank>/error.json (the
+  /// folders are made at start, a stale error.json is removed), named to each
+  /// rank in COHORT_ERROR_FILE and TORCHELASTIC_ERROR_FILE. Empty: files in
+  /// this process's private directory, $TMPDIR/cohort-errors-XXXXXX, removed
+  /// when the run ends; the directory goes when the process exits, or, when
+  /// it is killed outright, at the first start of a group in a later process.
   std::filesystem::path error_dir{};
 };
 

@@ -61,6 +61,11 @@ bool kill_and_reap(pid_t pid) {
   return info.si_pid == pid;
 }
 
+bool has_children() {
+  siginfo_t info{};
+  return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0 || errno != ECHILD;
+}
+
 // Not remembered in a flag: a forked child inherits the flag but not the
 // attribute.
 void become_subreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }

@@ -19,7 +19,12 @@ std::vector<pid_t> marked_processes(const std::string& marker);
 /// or not this process's child (its own parent reaps it).
 bool kill_and_reap(pid_t pid);
 
-/// Makes this process a child subreaper, once.
+/// Whether this process has a child, running or unreaped. In a subreaper
+/// whose ranks are all reaped, false means no descendant of theirs lives:
+/// each one whose parent died was handed to this process.
+bool has_children();
+
+/// Makes this process a child subreaper (again: fork does not pass it on).
 void become_subreaper();
 
 }  // namespace cohort::detail

@@ -8,6 +8,7 @@
 #include "cohort/when_any.hpp"
 #include "entry/entry.hpp"
 #include "group/descendants.hpp"
+#include "group/error_dir.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
@@ -57,17 +58,16 @@ struct group_state {
     for (int fd : result_fds) {
       if (fd >= 0) ::close(fd);
     }
-    if (own_error_dir) {
-      std::error_code ignored;
-      std::filesystem::remove_all(error_dir, ignored);
+    if (private_error_files) {
+      for (const auto& file : error_files) ::unlink(file.c_str());
     }
   }
 
   asio::strand<asio::any_io_executor> strand;
   group_spec spec;
   std::string marker;  // "COHORT_GROUP_<id>=1", in every rank's environment
-  std::filesystem::path error_dir;
-  bool own_error_dir = false;  // made by cohort: removed when the run ends
+  std::vector<std::filesystem::path> error_files;  // per rank
+  bool private_error_files = false;  // in the process's own directory: removed when the run ends
   std::vector<child> children;
   std::vector<pid_t> pids;
   std::vector<int> result_fds;  // per rank, for function entries: the memfd its result lands in
@@ -90,38 +90,32 @@ struct group_state {
 
 namespace {
 
-std::filesystem::path error_file_of(const std::filesystem::path& dir, int rank) {
-  return dir / std::to_string(rank) / "error.json";
-}
-
-// The directory of the ranks' error files, with an empty folder per rank
-// (a stale error.json from an earlier run is removed).
-void prepare_error_dir(group_state& state) {
-  if (state.spec.error_dir.empty()) {
-    std::string pattern = (std::filesystem::temp_directory_path() / "cohort-errors-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) {
-      throw std::system_error(errno, std::system_category(), "cohort::start_processes: mkdtemp " + pattern);
-    }
-    state.error_dir = pattern;
-    state.own_error_dir = true;
-  } else {
-    state.error_dir = state.spec.error_dir;
-  }
+// The ranks' error files. In the spec's directory: <dir>/<rank>/error.json,
+// with a folder per rank made now and a stale error.json from an earlier run
+// removed. Otherwise in this process's private directory, as
+// <group>-<rank>.json: nothing to make, as a rank that fails creates it.
+void prepare_error_files(group_state& state, unsigned group_number) {
+  const auto& dir = state.spec.error_dir;
+  state.private_error_files = dir.empty();
   for (int rank = 0; rank < state.spec.nprocs; ++rank) {
-    auto file = error_file_of(state.error_dir, rank);
+    if (state.private_error_files) {
+      state.error_files.push_back(private_error_dir() / fmt::format("{}-{}.json", group_number, rank));
+      continue;
+    }
+    auto file = dir / std::to_string(rank) / "error.json";
     std::error_code ec;
     std::filesystem::create_directories(file.parent_path(), ec);
     if (!ec) std::filesystem::remove(file, ec);
     if (ec) throw std::system_error(ec, "cohort::start_processes: error file " + file.string());
+    state.error_files.push_back(std::move(file));
   }
 }
 
-std::string new_marker() {
-  static std::atomic<unsigned> counter{0};
+// A variable of its own per group, so a rank that starts a group of its own
+// keeps the outer marker too: every level's sweep finds what is below.
+std::string marker_of(unsigned group_number) {
   std::random_device random;
-  // A variable of its own per group, so a rank that starts a group of its
-  // own keeps the outer marker too: every level's sweep finds what is below.
-  return fmt::format("COHORT_GROUP_{}_{}_{:08x}=1", ::getpid(), counter++, random());
+  return fmt::format("COHORT_GROUP_{}_{}_{:08x}=1", ::getpid(), group_number, random());
 }
 
 void check_rank_keys(const char* what, const std::set<int>& keys, int nprocs) {
@@ -196,6 +190,8 @@ asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit)
   const std::set<pid_t> ranks(state.pids.begin(), state.pids.end());
   std::set<pid_t> seen;
   for (;;) {
+    // No child at all, not even a rank: nothing of the run is left to find.
+    if (!has_children()) co_return;
     for (pid_t pid : marked_processes(state.marker)) {
       if (!ranks.contains(pid)) seen.insert(pid);  // ranks are reaped by their child objects
     }
@@ -263,7 +259,7 @@ bool record_exit(group_state& s, int rank, exit_status status) {
   }
   if (status.success() || s.signalled) return false;
   rank_failure failure{rank, s.pids[r], status, unreadable, {}, std::chrono::system_clock::now()};
-  if (auto report = read_error_file(error_file_of(s.error_dir, rank))) {
+  if (auto report = read_error_file(s.error_files[r])) {
     failure.message = std::move(report->message);
     failure.trace = std::move(report->trace);
     if (report->timestamp) failure.timestamp = *report->timestamp;
@@ -444,8 +440,10 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   detail::validate(spec);
   detail::become_subreaper();
   auto state = std::make_shared<detail::group_state>(executor, spec);
-  state->marker = detail::new_marker();
-  detail::prepare_error_dir(*state);
+  static std::atomic<unsigned> groups_started{0};
+  const unsigned group_number = groups_started++;
+  state->marker = detail::marker_of(group_number);
+  detail::prepare_error_files(*state, group_number);
   const auto eq = state->marker.find('=');
   const std::string marker_name = state->marker.substr(0, eq), marker_value = state->marker.substr(eq + 1);
 
@@ -455,7 +453,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   for (int rank = 0; rank < spec.nprocs; ++rank) {
     spawn_options options = spec.options;
     options.env.set(marker_name, marker_value);
-    const auto error_file = detail::error_file_of(state->error_dir, rank).string();
+    const std::string error_file = state->error_files[static_cast<std::size_t>(rank)].string();
     options.env.set("COHORT_ERROR_FILE", error_file);
     options.env.set("TORCHELASTIC_ERROR_FILE", error_file);
     if (auto it = spec.envs.find(rank); it != spec.envs.end()) {

@@ -11,7 +11,9 @@
 #include <asio/read_until.hpp>
 #include <asio/steady_timer.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -66,6 +68,28 @@ pid_t first_line_pid(const fs::path& file) {
   pid_t pid = 0;
   in >> pid;
   return pid;
+}
+
+// The cohort-errors-* directories in `dir`, sorted.
+std::vector<std::string> error_dirs_in(const fs::path& dir) {
+  std::vector<std::string> found;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const auto name = entry.path().filename().string();
+    if (name.starts_with("cohort-errors-")) found.push_back(name);
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+// Runs the target program with TMPDIR set to `tmp`; its exit status.
+exit_status run_in_tmpdir(const fs::path& tmp, std::vector<std::string> args) {
+  asio::io_context io;
+  return test::run(io, [&]() -> asio::awaitable<exit_status> {
+    spawn_options options;
+    options.env.set("TMPDIR", tmp.string());
+    child c = co_await spawn(command(test::target, std::move(args)), options);
+    co_return co_await c.wait();
+  }());
 }
 
 }  // namespace
@@ -332,9 +356,11 @@ TEST_SUITE("group") {
   TEST_CASE("a supervisor killed with SIGKILL leaves none of its ranks behind") {
     asio::io_context io;
     std::vector<pid_t> ranks;
+    test::temp_dir tmp;  // the supervisor's TMPDIR: its private error directory goes there
     test::run(io, [&]() -> asio::awaitable<void> {
       command cmd(test::supervisor, {test::target, "3"});
       spawn_options options{.out = stdio::pipe()};
+      options.env.set("TMPDIR", tmp.path.string());
       child supervisor = co_await spawn(cmd, options);
       std::string line;
       co_await asio::async_read_until(supervisor.out(), asio::dynamic_buffer(line), '\n', asio::use_awaitable);
@@ -352,5 +378,25 @@ TEST_SUITE("group") {
       siginfo_t info{};
       ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG);
     }
+    // Its error directory is left behind, unlocked: the next process that
+    // starts a group removes it.
+    CHECK(error_dirs_in(tmp.path).size() == 1);
+    CHECK(run_in_tmpdir(tmp.path, {"spawn-function", "fork"}).code() == 0);
+    CHECK(error_dirs_in(tmp.path).empty());
+  }
+
+  TEST_CASE("stale error directories are removed; those of live processes, and other files, are kept") {
+    test::temp_dir tmp;
+    fs::create_directories(tmp.path / "cohort-errors-dead01" / "0");
+    std::ofstream(tmp.path / "cohort-errors-dead01" / "0" / "error.json") << "{}";
+    fs::create_directory(tmp.path / "cohort-errors-live01");
+    const int held = ::open((tmp.path / "cohort-errors-live01").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    REQUIRE(held >= 0);
+    REQUIRE(::flock(held, LOCK_EX) == 0);  // as the process that made it does while it lives
+    fs::create_directory(tmp.path / "errors-of-someone-else");
+    CHECK(run_in_tmpdir(tmp.path, {"spawn-function", "fork"}).code() == 0);
+    CHECK(error_dirs_in(tmp.path) == std::vector<std::string>{"cohort-errors-live01"});
+    CHECK(fs::exists(tmp.path / "errors-of-someone-else"));
+    ::close(held);
   }
 }

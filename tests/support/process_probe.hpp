@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cerrno>
 #include <system_error>
 
@@ -22,6 +24,14 @@ inline bool alive(pid_t pid) {
   if (!std::getline(stat, line)) return false;
   auto close = line.rfind(')');
   return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+}
+
+/// Polls until `pid` is dead (or a zombie), for at most `limit`.
+inline void wait_until_dead(pid_t pid, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (alive(pid) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 /// Number of descriptors this process has open.
