@@ -32,19 +32,34 @@ bool child_main_called() noexcept;
 /// will be in `result_fd` (a memfd owned by the caller from then on) once it
 /// exits with code 0. Throws std::system_error naming the rank when it cannot
 /// start, with no process left.
+///
+/// With `set_up_report`, a forked child (fork, forkserver) is returned while
+/// it still sets itself up: *set_up_report is then the read end of its report
+/// pipe, owned by the caller, to pass to confirm_set_up(); -1 when there is
+/// nothing to confirm (spawn is confirmed by the exec).
 child start_function(const asio::any_io_executor& executor, const function_call& call, int rank,
-                     const spawn_options& options, int& result_fd);
+                     const spawn_options& options, int& result_fd, int* set_up_report = nullptr);
+/// Waits for the set-up report of a rank started with one (closing
+/// `report_fd`). Throws std::system_error as start_function would when the
+/// set-up failed; the child has then exited.
+void confirm_set_up(int report_fd, const function_call& call, int rank);
 
 /// Reads what a function child left in its result memfd: nullopt when it
 /// returned nothing. Throws decode_error on a malformed value.
 std::optional<encoded> read_result(int result_fd);
 
-/// In a child that never execs: sets it up as `p` says; on failure writes
-/// where and why on `report_fd` and exits with 127. Closes `report_fd`.
+/// In a child that never execs: sets it up as `p` says and writes the
+/// outcome on `report_fd`, which it closes; on failure (where and why) it
+/// exits with 127.
 void set_up_or_report(launch_plan& p, int report_fd) noexcept;
-/// In the parent: reads that report (and closes `report_fd`). Returns a pidfd
-/// for `pid`, or -1 with p.failed_at and p.error set and the child reaped.
+/// In the parent, right after the child was made: a pidfd for `pid`. Unless
+/// p.deferred_report is set (it then receives `report_fd`), also reads the
+/// child's report (closing `report_fd`). Returns -1 with p.failed_at and
+/// p.error set and the child reaped when either fails.
 int adopt_after_set_up(launch_plan& p, pid_t pid, int report_fd) noexcept;
+/// Reads a child's set-up report and closes `report_fd`: true when the set-up
+/// succeeded, else false with `where` and `error` set.
+bool await_set_up(int report_fd, stage& where, int& error) noexcept;
 
 /// The demangled name of a type.
 std::string demangle(const std::type_info& type);

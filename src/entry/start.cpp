@@ -45,13 +45,9 @@ class memfd {
 };
 
 // A true fork of this process (glibc's fork: its malloc and stdio locks are
-// taken across it). The child sets itself up, reports a failure on a pipe
-// and calls the function; the pipe's EOF tells the parent it is running.
+// taken across it). The child sets itself up, reports on a pipe and calls
+// the function.
 int start_fork(launch_plan& p, pid_t& pid, const function_call& call, int rank, int result_fd) {
-  // Another thread's forked child would hold this pipe's write end until it
-  // closes its descriptors: forks are taken one at a time.
-  static std::mutex forking;
-  std::lock_guard lock(forking);
   int report[2];
   if (::pipe2(report, O_CLOEXEC) != 0) {
     p.failed_at = stage::pipe;
@@ -67,9 +63,6 @@ int start_fork(launch_plan& p, pid_t& pid, const function_call& call, int rank, 
 
   pid = ::fork();
   if (pid == 0) {
-    // The child's copy of the lock is held by a thread it does not have:
-    // made anew, so the function can fork in turn.
-    new (&forking) std::mutex;
     set_up_or_report(p, report[1]);
     // Output the parent had buffered but not written is the parent's to
     // write: dropped here, or it would appear twice.
@@ -93,7 +86,8 @@ int start_fork(launch_plan& p, pid_t& pid, const function_call& call, int rank, 
   return adopt_after_set_up(p, pid, report[0]);
 }
 
-// What the child reports when its set-up fails.
+// What a forked child reports once its set-up is done: stage::none, or where
+// and why it failed.
 struct setup_report {
   stage where;
   int error;
@@ -101,35 +95,53 @@ struct setup_report {
 
 }  // namespace
 
+// Success is reported too, rather than told by the pipe's end of file: a
+// thread of the parent forking meanwhile would hold a copy of the write end.
 void set_up_or_report(launch_plan& p, int report_fd) noexcept {
-  if (!set_up_child(p)) {
-    const setup_report r{p.failed_at, p.error};
-    [[maybe_unused]] auto n = ::write(report_fd, &r, sizeof r);
-    ::_exit(127);
-  }
+  const bool ready = set_up_child(p);
+  const setup_report r{ready ? stage::none : p.failed_at, ready ? 0 : p.error};
+  [[maybe_unused]] auto n = ::write(report_fd, &r, sizeof r);
+  if (!ready) ::_exit(127);
   ::close(report_fd);
 }
 
-int adopt_after_set_up(launch_plan& p, pid_t pid, int report_fd) noexcept {
+bool await_set_up(int report_fd, stage& where, int& error) noexcept {
   setup_report r{};
   ssize_t n;
   do {
     n = ::read(report_fd, &r, sizeof r);
   } while (n < 0 && errno == EINTR);
   ::close(report_fd);
+  if (n == static_cast<ssize_t>(sizeof r) && r.where == stage::none) return true;
   if (n == static_cast<ssize_t>(sizeof r)) {
-    ::waitpid(pid, nullptr, 0);
-    p.failed_at = r.where;
-    p.error = r.error;
-    return -1;
+    where = r.where;
+    error = r.error;
+  } else {  // it died before it could say
+    where = stage::start;
+    error = n < 0 ? errno : ECHILD;
   }
+  return false;
+}
+
+int adopt_after_set_up(launch_plan& p, pid_t pid, int report_fd) noexcept {
   // Ours until reaped, so its pid cannot be recycled before this.
   const int pidfd = config::pidfd_open(pid);
   if (pidfd < 0) {
     p.failed_at = stage::start;
     p.error = errno;
+    ::close(report_fd);
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
+    return -1;
+  }
+  if (p.deferred_report != nullptr) {
+    *p.deferred_report = report_fd;
+    return pidfd;
+  }
+  if (!await_set_up(report_fd, p.failed_at, p.error)) {
+    ::waitpid(pid, nullptr, 0);
+    ::close(pidfd);
+    return -1;
   }
   return pidfd;
 }
@@ -166,9 +178,25 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
 
 }  // namespace
 
+namespace {
+
+std::string describe_rank(const function_call& call, int rank) {
+  return fmt::format("cohort: rank {} of '{}' ({})", rank, call.name, to_string(call.method));
+}
+
+}  // namespace
+
+void confirm_set_up(int report_fd, const function_call& call, int rank) {
+  launch_failure f;
+  if (!await_set_up(report_fd, f.where, f.error)) {
+    throw std::system_error(f.error, std::system_category(), describe_failure(describe_rank(call, rank), f));
+  }
+}
+
 child start_function(const asio::any_io_executor& executor, const function_call& call, int rank,
-                     const spawn_options& options, int& result_fd) {
-  const std::string what = fmt::format("cohort: rank {} of '{}' ({})", rank, call.name, to_string(call.method));
+                     const spawn_options& options, int& result_fd, int* set_up_report) {
+  const std::string what = describe_rank(call, rank);
+  if (set_up_report != nullptr) *set_up_report = -1;
   memfd result("cohort-result");
   child started;
   if (call.method == start_method::spawn) {
@@ -180,6 +208,7 @@ child start_function(const asio::any_io_executor& executor, const function_call&
     }
     launch_failure f;
     process_starter start = [&](launch_plan& p, pid_t& pid) {
+      p.deferred_report = set_up_report;
       if (call.method == start_method::fork) return start_fork(p, pid, call, rank, result.get());
       return start_from_server(p, pid, call, rank, result.get());
     };

@@ -449,6 +449,17 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
 
   const auto* function = std::get_if<function_call>(&spec.entry);
   state->children.reserve(static_cast<std::size_t>(spec.nprocs));
+  // Forked ranks set themselves up while the next ones start; their reports
+  // are read once all have started.
+  struct pending_reports {
+    std::vector<int> fds;
+    ~pending_reports() {
+      for (int fd : fds) {
+        if (fd >= 0) ::close(fd);
+      }
+    }
+  } pending;
+  if (function != nullptr) pending.fds.assign(static_cast<std::size_t>(spec.nprocs), -1);
   if (function != nullptr) state->result_fds.assign(static_cast<std::size_t>(spec.nprocs), -1);
   for (int rank = 0; rank < spec.nprocs; ++rank) {
     spawn_options options = spec.options;
@@ -462,8 +473,9 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
     // On failure the children already started are killed and reaped as
     // `state` unwinds.
     if (function != nullptr) {
-      auto& result_fd = state->result_fds[static_cast<std::size_t>(rank)];
-      state->children.push_back(detail::start_function(state->strand, *function, rank, options, result_fd));
+      const auto r = static_cast<std::size_t>(rank);
+      state->children.push_back(
+          detail::start_function(state->strand, *function, rank, options, state->result_fds[r], &pending.fds[r]));
     } else {
       command cmd = std::get<command>(spec.entry);
       if (auto it = spec.args.find(rank); it != spec.args.end()) {
@@ -472,6 +484,10 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
       state->children.push_back(spawn(state->strand, cmd, options));
     }
     state->pids.push_back(state->children.back().pid());
+  }
+  for (int rank = 0; rank < static_cast<int>(pending.fds.size()); ++rank) {
+    auto& fd = pending.fds[static_cast<std::size_t>(rank)];
+    if (fd >= 0) detail::confirm_set_up(std::exchange(fd, -1), *function, rank);
   }
   state->running = spec.nprocs;
   state->partial.statuses.resize(static_cast<std::size_t>(spec.nprocs));
