@@ -6,6 +6,7 @@
 #include "cohort/spawn.hpp"
 #include "process/child_state.hpp"
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <array>
@@ -61,6 +62,47 @@ struct launch_failure {
   stage where = stage::none;
   int error = 0;
   std::string detail;  // the file or directory involved
+};
+
+/// The parent's side of one launch, prepared before the process is made:
+/// the environment block, the standard streams (files opened, pipes made)
+/// and the descriptors to keep, with the plan pointing into them. Made in a
+/// batch, many launches can be prepared first and their processes made back
+/// to back (a forking parent then copies few pages between forks).
+class prepared_launch {
+ public:
+  /// `extra_keep` are descriptors the child keeps besides options.keep_fds.
+  /// On failure, ok() is false and `f` says why; throws std::invalid_argument
+  /// for bad options.
+  prepared_launch(const spawn_options& options, const std::vector<int>& extra_keep, launch_failure& f);
+  prepared_launch(const prepared_launch&) = delete;  // the plan points into it
+  prepared_launch& operator=(const prepared_launch&) = delete;
+  ~prepared_launch();
+
+  bool ok() const noexcept;
+  launch_plan& plan() noexcept;
+  /// Where the plan failed, as a launch_failure.
+  launch_failure failure() const;
+  /// Takes over the process made from the plan. Should that fail (no
+  /// memory), the process is killed and reaped and the exception passes.
+  std::shared_ptr<child_state> adopt(const asio::any_io_executor& executor, pid_t pid, int pidfd);
+
+ private:
+  struct parts;
+  std::unique_ptr<parts> parts_;
+};
+
+/// Every signal blocked for a scope, glibc's own included, so that no
+/// handler of this process runs in a new child before it resets them.
+class signals_blocked {
+ public:
+  signals_blocked() noexcept;
+  ~signals_blocked();
+  signals_blocked(const signals_blocked&) = delete;
+  signals_blocked& operator=(const signals_blocked&) = delete;
+
+ private:
+  sigset_t old_;
 };
 
 /// Prepares `options` into a plan, lets `start` make the process and adopts

@@ -346,61 +346,72 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
   return what + cause + descriptor_limit_note(f.error);
 }
 
-std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, const spawn_options& options,
-                                    const process_starter& start, launch_failure& f,
-                                    const std::vector<int>& extra_keep) {
-  check_keep_fds(options.keep_fds);
-
-  // An unchanged inherited environment is passed as it is, uncopied.
+struct prepared_launch::parts {
   std::vector<std::string> env_block;
   std::vector<char*> envp;
-  if (!options.env.unchanged_inherit()) {
-    env_block = options.env.materialize();
-    envp.reserve(env_block.size() + 1);
-    for (auto& entry : env_block) envp.push_back(entry.data());
-    envp.push_back(nullptr);
-  }
-
-  std::vector<owned_fd> owned;  // closed in the parent when this returns
+  std::vector<owned_fd> owned;  // closed in the parent when the launch ends
   std::vector<pipe_ends> pipes;
-  launch_plan p;
+  std::vector<int> keep;
+  std::string cwd;
+  bool new_group = true;
+  launch_plan plan;
+  launch_failure failure;
+};
+
+prepared_launch::prepared_launch(const spawn_options& options, const std::vector<int>& extra_keep, launch_failure& f)
+    : parts_(std::make_unique<parts>()) {
+  check_keep_fds(options.keep_fds);
+  auto& x = *parts_;
+  // An unchanged inherited environment is passed as it is, uncopied.
+  if (!options.env.unchanged_inherit()) {
+    x.env_block = options.env.materialize();
+    x.envp.reserve(x.env_block.size() + 1);
+    for (auto& entry : x.env_block) x.envp.push_back(entry.data());
+    x.envp.push_back(nullptr);
+  }
+  auto& p = x.plan;
   const stdio* streams[3] = {&options.in, &options.out, &options.err};
   for (int target = 0; target < 3; ++target) {
-    p.source[static_cast<std::size_t>(target)] = prepare_stream(*streams[target], target, owned, pipes, f);
-    if (f.where != stage::none) return nullptr;
+    p.source[static_cast<std::size_t>(target)] = prepare_stream(*streams[target], target, x.owned, x.pipes, x.failure);
+    if (x.failure.where != stage::none) {
+      f = x.failure;
+      return;
+    }
   }
-  std::vector<int> keep = options.keep_fds;
-  keep.insert(keep.end(), extra_keep.begin(), extra_keep.end());
-  std::sort(keep.begin(), keep.end());
-  keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
-  std::string cwd = options.cwd.string();
-  p.envp = envp.empty() ? environ : envp.data();
-  p.cwd = cwd.empty() ? nullptr : cwd.c_str();
+  x.keep = options.keep_fds;
+  x.keep.insert(x.keep.end(), extra_keep.begin(), extra_keep.end());
+  std::sort(x.keep.begin(), x.keep.end());
+  x.keep.erase(std::unique(x.keep.begin(), x.keep.end()), x.keep.end());
+  x.cwd = options.cwd.string();
+  x.new_group = options.new_process_group;
+  p.envp = x.envp.empty() ? environ : x.envp.data();
+  p.cwd = x.cwd.empty() ? nullptr : x.cwd.c_str();
   p.new_group = options.new_process_group;
   p.death_signal = options.parent_death_signal;
   p.parent = ::getpid();
   p.close_fds = options.close_other_fds;
-  p.keep = keep.data();
-  p.keep_count = keep.size();
+  p.keep = x.keep.data();
+  p.keep_count = x.keep.size();
   rlimit lim{};
   ::getrlimit(RLIMIT_NOFILE, &lim);
   p.fd_limit = static_cast<int>(std::min<rlim_t>(lim.rlim_cur, 1 << 20));
+}
 
-  // Every signal stays blocked across the start, glibc's own included, so no
-  // handler of this process runs in the child before it resets them.
-  sigset_t all, old;
-  sigfillset(&all);
-  ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old, _NSIG / 8);
-  pid_t pid = -1;
-  const int pidfd = start(p, pid);
-  ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old, nullptr, _NSIG / 8);
-  if (pidfd < 0) {
-    f = {p.failed_at, p.error, p.failed_at == stage::chdir ? cwd : ""};
-    return nullptr;
-  }
+prepared_launch::~prepared_launch() = default;
 
-  // The child runs from here on: should adopting it fail (no memory, asio
-  // refusing a pipe), it is killed and reaped, not left behind.
+bool prepared_launch::ok() const noexcept { return parts_->failure.where == stage::none; }
+
+launch_plan& prepared_launch::plan() noexcept { return parts_->plan; }
+
+launch_failure prepared_launch::failure() const {
+  const auto& p = parts_->plan;
+  if (parts_->failure.where != stage::none) return parts_->failure;
+  return {p.failed_at, p.error, p.failed_at == stage::chdir ? parts_->cwd : ""};
+}
+
+// The child runs from here on: should adopting it fail (no memory, asio
+// refusing a pipe), it is killed and reaped, not left behind.
+std::shared_ptr<child_state> prepared_launch::adopt(const asio::any_io_executor& executor, pid_t pid, int pidfd) {
   std::shared_ptr<child_state> state;
   try {
     state = std::make_shared<child_state>(executor, pid, pidfd);
@@ -410,8 +421,8 @@ std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, const
     throw;
   }
   try {
-    state->group_leader = options.new_process_group;
-    for (auto& end : pipes) {
+    state->group_leader = parts_->new_group;
+    for (auto& end : parts_->pipes) {
       if (end.target == 0) state->in.emplace(executor).assign(end.parent.get());
       else if (end.target == 1) state->out.emplace(executor).assign(end.parent.get());
       else state->err.emplace(executor).assign(end.parent.get());
@@ -424,6 +435,32 @@ std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, const
     throw;
   }
   return state;
+}
+
+signals_blocked::signals_blocked() noexcept {
+  sigset_t all;
+  sigfillset(&all);
+  ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, &old_, _NSIG / 8);
+}
+
+signals_blocked::~signals_blocked() { ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old_, nullptr, _NSIG / 8); }
+
+std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, const spawn_options& options,
+                                    const process_starter& start, launch_failure& f,
+                                    const std::vector<int>& extra_keep) {
+  prepared_launch prepared(options, extra_keep, f);
+  if (!prepared.ok()) return nullptr;
+  pid_t pid = -1;
+  int pidfd;
+  {
+    const signals_blocked blocked;
+    pidfd = start(prepared.plan(), pid);
+  }
+  if (pidfd < 0) {
+    f = prepared.failure();
+    return nullptr;
+  }
+  return prepared.adopt(executor, pid, pidfd);
 }
 
 }  // namespace detail
