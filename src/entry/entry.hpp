@@ -28,21 +28,15 @@ int run_entry(const std::string& name, int rank, const encoded& args, int result
 /// Whether child_main() ran in this process (and found no entry to run).
 bool child_main_called() noexcept;
 
-/// Starts rank `rank` of `call` as `call.method` says. The child's result
-/// will be in `result_fd` (a memfd owned by the caller from then on) once it
-/// exits with code 0. Throws std::system_error naming the rank when it cannot
-/// start, with no process left.
-///
-/// With `set_up_report`, a forked child (fork, forkserver) is returned while
-/// it still sets itself up: *set_up_report is then the read end of its report
-/// pipe, owned by the caller, to pass to confirm_set_up(); -1 when there is
-/// nothing to confirm (spawn is confirmed by the exec).
-child start_function(const asio::any_io_executor& executor, const function_call& call, int rank,
-                     const spawn_options& options, int& result_fd, int* set_up_report = nullptr);
-/// Waits for the set-up report of a rank started with one (closing
-/// `report_fd`). Throws std::system_error as start_function would when the
-/// set-up failed; the child has then exited.
-void confirm_set_up(int report_fd, const function_call& call, int rank);
+/// Starts the ranks of `call`, rank r as `options[r]` says, and returns
+/// them in rank order. Rank r's result will be in result_fds[r] (memfds owned
+/// by the caller from then on) once it exits with code 0. Every launch is
+/// prepared before any process is made; fork then forks them back to back,
+/// forkserver sends its requests in a row; the ranks' set-up is confirmed
+/// last. Throws std::system_error naming the first rank that could not
+/// start, with no process of the call left.
+std::vector<child> start_functions(const asio::any_io_executor& executor, const function_call& call,
+                                   const std::vector<spawn_options>& options, std::vector<int>& result_fds);
 
 /// Reads what a function child left in its result memfd: nullopt when it
 /// returned nothing. Throws decode_error on a malformed value.
@@ -52,11 +46,6 @@ std::optional<encoded> read_result(int result_fd);
 /// outcome on `report_fd`, which it closes; on failure (where and why) it
 /// exits with 127.
 void set_up_or_report(launch_plan& p, int report_fd) noexcept;
-/// In the parent, right after the child was made: a pidfd for `pid`. Unless
-/// p.deferred_report is set (it then receives `report_fd`), also reads the
-/// child's report (closing `report_fd`). Returns -1 with p.failed_at and
-/// p.error set and the child reaped when either fails.
-int adopt_after_set_up(launch_plan& p, pid_t pid, int report_fd) noexcept;
 /// Reads a child's set-up report and closes `report_fd`: true when the set-up
 /// succeeded, else false with `where` and `error` set.
 bool await_set_up(int report_fd, stage& where, int& error) noexcept;

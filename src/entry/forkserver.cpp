@@ -29,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 
 extern char** environ;
 
@@ -186,19 +187,6 @@ void drop_server(server_link& l) {
   l.server = child();  // killed and reaped
 }
 
-// One request and its reply; the server's answer, or -errno when the
-// server could not be reached.
-int ask(server_link& l, const std::array<int, slots>& fds) {
-  int reply = 0;
-  if (!send_with_fds(l.socket, &reply, sizeof reply, fds.data(), fds.size())) return -errno;
-  std::array<int, slots> none{};
-  std::size_t count = 0;
-  const ssize_t n = receive_with_fds(l.socket, &reply, sizeof reply, none, count);
-  for (std::size_t i = 0; i < count; ++i) ::close(none[i]);
-  if (n != static_cast<ssize_t>(sizeof reply)) return n == 0 ? -EPIPE : -errno;
-  return reply;
-}
-
 }  // namespace
 
 int serve_forks(int socket) {
@@ -238,64 +226,140 @@ int serve_forks(int socket) {
   }
 }
 
-int start_from_server(launch_plan& p, pid_t& pid, const function_call& call, int rank, int result_fd) noexcept {
-  const auto fail = [&](stage where, int error) {
-    p.failed_at = where;
-    p.error = error;
-    return -1;
-  };
-  try {
-    std::vector<std::string> env;
-    for (char* const* e = p.envp; *e != nullptr; ++e) env.emplace_back(*e);
-    const auto args = call.args.bytes();
-    const request r{rank, p.parent, p.death_signal, p.new_group, p.close_fds, call.name,
-                    p.cwd != nullptr ? p.cwd : "", std::move(env), std::vector<std::byte>(args.begin(), args.end())};
-    const int request_fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
-    if (request_fd < 0) return fail(stage::start, errno);
-    const bool written = write_whole(request_fd, encode(r).bytes());
-    const int write_error = errno;
-    int report[2];
-    if (!written || ::pipe2(report, O_CLOEXEC) != 0) {
-      const int error = written ? errno : write_error;
-      ::close(request_fd);
-      return fail(written ? stage::pipe : stage::start, error);
-    }
-    std::array<int, slots> fds{};
-    for (int i = 0; i < 3; ++i) fds[static_cast<std::size_t>(i)] = p.source[static_cast<std::size_t>(i)] >= 0 ? p.source[static_cast<std::size_t>(i)] : i;
-    fds[result_slot] = result_fd;
-    fds[report_slot] = report[1];
-    fds[request_slot] = request_fd;
+namespace {
 
-    // Never destroyed: a forked child that calls exit() must not touch its
-    // copy. The server ends by itself when this process goes (its socket
-    // closes; parent-death signal).
-    static server_slot& slot = *new server_slot;
+// A request's descriptors as sent, and the read end of its report pipe.
+struct outgoing {
+  std::array<int, slots> fds{};
+  int request_fd = -1;
+  int report[2]{-1, -1};
+  outgoing() = default;
+  outgoing(const outgoing&) = delete;
+  outgoing& operator=(const outgoing&) = delete;
+  ~outgoing() {
+    for (int fd : {request_fd, report[0], report[1]}) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+};
+
+// Writes request `r` into a memfd and makes its report pipe; 0 or errno.
+int prepare(const server_request& r, const function_call& call, outgoing& o, stage& where) {
+  const launch_plan& p = *r.plan;
+  std::vector<std::string> env;
+  for (char* const* e = p.envp; *e != nullptr; ++e) env.emplace_back(*e);
+  const auto args = call.args.bytes();
+  const request req{r.rank, p.parent, p.death_signal, p.new_group, p.close_fds, call.name,
+                    p.cwd != nullptr ? p.cwd : "", std::move(env), std::vector<std::byte>(args.begin(), args.end())};
+  where = stage::start;
+  o.request_fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
+  if (o.request_fd < 0 || !write_whole(o.request_fd, encode(req).bytes())) return errno;
+  where = stage::pipe;
+  if (::pipe2(o.report, O_CLOEXEC) != 0) return errno;
+  for (std::size_t i = 0; i < 3; ++i) o.fds[i] = p.source[i] >= 0 ? p.source[i] : static_cast<int>(i);
+  o.fds[result_slot] = r.result_fd;
+  o.fds[report_slot] = o.report[1];
+  o.fds[request_slot] = o.request_fd;
+  return 0;
+}
+
+// Receives one reply: the server's answer, or -errno.
+int receive_reply(int socket) {
+  int reply = 0;
+  std::array<int, slots> none{};
+  std::size_t count = 0;
+  const ssize_t n = receive_with_fds(socket, &reply, sizeof reply, none, count);
+  for (std::size_t i = 0; i < count; ++i) ::close(none[i]);
+  if (n != static_cast<ssize_t>(sizeof reply)) return n == 0 ? -EPIPE : -errno;
+  return reply;
+}
+
+bool server_gone(int reply) { return reply == -EPIPE || reply == -ECONNRESET; }
+
+}  // namespace
+
+std::size_t start_from_server(std::span<server_request> requests, const function_call& call,
+                              launch_failure& f) noexcept {
+  // Never destroyed: a forked child that calls exit() must not touch its
+  // copy. The server ends by itself when this process goes (its socket
+  // closes; parent-death signal).
+  static server_slot& slot = *new server_slot;
+  // Requests in flight hold their descriptors in the socket: a window at a
+  // time keeps them well under the limit on descriptors in flight.
+  constexpr std::size_t window = 16;
+  std::size_t started = 0;
+  try {
     std::lock_guard lock(slot.mutex);
     auto& l = link_of_this_process(slot);
-    int reply = -EPIPE;
-    for (int attempt = 0; attempt < 2 && (reply == -EPIPE || reply == -ECONNRESET); ++attempt) {
-      if (attempt > 0 || l.socket < 0) {
-        drop_server(l);
+    bool restarted = false;
+    while (started < requests.size()) {
+      // The first request goes alone: a server that died since the last
+      // start is found by it, and started again once.
+      const std::size_t end = std::min(requests.size(), started == 0 ? std::size_t{1} : started + window);
+      if (l.socket < 0) {
         if (int error = start_server(l); error != 0) {
-          reply = -error;
-          break;
+          f = {stage::start, error, ""};
+          return started;
         }
       }
-      reply = ask(l, fds);
+      std::vector<std::unique_ptr<outgoing>> batch;
+      std::size_t sent = started;
+      int error = 0;
+      for (; sent < end; ++sent) {
+        auto o = std::make_unique<outgoing>();
+        stage where{};
+        if (int e = prepare(requests[sent], call, *o, where); e != 0) {
+          f = {where, e, ""};
+          break;
+        }
+        int header = 0;
+        if (!send_with_fds(l.socket, &header, sizeof header, o->fds.data(), o->fds.size())) {
+          error = errno;
+          break;
+        }
+        ::close(std::exchange(o->request_fd, -1));
+        ::close(std::exchange(o->report[1], -1));
+        batch.push_back(std::move(o));
+      }
+      int failed_reply = 0;
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        const int reply = receive_reply(l.socket);
+        auto& r = requests[started + i];
+        if (reply > 0 && failed_reply == 0) {
+          r.pid = reply;  // ours: CLONE_PARENT
+          r.report_fd = std::exchange(batch[i]->report[0], -1);
+        } else if (reply > 0) {
+          ::kill(reply, SIGKILL);  // after a failure: not handed out, so not left behind
+          ::waitpid(reply, nullptr, 0);
+        } else if (failed_reply == 0) {
+          failed_reply = reply;
+        }
+        if (server_gone(reply)) break;
+      }
+      const bool gone = server_gone(failed_reply) || (error != 0 && server_gone(-error));
+      if (gone && started == 0 && !restarted) {  // a server that died since the last start
+        restarted = true;
+        drop_server(l);
+        continue;
+      }
+      if (gone) drop_server(l);
+      for (std::size_t i = 0; i < batch.size() && requests[started].pid > 0; ++i) ++started;
+      if (failed_reply != 0) {
+        f = {stage::start, -failed_reply, ""};
+        return started;
+      }
+      if (error != 0) {
+        f = {stage::start, error, ""};
+        return started;
+      }
+      if (f.where != stage::none) return started;
     }
-    ::close(report[1]);
-    ::close(request_fd);
-    if (reply < 0) {
-      ::close(report[0]);
-      return fail(stage::start, -reply);
-    }
-    pid = reply;  // ours: CLONE_PARENT
-    return adopt_after_set_up(p, pid, report[0]);
   } catch (const std::bad_alloc&) {
-    return fail(stage::start, ENOMEM);
+    f = {stage::start, ENOMEM, ""};
   } catch (const std::system_error& e) {
-    return fail(stage::start, e.code().value());
+    f = {stage::start, e.code().value(), ""};
   }
+  return started;
 }
 
 }  // namespace cohort::detail

@@ -7,6 +7,8 @@
 #include "cohort/entry_point.hpp"
 #include "process/launch.hpp"
 
+#include <span>
+
 namespace cohort::detail {
 
 /// The server's loop, run by child_main in the forkserver process. Returns
@@ -14,9 +16,22 @@ namespace cohort::detail {
 /// the child's exit code, for main to return.
 int serve_forks(int socket);
 
-/// A process_starter: has the forkserver fork a child set up as `p` says
-/// that runs `call` as `rank`, starting the server first when none runs.
-/// Needs child_main() in main (checked by the caller).
-int start_from_server(launch_plan& p, pid_t& pid, const function_call& call, int rank, int result_fd) noexcept;
+/// One rank for the forkserver to start: its plan, and what comes back.
+struct server_request {
+  launch_plan* plan;
+  int rank;
+  int result_fd;
+  pid_t pid = -1;      ///< the child, this process's own (CLONE_PARENT)
+  int report_fd = -1;  ///< the read end of its set-up report pipe, to await_set_up()
+};
+
+/// Has the forkserver fork a child per request, starting the server first
+/// when none runs. The requests are sent a window at a time and their
+/// replies read after, so the server forks while the next are sent. Returns
+/// how many requests, from the first, have a child; at the first failure it
+/// stops, with `f` saying why and no child of a later request left. Needs
+/// child_main() in main (checked by the caller).
+std::size_t start_from_server(std::span<server_request> requests, const function_call& call,
+                              launch_failure& f) noexcept;
 
 }  // namespace cohort::detail

@@ -44,46 +44,63 @@ class memfd {
   int fd_;
 };
 
-// A true fork of this process (glibc's fork: its malloc and stdio locks are
-// taken across it). The child sets itself up, reports on a pipe and calls
-// the function.
-int start_fork(launch_plan& p, pid_t& pid, const function_call& call, int rank, int result_fd) {
-  int report[2];
-  if (::pipe2(report, O_CLOEXEC) != 0) {
-    p.failed_at = stage::pipe;
-    p.error = errno;
-    return -1;
-  }
-  std::vector<int> keep(p.keep, p.keep + p.keep_count);
-  keep.push_back(report[1]);
-  std::sort(keep.begin(), keep.end());
-  p.keep = keep.data();
-  p.keep_count = keep.size();
-  p.close_now = true;
+// One rank of a batch: its result memfd, its prepared launch and its
+// process, from when it is made until a child object adopts it. A process
+// made but not adopted (a later rank failed) is killed and reaped here.
+struct rank_launch {
+  memfd result{"cohort-result"};
+  std::unique_ptr<prepared_launch> prepared;
+  int report[2]{-1, -1};  // fork: the set-up report pipe
+  pid_t pid = -1;
+  int report_read = -1;
 
-  pid = ::fork();
-  if (pid == 0) {
-    set_up_or_report(p, report[1]);
-    // Output the parent had buffered but not written is the parent's to
-    // write: dropped here, or it would appear twice.
-    ::__fpurge(stdout);
-    ::__fpurge(stderr);
-    environ = const_cast<char**>(p.envp);
-    const int code = run_entry(call.name, rank, call.args, result_fd);
-    std::cout.flush();
-    std::fflush(stdout);
-    std::fflush(stderr);
-    ::_exit(code);
+  rank_launch() = default;
+  rank_launch(const rank_launch&) = delete;
+  rank_launch& operator=(const rank_launch&) = delete;
+  ~rank_launch() {
+    for (int fd : {report[0], report[1], report_read}) {
+      if (fd >= 0) ::close(fd);
+    }
+    if (pid > 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
   }
-  const int fork_error = errno;
-  ::close(report[1]);
-  if (pid < 0) {
-    ::close(report[0]);
-    p.failed_at = stage::clone;
-    p.error = fork_error;
-    return -1;
+};
+
+// The child of a true fork of this process: sets itself up, reports on the
+// pipe, calls the function and exits.
+[[noreturn]] void run_forked_rank(launch_plan& p, int report_fd, const function_call& call, int rank, int result_fd) {
+  set_up_or_report(p, report_fd);
+  // Output the parent had buffered but not written is the parent's to
+  // write: dropped here, or it would appear twice.
+  ::__fpurge(stdout);
+  ::__fpurge(stderr);
+  environ = const_cast<char**>(p.envp);
+  const int code = run_entry(call.name, rank, call.args, result_fd);
+  std::cout.flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::_exit(code);
+}
+
+// Forks every rank back to back (glibc's fork: its malloc and stdio locks
+// are taken across it), with nothing allocated in between: after each fork
+// the parent pays a copy for every page it writes, so the preparation is
+// all done before. Returns the rank that could not be forked, or -1.
+int fork_all(std::vector<std::unique_ptr<rank_launch>>& ranks, const function_call& call, launch_failure& f) {
+  const signals_blocked blocked;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    auto& x = *ranks[r];
+    const pid_t pid = ::fork();
+    if (pid == 0) run_forked_rank(x.prepared->plan(), x.report[1], call, static_cast<int>(r), x.result.get());
+    if (pid < 0) {
+      f = {stage::clone, errno, ""};
+      return static_cast<int>(r);
+    }
+    x.pid = pid;
   }
-  return adopt_after_set_up(p, pid, report[0]);
+  return -1;
 }
 
 // What a forked child reports once its set-up is done: stage::none, or where
@@ -121,29 +138,6 @@ bool await_set_up(int report_fd, stage& where, int& error) noexcept {
     error = n < 0 ? errno : ECHILD;
   }
   return false;
-}
-
-int adopt_after_set_up(launch_plan& p, pid_t pid, int report_fd) noexcept {
-  // Ours until reaped, so its pid cannot be recycled before this.
-  const int pidfd = config::pidfd_open(pid);
-  if (pidfd < 0) {
-    p.failed_at = stage::start;
-    p.error = errno;
-    ::close(report_fd);
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    return -1;
-  }
-  if (p.deferred_report != nullptr) {
-    *p.deferred_report = report_fd;
-    return pidfd;
-  }
-  if (!await_set_up(report_fd, p.failed_at, p.error)) {
-    ::waitpid(pid, nullptr, 0);
-    ::close(pidfd);
-    return -1;
-  }
-  return pidfd;
 }
 
 namespace {
@@ -186,38 +180,83 @@ std::string describe_rank(const function_call& call, int rank) {
 
 }  // namespace
 
-void confirm_set_up(int report_fd, const function_call& call, int rank) {
-  launch_failure f;
-  if (!await_set_up(report_fd, f.where, f.error)) {
-    throw std::system_error(f.error, std::system_category(), describe_failure(describe_rank(call, rank), f));
-  }
-}
-
-child start_function(const asio::any_io_executor& executor, const function_call& call, int rank,
-                     const spawn_options& options, int& result_fd, int* set_up_report) {
-  const std::string what = describe_rank(call, rank);
-  if (set_up_report != nullptr) *set_up_report = -1;
-  memfd result("cohort-result");
-  child started;
+std::vector<child> start_functions(const asio::any_io_executor& executor, const function_call& call,
+                                   const std::vector<spawn_options>& options, std::vector<int>& result_fds) {
+  const auto n = options.size();
+  const auto fail = [&](std::size_t rank, const launch_failure& f) {
+    throw std::system_error(f.error, std::system_category(), describe_failure(describe_rank(call, static_cast<int>(rank)), f));
+  };
+  std::vector<child> children;
+  children.reserve(n);
+  result_fds.assign(n, -1);
   if (call.method == start_method::spawn) {
-    started = start_spawned(executor, call, rank, options, result.get(), what);
-  } else {
-    if (call.method == start_method::forkserver) {
-      check_reexecutable(call, what);
-      if (!options.keep_fds.empty()) throw std::invalid_argument(what + ": keep_fds cannot pass through the forkserver");
+    for (std::size_t r = 0; r < n; ++r) {
+      memfd result("cohort-result");
+      children.push_back(start_spawned(executor, call, static_cast<int>(r), options[r], result.get(), describe_rank(call, static_cast<int>(r))));
+      result_fds[r] = result.release();
     }
-    launch_failure f;
-    process_starter start = [&](launch_plan& p, pid_t& pid) {
-      p.deferred_report = set_up_report;
-      if (call.method == start_method::fork) return start_fork(p, pid, call, rank, result.get());
-      return start_from_server(p, pid, call, rank, result.get());
-    };
-    auto state = launch(executor, options, start, f, {result.get()});
-    if (!state) throw std::system_error(f.error, std::system_category(), describe_failure(what, f));
-    started = child(std::move(state));
+    return children;
   }
-  result_fd = result.release();
-  return started;
+  if (call.method == start_method::forkserver) {
+    check_reexecutable(call, describe_rank(call, 0));
+    for (std::size_t r = 0; r < n; ++r) {
+      if (!options[r].keep_fds.empty()) {
+        throw std::invalid_argument(describe_rank(call, static_cast<int>(r)) + ": keep_fds cannot pass through the forkserver");
+      }
+    }
+  }
+
+  // Everything prepared first: nothing has started if this fails.
+  std::vector<std::unique_ptr<rank_launch>> ranks;
+  ranks.reserve(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    auto& x = *ranks.emplace_back(std::make_unique<rank_launch>());
+    launch_failure f;
+    std::vector<int> keep{x.result.get()};
+    if (call.method == start_method::fork) {
+      if (::pipe2(x.report, O_CLOEXEC) != 0) fail(r, {stage::pipe, errno, ""});
+      keep.push_back(x.report[1]);
+    }
+    x.prepared = std::make_unique<prepared_launch>(options[r], keep, f);
+    if (!x.prepared->ok()) fail(r, f);
+    x.prepared->plan().close_now = true;  // no exec to close them at
+  }
+
+  launch_failure f;
+  if (call.method == start_method::fork) {
+    const int failed = fork_all(ranks, call, f);
+    for (auto& x : ranks) {
+      if (x->report[1] >= 0) ::close(std::exchange(x->report[1], -1));
+      x->report_read = std::exchange(x->report[0], -1);
+    }
+    if (failed >= 0) fail(static_cast<std::size_t>(failed), f);
+  } else {
+    std::vector<server_request> requests;
+    requests.reserve(n);
+    for (std::size_t r = 0; r < n; ++r) {
+      requests.push_back({&ranks[r]->prepared->plan(), static_cast<int>(r), ranks[r]->result.get()});
+    }
+    const std::size_t started = start_from_server(requests, call, f);
+    for (std::size_t r = 0; r < started; ++r) {
+      ranks[r]->pid = requests[r].pid;
+      ranks[r]->report_read = requests[r].report_fd;
+    }
+    if (started < n) fail(started, f);
+  }
+
+  // Ours until reaped, so their pids cannot be recycled before this.
+  for (std::size_t r = 0; r < n; ++r) {
+    auto& x = *ranks[r];
+    const int pidfd = config::pidfd_open(x.pid);
+    if (pidfd < 0) fail(r, {stage::start, errno, ""});
+    children.push_back(child(x.prepared->adopt(executor, std::exchange(x.pid, -1), pidfd)));
+  }
+  // The ranks set themselves up meanwhile; a failure of one ends them all.
+  for (std::size_t r = 0; r < n; ++r) {
+    if (!await_set_up(std::exchange(ranks[r]->report_read, -1), f.where, f.error)) fail(r, f);
+    result_fds[r] = ranks[r]->result.release();
+  }
+  return children;
 }
 
 std::optional<encoded> read_result(int result_fd) {

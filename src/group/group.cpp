@@ -448,47 +448,32 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   const std::string marker_name = state->marker.substr(0, eq), marker_value = state->marker.substr(eq + 1);
 
   const auto* function = std::get_if<function_call>(&spec.entry);
-  state->children.reserve(static_cast<std::size_t>(spec.nprocs));
-  // Forked ranks set themselves up while the next ones start; their reports
-  // are read once all have started.
-  struct pending_reports {
-    std::vector<int> fds;
-    ~pending_reports() {
-      for (int fd : fds) {
-        if (fd >= 0) ::close(fd);
-      }
-    }
-  } pending;
-  if (function != nullptr) pending.fds.assign(static_cast<std::size_t>(spec.nprocs), -1);
-  if (function != nullptr) state->result_fds.assign(static_cast<std::size_t>(spec.nprocs), -1);
+  std::vector<spawn_options> options(static_cast<std::size_t>(spec.nprocs), spec.options);
   for (int rank = 0; rank < spec.nprocs; ++rank) {
-    spawn_options options = spec.options;
-    options.env.set(marker_name, marker_value);
+    auto& env = options[static_cast<std::size_t>(rank)].env;
+    env.set(marker_name, marker_value);
     const std::string error_file = state->error_files[static_cast<std::size_t>(rank)].string();
-    options.env.set("COHORT_ERROR_FILE", error_file);
-    options.env.set("TORCHELASTIC_ERROR_FILE", error_file);
+    env.set("COHORT_ERROR_FILE", error_file);
+    env.set("TORCHELASTIC_ERROR_FILE", error_file);
     if (auto it = spec.envs.find(rank); it != spec.envs.end()) {
-      for (const auto& [name, value] : it->second) options.env.set(name, value);
+      for (const auto& [name, value] : it->second) env.set(name, value);
     }
-    // On failure the children already started are killed and reaped as
-    // `state` unwinds.
-    if (function != nullptr) {
-      const auto r = static_cast<std::size_t>(rank);
-      state->children.push_back(
-          detail::start_function(state->strand, *function, rank, options, state->result_fds[r], &pending.fds[r]));
-    } else {
+  }
+  // On failure the ranks already started are killed and reaped as `state`
+  // unwinds.
+  if (function != nullptr) {
+    state->children = detail::start_functions(state->strand, *function, options, state->result_fds);
+  } else {
+    state->children.reserve(options.size());
+    for (int rank = 0; rank < spec.nprocs; ++rank) {
       command cmd = std::get<command>(spec.entry);
       if (auto it = spec.args.find(rank); it != spec.args.end()) {
         cmd.args.insert(cmd.args.end(), it->second.begin(), it->second.end());
       }
-      state->children.push_back(spawn(state->strand, cmd, options));
+      state->children.push_back(spawn(state->strand, cmd, options[static_cast<std::size_t>(rank)]));
     }
-    state->pids.push_back(state->children.back().pid());
   }
-  for (int rank = 0; rank < static_cast<int>(pending.fds.size()); ++rank) {
-    auto& fd = pending.fds[static_cast<std::size_t>(rank)];
-    if (fd >= 0) detail::confirm_set_up(std::exchange(fd, -1), *function, rank);
-  }
+  for (const auto& c : state->children) state->pids.push_back(c.pid());
   state->running = spec.nprocs;
   state->partial.statuses.resize(static_cast<std::size_t>(spec.nprocs));
   state->partial.return_values.resize(static_cast<std::size_t>(spec.nprocs));

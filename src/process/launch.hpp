@@ -37,11 +37,6 @@ struct launch_plan {
   const int* keep = nullptr;
   std::size_t keep_count = 0;
   int fd_limit = 0;
-  /// For starters whose child reports the end of its set-up on a pipe (fork,
-  /// forkserver): where set, the start does not wait for that report but
-  /// leaves the pipe's read end here, for the caller to read later (see
-  /// await_set_up), so that ranks set themselves up while later ones start.
-  int* deferred_report = nullptr;
 
   stage failed_at = stage::none;
   int error = 0;
