@@ -1,10 +1,15 @@
-// The marker scan over /proc, and the subreaper setting.
+// The scan of /proc for a group's processes, holding them by pidfd, and the
+// subreaper setting.
 #include "group/descendants.hpp"
+
+#include "config.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,22 +17,27 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <string_view>
 
 namespace cohort::detail {
 namespace {
 
-bool environment_holds(pid_t pid, std::string_view marker) {
+// Reads a small /proc file whole; empty when it cannot be read.
+std::string read_proc(pid_t pid, const char* name) {
   char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/environ", pid);
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  std::string block;
+  std::snprintf(path, sizeof path, "/proc/%d/%s", pid, name);
+  std::string text;
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return text;
   char buf[8192];
   ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) block.append(buf, static_cast<std::size_t>(n));
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
   ::close(fd);
+  return text;
+}
+
+bool environment_holds(pid_t pid, std::string_view marker) {
+  const std::string block = read_proc(pid, "environ");
   for (std::size_t begin = 0; begin < block.size();) {
     std::size_t end = block.find('\0', begin);
     if (end == std::string::npos) end = block.size();
@@ -37,28 +47,100 @@ bool environment_holds(pid_t pid, std::string_view marker) {
   return false;
 }
 
+// The parent of `pid`, from /proc/<pid>/stat (the fields after the command
+// name, which may hold anything but ends at the last ')'); 0 when gone.
+pid_t parent_of(pid_t pid) {
+  const std::string stat = read_proc(pid, "stat");
+  const auto close = stat.rfind(')');
+  char state = 0;
+  int ppid = 0;
+  if (close == std::string::npos || std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2) return 0;
+  return ppid;
+}
+
 }  // namespace
 
-std::vector<pid_t> marked_processes(const std::string& marker) {
+// getpgid and getsid are cheap system calls; /proc/<pid>/stat is not (the
+// kernel gathers every field), so parents are read only for the few
+// processes of this session.
+std::vector<pid_t> group_descendants(const std::string& marker, const std::set<pid_t>& ranks, bool by_parent) {
   std::vector<pid_t> found;
+  std::multimap<pid_t, pid_t> children;  // parent -> child, within this session
   DIR* proc = ::opendir("/proc");
   if (proc == nullptr) return found;
-  const pid_t self = ::getpid();
+  const pid_t self = ::getpid(), session = ::getsid(0);
   while (dirent* entry = ::readdir(proc)) {
     char* end = nullptr;
-    long pid = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0' || pid == self) continue;
-    if (environment_holds(static_cast<pid_t>(pid), marker)) found.push_back(static_cast<pid_t>(pid));
+    const long number = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0') continue;
+    const auto pid = static_cast<pid_t>(number);
+    if (pid == self || ranks.contains(pid)) continue;
+    // A member of a rank's group, but not a leader: a leader whose pid
+    // equals a reaped rank's would be a recycled pid, which no group
+    // still in use can have.
+    const pid_t pgid = ::getpgid(pid);
+    if ((pgid != pid && ranks.contains(pgid)) || environment_holds(pid, marker)) {
+      found.push_back(pid);
+    } else if (by_parent && ::getsid(pid) == session) {
+      if (const pid_t parent = parent_of(pid); parent > 0) children.emplace(parent, pid);
+    }
   }
   ::closedir(proc);
+  std::vector<pid_t> parents(ranks.begin(), ranks.end());
+  while (!parents.empty()) {
+    const pid_t parent = parents.back();
+    parents.pop_back();
+    auto [first, last] = children.equal_range(parent);
+    for (auto it = first; it != last; ++it) {
+      found.push_back(it->second);
+      parents.push_back(it->second);
+    }
+  }
   return found;
 }
 
-bool kill_and_reap(pid_t pid) {
-  ::kill(pid, SIGKILL);
-  siginfo_t info{};
-  if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG) != 0) return errno == ECHILD;
-  return info.si_pid == pid;
+tracked_processes::~tracked_processes() {
+  for (const auto& [pid, pidfd] : held_) ::close(pidfd);
+}
+
+void tracked_processes::add(const std::vector<pid_t>& pids) {
+  for (pid_t pid : pids) {
+    if (held_.contains(pid)) continue;
+    const int pidfd = config::pidfd_open(pid);
+    if (pidfd >= 0) held_.emplace(pid, pidfd);
+  }
+}
+
+// A process that is not this one's child is dropped only once every process
+// held is dead: a dead one whose parent was held is handed to this process
+// when that parent dies, and is reaped here then.
+bool tracked_processes::kill_and_reap() {
+  bool any_alive = false;
+  for (auto it = held_.begin(); it != held_.end();) {
+    const int pidfd = it->second;
+    config::pidfd_send_signal(pidfd, SIGKILL);
+    siginfo_t info{};
+    if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG) == 0) {
+      if (info.si_pid != 0) {  // reaped
+        ::close(pidfd);
+        it = held_.erase(it);
+        continue;
+      }
+      any_alive = true;
+    } else {
+      pollfd p{pidfd, POLLIN, 0};  // readable once it has died
+      if (::poll(&p, 1, 0) != 1) any_alive = true;
+    }
+    ++it;
+  }
+  if (any_alive) return false;
+  for (const auto& [pid, pidfd] : held_) {
+    siginfo_t info{};
+    ::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG);
+    ::close(pidfd);
+  }
+  held_.clear();
+  return true;
 }
 
 bool has_children() {

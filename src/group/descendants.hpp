@@ -1,23 +1,49 @@
-// Finding every process a group started, however far it wandered: each
-// rank's environment carries a marker that its descendants inherit.
+// Finding every process a group started, however far it wandered: by a
+// rank's process group, by the group's marker in the environment, and by
+// parent links from the live ranks.
 #pragma once
 
 #include <sys/types.h>
 
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 namespace cohort::detail {
 
-/// Processes other than this one whose initial environment holds `marker`
-/// ("NAME=value"), from /proc/<pid>/environ. Processes that exit during the
-/// scan, or whose environment cannot be read, are skipped.
-std::vector<pid_t> marked_processes(const std::string& marker);
+/// The processes of a group besides its ranks, as seen now: those in a
+/// rank's process group (each rank leads its own; zombies included), and
+/// those whose initial environment (/proc/<pid>/environ) holds `marker`
+/// ("NAME=value"). With `by_parent`, also the descendants of the live
+/// `ranks` by parent links among the processes of this session: those a
+/// rank forked that never executed a program and left its process group
+/// (the ranks of a group it started in turn), which nothing else tells
+/// apart once they have died. Processes that exit during the scan are
+/// skipped.
+std::vector<pid_t> group_descendants(const std::string& marker, const std::set<pid_t>& ranks, bool by_parent);
 
-/// SIGKILLs `pid`, and reaps it if it is this process's child (reparented
-/// to it as a subreaper) and has died. True when it is gone for good: reaped,
-/// or not this process's child (its own parent reaps it).
-bool kill_and_reap(pid_t pid);
+/// Processes held by pidfd, so that neither a signal nor a reap can reach
+/// a recycled pid.
+class tracked_processes {
+ public:
+  tracked_processes() = default;
+  tracked_processes(const tracked_processes&) = delete;
+  tracked_processes& operator=(const tracked_processes&) = delete;
+  ~tracked_processes();
+
+  /// Starts holding each of `pids` not held yet (those already gone are
+  /// skipped).
+  void add(const std::vector<pid_t>& pids);
+  /// SIGKILLs every process held, reaps those that are this process's
+  /// children and have died, and lets go of every one that is gone (reaped
+  /// here, or dead and another's to reap). True when none is left.
+  bool kill_and_reap();
+  bool empty() const noexcept { return held_.empty(); }
+
+ private:
+  std::map<pid_t, int> held_;  // pid -> pidfd
+};
 
 /// Whether this process has a child, running or unreaped. In a subreaper
 /// whose ranks are all reaped, false means no descendant of theirs lives:

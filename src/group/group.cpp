@@ -77,6 +77,7 @@ struct group_state {
   bool stopping = false;
   bool signalled = false;  // SIGTERM went out: later non-zero exits are the shutdown's doing
   bool hurry = false;      // a second shutdown signal: no more grace
+  tracked_processes descendants;  // the group's processes besides its ranks, held for the sweep
   std::optional<asio::signal_set> signals;
   asio::steady_timer wake;  // the shutdown sleeps on it; exits and stop() cancel it
   asio::steady_timer stop_requested{strand, steady::time_point::max()};  // stop() cancels it
@@ -181,23 +182,23 @@ void signal_running(group_state& state, int sig) {
   }
 }
 
-// Kills whatever carries the marker and reaps what became ours (orphans
-// reparented to this subreaper), until nothing marked is alive or unreaped,
-// or `limit` passes. A process is remembered once seen: dead, its
-// environment can no longer be read.
+// Notes the group's processes besides its ranks (see group_descendants),
+// to be ended by the sweep however they end meanwhile.
+void track_descendants(group_state& state, bool by_parent) {
+  const std::set<pid_t> ranks(state.pids.begin(), state.pids.end());
+  state.descendants.add(group_descendants(state.marker, ranks, by_parent));
+}
+
+// Kills the group's processes besides its ranks, those noted earlier and
+// those found now, and reaps those that are or become this process's
+// children, until none is left or `limit` passes.
 asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit) {
   const auto until = steady::now() + limit;
-  const std::set<pid_t> ranks(state.pids.begin(), state.pids.end());
-  std::set<pid_t> seen;
   for (;;) {
     // No child at all, not even a rank: nothing of the run is left to find.
-    if (!has_children()) co_return;
-    for (pid_t pid : marked_processes(state.marker)) {
-      if (!ranks.contains(pid)) seen.insert(pid);  // ranks are reaped by their child objects
-    }
-    if (seen.empty()) co_return;
-    std::erase_if(seen, [](pid_t pid) { return kill_and_reap(pid); });
-    if (seen.empty() || steady::now() >= until) co_return;
+    if (state.descendants.empty() && !has_children()) co_return;
+    track_descendants(state, false);  // the ranks are reaped: no parent links lead from them
+    if (state.descendants.kill_and_reap() || steady::now() >= until) co_return;
     asio::steady_timer tick(state.strand, std::chrono::milliseconds(1));
     std::error_code ec;
     co_await tick.async_wait(asio::redirect_error(asio::use_awaitable, ec));
@@ -325,6 +326,9 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
       }
     }
     co_await await_exits(s, policy.grace);
+    // Before anything dies: what dies with a rank (the ranks of a group it
+    // started, by their parent-death signal) could not be told apart after.
+    track_descendants(s, true);
     s.signalled = true;
     signal_running(s, SIGTERM);
     co_await await_exits(s, policy.term_grace);

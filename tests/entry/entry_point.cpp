@@ -282,12 +282,9 @@ TEST_SUITE("entry points") {
       REQUIRE(files_in(dir.path) == 2);
       for (const auto& e : fs::directory_iterator(dir.path)) {
         const pid_t pid = std::stoi(e.path().filename().string().substr(2));
-        // Forked nested ranks carry no marker the outer sweep can read
-        // (they never execute a program): the parent-death signal their
-        // supervisor's death sent ends them, a moment later.
-        if (method == start_method::fork) test::wait_until_dead(pid, 2s);
         CHECK_FALSE(test::alive(pid));
       }
+      CHECK(test::children_of_self().empty());  // nor a zombie handed to this subreaper
     });
   }
 
@@ -368,6 +365,28 @@ TEST_SUITE("entry points") {
     spec.args = {{0, {"x"}}};
     asio::io_context io;
     CHECK_THROWS_AS(start_processes(io.get_executor(), spec), std::invalid_argument);
+  }
+
+  TEST_CASE("a rank that cannot be prepared stops the start: no process, no descriptor left") {
+    for_each_method([](start_method method) {
+      group_spec spec;
+      spec.entry = call(method, record_pid_and_sleep, std::string("/nonexistent"));
+      spec.nprocs = 4;
+      spec.envs = {{0, {}}, {1, {}}, {2, {{"BAD=NAME", "x"}}}, {3, {}}};
+      asio::io_context io;
+      {  // a run first: the descriptors that stay with io_context and process afterwards are open now
+        group_spec once;
+        once.entry = call(method, succeed);
+        group g = start_processes(io.get_executor(), once);
+        io.run();
+        REQUIRE(g.result()->ok());
+        io.restart();
+      }
+      const int fds_before = test::open_fd_count();
+      CHECK_THROWS_AS(start_processes(io.get_executor(), spec), std::invalid_argument);
+      CHECK(test::open_fd_count() == fds_before);
+      CHECK(test::children_of_self().empty());
+    });
   }
 
   TEST_CASE("a launch failure names the rank and the start method") {

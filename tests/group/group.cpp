@@ -45,24 +45,6 @@ run_result run_group(const group_spec& spec) {
   }());
 }
 
-// Processes whose parent is this one (from /proc/<pid>/stat).
-std::vector<pid_t> children_of_self() {
-  std::vector<pid_t> found;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const auto name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string line;
-    if (!std::getline(stat, line)) continue;
-    std::istringstream rest(line.substr(line.rfind(')') + 2));
-    char state;
-    pid_t ppid;
-    rest >> state >> ppid;
-    if (ppid == ::getpid()) found.push_back(std::stoi(name));
-  }
-  return found;
-}
-
 pid_t first_line_pid(const fs::path& file) {
   std::ifstream in(file);
   pid_t pid = 0;
@@ -101,7 +83,7 @@ TEST_SUITE("group") {
     REQUIRE(result.statuses.size() == 4);
     for (const auto& status : result.statuses) CHECK((status && status->success()));
     CHECK(result.first_failure() == nullptr);
-    CHECK(children_of_self().empty());
+    CHECK(test::children_of_self().empty());
   }
 
   TEST_CASE("per-rank arguments and environments reach their rank") {
@@ -128,7 +110,7 @@ TEST_SUITE("group") {
     CHECK(first->status.code() == 3);
     for (int rank : {0, 2, 3}) CHECK(result.statuses[static_cast<std::size_t>(rank)]->signal() == SIGTERM);
     CHECK_FALSE(result.ok());
-    CHECK(children_of_self().empty());
+    CHECK(test::children_of_self().empty());
   }
 
   TEST_CASE("ranks that succeed early leave supervision on: a later failure still shuts the rest down") {
@@ -141,7 +123,7 @@ TEST_SUITE("group") {
     CHECK(result.statuses[2]->signal() == SIGTERM);
     REQUIRE(result.failures.size() == 1);
     CHECK(result.failures[0].rank == 1);
-    CHECK(children_of_self().empty());
+    CHECK(test::children_of_self().empty());
   }
 
   TEST_CASE("a rank that ignores SIGTERM is SIGKILLed once the grace period is over") {
@@ -185,7 +167,7 @@ TEST_SUITE("group") {
     spec.envs = {};
     spec.nprocs = 0;
     CHECK_THROWS_AS(start_processes(io.get_executor(), spec), std::invalid_argument);
-    CHECK(children_of_self().empty());
+    CHECK(test::children_of_self().empty());
   }
 
   TEST_CASE("a launch that fails midway kills and reaps the ranks already started") {
@@ -193,7 +175,7 @@ TEST_SUITE("group") {
     auto spec = ranks_of(3, {"sleep", "30"});
     spec.envs = {{0, {}}, {1, {{"BAD=NAME", "x"}}}, {2, {}}};
     CHECK_THROWS_AS(start_processes(io.get_executor(), spec), std::invalid_argument);
-    CHECK(children_of_self().empty());
+    CHECK(test::children_of_self().empty());
   }
 
   TEST_CASE("256 ranks run and are all reported") {

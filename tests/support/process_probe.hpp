@@ -6,14 +6,15 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
 #include <cerrno>
 #include <system_error>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace cohort::test {
 
@@ -26,12 +27,26 @@ inline bool alive(pid_t pid) {
   return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
 }
 
-/// Polls until `pid` is dead (or a zombie), for at most `limit`.
-inline void wait_until_dead(pid_t pid, std::chrono::milliseconds limit) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (alive(pid) && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+/// Processes whose parent is this one (from /proc/<pid>/stat), but the
+/// forkserver, which stays for the next start.
+inline std::vector<pid_t> children_of_self() {
+  std::vector<pid_t> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    char state;
+    pid_t ppid;
+    rest >> state >> ppid;
+    if (ppid != ::getpid()) continue;
+    std::ifstream cmdline(entry.path() / "cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    if (args.find("--cohort-forkserver") == std::string::npos) found.push_back(std::stoi(name));
   }
+  return found;
 }
 
 /// Number of descriptors this process has open.
