@@ -26,6 +26,7 @@
 #include <fmt/format.h>
 
 #include <signal.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,7 +36,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
-#include <random>
 #include <set>
 #include <stdexcept>
 
@@ -114,9 +114,14 @@ void prepare_error_files(group_state& state, unsigned group_number) {
 
 // A variable of its own per group, so a rank that starts a group of its own
 // keeps the outer marker too: every level's sweep finds what is below.
+// The random part tells this group from one of an earlier process that had
+// the same pid, whose processes may still be alive.
 std::string marker_of(unsigned group_number) {
-  std::random_device random;
-  return fmt::format("COHORT_GROUP_{}_{}_{:08x}=1", ::getpid(), group_number, random());
+  std::uint32_t random = 0;
+  if (::getrandom(&random, sizeof random, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof random)) {
+    random = static_cast<std::uint32_t>(steady::now().time_since_epoch().count());
+  }
+  return fmt::format("COHORT_GROUP_{}_{}_{:08x}=1", ::getpid(), group_number, random);
 }
 
 void check_rank_keys(const char* what, const std::set<int>& keys, int nprocs) {
@@ -290,7 +295,8 @@ asio::awaitable<void> race_rank(std::shared_ptr<group_state> state, int rank) {
   const bool failed = record_exit(s, rank, co_await exit_of(s, rank));
   if (failed || s.running == 0) co_return;
   asio::steady_timer parked(s.strand, steady::time_point::max());
-  co_await parked.async_wait(asio::use_awaitable);
+  std::error_code cancelled;  // the end of the race: not worth an exception
+  co_await parked.async_wait(asio::redirect_error(asio::use_awaitable, cancelled));
 }
 
 // The race's entry for stop(), forwarded signals and a cancelled wait().

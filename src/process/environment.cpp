@@ -1,6 +1,7 @@
 // Building a child's environment block.
 #include "cohort/environment.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string_view>
 
@@ -33,29 +34,45 @@ environment& environment::unset(std::string name) {
   return *this;
 }
 
+namespace {
+
+std::string_view name_of(std::string_view entry) { return entry.substr(0, entry.find('=')); }
+
+}  // namespace
+
+// One string per variable, no map: a group builds a block per rank.
 std::vector<std::string> environment::materialize() const {
-  std::map<std::string, std::string> vars;
+  std::vector<std::string> block;
   if (inherit_ && environ != nullptr) {
-    for (char** entry = environ; *entry != nullptr; ++entry) {
-      std::string_view text(*entry);
-      auto eq = text.find('=');
-      if (eq == std::string_view::npos || eq == 0) continue;
-      vars.emplace(std::string(text.substr(0, eq)), std::string(text.substr(eq + 1)));
+    std::size_t count = 0;
+    while (environ[count] != nullptr) ++count;
+    block.reserve(count + changes_.size());
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::string_view text(environ[i]);
+      const auto eq = text.find('=');
+      if (eq != std::string_view::npos && eq != 0) block.emplace_back(text);
     }
+    // Sorted by name; of a name given twice, the first one stays.
+    std::stable_sort(block.begin(), block.end(), [](const std::string& a, const std::string& b) { return name_of(a) < name_of(b); });
+    block.erase(std::unique(block.begin(), block.end(),
+                            [](const std::string& a, const std::string& b) { return name_of(a) == name_of(b); }),
+                block.end());
   }
   for (const auto& [name, value] : changes_) {
     check_name(name);
+    const auto at = std::lower_bound(block.begin(), block.end(), name,
+                                     [](const std::string& entry, const std::string& n) { return name_of(entry) < n; });
+    const bool present = at != block.end() && name_of(*at) == name;
     if (!value) {
-      vars.erase(name);
+      if (present) block.erase(at);
     } else if (value->find('\0') != std::string::npos) {
       throw std::invalid_argument("cohort::environment: value of '" + name + "' holds NUL");
+    } else if (present) {
+      *at = name + "=" + *value;
     } else {
-      vars.insert_or_assign(name, *value);
+      block.insert(at, name + "=" + *value);
     }
   }
-  std::vector<std::string> block;
-  block.reserve(vars.size());
-  for (const auto& [name, value] : vars) block.push_back(name + "=" + value);
   return block;
 }
 
