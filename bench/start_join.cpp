@@ -22,6 +22,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 extern char** environ;
@@ -144,6 +145,13 @@ int main(int argc, char** argv) {
     fmt::print("  {:<28} {:>9.3f} ms  ({:.2f}x {}; first run {:.3f} ms)\n", fmt::format("cohort {}", cohort::to_string(method)),
                typical * 1e3, typical / baseline, method == cohort::start_method::spawn ? "posix_spawn" : "fork",
                first * 1e3);
+  }
+  {  // spawn ranks one after another, against the parallel start above
+    const cohort::join_options serial{.start_threads = 1};
+    const auto one_by_one = median_of(rounds, [&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, serial); });
+    fmt::print("  {:<28} {:>9.3f} ms  (the parallel start above, {} threads, takes {:.2f}x this)\n",
+               "cohort spawn, one by one", one_by_one * 1e3, std::min(8u, std::max(1u, std::thread::hardware_concurrency())),
+               ours["spawn"] / one_by_one);
   }
   for (const auto& line : python_lines(std::max(3, rounds / 5))) {
     char who[16], method[16];

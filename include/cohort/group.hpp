@@ -58,6 +58,11 @@ struct group_spec {
   /// base environment...); shared by all ranks.
   spawn_options options{};
   shutdown_policy shutdown{};
+  /// Threads that start ranks by re-execution (programs, and functions by
+  /// spawn) at the same time: 0 for one per CPU (at most 8), 1 for one
+  /// rank after another. fork and forkserver ranks are prepared first and
+  /// made back to back by the calling thread whatever this says.
+  unsigned start_threads = 0;
   /// Where the ranks' error files go: <error_dir>/<rank>/error.json (the
   /// folders are made at start, a stale error.json is removed), named to each
   /// rank in COHORT_ERROR_FILE and TORCHELASTIC_ERROR_FILE. Empty: files in

@@ -21,6 +21,8 @@ struct join_options {
   shutdown_policy shutdown{};
   /// As group_spec::error_dir.
   std::filesystem::path error_dir{};
+  /// As group_spec::start_threads.
+  unsigned start_threads = 0;
 };
 
 namespace detail {

@@ -35,8 +35,10 @@ bool child_main_called() noexcept;
 /// forkserver sends its requests in a row; the ranks' set-up is confirmed
 /// last. Throws std::system_error naming the first rank that could not
 /// start, with no process of the call left.
+/// spawn ranks are started on `threads` threads at once (see start_threads).
 std::vector<child> start_functions(const asio::any_io_executor& executor, const function_call& call,
-                                   const std::vector<spawn_options>& options, std::vector<int>& result_fds);
+                                   const std::vector<spawn_options>& options, std::vector<int>& result_fds,
+                                   unsigned threads = 1);
 
 /// Reads what a function child left in its result memfd: nullopt when it
 /// returned nothing. Throws decode_error on a malformed value.

@@ -13,6 +13,7 @@ run_result run_to_end(const function_call& call, int nprocs, const join_options&
   spec.options = options.spawn;
   spec.shutdown = options.shutdown;
   spec.error_dir = options.error_dir;
+  spec.start_threads = options.start_threads;
   asio::io_context io;
   group g = start_processes(io.get_executor(), spec);
   io.run();

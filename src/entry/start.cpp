@@ -6,6 +6,7 @@
 #include "config.hpp"
 #include "entry/forkserver.hpp"
 #include "process/launch.hpp"
+#include "process/parallel.hpp"
 
 #include <fmt/format.h>
 
@@ -181,7 +182,8 @@ std::string describe_rank(const function_call& call, int rank) {
 }  // namespace
 
 std::vector<child> start_functions(const asio::any_io_executor& executor, const function_call& call,
-                                   const std::vector<spawn_options>& options, std::vector<int>& result_fds) {
+                                   const std::vector<spawn_options>& options, std::vector<int>& result_fds,
+                                   unsigned threads) {
   const auto n = options.size();
   const auto fail = [&](std::size_t rank, const launch_failure& f) {
     throw std::system_error(f.error, std::system_category(), describe_failure(describe_rank(call, static_cast<int>(rank)), f));
@@ -190,11 +192,13 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
   children.reserve(n);
   result_fds.assign(n, -1);
   if (call.method == start_method::spawn) {
-    for (std::size_t r = 0; r < n; ++r) {
+    check_reexecutable(call, describe_rank(call, 0));
+    children.resize(n);
+    for_each_parallel(n, start_threads(threads, n), [&](std::size_t r) {
       memfd result("cohort-result");
-      children.push_back(start_spawned(executor, call, static_cast<int>(r), options[r], result.get(), describe_rank(call, static_cast<int>(r))));
+      children[r] = start_spawned(executor, call, static_cast<int>(r), options[r], result.get(), describe_rank(call, static_cast<int>(r)));
       result_fds[r] = result.release();
-    }
+    });
     return children;
   }
   if (call.method == start_method::forkserver) {

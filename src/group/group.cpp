@@ -9,6 +9,7 @@
 #include "entry/entry.hpp"
 #include "group/descendants.hpp"
 #include "group/error_dir.hpp"
+#include "process/parallel.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
@@ -472,16 +473,16 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   // On failure the ranks already started are killed and reaped as `state`
   // unwinds.
   if (function != nullptr) {
-    state->children = detail::start_functions(state->strand, *function, options, state->result_fds);
+    state->children = detail::start_functions(state->strand, *function, options, state->result_fds, spec.start_threads);
   } else {
-    state->children.reserve(options.size());
-    for (int rank = 0; rank < spec.nprocs; ++rank) {
+    state->children.resize(options.size());
+    detail::for_each_parallel(options.size(), detail::start_threads(spec.start_threads, options.size()), [&](std::size_t r) {
       command cmd = std::get<command>(spec.entry);
-      if (auto it = spec.args.find(rank); it != spec.args.end()) {
+      if (auto it = spec.args.find(static_cast<int>(r)); it != spec.args.end()) {
         cmd.args.insert(cmd.args.end(), it->second.begin(), it->second.end());
       }
-      state->children.push_back(spawn(state->strand, cmd, options[static_cast<std::size_t>(rank)]));
-    }
+      state->children[r] = spawn(state->strand, cmd, options[r]);
+    });
   }
   for (const auto& c : state->children) state->pids.push_back(c.pid());
   state->running = spec.nprocs;

@@ -100,6 +100,12 @@ COHORT_ENTRYPOINT(environment_of);
 void print_rank(int rank) { std::printf("rank %d\n", rank); }
 COHORT_ENTRYPOINT(print_rank);
 
+int rank_after_a_while(int rank) {
+  std::this_thread::sleep_for(200ms);
+  return rank * 10;
+}
+COHORT_ENTRYPOINT(rank_after_a_while);
+
 const start_method all_methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
 
 // Runs `call` as `nprocs` ranks to the end.
@@ -387,6 +393,23 @@ TEST_SUITE("entry points") {
       CHECK(test::open_fd_count() == fds_before);
       CHECK(test::children_of_self().empty());
     });
+  }
+
+  TEST_CASE("spawn ranks started by several threads at once outlive those threads and return their own values") {
+    group_spec spec;
+    spec.entry = call(start_method::spawn, rank_after_a_while);
+    spec.nprocs = 8;
+    spec.start_threads = 4;  // ranks made by pool threads: their parent-death signal must not fire
+    asio::io_context io;
+    auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
+      group g = co_await start_processes(spec);
+      co_return co_await g.wait();
+    }());
+    CHECK(r.ok());
+    for (int rank = 0; rank < 8; ++rank) {
+      REQUIRE(r.return_values[static_cast<std::size_t>(rank)]);
+      CHECK(r.return_values[static_cast<std::size_t>(rank)]->as<int>() == rank * 10);
+    }
   }
 
   TEST_CASE("a launch failure names the rank and the start method") {

@@ -178,6 +178,19 @@ TEST_SUITE("group") {
     CHECK(test::children_of_self().empty());
   }
 
+  TEST_CASE("ranks started by several threads at once get their own arguments and outlive those threads") {
+    auto spec = ranks_of(16, {});
+    for (int rank = 0; rank < 16; ++rank) spec.args[rank] = {"exit-after", "300", std::to_string(rank)};
+    spec.start_threads = 4;
+    spec.shutdown.grace = 10s;  // every rank ends on its own
+    auto result = run_group(spec);
+    for (int rank = 0; rank < 16; ++rank) {
+      REQUIRE(result.statuses[static_cast<std::size_t>(rank)]);
+      CHECK(result.statuses[static_cast<std::size_t>(rank)]->code() == rank);  // not a parent-death SIGKILL
+    }
+    CHECK(result.failures.size() == 15);
+  }
+
   TEST_CASE("256 ranks run and are all reported") {
     auto result = run_group(ranks_of(256, {"exit", "0"}));
     CHECK(result.ok());

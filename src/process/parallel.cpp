@@ -1,0 +1,128 @@
+// The pool of launching threads.
+#include "process/parallel.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace cohort::detail {
+namespace {
+
+// Threads that wait for work and never end. Never destroyed: threads may
+// still wait on it at exit. A forked child finds a copy whose threads it
+// does not have: it makes a pool of its own.
+class launch_pool {
+ public:
+  // Adds threads until there are `count`; false when one cannot be made.
+  bool grow(unsigned count) {
+    std::lock_guard lock(mutex_);
+    // Signals go to the process's other threads, never to these.
+    sigset_t all, old;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &old);
+    bool made = true;
+    try {
+      while (threads_ < count) {
+        std::thread([this] { serve(); }).detach();
+        ++threads_;
+      }
+    } catch (const std::system_error&) {
+      made = false;
+    }
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return made;
+  }
+
+  void post(std::function<void()> job) {
+    {
+      std::lock_guard lock(mutex_);
+      jobs_.push_back(std::move(job));
+    }
+    wake_.notify_one();
+  }
+
+ private:
+  [[noreturn]] void serve() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [this] { return !jobs_.empty(); });
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> jobs_;
+  unsigned threads_ = 0;
+};
+
+launch_pool& pool_of_this_process() {
+  static std::mutex guard;
+  static pid_t owner = 0;
+  static launch_pool* pool = nullptr;
+  std::lock_guard lock(guard);
+  if (owner != ::getpid()) {
+    pool = new launch_pool;  // the copy a fork left behind is let go, untouched
+    owner = ::getpid();
+  }
+  return *pool;
+}
+
+}  // namespace
+
+unsigned start_threads(unsigned threads, std::size_t count) {
+  if (threads == 0) threads = std::clamp(std::thread::hardware_concurrency(), 1u, 8u);
+  return static_cast<unsigned>(std::min<std::size_t>(threads, std::max<std::size_t>(count, 1)));
+}
+
+void for_each_parallel(std::size_t count, unsigned threads, const std::function<void(std::size_t)>& fn) {
+  std::vector<std::exception_ptr> errors(count);
+  std::atomic<std::size_t> next{0};
+  const auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < count;) {
+      try {
+        fn(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  unsigned helpers = threads > 1 ? threads - 1 : 0;
+  auto& pool = pool_of_this_process();
+  if (helpers > 0 && !pool.grow(helpers)) helpers = 0;  // no thread to spare: the caller does it all
+  // Each job's end is awaited, also of jobs that find no index left: they
+  // use this frame.
+  std::mutex mutex;
+  std::condition_variable all_done;
+  unsigned running = helpers;
+  for (unsigned t = 0; t < helpers; ++t) {
+    pool.post([&] {
+      work();
+      std::lock_guard lock(mutex);
+      if (--running == 0) all_done.notify_one();
+    });
+  }
+  work();
+  {
+    std::unique_lock lock(mutex);
+    all_done.wait(lock, [&] { return running == 0; });
+  }
+  for (const auto& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+}
+
+}  // namespace cohort::detail
