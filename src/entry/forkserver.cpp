@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <linux/sched.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -291,11 +292,14 @@ std::size_t start_from_server(std::span<server_request> requests, const function
   try {
     std::lock_guard lock(slot.mutex);
     auto& l = link_of_this_process(slot);
+    // A server that died since the last start has closed its end.
+    if (l.socket >= 0) {
+      pollfd p{l.socket, POLLRDHUP, 0};
+      if (::poll(&p, 1, 0) != 0) drop_server(l);
+    }
     bool restarted = false;
     while (started < requests.size()) {
-      // The first request goes alone: a server that died since the last
-      // start is found by it, and started again once.
-      const std::size_t end = std::min(requests.size(), started == 0 ? std::size_t{1} : started + window);
+      const std::size_t end = std::min(requests.size(), started + window);
       if (l.socket < 0) {
         if (int error = start_server(l); error != 0) {
           f = {stage::start, error, ""};
@@ -337,7 +341,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
         if (server_gone(reply)) break;
       }
       const bool gone = server_gone(failed_reply) || (error != 0 && server_gone(-error));
-      if (gone && started == 0 && !restarted) {  // a server that died since the last start
+      if (gone && started == 0 && requests[0].pid <= 0 && !restarted) {  // a server dead at once: started again, once
         restarted = true;
         drop_server(l);
         continue;

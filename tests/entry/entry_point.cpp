@@ -21,6 +21,8 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <sstream>
+#include <iterator>
 #include <thread>
 
 using namespace cohort;
@@ -127,6 +129,27 @@ void for_each_method(F&& body) {
     CAPTURE(to_string(method));
     body(method);
   }
+}
+
+// The forkserver of this process: a child whose command line says so.
+pid_t forkserver_pid() {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const auto name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmdline(entry.path() / "cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state;
+    pid_t ppid;
+    rest >> state >> ppid;
+    if (ppid == ::getpid() && state != 'Z' && args.find("--cohort-forkserver") != std::string::npos) return std::stoi(name);
+  }
+  return 0;
 }
 
 int files_in(const fs::path& dir) {
@@ -410,6 +433,19 @@ TEST_SUITE("entry points") {
       REQUIRE(r.return_values[static_cast<std::size_t>(rank)]);
       CHECK(r.return_values[static_cast<std::size_t>(rank)]->as<int>() == rank * 10);
     }
+  }
+
+  TEST_CASE("a forkserver that died since the last start is started again") {
+    auto r = run_function(call(start_method::forkserver, rank_itself), 3);
+    REQUIRE(r.ok());
+    const pid_t server = forkserver_pid();
+    REQUIRE(server > 0);
+    REQUIRE(::kill(server, SIGKILL) == 0);
+    while (test::alive(server)) std::this_thread::sleep_for(1ms);
+    r = run_function(call(start_method::forkserver, rank_itself), 3);
+    CHECK(r.ok());
+    for (int rank = 0; rank < 3; ++rank) CHECK(r.return_values[static_cast<std::size_t>(rank)]->as<int>() == rank);
+    CHECK(forkserver_pid() != server);
   }
 
   TEST_CASE("a launch failure names the rank and the start method") {
