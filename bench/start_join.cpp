@@ -2,7 +2,8 @@
 // work done by hand in the same run: posix_spawn of this binary (exiting at
 // once) and raw fork + _exit, each with waitpid; and against Python's
 // multiprocessing and torch.multiprocessing where python3 (and torch) are
-// installed. Prints the median of each and its ratio to the hand-made
+// installed (/usr/bin/python3 when there is one, else python3 on PATH, or
+// $COHORT_BENCH_PYTHON). Prints the median of each and its ratio to the hand-made
 // baseline of the same kind.
 //
 //   start_join [rounds]     (default 50)
@@ -112,7 +113,10 @@ std::vector<std::string> python_lines(int rounds) {
     std::fclose(f);
   }
   std::vector<std::string> lines;
-  FILE* out = ::popen(fmt::format("python3 {} {} 2>/dev/null", path, rounds).c_str(), "r");
+  // Debian's interpreter first: Debian's python3-torch is installed for it.
+  const char* python = std::getenv("COHORT_BENCH_PYTHON");
+  if (python == nullptr) python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  FILE* out = ::popen(fmt::format("{} {} {} 2>/dev/null", python, path, rounds).c_str(), "r");
   if (out == nullptr) return lines;
   char line[256];
   while (std::fgets(line, sizeof line, out) != nullptr) lines.emplace_back(line);
