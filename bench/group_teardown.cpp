@@ -1,9 +1,13 @@
 // Fail-fast teardown: 4 ranks, rank 0 fails at once, the others sleep; the
 // time from start_processes to the run's result, with no grace period
 // before SIGTERM. The baseline does the same by hand in the same run:
-// posix_spawn 4, waitid for rank 0, SIGTERM the rest, waitid each.
+// posix_spawn 4, waitid for rank 0, SIGTERM the rest, waitid each. Then the
+// same with function ranks started by fork (rank 0 throws), against
+// torch.multiprocessing.start_processes(start_method="fork") where
+// /usr/bin/python3 (or $COHORT_BENCH_PYTHON) imports torch.
 //
 //   group_teardown [rounds]     (default 200)
+#include <cohort/entry_point.hpp>
 #include <cohort/group.hpp>
 
 #include "config.hpp"
@@ -19,15 +23,66 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
 extern char** environ;
 
+namespace bench_ranks {
+// Rank 0 fails at once; the others would sleep for a minute.
+void fail_or_sleep(int rank) {
+  if (rank == 0) throw std::runtime_error("rank 0 fails");
+  std::this_thread::sleep_for(std::chrono::minutes(1));
+}
+COHORT_ENTRYPOINT(fail_or_sleep);
+}  // namespace bench_ranks
+
 namespace {
 
 const char* const rank_program = COHORT_BENCH_RANK;
+
+// torch's fail-fast teardown, timed in Python: "<median seconds>", or
+// nothing without torch.
+const char* torch_script = R"(
+import statistics, sys, time
+import torch.multiprocessing as mp
+def fail_or_sleep(rank):
+    if rank == 0:
+        raise RuntimeError('rank 0 fails')
+    time.sleep(60)
+if __name__ == '__main__':
+    samples = []
+    for _ in range(int(sys.argv[1])):
+        t = time.perf_counter()
+        try:
+            mp.start_processes(fail_or_sleep, nprocs=4, start_method='fork')
+        except Exception:
+            pass
+        samples.append(time.perf_counter() - t)
+    print(statistics.median(samples), flush=True)
+)";
+
+double torch_teardown(int rounds) {
+  const std::string path = "/tmp/cohort-bench-teardown.py";
+  if (FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fputs(torch_script, f);
+    std::fclose(f);
+  }
+  const char* python = std::getenv("COHORT_BENCH_PYTHON");
+  if (python == nullptr) python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  double seconds = 0;
+  if (FILE* out = ::popen(fmt::format("{} {} {} 2>/dev/null", python, path, rounds).c_str(), "r")) {
+    if (std::fscanf(out, "%lf", &seconds) != 1) seconds = 0;
+    ::pclose(out);
+  }
+  std::remove(path.c_str());
+  return seconds;
+}
 constexpr int ranks = 4;
 
 double raw_teardown() {
@@ -64,6 +119,7 @@ double cohort_teardown(asio::io_context& io, const cohort::group_spec& spec) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (auto rc = cohort::child_main(argc, argv)) return *rc;
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 200;
   cohort::group_spec spec;
   spec.entry = cohort::command(rank_program);
@@ -85,4 +141,22 @@ int main(int argc, char** argv) {
   fmt::print("{:<34} {:>8.2f} {:>8.2f}\n", "cohort start_processes + wait", cohort::bench::median(ours) * 1e3,
              cohort::bench::percentile(ours, 90) * 1e3);
   fmt::print("ratio of medians (cohort / raw): {:.2f}x\n", cohort::bench::median(ours) / cohort::bench::median(raw));
+
+  // Function ranks by fork; a failing rank prints its error on stderr,
+  // which this benchmark sends to /dev/null.
+  cohort::group_spec forked;
+  forked.entry = cohort::call(cohort::start_method::fork, bench_ranks::fail_or_sleep);
+  forked.nprocs = ranks;
+  forked.shutdown.grace = std::chrono::milliseconds(0);
+  forked.options.err = cohort::stdio::null();
+  std::vector<double> by_fork;
+  cohort_teardown(io, forked);
+  for (int i = 0; i < rounds; ++i) by_fork.push_back(cohort_teardown(io, forked));
+  const double fork_median = cohort::bench::median(by_fork);
+  fmt::print("{:<34} {:>8.2f} {:>8.2f}\n", "cohort fork functions", fork_median * 1e3,
+             cohort::bench::percentile(by_fork, 90) * 1e3);
+  if (const double torch = torch_teardown(std::max(5, rounds / 20)); torch > 0) {
+    fmt::print("{:<34} {:>8.2f} {:>8}  (cohort fork is {:.1f}x faster)\n", "torch start_processes fork", torch * 1e3, "",
+               torch / fork_median);
+  }
 }
