@@ -125,13 +125,14 @@ const char* module_of(void* address) {
   return ::dladdr(address, &info) != 0 && info.dli_fname != nullptr ? info.dli_fname : "";
 }
 
-// The frames from the throw down, innermost first: the frames of this
-// handler and of the C++ runtime that called it are left out. Function
+// The frames from the throw down to the function, innermost first: the
+// frames of this handler and of the C++ runtime that called it are left
+// out, and so are those of cohort that called the function. Function
 // names need them exported (external linkage, the program linked with
 // -rdynamic); other frames show as module+offset, for addr2line.
 std::string stack_trace() {
   void* frames[64];
-  const int n = ::backtrace(frames, 64);
+  int n = ::backtrace(frames, 64);
   const std::string_view own = module_of(reinterpret_cast<void*>(&stack_trace));
   int first = 0;
   while (first < n && module_of(frames[first]) == own) ++first;
@@ -139,6 +140,18 @@ std::string stack_trace() {
     return module.find("libstdc++") != std::string_view::npos || module.find("libgcc_s") != std::string_view::npos;
   };
   while (first < n && in_runtime(module_of(frames[first]))) ++first;
+  // Below the function: cohort's thunk (instantiated in the program), the
+  // bottom of the entry's stack here, and libc's start of that stack.
+  const auto is_cohort_thunk = [](void* address) {
+    Dl_info info{};
+    return ::dladdr(address, &info) != 0 && info.dli_sname != nullptr &&
+           std::string_view(info.dli_sname).find("6cohort6detail5thunk") != std::string_view::npos;
+  };
+  while (n > first) {
+    const std::string_view module = module_of(frames[n - 1]);
+    if (module != own && module.find("/libc.so") == std::string_view::npos && !is_cohort_thunk(frames[n - 1])) break;
+    --n;
+  }
   std::string trace;
   for (int i = first; i < n; ++i) trace += fmt::format("#{} {}\n", i - first, describe_frame(frames[i]));
   return trace;

@@ -225,6 +225,10 @@ TEST_SUITE("entry points") {
         CHECK(e.trace().find("throw_legitimate") != std::string::npos);
         INFO(e.trace());
         CHECK(e.trace().rfind("#0 entry_tests::throw_legitimate(int)", 0) == 0);
+        // It ends with the function: nothing of cohort's or libc's below it.
+        CHECK(e.trace().find("cohort::") == std::string::npos);
+        CHECK(e.trace().find("libcohort") == std::string::npos);
+        CHECK(e.trace().find("libc.so") == std::string::npos);
       }
     });
   }
