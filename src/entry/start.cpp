@@ -91,6 +91,10 @@ struct rank_launch {
 // all done before. Returns the rank that could not be forked, or -1.
 int fork_all(std::vector<std::unique_ptr<rank_launch>>& ranks, const function_call& call, launch_failure& f) {
   const signals_blocked blocked;
+  // Asked once for all: a handler another thread sets meanwhile stays in
+  // the children, where it runs on their own copy of memory.
+  const sigset_t reset = signals_to_reset();
+  for (auto& x : ranks) x->prepared->plan().reset_signals = &reset;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     auto& x = *ranks[r];
     const pid_t pid = ::fork();

@@ -37,10 +37,18 @@ struct launch_plan {
   const int* keep = nullptr;
   std::size_t keep_count = 0;
   int fd_limit = 0;
+  /// For children forked in a batch: the signals whose handling the child
+  /// must reset, as the parent found them just before the forks, so that
+  /// each child does not ask for every signal again. Null: the child asks.
+  const sigset_t* reset_signals = nullptr;
 
   stage failed_at = stage::none;
   int error = 0;
 };
+
+/// The signals whose handling a new child must reset: those with a handler
+/// of this process, and SIGPIPE and SIGXFSZ when ignored.
+sigset_t signals_to_reset() noexcept;
 
 /// Runs in the new process: resets signal handlers and the mask, then the
 /// process group, parent-death signal, standard streams, working directory

@@ -84,17 +84,34 @@ bool close_all_but(const int* keep, std::size_t count) {
 
 }  // namespace
 
+namespace {
+
+bool needs_reset(int sig) noexcept {
+  struct sigaction sa {};
+  if (::sigaction(sig, nullptr, &sa) != 0) return false;
+  const bool handled = sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
+  return handled || (sa.sa_handler == SIG_IGN && (sig == SIGPIPE || sig == SIGXFSZ));
+}
+
+}  // namespace
+
+sigset_t signals_to_reset() noexcept {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig = 1; sig <= all_signals; ++sig) {
+    if (needs_reset(sig)) sigaddset(&set, sig);
+  }
+  return set;
+}
+
 bool set_up_child(launch_plan& p) noexcept {
   // Handlers of the parent must not run here (they would run on the
   // parent's memory); ignored SIGPIPE/SIGXFSZ are reset as a shell would.
   // (glibc's sigaction is a plain system call wrapper; it refuses glibc's
   // own internal signals, which stay blocked until the exec.)
   for (int sig = 1; sig <= all_signals; ++sig) {
-    struct sigaction sa {};
-    if (::sigaction(sig, nullptr, &sa) != 0) continue;
-    const bool handled = sa.sa_handler != SIG_DFL && sa.sa_handler != SIG_IGN;
-    const bool reset_ignored = sa.sa_handler == SIG_IGN && (sig == SIGPIPE || sig == SIGXFSZ);
-    if (handled || reset_ignored) {
+    const bool reset = p.reset_signals != nullptr ? sigismember(p.reset_signals, sig) == 1 : needs_reset(sig);
+    if (reset) {
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
       ::sigaction(sig, &dfl, nullptr);

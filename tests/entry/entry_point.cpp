@@ -439,6 +439,22 @@ TEST_SUITE("entry points") {
     }
   }
 
+  TEST_CASE("a handler of the parent's does not run in a rank: the signal acts as by default") {
+    struct sigaction handler{}, old{};
+    handler.sa_handler = [](int) {};
+    REQUIRE(::sigaction(SIGUSR1, &handler, &old) == 0);
+    for_each_method([](start_method method) {
+      try {
+        spawn_and_join(signal_self, std::tuple{SIGUSR1}, 2, join_options{.method = method});
+        FAIL("no exception");
+      } catch (const process_exited_error& e) {
+        CHECK(e.rank() == 0);
+        CHECK(e.signal() == SIGUSR1);
+      }
+    });
+    ::sigaction(SIGUSR1, &old, nullptr);
+  }
+
   TEST_CASE("a forkserver that died since the last start is started again") {
     auto r = run_function(call(start_method::forkserver, rank_itself), 3);
     REQUIRE(r.ok());
