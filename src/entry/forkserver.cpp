@@ -110,7 +110,7 @@ pid_t clone_as_sibling(const thread_identity& self) {
 }
 
 // In the forked child: sets itself up, reports, runs the function.
-int run_forked(request& r, const std::array<int, slots>& fds) {
+int run_forked(request& r, const std::array<int, slots>& fds, const sigset_t& reset) {
   auto& [rank, parent, death_signal, new_group, close_fds, name, cwd, env, args] = r;
   std::vector<char*> envp;
   for (auto& entry : env) envp.push_back(entry.data());
@@ -128,6 +128,7 @@ int run_forked(request& r, const std::array<int, slots>& fds) {
   p.close_now = true;
   p.keep = keep.data();
   p.keep_count = keep.size();
+  p.reset_signals = &reset;
   set_up_or_report(p, fds[report_slot]);
   environ = envp.data();
   static_cast<void>(close_fds);
@@ -194,6 +195,7 @@ int serve_forks(int socket) {
   thread_identity self;
   const bool known = ::prctl(PR_GET_TID_ADDRESS, &self.tid) == 0 && self.tid != nullptr;
   ::syscall(SYS_get_robust_list, 0, &self.robust_head, &self.robust_size);
+  const sigset_t reset = signals_to_reset();  // this server sets no handler later
   for (;;) {
     int header = 0;
     std::array<int, slots> fds{};
@@ -215,7 +217,7 @@ int serve_forks(int socket) {
         const pid_t pid = clone_as_sibling(self);
         if (pid == 0) {
           ::close(socket);
-          return run_forked(*r, fds);
+          return run_forked(*r, fds, reset);
         }
         reply = pid > 0 ? pid : -errno;
       } catch (const std::exception&) {
