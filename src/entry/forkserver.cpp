@@ -7,6 +7,7 @@
 
 #include "config.hpp"
 #include "entry/entry.hpp"
+#include "process/per_process.hpp"
 
 #include <asio/io_context.hpp>
 
@@ -150,20 +151,8 @@ struct server_link {
 
 struct server_slot {
   std::mutex mutex;
-  pid_t owner = 0;
   std::unique_ptr<server_link> link;
 };
-
-// This process's link. A forked child finds its parent's link copied, with
-// descriptors it has closed: it lets that go untouched and starts afresh.
-server_link& link_of_this_process(server_slot& slot) {
-  if (slot.owner != ::getpid()) {
-    static_cast<void>(slot.link.release());
-    slot.owner = ::getpid();
-  }
-  if (!slot.link) slot.link = std::make_unique<server_link>();
-  return *slot.link;
-}
 
 int start_server(server_link& l) {
   int ends[2];
@@ -284,16 +273,17 @@ bool server_gone(int reply) { return reply == -EPIPE || reply == -ECONNRESET; }
 std::size_t start_from_server(std::span<server_request> requests, const function_call& call,
                               launch_failure& f) noexcept {
   // Never destroyed: a forked child that calls exit() must not touch its
-  // copy. The server ends by itself when this process goes (its socket
-  // closes; parent-death signal).
-  static server_slot& slot = *new server_slot;
+  // copy, whose descriptors it may have closed. The server ends by itself
+  // when this process goes (its socket closes; parent-death signal).
+  auto& slot = of_this_process<server_slot>();
   // Requests in flight hold their descriptors in the socket: a window at a
   // time keeps them well under the limit on descriptors in flight.
   constexpr std::size_t window = 16;
   std::size_t started = 0;
   try {
     std::lock_guard lock(slot.mutex);
-    auto& l = link_of_this_process(slot);
+    if (!slot.link) slot.link = std::make_unique<server_link>();
+    auto& l = *slot.link;
     // A server that died since the last start has closed its end.
     if (l.socket >= 0) {
       pollfd p{l.socket, POLLRDHUP, 0};

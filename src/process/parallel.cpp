@@ -1,6 +1,8 @@
 // The pool of launching threads.
 #include "process/parallel.hpp"
 
+#include "process/per_process.hpp"
+
 #include <signal.h>
 #include <unistd.h>
 
@@ -18,7 +20,7 @@ namespace {
 
 // Threads that wait for work and never end. Never destroyed: threads may
 // still wait on it at exit. A forked child finds a copy whose threads it
-// does not have: it makes a pool of its own.
+// does not have: it makes a pool of its own (of_this_process).
 class launch_pool {
  public:
   // Adds threads until there are `count`; false when one cannot be made.
@@ -69,18 +71,6 @@ class launch_pool {
   unsigned threads_ = 0;
 };
 
-launch_pool& pool_of_this_process() {
-  static std::mutex guard;
-  static pid_t owner = 0;
-  static launch_pool* pool = nullptr;
-  std::lock_guard lock(guard);
-  if (owner != ::getpid()) {
-    pool = new launch_pool;  // the copy a fork left behind is let go, untouched
-    owner = ::getpid();
-  }
-  return *pool;
-}
-
 }  // namespace
 
 unsigned start_threads(unsigned threads, std::size_t count) {
@@ -101,7 +91,7 @@ void for_each_parallel(std::size_t count, unsigned threads, const std::function<
     }
   };
   unsigned helpers = threads > 1 ? threads - 1 : 0;
-  auto& pool = pool_of_this_process();
+  auto& pool = of_this_process<launch_pool>();
   if (helpers > 0 && !pool.grow(helpers)) helpers = 0;  // no thread to spare: the caller does it all
   // Each job's end is awaited, also of jobs that find no index left: they
   // use this frame.

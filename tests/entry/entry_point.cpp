@@ -102,6 +102,19 @@ COHORT_ENTRYPOINT(environment_of);
 void print_rank(int rank) { std::printf("rank %d\n", rank); }
 COHORT_ENTRYPOINT(print_rank);
 
+int rank_times_two(int rank) { return rank * 2; }
+COHORT_ENTRYPOINT(rank_times_two);
+
+// In a rank: runs 3 ranks of rank_times_two by `inner` (parallel starts
+// for spawn), and returns the sum of what they returned.
+int sum_of_inner(int, int inner) {
+  join_options options{.method = static_cast<start_method>(inner), .start_threads = 3};
+  int sum = 0;
+  for (int value : spawn_and_join(rank_times_two, std::tuple{}, 3, options)) sum += value;
+  return sum;
+}
+COHORT_ENTRYPOINT(sum_of_inner);
+
 int rank_after_a_while(int rank) {
   std::this_thread::sleep_for(200ms);
   return rank * 10;
@@ -453,6 +466,18 @@ TEST_SUITE("entry points") {
       }
     });
     ::sigaction(SIGUSR1, &old, nullptr);
+  }
+
+  TEST_CASE("a forked rank starts groups of its own by every method: the parent's server and pool are not its") {
+    // Used here first, so the forked ranks inherit copies of them.
+    REQUIRE(run_function(call(start_method::forkserver, rank_itself), 2).ok());
+    REQUIRE(run_function(call(start_method::spawn, rank_itself), 4).ok());
+    for (start_method inner : all_methods) {
+      CAPTURE(to_string(inner));
+      auto r = run_function(call(start_method::fork, sum_of_inner, static_cast<int>(inner)), 2);
+      REQUIRE(r.ok());
+      for (const auto& value : r.return_values) CHECK(value->as<int>() == 0 + 2 + 4);
+    }
   }
 
   TEST_CASE("a forkserver that died since the last start is started again") {
