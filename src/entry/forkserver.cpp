@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
 #include <linux/sched.h>
 #include <poll.h>
 #include <sched.h>
@@ -38,17 +39,21 @@ extern char** environ;
 namespace cohort::detail {
 namespace {
 
-// The descriptors of a request, in this order.
+// The descriptors of a request, in this order, then those the child keeps
+// (keep_fds), at most max_kept of them.
 enum slot { in_fd, out_fd, err_fd, result_slot, report_slot, request_slot, slots };
+constexpr std::size_t max_fds = slots + max_kept;  // under the kernel's 253 a message
+using fd_array = std::array<int, max_fds>;
 
 // rank, parent pid, death signal, new group, close other fds, name, cwd,
-// environment, arguments.
+// environment, arguments, the numbers the kept descriptors have in the
+// requester (and must have in the child).
 using request = std::tuple<int, int, int, bool, bool, std::string, std::string, std::vector<std::string>,
-                           std::vector<std::byte>>;
+                           std::vector<std::byte>, std::vector<int>>;
 
 bool send_with_fds(int socket, const void* data, std::size_t size, const int* fds, std::size_t count) {
   iovec iov{const_cast<void*>(data), size};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * slots)]{};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_fds)]{};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -70,9 +75,9 @@ bool send_with_fds(int socket, const void* data, std::size_t size, const int* fd
 
 // Receives one message; returns its size (0 at EOF, -1 on error) and the
 // descriptors that came with it (close-on-exec).
-ssize_t receive_with_fds(int socket, void* data, std::size_t size, std::array<int, slots>& fds, std::size_t& count) {
+ssize_t receive_with_fds(int socket, void* data, std::size_t size, fd_array& fds, std::size_t& count) {
   iovec iov{data, size};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * slots)]{};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_fds)]{};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
@@ -85,7 +90,7 @@ ssize_t receive_with_fds(int socket, void* data, std::size_t size, std::array<in
   count = 0;
   for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
     if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-      count = std::min<std::size_t>((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int), slots);
+      count = std::min<std::size_t>((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int), max_fds);
       std::memcpy(fds.data(), CMSG_DATA(cm), sizeof(int) * count);
     }
   }
@@ -110,13 +115,28 @@ pid_t clone_as_sibling(const thread_identity& self) {
   return pid;
 }
 
-// In the forked child: sets itself up, reports, runs the function.
-int run_forked(request& r, const std::array<int, slots>& fds, const sigset_t& reset) {
-  auto& [rank, parent, death_signal, new_group, close_fds, name, cwd, env, args] = r;
+// In the forked child: puts the kept descriptors at the numbers they had in
+// the requester, sets itself up, reports, runs the function.
+int run_forked(request& r, const fd_array& received, const sigset_t& reset) {
+  auto& [rank, parent, death_signal, new_group, close_fds, name, cwd, env, args, kept] = r;
   std::vector<char*> envp;
   for (auto& entry : env) envp.push_back(entry.data());
   envp.push_back(nullptr);
-  std::array<int, 2> keep{fds[result_slot], fds[report_slot]};
+  // Every descriptor needed is first moved above all the numbers involved,
+  // so that placing one never overwrites another.
+  int top = 2;
+  for (std::size_t i = 0; i < slots + kept.size(); ++i) top = std::max(top, received[i]);
+  for (int number : kept) top = std::max(top, number);
+  fd_array fds{};
+  for (std::size_t i = 0; i < slots + kept.size(); ++i) {
+    fds[i] = ::fcntl(received[i], F_DUPFD_CLOEXEC, top + 1);
+    if (fds[i] < 0) ::_exit(127);  // no report pipe to say so on yet: the parent sees it end
+  }
+  std::vector<int> keep{fds[result_slot], fds[report_slot]};
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    if (::dup2(fds[slots + i], kept[i]) < 0) ::_exit(127);
+    keep.push_back(kept[i]);
+  }
   std::sort(keep.begin(), keep.end());
   launch_plan p;
   p.envp = envp.data();
@@ -187,14 +207,14 @@ int serve_forks(int socket) {
   const sigset_t reset = signals_to_reset();  // this server sets no handler later
   for (;;) {
     int header = 0;
-    std::array<int, slots> fds{};
+    fd_array fds{};
     std::size_t count = 0;
     const ssize_t n = receive_with_fds(socket, &header, sizeof header, fds, count);
     if (n <= 0) return 0;  // the requester is gone
     int reply;
     std::optional<request> r;
     std::vector<std::byte> bytes;
-    if (count != slots) {
+    if (count < slots) {
       reply = -EINVAL;
     } else if (!known) {
       reply = -ENOSYS;  // no PR_GET_TID_ADDRESS (a kernel without CONFIG_CHECKPOINT_RESTORE)
@@ -203,6 +223,7 @@ int serve_forks(int socket) {
     } else {
       try {
         r = decode<request>(encoded::from_bytes(std::move(bytes)));
+        if (count != slots + std::get<9>(*r).size()) throw std::invalid_argument("descriptors");
         const pid_t pid = clone_as_sibling(self);
         if (pid == 0) {
           ::close(socket);
@@ -222,7 +243,8 @@ namespace {
 
 // A request's descriptors as sent, and the read end of its report pipe.
 struct outgoing {
-  std::array<int, slots> fds{};
+  fd_array fds{};
+  std::size_t count = slots;
   int request_fd = -1;
   int report[2]{-1, -1};
   outgoing() = default;
@@ -241,8 +263,16 @@ int prepare(const server_request& r, const function_call& call, outgoing& o, sta
   std::vector<std::string> env;
   for (char* const* e = p.envp; *e != nullptr; ++e) env.emplace_back(*e);
   const auto args = call.args.bytes();
+  std::vector<int> kept;  // the plan keeps the result memfd too: it has a slot of its own
+  for (std::size_t i = 0; i < p.keep_count; ++i) {
+    if (p.keep[i] != r.result_fd) kept.push_back(p.keep[i]);
+  }
+  if (kept.size() > max_kept) {
+    where = stage::fds;
+    return E2BIG;
+  }
   const request req{r.rank, p.parent, p.death_signal, p.new_group, p.close_fds, call.name,
-                    p.cwd != nullptr ? p.cwd : "", std::move(env), std::vector<std::byte>(args.begin(), args.end())};
+                    p.cwd != nullptr ? p.cwd : "", std::move(env), std::vector<std::byte>(args.begin(), args.end()), kept};
   where = stage::start;
   o.request_fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
   if (o.request_fd < 0 || !write_whole(o.request_fd, encode(req).bytes())) return errno;
@@ -252,13 +282,15 @@ int prepare(const server_request& r, const function_call& call, outgoing& o, sta
   o.fds[result_slot] = r.result_fd;
   o.fds[report_slot] = o.report[1];
   o.fds[request_slot] = o.request_fd;
+  for (std::size_t i = 0; i < kept.size(); ++i) o.fds[slots + i] = kept[i];
+  o.count = slots + kept.size();
   return 0;
 }
 
 // Receives one reply: the server's answer, or -errno.
 int receive_reply(int socket) {
   int reply = 0;
-  std::array<int, slots> none{};
+  fd_array none{};
   std::size_t count = 0;
   const ssize_t n = receive_with_fds(socket, &reply, sizeof reply, none, count);
   for (std::size_t i = 0; i < count; ++i) ::close(none[i]);
@@ -309,7 +341,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
           break;
         }
         int header = 0;
-        if (!send_with_fds(l.socket, &header, sizeof header, o->fds.data(), o->fds.size())) {
+        if (!send_with_fds(l.socket, &header, sizeof header, o->fds.data(), o->count)) {
           error = errno;
           break;
         }

@@ -16,6 +16,9 @@ namespace cohort::detail {
 /// the child's exit code, for main to return.
 int serve_forks(int socket);
 
+/// The most descriptors (keep_fds) a forkserver child can be given.
+inline constexpr std::size_t max_kept = 240;
+
 /// One rank for the forkserver to start: its plan, and what comes back.
 struct server_request {
   launch_plan* plan;

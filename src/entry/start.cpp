@@ -208,8 +208,9 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
   if (call.method == start_method::forkserver) {
     check_reexecutable(call, describe_rank(call, 0));
     for (std::size_t r = 0; r < n; ++r) {
-      if (!options[r].keep_fds.empty()) {
-        throw std::invalid_argument(describe_rank(call, static_cast<int>(r)) + ": keep_fds cannot pass through the forkserver");
+      if (options[r].keep_fds.size() > max_kept) {
+        throw std::invalid_argument(fmt::format("{}: the forkserver passes at most {} keep_fds",
+                                                describe_rank(call, static_cast<int>(r)), max_kept));
       }
     }
   }

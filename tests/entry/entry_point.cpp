@@ -14,9 +14,11 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -101,6 +103,13 @@ COHORT_ENTRYPOINT(environment_of);
 
 void print_rank(int rank) { std::printf("rank %d\n", rank); }
 COHORT_ENTRYPOINT(print_rank);
+
+// Writes "<rank>\n" on descriptor `fd`, kept open for it by keep_fds.
+void write_rank_to(int rank, int fd) {
+  const std::string line = std::to_string(rank) + "\n";
+  if (::write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) throw std::runtime_error("write");
+}
+COHORT_ENTRYPOINT(write_rank_to);
 
 int rank_times_two(int rank) { return rank * 2; }
 COHORT_ENTRYPOINT(rank_times_two);
@@ -478,6 +487,26 @@ TEST_SUITE("entry points") {
       REQUIRE(r.ok());
       for (const auto& value : r.return_values) CHECK(value->as<int>() == 0 + 2 + 4);
     }
+  }
+
+  TEST_CASE("keep_fds reach the ranks at the same numbers, through every start method") {
+    for_each_method([](start_method method) {
+      int ends[2];
+      REQUIRE(::pipe2(ends, O_CLOEXEC) == 0);
+      // A number that the forkserver's own descriptors may well hold.
+      const int kept = ::fcntl(ends[1], F_DUPFD_CLOEXEC, 7);
+      ::close(ends[1]);
+      join_options options{.method = method};
+      options.spawn.keep_fds = {kept};
+      spawn_and_join(write_rank_to, std::tuple{kept}, 3, options);
+      ::close(kept);
+      std::string text;
+      char buf[64];
+      for (ssize_t n; (n = ::read(ends[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+      ::close(ends[0]);
+      std::sort(text.begin(), text.end());
+      CHECK(text == "\n\n\n012");
+    });
   }
 
   TEST_CASE("a forkserver that died since the last start is started again") {
