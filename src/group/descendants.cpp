@@ -58,12 +58,64 @@ pid_t parent_of(pid_t pid) {
   return ppid;
 }
 
+long read_number(const char* path) {
+  char text[32]{};
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  return n > 0 ? std::strtol(text, nullptr, 10) : -1;
+}
+
+// Processes made since boot, from the "processes" line of /proc/stat.
+long long forks_since_boot() {
+  std::string stat;
+  const int fd = ::open("/proc/stat", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) stat.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  const auto at = stat.find("\nprocesses ");
+  return at == std::string::npos ? -1 : std::strtoll(stat.c_str() + at + 11, nullptr, 10);
+}
+
 }  // namespace
+
+pid_window::pid_window() {
+  const long last = read_number("/proc/sys/kernel/ns_last_pid");
+  const long long forks = forks_since_boot();
+  if (last <= 0 || forks < 0) return;
+  known_ = true;
+  first_ = last_ = static_cast<pid_t>(last);
+  forks_ = static_cast<unsigned long long>(forks);
+}
+
+void pid_window::refresh() {
+  all_ = true;
+  if (!known_) return;
+  const long last = read_number("/proc/sys/kernel/ns_last_pid");
+  const long long forks = forks_since_boot();
+  const long pid_max = read_number("/proc/sys/kernel/pid_max");
+  if (last <= 0 || forks < 0 || pid_max <= 0) return;
+  // The count covers every pid namespace, so it errs on the side of
+  // looking at every pid.
+  if (static_cast<unsigned long long>(forks) - forks_ >= static_cast<unsigned long long>(pid_max) / 2) return;
+  last_ = static_cast<pid_t>(last);
+  all_ = false;
+}
+
+bool pid_window::holds(pid_t pid) const noexcept {
+  if (all_) return true;
+  if (first_ <= last_) return pid > first_ && pid <= last_;
+  return pid > first_ || pid <= last_;  // the allocation went round past pid_max
+}
 
 // getpgid and getsid are cheap system calls; /proc/<pid>/stat is not (the
 // kernel gathers every field), so parents are read only for the few
 // processes of this session.
-std::vector<pid_t> group_descendants(const std::string& marker, const std::set<pid_t>& ranks, bool by_parent) {
+std::vector<pid_t> group_descendants(const std::string& marker, const std::set<pid_t>& ranks, bool by_parent,
+                                     const pid_window& window) {
   std::vector<pid_t> found;
   std::multimap<pid_t, pid_t> children;  // parent -> child, within this session
   DIR* proc = ::opendir("/proc");
@@ -74,7 +126,7 @@ std::vector<pid_t> group_descendants(const std::string& marker, const std::set<p
     const long number = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end != '\0') continue;
     const auto pid = static_cast<pid_t>(number);
-    if (pid == self || ranks.contains(pid)) continue;
+    if (pid == self || ranks.contains(pid) || !window.holds(pid)) continue;
     // A member of a rank's group, but not a leader: a leader whose pid
     // equals a reaped rank's would be a recycled pid, which no group
     // still in use can have.

@@ -12,6 +12,29 @@
 
 namespace cohort::detail {
 
+/// The pids allocated since a moment: every process a group starts gets
+/// one of them, so the scans skip the processes that were there before.
+/// Pids are allocated in turn (in a cycle up to pid_max), so they are those
+/// after the last pid allocated then, up to the last allocated now, as long
+/// as fewer processes than pid_max were made meanwhile (counted in
+/// /proc/stat); when that cannot be told, every pid counts.
+class pid_window {
+ public:
+  /// Opens the window now.
+  pid_window();
+  /// Whether `pid` may have been allocated since the window opened. Call
+  /// refresh() first for the pids allocated up to now.
+  bool holds(pid_t pid) const noexcept;
+  void refresh();
+
+ private:
+  bool known_ = false;  // false: every pid counts
+  pid_t first_ = 0;     // the last pid allocated when the window opened
+  pid_t last_ = 0;      // the last allocated at the latest refresh()
+  unsigned long long forks_ = 0;
+  bool all_ = true;
+};
+
 /// The processes of a group besides its ranks, as seen now: those in a
 /// rank's process group (each rank leads its own; zombies included), and
 /// those whose initial environment (/proc/<pid>/environ) holds `marker`
@@ -19,9 +42,10 @@ namespace cohort::detail {
 /// `ranks` by parent links among the processes of this session: those a
 /// rank forked that never executed a program and left its process group
 /// (the ranks of a group it started in turn), which nothing else tells
-/// apart once they have died. Processes that exit during the scan are
-/// skipped.
-std::vector<pid_t> group_descendants(const std::string& marker, const std::set<pid_t>& ranks, bool by_parent);
+/// apart once they have died. Only pids `window` holds are looked at.
+/// Processes that exit during the scan are skipped.
+std::vector<pid_t> group_descendants(const std::string& marker, const std::set<pid_t>& ranks, bool by_parent,
+                                     const pid_window& window);
 
 /// Processes held by pidfd, so that neither a signal nor a reap can reach
 /// a recycled pid.

@@ -79,6 +79,7 @@ struct group_state {
   bool signalled = false;  // SIGTERM went out: later non-zero exits are the shutdown's doing
   bool hurry = false;      // a second shutdown signal: no more grace
   tracked_processes descendants;  // the group's processes besides its ranks, held for the sweep
+  pid_window pids_since_start;     // opened before the first rank starts
   std::optional<asio::signal_set> signals;
   asio::steady_timer wake;  // the shutdown sleeps on it; exits and stop() cancel it
   asio::steady_timer stop_requested{strand, steady::time_point::max()};  // stop() cancels it
@@ -192,7 +193,8 @@ void signal_running(group_state& state, int sig) {
 // to be ended by the sweep however they end meanwhile.
 void track_descendants(group_state& state, bool by_parent) {
   const std::set<pid_t> ranks(state.pids.begin(), state.pids.end());
-  state.descendants.add(group_descendants(state.marker, ranks, by_parent));
+  state.pids_since_start.refresh();
+  state.descendants.add(group_descendants(state.marker, ranks, by_parent, state.pids_since_start));
 }
 
 // Kills the group's processes besides its ranks, those noted earlier and

@@ -1,6 +1,7 @@
 #include "cohort/group.hpp"
 
 #include "cohort/error_file.hpp"
+#include "group/descendants.hpp"
 
 #include "support/harness.hpp"
 #include "support/process_probe.hpp"
@@ -189,6 +190,18 @@ TEST_SUITE("group") {
       CHECK(result.statuses[static_cast<std::size_t>(rank)]->code() == rank);  // not a parent-death SIGKILL
     }
     CHECK(result.failures.size() == 15);
+  }
+
+  TEST_CASE("a pid window holds the processes made since it opened, not those before") {
+    cohort::detail::pid_window window;
+    const pid_t child = ::fork();
+    if (child == 0) ::_exit(0);
+    REQUIRE(child > 0);
+    window.refresh();
+    CHECK(window.holds(child));
+    CHECK_FALSE(window.holds(::getpid()));
+    CHECK_FALSE(window.holds(1));
+    ::waitpid(child, nullptr, 0);
   }
 
   TEST_CASE("256 ranks run and are all reported") {
