@@ -102,7 +102,25 @@ void pid_window::refresh() {
   // looking at every pid.
   if (static_cast<unsigned long long>(forks) - forks_ >= static_cast<unsigned long long>(pid_max) / 2) return;
   last_ = static_cast<pid_t>(last);
+  max_ = static_cast<pid_t>(pid_max);
   all_ = false;
+}
+
+std::optional<std::vector<pid_t>> pid_window::pids(std::size_t limit) const {
+  if (all_) return std::nullopt;
+  // Past pid_max the allocation starts again low (above the reserved pids:
+  // from 1 is safe, as those are probed and found gone or too old).
+  const std::size_t count = first_ <= last_ ? static_cast<std::size_t>(last_ - first_)
+                                            : static_cast<std::size_t>(max_ - first_) + static_cast<std::size_t>(last_);
+  if (count > limit) return std::nullopt;
+  std::vector<pid_t> list;
+  list.reserve(count);
+  for (pid_t pid = first_ + 1; pid != last_ + 1; ++pid) {
+    if (pid >= max_) pid = 1;
+    list.push_back(pid);
+    if (pid == last_) break;
+  }
+  return list;
 }
 
 bool pid_window::holds(pid_t pid) const noexcept {
@@ -118,26 +136,30 @@ std::vector<pid_t> group_descendants(const std::string& marker, const std::set<p
                                      const pid_window& window) {
   std::vector<pid_t> found;
   std::multimap<pid_t, pid_t> children;  // parent -> child, within this session
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return found;
   const pid_t self = ::getpid(), session = ::getsid(0);
-  while (dirent* entry = ::readdir(proc)) {
-    char* end = nullptr;
-    const long number = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0') continue;
-    const auto pid = static_cast<pid_t>(number);
-    if (pid == self || ranks.contains(pid) || !window.holds(pid)) continue;
+  const auto look_at = [&](pid_t pid) {
+    if (pid == self || ranks.contains(pid) || !window.holds(pid)) return;
     // A member of a rank's group, but not a leader: a leader whose pid
     // equals a reaped rank's would be a recycled pid, which no group
     // still in use can have.
     const pid_t pgid = ::getpgid(pid);
+    if (pgid < 0) return;  // no such process
     if ((pgid != pid && ranks.contains(pgid)) || environment_holds(pid, marker)) {
       found.push_back(pid);
     } else if (by_parent && ::getsid(pid) == session) {
       if (const pid_t parent = parent_of(pid); parent > 0) children.emplace(parent, pid);
     }
+  };
+  if (auto few = window.pids(256)) {  // a system call each, no listing of /proc
+    for (pid_t pid : *few) look_at(pid);
+  } else if (DIR* proc = ::opendir("/proc")) {
+    while (dirent* entry = ::readdir(proc)) {
+      char* end = nullptr;
+      const long number = std::strtol(entry->d_name, &end, 10);
+      if (end != entry->d_name && *end == '\0') look_at(static_cast<pid_t>(number));
+    }
+    ::closedir(proc);
   }
-  ::closedir(proc);
   std::vector<pid_t> parents(ranks.begin(), ranks.end());
   while (!parents.empty()) {
     const pid_t parent = parents.back();

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -26,6 +27,9 @@ class pid_window {
   /// refresh() first for the pids allocated up to now.
   bool holds(pid_t pid) const noexcept;
   void refresh();
+  /// The pids the window holds, in allocation order, when they are known
+  /// and at most `limit`: probing them beats listing /proc.
+  std::optional<std::vector<pid_t>> pids(std::size_t limit) const;
 
  private:
   bool known_ = false;  // false: every pid counts
@@ -33,6 +37,7 @@ class pid_window {
   pid_t last_ = 0;      // the last allocated at the latest refresh()
   unsigned long long forks_ = 0;
   bool all_ = true;
+  pid_t max_ = 0;       // pid_max at the latest refresh()
 };
 
 /// The processes of a group besides its ranks, as seen now: those in a

@@ -201,6 +201,11 @@ TEST_SUITE("group") {
     CHECK(window.holds(child));
     CHECK_FALSE(window.holds(::getpid()));
     CHECK_FALSE(window.holds(1));
+    const auto listed = window.pids(1 << 20);
+    REQUIRE(listed);
+    CHECK(std::find(listed->begin(), listed->end(), child) != listed->end());
+    CHECK(std::find(listed->begin(), listed->end(), ::getpid()) == listed->end());
+    CHECK(std::all_of(listed->begin(), listed->end(), [&](pid_t pid) { return window.holds(pid); }));
     ::waitpid(child, nullptr, 0);
   }
 
