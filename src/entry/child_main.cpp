@@ -171,6 +171,7 @@ std::string stack_trace() {
     }
   }
   record_error(error_report{message, trace, std::nullopt});
+  stop_forkserver();
   std::fflush(stdout);
   std::fprintf(stderr, "cohort: rank %d (pid %d) raised %s\n%s", entry_rank, static_cast<int>(::getpid()),
                message.c_str(), trace.c_str());
@@ -282,6 +283,7 @@ int run_entry(const std::string& name, int rank, const encoded& args, int result
   current_run = &run;
   if (::swapcontext(&caller, &callee) != 0) throw std::system_error(errno, std::system_category(), "cohort: swapcontext");
   current_run = nullptr;
+  stop_forkserver();  // what the function started by the forkserver has ended with it
   if (run.result && !write_whole(result_fd, run.result->bytes())) {
     throw std::system_error(errno, std::system_category(), "cohort: writing the entry point's result");
   }

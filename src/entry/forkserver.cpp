@@ -172,6 +172,7 @@ struct server_link {
 struct server_slot {
   std::mutex mutex;
   std::unique_ptr<server_link> link;
+  bool stops_at_exit = false;  // stop_forkserver() is registered with atexit
 };
 
 int start_server(server_link& l) {
@@ -315,6 +316,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
   try {
     std::lock_guard lock(slot.mutex);
     if (!slot.link) slot.link = std::make_unique<server_link>();
+    if (!slot.stops_at_exit) slot.stops_at_exit = std::atexit(stop_forkserver) == 0;
     auto& l = *slot.link;
     // A server that died since the last start has closed its end.
     if (l.socket >= 0) {
@@ -388,6 +390,16 @@ std::size_t start_from_server(std::span<server_request> requests, const function
     f = {stage::start, e.code().value(), ""};
   }
   return started;
+}
+
+void stop_forkserver() noexcept {
+  try {
+    auto& slot = of_this_process<server_slot>();
+    std::lock_guard lock(slot.mutex);
+    if (slot.link) drop_server(*slot.link);
+  } catch (...) {
+    // No memory for a first use: there is no server to stop.
+  }
 }
 
 }  // namespace cohort::detail

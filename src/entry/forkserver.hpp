@@ -19,6 +19,12 @@ int serve_forks(int socket);
 /// The most descriptors (keep_fds) a forkserver child can be given.
 inline constexpr std::size_t max_kept = 240;
 
+/// Stops this process's forkserver, if it has one, and reaps it. Run when
+/// the process exits (atexit, and after a function rank's function), so
+/// that the server is not left to die an orphan (a zombie of whichever
+/// subreaper supervises this process) by its parent-death signal.
+void stop_forkserver() noexcept;
+
 /// One rank for the forkserver to start: its plan, and what comes back.
 struct server_request {
   launch_plan* plan;

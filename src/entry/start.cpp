@@ -5,6 +5,7 @@
 
 #include "config.hpp"
 #include "entry/forkserver.hpp"
+#include "process/descriptor_limit.hpp"
 #include "process/launch.hpp"
 #include "process/parallel.hpp"
 
@@ -21,6 +22,7 @@
 #include <iostream>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <stdexcept>
 
 extern char** environ;
@@ -160,7 +162,13 @@ void check_reexecutable(const function_call& call, const std::string& what) {
 child start_spawned(const asio::any_io_executor& executor, const function_call& call, int rank,
                     const spawn_options& options, int result_fd, const std::string& what) {
   check_reexecutable(call, what);
-  memfd args("cohort-args");
+  std::optional<memfd> made;
+  try {
+    made.emplace("cohort-args");
+  } catch (const std::system_error& e) {
+    throw std::system_error(e.code(), what + ": memfd_create" + descriptor_limit_note(e.code().value()));
+  }
+  memfd& args = *made;
   if (!write_whole(args.get(), call.args.bytes())) {
     throw std::system_error(errno, std::system_category(), what + ": writing the arguments");
   }
@@ -171,7 +179,7 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
   const command cmd("/proc/self/exe", {"--cohort-entry", call.name, std::to_string(rank)});
   std::error_code ec;
   child started = spawn(executor, cmd, opts, ec);
-  if (ec) throw std::system_error(ec, what + ": re-executing /proc/self/exe");
+  if (ec) throw std::system_error(ec, what + ": re-executing /proc/self/exe" + descriptor_limit_note(ec.value()));
   return started;
 }
 
@@ -199,7 +207,13 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     check_reexecutable(call, describe_rank(call, 0));
     children.resize(n);
     for_each_parallel(n, start_threads(threads, n), [&](std::size_t r) {
-      memfd result("cohort-result");
+      std::optional<memfd> made;
+      try {
+        made.emplace("cohort-result");
+      } catch (const std::system_error& e) {
+        fail(r, {stage::start, e.code().value(), "memfd_create"});
+      }
+      memfd& result = *made;
       children[r] = start_spawned(executor, call, static_cast<int>(r), options[r], result.get(), describe_rank(call, static_cast<int>(r)));
       result_fds[r] = result.release();
     });
@@ -219,7 +233,13 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
   std::vector<std::unique_ptr<rank_launch>> ranks;
   ranks.reserve(n);
   for (std::size_t r = 0; r < n; ++r) {
-    auto& x = *ranks.emplace_back(std::make_unique<rank_launch>());
+    std::unique_ptr<rank_launch> made;
+    try {
+      made = std::make_unique<rank_launch>();
+    } catch (const std::system_error& e) {  // its result memfd
+      fail(r, {stage::start, e.code().value(), "memfd_create"});
+    }
+    auto& x = *ranks.emplace_back(std::move(made));
     launch_failure f;
     std::vector<int> keep{x.result.get()};
     if (call.method == start_method::fork) {

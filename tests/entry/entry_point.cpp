@@ -487,6 +487,9 @@ TEST_SUITE("entry points") {
       REQUIRE(r.ok());
       for (const auto& value : r.return_values) CHECK(value->as<int>() == 0 + 2 + 4);
     }
+    // A rank's own forkserver ends with the rank: no orphan, not even a
+    // zombie, is handed to this subreaper.
+    CHECK(test::children_of_self().empty());
   }
 
   TEST_CASE("keep_fds reach the ranks at the same numbers, through every start method") {
@@ -520,6 +523,38 @@ TEST_SUITE("entry points") {
     CHECK(r.ok());
     for (int rank = 0; rank < 3; ++rank) CHECK(r.return_values[static_cast<std::size_t>(rank)]->as<int>() == rank);
     CHECK(forkserver_pid() != server);
+  }
+
+  TEST_CASE("running out of descriptors while starting names the rank and the limit, and leaves nothing") {
+    for_each_method([](start_method method) {
+      group_spec spec;
+      spec.entry = call(method, rank_itself);
+      spec.nprocs = 64;
+      asio::io_context io;
+      {  // a run first: the descriptors that stay with io_context and process afterwards are open now
+        group_spec once;
+        once.entry = call(method, succeed);
+        group g = start_processes(io.get_executor(), once);
+        io.run();
+        REQUIRE(g.result()->ok());
+        io.restart();
+      }
+      const int fds_before = test::open_fd_count();
+      {
+        test::nofile_limit low(static_cast<rlim_t>(fds_before + 24));
+        try {
+          start_processes(io.get_executor(), spec);
+          FAIL("no exception");
+        } catch (const std::system_error& e) {
+          INFO(std::string(e.what()));
+          CHECK(e.code().value() == EMFILE);
+          CHECK(std::string(e.what()).find(fmt::format("of 'rank_itself' ({})", to_string(method))) != std::string::npos);
+          CHECK(std::string(e.what()).find("RLIMIT_NOFILE") != std::string::npos);
+        }
+      }
+      CHECK(test::children_of_self().empty());
+      CHECK(test::open_fd_count() == fds_before);
+    });
   }
 
   TEST_CASE("a launch failure names the rank and the start method") {
