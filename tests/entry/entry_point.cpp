@@ -174,6 +174,16 @@ pid_t forkserver_pid() {
   return 0;
 }
 
+// Runs one rank of `succeed` on `io` by `method`, and readies io for more.
+void run_once(asio::io_context& io, start_method method) {
+  group_spec once;
+  once.entry = call(method, succeed);
+  group g = start_processes(io.get_executor(), once);
+  io.run();
+  REQUIRE(g.result()->ok());
+  io.restart();
+}
+
 int files_in(const fs::path& dir) {
   int n = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
@@ -429,14 +439,7 @@ TEST_SUITE("entry points") {
       spec.nprocs = 4;
       spec.envs = {{0, {}}, {1, {}}, {2, {{"BAD=NAME", "x"}}}, {3, {}}};
       asio::io_context io;
-      {  // a run first: the descriptors that stay with io_context and process afterwards are open now
-        group_spec once;
-        once.entry = call(method, succeed);
-        group g = start_processes(io.get_executor(), once);
-        io.run();
-        REQUIRE(g.result()->ok());
-        io.restart();
-      }
+      run_once(io, method);  // the descriptors that stay with io and the process are open now
       const int fds_before = test::open_fd_count();
       CHECK_THROWS_AS(start_processes(io.get_executor(), spec), std::invalid_argument);
       CHECK(test::open_fd_count() == fds_before);
@@ -531,14 +534,7 @@ TEST_SUITE("entry points") {
       spec.entry = call(method, rank_itself);
       spec.nprocs = 64;
       asio::io_context io;
-      {  // a run first: the descriptors that stay with io_context and process afterwards are open now
-        group_spec once;
-        once.entry = call(method, succeed);
-        group g = start_processes(io.get_executor(), once);
-        io.run();
-        REQUIRE(g.result()->ok());
-        io.restart();
-      }
+      run_once(io, method);  // the descriptors that stay with io and the process are open now
       const int fds_before = test::open_fd_count();
       {
         test::nofile_limit low(static_cast<rlim_t>(fds_before + 24));
