@@ -81,6 +81,10 @@ struct rank_failure {
   /// or torch's @record): "<type>: <what>", and the stack trace.
   std::string message;
   std::string trace;
+  /// The error file the rank was given (COHORT_ERROR_FILE), whether or not
+  /// it wrote one; in the private directory it is removed when the run
+  /// ends.
+  std::filesystem::path error_file;
   /// When the error happened (the error file's timestamp), else when the
   /// supervisor saw the exit.
   std::chrono::system_clock::time_point timestamp;

@@ -80,7 +80,7 @@ struct group_state {
   bool hurry = false;      // a second shutdown signal: no more grace
   tracked_processes descendants;  // the group's processes besides its ranks, held for the sweep
   pid_window pids_since_start;     // opened before the first rank starts
-  std::optional<asio::signal_set> signals;
+  std::shared_ptr<asio::signal_set> signals;
   asio::steady_timer wake;  // the shutdown sleeps on it; exits and stop() cancel it
   asio::steady_timer stop_requested{strand, steady::time_point::max()};  // stop() cancels it
 
@@ -267,7 +267,7 @@ bool record_exit(group_state& s, int rank, exit_status status) {
     }
   }
   if (status.success() || s.signalled) return false;
-  rank_failure failure{rank, s.pids[r], status, unreadable, {}, std::chrono::system_clock::now()};
+  rank_failure failure{rank, s.pids[r], status, unreadable, {}, s.error_files[r], std::chrono::system_clock::now()};
   if (auto report = read_error_file(s.error_files[r])) {
     failure.message = std::move(report->message);
     failure.trace = std::move(report->trace);
@@ -388,14 +388,16 @@ void group::forward_signals(std::vector<int> shutdown_signals, std::vector<int> 
       }
     }
   }
-  asio::dispatch(state_->strand, [state = state_, shutdown_signals = std::move(shutdown_signals),
-                                  passed_on = std::move(passed_on)] {
+  // Caught from here on: asio queues what arrives before the wait below is
+  // set up on the strand.
+  auto set = std::make_shared<asio::signal_set>(state_->strand);
+  for (int sig : shutdown_signals) set->add(sig);
+  for (int sig : passed_on) set->add(sig);
+  asio::dispatch(state_->strand, [state = state_, set, passed_on = std::move(passed_on)] {
     std::lock_guard lock(state->mutex);
     if (state->finished || state->signals) return;
-    auto& set = state->signals.emplace(state->strand);
-    for (int sig : shutdown_signals) set.add(sig);
-    for (int sig : passed_on) set.add(sig);
-    set.async_wait([state, passed_on](std::error_code ec, int sig) {
+    state->signals = set;
+    state->signals->async_wait([state, passed_on](std::error_code ec, int sig) {
       if (!ec) detail::on_signal(state, passed_on, sig);
     });
   });

@@ -1,0 +1,242 @@
+// cohort-run driven as its users drive it: shell workers, exit codes,
+// signals, restarts, the environment contract and the failure summary.
+#include "cohort/spawn.hpp"
+
+#include "support/harness.hpp"
+#include "support/process_probe.hpp"
+
+#include <doctest/doctest.h>
+
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace cohort;
+using namespace std::chrono_literals;
+using namespace asio::experimental::awaitable_operators;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string cohort_run = COHORT_TEST_COHORT_RUN;
+
+struct outcome {
+  exit_status status;
+  std::string out;
+  std::string err;
+};
+
+// Runs cohort-run with `args`; `during` runs once it has started, with its
+// child object (to signal it).
+template <class F>
+outcome run_launcher(std::vector<std::string> args, F during, std::map<std::string, std::string> env = {}) {
+  asio::io_context io;
+  return test::run(io, [&]() -> asio::awaitable<outcome> {
+    spawn_options options{.out = stdio::pipe(), .err = stdio::pipe()};
+    for (const auto& [name, value] : env) options.env.set(name, value);
+    child c = co_await spawn(command(cohort_run, std::move(args)), options);
+    co_await during(c);
+    auto [out, err] = co_await (test::read_all(c.out()) && test::read_all(c.err()));
+    auto status = co_await c.wait();
+    co_return outcome{status, std::move(out), std::move(err)};
+  }());
+}
+
+outcome run_launcher(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
+  return run_launcher(std::move(args), [](child&) -> asio::awaitable<void> { co_return; }, std::move(env));
+}
+
+std::string read_file(const fs::path& file) {
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The "NAME=value" lines a worker wrote, as a map.
+std::map<std::string, std::string> variables_in(const fs::path& file) {
+  std::map<std::string, std::string> vars;
+  std::istringstream in(read_file(file));
+  for (std::string line; std::getline(in, line);) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) vars[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return vars;
+}
+
+// Waits until `dir` holds `n` files (the workers are up), for at most 10 s.
+asio::awaitable<void> files_appear(const fs::path& dir, std::size_t n) {
+  asio::steady_timer tick(co_await asio::this_coro::executor);
+  for (int i = 0; i < 2000; ++i) {
+    std::size_t count = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++count;
+    if (count >= n) co_return;
+    tick.expires_after(5ms);
+    co_await tick.async_wait(asio::use_awaitable);
+  }
+}
+
+const char* const dump_contract =
+    "for v in RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE "
+    "ROLE_NAME MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID "
+    "TORCHELASTIC_ERROR_FILE COHORT_ERROR_FILE OMP_NUM_THREADS; do eval echo $v=\\$$v; done > \"$0/$RANK\"";
+
+}  // namespace
+
+TEST_SUITE("cohort-run") {
+  TEST_CASE("every worker gets torchrun's environment contract") {
+    test::temp_dir dir;
+    auto r = run_launcher({"--nproc-per-node", "3", "--role", "trainer", "--run-id", "job7", "--max-restarts", "2", "--",
+                           "/bin/sh", "-c", dump_contract, dir.path.string()},
+                          {{"OMP_NUM_THREADS", ""}});
+    REQUIRE(r.status.code() == 0);
+    std::string port;
+    for (int rank = 0; rank < 3; ++rank) {
+      auto v = variables_in(dir.path / std::to_string(rank));
+      CHECK(v["RANK"] == std::to_string(rank));
+      CHECK(v["LOCAL_RANK"] == std::to_string(rank));
+      CHECK(v["WORLD_SIZE"] == "3");
+      CHECK(v["LOCAL_WORLD_SIZE"] == "3");
+      CHECK(v["GROUP_RANK"] == "0");
+      CHECK(v["GROUP_WORLD_SIZE"] == "1");
+      CHECK(v["ROLE_RANK"] == std::to_string(rank));
+      CHECK(v["ROLE_WORLD_SIZE"] == "3");
+      CHECK(v["ROLE_NAME"] == "trainer");
+      CHECK(v["MASTER_ADDR"] == "127.0.0.1");
+      CHECK(std::stoi(v["MASTER_PORT"]) > 0);
+      if (rank == 0) port = v["MASTER_PORT"];
+      CHECK(v["MASTER_PORT"] == port);  // one port for all
+      CHECK(v["TORCHELASTIC_RESTART_COUNT"] == "0");
+      CHECK(v["TORCHELASTIC_MAX_RESTARTS"] == "2");
+      CHECK(v["TORCHELASTIC_RUN_ID"] == "job7");
+      CHECK(!v["TORCHELASTIC_ERROR_FILE"].empty());
+      CHECK(v["COHORT_ERROR_FILE"] == v["TORCHELASTIC_ERROR_FILE"]);
+      CHECK(v["OMP_NUM_THREADS"] == "");  // set, even empty, by the user: left alone
+    }
+  }
+
+  TEST_CASE("with --nnodes and --node-rank, global ranks are node_rank * nproc + local_rank") {
+    test::temp_dir dir;
+    auto r = run_launcher({"--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "2", "--master_addr", "10.0.0.1",
+                           "/bin/sh", "-c", dump_contract, dir.path.string()});
+    REQUIRE(r.status.code() == 0);
+    for (int local = 0; local < 2; ++local) {
+      auto v = variables_in(dir.path / std::to_string(2 + local));
+      CHECK(v["LOCAL_RANK"] == std::to_string(local));
+      CHECK(v["WORLD_SIZE"] == "4");
+      CHECK(v["GROUP_RANK"] == "1");
+      CHECK(v["GROUP_WORLD_SIZE"] == "2");
+      CHECK(v["MASTER_ADDR"] == "10.0.0.1");
+      CHECK(v["MASTER_PORT"] == "29500");  // several nodes must agree on it
+      CHECK(v["OMP_NUM_THREADS"] == "1");  // unset and several ranks: 1
+    }
+    CHECK(r.err.find("OMP_NUM_THREADS") != std::string::npos);  // said once
+  }
+
+  TEST_CASE("a failing rank: the others are shut down, the summary names it, the exit code is its") {
+    auto r = run_launcher({"-n", "3", "--", "/bin/sh", "-c", "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"});
+    CHECK(r.status.code() == 3);
+    CHECK(r.err.find("Root cause (first failure):") != std::string::npos);
+    CHECK(r.err.find("rank       : 1 (local_rank: 1)") != std::string::npos);
+    CHECK(r.err.find("exitcode   : 3") != std::string::npos);
+    CHECK(r.err.find("Other failures:") == std::string::npos);  // the others were ended by the shutdown
+  }
+
+  TEST_CASE("a rank killed by a signal: exit code 128 + the signal, named in the summary") {
+    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", "if [ $RANK = 0 ]; then kill -SEGV $$; fi; sleep 30"});
+    CHECK(r.status.code() == 128 + SIGSEGV);
+    CHECK(r.err.find("exitcode   : signal SIGSEGV (11)") != std::string::npos);
+  }
+
+  TEST_CASE("the error file a worker wrote reaches the summary, with its traceback") {
+    const char* script =
+        "printf '{\"message\": {\"message\": \"ValueError: bad batch\", \"extraInfo\": "
+        "{\"py_callstack\": \"Traceback (most recent call last):\\\\n  File \\\\\"train.py\\\\\", line 3\", "
+        "\"timestamp\": \"1700000000\"}}}' > \"$TORCHELASTIC_ERROR_FILE\"; exit 1";
+    auto r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", script});
+    CHECK(r.status.code() == 1);
+    CHECK(r.err.find("message    : ValueError: bad batch") != std::string::npos);
+    CHECK(r.err.find("File \"train.py\", line 3") != std::string::npos);
+    CHECK(r.err.find("error_file : /") != std::string::npos);
+  }
+
+  TEST_CASE("restarts: a group that succeeds on its third attempt, and one that runs out of them") {
+    const char* third_time_lucky = "[ $TORCHELASTIC_RESTART_COUNT -ge 2 ]";
+    auto ok = run_launcher({"-n", "2", "--max-restarts", "3", "/bin/sh", "-c", third_time_lucky});
+    CHECK(ok.status.code() == 0);
+    CHECK(ok.err.find("attempt 1 failed") != std::string::npos);
+    auto out_of_restarts = run_launcher({"-n", "2", "--max-restarts", "1", "/bin/sh", "-c", third_time_lucky});
+    CHECK(out_of_restarts.status.code() == 1);
+    CHECK(out_of_restarts.err.find("attempt 1 of 1") != std::string::npos);
+  }
+
+  TEST_CASE("SIGTERM to cohort-run shuts the workers down and exits 128 + 15") {
+    test::temp_dir dir;
+    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", "echo $$ > \"$0/$RANK\"; sleep 30", dir.path.string()},
+                          [&](child& c) -> asio::awaitable<void> {
+                            co_await files_appear(dir.path, 2);
+                            c.signal(SIGTERM);
+                          });
+    CHECK(r.status.code() == 128 + SIGTERM);
+    for (int rank = 0; rank < 2; ++rank) {
+      const pid_t pid = std::stoi(read_file(dir.path / std::to_string(rank)));
+      CHECK_FALSE(test::alive(pid));
+    }
+  }
+
+  TEST_CASE("a worker that ignores SIGTERM is SIGKILLed after --grace-period") {
+    auto r = run_launcher({"-n", "2", "--grace-period", "0.2", "--", "/bin/sh", "-c",
+                           "if [ $RANK = 0 ]; then sleep 0.3; exit 5; fi; trap '' TERM; sleep 30"});
+    CHECK(r.status.code() == 5);
+  }
+
+  TEST_CASE("--signals-to-forward passes SIGUSR1 on to every worker") {
+    test::temp_dir dir;
+    auto r = run_launcher({"-n", "2", "--signals-to-forward", "SIGUSR1", "--", "/bin/sh", "-c",
+                           "trap 'echo got > \"$0/usr1-$RANK\"; exit 0' USR1; echo > \"$0/$RANK\"; "
+                           "while true; do sleep 0.05; done",
+                           dir.path.string()},
+                          [&](child& c) -> asio::awaitable<void> {
+                            co_await files_appear(dir.path, 2);
+                            c.signal(SIGUSR1);
+                          });
+    CHECK(r.status.code() == 0);
+    CHECK(read_file(dir.path / "usr1-0") == "got\n");
+    CHECK(read_file(dir.path / "usr1-1") == "got\n");
+  }
+
+  TEST_CASE("a grandchild that escaped with setsid is gone when cohort-run ends") {
+    test::temp_dir dir;
+    auto r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", "setsid sleep 60 & echo $! > \"$0/grandchild\"; exit 0",
+                           dir.path.string()});
+    CHECK(r.status.code() == 0);
+    const pid_t grandchild = std::stoi(read_file(dir.path / "grandchild"));
+    CHECK_FALSE(test::alive(grandchild));
+  }
+
+  TEST_CASE("a missing program is one line naming it, exit 127; a bad flag is a usage error, exit 2") {
+    auto missing = run_launcher({"-n", "2", "no-such-program-here"});
+    CHECK(missing.status.code() == 127);
+    CHECK(missing.err == "cohort-run: no-such-program-here: not found in PATH\n");
+    auto bad = run_launcher({"--no-such-flag", "--", "true"});
+    CHECK(bad.status.code() == 2);
+    CHECK(bad.err.find("--no-such-flag") != std::string::npos);
+    auto none = run_launcher({"-n", "2"});
+    CHECK(none.status.code() == 2);
+    auto bad_count = run_launcher({"-n", "zero", "true"});
+    CHECK(bad_count.status.code() == 2);
+    auto version = run_launcher({"--version"});
+    CHECK(version.status.code() == 0);
+    CHECK(version.out.rfind("cohort-run ", 0) == 0);
+  }
+}
