@@ -1,0 +1,69 @@
+"""PyTorch workers, unchanged, under cohort-run: a gloo all_reduce across 4
+ranks, and a worker whose exception torch's @record writes to the error
+file, which must reach cohort-run's summary. Exits 77 (skipped) where
+torch cannot be imported.
+
+    torch_workers.py COHORT_RUN
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+cohort_run = sys.argv[1]
+# Debian's python3-torch is installed for Debian's interpreter.
+python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+if subprocess.run([python, "-c", "import torch.distributed"], capture_output=True).returncode != 0:
+    print("torch is not importable: skipped")
+    sys.exit(77)
+
+ALL_REDUCE = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: {t.item()}", flush=True)
+dist.destroy_process_group()
+"""
+
+RECORD = """
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    raise ValueError("bad batch from the worker")
+
+if __name__ == "__main__":
+    main()
+"""
+
+failures = []
+
+
+def check(condition, what):
+    if not condition:
+        failures.append(what)
+
+
+with tempfile.TemporaryDirectory() as tmp:
+    script = os.path.join(tmp, "all_reduce.py")
+    with open(script, "w") as f:
+        f.write(textwrap.dedent(ALL_REDUCE))
+    run = subprocess.run([cohort_run, "-n", "4", "--", python, script], capture_output=True, text=True, timeout=300)
+    check(run.returncode == 0, f"all_reduce exit code {run.returncode}: {run.stderr}")
+    lines = sorted(run.stdout.splitlines())
+    check(lines == [f"rank {r} of 4: 10.0" for r in range(4)], f"all_reduce output {lines}")
+
+    script = os.path.join(tmp, "record_worker.py")
+    with open(script, "w") as f:
+        f.write(textwrap.dedent(RECORD))
+    run = subprocess.run([cohort_run, "-n", "2", "--", python, script], capture_output=True, text=True, timeout=300)
+    check(run.returncode == 1, f"@record exit code {run.returncode}")
+    summary = run.stderr[run.stderr.find("Root cause"):]
+    check("message    : ValueError: bad batch from the worker" in summary, f"@record message missing: {run.stderr}")
+    check("record_worker.py\", line 6, in main" in summary, f"@record traceback missing: {run.stderr}")
+
+for failure in failures:
+    print("FAILED:", failure)
+sys.exit(1 if failures else 0)
