@@ -18,12 +18,14 @@ if subprocess.run([python, "-c", "import torch.distributed"], capture_output=Tru
     print("torch is not importable: skipped")
     sys.exit(77)
 
+# One write per line: the ranks share cohort-run's stdout, where separate
+# writes of a line and its newline (PYTHONUNBUFFERED) could interleave.
 ALL_REDUCE = """
-import torch, torch.distributed as dist
+import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
-print(f"rank {dist.get_rank()} of {dist.get_world_size()}: {t.item()}", flush=True)
+os.write(1, f"rank {dist.get_rank()} of {dist.get_world_size()}: {t.item()}\\n".encode())
 dist.destroy_process_group()
 """
 
