@@ -4,6 +4,7 @@
 //
 //   cohort-run [options] [--] program [args...]
 #include <cohort/group.hpp>
+#include <cohort/guardian.hpp>
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -281,6 +282,9 @@ void check_program(const std::string& program) {
 
 int run(run_options o) {
   check_program(o.command.front());
+  // Before any thread: what the workers start dies with cohort-run, also
+  // when it is killed with SIGKILL.
+  const cohort::guardian guard;
   const int nproc = ranks_per_node(o.nproc_per_node);
   if (o.master_port == 0) o.master_port = o.nnodes == 1 ? free_port() : 29500;
   std::vector<int> passed_on;

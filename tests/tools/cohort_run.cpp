@@ -12,6 +12,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -222,6 +223,30 @@ TEST_SUITE("cohort-run") {
     CHECK(r.status.code() == 0);
     const pid_t grandchild = std::stoi(read_file(dir.path / "grandchild"));
     CHECK_FALSE(test::alive(grandchild));
+  }
+
+  TEST_CASE("cohort-run killed with SIGKILL leaves no worker and no setsid grandchild behind") {
+    test::temp_dir dir;
+    // (Nothing keeps cohort-run's output open: its end is not waited for.)
+    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c",
+                           "exec >/dev/null 2>&1; setsid sleep 60 & echo $! > \"$0/grandchild-$RANK\"; "
+                           "sleep 60 & echo $! > \"$0/child-$RANK\"; echo $$ > \"$0/$RANK\"; wait",
+                           dir.path.string()},
+                          [&](child& c) -> asio::awaitable<void> {
+                            co_await files_appear(dir.path, 6);
+                            c.signal(SIGKILL);
+                          });
+    CHECK(r.status.signal() == SIGKILL);
+    std::vector<pid_t> left;
+    for (const char* name : {"0", "1", "child-0", "child-1", "grandchild-0", "grandchild-1"}) {
+      left.push_back(std::stoi(read_file(dir.path / name)));
+    }
+    // The workers die by their parent-death signal, the grandchildren by the
+    // guardian: a moment after cohort-run.
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    const auto any_alive = [&] { return std::any_of(left.begin(), left.end(), [](pid_t p) { return test::alive(p); }); };
+    while (any_alive() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
+    CHECK_FALSE(any_alive());
   }
 
   TEST_CASE("a missing program is one line naming it, exit 127; a bad flag is a usage error, exit 2") {

@@ -1,0 +1,113 @@
+// The guardian: a forked process that outlives its parent just long enough
+// to kill what the parent's groups left behind.
+#include "cohort/guardian.hpp"
+
+#include <fmt/format.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+
+namespace cohort {
+namespace {
+
+// Whether the initial environment of `pid` holds a variable starting with
+// `prefix`.
+bool carries(const char* pid, std::string_view prefix) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%s/environ", pid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::string block;
+  char buf[8192];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) block.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  for (std::size_t begin = 0; begin < block.size();) {
+    std::size_t end = block.find('\0', begin);
+    if (end == std::string::npos) end = block.size();
+    if (std::string_view(block).substr(begin, end - begin).starts_with(prefix)) return true;
+    begin = end + 1;
+  }
+  return false;
+}
+
+// Kills every marked process it finds; the number found.
+int kill_marked(std::string_view prefix) {
+  int found = 0;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return 0;
+  const pid_t self = ::getpid();
+  while (dirent* entry = ::readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || pid == self) continue;
+    if (carries(entry->d_name, prefix)) {
+      ::kill(static_cast<pid_t>(pid), SIGKILL);
+      ++found;
+    }
+  }
+  ::closedir(proc);
+  return found;
+}
+
+[[noreturn]] void guard(int pipe, pid_t parent) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::signal(sig, SIG_IGN);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::prctl(PR_SET_NAME, "cohort-guardian");
+  ::syscall(SYS_close_range, 3U, static_cast<unsigned>(pipe) - 1, 0U);
+  ::syscall(SYS_close_range, static_cast<unsigned>(pipe) + 1, ~0U, 0U);
+  char byte;
+  while (::read(pipe, &byte, 1) < 0 && errno == EINTR) {
+  }
+  // The parent is gone (or lets go): its marked processes go too. Killed
+  // ones stop showing once dead, so a pass that finds none ends the work;
+  // at most 10 s, for a process stuck in the kernel.
+  const std::string prefix = fmt::format("COHORT_GROUP_{}_", parent);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (kill_marked(prefix) > 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ::_exit(0);
+}
+
+}  // namespace
+
+guardian::guardian() {
+  int ends[2];
+  if (::pipe2(ends, O_CLOEXEC) != 0) throw std::system_error(errno, std::system_category(), "cohort::guardian: pipe2");
+  const pid_t parent = ::getpid();
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    ::close(ends[1]);
+    guard(ends[0], parent);
+  }
+  const int error = errno;
+  ::close(ends[0]);
+  if (pid_ < 0) {
+    ::close(ends[1]);
+    throw std::system_error(error, std::system_category(), "cohort::guardian: fork");
+  }
+  pipe_ = ends[1];
+}
+
+guardian::~guardian() {
+  if (pipe_ >= 0) ::close(pipe_);
+  if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
+}
+
+}  // namespace cohort
