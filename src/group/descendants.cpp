@@ -36,17 +36,6 @@ std::string read_proc(pid_t pid, const char* name) {
   return text;
 }
 
-bool environment_holds(pid_t pid, std::string_view marker) {
-  const std::string block = read_proc(pid, "environ");
-  for (std::size_t begin = 0; begin < block.size();) {
-    std::size_t end = block.find('\0', begin);
-    if (end == std::string::npos) end = block.size();
-    if (std::string_view(block).substr(begin, end - begin) == marker) return true;
-    begin = end + 1;
-  }
-  return false;
-}
-
 // The parent of `pid`, from /proc/<pid>/stat (the fields after the command
 // name, which may hold anything but ends at the last ')'); 0 when gone.
 pid_t parent_of(pid_t pid) {
@@ -57,6 +46,22 @@ pid_t parent_of(pid_t pid) {
   if (close == std::string::npos || std::sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) != 2) return 0;
   return ppid;
 }
+
+}  // namespace
+
+bool environment_holds(pid_t pid, std::string_view entry, bool as_prefix) {
+  const std::string block = read_proc(pid, "environ");
+  for (std::size_t begin = 0; begin < block.size();) {
+    std::size_t end = block.find('\0', begin);
+    if (end == std::string::npos) end = block.size();
+    const auto variable = std::string_view(block).substr(begin, end - begin);
+    if (as_prefix ? variable.starts_with(entry) : variable == entry) return true;
+    begin = end + 1;
+  }
+  return false;
+}
+
+namespace {
 
 long read_number(const char* path) {
   char text[32]{};

@@ -9,9 +9,15 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace cohort::detail {
+
+/// Whether the initial environment of `pid` (/proc/<pid>/environ) holds
+/// `entry` ("NAME=value"), or with `as_prefix` a variable starting with it.
+/// False for a process that is gone or whose environment cannot be read.
+bool environment_holds(pid_t pid, std::string_view entry, bool as_prefix = false);
 
 /// The pids allocated since a moment: every process a group starts gets
 /// one of them, so the scans skip the processes that were there before.

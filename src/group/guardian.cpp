@@ -2,6 +2,8 @@
 // to kill what the parent's groups left behind.
 #include "cohort/guardian.hpp"
 
+#include "group/descendants.hpp"
+
 #include <fmt/format.h>
 
 #include <dirent.h>
@@ -23,27 +25,6 @@
 namespace cohort {
 namespace {
 
-// Whether the initial environment of `pid` holds a variable starting with
-// `prefix`.
-bool carries(const char* pid, std::string_view prefix) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%s/environ", pid);
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  std::string block;
-  char buf[8192];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) block.append(buf, static_cast<std::size_t>(n));
-  ::close(fd);
-  for (std::size_t begin = 0; begin < block.size();) {
-    std::size_t end = block.find('\0', begin);
-    if (end == std::string::npos) end = block.size();
-    if (std::string_view(block).substr(begin, end - begin).starts_with(prefix)) return true;
-    begin = end + 1;
-  }
-  return false;
-}
-
 // Kills every marked process it finds; the number found.
 int kill_marked(std::string_view prefix) {
   int found = 0;
@@ -54,7 +35,7 @@ int kill_marked(std::string_view prefix) {
     char* end = nullptr;
     const long pid = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end != '\0' || pid == self) continue;
-    if (carries(entry->d_name, prefix)) {
+    if (detail::environment_holds(static_cast<pid_t>(pid), prefix, true)) {
       ::kill(static_cast<pid_t>(pid), SIGKILL);
       ++found;
     }
