@@ -144,6 +144,21 @@ TEST_SUITE("cohort-run") {
     CHECK(r.err.find("OMP_NUM_THREADS") != std::string::npos);  // said once
   }
 
+  TEST_CASE("--nproc-per-node cpu runs a rank per CPU; --standalone gives a run id of its own") {
+    test::temp_dir dir;
+    auto r = run_launcher({"--nproc-per-node", "cpu", "--standalone", "/bin/sh", "-c", dump_contract, dir.path.string()});
+    REQUIRE(r.status.code() == 0);
+    const int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    std::size_t files = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir.path)) ++files;
+    CHECK(files == static_cast<std::size_t>(cpus));
+    auto v = variables_in(dir.path / "0");
+    CHECK(v["WORLD_SIZE"] == std::to_string(cpus));
+    CHECK(v["TORCHELASTIC_RUN_ID"] != "none");
+    CHECK(v["TORCHELASTIC_RUN_ID"].size() == 8);
+    CHECK(v["MASTER_ADDR"] == "127.0.0.1");
+  }
+
   TEST_CASE("a failing rank: the others are shut down, the summary names it, the exit code is its") {
     auto r = run_launcher({"-n", "3", "--", "/bin/sh", "-c", "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"});
     CHECK(r.status.code() == 3);
