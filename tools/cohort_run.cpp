@@ -141,8 +141,8 @@ std::string describe_status(const cohort::exit_status& status) {
 // The exit code cohort-run gives for a rank's status: its code, or
 // 128 + the signal that killed it.
 int exit_code_of(const cohort::exit_status& status) {
-  if (status.signaled()) return 128 + status.signal();
-  return status.code() == 0 ? 1 : status.code();
+  const int code = status.shell_code();
+  return code == 0 ? 1 : code;
 }
 
 void print_failure(const cohort::rank_failure& f, int node_rank, int nproc) {

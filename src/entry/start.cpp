@@ -30,21 +30,23 @@ extern char** environ;
 namespace cohort::detail {
 namespace {
 
+// A memfd, closed with the object; get() is -1 when it could not be made,
+// with error() saying why.
 class memfd {
  public:
-  explicit memfd(const char* name) : fd_(::memfd_create(name, MFD_CLOEXEC)) {
-    if (fd_ < 0) throw std::system_error(errno, std::system_category(), fmt::format("cohort: memfd_create({})", name));
-  }
+  explicit memfd(const char* name) : fd_(::memfd_create(name, MFD_CLOEXEC)), error_(fd_ < 0 ? errno : 0) {}
   memfd(const memfd&) = delete;
   memfd& operator=(const memfd&) = delete;
   ~memfd() {
     if (fd_ >= 0) ::close(fd_);
   }
   int get() const noexcept { return fd_; }
+  int error() const noexcept { return error_; }
   int release() noexcept { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
+  int error_;
 };
 
 // One rank of a batch: its result memfd, its prepared launch and its
@@ -162,13 +164,10 @@ void check_reexecutable(const function_call& call, const std::string& what) {
 child start_spawned(const asio::any_io_executor& executor, const function_call& call, int rank,
                     const spawn_options& options, int result_fd, const std::string& what) {
   check_reexecutable(call, what);
-  std::optional<memfd> made;
-  try {
-    made.emplace("cohort-args");
-  } catch (const std::system_error& e) {
-    throw std::system_error(e.code(), what + ": memfd_create" + descriptor_limit_note(e.code().value()));
+  memfd args("cohort-args");
+  if (args.get() < 0) {
+    throw std::system_error(args.error(), std::system_category(), what + ": memfd_create" + descriptor_limit_note(args.error()));
   }
-  memfd& args = *made;
   if (!write_whole(args.get(), call.args.bytes())) {
     throw std::system_error(errno, std::system_category(), what + ": writing the arguments");
   }
@@ -207,13 +206,8 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     check_reexecutable(call, describe_rank(call, 0));
     children.resize(n);
     for_each_parallel(n, start_threads(threads, n), [&](std::size_t r) {
-      std::optional<memfd> made;
-      try {
-        made.emplace("cohort-result");
-      } catch (const std::system_error& e) {
-        fail(r, {stage::start, e.code().value(), "memfd_create"});
-      }
-      memfd& result = *made;
+      memfd result("cohort-result");
+      if (result.get() < 0) fail(r, {stage::start, result.error(), "memfd_create"});
       children[r] = start_spawned(executor, call, static_cast<int>(r), options[r], result.get(), describe_rank(call, static_cast<int>(r)));
       result_fds[r] = result.release();
     });
@@ -233,13 +227,8 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
   std::vector<std::unique_ptr<rank_launch>> ranks;
   ranks.reserve(n);
   for (std::size_t r = 0; r < n; ++r) {
-    std::unique_ptr<rank_launch> made;
-    try {
-      made = std::make_unique<rank_launch>();
-    } catch (const std::system_error& e) {  // its result memfd
-      fail(r, {stage::start, e.code().value(), "memfd_create"});
-    }
-    auto& x = *ranks.emplace_back(std::move(made));
+    auto& x = *ranks.emplace_back(std::make_unique<rank_launch>());
+    if (x.result.get() < 0) fail(r, {stage::start, x.result.error(), "memfd_create"});
     launch_failure f;
     std::vector<int> keep{x.result.get()};
     if (call.method == start_method::fork) {

@@ -4,6 +4,8 @@
 
 #include "config.hpp"
 
+#include <fmt/format.h>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -17,15 +19,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string_view>
 
 namespace cohort::detail {
 namespace {
 
 // Reads a small /proc file whole; empty when it cannot be read.
-std::string read_proc(pid_t pid, const char* name) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/%s", pid, name);
+std::string read_file(const char* path) {
   std::string text;
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return text;
@@ -34,6 +35,12 @@ std::string read_proc(pid_t pid, const char* name) {
   while ((n = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
   ::close(fd);
   return text;
+}
+
+std::string read_proc(pid_t pid, const char* name) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/%s", pid, name);
+  return read_file(path);
 }
 
 // The parent of `pid`, from /proc/<pid>/stat (the fields after the command
@@ -48,6 +55,20 @@ pid_t parent_of(pid_t pid) {
 }
 
 }  // namespace
+
+std::string group_marker_prefix(pid_t supervisor) { return fmt::format("COHORT_GROUP_{}_", supervisor); }
+
+void for_each_process(const std::function<void(pid_t)>& fn) {
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return;
+  const pid_t self = ::getpid();
+  while (dirent* entry = ::readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(entry->d_name, &end, 10);
+    if (end != entry->d_name && *end == '\0' && pid != self) fn(static_cast<pid_t>(pid));
+  }
+  ::closedir(proc);
+}
 
 bool environment_holds(pid_t pid, std::string_view entry, bool as_prefix) {
   const std::string block = read_proc(pid, "environ");
@@ -64,23 +85,13 @@ bool environment_holds(pid_t pid, std::string_view entry, bool as_prefix) {
 namespace {
 
 long read_number(const char* path) {
-  char text[32]{};
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  const ssize_t n = ::read(fd, text, sizeof text - 1);
-  ::close(fd);
-  return n > 0 ? std::strtol(text, nullptr, 10) : -1;
+  const std::string text = read_file(path);
+  return text.empty() ? -1 : std::strtol(text.c_str(), nullptr, 10);
 }
 
 // Processes made since boot, from the "processes" line of /proc/stat.
 long long forks_since_boot() {
-  std::string stat;
-  const int fd = ::open("/proc/stat", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) stat.append(buf, static_cast<std::size_t>(n));
-  ::close(fd);
+  const std::string stat = read_file("/proc/stat");
   const auto at = stat.find("\nprocesses ");
   return at == std::string::npos ? -1 : std::strtoll(stat.c_str() + at + 11, nullptr, 10);
 }
@@ -157,13 +168,8 @@ std::vector<pid_t> group_descendants(const std::string& marker, const std::set<p
   };
   if (auto few = window.pids(256)) {  // a system call each, no listing of /proc
     for (pid_t pid : *few) look_at(pid);
-  } else if (DIR* proc = ::opendir("/proc")) {
-    while (dirent* entry = ::readdir(proc)) {
-      char* end = nullptr;
-      const long number = std::strtol(entry->d_name, &end, 10);
-      if (end != entry->d_name && *end == '\0') look_at(static_cast<pid_t>(number));
-    }
-    ::closedir(proc);
+  } else {
+    for_each_process(look_at);
   }
   std::vector<pid_t> parents(ranks.begin(), ranks.end());
   while (!parents.empty()) {

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -13,6 +14,13 @@
 #include <vector>
 
 namespace cohort::detail {
+
+/// "COHORT_GROUP_<supervisor>_": how the marker variable of every group
+/// started by process `supervisor` begins.
+std::string group_marker_prefix(pid_t supervisor);
+
+/// Calls fn(pid) for every process in /proc but this one.
+void for_each_process(const std::function<void(pid_t)>& fn);
 
 /// Whether the initial environment of `pid` (/proc/<pid>/environ) holds
 /// `entry` ("NAME=value"), or with `as_prefix` a variable starting with it.

@@ -59,7 +59,7 @@ struct group_state {
     for (int fd : result_fds) {
       if (fd >= 0) ::close(fd);
     }
-    if (private_error_files) {
+    if (spec.error_dir.empty()) {  // files in the process's own directory: removed when the run ends
       for (const auto& file : error_files) ::unlink(file.c_str());
     }
   }
@@ -68,7 +68,6 @@ struct group_state {
   group_spec spec;
   std::string marker;  // "COHORT_GROUP_<id>=1", in every rank's environment
   std::vector<std::filesystem::path> error_files;  // per rank
-  bool private_error_files = false;  // in the process's own directory: removed when the run ends
   std::vector<child> children;
   std::vector<pid_t> pids;
   std::vector<int> result_fds;  // per rank, for function entries: the memfd its result lands in
@@ -99,9 +98,8 @@ namespace {
 // <group>-<rank>.json: nothing to make, as a rank that fails creates it.
 void prepare_error_files(group_state& state, unsigned group_number) {
   const auto& dir = state.spec.error_dir;
-  state.private_error_files = dir.empty();
   for (int rank = 0; rank < state.spec.nprocs; ++rank) {
-    if (state.private_error_files) {
+    if (dir.empty()) {
       state.error_files.push_back(private_error_dir() / fmt::format("{}-{}.json", group_number, rank));
       continue;
     }
@@ -123,7 +121,7 @@ std::string marker_of(unsigned group_number) {
   if (::getrandom(&random, sizeof random, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof random)) {
     random = static_cast<std::uint32_t>(steady::now().time_since_epoch().count());
   }
-  return fmt::format("COHORT_GROUP_{}_{}_{:08x}=1", ::getpid(), group_number, random);
+  return fmt::format("{}{}_{:08x}=1", group_marker_prefix(::getpid()), group_number, random);
 }
 
 void check_rank_keys(const char* what, const std::set<int>& keys, int nprocs) {

@@ -4,9 +4,6 @@
 
 #include "group/descendants.hpp"
 
-#include <fmt/format.h>
-
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -16,7 +13,6 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -28,19 +24,12 @@ namespace {
 // Kills every marked process it finds; the number found.
 int kill_marked(std::string_view prefix) {
   int found = 0;
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return 0;
-  const pid_t self = ::getpid();
-  while (dirent* entry = ::readdir(proc)) {
-    char* end = nullptr;
-    const long pid = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0' || pid == self) continue;
-    if (detail::environment_holds(static_cast<pid_t>(pid), prefix, true)) {
-      ::kill(static_cast<pid_t>(pid), SIGKILL);
+  detail::for_each_process([&](pid_t pid) {
+    if (detail::environment_holds(pid, prefix, true)) {
+      ::kill(pid, SIGKILL);
       ++found;
     }
-  }
-  ::closedir(proc);
+  });
   return found;
 }
 
@@ -58,7 +47,7 @@ int kill_marked(std::string_view prefix) {
   // The parent is gone (or lets go): its marked processes go too. Killed
   // ones stop showing once dead, so a pass that finds none ends the work;
   // at most 10 s, for a process stuck in the kernel.
-  const std::string prefix = fmt::format("COHORT_GROUP_{}_", parent);
+  const std::string prefix = detail::group_marker_prefix(parent);
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (kill_marked(prefix) > 0 && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -87,6 +87,15 @@ asio::awaitable<void> files_appear(const fs::path& dir, std::size_t n) {
   }
 }
 
+// For run_launcher: once `n` files are in `dir` (the workers are up), sends
+// `sig` to cohort-run.
+auto signal_when_up(const fs::path& dir, std::size_t n, int sig) {
+  return [dir, n, sig](child& c) -> asio::awaitable<void> {
+    co_await files_appear(dir, n);
+    c.signal(sig);
+  };
+}
+
 const char* const dump_contract =
     "for v in RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE "
     "ROLE_NAME MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID "
@@ -199,10 +208,7 @@ TEST_SUITE("cohort-run") {
   TEST_CASE("SIGTERM to cohort-run shuts the workers down and exits 128 + 15") {
     test::temp_dir dir;
     auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", "echo $$ > \"$0/$RANK\"; sleep 30", dir.path.string()},
-                          [&](child& c) -> asio::awaitable<void> {
-                            co_await files_appear(dir.path, 2);
-                            c.signal(SIGTERM);
-                          });
+                          signal_when_up(dir.path, 2, SIGTERM));
     CHECK(r.status.code() == 128 + SIGTERM);
     for (int rank = 0; rank < 2; ++rank) {
       const pid_t pid = std::stoi(read_file(dir.path / std::to_string(rank)));
@@ -222,10 +228,7 @@ TEST_SUITE("cohort-run") {
                            "trap 'echo got > \"$0/usr1-$RANK\"; exit 0' USR1; echo > \"$0/$RANK\"; "
                            "while true; do sleep 0.05; done",
                            dir.path.string()},
-                          [&](child& c) -> asio::awaitable<void> {
-                            co_await files_appear(dir.path, 2);
-                            c.signal(SIGUSR1);
-                          });
+                          signal_when_up(dir.path, 2, SIGUSR1));
     CHECK(r.status.code() == 0);
     CHECK(read_file(dir.path / "usr1-0") == "got\n");
     CHECK(read_file(dir.path / "usr1-1") == "got\n");
@@ -247,10 +250,7 @@ TEST_SUITE("cohort-run") {
                            "exec >/dev/null 2>&1; setsid sleep 60 & echo $! > \"$0/grandchild-$RANK\"; "
                            "sleep 60 & echo $! > \"$0/child-$RANK\"; echo $$ > \"$0/$RANK\"; wait",
                            dir.path.string()},
-                          [&](child& c) -> asio::awaitable<void> {
-                            co_await files_appear(dir.path, 6);
-                            c.signal(SIGKILL);
-                          });
+                          signal_when_up(dir.path, 6, SIGKILL));
     CHECK(r.status.signal() == SIGKILL);
     std::vector<pid_t> left;
     for (const char* name : {"0", "1", "child-0", "child-1", "grandchild-0", "grandchild-1"}) {
