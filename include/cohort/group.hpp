@@ -7,6 +7,7 @@
 #include "cohort/encoding.hpp"
 #include "cohort/entry_point.hpp"
 #include "cohort/exit_status.hpp"
+#include "cohort/logs.hpp"
 #include "cohort/spawn.hpp"
 
 #include <asio/any_io_executor.hpp>
@@ -70,6 +71,10 @@ struct group_spec {
   /// when the run ends; the directory goes when the process exits, or, when
   /// it is killed outright, at the first start of a group in a later process.
   std::filesystem::path error_dir{};
+  /// Per-rank log files, tee to the console, line prefixes (see
+  /// logs_spec). When logs.dir is set and error_dir is not, the error files
+  /// go into the logs' attempt folder: <attempt_dir>/<rank>/error.json.
+  logs_spec logs{};
 };
 
 /// A rank that failed on its own (not by the group's shutdown).
@@ -107,6 +112,8 @@ struct run_result {
   /// The signal that ended the run, when forward_signals() turned one into
   /// the shutdown.
   std::optional<int> signal;
+  /// Log files that could not be written to the end (a full disk).
+  std::vector<std::string> log_errors;
 
   /// Every rank exited with code 0.
   bool ok() const noexcept { return failures.empty() && unreaped.empty() && !stopped; }

@@ -9,6 +9,7 @@
 #include "entry/entry.hpp"
 #include "group/descendants.hpp"
 #include "group/error_dir.hpp"
+#include "logs/logs.hpp"
 #include "process/parallel.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -71,6 +72,7 @@ struct group_state {
   std::vector<child> children;
   std::vector<pid_t> pids;
   std::vector<int> result_fds;  // per rank, for function entries: the memfd its result lands in
+  std::unique_ptr<group_logs> logs;  // when spec.logs is in use
   run_result partial;
   int running = 0;
   bool failed = false;
@@ -353,6 +355,10 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
     }
   }
   co_await sweep(s, policy.kill_wait);
+  if (s.logs) {  // every writer is gone: the pumps reach the end of their streams
+    co_await s.logs->drain(policy.kill_wait);
+    s.partial.log_errors = s.logs->errors();
+  }
   s.signals.reset();  // the process's own handling of those signals comes back
   finish(state);
 }
@@ -456,6 +462,10 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   static std::atomic<unsigned> groups_started{0};
   const unsigned group_number = groups_started++;
   state->marker = detail::marker_of(group_number);
+  if (spec.logs.active()) {
+    if (spec.error_dir.empty() && !spec.logs.dir.empty()) state->spec.error_dir = spec.logs.attempt_dir();
+    state->logs = std::make_unique<detail::group_logs>(spec.logs, spec.name, spec.nprocs);
+  }
   detail::prepare_error_files(*state, group_number);
   const auto eq = state->marker.find('=');
   const std::string marker_name = state->marker.substr(0, eq), marker_value = state->marker.substr(eq + 1);
@@ -471,6 +481,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
     if (auto it = spec.envs.find(rank); it != spec.envs.end()) {
       for (const auto& [name, value] : it->second) env.set(name, value);
     }
+    if (state->logs) state->logs->apply(rank, options[static_cast<std::size_t>(rank)]);
   }
   // On failure the ranks already started are killed and reaped as `state`
   // unwinds.
@@ -487,6 +498,10 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
     });
   }
   for (const auto& c : state->children) state->pids.push_back(c.pid());
+  if (state->logs) {
+    state->logs->started();
+    state->logs->start(state->strand);
+  }
   state->running = spec.nprocs;
   state->partial.statuses.resize(static_cast<std::size_t>(spec.nprocs));
   state->partial.return_values.resize(static_cast<std::size_t>(spec.nprocs));

@@ -10,6 +10,7 @@
 #include "process/child_state.hpp"
 #include "process/descriptor_limit.hpp"
 #include "process/launch.hpp"
+#include "process/owned_fd.hpp"
 
 #include <asio/io_context.hpp>
 #include <asio/this_coro.hpp>
@@ -42,26 +43,6 @@ namespace detail {
 namespace {
 
 using failure = launch_failure;
-
-// A descriptor the parent opened for the child; closed when the launch ends.
-class owned_fd {
- public:
-  owned_fd() = default;
-  explicit owned_fd(int fd) : fd_(fd) {}
-  owned_fd(owned_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  owned_fd& operator=(owned_fd&& o) noexcept {
-    std::swap(fd_, o.fd_);
-    return *this;
-  }
-  ~owned_fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_ = -1;
-};
 
 constexpr int all_signals = 64;
 

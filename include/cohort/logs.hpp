@@ -1,0 +1,93 @@
+// Where the ranks' standard output and error go: files per rank, the
+// console with a line prefix, or both.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+namespace cohort {
+
+/// A set of standard streams, with torchrun's numbers (0-3).
+enum class std_streams : unsigned { none = 0, out = 1, err = 2, all = 3 };
+
+constexpr bool has(std_streams set, std_streams one) noexcept {
+  return (static_cast<unsigned>(set) & static_cast<unsigned>(one)) != 0;
+}
+
+/// A choice of streams for every rank, or per rank (ranks missing from the
+/// map get `all_ranks`).
+struct streams_per_rank {
+  std_streams all_ranks = std_streams::none;
+  std::map<int, std_streams> ranks{};
+
+  streams_per_rank() = default;
+  streams_per_rank(std_streams all) : all_ranks(all) {}  // NOLINT: implicit by design
+  streams_per_rank(std::map<int, std_streams> per_rank) : ranks(std::move(per_rank)) {}  // NOLINT
+
+  std_streams of(int rank) const {
+    auto it = ranks.find(rank);
+    return it != ranks.end() ? it->second : all_ranks;
+  }
+};
+
+/// Per-rank logs of a group (torch elastic's LogsSpecs). A rank's stream
+/// goes to
+/// - its log file only, when `redirects` names it: the rank writes the file
+///   itself, nothing passes through this process;
+/// - its log file and the console, when `tee` names it;
+/// - the console only, otherwise.
+/// Ranks outside `console_ranks` never reach the console: their streams go
+/// to their files when `dir` is set, to /dev/null otherwise.
+///
+/// What reaches the console through this process (teed streams, and all of
+/// them under `prefix_all`) is read from a pipe as it arrives (io_uring) and
+/// written a line at a time, each line whole and behind the rank's prefix:
+/// lines of different ranks never mix. A line longer than 64 KiB is cut into
+/// 64 KiB pieces, and a last line without its newline is written when the
+/// rank's stream ends, each ended by a newline on the console. The files
+/// hold exactly the bytes the rank wrote. The console writes block this
+/// process's io_context while the console does not take them.
+///
+/// Files: <dir>/<run_id>/attempt_<attempt>/<rank>/{stdout.log,stderr.log,
+/// error.json}; the group's error files go there too (unless
+/// group_spec::error_dir is set). Folders and files are made, and files
+/// truncated, before any rank starts: a directory that cannot be made or
+/// written is an error of start_processes, with nothing started.
+struct logs_spec {
+  /// Empty: no files; `redirects` and `tee` then have nowhere to write
+  /// (std::invalid_argument at start).
+  std::filesystem::path dir{};
+  std::string run_id = "none";
+  int attempt = 0;
+  streams_per_rank redirects{};
+  streams_per_rank tee{};
+  /// The ranks whose output reaches the console; nullopt: all of them.
+  std::optional<std::set<int>> console_ranks{};
+  /// Pump every stream that reaches the console, prefixed, not only teed
+  /// ones; otherwise a stream that is neither redirected nor teed is the
+  /// rank's own stdout/stderr, inherited from this process.
+  bool prefix_all = false;
+  /// Put before each console line: ${role} (group_spec::name), ${rank}
+  /// (first_rank + the rank), ${local_rank} (the rank in the group).
+  std::string prefix = "[${role}${local_rank}]:";
+  int first_rank = 0;
+  /// Where console lines go; -1: this process's stdout (1) and stderr (2).
+  int console_out = -1;
+  int console_err = -1;
+
+  /// Whether anything of this is in use (else the ranks' streams are as
+  /// group_spec::options says).
+  bool active() const noexcept {
+    return !dir.empty() || redirects.all_ranks != std_streams::none || !redirects.ranks.empty() ||
+           tee.all_ranks != std_streams::none || !tee.ranks.empty() || console_ranks.has_value() || prefix_all;
+  }
+  /// The folder of one attempt: <dir>/<run_id>/attempt_<attempt>.
+  std::filesystem::path attempt_dir() const {
+    return dir / run_id / ("attempt_" + std::to_string(attempt));
+  }
+};
+
+}  // namespace cohort

@@ -1,0 +1,283 @@
+// Per-rank log files and the pumps from the ranks' pipes. A stream that
+// only goes to a file is the file itself in the rank; a stream that reaches
+// the console through this process is a pipe, read as data arrives, written
+// whole to the file and line by line, prefixed, to the console.
+#include "logs/logs.hpp"
+
+#include "uring/read.hpp"
+
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/redirect_error.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <system_error>
+
+namespace cohort::detail {
+namespace {
+
+constexpr std::size_t read_size = 256 * 1024;
+constexpr std::size_t max_line = 64 * 1024;  // longer lines reach the console in pieces
+constexpr int pipe_size = 1024 * 1024;       // fewer wake-ups for ranks that write a lot
+
+// One writer at a time on the console, across the groups of this process:
+// each write is a run of whole lines.
+std::mutex console_mutex;
+
+// Writes all of `data`; false with errno set when the descriptor refuses it
+// (EAGAIN on a non-blocking console is waited out).
+bool write_all(int fd, const char* data, std::size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n >= 0) {
+      data += n;
+      size -= static_cast<std::size_t>(n);
+    } else if (errno == EAGAIN) {
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, -1);
+    } else if (errno != EINTR) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void check_ranks(const char* what, const std::map<int, std_streams>& ranks, int nprocs) {
+  for (const auto& [rank, streams] : ranks) {
+    if (rank < 0 || rank >= nprocs) {
+      throw std::invalid_argument(fmt::format("cohort::start_processes: logs.{} names rank {}, not in 0..{}", what, rank, nprocs - 1));
+    }
+    if (static_cast<unsigned>(streams) > 3) {
+      throw std::invalid_argument(fmt::format("cohort::start_processes: logs.{} for rank {} is {}, not 0..3", what, rank,
+                                              static_cast<unsigned>(streams)));
+    }
+  }
+}
+
+owned_fd open_log(const std::filesystem::path& path) {
+  owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) {
+    throw std::system_error(errno, std::system_category(), "cohort::start_processes: log file " + path.string());
+  }
+  return fd;
+}
+
+}  // namespace
+
+struct group_logs::state {
+  std::vector<log_stream> streams;
+  struct rank_ends {
+    std::optional<stdio> out, err;  // nullopt: as the options say
+    std::vector<owned_fd> held;      // this process's copies of what the rank gets
+  };
+  std::vector<rank_ends> ranks;
+  std::vector<std::string> errors;
+  std::vector<std::unique_ptr<asio::cancellation_signal>> cancels;
+  std::optional<asio::steady_timer> all_done;  // cancelled when the last pump ends
+  int running = 0;
+};
+
+std::string expand_prefix(const std::string& pattern, const std::string& role, int rank, int local_rank) {
+  std::string out;
+  std::size_t at = 0;
+  while (at < pattern.size()) {
+    const auto open = pattern.find("${", at);
+    const auto close = open == std::string::npos ? std::string::npos : pattern.find('}', open);
+    if (close == std::string::npos) break;
+    const std::string_view name(pattern.data() + open + 2, close - open - 2);
+    out.append(pattern, at, open - at);
+    if (name == "role") out += role;
+    else if (name == "rank") out += std::to_string(rank);
+    else if (name == "local_rank") out += std::to_string(local_rank);
+    else out.append(pattern, open, close + 1 - open);  // not ours: kept as written
+    at = close + 1;
+  }
+  out.append(pattern, at);
+  return out;
+}
+
+group_logs::group_logs(const logs_spec& spec, const std::string& role, int nprocs) : state_(std::make_shared<state>()) {
+  check_ranks("redirects", spec.redirects.ranks, nprocs);
+  check_ranks("tee", spec.tee.ranks, nprocs);
+  if (spec.console_ranks) {
+    for (int rank : *spec.console_ranks) {
+      if (rank < 0 || rank >= nprocs) {
+        throw std::invalid_argument(fmt::format("cohort::start_processes: logs.console_ranks names rank {}, not in 0..{}", rank, nprocs - 1));
+      }
+    }
+  }
+  const int console[2] = {spec.console_out >= 0 ? spec.console_out : 1, spec.console_err >= 0 ? spec.console_err : 2};
+  const std_streams which[2] = {std_streams::out, std_streams::err};
+  const char* file_names[2] = {"stdout.log", "stderr.log"};
+  auto& s = *state_;
+  s.ranks.resize(static_cast<std::size_t>(nprocs));
+  s.streams.reserve(static_cast<std::size_t>(nprocs) * 2);
+  for (int rank = 0; rank < nprocs; ++rank) {
+    const std_streams redirect = spec.redirects.of(rank), tee = spec.tee.of(rank);
+    const bool shown = !spec.console_ranks || spec.console_ranks->contains(rank);
+    std::filesystem::path folder;
+    if (!spec.dir.empty()) {
+      folder = spec.attempt_dir() / std::to_string(rank);
+      std::error_code ec;
+      std::filesystem::create_directories(folder, ec);
+      if (ec) throw std::system_error(ec, "cohort::start_processes: log folder " + folder.string());
+    }
+    auto& ends = s.ranks[static_cast<std::size_t>(rank)];
+    for (int i = 0; i < 2; ++i) {
+      const bool named = has(redirect, which[i]) || has(tee, which[i]);
+      if (named && spec.dir.empty()) {
+        throw std::invalid_argument("cohort::start_processes: logs.redirects and logs.tee need logs.dir");
+      }
+      const bool to_file = named || (!shown && !spec.dir.empty());
+      const bool to_console = shown && (!has(redirect, which[i]) || has(tee, which[i]));
+      std::optional<stdio>& target = i == 0 ? ends.out : ends.err;
+      owned_fd file = to_file ? open_log(folder / file_names[i]) : owned_fd();
+      if (to_console && (to_file || spec.prefix_all)) {
+        int p[2];
+        if (::pipe2(p, O_CLOEXEC) != 0) throw std::system_error(errno, std::system_category(), "cohort::start_processes: pipe2 for logs");
+        ::fcntl(p[0], F_SETPIPE_SZ, pipe_size);  // a smaller pipe only costs wake-ups
+        auto& stream = s.streams.emplace_back();
+        stream.pipe = owned_fd(p[0]);
+        stream.file = std::move(file);
+        stream.console = console[i];
+        stream.prefix = expand_prefix(spec.prefix, role, spec.first_rank + rank, rank);
+        target = stdio::fd(p[1]);
+        ends.held.emplace_back(p[1]);
+      } else if (to_file) {
+        target = stdio::fd(file.get());
+        ends.held.push_back(std::move(file));
+      } else if (!to_console) {
+        target = stdio::null();
+      }
+    }
+  }
+}
+
+void group_logs::apply(int rank, spawn_options& options) const {
+  const auto& ends = state_->ranks[static_cast<std::size_t>(rank)];
+  if (ends.out) options.out = *ends.out;
+  if (ends.err) options.err = *ends.err;
+}
+
+void group_logs::started() {
+  for (auto& ends : state_->ranks) ends.held.clear();
+}
+
+namespace {
+
+// Writes what came in to the stream's file, and its whole lines, prefixed,
+// to the console. The rest of a line waits in `pending`.
+void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t size, std::string& out) {
+  if (s.file.get() >= 0 && !write_all(s.file.get(), data, size)) {
+    st.errors.push_back(fmt::format("cohort: writing a rank's log file failed ({}); what the rank wrote after is not in it",
+                                    std::strerror(errno)));
+    s.file.reset();
+  }
+  if (s.console < 0) return;
+  out.clear();
+  const char* end = data + size;
+  while (data < end) {
+    const auto* newline = static_cast<const char*>(std::memchr(data, '\n', static_cast<std::size_t>(end - data)));
+    if (newline == nullptr) {
+      s.pending.append(data, end);
+      break;
+    }
+    out += s.prefix;
+    out += s.pending;
+    s.pending.clear();
+    out.append(data, newline + 1);
+    data = newline + 1;
+  }
+  while (s.pending.size() >= max_line) {
+    out += s.prefix;
+    out.append(s.pending, 0, max_line);
+    out += '\n';
+    s.pending.erase(0, max_line);
+  }
+  if (out.empty()) return;
+  std::lock_guard lock(console_mutex);
+  if (!write_all(s.console, out.data(), out.size())) s.console = -1;  // the console is gone: files only from here
+}
+
+// The end of a stream: what is left in the pipe without waiting for more,
+// then the partial last line, ended by a newline on the console.
+void finish_stream(group_logs::state& st, log_stream& s, char* buffer, std::string& out) {
+  ::fcntl(s.pipe.get(), F_SETFL, ::fcntl(s.pipe.get(), F_GETFL) | O_NONBLOCK);
+  for (;;) {
+    const ssize_t n = ::read(s.pipe.get(), buffer, read_size);
+    if (n > 0) deliver(st, s, buffer, static_cast<std::size_t>(n), out);
+    else if (n < 0 && errno == EINTR) continue;
+    else break;
+  }
+  if (!s.pending.empty() && s.console >= 0) {
+    out = s.prefix + s.pending + '\n';
+    std::lock_guard lock(console_mutex);
+    write_all(s.console, out.data(), out.size());
+  }
+  s.pending.clear();
+  s.pipe.reset();
+  s.file.reset();
+}
+
+asio::awaitable<void> pump(std::shared_ptr<group_logs::state> state, std::size_t index) {
+  auto& st = *state;
+  auto& s = st.streams[index];
+  auto executor = co_await asio::this_coro::executor;
+  auto buffer = std::make_unique<char[]>(read_size);
+  std::string out;
+  for (;;) {
+    std::error_code ec;
+    const std::size_t n = co_await uring::async_read_some(executor, s.pipe.get(), asio::buffer(buffer.get(), read_size),
+                                                          asio::redirect_error(asio::use_awaitable, ec));
+    if (ec == std::errc::interrupted) continue;
+    if (ec || n == 0) break;
+    deliver(st, s, buffer.get(), n, out);
+  }
+  finish_stream(st, s, buffer.get(), out);
+  if (--st.running == 0) st.all_done->cancel();
+}
+
+}  // namespace
+
+void group_logs::start(const asio::any_io_executor& strand) {
+  auto& st = *state_;
+  st.all_done.emplace(strand, std::chrono::steady_clock::time_point::max());
+  st.running = static_cast<int>(st.streams.size());
+  for (std::size_t i = 0; i < st.streams.size(); ++i) {
+    auto& cancel = *st.cancels.emplace_back(std::make_unique<asio::cancellation_signal>());
+    asio::co_spawn(strand, pump(state_, i), asio::bind_cancellation_slot(cancel.slot(), asio::detached));
+  }
+}
+
+asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
+  auto& st = *state_;
+  if (st.running > 0) {
+    std::error_code ec;
+    st.all_done->expires_after(limit);
+    co_await st.all_done->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+  if (st.running > 0) {  // a writer outlived the run: take what is there and stop
+    for (auto& cancel : st.cancels) cancel->emit(asio::cancellation_type::terminal);
+    std::error_code ec;
+    st.all_done->expires_at(std::chrono::steady_clock::time_point::max());
+    if (st.running > 0) co_await st.all_done->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+}
+
+std::vector<std::string> group_logs::errors() const { return state_->errors; }
+
+}  // namespace cohort::detail

@@ -1,0 +1,63 @@
+// The ranks' logs of one group: their files, and the pumps that carry
+// teed and prefixed streams from the ranks' pipes to the files and the
+// console.
+#pragma once
+
+#include "cohort/logs.hpp"
+#include "cohort/spawn.hpp"
+#include "process/owned_fd.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace cohort::detail {
+
+/// One stream of one rank that passes through this process.
+struct log_stream {
+  owned_fd pipe;     ///< the read end
+  owned_fd file;     ///< its log file, or none
+  int console = -1;  ///< where its lines go, or -1
+  std::string prefix;
+  std::string pending;  ///< the start of a line whose newline has not come yet
+};
+
+/// Everything a group's logs need, made before any rank starts.
+class group_logs {
+ public:
+  /// Checks `spec`, makes the folders, opens (and truncates) the files and
+  /// makes the pipes. Throws std::invalid_argument for a bad spec and
+  /// std::system_error naming the path that cannot be made or written.
+  group_logs(const logs_spec& spec, const std::string& role, int nprocs);
+  group_logs(const group_logs&) = delete;
+  group_logs& operator=(const group_logs&) = delete;
+
+  /// Sets rank `rank`'s stdout and stderr in `options`.
+  void apply(int rank, spawn_options& options) const;
+  /// The ranks have started: closes this process's copies of their ends.
+  void started();
+  /// Starts pumping every stream that passes through this process, on
+  /// `strand` (the group's). Call once, after started().
+  void start(const asio::any_io_executor& strand);
+  /// Waits for every pump to reach the end of its stream, at most `limit`;
+  /// then reads what is left without waiting, writes the partial lines and
+  /// closes everything.
+  asio::awaitable<void> drain(std::chrono::milliseconds limit);
+  /// Log files that could not be written (a full disk), one line each.
+  std::vector<std::string> errors() const;
+
+  struct state;
+
+ private:
+  std::shared_ptr<state> state_;
+};
+
+/// Expands ${role}, ${rank} and ${local_rank} in `pattern`.
+std::string expand_prefix(const std::string& pattern, const std::string& role, int rank, int local_rank);
+
+}  // namespace cohort::detail

@@ -1,0 +1,300 @@
+// Per-rank logs: files that hold exactly what the ranks wrote, console lines
+// whole and prefixed, the console filter, and errors before any rank starts.
+#include "cohort/group.hpp"
+
+#include "support/harness.hpp"
+#include "support/process_probe.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+using namespace cohort;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string contents(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// A file the console lines of a test go to.
+struct console_file {
+  fs::path path;
+  int fd;
+  explicit console_file(const fs::path& p) : path(p), fd(::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)) {
+    REQUIRE(fd >= 0);
+  }
+  ~console_file() { ::close(fd); }
+  std::string text() const { return contents(path); }
+};
+
+// `nprocs` ranks of `sh -c script`, where $R is the rank.
+group_spec shell_ranks(int nprocs, const std::string& script) {
+  group_spec spec;
+  spec.name = "worker";
+  spec.entry = command("/bin/sh", {"-c", script});
+  spec.nprocs = nprocs;
+  for (int r = 0; r < nprocs; ++r) spec.envs[r] = {{"R", std::to_string(r)}};
+  return spec;
+}
+
+run_result run_group(const group_spec& spec) {
+  asio::io_context io;
+  return test::run(io, [&]() -> asio::awaitable<run_result> {
+    group g = co_await start_processes(spec);
+    co_return co_await g.wait();
+  }());
+}
+
+void print_lines(int rank) {
+  std::printf("first %d\nsecond %d\nno newline %d", rank, rank, rank);
+  std::fprintf(stderr, "error %d\n", rank);
+}
+COHORT_ENTRYPOINT(print_lines);
+
+void print_and_throw(int rank) {
+  std::printf("about to fail %d\n", rank);
+  throw std::runtime_error("failed on purpose");
+}
+COHORT_ENTRYPOINT(print_and_throw);
+
+}  // namespace
+
+TEST_CASE("redirect and tee: the files hold the exact bytes, the console whole prefixed lines") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console-out"), err(dir.path / "console-err");
+  // stdout: lines, then a last line without its newline; stderr: binary bytes.
+  auto spec = shell_ranks(3, "printf 'hello %s\\nlast %s' $R $R; printf '\\000\\377\\n%s\\000' $R >&2");
+  spec.logs.dir = dir.path / "logs";
+  spec.logs.run_id = "job7";
+  spec.logs.attempt = 2;
+  spec.logs.tee = std_streams::out;
+  spec.logs.redirects = std_streams::err;
+  spec.logs.console_out = out.fd;
+  spec.logs.console_err = err.fd;
+  const auto r = run_group(spec);
+  REQUIRE(r.ok());
+  CHECK(r.log_errors.empty());
+
+  std::multiset<std::string> expected;
+  for (int rank = 0; rank < 3; ++rank) {
+    const auto folder = dir.path / "logs" / "job7" / "attempt_2" / std::to_string(rank);
+    const auto id = std::to_string(rank);
+    CHECK(contents(folder / "stdout.log") == "hello " + id + "\nlast " + id);
+    CHECK(contents(folder / "stderr.log") == std::string("\0\377\n", 3) + id + std::string(1, '\0'));
+    expected.insert("[worker" + id + "]:hello " + id);
+    expected.insert("[worker" + id + "]:last " + id);
+  }
+  const auto console = lines_of(out.text());
+  CHECK(std::multiset<std::string>(console.begin(), console.end()) == expected);
+  CHECK(out.text().back() == '\n');  // the partial last line is ended on the console
+  CHECK(err.text().empty());          // redirected only: not on the console
+}
+
+TEST_CASE("the prefix template names the role, the global rank and the local rank") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  auto spec = shell_ranks(2, "echo x");
+  spec.name = "trainer";
+  spec.logs.prefix_all = true;
+  spec.logs.first_rank = 10;
+  spec.logs.prefix = "<${role}|${rank}|${local_rank}|${other}> ";
+  spec.logs.console_out = out.fd;
+  REQUIRE(run_group(spec).ok());
+  const auto console = lines_of(out.text());
+  CHECK(std::multiset<std::string>(console.begin(), console.end()) ==
+        std::multiset<std::string>{"<trainer|10|0|${other}> x", "<trainer|11|1|${other}> x"});
+}
+
+TEST_CASE("console_ranks: only the chosen ranks reach the console, the others their files") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  auto spec = shell_ranks(3, "echo from $R");
+  spec.logs.dir = dir.path;
+  spec.logs.prefix_all = true;
+  spec.logs.console_ranks = std::set<int>{1};
+  spec.logs.console_out = out.fd;
+  REQUIRE(run_group(spec).ok());
+  CHECK(out.text() == "[worker1]:from 1\n");
+  const auto attempt = dir.path / "none" / "attempt_0";
+  CHECK(contents(attempt / "0" / "stdout.log") == "from 0\n");
+  CHECK(contents(attempt / "2" / "stdout.log") == "from 2\n");
+  CHECK_FALSE(fs::exists(attempt / "1" / "stdout.log"));  // shown, not teed: no file
+}
+
+TEST_CASE("per-rank redirects and tee") {
+  test::temp_dir dir;
+  console_file out(dir.path / "out"), err(dir.path / "err");
+  auto spec = shell_ranks(3, "echo o$R; echo e$R >&2");
+  spec.logs.dir = dir.path;
+  spec.logs.redirects = std::map<int, std_streams>{{0, std_streams::all}};
+  spec.logs.tee = std::map<int, std_streams>{{1, std_streams::err}};
+  spec.logs.prefix_all = true;
+  spec.logs.console_out = out.fd;
+  spec.logs.console_err = err.fd;
+  REQUIRE(run_group(spec).ok());
+  const auto attempt = dir.path / "none" / "attempt_0";
+  CHECK(contents(attempt / "0" / "stdout.log") == "o0\n");
+  CHECK(contents(attempt / "0" / "stderr.log") == "e0\n");
+  CHECK_FALSE(fs::exists(attempt / "1" / "stdout.log"));
+  CHECK(contents(attempt / "1" / "stderr.log") == "e1\n");
+  CHECK_FALSE(fs::exists(attempt / "2" / "stdout.log"));
+  CHECK_FALSE(fs::exists(attempt / "2" / "stderr.log"));
+  const auto outs = lines_of(out.text()), errs = lines_of(err.text());
+  CHECK(std::multiset<std::string>(outs.begin(), outs.end()) == std::multiset<std::string>{"[worker1]:o1", "[worker2]:o2"});
+  CHECK(std::multiset<std::string>(errs.begin(), errs.end()) == std::multiset<std::string>{"[worker1]:e1", "[worker2]:e2"});
+}
+
+TEST_CASE("ranks writing megabytes at once: files exact, console lines never mixed") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  // Lines of three lengths, so that reads end mid-line; 6 MB per rank,
+  // the last line cut.
+  const std::string longest(300, 'x');
+  auto spec = shell_ranks(4, "yes \"$(printf 'rank %s short\\nrank %s a longer line of text\\nrank %s " + longest +
+                                 "' $R $R $R)\" | head -c 6000000");
+  spec.logs.dir = dir.path;
+  spec.logs.tee = std_streams::out;
+  spec.logs.console_out = out.fd;
+  REQUIRE(run_group(spec).ok());
+  std::map<std::string, std::size_t> lines_per_prefix;
+  std::size_t bytes = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    const auto file = contents(dir.path / "none" / "attempt_0" / std::to_string(rank) / "stdout.log");
+    CHECK(file.size() == 6000000);
+    CHECK(file.rfind("rank " + std::to_string(rank) + " short\n", 0) == 0);
+    bytes += file.size();
+  }
+  const auto console = lines_of(out.text());
+  std::size_t console_bytes = 0, partial = 0;
+  for (const auto& line : console) {
+    REQUIRE(line.size() > 10);
+    const std::string prefix = line.substr(0, 10), rest = line.substr(10);  // "[workerN]:"
+    const std::string rank = prefix.substr(7, 1);
+    REQUIRE(prefix == "[worker" + rank + "]:");
+    const std::string whole[] = {"rank " + rank + " short", "rank " + rank + " a longer line of text", "rank " + rank + " " + longest};
+    if (std::find(std::begin(whole), std::end(whole), rest) == std::end(whole)) {
+      // Only the cut last line of a rank, and only the start of one of its lines.
+      REQUIRE(std::any_of(std::begin(whole), std::end(whole), [&](const std::string& w) { return w.rfind(rest, 0) == 0; }));
+      ++partial;
+    }
+    console_bytes += rest.size() + 1;
+    ++lines_per_prefix[prefix];
+  }
+  CHECK(partial <= 4);
+  CHECK(lines_per_prefix.size() == 4);
+  CHECK(console_bytes == bytes + partial);  // every byte once, plus the newline ending each cut line
+}
+
+TEST_CASE("function ranks are logged by every start method") {
+  for (start_method method : {start_method::spawn, start_method::fork, start_method::forkserver}) {
+    CAPTURE(to_string(method));
+    test::temp_dir dir;
+    console_file out(dir.path / "out"), err(dir.path / "err");
+    group_spec spec;
+    spec.entry = call(method, print_lines);
+    spec.nprocs = 2;
+    spec.logs.dir = dir.path;
+    spec.logs.tee = std_streams::all;
+    spec.logs.console_out = out.fd;
+    spec.logs.console_err = err.fd;
+    REQUIRE(run_group(spec).ok());
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto folder = dir.path / "none" / "attempt_0" / std::to_string(rank);
+      const auto id = std::to_string(rank);
+      CHECK(contents(folder / "stdout.log") == "first " + id + "\nsecond " + id + "\nno newline " + id);
+      CHECK(contents(folder / "stderr.log") == "error " + id + "\n");
+    }
+    CHECK(lines_of(out.text()).size() == 6);
+    const auto errs = lines_of(err.text());
+    CHECK(std::multiset<std::string>(errs.begin(), errs.end()) == std::multiset<std::string>{"[default0]:error 0", "[default1]:error 1"});
+  }
+}
+
+TEST_CASE("the error file of a rank lies in its log folder") {
+  test::temp_dir dir;
+  group_spec spec;
+  spec.entry = call(start_method::fork, print_and_throw);
+  spec.nprocs = 1;
+  spec.logs.dir = dir.path;
+  spec.logs.run_id = "r";
+  spec.logs.redirects = std_streams::out;
+  const auto r = run_group(spec);
+  REQUIRE(r.failures.size() == 1);
+  const auto folder = dir.path / "r" / "attempt_0" / "0";
+  CHECK(r.failures[0].error_file == folder / "error.json");
+  CHECK(fs::exists(folder / "error.json"));
+  CHECK(r.failures[0].message.find("failed on purpose") != std::string::npos);
+  CHECK(contents(folder / "stdout.log") == "about to fail 0\n");
+}
+
+TEST_CASE("a process left holding a rank's pipe does not hold up the end of the run") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  // The background sleep keeps the pipe open after the rank exits; the
+  // end-of-run sweep kills it, and the pump sees the end of the stream.
+  auto spec = shell_ranks(1, "sleep 60 & echo started");
+  spec.logs.prefix_all = true;
+  spec.logs.console_out = out.fd;
+  const auto began = std::chrono::steady_clock::now();
+  REQUIRE(run_group(spec).ok());
+  CHECK(std::chrono::steady_clock::now() - began < 30s);
+  CHECK(out.text() == "[worker0]:started\n");
+  CHECK(test::children_of_self().empty());
+}
+
+TEST_CASE("bad logs are errors before any rank starts") {
+  test::temp_dir dir;
+  const auto descriptors = test::open_fd_count();
+  {
+    std::ofstream(dir.path / "a-file") << "x";
+    auto spec = shell_ranks(2, "exit 0");
+    spec.logs.dir = dir.path / "a-file" / "logs";  // a folder cannot be made under a file
+    spec.logs.redirects = std_streams::all;
+    try {
+      run_group(spec);
+      FAIL("no error");
+    } catch (const std::system_error& e) {
+      CHECK(std::string(e.what()).find((dir.path / "a-file").string()) != std::string::npos);
+    }
+  }
+  {
+    auto spec = shell_ranks(2, "exit 0");
+    spec.logs.tee = std_streams::out;  // no dir to write to
+    CHECK_THROWS_AS(run_group(spec), std::invalid_argument);
+  }
+  {
+    auto spec = shell_ranks(2, "exit 0");
+    spec.logs.console_ranks = std::set<int>{0, 5};
+    CHECK_THROWS_WITH_AS(run_group(spec), doctest::Contains("rank 5"), std::invalid_argument);
+  }
+  {
+    auto spec = shell_ranks(2, "exit 0");
+    spec.logs.dir = dir.path;
+    spec.logs.redirects = std::map<int, std_streams>{{2, std_streams::out}};
+    CHECK_THROWS_WITH_AS(run_group(spec), doctest::Contains("rank 2"), std::invalid_argument);
+  }
+  CHECK(test::children_of_self().empty());
+  CHECK(test::open_fd_count() == descriptors);
+}
