@@ -48,6 +48,11 @@ struct run_options {
   int max_restarts = 0;
   double grace_period = 30;  // seconds from SIGTERM to SIGKILL
   std::vector<std::string> signals_to_forward;
+  std::string log_dir;
+  std::string redirects = "0";
+  std::string tee = "0";
+  std::vector<int> local_ranks_filter;
+  std::string log_line_prefix_template = "[${role}${local_rank}]:";
   std::vector<std::string> command;
 };
 
@@ -121,6 +126,39 @@ int signal_number(std::string name) {
     if (cohort::signal_name(sig) == name) return sig;
   }
   throw usage_error(fmt::format("--signals-to-forward: no signal '{}'", name));
+}
+
+// A --redirects/--tee value: 0-3 for every rank, or per local rank as
+// "0:3,1:0" (ranks not named get 0), as torchrun takes it.
+cohort::streams_per_rank streams_of(const std::string& flag, const std::string& value) {
+  const auto number = [&](const std::string& text) {
+    if (text.size() != 1 || text[0] < '0' || text[0] > '3') {
+      throw usage_error(fmt::format("--{}: '{}' is not 0-3 or rank:0-3,...", flag, value));
+    }
+    return static_cast<cohort::std_streams>(text[0] - '0');
+  };
+  if (value.find(':') == std::string::npos) return number(value);
+  std::map<int, cohort::std_streams> ranks;
+  std::string::size_type begin = 0;
+  while (begin <= value.size()) {
+    auto end = value.find(',', begin);
+    if (end == std::string::npos) end = value.size();
+    const std::string item = value.substr(begin, end - begin);
+    const auto colon = item.find(':');
+    std::size_t used = 0;
+    int rank = -1;
+    try {
+      rank = std::stoi(item.substr(0, colon), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (colon == std::string::npos || used != colon || rank < 0) {
+      throw usage_error(fmt::format("--{}: '{}' is not 0-3 or rank:0-3,...", flag, value));
+    }
+    ranks[rank] = number(item.substr(colon + 1));
+    begin = end + 1;
+  }
+  return ranks;
 }
 
 std::string random_run_id() {
@@ -229,6 +267,15 @@ run_options parse(int argc, char** argv) {
   app.add_option("--signals-to-forward,--signals_to_forward", o.signals_to_forward,
                  "signals passed on to every rank, e.g. SIGUSR1,SIGUSR2")
       ->delimiter(',');
+  app.add_option("--log-dir,--log_dir", o.log_dir, "folder for the ranks' logs: <dir>/<run-id>/attempt_<k>/<local-rank>/");
+  app.add_option("-r,--redirects", o.redirects, "streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both; or 0:3,1:0");
+  app.add_option("-t,--tee", o.tee, "streams to log files and the console, prefixed; values as --redirects");
+  app.add_option("--local-ranks-filter,--local_ranks_filter", o.local_ranks_filter,
+                 "local ranks whose output reaches the console, e.g. 0,3")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--log-line-prefix-template,--log_line_prefix_template", o.log_line_prefix_template,
+                 "prefix of teed console lines: ${role}, ${rank}, ${local_rank}");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -280,17 +327,52 @@ void check_program(const std::string& program) {
   std::exit(127);
 }
 
+// The ranks' logs from the flags. Files are asked for without --log-dir:
+// a fresh folder in $TMPDIR, as torchrun makes one.
+cohort::logs_spec logs_of(const run_options& o, int nproc) {
+  cohort::logs_spec logs;
+  logs.run_id = o.run_id;
+  logs.redirects = streams_of("redirects", o.redirects);
+  logs.tee = streams_of("tee", o.tee);
+  logs.prefix = o.log_line_prefix_template;
+  logs.first_rank = o.node_rank * nproc;
+  for (const auto* per_rank : {&logs.redirects.ranks, &logs.tee.ranks}) {
+    for (const auto& [rank, streams] : *per_rank) {
+      if (rank >= nproc) throw usage_error(fmt::format("--redirects/--tee name local rank {}; there are {}", rank, nproc));
+    }
+  }
+  if (!o.local_ranks_filter.empty()) {
+    logs.console_ranks.emplace();
+    for (int rank : o.local_ranks_filter) {
+      if (rank >= nproc) throw usage_error(fmt::format("--local-ranks-filter names local rank {}; there are {}", rank, nproc));
+      logs.console_ranks->insert(rank);
+    }
+  }
+  const bool files = logs.redirects.all_ranks != cohort::std_streams::none || !logs.redirects.ranks.empty() ||
+                     logs.tee.all_ranks != cohort::std_streams::none || !logs.tee.ranks.empty();
+  if (!o.log_dir.empty()) {
+    logs.dir = o.log_dir;
+  } else if (files) {
+    std::string pattern = (std::filesystem::temp_directory_path() / "cohort-run-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::system_error(errno, std::system_category(), "cohort-run: mkdtemp " + pattern);
+    logs.dir = pattern;
+    fmt::print(stderr, "cohort-run: logs in {}\n", pattern);
+  }
+  return logs;
+}
+
 int run(run_options o) {
   check_program(o.command.front());
   // Before any thread: what the workers start dies with cohort-run, also
   // when it is killed with SIGKILL.
   const cohort::guardian guard;
   const int nproc = ranks_per_node(o.nproc_per_node);
+  cohort::group_spec spec;
+  spec.logs = logs_of(o, nproc);
   if (o.master_port == 0) o.master_port = o.nnodes == 1 ? free_port() : 29500;
   std::vector<int> passed_on;
   for (const auto& name : o.signals_to_forward) passed_on.push_back(signal_number(name));
 
-  cohort::group_spec spec;
   spec.name = o.role;
   spec.entry = cohort::command(o.command.front(), std::vector<std::string>(o.command.begin() + 1, o.command.end()));
   spec.nprocs = nproc;
@@ -300,6 +382,7 @@ int run(run_options o) {
     fmt::print(stderr, "cohort-run: OMP_NUM_THREADS is set to 1 for each of the {} ranks; set it to tune\n", nproc);
   }
   for (int attempt = 0;; ++attempt) {
+    spec.logs.attempt = attempt;
     spec.envs.clear();
     for (int local = 0; local < nproc; ++local) spec.envs[local] = contract(o, nproc, local, attempt);
     asio::io_context io;

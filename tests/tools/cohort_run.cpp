@@ -57,6 +57,18 @@ outcome run_launcher(std::vector<std::string> args, std::map<std::string, std::s
   return run_launcher(std::move(args), [](child&) -> asio::awaitable<void> { co_return; }, std::move(env));
 }
 
+// Runs cohort-run with `args`, its stdout going to the file `out`.
+outcome run_launcher_to(const fs::path& out, std::vector<std::string> args) {
+  asio::io_context io;
+  return test::run(io, [&]() -> asio::awaitable<outcome> {
+    spawn_options options{.out = stdio::file(out), .err = stdio::pipe()};
+    child c = co_await spawn(command(cohort_run, std::move(args)), options);
+    auto err = co_await test::read_all(c.err());
+    auto status = co_await c.wait();
+    co_return outcome{status, {}, std::move(err)};
+  }());
+}
+
 std::string read_file(const fs::path& file) {
   std::ifstream in(file);
   std::stringstream text;
@@ -203,6 +215,89 @@ TEST_SUITE("cohort-run") {
     auto out_of_restarts = run_launcher({"-n", "2", "--max-restarts", "1", "/bin/sh", "-c", third_time_lucky});
     CHECK(out_of_restarts.status.code() == 1);
     CHECK(out_of_restarts.err.find("attempt 1 of 1") != std::string::npos);
+  }
+
+  TEST_CASE("restarts with --log-dir: one folder per attempt, each with that attempt's output") {
+    test::temp_dir dir;
+    auto r = run_launcher({"-n", "2", "--max-restarts", "3", "--log-dir", dir.path.string(), "--run-id", "job", "-r", "1",
+                           "/bin/sh", "-c", "echo attempt $TORCHELASTIC_RESTART_COUNT; [ $TORCHELASTIC_RESTART_COUNT -ge 2 ]"});
+    CHECK(r.status.code() == 0);
+    CHECK(r.out.empty());  // redirected: nothing on the console
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      for (int rank = 0; rank < 2; ++rank) {
+        const auto folder = dir.path / "job" / ("attempt_" + std::to_string(attempt)) / std::to_string(rank);
+        CHECK(read_file(folder / "stdout.log") == "attempt " + std::to_string(attempt) + "\n");
+      }
+    }
+    CHECK_FALSE(fs::exists(dir.path / "job" / "attempt_3"));
+  }
+
+  TEST_CASE("4 ranks writing 100 MB each with -r 3 -t 3: log files byte-exact, console lines whole") {
+    test::temp_dir dir;
+    const std::size_t size = 100'000'000;
+    const std::string line = "a line of output from rank ";
+    // Each rank: 100 MB of numbered-by-rank lines, the last one cut; a line on stderr.
+    auto r = run_launcher_to(dir.path / "console", {"-n", "4", "--log-dir", (dir.path / "logs").string(), "-r", "3", "-t", "3",
+                                                    "--", "/bin/sh", "-c",
+                                                    "echo to stderr $LOCAL_RANK >&2; yes \"" + line +
+                                                        "$LOCAL_RANK\" | head -c " + std::to_string(size)});
+    REQUIRE(r.status.code() == 0);
+    CHECK(r.err.find("[default2]:to stderr 2\n") != std::string::npos);
+    for (int rank = 0; rank < 4; ++rank) {
+      CAPTURE(rank);
+      const auto folder = dir.path / "logs" / "none" / "attempt_0" / std::to_string(rank);
+      const std::string file = read_file(folder / "stdout.log");
+      const std::string pattern = line + std::to_string(rank) + "\n";
+      REQUIRE(file.size() == size);
+      bool exact = true;
+      for (std::size_t at = 0; at < size && exact; at += pattern.size()) {
+        exact = file.compare(at, pattern.size(), pattern, 0, std::min(pattern.size(), size - at)) == 0;
+      }
+      CHECK(exact);
+      CHECK(read_file(folder / "stderr.log") == "to stderr " + std::to_string(rank) + "\n");
+    }
+    // The console: every line one rank's whole line behind its prefix; only
+    // the cut last line of each rank differs, and every byte came through.
+    std::ifstream console(dir.path / "console");
+    std::map<int, std::size_t> bytes, cut;
+    std::size_t bad = 0;
+    for (std::string text; std::getline(console, text);) {
+      const bool prefixed = text.size() > 11 && text.compare(0, 8, "[default") == 0 && text.compare(9, 2, "]:") == 0;
+      const int rank = prefixed ? text[8] - '0' : -1;
+      if (!prefixed || rank < 0 || rank > 3) {
+        ++bad;
+        continue;
+      }
+      const std::string whole = line + std::to_string(rank);
+      const std::string rest = text.substr(11);
+      if (rest != whole) {
+        if (whole.rfind(rest, 0) == 0) ++cut[rank];
+        else ++bad;
+      }
+      bytes[rank] += rest.size() + 1;
+    }
+    CHECK(bad == 0);
+    for (int rank = 0; rank < 4; ++rank) {
+      CHECK(cut[rank] == 1);
+      CHECK(bytes[rank] == size + 1);  // the cut line gets its newline on the console
+    }
+  }
+
+  TEST_CASE("--local-ranks-filter: only those ranks reach the console") {
+    test::temp_dir dir;
+    auto r = run_launcher({"-n", "3", "--log-dir", dir.path.string(), "-t", "3", "--local-ranks-filter", "1",
+                           "--", "/bin/sh", "-c", "echo out $LOCAL_RANK; echo err $LOCAL_RANK >&2"});
+    CHECK(r.status.code() == 0);
+    CHECK(r.out == "[default1]:out 1\n");
+    CHECK(r.err.find("[default1]:err 1\n") != std::string::npos);
+    CHECK(r.err.find("err 0") == std::string::npos);
+    CHECK(r.err.find("err 2") == std::string::npos);
+    for (int rank = 0; rank < 3; ++rank) {
+      CHECK(read_file(dir.path / "none" / "attempt_0" / std::to_string(rank) / "stdout.log") == "out " + std::to_string(rank) + "\n");
+    }
+    auto bad = run_launcher({"-n", "2", "-t", "0:3,x", "true"});
+    CHECK(bad.status.code() == 2);
+    CHECK(bad.err.find("--tee") != std::string::npos);
   }
 
   TEST_CASE("SIGTERM to cohort-run shuts the workers down and exits 128 + 15") {
