@@ -408,7 +408,13 @@ int run(run_options o) {
       ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
       result = co_await g->wait();
     }, [&](std::exception_ptr e) { failure = e; });
+    // The logs' pumps copy on every thread the io_context runs on.
+    std::vector<std::thread> helpers;
+    if (spec.logs.active()) {
+      for (unsigned i = 1; i < std::min(2u, std::thread::hardware_concurrency()); ++i) helpers.emplace_back([&io] { io.run(); });
+    }
     io.run();
+    for (auto& t : helpers) t.join();
     if (failure) std::rethrow_exception(failure);
     const auto& r = *result;
     if (r.ok()) return 0;

@@ -500,7 +500,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   for (const auto& c : state->children) state->pids.push_back(c.pid());
   if (state->logs) {
     state->logs->started();
-    state->logs->start(state->strand);
+    state->logs->start(state->strand.get_inner_executor(), state->strand);
   }
   state->running = spec.nprocs;
   state->partial.statuses.resize(static_cast<std::size_t>(spec.nprocs));

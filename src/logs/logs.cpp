@@ -4,12 +4,14 @@
 // whole to the file and line by line, prefixed, to the console.
 #include "logs/logs.hpp"
 
-#include "uring/read.hpp"
+#include "uring/poll.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
+#include <asio/post.hpp>
+#include <asio/strand.hpp>
 #include <asio/redirect_error.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -18,9 +20,13 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -30,7 +36,7 @@
 namespace cohort::detail {
 namespace {
 
-constexpr std::size_t read_size = 256 * 1024;
+constexpr std::size_t read_size = 1024 * 1024;
 constexpr std::size_t max_line = 64 * 1024;  // longer lines reach the console in pieces
 constexpr int pipe_size = 1024 * 1024;       // fewer wake-ups for ranks that write a lot
 
@@ -85,10 +91,13 @@ struct group_logs::state {
     std::vector<owned_fd> held;      // this process's copies of what the rank gets
   };
   std::vector<rank_ends> ranks;
+  std::mutex errors_mutex;  // pumps run on strands of their own
   std::vector<std::string> errors;
+  // Per pump: its strand, and the signal that stops it (emitted there).
+  std::vector<asio::strand<asio::any_io_executor>> strands;
   std::vector<std::unique_ptr<asio::cancellation_signal>> cancels;
-  std::optional<asio::steady_timer> all_done;  // cancelled when the last pump ends
-  int running = 0;
+  std::optional<asio::steady_timer> all_done;  // on the group's strand: cancelled when the last pump ends
+  std::atomic<int> running = 0;
 };
 
 std::string expand_prefix(const std::string& pattern, const std::string& role, int rank, int local_rank) {
@@ -179,52 +188,90 @@ void group_logs::started() {
 
 namespace {
 
+// Writes `parts` in order, as few writev calls as IOV_MAX allows; false
+// with errno set when the descriptor refuses them.
+bool write_parts(int fd, std::vector<iovec>& parts) {
+  std::size_t first = 0;
+  while (first < parts.size()) {
+    const int count = static_cast<int>(std::min<std::size_t>(parts.size() - first, IOV_MAX));
+    const ssize_t n = ::writev(fd, &parts[first], count);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN) return false;
+      pollfd p{fd, POLLOUT, 0};
+      ::poll(&p, 1, -1);
+      continue;
+    }
+    // Past what was written; a part written in part keeps its rest.
+    auto left = static_cast<std::size_t>(n);
+    while (first < parts.size() && left >= parts[first].iov_len) left -= parts[first++].iov_len;
+    if (left > 0) {
+      parts[first].iov_base = static_cast<char*>(parts[first].iov_base) + left;
+      parts[first].iov_len -= left;
+    }
+  }
+  return true;
+}
+
 // Writes what came in to the stream's file, and its whole lines, prefixed,
-// to the console. The rest of a line waits in `pending`.
-void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t size, std::string& out) {
+// to the console (gathered, not copied: one writev per run of lines). The
+// rest of a line waits in `pending`.
+void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t size, std::vector<iovec>& parts) {
   if (s.file.get() >= 0 && !write_all(s.file.get(), data, size)) {
+    std::lock_guard lock(st.errors_mutex);
     st.errors.push_back(fmt::format("cohort: writing a rank's log file failed ({}); what the rank wrote after is not in it",
                                     std::strerror(errno)));
     s.file.reset();
   }
   if (s.console < 0) return;
-  out.clear();
+  parts.clear();
+  const auto add = [&](const char* p, std::size_t n) { parts.push_back({const_cast<char*>(p), n}); };
   const char* end = data + size;
-  while (data < end) {
-    const auto* newline = static_cast<const char*>(std::memchr(data, '\n', static_cast<std::size_t>(end - data)));
-    if (newline == nullptr) {
-      s.pending.append(data, end);
-      break;
-    }
-    out += s.prefix;
-    out += s.pending;
-    s.pending.clear();
-    out.append(data, newline + 1);
+  const char* newline = static_cast<const char*>(std::memchr(data, '\n', size));
+  const bool ends_pending = newline != nullptr && !s.pending.empty();
+  if (ends_pending) {  // the line begun in an earlier read
+    s.pending.append(data, newline + 1);
+    add(s.prefix.data(), s.prefix.size());
+    add(s.pending.data(), s.pending.size());
     data = newline + 1;
+    newline = static_cast<const char*>(std::memchr(data, '\n', static_cast<std::size_t>(end - data)));
   }
-  while (s.pending.size() >= max_line) {
-    out += s.prefix;
-    out.append(s.pending, 0, max_line);
-    out += '\n';
+  while (newline != nullptr) {
+    add(s.prefix.data(), s.prefix.size());
+    add(data, static_cast<std::size_t>(newline + 1 - data));
+    data = newline + 1;
+    newline = static_cast<const char*>(std::memchr(data, '\n', static_cast<std::size_t>(end - data)));
+  }
+  if (!parts.empty()) {
+    std::lock_guard lock(console_mutex);
+    if (!write_parts(s.console, parts)) s.console = -1;  // the console is gone: files only from here
+  }
+  if (ends_pending) s.pending.clear();
+  s.pending.append(data, end);
+  std::string pieces;
+  while (s.pending.size() >= max_line) {  // a line too long to wait for: in pieces
+    pieces += s.prefix;
+    pieces.append(s.pending, 0, max_line);
+    pieces += '\n';
     s.pending.erase(0, max_line);
   }
-  if (out.empty()) return;
-  std::lock_guard lock(console_mutex);
-  if (!write_all(s.console, out.data(), out.size())) s.console = -1;  // the console is gone: files only from here
+  if (!pieces.empty() && s.console >= 0) {
+    std::lock_guard lock(console_mutex);
+    if (!write_all(s.console, pieces.data(), pieces.size())) s.console = -1;
+  }
 }
 
 // The end of a stream: what is left in the pipe without waiting for more,
 // then the partial last line, ended by a newline on the console.
-void finish_stream(group_logs::state& st, log_stream& s, char* buffer, std::string& out) {
-  ::fcntl(s.pipe.get(), F_SETFL, ::fcntl(s.pipe.get(), F_GETFL) | O_NONBLOCK);
+void finish_stream(group_logs::state& st, log_stream& s, char* buffer, std::vector<iovec>& parts) {
   for (;;) {
     const ssize_t n = ::read(s.pipe.get(), buffer, read_size);
-    if (n > 0) deliver(st, s, buffer, static_cast<std::size_t>(n), out);
+    if (n > 0) deliver(st, s, buffer, static_cast<std::size_t>(n), parts);
     else if (n < 0 && errno == EINTR) continue;
     else break;
   }
   if (!s.pending.empty() && s.console >= 0) {
-    out = s.prefix + s.pending + '\n';
+    const std::string out = s.prefix + s.pending + '\n';
     std::lock_guard lock(console_mutex);
     write_all(s.console, out.data(), out.size());
   }
@@ -233,33 +280,49 @@ void finish_stream(group_logs::state& st, log_stream& s, char* buffer, std::stri
   s.file.reset();
 }
 
-asio::awaitable<void> pump(std::shared_ptr<group_logs::state> state, std::size_t index) {
+// Waits for data with a poll on the ring and reads it in this thread:
+// io_uring would copy it inside the submission, under the ring's lock,
+// one stream at a time; this way the pumps of several streams copy on as
+// many threads as the io_context runs on.
+asio::awaitable<void> pump(std::shared_ptr<group_logs::state> state, std::size_t index, asio::any_io_executor group_strand) {
   auto& st = *state;
   auto& s = st.streams[index];
   auto executor = co_await asio::this_coro::executor;
   auto buffer = std::make_unique<char[]>(read_size);
-  std::string out;
-  for (;;) {
+  std::vector<iovec> parts;
+  for (bool open = true; open;) {
     std::error_code ec;
-    const std::size_t n = co_await uring::async_read_some(executor, s.pipe.get(), asio::buffer(buffer.get(), read_size),
-                                                          asio::redirect_error(asio::use_awaitable, ec));
+    co_await uring::async_poll(executor, s.pipe.get(), POLLIN, asio::redirect_error(asio::use_awaitable, ec));
     if (ec == std::errc::interrupted) continue;
-    if (ec || n == 0) break;
-    deliver(st, s, buffer.get(), n, out);
+    if (ec) break;
+    for (;;) {  // what is there, without waiting
+      const ssize_t n = ::read(s.pipe.get(), buffer.get(), read_size);
+      if (n > 0) {
+        deliver(st, s, buffer.get(), static_cast<std::size_t>(n), parts);
+        if (static_cast<std::size_t>(n) < read_size) break;
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        open = n < 0 && errno == EAGAIN;  // else the end of the stream, or an error
+        break;
+      }
+    }
   }
-  finish_stream(st, s, buffer.get(), out);
-  if (--st.running == 0) st.all_done->cancel();
+  finish_stream(st, s, buffer.get(), parts);
+  if (--st.running == 0) asio::post(group_strand, [state] { state->all_done->cancel(); });
 }
 
 }  // namespace
 
-void group_logs::start(const asio::any_io_executor& strand) {
+void group_logs::start(const asio::any_io_executor& io, const asio::any_io_executor& group_strand) {
   auto& st = *state_;
-  st.all_done.emplace(strand, std::chrono::steady_clock::time_point::max());
+  st.all_done.emplace(group_strand, std::chrono::steady_clock::time_point::max());
   st.running = static_cast<int>(st.streams.size());
   for (std::size_t i = 0; i < st.streams.size(); ++i) {
+    ::fcntl(st.streams[i].pipe.get(), F_SETFL, ::fcntl(st.streams[i].pipe.get(), F_GETFL) | O_NONBLOCK);
+    auto& strand = st.strands.emplace_back(asio::make_strand(io));
     auto& cancel = *st.cancels.emplace_back(std::make_unique<asio::cancellation_signal>());
-    asio::co_spawn(strand, pump(state_, i), asio::bind_cancellation_slot(cancel.slot(), asio::detached));
+    asio::co_spawn(strand, pump(state_, i, group_strand), asio::bind_cancellation_slot(cancel.slot(), asio::detached));
   }
 }
 
@@ -271,13 +334,18 @@ asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
     co_await st.all_done->async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
   if (st.running > 0) {  // a writer outlived the run: take what is there and stop
-    for (auto& cancel : st.cancels) cancel->emit(asio::cancellation_type::terminal);
+    for (std::size_t i = 0; i < st.cancels.size(); ++i) {
+      asio::post(st.strands[i], [state = state_, i] { state->cancels[i]->emit(asio::cancellation_type::terminal); });
+    }
     std::error_code ec;
     st.all_done->expires_at(std::chrono::steady_clock::time_point::max());
     if (st.running > 0) co_await st.all_done->async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
 }
 
-std::vector<std::string> group_logs::errors() const { return state_->errors; }
+std::vector<std::string> group_logs::errors() const {
+  std::lock_guard lock(state_->errors_mutex);
+  return state_->errors;
+}
 
 }  // namespace cohort::detail

@@ -41,9 +41,10 @@ class group_logs {
   void apply(int rank, spawn_options& options) const;
   /// The ranks have started: closes this process's copies of their ends.
   void started();
-  /// Starts pumping every stream that passes through this process, on
-  /// `strand` (the group's). Call once, after started().
-  void start(const asio::any_io_executor& strand);
+  /// Starts pumping every stream that passes through this process, each on
+  /// a strand of `io` of its own; the end is told on `group_strand`, where
+  /// drain() runs. Call once, after started().
+  void start(const asio::any_io_executor& io, const asio::any_io_executor& group_strand);
   /// Waits for every pump to reach the end of its stream, at most `limit`;
   /// then reads what is left without waiting, writes the partial lines and
   /// closes everything.

@@ -1,0 +1,283 @@
+// The ranks' logs through the launcher: throughput of 4 ranks writing to
+// redirected and teed stdout, and how long a line takes from a rank's
+// write to the launcher's stdout. cohort-run against the same writers with
+// their stdout on files (no launcher: the bound), and against torchrun
+// (Debian's torch 1.13, with the same mend as launcher_exit) where
+// /usr/bin/python3 (or $COHORT_BENCH_PYTHON) imports torch.
+//
+//   log_pump [megabytes per rank] [rounds]     (default 256 and 3)
+//   log_pump --write <megabytes>               (a writer rank: 100-byte lines)
+//   log_pump --stamp <lines>                   (a rank writing its clock, a line every 2 ms)
+#include "stats.hpp"
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using cohort::bench::clock;
+
+const char* const cohort_run = COHORT_BENCH_COHORT_RUN;
+constexpr int ranks = 4;
+
+const char* torchrun_wrapper = R"(
+import sys
+from torch.distributed.elastic.multiprocessing.api import Std
+def from_str(vm):
+    if ":" not in vm:
+        return Std(int(vm))
+    return {int(k): Std(int(v)) for k, v in (p.split(":") for p in vm.split(","))}
+Std.from_str = staticmethod(from_str)
+from torch.distributed.run import main
+main(sys.argv[1:])
+)";
+
+std::int64_t now_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+bool write_all(int fd, const char* data, std::size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// A writer rank: `megabytes` MB of 100-byte lines on stdout, 1 MiB a write.
+int write_lines(long megabytes) {
+  std::string block;
+  const char* rank = std::getenv("LOCAL_RANK");
+  while (block.size() < (1u << 20)) {
+    std::string line = fmt::format("rank {} line {:08} ", rank != nullptr ? rank : "?", block.size() / 100);
+    line.resize(99, '.');
+    block += line + '\n';
+  }
+  std::size_t left = static_cast<std::size_t>(megabytes) * 1'000'000;
+  while (left > 0) {
+    const std::size_t n = std::min(left, block.size());
+    if (!write_all(1, block.data(), n)) return 1;
+    left -= n;
+  }
+  return 0;
+}
+
+// A stamping rank: `lines` lines holding the monotonic clock, 2 ms apart.
+int write_stamps(int lines) {
+  for (int i = 0; i < lines; ++i) {
+    const std::string line = fmt::format("stamp {}\n", now_ns());
+    if (!write_all(1, line.data(), line.size())) return 1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return 0;
+}
+
+struct spawned {
+  pid_t pid = -1;
+  int out = -1;  // the read end of its stdout, when asked for
+};
+
+// Starts argv with stdout on `out_path` (or a pipe when empty, or
+// /dev/null for "-") and stderr on /dev/null.
+spawned start(const std::vector<std::string>& args, const std::string& out_path) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  ::posix_spawn_file_actions_init(&actions);
+  spawned s;
+  int p[2] = {-1, -1};
+  if (out_path.empty()) {
+    if (::pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error("pipe2");
+    ::posix_spawn_file_actions_adddup2(&actions, p[1], 1);
+    s.out = p[0];
+  } else {
+    ::posix_spawn_file_actions_addopen(&actions, 1, out_path == "-" ? "/dev/null" : out_path.c_str(),
+                                       O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  }
+  ::posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  const int error = ::posix_spawn(&s.pid, argv[0], &actions, nullptr, argv.data(), environ);
+  ::posix_spawn_file_actions_destroy(&actions);
+  if (p[1] >= 0) ::close(p[1]);
+  if (error != 0) throw std::runtime_error(fmt::format("posix_spawn {}: {}", args[0], std::strerror(error)));
+  return s;
+}
+
+int finish(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+void require_ok(const std::string& what, int rc) {
+  if (rc != 0) throw std::runtime_error(fmt::format("{} exited with {}", what, rc));
+}
+
+// MB/s of one launcher run writing `megabytes` per rank to `dir`, console on /dev/null.
+double launcher_throughput(const std::vector<std::string>& launcher, long megabytes) {
+  const auto began = clock::now();
+  require_ok(launcher[0], finish(start(launcher, "-").pid));
+  return static_cast<double>(ranks * megabytes) / cohort::bench::seconds_since(began);
+}
+
+// MB/s of the writers alone, each with stdout on its own file.
+double bare_throughput(const std::string& self, const fs::path& dir, long megabytes) {
+  const auto began = clock::now();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < ranks; ++r) {
+    ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+    pids.push_back(start({self, "--write", std::to_string(megabytes)}, (dir / fmt::format("bare-{}.log", r)).string()).pid);
+  }
+  for (pid_t pid : pids) require_ok("writer", finish(pid));
+  return static_cast<double>(ranks * megabytes) / cohort::bench::seconds_since(began);
+}
+
+// Console latency: ms from each stamped line's write to its arrival on the
+// launcher's stdout, over every line of every rank.
+std::vector<double> launcher_latency(const std::vector<std::string>& launcher) {
+  auto s = start(launcher, "");
+  std::vector<double> ms;
+  std::string pending;
+  char buffer[65536];
+  for (;;) {
+    const ssize_t n = ::read(s.out, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    const std::int64_t arrived = now_ns();
+    pending.append(buffer, static_cast<std::size_t>(n));
+    std::size_t at;
+    while ((at = pending.find('\n')) != std::string::npos) {
+      const auto stamp = pending.find("stamp ");
+      if (stamp != std::string::npos && stamp < at) {
+        ms.push_back(static_cast<double>(arrived - std::stoll(pending.substr(stamp + 6, at - stamp - 6))) / 1e6);
+      }
+      pending.erase(0, at + 1);
+    }
+  }
+  ::close(s.out);
+  require_ok(launcher[0], finish(s.pid));
+  return ms;
+}
+
+std::optional<std::string> torch_python() {
+  const char* python = std::getenv("COHORT_BENCH_PYTHON");
+  const std::string chosen = python != nullptr ? python : ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  if (finish(start({chosen, "-c", "import torch.distributed.run"}, "-").pid) != 0) return std::nullopt;
+  return chosen;
+}
+
+void print_throughput(const std::string& name, std::vector<double> samples, double baseline) {
+  const double m = cohort::bench::median(samples);
+  fmt::print("  {:<48} {:>8.0f} MB/s", name, m);
+  if (baseline > 0) fmt::print("  ({:.2f}x the writers on files)", m / baseline);
+  fmt::print("\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 2 && std::strcmp(argv[1], "--write") == 0) return write_lines(std::atol(argv[2]));
+  if (argc > 2 && std::strcmp(argv[1], "--stamp") == 0) return write_stamps(std::atoi(argv[2]));
+  const long megabytes = argc > 1 ? std::atol(argv[1]) : 256;
+  const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
+  const std::string self = fs::canonical("/proc/self/exe").string();
+
+  std::string pattern = (fs::temp_directory_path() / "cohort-bench-logs-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp");
+  const fs::path dir = pattern;
+  const auto python = torch_python();
+  const std::string wrapper = (dir / "torchrun.py").string();
+  if (python) {
+    if (FILE* f = std::fopen(wrapper.c_str(), "w")) {
+      std::fputs(torchrun_wrapper, f);
+      std::fclose(f);
+    }
+  }
+  const auto cohort_args = [&](std::vector<std::string> flags, std::vector<std::string> worker) {
+    std::vector<std::string> args{cohort_run, "-n", std::to_string(ranks), "--log-dir", (dir / "cohort").string()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.push_back("--");
+    args.insert(args.end(), worker.begin(), worker.end());
+    return args;
+  };
+  const auto torch_args = [&](std::vector<std::string> flags, std::vector<std::string> worker) {
+    std::vector<std::string> args{*python, wrapper, "--nproc_per_node", std::to_string(ranks), "--log_dir",
+                                  (dir / "torch").string()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.push_back("--no_python");
+    args.insert(args.end(), worker.begin(), worker.end());
+    return args;
+  };
+  const std::vector<std::string> writer{self, "--write", std::to_string(megabytes)};
+
+  fmt::print("throughput: {} ranks x {} MB of 100-byte lines, median of {} rounds (console on /dev/null)\n", ranks,
+             megabytes, rounds);
+  std::vector<double> bare, teed, redirected, torch_teed;
+  for (int i = 0; i < rounds; ++i) {
+    bare.push_back(bare_throughput(self, dir, megabytes));
+    teed.push_back(launcher_throughput(cohort_args({"-r", "3", "-t", "3"}, writer), megabytes));
+    redirected.push_back(launcher_throughput(cohort_args({"-r", "3"}, writer), megabytes));
+    if (python) torch_teed.push_back(launcher_throughput(torch_args({"-r", "3", "-t", "3"}, writer), megabytes));
+    fs::remove_all(dir / "cohort");
+    fs::remove_all(dir / "torch");
+  }
+  const double bound = cohort::bench::median(bare);
+  print_throughput("4 writers, stdout on files, no launcher", bare, 0);
+  print_throughput("cohort-run -r 3 -t 3 (files and console)", teed, bound);
+  print_throughput("cohort-run -r 3 (files only)", redirected, bound);
+  if (python) {
+    print_throughput("torchrun -r 3 -t 3", torch_teed, bound);
+    fmt::print("  cohort-run -r 3 -t 3 moves {:.1f}x what torchrun does\n",
+               cohort::bench::median(teed) / cohort::bench::median(torch_teed));
+  } else {
+    fmt::print("  torchrun: torch is not importable\n");
+  }
+
+  const int lines = 250;
+  const std::vector<std::string> stamper{self, "--stamp", std::to_string(lines)};
+  fmt::print("console latency: {} ranks x {} lines, 2 ms apart, teed (-t 3)\n", ranks, lines);
+  std::vector<double> ours;
+  for (int i = 0; i < rounds; ++i) {
+    auto ms = launcher_latency(cohort_args({"-t", "3"}, stamper));
+    if (ms.size() != static_cast<std::size_t>(ranks * lines)) {
+      throw std::runtime_error(fmt::format("cohort-run delivered {} of {} lines", ms.size(), ranks * lines));
+    }
+    ours.insert(ours.end(), ms.begin(), ms.end());
+  }
+  fmt::print("  {:<48} p50 {:>7.3f} ms  p99 {:>7.3f} ms  max {:>7.3f} ms\n", "cohort-run", cohort::bench::percentile(ours, 50),
+             cohort::bench::percentile(ours, 99), cohort::bench::percentile(ours, 100));
+  if (python) {
+    auto theirs = launcher_latency(torch_args({"-t", "3"}, stamper));
+    fmt::print("  {:<48} p50 {:>7.3f} ms  p99 {:>7.3f} ms  max {:>7.3f} ms  ({} lines)\n", "torchrun",
+               cohort::bench::percentile(theirs, 50), cohort::bench::percentile(theirs, 99),
+               cohort::bench::percentile(theirs, 100), theirs.size());
+    if (!theirs.empty()) {
+      fmt::print("  cohort-run's p99 is {:.0f}x lower\n",
+                 cohort::bench::percentile(theirs, 99) / cohort::bench::percentile(ours, 99));
+    }
+  }
+  fs::remove_all(dir);
+}
