@@ -298,3 +298,21 @@ TEST_CASE("bad logs are errors before any rank starts") {
   CHECK(test::children_of_self().empty());
   CHECK(test::open_fd_count() == descriptors);
 }
+
+TEST_CASE("a log file that cannot be written to the end is reported, and the console still gets every line") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  // The log file is /dev/full: every write to it fails with ENOSPC.
+  const auto folder = dir.path / "none" / "attempt_0" / "0";
+  fs::create_directories(folder);
+  fs::create_symlink("/dev/full", folder / "stdout.log");
+  auto spec = shell_ranks(1, "echo one; echo two");
+  spec.logs.dir = dir.path;
+  spec.logs.tee = std_streams::out;
+  spec.logs.console_out = out.fd;
+  const auto r = run_group(spec);
+  CHECK(r.statuses[0]->success());
+  REQUIRE(r.log_errors.size() == 1);
+  CHECK(r.log_errors[0].find("No space left on device") != std::string::npos);
+  CHECK(out.text() == "[worker0]:one\n[worker0]:two\n");
+}
