@@ -5,7 +5,7 @@
 // (Debian's torch 1.13, with the same mend as launcher_exit) where
 // /usr/bin/python3 (or $COHORT_BENCH_PYTHON) imports torch.
 //
-//   log_pump [megabytes per rank] [rounds]     (default 256 and 3)
+//   log_pump [megabytes per rank] [rounds]     (default 256 and 3; files in $TMPDIR)
 //   log_pump --write <megabytes>               (a writer rank: 100-byte lines)
 //   log_pump --stamp <lines>                   (a rank writing its clock, a line every 2 ms)
 #include "stats.hpp"
@@ -136,12 +136,24 @@ void require_ok(const std::string& what, int rc) {
   if (rc != 0) throw std::runtime_error(fmt::format("{} exited with {}", what, rc));
 }
 
-// MB/s of one launcher run writing `megabytes` per rank to `dir`, console on /dev/null.
-double launcher_throughput(const std::vector<std::string>& launcher, long megabytes) {
+// Seconds of one launcher run, console on /dev/null.
+double launcher_seconds(const std::vector<std::string>& launcher) {
   const auto began = clock::now();
   require_ok(launcher[0], finish(start(launcher, "-").pid));
-  return static_cast<double>(ranks * megabytes) / cohort::bench::seconds_since(began);
+  return cohort::bench::seconds_since(began);
 }
+
+// A launcher's throughput: MB/s from start to exit, and net of what the
+// same launcher takes for writers that write nothing (its own start and
+// exit: torchrun's is seconds).
+struct launcher_rate {
+  std::vector<double> gross, net;
+  void add(double seconds, double empty_seconds, long megabytes) {
+    const double total = static_cast<double>(ranks * megabytes);
+    gross.push_back(total / seconds);
+    net.push_back(total / std::max(seconds - empty_seconds, 1e-6));
+  }
+};
 
 // MB/s of the writers alone, each with stdout on its own file.
 double bare_throughput(const std::string& self, const fs::path& dir, long megabytes) {
@@ -189,10 +201,11 @@ std::optional<std::string> torch_python() {
   return chosen;
 }
 
-void print_throughput(const std::string& name, std::vector<double> samples, double baseline) {
-  const double m = cohort::bench::median(samples);
-  fmt::print("  {:<48} {:>8.0f} MB/s", name, m);
-  if (baseline > 0) fmt::print("  ({:.2f}x the writers on files)", m / baseline);
+void print_throughput(const std::string& name, const launcher_rate& rate, double baseline) {
+  const double m = cohort::bench::median(rate.gross);
+  fmt::print("  {:<44} {:>7.0f} MB/s", name, m);
+  if (!rate.net.empty()) fmt::print(" ({:>6.0f} net of start and exit)", cohort::bench::median(rate.net));
+  if (baseline > 0) fmt::print("  {:.2f}x the writers on files", m / baseline);
   fmt::print("\n");
 }
 
@@ -235,23 +248,28 @@ int main(int argc, char** argv) {
 
   fmt::print("throughput: {} ranks x {} MB of 100-byte lines, median of {} rounds (console on /dev/null)\n", ranks,
              megabytes, rounds);
-  std::vector<double> bare, teed, redirected, torch_teed;
+  const std::vector<std::string> idle{self, "--write", "0"};
+  launcher_rate bare, teed, redirected, torch_teed;
   for (int i = 0; i < rounds; ++i) {
-    bare.push_back(bare_throughput(self, dir, megabytes));
-    teed.push_back(launcher_throughput(cohort_args({"-r", "3", "-t", "3"}, writer), megabytes));
-    redirected.push_back(launcher_throughput(cohort_args({"-r", "3"}, writer), megabytes));
-    if (python) torch_teed.push_back(launcher_throughput(torch_args({"-r", "3", "-t", "3"}, writer), megabytes));
+    bare.gross.push_back(bare_throughput(self, dir, megabytes));
+    const auto teed_args = [&](const auto& make, const std::vector<std::string>& w) { return make(std::vector<std::string>{"-r", "3", "-t", "3"}, w); };
+    teed.add(launcher_seconds(teed_args(cohort_args, writer)), launcher_seconds(teed_args(cohort_args, idle)), megabytes);
+    redirected.add(launcher_seconds(cohort_args({"-r", "3"}, writer)), launcher_seconds(cohort_args({"-r", "3"}, idle)), megabytes);
+    if (python) {
+      torch_teed.add(launcher_seconds(teed_args(torch_args, writer)), launcher_seconds(teed_args(torch_args, idle)), megabytes);
+    }
     fs::remove_all(dir / "cohort");
     fs::remove_all(dir / "torch");
   }
-  const double bound = cohort::bench::median(bare);
+  const double bound = cohort::bench::median(bare.gross);
   print_throughput("4 writers, stdout on files, no launcher", bare, 0);
   print_throughput("cohort-run -r 3 -t 3 (files and console)", teed, bound);
   print_throughput("cohort-run -r 3 (files only)", redirected, bound);
   if (python) {
     print_throughput("torchrun -r 3 -t 3", torch_teed, bound);
-    fmt::print("  cohort-run -r 3 -t 3 moves {:.1f}x what torchrun does\n",
-               cohort::bench::median(teed) / cohort::bench::median(torch_teed));
+    fmt::print("  cohort-run -r 3 -t 3 moves {:.1f}x what torchrun does ({:.1f}x net of start and exit)\n",
+               cohort::bench::median(teed.gross) / cohort::bench::median(torch_teed.gross),
+               cohort::bench::median(teed.net) / cohort::bench::median(torch_teed.net));
   } else {
     fmt::print("  torchrun: torch is not importable\n");
   }

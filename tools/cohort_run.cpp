@@ -417,6 +417,7 @@ int run(run_options o) {
     for (auto& t : helpers) t.join();
     if (failure) std::rethrow_exception(failure);
     const auto& r = *result;
+    for (const auto& error : r.log_errors) fmt::print(stderr, "cohort-run: {}\n", error);
     if (r.ok()) return 0;
     if (r.signal) {
       fmt::print(stderr, "cohort-run: {} received: the ranks were shut down\n", cohort::signal_name(*r.signal));

@@ -162,6 +162,7 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
         auto& stream = s.streams.emplace_back();
         stream.pipe = owned_fd(p[0]);
         stream.file = std::move(file);
+        if (to_file) stream.file_path = (folder / file_names[i]).string();
         stream.console = console[i];
         stream.prefix = expand_prefix(spec.prefix, role, spec.first_rank + rank, rank);
         target = stdio::fd(p[1]);
@@ -218,10 +219,11 @@ bool write_parts(int fd, std::vector<iovec>& parts) {
 // rest of a line waits in `pending`.
 void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t size, std::vector<iovec>& parts) {
   if (s.file.get() >= 0 && !write_all(s.file.get(), data, size)) {
-    std::lock_guard lock(st.errors_mutex);
-    st.errors.push_back(fmt::format("cohort: writing a rank's log file failed ({}); what the rank wrote after is not in it",
-                                    std::strerror(errno)));
+    auto message = fmt::format("cohort: writing {} failed ({}); what the rank wrote after is not in it", s.file_path,
+                               std::strerror(errno));
     s.file.reset();
+    std::lock_guard lock(st.errors_mutex);
+    st.errors.push_back(std::move(message));
   }
   if (s.console < 0) return;
   parts.clear();

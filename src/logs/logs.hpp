@@ -22,6 +22,7 @@ namespace cohort::detail {
 struct log_stream {
   owned_fd pipe;     ///< the read end
   owned_fd file;     ///< its log file, or none
+  std::string file_path;  ///< for messages
   int console = -1;  ///< where its lines go, or -1
   std::string prefix;
   std::string pending;  ///< the start of a line whose newline has not come yet

@@ -314,5 +314,6 @@ TEST_CASE("a log file that cannot be written to the end is reported, and the con
   CHECK(r.statuses[0]->success());
   REQUIRE(r.log_errors.size() == 1);
   CHECK(r.log_errors[0].find("No space left on device") != std::string::npos);
+  CHECK(r.log_errors[0].find((folder / "stdout.log").string()) != std::string::npos);
   CHECK(out.text() == "[worker0]:one\n[worker0]:two\n");
 }
