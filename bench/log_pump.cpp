@@ -164,7 +164,9 @@ double bare_throughput(const std::string& self, const fs::path& dir, long megaby
     pids.push_back(start({self, "--write", std::to_string(megabytes)}, (dir / fmt::format("bare-{}.log", r)).string()).pid);
   }
   for (pid_t pid : pids) require_ok("writer", finish(pid));
-  return static_cast<double>(ranks * megabytes) / cohort::bench::seconds_since(began);
+  const double seconds = cohort::bench::seconds_since(began);
+  for (int r = 0; r < ranks; ++r) fs::remove(dir / fmt::format("bare-{}.log", r));  // as the launchers' folders are
+  return static_cast<double>(ranks * megabytes) / seconds;
 }
 
 // Console latency: ms from each stamped line's write to its arrival on the
