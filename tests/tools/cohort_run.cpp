@@ -223,11 +223,17 @@ TEST_SUITE("cohort-run") {
                            "/bin/sh", "-c", "echo attempt $TORCHELASTIC_RESTART_COUNT; [ $TORCHELASTIC_RESTART_COUNT -ge 2 ]"});
     CHECK(r.status.code() == 0);
     CHECK(r.out.empty());  // redirected: nothing on the console
+    // In a failed attempt the first rank to fail may shut the other down
+    // before it writes: its file is then empty, never another attempt's.
     for (int attempt = 0; attempt < 3; ++attempt) {
+      const std::string expected = "attempt " + std::to_string(attempt) + "\n";
+      int written = 0;
       for (int rank = 0; rank < 2; ++rank) {
-        const auto folder = dir.path / "job" / ("attempt_" + std::to_string(attempt)) / std::to_string(rank);
-        CHECK(read_file(folder / "stdout.log") == "attempt " + std::to_string(attempt) + "\n");
+        const auto text = read_file(dir.path / "job" / ("attempt_" + std::to_string(attempt)) / std::to_string(rank) / "stdout.log");
+        CHECK((text == expected || (attempt < 2 && text.empty())));
+        written += text == expected ? 1 : 0;
       }
+      CHECK(written >= (attempt < 2 ? 1 : 2));
     }
     CHECK_FALSE(fs::exists(dir.path / "job" / "attempt_3"));
   }
