@@ -2,11 +2,12 @@
 // against torchrun (Debian's torch 1.13) in the same run, where
 // /usr/bin/python3 (or $COHORT_BENCH_PYTHON) imports torch. torch 1.13's
 // torchrun fails on Python 3.11 as shipped (Std.from_str iterates an
-// IntFlag, which no longer yields NONE and ALL): the wrapper below mends
+// IntFlag, which no longer yields NONE and ALL): the wrapper of torchrun.hpp mends
 // that before calling torch.distributed.run.main().
 //
 //   launcher_exit [rounds]     (default 50; torchrun runs a tenth of them, at least 3)
 #include "stats.hpp"
+#include "torchrun.hpp"
 
 #include <fmt/format.h>
 
@@ -27,17 +28,6 @@ namespace {
 
 const char* const cohort_run = COHORT_BENCH_COHORT_RUN;
 
-const char* torchrun_wrapper = R"(
-import sys
-from torch.distributed.elastic.multiprocessing.api import Std
-def from_str(vm):
-    if ":" not in vm:
-        return Std(int(vm))
-    return {int(k): Std(int(v)) for k, v in (p.split(":") for p in vm.split(","))}
-Std.from_str = staticmethod(from_str)
-from torch.distributed.run import main
-main(sys.argv[1:])
-)";
 
 // Runs argv with stdout and stderr on /dev/null; its exit code.
 int run_quietly(const std::vector<std::string>& args) {
@@ -82,10 +72,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::string wrapper = "/tmp/cohort-bench-torchrun.py";
-  if (FILE* f = std::fopen(wrapper.c_str(), "w")) {
-    std::fputs(torchrun_wrapper, f);
-    std::fclose(f);
-  }
+  cohort::bench::write_torchrun_wrapper(wrapper);
   const int torch_rounds = std::max(3, rounds / 10);
   const double torch = median_seconds(torch_rounds, {python, wrapper, "--nproc_per_node", "8", "--no_python", "/bin/true"});
   std::remove(wrapper.c_str());

@@ -9,6 +9,7 @@
 //   log_pump --write <megabytes>               (a writer rank: 100-byte lines)
 //   log_pump --stamp <lines>                   (a rank writing its clock, a line every 2 ms)
 #include "stats.hpp"
+#include "torchrun.hpp"
 
 #include <fmt/format.h>
 
@@ -38,17 +39,6 @@ using cohort::bench::clock;
 const char* const cohort_run = COHORT_BENCH_COHORT_RUN;
 constexpr int ranks = 4;
 
-const char* torchrun_wrapper = R"(
-import sys
-from torch.distributed.elastic.multiprocessing.api import Std
-def from_str(vm):
-    if ":" not in vm:
-        return Std(int(vm))
-    return {int(k): Std(int(v)) for k, v in (p.split(":") for p in vm.split(","))}
-Std.from_str = staticmethod(from_str)
-from torch.distributed.run import main
-main(sys.argv[1:])
-)";
 
 std::int64_t now_ns() {
   timespec ts{};
@@ -226,10 +216,7 @@ int main(int argc, char** argv) {
   const auto python = torch_python();
   const std::string wrapper = (dir / "torchrun.py").string();
   if (python) {
-    if (FILE* f = std::fopen(wrapper.c_str(), "w")) {
-      std::fputs(torchrun_wrapper, f);
-      std::fclose(f);
-    }
+    cohort::bench::write_torchrun_wrapper(wrapper);
   }
   const auto cohort_args = [&](std::vector<std::string> flags, std::vector<std::string> worker) {
     std::vector<std::string> args{cohort_run, "-n", std::to_string(ranks), "--log-dir", (dir / "cohort").string()};

@@ -5,6 +5,7 @@
 
 #include "support/harness.hpp"
 #include "support/process_probe.hpp"
+#include "support/run_group.hpp"
 
 #include <doctest/doctest.h>
 
@@ -29,6 +30,8 @@ using namespace std::chrono_literals;
 using namespace asio::experimental::awaitable_operators;
 namespace fs = std::filesystem;
 
+using test::run_group;
+
 namespace {
 
 group_spec ranks_of(int nprocs, std::vector<std::string> args) {
@@ -36,14 +39,6 @@ group_spec ranks_of(int nprocs, std::vector<std::string> args) {
   spec.entry = command(test::target, std::move(args));
   spec.nprocs = nprocs;
   return spec;
-}
-
-run_result run_group(const group_spec& spec) {
-  asio::io_context io;
-  return test::run(io, [&]() -> asio::awaitable<run_result> {
-    group g = co_await start_processes(spec);
-    co_return co_await g.wait();
-  }());
 }
 
 pid_t first_line_pid(const fs::path& file) {

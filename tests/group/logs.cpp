@@ -4,6 +4,7 @@
 
 #include "support/harness.hpp"
 #include "support/process_probe.hpp"
+#include "support/run_group.hpp"
 
 #include <doctest/doctest.h>
 
@@ -23,6 +24,8 @@
 using namespace cohort;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
+
+using test::run_group;
 
 namespace {
 
@@ -57,14 +60,6 @@ group_spec shell_ranks(int nprocs, const std::string& script) {
   spec.nprocs = nprocs;
   for (int r = 0; r < nprocs; ++r) spec.envs[r] = {{"R", std::to_string(r)}};
   return spec;
-}
-
-run_result run_group(const group_spec& spec) {
-  asio::io_context io;
-  return test::run(io, [&]() -> asio::awaitable<run_result> {
-    group g = co_await start_processes(spec);
-    co_return co_await g.wait();
-  }());
 }
 
 void print_lines(int rank) {
