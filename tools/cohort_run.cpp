@@ -443,6 +443,9 @@ int main(int argc, char** argv) {
   } catch (const usage_error& e) {
     fmt::print(stderr, "cohort-run: {}\nRun cohort-run --help for the options.\n", e.what());
     return 2;
+  } catch (const std::filesystem::filesystem_error& e) {  // the logs' folder or files
+    fmt::print(stderr, "cohort-run: {}\n", e.what());
+    return 1;
   } catch (const std::system_error& e) {
     fmt::print(stderr, "{}\n", e.what());
     // A program that cannot be found or run: as a shell says it.

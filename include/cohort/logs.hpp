@@ -55,7 +55,8 @@ struct streams_per_rank {
 /// error.json}; the group's error files go there too (unless
 /// group_spec::error_dir is set). Folders and files are made, and files
 /// truncated, before any rank starts: a directory that cannot be made or
-/// written is an error of start_processes, with nothing started.
+/// written is a std::filesystem::filesystem_error of start_processes, with
+/// the path, and nothing started.
 struct logs_spec {
   /// Empty: no files; `redirects` and `tee` then have nowhere to write
   /// (std::invalid_argument at start).

@@ -77,7 +77,7 @@ void check_ranks(const char* what, const std::map<int, std_streams>& ranks, int 
 owned_fd open_log(const std::filesystem::path& path) {
   owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) {
-    throw std::system_error(errno, std::system_category(), "cohort::start_processes: log file " + path.string());
+    throw std::filesystem::filesystem_error("cohort::start_processes: log file", path, std::error_code(errno, std::system_category()));
   }
   return fd;
 }
@@ -143,7 +143,7 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
       folder = spec.attempt_dir() / std::to_string(rank);
       std::error_code ec;
       std::filesystem::create_directories(folder, ec);
-      if (ec) throw std::system_error(ec, "cohort::start_processes: log folder " + folder.string());
+      if (ec) throw std::filesystem::filesystem_error("cohort::start_processes: log folder", folder, ec);
     }
     auto& ends = s.ranks[static_cast<std::size_t>(rank)];
     for (int i = 0; i < 2; ++i) {

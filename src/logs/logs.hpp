@@ -33,7 +33,8 @@ class group_logs {
  public:
   /// Checks `spec`, makes the folders, opens (and truncates) the files and
   /// makes the pipes. Throws std::invalid_argument for a bad spec and
-  /// std::system_error naming the path that cannot be made or written.
+  /// std::filesystem::filesystem_error with the path that cannot be made or
+  /// written.
   group_logs(const logs_spec& spec, const std::string& role, int nprocs);
   group_logs(const group_logs&) = delete;
   group_logs& operator=(const group_logs&) = delete;

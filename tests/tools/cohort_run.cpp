@@ -301,6 +301,9 @@ TEST_SUITE("cohort-run") {
     for (int rank = 0; rank < 3; ++rank) {
       CHECK(read_file(dir.path / "none" / "attempt_0" / std::to_string(rank) / "stdout.log") == "out " + std::to_string(rank) + "\n");
     }
+    auto unwritable = run_launcher({"-n", "2", "--log-dir", "/proc/no-such-dir", "-r", "3", "true"});
+    CHECK(unwritable.status.code() == 1);
+    CHECK(unwritable.err.find("/proc/no-such-dir/none/attempt_0/0") != std::string::npos);
     auto bad = run_launcher({"-n", "2", "-t", "0:3,x", "true"});
     CHECK(bad.status.code() == 2);
     CHECK(bad.err.find("--tee") != std::string::npos);
