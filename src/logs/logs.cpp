@@ -30,6 +30,7 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <stdexcept>
 #include <system_error>
 
@@ -43,24 +44,6 @@ constexpr int pipe_size = 1024 * 1024;       // fewer wake-ups for ranks that wr
 // One writer at a time on the console, across the groups of this process:
 // each write is a run of whole lines.
 std::mutex console_mutex;
-
-// Writes all of `data`; false with errno set when the descriptor refuses it
-// (EAGAIN on a non-blocking console is waited out).
-bool write_all(int fd, const char* data, std::size_t size) {
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n >= 0) {
-      data += n;
-      size -= static_cast<std::size_t>(n);
-    } else if (errno == EAGAIN) {
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, -1);
-    } else if (errno != EINTR) {
-      return false;
-    }
-  }
-  return true;
-}
 
 void check_ranks(const char* what, const std::map<int, std_streams>& ranks, int nprocs) {
   for (const auto& [rank, streams] : ranks) {
@@ -189,9 +172,10 @@ void group_logs::started() {
 
 namespace {
 
-// Writes `parts` in order, as few writev calls as IOV_MAX allows; false
-// with errno set when the descriptor refuses them.
-bool write_parts(int fd, std::vector<iovec>& parts) {
+// Writes `parts` in order, in as few writev calls as IOV_MAX allows; false
+// with errno set when the descriptor refuses them (EAGAIN on a
+// non-blocking console is waited out). Advances the parts as it goes.
+bool write_parts(int fd, std::span<iovec> parts) {
   std::size_t first = 0;
   while (first < parts.size()) {
     const int count = static_cast<int>(std::min<std::size_t>(parts.size() - first, IOV_MAX));
@@ -212,6 +196,11 @@ bool write_parts(int fd, std::vector<iovec>& parts) {
     }
   }
   return true;
+}
+
+bool write_all(int fd, const char* data, std::size_t size) {
+  iovec whole{const_cast<char*>(data), size};
+  return write_parts(fd, {&whole, 1});
 }
 
 // Writes what came in to the stream's file, and its whole lines, prefixed,
@@ -263,15 +252,27 @@ void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t
   }
 }
 
-// The end of a stream: what is left in the pipe without waiting for more,
-// then the partial last line, ended by a newline on the console.
-void finish_stream(group_logs::state& st, log_stream& s, char* buffer, std::vector<iovec>& parts) {
+// Delivers what the pipe holds now, without waiting for more: reads until
+// one comes back short (the pipe was emptied). False once the stream has
+// ended (or cannot be read), true while it is open.
+bool read_available(group_logs::state& st, log_stream& s, char* buffer, std::vector<iovec>& parts) {
   for (;;) {
     const ssize_t n = ::read(s.pipe.get(), buffer, read_size);
-    if (n > 0) deliver(st, s, buffer, static_cast<std::size_t>(n), parts);
-    else if (n < 0 && errno == EINTR) continue;
-    else break;
+    if (n > 0) {
+      deliver(st, s, buffer, static_cast<std::size_t>(n), parts);
+      if (static_cast<std::size_t>(n) < read_size) return true;
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return n < 0 && errno == EAGAIN;
+    }
   }
+}
+
+// The end of a stream: what is left in the pipe, then the partial last
+// line, ended by a newline on the console.
+void finish_stream(group_logs::state& st, log_stream& s, char* buffer, std::vector<iovec>& parts) {
+  read_available(st, s, buffer, parts);
   if (!s.pending.empty() && s.console >= 0) {
     const std::string out = s.prefix + s.pending + '\n';
     std::lock_guard lock(console_mutex);
@@ -297,18 +298,7 @@ asio::awaitable<void> pump(std::shared_ptr<group_logs::state> state, std::size_t
     co_await uring::async_poll(executor, s.pipe.get(), POLLIN, asio::redirect_error(asio::use_awaitable, ec));
     if (ec == std::errc::interrupted) continue;
     if (ec) break;
-    for (;;) {  // what is there, without waiting
-      const ssize_t n = ::read(s.pipe.get(), buffer.get(), read_size);
-      if (n > 0) {
-        deliver(st, s, buffer.get(), static_cast<std::size_t>(n), parts);
-        if (static_cast<std::size_t>(n) < read_size) break;
-      } else if (n < 0 && errno == EINTR) {
-        continue;
-      } else {
-        open = n < 0 && errno == EAGAIN;  // else the end of the stream, or an error
-        break;
-      }
-    }
+    open = read_available(st, s, buffer.get(), parts);
   }
   finish_stream(st, s, buffer.get(), parts);
   if (--st.running == 0) asio::post(group_strand, [state] { state->all_done->cancel(); });
