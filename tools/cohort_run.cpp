@@ -348,11 +348,9 @@ cohort::logs_spec logs_of(const run_options& o, int nproc) {
       logs.console_ranks->insert(rank);
     }
   }
-  const bool files = logs.redirects.all_ranks != cohort::std_streams::none || !logs.redirects.ranks.empty() ||
-                     logs.tee.all_ranks != cohort::std_streams::none || !logs.tee.ranks.empty();
   if (!o.log_dir.empty()) {
     logs.dir = o.log_dir;
-  } else if (files) {
+  } else if (!logs.redirects.empty() || !logs.tee.empty()) {
     std::string pattern = (std::filesystem::temp_directory_path() / "cohort-run-XXXXXX").string();
     if (::mkdtemp(pattern.data()) == nullptr) throw std::system_error(errno, std::system_category(), "cohort-run: mkdtemp " + pattern);
     logs.dir = pattern;

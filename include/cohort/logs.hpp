@@ -31,6 +31,8 @@ struct streams_per_rank {
     auto it = ranks.find(rank);
     return it != ranks.end() ? it->second : all_ranks;
   }
+  /// Nothing given: no stream for all ranks and no per-rank entry.
+  bool empty() const noexcept { return all_ranks == std_streams::none && ranks.empty(); }
 };
 
 /// Per-rank logs of a group (torch elastic's LogsSpecs). A rank's stream
@@ -82,8 +84,7 @@ struct logs_spec {
   /// Whether anything of this is in use (else the ranks' streams are as
   /// group_spec::options says).
   bool active() const noexcept {
-    return !dir.empty() || redirects.all_ranks != std_streams::none || !redirects.ranks.empty() ||
-           tee.all_ranks != std_streams::none || !tee.ranks.empty() || console_ranks.has_value() || prefix_all;
+    return !dir.empty() || !redirects.empty() || !tee.empty() || console_ranks.has_value() || prefix_all;
   }
   /// The folder of one attempt: <dir>/<run_id>/attempt_<attempt>.
   std::filesystem::path attempt_dir() const {
