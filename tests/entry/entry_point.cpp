@@ -389,9 +389,7 @@ TEST_SUITE("entry points") {
       std::fputs("\n", stdout);
       std::fflush(stdout);
       REQUIRE(r.ok());
-      std::ifstream in(dir.path / "out");
-      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      CHECK(text == "rank 0\n");
+      CHECK(test::read_file(dir.path / "out") == "rank 0\n");
     });
   }
 

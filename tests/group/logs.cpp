@@ -29,11 +29,6 @@ using test::run_group;
 
 namespace {
 
-std::string contents(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);
@@ -49,7 +44,7 @@ struct console_file {
     REQUIRE(fd >= 0);
   }
   ~console_file() { ::close(fd); }
-  std::string text() const { return contents(path); }
+  std::string text() const { return test::read_file(path); }
 };
 
 // `nprocs` ranks of `sh -c script`, where $R is the rank.
@@ -96,8 +91,8 @@ TEST_CASE("redirect and tee: the files hold the exact bytes, the console whole p
   for (int rank = 0; rank < 3; ++rank) {
     const auto folder = dir.path / "logs" / "job7" / "attempt_2" / std::to_string(rank);
     const auto id = std::to_string(rank);
-    CHECK(contents(folder / "stdout.log") == "hello " + id + "\nlast " + id);
-    CHECK(contents(folder / "stderr.log") == std::string("\0\377\n", 3) + id + std::string(1, '\0'));
+    CHECK(test::read_file(folder / "stdout.log") == "hello " + id + "\nlast " + id);
+    CHECK(test::read_file(folder / "stderr.log") == std::string("\0\377\n", 3) + id + std::string(1, '\0'));
     expected.insert("[worker" + id + "]:hello " + id);
     expected.insert("[worker" + id + "]:last " + id);
   }
@@ -133,8 +128,8 @@ TEST_CASE("console_ranks: only the chosen ranks reach the console, the others th
   REQUIRE(run_group(spec).ok());
   CHECK(out.text() == "[worker1]:from 1\n");
   const auto attempt = dir.path / "none" / "attempt_0";
-  CHECK(contents(attempt / "0" / "stdout.log") == "from 0\n");
-  CHECK(contents(attempt / "2" / "stdout.log") == "from 2\n");
+  CHECK(test::read_file(attempt / "0" / "stdout.log") == "from 0\n");
+  CHECK(test::read_file(attempt / "2" / "stdout.log") == "from 2\n");
   CHECK_FALSE(fs::exists(attempt / "1" / "stdout.log"));  // shown, not teed: no file
 }
 
@@ -150,10 +145,10 @@ TEST_CASE("per-rank redirects and tee") {
   spec.logs.console_err = err.fd;
   REQUIRE(run_group(spec).ok());
   const auto attempt = dir.path / "none" / "attempt_0";
-  CHECK(contents(attempt / "0" / "stdout.log") == "o0\n");
-  CHECK(contents(attempt / "0" / "stderr.log") == "e0\n");
+  CHECK(test::read_file(attempt / "0" / "stdout.log") == "o0\n");
+  CHECK(test::read_file(attempt / "0" / "stderr.log") == "e0\n");
   CHECK_FALSE(fs::exists(attempt / "1" / "stdout.log"));
-  CHECK(contents(attempt / "1" / "stderr.log") == "e1\n");
+  CHECK(test::read_file(attempt / "1" / "stderr.log") == "e1\n");
   CHECK_FALSE(fs::exists(attempt / "2" / "stdout.log"));
   CHECK_FALSE(fs::exists(attempt / "2" / "stderr.log"));
   const auto outs = lines_of(out.text()), errs = lines_of(err.text());
@@ -176,7 +171,7 @@ TEST_CASE("ranks writing megabytes at once: files exact, console lines never mix
   std::map<std::string, std::size_t> lines_per_prefix;
   std::size_t bytes = 0;
   for (int rank = 0; rank < 4; ++rank) {
-    const auto file = contents(dir.path / "none" / "attempt_0" / std::to_string(rank) / "stdout.log");
+    const auto file = test::read_file(dir.path / "none" / "attempt_0" / std::to_string(rank) / "stdout.log");
     CHECK(file.size() == 6000000);
     CHECK(file.rfind("rank " + std::to_string(rank) + " short\n", 0) == 0);
     bytes += file.size();
@@ -218,8 +213,8 @@ TEST_CASE("function ranks are logged by every start method") {
     for (int rank = 0; rank < 2; ++rank) {
       const auto folder = dir.path / "none" / "attempt_0" / std::to_string(rank);
       const auto id = std::to_string(rank);
-      CHECK(contents(folder / "stdout.log") == "first " + id + "\nsecond " + id + "\nno newline " + id);
-      CHECK(contents(folder / "stderr.log") == "error " + id + "\n");
+      CHECK(test::read_file(folder / "stdout.log") == "first " + id + "\nsecond " + id + "\nno newline " + id);
+      CHECK(test::read_file(folder / "stderr.log") == "error " + id + "\n");
     }
     CHECK(lines_of(out.text()).size() == 6);
     const auto errs = lines_of(err.text());
@@ -241,7 +236,7 @@ TEST_CASE("the error file of a rank lies in its log folder") {
   CHECK(r.failures[0].error_file == folder / "error.json");
   CHECK(fs::exists(folder / "error.json"));
   CHECK(r.failures[0].message.find("failed on purpose") != std::string::npos);
-  CHECK(contents(folder / "stdout.log") == "about to fail 0\n");
+  CHECK(test::read_file(folder / "stdout.log") == "about to fail 0\n");
 }
 
 TEST_CASE("a process left holding a rank's pipe does not hold up the end of the run") {

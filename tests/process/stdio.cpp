@@ -12,22 +12,9 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 using namespace cohort;
 namespace fs = std::filesystem;
-
-namespace {
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-
-}  // namespace
 
 TEST_SUITE("stdio") {
   TEST_CASE("a piped stdout delivers what the child wrote, then end of file") {
@@ -80,11 +67,11 @@ TEST_SUITE("stdio") {
     test::temp_dir dir;
     auto log = dir.path / "out.log";
     CHECK(run(command{test::target, {"write", "1", "first"}}, {.out = stdio::file(log)}).success());
-    CHECK(slurp(log) == "first");
+    CHECK(test::read_file(log) == "first");
     CHECK(run(command{test::target, {"write", "1", "second"}}, {.out = stdio::file(log)}).success());
-    CHECK(slurp(log) == "second");
+    CHECK(test::read_file(log) == "second");
     CHECK(run(command{test::target, {"write", "1", "+third"}}, {.out = stdio::append(log)}).success());
-    CHECK(slurp(log) == "second+third");
+    CHECK(test::read_file(log) == "second+third");
   }
 
   TEST_CASE("a file feeds stdin") {
@@ -93,7 +80,7 @@ TEST_SUITE("stdio") {
     std::ofstream(input) << "from a file";
     auto output = dir.path / "out.txt";
     CHECK(run(command{test::target, {"cat"}}, {.in = stdio::file(input), .out = stdio::file(output)}).success());
-    CHECK(slurp(output) == "from a file");
+    CHECK(test::read_file(output) == "from a file");
   }
 
   TEST_CASE("null gives end of file on stdin and swallows output") {

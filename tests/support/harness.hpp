@@ -15,6 +15,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -59,6 +61,12 @@ struct temp_dir {
   temp_dir& operator=(const temp_dir&) = delete;
   ~temp_dir() { std::filesystem::remove_all(path); }
 };
+
+/// The whole of a file, byte for byte; empty when it cannot be read.
+inline std::string read_file(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
 
 /// Reads a pipe until end of file.
 inline asio::awaitable<std::string> read_all(asio::readable_pipe& pipe) {

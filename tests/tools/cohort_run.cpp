@@ -25,6 +25,7 @@
 using namespace cohort;
 using namespace std::chrono_literals;
 using namespace asio::experimental::awaitable_operators;
+using test::read_file;
 namespace fs = std::filesystem;
 
 namespace {
@@ -67,13 +68,6 @@ outcome run_launcher_to(const fs::path& out, std::vector<std::string> args) {
     auto status = co_await c.wait();
     co_return outcome{status, {}, std::move(err)};
   }());
-}
-
-std::string read_file(const fs::path& file) {
-  std::ifstream in(file);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // The "NAME=value" lines a worker wrote, as a map.
