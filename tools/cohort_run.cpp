@@ -386,6 +386,7 @@ int run(run_options o) {
     asio::io_context io;
     std::optional<cohort::run_result> result;
     std::exception_ptr failure;
+    std::vector<std::thread> helpers;
     asio::co_spawn(io, [&]() -> asio::awaitable<void> {
       // Held until they are handled, so that none lands between the start
       // of the ranks and forward_signals (the default action would end
@@ -404,13 +405,14 @@ int run(run_options o) {
         throw;
       }
       ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+      // The logs' pumps copy on every thread the io_context runs on. Made
+      // only now: a thread that does not block those signals before their
+      // handlers are in place could take one with its default action.
+      if (spec.logs.active()) {
+        for (unsigned i = 1; i < std::min(2u, std::thread::hardware_concurrency()); ++i) helpers.emplace_back([&io] { io.run(); });
+      }
       result = co_await g->wait();
     }, [&](std::exception_ptr e) { failure = e; });
-    // The logs' pumps copy on every thread the io_context runs on.
-    std::vector<std::thread> helpers;
-    if (spec.logs.active()) {
-      for (unsigned i = 1; i < std::min(2u, std::thread::hardware_concurrency()); ++i) helpers.emplace_back([&io] { io.run(); });
-    }
     io.run();
     for (auto& t : helpers) t.join();
     if (failure) std::rethrow_exception(failure);
