@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -35,12 +36,35 @@ inline constexpr bool is_float = one_of<T, float, double>;
 template <class T>
 inline constexpr bool is_byte_vector = one_of<T, std::vector<std::byte>, std::vector<unsigned char>>;
 
+class storage_impl;
+
+/// Specialised by the types that cross as handles to shared memory
+/// (storage, tensor, queue, event) with `static std::string signature()`,
+/// `static std::size_t size_bound(const T&)`, `static void
+/// write(std::vector<std::byte>&, const T&)` and `static T read(reader&)`.
+template <class T>
+struct handle_codec;
+
+template <class T>
+concept handle = requires { handle_codec<T>::signature(); };
+
+/// What the handles in a value being encoded refer to. Each writer puts its
+/// shared block in `held`, which keeps it alive: for as long as the encoded
+/// value lives (arguments, encoded once for every rank), or until a queue
+/// has given each its own reference for the message (`message` true), which
+/// the receiver then takes over.
+struct handle_context {
+  bool message = false;
+  std::vector<std::shared_ptr<storage_impl>> held;
+};
+inline thread_local handle_context* current_handles = nullptr;
+
 // Whether T may cross, and whether its encoding takes no bytes at all (empty
 // tuples): a vector of those would carry a count no input length can bound.
 template <class T>
 struct traits {
   static constexpr bool crossable =
-      one_of<T, bool, std::string> || is_integer<T> || is_float<T>;
+      one_of<T, bool, std::string> || is_integer<T> || is_float<T> || handle<T>;
   static constexpr bool encodes_to_nothing = false;
 };
 
@@ -69,8 +93,9 @@ inline constexpr bool is_vector<std::vector<T>> = true;
 
 /// True for the types a value may have to cross to another process: bool,
 /// the standard integer types (not the wide or UTF character types), float,
-/// double, std::string, byte vectors (std::byte or unsigned char), and
-/// vectors, tuples and pairs of these. A vector of empty tuples is not.
+/// double, std::string, byte vectors (std::byte or unsigned char), handles
+/// to shared memory (storage, tensor, queue, event), and vectors, tuples
+/// and pairs of these. A vector of empty tuples is not.
 template <class T>
 concept crossable = detail::traits<T>::crossable;
 
@@ -98,6 +123,8 @@ void append_signature(std::string& out) {
     out += 's';
   } else if constexpr (is_byte_vector<T>) {
     out += 'y';
+  } else if constexpr (handle<T>) {
+    out += handle_codec<T>::signature();
   } else if constexpr (is_vector<T>) {
     out += 'v';
     append_signature<typename T::value_type>(out);
@@ -156,6 +183,8 @@ std::size_t size_bound(const T& value) {
     return sizeof(T);
   } else if constexpr (std::same_as<T, std::string> || is_byte_vector<T>) {
     return max_varint_size<std::uint64_t> + value.size();
+  } else if constexpr (handle<T>) {
+    return handle_codec<T>::size_bound(value);
   } else if constexpr (is_vector<T>) {
     std::size_t size = max_varint_size<std::uint64_t>;
     if constexpr (std::is_arithmetic_v<typename T::value_type>) {
@@ -184,6 +213,8 @@ void write(std::vector<std::byte>& out, const T& value) {
   } else if constexpr (std::same_as<T, std::string> || is_byte_vector<T>) {
     write_varint(out, value.size());
     write_raw(out, value.data(), value.size());
+  } else if constexpr (handle<T>) {
+    handle_codec<T>::write(out, value);
   } else if constexpr (is_vector<T>) {
     write_varint(out, value.size());
     for (const auto& element : value) write(out, element);
@@ -266,6 +297,8 @@ T read(reader& in) {
     const auto bytes = in.take(in.length());
     const auto* first = reinterpret_cast<const typename T::value_type*>(bytes.data());
     return T(first, first + bytes.size());
+  } else if constexpr (handle<T>) {
+    return handle_codec<T>::read(in);
   } else if constexpr (is_vector<T>) {
     const auto count = in.length();
     T value;
@@ -328,9 +361,29 @@ class encoded {
   friend encoded encode(const T& value);
 
   std::vector<std::byte> bytes_;
+  std::shared_ptr<const void> held_;  // the shared blocks its handles name
 };
 
-/// Encodes `value`. Throws only what allocation throws.
+namespace detail {
+
+// Makes `context` the current one for as long as it lives.
+class handle_scope {
+ public:
+  explicit handle_scope(handle_context& context) noexcept : saved_(std::exchange(current_handles, &context)) {}
+  handle_scope(const handle_scope&) = delete;
+  handle_scope& operator=(const handle_scope&) = delete;
+  ~handle_scope() { current_handles = saved_; }
+
+ private:
+  handle_context* saved_;
+};
+
+}  // namespace detail
+
+/// Encodes `value`. The encoded value keeps the shared memory its handles
+/// name alive, so every process that decodes it while it lives finds it.
+/// Throws what allocation throws, and shm_error when a handle's private
+/// memory cannot be moved into shared memory.
 template <crossable T>
 encoded encode(const T& value) {
   const auto signature = type_signature<T>();
@@ -338,8 +391,16 @@ encoded encode(const T& value) {
   out.reserve(detail::max_varint_size<std::uint64_t> + signature.size() + detail::size_bound(value));
   detail::write_varint(out, signature.size());
   detail::write_raw(out, signature.data(), signature.size());
-  detail::write(out, value);
-  return encoded(std::move(out));
+  detail::handle_context context;
+  {
+    detail::handle_scope scope(context);
+    detail::write(out, value);
+  }
+  encoded result(std::move(out));
+  if (!context.held.empty()) {
+    result.held_ = std::make_shared<std::vector<std::shared_ptr<detail::storage_impl>>>(std::move(context.held));
+  }
+  return result;
 }
 
 /// Decodes a blob holding a T. Throws decode_error when the blob holds

@@ -4,6 +4,7 @@
 #include "entry/entry.hpp"
 
 #include "config.hpp"
+#include "cohort/storage.hpp"
 #include "entry/forkserver.hpp"
 #include "process/descriptor_limit.hpp"
 #include "process/launch.hpp"
@@ -83,6 +84,7 @@ struct rank_launch {
   ::__fpurge(stderr);
   environ = const_cast<char**>(p.envp);
   const int code = run_entry(call.name, rank, call.args, result_fd);
+  release_shared_memory_holds();
   std::cout.flush();
   std::fflush(stdout);
   std::fflush(stderr);

@@ -11,6 +11,7 @@
 #include "group/error_dir.hpp"
 #include "logs/logs.hpp"
 #include "process/parallel.hpp"
+#include "shm/segment.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
@@ -214,6 +215,9 @@ asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit)
 }
 
 void finish(const std::shared_ptr<group_state>& state) {
+  // Named shared memory the ranks made and did not free (a rank killed
+  // holding it) goes with them.
+  shm::sweep_segments_of(state->pids);
   run_result r = std::move(state->partial);
   for (std::size_t rank = 0; rank < state->children.size(); ++rank) {
     r.statuses[rank] = state->children[rank] ? state->children[rank].status() : std::nullopt;

@@ -1,0 +1,376 @@
+// Segments: making them (sealed memfd or O_EXCL named file, reserved in
+// full), opening another process's (checked against what the sender said),
+// the per-process registry that maps each one once, and the arena.
+#include "shm/segment.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <system_error>
+#include <unordered_map>
+#include <vector>
+
+namespace cohort::shm {
+
+namespace {
+
+constexpr std::uint64_t magic = 0x746d67737472686fULL;  // "ohrtsgmt"
+constexpr std::size_t first_arena = std::size_t{4} << 20;
+constexpr std::size_t largest_arena = std::size_t{64} << 20;
+constexpr unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
+std::string errno_text(int error) { return std::system_category().message(error); }
+
+std::uint64_t random_nonce() {
+  std::uint64_t n = 0;
+  if (::getrandom(&n, sizeof n, 0) != static_cast<ssize_t>(sizeof n)) {
+    throw shm_error(fmt::format("cohort: getrandom for a segment name: {}", errno_text(errno)));
+  }
+  return n;
+}
+
+std::size_t dev_shm_free() {
+  struct statvfs s {};
+  if (::statvfs("/dev/shm", &s) != 0) return 0;
+  return static_cast<std::size_t>(s.f_bavail) * s.f_frsize;
+}
+
+std::size_t memory_available() {
+  std::FILE* f = std::fopen("/proc/meminfo", "re");
+  if (f == nullptr) return SIZE_MAX;
+  char line[128];
+  std::size_t kib = 0;
+  bool found = false;
+  while (!found && std::fgets(line, sizeof line, f) != nullptr) found = std::sscanf(line, "MemAvailable: %zu kB", &kib) == 1;
+  std::fclose(f);
+  return found ? kib * 1024 : SIZE_MAX;
+}
+
+// Every segment mapped in this process, by nonce.
+struct registry {
+  std::mutex mutex;
+  std::unordered_map<std::uint64_t, std::weak_ptr<segment>> segments;
+};
+registry& segments() {
+  static auto* r = new registry;  // outlives every static storage that unmaps at exit
+  return *r;
+}
+
+// This process's arena and the large segments it made that others still hold.
+struct arena_state {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<segment>> arenas;
+  std::vector<std::shared_ptr<segment>> lingering;
+  ~arena_state() {
+    for (auto& a : arenas) a->retire();
+  }
+};
+arena_state& arena() {
+  static arena_state a;
+  return a;
+}
+
+void lock_robust(pthread_mutex_t& m) noexcept {
+  if (::pthread_mutex_lock(&m) == EOWNERDEAD) ::pthread_mutex_consistent(&m);
+}
+
+// A fork child makes its own arena: the parent's goes on being carved by
+// the parent, which also holds the descriptors others open.
+[[maybe_unused]] const bool fork_handlers = [] {
+  ::pthread_atfork([] { segments().mutex.lock(); }, [] { segments().mutex.unlock(); },
+                   [] {
+                     segments().mutex.unlock();
+                     auto& a = arena();
+                     std::vector<std::shared_ptr<segment>>().swap(a.arenas);
+                     std::vector<std::shared_ptr<segment>>().swap(a.lingering);
+                   });
+  return true;
+}();
+
+}  // namespace
+
+std::string segment_name(pid_t maker, std::uint64_t nonce) {
+  return fmt::format("/cohort_{}_{:016x}", maker, nonce);
+}
+
+int sweep_segments_of(std::span<const pid_t> pids) noexcept {
+  int swept = 0;
+  try {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+      const auto name = e.path().filename().string();
+      pid_t maker = 0;
+      char rest[17]{};
+      if (std::sscanf(name.c_str(), "cohort_%d_%16[0-9a-f]", &maker, rest) != 2 || std::strlen(rest) != 16 ||
+          name != segment_name(maker, std::strtoull(rest, nullptr, 16)).substr(1) ||
+          std::find(pids.begin(), pids.end(), maker) == pids.end()) {
+        continue;
+      }
+      if (::shm_unlink(("/" + name).c_str()) == 0) ++swept;
+    }
+  } catch (...) {
+  }
+  return swept;
+}
+
+int size_class_of(std::size_t nbytes) noexcept {
+  if (nbytes > largest_class) return size_classes;
+  const auto units = std::max<std::size_t>(1, (nbytes + alignment - 1) / alignment);
+  return std::bit_width(units - 1);
+}
+
+segment::segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker)
+    : base_(base), size_(size), strategy_(strategy), fd_(fd), maker_(maker) {
+  struct stat st {};
+  if (fd_ >= 0 && ::fstat(fd_, &st) == 0) inode_ = st.st_ino;
+}
+
+segment::~segment() {
+  {
+    auto& r = segments();
+    std::lock_guard lock(r.mutex);
+    auto it = r.segments.find(nonce());
+    if (it != r.segments.end() && it->second.expired()) r.segments.erase(it);
+  }
+  ::munmap(base_, size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strategy, bool is_arena) {
+  const std::uint64_t nonce = random_nonce();
+  const pid_t self = ::getpid();
+  int fd = -1;
+  std::string name;
+  if (strategy == sharing_strategy::file_descriptor) {
+    fd = ::memfd_create("cohort", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) throw shm_error(fmt::format("cohort: memfd_create: {}", errno_text(errno)), size);
+  } else {
+    name = segment_name(self, nonce);
+    fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) throw shm_error(fmt::format("cohort: shm_open {}: {}", name, errno_text(errno)), size);
+  }
+  auto fail = [&](std::string_view what, int error) {
+    ::close(fd);
+    if (!name.empty()) ::shm_unlink(name.c_str());
+    const auto free = strategy == sharing_strategy::file_system ? dev_shm_free() : 0;
+    if (error == ENOSPC || error == ENOMEM) {
+      if (strategy == sharing_strategy::file_system) {
+        throw shm_error(fmt::format("cohort: no room for {} bytes of shared memory in /dev/shm ({}): {} bytes free",
+                                    size, what, free),
+                        size, free);
+      }
+      const auto available = memory_available();
+      throw shm_error(fmt::format("cohort: no room for a {}-byte memfd ({}): {} bytes of memory available", size,
+                                  what, available),
+                      size, available);
+    }
+    throw shm_error(fmt::format("cohort: {} of a {}-byte segment: {}", what, size, errno_text(error)), size, free);
+  };
+  // memfds have no size limit of their own: reserving more than the
+  // machine has would wake the OOM killer rather than fail.
+  if (strategy == sharing_strategy::file_descriptor && size > (std::size_t{64} << 20) && size > memory_available()) {
+    fail("more than the memory available", ENOMEM);
+  }
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) fail("ftruncate", errno);
+  // Reserved now, so a full /dev/shm is this exception and never a SIGBUS
+  // on first touch.
+  if (const int e = ::posix_fallocate(fd, 0, static_cast<off_t>(size)); e != 0) fail("posix_fallocate", e);
+  if (fd >= 0 && strategy == sharing_strategy::file_descriptor && ::fcntl(fd, F_ADD_SEALS, seals) != 0) {
+    fail("sealing", errno);
+  }
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) fail("mmap", errno);
+  if (strategy == sharing_strategy::file_system) {
+    ::close(fd);
+    fd = -1;
+  }
+  auto* h = new (base) segment_header{};
+  h->magic = magic;
+  h->nonce = nonce;
+  h->size = size;
+  h->live.store(1, std::memory_order_relaxed);
+  pthread_mutexattr_t attr;
+  ::pthread_mutexattr_init(&attr);
+  ::pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  ::pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  ::pthread_mutex_init(&h->lock, &attr);
+  ::pthread_mutexattr_destroy(&attr);
+  h->bump = single_block;
+  if (!is_arena) {
+    auto* b = new (static_cast<std::byte*>(base) + single_block) block_header{};
+    b->refs.store(1, std::memory_order_relaxed);
+    b->size_class = size_classes;
+    b->capacity = size - header_size;
+    h->bump = size;
+  }
+  std::shared_ptr<segment> s(new segment(static_cast<std::byte*>(base), size, strategy, fd, self));
+  auto& r = segments();
+  std::lock_guard lock(r.mutex);
+  r.segments[nonce] = s;
+  return s;
+}
+
+std::shared_ptr<segment> segment::open(const segment_ref& ref) {
+  auto& r = segments();
+  std::lock_guard lock(r.mutex);
+  if (auto it = r.segments.find(ref.nonce); it != r.segments.end()) {
+    if (auto s = it->second.lock()) {
+      if (s->size_ != ref.size) throw shm_error("cohort: a handle names a known segment with another size");
+      return s;
+    }
+  }
+  if (ref.size < header_size || ref.size > (std::uint64_t{1} << 47)) {
+    throw shm_error(fmt::format("cohort: a handle names a segment of {} bytes", ref.size));
+  }
+  int fd = -1;
+  std::string where;
+  if (ref.strategy == sharing_strategy::file_descriptor) {
+    where = fmt::format("/proc/{}/fd/{}", ref.source, ref.fd);
+    fd = ::open(where.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0 && (errno == ENOENT || errno == ESRCH)) {
+      throw shm_error(fmt::format("cohort: the process holding a segment (pid {}) has exited or let it go ({})",
+                                  ref.source, where));
+    }
+  } else {
+    where = "/dev/shm" + segment_name(ref.source, ref.nonce);
+    fd = ::shm_open(segment_name(ref.source, ref.nonce).c_str(), O_RDWR | O_CLOEXEC, 0);
+  }
+  if (fd < 0) throw shm_error(fmt::format("cohort: opening segment {}: {}", where, errno_text(errno)));
+  struct stat st {};
+  const bool fits = ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) == ref.size &&
+                    st.st_uid == ::geteuid() &&
+                    (ref.strategy == sharing_strategy::file_system ||
+                     (st.st_ino == ref.inode && (::fcntl(fd, F_GET_SEALS) & static_cast<int>(seals)) ==
+                                                    static_cast<int>(seals)));
+  if (!fits) {
+    ::close(fd);
+    throw shm_error(fmt::format("cohort: {} is not the segment the handle names", where));
+  }
+  void* base = ::mmap(nullptr, ref.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int error = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) throw shm_error(fmt::format("cohort: mapping {}: {}", where, errno_text(error)));
+  const auto* h = static_cast<const segment_header*>(base);
+  if (h->magic != magic || h->nonce != ref.nonce || h->size != ref.size) {
+    ::munmap(base, ref.size);
+    throw shm_error(fmt::format("cohort: {} does not hold the segment the handle names", where));
+  }
+  std::shared_ptr<segment> s(new segment(static_cast<std::byte*>(base), ref.size, ref.strategy, -1, ref.source));
+  r.segments[ref.nonce] = s;
+  return s;
+}
+
+segment_ref segment::ref() const noexcept {
+  return {strategy_, strategy_ == sharing_strategy::file_descriptor && fd_ >= 0 ? ::getpid() : maker_,
+          fd_, header().nonce, inode_, size_};
+}
+
+std::uint64_t segment::carve(std::size_t nbytes) {
+  const int k = size_class_of(nbytes);
+  const std::size_t capacity = alignment << k;
+  auto& h = header();
+  lock_robust(h.lock);
+  std::uint64_t offset = h.free_lists[k];
+  if (offset != 0) {
+    h.free_lists[k] = block(offset).next_free;
+  } else if (h.bump + sizeof(block_header) + capacity <= size_) {
+    offset = h.bump;
+    h.bump += sizeof(block_header) + capacity;
+  }
+  ::pthread_mutex_unlock(&h.lock);
+  if (offset == 0) return 0;
+  auto* b = new (base_ + offset) block_header{};
+  b->size_class = static_cast<std::uint32_t>(k);
+  b->capacity = capacity;
+  b->refs.store(1, std::memory_order_relaxed);
+  h.live.fetch_add(1, std::memory_order_relaxed);
+  return offset;
+}
+
+void segment::release(std::uint64_t offset) noexcept {
+  auto& b = block(offset);
+  if (b.refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (b.size_class < size_classes) {
+    auto& h = header();
+    lock_robust(h.lock);
+    b.next_free = h.free_lists[b.size_class];
+    h.free_lists[b.size_class] = offset;
+    ::pthread_mutex_unlock(&h.lock);
+  }
+  drop_live(1);
+}
+
+bool segment::holds(std::uint64_t offset, std::uint64_t nbytes) const noexcept {
+  return offset >= single_block && offset % alignment == 0 && offset <= size_ - sizeof(block_header) &&
+         nbytes <= size_ - sizeof(block_header) - offset;
+}
+
+void segment::retire() noexcept { drop_live(1); }
+
+void segment::drop_live(std::uint64_t count) noexcept {
+  if (header().live.fetch_sub(count, std::memory_order_acq_rel) == count &&
+      strategy_ == sharing_strategy::file_system) {
+    ::shm_unlink(segment_name(maker_, header().nonce).c_str());
+  }
+}
+
+std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) {
+  const auto strategy = get_sharing_strategy();
+  auto& a = arena();
+  std::lock_guard lock(a.mutex);
+  if (size_class_of(nbytes) == size_classes) {
+    std::erase_if(a.lingering, [](const auto& s) { return s->header().live.load(std::memory_order_acquire) == 0; });
+    const std::size_t size = header_size + (nbytes + 4095) / 4096 * 4096;
+    auto s = segment::make(size, strategy, false);
+    return {std::move(s), segment::single_block};
+  }
+  for (auto it = a.arenas.rbegin(); it != a.arenas.rend(); ++it) {
+    if ((*it)->strategy() != strategy) continue;
+    if (const auto offset = (*it)->carve(nbytes)) return {*it, offset};
+  }
+  std::size_t size = first_arena;
+  for (const auto& s : a.arenas) {
+    if (s->strategy() == strategy) size = std::min(largest_arena, s->size() * 2);
+  }
+  auto s = segment::make(size, strategy, true);
+  a.arenas.push_back(s);
+  return {s, s->carve(nbytes)};
+}
+
+void linger(std::shared_ptr<segment> s) {
+  auto& a = arena();
+  std::lock_guard lock(a.mutex);
+  a.lingering.push_back(std::move(s));
+}
+
+int trim() {
+  auto& a = arena();
+  std::lock_guard lock(a.mutex);
+  const auto before = a.arenas.size() + a.lingering.size();
+  std::erase_if(a.lingering, [](const auto& s) { return s->header().live.load(std::memory_order_acquire) == 0; });
+  // Only this process carves its arena, under this lock: a count of one
+  // (the arena's own hold) cannot grow meanwhile.
+  std::erase_if(a.arenas, [](const auto& s) {
+    if (s->header().live.load(std::memory_order_acquire) != 1) return false;
+    s->retire();
+    return true;
+  });
+  return static_cast<int>(before - a.arenas.size() - a.lingering.size());
+}
+
+}  // namespace cohort::shm

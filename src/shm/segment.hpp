@@ -1,0 +1,143 @@
+// Shared-memory segments: made under a sharing strategy, mapped once per
+// process, and carved into blocks that carry a reference count shared by
+// every process holding them.
+#pragma once
+
+#include "cohort/storage.hpp"
+
+#include <pthread.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace cohort::shm {
+
+/// Block data is aligned to this many bytes.
+inline constexpr std::size_t alignment = 64;
+/// Arena blocks come in classes of 64 << k bytes; larger requests get a
+/// segment of their own.
+inline constexpr int size_classes = 13;  // 64 B .. 256 KiB
+inline constexpr std::size_t largest_class = alignment << (size_classes - 1);
+/// The header page; the first block's data starts right after it.
+inline constexpr std::size_t header_size = 4096;
+
+/// What a process needs to find a segment, and to check it found the right
+/// one. Travels inside handles; a receiver trusts none of it until checked.
+struct segment_ref {
+  sharing_strategy strategy = sharing_strategy::file_descriptor;
+  pid_t source = 0;           ///< a process holding `fd` (file_descriptor); the maker (file_system)
+  int fd = -1;                ///< its descriptor of the memfd (file_descriptor)
+  std::uint64_t nonce = 0;    ///< random, in the header and in a named segment's name
+  std::uint64_t inode = 0;    ///< the memfd's inode, so a reused descriptor number is caught
+  std::uint64_t size = 0;     ///< bytes, header included
+};
+
+/// The start of every segment, in shared memory.
+struct segment_header {
+  std::uint64_t magic;
+  std::uint64_t nonce;
+  std::uint64_t size;
+  /// Blocks not yet freed, plus one while the maker's arena may still carve
+  /// from it. A named segment is unlinked by whoever takes it to zero.
+  std::atomic<std::uint64_t> live;
+  /// Robust and process-shared: guards `bump` and `free_lists`; a holder
+  /// that dies leaves it to the next locker, who carries on.
+  pthread_mutex_t lock;
+  std::uint64_t bump;  ///< the first byte never carved
+  std::uint64_t free_lists[size_classes];
+};
+
+/// Precedes each block's data, in shared memory.
+struct alignas(alignment) block_header {
+  /// Holders: each process with a storage over the block, and each message
+  /// in flight that carries it. acq_rel on both sides: the last releaser
+  /// must see every holder's writes before the block is reused.
+  std::atomic<std::uint32_t> refs;
+  std::uint32_t size_class;   ///< its arena class; size_classes for a segment's only block
+  std::uint64_t capacity;     ///< data bytes
+  std::uint64_t next_free;    ///< the next free block of its class, 0 for none
+};
+static_assert(sizeof(block_header) == alignment);
+
+/// One segment as mapped in this process. Made by make() or found by open();
+/// unmapped when the last shared_ptr to it goes.
+class segment {
+ public:
+  /// Makes a segment of `size` bytes (header included) under `strategy`, with
+  /// the whole size reserved up front. `arena` segments are carved into many
+  /// blocks; others hold one block over everything after the header.
+  /// Throws shm_error.
+  static std::shared_ptr<segment> make(std::size_t size, sharing_strategy strategy, bool arena);
+  /// The segment `ref` names: this process's mapping when it has one, else
+  /// opened, checked against `ref` and mapped. Throws shm_error when it
+  /// cannot be opened (its source has exited) or is not what `ref` says.
+  static std::shared_ptr<segment> open(const segment_ref& ref);
+
+  segment(const segment&) = delete;
+  segment& operator=(const segment&) = delete;
+  ~segment();
+
+  std::byte* base() const noexcept { return base_; }
+  std::size_t size() const noexcept { return size_; }
+  std::uint64_t nonce() const noexcept { return header().nonce; }
+  sharing_strategy strategy() const noexcept { return strategy_; }
+  /// How another process finds this segment: through this process's own
+  /// descriptor when it holds one.
+  segment_ref ref() const noexcept;
+  segment_header& header() const noexcept { return *reinterpret_cast<segment_header*>(base_); }
+  block_header& block(std::uint64_t offset) const noexcept {
+    return *reinterpret_cast<block_header*>(base_ + offset);
+  }
+
+  /// Carves a block of at least `nbytes` from an arena segment; returns its
+  /// header's offset with refs = 1, or 0 when the segment is full.
+  std::uint64_t carve(std::size_t nbytes);
+  /// The offset of the only block of a segment made with arena = false.
+  static constexpr std::uint64_t single_block = header_size - sizeof(block_header);
+  /// Drops one reference to the block at `offset`; the last one frees it.
+  void release(std::uint64_t offset) noexcept;
+  /// Whether `offset` may name a block's header with `nbytes` of data after
+  /// it inside this mapping (what a receiver checks before trusting it).
+  bool holds(std::uint64_t offset, std::uint64_t nbytes) const noexcept;
+  /// Ends the maker's arena hold (the +1 in `live`).
+  void retire() noexcept;
+
+ private:
+  segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker);
+  void drop_live(std::uint64_t count) noexcept;
+
+  std::byte* base_;
+  std::size_t size_;
+  sharing_strategy strategy_;
+  int fd_;          // held by the maker (file_descriptor) so others can open it; else -1
+  pid_t maker_;
+  std::uint64_t inode_ = 0;
+};
+
+/// The name of a file_system segment: "/cohort_<maker pid>_<nonce, hex>".
+std::string segment_name(pid_t maker, std::uint64_t nonce);
+/// Unlinks every file_system segment still in /dev/shm that one of `pids`
+/// (processes that have ended) made; returns how many. Mappings of them
+/// stay valid; only opening them by name ends.
+int sweep_segments_of(std::span<const pid_t> pids) noexcept;
+
+/// The class of a request, or size_classes when it gets its own segment.
+int size_class_of(std::size_t nbytes) noexcept;
+
+/// Carves `nbytes` from this process's arena (made on first use, grown by
+/// whole segments), or makes a segment for it when it is too large for a
+/// class. Returns the segment and the block's offset, refs = 1.
+std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes);
+/// Keeps a segment this process made, and no longer uses itself, open and
+/// mapped until its last block is freed, so others can still open it.
+void linger(std::shared_ptr<segment> s);
+/// Retires arena segments with no block in use, and lets go of lingering
+/// segments that others have freed; returns how many segments went.
+int trim();
+
+}  // namespace cohort::shm

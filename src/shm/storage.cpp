@@ -1,0 +1,253 @@
+// cohort::storage: private bytes, or a block of shared memory; how a
+// storage crosses to another process and is found again there.
+#include "cohort/storage.hpp"
+
+#include "shm/segment.hpp"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+
+namespace cohort {
+
+namespace detail {
+
+class storage_impl {
+ public:
+  std::byte* data = nullptr;
+  std::size_t nbytes = 0;
+  std::shared_ptr<shm::segment> segment;  // null while private
+  std::uint64_t block = 0;
+  bool let_go = false;  // its hold was given up (a forked child ending)
+
+  storage_impl() = default;
+  storage_impl(const storage_impl&) = delete;
+  storage_impl& operator=(const storage_impl&) = delete;
+  ~storage_impl();
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::storage_impl;
+
+std::atomic<sharing_strategy> strategy{sharing_strategy::file_descriptor};
+
+// Every shared storage of this process, by (segment nonce, block offset):
+// what makes a storage received twice one storage, and what a forked child
+// takes holds on.
+struct block_key {
+  std::uint64_t nonce;
+  std::uint64_t block;
+  bool operator==(const block_key&) const = default;
+};
+struct block_key_hash {
+  std::size_t operator()(const block_key& k) const noexcept { return k.nonce ^ (k.block * 0x9e3779b97f4a7c15ULL); }
+};
+struct identity_map {
+  std::mutex mutex;
+  std::unordered_map<block_key, std::weak_ptr<storage_impl>, block_key_hash> storages;
+};
+identity_map& identities() {
+  static auto* m = new identity_map;  // outlives every static storage
+  return *m;
+}
+
+void add_identity(const std::shared_ptr<storage_impl>& impl) {
+  auto& m = identities();
+  std::lock_guard lock(m.mutex);
+  m.storages[{impl->segment->nonce(), impl->block}] = impl;
+}
+
+// A forked child holds every storage it inherited: each gets a reference
+// of the child's own, so the parent freeing its copy frees nothing under it.
+[[maybe_unused]] const bool fork_handlers = [] {
+  ::pthread_atfork([] { identities().mutex.lock(); }, [] { identities().mutex.unlock(); },
+                   [] {
+                     auto& m = identities();
+                     for (auto& [key, weak] : m.storages) {
+                       if (auto impl = weak.lock()) impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
+                     }
+                     m.mutex.unlock();
+                   });
+  return true;
+}();
+
+std::shared_ptr<storage_impl> shared_impl(std::shared_ptr<shm::segment> segment, std::uint64_t block,
+                                          std::size_t nbytes) {
+  auto impl = std::make_shared<storage_impl>();
+  impl->data = segment->base() + block + sizeof(shm::block_header);
+  impl->nbytes = nbytes;
+  impl->segment = std::move(segment);
+  impl->block = block;
+  return impl;
+}
+
+std::uint64_t read_bounded(detail::reader& in, std::uint64_t most, std::string_view what) {
+  const auto v = in.varint();
+  if (v > most) throw decode_error(fmt::format("cohort::decode: a storage handle's {} is {}", what, v));
+  return v;
+}
+
+}  // namespace
+
+detail::storage_impl::~storage_impl() {
+  if (!segment) {
+    std::free(data);
+    return;
+  }
+  {
+    auto& m = identities();
+    std::lock_guard lock(m.mutex);
+    auto it = m.storages.find({segment->nonce(), block});
+    if (it != m.storages.end() && it->second.expired()) m.storages.erase(it);
+  }
+  if (let_go) return;
+  segment->release(block);
+  // Others may still have to open a segment of its own that this process
+  // made: it stays open here until they have freed it.
+  if (block == shm::segment::single_block && segment->ref().fd >= 0 &&
+      segment->header().live.load(std::memory_order_acquire) > 0) {
+    shm::linger(std::move(segment));
+  }
+}
+
+void set_sharing_strategy(sharing_strategy s) noexcept { strategy.store(s, std::memory_order_relaxed); }
+sharing_strategy get_sharing_strategy() noexcept { return strategy.load(std::memory_order_relaxed); }
+std::string_view to_string(sharing_strategy s) noexcept {
+  return s == sharing_strategy::file_system ? "file_system" : "file_descriptor";
+}
+
+int trim_shared_memory() { return shm::trim(); }
+
+storage storage::allocate(std::size_t nbytes) {
+  auto impl = std::make_shared<storage_impl>();
+  if (nbytes > 0) {
+    impl->data = static_cast<std::byte*>(std::aligned_alloc(shm::alignment, (nbytes + 63) / 64 * 64));
+    if (impl->data == nullptr) throw std::bad_alloc();
+  }
+  impl->nbytes = nbytes;
+  return storage(std::move(impl));
+}
+
+storage storage::allocate_shared(std::size_t nbytes) {
+  auto [segment, block] = shm::allocate(nbytes);
+  auto impl = shared_impl(std::move(segment), block, nbytes);
+  add_identity(impl);
+  return storage(std::move(impl));
+}
+
+std::byte* storage::data() const noexcept { return impl_ ? impl_->data : nullptr; }
+std::size_t storage::nbytes() const noexcept { return impl_ ? impl_->nbytes : 0; }
+bool storage::is_shared() const noexcept { return impl_ && impl_->segment; }
+
+void storage::share_memory() {
+  if (!impl_ || impl_->segment || impl_->nbytes == 0) return;
+  auto [segment, block] = shm::allocate(impl_->nbytes);
+  auto* data = segment->base() + block + sizeof(shm::block_header);
+  std::memcpy(data, impl_->data, impl_->nbytes);
+  std::free(std::exchange(impl_->data, data));
+  impl_->segment = std::move(segment);
+  impl_->block = block;
+  add_identity(impl_);
+}
+
+namespace detail {
+
+// [kind: 0 empty, 1 shared][strategy][source pid][fd + 1][nonce: 8 bytes]
+// [inode][segment size][block offset][nbytes][message: 0/1]
+void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& value) {
+  if (value.nbytes() == 0) {
+    out.push_back(std::byte{0});
+    return;
+  }
+  auto impl = value.impl_;
+  storage(impl).share_memory();
+  const auto ref = impl->segment->ref();
+  out.push_back(std::byte{1});
+  out.push_back(static_cast<std::byte>(ref.strategy));
+  write_varint(out, static_cast<std::uint64_t>(ref.source));
+  write_varint(out, static_cast<std::uint64_t>(ref.fd + 1));
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::byte>(ref.nonce >> (8 * i)));
+  write_varint(out, ref.inode);
+  write_varint(out, ref.size);
+  write_varint(out, impl->block);
+  write_varint(out, impl->nbytes);
+  const bool message = current_handles != nullptr && current_handles->message;
+  out.push_back(std::byte{message});
+  if (current_handles != nullptr) current_handles->held.push_back(std::move(impl));
+}
+
+storage handle_codec<storage>::read(reader& in) {
+  const auto kind = std::to_integer<unsigned>(in.next());
+  if (kind == 0) return storage();
+  if (kind != 1) throw decode_error(fmt::format("cohort::decode: a storage handle of kind {}", kind));
+  shm::segment_ref ref;
+  const auto strategy_code = std::to_integer<unsigned>(in.next());
+  if (strategy_code > 1) throw decode_error(fmt::format("cohort::decode: a sharing strategy {}", strategy_code));
+  ref.strategy = static_cast<sharing_strategy>(strategy_code);
+  ref.source = static_cast<pid_t>(read_bounded(in, INT_MAX, "pid"));
+  ref.fd = static_cast<int>(read_bounded(in, INT_MAX, "descriptor")) - 1;
+  for (int i = 0; i < 8; ++i) ref.nonce |= std::to_integer<std::uint64_t>(in.next()) << (8 * i);
+  ref.inode = in.varint();
+  ref.size = in.varint();
+  const auto block = in.varint();
+  const auto nbytes = in.varint();
+  const auto message = std::to_integer<unsigned>(in.next());
+  if (message > 1) throw decode_error("cohort::decode: a storage handle's message flag is not 0/1");
+  auto segment = shm::segment::open(ref);
+  if (!segment->holds(block, nbytes) || segment->block(block).capacity < nbytes) {
+    throw decode_error(fmt::format("cohort::decode: a storage of {} bytes at {} does not fit its {}-byte segment",
+                                   nbytes, block, ref.size));
+  }
+  auto& refs = segment->block(block).refs;
+  auto& m = identities();
+  std::unique_lock lock(m.mutex);
+  auto& slot = m.storages[{ref.nonce, block}];
+  if (auto impl = slot.lock()) {
+    lock.unlock();
+    if (impl->nbytes != nbytes) {
+      throw decode_error(fmt::format("cohort::decode: a storage of {} bytes names one of {} bytes", nbytes, impl->nbytes));
+    }
+    if (message == 1) segment->release(block);  // this process holds it already
+    return storage(std::move(impl));
+  }
+  if (message == 0) {
+    // An argument: the sender holds the block while receivers take theirs.
+    auto n = refs.load(std::memory_order_relaxed);
+    do {
+      if (n == 0) throw shm_error("cohort: a storage handle names a block already freed");
+    } while (!refs.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
+  }
+  auto impl = shared_impl(std::move(segment), block, nbytes);
+  slot = impl;
+  return storage(std::move(impl));
+}
+
+void hold_for_message(const handle_context& context) noexcept {
+  for (const auto& impl : context.held) {
+    impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void release_shared_memory_holds() noexcept {
+  auto& m = identities();
+  std::lock_guard lock(m.mutex);
+  for (auto& [key, weak] : m.storages) {
+    if (auto impl = weak.lock(); impl && !impl->let_go) {
+      impl->let_go = true;
+      impl->segment->release(impl->block);
+    }
+  }
+}
+
+}  // namespace detail
+
+}  // namespace cohort

@@ -1,0 +1,231 @@
+#include "cohort/storage.hpp"
+
+#include "cohort/spawn_and_join.hpp"
+
+#include "support/harness.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+using namespace cohort;
+namespace fs = std::filesystem;
+
+namespace storage_tests {
+
+// /dev/shm files named for segments `pid` made.
+std::vector<fs::path> named_segments_of(pid_t pid) {
+  std::vector<fs::path> found;
+  const auto prefix = fmt::format("cohort_{}_", pid);
+  for (const auto& e : fs::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().starts_with(prefix)) found.push_back(e.path());
+  }
+  return found;
+}
+
+int open_descriptors() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// Sets the strategy for one test and, at its end, checks that nothing of
+// this process is left in /dev/shm once its arena is let go.
+struct strategy_scope {
+  explicit strategy_scope(sharing_strategy s) { set_sharing_strategy(s); }
+  ~strategy_scope() {
+    trim_shared_memory();
+    CHECK(named_segments_of(::getpid()).empty());
+    set_sharing_strategy(sharing_strategy::file_descriptor);
+  }
+};
+
+void fill_at_rank(int rank, storage s, int value) { std::memset(s.data() + rank, value, 1); }
+COHORT_ENTRYPOINT(fill_at_rank);
+
+bool same_twice(int, storage a, storage b) { return a.same(b) && a.data() == b.data() && a.is_shared(); }
+COHORT_ENTRYPOINT(same_twice);
+
+storage inherited;
+int read_inherited(int) { return std::to_integer<int>(inherited.data()[7]); }
+COHORT_ENTRYPOINT(read_inherited);
+
+const sharing_strategy strategies[] = {sharing_strategy::file_descriptor, sharing_strategy::file_system};
+const start_method methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
+
+TEST_SUITE("storage") {
+  TEST_CASE("shared storage is aligned, sized as asked, and writable") {
+    for (auto strategy : strategies) {
+      strategy_scope scope(strategy);
+      for (std::size_t n : {std::size_t{1}, std::size_t{40}, std::size_t{4096}, std::size_t{300000}}) {
+        storage s = storage::allocate_shared(n);
+        CHECK(s.is_shared());
+        CHECK(s.nbytes() == n);
+        CHECK(reinterpret_cast<std::uintptr_t>(s.data()) % 64 == 0);
+        std::memset(s.data(), 0xab, n);
+        CHECK(std::to_integer<int>(s.data()[n - 1]) == 0xab);
+      }
+    }
+  }
+
+  TEST_CASE("share_memory moves the bytes in place and every copy sees them") {
+    storage s = storage::allocate(100);
+    for (int i = 0; i < 100; ++i) s.data()[i] = std::byte(i);
+    storage copy = s;
+    CHECK_FALSE(copy.is_shared());
+    s.share_memory();
+    CHECK(copy.is_shared());
+    CHECK(copy.data() == s.data());
+    for (int i = 0; i < 100; ++i) CHECK(std::to_integer<int>(copy.data()[i]) == i);
+  }
+
+  TEST_CASE("a storage encoded and decoded in its own process is the same storage") {
+    storage s = storage::allocate_shared(64);
+    auto back = decode<std::tuple<storage, storage>>(encode(std::tuple{s, s}));
+    CHECK(std::get<0>(back).same(s));
+    CHECK(std::get<1>(back).same(s));
+  }
+
+  TEST_CASE("an empty storage crosses as an empty storage") {
+    CHECK(decode<storage>(encode(storage())).nbytes() == 0);
+  }
+
+  TEST_CASE("a child started by each start method writes into a storage the parent shares") {
+    for (auto strategy : strategies) {
+      strategy_scope scope(strategy);
+      for (auto method : methods) {
+        CAPTURE(to_string(strategy));
+        CAPTURE(to_string(method));
+        storage s = storage::allocate(4);
+        std::memset(s.data(), 0, 4);
+        spawn_and_join(fill_at_rank, std::tuple{s, 0x5a}, 4, {.method = method});
+        CHECK(s.is_shared());
+        for (int r = 0; r < 4; ++r) CHECK(std::to_integer<int>(s.data()[r]) == 0x5a);
+      }
+    }
+  }
+
+  TEST_CASE("a storage sent twice arrives in the child as one storage") {
+    for (auto strategy : strategies) {
+      strategy_scope scope(strategy);
+      storage s = storage::allocate_shared(1 << 20);
+      auto same = spawn_and_join(same_twice, std::tuple{s, s}, 1);
+      CHECK(same.at(0));
+    }
+  }
+
+  TEST_CASE("a forked child sees a shared storage made before the fork") {
+    for (auto strategy : strategies) {
+      strategy_scope scope(strategy);
+      inherited = storage::allocate_shared(8);
+      inherited.data()[7] = std::byte{99};
+      CHECK(spawn_and_join(read_inherited, std::tuple{}, 2, {.method = start_method::fork}) == std::vector{99, 99});
+      inherited = storage();
+    }
+  }
+
+  TEST_CASE("small storages come from a few segments, not one each") {
+    for (auto strategy : strategies) {
+      strategy_scope scope(strategy);
+      const int fds = open_descriptors();
+      std::vector<storage> many;
+      for (int i = 0; i < 2000; ++i) many.push_back(storage::allocate_shared(40 + i % 200));
+      CHECK(open_descriptors() - fds <= 2);
+      CHECK(named_segments_of(::getpid()).size() <= 2);
+    }
+  }
+
+  TEST_CASE("a named segment is mode 0600 and unlinked when its last block is freed") {
+    strategy_scope scope(sharing_strategy::file_system);
+    const auto before = named_segments_of(::getpid()).size();
+    {
+      storage big = storage::allocate_shared(8 << 20);
+      const auto now = named_segments_of(::getpid());
+      REQUIRE(now.size() == before + 1);
+      struct stat st {};
+      for (const auto& p : now) {
+        REQUIRE(::stat(p.c_str(), &st) == 0);
+        CHECK((st.st_mode & 0777) == 0600);
+      }
+    }
+    CHECK(named_segments_of(::getpid()).size() == before);
+  }
+
+  TEST_CASE("a full /dev/shm is an shm_error at allocation naming the sizes") {
+    strategy_scope scope(sharing_strategy::file_system);
+    struct statvfs v {};
+    REQUIRE(::statvfs("/dev/shm", &v) == 0);
+    const std::size_t too_much = static_cast<std::size_t>(v.f_bavail) * v.f_frsize + (std::size_t{1} << 30);
+    try {
+      (void)storage::allocate_shared(too_much);
+      FAIL("the allocation succeeded");
+    } catch (const shm_error& e) {
+      CHECK(e.requested() >= too_much);
+      CHECK(e.available() > 0);
+      CHECK(e.available() < too_much);
+      CHECK(std::string(e.what()).find("/dev/shm") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("a tampered handle is refused and the receiver keeps working") {
+    storage s = storage::allocate_shared(64);
+    const auto good = encode(s);
+    const auto bytes = good.bytes();
+    // Every single-byte change is either refused or, where it names the
+    // same bytes (the message flag aside), harmless.
+    int refused = 0;
+    for (std::size_t i = 3; i < bytes.size(); ++i) {
+      for (unsigned delta : {1u, 0x40u, 0x80u}) {
+        std::vector<std::byte> bad(bytes.begin(), bytes.end());
+        bad[i] ^= std::byte(delta);
+        try {
+          storage got = decode<storage>(bad);
+          CHECK(got.same(s));
+        } catch (const decode_error&) {
+          ++refused;
+        } catch (const shm_error&) {
+          ++refused;
+        }
+      }
+    }
+    CHECK(refused > 0);
+    CHECK(decode<storage>(good).same(s));
+  }
+
+  TEST_CASE("a handle whose holder has exited is an shm_error naming it") {
+    int pipe_fds[2];
+    REQUIRE(::pipe(pipe_fds) == 0);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      storage s = storage::allocate_shared(1 << 20);
+      const auto e = encode(s);
+      (void)!::write(pipe_fds[1], e.bytes().data(), e.size());
+      ::_exit(0);
+    }
+    ::close(pipe_fds[1]);
+    std::vector<std::byte> bytes(4096);
+    const auto n = ::read(pipe_fds[0], bytes.data(), bytes.size());
+    ::close(pipe_fds[0]);
+    REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+    REQUIRE(n > 0);
+    bytes.resize(static_cast<std::size_t>(n));
+    try {
+      (void)decode<storage>(bytes);
+      FAIL("the handle was accepted");
+    } catch (const shm_error& e) {
+      CHECK(std::string(e.what()).find(std::to_string(pid)) != std::string::npos);
+    }
+  }
+}
+
+}  // namespace storage_tests
