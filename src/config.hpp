@@ -17,6 +17,10 @@ inline constexpr int op_waitid = 50;
 /// IORING_OP_FUTEX_WAIT / IORING_OP_FUTEX_WAKE (Linux 6.7, futex2 flags in fd).
 inline constexpr int op_futex_wait = 51;
 inline constexpr int op_futex_wake = 52;
+/// futex2 flag for a 32-bit word (FUTEX2_SIZE_U32 since Linux 6.7, FUTEX_32 in
+/// the headers here): the `fd` of a ring futex op, the flags of futex_waitv.
+/// cohort never adds FUTEX2_PRIVATE (128): other processes' waits and wakes must meet.
+inline constexpr unsigned futex2_size_u32 = 2;
 
 /// waitid's idtype for a pidfd (Linux 5.4).
 #ifdef P_PIDFD

@@ -1,0 +1,78 @@
+// futex(2) and futex_waitv(2) on shared 32-bit words.
+#include "shm/futex.hpp"
+
+#include "config.hpp"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+namespace cohort::shm {
+namespace {
+
+static_assert(sizeof(std::atomic<std::uint32_t>) == 4 && std::atomic<std::uint32_t>::is_always_lock_free,
+              "a futex word is a lock-free 32-bit atomic, the same in every process");
+
+// How long futex_wait_either sleeps on the word alone without futex_waitv.
+constexpr std::chrono::milliseconds stop_check{50};
+
+long futex(std::atomic<std::uint32_t>& word, int op, std::uint32_t value, const timespec* timeout) {
+  return ::syscall(SYS_futex, &word, op, value, timeout, nullptr, 0);
+}
+
+futex_result result_of(long rc, std::error_code& ec) {
+  if (rc >= 0) return futex_result::woken;
+  switch (errno) {
+    case EAGAIN: return futex_result::value_changed;
+    case ETIMEDOUT: return futex_result::timed_out;
+    case EINTR: return futex_result::interrupted;
+    default: ec.assign(errno, std::system_category()); return futex_result::woken;
+  }
+}
+
+}  // namespace
+
+futex_result futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                        std::optional<std::chrono::nanoseconds> timeout, std::error_code& ec) {
+  ec.clear();
+  timespec ts{};
+  if (timeout) {
+    const auto ns = std::max(*timeout, std::chrono::nanoseconds::zero());
+    ts.tv_sec = static_cast<time_t>(ns / std::chrono::seconds(1));
+    ts.tv_nsec = static_cast<long>((ns % std::chrono::seconds(1)).count());
+  }
+  // FUTEX_WAIT's timeout is relative; FUTEX_WAIT_BITSET's would be absolute.
+  return result_of(futex(word, FUTEX_WAIT, expected, timeout ? &ts : nullptr), ec);
+}
+
+futex_result futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                        std::optional<std::chrono::nanoseconds> timeout) {
+  std::error_code ec;
+  const futex_result result = futex_wait(word, expected, timeout, ec);
+  if (ec) throw std::system_error(ec, "futex wait");
+  return result;
+}
+
+int futex_wake(std::atomic<std::uint32_t>& word, int count) {
+  const long woken = futex(word, FUTEX_WAKE, static_cast<std::uint32_t>(count), nullptr);
+  if (woken < 0) throw std::system_error(errno, std::system_category(), "futex wake");
+  return static_cast<int>(woken);
+}
+
+futex_result futex_wait_either(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                               std::atomic<std::uint32_t>& stop, std::error_code& ec) {
+  ec.clear();
+  futex_waitv waiters[2] = {
+      {expected, reinterpret_cast<std::uintptr_t>(&word), config::futex2_size_u32, 0},
+      {0, reinterpret_cast<std::uintptr_t>(&stop), config::futex2_size_u32, 0},
+  };
+  const long rc = ::syscall(SYS_futex_waitv, waiters, 2, 0, nullptr, CLOCK_MONOTONIC);
+  if (rc < 0 && errno == ENOSYS) return futex_wait(word, expected, stop_check, ec);
+  return result_of(rc, ec);
+}
+
+}  // namespace cohort::shm

@@ -1,0 +1,261 @@
+// An asynchronous futex wait: IORING_OP_FUTEX_WAIT (opcode 51, Linux 6.7),
+// or, where the ring lacks it, the blocking wait on a helper thread: a
+// futex has no descriptor for asio's reactor to watch.
+#pragma once
+
+#include "config.hpp"
+#include "shm/futex.hpp"
+#include "uring/async.hpp"
+
+#include <asio/associator.hpp>
+
+#include <linux/futex.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <unordered_set>
+#include <variant>
+#include <vector>
+
+namespace cohort::uring {
+
+/// The ring part. Completion: res 0 when woken; -EAGAIN when the word did
+/// not hold `expected`, which completes as success too; -ECANCELED when
+/// cancelled.
+struct futex_wait_ring {
+  std::atomic<std::uint32_t>* word;
+  std::uint32_t expected;
+
+  void prepare(io_uring_sqe& sqe) {
+    io_uring_prep_rw(config::op_futex_wait, &sqe, static_cast<int>(config::futex2_size_u32), word, 0, expected);
+    sqe.addr3 = FUTEX_BITSET_MATCH_ANY;
+  }
+  std::pair<std::error_code, std::monostate> result(int res) {
+    return {res == -EAGAIN ? std::error_code{} : error_from_res(res), {}};
+  }
+};
+
+namespace detail {
+
+/// Hands ring_operation's `(ec, value)` to a `void(std::error_code)` handler;
+/// the handler's executor, cancellation slot and allocator show through.
+template <class Handler>
+struct drop_value {
+  Handler handler;
+  void operator()(std::error_code ec, std::monostate) { std::move(handler)(ec); }
+};
+
+}  // namespace detail
+}  // namespace cohort::uring
+
+template <template <class, class> class Associator, class Handler, class DefaultCandidate>
+struct asio::associator<Associator, cohort::uring::detail::drop_value<Handler>, DefaultCandidate>
+    : Associator<Handler, DefaultCandidate> {
+  static typename Associator<Handler, DefaultCandidate>::type get(
+      const cohort::uring::detail::drop_value<Handler>& h, const DefaultCandidate& c = DefaultCandidate()) noexcept {
+    return Associator<Handler, DefaultCandidate>::get(h.handler, c);
+  }
+};
+
+namespace cohort::uring {
+
+/// A wait on a helper thread, for the service below. The thread sleeps on
+/// the word and on `stop_` at once (futex_waitv), so a cancellation ends it
+/// at once and wakes nobody else.
+class futex_thread_wait {
+ public:
+  futex_thread_wait(const futex_thread_wait&) = delete;
+  futex_thread_wait& operator=(const futex_thread_wait&) = delete;
+
+  /// Ends the wait as cancelled, unless it has ended already. Any thread.
+  void request_stop() {
+    // stop_ carries no other data, so relaxed on both sides: the kernel
+    // orders the store before the wake that reaches the sleeping thread.
+    stop_.store(1, std::memory_order_relaxed);
+    shm::futex_wake(stop_, 1);
+  }
+
+ protected:
+  futex_thread_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected) : word_(word), expected_(expected) {}
+  ~futex_thread_wait() = default;
+
+  /// The wait ended: queue the completion on the handler's executor, which
+  /// owns the wait from then on and joins its thread. Called once, from the
+  /// helper thread (or the starting one), never after shutdown.
+  virtual void post(std::error_code ec) = 0;
+  /// The io_context shuts down before `post`: free, call nothing.
+  virtual void destroy() = 0;
+
+ private:
+  friend class futex_threads;
+  std::atomic<std::uint32_t>& word_;
+  const std::uint32_t expected_;
+  std::atomic<std::uint32_t> stop_{0};
+  std::jthread thread_;  // joined on destruction: it has posted, or been stopped
+};
+
+/// The helper threads of one io_context's futex waits, so that none
+/// outlives it: on shutdown each wait still pending is stopped, its thread
+/// joined, and its handler destroyed uncalled. A wait whose completion is
+/// queued already is no longer the service's: the io_context destroys that
+/// completion uncalled, as any queued handler.
+class futex_threads final : public asio::execution_context::service {
+ public:
+  using key_type = futex_threads;
+  static inline asio::execution_context::id id;
+
+  explicit futex_threads(asio::execution_context& context) : asio::execution_context::service(context) {}
+
+  /// Starts the thread of `w`; posts at once, without a thread, when the
+  /// word no longer holds the expected value or no thread can be made.
+  void start(futex_thread_wait& w) {
+    std::lock_guard lock(mutex_);
+    if (shut_down_) return w.destroy();
+    // acquire: pairs with the waker's release store, for the data it published.
+    if (w.word_.load(std::memory_order_acquire) != w.expected_) return w.post({});
+    try {
+      pending_.insert(&w);
+      w.thread_ = std::jthread([this, &w] { run(w); });
+    } catch (const std::system_error& e) {  // no thread to be had
+      pending_.erase(&w);
+      w.post(e.code());
+    }
+  }
+
+ private:
+  void run(futex_thread_wait& w) {
+    // Process-directed signals go to the program's own threads, not here.
+    sigset_t all;
+    ::sigfillset(&all);
+    ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
+    std::error_code ec;
+    for (;;) {
+      const auto result = shm::futex_wait_either(w.word_, w.expected_, w.stop_, ec);
+      if (w.stop_.load(std::memory_order_relaxed) != 0) {
+        ec = asio::error::operation_aborted;
+        break;
+      }
+      if (ec || result == shm::futex_result::woken || result == shm::futex_result::value_changed) break;
+    }
+    // Once posted, `w` belongs to its completion, which joins this thread;
+    // nothing here touches `w` or the service after the unlock.
+    std::lock_guard lock(mutex_);
+    if (shut_down_) return;  // shutdown joins this thread and destroys `w`
+    pending_.erase(&w);
+    w.post(ec);
+  }
+
+  void shutdown() override {
+    std::vector<futex_thread_wait*> waits;
+    {
+      std::lock_guard lock(mutex_);
+      shut_down_ = true;
+      waits.assign(pending_.begin(), pending_.end());
+      pending_.clear();
+    }
+    for (auto* w : waits) w->request_stop();
+    for (auto* w : waits) w->destroy();
+  }
+
+  std::mutex mutex_;  // guards pending_ and shut_down_
+  std::unordered_set<futex_thread_wait*> pending_;  // waits whose thread has not posted
+  bool shut_down_ = false;
+};
+
+/// A wait on a helper thread that ends by calling an asio handler, on the
+/// handler's executor.
+template <class Handler>
+class futex_thread_operation final : public futex_thread_wait {
+ public:
+  futex_thread_operation(futex_threads& owner, std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                         Handler handler, const asio::any_io_executor& fallback)
+      : futex_thread_wait(word, expected),
+        owner_(owner),
+        handler_(std::move(handler)),
+        work_(asio::get_associated_executor(handler_, fallback)) {}
+
+  /// Starts, with the handler's cancellation slot (if any) mapped to
+  /// request_stop. As for ring_operation, cancellation must be emitted from
+  /// the handler's executor, where the slot is cleared.
+  void start() {
+    auto slot = asio::get_associated_cancellation_slot(handler_);
+    if (slot.is_connected()) slot.assign([this](asio::cancellation_type) { request_stop(); });
+    owner_.start(*this);
+  }
+
+ private:
+  // Runs on the handler's executor: clears the slot, frees the operation
+  // (joining its thread), then calls the handler. Destroyed uncalled, it
+  // frees the operation without calling anything.
+  struct finisher {
+    futex_thread_operation* op;
+    std::error_code ec;
+
+    finisher(futex_thread_operation* o, std::error_code e) : op(o), ec(e) {}
+    finisher(finisher&& other) noexcept : op(std::exchange(other.op, nullptr)), ec(other.ec) {}
+    finisher& operator=(finisher&&) = delete;
+    ~finisher() {
+      if (op != nullptr) op->destroy();
+    }
+    void operator()() {
+      futex_thread_operation* self = std::exchange(op, nullptr);
+      self->clear_slot();
+      auto handler = std::move(self->handler_);
+      auto work = std::move(self->work_);
+      delete self;
+      std::move(handler)(ec);
+    }
+  };
+
+  void post(std::error_code ec) override { asio::post(work_.get_executor(), finisher{this, ec}); }
+
+  void destroy() override {
+    clear_slot();
+    delete this;
+  }
+
+  void clear_slot() {
+    auto slot = asio::get_associated_cancellation_slot(handler_);
+    if (slot.is_connected()) slot.clear();
+  }
+
+  futex_threads& owner_;
+  Handler handler_;
+  asio::executor_work_guard<asio::associated_executor_t<Handler, asio::any_io_executor>> work_;
+};
+
+/// Waits until `word` is woken by a futex wake (shm::futex_wake, from any
+/// process) or is found not to hold `expected`; completes with
+/// `void(std::error_code)`: success for both (re-check the word: wake-ups
+/// can be spurious), asio::error::operation_aborted when cancelled through
+/// the handler's cancellation slot. `word` is a 4-byte aligned word in
+/// shared memory (see shm/futex.hpp) and must stay mapped until completion.
+///
+/// On the ring the kernel holds the wait. Without the ring's futex op a
+/// helper thread blocks in the wait, one per pending wait. Destroying the
+/// io_context with a wait pending ends it without calling the handler: the
+/// ring request is cancelled, or the thread is stopped and joined.
+template <class Token>
+auto async_futex_wait(const asio::any_io_executor& executor, std::atomic<std::uint32_t>& word,
+                      std::uint32_t expected, Token&& token) {
+  return asio::async_initiate<Token, void(std::error_code)>(
+      [executor, word = &word, expected](auto handler) {
+        using handler_type = decltype(handler);
+        service& ring = service_of(executor);
+        if (ring.caps().futex) {
+          auto* op = new ring_operation<futex_wait_ring, detail::drop_value<handler_type>>(
+              ring, futex_wait_ring{word, expected}, detail::drop_value<handler_type>{std::move(handler)}, executor);
+          op->start();
+        } else {
+          auto* op = new futex_thread_operation<handler_type>(asio::use_service<futex_threads>(io_context_of(executor)),
+                                                              *word, expected, std::move(handler), executor);
+          op->start();
+        }
+      },
+      token);
+}
+
+}  // namespace cohort::uring
