@@ -10,6 +10,7 @@
 #include <cohort/entry_point.hpp>
 #include <cohort/spawn_and_join.hpp>
 
+#include "python.hpp"
 #include "stats.hpp"
 
 #include <fmt/format.h>
@@ -106,24 +107,6 @@ if __name__ == '__main__':
         print('torch', method, median(lambda: tmp.start_processes(noop, nprocs=8, start_method=method), r), flush=True)
 )";
 
-std::vector<std::string> python_lines(int rounds) {
-  std::string path = "/tmp/cohort-bench-start-join.py";
-  if (FILE* f = std::fopen(path.c_str(), "w")) {
-    std::fputs(python_script, f);
-    std::fclose(f);
-  }
-  std::vector<std::string> lines;
-  // Debian's interpreter first: Debian's python3-torch is installed for it.
-  const char* python = std::getenv("COHORT_BENCH_PYTHON");
-  if (python == nullptr) python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
-  FILE* out = ::popen(fmt::format("{} {} {} 2>/dev/null", python, path, rounds).c_str(), "r");
-  if (out == nullptr) return lines;
-  char line[256];
-  while (std::fgets(line, sizeof line, out) != nullptr) lines.emplace_back(line);
-  ::pclose(out);
-  std::remove(path.c_str());
-  return lines;
-}
 
 }  // namespace
 
@@ -157,7 +140,7 @@ int main(int argc, char** argv) {
                "cohort spawn, one by one", one_by_one * 1e3, std::min(8u, std::max(1u, std::thread::hardware_concurrency())),
                ours["spawn"] / one_by_one);
   }
-  for (const auto& line : python_lines(std::max(3, rounds / 5))) {
+  for (const auto& line : cohort::bench::python_lines(python_script, std::to_string(std::max(3, rounds / 5)))) {
     char who[16], method[16];
     double seconds = 0;
     if (std::sscanf(line.c_str(), "%15s %15s %lf", who, method, &seconds) == 3) {

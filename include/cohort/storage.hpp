@@ -37,8 +37,10 @@ sharing_strategy get_sharing_strategy() noexcept;
 std::string_view to_string(sharing_strategy strategy) noexcept;
 
 /// Lets go of the shared memory this process keeps for reuse: arena
-/// segments with no block in use, and segments it made that others have
-/// since freed. Returns how many segments went. Thread-safe.
+/// segments with no block in use, segments it made that others have since
+/// freed, and mappings of other processes' segments that no storage here
+/// uses (kept so a stream of values maps each segment once). Returns how
+/// many segments went. Thread-safe.
 int trim_shared_memory();
 
 /// Shared memory could not be had: /dev/shm (or the memory behind memfds)

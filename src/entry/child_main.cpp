@@ -3,6 +3,7 @@
 // reaches the parent with its type, message and stack trace.
 #include "entry/entry.hpp"
 #include "entry/forkserver.hpp"
+#include "shm/segment.hpp"
 
 #include "cohort/error_file.hpp"
 
@@ -61,6 +62,9 @@ struct entry_run {
   const encoded* args;
   std::optional<encoded> result;
 };
+
+// How long a rank whose function returned waits for its values in flight.
+constexpr auto receivers_wait = std::chrono::seconds(30);
 
 int entry_rank = -1;  // for the report of an uncaught exception
 entry_run* current_run = nullptr;  // one entry per process
@@ -254,6 +258,25 @@ const std::string& registered_name(erased_function fn) {
 
 bool child_main_called() noexcept { return main_called.load(std::memory_order_relaxed); }
 
+int running_rank() noexcept { return entry_rank; }
+
+std::optional<encoded> call_entry(const std::string& name, int rank, const encoded& args) {
+  entry_thunk thunk = nullptr;
+  erased_function fn = nullptr;
+  {
+    auto& r = entries();
+    std::lock_guard lock(r.mutex);
+    for (const auto& e : r.entries) {
+      if (e.name == name) {
+        thunk = e.thunk;
+        fn = e.fn;
+      }
+    }
+  }
+  if (thunk == nullptr) throw std::logic_error(fmt::format("cohort: this program has no entry point named '{}'", name));
+  return thunk(fn, rank, args);
+}
+
 int run_entry(const std::string& name, int rank, const encoded& args, int result_fd) {
   entry_run run{nullptr, nullptr, rank, &args, std::nullopt};
   {
@@ -283,6 +306,9 @@ int run_entry(const std::string& name, int rank, const encoded& args, int result
   current_run = &run;
   if (::swapcontext(&caller, &callee) != 0) throw std::system_error(errno, std::system_category(), "cohort: swapcontext");
   current_run = nullptr;
+  // Values it sent that name its shared memory are opened through this
+  // process: it stays until they are received, within a bound.
+  shm::wait_for_receivers(std::chrono::steady_clock::now() + receivers_wait);
   stop_forkserver();  // what the function started by the forkserver has ended with it
   if (run.result && !write_whole(result_fd, run.result->bytes())) {
     throw std::system_error(errno, std::system_category(), "cohort: writing the entry point's result");

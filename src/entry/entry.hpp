@@ -25,6 +25,15 @@ inline constexpr const char* forkserver_env = "COHORT_FORKSERVER";
 /// and ends the process with code 1 (it never returns then).
 int run_entry(const std::string& name, int rank, const encoded& args, int result_fd);
 
+/// The rank this process runs as an entry point, or -1.
+int running_rank() noexcept;
+
+/// Calls the function registered as `name` in this thread, as fn(rank,
+/// args...); returns its result encoded. Throws std::logic_error for an
+/// unknown name, decode_error for arguments of other types, and what the
+/// function throws.
+std::optional<encoded> call_entry(const std::string& name, int rank, const encoded& args);
+
 /// Whether child_main() ran in this process (and found no entry to run).
 bool child_main_called() noexcept;
 

@@ -61,10 +61,26 @@ std::size_t memory_available() {
   return found ? kib * 1024 : SIZE_MAX;
 }
 
-// Every segment mapped in this process, by nonce.
+// Every segment mapped in this process, by nonce; and the ones other
+// processes made, kept mapped while they live so that a stream of values
+// from one segment maps it once, not once per value.
 struct registry {
   std::mutex mutex;
   std::unordered_map<std::uint64_t, std::weak_ptr<segment>> segments;
+  std::vector<std::shared_ptr<segment>> received;
+  // Moves out the received segments no storage here uses, all of them or
+  // only those no block of which is in use anywhere (their memory goes once
+  // every process has unmapped them); with the lock held. The caller
+  // destroys them after unlocking.
+  std::vector<std::shared_ptr<segment>> forget(bool only_dead) {
+    std::vector<std::shared_ptr<segment>> gone;
+    std::erase_if(received, [&](auto& s) {
+      if (s.use_count() != 1 || (only_dead && s->header().live.load(std::memory_order_acquire) != 0)) return false;
+      gone.push_back(std::move(s));
+      return true;
+    });
+    return gone;
+  }
 };
 registry& segments() {
   static auto* r = new registry;  // outlives every static storage that unmaps at exit
@@ -227,6 +243,7 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
 
 std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   auto& r = segments();
+  std::vector<std::shared_ptr<segment>> dead;  // unmapped after the lock is released
   std::lock_guard lock(r.mutex);
   if (auto it = r.segments.find(ref.nonce); it != r.segments.end()) {
     if (auto s = it->second.lock()) {
@@ -263,15 +280,23 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   }
   void* base = ::mmap(nullptr, ref.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int error = errno;
-  ::close(fd);
+  // A memfd's descriptor is kept, so this process can pass the segment on.
+  if (base == MAP_FAILED || ref.strategy == sharing_strategy::file_system) {
+    ::close(fd);
+    fd = -1;
+  }
   if (base == MAP_FAILED) throw shm_error(fmt::format("cohort: mapping {}: {}", where, errno_text(error)));
   const auto* h = static_cast<const segment_header*>(base);
   if (h->magic != magic || h->nonce != ref.nonce || h->size != ref.size) {
     ::munmap(base, ref.size);
+    if (fd >= 0) ::close(fd);
     throw shm_error(fmt::format("cohort: {} does not hold the segment the handle names", where));
   }
-  std::shared_ptr<segment> s(new segment(static_cast<std::byte*>(base), ref.size, ref.strategy, -1, ref.source));
+  std::shared_ptr<segment> s(new segment(static_cast<std::byte*>(base), ref.size, ref.strategy, fd,
+                                         ref.strategy == sharing_strategy::file_system ? ref.source : 0));
   r.segments[ref.nonce] = s;
+  dead = r.forget(true);
+  r.received.push_back(s);
   return s;
 }
 
@@ -279,6 +304,8 @@ segment_ref segment::ref() const noexcept {
   return {strategy_, strategy_ == sharing_strategy::file_descriptor && fd_ >= 0 ? ::getpid() : maker_,
           fd_, header().nonce, inode_, size_};
 }
+
+bool segment::made_here() const noexcept { return maker_ == ::getpid(); }
 
 std::uint64_t segment::carve(std::size_t nbytes) {
   const int k = size_class_of(nbytes);
@@ -358,7 +385,30 @@ void linger(std::shared_ptr<segment> s) {
   a.lingering.push_back(std::move(s));
 }
 
+void wait_for_receivers(std::chrono::steady_clock::time_point deadline) noexcept {
+  std::vector<std::shared_ptr<segment>> made;
+  {
+    auto& r = segments();
+    std::lock_guard lock(r.mutex);
+    for (auto& [nonce, weak] : r.segments) {
+      // Receivers may be about to open it through this process's descriptor.
+      if (auto s = weak.lock(); s && (s->made_here() || s->ref().fd >= 0)) made.push_back(std::move(s));
+    }
+  }
+  for (const auto& s : made) {
+    while (s->header().in_flight.load(std::memory_order_acquire) > 0 && std::chrono::steady_clock::now() < deadline) {
+      ::usleep(1000);
+    }
+  }
+}
+
 int trim() {
+  std::vector<std::shared_ptr<segment>> unused;
+  {
+    auto& r = segments();
+    std::lock_guard lock(r.mutex);
+    unused = r.forget(false);
+  }
   auto& a = arena();
   std::lock_guard lock(a.mutex);
   const auto before = a.arenas.size() + a.lingering.size();
@@ -370,7 +420,7 @@ int trim() {
     s->retire();
     return true;
   });
-  return static_cast<int>(before - a.arenas.size() - a.lingering.size());
+  return static_cast<int>(unused.size() + before - a.arenas.size() - a.lingering.size());
 }
 
 }  // namespace cohort::shm

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -49,6 +50,10 @@ struct segment_header {
   /// that dies leaves it to the next locker, who carries on.
   pthread_mutex_t lock;
   std::uint64_t bump;  ///< the first byte never carved
+  /// Messages in flight (pushed, not yet received) that name blocks of this
+  /// segment: a process that made it waits for them before it ends, so
+  /// receivers can still open it through the maker's descriptor.
+  std::atomic<std::uint64_t> in_flight;
   std::uint64_t free_lists[size_classes];
 };
 
@@ -87,8 +92,11 @@ class segment {
   std::uint64_t nonce() const noexcept { return header().nonce; }
   sharing_strategy strategy() const noexcept { return strategy_; }
   /// How another process finds this segment: through this process's own
-  /// descriptor when it holds one.
+  /// descriptor (file_descriptor: every process mapping one keeps one, so
+  /// a receiver can pass on what it received), or by name.
   segment_ref ref() const noexcept;
+  /// Whether this process made it.
+  bool made_here() const noexcept;
   segment_header& header() const noexcept { return *reinterpret_cast<segment_header*>(base_); }
   block_header& block(std::uint64_t offset) const noexcept {
     return *reinterpret_cast<block_header*>(base_ + offset);
@@ -136,8 +144,13 @@ std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes);
 /// Keeps a segment this process made, and no longer uses itself, open and
 /// mapped until its last block is freed, so others can still open it.
 void linger(std::shared_ptr<segment> s);
-/// Retires arena segments with no block in use, and lets go of lingering
-/// segments that others have freed; returns how many segments went.
+/// Waits, until `deadline`, for the messages in flight that name segments
+/// this process made, or holds a descriptor of, to be received: they may
+/// be opened through it. Called when an entry point returns.
+void wait_for_receivers(std::chrono::steady_clock::time_point deadline) noexcept;
+/// Retires arena segments with no block in use, lets go of lingering
+/// segments that others have freed, and unmaps segments of other processes
+/// that no storage here uses; returns how many segments went.
 int trim();
 
 }  // namespace cohort::shm

@@ -113,7 +113,7 @@ detail::storage_impl::~storage_impl() {
   segment->release(block);
   // Others may still have to open a segment of its own that this process
   // made: it stays open here until they have freed it.
-  if (block == shm::segment::single_block && segment->ref().fd >= 0 &&
+  if (block == shm::segment::single_block && segment->made_here() &&
       segment->header().live.load(std::memory_order_acquire) > 0) {
     shm::linger(std::move(segment));
   }
@@ -203,6 +203,7 @@ storage handle_codec<storage>::read(reader& in) {
   const auto message = std::to_integer<unsigned>(in.next());
   if (message > 1) throw decode_error("cohort::decode: a storage handle's message flag is not 0/1");
   auto segment = shm::segment::open(ref);
+  if (message == 1) segment->header().in_flight.fetch_sub(1, std::memory_order_acq_rel);
   if (!segment->holds(block, nbytes) || segment->block(block).capacity < nbytes) {
     throw decode_error(fmt::format("cohort::decode: a storage of {} bytes at {} does not fit its {}-byte segment",
                                    nbytes, block, ref.size));
@@ -234,6 +235,7 @@ storage handle_codec<storage>::read(reader& in) {
 void hold_for_message(const handle_context& context) noexcept {
   for (const auto& impl : context.held) {
     impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
+    impl->segment->header().in_flight.fetch_add(1, std::memory_order_relaxed);
   }
 }
 

@@ -1,0 +1,54 @@
+// A flag shared by processes that they can wait on (torch.multiprocessing's
+// Event): set, clear, and waits that sleep in the kernel until it is set.
+#pragma once
+
+#include "cohort/encoding.hpp"
+#include "cohort/storage.hpp"
+
+#include <asio/awaitable.hpp>
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+namespace cohort {
+
+/// Starts clear. Copies, and handles sent to other processes (as entry
+/// point arguments or through queues), are the same event. Every call may
+/// come from any thread of any process holding it. set() enters the kernel
+/// only when someone waits.
+class event {
+ public:
+  /// A new event in shared memory. Throws shm_error.
+  event();
+
+  void set();
+  void clear() noexcept;
+  bool is_set() const noexcept;
+
+  /// Suspends until the event is set. Lazy: starts when awaited; may be
+  /// cancelled.
+  [[nodiscard]] asio::awaitable<void> wait() const;
+  /// Blocks until the event is set (true) or `timeout` passes (false).
+  bool wait_for(std::optional<std::chrono::nanoseconds> timeout = std::nullopt) const;
+
+ private:
+  friend struct detail::handle_codec<event>;
+  explicit event(storage state);
+  storage state_;
+};
+
+namespace detail {
+
+/// An event crosses as the storage of its flag.
+template <>
+struct handle_codec<event> {
+  static std::string signature() { return "e"; }
+  static std::size_t size_bound(const event& e) { return handle_codec<storage>::size_bound(e.state_); }
+  static void write(std::vector<std::byte>& out, const event& e) { handle_codec<storage>::write(out, e.state_); }
+  static event read(reader& in) { return event(handle_codec<storage>::read(in)); }
+};
+
+}  // namespace detail
+
+}  // namespace cohort

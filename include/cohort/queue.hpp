@@ -1,0 +1,208 @@
+// A bounded queue of values across processes (torch.multiprocessing's
+// Queue): any number of producers and consumers, in any processes that
+// hold it; tensors travel as handles to their shared memory, never copied.
+#pragma once
+
+#include "cohort/encoding.hpp"
+#include "cohort/storage.hpp"
+
+#include <asio/awaitable.hpp>
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cohort {
+
+/// A wait on a queue or event ended because the processes that could end
+/// it are gone: a pop on an empty queue whose producers have all exited, or
+/// a push into a full queue whose consumers have all exited. Names the last
+/// of them found gone.
+class peer_lost : public std::runtime_error {
+ public:
+  peer_lost(const std::string& what, pid_t pid, int rank) : std::runtime_error(what), pid_(pid), rank_(rank) {}
+  pid_t pid() const noexcept { return pid_; }
+  /// Its rank when it ran as a function entry point; -1 otherwise.
+  int rank() const noexcept { return rank_; }
+
+ private:
+  pid_t pid_;
+  int rank_;
+};
+
+/// A push into a closed queue, or a pop from one that is closed and empty.
+class queue_closed : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+namespace detail {
+
+/// The untyped queue: records of bytes in a ring in shared memory.
+class queue_core;
+
+/// One value, encoded for the ring, with the storages it names.
+struct queue_record {
+  std::vector<std::byte> bytes;
+  handle_context handles{true, {}};
+  bool overflowed = false;  ///< `bytes` is a storage holding the value's bytes
+};
+
+std::shared_ptr<queue_core> make_queue_core(std::size_t capacity, std::string_view signature);
+bool queue_try_push(queue_core& q, queue_record& r);
+bool queue_put(queue_core& q, queue_record& r, std::optional<std::chrono::nanoseconds> timeout);
+asio::awaitable<void> queue_push(std::shared_ptr<queue_core> q, queue_record& r);
+bool queue_try_pop(queue_core& q, std::vector<std::byte>& out);
+bool queue_get(queue_core& q, std::vector<std::byte>& out, std::optional<std::chrono::nanoseconds> timeout);
+asio::awaitable<void> queue_pop(std::shared_ptr<queue_core> q, std::vector<std::byte>& out);
+void queue_close(queue_core& q);
+bool queue_closed_now(const queue_core& q);
+std::size_t queue_size(const queue_core& q);
+std::size_t queue_capacity(const queue_core& q);
+/// The storage holding the queue's shared state, which is how it crosses.
+const storage& queue_storage(const queue_core& q);
+std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature);
+
+/// Encodes a value into a record's bytes; keeps the storages it names.
+template <class T>
+void fill_record(queue_record& r, const T& value) {
+  r.bytes.clear();
+  r.handles.held.clear();
+  r.overflowed = false;
+  handle_scope scope(r.handles);
+  write(r.bytes, value);
+}
+
+template <class T>
+T read_record(std::span<const std::byte> bytes);
+
+}  // namespace detail
+
+/// A bounded FIFO of T shared by processes: copies and handles sent to
+/// other processes (as entry point arguments or through queues) are the
+/// same queue. T is any crossable type: tensors, storages, and vectors and
+/// tuples of them arrive as views of the sender's shared memory (a private
+/// tensor is moved into shared memory when pushed); scalars, strings and
+/// bytes are copied. Values larger than a quarter of the ring travel in a
+/// shared block of their own.
+///
+/// Every call may come from any thread. A wait ends with peer_lost when the
+/// processes that could end it are all gone (see peer_lost); processes
+/// count as producers once they have pushed, as consumers once they have
+/// popped. Values pushed and never popped hold their shared memory until
+/// every process holding the queue has ended.
+template <crossable T>
+class queue {
+ public:
+  /// A queue of at most `capacity` values. Throws shm_error.
+  explicit queue(std::size_t capacity = 1024)
+      : core_(detail::make_queue_core(capacity, type_signature<T>())) {}
+
+  /// Pushes unless full; false when full. Throws queue_closed.
+  bool try_push(const T& value) {
+    auto& r = record();
+    detail::fill_record(r, value);
+    return detail::queue_try_push(*core_, r);
+  }
+  /// Pops unless empty; nullopt when empty. Throws queue_closed once closed
+  /// and empty, decode_error or shm_error for a value that cannot be received
+  /// (the queue goes on).
+  std::optional<T> try_pop() {
+    auto& out = buffer();
+    if (!detail::queue_try_pop(*core_, out)) return std::nullopt;
+    return detail::read_record<T>(out);
+  }
+
+  /// Pushes, blocking while full; false when `timeout` passed first.
+  /// Throws queue_closed, peer_lost.
+  bool put(const T& value, std::optional<std::chrono::nanoseconds> timeout = std::nullopt) {
+    auto& r = record();
+    detail::fill_record(r, value);
+    return detail::queue_put(*core_, r, timeout);
+  }
+  /// Pops, blocking while empty; nullopt when `timeout` passed first.
+  /// Throws queue_closed, peer_lost, and what try_pop throws.
+  std::optional<T> get(std::optional<std::chrono::nanoseconds> timeout = std::nullopt) {
+    auto& out = buffer();
+    if (!detail::queue_get(*core_, out, timeout)) return std::nullopt;
+    return detail::read_record<T>(out);
+  }
+
+  /// Pushes, suspending while full. Lazy: starts when awaited. Cancelling
+  /// it leaves the value unpushed. Throws as put().
+  [[nodiscard]] asio::awaitable<void> push(T value) {
+    detail::queue_record r;
+    detail::fill_record(r, value);
+    co_await detail::queue_push(core_, r);
+  }
+  /// Pops, suspending while empty. Lazy: starts when awaited. Throws as get().
+  [[nodiscard]] asio::awaitable<T> pop() {
+    std::vector<std::byte> out;
+    co_await detail::queue_pop(core_, out);
+    co_return detail::read_record<T>(out);
+  }
+
+  /// Ends pushing, in every process: pushes throw queue_closed; pops drain
+  /// what is left, then throw queue_closed. Waits in progress end.
+  void close() { detail::queue_close(*core_); }
+  bool closed() const { return detail::queue_closed_now(*core_); }
+  /// Values in the queue now (already stale when it returns).
+  std::size_t size() const { return detail::queue_size(*core_); }
+  std::size_t capacity() const { return detail::queue_capacity(*core_); }
+
+ private:
+  friend struct detail::handle_codec<queue>;
+  explicit queue(std::shared_ptr<detail::queue_core> core) noexcept : core_(std::move(core)) {}
+
+  static detail::queue_record& record() {
+    thread_local detail::queue_record r;
+    return r;
+  }
+  static std::vector<std::byte>& buffer() {
+    thread_local std::vector<std::byte> b;
+    return b;
+  }
+
+  std::shared_ptr<detail::queue_core> core_;
+};
+
+/// queue<T>(capacity), as DESIGN's make_queue.
+template <crossable T>
+queue<T> make_queue(std::size_t capacity = 1024) {
+  return queue<T>(capacity);
+}
+
+namespace detail {
+
+template <class T>
+T read_record(std::span<const std::byte> bytes) {
+  reader in(bytes);
+  T value = read<T>(in);
+  if (in.left() != 0) throw decode_error("cohort::queue: bytes follow a value");
+  return value;
+}
+
+/// A queue crosses as the storage of its shared state; the receiver checks
+/// that it holds values of the same type.
+template <class T>
+struct handle_codec<queue<T>> {
+  static std::string signature() { return "q" + type_signature<T>(); }
+  static std::size_t size_bound(const queue<T>& q) { return handle_codec<storage>::size_bound(queue_storage(*q.core_)); }
+  static void write(std::vector<std::byte>& out, const queue<T>& q) {
+    handle_codec<storage>::write(out, queue_storage(*q.core_));
+  }
+  static queue<T> read(reader& in) {
+    return queue<T>(queue_from_storage(handle_codec<storage>::read(in), type_signature<T>()));
+  }
+};
+
+}  // namespace detail
+
+}  // namespace cohort

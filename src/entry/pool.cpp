@@ -1,0 +1,141 @@
+// cohort::pool: a group of workers of cohort's own entry point, fed items
+// through one queue and answering through another.
+#include "cohort/pool.hpp"
+
+#include "cohort/process_error.hpp"
+#include "entry/entry.hpp"
+
+#include <asio/executor_work_guard.hpp>
+#include <asio/io_context.hpp>
+
+#include <fmt/format.h>
+
+#include <mutex>
+#include <thread>
+#include <typeinfo>
+
+namespace cohort {
+
+namespace detail {
+
+using pool_task = std::tuple<std::uint64_t, std::string, std::vector<std::byte>>;     // item, function, arguments
+using pool_outcome = std::tuple<std::uint64_t, bool, std::vector<std::byte>>;         // item, returned, result or error
+
+// Runs items until the task queue is closed. What it returned stays held
+// here, so handles in results remain valid for the parent.
+void cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> results) {
+  std::vector<encoded> kept;
+  for (;;) {
+    std::optional<pool_task> task;
+    try {
+      task = tasks.get();
+    } catch (const queue_closed&) {
+      return;
+    }
+    auto& [item, name, bytes] = *task;
+    try {
+      auto result = call_entry(name, worker, encoded::from_bytes(std::move(bytes)));
+      std::vector<std::byte> out;
+      if (result) {
+        out.assign(result->bytes().begin(), result->bytes().end());
+        kept.push_back(std::move(*result));
+      }
+      results.put({item, true, std::move(out)});
+    } catch (const std::exception& e) {
+      const auto text = fmt::format("{}: {}", demangle(typeid(e)), e.what());
+      const auto* first = reinterpret_cast<const std::byte*>(text.data());
+      results.put({item, false, std::vector<std::byte>(first, first + text.size())});
+    }
+  }
+}
+COHORT_ENTRYPOINT(cohort_pool_worker);
+
+class pool_state {
+ public:
+  pool_state(int workers, const pool_options& options)
+      : workers_(workers), tasks_(1024), results_(1024), work_(io_.get_executor()) {
+    if (workers < 1) throw std::invalid_argument("cohort::pool: at least one worker");
+    group_spec spec;
+    spec.name = "pool";
+    spec.entry = call(options.method, cohort_pool_worker, tasks_, results_);
+    spec.nprocs = workers;
+    spec.options = options.spawn;
+    spec.shutdown = options.shutdown;
+    group_ = start_processes(io_.get_executor(), spec);
+    runner_ = std::thread([this] { io_.run(); });
+  }
+
+  ~pool_state() {
+    tasks_.close();
+    work_.reset();
+    runner_.join();  // the group ends when every worker has returned
+  }
+
+  std::vector<std::optional<encoded>> run(const std::string& name, const std::vector<encoded>& args) {
+    std::lock_guard lock(mutex_);
+    if (broken_) throw std::logic_error("cohort::pool: a worker has died; the pool is over");
+    std::vector<std::optional<encoded>> out(args.size());
+    std::optional<std::string> error;
+    std::size_t sent = 0, received = 0;
+    while (received < args.size()) {
+      if (sent < args.size()) {
+        const auto bytes = args[sent].bytes();
+        if (tasks_.try_push({sent, name, std::vector<std::byte>(bytes.begin(), bytes.end())})) {
+          ++sent;
+          continue;
+        }
+      }
+      std::optional<pool_outcome> outcome;
+      try {
+        outcome = results_.get(std::chrono::milliseconds(50));
+      } catch (const peer_lost&) {
+      }
+      if (!outcome) {
+        if (!group_.join(std::chrono::milliseconds(0))) continue;
+        broken_ = true;
+        auto result = group_.result().value();
+        throw_first_failure(result);
+        throw std::logic_error("cohort::pool: the workers ended");
+      }
+      auto& [item, returned, bytes] = *outcome;
+      if (item >= out.size()) throw std::logic_error("cohort::pool: a result for no item");
+      ++received;
+      if (!returned) {
+        if (!error) error = fmt::format("cohort::pool: item {} raised {}", item, std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+      } else if (!bytes.empty()) {
+        out[item] = encoded::from_bytes(std::move(bytes));
+      }
+    }
+    if (error) throw std::runtime_error(*error);
+    return out;
+  }
+
+  int workers() const noexcept { return workers_; }
+
+ private:
+  int workers_;
+  queue<pool_task> tasks_;
+  queue<pool_outcome> results_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  group group_;
+  std::thread runner_;
+  std::mutex mutex_;
+  bool broken_ = false;
+};
+
+std::vector<std::optional<encoded>> pool_run(pool_state& pool, const std::string& name,
+                                             const std::vector<encoded>& tasks) {
+  return pool.run(name, tasks);
+}
+
+}  // namespace detail
+
+pool::pool(int workers, const pool_options& options)
+    : state_(std::make_unique<detail::pool_state>(workers, options)) {}
+pool::pool(pool&&) noexcept = default;
+pool& pool::operator=(pool&&) noexcept = default;
+pool::~pool() = default;
+int pool::workers() const noexcept { return state_->workers(); }
+
+}  // namespace cohort

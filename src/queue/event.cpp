@@ -1,0 +1,84 @@
+// cohort::event: a flag word and a sleeper count in shared memory.
+#include "cohort/event.hpp"
+
+#include "shm/futex.hpp"
+#include "uring/futex.hpp"
+
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+
+namespace cohort {
+
+namespace {
+
+constexpr std::uint32_t magic = 0x65766e74;  // "evnt"
+
+struct event_state {
+  std::uint32_t magic;
+  std::atomic<std::uint32_t> flag;
+  // Waiters count themselves before they look at the flag, and set() stores
+  // the flag before it looks at the count (both seq_cst): either the waiter
+  // sees the flag set, or set() sees the waiter and wakes it.
+  std::atomic<std::uint32_t> sleepers;
+};
+
+event_state& state_of(const storage& s) { return *reinterpret_cast<event_state*>(s.data()); }
+
+struct counted_sleeper {
+  std::atomic<std::uint32_t>& sleepers;
+  explicit counted_sleeper(std::atomic<std::uint32_t>& s) : sleepers(s) { sleepers.fetch_add(1); }
+  ~counted_sleeper() { sleepers.fetch_sub(1); }
+};
+
+}  // namespace
+
+event::event() : state_(storage::allocate_shared(sizeof(event_state))) {
+  new (state_.data()) event_state{magic, {0}, {0}};
+}
+
+event::event(storage state) : state_(std::move(state)) {
+  if (state_.nbytes() != sizeof(event_state) || state_of(state_).magic != magic) {
+    throw decode_error("cohort::event: an event handle names something else");
+  }
+}
+
+void event::set() {
+  auto& s = state_of(state_);
+  s.flag.store(1);
+  if (s.sleepers.load() > 0) shm::futex_wake(s.flag, INT_MAX);
+}
+
+void event::clear() noexcept { state_of(state_).flag.store(0); }
+bool event::is_set() const noexcept { return state_of(state_).flag.load() != 0; }
+
+asio::awaitable<void> event::wait() const {
+  auto executor = co_await asio::this_coro::executor;
+  auto& s = state_of(state_);
+  while (s.flag.load() == 0) {
+    const counted_sleeper sleeper(s.sleepers);
+    if (s.flag.load() != 0) break;
+    co_await uring::async_futex_wait(executor, s.flag, 0, asio::use_awaitable);
+  }
+}
+
+bool event::wait_for(std::optional<std::chrono::nanoseconds> timeout) const {
+  auto& s = state_of(state_);
+  const auto deadline = timeout ? std::optional(std::chrono::steady_clock::now() + *timeout) : std::nullopt;
+  while (s.flag.load() == 0) {
+    const counted_sleeper sleeper(s.sleepers);
+    if (s.flag.load() != 0) break;
+    std::optional<std::chrono::nanoseconds> left;
+    if (deadline) {
+      left = *deadline - std::chrono::steady_clock::now();
+      if (*left <= std::chrono::nanoseconds(0)) return false;
+    }
+    shm::futex_wait(s.flag, 0, left);
+  }
+  return true;
+}
+
+}  // namespace cohort

@@ -1,0 +1,89 @@
+// Which processes on the far side of a queue are still there.
+#include "queue/peers.hpp"
+
+#include "config.hpp"
+#include "entry/entry.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace cohort::detail {
+
+namespace {
+
+// Field 22 of /proc/<pid>/stat, counted after the command's closing
+// parenthesis (the command may hold spaces); 0 when unreadable.
+std::uint64_t start_time_of(pid_t pid) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char text[1024];
+  const auto n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  text[n] = '\0';
+  const char* p = std::strrchr(text, ')');
+  if (p == nullptr) return 0;
+  for (int field = 2; field < 22 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
+  return p == nullptr ? 0 : std::strtoull(p + 1, nullptr, 10);
+}
+
+}  // namespace
+
+std::uint64_t own_start_time() noexcept { return start_time_of(::getpid()); }
+int own_rank() noexcept { return running_rank(); }
+
+void peer_table::join(std::uint32_t roles) noexcept {
+  const pid_t self = ::getpid();
+  for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
+    if (peers[i].pid == self) {
+      peers[i].roles |= roles;
+      return;
+    }
+  }
+  if (count >= max_peers) {
+    // Full: keep the table to the processes still there.
+    std::uint32_t kept = 0;
+    for (std::uint32_t i = 0; i < max_peers; ++i) {
+      if (::kill(peers[i].pid, 0) == 0 || errno != ESRCH) peers[kept++] = peers[i];
+    }
+    count = kept;
+    if (count >= max_peers) return;  // 64 live peers: this one goes unwatched
+  }
+  peers[count++] = {self, own_rank(), roles, own_start_time()};
+}
+
+bool peer_watch::alive(const peer& p) {
+  std::lock_guard lock(mutex_);
+  auto key = std::pair{p.pid, p.start_time};
+  auto it = pidfds_.find(key);
+  if (it == pidfds_.end()) {
+    owned_fd fd(config::pidfd_open(p.pid));
+    if (fd.get() < 0) return errno != ESRCH;
+    // The pid may already name another process: the start time tells.
+    if (start_time_of(p.pid) != p.start_time) return false;
+    it = pidfds_.emplace(key, std::move(fd)).first;
+  }
+  pollfd f{it->second.get(), POLLIN, 0};
+  return ::poll(&f, 1, 0) == 0;
+}
+
+std::optional<peer> peer_watch::all_gone(const peer* peers, std::uint32_t count, std::uint32_t role) {
+  const pid_t self = ::getpid();
+  std::optional<peer> last;
+  for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
+    if ((peers[i].roles & role) == 0 || peers[i].pid == self) continue;
+    if (alive(peers[i])) return std::nullopt;
+    last = peers[i];
+  }
+  return last;
+}
+
+}  // namespace cohort::detail

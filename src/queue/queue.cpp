@@ -1,0 +1,376 @@
+// The untyped queue behind cohort::queue<T>: a ring of records in shared
+// memory under a robust process-shared lock, with futex words that a side
+// sleeps on only when it has to, and a waker that enters the kernel only
+// when the other side sleeps.
+#include "cohort/queue.hpp"
+
+#include "queue/peers.hpp"
+#include "shm/futex.hpp"
+#include "uring/futex.hpp"
+
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <fmt/format.h>
+
+#include <pthread.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstring>
+
+namespace cohort::detail {
+
+namespace {
+
+constexpr std::uint64_t magic = 0x6575657571746863ULL;  // "chtqueue"
+constexpr std::uint32_t skip = 0xffffffffU;             // the rest of the ring is unused: wrap
+constexpr std::uint32_t overflowed = 1;                 // the record is a storage holding the value
+// How long a wait sleeps before it looks at whether the other side is
+// still there.
+constexpr auto watch_interval = std::chrono::milliseconds(100);
+// Tries, each after a sched_yield, before a blocking wait sleeps.
+constexpr int spins = 32;
+
+std::uint64_t hash_of(std::string_view s) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+  return h;
+}
+
+constexpr std::uint64_t padded(std::uint64_t n) { return (n + 7) / 8 * 8; }
+
+struct queue_header {
+  std::uint64_t magic;
+  std::uint64_t signature;  // hash of the value type's signature
+  std::uint64_t capacity;   // values
+  std::uint64_t ring_bytes;
+  pthread_mutex_t lock;     // robust, process-shared: guards everything below
+  std::uint64_t head, tail; // byte positions, only ever growing
+  std::uint64_t count;
+  std::uint32_t closed;
+  std::uint32_t pop_sleepers, push_sleepers;
+  // Bumped under the lock whenever a value arrives (or space frees) while
+  // someone sleeps; the sleeper read it under the same lock, so no wake is
+  // lost between its look and its sleep.
+  alignas(64) std::atomic<std::uint32_t> items;
+  alignas(64) std::atomic<std::uint32_t> space;
+  peer_table peers;
+};
+
+class locked {
+ public:
+  explicit locked(queue_header& h) noexcept : h_(h) {
+    // A holder that died cannot have left a half-made record: records are
+    // written before `tail` moves and read before `head` does.
+    if (::pthread_mutex_lock(&h_.lock) == EOWNERDEAD) ::pthread_mutex_consistent(&h_.lock);
+  }
+  locked(const locked&) = delete;
+  locked& operator=(const locked&) = delete;
+  ~locked() { ::pthread_mutex_unlock(&h_.lock); }
+
+ private:
+  queue_header& h_;
+};
+
+enum class side { push, pop };
+
+}  // namespace
+
+class queue_core {
+ public:
+  queue_core(storage state) : state_(std::move(state)) {}
+
+  static std::shared_ptr<queue_core> make(std::size_t capacity, std::string_view signature) {
+    if (capacity == 0) throw std::invalid_argument("cohort::queue: the capacity must be at least 1");
+    if (capacity > (std::size_t{1} << 24)) throw std::invalid_argument("cohort::queue: a capacity over 2^24 values");
+    const std::size_t ring = std::max<std::size_t>(std::size_t{64} << 10, padded(capacity * 128));
+    auto q = std::make_shared<queue_core>(storage::allocate_shared(sizeof(queue_header) + ring));
+    auto* h = new (q->state_.data()) queue_header{};
+    h->magic = magic;
+    h->signature = hash_of(signature);
+    h->capacity = capacity;
+    h->ring_bytes = ring;
+    pthread_mutexattr_t attr;
+    ::pthread_mutexattr_init(&attr);
+    ::pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    ::pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+    ::pthread_mutex_init(&h->lock, &attr);
+    ::pthread_mutexattr_destroy(&attr);
+    q->header_ = h;
+    return q;
+  }
+
+  static std::shared_ptr<queue_core> attach(storage s, std::string_view signature) {
+    if (s.nbytes() < sizeof(queue_header)) throw decode_error("cohort::queue: a queue handle names too few bytes");
+    auto* h = reinterpret_cast<queue_header*>(s.data());
+    if (h->magic != magic) throw decode_error("cohort::queue: a queue handle names something else");
+    if (h->signature != hash_of(signature)) {
+      throw decode_error(fmt::format("cohort::queue: the queue does not hold values of type {}", signature));
+    }
+    if (h->ring_bytes % 8 != 0 || h->ring_bytes > s.nbytes() - sizeof(queue_header) || h->capacity == 0) {
+      throw decode_error("cohort::queue: a queue's shared state is malformed");
+    }
+    auto q = std::make_shared<queue_core>(std::move(s));
+    q->header_ = h;
+    return q;
+  }
+
+  queue_header& h() const noexcept { return *header_; }
+  const storage& state() const noexcept { return state_; }
+  std::byte* ring() const noexcept { return state_.data() + sizeof(queue_header); }
+
+  // Pushes `r` unless full. When full and `sleep` is set, counts this caller
+  // as a sleeper and sets `seq` to the word to sleep on.
+  bool push(queue_record& r, bool sleep, std::uint32_t& seq) {
+    if (r.bytes.size() > h().ring_bytes / 4) overflow(r);
+    const std::uint64_t len = r.bytes.size();
+    bool wake = false;
+    {
+      locked lock(h());
+      if (h().closed) throw queue_closed("cohort::queue: push into a closed queue");
+      join(peer_producer);
+      const std::uint64_t size = h().ring_bytes;
+      std::uint64_t phys = h().tail % size;
+      std::uint64_t need = 8 + padded(len);
+      const bool wraps = phys + need > size;
+      if (wraps) need += size - phys;
+      if (h().count == h().capacity || size - (h().tail - h().head) < need) {
+        if (sleep) {
+          ++h().push_sleepers;
+          seq = h().space.load(std::memory_order_relaxed);
+        }
+        return false;
+      }
+      if (wraps) {
+        std::memcpy(ring() + phys, &skip, 4);
+        phys = 0;
+      }
+      const std::uint32_t head_words[2] = {static_cast<std::uint32_t>(len), r.overflowed ? overflowed : 0};
+      std::memcpy(ring() + phys, head_words, 8);
+      std::memcpy(ring() + phys + 8, r.bytes.data(), len);
+      h().tail += need;
+      ++h().count;
+      hold_for_message(r.handles);
+      if (h().pop_sleepers > 0) {
+        h().items.fetch_add(1, std::memory_order_relaxed);
+        wake = true;
+      }
+    }
+    r.handles.held.clear();
+    if (wake) shm::futex_wake(h().items, 1);
+    return true;
+  }
+
+  // Pops into `out` unless empty; as push() for `sleep` and `seq`.
+  bool pop(std::vector<std::byte>& out, bool sleep, std::uint32_t& seq) {
+    bool wake = false;
+    std::uint32_t flags = 0;
+    {
+      locked lock(h());
+      join(peer_consumer);
+      if (h().count == 0) {
+        if (h().closed) throw queue_closed("cohort::queue: pop from a closed, empty queue");
+        if (sleep) {
+          ++h().pop_sleepers;
+          seq = h().items.load(std::memory_order_relaxed);
+        }
+        return false;
+      }
+      const std::uint64_t size = h().ring_bytes;
+      std::uint64_t phys = h().head % size;
+      std::uint32_t head_words[2];
+      std::memcpy(head_words, ring() + phys, 4);
+      if (head_words[0] == skip) {
+        h().head += size - phys;
+        phys = 0;
+      }
+      std::memcpy(head_words, ring() + phys, 8);
+      const std::uint64_t len = head_words[0];
+      if (len > size - 8 - phys) {
+        throw decode_error(fmt::format("cohort::queue: a record of {} bytes overruns the ring", len));
+      }
+      out.assign(ring() + phys + 8, ring() + phys + 8 + len);
+      flags = head_words[1];
+      h().head += 8 + padded(len);
+      --h().count;
+      if (h().push_sleepers > 0) {
+        h().space.fetch_add(1, std::memory_order_relaxed);
+        wake = true;
+      }
+    }
+    if (wake) shm::futex_wake(h().space, 1);
+    if (flags == overflowed) {
+      const storage s = read_record<storage>(out);
+      out.assign(s.data(), s.data() + s.nbytes());
+    }
+    return true;
+  }
+
+  void unsleep(side s) noexcept {
+    locked lock(h());
+    auto& sleepers = s == side::push ? h().push_sleepers : h().pop_sleepers;
+    if (sleepers > 0) --sleepers;
+  }
+
+  // Throws peer_lost when every process that could end a wait on `s` is gone.
+  void check_peers(side s) {
+    peer copy[max_peers];
+    std::uint32_t count = 0;
+    {
+      locked lock(h());
+      count = std::min<std::uint32_t>(h().peers.count, max_peers);
+      std::copy_n(h().peers.peers, count, copy);
+    }
+    const auto role = s == side::pop ? peer_producer : peer_consumer;
+    if (auto gone = watch_.all_gone(copy, count, role)) {
+      throw peer_lost(fmt::format("cohort::queue: every {} of the queue has exited (the last seen: pid {}{})",
+                                  s == side::pop ? "producer" : "consumer", gone->pid,
+                                  gone->rank >= 0 ? fmt::format(", rank {}", gone->rank) : ""),
+                      gone->pid, gone->rank);
+    }
+  }
+
+  std::atomic<std::uint32_t>& word(side s) const noexcept { return s == side::push ? h().space : h().items; }
+
+  void close() {
+    {
+      locked lock(h());
+      h().closed = 1;
+      h().items.fetch_add(1, std::memory_order_relaxed);
+      h().space.fetch_add(1, std::memory_order_relaxed);
+    }
+    shm::futex_wake(h().items, INT_MAX);
+    shm::futex_wake(h().space, INT_MAX);
+  }
+
+ private:
+  void join(std::uint32_t role) noexcept {
+    const pid_t self = ::getpid();
+    auto& joined = role == peer_producer ? producer_of_ : consumer_of_;
+    if (joined.load(std::memory_order_relaxed) == self) return;
+    h().peers.join(role);
+    joined.store(self, std::memory_order_relaxed);
+  }
+
+  // Moves a value too large for the ring into a block of its own.
+  static void overflow(queue_record& r) {
+    storage s = storage::allocate_shared(r.bytes.size());
+    std::memcpy(s.data(), r.bytes.data(), r.bytes.size());
+    auto inner = std::move(r.handles.held);  // the value's own storages travel too
+    fill_record(r, s);
+    r.handles.held.insert(r.handles.held.end(), inner.begin(), inner.end());
+    r.overflowed = true;
+  }
+
+  storage state_;
+  queue_header* header_ = nullptr;
+  std::atomic<pid_t> producer_of_{0}, consumer_of_{0};  // the process that joined as each
+  peer_watch watch_;
+};
+
+namespace {
+
+// Blocks until a push or pop goes through, `deadline` passes (false), or
+// the other side is gone (peer_lost).
+template <class Attempt>
+bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> timeout, Attempt attempt) {
+  std::uint32_t seq = 0;
+  for (int i = 0; i < spins; ++i) {
+    if (attempt(false, seq)) return true;
+    ::sched_yield();
+  }
+  const auto deadline = timeout ? std::optional(std::chrono::steady_clock::now() + *timeout) : std::nullopt;
+  for (;;) {
+    if (attempt(true, seq)) return true;
+    auto slice = std::chrono::nanoseconds(watch_interval);
+    if (deadline) slice = std::min(slice, std::max(std::chrono::nanoseconds(0), *deadline - std::chrono::steady_clock::now()));
+    std::error_code ec;
+    shm::futex_wait(q.word(s), seq, slice, ec);
+    q.unsleep(s);
+    if (ec) throw std::system_error(ec, "cohort::queue: futex wait");
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) return attempt(false, seq);
+    q.check_peers(s);
+  }
+}
+
+// Counts as a sleeper from the failed attempt until the wait ends, however
+// it ends (cancellation included).
+struct sleeping {
+  queue_core& q;
+  side s;
+  ~sleeping() { q.unsleep(s); }
+};
+
+asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
+  using namespace asio::experimental::awaitable_operators;
+  const sleeping guard{q, s};
+  auto executor = co_await asio::this_coro::executor;
+  asio::steady_timer timer(executor, watch_interval);
+  co_await (uring::async_futex_wait(executor, q.word(s), seq, asio::use_awaitable) ||
+            timer.async_wait(asio::use_awaitable));
+}
+
+}  // namespace
+
+std::shared_ptr<queue_core> make_queue_core(std::size_t capacity, std::string_view signature) {
+  return queue_core::make(capacity, signature);
+}
+
+bool queue_try_push(queue_core& q, queue_record& r) {
+  std::uint32_t seq = 0;
+  return q.push(r, false, seq);
+}
+
+bool queue_put(queue_core& q, queue_record& r, std::optional<std::chrono::nanoseconds> timeout) {
+  return wait_for(q, side::push, timeout, [&](bool sleep, std::uint32_t& seq) { return q.push(r, sleep, seq); });
+}
+
+asio::awaitable<void> queue_push(std::shared_ptr<queue_core> q, queue_record& r) {
+  for (;;) {
+    std::uint32_t seq = 0;
+    if (q->push(r, true, seq)) co_return;
+    co_await sleep_async(*q, side::push, seq);
+    q->check_peers(side::push);
+  }
+}
+
+bool queue_try_pop(queue_core& q, std::vector<std::byte>& out) {
+  std::uint32_t seq = 0;
+  return q.pop(out, false, seq);
+}
+
+bool queue_get(queue_core& q, std::vector<std::byte>& out, std::optional<std::chrono::nanoseconds> timeout) {
+  return wait_for(q, side::pop, timeout, [&](bool sleep, std::uint32_t& seq) { return q.pop(out, sleep, seq); });
+}
+
+asio::awaitable<void> queue_pop(std::shared_ptr<queue_core> q, std::vector<std::byte>& out) {
+  for (;;) {
+    std::uint32_t seq = 0;
+    if (q->pop(out, true, seq)) co_return;
+    co_await sleep_async(*q, side::pop, seq);
+    q->check_peers(side::pop);
+  }
+}
+
+void queue_close(queue_core& q) { q.close(); }
+bool queue_closed_now(const queue_core& q) {
+  locked lock(q.h());
+  return q.h().closed != 0;
+}
+std::size_t queue_size(const queue_core& q) {
+  locked lock(q.h());
+  return q.h().count;
+}
+std::size_t queue_capacity(const queue_core& q) { return q.h().capacity; }
+const storage& queue_storage(const queue_core& q) { return q.state(); }
+std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature) {
+  return queue_core::attach(std::move(s), signature);
+}
+
+}  // namespace cohort::detail

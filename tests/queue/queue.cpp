@@ -1,0 +1,281 @@
+#include "cohort/queue.hpp"
+
+#include "cohort/event.hpp"
+#include "cohort/spawn_and_join.hpp"
+
+#include "support/harness.hpp"
+
+#include <doctest/doctest.h>
+
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+using namespace cohort;
+using namespace std::chrono_literals;
+
+namespace queue_tests {
+
+const sharing_strategy strategies[] = {sharing_strategy::file_descriptor, sharing_strategy::file_system};
+const start_method methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
+
+// Pops `n` storages, adds `rank + 1` to the first byte of each, and pushes
+// them back.
+void add_rank(int rank, queue<storage> in, queue<storage> out, int n) {
+  for (int i = 0; i < n; ++i) {
+    storage s = in.get().value();
+    s.data()[0] = std::byte(std::to_integer<int>(s.data()[0]) + rank + 1);
+    out.put(s);
+  }
+}
+COHORT_ENTRYPOINT(add_rank);
+
+void push_one_and_leave(int, queue<int> q) { q.put(7); }
+COHORT_ENTRYPOINT(push_one_and_leave);
+
+void pop_one_and_leave(int, queue<int> q) { (void)q.get(); }
+COHORT_ENTRYPOINT(pop_one_and_leave);
+
+// Under 64 descriptors, pops `n` storages and returns the sum of their first bytes.
+int sum_under_fd_limit(int, queue<storage> q, int n) {
+  rlimit limit{64, 64};
+  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) return -1;
+  int sum = 0;
+  for (int i = 0; i < n; ++i) sum += std::to_integer<int>(q.get().value().data()[0]);
+  return sum;
+}
+COHORT_ENTRYPOINT(sum_under_fd_limit);
+
+void set_after_wait(int, event go, event done) {
+  go.wait_for();
+  done.set();
+}
+COHORT_ENTRYPOINT(set_after_wait);
+
+TEST_SUITE("queue") {
+  TEST_CASE("values come out in the order they went in") {
+    queue<std::tuple<int, std::string, std::vector<double>>> q(8);
+    for (int i = 0; i < 5; ++i) REQUIRE(q.try_push({i, std::string(i, 'x'), std::vector<double>(i, 0.5)}));
+    CHECK(q.size() == 5);
+    for (int i = 0; i < 5; ++i) {
+      auto [n, s, v] = q.try_pop().value();
+      CHECK(n == i);
+      CHECK(s == std::string(i, 'x'));
+      CHECK(v == std::vector<double>(i, 0.5));
+    }
+    CHECK_FALSE(q.try_pop());
+  }
+
+  TEST_CASE("a full queue refuses try_push and an empty one try_pop, across many wraps of the ring") {
+    queue<std::string> q(3);
+    for (int round = 0; round < 2000; ++round) {
+      const std::string big(round % 700, char('a' + round % 26));
+      REQUIRE(q.try_push(big));
+      REQUIRE(q.try_push("x"));
+      REQUIRE(q.try_push(""));
+      CHECK_FALSE(q.try_push("one too many"));
+      CHECK(q.try_pop() == big);
+      CHECK(q.try_pop() == "x");
+      CHECK(q.try_pop() == "");
+      CHECK_FALSE(q.try_pop());
+    }
+  }
+
+  TEST_CASE("a closed queue refuses pushes and is drained before pops are refused") {
+    queue<int> q(4);
+    q.put(1);
+    q.close();
+    CHECK(q.closed());
+    CHECK_THROWS_AS(q.put(2), queue_closed);
+    CHECK(q.get() == 1);
+    CHECK_THROWS_AS(q.get(), queue_closed);
+  }
+
+  TEST_CASE("a value larger than a quarter of the ring travels in a block of its own") {
+    queue<std::vector<std::byte>> q(2);
+    std::vector<std::byte> big(3 << 20);
+    for (std::size_t i = 0; i < big.size(); ++i) big[i] = std::byte(i * 7);
+    for (int i = 0; i < 5; ++i) {
+      REQUIRE(q.try_push(big));
+      CHECK(q.try_pop() == big);
+    }
+  }
+
+  TEST_CASE("a blocking get times out on an empty queue and put on a full one") {
+    queue<int> q(1);
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_FALSE(q.get(30ms));
+    CHECK(std::chrono::steady_clock::now() - start >= 30ms);
+    q.put(1);
+    CHECK_FALSE(q.put(2, 30ms));
+  }
+
+  TEST_CASE("a storage pushed and dropped by its sender arrives intact") {
+    for (auto strategy : strategies) {
+      set_sharing_strategy(strategy);
+      queue<storage> q(4);
+      {
+        storage s = storage::allocate(100);
+        std::memset(s.data(), 0x42, 100);
+        q.put(s);
+      }
+      storage got = q.get().value();
+      CHECK(got.is_shared());
+      CHECK(got.use_count() == 1);
+      CHECK(std::to_integer<int>(got.data()[99]) == 0x42);
+      storage again = storage::allocate_shared(8);
+      q.put(again);
+      q.put(again);
+      CHECK(q.get()->same(again));
+      CHECK(q.get()->same(again));
+    }
+    set_sharing_strategy(sharing_strategy::file_descriptor);
+  }
+
+  TEST_CASE("ranks started by each start method receive storages through queues without a copy") {
+    for (auto strategy : strategies) {
+      set_sharing_strategy(strategy);
+      for (auto method : methods) {
+        CAPTURE(to_string(method));
+        CAPTURE(to_string(strategy));
+        queue<storage> in(16), out(16);
+        std::vector<storage> sent;
+        for (int i = 0; i < 6; ++i) {
+          sent.push_back(storage::allocate_shared(64));
+          sent.back().data()[0] = std::byte(10 * i);
+          in.put(sent.back());
+        }
+        spawn_and_join(add_rank, std::tuple{in, out, 3}, 2, {.method = method});
+        int sum = 0;
+        for (int i = 0; i < 6; ++i) {
+          storage back = out.get(1s).value();
+          // The same bytes came back: a rank wrote into the parent's block.
+          CHECK(std::any_of(sent.begin(), sent.end(), [&](const storage& s) { return s.same(back); }));
+          sum += std::to_integer<int>(back.data()[0]);
+        }
+        CHECK(sum == 10 * (0 + 1 + 2 + 3 + 4 + 5) + 3 * 1 + 3 * 2);
+      }
+    }
+    set_sharing_strategy(sharing_strategy::file_descriptor);
+  }
+
+  TEST_CASE("many storages cross into a rank limited to 64 descriptors") {
+    for (auto strategy : strategies) {
+      set_sharing_strategy(strategy);
+      queue<storage> q(4096);
+      std::vector<storage> kept;
+      for (int i = 0; i < 3000; ++i) {
+        kept.push_back(storage::allocate_shared(40));
+        kept.back().data()[0] = std::byte(1);
+        q.put(kept.back());
+      }
+      CHECK(spawn_and_join(sum_under_fd_limit, std::tuple{q, 3000}, 1) == std::vector{3000});
+    }
+    set_sharing_strategy(sharing_strategy::file_descriptor);
+  }
+
+  TEST_CASE("a pop waiting on a queue whose producers have all exited ends with peer_lost") {
+    queue<int> q(4);
+    spawn_and_join(push_one_and_leave, std::tuple{q}, 2);
+    CHECK(q.get() == 7);
+    CHECK(q.get() == 7);
+    try {
+      (void)q.get(10s);
+      FAIL("the pop returned");
+    } catch (const peer_lost& e) {
+      CHECK(e.pid() > 0);
+      CHECK((e.rank() == 0 || e.rank() == 1));
+    }
+    asio::io_context io;
+    CHECK_THROWS_AS(test::run(io, q.pop()), peer_lost);
+  }
+
+  TEST_CASE("a push into a full queue whose consumers have all exited ends with peer_lost") {
+    queue<int> q(2);
+    q.put(1);
+    spawn_and_join(pop_one_and_leave, std::tuple{q}, 1);
+    q.put(2);
+    q.put(3);
+    CHECK_THROWS_AS(q.put(4, 10s), peer_lost);
+    asio::io_context io;
+    CHECK_THROWS_AS(test::run(io, q.push(4)), peer_lost);
+  }
+
+  TEST_CASE("an awaited pop is woken by a push from another thread") {
+    queue<int> q(4);
+    asio::io_context io;
+    std::thread pusher([&] {
+      std::this_thread::sleep_for(50ms);
+      q.put(5);
+    });
+    CHECK(test::run(io, q.pop()) == 5);
+    pusher.join();
+  }
+
+  TEST_CASE("a cancelled pop leaves the queue working") {
+    using namespace asio::experimental::awaitable_operators;
+    queue<int> q(4);
+    asio::io_context io;
+    auto race = [&]() -> asio::awaitable<bool> {
+      asio::steady_timer t(co_await asio::this_coro::executor, 20ms);
+      auto r = co_await (q.pop() || t.async_wait(asio::use_awaitable));
+      co_return r.index() == 1;
+    };
+    CHECK(test::run(io, race()));
+    q.put(9);
+    CHECK(q.get(1s) == 9);
+  }
+
+  TEST_CASE("a queue handle of one value type is refused as another") {
+    queue<int> q(1);
+    CHECK_THROWS_AS((void)decode<queue<std::string>>(encode(q)), decode_error);
+    CHECK_THROWS_AS((void)decode<event>(encode(q)), decode_error);
+  }
+}
+
+TEST_SUITE("event") {
+  TEST_CASE("an event is clear until set, and clear again once cleared") {
+    event e;
+    CHECK_FALSE(e.is_set());
+    CHECK_FALSE(e.wait_for(10ms));
+    e.set();
+    CHECK(e.is_set());
+    CHECK(e.wait_for(0ms));
+    e.clear();
+    CHECK_FALSE(e.is_set());
+  }
+
+  TEST_CASE("a rank waits for an event the parent sets and sets one the parent waits for") {
+    for (auto method : methods) {
+      event go, done;
+      std::thread parent([&] {
+        std::this_thread::sleep_for(50ms);
+        CHECK_FALSE(done.is_set());
+        go.set();
+      });
+      spawn_and_join(set_after_wait, std::tuple{go, done}, 1, {.method = method});
+      parent.join();
+      CHECK(done.wait_for(1s));
+    }
+  }
+
+  TEST_CASE("an awaited event wait is woken by set from another thread") {
+    event e;
+    asio::io_context io;
+    std::thread setter([&] {
+      std::this_thread::sleep_for(50ms);
+      e.set();
+    });
+    test::run(io, e.wait());
+    CHECK(e.is_set());
+    setter.join();
+  }
+}
+
+}  // namespace queue_tests
