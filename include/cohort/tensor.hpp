@@ -1,0 +1,557 @@
+// cohort::tensor: a typed, strided view of a storage's bytes (torch's Tensor
+// on the CPU), its element types, and the exchange with DLPack.
+#pragma once
+
+#include "cohort/storage.hpp"
+
+#include <dlpack/dlpack.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+
+namespace cohort {
+
+/// The type of a tensor's elements.
+enum class dtype : std::uint8_t {
+  int8,
+  int16,
+  int32,
+  int64,
+  uint8,
+  uint16,
+  uint32,
+  uint64,
+  float16,
+  bfloat16,
+  float32,
+  float64,
+  boolean,
+};
+
+/// DLPack's type code for bool (one byte, 0 or 1). It came after DLPack 0.6,
+/// whose header this build may have.
+inline constexpr std::uint8_t dlpack_bool_code = 6;
+
+namespace detail {
+
+struct dtype_info {
+  std::string_view name;
+  std::uint8_t code;  // DLPack's type code
+  std::uint8_t bits;
+};
+
+// Indexed by dtype.
+inline constexpr std::array<dtype_info, 13> dtypes{{
+    {"int8", kDLInt, 8},
+    {"int16", kDLInt, 16},
+    {"int32", kDLInt, 32},
+    {"int64", kDLInt, 64},
+    {"uint8", kDLUInt, 8},
+    {"uint16", kDLUInt, 16},
+    {"uint32", kDLUInt, 32},
+    {"uint64", kDLUInt, 64},
+    {"float16", kDLFloat, 16},
+    {"bfloat16", kDLBfloat, 16},
+    {"float32", kDLFloat, 32},
+    {"float64", kDLFloat, 64},
+    {"bool", dlpack_bool_code, 8},
+}};
+
+constexpr const dtype_info& info(dtype type) { return dtypes[static_cast<std::size_t>(type)]; }
+
+}  // namespace detail
+
+/// Bytes per element: 1, 2, 4 or 8.
+constexpr std::size_t element_size(dtype type) { return detail::info(type).bits / 8; }
+/// torch's name: "int64", "bfloat16", "bool".
+constexpr std::string_view to_string(dtype type) { return detail::info(type).name; }
+/// DLPack's type code (kDLInt, kDLUInt, kDLFloat, kDLBfloat, dlpack_bool_code).
+constexpr std::uint8_t dtype_code(dtype type) { return detail::info(type).code; }
+/// Bits per element.
+constexpr std::uint8_t dtype_bits(dtype type) { return detail::info(type).bits; }
+
+/// The dtype with DLPack type code `code` and `bits` bits; nullopt for any
+/// other pair. How a receiver checks a dtype it was sent as raw bytes.
+constexpr std::optional<dtype> dtype_from_code(std::uint8_t code, std::uint8_t bits) {
+  for (std::size_t i = 0; i < detail::dtypes.size(); ++i) {
+    if (detail::dtypes[i].code == code && detail::dtypes[i].bits == bits)
+      return static_cast<dtype>(i);
+  }
+  return std::nullopt;
+}
+
+/// One lane.
+constexpr DLDataType to_dlpack(dtype type) { return {dtype_code(type), dtype_bits(type), 1}; }
+/// nullopt for vector types (lanes other than 1) and for types cohort lacks.
+constexpr std::optional<dtype> dtype_from_dlpack(DLDataType type) {
+  if (type.lanes != 1) return std::nullopt;
+  return dtype_from_code(type.code, type.bits);
+}
+
+/// An IEEE 754 half-precision number, held as its bits.
+struct float16 {
+  std::uint16_t bits = 0;
+
+  constexpr float16() = default;
+  /// Rounds to nearest, ties to even; beyond ±65504 gives ±infinity, below
+  /// 2^-14 a subnormal or zero; NaN stays NaN.
+  constexpr explicit float16(float value) noexcept : bits(from_float(value)) {}
+  static constexpr float16 from_bits(std::uint16_t value) noexcept {
+    float16 out;
+    out.bits = value;
+    return out;
+  }
+  /// Exact.
+  constexpr explicit operator float() const noexcept {
+    const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000) << 16;
+    const std::uint32_t exponent = (bits >> 10) & 0x1F;
+    const std::uint32_t mantissa = bits & 0x3FF;
+    if (exponent == 0x1F) return std::bit_cast<float>(sign | 0x7F800000 | mantissa << 13);
+    if (exponent == 0) {
+      const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+      return sign != 0 ? -magnitude : magnitude;
+    }
+    return std::bit_cast<float>(sign | (exponent + 112) << 23 | mantissa << 13);
+  }
+  /// By value: -0 equals +0, NaN equals nothing.
+  friend constexpr bool operator==(float16 a, float16 b) noexcept {
+    return static_cast<float>(a) == static_cast<float>(b);
+  }
+
+ private:
+  static constexpr std::uint16_t from_float(float value) noexcept {
+    const std::uint32_t f = std::bit_cast<std::uint32_t>(value);
+    const std::uint32_t sign = (f >> 16) & 0x8000;
+    const std::uint32_t magnitude = f & 0x7FFFFFFF;
+    std::uint32_t half;
+    if (magnitude > 0x7F800000) {
+      half = 0x7E00 | (magnitude >> 13 & 0x3FF);  // quiet, keeping the payload's top bits
+    } else if (magnitude >= 0x477FF000) {
+      half = 0x7C00;  // 65520 and up: halfway to 2^16 or past it
+    } else if (magnitude >= 0x38800000) {
+      // Normal: rebias the exponent; adding just under half a unit of the
+      // last place, plus the kept lowest bit, rounds ties to even.
+      half = (magnitude - 0x38000000 + 0xFFF + (magnitude >> 13 & 1)) >> 13;
+    } else if (magnitude >= 0x33000000) {
+      // Subnormal: the significand, with its leading one, in units of 2^-24.
+      const std::uint32_t significand = (magnitude & 0x7FFFFF) | 0x800000;
+      const std::uint32_t shift = 126 - (magnitude >> 23);
+      const std::uint32_t rest = significand & ((1u << shift) - 1);
+      const std::uint32_t tie = 1u << (shift - 1);
+      half = significand >> shift;
+      if (rest > tie || (rest == tie && (half & 1) != 0)) ++half;
+    } else {
+      half = 0;  // under 2^-25, half the smallest subnormal
+    }
+    return static_cast<std::uint16_t>(sign | half);
+  }
+};
+
+/// A bfloat16 number: the top half of a float's bits.
+struct bfloat16 {
+  std::uint16_t bits = 0;
+
+  constexpr bfloat16() = default;
+  /// Rounds to nearest, ties to even; NaN stays NaN.
+  constexpr explicit bfloat16(float value) noexcept : bits(from_float(value)) {}
+  static constexpr bfloat16 from_bits(std::uint16_t value) noexcept {
+    bfloat16 out;
+    out.bits = value;
+    return out;
+  }
+  /// Exact.
+  constexpr explicit operator float() const noexcept {
+    return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+  }
+  /// By value: -0 equals +0, NaN equals nothing.
+  friend constexpr bool operator==(bfloat16 a, bfloat16 b) noexcept {
+    return static_cast<float>(a) == static_cast<float>(b);
+  }
+
+ private:
+  static constexpr std::uint16_t from_float(float value) noexcept {
+    const std::uint32_t f = std::bit_cast<std::uint32_t>(value);
+    if ((f & 0x7FFFFFFF) > 0x7F800000) return static_cast<std::uint16_t>(f >> 16 | 0x0040);
+    return static_cast<std::uint16_t>((f + 0x7FFF + (f >> 16 & 1)) >> 16);
+  }
+};
+
+namespace detail {
+
+template <class T>
+inline constexpr std::optional<dtype> dtype_for = std::nullopt;
+template <> inline constexpr std::optional<dtype> dtype_for<std::int8_t> = dtype::int8;
+template <> inline constexpr std::optional<dtype> dtype_for<std::int16_t> = dtype::int16;
+template <> inline constexpr std::optional<dtype> dtype_for<std::int32_t> = dtype::int32;
+template <> inline constexpr std::optional<dtype> dtype_for<std::int64_t> = dtype::int64;
+template <> inline constexpr std::optional<dtype> dtype_for<std::uint8_t> = dtype::uint8;
+template <> inline constexpr std::optional<dtype> dtype_for<std::uint16_t> = dtype::uint16;
+template <> inline constexpr std::optional<dtype> dtype_for<std::uint32_t> = dtype::uint32;
+template <> inline constexpr std::optional<dtype> dtype_for<std::uint64_t> = dtype::uint64;
+template <> inline constexpr std::optional<dtype> dtype_for<float16> = dtype::float16;
+template <> inline constexpr std::optional<dtype> dtype_for<bfloat16> = dtype::bfloat16;
+template <> inline constexpr std::optional<dtype> dtype_for<float> = dtype::float32;
+template <> inline constexpr std::optional<dtype> dtype_for<double> = dtype::float64;
+template <> inline constexpr std::optional<dtype> dtype_for<bool> = dtype::boolean;
+
+}  // namespace detail
+
+/// A C++ type a tensor's elements may have: the fixed-width integers,
+/// float16, bfloat16, float, double and bool.
+template <class T>
+concept element = detail::dtype_for<T>.has_value();
+
+/// The dtype of elements of type T.
+template <element T>
+inline constexpr dtype dtype_of = *detail::dtype_for<T>;
+
+/// Where a tensor's bytes live. Only the CPU for now.
+struct device {
+  DLDeviceType type = kDLCPU;
+  int id = 0;
+
+  bool operator==(const device&) const = default;
+};
+
+namespace detail {
+
+/// A tensor's sizes or strides. Up to six are held inline, so tensors of the
+/// usual ranks are made and copied without allocating; more go to the heap.
+class dim_vector {
+ public:
+  static constexpr std::size_t inline_capacity = 6;
+
+  dim_vector() noexcept = default;
+  /// `size` zeros.
+  explicit dim_vector(std::size_t size) : size_(size) {
+    if (size > inline_capacity) heap_ = std::make_unique<std::int64_t[]>(size);
+  }
+  explicit dim_vector(std::span<const std::int64_t> values) : dim_vector(values.size()) {
+    std::copy(values.begin(), values.end(), data());
+  }
+  dim_vector(const dim_vector& other) : dim_vector(other.view()) {}
+  /// Leaves `other` empty.
+  dim_vector(dim_vector&& other) noexcept
+      : inline_(other.inline_), heap_(std::move(other.heap_)), size_(other.size_) {
+    other.size_ = 0;
+  }
+  dim_vector& operator=(const dim_vector& other) { return *this = dim_vector(other); }
+  dim_vector& operator=(dim_vector&& other) noexcept {
+    inline_ = other.inline_;
+    heap_ = std::move(other.heap_);
+    size_ = std::exchange(other.size_, 0);
+    return *this;
+  }
+
+  std::size_t size() const noexcept { return size_; }
+  std::int64_t* data() noexcept { return heap_ ? heap_.get() : inline_.data(); }
+  const std::int64_t* data() const noexcept { return heap_ ? heap_.get() : inline_.data(); }
+  std::int64_t& operator[](std::size_t i) noexcept { return data()[i]; }
+  std::int64_t operator[](std::size_t i) const noexcept { return data()[i]; }
+  std::span<const std::int64_t> view() const noexcept { return {data(), size_}; }
+
+ private:
+  std::array<std::int64_t, inline_capacity> inline_{};
+  std::unique_ptr<std::int64_t[]> heap_;
+  std::size_t size_ = 0;
+};
+
+/// Checks that a layout fits its storage, for tensors built from
+/// descriptors another process sent. Throws std::invalid_argument, naming
+/// the fault, for more than 64 dimensions, shape and strides of different
+/// lengths, a negative size, stride or offset, a furthest element whose byte
+/// position overflows int64, or one past `storage_nbytes`. A layout with no
+/// elements needs no bytes.
+void check_layout(dtype type, std::span<const std::int64_t> shape,
+                  std::span<const std::int64_t> strides, std::int64_t offset,
+                  std::size_t storage_nbytes);
+
+}  // namespace detail
+
+/// How a new tensor's storage is made.
+struct tensor_options {
+  /// In shared memory (storage::allocate_shared), to send to other
+  /// processes without a copy; private memory otherwise.
+  bool shared = false;
+};
+
+/// A typed, strided view of a storage: torch's Tensor on the CPU, without
+/// arithmetic. Sizes, strides and the storage offset count elements. Copies
+/// and views (slice, select, transpose, reshape) share the storage, so a
+/// write through one is seen through all; clone() copies the elements.
+/// Shapes of up to six dimensions are held inline: making or copying such a
+/// tensor allocates nothing besides its storage. At most 64 dimensions.
+///
+/// Thread-safety is the storage's: distinct tensors may be used from
+/// distinct threads, and writes to shared elements need the caller's
+/// synchronisation. A moved-from tensor may only be assigned or destroyed.
+class tensor {
+ public:
+  static constexpr std::size_t max_ndim = 64;
+
+  /// A float32 tensor of shape [0], without storage.
+  tensor();
+  /// A view of `storage`; throws std::invalid_argument when the layout does
+  /// not fit it (detail::check_layout), or when the device is not the CPU.
+  tensor(cohort::storage storage, cohort::dtype type, std::span<const std::int64_t> shape,
+         std::span<const std::int64_t> strides, std::int64_t offset = 0,
+         cohort::device device = {});
+
+  /// Contiguous and uninitialised. Throws std::invalid_argument for a
+  /// negative size, more than 64 dimensions or a size that overflows, and
+  /// what the storage's allocation throws.
+  static tensor empty(std::span<const std::int64_t> shape, cohort::dtype type,
+                      tensor_options options = {});
+  static tensor empty(std::initializer_list<std::int64_t> shape, cohort::dtype type,
+                      tensor_options options = {}) {
+    return empty(std::span(shape.begin(), shape.size()), type, options);
+  }
+  /// Contiguous, every element 0 (false, +0.0).
+  static tensor zeros(std::span<const std::int64_t> shape, cohort::dtype type,
+                      tensor_options options = {});
+  static tensor zeros(std::initializer_list<std::int64_t> shape, cohort::dtype type,
+                      tensor_options options = {}) {
+    return zeros(std::span(shape.begin(), shape.size()), type, options);
+  }
+  /// Contiguous, every element `value` as fill_() converts it.
+  static tensor full(std::span<const std::int64_t> shape, double value, cohort::dtype type,
+                     tensor_options options = {});
+  static tensor full(std::initializer_list<std::int64_t> shape, double value, cohort::dtype type,
+                     tensor_options options = {}) {
+    return full(std::span(shape.begin(), shape.size()), value, type, options);
+  }
+  /// A contiguous copy of `values` in row-major order. Throws
+  /// std::invalid_argument when the shape does not hold values.size().
+  template <element T>
+  static tensor from_data(std::span<const T> values, std::span<const std::int64_t> shape,
+                          tensor_options options = {}) {
+    return from_bytes(std::as_bytes(values), dtype_of<T>, shape, options);
+  }
+  template <element T>
+  static tensor from_data(std::span<const T> values, std::initializer_list<std::int64_t> shape,
+                          tensor_options options = {}) {
+    return from_data(values, std::span(shape.begin(), shape.size()), options);
+  }
+  /// One dimension of values.size().
+  template <element T>
+  static tensor from_data(std::span<const T> values, tensor_options options = {}) {
+    const auto size = static_cast<std::int64_t>(values.size());
+    return from_data(values, std::span(&size, 1), options);
+  }
+
+  std::size_t ndim() const noexcept { return shape_.size(); }
+  std::span<const std::int64_t> shape() const noexcept { return shape_.view(); }
+  std::span<const std::int64_t> strides() const noexcept { return strides_.view(); }
+  /// The number of elements: 1 for a 0-d tensor.
+  std::int64_t numel() const noexcept;
+  /// Where the first element is in the storage, in elements.
+  std::int64_t storage_offset() const noexcept { return offset_; }
+  cohort::dtype dtype() const noexcept { return dtype_; }
+  cohort::device device() const noexcept { return device_; }
+  /// The bytes of the elements: numel() * element_size(dtype()).
+  std::size_t nbytes() const noexcept;
+  /// Row-major with no gaps, as torch counts it: sizes of 1 may have any
+  /// stride, and a tensor without elements is contiguous.
+  bool is_contiguous() const noexcept;
+  bool is_shared() const noexcept { return storage_.is_shared(); }
+  /// Moves the storage into shared memory (storage::share_memory): every
+  /// tensor over it sees the shared bytes. Throws shm_error.
+  void share_memory() { storage_.share_memory(); }
+  const cohort::storage& storage() const noexcept { return storage_; }
+  /// The first element's byte. Valid while the storage is and until
+  /// share_memory() moves it.
+  std::byte* raw_data() const noexcept;
+
+  /// The elements in order, for contiguous tensors. Throws std::logic_error
+  /// for a non-contiguous one, std::invalid_argument when T is not the
+  /// dtype. Valid as raw_data() is.
+  template <element T>
+  std::span<T> data() const {
+    return {reinterpret_cast<T*>(contiguous_data(dtype_of<T>)), static_cast<std::size_t>(numel())};
+  }
+  /// The element at `index` (one per dimension, negative counting from the
+  /// end). Throws std::invalid_argument when T is not the dtype or the index
+  /// has the wrong length, std::out_of_range for an index out of range. A
+  /// bool element must hold 0 or 1.
+  template <element T>
+  T& at(std::initializer_list<std::int64_t> index) {
+    return *reinterpret_cast<T*>(element_at(dtype_of<T>, {index.begin(), index.size()}));
+  }
+  template <element T>
+  const T& at(std::initializer_list<std::int64_t> index) const {
+    return *reinterpret_cast<const T*>(element_at(dtype_of<T>, {index.begin(), index.size()}));
+  }
+  /// The one element of a tensor of any shape with numel() 1. Throws
+  /// std::invalid_argument when T is not the dtype or there is not exactly
+  /// one element.
+  template <element T>
+  T item() const {
+    return *reinterpret_cast<const T*>(only_element(dtype_of<T>));
+  }
+
+  /// Python's [start:stop:step] along `dim`: negative dims, start and stop
+  /// count from the end, and start and stop clamp to the dimension. Throws
+  /// std::out_of_range for a bad dim, std::invalid_argument for step < 1.
+  tensor slice(std::int64_t dim, std::int64_t start, std::int64_t stop,
+               std::int64_t step = 1) const;
+  /// The view at `index` along `dim`, without that dimension. Throws
+  /// std::out_of_range for a bad dim or index.
+  tensor select(std::int64_t dim, std::int64_t index) const;
+  /// A view with `shape` (one size may be -1, inferred). Throws
+  /// std::logic_error for a non-contiguous tensor (call contiguous() first)
+  /// and std::invalid_argument for a shape of another element count.
+  tensor reshape(std::span<const std::int64_t> shape) const;
+  tensor reshape(std::initializer_list<std::int64_t> shape) const {
+    return reshape(std::span(shape.begin(), shape.size()));
+  }
+  /// A view with dimensions `dim0` and `dim1` swapped. Throws
+  /// std::out_of_range for a bad dim.
+  tensor transpose(std::int64_t dim0, std::int64_t dim1) const;
+  /// This tensor when contiguous; otherwise a contiguous clone, in shared
+  /// memory when this one is.
+  tensor contiguous() const;
+  /// A contiguous copy of the elements in new storage.
+  tensor clone(tensor_options options = {}) const;
+
+  /// Sets every element, through views too, to `value` converted to the
+  /// dtype: integers truncate toward zero, bool is value != 0, float16 and
+  /// bfloat16 round from float. Throws std::invalid_argument, changing
+  /// nothing, when the value does not fit an integer dtype.
+  tensor& fill_(double value);
+
+  /// A DLPack tensor over the same bytes, for another framework to borrow.
+  /// Its data points at the first element, with byte_offset 0 (as torch
+  /// exports). It holds a copy of the storage, so the bytes stay until the
+  /// borrower calls its deleter, once; the deleter frees it all.
+  DLManagedTensor* to_dlpack() const;
+
+ private:
+  struct unchecked {};
+  tensor(unchecked, cohort::storage storage, cohort::dtype type, std::int64_t offset,
+         detail::dim_vector shape, detail::dim_vector strides, cohort::device device = {}) noexcept
+      : storage_(std::move(storage)),
+        offset_(offset),
+        shape_(std::move(shape)),
+        strides_(std::move(strides)),
+        dtype_(type),
+        device_(device) {}
+  /// Another view of this storage.
+  tensor view(std::int64_t offset, detail::dim_vector shape, detail::dim_vector strides) const {
+    return tensor(unchecked{}, storage_, dtype_, offset, std::move(shape), std::move(strides),
+                  device_);
+  }
+  static tensor from_bytes(std::span<const std::byte> values, cohort::dtype type,
+                           std::span<const std::int64_t> shape, tensor_options options);
+  std::byte* contiguous_data(cohort::dtype asked) const;
+  std::byte* element_at(cohort::dtype asked, std::span<const std::int64_t> index) const;
+  std::byte* only_element(cohort::dtype asked) const;
+
+  cohort::storage storage_;
+  std::int64_t offset_ = 0;
+  detail::dim_vector shape_;
+  detail::dim_vector strides_;
+  cohort::dtype dtype_ = cohort::dtype::float32;
+  cohort::device device_;
+};
+
+/// Same dtype, same shape and equal elements, whatever the layouts. Floats
+/// compare by value, as torch.equal: -0 equals +0, NaN equals nothing.
+bool equal(const tensor& a, const tensor& b);
+inline bool operator==(const tensor& a, const tensor& b) { return equal(a, b); }
+/// Whether both view one storage.
+inline bool same_storage(const tensor& a, const tensor& b) noexcept {
+  return a.storage().same(b.storage());
+}
+
+/// As torch prints on one line: "tensor([[1, 2], [3, 4]], dtype=int64)",
+/// "tensor(2.5, dtype=float32)", "tensor([], dtype=bool)"; bools print as
+/// True and False, floats in fmt's shortest form.
+std::string to_string(const tensor& t);
+
+namespace detail {
+
+/// A tensor crosses as its storage's handle (moved into shared memory
+/// first when private) and its layout: [dtype code][bits][device type]
+/// [device id][ndim][shape...][strides...][offset]. A receiver checks the
+/// dtype, the device, ndim <= 64 and the layout against the storage
+/// (check_layout) before it builds the tensor; a bad one is a decode_error.
+template <>
+struct handle_codec<tensor> {
+  static std::string signature() { return "T"; }
+  static std::size_t size_bound(const tensor& t) {
+    return handle_codec<cohort::storage>::size_bound(t.storage()) + 2 +
+           3 * max_varint_size<std::uint64_t> + (2 * t.ndim() + 1) * max_varint_size<std::uint64_t>;
+  }
+  static void write(std::vector<std::byte>& out, const tensor& t) {
+    handle_codec<cohort::storage>::write(out, t.storage());
+    out.push_back(std::byte{dtype_code(t.dtype())});
+    out.push_back(std::byte{dtype_bits(t.dtype())});
+    write_varint(out, static_cast<std::uint64_t>(t.device().type));
+    write_varint(out, static_cast<std::uint64_t>(t.device().id));
+    write_varint(out, t.ndim());
+    for (auto d : t.shape()) write_varint(out, static_cast<std::uint64_t>(d));
+    for (auto s : t.strides()) write_varint(out, static_cast<std::uint64_t>(s));
+    write_varint(out, static_cast<std::uint64_t>(t.storage_offset()));
+  }
+  static tensor read(reader& in) {
+    cohort::storage s = handle_codec<cohort::storage>::read(in);
+    const auto code = std::to_integer<std::uint8_t>(in.next());
+    const auto bits = std::to_integer<std::uint8_t>(in.next());
+    const auto type = dtype_from_code(code, bits);
+    if (!type) throw decode_error("cohort::decode: a tensor of an unknown dtype");
+    const auto device_type = in.varint();
+    const auto device_id = in.varint();
+    if (device_type != kDLCPU || device_id != 0)
+      throw decode_error("cohort::decode: a tensor on a device other than the CPU");
+    const auto ndim = in.varint();
+    if (ndim > tensor::max_ndim)
+      throw decode_error("cohort::decode: a tensor of more than 64 dimensions");
+    dim_vector dims(2 * ndim + 1);
+    for (std::size_t i = 0; i < dims.size(); ++i) {
+      const auto v = in.varint();
+      if (v > static_cast<std::uint64_t>(INT64_MAX))
+        throw decode_error("cohort::decode: a tensor dimension over 2^63");
+      dims[i] = static_cast<std::int64_t>(v);
+    }
+    const auto all = dims.view();
+    try {
+      return tensor(std::move(s), *type, all.first(ndim), all.subspan(ndim, ndim), all[2 * ndim]);
+    } catch (const std::invalid_argument& e) {
+      throw decode_error(std::string("cohort::decode: ") + e.what());
+    }
+  }
+};
+
+}  // namespace detail
+
+}  // namespace cohort
+
+/// The dtype's name, as to_string.
+template <>
+struct fmt::formatter<cohort::dtype> : fmt::formatter<std::string_view> {
+  template <class Context>
+  auto format(cohort::dtype type, Context& ctx) const {
+    return fmt::formatter<std::string_view>::format(cohort::to_string(type), ctx);
+  }
+};
+
+/// The tensor as cohort::to_string prints it.
+template <>
+struct fmt::formatter<cohort::tensor> : fmt::formatter<std::string_view> {
+  template <class Context>
+  auto format(const cohort::tensor& t, Context& ctx) const {
+    return fmt::formatter<std::string_view>::format(cohort::to_string(t), ctx);
+  }
+};

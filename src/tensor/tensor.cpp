@@ -1,0 +1,504 @@
+// cohort::tensor: layout checks, creation, views, element-wise copy, fill
+// and compare over any strides, printing, and export to DLPack.
+#include "cohort/tensor.hpp"
+
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <stdexcept>
+#include <type_traits>
+
+namespace cohort {
+
+void detail::check_layout(cohort::dtype type, std::span<const std::int64_t> shape,
+                          std::span<const std::int64_t> strides, std::int64_t offset,
+                          std::size_t storage_nbytes) {
+  const auto fail = [](const std::string& why) {
+    throw std::invalid_argument("tensor layout: " + why);
+  };
+  if (shape.size() > tensor::max_ndim) {
+    fail(fmt::format("{} dimensions, more than {}", shape.size(), tensor::max_ndim));
+  }
+  if (shape.size() != strides.size()) {
+    fail(fmt::format("{} sizes but {} strides", shape.size(), strides.size()));
+  }
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] < 0) fail(fmt::format("size {} in dimension {}", shape[d], d));
+    if (strides[d] < 0) fail(fmt::format("stride {} in dimension {}", strides[d], d));
+  }
+  if (offset < 0) fail(fmt::format("storage offset {}", offset));
+  if (std::ranges::find(shape, 0) != shape.end()) return;
+
+  // The byte just past the furthest element.
+  std::int64_t end = offset;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    std::int64_t reach = 0;
+    if (__builtin_mul_overflow(shape[d] - 1, strides[d], &reach) ||
+        __builtin_add_overflow(end, reach, &end)) {
+      fail("the furthest element's position overflows");
+    }
+  }
+  if (__builtin_add_overflow(end, 1, &end) ||
+      __builtin_mul_overflow(end, static_cast<std::int64_t>(element_size(type)), &end)) {
+    fail("the furthest element's byte position overflows");
+  }
+  if (static_cast<std::uint64_t>(end) > storage_nbytes) {
+    fail(fmt::format("elements reach byte {} of a storage of {} bytes", end, storage_nbytes));
+  }
+}
+
+namespace {
+
+template <class T>
+struct type_tag {};
+
+// Calls f(type_tag<T>{}) with the C++ type of `type`'s elements.
+template <class F>
+void visit_dtype(dtype type, F&& f) {
+  switch (type) {
+    case dtype::int8: return f(type_tag<std::int8_t>{});
+    case dtype::int16: return f(type_tag<std::int16_t>{});
+    case dtype::int32: return f(type_tag<std::int32_t>{});
+    case dtype::int64: return f(type_tag<std::int64_t>{});
+    case dtype::uint8: return f(type_tag<std::uint8_t>{});
+    case dtype::uint16: return f(type_tag<std::uint16_t>{});
+    case dtype::uint32: return f(type_tag<std::uint32_t>{});
+    case dtype::uint64: return f(type_tag<std::uint64_t>{});
+    case dtype::float16: return f(type_tag<float16>{});
+    case dtype::bfloat16: return f(type_tag<bfloat16>{});
+    case dtype::float32: return f(type_tag<float>{});
+    case dtype::float64: return f(type_tag<double>{});
+    case dtype::boolean: return f(type_tag<bool>{});
+  }
+  throw std::invalid_argument(fmt::format("invalid dtype {}", static_cast<int>(type)));
+}
+
+// Reads an element; a bool byte other than 0 reads as true.
+template <class T>
+T load(const std::byte* element) {
+  if constexpr (std::same_as<T, bool>) {
+    return *element != std::byte{0};
+  } else {
+    T value;
+    std::memcpy(&value, element, sizeof value);
+    return value;
+  }
+}
+
+std::int64_t checked_dim(std::int64_t dim, std::size_t ndim, std::string_view operation) {
+  const auto rank = static_cast<std::int64_t>(ndim);
+  if (dim < -rank || dim >= rank) {
+    throw std::out_of_range(fmt::format("tensor::{}: dimension {} out of range for a {}-d tensor",
+                                        operation, dim, ndim));
+  }
+  return dim < 0 ? dim + rank : dim;
+}
+
+std::int64_t checked_index(std::int64_t index, std::int64_t size, std::string_view operation) {
+  if (index < -size || index >= size) {
+    throw std::out_of_range(fmt::format("tensor::{}: index {} out of range for a dimension of {}",
+                                        operation, index, size));
+  }
+  return index < 0 ? index + size : index;
+}
+
+void check_dtype(dtype held, dtype asked, std::string_view operation) {
+  if (held != asked) {
+    throw std::invalid_argument(
+        fmt::format("tensor::{}<{}>: the tensor holds {}", operation, asked, held));
+  }
+}
+
+// The element count of a new tensor of `shape`, whose bytes must fit int64.
+std::int64_t checked_numel(std::span<const std::int64_t> shape, dtype type,
+                           std::string_view operation) {
+  if (shape.size() > tensor::max_ndim) {
+    throw std::invalid_argument(fmt::format("tensor::{}: {} dimensions, more than {}", operation,
+                                            shape.size(), tensor::max_ndim));
+  }
+  std::int64_t numel = 1;
+  bool overflow = false;
+  for (std::int64_t size : shape) {
+    if (size < 0) {
+      throw std::invalid_argument(fmt::format("tensor::{}: negative size in shape [{}]", operation,
+                                              fmt::join(shape, ", ")));
+    }
+    overflow |= __builtin_mul_overflow(numel, size, &numel);
+  }
+  std::int64_t bytes = 0;
+  if (overflow ||
+      __builtin_mul_overflow(numel, static_cast<std::int64_t>(element_size(type)), &bytes)) {
+    throw std::invalid_argument(fmt::format("tensor::{}: shape [{}] of {} is too large", operation,
+                                            fmt::join(shape, ", "), type));
+  }
+  return numel;
+}
+
+// Row-major strides of `shape`, a size of 0 counting as 1 (as torch's).
+detail::dim_vector contiguous_strides(std::span<const std::int64_t> shape) {
+  detail::dim_vector strides(shape.size());
+  std::int64_t step = 1;
+  for (std::size_t d = shape.size(); d > 0; --d) {
+    strides[d - 1] = step;
+    if (d > 1 && __builtin_mul_overflow(step, std::max<std::int64_t>(shape[d - 1], 1), &step)) {
+      throw std::invalid_argument(
+          fmt::format("tensor: strides of shape [{}] overflow", fmt::join(shape, ", ")));
+    }
+  }
+  return strides;
+}
+
+// Elements per row (run along the last dimension), and bytes between them.
+std::int64_t row_length(const tensor& t) { return t.ndim() == 0 ? 1 : t.shape().back(); }
+std::int64_t row_step(const tensor& t) {
+  return t.ndim() == 0 ? 0
+                       : t.strides().back() * static_cast<std::int64_t>(element_size(t.dtype()));
+}
+
+// Walks tensors of one shape row by row in row-major order: row(first) gets
+// each tensor's first element of the row. A 0-d tensor is one row of one.
+template <std::size_t N, class F>
+void for_each_row(const std::array<const tensor*, N>& tensors, F&& row) {
+  const tensor& lead = *tensors[0];
+  if (lead.numel() == 0) return;
+  const auto shape = lead.shape();
+  const std::size_t outer = shape.empty() ? 0 : shape.size() - 1;
+  std::array<std::byte*, N> first;
+  std::array<std::int64_t, N> element_bytes;
+  for (std::size_t i = 0; i < N; ++i) {
+    first[i] = tensors[i]->raw_data();
+    element_bytes[i] = static_cast<std::int64_t>(element_size(tensors[i]->dtype()));
+  }
+  detail::dim_vector index(outer);
+  for (;;) {
+    row(first);
+    // Advance the index like an odometer, the last outer dimension fastest.
+    std::size_t d = outer;
+    for (; d > 0; --d) {
+      const std::size_t k = d - 1;
+      const bool wraps = ++index[k] == shape[k];
+      const std::int64_t steps = wraps ? 1 - shape[k] : 1;
+      for (std::size_t i = 0; i < N; ++i) {
+        first[i] += steps * tensors[i]->strides()[k] * element_bytes[i];
+      }
+      if (!wraps) break;
+      index[k] = 0;
+    }
+    if (d == 0) return;
+  }
+}
+
+// `value` as an element of type T, for fill_.
+template <class T>
+T convert(double value) {
+  if constexpr (std::same_as<T, bool>) {
+    return value != 0;
+  } else if constexpr (std::integral<T>) {
+    const double whole = std::trunc(value);
+    const double limit = std::ldexp(1.0, std::numeric_limits<T>::digits);
+    if (!(whole >= (std::is_signed_v<T> ? -limit : 0.0) && whole < limit)) {
+      throw std::invalid_argument(
+          fmt::format("tensor::fill_: {} does not fit {}", value, dtype_of<T>));
+    }
+    return static_cast<T>(whole);
+  } else if constexpr (std::floating_point<T>) {
+    return static_cast<T>(value);
+  } else {
+    return T(static_cast<float>(value));
+  }
+}
+
+template <class T>
+void append_element(std::string& out, const std::byte* element) {
+  const T value = load<T>(element);
+  if constexpr (std::same_as<T, bool>) {
+    out += value ? "True" : "False";
+  } else if constexpr (std::same_as<T, float16> || std::same_as<T, bfloat16>) {
+    fmt::format_to(std::back_inserter(out), "{}", static_cast<float>(value));
+  } else {
+    fmt::format_to(std::back_inserter(out), "{}", value);
+  }
+}
+
+// Dimensions `dim` onward of t, from `first`, as nested lists.
+template <class T>
+void append_elements(std::string& out, const tensor& t, std::size_t dim, const std::byte* first) {
+  if (dim == t.ndim()) return append_element<T>(out, first);
+  out += '[';
+  const std::int64_t step = t.strides()[dim] * static_cast<std::int64_t>(sizeof(T));
+  for (std::int64_t i = 0; i < t.shape()[dim]; ++i) {
+    if (i > 0) out += ", ";
+    append_elements<T>(out, t, dim + 1, first + i * step);
+  }
+  out += ']';
+}
+
+// What a DLManagedTensor from to_dlpack owns, itself included.
+struct dlpack_owner {
+  DLManagedTensor managed;
+  storage bytes;
+  detail::dim_vector shape;
+  detail::dim_vector strides;
+};
+
+}  // namespace
+
+tensor::tensor() : shape_(1), strides_(1) { strides_[0] = 1; }
+
+tensor::tensor(cohort::storage storage, cohort::dtype type, std::span<const std::int64_t> shape,
+               std::span<const std::int64_t> strides, std::int64_t offset, cohort::device device)
+    : tensor(unchecked{}, std::move(storage), type, offset, detail::dim_vector(shape),
+             detail::dim_vector(strides), device) {
+  if (device.type != kDLCPU) {
+    throw std::invalid_argument(
+        fmt::format("tensor: device type {} is not the CPU", static_cast<int>(device.type)));
+  }
+  detail::check_layout(type, shape, strides, offset, storage_.nbytes());
+}
+
+tensor tensor::empty(std::span<const std::int64_t> shape, cohort::dtype type,
+                     tensor_options options) {
+  const auto nbytes =
+      static_cast<std::size_t>(checked_numel(shape, type, "empty")) * element_size(type);
+  auto strides = contiguous_strides(shape);
+  auto bytes = options.shared ? storage::allocate_shared(nbytes) : storage::allocate(nbytes);
+  return tensor(unchecked{}, std::move(bytes), type, 0, detail::dim_vector(shape),
+                std::move(strides));
+}
+
+tensor tensor::zeros(std::span<const std::int64_t> shape, cohort::dtype type,
+                     tensor_options options) {
+  tensor out = empty(shape, type, options);
+  if (out.nbytes() > 0) std::memset(out.raw_data(), 0, out.nbytes());
+  return out;
+}
+
+tensor tensor::full(std::span<const std::int64_t> shape, double value, cohort::dtype type,
+                    tensor_options options) {
+  tensor out = empty(shape, type, options);
+  out.fill_(value);
+  return out;
+}
+
+tensor tensor::from_bytes(std::span<const std::byte> values, cohort::dtype type,
+                          std::span<const std::int64_t> shape, tensor_options options) {
+  const auto count = values.size() / element_size(type);
+  if (static_cast<std::size_t>(checked_numel(shape, type, "from_data")) != count) {
+    throw std::invalid_argument(
+        fmt::format("tensor::from_data: {} values for shape [{}]", count, fmt::join(shape, ", ")));
+  }
+  tensor out = empty(shape, type, options);
+  if (!values.empty()) std::memcpy(out.raw_data(), values.data(), values.size());
+  return out;
+}
+
+std::int64_t tensor::numel() const noexcept {
+  std::int64_t count = 1;
+  for (std::int64_t size : shape()) count *= size;
+  return count;
+}
+
+std::size_t tensor::nbytes() const noexcept {
+  return static_cast<std::size_t>(numel()) * element_size(dtype_);
+}
+
+bool tensor::is_contiguous() const noexcept {
+  if (numel() == 0) return true;
+  std::int64_t expected = 1;
+  for (std::size_t d = ndim(); d > 0; --d) {
+    if (shape_[d - 1] == 1) continue;
+    if (strides_[d - 1] != expected) return false;
+    expected *= shape_[d - 1];
+  }
+  return true;
+}
+
+std::byte* tensor::raw_data() const noexcept {
+  return storage_.data() + offset_ * static_cast<std::int64_t>(element_size(dtype_));
+}
+
+std::byte* tensor::contiguous_data(cohort::dtype asked) const {
+  check_dtype(dtype_, asked, "data");
+  if (!is_contiguous()) {
+    throw std::logic_error("tensor::data: the tensor is not contiguous; call contiguous() first");
+  }
+  return raw_data();
+}
+
+std::byte* tensor::element_at(cohort::dtype asked, std::span<const std::int64_t> index) const {
+  check_dtype(dtype_, asked, "at");
+  if (index.size() != ndim()) {
+    throw std::invalid_argument(
+        fmt::format("tensor::at: {} indices for a {}-d tensor", index.size(), ndim()));
+  }
+  std::int64_t position = offset_;
+  for (std::size_t d = 0; d < ndim(); ++d) {
+    position += checked_index(index[d], shape_[d], "at") * strides_[d];
+  }
+  return storage_.data() + position * static_cast<std::int64_t>(element_size(dtype_));
+}
+
+std::byte* tensor::only_element(cohort::dtype asked) const {
+  check_dtype(dtype_, asked, "item");
+  if (numel() != 1) {
+    throw std::invalid_argument(fmt::format("tensor::item: the tensor has {} elements", numel()));
+  }
+  return raw_data();
+}
+
+tensor tensor::slice(std::int64_t dim, std::int64_t start, std::int64_t stop,
+                     std::int64_t step) const {
+  const auto d = static_cast<std::size_t>(checked_dim(dim, ndim(), "slice"));
+  if (step < 1) {
+    throw std::invalid_argument(fmt::format("tensor::slice: step {} is not positive", step));
+  }
+  const std::int64_t size = shape_[d];
+  const auto clamp = [size](std::int64_t i) {
+    return std::clamp<std::int64_t>(i < 0 ? i + size : i, 0, size);
+  };
+  start = clamp(start);
+  stop = clamp(stop);
+  const std::int64_t length = stop > start ? (stop - start - 1) / step + 1 : 0;
+  tensor out = *this;
+  out.shape_[d] = length;
+  // An empty slice keeps the offset: its start may be past the last element,
+  // where start * stride can overflow (a size-1 dimension has any stride).
+  if (length > 0) out.offset_ += start * strides_[d];
+  if (length > 1) out.strides_[d] *= step;
+  return out;
+}
+
+tensor tensor::select(std::int64_t dim, std::int64_t index) const {
+  const auto d = static_cast<std::size_t>(checked_dim(dim, ndim(), "select"));
+  const std::int64_t position = checked_index(index, shape_[d], "select");
+  detail::dim_vector shape(ndim() - 1);
+  detail::dim_vector strides(ndim() - 1);
+  for (std::size_t from = 0, to = 0; from < ndim(); ++from) {
+    if (from == d) continue;
+    shape[to] = shape_[from];
+    strides[to++] = strides_[from];
+  }
+  return view(offset_ + position * strides_[d], std::move(shape), std::move(strides));
+}
+
+tensor tensor::reshape(std::span<const std::int64_t> shape) const {
+  if (!is_contiguous()) {
+    throw std::logic_error(
+        "tensor::reshape: the tensor is not contiguous; call contiguous() first");
+  }
+  const auto invalid = [&] {
+    return std::invalid_argument(fmt::format("tensor::reshape: shape [{}] does not fit {} elements",
+                                             fmt::join(shape, ", "), numel()));
+  };
+  if (shape.size() > max_ndim) throw invalid();
+  detail::dim_vector sizes(shape);
+  std::optional<std::size_t> inferred;
+  std::int64_t known = 1;
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == -1 && !inferred) {
+      inferred = d;
+    } else if (sizes[d] < 0 || __builtin_mul_overflow(known, sizes[d], &known)) {
+      throw invalid();
+    }
+  }
+  if (inferred) {
+    if (known == 0 || numel() % known != 0) throw invalid();
+    sizes[*inferred] = numel() / known;
+  } else if (known != numel()) {
+    throw invalid();
+  }
+  auto strides = contiguous_strides(sizes.view());
+  return view(offset_, std::move(sizes), std::move(strides));
+}
+
+tensor tensor::transpose(std::int64_t dim0, std::int64_t dim1) const {
+  const auto a = static_cast<std::size_t>(checked_dim(dim0, ndim(), "transpose"));
+  const auto b = static_cast<std::size_t>(checked_dim(dim1, ndim(), "transpose"));
+  tensor out = *this;
+  std::swap(out.shape_[a], out.shape_[b]);
+  std::swap(out.strides_[a], out.strides_[b]);
+  return out;
+}
+
+tensor tensor::contiguous() const {
+  return is_contiguous() ? *this : clone({.shared = is_shared()});
+}
+
+tensor tensor::clone(tensor_options options) const {
+  tensor out = empty(shape(), dtype_, options);
+  if (is_contiguous()) {
+    if (nbytes() > 0) std::memcpy(out.raw_data(), raw_data(), nbytes());
+    return out;
+  }
+  const auto size = element_size(dtype_);
+  const std::int64_t length = row_length(*this);
+  const std::int64_t step = row_step(*this);
+  for_each_row(std::array<const tensor*, 2>{this, &out}, [&](const auto& first) {
+    for (std::int64_t i = 0; i < length; ++i) {
+      std::memcpy(first[1] + i * static_cast<std::int64_t>(size), first[0] + i * step, size);
+    }
+  });
+  return out;
+}
+
+tensor& tensor::fill_(double value) {
+  visit_dtype(dtype_, [&]<class T>(type_tag<T>) {
+    const T element = convert<T>(value);
+    const std::int64_t length = row_length(*this);
+    const std::int64_t step = row_step(*this);
+    for_each_row(std::array<const tensor*, 1>{this}, [&](const auto& first) {
+      for (std::int64_t i = 0; i < length; ++i) {
+        std::memcpy(first[0] + i * step, &element, sizeof element);
+      }
+    });
+  });
+  return *this;
+}
+
+DLManagedTensor* tensor::to_dlpack() const {
+  auto* owner = new dlpack_owner{{}, storage_, shape_, strides_};
+  DLTensor& out = owner->managed.dl_tensor;
+  out.data = raw_data();
+  out.device = {device_.type, device_.id};
+  out.ndim = static_cast<int>(ndim());
+  out.dtype = cohort::to_dlpack(dtype_);
+  out.shape = owner->shape.data();
+  out.strides = owner->strides.data();
+  out.byte_offset = 0;
+  owner->managed.manager_ctx = owner;
+  owner->managed.deleter = [](DLManagedTensor* self) {
+    delete static_cast<dlpack_owner*>(self->manager_ctx);
+  };
+  return &owner->managed;
+}
+
+bool equal(const tensor& a, const tensor& b) {
+  if (a.dtype() != b.dtype() || !std::ranges::equal(a.shape(), b.shape())) return false;
+  bool same = true;
+  visit_dtype(a.dtype(), [&]<class T>(type_tag<T>) {
+    const std::int64_t length = row_length(a);
+    const std::int64_t step_a = row_step(a);
+    const std::int64_t step_b = row_step(b);
+    for_each_row(std::array{&a, &b}, [&](const auto& first) {
+      for (std::int64_t i = 0; i < length && same; ++i) {
+        same = load<T>(first[0] + i * step_a) == load<T>(first[1] + i * step_b);
+      }
+    });
+  });
+  return same;
+}
+
+std::string to_string(const tensor& t) {
+  std::string out = "tensor(";
+  visit_dtype(t.dtype(),
+              [&]<class T>(type_tag<T>) { append_elements<T>(out, t, 0, t.raw_data()); });
+  fmt::format_to(std::back_inserter(out), ", dtype={})", t.dtype());
+  return out;
+}
+
+}  // namespace cohort

@@ -1,0 +1,530 @@
+#include "cohort/tensor.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+using namespace cohort;
+
+namespace {
+
+// "[3, 2]": shapes and strides in a form doctest prints when a check fails.
+std::string dims(std::span<const std::int64_t> values) {
+  return fmt::format("[{}]", fmt::join(values, ", "));
+}
+
+template <class T>
+tensor make(std::initializer_list<T> values, std::initializer_list<std::int64_t> shape) {
+  return tensor::from_data<T>(std::span(values.begin(), values.size()), shape);
+}
+
+// 0, 1, ... n-1 as int64, in `shape`.
+tensor counting(std::int64_t n, std::initializer_list<std::int64_t> shape) {
+  std::vector<std::int64_t> values;
+  for (std::int64_t i = 0; i < n; ++i) values.push_back(i);
+  return tensor::from_data<std::int64_t>(values, shape);
+}
+
+constexpr std::int64_t int64_max = std::numeric_limits<std::int64_t>::max();
+
+static_assert(dtype_of<std::int8_t> == dtype::int8 && dtype_of<std::uint64_t> == dtype::uint64);
+static_assert(dtype_of<float16> == dtype::float16 && dtype_of<bfloat16> == dtype::bfloat16);
+static_assert(dtype_of<float> == dtype::float32 && dtype_of<double> == dtype::float64);
+static_assert(dtype_of<bool> == dtype::boolean);
+static_assert(element<std::int32_t> && !element<char> && !element<long double> && !element<int*>);
+static_assert(sizeof(float16) == 2 && sizeof(bfloat16) == 2);
+static_assert(float16(1.0f).bits == 0x3C00 && bfloat16(1.0f).bits == 0x3F80);  // constexpr
+static_assert(std::is_nothrow_move_constructible_v<tensor> &&
+              std::is_nothrow_move_assignable_v<tensor>);
+
+}  // namespace
+
+TEST_SUITE("tensor") {
+
+TEST_CASE("dtypes have torch's names, their sizes and DLPack's codes") {
+  CHECK(to_string(dtype::int64) == "int64");
+  CHECK(to_string(dtype::bfloat16) == "bfloat16");
+  CHECK(to_string(dtype::boolean) == "bool");
+  CHECK(fmt::format("{}", dtype::uint16) == "uint16");
+  CHECK(element_size(dtype::int8) == 1);
+  CHECK(element_size(dtype::uint16) == 2);
+  CHECK(element_size(dtype::float16) == 2);
+  CHECK(element_size(dtype::float32) == 4);
+  CHECK(element_size(dtype::int64) == 8);
+  CHECK(element_size(dtype::boolean) == 1);
+
+  const DLDataType int64 = to_dlpack(dtype::int64);
+  CHECK((int64.code == kDLInt && int64.bits == 64 && int64.lanes == 1));
+  const DLDataType bf16 = to_dlpack(dtype::bfloat16);
+  CHECK((bf16.code == kDLBfloat && bf16.bits == 16));
+  const DLDataType boolean = to_dlpack(dtype::boolean);
+  CHECK((boolean.code == 6 && boolean.bits == 8));
+  CHECK(dtype_from_code(kDLUInt, 32) == dtype::uint32);
+  CHECK(dtype_from_code(kDLFloat, 16) == dtype::float16);
+}
+
+TEST_CASE("every dtype comes back from DLPack and from its raw code") {
+  for (int i = 0; i <= static_cast<int>(dtype::boolean); ++i) {
+    const auto type = static_cast<dtype>(i);
+    CAPTURE(to_string(type));
+    CHECK(dtype_from_dlpack(to_dlpack(type)) == type);
+    CHECK(dtype_from_code(dtype_code(type), dtype_bits(type)) == type);
+  }
+}
+
+TEST_CASE("vector lanes and types cohort lacks have no dtype") {
+  CHECK_FALSE(dtype_from_dlpack({kDLFloat, 32, 4}));
+  CHECK_FALSE(dtype_from_dlpack({kDLFloat, 8, 1}));
+  CHECK_FALSE(dtype_from_dlpack({kDLComplex, 64, 1}));
+  CHECK_FALSE(dtype_from_dlpack({kDLOpaqueHandle, 64, 1}));
+  CHECK_FALSE(dtype_from_code(kDLInt, 128));
+  CHECK_FALSE(dtype_from_code(6, 1));
+  CHECK_FALSE(dtype_from_code(200, 8));
+}
+
+TEST_CASE("float16 converts known bit patterns both ways") {
+  CHECK(float16(1.0f).bits == 0x3C00);
+  CHECK(float16(-2.0f).bits == 0xC000);
+  CHECK(float16(0.5f).bits == 0x3800);
+  CHECK(float16(65504.0f).bits == 0x7BFF);
+  CHECK(float16(-0.0f).bits == 0x8000);
+  CHECK(float16(std::ldexp(1.0f, -14)).bits == 0x0400);  // smallest normal
+  CHECK(float16(std::ldexp(1.0f, -24)).bits == 0x0001);  // smallest subnormal
+  CHECK(float16(1023 * std::ldexp(1.0f, -24)).bits == 0x03FF);
+  CHECK(float16(std::numeric_limits<float>::infinity()).bits == 0x7C00);
+  CHECK(float16(-std::numeric_limits<float>::infinity()).bits == 0xFC00);
+  CHECK(float16(1e6f).bits == 0x7C00);
+  CHECK(std::isnan(static_cast<float>(float16(std::numeric_limits<float>::quiet_NaN()))));
+
+  CHECK(static_cast<float>(float16::from_bits(0x3C00)) == 1.0f);
+  CHECK(static_cast<float>(float16::from_bits(0xC000)) == -2.0f);
+  CHECK(static_cast<float>(float16::from_bits(0x7BFF)) == 65504.0f);
+  CHECK(static_cast<float>(float16::from_bits(0x0001)) == std::ldexp(1.0f, -24));
+  CHECK(static_cast<float>(float16::from_bits(0x8001)) == -std::ldexp(1.0f, -24));
+  CHECK(static_cast<float>(float16::from_bits(0x3555)) == 1365.0f / 4096);
+  CHECK(static_cast<float>(float16::from_bits(0xFC00)) ==
+        -std::numeric_limits<float>::infinity());
+  CHECK(std::isnan(static_cast<float>(float16::from_bits(0x7E00))));
+}
+
+TEST_CASE("float16 rounds to nearest with ties to even, subnormals included") {
+  const auto ulp_of_one = std::ldexp(1.0f, -10);
+  CHECK(float16(1 + ulp_of_one / 2).bits == 0x3C00);      // tie, 0x3C00 is even
+  CHECK(float16(1 + 3 * ulp_of_one / 2).bits == 0x3C02);  // tie, up to even
+  CHECK(float16(1 + ulp_of_one / 2 + std::ldexp(1.0f, -20)).bits == 0x3C01);  // past the tie
+  CHECK(float16(65519.0f).bits == 0x7BFF);
+  CHECK(float16(65520.0f).bits == 0x7C00);  // the tie above the largest rounds to infinity
+
+  const auto tiny = std::ldexp(1.0f, -24);
+  CHECK(float16(tiny / 2).bits == 0x0000);  // tie between 0 and the smallest
+  CHECK(float16(tiny / 2 * (1 + std::ldexp(1.0f, -10))).bits == 0x0001);
+  CHECK(float16(3 * tiny / 2).bits == 0x0002);
+  CHECK(float16(tiny / 4).bits == 0x0000);
+  CHECK(float16(-tiny / 4).bits == 0x8000);
+  CHECK(float16(1023.5f * tiny).bits == 0x0400);  // tie at the top of the subnormals
+}
+
+TEST_CASE("bfloat16 keeps a float's top half, rounding ties to even") {
+  CHECK(bfloat16(1.0f).bits == 0x3F80);
+  CHECK(bfloat16(-1.0f).bits == 0xBF80);
+  const auto ulp_of_one = std::ldexp(1.0f, -7);
+  CHECK(bfloat16(1 + ulp_of_one / 2).bits == 0x3F80);
+  CHECK(bfloat16(1 + 3 * ulp_of_one / 2).bits == 0x3F82);
+  CHECK(bfloat16(1 + ulp_of_one / 2 + std::ldexp(1.0f, -20)).bits == 0x3F81);
+  CHECK(bfloat16(std::numeric_limits<float>::max()).bits == 0x7F80);
+  CHECK(bfloat16(std::numeric_limits<float>::infinity()).bits == 0x7F80);
+  CHECK(std::isnan(static_cast<float>(bfloat16(std::numeric_limits<float>::quiet_NaN()))));
+  CHECK(std::isnan(static_cast<float>(bfloat16(std::bit_cast<float>(0x7F800001u)))));
+  CHECK(static_cast<float>(bfloat16::from_bits(0x4049)) == 3.140625f);
+}
+
+TEST_CASE("half-precision numbers compare by value") {
+  CHECK(float16(0.0f) == float16(-0.0f));
+  CHECK(bfloat16(0.0f) == bfloat16(-0.0f));
+  CHECK_FALSE(float16(NAN) == float16(NAN));
+  CHECK_FALSE(bfloat16(NAN) == bfloat16(NAN));
+  CHECK_FALSE(float16(1.0f) == float16(2.0f));
+}
+
+TEST_CASE("zeros, full and from_data hold the values asked for") {
+  const auto z = tensor::zeros({2, 3}, dtype::float32);
+  CHECK(dims(z.shape()) == "[2, 3]");
+  CHECK(dims(z.strides()) == "[3, 1]");
+  CHECK(z.numel() == 6);
+  CHECK(z.nbytes() == 24);
+  CHECK(z.storage_offset() == 0);
+  CHECK(z.is_contiguous());
+  CHECK(z.device() == device{kDLCPU, 0});
+  for (float v : z.data<float>()) CHECK(v == 0.0f);
+
+  CHECK(tensor::full({2, 2}, 7, dtype::int16).at<std::int16_t>({1, 1}) == 7);
+  CHECK(tensor::full({1}, 2.9, dtype::int32).item<std::int32_t>() == 2);
+  CHECK(tensor::full({1}, -1.5, dtype::int64).item<std::int64_t>() == -1);
+  CHECK(tensor::full({1}, 2.0, dtype::boolean).item<bool>());
+  CHECK(tensor::full({1}, 1.0, dtype::float16).item<float16>().bits == 0x3C00);
+  CHECK(tensor::full({1}, 1.0, dtype::bfloat16).item<bfloat16>().bits == 0x3F80);
+  CHECK(tensor::full({1}, 0.25, dtype::float64).item<double>() == 0.25);
+
+  const auto t = make<std::int64_t>({1, 2, 3, 4, 5, 6}, {2, 3});
+  CHECK(t.at<std::int64_t>({0, 1}) == 2);
+  CHECK(t.at<std::int64_t>({1, 2}) == 6);
+  CHECK(t.at<std::int64_t>({-1, -3}) == 4);
+  CHECK(dims(tensor::from_data<float>(std::vector<float>{1, 2, 3}).shape()) == "[3]");
+}
+
+TEST_CASE("full refuses a value an integer dtype cannot hold") {
+  CHECK(tensor::full({1}, 255, dtype::uint8).item<std::uint8_t>() == 255);
+  CHECK(tensor::full({1}, -128, dtype::int8).item<std::int8_t>() == -128);
+  CHECK(tensor::full({1}, -0x1p63, dtype::int64).item<std::int64_t>() ==
+        std::numeric_limits<std::int64_t>::min());
+  CHECK_THROWS_AS(tensor::full({1}, 256, dtype::uint8), std::invalid_argument);
+  CHECK_THROWS_AS(tensor::full({1}, -1, dtype::uint8), std::invalid_argument);
+  CHECK_THROWS_AS(tensor::full({1}, 0x1p63, dtype::int64), std::invalid_argument);
+  CHECK_THROWS_AS(tensor::full({1}, NAN, dtype::int32), std::invalid_argument);
+}
+
+TEST_CASE("shapes that are negative, too deep, too large or miss the values are refused") {
+  CHECK_THROWS_AS(make<std::int32_t>({1, 2, 3, 4, 5}, {2, 3}), std::invalid_argument);
+  CHECK_THROWS_AS(tensor::empty({-1}, dtype::int8), std::invalid_argument);
+  CHECK_THROWS_AS(tensor::empty({std::int64_t{1} << 62, 4}, dtype::int8), std::invalid_argument);
+  CHECK_THROWS_AS(tensor::empty({std::int64_t{1} << 61}, dtype::int64), std::invalid_argument);
+  const std::vector<std::int64_t> deep(65, 1);
+  CHECK_THROWS_AS(tensor::empty(deep, dtype::int8), std::invalid_argument);
+  CHECK(tensor::empty(std::span(deep).first(64), dtype::int8).numel() == 1);
+}
+
+TEST_CASE("shared options and share_memory put the storage in shared memory") {
+  CHECK_FALSE(tensor::empty({4}, dtype::float32).is_shared());
+  CHECK(tensor::empty({4}, dtype::float32, {.shared = true}).is_shared());
+  auto t = tensor::zeros({4}, dtype::float32);
+  const auto view = t.slice(0, 1, 3);
+  t.share_memory();
+  CHECK(t.is_shared());
+  CHECK(view.is_shared());
+}
+
+TEST_CASE("data() spans a contiguous tensor's elements and refuses others") {
+  auto t = tensor::zeros({2, 2}, dtype::int32);
+  const auto elements = t.data<std::int32_t>();
+  CHECK(elements.size() == 4);
+  elements[3] = 42;
+  CHECK(t.at<std::int32_t>({1, 1}) == 42);
+  CHECK_THROWS_AS(t.data<float>(), std::invalid_argument);
+  CHECK_THROWS_AS(t.transpose(0, 1).data<std::int32_t>(), std::logic_error);
+}
+
+TEST_CASE("at() counts negative indices from the end and checks bounds and dtype") {
+  auto t = counting(6, {2, 3});
+  CHECK(t.at<std::int64_t>({-2, -1}) == 2);
+  CHECK_THROWS_AS(t.at<std::int64_t>({2, 0}), std::out_of_range);
+  CHECK_THROWS_AS(t.at<std::int64_t>({0, -4}), std::out_of_range);
+  CHECK_THROWS_AS(t.at<std::int64_t>({0}), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(t.at<double>({0, 0}), doctest::Contains("holds int64"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("item() reads the one element of a tensor of any shape") {
+  CHECK(tensor::full({1, 1}, 3, dtype::float64).item<double>() == 3.0);
+  const auto scalar = tensor::full({}, 5, dtype::uint32);
+  CHECK(scalar.ndim() == 0);
+  CHECK(scalar.numel() == 1);
+  CHECK(scalar.item<std::uint32_t>() == 5);
+  CHECK(scalar.at<std::uint32_t>({}) == 5);
+  CHECK_THROWS_AS(tensor::zeros({2}, dtype::float64).item<double>(), std::invalid_argument);
+}
+
+TEST_CASE("views share the storage, and a write through a view is seen by the base") {
+  auto base = tensor::zeros({3, 4}, dtype::int32);
+  const long copies = base.storage().use_count();
+  auto row = base.select(0, 1);
+  CHECK(same_storage(base, row));
+  CHECK(base.storage().use_count() == copies + 1);
+  row.at<std::int32_t>({2}) = 9;
+  CHECK(base.at<std::int32_t>({1, 2}) == 9);
+  base.transpose(0, 1).slice(0, 3, 4).at<std::int32_t>({0, 2}) = 7;
+  CHECK(base.at<std::int32_t>({2, 3}) == 7);
+}
+
+TEST_CASE("slice follows Python's rules for negative and out-of-range bounds") {
+  const auto t = counting(10, {10});
+  const auto stepped = t.slice(0, 2, 8, 3);
+  CHECK(dims(stepped.shape()) == "[2]");
+  CHECK(dims(stepped.strides()) == "[3]");
+  CHECK(stepped.storage_offset() == 2);
+  CHECK(stepped.at<std::int64_t>({1}) == 5);
+
+  const auto tail = t.slice(0, -3, 100);
+  CHECK(dims(tail.shape()) == "[3]");
+  CHECK(tail.storage_offset() == 7);
+  CHECK(dims(t.slice(0, -100, 2).shape()) == "[2]");
+  CHECK(t.slice(0, 8, 2).numel() == 0);
+  CHECK(t.slice(0, 10, 20).numel() == 0);
+  CHECK(dims(t.slice(0, 0, 10, 4).shape()) == "[3]");
+  CHECK_THROWS_AS(t.slice(0, 0, 5, 0), std::invalid_argument);
+  CHECK_THROWS_AS(t.slice(1, 0, 5), std::out_of_range);
+
+  const auto m = counting(12, {3, 4}).slice(-1, 1, 3);
+  CHECK(dims(m.shape()) == "[3, 2]");
+  CHECK(dims(m.strides()) == "[4, 1]");
+  CHECK(m.storage_offset() == 1);
+  CHECK(m.at<std::int64_t>({2, 1}) == 10);
+  CHECK_FALSE(m.is_contiguous());
+
+  const auto rows = counting(12, {3, 4}).slice(0, 1, 3);
+  CHECK(dims(rows.shape()) == "[2, 4]");
+  CHECK(rows.storage_offset() == 4);
+  CHECK(rows.is_contiguous());
+}
+
+TEST_CASE("select drops a dimension and moves the offset") {
+  const auto t = counting(24, {2, 3, 4});
+  const auto middle = t.select(1, 2);
+  CHECK(dims(middle.shape()) == "[2, 4]");
+  CHECK(dims(middle.strides()) == "[12, 1]");
+  CHECK(middle.storage_offset() == 8);
+  const auto last = t.select(-1, -1);
+  CHECK(dims(last.shape()) == "[2, 3]");
+  CHECK(dims(last.strides()) == "[12, 4]");
+  CHECK(last.storage_offset() == 3);
+  CHECK(last.at<std::int64_t>({1, 2}) == 23);
+  CHECK(t.select(0, 1).select(0, 1).select(0, 1).item<std::int64_t>() == 17);
+  CHECK_THROWS_AS(t.select(1, 3), std::out_of_range);
+  CHECK_THROWS_AS(t.select(3, 0), std::out_of_range);
+}
+
+TEST_CASE("transpose swaps sizes and strides") {
+  const auto t = counting(6, {2, 3});
+  const auto swapped = t.transpose(0, -1);
+  CHECK(dims(swapped.shape()) == "[3, 2]");
+  CHECK(dims(swapped.strides()) == "[1, 3]");
+  CHECK_FALSE(swapped.is_contiguous());
+  CHECK(swapped.at<std::int64_t>({2, 1}) == 5);
+  CHECK(swapped.at<std::int64_t>({1, 0}) == 1);
+}
+
+TEST_CASE("reshape infers one size and keeps the storage and offset") {
+  const auto t = counting(12, {12});
+  const auto m = t.reshape({3, -1});
+  CHECK(dims(m.shape()) == "[3, 4]");
+  CHECK(dims(m.strides()) == "[4, 1]");
+  CHECK(same_storage(t, m));
+  CHECK(m.at<std::int64_t>({2, 3}) == 11);
+
+  const auto row = m.select(0, 1).reshape({2, 2});
+  CHECK(row.storage_offset() == 4);
+  CHECK(row.at<std::int64_t>({1, 1}) == 7);
+
+  CHECK_THROWS_AS(t.reshape({5, -1}), std::invalid_argument);
+  CHECK_THROWS_AS(t.reshape({-1, -1}), std::invalid_argument);
+  CHECK_THROWS_AS(t.reshape({4, 4}), std::invalid_argument);
+  CHECK_THROWS_AS(t.reshape({-2, -6}), std::invalid_argument);
+  CHECK(dims(tensor::empty({0}, dtype::int8).reshape({2, 0, 3}).shape()) == "[2, 0, 3]");
+  CHECK_THROWS_AS(tensor::empty({0}, dtype::int8).reshape({-1, 0}), std::invalid_argument);
+}
+
+TEST_CASE("reshape of a non-contiguous tensor throws; its contiguous() copy reshapes") {
+  const auto swapped = counting(6, {2, 3}).transpose(0, 1);
+  CHECK_THROWS_WITH_AS(swapped.reshape({6}), doctest::Contains("not contiguous"),
+                       std::logic_error);
+  const auto flat = swapped.contiguous().reshape({6});
+  const std::vector<std::int64_t> expected{0, 3, 1, 4, 2, 5};
+  for (std::int64_t i = 0; i < 6; ++i) CHECK(flat.at<std::int64_t>({i}) == expected[i]);
+}
+
+TEST_CASE("contiguous() of a contiguous tensor is the tensor itself") {
+  const auto t = counting(6, {2, 3});
+  CHECK(same_storage(t.contiguous(), t));
+  CHECK_FALSE(same_storage(t.transpose(0, 1).contiguous(), t));
+}
+
+TEST_CASE("a clone of a column view is contiguous, equal and separate") {
+  auto t = counting(12, {3, 4});
+  const auto column = t.select(1, 2);
+  CHECK(dims(column.strides()) == "[4]");
+  auto copy = column.clone();
+  CHECK(copy.is_contiguous());
+  CHECK(dims(copy.strides()) == "[1]");
+  CHECK(copy == column);
+  CHECK_FALSE(same_storage(copy, t));
+  CHECK(copy.data<std::int64_t>()[2] == 10);
+  copy.at<std::int64_t>({0}) = -1;
+  CHECK(t.at<std::int64_t>({0, 2}) == 2);
+  CHECK(column.clone({.shared = true}).is_shared());
+}
+
+TEST_CASE("a clone of a strided 3-d view holds its elements in row-major order") {
+  const auto t = counting(24, {2, 3, 4});
+  const auto view = t.slice(2, 0, 4, 2).transpose(0, 1);  // [3, 2, 2]
+  const auto copy = view.clone();
+  CHECK(dims(copy.shape()) == "[3, 2, 2]");
+  const auto elements = copy.data<std::int64_t>();
+  std::size_t n = 0;
+  for (std::int64_t i = 0; i < 3; ++i) {
+    for (std::int64_t j = 0; j < 2; ++j) {
+      for (std::int64_t k = 0; k < 2; ++k) CHECK(elements[n++] == j * 12 + i * 4 + k * 2);
+    }
+  }
+}
+
+TEST_CASE("equality compares dtype, shape and elements, whatever the layouts") {
+  const auto a = make<std::int32_t>({1, 2, 3, 4}, {2, 2});
+  const auto b = make<std::int32_t>({1, 3, 2, 4}, {2, 2}).transpose(0, 1);
+  CHECK(a == b);
+  CHECK(equal(b, a));
+  CHECK_FALSE(a == make<std::int32_t>({1, 2, 3, 5}, {2, 2}));
+  CHECK_FALSE(a == make<std::int32_t>({1, 2, 3, 4}, {4}));
+  CHECK_FALSE(a == make<std::int64_t>({1, 2, 3, 4}, {2, 2}));
+  CHECK(tensor::empty({0, 3}, dtype::float32) == tensor::empty({0, 3}, dtype::float32));
+
+  const auto nan = tensor::full({2}, NAN, dtype::float32);
+  CHECK_FALSE(nan == nan);
+  CHECK(tensor::full({2}, -0.0, dtype::float64) == tensor::zeros({2}, dtype::float64));
+  CHECK(tensor::full({2}, -0.0, dtype::float16) == tensor::zeros({2}, dtype::float16));
+}
+
+TEST_CASE("fill_ writes through a strided view and nowhere else") {
+  auto t = tensor::zeros({3, 3}, dtype::int16);
+  t.select(1, 0).fill_(5);
+  for (std::int64_t i = 0; i < 3; ++i) {
+    for (std::int64_t j = 0; j < 3; ++j) CHECK(t.at<std::int16_t>({i, j}) == (j == 0 ? 5 : 0));
+  }
+}
+
+TEST_CASE("tensors print like torch's, on one line") {
+  CHECK(fmt::format("{}", tensor::full({}, 2.5, dtype::float32)) == "tensor(2.5, dtype=float32)");
+  CHECK(fmt::format("{}", tensor::empty({0}, dtype::int64)) == "tensor([], dtype=int64)");
+  CHECK(fmt::format("{}", tensor::empty({2, 0}, dtype::float32)) ==
+        "tensor([[], []], dtype=float32)");
+  const auto m = make<std::int64_t>({1, 2, 3, 4}, {2, 2});
+  CHECK(fmt::format("{}", m) == "tensor([[1, 2], [3, 4]], dtype=int64)");
+  CHECK(fmt::format("{}", m.transpose(0, 1)) == "tensor([[1, 3], [2, 4]], dtype=int64)");
+  CHECK(fmt::format("{}", make<bool>({true, false}, {2})) == "tensor([True, False], dtype=bool)");
+  CHECK(fmt::format("{}", make<std::int8_t>({-1, 2}, {2})) == "tensor([-1, 2], dtype=int8)");
+  CHECK(fmt::format("{}", make<std::uint8_t>({255}, {1})) == "tensor([255], dtype=uint8)");
+  CHECK(fmt::format("{}", make<double>({0.1, -3}, {2})) == "tensor([0.1, -3], dtype=float64)");
+  CHECK(fmt::format("{}", make<float16>({float16(1.5f)}, {1})) == "tensor([1.5], dtype=float16)");
+  CHECK(to_string(tensor()) == "tensor([], dtype=float32)");
+}
+
+TEST_CASE("to_dlpack describes the view and keeps the storage until its deleter runs") {
+  auto t = make<std::int32_t>({0, 1, 2, 3, 4, 5}, {2, 3});
+  auto view = t.slice(1, 1, 3);
+  const storage keep = t.storage();
+  const long copies = keep.use_count();
+
+  DLManagedTensor* managed = view.to_dlpack();
+  CHECK(keep.use_count() == copies + 1);
+  const DLTensor& dl = managed->dl_tensor;
+  CHECK(dl.data == t.raw_data() + 4);
+  CHECK(dl.byte_offset == 0);
+  CHECK(dl.ndim == 2);
+  CHECK((dl.shape[0] == 2 && dl.shape[1] == 2));
+  CHECK((dl.strides[0] == 3 && dl.strides[1] == 1));
+  CHECK((dl.dtype.code == kDLInt && dl.dtype.bits == 32 && dl.dtype.lanes == 1));
+  CHECK((dl.device.device_type == kDLCPU && dl.device.device_id == 0));
+
+  t = tensor();
+  view = tensor();
+  CHECK(keep.use_count() == 2);
+  CHECK(static_cast<const std::int32_t*>(dl.data)[3] == 4);
+  managed->deleter(managed);
+  CHECK(keep.use_count() == 1);
+}
+
+TEST_CASE("a 0-d tensor goes to DLPack with no dimensions") {
+  DLManagedTensor* managed = tensor::full({}, 1.5, dtype::float64).to_dlpack();
+  CHECK(managed->dl_tensor.ndim == 0);
+  CHECK(*static_cast<const double*>(managed->dl_tensor.data) == 1.5);
+  managed->deleter(managed);
+}
+
+TEST_CASE("check_layout accepts layouts that fit the storage") {
+  using detail::check_layout;
+  const std::vector<std::int64_t> shape{2, 3};
+  CHECK_NOTHROW(check_layout(dtype::int64, shape, std::vector<std::int64_t>{3, 1}, 0, 48));
+  CHECK_NOTHROW(check_layout(dtype::int64, shape, std::vector<std::int64_t>{1, 2}, 0, 48));
+  CHECK_NOTHROW(check_layout(dtype::int64, shape, std::vector<std::int64_t>{3, 1}, 2, 64));
+  CHECK_NOTHROW(check_layout(dtype::int64, shape, std::vector<std::int64_t>{0, 0}, 0, 8));
+  CHECK_NOTHROW(check_layout(dtype::int16, {}, {}, 3, 8));
+  CHECK_NOTHROW(check_layout(dtype::int8, std::vector<std::int64_t>{1},
+                             std::vector<std::int64_t>{int64_max}, 0, 1));
+  // No elements need no bytes, wherever they would start.
+  CHECK_NOTHROW(check_layout(dtype::int64, std::vector<std::int64_t>{0, 5},
+                             std::vector<std::int64_t>{5, 1}, 1000, 0));
+}
+
+TEST_CASE("check_layout rejects each layout a sender could get wrong") {
+  using detail::check_layout;
+  const auto rejects = [](const std::vector<std::int64_t>& shape,
+                          const std::vector<std::int64_t>& strides, std::int64_t offset,
+                          std::size_t nbytes, const char* why) {
+    CAPTURE(why);
+    CHECK_THROWS_WITH_AS(check_layout(dtype::int64, shape, strides, offset, nbytes),
+                         doctest::Contains(why), std::invalid_argument);
+  };
+  rejects(std::vector<std::int64_t>(65, 1), std::vector<std::int64_t>(65, 1), 0, 8,
+          "65 dimensions");
+  rejects({2, 3}, {3}, 0, 48, "2 sizes but 1 strides");
+  rejects({2, -3}, {3, 1}, 0, 48, "size -3 in dimension 1");
+  rejects({2, 3}, {-3, 1}, 0, 48, "stride -3 in dimension 0");
+  rejects({2, 3}, {3, 1}, -1, 48, "storage offset -1");
+  rejects({2, 3}, {3, 1}, 0, 47, "reach byte 48 of a storage of 47 bytes");
+  rejects({2, 3}, {3, 1}, 1, 48, "reach byte 56");
+  rejects({3}, {int64_max / 2 + 1}, 0, 8, "overflows");                // (3 - 1) * stride
+  rejects({2}, {1}, int64_max, 8, "overflows");                        // offset + 1
+  rejects({std::int64_t{1} << 61}, {1}, 0, 8, "overflows");            // the bytes of 2^61 int64s
+  rejects({2, 2}, {int64_max / 2, int64_max / 2}, 2, 8, "overflows");  // the sum of the reaches
+}
+
+TEST_CASE("the tensor constructor checks its layout and device") {
+  const auto bytes = storage::allocate(16);
+  const std::vector<std::int64_t> shape{2, 2};
+  const tensor t(bytes, dtype::int32, shape, std::vector<std::int64_t>{1, 2});
+  CHECK(same_storage(t, tensor(bytes, dtype::int32, shape, std::vector<std::int64_t>{2, 1})));
+  CHECK(dims(t.strides()) == "[1, 2]");
+  CHECK_THROWS_AS(tensor(bytes, dtype::int32, shape, std::vector<std::int64_t>{2, 1}, 1),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(tensor(bytes, dtype::int64, shape, std::vector<std::int64_t>{2, 1}),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(
+      tensor(bytes, dtype::int32, shape, std::vector<std::int64_t>{2, 1}, 0, {kDLCUDA, 0}),
+      std::invalid_argument);
+}
+
+TEST_CASE("tensors of up to six dimensions hold their shape inline, deeper ones on the heap") {
+  const auto inside = [](const tensor& t) {
+    const auto* at = reinterpret_cast<const std::byte*>(t.shape().data());
+    const auto* self = reinterpret_cast<const std::byte*>(&t);
+    return at >= self && at < self + sizeof t;
+  };
+  const auto small = tensor::empty({5}, dtype::float32);
+  const tensor copy = small;
+  CHECK(inside(small));
+  CHECK(inside(copy));
+  CHECK(inside(tensor::empty({1, 2, 1, 2, 1, 2}, dtype::int8)));
+
+  const auto deep = tensor::zeros({1, 2, 1, 2, 1, 2, 3}, dtype::int8);
+  CHECK_FALSE(inside(deep));
+  auto deep_copy = deep;
+  CHECK(deep_copy.shape().data() != deep.shape().data());
+  deep_copy = deep_copy.transpose(0, 6);
+  CHECK(dims(deep.shape()) == "[1, 2, 1, 2, 1, 2, 3]");
+  CHECK(dims(deep_copy.shape()) == "[3, 2, 1, 2, 1, 2, 1]");
+  CHECK(deep_copy.clone() == deep_copy);
+}
+
+TEST_CASE("a default tensor is an empty float32 vector without storage") {
+  const tensor t;
+  CHECK(dims(t.shape()) == "[0]");
+  CHECK(t.dtype() == dtype::float32);
+  CHECK(t.numel() == 0);
+  CHECK(t.storage().nbytes() == 0);
+}
+
+}  // TEST_SUITE
