@@ -8,6 +8,7 @@
 #include "config.hpp"
 #include "entry/entry.hpp"
 #include "process/per_process.hpp"
+#include "shm/segment.hpp"
 
 #include <asio/io_context.hpp>
 
@@ -112,6 +113,7 @@ pid_t clone_as_sibling(const thread_identity& self) {
   args.child_tid = reinterpret_cast<std::uint64_t>(self.tid);
   const auto pid = static_cast<pid_t>(::syscall(SYS_clone3, &args, sizeof args));
   if (pid == 0 && self.robust_head != nullptr) ::syscall(SYS_set_robust_list, self.robust_head, self.robust_size);
+  if (pid == 0) shm::forget_process_id();
   return pid;
 }
 

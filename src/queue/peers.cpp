@@ -1,5 +1,6 @@
 // Which processes on the far side of a queue are still there.
 #include "queue/peers.hpp"
+#include "shm/segment.hpp"
 
 #include "config.hpp"
 #include "entry/entry.hpp"
@@ -37,11 +38,11 @@ std::uint64_t start_time_of(pid_t pid) noexcept {
 
 }  // namespace
 
-std::uint64_t own_start_time() noexcept { return start_time_of(::getpid()); }
+std::uint64_t own_start_time() noexcept { return start_time_of(shm::this_process()); }
 int own_rank() noexcept { return running_rank(); }
 
 void peer_table::join(std::uint32_t roles) noexcept {
-  const pid_t self = ::getpid();
+  const pid_t self = shm::this_process();
   for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
     if (peers[i].pid == self) {
       peers[i].roles |= roles;
@@ -76,7 +77,7 @@ bool peer_watch::alive(const peer& p) {
 }
 
 std::optional<peer> peer_watch::all_gone(const peer* peers, std::uint32_t count, std::uint32_t role) {
-  const pid_t self = ::getpid();
+  const pid_t self = shm::this_process();
   std::optional<peer> last;
   for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
     if ((peers[i].roles & role) == 0 || peers[i].pid == self) continue;

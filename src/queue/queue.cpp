@@ -5,6 +5,7 @@
 #include "cohort/queue.hpp"
 
 #include "queue/peers.hpp"
+#include "shm/segment.hpp"
 #include "shm/futex.hpp"
 #include "uring/futex.hpp"
 
@@ -68,7 +69,7 @@ class locked {
   explicit locked(queue_header& h) noexcept : h_(h) {
     // A holder that died cannot have left a half-made record: records are
     // written before `tail` moves and read before `head` does.
-    if (::pthread_mutex_lock(&h_.lock) == EOWNERDEAD) ::pthread_mutex_consistent(&h_.lock);
+    shm::lock_robust(h_.lock);
   }
   locked(const locked&) = delete;
   locked& operator=(const locked&) = delete;
@@ -251,7 +252,7 @@ class queue_core {
 
  private:
   void join(std::uint32_t role) noexcept {
-    const pid_t self = ::getpid();
+    const pid_t self = shm::this_process();
     auto& joined = role == peer_producer ? producer_of_ : consumer_of_;
     if (joined.load(std::memory_order_relaxed) == self) return;
     h().peers.join(role);

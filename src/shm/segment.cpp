@@ -101,15 +101,15 @@ arena_state& arena() {
   return a;
 }
 
-void lock_robust(pthread_mutex_t& m) noexcept {
-  if (::pthread_mutex_lock(&m) == EOWNERDEAD) ::pthread_mutex_consistent(&m);
-}
+std::atomic<pid_t> cached_pid{0};
+
 
 // A fork child makes its own arena: the parent's goes on being carved by
 // the parent, which also holds the descriptors others open.
 [[maybe_unused]] const bool fork_handlers = [] {
   ::pthread_atfork([] { segments().mutex.lock(); }, [] { segments().mutex.unlock(); },
                    [] {
+                     forget_process_id();
                      segments().mutex.unlock();
                      auto& a = arena();
                      std::vector<std::shared_ptr<segment>>().swap(a.arenas);
@@ -119,6 +119,32 @@ void lock_robust(pthread_mutex_t& m) noexcept {
 }();
 
 }  // namespace
+
+pid_t this_process() noexcept {
+  pid_t pid = cached_pid.load(std::memory_order_relaxed);
+  if (pid == 0) {
+    pid = ::getpid();
+    cached_pid.store(pid, std::memory_order_relaxed);
+  }
+  return pid;
+}
+
+void forget_process_id() noexcept { cached_pid.store(0, std::memory_order_relaxed); }
+
+void lock_robust(pthread_mutex_t& m) noexcept {
+  // A short spin first: holders keep it for a few stores, and sleeping on
+  // the kernel's side costs far more.
+  for (int i = 0; i < 100; ++i) {
+    const int r = ::pthread_mutex_trylock(&m);
+    if (r == 0) return;
+    if (r == EOWNERDEAD) {
+      ::pthread_mutex_consistent(&m);
+      return;
+    }
+    __builtin_ia32_pause();
+  }
+  if (::pthread_mutex_lock(&m) == EOWNERDEAD) ::pthread_mutex_consistent(&m);
+}
 
 std::string segment_name(pid_t maker, std::uint64_t nonce) {
   return fmt::format("/cohort_{}_{:016x}", maker, nonce);
@@ -169,7 +195,7 @@ segment::~segment() {
 
 std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strategy, bool is_arena) {
   const std::uint64_t nonce = random_nonce();
-  const pid_t self = ::getpid();
+  const pid_t self = this_process();
   int fd = -1;
   std::string name;
   if (strategy == sharing_strategy::file_descriptor) {
@@ -301,11 +327,11 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
 }
 
 segment_ref segment::ref() const noexcept {
-  return {strategy_, strategy_ == sharing_strategy::file_descriptor && fd_ >= 0 ? ::getpid() : maker_,
+  return {strategy_, strategy_ == sharing_strategy::file_descriptor && fd_ >= 0 ? this_process() : maker_,
           fd_, header().nonce, inode_, size_};
 }
 
-bool segment::made_here() const noexcept { return maker_ == ::getpid(); }
+bool segment::made_here() const noexcept { return maker_ == this_process(); }
 
 std::uint64_t segment::carve(std::size_t nbytes) {
   const int k = size_class_of(nbytes);

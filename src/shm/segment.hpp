@@ -127,6 +127,17 @@ class segment {
   std::uint64_t inode_ = 0;
 };
 
+/// This process's pid, without a system call on each use (glibc does not
+/// cache it): queues and segments ask on every value.
+pid_t this_process() noexcept;
+/// Forgets the cached pid: for a child made without glibc's fork (whose
+/// handlers do it) that goes on running this program.
+void forget_process_id() noexcept;
+
+/// Locks a robust process-shared mutex; a holder that died leaves it
+/// consistent to the next locker.
+void lock_robust(pthread_mutex_t& m) noexcept;
+
 /// The name of a file_system segment: "/cohort_<maker pid>_<nonce, hex>".
 std::string segment_name(pid_t maker, std::uint64_t nonce);
 /// Unlinks every file_system segment still in /dev/shm that one of `pids`
