@@ -114,7 +114,7 @@ namespace detail {
 template <>
 struct handle_codec<storage> {
   static std::string signature() { return "S"; }
-  static std::size_t size_bound(const storage&) noexcept { return 80; }
+  static std::size_t size_bound(const storage&) noexcept { return 96; }
   static void write(std::vector<std::byte>& out, const storage& value);
   static storage read(reader& in);
 };

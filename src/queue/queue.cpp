@@ -97,12 +97,7 @@ class queue_core {
     h->signature = hash_of(signature);
     h->capacity = capacity;
     h->ring_bytes = ring;
-    pthread_mutexattr_t attr;
-    ::pthread_mutexattr_init(&attr);
-    ::pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-    ::pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-    ::pthread_mutex_init(&h->lock, &attr);
-    ::pthread_mutexattr_destroy(&attr);
+    shm::init_robust(h->lock);
     q->header_ = h;
     return q;
   }

@@ -131,6 +131,15 @@ pid_t this_process() noexcept {
 
 void forget_process_id() noexcept { cached_pid.store(0, std::memory_order_relaxed); }
 
+void init_robust(pthread_mutex_t& m) noexcept {
+  pthread_mutexattr_t attr;
+  ::pthread_mutexattr_init(&attr);
+  ::pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+  ::pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+  ::pthread_mutex_init(&m, &attr);
+  ::pthread_mutexattr_destroy(&attr);
+}
+
 void lock_robust(pthread_mutex_t& m) noexcept {
   // A short spin first: holders keep it for a few stores, and sleeping on
   // the kernel's side costs far more.
@@ -176,8 +185,8 @@ int size_class_of(std::size_t nbytes) noexcept {
   return std::bit_width(units - 1);
 }
 
-segment::segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker)
-    : base_(base), size_(size), strategy_(strategy), fd_(fd), maker_(maker) {
+segment::segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker, int maker_fd)
+    : base_(base), size_(size), strategy_(strategy), fd_(fd), maker_(maker), maker_fd_(maker_fd) {
   struct stat st {};
   if (fd_ >= 0 && ::fstat(fd_, &st) == 0) inode_ = st.st_ino;
 }
@@ -246,12 +255,7 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
   h->nonce = nonce;
   h->size = size;
   h->live.store(1, std::memory_order_relaxed);
-  pthread_mutexattr_t attr;
-  ::pthread_mutexattr_init(&attr);
-  ::pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  ::pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  ::pthread_mutex_init(&h->lock, &attr);
-  ::pthread_mutexattr_destroy(&attr);
+  init_robust(h->lock);
   h->bump = single_block;
   if (!is_arena) {
     auto* b = new (static_cast<std::byte*>(base) + single_block) block_header{};
@@ -260,7 +264,7 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     b->capacity = size - header_size;
     h->bump = size;
   }
-  std::shared_ptr<segment> s(new segment(static_cast<std::byte*>(base), size, strategy, fd, self));
+  std::shared_ptr<segment> s(new segment(static_cast<std::byte*>(base), size, strategy, fd, self, fd));
   auto& r = segments();
   std::lock_guard lock(r.mutex);
   r.segments[nonce] = s;
@@ -283,15 +287,21 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   int fd = -1;
   std::string where;
   if (ref.strategy == sharing_strategy::file_descriptor) {
+    // Through the sender, or else through the maker (the sender passed on
+    // what it received and is gone).
     where = fmt::format("/proc/{}/fd/{}", ref.source, ref.fd);
     fd = ::open(where.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0 && (errno == ENOENT || errno == ESRCH) && ref.maker != ref.source) {
+      where = fmt::format("/proc/{}/fd/{}", ref.maker, ref.maker_fd);
+      fd = ::open(where.c_str(), O_RDWR | O_CLOEXEC);
+    }
     if (fd < 0 && (errno == ENOENT || errno == ESRCH)) {
-      throw shm_error(fmt::format("cohort: the process holding a segment (pid {}) has exited or let it go ({})",
-                                  ref.source, where));
+      throw shm_error(fmt::format("cohort: the processes holding a segment (pid {}{}) have exited or let it go",
+                                  ref.source, ref.maker != ref.source ? fmt::format(", its maker pid {}", ref.maker) : ""));
     }
   } else {
-    where = "/dev/shm" + segment_name(ref.source, ref.nonce);
-    fd = ::shm_open(segment_name(ref.source, ref.nonce).c_str(), O_RDWR | O_CLOEXEC, 0);
+    where = "/dev/shm" + segment_name(ref.maker, ref.nonce);
+    fd = ::shm_open(segment_name(ref.maker, ref.nonce).c_str(), O_RDWR | O_CLOEXEC, 0);
   }
   if (fd < 0) throw shm_error(fmt::format("cohort: opening segment {}: {}", where, errno_text(errno)));
   struct stat st {};
@@ -318,8 +328,8 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
     if (fd >= 0) ::close(fd);
     throw shm_error(fmt::format("cohort: {} does not hold the segment the handle names", where));
   }
-  std::shared_ptr<segment> s(new segment(static_cast<std::byte*>(base), ref.size, ref.strategy, fd,
-                                         ref.strategy == sharing_strategy::file_system ? ref.source : 0));
+  std::shared_ptr<segment> s(
+      new segment(static_cast<std::byte*>(base), ref.size, ref.strategy, fd, ref.maker, ref.maker_fd));
   r.segments[ref.nonce] = s;
   dead = r.forget(true);
   r.received.push_back(s);
@@ -327,8 +337,9 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
 }
 
 segment_ref segment::ref() const noexcept {
-  return {strategy_, strategy_ == sharing_strategy::file_descriptor && fd_ >= 0 ? this_process() : maker_,
-          fd_, header().nonce, inode_, size_};
+  const bool through_here = strategy_ == sharing_strategy::file_descriptor && fd_ >= 0;
+  return {strategy_, through_here ? this_process() : maker_, through_here ? fd_ : maker_fd_, maker_, maker_fd_,
+          header().nonce, inode_, size_};
 }
 
 bool segment::made_here() const noexcept { return maker_ == this_process(); }
@@ -417,8 +428,7 @@ void wait_for_receivers(std::chrono::steady_clock::time_point deadline) noexcept
     auto& r = segments();
     std::lock_guard lock(r.mutex);
     for (auto& [nonce, weak] : r.segments) {
-      // Receivers may be about to open it through this process's descriptor.
-      if (auto s = weak.lock(); s && (s->made_here() || s->ref().fd >= 0)) made.push_back(std::move(s));
+      if (auto s = weak.lock(); s && s->made_here()) made.push_back(std::move(s));
     }
   }
   for (const auto& s : made) {

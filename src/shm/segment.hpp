@@ -31,8 +31,10 @@ inline constexpr std::size_t header_size = 4096;
 /// one. Travels inside handles; a receiver trusts none of it until checked.
 struct segment_ref {
   sharing_strategy strategy = sharing_strategy::file_descriptor;
-  pid_t source = 0;           ///< a process holding `fd` (file_descriptor); the maker (file_system)
+  pid_t source = 0;           ///< the sender, when it holds `fd` (file_descriptor); else the maker
   int fd = -1;                ///< its descriptor of the memfd (file_descriptor)
+  pid_t maker = 0;            ///< the process that made it (a named segment's name holds it)
+  int maker_fd = -1;          ///< the maker's descriptor of the memfd, tried when the sender is gone
   std::uint64_t nonce = 0;    ///< random, in the header and in a named segment's name
   std::uint64_t inode = 0;    ///< the memfd's inode, so a reused descriptor number is caught
   std::uint64_t size = 0;     ///< bytes, header included
@@ -116,7 +118,7 @@ class segment {
   void retire() noexcept;
 
  private:
-  segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker);
+  segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker, int maker_fd);
   void drop_live(std::uint64_t count) noexcept;
 
   std::byte* base_;
@@ -124,6 +126,7 @@ class segment {
   sharing_strategy strategy_;
   int fd_;          // held by the maker (file_descriptor) so others can open it; else -1
   pid_t maker_;
+  int maker_fd_;
   std::uint64_t inode_ = 0;
 };
 
@@ -134,6 +137,8 @@ pid_t this_process() noexcept;
 /// handlers do it) that goes on running this program.
 void forget_process_id() noexcept;
 
+/// Makes `m`, in shared memory, a robust process-shared mutex.
+void init_robust(pthread_mutex_t& m) noexcept;
 /// Locks a robust process-shared mutex; a holder that died leaves it
 /// consistent to the next locker.
 void lock_robust(pthread_mutex_t& m) noexcept;
@@ -156,8 +161,8 @@ std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes);
 /// mapped until its last block is freed, so others can still open it.
 void linger(std::shared_ptr<segment> s);
 /// Waits, until `deadline`, for the messages in flight that name segments
-/// this process made, or holds a descriptor of, to be received: they may
-/// be opened through it. Called when an entry point returns.
+/// this process made to be received: receivers may have to open them
+/// through it. Called when an entry point returns.
 void wait_for_receivers(std::chrono::steady_clock::time_point deadline) noexcept;
 /// Retires arena segments with no block in use, lets go of lingering
 /// segments that others have freed, and unmaps segments of other processes

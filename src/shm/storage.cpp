@@ -161,7 +161,8 @@ void storage::share_memory() {
 
 namespace detail {
 
-// [kind: 0 empty, 1 shared][strategy][source pid][fd + 1][nonce: 8 bytes]
+// [kind: 0 empty, 1 shared][strategy][source pid][fd + 1][maker pid]
+// [maker's fd + 1][nonce: 8 bytes]
 // [inode][segment size][block offset][nbytes][message: 0/1]
 void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& value) {
   if (value.nbytes() == 0) {
@@ -175,6 +176,8 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
   out.push_back(static_cast<std::byte>(ref.strategy));
   write_varint(out, static_cast<std::uint64_t>(ref.source));
   write_varint(out, static_cast<std::uint64_t>(ref.fd + 1));
+  write_varint(out, static_cast<std::uint64_t>(ref.maker));
+  write_varint(out, static_cast<std::uint64_t>(ref.maker_fd + 1));
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::byte>(ref.nonce >> (8 * i)));
   write_varint(out, ref.inode);
   write_varint(out, ref.size);
@@ -195,6 +198,8 @@ storage handle_codec<storage>::read(reader& in) {
   ref.strategy = static_cast<sharing_strategy>(strategy_code);
   ref.source = static_cast<pid_t>(read_bounded(in, INT_MAX, "pid"));
   ref.fd = static_cast<int>(read_bounded(in, INT_MAX, "descriptor")) - 1;
+  ref.maker = static_cast<pid_t>(read_bounded(in, INT_MAX, "maker's pid"));
+  ref.maker_fd = static_cast<int>(read_bounded(in, INT_MAX, "maker's descriptor")) - 1;
   for (int i = 0; i < 8; ++i) ref.nonce |= std::to_integer<std::uint64_t>(in.next()) << (8 * i);
   ref.inode = in.varint();
   ref.size = in.varint();
