@@ -214,8 +214,11 @@ class queue_core {
     if (sleepers > 0) --sleepers;
   }
 
-  // Throws peer_lost when every process that could end a wait on `s` is gone.
-  void check_peers(side s) {
+  // Throws peer_lost when every process that could end a wait on `s` is
+  // gone, unless `last_try` (one more push or pop, without sleeping) then
+  // goes through: the last peer may have left a value or room on its way.
+  template <class Try>
+  void check_peers(side s, Try last_try) {
     peer copy[max_peers];
     std::uint32_t count = 0;
     {
@@ -225,6 +228,7 @@ class queue_core {
     }
     const auto role = s == side::pop ? peer_producer : peer_consumer;
     if (auto gone = watch_.all_gone(copy, count, role)) {
+      if (last_try()) return;
       throw peer_lost(fmt::format("cohort::queue: every {} of the queue has exited (the last seen: pid {}{})",
                                   s == side::pop ? "producer" : "consumer", gone->pid,
                                   gone->rank >= 0 ? fmt::format(", rank {}", gone->rank) : ""),
@@ -290,8 +294,11 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
     shm::futex_wait(q.word(s), seq, slice, ec);
     q.unsleep(s);
     if (ec) throw std::system_error(ec, "cohort::queue: futex wait");
-    if (deadline && std::chrono::steady_clock::now() >= *deadline) return attempt(false, seq);
-    q.check_peers(s);
+    if (attempt(false, seq)) return true;
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) return false;
+    bool done = false;
+    q.check_peers(s, [&] { return done = attempt(false, seq); });
+    if (done) return true;
   }
 }
 
@@ -332,7 +339,10 @@ asio::awaitable<void> queue_push(std::shared_ptr<queue_core> q, queue_record& r)
     std::uint32_t seq = 0;
     if (q->push(r, true, seq)) co_return;
     co_await sleep_async(*q, side::push, seq);
-    q->check_peers(side::push);
+    if (q->push(r, false, seq)) co_return;
+    bool done = false;
+    q->check_peers(side::push, [&] { return done = q->push(r, false, seq); });
+    if (done) co_return;
   }
 }
 
@@ -350,7 +360,10 @@ asio::awaitable<void> queue_pop(std::shared_ptr<queue_core> q, std::vector<std::
     std::uint32_t seq = 0;
     if (q->pop(out, true, seq)) co_return;
     co_await sleep_async(*q, side::pop, seq);
-    q->check_peers(side::pop);
+    if (q->pop(out, false, seq)) co_return;
+    bool done = false;
+    q->check_peers(side::pop, [&] { return done = q->pop(out, false, seq); });
+    if (done) co_return;
   }
 }
 

@@ -110,10 +110,11 @@ detail::storage_impl::~storage_impl() {
     if (it != m.storages.end() && it->second.expired()) m.storages.erase(it);
   }
   if (let_go) return;
+  const bool own_segment = segment->block(block).size_class == shm::size_classes;
   segment->release(block);
   // Others may still have to open a segment of its own that this process
   // made: it stays open here until they have freed it.
-  if (block == shm::segment::single_block && segment->made_here() &&
+  if (own_segment && segment->made_here() &&
       segment->header().live.load(std::memory_order_acquire) > 0) {
     shm::linger(std::move(segment));
   }
