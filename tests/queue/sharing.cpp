@@ -1,0 +1,704 @@
+// torch's test/test_multiprocessing.py on the CPU, ported: tensors shared
+// with children, sent through queues and pools, inherited over fork, and
+// pipelines that lose a process to SIGKILL. Every behaviour runs under both
+// sharing strategies, many times, each time under a leak check.
+#include "cohort/tensor.hpp"
+
+#include "cohort/event.hpp"
+#include "cohort/group.hpp"
+#include "cohort/pool.hpp"
+#include "cohort/queue.hpp"
+#include "cohort/spawn_and_join.hpp"
+
+#include "support/harness.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+using namespace cohort;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace sharing_tests {
+
+constexpr int repetitions = 30;
+
+const sharing_strategy strategies[] = {sharing_strategy::file_descriptor, sharing_strategy::file_system};
+const start_method methods[] = {start_method::fork, start_method::spawn, start_method::forkserver};
+
+// This process's open descriptors, with what each names.
+std::map<int, std::string> open_descriptors() {
+  std::map<int, std::string> fds;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    fds[std::stoi(e.path().filename().string())] = fs::read_symlink(e.path(), ec).string();
+  }
+  return fds;
+}
+
+// The /dev/shm files of named segments that a repetition may have left:
+// those of this process, of `children`, and of any process that has ended
+// (made since `since`: older litter of other programs is none of this
+// test's business).
+std::vector<std::string> stray_segments(const std::vector<pid_t>& children, std::time_t since) {
+  std::vector<std::string> stray;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/dev/shm", ec)) {
+    const auto name = e.path().filename().string();
+    int maker = 0;
+    if (std::sscanf(name.c_str(), "cohort_%d_", &maker) != 1) continue;
+    const bool ours = maker == ::getpid() || std::find(children.begin(), children.end(), maker) != children.end();
+    struct stat st {};
+    const bool dead = ::kill(maker, 0) == -1 && errno == ESRCH && ::stat(e.path().c_str(), &st) == 0 &&
+                      st.st_ctim.tv_sec >= since;
+    if (ours || dead) stray.push_back(name);
+  }
+  return stray;
+}
+
+// One repetition's leak check, made first and destroyed last: once the
+// repetition's values are gone and this process has let go of what it
+// keeps for reuse, nothing of the repetition is left in /dev/shm and this
+// process holds no more descriptors than before.
+struct leak_check {
+  std::map<int, std::string> fds_before = open_descriptors();
+  std::time_t since = std::time(nullptr) - 1;  // file times come from a coarser clock
+  std::vector<pid_t> children;                 // the ranks' pids, where the repetition knows them
+
+  leak_check() = default;
+  leak_check(const leak_check&) = delete;
+  leak_check& operator=(const leak_check&) = delete;
+  ~leak_check() {
+    trim_shared_memory();
+    auto stray = stray_segments(children, since);
+    // A group of another test program may be between reaping its rank and
+    // sweeping that rank's files: what is left for good is still there later.
+    for (int i = 0; i < 25 && !stray.empty(); ++i) {
+      std::this_thread::sleep_for(10ms);
+      trim_shared_memory();
+      stray = stray_segments(children, since);
+    }
+    CHECK_MESSAGE(stray.empty(), fmt::format("left in /dev/shm: {}", fmt::join(stray, ", ")));
+    const auto fds = open_descriptors();
+    std::vector<std::string> kept;
+    for (const auto& [fd, target] : fds) {
+      if (auto it = fds_before.find(fd); it == fds_before.end() || it->second != target) {
+        kept.push_back(fmt::format("{} -> {}", fd, target));
+      }
+    }
+    CHECK_MESSAGE(fds.size() <= fds_before.size(), fmt::format("descriptors kept: {}", fmt::join(kept, ", ")));
+  }
+};
+
+// Sets the strategy for one test; file_descriptor again at its end.
+struct strategy_scope {
+  explicit strategy_scope(sharing_strategy s) { set_sharing_strategy(s); }
+  ~strategy_scope() { set_sharing_strategy(sharing_strategy::file_descriptor); }
+  strategy_scope(const strategy_scope&) = delete;
+  strategy_scope& operator=(const strategy_scope&) = delete;
+};
+
+void nothing(int) {}
+COHORT_ENTRYPOINT(nothing);
+
+// Starts what a process keeps from its first run of ranks on (its private
+// error directory, the forkserver), so that no repetition counts it as kept.
+void warm_up() {
+  static const bool done = [] {
+    spawn_and_join(nothing, std::tuple{}, 1, {.method = start_method::forkserver});
+    return true;
+  }();
+  (void)done;
+}
+
+// Runs body(check, repetition) `times` times under each strategy, each
+// time under a fresh leak_check.
+template <class Body>
+void repeat_under_each_strategy(int times, Body body) {
+  warm_up();
+  for (auto strategy : strategies) {
+    const strategy_scope scope(strategy);
+    for (int i = 0; i < times; ++i) {
+      CAPTURE(to_string(strategy));
+      CAPTURE(i);
+      leak_check check;
+      body(check, i);
+    }
+  }
+}
+
+// 0, 1, ... 24 as float32, 5 x 5, in private memory.
+tensor counting_5x5() {
+  std::vector<float> values(25);
+  for (int i = 0; i < 25; ++i) values[i] = static_cast<float>(i);
+  return tensor::from_data<float>(values, {5, 5});
+}
+
+// /dev/shm files of segments this process made.
+std::vector<std::string> own_named_segments() {
+  std::vector<std::string> found;
+  const auto prefix = fmt::format("cohort_{}_", ::getpid());
+  for (const auto& e : fs::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().starts_with(prefix)) found.push_back(e.path().filename().string());
+  }
+  return found;
+}
+
+// As torch's simple_fill: fills row 0 of the tensor it was given and row 1
+// of the one it receives, says so, and stays until the parent has looked.
+void fill_rows(int, tensor given, queue<tensor> q, event filled, event looked) {
+  given.select(0, 0).fill_(4);
+  tensor received = q.get(10s).value();
+  received.select(0, 1).fill_(7);
+  filled.set();
+  looked.wait_for(10s);
+}
+COHORT_ENTRYPOINT(fill_rows);
+
+// As torch's send_tensor: sends one tensor of ones twice and stays until
+// the parent has both.
+void send_twice(int, queue<tensor> q, event received, int type) {
+  const tensor t = tensor::full({5, 5}, 1, static_cast<dtype>(type));
+  q.put(t);
+  q.put(t);
+  received.wait_for(10s);
+}
+COHORT_ENTRYPOINT(send_twice);
+
+using views = std::tuple<storage, tensor, tensor, tensor, tensor>;
+
+// Receives a storage, a 5 x 5 tensor over it, its row 2, its column 1 and
+// its transpose; writes 100 through the row. Returns whether all are one
+// storage, the views' offsets and strides, and what the column, the
+// transpose and the raw storage then hold where the row crosses them.
+std::vector<std::int64_t> inspect_views(int, queue<views> q) {
+  auto [s, x, row, column, transposed] = q.get(10s).value();
+  const bool one = s.same(x.storage()) && same_storage(x, row) && same_storage(x, column) &&
+                   same_storage(x, transposed);
+  std::vector<std::int64_t> seen{one,
+                                 row.storage_offset(),
+                                 row.strides()[0],
+                                 column.storage_offset(),
+                                 column.strides()[0],
+                                 transposed.strides()[0],
+                                 transposed.strides()[1]};
+  row.fill_(100);
+  float raw = 0;
+  std::memcpy(&raw, s.data() + (2 * 5 + 1) * sizeof(float), sizeof raw);
+  for (float v : {column.at<float>({2}), transposed.at<float>({1, 2}), raw, column.at<float>({3})}) {
+    seen.push_back(static_cast<std::int64_t>(v));
+  }
+  return seen;
+}
+COHORT_ENTRYPOINT(inspect_views);
+
+// As torch's simple_pool_fill: fills the buffer with 4 and returns a new
+// tensor of 5s.
+tensor pool_fill(int, tensor buffer) {
+  buffer.fill_(4);
+  return tensor::full(buffer.shape(), 5, buffer.dtype());
+}
+COHORT_ENTRYPOINT(pool_fill);
+
+// Made shared before a fork, for the forked ranks to see.
+tensor inherited;
+
+// Returns the element [4][4] it found, then adds 3 + rank to its row.
+std::int64_t add_to_inherited_row(int rank) {
+  const float found = inherited.at<float>({4, 4});
+  for (int j = 0; j < 5; ++j) inherited.at<float>({rank, j}) += static_cast<float>(3 + rank);
+  return static_cast<std::int64_t>(found);
+}
+COHORT_ENTRYPOINT(add_to_inherited_row);
+
+// Sends back every tensor it receives, then empty ones of its own.
+void echo_with_empties(int, queue<tensor> in, queue<tensor> out, int n, event received) {
+  for (int i = 0; i < n; ++i) out.put(in.get(10s).value());
+  out.put(tensor::empty({0}, dtype::int64));
+  out.put(tensor::zeros({2, 0}, dtype::bfloat16, {.shared = true}));
+  received.wait_for(10s);
+}
+COHORT_ENTRYPOINT(echo_with_empties);
+
+// Under a limit of 64 descriptors, receives `n` tensors, keeps them all,
+// and returns the sum of their first elements; -1 when the limit cannot be
+// set.
+std::int64_t sum_under_fd_limit(int, queue<tensor> q, int n) {
+  rlimit limit{64, 64};
+  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) return -1;
+  std::vector<tensor> kept;
+  std::int64_t sum = 0;
+  for (int i = 0; i < n; ++i) {
+    kept.push_back(q.get(10s).value());
+    sum += kept.back().at<std::int32_t>({0});
+  }
+  return sum;
+}
+COHORT_ENTRYPOINT(sum_under_fd_limit);
+
+// How a stage of the pipeline ended: items it passed on (the consumer:
+// received), the pid and rank that the peer_lost ending its wait named (0
+// and -1 when none did), and whether every item came in order with the
+// values the stages before it wrote.
+using stage_outcome = std::tuple<int, int, int, bool>;
+
+// The pipeline producer -> relay -> consumer over `first` and `second`:
+// rank 0 puts tensors of `items` values i, rank 1 adds 1000 to each in
+// place and passes it on, rank 2 receives. Rank `victim` kills itself with
+// SIGKILL after `kill_after` items, once the consumer has had its first
+// (so that every segment is mapped everywhere: a memfd is opened through
+// a process that holds it, which must then be alive).
+//
+// A stage that sees peer_lost while putting takes back its values stuck
+// in that queue: nobody is left to receive them, and the producer, whose
+// memory they are, would otherwise wait 30 s for them at its end.
+stage_outcome pipeline_stage(int rank, queue<tensor> first, queue<tensor> second, event first_arrived,
+                             int victim, int kill_after, int items) {
+  int done = 0;
+  bool in_order = true;
+  auto die_if_victim = [&] {
+    if (rank == victim && done == kill_after) {
+      first_arrived.wait_for(10s);
+      ::raise(SIGKILL);
+    }
+  };
+  std::optional<peer_lost> lost;
+  queue<tensor>* stuck = nullptr;
+  try {
+    if (rank == 0) {
+      stuck = &first;
+      while (done < items) {
+        first.put(tensor::full({8}, done, dtype::int64));
+        ++done;
+        die_if_victim();
+      }
+    } else if (rank == 1) {
+      for (;;) {
+        tensor t = first.get().value();
+        in_order = in_order && t.at<std::int64_t>({0}) == done && t.at<std::int64_t>({7}) == done;
+        t.fill_(static_cast<double>(done + 1000));
+        stuck = &second;
+        second.put(t);
+        stuck = nullptr;
+        ++done;
+        die_if_victim();
+      }
+    } else {
+      for (;;) {
+        const tensor t = second.get().value();
+        in_order = in_order && t.at<std::int64_t>({0}) == done + 1000 && t.at<std::int64_t>({7}) == done + 1000;
+        if (done == 0) first_arrived.set();
+        ++done;
+        die_if_victim();
+      }
+    }
+  } catch (const peer_lost& e) {
+    lost = e;
+  }
+  if (!lost) return {done, 0, -1, in_order};
+  if (stuck != nullptr) {
+    while (stuck->try_pop()) {
+    }
+  }
+  return {done, lost->pid(), lost->rank(), in_order};
+}
+COHORT_ENTRYPOINT(pipeline_stage);
+
+void put_one_and_leave(int, queue<int> q) { q.put(7); }
+COHORT_ENTRYPOINT(put_one_and_leave);
+
+void get_one_and_leave(int, queue<int> q) { (void)q.get(); }
+COHORT_ENTRYPOINT(get_one_and_leave);
+
+// Frees its arena's first block 1000 times; returns what trim_shared_memory()
+// then says it let go of, the descriptors it kept, and what a second trim
+// lets go of.
+std::vector<int> free_first_block_then_trim(int) {
+  const strategy_scope scope(sharing_strategy::file_descriptor);
+  const auto before = open_descriptors().size();
+  for (int i = 0; i < 1000; ++i) {
+    const storage s = storage::allocate_shared(3);
+  }
+  const int first = trim_shared_memory();
+  const auto kept = static_cast<int>(open_descriptors().size() - before);
+  return {first, kept, trim_shared_memory()};
+}
+COHORT_ENTRYPOINT(free_first_block_then_trim);
+
+// How a pipeline run ended, as the process that ran it saw it: per rank,
+// its pid, its shell exit code (128 + the signal that killed it) and what it
+// returned ({-1, 0, -1, false} for nothing); the ranks that failed.
+using pipeline_report =
+    std::tuple<std::vector<int>, std::vector<int>, std::vector<stage_outcome>, std::vector<int>>;
+
+// Runs the pipeline's three stages as a group of forked ranks, with a
+// grace long enough that the survivors of the kill end on their own.
+pipeline_report run_pipeline(int victim, int kill_after) {
+  constexpr int items = 64;
+  queue<tensor> first(4), second(4);
+  event first_arrived;
+  const group_spec spec{
+      .name = "pipeline",
+      .entry = call(start_method::fork, pipeline_stage, first, second, first_arrived, victim, kill_after, items),
+      .nprocs = 3,
+      .shutdown = {.grace = 20s, .term_grace = 1s, .kill_wait = 5s}};
+  asio::io_context io;
+  std::vector<pid_t> pids;
+  const run_result result = test::run(io, [&]() -> asio::awaitable<run_result> {
+    group g = co_await start_processes(spec);
+    pids = g.pids();
+    co_return co_await g.wait();
+  }());
+  pipeline_report report;
+  auto& [ranks, codes, outcomes, failed] = report;
+  for (std::size_t r = 0; r < pids.size(); ++r) {
+    ranks.push_back(pids[r]);
+    codes.push_back(result.statuses.at(r) ? result.statuses[r]->shell_code() : -1);
+    outcomes.push_back(result.return_values.at(r) ? result.return_values[r]->as<stage_outcome>()
+                                                  : stage_outcome{-1, 0, -1, false});
+  }
+  for (const auto& f : result.failures) failed.push_back(f.rank);
+  return report;
+}
+
+// run_pipeline in a rank of its own, which then owns the queues and the event.
+pipeline_report run_pipeline_in_rank(int, int victim, int kill_after) { return run_pipeline(victim, kill_after); }
+COHORT_ENTRYPOINT(run_pipeline_in_rank);
+
+// Ten runs of the pipeline under each strategy, every stage the victim in
+// turn, each killed after a random number of items; run by this process or
+// by a rank of its own.
+void pipeline_repetitions(bool in_own_rank) {
+  const auto seed = std::random_device{}();
+  CAPTURE(seed);
+  std::mt19937 random(seed);
+  const int first_victim = std::uniform_int_distribution(0, 2)(random);
+  repeat_under_each_strategy(10, [&](leak_check& check, int i) {
+    const int victim = (first_victim + i) % 3;
+    const int kill_after = std::uniform_int_distribution(1, 32)(random);
+    CAPTURE(victim);
+    CAPTURE(kill_after);
+    const auto [pids, codes, outcomes, failed] =
+        in_own_rank
+            ? spawn_and_join(run_pipeline_in_rank, std::tuple{victim, kill_after}, 1, {.method = start_method::fork})
+                  .at(0)
+            : run_pipeline(victim, kill_after);
+    check.children.assign(pids.begin(), pids.end());
+    REQUIRE(pids.size() == 3);
+    CHECK(codes[victim] == 128 + SIGKILL);
+    REQUIRE(failed.size() == 1);
+    CHECK(failed[0] == victim);
+    for (int r = 0; r < 3; ++r) {
+      if (r == victim) continue;
+      CAPTURE(r);
+      CHECK(codes[r] == 0);
+      CHECK(std::get<3>(outcomes[r]));  // every item in order, with the values written before
+    }
+    // Items each survivor passed on, and whom the peer_lost ending its wait
+    // named: the stage before it or after it.
+    auto items = [&](int r) { return std::get<0>(outcomes[r]); };
+    auto lost = [&](int r) { return std::pair{std::get<1>(outcomes[r]), std::get<2>(outcomes[r])}; };
+    auto stage = [&](int r) { return std::pair{pids[r], r}; };
+    if (victim == 0) {  // the producer: the relay's get, then the consumer's
+      CHECK(lost(1) == stage(0));
+      CHECK(lost(2) == stage(1));
+      CHECK(items(1) == kill_after);
+      CHECK(items(2) == kill_after);
+    } else if (victim == 1) {  // the relay: the consumer's get, the producer's put into a full queue
+      CHECK(lost(2) == stage(1));
+      CHECK(lost(0) == stage(1));
+      CHECK(items(2) == kill_after);
+      CHECK(items(0) == kill_after + 4);  // and the first queue full
+    } else {  // the consumer: the relay's put, then the producer's
+      CHECK(lost(1) == stage(2));
+      CHECK(lost(0) == stage(1));
+      CHECK(items(1) == kill_after + 4);  // and the second queue full
+      CHECK(items(0) == kill_after + 9);  // and the first full behind one in the relay's hands
+    }
+  });
+}
+
+TEST_SUITE("sharing") {
+  TEST_CASE("a child fills tensors the parent shares and the parent sees the values") {
+    repeat_under_each_strategy(repetitions, [](leak_check&, int i) {
+      const auto method = methods[i % 3];
+      CAPTURE(to_string(method));
+      tensor given = tensor::zeros({5, 5}, dtype::float32);  // moved into shared memory when passed
+      const tensor sent = tensor::zeros({5, 5}, dtype::float32, {.shared = true});
+      queue<tensor> q(2);
+      event filled, looked;
+      REQUIRE(q.put(sent, 1s));
+      auto ranks = std::async(std::launch::async, [&] {
+        spawn_and_join(fill_rows, std::tuple{given, q, filled, looked}, 1, {.method = method});
+      });
+      // Looked at while the child is still there, as torch does.
+      const bool was_filled = filled.wait_for(10s);
+      CHECK(was_filled);
+      CHECK(given.is_shared());
+      CHECK(given.select(0, 0) == tensor::full({5}, 4, dtype::float32));
+      CHECK(given.slice(0, 1, 5) == tensor::zeros({4, 5}, dtype::float32));
+      CHECK(sent.select(0, 1) == tensor::full({5}, 7, dtype::float32));
+      CHECK(sent.select(0, 0) == tensor::zeros({5}, dtype::float32));
+      CHECK(sent.slice(0, 2, 5) == tensor::zeros({3, 5}, dtype::float32));
+      looked.set();
+      ranks.get();
+    });
+  }
+
+  TEST_CASE("tensors a child sends arrive with its values, and one tensor sent twice is one storage") {
+    const dtype types[] = {dtype::float32, dtype::float64, dtype::int64, dtype::int32,
+                           dtype::uint8,   dtype::float16, dtype::bfloat16, dtype::boolean};
+    repeat_under_each_strategy(repetitions, [&](leak_check&, int i) {
+      const auto method = methods[i % 3];
+      const auto type = types[i % std::size(types)];
+      CAPTURE(to_string(method));
+      CAPTURE(to_string(type));
+      queue<tensor> q(4);
+      event received;
+      auto ranks = std::async(std::launch::async, [&] {
+        spawn_and_join(send_twice, std::tuple{q, received, static_cast<int>(type)}, 1, {.method = method});
+      });
+      {
+        auto t1 = q.get(10s);
+        auto t2 = q.get(10s);
+        REQUIRE(t1);
+        REQUIRE(t2);
+        CHECK(*t1 == tensor::full({5, 5}, 1, type));
+        CHECK(t1->is_shared());
+        CHECK(same_storage(*t1, *t2));
+        CHECK(t1->raw_data() == t2->raw_data());
+      }
+      // torch lets go of them first, so that the child can free them.
+      received.set();
+      ranks.get();
+    });
+  }
+
+  TEST_CASE("a storage, a tensor over it and views of it arrive as views of one storage") {
+    repeat_under_each_strategy(repetitions, [](leak_check&, int) {
+      tensor x = counting_5x5();
+      queue<views> q(2);
+      REQUIRE(q.put({x.storage(), x, x.select(0, 2), x.select(1, 1), x.transpose(0, 1)}, 1s));
+      const auto seen = spawn_and_join(inspect_views, std::tuple{q}, 1, {.method = start_method::fork}).at(0);
+      INFO("seen: ", fmt::format("{}", fmt::join(seen, ", ")));
+      // One storage; row 2 at offset 10, stride 1; column 1 at offset 1,
+      // stride 5; the transpose's strides 1, 5; then 100 where row 2 meets
+      // column 1, and column 1's row 3 untouched.
+      CHECK(seen == std::vector<std::int64_t>{1, 10, 1, 1, 5, 1, 5, 100, 100, 100, 16});
+      CHECK(x.select(0, 2) == tensor::full({5}, 100, dtype::float32));
+      for (int r : {0, 1, 3, 4}) {
+        for (int c = 0; c < 5; ++c) CHECK(x.at<float>({r, c}) == static_cast<float>(5 * r + c));
+      }
+      // torch's own form: through a queue in one process, a vector of them.
+      queue<std::vector<tensor>> local(2);
+      REQUIRE(local.put({x, x.select(0, 2), x.select(1, 1)}, 1s));
+      const auto back = local.get(1s).value();
+      REQUIRE(back.size() == 3);
+      for (const auto& t : back) CHECK(same_storage(t, x));
+      CHECK(back[0].raw_data() == x.raw_data());
+      CHECK(back[1].storage_offset() == 10);
+      CHECK(back[2].strides()[0] == 5);
+    });
+  }
+
+  TEST_CASE("a pool's workers fill the tensors mapped over and return tensors of their own") {
+    repeat_under_each_strategy(repetitions, [](leak_check&, int) {
+      std::vector<tensor> buffers;
+      for (int i = 0; i < 4; ++i) buffers.push_back(tensor::zeros({2, 2}, dtype::float32));
+      pool p(2, {.method = start_method::fork});
+      const auto results = p.map(pool_fill, buffers);
+      REQUIRE(results.size() == buffers.size());
+      for (const auto& r : results) CHECK(r == tensor::full({2, 2}, 5, dtype::float32));
+      for (const auto& b : buffers) {
+        CHECK(b.is_shared());
+        CHECK(b == tensor::full({2, 2}, 4, dtype::float32));
+      }
+    });
+  }
+
+  TEST_CASE("share_memory moves a private tensor into shared memory in place, under its views") {
+    repeat_under_each_strategy(repetitions, [](leak_check&, int) {
+      tensor t = counting_5x5();
+      const tensor row = t.select(0, 1);
+      const tensor copy = t;
+      CHECK_FALSE(t.is_shared());
+      CHECK_FALSE(row.is_shared());
+      t.share_memory();
+      CHECK(t.is_shared());
+      CHECK(row.is_shared());
+      CHECK(copy.is_shared());
+      CHECK(row.raw_data() == t.raw_data() + 5 * sizeof(float));
+      CHECK(t == counting_5x5());
+      t.at<float>({1, 3}) = -2;
+      CHECK(row.at<float>({3}) == -2);
+      CHECK(copy.at<float>({1, 3}) == -2);
+      const auto* where = t.raw_data();
+      t.share_memory();  // already shared: nothing moves
+      CHECK(t.raw_data() == where);
+      CHECK(own_named_segments().empty() == (get_sharing_strategy() == sharing_strategy::file_descriptor));
+      CHECK(tensor::zeros({3}, dtype::int8, {.shared = true}).is_shared());
+      CHECK_FALSE(t.clone().is_shared());
+    });
+  }
+
+  TEST_CASE("forked ranks see and write a shared tensor made before the fork") {
+    repeat_under_each_strategy(repetitions, [](leak_check&, int) {
+      inherited = tensor::zeros({5, 5}, dtype::float32, {.shared = true});
+      inherited.at<float>({4, 4}) = 2;
+      const auto found = spawn_and_join(add_to_inherited_row, std::tuple{}, 2, {.method = start_method::fork});
+      REQUIRE(found.size() == 2);
+      CHECK(found[0] == 2);
+      CHECK(found[1] == 2);
+      CHECK(inherited.select(0, 0) == tensor::full({5}, 3, dtype::float32));
+      CHECK(inherited.select(0, 1) == tensor::full({5}, 4, dtype::float32));
+      CHECK(inherited.slice(0, 2, 4) == tensor::zeros({2, 5}, dtype::float32));
+      CHECK(inherited.at<float>({4, 4}) == 2);
+      inherited = tensor();
+    });
+  }
+
+  TEST_CASE("empty tensors cross a queue both ways and arrive empty with their shape and dtype") {
+    repeat_under_each_strategy(repetitions, [](leak_check&, int) {
+      const tensor x = tensor::zeros({4, 5}, dtype::int16, {.shared = true});
+      // The last is an empty view inside a shared storage: rows 1..3, no columns.
+      const std::vector<tensor> sent{tensor::empty({0}, dtype::float32), tensor::zeros({2, 0}, dtype::int16),
+                                     tensor(), x.slice(0, 1, 4).slice(1, 2, 2)};
+      REQUIRE(sent[3].storage_offset() == 5);
+      queue<tensor> in(8), out(8);
+      for (const auto& t : sent) REQUIRE(in.put(t, 1s));
+      event received;
+      auto ranks = std::async(std::launch::async, [&] {
+        spawn_and_join(echo_with_empties, std::tuple{in, out, static_cast<int>(sent.size()), received}, 1,
+                       {.method = start_method::fork});
+      });
+      std::vector<tensor> back;
+      for (std::size_t i = 0; i < sent.size() + 2; ++i) {
+        auto t = out.get(10s);
+        REQUIRE(t);
+        back.push_back(std::move(*t));
+      }
+      received.set();
+      ranks.get();
+      const std::vector<std::vector<std::int64_t>> shapes{{0}, {2, 0}, {0}, {3, 0}, {0}, {2, 0}};
+      const std::vector<dtype> types{dtype::float32, dtype::int16, dtype::float32, dtype::int16, dtype::int64,
+                                     dtype::bfloat16};
+      for (std::size_t i = 0; i < back.size(); ++i) {
+        CAPTURE(i);
+        CHECK(back[i].numel() == 0);
+        CHECK(back[i].dtype() == types[i]);
+        CHECK(std::vector(back[i].shape().begin(), back[i].shape().end()) == shapes[i]);
+      }
+      // The empty view of a shared tensor came back over its storage.
+      CHECK(same_storage(back[3], x));
+      CHECK(back[3].storage_offset() == 5);
+    });
+  }
+
+  TEST_CASE("2000 tensors cross into a rank limited to 64 descriptors") {
+    // Spawned: a forked rank would inherit the mapping instead of opening it.
+    repeat_under_each_strategy(repetitions, [](leak_check&, int) {
+      constexpr int n = 2000;
+      queue<tensor> q(n);
+      for (int i = 0; i < n; ++i) {
+        REQUIRE(q.put(tensor::full({4}, i, dtype::int32, {.shared = i % 2 == 0}), 1s));
+      }
+      CHECK(spawn_and_join(sum_under_fd_limit, std::tuple{q, n}, 1).at(0) == std::int64_t{n} * (n - 1) / 2);
+    });
+  }
+
+  TEST_CASE("when one stage of a pipeline is SIGKILLed the others end their waits with peer_lost") {
+    // The queues and the event belong to a rank that runs the pipeline:
+    // what the victim held of them goes with that rank (see the next test).
+    pipeline_repetitions(true);
+  }
+
+  // A known limitation, kept as the test it fails: blocks count their
+  // holders in shared memory, and a process killed outright never gives
+  // its holds back. So a rank SIGKILLed while holding
+  // shared memory this process made (an argument such as these queues; under
+  // fork, every shared storage this process had) keeps the segment in use
+  // for good: trim_shared_memory() cannot let this process's arena go, and
+  // under file_system its /dev/shm file outlives this process (no group
+  // sweeps the files of a process that was not one of its ranks). Run
+  // anyway, it leaves such a file behind.
+  TEST_CASE("a pipeline run by this process leaves nothing behind once a stage was SIGKILLed" *
+            doctest::skip()) {
+    pipeline_repetitions(false);
+  }
+
+  // A race: before 351d22d, such a wait looked for the peers before trying
+  // again, and ended with peer_lost in about a fifth of these tries.
+  TEST_CASE("a wait woken by a departing peer's last value or room takes it rather than ending with peer_lost") {
+    int lost_with_value = 0;
+    int lost_with_room = 0;
+    for (int i = 0; i < 100; ++i) {
+      queue<int> q(1);
+      auto ranks = std::async(std::launch::async, [&] {
+        std::this_thread::sleep_for(5ms);  // for the get below to be asleep
+        spawn_and_join(put_one_and_leave, std::tuple{q}, 1, {.method = start_method::fork});
+      });
+      try {
+        const auto got = q.get(5s);
+        CHECK(got == 7);
+      } catch (const peer_lost&) {
+        ++lost_with_value;
+      }
+      ranks.get();
+    }
+    for (int i = 0; i < 100; ++i) {
+      queue<int> q(1);
+      REQUIRE(q.put(1, 1s));
+      auto ranks = std::async(std::launch::async, [&] {
+        std::this_thread::sleep_for(5ms);  // for the put below to be asleep
+        spawn_and_join(get_one_and_leave, std::tuple{q}, 1, {.method = start_method::fork});
+      });
+      try {
+        const bool put = q.put(2, 5s);
+        CHECK(put);
+      } catch (const peer_lost&) {
+        ++lost_with_room;
+      }
+      ranks.get();
+    }
+    CHECK(lost_with_value == 0);
+    CHECK(lost_with_room == 0);
+  }
+
+  // Before 351d22d, freeing an arena's first block (where a segment of one
+  // block keeps its only one) put the whole arena on the lingering list,
+  // once per free: the list grew without bound, and a free arena needed a
+  // second trim.
+  TEST_CASE("one trim lets go of a free arena, however often its first block was freed") {
+    // In a process of its own, whose arena nothing else holds.
+    const auto seen = spawn_and_join(free_first_block_then_trim, std::tuple{}, 1).at(0);
+    REQUIRE(seen.size() == 3);
+    CHECK(seen[0] == 1);  // the arena went
+    CHECK(seen[1] == 0);  // with its descriptor
+    CHECK(seen[2] == 0);  // and nothing was left for a second trim
+  }
+}
+
+}  // namespace sharing_tests
