@@ -276,6 +276,17 @@ class queue_core {
 
 namespace {
 
+// After a wait: one more try, and when the other side has all gone, one
+// last try before peer_lost. True when the push or pop went through.
+template <class Attempt>
+bool retry_after_wait(queue_core& q, side s, Attempt& attempt) {
+  std::uint32_t seq = 0;
+  if (attempt(false, seq)) return true;
+  bool done = false;
+  q.check_peers(s, [&] { return done = attempt(false, seq); });
+  return done;
+}
+
 // Blocks until a push or pop goes through, `deadline` passes (false), or
 // the other side is gone (peer_lost).
 template <class Attempt>
@@ -294,11 +305,8 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
     shm::futex_wait(q.word(s), seq, slice, ec);
     q.unsleep(s);
     if (ec) throw std::system_error(ec, "cohort::queue: futex wait");
-    if (attempt(false, seq)) return true;
-    if (deadline && std::chrono::steady_clock::now() >= *deadline) return false;
-    bool done = false;
-    q.check_peers(s, [&] { return done = attempt(false, seq); });
-    if (done) return true;
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) return attempt(false, seq);
+    if (retry_after_wait(q, s, attempt)) return true;
   }
 }
 
@@ -319,6 +327,18 @@ asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
             timer.async_wait(asio::use_awaitable));
 }
 
+// Suspends until a push or pop goes through, or the other side is gone
+// (peer_lost).
+template <class Attempt>
+asio::awaitable<void> wait_async(std::shared_ptr<queue_core> q, side s, Attempt attempt) {
+  for (;;) {
+    std::uint32_t seq = 0;
+    if (attempt(true, seq)) co_return;
+    co_await sleep_async(*q, s, seq);
+    if (retry_after_wait(*q, s, attempt)) co_return;
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<queue_core> make_queue_core(std::size_t capacity, std::string_view signature) {
@@ -335,15 +355,9 @@ bool queue_put(queue_core& q, queue_record& r, std::optional<std::chrono::nanose
 }
 
 asio::awaitable<void> queue_push(std::shared_ptr<queue_core> q, queue_record& r) {
-  for (;;) {
-    std::uint32_t seq = 0;
-    if (q->push(r, true, seq)) co_return;
-    co_await sleep_async(*q, side::push, seq);
-    if (q->push(r, false, seq)) co_return;
-    bool done = false;
-    q->check_peers(side::push, [&] { return done = q->push(r, false, seq); });
-    if (done) co_return;
-  }
+  auto* core = q.get();
+  return wait_async(std::move(q), side::push,
+                    [core, &r](bool sleep, std::uint32_t& seq) { return core->push(r, sleep, seq); });
 }
 
 bool queue_try_pop(queue_core& q, std::vector<std::byte>& out) {
@@ -356,15 +370,9 @@ bool queue_get(queue_core& q, std::vector<std::byte>& out, std::optional<std::ch
 }
 
 asio::awaitable<void> queue_pop(std::shared_ptr<queue_core> q, std::vector<std::byte>& out) {
-  for (;;) {
-    std::uint32_t seq = 0;
-    if (q->pop(out, true, seq)) co_return;
-    co_await sleep_async(*q, side::pop, seq);
-    if (q->pop(out, false, seq)) co_return;
-    bool done = false;
-    q->check_peers(side::pop, [&] { return done = q->pop(out, false, seq); });
-    if (done) co_return;
-  }
+  auto* core = q.get();
+  return wait_async(std::move(q), side::pop,
+                    [core, &out](bool sleep, std::uint32_t& seq) { return core->pop(out, sleep, seq); });
 }
 
 void queue_close(queue_core& q) { q.close(); }
