@@ -242,11 +242,16 @@ int main(int argc, char** argv) {
   for (int i = 0; i < rounds; ++i) {
     bare.gross.push_back(bare_throughput(self, dir, megabytes));
     const auto teed_args = [&](const auto& make, const std::vector<std::string>& w) { return make(std::vector<std::string>{"-r", "3", "-t", "3"}, w); };
-    teed.add(launcher_seconds(teed_args(cohort_args, writer)), launcher_seconds(teed_args(cohort_args, idle)), megabytes);
-    redirected.add(launcher_seconds(cohort_args({"-r", "3"}, writer)), launcher_seconds(cohort_args({"-r", "3"}, idle)), megabytes);
-    if (python) {
-      torch_teed.add(launcher_seconds(teed_args(torch_args, writer)), launcher_seconds(teed_args(torch_args, idle)), megabytes);
-    }
+    // The idle run first: run after the writers, it would time the removal
+    // of their files. The writers' run then replaces its empty files, as a
+    // rerun with the same run id does.
+    const auto measure = [&](launcher_rate& rate, const std::vector<std::string>& empty, const std::vector<std::string>& full) {
+      const double empty_seconds = launcher_seconds(empty);
+      rate.add(launcher_seconds(full), empty_seconds, megabytes);
+    };
+    measure(teed, teed_args(cohort_args, idle), teed_args(cohort_args, writer));
+    measure(redirected, cohort_args({"-r", "3"}, idle), cohort_args({"-r", "3"}, writer));
+    if (python) measure(torch_teed, teed_args(torch_args, idle), teed_args(torch_args, writer));
     fs::remove_all(dir / "cohort");
     fs::remove_all(dir / "torch");
   }

@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -57,7 +58,17 @@ void check_ranks(const char* what, const std::map<int, std_streams>& ranks, int 
   }
 }
 
+// A log file left by an earlier run (the same run id) is replaced, not
+// truncated: ext4 flushes a file truncated to nothing when it is closed
+// (its auto_da_alloc guard for rewritten files), which would hold up the
+// end of the run for as long as the disk takes to write everything. Only a
+// plain file with one name is replaced; a link or a device is opened as it
+// is.
 owned_fd open_log(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && st.st_size > 0) {
+    ::unlink(path.c_str());  // whatever stops this stops the open below, which says why
+  }
   owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) {
     throw std::filesystem::filesystem_error("cohort::start_processes: log file", path, std::error_code(errno, std::system_category()));
@@ -203,10 +214,8 @@ bool write_all(int fd, const char* data, std::size_t size) {
   return write_parts(fd, {&whole, 1});
 }
 
-// Writes what came in to the stream's file, and its whole lines, prefixed,
-// to the console (gathered, not copied: one writev per run of lines). The
-// rest of a line waits in `pending`.
-void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t size, std::vector<iovec>& parts) {
+// Writes what came in to the stream's file whole.
+void write_file(group_logs::state& st, log_stream& s, const char* data, std::size_t size) {
   if (s.file.get() >= 0 && !write_all(s.file.get(), data, size)) {
     auto message = fmt::format("cohort: writing {} failed ({}); what the rank wrote after is not in it", s.file_path,
                                std::strerror(errno));
@@ -214,6 +223,12 @@ void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t
     std::lock_guard lock(st.errors_mutex);
     st.errors.push_back(std::move(message));
   }
+}
+
+// Writes the whole lines of what came in, prefixed, to the console
+// (gathered, not copied: one writev per run of lines). The rest of a line
+// waits in `pending`.
+void write_console(log_stream& s, const char* data, std::size_t size, std::vector<iovec>& parts) {
   if (s.console < 0) return;
   parts.clear();
   const auto add = [&](const char* p, std::size_t n) { parts.push_back({const_cast<char*>(p), n}); };
@@ -250,6 +265,13 @@ void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t
     std::lock_guard lock(console_mutex);
     if (!write_all(s.console, pieces.data(), pieces.size())) s.console = -1;
   }
+}
+
+// What came in goes to the console first: a file write can wait on the
+// disk, and the console is where someone is watching.
+void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t size, std::vector<iovec>& parts) {
+  write_console(s, data, size, parts);
+  write_file(st, s, data, size);
 }
 
 // Delivers what the pipe holds now, without waiting for more: reads until

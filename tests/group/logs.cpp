@@ -133,6 +133,32 @@ TEST_CASE("console_ranks: only the chosen ranks reach the console, the others th
   CHECK_FALSE(fs::exists(attempt / "1" / "stdout.log"));  // shown, not teed: no file
 }
 
+TEST_CASE("a rerun with the same run id leaves only its own bytes in the log files") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  const auto folder = dir.path / "none" / "attempt_0";
+  auto first = shell_ranks(2, "head -c 300000 /dev/zero; echo first $R >&2");
+  first.logs.dir = dir.path;
+  first.logs.redirects = std_streams::all;
+  REQUIRE(run_group(first).ok());
+  REQUIRE(fs::file_size(folder / "0" / "stdout.log") == 300000);
+  // Rank 1's stdout has a second name: it is emptied where it is, so that
+  // name sees the new run too.
+  fs::create_hard_link(folder / "1" / "stdout.log", dir.path / "second-name");
+  auto second = shell_ranks(2, "echo again $R; echo err $R >&2");
+  second.logs.dir = dir.path;
+  second.logs.tee = std_streams::out;
+  second.logs.redirects = std_streams::err;
+  second.logs.console_out = out.fd;
+  REQUIRE(run_group(second).ok());
+  CHECK(test::read_file(folder / "0" / "stdout.log") == "again 0\n");
+  CHECK(test::read_file(folder / "0" / "stderr.log") == "err 0\n");
+  CHECK(test::read_file(folder / "1" / "stdout.log") == "again 1\n");
+  CHECK(test::read_file(dir.path / "second-name") == "again 1\n");
+  const auto lines = lines_of(out.text());
+  CHECK(std::multiset<std::string>(lines.begin(), lines.end()) == std::multiset<std::string>{"[worker0]:again 0", "[worker1]:again 1"});
+}
+
 TEST_CASE("per-rank redirects and tee") {
   test::temp_dir dir;
   console_file out(dir.path / "out"), err(dir.path / "err");
