@@ -255,7 +255,6 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
   h->nonce = nonce;
   h->size = size;
   h->live.store(1, std::memory_order_relaxed);
-  init_robust(h->lock);
   h->bump = single_block;
   if (!is_arena) {
     auto* b = new (static_cast<std::byte*>(base) + single_block) block_header{};
@@ -348,16 +347,21 @@ std::uint64_t segment::carve(std::size_t nbytes) {
   const int k = size_class_of(nbytes);
   const std::size_t capacity = alignment << k;
   auto& h = header();
-  lock_robust(h.lock);
+  std::lock_guard lock(mutex_);
+  if (retired_) return 0;
   std::uint64_t offset = h.free_lists[k];
+  if (offset == 0) {
+    reclaim_locked();
+    offset = h.free_lists[k];
+  }
   if (offset != 0) {
     h.free_lists[k] = block(offset).next_free;
   } else if (h.bump + sizeof(block_header) + capacity <= size_) {
     offset = h.bump;
     h.bump += sizeof(block_header) + capacity;
+  } else {
+    return 0;
   }
-  ::pthread_mutex_unlock(&h.lock);
-  if (offset == 0) return 0;
   auto* b = new (base_ + offset) block_header{};
   b->size_class = static_cast<std::uint32_t>(k);
   b->capacity = capacity;
@@ -369,14 +373,49 @@ std::uint64_t segment::carve(std::size_t nbytes) {
 void segment::release(std::uint64_t offset) noexcept {
   auto& b = block(offset);
   if (b.refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  if (b.size_class < size_classes) {
-    auto& h = header();
-    lock_robust(h.lock);
-    b.next_free = h.free_lists[b.size_class];
-    h.free_lists[b.size_class] = offset;
-    ::pthread_mutex_unlock(&h.lock);
+  if (b.size_class >= size_classes) {
+    drop_live(1);
+    return;
+  }
+  auto& h = header();
+  if (made_here()) {
+    std::unique_lock lock(mutex_);
+    if (!retired_) {
+      b.next_free = h.free_lists[b.size_class];
+      h.free_lists[b.size_class] = offset;
+      lock.unlock();
+      drop_live(1);  // the arena's own hold keeps it above zero
+      return;
+    }
+  } else {
+    // Onto the maker's stack; its `live` goes when the maker takes it.
+    auto head = h.remote_free.load(std::memory_order_acquire);
+    while (head != segment_header::retired) {
+      b.next_free = head;
+      if (h.remote_free.compare_exchange_weak(head, offset, std::memory_order_release, std::memory_order_acquire)) return;
+    }
   }
   drop_live(1);
+}
+
+void segment::reclaim() noexcept {
+  std::lock_guard lock(mutex_);
+  if (!retired_) reclaim_locked();
+}
+
+void segment::reclaim_locked() noexcept {
+  auto& h = header();
+  std::uint64_t offset = h.remote_free.exchange(0, std::memory_order_acquire);
+  std::uint64_t count = 0;
+  while (offset != 0) {
+    auto& b = block(offset);
+    const auto next = b.next_free;
+    b.next_free = h.free_lists[b.size_class];
+    h.free_lists[b.size_class] = offset;
+    offset = next;
+    ++count;
+  }
+  if (count > 0) drop_live(count);  // the arena's own hold keeps it above zero
 }
 
 bool segment::holds(std::uint64_t offset, std::uint64_t nbytes) const noexcept {
@@ -384,7 +423,21 @@ bool segment::holds(std::uint64_t offset, std::uint64_t nbytes) const noexcept {
          nbytes <= size_ - sizeof(block_header) - offset;
 }
 
-void segment::retire() noexcept { drop_live(1); }
+void segment::retire() noexcept {
+  std::uint64_t waiting = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (retired_) return;
+    retired_ = true;
+    // Blocks freed elsewhere until now are counted here; later frees find
+    // the mark and count themselves.
+    for (auto offset = header().remote_free.exchange(segment_header::retired, std::memory_order_acq_rel); offset != 0;
+         offset = block(offset).next_free) {
+      ++waiting;
+    }
+  }
+  drop_live(waiting + 1);
+}
 
 void segment::drop_live(std::uint64_t count) noexcept {
   if (header().live.fetch_sub(count, std::memory_order_acq_rel) == count &&
@@ -452,6 +505,7 @@ int trim() {
   // Only this process carves its arena, under this lock: a count of one
   // (the arena's own hold) cannot grow meanwhile.
   std::erase_if(a.arenas, [](const auto& s) {
+    s->reclaim();
     if (s->header().live.load(std::memory_order_acquire) != 1) return false;
     s->retire();
     return true;

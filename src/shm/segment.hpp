@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -40,22 +41,28 @@ struct segment_ref {
   std::uint64_t size = 0;     ///< bytes, header included
 };
 
-/// The start of every segment, in shared memory.
+/// The start of every segment, in shared memory. Fields that different
+/// processes write sit on cache lines of their own.
 struct segment_header {
   std::uint64_t magic;
   std::uint64_t nonce;
   std::uint64_t size;
-  /// Blocks not yet freed, plus one while the maker's arena may still carve
-  /// from it. A named segment is unlinked by whoever takes it to zero.
-  std::atomic<std::uint64_t> live;
-  /// Robust and process-shared: guards `bump` and `free_lists`; a holder
-  /// that dies leaves it to the next locker, who carries on.
-  pthread_mutex_t lock;
-  std::uint64_t bump;  ///< the first byte never carved
+  /// Blocks not yet freed (a block waiting in `remote_free` counts), plus
+  /// one while the maker's arena may still carve from it. A named segment
+  /// is unlinked by whoever takes it to zero.
+  alignas(64) std::atomic<std::uint64_t> live;
+  /// Arena blocks freed by processes other than the maker: a stack through
+  /// `next_free` that the maker takes whole when its own lists run dry, so
+  /// no lock is shared between processes. `retired` once the maker's arena
+  /// has stopped carving: frees then give up their `live` at once.
+  std::atomic<std::uint64_t> remote_free;
+  static constexpr std::uint64_t retired = ~std::uint64_t{0};
   /// Messages in flight (pushed, not yet received) that name blocks of this
   /// segment: a process that made it waits for them before it ends, so
   /// receivers can still open it through the maker's descriptor.
-  std::atomic<std::uint64_t> in_flight;
+  alignas(64) std::atomic<std::uint64_t> in_flight;
+  /// The maker's own, under its segment's lock: where carving goes on.
+  alignas(64) std::uint64_t bump;  ///< the first byte never carved
   std::uint64_t free_lists[size_classes];
 };
 
@@ -114,12 +121,18 @@ class segment {
   /// Whether `offset` may name a block's header with `nbytes` of data after
   /// it inside this mapping (what a receiver checks before trusting it).
   bool holds(std::uint64_t offset, std::uint64_t nbytes) const noexcept;
-  /// Ends the maker's arena hold (the +1 in `live`).
+  /// Takes the blocks other processes freed onto the maker's own lists.
+  void reclaim() noexcept;
+  /// Ends the maker's arena hold (the +1 in `live`): carving stops.
   void retire() noexcept;
 
  private:
   segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker, int maker_fd);
   void drop_live(std::uint64_t count) noexcept;
+  void reclaim_locked() noexcept;
+
+  std::mutex mutex_;      // the maker's carving and its own frees
+  bool retired_ = false;  // under mutex_
 
   std::byte* base_;
   std::size_t size_;

@@ -1,5 +1,6 @@
 #include "cohort/storage.hpp"
 
+#include "cohort/queue.hpp"
 #include "cohort/spawn_and_join.hpp"
 
 #include "support/harness.hpp"
@@ -15,6 +16,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -59,6 +61,15 @@ COHORT_ENTRYPOINT(same_twice);
 storage inherited;
 int read_inherited(int) { return std::to_integer<int>(inherited.data()[7]); }
 COHORT_ENTRYPOINT(read_inherited);
+
+// Pops `n` storages and lets them go: the last holder of each, in another
+// process than the one that made them.
+int take_and_drop(int, queue<storage> q, int n) {
+  int taken = 0;
+  for (int i = 0; i < n; ++i) taken += q.get(std::chrono::seconds(10)).has_value();
+  return taken;
+}
+COHORT_ENTRYPOINT(take_and_drop);
 
 const sharing_strategy strategies[] = {sharing_strategy::file_descriptor, sharing_strategy::file_system};
 const start_method methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
@@ -142,6 +153,30 @@ TEST_SUITE("storage") {
       for (int i = 0; i < 2000; ++i) many.push_back(storage::allocate_shared(40 + i % 200));
       CHECK(open_descriptors() - fds <= 2);
       CHECK(named_segments_of(::getpid()).size() <= 2);
+    }
+  }
+
+  TEST_CASE("blocks another process freed last go back to their maker, which carves them again") {
+    for (auto strategy : strategies) {
+      strategy_scope scope(strategy);
+      constexpr int n = 100;
+      std::set<const std::byte*> used;
+      {
+        queue<storage> q(n);
+        for (int i = 0; i < n; ++i) {
+          storage s = storage::allocate_shared(48);
+          used.insert(s.data());
+          REQUIRE(q.put(s, std::chrono::seconds(1)));
+        }
+        REQUIRE(spawn_and_join(take_and_drop, std::tuple{q, n}, 1).at(0) == n);
+      }
+      const auto segments = named_segments_of(::getpid()).size();
+      std::vector<storage> again;
+      for (int i = 0; i < n; ++i) {
+        again.push_back(storage::allocate_shared(48));
+        CHECK(used.contains(again.back().data()));
+      }
+      CHECK(named_segments_of(::getpid()).size() == segments);
     }
   }
 
