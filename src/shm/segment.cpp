@@ -485,7 +485,7 @@ void wait_for_receivers(std::chrono::steady_clock::time_point deadline) noexcept
     }
   }
   for (const auto& s : made) {
-    while (s->header().in_flight.load(std::memory_order_acquire) > 0 && std::chrono::steady_clock::now() < deadline) {
+    while (s->messages_in_flight() && std::chrono::steady_clock::now() < deadline) {
       ::usleep(1000);
     }
   }

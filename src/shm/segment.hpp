@@ -57,10 +57,13 @@ struct segment_header {
   /// has stopped carving: frees then give up their `live` at once.
   std::atomic<std::uint64_t> remote_free;
   static constexpr std::uint64_t retired = ~std::uint64_t{0};
-  /// Messages in flight (pushed, not yet received) that name blocks of this
-  /// segment: a process that made it waits for them before it ends, so
-  /// receivers can still open it through the maker's descriptor.
-  alignas(64) std::atomic<std::uint64_t> in_flight;
+  /// Messages that named blocks of this segment, pushed and received: a
+  /// process that made it waits, before it ends, until every one sent has
+  /// been received, so receivers can still open it through the maker's
+  /// descriptor. Two counts, not one, so that senders and receivers write
+  /// different cache lines.
+  alignas(64) std::atomic<std::uint64_t> sent;
+  alignas(64) std::atomic<std::uint64_t> received;
   /// The maker's own, under its segment's lock: where carving goes on.
   alignas(64) std::uint64_t bump;  ///< the first byte never carved
   std::uint64_t free_lists[size_classes];
@@ -121,6 +124,13 @@ class segment {
   /// Whether `offset` may name a block's header with `nbytes` of data after
   /// it inside this mapping (what a receiver checks before trusting it).
   bool holds(std::uint64_t offset, std::uint64_t nbytes) const noexcept;
+  /// Whether messages naming its blocks have been sent and not received.
+  bool messages_in_flight() const noexcept {
+    // received first: a count of sent read after it can only be larger, so
+    // equal counts mean nothing was in flight when `received` was read.
+    const auto got = header().received.load(std::memory_order_acquire);
+    return header().sent.load(std::memory_order_acquire) != got;
+  }
   /// Takes the blocks other processes freed onto the maker's own lists.
   void reclaim() noexcept;
   /// Ends the maker's arena hold (the +1 in `live`): carving stops.

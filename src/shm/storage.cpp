@@ -12,7 +12,8 @@
 #include <cstring>
 #include <mutex>
 #include <new>
-#include <unordered_map>
+#include <cstddef>
+#include <vector>
 
 namespace cohort {
 
@@ -48,12 +49,85 @@ struct block_key {
   std::uint64_t block;
   bool operator==(const block_key&) const = default;
 };
-struct block_key_hash {
-  std::size_t operator()(const block_key& k) const noexcept { return k.nonce ^ (k.block * 0x9e3779b97f4a7c15ULL); }
+// Open addressing with linear probing over a power-of-two table: a
+// storage's birth and death each look it up, and std::unordered_map's
+// prime-modulo buckets cost a 64-bit division every time.
+class identity_table {
+ public:
+  using value_type = std::weak_ptr<storage_impl>;
+
+  /// The entry for `key`, made empty when there was none.
+  value_type& operator[](const block_key& key) {
+    if ((count_ + 1) * 4 > slots_.size() * 3) grow();
+    auto i = home(key);
+    while (slots_[i].used && !(slots_[i].key == key)) i = (i + 1) & mask();
+    if (!slots_[i].used) {
+      slots_[i].used = true;
+      slots_[i].key = key;
+      ++count_;
+    }
+    return slots_[i].value;
+  }
+  /// The entry for `key`, or null.
+  value_type* find(const block_key& key) {
+    const auto i = index_of(key);
+    return i == npos ? nullptr : &slots_[i].value;
+  }
+  /// Removes `key`'s entry, shifting later entries of its run back so that
+  /// every lookup still finds them without tombstones.
+  void erase(const block_key& key) {
+    auto hole = index_of(key);
+    if (hole == npos) return;
+    for (auto i = (hole + 1) & mask(); slots_[i].used; i = (i + 1) & mask()) {
+      // Movable into the hole when its home is not in (hole, i].
+      if (((i - home(slots_[i].key)) & mask()) >= ((i - hole) & mask())) {
+        slots_[hole] = std::move(slots_[i]);
+        hole = i;
+      }
+    }
+    slots_[hole] = slot{};
+    --count_;
+  }
+  template <class F>
+  void for_each(F&& f) {
+    for (auto& s : slots_) {
+      if (s.used) f(s.key, s.value);
+    }
+  }
+
+ private:
+  struct slot {
+    block_key key{};
+    bool used = false;
+    value_type value;
+  };
+  static constexpr std::size_t npos = ~std::size_t{0};
+  std::size_t index_of(const block_key& key) const {
+    if (slots_.empty()) return npos;
+    for (auto i = home(key); slots_[i].used; i = (i + 1) & mask()) {
+      if (slots_[i].key == key) return i;
+    }
+    return npos;
+  }
+  std::size_t mask() const { return slots_.size() - 1; }
+  std::size_t home(const block_key& k) const {
+    const std::uint64_t h = (k.nonce ^ (k.block * 0x9e3779b97f4a7c15ULL)) * 0xff51afd7ed558ccdULL;
+    return static_cast<std::size_t>(h >> 32) & mask();
+  }
+  void grow() {
+    std::vector<slot> old(std::max<std::size_t>(64, slots_.size() * 2));
+    old.swap(slots_);
+    count_ = 0;
+    for (auto& s : old) {
+      if (s.used) (*this)[s.key] = std::move(s.value);
+    }
+  }
+  std::vector<slot> slots_;
+  std::size_t count_ = 0;
 };
 struct identity_map {
   std::mutex mutex;
-  std::unordered_map<block_key, std::weak_ptr<storage_impl>, block_key_hash> storages;
+  identity_table storages;
 };
 identity_map& identities() {
   static auto* m = new identity_map;  // outlives every static storage
@@ -72,9 +146,9 @@ void add_identity(const std::shared_ptr<storage_impl>& impl) {
   ::pthread_atfork([] { identities().mutex.lock(); }, [] { identities().mutex.unlock(); },
                    [] {
                      auto& m = identities();
-                     for (auto& [key, weak] : m.storages) {
+                     m.storages.for_each([](const block_key&, std::weak_ptr<storage_impl>& weak) {
                        if (auto impl = weak.lock()) impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
-                     }
+                     });
                      m.mutex.unlock();
                    });
   return true;
@@ -106,8 +180,8 @@ detail::storage_impl::~storage_impl() {
   {
     auto& m = identities();
     std::lock_guard lock(m.mutex);
-    auto it = m.storages.find({segment->nonce(), block});
-    if (it != m.storages.end() && it->second.expired()) m.storages.erase(it);
+    const block_key key{segment->nonce(), block};
+    if (auto* weak = m.storages.find(key); weak != nullptr && weak->expired()) m.storages.erase(key);
   }
   if (let_go) return;
   const bool own_segment = segment->block(block).size_class == shm::size_classes;
@@ -209,7 +283,7 @@ storage handle_codec<storage>::read(reader& in) {
   const auto message = std::to_integer<unsigned>(in.next());
   if (message > 1) throw decode_error("cohort::decode: a storage handle's message flag is not 0/1");
   auto segment = shm::segment::open(ref);
-  if (message == 1) segment->header().in_flight.fetch_sub(1, std::memory_order_acq_rel);
+  if (message == 1) segment->header().received.fetch_add(1, std::memory_order_release);
   if (!segment->holds(block, nbytes) || segment->block(block).capacity < nbytes) {
     throw decode_error(fmt::format("cohort::decode: a storage of {} bytes at {} does not fit its {}-byte segment",
                                    nbytes, block, ref.size));
@@ -241,19 +315,19 @@ storage handle_codec<storage>::read(reader& in) {
 void hold_for_message(const handle_context& context) noexcept {
   for (const auto& impl : context.held) {
     impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
-    impl->segment->header().in_flight.fetch_add(1, std::memory_order_relaxed);
+    impl->segment->header().sent.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
 void release_shared_memory_holds() noexcept {
   auto& m = identities();
   std::lock_guard lock(m.mutex);
-  for (auto& [key, weak] : m.storages) {
+  m.storages.for_each([](const block_key&, std::weak_ptr<storage_impl>& weak) {
     if (auto impl = weak.lock(); impl && !impl->let_go) {
       impl->let_go = true;
       impl->segment->release(impl->block);
     }
-  }
+  });
 }
 
 }  // namespace detail
