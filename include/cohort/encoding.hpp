@@ -151,6 +151,39 @@ std::string type_signature() {
 
 namespace detail {
 
+/// Writes `value` at `at` (room for 10 bytes); returns the byte after it.
+inline std::byte* put_varint(std::byte* at, std::uint64_t value) noexcept {
+  while (value >= 0x80) {
+    *at++ = static_cast<std::byte>(value | 0x80);
+    value >>= 7;
+  }
+  *at++ = static_cast<std::byte>(value);
+  return at;
+}
+
+/// Room for at most `bound` bytes at the end of `out`, written through a
+/// pointer and then cut to what was written: a handle's fields without a
+/// capacity check per byte.
+class byte_run {
+ public:
+  byte_run(std::vector<std::byte>& out, std::size_t bound) : out_(out), start_(out.size()) {
+    out_.resize(start_ + bound);
+    at = out_.data() + start_;
+  }
+  byte_run(const byte_run&) = delete;
+  byte_run& operator=(const byte_run&) = delete;
+  ~byte_run() { out_.resize(static_cast<std::size_t>(at - out_.data())); }
+
+  void byte(std::uint8_t b) noexcept { *at++ = std::byte{b}; }
+  void varint(std::uint64_t v) noexcept { at = put_varint(at, v); }
+
+  std::byte* at;
+
+ private:
+  std::vector<std::byte>& out_;
+  std::size_t start_;
+};
+
 inline void write_varint(std::vector<std::byte>& out, std::uint64_t value) {
   while (value >= 0x80) {
     out.push_back(static_cast<std::byte>(value | 0x80));

@@ -496,14 +496,15 @@ struct handle_codec<tensor> {
   }
   static void write(std::vector<std::byte>& out, const tensor& t) {
     handle_codec<cohort::storage>::write(out, t.storage());
-    out.push_back(std::byte{dtype_code(t.dtype())});
-    out.push_back(std::byte{dtype_bits(t.dtype())});
-    write_varint(out, static_cast<std::uint64_t>(t.device().type));
-    write_varint(out, static_cast<std::uint64_t>(t.device().id));
-    write_varint(out, t.ndim());
-    for (auto d : t.shape()) write_varint(out, static_cast<std::uint64_t>(d));
-    for (auto s : t.strides()) write_varint(out, static_cast<std::uint64_t>(s));
-    write_varint(out, static_cast<std::uint64_t>(t.storage_offset()));
+    byte_run run(out, size_bound(t) - handle_codec<cohort::storage>::size_bound(t.storage()));
+    run.byte(dtype_code(t.dtype()));
+    run.byte(dtype_bits(t.dtype()));
+    run.varint(static_cast<std::uint64_t>(t.device().type));
+    run.varint(static_cast<std::uint64_t>(t.device().id));
+    run.varint(t.ndim());
+    for (auto d : t.shape()) run.varint(static_cast<std::uint64_t>(d));
+    for (auto s : t.strides()) run.varint(static_cast<std::uint64_t>(s));
+    run.varint(static_cast<std::uint64_t>(t.storage_offset()));
   }
   static tensor read(reader& in) {
     cohort::storage s = handle_codec<cohort::storage>::read(in);

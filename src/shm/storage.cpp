@@ -245,21 +245,24 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
     return;
   }
   auto impl = value.impl_;
-  storage(impl).share_memory();
+  if (!impl->segment) storage(impl).share_memory();
   const auto ref = impl->segment->ref();
-  out.push_back(std::byte{1});
-  out.push_back(static_cast<std::byte>(ref.strategy));
-  write_varint(out, static_cast<std::uint64_t>(ref.source));
-  write_varint(out, static_cast<std::uint64_t>(ref.fd + 1));
-  write_varint(out, static_cast<std::uint64_t>(ref.maker));
-  write_varint(out, static_cast<std::uint64_t>(ref.maker_fd + 1));
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::byte>(ref.nonce >> (8 * i)));
-  write_varint(out, ref.inode);
-  write_varint(out, ref.size);
-  write_varint(out, impl->block);
-  write_varint(out, impl->nbytes);
   const bool message = current_handles != nullptr && current_handles->message;
-  out.push_back(std::byte{message});
+  {
+    byte_run run(out, handle_codec<storage>::size_bound(value));
+    run.byte(1);
+    run.byte(static_cast<std::uint8_t>(ref.strategy));
+    run.varint(static_cast<std::uint64_t>(ref.source));
+    run.varint(static_cast<std::uint64_t>(ref.fd + 1));
+    run.varint(static_cast<std::uint64_t>(ref.maker));
+    run.varint(static_cast<std::uint64_t>(ref.maker_fd + 1));
+    for (int i = 0; i < 8; ++i) run.byte(static_cast<std::uint8_t>(ref.nonce >> (8 * i)));
+    run.varint(ref.inode);
+    run.varint(ref.size);
+    run.varint(impl->block);
+    run.varint(impl->nbytes);
+    run.byte(message);
+  }
   if (current_handles != nullptr) current_handles->held.push_back(std::move(impl));
 }
 
