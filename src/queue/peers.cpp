@@ -18,23 +18,7 @@ namespace cohort::detail {
 
 namespace {
 
-// Field 22 of /proc/<pid>/stat, counted after the command's closing
-// parenthesis (the command may hold spaces); 0 when unreadable.
-std::uint64_t start_time_of(pid_t pid) noexcept {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char text[1024];
-  const auto n = ::read(fd, text, sizeof text - 1);
-  ::close(fd);
-  if (n <= 0) return 0;
-  text[n] = '\0';
-  const char* p = std::strrchr(text, ')');
-  if (p == nullptr) return 0;
-  for (int field = 2; field < 22 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
-  return p == nullptr ? 0 : std::strtoull(p + 1, nullptr, 10);
-}
+using shm::start_time_of;
 
 }  // namespace
 

@@ -93,7 +93,16 @@ struct arena_state {
   std::vector<std::shared_ptr<segment>> arenas;
   std::vector<std::shared_ptr<segment>> lingering;
   ~arena_state() {
-    for (auto& a : arenas) a->retire();
+    for (auto& a : arenas) {
+      if (a.use_count() == 1 && a->held_only_by_ended()) {
+        a->abandon();
+      } else {
+        a->retire();
+      }
+    }
+    for (auto& s : lingering) {
+      if (s.use_count() == 1 && s->held_only_by_ended()) s->abandon();
+    }
   }
 };
 arena_state& arena() {
@@ -102,6 +111,17 @@ arena_state& arena() {
 }
 
 std::atomic<pid_t> cached_pid{0};
+std::atomic<std::uint64_t> cached_start_time{0};
+
+// This process's start time, read once per process.
+std::uint64_t own_start_time() noexcept {
+  auto t = cached_start_time.load(std::memory_order_relaxed);
+  if (t == 0) {
+    t = start_time_of(this_process());
+    cached_start_time.store(t, std::memory_order_relaxed);
+  }
+  return t;
+}
 
 
 // A fork child makes its own arena: the parent's goes on being carved by
@@ -110,7 +130,11 @@ std::atomic<pid_t> cached_pid{0};
   ::pthread_atfork([] { segments().mutex.lock(); }, [] { segments().mutex.unlock(); },
                    [] {
                      forget_process_id();
-                     segments().mutex.unlock();
+                     auto& r = segments();
+                     for (auto& [nonce, weak] : r.segments) {
+                       if (auto s = weak.lock()) s->note_mapper();
+                     }
+                     r.mutex.unlock();
                      auto& a = arena();
                      std::vector<std::shared_ptr<segment>>().swap(a.arenas);
                      std::vector<std::shared_ptr<segment>>().swap(a.lingering);
@@ -119,6 +143,28 @@ std::atomic<pid_t> cached_pid{0};
 }();
 
 }  // namespace
+
+static_assert(sizeof(segment_header) <= segment::single_block, "the header runs into the first block");
+
+std::uint64_t start_time_of(pid_t pid) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char text[1024];
+  const auto n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  text[n] = '\0';
+  // Counted after the command's closing parenthesis: the command may hold
+  // spaces. Field 3, the state, says whether it is a zombie.
+  const char* p = std::strrchr(text, ')');
+  if (p == nullptr || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X') return 0;
+  for (int field = 2; field < 22 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
+  return p == nullptr ? 0 : std::strtoull(p + 1, nullptr, 10);
+}
+
+bool has_ended(pid_t pid, std::uint64_t start_time) noexcept { return start_time_of(pid) != start_time; }
 
 pid_t this_process() noexcept {
   pid_t pid = cached_pid.load(std::memory_order_relaxed);
@@ -129,7 +175,10 @@ pid_t this_process() noexcept {
   return pid;
 }
 
-void forget_process_id() noexcept { cached_pid.store(0, std::memory_order_relaxed); }
+void forget_process_id() noexcept {
+  cached_pid.store(0, std::memory_order_relaxed);
+  cached_start_time.store(0, std::memory_order_relaxed);
+}
 
 void init_robust(pthread_mutex_t& m) noexcept {
   pthread_mutexattr_t attr;
@@ -330,6 +379,7 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   std::shared_ptr<segment> s(
       new segment(static_cast<std::byte*>(base), ref.size, ref.strategy, fd, ref.maker, ref.maker_fd));
   r.segments[ref.nonce] = s;
+  s->note_mapper();
   dead = r.forget(true);
   r.received.push_back(s);
   return s;
@@ -439,6 +489,35 @@ void segment::retire() noexcept {
   drop_live(waiting + 1);
 }
 
+void segment::note_mapper() noexcept {
+  auto& h = header();
+  const auto i = h.mapper_count.fetch_add(1, std::memory_order_acq_rel);
+  if (i >= segment_header::max_mappers) return;
+  h.mappers[i].start_time = own_start_time();
+  h.mappers[i].pid.store(this_process(), std::memory_order_release);
+}
+
+bool segment::held_only_by_ended() const noexcept {
+  if (messages_in_flight()) return false;
+  const auto& h = header();
+  const auto count = h.mapper_count.load(std::memory_order_acquire);
+  if (count > segment_header::max_mappers) return false;
+  const pid_t self = this_process();
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const pid_t pid = h.mappers[i].pid.load(std::memory_order_acquire);
+    if (pid == 0) return false;  // being recorded: alive
+    if (pid != self && !has_ended(pid, h.mappers[i].start_time)) return false;
+  }
+  return true;
+}
+
+void segment::abandon() noexcept {
+  retire();
+  if (strategy_ == sharing_strategy::file_system && header().live.load(std::memory_order_acquire) > 0) {
+    ::shm_unlink(segment_name(maker_, header().nonce).c_str());
+  }
+}
+
 void segment::drop_live(std::uint64_t count) noexcept {
   if (header().live.fetch_sub(count, std::memory_order_acq_rel) == count &&
       strategy_ == sharing_strategy::file_system) {
@@ -501,12 +580,22 @@ int trim() {
   auto& a = arena();
   std::lock_guard lock(a.mutex);
   const auto before = a.arenas.size() + a.lingering.size();
-  std::erase_if(a.lingering, [](const auto& s) { return s->header().live.load(std::memory_order_acquire) == 0; });
+  // What is still held only by processes that ended (killed outright, they
+  // never gave their holds back) is let go of as if it were free, once
+  // nothing here uses it either.
+  const auto dead_weight = [](const std::shared_ptr<segment>& s) {
+    if (s.use_count() != 1 || !s->held_only_by_ended()) return false;
+    s->abandon();
+    return true;
+  };
+  std::erase_if(a.lingering, [&](const auto& s) {
+    return s->header().live.load(std::memory_order_acquire) == 0 || dead_weight(s);
+  });
   // Only this process carves its arena, under this lock: a count of one
   // (the arena's own hold) cannot grow meanwhile.
-  std::erase_if(a.arenas, [](const auto& s) {
+  std::erase_if(a.arenas, [&](const auto& s) {
     s->reclaim();
-    if (s->header().live.load(std::memory_order_acquire) != 1) return false;
+    if (s->header().live.load(std::memory_order_acquire) != 1) return dead_weight(s);
     s->retire();
     return true;
   });

@@ -67,6 +67,18 @@ struct segment_header {
   /// The maker's own, under its segment's lock: where carving goes on.
   alignas(64) std::uint64_t bump;  ///< the first byte never carved
   std::uint64_t free_lists[size_classes];
+  /// The processes other than the maker that have mapped it (opened, or
+  /// inherited through fork), so the maker can tell when every other
+  /// holder has ended: a process killed outright never gives its holds
+  /// back. An entry whose pid is still 0 is being filled in; a count past
+  /// `max_mappers` means some went unrecorded.
+  static constexpr std::uint32_t max_mappers = 200;
+  struct mapper {
+    std::atomic<pid_t> pid;
+    std::uint64_t start_time;  ///< as /proc/<pid>/stat has it, so a reused pid is not taken for it
+  };
+  alignas(64) std::atomic<std::uint32_t> mapper_count;
+  mapper mappers[max_mappers];
 };
 
 /// Precedes each block's data, in shared memory.
@@ -135,6 +147,16 @@ class segment {
   void reclaim() noexcept;
   /// Ends the maker's arena hold (the +1 in `live`): carving stops.
   void retire() noexcept;
+  /// Records this process as one that maps the segment.
+  void note_mapper() noexcept;
+  /// Whether what is still held of it is held only by processes that have
+  /// ended: none other that mapped it lives and no message naming it is in
+  /// flight. The caller checks that it holds nothing of it itself.
+  bool held_only_by_ended() const noexcept;
+  /// Lets go of a segment this process made whose remaining blocks only
+  /// ended processes hold: its name goes from /dev/shm now, its memory once
+  /// this process unmaps it.
+  void abandon() noexcept;
 
  private:
   segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker, int maker_fd);
@@ -152,6 +174,13 @@ class segment {
   int maker_fd_;
   std::uint64_t inode_ = 0;
 };
+
+/// Field 22 of /proc/<pid>/stat (the start time, in clock ticks since
+/// boot); 0 when it cannot be read.
+std::uint64_t start_time_of(pid_t pid) noexcept;
+/// Whether the process `pid` that started at `start_time` has ended (a
+/// zombie has).
+bool has_ended(pid_t pid, std::uint64_t start_time) noexcept;
 
 /// This process's pid, without a system call on each use (glibc does not
 /// cache it): queues and segments ask on every value.

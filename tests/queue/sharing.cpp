@@ -19,6 +19,7 @@
 
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -635,18 +636,34 @@ TEST_SUITE("sharing") {
     pipeline_repetitions(true);
   }
 
-  // A known limitation, kept as the test it fails: blocks count their
-  // holders in shared memory, and a process killed outright never gives
-  // its holds back. So a rank SIGKILLed while holding
-  // shared memory this process made (an argument such as these queues; under
-  // fork, every shared storage this process had) keeps the segment in use
-  // for good: trim_shared_memory() cannot let this process's arena go, and
-  // under file_system its /dev/shm file outlives this process (no group
-  // sweeps the files of a process that was not one of its ranks). Run
-  // anyway, it leaves such a file behind.
-  TEST_CASE("a pipeline run by this process leaves nothing behind once a stage was SIGKILLed" *
-            doctest::skip()) {
+  // A rank killed outright never gives back its holds on this process's
+  // segments (the queues, and under fork every shared storage this process
+  // had): once every other process that mapped them has ended, trimming
+  // lets them go anyway, and under file_system their files leave /dev/shm.
+  TEST_CASE("a pipeline run by this process leaves nothing behind once a stage was SIGKILLed") {
     pipeline_repetitions(false);
+  }
+
+  TEST_CASE("a process that ends after a rank holding its queues was SIGKILLed leaves no file in /dev/shm") {
+    // A process of no group (no sweep follows it): a plain fork of this one
+    // runs the pipeline under file_system and exits without trimming.
+    const pid_t supervisor = ::fork();
+    REQUIRE(supervisor >= 0);
+    if (supervisor == 0) {
+      set_sharing_strategy(sharing_strategy::file_system);
+      const auto codes = std::get<1>(run_pipeline(1, 3));
+      std::exit(codes.size() == 3 && codes[1] == 128 + SIGKILL ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(supervisor, &status, 0) == supervisor);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    const auto prefix = fmt::format("cohort_{}_", supervisor);
+    std::vector<std::string> left;
+    for (const auto& e : fs::directory_iterator("/dev/shm")) {
+      if (e.path().filename().string().starts_with(prefix)) left.push_back(e.path().filename().string());
+    }
+    CHECK_MESSAGE(left.empty(), fmt::format("left in /dev/shm: {}", fmt::join(left, ", ")));
   }
 
   // A race: before 351d22d, such a wait looked for the peers before trying
