@@ -70,6 +70,21 @@ const std::filesystem::path& private_error_dir() {
   return dir.path();
 }
 
+bool holds_nothing(const std::filesystem::path& dir) noexcept {
+  DIR* listing = ::opendir(dir.c_str());
+  if (listing == nullptr) return false;
+  bool empty = true;
+  while (const dirent* entry = ::readdir(listing)) {
+    const std::string_view name = entry->d_name;
+    if (name != "." && name != "..") {
+      empty = false;
+      break;
+    }
+  }
+  ::closedir(listing);
+  return empty;
+}
+
 void remove_stale_error_dirs(const std::filesystem::path& parent) {
   DIR* listing = ::opendir(parent.c_str());
   if (listing == nullptr) return;

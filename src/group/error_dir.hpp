@@ -15,6 +15,11 @@ namespace cohort::detail {
 /// when it cannot be made.
 const std::filesystem::path& private_error_dir();
 
+/// Whether `dir` holds no entry (false when it cannot be read). One listing
+/// costs less than a removal tried for each rank's error file when, as
+/// after a run whose ranks all succeeded, there is none.
+bool holds_nothing(const std::filesystem::path& dir) noexcept;
+
 /// Removes the unlocked cohort-errors-* directories of this user in `parent`:
 /// those of processes that died. Errors are ignored: one that cannot be
 /// removed now is tried again by a later process.

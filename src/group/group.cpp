@@ -61,7 +61,9 @@ struct group_state {
     for (int fd : result_fds) {
       if (fd >= 0) ::close(fd);
     }
-    if (spec.error_dir.empty()) {  // files in the process's own directory: removed when the run ends
+    // Files in the process's own directory: removed when the run ends, if
+    // any rank wrote one.
+    if (spec.error_dir.empty() && !error_files.empty() && !holds_nothing(error_files.front().parent_path())) {
       for (const auto& file : error_files) ::unlink(file.c_str());
     }
   }

@@ -34,45 +34,38 @@ environment& environment::unset(std::string name) {
   return *this;
 }
 
-namespace {
-
-std::string_view name_of(std::string_view entry) { return entry.substr(0, entry.find('=')); }
-
-}  // namespace
-
-// One string per variable, no map: a group builds a block per rank.
+// One string per variable, no map: a group builds a block per rank. Each
+// name is found once, not at every comparison of the sort.
 std::vector<std::string> environment::materialize() const {
-  std::vector<std::string> block;
+  std::vector<std::pair<std::string_view, std::string_view>> inherited;  // name, whole entry
   if (inherit_ && environ != nullptr) {
-    std::size_t count = 0;
-    while (environ[count] != nullptr) ++count;
-    block.reserve(count + changes_.size());
-    for (std::size_t i = 0; i < count; ++i) {
-      const std::string_view text(environ[i]);
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string_view text(*e);
       const auto eq = text.find('=');
-      if (eq != std::string_view::npos && eq != 0) block.emplace_back(text);
+      if (eq != std::string_view::npos && eq != 0) inherited.emplace_back(text.substr(0, eq), text);
     }
     // Sorted by name; of a name given twice, the first one stays.
-    std::stable_sort(block.begin(), block.end(), [](const std::string& a, const std::string& b) { return name_of(a) < name_of(b); });
-    block.erase(std::unique(block.begin(), block.end(),
-                            [](const std::string& a, const std::string& b) { return name_of(a) == name_of(b); }),
-                block.end());
+    const auto by_name = [](const auto& a, const auto& b) { return a.first < b.first; };
+    std::stable_sort(inherited.begin(), inherited.end(), by_name);
+    inherited.erase(std::unique(inherited.begin(), inherited.end(),
+                                [](const auto& a, const auto& b) { return a.first == b.first; }),
+                    inherited.end());
   }
+  // The changes are sorted by name too: one merge of the two.
+  std::vector<std::string> block;
+  block.reserve(inherited.size() + changes_.size());
+  auto next = inherited.begin();
   for (const auto& [name, value] : changes_) {
     check_name(name);
-    const auto at = std::lower_bound(block.begin(), block.end(), name,
-                                     [](const std::string& entry, const std::string& n) { return name_of(entry) < n; });
-    const bool present = at != block.end() && name_of(*at) == name;
-    if (!value) {
-      if (present) block.erase(at);
-    } else if (value->find('\0') != std::string::npos) {
+    for (; next != inherited.end() && next->first < name; ++next) block.emplace_back(next->second);
+    if (next != inherited.end() && next->first == name) ++next;  // set or unset here
+    if (!value) continue;
+    if (value->find('\0') != std::string::npos) {
       throw std::invalid_argument("cohort::environment: value of '" + name + "' holds NUL");
-    } else if (present) {
-      *at = name + "=" + *value;
-    } else {
-      block.insert(at, name + "=" + *value);
     }
+    block.push_back(name + "=" + *value);
   }
+  for (; next != inherited.end(); ++next) block.emplace_back(next->second);
   return block;
 }
 

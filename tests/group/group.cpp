@@ -335,6 +335,14 @@ TEST_SUITE("group") {
     CHECK(first->trace == "frame 1\nframe 2");
   }
 
+  TEST_CASE("an error file in the process's own directory is removed when the run ends") {
+    auto spec = ranks_of(2, {});
+    spec.args = {{0, {"exit", "0"}}, {1, {"record-error", "boom"}}};
+    auto result = run_group(spec);
+    REQUIRE(result.first_failure() != nullptr);
+    CHECK(!fs::exists(result.first_failure()->error_file));
+  }
+
   TEST_CASE("the first failure is the earliest by its error file's time, not the first seen") {
     auto spec = ranks_of(2, {});
     // Rank 0 failed long ago by its own account but exits 300 ms late; rank 1
