@@ -78,38 +78,16 @@ void entry_stack_main() {
   run.result = run.thunk(run.fn, run.rank, *run.args);
 }
 
-// A stack of its own for the function, with a guard page below it, the size
-// a thread would get (RLIMIT_STACK, else 8 MiB). A context switch onto it
-// costs far less than a thread in a freshly forked child.
-class entry_stack {
- public:
-  entry_stack() {
-    rlimit limit{};
-    size_ = 8u << 20;
-    if (::getrlimit(RLIMIT_STACK, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur >= (64u << 10)) {
-      size_ = std::min<std::size_t>(limit.rlim_cur, std::size_t{1} << 30);
-    }
-    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-    size_ = (size_ + page - 1) / page * page;
-    base_ = ::mmap(nullptr, size_ + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
-    if (base_ == MAP_FAILED) throw std::system_error(errno, std::system_category(), "cohort: the entry point's stack");
-    ::mprotect(base_, page, PROT_NONE);
-    bottom_ = static_cast<char*>(base_) + page;
-    mapped_ = size_ + page;
-  }
-  entry_stack(const entry_stack&) = delete;
-  entry_stack& operator=(const entry_stack&) = delete;
-  ~entry_stack() { ::munmap(base_, mapped_); }
-
-  void* bottom() const noexcept { return bottom_; }
-  std::size_t size() const noexcept { return size_; }
-
- private:
-  void* base_ = nullptr;
-  void* bottom_ = nullptr;
-  std::size_t size_ = 0;
-  std::size_t mapped_ = 0;
-};
+// Runs entry_stack_main on `stack`, and returns when it does.
+void run_on(const entry_stack& stack) {
+  ucontext_t caller{}, callee{};
+  if (::getcontext(&callee) != 0) throw std::system_error(errno, std::system_category(), "cohort: getcontext");
+  callee.uc_stack.ss_sp = stack.bottom();
+  callee.uc_stack.ss_size = stack.size();
+  callee.uc_link = &caller;  // where the function's return goes
+  ::makecontext(&callee, entry_stack_main, 0);
+  if (::swapcontext(&caller, &callee) != 0) throw std::system_error(errno, std::system_category(), "cohort: swapcontext");
+}
 
 std::string describe_frame(void* address) {
   Dl_info info{};
@@ -197,6 +175,31 @@ bool parse_entry(std::string_view value, int& args_fd, int& result_fd, int& rank
 
 }  // namespace
 
+entry_stack::entry_stack() {
+  rlimit limit{};
+  size_ = 8u << 20;
+  if (::getrlimit(RLIMIT_STACK, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur >= (64u << 10)) {
+    size_ = std::min<std::size_t>(limit.rlim_cur, std::size_t{1} << 30);
+  }
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  size_ = (size_ + page - 1) / page * page;
+  base_ = ::mmap(nullptr, size_ + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
+  if (base_ == MAP_FAILED) throw std::system_error(errno, std::system_category(), "cohort: the entry point's stack");
+  ::mprotect(base_, page, PROT_NONE);
+  bottom_ = static_cast<char*>(base_) + page;
+  mapped_ = size_ + page;
+}
+
+entry_stack::~entry_stack() { ::munmap(base_, mapped_); }
+
+std::unique_ptr<entry_stack> entry_stack::ahead_of_forks() noexcept {
+  try {
+    return std::make_unique<entry_stack>();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
 std::string demangle(const std::type_info& type) {
   int status = 0;
   std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(type.name(), nullptr, nullptr, &status), std::free);
@@ -277,7 +280,7 @@ std::optional<encoded> call_entry(const std::string& name, int rank, const encod
   return thunk(fn, rank, args);
 }
 
-int run_entry(const std::string& name, int rank, const encoded& args, int result_fd) {
+int run_entry(const std::string& name, int rank, const encoded& args, int result_fd, const entry_stack* stack) {
   entry_run run{nullptr, nullptr, rank, &args, std::nullopt};
   {
     auto& r = entries();
@@ -296,19 +299,13 @@ int run_entry(const std::string& name, int rank, const encoded& args, int result
   }
   // The function runs on a stack of its own, which holds no handler of the
   // caller's: see entry_stack_main.
-  entry_stack stack;
-  ucontext_t caller{}, callee{};
-  if (::getcontext(&callee) != 0) throw std::system_error(errno, std::system_category(), "cohort: getcontext");
-  callee.uc_stack.ss_sp = stack.bottom();
-  callee.uc_stack.ss_size = stack.size();
-  callee.uc_link = &caller;  // where the function's return goes
-  ::makecontext(&callee, entry_stack_main, 0);
+  std::optional<entry_stack> own;
   current_run = &run;
-  if (::swapcontext(&caller, &callee) != 0) throw std::system_error(errno, std::system_category(), "cohort: swapcontext");
+  run_on(stack != nullptr ? *stack : own.emplace());
   current_run = nullptr;
   // Values it sent that name its shared memory are opened through this
   // process: it stays until they are received, within a bound.
-  shm::wait_for_receivers(std::chrono::steady_clock::now() + receivers_wait);
+  shm::wait_for_receivers(receivers_wait);
   stop_forkserver();  // what the function started by the forkserver has ended with it
   if (run.result && !write_whole(result_fd, run.result->bytes())) {
     throw std::system_error(errno, std::system_category(), "cohort: writing the entry point's result");

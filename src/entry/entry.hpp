@@ -7,6 +7,7 @@
 #include "cohort/spawn.hpp"
 #include "process/launch.hpp"
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <typeinfo>
@@ -19,11 +20,39 @@ inline constexpr const char* entry_env = "COHORT_ENTRY";
 /// In the forkserver process: "<socket fd>".
 inline constexpr const char* forkserver_env = "COHORT_FORKSERVER";
 
-/// Runs the function registered as `name` as `rank` in this process, and
-/// writes its encoded result to `result_fd` (closed then). Returns 0; when an
-/// exception escapes the function, writes the error file, reports on stderr
-/// and ends the process with code 1 (it never returns then).
-int run_entry(const std::string& name, int rank, const encoded& args, int result_fd);
+/// A stack of its own for a function, with a guard page below it, the size
+/// a thread would get (RLIMIT_STACK, else 8 MiB). A context switch onto it
+/// costs far less than a thread in a freshly forked child. Mapped before
+/// ranks are forked, it is in place in each of them, as its own copy, with
+/// no mapping to make there. Throws std::system_error when it cannot be
+/// mapped.
+class entry_stack {
+ public:
+  entry_stack();
+  /// One mapped ahead of the forks of a batch, or null when it cannot be
+  /// (each child then maps its own).
+  static std::unique_ptr<entry_stack> ahead_of_forks() noexcept;
+  entry_stack(const entry_stack&) = delete;
+  entry_stack& operator=(const entry_stack&) = delete;
+  ~entry_stack();
+
+  void* bottom() const noexcept { return bottom_; }
+  std::size_t size() const noexcept { return size_; }
+
+ private:
+  void* base_ = nullptr;
+  void* bottom_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t mapped_ = 0;
+};
+
+/// Runs the function registered as `name` as `rank` in this process, on
+/// `stack` (null: on one mapped here), and writes its encoded result to
+/// `result_fd` (closed then). Returns 0; when an exception escapes the
+/// function, writes the error file, reports on stderr and ends the process
+/// with code 1 (it never returns then).
+int run_entry(const std::string& name, int rank, const encoded& args, int result_fd,
+              const entry_stack* stack = nullptr);
 
 /// The rank this process runs as an entry point, or -1.
 int running_rank() noexcept;
@@ -54,12 +83,17 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
 std::optional<encoded> read_result(int result_fd);
 
 /// In a child that never execs: sets it up as `p` says and writes the
-/// outcome on `report_fd`, which it closes; on failure (where and why) it
+/// outcome, as rank `rank`, on `report_fd`, the write end of a pipe that the
+/// ranks of one start share; closes it then. On failure (where and why) it
 /// exits with 127.
-void set_up_or_report(launch_plan& p, int report_fd) noexcept;
-/// Reads a child's set-up report and closes `report_fd`: true when the set-up
-/// succeeded, else false with `where` and `error` set.
-bool await_set_up(int report_fd, stage& where, int& error) noexcept;
+void set_up_or_report(launch_plan& p, int report_fd, int rank) noexcept;
+/// Reads the set-up reports of ranks 0..count-1 from the pipe they share,
+/// in whatever order they come, and closes `report_fd`: true when every
+/// set-up succeeded. Else false, with `rank` the first rank in rank order
+/// that did not succeed, once every rank before it has: `where` and `error`
+/// say why, or that it died before it could say (the pipe ended first).
+/// The caller must hold no write end of the pipe.
+bool await_set_up(int report_fd, std::size_t count, std::size_t& rank, stage& where, int& error);
 
 /// The demangled name of a type.
 std::string demangle(const std::type_info& type);

@@ -1,12 +1,15 @@
 // The forkserver and its client. A request is one message on a
-// SOCK_SEQPACKET socket carrying descriptors (SCM_RIGHTS): the standard
-// streams, the result memfd, the set-up report pipe and a memfd holding the
-// rest (rank, name, directory, environment, arguments) in cohort's encoding.
-// The reply is the child's pid, or -errno.
+// SOCK_SEQPACKET socket: its bytes say which ranks it carries, and its
+// descriptors (SCM_RIGHTS) are the write end of the set-up report pipe the
+// ranks share, a memfd holding the call and every rank's plan in cohort's
+// encoding, then each rank's standard streams, result memfd and kept
+// descriptors. The reply holds each rank's pid in turn, up to the first
+// that could not be forked: -errno for it.
 #include "entry/forkserver.hpp"
 
 #include "config.hpp"
 #include "entry/entry.hpp"
+#include "process/owned_fd.hpp"
 #include "process/per_process.hpp"
 #include "shm/segment.hpp"
 
@@ -26,31 +29,47 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
+#include <string_view>
+#include <unordered_map>
 
 extern char** environ;
 
 namespace cohort::detail {
 namespace {
 
-// The descriptors of a request, in this order, then those the child keeps
-// (keep_fds), at most max_kept of them.
-enum slot { in_fd, out_fd, err_fd, result_slot, report_slot, request_slot, slots };
-constexpr std::size_t max_fds = slots + max_kept;  // under the kernel's 253 a message
+// The descriptors of a request: the shared ones, then each rank's, at most
+// max_kept kept ones for a rank alone.
+enum shared_slot { report_slot, request_slot, shared_slots };
+enum rank_slot { in_fd, out_fd, err_fd, result_slot, rank_slots };
+constexpr std::size_t max_fds = std::size_t{shared_slots} + rank_slots + max_kept;  // under the kernel's 253 a message
 using fd_array = std::array<int, max_fds>;
 
-// rank, parent pid, death signal, new group, close other fds, name, cwd,
-// environment, arguments, the numbers the kept descriptors have in the
+// rank, parent pid, death signal, new group, cwd, environment (indices of
+// the request's entries), the numbers the kept descriptors have in the
 // requester (and must have in the child).
-using request = std::tuple<int, int, int, bool, bool, std::string, std::string, std::vector<std::string>,
-                           std::vector<std::byte>, std::vector<int>>;
+using rank_plan = std::tuple<int, int, int, bool, std::string, std::vector<int>, std::vector<int>>;
+// The function's name, its arguments, the "NAME=value" entries of the
+// ranks' environments (each once: the ranks share nearly all of theirs),
+// every rank's plan.
+using request = std::tuple<std::string, std::vector<std::byte>, std::vector<std::string>, std::vector<rank_plan>>;
+
+// How many descriptors of a message are the rank's.
+std::size_t descriptors_of(const rank_plan& plan) { return rank_slots + std::get<6>(plan).size(); }
+
+// Which plans of the request a message carries the descriptors of.
+struct batch {
+  std::uint32_t first;
+  std::uint32_t count;
+};
 
 bool send_with_fds(int socket, const void* data, std::size_t size, const int* fds, std::size_t count) {
   iovec iov{const_cast<void*>(data), size};
@@ -118,25 +137,33 @@ pid_t clone_as_sibling(const thread_identity& self) {
 }
 
 // In the forked child: puts the kept descriptors at the numbers they had in
-// the requester, sets itself up, reports, runs the function.
-int run_forked(request& r, const fd_array& received, const sigset_t& reset) {
-  auto& [rank, parent, death_signal, new_group, close_fds, name, cwd, env, args, kept] = r;
-  std::vector<char*> envp;
-  for (auto& entry : env) envp.push_back(entry.data());
+// the requester, sets itself up, reports, runs the function. `own` are the
+// rank's descriptors as received (rank_slot order, then the kept ones); the
+// other ranks' go with the set-up.
+int run_forked(request& r, rank_plan& plan, std::span<const int> own, int report, const sigset_t& reset,
+               const entry_stack* stack) {
+  auto& [name, args, entries, plans] = r;
+  auto& [rank, parent, death_signal, new_group, cwd, env, kept] = plan;
+  // Never freed: environ points into it to the end, exit handlers included.
+  auto& envp = *new std::vector<char*>();
+  envp.reserve(env.size() + 1);
+  for (int entry : env) envp.push_back(entries[static_cast<std::size_t>(entry)].data());
   envp.push_back(nullptr);
   // Every descriptor needed is first moved above all the numbers involved,
   // so that placing one never overwrites another.
-  int top = 2;
-  for (std::size_t i = 0; i < slots + kept.size(); ++i) top = std::max(top, received[i]);
+  int top = std::max(2, report);
+  for (int fd : own) top = std::max(top, fd);
   for (int number : kept) top = std::max(top, number);
   fd_array fds{};
-  for (std::size_t i = 0; i < slots + kept.size(); ++i) {
-    fds[i] = ::fcntl(received[i], F_DUPFD_CLOEXEC, top + 1);
-    if (fds[i] < 0) ::_exit(127);  // no report pipe to say so on yet: the parent sees it end
+  for (std::size_t i = 0; i < own.size(); ++i) {
+    fds[i] = ::fcntl(own[i], F_DUPFD_CLOEXEC, top + 1);
+    if (fds[i] < 0) ::_exit(127);  // not said on the report pipe: the parent sees it end without a word
   }
-  std::vector<int> keep{fds[result_slot], fds[report_slot]};
+  report = ::fcntl(report, F_DUPFD_CLOEXEC, top + 1);
+  if (report < 0) ::_exit(127);
+  std::vector<int> keep{fds[result_slot], report};
   for (std::size_t i = 0; i < kept.size(); ++i) {
-    if (::dup2(fds[slots + i], kept[i]) < 0) ::_exit(127);
+    if (::dup2(fds[rank_slots + i], kept[i]) < 0) ::_exit(127);
     keep.push_back(kept[i]);
   }
   std::sort(keep.begin(), keep.end());
@@ -152,11 +179,10 @@ int run_forked(request& r, const fd_array& received, const sigset_t& reset) {
   p.keep = keep.data();
   p.keep_count = keep.size();
   p.reset_signals = &reset;
-  set_up_or_report(p, fds[report_slot]);
+  set_up_or_report(p, report, rank);
   environ = envp.data();
-  static_cast<void>(close_fds);
   const encoded call_args = encoded::from_bytes(std::move(args));
-  return run_entry(name, rank, call_args, fds[result_slot]);
+  return run_entry(name, rank, call_args, fds[result_slot], stack);
 }
 
 // The client's end: one server per process, started on first use and again
@@ -208,112 +234,146 @@ int serve_forks(int socket) {
   const bool known = ::prctl(PR_GET_TID_ADDRESS, &self.tid) == 0 && self.tid != nullptr;
   ::syscall(SYS_get_robust_list, 0, &self.robust_head, &self.robust_size);
   const sigset_t reset = signals_to_reset();  // this server sets no handler later
+  // Mapped once for all children, each of which has its own copy; never
+  // unmapped here, as the server's own is never used.
+  const entry_stack* stack = entry_stack::ahead_of_forks().release();
   for (;;) {
-    int header = 0;
+    batch b{};
     fd_array fds{};
     std::size_t count = 0;
-    const ssize_t n = receive_with_fds(socket, &header, sizeof header, fds, count);
+    const ssize_t n = receive_with_fds(socket, &b, sizeof b, fds, count);
     if (n <= 0) return 0;  // the requester is gone
-    int reply;
-    std::optional<request> r;
+    std::vector<int> replies;  // a pid per rank, up to the first failure: -errno
     std::vector<std::byte> bytes;
-    if (count < slots) {
-      reply = -EINVAL;
+    std::unique_ptr<request> r;
+    std::span<rank_plan> ranks;  // those to fork, in r
+    if (n != static_cast<ssize_t>(sizeof b) || count < shared_slots) {
+      replies.push_back(-EINVAL);
     } else if (!known) {
-      reply = -ENOSYS;  // no PR_GET_TID_ADDRESS (a kernel without CONFIG_CHECKPOINT_RESTORE)
+      replies.push_back(-ENOSYS);  // no PR_GET_TID_ADDRESS (a kernel without CONFIG_CHECKPOINT_RESTORE)
     } else if (!read_whole(fds[request_slot], bytes)) {
-      reply = -errno;
+      replies.push_back(-errno);
     } else {
       try {
-        r = decode<request>(encoded::from_bytes(std::move(bytes)));
-        if (count != slots + std::get<9>(*r).size()) throw std::invalid_argument("descriptors");
-        const pid_t pid = clone_as_sibling(self);
-        if (pid == 0) {
-          ::close(socket);
-          return run_forked(*r, fds, reset);
+        r = std::make_unique<request>(decode<request>(encoded::from_bytes(std::move(bytes))));
+        auto& [name, args, entries, plans] = *r;
+        if (b.count == 0 || b.first > plans.size() || b.count > plans.size() - b.first) {
+          throw std::invalid_argument("ranks");
         }
-        reply = pid > 0 ? pid : -errno;
+        std::size_t needed = shared_slots;
+        for (const auto& plan : std::span(plans).subspan(b.first, b.count)) {
+          for (int entry : std::get<5>(plan)) {
+            if (entry < 0 || static_cast<std::size_t>(entry) >= entries.size()) throw std::invalid_argument("environment");
+          }
+          needed += descriptors_of(plan);
+        }
+        if (needed != count) throw std::invalid_argument("descriptors");
+        ranks = std::span(plans).subspan(b.first, b.count);
       } catch (const std::exception&) {
-        reply = -EINVAL;
+        replies.push_back(-EINVAL);
       }
     }
+    for (std::size_t i = 0, at = shared_slots; i < ranks.size(); ++i) {
+      const std::size_t own = descriptors_of(ranks[i]);
+      const pid_t pid = clone_as_sibling(self);
+      if (pid == 0) {
+        ::close(socket);
+        // The child's for good: its environment points into it, and what it
+        // leaves behind need not be freed page by page.
+        return run_forked(*r.release(), ranks[i], std::span<const int>(fds).subspan(at, own), fds[report_slot], reset,
+                          stack);
+      }
+      replies.push_back(pid > 0 ? pid : -errno);
+      if (pid < 0) break;
+      at += own;
+    }
     for (std::size_t i = 0; i < count; ++i) ::close(fds[i]);
-    if (!send_with_fds(socket, &reply, sizeof reply, nullptr, 0)) return 0;
+    if (!send_with_fds(socket, replies.data(), replies.size() * sizeof(int), nullptr, 0)) return 0;
   }
 }
 
 namespace {
 
-// A request's descriptors as sent, and the read end of its report pipe.
-struct outgoing {
-  fd_array fds{};
-  std::size_t count = slots;
-  int request_fd = -1;
-  int report[2]{-1, -1};
-  outgoing() = default;
-  outgoing(const outgoing&) = delete;
-  outgoing& operator=(const outgoing&) = delete;
-  ~outgoing() {
-    for (int fd : {request_fd, report[0], report[1]}) {
-      if (fd >= 0) ::close(fd);
-    }
-  }
-};
-
-// Writes request `r` into a memfd and makes its report pipe; 0 or errno.
-int prepare(const server_request& r, const function_call& call, outgoing& o, stage& where) {
+// The descriptors a rank keeps at their numbers. The plan keeps the result
+// memfd too: it has a slot of its own.
+std::vector<int> kept_by(const server_request& r) {
   const launch_plan& p = *r.plan;
-  std::vector<std::string> env;
-  for (char* const* e = p.envp; *e != nullptr; ++e) env.emplace_back(*e);
-  const auto args = call.args.bytes();
-  std::vector<int> kept;  // the plan keeps the result memfd too: it has a slot of its own
+  std::vector<int> kept;
   for (std::size_t i = 0; i < p.keep_count; ++i) {
     if (p.keep[i] != r.result_fd) kept.push_back(p.keep[i]);
   }
-  if (kept.size() > max_kept) {
-    where = stage::fds;
-    return E2BIG;
+  return kept;
+}
+
+// Writes the call and every rank's plan into a memfd; returns it, or -1
+// with `f` saying why.
+int write_plans(std::span<const server_request> requests, const function_call& call, launch_failure& f) {
+  std::vector<std::string> entries;
+  std::unordered_map<std::string_view, int> numbers;  // of the entries, by their text in the plans
+  std::vector<rank_plan> plans;
+  plans.reserve(requests.size());
+  for (const auto& r : requests) {
+    const launch_plan& p = *r.plan;
+    std::vector<int> env;
+    for (char* const* e = p.envp; *e != nullptr; ++e) {
+      const auto [at, fresh] = numbers.try_emplace(*e, static_cast<int>(entries.size()));
+      if (fresh) entries.emplace_back(*e);
+      env.push_back(at->second);
+    }
+    std::vector<int> kept = kept_by(r);
+    if (kept.size() > max_kept) {
+      f = {stage::fds, E2BIG, ""};
+      return -1;
+    }
+    plans.emplace_back(r.rank, p.parent, p.death_signal, p.new_group, p.cwd != nullptr ? p.cwd : "", std::move(env),
+                       std::move(kept));
   }
-  const request req{r.rank, p.parent, p.death_signal, p.new_group, p.close_fds, call.name,
-                    p.cwd != nullptr ? p.cwd : "", std::move(env), std::vector<std::byte>(args.begin(), args.end()), kept};
-  where = stage::start;
-  o.request_fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
-  if (o.request_fd < 0 || !write_whole(o.request_fd, encode(req).bytes())) return errno;
-  where = stage::pipe;
-  if (::pipe2(o.report, O_CLOEXEC) != 0) return errno;
-  for (std::size_t i = 0; i < 3; ++i) o.fds[i] = p.source[i] >= 0 ? p.source[i] : static_cast<int>(i);
-  o.fds[result_slot] = r.result_fd;
-  o.fds[report_slot] = o.report[1];
-  o.fds[request_slot] = o.request_fd;
-  for (std::size_t i = 0; i < kept.size(); ++i) o.fds[slots + i] = kept[i];
-  o.count = slots + kept.size();
-  return 0;
+  const auto args = call.args.bytes();
+  const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), std::move(entries), std::move(plans)};
+  const int fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
+  if (fd < 0 || !write_whole(fd, encode(req).bytes())) {
+    f = {stage::start, errno, ""};
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
-// Receives one reply: the server's answer, or -errno.
-int receive_reply(int socket) {
-  int reply = 0;
-  fd_array none{};
-  std::size_t count = 0;
-  const ssize_t n = receive_with_fds(socket, &reply, sizeof reply, none, count);
-  for (std::size_t i = 0; i < count; ++i) ::close(none[i]);
-  if (n != static_cast<ssize_t>(sizeof reply)) return n == 0 ? -EPIPE : -errno;
-  return reply;
+// Sends the ranks from `first` on that fit in one message; returns how many
+// it sent, or 0 with errno set.
+std::size_t send_batch(int socket, std::span<const server_request> requests, std::size_t first, int report_fd,
+                       int request_fd) {
+  fd_array fds{};
+  fds[report_slot] = report_fd;
+  fds[request_slot] = request_fd;
+  std::size_t count = shared_slots;
+  std::size_t end = first;
+  for (; end < requests.size(); ++end) {
+    const launch_plan& p = *requests[end].plan;
+    const std::vector<int> kept = kept_by(requests[end]);
+    if (count + rank_slots + kept.size() > max_fds) break;
+    for (std::size_t i = 0; i < 3; ++i) fds[count++] = p.source[i] >= 0 ? p.source[i] : static_cast<int>(i);
+    fds[count++] = requests[end].result_fd;
+    for (int fd : kept) fds[count++] = fd;
+  }
+  if (end == first) {  // a rank with more than max_kept: refused before this
+    errno = E2BIG;
+    return 0;
+  }
+  const batch b{static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(end - first)};
+  return send_with_fds(socket, &b, sizeof b, fds.data(), count) ? end - first : 0;
 }
 
-bool server_gone(int reply) { return reply == -EPIPE || reply == -ECONNRESET; }
+bool server_gone(int error) { return error == EPIPE || error == ECONNRESET; }
 
 }  // namespace
 
-std::size_t start_from_server(std::span<server_request> requests, const function_call& call,
+std::size_t start_from_server(std::span<server_request> requests, const function_call& call, int& report_fd,
                               launch_failure& f) noexcept {
   // Never destroyed: a forked child that calls exit() must not touch its
   // copy, whose descriptors it may have closed. The server ends by itself
   // when this process goes (its socket closes; parent-death signal).
   auto& slot = of_this_process<server_slot>();
-  // Requests in flight hold their descriptors in the socket: a window at a
-  // time keeps them well under the limit on descriptors in flight.
-  constexpr std::size_t window = 16;
   std::size_t started = 0;
   try {
     std::lock_guard lock(slot.mutex);
@@ -325,66 +385,63 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       pollfd p{l.socket, POLLRDHUP, 0};
       if (::poll(&p, 1, 0) != 0) drop_server(l);
     }
-    bool restarted = false;
-    while (started < requests.size()) {
-      const std::size_t end = std::min(requests.size(), started + window);
+    const owned_fd plans(write_plans(requests, call, f));
+    if (plans.get() < 0) return 0;
+    for (bool restarted = false;;) {
       if (l.socket < 0) {
         if (int error = start_server(l); error != 0) {
           f = {stage::start, error, ""};
-          return started;
+          return 0;
         }
       }
-      std::vector<std::unique_ptr<outgoing>> batch;
-      std::size_t sent = started;
+      // A fresh pipe for each server: a child a dead server made unasked
+      // cannot report into this one.
+      int ends[2];
+      if (::pipe2(ends, O_CLOEXEC) != 0) {
+        f = {stage::pipe, errno, ""};
+        return 0;
+      }
+      owned_fd report_read(ends[0]), report_write(ends[1]);
+      // One message at a time: its descriptors in flight stay under the
+      // limit on them.
       int error = 0;
-      for (; sent < end; ++sent) {
-        auto o = std::make_unique<outgoing>();
-        stage where{};
-        if (int e = prepare(requests[sent], call, *o, where); e != 0) {
-          f = {where, e, ""};
-          break;
-        }
-        int header = 0;
-        if (!send_with_fds(l.socket, &header, sizeof header, o->fds.data(), o->count)) {
+      while (started < requests.size() && error == 0) {
+        const std::size_t sent = send_batch(l.socket, requests, started, report_write.get(), plans.get());
+        if (sent == 0) {
           error = errno;
           break;
         }
-        ::close(std::exchange(o->request_fd, -1));
-        ::close(std::exchange(o->report[1], -1));
-        batch.push_back(std::move(o));
-      }
-      int failed_reply = 0;
-      for (std::size_t i = 0; i < batch.size(); ++i) {
-        const int reply = receive_reply(l.socket);
-        auto& r = requests[started + i];
-        if (reply > 0 && failed_reply == 0) {
-          r.pid = reply;  // ours: CLONE_PARENT
-          r.report_fd = std::exchange(batch[i]->report[0], -1);
-        } else if (reply > 0) {
-          ::kill(reply, SIGKILL);  // after a failure: not handed out, so not left behind
-          ::waitpid(reply, nullptr, 0);
-        } else if (failed_reply == 0) {
-          failed_reply = reply;
+        std::array<int, max_fds> replies{};
+        fd_array none{};
+        std::size_t count = 0;
+        const ssize_t n = receive_with_fds(l.socket, replies.data(), sizeof replies, none, count);
+        for (std::size_t i = 0; i < count; ++i) ::close(none[i]);
+        if (n <= 0) {
+          error = n == 0 ? EPIPE : errno;
+          break;
         }
-        if (server_gone(reply)) break;
+        const std::size_t answered = std::min(sent, static_cast<std::size_t>(n) / sizeof(int));
+        for (std::size_t i = 0; i < answered && error == 0; ++i) {
+          if (replies[i] > 0) {
+            requests[started++].pid = replies[i];  // ours: CLONE_PARENT
+          } else {
+            error = replies[i] < 0 ? -replies[i] : EPROTO;
+          }
+        }
+        if (error == 0 && answered < sent) error = EPROTO;
       }
-      const bool gone = server_gone(failed_reply) || (error != 0 && server_gone(-error));
-      if (gone && started == 0 && requests[0].pid <= 0 && !restarted) {  // a server dead at once: started again, once
+      if (error == 0) {
+        report_fd = report_read.release();
+        return started;
+      }
+      const bool gone = server_gone(error);
+      if (gone) drop_server(l);
+      if (gone && started == 0 && !restarted) {  // a server dead at once: started again, once
         restarted = true;
-        drop_server(l);
         continue;
       }
-      if (gone) drop_server(l);
-      for (std::size_t i = 0; i < batch.size() && requests[started].pid > 0; ++i) ++started;
-      if (failed_reply != 0) {
-        f = {stage::start, -failed_reply, ""};
-        return started;
-      }
-      if (error != 0) {
-        f = {stage::start, error, ""};
-        return started;
-      }
-      if (f.where != stage::none) return started;
+      f = {stage::start, error, ""};
+      return started;
     }
   } catch (const std::bad_alloc&) {
     f = {stage::start, ENOMEM, ""};
@@ -395,13 +452,12 @@ std::size_t start_from_server(std::span<server_request> requests, const function
 }
 
 void stop_forkserver() noexcept {
-  try {
-    auto& slot = of_this_process<server_slot>();
-    std::lock_guard lock(slot.mutex);
-    if (slot.link) drop_server(*slot.link);
-  } catch (...) {
-    // No memory for a first use: there is no server to stop.
-  }
+  // A process that never asked for a server (a forked rank, whose parent's
+  // is not its own) has none to stop.
+  auto* slot = made_in_this_process<server_slot>();
+  if (slot == nullptr) return;
+  std::lock_guard lock(slot->mutex);
+  if (slot->link) drop_server(*slot->link);
 }
 
 }  // namespace cohort::detail

@@ -30,17 +30,18 @@ struct server_request {
   launch_plan* plan;
   int rank;
   int result_fd;
-  pid_t pid = -1;      ///< the child, this process's own (CLONE_PARENT)
-  int report_fd = -1;  ///< the read end of its set-up report pipe, to await_set_up()
+  pid_t pid = -1;  ///< the child, this process's own (CLONE_PARENT)
 };
 
 /// Has the forkserver fork a child per request, starting the server first
-/// when none runs. The requests are sent a window at a time and their
-/// replies read after, so the server forks while the next are sent. Returns
-/// how many requests, from the first, have a child; at the first failure it
-/// stops, with `f` saying why and no child of a later request left. Needs
+/// when none runs. The requests go in as few messages as their descriptors
+/// allow, each answered once its children are made. Returns how many
+/// requests, from the first, have a child; when all have, `report_fd` is
+/// the read end of the pipe their set-up reports come on (see
+/// await_set_up), the caller's to close. At the first failure it stops,
+/// with `f` saying why and no child of a later request left. Needs
 /// child_main() in main (checked by the caller).
-std::size_t start_from_server(std::span<server_request> requests, const function_call& call,
+std::size_t start_from_server(std::span<server_request> requests, const function_call& call, int& report_fd,
                               launch_failure& f) noexcept;
 
 }  // namespace cohort::detail

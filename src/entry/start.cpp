@@ -8,6 +8,7 @@
 #include "entry/forkserver.hpp"
 #include "process/descriptor_limit.hpp"
 #include "process/launch.hpp"
+#include "process/owned_fd.hpp"
 #include "process/parallel.hpp"
 
 #include <fmt/format.h>
@@ -56,17 +57,12 @@ class memfd {
 struct rank_launch {
   memfd result{"cohort-result"};
   std::unique_ptr<prepared_launch> prepared;
-  int report[2]{-1, -1};  // fork: the set-up report pipe
   pid_t pid = -1;
-  int report_read = -1;
 
   rank_launch() = default;
   rank_launch(const rank_launch&) = delete;
   rank_launch& operator=(const rank_launch&) = delete;
   ~rank_launch() {
-    for (int fd : {report[0], report[1], report_read}) {
-      if (fd >= 0) ::close(fd);
-    }
     if (pid > 0) {
       ::kill(pid, SIGKILL);
       ::waitpid(pid, nullptr, 0);
@@ -76,14 +72,15 @@ struct rank_launch {
 
 // The child of a true fork of this process: sets itself up, reports on the
 // pipe, calls the function and exits.
-[[noreturn]] void run_forked_rank(launch_plan& p, int report_fd, const function_call& call, int rank, int result_fd) {
-  set_up_or_report(p, report_fd);
+[[noreturn]] void run_forked_rank(launch_plan& p, int report_fd, const function_call& call, int rank, int result_fd,
+                                  const entry_stack* stack) {
+  set_up_or_report(p, report_fd, rank);
   // Output the parent had buffered but not written is the parent's to
   // write: dropped here, or it would appear twice.
   ::__fpurge(stdout);
   ::__fpurge(stderr);
   environ = const_cast<char**>(p.envp);
-  const int code = run_entry(call.name, rank, call.args, result_fd);
+  const int code = run_entry(call.name, rank, call.args, result_fd, stack);
   release_shared_memory_holds();
   std::cout.flush();
   std::fflush(stdout);
@@ -94,8 +91,11 @@ struct rank_launch {
 // Forks every rank back to back (glibc's fork: its malloc and stdio locks
 // are taken across it), with nothing allocated in between: after each fork
 // the parent pays a copy for every page it writes, so the preparation is
-// all done before. Returns the rank that could not be forked, or -1.
-int fork_all(std::vector<std::unique_ptr<rank_launch>>& ranks, const function_call& call, launch_failure& f) {
+// all done before, the children's stack included. Returns the rank that
+// could not be forked, or -1.
+int fork_all(std::vector<std::unique_ptr<rank_launch>>& ranks, const function_call& call, int report_fd,
+             launch_failure& f) {
+  const auto stack = entry_stack::ahead_of_forks();
   const signals_blocked blocked;
   // Asked once for all: a handler another thread sets meanwhile stays in
   // the children, where it runs on their own copy of memory.
@@ -104,7 +104,7 @@ int fork_all(std::vector<std::unique_ptr<rank_launch>>& ranks, const function_ca
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     auto& x = *ranks[r];
     const pid_t pid = ::fork();
-    if (pid == 0) run_forked_rank(x.prepared->plan(), x.report[1], call, static_cast<int>(r), x.result.get());
+    if (pid == 0) run_forked_rank(x.prepared->plan(), report_fd, call, static_cast<int>(r), x.result.get(), stack.get());
     if (pid < 0) {
       f = {stage::clone, errno, ""};
       return static_cast<int>(r);
@@ -115,8 +115,10 @@ int fork_all(std::vector<std::unique_ptr<rank_launch>>& ranks, const function_ca
 }
 
 // What a forked child reports once its set-up is done: stage::none, or where
-// and why it failed.
+// and why it failed. Smaller than PIPE_BUF: the reports of the ranks that
+// share a pipe never interleave.
 struct setup_report {
+  int rank;
   stage where;
   int error;
 };
@@ -125,30 +127,42 @@ struct setup_report {
 
 // Success is reported too, rather than told by the pipe's end of file: a
 // thread of the parent forking meanwhile would hold a copy of the write end.
-void set_up_or_report(launch_plan& p, int report_fd) noexcept {
+void set_up_or_report(launch_plan& p, int report_fd, int rank) noexcept {
   const bool ready = set_up_child(p);
-  const setup_report r{ready ? stage::none : p.failed_at, ready ? 0 : p.error};
+  const setup_report r{rank, ready ? stage::none : p.failed_at, ready ? 0 : p.error};
   [[maybe_unused]] auto n = ::write(report_fd, &r, sizeof r);
   if (!ready) ::_exit(127);
   ::close(report_fd);
 }
 
-bool await_set_up(int report_fd, stage& where, int& error) noexcept {
-  setup_report r{};
-  ssize_t n;
-  do {
-    n = ::read(report_fd, &r, sizeof r);
-  } while (n < 0 && errno == EINTR);
-  ::close(report_fd);
-  if (n == static_cast<ssize_t>(sizeof r) && r.where == stage::none) return true;
-  if (n == static_cast<ssize_t>(sizeof r)) {
-    where = r.where;
-    error = r.error;
-  } else {  // it died before it could say
-    where = stage::start;
-    error = n < 0 ? errno : ECHILD;
+// The pipe ends once every rank has reported and closed its end, or died:
+// a rank with no report by then died before it could say.
+bool await_set_up(int report_fd, std::size_t count, std::size_t& rank, stage& where, int& error) {
+  const owned_fd pipe(report_fd);
+  std::vector<setup_report> reports(count, setup_report{-1, stage::none, 0});  // rank -1: none yet
+  setup_report batch[64];  // reads of whole reports only: every write is one
+  for (std::size_t next = 0;;) {
+    while (next < count && reports[next].rank >= 0 && reports[next].where == stage::none) ++next;
+    if (next == count) return true;
+    if (reports[next].rank >= 0) {
+      rank = next;
+      where = reports[next].where;
+      error = reports[next].error;
+      return false;
+    }
+    const ssize_t n = ::read(pipe.get(), batch, sizeof batch);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      rank = next;
+      where = stage::start;
+      error = n < 0 ? errno : ECHILD;
+      return false;
+    }
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(setup_report); ++i) {
+      const auto r = static_cast<std::size_t>(batch[i].rank);
+      if (batch[i].rank >= 0 && r < count && reports[r].rank < 0) reports[r] = batch[i];
+    }
   }
-  return false;
 }
 
 namespace {
@@ -225,7 +239,15 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     }
   }
 
-  // Everything prepared first: nothing has started if this fails.
+  // Everything prepared first: nothing has started if this fails. Forked
+  // ranks report their set-up on one pipe; the forkserver makes its own.
+  owned_fd report_read, report_write;
+  if (call.method == start_method::fork) {
+    int ends[2];
+    if (::pipe2(ends, O_CLOEXEC) != 0) fail(0, {stage::pipe, errno, ""});
+    report_read = owned_fd(ends[0]);
+    report_write = owned_fd(ends[1]);
+  }
   std::vector<std::unique_ptr<rank_launch>> ranks;
   ranks.reserve(n);
   for (std::size_t r = 0; r < n; ++r) {
@@ -233,10 +255,7 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     if (x.result.get() < 0) fail(r, {stage::start, x.result.error(), "memfd_create"});
     launch_failure f;
     std::vector<int> keep{x.result.get()};
-    if (call.method == start_method::fork) {
-      if (::pipe2(x.report, O_CLOEXEC) != 0) fail(r, {stage::pipe, errno, ""});
-      keep.push_back(x.report[1]);
-    }
+    if (call.method == start_method::fork) keep.push_back(report_write.get());
     x.prepared = std::make_unique<prepared_launch>(options[r], keep, f);
     if (!x.prepared->ok()) fail(r, f);
     x.prepared->plan().close_now = true;  // no exec to close them at
@@ -244,11 +263,8 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
 
   launch_failure f;
   if (call.method == start_method::fork) {
-    const int failed = fork_all(ranks, call, f);
-    for (auto& x : ranks) {
-      if (x->report[1] >= 0) ::close(std::exchange(x->report[1], -1));
-      x->report_read = std::exchange(x->report[0], -1);
-    }
+    const int failed = fork_all(ranks, call, report_write.get(), f);
+    report_write.reset();
     if (failed >= 0) fail(static_cast<std::size_t>(failed), f);
   } else {
     std::vector<server_request> requests;
@@ -256,11 +272,10 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     for (std::size_t r = 0; r < n; ++r) {
       requests.push_back({&ranks[r]->prepared->plan(), static_cast<int>(r), ranks[r]->result.get()});
     }
-    const std::size_t started = start_from_server(requests, call, f);
-    for (std::size_t r = 0; r < started; ++r) {
-      ranks[r]->pid = requests[r].pid;
-      ranks[r]->report_read = requests[r].report_fd;
-    }
+    int report_fd = -1;
+    const std::size_t started = start_from_server(requests, call, report_fd, f);
+    report_read = owned_fd(report_fd);
+    for (std::size_t r = 0; r < started; ++r) ranks[r]->pid = requests[r].pid;
     if (started < n) fail(started, f);
   }
 
@@ -272,10 +287,9 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     children.push_back(child(x.prepared->adopt(executor, std::exchange(x.pid, -1), pidfd)));
   }
   // The ranks set themselves up meanwhile; a failure of one ends them all.
-  for (std::size_t r = 0; r < n; ++r) {
-    if (!await_set_up(std::exchange(ranks[r]->report_read, -1), f.where, f.error)) fail(r, f);
-    result_fds[r] = ranks[r]->result.release();
-  }
+  std::size_t failed = 0;
+  if (!await_set_up(report_read.release(), n, failed, f.where, f.error)) fail(failed, f);
+  for (std::size_t r = 0; r < n; ++r) result_fds[r] = ranks[r]->result.release();
   return children;
 }
 

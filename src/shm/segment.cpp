@@ -87,11 +87,17 @@ registry& segments() {
   return *r;
 }
 
+// Whether this process has made its arena: a fork child has a copy to
+// drop only then. Release when made, acquire in the child (which forks
+// from whichever thread): a child that sees it finds the arena whole.
+std::atomic<bool> arena_made{false};
+
 // This process's arena and the large segments it made that others still hold.
 struct arena_state {
   std::mutex mutex;
   std::vector<std::shared_ptr<segment>> arenas;
   std::vector<std::shared_ptr<segment>> lingering;
+  arena_state() { arena_made.store(true, std::memory_order_release); }
   ~arena_state() {
     for (auto& a : arenas) {
       if (a.use_count() == 1 && a->held_only_by_ended()) {
@@ -135,6 +141,9 @@ std::uint64_t own_start_time() noexcept {
                        if (auto s = weak.lock()) s->note_mapper();
                      }
                      r.mutex.unlock();
+                     // Not made here when the parent has none: every
+                     // child would pay for it.
+                     if (!arena_made.load(std::memory_order_acquire)) return;
                      auto& a = arena();
                      std::vector<std::shared_ptr<segment>>().swap(a.arenas);
                      std::vector<std::shared_ptr<segment>>().swap(a.lingering);
@@ -554,7 +563,7 @@ void linger(std::shared_ptr<segment> s) {
   a.lingering.push_back(std::move(s));
 }
 
-void wait_for_receivers(std::chrono::steady_clock::time_point deadline) noexcept {
+void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
   std::vector<std::shared_ptr<segment>> made;
   {
     auto& r = segments();
@@ -563,6 +572,8 @@ void wait_for_receivers(std::chrono::steady_clock::time_point deadline) noexcept
       if (auto s = weak.lock(); s && s->made_here()) made.push_back(std::move(s));
     }
   }
+  if (made.empty()) return;  // the common case, with no clock to read
+  const auto deadline = std::chrono::steady_clock::now() + limit;
   for (const auto& s : made) {
     while (s->messages_in_flight() && std::chrono::steady_clock::now() < deadline) {
       ::usleep(1000);

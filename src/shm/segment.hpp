@@ -212,10 +212,10 @@ std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes);
 /// Keeps a segment this process made, and no longer uses itself, open and
 /// mapped until its last block is freed, so others can still open it.
 void linger(std::shared_ptr<segment> s);
-/// Waits, until `deadline`, for the messages in flight that name segments
-/// this process made to be received: receivers may have to open them
-/// through it. Called when an entry point returns.
-void wait_for_receivers(std::chrono::steady_clock::time_point deadline) noexcept;
+/// Waits, for at most `limit`, for the messages in flight that name
+/// segments this process made to be received: receivers may have to open
+/// them through it. Called when an entry point returns.
+void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept;
 /// Retires arena segments with no block in use, lets go of lingering
 /// segments that others have freed, and unmaps segments of other processes
 /// that no storage here uses; returns how many segments went.

@@ -513,6 +513,31 @@ TEST_SUITE("entry points") {
     });
   }
 
+  TEST_CASE("many ranks each run as their own rank and get their keep_fds, through every start method") {
+    for_each_method([](start_method method) {
+      int ends[2];
+      REQUIRE(::pipe2(ends, O_CLOEXEC) == 0);
+      join_options options{.method = method};
+      options.spawn.keep_fds = {ends[1]};
+      // More ranks, with their descriptors, than one request to the
+      // forkserver carries.
+      constexpr int ranks = 70;
+      spawn_and_join(write_rank_to, std::tuple{ends[1]}, ranks, options);
+      ::close(ends[1]);
+      std::string text;
+      char buf[256];
+      for (ssize_t n; (n = ::read(ends[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+      ::close(ends[0]);
+      std::vector<int> seen;
+      std::istringstream lines(text);
+      for (int rank; lines >> rank;) seen.push_back(rank);
+      std::sort(seen.begin(), seen.end());
+      std::vector<int> all(ranks);
+      for (int rank = 0; rank < ranks; ++rank) all[static_cast<std::size_t>(rank)] = rank;
+      CHECK(seen == all);
+    });
+  }
+
   TEST_CASE("a forkserver that died since the last start is started again") {
     auto r = run_function(call(start_method::forkserver, rank_itself), 3);
     REQUIRE(r.ok());
