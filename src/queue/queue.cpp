@@ -1,7 +1,7 @@
 // The untyped queue behind cohort::queue<T>: a ring of records in shared
-// memory under a robust process-shared lock, with futex words that a side
-// sleeps on only when it has to, and a waker that enters the kernel only
-// when the other side sleeps.
+// memory under a process-shared lock that outlives a holder killed in it,
+// with futex words that a side sleeps on only when it has to, and a waker
+// that enters the kernel only when the other side sleeps.
 #include "cohort/queue.hpp"
 
 #include "queue/peers.hpp"
@@ -16,7 +16,6 @@
 
 #include <fmt/format.h>
 
-#include <pthread.h>
 #include <sched.h>
 #include <unistd.h>
 
@@ -51,7 +50,7 @@ struct queue_header {
   std::uint64_t signature;  // hash of the value type's signature
   std::uint64_t capacity;   // values
   std::uint64_t ring_bytes;
-  pthread_mutex_t lock;     // robust, process-shared: guards everything below
+  shm::shared_lock lock;    // guards everything below
   std::uint64_t head, tail; // byte positions, only ever growing
   std::uint64_t count;
   std::uint32_t closed;
@@ -69,11 +68,11 @@ class locked {
   explicit locked(queue_header& h) noexcept : h_(h) {
     // A holder that died cannot have left a half-made record: records are
     // written before `tail` moves and read before `head` does.
-    shm::lock_robust(h_.lock);
+    h_.lock.lock();
   }
   locked(const locked&) = delete;
   locked& operator=(const locked&) = delete;
-  ~locked() { ::pthread_mutex_unlock(&h_.lock); }
+  ~locked() { h_.lock.unlock(); }
 
  private:
   queue_header& h_;
@@ -97,7 +96,6 @@ class queue_core {
     h->signature = hash_of(signature);
     h->capacity = capacity;
     h->ring_bytes = ring;
-    shm::init_robust(h->lock);
     q->header_ = h;
     return q;
   }

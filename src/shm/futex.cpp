@@ -2,6 +2,7 @@
 #include "shm/futex.hpp"
 
 #include "config.hpp"
+#include "shm/segment.hpp"
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -16,6 +17,10 @@ namespace {
 
 static_assert(sizeof(std::atomic<std::uint32_t>) == 4 && std::atomic<std::uint32_t>::is_always_lock_free,
               "a futex word is a lock-free 32-bit atomic, the same in every process");
+
+// How long a waiter for a shared_lock sleeps before it looks whether the
+// holder is still there.
+constexpr std::chrono::milliseconds holder_check{10};
 
 // How long futex_wait_either sleeps on the word alone without futex_waitv.
 constexpr std::chrono::milliseconds stop_check{50};
@@ -73,6 +78,43 @@ futex_result futex_wait_either(std::atomic<std::uint32_t>& word, std::uint32_t e
   const long rc = ::syscall(SYS_futex_waitv, waiters, 2, 0, nullptr, CLOCK_MONOTONIC);
   if (rc < 0 && errno == ENOSYS) return futex_wait(word, expected, stop_check, ec);
   return result_of(rc, ec);
+}
+
+void shared_lock::lock() noexcept {
+  const auto self = static_cast<std::uint32_t>(this_process());
+  std::uint32_t seen = 0;
+  if (word.compare_exchange_strong(seen, self, std::memory_order_acquire, std::memory_order_relaxed)) return;
+  // A short spin first: holders keep it for a few stores, and sleeping on
+  // the kernel's side costs far more.
+  for (int i = 0; i < 100; ++i) {
+    __builtin_ia32_pause();
+    seen = 0;
+    if (word.load(std::memory_order_relaxed) == 0 &&
+        word.compare_exchange_strong(seen, self, std::memory_order_acquire, std::memory_order_relaxed)) {
+      return;
+    }
+  }
+  for (;;) {
+    seen = word.load(std::memory_order_relaxed);
+    if (seen == 0) {
+      // Taken as one that may have company asleep: its unlock wakes one.
+      if (word.compare_exchange_weak(seen, self | sleeping, std::memory_order_acquire, std::memory_order_relaxed)) return;
+      continue;
+    }
+    if ((seen & sleeping) == 0) {
+      if (!word.compare_exchange_weak(seen, seen | sleeping, std::memory_order_relaxed)) continue;
+      seen |= sleeping;
+    }
+    std::error_code ec;
+    if (futex_wait(word, seen, holder_check, ec) != futex_result::timed_out) continue;
+    const auto holder = static_cast<pid_t>(seen & ~sleeping);
+    // Gone, or a zombie not yet reaped (perhaps by this very thread's
+    // process): either way it holds nothing any more.
+    if (start_time_of(holder) == 0 &&
+        word.compare_exchange_strong(seen, self | sleeping, std::memory_order_acquire, std::memory_order_relaxed)) {
+      return;  // its holder was killed holding it
+    }
+  }
 }
 
 }  // namespace cohort::shm

@@ -4,6 +4,7 @@
 #include "shm/segment.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -187,30 +188,6 @@ pid_t this_process() noexcept {
 void forget_process_id() noexcept {
   cached_pid.store(0, std::memory_order_relaxed);
   cached_start_time.store(0, std::memory_order_relaxed);
-}
-
-void init_robust(pthread_mutex_t& m) noexcept {
-  pthread_mutexattr_t attr;
-  ::pthread_mutexattr_init(&attr);
-  ::pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-  ::pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-  ::pthread_mutex_init(&m, &attr);
-  ::pthread_mutexattr_destroy(&attr);
-}
-
-void lock_robust(pthread_mutex_t& m) noexcept {
-  // A short spin first: holders keep it for a few stores, and sleeping on
-  // the kernel's side costs far more.
-  for (int i = 0; i < 100; ++i) {
-    const int r = ::pthread_mutex_trylock(&m);
-    if (r == 0) return;
-    if (r == EOWNERDEAD) {
-      ::pthread_mutex_consistent(&m);
-      return;
-    }
-    __builtin_ia32_pause();
-  }
-  if (::pthread_mutex_lock(&m) == EOWNERDEAD) ::pthread_mutex_consistent(&m);
 }
 
 std::string segment_name(pid_t maker, std::uint64_t nonce) {

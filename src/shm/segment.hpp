@@ -5,7 +5,6 @@
 
 #include "cohort/storage.hpp"
 
-#include <pthread.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -188,12 +187,6 @@ pid_t this_process() noexcept;
 /// Forgets the cached pid: for a child made without glibc's fork (whose
 /// handlers do it) that goes on running this program.
 void forget_process_id() noexcept;
-
-/// Makes `m`, in shared memory, a robust process-shared mutex.
-void init_robust(pthread_mutex_t& m) noexcept;
-/// Locks a robust process-shared mutex; a holder that died leaves it
-/// consistent to the next locker.
-void lock_robust(pthread_mutex_t& m) noexcept;
 
 /// The name of a file_system segment: "/cohort_<maker pid>_<nonce, hex>".
 std::string segment_name(pid_t maker, std::uint64_t nonce);

@@ -1,4 +1,5 @@
 #include "uring/futex.hpp"
+#include "shm/futex.hpp"
 
 #include "support/harness.hpp"
 
@@ -273,4 +274,57 @@ TEST_SUITE("futex") {
     shm::futex_wait(word, 0, 1s, ec);
     CHECK(ec == std::error_code(EFAULT, std::system_category()));
   }
+
+  TEST_CASE("a shared_lock keeps the increments of two processes apart") {
+    struct guarded {
+      shm::shared_lock lock;
+      std::uint64_t count = 0;
+    };
+    shared_word page;
+    auto& g = *new (page.page) guarded{};
+    constexpr int each = 200000;
+    const auto add = [&] {
+      for (int i = 0; i < each; ++i) {
+        g.lock.lock();
+        const auto n = g.count;  // a read and a write apart: a lost update shows
+        g.count = n + 1;
+        g.lock.unlock();
+      }
+    };
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      add();
+      ::_exit(0);
+    }
+    add();
+    CHECK(reap(child) == 0);
+    CHECK(g.count == 2u * each);
+    CHECK(g.lock.word.load() == 0);
+  }
+
+  TEST_CASE("a shared_lock whose holder was killed holding it, reaped or not, is taken over") {
+    for (const bool reaped : {true, false}) {
+      CAPTURE(reaped);
+      shared_word page;
+      auto& lock = *new (page.page) shm::shared_lock{};
+      const pid_t child = ::fork();
+      REQUIRE(child >= 0);
+      if (child == 0) {
+        lock.lock();
+        ::raise(SIGKILL);
+      }
+      // Held by the child, then by nobody alive.
+      while (lock.word.load() == 0) std::this_thread::yield();
+      CHECK((lock.word.load() & ~shm::shared_lock::sleeping) == static_cast<std::uint32_t>(child));
+      int status = 0;
+      if (reaped) REQUIRE(::waitpid(child, &status, 0) == child);
+      lock.lock();  // a zombie holds nothing either
+      CHECK((lock.word.load() & ~shm::shared_lock::sleeping) == static_cast<std::uint32_t>(::getpid()));
+      lock.unlock();
+      if (!reaped) REQUIRE(::waitpid(child, &status, 0) == child);
+      CHECK(WIFSIGNALED(status));
+    }
+  }
 }
+
