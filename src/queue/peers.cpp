@@ -16,13 +16,7 @@
 
 namespace cohort::detail {
 
-namespace {
-
-using shm::start_time_of;
-
-}  // namespace
-
-std::uint64_t own_start_time() noexcept { return start_time_of(shm::this_process()); }
+std::uint64_t own_start_time() noexcept { return shm::own_start_time(); }
 int own_rank() noexcept { return running_rank(); }
 
 void peer_table::join(std::uint32_t roles) noexcept {
@@ -53,7 +47,7 @@ bool peer_watch::alive(const peer& p) {
     owned_fd fd(config::pidfd_open(p.pid));
     if (fd.get() < 0) return errno != ESRCH;
     // The pid may already name another process: the start time tells.
-    if (start_time_of(p.pid) != p.start_time) return false;
+    if (shm::has_ended(p.pid, p.start_time)) return false;
     it = pidfds_.emplace(key, std::move(fd)).first;
   }
   pollfd f{it->second.get(), POLLIN, 0};

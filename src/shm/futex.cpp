@@ -5,6 +5,7 @@
 #include "shm/segment.hpp"
 
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -82,23 +83,28 @@ futex_result futex_wait_either(std::atomic<std::uint32_t>& word, std::uint32_t e
 
 void shared_lock::lock() noexcept {
   const auto self = static_cast<std::uint32_t>(this_process());
+  // Taken: acq_rel, so that a waiter that reads this pid in the word also
+  // reads, in holder_start, 0 or this process's start time, never an
+  // earlier holder's.
+  const auto take = [&](std::uint32_t& seen, std::uint32_t value) {
+    if (!word.compare_exchange_strong(seen, value, std::memory_order_acq_rel, std::memory_order_relaxed)) return false;
+    holder_start.store(own_start_time(), std::memory_order_release);
+    return true;
+  };
   std::uint32_t seen = 0;
-  if (word.compare_exchange_strong(seen, self, std::memory_order_acquire, std::memory_order_relaxed)) return;
+  if (take(seen, self)) return;
   // A short spin first: holders keep it for a few stores, and sleeping on
   // the kernel's side costs far more.
   for (int i = 0; i < 100; ++i) {
     __builtin_ia32_pause();
     seen = 0;
-    if (word.load(std::memory_order_relaxed) == 0 &&
-        word.compare_exchange_strong(seen, self, std::memory_order_acquire, std::memory_order_relaxed)) {
-      return;
-    }
+    if (word.load(std::memory_order_relaxed) == 0 && take(seen, self)) return;
   }
   for (;;) {
     seen = word.load(std::memory_order_relaxed);
     if (seen == 0) {
       // Taken as one that may have company asleep: its unlock wakes one.
-      if (word.compare_exchange_weak(seen, self | sleeping, std::memory_order_acquire, std::memory_order_relaxed)) return;
+      if (take(seen, self | sleeping)) return;
       continue;
     }
     if ((seen & sleeping) == 0) {
@@ -106,14 +112,15 @@ void shared_lock::lock() noexcept {
       seen |= sleeping;
     }
     std::error_code ec;
-    if (futex_wait(word, seen, holder_check, ec) != futex_result::timed_out) continue;
+    const auto woke = futex_wait(word, seen, holder_check, ec);
+    if (ec) ::sched_yield();  // not a sleep: at least no busy loop
+    if (woke != futex_result::timed_out && !ec) continue;
     const auto holder = static_cast<pid_t>(seen & ~sleeping);
-    // Gone, or a zombie not yet reaped (perhaps by this very thread's
-    // process): either way it holds nothing any more.
-    if (start_time_of(holder) == 0 &&
-        word.compare_exchange_strong(seen, self | sleeping, std::memory_order_acquire, std::memory_order_relaxed)) {
-      return;  // its holder was killed holding it
-    }
+    const auto start = holder_start.load(std::memory_order_acquire);
+    // Ended (gone, or a zombie not yet reaped, perhaps by this very
+    // process), or, when killed between its take and its record, gone now.
+    const bool ended = start != 0 ? has_ended(holder, start) : start_time_of(holder) == std::optional<std::uint64_t>(0);
+    if (ended && take(seen, self | sleeping)) return;
   }
 }
 

@@ -120,35 +120,39 @@ arena_state& arena() {
 std::atomic<pid_t> cached_pid{0};
 std::atomic<std::uint64_t> cached_start_time{0};
 
-// This process's start time, read once per process.
-std::uint64_t own_start_time() noexcept {
-  auto t = cached_start_time.load(std::memory_order_relaxed);
-  if (t == 0) {
-    t = start_time_of(this_process());
-    cached_start_time.store(t, std::memory_order_relaxed);
-  }
-  return t;
-}
 
 
 // A fork child makes its own arena: the parent's goes on being carved by
 // the parent, which also holds the descriptors others open.
+// Both locks are held across the fork, the arena's first (the order
+// allocate() takes them in), so the child finds neither a lock no thread
+// of its own will release nor a list in the middle of a change. The arena
+// is not made for this when the parent has none: every child would pay.
+bool arena_held_for_fork = false;
 [[maybe_unused]] const bool fork_handlers = [] {
-  ::pthread_atfork([] { segments().mutex.lock(); }, [] { segments().mutex.unlock(); },
-                   [] {
-                     forget_process_id();
-                     auto& r = segments();
-                     for (auto& [nonce, weak] : r.segments) {
-                       if (auto s = weak.lock()) s->note_mapper();
-                     }
-                     r.mutex.unlock();
-                     // Not made here when the parent has none: every
-                     // child would pay for it.
-                     if (!arena_made.load(std::memory_order_acquire)) return;
-                     auto& a = arena();
-                     std::vector<std::shared_ptr<segment>>().swap(a.arenas);
-                     std::vector<std::shared_ptr<segment>>().swap(a.lingering);
-                   });
+  ::pthread_atfork(
+      [] {
+        arena_held_for_fork = arena_made.load(std::memory_order_acquire);
+        if (arena_held_for_fork) arena().mutex.lock();
+        segments().mutex.lock();
+      },
+      [] {
+        segments().mutex.unlock();
+        if (arena_held_for_fork) arena().mutex.unlock();
+      },
+      [] {
+        forget_process_id();
+        auto& r = segments();
+        for (auto& [nonce, weak] : r.segments) {
+          if (auto s = weak.lock()) s->note_mapper();
+        }
+        r.mutex.unlock();
+        if (!arena_held_for_fork) return;
+        auto& a = arena();
+        std::vector<std::shared_ptr<segment>>().swap(a.arenas);
+        std::vector<std::shared_ptr<segment>>().swap(a.lingering);
+        a.mutex.unlock();
+      });
   return true;
 }();
 
@@ -156,25 +160,47 @@ std::uint64_t own_start_time() noexcept {
 
 static_assert(sizeof(segment_header) <= segment::single_block, "the header runs into the first block");
 
-std::uint64_t start_time_of(pid_t pid) noexcept {
+std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
+  if (fd < 0) return errno == ENOENT || errno == ESRCH ? std::optional<std::uint64_t>(0) : std::nullopt;
   char text[1024];
   const auto n = ::read(fd, text, sizeof text - 1);
+  const int error = errno;
   ::close(fd);
-  if (n <= 0) return 0;
+  if (n < 0 && error == ESRCH) return 0;  // ended between the open and the read
+  if (n <= 0) return std::nullopt;
   text[n] = '\0';
-  // Counted after the command's closing parenthesis: the command may hold
-  // spaces. Field 3, the state, says whether it is a zombie.
+  // Fields counted after the command's closing parenthesis (the command may
+  // hold spaces): 3 the state, 20 the number of threads, 22 the start time.
   const char* p = std::strrchr(text, ')');
-  if (p == nullptr || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X') return 0;
-  for (int field = 2; field < 22 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
-  return p == nullptr ? 0 : std::strtoull(p + 1, nullptr, 10);
+  if (p == nullptr || p[1] != ' ') return std::nullopt;
+  const char state = p[2];
+  long threads = -1;
+  for (int field = 2; field < 22 && p != nullptr; ++field) {
+    p = std::strchr(p + 1, ' ');
+    if (field == 19 && p != nullptr) threads = std::strtol(p + 1, nullptr, 10);
+  }
+  if (p == nullptr) return std::nullopt;
+  // A leader that called pthread_exit shows Z while its other threads run.
+  if ((state == 'Z' || state == 'X') && threads <= 1) return 0;
+  return std::strtoull(p + 1, nullptr, 10);
 }
 
-bool has_ended(pid_t pid, std::uint64_t start_time) noexcept { return start_time_of(pid) != start_time; }
+bool has_ended(pid_t pid, std::uint64_t start_time) noexcept {
+  const auto now = start_time_of(pid);
+  return now && *now != start_time;
+}
+
+std::uint64_t own_start_time() noexcept {
+  auto t = cached_start_time.load(std::memory_order_relaxed);
+  if (t == 0) {
+    t = start_time_of(this_process()).value_or(0);
+    cached_start_time.store(t, std::memory_order_relaxed);
+  }
+  return t;
+}
 
 pid_t this_process() noexcept {
   pid_t pid = cached_pid.load(std::memory_order_relaxed);
@@ -477,19 +503,42 @@ void segment::retire() noexcept {
 
 void segment::note_mapper() noexcept {
   auto& h = header();
-  const auto i = h.mapper_count.fetch_add(1, std::memory_order_acq_rel);
-  if (i >= segment_header::max_mappers) return;
-  h.mappers[i].start_time = own_start_time();
-  h.mappers[i].pid.store(this_process(), std::memory_order_release);
+  const pid_t self = this_process();
+  const auto start = own_start_time();
+  if (start == 0) {
+    h.unrecorded.store(1, std::memory_order_release);
+    return;
+  }
+  const auto used = std::min(h.mapper_count.load(std::memory_order_acquire), segment_header::max_mappers);
+  for (std::uint32_t i = 0; i < used; ++i) {
+    if (h.mappers[i].pid.load(std::memory_order_acquire) == self && h.mappers[i].start_time == start) return;
+  }
+  if (const auto i = h.mapper_count.fetch_add(1, std::memory_order_acq_rel); i < segment_header::max_mappers) {
+    h.mappers[i].start_time = start;
+    h.mappers[i].pid.store(self, std::memory_order_release);
+    return;
+  }
+  // All used: the slot of one that has ended, emptied (0: being filled in,
+  // so alive to a reader) before its start time changes.
+  for (auto& m : h.mappers) {
+    pid_t pid = m.pid.load(std::memory_order_acquire);
+    if (pid != 0 && pid != self && has_ended(pid, m.start_time) &&
+        m.pid.compare_exchange_strong(pid, 0, std::memory_order_acq_rel)) {
+      m.start_time = start;
+      m.pid.store(self, std::memory_order_release);
+      return;
+    }
+  }
+  h.unrecorded.store(1, std::memory_order_release);
 }
 
 bool segment::held_only_by_ended() const noexcept {
   if (messages_in_flight()) return false;
   const auto& h = header();
-  const auto count = h.mapper_count.load(std::memory_order_acquire);
-  if (count > segment_header::max_mappers) return false;
+  if (h.unrecorded.load(std::memory_order_acquire) != 0) return false;
+  const auto used = std::min(h.mapper_count.load(std::memory_order_acquire), segment_header::max_mappers);
   const pid_t self = this_process();
-  for (std::uint32_t i = 0; i < count; ++i) {
+  for (std::uint32_t i = 0; i < used; ++i) {
     const pid_t pid = h.mappers[i].pid.load(std::memory_order_acquire);
     if (pid == 0) return false;  // being recorded: alive
     if (pid != self && !has_ended(pid, h.mappers[i].start_time)) return false;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -69,14 +70,17 @@ struct segment_header {
   /// The processes other than the maker that have mapped it (opened, or
   /// inherited through fork), so the maker can tell when every other
   /// holder has ended: a process killed outright never gives its holds
-  /// back. An entry whose pid is still 0 is being filled in; a count past
-  /// `max_mappers` means some went unrecorded.
+  /// back. Each process once; a slot of one that has ended is taken again
+  /// when all are used. An entry whose pid is 0 is being filled in.
+  /// `unrecorded` is set when a process could not be recorded (no free
+  /// slot, or its start time unreadable): the maker then never judges.
   static constexpr std::uint32_t max_mappers = 200;
   struct mapper {
     std::atomic<pid_t> pid;
     std::uint64_t start_time;  ///< as /proc/<pid>/stat has it, so a reused pid is not taken for it
   };
-  alignas(64) std::atomic<std::uint32_t> mapper_count;
+  alignas(64) std::atomic<std::uint32_t> mapper_count;  ///< slots handed out, past max_mappers once all were
+  std::atomic<std::uint32_t> unrecorded;
   mapper mappers[max_mappers];
 };
 
@@ -174,12 +178,16 @@ class segment {
   std::uint64_t inode_ = 0;
 };
 
-/// Field 22 of /proc/<pid>/stat (the start time, in clock ticks since
-/// boot); 0 when it cannot be read.
-std::uint64_t start_time_of(pid_t pid) noexcept;
-/// Whether the process `pid` that started at `start_time` has ended (a
-/// zombie has).
+/// The start time of process `pid` (field 22 of /proc/<pid>/stat, clock
+/// ticks since boot): 0 when it has ended (no such process, or a zombie
+/// with no thread left), nullopt when /proc could not tell (out of
+/// descriptors, say).
+std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept;
+/// Whether the process `pid` that started at `start_time` has ended; false
+/// when that cannot be told.
 bool has_ended(pid_t pid, std::uint64_t start_time) noexcept;
+/// This process's start time, read once per process; 0 when unreadable.
+std::uint64_t own_start_time() noexcept;
 
 /// This process's pid, without a system call on each use (glibc does not
 /// cache it): queues and segments ask on every value.

@@ -180,6 +180,22 @@ TEST_SUITE("storage") {
     }
   }
 
+  TEST_CASE("a segment forked into more processes than its table of mappers holds is let go of once they have ended") {
+    strategy_scope scope(sharing_strategy::file_system);
+    {
+      const storage s = storage::allocate_shared(100);
+      for (int i = 0; i < 210; ++i) {
+        const pid_t pid = ::fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) ::_exit(0);  // its hold on the storage is never given back
+        int status = 0;
+        REQUIRE(::waitpid(pid, &status, 0) == pid);
+      }
+    }
+    trim_shared_memory();
+    CHECK(named_segments_of(::getpid()).empty());
+  }
+
   TEST_CASE("a named segment is mode 0600 and unlinked when its last block is freed") {
     strategy_scope scope(sharing_strategy::file_system);
     const auto before = named_segments_of(::getpid()).size();

@@ -326,5 +326,35 @@ TEST_SUITE("futex") {
       CHECK(WIFSIGNALED(status));
     }
   }
+
+  TEST_CASE("a shared_lock held by a process whose main thread has exited is not taken over") {
+    struct guarded {
+      shm::shared_lock lock;
+      std::atomic<int> released{0};
+    };
+    shared_word page;
+    auto& g = *new (page.page) guarded{};
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      g.lock.lock();
+      // The process goes on in another thread; /proc shows its leader as a
+      // zombie meanwhile.
+      static guarded* shared = &g;
+      pthread_t t;
+      ::pthread_create(&t, nullptr, [](void*) -> void* {
+        ::poll(nullptr, 0, 300);
+        shared->released.store(1);
+        shared->lock.unlock();
+        ::_exit(0);
+      }, nullptr);
+      ::syscall(SYS_exit, 0);  // this thread alone, without unwinding through the test's frames
+    }
+    while (g.lock.word.load() == 0) std::this_thread::yield();
+    g.lock.lock();
+    CHECK(g.released.load() == 1);
+    g.lock.unlock();
+    CHECK(reap(child) == 0);
+  }
 }
 
