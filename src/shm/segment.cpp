@@ -332,12 +332,21 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
 }
 
 std::shared_ptr<segment> segment::open(const segment_ref& ref) {
+  // The segment this thread found last: a stream of values from one sender
+  // names the same one again and again, and this skips the registry's lock.
+  // Weak, so it keeps nothing mapped; a fork child's copy names segments
+  // it maps too.
+  thread_local std::pair<std::uint64_t, std::weak_ptr<segment>> last;
+  if (last.first == ref.nonce) {
+    if (auto s = last.second.lock(); s && s->size_ == ref.size) return s;
+  }
   auto& r = segments();
   std::vector<std::shared_ptr<segment>> dead;  // unmapped after the lock is released
   std::lock_guard lock(r.mutex);
   if (auto it = r.segments.find(ref.nonce); it != r.segments.end()) {
     if (auto s = it->second.lock()) {
       if (s->size_ != ref.size) throw shm_error("cohort: a handle names a known segment with another size");
+      last = {ref.nonce, s};
       return s;
     }
   }
@@ -391,6 +400,7 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   std::shared_ptr<segment> s(
       new segment(static_cast<std::byte*>(base), ref.size, ref.strategy, fd, ref.maker, ref.maker_fd));
   r.segments[ref.nonce] = s;
+  last = {ref.nonce, s};
   s->note_mapper();
   dead = r.forget(true);
   r.received.push_back(s);
