@@ -16,7 +16,6 @@
 
 namespace cohort::detail {
 
-std::uint64_t own_start_time() noexcept { return shm::own_start_time(); }
 int own_rank() noexcept { return running_rank(); }
 
 void peer_table::join(std::uint32_t roles) noexcept {
@@ -36,7 +35,7 @@ void peer_table::join(std::uint32_t roles) noexcept {
     count = kept;
     if (count >= max_peers) return;  // 64 live peers: this one goes unwatched
   }
-  peers[count++] = {self, own_rank(), roles, own_start_time()};
+  peers[count++] = {self, own_rank(), roles, shm::own_start_time()};
 }
 
 bool peer_watch::alive(const peer& p) {

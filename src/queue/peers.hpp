@@ -48,8 +48,6 @@ class peer_watch {
   std::map<std::pair<pid_t, std::uint64_t>, owned_fd> pidfds_;
 };
 
-/// This process's start time, as peer::start_time holds it.
-std::uint64_t own_start_time() noexcept;
 /// The rank this process runs as an entry point, or -1.
 int own_rank() noexcept;
 

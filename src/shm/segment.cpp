@@ -93,6 +93,15 @@ registry& segments() {
 // from whichever thread): a child that sees it finds the arena whole.
 std::atomic<bool> arena_made{false};
 
+// Lets go of a segment this process made that nothing here uses and that
+// only ended processes still hold (killed outright, they never gave their
+// holds back), as if it were free; whether it did.
+bool let_go_if_dead_weight(const std::shared_ptr<segment>& s) noexcept {
+  if (s.use_count() != 1 || !s->held_only_by_ended()) return false;
+  s->abandon();
+  return true;
+}
+
 // This process's arena and the large segments it made that others still hold.
 struct arena_state {
   std::mutex mutex;
@@ -101,15 +110,9 @@ struct arena_state {
   arena_state() { arena_made.store(true, std::memory_order_release); }
   ~arena_state() {
     for (auto& a : arenas) {
-      if (a.use_count() == 1 && a->held_only_by_ended()) {
-        a->abandon();
-      } else {
-        a->retire();
-      }
+      if (!let_go_if_dead_weight(a)) a->retire();
     }
-    for (auto& s : lingering) {
-      if (s.use_count() == 1 && s->held_only_by_ended()) s->abandon();
-    }
+    for (auto& s : lingering) let_go_if_dead_weight(s);
   }
 };
 arena_state& arena() {
@@ -627,22 +630,14 @@ int trim() {
   auto& a = arena();
   std::lock_guard lock(a.mutex);
   const auto before = a.arenas.size() + a.lingering.size();
-  // What is still held only by processes that ended (killed outright, they
-  // never gave their holds back) is let go of as if it were free, once
-  // nothing here uses it either.
-  const auto dead_weight = [](const std::shared_ptr<segment>& s) {
-    if (s.use_count() != 1 || !s->held_only_by_ended()) return false;
-    s->abandon();
-    return true;
-  };
-  std::erase_if(a.lingering, [&](const auto& s) {
-    return s->header().live.load(std::memory_order_acquire) == 0 || dead_weight(s);
+  std::erase_if(a.lingering, [](const auto& s) {
+    return s->header().live.load(std::memory_order_acquire) == 0 || let_go_if_dead_weight(s);
   });
   // Only this process carves its arena, under this lock: a count of one
   // (the arena's own hold) cannot grow meanwhile.
-  std::erase_if(a.arenas, [&](const auto& s) {
+  std::erase_if(a.arenas, [](const auto& s) {
     s->reclaim();
-    if (s->header().live.load(std::memory_order_acquire) != 1) return dead_weight(s);
+    if (s->header().live.load(std::memory_order_acquire) != 1) return let_go_if_dead_weight(s);
     s->retire();
     return true;
   });
