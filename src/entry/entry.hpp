@@ -54,6 +54,12 @@ class entry_stack {
 int run_entry(const std::string& name, int rank, const encoded& args, int result_fd,
               const entry_stack* stack = nullptr);
 
+/// Ends a rank made by a fork, of the caller or of the forkserver, once its
+/// function has run: lets go of its shared memory, writes what stdout,
+/// stderr and std::cout hold, and exits with `code` without exit handlers
+/// or static destructors, which are another process's.
+[[noreturn]] void end_forked_rank(int code) noexcept;
+
 /// The rank this process runs as an entry point, or -1.
 int running_rank() noexcept;
 

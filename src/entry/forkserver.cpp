@@ -139,9 +139,10 @@ pid_t clone_as_sibling(const thread_identity& self) {
 // In the forked child: puts the kept descriptors at the numbers they had in
 // the requester, sets itself up, reports, runs the function. `own` are the
 // rank's descriptors as received (rank_slot order, then the kept ones); the
-// other ranks' go with the set-up.
+// other ranks' go with the set-up. What escapes ends the rank through
+// std::terminate.
 int run_forked(request& r, rank_plan& plan, std::span<const int> own, int report, const sigset_t& reset,
-               const entry_stack* stack) {
+               const entry_stack* stack) noexcept {
   auto& [name, args, entries, plans] = r;
   auto& [rank, parent, death_signal, new_group, cwd, env, kept] = plan;
   // Never freed: environ points into it to the end, exit handlers included.
@@ -208,6 +209,10 @@ int start_server(server_link& l) {
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ends) != 0) return errno;
   spawn_options options;
   options.env.set(forkserver_env, std::to_string(ends[1]));
+  // Every symbol bound once, at the server's start: else each child binds
+  // those it calls first itself, faulting in the dynamic linker's tables of
+  // every library on the way, tens of microseconds a child.
+  options.env.set("LD_BIND_NOW", "1");
   options.keep_fds = {ends[1]};
   std::error_code ec;
   const command cmd("/proc/self/exe", {"--cohort-forkserver"});
@@ -280,8 +285,8 @@ int serve_forks(int socket) {
         ::close(socket);
         // The child's for good: its environment points into it, and what it
         // leaves behind need not be freed page by page.
-        return run_forked(*r.release(), ranks[i], std::span<const int>(fds).subspan(at, own), fds[report_slot], reset,
-                          stack);
+        end_forked_rank(run_forked(*r.release(), ranks[i], std::span<const int>(fds).subspan(at, own),
+                                   fds[report_slot], reset, stack));
       }
       replies.push_back(pid > 0 ? pid : -errno);
       if (pid < 0) break;

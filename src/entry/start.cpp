@@ -70,22 +70,40 @@ struct rank_launch {
   }
 };
 
+// Writes what this process has buffered for stdout and stderr, as Python's
+// multiprocessing does before it forks: it appears once, before anything a
+// rank prints. It also binds, in this process, the symbols a rank's own
+// flush at exit calls: a child resolving them itself would fault in the
+// dynamic linker's tables of every library, a cost paid again by each child.
+void flush_standard_streams() {
+  std::cout.flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+void end_forked_rank(int code) noexcept {
+  release_shared_memory_holds();
+  flush_standard_streams();
+  ::_exit(code);
+}
+
+namespace {
+
 // The child of a true fork of this process: sets itself up, reports on the
-// pipe, calls the function and exits.
+// pipe, calls the function and exits. What escapes run_entry ends the rank
+// through std::terminate, never unwinding into the caller's frames, whose
+// destructors are the parent's.
 [[noreturn]] void run_forked_rank(launch_plan& p, int report_fd, const function_call& call, int rank, int result_fd,
-                                  const entry_stack* stack) {
+                                  const entry_stack* stack) noexcept {
   set_up_or_report(p, report_fd, rank);
   // Output the parent had buffered but not written is the parent's to
   // write: dropped here, or it would appear twice.
   ::__fpurge(stdout);
   ::__fpurge(stderr);
   environ = const_cast<char**>(p.envp);
-  const int code = run_entry(call.name, rank, call.args, result_fd, stack);
-  release_shared_memory_holds();
-  std::cout.flush();
-  std::fflush(stdout);
-  std::fflush(stderr);
-  ::_exit(code);
+  end_forked_rank(run_entry(call.name, rank, call.args, result_fd, stack));
 }
 
 // Forks every rank back to back (glibc's fork: its malloc and stdio locks
@@ -95,6 +113,7 @@ struct rank_launch {
 // could not be forked, or -1.
 int fork_all(std::vector<std::unique_ptr<rank_launch>>& ranks, const function_call& call, int report_fd,
              launch_failure& f) {
+  flush_standard_streams();
   const auto stack = entry_stack::ahead_of_forks();
   const signals_blocked blocked;
   // Asked once for all: a handler another thread sets meanwhile stays in

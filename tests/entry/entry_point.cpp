@@ -104,6 +104,14 @@ COHORT_ENTRYPOINT(environment_of);
 void print_rank(int rank) { std::printf("rank %d\n", rank); }
 COHORT_ENTRYPOINT(print_rank);
 
+void say_at_exit() { std::fputs("exit handler\n", stdout); }
+
+void print_with_exit_handler(int rank) {
+  std::atexit(say_at_exit);
+  std::printf("rank %d\n", rank);
+}
+COHORT_ENTRYPOINT(print_with_exit_handler);
+
 // Writes "<rank>\n" on descriptor `fd`, kept open for it by keep_fds.
 void write_rank_to(int rank, int fd) {
   const std::string line = std::to_string(rank) + "\n";
@@ -133,16 +141,20 @@ COHORT_ENTRYPOINT(rank_after_a_while);
 const start_method all_methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
 
 // Runs `call` as `nprocs` ranks to the end.
-run_result run_function(const function_call& call, int nprocs, shutdown_policy shutdown = {}) {
-  group_spec spec;
-  spec.entry = call;
-  spec.nprocs = nprocs;
-  spec.shutdown = shutdown;
+run_result run_group(const group_spec& spec) {
   asio::io_context io;
   return test::run(io, [&]() -> asio::awaitable<run_result> {
     group g = co_await start_processes(spec);
     co_return co_await g.wait();
   }());
+}
+
+run_result run_function(const function_call& call, int nprocs, shutdown_policy shutdown = {}) {
+  group_spec spec;
+  spec.entry = call;
+  spec.nprocs = nprocs;
+  spec.shutdown = shutdown;
+  return run_group(spec);
 }
 
 template <class F>
@@ -381,15 +393,46 @@ TEST_SUITE("entry points") {
       spec.nprocs = 1;
       spec.options.out = stdio::file(dir.path / "out");
       std::fputs("unwritten text of the parent", stdout);  // buffered: no newline, no flush
-      asio::io_context io;
-      auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
-        group g = co_await start_processes(spec);
-        co_return co_await g.wait();
-      }());
+      const auto r = run_group(spec);
       std::fputs("\n", stdout);
       std::fflush(stdout);
       REQUIRE(r.ok());
       CHECK(test::read_file(dir.path / "out") == "rank 0\n");
+    });
+  }
+
+  TEST_CASE("output the parent had buffered is written before a forked rank starts, once") {
+    test::temp_dir dir;
+    const fs::path out = dir.path / "out";
+    std::fflush(stdout);
+    const int saved = ::dup(STDOUT_FILENO);
+    REQUIRE(saved >= 0);
+    const int file = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    REQUIRE(file >= 0);
+    ::dup2(file, STDOUT_FILENO);
+    ::close(file);
+    std::fputs("the parent's text, ", stdout);  // a file: fully buffered, unwritten
+    group_spec spec;
+    spec.entry = call(start_method::fork, print_rank);
+    spec.nprocs = 1;  // stdout inherited: the same file
+    const auto r = run_group(spec);
+    std::fflush(stdout);
+    ::dup2(saved, STDOUT_FILENO);
+    ::close(saved);
+    REQUIRE(r.ok());
+    CHECK(test::read_file(out) == "the parent's text, rank 0\n");
+  }
+
+  TEST_CASE("exit handlers run in spawned ranks only; forked ones end with _exit") {
+    for_each_method([](start_method method) {
+      test::temp_dir dir;
+      group_spec spec;
+      spec.entry = call(method, print_with_exit_handler);
+      spec.nprocs = 1;
+      spec.options.out = stdio::file(dir.path / "out");
+      REQUIRE(run_group(spec).ok());
+      CHECK(test::read_file(dir.path / "out") ==
+            (method == start_method::spawn ? "rank 0\nexit handler\n" : "rank 0\n"));
     });
   }
 
