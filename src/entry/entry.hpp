@@ -7,8 +7,10 @@
 #include "cohort/spawn.hpp"
 #include "process/launch.hpp"
 
+#include <chrono>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <typeinfo>
 
@@ -100,6 +102,14 @@ void set_up_or_report(launch_plan& p, int report_fd, int rank) noexcept;
 /// say why, or that it died before it could say (the pipe ended first).
 /// The caller must hold no write end of the pipe.
 bool await_set_up(int report_fd, std::size_t count, std::size_t& rank, stage& where, int& error);
+
+/// After a forkserver failed before it said which processes it made: reads
+/// the set-up reports on `report_fd`, the read end of the pipe those ranks
+/// share (the caller holds no write end), for at most `patience`, and kills
+/// (SIGKILL, the process and the group it leads) and reaps each reporting
+/// process not in `known`: this process's children, by CLONE_PARENT.
+/// Returns how many it reaped.
+std::size_t end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono::milliseconds patience);
 
 /// The demangled name of a type.
 std::string demangle(const std::type_info& type);

@@ -371,6 +371,10 @@ std::size_t send_batch(int socket, std::span<const server_request> requests, std
 
 bool server_gone(int error) { return error == EPIPE || error == ECONNRESET; }
 
+// How long a failed start waits for the set-up reports of children the
+// server made but did not name.
+constexpr std::chrono::milliseconds unnamed_patience{2000};
+
 }  // namespace
 
 std::size_t start_from_server(std::span<server_request> requests, const function_call& call, int& report_fd,
@@ -441,6 +445,12 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       }
       const bool gone = server_gone(error);
       if (gone) drop_server(l);
+      // Children the server made but never named (it died, or its reply
+      // was short) are this process's: found by their reports and ended.
+      report_write.reset();
+      std::vector<pid_t> known;
+      for (std::size_t r = 0; r < started; ++r) known.push_back(requests[r].pid);
+      end_unknown_ranks(report_read.get(), known, unnamed_patience);
       if (gone && started == 0 && !restarted) {  // a server dead at once: started again, once
         restarted = true;
         continue;

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include <poll.h>
 #include <stdio_ext.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -20,6 +21,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <mutex>
@@ -140,6 +142,7 @@ struct setup_report {
   int rank;
   stage where;
   int error;
+  pid_t pid;
 };
 
 }  // namespace
@@ -148,7 +151,7 @@ struct setup_report {
 // thread of the parent forking meanwhile would hold a copy of the write end.
 void set_up_or_report(launch_plan& p, int report_fd, int rank) noexcept {
   const bool ready = set_up_child(p);
-  const setup_report r{rank, ready ? stage::none : p.failed_at, ready ? 0 : p.error};
+  const setup_report r{rank, ready ? stage::none : p.failed_at, ready ? 0 : p.error, ::getpid()};
   [[maybe_unused]] auto n = ::write(report_fd, &r, sizeof r);
   if (!ready) ::_exit(127);
   ::close(report_fd);
@@ -158,7 +161,7 @@ void set_up_or_report(launch_plan& p, int report_fd, int rank) noexcept {
 // a rank with no report by then died before it could say.
 bool await_set_up(int report_fd, std::size_t count, std::size_t& rank, stage& where, int& error) {
   const owned_fd pipe(report_fd);
-  std::vector<setup_report> reports(count, setup_report{-1, stage::none, 0});  // rank -1: none yet
+  std::vector<setup_report> reports(count, setup_report{-1, stage::none, 0, -1});  // rank -1: none yet
   setup_report batch[64];  // reads of whole reports only: every write is one
   for (std::size_t next = 0;;) {
     while (next < count && reports[next].rank >= 0 && reports[next].where == stage::none) ++next;
@@ -180,6 +183,37 @@ bool await_set_up(int report_fd, std::size_t count, std::size_t& rank, stage& wh
     for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(setup_report); ++i) {
       const auto r = static_cast<std::size_t>(batch[i].rank);
       if (batch[i].rank >= 0 && r < count && reports[r].rank < 0) reports[r] = batch[i];
+    }
+  }
+}
+
+std::size_t end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono::milliseconds patience) {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  std::size_t ended = 0;
+  setup_report batch[64];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{report_fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return ended;  // the patience ran out
+    const ssize_t n = ::read(report_fd, batch, sizeof batch);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ended;  // every rank made has reported or died
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(setup_report); ++i) {
+      const pid_t pid = batch[i].pid;
+      if (pid <= 0 || std::find(known.begin(), known.end(), pid) != known.end()) continue;
+      // This process's own child, unreaped: neither its pid nor a group of
+      // that number can be anyone else's.
+      ::kill(-pid, SIGKILL);  // the group it leads, if it made one
+      ::kill(pid, SIGKILL);
+      const int pidfd = config::pidfd_open(pid);
+      if (pidfd >= 0) {
+        pollfd exited{pidfd, POLLIN, 0};
+        ::poll(&exited, 1, 1000);  // one stuck in the kernel is left, not waited on for good
+        ::close(pidfd);
+      }
+      if (::waitpid(pid, nullptr, WNOHANG) == pid) ++ended;
     }
   }
 }

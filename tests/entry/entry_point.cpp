@@ -104,6 +104,25 @@ COHORT_ENTRYPOINT(environment_of);
 void print_rank(int rank) { std::printf("rank %d\n", rank); }
 COHORT_ENTRYPOINT(print_rank);
 
+// Rank 0 kills `server` (when it is still this test's forkserver: its
+// sibling, by CLONE_PARENT), likely while the server is making the later
+// ranks of the same request. Every rank then waits for `release` to exist.
+void kill_server_and_wait(int rank, int server, std::string release) {
+  if (rank == 0) {
+    std::ifstream cmdline("/proc/" + std::to_string(server) + "/cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    std::ifstream stat("/proc/" + std::to_string(server) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    char state = 0;
+    pid_t ppid = 0;
+    if (const auto close = line.rfind(')'); close != std::string::npos) std::istringstream(line.substr(close + 2)) >> state >> ppid;
+    if (ppid == ::getppid() && args.find("--cohort-forkserver") != std::string::npos) ::kill(server, SIGKILL);
+  }
+  for (int i = 0; i < 3000 && !fs::exists(release); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+COHORT_ENTRYPOINT(kill_server_and_wait);
+
 void say_at_exit() { std::fputs("exit handler\n", stdout); }
 
 void print_with_exit_handler(int rank) {
@@ -592,6 +611,34 @@ TEST_SUITE("entry points") {
     CHECK(r.ok());
     for (int rank = 0; rank < 3; ++rank) CHECK(r.return_values[static_cast<std::size_t>(rank)]->as<int>() == rank);
     CHECK(forkserver_pid() != server);
+  }
+
+  TEST_CASE("ranks a forkserver made before it died, unnamed, are ended: only the ranks started run") {
+    REQUIRE(run_function(call(start_method::forkserver, rank_itself), 1).ok());
+    const pid_t server = forkserver_pid();
+    REQUIRE(server > 0);
+    test::temp_dir dir;
+    const fs::path release = dir.path / "release";
+    group_spec spec;
+    // One request to the server carries them all.
+    spec.entry = call(start_method::forkserver, kill_server_and_wait, static_cast<int>(server), release.string());
+    spec.nprocs = 60;
+    asio::io_context io;
+    auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
+      group g = co_await start_processes(spec);
+      auto expected = g.pids();
+      expected.push_back(forkserver_pid());  // started again
+      std::sort(expected.begin(), expected.end());
+      auto running = test::children_of_self(true);
+      std::sort(running.begin(), running.end());
+      CHECK(running == expected);
+      std::ofstream{release};
+      co_return co_await g.wait();
+    }());
+    CHECK(r.ok());
+    const pid_t now = forkserver_pid();
+    CHECK(now != server);
+    CHECK(test::children_of_self(true) == std::vector<pid_t>{now});
   }
 
   TEST_CASE("running out of descriptors while starting names the rank and the limit, and leaves nothing") {

@@ -28,8 +28,9 @@ inline bool alive(pid_t pid) {
 }
 
 /// Processes whose parent is this one (from /proc/<pid>/stat), but the
-/// forkserver, which stays for the next start.
-inline std::vector<pid_t> children_of_self() {
+/// forkserver, which stays for the next start, and the children it made
+/// (their command line is the server's). With `all`, every one.
+inline std::vector<pid_t> children_of_self(bool all = false) {
   std::vector<pid_t> found;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const auto name = entry.path().filename().string();
@@ -44,7 +45,7 @@ inline std::vector<pid_t> children_of_self() {
     if (ppid != ::getpid()) continue;
     std::ifstream cmdline(entry.path() / "cmdline");
     std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-    if (args.find("--cohort-forkserver") == std::string::npos) found.push_back(std::stoi(name));
+    if (all || args.find("--cohort-forkserver") == std::string::npos) found.push_back(std::stoi(name));
   }
   return found;
 }
