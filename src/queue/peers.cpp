@@ -20,22 +20,29 @@ int own_rank() noexcept { return running_rank(); }
 
 void peer_table::join(std::uint32_t roles) noexcept {
   const pid_t self = shm::this_process();
+  const std::uint64_t started = shm::own_start_time();
   for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
-    if (peers[i].pid == self) {
+    if (peers[i].pid != self) continue;
+    if (peers[i].start_time == started) {
       peers[i].roles |= roles;
-      return;
+    } else {
+      // An ended process that had this pid: its entry is this one's now,
+      // or a watcher would take this process for it, and find it gone.
+      peers[i] = {self, own_rank(), roles, started};
     }
+    return;
   }
   if (count >= max_peers) {
-    // Full: keep the table to the processes still there.
+    // Full: keep the table to the processes still there (by start time:
+    // a pid recycled since is another process).
     std::uint32_t kept = 0;
     for (std::uint32_t i = 0; i < max_peers; ++i) {
-      if (::kill(peers[i].pid, 0) == 0 || errno != ESRCH) peers[kept++] = peers[i];
+      if (!shm::has_ended(peers[i].pid, peers[i].start_time)) peers[kept++] = peers[i];
     }
     count = kept;
     if (count >= max_peers) return;  // 64 live peers: this one goes unwatched
   }
-  peers[count++] = {self, own_rank(), roles, shm::own_start_time()};
+  peers[count++] = {self, own_rank(), roles, started};
 }
 
 bool peer_watch::alive(const peer& p) {

@@ -2,6 +2,8 @@
 
 #include "cohort/event.hpp"
 #include "cohort/spawn_and_join.hpp"
+#include "queue/peers.hpp"
+#include "shm/segment.hpp"
 
 #include "support/harness.hpp"
 
@@ -194,6 +196,35 @@ TEST_SUITE("queue") {
     }
     asio::io_context io;
     CHECK_THROWS_AS(test::run(io, q.pop()), peer_lost);
+  }
+
+  TEST_CASE("a peer entry left by an ended process with this pid becomes this process's") {
+    detail::peer_table table{};
+    table.count = 1;
+    table.peers[0] = {::getpid(), 3, detail::peer_producer, shm::own_start_time() + 1};
+    table.join(detail::peer_consumer);
+    CHECK(table.count == 1);
+    CHECK(table.peers[0].start_time == shm::own_start_time());
+    CHECK(table.peers[0].roles == detail::peer_consumer);  // not the ended producer's
+    CHECK(table.peers[0].rank == -1);
+  }
+
+  TEST_CASE("a full peer table keeps the processes still there, told by start time, not by pid") {
+    const pid_t parent = ::getppid();
+    const auto started = shm::start_time_of(parent);
+    REQUIRE(started.has_value());
+    REQUIRE(*started > 0);
+    detail::peer_table table{};
+    table.count = detail::max_peers;
+    // The parent's pid, but for one entry with start times other than its
+    // own: processes that had that pid and have ended.
+    for (int i = 0; i < detail::max_peers; ++i) {
+      table.peers[i] = {parent, i, detail::peer_producer, i == 7 ? *started : *started + 1 + static_cast<std::uint64_t>(i)};
+    }
+    table.join(detail::peer_consumer);
+    REQUIRE(table.count == 2);
+    CHECK(table.peers[0].rank == 7);
+    CHECK(table.peers[1].pid == ::getpid());
   }
 
   TEST_CASE("a push into a full queue whose consumers have all exited ends with peer_lost") {
