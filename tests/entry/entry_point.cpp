@@ -168,6 +168,17 @@ run_result run_group(const group_spec& spec) {
   }());
 }
 
+// What one rank of `c`, succeeding, wrote to its stdout (a file).
+std::string output_of_one_rank(const function_call& c) {
+  test::temp_dir dir;
+  group_spec spec;
+  spec.entry = c;
+  spec.nprocs = 1;
+  spec.options.out = stdio::file(dir.path / "out");
+  REQUIRE(run_group(spec).ok());
+  return test::read_file(dir.path / "out");
+}
+
 run_result run_function(const function_call& call, int nprocs, shutdown_policy shutdown = {}) {
   group_spec spec;
   spec.entry = call;
@@ -406,17 +417,11 @@ TEST_SUITE("entry points") {
 
   TEST_CASE("what a function prints reaches its stdout, and the parent's unwritten output does not") {
     for_each_method([](start_method method) {
-      test::temp_dir dir;
-      group_spec spec;
-      spec.entry = call(method, print_rank);
-      spec.nprocs = 1;
-      spec.options.out = stdio::file(dir.path / "out");
       std::fputs("unwritten text of the parent", stdout);  // buffered: no newline, no flush
-      const auto r = run_group(spec);
+      const auto text = output_of_one_rank(call(method, print_rank));
       std::fputs("\n", stdout);
       std::fflush(stdout);
-      REQUIRE(r.ok());
-      CHECK(test::read_file(dir.path / "out") == "rank 0\n");
+      CHECK(text == "rank 0\n");
     });
   }
 
@@ -444,13 +449,7 @@ TEST_SUITE("entry points") {
 
   TEST_CASE("exit handlers run in spawned ranks only; forked ones end with _exit") {
     for_each_method([](start_method method) {
-      test::temp_dir dir;
-      group_spec spec;
-      spec.entry = call(method, print_with_exit_handler);
-      spec.nprocs = 1;
-      spec.options.out = stdio::file(dir.path / "out");
-      REQUIRE(run_group(spec).ok());
-      CHECK(test::read_file(dir.path / "out") ==
+      CHECK(output_of_one_rank(call(method, print_with_exit_handler)) ==
             (method == start_method::spawn ? "rank 0\nexit handler\n" : "rank 0\n"));
     });
   }
