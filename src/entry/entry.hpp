@@ -56,6 +56,9 @@ class entry_stack {
 int run_entry(const std::string& name, int rank, const encoded& args, int result_fd,
               const entry_stack* stack = nullptr);
 
+/// Writes what stdout, stderr and std::cout hold.
+void flush_standard_streams() noexcept;
+
 /// Ends a rank made by a fork, of the caller or of the forkserver, once its
 /// function has run: lets go of its shared memory, writes what stdout,
 /// stderr and std::cout hold, and exits with `code` without exit handlers

@@ -209,10 +209,6 @@ int start_server(server_link& l) {
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ends) != 0) return errno;
   spawn_options options;
   options.env.set(forkserver_env, std::to_string(ends[1]));
-  // Every symbol bound once, at the server's start: else each child binds
-  // those it calls first itself, faulting in the dynamic linker's tables of
-  // every library on the way, tens of microseconds a child.
-  options.env.set("LD_BIND_NOW", "1");
   options.keep_fds = {ends[1]};
   std::error_code ec;
   const command cmd("/proc/self/exe", {"--cohort-forkserver"});
@@ -239,6 +235,10 @@ int serve_forks(int socket) {
   const bool known = ::prctl(PR_GET_TID_ADDRESS, &self.tid) == 0 && self.tid != nullptr;
   ::syscall(SYS_get_robust_list, 0, &self.robust_head, &self.robust_size);
   const sigset_t reset = signals_to_reset();  // this server sets no handler later
+  // Bound here, once, the symbols the children's flush at their end calls:
+  // a child binding one itself faults in the dynamic linker's tables of
+  // every library, each child again.
+  flush_standard_streams();
   // Mapped once for all children, each of which has its own copy; never
   // unmapped here, as the server's own is never used.
   const entry_stack* stack = entry_stack::ahead_of_forks().release();

@@ -72,18 +72,18 @@ struct rank_launch {
   }
 };
 
-// Writes what this process has buffered for stdout and stderr, as Python's
-// multiprocessing does before it forks: it appears once, before anything a
-// rank prints. It also binds, in this process, the symbols a rank's own
-// flush at exit calls: a child resolving them itself would fault in the
-// dynamic linker's tables of every library, a cost paid again by each child.
-void flush_standard_streams() {
+}  // namespace
+
+// A fork writes first what this process has buffered for stdout and stderr,
+// as Python's multiprocessing does: it appears once, before anything a rank
+// prints. It also binds, in this process, the symbols a rank's own flush at
+// its end calls: a child resolving them itself would fault in the dynamic
+// linker's tables of every library, a cost paid again by each child.
+void flush_standard_streams() noexcept {
   std::cout.flush();
   std::fflush(stdout);
   std::fflush(stderr);
 }
-
-}  // namespace
 
 void end_forked_rank(int code) noexcept {
   release_shared_memory_holds();
@@ -212,8 +212,10 @@ std::size_t end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::
         pollfd exited{pidfd, POLLIN, 0};
         ::poll(&exited, 1, 1000);  // one stuck in the kernel is left, not waited on for good
         ::close(pidfd);
+        if (::waitpid(pid, nullptr, WNOHANG) == pid) ++ended;
+      } else if (::waitpid(pid, nullptr, 0) == pid) {  // no descriptor to wait on: as ~rank_launch
+        ++ended;
       }
-      if (::waitpid(pid, nullptr, WNOHANG) == pid) ++ended;
     }
   }
 }

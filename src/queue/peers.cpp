@@ -23,8 +23,11 @@ void peer_table::join(std::uint32_t roles) noexcept {
   const std::uint64_t started = shm::own_start_time();
   for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
     if (peers[i].pid != self) continue;
-    if (peers[i].start_time == started) {
+    // 0 is a start time that could not be read: this process's own entry
+    // from a time /proc failed it, or now; either way, taken as its own.
+    if (peers[i].start_time == started || peers[i].start_time == 0 || started == 0) {
       peers[i].roles |= roles;
+      if (peers[i].start_time == 0) peers[i].start_time = started;
     } else {
       // An ended process that had this pid: its entry is this one's now,
       // or a watcher would take this process for it, and find it gone.

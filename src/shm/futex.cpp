@@ -119,7 +119,7 @@ void shared_lock::lock() noexcept {
     const auto start = holder_start.load(std::memory_order_acquire);
     // Ended (gone, or a zombie not yet reaped, perhaps by this very
     // process), or, when killed between its take and its record, gone now.
-    const bool ended = start != 0 ? has_ended(holder, start) : start_time_of(holder) == std::optional<std::uint64_t>(0);
+    const bool ended = has_ended(holder, start);
     if (ended && take(seen, self | sleeping)) return;
   }
 }

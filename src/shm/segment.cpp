@@ -193,6 +193,7 @@ std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept {
 
 bool has_ended(pid_t pid, std::uint64_t start_time) noexcept {
   const auto now = start_time_of(pid);
+  if (start_time == 0) return now == std::optional<std::uint64_t>(0);  // unknown then: by the pid alone
   return now && *now != start_time;
 }
 

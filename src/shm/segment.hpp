@@ -184,7 +184,8 @@ class segment {
 /// descriptors, say).
 std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept;
 /// Whether the process `pid` that started at `start_time` has ended; false
-/// when that cannot be told.
+/// when that cannot be told. A start time of 0 (one that could not be read)
+/// is judged by the pid alone.
 bool has_ended(pid_t pid, std::uint64_t start_time) noexcept;
 /// This process's start time, read once per process; 0 when unreadable.
 std::uint64_t own_start_time() noexcept;

@@ -209,6 +209,17 @@ TEST_SUITE("queue") {
     CHECK(table.peers[0].rank == -1);
   }
 
+  TEST_CASE("an entry whose start time could not be read is taken as this process's own") {
+    detail::peer_table table{};
+    table.count = 1;
+    table.peers[0] = {::getpid(), -1, detail::peer_producer, 0};
+    CHECK_FALSE(shm::has_ended(::getpid(), 0));  // unknown: judged by the pid, which is here
+    table.join(detail::peer_consumer);
+    CHECK(table.count == 1);
+    CHECK(table.peers[0].roles == (detail::peer_producer | detail::peer_consumer));
+    CHECK(table.peers[0].start_time == shm::own_start_time());
+  }
+
   TEST_CASE("a full peer table keeps the processes still there, told by start time, not by pid") {
     const pid_t parent = ::getppid();
     const auto started = shm::start_time_of(parent);
