@@ -108,7 +108,8 @@ bool await_set_up(int report_fd, std::size_t count, std::size_t& rank, stage& wh
 
 /// After a forkserver failed before it said which processes it made: reads
 /// the set-up reports on `report_fd`, the read end of the pipe those ranks
-/// share (the caller holds no write end), for at most `patience`, and kills
+/// share (the caller holds no write end), until it ends or `patience` passes
+/// without a report, and kills
 /// (SIGKILL, the process and the group it leads) and reaps each reporting
 /// process not in `known`: this process's children, by CLONE_PARENT.
 /// Returns how many it reaped.

@@ -188,7 +188,7 @@ bool await_set_up(int report_fd, std::size_t count, std::size_t& rank, stage& wh
 }
 
 std::size_t end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono::milliseconds patience) {
-  const auto deadline = std::chrono::steady_clock::now() + patience;
+  auto deadline = std::chrono::steady_clock::now() + patience;
   std::size_t ended = 0;
   setup_report batch[64];
   for (;;) {
@@ -200,6 +200,7 @@ std::size_t end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::
     const ssize_t n = ::read(report_fd, batch, sizeof batch);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return ended;  // every rank made has reported or died
+    deadline = std::chrono::steady_clock::now() + patience;  // patience with each rank, not with all
     for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(setup_report); ++i) {
       const pid_t pid = batch[i].pid;
       if (pid <= 0 || std::find(known.begin(), known.end(), pid) != known.end()) continue;

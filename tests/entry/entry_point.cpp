@@ -104,24 +104,13 @@ COHORT_ENTRYPOINT(environment_of);
 void print_rank(int rank) { std::printf("rank %d\n", rank); }
 COHORT_ENTRYPOINT(print_rank);
 
-// Rank 0 kills `server` (when it is still this test's forkserver: its
-// sibling, by CLONE_PARENT), likely while the server is making the later
-// ranks of the same request. Every rank then waits for `release` to exist.
-void kill_server_and_wait(int rank, int server, std::string release) {
-  if (rank == 0) {
-    std::ifstream cmdline("/proc/" + std::to_string(server) + "/cmdline");
-    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-    std::ifstream stat("/proc/" + std::to_string(server) + "/stat");
-    std::string line;
-    std::getline(stat, line);
-    char state = 0;
-    pid_t ppid = 0;
-    if (const auto close = line.rfind(')'); close != std::string::npos) std::istringstream(line.substr(close + 2)) >> state >> ppid;
-    if (ppid == ::getppid() && args.find("--cohort-forkserver") != std::string::npos) ::kill(server, SIGKILL);
+// Waits for `dir`/release.
+void wait_for_release(int, std::string dir) {
+  for (int i = 0; i < 3000 && !fs::exists(fs::path(dir) / "release"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  for (int i = 0; i < 3000 && !fs::exists(release); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
-COHORT_ENTRYPOINT(kill_server_and_wait);
+COHORT_ENTRYPOINT(wait_for_release);
 
 void say_at_exit() { std::fputs("exit handler\n", stdout); }
 
@@ -195,26 +184,8 @@ void for_each_method(F&& body) {
   }
 }
 
-// The forkserver of this process: a child whose command line says so.
-pid_t forkserver_pid() {
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const auto name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream cmdline(entry.path() / "cmdline");
-    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-    std::ifstream stat(entry.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    const auto close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream rest(line.substr(close + 2));
-    char state;
-    pid_t ppid;
-    rest >> state >> ppid;
-    if (ppid == ::getpid() && state != 'Z' && args.find("--cohort-forkserver") != std::string::npos) return std::stoi(name);
-  }
-  return 0;
-}
+// The forkserver of this process.
+pid_t forkserver_pid() { return test::forkserver_of_self(); }
 
 // Runs one rank of `succeed` on `io` by `method`, and readies io for more.
 void run_once(asio::io_context& io, start_method method) {
@@ -612,32 +583,47 @@ TEST_SUITE("entry points") {
     CHECK(forkserver_pid() != server);
   }
 
-  TEST_CASE("ranks a forkserver made before it died, unnamed, are ended: only the ranks started run") {
-    REQUIRE(run_function(call(start_method::forkserver, rank_itself), 1).ok());
-    const pid_t server = forkserver_pid();
-    REQUIRE(server > 0);
-    test::temp_dir dir;
-    const fs::path release = dir.path / "release";
-    group_spec spec;
-    // One request to the server carries them all.
-    spec.entry = call(start_method::forkserver, kill_server_and_wait, static_cast<int>(server), release.string());
-    spec.nprocs = 60;
-    asio::io_context io;
-    auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
-      group g = co_await start_processes(spec);
-      auto expected = g.pids();
-      expected.push_back(forkserver_pid());  // started again
-      std::sort(expected.begin(), expected.end());
-      auto running = test::children_of_self(true);
-      std::sort(running.begin(), running.end());
-      CHECK(running == expected);
-      std::ofstream{release};
-      co_return co_await g.wait();
-    }());
-    CHECK(r.ok());
-    const pid_t now = forkserver_pid();
-    CHECK(now != server);
-    CHECK(test::children_of_self(true) == std::vector<pid_t>{now});
+  TEST_CASE("a forkserver killed while it makes a request's ranks leaves no rank it did not name") {
+    // The ranks are this thread's children (CLONE_PARENT), as the server is.
+    const auto children_now = [] {
+      std::ifstream list(fmt::format("/proc/self/task/{}/children", ::getpid()));
+      return std::distance(std::istream_iterator<pid_t>(list), std::istream_iterator<pid_t>());
+    };
+    int cut = 0;  // runs in which the start saw the server die
+    for (int run = 0; run < 5 && cut == 0; ++run) {
+      REQUIRE(run_function(call(start_method::forkserver, rank_itself), 1).ok());
+      const pid_t server = forkserver_pid();
+      REQUIRE(server > 0);
+      test::temp_dir dir;
+      group_spec spec;
+      spec.entry = call(start_method::forkserver, wait_for_release, dir.path.string());
+      spec.nprocs = 150;  // more than one request carries
+      std::atomic<bool> over{false};
+      std::thread killer([&] {  // kills the server once it has made a rank
+        while (!over && children_now() < 2) {
+        }
+        if (!over) ::kill(server, SIGKILL);
+      });
+      bool failed = false;
+      try {
+        asio::io_context io;
+        auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
+          group g = co_await start_processes(spec);
+          over = true;
+          std::ofstream{dir.path / "release"};
+          co_return co_await g.wait();
+        }());
+        CHECK(r.ok());
+      } catch (const std::system_error&) {
+        failed = true;
+      }
+      over = true;
+      killer.join();
+      const pid_t now = forkserver_pid();
+      if (failed || now != 0) ++cut;  // failed, or succeeded with a server started again
+      CHECK(test::children_of_self(true) == (now != 0 ? std::vector<pid_t>{now} : std::vector<pid_t>{}));
+    }
+    CHECK(cut > 0);
   }
 
   TEST_CASE("running out of descriptors while starting names the rank and the limit, and leaves nothing") {

@@ -27,25 +27,62 @@ inline bool alive(pid_t pid) {
   return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
 }
 
-/// Processes whose parent is this one (from /proc/<pid>/stat), but the
-/// forkserver, which stays for the next start, and the children it made
-/// (their command line is the server's). With `all`, every one.
-inline std::vector<pid_t> children_of_self(bool all = false) {
-  std::vector<pid_t> found;
+/// A child of this process, from /proc/<pid>/stat and cmdline.
+struct child_entry {
+  pid_t pid;
+  char state;
+  unsigned long long start_time;
+  bool server_image;  ///< its command line is the forkserver's: the server or a rank it made
+};
+
+inline std::vector<child_entry> child_entries() {
+  std::vector<child_entry> found;
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const auto name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::ifstream stat(entry.path() / "stat");
     std::string line;
     if (!std::getline(stat, line)) continue;
-    std::istringstream rest(line.substr(line.rfind(')') + 2));
-    char state;
-    pid_t ppid;
-    rest >> state >> ppid;
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    child_entry c{std::stoi(name), 0, 0, false};
+    pid_t ppid = 0;
+    rest >> c.state >> ppid;
     if (ppid != ::getpid()) continue;
+    std::string skip;
+    for (int field = 5; field < 22; ++field) rest >> skip;  // to field 22, the start time
+    rest >> c.start_time;
     std::ifstream cmdline(entry.path() / "cmdline");
     std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-    if (all || args.find("--cohort-forkserver") == std::string::npos) found.push_back(std::stoi(name));
+    c.server_image = args.find("--cohort-forkserver") != std::string::npos;
+    found.push_back(c);
+  }
+  return found;
+}
+
+/// This process's forkserver: of the children with the server's command
+/// line that are not zombies, the one started first (its ranks are forks
+/// of it, started after). 0 when there is none.
+inline pid_t forkserver_of_self() {
+  pid_t server = 0;
+  unsigned long long first = 0;
+  for (const auto& c : child_entries()) {
+    if (c.server_image && c.state != 'Z' && (server == 0 || c.start_time < first)) {
+      server = c.pid;
+      first = c.start_time;
+    }
+  }
+  return server;
+}
+
+/// Processes whose parent is this one, zombies included, but the
+/// forkserver, which stays for the next start. With `all`, every one.
+inline std::vector<pid_t> children_of_self(bool all = false) {
+  const pid_t server = all ? 0 : forkserver_of_self();
+  std::vector<pid_t> found;
+  for (const auto& c : child_entries()) {
+    if (c.pid != server) found.push_back(c.pid);
   }
   return found;
 }
