@@ -80,7 +80,10 @@ struct rank_launch {
 // its end calls: a child resolving them itself would fault in the dynamic
 // linker's tables of every library, a cost paid again by each child.
 void flush_standard_streams() noexcept {
-  std::cout.flush();
+  try {
+    std::cout.flush();
+  } catch (...) {  // std::cout set to throw, and its stdout gone: what it held is lost, as at exit
+  }
   std::fflush(stdout);
   std::fflush(stderr);
 }

@@ -24,6 +24,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <sstream>
+#include <iostream>
 #include <iterator>
 #include <thread>
 
@@ -416,6 +417,27 @@ TEST_SUITE("entry points") {
     ::close(saved);
     REQUIRE(r.ok());
     CHECK(test::read_file(out) == "the parent's text, rank 0\n");
+  }
+
+  TEST_CASE("a fork start survives a std::cout set to throw whose stdout refuses writes") {
+    std::fflush(stdout);
+    const int saved = ::dup(STDOUT_FILENO);
+    REQUIRE(saved >= 0);
+    const int refusing = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // writes fail with EBADF
+    REQUIRE(refusing >= 0);
+    ::dup2(refusing, STDOUT_FILENO);
+    ::close(refusing);
+    std::fputs("text that cannot be written", stdout);
+    const auto mask = std::cout.exceptions();
+    std::cout.exceptions(std::ios::badbit);
+    const auto r = run_function(call(start_method::fork, rank_itself), 2);
+    std::cout.exceptions(mask);
+    std::cout.clear();
+    std::clearerr(stdout);
+    ::dup2(saved, STDOUT_FILENO);
+    ::close(saved);
+    REQUIRE(r.ok());
+    CHECK(r.return_values[1]->as<int>() == 1);
   }
 
   TEST_CASE("exit handlers run in spawned ranks only; forked ones end with _exit") {
