@@ -185,11 +185,8 @@ class byte_run {
 };
 
 inline void write_varint(std::vector<std::byte>& out, std::uint64_t value) {
-  while (value >= 0x80) {
-    out.push_back(static_cast<std::byte>(value | 0x80));
-    value >>= 7;
-  }
-  out.push_back(static_cast<std::byte>(value));
+  std::byte bytes[10];
+  out.insert(out.end(), bytes, put_varint(bytes, value));
 }
 
 inline void write_raw(std::vector<std::byte>& out, const void* data, std::size_t size) {

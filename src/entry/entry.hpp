@@ -109,11 +109,10 @@ bool await_set_up(int report_fd, std::size_t count, std::size_t& rank, stage& wh
 /// After a forkserver failed before it said which processes it made: reads
 /// the set-up reports on `report_fd`, the read end of the pipe those ranks
 /// share (the caller holds no write end), until it ends or `patience` passes
-/// without a report, and kills
-/// (SIGKILL, the process and the group it leads) and reaps each reporting
-/// process not in `known`: this process's children, by CLONE_PARENT.
-/// Returns how many it reaped.
-std::size_t end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono::milliseconds patience);
+/// without a report, and kills (SIGKILL, the process and the group it
+/// leads) and reaps each reporting process not in `known`: this process's
+/// children, by CLONE_PARENT.
+void end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono::milliseconds patience);
 
 /// The demangled name of a type.
 std::string demangle(const std::type_info& type);

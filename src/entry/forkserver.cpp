@@ -311,13 +311,15 @@ std::vector<int> kept_by(const server_request& r) {
 }
 
 // Writes the call and every rank's plan into a memfd; returns it, or -1
-// with `f` saying why.
-int write_plans(std::span<const server_request> requests, const function_call& call, launch_failure& f) {
+// with `f` saying why. `kept[i]` is kept_by(requests[i]).
+int write_plans(std::span<const server_request> requests, std::span<const std::vector<int>> kept,
+                const function_call& call, launch_failure& f) {
   std::vector<std::string> entries;
   std::unordered_map<std::string_view, int> numbers;  // of the entries, by their text in the plans
   std::vector<rank_plan> plans;
   plans.reserve(requests.size());
-  for (const auto& r : requests) {
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const server_request& r = requests[i];
     const launch_plan& p = *r.plan;
     std::vector<int> env;
     for (char* const* e = p.envp; *e != nullptr; ++e) {
@@ -325,13 +327,12 @@ int write_plans(std::span<const server_request> requests, const function_call& c
       if (fresh) entries.emplace_back(*e);
       env.push_back(at->second);
     }
-    std::vector<int> kept = kept_by(r);
-    if (kept.size() > max_kept) {
+    if (kept[i].size() > max_kept) {
       f = {stage::fds, E2BIG, ""};
       return -1;
     }
     plans.emplace_back(r.rank, p.parent, p.death_signal, p.new_group, p.cwd != nullptr ? p.cwd : "", std::move(env),
-                       std::move(kept));
+                       kept[i]);
   }
   const auto args = call.args.bytes();
   const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), std::move(entries), std::move(plans)};
@@ -345,9 +346,9 @@ int write_plans(std::span<const server_request> requests, const function_call& c
 }
 
 // Sends the ranks from `first` on that fit in one message; returns how many
-// it sent, or 0 with errno set.
-std::size_t send_batch(int socket, std::span<const server_request> requests, std::size_t first, int report_fd,
-                       int request_fd) {
+// it sent, or 0 with errno set. `kept` as for write_plans.
+std::size_t send_batch(int socket, std::span<const server_request> requests, std::span<const std::vector<int>> kept,
+                       std::size_t first, int report_fd, int request_fd) {
   fd_array fds{};
   fds[report_slot] = report_fd;
   fds[request_slot] = request_fd;
@@ -355,11 +356,10 @@ std::size_t send_batch(int socket, std::span<const server_request> requests, std
   std::size_t end = first;
   for (; end < requests.size(); ++end) {
     const launch_plan& p = *requests[end].plan;
-    const std::vector<int> kept = kept_by(requests[end]);
-    if (count + rank_slots + kept.size() > max_fds) break;
+    if (count + rank_slots + kept[end].size() > max_fds) break;
     for (std::size_t i = 0; i < 3; ++i) fds[count++] = p.source[i] >= 0 ? p.source[i] : static_cast<int>(i);
     fds[count++] = requests[end].result_fd;
-    for (int fd : kept) fds[count++] = fd;
+    for (int fd : kept[end]) fds[count++] = fd;
   }
   if (end == first) {  // a rank with more than max_kept: refused before this
     errno = E2BIG;
@@ -394,7 +394,10 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       pollfd p{l.socket, POLLRDHUP, 0};
       if (::poll(&p, 1, 0) != 0) drop_server(l);
     }
-    const owned_fd plans(write_plans(requests, call, f));
+    std::vector<std::vector<int>> kept;
+    kept.reserve(requests.size());
+    for (const auto& r : requests) kept.push_back(kept_by(r));
+    const owned_fd plans(write_plans(requests, kept, call, f));
     if (plans.get() < 0) return 0;
     for (bool restarted = false;;) {
       if (l.socket < 0) {
@@ -415,7 +418,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       // limit on them.
       int error = 0;
       while (started < requests.size() && error == 0) {
-        const std::size_t sent = send_batch(l.socket, requests, started, report_write.get(), plans.get());
+        const std::size_t sent = send_batch(l.socket, requests, kept, started, report_write.get(), plans.get());
         if (sent == 0) {
           error = errno;
           break;

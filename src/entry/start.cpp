@@ -190,19 +190,18 @@ bool await_set_up(int report_fd, std::size_t count, std::size_t& rank, stage& wh
   }
 }
 
-std::size_t end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono::milliseconds patience) {
+void end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono::milliseconds patience) {
   auto deadline = std::chrono::steady_clock::now() + patience;
-  std::size_t ended = 0;
   setup_report batch[64];
   for (;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd p{report_fd, POLLIN, 0};
     const int ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
     if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) return ended;  // the patience ran out
+    if (ready <= 0) return;  // the patience ran out
     const ssize_t n = ::read(report_fd, batch, sizeof batch);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return ended;  // every rank made has reported or died
+    if (n <= 0) return;  // every rank made has reported or died
     deadline = std::chrono::steady_clock::now() + patience;  // patience with each rank, not with all
     for (std::size_t i = 0; i < static_cast<std::size_t>(n) / sizeof(setup_report); ++i) {
       const pid_t pid = batch[i].pid;
@@ -212,14 +211,14 @@ std::size_t end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::
       ::kill(-pid, SIGKILL);  // the group it leads, if it made one
       ::kill(pid, SIGKILL);
       const int pidfd = config::pidfd_open(pid);
-      if (pidfd >= 0) {
-        pollfd exited{pidfd, POLLIN, 0};
-        ::poll(&exited, 1, 1000);  // one stuck in the kernel is left, not waited on for good
-        ::close(pidfd);
-        if (::waitpid(pid, nullptr, WNOHANG) == pid) ++ended;
-      } else if (::waitpid(pid, nullptr, 0) == pid) {  // no descriptor to wait on: as ~rank_launch
-        ++ended;
+      if (pidfd < 0) {  // no descriptor to wait on: as ~rank_launch
+        ::waitpid(pid, nullptr, 0);
+        continue;
       }
+      pollfd exited{pidfd, POLLIN, 0};
+      ::poll(&exited, 1, 1000);  // one stuck in the kernel is left, not waited on for good
+      ::close(pidfd);
+      ::waitpid(pid, nullptr, WNOHANG);
     }
   }
 }

@@ -5,14 +5,9 @@
 #include "config.hpp"
 #include "entry/entry.hpp"
 
-#include <fcntl.h>
 #include <poll.h>
-#include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <string>
 
 namespace cohort::detail {
 

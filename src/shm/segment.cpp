@@ -124,7 +124,6 @@ std::atomic<pid_t> cached_pid{0};
 std::atomic<std::uint64_t> cached_start_time{0};
 
 
-
 // A fork child makes its own arena: the parent's goes on being carved by
 // the parent, which also holds the descriptors others open.
 // Both locks are held across the fork, the arena's first (the order

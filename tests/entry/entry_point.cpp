@@ -158,6 +158,30 @@ run_result run_group(const group_spec& spec) {
   }());
 }
 
+// This process's stdout on `fd` (closed here) for as long as it lives; what
+// stdio holds is written before each switch.
+class stdout_onto {
+ public:
+  explicit stdout_onto(int fd) : saved_(::dup(STDOUT_FILENO)) {
+    REQUIRE(saved_ >= 0);
+    REQUIRE(fd >= 0);
+    std::fflush(stdout);
+    ::dup2(fd, STDOUT_FILENO);
+    ::close(fd);
+  }
+  stdout_onto(const stdout_onto&) = delete;
+  stdout_onto& operator=(const stdout_onto&) = delete;
+  ~stdout_onto() {
+    std::fflush(stdout);
+    std::clearerr(stdout);
+    ::dup2(saved_, STDOUT_FILENO);
+    ::close(saved_);
+  }
+
+ private:
+  int saved_;
+};
+
 // What one rank of `c`, succeeding, wrote to its stdout (a file).
 std::string output_of_one_rank(const function_call& c) {
   test::temp_dir dir;
@@ -400,42 +424,30 @@ TEST_SUITE("entry points") {
   TEST_CASE("output the parent had buffered is written before a forked rank starts, once") {
     test::temp_dir dir;
     const fs::path out = dir.path / "out";
-    std::fflush(stdout);
-    const int saved = ::dup(STDOUT_FILENO);
-    REQUIRE(saved >= 0);
-    const int file = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    REQUIRE(file >= 0);
-    ::dup2(file, STDOUT_FILENO);
-    ::close(file);
-    std::fputs("the parent's text, ", stdout);  // a file: fully buffered, unwritten
-    group_spec spec;
-    spec.entry = call(start_method::fork, print_rank);
-    spec.nprocs = 1;  // stdout inherited: the same file
-    const auto r = run_group(spec);
-    std::fflush(stdout);
-    ::dup2(saved, STDOUT_FILENO);
-    ::close(saved);
+    run_result r;
+    {
+      const stdout_onto file(::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+      std::fputs("the parent's text, ", stdout);  // a file: fully buffered, unwritten
+      group_spec spec;
+      spec.entry = call(start_method::fork, print_rank);
+      spec.nprocs = 1;  // stdout inherited: the same file
+      r = run_group(spec);
+    }
     REQUIRE(r.ok());
     CHECK(test::read_file(out) == "the parent's text, rank 0\n");
   }
 
   TEST_CASE("a fork start survives a std::cout set to throw whose stdout refuses writes") {
-    std::fflush(stdout);
-    const int saved = ::dup(STDOUT_FILENO);
-    REQUIRE(saved >= 0);
-    const int refusing = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // writes fail with EBADF
-    REQUIRE(refusing >= 0);
-    ::dup2(refusing, STDOUT_FILENO);
-    ::close(refusing);
-    std::fputs("text that cannot be written", stdout);
-    const auto mask = std::cout.exceptions();
-    std::cout.exceptions(std::ios::badbit);
-    const auto r = run_function(call(start_method::fork, rank_itself), 2);
-    std::cout.exceptions(mask);
-    std::cout.clear();
-    std::clearerr(stdout);
-    ::dup2(saved, STDOUT_FILENO);
-    ::close(saved);
+    run_result r;
+    {
+      const stdout_onto refusing(::open("/dev/null", O_RDONLY | O_CLOEXEC));  // writes fail with EBADF
+      std::fputs("text that cannot be written", stdout);
+      const auto mask = std::cout.exceptions();
+      std::cout.exceptions(std::ios::badbit);
+      r = run_function(call(start_method::fork, rank_itself), 2);
+      std::cout.exceptions(mask);
+      std::cout.clear();
+    }
     REQUIRE(r.ok());
     CHECK(r.return_values[1]->as<int>() == 1);
   }
