@@ -9,6 +9,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/// Marks the code a forked rank runs between its fork and its exit. fork
+/// copies no page-table entries of a program's code: a child faults each
+/// page of it in again, 64 KiB around the address at a time. Marked
+/// functions are placed together (GCC's .text.hot, which the linker
+/// gathers), so a child faults in a few pages of this library, not one for
+/// each function it passes through.
+#define COHORT_FORKED_CHILD_PATH [[gnu::hot]]
+
 namespace cohort::config {
 
 /// IORING_OP_WAITID (Linux 6.7). liburing 2.3 has no prep helper; fields are

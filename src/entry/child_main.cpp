@@ -2,6 +2,7 @@
 // child_main(), and running a function so that an exception escaping it
 // reaches the parent with its type, message and stack trace.
 #include "entry/entry.hpp"
+#include "config.hpp"
 #include "entry/forkserver.hpp"
 #include "shm/segment.hpp"
 
@@ -73,13 +74,13 @@ entry_run* current_run = nullptr;  // one entry per process
 // frame at all (glibc ends makecontext stacks): an escaping exception meets
 // no handler, so std::terminate is called at the throw, with the thrower's
 // frames still on the stack for the trace.
-void entry_stack_main() {
+COHORT_FORKED_CHILD_PATH void entry_stack_main() {
   auto& run = *current_run;
   run.result = run.thunk(run.fn, run.rank, *run.args);
 }
 
 // Runs entry_stack_main on `stack`, and returns when it does.
-void run_on(const entry_stack& stack) {
+COHORT_FORKED_CHILD_PATH void run_on(const entry_stack& stack) {
   ucontext_t caller{}, callee{};
   if (::getcontext(&callee) != 0) throw std::system_error(errno, std::system_category(), "cohort: getcontext");
   callee.uc_stack.ss_sp = stack.bottom();
@@ -220,7 +221,7 @@ bool read_whole(int fd, std::vector<std::byte>& out) {
   return true;
 }
 
-bool write_whole(int fd, std::span<const std::byte> bytes) {
+COHORT_FORKED_CHILD_PATH bool write_whole(int fd, std::span<const std::byte> bytes) {
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
@@ -263,40 +264,37 @@ bool child_main_called() noexcept { return main_called.load(std::memory_order_re
 
 int running_rank() noexcept { return entry_rank; }
 
-std::optional<encoded> call_entry(const std::string& name, int rank, const encoded& args) {
-  entry_thunk thunk = nullptr;
-  erased_function fn = nullptr;
+namespace {
+
+// The function registered under `name`; throws std::logic_error when none is.
+COHORT_FORKED_CHILD_PATH std::pair<entry_thunk, erased_function> find_entry(const std::string& name) {
+  std::pair<entry_thunk, erased_function> found{nullptr, nullptr};
   {
     auto& r = entries();
     std::lock_guard lock(r.mutex);
     for (const auto& e : r.entries) {
-      if (e.name == name) {
-        thunk = e.thunk;
-        fn = e.fn;
-      }
+      if (same_text(e.name, name)) found = {e.thunk, e.fn};  // not memcmp: a page of libc fewer for a forked child
     }
   }
-  if (thunk == nullptr) throw std::logic_error(fmt::format("cohort: this program has no entry point named '{}'", name));
+  if (found.first == nullptr) {
+    throw std::logic_error(fmt::format("cohort: this program has no entry point named '{}'", name));
+  }
+  return found;
+}
+
+}  // namespace
+
+std::optional<encoded> call_entry(const std::string& name, int rank, const encoded& args) {
+  const auto [thunk, fn] = find_entry(name);
   return thunk(fn, rank, args);
 }
 
-int run_entry(const std::string& name, int rank, const encoded& args, int result_fd, const entry_stack* stack) {
+COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const encoded& args, int result_fd,
+                                       const entry_stack* stack) {
   entry_run run{nullptr, nullptr, rank, &args, std::nullopt};
-  {
-    auto& r = entries();
-    std::lock_guard lock(r.mutex);
-    for (const auto& e : r.entries) {
-      if (e.name == name) {
-        run.thunk = e.thunk;
-        run.fn = e.fn;
-      }
-    }
-  }
   entry_rank = rank;
   std::set_terminate(on_uncaught);
-  if (run.thunk == nullptr) {
-    throw std::logic_error(fmt::format("cohort: this program has no entry point named '{}'", name));
-  }
+  std::tie(run.thunk, run.fn) = find_entry(name);
   // The function runs on a stack of its own, which holds no handler of the
   // caller's: see entry_stack_main.
   std::optional<entry_stack> own;

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -126,7 +127,7 @@ struct thread_identity {
   std::size_t robust_size = 0;
 };
 
-pid_t clone_as_sibling(const thread_identity& self) {
+COHORT_FORKED_CHILD_PATH pid_t clone_as_sibling(const thread_identity& self) {
   clone_args args{};
   args.flags = CLONE_PARENT | CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID;
   args.child_tid = reinterpret_cast<std::uint64_t>(self.tid);
@@ -141,15 +142,10 @@ pid_t clone_as_sibling(const thread_identity& self) {
 // rank's descriptors as received (rank_slot order, then the kept ones); the
 // other ranks' go with the set-up. What escapes ends the rank through
 // std::terminate.
-int run_forked(request& r, rank_plan& plan, std::span<const int> own, int report, const sigset_t& reset,
-               const entry_stack* stack) noexcept {
+COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp, std::span<const int> own,
+                                        int report, std::uint64_t reset, const entry_stack* stack) noexcept {
   auto& [name, args, entries, plans] = r;
   auto& [rank, parent, death_signal, new_group, cwd, env, kept] = plan;
-  // Never freed: environ points into it to the end, exit handlers included.
-  auto& envp = *new std::vector<char*>();
-  envp.reserve(env.size() + 1);
-  for (int entry : env) envp.push_back(entries[static_cast<std::size_t>(entry)].data());
-  envp.push_back(nullptr);
   // Every descriptor needed is first moved above all the numbers involved,
   // so that placing one never overwrites another.
   int top = std::max(2, report);
@@ -162,14 +158,19 @@ int run_forked(request& r, rank_plan& plan, std::span<const int> own, int report
   }
   report = ::fcntl(report, F_DUPFD_CLOEXEC, top + 1);
   if (report < 0) ::_exit(127);
-  std::vector<int> keep{fds[result_slot], report};
+  // In increasing order, as set_up_child wants them: the kept numbers (the
+  // server checked they increase), then the two moved above them, the
+  // report's moved last.
+  fd_array keep{};
+  std::size_t keep_count = 0;
   for (std::size_t i = 0; i < kept.size(); ++i) {
     if (::dup2(fds[rank_slots + i], kept[i]) < 0) ::_exit(127);
-    keep.push_back(kept[i]);
+    keep[keep_count++] = kept[i];
   }
-  std::sort(keep.begin(), keep.end());
+  keep[keep_count++] = fds[result_slot];
+  keep[keep_count++] = report;
   launch_plan p;
-  p.envp = envp.data();
+  p.envp = envp;
   p.source = {fds[in_fd], fds[out_fd], fds[err_fd]};
   p.cwd = cwd.empty() ? nullptr : cwd.c_str();
   p.new_group = new_group;
@@ -178,12 +179,38 @@ int run_forked(request& r, rank_plan& plan, std::span<const int> own, int report
   p.close_fds = true;  // this server's descriptors never reach a child
   p.close_now = true;
   p.keep = keep.data();
-  p.keep_count = keep.size();
+  p.keep_count = keep_count;
   p.reset_signals = &reset;
   set_up_or_report(p, report, rank);
-  environ = envp.data();
+  environ = envp;
   const encoded call_args = encoded::from_bytes(std::move(args));
   return run_entry(name, rank, call_args, fds[result_slot], stack);
+}
+
+// The forked child's way from the server's loop to its exit.
+[[noreturn]] COHORT_FORKED_CHILD_PATH void become_rank(int socket, std::unique_ptr<request> r, rank_plan& plan,
+                                                       char** envp, std::span<const int> own, int report,
+                                                       std::uint64_t reset, const entry_stack* stack) noexcept {
+  ::close(socket);
+  // The child's for good: its environment points into it, and what it
+  // leaves behind need not be freed page by page.
+  end_forked_rank(run_forked(*r.release(), plan, envp, own, report, reset, stack));
+}
+
+// Each rank's environment as environ wants it, pointing into the request's
+// entries; made before the forks, so that no child allocates. A child never
+// returns to the loop that frees the server's copy: its own stays to its
+// exit, exit handlers included.
+std::vector<std::vector<char*>> environments(request& r, std::span<const rank_plan> ranks) {
+  auto& entries = std::get<2>(r);
+  std::vector<std::vector<char*>> envps(ranks.size());
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const auto& env = std::get<5>(ranks[i]);
+    envps[i].reserve(env.size() + 1);
+    for (int entry : env) envps[i].push_back(entries[static_cast<std::size_t>(entry)].data());
+    envps[i].push_back(nullptr);
+  }
+  return envps;
 }
 
 // The client's end: one server per process, started on first use and again
@@ -230,11 +257,12 @@ void drop_server(server_link& l) {
 
 }  // namespace
 
-int serve_forks(int socket) {
+// Hot: each child returns from its clone through this loop.
+COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
   thread_identity self;
   const bool known = ::prctl(PR_GET_TID_ADDRESS, &self.tid) == 0 && self.tid != nullptr;
   ::syscall(SYS_get_robust_list, 0, &self.robust_head, &self.robust_size);
-  const sigset_t reset = signals_to_reset();  // this server sets no handler later
+  const std::uint64_t reset = signals_to_reset();  // this server sets no handler later
   // Bound here, once, the symbols the children's flush at their end calls:
   // a child binding one itself faults in the dynamic linker's tables of
   // every library, each child again.
@@ -252,6 +280,7 @@ int serve_forks(int socket) {
     std::vector<std::byte> bytes;
     std::unique_ptr<request> r;
     std::span<rank_plan> ranks;  // those to fork, in r
+    std::vector<std::vector<char*>> envps;  // theirs
     if (n != static_cast<ssize_t>(sizeof b) || count < shared_slots) {
       replies.push_back(-EINVAL);
     } else if (!known) {
@@ -270,10 +299,18 @@ int serve_forks(int socket) {
           for (int entry : std::get<5>(plan)) {
             if (entry < 0 || static_cast<std::size_t>(entry) >= entries.size()) throw std::invalid_argument("environment");
           }
+          // Increasing, as the client sorts them: a child relies on it.
+          const auto& kept = std::get<6>(plan);
+          const bool increasing = std::adjacent_find(kept.begin(), kept.end(), std::greater_equal<>()) == kept.end();
+          if (!increasing || (!kept.empty() && kept.front() < 0)) throw std::invalid_argument("kept descriptors");
           needed += descriptors_of(plan);
         }
         if (needed != count) throw std::invalid_argument("descriptors");
         ranks = std::span(plans).subspan(b.first, b.count);
+        envps = environments(*r, ranks);
+      } catch (const std::bad_alloc&) {
+        ranks = {};
+        replies.push_back(-ENOMEM);
       } catch (const std::exception&) {
         replies.push_back(-EINVAL);
       }
@@ -282,11 +319,8 @@ int serve_forks(int socket) {
       const std::size_t own = descriptors_of(ranks[i]);
       const pid_t pid = clone_as_sibling(self);
       if (pid == 0) {
-        ::close(socket);
-        // The child's for good: its environment points into it, and what it
-        // leaves behind need not be freed page by page.
-        end_forked_rank(run_forked(*r.release(), ranks[i], std::span<const int>(fds).subspan(at, own),
-                                   fds[report_slot], reset, stack));
+        become_rank(socket, std::move(r), ranks[i], envps[i].data(), std::span<const int>(fds).subspan(at, own),
+                    fds[report_slot], reset, stack);
       }
       replies.push_back(pid > 0 ? pid : -errno);
       if (pid < 0) break;
@@ -469,7 +503,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
   return started;
 }
 
-void stop_forkserver() noexcept {
+COHORT_FORKED_CHILD_PATH void stop_forkserver() noexcept {
   // A process that never asked for a server (a forked rank, whose parent's
   // is not its own) has none to stop.
   auto* slot = made_in_this_process<server_slot>();

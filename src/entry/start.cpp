@@ -79,7 +79,7 @@ struct rank_launch {
 // prints. It also binds, in this process, the symbols a rank's own flush at
 // its end calls: a child resolving them itself would fault in the dynamic
 // linker's tables of every library, a cost paid again by each child.
-void flush_standard_streams() noexcept {
+COHORT_FORKED_CHILD_PATH void flush_standard_streams() noexcept {
   try {
     std::cout.flush();
   } catch (...) {  // std::cout set to throw, and its stdout gone: what it held is lost, as at exit
@@ -88,7 +88,7 @@ void flush_standard_streams() noexcept {
   std::fflush(stderr);
 }
 
-void end_forked_rank(int code) noexcept {
+COHORT_FORKED_CHILD_PATH void end_forked_rank(int code) noexcept {
   release_shared_memory_holds();
   flush_standard_streams();
   ::_exit(code);
@@ -100,8 +100,8 @@ namespace {
 // pipe, calls the function and exits. What escapes run_entry ends the rank
 // through std::terminate, never unwinding into the caller's frames, whose
 // destructors are the parent's.
-[[noreturn]] void run_forked_rank(launch_plan& p, int report_fd, const function_call& call, int rank, int result_fd,
-                                  const entry_stack* stack) noexcept {
+[[noreturn]] COHORT_FORKED_CHILD_PATH void run_forked_rank(launch_plan& p, int report_fd, const function_call& call,
+                                                           int rank, int result_fd, const entry_stack* stack) noexcept {
   set_up_or_report(p, report_fd, rank);
   // Output the parent had buffered but not written is the parent's to
   // write: dropped here, or it would appear twice.
@@ -116,19 +116,26 @@ namespace {
 // the parent pays a copy for every page it writes, so the preparation is
 // all done before, the children's stack included. Returns the rank that
 // could not be forked, or -1.
-int fork_all(std::vector<std::unique_ptr<rank_launch>>& ranks, const function_call& call, int report_fd,
-             launch_failure& f) {
+// Not inlined, so that its loop, which each child returns through from its
+// fork, is placed with the rest of a child's path.
+[[gnu::noinline]] COHORT_FORKED_CHILD_PATH int fork_all(std::vector<std::unique_ptr<rank_launch>>& ranks,
+                                                        const function_call& call, int report_fd, launch_failure& f) {
   flush_standard_streams();
   const auto stack = entry_stack::ahead_of_forks();
   const signals_blocked blocked;
   // Asked once for all: a handler another thread sets meanwhile stays in
   // the children, where it runs on their own copy of memory.
-  const sigset_t reset = signals_to_reset();
-  for (auto& x : ranks) x->prepared->plan().reset_signals = &reset;
+  const std::uint64_t reset = signals_to_reset();
+  std::vector<launch_plan*> plans;  // looked up here: a child runs no more of this library than it must
+  plans.reserve(ranks.size());
+  for (auto& x : ranks) {
+    plans.push_back(&x->prepared->plan());
+    plans.back()->reset_signals = &reset;
+  }
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     auto& x = *ranks[r];
     const pid_t pid = ::fork();
-    if (pid == 0) run_forked_rank(x.prepared->plan(), report_fd, call, static_cast<int>(r), x.result.get(), stack.get());
+    if (pid == 0) run_forked_rank(*plans[r], report_fd, call, static_cast<int>(r), x.result.get(), stack.get());
     if (pid < 0) {
       f = {stage::clone, errno, ""};
       return static_cast<int>(r);
@@ -152,7 +159,7 @@ struct setup_report {
 
 // Success is reported too, rather than told by the pipe's end of file: a
 // thread of the parent forking meanwhile would hold a copy of the write end.
-void set_up_or_report(launch_plan& p, int report_fd, int rank) noexcept {
+COHORT_FORKED_CHILD_PATH void set_up_or_report(launch_plan& p, int report_fd, int rank) noexcept {
   const bool ready = set_up_child(p);
   const setup_report r{rank, ready ? stage::none : p.failed_at, ready ? 0 : p.error, ::getpid()};
   [[maybe_unused]] auto n = ::write(report_fd, &r, sizeof r);

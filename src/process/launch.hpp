@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -38,17 +39,19 @@ struct launch_plan {
   std::size_t keep_count = 0;
   int fd_limit = 0;
   /// For children forked in a batch: the signals whose handling the child
-  /// must reset, as the parent found them just before the forks, so that
-  /// each child does not ask for every signal again. Null: the child asks.
-  const sigset_t* reset_signals = nullptr;
+  /// must reset (bit sig - 1), as the parent found them just before the
+  /// forks, so that each child does not ask for every signal again. Null:
+  /// the child asks.
+  const std::uint64_t* reset_signals = nullptr;
 
   stage failed_at = stage::none;
   int error = 0;
 };
 
-/// The signals whose handling a new child must reset: those with a handler
-/// of this process, and SIGPIPE and SIGXFSZ when ignored.
-sigset_t signals_to_reset() noexcept;
+/// The signals whose handling a new child must reset, bit sig - 1 for each:
+/// those with a handler of this process, and SIGPIPE and SIGXFSZ when
+/// ignored.
+std::uint64_t signals_to_reset() noexcept;
 
 /// Runs in the new process: resets signal handlers and the mask, then the
 /// process group, parent-death signal, standard streams, working directory

@@ -53,7 +53,7 @@ bool failed(launch_plan& p, stage where) {
 }
 
 // Closes every descriptor from 3 up but those in the sorted `keep`.
-bool close_all_but(const int* keep, std::size_t count) {
+COHORT_FORKED_CHILD_PATH bool close_all_but(const int* keep, std::size_t count) {
   unsigned from = 3;
   for (std::size_t i = 0; i < count; ++i) {
     const auto fd = static_cast<unsigned>(keep[i]);
@@ -76,35 +76,35 @@ bool needs_reset(int sig) noexcept {
 
 }  // namespace
 
-sigset_t signals_to_reset() noexcept {
-  sigset_t set;
-  sigemptyset(&set);
+std::uint64_t signals_to_reset() noexcept {
+  std::uint64_t set = 0;
   for (int sig = 1; sig <= all_signals; ++sig) {
-    if (needs_reset(sig)) sigaddset(&set, sig);
+    if (needs_reset(sig)) set |= std::uint64_t{1} << (sig - 1);
   }
   return set;
 }
 
-bool set_up_child(launch_plan& p) noexcept {
+COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
   // Handlers of the parent must not run here (they would run on the
   // parent's memory); ignored SIGPIPE/SIGXFSZ are reset as a shell would.
   // (glibc's sigaction is a plain system call wrapper; it refuses glibc's
   // own internal signals, which stay blocked until the exec.)
   for (int sig = 1; sig <= all_signals; ++sig) {
-    const bool reset = p.reset_signals != nullptr ? sigismember(p.reset_signals, sig) == 1 : needs_reset(sig);
+    const bool reset = p.reset_signals != nullptr ? ((*p.reset_signals >> (sig - 1)) & 1) != 0 : needs_reset(sig);
     if (reset) {
       struct sigaction dfl {};
       dfl.sa_handler = SIG_DFL;
       ::sigaction(sig, &dfl, nullptr);
     }
   }
-  sigset_t none;
-  sigemptyset(&none);
+  // Here by syscall(), which a forked child has paged in already: each
+  // other wrapper of libc may be one more page of code for it to fault in.
+  const sigset_t none{};
   if (::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, nullptr, _NSIG / 8) != 0) return failed(p, stage::signals);
 
   if (p.new_group && ::setpgid(0, 0) != 0) return failed(p, stage::setpgid);
   if (p.death_signal != 0) {
-    if (::prctl(PR_SET_PDEATHSIG, p.death_signal) != 0) return failed(p, stage::pdeathsig);
+    if (::syscall(SYS_prctl, PR_SET_PDEATHSIG, p.death_signal, 0, 0, 0) != 0) return failed(p, stage::pdeathsig);
     if (::getppid() != p.parent) ::_exit(127);  // the parent is already gone
   }
   for (int target = 0; target < 3; ++target) {

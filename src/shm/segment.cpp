@@ -2,6 +2,7 @@
 // full), opening another process's (checked against what the sender said),
 // the per-process registry that maps each one once, and the arena.
 #include "shm/segment.hpp"
+#include "config.hpp"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -83,8 +84,16 @@ struct registry {
     return gone;
   }
 };
+// Set once segments() has made the registry: a process that never mapped a
+// segment has nothing to look through at its end, and need not allocate it.
+std::atomic<registry*> registry_made{nullptr};
+
 registry& segments() {
-  static auto* r = new registry;  // outlives every static storage that unmaps at exit
+  static auto* r = [] {
+    auto* made = new registry;  // outlives every static storage that unmaps at exit
+    registry_made.store(made, std::memory_order_release);
+    return made;
+  }();
   return *r;
 }
 
@@ -131,6 +140,20 @@ std::atomic<std::uint64_t> cached_start_time{0};
 // of its own will release nor a list in the middle of a change. The arena
 // is not made for this when the parent has none: every child would pay.
 bool arena_held_for_fork = false;
+COHORT_FORKED_CHILD_PATH void after_fork_in_child() {
+  forget_process_id();
+  auto& r = segments();
+  for (auto& [nonce, weak] : r.segments) {
+    if (auto s = weak.lock()) s->note_mapper();
+  }
+  r.mutex.unlock();
+  if (!arena_held_for_fork) return;
+  auto& a = arena();
+  std::vector<std::shared_ptr<segment>>().swap(a.arenas);
+  std::vector<std::shared_ptr<segment>>().swap(a.lingering);
+  a.mutex.unlock();
+}
+
 [[maybe_unused]] const bool fork_handlers = [] {
   ::pthread_atfork(
       [] {
@@ -142,19 +165,7 @@ bool arena_held_for_fork = false;
         segments().mutex.unlock();
         if (arena_held_for_fork) arena().mutex.unlock();
       },
-      [] {
-        forget_process_id();
-        auto& r = segments();
-        for (auto& [nonce, weak] : r.segments) {
-          if (auto s = weak.lock()) s->note_mapper();
-        }
-        r.mutex.unlock();
-        if (!arena_held_for_fork) return;
-        auto& a = arena();
-        std::vector<std::shared_ptr<segment>>().swap(a.arenas);
-        std::vector<std::shared_ptr<segment>>().swap(a.lingering);
-        a.mutex.unlock();
-      });
+      after_fork_in_child);
   return true;
 }();
 
@@ -214,7 +225,7 @@ pid_t this_process() noexcept {
   return pid;
 }
 
-void forget_process_id() noexcept {
+COHORT_FORKED_CHILD_PATH void forget_process_id() noexcept {
   cached_pid.store(0, std::memory_order_relaxed);
   cached_start_time.store(0, std::memory_order_relaxed);
 }
@@ -602,10 +613,12 @@ void linger(std::shared_ptr<segment> s) {
   a.lingering.push_back(std::move(s));
 }
 
-void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
+COHORT_FORKED_CHILD_PATH void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
+  auto* known = registry_made.load(std::memory_order_acquire);
+  if (known == nullptr) return;  // no segment was ever mapped here
   std::vector<std::shared_ptr<segment>> made;
   {
-    auto& r = segments();
+    auto& r = *known;
     std::lock_guard lock(r.mutex);
     for (auto& [nonce, weak] : r.segments) {
       if (auto s = weak.lock(); s && s->made_here()) made.push_back(std::move(s));

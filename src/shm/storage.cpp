@@ -1,6 +1,7 @@
 // cohort::storage: private bytes, or a block of shared memory; how a
 // storage crosses to another process and is found again there.
 #include "cohort/storage.hpp"
+#include "config.hpp"
 
 #include "shm/segment.hpp"
 
@@ -129,8 +130,16 @@ struct identity_map {
   std::mutex mutex;
   identity_table storages;
 };
+// Set once identities() has made the table: a process that never held a
+// shared storage has none to let go of at its end, and need not allocate it.
+std::atomic<identity_map*> identities_made{nullptr};
+
 identity_map& identities() {
-  static auto* m = new identity_map;  // outlives every static storage
+  static auto* m = [] {
+    auto* made = new identity_map;  // outlives every static storage
+    identities_made.store(made, std::memory_order_release);
+    return made;
+  }();
   return *m;
 }
 
@@ -142,15 +151,16 @@ void add_identity(const std::shared_ptr<storage_impl>& impl) {
 
 // A forked child holds every storage it inherited: each gets a reference
 // of the child's own, so the parent freeing its copy frees nothing under it.
+COHORT_FORKED_CHILD_PATH void hold_inherited_storages() {
+  auto& m = identities();
+  m.storages.for_each([](const block_key&, std::weak_ptr<storage_impl>& weak) {
+    if (auto impl = weak.lock()) impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
+  });
+  m.mutex.unlock();
+}
+
 [[maybe_unused]] const bool fork_handlers = [] {
-  ::pthread_atfork([] { identities().mutex.lock(); }, [] { identities().mutex.unlock(); },
-                   [] {
-                     auto& m = identities();
-                     m.storages.for_each([](const block_key&, std::weak_ptr<storage_impl>& weak) {
-                       if (auto impl = weak.lock()) impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
-                     });
-                     m.mutex.unlock();
-                   });
+  ::pthread_atfork([] { identities().mutex.lock(); }, [] { identities().mutex.unlock(); }, hold_inherited_storages);
   return true;
 }();
 
@@ -322,8 +332,10 @@ void hold_for_message(const handle_context& context) noexcept {
   }
 }
 
-void release_shared_memory_holds() noexcept {
-  auto& m = identities();
+COHORT_FORKED_CHILD_PATH void release_shared_memory_holds() noexcept {
+  auto* known = identities_made.load(std::memory_order_acquire);
+  if (known == nullptr) return;  // no shared storage was ever held here
+  auto& m = *known;
   std::lock_guard lock(m.mutex);
   m.storages.for_each([](const block_key&, std::weak_ptr<storage_impl>& weak) {
     if (auto impl = weak.lock(); impl && !impl->let_go) {

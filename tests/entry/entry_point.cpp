@@ -128,6 +128,13 @@ void write_rank_to(int rank, int fd) {
 }
 COHORT_ENTRYPOINT(write_rank_to);
 
+// Writes "<rank>\n" on descriptors `a` and `b`.
+void write_rank_to_both(int rank, int a, int b) {
+  write_rank_to(rank, a);
+  write_rank_to(rank, b);
+}
+COHORT_ENTRYPOINT(write_rank_to_both);
+
 int rank_times_two(int rank) { return rank * 2; }
 COHORT_ENTRYPOINT(rank_times_two);
 
@@ -576,6 +583,31 @@ TEST_SUITE("entry points") {
       ::close(ends[0]);
       std::sort(text.begin(), text.end());
       CHECK(text == "\n\n\n012");
+    });
+  }
+
+  TEST_CASE("keep_fds listed out of order and twice reach the ranks, through every start method") {
+    for_each_method([](start_method method) {
+      int first[2], second[2];
+      REQUIRE(::pipe2(first, O_CLOEXEC) == 0);
+      REQUIRE(::pipe2(second, O_CLOEXEC) == 0);
+      const int low = ::fcntl(first[1], F_DUPFD_CLOEXEC, 20);
+      const int high = ::fcntl(second[1], F_DUPFD_CLOEXEC, 40);
+      ::close(first[1]);
+      ::close(second[1]);
+      join_options options{.method = method};
+      options.spawn.keep_fds = {high, low, high};
+      spawn_and_join(write_rank_to_both, std::tuple{low, high}, 2, options);
+      ::close(low);
+      ::close(high);
+      for (int end : {first[0], second[0]}) {
+        std::string text;
+        char buf[64];
+        for (ssize_t n; (n = ::read(end, buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+        ::close(end);
+        std::sort(text.begin(), text.end());
+        CHECK(text == "\n\n01");
+      }
     });
   }
 
