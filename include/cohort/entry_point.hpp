@@ -41,6 +41,11 @@ struct function_call {
   std::string name;  ///< the name it was registered under
   encoded args;      ///< the arguments after the rank, as one tuple
   start_method method = start_method::spawn;
+  /// Whether what the function returns is read back (into
+  /// run_result::return_values). call() sets it false for a function that
+  /// returns void, and a rank then gets no result file to write; a value
+  /// returned when it is false is dropped.
+  bool returns_value = true;
 };
 
 /// In a process started to run an entry point (start methods spawn and
@@ -113,7 +118,7 @@ function_call call(start_method method, R (*fn)(int, P...), A&&... args) {
   static_assert(sizeof...(A) == sizeof...(P), "cohort::call: give exactly the arguments that follow the rank");
   using values = std::tuple<std::decay_t<P>...>;
   const auto& name = detail::registered_name(reinterpret_cast<detail::erased_function>(fn));
-  return function_call{name, encode(values(std::forward<A>(args)...)), method};
+  return function_call{name, encode(values(std::forward<A>(args)...)), method, !std::is_void_v<R>};
 }
 
 template <class R, class... P, class... A>

@@ -305,6 +305,7 @@ COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const 
   // process: it stays until they are received, within a bound.
   shm::wait_for_receivers(receivers_wait);
   stop_forkserver();  // what the function started by the forkserver has ended with it
+  if (result_fd < 0) return 0;  // what it returned is not wanted
   if (run.result && !write_whole(result_fd, run.result->bytes())) {
     throw std::system_error(errno, std::system_category(), "cohort: writing the entry point's result");
   }

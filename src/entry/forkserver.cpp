@@ -58,13 +58,21 @@ using fd_array = std::array<int, max_fds>;
 // the request's entries), the numbers the kept descriptors have in the
 // requester (and must have in the child).
 using rank_plan = std::tuple<int, int, int, bool, std::string, std::vector<int>, std::vector<int>>;
-// The function's name, its arguments, the "NAME=value" entries of the
-// ranks' environments (each once: the ranks share nearly all of theirs),
-// every rank's plan.
-using request = std::tuple<std::string, std::vector<std::byte>, std::vector<std::string>, std::vector<rank_plan>>;
+// The function's name, its arguments, whether it returns a value (each
+// rank then sends a result memfd), the "NAME=value" entries of the ranks'
+// environments (each once: the ranks share nearly all of theirs), every
+// rank's plan.
+using request =
+    std::tuple<std::string, std::vector<std::byte>, bool, std::vector<std::string>, std::vector<rank_plan>>;
+
+// Where a rank's kept descriptors start among its own: after the result
+// memfd, when it sends one.
+std::size_t first_kept(bool returns_value) { return returns_value ? rank_slots : result_slot; }
 
 // How many descriptors of a message are the rank's.
-std::size_t descriptors_of(const rank_plan& plan) { return rank_slots + std::get<6>(plan).size(); }
+std::size_t descriptors_of(const rank_plan& plan, bool returns_value) {
+  return first_kept(returns_value) + std::get<6>(plan).size();
+}
 
 // Which plans of the request a message carries the descriptors of.
 struct batch {
@@ -144,7 +152,7 @@ COHORT_FORKED_CHILD_PATH pid_t clone_as_sibling(const thread_identity& self) {
 // std::terminate.
 COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp, std::span<const int> own,
                                         int report, std::uint64_t reset, const entry_stack* stack) noexcept {
-  auto& [name, args, entries, plans] = r;
+  auto& [name, args, returns_value, entries, plans] = r;
   auto& [rank, parent, death_signal, new_group, cwd, env, kept] = plan;
   // Every descriptor needed is first moved above all the numbers involved,
   // so that placing one never overwrites another.
@@ -164,10 +172,11 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   fd_array keep{};
   std::size_t keep_count = 0;
   for (std::size_t i = 0; i < kept.size(); ++i) {
-    if (::dup2(fds[rank_slots + i], kept[i]) < 0) ::_exit(127);
+    if (::dup2(fds[first_kept(returns_value) + i], kept[i]) < 0) ::_exit(127);
     keep[keep_count++] = kept[i];
   }
-  keep[keep_count++] = fds[result_slot];
+  const int result = returns_value ? fds[result_slot] : -1;
+  if (result >= 0) keep[keep_count++] = result;
   keep[keep_count++] = report;
   launch_plan p;
   p.envp = envp;
@@ -184,7 +193,7 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   set_up_or_report(p, report, rank);
   environ = envp;
   const encoded call_args = encoded::from_bytes(std::move(args));
-  return run_entry(name, rank, call_args, fds[result_slot], stack);
+  return run_entry(name, rank, call_args, result, stack);
 }
 
 // The forked child's way from the server's loop to its exit.
@@ -202,7 +211,7 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
 // returns to the loop that frees the server's copy: its own stays to its
 // exit, exit handlers included.
 std::vector<std::vector<char*>> environments(request& r, std::span<const rank_plan> ranks) {
-  auto& entries = std::get<2>(r);
+  auto& entries = std::get<3>(r);
   std::vector<std::vector<char*>> envps(ranks.size());
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const auto& env = std::get<5>(ranks[i]);
@@ -290,7 +299,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     } else {
       try {
         r = std::make_unique<request>(decode<request>(encoded::from_bytes(std::move(bytes))));
-        auto& [name, args, entries, plans] = *r;
+        auto& [name, args, returns_value, entries, plans] = *r;
         if (b.count == 0 || b.first > plans.size() || b.count > plans.size() - b.first) {
           throw std::invalid_argument("ranks");
         }
@@ -303,7 +312,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
           const auto& kept = std::get<6>(plan);
           const bool increasing = std::adjacent_find(kept.begin(), kept.end(), std::greater_equal<>()) == kept.end();
           if (!increasing || (!kept.empty() && kept.front() < 0)) throw std::invalid_argument("kept descriptors");
-          needed += descriptors_of(plan);
+          needed += descriptors_of(plan, returns_value);
         }
         if (needed != count) throw std::invalid_argument("descriptors");
         ranks = std::span(plans).subspan(b.first, b.count);
@@ -316,7 +325,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
       }
     }
     for (std::size_t i = 0, at = shared_slots; i < ranks.size(); ++i) {
-      const std::size_t own = descriptors_of(ranks[i]);
+      const std::size_t own = descriptors_of(ranks[i], std::get<2>(*r));
       const pid_t pid = clone_as_sibling(self);
       if (pid == 0) {
         become_rank(socket, std::move(r), ranks[i], envps[i].data(), std::span<const int>(fds).subspan(at, own),
@@ -369,7 +378,8 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
                        kept[i]);
   }
   const auto args = call.args.bytes();
-  const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), std::move(entries), std::move(plans)};
+  const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), call.returns_value, std::move(entries),
+                    std::move(plans)};
   const int fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
   if (fd < 0 || !write_whole(fd, encode(req).bytes())) {
     f = {stage::start, errno, ""};
@@ -382,7 +392,7 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
 // Sends the ranks from `first` on that fit in one message; returns how many
 // it sent, or 0 with errno set. `kept` as for write_plans.
 std::size_t send_batch(int socket, std::span<const server_request> requests, std::span<const std::vector<int>> kept,
-                       std::size_t first, int report_fd, int request_fd) {
+                       bool returns_value, std::size_t first, int report_fd, int request_fd) {
   fd_array fds{};
   fds[report_slot] = report_fd;
   fds[request_slot] = request_fd;
@@ -390,9 +400,9 @@ std::size_t send_batch(int socket, std::span<const server_request> requests, std
   std::size_t end = first;
   for (; end < requests.size(); ++end) {
     const launch_plan& p = *requests[end].plan;
-    if (count + rank_slots + kept[end].size() > max_fds) break;
+    if (count + first_kept(returns_value) + kept[end].size() > max_fds) break;
     for (std::size_t i = 0; i < 3; ++i) fds[count++] = p.source[i] >= 0 ? p.source[i] : static_cast<int>(i);
-    fds[count++] = requests[end].result_fd;
+    if (returns_value) fds[count++] = requests[end].result_fd;
     for (int fd : kept[end]) fds[count++] = fd;
   }
   if (end == first) {  // a rank with more than max_kept: refused before this
@@ -452,7 +462,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       // limit on them.
       int error = 0;
       while (started < requests.size() && error == 0) {
-        const std::size_t sent = send_batch(l.socket, requests, kept, started, report_write.get(), plans.get());
+        const std::size_t sent = send_batch(l.socket, requests, kept, call.returns_value, started, report_write.get(), plans.get());
         if (sent == 0) {
           error = errno;
           break;

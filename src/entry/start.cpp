@@ -35,10 +35,11 @@ namespace cohort::detail {
 namespace {
 
 // A memfd, closed with the object; get() is -1 when it could not be made,
-// with error() saying why.
+// with error() saying why, or when it was not wanted (a null name).
 class memfd {
  public:
-  explicit memfd(const char* name) : fd_(::memfd_create(name, MFD_CLOEXEC)), error_(fd_ < 0 ? errno : 0) {}
+  explicit memfd(const char* name)
+      : fd_(name != nullptr ? ::memfd_create(name, MFD_CLOEXEC) : -1), error_(fd_ < 0 && name != nullptr ? errno : 0) {}
   memfd(const memfd&) = delete;
   memfd& operator=(const memfd&) = delete;
   ~memfd() {
@@ -53,15 +54,19 @@ class memfd {
   int error_;
 };
 
-// One rank of a batch: its result memfd, its prepared launch and its
-// process, from when it is made until a child object adopts it. A process
-// made but not adopted (a later rank failed) is killed and reaped here.
+// The memfd a rank's result lands in, when the function returns one.
+const char* result_file(const function_call& call) { return call.returns_value ? "cohort-result" : nullptr; }
+
+// One rank of a batch: its result memfd (when wanted), its prepared launch
+// and its process, from when it is made until a child object adopts it. A
+// process made but not adopted (a later rank failed) is killed and reaped
+// here.
 struct rank_launch {
-  memfd result{"cohort-result"};
+  memfd result;
   std::unique_ptr<prepared_launch> prepared;
   pid_t pid = -1;
 
-  rank_launch() = default;
+  explicit rank_launch(const function_call& call) : result(result_file(call)) {}
   rank_launch(const rank_launch&) = delete;
   rank_launch& operator=(const rank_launch&) = delete;
   ~rank_launch() {
@@ -255,7 +260,7 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
   spawn_options opts = options;
   opts.env.set(entry_env, fmt::format("{},{},{},{}", args.get(), result_fd, rank, call.name));
   opts.keep_fds.push_back(args.get());
-  opts.keep_fds.push_back(result_fd);
+  if (result_fd >= 0) opts.keep_fds.push_back(result_fd);
   const command cmd("/proc/self/exe", {"--cohort-entry", call.name, std::to_string(rank)});
   std::error_code ec;
   child started = spawn(executor, cmd, opts, ec);
@@ -287,8 +292,8 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     check_reexecutable(call, describe_rank(call, 0));
     children.resize(n);
     for_each_parallel(n, start_threads(threads, n), [&](std::size_t r) {
-      memfd result("cohort-result");
-      if (result.get() < 0) fail(r, {stage::start, result.error(), "memfd_create"});
+      memfd result(result_file(call));
+      if (result.error() != 0) fail(r, {stage::start, result.error(), "memfd_create"});
       children[r] = start_spawned(executor, call, static_cast<int>(r), options[r], result.get(), describe_rank(call, static_cast<int>(r)));
       result_fds[r] = result.release();
     });
@@ -316,10 +321,11 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
   std::vector<std::unique_ptr<rank_launch>> ranks;
   ranks.reserve(n);
   for (std::size_t r = 0; r < n; ++r) {
-    auto& x = *ranks.emplace_back(std::make_unique<rank_launch>());
-    if (x.result.get() < 0) fail(r, {stage::start, x.result.error(), "memfd_create"});
+    auto& x = *ranks.emplace_back(std::make_unique<rank_launch>(call));
+    if (x.result.error() != 0) fail(r, {stage::start, x.result.error(), "memfd_create"});
     launch_failure f;
-    std::vector<int> keep{x.result.get()};
+    std::vector<int> keep;
+    if (x.result.get() >= 0) keep.push_back(x.result.get());
     if (call.method == start_method::fork) keep.push_back(report_write.get());
     x.prepared = std::make_unique<prepared_launch>(options[r], keep, f);
     if (!x.prepared->ok()) fail(r, f);

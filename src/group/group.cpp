@@ -264,7 +264,7 @@ bool record_exit(group_state& s, int rank, exit_status status) {
   --s.running;
   const auto r = static_cast<std::size_t>(rank);
   std::string unreadable;  // a result that cannot be read fails the rank: never a silent nullopt
-  if (status.success() && r < s.result_fds.size()) {
+  if (status.success() && r < s.result_fds.size() && s.result_fds[r] >= 0) {
     try {
       s.partial.return_values[r] = read_result(s.result_fds[r]);
     } catch (const std::exception& e) {

@@ -138,6 +138,24 @@ COHORT_ENTRYPOINT(write_rank_to_both);
 int rank_times_two(int rank) { return rank * 2; }
 COHORT_ENTRYPOINT(rank_times_two);
 
+// How many result files (memfds named cohort-result) this process holds.
+int result_files_held() {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    if (fs::read_symlink(e.path(), ec).string().find("memfd:cohort-result") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+int count_result_files(int) { return result_files_held(); }
+COHORT_ENTRYPOINT(count_result_files);
+
+void refuse_result_files(int) {
+  if (result_files_held() != 0) throw std::runtime_error("a rank of a void function holds a result file");
+}
+COHORT_ENTRYPOINT(refuse_result_files);
+
 // In a rank: runs 3 ranks of rank_times_two by `inner` (parallel starts
 // for spawn), and returns the sum of what they returned.
 int sum_of_inner(int, int inner) {
@@ -246,6 +264,19 @@ TEST_SUITE("entry points") {
       CHECK(r.ok());
       REQUIRE(r.statuses.size() == 4);
       for (const auto& s : r.statuses) CHECK(s->success());
+    });
+  }
+
+  TEST_CASE("a rank gets a result file only when its function returns a value") {
+    for_each_method([](start_method method) {
+      CHECK(call(method, count_result_files).returns_value);
+      CHECK_FALSE(call(method, refuse_result_files).returns_value);
+      auto counted = run_function(call(method, count_result_files), 2);
+      REQUIRE(counted.ok());
+      for (const auto& value : counted.return_values) CHECK(value->as<int>() == 1);
+      auto refused = run_function(call(method, refuse_result_files), 2);
+      CHECK(refused.ok());
+      for (const auto& value : refused.return_values) CHECK_FALSE(value.has_value());
     });
   }
 
