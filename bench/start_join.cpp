@@ -6,6 +6,12 @@
 // $COHORT_BENCH_PYTHON). Prints the median of each and its ratio to the hand-made
 // baseline of the same kind.
 //
+// Each cohort method is timed in a fresh process of its own, as the
+// baselines are (they run first, in this one): a process where threads once
+// ran, such as the spawn method's starting threads, forks more slowly ever
+// after, and one method's would weigh on the next. One more line times fork
+// in a process that made a spawn start first.
+//
 //   start_join [rounds]     (default 50)
 #include <cohort/entry_point.hpp>
 #include <cohort/spawn_and_join.hpp>
@@ -108,11 +114,57 @@ if __name__ == '__main__':
 )";
 
 
+// What a process of its own times (start_join --alone WHAT ROUNDS): one of
+// the start methods, spawn with one starting thread, or fork after a spawn.
+struct timing {
+  cohort::join_options options;
+  bool spawn_first = false;
+};
+
+std::map<std::string, timing> timings() {
+  using cohort::start_method;
+  return {{"spawn", {{.method = start_method::spawn}}},
+          {"fork", {{.method = start_method::fork}}},
+          {"forkserver", {{.method = start_method::forkserver}}},
+          {"spawn-one-by-one", {{.method = start_method::spawn, .start_threads = 1}}},
+          {"fork-after-spawn", {{.method = start_method::fork}, true}}};
+}
+
+// Prints "<median seconds> <first run's seconds>".
+int time_alone(const std::string& what, int rounds) {
+  const auto all = timings();
+  const auto it = all.find(what);
+  if (it == all.end()) return 2;
+  const timing& t = it->second;
+  if (t.spawn_first) cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, {});
+  auto once = [&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, t.options); };
+  const auto first = median_of(1, once);  // the forkserver starts here
+  const auto typical = median_of(rounds, once);
+  fmt::print("{} {}\n", typical, first);
+  return 0;
+}
+
+// Runs time_alone in a fresh process; returns {median, first run} in
+// seconds, or zeros when it could not.
+std::pair<double, double> timed_alone(const std::string& what, int rounds) {
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return {0, 0};
+  self[n] = '\0';
+  std::pair<double, double> result{0, 0};
+  if (FILE* out = ::popen(fmt::format("'{}' --alone {} {}", self, what, rounds).c_str(), "r")) {
+    if (std::fscanf(out, "%lf %lf", &result.first, &result.second) != 2) result = {0, 0};
+    ::pclose(out);
+  }
+  return result;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
   if (std::getenv(exit_at_once) != nullptr) return 0;
+  if (argc > 3 && std::string(argv[1]) == "--alone") return time_alone(argv[2], std::atoi(argv[3]));
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 50;
 
   const auto spawn_raw = median_of(rounds, raw_spawn);
@@ -123,22 +175,23 @@ int main(int argc, char** argv) {
 
   std::map<std::string, double> ours;
   for (auto method : {cohort::start_method::spawn, cohort::start_method::fork, cohort::start_method::forkserver}) {
-    cohort::join_options options{.method = method};
-    auto once = [&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, options); };
-    const auto first = median_of(1, once);  // the forkserver starts here
-    const auto typical = median_of(rounds, once);
-    ours[std::string(cohort::to_string(method))] = typical;
+    const std::string name(cohort::to_string(method));
+    const auto [typical, first] = timed_alone(name, rounds);
+    ours[name] = typical;
     const double baseline = method == cohort::start_method::spawn ? spawn_raw : fork_raw;
-    fmt::print("  {:<28} {:>9.3f} ms  ({:.2f}x {}; first run {:.3f} ms)\n", fmt::format("cohort {}", cohort::to_string(method)),
-               typical * 1e3, typical / baseline, method == cohort::start_method::spawn ? "posix_spawn" : "fork",
-               first * 1e3);
+    fmt::print("  {:<28} {:>9.3f} ms  ({:.2f}x {}; first run {:.3f} ms)\n", "cohort " + name, typical * 1e3,
+               typical / baseline, method == cohort::start_method::spawn ? "posix_spawn" : "fork", first * 1e3);
   }
   {  // spawn ranks one after another, against the parallel start above
-    const cohort::join_options serial{.start_threads = 1};
-    const auto one_by_one = median_of(rounds, [&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, serial); });
+    const auto one_by_one = timed_alone("spawn-one-by-one", rounds).first;
     fmt::print("  {:<28} {:>9.3f} ms  (the parallel start above, {} threads, takes {:.2f}x this)\n",
                "cohort spawn, one by one", one_by_one * 1e3, std::min(8u, std::max(1u, std::thread::hardware_concurrency())),
                ours["spawn"] / one_by_one);
+  }
+  {  // fork where the spawn method's starting threads have run
+    const auto after = timed_alone("fork-after-spawn", rounds).first;
+    fmt::print("  {:<28} {:>9.3f} ms  ({:.2f}x fork; {:.2f}x cohort fork in a fresh process)\n",
+               "cohort fork after a spawn", after * 1e3, after / fork_raw, after / ours["fork"]);
   }
   for (const auto& line : cohort::bench::python_lines(python_script, std::to_string(std::max(3, rounds / 5)))) {
     char who[16], method[16];
