@@ -174,10 +174,29 @@ std::shared_ptr<storage_impl> shared_impl(std::shared_ptr<shm::segment> segment,
   return impl;
 }
 
-std::uint64_t read_bounded(detail::reader& in, std::uint64_t most, std::string_view what) {
-  const auto v = in.varint();
-  if (v > most) throw decode_error(fmt::format("cohort::decode: a storage handle's {} is {}", what, v));
-  return v;
+// A shared storage's handle after its first three bytes (kind, strategy,
+// message flag), in this host's byte order, fixed widths rather than
+// varints: a handle is written and read for every tensor that crosses, and
+// a copy of these 56 bytes costs less than taking eleven varints apart.
+struct handle_fields {
+  std::uint32_t source;    // the process to open the segment through
+  std::uint32_t fd;        // its descriptor there, + 1 (0: none)
+  std::uint32_t maker;     // the process that made the segment
+  std::uint32_t maker_fd;  // its descriptor there, + 1
+  std::uint64_t nonce;
+  std::uint64_t inode;
+  std::uint64_t size;      // of the segment
+  std::uint64_t block;     // offset of the block's header in it
+  std::uint64_t nbytes;
+};
+static_assert(sizeof(handle_fields) == 56);
+
+// A pid or a descriptor + 1 that fits an int.
+int bounded(std::uint32_t v, std::string_view what) {
+  if (v > static_cast<std::uint32_t>(INT_MAX)) {
+    throw decode_error(fmt::format("cohort::decode: a storage handle's {} is {}", what, v));
+  }
+  return static_cast<int>(v);
 }
 
 }  // namespace
@@ -246,9 +265,7 @@ void storage::share_memory() {
 
 namespace detail {
 
-// [kind: 0 empty, 1 shared][strategy][source pid][fd + 1][maker pid]
-// [maker's fd + 1][nonce: 8 bytes]
-// [inode][segment size][block offset][nbytes][message: 0/1]
+// [kind: 0 empty, 1 shared][strategy][message: 0/1][handle_fields]
 void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& value) {
   if (value.nbytes() == 0) {
     out.push_back(std::byte{0});
@@ -258,21 +275,14 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
   if (!impl->segment) storage(impl).share_memory();
   const auto ref = impl->segment->ref();
   const bool message = current_handles != nullptr && current_handles->message;
-  {
-    byte_run run(out, handle_codec<storage>::size_bound(value));
-    run.byte(1);
-    run.byte(static_cast<std::uint8_t>(ref.strategy));
-    run.varint(static_cast<std::uint64_t>(ref.source));
-    run.varint(static_cast<std::uint64_t>(ref.fd + 1));
-    run.varint(static_cast<std::uint64_t>(ref.maker));
-    run.varint(static_cast<std::uint64_t>(ref.maker_fd + 1));
-    for (int i = 0; i < 8; ++i) run.byte(static_cast<std::uint8_t>(ref.nonce >> (8 * i)));
-    run.varint(ref.inode);
-    run.varint(ref.size);
-    run.varint(impl->block);
-    run.varint(impl->nbytes);
-    run.byte(message);
-  }
+  const handle_fields f{static_cast<std::uint32_t>(ref.source), static_cast<std::uint32_t>(ref.fd + 1),
+                        static_cast<std::uint32_t>(ref.maker),  static_cast<std::uint32_t>(ref.maker_fd + 1),
+                        ref.nonce, ref.inode, ref.size, impl->block, impl->nbytes};
+  const std::byte head[3]{std::byte{1}, std::byte{static_cast<std::uint8_t>(ref.strategy)}, std::byte{message}};
+  const auto at = out.size();
+  out.resize(at + sizeof head + sizeof f);
+  std::memcpy(out.data() + at, head, sizeof head);
+  std::memcpy(out.data() + at + sizeof head, &f, sizeof f);
   if (current_handles != nullptr) current_handles->held.push_back(std::move(impl));
 }
 
@@ -280,21 +290,24 @@ storage handle_codec<storage>::read(reader& in) {
   const auto kind = std::to_integer<unsigned>(in.next());
   if (kind == 0) return storage();
   if (kind != 1) throw decode_error(fmt::format("cohort::decode: a storage handle of kind {}", kind));
+  if (in.left() < 2 + sizeof(handle_fields)) throw decode_error("cohort::decode: the input ends early");
   shm::segment_ref ref;
   const auto strategy_code = std::to_integer<unsigned>(in.next());
   if (strategy_code > 1) throw decode_error(fmt::format("cohort::decode: a sharing strategy {}", strategy_code));
   ref.strategy = static_cast<sharing_strategy>(strategy_code);
-  ref.source = static_cast<pid_t>(read_bounded(in, INT_MAX, "pid"));
-  ref.fd = static_cast<int>(read_bounded(in, INT_MAX, "descriptor")) - 1;
-  ref.maker = static_cast<pid_t>(read_bounded(in, INT_MAX, "maker's pid"));
-  ref.maker_fd = static_cast<int>(read_bounded(in, INT_MAX, "maker's descriptor")) - 1;
-  for (int i = 0; i < 8; ++i) ref.nonce |= std::to_integer<std::uint64_t>(in.next()) << (8 * i);
-  ref.inode = in.varint();
-  ref.size = in.varint();
-  const auto block = in.varint();
-  const auto nbytes = in.varint();
   const auto message = std::to_integer<unsigned>(in.next());
   if (message > 1) throw decode_error("cohort::decode: a storage handle's message flag is not 0/1");
+  handle_fields f;
+  std::memcpy(&f, in.take(sizeof f).data(), sizeof f);
+  ref.source = bounded(f.source, "pid");
+  ref.fd = bounded(f.fd, "descriptor") - 1;
+  ref.maker = bounded(f.maker, "maker's pid");
+  ref.maker_fd = bounded(f.maker_fd, "maker's descriptor") - 1;
+  ref.nonce = f.nonce;
+  ref.inode = f.inode;
+  ref.size = f.size;
+  const auto block = f.block;
+  const auto nbytes = f.nbytes;
   auto segment = shm::segment::open(ref);
   if (message == 1) segment->header().received.fetch_add(1, std::memory_order_release);
   if (!segment->holds(block, nbytes) || segment->block(block).capacity < nbytes) {

@@ -253,6 +253,17 @@ TEST_SUITE("storage") {
     CHECK(decode<storage>(good).same(s));
   }
 
+  TEST_CASE("a handle cut short anywhere is refused") {
+    storage s = storage::allocate_shared(64);
+    const auto good = encode(s);
+    const auto bytes = good.bytes();
+    for (std::size_t n = 0; n < bytes.size(); ++n) {
+      CAPTURE(n);
+      CHECK_THROWS_AS((void)decode<storage>(bytes.first(n)), decode_error);
+    }
+    CHECK(decode<storage>(good).same(s));
+  }
+
   TEST_CASE("a handle whose holder has exited is an shm_error naming it") {
     int pipe_fds[2];
     REQUIRE(::pipe(pipe_fds) == 0);
