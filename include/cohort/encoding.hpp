@@ -162,17 +162,31 @@ inline std::byte* put_varint(std::byte* at, std::uint64_t value) noexcept {
 }
 
 /// Room for at most `bound` bytes at the end of `out`, written through a
-/// pointer and then cut to what was written: a handle's fields without a
-/// capacity check per byte.
+/// pointer and appended when the run ends: a handle's fields without a
+/// capacity check per byte. Up to `local` bytes are gathered on the stack,
+/// as `out` would zero the room it gives; a larger bound writes into `out`.
 class byte_run {
  public:
-  byte_run(std::vector<std::byte>& out, std::size_t bound) : out_(out), start_(out.size()) {
-    out_.resize(start_ + bound);
-    at = out_.data() + start_;
+  static constexpr std::size_t local = 256;
+
+  byte_run(std::vector<std::byte>& out, std::size_t bound) : out_(out), start_(out.size()), on_stack_(bound <= local) {
+    if (on_stack_) {
+      out_.reserve(start_ + bound);  // the append at the end cannot throw
+      at = local_;
+    } else {
+      out_.resize(start_ + bound);
+      at = out_.data() + start_;
+    }
   }
   byte_run(const byte_run&) = delete;
   byte_run& operator=(const byte_run&) = delete;
-  ~byte_run() { out_.resize(static_cast<std::size_t>(at - out_.data())); }
+  ~byte_run() {
+    if (on_stack_) {
+      out_.insert(out_.end(), local_, at);
+    } else {
+      out_.resize(static_cast<std::size_t>(at - out_.data()));
+    }
+  }
 
   void byte(std::uint8_t b) noexcept { *at++ = std::byte{b}; }
   void varint(std::uint64_t v) noexcept { at = put_varint(at, v); }
@@ -182,6 +196,8 @@ class byte_run {
  private:
   std::vector<std::byte>& out_;
   std::size_t start_;
+  bool on_stack_;
+  std::byte local_[local];
 };
 
 inline void write_varint(std::vector<std::byte>& out, std::uint64_t value) {

@@ -278,11 +278,9 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
   const handle_fields f{static_cast<std::uint32_t>(ref.source), static_cast<std::uint32_t>(ref.fd + 1),
                         static_cast<std::uint32_t>(ref.maker),  static_cast<std::uint32_t>(ref.maker_fd + 1),
                         ref.nonce, ref.inode, ref.size, impl->block, impl->nbytes};
-  const std::byte head[3]{std::byte{1}, std::byte{static_cast<std::uint8_t>(ref.strategy)}, std::byte{message}};
-  const auto at = out.size();
-  out.resize(at + sizeof head + sizeof f);
-  std::memcpy(out.data() + at, head, sizeof head);
-  std::memcpy(out.data() + at + sizeof head, &f, sizeof f);
+  std::byte bytes[3 + sizeof f]{std::byte{1}, std::byte{static_cast<std::uint8_t>(ref.strategy)}, std::byte{message}};
+  std::memcpy(bytes + 3, &f, sizeof f);
+  out.insert(out.end(), bytes, bytes + sizeof bytes);  // not resize: it would zero the room first
   if (current_handles != nullptr) current_handles->held.push_back(std::move(impl));
 }
 
