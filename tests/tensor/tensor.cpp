@@ -528,3 +528,20 @@ TEST_CASE("a default tensor is an empty float32 vector without storage") {
 }
 
 }  // TEST_SUITE
+
+TEST_CASE("a tensor of 1 to 64 dimensions crosses as a view of the same storage with its layout") {
+  // Handles of many dimensions outgrow the stack run a writer gathers them in.
+  for (std::size_t ndim : {std::size_t{1}, std::size_t{3}, std::size_t{17}, std::size_t{64}}) {
+    CAPTURE(ndim);
+    std::vector<std::int64_t> shape(ndim, 1);
+    shape.front() = 4;
+    const tensor base = tensor::zeros(shape, dtype::int32, {.shared = true});
+    const tensor view = base.slice(0, 1, 4);
+    const tensor back = decode<tensor>(encode(view));
+    CHECK(back.storage().same(base.storage()));
+    CHECK(dims(back.shape()) == dims(view.shape()));
+    CHECK(dims(back.strides()) == dims(view.strides()));
+    CHECK(back.storage_offset() == view.storage_offset());
+    CHECK(back.dtype() == dtype::int32);
+  }
+}
