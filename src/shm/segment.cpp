@@ -261,7 +261,8 @@ int size_class_of(std::size_t nbytes) noexcept {
 }
 
 segment::segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker, int maker_fd)
-    : base_(base), size_(size), strategy_(strategy), fd_(fd), maker_(maker), maker_fd_(maker_fd) {
+    : base_(base), size_(size), strategy_(strategy), fd_(fd), maker_(maker), maker_fd_(maker_fd),
+      nonce_(header().nonce) {
   struct stat st {};
   if (fd_ >= 0 && ::fstat(fd_, &st) == 0) inode_ = st.st_ino;
 }
@@ -424,7 +425,7 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
 segment_ref segment::ref() const noexcept {
   const bool through_here = strategy_ == sharing_strategy::file_descriptor && fd_ >= 0;
   return {strategy_, through_here ? this_process() : maker_, through_here ? fd_ : maker_fd_, maker_, maker_fd_,
-          header().nonce, inode_, size_};
+          nonce_, inode_, size_};
 }
 
 bool segment::made_here() const noexcept { return maker_ == this_process(); }

@@ -116,7 +116,7 @@ class segment {
 
   std::byte* base() const noexcept { return base_; }
   std::size_t size() const noexcept { return size_; }
-  std::uint64_t nonce() const noexcept { return header().nonce; }
+  std::uint64_t nonce() const noexcept { return nonce_; }
   sharing_strategy strategy() const noexcept { return strategy_; }
   /// How another process finds this segment: through this process's own
   /// descriptor (file_descriptor: every process mapping one keeps one, so
@@ -176,6 +176,9 @@ class segment {
   pid_t maker_;
   int maker_fd_;
   std::uint64_t inode_ = 0;
+  // The header's, read once: asked for by every handle written and every
+  // storage dropped, it is not worth a trip to the shared line each time.
+  std::uint64_t nonce_;
 };
 
 /// The start time of process `pid` (field 22 of /proc/<pid>/stat, clock

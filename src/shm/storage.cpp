@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <mutex>
 #include <new>
 #include <cstddef>
@@ -174,11 +175,15 @@ std::shared_ptr<storage_impl> shared_impl(std::shared_ptr<shm::segment> segment,
   return impl;
 }
 
-// A shared storage's handle after its first three bytes (kind, strategy,
-// message flag), in this host's byte order, fixed widths rather than
-// varints: a handle is written and read for every tensor that crosses, and
-// a copy of these 56 bytes costs less than taking eleven varints apart.
-struct handle_fields {
+// A shared storage's handle, as written: fixed widths in this host's byte
+// order rather than varints, since a handle is written and read for every
+// tensor that crosses, and one aligned copy of 64 bytes costs less than
+// taking eleven varints apart.
+struct handle_wire {
+  std::uint8_t kind;      // 1; an empty storage is the single byte 0
+  std::uint8_t strategy;  // sharing_strategy
+  std::uint8_t message;   // 0/1: a queue message, which holds a reference of its own
+  std::uint8_t zero[5];
   std::uint32_t source;    // the process to open the segment through
   std::uint32_t fd;        // its descriptor there, + 1 (0: none)
   std::uint32_t maker;     // the process that made the segment
@@ -189,7 +194,7 @@ struct handle_fields {
   std::uint64_t block;     // offset of the block's header in it
   std::uint64_t nbytes;
 };
-static_assert(sizeof(handle_fields) == 56);
+static_assert(sizeof(handle_wire) == 64 && std::is_trivially_copyable_v<handle_wire>);
 
 // A pid or a descriptor + 1 that fits an int.
 int bounded(std::uint32_t v, std::string_view what) {
@@ -265,7 +270,6 @@ void storage::share_memory() {
 
 namespace detail {
 
-// [kind: 0 empty, 1 shared][strategy][message: 0/1][handle_fields]
 void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& value) {
   if (value.nbytes() == 0) {
     out.push_back(std::byte{0});
@@ -275,12 +279,12 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
   if (!impl->segment) storage(impl).share_memory();
   const auto ref = impl->segment->ref();
   const bool message = current_handles != nullptr && current_handles->message;
-  const handle_fields f{static_cast<std::uint32_t>(ref.source), static_cast<std::uint32_t>(ref.fd + 1),
-                        static_cast<std::uint32_t>(ref.maker),  static_cast<std::uint32_t>(ref.maker_fd + 1),
-                        ref.nonce, ref.inode, ref.size, impl->block, impl->nbytes};
-  std::byte bytes[3 + sizeof f]{std::byte{1}, std::byte{static_cast<std::uint8_t>(ref.strategy)}, std::byte{message}};
-  std::memcpy(bytes + 3, &f, sizeof f);
-  out.insert(out.end(), bytes, bytes + sizeof bytes);  // not resize: it would zero the room first
+  const handle_wire w{1, static_cast<std::uint8_t>(ref.strategy), message, {},
+                      static_cast<std::uint32_t>(ref.source), static_cast<std::uint32_t>(ref.fd + 1),
+                      static_cast<std::uint32_t>(ref.maker), static_cast<std::uint32_t>(ref.maker_fd + 1),
+                      ref.nonce, ref.inode, ref.size, impl->block, impl->nbytes};
+  const auto* bytes = reinterpret_cast<const std::byte*>(&w);
+  out.insert(out.end(), bytes, bytes + sizeof w);  // not resize: it would zero the room first
   if (current_handles != nullptr) current_handles->held.push_back(std::move(impl));
 }
 
@@ -288,24 +292,27 @@ storage handle_codec<storage>::read(reader& in) {
   const auto kind = std::to_integer<unsigned>(in.next());
   if (kind == 0) return storage();
   if (kind != 1) throw decode_error(fmt::format("cohort::decode: a storage handle of kind {}", kind));
-  if (in.left() < 2 + sizeof(handle_fields)) throw decode_error("cohort::decode: the input ends early");
+  if (in.left() < sizeof(handle_wire) - 1) throw decode_error("cohort::decode: the input ends early");
+  handle_wire w;
+  w.kind = 1;
+  std::memcpy(reinterpret_cast<std::byte*>(&w) + 1, in.take(sizeof w - 1).data(), sizeof w - 1);
+  if (w.strategy > 1) throw decode_error(fmt::format("cohort::decode: a sharing strategy {}", w.strategy));
+  if (w.message > 1) throw decode_error("cohort::decode: a storage handle's message flag is not 0/1");
+  for (auto z : w.zero) {
+    if (z != 0) throw decode_error("cohort::decode: a storage handle's padding is not zero");
+  }
   shm::segment_ref ref;
-  const auto strategy_code = std::to_integer<unsigned>(in.next());
-  if (strategy_code > 1) throw decode_error(fmt::format("cohort::decode: a sharing strategy {}", strategy_code));
-  ref.strategy = static_cast<sharing_strategy>(strategy_code);
-  const auto message = std::to_integer<unsigned>(in.next());
-  if (message > 1) throw decode_error("cohort::decode: a storage handle's message flag is not 0/1");
-  handle_fields f;
-  std::memcpy(&f, in.take(sizeof f).data(), sizeof f);
-  ref.source = bounded(f.source, "pid");
-  ref.fd = bounded(f.fd, "descriptor") - 1;
-  ref.maker = bounded(f.maker, "maker's pid");
-  ref.maker_fd = bounded(f.maker_fd, "maker's descriptor") - 1;
-  ref.nonce = f.nonce;
-  ref.inode = f.inode;
-  ref.size = f.size;
-  const auto block = f.block;
-  const auto nbytes = f.nbytes;
+  ref.strategy = static_cast<sharing_strategy>(w.strategy);
+  ref.source = bounded(w.source, "pid");
+  ref.fd = bounded(w.fd, "descriptor") - 1;
+  ref.maker = bounded(w.maker, "maker's pid");
+  ref.maker_fd = bounded(w.maker_fd, "maker's descriptor") - 1;
+  ref.nonce = w.nonce;
+  ref.inode = w.inode;
+  ref.size = w.size;
+  const auto block = w.block;
+  const auto nbytes = w.nbytes;
+  const unsigned message = w.message;
   auto segment = shm::segment::open(ref);
   if (message == 1) segment->header().received.fetch_add(1, std::memory_order_release);
   if (!segment->holds(block, nbytes) || segment->block(block).capacity < nbytes) {
