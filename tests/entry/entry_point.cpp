@@ -15,10 +15,12 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -182,6 +184,14 @@ run_result run_group(const group_spec& spec) {
     co_return co_await g.wait();
   }());
 }
+
+// While set, each fork of this process buffers "X" in stdout from a
+// prepare handler: after the flush a fork start makes, before the fork.
+std::atomic<bool> buffer_at_fork{false};
+[[maybe_unused]] const bool buffer_at_fork_registered = [] {
+  ::pthread_atfork([] { if (buffer_at_fork.load()) std::fputs("X", stdout); }, nullptr, nullptr);
+  return true;
+}();
 
 // This process's stdout on `fd` (closed here) for as long as it lives; what
 // stdio holds is written before each switch.
@@ -473,6 +483,23 @@ TEST_SUITE("entry points") {
     }
     REQUIRE(r.ok());
     CHECK(test::read_file(out) == "the parent's text, rank 0\n");
+  }
+
+  TEST_CASE("text buffered between the flush and the fork is the parent's alone to write") {
+    test::temp_dir dir;
+    const fs::path out = dir.path / "out";
+    run_result r;
+    {
+      const stdout_onto file(::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+      group_spec spec;
+      spec.entry = call(start_method::fork, succeed);
+      spec.nprocs = 2;
+      buffer_at_fork = true;
+      r = run_group(spec);
+      buffer_at_fork = false;
+    }  // the parent's "X" of each fork is written here
+    REQUIRE(r.ok());
+    CHECK(test::read_file(out) == "XX");
   }
 
   TEST_CASE("a fork start survives a std::cout set to throw whose stdout refuses writes") {
