@@ -167,8 +167,8 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   report = ::fcntl(report, F_DUPFD_CLOEXEC, top + 1);
   if (report < 0) ::_exit(127);
   // In increasing order, as set_up_child wants them: the kept numbers (the
-  // server checked they increase), then the two moved above them, the
-  // report's moved last.
+  // server checked they increase), then those moved above them in the order
+  // they were moved, the result's (when sent) before the report's.
   fd_array keep{};
   std::size_t keep_count = 0;
   for (std::size_t i = 0; i < kept.size(); ++i) {
@@ -462,7 +462,8 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       // limit on them.
       int error = 0;
       while (started < requests.size() && error == 0) {
-        const std::size_t sent = send_batch(l.socket, requests, kept, call.returns_value, started, report_write.get(), plans.get());
+        const std::size_t sent =
+            send_batch(l.socket, requests, kept, call.returns_value, started, report_write.get(), plans.get());
         if (sent == 0) {
           error = errno;
           break;

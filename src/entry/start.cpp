@@ -206,7 +206,8 @@ void end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono:
   auto deadline = std::chrono::steady_clock::now() + patience;
   setup_report batch[64];
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd p{report_fd, POLLIN, 0};
     const int ready = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 0)));
     if (ready < 0 && errno == EINTR) continue;

@@ -104,7 +104,8 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
 
   if (p.new_group && ::setpgid(0, 0) != 0) return failed(p, stage::setpgid);
   if (p.death_signal != 0) {
-    if (::syscall(SYS_prctl, PR_SET_PDEATHSIG, static_cast<unsigned long>(p.death_signal), 0UL, 0UL, 0UL) != 0) return failed(p, stage::pdeathsig);
+    const auto signal = static_cast<unsigned long>(p.death_signal);
+    if (::syscall(SYS_prctl, PR_SET_PDEATHSIG, signal, 0UL, 0UL, 0UL) != 0) return failed(p, stage::pdeathsig);
     if (::getppid() != p.parent) ::_exit(127);  // the parent is already gone
   }
   for (int target = 0; target < 3; ++target) {

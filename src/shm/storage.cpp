@@ -194,7 +194,8 @@ struct handle_wire {
   std::uint64_t block;     // offset of the block's header in it
   std::uint64_t nbytes;
 };
-static_assert(sizeof(handle_wire) == 64 && std::is_trivially_copyable_v<handle_wire>);
+static_assert(sizeof(handle_wire) == detail::handle_codec<storage>::handle_size);
+static_assert(std::is_trivially_copyable_v<handle_wire>);
 
 // A pid or a descriptor + 1 that fits an int.
 int bounded(std::uint32_t v, std::string_view what) {
