@@ -43,14 +43,20 @@ std::uint64_t hash_of(std::string_view s) noexcept {
   return h;
 }
 
-constexpr std::uint64_t padded(std::uint64_t n) { return (n + 7) / 8 * 8; }
+// Records take whole cache lines: a producer writing one record and a
+// consumer reading the one before it then never share a line.
+constexpr std::uint64_t line = 64;
+constexpr std::uint64_t record_bytes(std::uint64_t len) { return (8 + len + line - 1) / line * line; }
 
+// What each side reads on every push and pop without writing sits apart
+// from what it writes: a line that another process changed and that is
+// read before it is written costs two trips between caches, not one.
 struct queue_header {
   std::uint64_t magic;
   std::uint64_t signature;  // hash of the value type's signature
   std::uint64_t capacity;   // values
-  std::uint64_t ring_bytes;
-  shm::shared_lock lock;    // guards everything below
+  std::uint64_t ring_bytes; // a multiple of `line`
+  alignas(line) shm::shared_lock lock;  // guards everything below
   std::uint64_t head, tail; // byte positions, only ever growing
   std::uint64_t count;
   std::uint32_t closed;
@@ -58,10 +64,11 @@ struct queue_header {
   // Bumped under the lock whenever a value arrives (or space frees) while
   // someone sleeps; the sleeper read it under the same lock, so no wake is
   // lost between its look and its sleep.
-  alignas(64) std::atomic<std::uint32_t> items;
-  alignas(64) std::atomic<std::uint32_t> space;
-  peer_table peers;
+  alignas(line) std::atomic<std::uint32_t> items;
+  alignas(line) std::atomic<std::uint32_t> space;
+  alignas(line) peer_table peers;
 };
+static_assert(sizeof(queue_header) % line == 0, "the ring starts on a line of its own");
 
 class locked {
  public:
@@ -89,7 +96,7 @@ class queue_core {
   static std::shared_ptr<queue_core> make(std::size_t capacity, std::string_view signature) {
     if (capacity == 0) throw std::invalid_argument("cohort::queue: the capacity must be at least 1");
     if (capacity > (std::size_t{1} << 24)) throw std::invalid_argument("cohort::queue: a capacity over 2^24 values");
-    const std::size_t ring = std::max<std::size_t>(std::size_t{64} << 10, padded(capacity * 128));
+    const std::size_t ring = std::max<std::size_t>(std::size_t{64} << 10, capacity * 2 * line);
     auto q = std::make_shared<queue_core>(storage::allocate_shared(sizeof(queue_header) + ring));
     auto* h = new (q->state_.data()) queue_header{};
     h->magic = magic;
@@ -107,7 +114,7 @@ class queue_core {
     if (h->signature != hash_of(signature)) {
       throw decode_error(fmt::format("cohort::queue: the queue does not hold values of type {}", signature));
     }
-    if (h->ring_bytes % 8 != 0 || h->ring_bytes > s.nbytes() - sizeof(queue_header) || h->capacity == 0) {
+    if (h->ring_bytes % line != 0 || h->ring_bytes > s.nbytes() - sizeof(queue_header) || h->capacity == 0) {
       throw decode_error("cohort::queue: a queue's shared state is malformed");
     }
     auto q = std::make_shared<queue_core>(std::move(s));
@@ -131,7 +138,7 @@ class queue_core {
       join(peer_producer);
       const std::uint64_t size = h().ring_bytes;
       std::uint64_t phys = h().tail % size;
-      std::uint64_t need = 8 + padded(len);
+      std::uint64_t need = record_bytes(len);
       const bool wraps = phys + need > size;
       if (wraps) need += size - phys;
       if (h().count == h().capacity || size - (h().tail - h().head) < need) {
@@ -191,7 +198,7 @@ class queue_core {
       }
       out.assign(ring() + phys + 8, ring() + phys + 8 + len);
       flags = head_words[1];
-      h().head += 8 + padded(len);
+      h().head += record_bytes(len);
       --h().count;
       if (h().push_sleepers > 0) {
         h().space.fetch_add(1, std::memory_order_relaxed);

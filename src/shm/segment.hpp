@@ -55,7 +55,9 @@ struct segment_header {
   /// `next_free` that the maker takes whole when its own lists run dry, so
   /// no lock is shared between processes. `retired` once the maker's arena
   /// has stopped carving: frees then give up their `live` at once.
-  std::atomic<std::uint64_t> remote_free;
+  /// A line of its own: the maker changes `live` with every block it
+  /// carves, and receivers free onto this stack with every value.
+  alignas(64) std::atomic<std::uint64_t> remote_free;
   static constexpr std::uint64_t retired = ~std::uint64_t{0};
   /// Messages that named blocks of this segment, pushed and received: a
   /// process that made it waits, before it ends, until every one sent has
