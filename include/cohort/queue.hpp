@@ -17,6 +17,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace cohort {
@@ -66,6 +67,8 @@ void queue_close(queue_core& q);
 bool queue_closed_now(const queue_core& q);
 std::size_t queue_size(const queue_core& q);
 std::size_t queue_capacity(const queue_core& q);
+/// Waits counted asleep now, on pops and on pushes (for tests).
+std::pair<std::uint32_t, std::uint32_t> queue_sleepers(const queue_core& q);
 /// The storage holding the queue's shared state, which is how it crosses.
 const storage& queue_storage(const queue_core& q);
 std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature);

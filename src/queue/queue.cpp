@@ -23,6 +23,7 @@
 #include <atomic>
 #include <climits>
 #include <cstring>
+#include <utility>
 
 namespace cohort::detail {
 
@@ -60,10 +61,13 @@ struct queue_header {
   std::uint64_t head, tail; // byte positions, only ever growing
   std::uint64_t count;
   std::uint32_t closed;
+  // Waits that may be asleep on `items` and on `space`.
   std::uint32_t pop_sleepers, push_sleepers;
   // Bumped under the lock whenever a value arrives (or space frees) while
   // someone sleeps; the sleeper read it under the same lock, so no wake is
-  // lost between its look and its sleep.
+  // lost between its look and its sleep. The bump wakes every sleeper and
+  // counts none asleep any more: one that went on sleeping would make each
+  // value pushed until it woke a system call.
   alignas(line) std::atomic<std::uint32_t> items;
   alignas(line) std::atomic<std::uint32_t> space;
   alignas(line) peer_table peers;
@@ -131,7 +135,7 @@ class queue_core {
   bool push(queue_record& r, bool sleep, std::uint32_t& seq) {
     if (r.bytes.size() > h().ring_bytes / 4) overflow(r);
     const std::uint64_t len = r.bytes.size();
-    bool wake = false;
+    int woken = 0;
     {
       locked lock(h());
       if (h().closed) throw queue_closed("cohort::queue: push into a closed queue");
@@ -158,19 +162,16 @@ class queue_core {
       h().tail += need;
       ++h().count;
       hold_for_message(r.handles);
-      if (h().pop_sleepers > 0) {
-        h().items.fetch_add(1, std::memory_order_relaxed);
-        wake = true;
-      }
+      woken = wake_sleepers(side::pop);
     }
     r.handles.held.clear();
-    if (wake) shm::futex_wake(h().items, 1);
+    if (woken > 0) shm::futex_wake(h().items, woken);
     return true;
   }
 
   // Pops into `out` unless empty; as push() for `sleep` and `seq`.
   bool pop(std::vector<std::byte>& out, bool sleep, std::uint32_t& seq) {
-    bool wake = false;
+    int woken = 0;
     std::uint32_t flags = 0;
     {
       locked lock(h());
@@ -200,12 +201,9 @@ class queue_core {
       flags = head_words[1];
       h().head += record_bytes(len);
       --h().count;
-      if (h().push_sleepers > 0) {
-        h().space.fetch_add(1, std::memory_order_relaxed);
-        wake = true;
-      }
+      woken = wake_sleepers(side::push);
     }
-    if (wake) shm::futex_wake(h().space, 1);
+    if (woken > 0) shm::futex_wake(h().space, woken);
     if (flags == overflowed) {
       const storage s = read_record<storage>(out);
       out.assign(s.data(), s.data() + s.nbytes());
@@ -213,10 +211,12 @@ class queue_core {
     return true;
   }
 
-  void unsleep(side s) noexcept {
+  // Ends a wait on `s` that counted itself asleep when its word held `seq`:
+  // a wait no wake has ended since still counts, and stops counting.
+  void unsleep(side s, std::uint32_t seq) noexcept {
     locked lock(h());
-    auto& sleepers = s == side::push ? h().push_sleepers : h().pop_sleepers;
-    if (sleepers > 0) --sleepers;
+    auto& sleepers = sleepers_of(s);
+    if (word(s).load(std::memory_order_relaxed) == seq && sleepers > 0) --sleepers;
   }
 
   // Throws peer_lost when every process that could end a wait on `s` is
@@ -249,12 +249,25 @@ class queue_core {
       h().closed = 1;
       h().items.fetch_add(1, std::memory_order_relaxed);
       h().space.fetch_add(1, std::memory_order_relaxed);
+      h().pop_sleepers = h().push_sleepers = 0;
     }
     shm::futex_wake(h().items, INT_MAX);
     shm::futex_wake(h().space, INT_MAX);
   }
 
  private:
+  std::uint32_t& sleepers_of(side s) const noexcept { return s == side::push ? h().push_sleepers : h().pop_sleepers; }
+
+  // With the lock held, after a value or room was added for the waits on
+  // `s`: how many of them sleep (0 for none), all to be woken and no
+  // longer counted.
+  int wake_sleepers(side s) noexcept {
+    auto& sleepers = sleepers_of(s);
+    if (sleepers == 0) return 0;
+    word(s).fetch_add(1, std::memory_order_relaxed);
+    return static_cast<int>(std::min<std::uint32_t>(std::exchange(sleepers, 0), INT_MAX));
+  }
+
   void join(std::uint32_t role) noexcept {
     const pid_t self = shm::this_process();
     auto& joined = role == peer_producer ? producer_of_ : consumer_of_;
@@ -308,7 +321,7 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
     if (deadline) slice = std::min(slice, std::max(std::chrono::nanoseconds(0), *deadline - std::chrono::steady_clock::now()));
     std::error_code ec;
     shm::futex_wait(q.word(s), seq, slice, ec);
-    q.unsleep(s);
+    q.unsleep(s, seq);
     if (ec) throw std::system_error(ec, "cohort::queue: futex wait");
     if (deadline && std::chrono::steady_clock::now() >= *deadline) return attempt(false, seq);
     if (retry_after_wait(q, s, attempt)) return true;
@@ -320,12 +333,13 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
 struct sleeping {
   queue_core& q;
   side s;
-  ~sleeping() { q.unsleep(s); }
+  std::uint32_t seq;
+  ~sleeping() { q.unsleep(s, seq); }
 };
 
 asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
   using namespace asio::experimental::awaitable_operators;
-  const sleeping guard{q, s};
+  const sleeping guard{q, s, seq};
   auto executor = co_await asio::this_coro::executor;
   asio::steady_timer timer(executor, watch_interval);
   co_await (uring::async_futex_wait(executor, q.word(s), seq, asio::use_awaitable) ||
@@ -390,6 +404,10 @@ std::size_t queue_size(const queue_core& q) {
   return q.h().count;
 }
 std::size_t queue_capacity(const queue_core& q) { return q.h().capacity; }
+std::pair<std::uint32_t, std::uint32_t> queue_sleepers(const queue_core& q) {
+  locked lock(q.h());
+  return {q.h().pop_sleepers, q.h().push_sleepers};
+}
 const storage& queue_storage(const queue_core& q) { return q.state(); }
 std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature) {
   return queue_core::attach(std::move(s), signature);

@@ -109,6 +109,53 @@ TEST_SUITE("queue") {
     }
   }
 
+  TEST_CASE("a push counts the get it wakes as no longer asleep at once") {
+    // A wait still counted asleep would make every push until it woke up
+    // a system call of its own.
+    const auto core = detail::make_queue_core(4, type_signature<int>());
+    std::optional<int> got;
+    std::thread getter([&] {
+      std::vector<std::byte> out;
+      if (detail::queue_get(*core, out, std::nullopt)) got = detail::read_record<int>(out);
+    });
+    for (int i = 0; i < 10000 && detail::queue_sleepers(*core).first == 0; ++i) std::this_thread::sleep_for(1ms);
+    REQUIRE(detail::queue_sleepers(*core).first == 1);
+    detail::queue_record r;
+    detail::fill_record(r, 5);
+    REQUIRE(detail::queue_try_push(*core, r));
+    CHECK(detail::queue_sleepers(*core).first == 0);
+    getter.join();
+    CHECK(got == 5);
+  }
+
+  TEST_CASE("gets and puts blocked on a small queue move every value and leave no wait counted asleep") {
+    const auto core = detail::make_queue_core(2, type_signature<int>());
+    constexpr int threads = 3, each = 3000;
+    std::atomic<long> sum{0};
+    std::vector<std::thread> all;
+    for (int t = 0; t < threads; ++t) {
+      all.emplace_back([&] {
+        std::vector<std::byte> out;
+        for (int i = 0; i < each; ++i) {
+          REQUIRE(detail::queue_get(*core, out, std::nullopt));
+          sum += detail::read_record<int>(out);
+        }
+      });
+      all.emplace_back([&, t] {
+        detail::queue_record r;
+        for (int i = 0; i < each; ++i) {
+          detail::fill_record(r, t * each + i);
+          REQUIRE(detail::queue_put(*core, r, std::nullopt));
+        }
+      });
+    }
+    for (auto& t : all) t.join();
+    constexpr long n = threads * each;
+    CHECK(sum == n * (n - 1) / 2);
+    CHECK(detail::queue_size(*core) == 0);
+    CHECK(detail::queue_sleepers(*core) == std::pair<std::uint32_t, std::uint32_t>{0, 0});
+  }
+
   TEST_CASE("a blocking get times out on an empty queue and put on a full one") {
     queue<int> q(1);
     const auto start = std::chrono::steady_clock::now();
