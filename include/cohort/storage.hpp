@@ -115,7 +115,7 @@ template <>
 struct handle_codec<storage> {
   static std::string signature() { return "S"; }
   /// A shared storage's handle, whole (an empty one is a single byte).
-  static constexpr std::size_t handle_size = 64;
+  static constexpr std::size_t handle_size = 48;
   static std::size_t size_bound(const storage&) noexcept { return handle_size; }
   static void write(std::vector<std::byte>& out, const storage& value);
   static storage read(reader& in);

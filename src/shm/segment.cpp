@@ -262,10 +262,7 @@ int size_class_of(std::size_t nbytes) noexcept {
 
 segment::segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker, int maker_fd)
     : base_(base), size_(size), strategy_(strategy), fd_(fd), maker_(maker), maker_fd_(maker_fd),
-      nonce_(header().nonce) {
-  struct stat st {};
-  if (fd_ >= 0 && ::fstat(fd_, &st) == 0) inode_ = st.st_ino;
-}
+      nonce_(header().nonce) {}
 
 segment::~segment() {
   {
@@ -353,20 +350,16 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   // it maps too.
   thread_local std::pair<std::uint64_t, std::weak_ptr<segment>> last;
   if (last.first == ref.nonce) {
-    if (auto s = last.second.lock(); s && s->size_ == ref.size) return s;
+    if (auto s = last.second.lock()) return s;
   }
   auto& r = segments();
   std::vector<std::shared_ptr<segment>> dead;  // unmapped after the lock is released
   std::lock_guard lock(r.mutex);
   if (auto it = r.segments.find(ref.nonce); it != r.segments.end()) {
     if (auto s = it->second.lock()) {
-      if (s->size_ != ref.size) throw shm_error("cohort: a handle names a known segment with another size");
       last = {ref.nonce, s};
       return s;
     }
-  }
-  if (ref.size < header_size || ref.size > (std::uint64_t{1} << 47)) {
-    throw shm_error(fmt::format("cohort: a handle names a segment of {} bytes", ref.size));
   }
   int fd = -1;
   std::string where;
@@ -388,17 +381,20 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
     fd = ::shm_open(segment_name(ref.maker, ref.nonce).c_str(), O_RDWR | O_CLOEXEC, 0);
   }
   if (fd < 0) throw shm_error(fmt::format("cohort: opening segment {}: {}", where, errno_text(errno)));
+  // Whether it is the segment named is told by its header, once mapped; a
+  // memfd must be sealed, so that nobody can shrink it under the mapping.
   struct stat st {};
-  const bool fits = ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) == ref.size &&
-                    st.st_uid == ::geteuid() &&
+  const bool fits = ::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() &&
+                    static_cast<std::uint64_t>(st.st_size) >= header_size &&
+                    static_cast<std::uint64_t>(st.st_size) <= (std::uint64_t{1} << 47) &&
                     (ref.strategy == sharing_strategy::file_system ||
-                     (st.st_ino == ref.inode && (::fcntl(fd, F_GET_SEALS) & static_cast<int>(seals)) ==
-                                                    static_cast<int>(seals)));
+                     (::fcntl(fd, F_GET_SEALS) & static_cast<int>(seals)) == static_cast<int>(seals));
   if (!fits) {
     ::close(fd);
     throw shm_error(fmt::format("cohort: {} is not the segment the handle names", where));
   }
-  void* base = ::mmap(nullptr, ref.size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const auto size = static_cast<std::size_t>(st.st_size);
+  void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int error = errno;
   // A memfd's descriptor is kept, so this process can pass the segment on.
   if (base == MAP_FAILED || ref.strategy == sharing_strategy::file_system) {
@@ -407,13 +403,13 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   }
   if (base == MAP_FAILED) throw shm_error(fmt::format("cohort: mapping {}: {}", where, errno_text(error)));
   const auto* h = static_cast<const segment_header*>(base);
-  if (h->magic != magic || h->nonce != ref.nonce || h->size != ref.size) {
-    ::munmap(base, ref.size);
+  if (h->magic != magic || h->nonce != ref.nonce || h->size != size) {
+    ::munmap(base, size);
     if (fd >= 0) ::close(fd);
     throw shm_error(fmt::format("cohort: {} does not hold the segment the handle names", where));
   }
   std::shared_ptr<segment> s(
-      new segment(static_cast<std::byte*>(base), ref.size, ref.strategy, fd, ref.maker, ref.maker_fd));
+      new segment(static_cast<std::byte*>(base), size, ref.strategy, fd, ref.maker, ref.maker_fd));
   r.segments[ref.nonce] = s;
   last = {ref.nonce, s};
   s->note_mapper();
@@ -425,7 +421,7 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
 segment_ref segment::ref() const noexcept {
   const bool through_here = strategy_ == sharing_strategy::file_descriptor && fd_ >= 0;
   return {strategy_, through_here ? this_process() : maker_, through_here ? fd_ : maker_fd_, maker_, maker_fd_,
-          nonce_, inode_, size_};
+          nonce_};
 }
 
 bool segment::made_here() const noexcept { return maker_ == this_process(); }

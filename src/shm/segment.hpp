@@ -36,9 +36,9 @@ struct segment_ref {
   int fd = -1;                ///< its descriptor of the memfd (file_descriptor)
   pid_t maker = 0;            ///< the process that made it (a named segment's name holds it)
   int maker_fd = -1;          ///< the maker's descriptor of the memfd, tried when the sender is gone
-  std::uint64_t nonce = 0;    ///< random, in the header and in a named segment's name
-  std::uint64_t inode = 0;    ///< the memfd's inode, so a reused descriptor number is caught
-  std::uint64_t size = 0;     ///< bytes, header included
+  /// Random, in the header and in a named segment's name: what identifies
+  /// it, and what tells a descriptor number since reused for another file.
+  std::uint64_t nonce = 0;
 };
 
 /// The start of every segment, in shared memory. Fields that different
@@ -177,7 +177,6 @@ class segment {
   int fd_;          // held by the maker (file_descriptor) so others can open it; else -1
   pid_t maker_;
   int maker_fd_;
-  std::uint64_t inode_ = 0;
   // The header's, read once: asked for by every handle written and every
   // storage dropped, it is not worth a trip to the shared line each time.
   std::uint64_t nonce_;

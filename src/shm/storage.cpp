@@ -179,18 +179,21 @@ std::shared_ptr<storage_impl> shared_impl(std::shared_ptr<shm::segment> segment,
 // order rather than varints, since a handle is written and read for every
 // tensor that crosses, and one aligned copy of 64 bytes costs less than
 // taking eleven varints apart.
+// 48 bytes, so that a small tensor's queue record (its head, this, and the
+// tensor's layout) fills one cache line. The segment's size and inode are
+// not sent: a receiver that has to open it takes the size from the file
+// and checks the segment's header (magic, nonce, size) before trusting it.
 struct handle_wire {
   std::uint8_t kind;      // 1; an empty storage is the single byte 0
   std::uint8_t strategy;  // sharing_strategy
   std::uint8_t message;   // 0/1: a queue message, which holds a reference of its own
-  std::uint8_t zero[5];
+  std::uint8_t zero;
   std::uint32_t source;    // the process to open the segment through
   std::uint32_t fd;        // its descriptor there, + 1 (0: none)
   std::uint32_t maker;     // the process that made the segment
   std::uint32_t maker_fd;  // its descriptor there, + 1
+  std::uint32_t zero_too;
   std::uint64_t nonce;
-  std::uint64_t inode;
-  std::uint64_t size;      // of the segment
   std::uint64_t block;     // offset of the block's header in it
   std::uint64_t nbytes;
 };
@@ -280,10 +283,10 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
   if (!impl->segment) storage(impl).share_memory();
   const auto ref = impl->segment->ref();
   const bool message = current_handles != nullptr && current_handles->message;
-  const handle_wire w{1, static_cast<std::uint8_t>(ref.strategy), message, {},
+  const handle_wire w{1, static_cast<std::uint8_t>(ref.strategy), message, 0,
                       static_cast<std::uint32_t>(ref.source), static_cast<std::uint32_t>(ref.fd + 1),
                       static_cast<std::uint32_t>(ref.maker), static_cast<std::uint32_t>(ref.maker_fd + 1),
-                      ref.nonce, ref.inode, ref.size, impl->block, impl->nbytes};
+                      0, ref.nonce, impl->block, impl->nbytes};
   const auto* bytes = reinterpret_cast<const std::byte*>(&w);
   out.insert(out.end(), bytes, bytes + sizeof w);  // not resize: it would zero the room first
   if (current_handles != nullptr) current_handles->held.push_back(std::move(impl));
@@ -299,9 +302,7 @@ storage handle_codec<storage>::read(reader& in) {
   std::memcpy(reinterpret_cast<std::byte*>(&w) + 1, in.take(sizeof w - 1).data(), sizeof w - 1);
   if (w.strategy > 1) throw decode_error(fmt::format("cohort::decode: a sharing strategy {}", w.strategy));
   if (w.message > 1) throw decode_error("cohort::decode: a storage handle's message flag is not 0/1");
-  for (auto z : w.zero) {
-    if (z != 0) throw decode_error("cohort::decode: a storage handle's padding is not zero");
-  }
+  if (w.zero != 0 || w.zero_too != 0) throw decode_error("cohort::decode: a storage handle's padding is not zero");
   shm::segment_ref ref;
   ref.strategy = static_cast<sharing_strategy>(w.strategy);
   ref.source = bounded(w.source, "pid");
@@ -309,8 +310,6 @@ storage handle_codec<storage>::read(reader& in) {
   ref.maker = bounded(w.maker, "maker's pid");
   ref.maker_fd = bounded(w.maker_fd, "maker's descriptor") - 1;
   ref.nonce = w.nonce;
-  ref.inode = w.inode;
-  ref.size = w.size;
   const auto block = w.block;
   const auto nbytes = w.nbytes;
   const unsigned message = w.message;
@@ -318,7 +317,7 @@ storage handle_codec<storage>::read(reader& in) {
   if (message == 1) segment->header().received.fetch_add(1, std::memory_order_release);
   if (!segment->holds(block, nbytes) || segment->block(block).capacity < nbytes) {
     throw decode_error(fmt::format("cohort::decode: a storage of {} bytes at {} does not fit its {}-byte segment",
-                                   nbytes, block, ref.size));
+                                   nbytes, block, segment->size()));
   }
   auto& refs = segment->block(block).refs;
   auto& m = identities();

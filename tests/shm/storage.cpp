@@ -264,6 +264,61 @@ TEST_SUITE("storage") {
     CHECK(decode<storage>(good).same(s));
   }
 
+  TEST_CASE("a handle whose descriptor names another of the sender's segments is refused") {
+    // The sender makes two segments and sends both handles; the receiver
+    // gets the first with the second's descriptor number, and must find it
+    // out from the segment's header once it has opened it.
+    int to_parent[2], to_child[2];
+    REQUIRE(::pipe(to_parent) == 0);
+    REQUIRE(::pipe(to_child) == 0);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      storage a = storage::allocate_shared(1 << 20), b = storage::allocate_shared(1 << 20);
+      a.data()[0] = std::byte{1};
+      b.data()[0] = std::byte{2};
+      for (const auto* s : {&a, &b}) {
+        const auto e = encode(*s);
+        const auto size = static_cast<std::uint32_t>(e.size());
+        (void)!::write(to_parent[1], &size, sizeof size);
+        (void)!::write(to_parent[1], e.bytes().data(), e.size());
+      }
+      char done;
+      (void)!::read(to_child[0], &done, 1);
+      ::_exit(0);
+    }
+    ::close(to_parent[1]);
+    ::close(to_child[0]);
+    std::vector<std::byte> handles[2];
+    for (auto& h : handles) {
+      std::uint32_t size = 0;
+      REQUIRE(::read(to_parent[0], &size, sizeof size) == sizeof size);
+      h.resize(size);
+      REQUIRE(::read(to_parent[0], h.data(), size) == static_cast<ssize_t>(size));
+    }
+    ::close(to_parent[0]);
+    // The source pid, then the descriptor + 1, follow the handle's first four bytes.
+    const auto source_at = [&](const std::vector<std::byte>& h) {
+      const auto source = static_cast<std::uint32_t>(pid);
+      for (std::size_t i = 0; i + 8 <= h.size(); ++i) {
+        if (std::memcmp(h.data() + i, &source, 4) == 0) return i;
+      }
+      FAIL("no source pid in the handle");
+      return std::size_t{0};
+    };
+    std::uint32_t fd_a = 0, fd_b = 0;
+    std::memcpy(&fd_a, handles[0].data() + source_at(handles[0]) + 4, 4);
+    std::memcpy(&fd_b, handles[1].data() + source_at(handles[1]) + 4, 4);
+    REQUIRE(fd_a != fd_b);
+    auto swapped = handles[0];
+    std::memcpy(swapped.data() + source_at(swapped) + 4, &fd_b, 4);
+    CHECK_THROWS_AS((void)decode<storage>(swapped), shm_error);
+    CHECK(decode<storage>(handles[1]).data()[0] == std::byte{2});
+    CHECK(decode<storage>(handles[0]).data()[0] == std::byte{1});
+    (void)!::write(to_child[1], "x", 1);
+    ::close(to_child[1]);
+    REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+  }
+
   TEST_CASE("a handle whose holder has exited is an shm_error naming it") {
     int pipe_fds[2];
     REQUIRE(::pipe(pipe_fds) == 0);
