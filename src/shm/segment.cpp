@@ -112,8 +112,10 @@ bool let_go_if_dead_weight(const std::shared_ptr<segment>& s) noexcept {
 }
 
 // This process's arena and the large segments it made that others still hold.
+// The lock is taken for each block carved: segments are made, and /proc is
+// read, outside it.
 struct arena_state {
-  std::mutex mutex;
+  spin_mutex mutex;
   std::vector<std::shared_ptr<segment>> arenas;
   std::vector<std::shared_ptr<segment>> lingering;
   arena_state() { arena_made.store(true, std::memory_order_release); }
@@ -584,24 +586,36 @@ void segment::drop_live(std::uint64_t count) noexcept {
 std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) {
   const auto strategy = get_sharing_strategy();
   auto& a = arena();
-  std::lock_guard lock(a.mutex);
   if (size_class_of(nbytes) == size_classes) {
-    std::erase_if(a.lingering, [](const auto& s) { return s->header().live.load(std::memory_order_acquire) == 0; });
+    std::vector<std::shared_ptr<segment>> freed;  // unmapped after the lock is released
+    {
+      std::lock_guard lock(a.mutex);
+      std::erase_if(a.lingering, [&](auto& s) {
+        if (s->header().live.load(std::memory_order_acquire) != 0) return false;
+        freed.push_back(std::move(s));
+        return true;
+      });
+    }
     const std::size_t size = header_size + (nbytes + 4095) / 4096 * 4096;
-    auto s = segment::make(size, strategy, false);
-    return {std::move(s), segment::single_block};
-  }
-  for (auto it = a.arenas.rbegin(); it != a.arenas.rend(); ++it) {
-    if ((*it)->strategy() != strategy) continue;
-    if (const auto offset = (*it)->carve(nbytes)) return {*it, offset};
+    return {segment::make(size, strategy, false), segment::single_block};
   }
   std::size_t size = first_arena;
-  for (const auto& s : a.arenas) {
-    if (s->strategy() == strategy) size = std::min(largest_arena, s->size() * 2);
+  {
+    std::lock_guard lock(a.mutex);
+    for (auto it = a.arenas.rbegin(); it != a.arenas.rend(); ++it) {
+      if ((*it)->strategy() != strategy) continue;
+      if (const auto offset = (*it)->carve(nbytes)) return {*it, offset};
+    }
+    for (const auto& s : a.arenas) {
+      if (s->strategy() == strategy) size = std::min(largest_arena, s->size() * 2);
+    }
   }
+  // Another thread may be making one too: both are kept, and carved in turn.
   auto s = segment::make(size, strategy, true);
+  const auto offset = s->carve(nbytes);
+  std::lock_guard lock(a.mutex);
   a.arenas.push_back(s);
-  return {s, s->carve(nbytes)};
+  return {std::move(s), offset};
 }
 
 void linger(std::shared_ptr<segment> s) {
@@ -637,21 +651,34 @@ int trim() {
     std::lock_guard lock(r.mutex);
     unused = r.forget(false);
   }
+  // Taken out of the arena while they are looked at (which reads /proc),
+  // and the ones kept put back; an allocation meanwhile makes a segment.
   auto& a = arena();
-  std::lock_guard lock(a.mutex);
-  const auto before = a.arenas.size() + a.lingering.size();
-  std::erase_if(a.lingering, [](const auto& s) {
+  std::vector<std::shared_ptr<segment>> arenas, lingering;
+  {
+    std::lock_guard lock(a.mutex);
+    arenas.swap(a.arenas);
+    lingering.swap(a.lingering);
+  }
+  const auto before = arenas.size() + lingering.size();
+  std::erase_if(lingering, [](const auto& s) {
     return s->header().live.load(std::memory_order_acquire) == 0 || let_go_if_dead_weight(s);
   });
-  // Only this process carves its arena, under this lock: a count of one
-  // (the arena's own hold) cannot grow meanwhile.
-  std::erase_if(a.arenas, [](const auto& s) {
+  // Out of the arena, nothing here carves them: a count of one (the
+  // arena's own hold) cannot grow meanwhile.
+  std::erase_if(arenas, [](const auto& s) {
     s->reclaim();
     if (s->header().live.load(std::memory_order_acquire) != 1) return let_go_if_dead_weight(s);
     s->retire();
     return true;
   });
-  return static_cast<int>(unused.size() + before - a.arenas.size() - a.lingering.size());
+  const auto kept = arenas.size() + lingering.size();
+  {
+    std::lock_guard lock(a.mutex);
+    a.arenas.insert(a.arenas.begin(), arenas.begin(), arenas.end());
+    a.lingering.insert(a.lingering.end(), lingering.begin(), lingering.end());
+  }
+  return static_cast<int>(unused.size() + before - kept);
 }
 
 }  // namespace cohort::shm

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "cohort/storage.hpp"
+#include "shm/spin_mutex.hpp"
 
 #include <sys/types.h>
 
@@ -168,7 +169,7 @@ class segment {
   void drop_live(std::uint64_t count) noexcept;
   void reclaim_locked() noexcept;
 
-  std::mutex mutex_;      // the maker's carving and its own frees
+  spin_mutex mutex_;      // the maker's carving and its own frees
   bool retired_ = false;  // under mutex_
 
   std::byte* base_;

@@ -4,6 +4,7 @@
 #include "config.hpp"
 
 #include "shm/segment.hpp"
+#include "shm/spin_mutex.hpp"
 
 #include <fmt/format.h>
 
@@ -128,7 +129,7 @@ class identity_table {
   std::size_t count_ = 0;
 };
 struct identity_map {
-  std::mutex mutex;
+  shm::spin_mutex mutex;
   identity_table storages;
 };
 // Set once identities() has made the table: a process that never held a

@@ -2,6 +2,7 @@
 
 #include "cohort/queue.hpp"
 #include "cohort/spawn_and_join.hpp"
+#include "shm/spin_mutex.hpp"
 
 #include "support/harness.hpp"
 
@@ -14,10 +15,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace cohort;
@@ -75,6 +78,66 @@ const sharing_strategy strategies[] = {sharing_strategy::file_descriptor, sharin
 const start_method methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
 
 TEST_SUITE("storage") {
+  TEST_CASE("a spin_mutex lets one thread in at a time") {
+    shm::spin_mutex m;
+    long inside = 0, most = 0, total = 0;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&] {
+        for (int i = 0; i < 20000; ++i) {
+          std::lock_guard lock(m);
+          most = std::max(most, ++inside);
+          ++total;
+          --inside;
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    CHECK(total == 80000);
+    CHECK(most == 1);
+    REQUIRE(m.try_lock());
+    CHECK_FALSE(m.try_lock());
+    m.unlock();
+    CHECK(m.try_lock());
+    m.unlock();
+  }
+
+  TEST_CASE("threads allocating while another trims get blocks of their own that stay whole") {
+    std::atomic<bool> done{false};
+    std::thread trimmer([&] {
+      while (!done.load()) trim_shared_memory();
+    });
+    std::vector<std::thread> threads;
+    std::atomic<int> broken{0};
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&, t] {
+        // Each storage kept holds a byte no other one kept holds.
+        std::vector<std::pair<storage, int>> kept;
+        const auto check = [&](const std::pair<storage, int>& k) {
+          for (std::size_t b = 0; b < k.first.nbytes(); ++b) {
+            if (std::to_integer<int>(k.first.data()[b]) != k.second) ++broken;
+          }
+        };
+        for (int i = 0; i < 3000; ++i) {
+          // Mostly arena blocks, now and then a segment of its own.
+          storage s = storage::allocate_shared(i % 500 == 0 ? (std::size_t{1} << 20) : 64 + i % 200);
+          const int value = t * 80 + i % 80;
+          std::memset(s.data(), value, s.nbytes());
+          kept.emplace_back(std::move(s), value);
+          if (kept.size() == 80) {
+            for (const auto& k : kept) check(k);
+            kept.erase(kept.begin(), kept.begin() + 40);
+          }
+        }
+        for (const auto& k : kept) check(k);
+      });
+    }
+    for (auto& t : threads) t.join();
+    done = true;
+    trimmer.join();
+    CHECK(broken == 0);
+  }
+
   TEST_CASE("shared storage is aligned, sized as asked, and writable") {
     for (auto strategy : strategies) {
       strategy_scope scope(strategy);

@@ -1,0 +1,46 @@
+// A lock between the threads of one process for the few stores that the
+// shared-memory bookkeeping makes on every value sent or received.
+#pragma once
+
+#include <sched.h>
+
+#include <atomic>
+
+namespace cohort::shm {
+
+/// A lock for sections of a few loads and stores that never block, taken
+/// several times for each tensor that crosses: its unlock is one plain
+/// store where a pthread mutex's is a second atomic read-modify-write.
+/// A waiter spins a little, then yields its CPU, so a holder that lost its
+/// CPU gets it back. Never hold it across a system call that may block.
+/// Meets Lockable, for std::lock_guard and std::unique_lock.
+class spin_mutex {
+ public:
+  void lock() noexcept {
+    if (!held_.exchange(true, std::memory_order_acquire)) return;
+    contended();
+  }
+  bool try_lock() noexcept {
+    return !held_.load(std::memory_order_relaxed) && !held_.exchange(true, std::memory_order_acquire);
+  }
+  void unlock() noexcept { held_.store(false, std::memory_order_release); }
+
+ private:
+  void contended() noexcept {
+    for (int tries = 0;; ++tries) {
+      while (held_.load(std::memory_order_relaxed)) {
+        if (tries < 64) {
+          __builtin_ia32_pause();
+          ++tries;
+        } else {
+          ::sched_yield();
+        }
+      }
+      if (!held_.exchange(true, std::memory_order_acquire)) return;
+    }
+  }
+
+  std::atomic<bool> held_{false};
+};
+
+}  // namespace cohort::shm
