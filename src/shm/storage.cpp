@@ -16,6 +16,7 @@
 #include <mutex>
 #include <new>
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 namespace cohort {
@@ -166,9 +167,69 @@ COHORT_FORKED_CHILD_PATH void hold_inherited_storages() {
   return true;
 }();
 
+// Storage objects (with their shared_ptr counts, one allocation) are made
+// and dropped for every tensor sent or received: each thread keeps up to
+// `kept` freed ones for its next, rather than a trip through malloc. The
+// list is freed when the thread ends; a storage dropped after that (by a
+// thread-local destroyed later) goes back to the heap.
+class impl_cache {
+ public:
+  static constexpr int kept = 64;
+
+  ~impl_cache() {
+    ended = true;
+    while (head_ != nullptr) ::operator delete(std::exchange(head_, head_->next));
+  }
+  void* take() noexcept {
+    if (head_ == nullptr) return nullptr;
+    --count_;
+    return std::exchange(head_, head_->next);
+  }
+  bool give(void* p) noexcept {
+    if (ended || count_ == kept) return false;
+    head_ = new (p) node{head_};
+    ++count_;
+    return true;
+  }
+
+  // Trivially destructible, so it can still be read after the cache's end.
+  [[gnu::tls_model("initial-exec")]] static inline thread_local bool ended = false;
+
+ private:
+  struct node {
+    node* next;
+  };
+  node* head_ = nullptr;
+  int count_ = 0;
+};
+[[gnu::tls_model("initial-exec")]] thread_local impl_cache cached_impls;
+
+template <class T>
+struct impl_allocator {
+  using value_type = T;
+  impl_allocator() = default;
+  template <class U>
+  impl_allocator(const impl_allocator<U>&) noexcept {}
+  T* allocate(std::size_t n) {
+    static_assert(sizeof(T) >= sizeof(void*));
+    if (n == 1 && !impl_cache::ended) {
+      if (void* p = cached_impls.take()) return static_cast<T*>(p);
+    }
+    return static_cast<T*>(::operator new(n * sizeof(T)));
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    if (n == 1 && !impl_cache::ended && cached_impls.give(p)) return;
+    ::operator delete(p);
+  }
+  template <class U>
+  bool operator==(const impl_allocator<U>&) const noexcept { return true; }
+};
+
+std::shared_ptr<storage_impl> make_impl() { return std::allocate_shared<storage_impl>(impl_allocator<storage_impl>{}); }
+
 std::shared_ptr<storage_impl> shared_impl(std::shared_ptr<shm::segment> segment, std::uint64_t block,
                                           std::size_t nbytes) {
-  auto impl = std::make_shared<storage_impl>();
+  auto impl = make_impl();
   impl->data = segment->base() + block + sizeof(shm::block_header);
   impl->nbytes = nbytes;
   impl->segment = std::move(segment);
@@ -242,7 +303,7 @@ std::string_view to_string(sharing_strategy s) noexcept {
 int trim_shared_memory() { return shm::trim(); }
 
 storage storage::allocate(std::size_t nbytes) {
-  auto impl = std::make_shared<storage_impl>();
+  auto impl = make_impl();
   if (nbytes > 0) {
     impl->data = static_cast<std::byte*>(std::aligned_alloc(shm::alignment, (nbytes + 63) / 64 * 64));
     if (impl->data == nullptr) throw std::bad_alloc();

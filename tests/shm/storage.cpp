@@ -102,6 +102,44 @@ TEST_SUITE("storage") {
     m.unlock();
   }
 
+  TEST_CASE("storages made in one thread and dropped in another, also as a thread ends, stay distinct") {
+    // Storage objects are reused through per-thread caches: one made in a
+    // thread and dropped in another, or dropped by a thread-local as its
+    // thread ends, must never be handed out twice. (Blocks of 128 bytes and
+    // more, to leave the smallest class's free list to the test that
+    // counts on it.)
+    struct holder {
+      std::vector<storage> kept;
+    };
+    static thread_local holder at_exit;
+    std::vector<storage> passed;
+    std::thread maker([&] {
+      at_exit.kept.push_back(storage::allocate_shared(128));  // made before this thread's cache: dropped after it
+      for (int i = 0; i < 2000; ++i) {
+        storage s = storage::allocate_shared(128 + i % 128);
+        std::memset(s.data(), i % 251, s.nbytes());
+        passed.push_back(s);
+        at_exit.kept.push_back(std::move(s));
+      }
+    });
+    maker.join();
+    REQUIRE(passed.size() == 2000);
+    std::vector<storage> mine;
+    for (int i = 0; i < 2000; ++i) {
+      mine.push_back(storage::allocate_shared(128));
+      std::memset(mine.back().data(), 0xff, 128);
+    }
+    int wrong = 0;
+    for (int i = 0; i < 2000; ++i) {
+      for (std::size_t b = 0; b < passed[i].nbytes(); ++b) wrong += std::to_integer<int>(passed[i].data()[b]) != i % 251;
+    }
+    CHECK(wrong == 0);
+    std::set<const std::byte*> places;
+    for (const auto& s : passed) places.insert(s.data());
+    for (const auto& s : mine) places.insert(s.data());
+    CHECK(places.size() == 4000);
+  }
+
   TEST_CASE("threads allocating while another trims get blocks of their own that stay whole") {
     std::atomic<bool> done{false};
     std::thread trimmer([&] {
@@ -120,7 +158,7 @@ TEST_SUITE("storage") {
         };
         for (int i = 0; i < 3000; ++i) {
           // Mostly arena blocks, now and then a segment of its own.
-          storage s = storage::allocate_shared(i % 500 == 0 ? (std::size_t{1} << 20) : 64 + i % 200);
+          storage s = storage::allocate_shared(i % 500 == 0 ? (std::size_t{1} << 20) : 128 + i % 200);
           const int value = t * 80 + i % 80;
           std::memset(s.data(), value, s.nbytes());
           kept.emplace_back(std::move(s), value);
@@ -223,11 +261,13 @@ TEST_SUITE("storage") {
     for (auto strategy : strategies) {
       strategy_scope scope(strategy);
       constexpr int n = 100;
+      // A size class no other test here uses: its free list starts empty.
+      constexpr std::size_t block_bytes = 1500;
       std::set<const std::byte*> used;
       {
         queue<storage> q(n);
         for (int i = 0; i < n; ++i) {
-          storage s = storage::allocate_shared(48);
+          storage s = storage::allocate_shared(block_bytes);
           used.insert(s.data());
           REQUIRE(q.put(s, std::chrono::seconds(1)));
         }
@@ -236,7 +276,7 @@ TEST_SUITE("storage") {
       const auto segments = named_segments_of(::getpid()).size();
       std::vector<storage> again;
       for (int i = 0; i < n; ++i) {
-        again.push_back(storage::allocate_shared(48));
+        again.push_back(storage::allocate_shared(block_bytes));
         CHECK(used.contains(again.back().data()));
       }
       CHECK(named_segments_of(::getpid()).size() == segments);
