@@ -172,37 +172,50 @@ COHORT_FORKED_CHILD_PATH void hold_inherited_storages() {
 // `kept` freed ones for its next, rather than a trip through malloc. The
 // list is freed when the thread ends; a storage dropped after that (by a
 // thread-local destroyed later) goes back to the heap.
-class impl_cache {
- public:
+//
+// The list is trivially destructible and initial-exec, so that reaching it
+// is a few instructions: a thread-local with a destructor would be reached
+// through a guard that costs a __tls_get_addr call each time. What frees it
+// is a second thread-local, made with the thread's first give().
+struct impl_cache {
   static constexpr int kept = 64;
-
-  ~impl_cache() {
-    ended = true;
-    while (head_ != nullptr) ::operator delete(std::exchange(head_, head_->next));
-  }
-  void* take() noexcept {
-    if (head_ == nullptr) return nullptr;
-    --count_;
-    return std::exchange(head_, head_->next);
-  }
-  bool give(void* p) noexcept {
-    if (ended || count_ == kept) return false;
-    head_ = new (p) node{head_};
-    ++count_;
-    return true;
-  }
-
-  // Trivially destructible, so it can still be read after the cache's end.
-  [[gnu::tls_model("initial-exec")]] static inline thread_local bool ended = false;
-
- private:
   struct node {
     node* next;
   };
-  node* head_ = nullptr;
-  int count_ = 0;
+  node* head;
+  int count;
+  bool cleanup_registered;
+  bool ended;  // the thread is ending and the list was freed
+
+  void* take() noexcept {
+    if (head == nullptr) return nullptr;
+    --count;
+    return std::exchange(head, head->next);
+  }
+  bool give(void* p) noexcept;
 };
-[[gnu::tls_model("initial-exec")]] thread_local impl_cache cached_impls;
+[[gnu::tls_model("initial-exec")]] thread_local impl_cache cached_impls{};
+
+struct impl_cache_cleanup {
+  ~impl_cache_cleanup() {
+    auto& c = cached_impls;
+    c.ended = true;
+    while (c.head != nullptr) ::operator delete(std::exchange(c.head, c.head->next));
+    c.count = 0;
+  }
+};
+
+bool impl_cache::give(void* p) noexcept {
+  if (ended || count == kept) return false;
+  if (!cleanup_registered) {
+    thread_local impl_cache_cleanup cleanup;
+    (void)cleanup;
+    cleanup_registered = true;
+  }
+  head = new (p) node{head};
+  ++count;
+  return true;
+}
 
 template <class T>
 struct impl_allocator {
@@ -212,13 +225,13 @@ struct impl_allocator {
   impl_allocator(const impl_allocator<U>&) noexcept {}
   T* allocate(std::size_t n) {
     static_assert(sizeof(T) >= sizeof(void*));
-    if (n == 1 && !impl_cache::ended) {
+    if (n == 1) {
       if (void* p = cached_impls.take()) return static_cast<T*>(p);
     }
     return static_cast<T*>(::operator new(n * sizeof(T)));
   }
   void deallocate(T* p, std::size_t n) noexcept {
-    if (n == 1 && !impl_cache::ended && cached_impls.give(p)) return;
+    if (n == 1 && cached_impls.give(p)) return;
     ::operator delete(p);
   }
   template <class U>
