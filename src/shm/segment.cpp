@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <new>
 #include <system_error>
 #include <unordered_map>
 #include <vector>
@@ -345,21 +346,59 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
   return s;
 }
 
-std::shared_ptr<segment> segment::open(const segment_ref& ref) {
-  // The segment this thread found last: a stream of values from one sender
-  // names the same one again and again, and this skips the registry's lock.
-  // Weak, so it keeps nothing mapped; a fork child's copy names segments
-  // it maps too.
-  thread_local std::pair<std::uint64_t, std::weak_ptr<segment>> last;
-  if (last.first == ref.nonce) {
-    if (auto s = last.second.lock()) return s;
+namespace {
+
+// The segment this thread found last: a stream of values from one sender
+// names the same one again and again, and this skips the registry's lock.
+// Weak, so it keeps nothing mapped; a fork child's copy names segments it
+// maps too. The weak_ptr lives in place in a trivially destructible
+// initial-exec thread-local, so reaching it costs no __tls_get_addr call;
+// a second thread-local, made with it, ends it as the thread ends.
+struct last_found {
+  std::uint64_t nonce;
+  bool made;
+  bool ended;
+  alignas(std::weak_ptr<segment>) std::byte weak[sizeof(std::weak_ptr<segment>)];
+
+  std::weak_ptr<segment>& get() noexcept { return *std::launder(reinterpret_cast<std::weak_ptr<segment>*>(weak)); }
+};
+[[gnu::tls_model("initial-exec")]] thread_local last_found last_seen{};
+
+struct last_found_end {
+  ~last_found_end() {
+    last_seen.get().~weak_ptr();
+    last_seen.made = false;
+    last_seen.ended = true;
   }
+};
+
+std::shared_ptr<segment> found_last(std::uint64_t nonce) noexcept {
+  if (!last_seen.made || last_seen.nonce != nonce) return nullptr;
+  return last_seen.get().lock();
+}
+
+void remember(std::uint64_t nonce, const std::shared_ptr<segment>& s) noexcept {
+  if (!last_seen.made) {
+    if (last_seen.ended) return;
+    thread_local last_found_end end;
+    (void)end;
+    new (last_seen.weak) std::weak_ptr<segment>();
+    last_seen.made = true;
+  }
+  last_seen.nonce = nonce;
+  last_seen.get() = s;
+}
+
+}  // namespace
+
+std::shared_ptr<segment> segment::open(const segment_ref& ref) {
+  if (auto s = found_last(ref.nonce)) return s;
   auto& r = segments();
   std::vector<std::shared_ptr<segment>> dead;  // unmapped after the lock is released
   std::lock_guard lock(r.mutex);
   if (auto it = r.segments.find(ref.nonce); it != r.segments.end()) {
     if (auto s = it->second.lock()) {
-      last = {ref.nonce, s};
+      remember(ref.nonce, s);
       return s;
     }
   }
@@ -413,7 +452,7 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   std::shared_ptr<segment> s(
       new segment(static_cast<std::byte*>(base), size, ref.strategy, fd, ref.maker, ref.maker_fd));
   r.segments[ref.nonce] = s;
-  last = {ref.nonce, s};
+  remember(ref.nonce, s);
   s->note_mapper();
   dead = r.forget(true);
   r.received.push_back(s);

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -275,12 +276,16 @@ struct handle_wire {
 static_assert(sizeof(handle_wire) == detail::handle_codec<storage>::handle_size);
 static_assert(std::is_trivially_copyable_v<handle_wire>);
 
-// A pid or a descriptor + 1 that fits an int.
-int bounded(std::uint32_t v, std::string_view what) {
-  if (v > static_cast<std::uint32_t>(INT_MAX)) {
-    throw decode_error(fmt::format("cohort::decode: a storage handle's {} is {}", what, v));
+// Throws unless each pid and descriptor + 1 fits an int; one test for all
+// four on the way of every handle read.
+void check_bounded(const handle_wire& w) {
+  constexpr auto most = static_cast<std::uint32_t>(INT_MAX);
+  if (std::max({w.source, w.fd, w.maker, w.maker_fd}) <= most) return;
+  const std::pair<std::uint32_t, std::string_view> fields[] = {
+      {w.source, "pid"}, {w.fd, "descriptor"}, {w.maker, "maker's pid"}, {w.maker_fd, "maker's descriptor"}};
+  for (const auto& [v, what] : fields) {
+    if (v > most) throw decode_error(fmt::format("cohort::decode: a storage handle's {} is {}", what, v));
   }
-  return static_cast<int>(v);
 }
 
 }  // namespace
@@ -380,10 +385,11 @@ storage handle_codec<storage>::read(reader& in) {
   if (w.zero != 0 || w.zero_too != 0) throw decode_error("cohort::decode: a storage handle's padding is not zero");
   shm::segment_ref ref;
   ref.strategy = static_cast<sharing_strategy>(w.strategy);
-  ref.source = bounded(w.source, "pid");
-  ref.fd = bounded(w.fd, "descriptor") - 1;
-  ref.maker = bounded(w.maker, "maker's pid");
-  ref.maker_fd = bounded(w.maker_fd, "maker's descriptor") - 1;
+  check_bounded(w);
+  ref.source = static_cast<int>(w.source);
+  ref.fd = static_cast<int>(w.fd) - 1;
+  ref.maker = static_cast<int>(w.maker);
+  ref.maker_fd = static_cast<int>(w.maker_fd) - 1;
   ref.nonce = w.nonce;
   const auto block = w.block;
   const auto nbytes = w.nbytes;
