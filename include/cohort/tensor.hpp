@@ -438,6 +438,7 @@ class tensor {
   DLManagedTensor* to_dlpack() const;
 
  private:
+  friend struct detail::handle_codec<tensor>;
   struct unchecked {};
   tensor(unchecked, cohort::storage storage, cohort::dtype type, std::int64_t offset,
          detail::dim_vector shape, detail::dim_vector strides, cohort::device device = {}) noexcept
@@ -506,33 +507,8 @@ struct handle_codec<tensor> {
     for (auto s : t.strides()) run.varint(static_cast<std::uint64_t>(s));
     run.varint(static_cast<std::uint64_t>(t.storage_offset()));
   }
-  static tensor read(reader& in) {
-    cohort::storage s = handle_codec<cohort::storage>::read(in);
-    const auto code = std::to_integer<std::uint8_t>(in.next());
-    const auto bits = std::to_integer<std::uint8_t>(in.next());
-    const auto type = dtype_from_code(code, bits);
-    if (!type) throw decode_error("cohort::decode: a tensor of an unknown dtype");
-    const auto device_type = in.varint();
-    const auto device_id = in.varint();
-    if (device_type != kDLCPU || device_id != 0)
-      throw decode_error("cohort::decode: a tensor on a device other than the CPU");
-    const auto ndim = in.varint();
-    if (ndim > tensor::max_ndim)
-      throw decode_error("cohort::decode: a tensor of more than 64 dimensions");
-    dim_vector dims(2 * ndim + 1);
-    for (std::size_t i = 0; i < dims.size(); ++i) {
-      const auto v = in.varint();
-      if (v > static_cast<std::uint64_t>(INT64_MAX))
-        throw decode_error("cohort::decode: a tensor dimension over 2^63");
-      dims[i] = static_cast<std::int64_t>(v);
-    }
-    const auto all = dims.view();
-    try {
-      return tensor(std::move(s), *type, all.first(ndim), all.subspan(ndim, ndim), all[2 * ndim]);
-    } catch (const std::invalid_argument& e) {
-      throw decode_error(std::string("cohort::decode: ") + e.what());
-    }
-  }
+  /// Checks everything it reads (see check_layout); throws decode_error.
+  static tensor read(reader& in);
 };
 
 }  // namespace detail

@@ -460,6 +460,38 @@ tensor& tensor::fill_(double value) {
   return *this;
 }
 
+tensor detail::handle_codec<tensor>::read(reader& in) {
+  cohort::storage s = handle_codec<cohort::storage>::read(in);
+  const auto code = std::to_integer<std::uint8_t>(in.next());
+  const auto bits = std::to_integer<std::uint8_t>(in.next());
+  const auto type = dtype_from_code(code, bits);
+  if (!type) throw decode_error("cohort::decode: a tensor of an unknown dtype");
+  const auto device_type = in.varint();
+  const auto device_id = in.varint();
+  if (device_type != kDLCPU || device_id != 0) {
+    throw decode_error("cohort::decode: a tensor on a device other than the CPU");
+  }
+  const auto ndim = in.varint();
+  if (ndim > tensor::max_ndim) throw decode_error("cohort::decode: a tensor of more than 64 dimensions");
+  const auto dim = [&in] {
+    const auto v = in.varint();
+    if (v > static_cast<std::uint64_t>(INT64_MAX)) throw decode_error("cohort::decode: a tensor dimension over 2^63");
+    return static_cast<std::int64_t>(v);
+  };
+  // Read into the vectors the tensor keeps, and checked as the public
+  // constructor checks, without copying them again.
+  dim_vector shape(ndim), strides(ndim);
+  for (std::size_t i = 0; i < ndim; ++i) shape[i] = dim();
+  for (std::size_t i = 0; i < ndim; ++i) strides[i] = dim();
+  const auto offset = dim();
+  try {
+    check_layout(*type, shape.view(), strides.view(), offset, s.nbytes());
+  } catch (const std::invalid_argument& e) {
+    throw decode_error(std::string("cohort::decode: ") + e.what());
+  }
+  return tensor(tensor::unchecked{}, std::move(s), *type, offset, std::move(shape), std::move(strides));
+}
+
 DLManagedTensor* tensor::to_dlpack() const {
   auto* owner = new dlpack_owner{{}, storage_, shape_, strides_};
   DLTensor& out = owner->managed.dl_tensor;
