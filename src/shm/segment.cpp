@@ -423,13 +423,17 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   }
   if (fd < 0) throw shm_error(fmt::format("cohort: opening segment {}: {}", where, errno_text(errno)));
   // Whether it is the segment named is told by its header, once mapped; a
-  // memfd must be sealed, so that nobody can shrink it under the mapping.
+  // memfd must be sealed, so that nobody can shrink it under the mapping
+  // (F_GET_SEALS fails, -1, on a file that cannot be sealed at all).
   struct stat st {};
-  const bool fits = ::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() &&
+  const auto sealed = [fd] {
+    const int got = ::fcntl(fd, F_GET_SEALS);
+    return got >= 0 && (got & static_cast<int>(seals)) == static_cast<int>(seals);
+  };
+  const bool fits = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
                     static_cast<std::uint64_t>(st.st_size) >= header_size &&
                     static_cast<std::uint64_t>(st.st_size) <= (std::uint64_t{1} << 47) &&
-                    (ref.strategy == sharing_strategy::file_system ||
-                     (::fcntl(fd, F_GET_SEALS) & static_cast<int>(seals)) == static_cast<int>(seals));
+                    (ref.strategy == sharing_strategy::file_system || sealed());
   if (!fits) {
     ::close(fd);
     throw shm_error(fmt::format("cohort: {} is not the segment the handle names", where));

@@ -422,6 +422,56 @@ TEST_SUITE("storage") {
     REQUIRE(::waitpid(pid, nullptr, 0) == pid);
   }
 
+  TEST_CASE("a handle whose descriptor names a plain file dressed as a segment is refused") {
+    // The sender copies a real segment's header into a file that cannot be
+    // sealed and names that file in the handle: the receiver must refuse it
+    // rather than map a file its sender could shrink under it.
+    int to_parent[2], to_child[2];
+    REQUIRE(::pipe(to_parent) == 0);
+    REQUIRE(::pipe(to_child) == 0);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      storage real = storage::allocate_shared(1 << 20);
+      const std::byte* base = real.data() - 4096;  // a segment of its own: the header page, then the block
+      std::uint64_t size = 0;
+      std::memcpy(&size, base + 16, sizeof size);  // after the magic and the nonce
+      char path[] = "/tmp/cohort_forged_XXXXXX";
+      const int file = ::mkstemp(path);
+      ::unlink(path);
+      const bool made = file >= 0 && ::ftruncate(file, static_cast<off_t>(size)) == 0 &&
+                        ::pwrite(file, base, 4096, 0) == 4096;
+      auto e = encode(real);
+      std::vector<std::byte> h(e.bytes().begin(), e.bytes().end());
+      const auto source = static_cast<std::uint32_t>(::getpid());
+      const auto fd = static_cast<std::uint32_t>(file + 1);
+      bool patched = false;
+      for (std::size_t i = 0; made && i + 8 <= h.size() && !patched; ++i) {
+        if (std::memcmp(h.data() + i, &source, 4) == 0) {
+          std::memcpy(h.data() + i + 4, &fd, 4);
+          patched = true;
+        }
+      }
+      const auto n = static_cast<std::uint32_t>(patched ? h.size() : 0);
+      (void)!::write(to_parent[1], &n, sizeof n);
+      (void)!::write(to_parent[1], h.data(), n);
+      char done;
+      (void)!::read(to_child[0], &done, 1);
+      ::_exit(0);
+    }
+    ::close(to_parent[1]);
+    ::close(to_child[0]);
+    std::uint32_t n = 0;
+    REQUIRE(::read(to_parent[0], &n, sizeof n) == sizeof n);
+    std::vector<std::byte> forged(n);
+    REQUIRE(n > 0);
+    REQUIRE(::read(to_parent[0], forged.data(), n) == static_cast<ssize_t>(n));
+    ::close(to_parent[0]);
+    CHECK_THROWS_AS((void)decode<storage>(forged), shm_error);
+    (void)!::write(to_child[1], "x", 1);
+    ::close(to_child[1]);
+    REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+  }
+
   TEST_CASE("a handle whose holder has exited is an shm_error naming it") {
     int pipe_fds[2];
     REQUIRE(::pipe(pipe_fds) == 0);
