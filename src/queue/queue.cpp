@@ -339,7 +339,6 @@ struct sleeping {
 
 asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
   using namespace asio::experimental::awaitable_operators;
-  const sleeping guard{q, s, seq};
   auto executor = co_await asio::this_coro::executor;
   asio::steady_timer timer(executor, watch_interval);
   co_await (uring::async_futex_wait(executor, q.word(s), seq, asio::use_awaitable) ||
@@ -353,7 +352,16 @@ asio::awaitable<void> wait_async(std::shared_ptr<queue_core> q, side s, Attempt 
   for (;;) {
     std::uint32_t seq = 0;
     if (attempt(true, seq)) co_return;
-    co_await sleep_async(*q, s, seq);
+    {
+      // Here, not in sleep_async: an awaitable cancelled before it starts
+      // throws without running its body, and the count would stay.
+      const sleeping guard{*q, s, seq};
+      co_await sleep_async(*q, s, seq);
+    }
+    // Cancelled while it slept: a value taken now would be lost with the
+    // result nobody awaits any more (a pop raced against a timer).
+    const asio::cancellation_state state = co_await asio::this_coro::cancellation_state;
+    if (state.cancelled() != asio::cancellation_type::none) throw asio::system_error(asio::error::operation_aborted);
     if (retry_after_wait(*q, s, attempt)) co_return;
   }
 }

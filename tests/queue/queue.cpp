@@ -9,6 +9,8 @@
 
 #include <doctest/doctest.h>
 
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
@@ -319,6 +321,45 @@ TEST_SUITE("queue") {
     CHECK(test::run(io, race()));
     q.put(9);
     CHECK(q.get(1s) == 9);
+  }
+
+  TEST_CASE("awaited pops raced against timers lose no value and leave no wait counted asleep") {
+    // A pop that loses its race is cancelled: it must neither take a value
+    // nobody will receive nor stay counted asleep.
+    using namespace asio::experimental::awaitable_operators;
+    const auto core = cohort::detail::make_queue_core(64, type_signature<int>());
+    constexpr int n = 3000;
+    std::atomic<bool> pushed_all{false};
+    long sum = 0;
+    int got = 0;
+    asio::io_context io;
+    auto popper = [&]() -> asio::awaitable<void> {
+      auto executor = co_await asio::this_coro::executor;
+      std::vector<std::byte> out;
+      while (!pushed_all.load() || cohort::detail::queue_size(*core) > 0) {
+        asio::steady_timer timer(executor, 1ms);
+        auto r = co_await (cohort::detail::queue_pop(core, out) || timer.async_wait(asio::use_awaitable));
+        if (r.index() == 0) {
+          sum += cohort::detail::read_record<int>(out);
+          ++got;
+        }
+      }
+    };
+    std::thread pusher([&] {
+      cohort::detail::queue_record r;
+      for (int i = 1; i <= n; ++i) {
+        cohort::detail::fill_record(r, i);
+        cohort::detail::queue_put(*core, r, std::nullopt);
+        if (i % 8 == 0) std::this_thread::sleep_for(200us);
+      }
+      pushed_all = true;
+    });
+    for (int c = 0; c < 8; ++c) asio::co_spawn(io, popper(), asio::detached);
+    io.run();
+    pusher.join();
+    CHECK(got == n);
+    CHECK(sum == long{n} * (n + 1) / 2);
+    CHECK(cohort::detail::queue_sleepers(*core) == std::pair<std::uint32_t, std::uint32_t>{0, 0});
   }
 
   TEST_CASE("a queue handle of one value type is refused as another") {
