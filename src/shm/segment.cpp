@@ -117,6 +117,7 @@ bool let_go_if_dead_weight(const std::shared_ptr<segment>& s) noexcept {
 // read, outside it.
 struct arena_state {
   spin_mutex mutex;
+  std::mutex growth;  // held while a segment is made for the arena
   std::vector<std::shared_ptr<segment>> arenas;
   std::vector<std::shared_ptr<segment>> lingering;
   arena_state() { arena_made.store(true, std::memory_order_release); }
@@ -138,7 +139,7 @@ std::atomic<std::uint64_t> cached_start_time{0};
 
 // A fork child makes its own arena: the parent's goes on being carved by
 // the parent, which also holds the descriptors others open.
-// Both locks are held across the fork, the arena's first (the order
+// The locks are held across the fork, the arena's first (the order
 // allocate() takes them in), so the child finds neither a lock no thread
 // of its own will release nor a list in the middle of a change. The arena
 // is not made for this when the parent has none: every child would pay.
@@ -155,18 +156,25 @@ COHORT_FORKED_CHILD_PATH void after_fork_in_child() {
   std::vector<std::shared_ptr<segment>>().swap(a.arenas);
   std::vector<std::shared_ptr<segment>>().swap(a.lingering);
   a.mutex.unlock();
+  a.growth.unlock();
 }
 
 [[maybe_unused]] const bool fork_handlers = [] {
   ::pthread_atfork(
       [] {
         arena_held_for_fork = arena_made.load(std::memory_order_acquire);
-        if (arena_held_for_fork) arena().mutex.lock();
+        if (arena_held_for_fork) {
+          arena().growth.lock();
+          arena().mutex.lock();
+        }
         segments().mutex.lock();
       },
       [] {
         segments().mutex.unlock();
-        if (arena_held_for_fork) arena().mutex.unlock();
+        if (arena_held_for_fork) {
+          arena().mutex.unlock();
+          arena().growth.unlock();
+        }
       },
       after_fork_in_child);
   return true;
@@ -642,8 +650,10 @@ std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) 
     const std::size_t size = header_size + (nbytes + 4095) / 4096 * 4096;
     return {segment::make(size, strategy, false), segment::single_block};
   }
+  // Carves from the newest segment that has room; else sets `size` to
+  // what the next one should have.
   std::size_t size = first_arena;
-  {
+  const auto carve = [&]() -> std::pair<std::shared_ptr<segment>, std::uint64_t> {
     std::lock_guard lock(a.mutex);
     for (auto it = a.arenas.rbegin(); it != a.arenas.rend(); ++it) {
       if ((*it)->strategy() != strategy) continue;
@@ -652,8 +662,13 @@ std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) 
     for (const auto& s : a.arenas) {
       if (s->strategy() == strategy) size = std::min(largest_arena, s->size() * 2);
     }
-  }
-  // Another thread may be making one too: both are kept, and carved in turn.
+    return {nullptr, 0};
+  };
+  if (auto found = carve(); found.first) return found;
+  // One thread grows the arena at a time, and a thread that waited for it
+  // carves from what the other made rather than making one of its own.
+  std::lock_guard growing(a.growth);
+  if (auto found = carve(); found.first) return found;
   auto s = segment::make(size, strategy, true);
   const auto offset = s->carve(nbytes);
   std::lock_guard lock(a.mutex);

@@ -102,6 +102,22 @@ TEST_SUITE("storage") {
     m.unlock();
   }
 
+  TEST_CASE("threads that run out of arena together grow it once, not once each") {
+    // 4 threads keep 100 blocks of 64 KiB each (26 MB with their headers):
+    // arena segments of 4, 8 and 16 MiB hold them all, made one at a time.
+    strategy_scope scope(sharing_strategy::file_system);
+    const auto before = named_segments_of(::getpid()).size();
+    std::vector<std::vector<storage>> kept(4);
+    std::vector<std::thread> threads;
+    for (auto& mine : kept) {
+      threads.emplace_back([&mine] {
+        for (int i = 0; i < 100; ++i) mine.push_back(storage::allocate_shared(64 << 10));
+      });
+    }
+    for (auto& t : threads) t.join();
+    CHECK(named_segments_of(::getpid()).size() - before <= 3);
+  }
+
   TEST_CASE("storages made in one thread and dropped in another, also as a thread ends, stay distinct") {
     // Storage objects are reused through per-thread caches: one made in a
     // thread and dropped in another, or dropped by a thread-local as its
