@@ -3,6 +3,7 @@
 
 #include "config.hpp"
 #include "shm/segment.hpp"
+#include "shm/spin_mutex.hpp"
 
 #include <linux/futex.h>
 #include <sched.h>
@@ -96,7 +97,7 @@ void shared_lock::lock() noexcept {
   // A short spin first: holders keep it for a few stores, and sleeping on
   // the kernel's side costs far more.
   for (int i = 0; i < 100; ++i) {
-    __builtin_ia32_pause();
+    cpu_relax();
     seen = 0;
     if (word.load(std::memory_order_relaxed) == 0 && take(seen, self)) return;
   }

@@ -8,6 +8,15 @@
 
 namespace cohort::shm {
 
+/// Tells the CPU this thread spins on a value another one will change.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 /// A lock for sections of a few loads and stores that never block, taken
 /// several times for each tensor that crosses: its unlock is one plain
 /// store where a pthread mutex's is a second atomic read-modify-write.
@@ -30,7 +39,7 @@ class spin_mutex {
     for (int tries = 0;; ++tries) {
       while (held_.load(std::memory_order_relaxed)) {
         if (tries < 64) {
-          __builtin_ia32_pause();
+          cpu_relax();
           ++tries;
         } else {
           ::sched_yield();

@@ -434,11 +434,15 @@ COHORT_FORKED_CHILD_PATH void release_shared_memory_holds() noexcept {
   auto* known = identities_made.load(std::memory_order_acquire);
   if (known == nullptr) return;  // no shared storage was ever held here
   auto& m = *known;
+  // Dropped after the lock: another thread may let go of a storage
+  // meanwhile, leaving the copy here the last, whose end takes the lock.
+  std::vector<std::shared_ptr<storage_impl>> seen;
   std::lock_guard lock(m.mutex);
-  m.storages.for_each([](const block_key&, std::weak_ptr<storage_impl>& weak) {
+  m.storages.for_each([&seen](const block_key&, std::weak_ptr<storage_impl>& weak) {
     if (auto impl = weak.lock(); impl && !impl->let_go) {
       impl->let_go = true;
       impl->segment->release(impl->block);
+      seen.push_back(std::move(impl));
     }
   });
 }
