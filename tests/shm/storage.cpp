@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <string>
 #include <thread>
@@ -73,6 +74,77 @@ int take_and_drop(int, queue<storage> q, int n) {
   return taken;
 }
 COHORT_ENTRYPOINT(take_and_drop);
+
+// A forked process that sends the handles `make` returns, then holds what
+// it made (and its descriptors) until this object goes.
+class sender {
+ public:
+  explicit sender(const std::function<std::vector<std::vector<std::byte>>()>& make) {
+    int to_parent[2], to_child[2];
+    REQUIRE(::pipe(to_parent) == 0);
+    REQUIRE(::pipe(to_child) == 0);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      for (const auto& h : make()) {
+        const auto n = static_cast<std::uint32_t>(h.size());
+        (void)!::write(to_parent[1], &n, sizeof n);
+        (void)!::write(to_parent[1], h.data(), n);
+      }
+      ::close(to_parent[1]);
+      char done;
+      (void)!::read(to_child[0], &done, 1);
+      ::_exit(0);
+    }
+    ::close(to_parent[1]);
+    ::close(to_child[0]);
+    release_ = to_child[1];
+    std::uint32_t n = 0;
+    while (::read(to_parent[0], &n, sizeof n) == sizeof n) {
+      std::vector<std::byte> h(n);
+      REQUIRE(::read(to_parent[0], h.data(), n) == static_cast<ssize_t>(n));
+      handles_.push_back(std::move(h));
+    }
+    ::close(to_parent[0]);
+  }
+  sender(const sender&) = delete;
+  sender& operator=(const sender&) = delete;
+  ~sender() {
+    (void)!::write(release_, "x", 1);
+    ::close(release_);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  pid_t pid() const { return pid_; }
+  const std::vector<std::vector<std::byte>>& handles() const { return handles_; }
+
+ private:
+  pid_t pid_ = -1;
+  int release_ = -1;
+  std::vector<std::vector<std::byte>> handles_;
+};
+
+std::vector<std::byte> handle_bytes(const storage& s) {
+  const auto e = encode(s);
+  return {e.bytes().begin(), e.bytes().end()};
+}
+
+// Where a handle's descriptor + 1 sits: right after the source pid, which
+// follows the handle's first four bytes.
+std::size_t descriptor_offset(const std::vector<std::byte>& h, pid_t source) {
+  const auto pid = static_cast<std::uint32_t>(source);
+  for (std::size_t i = 0; i + 8 <= h.size(); ++i) {
+    if (std::memcmp(h.data() + i, &pid, 4) == 0) return i + 4;
+  }
+  FAIL("no source pid in the handle");
+  return 0;
+}
+std::uint32_t descriptor_field(const std::vector<std::byte>& h, pid_t source) {
+  std::uint32_t fd = 0;
+  std::memcpy(&fd, h.data() + descriptor_offset(h, source), 4);
+  return fd;
+}
+void set_descriptor_field(std::vector<std::byte>& h, pid_t source, std::uint32_t fd) {
+  std::memcpy(h.data() + descriptor_offset(h, source), &fd, 4);
+}
 
 const sharing_strategy strategies[] = {sharing_strategy::file_descriptor, sharing_strategy::file_system};
 const start_method methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
@@ -387,105 +459,47 @@ TEST_SUITE("storage") {
     // The sender makes two segments and sends both handles; the receiver
     // gets the first with the second's descriptor number, and must find it
     // out from the segment's header once it has opened it.
-    int to_parent[2], to_child[2];
-    REQUIRE(::pipe(to_parent) == 0);
-    REQUIRE(::pipe(to_child) == 0);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      storage a = storage::allocate_shared(1 << 20), b = storage::allocate_shared(1 << 20);
-      a.data()[0] = std::byte{1};
-      b.data()[0] = std::byte{2};
-      for (const auto* s : {&a, &b}) {
-        const auto e = encode(*s);
-        const auto size = static_cast<std::uint32_t>(e.size());
-        (void)!::write(to_parent[1], &size, sizeof size);
-        (void)!::write(to_parent[1], e.bytes().data(), e.size());
-      }
-      char done;
-      (void)!::read(to_child[0], &done, 1);
-      ::_exit(0);
-    }
-    ::close(to_parent[1]);
-    ::close(to_child[0]);
-    std::vector<std::byte> handles[2];
-    for (auto& h : handles) {
-      std::uint32_t size = 0;
-      REQUIRE(::read(to_parent[0], &size, sizeof size) == sizeof size);
-      h.resize(size);
-      REQUIRE(::read(to_parent[0], h.data(), size) == static_cast<ssize_t>(size));
-    }
-    ::close(to_parent[0]);
-    // The source pid, then the descriptor + 1, follow the handle's first four bytes.
-    const auto source_at = [&](const std::vector<std::byte>& h) {
-      const auto source = static_cast<std::uint32_t>(pid);
-      for (std::size_t i = 0; i + 8 <= h.size(); ++i) {
-        if (std::memcmp(h.data() + i, &source, 4) == 0) return i;
-      }
-      FAIL("no source pid in the handle");
-      return std::size_t{0};
-    };
-    std::uint32_t fd_a = 0, fd_b = 0;
-    std::memcpy(&fd_a, handles[0].data() + source_at(handles[0]) + 4, 4);
-    std::memcpy(&fd_b, handles[1].data() + source_at(handles[1]) + 4, 4);
+    std::vector<storage> kept;
+    const sender child([&] {
+      kept = {storage::allocate_shared(1 << 20), storage::allocate_shared(1 << 20)};
+      kept[0].data()[0] = std::byte{1};
+      kept[1].data()[0] = std::byte{2};
+      return std::vector<std::vector<std::byte>>{handle_bytes(kept[0]), handle_bytes(kept[1])};
+    });
+    const auto& handles = child.handles();
+    REQUIRE(handles.size() == 2);
+    const auto fd_a = descriptor_field(handles[0], child.pid());
+    const auto fd_b = descriptor_field(handles[1], child.pid());
     REQUIRE(fd_a != fd_b);
     auto swapped = handles[0];
-    std::memcpy(swapped.data() + source_at(swapped) + 4, &fd_b, 4);
+    set_descriptor_field(swapped, child.pid(), fd_b);
     CHECK_THROWS_AS((void)decode<storage>(swapped), shm_error);
     CHECK(decode<storage>(handles[1]).data()[0] == std::byte{2});
     CHECK(decode<storage>(handles[0]).data()[0] == std::byte{1});
-    (void)!::write(to_child[1], "x", 1);
-    ::close(to_child[1]);
-    REQUIRE(::waitpid(pid, nullptr, 0) == pid);
   }
 
   TEST_CASE("a handle whose descriptor names a plain file dressed as a segment is refused") {
     // The sender copies a real segment's header into a file that cannot be
     // sealed and names that file in the handle: the receiver must refuse it
     // rather than map a file its sender could shrink under it.
-    int to_parent[2], to_child[2];
-    REQUIRE(::pipe(to_parent) == 0);
-    REQUIRE(::pipe(to_child) == 0);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      storage real = storage::allocate_shared(1 << 20);
-      const std::byte* base = real.data() - 4096;  // a segment of its own: the header page, then the block
+    std::vector<storage> kept;
+    const sender child([&] {
+      kept = {storage::allocate_shared(1 << 20)};
+      const std::byte* base = kept[0].data() - 4096;  // a segment of its own: the header page, then the block
       std::uint64_t size = 0;
       std::memcpy(&size, base + 16, sizeof size);  // after the magic and the nonce
       char path[] = "/tmp/cohort_forged_XXXXXX";
       const int file = ::mkstemp(path);
       ::unlink(path);
-      const bool made = file >= 0 && ::ftruncate(file, static_cast<off_t>(size)) == 0 &&
-                        ::pwrite(file, base, 4096, 0) == 4096;
-      auto e = encode(real);
-      std::vector<std::byte> h(e.bytes().begin(), e.bytes().end());
-      const auto source = static_cast<std::uint32_t>(::getpid());
-      const auto fd = static_cast<std::uint32_t>(file + 1);
-      bool patched = false;
-      for (std::size_t i = 0; made && i + 8 <= h.size() && !patched; ++i) {
-        if (std::memcmp(h.data() + i, &source, 4) == 0) {
-          std::memcpy(h.data() + i + 4, &fd, 4);
-          patched = true;
-        }
+      if (file < 0 || ::ftruncate(file, static_cast<off_t>(size)) != 0 || ::pwrite(file, base, 4096, 0) != 4096) {
+        return std::vector<std::vector<std::byte>>{};
       }
-      const auto n = static_cast<std::uint32_t>(patched ? h.size() : 0);
-      (void)!::write(to_parent[1], &n, sizeof n);
-      (void)!::write(to_parent[1], h.data(), n);
-      char done;
-      (void)!::read(to_child[0], &done, 1);
-      ::_exit(0);
-    }
-    ::close(to_parent[1]);
-    ::close(to_child[0]);
-    std::uint32_t n = 0;
-    REQUIRE(::read(to_parent[0], &n, sizeof n) == sizeof n);
-    std::vector<std::byte> forged(n);
-    REQUIRE(n > 0);
-    REQUIRE(::read(to_parent[0], forged.data(), n) == static_cast<ssize_t>(n));
-    ::close(to_parent[0]);
-    CHECK_THROWS_AS((void)decode<storage>(forged), shm_error);
-    (void)!::write(to_child[1], "x", 1);
-    ::close(to_child[1]);
-    REQUIRE(::waitpid(pid, nullptr, 0) == pid);
+      auto forged = handle_bytes(kept[0]);
+      set_descriptor_field(forged, ::getpid(), static_cast<std::uint32_t>(file + 1));
+      return std::vector<std::vector<std::byte>>{forged};
+    });
+    REQUIRE(child.handles().size() == 1);
+    CHECK_THROWS_AS((void)decode<storage>(child.handles()[0]), shm_error);
   }
 
   TEST_CASE("a handle whose holder has exited is an shm_error naming it") {
