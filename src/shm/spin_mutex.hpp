@@ -36,17 +36,17 @@ class spin_mutex {
 
  private:
   void contended() noexcept {
-    for (int tries = 0;; ++tries) {
+    int spins = 0;
+    do {
       while (held_.load(std::memory_order_relaxed)) {
-        if (tries < 64) {
+        if (spins < 64) {
           cpu_relax();
-          ++tries;
+          ++spins;
         } else {
           ::sched_yield();
         }
       }
-      if (!held_.exchange(true, std::memory_order_acquire)) return;
-    }
+    } while (held_.exchange(true, std::memory_order_acquire));
   }
 
   std::atomic<bool> held_{false};

@@ -254,10 +254,11 @@ std::shared_ptr<storage_impl> shared_impl(std::shared_ptr<shm::segment> segment,
 // A shared storage's handle, as written: fixed widths in this host's byte
 // order rather than varints, since a handle is written and read for every
 // tensor that crosses, and one aligned copy costs less than taking varints
-// apart. 48 bytes, so that a small tensor's queue record (its head, this, and the
-// tensor's layout) fills one cache line. The segment's size and inode are
-// not sent: a receiver that has to open it takes the size from the file
-// and checks the segment's header (magic, nonce, size) before trusting it.
+// apart. 48 bytes, so that a small tensor's queue record (its head, this,
+// and the tensor's layout) fills one cache line. The segment's size and
+// inode are not sent: a receiver that has to open it takes the size from
+// the file and checks the segment's header (magic, nonce, size) before
+// trusting it.
 struct handle_wire {
   std::uint8_t kind;      // 1; an empty storage is the single byte 0
   std::uint8_t strategy;  // sharing_strategy
