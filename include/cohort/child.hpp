@@ -1,6 +1,8 @@
 // A running child process, owned through its pidfd.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include "cohort/exit_status.hpp"
 
 #include <asio/any_io_executor.hpp>
@@ -13,6 +15,8 @@
 #include <memory>
 #include <optional>
 #include <system_error>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -92,3 +96,5 @@ class child {
 };
 
 }  // namespace cohort
+
+COHORT_API_END

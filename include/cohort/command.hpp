@@ -1,8 +1,12 @@
 // What to run: a program and its arguments.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include <string>
 #include <vector>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -25,3 +29,5 @@ struct command {
 };
 
 }  // namespace cohort
+
+COHORT_API_END

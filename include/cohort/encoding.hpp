@@ -3,6 +3,8 @@
 // the signature and every length before it trusts the bytes.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include <bit>
 #include <concepts>
 #include <cstddef>
@@ -17,6 +19,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -491,3 +495,5 @@ T encoded::as() const {
 }
 
 }  // namespace cohort
+
+COHORT_API_END

@@ -4,6 +4,8 @@
 // forkserver.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include "cohort/encoding.hpp"
 
 #include <optional>
@@ -12,6 +14,8 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -137,3 +141,5 @@ function_call call(R (*fn)(int, P...), A&&... args) {
 /// under its name as written. Put it at namespace scope in a source file of
 /// the program, next to the function.
 #define COHORT_ENTRYPOINT(fn) COHORT_ENTRYPOINT_AT_(fn, __COUNTER__)
+
+COHORT_API_END

@@ -1,10 +1,14 @@
 // The environment a child starts with.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -41,3 +45,5 @@ class environment {
 };
 
 }  // namespace cohort
+
+COHORT_API_END

@@ -3,12 +3,16 @@
 // torch's @record report to cohort too.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include <chrono>
 #include <exception>
 #include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -37,3 +41,5 @@ bool record_error(const std::exception& error, std::string_view trace = {}) noex
 std::optional<error_report> read_error_file(const std::filesystem::path& path);
 
 }  // namespace cohort
+
+COHORT_API_END

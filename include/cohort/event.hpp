@@ -2,6 +2,8 @@
 // Event): set, clear, and waits that sleep in the kernel until it is set.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include "cohort/encoding.hpp"
 #include "cohort/storage.hpp"
 
@@ -10,6 +12,8 @@
 #include <chrono>
 #include <optional>
 #include <string>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -52,3 +56,5 @@ struct handle_codec<event> {
 }  // namespace detail
 
 }  // namespace cohort
+
+COHORT_API_END

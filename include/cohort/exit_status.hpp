@@ -1,12 +1,16 @@
 // How a child process ended, and what it used.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include <fmt/format.h>
 
 #include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -79,3 +83,5 @@ struct fmt::formatter<cohort::exit_status> : fmt::formatter<std::string_view> {
     return fmt::formatter<std::string_view>::format(text, ctx);
   }
 };
+
+COHORT_API_END

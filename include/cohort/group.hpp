@@ -2,6 +2,8 @@
 // the first failure shutting the rest down.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include "cohort/child.hpp"
 #include "cohort/command.hpp"
 #include "cohort/encoding.hpp"
@@ -24,6 +26,8 @@
 #include <string>
 #include <variant>
 #include <vector>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -187,3 +191,5 @@ class group {
 group start_processes(const asio::any_io_executor& executor, const group_spec& spec);
 
 }  // namespace cohort
+
+COHORT_API_END

@@ -2,7 +2,11 @@
 // when it is killed outright.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include <sys/types.h>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -34,3 +38,5 @@ class guardian {
 };
 
 }  // namespace cohort
+
+COHORT_API_END

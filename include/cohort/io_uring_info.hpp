@@ -1,9 +1,13 @@
 // What the io_uring of an io_context can do on the running kernel.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include <asio/io_context.hpp>
 
 #include <string>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -21,3 +25,5 @@ struct io_uring_info {
 io_uring_info io_uring_support(asio::io_context& io);
 
 }  // namespace cohort
+
+COHORT_API_END

@@ -2,11 +2,15 @@
 // console with a line prefix, or both.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
 #include <string>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -93,3 +97,5 @@ struct logs_spec {
 };
 
 }  // namespace cohort
+
+COHORT_API_END

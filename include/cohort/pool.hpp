@@ -3,6 +3,8 @@
 // are shared with the workers, not copied.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include "cohort/entry_point.hpp"
 #include "cohort/group.hpp"
 #include "cohort/process_error.hpp"
@@ -13,6 +15,8 @@
 #include <tuple>
 #include <type_traits>
 #include <vector>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -76,3 +80,5 @@ class pool {
 };
 
 }  // namespace cohort
+
+COHORT_API_END

@@ -2,12 +2,16 @@
 // ProcessRaisedException and ProcessExitedException.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include "cohort/exit_status.hpp"
 
 #include <sys/types.h>
 
 #include <stdexcept>
 #include <string>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -64,3 +68,5 @@ class process_exited_error : public process_error {
 void throw_first_failure(const run_result& result);
 
 }  // namespace cohort
+
+COHORT_API_END

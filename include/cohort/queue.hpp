@@ -3,6 +3,8 @@
 // hold it; tensors travel as handles to their shared memory, never copied.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include "cohort/encoding.hpp"
 #include "cohort/storage.hpp"
 
@@ -19,6 +21,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -209,3 +213,5 @@ struct handle_codec<queue<T>> {
 }  // namespace detail
 
 }  // namespace cohort
+
+COHORT_API_END

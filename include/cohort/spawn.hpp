@@ -1,6 +1,8 @@
 // Launching child processes.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include "cohort/child.hpp"
 #include "cohort/command.hpp"
 #include "cohort/environment.hpp"
@@ -14,6 +16,8 @@
 #include <filesystem>
 #include <system_error>
 #include <vector>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -70,3 +74,5 @@ exit_status run(const command& cmd, const spawn_options& options = {});
 exit_status run(const command& cmd, const spawn_options& options, std::error_code& ec);
 
 }  // namespace cohort
+
+COHORT_API_END

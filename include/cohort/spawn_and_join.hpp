@@ -2,6 +2,8 @@
 // spawn(fn, args, nprocs): start them, wait for all, throw the first failure.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include "cohort/entry_point.hpp"
 #include "cohort/group.hpp"
 #include "cohort/process_error.hpp"
@@ -11,6 +13,8 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -53,3 +57,5 @@ auto spawn_and_join(R (*fn)(int, P...), std::tuple<A...> args, int nprocs, const
 }
 
 }  // namespace cohort
+
+COHORT_API_END

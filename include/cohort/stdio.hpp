@@ -1,10 +1,14 @@
 // Where a child's standard input, output or error goes.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include <fcntl.h>
 
 #include <filesystem>
 #include <variant>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -50,3 +54,5 @@ class stdio {
 };
 
 }  // namespace cohort
+
+COHORT_API_END

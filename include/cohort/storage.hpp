@@ -2,6 +2,8 @@
 // shared memory that other processes map without a copy.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include "cohort/encoding.hpp"
 
 #include <cstddef>
@@ -9,6 +11,8 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -133,3 +137,5 @@ void release_shared_memory_holds() noexcept;
 }  // namespace detail
 
 }  // namespace cohort
+
+COHORT_API_END

@@ -2,6 +2,8 @@
 // on the CPU), its element types, and the exchange with DLPack.
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include "cohort/storage.hpp"
 
 #include <dlpack/dlpack.h>
@@ -20,6 +22,8 @@
 #include <string>
 #include <string_view>
 #include <utility>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -532,3 +536,5 @@ struct fmt::formatter<cohort::tensor> : fmt::formatter<std::string_view> {
     return fmt::formatter<std::string_view>::format(cohort::to_string(t), ctx);
   }
 };
+
+COHORT_API_END

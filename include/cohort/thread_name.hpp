@@ -1,9 +1,13 @@
 // The calling thread's name, as tools show it (ps, top, gdb, /proc/<pid>/task/<tid>/comm).
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include <string>
 #include <string_view>
 #include <system_error>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -17,3 +21,5 @@ void set_thread_name(std::string_view name, std::error_code& ec);
 std::string thread_name();
 
 }  // namespace cohort
+
+COHORT_API_END

@@ -2,6 +2,8 @@
 // (Asio 1.22's make_parallel_group takes a fixed set).
 #pragma once
 
+#include "cohort/export.hpp"
+
 #include <asio/any_io_executor.hpp>
 #include <asio/associated_cancellation_slot.hpp>
 #include <asio/associated_executor.hpp>
@@ -27,6 +29,8 @@
 #include <utility>
 #include <variant>
 #include <vector>
+
+COHORT_API_BEGIN
 
 namespace cohort {
 
@@ -255,3 +259,5 @@ template <class T>
 }
 
 }  // namespace cohort
+
+COHORT_API_END

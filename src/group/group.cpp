@@ -6,12 +6,12 @@
 
 #include "cohort/error_file.hpp"
 #include "cohort/when_any.hpp"
-#include "entry/entry.hpp"
+#include "launch/entry.hpp"
 #include "group/descendants.hpp"
 #include "group/error_dir.hpp"
 #include "logs/logs.hpp"
 #include "process/parallel.hpp"
-#include "shm/segment.hpp"
+#include "shm/segment_name.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>

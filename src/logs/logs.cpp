@@ -69,12 +69,12 @@ void check_ranks(const char* what, const std::map<int, std_streams>& ranks, int 
 // end of the run for as long as the disk takes to write everything. Only a
 // plain file with one name is replaced; a link or a device is opened as it
 // is.
-owned_fd open_log(const std::filesystem::path& path) {
+os::owned_fd open_log(const std::filesystem::path& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && st.st_size > 0) {
     ::unlink(path.c_str());  // whatever stops this stops the open below, which says why
   }
-  owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  os::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) {
     throw std::filesystem::filesystem_error("cohort::start_processes: log file", path, std::error_code(errno, std::system_category()));
   }
@@ -87,7 +87,7 @@ struct group_logs::state {
   std::vector<log_stream> streams;
   struct rank_ends {
     std::optional<stdio> out, err;  // nullopt: as the options say
-    std::vector<owned_fd> held;      // this process's copies of what the rank gets
+    std::vector<os::owned_fd> held;      // this process's copies of what the rank gets
   };
   std::vector<rank_ends> ranks;
   std::mutex errors_mutex;  // pumps run on strands of their own
@@ -153,13 +153,13 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
       const bool to_file = named || (!shown && !spec.dir.empty());
       const bool to_console = shown && (!has(redirect, which[i]) || has(tee, which[i]));
       std::optional<stdio>& target = i == 0 ? ends.out : ends.err;
-      owned_fd file = to_file ? open_log(folder / file_names[i]) : owned_fd();
+      os::owned_fd file = to_file ? open_log(folder / file_names[i]) : os::owned_fd();
       if (to_console && (to_file || spec.prefix_all)) {
         int p[2];
         if (::pipe2(p, O_CLOEXEC) != 0) throw std::system_error(errno, std::system_category(), "cohort::start_processes: pipe2 for logs");
         ::fcntl(p[0], F_SETPIPE_SZ, pipe_size);  // a smaller pipe only costs wake-ups
         auto& stream = s.streams.emplace_back();
-        stream.pipe = owned_fd(p[0]);
+        stream.pipe = os::owned_fd(p[0]);
         stream.file = std::move(file);
         if (to_file) stream.file_path = (folder / file_names[i]).string();
         stream.console = console[i];

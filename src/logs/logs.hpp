@@ -5,7 +5,7 @@
 
 #include "cohort/logs.hpp"
 #include "cohort/spawn.hpp"
-#include "process/owned_fd.hpp"
+#include "os/owned_fd.hpp"
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -20,8 +20,8 @@ namespace cohort::detail {
 
 /// One stream of one rank that passes through this process.
 struct log_stream {
-  owned_fd pipe;     ///< the read end
-  owned_fd file;     ///< its log file, or none
+  os::owned_fd pipe;     ///< the read end
+  os::owned_fd file;     ///< its log file, or none
   std::string file_path;  ///< for messages
   int console = -1;  ///< where its lines go, or -1
   std::string prefix;

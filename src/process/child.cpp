@@ -3,7 +3,7 @@
 
 #include "config.hpp"
 #include "process/child_state.hpp"
-#include "process/descriptor_limit.hpp"
+#include "os/descriptor_limit.hpp"
 #include "uring/waitid.hpp"
 
 #include <asio/redirect_error.hpp>
@@ -138,7 +138,7 @@ asio::awaitable<exit_status> child::wait() {
     }
     if (ec) {
       throw std::system_error(ec, fmt::format("cohort::child::wait: waitid for pid {}{}", state->pid,
-                                              detail::descriptor_limit_note(ec.category() == std::system_category() ? ec.value() : 0)));
+                                              os::descriptor_limit_note(ec.category() == std::system_category() ? ec.value() : 0)));
     }
   }
 }

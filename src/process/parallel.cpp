@@ -1,7 +1,7 @@
 // The pool of launching threads.
 #include "process/parallel.hpp"
 
-#include "process/per_process.hpp"
+#include "os/per_process.hpp"
 
 #include <signal.h>
 #include <unistd.h>
@@ -20,7 +20,7 @@ namespace {
 
 // Threads that wait for work and never end. Never destroyed: threads may
 // still wait on it at exit. A forked child finds a copy whose threads it
-// does not have: it makes a pool of its own (of_this_process).
+// does not have: it makes a pool of its own (os::of_this_process).
 class launch_pool {
  public:
   // Adds threads until there are `count`; false when one cannot be made.
@@ -91,7 +91,7 @@ void for_each_parallel(std::size_t count, unsigned threads, const std::function<
     }
   };
   unsigned helpers = threads > 1 ? threads - 1 : 0;
-  auto& pool = of_this_process<launch_pool>();
+  auto& pool = os::of_this_process<launch_pool>();
   if (helpers > 0 && !pool.grow(helpers)) helpers = 0;  // no thread to spare: the caller does it all
   // Each job's end is awaited, also of jobs that find no index left: they
   // use this frame.

@@ -8,9 +8,9 @@
 
 #include "config.hpp"
 #include "process/child_state.hpp"
-#include "process/descriptor_limit.hpp"
+#include "os/descriptor_limit.hpp"
 #include "process/launch.hpp"
-#include "process/owned_fd.hpp"
+#include "os/owned_fd.hpp"
 
 #include <asio/io_context.hpp>
 #include <asio/this_coro.hpp>
@@ -197,7 +197,7 @@ int open_cloexec(const std::filesystem::path& path, int flags, failure& f) {
 
 // Makes sure the descriptor given to the child is >= 3, so placing one
 // stream never overwrites the source of another.
-int above_stdio(int fd, std::vector<owned_fd>& owned, failure& f) {
+int above_stdio(int fd, std::vector<os::owned_fd>& owned, failure& f) {
   if (fd >= 3) return fd;
   int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
   if (copy < 0) {
@@ -209,13 +209,13 @@ int above_stdio(int fd, std::vector<owned_fd>& owned, failure& f) {
 }
 
 struct pipe_ends {
-  owned_fd parent;
+  os::owned_fd parent;
   int target = -1;  // 0, 1 or 2
 };
 
 // Resolves one stream's option into the descriptor the child gets.
 // Returns -1 for "leave it", sets `f` on failure.
-int prepare_stream(const stdio& option, int target, std::vector<owned_fd>& owned,
+int prepare_stream(const stdio& option, int target, std::vector<os::owned_fd>& owned,
                    std::vector<pipe_ends>& pipes, failure& f) {
   return std::visit(
       [&](const auto& kind) -> int {
@@ -248,7 +248,7 @@ int prepare_stream(const stdio& option, int target, std::vector<owned_fd>& owned
             f = {stage::pipe, errno, ""};
             return -1;
           }
-          owned_fd read_end(ends[0]), write_end(ends[1]);
+          os::owned_fd read_end(ends[0]), write_end(ends[1]);
           int child_end = target == 0 ? read_end.get() : write_end.get();
           pipes.push_back({target == 0 ? std::move(write_end) : std::move(read_end), target});
           owned.push_back(target == 0 ? std::move(read_end) : std::move(write_end));
@@ -342,13 +342,13 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
     case stage::start: cause = f.detail.empty() ? "" : ": " + f.detail; break;
     case stage::none: break;
   }
-  return what + cause + descriptor_limit_note(f.error);
+  return what + cause + os::descriptor_limit_note(f.error);
 }
 
 struct prepared_launch::parts {
   std::vector<std::string> env_block;
   std::vector<char*> envp;
-  std::vector<owned_fd> owned;  // closed in the parent when the launch ends
+  std::vector<os::owned_fd> owned;  // closed in the parent when the launch ends
   std::vector<pipe_ends> pipes;
   std::vector<int> keep;
   std::string cwd;

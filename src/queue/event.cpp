@@ -1,7 +1,7 @@
 // cohort::event: a flag word and a sleeper count in shared memory.
 #include "cohort/event.hpp"
 
-#include "shm/futex.hpp"
+#include "os/futex.hpp"
 #include "uring/futex.hpp"
 
 #include <asio/this_coro.hpp>
@@ -49,7 +49,7 @@ event::event(storage state) : state_(std::move(state)) {
 void event::set() {
   auto& s = state_of(state_);
   s.flag.store(1);
-  if (s.sleepers.load() > 0) shm::futex_wake(s.flag, INT_MAX);
+  if (s.sleepers.load() > 0) os::futex_wake(s.flag, INT_MAX);
 }
 
 void event::clear() noexcept { state_of(state_).flag.store(0); }
@@ -76,7 +76,7 @@ bool event::wait_for(std::optional<std::chrono::nanoseconds> timeout) const {
       left = *deadline - std::chrono::steady_clock::now();
       if (*left <= std::chrono::nanoseconds(0)) return false;
     }
-    shm::futex_wait(s.flag, 0, left);
+    os::futex_wait(s.flag, 0, left);
   }
   return true;
 }

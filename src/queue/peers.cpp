@@ -1,9 +1,8 @@
 // Which processes on the far side of a queue are still there.
 #include "queue/peers.hpp"
-#include "shm/segment.hpp"
 
 #include "config.hpp"
-#include "entry/entry.hpp"
+#include "os/process_identity.hpp"
 
 #include <poll.h>
 
@@ -11,11 +10,9 @@
 
 namespace cohort::detail {
 
-int own_rank() noexcept { return running_rank(); }
-
 void peer_table::join(std::uint32_t roles) noexcept {
-  const pid_t self = shm::this_process();
-  const std::uint64_t started = shm::own_start_time();
+  const pid_t self = os::this_process();
+  const std::uint64_t started = os::own_start_time();
   for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
     if (peers[i].pid != self) continue;
     // 0 is a start time that could not be read: this process's own entry
@@ -26,7 +23,7 @@ void peer_table::join(std::uint32_t roles) noexcept {
     } else {
       // An ended process that had this pid: its entry is this one's now,
       // or a watcher would take this process for it, and find it gone.
-      peers[i] = {self, own_rank(), roles, started};
+      peers[i] = {self, os::running_rank(), roles, started};
     }
     return;
   }
@@ -35,12 +32,12 @@ void peer_table::join(std::uint32_t roles) noexcept {
     // a pid recycled since is another process).
     std::uint32_t kept = 0;
     for (std::uint32_t i = 0; i < max_peers; ++i) {
-      if (!shm::has_ended(peers[i].pid, peers[i].start_time)) peers[kept++] = peers[i];
+      if (!os::has_ended(peers[i].pid, peers[i].start_time)) peers[kept++] = peers[i];
     }
     count = kept;
     if (count >= max_peers) return;  // 64 live peers: this one goes unwatched
   }
-  peers[count++] = {self, own_rank(), roles, started};
+  peers[count++] = {self, os::running_rank(), roles, started};
 }
 
 bool peer_watch::alive(const peer& p) {
@@ -48,10 +45,10 @@ bool peer_watch::alive(const peer& p) {
   auto key = std::pair{p.pid, p.start_time};
   auto it = pidfds_.find(key);
   if (it == pidfds_.end()) {
-    owned_fd fd(config::pidfd_open(p.pid));
+    os::owned_fd fd(config::pidfd_open(p.pid));
     if (fd.get() < 0) return errno != ESRCH;
     // The pid may already name another process: the start time tells.
-    if (shm::has_ended(p.pid, p.start_time)) return false;
+    if (os::has_ended(p.pid, p.start_time)) return false;
     it = pidfds_.emplace(key, std::move(fd)).first;
   }
   pollfd f{it->second.get(), POLLIN, 0};
@@ -59,7 +56,7 @@ bool peer_watch::alive(const peer& p) {
 }
 
 std::optional<peer> peer_watch::all_gone(const peer* peers, std::uint32_t count, std::uint32_t role) {
-  const pid_t self = shm::this_process();
+  const pid_t self = os::this_process();
   std::optional<peer> last;
   for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
     if ((peers[i].roles & role) == 0 || peers[i].pid == self) continue;

@@ -2,7 +2,7 @@
 // shared memory, and this process's watch on each through a pidfd.
 #pragma once
 
-#include "process/owned_fd.hpp"
+#include "os/owned_fd.hpp"
 
 #include <sys/types.h>
 
@@ -45,10 +45,7 @@ class peer_watch {
  private:
   bool alive(const peer& p);
   std::mutex mutex_;
-  std::map<std::pair<pid_t, std::uint64_t>, owned_fd> pidfds_;
+  std::map<std::pair<pid_t, std::uint64_t>, os::owned_fd> pidfds_;
 };
-
-/// The rank this process runs as an entry point, or -1.
-int own_rank() noexcept;
 
 }  // namespace cohort::detail

@@ -5,8 +5,10 @@
 #include "cohort/queue.hpp"
 
 #include "queue/peers.hpp"
+#include "os/futex.hpp"
+#include "os/process_identity.hpp"
 #include "shm/segment.hpp"
-#include "shm/futex.hpp"
+#include "shm/shared_lock.hpp"
 #include "uring/futex.hpp"
 
 #include <asio/experimental/awaitable_operators.hpp>
@@ -165,7 +167,7 @@ class queue_core {
       woken = wake_sleepers(side::pop);
     }
     r.handles.held.clear();
-    if (woken > 0) shm::futex_wake(h().items, woken);
+    if (woken > 0) os::futex_wake(h().items, woken);
     return true;
   }
 
@@ -203,7 +205,7 @@ class queue_core {
       --h().count;
       woken = wake_sleepers(side::push);
     }
-    if (woken > 0) shm::futex_wake(h().space, woken);
+    if (woken > 0) os::futex_wake(h().space, woken);
     if (flags == overflowed) {
       const storage s = read_record<storage>(out);
       out.assign(s.data(), s.data() + s.nbytes());
@@ -251,8 +253,8 @@ class queue_core {
       h().space.fetch_add(1, std::memory_order_relaxed);
       h().pop_sleepers = h().push_sleepers = 0;
     }
-    shm::futex_wake(h().items, INT_MAX);
-    shm::futex_wake(h().space, INT_MAX);
+    os::futex_wake(h().items, INT_MAX);
+    os::futex_wake(h().space, INT_MAX);
   }
 
  private:
@@ -269,7 +271,7 @@ class queue_core {
   }
 
   void join(std::uint32_t role) noexcept {
-    const pid_t self = shm::this_process();
+    const pid_t self = os::this_process();
     auto& joined = role == peer_producer ? producer_of_ : consumer_of_;
     if (joined.load(std::memory_order_relaxed) == self) return;
     h().peers.join(role);
@@ -320,7 +322,7 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
     auto slice = std::chrono::nanoseconds(watch_interval);
     if (deadline) slice = std::min(slice, std::max(std::chrono::nanoseconds(0), *deadline - std::chrono::steady_clock::now()));
     std::error_code ec;
-    shm::futex_wait(q.word(s), seq, slice, ec);
+    os::futex_wait(q.word(s), seq, slice, ec);
     q.unsleep(s, seq);
     if (ec) throw std::system_error(ec, "cohort::queue: futex wait");
     if (deadline && std::chrono::steady_clock::now() >= *deadline) return attempt(false, seq);

@@ -1,11 +1,13 @@
 // Segments: making them (sealed memfd or O_EXCL named file, reserved in
 // full), opening another process's (checked against what the sender said),
-// the per-process registry that maps each one once, and the arena.
+// and the block bookkeeping in their headers.
 #include "shm/segment.hpp"
-#include "config.hpp"
+
+#include "os/process_identity.hpp"
+#include "shm/registry.hpp"
+#include "shm/segment_name.hpp"
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -15,13 +17,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <mutex>
 #include <new>
 #include <system_error>
@@ -33,8 +33,6 @@ namespace cohort::shm {
 namespace {
 
 constexpr std::uint64_t magic = 0x746d67737472686fULL;  // "ohrtsgmt"
-constexpr std::size_t first_arena = std::size_t{4} << 20;
-constexpr std::size_t largest_arena = std::size_t{64} << 20;
 constexpr unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 std::string errno_text(int error) { return std::system_category().message(error); }
@@ -64,212 +62,9 @@ std::size_t memory_available() {
   return found ? kib * 1024 : SIZE_MAX;
 }
 
-// Every segment mapped in this process, by nonce; and the ones other
-// processes made, kept mapped while they live so that a stream of values
-// from one segment maps it once, not once per value.
-struct registry {
-  std::mutex mutex;
-  std::unordered_map<std::uint64_t, std::weak_ptr<segment>> segments;
-  std::vector<std::shared_ptr<segment>> received;
-  // Moves out the received segments no storage here uses, all of them or
-  // only those no block of which is in use anywhere (their memory goes once
-  // every process has unmapped them); with the lock held. The caller
-  // destroys them after unlocking.
-  std::vector<std::shared_ptr<segment>> forget(bool only_dead) {
-    std::vector<std::shared_ptr<segment>> gone;
-    std::erase_if(received, [&](auto& s) {
-      if (s.use_count() != 1 || (only_dead && s->header().live.load(std::memory_order_acquire) != 0)) return false;
-      gone.push_back(std::move(s));
-      return true;
-    });
-    return gone;
-  }
-};
-// Set once segments() has made the registry: a process that never mapped a
-// segment has nothing to look through at its end, and need not allocate it.
-std::atomic<registry*> registry_made{nullptr};
-
-registry& segments() {
-  static auto* r = [] {
-    auto* made = new registry;  // outlives every static storage that unmaps at exit
-    registry_made.store(made, std::memory_order_release);
-    return made;
-  }();
-  return *r;
-}
-
-// Whether this process has made its arena: a fork child has a copy to
-// drop only then. Release when made, acquire in the child (which forks
-// from whichever thread): a child that sees it finds the arena whole.
-std::atomic<bool> arena_made{false};
-
-// Lets go of a segment this process made that nothing here uses and that
-// only ended processes still hold (killed outright, they never gave their
-// holds back), as if it were free; whether it did.
-bool let_go_if_dead_weight(const std::shared_ptr<segment>& s) noexcept {
-  if (s.use_count() != 1 || !s->held_only_by_ended()) return false;
-  s->abandon();
-  return true;
-}
-
-// This process's arena and the large segments it made that others still hold.
-// The lock is taken for each block carved: segments are made, and /proc is
-// read, outside it.
-struct arena_state {
-  spin_mutex mutex;
-  std::mutex growth;  // held while a segment is made for the arena
-  std::vector<std::shared_ptr<segment>> arenas;
-  std::vector<std::shared_ptr<segment>> lingering;
-  arena_state() { arena_made.store(true, std::memory_order_release); }
-  ~arena_state() {
-    for (auto& a : arenas) {
-      if (!let_go_if_dead_weight(a)) a->retire();
-    }
-    for (auto& s : lingering) let_go_if_dead_weight(s);
-  }
-};
-arena_state& arena() {
-  static arena_state a;
-  return a;
-}
-
-std::atomic<pid_t> cached_pid{0};
-std::atomic<std::uint64_t> cached_start_time{0};
-
-
-// A fork child makes its own arena: the parent's goes on being carved by
-// the parent, which also holds the descriptors others open.
-// The locks are held across the fork, the arena's first (the order
-// allocate() takes them in), so the child finds neither a lock no thread
-// of its own will release nor a list in the middle of a change. The arena
-// is not made for this when the parent has none: every child would pay.
-bool arena_held_for_fork = false;
-COHORT_FORKED_CHILD_PATH void after_fork_in_child() {
-  forget_process_id();
-  auto& r = segments();
-  for (auto& [nonce, weak] : r.segments) {
-    if (auto s = weak.lock()) s->note_mapper();
-  }
-  r.mutex.unlock();
-  if (!arena_held_for_fork) return;
-  auto& a = arena();
-  std::vector<std::shared_ptr<segment>>().swap(a.arenas);
-  std::vector<std::shared_ptr<segment>>().swap(a.lingering);
-  a.mutex.unlock();
-  a.growth.unlock();
-}
-
-[[maybe_unused]] const bool fork_handlers = [] {
-  ::pthread_atfork(
-      [] {
-        arena_held_for_fork = arena_made.load(std::memory_order_acquire);
-        if (arena_held_for_fork) {
-          arena().growth.lock();
-          arena().mutex.lock();
-        }
-        segments().mutex.lock();
-      },
-      [] {
-        segments().mutex.unlock();
-        if (arena_held_for_fork) {
-          arena().mutex.unlock();
-          arena().growth.unlock();
-        }
-      },
-      after_fork_in_child);
-  return true;
-}();
-
 }  // namespace
 
 static_assert(sizeof(segment_header) <= segment::single_block, "the header runs into the first block");
-
-std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT || errno == ESRCH ? std::optional<std::uint64_t>(0) : std::nullopt;
-  char text[1024];
-  const auto n = ::read(fd, text, sizeof text - 1);
-  const int error = errno;
-  ::close(fd);
-  if (n < 0 && error == ESRCH) return 0;  // ended between the open and the read
-  if (n <= 0) return std::nullopt;
-  text[n] = '\0';
-  // Fields counted after the command's closing parenthesis (the command may
-  // hold spaces): 3 the state, 20 the number of threads, 22 the start time.
-  const char* p = std::strrchr(text, ')');
-  if (p == nullptr || p[1] != ' ') return std::nullopt;
-  const char state = p[2];
-  long threads = -1;
-  for (int field = 2; field < 22 && p != nullptr; ++field) {
-    p = std::strchr(p + 1, ' ');
-    if (field == 19 && p != nullptr) threads = std::strtol(p + 1, nullptr, 10);
-  }
-  if (p == nullptr) return std::nullopt;
-  // A leader that called pthread_exit shows Z while its other threads run.
-  if ((state == 'Z' || state == 'X') && threads <= 1) return 0;
-  return std::strtoull(p + 1, nullptr, 10);
-}
-
-bool has_ended(pid_t pid, std::uint64_t start_time) noexcept {
-  const auto now = start_time_of(pid);
-  if (start_time == 0) return now == std::optional<std::uint64_t>(0);  // unknown then: by the pid alone
-  return now && *now != start_time;
-}
-
-std::uint64_t own_start_time() noexcept {
-  auto t = cached_start_time.load(std::memory_order_relaxed);
-  if (t == 0) {
-    t = start_time_of(this_process()).value_or(0);
-    cached_start_time.store(t, std::memory_order_relaxed);
-  }
-  return t;
-}
-
-pid_t this_process() noexcept {
-  pid_t pid = cached_pid.load(std::memory_order_relaxed);
-  if (pid == 0) {
-    pid = ::getpid();
-    cached_pid.store(pid, std::memory_order_relaxed);
-  }
-  return pid;
-}
-
-COHORT_FORKED_CHILD_PATH void forget_process_id() noexcept {
-  cached_pid.store(0, std::memory_order_relaxed);
-  cached_start_time.store(0, std::memory_order_relaxed);
-}
-
-std::string segment_name(pid_t maker, std::uint64_t nonce) {
-  return fmt::format("/cohort_{}_{:016x}", maker, nonce);
-}
-
-int sweep_segments_of(std::span<const pid_t> pids) noexcept {
-  int swept = 0;
-  try {
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
-      const auto name = e.path().filename().string();
-      pid_t maker = 0;
-      char rest[17]{};
-      if (std::sscanf(name.c_str(), "cohort_%d_%16[0-9a-f]", &maker, rest) != 2 || std::strlen(rest) != 16 ||
-          name != segment_name(maker, std::strtoull(rest, nullptr, 16)).substr(1) ||
-          std::find(pids.begin(), pids.end(), maker) == pids.end()) {
-        continue;
-      }
-      if (::shm_unlink(("/" + name).c_str()) == 0) ++swept;
-    }
-  } catch (...) {
-  }
-  return swept;
-}
-
-int size_class_of(std::size_t nbytes) noexcept {
-  if (nbytes > largest_class) return size_classes;
-  const auto units = std::max<std::size_t>(1, (nbytes + alignment - 1) / alignment);
-  return std::bit_width(units - 1);
-}
 
 segment::segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker, int maker_fd)
     : base_(base), size_(size), strategy_(strategy), fd_(fd), maker_(maker), maker_fd_(maker_fd),
@@ -288,7 +83,7 @@ segment::~segment() {
 
 std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strategy, bool is_arena) {
   const std::uint64_t nonce = random_nonce();
-  const pid_t self = this_process();
+  const pid_t self = os::this_process();
   int fd = -1;
   std::string name;
   if (strategy == sharing_strategy::file_descriptor) {
@@ -473,11 +268,11 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
 
 segment_ref segment::ref() const noexcept {
   const bool through_here = strategy_ == sharing_strategy::file_descriptor && fd_ >= 0;
-  return {strategy_, through_here ? this_process() : maker_, through_here ? fd_ : maker_fd_, maker_, maker_fd_,
+  return {strategy_, through_here ? os::this_process() : maker_, through_here ? fd_ : maker_fd_, maker_, maker_fd_,
           nonce_};
 }
 
-bool segment::made_here() const noexcept { return maker_ == this_process(); }
+bool segment::made_here() const noexcept { return maker_ == os::this_process(); }
 
 std::uint64_t segment::carve(std::size_t nbytes) {
   const int k = size_class_of(nbytes);
@@ -577,8 +372,8 @@ void segment::retire() noexcept {
 
 void segment::note_mapper() noexcept {
   auto& h = header();
-  const pid_t self = this_process();
-  const auto start = own_start_time();
+  const pid_t self = os::this_process();
+  const auto start = os::own_start_time();
   if (start == 0) {
     h.unrecorded.store(1, std::memory_order_release);
     return;
@@ -596,7 +391,7 @@ void segment::note_mapper() noexcept {
   // so alive to a reader) before its start time changes.
   for (auto& m : h.mappers) {
     pid_t pid = m.pid.load(std::memory_order_acquire);
-    if (pid != 0 && pid != self && has_ended(pid, m.start_time) &&
+    if (pid != 0 && pid != self && os::has_ended(pid, m.start_time) &&
         m.pid.compare_exchange_strong(pid, 0, std::memory_order_acq_rel)) {
       m.start_time = start;
       m.pid.store(self, std::memory_order_release);
@@ -611,11 +406,11 @@ bool segment::held_only_by_ended() const noexcept {
   const auto& h = header();
   if (h.unrecorded.load(std::memory_order_acquire) != 0) return false;
   const auto used = std::min(h.mapper_count.load(std::memory_order_acquire), segment_header::max_mappers);
-  const pid_t self = this_process();
+  const pid_t self = os::this_process();
   for (std::uint32_t i = 0; i < used; ++i) {
     const pid_t pid = h.mappers[i].pid.load(std::memory_order_acquire);
     if (pid == 0) return false;  // being recorded: alive
-    if (pid != self && !has_ended(pid, h.mappers[i].start_time)) return false;
+    if (pid != self && !os::has_ended(pid, h.mappers[i].start_time)) return false;
   }
   return true;
 }
@@ -632,111 +427,6 @@ void segment::drop_live(std::uint64_t count) noexcept {
       strategy_ == sharing_strategy::file_system) {
     ::shm_unlink(segment_name(maker_, header().nonce).c_str());
   }
-}
-
-std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) {
-  const auto strategy = get_sharing_strategy();
-  auto& a = arena();
-  if (size_class_of(nbytes) == size_classes) {
-    std::vector<std::shared_ptr<segment>> freed;  // unmapped after the lock is released
-    {
-      std::lock_guard lock(a.mutex);
-      std::erase_if(a.lingering, [&](auto& s) {
-        if (s->header().live.load(std::memory_order_acquire) != 0) return false;
-        freed.push_back(std::move(s));
-        return true;
-      });
-    }
-    const std::size_t size = header_size + (nbytes + 4095) / 4096 * 4096;
-    return {segment::make(size, strategy, false), segment::single_block};
-  }
-  // Carves from the newest segment that has room; else sets `size` to
-  // what the next one should have.
-  std::size_t size = first_arena;
-  const auto carve = [&]() -> std::pair<std::shared_ptr<segment>, std::uint64_t> {
-    std::lock_guard lock(a.mutex);
-    for (auto it = a.arenas.rbegin(); it != a.arenas.rend(); ++it) {
-      if ((*it)->strategy() != strategy) continue;
-      if (const auto offset = (*it)->carve(nbytes)) return {*it, offset};
-    }
-    for (const auto& s : a.arenas) {
-      if (s->strategy() == strategy) size = std::min(largest_arena, s->size() * 2);
-    }
-    return {nullptr, 0};
-  };
-  if (auto found = carve(); found.first) return found;
-  // One thread grows the arena at a time, and a thread that waited for it
-  // carves from what the other made rather than making one of its own.
-  std::lock_guard growing(a.growth);
-  if (auto found = carve(); found.first) return found;
-  auto s = segment::make(size, strategy, true);
-  const auto offset = s->carve(nbytes);
-  std::lock_guard lock(a.mutex);
-  a.arenas.push_back(s);
-  return {std::move(s), offset};
-}
-
-void linger(std::shared_ptr<segment> s) {
-  auto& a = arena();
-  std::lock_guard lock(a.mutex);
-  a.lingering.push_back(std::move(s));
-}
-
-COHORT_FORKED_CHILD_PATH void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
-  auto* known = registry_made.load(std::memory_order_acquire);
-  if (known == nullptr) return;  // no segment was ever mapped here
-  std::vector<std::shared_ptr<segment>> made;
-  {
-    auto& r = *known;
-    std::lock_guard lock(r.mutex);
-    for (auto& [nonce, weak] : r.segments) {
-      if (auto s = weak.lock(); s && s->made_here()) made.push_back(std::move(s));
-    }
-  }
-  if (made.empty()) return;  // the common case, with no clock to read
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (const auto& s : made) {
-    while (s->messages_in_flight() && std::chrono::steady_clock::now() < deadline) {
-      ::usleep(1000);
-    }
-  }
-}
-
-int trim() {
-  std::vector<std::shared_ptr<segment>> unused;
-  {
-    auto& r = segments();
-    std::lock_guard lock(r.mutex);
-    unused = r.forget(false);
-  }
-  // Taken out of the arena while they are looked at (which reads /proc),
-  // and the ones kept put back; an allocation meanwhile makes a segment.
-  auto& a = arena();
-  std::vector<std::shared_ptr<segment>> arenas, lingering;
-  {
-    std::lock_guard lock(a.mutex);
-    arenas.swap(a.arenas);
-    lingering.swap(a.lingering);
-  }
-  const auto before = arenas.size() + lingering.size();
-  std::erase_if(lingering, [](const auto& s) {
-    return s->header().live.load(std::memory_order_acquire) == 0 || let_go_if_dead_weight(s);
-  });
-  // Out of the arena, nothing here carves them: a count of one (the
-  // arena's own hold) cannot grow meanwhile.
-  std::erase_if(arenas, [](const auto& s) {
-    s->reclaim();
-    if (s->header().live.load(std::memory_order_acquire) != 1) return let_go_if_dead_weight(s);
-    s->retire();
-    return true;
-  });
-  const auto kept = arenas.size() + lingering.size();
-  {
-    std::lock_guard lock(a.mutex);
-    a.arenas.insert(a.arenas.begin(), arenas.begin(), arenas.end());
-    a.lingering.insert(a.lingering.end(), lingering.begin(), lingering.end());
-  }
-  return static_cast<int>(unused.size() + before - kept);
 }
 
 }  // namespace cohort::shm

@@ -4,11 +4,13 @@
 #pragma once
 
 #include "cohort/storage.hpp"
-#include "shm/spin_mutex.hpp"
+#include "os/spin_mutex.hpp"
 
 #include <sys/types.h>
 
+#include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +30,13 @@ inline constexpr int size_classes = 13;  // 64 B .. 256 KiB
 inline constexpr std::size_t largest_class = alignment << (size_classes - 1);
 /// The header page; the first block's data starts right after it.
 inline constexpr std::size_t header_size = 4096;
+
+/// The class of a request, or size_classes when it gets its own segment.
+inline int size_class_of(std::size_t nbytes) noexcept {
+  if (nbytes > largest_class) return size_classes;
+  const auto units = std::max<std::size_t>(1, (nbytes + alignment - 1) / alignment);
+  return std::bit_width(units - 1);
+}
 
 /// What a process needs to find a segment, and to check it found the right
 /// one. Travels inside handles; a receiver trusts none of it until checked.
@@ -169,7 +178,7 @@ class segment {
   void drop_live(std::uint64_t count) noexcept;
   void reclaim_locked() noexcept;
 
-  spin_mutex mutex_;      // the maker's carving and its own frees
+  os::spin_mutex mutex_;      // the maker's carving and its own frees
   bool retired_ = false;  // under mutex_
 
   std::byte* base_;
@@ -182,50 +191,5 @@ class segment {
   // storage dropped, it is not worth a trip to the shared line each time.
   std::uint64_t nonce_;
 };
-
-/// The start time of process `pid` (field 22 of /proc/<pid>/stat, clock
-/// ticks since boot): 0 when it has ended (no such process, or a zombie
-/// with no thread left), nullopt when /proc could not tell (out of
-/// descriptors, say).
-std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept;
-/// Whether the process `pid` that started at `start_time` has ended; false
-/// when that cannot be told. A start time of 0 (one that could not be read)
-/// is judged by the pid alone.
-bool has_ended(pid_t pid, std::uint64_t start_time) noexcept;
-/// This process's start time, read once per process; 0 when unreadable.
-std::uint64_t own_start_time() noexcept;
-
-/// This process's pid, without a system call on each use (glibc does not
-/// cache it): queues and segments ask on every value.
-pid_t this_process() noexcept;
-/// Forgets the cached pid: for a child made without glibc's fork (whose
-/// handlers do it) that goes on running this program.
-void forget_process_id() noexcept;
-
-/// The name of a file_system segment: "/cohort_<maker pid>_<nonce, hex>".
-std::string segment_name(pid_t maker, std::uint64_t nonce);
-/// Unlinks every file_system segment still in /dev/shm that one of `pids`
-/// (processes that have ended) made; returns how many. Mappings of them
-/// stay valid; only opening them by name ends.
-int sweep_segments_of(std::span<const pid_t> pids) noexcept;
-
-/// The class of a request, or size_classes when it gets its own segment.
-int size_class_of(std::size_t nbytes) noexcept;
-
-/// Carves `nbytes` from this process's arena (made on first use, grown by
-/// whole segments), or makes a segment for it when it is too large for a
-/// class. Returns the segment and the block's offset, refs = 1.
-std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes);
-/// Keeps a segment this process made, and no longer uses itself, open and
-/// mapped until its last block is freed, so others can still open it.
-void linger(std::shared_ptr<segment> s);
-/// Waits, for at most `limit`, for the messages in flight that name
-/// segments this process made to be received: receivers may have to open
-/// them through it. Called when an entry point returns.
-void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept;
-/// Retires arena segments with no block in use, lets go of lingering
-/// segments that others have freed, and unmaps segments of other processes
-/// that no storage here uses; returns how many segments went.
-int trim();
 
 }  // namespace cohort::shm

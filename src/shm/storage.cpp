@@ -3,8 +3,9 @@
 #include "cohort/storage.hpp"
 #include "config.hpp"
 
+#include "shm/arena.hpp"
 #include "shm/segment.hpp"
-#include "shm/spin_mutex.hpp"
+#include "os/spin_mutex.hpp"
 
 #include <fmt/format.h>
 
@@ -131,7 +132,7 @@ class identity_table {
   std::size_t count_ = 0;
 };
 struct identity_map {
-  shm::spin_mutex mutex;
+  os::spin_mutex mutex;
   identity_table storages;
 };
 // Set once identities() has made the table: a process that never held a

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "config.hpp"
-#include "shm/futex.hpp"
+#include "os/futex.hpp"
 #include "uring/async.hpp"
 
 #include <asio/associator.hpp>
@@ -75,7 +75,7 @@ class futex_thread_wait {
     // stop_ carries no other data, so relaxed on both sides: the kernel
     // orders the store before the wake that reaches the sleeping thread.
     stop_.store(1, std::memory_order_relaxed);
-    shm::futex_wake(stop_, 1);
+    os::futex_wake(stop_, 1);
   }
 
  protected:
@@ -133,12 +133,12 @@ class futex_threads final : public asio::execution_context::service {
     ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
     std::error_code ec;
     for (;;) {
-      const auto result = shm::futex_wait_either(w.word_, w.expected_, w.stop_, ec);
+      const auto result = os::futex_wait_either(w.word_, w.expected_, w.stop_, ec);
       if (w.stop_.load(std::memory_order_relaxed) != 0) {
         ec = asio::error::operation_aborted;
         break;
       }
-      if (ec || result == shm::futex_result::woken || result == shm::futex_result::value_changed) break;
+      if (ec || result == os::futex_result::woken || result == os::futex_result::value_changed) break;
     }
     // Once posted, `w` belongs to its completion, which joins this thread;
     // nothing here touches `w` or the service after the unlock.
@@ -227,12 +227,12 @@ class futex_thread_operation final : public futex_thread_wait {
   asio::executor_work_guard<asio::associated_executor_t<Handler, asio::any_io_executor>> work_;
 };
 
-/// Waits until `word` is woken by a futex wake (shm::futex_wake, from any
+/// Waits until `word` is woken by a futex wake (os::futex_wake, from any
 /// process) or is found not to hold `expected`; completes with
 /// `void(std::error_code)`: success for both (re-check the word: wake-ups
 /// can be spurious), asio::error::operation_aborted when cancelled through
 /// the handler's cancellation slot. `word` is a 4-byte aligned word in
-/// shared memory (see shm/futex.hpp) and must stay mapped until completion.
+/// shared memory (see os/futex.hpp) and must stay mapped until completion.
 ///
 /// On the ring the kernel holds the wait. Without the ring's futex op a
 /// helper thread blocks in the wait, one per pending wait. Destroying the

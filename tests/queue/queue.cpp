@@ -3,7 +3,7 @@
 #include "cohort/event.hpp"
 #include "cohort/spawn_and_join.hpp"
 #include "queue/peers.hpp"
-#include "shm/segment.hpp"
+#include "os/process_identity.hpp"
 
 #include "support/harness.hpp"
 
@@ -250,10 +250,10 @@ TEST_SUITE("queue") {
   TEST_CASE("a peer entry left by an ended process with this pid becomes this process's") {
     detail::peer_table table{};
     table.count = 1;
-    table.peers[0] = {::getpid(), 3, detail::peer_producer, shm::own_start_time() + 1};
+    table.peers[0] = {::getpid(), 3, detail::peer_producer, os::own_start_time() + 1};
     table.join(detail::peer_consumer);
     CHECK(table.count == 1);
-    CHECK(table.peers[0].start_time == shm::own_start_time());
+    CHECK(table.peers[0].start_time == os::own_start_time());
     CHECK(table.peers[0].roles == detail::peer_consumer);  // not the ended producer's
     CHECK(table.peers[0].rank == -1);
   }
@@ -262,16 +262,16 @@ TEST_SUITE("queue") {
     detail::peer_table table{};
     table.count = 1;
     table.peers[0] = {::getpid(), -1, detail::peer_producer, 0};
-    CHECK_FALSE(shm::has_ended(::getpid(), 0));  // unknown: judged by the pid, which is here
+    CHECK_FALSE(os::has_ended(::getpid(), 0));  // unknown: judged by the pid, which is here
     table.join(detail::peer_consumer);
     CHECK(table.count == 1);
     CHECK(table.peers[0].roles == (detail::peer_producer | detail::peer_consumer));
-    CHECK(table.peers[0].start_time == shm::own_start_time());
+    CHECK(table.peers[0].start_time == os::own_start_time());
   }
 
   TEST_CASE("a full peer table keeps the processes still there, told by start time, not by pid") {
     const pid_t parent = ::getppid();
-    const auto started = shm::start_time_of(parent);
+    const auto started = os::start_time_of(parent);
     REQUIRE(started.has_value());
     REQUIRE(*started > 0);
     detail::peer_table table{};

@@ -2,7 +2,7 @@
 
 #include "cohort/queue.hpp"
 #include "cohort/spawn_and_join.hpp"
-#include "shm/spin_mutex.hpp"
+#include "os/spin_mutex.hpp"
 
 #include "support/harness.hpp"
 
@@ -150,8 +150,8 @@ const sharing_strategy strategies[] = {sharing_strategy::file_descriptor, sharin
 const start_method methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
 
 TEST_SUITE("storage") {
-  TEST_CASE("a spin_mutex lets one thread in at a time") {
-    shm::spin_mutex m;
+  TEST_CASE("a os::spin_mutex lets one thread in at a time") {
+    os::spin_mutex m;
     long inside = 0, most = 0, total = 0;
     std::vector<std::thread> threads;
     for (int t = 0; t < 4; ++t) {

@@ -29,6 +29,8 @@ namespace cohort::test {
 inline const std::string target = COHORT_TEST_TARGET;
 /// A program that supervises a group of sleeping ranks (tests/support/supervisor.cpp).
 inline const std::string supervisor = COHORT_TEST_SUPERVISOR;
+/// A program linked to the shared library whose rank throws (tests/support/thrower.cpp).
+inline const std::string thrower = COHORT_TEST_THROWER;
 
 /// Whether this run was told to use the reactor (COHORT_IO_URING=0).
 inline bool reactor_mode() {

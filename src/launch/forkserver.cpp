@@ -5,13 +5,13 @@
 // encoding, then each rank's standard streams, result memfd and kept
 // descriptors. The reply holds each rank's pid in turn, up to the first
 // that could not be forked: -errno for it.
-#include "entry/forkserver.hpp"
+#include "launch/forkserver.hpp"
 
 #include "config.hpp"
-#include "entry/entry.hpp"
-#include "process/owned_fd.hpp"
-#include "process/per_process.hpp"
-#include "shm/segment.hpp"
+#include "launch/entry.hpp"
+#include "os/owned_fd.hpp"
+#include "os/per_process.hpp"
+#include "os/process_identity.hpp"
 
 #include <asio/io_context.hpp>
 
@@ -141,7 +141,7 @@ COHORT_FORKED_CHILD_PATH pid_t clone_as_sibling(const thread_identity& self) {
   args.child_tid = reinterpret_cast<std::uint64_t>(self.tid);
   const auto pid = static_cast<pid_t>(::syscall(SYS_clone3, &args, sizeof args));
   if (pid == 0 && self.robust_head != nullptr) ::syscall(SYS_set_robust_list, self.robust_head, self.robust_size);
-  if (pid == 0) shm::forget_process_id();
+  if (pid == 0) os::forget_process_id();
   return pid;
 }
 
@@ -426,7 +426,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
   // Never destroyed: a forked child that calls exit() must not touch its
   // copy, whose descriptors it may have closed. The server ends by itself
   // when this process goes (its socket closes; parent-death signal).
-  auto& slot = of_this_process<server_slot>();
+  auto& slot = os::of_this_process<server_slot>();
   std::size_t started = 0;
   try {
     std::lock_guard lock(slot.mutex);
@@ -441,7 +441,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
     std::vector<std::vector<int>> kept;
     kept.reserve(requests.size());
     for (const auto& r : requests) kept.push_back(kept_by(r));
-    const owned_fd plans(write_plans(requests, kept, call, f));
+    const os::owned_fd plans(write_plans(requests, kept, call, f));
     if (plans.get() < 0) return 0;
     for (bool restarted = false;;) {
       if (l.socket < 0) {
@@ -457,7 +457,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
         f = {stage::pipe, errno, ""};
         return 0;
       }
-      owned_fd report_read(ends[0]), report_write(ends[1]);
+      os::owned_fd report_read(ends[0]), report_write(ends[1]);
       // One message at a time: its descriptors in flight stay under the
       // limit on them.
       int error = 0;
@@ -517,7 +517,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
 COHORT_FORKED_CHILD_PATH void stop_forkserver() noexcept {
   // A process that never asked for a server (a forked rank, whose parent's
   // is not its own) has none to stop.
-  auto* slot = made_in_this_process<server_slot>();
+  auto* slot = os::made_in_this_process<server_slot>();
   if (slot == nullptr) return;
   std::lock_guard lock(slot->mutex);
   if (slot->link) drop_server(*slot->link);

@@ -1,14 +1,14 @@
 // The parent's side of a function entry point: starting a rank by
 // re-execution, by fork or through the forkserver, and reading back what the
 // function returned.
-#include "entry/entry.hpp"
+#include "launch/entry.hpp"
 
 #include "config.hpp"
 #include "cohort/storage.hpp"
-#include "entry/forkserver.hpp"
-#include "process/descriptor_limit.hpp"
+#include "launch/forkserver.hpp"
+#include "os/descriptor_limit.hpp"
 #include "process/launch.hpp"
-#include "process/owned_fd.hpp"
+#include "os/owned_fd.hpp"
 #include "process/parallel.hpp"
 
 #include <fmt/format.h>
@@ -175,7 +175,7 @@ COHORT_FORKED_CHILD_PATH void set_up_or_report(launch_plan& p, int report_fd, in
 // The pipe ends once every rank has reported and closed its end, or died:
 // a rank with no report by then died before it could say.
 bool await_set_up(int report_fd, std::size_t count, std::size_t& rank, stage& where, int& error) {
-  const owned_fd pipe(report_fd);
+  const os::owned_fd pipe(report_fd);
   std::vector<setup_report> reports(count, setup_report{-1, stage::none, 0, -1});  // rank -1: none yet
   setup_report batch[64];  // reads of whole reports only: every write is one
   for (std::size_t next = 0;;) {
@@ -253,7 +253,7 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
   check_reexecutable(call, what);
   memfd args("cohort-args");
   if (args.get() < 0) {
-    throw std::system_error(args.error(), std::system_category(), what + ": memfd_create" + descriptor_limit_note(args.error()));
+    throw std::system_error(args.error(), std::system_category(), what + ": memfd_create" + os::descriptor_limit_note(args.error()));
   }
   if (!write_whole(args.get(), call.args.bytes())) {
     throw std::system_error(errno, std::system_category(), what + ": writing the arguments");
@@ -265,7 +265,7 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
   const command cmd("/proc/self/exe", {"--cohort-entry", call.name, std::to_string(rank)});
   std::error_code ec;
   child started = spawn(executor, cmd, opts, ec);
-  if (ec) throw std::system_error(ec, what + ": re-executing /proc/self/exe" + descriptor_limit_note(ec.value()));
+  if (ec) throw std::system_error(ec, what + ": re-executing /proc/self/exe" + os::descriptor_limit_note(ec.value()));
   return started;
 }
 
@@ -312,12 +312,12 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
 
   // Everything prepared first: nothing has started if this fails. Forked
   // ranks report their set-up on one pipe; the forkserver makes its own.
-  owned_fd report_read, report_write;
+  os::owned_fd report_read, report_write;
   if (call.method == start_method::fork) {
     int ends[2];
     if (::pipe2(ends, O_CLOEXEC) != 0) fail(0, {stage::pipe, errno, ""});
-    report_read = owned_fd(ends[0]);
-    report_write = owned_fd(ends[1]);
+    report_read = os::owned_fd(ends[0]);
+    report_write = os::owned_fd(ends[1]);
   }
   std::vector<std::unique_ptr<rank_launch>> ranks;
   ranks.reserve(n);
@@ -346,7 +346,7 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     }
     int report_fd = -1;
     const std::size_t started = start_from_server(requests, call, report_fd, f);
-    report_read = owned_fd(report_fd);
+    report_read = os::owned_fd(report_fd);
     for (std::size_t r = 0; r < started; ++r) ranks[r]->pid = requests[r].pid;
     if (started < n) fail(started, f);
   }

@@ -65,9 +65,6 @@ void flush_standard_streams() noexcept;
 /// or static destructors, which are another process's.
 [[noreturn]] void end_forked_rank(int code) noexcept;
 
-/// The rank this process runs as an entry point, or -1.
-int running_rank() noexcept;
-
 /// Calls the function registered as `name` in this thread, as fn(rank,
 /// args...); returns its result encoded. Throws std::logic_error for an
 /// unknown name, decode_error for arguments of other types, and what the

@@ -5,7 +5,7 @@
 
 #include <atomic>
 
-namespace cohort::detail {
+namespace cohort::os {
 
 template <class T>
 struct per_process_holder {
@@ -46,4 +46,4 @@ T* made_in_this_process() noexcept {
   return h != nullptr && h->owner == ::getpid() ? &h->value : nullptr;
 }
 
-}  // namespace cohort::detail
+}  // namespace cohort::os

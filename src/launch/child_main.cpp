@@ -1,10 +1,12 @@
 // The child's side of a function entry point: the registry of functions,
 // child_main(), and running a function so that an exception escaping it
 // reaches the parent with its type, message and stack trace.
-#include "entry/entry.hpp"
+#include "launch/entry.hpp"
 #include "config.hpp"
-#include "entry/forkserver.hpp"
-#include "shm/segment.hpp"
+#include "launch/forkserver.hpp"
+#include "os/process_identity.hpp"
+#include "os/stack_trace.hpp"
+#include "shm/arena.hpp"
 
 #include "cohort/error_file.hpp"
 
@@ -12,7 +14,6 @@
 
 #include <cxxabi.h>
 #include <dlfcn.h>
-#include <execinfo.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -67,7 +68,6 @@ struct entry_run {
 // How long a rank whose function returned waits for its values in flight.
 constexpr auto receivers_wait = std::chrono::seconds(30);
 
-int entry_rank = -1;  // for the report of an uncaught exception
 entry_run* current_run = nullptr;  // one entry per process
 
 // The bottom frame of the entry's stack, below which the unwinder finds no
@@ -90,53 +90,58 @@ COHORT_FORKED_CHILD_PATH void run_on(const entry_stack& stack) {
   if (::swapcontext(&caller, &callee) != 0) throw std::system_error(errno, std::system_category(), "cohort: swapcontext");
 }
 
-std::string describe_frame(void* address) {
-  Dl_info info{};
-  if (::dladdr(address, &info) == 0) return fmt::format("{}", address);
-  const char* module = info.dli_fname != nullptr ? info.dli_fname : "?";
-  if (info.dli_sname == nullptr) {
-    return fmt::format("{}+{:#x}", module, reinterpret_cast<std::uintptr_t>(address) - reinterpret_cast<std::uintptr_t>(info.dli_fbase));
+bool in_module(const os::stack_frame& f, std::string_view name) {
+  return f.module.find(name) != std::string::npos;
+}
+
+bool starts_with(const std::string& text, std::string_view prefix) { return text.rfind(prefix, 0) == 0; }
+
+// A frame of the C++ runtime's throw and terminate, or of this handler.
+bool of_the_handler(const os::stack_frame& f, const std::string& own_module) {
+  if (in_module(f, "libstdc++") || in_module(f, "libgcc_s")) return true;
+  for (std::string_view prefix : {"__cxa_", "__cxxabiv1::", "std::terminate", "_Unwind_", "__gnu_cxx::__verbose_terminate"}) {
+    if (starts_with(f.function, prefix)) return true;
   }
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status), std::free);
-  return fmt::format("{}+{:#x} in {}", status == 0 ? name.get() : info.dli_sname,
-                     reinterpret_cast<std::uintptr_t>(address) - reinterpret_cast<std::uintptr_t>(info.dli_saddr), module);
+  // DWARF names a function of internal linkage without its scope.
+  for (std::string_view own : {"on_uncaught", "stack_trace"}) {
+    if (f.function == own || f.function.find(fmt::format("(anonymous namespace)::{}(", own)) != std::string::npos) return true;
+  }
+  // Without symbols for hidden functions (no libbacktrace), the handler's
+  // frames are known only by their module.
+  return f.function.empty() && f.module == own_module;
 }
 
-const char* module_of(void* address) {
-  Dl_info info{};
-  return ::dladdr(address, &info) != 0 && info.dli_fname != nullptr ? info.dli_fname : "";
+// The frame that threw: the runtime's throw or rethrow.
+bool throws(const os::stack_frame& f) {
+  return f.function == "__cxa_throw" || f.function == "__cxa_rethrow" || starts_with(f.function, "std::rethrow_exception");
 }
 
-// The frames from the throw down to the function, innermost first: the
-// frames of this handler and of the C++ runtime that called it are left
-// out, and so are those of cohort that called the function. Function
-// names need them exported (external linkage, the program linked with
-// -rdynamic); other frames show as module+offset, for addr2line.
+// A frame below the function: cohort's thunk (instantiated in the program),
+// the bottom of the entry's stack, and libc's start of that stack.
+bool below_the_function(const os::stack_frame& f) {
+  return f.function.find("cohort::detail::thunk") != std::string::npos ||
+         f.function.find("cohort::detail::call_decoded") != std::string::npos ||
+         f.function.find("entry_stack_main") != std::string::npos || f.function.find("start_context") != std::string::npos ||
+         (f.function.empty() && in_module(f, "/libc.so"));
+}
+
+// The frames from the throw down to the function, innermost first, each
+// with its function and, where the program has debug information, its
+// source file and line: the frames of this handler and of the C++ runtime
+// above them are left out, and so are those of cohort below the function.
 std::string stack_trace() {
-  void* frames[64];
-  int n = ::backtrace(frames, 64);
-  const std::string_view own = module_of(reinterpret_cast<void*>(&stack_trace));
-  int first = 0;
-  while (first < n && module_of(frames[first]) == own) ++first;
-  const auto in_runtime = [](std::string_view module) {
-    return module.find("libstdc++") != std::string_view::npos || module.find("libgcc_s") != std::string_view::npos;
-  };
-  while (first < n && in_runtime(module_of(frames[first]))) ++first;
-  // Below the function: cohort's thunk (instantiated in the program), the
-  // bottom of the entry's stack here, and libc's start of that stack.
-  const auto is_cohort_thunk = [](void* address) {
-    Dl_info info{};
-    return ::dladdr(address, &info) != 0 && info.dli_sname != nullptr &&
-           std::string_view(info.dli_sname).find("6cohort6detail5thunk") != std::string_view::npos;
-  };
-  while (n > first) {
-    const std::string_view module = module_of(frames[n - 1]);
-    if (module != own && module.find("/libc.so") == std::string_view::npos && !is_cohort_thunk(frames[n - 1])) break;
-    --n;
+  const auto frames = os::current_stack();
+  Dl_info self{};
+  const std::string own_module =
+      ::dladdr(reinterpret_cast<void*>(&stack_trace), &self) != 0 && self.dli_fname != nullptr ? self.dli_fname : "";
+  std::size_t first = 0, end = frames.size();
+  while (first < end && of_the_handler(frames[first], own_module)) {
+    ++first;
+    if (throws(frames[first - 1])) break;  // what lies below it is the program's
   }
+  while (end > first && below_the_function(frames[end - 1])) --end;
   std::string trace;
-  for (int i = first; i < n; ++i) trace += fmt::format("#{} {}\n", i - first, describe_frame(frames[i]));
+  for (std::size_t i = first; i < end; ++i) trace += fmt::format("#{} {}\n", i - first, os::describe(frames[i]));
   return trace;
 }
 
@@ -156,7 +161,7 @@ std::string stack_trace() {
   record_error(error_report{message, trace, std::nullopt});
   stop_forkserver();
   std::fflush(stdout);
-  std::fprintf(stderr, "cohort: rank %d (pid %d) raised %s\n%s", entry_rank, static_cast<int>(::getpid()),
+  std::fprintf(stderr, "cohort: rank %d (pid %d) raised %s\n%s", os::running_rank(), static_cast<int>(::getpid()),
                message.c_str(), trace.c_str());
   std::fflush(stderr);
   ::_exit(1);
@@ -262,8 +267,6 @@ const std::string& registered_name(erased_function fn) {
 
 bool child_main_called() noexcept { return main_called.load(std::memory_order_relaxed); }
 
-int running_rank() noexcept { return entry_rank; }
-
 namespace {
 
 // The function registered under `name`; throws std::logic_error when none is.
@@ -292,7 +295,7 @@ std::optional<encoded> call_entry(const std::string& name, int rank, const encod
 COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const encoded& args, int result_fd,
                                        const entry_stack* stack) {
   entry_run run{nullptr, nullptr, rank, &args, std::nullopt};
-  entry_rank = rank;
+  os::set_running_rank(rank);
   std::set_terminate(on_uncaught);
   std::tie(run.thunk, run.fn) = find_entry(name);
   // The function runs on a stack of its own, which holds no handler of the

@@ -4,6 +4,8 @@
 #include "cohort/process_error.hpp"
 #include "cohort/spawn_and_join.hpp"
 
+#include "os/stack_trace.hpp"
+
 #include "support/harness.hpp"
 #include "support/process_probe.hpp"
 
@@ -52,6 +54,7 @@ std::string describe_args(int rank, std::string text, std::vector<int> numbers, 
 }
 COHORT_ENTRYPOINT(describe_args);
 
+constexpr int legitimate_throw_line = __LINE__ + 2;
 [[noreturn]] void throw_legitimate(int rank) {
   throw std::invalid_argument(fmt::format("legitimate exception from rank {}", rank));
 }
@@ -267,6 +270,20 @@ int files_in(const fs::path& dir) {
 
 using namespace entry_tests;
 
+namespace {
+
+// Runs `program args...` and returns what it printed.
+asio::awaitable<std::string> output_of(std::string program, std::vector<std::string> args) {
+  command cmd(program, args);
+  spawn_options options{.out = stdio::pipe()};
+  child c = co_await spawn(cmd, options);
+  std::string text = co_await test::read_all(c.out());
+  co_await c.wait();
+  co_return text;
+}
+
+}  // namespace
+
 TEST_SUITE("entry points") {
   TEST_CASE("every rank of a function runs and the run succeeds") {
     for_each_method([](start_method method) {
@@ -328,6 +345,22 @@ TEST_SUITE("entry points") {
     });
   }
 
+  TEST_CASE("a rank's trace names the throwing function, its file and line, in a program linked to the shared library") {
+    // tests/support/thrower.cpp: linked to libcohort.so, without -rdynamic.
+    for_each_method([](start_method method) {
+      asio::io_context io;
+      const std::string text = test::run(io, output_of(test::thrower, {std::string(to_string(method))}));
+      INFO(text);
+      const auto newline = text.find('\n');
+      REQUIRE(newline != std::string::npos);
+      const std::string line = text.substr(0, newline);
+      const std::string first = text.substr(newline + 1, text.find('\n', newline + 1) - newline - 1);
+      CHECK(first.rfind("#0 thrower::throw_here(int)", 0) == 0);
+      if (os::stack_has_source_lines()) CHECK(first.ends_with("support/thrower.cpp:" + line));
+      CHECK(text.find("cohort::") == std::string::npos);
+    });
+  }
+
   TEST_CASE("an exception in one rank reaches the parent with rank, pid, type, message and trace") {
     for_each_method([](start_method method) {
       try {
@@ -343,6 +376,10 @@ TEST_SUITE("entry points") {
         CHECK(e.trace().find("throw_legitimate") != std::string::npos);
         INFO(e.trace());
         CHECK(e.trace().rfind("#0 entry_tests::throw_legitimate(int)", 0) == 0);
+        if (os::stack_has_source_lines()) {
+          const std::string first = e.trace().substr(0, e.trace().find('\n'));
+          CHECK(first.ends_with(fmt::format("launch/entry_point.cpp:{}", legitimate_throw_line)));
+        }
         // It ends with the function: nothing of cohort's or libc's below it.
         CHECK(e.trace().find("cohort::") == std::string::npos);
         CHECK(e.trace().find("libcohort") == std::string::npos);

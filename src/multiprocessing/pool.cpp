@@ -3,7 +3,7 @@
 #include "cohort/pool.hpp"
 
 #include "cohort/process_error.hpp"
-#include "entry/entry.hpp"
+#include "launch/entry.hpp"
 
 #include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>

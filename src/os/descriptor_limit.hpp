@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <string>
 
-namespace cohort::detail {
+namespace cohort::os {
 
 /// " (open file limit RLIMIT_NOFILE is N)" for EMFILE and ENFILE; empty
 /// for any other error.
@@ -19,4 +19,4 @@ inline std::string descriptor_limit_note(int error) {
   return fmt::format(" (open file limit RLIMIT_NOFILE is {})", lim.rlim_cur);
 }
 
-}  // namespace cohort::detail
+}  // namespace cohort::os

@@ -6,7 +6,7 @@
 
 #include <atomic>
 
-namespace cohort::shm {
+namespace cohort::os {
 
 /// Tells the CPU this thread spins on a value another one will change.
 inline void cpu_relax() noexcept {
@@ -52,4 +52,4 @@ class spin_mutex {
   std::atomic<bool> held_{false};
 };
 
-}  // namespace cohort::shm
+}  // namespace cohort::os

@@ -5,7 +5,7 @@
 
 #include <utility>
 
-namespace cohort::detail {
+namespace cohort::os {
 
 class owned_fd {
  public:
@@ -27,4 +27,4 @@ class owned_fd {
   int fd_ = -1;
 };
 
-}  // namespace cohort::detail
+}  // namespace cohort::os

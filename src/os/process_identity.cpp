@@ -1,0 +1,87 @@
+// Process identity: the cached pid, start times read from /proc, and the
+// rank this process runs as.
+#include "os/process_identity.hpp"
+
+#include "config.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace cohort::os {
+
+namespace {
+
+std::atomic<pid_t> cached_pid{0};
+std::atomic<std::uint64_t> cached_start_time{0};
+int rank_of_this_process = -1;
+
+}  // namespace
+
+std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT || errno == ESRCH ? std::optional<std::uint64_t>(0) : std::nullopt;
+  char text[1024];
+  const auto n = ::read(fd, text, sizeof text - 1);
+  const int error = errno;
+  ::close(fd);
+  if (n < 0 && error == ESRCH) return 0;  // ended between the open and the read
+  if (n <= 0) return std::nullopt;
+  text[n] = '\0';
+  // Fields counted after the command's closing parenthesis (the command may
+  // hold spaces): 3 the state, 20 the number of threads, 22 the start time.
+  const char* p = std::strrchr(text, ')');
+  if (p == nullptr || p[1] != ' ') return std::nullopt;
+  const char state = p[2];
+  long threads = -1;
+  for (int field = 2; field < 22 && p != nullptr; ++field) {
+    p = std::strchr(p + 1, ' ');
+    if (field == 19 && p != nullptr) threads = std::strtol(p + 1, nullptr, 10);
+  }
+  if (p == nullptr) return std::nullopt;
+  // A leader that called pthread_exit shows Z while its other threads run.
+  if ((state == 'Z' || state == 'X') && threads <= 1) return 0;
+  return std::strtoull(p + 1, nullptr, 10);
+}
+
+bool has_ended(pid_t pid, std::uint64_t start_time) noexcept {
+  const auto now = start_time_of(pid);
+  if (start_time == 0) return now == std::optional<std::uint64_t>(0);  // unknown then: by the pid alone
+  return now && *now != start_time;
+}
+
+std::uint64_t own_start_time() noexcept {
+  auto t = cached_start_time.load(std::memory_order_relaxed);
+  if (t == 0) {
+    t = start_time_of(this_process()).value_or(0);
+    cached_start_time.store(t, std::memory_order_relaxed);
+  }
+  return t;
+}
+
+pid_t this_process() noexcept {
+  pid_t pid = cached_pid.load(std::memory_order_relaxed);
+  if (pid == 0) {
+    pid = ::getpid();
+    cached_pid.store(pid, std::memory_order_relaxed);
+  }
+  return pid;
+}
+
+COHORT_FORKED_CHILD_PATH void forget_process_id() noexcept {
+  cached_pid.store(0, std::memory_order_relaxed);
+  cached_start_time.store(0, std::memory_order_relaxed);
+}
+
+int running_rank() noexcept { return rank_of_this_process; }
+
+void set_running_rank(int rank) noexcept { rank_of_this_process = rank; }
+
+}  // namespace cohort::os

@@ -1,0 +1,40 @@
+// Which process this is, and whether another one is still the process it
+// was: pids are recycled, so a process is known by its pid and start time.
+// Also the entry point rank this process runs as, for the layers that name
+// peers by rank.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace cohort::os {
+
+/// The start time of process `pid` (field 22 of /proc/<pid>/stat, clock
+/// ticks since boot): 0 when it has ended (no such process, or a zombie
+/// with no thread left), nullopt when /proc could not tell (out of
+/// descriptors, say).
+std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept;
+/// Whether the process `pid` that started at `start_time` has ended; false
+/// when that cannot be told. A start time of 0 (one that could not be read)
+/// is judged by the pid alone.
+bool has_ended(pid_t pid, std::uint64_t start_time) noexcept;
+/// This process's start time, read once per process; 0 when unreadable.
+std::uint64_t own_start_time() noexcept;
+
+/// This process's pid, without a system call on each use (glibc does not
+/// cache it): queues and segments ask on every value.
+pid_t this_process() noexcept;
+/// Forgets the cached pid: for a child made without glibc's fork (whose
+/// handlers do it) that goes on running this program.
+void forget_process_id() noexcept;
+
+
+/// The rank this process runs as an entry point, or -1 (not a rank).
+int running_rank() noexcept;
+/// Sets what running_rank() returns: called once by a rank's start, before
+/// its function runs.
+void set_running_rank(int rank) noexcept;
+
+}  // namespace cohort::os

@@ -1,0 +1,212 @@
+// The arena: carving blocks by size class from segments this process made,
+// growing it, trimming it, and keeping it whole across fork.
+#include "shm/arena.hpp"
+
+#include "config.hpp"
+#include "os/process_identity.hpp"
+#include "os/spin_mutex.hpp"
+#include "shm/registry.hpp"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <mutex>
+#include <vector>
+
+namespace cohort::shm {
+
+namespace {
+
+constexpr std::size_t first_arena = std::size_t{4} << 20;
+constexpr std::size_t largest_arena = std::size_t{64} << 20;
+
+// Whether this process has made its arena: a fork child has a copy to
+// drop only then. Release when made, acquire in the child (which forks
+// from whichever thread): a child that sees it finds the arena whole.
+std::atomic<bool> arena_made{false};
+
+// Lets go of a segment this process made that nothing here uses and that
+// only ended processes still hold (killed outright, they never gave their
+// holds back), as if it were free; whether it did.
+bool let_go_if_dead_weight(const std::shared_ptr<segment>& s) noexcept {
+  if (s.use_count() != 1 || !s->held_only_by_ended()) return false;
+  s->abandon();
+  return true;
+}
+
+// This process's arena and the large segments it made that others still hold.
+// The lock is taken for each block carved: segments are made, and /proc is
+// read, outside it.
+struct arena_state {
+  os::spin_mutex mutex;
+  std::mutex growth;  // held while a segment is made for the arena
+  std::vector<std::shared_ptr<segment>> arenas;
+  std::vector<std::shared_ptr<segment>> lingering;
+  arena_state() { arena_made.store(true, std::memory_order_release); }
+  ~arena_state() {
+    for (auto& a : arenas) {
+      if (!let_go_if_dead_weight(a)) a->retire();
+    }
+    for (auto& s : lingering) let_go_if_dead_weight(s);
+  }
+};
+arena_state& arena() {
+  static arena_state a;
+  return a;
+}
+
+
+// A fork child makes its own arena: the parent's goes on being carved by
+// the parent, which also holds the descriptors others open.
+// The locks are held across the fork, the arena's first (the order
+// allocate() takes them in), so the child finds neither a lock no thread
+// of its own will release nor a list in the middle of a change. The arena
+// is not made for this when the parent has none: every child would pay.
+bool arena_held_for_fork = false;
+COHORT_FORKED_CHILD_PATH void after_fork_in_child() {
+  os::forget_process_id();
+  auto& r = segments();
+  for (auto& [nonce, weak] : r.segments) {
+    if (auto s = weak.lock()) s->note_mapper();
+  }
+  r.mutex.unlock();
+  if (!arena_held_for_fork) return;
+  auto& a = arena();
+  std::vector<std::shared_ptr<segment>>().swap(a.arenas);
+  std::vector<std::shared_ptr<segment>>().swap(a.lingering);
+  a.mutex.unlock();
+  a.growth.unlock();
+}
+
+[[maybe_unused]] const bool fork_handlers = [] {
+  ::pthread_atfork(
+      [] {
+        arena_held_for_fork = arena_made.load(std::memory_order_acquire);
+        if (arena_held_for_fork) {
+          arena().growth.lock();
+          arena().mutex.lock();
+        }
+        segments().mutex.lock();
+      },
+      [] {
+        segments().mutex.unlock();
+        if (arena_held_for_fork) {
+          arena().mutex.unlock();
+          arena().growth.unlock();
+        }
+      },
+      after_fork_in_child);
+  return true;
+}();
+
+}  // namespace
+
+std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) {
+  const auto strategy = get_sharing_strategy();
+  auto& a = arena();
+  if (size_class_of(nbytes) == size_classes) {
+    std::vector<std::shared_ptr<segment>> freed;  // unmapped after the lock is released
+    {
+      std::lock_guard lock(a.mutex);
+      std::erase_if(a.lingering, [&](auto& s) {
+        if (s->header().live.load(std::memory_order_acquire) != 0) return false;
+        freed.push_back(std::move(s));
+        return true;
+      });
+    }
+    const std::size_t size = header_size + (nbytes + 4095) / 4096 * 4096;
+    return {segment::make(size, strategy, false), segment::single_block};
+  }
+  // Carves from the newest segment that has room; else sets `size` to
+  // what the next one should have.
+  std::size_t size = first_arena;
+  const auto carve = [&]() -> std::pair<std::shared_ptr<segment>, std::uint64_t> {
+    std::lock_guard lock(a.mutex);
+    for (auto it = a.arenas.rbegin(); it != a.arenas.rend(); ++it) {
+      if ((*it)->strategy() != strategy) continue;
+      if (const auto offset = (*it)->carve(nbytes)) return {*it, offset};
+    }
+    for (const auto& s : a.arenas) {
+      if (s->strategy() == strategy) size = std::min(largest_arena, s->size() * 2);
+    }
+    return {nullptr, 0};
+  };
+  if (auto found = carve(); found.first) return found;
+  // One thread grows the arena at a time, and a thread that waited for it
+  // carves from what the other made rather than making one of its own.
+  std::lock_guard growing(a.growth);
+  if (auto found = carve(); found.first) return found;
+  auto s = segment::make(size, strategy, true);
+  const auto offset = s->carve(nbytes);
+  std::lock_guard lock(a.mutex);
+  a.arenas.push_back(s);
+  return {std::move(s), offset};
+}
+
+void linger(std::shared_ptr<segment> s) {
+  auto& a = arena();
+  std::lock_guard lock(a.mutex);
+  a.lingering.push_back(std::move(s));
+}
+
+COHORT_FORKED_CHILD_PATH void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
+  auto* known = segments_if_made();
+  if (known == nullptr) return;  // no segment was ever mapped here
+  std::vector<std::shared_ptr<segment>> made;
+  {
+    auto& r = *known;
+    std::lock_guard lock(r.mutex);
+    for (auto& [nonce, weak] : r.segments) {
+      if (auto s = weak.lock(); s && s->made_here()) made.push_back(std::move(s));
+    }
+  }
+  if (made.empty()) return;  // the common case, with no clock to read
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (const auto& s : made) {
+    while (s->messages_in_flight() && std::chrono::steady_clock::now() < deadline) {
+      ::usleep(1000);
+    }
+  }
+}
+
+int trim() {
+  std::vector<std::shared_ptr<segment>> unused;
+  {
+    auto& r = segments();
+    std::lock_guard lock(r.mutex);
+    unused = r.forget(false);
+  }
+  // Taken out of the arena while they are looked at (which reads /proc),
+  // and the ones kept put back; an allocation meanwhile makes a segment.
+  auto& a = arena();
+  std::vector<std::shared_ptr<segment>> arenas, lingering;
+  {
+    std::lock_guard lock(a.mutex);
+    arenas.swap(a.arenas);
+    lingering.swap(a.lingering);
+  }
+  const auto before = arenas.size() + lingering.size();
+  std::erase_if(lingering, [](const auto& s) {
+    return s->header().live.load(std::memory_order_acquire) == 0 || let_go_if_dead_weight(s);
+  });
+  // Out of the arena, nothing here carves them: a count of one (the
+  // arena's own hold) cannot grow meanwhile.
+  std::erase_if(arenas, [](const auto& s) {
+    s->reclaim();
+    if (s->header().live.load(std::memory_order_acquire) != 1) return let_go_if_dead_weight(s);
+    s->retire();
+    return true;
+  });
+  const auto kept = arenas.size() + lingering.size();
+  {
+    std::lock_guard lock(a.mutex);
+    a.arenas.insert(a.arenas.begin(), arenas.begin(), arenas.end());
+    a.lingering.insert(a.lingering.end(), lingering.begin(), lingering.end());
+  }
+  return static_cast<int>(unused.size() + before - kept);
+}
+
+}  // namespace cohort::shm

@@ -1,0 +1,26 @@
+// The per-process registry of mapped segments.
+#include "shm/registry.hpp"
+
+#include <atomic>
+
+namespace cohort::shm {
+
+namespace {
+
+// Set once segments() has made the registry.
+std::atomic<registry*> registry_made{nullptr};
+
+}  // namespace
+
+registry& segments() {
+  static auto* r = [] {
+    auto* made = new registry;
+    registry_made.store(made, std::memory_order_release);
+    return made;
+  }();
+  return *r;
+}
+
+registry* segments_if_made() noexcept { return registry_made.load(std::memory_order_acquire); }
+
+}  // namespace cohort::shm

@@ -1,0 +1,20 @@
+// The names of file_system segments in /dev/shm: the maker's pid and the
+// segment's nonce, so that what an ended process left can be found.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace cohort::shm {
+
+/// The name of a file_system segment: "/cohort_<maker pid>_<nonce, hex>".
+std::string segment_name(pid_t maker, std::uint64_t nonce);
+/// Unlinks every file_system segment still in /dev/shm that one of `pids`
+/// (processes that have ended) made; returns how many. Mappings of them
+/// stay valid; only opening them by name ends.
+int sweep_segments_of(std::span<const pid_t> pids) noexcept;
+
+}  // namespace cohort::shm

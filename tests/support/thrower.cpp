@@ -1,0 +1,38 @@
+// A program linked against the shared library, as users link it, whose one
+// function rank throws. Run as `thrower METHOD` (spawn, fork, forkserver),
+// it prints the line of its throw, then the trace the parent received.
+#include <cohort/entry_point.hpp>
+#include <cohort/process_error.hpp>
+#include <cohort/spawn_and_join.hpp>
+
+#include <cstdio>
+#include <stdexcept>
+#include <string_view>
+
+namespace thrower {
+
+constexpr int throw_line = __LINE__ + 2;
+[[noreturn]] void throw_here(int rank) {
+  throw std::runtime_error("thrown by rank " + std::to_string(rank));
+}
+COHORT_ENTRYPOINT(throw_here);
+
+}  // namespace thrower
+
+int main(int argc, char** argv) {
+  if (auto rc = cohort::child_main(argc, argv)) return *rc;
+  if (argc != 2) return 2;
+  const std::string_view name = argv[1];
+  cohort::join_options options;
+  options.method = name == "fork" ? cohort::start_method::fork
+                 : name == "forkserver" ? cohort::start_method::forkserver
+                                        : cohort::start_method::spawn;
+  std::printf("%d\n", thrower::throw_line);
+  try {
+    cohort::spawn_and_join(thrower::throw_here, std::tuple{}, 1, options);
+  } catch (const cohort::process_raised_error& e) {
+    std::printf("%s", e.trace().c_str());
+    return 0;
+  }
+  return 1;
+}
