@@ -36,6 +36,15 @@ bool record_error(const error_report& report) noexcept;
 /// The same for an exception: the message is "<demangled type>: <what()>".
 bool record_error(const std::exception& error, std::string_view trace = {}) noexcept;
 
+/// Makes an exception that no handler catches, in any thread of this
+/// program, write the error file (record_error) with its message and the
+/// symbolized stack trace of its throw, print both on stderr and end the
+/// process with exit code 1: what torch's @record does for a Python worker,
+/// for a C++ program run as a rank (by cohort-run or a group). Replaces the
+/// terminate handler; call it first thing in main. A function entry point's
+/// rank does this by itself.
+void record_uncaught_exceptions() noexcept;
+
 /// Reads an error file. Accepts torchelastic's shape, and a plain string in
 /// "message". nullopt when the file is missing, empty or not such a file.
 std::optional<error_report> read_error_file(const std::filesystem::path& path);

@@ -4,8 +4,8 @@
 #include "launch/entry.hpp"
 #include "config.hpp"
 #include "launch/forkserver.hpp"
+#include "launch/uncaught.hpp"
 #include "os/process_identity.hpp"
-#include "os/stack_trace.hpp"
 #include "shm/arena.hpp"
 
 #include "cohort/error_file.hpp"
@@ -90,74 +90,9 @@ COHORT_FORKED_CHILD_PATH void run_on(const entry_stack& stack) {
   if (::swapcontext(&caller, &callee) != 0) throw std::system_error(errno, std::system_category(), "cohort: swapcontext");
 }
 
-bool in_module(const os::stack_frame& f, std::string_view name) {
-  return f.module.find(name) != std::string::npos;
-}
-
-bool starts_with(const std::string& text, std::string_view prefix) { return text.rfind(prefix, 0) == 0; }
-
-// A frame of the C++ runtime's throw and terminate, or of this handler.
-bool of_the_handler(const os::stack_frame& f, const std::string& own_module) {
-  if (in_module(f, "libstdc++") || in_module(f, "libgcc_s")) return true;
-  for (std::string_view prefix : {"__cxa_", "__cxxabiv1::", "std::terminate", "_Unwind_", "__gnu_cxx::__verbose_terminate"}) {
-    if (starts_with(f.function, prefix)) return true;
-  }
-  // DWARF names a function of internal linkage without its scope.
-  for (std::string_view own : {"on_uncaught", "stack_trace"}) {
-    if (f.function == own || f.function.find(fmt::format("(anonymous namespace)::{}(", own)) != std::string::npos) return true;
-  }
-  // Without symbols for hidden functions (no libbacktrace), the handler's
-  // frames are known only by their module.
-  return f.function.empty() && f.module == own_module;
-}
-
-// The frame that threw: the runtime's throw or rethrow.
-bool throws(const os::stack_frame& f) {
-  return f.function == "__cxa_throw" || f.function == "__cxa_rethrow" || starts_with(f.function, "std::rethrow_exception");
-}
-
-// A frame below the function: cohort's thunk (instantiated in the program),
-// the bottom of the entry's stack, and libc's start of that stack.
-bool below_the_function(const os::stack_frame& f) {
-  return f.function.find("cohort::detail::thunk") != std::string::npos ||
-         f.function.find("cohort::detail::call_decoded") != std::string::npos ||
-         f.function.find("entry_stack_main") != std::string::npos || f.function.find("start_context") != std::string::npos ||
-         (f.function.empty() && in_module(f, "/libc.so"));
-}
-
-// The frames from the throw down to the function, innermost first, each
-// with its function and, where the program has debug information, its
-// source file and line: the frames of this handler and of the C++ runtime
-// above them are left out, and so are those of cohort below the function.
-std::string stack_trace() {
-  const auto frames = os::current_stack();
-  Dl_info self{};
-  const std::string own_module =
-      ::dladdr(reinterpret_cast<void*>(&stack_trace), &self) != 0 && self.dli_fname != nullptr ? self.dli_fname : "";
-  std::size_t first = 0, end = frames.size();
-  while (first < end && of_the_handler(frames[first], own_module)) {
-    ++first;
-    if (throws(frames[first - 1])) break;  // what lies below it is the program's
-  }
-  while (end > first && below_the_function(frames[end - 1])) --end;
-  std::string trace;
-  for (std::size_t i = first; i < end; ++i) trace += fmt::format("#{} {}\n", i - first, os::describe(frames[i]));
-  return trace;
-}
-
 [[noreturn]] void on_uncaught() {
-  std::string trace = stack_trace();
-  std::string message = "std::terminate called without an exception";
-  if (auto error = std::current_exception()) {
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::exception& e) {
-      message = demangle(typeid(e)) + ": " + e.what();
-    } catch (...) {
-      const std::type_info* type = abi::__cxa_current_exception_type();
-      message = type != nullptr ? demangle(*type) : "unknown exception";
-    }
-  }
+  const std::string trace = trace_of_throw();
+  const std::string message = current_exception_message();
   record_error(error_report{message, trace, std::nullopt});
   stop_forkserver();
   std::fflush(stdout);

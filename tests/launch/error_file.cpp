@@ -1,5 +1,9 @@
 #include "cohort/error_file.hpp"
 
+#include "cohort/spawn.hpp"
+
+#include "os/stack_trace.hpp"
+
 #include "support/harness.hpp"
 
 #include <doctest/doctest.h>
@@ -23,6 +27,18 @@ struct error_file_env {
   }
   ~error_file_env() { ::unsetenv("COHORT_ERROR_FILE"); }
 };
+
+// Runs the thrower's uncaught mode with its error file at `file`; returns
+// its exit status and what it printed.
+asio::awaitable<std::pair<exit_status, std::string>> run_uncaught(fs::path file) {
+  command cmd(test::thrower, {"uncaught"});
+  spawn_options options{.out = stdio::pipe(), .err = stdio::null()};
+  options.env.set("COHORT_ERROR_FILE", file.string());
+  child c = co_await spawn(cmd, options);
+  std::string out = co_await test::read_all(c.out());
+  exit_status status = co_await c.wait();
+  co_return std::pair{status, out};
+}
 
 nlohmann::json parse(const fs::path& path) {
   std::ifstream in(path);
@@ -86,5 +102,25 @@ TEST_SUITE("error_file") {
     CHECK_FALSE(read_error_file(dir.path / "garbage.json"));
     std::ofstream(dir.path / "other.json") << R"({"error": 1})";
     CHECK_FALSE(read_error_file(dir.path / "other.json"));
+  }
+
+  TEST_CASE("an exception escaping main of a program that records them writes its message and the trace of its throw") {
+    test::temp_dir dir;
+    const fs::path file = dir.path / "error.json";
+    asio::io_context io;
+    const auto [status, out] = test::run(io, run_uncaught(file));
+    CHECK(status.exited());
+    CHECK(status.code() == 1);
+    const auto report = read_error_file(file);
+    REQUIRE(report.has_value());
+    CHECK(report->message == "std::runtime_error: uncaught in main");
+    INFO(report->trace);
+    const std::string first = report->trace.substr(0, report->trace.find('\n'));
+    CHECK(first.rfind("#0 thrower::throw_uncaught()", 0) == 0);
+    if (os::stack_has_source_lines()) CHECK(first.ends_with("support/thrower.cpp:" + out.substr(0, out.find('\n'))));
+    // It ends at main: libc's start of the program is left out.
+    CHECK(report->trace.find(" main") != std::string::npos);
+    CHECK(report->trace.find("__libc_start") == std::string::npos);
+    CHECK(report->timestamp.has_value());
   }
 }

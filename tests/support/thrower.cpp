@@ -1,6 +1,9 @@
-// A program linked against the shared library, as users link it, whose one
-// function rank throws. Run as `thrower METHOD` (spawn, fork, forkserver),
-// it prints the line of its throw, then the trace the parent received.
+// A program linked against the shared library, as users link it, that
+// throws. Run as `thrower METHOD` (spawn, fork, forkserver), its one function
+// rank throws: it prints the line of that throw, then the trace the parent
+// received. Run as `thrower uncaught`, it asks for its uncaught exceptions
+// to be recorded, prints the line of its throw and throws from main's callee.
+#include <cohort/error_file.hpp>
 #include <cohort/entry_point.hpp>
 #include <cohort/process_error.hpp>
 #include <cohort/spawn_and_join.hpp>
@@ -17,12 +20,23 @@ constexpr int throw_line = __LINE__ + 2;
 }
 COHORT_ENTRYPOINT(throw_here);
 
+constexpr int uncaught_line = __LINE__ + 2;
+[[noreturn]] void throw_uncaught() {
+  throw std::runtime_error("uncaught in main");
+}
+
 }  // namespace thrower
 
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
   if (argc != 2) return 2;
   const std::string_view name = argv[1];
+  if (name == "uncaught") {
+    cohort::record_uncaught_exceptions();
+    std::printf("%d\n", thrower::uncaught_line);
+    std::fflush(stdout);
+    thrower::throw_uncaught();
+  }
   cohort::join_options options;
   options.method = name == "fork" ? cohort::start_method::fork
                  : name == "forkserver" ? cohort::start_method::forkserver

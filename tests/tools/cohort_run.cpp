@@ -2,6 +2,8 @@
 // signals, restarts, the environment contract and the failure summary.
 #include "cohort/spawn.hpp"
 
+#include "os/stack_trace.hpp"
+
 #include "support/harness.hpp"
 #include "support/process_probe.hpp"
 
@@ -199,6 +201,16 @@ TEST_SUITE("cohort-run") {
     CHECK(r.err.find("message    : ValueError: bad batch") != std::string::npos);
     CHECK(r.err.find("File \"train.py\", line 3") != std::string::npos);
     CHECK(r.err.find("error_file : /") != std::string::npos);
+  }
+
+  TEST_CASE("a C++ worker's uncaught exception reaches the summary with the function, file and line of its throw") {
+    auto r = run_launcher({"-n", "1", "--", test::thrower, "uncaught"});
+    CHECK(r.status.code() == 1);
+    INFO(r.err);
+    const std::string line = r.out.substr(0, r.out.find('\n'));  // the thrower prints it first
+    CHECK(r.err.find("message    : std::runtime_error: uncaught in main") != std::string::npos);
+    CHECK(r.err.find("#0 thrower::throw_uncaught() at ") != std::string::npos);
+    if (os::stack_has_source_lines()) CHECK(r.err.find("support/thrower.cpp:" + line) != std::string::npos);
   }
 
   TEST_CASE("restarts: a group that succeeds on its third attempt, and one that runs out of them") {

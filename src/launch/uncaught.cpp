@@ -1,0 +1,118 @@
+// What an exception that no handler catches leaves behind: the trace of its
+// throw, symbolized while the thrower's frames are still on the stack, its
+// message, and for programs that ask, the error file their supervisor reads.
+#include "launch/uncaught.hpp"
+
+#include "launch/entry.hpp"
+#include "os/stack_trace.hpp"
+
+#include "cohort/error_file.hpp"
+
+#include <fmt/format.h>
+
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <string_view>
+
+namespace cohort {
+namespace detail {
+namespace {
+
+bool in_module(const os::stack_frame& f, std::string_view name) {
+  return f.module.find(name) != std::string::npos;
+}
+
+bool starts_with(const std::string& text, std::string_view prefix) { return text.rfind(prefix, 0) == 0; }
+
+// A frame of the C++ runtime's throw and terminate, or of this handler.
+bool of_the_handler(const os::stack_frame& f, const std::string& own_module) {
+  if (in_module(f, "libstdc++") || in_module(f, "libgcc_s")) return true;
+  for (std::string_view prefix : {"__cxa_", "__cxxabiv1::", "std::terminate", "_Unwind_", "__gnu_cxx::__verbose_terminate"}) {
+    if (starts_with(f.function, prefix)) return true;
+  }
+  // DWARF names a function of internal linkage without its scope.
+  for (std::string_view own : {"on_uncaught", "on_uncaught_in_program", "cohort::detail::trace_of_throw"}) {
+    if (starts_with(f.function, own) || f.function.find(fmt::format("(anonymous namespace)::{}(", own)) != std::string::npos) {
+      return true;
+    }
+  }
+  // Without symbols for hidden functions (no libbacktrace), the handler's
+  // frames are known only by their module.
+  return f.function.empty() && f.module == own_module;
+}
+
+// The frame that threw: the runtime's throw or rethrow.
+bool throws(const os::stack_frame& f) {
+  return f.function == "__cxa_throw" || f.function == "__cxa_rethrow" || starts_with(f.function, "std::rethrow_exception");
+}
+
+// A frame below the function: cohort's thunk (instantiated in the program),
+// the bottom of the entry's stack, and libc's start of that stack or of
+// main.
+bool below_the_function(const os::stack_frame& f) {
+  return f.function.find("cohort::detail::thunk") != std::string::npos ||
+         f.function.find("cohort::detail::call_decoded") != std::string::npos ||
+         f.function.find("entry_stack_main") != std::string::npos || f.function.find("start_context") != std::string::npos ||
+         starts_with(f.function, "__libc_start") || f.function == "_start" ||
+         (f.function.empty() && in_module(f, "/libc.so"));
+}
+
+}  // namespace
+
+std::string trace_of_throw() {
+  const auto frames = os::current_stack();
+  Dl_info self{};
+  const std::string own_module =
+      ::dladdr(reinterpret_cast<void*>(&trace_of_throw), &self) != 0 && self.dli_fname != nullptr ? self.dli_fname : "";
+  std::size_t first = 0, end = frames.size();
+  // Below the runtime's throw lies the program; without one (terminate
+  // called directly), the handler's and the runtime's frames are skipped.
+  const auto thrown = std::find_if(frames.begin(), frames.end(), throws);
+  if (thrown != frames.end()) {
+    first = static_cast<std::size_t>(thrown - frames.begin()) + 1;
+  } else {
+    while (first < end && of_the_handler(frames[first], own_module)) ++first;
+  }
+  while (end > first && below_the_function(frames[end - 1])) --end;
+  std::string trace;
+  for (std::size_t i = first; i < end; ++i) trace += fmt::format("#{} {}\n", i - first, os::describe(frames[i]));
+  return trace;
+}
+
+std::string current_exception_message() {
+  auto error = std::current_exception();
+  if (!error) return "std::terminate called without an exception";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return demangle(typeid(e)) + ": " + e.what();
+  } catch (...) {
+    const std::type_info* type = abi::__cxa_current_exception_type();
+    return type != nullptr ? demangle(*type) : "unknown exception";
+  }
+}
+
+namespace {
+
+[[noreturn]] void on_uncaught_in_program() {
+  const std::string trace = trace_of_throw();
+  const std::string message = current_exception_message();
+  record_error(error_report{message, trace, std::nullopt});
+  std::fflush(stdout);
+  std::fprintf(stderr, "cohort: uncaught exception in pid %d: %s\n%s", static_cast<int>(::getpid()), message.c_str(),
+               trace.c_str());
+  std::fflush(stderr);
+  ::_exit(1);
+}
+
+}  // namespace
+}  // namespace detail
+
+void record_uncaught_exceptions() noexcept { std::set_terminate(detail::on_uncaught_in_program); }
+
+}  // namespace cohort
