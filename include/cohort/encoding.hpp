@@ -276,7 +276,17 @@ void write(std::vector<std::byte>& out, const T& value) {
 // Reads a payload front to back; every read checks the bytes left.
 class reader {
  public:
-  explicit reader(std::span<const std::byte> bytes) noexcept : bytes_(bytes) {}
+  /// Where the bytes come from: a value (decode, arguments), or a queue's
+  /// record, whose handles each come with a reference the queue took for
+  /// them. A handle's own claim to such a reference is checked against
+  /// this, never trusted.
+  enum class source { value, queue_record };
+
+  explicit reader(std::span<const std::byte> bytes, source from = source::value) noexcept
+      : bytes_(bytes), from_queue_(from == source::queue_record) {}
+
+  /// Whether the bytes are a queue's record.
+  bool from_queue_record() const noexcept { return from_queue_; }
 
   std::size_t left() const noexcept { return bytes_.size() - position_; }
 
@@ -317,6 +327,7 @@ class reader {
  private:
   std::span<const std::byte> bytes_;
   std::size_t position_ = 0;
+  bool from_queue_ = false;
 };
 
 template <class T>

@@ -190,7 +190,7 @@ namespace detail {
 
 template <class T>
 T read_record(std::span<const std::byte> bytes) {
-  reader in(bytes);
+  reader in(bytes, reader::source::queue_record);
   T value = read<T>(in);
   if (in.left() != 0) throw decode_error("cohort::queue: bytes follow a value");
   return value;

@@ -383,6 +383,12 @@ storage handle_codec<storage>::read(reader& in) {
   std::memcpy(reinterpret_cast<std::byte*>(&w) + 1, in.take(sizeof w - 1).data(), sizeof w - 1);
   if (w.strategy > 1) throw decode_error(fmt::format("cohort::decode: a sharing strategy {}", w.strategy));
   if (w.message > 1) throw decode_error("cohort::decode: a storage handle's message flag is not 0/1");
+  // Only a queue's record carries the queue's reference with each handle:
+  // a handle that claims one elsewhere would drop a reference nobody gave.
+  if ((w.message == 1) != in.from_queue_record()) {
+    throw decode_error(w.message == 1 ? "cohort::decode: a storage handle claims a queue's reference outside a queue"
+                                      : "cohort::decode: a queue's record holds a storage handle without its reference");
+  }
   if (w.zero != 0 || w.zero_too != 0) throw decode_error("cohort::decode: a storage handle's padding is not zero");
   shm::segment_ref ref;
   ref.strategy = static_cast<sharing_strategy>(w.strategy);

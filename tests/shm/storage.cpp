@@ -444,6 +444,27 @@ TEST_SUITE("storage") {
     CHECK(decode<storage>(good).same(s));
   }
 
+  TEST_CASE("a handle whose message flag was set outside a queue is refused and frees nothing") {
+    storage s = storage::allocate_shared(64);
+    std::memset(s.data(), 7, 64);
+    const auto good = encode(s);
+    // [signature length][signature "S"][kind][strategy][message flag]...
+    std::vector<std::byte> forged(good.bytes().begin(), good.bytes().end());
+    REQUIRE(forged[4] == std::byte{0});
+    forged[4] = std::byte{1};
+    // Carried as plain bytes, as a user could carry an encoded value.
+    auto q = make_queue<std::vector<std::byte>>(4);
+    q.put(forged);
+    const auto carried = q.get();
+    REQUIRE(carried.has_value());
+    CHECK_THROWS_WITH_AS(decode<storage>(*carried), doctest::Contains("claims a queue's reference"), decode_error);
+    // No reference was dropped: the block is still s's, and a new one lands elsewhere.
+    storage other = storage::allocate_shared(64);
+    CHECK(other.data() != s.data());
+    CHECK(std::to_integer<int>(s.data()[0]) == 7);
+    CHECK(decode<storage>(good).same(s));
+  }
+
   TEST_CASE("a handle cut short anywhere is refused") {
     storage s = storage::allocate_shared(64);
     const auto good = encode(s);
