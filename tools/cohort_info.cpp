@@ -1,5 +1,6 @@
 // cohort-info: what cohort found on this machine (kernel, io_uring operations).
 #include <cohort/io_uring_info.hpp>
+#include <cohort/version.hpp>
 
 #include <fmt/format.h>
 

@@ -20,4 +20,5 @@
 #include "cohort/storage.hpp"
 #include "cohort/tensor.hpp"
 #include "cohort/thread_name.hpp"
+#include "cohort/version.hpp"
 #include "cohort/when_any.hpp"

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Builds another project against cohort, the ways README.md describes.
+
+usage: embed.py subproject SOURCE_ROOT
+           tests/embed/meson with cohort as its subproject (a link to
+           SOURCE_ROOT in its subprojects/): it builds and runs, and cohort's
+           tests, benchmarks, examples and tools were not built.
+       embed.py installed SOURCE_ROOT BUILD_ROOT
+           installs BUILD_ROOT into a temporary folder (meson install
+           --destdir), then builds and runs tests/embed/meson through
+           pkg-config and tests/embed/cmake through find_package(cohort).
+
+Each project is tests/embed/<kind>/ plus tests/embed/main.cpp, copied into a
+temporary folder; the program it builds runs /bin/true and `exit 3` through
+cohort::run and checks their exit statuses.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+class Failure(Exception):
+    pass
+
+
+def run(args, **kwargs):
+    print("$", " ".join(str(a) for a in args), flush=True)
+    done = subprocess.run([str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, **kwargs)
+    if done.returncode != 0:
+        print(done.stdout)
+        raise Failure(f"{Path(str(args[0])).name} exited with {done.returncode}")
+    return done.stdout
+
+
+def project(source_root, kind, into):
+    """A copy of the consuming project tests/embed/<kind> in `into`."""
+    embed = Path(source_root) / "tests" / "embed"
+    shutil.copytree(embed / kind, into)
+    shutil.copy(embed / "main.cpp", into / "main.cpp")
+    return into
+
+
+def run_program(program, env=None):
+    said = run([program], env=env)
+    print(said, end="")
+    if "/bin/true exited with code 0, exit 3 exited with code 3" not in said:
+        raise Failure(f"{program.name} said {said!r}")
+
+
+def as_subproject(source_root):
+    with tempfile.TemporaryDirectory(prefix="cohort-embed-") as tmp:
+        tmp = Path(tmp)
+        parent = project(source_root, "meson", tmp / "parent")
+        (parent / "subprojects").mkdir()
+        (parent / "subprojects" / "cohort").symlink_to(Path(source_root).resolve())
+        build = tmp / "build"
+        # Forced onto the subproject even where a cohort is installed; one
+        # unoptimized configuration, the quickest to compile.
+        run(["meson", "setup", build, parent, "--force-fallback-for=cohort", "--buildtype=plain"])
+        run(["ninja", "-C", build, "-j", "2"])
+        run_program(build / "uses-cohort")
+
+        built = [t for t in json.loads(run(["meson", "introspect", "--targets", build]))
+                 if t["subproject"] == "cohort"]
+        print("cohort's targets in the subproject:", ", ".join(sorted(t["name"] for t in built)))
+        extra = [t["name"] for t in built
+                 if any(f"/{folder}/" in t["defined_in"] for folder in ("tests", "tools", "bench", "examples"))]
+        if extra:
+            raise Failure(f"the subproject defined targets of its tests, tools, benchmarks or examples: {extra}")
+        by_default = sorted(t["name"] for t in built if t["build_by_default"])
+        if by_default != ["cohort"]:
+            raise Failure(f"the subproject builds {by_default} by default, not the library alone")
+        folders = [f for f in ("tests", "tools", "bench", "examples") if (build / "subprojects" / "cohort" / f).exists()]
+        if folders:
+            raise Failure(f"the subproject's build has folders for {folders}")
+        log = (build / "meson-logs" / "meson-log.txt").read_text(errors="replace").lower()
+        # What meson logs when it looks for them ("... skipped: feature tests
+        # disabled" when it does not).
+        signs = {"CLI11": ["dependency cli11 found", 'header "cli/cli.hpp"'], "doctest": ["dependency doctest found"]}
+        for looked_for, lines in signs.items():
+            if any(line in log for line in lines):
+                raise Failure(f"the subproject looked for {looked_for}, which only its tools or tests need")
+    print("as a subproject: only the library was built, and the program ran")
+
+
+def build_options(build_root):
+    options = json.loads(run(["meson", "introspect", "--buildoptions", build_root]))
+    return {o["name"]: o["value"] for o in options if o["name"] in ("prefix", "libdir", "includedir")}
+
+
+def installed(source_root, build_root):
+    options = build_options(build_root)
+    with tempfile.TemporaryDirectory(prefix="cohort-install-") as tmp:
+        tmp = Path(tmp)
+        dest = tmp / "dest"
+        # The build is already up to date (meson test builds first).
+        run(["meson", "install", "-C", build_root, "--destdir", dest, "--no-rebuild", "--quiet"])
+        prefix = dest / options["prefix"].lstrip("/")
+        libdir = prefix / options["libdir"]
+        includedir = prefix / options["includedir"]
+        for wanted in (includedir / "cohort" / "cohort.hpp", includedir / "cohort" / "version.hpp",
+                       libdir / "pkgconfig" / "cohort.pc",
+                       libdir / "cmake" / "cohort" / "cohortConfig.cmake",
+                       libdir / "cmake" / "cohort" / "cohortConfigVersion.cmake"):
+            if not wanted.is_file():
+                raise Failure(f"not installed: {wanted.relative_to(dest)}")
+        for unwanted in ("meson.build", "version.hpp.in"):
+            if (includedir / "cohort" / unwanted).exists():
+                raise Failure(f"installed with the headers: {unwanted}")
+        run_env = dict(os.environ, LD_LIBRARY_PATH=str(libdir))
+
+        # pkg-config, with paths of the .pc file taken inside the destdir.
+        pc_env = dict(os.environ, PKG_CONFIG_PATH=str(libdir / "pkgconfig"), PKG_CONFIG_SYSROOT_DIR=str(dest))
+        pc = (libdir / "pkgconfig" / "cohort.pc").read_text()
+        print(pc)
+        for line in ("Requires: fmt", "-DASIO_STANDALONE", "header_only_requires=asio"):
+            if line not in pc:
+                raise Failure(f"cohort.pc lacks {line!r}")
+        consumer = project(source_root, "meson", tmp / "pkg-config")
+        build = tmp / "pkg-config-build"
+        run(["meson", "setup", build, consumer, "--wrap-mode=nofallback"], env=pc_env)
+        run(["ninja", "-C", build], env=pc_env)
+        run_program(build / "uses-cohort", env=run_env)
+
+        # CMake's find_package, from the files next to the .pc file.
+        consumer = project(source_root, "cmake", tmp / "cmake")
+        build = tmp / "cmake-build"
+        run(["cmake", "-S", consumer, "-B", build, "-G", "Ninja", f"-DCMAKE_PREFIX_PATH={prefix}"])
+        run(["cmake", "--build", build])
+        run_program(build / "uses-cohort", env=run_env)
+    print("installed: found through pkg-config and through find_package, and the programs ran")
+
+
+def main():
+    try:
+        if len(sys.argv) == 3 and sys.argv[1] == "subproject":
+            as_subproject(sys.argv[2])
+        elif len(sys.argv) == 4 and sys.argv[1] == "installed":
+            installed(sys.argv[2], sys.argv[3])
+        else:
+            print(__doc__)
+            return 2
+    except Failure as failure:
+        print("embed.py:", failure)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
