@@ -3,6 +3,7 @@
 
 #include "cohort/child.hpp"
 #include "cohort/command.hpp"
+#include "cohort/compiler.hpp"
 #include "cohort/encoding.hpp"
 #include "cohort/entry_point.hpp"
 #include "cohort/environment.hpp"

@@ -6,6 +6,7 @@
 
 #include "cohort/child.hpp"
 #include "cohort/command.hpp"
+#include "cohort/compiler.hpp"
 #include "cohort/encoding.hpp"
 #include "cohort/entry_point.hpp"
 #include "cohort/exit_status.hpp"
@@ -186,6 +187,21 @@ class group {
 /// found and ended with the run. Starts lazily, when awaited; `spec` must
 /// live until then.
 [[nodiscard]] asio::awaitable<group> start_processes(const group_spec& spec);
+
+#if COHORT_AWAIT_TEMPORARY_BUG
+/// Refused at compile time on g++ 12 and older, which destroy a group_spec
+/// temporary inside a co_await expression twice (cohort/compiler.hpp): its
+/// maps are walked after they were freed. A named group_spec is taken by the
+/// overload above.
+template <class Refused = group_spec>
+asio::awaitable<group> start_processes(group_spec&& spec) {
+  static_assert(detail::refused<Refused>,
+                "g++ 12 destroys a group_spec temporary twice inside co_await: name the group_spec "
+                "first, `group_spec spec{...}; co_await start_processes(spec);`, or call "
+                "start_processes(executor, spec), which is not awaited");
+  return start_processes(static_cast<const group_spec&>(spec));
+}
+#endif
 
 /// Starts the ranks now; supervision runs on `executor` (an io_context's).
 group start_processes(const asio::any_io_executor& executor, const group_spec& spec);

@@ -5,6 +5,7 @@
 
 #include "cohort/export.hpp"
 
+#include "cohort/compiler.hpp"
 #include "cohort/encoding.hpp"
 #include "cohort/storage.hpp"
 
@@ -14,6 +15,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
@@ -149,6 +151,20 @@ class queue {
     detail::fill_record(r, value);
     co_await detail::queue_push(core_, r);
   }
+#if COHORT_AWAIT_TEMPORARY_BUG
+  /// Refused at compile time on g++ 12 and older, which cannot compile a
+  /// std::initializer_list inside a co_await expression (cohort/compiler.hpp).
+  /// The return type is deduced so that the reason is given at the call,
+  /// before the compiler's own error at the function's end.
+  template <class E>
+    requires detail::is_vector<T>
+  auto push(std::initializer_list<E> values) {
+    static_assert(detail::refused<E>,
+                  "g++ 12 cannot compile a braced list inside co_await: build the vector in a "
+                  "variable first, then `co_await q.push(std::move(values));`");
+    return push(T(values.begin(), values.end()));
+  }
+#endif
   /// Pops, suspending while empty. Lazy: starts when awaited. Throws as get().
   [[nodiscard]] asio::awaitable<T> pop() {
     std::vector<std::byte> out;

@@ -5,6 +5,7 @@
 
 #include "cohort/child.hpp"
 #include "cohort/command.hpp"
+#include "cohort/compiler.hpp"
 #include "cohort/environment.hpp"
 #include "cohort/exit_status.hpp"
 #include "cohort/stdio.hpp"
@@ -15,6 +16,7 @@
 #include <csignal>
 #include <filesystem>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 COHORT_API_BEGIN
@@ -53,13 +55,19 @@ struct spawn_options {
 [[nodiscard]] asio::awaitable<child> spawn(command cmd, const spawn_options& options);
 [[nodiscard]] asio::awaitable<child> spawn(command cmd);
 
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ <= 12
-/// g++ 12 destroys aggregate temporaries inside a co_await expression twice
-/// (heap corruption at run time), so `co_await spawn(cmd, {.out = ...})` is
-/// refused at compile time there: name the options first,
-/// `spawn_options opts{.out = ...}; co_await spawn(cmd, opts);`, or call the
-/// executor overload below, which is not awaited.
-asio::awaitable<child> spawn(command cmd, spawn_options&& options) = delete;
+#if COHORT_AWAIT_TEMPORARY_BUG
+/// Refused at compile time on g++ 12 and older, which destroy a
+/// spawn_options temporary inside a co_await expression twice
+/// (cohort/compiler.hpp). A named spawn_options is taken by the overload
+/// above.
+template <class Refused = spawn_options>
+asio::awaitable<child> spawn(command cmd, spawn_options&& options) {
+  static_assert(detail::refused<Refused>,
+                "g++ 12 destroys a spawn_options temporary twice inside co_await: name the options "
+                "first, `spawn_options options{...}; co_await spawn(cmd, options);`, or call "
+                "spawn(executor, cmd, options), which is not awaited");
+  return spawn(std::move(cmd), static_cast<const spawn_options&>(options));
+}
 #endif
 
 /// Starts `cmd` now; its wait and pipes run on `executor` (an io_context's).

@@ -211,6 +211,32 @@ TEST_SUITE("group") {
     CHECK(std::all_of(result.statuses.begin(), result.statuses.end(), [](const auto& s) { return s && s->success(); }));
   }
 
+  TEST_CASE("a named group_spec awaited in start_processes starts every rank with its arguments") {
+    asio::io_context io;
+    auto result = test::run(io, []() -> asio::awaitable<run_result> {
+      group_spec spec{.entry = command(test::target, {"exit-env", "CODE"}), .nprocs = 3};
+      spec.envs = {{0, {{"CODE", "0"}}}, {1, {{"CODE", "0"}}}, {2, {{"CODE", "0"}}}};
+      group g = co_await start_processes(spec);
+      co_return co_await g.wait();
+    }());
+    CHECK(result.ok());
+    CHECK(result.statuses.size() == 3);
+  }
+
+#if !COHORT_AWAIT_TEMPORARY_BUG
+  // g++ 12 refuses this form (tests/compile_fail/group_spec_temporary.cpp).
+  TEST_CASE("a group_spec temporary awaited in start_processes starts every rank") {
+    asio::io_context io;
+    auto result = test::run(io, []() -> asio::awaitable<run_result> {
+      group g = co_await start_processes(group_spec{
+          .entry = command(test::target, {"exit", "0"}), .nprocs = 4, .args = {{0, {}}, {1, {}}, {2, {}}, {3, {}}}});
+      co_return co_await g.wait();
+    }());
+    CHECK(result.ok());
+    CHECK(result.statuses.size() == 4);
+  }
+#endif
+
   TEST_CASE("stop() shuts the group down and the result says it was stopped") {
     asio::io_context io;
     auto result = test::run(io, []() -> asio::awaitable<run_result> {

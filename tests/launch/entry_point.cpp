@@ -118,6 +118,12 @@ void wait_for_release(int, std::string dir) {
 }
 COHORT_ENTRYPOINT(wait_for_release);
 
+// Rank 0 returns at once; the others wait for `dir`/release.
+void end_or_wait_for_release(int rank, std::string dir) {
+  if (rank != 0) wait_for_release(rank, std::move(dir));
+}
+COHORT_ENTRYPOINT(end_or_wait_for_release);
+
 void say_at_exit() { std::fputs("exit handler\n", stdout); }
 
 void print_with_exit_handler(int rank) {
@@ -330,16 +336,29 @@ TEST_SUITE("entry points") {
 
   TEST_CASE("a non-blocking join reports false until every rank has ended") {
     for_each_method([](start_method method) {
+      test::temp_dir dir;
       group_spec spec;
-      spec.entry = call(method, succeed_then_raise);
-      spec.nprocs = 1;
+      spec.entry = call(method, end_or_wait_for_release, dir.path.string());
+      spec.nprocs = 2;
       asio::io_context io;
       auto work = asio::make_work_guard(io);
       std::thread runner([&] { io.run(); });
       group g = start_processes(io.get_executor(), spec);
-      int polls = 0;
-      while (!g.join(1ms)) ++polls;
+      const std::vector<pid_t> pids = g.pids();
+      REQUIRE(pids.size() == 2);
+      // Rank 0 ends and is reaped; rank 1 is held until released.
+      const auto deadline = std::chrono::steady_clock::now() + 10s;
+      while (::kill(pids[0], 0) == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+      CHECK(::kill(pids[0], 0) == -1);
+      for (int poll = 0; poll < 5; ++poll) CHECK_FALSE(g.join(10ms));
+      CHECK_FALSE(g.result().has_value());
+      CHECK(::kill(pids[1], 0) == 0);
+      std::ofstream{dir.path / "release"};
+      CHECK(g.join(10s));
+      REQUIRE(g.result().has_value());
       CHECK(g.result()->ok());
+      CHECK(g.result()->statuses.size() == 2);
+      CHECK(::kill(pids[1], 0) == -1);
       work.reset();
       runner.join();
     });

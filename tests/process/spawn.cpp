@@ -289,6 +289,52 @@ TEST_SUITE("spawn") {
     CHECK_FALSE(has_unreaped_children());
   }
 
+  TEST_CASE("a command with its arguments in braces is built and spawned inside co_await") {
+    asio::io_context io;
+    const std::string code = "7";
+    auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
+      child c = co_await spawn(command(test::target, {"exit", code}));
+      co_return co_await c.wait();
+    }());
+    CHECK(status.code() == 7);
+  }
+
+  TEST_CASE("command arguments in braces keep their order, and a vector is taken as it is") {
+    const std::string name = "A";
+    command listed("prog", {"first", name, std::string("third")});
+    CHECK(listed.args == std::vector<std::string>{"first", "A", "third"});
+    std::vector<std::string> vector{"x", "y"};
+    CHECK(command("prog", vector).args == vector);
+    CHECK(command("prog", {}).args.empty());
+    CHECK(command("prog").args.empty());
+  }
+
+  TEST_CASE("named spawn options outlive the awaited spawn that reads them") {
+    asio::io_context io;
+    auto text = test::run(io, []() -> asio::awaitable<std::string> {
+      spawn_options options{.cwd = "/", .out = stdio::pipe()};
+      child c = co_await spawn(command(test::target, {"print-cwd"}), options);
+      std::string out = co_await test::read_all(c.out());
+      co_await c.wait();
+      co_return out;
+    }());
+    CHECK(text == "/\n");
+  }
+
+#if !COHORT_AWAIT_TEMPORARY_BUG
+  // g++ 12 refuses this form (tests/compile_fail/spawn_options_braced.cpp).
+  TEST_CASE("spawn options in braces inside co_await hold until the child has started") {
+    asio::io_context io;
+    auto text = test::run(io, []() -> asio::awaitable<std::string> {
+      child c = co_await spawn(command(test::target, {"print-cwd"}), {.cwd = "/", .out = stdio::pipe()});
+      std::string out = co_await test::read_all(c.out());
+      co_await c.wait();
+      co_return out;
+    }());
+    CHECK(text == "/\n");
+  }
+#endif
+
   TEST_CASE("run() blocks until the child exits and returns its status") {
     CHECK(run(command{test::target, {"exit", "9"}}).code() == 9);
     CHECK(run(command{test::target, {"kill-self", "TERM"}}).signal() == SIGTERM);

@@ -38,6 +38,25 @@ inline bool reactor_mode() {
   return v != nullptr && std::string_view(v) == "0";
 }
 
+/// The io_uring operation a program's io_uring run exists to test. Where
+/// the kernel lacks it, that run would only repeat the reactor run, so main
+/// skips the whole program with exit code 77 (meson reports SKIP), as
+/// liburing's tests do. Declared once per program, at namespace scope:
+///
+///     const test::needs_ring_operation needs{"IORING_OP_WAITID", &io_uring_info::waitid};
+struct needs_ring_operation {
+  const char* name;
+  bool io_uring_info::*available;
+  needs_ring_operation(const char* name_, bool io_uring_info::*available_) : name(name_), available(available_) {
+    declared() = this;
+  }
+  /// The program's declaration, or null when its io_uring run tests no one operation.
+  static const needs_ring_operation*& declared() {
+    static const needs_ring_operation* need = nullptr;
+    return need;
+  }
+};
+
 /// Runs `work` on `io` with `threads` threads until io runs out of work;
 /// returns its result or rethrows its exception.
 template <class T>

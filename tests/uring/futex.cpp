@@ -21,8 +21,6 @@
 #include <unistd.h>
 
 #include <climits>
-#include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <new>
 #include <optional>
@@ -30,6 +28,9 @@
 #include <thread>
 
 using namespace cohort;
+
+// The io_uring run tests the ring's futex wait (Linux 6.7).
+const test::needs_ring_operation needs{"IORING_OP_FUTEX_WAIT", &io_uring_info::futex};
 using test::fork_waker;
 using test::reap;
 using test::shared_word;
@@ -38,20 +39,6 @@ using namespace asio::experimental::awaitable_operators;
 
 
 TEST_SUITE("futex") {
-  // The io_uring run exists to test the ring's futex wait: without it (before
-  // Linux 6.7) that run would only repeat the reactor run, so it skips.
-  TEST_CASE("the io_uring run has the ring's futex wait to test") {
-    if (test::reactor_mode()) return;
-    asio::io_context io;
-    const auto info = io_uring_support(io);
-    if (!info.futex) {
-      std::printf("SKIP: io_uring futex wait unavailable (%s)\n",
-                  info.why_not.empty() ? "IORING_OP_FUTEX_WAIT not probed" : info.why_not.c_str());
-      std::fflush(stdout);
-      std::_Exit(77);
-    }
-  }
-
   TEST_CASE("a wait on a word that no longer holds the expected value completes at once") {
     asio::io_context io;
     shared_word w;

@@ -15,6 +15,9 @@
 #include <unistd.h>
 
 using namespace cohort;
+
+// The io_uring run tests the ring's poll.
+const test::needs_ring_operation needs{"IORING_OP_POLL_ADD", &io_uring_info::poll};
 using namespace asio::experimental::awaitable_operators;
 
 TEST_SUITE("poll") {

@@ -16,6 +16,9 @@
 
 using namespace cohort;
 
+// The io_uring run tests the ring's read.
+const test::needs_ring_operation needs{"IORING_OP_READ", &io_uring_info::read};
+
 namespace {
 
 struct pipe_pair {

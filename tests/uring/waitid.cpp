@@ -14,6 +14,9 @@
 
 using namespace cohort;
 
+// The io_uring run tests the ring's waitid (Linux 6.7).
+const test::needs_ring_operation needs{"IORING_OP_WAITID", &io_uring_info::waitid};
+
 namespace {
 
 // A forked child that exits with `code` after `delay_ms`, and its pidfd.

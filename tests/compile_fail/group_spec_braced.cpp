@@ -1,0 +1,7 @@
+// Refused on g++ 12: a group_spec in braces, inside co_await.
+// expected error: g++ 12 destroys a group_spec temporary twice inside co_await
+#include "cohort/group.hpp"
+
+asio::awaitable<void> start() {
+  cohort::group g = co_await cohort::start_processes({.entry = cohort::command("true"), .nprocs = 4});
+}
