@@ -46,7 +46,7 @@ PUBLIC = {
     "launch": ["entry_point", "error_file", "launch_hook"],
     "group": ["group", "guardian", "when_any"],
     "multiprocessing": ["process_error", "spawn_and_join", "pool"],
-    "base": ["export", "version"],
+    "base": ["export", "version", "completion_token"],
     "all": ["cohort"],
 }
 
