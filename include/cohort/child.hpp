@@ -3,6 +3,7 @@
 
 #include "cohort/export.hpp"
 
+#include "cohort/completion_token.hpp"
 #include "cohort/exit_status.hpp"
 
 #include <asio/any_io_executor.hpp>
@@ -48,12 +49,21 @@ class child {
   /// The pidfd; -1 without a process. Owned by this object.
   int native_handle() const noexcept;
 
-  /// Waits for the child to exit and reaps it. Starts lazily, when awaited.
-  /// Once reaped, every later wait returns the same status at once.
-  /// Cancellation (asio per-operation cancellation) stops the wait and leaves
-  /// the child running: it throws std::system_error(operation_aborted).
-  /// Throws std::logic_error while another wait() is in flight.
-  [[nodiscard]] asio::awaitable<exit_status> wait();
+  /// Waits for the child to exit and reaps it; an asio asynchronous
+  /// operation completing as void(std::exception_ptr, exit_status), by
+  /// default an asio::awaitable<exit_status> that starts lazily, when
+  /// awaited. It runs on the executor the child was spawned on; the handler
+  /// runs on its own associated executor. Once reaped, every later wait
+  /// returns the same status at once. Cancellation (asio per-operation
+  /// cancellation, through the token's cancellation slot) stops the wait and
+  /// leaves the child running and waitable: it completes with
+  /// std::system_error(operation_aborted). Fails with std::logic_error while
+  /// another wait() is in flight.
+  template <completion_token_of<exit_status> Token = default_token>
+  [[nodiscard]] auto wait(Token&& token = {}) {
+    return detail::async_awaitable<exit_status>(
+        executor(), [state = state_](const asio::any_io_executor&) { return wait_for(state); }, std::forward<Token>(token));
+  }
   /// Blocks the calling thread until the child exits, and reaps it.
   exit_status join();
   exit_status join(std::error_code& ec);
@@ -91,6 +101,8 @@ class child {
   explicit child(std::shared_ptr<detail::child_state> state) noexcept;
 
  private:
+  static asio::awaitable<exit_status> wait_for(std::shared_ptr<detail::child_state> state);
+  std::optional<asio::any_io_executor> executor() const;
   void release() noexcept;
   std::shared_ptr<detail::child_state> state_;
 };

@@ -4,6 +4,7 @@
 
 #include "cohort/export.hpp"
 
+#include "cohort/completion_token.hpp"
 #include "cohort/encoding.hpp"
 #include "cohort/storage.hpp"
 
@@ -30,13 +31,25 @@ class event {
   void clear() noexcept;
   bool is_set() const noexcept;
 
-  /// Suspends until the event is set. Lazy: starts when awaited; may be
-  /// cancelled.
-  [[nodiscard]] asio::awaitable<void> wait() const;
+  /// Waits until the event is set; an asio asynchronous operation
+  /// completing as void(std::exception_ptr), by default an
+  /// asio::awaitable<void> that starts lazily, when awaited. It runs on the
+  /// handler's associated executor, which must be an io_context's (the
+  /// awaiting coroutine's for use_awaitable; bind one with
+  /// asio::bind_executor for a callback or asio::use_future). Cancellation
+  /// through the token's cancellation slot ends it with
+  /// std::system_error(operation_aborted); the event is untouched.
+  template <completion_token_of<void> Token = default_token>
+  [[nodiscard]] auto wait(Token&& token = {}) const {
+    return detail::async_awaitable<void>(
+        std::nullopt, [state = state_](asio::any_io_executor executor) { return wait_on(std::move(executor), state); },
+        std::forward<Token>(token));
+  }
   /// Blocks until the event is set (true) or `timeout` passes (false).
   bool wait_for(std::optional<std::chrono::nanoseconds> timeout = std::nullopt) const;
 
  private:
+  static asio::awaitable<void> wait_on(asio::any_io_executor executor, storage state);
   friend struct detail::handle_codec<event>;
   explicit event(storage state);
   storage state_;

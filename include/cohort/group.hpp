@@ -7,6 +7,7 @@
 #include "cohort/child.hpp"
 #include "cohort/command.hpp"
 #include "cohort/compiler.hpp"
+#include "cohort/completion_token.hpp"
 #include "cohort/encoding.hpp"
 #include "cohort/entry_point.hpp"
 #include "cohort/exit_status.hpp"
@@ -148,12 +149,21 @@ class group {
   group& operator=(group&&) noexcept;
   ~group();
 
-  /// Waits until every rank has ended and returns how the run went. Starts
-  /// lazily, when awaited. Cancelling the wait shuts the group down as a
-  /// failure would; the wait then ends, after the shutdown, with
+  /// Waits until every rank has ended and returns how the run went; an
+  /// asio asynchronous operation completing as void(std::exception_ptr,
+  /// run_result), by default an asio::awaitable<run_result> that starts
+  /// lazily, when awaited. It runs on the group's executor; the handler runs
+  /// on its own associated executor. Cancelling the wait (through the
+  /// token's cancellation slot) shuts the group down as a failure would; the
+  /// wait then ends, after the shutdown, with
   /// std::system_error(operation_aborted). Any number of waits may be in
   /// flight at once.
-  [[nodiscard]] asio::awaitable<run_result> wait();
+  template <completion_token_of<run_result> Token = default_token>
+  [[nodiscard]] auto wait(Token&& token = {}) {
+    return detail::async_awaitable<run_result>(
+        executor(), [state = state_](const asio::any_io_executor&) { return wait_for(state); },
+        std::forward<Token>(token));
+  }
   /// Blocks the calling thread for at most `timeout`; true once every rank
   /// has ended (the result is then in result()). The io_context must run on
   /// another thread meanwhile.
@@ -176,35 +186,59 @@ class group {
   explicit group(std::shared_ptr<detail::group_state> state) noexcept;
 
  private:
+  static asio::awaitable<run_result> wait_for(std::shared_ptr<detail::group_state> state);
+  std::optional<asio::any_io_executor> executor() const;
   std::shared_ptr<detail::group_state> state_;
 };
-
-/// Starts the ranks of `spec` on the calling coroutine's executor. Bad rank
-/// maps (missing or extra keys), nprocs < 1, and launch failures throw before
-/// anything keeps running: ranks already started are killed and reaped.
-/// This process becomes a child subreaper (PR_SET_CHILD_SUBREAPER), so
-/// descendants that leave their rank's process group (setsid) are still
-/// found and ended with the run. Starts lazily, when awaited; `spec` must
-/// live until then.
-[[nodiscard]] asio::awaitable<group> start_processes(const group_spec& spec);
 
 #if COHORT_AWAIT_TEMPORARY_BUG
 /// Refused at compile time on g++ 12 and older, which destroy a group_spec
 /// temporary inside a co_await expression twice (cohort/compiler.hpp): its
-/// maps are walked after they were freed. A named group_spec is taken by the
-/// overload above.
-template <class Refused = group_spec>
-asio::awaitable<group> start_processes(group_spec&& spec) {
-  static_assert(detail::refused<Refused>,
+/// maps would be freed twice. A named group_spec is taken by the overloads
+/// above.
+template <class Token = default_token>
+auto start_processes(group_spec&& spec, Token&& token = {}) {
+  static_assert(detail::refused<Token>,
                 "g++ 12 destroys a group_spec temporary twice inside co_await: name the group_spec "
                 "first, `group_spec spec{...}; co_await start_processes(spec);`, or call "
                 "start_processes(executor, spec), which is not awaited");
-  return start_processes(static_cast<const group_spec&>(spec));
+  return start_processes(static_cast<const group_spec&>(spec), std::forward<Token>(token));
 }
 #endif
 
 /// Starts the ranks now; supervision runs on `executor` (an io_context's).
 group start_processes(const asio::any_io_executor& executor, const group_spec& spec);
+
+namespace detail {
+asio::awaitable<group> start_processes_on(asio::any_io_executor executor, group_spec spec);
+}
+
+/// Starts the ranks of `spec`; an asio asynchronous operation completing as
+/// void(std::exception_ptr, group) once every rank runs, by default an
+/// asio::awaitable<group> that starts lazily, when awaited. Supervision runs
+/// on the handler's associated executor, which must be an io_context's (the
+/// awaiting coroutine's for use_awaitable; bind one with asio::bind_executor
+/// for a callback or asio::use_future, or pass the executor first). Bad rank
+/// maps (missing or extra keys), nprocs < 1, and launch failures fail it
+/// before anything keeps running: ranks already started are killed and
+/// reaped. This process becomes a child subreaper (PR_SET_CHILD_SUBREAPER),
+/// so descendants that leave their rank's process group (setsid) are still
+/// found and ended with the run. `spec` is copied when the operation is
+/// made. The launch blocks the thread it runs on; cancellation has nothing
+/// to stop.
+template <completion_token_of<group> Token = default_token>
+[[nodiscard]] auto start_processes(const group_spec& spec, Token&& token = {}) {
+  return detail::async_awaitable<group>(
+      std::nullopt, [spec](asio::any_io_executor executor) { return detail::start_processes_on(std::move(executor), spec); },
+      std::forward<Token>(token));
+}
+/// As above, supervision on `executor` (an io_context's).
+template <completion_token_of<group> Token>
+[[nodiscard]] auto start_processes(const asio::any_io_executor& executor, const group_spec& spec, Token&& token) {
+  return detail::async_awaitable<group>(
+      executor, [spec](asio::any_io_executor where) { return detail::start_processes_on(std::move(where), spec); },
+      std::forward<Token>(token));
+}
 
 }  // namespace cohort
 

@@ -6,6 +6,7 @@
 #include "cohort/export.hpp"
 
 #include "cohort/compiler.hpp"
+#include "cohort/completion_token.hpp"
 #include "cohort/encoding.hpp"
 #include "cohort/storage.hpp"
 
@@ -144,12 +145,22 @@ class queue {
     return detail::read_record<T>(out);
   }
 
-  /// Pushes, suspending while full. Lazy: starts when awaited. Cancelling
-  /// it leaves the value unpushed. Throws as put().
-  [[nodiscard]] asio::awaitable<void> push(T value) {
-    detail::queue_record r;
-    detail::fill_record(r, value);
-    co_await detail::queue_push(core_, r);
+  /// Pushes, waiting while full; an asio asynchronous operation completing
+  /// as void(std::exception_ptr), by default an asio::awaitable<void> that
+  /// starts lazily, when awaited. It runs on the handler's associated
+  /// executor, which must be an io_context's (the awaiting coroutine's for
+  /// use_awaitable; bind one with asio::bind_executor for a callback or
+  /// asio::use_future). `value` is encoded when the operation is made.
+  /// Cancellation through the token's cancellation slot ends it with
+  /// std::system_error(operation_aborted) and leaves the value unpushed.
+  /// Fails as put() throws.
+  template <completion_token_of<void> Token = default_token>
+  [[nodiscard]] auto push(const T& value, Token&& token = {}) {
+    auto r = std::make_shared<detail::queue_record>();
+    detail::fill_record(*r, value);
+    return detail::async_awaitable<void>(
+        std::nullopt, [core = core_, r](const asio::any_io_executor&) { return push_record(core, r); },
+        std::forward<Token>(token));
   }
 #if COHORT_AWAIT_TEMPORARY_BUG
   /// Refused at compile time on g++ 12 and older, which cannot compile a
@@ -165,11 +176,16 @@ class queue {
     return push(T(values.begin(), values.end()));
   }
 #endif
-  /// Pops, suspending while empty. Lazy: starts when awaited. Throws as get().
-  [[nodiscard]] asio::awaitable<T> pop() {
-    std::vector<std::byte> out;
-    co_await detail::queue_pop(core_, out);
-    co_return detail::read_record<T>(out);
+  /// Pops, waiting while empty; an asio asynchronous operation completing
+  /// as void(std::exception_ptr, T), by default an asio::awaitable<T> that
+  /// starts lazily, when awaited; it runs as push() does. Cancellation ends
+  /// it with std::system_error(operation_aborted) and takes no value. Fails
+  /// as get() throws.
+  template <completion_token_of<T> Token = default_token>
+  [[nodiscard]] auto pop(Token&& token = {}) {
+    return detail::async_awaitable<T>(
+        std::nullopt, [core = core_](const asio::any_io_executor&) { return pop_value(core); },
+        std::forward<Token>(token));
   }
 
   /// Ends pushing, in every process: pushes throw queue_closed; pops drain
@@ -183,6 +199,18 @@ class queue {
  private:
   friend struct detail::handle_codec<queue>;
   explicit queue(std::shared_ptr<detail::queue_core> core) noexcept : core_(std::move(core)) {}
+
+  // `r` is held by the operation object, which may start (deferred) after
+  // push() has returned.
+  static asio::awaitable<void> push_record(std::shared_ptr<detail::queue_core> core,
+                                           std::shared_ptr<detail::queue_record> r) {
+    co_await detail::queue_push(std::move(core), *r);
+  }
+  static asio::awaitable<T> pop_value(std::shared_ptr<detail::queue_core> core) {
+    std::vector<std::byte> out;
+    co_await detail::queue_pop(std::move(core), out);
+    co_return detail::read_record<T>(out);
+  }
 
   static detail::queue_record& record() {
     thread_local detail::queue_record r;

@@ -43,30 +43,77 @@ struct spawn_options {
   bool close_other_fds = true;
   /// Descriptors (>= 3) the child inherits under the same numbers.
   std::vector<int> keep_fds{};
+  /// The caller's own set-up of the child, for what these options do not
+  /// cover (setrlimit, nice, namespaces, CPU affinity): called in the child
+  /// as `before_exec(before_exec_context)` after the set-up above (process
+  /// group, streams, working directory, descriptors) and just before exec,
+  /// or before a function rank's function. The child is vfork-style: it
+  /// shares the parent's memory and may run while the parent holds locks,
+  /// so the hook must be noexcept, allocate nothing and make only
+  /// async-signal-safe calls. It returns 0, or an errno value that fails the
+  /// launch: the spawn throws std::system_error with that value, naming the
+  /// hook, and no process is left behind. `before_exec_context` is passed
+  /// as is and must stay valid until the spawn returns. Refused
+  /// (std::invalid_argument) by the forkserver start method, whose children
+  /// are forked by another program.
+  int (*before_exec)(void* context) noexcept = nullptr;
+  void* before_exec_context = nullptr;
 };
 
-/// Starts `cmd` on the calling coroutine's executor. The child is running
-/// when this returns. Throws std::system_error naming the program and the
+namespace detail {
+asio::awaitable<child> spawn_on(asio::any_io_executor executor, command cmd, spawn_options options);
+}
+
+/// Starts `cmd`; an asio asynchronous operation completing as
+/// void(std::exception_ptr, child) with the child running, by default an
+/// asio::awaitable<child> that starts lazily, when awaited. The child's wait
+/// and pipes run on the handler's associated executor, which must be an
+/// io_context's (the awaiting coroutine's for use_awaitable; bind one with
+/// asio::bind_executor for a callback or asio::use_future, or pass the
+/// executor first). Fails with std::system_error naming the program and the
 /// cause when it cannot start (not found, not executable, bad working
-/// directory, a file that cannot be opened, EMFILE with the descriptor
-/// limit); no process is left behind then. Starts lazily, when awaited:
-/// `options` is read then, so it must outlive that first await (it does when
-/// the spawn is awaited in the statement that names it).
-[[nodiscard]] asio::awaitable<child> spawn(command cmd, const spawn_options& options);
-[[nodiscard]] asio::awaitable<child> spawn(command cmd);
+/// directory, a file that cannot be opened, a failing before_exec hook,
+/// EMFILE with the descriptor limit); no process is left behind then.
+/// `options` is copied when the operation is made. The launch itself blocks
+/// the thread it runs on until the child has exec'd; cancellation has
+/// nothing to stop.
+template <completion_token_of<child> Token = default_token>
+[[nodiscard]] auto spawn(command cmd, const spawn_options& options, Token&& token = {}) {
+  return detail::async_awaitable<child>(
+      std::nullopt, [cmd = std::move(cmd), options](asio::any_io_executor executor) {
+        return detail::spawn_on(std::move(executor), cmd, options);
+      }, std::forward<Token>(token));
+}
+template <completion_token_of<child> Token = default_token>
+[[nodiscard]] auto spawn(command cmd, Token&& token = {}) {
+  return detail::async_awaitable<child>(
+      std::nullopt, [cmd = std::move(cmd)](asio::any_io_executor executor) {
+        const spawn_options defaults;
+        return detail::spawn_on(std::move(executor), cmd, defaults);
+      }, std::forward<Token>(token));
+}
+/// As above, the child's wait and pipes on `executor` (an io_context's).
+template <completion_token_of<child> Token>
+[[nodiscard]] auto spawn(const asio::any_io_executor& executor, command cmd, const spawn_options& options,
+                         Token&& token) {
+  return detail::async_awaitable<child>(
+      executor, [cmd = std::move(cmd), options](asio::any_io_executor where) {
+        return detail::spawn_on(std::move(where), cmd, options);
+      }, std::forward<Token>(token));
+}
 
 #if COHORT_AWAIT_TEMPORARY_BUG
 /// Refused at compile time on g++ 12 and older, which destroy a
 /// spawn_options temporary inside a co_await expression twice
 /// (cohort/compiler.hpp). A named spawn_options is taken by the overload
 /// above.
-template <class Refused = spawn_options>
-asio::awaitable<child> spawn(command cmd, spawn_options&& options) {
-  static_assert(detail::refused<Refused>,
+template <class Token = default_token>
+auto spawn(command cmd, spawn_options&& options, Token&& token = {}) {
+  static_assert(detail::refused<Token>,
                 "g++ 12 destroys a spawn_options temporary twice inside co_await: name the options "
                 "first, `spawn_options options{...}; co_await spawn(cmd, options);`, or call "
                 "spawn(executor, cmd, options), which is not awaited");
-  return spawn(std::move(cmd), static_cast<const spawn_options&>(options));
+  return spawn(std::move(cmd), static_cast<const spawn_options&>(options), std::forward<Token>(token));
 }
 #endif
 

@@ -427,9 +427,13 @@ bool group::join(std::chrono::milliseconds timeout) {
   return state_->finished_cv.wait_for(lock, timeout, [&] { return state_->finished; });
 }
 
-asio::awaitable<run_result> group::wait() {
-  if (!state_) throw std::logic_error("cohort::group::wait: no group");
-  auto state = state_;
+std::optional<asio::any_io_executor> group::executor() const {
+  if (!state_) return std::nullopt;
+  return state_->strand.get_inner_executor();
+}
+
+asio::awaitable<run_result> group::wait_for(std::shared_ptr<detail::group_state> state) {
+  if (!state) throw std::logic_error("cohort::group::wait: no group");
   auto executor = co_await asio::this_coro::executor;
   // Once cancelled, this coroutine still waits for the shutdown it starts:
   // later awaits must not throw at once, as Asio makes them by default.
@@ -454,7 +458,7 @@ asio::awaitable<run_result> group::wait() {
     if (ec) {  // cancelled from outside: shut the group down as a failure would
       cancelled = true;
       co_await asio::this_coro::reset_cancellation_state();
-      stop();
+      asio::dispatch(state->strand, [state] { detail::begin_stop(*state); });
       std::lock_guard lock(state->mutex);
       std::erase(state->waiters, waiter);
     }
@@ -515,8 +519,13 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   return group(std::move(state));
 }
 
-asio::awaitable<group> start_processes(const group_spec& spec) {
-  auto executor = co_await asio::this_coro::executor;
+// A start cancelled before it runs starts nothing; once started, the launch
+// is not stopped halfway.
+asio::awaitable<group> detail::start_processes_on(asio::any_io_executor executor, group_spec spec) {
+  const asio::cancellation_state cancellation = co_await asio::this_coro::cancellation_state;
+  if (cancellation.cancelled() != asio::cancellation_type::none) {
+    throw std::system_error(asio::error::operation_aborted, "cohort::start_processes");
+  }
   co_return start_processes(executor, spec);
 }
 

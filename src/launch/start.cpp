@@ -303,6 +303,10 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
   if (call.method == start_method::forkserver) {
     check_reexecutable(call, describe_rank(call, 0));
     for (std::size_t r = 0; r < n; ++r) {
+      if (options[r].before_exec != nullptr) {
+        throw std::invalid_argument(fmt::format("{}: the forkserver cannot run spawn_options::before_exec",
+                                                describe_rank(call, static_cast<int>(r))));
+      }
       if (options[r].keep_fds.size() > max_kept) {
         throw std::invalid_argument(fmt::format("{}: the forkserver passes at most {} keep_fds",
                                                 describe_rank(call, static_cast<int>(r)), max_kept));

@@ -104,8 +104,13 @@ std::optional<exit_status> child::status() const noexcept {
   return state_ ? state_->status : std::nullopt;
 }
 
-asio::awaitable<exit_status> child::wait() {
-  auto state = state_;  // the wait keeps the process's state alive
+std::optional<asio::any_io_executor> child::executor() const {
+  if (!state_) return std::nullopt;
+  return state_->executor;
+}
+
+// `state` keeps the process's state alive while the wait lasts.
+asio::awaitable<exit_status> child::wait_for(std::shared_ptr<detail::child_state> state) {
   if (!state) throw std::logic_error("cohort::child::wait: no process");
   if (state->status) co_return *state->status;
   if (state->waiting) throw std::logic_error("cohort::child::wait: a wait is already in flight");

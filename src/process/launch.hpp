@@ -18,7 +18,7 @@
 namespace cohort::detail {
 
 /// Where a launch failed; names the cause in the exception.
-enum class stage { none, path_lookup, open_file, pipe, clone, signals, setpgid, pdeathsig, dup2, chdir, fds, exec, start };
+enum class stage { none, path_lookup, open_file, pipe, clone, signals, setpgid, pdeathsig, dup2, chdir, fds, hook, exec, start };
 
 /// What the new process does to set itself up, built in the parent. The new
 /// process only reads it, except for `failed_at` / `error`.
@@ -43,6 +43,9 @@ struct launch_plan {
   /// forks, so that each child does not ask for every signal again. Null:
   /// the child asks.
   const std::uint64_t* reset_signals = nullptr;
+  /// spawn_options::before_exec and its context; called last.
+  int (*hook)(void* context) noexcept = nullptr;
+  void* hook_context = nullptr;
 
   stage failed_at = stage::none;
   int error = 0;
@@ -55,7 +58,8 @@ std::uint64_t signals_to_reset() noexcept;
 
 /// Runs in the new process: resets signal handlers and the mask, then the
 /// process group, parent-death signal, standard streams, working directory
-/// and descriptors as `p` says. Only system calls: safe in a vfork-style
+/// and descriptors as `p` says, then calls the hook. Only system calls (and
+/// the hook, which promises the same): safe in a vfork-style
 /// child. Returns false with `failed_at` and `error` set.
 bool set_up_child(launch_plan& p) noexcept;
 

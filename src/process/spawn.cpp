@@ -121,6 +121,13 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
   for (std::size_t i = 0; i < p.keep_count; ++i) {
     if (::fcntl(p.keep[i], F_SETFD, 0) != 0) return failed(p, stage::fds);
   }
+  if (p.hook != nullptr) {
+    if (const int error = p.hook(p.hook_context); error != 0) {
+      p.failed_at = stage::hook;
+      p.error = error;
+      return false;
+    }
+  }
   return true;
 }
 
@@ -338,6 +345,7 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
     case stage::dup2: cause = fmt::format(": placing standard streams{}", f.detail.empty() ? "" : " (" + f.detail + ")"); break;
     case stage::chdir: cause = fmt::format(": cannot change directory to '{}'", f.detail); break;
     case stage::fds: cause = ": keeping inherited descriptors"; break;
+    case stage::hook: cause = ": spawn_options::before_exec"; break;
     case stage::exec: cause = ": execve"; break;
     case stage::start: cause = f.detail.empty() ? "" : ": " + f.detail; break;
     case stage::none: break;
@@ -394,6 +402,8 @@ prepared_launch::prepared_launch(const spawn_options& options, const std::vector
   rlimit lim{};
   ::getrlimit(RLIMIT_NOFILE, &lim);
   p.fd_limit = static_cast<int>(std::min<rlim_t>(lim.rlim_cur, 1 << 20));
+  p.hook = options.before_exec;
+  p.hook_context = options.before_exec_context;
 }
 
 prepared_launch::~prepared_launch() = default;
@@ -483,15 +493,14 @@ child spawn(const asio::any_io_executor& executor, const command& cmd, const spa
   return child(std::move(state));
 }
 
-asio::awaitable<child> spawn(command cmd, const spawn_options& options) {
-  auto executor = co_await asio::this_coro::executor;
+// A spawn cancelled before it runs starts nothing; once started, the launch
+// is too short to stop.
+asio::awaitable<child> detail::spawn_on(asio::any_io_executor executor, command cmd, spawn_options options) {
+  const asio::cancellation_state cancellation = co_await asio::this_coro::cancellation_state;
+  if (cancellation.cancelled() != asio::cancellation_type::none) {
+    throw std::system_error(asio::error::operation_aborted, "cohort::spawn");
+  }
   co_return spawn(executor, cmd, options);
-}
-
-asio::awaitable<child> spawn(command cmd) {
-  const spawn_options defaults;  // named: no aggregate temporary near a co_await (g++ 12)
-  auto executor = co_await asio::this_coro::executor;
-  co_return spawn(executor, cmd, defaults);
 }
 
 namespace {

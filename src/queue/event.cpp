@@ -4,7 +4,6 @@
 #include "os/futex.hpp"
 #include "uring/futex.hpp"
 
-#include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <atomic>
@@ -55,9 +54,9 @@ void event::set() {
 void event::clear() noexcept { state_of(state_).flag.store(0); }
 bool event::is_set() const noexcept { return state_of(state_).flag.load() != 0; }
 
-asio::awaitable<void> event::wait() const {
-  auto executor = co_await asio::this_coro::executor;
-  auto& s = state_of(state_);
+// `state` keeps the flag mapped while the wait lasts.
+asio::awaitable<void> event::wait_on(asio::any_io_executor executor, storage state) {
+  auto& s = state_of(state);
   while (s.flag.load() == 0) {
     const counted_sleeper sleeper(s.sleepers);
     if (s.flag.load() != 0) break;

@@ -13,6 +13,7 @@
 
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/multiple_exceptions.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
@@ -343,8 +344,19 @@ asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
   using namespace asio::experimental::awaitable_operators;
   auto executor = co_await asio::this_coro::executor;
   asio::steady_timer timer(executor, watch_interval);
-  co_await (uring::async_futex_wait(executor, q.word(s), seq, asio::use_awaitable) ||
-            timer.async_wait(asio::use_awaitable));
+  // Cancelled from outside, both branches fail and `||` throws
+  // multiple_exceptions: the wait is then simply cancelled.
+  std::exception_ptr failure;
+  try {
+    co_await (uring::async_futex_wait(executor, q.word(s), seq, asio::use_awaitable) ||
+              timer.async_wait(asio::use_awaitable));
+  } catch (const asio::multiple_exceptions& e) {
+    failure = e.first_exception();
+  }
+  if (!failure) co_return;
+  const asio::cancellation_state state = co_await asio::this_coro::cancellation_state;
+  if (state.cancelled() != asio::cancellation_type::none) throw std::system_error(asio::error::operation_aborted, "cohort::queue");
+  std::rethrow_exception(failure);
 }
 
 // Suspends until a push or pop goes through, or the other side is gone

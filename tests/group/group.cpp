@@ -9,19 +9,25 @@
 
 #include <doctest/doctest.h>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/experimental/deferred.hpp>
 #include <asio/read_until.hpp>
 #include <asio/steady_timer.hpp>
 
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <thread>
 
@@ -440,5 +446,97 @@ TEST_SUITE("group") {
     CHECK(error_dirs_in(tmp.path) == std::vector<std::string>{"cohort-errors-live01"});
     CHECK(fs::exists(tmp.path / "errors-of-someone-else"));
     ::close(held);
+  }
+  TEST_CASE("a group's wait with a callback completes with the run's result") {
+    asio::io_context io;
+    group g = start_processes(io.get_executor(), ranks_of(2, {"exit", "0"}));
+    std::optional<run_result> result;
+    std::exception_ptr error;
+    g.wait([&](std::exception_ptr e, run_result r) {
+      error = e;
+      result = std::move(r);
+    });
+    io.run();
+    CHECK_FALSE(error);
+    REQUIRE(result);
+    CHECK(result->ok());
+    CHECK(result->statuses.size() == 2);
+  }
+
+  TEST_CASE("start_processes and wait with use_future deliver the group and its result") {
+    asio::io_context io;
+    const test::io_thread runner(io);
+    const group_spec spec = ranks_of(2, {"exit", "3"});
+    group g = start_processes(io.get_executor(), spec, asio::use_future).get();
+    CHECK(g.pids().size() == 2);
+    run_result result = g.wait(asio::use_future).get();
+    CHECK_FALSE(result.ok());
+    CHECK(result.failures.size() >= 1);
+    CHECK(result.failures[0].status.code() == 3);
+    const group_spec bad = ranks_of(0, {"exit", "0"});
+    CHECK_THROWS_AS(start_processes(io.get_executor(), bad, asio::use_future).get(), std::invalid_argument);
+  }
+
+  TEST_CASE("a deferred group wait cancelled through its slot shuts the group down and completes as aborted") {
+    asio::io_context io;
+    group g = start_processes(io.get_executor(), ranks_of(2, {"sleep", "30"}));
+    auto pids = g.pids();
+    auto wait = g.wait(asio::experimental::deferred);
+    asio::cancellation_signal cancel;
+    std::exception_ptr error;
+    bool done = false;
+    std::move(wait)(asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, run_result) {
+      error = e;
+      done = true;
+    }));
+    asio::steady_timer timer(io, 50ms);
+    timer.async_wait([&](std::error_code) { cancel.emit(asio::cancellation_type::terminal); });
+    io.run();
+    CHECK(done);
+    CHECK(test::aborted(error));
+    auto result = g.result();
+    REQUIRE(result);
+    CHECK(result->stopped);
+    for (pid_t pid : pids) CHECK_FALSE(test::alive(pid));
+  }
+
+  TEST_CASE("a deferred start cancelled before it runs starts no rank and completes as aborted") {
+    asio::io_context io;
+    const group_spec spec = ranks_of(2, {"sleep", "30"});
+    auto start = start_processes(spec, asio::experimental::deferred);
+    asio::cancellation_signal cancel;
+    std::exception_ptr error;
+    group started;
+    std::move(start)(asio::bind_cancellation_slot(cancel.slot(), asio::bind_executor(io, [&](std::exception_ptr e, group g) {
+      error = e;
+      started = std::move(g);
+    })));
+    cancel.emit(asio::cancellation_type::terminal);
+    io.run();
+    CHECK(test::aborted(error));
+    CHECK(started.pids().empty());
+  }
+
+  TEST_CASE("program ranks run the spawn options' before_exec hook") {
+    test::temp_dir dir;
+    group_spec spec = ranks_of(1, {"print-nofile"});
+    static rlim_t limit = 91;
+    spec.options.before_exec = [](void* context) noexcept {
+      const rlim_t value = *static_cast<const rlim_t*>(context);
+      const rlimit lim{value, value};
+      return ::setrlimit(RLIMIT_NOFILE, &lim) == 0 ? 0 : errno;
+    };
+    spec.options.before_exec_context = &limit;
+    spec.options.out = stdio::file(dir.path / "out");
+    CHECK(run_group(spec).ok());
+    CHECK(test::read_file(dir.path / "out") == "91\n");
+    spec.options.before_exec = [](void*) noexcept { return EACCES; };
+    try {
+      run_group(spec);
+      FAIL("the group started");
+    } catch (const std::system_error& e) {
+      CHECK(e.code() == std::error_code(EACCES, std::system_category()));
+      CHECK(std::string(e.what()).find("before_exec") != std::string::npos);
+    }
   }
 }

@@ -8,6 +8,7 @@
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
+#include <asio/experimental/deferred.hpp>
 #include <asio/detached.hpp>
 #include <asio/strand.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
@@ -339,5 +340,56 @@ TEST_SUITE("child") {
       REQUIRE(status);
       CHECK(status->code() == 2);
     }
+  }
+
+  TEST_CASE("wait() with a callback completes with the status on the child's io_context") {
+    asio::io_context io;
+    child c = spawn(io.get_executor(), target({"exit", "4"}));
+    std::optional<exit_status> status;
+    std::exception_ptr error;
+    c.wait([&](std::exception_ptr e, exit_status s) {
+      error = e;
+      status = s;
+    });
+    CHECK_FALSE(status);  // not before the io_context runs
+    io.run();
+    CHECK_FALSE(error);
+    REQUIRE(status);
+    CHECK(status->code() == 4);
+    CHECK(c.status() == status);
+  }
+
+  TEST_CASE("wait() with use_future delivers the status through the future") {
+    asio::io_context io;
+    child c = spawn(io.get_executor(), target({"exit", "5"}));
+    const test::io_thread runner(io);
+    auto status = c.wait(asio::use_future);
+    CHECK(status.get().code() == 5);
+  }
+
+  TEST_CASE("a deferred wait cancelled through its slot completes as aborted and leaves the child waitable") {
+    asio::io_context io;
+    child c = spawn(io.get_executor(), target({"sleep", "30"}));
+    auto wait = c.wait(asio::experimental::deferred);
+    asio::cancellation_signal cancel;
+    std::exception_ptr error;
+    bool done = false;
+    std::move(wait)(asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, exit_status) {
+      error = e;
+      done = true;
+    }));
+    asio::steady_timer timer(io, 20ms);
+    timer.async_wait([&](std::error_code) { cancel.emit(asio::cancellation_type::terminal); });
+    io.run();
+    CHECK(done);
+    CHECK(test::aborted(error));
+    CHECK(test::alive(c.pid()));
+    c.signal(SIGKILL);
+    io.restart();
+    std::optional<exit_status> later;
+    c.wait([&](std::exception_ptr, exit_status s) { later = s; });
+    io.run();
+    REQUIRE(later);
+    CHECK(later->signal() == SIGKILL);
   }
 }

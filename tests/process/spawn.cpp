@@ -5,6 +5,11 @@
 
 #include <doctest/doctest.h>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/experimental/deferred.hpp>
+
 #include <fmt/format.h>
 
 #include <fcntl.h>
@@ -59,6 +64,16 @@ std::system_error spawn_error(const command& cmd, const spawn_options& options =
   return std::system_error(std::error_code());
 }
 
+// Hooks for spawn_options::before_exec: only system calls, as in the child.
+int lower_nofile(void* context) noexcept {
+  const rlimit lim{*static_cast<const rlim_t*>(context), *static_cast<const rlim_t*>(context)};
+  return ::setrlimit(RLIMIT_NOFILE, &lim) == 0 ? 0 : errno;
+}
+
+int be_nicer(void*) noexcept { return ::setpriority(PRIO_PROCESS, 0, 7) == 0 ? 0 : errno; }
+
+int refuse(void*) noexcept { return EPERM; }
+
 bool has_unreaped_children() {
   siginfo_t info{};
   return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0;
@@ -107,6 +122,26 @@ TEST_SUITE("spawn") {
     CHECK(std::string(e.what()).find("/nonexistent/dir") != std::string::npos);
     CHECK(std::string(e.what()).find(test::target) != std::string::npos);
     CHECK_FALSE(has_unreaped_children());
+  }
+
+  TEST_CASE("the before_exec hook runs in the child: a lowered descriptor limit and a nice value are seen") {
+    rlim_t limit = 77;
+    CHECK(output_of({"print-nofile"}, {.before_exec = lower_nofile, .before_exec_context = &limit}) == "77");
+    CHECK(output_of({"print-nofile"}) != "77");
+    CHECK(output_of({"print-nice"}, {.before_exec = be_nicer}) == std::to_string(::getpriority(PRIO_PROCESS, 0) + 7));
+  }
+
+  TEST_CASE("a before_exec hook that fails fails the spawn with its errno, naming it, and leaves no zombie") {
+    auto e = spawn_error(command{test::target, {"exit", "0"}}, {.before_exec = refuse});
+    CHECK(e.code() == std::error_code(EPERM, std::system_category()));
+    CHECK(std::string(e.what()).find("before_exec") != std::string::npos);
+    CHECK(std::string(e.what()).find(test::target) != std::string::npos);
+    CHECK_FALSE(has_unreaped_children());
+    std::error_code ec;
+    asio::io_context io;
+    child c = spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.before_exec = refuse}, ec);
+    CHECK(ec == std::error_code(EPERM, std::system_category()));
+    CHECK_FALSE(c);
   }
 
   TEST_CASE("a program missing from PATH is a clear error") {
@@ -338,5 +373,49 @@ TEST_SUITE("spawn") {
   TEST_CASE("run() blocks until the child exits and returns its status") {
     CHECK(run(command{test::target, {"exit", "9"}}).code() == 9);
     CHECK(run(command{test::target, {"kill-self", "TERM"}}).signal() == SIGTERM);
+  }
+
+  TEST_CASE("spawn with a callback hands over the running child on the bound executor") {
+    asio::io_context io;
+    child started;
+    std::exception_ptr error;
+    spawn(command{test::target, {"exit", "6"}}, asio::bind_executor(io, [&](std::exception_ptr e, child c) {
+      error = e;
+      started = std::move(c);
+    }));
+    CHECK_FALSE(started);  // not before the io_context runs
+    io.run();
+    CHECK_FALSE(error);
+    REQUIRE(started);
+    CHECK(started.join().code() == 6);
+  }
+
+  TEST_CASE("spawn with use_future delivers the child, or the launch failure, through the future") {
+    asio::io_context io;
+    const test::io_thread runner(io);
+    const spawn_options options;
+    auto started = spawn(io.get_executor(), command{test::target, {"exit", "0"}}, options, asio::use_future);
+    child c = started.get();
+    CHECK(c.join().success());
+    auto failed = spawn(io.get_executor(), command{"cohort-no-such-program"}, options, asio::use_future);
+    CHECK_THROWS_AS(failed.get(), std::system_error);
+    CHECK_FALSE(has_unreaped_children());
+  }
+
+  TEST_CASE("a deferred spawn cancelled before it runs starts nothing and completes as aborted") {
+    asio::io_context io;
+    auto op = spawn(command{test::target, {"sleep", "30"}}, asio::experimental::deferred);
+    asio::cancellation_signal cancel;
+    std::exception_ptr error;
+    child started;
+    std::move(op)(asio::bind_cancellation_slot(cancel.slot(), asio::bind_executor(io, [&](std::exception_ptr e, child c) {
+      error = e;
+      started = std::move(c);
+    })));
+    cancel.emit(asio::cancellation_type::terminal);
+    io.run();
+    CHECK(test::aborted(error));
+    CHECK_FALSE(started);
+    CHECK_FALSE(has_unreaped_children());
   }
 }

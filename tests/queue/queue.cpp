@@ -9,7 +9,11 @@
 
 #include <doctest/doctest.h>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/experimental/deferred.hpp>
 #include <asio/detached.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
@@ -19,6 +23,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <future>
 #include <thread>
 
 using namespace cohort;
@@ -367,6 +372,69 @@ TEST_SUITE("queue") {
     CHECK_THROWS_AS((void)decode<queue<std::string>>(encode(q)), decode_error);
     CHECK_THROWS_AS((void)decode<event>(encode(q)), decode_error);
   }
+
+  TEST_CASE("push and pop with callbacks bound to an io_context move a value") {
+    asio::io_context io;
+    auto q = make_queue<int>(4);
+    std::exception_ptr push_error, pop_error;
+    bool pushed = false;
+    std::optional<int> popped;
+    q.pop(asio::bind_executor(io, [&](std::exception_ptr e, int value) {
+      pop_error = e;
+      popped = value;
+    }));
+    q.push(7, asio::bind_executor(io, [&](std::exception_ptr e) {
+      push_error = e;
+      pushed = true;
+    }));
+    io.run();
+    CHECK(pushed);
+    CHECK_FALSE(push_error);
+    CHECK_FALSE(pop_error);
+    CHECK(popped == 7);
+  }
+
+  TEST_CASE("a pop with use_future is woken by a push from this thread") {
+    asio::io_context io;
+    auto q = make_queue<std::string>(4);
+    const test::io_thread runner(io);
+    auto value = q.pop(asio::bind_executor(io, asio::use_future));
+    CHECK(value.wait_for(20ms) == std::future_status::timeout);
+    REQUIRE(q.try_push("hello"));
+    CHECK(value.get() == "hello");
+    auto pushed = q.push("again", asio::bind_executor(io, asio::use_future));
+    pushed.get();
+    CHECK(q.try_pop() == "again");
+  }
+
+  TEST_CASE("deferred pops and pushes cancelled through their slots complete as aborted and move nothing") {
+    asio::io_context io;
+    auto q = make_queue<int>(1);
+    asio::cancellation_signal cancel_pop, cancel_push;
+    std::exception_ptr pop_error, push_error;
+    auto pop = q.pop(asio::experimental::deferred);
+    std::move(pop)(asio::bind_cancellation_slot(cancel_pop.slot(), asio::bind_executor(io, [&](std::exception_ptr e, int) {
+      pop_error = e;
+    })));
+    asio::steady_timer timer(io, 20ms);
+    timer.async_wait([&](std::error_code) { cancel_pop.emit(asio::cancellation_type::terminal); });
+    io.run();
+    CHECK(test::aborted(pop_error));
+    CHECK(q.size() == 0);
+
+    REQUIRE(q.try_push(1));
+    io.restart();
+    auto push = q.push(2, asio::experimental::deferred);
+    std::move(push)(asio::bind_cancellation_slot(cancel_push.slot(), asio::bind_executor(io, [&](std::exception_ptr e) {
+      push_error = e;
+    })));
+    timer.expires_after(20ms);
+    timer.async_wait([&](std::error_code) { cancel_push.emit(asio::cancellation_type::terminal); });
+    io.run();
+    CHECK(test::aborted(push_error));
+    CHECK(q.try_pop() == 1);
+    CHECK_FALSE(q.try_pop());
+  }
 }
 
 TEST_SUITE("event") {
@@ -405,6 +473,57 @@ TEST_SUITE("event") {
     test::run(io, e.wait());
     CHECK(e.is_set());
     setter.join();
+  }
+
+  TEST_CASE("an event wait with a callback completes once the event is set") {
+    asio::io_context io;
+    event e;
+    std::exception_ptr error;
+    bool done = false;
+    e.wait(asio::bind_executor(io, [&](std::exception_ptr x) {
+      error = x;
+      done = true;
+    }));
+    asio::steady_timer timer(io, 10ms);
+    timer.async_wait([&](std::error_code) {
+      CHECK_FALSE(done);
+      e.set();
+    });
+    io.run();
+    CHECK(done);
+    CHECK_FALSE(error);
+  }
+
+  TEST_CASE("an event wait with use_future is woken by set from this thread") {
+    asio::io_context io;
+    event e;
+    const test::io_thread runner(io);
+    auto waited = e.wait(asio::bind_executor(io, asio::use_future));
+    CHECK(waited.wait_for(20ms) == std::future_status::timeout);
+    e.set();
+    waited.get();
+  }
+
+  TEST_CASE("a deferred event wait cancelled through its slot completes as aborted and the event still works") {
+    asio::io_context io;
+    event e;
+    asio::cancellation_signal cancel;
+    std::exception_ptr error;
+    auto wait = e.wait(asio::experimental::deferred);
+    std::move(wait)(asio::bind_cancellation_slot(cancel.slot(), asio::bind_executor(io, [&](std::exception_ptr x) {
+      error = x;
+    })));
+    asio::steady_timer timer(io, 20ms);
+    timer.async_wait([&](std::error_code) { cancel.emit(asio::cancellation_type::terminal); });
+    io.run();
+    CHECK(test::aborted(error));
+    CHECK_FALSE(e.is_set());
+    e.set();
+    io.restart();
+    bool done = false;
+    e.wait(asio::bind_executor(io, [&](std::exception_ptr x) { done = !x; }));
+    io.run();
+    CHECK(done);
   }
 }
 

@@ -5,6 +5,8 @@
 #include <cohort/io_uring_info.hpp>
 
 #include <asio/co_spawn.hpp>
+#include <asio/error.hpp>
+#include <asio/executor_work_guard.hpp>
 #include <asio/read.hpp>
 #include <asio/readable_pipe.hpp>
 #include <asio/redirect_error.hpp>
@@ -14,6 +16,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -69,6 +72,36 @@ T run(asio::io_context& io, asio::awaitable<T> work, int threads = 1) {
   io.restart();
   return result.get();
 }
+
+/// Whether `error` holds a std::system_error for operation_aborted: how a
+/// cancelled cohort operation completes.
+inline bool aborted(std::exception_ptr error) {
+  if (!error) return false;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::system_error& e) {
+    return e.code() == std::error_code(asio::error::operation_aborted);
+  } catch (...) {
+    return false;
+  }
+}
+
+/// Runs `io` on a thread of its own until destroyed, kept busy by a work
+/// guard: for operations awaited through asio::use_future.
+class io_thread {
+ public:
+  explicit io_thread(asio::io_context& io) : io_(io), work_(io.get_executor()), thread_([&io] { io.run(); }) {}
+  ~io_thread() {
+    work_.reset();
+    thread_.join();
+    io_.restart();
+  }
+
+ private:
+  asio::io_context& io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::thread thread_;
+};
 
 /// A fresh directory under the temporary directory, removed with its contents.
 struct temp_dir {

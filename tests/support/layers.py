@@ -46,7 +46,7 @@ PUBLIC = {
     "launch": ["entry_point", "error_file", "launch_hook"],
     "group": ["group", "guardian", "when_any"],
     "multiprocessing": ["process_error", "spawn_and_join", "pool"],
-    "base": ["compiler", "export", "version"],
+    "base": ["compiler", "completion_token", "export", "version"],
     "all": ["cohort"],
 }
 

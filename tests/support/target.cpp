@@ -8,6 +8,8 @@
 //   print-pdeathsig        print the parent-death signal number
 //   print-sigmask          print the blocked-signal mask as hex
 //   print-sigpipe          print "default" or "ignored" for SIGPIPE's disposition
+//   print-nofile           print the soft limit on open descriptors (RLIMIT_NOFILE)
+//   print-nice             print the nice value
 //   list-fds               print the open descriptors above 2, space separated
 //   cat                    copy stdin to stdout until EOF
 //   write FD TEXT          write TEXT to descriptor FD
@@ -35,6 +37,7 @@
 #include <dirent.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -111,6 +114,16 @@ int main(int argc, char** argv) {
     int sig = 0;
     ::prctl(PR_GET_PDEATHSIG, &sig);
     std::printf("%d\n", sig);
+    return 0;
+  }
+  if (what == "print-nofile") {
+    rlimit lim{};
+    ::getrlimit(RLIMIT_NOFILE, &lim);
+    std::printf("%llu\n", static_cast<unsigned long long>(lim.rlim_cur));
+    return 0;
+  }
+  if (what == "print-nice") {
+    std::printf("%d\n", ::getpriority(PRIO_PROCESS, 0));
     return 0;
   }
   if (what == "print-sigmask") {

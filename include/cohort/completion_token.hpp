@@ -1,0 +1,109 @@
+// How cohort's asynchronous operations meet asio's completion tokens: each
+// is a coroutine inside, started through asio::async_initiate, so that it
+// takes any token (asio::use_awaitable, the default; a callback;
+// asio::use_future; asio::deferred; asio::experimental::as_tuple ...) and
+// completes as void(std::exception_ptr[, T]).
+#pragma once
+
+#include "cohort/export.hpp"
+
+#include <asio/any_io_executor.hpp>
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/awaitable.hpp>
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/execution/blocking.hpp>
+#include <asio/require.hpp>
+#include <asio/system_executor.hpp>
+#include <asio/use_awaitable.hpp>
+
+#include <exception>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+COHORT_API_BEGIN
+
+namespace cohort {
+
+namespace detail {
+
+template <class T>
+struct signature_of {
+  using type = void(std::exception_ptr, T);
+};
+template <>
+struct signature_of<void> {
+  using type = void(std::exception_ptr);
+};
+
+}  // namespace detail
+
+/// The completion signature of a cohort operation that yields T:
+/// void(std::exception_ptr, T), or void(std::exception_ptr) for void. The
+/// exception is what the awaitable form throws; cancellation is
+/// std::system_error(asio::error::operation_aborted).
+template <class T>
+using completion_signature = typename detail::signature_of<T>::type;
+
+/// A completion token for an operation that yields T.
+template <class Token, class T>
+concept completion_token_of = asio::completion_token_for<Token, completion_signature<T>>;
+
+/// The default token: the operation is an asio::awaitable<T>.
+using default_token = asio::use_awaitable_t<>;
+
+namespace detail {
+
+/// The handler's associated executor as an any_io_executor; for a handler
+/// with none of that kind (a plain callback, asio::use_future), the system
+/// executor, on which cohort's operations fail with std::invalid_argument.
+template <class Handler>
+asio::any_io_executor io_executor_of(const Handler& handler) {
+  auto executor = asio::get_associated_executor(handler);
+  if constexpr (std::is_convertible_v<decltype(executor), asio::any_io_executor>) {
+    return executor;
+  } else {
+    return asio::require(asio::system_executor(), asio::execution::blocking.never);
+  }
+}
+
+/// Runs `make(executor)`, an asio::awaitable<T>, by co_spawn on `executor`, or, when
+/// there is none, on the handler's associated executor (the awaiting
+/// coroutine's for use_awaitable), and completes the handler on its own
+/// associated executor. The handler's cancellation slot reaches the
+/// coroutine (co_spawn forwards it); the slot is cleared before the handler
+/// runs, so a signal emitted after completion reaches nothing.
+struct initiate_awaitable {
+  template <class Handler, class Make>
+  void operator()(Handler&& handler, std::optional<asio::any_io_executor> executor, Make make) const {
+    auto slot = asio::get_associated_cancellation_slot(handler);
+    const asio::any_io_executor where = executor ? *executor : io_executor_of(handler);
+    auto completion = asio::get_associated_executor(handler, where);
+    asio::co_spawn(where, make(where),
+                   asio::bind_cancellation_slot(
+                       slot, asio::bind_executor(completion, [h = std::move(handler), slot](auto&&... results) mutable {
+                         if (slot.is_connected()) slot.clear();
+                         std::move(h)(std::forward<decltype(results)>(results)...);
+                       })));
+  }
+};
+
+/// Starts the operation `make` (a callable taking the executor it runs on
+/// and returning asio::awaitable<T>)
+/// for `token`. `make` holds copies of whatever the operation reads, since
+/// a deferred token may start it long after the call.
+template <class T, class Token, class Make>
+auto async_awaitable(std::optional<asio::any_io_executor> executor, Make make, Token&& token) {
+  return asio::async_initiate<Token, completion_signature<T>>(initiate_awaitable{}, token, std::move(executor),
+                                                             std::move(make));
+}
+
+}  // namespace detail
+
+}  // namespace cohort
+
+COHORT_API_END
