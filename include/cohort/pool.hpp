@@ -5,11 +5,20 @@
 
 #include "cohort/export.hpp"
 
+#include "cohort/completion_token.hpp"
 #include "cohort/entry_point.hpp"
 #include "cohort/group.hpp"
 #include "cohort/process_error.hpp"
 #include "cohort/queue.hpp"
 
+#include <asio/associated_cancellation_slot.hpp>
+#include <asio/associated_executor.hpp>
+#include <asio/async_result.hpp>
+#include <asio/cancellation_type.hpp>
+#include <asio/dispatch.hpp>
+
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -32,7 +41,18 @@ class pool_state;
 /// Runs `tasks` (encoded arguments) through the function registered as
 /// `name`; returns the encoded results in order. Throws as pool::map.
 std::vector<std::optional<encoded>> pool_run(pool_state& pool, const std::string& name,
-                                             const std::vector<encoded>& tasks);
+                                             const std::vector<encoded>& tasks,
+                                             const std::atomic<bool>* cancelled = nullptr);
+/// Runs `job` on a thread the pool owns and joins before its workers end.
+void pool_run_detached(pool_state& pool, std::function<void()> job);
+/// The values of a map's results.
+template <class R>
+std::vector<R> pool_values(const std::vector<std::optional<encoded>>& results) {
+  std::vector<R> values;
+  values.reserve(results.size());
+  for (const auto& r : results) values.push_back(r.value().template as<R>());
+  return values;
+}
 }  // namespace detail
 
 /// `workers` processes, started at construction, ended at destruction
@@ -59,23 +79,81 @@ class pool {
   /// pool ends.
   template <class R, class A>
   auto map(R (*fn)(int, A), const std::vector<std::decay_t<A>>& items) {
-    detail::check_signature<R, A>();
-    const auto& name = detail::registered_name(reinterpret_cast<detail::erased_function>(fn));
-    std::vector<encoded> tasks;
-    tasks.reserve(items.size());
-    for (const auto& item : items) tasks.push_back(encode(std::tuple<std::decay_t<A>>(item)));
+    const auto [name, tasks] = prepare(fn, items);
     auto results = detail::pool_run(*state_, name, tasks);
-    if constexpr (!std::is_void_v<R>) {
-      std::vector<std::decay_t<R>> values;
-      values.reserve(results.size());
-      for (const auto& r : results) values.push_back(r.value().template as<std::decay_t<R>>());
-      return values;
-    }
+    if constexpr (!std::is_void_v<R>) return detail::pool_values<std::decay_t<R>>(results);
+  }
+
+  /// map() as an asio asynchronous operation, completing as
+  /// void(std::exception_ptr, std::vector<R>) (void(std::exception_ptr) for a
+  /// void fn) with what map() returns or throws: `co_await p.map(fn, items,
+  /// asio::use_awaitable)`, a callback, asio::use_future, a deferred
+  /// operation. The items are encoded at the call; the map runs on a thread
+  /// the pool owns, never blocking the caller's io_context, and the handler
+  /// runs on its associated executor (on that thread for a handler with
+  /// none). Cancellation (the handler's cancellation slot, any type) ends
+  /// the wait with std::system_error(operation_aborted): items already
+  /// handed to workers still run, and their results are dropped. The pool
+  /// must outlive the operation; destroying it waits for the map to end.
+  template <class R, class A, class Token>
+    requires completion_token_of<Token, std::conditional_t<std::is_void_v<R>, void, std::vector<std::decay_t<R>>>>
+  auto map(R (*fn)(int, A), const std::vector<std::decay_t<A>>& items, Token&& token) {
+    using result = std::conditional_t<std::is_void_v<R>, void, std::vector<std::decay_t<R>>>;
+    auto [name, tasks] = prepare(fn, items);
+    return asio::async_initiate<Token, completion_signature<result>>(
+        [state = state_.get()](auto handler, std::string name, std::vector<encoded> tasks) {
+          auto cancelled = std::make_shared<std::atomic<bool>>(false);
+          auto slot = asio::get_associated_cancellation_slot(handler);
+          if (slot.is_connected()) {
+            slot.assign([cancelled](asio::cancellation_type) { cancelled->store(true, std::memory_order_relaxed); });
+          }
+          auto job = [state, name = std::move(name), tasks = std::move(tasks), cancelled,
+                      h = std::move(handler), slot]() mutable {
+            std::exception_ptr error;
+            std::vector<std::optional<encoded>> results;
+            try {
+              results = detail::pool_run(*state, name, tasks, cancelled.get());
+            } catch (...) {
+              error = std::current_exception();
+            }
+            if (slot.is_connected()) slot.clear();
+            auto executor = asio::get_associated_executor(h);
+            if constexpr (std::is_void_v<R>) {
+              asio::dispatch(executor, [h = std::move(h), error]() mutable { std::move(h)(error); });
+            } else {
+              result values;
+              if (!error) {
+                try {
+                  values = detail::pool_values<std::decay_t<R>>(results);
+                } catch (...) {
+                  error = std::current_exception();
+                }
+              }
+              asio::dispatch(executor, [h = std::move(h), error, values = std::move(values)]() mutable {
+                std::move(h)(error, std::move(values));
+              });
+            }
+          };
+          // std::function copies its target; the handler may move only.
+          auto held = std::make_shared<decltype(job)>(std::move(job));
+          detail::pool_run_detached(*state, [held] { (*held)(); });
+        },
+        token, std::move(name), std::move(tasks));
   }
 
   int workers() const noexcept;
 
  private:
+  template <class R, class A>
+  static std::pair<std::string, std::vector<encoded>> prepare(R (*fn)(int, A), const std::vector<std::decay_t<A>>& items) {
+    detail::check_signature<R, A>();
+    std::string name = detail::registered_name(reinterpret_cast<detail::erased_function>(fn));
+    std::vector<encoded> tasks;
+    tasks.reserve(items.size());
+    for (const auto& item : items) tasks.push_back(encode(std::tuple<std::decay_t<A>>(item)));
+    return {std::move(name), std::move(tasks)};
+  }
+
   std::unique_ptr<detail::pool_state> state_;
 };
 

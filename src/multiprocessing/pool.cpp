@@ -5,12 +5,16 @@
 #include "cohort/process_error.hpp"
 #include "launch/entry.hpp"
 
+#include <asio/error.hpp>
 #include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 
 #include <fmt/format.h>
 
+#include <atomic>
+#include <functional>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <typeinfo>
 
@@ -67,20 +71,33 @@ class pool_state {
 
   ~pool_state() {
     tasks_.close();
+    {
+      // Maps in flight end: their workers finish and leave, or have died.
+      std::lock_guard lock(detached_mutex_);
+      for (auto& t : detached_) t.join();
+    }
     work_.reset();
     runner_.join();  // the group ends when every worker has returned
   }
 
-  std::vector<std::optional<encoded>> run(const std::string& name, const std::vector<encoded>& args) {
+  std::vector<std::optional<encoded>> run(const std::string& name, const std::vector<encoded>& args,
+                                          const std::atomic<bool>* cancelled) {
     std::lock_guard lock(mutex_);
     if (broken_) throw std::logic_error("cohort::pool: a worker has died; the pool is over");
     std::vector<std::optional<encoded>> out(args.size());
     std::optional<std::string> error;
+    // Items are numbered across maps: results of a cancelled map that
+    // arrive later belong to no item of this one and are dropped.
+    const std::uint64_t first = next_item_;
+    next_item_ += args.size();
     std::size_t sent = 0, received = 0;
     while (received < args.size()) {
+      if (cancelled != nullptr && cancelled->load(std::memory_order_relaxed)) {
+        throw std::system_error(asio::error::operation_aborted, "cohort::pool::map");
+      }
       if (sent < args.size()) {
         const auto bytes = args[sent].bytes();
-        if (tasks_.try_push({sent, name, std::vector<std::byte>(bytes.begin(), bytes.end())})) {
+        if (tasks_.try_push({first + sent, name, std::vector<std::byte>(bytes.begin(), bytes.end())})) {
           ++sent;
           continue;
         }
@@ -97,7 +114,9 @@ class pool_state {
         throw_first_failure(result);
         throw std::logic_error("cohort::pool: the workers ended");
       }
-      auto& [item, returned, bytes] = *outcome;
+      auto& [number, returned, bytes] = *outcome;
+      if (number < first) continue;  // from a cancelled map
+      const std::uint64_t item = number - first;
       if (item >= out.size()) throw std::logic_error("cohort::pool: a result for no item");
       ++received;
       if (!returned) {
@@ -112,6 +131,21 @@ class pool_state {
 
   int workers() const noexcept { return workers_; }
 
+  void run_detached(std::function<void()> job) {
+    std::lock_guard lock(detached_mutex_);
+    // Threads of maps that have ended are joined here, so they do not pile up.
+    std::erase_if(detached_, [](detached_map& d) {
+      if (!d.done->load(std::memory_order_acquire)) return false;
+      d.thread.join();
+      return true;
+    });
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    detached_.push_back({std::thread([job = std::move(job), done] {
+      job();
+      done->store(true, std::memory_order_release);
+    }), done});
+  }
+
  private:
   int workers_;
   queue<pool_task> tasks_;
@@ -122,12 +156,22 @@ class pool_state {
   std::thread runner_;
   std::mutex mutex_;
   bool broken_ = false;
+  std::uint64_t next_item_ = 0;  // under mutex_
+  struct detached_map {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+    void join() { thread.join(); }
+  };
+  std::mutex detached_mutex_;
+  std::vector<detached_map> detached_;
 };
 
 std::vector<std::optional<encoded>> pool_run(pool_state& pool, const std::string& name,
-                                             const std::vector<encoded>& tasks) {
-  return pool.run(name, tasks);
+                                             const std::vector<encoded>& tasks, const std::atomic<bool>* cancelled) {
+  return pool.run(name, tasks, cancelled);
 }
+
+void pool_run_detached(pool_state& pool, std::function<void()> job) { pool.run_detached(std::move(job)); }
 
 }  // namespace detail
 

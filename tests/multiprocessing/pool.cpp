@@ -2,11 +2,28 @@
 
 #include "support/harness.hpp"
 
+#include <asio/detached.hpp>
+#include <asio/this_coro.hpp>
+
 #include <doctest/doctest.h>
 
+#include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
+#include <asio/cancellation_signal.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/experimental/deferred.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <numeric>
 #include <stdexcept>
+#include <thread>
 
 using namespace cohort;
 
@@ -18,6 +35,12 @@ COHORT_ENTRYPOINT(fill);
 
 long square(int, long x) { return x * x; }
 COHORT_ENTRYPOINT(square);
+
+long slow_square(int, long x) {
+  ::usleep(20000);
+  return x * x;
+}
+COHORT_ENTRYPOINT(slow_square);
 
 int which_worker(int worker, int) { return worker; }
 COHORT_ENTRYPOINT(which_worker);
@@ -39,6 +62,25 @@ storage make_storage(int, int value) {
   return s;
 }
 COHORT_ENTRYPOINT(make_storage);
+
+// Maps slow_square over `items` on `p` awaited, while a timer on the same
+// io_context counts its ticks; returns the results and the ticks.
+asio::awaitable<std::pair<std::vector<long>, int>> map_beside_a_timer(pool& p, std::vector<long> items) {
+  int ticks = 0;
+  bool done = false;
+  auto executor = co_await asio::this_coro::executor;
+  asio::co_spawn(executor, [&]() -> asio::awaitable<void> {
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    while (!done) {
+      timer.expires_after(std::chrono::milliseconds(2));
+      co_await timer.async_wait(asio::use_awaitable);
+      ++ticks;
+    }
+  }, asio::detached);
+  auto results = co_await p.map(slow_square, items, asio::use_awaitable);
+  done = true;
+  co_return std::pair{std::move(results), ticks};
+}
 
 const start_method methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
 
@@ -93,6 +135,63 @@ TEST_SUITE("pool") {
     pool p(2);
     const auto made = p.map(make_storage, std::vector<int>{1, 2, 3});
     for (int i = 0; i < 3; ++i) CHECK(std::to_integer<int>(made[i].data()[15]) == i + 1);
+  }
+
+  TEST_CASE("an awaited map leaves its io_context free to run other work") {
+    pool p(2);
+    std::vector<long> items(10);
+    std::iota(items.begin(), items.end(), 0);
+    asio::io_context io;
+    const auto [results, ticks] = test::run(io, map_beside_a_timer(p, items));
+    REQUIRE(results.size() == items.size());
+    for (std::size_t i = 0; i < items.size(); ++i) CHECK(results[i] == items[i] * items[i]);
+    // 10 items of 20 ms on 2 workers take 100 ms: a blocked io_context would tick once at most.
+    CHECK(ticks >= 10);
+  }
+
+  TEST_CASE("a map completes a callback on its executor, and a future with its values or its exception") {
+    pool p(2);
+    asio::io_context io;
+    auto work = asio::make_work_guard(io);  // the map completes from another thread
+    std::promise<std::thread::id> ran_on;
+    std::vector<long> got;
+    p.map(square, std::vector<long>{1, 2, 3}, asio::bind_executor(io, [&](std::exception_ptr e, std::vector<long> v) {
+      CHECK_FALSE(e);
+      got = std::move(v);
+      ran_on.set_value(std::this_thread::get_id());
+      work.reset();
+    }));
+    io.run_for(std::chrono::seconds(30));
+    CHECK(got == std::vector<long>{1, 4, 9});
+    CHECK(ran_on.get_future().get() == std::this_thread::get_id());  // io.run's thread, not the pool's
+
+    auto values = p.map(square, std::vector<long>{4, 5}, asio::use_future);
+    CHECK(values.get() == std::vector<long>{16, 25});
+    auto failing = p.map(fail_on_three, std::vector<int>{1, 3}, asio::use_future);
+    CHECK_THROWS_WITH_AS(failing.get(), doctest::Contains("std::domain_error: three"), std::runtime_error);
+    auto nothing = p.map(fill, std::vector<storage>{storage::allocate(8)}, asio::use_future);
+    nothing.get();
+  }
+
+  TEST_CASE("a deferred map cancelled through its slot completes as aborted, and the next map gets only its own results") {
+    pool p(2);
+    std::vector<long> items(40, 3);
+    auto op = p.map(slow_square, items, asio::experimental::deferred);
+    asio::cancellation_signal cancel;
+    std::promise<std::exception_ptr> outcome;
+    std::move(op)(asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, std::vector<long>) {
+      outcome.set_value(e);
+    }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    cancel.emit(asio::cancellation_type::terminal);
+    auto done = outcome.get_future();
+    REQUIRE(done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    CHECK(test::aborted(done.get()));
+    // Results of the cancelled items still arrive; none is taken for this map's.
+    std::vector<long> next(20);
+    std::iota(next.begin(), next.end(), 100);
+    const auto squares = p.map(slow_square, next);
+    for (std::size_t i = 0; i < next.size(); ++i) CHECK(squares[i] == next[i] * next[i]);
   }
 }
 
