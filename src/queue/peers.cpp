@@ -6,6 +6,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace cohort::detail {
@@ -41,7 +42,6 @@ void peer_table::join(std::uint32_t roles) noexcept {
 }
 
 bool peer_watch::alive(const peer& p) {
-  std::lock_guard lock(mutex_);
   auto key = std::pair{p.pid, p.start_time};
   auto it = pidfds_.find(key);
   if (it == pidfds_.end()) {
@@ -51,12 +51,27 @@ bool peer_watch::alive(const peer& p) {
     if (os::has_ended(p.pid, p.start_time)) return false;
     it = pidfds_.emplace(key, std::move(fd)).first;
   }
+  if (it->second.get() < 0) return false;  // seen gone before
   pollfd f{it->second.get(), POLLIN, 0};
-  return ::poll(&f, 1, 0) == 0;
+  if (::poll(&f, 1, 0) == 0) return true;
+  // Gone for good: a process never comes back, so its descriptor goes now
+  // and the entry stays, empty, while the table names it.
+  it->second.reset();
+  return false;
 }
 
 std::optional<peer> peer_watch::all_gone(const peer* peers, std::uint32_t count, std::uint32_t role) {
   const pid_t self = os::this_process();
+  std::lock_guard lock(mutex_);
+  // Entries of processes the table no longer names go: a long-lived side
+  // of a queue keeps nothing for the peers that came and went.
+  const auto named = [&](const std::pair<pid_t, std::uint64_t>& key) {
+    for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
+      if (peers[i].pid == key.first && peers[i].start_time == key.second) return true;
+    }
+    return false;
+  };
+  std::erase_if(pidfds_, [&](const auto& entry) { return !named(entry.first); });
   std::optional<peer> last;
   for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
     if ((peers[i].roles & role) == 0 || peers[i].pid == self) continue;
@@ -64,6 +79,12 @@ std::optional<peer> peer_watch::all_gone(const peer* peers, std::uint32_t count,
     last = peers[i];
   }
   return last;
+}
+
+std::size_t peer_watch::descriptors() {
+  std::lock_guard lock(mutex_);
+  return static_cast<std::size_t>(
+      std::count_if(pidfds_.begin(), pidfds_.end(), [](const auto& entry) { return entry.second.get() >= 0; }));
 }
 
 }  // namespace cohort::detail

@@ -40,10 +40,14 @@ class peer_watch {
  public:
   /// The last of the peers with `role` found gone when every one of them
   /// is (and at least one ever was in the table); nullopt while any lives.
+  /// Descriptors are held only for peers still alive when last looked
+  /// at, and only while the table names them.
   std::optional<peer> all_gone(const peer* peers, std::uint32_t count, std::uint32_t role);
+  /// How many pidfds it holds now.
+  std::size_t descriptors();
 
  private:
-  bool alive(const peer& p);
+  bool alive(const peer& p);  // with mutex_ held
   std::mutex mutex_;
   std::map<std::pair<pid_t, std::uint64_t>, os::owned_fd> pidfds_;
 };

@@ -19,10 +19,13 @@
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 
+#include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <thread>
 
@@ -290,6 +293,45 @@ TEST_SUITE("queue") {
     REQUIRE(table.count == 2);
     CHECK(table.peers[0].rank == 7);
     CHECK(table.peers[1].pid == ::getpid());
+  }
+
+  TEST_CASE("a side of a queue keeps no descriptor for peers that came and went") {
+    const auto open_pidfds = [] {
+      int n = 0;
+      for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+        std::error_code ec;
+        if (std::filesystem::read_symlink(e.path(), ec).string() == "anon_inode:[pidfd]") ++n;
+      }
+      return n;
+    };
+    const int before = open_pidfds();
+    detail::peer_watch watch;
+    detail::peer_table table{};
+    for (int i = 0; i < 32; ++i) {
+      const pid_t child = ::fork();
+      REQUIRE(child >= 0);
+      if (child == 0) {
+        ::pause();
+        ::_exit(0);
+      }
+      std::optional<std::uint64_t> started;
+      while (!(started = os::start_time_of(child)) || *started == 0) std::this_thread::yield();
+      // The table grows as producers come, as the queue's does.
+      table.peers[table.count++] = {child, i, detail::peer_producer, *started};
+      CHECK_FALSE(watch.all_gone(table.peers, table.count, detail::peer_producer).has_value());
+      CHECK(watch.descriptors() == 1);  // the live one's, none for those gone
+      ::kill(child, SIGKILL);
+      int status = 0;
+      REQUIRE(::waitpid(child, &status, 0) == child);
+      const auto gone = watch.all_gone(table.peers, table.count, detail::peer_producer);
+      REQUIRE(gone.has_value());
+      CHECK(gone->pid == child);
+    }
+    CHECK(watch.descriptors() == 0);
+    CHECK(open_pidfds() == before);
+    // Entries the table no longer names are dropped as well.
+    table.count = 0;
+    CHECK_FALSE(watch.all_gone(table.peers, table.count, detail::peer_producer).has_value());
   }
 
   TEST_CASE("a push into a full queue whose consumers have all exited ends with peer_lost") {
