@@ -24,6 +24,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -103,8 +104,11 @@ bool send_with_fds(int socket, const void* data, std::size_t size, const int* fd
 }
 
 // Receives one message; returns its size (0 at EOF, -1 on error) and the
-// descriptors that came with it (close-on-exec).
-ssize_t receive_with_fds(int socket, void* data, std::size_t size, fd_array& fds, std::size_t& count) {
+// descriptors that came with it (close-on-exec). `truncated` is set when
+// the kernel could not pass them all (the receiver's open file limit):
+// those that came are closed then, and count is 0.
+ssize_t receive_with_fds(int socket, void* data, std::size_t size, fd_array& fds, std::size_t& count,
+                         bool& truncated) {
   iovec iov{data, size};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_fds)]{};
   msghdr msg{};
@@ -122,6 +126,11 @@ ssize_t receive_with_fds(int socket, void* data, std::size_t size, fd_array& fds
       count = std::min<std::size_t>((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int), max_fds);
       std::memcpy(fds.data(), CMSG_DATA(cm), sizeof(int) * count);
     }
+  }
+  truncated = n > 0 && (msg.msg_flags & MSG_CTRUNC) != 0;
+  if (truncated) {
+    for (std::size_t i = 0; i < count; ++i) ::close(fds[i]);
+    count = 0;
   }
   return n;
 }
@@ -228,6 +237,7 @@ struct server_link {
   asio::io_context io;  // never run: holds the server's child object
   child server;
   int socket = -1;
+  rlim_t fd_limit = 0;  // RLIMIT_NOFILE when it started, which the server keeps
 
   ~server_link() {
     if (socket >= 0) ::close(socket);
@@ -255,6 +265,8 @@ int start_server(server_link& l) {
     return ec.value();
   }
   l.socket = ends[0];
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0) l.fd_limit = limit.rlim_cur;
   return 0;
 }
 
@@ -283,14 +295,17 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     batch b{};
     fd_array fds{};
     std::size_t count = 0;
-    const ssize_t n = receive_with_fds(socket, &b, sizeof b, fds, count);
+    bool truncated = false;
+    const ssize_t n = receive_with_fds(socket, &b, sizeof b, fds, count, truncated);
     if (n <= 0) return 0;  // the requester is gone
     std::vector<int> replies;  // a pid per rank, up to the first failure: -errno
     std::vector<std::byte> bytes;
     std::unique_ptr<request> r;
     std::span<rank_plan> ranks;  // those to fork, in r
     std::vector<std::vector<char*>> envps;  // theirs
-    if (n != static_cast<ssize_t>(sizeof b) || count < shared_slots) {
+    if (truncated) {
+      replies.push_back(-EMFILE);  // its descriptors did not fit under this server's limit
+    } else if (n != static_cast<ssize_t>(sizeof b) || count < shared_slots) {
       replies.push_back(-EINVAL);
     } else if (!known) {
       replies.push_back(-ENOSYS);  // no PR_GET_TID_ADDRESS (a kernel without CONFIG_CHECKPOINT_RESTORE)
@@ -471,7 +486,8 @@ std::size_t start_from_server(std::span<server_request> requests, const function
         std::array<int, max_fds> replies{};
         fd_array none{};
         std::size_t count = 0;
-        const ssize_t n = receive_with_fds(l.socket, replies.data(), sizeof replies, none, count);
+        bool truncated = false;
+        const ssize_t n = receive_with_fds(l.socket, replies.data(), sizeof replies, none, count, truncated);
         for (std::size_t i = 0; i < count; ++i) ::close(none[i]);
         if (n <= 0) {
           error = n == 0 ? EPIPE : errno;
@@ -503,7 +519,10 @@ std::size_t start_from_server(std::span<server_request> requests, const function
         restarted = true;
         continue;
       }
-      f = {stage::start, error, ""};
+      f = {stage::start, error,
+           error == EMFILE ? fmt::format("the forkserver could not take the ranks' descriptors under the open file "
+                                         "limit it started with, {}", l.fd_limit)
+                           : ""};
       return started;
     }
   } catch (const std::bad_alloc&) {

@@ -263,10 +263,15 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
   opts.keep_fds.push_back(args.get());
   if (result_fd >= 0) opts.keep_fds.push_back(result_fd);
   const command cmd("/proc/self/exe", {"--cohort-entry", call.name, std::to_string(rank)});
-  std::error_code ec;
-  child started = spawn(executor, cmd, opts, ec);
-  if (ec) throw std::system_error(ec, what + ": re-executing /proc/self/exe" + os::descriptor_limit_note(ec.value()));
-  return started;
+  launch_failure f;
+  auto state = launch_program(executor, cmd, opts, f);
+  if (!state) {
+    // Set-up failures (a working directory, a file for a stream) name their
+    // cause; the exec itself is this program's re-execution.
+    if (f.where == stage::exec || f.where == stage::path_lookup) f = {stage::start, f.error, "re-executing /proc/self/exe"};
+    throw std::system_error(f.error, std::system_category(), describe_failure(what, f));
+  }
+  return child(std::move(state));
 }
 
 }  // namespace
@@ -283,7 +288,10 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
                                    const std::vector<spawn_options>& options, std::vector<int>& result_fds,
                                    unsigned threads) {
   const auto n = options.size();
-  const auto fail = [&](std::size_t rank, const launch_failure& f) {
+  const auto fail = [&](std::size_t rank, launch_failure f) {
+    // A rank that never execs reports only where it failed: the directory
+    // it could not enter is the one its options name.
+    if (f.where == stage::chdir && f.detail.empty() && rank < n) f.detail = options[rank].cwd.string();
     throw std::system_error(f.error, std::system_category(), describe_failure(describe_rank(call, static_cast<int>(rank)), f));
   };
   std::vector<child> children;

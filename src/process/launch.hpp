@@ -122,6 +122,11 @@ std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, const
                                     const process_starter& start, launch_failure& f,
                                     const std::vector<int>& extra_keep = {});
 
+/// Launches `cmd` as spawn() does: nullptr on failure, with `f` saying where
+/// and why, and no process left.
+std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executor, const command& cmd,
+                                            const spawn_options& options, launch_failure& f);
+
 /// "<what>: <cause>" for a failed launch, naming the descriptor limit on EMFILE.
 std::string describe_failure(const std::string& what, const launch_failure& f);
 

@@ -303,6 +303,17 @@ int start_exec(launch_plan& p, pid_t& pid) {
   return pidfd;
 }
 
+
+std::string describe(const command& cmd, const failure& f) {
+  std::string what = fmt::format("cohort::spawn '{}'", cmd.program);
+  if (f.where == stage::path_lookup) {
+    return what + (cmd.program.empty() ? ": empty program name" : ": not found in PATH");
+  }
+  return describe_failure(what, f);
+}
+
+}  // namespace
+
 std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executor, const command& cmd,
                                             const spawn_options& options, failure& f) {
   std::string path = find_program(cmd.program, options.env, f);
@@ -321,16 +332,6 @@ std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executo
     return start_exec(p, pid);
   }, f);
 }
-
-std::string describe(const command& cmd, const failure& f) {
-  std::string what = fmt::format("cohort::spawn '{}'", cmd.program);
-  if (f.where == stage::path_lookup) {
-    return what + (cmd.program.empty() ? ": empty program name" : ": not found in PATH");
-  }
-  return describe_failure(what, f);
-}
-
-}  // namespace
 
 std::string describe_failure(const std::string& what, const launch_failure& f) {
   std::string cause;

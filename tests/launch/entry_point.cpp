@@ -18,6 +18,8 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -843,5 +845,71 @@ TEST_SUITE("entry points") {
         CHECK(e.code().value() == ENOENT);
       }
     });
+  }
+
+  TEST_CASE("a bad working directory or a stream file in a missing folder is named, for every start method") {
+    for_each_method([](start_method method) {
+      join_options options{.method = method};
+      options.spawn.cwd = "/nonexistent/directory";
+      try {
+        spawn_and_join(succeed, std::tuple{}, 1, options);
+        FAIL("no exception");
+      } catch (const std::system_error& e) {
+        INFO(e.what());
+        CHECK(std::string(e.what()).find("cannot change directory to '/nonexistent/directory'") != std::string::npos);
+        CHECK(std::string(e.what()).find("/proc/self/exe") == std::string::npos);
+      }
+      join_options to_file{.method = method};
+      to_file.spawn.out = stdio::file("/nonexistent/folder/stdout.log");
+      try {
+        spawn_and_join(succeed, std::tuple{}, 1, to_file);
+        FAIL("no exception");
+      } catch (const std::system_error& e) {
+        INFO(e.what());
+        CHECK(std::string(e.what()).find("cannot open '/nonexistent/folder/stdout.log'") != std::string::npos);
+        CHECK(e.code().value() == ENOENT);
+      }
+    });
+  }
+
+  TEST_CASE("a forkserver that cannot take a start's descriptors says so, naming its open file limit") {
+    // In a child of this process, whose forkserver is its own: one started
+    // under a low limit, which it keeps when the limit is raised again.
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      rlimit original{};
+      ::getrlimit(RLIMIT_NOFILE, &original);
+      const int low = test::open_fd_count() + 12;
+      rlimit lowered = original;
+      lowered.rlim_cur = static_cast<rlim_t>(low);
+      ::setrlimit(RLIMIT_NOFILE, &lowered);
+      int code = 0;
+      try {
+        spawn_and_join(succeed, std::tuple{}, 1, join_options{.method = start_method::forkserver});
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "the first start failed: %s\n", e.what());
+        code = 2;
+      }
+      ::setrlimit(RLIMIT_NOFILE, &original);
+      if (code == 0) {
+        try {
+          spawn_and_join(succeed, std::tuple{}, 8, join_options{.method = start_method::forkserver});
+          code = 3;
+        } catch (const std::system_error& e) {
+          const std::string expected = fmt::format("under the open file limit it started with, {}", low);
+          if (e.code().value() != EMFILE || std::string(e.what()).find(expected) == std::string::npos) {
+            std::fprintf(stderr, "%s\n", e.what());
+            code = 4;
+          }
+        }
+      }
+      std::fflush(stderr);
+      ::_exit(code);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
   }
 }
