@@ -20,6 +20,8 @@ static_assert(sizeof(std::atomic<std::uint32_t>) == 4 && std::atomic<std::uint32
 
 // How long futex_wait_either sleeps on the word alone without futex_waitv.
 constexpr std::chrono::milliseconds stop_check{50};
+// How long futex_wait_two does.
+constexpr std::chrono::nanoseconds two_check = std::chrono::milliseconds(10);
 
 long futex(std::atomic<std::uint32_t>& word, int op, std::uint32_t value, const timespec* timeout) {
   return ::syscall(SYS_futex, &word, op, value, timeout, nullptr, 0);
@@ -73,6 +75,25 @@ futex_result futex_wait_either(std::atomic<std::uint32_t>& word, std::uint32_t e
   };
   const long rc = ::syscall(SYS_futex_waitv, waiters, 2, 0, nullptr, CLOCK_MONOTONIC);
   if (rc < 0 && errno == ENOSYS) return futex_wait(word, expected, stop_check, ec);
+  return result_of(rc, ec);
+}
+
+futex_result futex_wait_two(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                            std::atomic<std::uint32_t>& other, std::uint32_t other_expected,
+                            std::chrono::nanoseconds timeout, std::error_code& ec) {
+  ec.clear();
+  futex_waitv waiters[2] = {
+      {expected, reinterpret_cast<std::uintptr_t>(&word), config::futex2_size_u32, 0},
+      {other_expected, reinterpret_cast<std::uintptr_t>(&other), config::futex2_size_u32, 0},
+  };
+  // futex_waitv's timeout is absolute.
+  timespec at{};
+  ::clock_gettime(CLOCK_MONOTONIC, &at);
+  const auto ns = std::max(timeout, std::chrono::nanoseconds::zero()).count() + at.tv_nsec;
+  at.tv_sec += static_cast<time_t>(ns / 1'000'000'000);
+  at.tv_nsec = static_cast<long>(ns % 1'000'000'000);
+  const long rc = ::syscall(SYS_futex_waitv, waiters, 2, 0, &at, CLOCK_MONOTONIC);
+  if (rc < 0 && errno == ENOSYS) return futex_wait(word, expected, std::min(timeout, two_check), ec);
   return result_of(rc, ec);
 }
 

@@ -61,4 +61,14 @@ int futex_wake(std::atomic<std::uint32_t>& word, int count);
 futex_result futex_wait_either(std::atomic<std::uint32_t>& word, std::uint32_t expected,
                                std::atomic<std::uint32_t>& stop, std::error_code& ec);
 
+/// Sleeps while `word` holds `expected` and `other` holds `other_expected`,
+/// until either is woken, for at most `timeout` (futex_waitv, Linux 5.16):
+/// one wait on two conditions with no wake lost in between. Where the kernel
+/// lacks futex_waitv it sleeps on `word` alone for at most 10 ms (then
+/// reports `timed_out`), so a change of `other` is seen that late at worst.
+/// Failures as for the `ec` form of futex_wait.
+futex_result futex_wait_two(std::atomic<std::uint32_t>& word, std::uint32_t expected,
+                            std::atomic<std::uint32_t>& other, std::uint32_t other_expected,
+                            std::chrono::nanoseconds timeout, std::error_code& ec);
+
 }  // namespace cohort::os

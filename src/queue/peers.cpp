@@ -2,12 +2,19 @@
 #include "queue/peers.hpp"
 
 #include "config.hpp"
+#include "os/futex.hpp"
+#include "os/per_process.hpp"
 #include "os/process_identity.hpp"
 
 #include <poll.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <thread>
+#include <utility>
 
 namespace cohort::detail {
 
@@ -72,14 +79,76 @@ std::optional<peer> peer_watch::all_gone(const peer* peers, std::uint32_t count,
     return false;
   };
   std::erase_if(pidfds_, [&](const auto& entry) { return !named(entry.first); });
+  // Every peer is looked at, so that each live one's pidfd is open for
+  // arm().
   std::optional<peer> last;
+  bool any_alive = false;
   for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
     if ((peers[i].roles & role) == 0 || peers[i].pid == self) continue;
-    if (alive(peers[i])) return std::nullopt;
-    last = peers[i];
+    if (alive(peers[i])) {
+      any_alive = true;
+    } else {
+      last = peers[i];
+    }
   }
+  if (any_alive) return std::nullopt;
   return last;
 }
+
+bool peer_watch::arm(const peer* peers, std::uint32_t count, std::uint32_t role, death_notice& notice) {
+  const pid_t self = os::this_process();
+  std::lock_guard lock(mutex_);
+  bool armed = true;
+  for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
+    if ((peers[i].roles & role) == 0 || peers[i].pid == self) continue;
+    auto it = pidfds_.find({peers[i].pid, peers[i].start_time});
+    if (it != pidfds_.end() && it->second.get() >= 0) armed = notice.arm(it->second.get()) && armed;
+  }
+  return armed;
+}
+
+death_notice& death_notice::of_this_process() { return os::of_this_process<death_notice>(); }
+
+bool death_notice::start() noexcept {
+  // Made on first use, not at construction: of_this_process may make and
+  // drop a spare one when threads race, which must own no thread.
+  std::call_once(started_, [this] {
+    epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (epoll_ < 0) return;
+    try {
+      std::thread([this] { run(); }).detach();
+    } catch (...) {
+      ::close(std::exchange(epoll_, -1));
+    }
+  });
+  return epoll_ >= 0;
+}
+
+bool death_notice::arm(int pidfd) noexcept {
+  if (!start()) return false;
+  epoll_event e{};
+  e.events = EPOLLIN | EPOLLONESHOT;
+  e.data.fd = pidfd;
+  if (::epoll_ctl(epoll_, EPOLL_CTL_MOD, pidfd, &e) == 0) return true;
+  return errno == ENOENT && ::epoll_ctl(epoll_, EPOLL_CTL_ADD, pidfd, &e) == 0;
+}
+
+void death_notice::run() noexcept {
+  epoll_event events[16];
+  for (;;) {
+    const int n = ::epoll_wait(epoll_, events, 16, -1);
+    if (n < 0 && errno != EINTR) return;
+    if (n <= 0) continue;
+    // Bumped before the wake: a wait that sees the new epoch does not sleep.
+    epoch_.fetch_add(1, std::memory_order_release);
+    try {
+      os::futex_wake(epoch_, INT_MAX);
+    } catch (...) {
+    }
+  }
+}
+
+
 
 std::size_t peer_watch::descriptors() {
   std::lock_guard lock(mutex_);

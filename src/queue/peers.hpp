@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -35,6 +36,35 @@ struct peer_table {
   void join(std::uint32_t roles) noexcept;
 };
 
+/// Tells this process's waits at once that a watched process has ended: a
+/// thread of its own sleeps in epoll on the pidfds armed, and at each end
+/// bumps `epoch` and wakes whoever sleeps on it. A wait reads the epoch,
+/// arms the pidfds of the peers it depends on, and sleeps on its own word
+/// and the epoch together: an end before the arming is reported as soon as
+/// it is armed (a pidfd of an ended process is readable), one after it by
+/// the thread. One per process (a fork child makes its own).
+class death_notice {
+ public:
+  static death_notice& of_this_process();
+
+  /// Bumped at each end of an armed process; in this process's memory.
+  std::atomic<std::uint32_t>& epoch() noexcept { return epoch_; }
+  /// Watches `pidfd` for one end (re-arms it when already watched). False
+  /// when it cannot (no thread, no epoll): the waits then rely on their
+  /// time slices.
+  bool arm(int pidfd) noexcept;
+  /// Its epoll descriptor, made at the first arm(), kept for the process's
+  /// life with the thread that sleeps on it; -1 before.
+  int descriptor() const noexcept { return epoll_; }
+
+ private:
+  bool start() noexcept;
+  void run() noexcept;
+  std::atomic<std::uint32_t> epoch_{0};
+  std::once_flag started_;
+  int epoll_ = -1;  // set once, under started_
+};
+
 /// This process's view of which peers are alive.
 class peer_watch {
  public:
@@ -45,6 +75,9 @@ class peer_watch {
   std::optional<peer> all_gone(const peer* peers, std::uint32_t count, std::uint32_t role);
   /// How many pidfds it holds now.
   std::size_t descriptors();
+  /// Arms `notice` with the pidfd of every peer with `role` that was alive
+  /// at the last all_gone(): false when one could not be armed.
+  bool arm(const peer* peers, std::uint32_t count, std::uint32_t role, death_notice& notice);
 
  private:
   bool alive(const peer& p);  // with mutex_ held

@@ -244,6 +244,21 @@ class queue_core {
     }
   }
 
+  // Arms this process's death notice with the peers whose end would end a
+  // wait on `s`; false when one could not be armed.
+  bool arm_peers(side s) {
+    peer copy[max_peers];
+    std::uint32_t count = 0;
+    {
+      locked lock(h());
+      count = std::min<std::uint32_t>(h().peers.count, max_peers);
+      std::copy_n(h().peers.peers, count, copy);
+    }
+    const auto role = s == side::pop ? peer_producer : peer_consumer;
+    watch_.all_gone(copy, count, role);  // opens the pidfds of those alive
+    return watch_.arm(copy, count, role, death_notice::of_this_process());
+  }
+
   std::atomic<std::uint32_t>& word(side s) const noexcept { return s == side::push ? h().space : h().items; }
 
   void close() {
@@ -322,8 +337,16 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
     if (attempt(true, seq)) return true;
     auto slice = std::chrono::nanoseconds(watch_interval);
     if (deadline) slice = std::min(slice, std::max(std::chrono::nanoseconds(0), *deadline - std::chrono::steady_clock::now()));
+    // The death notice's epoch is read before the peers are armed: an end
+    // after the read changes it, and the wait below does not sleep then.
+    auto& epoch = death_notice::of_this_process().epoch();
+    const auto seen = epoch.load(std::memory_order_acquire);
     std::error_code ec;
-    os::futex_wait(q.word(s), seq, slice, ec);
+    if (q.arm_peers(s)) {
+      os::futex_wait_two(q.word(s), seq, epoch, seen, slice, ec);
+    } else {
+      os::futex_wait(q.word(s), seq, slice, ec);
+    }
     q.unsleep(s, seq);
     if (ec) throw std::system_error(ec, "cohort::queue: futex wait");
     if (deadline && std::chrono::steady_clock::now() >= *deadline) return attempt(false, seq);
@@ -344,12 +367,22 @@ asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
   using namespace asio::experimental::awaitable_operators;
   auto executor = co_await asio::this_coro::executor;
   asio::steady_timer timer(executor, watch_interval);
-  // Cancelled from outside, both branches fail and `||` throws
+  // As wait_for: the epoch is read before the peers are armed.
+  auto& epoch = death_notice::of_this_process().epoch();
+  const auto seen = epoch.load(std::memory_order_acquire);
+  const bool armed = q.arm_peers(s);
+  // Cancelled from outside, every branch fails and `||` throws
   // multiple_exceptions: the wait is then simply cancelled.
   std::exception_ptr failure;
   try {
-    co_await (uring::async_futex_wait(executor, q.word(s), seq, asio::use_awaitable) ||
-              timer.async_wait(asio::use_awaitable));
+    if (armed) {
+      co_await (uring::async_futex_wait(executor, q.word(s), seq, asio::use_awaitable) ||
+                uring::async_futex_wait(executor, epoch, seen, asio::use_awaitable) ||
+                timer.async_wait(asio::use_awaitable));
+    } else {
+      co_await (uring::async_futex_wait(executor, q.word(s), seq, asio::use_awaitable) ||
+                timer.async_wait(asio::use_awaitable));
+    }
   } catch (const asio::multiple_exceptions& e) {
     failure = e.first_exception();
   }
