@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <new>
 #include <string>
@@ -91,5 +92,30 @@ TEST_SUITE("blocking futex") {
     std::error_code ec;
     os::futex_wait(word, 0, 1s, ec);
     CHECK(ec == std::error_code(EFAULT, std::system_category()));
+  }
+
+  TEST_CASE("the two-word wait ends when either word is woken, and times out while neither changes") {
+    shared_word a, b;
+    std::error_code ec;
+    const auto start = std::chrono::steady_clock::now();
+    CHECK(os::futex_wait_two(*a, 0, *b, 0, 30ms, ec) == os::futex_result::timed_out);
+    CHECK(std::chrono::steady_clock::now() - start >= 30ms);
+    CHECK_FALSE(ec);
+    (*b).store(5);
+    CHECK(os::futex_wait_two(*a, 0, *b, 0, 5s, ec) == os::futex_result::value_changed);
+    (*b).store(0);
+    for (auto* woken : {&a, &b}) {
+      std::thread waker([&] {
+        std::this_thread::sleep_for(50ms);
+        (**woken).store(1);
+        os::futex_wake(**woken, INT_MAX);
+      });
+      const auto begun = std::chrono::steady_clock::now();
+      const auto result = os::futex_wait_two(*a, 0, *b, 0, 10s, ec);
+      CHECK((result == os::futex_result::woken || result == os::futex_result::value_changed));
+      CHECK(std::chrono::steady_clock::now() - begun < 5s);
+      waker.join();
+      (**woken).store(0);
+    }
   }
 }
