@@ -24,9 +24,9 @@ COHORT_ENTRYPOINT(stage);
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
   cohort::queue<cohort::tensor> to_worker(16), back(16);
-  // Received while the ranks run: a rank that has sent a tensor stays
-  // until it is received (at most 30 s), since receivers open its memory
-  // through it.
+  // Received while the ranks run: under file_descriptor a rank that has
+  // sent a tensor stays until it is received (at most 30 s), since
+  // receivers open its memory through it.
   std::thread receiver([&] {
     for (int i = 0; i < 3; ++i) {
       cohort::tensor column = back.get().value();

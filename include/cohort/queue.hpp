@@ -63,7 +63,13 @@ struct queue_record {
   bool overflowed = false;  ///< `bytes` is a storage holding the value's bytes
 };
 
-std::shared_ptr<queue_core> make_queue_core(std::size_t capacity, std::string_view signature);
+/// Decodes a record's bytes into a value and destroys it, so that the
+/// storages it names let go of the references the record held; installed
+/// by queue<T> for the records the last holder of a queue drains.
+using record_drop = void (*)(std::span<const std::byte> bytes);
+
+std::shared_ptr<queue_core> make_queue_core(std::size_t capacity, std::string_view signature,
+                                            record_drop drop = nullptr);
 bool queue_try_push(queue_core& q, queue_record& r);
 bool queue_put(queue_core& q, queue_record& r, std::optional<std::chrono::nanoseconds> timeout);
 asio::awaitable<void> queue_push(std::shared_ptr<queue_core> q, queue_record& r);
@@ -78,7 +84,7 @@ std::size_t queue_capacity(const queue_core& q);
 std::pair<std::uint32_t, std::uint32_t> queue_sleepers(const queue_core& q);
 /// The storage holding the queue's shared state, which is how it crosses.
 const storage& queue_storage(const queue_core& q);
-std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature);
+std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature, record_drop drop = nullptr);
 
 /// Encodes a value into a record's bytes; keeps the storages it names.
 template <class T>
@@ -93,6 +99,11 @@ void fill_record(queue_record& r, const T& value) {
 template <class T>
 T read_record(std::span<const std::byte> bytes);
 
+template <class T>
+void drop_record(std::span<const std::byte> bytes) {
+  (void)read_record<T>(bytes);
+}
+
 }  // namespace detail
 
 /// A bounded FIFO of T shared by processes: copies and handles sent to
@@ -106,14 +117,16 @@ T read_record(std::span<const std::byte> bytes);
 /// Every call may come from any thread. A wait ends with peer_lost when the
 /// processes that could end it are all gone (see peer_lost); processes
 /// count as producers once they have pushed, as consumers once they have
-/// popped. Values pushed and never popped hold their shared memory until
-/// every process holding the queue has ended.
+/// popped. Values pushed and never popped are dropped, and their shared
+/// memory let go of, when the last process holding the queue lets go of it
+/// (see queue_core's holders); a queue a process killed outright still
+/// held keeps them while a live process holds a handle to it.
 template <crossable T>
 class queue {
  public:
   /// A queue of at most `capacity` values. Throws shm_error.
   explicit queue(std::size_t capacity = 1024)
-      : core_(detail::make_queue_core(capacity, type_signature<T>())) {}
+      : core_(detail::make_queue_core(capacity, type_signature<T>(), &detail::drop_record<T>)) {}
 
   /// Pushes unless full; false when full. Throws queue_closed.
   bool try_push(const T& value) {
@@ -250,7 +263,7 @@ struct handle_codec<queue<T>> {
     handle_codec<storage>::write(out, queue_storage(*q.core_));
   }
   static queue<T> read(reader& in) {
-    return queue<T>(queue_from_storage(handle_codec<storage>::read(in), type_signature<T>()));
+    return queue<T>(queue_from_storage(handle_codec<storage>::read(in), type_signature<T>(), &drop_record<T>));
   }
 };
 

@@ -7,6 +7,7 @@
 #include "cohort/encoding.hpp"
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -64,8 +65,14 @@ class shm_error : public std::runtime_error {
   std::size_t available_;
 };
 
+class storage;
+
 namespace detail {
 class storage_impl;
+/// The holders of a shared storage's block counted in shared memory: one
+/// for each process with a storage over it, one for each message in flight
+/// that names it. 0 for a private storage.
+std::uint32_t shared_holders(const storage& s) noexcept;
 }
 
 /// A reference-counted run of bytes. Copies share the bytes (as torch's
@@ -105,6 +112,7 @@ class storage {
 
  private:
   friend struct detail::handle_codec<storage>;
+  friend std::uint32_t detail::shared_holders(const storage& s) noexcept;
   explicit storage(std::shared_ptr<detail::storage_impl> impl) noexcept : impl_(std::move(impl)) {}
   std::shared_ptr<detail::storage_impl> impl_;
 };

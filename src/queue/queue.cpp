@@ -52,6 +52,23 @@ std::uint64_t hash_of(std::string_view s) noexcept {
 constexpr std::uint64_t line = 64;
 constexpr std::uint64_t record_bytes(std::uint64_t len) { return (8 + len + line - 1) / line * line; }
 
+// The processes holding a queue (a queue_core over it), each once with how
+// many it holds, so that the last to let go can tell that nobody can pop
+// what is left. Guarded by the queue's lock. `unrecorded` is set when a
+// process could not be recorded (no free slot, or its start time
+// unreadable): nothing is then ever drained.
+struct holder {
+  pid_t pid;
+  std::uint32_t count;       // its queue_cores over the queue; 0: the slot is free
+  std::uint64_t start_time;  // as /proc/<pid>/stat has it, so a reused pid is not taken for it
+};
+constexpr std::uint32_t max_holders = 128;
+struct holder_table {
+  std::uint32_t unrecorded;
+  std::uint32_t used;  // slots ever filled
+  holder holders[max_holders];
+};
+
 // What each side reads on every push and pop without writing sits apart
 // from what it writes: a line that another process changed and that is
 // read before it is written costs two trips between caches, not one.
@@ -74,6 +91,7 @@ struct queue_header {
   alignas(line) std::atomic<std::uint32_t> items;
   alignas(line) std::atomic<std::uint32_t> space;
   alignas(line) peer_table peers;
+  alignas(line) holder_table holders;
 };
 static_assert(sizeof(queue_header) % line == 0, "the ring starts on a line of its own");
 
@@ -98,23 +116,27 @@ enum class side { push, pop };
 
 class queue_core {
  public:
-  queue_core(storage state) : state_(std::move(state)) {}
+  queue_core(storage state, record_drop drop) : state_(std::move(state)), drop_(drop) {}
+  queue_core(const queue_core&) = delete;
+  queue_core& operator=(const queue_core&) = delete;
+  ~queue_core() { leave(); }
 
-  static std::shared_ptr<queue_core> make(std::size_t capacity, std::string_view signature) {
+  static std::shared_ptr<queue_core> make(std::size_t capacity, std::string_view signature, record_drop drop) {
     if (capacity == 0) throw std::invalid_argument("cohort::queue: the capacity must be at least 1");
     if (capacity > (std::size_t{1} << 24)) throw std::invalid_argument("cohort::queue: a capacity over 2^24 values");
     const std::size_t ring = std::max<std::size_t>(std::size_t{64} << 10, capacity * 2 * line);
-    auto q = std::make_shared<queue_core>(storage::allocate_shared(sizeof(queue_header) + ring));
+    auto q = std::make_shared<queue_core>(storage::allocate_shared(sizeof(queue_header) + ring), drop);
     auto* h = new (q->state_.data()) queue_header{};
     h->magic = magic;
     h->signature = hash_of(signature);
     h->capacity = capacity;
     h->ring_bytes = ring;
     q->header_ = h;
+    q->enter();
     return q;
   }
 
-  static std::shared_ptr<queue_core> attach(storage s, std::string_view signature) {
+  static std::shared_ptr<queue_core> attach(storage s, std::string_view signature, record_drop drop) {
     if (s.nbytes() < sizeof(queue_header)) throw decode_error("cohort::queue: a queue handle names too few bytes");
     auto* h = reinterpret_cast<queue_header*>(s.data());
     if (h->magic != magic) throw decode_error("cohort::queue: a queue handle names something else");
@@ -124,8 +146,9 @@ class queue_core {
     if (h->ring_bytes % line != 0 || h->ring_bytes > s.nbytes() - sizeof(queue_header) || h->capacity == 0) {
       throw decode_error("cohort::queue: a queue's shared state is malformed");
     }
-    auto q = std::make_shared<queue_core>(std::move(s));
+    auto q = std::make_shared<queue_core>(std::move(s), drop);
     q->header_ = h;
+    q->enter();
     return q;
   }
 
@@ -187,30 +210,11 @@ class queue_core {
         }
         return false;
       }
-      const std::uint64_t size = h().ring_bytes;
-      std::uint64_t phys = h().head % size;
-      std::uint32_t head_words[2];
-      std::memcpy(head_words, ring() + phys, 4);
-      if (head_words[0] == skip) {
-        h().head += size - phys;
-        phys = 0;
-      }
-      std::memcpy(head_words, ring() + phys, 8);
-      const std::uint64_t len = head_words[0];
-      if (len > size - 8 - phys) {
-        throw decode_error(fmt::format("cohort::queue: a record of {} bytes overruns the ring", len));
-      }
-      out.assign(ring() + phys + 8, ring() + phys + 8 + len);
-      flags = head_words[1];
-      h().head += record_bytes(len);
-      --h().count;
+      flags = take_locked(out);
       woken = wake_sleepers(side::push);
     }
     if (woken > 0) os::futex_wake(h().space, woken);
-    if (flags == overflowed) {
-      const storage s = read_record<storage>(out);
-      out.assign(s.data(), s.data() + s.nbytes());
-    }
+    unwrap(out, flags);
     return true;
   }
 
@@ -274,6 +278,128 @@ class queue_core {
   }
 
  private:
+  // With the lock held and a record in the ring: moves its bytes into
+  // `out`; returns its flags.
+  std::uint32_t take_locked(std::vector<std::byte>& out) {
+    const std::uint64_t size = h().ring_bytes;
+    std::uint64_t phys = h().head % size;
+    std::uint32_t head_words[2];
+    std::memcpy(head_words, ring() + phys, 4);
+    if (head_words[0] == skip) {
+      h().head += size - phys;
+      phys = 0;
+    }
+    std::memcpy(head_words, ring() + phys, 8);
+    const std::uint64_t len = head_words[0];
+    if (len > size - 8 - phys) {
+      throw decode_error(fmt::format("cohort::queue: a record of {} bytes overruns the ring", len));
+    }
+    out.assign(ring() + phys + 8, ring() + phys + 8 + len);
+    h().head += record_bytes(len);
+    --h().count;
+    return head_words[1];
+  }
+
+  // A record taken out of the ring: the value's own bytes in `out`.
+  static void unwrap(std::vector<std::byte>& out, std::uint32_t flags) {
+    if (flags == overflowed) {
+      const storage s = read_record<storage>(out);
+      out.assign(s.data(), s.data() + s.nbytes());
+    }
+  }
+
+  // Records this process as a holder of the queue.
+  void enter() noexcept {
+    const pid_t self = os::this_process();
+    const std::uint64_t started = os::own_start_time();
+    locked lock(h());
+    auto& t = h().holders;
+    if (started == 0) {
+      t.unrecorded = 1;
+      return;
+    }
+    holder* free = nullptr;
+    const auto used = std::min(t.used, max_holders);
+    for (std::uint32_t i = 0; i < used; ++i) {
+      auto& e = t.holders[i];
+      if (e.count > 0 && e.pid == self && e.start_time == started) {
+        ++e.count;
+        holder_ = self;
+        return;
+      }
+      if (e.count == 0 && free == nullptr) free = &e;
+    }
+    if (free == nullptr && used < max_holders) free = &t.holders[t.used++];
+    if (free == nullptr) {
+      t.unrecorded = 1;
+      return;
+    }
+    *free = {self, 1, started};
+    holder_ = self;
+  }
+
+  // Ends this queue_core's hold. When it was this process's last and nobody
+  // else can pop any more, drops what is left in the ring, so that the
+  // shared memory the values name is let go of.
+  void leave() noexcept {
+    if (header_ == nullptr || holder_ != os::this_process()) return;  // not recorded, or inherited over fork
+    std::vector<std::pair<std::vector<std::byte>, std::uint32_t>> left;
+    try {
+      locked lock(h());
+      if (!release_hold_locked() || !abandoned_locked()) return;
+      while (h().count > 0) {
+        std::vector<std::byte> out;
+        const auto flags = take_locked(out);
+        left.emplace_back(std::move(out), flags);
+      }
+    } catch (...) {
+      // A record that overruns the ring: what came before it is dropped.
+    }
+    // Outside the lock: a value may hold queues whose own drain this starts.
+    for (auto& [bytes, flags] : left) {
+      try {
+        unwrap(bytes, flags);
+        if (drop_ != nullptr) drop_(bytes);
+      } catch (...) {
+        // A record that cannot be received (its memory gone with its
+        // maker) holds nothing here to let go of.
+      }
+    }
+  }
+
+  // With the lock held: drops one of this process's holds; whether it was
+  // the last.
+  bool release_hold_locked() noexcept {
+    const pid_t self = os::this_process();
+    const std::uint64_t started = os::own_start_time();
+    auto& t = h().holders;
+    for (std::uint32_t i = 0; i < std::min(t.used, max_holders); ++i) {
+      auto& e = t.holders[i];
+      if (e.count > 0 && e.pid == self && e.start_time == started) return --e.count == 0;
+    }
+    return false;
+  }
+
+  // With the lock held, after this process's last hold went: whether no
+  // process can pop from the queue any more. Every other holder recorded
+  // has ended, and nothing else holds its shared state: no other storage
+  // over it here (a handle being sent as an argument), and no hold in
+  // shared memory beyond this process's and those of holders that ended
+  // without letting go (killed outright) — a handle in a message in flight,
+  // or a process that has the state but no queue over it yet, is one more.
+  bool abandoned_locked() const noexcept {
+    const auto& t = h().holders;
+    if (t.unrecorded != 0 || state_.use_count() != 1) return false;
+    std::uint32_t ended_holding = 0;
+    for (std::uint32_t i = 0; i < std::min(t.used, max_holders); ++i) {
+      const auto& e = t.holders[i];
+      if (e.count == 0) continue;
+      if (!os::has_ended(e.pid, e.start_time)) return false;
+      ++ended_holding;
+    }
+    return shared_holders(state_) == 1 + ended_holding;
+  }
+
   std::uint32_t& sleepers_of(side s) const noexcept { return s == side::push ? h().push_sleepers : h().pop_sleepers; }
 
   // With the lock held, after a value or room was added for the waits on
@@ -305,7 +431,9 @@ class queue_core {
   }
 
   storage state_;
+  record_drop drop_;
   queue_header* header_ = nullptr;
+  pid_t holder_ = 0;  // the process recorded as holding it through this object; 0: none
   std::atomic<pid_t> producer_of_{0}, consumer_of_{0};  // the process that joined as each
   peer_watch watch_;
 };
@@ -415,8 +543,8 @@ asio::awaitable<void> wait_async(std::shared_ptr<queue_core> q, side s, Attempt 
 
 }  // namespace
 
-std::shared_ptr<queue_core> make_queue_core(std::size_t capacity, std::string_view signature) {
-  return queue_core::make(capacity, signature);
+std::shared_ptr<queue_core> make_queue_core(std::size_t capacity, std::string_view signature, record_drop drop) {
+  return queue_core::make(capacity, signature, drop);
 }
 
 bool queue_try_push(queue_core& q, queue_record& r) {
@@ -464,8 +592,8 @@ std::pair<std::uint32_t, std::uint32_t> queue_sleepers(const queue_core& q) {
   return {q.h().pop_sleepers, q.h().push_sleepers};
 }
 const storage& queue_storage(const queue_core& q) { return q.state(); }
-std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature) {
-  return queue_core::attach(std::move(s), signature);
+std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature, record_drop drop) {
+  return queue_core::attach(std::move(s), signature, drop);
 }
 
 }  // namespace cohort::detail

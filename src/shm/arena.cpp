@@ -160,7 +160,10 @@ COHORT_FORKED_CHILD_PATH void wait_for_receivers(std::chrono::steady_clock::dura
     auto& r = *known;
     std::lock_guard lock(r.mutex);
     for (auto& [nonce, weak] : r.segments) {
-      if (auto s = weak.lock(); s && s->made_here()) made.push_back(std::move(s));
+      // A named segment is opened by name, with or without its maker.
+      if (auto s = weak.lock(); s && s->made_here() && s->strategy() == sharing_strategy::file_descriptor) {
+        made.push_back(std::move(s));
+      }
     }
   }
   if (made.empty()) return;  // the common case, with no clock to read

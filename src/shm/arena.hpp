@@ -20,9 +20,11 @@ std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes);
 /// Keeps a segment this process made, and no longer uses itself, open and
 /// mapped until its last block is freed, so others can still open it.
 void linger(std::shared_ptr<segment> s);
-/// Waits, for at most `limit`, for the messages in flight that name
+/// Waits, for at most `limit`, for the messages in flight that name memfd
 /// segments this process made to be received: receivers may have to open
-/// them through it. Called when an entry point returns.
+/// them through it. A message left in a queue that no process holds any
+/// more has been dropped (and counts as received) by the queue's last
+/// holder. Called when an entry point returns.
 void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept;
 /// Retires arena segments with no block in use, lets go of lingering
 /// segments that others have freed, and unmaps segments of other processes

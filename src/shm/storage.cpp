@@ -438,6 +438,11 @@ void hold_for_message(const handle_context& context) noexcept {
   }
 }
 
+std::uint32_t shared_holders(const storage& s) noexcept {
+  if (!s.impl_ || !s.impl_->segment) return 0;
+  return s.impl_->segment->block(s.impl_->block).refs.load(std::memory_order_acquire);
+}
+
 COHORT_FORKED_CHILD_PATH void release_shared_memory_holds() noexcept {
   auto* known = identities_made.load(std::memory_order_acquire);
   if (known == nullptr) return;  // no shared storage was ever held here

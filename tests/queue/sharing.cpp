@@ -339,6 +339,43 @@ COHORT_ENTRYPOINT(put_one_and_leave);
 void get_one_and_leave(int, queue<int> q) { (void)q.get(); }
 COHORT_ENTRYPOINT(get_one_and_leave);
 
+// Pushes tensors of its own under file_system that nobody will receive;
+// returns its pid.
+int push_unreceived(int, queue<tensor> q, int n) {
+  set_sharing_strategy(sharing_strategy::file_system);
+  for (int i = 0; i < n; ++i) q.put(tensor::full({256}, i, dtype::float32, {.shared = true}));
+  return static_cast<int>(::getpid());
+}
+COHORT_ENTRYPOINT(push_unreceived);
+
+void pop_one_then_die(int, queue<tensor> q) {
+  (void)q.get();
+  ::raise(SIGKILL);
+}
+COHORT_ENTRYPOINT(pop_one_then_die);
+
+// The files of named segments `maker` made that are still in /dev/shm.
+std::vector<std::string> files_of(pid_t maker) {
+  const auto prefix = fmt::format("cohort_{}_", maker);
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/dev/shm", ec)) {
+    if (e.path().filename().string().starts_with(prefix)) found.push_back(e.path().filename().string());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+// How many memfd segments this process holds open.
+int cohort_memfds() {
+  int n = 0;
+  for (const auto& [fd, target] : open_descriptors()) n += target.starts_with("/memfd:cohort") ? 1 : 0;
+  return n;
+}
+
+// A tensor of 512 KiB: a segment of its own, not an arena block.
+tensor large_shared(int value) { return tensor::full({1 << 17}, value, dtype::float32, {.shared = true}); }
+
 // Frees its arena's first block 1000 times; returns what trim_shared_memory()
 // then says it let go of, the descriptors it kept, and what a second trim
 // lets go of.
@@ -707,6 +744,61 @@ TEST_SUITE("sharing") {
     }
     CHECK(lost_with_value == 0);
     CHECK(lost_with_room == 0);
+  }
+
+  TEST_CASE("a queue dropped with a tensor never popped lets go of the tensor's file in /dev/shm") {
+    const strategy_scope scope(sharing_strategy::file_system);
+    trim_shared_memory();
+    const auto before = files_of(::getpid());
+    {
+      queue<tensor> q(4);
+      const tensor t = large_shared(1);
+      REQUIRE(q.put(t, 1s));
+    }
+    trim_shared_memory();
+    CHECK(files_of(::getpid()) == before);
+  }
+
+  TEST_CASE("a queue dropped with a tensor never popped closes the tensor's memfd") {
+    const strategy_scope scope(sharing_strategy::file_descriptor);
+    trim_shared_memory();
+    const int before = cohort_memfds();
+    {
+      const tensor t = large_shared(1);
+      queue<tensor> q(4);
+      REQUIRE(q.put(t, 1s));
+    }
+    trim_shared_memory();
+    CHECK(cohort_memfds() == before);
+  }
+
+  TEST_CASE("a rank whose values nobody receives ends at once and leaves no file in /dev/shm") {
+    for (const auto method : {start_method::fork, start_method::spawn}) {
+      CAPTURE(to_string(method));
+      pid_t rank = 0;
+      {
+        queue<tensor> q(8);
+        const auto started = std::chrono::steady_clock::now();
+        rank = spawn_and_join(push_unreceived, std::tuple{q, 4}, 1, {.method = method}).at(0);
+        CHECK(std::chrono::steady_clock::now() - started < 5s);
+        CHECK(q.size() == 4);
+      }
+      CHECK(files_of(rank).empty());
+    }
+  }
+
+  TEST_CASE("values left in a queue whose consumer was SIGKILLed leave no file in /dev/shm once it is dropped") {
+    const strategy_scope scope(sharing_strategy::file_system);
+    trim_shared_memory();
+    const auto before = files_of(::getpid());
+    {
+      queue<tensor> q(8);
+      for (int i = 0; i < 4; ++i) REQUIRE(q.put(large_shared(i), 1s));
+      CHECK_THROWS(spawn_and_join(pop_one_then_die, std::tuple{q}, 1));
+      CHECK(q.size() == 3);
+    }
+    trim_shared_memory();
+    CHECK(files_of(::getpid()) == before);
   }
 
   // Before 351d22d, freeing an arena's first block (where a segment of one
