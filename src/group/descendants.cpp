@@ -3,6 +3,8 @@
 #include "group/descendants.hpp"
 
 #include "config.hpp"
+#include "os/per_process.hpp"
+#include "process/owned_pids.hpp"
 
 #include <fmt/format.h>
 
@@ -20,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <string_view>
 
 namespace cohort::detail {
@@ -228,13 +231,93 @@ bool tracked_processes::kill_and_reap() {
   return true;
 }
 
+namespace {
+
+// This process's children, from each thread's /proc children list, or,
+// where the kernel has none, by the parent of every process.
+std::vector<pid_t> children_of_self() {
+  std::vector<pid_t> found;
+  DIR* tasks = ::opendir("/proc/self/task");
+  bool listed = false;
+  if (tasks != nullptr) {
+    while (dirent* entry = ::readdir(tasks)) {
+      if (entry->d_name[0] == '.') continue;
+      char path[64];
+      std::snprintf(path, sizeof path, "/proc/self/task/%s/children", entry->d_name);
+      const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      ::close(fd);
+      listed = true;
+      const std::string text = read_file(path);
+      const char* at = text.c_str();
+      for (char* end = nullptr;; at = end) {
+        const long pid = std::strtol(at, &end, 10);
+        if (end == at) break;
+        found.push_back(static_cast<pid_t>(pid));
+      }
+    }
+    ::closedir(tasks);
+  }
+  if (!listed) {
+    const pid_t self = ::getpid();
+    for_each_process([&](pid_t pid) {
+      if (parent_of(pid) == self) found.push_back(pid);
+    });
+  }
+  return found;
+}
+
+}  // namespace
+
+std::vector<pid_t> reap_adopted(const pid_window& window) {
+  std::vector<pid_t> alive;
+  if (!has_children()) return alive;
+  const pid_t own_group = ::getpgrp();
+  with_owned_pids([&](const std::set<pid_t>& owned) {
+    for (pid_t pid : children_of_self()) {
+      if (owned.contains(pid) || !window.holds(pid) || ::getpgid(pid) == own_group) continue;
+      const int pidfd = config::pidfd_open(pid);
+      if (pidfd < 0) continue;
+      siginfo_t info{};
+      if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG) == 0 &&
+          info.si_pid == 0) {
+        alive.push_back(pid);
+      }
+      ::close(pidfd);
+    }
+  });
+  return alive;
+}
+
 bool has_children() {
   siginfo_t info{};
   return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0 || errno != ECHILD;
 }
 
-// Not remembered in a flag: a forked child inherits the flag but not the
-// attribute.
-void become_subreaper() { ::prctl(PR_SET_CHILD_SUBREAPER, 1); }
+namespace {
+
+// Per process: a forked child inherits the count but not the attribute.
+struct subreaper_use {
+  std::mutex mutex;
+  int groups = 0;
+  int before = 0;  // the attribute when the first group began
+};
+
+}  // namespace
+
+void become_subreaper() {
+  auto& use = os::of_this_process<subreaper_use>();
+  std::lock_guard lock(use.mutex);
+  if (use.groups++ == 0) {
+    ::prctl(PR_GET_CHILD_SUBREAPER, &use.before);
+    ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  }
+}
+
+void end_subreaper() {
+  auto& use = os::of_this_process<subreaper_use>();
+  std::lock_guard lock(use.mutex);
+  if (--use.groups == 0 && use.before == 0) ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+}
 
 }  // namespace cohort::detail

@@ -88,12 +88,25 @@ class tracked_processes {
   std::map<pid_t, int> held_;  // pid -> pidfd
 };
 
+/// The children of this process that were handed to it, as a subreaper, by
+/// a run: those no one here owns (owned_pids.hpp) whose pid `window` holds
+/// and that are outside this process's process group (a rank leads its own,
+/// and what it starts stays in it or leaves for another; this process's own
+/// forks stay in its group). Those that have died are reaped; those alive
+/// are returned, for the caller to end. Nothing is done, and nothing
+/// returned, while cohort starts processes: the scan comes again later.
+std::vector<pid_t> reap_adopted(const pid_window& window);
+
 /// Whether this process has a child, running or unreaped. In a subreaper
 /// whose ranks are all reaped, false means no descendant of theirs lives:
 /// each one whose parent died was handed to this process.
 bool has_children();
 
-/// Makes this process a child subreaper (again: fork does not pass it on).
+/// Makes this process a child subreaper while a group runs (again in a
+/// forked child: fork does not pass the attribute on). Each call is matched
+/// by one to end_subreaper(); when the last ends, the attribute the process
+/// had before is restored, so orphans stop coming here after the runs.
 void become_subreaper();
+void end_subreaper();
 
 }  // namespace cohort::detail

@@ -58,6 +58,7 @@ struct group_state {
   group_state(const group_state&) = delete;
   group_state& operator=(const group_state&) = delete;
   ~group_state() {
+    if (subreaper) end_subreaper();  // a start that failed
     for (int fd : result_fds) {
       if (fd >= 0) ::close(fd);
     }
@@ -82,6 +83,7 @@ struct group_state {
   bool stopping = false;
   bool signalled = false;  // SIGTERM went out: later non-zero exits are the shutdown's doing
   bool hurry = false;      // a second shutdown signal: no more grace
+  bool subreaper = false;  // holds a become_subreaper(), until the run ends
   tracked_processes descendants;  // the group's processes besides its ranks, held for the sweep
   pid_window pids_since_start;     // opened before the first rank starts
   std::shared_ptr<asio::signal_set> signals;
@@ -200,6 +202,14 @@ void track_descendants(group_state& state, bool by_parent) {
   state.descendants.add(group_descendants(state.marker, ranks, by_parent, state.pids_since_start));
 }
 
+// Reaps the children handed to this process since the group started that
+// have died, and holds those alive for the sweep: a descendant of a rank
+// whose parent died is the run's, whatever its environment says.
+void take_adopted(group_state& state) {
+  state.pids_since_start.refresh();
+  state.descendants.add(reap_adopted(state.pids_since_start));
+}
+
 // Kills the group's processes besides its ranks, those noted earlier and
 // those found now, and reaps those that are or become this process's
 // children, until none is left or `limit` passes.
@@ -209,6 +219,7 @@ asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit)
     // No child at all, not even a rank: nothing of the run is left to find.
     if (state.descendants.empty() && !has_children()) co_return;
     track_descendants(state, false);  // the ranks are reaped: no parent links lead from them
+    take_adopted(state);
     if (state.descendants.kill_and_reap() || steady::now() >= until) co_return;
     asio::steady_timer tick(state.strand, std::chrono::milliseconds(1));
     std::error_code ec;
@@ -220,6 +231,12 @@ void finish(const std::shared_ptr<group_state>& state) {
   // Named shared memory the ranks made and did not free (a rank killed
   // holding it) goes with them.
   shm::sweep_segments_of(state->pids);
+  // What came after the sweep: reaped, or killed and reaped if it can be at
+  // once. No more comes once the subreaper attribute is restored.
+  take_adopted(*state);
+  state->descendants.kill_and_reap();
+  end_subreaper();
+  state->subreaper = false;
   run_result r = std::move(state->partial);
   for (std::size_t rank = 0; rank < state->children.size(); ++rank) {
     r.statuses[rank] = state->children[rank] ? state->children[rank].status() : std::nullopt;
@@ -272,6 +289,7 @@ bool record_exit(group_state& s, int rank, exit_status status) {
       status = exit_status::from_code(255);
     }
   }
+  take_adopted(s);  // what the rank leaves behind is handed to this process as it dies
   if (status.success() || s.signalled) return false;
   rank_failure failure{rank, s.pids[r], status, unreadable, {}, s.error_files[r], std::chrono::system_clock::now()};
   if (auto report = read_error_file(s.error_files[r])) {
@@ -467,8 +485,9 @@ asio::awaitable<run_result> group::wait_for(std::shared_ptr<detail::group_state>
 
 group start_processes(const asio::any_io_executor& executor, const group_spec& spec) {
   detail::validate(spec);
-  detail::become_subreaper();
   auto state = std::make_shared<detail::group_state>(executor, spec);
+  detail::become_subreaper();
+  state->subreaper = true;
   static std::atomic<unsigned> groups_started{0};
   const unsigned group_number = groups_started++;
   state->marker = detail::marker_of(group_number);

@@ -3,6 +3,7 @@
 #include "cohort/guardian.hpp"
 
 #include "group/descendants.hpp"
+#include "process/owned_pids.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -73,11 +74,15 @@ guardian::guardian() {
     throw std::system_error(error, std::system_category(), "cohort::guardian: fork");
   }
   pipe_ = ends[1];
+  detail::own_pid(pid_);
 }
 
 guardian::~guardian() {
   if (pipe_ >= 0) ::close(pipe_);
-  if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
+  if (pid_ > 0) {
+    ::waitpid(pid_, nullptr, 0);
+    detail::disown_pid(pid_);
+  }
 }
 
 }  // namespace cohort

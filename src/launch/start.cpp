@@ -9,6 +9,7 @@
 #include "os/descriptor_limit.hpp"
 #include "process/launch.hpp"
 #include "os/owned_fd.hpp"
+#include "process/owned_pids.hpp"
 #include "process/parallel.hpp"
 
 #include <fmt/format.h>
@@ -331,6 +332,7 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     report_read = os::owned_fd(ends[0]);
     report_write = os::owned_fd(ends[1]);
   }
+  const launch_guard launching;  // from the first fork until every rank is owned or gone
   std::vector<std::unique_ptr<rank_launch>> ranks;
   ranks.reserve(n);
   for (std::size_t r = 0; r < n; ++r) {

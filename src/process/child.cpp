@@ -44,7 +44,10 @@ void reap_in_background(const std::shared_ptr<child_state>& state) {
   });
 }
 
+// A pid reaped here may be another process's by now: only one still
+// unreaped is let go of.
 child_state::~child_state() {
+  if (!status) disown_pid(pid);
   if (pidfd >= 0) ::close(pidfd);
 }
 
@@ -64,6 +67,7 @@ std::optional<exit_status> child_state::reap(bool block, std::error_code& ec) {
   }
   if (info.si_pid == 0) return std::nullopt;
   status = to_status(info, usage);
+  disown_pid(pid);
   return status;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "cohort/exit_status.hpp"
+#include "process/owned_pids.hpp"
 
 #include <asio/any_io_executor.hpp>
 #include <asio/readable_pipe.hpp>
@@ -17,9 +18,10 @@ namespace cohort::detail {
 
 /// Held by the child object and by each operation in flight on it, so an
 /// operation outlives the object that started it. Closes the pidfd when the
-/// last holder lets go.
+/// last holder lets go. The pid is owned (own_pid) from here until reaped or
+/// the last holder lets go.
 struct child_state {
-  child_state(asio::any_io_executor ex, pid_t p, int fd) : executor(std::move(ex)), pid(p), pidfd(fd) {}
+  child_state(asio::any_io_executor ex, pid_t p, int fd) : executor(std::move(ex)), pid(p), pidfd(fd) { own_pid(pid); }
   child_state(const child_state&) = delete;
   child_state& operator=(const child_state&) = delete;
   ~child_state();

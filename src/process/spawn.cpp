@@ -460,6 +460,7 @@ std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, const
                                     const std::vector<int>& extra_keep) {
   prepared_launch prepared(options, extra_keep, f);
   if (!prepared.ok()) return nullptr;
+  const launch_guard launching;
   pid_t pid = -1;
   int pidfd;
   {

@@ -1,6 +1,8 @@
 #include "cohort/group.hpp"
 
+#include "cohort/entry_point.hpp"
 #include "cohort/error_file.hpp"
+#include "cohort/spawn.hpp"
 #include "group/descendants.hpp"
 
 #include "support/harness.hpp"
@@ -21,6 +23,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -76,7 +79,101 @@ exit_status run_in_tmpdir(const fs::path& tmp, std::vector<std::string> args) {
   }());
 }
 
+// Writes `pids` to `dir`/pids whole, so a reader never sees part of them.
+void publish_pids(const std::string& dir, const std::vector<pid_t>& pids) {
+  const fs::path file = fs::path(dir) / "pids";
+  {
+    std::ofstream out(file.string() + ".part");
+    for (pid_t pid : pids) out << pid << ' ';
+  }
+  fs::rename(file.string() + ".part", file);
+}
+
+std::vector<pid_t> published_pids(const fs::path& dir) {
+  std::ifstream in(dir / "pids");
+  std::vector<pid_t> pids;
+  for (pid_t pid; in >> pid;) pids.push_back(pid);
+  return pids;
+}
+
+// Whether `pid`, a process the test started, is gone within `limit`:
+// neither running nor a zombie. One still there is killed.
+bool gone_within(pid_t pid, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (::kill(pid, 0) == 0 || errno != ESRCH) {
+    if (std::chrono::steady_clock::now() >= until) {
+      ::kill(pid, SIGKILL);
+      return false;
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+// Runs `spec`, whose one rank publishes pids into `dir`; with `kill_rank`,
+// SIGKILLs the rank once they are there. The pids published.
+std::vector<pid_t> run_publishing(const group_spec& spec, const fs::path& dir, bool kill_rank) {
+  asio::io_context io;
+  test::run(io, [&]() -> asio::awaitable<void> {
+    group g = co_await start_processes(spec);
+    asio::steady_timer tick(co_await asio::this_coro::executor);
+    for (int i = 0; i < 2000 && !fs::exists(dir / "pids"); ++i) {
+      tick.expires_after(1ms);
+      co_await tick.async_wait(asio::use_awaitable);
+    }
+    if (kill_rank) ::kill(g.pids().at(0), SIGKILL);
+    co_await g.wait();
+  }());
+  return published_pids(dir);
+}
+
 }  // namespace
+
+// Rank entries, with external linkage so that their names resolve in a
+// re-executed rank.
+
+// Starts a group of two sleeping program ranks, publishes their pids and
+// waits to be killed.
+void start_inner_group(int, std::string dir) {
+  asio::io_context io;
+  group_spec inner = ranks_of(2, {"sleep", "60"});
+  group g = start_processes(io.get_executor(), inner);
+  publish_pids(dir, g.pids());
+  io.run();
+}
+COHORT_ENTRYPOINT(start_inner_group);
+
+// Spawns a sleeping helper program, publishes its pid and dies by SIGKILL.
+void spawn_helper_and_die(int, std::string dir) {
+  asio::io_context io;
+  child helper = spawn(io.get_executor(), command(test::target, {"sleep", "60"}));
+  publish_pids(dir, {helper.pid()});
+  ::raise(SIGKILL);
+}
+COHORT_ENTRYPOINT(spawn_helper_and_die);
+
+// Forks a child that leaves for a session of its own and pauses; publishes
+// its pid once it has, and returns.
+void fork_setsid_child(int, std::string dir) {
+  int ready[2];
+  if (::pipe(ready) != 0) throw std::system_error(errno, std::system_category(), "pipe");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setsid();
+    const int null = ::open("/dev/null", O_RDWR);  // holds no pipe of the test's open
+    for (int fd : {0, 1, 2}) ::dup2(null, fd);
+    ::close(ready[0]);
+    ::close(ready[1]);
+    ::sleep(30);
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char byte;
+  [[maybe_unused]] auto n = ::read(ready[0], &byte, 1);
+  ::close(ready[0]);
+  publish_pids(dir, {pid});
+}
+COHORT_ENTRYPOINT(fork_setsid_child);
 
 TEST_SUITE("group") {
   TEST_CASE("every rank runs, and a run where all exit 0 has no failures") {
@@ -152,6 +249,42 @@ TEST_SUITE("group") {
       CHECK(result.statuses[0]->code() == code);
       CHECK_FALSE(test::alive(grandchild));
       CHECK_FALSE(fs::exists("/proc/" + std::to_string(grandchild)));  // reaped by this subreaper
+    }
+  }
+
+  TEST_CASE("a rank killed while its own group runs leaves no inner rank behind, not even a zombie") {
+    for (auto method : {start_method::spawn, start_method::fork, start_method::forkserver}) {
+      INFO(std::string(to_string(method)));
+      test::temp_dir dir;
+      group_spec spec;
+      spec.entry = call(method, start_inner_group, dir.path.string());
+      const auto inner = run_publishing(spec, dir.path, true);
+      REQUIRE(inner.size() == 2);
+      for (pid_t pid : inner) CHECK(gone_within(pid, 500ms));
+    }
+  }
+
+  TEST_CASE("a rank killed by a signal leaves no helper it spawned behind, not even a zombie") {
+    for (auto method : {start_method::spawn, start_method::fork, start_method::forkserver}) {
+      INFO(std::string(to_string(method)));
+      test::temp_dir dir;
+      group_spec spec;
+      spec.entry = call(method, spawn_helper_and_die, dir.path.string());
+      const auto helpers = run_publishing(spec, dir.path, false);
+      REQUIRE(helpers.size() == 1);
+      CHECK(gone_within(helpers[0], 500ms));
+    }
+  }
+
+  TEST_CASE("a child of a forked rank that left for its own session is gone after the run") {
+    for (auto method : {start_method::fork, start_method::forkserver}) {
+      INFO(std::string(to_string(method)));
+      test::temp_dir dir;
+      group_spec spec;
+      spec.entry = call(method, fork_setsid_child, dir.path.string());
+      const auto escaped = run_publishing(spec, dir.path, false);
+      REQUIRE(escaped.size() == 1);
+      CHECK(gone_within(escaped[0], 500ms));
     }
   }
 
