@@ -249,8 +249,9 @@ class queue_core {
   }
 
   // Arms this process's death notice with the peers whose end would end a
-  // wait on `s`; false when one could not be armed.
-  bool arm_peers(side s) {
+  // wait on `s`.
+  enum class armed { yes, no, all_gone };
+  armed arm_peers(side s) {
     peer copy[max_peers];
     std::uint32_t count = 0;
     {
@@ -259,8 +260,9 @@ class queue_core {
       std::copy_n(h().peers.peers, count, copy);
     }
     const auto role = s == side::pop ? peer_producer : peer_consumer;
-    watch_.all_gone(copy, count, role);  // opens the pidfds of those alive
-    return watch_.arm(copy, count, role, death_notice::of_this_process());
+    // Opens the pidfds of those alive; when none is, the wait must not sleep.
+    if (watch_.all_gone(copy, count, role)) return armed::all_gone;
+    return watch_.arm(copy, count, role, death_notice::of_this_process()) ? armed::yes : armed::no;
   }
 
   std::atomic<std::uint32_t>& word(side s) const noexcept { return s == side::push ? h().space : h().items; }
@@ -470,10 +472,10 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
     auto& epoch = death_notice::of_this_process().epoch();
     const auto seen = epoch.load(std::memory_order_acquire);
     std::error_code ec;
-    if (q.arm_peers(s)) {
-      os::futex_wait_two(q.word(s), seq, epoch, seen, slice, ec);
-    } else {
-      os::futex_wait(q.word(s), seq, slice, ec);
+    switch (q.arm_peers(s)) {
+      case queue_core::armed::yes: os::futex_wait_two(q.word(s), seq, epoch, seen, slice, ec); break;
+      case queue_core::armed::no: os::futex_wait(q.word(s), seq, slice, ec); break;
+      case queue_core::armed::all_gone: break;  // peer_lost, after one more try
     }
     q.unsleep(s, seq);
     if (ec) throw std::system_error(ec, "cohort::queue: futex wait");
@@ -498,12 +500,13 @@ asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
   // As wait_for: the epoch is read before the peers are armed.
   auto& epoch = death_notice::of_this_process().epoch();
   const auto seen = epoch.load(std::memory_order_acquire);
-  const bool armed = q.arm_peers(s);
+  const auto armed = q.arm_peers(s);
+  if (armed == queue_core::armed::all_gone) co_return;  // peer_lost, after one more try
   // Cancelled from outside, every branch fails and `||` throws
   // multiple_exceptions: the wait is then simply cancelled.
   std::exception_ptr failure;
   try {
-    if (armed) {
+    if (armed == queue_core::armed::yes) {
       co_await (uring::async_futex_wait(executor, q.word(s), seq, asio::use_awaitable) ||
                 uring::async_futex_wait(executor, epoch, seen, asio::use_awaitable) ||
                 timer.async_wait(asio::use_awaitable));
