@@ -226,18 +226,21 @@ class queue_core {
     if (word(s).load(std::memory_order_relaxed) == seq && sleepers > 0) --sleepers;
   }
 
+  // Copies the peer table out, under the lock; returns how many it holds.
+  std::uint32_t copy_peers(peer (&copy)[max_peers]) {
+    locked lock(h());
+    const auto count = std::min<std::uint32_t>(h().peers.count, max_peers);
+    std::copy_n(h().peers.peers, count, copy);
+    return count;
+  }
+
   // Throws peer_lost when every process that could end a wait on `s` is
   // gone, unless `last_try` (one more push or pop, without sleeping) then
   // goes through: the last peer may have left a value or room on its way.
   template <class Try>
   void check_peers(side s, Try last_try) {
     peer copy[max_peers];
-    std::uint32_t count = 0;
-    {
-      locked lock(h());
-      count = std::min<std::uint32_t>(h().peers.count, max_peers);
-      std::copy_n(h().peers.peers, count, copy);
-    }
+    const std::uint32_t count = copy_peers(copy);
     const auto role = s == side::pop ? peer_producer : peer_consumer;
     if (auto gone = watch_.all_gone(copy, count, role)) {
       if (last_try()) return;
@@ -253,12 +256,7 @@ class queue_core {
   enum class armed { yes, no, all_gone };
   armed arm_peers(side s) {
     peer copy[max_peers];
-    std::uint32_t count = 0;
-    {
-      locked lock(h());
-      count = std::min<std::uint32_t>(h().peers.count, max_peers);
-      std::copy_n(h().peers.peers, count, copy);
-    }
+    const std::uint32_t count = copy_peers(copy);
     const auto role = s == side::pop ? peer_producer : peer_consumer;
     // Opens the pidfds of those alive; when none is, the wait must not sleep.
     if (watch_.all_gone(copy, count, role)) return armed::all_gone;
