@@ -12,7 +12,6 @@
 
 #include <fmt/format.h>
 
-#include <cxxabi.h>
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -139,12 +138,6 @@ std::unique_ptr<entry_stack> entry_stack::ahead_of_forks() noexcept {
   } catch (...) {
     return nullptr;
   }
-}
-
-std::string demangle(const std::type_info& type) {
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(type.name(), nullptr, nullptr, &status), std::free);
-  return status == 0 && name ? std::string(name.get()) : std::string(type.name());
 }
 
 bool read_whole(int fd, std::vector<std::byte>& out) {

@@ -111,9 +111,6 @@ bool await_set_up(int report_fd, std::size_t count, std::size_t& rank, stage& wh
 /// children, by CLONE_PARENT.
 void end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono::milliseconds patience);
 
-/// The demangled name of a type.
-std::string demangle(const std::type_info& type);
-
 /// Reads a whole file from offset 0 into `out`; false with errno set.
 bool read_whole(int fd, std::vector<std::byte>& out);
 /// Writes `bytes` at offset 0; false with errno set.

@@ -1,25 +1,15 @@
 // Writing and reading torchelastic-shaped error files.
 #include "cohort/error_file.hpp"
 
-#include <nlohmann/json.hpp>
+#include "os/demangle.hpp"
 
-#include <cxxabi.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <fstream>
-#include <memory>
 #include <typeinfo>
 
 namespace cohort {
-namespace {
-
-std::string demangled(const std::type_info& type) {
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(type.name(), nullptr, nullptr, &status), std::free);
-  return status == 0 && name ? std::string(name.get()) : std::string(type.name());
-}
-
-}  // namespace
 
 std::optional<std::filesystem::path> error_file_path() {
   for (const char* name : {"COHORT_ERROR_FILE", "TORCHELASTIC_ERROR_FILE"}) {
@@ -48,7 +38,7 @@ bool record_error(const error_report& report) noexcept {
 
 bool record_error(const std::exception& error, std::string_view trace) noexcept {
   try {
-    return record_error(error_report{demangled(typeid(error)) + ": " + error.what(), std::string(trace), std::nullopt});
+    return record_error(error_report{os::demangle(typeid(error)) + ": " + error.what(), std::string(trace), std::nullopt});
   } catch (...) {
     return false;
   }

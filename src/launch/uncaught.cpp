@@ -4,6 +4,7 @@
 #include "launch/uncaught.hpp"
 
 #include "launch/entry.hpp"
+#include "os/demangle.hpp"
 #include "os/stack_trace.hpp"
 
 #include "cohort/error_file.hpp"
@@ -90,10 +91,10 @@ std::string current_exception_message() {
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
-    return demangle(typeid(e)) + ": " + e.what();
+    return os::demangle(typeid(e)) + ": " + e.what();
   } catch (...) {
     const std::type_info* type = abi::__cxa_current_exception_type();
-    return type != nullptr ? demangle(*type) : "unknown exception";
+    return type != nullptr ? os::demangle(*type) : "unknown exception";
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include "cohort/process_error.hpp"
 #include "launch/entry.hpp"
+#include "os/demangle.hpp"
 
 #include <asio/error.hpp>
 #include <asio/executor_work_guard.hpp>
@@ -46,7 +47,7 @@ void cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> 
       }
       results.put({item, true, std::move(out)});
     } catch (const std::exception& e) {
-      const auto text = fmt::format("{}: {}", demangle(typeid(e)), e.what());
+      const auto text = fmt::format("{}: {}", os::demangle(typeid(e)), e.what());
       const auto* first = reinterpret_cast<const std::byte*>(text.data());
       results.put({item, false, std::vector<std::byte>(first, first + text.size())});
     }

@@ -3,15 +3,14 @@
 // dynamic symbol tables export.
 #include "os/stack_trace.hpp"
 
+#include "os/demangle.hpp"
+
 #include <fmt/format.h>
 
-#include <cxxabi.h>
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <link.h>
 
-#include <cstdlib>
-#include <memory>
 #include <mutex>
 #include <string_view>
 
@@ -22,13 +21,6 @@
 
 namespace cohort::os {
 namespace {
-
-std::string demangled(const char* name) {
-  if (name == nullptr) return {};
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> text(abi::__cxa_demangle(name, nullptr, nullptr, &status), std::free);
-  return status == 0 && text ? std::string(text.get()) : std::string(name);
-}
 
 // The module holding `pc` and pc's offset in it.
 std::pair<std::string, std::uintptr_t> module_of(std::uintptr_t pc) {
@@ -55,7 +47,7 @@ int on_frame(void* data, std::uintptr_t pc, const char* file, int line, const ch
   if (pc == static_cast<std::uintptr_t>(-1)) return 0;
   stack_frame f;
   f.pc = pc;
-  f.function = demangled(function);
+  f.function = demangle(function);
   if (file != nullptr) f.file = file;
   f.line = line;
   f.module = module_of(pc).first;
@@ -79,7 +71,7 @@ std::vector<stack_frame> current_stack() {
       backtrace_syminfo(
           s, f.pc,
           [](void* data, std::uintptr_t, const char* symbol, std::uintptr_t, std::uintptr_t) {
-            static_cast<stack_frame*>(data)->function = demangled(symbol);
+            static_cast<stack_frame*>(data)->function = demangle(symbol);
           },
           [](void*, const char*, int) {}, &f);
     }
@@ -95,7 +87,7 @@ std::vector<stack_frame> current_stack() {
     // libbacktrace does, so the frame names the calling function.
     f.pc = reinterpret_cast<std::uintptr_t>(pcs[i]) - 1;
     Dl_info info{};
-    if (::dladdr(pcs[i], &info) != 0 && info.dli_sname != nullptr) f.function = demangled(info.dli_sname);
+    if (::dladdr(pcs[i], &info) != 0 && info.dli_sname != nullptr) f.function = demangle(info.dli_sname);
     f.module = module_of(f.pc).first;
     frames.push_back(std::move(f));
   }

@@ -1,0 +1,15 @@
+// The readable names of C++ symbols and types.
+#pragma once
+
+#include <string>
+#include <typeinfo>
+
+namespace cohort::os {
+
+/// `mangled` demangled, or as it is when it is not a C++ name; empty for
+/// null. Allocates.
+std::string demangle(const char* mangled);
+/// The demangled name of a type.
+inline std::string demangle(const std::type_info& type) { return demangle(type.name()); }
+
+}  // namespace cohort::os
