@@ -28,17 +28,15 @@ bool in_module(const os::stack_frame& f, std::string_view name) {
   return f.module.find(name) != std::string::npos;
 }
 
-bool starts_with(const std::string& text, std::string_view prefix) { return text.rfind(prefix, 0) == 0; }
-
 // A frame of the C++ runtime's throw and terminate, or of this handler.
 bool of_the_handler(const os::stack_frame& f, const std::string& own_module) {
   if (in_module(f, "libstdc++") || in_module(f, "libgcc_s")) return true;
   for (std::string_view prefix : {"__cxa_", "__cxxabiv1::", "std::terminate", "_Unwind_", "__gnu_cxx::__verbose_terminate"}) {
-    if (starts_with(f.function, prefix)) return true;
+    if (f.function.starts_with(prefix)) return true;
   }
   // DWARF names a function of internal linkage without its scope.
   for (std::string_view own : {"on_uncaught", "on_uncaught_in_program", "cohort::detail::trace_of_throw"}) {
-    if (starts_with(f.function, own) || f.function.find(fmt::format("(anonymous namespace)::{}(", own)) != std::string::npos) {
+    if (f.function.starts_with(own) || f.function.find(fmt::format("(anonymous namespace)::{}(", own)) != std::string::npos) {
       return true;
     }
   }
@@ -49,7 +47,7 @@ bool of_the_handler(const os::stack_frame& f, const std::string& own_module) {
 
 // The frame that threw: the runtime's throw or rethrow.
 bool throws(const os::stack_frame& f) {
-  return f.function == "__cxa_throw" || f.function == "__cxa_rethrow" || starts_with(f.function, "std::rethrow_exception");
+  return f.function == "__cxa_throw" || f.function == "__cxa_rethrow" || f.function.starts_with("std::rethrow_exception");
 }
 
 // A frame below the function: cohort's thunk (instantiated in the program),
@@ -59,7 +57,7 @@ bool below_the_function(const os::stack_frame& f) {
   return f.function.find("cohort::detail::thunk") != std::string::npos ||
          f.function.find("cohort::detail::call_decoded") != std::string::npos ||
          f.function.find("entry_stack_main") != std::string::npos || f.function.find("start_context") != std::string::npos ||
-         starts_with(f.function, "__libc_start") || f.function == "_start" ||
+         f.function.starts_with("__libc_start") || f.function == "_start" ||
          (f.function.empty() && in_module(f, "/libc.so"));
 }
 
