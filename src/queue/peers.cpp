@@ -48,7 +48,7 @@ void peer_table::join(std::uint32_t roles) noexcept {
   peers[count++] = {self, os::running_rank(), roles, started};
 }
 
-bool peer_watch::alive(const peer& p) {
+bool peer_watch::alive(const peer& p, death_notice* notice) {
   auto key = std::pair{p.pid, p.start_time};
   auto it = pidfds_.find(key);
   if (it == pidfds_.end()) {
@@ -60,14 +60,18 @@ bool peer_watch::alive(const peer& p) {
   }
   if (it->second.get() < 0) return false;  // seen gone before
   pollfd f{it->second.get(), POLLIN, 0};
-  if (::poll(&f, 1, 0) == 0) return true;
+  if (::poll(&f, 1, 0) == 0) {
+    if (notice != nullptr) notice->arm(it->second.get());
+    return true;
+  }
   // Gone for good: a process never comes back, so its descriptor goes now
   // and the entry stays, empty, while the table names it.
   it->second.reset();
   return false;
 }
 
-std::optional<peer> peer_watch::all_gone(const peer* peers, std::uint32_t count, std::uint32_t role) {
+std::optional<peer> peer_watch::all_gone(const peer* peers, std::uint32_t count, std::uint32_t role,
+                                         death_notice* notice) {
   const pid_t self = os::this_process();
   std::lock_guard lock(mutex_);
   // Entries of processes the table no longer names go: a long-lived side
@@ -79,13 +83,12 @@ std::optional<peer> peer_watch::all_gone(const peer* peers, std::uint32_t count,
     return false;
   };
   std::erase_if(pidfds_, [&](const auto& entry) { return !named(entry.first); });
-  // Every peer is looked at, so that each live one's pidfd is open for
-  // arm().
+  // Every peer is looked at, so that each live one is armed.
   std::optional<peer> last;
   bool any_alive = false;
   for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
     if ((peers[i].roles & role) == 0 || peers[i].pid == self) continue;
-    if (alive(peers[i])) {
+    if (alive(peers[i], notice)) {
       any_alive = true;
     } else {
       last = peers[i];
@@ -93,18 +96,6 @@ std::optional<peer> peer_watch::all_gone(const peer* peers, std::uint32_t count,
   }
   if (any_alive) return std::nullopt;
   return last;
-}
-
-bool peer_watch::arm(const peer* peers, std::uint32_t count, std::uint32_t role, death_notice& notice) {
-  const pid_t self = os::this_process();
-  std::lock_guard lock(mutex_);
-  bool armed = true;
-  for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
-    if ((peers[i].roles & role) == 0 || peers[i].pid == self) continue;
-    auto it = pidfds_.find({peers[i].pid, peers[i].start_time});
-    if (it != pidfds_.end() && it->second.get() >= 0) armed = notice.arm(it->second.get()) && armed;
-  }
-  return armed;
 }
 
 death_notice& death_notice::of_this_process() { return os::of_this_process<death_notice>(); }
@@ -124,13 +115,12 @@ bool death_notice::start() noexcept {
   return epoll_ >= 0;
 }
 
-bool death_notice::arm(int pidfd) noexcept {
-  if (!start()) return false;
+void death_notice::arm(int pidfd) noexcept {
+  if (!start()) return;
   epoll_event e{};
   e.events = EPOLLIN | EPOLLONESHOT;
   e.data.fd = pidfd;
-  if (::epoll_ctl(epoll_, EPOLL_CTL_MOD, pidfd, &e) == 0) return true;
-  return errno == ENOENT && ::epoll_ctl(epoll_, EPOLL_CTL_ADD, pidfd, &e) == 0;
+  if (::epoll_ctl(epoll_, EPOLL_CTL_MOD, pidfd, &e) != 0 && errno == ENOENT) ::epoll_ctl(epoll_, EPOLL_CTL_ADD, pidfd, &e);
 }
 
 void death_notice::run() noexcept {
@@ -147,8 +137,6 @@ void death_notice::run() noexcept {
     }
   }
 }
-
-
 
 std::size_t peer_watch::descriptors() {
   std::lock_guard lock(mutex_);

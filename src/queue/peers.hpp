@@ -49,10 +49,9 @@ class death_notice {
 
   /// Bumped at each end of an armed process; in this process's memory.
   std::atomic<std::uint32_t>& epoch() noexcept { return epoch_; }
-  /// Watches `pidfd` for one end (re-arms it when already watched). False
-  /// when it cannot (no thread, no epoll): the waits then rely on their
-  /// time slices.
-  bool arm(int pidfd) noexcept;
+  /// Watches `pidfd` for one end (re-arms it when already watched). Where it
+  /// cannot (no thread, no epoll), the waits rely on their time slices.
+  void arm(int pidfd) noexcept;
   /// Its epoll descriptor, made at the first arm(), kept for the process's
   /// life with the thread that sleeps on it; -1 before.
   int descriptor() const noexcept { return epoll_; }
@@ -70,17 +69,16 @@ class peer_watch {
  public:
   /// The last of the peers with `role` found gone when every one of them
   /// is (and at least one ever was in the table); nullopt while any lives.
-  /// Descriptors are held only for peers still alive when last looked
-  /// at, and only while the table names them.
-  std::optional<peer> all_gone(const peer* peers, std::uint32_t count, std::uint32_t role);
+  /// With `notice`, arms it with the pidfd of each one alive. Descriptors
+  /// are held only for peers still alive when last looked at, and only
+  /// while the table names them.
+  std::optional<peer> all_gone(const peer* peers, std::uint32_t count, std::uint32_t role,
+                               death_notice* notice = nullptr);
   /// How many pidfds it holds now.
   std::size_t descriptors();
-  /// Arms `notice` with the pidfd of every peer with `role` that was alive
-  /// at the last all_gone(): false when one could not be armed.
-  bool arm(const peer* peers, std::uint32_t count, std::uint32_t role, death_notice& notice);
 
  private:
-  bool alive(const peer& p);  // with mutex_ held
+  bool alive(const peer& p, death_notice* notice);  // with mutex_ held
   std::mutex mutex_;
   std::map<std::pair<pid_t, std::uint64_t>, os::owned_fd> pidfds_;
 };

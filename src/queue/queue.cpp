@@ -251,16 +251,14 @@ class queue_core {
     }
   }
 
-  // Arms this process's death notice with the peers whose end would end a
-  // wait on `s`.
-  enum class armed { yes, no, all_gone };
-  armed arm_peers(side s) {
+  // Arms this process's death notice with the live peers whose end would
+  // end a wait on `s`; false when they have all gone, and the wait must not
+  // sleep.
+  bool arm_peers(side s) {
     peer copy[max_peers];
     const std::uint32_t count = copy_peers(copy);
     const auto role = s == side::pop ? peer_producer : peer_consumer;
-    // Opens the pidfds of those alive; when none is, the wait must not sleep.
-    if (watch_.all_gone(copy, count, role)) return armed::all_gone;
-    return watch_.arm(copy, count, role, death_notice::of_this_process()) ? armed::yes : armed::no;
+    return !watch_.all_gone(copy, count, role, &death_notice::of_this_process());
   }
 
   std::atomic<std::uint32_t>& word(side s) const noexcept { return s == side::push ? h().space : h().items; }
@@ -470,11 +468,8 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
     auto& epoch = death_notice::of_this_process().epoch();
     const auto seen = epoch.load(std::memory_order_acquire);
     std::error_code ec;
-    switch (q.arm_peers(s)) {
-      case queue_core::armed::yes: os::futex_wait_two(q.word(s), seq, epoch, seen, slice, ec); break;
-      case queue_core::armed::no: os::futex_wait(q.word(s), seq, slice, ec); break;
-      case queue_core::armed::all_gone: break;  // peer_lost, after one more try
-    }
+    // When every peer has gone: no sleep, but peer_lost after one more try.
+    if (q.arm_peers(s)) os::futex_wait_two(q.word(s), seq, epoch, seen, slice, ec);
     q.unsleep(s, seq);
     if (ec) throw std::system_error(ec, "cohort::queue: futex wait");
     if (deadline && std::chrono::steady_clock::now() >= *deadline) return attempt(false, seq);
@@ -498,20 +493,14 @@ asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
   // As wait_for: the epoch is read before the peers are armed.
   auto& epoch = death_notice::of_this_process().epoch();
   const auto seen = epoch.load(std::memory_order_acquire);
-  const auto armed = q.arm_peers(s);
-  if (armed == queue_core::armed::all_gone) co_return;  // peer_lost, after one more try
+  if (!q.arm_peers(s)) co_return;  // every peer gone: peer_lost, after one more try
   // Cancelled from outside, every branch fails and `||` throws
   // multiple_exceptions: the wait is then simply cancelled.
   std::exception_ptr failure;
   try {
-    if (armed == queue_core::armed::yes) {
-      co_await (uring::async_futex_wait(executor, q.word(s), seq, asio::use_awaitable) ||
-                uring::async_futex_wait(executor, epoch, seen, asio::use_awaitable) ||
-                timer.async_wait(asio::use_awaitable));
-    } else {
-      co_await (uring::async_futex_wait(executor, q.word(s), seq, asio::use_awaitable) ||
-                timer.async_wait(asio::use_awaitable));
-    }
+    co_await (uring::async_futex_wait(executor, q.word(s), seq, asio::use_awaitable) ||
+              uring::async_futex_wait(executor, epoch, seen, asio::use_awaitable) ||
+              timer.async_wait(asio::use_awaitable));
   } catch (const asio::multiple_exceptions& e) {
     failure = e.first_exception();
   }
