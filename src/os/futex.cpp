@@ -37,6 +37,16 @@ futex_result result_of(long rc, std::error_code& ec) {
   }
 }
 
+// futex_waitv on two words, until `deadline` (CLOCK_MONOTONIC; null: none).
+long wait_on_two(std::atomic<std::uint32_t>& word, std::uint32_t expected, std::atomic<std::uint32_t>& other,
+                 std::uint32_t other_expected, const timespec* deadline) {
+  futex_waitv waiters[2] = {
+      {expected, reinterpret_cast<std::uintptr_t>(&word), config::futex2_size_u32, 0},
+      {other_expected, reinterpret_cast<std::uintptr_t>(&other), config::futex2_size_u32, 0},
+  };
+  return ::syscall(SYS_futex_waitv, waiters, 2, 0, deadline, CLOCK_MONOTONIC);
+}
+
 }  // namespace
 
 futex_result futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
@@ -69,11 +79,7 @@ int futex_wake(std::atomic<std::uint32_t>& word, int count) {
 futex_result futex_wait_either(std::atomic<std::uint32_t>& word, std::uint32_t expected,
                                std::atomic<std::uint32_t>& stop, std::error_code& ec) {
   ec.clear();
-  futex_waitv waiters[2] = {
-      {expected, reinterpret_cast<std::uintptr_t>(&word), config::futex2_size_u32, 0},
-      {0, reinterpret_cast<std::uintptr_t>(&stop), config::futex2_size_u32, 0},
-  };
-  const long rc = ::syscall(SYS_futex_waitv, waiters, 2, 0, nullptr, CLOCK_MONOTONIC);
+  const long rc = wait_on_two(word, expected, stop, 0, nullptr);
   if (rc < 0 && errno == ENOSYS) return futex_wait(word, expected, stop_check, ec);
   return result_of(rc, ec);
 }
@@ -82,17 +88,13 @@ futex_result futex_wait_two(std::atomic<std::uint32_t>& word, std::uint32_t expe
                             std::atomic<std::uint32_t>& other, std::uint32_t other_expected,
                             std::chrono::nanoseconds timeout, std::error_code& ec) {
   ec.clear();
-  futex_waitv waiters[2] = {
-      {expected, reinterpret_cast<std::uintptr_t>(&word), config::futex2_size_u32, 0},
-      {other_expected, reinterpret_cast<std::uintptr_t>(&other), config::futex2_size_u32, 0},
-  };
   // futex_waitv's timeout is absolute.
   timespec at{};
   ::clock_gettime(CLOCK_MONOTONIC, &at);
   const auto ns = std::max(timeout, std::chrono::nanoseconds::zero()).count() + at.tv_nsec;
   at.tv_sec += static_cast<time_t>(ns / 1'000'000'000);
   at.tv_nsec = static_cast<long>(ns % 1'000'000'000);
-  const long rc = ::syscall(SYS_futex_waitv, waiters, 2, 0, &at, CLOCK_MONOTONIC);
+  const long rc = wait_on_two(word, expected, other, other_expected, &at);
   if (rc < 0 && errno == ENOSYS) return futex_wait(word, expected, std::min(timeout, two_check), ec);
   return result_of(rc, ec);
 }
