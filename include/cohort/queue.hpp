@@ -31,8 +31,10 @@ namespace cohort {
 
 /// A wait on a queue or event ended because the processes that could end
 /// it are gone: a pop on an empty queue whose producers have all exited, or
-/// a push into a full queue whose consumers have all exited. Names the last
-/// of them found gone.
+/// a push into a full queue whose consumers have all exited; names the last
+/// of them found gone. Also a value popped whose shared memory went with
+/// its sender (file_descriptor sharing, a sender killed before the value
+/// was received); names that sender.
 class peer_lost : public std::runtime_error {
  public:
   peer_lost(const std::string& what, pid_t pid, int rank) : std::runtime_error(what), pid_(pid), rank_(rank) {}
@@ -99,6 +101,21 @@ void fill_record(queue_record& r, const T& value) {
 template <class T>
 T read_record(std::span<const std::byte> bytes);
 
+/// Called while a value popped from `q` fails to decode: throws peer_lost
+/// naming its sender when the value's shared memory went with a sender
+/// that has exited, else the failure itself.
+[[noreturn]] void rethrow_receive_failure(queue_core& q);
+
+/// A popped record decoded into a value.
+template <class T>
+T receive_record(queue_core& q, std::span<const std::byte> bytes) {
+  try {
+    return read_record<T>(bytes);
+  } catch (const shm_error&) {
+    rethrow_receive_failure(q);
+  }
+}
+
 template <class T>
 void drop_record(std::span<const std::byte> bytes) {
   (void)read_record<T>(bytes);
@@ -135,12 +152,14 @@ class queue {
     return detail::queue_try_push(*core_, r);
   }
   /// Pops unless empty; nullopt when empty. Throws queue_closed once closed
-  /// and empty, decode_error or shm_error for a value that cannot be received
-  /// (the queue goes on).
+  /// and empty; peer_lost, naming the sender, for a value whose shared
+  /// memory went with its sender (file_descriptor: a sender killed before
+  /// the value was received); decode_error or shm_error for any other value
+  /// that cannot be received. The queue goes on after each.
   std::optional<T> try_pop() {
     auto& out = buffer();
     if (!detail::queue_try_pop(*core_, out)) return std::nullopt;
-    return detail::read_record<T>(out);
+    return detail::receive_record<T>(*core_, out);
   }
 
   /// Pushes, blocking while full; false when `timeout` passed first.
@@ -155,7 +174,7 @@ class queue {
   std::optional<T> get(std::optional<std::chrono::nanoseconds> timeout = std::nullopt) {
     auto& out = buffer();
     if (!detail::queue_get(*core_, out, timeout)) return std::nullopt;
-    return detail::read_record<T>(out);
+    return detail::receive_record<T>(*core_, out);
   }
 
   /// Pushes, waiting while full; an asio asynchronous operation completing
@@ -221,8 +240,8 @@ class queue {
   }
   static asio::awaitable<T> pop_value(std::shared_ptr<detail::queue_core> core) {
     std::vector<std::byte> out;
-    co_await detail::queue_pop(std::move(core), out);
-    co_return detail::read_record<T>(out);
+    co_await detail::queue_pop(core, out);
+    co_return detail::receive_record<T>(*core, out);
   }
 
   static detail::queue_record& record() {

@@ -7,6 +7,7 @@
 #include "queue/peers.hpp"
 #include "os/futex.hpp"
 #include "os/process_identity.hpp"
+#include "shm/registry.hpp"
 #include "shm/segment.hpp"
 #include "shm/shared_lock.hpp"
 #include "uring/futex.hpp"
@@ -363,6 +364,8 @@ class queue_core {
         // maker) holds nothing here to let go of.
       }
     }
+    // The segments those values were in, mapped only to let go of them.
+    if (!left.empty()) shm::forget_dead_segments();
   }
 
   // With the lock held: drops one of this process's holds; whether it was
@@ -565,6 +568,26 @@ asio::awaitable<void> queue_pop(std::shared_ptr<queue_core> q, std::vector<std::
   auto* core = q.get();
   return wait_async(std::move(q), side::pop,
                     [core, &out](bool sleep, std::uint32_t& seq) { return core->pop(out, sleep, seq); });
+}
+
+void rethrow_receive_failure(queue_core& q) {
+  try {
+    throw;
+  } catch (const shm::segment_gone& e) {
+    peer copy[max_peers];
+    const std::uint32_t count = q.copy_peers(copy);
+    const peer* end = copy + count;
+    const peer* sender = std::find_if(static_cast<const peer*>(copy), end, [&](const peer& p) { return p.pid == e.source(); });
+    // The start time in the table tells a pid recycled since; a sender the
+    // table never named (a value passed on by a process gone from it) is
+    // judged by its pid.
+    if (!os::has_ended(e.source(), sender != end ? sender->start_time : 0)) throw;
+    const int rank = sender != end ? sender->rank : -1;
+    throw peer_lost(fmt::format("cohort::queue: the sender of a value (pid {}{}) exited before it was received, "
+                                "and the shared memory holding the value went with it (file_descriptor sharing)",
+                                e.source(), rank >= 0 ? fmt::format(", rank {}", rank) : ""),
+                    e.source(), rank);
+  }
 }
 
 void queue_close(queue_core& q) { q.close(); }

@@ -21,6 +21,14 @@ registry& segments() {
   return *r;
 }
 
+void forget_dead_segments() noexcept {
+  auto* r = segments_if_made();
+  if (r == nullptr) return;
+  std::vector<std::shared_ptr<segment>> dead;  // unmapped after the lock is released
+  std::lock_guard lock(r->mutex);
+  dead = r->forget(true);
+}
+
 registry* segments_if_made() noexcept { return registry_made.load(std::memory_order_acquire); }
 
 }  // namespace cohort::shm

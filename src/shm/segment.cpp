@@ -32,7 +32,6 @@ namespace cohort::shm {
 
 namespace {
 
-constexpr std::uint64_t magic = 0x746d67737472686fULL;  // "ohrtsgmt"
 constexpr unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 std::string errno_text(int error) { return std::system_category().message(error); }
@@ -77,8 +76,10 @@ segment::~segment() {
     auto it = r.segments.find(nonce());
     if (it != r.segments.end() && it->second.expired()) r.segments.erase(it);
   }
+  const bool unlink = orphaned();
   ::munmap(base_, size_);
   if (fd_ >= 0) ::close(fd_);
+  if (unlink) ::shm_unlink(segment_name(maker_, nonce_).c_str());
 }
 
 std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strategy, bool is_arena) {
@@ -130,7 +131,7 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     fd = -1;
   }
   auto* h = new (base) segment_header{};
-  h->magic = magic;
+  h->magic = segment_magic;
   h->nonce = nonce;
   h->size = size;
   h->live.store(1, std::memory_order_relaxed);
@@ -217,8 +218,10 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
       fd = ::open(where.c_str(), O_RDWR | O_CLOEXEC);
     }
     if (fd < 0 && (errno == ENOENT || errno == ESRCH)) {
-      throw shm_error(fmt::format("cohort: the processes holding a segment (pid {}{}) have exited or let it go",
-                                  ref.source, ref.maker != ref.source ? fmt::format(", its maker pid {}", ref.maker) : ""));
+      throw segment_gone(
+          fmt::format("cohort: the processes holding a segment (pid {}{}) have exited or let it go", ref.source,
+                      ref.maker != ref.source ? fmt::format(", its maker pid {}", ref.maker) : ""),
+          ref.source, ref.maker);
     }
   } else {
     where = "/dev/shm" + segment_name(ref.maker, ref.nonce);
@@ -251,7 +254,7 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   }
   if (base == MAP_FAILED) throw shm_error(fmt::format("cohort: mapping {}: {}", where, errno_text(error)));
   const auto* h = static_cast<const segment_header*>(base);
-  if (h->magic != magic || h->nonce != ref.nonce || h->size != size) {
+  if (h->magic != segment_magic || h->nonce != ref.nonce || h->size != size) {
     ::munmap(base, size);
     if (fd >= 0) ::close(fd);
     throw shm_error(fmt::format("cohort: {} does not hold the segment the handle names", where));
@@ -413,6 +416,11 @@ bool segment::held_only_by_ended() const noexcept {
     if (pid != self && !os::has_ended(pid, h.mappers[i].start_time)) return false;
   }
   return true;
+}
+
+bool segment::orphaned() const noexcept {
+  return strategy_ == sharing_strategy::file_system && !made_here() && os::has_ended(maker_, 0) &&
+         held_only_by_ended();
 }
 
 void segment::abandon() noexcept {

@@ -51,6 +51,24 @@ struct segment_ref {
   std::uint64_t nonce = 0;
 };
 
+/// A memfd segment that cannot be opened any more: the processes that held
+/// it, its sender and its maker, have exited (its memory went with them) or
+/// closed it. A queue reports it as the loss of the value's sender when the
+/// sender has ended.
+class segment_gone : public shm_error {
+ public:
+  segment_gone(const std::string& what, pid_t source, pid_t maker) : shm_error(what), source_(source), maker_(maker) {}
+  pid_t source() const noexcept { return source_; }
+  pid_t maker() const noexcept { return maker_; }
+
+ private:
+  pid_t source_;
+  pid_t maker_;
+};
+
+/// What the start of every segment holds.
+inline constexpr std::uint64_t segment_magic = 0x746d67737472686fULL;  // "ohrtsgmt"
+
 /// The start of every segment, in shared memory. Fields that different
 /// processes write sit on cache lines of their own.
 struct segment_header {
@@ -168,6 +186,11 @@ class segment {
   /// ended: none other that mapped it lives and no message naming it is in
   /// flight. The caller checks that it holds nothing of it itself.
   bool held_only_by_ended() const noexcept;
+  /// Whether it is a named segment another process made that has ended,
+  /// and that no process but ended ones and this one holds: its name then
+  /// goes once this process unmaps it, since no live process could ever
+  /// free its last block.
+  bool orphaned() const noexcept;
   /// Lets go of a segment this process made whose remaining blocks only
   /// ended processes hold: its name goes from /dev/shm now, its memory once
   /// this process unmaps it.

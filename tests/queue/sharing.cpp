@@ -376,6 +376,17 @@ int cohort_memfds() {
 // A tensor of 512 KiB: a segment of its own, not an arena block.
 tensor large_shared(int value) { return tensor::full({1 << 17}, value, dtype::float32, {.shared = true}); }
 
+// Under `strategy`, says its pid, pushes a tensor of its own (large: a segment of its own)
+// and one from its arena, and is killed before anyone pops them.
+void push_then_die(int, queue<int> pid, queue<tensor> q, int strategy) {
+  set_sharing_strategy(static_cast<sharing_strategy>(strategy));
+  pid.put(::getpid());
+  q.put(large_shared(7));
+  q.put(tensor::full({4}, 8, dtype::int32, {.shared = true}));
+  ::raise(SIGKILL);
+}
+COHORT_ENTRYPOINT(push_then_die);
+
 // Frees its arena's first block 1000 times; returns what trim_shared_memory()
 // then says it let go of, the descriptors it kept, and what a second trim
 // lets go of.
@@ -799,6 +810,64 @@ TEST_SUITE("sharing") {
     }
     trim_shared_memory();
     CHECK(files_of(::getpid()) == before);
+  }
+
+  // Before, the pops below said only "shm_error: the processes holding a
+  // segment have exited or let it go".
+  TEST_CASE("a value whose sender was SIGKILLed before it was popped is peer_lost naming the sender, or arrives") {
+    for (const auto strategy : strategies) {
+      for (const auto method : {start_method::spawn, start_method::forkserver}) {
+        const strategy_scope scope(strategy);
+        CAPTURE(to_string(strategy));
+        CAPTURE(to_string(method));
+        queue<int> pid(1);
+        queue<tensor> q(4);
+        CHECK_THROWS(spawn_and_join(push_then_die, std::tuple{pid, q, static_cast<int>(strategy)}, 1, {.method = method}));
+        const auto sender = pid.get(1s);
+        REQUIRE(sender);
+        REQUIRE(q.size() == 2);
+        if (strategy == sharing_strategy::file_descriptor) {
+          // The memfds went with the sender, which was the only process holding them.
+          for (int i = 0; i < 2; ++i) {
+            try {
+              (void)q.get(1s);
+              FAIL("a value whose memory went with its sender was received");
+            } catch (const peer_lost& e) {
+              CHECK(e.pid() == *sender);
+              CHECK(e.rank() == 0);
+              CHECK(std::string(e.what()).find(fmt::format("pid {}, rank 0", *sender)) != std::string::npos);
+            }
+          }
+        } else {
+          // A named segment outlives its maker while a value in a queue holds it.
+          const auto large = q.get(1s);
+          REQUIRE(large);
+          CHECK(large->at<float>({(1 << 17) - 1}) == 7.0f);
+          const auto small = q.get(1s);
+          REQUIRE(small);
+          CHECK(small->at<std::int32_t>({3}) == 8);
+        }
+        CHECK(q.size() == 0);
+        trim_shared_memory();
+        CHECK(files_of(*sender).empty());
+      }
+    }
+  }
+
+  TEST_CASE("values a SIGKILLed sender left in a queue dropped unpopped leave no file in /dev/shm") {
+    const strategy_scope scope(sharing_strategy::file_system);
+    pid_t sender = 0;
+    {
+      queue<int> pid(1);
+      queue<tensor> q(4);
+      CHECK_THROWS(spawn_and_join(push_then_die, std::tuple{pid, q, static_cast<int>(sharing_strategy::file_system)}, 1));
+      sender = pid.get(1s).value();
+      REQUIRE(q.size() == 2);
+      // Kept by the group's sweep while the values name them.
+      CHECK(files_of(sender).size() == 2);
+    }
+    trim_shared_memory();
+    CHECK(files_of(sender).empty());
   }
 
   // Before 351d22d, freeing an arena's first block (where a segment of one
