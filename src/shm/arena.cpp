@@ -180,7 +180,7 @@ int trim() {
   {
     auto& r = segments();
     std::lock_guard lock(r.mutex);
-    unused = r.forget(false);
+    unused = r.forget_unused();
   }
   // Taken out of the arena while they are looked at (which reads /proc),
   // and the ones kept put back; an allocation meanwhile makes a segment.

@@ -2,6 +2,7 @@
 #include "shm/registry.hpp"
 
 #include <atomic>
+#include <new>
 
 namespace cohort::shm {
 
@@ -21,12 +22,68 @@ registry& segments() {
   return *r;
 }
 
+std::vector<std::shared_ptr<segment>> registry::forget_unused() {
+  std::vector<std::shared_ptr<segment>> gone;
+  std::erase_if(received, [&](auto& s) {
+    if (s.use_count() != 1) return false;
+    gone.push_back(std::move(s));
+    return true;
+  });
+  return gone;
+}
+
+std::vector<std::shared_ptr<segment>> registry::forget_dead() {
+  std::vector<std::shared_ptr<segment>> gone;
+  std::size_t unused = 0;
+  std::erase_if(received, [&](auto& s) {
+    if (s.use_count() != 1) return false;
+    if (s->header().live.load(std::memory_order_acquire) != 0 && !s->orphaned()) {
+      ++unused;
+      if (!s->messages_in_flight()) s->give_up_descriptor();
+      return false;
+    }
+    gone.push_back(std::move(s));
+    return true;
+  });
+  std::erase_if(received, [&](auto& s) {
+    if (unused <= unused_limit || s.use_count() != 1) return false;
+    --unused;
+    gone.push_back(std::move(s));
+    return true;
+  });
+  return gone;
+}
+
+std::size_t registry::shed(std::vector<std::shared_ptr<segment>>& gone) {
+  std::size_t closed = 0;
+  for (const auto& s : received) closed += s->give_up_descriptor() ? 1 : 0;
+  auto unused = forget_unused();
+  gone.insert(gone.end(), unused.begin(), unused.end());
+  return closed;
+}
+
 void forget_dead_segments() noexcept {
   auto* r = segments_if_made();
   if (r == nullptr) return;
   std::vector<std::shared_ptr<segment>> dead;  // unmapped after the lock is released
   std::lock_guard lock(r->mutex);
-  dead = r->forget(true);
+  try {
+    dead = r->forget_dead();
+  } catch (const std::bad_alloc&) {
+    // Kept for a later look.
+  }
+}
+
+std::size_t shed_descriptors() noexcept {
+  auto* r = segments_if_made();
+  if (r == nullptr) return 0;
+  std::vector<std::shared_ptr<segment>> gone;  // unmapped after the lock is released
+  std::lock_guard lock(r->mutex);
+  try {
+    return r->shed(gone);
+  } catch (const std::bad_alloc&) {
+    return 0;
+  }
 }
 
 registry* segments_if_made() noexcept { return registry_made.load(std::memory_order_acquire); }

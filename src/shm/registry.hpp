@@ -15,33 +15,43 @@ namespace cohort::shm {
 
 /// Every segment mapped in this process, by nonce; and the ones other
 /// processes made, kept mapped while they live so that a stream of values
-/// from one segment maps it once, not once per value.
+/// from one segment maps it once, not once per value. Of those, at most
+/// `unused_limit` that no storage here uses are kept, and under descriptor
+/// pressure none, nor any descriptor of the others: a cache never makes
+/// this process run out of descriptors.
 struct registry {
+  static constexpr std::size_t unused_limit = 16;
+
   std::mutex mutex;
   std::unordered_map<std::uint64_t, std::weak_ptr<segment>> segments;
-  std::vector<std::shared_ptr<segment>> received;
-  // Moves out the received segments no storage here uses, all of them or
-  // only those no live process can use any more: no block of them is in
-  // use anywhere (their memory goes once every process has unmapped them),
-  // or they are orphaned (their name goes as they are unmapped); with the
-  // lock held. The caller destroys them after unlocking.
-  std::vector<std::shared_ptr<segment>> forget(bool only_dead) {
-    std::vector<std::shared_ptr<segment>> gone;
-    std::erase_if(received, [&](auto& s) {
-      if (s.use_count() != 1) return false;
-      if (only_dead && s->header().live.load(std::memory_order_acquire) != 0 && !s->orphaned()) return false;
-      gone.push_back(std::move(s));
-      return true;
-    });
-    return gone;
-  }
+  std::vector<std::shared_ptr<segment>> received;  // oldest first
+
+  // With the lock held, each of these moves out received segments that no
+  // storage here uses; the caller destroys them after unlocking (which
+  // unmaps them, and takes the lock).
+  // All of them.
+  std::vector<std::shared_ptr<segment>> forget_unused();
+  // Those no live process can use any more: no block of them is in use
+  // anywhere (their memory goes once every process has unmapped them), or
+  // they are orphaned (their name goes as they are unmapped); then the
+  // oldest of the rest, down to unused_limit. Those kept give up their
+  // descriptors unless a message in flight may name them through it.
+  std::vector<std::shared_ptr<segment>> forget_dead();
+  // When this process is short of descriptors: every unused one, and the
+  // descriptors of all of them (a mapping needs none). Returns how many
+  // descriptors that closed at once.
+  std::size_t shed(std::vector<std::shared_ptr<segment>>& gone);
 };
 /// This process's registry, made on first use; it is never destroyed, so
 /// it outlives every static storage that unmaps at exit.
 registry& segments();
 /// Unmaps the segments of other processes that no storage here uses and
-/// no live process can use any more (registry::forget(true)).
+/// no live process can use any more (registry::forget_dead).
 void forget_dead_segments() noexcept;
+/// Gives up what this process's caches of segments hold in descriptors
+/// (registry::shed); how many descriptors that closed. Called when making
+/// or opening a segment ran out of descriptors, before trying again.
+std::size_t shed_descriptors() noexcept;
 /// The registry if segments() has made it, else null: a process that never
 /// mapped a segment has nothing to look through at its end.
 registry* segments_if_made() noexcept;

@@ -3,6 +3,7 @@
 // and the block bookkeeping in their headers.
 #include "shm/segment.hpp"
 
+#include "os/descriptor_limit.hpp"
 #include "os/process_identity.hpp"
 #include "shm/registry.hpp"
 #include "shm/segment_name.hpp"
@@ -34,7 +35,9 @@ namespace {
 
 constexpr unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
-std::string errno_text(int error) { return std::system_category().message(error); }
+std::string errno_text(int error) { return std::system_category().message(error) + os::descriptor_limit_note(error); }
+
+bool short_of_descriptors(int error) { return error == EMFILE || error == ENFILE; }
 
 std::uint64_t random_nonce() {
   std::uint64_t n = 0;
@@ -78,7 +81,7 @@ segment::~segment() {
   }
   const bool unlink = orphaned();
   ::munmap(base_, size_);
-  if (fd_ >= 0) ::close(fd_);
+  if (const int fd = fd_.load(std::memory_order_relaxed); fd >= 0) ::close(fd);
   if (unlink) ::shm_unlink(segment_name(maker_, nonce_).c_str());
 }
 
@@ -88,11 +91,15 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
   int fd = -1;
   std::string name;
   if (strategy == sharing_strategy::file_descriptor) {
-    fd = ::memfd_create("cohort", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    const auto create = [] { return ::memfd_create("cohort", MFD_CLOEXEC | MFD_ALLOW_SEALING); };
+    fd = create();
+    if (fd < 0 && short_of_descriptors(errno) && shed_descriptors() > 0) fd = create();
     if (fd < 0) throw shm_error(fmt::format("cohort: memfd_create: {}", errno_text(errno)), size);
   } else {
     name = segment_name(self, nonce);
-    fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    const auto create = [&name] { return ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600); };
+    fd = create();
+    if (fd < 0 && short_of_descriptors(errno) && shed_descriptors() > 0) fd = create();
     if (fd < 0) throw shm_error(fmt::format("cohort: shm_open {}: {}", name, errno_text(errno)), size);
   }
   auto fail = [&](std::string_view what, int error) {
@@ -208,14 +215,27 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   }
   int fd = -1;
   std::string where;
+  // Short of descriptors, the registry gives up what it holds of them
+  // (dropped once the lock is released), and the open is tried again.
+  const auto open_file = [&](const auto& how) {
+    fd = how();
+    if (const int error = errno; fd < 0 && short_of_descriptors(error)) {
+      if (r.shed(dead) > 0) {
+        fd = how();
+      } else {
+        errno = error;
+      }
+    }
+  };
   if (ref.strategy == sharing_strategy::file_descriptor) {
     // Through the sender, or else through the maker (the sender passed on
     // what it received and is gone).
+    const auto by_path = [&where] { return ::open(where.c_str(), O_RDWR | O_CLOEXEC); };
     where = fmt::format("/proc/{}/fd/{}", ref.source, ref.fd);
-    fd = ::open(where.c_str(), O_RDWR | O_CLOEXEC);
+    open_file(by_path);
     if (fd < 0 && (errno == ENOENT || errno == ESRCH) && ref.maker != ref.source) {
       where = fmt::format("/proc/{}/fd/{}", ref.maker, ref.maker_fd);
-      fd = ::open(where.c_str(), O_RDWR | O_CLOEXEC);
+      open_file(by_path);
     }
     if (fd < 0 && (errno == ENOENT || errno == ESRCH)) {
       throw segment_gone(
@@ -225,7 +245,7 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
     }
   } else {
     where = "/dev/shm" + segment_name(ref.maker, ref.nonce);
-    fd = ::shm_open(segment_name(ref.maker, ref.nonce).c_str(), O_RDWR | O_CLOEXEC, 0);
+    open_file([&ref] { return ::shm_open(segment_name(ref.maker, ref.nonce).c_str(), O_RDWR | O_CLOEXEC, 0); });
   }
   if (fd < 0) throw shm_error(fmt::format("cohort: opening segment {}: {}", where, errno_text(errno)));
   // Whether it is the segment named is told by its header, once mapped; a
@@ -264,15 +284,27 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   r.segments[ref.nonce] = s;
   remember(ref.nonce, s);
   s->note_mapper();
-  dead = r.forget(true);
+  auto forgotten = r.forget_dead();
+  dead.insert(dead.end(), forgotten.begin(), forgotten.end());
   r.received.push_back(s);
   return s;
 }
 
 segment_ref segment::ref() const noexcept {
-  const bool through_here = strategy_ == sharing_strategy::file_descriptor && fd_ >= 0;
-  return {strategy_, through_here ? os::this_process() : maker_, through_here ? fd_ : maker_fd_, maker_, maker_fd_,
+  // Relaxed: a descriptor given up meanwhile is closed after the exchange,
+  // and a receiver checks what it opens through a number since reused.
+  const int fd = fd_.load(std::memory_order_relaxed);
+  const bool through_here = strategy_ == sharing_strategy::file_descriptor && fd >= 0;
+  return {strategy_, through_here ? os::this_process() : maker_, through_here ? fd : maker_fd_, maker_, maker_fd_,
           nonce_};
+}
+
+bool segment::give_up_descriptor() noexcept {
+  if (made_here()) return false;
+  const int fd = fd_.exchange(-1, std::memory_order_relaxed);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
 }
 
 bool segment::made_here() const noexcept { return maker_ == os::this_process(); }

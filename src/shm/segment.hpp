@@ -186,6 +186,10 @@ class segment {
   /// ended: none other that mapped it lives and no message naming it is in
   /// flight. The caller checks that it holds nothing of it itself.
   bool held_only_by_ended() const noexcept;
+  /// Closes this process's descriptor of a memfd segment another process
+  /// made, keeping the mapping (which needs none): values passed on from
+  /// here then name the maker's. Whether there was one to close.
+  bool give_up_descriptor() noexcept;
   /// Whether it is a named segment another process made that has ended,
   /// and that no process but ended ones and this one holds: its name then
   /// goes once this process unmaps it, since no live process could ever
@@ -207,7 +211,10 @@ class segment {
   std::byte* base_;
   std::size_t size_;
   sharing_strategy strategy_;
-  int fd_;          // held by the maker (file_descriptor) so others can open it; else -1
+  // A memfd's descriptor: the maker's, so others can open it, or a
+  // receiver's, so it can pass the segment on; -1 when none (file_system,
+  // or given up under descriptor pressure).
+  std::atomic<int> fd_;
   pid_t maker_;
   int maker_fd_;
   // The header's, read once: asked for by every handle written and every

@@ -310,6 +310,11 @@ detail::storage_impl::~storage_impl() {
   if (own_segment && segment->made_here() &&
       segment->header().live.load(std::memory_order_acquire) > 0) {
     shm::linger(std::move(segment));
+  } else if (segment.use_count() == 2 && !segment->messages_in_flight()) {
+    // The last storage here over a segment another process made, which
+    // the registry keeps mapped: no value this process passed on needs its
+    // descriptor any more, and a cache holds none.
+    segment->give_up_descriptor();
   }
 }
 

@@ -265,6 +265,27 @@ std::int64_t sum_under_fd_limit(int, queue<tensor> q, int n) {
 }
 COHORT_ENTRYPOINT(sum_under_fd_limit);
 
+// Under a limit of 64 descriptors, receives `n` tensors that each have a
+// segment of their own, value i in the i-th, keeping them all or dropping
+// each as it comes. Returns how many held their value, then how many more
+// descriptors than at its start it held once it had dropped them all; -1s
+// when the limit cannot be set.
+std::vector<std::int64_t> receive_own_segments_under_fd_limit(int, queue<tensor> q, int n, bool keep) {
+  rlimit limit{64, 64};
+  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) return {-1, -1};
+  const auto before = static_cast<std::int64_t>(open_descriptors().size());
+  std::vector<tensor> kept;
+  std::int64_t right = 0;
+  for (int i = 0; i < n; ++i) {
+    const tensor t = q.get(10s).value();
+    right += t.at<float>({t.numel() - 1}) == static_cast<float>(i) ? 1 : 0;
+    if (keep) kept.push_back(t);
+  }
+  kept.clear();
+  return {right, static_cast<std::int64_t>(open_descriptors().size()) - before};
+}
+COHORT_ENTRYPOINT(receive_own_segments_under_fd_limit);
+
 // How a stage of the pipeline ended: items it passed on (the consumer:
 // received), the pid and rank that the peer_lost ending its wait named (0
 // and -1 when none did), and whether every item came in order with the
@@ -681,6 +702,32 @@ TEST_SUITE("sharing") {
       }
       CHECK(spawn_and_join(sum_under_fd_limit, std::tuple{q, n}, 1).at(0) == std::int64_t{n} * (n - 1) / 2);
     });
+  }
+
+  // Before, a receiver kept a descriptor for every segment it had mapped
+  // while that segment's maker held blocks of it: the 61st such tensor was
+  // "opening segment /proc/<pid>/fd/<n>: Too many open files".
+  TEST_CASE("a rank limited to 64 descriptors receives 100 tensors of segments of their own, kept or dropped") {
+    for (const bool keep : {true, false}) {
+      repeat_under_each_strategy(2, [keep](leak_check&, int) {
+        CAPTURE(keep);
+        constexpr int n = 100;
+        queue<tensor> q(n);
+        std::vector<tensor> sent;  // held here, so that the receiver's mappings stay of use
+        for (int i = 0; i < n; ++i) {
+          sent.push_back(tensor::full({(1 << 16) + 16}, i, dtype::float32, {.shared = true}));
+          REQUIRE(q.put(sent.back(), 1s));
+        }
+        const auto seen =
+            spawn_and_join(receive_own_segments_under_fd_limit, std::tuple{q, n, keep}, 1, {.method = start_method::spawn})
+                .at(0);
+        REQUIRE(seen.size() == 2);
+        CHECK(seen[0] == n);
+        // What it may keep for good: the death notice's epoll descriptor and
+        // a pidfd of this process, its producer.
+        CHECK(seen[1] <= 2);
+      });
+    }
   }
 
   TEST_CASE("when one stage of a pipeline is SIGKILLed the others end their waits with peer_lost") {
