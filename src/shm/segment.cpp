@@ -246,6 +246,11 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   } else {
     where = "/dev/shm" + segment_name(ref.maker, ref.nonce);
     open_file([&ref] { return ::shm_open(segment_name(ref.maker, ref.nonce).c_str(), O_RDWR | O_CLOEXEC, 0); });
+    // Swept with its maker's other files once the maker ended.
+    if (fd < 0 && errno == ENOENT && os::has_ended(ref.maker, 0)) {
+      throw segment_gone(fmt::format("cohort: {} went with its maker, pid {}, which has exited", where, ref.maker),
+                         ref.maker, ref.maker);
+    }
   }
   if (fd < 0) throw shm_error(fmt::format("cohort: opening segment {}: {}", where, errno_text(errno)));
   // Whether it is the segment named is told by its header, once mapped; a

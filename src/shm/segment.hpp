@@ -51,10 +51,10 @@ struct segment_ref {
   std::uint64_t nonce = 0;
 };
 
-/// A memfd segment that cannot be opened any more: the processes that held
-/// it, its sender and its maker, have exited (its memory went with them) or
-/// closed it. A queue reports it as the loss of the value's sender when the
-/// sender has ended.
+/// A segment that cannot be opened any more: a memfd whose holders, its
+/// sender and its maker, have exited (its memory went with them) or closed
+/// it, or a named segment swept after its maker ended. A queue reports it
+/// as the loss of the value's sender when the sender has ended.
 class segment_gone : public shm_error {
  public:
   segment_gone(const std::string& what, pid_t source, pid_t maker) : shm_error(what), source_(source), maker_(maker) {}

@@ -13,10 +13,9 @@ namespace cohort::shm {
 /// The name of a file_system segment: "/cohort_<maker pid>_<nonce, hex>".
 std::string segment_name(pid_t maker, std::uint64_t nonce);
 /// Unlinks every file_system segment still in /dev/shm that one of `pids`
-/// (processes that have ended) made, except those that messages sent and
-/// not yet received name (their receiver unlinks them: segment::orphaned);
-/// returns how many. Mappings of them stay valid; only opening them by
-/// name ends.
+/// (processes that have ended) made; returns how many. Mappings of them
+/// stay valid; only opening them by name ends: a value still in flight
+/// that names one is lost with its maker (segment_gone).
 int sweep_segments_of(std::span<const pid_t> pids) noexcept;
 
 }  // namespace cohort::shm
