@@ -7,11 +7,12 @@
 // errors (a survivor ending with anything but its work done or peer_lost),
 // and the time from the kill to a survivor's peer_lost (p50/p99/max). It
 // also counts the survivors the supervisor's shutdown had to end (after a
-// 10 s grace): those that waited on a peer killed before it ever used the
-// queue, or that waited at their end for a receiver. Exits 1 when any of
-// hangs, leaks, orphans or wrong errors was seen.
+// grace, 10 s unless GRACE says how many seconds): those that waited on a
+// peer killed before it ever used the queue, or that waited at their end
+// for a receiver. Exits 1 when any of hangs, leaks, orphans or wrong errors
+// was seen.
 //
-//   kill_pipeline [RUNS [SEED]]     (default 20 runs per strategy)
+//   kill_pipeline [RUNS [SEED [GRACE]]]     (default 20 runs per strategy)
 #include <cohort/cohort.hpp>
 
 #include <fmt/format.h>
@@ -108,7 +109,7 @@ struct tally {
   std::vector<double> latency_ms;
 };
 
-void run_once(std::mt19937& random, tally& t) {
+void run_once(std::mt19937& random, std::chrono::seconds grace, tally& t) {
   const int fds_before = open_fds();
   const int children_before = children();
   std::vector<pid_t> makers{::getpid()};
@@ -120,7 +121,7 @@ void run_once(std::mt19937& random, tally& t) {
     spec.name = "pipeline";
     spec.entry = cohort::call(cohort::start_method::fork, stage, first, second, outcome, std::int64_t{200000});
     spec.nprocs = 3;
-    spec.shutdown.grace = std::chrono::seconds(10);  // survivors end by themselves first
+    spec.shutdown.grace = grace;  // survivors end by themselves first
     asio::io_context io;
     cohort::group g = cohort::start_processes(io.get_executor(), spec);
     std::thread runner([&io] { io.run(); });
@@ -172,6 +173,7 @@ int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
   const int runs = argc > 1 ? std::atoi(argv[1]) : 20;
   const unsigned seed = argc > 2 ? static_cast<unsigned>(std::atoll(argv[2])) : std::random_device{}();
+  const std::chrono::seconds grace(argc > 3 ? std::atoi(argv[3]) : 10);
   std::mt19937 random(seed);
   fmt::print("kill_pipeline: {} runs per strategy, seed {}\n", runs, seed);
   bool clean = true;
@@ -181,7 +183,7 @@ int main(int argc, char** argv) {
     // descriptors are counted.
     (void)cohort::storage::allocate_shared(64);
     tally t;
-    for (int i = 0; i < runs; ++i) run_once(random, t);
+    for (int i = 0; i < runs; ++i) run_once(random, grace, t);
     fmt::print("{:16} runs {:4}  hangs {}  leaked: files {} descriptors {}  orphans {}  wrong errors {}  "
                "ended by the shutdown {}  kill -> peer_lost ms: p50 {:.1f} p99 {:.1f} max {:.1f} (n {})\n",
                cohort::to_string(strategy), t.runs, t.hangs, t.leaked_files, t.leaked_fds, t.orphans, t.wrong_errors,
