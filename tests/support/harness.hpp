@@ -34,6 +34,9 @@ inline const std::string target = COHORT_TEST_TARGET;
 inline const std::string supervisor = COHORT_TEST_SUPERVISOR;
 /// A program linked to the shared library whose rank throws (tests/support/thrower.cpp).
 inline const std::string thrower = COHORT_TEST_THROWER;
+/// A stand-in for the CUDA driver, libcuda.so.1 (tests/support/fake_driver/):
+/// cuInit, and cuDeviceGet answering CUDA_ERROR_NOT_INITIALIZED before it.
+inline const std::string fake_libcuda = COHORT_TEST_FAKE_LIBCUDA;
 
 /// Whether this run was told to use the reactor (COHORT_IO_URING=0).
 inline bool reactor_mode() {
