@@ -63,6 +63,25 @@ struct needs_ring_operation {
   }
 };
 
+/// The device a program's tests need (a CUDA device: tests/cuda/). main
+/// asks for it before any test, in a forked child, so that the program has
+/// not initialised the device itself (a process that has initialised CUDA
+/// may no longer fork ranks); where `why_not` answers a reason, main skips
+/// the program with exit code 77. Declared once per program, at namespace
+/// scope:
+///
+///     const test::needs_device needs{"a CUDA device", [] { return cuda::unavailable_reason(); }};
+struct needs_device {
+  const char* name;
+  std::string (*why_not)();  ///< empty when the device is there
+  needs_device(const char* name_, std::string (*why_not_)()) : name(name_), why_not(why_not_) { declared() = this; }
+  /// The program's declaration, or null when its tests need no device.
+  static const needs_device*& declared() {
+    static const needs_device* need = nullptr;
+    return need;
+  }
+};
+
 /// Runs `work` on `io` with `threads` threads until io runs out of work;
 /// returns its result or rethrows its exception.
 template <class T>
