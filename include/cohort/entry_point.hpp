@@ -28,7 +28,9 @@ enum class start_method {
   /// Forks this process; the child calls the function and exits without
   /// returning to the caller's code and without running static destructors
   /// or atexit handlers. Only the forking thread exists in the child: locks
-  /// that other threads of the parent held stay locked there.
+  /// that other threads of the parent held stay locked there. Refused
+  /// (std::logic_error) in a process that has initialised CUDA, which a
+  /// forked child cannot use.
   fork,
   /// Forks from a server process started on first use by re-executing this
   /// program (so main must call child_main() first): no threads, small, and

@@ -6,6 +6,7 @@
 #include "config.hpp"
 #include "cohort/storage.hpp"
 #include "launch/forkserver.hpp"
+#include "os/cuda_driver.hpp"
 #include "os/descriptor_limit.hpp"
 #include "process/launch.hpp"
 #include "os/owned_fd.hpp"
@@ -249,6 +250,17 @@ void check_reexecutable(const function_call& call, const std::string& what) {
   }
 }
 
+// A child forked from a process that has initialised CUDA cannot use it:
+// the driver's contexts and threads are the parent's. The other start
+// methods begin from a fresh image of the program.
+void check_forkable(const std::string& what) {
+  if (os::cuda_initialised()) {
+    throw std::logic_error(fmt::format(
+        "{}: this process has initialised CUDA, which a forked child cannot use; use the spawn or forkserver start method",
+        what));
+  }
+}
+
 child start_spawned(const asio::any_io_executor& executor, const function_call& call, int rank,
                     const spawn_options& options, int result_fd, const std::string& what) {
   check_reexecutable(call, what);
@@ -309,6 +321,7 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     });
     return children;
   }
+  if (call.method == start_method::fork) check_forkable(describe_rank(call, 0));
   if (call.method == start_method::forkserver) {
     check_reexecutable(call, describe_rank(call, 0));
     for (std::size_t r = 0; r < n; ++r) {

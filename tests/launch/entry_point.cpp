@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/resource.h>
@@ -197,6 +198,34 @@ run_result run_group(const group_spec& spec) {
 }
 
 // While set, each fork of this process buffers "X" in stdout from a
+// Starts one rank of `succeed` by `method`: a line saying it started, or
+// what the std::logic_error that refused it says.
+std::string try_start(start_method method) {
+  try {
+    spawn_and_join(succeed, std::tuple{}, 1, join_options{.method = method});
+    return fmt::format("{}: started\n", to_string(method));
+  } catch (const std::logic_error& e) {
+    return fmt::format("{}: {}\n", to_string(method), e.what());
+  }
+}
+
+// In a rank: loads the stand-in CUDA driver at `driver` and starts a rank
+// by fork; initialises the driver (cuInit) and starts one by every method.
+// Returns what each start did, a line each.
+std::string starts_around_cuda_init(int, std::string driver) {
+  void* library = ::dlopen(driver.c_str(), RTLD_NOW);
+  if (library == nullptr) throw std::runtime_error(::dlerror());
+  auto init = reinterpret_cast<int (*)(unsigned)>(::dlsym(library, "cuInit"));
+  if (init == nullptr) throw std::runtime_error("the driver has no cuInit");
+  std::string said = try_start(start_method::fork);
+  init(0);
+  for (start_method method : {start_method::fork, start_method::spawn, start_method::forkserver}) {
+    said += try_start(method);
+  }
+  return said;
+}
+COHORT_ENTRYPOINT(starts_around_cuda_init);
+
 // prepare handler: after the flush a fork start makes, before the fork.
 std::atomic<bool> buffer_at_fork{false};
 [[maybe_unused]] const bool buffer_at_fork_registered = [] {
@@ -608,6 +637,18 @@ TEST_SUITE("entry points") {
                                   "cohort::child_main(argc, argv) first", method)) != std::string::npos);
     }
     CHECK(run(command(test::target, {"spawn-function", "fork"})).code() == 0);  // fork needs no re-execution
+  }
+
+  TEST_CASE("a process that initialised CUDA refuses fork starts, saying to use spawn or forkserver, which still start") {
+    // In a rank of its own: this process never loads the driver.
+    auto said = spawn_and_join(starts_around_cuda_init, std::tuple{test::fake_libcuda}, 1);
+    REQUIRE(said.size() == 1);
+    CHECK(said[0] ==
+          "fork: started\n"  // the driver loaded, not initialised
+          "fork: cohort: rank 0 of 'succeed' (fork): this process has initialised CUDA, which a forked child "
+          "cannot use; use the spawn or forkserver start method\n"
+          "spawn: started\n"
+          "forkserver: started\n");
   }
 
   TEST_CASE("args per rank are refused for a function entry") {

@@ -34,6 +34,9 @@ inline const std::string target = COHORT_TEST_TARGET;
 inline const std::string supervisor = COHORT_TEST_SUPERVISOR;
 /// A program linked to the shared library whose rank throws (tests/support/thrower.cpp).
 inline const std::string thrower = COHORT_TEST_THROWER;
+/// A stand-in for the CUDA driver, libcuda.so.1 (tests/support/fake_driver/):
+/// cuInit, and cuDeviceGet answering CUDA_ERROR_NOT_INITIALIZED before it.
+inline const std::string fake_libcuda = COHORT_TEST_FAKE_LIBCUDA;
 
 /// Whether this run was told to use the reactor (COHORT_IO_URING=0).
 inline bool reactor_mode() {
@@ -56,6 +59,25 @@ struct needs_ring_operation {
   /// The program's declaration, or null when its io_uring run tests no one operation.
   static const needs_ring_operation*& declared() {
     static const needs_ring_operation* need = nullptr;
+    return need;
+  }
+};
+
+/// The device a program's tests need (a CUDA device: tests/cuda/). main
+/// asks for it before any test, in a forked child, so that the program has
+/// not initialised the device itself (a process that has initialised CUDA
+/// may no longer fork ranks); where `why_not` answers a reason, main skips
+/// the program with exit code 77. Declared once per program, at namespace
+/// scope:
+///
+///     const test::needs_device needs{"a CUDA device", [] { return cuda::unavailable_reason(); }};
+struct needs_device {
+  const char* name;
+  std::string (*why_not)();  ///< empty when the device is there
+  needs_device(const char* name_, std::string (*why_not_)()) : name(name_), why_not(why_not_) { declared() = this; }
+  /// The program's declaration, or null when its tests need no device.
+  static const needs_device*& declared() {
+    static const needs_device* need = nullptr;
     return need;
   }
 };

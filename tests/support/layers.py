@@ -5,10 +5,13 @@ usage: layers.py ROOT          check the tree at ROOT
        layers.py --self-test   show that an upward include is caught
 
 Each folder under src/ is a layer, and each public header belongs to the
-layer that implements it (PUBLIC below). A file may include its own layer
-and the layers below it: those named in BELOW, and theirs in turn. A folder
-or public header missing from these tables is an error too, so a new one is
-placed deliberately. src/config.hpp (platform switches) is open to all.
+layer that implements it: a header directly in include/cohort/ by PUBLIC
+below, one in a folder include/cohort/<layer>/ (cuda's) to that layer. A
+file may include its own layer and the layers below it: those named in
+BELOW, and theirs in turn. A folder or public header missing from these
+tables is an error too, so a new one is placed deliberately. src/config.hpp
+(platform switches) is open to all. Only the cuda layer may include the CUDA
+toolkit's headers: the core builds and runs without them.
 """
 
 import re
@@ -51,6 +54,11 @@ PUBLIC = {
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]', re.M)
+
+# The layers that may include the CUDA toolkit's headers.
+CUDA_LAYERS = {"cuda"}
+CUDA_HEADER = re.compile(r"^(cuda|cudart|cudaTypedefs|cuda_runtime|cuda_runtime_api|driver_types|vector_types"
+                         r"|builtin_types|library_types|cuda_[a-z0-9_]+)\.h$")
 
 
 def reachable(layer):
@@ -109,6 +117,9 @@ def check(root):
     for file, layer in files:
         allowed = {"base"} if layer == "base" else set(BELOW) | {"all", "base"} if layer == "all" else reachable(layer)
         for path in INCLUDE.findall(file.read_text(errors="replace")):
+            if CUDA_HEADER.match(path) and layer not in CUDA_LAYERS:
+                problems.append(f"{file.relative_to(root)} ({layer}) includes {path}, a CUDA header outside the cuda layer")
+                continue
             target = target_layer(path)
             if target is None or target == "config":
                 continue
@@ -127,19 +138,35 @@ def self_test():
         (root / "include" / "cohort").mkdir(parents=True)
         (root / "src" / "group" / "g.cpp").write_text('#include "os/x.hpp"\n')
         (root / "src" / "os" / "x.hpp").write_text("#pragma once\n")
+        # The cuda layer: its public headers in a folder of their own, its
+        # sources free to include the toolkit's headers and the layers below.
+        (root / "src" / "cuda").mkdir()
+        (root / "include" / "cohort" / "cuda").mkdir()
+        (root / "src" / "cuda" / "c.cpp").write_text(
+            '#include "cohort/cuda/device.hpp"\n#include "os/x.hpp"\n#include <cuda_runtime_api.h>\n#include <cuda.h>\n')
+        (root / "include" / "cohort" / "cuda" / "device.hpp").write_text('#include "cohort/export.hpp"\n')
         clean, _ = check(root)
         (root / "src" / "os" / "x.hpp").write_text('#pragma once\n#include "group/g.hpp"\n')
         (root / "include" / "cohort" / "child.hpp").write_text("#include <cohort/group.hpp>\n")
         (root / "src" / "stray").mkdir()
+        (root / "src" / "group" / "uses_cuda.cpp").write_text('#include "cohort/cuda/device.hpp"\n')
+        (root / "src" / "group" / "driver.cpp").write_text("#include <cuda.h>\n")
+        (root / "include" / "cohort" / "cuda" / "up.hpp").write_text("#include <cohort/group.hpp>\n")
+        (root / "include" / "cohort" / "stray").mkdir()
         found, _ = check(root)
     expected = ["src/os/x.hpp (os) includes group/g.hpp (group)",
                 "include/cohort/child.hpp (process) includes cohort/group.hpp (group)",
-                "src/stray/ is not a layer"]
+                "src/stray/ is not a layer",
+                "src/group/uses_cuda.cpp (group) includes cohort/cuda/device.hpp (cuda)",
+                "src/group/driver.cpp (group) includes cuda.h, a CUDA header outside the cuda layer",
+                "include/cohort/cuda/up.hpp (cuda) includes cohort/group.hpp (group)",
+                "include/cohort/stray/ is not a layer"]
     missed = [e for e in expected if not any(p.startswith(e) for p in found)]
     if clean or missed:
         print("layers.py self-test failed: clean tree reported", clean, "; missed", missed)
         return 1
-    print("layers.py self-test: an upward include, a public header reaching up and a stray folder are caught")
+    print("layers.py self-test: an upward include, a public header reaching up, a stray folder,"
+          " the core reaching the cuda layer or CUDA's headers, and a cuda header reaching up are caught")
     return 0
 
 

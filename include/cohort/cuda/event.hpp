@@ -1,0 +1,83 @@
+// Events that order one process's device work after another's: the
+// producer records one after its writes, a receiver's stream waits on it.
+#pragma once
+
+#include "cohort/export.hpp"
+
+#include <array>
+#include <cstddef>
+
+// CUDA's stream and event types, whose pointers cudaStream_t (CUstream) and
+// cudaEvent_t (CUevent) are: declared here so this header needs no CUDA
+// header of its own.
+struct CUstream_st;
+struct CUevent_st;
+
+COHORT_API_BEGIN
+
+namespace cohort::cuda {
+
+/// What crosses for an event (a cudaIpcEventHandle_t).
+struct ipc_event_handle {
+  std::array<std::byte, 64> bytes{};
+};
+
+/// An interprocess event, timing disabled (cudaEventInterprocess |
+/// cudaEventDisableTiming): made here, or opened from another process's
+/// ipc_handle(). Recorded in either process, it may be waited on in either:
+/// a record captures the work queued on a stream so far, and a wait or
+/// synchronize waits for the last record made before it, in whichever
+/// process. The event made here must outlive every process's use of its
+/// handle (CUDA: operations on an opened event after the maker destroyed
+/// it are undefined). Moving leaves the source empty; destruction
+/// destroys this process's event (cudaEventDestroy). Every call that
+/// fails throws error.
+class event {
+ public:
+  /// An empty event.
+  event() noexcept = default;
+  /// A new event on device `device`. Throws no_device,
+  /// std::invalid_argument for an index out of range, or error.
+  explicit event(int device);
+  /// Opens on `device` the event for which another process made `handle`
+  /// (cudaIpcOpenEventHandle); not in the process that made it.
+  static event from_ipc_handle(int device, const ipc_event_handle& handle);
+
+  event(event&& other) noexcept;
+  event& operator=(event&& other) noexcept;
+  event(const event&) = delete;
+  event& operator=(const event&) = delete;
+  ~event();
+
+  /// Captures the work queued so far on `stream`, a stream of the event's
+  /// device (null: that device's legacy default stream); returns at once.
+  void record(CUstream_st* stream);
+  /// Makes the work queued on `stream` after this call wait until the work
+  /// captured by the event's last record is done (cudaStreamWaitEvent);
+  /// returns at once. `stream` may belong to another device.
+  void wait(CUstream_st* stream) const;
+  /// Blocks the calling thread until the work captured by the last record
+  /// is done (cudaEventSynchronize).
+  void synchronize() const;
+  /// Whether the work captured by the last record is done (cudaEventQuery);
+  /// true for an event never recorded.
+  bool query() const;
+  /// What another process opens this event by (cudaIpcGetEventHandle).
+  ipc_event_handle ipc_handle() const;
+
+  /// The cudaEvent_t, this object's still.
+  CUevent_st* native_handle() const noexcept { return event_; }
+  int device() const noexcept { return device_; }
+  /// Opened from another process's handle, not made here.
+  bool opened() const noexcept { return opened_; }
+  explicit operator bool() const noexcept { return event_ != nullptr; }
+
+ private:
+  CUevent_st* event_ = nullptr;
+  int device_ = -1;
+  bool opened_ = false;
+};
+
+}  // namespace cohort::cuda
+
+COHORT_API_END

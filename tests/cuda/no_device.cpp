@@ -1,0 +1,131 @@
+// A program linked to libcohort-cuda with no device to use: no driver on
+// this machine, or CUDA_VISIBLE_DEVICES=-1 hiding the devices there are
+// (meson sets it). It loads, runs, and every entry point says why.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cohort/cuda/chunk.hpp>
+#include <cohort/cuda/device.hpp>
+#include <cohort/cuda/error.hpp>
+#include <cohort/cuda/event.hpp>
+
+#include <dlfcn.h>
+
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+using namespace cohort;
+
+namespace {
+
+constexpr std::size_t two_mib = std::size_t{2} << 20;
+
+// Checks that `call` throws no_device naming `entry` and the reason.
+void check_no_device(const std::string& entry, const std::function<void()>& call) {
+  CAPTURE(entry);
+  try {
+    call();
+    FAIL("no exception");
+  } catch (const cuda::no_device& e) {
+    CHECK(std::string(e.what()) == entry + ": no CUDA device: " + cuda::unavailable_reason());
+    CHECK(e.reason() == cuda::unavailable_reason());
+    CHECK(e.call() == entry);
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("cuda without a device") {
+  TEST_CASE("CUDA is not available, says why, and counts no device") {
+    CHECK_FALSE(cuda::available());
+    CHECK(cuda::device_count() == 0);
+    // The runtime loaded the driver, if there is one: it then saw no
+    // device (or was too old to ask); else there is no driver.
+    void* driver = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    const std::string reason = cuda::unavailable_reason();
+    CAPTURE(reason);
+    if (driver != nullptr) {
+      ::dlclose(driver);
+      const bool no_device = reason.starts_with("no device (the driver, CUDA ") &&
+                             reason.ends_with("sees none; CUDA_VISIBLE_DEVICES=-1)");
+      CHECK((no_device || reason.starts_with("driver too old (")));
+    } else {
+      CHECK(reason == "no driver (libcuda.so.1 could not be loaded)");
+    }
+  }
+
+  TEST_CASE("every entry point throws no_device, naming itself and the reason") {
+    check_no_device("cohort::cuda::device_uuid", [] { cuda::device_uuid(0); });
+    check_no_device("cohort::cuda::find_device", [] { cuda::find_device(cuda::uuid{}); });
+    check_no_device("cohort::cuda::device_memory", [] { cuda::device_memory(0); });
+    check_no_device("cohort::cuda::supports_file_descriptors", [] { cuda::supports_file_descriptors(0); });
+    check_no_device("cohort::cuda::preferred_sharing", [] { cuda::preferred_sharing(0); });
+    check_no_device("cohort::cuda::granularity", [] { cuda::granularity(0, cuda::sharing::file_descriptor); });
+    check_no_device("cohort::cuda::chunk::create", [] { cuda::chunk::create(0, 1); });
+    check_no_device("cohort::cuda::chunk::create", [] { cuda::chunk::create(0, 1, cuda::sharing::ipc_handle); });
+    check_no_device("cohort::cuda::chunk::import", [] { cuda::chunk::import(0, 0, two_mib); });
+    check_no_device("cohort::cuda::chunk::open", [] { cuda::chunk::open(0, cuda::ipc_memory_handle{}, two_mib); });
+    check_no_device("cohort::cuda::event", [] { cuda::event e(0); });
+    check_no_device("cohort::cuda::event::from_ipc_handle",
+                    [] { cuda::event::from_ipc_handle(0, cuda::ipc_event_handle{}); });
+  }
+
+  TEST_CASE("no_device is a cohort::cuda::error, and its code names CUDA's reason") {
+    try {
+      cuda::chunk::create(0, 1);
+      FAIL("no exception");
+    } catch (const cuda::error& e) {
+      CHECK(dynamic_cast<const cuda::no_device*>(&e) != nullptr);
+      CHECK(e.code() != 0);
+      CHECK(e.name().starts_with("cudaError"));
+    }
+  }
+
+  TEST_CASE("an empty chunk or event is refused as empty") {
+    const cuda::chunk c;
+    CHECK_FALSE(c);
+    CHECK(c.data() == nullptr);
+    CHECK_THROWS_AS(c.export_fd(), std::logic_error);
+    CHECK_THROWS_AS(c.ipc_handle(), std::logic_error);
+    cuda::event e;
+    CHECK_FALSE(e);
+    CHECK_THROWS_AS(e.record(nullptr), std::logic_error);
+    CHECK_THROWS_AS(e.query(), std::logic_error);
+    CHECK_THROWS_AS(e.ipc_handle(), std::logic_error);
+  }
+}
+
+TEST_SUITE("cuda errors and UUIDs") {
+  TEST_CASE("an error names the context, the call, the code's name and CUDA's description") {
+    const cuda::error e("cohort::cuda::chunk::create: 2097152 bytes (2.0 MiB) on device 0", "cuMemCreate", 2,
+                        "CUDA_ERROR_OUT_OF_MEMORY", "out of memory");
+    CHECK(std::string(e.what()) ==
+          "cohort::cuda::chunk::create: 2097152 bytes (2.0 MiB) on device 0: cuMemCreate failed: "
+          "CUDA_ERROR_OUT_OF_MEMORY (out of memory)");
+    CHECK(e.call() == "cuMemCreate");
+    CHECK(e.code() == 2);
+    CHECK(e.name() == "CUDA_ERROR_OUT_OF_MEMORY");
+  }
+
+  TEST_CASE("a UUID is written as nvidia-smi writes it, and reads back") {
+    cuda::uuid id;
+    for (std::size_t i = 0; i < id.bytes.size(); ++i) id.bytes[i] = static_cast<unsigned char>(0x10 * i + 0x0f - i);
+    const std::string text = cuda::to_string(id);
+    CHECK(text == "GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0");
+    CHECK(cuda::parse_uuid(text) == id);
+    CHECK(cuda::parse_uuid("GPU-0F1E2D3C-4B5A-6978-8796-A5B4C3D2E1F0") == id);
+  }
+
+  TEST_CASE("text that is not a UUID is not read as one") {
+    for (const char* text : {"", "GPU-", "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0",
+                             "GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f",     // a digit short
+                             "GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f00",   // a digit more
+                             "GPU-0f1e2d3c4b5a-6978-8796-a5b4c3d2e1f0-",    // a dash moved
+                             "GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1fg",    // not hex
+                             "MIG-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"}) {
+      CAPTURE(text);
+      CHECK_FALSE(cuda::parse_uuid(text).has_value());
+    }
+  }
+}
