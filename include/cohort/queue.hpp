@@ -33,8 +33,8 @@ namespace cohort {
 /// it are gone: a pop on an empty queue whose producers have all exited, or
 /// a push into a full queue whose consumers have all exited; names the last
 /// of them found gone. Also a value popped whose shared memory went with
-/// its sender (file_descriptor sharing, a sender killed before the value
-/// was received); names that sender.
+/// its sender (a sender killed before the value was received: a memfd no
+/// other process held, or a file swept with its maker); names that sender.
 class peer_lost : public std::runtime_error {
  public:
   peer_lost(const std::string& what, pid_t pid, int rank) : std::runtime_error(what), pid_(pid), rank_(rank) {}
@@ -153,9 +153,9 @@ class queue {
   }
   /// Pops unless empty; nullopt when empty. Throws queue_closed once closed
   /// and empty; peer_lost, naming the sender, for a value whose shared
-  /// memory went with its sender (file_descriptor: a sender killed before
-  /// the value was received); decode_error or shm_error for any other value
-  /// that cannot be received. The queue goes on after each.
+  /// memory went with its sender (see peer_lost); decode_error or shm_error
+  /// for any other value that cannot be received. The queue goes on after
+  /// each.
   std::optional<T> try_pop() {
     auto& out = buffer();
     if (!detail::queue_try_pop(*core_, out)) return std::nullopt;

@@ -576,15 +576,15 @@ void rethrow_receive_failure(queue_core& q) {
   } catch (const shm::segment_gone& e) {
     peer copy[max_peers];
     const std::uint32_t count = q.copy_peers(copy);
-    const peer* end = copy + count;
-    const peer* sender = std::find_if(static_cast<const peer*>(copy), end, [&](const peer& p) { return p.pid == e.source(); });
+    peer* const end = copy + count;
+    const peer* sender = std::find_if(copy, end, [&](const peer& p) { return p.pid == e.source(); });
     // The start time in the table tells a pid recycled since; a sender the
     // table never named (a value passed on by a process gone from it) is
     // judged by its pid.
     if (!os::has_ended(e.source(), sender != end ? sender->start_time : 0)) throw;
     const int rank = sender != end ? sender->rank : -1;
     throw peer_lost(fmt::format("cohort::queue: the sender of a value (pid {}{}) exited before it was received, "
-                                "and the shared memory holding the value went with it (file_descriptor sharing)",
+                                "and the shared memory holding the value went with it",
                                 e.source(), rank >= 0 ? fmt::format(", rank {}", rank) : ""),
                     e.source(), rank);
   }

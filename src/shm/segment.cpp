@@ -33,11 +33,23 @@ namespace cohort::shm {
 
 namespace {
 
+constexpr std::uint64_t magic = 0x746d67737472686fULL;  // "ohrtsgmt"
 constexpr unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 std::string errno_text(int error) { return std::system_category().message(error) + os::descriptor_limit_note(error); }
 
-bool short_of_descriptors(int error) { return error == EMFILE || error == ENFILE; }
+// Runs `open` (a descriptor, or -1 with errno set); where it ran out of
+// descriptors, has `shed` give up those a cache holds (how many it closed)
+// and runs it once more. errno is the failure's own when it still fails.
+template <class Open, class Shed>
+int with_descriptor_room(const Open& open, const Shed& shed) {
+  const int fd = open();
+  const int error = errno;
+  if (fd >= 0 || (error != EMFILE && error != ENFILE)) return fd;
+  if (shed() > 0) return open();
+  errno = error;
+  return -1;
+}
 
 std::uint64_t random_nonce() {
   std::uint64_t n = 0;
@@ -91,15 +103,13 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
   int fd = -1;
   std::string name;
   if (strategy == sharing_strategy::file_descriptor) {
-    const auto create = [] { return ::memfd_create("cohort", MFD_CLOEXEC | MFD_ALLOW_SEALING); };
-    fd = create();
-    if (fd < 0 && short_of_descriptors(errno) && shed_descriptors() > 0) fd = create();
+    fd = with_descriptor_room([] { return ::memfd_create("cohort", MFD_CLOEXEC | MFD_ALLOW_SEALING); },
+                              shed_descriptors);
     if (fd < 0) throw shm_error(fmt::format("cohort: memfd_create: {}", errno_text(errno)), size);
   } else {
     name = segment_name(self, nonce);
-    const auto create = [&name] { return ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600); };
-    fd = create();
-    if (fd < 0 && short_of_descriptors(errno) && shed_descriptors() > 0) fd = create();
+    fd = with_descriptor_room(
+        [&name] { return ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600); }, shed_descriptors);
     if (fd < 0) throw shm_error(fmt::format("cohort: shm_open {}: {}", name, errno_text(errno)), size);
   }
   auto fail = [&](std::string_view what, int error) {
@@ -138,7 +148,7 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     fd = -1;
   }
   auto* h = new (base) segment_header{};
-  h->magic = segment_magic;
+  h->magic = magic;
   h->nonce = nonce;
   h->size = size;
   h->live.store(1, std::memory_order_relaxed);
@@ -215,41 +225,33 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   }
   int fd = -1;
   std::string where;
-  // Short of descriptors, the registry gives up what it holds of them
-  // (dropped once the lock is released), and the open is tried again.
-  const auto open_file = [&](const auto& how) {
-    fd = how();
-    if (const int error = errno; fd < 0 && short_of_descriptors(error)) {
-      if (r.shed(dead) > 0) {
-        fd = how();
-      } else {
-        errno = error;
-      }
-    }
-  };
+  // The lock is held: the registry sheds directly, and what it lets go of
+  // is unmapped once the lock is released.
+  const auto shed = [&] { return r.shed(dead); };
   if (ref.strategy == sharing_strategy::file_descriptor) {
     // Through the sender, or else through the maker (the sender passed on
     // what it received and is gone).
     const auto by_path = [&where] { return ::open(where.c_str(), O_RDWR | O_CLOEXEC); };
     where = fmt::format("/proc/{}/fd/{}", ref.source, ref.fd);
-    open_file(by_path);
+    fd = with_descriptor_room(by_path, shed);
     if (fd < 0 && (errno == ENOENT || errno == ESRCH) && ref.maker != ref.source) {
       where = fmt::format("/proc/{}/fd/{}", ref.maker, ref.maker_fd);
-      open_file(by_path);
+      fd = with_descriptor_room(by_path, shed);
     }
     if (fd < 0 && (errno == ENOENT || errno == ESRCH)) {
       throw segment_gone(
           fmt::format("cohort: the processes holding a segment (pid {}{}) have exited or let it go", ref.source,
                       ref.maker != ref.source ? fmt::format(", its maker pid {}", ref.maker) : ""),
-          ref.source, ref.maker);
+          ref.source);
     }
   } else {
     where = "/dev/shm" + segment_name(ref.maker, ref.nonce);
-    open_file([&ref] { return ::shm_open(segment_name(ref.maker, ref.nonce).c_str(), O_RDWR | O_CLOEXEC, 0); });
+    fd = with_descriptor_room(
+        [&ref] { return ::shm_open(segment_name(ref.maker, ref.nonce).c_str(), O_RDWR | O_CLOEXEC, 0); }, shed);
     // Swept with its maker's other files once the maker ended.
     if (fd < 0 && errno == ENOENT && os::has_ended(ref.maker, 0)) {
       throw segment_gone(fmt::format("cohort: {} went with its maker, pid {}, which has exited", where, ref.maker),
-                         ref.maker, ref.maker);
+                         ref.maker);
     }
   }
   if (fd < 0) throw shm_error(fmt::format("cohort: opening segment {}: {}", where, errno_text(errno)));
@@ -279,7 +281,7 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   }
   if (base == MAP_FAILED) throw shm_error(fmt::format("cohort: mapping {}: {}", where, errno_text(error)));
   const auto* h = static_cast<const segment_header*>(base);
-  if (h->magic != segment_magic || h->nonce != ref.nonce || h->size != size) {
+  if (h->magic != magic || h->nonce != ref.nonce || h->size != size) {
     ::munmap(base, size);
     if (fd >= 0) ::close(fd);
     throw shm_error(fmt::format("cohort: {} does not hold the segment the handle names", where));

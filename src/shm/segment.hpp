@@ -54,20 +54,15 @@ struct segment_ref {
 /// A segment that cannot be opened any more: a memfd whose holders, its
 /// sender and its maker, have exited (its memory went with them) or closed
 /// it, or a named segment swept after its maker ended. A queue reports it
-/// as the loss of the value's sender when the sender has ended.
+/// as the loss of the value's sender (`source`) when the sender has ended.
 class segment_gone : public shm_error {
  public:
-  segment_gone(const std::string& what, pid_t source, pid_t maker) : shm_error(what), source_(source), maker_(maker) {}
+  segment_gone(const std::string& what, pid_t source) : shm_error(what), source_(source) {}
   pid_t source() const noexcept { return source_; }
-  pid_t maker() const noexcept { return maker_; }
 
  private:
   pid_t source_;
-  pid_t maker_;
 };
-
-/// What the start of every segment holds.
-inline constexpr std::uint64_t segment_magic = 0x746d67737472686fULL;  // "ohrtsgmt"
 
 /// The start of every segment, in shared memory. Fields that different
 /// processes write sit on cache lines of their own.
