@@ -53,6 +53,13 @@ std::uint64_t check_and_reply_elsewhere(test::chunk_ticket ticket, std::uint32_t
   return wrong.at(0);
 }
 
+// Whether device 0 exports memory as descriptors; says so where it does not.
+bool exports_descriptors() {
+  if (cuda::supports_file_descriptors(0)) return true;
+  MESSAGE("device 0 cannot export memory as descriptors");
+  return false;
+}
+
 }  // namespace cuda_chunk_tests
 
 using namespace cuda_chunk_tests;
@@ -100,10 +107,7 @@ TEST_SUITE("cuda chunks") {
   }
 
   TEST_CASE("a file_descriptor chunk's memory outlives the chunk that made it while a descriptor for it is open") {
-    if (!cuda::supports_file_descriptors(0)) {
-      MESSAGE("device 0 cannot export memory as descriptors");
-      return;
-    }
+    if (!exports_descriptors()) return;
     const test::memory_mark mark(0);
     auto c = cuda::chunk::create(0, 1, cuda::sharing::file_descriptor);
     test::fill_words(c, written_here);
@@ -115,10 +119,7 @@ TEST_SUITE("cuda chunks") {
   }
 
   TEST_CASE("a chunk imported twice in one process maps the same memory twice") {
-    if (!cuda::supports_file_descriptors(0)) {
-      MESSAGE("device 0 cannot export memory as descriptors");
-      return;
-    }
+    if (!exports_descriptors()) return;
     const test::memory_mark mark(0);
     {
       auto c = cuda::chunk::create(0, 1, cuda::sharing::file_descriptor);
