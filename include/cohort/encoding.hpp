@@ -41,6 +41,7 @@ template <class T>
 inline constexpr bool is_byte_vector = one_of<T, std::vector<std::byte>, std::vector<unsigned char>>;
 
 class storage_impl;
+struct encoded_holds;
 
 /// Specialised by the types that cross as handles to shared memory
 /// (storage, tensor, queue, event) with `static std::string signature()`,
@@ -431,12 +432,21 @@ class encoded {
 
   template <crossable T>
   friend encoded encode(const T& value);
+  friend struct detail::encoded_holds;
 
   std::vector<std::byte> bytes_;
   std::shared_ptr<const void> held_;  // the shared blocks its handles name
 };
 
 namespace detail {
+
+/// What keeps the shared memory an encoded value names alive: the storages
+/// encode() held (a std::vector<std::shared_ptr<storage_impl>>), or what a
+/// process that received the value took over for it.
+struct encoded_holds {
+  static const std::shared_ptr<const void>& of(const encoded& value) noexcept { return value.held_; }
+  static void set(encoded& value, std::shared_ptr<const void> held) noexcept { value.held_ = std::move(held); }
+};
 
 // Makes `context` the current one for as long as it lives.
 class handle_scope {

@@ -73,6 +73,7 @@ class storage_impl;
 /// for each process with a storage over it, one for each message in flight
 /// that names it. 0 for a private storage.
 std::uint32_t shared_holders(const storage& s) noexcept;
+std::vector<std::byte> hold_for_receiver(const encoded& value);
 }
 
 /// A reference-counted run of bytes. Copies share the bytes (as torch's
@@ -113,6 +114,7 @@ class storage {
  private:
   friend struct detail::handle_codec<storage>;
   friend std::uint32_t detail::shared_holders(const storage& s) noexcept;
+  friend std::vector<std::byte> detail::hold_for_receiver(const encoded& value);
   explicit storage(std::shared_ptr<detail::storage_impl> impl) noexcept : impl_(std::move(impl)) {}
   std::shared_ptr<detail::storage_impl> impl_;
 };
@@ -137,6 +139,15 @@ struct handle_codec<storage> {
 /// the receiver takes over. Called with the queue's lock held, so no
 /// receiver can see the message before.
 void hold_for_message(const handle_context& context) noexcept;
+
+/// For a value that may be read after its sender has ended (a rank's
+/// result): a record naming every storage encode() held for `value`, each
+/// given a reference of its own, which the receiver takes over with
+/// take_holds. Empty when it names none.
+std::vector<std::byte> hold_for_receiver(const encoded& value);
+/// Takes over the references such a record holds, for as long as `value`
+/// (the value it was made for) lives. Throws decode_error and shm_error.
+void take_holds(encoded& value, std::span<const std::byte> record);
 
 /// In a forked child about to end without destructors: lets go of the
 /// shared memory its storages hold.

@@ -11,6 +11,7 @@
 #include "group/error_dir.hpp"
 #include "logs/logs.hpp"
 #include "process/parallel.hpp"
+#include "shm/keeper.hpp"
 #include "shm/segment_name.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -279,6 +280,7 @@ void on_signal(const std::shared_ptr<group_state>& state, const std::vector<int>
 // Records how rank `rank` ended; returns whether it failed on its own.
 bool record_exit(group_state& s, int rank, exit_status status) {
   --s.running;
+  shm::take_handed_over();  // what the rank's values still name, before anyone looks for it here
   const auto r = static_cast<std::size_t>(rank);
   std::string unreadable;  // a result that cannot be read fails the rank: never a silent nullopt
   if (status.success() && r < s.result_fds.size() && s.result_fds[r] >= 0) {

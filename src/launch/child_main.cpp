@@ -7,6 +7,7 @@
 #include "launch/uncaught.hpp"
 #include "os/process_identity.hpp"
 #include "shm/arena.hpp"
+#include "shm/keeper.hpp"
 
 #include "cohort/error_file.hpp"
 
@@ -25,6 +26,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <memory>
@@ -220,10 +222,23 @@ std::optional<encoded> call_entry(const std::string& name, int rank, const encod
   return thunk(fn, rank, args);
 }
 
+// What a result memfd holds: the value's size (8 bytes, this host's order), the value,
+// and the record of the references its storages hold for the reader.
+std::vector<std::byte> result_contents(const encoded& value) {
+  const std::uint64_t size = value.size();
+  const auto holds = hold_for_receiver(value);
+  std::vector<std::byte> out(sizeof size + size + holds.size());
+  std::memcpy(out.data(), &size, sizeof size);
+  std::memcpy(out.data() + sizeof size, value.bytes().data(), size);
+  if (!holds.empty()) std::memcpy(out.data() + sizeof size + size, holds.data(), holds.size());
+  return out;
+}
+
 COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const encoded& args, int result_fd,
                                        const entry_stack* stack) {
   entry_run run{nullptr, nullptr, rank, &args, std::nullopt};
   os::set_running_rank(rank);
+  shm::find_keeper_in_environment();
   std::set_terminate(on_uncaught);
   std::tie(run.thunk, run.fn) = find_entry(name);
   // The function runs on a stack of its own, which holds no handler of the
@@ -232,12 +247,17 @@ COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const 
   current_run = &run;
   run_on(stack != nullptr ? *stack : own.emplace());
   current_run = nullptr;
+  // What it returned is read once it has ended: the storages it names get
+  // references of their own, which the reader takes over.
+  std::vector<std::byte> result;
+  if (result_fd >= 0 && run.result) result = result_contents(*run.result);
   // Values it sent that name its shared memory are opened through this
-  // process: it stays until they are received, within a bound.
-  shm::wait_for_receivers(receivers_wait);
+  // process: what they name goes to its keeper, or else it stays until
+  // they are received, within a bound.
+  if (!shm::hand_over_to_keeper()) shm::wait_for_receivers(receivers_wait);
   stop_forkserver();  // what the function started by the forkserver has ended with it
   if (result_fd < 0) return 0;  // what it returned is not wanted
-  if (run.result && !write_whole(result_fd, run.result->bytes())) {
+  if (!result.empty() && !write_whole(result_fd, result)) {
     throw std::system_error(errno, std::system_category(), "cohort: writing the entry point's result");
   }
   ::close(result_fd);

@@ -87,7 +87,9 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
                                    unsigned threads = 1);
 
 /// Reads what a function child left in its result memfd: nullopt when it
-/// returned nothing. Throws decode_error on a malformed value.
+/// returned nothing. The storages it names are held here for as long as
+/// the value lives (the child has ended). Throws decode_error on a
+/// malformed value, shm_error when its shared memory cannot be opened.
 std::optional<encoded> read_result(int result_fd);
 
 /// In a child that never execs: sets it up as `p` says and writes the

@@ -12,6 +12,7 @@
 #include "os/owned_fd.hpp"
 #include "process/owned_pids.hpp"
 #include "process/parallel.hpp"
+#include "shm/keeper.hpp"
 
 #include <fmt/format.h>
 
@@ -25,6 +26,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <mutex>
 #include <new>
@@ -108,8 +110,10 @@ namespace {
 // through std::terminate, never unwinding into the caller's frames, whose
 // destructors are the parent's.
 [[noreturn]] COHORT_FORKED_CHILD_PATH void run_forked_rank(launch_plan& p, int report_fd, const function_call& call,
-                                                           int rank, int result_fd, const entry_stack* stack) noexcept {
+                                                           int rank, int result_fd, const entry_stack* stack,
+                                                           const std::string& keeper) noexcept {
   set_up_or_report(p, report_fd, rank);
+  shm::set_keeper(keeper);
   // Output the parent had buffered but not written is the parent's to
   // write: dropped here, or it would appear twice.
   ::__fpurge(stdout);
@@ -126,7 +130,8 @@ namespace {
 // Not inlined, so that its loop, which each child returns through from its
 // fork, is placed with the rest of a child's path.
 [[gnu::noinline]] COHORT_FORKED_CHILD_PATH int fork_all(std::vector<std::unique_ptr<rank_launch>>& ranks,
-                                                        const function_call& call, int report_fd, launch_failure& f) {
+                                                        const function_call& call, int report_fd,
+                                                        const std::string& keeper, launch_failure& f) {
   flush_standard_streams();
   const auto stack = entry_stack::ahead_of_forks();
   const signals_blocked blocked;
@@ -142,7 +147,7 @@ namespace {
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     auto& x = *ranks[r];
     const pid_t pid = ::fork();
-    if (pid == 0) run_forked_rank(*plans[r], report_fd, call, static_cast<int>(r), x.result.get(), stack.get());
+    if (pid == 0) run_forked_rank(*plans[r], report_fd, call, static_cast<int>(r), x.result.get(), stack.get(), keeper);
     if (pid < 0) {
       f = {stage::clone, errno, ""};
       return static_cast<int>(r);
@@ -262,7 +267,7 @@ void check_forkable(const std::string& what) {
 }
 
 child start_spawned(const asio::any_io_executor& executor, const function_call& call, int rank,
-                    const spawn_options& options, int result_fd, const std::string& what) {
+                    const spawn_options& options, int result_fd, const std::string& keeper, const std::string& what) {
   check_reexecutable(call, what);
   memfd args("cohort-args");
   if (args.get() < 0) {
@@ -273,6 +278,7 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
   }
   spawn_options opts = options;
   opts.env.set(entry_env, fmt::format("{},{},{},{}", args.get(), result_fd, rank, call.name));
+  if (!keeper.empty()) opts.env.set(shm::keeper_env, keeper);
   opts.keep_fds.push_back(args.get());
   if (result_fd >= 0) opts.keep_fds.push_back(result_fd);
   const command cmd("/proc/self/exe", {"--cohort-entry", call.name, std::to_string(rank)});
@@ -310,13 +316,17 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
   std::vector<child> children;
   children.reserve(n);
   result_fds.assign(n, -1);
+  // What values still name as a rank ends goes to this process (empty:
+  // none can, and the ranks wait for their receivers instead).
+  const std::string keeper = shm::keeper_for_ranks();
   if (call.method == start_method::spawn) {
     check_reexecutable(call, describe_rank(call, 0));
     children.resize(n);
     for_each_parallel(n, start_threads(threads, n), [&](std::size_t r) {
       memfd result(result_file(call));
       if (result.error() != 0) fail(r, {stage::start, result.error(), "memfd_create"});
-      children[r] = start_spawned(executor, call, static_cast<int>(r), options[r], result.get(), describe_rank(call, static_cast<int>(r)));
+      children[r] = start_spawned(executor, call, static_cast<int>(r), options[r], result.get(), keeper,
+                                  describe_rank(call, static_cast<int>(r)));
       result_fds[r] = result.release();
     });
     return children;
@@ -355,14 +365,20 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     std::vector<int> keep;
     if (x.result.get() >= 0) keep.push_back(x.result.get());
     if (call.method == start_method::fork) keep.push_back(report_write.get());
-    x.prepared = std::make_unique<prepared_launch>(options[r], keep, f);
+    if (call.method == start_method::forkserver && !keeper.empty()) {
+      spawn_options with_keeper = options[r];  // a forked rank is told in memory, with no environment to build
+      with_keeper.env.set(shm::keeper_env, keeper);
+      x.prepared = std::make_unique<prepared_launch>(with_keeper, keep, f);
+    } else {
+      x.prepared = std::make_unique<prepared_launch>(options[r], keep, f);
+    }
     if (!x.prepared->ok()) fail(r, f);
     x.prepared->plan().close_now = true;  // no exec to close them at
   }
 
   launch_failure f;
   if (call.method == start_method::fork) {
-    const int failed = fork_all(ranks, call, report_write.get(), f);
+    const int failed = fork_all(ranks, call, report_write.get(), keeper, f);
     report_write.reset();
     if (failed >= 0) fail(static_cast<std::size_t>(failed), f);
   } else {
@@ -398,7 +414,15 @@ std::optional<encoded> read_result(int result_fd) {
     throw std::system_error(errno, std::system_category(), "cohort: reading a rank's result");
   }
   if (bytes.empty()) return std::nullopt;
-  return encoded::from_bytes(std::move(bytes));
+  // As result_contents wrote it.
+  std::uint64_t size = 0;
+  if (bytes.size() < sizeof size) throw decode_error("cohort: a rank's result ends early");
+  std::memcpy(&size, bytes.data(), sizeof size);
+  if (size > bytes.size() - sizeof size) throw decode_error("cohort: a rank's result ends early");
+  const std::span<const std::byte> all(bytes);
+  auto value = encoded::from_bytes(std::vector<std::byte>(all.begin() + sizeof size, all.begin() + sizeof size + size));
+  if (const auto holds = all.subspan(sizeof size + size); !holds.empty()) take_holds(value, holds);
+  return value;
 }
 
 }  // namespace cohort::detail

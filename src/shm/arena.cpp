@@ -5,6 +5,7 @@
 #include "config.hpp"
 #include "os/process_identity.hpp"
 #include "os/spin_mutex.hpp"
+#include "shm/keeper.hpp"
 #include "shm/registry.hpp"
 
 #include <pthread.h>
@@ -180,7 +181,9 @@ int trim() {
   {
     auto& r = segments();
     std::lock_guard lock(r.mutex);
-    unused = r.forget_unused();
+    release_kept_locked(unused);
+    auto forgotten = r.forget_unused();
+    unused.insert(unused.end(), forgotten.begin(), forgotten.end());
   }
   // Taken out of the arena while they are looked at (which reads /proc),
   // and the ones kept put back; an allocation meanwhile makes a segment.

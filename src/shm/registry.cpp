@@ -1,6 +1,8 @@
 // The per-process registry of mapped segments.
 #include "shm/registry.hpp"
 
+#include "shm/keeper.hpp"
+
 #include <atomic>
 #include <new>
 
@@ -68,7 +70,9 @@ void forget_dead_segments() noexcept {
   std::vector<std::shared_ptr<segment>> dead;  // unmapped after the lock is released
   std::lock_guard lock(r->mutex);
   try {
-    dead = r->forget_dead();
+    release_kept_locked(dead);
+    auto forgotten = r->forget_dead();
+    dead.insert(dead.end(), forgotten.begin(), forgotten.end());
   } catch (const std::bad_alloc&) {
     // Kept for a later look.
   }

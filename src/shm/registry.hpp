@@ -46,7 +46,8 @@ struct registry {
 /// it outlives every static storage that unmaps at exit.
 registry& segments();
 /// Unmaps the segments of other processes that no storage here uses and
-/// no live process can use any more (registry::forget_dead).
+/// no live process can use any more (registry::forget_dead), and lets go
+/// of those kept for ended ranks that no value names any more.
 void forget_dead_segments() noexcept;
 /// Gives up what this process's caches of segments hold in descriptors
 /// (registry::shed); how many descriptors that closed. Called when making

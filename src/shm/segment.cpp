@@ -5,6 +5,7 @@
 
 #include "os/descriptor_limit.hpp"
 #include "os/process_identity.hpp"
+#include "shm/keeper.hpp"
 #include "shm/registry.hpp"
 #include "shm/segment_name.hpp"
 
@@ -18,6 +19,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cerrno>
 #include <cstdio>
 #include <cstdint>
@@ -80,8 +82,9 @@ std::size_t memory_available() {
 
 static_assert(sizeof(segment_header) <= segment::single_block, "the header runs into the first block");
 
-segment::segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker, int maker_fd)
-    : base_(base), size_(size), strategy_(strategy), fd_(fd), maker_(maker), maker_fd_(maker_fd),
+segment::segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker, int maker_fd,
+                 pid_t keeper)
+    : base_(base), size_(size), strategy_(strategy), fd_(fd), maker_(maker), maker_fd_(maker_fd), keeper_(keeper),
       nonce_(header().nonce) {}
 
 segment::~segment() {
@@ -103,8 +106,11 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
   int fd = -1;
   std::string name;
   if (strategy == sharing_strategy::file_descriptor) {
-    fd = with_descriptor_room([] { return ::memfd_create("cohort", MFD_CLOEXEC | MFD_ALLOW_SEALING); },
-                              shed_descriptors);
+    // Named by its nonce, so that a keeper's descriptor of it can be found.
+    const auto memfd_name = memfd_name_of(nonce);
+    fd = with_descriptor_room(
+        [&memfd_name] { return ::memfd_create(memfd_name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING); },
+        shed_descriptors);
     if (fd < 0) throw shm_error(fmt::format("cohort: memfd_create: {}", errno_text(errno)), size);
   } else {
     name = segment_name(self, nonce);
@@ -160,7 +166,7 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     b->capacity = size - header_size;
     h->bump = size;
   }
-  std::shared_ptr<segment> s(new segment(static_cast<std::byte*>(base), size, strategy, fd, self, fd));
+  std::shared_ptr<segment> s(new segment(static_cast<std::byte*>(base), size, strategy, fd, self, fd, 0));
   auto& r = segments();
   std::lock_guard lock(r.mutex);
   r.segments[nonce] = s;
@@ -217,12 +223,13 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   auto& r = segments();
   std::vector<std::shared_ptr<segment>> dead;  // unmapped after the lock is released
   std::lock_guard lock(r.mutex);
-  if (auto it = r.segments.find(ref.nonce); it != r.segments.end()) {
-    if (auto s = it->second.lock()) {
-      remember(ref.nonce, s);
-      return s;
-    }
-  }
+  const auto known = [&r, &ref]() -> std::shared_ptr<segment> {
+    auto it = r.segments.find(ref.nonce);
+    auto s = it != r.segments.end() ? it->second.lock() : nullptr;
+    if (s) remember(ref.nonce, s);
+    return s;
+  };
+  if (auto s = known()) return s;
   int fd = -1;
   std::string where;
   // The lock is held: the registry sheds directly, and what it lets go of
@@ -230,13 +237,25 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   const auto shed = [&] { return r.shed(dead); };
   if (ref.strategy == sharing_strategy::file_descriptor) {
     // Through the sender, or else through the maker (the sender passed on
-    // what it received and is gone).
+    // what it received and is gone), or else through the sender's keeper
+    // (the sender handed it over as it ended).
     const auto by_path = [&where] { return ::open(where.c_str(), O_RDWR | O_CLOEXEC); };
     where = fmt::format("/proc/{}/fd/{}", ref.source, ref.fd);
     fd = with_descriptor_room(by_path, shed);
     if (fd < 0 && (errno == ENOENT || errno == ESRCH) && ref.maker != ref.source) {
       where = fmt::format("/proc/{}/fd/{}", ref.maker, ref.maker_fd);
       fd = with_descriptor_room(by_path, shed);
+    }
+    if (fd < 0 && (errno == ENOENT || errno == ESRCH) && ref.keeper > 0) {
+      if (ref.keeper == os::this_process()) {
+        take_handed_over_locked(r, dead);
+        if (auto s = known()) return s;
+        errno = ENOENT;
+      } else {
+        where = fmt::format("/proc/{}/fd (kept for pid {})", ref.keeper, ref.source);
+        const auto link = fmt::format("/memfd:{} (deleted)", memfd_name_of(ref.nonce));
+        fd = with_descriptor_room([&ref, &link] { return open_kept(ref.keeper, ref.source, link); }, shed);
+      }
     }
     if (fd < 0 && (errno == ENOENT || errno == ESRCH)) {
       throw segment_gone(
@@ -248,13 +267,36 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
     where = "/dev/shm" + segment_name(ref.maker, ref.nonce);
     fd = with_descriptor_room(
         [&ref] { return ::shm_open(segment_name(ref.maker, ref.nonce).c_str(), O_RDWR | O_CLOEXEC, 0); }, shed);
-    // Swept with its maker's other files once the maker ended.
+    // Swept with its maker's other files once the maker ended, and kept
+    // open by the maker's keeper while values name it.
+    if (fd < 0 && errno == ENOENT && ref.keeper > 0) {
+      if (ref.keeper == os::this_process()) {
+        take_handed_over_locked(r, dead);
+        if (auto s = known()) return s;
+        errno = ENOENT;
+      } else {
+        const auto link = where + " (deleted)";
+        fd = with_descriptor_room([&ref, &link] { return open_kept(ref.keeper, ref.maker, link); }, shed);
+        if (fd >= 0) where = fmt::format("{} (kept by pid {})", where, ref.keeper);
+      }
+    }
     if (fd < 0 && errno == ENOENT && os::has_ended(ref.maker, 0)) {
       throw segment_gone(fmt::format("cohort: {} went with its maker, pid {}, which has exited", where, ref.maker),
                          ref.maker);
     }
   }
   if (fd < 0) throw shm_error(fmt::format("cohort: opening segment {}: {}", where, errno_text(errno)));
+  auto s = map_checked(fd, where, ref, ref.strategy == sharing_strategy::file_descriptor);
+  remember(ref.nonce, s);
+  s->note_mapper();
+  auto forgotten = r.forget_dead();
+  dead.insert(dead.end(), forgotten.begin(), forgotten.end());
+  r.received.push_back(s);
+  return s;
+}
+
+std::shared_ptr<segment> segment::map_checked(int fd, const std::string& where, const segment_ref& ref,
+                                              bool keep_descriptor) {
   // Whether it is the segment named is told by its header, once mapped; a
   // memfd must be sealed, so that nobody can shrink it under the mapping
   // (F_GET_SEALS fails, -1, on a file that cannot be sealed at all).
@@ -274,26 +316,51 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   const auto size = static_cast<std::size_t>(st.st_size);
   void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int error = errno;
-  // A memfd's descriptor is kept, so this process can pass the segment on.
-  if (base == MAP_FAILED || ref.strategy == sharing_strategy::file_system) {
+  if (base == MAP_FAILED || !keep_descriptor) {
     ::close(fd);
     fd = -1;
   }
   if (base == MAP_FAILED) throw shm_error(fmt::format("cohort: mapping {}: {}", where, errno_text(error)));
   const auto* h = static_cast<const segment_header*>(base);
-  if (h->magic != magic || h->nonce != ref.nonce || h->size != size) {
+  // A nonce of 0 in `ref`: any segment's (one handed over, which names none).
+  if (h->magic != magic || (ref.nonce != 0 && h->nonce != ref.nonce) || h->size != size) {
     ::munmap(base, size);
     if (fd >= 0) ::close(fd);
     throw shm_error(fmt::format("cohort: {} does not hold the segment the handle names", where));
   }
   std::shared_ptr<segment> s(
-      new segment(static_cast<std::byte*>(base), size, ref.strategy, fd, ref.maker, ref.maker_fd));
-  r.segments[ref.nonce] = s;
-  remember(ref.nonce, s);
+      new segment(static_cast<std::byte*>(base), size, ref.strategy, fd, ref.maker, ref.maker_fd, ref.keeper));
+  segments().segments[s->nonce()] = s;
+  return s;
+}
+
+std::shared_ptr<segment> segment::keep(int fd, pid_t sender) {
+  auto& r = segments();
+  const auto nonce = [fd]() -> std::uint64_t {
+    segment_header h;
+    if (::pread(fd, &h, offsetof(segment_header, live), 0) != static_cast<ssize_t>(offsetof(segment_header, live))) return 0;
+    return h.magic == magic ? h.nonce : 0;
+  }();
+  if (nonce != 0) {
+    if (auto it = r.segments.find(nonce); it != r.segments.end()) {
+      if (auto s = it->second.lock()) {
+        int none = -1;
+        if (!s->fd_.compare_exchange_strong(none, fd, std::memory_order_relaxed)) ::close(fd);
+        s->kept_.store(true, std::memory_order_relaxed);
+        return s;
+      }
+    }
+  }
+  segment_ref ref;
+  // Only memfds are sealed (a named file cannot be).
+  const int got = ::fcntl(fd, F_GET_SEALS);
+  const bool sealed = got >= 0 && (got & static_cast<int>(seals)) == static_cast<int>(seals);
+  ref.strategy = sealed ? sharing_strategy::file_descriptor : sharing_strategy::file_system;
+  ref.source = ref.maker = sender;
+  ref.nonce = nonce;
+  auto s = map_checked(fd, fmt::format("a segment handed over by pid {}", sender), ref, true);
+  s->kept_.store(true, std::memory_order_relaxed);
   s->note_mapper();
-  auto forgotten = r.forget_dead();
-  dead.insert(dead.end(), forgotten.begin(), forgotten.end());
-  r.received.push_back(s);
   return s;
 }
 
@@ -303,11 +370,11 @@ segment_ref segment::ref() const noexcept {
   const int fd = fd_.load(std::memory_order_relaxed);
   const bool through_here = strategy_ == sharing_strategy::file_descriptor && fd >= 0;
   return {strategy_, through_here ? os::this_process() : maker_, through_here ? fd : maker_fd_, maker_, maker_fd_,
-          nonce_};
+          through_here ? own_keeper() : keeper_, nonce_};
 }
 
 bool segment::give_up_descriptor() noexcept {
-  if (made_here()) return false;
+  if (made_here() || kept_.load(std::memory_order_relaxed)) return false;
   const int fd = fd_.exchange(-1, std::memory_order_relaxed);
   if (fd < 0) return false;
   ::close(fd);

@@ -46,6 +46,9 @@ struct segment_ref {
   int fd = -1;                ///< its descriptor of the memfd (file_descriptor)
   pid_t maker = 0;            ///< the process that made it (a named segment's name holds it)
   int maker_fd = -1;          ///< the maker's descriptor of the memfd, tried when the sender is gone
+  /// The process the sender hands its memfds to as it ends (shm/keeper.hpp),
+  /// tried when the sender and the maker are gone; 0 for none.
+  pid_t keeper = 0;
   /// Random, in the header and in a named segment's name: what identifies
   /// it, and what tells a descriptor number since reused for another file.
   std::uint64_t nonce = 0;
@@ -183,8 +186,17 @@ class segment {
   bool held_only_by_ended() const noexcept;
   /// Closes this process's descriptor of a memfd segment another process
   /// made, keeping the mapping (which needs none): values passed on from
-  /// here then name the maker's. Whether there was one to close.
+  /// here then name the maker's. Whether there was one to close. A segment
+  /// this process keeps for an ended sender keeps its descriptor.
   bool give_up_descriptor() noexcept;
+  /// The segment a memfd that `sender` handed over as it ended holds,
+  /// mapped here (or this process's mapping of it, given `fd` when it had
+  /// given up its own), marked as kept: it keeps its descriptor until
+  /// unkept. Takes `fd` in every case. Throws shm_error when it is not a
+  /// segment. The registry's lock is held.
+  static std::shared_ptr<segment> keep(int fd, pid_t sender);
+  /// Ends keep(): its descriptor may go as any received segment's.
+  void unkeep() noexcept { kept_.store(false, std::memory_order_relaxed); }
   /// Whether it is a named segment another process made that has ended,
   /// and that no process but ended ones and this one holds: its name then
   /// goes once this process unmaps it, since no live process could ever
@@ -196,7 +208,13 @@ class segment {
   void abandon() noexcept;
 
  private:
-  segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker, int maker_fd);
+  segment(std::byte* base, std::size_t size, sharing_strategy strategy, int fd, pid_t maker, int maker_fd,
+          pid_t keeper);
+  // Checks that `fd` holds the segment `ref` names (any, when its nonce is
+  // 0), maps it and registers it, keeping `fd` or closing it; closes `fd`
+  // and throws shm_error when it does not. The registry's lock is held.
+  static std::shared_ptr<segment> map_checked(int fd, const std::string& where, const segment_ref& ref,
+                                              bool keep_descriptor);
   void drop_live(std::uint64_t count) noexcept;
   void reclaim_locked() noexcept;
 
@@ -212,6 +230,8 @@ class segment {
   std::atomic<int> fd_;
   pid_t maker_;
   int maker_fd_;
+  pid_t keeper_;  // the sender's keeper, for values passed on without a descriptor of this process's
+  std::atomic<bool> kept_{false};
   // The header's, read once: asked for by every handle written and every
   // storage dropped, it is not worth a trip to the shared line each time.
   std::uint64_t nonce_;

@@ -1,5 +1,5 @@
-// The names of file_system segments in /dev/shm, and the sweep of those
-// that processes which have ended left behind.
+// The names of segments (file_system ones in /dev/shm, memfds), and the
+// sweep of the files that processes which have ended left behind.
 #include "shm/segment_name.hpp"
 
 #include <sys/mman.h>
@@ -18,6 +18,8 @@ namespace cohort::shm {
 std::string segment_name(pid_t maker, std::uint64_t nonce) {
   return fmt::format("/cohort_{}_{:016x}", maker, nonce);
 }
+
+std::string memfd_name_of(std::uint64_t nonce) { return fmt::format("cohort-{:016x}", nonce); }
 
 int sweep_segments_of(std::span<const pid_t> pids) noexcept {
   int swept = 0;

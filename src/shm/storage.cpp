@@ -269,7 +269,7 @@ struct handle_wire {
   std::uint32_t fd;        // its descriptor there, + 1 (0: none)
   std::uint32_t maker;     // the process that made the segment
   std::uint32_t maker_fd;  // its descriptor there, + 1
-  std::uint32_t zero_too;
+  std::uint32_t keeper;    // the sender's keeper (0: none), tried when the sender and the maker have ended
   std::uint64_t nonce;
   std::uint64_t block;     // offset of the block's header in it
   std::uint64_t nbytes;
@@ -281,9 +281,12 @@ static_assert(std::is_trivially_copyable_v<handle_wire>);
 // four on the way of every handle read.
 void check_bounded(const handle_wire& w) {
   constexpr auto most = static_cast<std::uint32_t>(INT_MAX);
-  if (std::max({w.source, w.fd, w.maker, w.maker_fd}) <= most) return;
-  const std::pair<std::uint32_t, std::string_view> fields[] = {
-      {w.source, "pid"}, {w.fd, "descriptor"}, {w.maker, "maker's pid"}, {w.maker_fd, "maker's descriptor"}};
+  if (std::max({w.source, w.fd, w.maker, w.maker_fd, w.keeper}) <= most) return;
+  const std::pair<std::uint32_t, std::string_view> fields[] = {{w.source, "pid"},
+                                                               {w.fd, "descriptor"},
+                                                               {w.maker, "maker's pid"},
+                                                               {w.maker_fd, "maker's descriptor"},
+                                                               {w.keeper, "keeper's pid"}};
   for (const auto& [v, what] : fields) {
     if (v > most) throw decode_error(fmt::format("cohort::decode: a storage handle's {} is {}", what, v));
   }
@@ -372,7 +375,7 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
   const handle_wire w{1, static_cast<std::uint8_t>(ref.strategy), message, 0,
                       static_cast<std::uint32_t>(ref.source), static_cast<std::uint32_t>(ref.fd + 1),
                       static_cast<std::uint32_t>(ref.maker), static_cast<std::uint32_t>(ref.maker_fd + 1),
-                      0, ref.nonce, impl->block, impl->nbytes};
+                      static_cast<std::uint32_t>(ref.keeper), ref.nonce, impl->block, impl->nbytes};
   const auto* bytes = reinterpret_cast<const std::byte*>(&w);
   out.insert(out.end(), bytes, bytes + sizeof w);  // not resize: it would zero the room first
   if (current_handles != nullptr) current_handles->held.push_back(std::move(impl));
@@ -394,7 +397,7 @@ storage handle_codec<storage>::read(reader& in) {
     throw decode_error(w.message == 1 ? "cohort::decode: a storage handle claims a queue's reference outside a queue"
                                       : "cohort::decode: a queue's record holds a storage handle without its reference");
   }
-  if (w.zero != 0 || w.zero_too != 0) throw decode_error("cohort::decode: a storage handle's padding is not zero");
+  if (w.zero != 0) throw decode_error("cohort::decode: a storage handle's padding is not zero");
   shm::segment_ref ref;
   ref.strategy = static_cast<sharing_strategy>(w.strategy);
   check_bounded(w);
@@ -402,6 +405,7 @@ storage handle_codec<storage>::read(reader& in) {
   ref.fd = static_cast<int>(w.fd) - 1;
   ref.maker = static_cast<int>(w.maker);
   ref.maker_fd = static_cast<int>(w.maker_fd) - 1;
+  ref.keeper = static_cast<int>(w.keeper);
   ref.nonce = w.nonce;
   const auto block = w.block;
   const auto nbytes = w.nbytes;
@@ -441,6 +445,31 @@ void hold_for_message(const handle_context& context) noexcept {
     impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
     impl->segment->header().sent.fetch_add(1, std::memory_order_relaxed);
   }
+}
+
+std::vector<std::byte> hold_for_receiver(const encoded& value) {
+  const auto& held = encoded_holds::of(value);
+  if (!held) return {};
+  // encode() made it: the storages its handles named.
+  const auto& impls = *static_cast<const std::vector<std::shared_ptr<storage_impl>>*>(held.get());
+  std::vector<storage> storages;
+  storages.reserve(impls.size());
+  for (const auto& impl : impls) storages.push_back(storage(impl));
+  handle_context holds{true, {}};
+  std::vector<std::byte> record;
+  {
+    handle_scope scope(holds);
+    write(record, storages);
+  }
+  hold_for_message(holds);
+  return record;
+}
+
+void take_holds(encoded& value, std::span<const std::byte> record) {
+  reader in(record, reader::source::queue_record);
+  auto storages = read<std::vector<storage>>(in);
+  if (in.left() != 0) throw decode_error("cohort::decode: bytes follow the storages a value holds");
+  encoded_holds::set(value, std::make_shared<const std::vector<storage>>(std::move(storages)));
 }
 
 std::uint32_t shared_holders(const storage& s) noexcept {

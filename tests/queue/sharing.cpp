@@ -19,8 +19,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -359,6 +361,38 @@ COHORT_ENTRYPOINT(put_one_and_leave);
 
 void get_one_and_leave(int, queue<int> q) { (void)q.get(); }
 COHORT_ENTRYPOINT(get_one_and_leave);
+
+// Pushes n tensors of its own (i at every element, in a segment each when
+// `large`), then returns one more (7 + rank); nobody pops while it runs.
+tensor push_then_return(int rank, queue<tensor> q, int n, bool large) {
+  for (int i = 0; i < n; ++i) q.put(tensor::full({large ? 100000 : 64}, i, dtype::float32, {.shared = true}));
+  return tensor::full({1000}, 7 + rank, dtype::float32, {.shared = true});
+}
+COHORT_ENTRYPOINT(push_then_return);
+
+// Rank 0 pushes 0..n-1 and returns; rank 1 waits until rank 0 has ended,
+// then pops the n values and returns their sum (first elements).
+int push_or_pop_after_end(int rank, queue<tensor> q, queue<int> pids, int n) {
+  if (rank == 0) {
+    for (int i = 0; i < n; ++i) q.put(tensor::full({64}, i, dtype::int32, {.shared = true}));
+    pids.put(static_cast<int>(::getpid()));
+    return 0;
+  }
+  const auto pid = pids.get(10s);
+  if (!pid) return -1;
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, *pid, 0));
+  if (pidfd < 0 && errno != ESRCH) return -2;  // ESRCH: ended and reaped already
+  if (pidfd >= 0) {
+    pollfd ended{pidfd, POLLIN, 0};
+    const int ready = ::poll(&ended, 1, 10000);
+    ::close(pidfd);
+    if (ready != 1) return -3;
+  }
+  int sum = 0;
+  for (int i = 0; i < n; ++i) sum += q.get(10s).value().at<std::int32_t>({0});
+  return sum;
+}
+COHORT_ENTRYPOINT(push_or_pop_after_end);
 
 // Pushes tensors of its own under file_system that nobody will receive;
 // returns its pid.
@@ -892,6 +926,59 @@ TEST_SUITE("sharing") {
         CHECK(q.get(1s).value().at<std::int32_t>({1}) == 5);
         CHECK(files_of(*sender).empty());
       }
+    }
+  }
+
+  // Before, under file_descriptor, the rank stayed 30 s after returning
+  // while the values it had pushed were unreceived, and then both they and
+  // its returned tensor were lost ("the processes holding a segment have
+  // exited"); under file_system the returned tensor's file was swept with
+  // the rank ("went with its maker").
+  TEST_CASE("tensors a rank returned and pushed arrive after it ended, and it ends at once") {
+    for (const auto method : methods) {
+      for (const bool large : {false, true}) {
+        CAPTURE(to_string(method));
+        CAPTURE(large);
+        repeat_under_each_strategy(2, [&](leak_check&, int) {
+          queue<tensor> q(8);
+          const auto started = std::chrono::steady_clock::now();
+          const auto returned = spawn_and_join(push_then_return, std::tuple{q, 3, large}, 2, {.method = method});
+          CHECK(std::chrono::steady_clock::now() - started < 10s);
+          REQUIRE(returned.size() == 2);
+          for (int r = 0; r < 2; ++r) CHECK(returned[static_cast<std::size_t>(r)] == tensor::full({1000}, 7 + r, dtype::float32));
+          std::map<int, int> seen;
+          for (int i = 0; i < 6; ++i) {
+            const tensor t = q.get(5s).value();
+            CHECK(t.numel() == (large ? 100000 : 64));
+            ++seen[static_cast<int>(t.at<float>({t.numel() - 1}))];
+          }
+          CHECK(seen == std::map<int, int>{{0, 2}, {1, 2}, {2, 2}});
+        });
+      }
+    }
+  }
+
+  TEST_CASE("values a rank pushed that nobody pops are let go once the queue is dropped, after the rank ended") {
+    for (const auto method : methods) {
+      CAPTURE(to_string(method));
+      repeat_under_each_strategy(2, [&](leak_check&, int) {
+        queue<tensor> q(8);
+        (void)spawn_and_join(push_then_return, std::tuple{q, 4, true}, 1, {.method = method});
+        CHECK(q.size() == 4);
+      });
+    }
+  }
+
+  TEST_CASE("a rank pops the values a sibling pushed before it ended") {
+    for (const auto method : methods) {
+      CAPTURE(to_string(method));
+      repeat_under_each_strategy(2, [&](leak_check&, int) {
+        queue<tensor> q(8);
+        queue<int> pids(1);
+        const auto sums = spawn_and_join(push_or_pop_after_end, std::tuple{q, pids, 5}, 2, {.method = method});
+        REQUIRE(sums.size() == 2);
+        CHECK(sums[1] == 0 + 1 + 2 + 3 + 4);
+      });
     }
   }
 

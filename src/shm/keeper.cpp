@@ -1,0 +1,322 @@
+// The keeper's socket, what ranks hand over on it, and how receivers find
+// what a keeper holds.
+#include "shm/keeper.hpp"
+
+#include "os/owned_fd.hpp"
+#include "os/process_identity.hpp"
+#include "shm/segment_name.hpp"
+
+#include <dirent.h>
+#include <signal.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <cstdlib>
+#include <system_error>
+#include <cstring>
+#include <mutex>
+#include <string_view>
+#include <thread>
+
+namespace cohort::shm {
+
+namespace {
+
+// Descriptors per message: the kernel's limit (SCM_MAX_FD) is 253.
+constexpr std::size_t per_message = 250;
+
+// This process as a keeper, under the registry's lock. A fork child finds
+// its parent's here, and starts afresh (owner differs): the descriptors it
+// names are the parent's, closed in the child.
+struct keeper_state {
+  pid_t owner = 0;
+  int socket = -1;
+  std::string name;  // the socket's abstract address, without its leading 0 byte
+  std::vector<std::shared_ptr<segment>> kept;
+};
+
+keeper_state& own_state() {
+  // Never destroyed: segments unmapped at exit take the registry's lock.
+  static keeper_state* state = nullptr;
+  if (state == nullptr || state->owner != os::this_process()) {
+    state = new keeper_state;  // a parent's is left as it is: its segments name the parent's descriptors
+    state->owner = os::this_process();
+  }
+  return *state;
+}
+
+// The keeper this process hands over to, as keeper_env said.
+struct found_keeper {
+  pid_t of = 0;  // the process it was found for: a fork child of a rank has none
+  pid_t pid = 0;
+  std::string name;
+};
+found_keeper keeper_found;
+
+sockaddr_un address_of(const std::string& name, socklen_t& length) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const auto n = std::min(name.size(), sizeof a.sun_path - 1);
+  std::memcpy(a.sun_path + 1, name.data(), n);  // sun_path[0] = 0: the abstract namespace, nothing on disk
+  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return a;
+}
+
+// Opens the descriptor in `dir` (/proc/<pid>/fd) that links to `target`;
+// -1 with errno ENOENT when none does.
+int open_linked(const std::string& dir, std::string_view target) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return -1;
+  int fd = -1;
+  int error = ENOENT;
+  char link[256];
+  while (const dirent* e = ::readdir(d)) {
+    const auto n = ::readlinkat(::dirfd(d), e->d_name, link, sizeof link);
+    if (n < 0 || std::string_view(link, static_cast<std::size_t>(n)) != target) continue;
+    // Opened by path: the number may have been reused since, which the
+    // segment's header tells once mapped.
+    fd = ::open(fmt::format("{}/{}", dir, e->d_name).c_str(), O_RDWR | O_CLOEXEC);
+    if (fd >= 0 || errno != ENOENT) {
+      error = errno;
+      break;
+    }
+  }
+  ::closedir(d);
+  errno = error;
+  return fd;
+}
+
+}  // namespace
+
+std::string keeper_for_ranks() noexcept {
+  try {
+    auto& r = segments();
+    std::lock_guard lock(r.mutex);
+    auto& k = own_state();
+    if (k.socket >= 0) return fmt::format("{},{}", k.owner, k.name);
+    std::uint64_t nonce = 0;
+    if (::getrandom(&nonce, sizeof nonce, 0) != static_cast<ssize_t>(sizeof nonce)) return {};
+    const int s = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s < 0) return {};
+    const int on = 1;
+    // The kernel then names each sender's uid: only this user's are taken.
+    ::setsockopt(s, SOL_SOCKET, SO_PASSCRED, &on, sizeof on);
+    const auto name = fmt::format("cohort-keeper-{}-{:016x}", k.owner, nonce);
+    socklen_t length = 0;
+    const auto a = address_of(name, length);
+    if (::bind(s, reinterpret_cast<const sockaddr*>(&a), length) != 0) {
+      ::close(s);
+      return {};
+    }
+    k.socket = s;
+    k.name = name;
+    return fmt::format("{},{}", k.owner, k.name);
+  } catch (...) {
+    return {};
+  }
+}
+
+void set_keeper(std::string_view value) noexcept {
+  keeper_found = {};
+  try {
+    const auto comma = value.find(',');
+    pid_t pid = 0;
+    const auto digits = value.substr(0, comma);
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+    if (comma != std::string_view::npos && error == std::errc{} && end == digits.data() + digits.size() && pid > 0 &&
+        comma + 1 < value.size()) {
+      keeper_found = {os::this_process(), pid, std::string(value.substr(comma + 1))};
+    }
+  } catch (...) {
+    keeper_found = {};
+  }
+}
+
+void find_keeper_in_environment() noexcept {
+  const char* value = std::getenv(keeper_env);
+  if (value == nullptr) return;
+  set_keeper(value);
+  ::unsetenv(keeper_env);
+}
+
+pid_t own_keeper() noexcept { return keeper_found.of == os::this_process() ? keeper_found.pid : 0; }
+
+bool hand_over_to_keeper() noexcept {
+  auto* known = segments_if_made();
+  if (known == nullptr) return true;  // no segment was ever mapped here
+  std::vector<std::shared_ptr<segment>> held;
+  std::vector<int> fds;
+  std::vector<os::owned_fd> opened;  // named files, opened to be handed over: the group sweeps their names
+  try {
+    std::lock_guard lock(known->mutex);
+    for (auto& [nonce, weak] : known->segments) {
+      auto s = weak.lock();
+      if (!s || !s->messages_in_flight()) continue;
+      const auto ref = s->ref();
+      if (ref.strategy == sharing_strategy::file_system) {
+        if (!s->made_here()) continue;  // its maker's keeper has it, if any
+        const int fd = ::shm_open(segment_name(ref.maker, ref.nonce).c_str(), O_RDWR | O_CLOEXEC, 0);
+        if (fd < 0) return false;
+        opened.emplace_back(fd);
+        fds.push_back(fd);
+      } else {
+        if (ref.source != os::this_process() || ref.fd < 0) continue;  // values name another holder
+        fds.push_back(ref.fd);
+      }
+      held.push_back(std::move(s));
+    }
+  } catch (...) {
+    return false;
+  }
+  if (fds.empty()) return true;  // the common case
+  if (own_keeper() == 0) return false;
+  const int s = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return false;
+  // The keeper's queue of messages may be full for a while; not for long.
+  const timeval patience{2, 0};
+  ::setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &patience, sizeof patience);
+  socklen_t length = 0;
+  auto a = address_of(keeper_found.name, length);
+  bool sent = true;
+  for (std::size_t first = 0; sent && first < fds.size(); first += per_message) {
+    const auto count = std::min(per_message, fds.size() - first);
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * per_message)]{};
+    char byte = 0;
+    iovec io{&byte, 1};
+    msghdr m{};
+    m.msg_name = &a;
+    m.msg_namelen = length;
+    m.msg_iov = &io;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * count);
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * count);
+    std::memcpy(CMSG_DATA(c), fds.data() + first, sizeof(int) * count);
+    ssize_t n;
+    do {
+      n = ::sendmsg(s, &m, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    sent = n == 1;
+  }
+  ::close(s);
+  return sent;
+}
+
+void take_handed_over_locked(registry&, std::vector<std::shared_ptr<segment>>& gone) noexcept {
+  auto& k = own_state();
+  if (k.socket < 0) return;
+  for (;;) {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 253) + CMSG_SPACE(sizeof(ucred))];
+    char byte = 0;
+    iovec io{&byte, 1};
+    msghdr m{};
+    m.msg_iov = &io;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(k.socket, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;  // none left (EAGAIN)
+    std::vector<int> fds;
+    const ucred* sender = nullptr;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET) continue;
+      if (c->cmsg_type == SCM_RIGHTS) {
+        const auto count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        const auto* first = reinterpret_cast<const int*>(CMSG_DATA(c));
+        for (std::size_t i = 0; i < count; ++i) {
+          int fd;
+          std::memcpy(&fd, first + i, sizeof fd);
+          fds.push_back(fd);
+        }
+      } else if (c->cmsg_type == SCM_CREDENTIALS) {
+        sender = reinterpret_cast<const ucred*>(CMSG_DATA(c));
+      }
+    }
+    const bool trusted = sender != nullptr && sender->uid == ::geteuid();
+    for (const int fd : fds) {
+      if (!trusted) {
+        ::close(fd);
+        continue;
+      }
+      try {
+        k.kept.push_back(segment::keep(fd, sender->pid));
+      } catch (...) {
+        // Not a segment (keep closed it), or no memory to keep it: its
+        // values are lost with their sender, as they would be without one.
+      }
+    }
+  }
+  release_kept_locked(gone);
+}
+
+void release_kept_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept {
+  auto& k = own_state();
+  std::erase_if(k.kept, [&gone](auto& s) {
+    if (s->messages_in_flight()) return false;
+    s->unkeep();
+    try {
+      gone.push_back(std::move(s));
+    } catch (...) {
+      // Unmapped here, under the lock: its destructor would take it again.
+      return false;
+    }
+    return true;
+  });
+}
+
+void take_handed_over() noexcept {
+  auto* r = segments_if_made();
+  if (r == nullptr) return;
+  std::vector<std::shared_ptr<segment>> gone;  // unmapped after the lock is released
+  std::lock_guard lock(r->mutex);
+  take_handed_over_locked(*r, gone);
+}
+
+int open_kept(pid_t keeper, pid_t source, const std::string& link) {
+  using clock = std::chrono::steady_clock;
+  const auto dir = fmt::format("/proc/{}/fd", keeper);
+  // The source hands over before it ends, and the keeper takes what it
+  // handed as it records that end: soon after the source is reaped.
+  constexpr auto after_end = std::chrono::milliseconds(100);
+  constexpr auto at_most = std::chrono::seconds(2);
+  const auto start = clock::now();
+  auto seen = start;
+  for (;;) {
+    const int fd = open_linked(dir, link);
+    if (fd >= 0 || errno != ENOENT) return fd;
+    const auto now = clock::now();
+    if (os::has_ended(keeper, 0)) {
+      errno = ESRCH;
+      return -1;
+    }
+    // A source still running holds what it sent itself: the handle names
+    // a descriptor it does not have, and no keeper will be given it.
+    if (!os::has_ended(source, 0)) {
+      errno = ENOENT;
+      return -1;
+    }
+    if (::kill(source, 0) == 0) seen = now;  // ended, not yet reaped
+    if (now - seen > after_end || now - start > at_most) {
+      errno = ENOENT;
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace cohort::shm

@@ -1,0 +1,59 @@
+// A rank's keeper: the process that started it. Under file_descriptor a
+// value's memory is a memfd that receivers open through its sender; as a
+// rank's function returns, the memfds that values it sent still name (in
+// queues, or in its own result) go to its keeper over a socket, and the
+// rank ends at once. Receivers then open them through the keeper, which
+// holds each until every value naming it has been received or dropped.
+#pragma once
+
+#include "shm/registry.hpp"
+#include "shm/segment.hpp"
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace cohort::shm {
+
+/// How a rank finds its keeper: "<pid>,<name of its socket>".
+inline constexpr const char* keeper_env = "COHORT_SEGMENT_KEEPER";
+
+/// This process as the keeper of the ranks it starts: the value of
+/// keeper_env to give them. Its socket is made on the first call; empty
+/// when it cannot be made (those ranks then wait for their receivers).
+std::string keeper_for_ranks() noexcept;
+/// Makes the process keeper_for_ranks() value names this process's keeper
+/// (nobody's when it is malformed).
+void set_keeper(std::string_view value) noexcept;
+/// Takes this process's keeper from keeper_env, when set there, and
+/// removes it (what the rank starts has a keeper of its own, or none).
+/// Called as a rank starts.
+void find_keeper_in_environment() noexcept;
+/// This process's keeper, or 0.
+pid_t own_keeper() noexcept;
+/// Hands the keeper the descriptors of the memfd segments held here that
+/// values in flight name. Returns whether no value needs this process any
+/// more: false when some do and there is no keeper or the handing failed
+/// (the caller then waits for their receivers).
+bool hand_over_to_keeper() noexcept;
+/// Takes what ranks have handed over, and lets go of what is kept and no
+/// value names any more. Called as a rank's end is recorded.
+void take_handed_over() noexcept;
+/// The same, with the registry's lock held; what goes is moved to `gone`.
+void take_handed_over_locked(registry& r, std::vector<std::shared_ptr<segment>>& gone) noexcept;
+/// Lets go of kept segments that no value names any more, with the
+/// registry's lock held; they are moved to `gone`.
+void release_kept_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept;
+/// A descriptor of the segment whose /proc link reads `link` (a memfd's, or
+/// a swept file's) that `keeper` keeps for `source`, opened here; -1 with
+/// errno ENOENT when it keeps none, ESRCH
+/// when the keeper has ended. Once `source` has ended, waits for a little
+/// while after it is reaped: the keeper takes what it handed over as it
+/// records that end. A `source` still running is not waited for.
+int open_kept(pid_t keeper, pid_t source, const std::string& link);
+
+}  // namespace cohort::shm
