@@ -77,6 +77,7 @@ struct group_state {
   std::vector<child> children;
   std::vector<pid_t> pids;
   std::vector<int> result_fds;  // per rank, for function entries: the memfd its result lands in
+  bool counted_as_keeper = false;  // its function ranks are counted by shm::note_ranks_running
   std::unique_ptr<group_logs> logs;  // when spec.logs is in use
   run_result partial;
   int running = 0;
@@ -280,6 +281,7 @@ void on_signal(const std::shared_ptr<group_state>& state, const std::vector<int>
 // Records how rank `rank` ended; returns whether it failed on its own.
 bool record_exit(group_state& s, int rank, exit_status status) {
   --s.running;
+  if (s.counted_as_keeper) shm::note_ranks_running(-1);
   shm::take_handed_over();  // what the rank's values still name, before anyone looks for it here
   const auto r = static_cast<std::size_t>(rank);
   std::string unreadable;  // a result that cannot be read fails the rank: never a silent nullopt
@@ -518,6 +520,8 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   // unwinds.
   if (function != nullptr) {
     state->children = detail::start_functions(state->strand, *function, options, state->result_fds, spec.start_threads);
+    shm::note_ranks_running(static_cast<int>(state->children.size()));
+    state->counted_as_keeper = true;
   } else {
     state->children.resize(options.size());
     detail::for_each_parallel(options.size(), detail::start_threads(spec.start_threads, options.size()), [&](std::size_t r) {

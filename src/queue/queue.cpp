@@ -7,6 +7,7 @@
 #include "queue/peers.hpp"
 #include "os/futex.hpp"
 #include "os/process_identity.hpp"
+#include "shm/keeper.hpp"
 #include "shm/registry.hpp"
 #include "shm/segment.hpp"
 #include "shm/shared_lock.hpp"
@@ -117,10 +118,13 @@ enum class side { push, pop };
 
 class queue_core {
  public:
-  queue_core(storage state, record_drop drop) : state_(std::move(state)), drop_(drop) {}
+  queue_core(storage state, record_drop drop) : state_(std::move(state)), drop_(drop) { shm::note_queue_objects(1); }
   queue_core(const queue_core&) = delete;
   queue_core& operator=(const queue_core&) = delete;
-  ~queue_core() { leave(); }
+  ~queue_core() {
+    leave();
+    shm::note_queue_objects(-1);
+  }
 
   static std::shared_ptr<queue_core> make(std::size_t capacity, std::string_view signature, record_drop drop) {
     if (capacity == 0) throw std::invalid_argument("cohort::queue: the capacity must be at least 1");

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cerrno>
 #include <chrono>
@@ -55,6 +56,10 @@ keeper_state& own_state() {
   }
   return *state;
 }
+
+// What may still receive values naming kept segments (note_ranks_running).
+std::atomic<int> ranks_running{0};
+std::atomic<int> queue_objects{0};
 
 // The keeper this process hands over to, as keeper_env said.
 struct found_keeper {
@@ -264,10 +269,19 @@ void take_handed_over_locked(registry&, std::vector<std::shared_ptr<segment>>& g
   release_kept_locked(gone);
 }
 
+void note_ranks_running(int change) noexcept { ranks_running.fetch_add(change, std::memory_order_relaxed); }
+void note_queue_objects(int change) noexcept {
+  // The last one gone: what is kept may have no receiver left.
+  if (queue_objects.fetch_add(change, std::memory_order_relaxed) + change == 0) forget_dead_segments();
+}
+
 void release_kept_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept {
   auto& k = own_state();
-  std::erase_if(k.kept, [&gone](auto& s) {
-    if (s->messages_in_flight()) return false;
+  if (k.kept.empty()) return;
+  const bool nobody_left = ranks_running.load(std::memory_order_relaxed) <= 0 &&
+                           queue_objects.load(std::memory_order_relaxed) <= 0;
+  std::erase_if(k.kept, [&gone, nobody_left](auto& s) {
+    if (s->messages_in_flight() && !(nobody_left && s->others_ended())) return false;
     s->unkeep();
     try {
       gone.push_back(std::move(s));

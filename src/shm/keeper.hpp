@@ -40,6 +40,13 @@ pid_t own_keeper() noexcept;
 /// more: false when some do and there is no keeper or the handing failed
 /// (the caller then waits for their receivers).
 bool hand_over_to_keeper() noexcept;
+/// Counts the function ranks this process has started and not yet seen
+/// end, and the queue objects it holds. While either is above 0, a kept
+/// segment goes only once no value names it; when both are 0 and every
+/// other process that mapped it has ended, it goes too: a value popped by
+/// a process killed before it was decoded would otherwise keep it for good.
+void note_ranks_running(int change) noexcept;
+void note_queue_objects(int change) noexcept;
 /// Takes what ranks have handed over, and lets go of what is kept and no
 /// value names any more. Called as a rank's end is recorded.
 void take_handed_over() noexcept;

@@ -344,6 +344,10 @@ std::shared_ptr<segment> segment::keep(int fd, pid_t sender) {
   if (nonce != 0) {
     if (auto it = r.segments.find(nonce); it != r.segments.end()) {
       if (auto s = it->second.lock()) {
+        if (s->made_here()) {  // this process's own: it holds it already
+          ::close(fd);
+          return s;
+        }
         int none = -1;
         if (!s->fd_.compare_exchange_strong(none, fd, std::memory_order_relaxed)) ::close(fd);
         s->kept_.store(true, std::memory_order_relaxed);
@@ -510,8 +514,7 @@ void segment::note_mapper() noexcept {
   h.unrecorded.store(1, std::memory_order_release);
 }
 
-bool segment::held_only_by_ended() const noexcept {
-  if (messages_in_flight()) return false;
+bool segment::others_ended() const noexcept {
   const auto& h = header();
   if (h.unrecorded.load(std::memory_order_acquire) != 0) return false;
   const auto used = std::min(h.mapper_count.load(std::memory_order_acquire), segment_header::max_mappers);

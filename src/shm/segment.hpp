@@ -7,6 +7,7 @@
 #include "os/spin_mutex.hpp"
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -183,7 +184,9 @@ class segment {
   /// Whether what is still held of it is held only by processes that have
   /// ended: none other that mapped it lives and no message naming it is in
   /// flight. The caller checks that it holds nothing of it itself.
-  bool held_only_by_ended() const noexcept;
+  bool held_only_by_ended() const noexcept { return !messages_in_flight() && others_ended(); }
+  /// Whether every process other than this one that mapped it has ended.
+  bool others_ended() const noexcept;
   /// Closes this process's descriptor of a memfd segment another process
   /// made, keeping the mapping (which needs none): values passed on from
   /// here then name the maker's. Whether there was one to close. A segment
@@ -196,7 +199,13 @@ class segment {
   /// segment. The registry's lock is held.
   static std::shared_ptr<segment> keep(int fd, pid_t sender);
   /// Ends keep(): its descriptor may go as any received segment's.
-  void unkeep() noexcept { kept_.store(false, std::memory_order_relaxed); }
+  void unkeep() noexcept {
+    kept_.store(false, std::memory_order_relaxed);
+    // A named segment needs no descriptor here but for keeping.
+    if (strategy_ == sharing_strategy::file_system) {
+      if (const int fd = fd_.exchange(-1, std::memory_order_relaxed); fd >= 0) ::close(fd);
+    }
+  }
   /// Whether it is a named segment another process made that has ended,
   /// and that no process but ended ones and this one holds: its name then
   /// goes once this process unmaps it, since no live process could ever
