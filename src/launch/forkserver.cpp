@@ -9,6 +9,7 @@
 
 #include "config.hpp"
 #include "launch/entry.hpp"
+#include "os/descriptor_passing.hpp"
 #include "os/owned_fd.hpp"
 #include "os/per_process.hpp"
 #include "os/process_identity.hpp"
@@ -52,7 +53,8 @@ namespace {
 // max_kept kept ones for a rank alone.
 enum shared_slot { report_slot, request_slot, shared_slots };
 enum rank_slot { in_fd, out_fd, err_fd, result_slot, rank_slots };
-constexpr std::size_t max_fds = std::size_t{shared_slots} + rank_slots + max_kept;  // under the kernel's 253 a message
+constexpr std::size_t max_fds = std::size_t{shared_slots} + rank_slots + max_kept;
+static_assert(max_fds <= os::max_passed, "more descriptors than one message carries");
 using fd_array = std::array<int, max_fds>;
 
 // rank, parent pid, death signal, new group, cwd, environment (indices of
@@ -80,28 +82,6 @@ struct batch {
   std::uint32_t first;
   std::uint32_t count;
 };
-
-bool send_with_fds(int socket, const void* data, std::size_t size, const int* fds, std::size_t count) {
-  iovec iov{const_cast<void*>(data), size};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_fds)]{};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  if (count > 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * count);
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int) * count);
-    std::memcpy(CMSG_DATA(cm), fds, sizeof(int) * count);
-  }
-  ssize_t n;
-  do {
-    n = ::sendmsg(socket, &msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  return n == static_cast<ssize_t>(size);
-}
 
 // Receives one message; returns its size (0 at EOF, -1 on error) and the
 // descriptors that came with it (close-on-exec). `truncated` is set when
@@ -351,7 +331,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
       at += own;
     }
     for (std::size_t i = 0; i < count; ++i) ::close(fds[i]);
-    if (!send_with_fds(socket, replies.data(), replies.size() * sizeof(int), nullptr, 0)) return 0;
+    if (!os::send_with_fds(socket, replies.data(), replies.size() * sizeof(int), nullptr, 0)) return 0;
   }
 }
 
@@ -425,7 +405,7 @@ std::size_t send_batch(int socket, std::span<const server_request> requests, std
     return 0;
   }
   const batch b{static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(end - first)};
-  return send_with_fds(socket, &b, sizeof b, fds.data(), count) ? end - first : 0;
+  return os::send_with_fds(socket, &b, sizeof b, fds.data(), count) ? end - first : 0;
 }
 
 bool server_gone(int error) { return error == EPIPE || error == ECONNRESET; }

@@ -2,8 +2,10 @@
 // what a keeper holds.
 #include "shm/keeper.hpp"
 
+#include "os/descriptor_passing.hpp"
 #include "os/owned_fd.hpp"
 #include "os/process_identity.hpp"
+#include "shm/registry.hpp"
 #include "shm/segment_name.hpp"
 
 #include <dirent.h>
@@ -33,9 +35,6 @@
 namespace cohort::shm {
 
 namespace {
-
-// Descriptors per message: the kernel's limit (SCM_MAX_FD) is 253.
-constexpr std::size_t per_message = 250;
 
 // This process as a keeper, under the registry's lock. A fork child finds
 // its parent's here, and starts afresh (owner differs): the descriptors it
@@ -160,7 +159,7 @@ pid_t own_keeper() noexcept { return keeper_found.of == os::this_process() ? kee
 bool hand_over_to_keeper() noexcept {
   auto* known = segments_if_made();
   if (known == nullptr) return true;  // no segment was ever mapped here
-  std::vector<std::shared_ptr<segment>> held;
+  std::vector<std::shared_ptr<segment>> held;  // so that `fds` stay open until sent
   std::vector<int> fds;
   std::vector<os::owned_fd> opened;  // named files, opened to be handed over: the group sweeps their names
   try {
@@ -186,46 +185,27 @@ bool hand_over_to_keeper() noexcept {
   }
   if (fds.empty()) return true;  // the common case
   if (own_keeper() == 0) return false;
-  const int s = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  if (s < 0) return false;
+  const os::owned_fd s(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (s.get() < 0) return false;
   // The keeper's queue of messages may be full for a while; not for long.
   const timeval patience{2, 0};
-  ::setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &patience, sizeof patience);
+  ::setsockopt(s.get(), SOL_SOCKET, SO_SNDTIMEO, &patience, sizeof patience);
   socklen_t length = 0;
-  auto a = address_of(keeper_found.name, length);
-  bool sent = true;
-  for (std::size_t first = 0; sent && first < fds.size(); first += per_message) {
-    const auto count = std::min(per_message, fds.size() - first);
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * per_message)]{};
-    char byte = 0;
-    iovec io{&byte, 1};
-    msghdr m{};
-    m.msg_name = &a;
-    m.msg_namelen = length;
-    m.msg_iov = &io;
-    m.msg_iovlen = 1;
-    m.msg_control = control;
-    m.msg_controllen = CMSG_SPACE(sizeof(int) * count);
-    cmsghdr* c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int) * count);
-    std::memcpy(CMSG_DATA(c), fds.data() + first, sizeof(int) * count);
-    ssize_t n;
-    do {
-      n = ::sendmsg(s, &m, MSG_NOSIGNAL);
-    } while (n < 0 && errno == EINTR);
-    sent = n == 1;
+  const auto a = address_of(keeper_found.name, length);
+  if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&a), length) != 0) return false;
+  const char byte = 0;
+  for (std::size_t first = 0; first < fds.size(); first += os::max_passed) {
+    const auto count = std::min(os::max_passed, fds.size() - first);
+    if (!os::send_with_fds(s.get(), &byte, 1, fds.data() + first, count)) return false;
   }
-  ::close(s);
-  return sent;
+  return true;
 }
 
-void take_handed_over_locked(registry&, std::vector<std::shared_ptr<segment>>& gone) noexcept {
+void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept {
   auto& k = own_state();
   if (k.socket < 0) return;
   for (;;) {
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 253) + CMSG_SPACE(sizeof(ucred))];
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * os::max_passed) + CMSG_SPACE(sizeof(ucred))];
     char byte = 0;
     iovec io{&byte, 1};
     msghdr m{};
@@ -298,7 +278,7 @@ void take_handed_over() noexcept {
   if (r == nullptr) return;
   std::vector<std::shared_ptr<segment>> gone;  // unmapped after the lock is released
   std::lock_guard lock(r->mutex);
-  take_handed_over_locked(*r, gone);
+  take_handed_over_locked(gone);
 }
 
 int open_kept(pid_t keeper, pid_t source, const std::string& link) {

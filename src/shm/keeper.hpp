@@ -6,7 +6,6 @@
 // holds each until every value naming it has been received or dropped.
 #pragma once
 
-#include "shm/registry.hpp"
 #include "shm/segment.hpp"
 
 #include <sys/types.h>
@@ -51,7 +50,7 @@ void note_queue_objects(int change) noexcept;
 /// value names any more. Called as a rank's end is recorded.
 void take_handed_over() noexcept;
 /// The same, with the registry's lock held; what goes is moved to `gone`.
-void take_handed_over_locked(registry& r, std::vector<std::shared_ptr<segment>>& gone) noexcept;
+void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept;
 /// Lets go of kept segments that no value names any more, with the
 /// registry's lock held; they are moved to `gone`.
 void release_kept_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept;

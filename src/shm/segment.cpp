@@ -235,6 +235,19 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   // The lock is held: the registry sheds directly, and what it lets go of
   // is unmapped once the lock is released.
   const auto shed = [&] { return r.shed(dead); };
+  // Through the keeper `ref` names, to which `source` handed it over as it
+  // ended: the keeper's descriptor that links to `link` (fd set), or, when
+  // this process is the keeper, what it has taken (returned).
+  const auto through_keeper = [&](const std::string& link, pid_t source) -> std::shared_ptr<segment> {
+    if (ref.keeper == os::this_process()) {
+      take_handed_over_locked(dead);
+      if (auto s = known()) return s;
+      errno = ENOENT;
+      return nullptr;
+    }
+    fd = with_descriptor_room([&] { return open_kept(ref.keeper, source, link); }, shed);
+    return nullptr;
+  };
   if (ref.strategy == sharing_strategy::file_descriptor) {
     // Through the sender, or else through the maker (the sender passed on
     // what it received and is gone), or else through the sender's keeper
@@ -247,15 +260,8 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
       fd = with_descriptor_room(by_path, shed);
     }
     if (fd < 0 && (errno == ENOENT || errno == ESRCH) && ref.keeper > 0) {
-      if (ref.keeper == os::this_process()) {
-        take_handed_over_locked(r, dead);
-        if (auto s = known()) return s;
-        errno = ENOENT;
-      } else {
-        where = fmt::format("/proc/{}/fd (kept for pid {})", ref.keeper, ref.source);
-        const auto link = fmt::format("/memfd:{} (deleted)", memfd_name_of(ref.nonce));
-        fd = with_descriptor_room([&ref, &link] { return open_kept(ref.keeper, ref.source, link); }, shed);
-      }
+      where = fmt::format("/proc/{}/fd (kept for pid {})", ref.keeper, ref.source);
+      if (auto s = through_keeper(fmt::format("/memfd:{} (deleted)", memfd_name_of(ref.nonce)), ref.source)) return s;
     }
     if (fd < 0 && (errno == ENOENT || errno == ESRCH)) {
       throw segment_gone(
@@ -270,15 +276,8 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
     // Swept with its maker's other files once the maker ended, and kept
     // open by the maker's keeper while values name it.
     if (fd < 0 && errno == ENOENT && ref.keeper > 0) {
-      if (ref.keeper == os::this_process()) {
-        take_handed_over_locked(r, dead);
-        if (auto s = known()) return s;
-        errno = ENOENT;
-      } else {
-        const auto link = where + " (deleted)";
-        fd = with_descriptor_room([&ref, &link] { return open_kept(ref.keeper, ref.maker, link); }, shed);
-        if (fd >= 0) where = fmt::format("{} (kept by pid {})", where, ref.keeper);
-      }
+      if (auto s = through_keeper(where + " (deleted)", ref.maker)) return s;
+      if (fd >= 0) where = fmt::format("{} (kept by pid {})", where, ref.keeper);
     }
     if (fd < 0 && errno == ENOENT && os::has_ended(ref.maker, 0)) {
       throw segment_gone(fmt::format("cohort: {} went with its maker, pid {}, which has exited", where, ref.maker),
