@@ -284,6 +284,18 @@ void for_each_method(F&& body) {
   }
 }
 
+// What starting `n` ranks of `succeed` under `options` throws; fails the
+// test when nothing is thrown.
+std::system_error start_failure(const join_options& options, int n) {
+  try {
+    spawn_and_join(succeed, std::tuple{}, n, options);
+  } catch (const std::system_error& e) {
+    return e;
+  }
+  FAIL("no exception");
+  return std::system_error(std::error_code(), "");
+}
+
 // The forkserver of this process.
 pid_t forkserver_pid() { return test::forkserver_of_self(); }
 
@@ -878,13 +890,9 @@ TEST_SUITE("entry points") {
     for_each_method([](start_method method) {
       join_options options{.method = method};
       options.spawn.cwd = "/nonexistent/directory";
-      try {
-        spawn_and_join(succeed, std::tuple{}, 2, options);
-        FAIL("no exception");
-      } catch (const std::system_error& e) {
-        CHECK(std::string(e.what()).find(fmt::format("rank 0 of 'succeed' ({})", to_string(method))) != std::string::npos);
-        CHECK(e.code().value() == ENOENT);
-      }
+      const auto e = start_failure(options, 2);
+      CHECK(std::string(e.what()).find(fmt::format("rank 0 of 'succeed' ({})", to_string(method))) != std::string::npos);
+      CHECK(e.code().value() == ENOENT);
     });
   }
 
@@ -892,24 +900,16 @@ TEST_SUITE("entry points") {
     for_each_method([](start_method method) {
       join_options options{.method = method};
       options.spawn.cwd = "/nonexistent/directory";
-      try {
-        spawn_and_join(succeed, std::tuple{}, 1, options);
-        FAIL("no exception");
-      } catch (const std::system_error& e) {
-        INFO(e.what());
-        CHECK(std::string(e.what()).find("cannot change directory to '/nonexistent/directory'") != std::string::npos);
-        CHECK(std::string(e.what()).find("/proc/self/exe") == std::string::npos);
-      }
+      const auto bad_cwd = start_failure(options, 1);
+      INFO(bad_cwd.what());
+      CHECK(std::string(bad_cwd.what()).find("cannot change directory to '/nonexistent/directory'") != std::string::npos);
+      CHECK(std::string(bad_cwd.what()).find("/proc/self/exe") == std::string::npos);
       join_options to_file{.method = method};
       to_file.spawn.out = stdio::file("/nonexistent/folder/stdout.log");
-      try {
-        spawn_and_join(succeed, std::tuple{}, 1, to_file);
-        FAIL("no exception");
-      } catch (const std::system_error& e) {
-        INFO(e.what());
-        CHECK(std::string(e.what()).find("cannot open '/nonexistent/folder/stdout.log'") != std::string::npos);
-        CHECK(e.code().value() == ENOENT);
-      }
+      const auto bad_file = start_failure(to_file, 1);
+      INFO(bad_file.what());
+      CHECK(std::string(bad_file.what()).find("cannot open '/nonexistent/folder/stdout.log'") != std::string::npos);
+      CHECK(bad_file.code().value() == ENOENT);
     });
   }
 
