@@ -37,8 +37,13 @@ namespace cohort {
 /// `grace` for the others to finish on their own, SIGTERM to every live
 /// rank's process group, `term_grace` for them to exit, SIGKILL to them and
 /// to every process started under the group, then at most `kill_wait` more.
-/// What survives even that (a process stuck in the kernel, D state) is
-/// reported in the result and reaped in the background, never waited for.
+/// A shutdown started by a signal X that group::forward_signals() caught
+/// has no `grace`: X itself goes to every live rank's process group at once,
+/// then `term_grace`; SIGTERM to the ranks still running and another
+/// `term_grace` (both skipped when X is SIGTERM); then SIGKILL and
+/// `kill_wait` as above. What survives even that (a process stuck in the
+/// kernel, D state) is reported in the result and reaped in the background,
+/// never waited for.
 struct shutdown_policy {
   std::chrono::milliseconds grace{0};
   std::chrono::milliseconds term_grace{std::chrono::seconds(30)};
@@ -174,12 +179,19 @@ class group {
   std::vector<pid_t> pids() const;
   /// Starts the shutdown now. Thread-safe.
   void stop();
-  /// Until the run ends, signals in `shutdown_signals` that reach this
-  /// process start the shutdown (the result records which), and signals in
-  /// `passed_on` are sent on to every live rank's process group. A second
-  /// shutdown signal skips what is left of the grace periods: SIGKILL at
-  /// once. Replaces the handlers of those signals in this process while the
-  /// run lasts (asio::signal_set). Call once per group.
+  /// Until the run ends, signals in `passed_on` that reach this process are
+  /// sent on to every live rank's process group, and a signal X in
+  /// `shutdown_signals` starts the shutdown (the result's `signal` records
+  /// X): X itself goes at once to every live rank's process group (a Python
+  /// rank gets KeyboardInterrupt for SIGINT, and its `finally` blocks run),
+  /// then `term_grace` for the ranks to exit; those still running get
+  /// SIGTERM and another `term_grace` (unless X is SIGTERM, already sent),
+  /// then SIGKILL as in shutdown_policy. A second shutdown signal skips what
+  /// is left of the waits: SIGKILL at once. A shutdown started by a failure
+  /// keeps its own sequence (a shutdown signal then is only recorded); after
+  /// stop(), one counts as the second. Replaces the handlers of those
+  /// signals in this process while the run lasts (asio::signal_set). Call
+  /// once per group.
   void forward_signals(std::vector<int> shutdown_signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT},
                        std::vector<int> passed_on = {});
 

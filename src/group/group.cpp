@@ -83,7 +83,7 @@ struct group_state {
   int running = 0;
   bool failed = false;
   bool stopping = false;
-  bool signalled = false;  // SIGTERM went out: later non-zero exits are the shutdown's doing
+  bool signalled = false;  // the shutdown's first signal went out: later non-zero exits are its doing
   bool hurry = false;      // a second shutdown signal: no more grace
   bool subreaper = false;  // holds a become_subreaper(), until the run ends
   tracked_processes descendants;  // the group's processes besides its ranks, held for the sweep
@@ -202,6 +202,17 @@ void track_descendants(group_state& state, bool by_parent) {
   const std::set<pid_t> ranks(state.pids.begin(), state.pids.end());
   state.pids_since_start.refresh();
   state.descendants.add(group_descendants(state.marker, ranks, by_parent, state.pids_since_start));
+}
+
+// One step of the shutdown: `sig` to every live rank's process group, then
+// up to `limit` for them to exit.
+asio::awaitable<void> signal_and_await(group_state& state, int sig, std::chrono::milliseconds limit) {
+  // Before anything dies: what dies with a rank (the ranks of a group it
+  // started, by their parent-death signal) could not be told apart after.
+  track_descendants(state, true);
+  state.signalled = true;
+  signal_running(state, sig);
+  co_await await_exits(state, limit);
 }
 
 // Reaps the children handed to this process since the group started that
@@ -355,6 +366,9 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
   for (int rank = 0; rank < s.spec.nprocs; ++rank) race.push_back(race_rank(state, rank));
   race.push_back(race_stop(state));
   co_await when_any(std::move(race));
+  // Whether a forwarded signal started the shutdown: one that comes once a
+  // failure has started it changes the result, not the sequence.
+  const std::optional<int> forwarded = s.partial.signal;
 
   if (s.running > 0) {
     for (int rank = 0; rank < s.spec.nprocs; ++rank) {
@@ -362,13 +376,14 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
         asio::co_spawn(s.strand, drain(state, rank), asio::detached);
       }
     }
-    co_await await_exits(s, policy.grace);
-    // Before anything dies: what dies with a rank (the ranks of a group it
-    // started, by their parent-death signal) could not be told apart after.
-    track_descendants(s, true);
-    s.signalled = true;
-    signal_running(s, SIGTERM);
-    co_await await_exits(s, policy.term_grace);
+    // A forwarded signal reaches the ranks first, as Ctrl-C would in a
+    // terminal, so that they can clean up as they do for it.
+    if (forwarded) {
+      co_await signal_and_await(s, *forwarded, policy.term_grace);
+    } else {
+      co_await await_exits(s, policy.grace);
+    }
+    if (forwarded != SIGTERM) co_await signal_and_await(s, SIGTERM, policy.term_grace);
     if (s.running > 0) {
       signal_running(s, SIGKILL);
       co_await sweep(s, std::chrono::milliseconds(0));

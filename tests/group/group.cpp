@@ -127,6 +127,36 @@ std::vector<pid_t> run_publishing(const group_spec& spec, const fs::path& dir, b
   return published_pids(dir);
 }
 
+// How a run that SIGINT shut down ended.
+struct interrupted_run {
+  run_result result;
+  std::chrono::steady_clock::duration after_sigint{};
+};
+
+// Runs one rank, `/bin/sh -c script` with `dir` as its $0, under a group
+// that forwards SIGINT; once the script has written `dir`/ready, SIGINT
+// reaches this process.
+interrupted_run interrupt_shell_rank(const std::string& script, const fs::path& dir,
+                                     std::chrono::milliseconds term_grace) {
+  asio::io_context io;
+  return test::run(io, [&]() -> asio::awaitable<interrupted_run> {
+    group_spec spec;
+    spec.entry = command("/bin/sh", {"-c", script, dir.string()});
+    spec.shutdown.term_grace = term_grace;
+    group g = co_await start_processes(spec);
+    g.forward_signals({SIGINT}, {});
+    asio::steady_timer tick(co_await asio::this_coro::executor);
+    for (int i = 0; i < 10000 && !fs::exists(dir / "ready"); ++i) {
+      tick.expires_after(1ms);
+      co_await tick.async_wait(asio::use_awaitable);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    ::kill(::getpid(), SIGINT);
+    run_result result = co_await g.wait();
+    co_return interrupted_run{std::move(result), std::chrono::steady_clock::now() - start};
+  }());
+}
+
 }  // namespace
 
 // Rank entries, with external linkage so that their names resolve in a
@@ -465,18 +495,55 @@ TEST_SUITE("group") {
       spec.options.out = stdio::null();
       spec.shutdown.term_grace = 60s;
       group g = co_await start_processes(spec);
-      g.forward_signals({SIGINT}, {});
+      g.forward_signals({SIGTERM}, {});
       asio::steady_timer settle(co_await asio::this_coro::executor, 100ms);  // SIGTERM is ignored by then
       co_await settle.async_wait(asio::use_awaitable);
-      ::kill(::getpid(), SIGINT);
+      ::kill(::getpid(), SIGTERM);
       settle.expires_after(100ms);
       co_await settle.async_wait(asio::use_awaitable);
-      ::kill(::getpid(), SIGINT);
+      ::kill(::getpid(), SIGTERM);
       co_return co_await g.wait();
     }());
     CHECK(std::chrono::steady_clock::now() - start < 30s);  // far below the 60 s grace
-    CHECK(*result.signal == SIGINT);
+    CHECK(*result.signal == SIGTERM);
     CHECK(result.statuses[0]->signal() == SIGKILL);
+  }
+
+  TEST_CASE("a forwarded SIGINT reaches the ranks first, and one that handles it ends on its own") {
+    test::temp_dir dir;
+    auto run = interrupt_shell_rank("trap 'echo > \"$0/interrupted\"; exit 0' INT; echo > \"$0/ready\"; "
+                                    "while true; do sleep 0.05; done",
+                                    dir.path, 10s);
+    CHECK(fs::exists(dir.path / "interrupted"));
+    REQUIRE(run.result.signal);
+    CHECK(*run.result.signal == SIGINT);
+    CHECK(run.result.stopped);
+    CHECK(run.result.failures.empty());
+    REQUIRE(run.result.statuses[0]);
+    CHECK(run.result.statuses[0]->exited());
+    CHECK(run.result.statuses[0]->code() == 0);
+    CHECK(run.after_sigint < 10s);  // it ended before any SIGTERM was due
+  }
+
+  TEST_CASE("a rank that ignores the forwarded SIGINT gets SIGTERM after term_grace") {
+    test::temp_dir dir;
+    auto run = interrupt_shell_rank("trap '' INT; echo > \"$0/ready\"; exec sleep 30", dir.path, 200ms);
+    CHECK(*run.result.signal == SIGINT);
+    CHECK(run.result.failures.empty());
+    REQUIRE(run.result.statuses[0]);
+    CHECK(run.result.statuses[0]->signal() == SIGTERM);
+    CHECK(run.after_sigint >= 200ms);
+  }
+
+  TEST_CASE("a rank that ignores the forwarded SIGINT and SIGTERM is SIGKILLed after two term_grace waits") {
+    test::temp_dir dir;
+    auto run = interrupt_shell_rank("trap '' INT TERM; echo > \"$0/ready\"; exec sleep 30", dir.path, 200ms);
+    CHECK(*run.result.signal == SIGINT);
+    CHECK(run.result.failures.empty());
+    CHECK(run.result.unreaped.empty());
+    REQUIRE(run.result.statuses[0]);
+    CHECK(run.result.statuses[0]->signal() == SIGKILL);
+    CHECK(run.after_sigint >= 400ms);
   }
 
   TEST_CASE("signals that cannot be handled are refused") {
