@@ -1,16 +1,21 @@
-// cohort-run: starts N ranks of a program with torchrun's environment
-// contract, shuts the rest down at the first failure, restarts the group
+// cohort-run: starts N ranks of a program with torchrun's flags and
+// environment contract, on one node or many (static, Slurm, or an etcd v3
+// rendezvous), shuts the rest down at the first failure, restarts the group
 // when asked, and reports the root cause.
 //
-//   cohort-run [options] [--] program [args...]
+//   cohort-run [options] script.py [args...]   (see --help for every form)
+#include "run/options.hpp"
+#include "run/program.hpp"
+#include "run/rendezvous.hpp"
+#include "run/report.hpp"
+#include "run/slurm.hpp"
+
 #include <cohort/group.hpp>
 #include <cohort/guardian.hpp>
 
 #include <asio/co_spawn.hpp>
-#include <asio/detached.hpp>
 #include <asio/io_context.hpp>
 
-#include <CLI/CLI.hpp>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
@@ -25,41 +30,19 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+namespace cohort_run {
 namespace {
 
-constexpr const char* version = "0.1.0";
-
-struct run_options {
-  std::string nproc_per_node = "1";
-  int nnodes = 1;
-  int node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 0;  // 0: a free port, single node only
-  bool standalone = false;
-  std::string run_id;
-  std::string role = "default";
-  int max_restarts = 0;
-  double grace_period = 30;  // seconds from SIGTERM to SIGKILL
-  std::vector<std::string> signals_to_forward;
-  std::string log_dir;
-  std::string redirects = "0";
-  std::string tee = "0";
-  std::vector<int> local_ranks_filter;
-  std::string log_line_prefix_template = "[${role}${local_rank}]:";
-  std::vector<std::string> command;
-};
-
-// A usage error: the message and exit code 2.
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+namespace fs = std::filesystem;
 
 // The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else the
 // ones the NVIDIA driver lists.
@@ -98,36 +81,6 @@ int ranks_per_node(const std::string& value) {
   return n;
 }
 
-// A port nothing listens on now, from the kernel (bind to port 0): the
-// fixed 29500 of torchrun collides when two jobs share a machine.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::system_error(errno, std::system_category(), "cohort-run: socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const int error = errno;
-    ::close(fd);
-    throw std::system_error(error, std::system_category(), "cohort-run: finding a free port");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-int signal_number(std::string name) {
-  if (!name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return std::stoi(name);
-  }
-  if (name.rfind("SIG", 0) != 0) name = "SIG" + name;
-  for (int sig = 1; sig < NSIG; ++sig) {
-    if (cohort::signal_name(sig) == name) return sig;
-  }
-  throw usage_error(fmt::format("--signals-to-forward: no signal '{}'", name));
-}
-
 // A --redirects/--tee value: 0-3 for every rank, or per local rank as
 // "0:3,1:0" (ranks not named get 0), as torchrun takes it.
 cohort::streams_per_rank streams_of(const std::string& flag, const std::string& value) {
@@ -161,19 +114,38 @@ cohort::streams_per_rank streams_of(const std::string& flag, const std::string& 
   return ranks;
 }
 
-std::string random_run_id() {
+// A port nothing listens on now, on any address (bind to port 0): the
+// fixed 29500 of torchrun collides when two jobs share a machine.
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::system_error(errno, std::system_category(), "cohort-run: socket");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const int error = errno;
+    ::close(fd);
+    throw std::system_error(error, std::system_category(), "cohort-run: finding a free port");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// A run id of its own for every run, so that two runs' logs never meet:
+// the time, then random bits.
+std::string fresh_run_id() {
   std::random_device random;
-  return fmt::format("{:08x}", random());
+  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm local{};
+  ::localtime_r(&now, &local);
+  return fmt::format("{:%Y%m%d-%H%M%S}-{:08x}", local, random());
 }
 
 std::string host_name() {
   char name[256]{};
   return ::gethostname(name, sizeof name - 1) == 0 ? name : "?";
-}
-
-std::string describe_status(const cohort::exit_status& status) {
-  if (status.signaled()) return fmt::format("signal {} ({})", cohort::signal_name(status.signal()), status.signal());
-  return std::to_string(status.code());
 }
 
 // The exit code cohort-run gives for a rank's status: its code, or
@@ -183,159 +155,55 @@ int exit_code_of(const cohort::exit_status& status) {
   return code == 0 ? 1 : code;
 }
 
-void print_failure(const cohort::rank_failure& f, int node_rank, int nproc) {
-  const auto seconds = std::chrono::system_clock::to_time_t(f.timestamp);
-  std::tm local{};
-  ::localtime_r(&seconds, &local);
-  fmt::print(stderr, "  time       : {:%Y-%m-%d_%H:%M:%S}\n", local);
-  fmt::print(stderr, "  host       : {}\n", host_name());
-  fmt::print(stderr, "  rank       : {} (local_rank: {})\n", node_rank * nproc + f.rank, f.rank);
-  fmt::print(stderr, "  pid        : {}\n", f.pid);
-  fmt::print(stderr, "  exitcode   : {}\n", describe_status(f.status));
-  fmt::print(stderr, "  error_file : {}\n", f.message.empty() ? "<N/A>" : f.error_file.string());
-  if (!f.message.empty()) fmt::print(stderr, "  message    : {}\n", f.message);
-  if (!f.trace.empty()) {
-    fmt::print(stderr, "  traceback  :\n");
-    std::string::size_type begin = 0;
-    while (begin < f.trace.size()) {
-      auto end = f.trace.find('\n', begin);
-      if (end == std::string::npos) end = f.trace.size();
-      fmt::print(stderr, "    {}\n", std::string_view(f.trace).substr(begin, end - begin));
-      begin = end + 1;
-    }
-  }
-}
+// Where this node stands in the job for one attempt.
+struct placement {
+  int node_rank = 0;
+  int nnodes = 1;
+  int world_size = 1;
+  int first_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+};
 
-void print_summary(const cohort::run_result& r, const run_options& o, int nproc, int attempt) {
-  const auto* root = r.first_failure();
-  fmt::print(stderr, "cohort-run: the run failed (role {}, run {}, attempt {} of {})\n", o.role, o.run_id, attempt,
-             o.max_restarts);
-  if (root == nullptr) return;
-  fmt::print(stderr, "Root cause (first failure):\n");
-  print_failure(*root, o.node_rank, nproc);
-  bool header = false;
-  for (const auto& f : r.failures) {
-    if (&f == root) continue;
-    if (!header) fmt::print(stderr, "Other failures:\n");
-    header = true;
-    print_failure(f, o.node_rank, nproc);
-  }
-}
-
-// torchrun's environment contract, for local rank `local` of attempt
-// `attempt`.
-std::map<std::string, std::string> contract(const run_options& o, int nproc, int local, int attempt) {
-  const int world = o.nnodes * nproc;
-  const int rank = o.node_rank * nproc + local;
+// torchrun's environment contract, for local rank `local`.
+std::map<std::string, std::string> contract(const run_options& o, const placement& p, int nproc, int local,
+                                            int restarts, const std::string& run_id) {
+  const int rank = p.first_rank + local;
+  const auto inherited = [](const char* name, const char* otherwise) {
+    const char* value = std::getenv(name);
+    return std::string(value != nullptr ? value : otherwise);
+  };
   return {
       {"RANK", std::to_string(rank)},
       {"LOCAL_RANK", std::to_string(local)},
-      {"WORLD_SIZE", std::to_string(world)},
+      {"WORLD_SIZE", std::to_string(p.world_size)},
       {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-      {"GROUP_RANK", std::to_string(o.node_rank)},
-      {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)},
+      {"GROUP_RANK", std::to_string(p.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(p.nnodes)},
       {"ROLE_RANK", std::to_string(rank)},
-      {"ROLE_WORLD_SIZE", std::to_string(world)},
+      {"ROLE_WORLD_SIZE", std::to_string(p.world_size)},
       {"ROLE_NAME", o.role},
-      {"MASTER_ADDR", o.master_addr},
-      {"MASTER_PORT", std::to_string(o.master_port)},
-      {"TORCHELASTIC_RESTART_COUNT", std::to_string(attempt)},
+      {"MASTER_ADDR", p.master_addr},
+      {"MASTER_PORT", std::to_string(p.master_port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restarts)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
-      {"TORCHELASTIC_RUN_ID", o.run_id},
+      {"TORCHELASTIC_RUN_ID", run_id},
+      // The workers host their own store at MASTER_ADDR:MASTER_PORT.
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", inherited("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")},
+      {"NCCL_ASYNC_ERROR_HANDLING", inherited("NCCL_ASYNC_ERROR_HANDLING", "1")},
   };
 }
 
-run_options parse(int argc, char** argv) {
-  run_options o;
-  CLI::App app("cohort-run: runs N ranks of a program with torchrun's environment contract", "cohort-run");
-  app.prefix_command();  // the program's own arguments are not ours
-  app.set_version_flag("--version", fmt::format("cohort-run {}", version));
-  app.add_option("-n,--nproc-per-node,--nproc_per_node", o.nproc_per_node,
-                 "ranks on this node: a number, cpu, gpu (visible GPUs) or auto");
-  app.add_option("--nnodes", o.nnodes, "nodes in the job")->check(CLI::PositiveNumber);
-  app.add_option("--node-rank,--node_rank", o.node_rank, "this node's rank")->check(CLI::NonNegativeNumber);
-  app.add_option("--master-addr,--master_addr", o.master_addr, "address of rank 0's node");
-  app.add_option("--master-port,--master_port", o.master_port, "port on it (default: a free one, single node)")
-      ->check(CLI::Range(1, 65535));
-  app.add_flag("--standalone", o.standalone, "single node, local master, a fresh run id");
-  app.add_option("--run-id,--run_id", o.run_id, "the job's id");
-  app.add_option("--role", o.role, "the ranks' role name");
-  app.add_option("--max-restarts,--max_restarts", o.max_restarts, "restarts of the whole group after a failure")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--grace-period,--grace_period", o.grace_period, "seconds from SIGTERM to SIGKILL at shutdown")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--signals-to-forward,--signals_to_forward", o.signals_to_forward,
-                 "signals passed on to every rank, e.g. SIGUSR1,SIGUSR2")
-      ->delimiter(',');
-  app.add_option("--log-dir,--log_dir", o.log_dir, "folder for the ranks' logs: <dir>/<run-id>/attempt_<k>/<local-rank>/");
-  app.add_option("-r,--redirects", o.redirects, "streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both; or 0:3,1:0");
-  app.add_option("-t,--tee", o.tee, "streams to log files and the console, prefixed; values as --redirects");
-  app.add_option("--local-ranks-filter,--local_ranks_filter", o.local_ranks_filter,
-                 "local ranks whose output reaches the console, e.g. 0,3")
-      ->delimiter(',')
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--log-line-prefix-template,--log_line_prefix_template", o.log_line_prefix_template,
-                 "prefix of teed console lines: ${role}, ${rank}, ${local_rank}");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    fmt::print("{}", app.help());
-    std::exit(0);
-  } catch (const CLI::CallForVersion&) {
-    fmt::print("cohort-run {}\n", version);
-    std::exit(0);
-  } catch (const CLI::ParseError& e) {
-    throw usage_error(e.what());
-  }
-  o.command = app.remaining();
-  if (!o.command.empty() && o.command.front() == "--") {
-    o.command.erase(o.command.begin());
-  } else if (!o.command.empty() && o.command.front().size() > 1 && o.command.front()[0] == '-') {
-    throw usage_error(fmt::format("unknown option {}", o.command.front()));
-  }
-  if (o.command.empty()) throw usage_error("no program to run: cohort-run [options] [--] program [args...]");
-  if (o.node_rank >= o.nnodes) throw usage_error(fmt::format("--node-rank {} is not below --nnodes {}", o.node_rank, o.nnodes));
-  if (o.standalone) {
-    if (o.nnodes != 1) throw usage_error("--standalone runs a single node: --nnodes must be 1");
-    o.master_addr = "127.0.0.1";
-    if (o.run_id.empty()) o.run_id = random_run_id();
-  }
-  if (o.run_id.empty()) o.run_id = "none";
-  return o;
-}
-
-// Exits as a shell would when the program cannot be run: 127 when it is not
-// found, 126 when it is not executable. Quickly, before any rank starts.
-void check_program(const std::string& program) {
-  namespace fs = std::filesystem;
-  const auto runnable = [](const fs::path& p) { return ::access(p.c_str(), X_OK) == 0 && !fs::is_directory(p); };
-  if (program.find('/') != std::string::npos) {
-    if (runnable(program)) return;
-    fmt::print(stderr, "cohort-run: {}: {}\n", program, fs::exists(program) ? "not executable" : "not found");
-    std::exit(fs::exists(program) ? 126 : 127);
-  }
-  const char* path = std::getenv("PATH");
-  std::string_view dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
-  while (true) {
-    const auto colon = dirs.find(':');
-    const std::string dir(dirs.substr(0, colon));
-    if (runnable(fs::path(dir.empty() ? "." : dir) / program)) return;
-    if (colon == std::string_view::npos) break;
-    dirs.remove_prefix(colon + 1);
-  }
-  fmt::print(stderr, "cohort-run: {}: not found in PATH\n", program);
-  std::exit(127);
-}
-
 // The ranks' logs from the flags. Files are asked for without --log-dir:
-// a fresh folder in $TMPDIR, as torchrun makes one.
-cohort::logs_spec logs_of(const run_options& o, int nproc) {
+// a fresh folder in $TMPDIR, as torchrun makes one. `folder` is the run's
+// folder name under the log dir.
+cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& folder) {
   cohort::logs_spec logs;
-  logs.run_id = o.run_id;
+  logs.run_id = folder;
   logs.redirects = streams_of("redirects", o.redirects);
   logs.tee = streams_of("tee", o.tee);
   logs.prefix = o.log_line_prefix_template;
-  logs.first_rank = o.node_rank * nproc;
   for (const auto* per_rank : {&logs.redirects.ranks, &logs.tee.ranks}) {
     for (const auto& [rank, streams] : *per_rank) {
       if (rank >= nproc) throw usage_error(fmt::format("--redirects/--tee name local rank {}; there are {}", rank, nproc));
@@ -351,7 +219,7 @@ cohort::logs_spec logs_of(const run_options& o, int nproc) {
   if (!o.log_dir.empty()) {
     logs.dir = o.log_dir;
   } else if (!logs.redirects.empty() || !logs.tee.empty()) {
-    std::string pattern = (std::filesystem::temp_directory_path() / "cohort-run-XXXXXX").string();
+    std::string pattern = (fs::temp_directory_path() / "cohort-run-XXXXXX").string();
     if (::mkdtemp(pattern.data()) == nullptr) throw std::system_error(errno, std::system_category(), "cohort-run: mkdtemp " + pattern);
     logs.dir = pattern;
     fmt::print(stderr, "cohort-run: logs in {}\n", pattern);
@@ -359,101 +227,379 @@ cohort::logs_spec logs_of(const run_options& o, int nproc) {
   return logs;
 }
 
-int run(run_options o) {
-  check_program(o.command.front());
+// The run's folder under the log dir: its id, or, when a run with that id
+// already logged there, the id with the first free ".<n>" after it.
+std::string log_folder(const run_options& o, const std::string& run_id) {
+  if (o.log_dir.empty()) return run_id;
+  std::error_code ec;
+  std::string folder = run_id;
+  for (int n = 1; fs::exists(fs::path(o.log_dir) / folder, ec); ++n) folder = fmt::format("{}.{}", run_id, n);
+  return folder;
+}
+
+// What Slurm, c10d's endpoint and the defaults say of a static job.
+placement static_placement(run_options& o, int nproc) {
+  if (o.rdzv_backend == "c10d") {
+    if (o.min_nodes != o.max_nodes) {
+      throw usage_error("--rdzv-backend c10d takes a fixed --nnodes N here; for MIN:MAX use --rdzv-backend etcd-v3");
+    }
+    if (!o.rdzv_endpoint.empty()) {  // the master's host:port
+      const auto colon = o.rdzv_endpoint.rfind(':');
+      o.master_addr = o.rdzv_endpoint.substr(0, colon);
+      o.master_port = colon == std::string::npos ? 29400 : whole_number("--rdzv-endpoint's port", o.rdzv_endpoint.substr(colon + 1), 1);
+      o.master_addr_given = true;
+    }
+  }
+  if (!o.nnodes_given && !o.node_rank_given) {
+    std::optional<slurm_step> step;
+    try {
+      step = slurm_step_from_environment();
+    } catch (const std::invalid_argument& e) {
+      throw usage_error(fmt::format("under Slurm: {}", e.what()));
+    }
+    if (step) {
+      o.min_nodes = o.max_nodes = step->nnodes;
+      o.node_rank = step->node_id;
+      if (o.run_id.empty()) o.run_id = step->job_id;
+      if (!o.master_addr_given) o.master_addr = step->first_host;
+    }
+  }
+  if (o.min_nodes != o.max_nodes) {
+    throw usage_error(fmt::format("--nnodes {}:{} needs a rendezvous: --rdzv-backend etcd-v3", o.min_nodes, o.max_nodes));
+  }
+  if (o.node_rank >= o.max_nodes) {
+    throw usage_error(fmt::format("--node-rank {} is not below --nnodes {}", o.node_rank, o.max_nodes));
+  }
+  if (o.master_port == 0) o.master_port = o.max_nodes == 1 ? free_port() : 29500;
+  return {o.node_rank, o.max_nodes, o.max_nodes * nproc, o.node_rank * nproc, o.master_addr, o.master_port};
+}
+
+double conf_seconds(const std::string& key, const std::string& value) {
+  char* end = nullptr;
+  const double seconds = std::strtod(value.c_str(), &end);
+  if (value.empty() || end != value.c_str() + value.size() || !(seconds > 0) || seconds > 1e6) {
+    throw usage_error(fmt::format("--rdzv-conf {}: '{}' is not a number of seconds above 0", key, value));
+  }
+  return seconds;
+}
+
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
+}
+
+// --rdzv-conf and the flags, as the etcd rendezvous takes them.
+rendezvous_config etcd_config(const run_options& o, int nproc, const std::string& run_id) {
+  if (o.rdzv_endpoint.empty()) throw usage_error("--rdzv-backend etcd-v3 needs --rdzv-endpoint host:port (etcd's client URL)");
+  rendezvous_config c;
+  c.endpoint = o.rdzv_endpoint;
+  for (const char* scheme : {"http://", "https://"}) {
+    if (c.endpoint.rfind(scheme, 0) == 0) c.endpoint.erase(0, std::string_view(scheme).size());
+  }
+  c.run_id = run_id;
+  c.min_nodes = o.min_nodes;
+  c.max_nodes = o.max_nodes;
+  c.nproc = nproc;
+  c.local_addr = o.local_addr.empty() ? host_name() : o.local_addr;
+  c.local_port = o.master_port != 0 ? o.master_port : free_port();
+  c.poll_interval = std::max(millis(o.monitor_interval), std::chrono::milliseconds(10));
+  double keep_alive_interval = 1, keep_alive_max_attempt = 3;
+  std::string::size_type begin = 0;
+  while (begin < o.rdzv_conf.size()) {
+    auto end = o.rdzv_conf.find(',', begin);
+    if (end == std::string::npos) end = o.rdzv_conf.size();
+    const std::string item = o.rdzv_conf.substr(begin, end - begin);
+    begin = end + 1;
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) throw usage_error(fmt::format("--rdzv-conf: '{}' is not key=value", item));
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key == "join_timeout" || key == "timeout") {
+      c.join_timeout = millis(conf_seconds(key, value));
+    } else if (key == "last_call_timeout") {
+      c.last_call_timeout = millis(conf_seconds(key, value));
+    } else if (key == "keep_alive_interval") {
+      keep_alive_interval = conf_seconds(key, value);
+    } else if (key == "keep_alive_max_attempt") {
+      keep_alive_max_attempt = whole_number("--rdzv-conf keep_alive_max_attempt", value, 1);
+    } else if (key == "read_timeout") {
+      c.request_timeout = millis(conf_seconds(key, value));
+    } else if (key == "close_timeout" || key == "is_host" || key == "use_libuv") {
+      // c10d's; nothing to do with etcd.
+    } else if (key == "protocol") {
+      if (value != "http") throw usage_error(fmt::format("--rdzv-conf protocol={}: etcd is reached over http only", value));
+    } else {
+      throw usage_error(fmt::format("--rdzv-conf: no key '{}' (join_timeout, last_call_timeout, keep_alive_interval, "
+                                    "keep_alive_max_attempt, read_timeout)",
+                                    key));
+    }
+  }
+  c.lease_ttl = millis(std::max(1.0, keep_alive_interval * keep_alive_max_attempt));
+  return c;
+}
+
+}  // namespace
+
+namespace {
+
+// The run's temporary folder of error files (without a log folder): kept
+// when the run failed, so that the summary can name it; removed otherwise.
+struct error_folder {
+  fs::path path;
+  bool keep = false;
+  ~error_folder() {
+    std::error_code ec;
+    if (!path.empty() && !keep) fs::remove_all(path, ec);
+  }
+};
+
+void write_results(const run_options& o, const run_record& record) {
+  const auto text = result_json(record);
+  std::vector<fs::path> files;
+  if (!o.result_json.empty()) files.emplace_back(o.result_json);
+  if (!o.log_dir.empty() && !record.log_dir.empty()) files.push_back(record.log_dir / "result.json");
+  for (const auto& file : files) {
+    std::error_code ec;
+    if (file.has_parent_path()) fs::create_directories(file.parent_path(), ec);
+    std::ofstream out(file, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) fmt::print(stderr, "cohort-run: writing {} failed: {}\n", file.string(), std::strerror(errno));
+  }
+}
+
+// One attempt of this node's ranks, until they end or `rdzv` ends the round
+// (then `ended_by` says why).
+attempt_record run_attempt(cohort::group_spec& spec, const run_options& o, etcd_rendezvous* rdzv,
+                           std::optional<round_change>& ended_by) {
+  attempt_record a;
+  a.started = std::chrono::system_clock::now();
+  const auto began = std::chrono::steady_clock::now();
+  asio::io_context io;
+  std::optional<cohort::run_result> result;
+  std::exception_ptr failure;
+  std::vector<std::thread> helpers;
+  std::mutex ended_mutex;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    // Held until they are handled, so that none lands between the start of
+    // the ranks and forward_signals (the default action would end
+    // cohort-run, and the ranks with it, without a shutdown).
+    sigset_t handled, old;
+    sigemptyset(&handled);
+    for (int sig : o.signals_to_handle) sigaddset(&handled, sig);
+    for (int sig : o.signals_to_forward) sigaddset(&handled, sig);
+    ::pthread_sigmask(SIG_BLOCK, &handled, &old);
+    std::optional<cohort::group> g;
+    try {
+      g = co_await cohort::start_processes(spec);
+      g->forward_signals(o.signals_to_handle, o.signals_to_forward);
+    } catch (...) {
+      ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+      throw;
+    }
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    a.pids = g->pids();
+    // The logs' pumps copy on every thread the io_context runs on. Made
+    // only now: a thread that does not block those signals before their
+    // handlers are in place could take one with its default action.
+    if (spec.logs.active()) {
+      for (unsigned i = 1; i < std::min(2u, std::thread::hardware_concurrency()); ++i) helpers.emplace_back([&io] { io.run(); });
+    }
+    if (rdzv != nullptr) {
+      rdzv->watch([&, group = &*g](const round_change& change) {
+        {
+          std::lock_guard lock(ended_mutex);
+          ended_by = change;
+        }
+        group->stop();
+      });
+    }
+    try {
+      result = co_await g->wait();
+    } catch (...) {
+      if (rdzv != nullptr) rdzv->unwatch();
+      throw;
+    }
+    if (rdzv != nullptr) rdzv->unwatch();  // before the group goes: the watcher stops it
+  }, [&](std::exception_ptr e) { failure = e; });
+  io.run();
+  for (auto& t : helpers) t.join();
+  if (failure) std::rethrow_exception(failure);
+  a.result = std::move(*result);
+  a.lasted = std::chrono::steady_clock::now() - began;
+  return a;
+}
+
+int run(run_options o, run_record& record) {
+  std::vector<std::string> command;
+  try {
+    command = rank_command(o);
+  } catch (const program_error& e) {
+    fmt::print(stderr, "cohort-run: {}\n", e.what());
+    return e.exit_code;
+  }
   // Before any thread: what the workers start dies with cohort-run, also
   // when it is killed with SIGKILL.
   const cohort::guardian guard;
   const int nproc = ranks_per_node(o.nproc_per_node);
-  cohort::group_spec spec;
-  spec.logs = logs_of(o, nproc);
-  if (o.master_port == 0) o.master_port = o.nnodes == 1 ? free_port() : 29500;
-  std::vector<int> passed_on;
-  for (const auto& name : o.signals_to_forward) passed_on.push_back(signal_number(name));
+  const bool elastic = o.rdzv_backend.rfind("etcd", 0) == 0;
+  std::optional<placement> fixed;
+  if (!elastic) {
+    fixed = static_placement(o, nproc);
+  } else if (o.run_id.empty()) {  // every node must name the same job
+    const char* job = std::getenv("SLURM_JOB_ID");
+    o.run_id = job != nullptr && *job != '\0' ? job : "none";
+  }
+  const std::string run_id = o.run_id.empty() ? fresh_run_id() : o.run_id;
+  record.run_id = run_id;
+  record.role = o.role;
+  record.host = host_name();
+  record.rdzv_backend = elastic ? "etcd-v3" : o.rdzv_backend;
+  record.max_restarts = o.max_restarts;
 
+  cohort::group_spec spec;
+  spec.logs = logs_of(o, nproc, log_folder(o, run_id));
+  error_folder errors;
+  if (spec.logs.dir.empty()) {
+    std::string pattern = (fs::temp_directory_path() / "cohort-run-errors-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::system_error(errno, std::system_category(), "cohort-run: mkdtemp " + pattern);
+    errors.path = pattern;
+    spec.error_dir = errors.path;
+  } else {
+    record.log_dir = spec.logs.dir / spec.logs.run_id;
+  }
+  if (o.logs_specs.size() > 0) {
+    fmt::print(stderr, "cohort-run: --logs-specs {}: torchrun's logs specs are Python plugins; the logs follow --log-dir\n",
+               o.logs_specs);
+  }
   spec.name = o.role;
-  spec.entry = cohort::command(o.command.front(), std::vector<std::string>(o.command.begin() + 1, o.command.end()));
+  spec.entry = cohort::command(command.front(), std::vector<std::string>(command.begin() + 1, command.end()));
   spec.nprocs = nproc;
   spec.shutdown.term_grace = std::chrono::milliseconds(static_cast<long long>(o.grace_period * 1000));
   if (nproc > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     spec.options.env.set("OMP_NUM_THREADS", "1");
     fmt::print(stderr, "cohort-run: OMP_NUM_THREADS is set to 1 for each of the {} ranks; set it to tune\n", nproc);
   }
-  for (int attempt = 0;; ++attempt) {
-    spec.logs.attempt = attempt;
-    spec.envs.clear();
-    for (int local = 0; local < nproc; ++local) spec.envs[local] = contract(o, nproc, local, attempt);
-    asio::io_context io;
-    std::optional<cohort::run_result> result;
-    std::exception_ptr failure;
-    std::vector<std::thread> helpers;
-    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-      // Held until they are handled, so that none lands between the start
-      // of the ranks and forward_signals (the default action would end
-      // cohort-run, and the ranks with it, without a shutdown).
-      sigset_t handled, old;
-      sigemptyset(&handled);
-      for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&handled, sig);
-      for (int sig : passed_on) sigaddset(&handled, sig);
-      ::pthread_sigmask(SIG_BLOCK, &handled, &old);
-      std::optional<cohort::group> g;
-      try {
-        g = co_await cohort::start_processes(spec);
-        g->forward_signals({SIGINT, SIGTERM, SIGHUP, SIGQUIT}, passed_on);
-      } catch (...) {
-        ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-        throw;
-      }
-      ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-      // The logs' pumps copy on every thread the io_context runs on. Made
-      // only now: a thread that does not block those signals before their
-      // handlers are in place could take one with its default action.
-      if (spec.logs.active()) {
-        for (unsigned i = 1; i < std::min(2u, std::thread::hardware_concurrency()); ++i) helpers.emplace_back([&io] { io.run(); });
-      }
-      result = co_await g->wait();
-    }, [&](std::exception_ptr e) { failure = e; });
-    io.run();
-    for (auto& t : helpers) t.join();
-    if (failure) std::rethrow_exception(failure);
-    const auto& r = *result;
-    for (const auto& error : r.log_errors) fmt::print(stderr, "cohort-run: {}\n", error);
-    if (r.ok()) return 0;
-    if (r.signal) {
-      fmt::print(stderr, "cohort-run: {} received: the ranks were shut down\n", cohort::signal_name(*r.signal));
-      return 128 + *r.signal;
+  std::optional<etcd_rendezvous> rdzv;
+  if (elastic) rdzv.emplace(etcd_config(o, nproc, run_id));
+
+  const auto finish = [&](const char* outcome, int code, std::string message = {}) {
+    record.outcome = outcome;
+    record.exit_code = code;
+    record.message = std::move(message);
+    if (record.outcome == "failed" && !errors.path.empty()) {
+      errors.keep = true;
+      record.error_dir = errors.path;
     }
-    if (attempt < o.max_restarts) {
-      fmt::print(stderr, "cohort-run: attempt {} failed; restarting the group ({} of {} restarts)\n", attempt,
-                 attempt + 1, o.max_restarts);
+    return code;
+  };
+  for (int attempt = 0;; ++attempt) {
+    placement p;
+    if (rdzv) {
+      try {
+        const auto a = rdzv->next_round();
+        p = {a.node_rank, a.nnodes, a.world_size, a.first_rank, a.master_addr, a.master_port};
+      } catch (const std::exception& e) {
+        fmt::print(stderr, "cohort-run: {}\n", e.what());
+        return finish("failed", 1, e.what());
+      }
+      fmt::print(stderr, "cohort-run: node {} of {}: ranks {} to {} of {}, master {}:{}\n", p.node_rank, p.nnodes,
+                 p.first_rank, p.first_rank + nproc - 1, p.world_size, p.master_addr, p.master_port);
+    } else {
+      p = *fixed;
+    }
+    spec.logs.attempt = attempt;
+    spec.logs.first_rank = p.first_rank;
+    spec.envs.clear();
+    for (int local = 0; local < nproc; ++local) spec.envs[local] = contract(o, p, nproc, local, record.restarts, run_id);
+    std::optional<round_change> ended_by;
+    record.attempts.push_back(run_attempt(spec, o, rdzv ? &*rdzv : nullptr, ended_by));
+    auto& a = record.attempts.back();
+    a.attempt = attempt;
+    a.node_rank = p.node_rank;
+    a.nnodes = p.nnodes;
+    a.world_size = p.world_size;
+    a.first_rank = p.first_rank;
+    const auto& r = a.result;
+    if (r.ok()) {
+      a.outcome = "succeeded";
+      if (rdzv) rdzv->finished();
+      return finish("succeeded", 0);
+    }
+    if (r.signal) {
+      a.outcome = "interrupted";
+      a.reason = fmt::format("{} received", cohort::signal_name(*r.signal));
+      fmt::print(stderr, "cohort-run: interrupted by {} (run {}, attempt {}): the ranks were shut down\n",
+                 cohort::signal_name(*r.signal), run_id, attempt);
+      return finish("interrupted", 128 + *r.signal, a.reason);
+    }
+    if (r.failures.empty() && ended_by) {  // the rendezvous ended the round
+      a.outcome = "re-formed";
+      a.reason = ended_by->reason;
+      // A node lost counts against --max-restarts, as a failure would; a
+      // node joining or another node's restart does not.
+      using cause = round_change::cause;
+      const bool lost = ended_by->what == cause::member_lost || ended_by->what == cause::lease_lost ||
+                        ended_by->what == cause::etcd_unreachable;
+      if (lost && record.restarts >= o.max_restarts) {
+        fmt::print(stderr, "cohort-run: attempt {} ended: {}; no restarts left ({} of {} used)\n", attempt,
+                   a.reason, record.restarts, o.max_restarts);
+        rdzv->close(fmt::format("node {} ({}) has no restarts left after: {}", p.node_rank, record.host, a.reason));
+        return finish("failed", 1, a.reason);
+      }
+      if (lost) ++record.restarts;
+      fmt::print(stderr, "cohort-run: attempt {} ended: {}; joining the next round{}\n", attempt, a.reason,
+                 lost ? fmt::format(" ({} of {} restarts)", record.restarts, o.max_restarts) : "");
       continue;
     }
-    print_summary(r, o, nproc, attempt);
     const auto* root = r.first_failure();
-    if (root != nullptr) return exit_code_of(root->status);
-    return 1;  // ranks left unreaped (D state), with no failure of their own
+    a.outcome = "failed";
+    a.reason = root != nullptr ? describe(*root, p.first_rank) : "ranks could not be killed";
+    if (record.restarts < o.max_restarts) {
+      ++record.restarts;
+      fmt::print(stderr, "cohort-run: attempt {} failed: {}; restarting the group ({} of {} restarts)\n", attempt,
+                 a.reason, record.restarts, o.max_restarts);
+      if (rdzv) rdzv->restart(fmt::format("node {} ({}) restarts: {}", p.node_rank, record.host, a.reason));
+      continue;
+    }
+    if (rdzv) rdzv->close(fmt::format("node {} ({}) failed: {}", p.node_rank, record.host, a.reason));
+    return finish("failed", root != nullptr ? exit_code_of(root->status) : 1);
   }
 }
 
 }  // namespace
+}  // namespace cohort_run
 
 int main(int argc, char** argv) {
+  using namespace cohort_run;
+  std::optional<run_options> options;
+  run_record record;
+  int code = 1;
   try {
-    return run(parse(argc, argv));
+    options = parse_options(argc, argv);
+    code = run(*options, record);
   } catch (const usage_error& e) {
     fmt::print(stderr, "cohort-run: {}\nRun cohort-run --help for the options.\n", e.what());
     return 2;
   } catch (const std::filesystem::filesystem_error& e) {  // the logs' folder or files
     fmt::print(stderr, "cohort-run: {}\n", e.what());
-    return 1;
+    record.outcome = "failed";
+    record.message = e.what();
   } catch (const std::system_error& e) {
     fmt::print(stderr, "{}\n", e.what());
+    record.outcome = "failed";
+    record.message = e.what();
     // A program that cannot be found or run: as a shell says it.
-    if (e.code() == std::errc::no_such_file_or_directory) return 127;
-    if (e.code() == std::errc::permission_denied) return 126;
-    return 1;
+    if (e.code() == std::errc::no_such_file_or_directory) code = 127;
+    if (e.code() == std::errc::permission_denied) code = 126;
   } catch (const std::exception& e) {
     fmt::print(stderr, "cohort-run: {}\n", e.what());
-    return 1;
+    record.outcome = "failed";
+    record.message = e.what();
   }
+  record.exit_code = code;
+  if (options && !record.outcome.empty()) {
+    print_summary(record);
+    write_results(*options, record);
+  }
+  return code;
 }

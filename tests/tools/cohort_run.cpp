@@ -8,6 +8,7 @@
 #include "support/process_probe.hpp"
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
@@ -107,7 +108,8 @@ auto signal_when_up(const fs::path& dir, std::size_t n, int sig) {
 const char* const dump_contract =
     "for v in RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE "
     "ROLE_NAME MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID "
-    "TORCHELASTIC_ERROR_FILE COHORT_ERROR_FILE OMP_NUM_THREADS; do eval echo $v=\\$$v; done > \"$0/$RANK\"";
+    "TORCHELASTIC_ERROR_FILE COHORT_ERROR_FILE OMP_NUM_THREADS TORCHELASTIC_USE_AGENT_STORE "
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING NCCL_ASYNC_ERROR_HANDLING; do eval echo $v=\\$$v; done > \"$0/$RANK\"";
 
 }  // namespace
 
@@ -140,6 +142,9 @@ TEST_SUITE("cohort-run") {
       CHECK(!v["TORCHELASTIC_ERROR_FILE"].empty());
       CHECK(v["COHORT_ERROR_FILE"] == v["TORCHELASTIC_ERROR_FILE"]);
       CHECK(v["OMP_NUM_THREADS"] == "");  // set, even empty, by the user: left alone
+      CHECK(v["TORCHELASTIC_USE_AGENT_STORE"] == "False");
+      CHECK(v["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
+      CHECK(v["NCCL_ASYNC_ERROR_HANDLING"] == "1");
     }
   }
 
@@ -172,7 +177,7 @@ TEST_SUITE("cohort-run") {
     auto v = variables_in(dir.path / "0");
     CHECK(v["WORLD_SIZE"] == std::to_string(cpus));
     CHECK(v["TORCHELASTIC_RUN_ID"] != "none");
-    CHECK(v["TORCHELASTIC_RUN_ID"].size() == 8);
+    CHECK(v["TORCHELASTIC_RUN_ID"].size() == std::string("20261125-093000-0123abcd").size());
     CHECK(v["MASTER_ADDR"] == "127.0.0.1");
   }
 
@@ -220,7 +225,7 @@ TEST_SUITE("cohort-run") {
     CHECK(ok.err.find("attempt 1 failed") != std::string::npos);
     auto out_of_restarts = run_launcher({"-n", "2", "--max-restarts", "1", "/bin/sh", "-c", third_time_lucky});
     CHECK(out_of_restarts.status.code() == 1);
-    CHECK(out_of_restarts.err.find("attempt 1 of 1") != std::string::npos);
+    CHECK(out_of_restarts.err.find("attempt 1, 1 of 1 restarts used") != std::string::npos);
   }
 
   TEST_CASE("restarts with --log-dir: one folder per attempt, each with that attempt's output") {
@@ -250,6 +255,7 @@ TEST_SUITE("cohort-run") {
     const std::string line = "a line of output from rank ";
     // Each rank: 100 MB of numbered-by-rank lines, the last one cut; a line on stderr.
     auto r = run_launcher_to(dir.path / "console", {"-n", "4", "--log-dir", (dir.path / "logs").string(), "-r", "3", "-t", "3",
+                                                    "--run-id", "none",
                                                     "--", "/bin/sh", "-c",
                                                     "echo to stderr $LOCAL_RANK >&2; yes \"" + line +
                                                         "$LOCAL_RANK\" | head -c " + std::to_string(size)});
@@ -297,7 +303,7 @@ TEST_SUITE("cohort-run") {
 
   TEST_CASE("--local-ranks-filter: only those ranks reach the console") {
     test::temp_dir dir;
-    auto r = run_launcher({"-n", "3", "--log-dir", dir.path.string(), "-t", "3", "--local-ranks-filter", "1",
+    auto r = run_launcher({"-n", "3", "--log-dir", dir.path.string(), "-t", "3", "--local-ranks-filter", "1", "--run-id", "none",
                            "--", "/bin/sh", "-c", "echo out $LOCAL_RANK; echo err $LOCAL_RANK >&2"});
     CHECK(r.status.code() == 0);
     CHECK(r.out == "[default1]:out 1\n");
@@ -307,7 +313,7 @@ TEST_SUITE("cohort-run") {
     for (int rank = 0; rank < 3; ++rank) {
       CHECK(read_file(dir.path / "none" / "attempt_0" / std::to_string(rank) / "stdout.log") == "out " + std::to_string(rank) + "\n");
     }
-    auto unwritable = run_launcher({"-n", "2", "--log-dir", "/proc/no-such-dir", "-r", "3", "true"});
+    auto unwritable = run_launcher({"-n", "2", "--log-dir", "/proc/no-such-dir", "--run-id", "none", "-r", "3", "true"});
     CHECK(unwritable.status.code() == 1);
     CHECK(unwritable.err.find("/proc/no-such-dir/none/attempt_0/0") != std::string::npos);
     auto bad = run_launcher({"-n", "2", "-t", "0:3,x", "true"});
@@ -330,6 +336,24 @@ TEST_SUITE("cohort-run") {
     auto r = run_launcher({"-n", "2", "--grace-period", "0.2", "--", "/bin/sh", "-c",
                            "if [ $RANK = 0 ]; then sleep 0.3; exit 5; fi; trap '' TERM; sleep 30"});
     CHECK(r.status.code() == 5);
+  }
+
+  TEST_CASE("SIGUSR1 and SIGUSR2 reach every worker by default, the run going on; --signals-to-forward adds others") {
+    for (int sig : {SIGUSR1, SIGUSR2, SIGWINCH}) {
+      CAPTURE(sig);
+      test::temp_dir dir;
+      std::vector<std::string> args{"-n", "2"};
+      if (sig == SIGWINCH) args.insert(args.end(), {"--signals-to-forward", "SIGWINCH"});
+      const std::string name = signal_name(sig).substr(3);
+      args.insert(args.end(), {"--", "/bin/sh", "-c",
+                               "trap 'echo got > \"$0/sig-$RANK\"; exit 0' " + name + "; echo > \"$0/$RANK\"; "
+                               "while true; do sleep 0.05; done",
+                               dir.path.string()});
+      auto r = run_launcher(args, signal_when_up(dir.path, 2, sig));
+      CHECK(r.status.code() == 0);
+      CHECK(read_file(dir.path / "sig-0") == "got\n");
+      CHECK(read_file(dir.path / "sig-1") == "got\n");
+    }
   }
 
   TEST_CASE("--signals-to-forward passes SIGUSR1 on to every worker") {
@@ -372,6 +396,270 @@ TEST_SUITE("cohort-run") {
     const auto any_alive = [&] { return std::any_of(left.begin(), left.end(), [](pid_t p) { return test::alive(p); }); };
     while (any_alive() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(5ms);
     CHECK_FALSE(any_alive());
+  }
+
+  TEST_CASE("SIGINT reaches the workers as SIGINT first; the summary says the run was interrupted; exit 130") {
+    test::temp_dir dir;
+    auto r = run_launcher({"-n", "2", "--grace-period", "5", "--", "/bin/sh", "-c",
+                           "trap 'echo int > \"$0/int-$RANK\"; exit 0' INT; echo > \"$0/$RANK\"; "
+                           "while true; do sleep 0.05; done",
+                           dir.path.string()},
+                          signal_when_up(dir.path, 2, SIGINT));
+    CHECK(r.status.code() == 130);
+    CHECK(read_file(dir.path / "int-0") == "int\n");
+    CHECK(read_file(dir.path / "int-1") == "int\n");
+    CHECK(r.err.find("interrupted by SIGINT") != std::string::npos);
+    CHECK(r.err.find("failed") == std::string::npos);
+  }
+
+  TEST_CASE("a Python script runs with the first python3 in PATH that finds torch, as torchrun runs it") {
+    test::temp_dir dir;
+    // Interpreters that say what they were asked to run; only B finds torch.
+    for (const char* name : {"A", "B"}) {
+      fs::create_directories(dir.path / name);
+      std::ofstream(dir.path / name / "python3")
+          << "#!/bin/sh\ncase \"$*\" in *find_spec*) exit " << (name[0] == 'A' ? 1 : 0) << ";; esac\n"
+          << "echo \"" << name << " $*\" > \"$COHORT_TEST_OUT/$RANK\"\n";
+      fs::permissions(dir.path / name / "python3", fs::perms::owner_all);
+    }
+    fs::create_directories(dir.path / "out");
+    const auto script = (dir.path / "train.py").string();
+    std::ofstream(script) << "print('not run here')\n";
+    const auto a = (dir.path / "A").string(), b = (dir.path / "B").string();
+    const auto ran = [&](std::vector<std::string> args, const std::string& path,
+                         std::map<std::string, std::string> env = {}) {
+      fs::remove_all(dir.path / "out");
+      fs::create_directories(dir.path / "out");
+      env["PATH"] = path;
+      env["COHORT_TEST_OUT"] = (dir.path / "out").string();
+      auto r = run_launcher(std::move(args), env);
+      CHECK_MESSAGE(r.status.code() == 0, r.err);
+      return fs::exists(dir.path / "out" / "1") ? read_file(dir.path / "out" / "1") : std::string("(not run)");
+    };
+    CHECK(ran({"--nproc-per-node", "2", script, "--lr", "3"}, a + ":" + b) == "B -u " + script + " --lr 3\n");
+    CHECK(ran({"-n", "2", script}, a) == "A -u " + script + "\n");  // none finds torch: the first
+    CHECK(ran({"-n", "2", "--python", a + "/python3", script}, a + ":" + b) == "A -u " + script + "\n");
+    CHECK(ran({"-n", "2", script}, a + ":" + b, {{"COHORT_PYTHON", a + "/python3"}}) == "A -u " + script + "\n");
+    CHECK(ran({"-n", "2", "-m", "pkg.train", "x"}, a + ":" + b) == "B -u -m pkg.train x\n");
+    CHECK(ran({"-n", "2", "--module", "pkg.train"}, a + ":" + b, {{"PET_NO_PYTHON", "0"}}) == "B -u -m pkg.train\n");
+    const auto run_path = ran({"-n", "2", "--run_path", script, "y"}, a + ":" + b);
+    CHECK(run_path.rfind("B -u -c import runpy", 0) == 0);
+    CHECK(run_path.find(" " + script + " y\n") != std::string::npos);
+    // A program, not a script: as it is (--no-python, after --, or an executable).
+    CHECK(ran({"-n", "2", "--no-python", b + "/python3", "z"}, a) == "B z\n");
+    CHECK(ran({"-n", "2", "--", b + "/python3", "z"}, a) == "B z\n");
+    CHECK(ran({"-n", "2", b + "/python3", "z"}, a) == "B z\n");
+    auto missing = run_launcher({"-n", "2", (dir.path / "nothere.py").string()}, {{"PATH", a + ":" + b}});
+    CHECK(missing.status.code() == 127);
+    CHECK(missing.err.find("nothere.py: no such script") != std::string::npos);
+    auto both = run_launcher({"-m", "--no-python", "mod"});
+    CHECK(both.status.code() == 2);
+  }
+
+  TEST_CASE("torchrun's flags with dashes or underscores, and from PET_ variables; the command line wins") {
+    test::temp_dir dir;
+    const auto files_in = [](const fs::path& d) {
+      std::size_t n = 0;
+      for ([[maybe_unused]] const auto& e : fs::directory_iterator(d)) ++n;
+      return n;
+    };
+    auto r = run_launcher({"--nproc_per_node", "2", "--max_restarts", "1", "--rdzv_backend", "static", "--master_port",
+                           "29877", "--", "/bin/sh", "-c", dump_contract, dir.path.string()});
+    REQUIRE(r.status.code() == 0);
+    auto v = variables_in(dir.path / "1");
+    CHECK(v["WORLD_SIZE"] == "2");
+    CHECK(v["MASTER_PORT"] == "29877");
+    CHECK(v["TORCHELASTIC_MAX_RESTARTS"] == "1");
+    test::temp_dir from_env;
+    r = run_launcher({"--", "/bin/sh", "-c", dump_contract, from_env.path.string()},
+                     {{"PET_NPROC_PER_NODE", "3"}, {"PET_ROLE", "trainer"}, {"PET_MAX_RESTARTS", "4"},
+                      {"PET_NNODES", "2"}, {"PET_NODE_RANK", "1"}, {"PET_MASTER_ADDR", "10.1.2.3"}});
+    REQUIRE(r.status.code() == 0);
+    CHECK(files_in(from_env.path) == 3);
+    v = variables_in(from_env.path / "5");  // node 1 of 2, 3 ranks each
+    CHECK(v["ROLE_NAME"] == "trainer");
+    CHECK(v["TORCHELASTIC_MAX_RESTARTS"] == "4");
+    CHECK(v["MASTER_ADDR"] == "10.1.2.3");
+    test::temp_dir wins;
+    r = run_launcher({"-n", "2", "--role", "cmdline", "--", "/bin/sh", "-c", dump_contract, wins.path.string()},
+                     {{"PET_NPROC_PER_NODE", "3"}, {"PET_ROLE", "trainer"}});
+    REQUIRE(r.status.code() == 0);
+    CHECK(files_in(wins.path) == 2);
+    CHECK(variables_in(wins.path / "0")["ROLE_NAME"] == "cmdline");
+  }
+
+  TEST_CASE("torchrun's flags that mean nothing for programs are accepted") {
+    auto r = run_launcher({"--start-method", "fork", "--monitor-interval", "5", "--event-log-handler", "null",
+                           "--logs-specs", "mine", "--numa-binding", "node", "--local-addr", "10.0.0.1",
+                           "--signals-to-handle", "SIGTERM,SIGINT", "--standalone", "--rdzv-id", "x", "-n", "2",
+                           "--", "/bin/true"});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(r.err.find("--logs-specs mine") != std::string::npos);  // said, since it was asked for
+  }
+
+  TEST_CASE("bad numbers and --nnodes forms: one short line that says what is accepted, exit 2") {
+    const auto error_of = [](std::vector<std::string> args) {
+      args.insert(args.end(), {"--", "/bin/true"});
+      auto r = run_launcher(args);
+      CHECK(r.status.code() == 2);
+      CHECK(r.err.size() < 200);  // no 300-digit bounds
+      return r.err;
+    };
+    CHECK(error_of({"--max-restarts", "-1"}).find("--max-restarts: '-1' is not a whole number of 0 or more") !=
+          std::string::npos);
+    CHECK(error_of({"--max_restarts", "1e400"}).find("whole number") != std::string::npos);
+    CHECK(error_of({"--nnodes", "1:x"}).find("N or MIN:MAX") != std::string::npos);
+    CHECK(error_of({"--nnodes", "3:2"}).find("N or MIN:MAX") != std::string::npos);
+    CHECK(error_of({"--nnodes", "1:2"}).find("etcd-v3") != std::string::npos);
+    CHECK(error_of({"--grace-period", "abc"}).find("not a number of seconds") != std::string::npos);
+    CHECK(error_of({"--master-port", "70000"}).find("1 to 65535") != std::string::npos);
+    CHECK(error_of({"--start-method", "thread"}).find("spawn, fork, forkserver") != std::string::npos);
+    CHECK(error_of({"--rdzv-backend", "zookeeper"}).find("etcd-v3") != std::string::npos);
+    CHECK(error_of({"--rdzv-backend", "c10d", "--nnodes", "1:2"}).find("etcd-v3") != std::string::npos);
+    CHECK(error_of({"--rdzv-backend", "etcd-v3", "--nnodes", "1:2"}).find("--rdzv-endpoint") != std::string::npos);
+    CHECK(error_of({"--signals-to-handle", "SIGNOPE"}).find("SIGUSR1") != std::string::npos);
+    CHECK(error_of({"--nnodes", "2", "--node-rank", "2"}).find("not below") != std::string::npos);
+    auto help = run_launcher({"--help"});
+    CHECK(help.status.code() == 0);
+    for (const char* form : {"script.py [args...]", "-m module", "--run-path", "--no-python program", "-- program",
+                             "python3 in PATH that finds the torch", "PET_"}) {
+      CHECK_MESSAGE(help.out.find(form) != std::string::npos, form);
+    }
+  }
+
+  TEST_CASE("Slurm: node rank, node count, run id and master address come from srun's variables") {
+    test::temp_dir dir;
+    std::map<std::string, std::string> slurm{{"SLURM_STEP_ID", "0"},
+                                             {"SLURM_NODEID", "1"},
+                                             {"SLURM_NNODES", "2"},
+                                             {"SLURM_JOB_ID", "4242"},
+                                             {"SLURM_JOB_NODELIST", "gpu[07-08],cpu1"}};
+    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", dump_contract, dir.path.string()}, slurm);
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    auto v = variables_in(dir.path / "3");
+    CHECK(v["GROUP_RANK"] == "1");
+    CHECK(v["WORLD_SIZE"] == "4");
+    CHECK(v["MASTER_ADDR"] == "gpu07");
+    CHECK(v["MASTER_PORT"] == "29500");
+    CHECK(v["TORCHELASTIC_RUN_ID"] == "4242");
+    // The flags win; a node list Slurm would not write is named.
+    test::temp_dir flags;
+    r = run_launcher({"-n", "1", "--nnodes", "3", "--node-rank", "2", "--master-addr", "m", "--", "/bin/sh", "-c",
+                      dump_contract, flags.path.string()},
+                     slurm);
+    REQUIRE(r.status.code() == 0);
+    v = variables_in(flags.path / "2");
+    CHECK(v["GROUP_WORLD_SIZE"] == "3");
+    CHECK(v["MASTER_ADDR"] == "m");
+    slurm["SLURM_JOB_NODELIST"] = "gpu[1-";
+    r = run_launcher({"-n", "1", "--", "/bin/true"}, slurm);
+    CHECK(r.status.code() == 2);
+    CHECK(r.err.find("SLURM_JOB_NODELIST") != std::string::npos);
+    // --nproc-per-node gpu: the GPUs CUDA_VISIBLE_DEVICES leaves.
+    test::temp_dir gpus;
+    r = run_launcher({"--nproc-per-node", "gpu", "--", "/bin/sh", "-c", dump_contract, gpus.path.string()},
+                     {{"CUDA_VISIBLE_DEVICES", "0,1,3"}});
+    REQUIRE(r.status.code() == 0);
+    CHECK(variables_in(gpus.path / "0")["LOCAL_WORLD_SIZE"] == "3");
+  }
+
+  TEST_CASE("default run ids are fresh: two runs with one log dir keep both; a repeated --run-id gets a folder of its own") {
+    test::temp_dir logs;
+    const std::vector<std::string> args{"--log-dir", logs.path.string(), "-r", "3", "-n", "1", "--", "/bin/sh", "-c",
+                                        "echo $TORCHELASTIC_RUN_ID"};
+    REQUIRE(run_launcher(args).status.code() == 0);
+    REQUIRE(run_launcher(args).status.code() == 0);
+    std::vector<fs::path> runs;
+    for (const auto& e : fs::directory_iterator(logs.path)) runs.push_back(e.path());
+    REQUIRE(runs.size() == 2);
+    for (const auto& run : runs) {
+      CHECK(read_file(run / "attempt_0" / "0" / "stdout.log") == run.filename().string() + "\n");
+      CHECK(fs::exists(run / "result.json"));
+    }
+    test::temp_dir named;
+    auto same = args;
+    same[1] = named.path.string();
+    same.insert(same.begin(), {"--run-id", "job"});
+    REQUIRE(run_launcher(same).status.code() == 0);
+    REQUIRE(run_launcher(same).status.code() == 0);
+    CHECK(read_file(named.path / "job" / "attempt_0" / "0" / "stdout.log") == "job\n");
+    CHECK(read_file(named.path / "job.1" / "attempt_0" / "0" / "stdout.log") == "job\n");
+  }
+
+  TEST_CASE("--result-json: the outcome, every attempt, each rank's status, usage and error file; failures in the summary") {
+    test::temp_dir dir;
+    const auto file = dir.path / "result.json";
+    auto r = run_launcher({"--result-json", file.string(), "--max-restarts", "1", "-n", "2", "--", "/bin/sh", "-c",
+                           "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"});
+    CHECK(r.status.code() == 3);
+    const auto j = nlohmann::json::parse(read_file(file));
+    CHECK(j["outcome"] == "failed");
+    CHECK(j["exit_code"] == 3);
+    CHECK(j["restarts"] == 1);
+    REQUIRE(j["attempts"].size() == 2);
+    for (const auto& attempt : j["attempts"]) {
+      CHECK(attempt["outcome"] == "failed");
+      const auto& ranks = attempt["ranks"];
+      REQUIRE(ranks.size() == 2);
+      CHECK(ranks[1]["status"]["exit_code"] == 3);
+      CHECK(ranks[1]["failed"] == true);
+      CHECK(ranks[1]["root_cause"] == true);
+      CHECK(ranks[0]["status"]["signal"] == "SIGTERM");  // shut down, not failed
+      CHECK(ranks[0]["failed"] == false);
+      CHECK(ranks[0]["pid"].get<int>() > 0);
+      CHECK(ranks[0]["status"]["max_rss_kib"].get<long>() > 0);
+      CHECK(ranks[0]["status"]["cpu_user_s"].is_number());
+    }
+    CHECK(j["attempts"][0]["reason"].get<std::string>().find("rank 1 (local 1, pid") == 0);
+    // The error files are kept, and the summary names where.
+    REQUIRE(j.contains("error_dir"));
+    const fs::path errors = j["error_dir"].get<std::string>();
+    CHECK(fs::is_directory(errors));
+    CHECK(r.err.find("kept in " + errors.string()) != std::string::npos);
+    fs::remove_all(errors);
+    // One line per restart naming the rank and why; each failure's usage in the summary.
+    CHECK(r.err.find("attempt 0 failed: rank 1 (local 1, pid") != std::string::npos);
+    CHECK(r.err.find("exited with code 3; restarting the group (1 of 1 restarts)") != std::string::npos);
+    CHECK(r.err.find("cpu time") != std::string::npos);
+    CHECK(r.err.find("peak rss") != std::string::npos);
+    // A run that succeeds keeps nothing of them.
+    auto ok = run_launcher({"--result-json", file.string(), "-n", "1", "--", "/bin/true"});
+    CHECK(ok.status.code() == 0);
+    const auto k = nlohmann::json::parse(read_file(file));
+    CHECK(k["outcome"] == "succeeded");
+    CHECK_FALSE(k.contains("error_dir"));
+  }
+
+  TEST_CASE("a log dir that fills up is named in the summary with the cause") {
+    // A 64 KiB tmpfs of its own, in a mount namespace of its own.
+    if (std::system("unshare -Urm true 2>/dev/null") != 0) {
+      MESSAGE("no user and mount namespaces here: skipped");
+      return;
+    }
+    const auto run_on_full_disk = [](const std::string& streams) {
+      test::temp_dir logs;
+      const std::string script = "mount -t tmpfs -o size=64k tmpfs \"$1\" && exec \"$2\" --log-dir \"$1\" " + streams +
+                                 " -n 1 -- /bin/sh -c 'head -c 1000000 /dev/zero'";
+      asio::io_context io;
+      return test::run(io, [&]() -> asio::awaitable<outcome> {
+        spawn_options options{.out = stdio::null(), .err = stdio::pipe()};
+        child c = co_await spawn(command("unshare", {"-Urm", "/bin/sh", "-c", script, "sh", logs.path.string(), cohort_run}),
+                                 options);
+        auto err = co_await test::read_all(c.err());
+        auto status = co_await c.wait();
+        co_return outcome{status, {}, std::move(err)};
+      }());
+    };
+    // Teed: cohort-run writes the file; the rank goes on.
+    auto teed = run_on_full_disk("-t 3");
+    CHECK(teed.status.code() == 0);
+    CHECK(teed.err.find("the logs are incomplete") != std::string::npos);
+    CHECK(teed.err.find("stdout.log failed (No space left on device)") != std::string::npos);
+    // Redirected: the rank writes the file, and fails; the summary says why.
+    auto redirected = run_on_full_disk("-r 3");
+    CHECK(redirected.status.code() == 1);
+    CHECK(redirected.err.find("the run failed") != std::string::npos);
+    CHECK(redirected.err.find("on a full file system (No space left on device)") != std::string::npos);
   }
 
   TEST_CASE("a missing program is one line naming it, exit 127; a bad flag is a usage error, exit 2") {

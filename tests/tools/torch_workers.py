@@ -57,6 +57,20 @@ with tempfile.TemporaryDirectory() as tmp:
     lines = sorted(run.stdout.splitlines())
     check(lines == [f"rank {r} of 4: 10.0" for r in range(4)], f"all_reduce output {lines}")
 
+    # The script alone, as torchrun takes it: cohort-run finds the python3
+    # that has torch, even behind one in PATH that has not.
+    shadow = os.path.join(tmp, "bin")
+    os.mkdir(shadow)
+    with open(os.path.join(shadow, "python3"), "w") as f:
+        f.write("#!/bin/sh\nexit 1\n")
+    os.chmod(os.path.join(shadow, "python3"), 0o755)
+    env = dict(os.environ, PATH=shadow + os.pathsep + os.path.dirname(python) + os.pathsep + os.environ["PATH"])
+    run = subprocess.run([cohort_run, "--nproc_per_node", "4", script], capture_output=True, text=True, timeout=300,
+                         env=env)
+    check(run.returncode == 0, f"all_reduce as a script: exit code {run.returncode}: {run.stderr}")
+    lines = sorted(run.stdout.splitlines())
+    check(lines == [f"rank {r} of 4: 10.0" for r in range(4)], f"all_reduce as a script: output {lines}")
+
     script = os.path.join(tmp, "record_worker.py")
     with open(script, "w") as f:
         f.write(textwrap.dedent(RECORD))

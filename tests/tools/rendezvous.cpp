@@ -1,0 +1,438 @@
+// The etcd rendezvous against a real etcd, with threads (and a child process
+// for a node that is killed) as nodes: rounds form and stay consistent,
+// watches fire for what ends a round and only for that, and failures say why.
+#include "run/rendezvous.hpp"
+
+#include "support/etcd_server.hpp"
+
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace cohort_run;
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+const cohort::test::needs_device needs{"etcd server", cohort::test::etcd_missing};
+
+cohort::test::etcd_server& etcd() {
+  static cohort::test::etcd_server server;
+  return server;
+}
+
+// A job of its own for each test.
+std::string fresh_run_id() {
+  static int count = 0;
+  return "job" + std::to_string(++count) + "-" + std::to_string(::getpid());
+}
+
+// A node of job `run_id` at 10.0.0.<n>, port 29500 + n, with short timeouts.
+rendezvous_config node(const std::string& run_id, int n, int min_nodes, int max_nodes, int nproc = 1) {
+  rendezvous_config c;
+  c.endpoint = etcd().endpoint();
+  c.run_id = run_id;
+  c.min_nodes = min_nodes;
+  c.max_nodes = max_nodes;
+  c.nproc = nproc;
+  c.local_addr = "10.0.0." + std::to_string(n);
+  c.local_port = 29500 + n;
+  c.join_timeout = 15s;
+  c.last_call_timeout = 300ms;
+  c.lease_ttl = 1s;
+  c.poll_interval = 50ms;
+  return c;
+}
+
+using nodes = std::vector<std::unique_ptr<etcd_rendezvous>>;
+
+nodes make_nodes(const std::vector<rendezvous_config>& configs) {
+  nodes made;
+  for (const auto& c : configs) made.push_back(std::make_unique<etcd_rendezvous>(c));
+  return made;
+}
+
+// next_round of every node at once.
+std::vector<assignment> next_rounds(const nodes& all) {
+  std::vector<std::future<assignment>> pending;
+  for (const auto& n : all) pending.push_back(std::async(std::launch::async, [&n] { return n->next_round(); }));
+  std::vector<assignment> placed;
+  for (auto& p : pending) placed.push_back(p.get());
+  return placed;
+}
+
+// Checks that `placed` (one per node, nodes of `configs`) is one round:
+// the same round, size and master, node ranks 0..n-1, and each node's first
+// rank the sum of nproc of the nodes ranked before it.
+void check_one_round(const std::vector<assignment>& placed, const std::vector<rendezvous_config>& configs) {
+  REQUIRE(placed.size() == configs.size());
+  const int n = static_cast<int>(placed.size());
+  std::vector<int> nproc_by_rank(placed.size(), -1);
+  int world = 0;
+  for (std::size_t i = 0; i < placed.size(); ++i) {
+    CHECK(placed[i].round == placed[0].round);
+    CHECK(placed[i].nnodes == n);
+    REQUIRE(placed[i].node_rank >= 0);
+    REQUIRE(placed[i].node_rank < n);
+    CHECK(nproc_by_rank[static_cast<std::size_t>(placed[i].node_rank)] == -1);  // ranks are distinct
+    nproc_by_rank[static_cast<std::size_t>(placed[i].node_rank)] = configs[i].nproc;
+    world += configs[i].nproc;
+  }
+  for (std::size_t i = 0; i < placed.size(); ++i) {
+    CHECK(placed[i].world_size == world);
+    int before = 0;
+    for (int r = 0; r < placed[i].node_rank; ++r) before += nproc_by_rank[static_cast<std::size_t>(r)];
+    CHECK(placed[i].first_rank == before);
+    CHECK(placed[i].master_addr == placed[0].master_addr);
+    CHECK(placed[i].master_port == placed[0].master_port);
+    if (placed[i].node_rank == 0) {
+      CHECK(placed[i].master_addr == configs[i].local_addr);
+      CHECK(placed[i].master_port == configs[i].local_port);
+    }
+  }
+}
+
+// What a watch reported, for a test to wait on.
+class watch_log {
+ public:
+  std::function<void(const round_change&)> callback() {
+    return [this](const round_change& change) {
+      std::lock_guard lock(mutex_);
+      changes_.push_back(change);
+      changed_.notify_all();
+    };
+  }
+  /// The first change, once reported within `limit`.
+  std::optional<round_change> wait(std::chrono::milliseconds limit) {
+    std::unique_lock lock(mutex_);
+    if (!changed_.wait_for(lock, limit, [this] { return !changes_.empty(); })) return std::nullopt;
+    return changes_.front();
+  }
+  std::size_t count() {
+    std::lock_guard lock(mutex_);
+    return changes_.size();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<round_change> changes_;
+};
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The job's state key, as JSON.
+nlohmann::json state_of(const std::string& run_id) {
+  etcd_client client(etcd().endpoint());
+  const auto read = client.range("/cohort/rdzv/" + run_id + "/state");
+  REQUIRE(read.kvs.size() == 1);
+  return nlohmann::json::parse(read.kvs[0].value);
+}
+
+}  // namespace
+
+TEST_SUITE("etcd rendezvous") {
+  TEST_CASE("three nodes of 2:3 form one round as soon as all are in, with consistent assignments") {
+    const auto job = fresh_run_id();
+    std::vector<rendezvous_config> configs{node(job, 1, 2, 3, 1), node(job, 2, 2, 3, 2), node(job, 3, 2, 3, 3)};
+    for (auto& c : configs) c.last_call_timeout = 60s;  // max_nodes closes the round, not the last call
+    const auto all = make_nodes(configs);
+    const auto start = clock_type::now();
+    const auto placed = next_rounds(all);
+    CHECK(clock_type::now() - start < 10s);
+    check_one_round(placed, configs);
+    CHECK(placed[0].nnodes == 3);
+    CHECK(placed[0].world_size == 6);
+  }
+
+  TEST_CASE("two nodes of 2:4 form a round once the last call has passed") {
+    const auto job = fresh_run_id();
+    std::vector<rendezvous_config> configs{node(job, 1, 2, 4, 4), node(job, 2, 2, 4, 4)};
+    for (auto& c : configs) c.last_call_timeout = 700ms;
+    const auto all = make_nodes(configs);
+    const auto start = clock_type::now();
+    const auto placed = next_rounds(all);
+    CHECK(clock_type::now() - start >= 700ms);
+    check_one_round(placed, configs);
+    CHECK(placed[0].world_size == 8);
+  }
+
+  TEST_CASE("nodes whose last calls end together agree on one round") {
+    const auto job = fresh_run_id();
+    std::vector<rendezvous_config> configs;
+    for (int n = 1; n <= 4; ++n) configs.push_back(node(job, n, 4, 8));
+    for (auto& c : configs) c.last_call_timeout = 200ms;
+    const auto all = make_nodes(configs);
+    check_one_round(next_rounds(all), configs);
+  }
+
+  TEST_CASE("a killed node's lease expires: the others' watch fires and they form a round without it") {
+    const auto job = fresh_run_id();
+    // A second's last call: the three close the first round together, at max_nodes.
+    auto with_last_call = [](rendezvous_config c) {
+      c.last_call_timeout = 1s;
+      return c;
+    };
+    const auto doomed_config = with_last_call(node(job, 3, 2, 3));
+    int ends[2];
+    REQUIRE(::pipe(ends) == 0);
+    // The node to kill: a child process, forked while this one runs no other thread.
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      ::close(ends[0]);
+      try {
+        etcd_rendezvous doomed(doomed_config);
+        const int rank = doomed.next_round().node_rank;
+        if (::write(ends[1], &rank, sizeof rank) != sizeof rank) ::_exit(1);
+        for (;;) ::pause();
+      } catch (...) {
+        ::_exit(2);
+      }
+    }
+    ::close(ends[1]);
+    struct reaper {
+      pid_t pid;
+      ~reaper() {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+      }
+    } reap{child};
+    // The others start once it has joined.
+    etcd_client client(etcd().endpoint());
+    for (int i = 0; i < 200 && client.range_prefix("/cohort/rdzv/" + job + "/r/").kvs.empty(); ++i) {
+      std::this_thread::sleep_for(50ms);
+    }
+    watch_log watched[2];
+    std::vector<rendezvous_config> configs{with_last_call(node(job, 1, 2, 3)), with_last_call(node(job, 2, 2, 3))};
+    const auto all = make_nodes(configs);
+    const auto first = next_rounds(all);
+    int child_rank = -1;
+    REQUIRE(::read(ends[0], &child_rank, sizeof child_rank) == sizeof child_rank);
+    ::close(ends[0]);
+    CHECK(first[0].nnodes == 3);
+    CHECK(first[0].world_size == 3);
+    CHECK(child_rank != first[0].node_rank);
+    CHECK(child_rank != first[1].node_rank);
+
+    all[0]->watch(watched[0].callback());
+    all[1]->watch(watched[1].callback());
+    std::this_thread::sleep_for(300ms);
+    CHECK(watched[0].count() == 0);  // a running round stays quiet
+    ::kill(child, SIGKILL);
+    for (auto& w : watched) {
+      const auto change = w.wait(10s);
+      REQUIRE(change);
+      CHECK(change->what == round_change::cause::member_lost);
+      CHECK(change->reason ==
+            "node " + std::to_string(child_rank) + " (10.0.0.3) left without finishing: its lease expired");
+    }
+    const auto second = next_rounds(all);
+    check_one_round(second, configs);
+    CHECK(second[0].round > first[0].round);
+    CHECK(second[0].nnodes == 2);
+    CHECK(second[0].master_addr != "10.0.0.3");
+  }
+
+  TEST_CASE("a node that leaves without finishing makes the watch fire at once") {
+    const auto job = fresh_run_id();
+    watch_log watched;
+    std::vector<rendezvous_config> configs{node(job, 1, 2, 2), node(job, 2, 2, 2)};
+    auto all = make_nodes(configs);
+    const auto placed = next_rounds(all);
+    all[0]->watch(watched.callback());
+    const int gone_rank = placed[1].node_rank;
+    all[1].reset();  // revokes its lease
+    const auto change = watched.wait(5s);
+    REQUIRE(change);
+    CHECK(change->what == round_change::cause::member_lost);
+    CHECK(contains(change->reason, "node " + std::to_string(gone_rank) + " (10.0.0.2) left without finishing"));
+  }
+
+  TEST_CASE("a late joiner makes the watch fire, and the next round includes it") {
+    const auto job = fresh_run_id();
+    watch_log watched[2];
+    std::vector<rendezvous_config> configs{node(job, 1, 2, 3, 2), node(job, 2, 2, 3, 2), node(job, 3, 2, 3, 1)};
+    auto all = make_nodes(configs);
+    const nodes early = [&] {
+      nodes two;
+      two.push_back(std::move(all[0]));
+      two.push_back(std::move(all[1]));
+      return two;
+    }();
+    const auto first = next_rounds(early);
+    check_one_round(first, {configs[0], configs[1]});
+    early[0]->watch(watched[0].callback());
+    early[1]->watch(watched[1].callback());
+
+    auto late = std::async(std::launch::async, [&] { return all[2]->next_round(); });
+    for (auto& w : watched) {
+      const auto change = w.wait(10s);
+      REQUIRE(change);
+      CHECK(change->what == round_change::cause::node_waiting);
+      CHECK(change->reason == "1 node waiting to join");
+    }
+    auto again = next_rounds(early);
+    again.push_back(late.get());
+    check_one_round(again, configs);
+    CHECK(again[0].round > first[0].round);
+    CHECK(again[0].nnodes == 3);
+    CHECK(again[0].world_size == 5);
+  }
+
+  TEST_CASE("a node waiting while the round is full does not end it") {
+    const auto job = fresh_run_id();
+    std::vector<rendezvous_config> configs{node(job, 1, 1, 2), node(job, 2, 1, 2)};
+    for (auto& c : configs) c.last_call_timeout = 10s;
+    watch_log watched;
+    const auto all = make_nodes(configs);
+    const auto placed = next_rounds(all);
+    check_one_round(placed, configs);
+    all[0]->watch(watched.callback());
+    auto extra_config = node(job, 3, 1, 2);
+    extra_config.join_timeout = 1s;
+    etcd_rendezvous extra(extra_config);
+    const auto full = "round " + std::to_string(placed[0].round) + " ran with 2 nodes and did not end";
+    CHECK_THROWS_WITH_AS(extra.next_round(), doctest::Contains(full.c_str()), rendezvous_error);
+    CHECK(watched.count() == 0);
+  }
+
+  TEST_CASE("finished nodes leave without making the watch fire, and a round whose nodes all finish ends there") {
+    const auto job = fresh_run_id();
+    watch_log watched[2];
+    std::vector<rendezvous_config> configs{node(job, 1, 2, 3), node(job, 2, 2, 3), node(job, 3, 2, 3)};
+    auto all = make_nodes(configs);
+    const auto placed = next_rounds(all);
+    check_one_round(placed, configs);
+    all[0]->watch(watched[0].callback());
+    all[1]->watch(watched[1].callback());
+    all[2]->finished();
+    all[2].reset();
+    std::this_thread::sleep_for(300ms);
+    all[1]->finished();
+    all[1].reset();
+    std::this_thread::sleep_for(1500ms);  // past the lease's time to live, many polls
+    CHECK(watched[0].count() == 0);
+    CHECK(watched[1].count() == 0);
+    all[0]->finished();
+    all[0].reset();
+    const auto state = state_of(job);
+    CHECK(state["round"] == placed[0].round);
+    CHECK(state["phase"] == "running");
+  }
+
+  TEST_CASE("close makes the others' watch fire, and their next round fail, with the reason") {
+    const auto job = fresh_run_id();
+    watch_log watched;
+    std::vector<rendezvous_config> configs{node(job, 1, 2, 2), node(job, 2, 2, 2)};
+    const auto all = make_nodes(configs);
+    next_rounds(all);
+    all[0]->watch(watched.callback());
+    all[1]->close("rank 3 ran out of memory");
+    const auto change = watched.wait(5s);
+    REQUIRE(change);
+    CHECK(change->what == round_change::cause::closed);
+    CHECK(change->reason == "the job was closed: rank 3 ran out of memory");
+    const std::string expected = "rendezvous of job '" + job + "' at " + etcd().endpoint() +
+                                 ": the job was closed: rank 3 ran out of memory";
+    CHECK_THROWS_WITH_AS(all[0]->next_round(), expected.c_str(), rendezvous_error);
+    etcd_rendezvous newcomer(node(job, 3, 2, 2));
+    CHECK_THROWS_WITH_AS(newcomer.next_round(), expected.c_str(), rendezvous_error);
+  }
+
+  TEST_CASE("restart starts a new round for every node, saying why") {
+    const auto job = fresh_run_id();
+    watch_log watched;
+    std::vector<rendezvous_config> configs{node(job, 1, 2, 2, 3), node(job, 2, 2, 2, 1)};
+    const auto all = make_nodes(configs);
+    const auto first = next_rounds(all);
+    all[0]->watch(watched.callback());
+    all[1]->restart("node 1 restarts: rank 1 exited with code 3");
+    const auto change = watched.wait(5s);
+    REQUIRE(change);
+    CHECK(change->what == round_change::cause::new_round);
+    CHECK(change->reason ==
+          "round " + std::to_string(first[0].round + 1) + " was started: node 1 restarts: rank 1 exited with code 3");
+    const auto second = next_rounds(all);
+    check_one_round(second, configs);
+    CHECK(second[0].round == first[0].round + 1);
+  }
+
+  TEST_CASE("the watch fires when etcd stops answering for a lease's time to live") {
+    cohort::test::etcd_server own;  // to freeze without freezing the other tests' etcd
+    watch_log watched;
+    auto config = node(fresh_run_id(), 1, 1, 1);
+    config.endpoint = own.endpoint();
+    config.request_timeout = 300ms;
+    etcd_rendezvous lone(config);
+    CHECK(lone.next_round().nnodes == 1);
+    lone.watch(watched.callback());
+    own.pause();
+    const auto change = watched.wait(5s);
+    own.resume();
+    REQUIRE(change);
+    CHECK(change->what == round_change::cause::etcd_unreachable);
+    CHECK(change->reason.starts_with("etcd unreachable for 1 s: etcd at " + own.endpoint() + ": range: "));
+  }
+
+  TEST_CASE("an unreachable etcd makes next_round fail within join_timeout, naming the endpoint and the cause") {
+    auto config = node("unreachable", 1, 1, 1);
+    config.endpoint = "127.0.0.1:" + std::to_string(cohort::test::free_port());
+    config.join_timeout = 500ms;
+    etcd_rendezvous lone(config);
+    const auto start = clock_type::now();
+    try {
+      lone.next_round();
+      FAIL("next_round returned");
+    } catch (const rendezvous_error& e) {
+      const std::string what = e.what();
+      CHECK(what.starts_with("rendezvous of job 'unreachable' at " + config.endpoint +
+                             ": etcd unreachable until join_timeout (0.5 s): etcd at " + config.endpoint +
+                             ": lease grant: "));
+      CHECK(contains(what, "Couldn't connect to server"));
+    }
+    const auto took = clock_type::now() - start;
+    CHECK(took >= 500ms);
+    CHECK(took < 1500ms);
+  }
+
+  TEST_CASE("too few nodes make next_round fail at join_timeout, and a node that gave up is not counted") {
+    const auto job = fresh_run_id();
+    auto config = node(job, 1, 2, 3);
+    config.join_timeout = 600ms;
+    {
+      etcd_rendezvous alone(config);
+      const auto start = clock_type::now();
+      CHECK_THROWS_WITH_AS(alone.next_round(),
+                           ("rendezvous of job '" + job + "' at " + etcd().endpoint() +
+                            ": no round formed within join_timeout (0.6 s): 1 of at least 2 nodes had joined round 0")
+                               .c_str(),
+                           rendezvous_error);
+      const auto took = clock_type::now() - start;
+      CHECK(took >= 600ms);
+      CHECK(took < 2s);
+      // Still there, but out: two others form a round of two.
+      std::vector<rendezvous_config> configs{node(job, 2, 2, 3), node(job, 3, 2, 3)};
+      const auto others = make_nodes(configs);
+      const auto placed = next_rounds(others);
+      check_one_round(placed, configs);
+      CHECK(placed[0].nnodes == 2);
+    }
+  }
+}

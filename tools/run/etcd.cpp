@@ -1,0 +1,297 @@
+// etcd's v3 JSON gateway through libcurl: each call is one POST of JSON, with
+// keys and values in base64 and 64-bit numbers as strings, answered with JSON.
+#include "run/etcd.hpp"
+
+#include <curl/curl.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <mutex>
+
+namespace cohort_run {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr std::string_view base64_alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string base64_encode(std::string_view bytes) {
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  std::size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    const auto n = static_cast<unsigned char>(bytes[i]) << 16 | static_cast<unsigned char>(bytes[i + 1]) << 8 |
+                   static_cast<unsigned char>(bytes[i + 2]);
+    for (int shift : {18, 12, 6, 0}) out += base64_alphabet[n >> shift & 63];
+  }
+  if (const auto rest = bytes.size() - i; rest > 0) {
+    auto n = static_cast<unsigned char>(bytes[i]) << 16;
+    if (rest == 2) n |= static_cast<unsigned char>(bytes[i + 1]) << 8;
+    out += base64_alphabet[n >> 18 & 63];
+    out += base64_alphabet[n >> 12 & 63];
+    out += rest == 2 ? base64_alphabet[n >> 6 & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+// Decodes base64 (padding optional); throws std::invalid_argument for any other character.
+std::string base64_decode(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() / 4 * 3);
+  unsigned n = 0;
+  int bits = 0;
+  for (char c : text) {
+    if (c == '=') break;
+    const auto digit = base64_alphabet.find(c);
+    if (digit == std::string_view::npos) throw std::invalid_argument("not base64");
+    n = n << 6 | static_cast<unsigned>(digit);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>(n >> bits & 0xff);
+    }
+  }
+  return out;
+}
+
+// A 64-bit field of an answer: a string (as the gateway writes them), a
+// number, or absent (the gateway leaves out zeros).
+std::int64_t number(const json& object, const char* name) {
+  const auto it = object.find(name);
+  if (it == object.end() || it->is_null()) return 0;
+  if (it->is_string()) return std::stoll(it->get<std::string>());
+  return it->get<std::int64_t>();
+}
+
+std::string bytes(const json& object, const char* name) {
+  const auto it = object.find(name);
+  return it == object.end() ? std::string() : base64_decode(it->get<std::string>());
+}
+
+range_result range_from(const json& answer) {
+  range_result r;
+  r.revision = number(answer.value("header", json::object()), "revision");
+  for (const auto& kv : answer.value("kvs", json::array())) {
+    r.kvs.push_back({bytes(kv, "key"), bytes(kv, "value"), number(kv, "create_revision"),
+                     number(kv, "mod_revision"), number(kv, "version"), number(kv, "lease")});
+  }
+  return r;
+}
+
+json key_range(std::string_view key, std::string_view range_end) {
+  json j{{"key", base64_encode(key)}};
+  if (!range_end.empty()) j["range_end"] = base64_encode(range_end);
+  return j;
+}
+
+json request_json(const request& r) {
+  return std::visit(
+      [](const auto& op) -> json {
+        using op_type = std::decay_t<decltype(op)>;
+        if constexpr (std::is_same_v<op_type, put_request>) {
+          json put{{"key", base64_encode(op.key)}, {"value", base64_encode(op.value)}};
+          if (op.lease != 0) put["lease"] = std::to_string(op.lease);
+          return {{"request_put", put}};
+        } else if constexpr (std::is_same_v<op_type, range_request>) {
+          return {{"request_range", key_range(op.key, op.range_end)}};
+        } else {
+          return {{"request_delete_range", key_range(op.key, op.range_end)}};
+        }
+      },
+      r);
+}
+
+json compare_json(const compare& c) {
+  json j = key_range(c.key, c.range_end);
+  constexpr std::array<const char*, 4> relations{"EQUAL", "NOT_EQUAL", "LESS", "GREATER"};
+  j["result"] = relations[static_cast<std::size_t>(c.is)];
+  switch (c.what) {
+    case compare::field::create_revision:
+      j["target"] = "CREATE";
+      j["create_revision"] = std::to_string(c.number);
+      break;
+    case compare::field::mod_revision:
+      j["target"] = "MOD";
+      j["mod_revision"] = std::to_string(c.number);
+      break;
+    case compare::field::version:
+      j["target"] = "VERSION";
+      j["version"] = std::to_string(c.number);
+      break;
+    case compare::field::value:
+      j["target"] = "VALUE";
+      j["value"] = base64_encode(c.value);
+      break;
+  }
+  return j;
+}
+
+std::size_t append_to(char* data, std::size_t size, std::size_t count, void* text) {
+  static_cast<std::string*>(text)->append(data, size * count);
+  return size * count;
+}
+
+}  // namespace
+
+std::string prefix_end(std::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty() && static_cast<unsigned char>(end.back()) == 0xff) end.pop_back();
+  if (end.empty()) return std::string(1, '\0');
+  end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
+  return end;
+}
+
+compare compare::written_at(std::string key, std::int64_t revision) {
+  compare c;
+  c.key = std::move(key);
+  c.what = field::mod_revision;
+  c.number = revision;
+  return c;
+}
+
+compare compare::unwritten_since(std::string key, std::string range_end, std::int64_t revision) {
+  compare c = written_at(std::move(key), revision + 1);
+  c.is = relation::less;
+  c.range_end = std::move(range_end);
+  return c;
+}
+
+// One easy handle, its headers and the text of its last error.
+struct etcd_client::handle {
+  CURL* curl = nullptr;
+  curl_slist* headers = nullptr;
+  std::array<char, CURL_ERROR_SIZE> error{};
+
+  handle() {
+    // curl_global_init is not safe to race with another thread's.
+    static std::once_flag global;
+    std::call_once(global, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+    curl = curl_easy_init();
+    if (curl == nullptr) throw std::runtime_error("curl_easy_init failed");
+    headers = curl_slist_append(headers, "Content-Type: application/json");
+    // No "Expect: 100-continue" round trip before larger bodies.
+    headers = curl_slist_append(headers, "Expect:");
+  }
+  handle(const handle&) = delete;
+  handle& operator=(const handle&) = delete;
+  ~handle() {
+    curl_slist_free_all(headers);
+    curl_easy_cleanup(curl);
+  }
+};
+
+etcd_client::etcd_client(std::string endpoint, std::chrono::milliseconds timeout)
+    : endpoint_(std::move(endpoint)), timeout_(std::max(timeout, std::chrono::milliseconds(1))),
+      handle_(std::make_unique<handle>()) {}
+
+etcd_client::~etcd_client() = default;
+etcd_client::etcd_client(etcd_client&&) noexcept = default;
+etcd_client& etcd_client::operator=(etcd_client&&) noexcept = default;
+
+void etcd_client::timeout(std::chrono::milliseconds limit) noexcept {
+  timeout_ = std::max(limit, std::chrono::milliseconds(1));
+}
+
+json etcd_client::post(std::string_view operation, std::string_view path, const json& body) {
+  const auto fail = [&](const std::string& cause, int code = 0) {
+    return etcd_error("etcd at " + endpoint_ + ": " + std::string(operation) + ": " + cause, code);
+  };
+  const std::string url = "http://" + endpoint_ + "/v3/" + std::string(path);
+  const std::string text = body.dump();
+  std::string answer;
+  CURL* curl = handle_->curl;
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, handle_->headers);
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, text.c_str());
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(text.size()));
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, append_to);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &answer);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_.count()));
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM for timeouts: other threads run
+  curl_easy_setopt(curl, CURLOPT_NOPROXY, "*");  // etcd is reached directly, whatever http_proxy says
+  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, handle_->error.data());
+  handle_->error[0] = '\0';
+  if (const CURLcode result = curl_easy_perform(curl); result != CURLE_OK) {
+    throw fail(handle_->error[0] != '\0' ? handle_->error.data() : curl_easy_strerror(result));
+  }
+  long status = 0;
+  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+  json parsed = json::parse(answer, nullptr, false);
+  // An error answer: {"error": "...", "message": "...", "code": 5}; a
+  // streaming call's (keepalive) error: {"error": {"message": ..., "grpc_code": ...}}.
+  if (!parsed.is_discarded() && parsed.is_object() && parsed.contains("error")) {
+    const json& error = parsed["error"].is_object() ? parsed["error"] : parsed;
+    const int code = error.value("code", error.value("grpc_code", 0));
+    throw fail(error.value("message", std::string("HTTP ") + std::to_string(status)),
+               code == 0 ? etcd_error::unknown : code);
+  }
+  if (status != 200 || parsed.is_discarded() || !parsed.is_object()) {
+    throw fail("HTTP " + std::to_string(status) + ": " + answer.substr(0, 200), etcd_error::unknown);
+  }
+  return parsed;
+}
+
+range_result etcd_client::range(std::string_view key) {
+  return range_from(post("range", "kv/range", key_range(key, {})));
+}
+
+range_result etcd_client::range_prefix(std::string_view prefix) {
+  return range_from(post("range", "kv/range", key_range(prefix, prefix_end(prefix))));
+}
+
+std::int64_t etcd_client::put(std::string_view key, std::string_view value, std::int64_t lease) {
+  json body{{"key", base64_encode(key)}, {"value", base64_encode(value)}};
+  if (lease != 0) body["lease"] = std::to_string(lease);
+  return number(post("put", "kv/put", body).value("header", json::object()), "revision");
+}
+
+std::int64_t etcd_client::erase(std::string_view key) {
+  return number(post("delete", "kv/deleterange", key_range(key, {})), "deleted");
+}
+
+std::int64_t etcd_client::erase_prefix(std::string_view prefix) {
+  return number(post("delete", "kv/deleterange", key_range(prefix, prefix_end(prefix))), "deleted");
+}
+
+txn_result etcd_client::txn(const std::vector<compare>& compares, const std::vector<request>& success,
+                            const std::vector<request>& failure) {
+  json body{{"compare", json::array()}, {"success", json::array()}, {"failure", json::array()}};
+  for (const auto& c : compares) body["compare"].push_back(compare_json(c));
+  for (const auto& r : success) body["success"].push_back(request_json(r));
+  for (const auto& r : failure) body["failure"].push_back(request_json(r));
+  const json answer = post("txn", "kv/txn", body);
+  txn_result result;
+  result.succeeded = answer.value("succeeded", false);
+  result.revision = number(answer.value("header", json::object()), "revision");
+  for (const auto& response : answer.value("responses", json::array())) {
+    if (const auto it = response.find("response_range"); it != response.end()) result.ranges.push_back(range_from(*it));
+  }
+  return result;
+}
+
+lease etcd_client::grant_lease(std::chrono::seconds ttl) {
+  const json answer = post("lease grant", "lease/grant", {{"TTL", std::to_string(ttl.count())}});
+  return {number(answer, "ID"), std::chrono::seconds(number(answer, "TTL"))};
+}
+
+std::chrono::seconds etcd_client::keep_alive(std::int64_t id) {
+  const json answer = post("lease keepalive", "lease/keepalive", {{"ID", std::to_string(id)}});
+  // A stream of one message: {"result": {"ID": ..., "TTL": ...}}; a lease
+  // that is gone comes back without its TTL (or with "0").
+  return std::chrono::seconds(std::max<std::int64_t>(number(answer.value("result", json::object()), "TTL"), 0));
+}
+
+bool etcd_client::revoke_lease(std::int64_t id) {
+  try {
+    post("lease revoke", "lease/revoke", {{"ID", std::to_string(id)}});
+    return true;
+  } catch (const etcd_error& e) {
+    if (e.code() == etcd_error::not_found) return false;
+    throw;
+  }
+}
+
+}  // namespace cohort_run

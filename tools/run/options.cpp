@@ -1,0 +1,265 @@
+#include "run/options.hpp"
+
+#include <cohort/exit_status.hpp>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <signal.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+
+namespace cohort_run {
+namespace {
+
+constexpr const char* version = "0.1.0";
+
+constexpr const char* usage_lines =
+    "Usage: cohort-run [OPTIONS] script.py [args...]      a Python script, with Python (as torchrun)\n"
+    "       cohort-run [OPTIONS] -m module [args...]      python -m module\n"
+    "       cohort-run [OPTIONS] --run-path /abs/script.py [args...]\n"
+    "       cohort-run [OPTIONS] --no-python program [args...]\n"
+    "       cohort-run [OPTIONS] -- program [args...]     any program, as given\n"
+    "\n"
+    "A script is a file ending in .py or a file that is not executable; an executable\n"
+    "or a name found in PATH runs as it is. Python is --python, else $COHORT_PYTHON,\n"
+    "else $PYTHON_EXEC, else the first python3 in PATH that finds the torch package,\n"
+    "else the first python3 in PATH. Every flag may also come from the environment as\n"
+    "PET_<FLAG> (PET_NPROC_PER_NODE=4); the command line wins.\n";
+
+// --help's first lines: the program forms and where Python comes from.
+class formatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App*, std::string) const override { return usage_lines; }
+};
+
+// "nproc-per-node" -> "PET_NPROC_PER_NODE", as torchrun names them.
+std::string environment_name(const std::string& long_name) {
+  std::string name = "PET_";
+  for (char c : long_name) name += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return name;
+}
+
+double seconds(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value) || value < 0) {
+    throw usage_error(fmt::format("{}: '{}' is not a number of seconds, 0 or more (e.g. 30 or 0.5)", flag, text));
+  }
+  return value;
+}
+
+std::vector<std::string> split(const std::string& list) {
+  std::vector<std::string> items;
+  std::string::size_type begin = 0;
+  while (begin <= list.size()) {
+    auto end = list.find(',', begin);
+    if (end == std::string::npos) end = list.size();
+    if (end > begin) items.push_back(list.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return items;
+}
+
+std::vector<int> signals(const std::string& flag, const std::string& list) {
+  std::vector<int> numbers;
+  for (const auto& name : split(list)) numbers.push_back(signal_number(flag, name));
+  return numbers;
+}
+
+void check_choice(const std::string& flag, const std::string& value, std::initializer_list<const char*> choices) {
+  for (const char* choice : choices) {
+    if (value == choice) return;
+  }
+  throw usage_error(fmt::format("{}: '{}' is not one of {}", flag, value, fmt::join(choices, ", ")));
+}
+
+// "N" or "MIN:MAX".
+void parse_nnodes(const std::string& text, run_options& o) {
+  const auto colon = text.find(':');
+  const auto bad = [&] {
+    return usage_error(fmt::format("--nnodes: '{}' is not N or MIN:MAX (whole numbers, 1 <= MIN <= MAX)", text));
+  };
+  try {
+    if (colon == std::string::npos) {
+      o.min_nodes = o.max_nodes = whole_number("--nnodes", text, 1);
+    } else {
+      o.min_nodes = whole_number("--nnodes", text.substr(0, colon), 1);
+      o.max_nodes = whole_number("--nnodes", text.substr(colon + 1), 1);
+    }
+  } catch (const usage_error&) {
+    throw bad();
+  }
+  if (o.min_nodes > o.max_nodes) throw bad();
+}
+
+}  // namespace
+
+int whole_number(const std::string& flag, const std::string& text, int least) {
+  int value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < least) {
+    throw usage_error(fmt::format("{}: '{}' is not a whole number of {} or more", flag, text, least));
+  }
+  return value;
+}
+
+int signal_number(const std::string& flag, std::string name) {
+  if (!name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    const int sig = whole_number(flag, name, 1);
+    if (sig < NSIG && sig != SIGKILL && sig != SIGSTOP) return sig;
+  } else {
+    if (name.rfind("SIG", 0) != 0) name = "SIG" + name;
+    for (int sig = 1; sig < NSIG; ++sig) {
+      if (cohort::signal_name(sig) == name && sig != SIGKILL && sig != SIGSTOP) return sig;
+    }
+  }
+  throw usage_error(fmt::format("{}: '{}' is not a signal that can be handled (e.g. SIGUSR1, USR1 or 10)", flag, name));
+}
+
+run_options parse_options(int argc, char** argv) {
+  run_options o;
+  std::string nnodes = "1", node_rank = "0", master_port, max_restarts = "0", monitor_interval = "0.1";
+  std::string grace_period = "30", local_ranks_filter, signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  std::string signals_to_forward = "SIGUSR1,SIGUSR2";
+  bool module = false, no_python = false, run_path = false;
+
+  CLI::App app("cohort-run: runs N ranks of a program with torchrun's flags and environment contract", "cohort-run");
+  app.formatter(std::make_shared<formatter>());
+  app.prefix_command();  // the program's own arguments are not ours
+  app.set_version_flag("--version", fmt::format("cohort-run {}", version));
+
+  // torchrun's flags, in its order.
+  auto* nnodes_flag = app.add_option("--nnodes", nnodes, "nodes: N, or MIN:MAX for an elastic job (etcd-v3)");
+  app.add_option("-n,--nproc-per-node,--nproc_per_node", o.nproc_per_node,
+                 "ranks on this node: a number, cpu, gpu (CUDA_VISIBLE_DEVICES, else the driver's GPUs) or auto");
+  app.add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend,
+                 "static (default); etcd-v3 (also named etcd and etcd-v2: etcd's v3 API is spoken either way); "
+                 "c10d (its endpoint is the master's host:port, with a fixed --nnodes)");
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint, "etcd's host:port, or c10d's master host:port");
+  app.add_option("--rdzv-id,--rdzv_id,--run-id,--run_id", o.run_id,
+                 "the job's id, TORCHELASTIC_RUN_ID (default: a fresh one per run; 'none' under etcd-v3)");
+  app.add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf,
+                 "etcd-v3: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, "
+                 "read_timeout (seconds) as key=value,...");
+  app.add_flag("--standalone", o.standalone, "one node, master on this host, a fresh run id");
+  app.add_option("--max-restarts,--max_restarts", max_restarts, "restarts of the whole group after a failure");
+  app.add_option("--monitor-interval,--monitor_interval", monitor_interval,
+                 "seconds between checks of an etcd-v3 rendezvous (ranks' exits are seen at once, not polled)");
+  app.add_option("--start-method,--start_method", o.start_method,
+                 "spawn, fork or forkserver: accepted; programs are always started afresh");
+  app.add_option("--event-log-handler,--event_log_handler", o.event_log_handler,
+                 "accepted; torchrun's event handlers are Python plugins, none is called here");
+  app.add_option("--role", o.role, "the ranks' role name");
+  app.add_flag("-m,--module", module, "run the script as a module: python -m");
+  app.add_flag("--no-python,--no_python", no_python, "run the program itself, not with Python");
+  app.add_flag("--run-path,--run_path", run_path, "run the script with runpy.run_path (an absolute path)");
+  app.add_option("--log-dir,--log_dir", o.log_dir,
+                 "folder for the ranks' logs: <dir>/<run-id>/attempt_<k>/<local-rank>/, and result.json");
+  app.add_option("-r,--redirects", o.redirects, "streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both; or 0:3,1:0");
+  app.add_option("-t,--tee", o.tee, "streams to log files and the console, prefixed; values as --redirects");
+  app.add_option("--local-ranks-filter,--local_ranks_filter", local_ranks_filter,
+                 "local ranks whose output reaches the console, e.g. 0,3");
+  auto* node_rank_flag = app.add_option("--node-rank,--node_rank", node_rank, "this node's rank (static)");
+  auto* master_addr_flag = app.add_option("--master-addr,--master_addr", o.master_addr, "address of rank 0's node (static)");
+  app.add_option("--master-port,--master_port", master_port,
+                 "port on it (default: a free one on one node, 29500 across nodes)");
+  app.add_option("--local-addr,--local_addr", o.local_addr,
+                 "this node's address for the others (etcd-v3; default: its host name)");
+  app.add_option("--logs-specs,--logs_specs", o.logs_specs,
+                 "accepted; torchrun's logs_specs are Python plugins: the logs follow --log-dir's layout");
+  app.add_option("--numa-binding,--numa_binding", o.numa_binding,
+                 "node, socket, exclusive or core-complex: accepted, not applied (ranks are not pinned)");
+  app.add_option("--signals-to-handle,--signals_to_handle", signals_to_handle,
+                 "signals that shut the group down, each passed on to the ranks first (default "
+                 "SIGTERM,SIGINT,SIGHUP,SIGQUIT)");
+  // cohort-run's own.
+  app.add_option("--signals-to-forward,--signals_to_forward", signals_to_forward,
+                 "signals passed on to every rank, the run going on (default SIGUSR1,SIGUSR2)");
+  app.add_option("--grace-period,--grace_period", grace_period,
+                 "seconds the ranks are given after each shutdown signal before the next (then SIGKILL)");
+  app.add_option("--log-line-prefix-template,--log_line_prefix_template", o.log_line_prefix_template,
+                 "prefix of teed console lines: ${role}, ${rank}, ${local_rank} "
+                 "(also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)");
+  app.add_option("--result-json,--result_json", o.result_json, "write the run's outcome as JSON to this file");
+  app.add_option("--python", o.python, "the Python interpreter for scripts and modules (also COHORT_PYTHON)");
+  for (auto* option : app.get_options()) {
+    if (!option->get_lnames().empty() && option->get_lnames().front() != "help" &&
+        option->get_lnames().front() != "version") {
+      option->envname(environment_name(option->get_lnames().front()));
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    fmt::print("{}", app.help());
+    std::exit(0);
+  } catch (const CLI::CallForVersion&) {
+    fmt::print("cohort-run {}\n", version);
+    std::exit(0);
+  } catch (const CLI::ParseError& e) {
+    throw usage_error(e.what());
+  }
+
+  parse_nnodes(nnodes, o);
+  o.nnodes_given = nnodes_flag->count() > 0;
+  o.node_rank = whole_number("--node-rank", node_rank, 0);
+  o.node_rank_given = node_rank_flag->count() > 0;
+  o.master_addr_given = master_addr_flag->count() > 0;
+  if (!master_port.empty()) {
+    o.master_port = whole_number("--master-port", master_port, 1);
+    if (o.master_port > 65535) throw usage_error(fmt::format("--master-port: '{}' is not a port, 1 to 65535", master_port));
+  }
+  o.max_restarts = whole_number("--max-restarts", max_restarts, 0);
+  o.monitor_interval = seconds("--monitor-interval", monitor_interval);
+  o.grace_period = seconds("--grace-period", grace_period);
+  for (const auto& item : split(local_ranks_filter)) o.local_ranks_filter.push_back(whole_number("--local-ranks-filter", item, 0));
+  o.signals_to_handle = signals("--signals-to-handle", signals_to_handle);
+  for (int sig : signals("--signals-to-forward", signals_to_forward)) {
+    if (std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), sig) == o.signals_to_handle.end()) {
+      o.signals_to_forward.push_back(sig);
+    }
+  }
+  check_choice("--rdzv-backend", o.rdzv_backend, {"static", "etcd-v3", "etcd", "etcd-v2", "c10d"});
+  check_choice("--start-method", o.start_method, {"spawn", "fork", "forkserver"});
+  if (!o.numa_binding.empty()) check_choice("--numa-binding", o.numa_binding, {"node", "socket", "exclusive", "core-complex"});
+  if (o.log_line_prefix_template == "[${role}${local_rank}]:") {
+    if (const char* from_torch = std::getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")) o.log_line_prefix_template = from_torch;
+  }
+  if (o.python.empty()) {
+    if (const char* chosen = std::getenv("COHORT_PYTHON"); chosen != nullptr && *chosen != '\0') o.python = chosen;
+  }
+
+  o.program = app.remaining();
+  bool separated = false;
+  if (!o.program.empty() && o.program.front() == "--") {
+    o.program.erase(o.program.begin());
+    separated = true;
+  } else if (!o.program.empty() && o.program.front().size() > 1 && o.program.front()[0] == '-') {
+    throw usage_error(fmt::format("unknown option {}", o.program.front()));
+  }
+  if (o.program.empty()) throw usage_error("no program to run: see the forms in cohort-run --help");
+  if (module && no_python) throw usage_error("-m runs a module with Python: it cannot go with --no-python");
+  if (run_path) {  // first, as in torchrun
+    o.form = program_form::run_path;
+  } else if (module) {
+    o.form = program_form::module;
+  } else if (no_python) {
+    o.form = program_form::no_python;
+  } else if (separated) {
+    o.form = program_form::direct;
+  }
+
+  if (o.standalone) {
+    if (o.max_nodes != 1) throw usage_error("--standalone runs one node: --nnodes must be 1");
+    o.rdzv_backend = "static";
+    o.master_addr = "127.0.0.1";
+    o.run_id.clear();  // a fresh one, whatever was asked
+  }
+  return o;
+}
+
+}  // namespace cohort_run

@@ -1,0 +1,79 @@
+// cohort-run's command line: every torchrun flag (with dashes or
+// underscores), each also read from torchrun's PET_<FLAG> variable (the
+// command line wins), cohort-run's own flags, and the program forms.
+#pragma once
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cohort_run {
+
+/// A usage error: its message, and exit code 2.
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// How the positional program is run.
+enum class program_form {
+  automatic,  ///< a Python script with Python (torchrun's form), else the program itself
+  module,     ///< -m: python -m module
+  no_python,  ///< --no-python: the program itself
+  run_path,   ///< --run-path: runpy.run_path of the script in Python
+  direct,     ///< after `--`: the program itself, as given
+};
+
+struct run_options {
+  // Nodes and ranks.
+  std::string nproc_per_node = "1";
+  int min_nodes = 1;
+  int max_nodes = 1;
+  bool nnodes_given = false;  ///< on the command line or in PET_NNODES
+  int node_rank = 0;
+  bool node_rank_given = false;
+  // Rendezvous.
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;
+  std::string rdzv_conf;
+  bool standalone = false;
+  std::string master_addr = "127.0.0.1";
+  bool master_addr_given = false;
+  int master_port = 0;  ///< 0: a free port on one node, 29500 across nodes
+  std::string local_addr;
+  // The run.
+  std::string run_id;  ///< --run-id / --rdzv-id; empty: a fresh one per run
+  std::string role = "default";
+  int max_restarts = 0;
+  double monitor_interval = 0.1;
+  double grace_period = 30;  ///< seconds each shutdown signal is given
+  std::vector<int> signals_to_handle;   ///< shut the group down
+  std::vector<int> signals_to_forward;  ///< passed on to every rank
+  // Logs and results.
+  std::string log_dir;
+  std::string redirects = "0";
+  std::string tee = "0";
+  std::vector<int> local_ranks_filter;
+  std::string log_line_prefix_template = "[${role}${local_rank}]:";
+  std::string result_json;
+  // Accepted for torchrun's command lines; see --help for what each means here.
+  std::string start_method = "spawn";
+  std::string event_log_handler = "null";
+  std::string logs_specs;
+  std::string numa_binding;
+  // The program.
+  program_form form = program_form::automatic;
+  std::string python;  ///< --python / COHORT_PYTHON; empty: chosen at start
+  std::vector<std::string> program;  ///< the script, module or program, then its arguments
+};
+
+/// Parses argv and the PET_ variables. Prints --help or --version and exits
+/// 0; throws usage_error for anything it cannot take.
+run_options parse_options(int argc, char** argv);
+
+/// "5" -> 5; a message naming `flag` and what it accepts otherwise.
+int whole_number(const std::string& flag, const std::string& text, int least);
+/// A signal by name ("SIGUSR1", "USR1") or number.
+int signal_number(const std::string& flag, std::string name);
+
+}  // namespace cohort_run

@@ -1,0 +1,140 @@
+#include "run/program.hpp"
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <set>
+
+extern char** environ;
+
+namespace cohort_run {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool runnable(const fs::path& p) {
+  std::error_code ec;
+  return ::access(p.c_str(), X_OK) == 0 && !fs::is_directory(p, ec);
+}
+
+// Every `name` in PATH, in PATH's order.
+std::vector<fs::path> all_in_path(const std::string& name) {
+  std::vector<fs::path> found;
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
+  while (true) {
+    const auto colon = dirs.find(':');
+    const std::string dir(dirs.substr(0, colon));
+    const auto candidate = fs::path(dir.empty() ? "." : dir) / name;
+    if (runnable(candidate)) found.push_back(candidate);
+    if (colon == std::string_view::npos) break;
+    dirs.remove_prefix(colon + 1);
+  }
+  return found;
+}
+
+// `program` as a shell finds it: a path as it is, a name in PATH.
+std::string program_path(const std::string& program, const char* what) {
+  if (program.find('/') != std::string::npos) {
+    if (runnable(program)) return program;
+    std::error_code ec;
+    const bool exists = fs::exists(program, ec);
+    throw program_error(fmt::format("{}{}: {}", what, program, exists ? "not executable" : "not found"), exists ? 126 : 127);
+  }
+  const auto found = all_in_path(program);
+  if (found.empty()) throw program_error(fmt::format("{}{}: not found in PATH", what, program), 127);
+  return program;
+}
+
+// Whether `python` finds the torch package (without importing it: that
+// takes seconds).
+bool finds_torch(const fs::path& python) {
+  posix_spawn_file_actions_t actions;
+  ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  ::posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  std::string program = python.string();
+  std::string dash_c = "-c";
+  std::string code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)";
+  char* argv[] = {program.data(), dash_c.data(), code.data(), nullptr};
+  pid_t pid = 0;
+  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv, environ);
+  ::posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return false;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+bool is_python_script(const std::string& name) {
+  std::error_code ec;
+  if (name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0) return true;
+  return fs::is_regular_file(name, ec) && !runnable(name);
+}
+
+std::string existing_script(const std::string& script) {
+  std::error_code ec;
+  if (!fs::is_regular_file(script, ec)) throw program_error(fmt::format("{}: no such script", script), 127);
+  return script;
+}
+
+}  // namespace
+
+std::string python_interpreter(const std::string& chosen) {
+  if (!chosen.empty()) return program_path(chosen, "Python ");
+  if (const char* exec = std::getenv("PYTHON_EXEC"); exec != nullptr && *exec != '\0') {
+    return program_path(exec, "Python (PYTHON_EXEC) ");
+  }
+  std::set<fs::path> tried;
+  const auto candidates = all_in_path("python3");
+  for (const auto& python : candidates) {
+    std::error_code ec;
+    auto real = fs::canonical(python, ec);
+    if (!tried.insert(ec ? python : real).second) continue;
+    if (finds_torch(python)) return python.string();
+  }
+  if (candidates.empty()) throw program_error("python3: not found in PATH (choose one with --python)", 127);
+  return candidates.front().string();
+}
+
+std::vector<std::string> rank_command(const run_options& o) {
+  const auto& program = o.program.front();
+  const std::vector<std::string> args(o.program.begin() + 1, o.program.end());
+  std::vector<std::string> command;
+  const auto with_python = [&](std::initializer_list<std::string> head) {
+    command = {python_interpreter(o.python), "-u"};
+    command.insert(command.end(), head);
+  };
+  switch (o.form) {
+    case program_form::run_path:
+      with_python({"-c", "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+                   existing_script(program)});
+      break;
+    case program_form::module:
+      with_python({"-m", program});
+      break;
+    case program_form::automatic:
+      if (is_python_script(program)) {
+        with_python({existing_script(program)});
+        break;
+      }
+      [[fallthrough]];
+    case program_form::no_python:
+    case program_form::direct:
+      command = {program_path(program, "")};
+      break;
+  }
+  command.insert(command.end(), args.begin(), args.end());
+  return command;
+}
+
+}  // namespace cohort_run

@@ -1,0 +1,29 @@
+// What each rank runs, from the program form: a Python script with the
+// interpreter torchrun would use, a module, or a program as given. Checked
+// before any rank starts, so that a missing program is one line, not N
+// failing ranks.
+#pragma once
+
+#include "run/options.hpp"
+
+#include <string>
+#include <vector>
+
+namespace cohort_run {
+
+/// A program that cannot be run: the message, and the shell's exit code
+/// (127 not found, 126 not executable).
+struct program_error : std::runtime_error {
+  program_error(const std::string& what, int code) : std::runtime_error(what), exit_code(code) {}
+  int exit_code;
+};
+
+/// The interpreter for scripts and modules: `chosen` when set, else
+/// $PYTHON_EXEC, else the first python3 in PATH that finds the torch
+/// package, else the first python3 in PATH.
+std::string python_interpreter(const std::string& chosen);
+
+/// The command line every rank runs (program first). Throws program_error.
+std::vector<std::string> rank_command(const run_options& o);
+
+}  // namespace cohort_run

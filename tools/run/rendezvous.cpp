@@ -1,0 +1,442 @@
+// The etcd rendezvous: one read of the job's keys per poll, and
+// transactions that hold only on the state they were decided from
+// (rendezvous.hpp describes the keys and the rounds).
+#include "run/rendezvous.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <condition_variable>
+#include <mutex>
+#include <set>
+#include <utility>
+
+namespace cohort_run {
+
+namespace {
+
+using nlohmann::json;
+using clock_type = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Sleeps for `period` or until `stop` is requested; false when it was.
+bool sleep_unless_stopped(std::stop_token stop, milliseconds period) {
+  std::mutex m;
+  std::condition_variable_any woken;
+  std::unique_lock lock(m);
+  woken.wait_for(lock, stop, period, [] { return false; });
+  return !stop.stop_requested();
+}
+
+// `d` in seconds, for messages: "0.5 s".
+std::string seconds_text(milliseconds d) {
+  std::string text = std::to_string(d.count() / 1000);
+  if (const auto rest = d.count() % 1000; rest != 0) {
+    std::string fraction = std::to_string(1000 + rest).substr(1);
+    fraction.erase(fraction.find_last_not_of('0') + 1);
+    text += "." + fraction;
+  }
+  return text + " s";
+}
+
+milliseconds until(clock_type::time_point deadline) {
+  return std::max(milliseconds(0), std::chrono::ceil<milliseconds>(deadline - clock_type::now()));
+}
+
+std::string nodes_text(std::size_t n) { return std::to_string(n) + (n == 1 ? " node" : " nodes"); }
+
+}  // namespace
+
+// What one read of the job's keys shows, of the current round only.
+struct etcd_rendezvous::snapshot {
+  std::int64_t revision = 0;  ///< the store's, at the read
+  std::optional<std::string> closed;
+  bool has_state = false;
+  std::int64_t state_revision = 0;  ///< the state key's mod revision
+  std::int64_t round = 0;
+  bool running = false;
+  std::string why;              ///< why the round was opened
+  std::vector<member> listed;   ///< running: the frozen list
+  std::vector<member> joined;   ///< live member keys of the round, by creation
+  std::set<std::string> done;   ///< members of the round that finished
+  std::set<std::string> waiting;
+
+  bool has_joined(const std::string& id) const {
+    return std::any_of(joined.begin(), joined.end(), [&](const member& m) { return m.id == id; });
+  }
+  bool lists(const std::string& id) const {
+    return std::any_of(listed.begin(), listed.end(), [&](const member& m) { return m.id == id; });
+  }
+};
+
+// Where next_round stands, across its polls.
+struct etcd_rendezvous::progress {
+  bool wrote = false;       ///< the step wrote: read again at once
+  std::int64_t round = -1;  ///< the round min_reached is counted in
+  bool min_joined = false;  ///< min_nodes have joined it, since min_reached
+  clock_type::time_point min_reached;
+  std::string text = "etcd was not read";  ///< for the message of a timeout
+};
+
+etcd_rendezvous::etcd_rendezvous(rendezvous_config config)
+    : config_(std::move(config)), prefix_("/cohort/rdzv/" + config_.run_id + "/"),
+      client_(config_.endpoint, config_.request_timeout) {
+  if (config_.endpoint.empty()) throw std::invalid_argument("rendezvous: no etcd endpoint");
+  if (config_.run_id.empty() || config_.run_id.find('/') != std::string::npos) {
+    throw std::invalid_argument("rendezvous: a run id must be non-empty and without '/': '" + config_.run_id + "'");
+  }
+  if (config_.min_nodes < 1 || config_.max_nodes < config_.min_nodes) {
+    throw std::invalid_argument("rendezvous: nodes " + std::to_string(config_.min_nodes) + ":" +
+                                std::to_string(config_.max_nodes) + " is no range of at least one node");
+  }
+  if (config_.nproc < 1) throw std::invalid_argument("rendezvous: a node needs at least one rank");
+  if (config_.local_addr.empty()) throw std::invalid_argument("rendezvous: no local address");
+  if (config_.lease_ttl <= milliseconds(0) || config_.poll_interval <= milliseconds(0) ||
+      config_.request_timeout <= milliseconds(0)) {
+    throw std::invalid_argument("rendezvous: lease_ttl, poll_interval and request_timeout must be positive");
+  }
+}
+
+etcd_rendezvous::~etcd_rendezvous() {
+  unwatch();
+  keeper_ = {};  // stops and joins it
+  if (lease_ != 0) {
+    try {
+      client_.timeout(milliseconds(1000));
+      client_.revoke_lease(lease_);
+    } catch (const etcd_error&) {
+      // Unreachable: the lease expires on its own.
+    }
+  }
+}
+
+std::string etcd_rendezvous::where() const {
+  return "rendezvous of job '" + config_.run_id + "' at " + config_.endpoint;
+}
+
+std::string etcd_rendezvous::node_id() const {
+  char text[17];
+  const auto id = static_cast<std::uint64_t>(lease_);
+  return {text, std::to_chars(text, text + sizeof text, id, 16).ptr};
+}
+
+etcd_rendezvous::snapshot etcd_rendezvous::read(etcd_client& client) const {
+  const auto all = client.range_prefix(prefix_);
+  snapshot s;
+  s.revision = all.revision;
+  // Member keys, by round: only the state's round counts, known once all is read.
+  struct round_key {
+    std::int64_t round;
+    bool done;
+    member who;
+    std::int64_t created;
+  };
+  std::vector<round_key> round_keys;
+  for (const auto& kv : all.kvs) {
+    const std::string_view name = std::string_view(kv.key).substr(prefix_.size());
+    if (name == "closed") {
+      s.closed = kv.value;
+    } else if (name == "state") {
+      const json state = json::parse(kv.value, nullptr, false);
+      if (!state.is_object()) throw rendezvous_error(where() + ": the state key holds no JSON object: " + kv.value);
+      s.has_state = true;
+      s.state_revision = kv.mod_revision;
+      s.round = state.value("round", std::int64_t{0});
+      s.running = state.value("phase", std::string()) == "running";
+      s.why = state.value("why", std::string());
+      for (const auto& m : state.value("members", json::array())) {
+        s.listed.push_back({m.value("id", std::string()), m.value("addr", std::string()), m.value("port", 0),
+                            m.value("nproc", 1)});
+      }
+    } else if (name.starts_with("w/")) {
+      s.waiting.insert(std::string(name.substr(2)));
+    } else if (name.starts_with("r/")) {
+      // r/<N>/m/<id> or r/<N>/done/<id>
+      const auto rest = name.substr(2);
+      std::int64_t round = 0;
+      const auto [end, error] = std::from_chars(rest.data(), rest.data() + rest.size(), round);
+      const std::string_view tail(end, static_cast<std::size_t>(rest.data() + rest.size() - end));
+      if (error != std::errc()) continue;
+      if (tail.starts_with("/m/")) {
+        const json value = json::parse(kv.value, nullptr, false);
+        if (!value.is_object()) continue;
+        round_keys.push_back({round, false,
+                              {std::string(tail.substr(3)), value.value("addr", std::string()), value.value("port", 0),
+                               value.value("nproc", 1)},
+                              kv.create_revision});
+      } else if (tail.starts_with("/done/")) {
+        round_keys.push_back({round, true, {std::string(tail.substr(6)), {}, 0, 0}, kv.create_revision});
+      }
+    }
+  }
+  std::sort(round_keys.begin(), round_keys.end(),
+            [](const round_key& a, const round_key& b) { return a.created < b.created; });
+  for (auto& k : round_keys) {
+    if (k.round != s.round) continue;
+    if (k.done) {
+      s.done.insert(k.who.id);
+    } else {
+      s.joined.push_back(std::move(k.who));
+    }
+  }
+  return s;
+}
+
+void etcd_rendezvous::ensure_lease() {
+  if (lease_ != 0 && !lease_lost_.load(std::memory_order_relaxed)) return;
+  keeper_ = {};
+  const auto ttl = std::max<std::int64_t>(1, (config_.lease_ttl.count() + 999) / 1000);
+  const auto granted = client_.grant_lease(std::chrono::seconds(ttl));
+  lease_ = granted.id;
+  lease_lost_.store(false, std::memory_order_relaxed);
+  keeper_ = std::jthread([this, id = granted.id](std::stop_token stop) { keep_alive(stop, id); });
+}
+
+void etcd_rendezvous::keep_alive(std::stop_token stop, std::int64_t lease) {
+  const auto period = std::max(config_.lease_ttl / 3, milliseconds(50));
+  etcd_client client(config_.endpoint, std::max(period, milliseconds(200)));
+  auto renewed = clock_type::now();
+  while (sleep_unless_stopped(stop, period)) {
+    try {
+      if (client.keep_alive(lease) == std::chrono::seconds(0)) break;
+      renewed = clock_type::now();
+    } catch (const etcd_error&) {
+      // Not renewed for a whole time to live: etcd has let it expire.
+      if (clock_type::now() - renewed > config_.lease_ttl) break;
+    }
+  }
+  if (!stop.stop_requested()) lease_lost_.store(true, std::memory_order_relaxed);
+}
+
+bool etcd_rendezvous::open_round(std::int64_t after, std::int64_t seen_revision, const std::string& why) {
+  const json state{{"round", after + 1}, {"phase", "joining"}, {"why", why}};
+  return client_
+      .txn({compare::written_at(prefix_ + "state", seen_revision)},
+           {put_request{prefix_ + "state", state.dump()}, delete_request{prefix_ + "r/", prefix_end(prefix_ + "r/")}})
+      .succeeded;
+}
+
+assignment etcd_rendezvous::next_round() {
+  unwatch();
+  const auto deadline = clock_type::now() + config_.join_timeout;
+  std::optional<etcd_error> unreachable;  // etcd's last transient failure, while it lasts
+  progress p;
+  try {
+    for (;;) {
+      const auto left = until(deadline);
+      if (left == milliseconds(0)) {
+        if (unreachable) {
+          throw rendezvous_error(where() + ": etcd unreachable until join_timeout (" +
+                                 seconds_text(config_.join_timeout) + "): " + unreachable->what());
+        }
+        throw rendezvous_error(where() + ": no round formed within join_timeout (" +
+                               seconds_text(config_.join_timeout) + "): " + p.text);
+      }
+      client_.timeout(std::min(config_.request_timeout, left));
+      p.wrote = false;
+      try {
+        ensure_lease();
+        const auto s = read(client_);
+        unreachable.reset();
+        if (auto placed = step(s, p)) {
+          client_.timeout(config_.request_timeout);
+          return *placed;
+        }
+      } catch (const etcd_error& e) {
+        if (e.code() == etcd_error::not_found) {
+          lease_lost_.store(true, std::memory_order_relaxed);  // this node's lease expired: grant another
+          p.wrote = true;
+        } else if (e.transient()) {
+          unreachable = e;
+        } else {
+          throw rendezvous_error(where() + ": " + e.what());
+        }
+      }
+      if (!p.wrote) std::this_thread::sleep_for(std::min(config_.poll_interval, until(deadline)));
+    }
+  } catch (const rendezvous_error&) {
+    // Out of the rendezvous: this node's keys go with its lease, so that no
+    // round counts it.
+    keeper_ = {};
+    if (const auto lease = std::exchange(lease_, 0); lease != 0) {
+      try {
+        client_.timeout(std::min(config_.request_timeout, milliseconds(1000)));
+        client_.revoke_lease(lease);
+      } catch (const etcd_error&) {
+      }
+    }
+    client_.timeout(config_.request_timeout);
+    throw;
+  }
+}
+
+std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) {
+  if (s.closed) throw rendezvous_error(where() + ": the job was closed: " + *s.closed);
+  const auto self = node_id();
+  const auto state_unchanged = compare::written_at(prefix_ + "state", s.state_revision);
+  p.wrote = true;
+  if (!s.has_state) {
+    const json first{{"round", 0}, {"phase", "joining"}, {"why", "the job's first round"}};
+    client_.txn({state_unchanged}, {put_request{prefix_ + "state", first.dump()}});
+  } else if (!s.running && !s.has_joined(self)) {
+    const json me{{"addr", config_.local_addr}, {"port", config_.local_port}, {"nproc", config_.nproc}};
+    client_.txn({state_unchanged}, {put_request{member_prefix(s.round) + self, me.dump(), lease_},
+                                    delete_request{prefix_ + "w/" + self, {}}});
+  } else if (!s.running) {
+    p.wrote = close_when_due(s, p);
+  } else if (s.lists(self) && !(placed_ && placed_->round == s.round)) {
+    placed_ = placement{s.round, s.state_revision, self, s.listed};
+    client_.erase(prefix_ + "w/" + self);
+    return assignment_of(self, s);
+  } else if (s.lists(self)) {
+    // The round this node ran: it asks for the next one.
+    open_round(s.round, s.state_revision, config_.local_addr + " asks for a new round");
+  } else {
+    // Running without this node: it waits for the next round, which the
+    // members open when they see it waiting, or it opens itself when no
+    // member is left running.
+    const bool members_left = std::any_of(s.listed.begin(), s.listed.end(),
+                                          [&](const member& m) { return s.has_joined(m.id) && !s.done.contains(m.id); });
+    p.text = "round " + std::to_string(s.round) + " ran with " + nodes_text(s.listed.size()) + " and did not end";
+    if (!members_left) {
+      open_round(s.round, s.state_revision,
+                 config_.local_addr + " joins, and no node of round " + std::to_string(s.round) + " is left");
+    } else {
+      p.wrote = false;
+      if (!s.waiting.contains(self)) client_.put(prefix_ + "w/" + self, config_.local_addr, lease_);
+    }
+  }
+  return std::nullopt;
+}
+
+bool etcd_rendezvous::close_when_due(const snapshot& s, progress& p) {
+  const auto n = static_cast<int>(s.joined.size());
+  if (p.round != s.round || n < config_.min_nodes) p.min_joined = false;
+  p.round = s.round;
+  if (n >= config_.min_nodes && !p.min_joined) {
+    p.min_joined = true;
+    p.min_reached = clock_type::now();
+  }
+  p.text = std::to_string(n) + " of at least " + std::to_string(config_.min_nodes) + " nodes had joined round " +
+           std::to_string(s.round);
+  if (n < config_.max_nodes && !(p.min_joined && clock_type::now() - p.min_reached >= config_.last_call_timeout)) {
+    return false;
+  }
+  json members = json::array();
+  for (int i = 0; i < std::min(n, config_.max_nodes); ++i) {
+    const auto& m = s.joined[static_cast<std::size_t>(i)];
+    members.push_back({{"id", m.id}, {"addr", m.addr}, {"port", m.port}, {"nproc", m.nproc}});
+  }
+  const json running{{"round", s.round}, {"phase", "running"}, {"why", s.why}, {"members", members}};
+  // Holds only while the state is the one read and nobody joined since:
+  // the round closes on what every node of it saw.
+  const auto joins = member_prefix(s.round);
+  client_.txn({compare::written_at(prefix_ + "state", s.state_revision),
+               compare::unwritten_since(joins, prefix_end(joins), s.revision)},
+              {put_request{prefix_ + "state", running.dump()}});
+  return true;
+}
+
+assignment etcd_rendezvous::assignment_of(const std::string& self, const snapshot& s) {
+  assignment a;
+  a.round = static_cast<int>(s.round);
+  a.nnodes = static_cast<int>(s.listed.size());
+  a.master_addr = s.listed.front().addr;
+  a.master_port = s.listed.front().port;
+  a.world_size = 0;
+  for (std::size_t i = 0; i < s.listed.size(); ++i) {
+    if (s.listed[i].id == self) {
+      a.node_rank = static_cast<int>(i);
+      a.first_rank = a.world_size;
+    }
+    a.world_size += s.listed[i].nproc;
+  }
+  return a;
+}
+
+std::string etcd_rendezvous::member_prefix(std::int64_t round) const {
+  return prefix_ + "r/" + std::to_string(round) + "/m/";
+}
+
+void etcd_rendezvous::watch(std::function<void(const round_change&)> on_change) {
+  unwatch();
+  if (!placed_) throw std::logic_error("rendezvous: watch before next_round placed this node");
+  watcher_ = std::jthread([this, round = *placed_, on_change = std::move(on_change)](std::stop_token stop) {
+    watch_round(stop, round, on_change);
+  });
+}
+
+void etcd_rendezvous::unwatch() {
+  watcher_.request_stop();
+  if (watcher_.joinable() && watcher_.get_id() != std::this_thread::get_id()) watcher_.join();
+}
+
+void etcd_rendezvous::watch_round(std::stop_token stop, placement round,
+                                  std::function<void(const round_change&)> on_change) {
+  using cause = round_change::cause;
+  etcd_client client(config_.endpoint, config_.request_timeout);
+  auto last_read = clock_type::now();
+  while (sleep_unless_stopped(stop, config_.poll_interval)) {
+    std::optional<round_change> change;
+    try {
+      const auto s = read(client);
+      last_read = clock_type::now();
+      change = change_in(s, round);
+    } catch (const etcd_error& e) {
+      if (clock_type::now() - last_read > config_.lease_ttl) {
+        change = {cause::etcd_unreachable, "etcd unreachable for " + seconds_text(config_.lease_ttl) + ": " + e.what()};
+      }
+    } catch (const rendezvous_error& e) {
+      change = {cause::new_round, e.what()};
+    }
+    if (change) {
+      if (!stop.stop_requested()) on_change(*change);
+      return;
+    }
+  }
+}
+
+std::optional<round_change> etcd_rendezvous::change_in(const snapshot& s, const placement& round) const {
+  using cause = round_change::cause;
+  if (s.closed) return round_change{cause::closed, "the job was closed: " + *s.closed};
+  if (!s.has_state) return round_change{cause::new_round, "the job's state was removed from etcd"};
+  if (s.state_revision != round.state_revision) {
+    return round_change{cause::new_round, "round " + std::to_string(s.round) + " was started: " + s.why};
+  }
+  if (lease_lost_.load(std::memory_order_relaxed) || !s.has_joined(round.self)) {
+    return round_change{cause::lease_lost, "this node's lease expired"};
+  }
+  for (std::size_t i = 0; i < round.members.size(); ++i) {
+    const auto& m = round.members[i];
+    if (!s.has_joined(m.id) && !s.done.contains(m.id)) {
+      return round_change{cause::member_lost,
+                          "node " + std::to_string(i) + " (" + m.addr + ") left without finishing: its lease expired"};
+    }
+  }
+  if (!s.waiting.empty() && round.members.size() < static_cast<std::size_t>(config_.max_nodes)) {
+    return round_change{cause::node_waiting, nodes_text(s.waiting.size()) + " waiting to join"};
+  }
+  return std::nullopt;
+}
+
+void etcd_rendezvous::finished() {
+  unwatch();
+  if (!placed_) return;
+  // Only into the round that still runs: a newer one has no use for it.
+  client_.txn({compare::written_at(prefix_ + "state", placed_->state_revision)},
+              {put_request{prefix_ + "r/" + std::to_string(placed_->round) + "/done/" + placed_->self, "done"}});
+}
+
+void etcd_rendezvous::close(const std::string& why) {
+  unwatch();
+  client_.put(prefix_ + "closed", why);
+}
+
+void etcd_rendezvous::restart(const std::string& why) {
+  unwatch();
+  if (!placed_) return;
+  open_round(placed_->round, placed_->state_revision, why);
+}
+
+}  // namespace cohort_run

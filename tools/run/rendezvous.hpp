@@ -1,0 +1,194 @@
+// The rendezvous of an elastic multi-node job through etcd (cohort-run's
+// --rdzv-backend etcd-v3): the nodes of a job agree, round after round, on
+// who takes part and in which order, and learn when a round must end.
+//
+// Under /cohort/rdzv/<run_id>/ in etcd:
+//   state            {"round": N, "phase": "joining" | "running", "why": ..., "members": [...]}
+//                    the current round; "members" (running only) is its
+//                    frozen list, in node-rank order
+//   closed           why the job was closed by a node that failed for good
+//   w/<node>         a node waiting for the next round (under its lease)
+//   r/<N>/m/<node>   a member of round N: {"addr", "port", "nproc"} (under
+//                    its lease); the creation revision orders the joins
+//   r/<N>/done/<node>  a member of round N whose ranks succeeded (no lease:
+//                    it outlives the node)
+// <node> is the node's lease id, in hex. State and closed outlive the job:
+// a run id names one job.
+//
+// A node joins the open round with a transaction that holds only while the
+// state is the one it read. Once max_nodes have joined, or min_nodes have
+// for last_call_timeout, a node closes the round with a transaction that
+// holds only while neither the state nor the membership changed since its
+// read, writing the frozen list: exactly one view wins. A node that finds
+// the round running without it registers as waiting; members then open the
+// next round (a transaction that also deletes every r/ key), as does the
+// waiting node itself when no member of the running round is left.
+#pragma once
+
+#include "run/etcd.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace cohort_run {
+
+/// A rendezvous that cannot go on: no round formed within join_timeout,
+/// etcd stayed unreachable, or a node closed the job. The message says which,
+/// and names the job and the endpoint.
+struct rendezvous_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// What one node brings to the rendezvous.
+struct rendezvous_config {
+  std::string endpoint;  ///< host:port of etcd's client URL
+  std::string run_id;    ///< shared by every node of the job, and by no other job
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int nproc = 1;           ///< this node's ranks (LOCAL_WORLD_SIZE)
+  std::string local_addr;  ///< the address other nodes reach this node at
+  int local_port = 0;      ///< a free port here, MASTER_PORT if this node becomes node 0
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};     ///< the longest next_round waits
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};  ///< wait for more nodes once min_nodes joined
+  /// How long a silent node stays a member (etcd rounds it up to whole
+  /// seconds, and to its own minimum).
+  std::chrono::milliseconds lease_ttl{std::chrono::seconds(5)};
+  /// How often membership is read: one etcd request per poll.
+  std::chrono::milliseconds poll_interval{std::chrono::milliseconds(500)};
+  /// The longest one etcd request may take (rdzv-conf read_timeout).
+  std::chrono::milliseconds request_timeout{std::chrono::seconds(5)};
+};
+
+/// This node's place in a formed round.
+struct assignment {
+  int round = 0;
+  int node_rank = 0;  ///< position in the order of joining
+  int nnodes = 1;
+  int world_size = 1;  ///< the sum of nproc over the round's nodes
+  int first_rank = 0;  ///< RANK of this node's local rank 0: the sum of nproc of the nodes before it
+  std::string master_addr;  ///< node 0's local_addr
+  int master_port = 0;      ///< node 0's local_port
+};
+
+/// Why a watched round must end.
+struct round_change {
+  enum class cause {
+    member_lost,       ///< a member's lease expired before it finished
+    node_waiting,      ///< a node waits to join, and the round has room
+    new_round,         ///< another node started a new round (restart, or it re-joins)
+    closed,            ///< a node closed the job: next_round will throw
+    lease_lost,        ///< this node's own lease expired
+    etcd_unreachable,  ///< etcd did not answer for lease_ttl
+  };
+  cause what;
+  std::string reason;  ///< what happened, naming the node: "node 2 (10.0.0.3) left without finishing: ..."
+};
+
+/// One node's side of the rendezvous. Its calls may come from any thread,
+/// one at a time; watch's callback runs on a thread of the watch's own.
+class etcd_rendezvous {
+ public:
+  /// Checks the configuration (std::invalid_argument); contacts etcd only
+  /// in next_round, which grants this node's lease and from then on keeps
+  /// it alive on a thread of its own.
+  explicit etcd_rendezvous(rendezvous_config config);
+  /// Stops the watch and the keepalive, and revokes the lease: this node's
+  /// keys go at once (a node that has not called finished() is then lost to
+  /// the others' watch).
+  ~etcd_rendezvous();
+  etcd_rendezvous(const etcd_rendezvous&) = delete;
+  etcd_rendezvous& operator=(const etcd_rendezvous&) = delete;
+
+  /// Blocks until this node is placed in a formed round, and returns its
+  /// place. Stops a watch still running. Retries while etcd is unreachable.
+  /// Throws rendezvous_error once join_timeout has passed (saying how many
+  /// nodes had joined, or what etcd last answered), or when a node closed
+  /// the job.
+  assignment next_round();
+
+  /// Starts watching the round next_round last returned (std::logic_error
+  /// before any), with one etcd request per poll_interval: `on_change` is
+  /// called once, on the watch's thread, when the round must end: a member
+  /// left without finishing (its lease expired), a node waits to join
+  /// (while the round has fewer than max_nodes), another node started a new
+  /// round, the job was closed, this node's own lease was lost, or etcd
+  /// stayed unreachable for lease_ttl. Replaces an earlier watch.
+  /// on_change should only hand the reason over: it must not call watch()
+  /// nor destroy the rendezvous.
+  void watch(std::function<void(const round_change&)> on_change);
+  /// Stops the watch; once it returns, on_change is not called any more,
+  /// unless it is running (unwatch from inside on_change returns at once).
+  void unwatch();
+
+  /// This node's ranks succeeded: its leaving does not end the round for the
+  /// others. Stops this node's watch. Throws etcd_error when etcd cannot be told.
+  void finished();
+  /// This node failed for good: every other node's watch fires with `why`,
+  /// and every next_round (this node's too) throws with it. Stops this
+  /// node's watch. Throws etcd_error when etcd cannot be told.
+  void close(const std::string& why);
+  /// This node's ranks failed and it will try again: starts a new round for
+  /// every node (their watch fires with `why` as its reason). Nothing when a newer round
+  /// was already started. Stops this node's watch. Throws etcd_error when
+  /// etcd cannot be told.
+  void restart(const std::string& why);
+
+ private:
+  struct member {
+    std::string id;
+    std::string addr;
+    int port = 0;
+    int nproc = 1;
+  };
+  /// The round next_round last returned, as the state it read.
+  struct placement {
+    std::int64_t round = 0;
+    std::int64_t state_revision = 0;  ///< the state key's mod revision while the round runs
+    std::string self;                 ///< this node's id in it
+    std::vector<member> members;
+  };
+  struct snapshot;
+  struct progress;
+
+  /// One read of the job's keys.
+  snapshot read(etcd_client& client) const;
+  /// One step of next_round on what `s` shows, at most one write; this
+  /// node's assignment once it is placed.
+  std::optional<assignment> step(const snapshot& s, progress& p);
+  /// Closes the open round `s` shows when max_nodes have joined, or
+  /// min_nodes have for last_call_timeout; whether it tried.
+  bool close_when_due(const snapshot& s, progress& p);
+  static assignment assignment_of(const std::string& self, const snapshot& s);
+  std::string member_prefix(std::int64_t round) const;
+  /// Grants a lease when this node has none (or lost it) and starts its keepalive.
+  void ensure_lease();
+  void keep_alive(std::stop_token stop, std::int64_t lease);
+  /// Opens round `after` + 1 when the state is still `seen_revision`; false when it was not.
+  bool open_round(std::int64_t after, std::int64_t seen_revision, const std::string& why);
+  void watch_round(std::stop_token stop, placement round, std::function<void(const round_change&)> on_change);
+  /// What ends `round`, as `s` shows it; nothing while it may go on.
+  std::optional<round_change> change_in(const snapshot& s, const placement& round) const;
+  std::string node_id() const;
+  std::string where() const;
+
+  rendezvous_config config_;
+  std::string prefix_;
+  etcd_client client_;  ///< the caller's; the keepalive and the watch have their own
+  std::optional<placement> placed_;
+  std::int64_t lease_ = 0;  ///< this node's lease; 0 before the first grant
+  // Set by the keepalive when the lease is gone (and by next_round when etcd
+  // says so), read by next_round and the watch. Relaxed on both sides: the
+  // flag publishes no other data, and its readers read etcd again.
+  std::atomic<bool> lease_lost_{false};
+  std::jthread keeper_;
+  std::jthread watcher_;
+};
+
+}  // namespace cohort_run

@@ -1,0 +1,162 @@
+#include "run/report.hpp"
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/statvfs.h>
+
+#include <ctime>
+
+namespace cohort_run {
+namespace {
+
+std::string describe_status(const cohort::exit_status& status) {
+  if (status.signaled()) return fmt::format("signal {} ({})", cohort::signal_name(status.signal()), status.signal());
+  return std::to_string(status.code());
+}
+
+double in_seconds(std::chrono::microseconds t) { return std::chrono::duration<double>(t).count(); }
+
+std::string local_time(std::chrono::system_clock::time_point when) {
+  const auto seconds = std::chrono::system_clock::to_time_t(when);
+  std::tm local{};
+  ::localtime_r(&seconds, &local);
+  return fmt::format("{:%Y-%m-%d_%H:%M:%S}", local);
+}
+
+void print_failure(const cohort::rank_failure& f, const run_record& run, const attempt_record& a) {
+  const auto& usage = f.status.usage();
+  fmt::print(stderr, "  time       : {}\n", local_time(f.timestamp));
+  fmt::print(stderr, "  host       : {}\n", run.host);
+  fmt::print(stderr, "  rank       : {} (local_rank: {})\n", a.first_rank + f.rank, f.rank);
+  fmt::print(stderr, "  pid        : {}\n", f.pid);
+  fmt::print(stderr, "  exitcode   : {}\n", describe_status(f.status));
+  fmt::print(stderr, "  cpu time   : {:.3f} s user, {:.3f} s system\n", in_seconds(usage.user_time),
+             in_seconds(usage.system_time));
+  fmt::print(stderr, "  peak rss   : {:.1f} MiB\n", static_cast<double>(usage.max_rss_kib) / 1024);
+  fmt::print(stderr, "  error_file : {}\n", f.message.empty() ? "<N/A>" : f.error_file.string());
+  if (!f.message.empty()) fmt::print(stderr, "  message    : {}\n", f.message);
+  if (!f.trace.empty()) {
+    fmt::print(stderr, "  traceback  :\n");
+    std::string::size_type begin = 0;
+    while (begin < f.trace.size()) {
+      auto end = f.trace.find('\n', begin);
+      if (end == std::string::npos) end = f.trace.size();
+      fmt::print(stderr, "    {}\n", std::string_view(f.trace).substr(begin, end - begin));
+      begin = end + 1;
+    }
+  }
+}
+
+nlohmann::json status_json(const cohort::exit_status& status) {
+  nlohmann::json j;
+  if (status.signaled()) {
+    j["signal"] = cohort::signal_name(status.signal());
+  } else {
+    j["exit_code"] = status.code();
+  }
+  const auto& usage = status.usage();
+  j["cpu_user_s"] = in_seconds(usage.user_time);
+  j["cpu_system_s"] = in_seconds(usage.system_time);
+  j["max_rss_kib"] = usage.max_rss_kib;
+  return j;
+}
+
+nlohmann::json attempt_json(const attempt_record& a) {
+  nlohmann::json ranks = nlohmann::json::array();
+  const auto& r = a.result;
+  for (std::size_t local = 0; local < r.statuses.size(); ++local) {
+    nlohmann::json rank{{"rank", a.first_rank + static_cast<int>(local)}, {"local_rank", local}};
+    if (local < a.pids.size()) rank["pid"] = a.pids[local];
+    if (r.statuses[local]) {
+      rank["status"] = status_json(*r.statuses[local]);
+    } else {
+      rank["status"] = "unreaped";
+    }
+    rank["failed"] = false;
+    for (const auto& f : r.failures) {
+      if (f.rank != static_cast<int>(local)) continue;
+      rank["failed"] = true;
+      rank["error_file"] = f.error_file.string();
+      if (!f.message.empty()) rank["message"] = f.message;
+      if (&f == r.first_failure()) rank["root_cause"] = true;
+    }
+    ranks.push_back(std::move(rank));
+  }
+  nlohmann::json j{{"attempt", a.attempt},
+                   {"outcome", a.outcome},
+                   {"node_rank", a.node_rank},
+                   {"nnodes", a.nnodes},
+                   {"world_size", a.world_size},
+                   {"started", local_time(a.started)},
+                   {"seconds", std::chrono::duration<double>(a.lasted).count()},
+                   {"ranks", std::move(ranks)},
+                   {"log_errors", r.log_errors}};
+  if (!a.reason.empty()) j["reason"] = a.reason;
+  if (r.signal) j["signal"] = cohort::signal_name(*r.signal);
+  return j;
+}
+
+}  // namespace
+
+std::string describe(const cohort::rank_failure& f, int first_rank) {
+  auto text = fmt::format("rank {} (local {}, pid {}): {}", first_rank + f.rank, f.rank, f.pid, f.status);
+  if (!f.message.empty()) text += ": " + f.message;
+  return text;
+}
+
+void print_summary(const run_record& run) {
+  if (run.attempts.empty()) return;  // nothing ran: the error is told where it happened
+  const auto& a = run.attempts.back();
+  const auto& r = a.result;
+  for (const auto& error : r.log_errors) fmt::print(stderr, "cohort-run: the logs are incomplete: {}\n", error);
+  if (run.outcome != "failed") return;
+  fmt::print(stderr, "cohort-run: the run failed (role {}, run {}, attempt {}, {} of {} restarts used)\n", run.role,
+             run.run_id, a.attempt, run.restarts, run.max_restarts);
+  if (!run.message.empty()) fmt::print(stderr, "  {}\n", run.message);
+  const auto* root = r.first_failure();
+  if (root != nullptr) {
+    fmt::print(stderr, "Root cause (first failure):\n");
+    print_failure(*root, run, a);
+  }
+  bool header = false;
+  for (const auto& f : r.failures) {
+    if (&f == root) continue;
+    if (!header) fmt::print(stderr, "Other failures:\n");
+    header = true;
+    print_failure(f, run, a);
+  }
+  for (int rank : r.unreaped) {
+    fmt::print(stderr, "  rank {} could not be killed (stuck in the kernel): left behind\n", a.first_rank + rank);
+  }
+  if (!run.error_dir.empty()) fmt::print(stderr, "The ranks' error files are kept in {}\n", run.error_dir.string());
+  // Ranks write their redirected streams to the files themselves: a full
+  // disk is then their failure, which only the file system can explain.
+  struct statvfs fs {};
+  if (!run.log_dir.empty() && ::statvfs(run.log_dir.c_str(), &fs) == 0 &&
+      static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize < 64 * 1024) {
+    fmt::print(stderr, "The log folder {} is on a full file system (No space left on device): ranks writing their "
+               "logs there fail\n", run.log_dir.string());
+  }
+}
+
+std::string result_json(const run_record& run) {
+  nlohmann::json attempts = nlohmann::json::array();
+  for (const auto& a : run.attempts) attempts.push_back(attempt_json(a));
+  nlohmann::json j{{"run_id", run.run_id},
+                   {"role", run.role},
+                   {"host", run.host},
+                   {"rdzv_backend", run.rdzv_backend},
+                   {"outcome", run.outcome},
+                   {"exit_code", run.exit_code},
+                   {"max_restarts", run.max_restarts},
+                   {"restarts", run.restarts},
+                   {"attempts", std::move(attempts)}};
+  if (!run.message.empty()) j["message"] = run.message;
+  if (!run.log_dir.empty()) j["log_dir"] = run.log_dir.string();
+  if (!run.error_dir.empty()) j["error_dir"] = run.error_dir.string();
+  return j.dump(2) + "\n";
+}
+
+}  // namespace cohort_run
