@@ -57,6 +57,7 @@ struct etcd_rendezvous::snapshot {
   std::int64_t round = 0;
   bool running = false;
   std::string why;              ///< why the round was opened
+  std::string cause;            ///< "lost" when a node was lost, "joining" for a newcomer, else empty
   std::vector<member> listed;   ///< running: the frozen list
   std::vector<member> joined;   ///< live member keys of the round, by creation
   std::set<std::string> done;   ///< members of the round that finished
@@ -145,6 +146,7 @@ etcd_rendezvous::snapshot etcd_rendezvous::read(etcd_client& client) const {
       s.round = state.value("round", std::int64_t{0});
       s.running = state.value("phase", std::string()) == "running";
       s.why = state.value("why", std::string());
+      s.cause = state.value("cause", std::string());
       for (const auto& m : state.value("members", json::array())) {
         s.listed.push_back({m.value("id", std::string()), m.value("addr", std::string()), m.value("port", 0),
                             m.value("nproc", 1)});
@@ -209,8 +211,15 @@ void etcd_rendezvous::keep_alive(std::stop_token stop, std::int64_t lease) {
   if (!stop.stop_requested()) lease_lost_.store(true, std::memory_order_relaxed);
 }
 
-bool etcd_rendezvous::open_round(std::int64_t after, std::int64_t seen_revision, const std::string& why) {
-  const json state{{"round", after + 1}, {"phase", "joining"}, {"why", why}};
+bool etcd_rendezvous::open_round(std::int64_t after, std::int64_t seen_revision, const std::string& why,
+                                 round_change::cause what) {
+  // What ended the round goes with the new one: every node counts a lost
+  // node alike, whichever of them saw it first.
+  using cause = round_change::cause;
+  const char* cause_name = what == cause::member_lost || what == cause::lease_lost ? "lost"
+                           : what == cause::node_waiting                          ? "joining"
+                                                                                  : "";
+  const json state{{"round", after + 1}, {"phase", "joining"}, {"why", why}, {"cause", cause_name}};
   return client_
       .txn({compare::written_at(prefix_ + "state", seen_revision)},
            {put_request{prefix_ + "state", state.dump()}, delete_request{prefix_ + "r/", prefix_end(prefix_ + "r/")}})
@@ -272,7 +281,10 @@ assignment etcd_rendezvous::next_round() {
 }
 
 std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) {
-  if (s.closed) throw rendezvous_error(where() + ": the job was closed: " + *s.closed);
+  if (s.closed) {
+    throw rendezvous_error(where() + ": the job was closed: " + *s.closed +
+                           " (a run id names one job: a new job needs a --rdzv-id of its own)");
+  }
   const auto self = node_id();
   const auto state_unchanged = compare::written_at(prefix_ + "state", s.state_revision);
   p.wrote = true;
@@ -287,11 +299,16 @@ std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) 
     p.wrote = close_when_due(s, p);
   } else if (s.lists(self) && !(placed_ && placed_->round == s.round)) {
     placed_ = placement{s.round, s.state_revision, self, s.listed};
+    ended_by_.reset();
     client_.erase(prefix_ + "w/" + self);
     return assignment_of(self, s);
   } else if (s.lists(self)) {
     // The round this node ran: it asks for the next one.
-    open_round(s.round, s.state_revision, config_.local_addr + " asks for a new round");
+    if (ended_by_) {
+      open_round(s.round, s.state_revision, ended_by_->reason, ended_by_->what);
+    } else {
+      open_round(s.round, s.state_revision, config_.local_addr + " asks for a new round");
+    }
   } else {
     // Running without this node: it waits for the next round, which the
     // members open when they see it waiting, or it opens itself when no
@@ -328,7 +345,7 @@ bool etcd_rendezvous::close_when_due(const snapshot& s, progress& p) {
     const auto& m = s.joined[static_cast<std::size_t>(i)];
     members.push_back({{"id", m.id}, {"addr", m.addr}, {"port", m.port}, {"nproc", m.nproc}});
   }
-  const json running{{"round", s.round}, {"phase", "running"}, {"why", s.why}, {"members", members}};
+  const json running{{"round", s.round}, {"phase", "running"}, {"why", s.why}, {"cause", s.cause}, {"members", members}};
   // Holds only while the state is the one read and nobody joined since:
   // the round closes on what every node of it saw.
   const auto joins = member_prefix(s.round);
@@ -391,7 +408,10 @@ void etcd_rendezvous::watch_round(std::stop_token stop, placement round,
       change = {cause::new_round, e.what()};
     }
     if (change) {
-      if (!stop.stop_requested()) on_change(*change);
+      if (!stop.stop_requested()) {
+        ended_by_ = change;  // read by next_round, which joins this thread first
+        on_change(*change);
+      }
       return;
     }
   }
@@ -402,7 +422,8 @@ std::optional<round_change> etcd_rendezvous::change_in(const snapshot& s, const 
   if (s.closed) return round_change{cause::closed, "the job was closed: " + *s.closed};
   if (!s.has_state) return round_change{cause::new_round, "the job's state was removed from etcd"};
   if (s.state_revision != round.state_revision) {
-    return round_change{cause::new_round, "round " + std::to_string(s.round) + " was started: " + s.why};
+    const auto what = s.cause == "lost" ? cause::member_lost : s.cause == "joining" ? cause::node_waiting : cause::new_round;
+    return round_change{what, "round " + std::to_string(s.round) + " was started: " + s.why};
   }
   if (lease_lost_.load(std::memory_order_relaxed) || !s.has_joined(round.self)) {
     return round_change{cause::lease_lost, "this node's lease expired"};

@@ -82,7 +82,8 @@ struct round_change {
   enum class cause {
     member_lost,       ///< a member's lease expired before it finished
     node_waiting,      ///< a node waits to join, and the round has room
-    new_round,         ///< another node started a new round (restart, or it re-joins)
+    new_round,         ///< another node started a new round (its restart); one started because a
+                       ///< node was lost or waits to join reports member_lost or node_waiting
     closed,            ///< a node closed the job: next_round will throw
     lease_lost,        ///< this node's own lease expired
     etcd_unreachable,  ///< etcd did not answer for lease_ttl
@@ -171,7 +172,8 @@ class etcd_rendezvous {
   void ensure_lease();
   void keep_alive(std::stop_token stop, std::int64_t lease);
   /// Opens round `after` + 1 when the state is still `seen_revision`; false when it was not.
-  bool open_round(std::int64_t after, std::int64_t seen_revision, const std::string& why);
+  bool open_round(std::int64_t after, std::int64_t seen_revision, const std::string& why,
+                  round_change::cause what = round_change::cause::new_round);
   void watch_round(std::stop_token stop, placement round, std::function<void(const round_change&)> on_change);
   /// What ends `round`, as `s` shows it; nothing while it may go on.
   std::optional<round_change> change_in(const snapshot& s, const placement& round) const;
@@ -187,6 +189,8 @@ class etcd_rendezvous {
   // says so), read by next_round and the watch. Relaxed on both sides: the
   // flag publishes no other data, and its readers read etcd again.
   std::atomic<bool> lease_lost_{false};
+  /// What ended the round this node was placed in, as its watch saw it.
+  std::optional<round_change> ended_by_;
   std::jthread keeper_;
   std::jthread watcher_;
 };
