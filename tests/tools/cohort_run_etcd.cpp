@@ -1,0 +1,276 @@
+// cohort-run nodes meeting through a real etcd (--rdzv-backend etcd-v3):
+// several cohort-run processes on loopback, each its own node, as jobs run
+// across machines. Skipped (77) where etcd is not installed.
+#include "cohort/spawn.hpp"
+
+#include "support/etcd_server.hpp"
+#include "support/harness.hpp"
+#include "support/process_probe.hpp"
+
+#include <doctest/doctest.h>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <signal.h>
+
+#include <chrono>
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace cohort;
+using namespace std::chrono_literals;
+using namespace asio::experimental::awaitable_operators;
+using test::read_file;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string cohort_run = COHORT_TEST_COHORT_RUN;
+const test::needs_device needs{"etcd server", test::etcd_missing};
+
+test::etcd_server& etcd() {
+  static test::etcd_server server;
+  return server;
+}
+
+struct outcome {
+  exit_status status;
+  std::string out;
+  std::string err;
+};
+
+// One cohort-run node: its flags after the rendezvous ones, and what must
+// happen before it starts.
+struct node {
+  std::vector<std::string> args;
+  std::function<asio::awaitable<void>()> before{};
+};
+
+// The flags every node of job `id` gives, with short timeouts: MIN:MAX
+// nodes, a last call of 1 s, leases that lapse after 1 s of silence.
+std::vector<std::string> rendezvous(const std::string& id, const std::string& nnodes, const std::string& extra_conf = "") {
+  return {"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", etcd().endpoint(), "--rdzv-id", id, "--nnodes", nnodes,
+          "--rdzv-conf", "last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=2,join_timeout=30" + extra_conf,
+          "--local-addr", "127.0.0.1", "--monitor-interval", "0.05", "--grace-period", "2"};
+}
+
+std::string fresh_id() {
+  static int count = 0;
+  return "e2e" + std::to_string(++count) + "-" + std::to_string(::getpid());
+}
+
+// Runs every node's cohort-run at once (each after its `before`), and
+// `during` meanwhile, with the nodes' children (null until started).
+std::vector<outcome> run_nodes(std::vector<node> nodes,
+                               std::function<asio::awaitable<void>(std::vector<std::optional<child>>&)> during = {}) {
+  asio::io_context io;
+  std::vector<outcome> results(nodes.size());
+  std::vector<std::optional<child>> children(nodes.size());
+  std::exception_ptr failure;
+  const auto keep = [&](std::exception_ptr e) {
+    if (e && !failure) failure = e;
+  };
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    asio::co_spawn(io, [&, i]() -> asio::awaitable<void> {
+      if (nodes[i].before) co_await nodes[i].before();
+      spawn_options options{.out = stdio::pipe(), .err = stdio::pipe()};
+      children[i].emplace(co_await spawn(command(cohort_run, nodes[i].args), options));
+      auto [out, err] = co_await (test::read_all(children[i]->out()) && test::read_all(children[i]->err()));
+      auto status = co_await children[i]->wait();
+      results[i] = outcome{status, std::move(out), std::move(err)};
+    }, keep);
+  }
+  if (during) asio::co_spawn(io, during(children), keep);
+  io.run();
+  if (failure) std::rethrow_exception(failure);
+  return results;
+}
+
+// Waits until `dir` holds `n` files whose names start with `prefix`, for at most 60 s.
+asio::awaitable<void> files_appear(fs::path dir, std::string prefix, std::size_t n) {
+  asio::steady_timer tick(co_await asio::this_coro::executor);
+  for (int i = 0; i < 6000; ++i) {
+    std::size_t count = 0;
+    for (const auto& e : fs::directory_iterator(dir)) count += e.path().filename().string().rfind(prefix, 0) == 0;
+    if (count >= n) co_return;
+    tick.expires_after(10ms);
+    co_await tick.async_wait(asio::use_awaitable);
+  }
+}
+
+// The "NAME=value" lines a worker wrote, as a map.
+std::map<std::string, std::string> variables_in(const fs::path& file) {
+  std::map<std::string, std::string> vars;
+  std::istringstream in(read_file(file));
+  for (std::string line; std::getline(in, line);) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) vars[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return vars;
+}
+
+// A worker that writes its contract to $0/<GROUP_WORLD_SIZE>-<RANK>, then
+// runs `then`.
+std::vector<std::string> worker(const fs::path& dir, const std::string& then) {
+  return {"--", "/bin/sh", "-c",
+          "for v in RANK LOCAL_RANK WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE MASTER_ADDR MASTER_PORT "
+          "TORCHELASTIC_RESTART_COUNT TORCHELASTIC_RUN_ID; do eval echo $v=\\$$v; done > \"$0/tmp-$RANK\"; "
+          "mv \"$0/tmp-$RANK\" \"$0/$GROUP_WORLD_SIZE-$RANK\"; " + then,
+          dir.string()};
+}
+
+std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+}  // namespace
+
+TEST_SUITE("cohort-run over etcd") {
+  TEST_CASE("three nodes of 2:3 form one job: distinct node ranks, one world, one master") {
+    test::temp_dir dir;
+    const auto id = fresh_id();
+    std::vector<node> nodes;
+    for (const char* nproc : {"1", "2", "3"}) {
+      auto args = joined(rendezvous(id, "2:3"), {"-n", nproc});
+      if (nproc[0] == '2') args[1] = "etcd";  // torchrun's name for it
+      nodes.push_back({joined(args, worker(dir.path, "exit 0"))});
+    }
+    auto results = run_nodes(nodes);
+    for (const auto& r : results) CHECK_MESSAGE(r.status.code() == 0, r.err);
+    std::set<std::string> groups, masters;
+    for (int rank = 0; rank < 6; ++rank) {
+      CAPTURE(rank);
+      const auto file = dir.path / ("3-" + std::to_string(rank));
+      REQUIRE(fs::exists(file));
+      auto v = variables_in(file);
+      CHECK(v["WORLD_SIZE"] == "6");
+      CHECK(v["GROUP_WORLD_SIZE"] == "3");
+      CHECK(v["TORCHELASTIC_RUN_ID"] == id);
+      CHECK(v["MASTER_ADDR"] == "127.0.0.1");
+      groups.insert(v["GROUP_RANK"]);
+      masters.insert(v["MASTER_ADDR"] + ":" + v["MASTER_PORT"]);
+      CHECK(std::stoi(v["RANK"]) - std::stoi(v["LOCAL_RANK"]) >= 0);
+    }
+    CHECK(groups == std::set<std::string>{"0", "1", "2"});
+    CHECK(masters.size() == 1);
+  }
+
+  TEST_CASE("a node SIGKILLed mid-run: the others stop their ranks, re-form without it and finish") {
+    test::temp_dir dir;
+    const auto id = fresh_id();
+    // Ranks wait while three nodes run, and succeed once two do.
+    const auto then = "if [ $GROUP_WORLD_SIZE = 3 ]; then echo $$ > \"$0/pid-$RANK\"; sleep 60; fi";
+    std::vector<node> nodes;
+    for (int n = 0; n < 3; ++n) {
+      nodes.push_back({joined(joined(rendezvous(id, "2:3"), {"-n", "2", "--max-restarts", "1"}), worker(dir.path, then))});
+    }
+    auto results = run_nodes(nodes, [&](std::vector<std::optional<child>>& children) -> asio::awaitable<void> {
+      co_await files_appear(dir.path, "pid-", 6);
+      children[2]->signal(SIGKILL);
+    });
+    CHECK(results[2].status.signal() == SIGKILL);
+    for (int n = 0; n < 2; ++n) {
+      CHECK_MESSAGE(results[n].status.code() == 0, results[n].err);
+      CHECK(results[n].err.find("left without finishing") != std::string::npos);
+      CHECK(results[n].err.find("(1 of 1 restarts)") != std::string::npos);
+    }
+    for (int rank = 0; rank < 4; ++rank) {
+      auto v = variables_in(dir.path / ("2-" + std::to_string(rank)));
+      CHECK(v["WORLD_SIZE"] == "4");
+      CHECK(v["TORCHELASTIC_RESTART_COUNT"] == "1");
+    }
+    for (int rank = 0; rank < 6; ++rank) {  // nothing of the first round is left
+      CHECK_FALSE(test::alive(std::stoi(read_file(dir.path / ("pid-" + std::to_string(rank))))));
+    }
+  }
+
+  TEST_CASE("a node that joins later makes a new round with it; that is no restart") {
+    test::temp_dir dir;
+    const auto id = fresh_id();
+    const auto then = "if [ $GROUP_WORLD_SIZE = 2 ]; then sleep 60; fi";
+    const auto args = joined(joined(rendezvous(id, "2:3"), {"-n", "1", "--max-restarts", "0"}), worker(dir.path, then));
+    std::vector<node> nodes{{args}, {args}};
+    nodes.push_back({args, [&]() -> asio::awaitable<void> { co_await files_appear(dir.path, "2-", 2); }});
+    auto results = run_nodes(nodes);
+    for (const auto& r : results) CHECK_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(results[0].err.find("waiting to join") != std::string::npos);
+    for (int rank = 0; rank < 3; ++rank) {
+      auto v = variables_in(dir.path / ("3-" + std::to_string(rank)));
+      CHECK(v["WORLD_SIZE"] == "3");
+      CHECK(v["TORCHELASTIC_RESTART_COUNT"] == "0");
+    }
+  }
+
+  TEST_CASE("a node whose ranks fail for good closes the job: the others stop, naming it") {
+    test::temp_dir dir;
+    const auto id = fresh_id();
+    const auto args = joined(joined(rendezvous(id, "2"), {"-n", "1"}), worker(dir.path, "[ $RANK = 1 ] && exit 3; sleep 60"));
+    auto results = run_nodes({{args}, {args}});
+    const auto& failed = results[0].status.code() == 3 ? results[0] : results[1];
+    const auto& other = results[0].status.code() == 3 ? results[1] : results[0];
+    CHECK(failed.status.code() == 3);
+    CHECK(other.status.code() == 1);
+    CHECK(other.err.find("the job was closed") != std::string::npos);
+    CHECK(other.err.find("exited with code 3") != std::string::npos);
+  }
+
+  TEST_CASE("etcd unreachable: a clear error within the rendezvous timeout") {
+    const auto start = std::chrono::steady_clock::now();
+    auto args = rendezvous(fresh_id(), "1:2", ",join_timeout=1");
+    args[3] = "127.0.0.1:" + std::to_string(test::free_port());
+    auto results = run_nodes({{joined(args, {"--", "/bin/true"})}});
+    CHECK(results[0].status.code() == 1);
+    CHECK(results[0].err.find("etcd unreachable") != std::string::npos);
+    CHECK(results[0].err.find(args[3]) != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+  }
+
+  TEST_CASE("PyTorch workers: a gloo all_reduce across the nodes after they re-formed without a killed one") {
+    if (std::system("/usr/bin/python3 -c 'import torch.distributed' >/dev/null 2>&1") != 0) {
+      MESSAGE("torch is not importable by /usr/bin/python3: skipped");
+      return;
+    }
+    test::temp_dir dir;
+    const auto script = dir.path / "all_reduce.py";
+    std::ofstream(script) << "import os, sys, time\n"
+                             "out = sys.argv[1]\n"
+                             "if os.environ['GROUP_WORLD_SIZE'] == '3':\n"
+                             "    open(os.path.join(out, 'up-' + os.environ['RANK']), 'w').close()\n"
+                             "    time.sleep(60)\n"
+                             "import torch, torch.distributed as dist\n"
+                             "dist.init_process_group('gloo')\n"
+                             "t = torch.tensor([float(dist.get_rank() + 1)])\n"
+                             "dist.all_reduce(t)\n"
+                             "os.write(1, f'rank {dist.get_rank()} of {dist.get_world_size()}: {t.item()}\\n'.encode())\n"
+                             "dist.destroy_process_group()\n";
+    const auto id = fresh_id();
+    const auto args = joined(rendezvous(id, "2:3"), {"-n", "2", "--max-restarts", "1", "--python", "/usr/bin/python3",
+                                                     script.string(), dir.path.string()});
+    auto results = run_nodes({{args}, {args}, {args}}, [&](std::vector<std::optional<child>>& children) -> asio::awaitable<void> {
+      co_await files_appear(dir.path, "up-", 6);
+      children[1]->signal(SIGKILL);
+    });
+    std::vector<std::string> lines;
+    for (int n : {0, 2}) {
+      CHECK_MESSAGE(results[n].status.code() == 0, results[n].err);
+      std::istringstream in(results[n].out);
+      for (std::string line; std::getline(in, line);) lines.push_back(line);
+    }
+    std::sort(lines.begin(), lines.end());
+    CHECK(lines == std::vector<std::string>{"rank 0 of 4: 10.0", "rank 1 of 4: 10.0", "rank 2 of 4: 10.0",
+                                            "rank 3 of 4: 10.0"});
+  }
+}
