@@ -173,7 +173,22 @@ std::map<std::string, std::string> contract(const run_options& o, const placemen
     const char* value = std::getenv(name);
     return std::string(value != nullptr ? value : otherwise);
   };
-  return {
+  std::map<std::string, std::string> extra;
+  if (o.virtual_local_rank) {  // each rank sees its own GPU, as device 0
+    std::vector<std::string> gpus;
+    const std::string visible = inherited("CUDA_VISIBLE_DEVICES", "");
+    for (std::string::size_type begin = 0; begin < visible.size();) {
+      auto end = visible.find(',', begin);
+      if (end == std::string::npos) end = visible.size();
+      gpus.push_back(visible.substr(begin, end - begin));
+      begin = end + 1;
+    }
+    const auto index = static_cast<std::size_t>(local);
+    extra["CUDA_VISIBLE_DEVICES"] = std::getenv("CUDA_VISIBLE_DEVICES") == nullptr ? std::to_string(local)
+                                    : index < gpus.size()                           ? gpus[index]
+                                                                                    : std::string();
+  }
+  auto variables = std::map<std::string, std::string>{
       {"RANK", std::to_string(rank)},
       {"LOCAL_RANK", std::to_string(local)},
       {"WORLD_SIZE", std::to_string(p.world_size)},
@@ -193,6 +208,9 @@ std::map<std::string, std::string> contract(const run_options& o, const placemen
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", inherited("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")},
       {"NCCL_ASYNC_ERROR_HANDLING", inherited("NCCL_ASYNC_ERROR_HANDLING", "1")},
   };
+  if (o.virtual_local_rank) variables["LOCAL_RANK"] = "0";
+  variables.merge(extra);
+  return variables;
 }
 
 // The ranks' logs from the flags. Files are asked for without --log-dir:
@@ -470,6 +488,10 @@ int run(run_options o, run_record& record) {
   if (o.logs_specs.size() > 0) {
     fmt::print(stderr, "cohort-run: --logs-specs {}: torchrun's logs specs are Python plugins; the logs follow --log-dir\n",
                o.logs_specs);
+  }
+  if (!o.duplicate_stdout_filters.empty() || !o.duplicate_stderr_filters.empty()) {
+    fmt::print(stderr, "cohort-run: --duplicate-stdout/stderr-filters are not applied: every line is in the console "
+               "and the log files\n");
   }
   spec.name = o.role;
   spec.entry = cohort::command(command.front(), std::vector<std::string>(command.begin() + 1, command.end()));

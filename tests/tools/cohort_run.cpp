@@ -492,9 +492,26 @@ TEST_SUITE("cohort-run") {
     auto r = run_launcher({"--start-method", "fork", "--monitor-interval", "5", "--event-log-handler", "null",
                            "--logs-specs", "mine", "--numa-binding", "node", "--local-addr", "10.0.0.1",
                            "--signals-to-handle", "SIGTERM,SIGINT", "--standalone", "--rdzv-id", "x", "-n", "2",
-                           "--", "/bin/true"});
+                           "--duplicate-stdout-filters", "a,b", "--duplicate_stderr_filters", "c", "--", "/bin/true"});
     CHECK_MESSAGE(r.status.code() == 0, r.err);
     CHECK(r.err.find("--logs-specs mine") != std::string::npos);  // said, since it was asked for
+    CHECK(r.err.find("filters are not applied") != std::string::npos);
+  }
+
+  TEST_CASE("--virtual-local-rank: LOCAL_RANK 0 for every rank, each seeing its own GPU; --shutdown-timeout") {
+    test::temp_dir dir;
+    auto r = run_launcher({"-n", "2", "--virtual-local-rank", "--shutdown_timeout", "5", "--", "/bin/sh", "-c",
+                           "echo $LOCAL_RANK $CUDA_VISIBLE_DEVICES > \"$0/$RANK\"", dir.path.string()},
+                          {{"CUDA_VISIBLE_DEVICES", "3,GPU-ab"}});
+    REQUIRE(r.status.code() == 0);
+    CHECK(read_file(dir.path / "0") == "0 3\n");
+    CHECK(read_file(dir.path / "1") == "0 GPU-ab\n");
+    // torchrun's shutdown timeout is the grace after each signal: a rank
+    // ignoring SIGTERM dies by SIGKILL after it.
+    auto stubborn = run_launcher({"-n", "2", "--shutdown-timeout", "0.2", "--", "/bin/sh", "-c",
+                                  "if [ $RANK = 0 ]; then sleep 0.3; exit 5; fi; trap '' TERM; sleep 30"},
+                                 {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "100"}});
+    CHECK(stubborn.status.code() == 5);
   }
 
   TEST_CASE("bad numbers and --nnodes forms: one short line that says what is accepted, exit 2") {

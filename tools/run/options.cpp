@@ -123,7 +123,9 @@ int signal_number(const std::string& flag, std::string name) {
 run_options parse_options(int argc, char** argv) {
   run_options o;
   std::string nnodes = "1", node_rank = "0", master_port, max_restarts = "0", monitor_interval = "0.1";
-  std::string grace_period = "30", local_ranks_filter, signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  const char* shutdown_timeout = std::getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  std::string grace_period = shutdown_timeout != nullptr && *shutdown_timeout != '\0' ? shutdown_timeout : "30";
+  std::string local_ranks_filter, signals_to_handle = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   std::string signals_to_forward = "SIGUSR1,SIGUSR2";
   bool module = false, no_python = false, run_path = false;
 
@@ -173,14 +175,21 @@ run_options parse_options(int argc, char** argv) {
                  "accepted; torchrun's logs_specs are Python plugins: the logs follow --log-dir's layout");
   app.add_option("--numa-binding,--numa_binding", o.numa_binding,
                  "node, socket, exclusive or core-complex: accepted, not applied (ranks are not pinned)");
+  app.add_option("--duplicate-stdout-filters,--duplicate_stdout_filters", o.duplicate_stdout_filters,
+                 "accepted, not applied: the console and --log-dir's files have every line");
+  app.add_option("--duplicate-stderr-filters,--duplicate_stderr_filters", o.duplicate_stderr_filters,
+                 "accepted, not applied, as --duplicate-stdout-filters");
+  app.add_option("--shutdown-timeout,--shutdown_timeout,--grace-period,--grace_period", grace_period,
+                 "seconds the ranks are given after each shutdown signal before the next, then SIGKILL "
+                 "(default: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)");
+  app.add_flag("--virtual-local-rank,--virtual_local_rank", o.virtual_local_rank,
+               "LOCAL_RANK 0 for every rank, and CUDA_VISIBLE_DEVICES naming only its own GPU");
   app.add_option("--signals-to-handle,--signals_to_handle", signals_to_handle,
                  "signals that shut the group down, each passed on to the ranks first (default "
                  "SIGTERM,SIGINT,SIGHUP,SIGQUIT)");
   // cohort-run's own.
   app.add_option("--signals-to-forward,--signals_to_forward", signals_to_forward,
                  "signals passed on to every rank, the run going on (default SIGUSR1,SIGUSR2)");
-  app.add_option("--grace-period,--grace_period", grace_period,
-                 "seconds the ranks are given after each shutdown signal before the next (then SIGKILL)");
   app.add_option("--log-line-prefix-template,--log_line_prefix_template", o.log_line_prefix_template,
                  "prefix of teed console lines: ${role}, ${rank}, ${local_rank} "
                  "(also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)");
@@ -215,7 +224,7 @@ run_options parse_options(int argc, char** argv) {
   }
   o.max_restarts = whole_number("--max-restarts", max_restarts, 0);
   o.monitor_interval = seconds("--monitor-interval", monitor_interval);
-  o.grace_period = seconds("--grace-period", grace_period);
+  o.grace_period = seconds("--shutdown-timeout", grace_period);
   for (const auto& item : split(local_ranks_filter)) o.local_ranks_filter.push_back(whole_number("--local-ranks-filter", item, 0));
   o.signals_to_handle = signals("--signals-to-handle", signals_to_handle);
   for (int sig : signals("--signals-to-forward", signals_to_forward)) {

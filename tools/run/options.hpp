@@ -61,6 +61,11 @@ struct run_options {
   std::string event_log_handler = "null";
   std::string logs_specs;
   std::string numa_binding;
+  std::string duplicate_stdout_filters;
+  std::string duplicate_stderr_filters;
+  /// --virtual-local-rank: LOCAL_RANK 0 for every rank, each seeing only its
+  /// own GPU (CUDA_VISIBLE_DEVICES).
+  bool virtual_local_rank = false;
   // The program.
   program_form form = program_form::automatic;
   std::string python;  ///< --python / COHORT_PYTHON; empty: chosen at start
