@@ -350,7 +350,8 @@ TEST_SUITE("etcd rendezvous") {
     CHECK(change->what == round_change::cause::closed);
     CHECK(change->reason == "the job was closed: rank 3 ran out of memory");
     const std::string expected = "rendezvous of job '" + job + "' at " + etcd().endpoint() +
-                                 ": the job was closed: rank 3 ran out of memory";
+                                 ": the job was closed: rank 3 ran out of memory (a run id names one job: a new job "
+                                 "needs a --rdzv-id of its own)";
     CHECK_THROWS_WITH_AS(all[0]->next_round(), expected.c_str(), rendezvous_error);
     etcd_rendezvous newcomer(node(job, 3, 2, 2));
     CHECK_THROWS_WITH_AS(newcomer.next_round(), expected.c_str(), rendezvous_error);
