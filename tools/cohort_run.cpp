@@ -359,11 +359,30 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
 
 namespace {
 
-// The run's temporary folder of error files (without a log folder): kept
-// when the run failed, so that the summary can name it; removed otherwise.
+// Without a log folder, the ranks' error files are in the group's private
+// folder, which goes with the group. Those of failed ranks are copied here
+// first ($TMPDIR/cohort-run-errors-XXXXXX/attempt_<k>/<rank>/error.json),
+// kept when the run failed, so that the summary can name them, and removed
+// otherwise. (Made only when a rank failed: a folder per rank made at every
+// start costs a run of /bin/true a tenth more.)
 struct error_folder {
   fs::path path;
   bool keep = false;
+
+  void take(cohort::run_result& r, int attempt) {
+    for (auto& f : r.failures) {
+      std::error_code ec;
+      if (f.error_file.empty() || !fs::exists(f.error_file, ec)) continue;
+      if (path.empty()) {
+        std::string pattern = (fs::temp_directory_path() / "cohort-run-errors-XXXXXX").string();
+        if (::mkdtemp(pattern.data()) == nullptr) return;
+        path = pattern;
+      }
+      const auto kept = path / fmt::format("attempt_{}", attempt) / std::to_string(f.rank) / "error.json";
+      fs::create_directories(kept.parent_path(), ec);
+      if (!ec && fs::copy_file(f.error_file, kept, fs::copy_options::overwrite_existing, ec)) f.error_file = kept;
+    }
+  }
   ~error_folder() {
     std::error_code ec;
     if (!path.empty() && !keep) fs::remove_all(path, ec);
@@ -388,7 +407,7 @@ void write_results(const run_options& o, const run_record& record) {
 // One attempt of this node's ranks, until they end or `rdzv` ends the round
 // (then `ended_by` says why).
 attempt_record run_attempt(cohort::group_spec& spec, const run_options& o, etcd_rendezvous* rdzv,
-                           std::optional<round_change>& ended_by) {
+                           std::optional<round_change>& ended_by, error_folder& errors) {
   attempt_record a;
   a.started = std::chrono::system_clock::now();
   const auto began = std::chrono::steady_clock::now();
@@ -438,6 +457,7 @@ attempt_record run_attempt(cohort::group_spec& spec, const run_options& o, etcd_
       throw;
     }
     if (rdzv != nullptr) rdzv->unwatch();  // before the group goes: the watcher stops it
+    if (spec.logs.dir.empty()) errors.take(*result, spec.logs.attempt);  // before they go with the group
   }, [&](std::exception_ptr e) { failure = e; });
   io.run();
   for (auto& t : helpers) t.join();
@@ -477,14 +497,7 @@ int run(run_options o, run_record& record) {
   cohort::group_spec spec;
   spec.logs = logs_of(o, nproc, log_folder(o, run_id));
   error_folder errors;
-  if (spec.logs.dir.empty()) {
-    std::string pattern = (fs::temp_directory_path() / "cohort-run-errors-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::system_error(errno, std::system_category(), "cohort-run: mkdtemp " + pattern);
-    errors.path = pattern;
-    spec.error_dir = errors.path;
-  } else {
-    record.log_dir = spec.logs.dir / spec.logs.run_id;
-  }
+  if (!spec.logs.dir.empty()) record.log_dir = spec.logs.dir / spec.logs.run_id;
   if (o.logs_specs.size() > 0) {
     fmt::print(stderr, "cohort-run: --logs-specs {}: torchrun's logs specs are Python plugins; the logs follow --log-dir\n",
                o.logs_specs);
@@ -534,7 +547,7 @@ int run(run_options o, run_record& record) {
     spec.envs.clear();
     for (int local = 0; local < nproc; ++local) spec.envs[local] = contract(o, p, nproc, local, record.restarts, run_id);
     std::optional<round_change> ended_by;
-    record.attempts.push_back(run_attempt(spec, o, rdzv ? &*rdzv : nullptr, ended_by));
+    record.attempts.push_back(run_attempt(spec, o, rdzv ? &*rdzv : nullptr, ended_by, errors));
     auto& a = record.attempts.back();
     a.attempt = attempt;
     a.node_rank = p.node_rank;

@@ -607,7 +607,9 @@ TEST_SUITE("cohort-run") {
     test::temp_dir dir;
     const auto file = dir.path / "result.json";
     auto r = run_launcher({"--result-json", file.string(), "--max-restarts", "1", "-n", "2", "--", "/bin/sh", "-c",
-                           "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"});
+                           "if [ $RANK = 1 ]; then printf '{\"message\": {\"message\": \"ValueError: bad batch\", "
+                           "\"extraInfo\": {\"timestamp\": \"1700000000\"}}}' > \"$TORCHELASTIC_ERROR_FILE\"; exit 3; fi; "
+                           "sleep 30"});
     CHECK(r.status.code() == 3);
     const auto j = nlohmann::json::parse(read_file(file));
     CHECK(j["outcome"] == "failed");
@@ -631,12 +633,16 @@ TEST_SUITE("cohort-run") {
     // The error files are kept, and the summary names where.
     REQUIRE(j.contains("error_dir"));
     const fs::path errors = j["error_dir"].get<std::string>();
-    CHECK(fs::is_directory(errors));
     CHECK(r.err.find("kept in " + errors.string()) != std::string::npos);
+    const auto kept = errors / "attempt_1" / "1" / "error.json";
+    CHECK(j["attempts"][1]["ranks"][1]["error_file"] == kept.string());
+    CHECK(read_file(kept).find("ValueError: bad batch") != std::string::npos);
+    CHECK(r.err.find("error_file : " + kept.string()) != std::string::npos);
+    CHECK(r.err.find("message    : ValueError: bad batch") != std::string::npos);
     fs::remove_all(errors);
     // One line per restart naming the rank and why; each failure's usage in the summary.
     CHECK(r.err.find("attempt 0 failed: rank 1 (local 1, pid") != std::string::npos);
-    CHECK(r.err.find("exited with code 3; restarting the group (1 of 1 restarts)") != std::string::npos);
+    CHECK(r.err.find("exited with code 3: ValueError: bad batch; restarting the group (1 of 1 restarts)") != std::string::npos);
     CHECK(r.err.find("cpu time") != std::string::npos);
     CHECK(r.err.find("peak rss") != std::string::npos);
     // A run that succeeds keeps nothing of them.

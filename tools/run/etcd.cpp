@@ -3,6 +3,9 @@
 #include "run/etcd.hpp"
 
 #include <curl/curl.h>
+#include <dlfcn.h>
+
+#include <type_traits>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -159,6 +162,56 @@ compare compare::unwritten_since(std::string key, std::string range_end, std::in
   return c;
 }
 
+namespace {
+
+// libcurl, loaded when the first client is made: linked in, its thirty-odd
+// libraries would be loaded by every cohort-run, etcd or not (about 3 ms of
+// each start).
+struct curl_library {
+  decltype(&::curl_global_init) global_init = nullptr;
+  decltype(&::curl_easy_init) easy_init = nullptr;
+  decltype(&::curl_easy_cleanup) easy_cleanup = nullptr;
+  decltype(&::curl_easy_setopt) easy_setopt = nullptr;
+  decltype(&::curl_easy_perform) easy_perform = nullptr;
+  decltype(&::curl_easy_getinfo) easy_getinfo = nullptr;
+  decltype(&::curl_easy_strerror) easy_strerror = nullptr;
+  decltype(&::curl_slist_append) slist_append = nullptr;
+  decltype(&::curl_slist_free_all) slist_free_all = nullptr;
+  std::string error;  // why it could not be loaded
+};
+
+const curl_library& curl() {
+  static const curl_library library = [] {
+    curl_library l;
+    void* so = ::dlopen("libcurl.so.4", RTLD_NOW | RTLD_LOCAL);
+    if (so == nullptr) {
+      l.error = std::string("libcurl could not be loaded (install libcurl4): ") + ::dlerror();
+      return l;
+    }
+    const auto find = [&](auto& function, const char* name) {
+      function = reinterpret_cast<std::remove_reference_t<decltype(function)>>(::dlsym(so, name));
+      if (function == nullptr && l.error.empty()) l.error = std::string("libcurl.so.4 has no ") + name;
+    };
+    find(l.global_init, "curl_global_init");
+    find(l.easy_init, "curl_easy_init");
+    find(l.easy_cleanup, "curl_easy_cleanup");
+    find(l.easy_setopt, "curl_easy_setopt");
+    find(l.easy_perform, "curl_easy_perform");
+    find(l.easy_getinfo, "curl_easy_getinfo");
+    find(l.easy_strerror, "curl_easy_strerror");
+    find(l.slist_append, "curl_slist_append");
+    find(l.slist_free_all, "curl_slist_free_all");
+    // curl_global_init is not safe to race with another thread's: here it
+    // runs once, under the static's guard.
+    if (l.error.empty()) l.global_init(CURL_GLOBAL_DEFAULT);
+    return l;
+  }();
+  if (!library.error.empty()) throw etcd_error(library.error, 0);
+  return library;
+}
+
+}  // namespace
+
 // One easy handle, its headers and the text of its last error.
 struct etcd_client::handle {
   CURL* curl = nullptr;
@@ -166,20 +219,19 @@ struct etcd_client::handle {
   std::array<char, CURL_ERROR_SIZE> error{};
 
   handle() {
-    // curl_global_init is not safe to race with another thread's.
-    static std::once_flag global;
-    std::call_once(global, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
-    curl = curl_easy_init();
+    const auto& lib = cohort_run::curl();
+    curl = lib.easy_init();
     if (curl == nullptr) throw std::runtime_error("curl_easy_init failed");
-    headers = curl_slist_append(headers, "Content-Type: application/json");
+    headers = lib.slist_append(headers, "Content-Type: application/json");
     // No "Expect: 100-continue" round trip before larger bodies.
-    headers = curl_slist_append(headers, "Expect:");
+    headers = lib.slist_append(headers, "Expect:");
   }
   handle(const handle&) = delete;
   handle& operator=(const handle&) = delete;
   ~handle() {
-    curl_slist_free_all(headers);
-    curl_easy_cleanup(curl);
+    const auto& lib = cohort_run::curl();
+    lib.slist_free_all(headers);
+    lib.easy_cleanup(curl);
   }
 };
 
@@ -203,22 +255,23 @@ json etcd_client::post(std::string_view operation, std::string_view path, const 
   const std::string text = body.dump();
   std::string answer;
   CURL* curl = handle_->curl;
-  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
-  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, handle_->headers);
-  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, text.c_str());
-  curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(text.size()));
-  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, append_to);
-  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &answer);
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_.count()));
-  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM for timeouts: other threads run
-  curl_easy_setopt(curl, CURLOPT_NOPROXY, "*");  // etcd is reached directly, whatever http_proxy says
-  curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, handle_->error.data());
+  const auto& lib = cohort_run::curl();
+  lib.easy_setopt(curl, CURLOPT_URL, url.c_str());
+  lib.easy_setopt(curl, CURLOPT_HTTPHEADER, handle_->headers);
+  lib.easy_setopt(curl, CURLOPT_POSTFIELDS, text.c_str());
+  lib.easy_setopt(curl, CURLOPT_POSTFIELDSIZE, static_cast<long>(text.size()));
+  lib.easy_setopt(curl, CURLOPT_WRITEFUNCTION, append_to);
+  lib.easy_setopt(curl, CURLOPT_WRITEDATA, &answer);
+  lib.easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(timeout_.count()));
+  lib.easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);  // no SIGALRM for timeouts: other threads run
+  lib.easy_setopt(curl, CURLOPT_NOPROXY, "*");  // etcd is reached directly, whatever http_proxy says
+  lib.easy_setopt(curl, CURLOPT_ERRORBUFFER, handle_->error.data());
   handle_->error[0] = '\0';
-  if (const CURLcode result = curl_easy_perform(curl); result != CURLE_OK) {
-    throw fail(handle_->error[0] != '\0' ? handle_->error.data() : curl_easy_strerror(result));
+  if (const CURLcode result = lib.easy_perform(curl); result != CURLE_OK) {
+    throw fail(handle_->error[0] != '\0' ? handle_->error.data() : lib.easy_strerror(result));
   }
   long status = 0;
-  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
+  lib.easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
   json parsed = json::parse(answer, nullptr, false);
   // An error answer: {"error": "...", "message": "...", "code": 5}; a
   // streaming call's (keepalive) error: {"error": {"message": ..., "grpc_code": ...}}.
