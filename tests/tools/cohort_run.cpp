@@ -5,6 +5,7 @@
 #include "os/stack_trace.hpp"
 
 #include "support/harness.hpp"
+#include "support/launcher_outcome.hpp"
 #include "support/process_probe.hpp"
 
 #include <doctest/doctest.h>
@@ -28,18 +29,14 @@
 using namespace cohort;
 using namespace std::chrono_literals;
 using namespace asio::experimental::awaitable_operators;
+using test::outcome;
 using test::read_file;
+using test::variables_in;
 namespace fs = std::filesystem;
 
 namespace {
 
 const std::string cohort_run = COHORT_TEST_COHORT_RUN;
-
-struct outcome {
-  exit_status status;
-  std::string out;
-  std::string err;
-};
 
 // Runs cohort-run with `args`; `during` runs once it has started, with its
 // child object (to signal it).
@@ -71,17 +68,6 @@ outcome run_launcher_to(const fs::path& out, std::vector<std::string> args) {
     auto status = co_await c.wait();
     co_return outcome{status, {}, std::move(err)};
   }());
-}
-
-// The "NAME=value" lines a worker wrote, as a map.
-std::map<std::string, std::string> variables_in(const fs::path& file) {
-  std::map<std::string, std::string> vars;
-  std::istringstream in(read_file(file));
-  for (std::string line; std::getline(in, line);) {
-    const auto eq = line.find('=');
-    if (eq != std::string::npos) vars[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return vars;
 }
 
 // Waits until `dir` holds `n` files (the workers are up), for at most 10 s.
@@ -356,18 +342,6 @@ TEST_SUITE("cohort-run") {
     }
   }
 
-  TEST_CASE("--signals-to-forward passes SIGUSR1 on to every worker") {
-    test::temp_dir dir;
-    auto r = run_launcher({"-n", "2", "--signals-to-forward", "SIGUSR1", "--", "/bin/sh", "-c",
-                           "trap 'echo got > \"$0/usr1-$RANK\"; exit 0' USR1; echo > \"$0/$RANK\"; "
-                           "while true; do sleep 0.05; done",
-                           dir.path.string()},
-                          signal_when_up(dir.path, 2, SIGUSR1));
-    CHECK(r.status.code() == 0);
-    CHECK(read_file(dir.path / "usr1-0") == "got\n");
-    CHECK(read_file(dir.path / "usr1-1") == "got\n");
-  }
-
   TEST_CASE("a grandchild that escaped with setsid is gone when cohort-run ends") {
     test::temp_dir dir;
     auto r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", "setsid sleep 60 & echo $! > \"$0/grandchild\"; exit 0",
@@ -486,6 +460,22 @@ TEST_SUITE("cohort-run") {
     REQUIRE(r.status.code() == 0);
     CHECK(files_in(wins.path) == 2);
     CHECK(variables_in(wins.path / "0")["ROLE_NAME"] == "cmdline");
+  }
+
+  TEST_CASE("--rdzv-backend c10d with a fixed --nnodes: its endpoint is the master's address and port") {
+    test::temp_dir dir;
+    auto r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "10.1.1.1:1234", "--nnodes", "2", "--node-rank",
+                           "1", "-n", "1", "--", "/bin/sh", "-c", dump_contract, dir.path.string()});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    auto v = variables_in(dir.path / "1");
+    CHECK(v["MASTER_ADDR"] == "10.1.1.1");
+    CHECK(v["MASTER_PORT"] == "1234");
+    CHECK(v["GROUP_RANK"] == "1");
+    test::temp_dir default_port;
+    r = run_launcher({"--rdzv_backend", "c10d", "--rdzv_endpoint", "head", "--", "/bin/sh", "-c", dump_contract,
+                      default_port.path.string()});
+    REQUIRE(r.status.code() == 0);
+    CHECK(variables_in(default_port.path / "0")["MASTER_PORT"] == "29400");  // torchrun's c10d port
   }
 
   TEST_CASE("torchrun's flags that mean nothing for programs are accepted") {

@@ -5,6 +5,7 @@
 
 #include "support/etcd_server.hpp"
 #include "support/harness.hpp"
+#include "support/launcher_outcome.hpp"
 #include "support/process_probe.hpp"
 
 #include <doctest/doctest.h>
@@ -32,7 +33,9 @@
 using namespace cohort;
 using namespace std::chrono_literals;
 using namespace asio::experimental::awaitable_operators;
+using test::outcome;
 using test::read_file;
+using test::variables_in;
 namespace fs = std::filesystem;
 
 namespace {
@@ -44,12 +47,6 @@ test::etcd_server& etcd() {
   static test::etcd_server server;
   return server;
 }
-
-struct outcome {
-  exit_status status;
-  std::string out;
-  std::string err;
-};
 
 // One cohort-run node: its flags after the rendezvous ones, and what must
 // happen before it starts.
@@ -108,17 +105,6 @@ asio::awaitable<void> files_appear(fs::path dir, std::string prefix, std::size_t
     tick.expires_after(10ms);
     co_await tick.async_wait(asio::use_awaitable);
   }
-}
-
-// The "NAME=value" lines a worker wrote, as a map.
-std::map<std::string, std::string> variables_in(const fs::path& file) {
-  std::map<std::string, std::string> vars;
-  std::istringstream in(read_file(file));
-  for (std::string line; std::getline(in, line);) {
-    const auto eq = line.find('=');
-    if (eq != std::string::npos) vars[line.substr(0, eq)] = line.substr(eq + 1);
-  }
-  return vars;
 }
 
 // A worker that writes its contract to $0/<GROUP_WORLD_SIZE>-<RANK>, then
