@@ -410,7 +410,7 @@ TEST_SUITE("etcd rendezvous") {
     }
     const auto took = clock_type::now() - start;
     CHECK(took >= 500ms);
-    CHECK(took < 1500ms);
+    CHECK(took < 10s);  // not a hang: a generous bound on a loaded machine
   }
 
   TEST_CASE("too few nodes make next_round fail at join_timeout, and a node that gave up is not counted") {
@@ -427,7 +427,7 @@ TEST_SUITE("etcd rendezvous") {
                            rendezvous_error);
       const auto took = clock_type::now() - start;
       CHECK(took >= 600ms);
-      CHECK(took < 2s);
+      CHECK(took < 10s);
       // Still there, but out: two others form a round of two.
       std::vector<rendezvous_config> configs{node(job, 2, 2, 3), node(job, 3, 2, 3)};
       const auto others = make_nodes(configs);
