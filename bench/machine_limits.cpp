@@ -1,0 +1,347 @@
+// The machine's own limits, measured in one run: what the other benchmarks'
+// cohort figures are held against. Nothing here uses cohort.
+//
+//   - pipeline: producer -> copying relay -> summer, three processes joined
+//     by two single-producer single-consumer rings in shared memory, 64-byte
+//     items (a small tensor's record), spinning: items/s end to end
+//   - ping-pong: a futex word between two processes, one round trip
+//   - exit: blocking waitid's wake after a child stamped the time and exited
+//   - fork+exit+wait and posix_spawn(/bin/true)+wait of one child
+//   - launcher: a minimal posix_spawn launcher (this program, re-executed)
+//     starting K /bin/true and waiting for them, timed from outside, start
+//     to exit, K = 1, 8, 32, 128
+//   - files: 4 processes writing 64 MiB each straight to their own files
+//
+//   machine_limits [rounds]     (default 5; each figure: the median of the rounds, and their spread)
+//   machine_limits --launch K   (the minimal launcher itself)
+#include "stats.hpp"
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace bench = cohort::bench;
+using bench::clock;
+using bench::median;
+using bench::percentile;
+
+// Memory every process of a measurement shares (fork keeps it).
+template <class T>
+T* shared() {
+  void* p = ::mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    std::perror("mmap");
+    std::exit(1);
+  }
+  return new (p) T();
+}
+
+template <class T>
+void release(T* p) {
+  p->~T();
+  ::munmap(p, sizeof(T));
+}
+
+void wait_all(const std::vector<pid_t>& pids) {
+  for (pid_t pid : pids) {
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+double now_ns() {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<double>(t.tv_sec) * 1e9 + static_cast<double>(t.tv_nsec);
+}
+
+inline void relax() { __builtin_ia32_pause(); }
+
+// --- pipeline -------------------------------------------------------------
+
+struct item {
+  std::uint64_t value;
+  std::uint8_t payload[56];
+};
+
+constexpr std::size_t ring_slots = 4096;
+
+struct alignas(64) ring {
+  alignas(64) std::atomic<std::uint64_t> head{0};  // next to write
+  alignas(64) std::atomic<std::uint64_t> tail{0};  // next to read
+  alignas(64) item slots[ring_slots];
+
+  void push(const item& x) {
+    const auto h = head.load(std::memory_order_relaxed);
+    while (h - tail.load(std::memory_order_acquire) == ring_slots) relax();
+    slots[h % ring_slots] = x;
+    head.store(h + 1, std::memory_order_release);
+  }
+  item pop() {
+    const auto t = tail.load(std::memory_order_relaxed);
+    while (head.load(std::memory_order_acquire) == t) relax();
+    item x = slots[t % ring_slots];
+    tail.store(t + 1, std::memory_order_release);
+    return x;
+  }
+};
+
+struct pipeline_memory {
+  ring first, second;
+  std::atomic<int> go{0};
+  std::atomic<std::uint64_t> sum{0};
+};
+
+// Items per second from the producer's first push to the summer's last pop.
+double pipeline(std::uint64_t items) {
+  auto* m = shared<pipeline_memory>();
+  std::vector<pid_t> pids;
+  const auto stage = [&](auto body) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      while (m->go.load(std::memory_order_acquire) == 0) relax();
+      body();
+      ::_exit(0);
+    }
+    pids.push_back(pid);
+  };
+  stage([&] {
+    item x{};
+    for (std::uint64_t i = 0; i < items; ++i) {
+      x.value = i;
+      m->first.push(x);
+    }
+  });
+  stage([&] {
+    for (std::uint64_t i = 0; i < items; ++i) m->second.push(m->first.pop());
+  });
+  stage([&] {
+    std::uint64_t sum = 0;
+    for (std::uint64_t i = 0; i < items; ++i) sum += m->second.pop().value;
+    m->sum.store(sum);
+  });
+  const auto start = clock::now();
+  m->go.store(1, std::memory_order_release);
+  wait_all(pids);
+  const double rate = static_cast<double>(items) / bench::seconds_since(start);
+  const bool right = m->sum.load() == items * (items - 1) / 2;
+  release(m);
+  return right ? rate : 0;
+}
+
+// --- futex ping-pong ------------------------------------------------------
+
+long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value) {
+  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, nullptr, nullptr, 0);
+}
+
+struct pingpong_memory {
+  alignas(64) std::atomic<std::uint32_t> word{0};  // 2i+1: the ball is with the ponger, 2i+2: back
+};
+
+// Round trips in µs: the pinger passes the ball and sleeps on the word until
+// it comes back; the ponger sleeps until it has it, and passes it back.
+std::vector<double> pingpong(int trips) {
+  auto* m = shared<pingpong_memory>();
+  const auto n = static_cast<std::uint32_t>(trips);
+  const pid_t ponger = ::fork();
+  if (ponger == 0) {
+    for (std::uint32_t i = 0; i < n; ++i) {
+      while (m->word.load(std::memory_order_acquire) == 2 * i) futex(&m->word, FUTEX_WAIT, 2 * i);
+      m->word.store(2 * i + 2, std::memory_order_release);
+      futex(&m->word, FUTEX_WAKE, 1);
+    }
+    ::_exit(0);
+  }
+  std::vector<double> us;
+  us.reserve(n);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const double start = now_ns();
+    m->word.store(2 * i + 1, std::memory_order_release);
+    futex(&m->word, FUTEX_WAKE, 1);
+    while (m->word.load(std::memory_order_acquire) == 2 * i + 1) futex(&m->word, FUTEX_WAIT, 2 * i + 1);
+    us.push_back((now_ns() - start) / 1e3);
+  }
+  wait_all({ponger});
+  release(m);
+  return us;
+}
+
+// --- process start and exit -----------------------------------------------
+
+struct stamp_memory {
+  std::atomic<double> exited_ns{0};
+};
+
+// µs from a child's last instruction before _exit to its parent's return
+// from a blocking waitid.
+std::vector<double> exit_wakes(int children) {
+  auto* m = shared<stamp_memory>();
+  std::vector<double> us;
+  for (int i = 0; i < children; ++i) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      m->exited_ns.store(now_ns());
+      ::_exit(0);
+    }
+    siginfo_t info{};
+    ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED);
+    us.push_back((now_ns() - m->exited_ns.load()) / 1e3);
+  }
+  release(m);
+  return us;
+}
+
+std::vector<double> fork_exit_wait(int children) {
+  std::vector<double> us;
+  for (int i = 0; i < children; ++i) {
+    const double start = now_ns();
+    const pid_t pid = ::fork();
+    if (pid == 0) ::_exit(0);
+    wait_all({pid});
+    us.push_back((now_ns() - start) / 1e3);
+  }
+  return us;
+}
+
+pid_t spawn_quietly(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int rc = ::posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  ::posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    fmt::print(stderr, "machine_limits: posix_spawn {}: {}\n", args[0], std::strerror(rc));
+    std::exit(1);
+  }
+  return pid;
+}
+
+std::vector<double> spawn_true_wait(int children) {
+  std::vector<double> us;
+  for (int i = 0; i < children; ++i) {
+    const double start = now_ns();
+    wait_all({spawn_quietly({"/bin/true"})});
+    us.push_back((now_ns() - start) / 1e3);
+  }
+  return us;
+}
+
+// The minimal launcher: K children of /bin/true at once, then their exits.
+int launch(int k) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < k; ++i) pids.push_back(spawn_quietly({"/bin/true"}));
+  wait_all(pids);
+  return 0;
+}
+
+// ms from starting `machine_limits --launch K` to its exit.
+double launcher_ms(const std::string& self, int k) {
+  const double start = now_ns();
+  wait_all({spawn_quietly({self, "--launch", std::to_string(k)})});
+  return (now_ns() - start) / 1e6;
+}
+
+// --- files ----------------------------------------------------------------
+
+// MB/s of `writers` processes each writing `bytes` to its own file in 64 KiB writes.
+double files(int writers, std::size_t bytes) {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("cohort-limits-{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  std::vector<pid_t> pids;
+  const auto start = clock::now();
+  for (int w = 0; w < writers; ++w) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const auto path = dir / std::to_string(w);
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      std::vector<char> block(64 * 1024, 'x');
+      for (std::size_t done = 0; fd >= 0 && done < bytes; done += block.size()) {
+        if (::write(fd, block.data(), block.size()) < 0) ::_exit(1);
+      }
+      ::_exit(fd >= 0 ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  wait_all(pids);
+  const double rate = static_cast<double>(writers) * static_cast<double>(bytes) / 1e6 / bench::seconds_since(start);
+  std::filesystem::remove_all(dir);
+  return rate;
+}
+
+// "median unit (spread min-max)" of per-round figures.
+std::string summary(const std::vector<double>& rounds, const char* format, const char* unit) {
+  double low = rounds.front(), high = rounds.front();
+  for (double r : rounds) {
+    low = std::min(low, r);
+    high = std::max(high, r);
+  }
+  return fmt::format("{} {} (spread {}-{})", fmt::format(fmt::runtime(format), median(rounds)), unit,
+                     fmt::format(fmt::runtime(format), low), fmt::format(fmt::runtime(format), high));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--launch") return launch(std::atoi(argv[2]));
+  const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
+  const std::vector<int> launcher_ks{1, 8, 32, 128};
+
+  std::vector<double> pipe_rate, ping_p50, ping_p99, exit_p50, fork_p50, spawn_p50, file_rate;
+  std::vector<std::vector<double>> launched(launcher_ks.size());
+  // Every measurement once per round, in turn: drift hits them alike.
+  for (int round = 0; round < rounds; ++round) {
+    pipe_rate.push_back(pipeline(2'000'000) / 1e6);
+    const auto trips = pingpong(20'000);
+    ping_p50.push_back(percentile(trips, 50));
+    ping_p99.push_back(percentile(trips, 99));
+    exit_p50.push_back(median(exit_wakes(200)));
+    fork_p50.push_back(median(fork_exit_wait(200)));
+    spawn_p50.push_back(median(spawn_true_wait(100)));
+    for (std::size_t i = 0; i < launcher_ks.size(); ++i) {
+      std::vector<double> ms;
+      for (int j = 0; j < 10; ++j) ms.push_back(launcher_ms(self, launcher_ks[i]));
+      launched[i].push_back(median(ms));
+    }
+    file_rate.push_back(files(4, 64u << 20));
+  }
+  fmt::print("The machine's limits, median of {} rounds (spread across rounds)\n", rounds);
+  fmt::print("  {:<56}{}\n", "raw ring pipeline, 3 processes, 64-byte items", summary(pipe_rate, "{:.2f}", "M items/s"));
+  fmt::print("  {:<56}{}\n", "futex ping-pong between 2 processes, p50", summary(ping_p50, "{:.2f}", "us"));
+  fmt::print("  {:<56}{}\n", "futex ping-pong between 2 processes, p99", summary(ping_p99, "{:.2f}", "us"));
+  fmt::print("  {:<56}{}\n", "exit to blocking waitid's wake, p50", summary(exit_p50, "{:.1f}", "us"));
+  fmt::print("  {:<56}{}\n", "fork + _exit + wait, p50", summary(fork_p50, "{:.1f}", "us"));
+  fmt::print("  {:<56}{}\n", "posix_spawn /bin/true + wait, p50", summary(spawn_p50, "{:.1f}", "us"));
+  for (std::size_t i = 0; i < launcher_ks.size(); ++i) {
+    fmt::print("  {:<56}{}\n", fmt::format("minimal posix_spawn launcher, K = {}, start to exit", launcher_ks[i]),
+               summary(launched[i], "{:.2f}", "ms"));
+  }
+  fmt::print("  {:<56}{}\n", "4 writers straight to files, 64 MiB each", summary(file_rate, "{:.0f}", "MB/s"));
+  return 0;
+}
