@@ -1,11 +1,13 @@
 // Tensor sharing between processes, against torch.multiprocessing (and
-// Python's multiprocessing with plain ints) in the same run:
+// Python's multiprocessing with plain ints), each measured the same way:
 //  - a 3-stage pipeline (producer -> relay that clones -> summer) of
-//    five-element int64 tensors, the CPU shape of torch's test_cuda_send_many;
+//    five-element int64 tensors, the CPU shape of torch's test_cuda_send_many,
+//    timed from the summer's first pop to its last;
 //  - ping-pong latency of one small tensor between two processes, blocking
 //    and awaited;
-//  - the cost of sending one already-shared tensor, by size.
-// Usage: tensor_sharing [pipeline tensors = 100000] [rounds = 3]
+//  - the cost of sending one tensor, by size, both already in shared memory
+//    and both private (the put copies them into shared memory).
+// Usage: tensor_sharing [pipeline tensors = 100000] [rounds = 3] [sends per size = 10]
 #include <cohort/queue.hpp>
 #include <cohort/spawn_and_join.hpp>
 #include <cohort/tensor.hpp>
@@ -20,9 +22,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 using namespace cohort;
@@ -32,7 +37,8 @@ using cohort::bench::seconds_since;
 namespace bench_tensors {
 
 // Rank 0 makes n tensors, rank 1 clones each, rank 2 sums them. The summer
-// returns the sum and the seconds from its first pop to its last.
+// returns the sum and the seconds from its first pop returning to the end of
+// its last item; the Python baselines time the same window.
 std::tuple<std::int64_t, double> pipeline_stage(int rank, queue<tensor> made, queue<tensor> cloned, int n) {
   if (rank == 0) {
     for (int i = 0; i < n; ++i) {
@@ -100,16 +106,20 @@ std::vector<double> ping_pong(int trips, bool awaited) {
   return samples;
 }
 
-// The time from put to the receiver holding the tensor and sending back
-// an acknowledgement, for one tensor already in shared memory, in ms.
-double send_cost(std::size_t bytes, int rounds) {
+// The time from put to the receiver holding the tensor and sending it back,
+// in ms, median of `sends`: of one tensor already in shared memory when
+// `shared`, else of a fresh private tensor each time, which the put copies
+// into shared memory. The elements are written before the clock starts.
+double send_cost(std::size_t bytes, bool shared, int sends) {
   queue<tensor> there(4), back(4);
-  tensor big = tensor::empty({static_cast<std::int64_t>(bytes)}, dtype::uint8, {.shared = true});
+  const auto size = static_cast<std::int64_t>(bytes);
+  const tensor already = shared ? tensor::full({size}, 1, dtype::uint8, {.shared = true}) : tensor();
   std::vector<double> samples;
   auto parent = std::thread([&] {
-    for (int i = 0; i < rounds; ++i) {
+    for (int i = 0; i < sends; ++i) {
+      const tensor t = shared ? already : tensor::full({size}, 1, dtype::uint8);
       const auto start = steady::now();
-      there.put(big);
+      there.put(t);
       (void)back.get();
       samples.push_back(seconds_since(start) * 1e3);
     }
@@ -121,129 +131,223 @@ double send_cost(std::size_t bytes, int rounds) {
   return bench::median(samples);
 }
 
+// The baselines, measured as above: plain blocking get()s, the pipeline's
+// rate over the summer's first pop to its last, the same percentiles as
+// stats.hpp. Each result prints as "key numbers...", or "failed key why".
 // torch's senders must outlive the receivers' use of their tensors (its
 // file_descriptor strategy fetches each descriptor from the sender), so its
-// stages wait on `done`, as torch's own tests do.
+// stages wait on `done`, as torch's own tests do. A result not in within
+// LIMIT seconds fails, and so do the rest.
 const char* python_script = R"(
-import multiprocessing as mp, statistics, sys, time
+import multiprocessing as mp, signal, sys, time
+LIMIT = 120
+def percentile(xs, p):
+    xs = sorted(xs)
+    return xs[min(int(p / 100 * (len(xs) - 1) + 0.5), len(xs) - 1)]
 def produce(q, n, done):
     for i in range(n): q.put(i)
     done.wait()
 def relay(a, b, n, done):
-    for _ in range(n): b.put(a.get(timeout=60))
+    for _ in range(n): b.put(a.get())
     done.wait()
 def tproduce(q, n, done):
     import torch
     for i in range(n): q.put(torch.arange(i, i + 5, dtype=torch.int64))
     done.wait()
 def trelay(a, b, n, done):
-    for _ in range(n): b.put(a.get(timeout=60).clone())
+    for _ in range(n): b.put(a.get().clone())
     done.wait()
-def run(ctx, make, move, n, summing):
+def pipeline(ctx, make, move, n, summing):
     a, b, done = ctx.Queue(), ctx.Queue(), ctx.Event()
-    ps = [ctx.Process(target=make, args=(a, n, done)), ctx.Process(target=move, args=(a, b, n, done))]
+    ps = [ctx.Process(target=make, args=(a, n, done), daemon=True),
+          ctx.Process(target=move, args=(a, b, n, done), daemon=True)]
     for p in ps: p.start()
-    t = time.perf_counter(); total = 0
-    for _ in range(n): total += summing(b.get(timeout=60))
-    dt = time.perf_counter() - t
+    first = b.get()
+    start = time.perf_counter()
+    total = summing(first)
+    for _ in range(n - 1): total += summing(b.get())
+    rate = (n - 1) / (time.perf_counter() - start)
     done.set()
     for p in ps: p.join()
-    return n / dt
+    return rate
 def echo(a, b):
     while True:
         t = a.get(); b.put(t)
         if t.numel() == 0: return
+def echoed(ctx, measure):
+    a, b = ctx.Queue(), ctx.Queue()
+    p = ctx.Process(target=echo, args=(a, b), daemon=True); p.start()
+    try:
+        return measure(a, b)
+    finally:
+        p.terminate(); p.join()
+def ping_pong(trips):
+    def measure(a, b):
+        small = torch.zeros(4).share_memory_()
+        lat = []
+        for _ in range(trips):
+            t = time.perf_counter(); a.put(small); b.get(); lat.append((time.perf_counter() - t) * 1e6 / 2)
+        return percentile(lat, 50), percentile(lat, 99)
+    return measure
+def send(size, shared, sends):
+    def measure(a, b):
+        kept = torch.full((size,), 1, dtype=torch.uint8).share_memory_() if shared else None
+        samples = []
+        for _ in range(sends):
+            big = kept if shared else torch.full((size,), 1, dtype=torch.uint8)
+            t = time.perf_counter(); a.put(big); b.get(); samples.append((time.perf_counter() - t) * 1e3)
+        return percentile(samples, 50),
+    return measure
+timed_out = False
+def on_alarm(*_):
+    raise TimeoutError(f'no result within {LIMIT} s')
+def report(key, measure):
+    global timed_out
+    if timed_out:
+        print('failed', key, 'skipped after a timeout', flush=True); return
+    signal.alarm(LIMIT)
+    try:
+        print(key, *measure(), flush=True)
+    except Exception as e:
+        timed_out = isinstance(e, TimeoutError)
+        print('failed', key, type(e).__name__, str(e).splitlines()[0] if str(e) else '', flush=True)
+    finally:
+        signal.alarm(0)
 if __name__ == '__main__':
-    ints, tensors, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    ints, tensors, rounds, trips, sends = (int(v) for v in sys.argv[1:6])
+    sizes = [int(v) for v in sys.argv[6:]]
+    signal.signal(signal.SIGALRM, on_alarm)
     ctx = mp.get_context('fork')
-    print('python_ints', statistics.median(run(ctx, produce, relay, ints, int) for _ in range(rounds)), flush=True)
+    report('python_ints', lambda: [percentile([pipeline(ctx, produce, relay, ints, int) for _ in range(rounds)], 50)])
+    keys = ['torch_pipeline', 'torch_pingpong'] + [f'torch_send_{k}_{s}' for k in ('shared', 'private') for s in sizes]
     try:
         import torch, torch.multiprocessing as tmp
-    except ImportError:
+    except Exception as e:
+        for key in keys: print('failed', key, 'import torch:', type(e).__name__, flush=True)
         sys.exit(0)
     tctx = tmp.get_context('fork')
-    print('torch_pipeline', statistics.median(run(tctx, tproduce, trelay, tensors, lambda t: int(t.sum())) for _ in range(rounds)), flush=True)
-    a, b = tctx.Queue(), tctx.Queue()
-    p = tctx.Process(target=echo, args=(a, b)); p.start()
-    small = torch.zeros(4).share_memory_()
-    lat = []
-    for _ in range(300):
-        t = time.perf_counter(); a.put(small); b.get(timeout=60); lat.append((time.perf_counter() - t) * 1e6 / 2)
-    lat.sort()
-    print('torch_pingpong', lat[len(lat) // 2], lat[int(len(lat) * 0.99)], flush=True)
-    for size in (4096, 1 << 20, 256 << 20):
-        samples = []
-        for _ in range(3):
-            big = torch.empty(size, dtype=torch.uint8)
-            t = time.perf_counter(); a.put(big); b.get(timeout=60); samples.append((time.perf_counter() - t) * 1e3)
-        print('torch_send', size, statistics.median(samples), flush=True)
-    a.put(torch.empty(0)); b.get(timeout=60); p.join()
+    report('torch_pipeline', lambda: [percentile([pipeline(tctx, tproduce, trelay, tensors, lambda t: int(t.sum()))
+                                                  for _ in range(rounds)], 50)])
+    report('torch_pingpong', lambda: echoed(tctx, ping_pong(trips)))
+    for kind in ('shared', 'private'):
+        for size in sizes:
+            report(f'torch_send_{kind}_{size}', lambda: echoed(tctx, send(size, kind == 'shared', sends)))
 )";
+
+// What the baselines printed: each key's numbers, and why a key failed.
+struct peer_results {
+  std::map<std::string, std::vector<double>> values;
+  std::map<std::string, std::string> failures;
+};
+
+peer_results run_peers(const std::string& args) {
+  peer_results peers;
+  for (const auto& line : bench::python_lines(python_script, args)) {
+    std::istringstream words(line);
+    std::string key;
+    words >> key;
+    if (key == "failed") {
+      words >> key;
+      std::getline(words >> std::ws, peers.failures[key]);
+    } else {
+      auto& values = peers.values[key];
+      for (double v; words >> v;) values.push_back(v);
+    }
+  }
+  return peers;
+}
+
+// The first `count` numbers printed under `key`; or, after printing `label`
+// as failed with the reason, nullptr.
+const double* peer_result(const peer_results& peers, const std::string& key, std::size_t count, std::string_view label) {
+  if (auto it = peers.values.find(key); it != peers.values.end() && it->second.size() >= count) return it->second.data();
+  const auto why = peers.failures.find(key);
+  fmt::print("    {:<50} failed ({})\n", label, why != peers.failures.end() ? why->second : "no result");
+  return nullptr;
+}
 
 }  // namespace bench_tensors
 
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
   using namespace bench_tensors;
-  const int n = argc > 1 ? std::atoi(argv[1]) : 100000;
-  const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
+  const int n = std::max(2, argc > 1 ? std::atoi(argv[1]) : 100000);
+  const int rounds = std::max(1, argc > 2 ? std::atoi(argv[2]) : 3);
+  const int sends = std::max(1, argc > 3 ? std::atoi(argv[3]) : 10);
+  const int python_ints = std::min(n, 100000), torch_tensors = std::min(n, 2000);
+  const int trips = 20000, torch_trips = 300;
+  const std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{256} << 20,
+                                       std::size_t{1} << 30};
 
   std::int64_t expected = 0;
   for (std::int64_t i = 0; i < n; ++i) expected += 5 * i + 10;
-  std::vector<double> rates, end_to_end;
+  std::vector<double> rates;
   for (int r = 0; r < rounds; ++r) {
     queue<tensor> made(1024), cloned(1024);
-    const auto start = steady::now();
     const auto out = spawn_and_join(pipeline_stage, std::tuple{made, cloned, n}, 3);
-    const double total = seconds_since(start);
     const auto [sum, seconds] = out.at(2);
     if (sum != expected) {
       fmt::print(stderr, "tensor_sharing: the pipeline summed {}, expected {}\n", sum, expected);
       return 1;
     }
-    rates.push_back(n / seconds);
-    end_to_end.push_back(n / total);
+    rates.push_back((n - 1) / seconds);
   }
   const double rate = bench::median(rates);
-  fmt::print("3-stage pipeline of {} five-element int64 tensors (producer -> relay that clones -> summer), median of {}\n",
-             n, rounds);
-  fmt::print("  {:<44} {:>12.0f} tensors/s\n", "cohort (first pop to last, in the summer)", rate);
-  fmt::print("  {:<44} {:>12.0f} tensors/s\n", "cohort (start of 3 ranks to their end)", bench::median(end_to_end));
+  fmt::print("3-stage pipeline (producer -> relay that clones -> summer), median of {} rounds; for every contender,\n"
+             "rate = (items - 1) / time from the summer's first pop returning to the end of its last item\n",
+             rounds);
+  fmt::print("  {:<52} {:>12.0f} tensors/s\n", fmt::format("cohort ({} five-element int64 tensors)", n), rate);
 
-  const auto blocking = ping_pong(20000, false);
-  const auto awaited = ping_pong(20000, true);
-  fmt::print("ping-pong of one small tensor, one way (half a round trip), 20000 trips\n");
-  fmt::print("  {:<44} p50 {:>7.2f} µs  p99 {:>7.2f} µs\n", "cohort blocking put/get", bench::percentile(blocking, 50),
-             bench::percentile(blocking, 99));
-  fmt::print("  {:<44} p50 {:>7.2f} µs  p99 {:>7.2f} µs\n", "cohort co_await push/pop", bench::percentile(awaited, 50),
-             bench::percentile(awaited, 99));
+  const auto blocking = ping_pong(trips, false);
+  const auto awaited = ping_pong(trips, true);
+  fmt::print("ping-pong of one small shared tensor, one way (half a round trip)\n");
+  fmt::print("  {:<52} p50 {:>7.2f} µs  p99 {:>7.2f} µs\n", fmt::format("cohort blocking put/get ({} trips)", trips),
+             bench::percentile(blocking, 50), bench::percentile(blocking, 99));
+  fmt::print("  {:<52} p50 {:>7.2f} µs  p99 {:>7.2f} µs\n", fmt::format("cohort co_await push/pop ({} trips)", trips),
+             bench::percentile(awaited, 50), bench::percentile(awaited, 99));
 
-  fmt::print("sending one tensor already in shared memory (put to the receiver's acknowledgement), median\n");
-  std::map<std::size_t, double> ours;
-  for (std::size_t size : {std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{256} << 20, std::size_t{1} << 30}) {
-    ours[size] = send_cost(size, 20);
-    fmt::print("  cohort {:>12} bytes {:>10.3f} ms\n", size, ours[size]);
+  fmt::print("sending one uint8 tensor, put until the receiver has sent it back, median of {} sends\n", sends);
+  std::map<std::size_t, double> ours_shared, ours_private;
+  fmt::print("  already in shared memory\n");
+  for (auto size : sizes) {
+    ours_shared[size] = send_cost(size, true, sends);
+    fmt::print("    cohort {:>12} bytes {:>10.3f} ms\n", size, ours_shared[size]);
+  }
+  fmt::print("  private, a fresh tensor each send, copied into shared memory by the put\n");
+  for (auto size : sizes) {
+    ours_private[size] = send_cost(size, false, sends);
+    fmt::print("    cohort {:>12} bytes {:>10.3f} ms\n", size, ours_private[size]);
   }
 
-  const int torch_tensors = std::min(n, 2000);
-  for (const auto& line : bench::python_lines(python_script, fmt::format("{} {} {}", std::min(n, 100000), torch_tensors, rounds))) {
-    char name[32];
-    double a = 0, b = 0, c = 0;
-    const int fields = std::sscanf(line.c_str(), "%31s %lf %lf %lf", name, &a, &b, &c);
-    const std::string what = name;
-    if (what == "python_ints" && fields >= 2) {
-      fmt::print("  {:<44} {:>12.0f} items/s   cohort x{:.1f}\n", "Python multiprocessing, plain ints (pipeline)", a, rate / a);
-    } else if (what == "torch_pipeline" && fields >= 2) {
-      fmt::print("  {:<44} {:>12.0f} tensors/s cohort x{:.0f}\n",
-                 fmt::format("torch.multiprocessing ({} tensors)", torch_tensors), a, rate / a);
-    } else if (what == "torch_pingpong" && fields >= 3) {
-      fmt::print("  {:<44} p50 {:>7.2f} µs  p99 {:>7.2f} µs  cohort blocking p50 x{:.0f}\n", "torch.multiprocessing ping-pong",
-                 a, b, a / bench::percentile(blocking, 50));
-    } else if (what == "torch_send" && fields >= 3) {
-      const auto size = static_cast<std::size_t>(a);
-      fmt::print("  torch  {:>12} bytes {:>10.3f} ms (private tensor, moved to shared memory on put)  cohort x{:.0f}\n", size,
-                 b, b / ours[size]);
+  std::string args = fmt::format("{} {} {} {} {}", python_ints, torch_tensors, rounds, torch_trips, sends);
+  for (auto size : sizes) args += fmt::format(" {}", size);
+  const auto peers = run_peers(args);
+  fmt::print("baselines in python3, measured the same way (cohort xN: cohort is N times faster)\n");
+  fmt::print("  pipeline, the same window\n");
+  const auto pipeline_peer = [&](const std::string& key, const std::string& label, std::string_view unit) {
+    if (const double* r = peer_result(peers, key, 1, label)) {
+      fmt::print("    {:<50} {:>12.0f} {:<9} cohort x{:.1f}\n", label, r[0], unit, rate / r[0]);
     }
+  };
+  pipeline_peer("python_ints", fmt::format("Python multiprocessing, plain ints ({})", python_ints), "items/s");
+  pipeline_peer("torch_pipeline", fmt::format("torch.multiprocessing ({} tensors)", torch_tensors), "tensors/s");
+  fmt::print("  ping-pong\n");
+  const auto pingpong_label = fmt::format("torch.multiprocessing put/get ({} trips)", torch_trips);
+  if (const double* p = peer_result(peers, "torch_pingpong", 2, pingpong_label)) {
+    fmt::print("    {:<50} p50 {:>7.2f} µs  p99 {:>7.2f} µs  cohort blocking p50 x{:.0f}\n", pingpong_label, p[0], p[1],
+               p[0] / bench::percentile(blocking, 50));
   }
+  const auto send_peers = [&](std::string_view kind, std::string_view title, const std::map<std::size_t, double>& ours) {
+    fmt::print("  {}\n", title);
+    for (auto size : sizes) {
+      const auto label = fmt::format("torch  {:>12} bytes", size);
+      if (const double* ms = peer_result(peers, fmt::format("torch_send_{}_{}", kind, size), 1, label)) {
+        fmt::print("    {} {:>10.3f} ms   cohort {:>10.3f} ms   cohort x{:.1f}\n", label, ms[0], ours.at(size),
+                   ms[0] / ours.at(size));
+      }
+    }
+  };
+  send_peers("shared", "send, both already in shared memory (torch: share_memory_() before the clock starts)", ours_shared);
+  send_peers("private", "send, both private (each put copies a fresh tensor into shared memory)", ours_private);
   return 0;
 }
