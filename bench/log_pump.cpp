@@ -1,9 +1,13 @@
 // The ranks' logs through the launcher: throughput of 4 ranks writing to
-// redirected and teed stdout, and how long a line takes from a rank's
-// write to the launcher's stdout. cohort-run against the same writers with
-// their stdout on files (no launcher: the bound), and against torchrun
-// (Debian's torch 1.13, with the same mend as launcher_exit) where
-// /usr/bin/python3 (or $COHORT_BENCH_PYTHON) imports torch.
+// teed and redirected stdout, and how long a line takes from a rank's write
+// to the launcher's stdout. Each round runs the same writers with their
+// stdout on files (no launcher: the bound), cohort-run with the streams
+// teed (its pump writes the files and the console, on /dev/null), cohort-run
+// with the streams redirected (the ranks write the files themselves: the
+// launcher only starts and reaps them), and torchrun teed (Debian's torch
+// 1.13, with the same mend as launcher_exit) where /usr/bin/python3 (or
+// $COHORT_BENCH_PYTHON) imports torch. A launcher's rate counts from its
+// start to its exit; ratios to the writers on files are taken per round.
 //
 //   log_pump [megabytes per rank] [rounds]     (default 256 and 3; files in $TMPDIR)
 //   log_pump --write <megabytes>               (a writer rank: 100-byte lines)
@@ -126,24 +130,17 @@ void require_ok(const std::string& what, int rc) {
   if (rc != 0) throw std::runtime_error(fmt::format("{} exited with {}", what, rc));
 }
 
-// Seconds of one launcher run, console on /dev/null.
-double launcher_seconds(const std::vector<std::string>& launcher) {
+double mb_per_second(long megabytes, double seconds) { return static_cast<double>(ranks * megabytes) / seconds; }
+
+// MB/s of one launcher run, from its start to its exit, console on
+// /dev/null; its log folder is removed after, outside the time.
+double launcher_throughput(const std::vector<std::string>& launcher, const fs::path& log_dir, long megabytes) {
   const auto began = clock::now();
   require_ok(launcher[0], finish(start(launcher, "-").pid));
-  return cohort::bench::seconds_since(began);
+  const double seconds = cohort::bench::seconds_since(began);
+  fs::remove_all(log_dir);
+  return mb_per_second(megabytes, seconds);
 }
-
-// A launcher's throughput: MB/s from start to exit, and net of what the
-// same launcher takes for writers that write nothing (its own start and
-// exit: torchrun's is seconds).
-struct launcher_rate {
-  std::vector<double> gross, net;
-  void add(double seconds, double empty_seconds, long megabytes) {
-    const double total = static_cast<double>(ranks * megabytes);
-    gross.push_back(total / seconds);
-    net.push_back(total / std::max(seconds - empty_seconds, 1e-6));
-  }
-};
 
 // MB/s of the writers alone, each with stdout on its own file.
 double bare_throughput(const std::string& self, const fs::path& dir, long megabytes) {
@@ -156,7 +153,28 @@ double bare_throughput(const std::string& self, const fs::path& dir, long megaby
   for (pid_t pid : pids) require_ok("writer", finish(pid));
   const double seconds = cohort::bench::seconds_since(began);
   for (int r = 0; r < ranks; ++r) fs::remove(dir / fmt::format("bare-{}.log", r));  // as the launchers' folders are
-  return static_cast<double>(ranks * megabytes) / seconds;
+  return mb_per_second(megabytes, seconds);
+}
+
+// a[i] / b[i]: the ratio of two rows, round by round.
+std::vector<double> per_round(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> r;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) r.push_back(a[i] / b[i]);
+  return r;
+}
+
+// "median (min-max)" of the rounds.
+std::string spread(const std::vector<double>& rounds, const char* format) {
+  return fmt::format("{} ({}-{})", fmt::format(fmt::runtime(format), cohort::bench::median(rounds)),
+                     fmt::format(fmt::runtime(format), cohort::bench::percentile(rounds, 0)),
+                     fmt::format(fmt::runtime(format), cohort::bench::percentile(rounds, 100)));
+}
+
+// A row of MB/s, and its ratio to `bound` round by round unless null.
+void print_throughput(const std::string& name, const std::vector<double>& rate, const std::vector<double>* bound) {
+  fmt::print("  {:<58} {:>20} MB/s", name, spread(rate, "{:.0f}"));
+  if (bound != nullptr) fmt::print("  {:>24}x", spread(per_round(rate, *bound), "{:.3g}"));
+  fmt::print("\n");
 }
 
 // Console latency: ms from each stamped line's write to its arrival on the
@@ -193,14 +211,6 @@ std::optional<std::string> torch_python() {
   return chosen;
 }
 
-void print_throughput(const std::string& name, const launcher_rate& rate, double baseline) {
-  const double m = cohort::bench::median(rate.gross);
-  fmt::print("  {:<44} {:>7.0f} MB/s", name, m);
-  if (!rate.net.empty()) fmt::print(" ({:>6.0f} net of start and exit)", cohort::bench::median(rate.net));
-  if (baseline > 0) fmt::print("  {:.2f}x the writers on files", m / baseline);
-  fmt::print("\n");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -235,35 +245,33 @@ int main(int argc, char** argv) {
   };
   const std::vector<std::string> writer{self, "--write", std::to_string(megabytes)};
 
-  fmt::print("throughput: {} ranks x {} MB of 100-byte lines, median of {} rounds (console on /dev/null)\n", ranks,
-             megabytes, rounds);
-  const std::vector<std::string> idle{self, "--write", "0"};
-  launcher_rate bare, teed, redirected, torch_teed;
+  fmt::print("throughput: {} ranks x {} MB of 100-byte lines, {} rounds, median (min-max); console on /dev/null\n",
+             ranks, megabytes, rounds);
+  fmt::print("  {:<58} {:>25}  {:>25}\n", "", "", "vs writers on files");
+  const std::vector<std::string> teed_flags{"-r", "3", "-t", "3"};
+  std::vector<double> bare, teed, redirected, torch_teed;
   for (int i = 0; i < rounds; ++i) {
-    bare.gross.push_back(bare_throughput(self, dir, megabytes));
-    const auto teed_args = [&](const auto& make, const std::vector<std::string>& w) { return make(std::vector<std::string>{"-r", "3", "-t", "3"}, w); };
-    // The idle run first: run after the writers, it would time the removal
-    // of their files. The writers' run then replaces its empty files, as a
-    // rerun with the same run id does.
-    const auto measure = [&](launcher_rate& rate, const std::vector<std::string>& empty, const std::vector<std::string>& full) {
-      const double empty_seconds = launcher_seconds(empty);
-      rate.add(launcher_seconds(full), empty_seconds, megabytes);
-    };
-    measure(teed, teed_args(cohort_args, idle), teed_args(cohort_args, writer));
-    measure(redirected, cohort_args({"-r", "3"}, idle), cohort_args({"-r", "3"}, writer));
-    if (python) measure(torch_teed, teed_args(torch_args, idle), teed_args(torch_args, writer));
-    fs::remove_all(dir / "cohort");
-    fs::remove_all(dir / "torch");
+    // Every other round the other way round, so that neither side always
+    // follows the same one (and its writeback).
+    const auto files = [&] { bare.push_back(bare_throughput(self, dir, megabytes)); };
+    const auto pumped = [&] { teed.push_back(launcher_throughput(cohort_args(teed_flags, writer), dir / "cohort", megabytes)); };
+    if (i % 2 == 0) {
+      files();
+      pumped();
+    } else {
+      pumped();
+      files();
+    }
+    redirected.push_back(launcher_throughput(cohort_args({"-r", "3"}, writer), dir / "cohort", megabytes));
+    if (python) torch_teed.push_back(launcher_throughput(torch_args(teed_flags, writer), dir / "torch", megabytes));
   }
-  const double bound = cohort::bench::median(bare.gross);
-  print_throughput("4 writers, stdout on files, no launcher", bare, 0);
-  print_throughput("cohort-run -r 3 -t 3 (files and console)", teed, bound);
-  print_throughput("cohort-run -r 3 (files only)", redirected, bound);
+  print_throughput("4 writers, stdout on files, no launcher", bare, nullptr);
+  print_throughput("cohort-run -r 3 -t 3 (the pump writes files and console)", teed, &bare);
+  print_throughput("cohort-run -r 3 (ranks write their files: no pump)", redirected, &bare);
   if (python) {
-    print_throughput("torchrun -r 3 -t 3", torch_teed, bound);
-    fmt::print("  cohort-run -r 3 -t 3 moves {:.1f}x what torchrun does ({:.1f}x net of start and exit)\n",
-               cohort::bench::median(teed.gross) / cohort::bench::median(torch_teed.gross),
-               cohort::bench::median(teed.net) / cohort::bench::median(torch_teed.net));
+    print_throughput("torchrun -r 3 -t 3 (start to exit: includes its start)", torch_teed, &bare);
+    fmt::print("  cohort-run -r 3 -t 3 moves {}x what torchrun -r 3 -t 3 does, round by round\n",
+               spread(per_round(teed, torch_teed), "{:.1f}"));
   } else {
     fmt::print("  torchrun: torch is not importable\n");
   }
