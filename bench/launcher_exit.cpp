@@ -1,9 +1,15 @@
 // Start to exit of a launcher running 8 ranks of /bin/true: cohort-run
-// against torchrun (Debian's torch 1.13) in the same run, where
+// against torchrun --standalone (Debian's torch 1.13) in the same run, where
 // /usr/bin/python3 (or $COHORT_BENCH_PYTHON) imports torch. torch 1.13's
 // torchrun fails on Python 3.11 as shipped (Std.from_str iterates an
 // IntFlag, which no longer yields NONE and ALL): the wrapper of torchrun.hpp mends
 // that before calling torch.distributed.run.main().
+//
+// The two launchers' rounds are interleaved, so that drift weighs on both:
+// torchrun's fewer rounds are spread evenly among cohort-run's. A launcher
+// that fails (exits non-zero, is killed, takes over two minutes, or cannot
+// start, torch missing included) runs no more rounds, and its line reads
+// "failed: <why>" after the other's figures.
 //
 //   launcher_exit [rounds]     (default 50; torchrun runs a tenth of them, at least 3)
 #include "stats.hpp"
@@ -12,13 +18,20 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <stdexcept>
+#include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -27,55 +40,149 @@ extern char** environ;
 namespace {
 
 const char* const cohort_run = COHORT_BENCH_COHORT_RUN;
+constexpr int round_limit_ms = 120'000;
 
-
-// Runs argv with stdout and stderr on /dev/null; its exit code.
-int run_quietly(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  ::posix_spawn_file_actions_init(&actions);
-  ::posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-  ::posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-  pid_t pid;
-  const int error = ::posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  ::posix_spawn_file_actions_destroy(&actions);
-  if (error != 0) return -1;
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+// The line of `text` that best says why a run failed: the last that raises
+// or logs an error, else the last with a letter or digit in it.
+std::string why_line(const std::string& text) {
+  std::string last_error, last_words;
+  std::size_t begin = 0;
+  while (begin < text.size()) {
+    std::size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(begin, end - begin);
+    begin = end + 1;
+    while (!line.empty() && (line.back() == ' ' || line.back() == ':' || line.back() == '\r')) line.pop_back();
+    if (std::none_of(line.begin(), line.end(), [](unsigned char c) { return std::isalnum(c); })) continue;
+    last_words = line;
+    if (line[0] != ' ' && (line.find("Error") != std::string::npos || line.find("ERROR") != std::string::npos ||
+                           line.find("Exception") != std::string::npos))
+      last_error = line;
+  }
+  return last_error.empty() ? last_words : last_error;
 }
 
-double median_seconds(int rounds, const std::vector<std::string>& args) {
-  std::vector<double> samples;
-  for (int i = 0; i < rounds; ++i) {
-    const auto start = cohort::bench::clock::now();
-    if (const int rc = run_quietly(args); rc != 0) throw std::runtime_error(fmt::format("{} exited with {}", args[0], rc));
-    samples.push_back(cohort::bench::seconds_since(start));
+// One launcher's rounds: each runs `args` with stdin and stdout on /dev/null
+// and stderr kept aside, timed from before posix_spawn to its reaping. The
+// first failure ends its rounds and is kept as `failure`.
+struct launcher {
+  std::string label;
+  std::vector<std::string> args;
+  std::vector<double> samples{};
+  std::string failure{};
+
+  void round() {
+    if (!failure.empty()) return;
+    try {
+      failure = timed_run();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
   }
-  return cohort::bench::median(std::move(samples));
+
+ private:
+  // Empty when the run exited 0 (and its time is kept), else why not.
+  std::string timed_run() {
+    char err_path[] = "/tmp/cohort-bench-stderr-XXXXXX";
+    const int err = ::mkstemp(err_path);
+    if (err < 0) return fmt::format("mkstemp: {}", std::strerror(errno));
+    ::unlink(err_path);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    ::posix_spawn_file_actions_init(&actions);
+    ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    ::posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    ::posix_spawn_file_actions_adddup2(&actions, err, 2);
+    posix_spawnattr_t attributes;  // a group of its own, so that a timeout kills its ranks too
+    ::posix_spawnattr_init(&attributes);
+    ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+
+    const auto start = cohort::bench::clock::now();
+    pid_t pid;
+    const int error = ::posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), environ);
+    ::posix_spawn_file_actions_destroy(&actions);
+    ::posix_spawnattr_destroy(&attributes);
+    if (error != 0) {
+      ::close(err);
+      return fmt::format("posix_spawn {}: {}", args[0], std::strerror(error));
+    }
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    pollfd ended{pidfd, POLLIN, 0};
+    const bool timed_out = pidfd >= 0 && ::poll(&ended, 1, round_limit_ms) == 0;
+    if (timed_out) ::kill(-pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    const double seconds = cohort::bench::seconds_since(start);
+    if (pidfd >= 0) ::close(pidfd);
+
+    std::string why;
+    if (timed_out)
+      why = fmt::format("took over {} s", round_limit_ms / 1000);
+    else if (WIFSIGNALED(status))
+      why = fmt::format("killed by signal {}", WTERMSIG(status));
+    else if (WEXITSTATUS(status) != 0)
+      why = fmt::format("exited with {}", WEXITSTATUS(status));
+    if (why.empty()) {
+      samples.push_back(seconds);
+    } else {
+      std::string text;
+      char buffer[4096];
+      ssize_t n;
+      for (off_t at = 0; (n = ::pread(err, buffer, sizeof buffer, at)) > 0; at += n) text.append(buffer, n);
+      if (const auto line = why_line(text); !line.empty()) why += ": " + line;
+    }
+    ::close(err);
+    return why;
+  }
+};
+
+void print_line(const launcher& l) {
+  if (!l.failure.empty())
+    fmt::print("  {:<64} failed: {}\n", l.label, l.failure);
+  else
+    fmt::print("  {:<64} {:>10.3f} ms  (median of {})\n", l.label, cohort::bench::median(l.samples) * 1e3,
+               l.samples.size());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::atoi(argv[1]) : 50;
-  const double ours = median_seconds(rounds, {cohort_run, "-n", "8", "--", "/bin/true"});
-  fmt::print("start to exit of 8 ranks of /bin/true, median of {} rounds\n", rounds);
-  fmt::print("  {:<44} {:>10.3f} ms\n", "cohort-run -n 8 -- /bin/true", ours * 1e3);
+  const int rounds = std::max(1, argc > 1 ? std::atoi(argv[1]) : 50);
+  const int torch_rounds = std::max(3, rounds / 10);
 
+  launcher ours{"cohort-run -n 8 -- /bin/true", {cohort_run, "-n", "8", "--", "/bin/true"}};
   const char* python = std::getenv("COHORT_BENCH_PYTHON");
   if (python == nullptr) python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
-  if (run_quietly({python, "-c", "import torch.distributed.run"}) != 0) {
-    fmt::print("  torchrun: torch is not importable by {}\n", python);
-    return 0;
+  char wrapper[] = "/tmp/cohort-bench-torchrun-XXXXXX.py";
+  const int wrapper_fd = ::mkstemps(wrapper, 3);
+  if (wrapper_fd >= 0) ::close(wrapper_fd);
+  launcher torch{"torchrun --standalone --nproc_per_node 8 --no_python /bin/true",
+                 {python, wrapper, "--standalone", "--nproc_per_node", "8", "--no_python", "/bin/true"}};
+  launcher importing{"", {python, "-c", "import torch.distributed.run"}};
+  importing.round();
+  if (!importing.failure.empty())
+    torch.failure = fmt::format("torch is not importable by {} ({})", python, importing.failure);
+  else if (wrapper_fd < 0 || !cohort::bench::write_torchrun_wrapper(wrapper))
+    torch.failure = fmt::format("cannot write {}", wrapper);
+
+  fmt::print("start to exit of 8 ranks of /bin/true: medians of {} rounds of cohort-run and {} of torchrun, "
+             "interleaved\n",
+             rounds, torch_rounds);
+  for (int round = 0, torch_done = 0; round < rounds; ++round) {
+    ours.round();
+    for (; torch_done < (round + 1) * torch_rounds / rounds; ++torch_done) {
+      std::fflush(stdout);
+      torch.round();
+    }
   }
-  const std::string wrapper = "/tmp/cohort-bench-torchrun.py";
-  cohort::bench::write_torchrun_wrapper(wrapper);
-  const int torch_rounds = std::max(3, rounds / 10);
-  const double torch = median_seconds(torch_rounds, {python, wrapper, "--nproc_per_node", "8", "--no_python", "/bin/true"});
-  std::remove(wrapper.c_str());
-  fmt::print("  {:<44} {:>10.3f} ms  (median of {}; cohort-run is {:.0f}x faster)\n",
-             "torchrun --nproc_per_node 8 --no_python /bin/true", torch * 1e3, torch_rounds, torch / ours);
+  if (wrapper_fd >= 0) std::remove(wrapper);
+
+  print_line(ours);
+  std::fflush(stdout);
+  print_line(torch);
+  if (ours.failure.empty() && torch.failure.empty())
+    fmt::print("  cohort-run is {:.0f}x faster\n",
+               cohort::bench::median(torch.samples) / cohort::bench::median(ours.samples));
 }
