@@ -3,16 +3,25 @@
 // once) and raw fork + _exit, each with waitpid; and against Python's
 // multiprocessing and torch.multiprocessing where python3 (and torch) are
 // installed (/usr/bin/python3 when there is one, else python3 on PATH, or
-// $COHORT_BENCH_PYTHON). Prints the median of each and its ratio to the hand-made
-// baseline of the same kind.
+// $COHORT_BENCH_PYTHON).
 //
-// Each cohort method is timed in a fresh process of its own, as the
-// baselines are (they run first, in this one): a process where threads once
-// ran, such as the spawn method's starting threads, forks more slowly ever
-// after, and one method's would weigh on the next. One more line times fork
-// in a process that made a spawn start first.
+// Rounds are interleaved, so that drift weighs on both sides alike: each
+// round times the hand-made baselines, then each cohort method once. It
+// prints every round's ratio of each method to the baseline of the same
+// kind, then per method the median time, the median ratio over rounds and
+// its spread (min-max).
+//
+// Each cohort method runs in a process of its own, started once before the
+// first round: a process where threads once ran, such as the spawn method's
+// starting threads, forks more slowly ever after, and one method's would
+// weigh on the next. That process times its first run (the forkserver
+// starts there) apart from the rounds. One more method times fork in a
+// process that made a spawn start first.
 //
 //   start_join [rounds]     (default 50)
+//   start_join --alone METHOD     (internal: the process of one method; times
+//                                  one run per byte read on stdin and writes
+//                                  its seconds as a line on stdout)
 #include <cohort/entry_point.hpp>
 #include <cohort/spawn_and_join.hpp>
 
@@ -21,13 +30,16 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -46,14 +58,10 @@ constexpr int ranks = 8;
 constexpr const char* exit_at_once = "COHORT_BENCH_EXIT_AT_ONCE";
 
 template <class F>
-double median_of(int rounds, F&& once) {
-  std::vector<double> samples;
-  for (int i = 0; i < rounds; ++i) {
-    auto start = cohort::bench::clock::now();
-    once();
-    samples.push_back(cohort::bench::seconds_since(start));
-  }
-  return cohort::bench::median(std::move(samples));
+double seconds_of(F&& once) {
+  const auto start = cohort::bench::clock::now();
+  once();
+  return cohort::bench::seconds_since(start);
 }
 
 void raw_spawn() {
@@ -114,49 +122,105 @@ if __name__ == '__main__':
 )";
 
 
-// What a process of its own times (start_join --alone WHAT ROUNDS): one of
-// the start methods, spawn with one starting thread, or fork after a spawn.
+// What a method's process times: one of the start methods, spawn with one
+// starting thread, or fork after a spawn; its baseline is raw fork when
+// `against_fork`, else posix_spawn.
 struct timing {
+  std::string name;
   cohort::join_options options;
+  bool against_fork = false;
   bool spawn_first = false;
 };
 
-std::map<std::string, timing> timings() {
+std::vector<timing> timings() {
   using cohort::start_method;
-  return {{"spawn", {{.method = start_method::spawn}}},
-          {"fork", {{.method = start_method::fork}}},
-          {"forkserver", {{.method = start_method::forkserver}}},
-          {"spawn-one-by-one", {{.method = start_method::spawn, .start_threads = 1}}},
-          {"fork-after-spawn", {{.method = start_method::fork}, true}}};
+  return {{"spawn", {.method = start_method::spawn}},
+          {"fork", {.method = start_method::fork}, true},
+          {"forkserver", {.method = start_method::forkserver}, true},
+          {"spawn-one-by-one", {.method = start_method::spawn, .start_threads = 1}},
+          {"fork-after-spawn", {.method = start_method::fork}, true, true}};
 }
 
-// Prints "<median seconds> <first run's seconds>".
-int time_alone(const std::string& what, int rounds) {
+// start_join --alone METHOD: one run per byte read on stdin, its seconds
+// written as a line on stdout; ends at end of input.
+int serve_rounds(const std::string& what) {
   const auto all = timings();
-  const auto it = all.find(what);
+  const auto it = std::find_if(all.begin(), all.end(), [&](const timing& t) { return t.name == what; });
   if (it == all.end()) return 2;
-  const timing& t = it->second;
-  if (t.spawn_first) cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, {});
-  auto once = [&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, t.options); };
-  const auto first = median_of(1, once);  // the forkserver starts here
-  const auto typical = median_of(rounds, once);
-  fmt::print("{} {}\n", typical, first);
+  if (it->spawn_first) cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, {});
+  char go;
+  while (::read(0, &go, 1) == 1) {
+    const double seconds =
+        seconds_of([&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, it->options); });
+    const std::string line = fmt::format("{}\n", seconds);
+    if (::write(1, line.data(), line.size()) != static_cast<ssize_t>(line.size())) return 1;
+  }
   return 0;
 }
 
-// Runs time_alone in a fresh process; returns {median, first run} in
-// seconds, or zeros when it could not.
-std::pair<double, double> timed_alone(const std::string& what, int rounds) {
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return {0, 0};
-  self[n] = '\0';
-  std::pair<double, double> result{0, 0};
-  if (FILE* out = ::popen(fmt::format("'{}' --alone {} {}", self, what, rounds).c_str(), "r")) {
-    if (std::fscanf(out, "%lf %lf", &result.first, &result.second) != 2) result = {0, 0};
-    ::pclose(out);
+// The process of one method (serve_rounds), started at construction, where
+// it times its first run; round() has it time one more. Ends it at
+// destruction. Throws std::runtime_error when the process cannot start or
+// answers no time.
+class method_process {
+ public:
+  explicit method_process(const std::string& what) : what_(what) {
+    int in[2], out[2];
+    if (::pipe2(in, O_CLOEXEC) != 0) throw std::runtime_error("pipe2");
+    if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("pipe2");
+    posix_spawn_file_actions_t actions;
+    ::posix_spawn_file_actions_init(&actions);
+    ::posix_spawn_file_actions_adddup2(&actions, in[0], 0);
+    ::posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    char self[] = "/proc/self/exe", alone[] = "--alone";
+    char* const argv[] = {self, alone, what_.data(), nullptr};
+    const int error = ::posix_spawn(&pid_, self, &actions, nullptr, argv, environ);
+    ::posix_spawn_file_actions_destroy(&actions);
+    ::close(in[0]);
+    ::close(out[1]);
+    if (error != 0) {
+      ::close(in[1]);
+      ::close(out[0]);
+      throw std::runtime_error(fmt::format("cohort {}: posix_spawn of its process failed", what_));
+    }
+    to_ = in[1];
+    from_ = ::fdopen(out[0], "r");
+    first_ = round();
   }
-  return result;
+  method_process(const method_process&) = delete;
+  method_process& operator=(const method_process&) = delete;
+  ~method_process() {
+    ::close(to_);
+    std::fclose(from_);
+    ::waitpid(pid_, nullptr, 0);
+  }
+
+  /// Seconds of one start and join.
+  double round() {
+    double seconds = 0;
+    if (::write(to_, "g", 1) != 1 || std::fscanf(from_, "%lf", &seconds) != 1)
+      throw std::runtime_error(fmt::format("cohort {}: its process answered no time", what_));
+    return seconds;
+  }
+  /// Seconds of the first start and join, made at construction.
+  double first() const { return first_; }
+
+ private:
+  std::string what_;
+  pid_t pid_ = -1;
+  int to_ = -1;
+  FILE* from_ = nullptr;
+  double first_ = 0;
+};
+
+// The median of `samples` and their range.
+struct spread {
+  double median, min, max;
+};
+
+spread spread_of(const std::vector<double>& samples) {
+  const auto [min, max] = std::minmax_element(samples.begin(), samples.end());
+  return {cohort::bench::median(samples), *min, *max};
 }
 
 }  // namespace
@@ -164,40 +228,68 @@ std::pair<double, double> timed_alone(const std::string& what, int rounds) {
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
   if (std::getenv(exit_at_once) != nullptr) return 0;
-  if (argc > 3 && std::string(argv[1]) == "--alone") return time_alone(argv[2], std::atoi(argv[3]));
-  const int rounds = argc > 1 ? std::atoi(argv[1]) : 50;
+  if (argc > 2 && std::string(argv[1]) == "--alone") return serve_rounds(argv[2]);
+  const int rounds = std::max(1, argc > 1 ? std::atoi(argv[1]) : 50);
 
-  const auto spawn_raw = median_of(rounds, raw_spawn);
-  const auto fork_raw = median_of(rounds, raw_fork);
-  fmt::print("start+join of {} ranks, median of {} rounds\n", ranks, rounds);
-  fmt::print("  {:<28} {:>9.3f} ms\n", "posix_spawn + waitpid", spawn_raw * 1e3);
-  fmt::print("  {:<28} {:>9.3f} ms\n", "fork + waitpid", fork_raw * 1e3);
+  const auto methods = timings();
+  std::vector<std::unique_ptr<method_process>> processes;
+  for (const auto& t : methods) processes.push_back(std::make_unique<method_process>(t.name));
 
-  std::map<std::string, double> ours;
-  for (auto method : {cohort::start_method::spawn, cohort::start_method::fork, cohort::start_method::forkserver}) {
-    const std::string name(cohort::to_string(method));
-    const auto [typical, first] = timed_alone(name, rounds);
-    ours[name] = typical;
-    const double baseline = method == cohort::start_method::spawn ? spawn_raw : fork_raw;
-    fmt::print("  {:<28} {:>9.3f} ms  ({:.2f}x {}; first run {:.3f} ms)\n", "cohort " + name, typical * 1e3,
-               typical / baseline, method == cohort::start_method::spawn ? "posix_spawn" : "fork", first * 1e3);
+  // Per round: the two baselines, then each method's time and its ratio.
+  std::vector<double> spawn_raw, fork_raw;
+  std::vector<std::vector<double>> ours(methods.size()), ratios(methods.size());
+  fmt::print("start+join of {} ranks, {} rounds; each round: the baselines, then each cohort method once\n", ranks,
+             rounds);
+  fmt::print("  {:>5} {:>11} {:>9}  cohort/baseline:", "round", "posix_spawn", "fork");
+  for (const auto& t : methods) fmt::print(" {}", t.name);
+  fmt::print("\n");
+  for (int round = 1; round <= rounds; ++round) {
+    spawn_raw.push_back(seconds_of(raw_spawn));
+    fork_raw.push_back(seconds_of(raw_fork));
+    fmt::print("  {:>5} {:>8.3f} ms {:>6.3f} ms  {:16}", round, spawn_raw.back() * 1e3, fork_raw.back() * 1e3, "");
+    for (std::size_t m = 0; m < methods.size(); ++m) {
+      ours[m].push_back(processes[m]->round());
+      ratios[m].push_back(ours[m].back() / (methods[m].against_fork ? fork_raw : spawn_raw).back());
+      fmt::print(" {:>{}.2f}x", ratios[m].back(), methods[m].name.size() - 1);
+    }
+    fmt::print("\n");
+    std::fflush(stdout);
   }
-  {  // spawn ranks one after another, against the parallel start above
-    const auto one_by_one = timed_alone("spawn-one-by-one", rounds).first;
-    fmt::print("  {:<28} {:>9.3f} ms  (the parallel start above, {} threads, takes {:.2f}x this)\n",
-               "cohort spawn, one by one", one_by_one * 1e3, std::min(8u, std::max(1u, std::thread::hardware_concurrency())),
-               ours["spawn"] / one_by_one);
+
+  fmt::print("median over {} rounds; cohort/baseline as median (min-max) of the rounds' ratios\n", rounds);
+  fmt::print("  {:<28} {:>9.3f} ms\n", "posix_spawn + waitpid", cohort::bench::median(spawn_raw) * 1e3);
+  fmt::print("  {:<28} {:>9.3f} ms\n", "fork + waitpid", cohort::bench::median(fork_raw) * 1e3);
+  std::map<std::string, double> median_of;
+  for (std::size_t m = 0; m < methods.size(); ++m) {
+    const auto ratio = spread_of(ratios[m]);
+    median_of[methods[m].name] = cohort::bench::median(ours[m]);
+    fmt::print("  {:<28} {:>9.3f} ms  {:.2f}x {} ({:.2f}-{:.2f}x; first run {:.3f} ms)\n", "cohort " + methods[m].name,
+               median_of[methods[m].name] * 1e3, ratio.median, methods[m].against_fork ? "fork" : "posix_spawn",
+               ratio.min, ratio.max, processes[m]->first() * 1e3);
   }
-  {  // fork where the spawn method's starting threads have run
-    const auto after = timed_alone("fork-after-spawn", rounds).first;
-    fmt::print("  {:<28} {:>9.3f} ms  ({:.2f}x fork; {:.2f}x cohort fork in a fresh process)\n",
-               "cohort fork after a spawn", after * 1e3, after / fork_raw, after / ours["fork"]);
-  }
+  processes.clear();
+  // Two methods against each other, round by round as above.
+  const auto per_round = [&](const char* over, const char* under) {
+    const auto at = [&](const char* name) {
+      return std::find_if(methods.begin(), methods.end(), [&](const timing& t) { return t.name == name; }) -
+             methods.begin();
+    };
+    std::vector<double> quotients;
+    for (int r = 0; r < rounds; ++r) quotients.push_back(ours[at(over)][r] / ours[at(under)][r]);
+    return spread_of(quotients);
+  };
+  const auto parallel = per_round("spawn", "spawn-one-by-one");
+  fmt::print("  cohort spawn, {} starting threads, takes {:.2f}x ({:.2f}-{:.2f}x) its time one by one\n",
+             std::min(8u, std::max(1u, std::thread::hardware_concurrency())), parallel.median, parallel.min,
+             parallel.max);
+  const auto after = per_round("fork-after-spawn", "fork");
+  fmt::print("  cohort fork after a spawn takes {:.2f}x ({:.2f}-{:.2f}x) cohort fork in a fresh process\n",
+             after.median, after.min, after.max);
   for (const auto& line : cohort::bench::python_lines(python_script, std::to_string(std::max(3, rounds / 5)))) {
     char who[16], method[16];
     double seconds = 0;
     if (std::sscanf(line.c_str(), "%15s %15s %lf", who, method, &seconds) == 3) {
-      const double mine = ours.count(method) != 0 ? ours[method] : 0;
+      const double mine = median_of.count(method) != 0 ? median_of[method] : 0;
       fmt::print("  {:<28} {:>9.3f} ms  (cohort {} is {:.1f}x faster)\n", fmt::format("{} {}", who, method),
                  seconds * 1e3, method, mine > 0 ? seconds / mine : 0.0);
     }
