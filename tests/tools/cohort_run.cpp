@@ -38,6 +38,14 @@ namespace {
 
 const std::string cohort_run = COHORT_TEST_COHORT_RUN;
 
+// The launchers' $TMPDIR: what they keep there (the error files of failed
+// runs, logs without --log-dir) goes when the tests end.
+const std::string& launcher_tmpdir() {
+  static test::temp_dir dir;
+  static const std::string path = dir.path.string();
+  return path;
+}
+
 // Runs cohort-run with `args`; `during` runs once it has started, with its
 // child object (to signal it).
 template <class F>
@@ -45,6 +53,7 @@ outcome run_launcher(std::vector<std::string> args, F during, std::map<std::stri
   asio::io_context io;
   return test::run(io, [&]() -> asio::awaitable<outcome> {
     spawn_options options{.out = stdio::pipe(), .err = stdio::pipe()};
+    options.env.set("TMPDIR", launcher_tmpdir());
     for (const auto& [name, value] : env) options.env.set(name, value);
     child c = co_await spawn(command(cohort_run, std::move(args)), options);
     co_await during(c);
@@ -63,6 +72,7 @@ outcome run_launcher_to(const fs::path& out, std::vector<std::string> args) {
   asio::io_context io;
   return test::run(io, [&]() -> asio::awaitable<outcome> {
     spawn_options options{.out = stdio::file(out), .err = stdio::pipe()};
+    options.env.set("TMPDIR", launcher_tmpdir());
     child c = co_await spawn(command(cohort_run, std::move(args)), options);
     auto err = co_await test::read_all(c.err());
     auto status = co_await c.wait();
@@ -656,6 +666,7 @@ TEST_SUITE("cohort-run") {
       asio::io_context io;
       return test::run(io, [&]() -> asio::awaitable<outcome> {
         spawn_options options{.out = stdio::null(), .err = stdio::pipe()};
+        options.env.set("TMPDIR", launcher_tmpdir());
         child c = co_await spawn(command("unshare", {"-Urm", "/bin/sh", "-c", script, "sh", logs.path.string(), cohort_run}),
                                  options);
         auto err = co_await test::read_all(c.err());

@@ -73,6 +73,7 @@ std::string fresh_id() {
 std::vector<outcome> run_nodes(std::vector<node> nodes,
                                std::function<asio::awaitable<void>(std::vector<std::optional<child>>&)> during = {}) {
   asio::io_context io;
+  test::temp_dir tmpdir;
   std::vector<outcome> results(nodes.size());
   std::vector<std::optional<child>> children(nodes.size());
   std::exception_ptr failure;
@@ -83,6 +84,7 @@ std::vector<outcome> run_nodes(std::vector<node> nodes,
     asio::co_spawn(io, [&, i]() -> asio::awaitable<void> {
       if (nodes[i].before) co_await nodes[i].before();
       spawn_options options{.out = stdio::pipe(), .err = stdio::pipe()};
+      options.env.set("TMPDIR", tmpdir.path.string());  // what a failed node keeps goes with the test
       children[i].emplace(co_await spawn(command(cohort_run, nodes[i].args), options));
       auto [out, err] = co_await (test::read_all(children[i]->out()) && test::read_all(children[i]->err()));
       auto status = co_await children[i]->wait();

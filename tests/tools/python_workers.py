@@ -40,7 +40,8 @@ with tempfile.TemporaryDirectory() as tmp:
     with open(script, "w") as f:
         f.write(textwrap.dedent(WORKER))
     launcher = subprocess.Popen([cohort_run, "--python", sys.executable, "-n", "3", script, tmp],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, TMPDIR=tmp))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not all(os.path.exists(os.path.join(tmp, f"up-{r}")) for r in range(3)):
         time.sleep(0.02)

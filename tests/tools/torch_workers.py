@@ -52,7 +52,8 @@ with tempfile.TemporaryDirectory() as tmp:
     script = os.path.join(tmp, "all_reduce.py")
     with open(script, "w") as f:
         f.write(textwrap.dedent(ALL_REDUCE))
-    run = subprocess.run([cohort_run, "-n", "4", "--", python, script], capture_output=True, text=True, timeout=300)
+    run = subprocess.run([cohort_run, "-n", "4", "--", python, script], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TMPDIR=tmp))
     check(run.returncode == 0, f"all_reduce exit code {run.returncode}: {run.stderr}")
     lines = sorted(run.stdout.splitlines())
     check(lines == [f"rank {r} of 4: 10.0" for r in range(4)], f"all_reduce output {lines}")
@@ -64,7 +65,7 @@ with tempfile.TemporaryDirectory() as tmp:
     with open(os.path.join(shadow, "python3"), "w") as f:
         f.write("#!/bin/sh\nexit 1\n")
     os.chmod(os.path.join(shadow, "python3"), 0o755)
-    env = dict(os.environ, PATH=shadow + os.pathsep + os.path.dirname(python) + os.pathsep + os.environ["PATH"])
+    env = dict(os.environ, TMPDIR=tmp, PATH=shadow + os.pathsep + os.path.dirname(python) + os.pathsep + os.environ["PATH"])
     run = subprocess.run([cohort_run, "--nproc_per_node", "4", script], capture_output=True, text=True, timeout=300,
                          env=env)
     check(run.returncode == 0, f"all_reduce as a script: exit code {run.returncode}: {run.stderr}")
@@ -74,7 +75,8 @@ with tempfile.TemporaryDirectory() as tmp:
     script = os.path.join(tmp, "record_worker.py")
     with open(script, "w") as f:
         f.write(textwrap.dedent(RECORD))
-    run = subprocess.run([cohort_run, "-n", "2", "--", python, script], capture_output=True, text=True, timeout=300)
+    run = subprocess.run([cohort_run, "-n", "2", "--", python, script], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TMPDIR=tmp))
     check(run.returncode == 1, f"@record exit code {run.returncode}")
     summary = run.stderr[run.stderr.find("Root cause"):]
     check("message    : ValueError: bad batch from the worker" in summary, f"@record message missing: {run.stderr}")
