@@ -173,21 +173,6 @@ std::map<std::string, std::string> contract(const run_options& o, const placemen
     const char* value = std::getenv(name);
     return std::string(value != nullptr ? value : otherwise);
   };
-  std::map<std::string, std::string> extra;
-  if (o.virtual_local_rank) {  // each rank sees its own GPU, as device 0
-    std::vector<std::string> gpus;
-    const std::string visible = inherited("CUDA_VISIBLE_DEVICES", "");
-    for (std::string::size_type begin = 0; begin < visible.size();) {
-      auto end = visible.find(',', begin);
-      if (end == std::string::npos) end = visible.size();
-      gpus.push_back(visible.substr(begin, end - begin));
-      begin = end + 1;
-    }
-    const auto index = static_cast<std::size_t>(local);
-    extra["CUDA_VISIBLE_DEVICES"] = std::getenv("CUDA_VISIBLE_DEVICES") == nullptr ? std::to_string(local)
-                                    : index < gpus.size()                           ? gpus[index]
-                                                                                    : std::string();
-  }
   auto variables = std::map<std::string, std::string>{
       {"RANK", std::to_string(rank)},
       {"LOCAL_RANK", std::to_string(local)},
@@ -208,8 +193,15 @@ std::map<std::string, std::string> contract(const run_options& o, const placemen
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", inherited("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")},
       {"NCCL_ASYNC_ERROR_HANDLING", inherited("NCCL_ASYNC_ERROR_HANDLING", "1")},
   };
-  if (o.virtual_local_rank) variables["LOCAL_RANK"] = "0";
-  variables.merge(extra);
+  if (o.virtual_local_rank) {  // each rank sees its own GPU, as device 0
+    variables["LOCAL_RANK"] = "0";
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    const auto gpus = comma_list(visible != nullptr ? visible : "");
+    const auto index = static_cast<std::size_t>(local);
+    variables["CUDA_VISIBLE_DEVICES"] = visible == nullptr   ? std::to_string(local)
+                                        : index < gpus.size() ? gpus[index]
+                                                              : std::string();
+  }
   return variables;
 }
 
@@ -321,13 +313,7 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
   c.local_port = o.master_port != 0 ? o.master_port : free_port();
   c.poll_interval = std::max(millis(o.monitor_interval), std::chrono::milliseconds(10));
   double keep_alive_interval = 1, keep_alive_max_attempt = 3;
-  std::string::size_type begin = 0;
-  while (begin < o.rdzv_conf.size()) {
-    auto end = o.rdzv_conf.find(',', begin);
-    if (end == std::string::npos) end = o.rdzv_conf.size();
-    const std::string item = o.rdzv_conf.substr(begin, end - begin);
-    begin = end + 1;
-    if (item.empty()) continue;
+  for (const auto& item : comma_list(o.rdzv_conf)) {
     const auto eq = item.find('=');
     if (eq == std::string::npos) throw usage_error(fmt::format("--rdzv-conf: '{}' is not key=value", item));
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);

@@ -52,21 +52,9 @@ double seconds(const std::string& flag, const std::string& text) {
   return value;
 }
 
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> items;
-  std::string::size_type begin = 0;
-  while (begin <= list.size()) {
-    auto end = list.find(',', begin);
-    if (end == std::string::npos) end = list.size();
-    if (end > begin) items.push_back(list.substr(begin, end - begin));
-    begin = end + 1;
-  }
-  return items;
-}
-
 std::vector<int> signals(const std::string& flag, const std::string& list) {
   std::vector<int> numbers;
-  for (const auto& name : split(list)) numbers.push_back(signal_number(flag, name));
+  for (const auto& name : comma_list(list)) numbers.push_back(signal_number(flag, name));
   return numbers;
 }
 
@@ -97,6 +85,18 @@ void parse_nnodes(const std::string& text, run_options& o) {
 }
 
 }  // namespace
+
+std::vector<std::string> comma_list(const std::string& list) {
+  std::vector<std::string> items;
+  std::string::size_type begin = 0;
+  while (begin <= list.size()) {
+    auto end = list.find(',', begin);
+    if (end == std::string::npos) end = list.size();
+    if (end > begin) items.push_back(list.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return items;
+}
 
 int whole_number(const std::string& flag, const std::string& text, int least) {
   int value = 0;
@@ -225,7 +225,7 @@ run_options parse_options(int argc, char** argv) {
   o.max_restarts = whole_number("--max-restarts", max_restarts, 0);
   o.monitor_interval = seconds("--monitor-interval", monitor_interval);
   o.grace_period = seconds("--shutdown-timeout", grace_period);
-  for (const auto& item : split(local_ranks_filter)) o.local_ranks_filter.push_back(whole_number("--local-ranks-filter", item, 0));
+  for (const auto& item : comma_list(local_ranks_filter)) o.local_ranks_filter.push_back(whole_number("--local-ranks-filter", item, 0));
   o.signals_to_handle = signals("--signals-to-handle", signals_to_handle);
   for (int sig : signals("--signals-to-forward", signals_to_forward)) {
     if (std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), sig) == o.signals_to_handle.end()) {

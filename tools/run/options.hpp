@@ -76,6 +76,8 @@ struct run_options {
 /// 0; throws usage_error for anything it cannot take.
 run_options parse_options(int argc, char** argv);
 
+/// "a,b,,c" -> a b c: the items of a comma-separated list, empty ones left out.
+std::vector<std::string> comma_list(const std::string& list);
 /// "5" -> 5; a message naming `flag` and what it accepts otherwise.
 int whole_number(const std::string& flag, const std::string& text, int least);
 /// A signal by name ("SIGUSR1", "USR1") or number.

@@ -66,6 +66,7 @@ nlohmann::json status_json(const cohort::exit_status& status) {
 nlohmann::json attempt_json(const attempt_record& a) {
   nlohmann::json ranks = nlohmann::json::array();
   const auto& r = a.result;
+  const auto* root = r.first_failure();
   for (std::size_t local = 0; local < r.statuses.size(); ++local) {
     nlohmann::json rank{{"rank", a.first_rank + static_cast<int>(local)}, {"local_rank", local}};
     if (local < a.pids.size()) rank["pid"] = a.pids[local];
@@ -80,7 +81,7 @@ nlohmann::json attempt_json(const attempt_record& a) {
       rank["failed"] = true;
       rank["error_file"] = f.error_file.string();
       if (!f.message.empty()) rank["message"] = f.message;
-      if (&f == r.first_failure()) rank["root_cause"] = true;
+      if (&f == root) rank["root_cause"] = true;
     }
     ranks.push_back(std::move(rank));
   }
