@@ -29,6 +29,7 @@
 using namespace cohort;
 using namespace std::chrono_literals;
 using namespace asio::experimental::awaitable_operators;
+using test::files_appear;
 using test::outcome;
 using test::read_file;
 using test::variables_in;
@@ -78,18 +79,6 @@ outcome run_launcher_to(const fs::path& out, std::vector<std::string> args) {
     auto status = co_await c.wait();
     co_return outcome{status, {}, std::move(err)};
   }());
-}
-
-// Waits until `dir` holds `n` files (the workers are up), for at most 10 s.
-asio::awaitable<void> files_appear(const fs::path& dir, std::size_t n) {
-  asio::steady_timer tick(co_await asio::this_coro::executor);
-  for (int i = 0; i < 2000; ++i) {
-    std::size_t count = 0;
-    for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++count;
-    if (count >= n) co_return;
-    tick.expires_after(5ms);
-    co_await tick.async_wait(asio::use_awaitable);
-  }
 }
 
 // For run_launcher: once `n` files are in `dir` (the workers are up), sends

@@ -33,6 +33,7 @@
 using namespace cohort;
 using namespace std::chrono_literals;
 using namespace asio::experimental::awaitable_operators;
+using test::files_appear;
 using test::outcome;
 using test::read_file;
 using test::variables_in;
@@ -97,18 +98,6 @@ std::vector<outcome> run_nodes(std::vector<node> nodes,
   return results;
 }
 
-// Waits until `dir` holds `n` files whose names start with `prefix`, for at most 60 s.
-asio::awaitable<void> files_appear(fs::path dir, std::string prefix, std::size_t n) {
-  asio::steady_timer tick(co_await asio::this_coro::executor);
-  for (int i = 0; i < 6000; ++i) {
-    std::size_t count = 0;
-    for (const auto& e : fs::directory_iterator(dir)) count += e.path().filename().string().rfind(prefix, 0) == 0;
-    if (count >= n) co_return;
-    tick.expires_after(10ms);
-    co_await tick.async_wait(asio::use_awaitable);
-  }
-}
-
 // A worker that writes its contract to $0/<GROUP_WORLD_SIZE>-<RANK>, then
 // runs `then`.
 std::vector<std::string> worker(const fs::path& dir, const std::string& then) {
@@ -166,7 +155,7 @@ TEST_SUITE("cohort-run over etcd") {
       nodes.push_back({joined(joined(rendezvous(id, "2:3"), {"-n", "2", "--max-restarts", "1"}), worker(dir.path, then))});
     }
     auto results = run_nodes(nodes, [&](std::vector<std::optional<child>>& children) -> asio::awaitable<void> {
-      co_await files_appear(dir.path, "pid-", 6);
+      co_await files_appear(dir.path, 6, "pid-", 10ms, 60s);
       children[2]->signal(SIGKILL);
     });
     CHECK(results[2].status.signal() == SIGKILL);
@@ -191,7 +180,7 @@ TEST_SUITE("cohort-run over etcd") {
     const auto then = "if [ $GROUP_WORLD_SIZE = 2 ]; then sleep 60; fi";
     const auto args = joined(joined(rendezvous(id, "2:3"), {"-n", "1", "--max-restarts", "0"}), worker(dir.path, then));
     std::vector<node> nodes{{args}, {args}};
-    nodes.push_back({args, [&]() -> asio::awaitable<void> { co_await files_appear(dir.path, "2-", 2); }});
+    nodes.push_back({args, [&]() -> asio::awaitable<void> { co_await files_appear(dir.path, 2, "2-", 10ms, 60s); }});
     auto results = run_nodes(nodes);
     for (const auto& r : results) CHECK_MESSAGE(r.status.code() == 0, r.err);
     CHECK(results[0].err.find("waiting to join") != std::string::npos);
@@ -248,7 +237,7 @@ TEST_SUITE("cohort-run over etcd") {
     const auto args = joined(rendezvous(id, "2:3"), {"-n", "2", "--max-restarts", "1", "--python", "/usr/bin/python3",
                                                      script.string(), dir.path.string()});
     auto results = run_nodes({{args}, {args}, {args}}, [&](std::vector<std::optional<child>>& children) -> asio::awaitable<void> {
-      co_await files_appear(dir.path, "up-", 6);
+      co_await files_appear(dir.path, 6, "up-", 10ms, 60s);
       children[1]->signal(SIGKILL);
     });
     std::vector<std::string> lines;
