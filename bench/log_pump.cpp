@@ -165,9 +165,9 @@ std::vector<double> per_round(const std::vector<double>& a, const std::vector<do
 
 // "median (min-max)" of the rounds.
 std::string spread(const std::vector<double>& rounds, const char* format) {
-  return fmt::format("{} ({}-{})", fmt::format(fmt::runtime(format), cohort::bench::median(rounds)),
-                     fmt::format(fmt::runtime(format), cohort::bench::percentile(rounds, 0)),
-                     fmt::format(fmt::runtime(format), cohort::bench::percentile(rounds, 100)));
+  const auto s = cohort::bench::spread_of(rounds);
+  return fmt::format("{} ({}-{})", fmt::format(fmt::runtime(format), s.median), fmt::format(fmt::runtime(format), s.min),
+                     fmt::format(fmt::runtime(format), s.max));
 }
 
 // A row of MB/s, and its ratio to `bound` round by round unless null.

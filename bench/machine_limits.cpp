@@ -296,13 +296,9 @@ double files(int writers, std::size_t bytes) {
 
 // "median unit (spread min-max)" of per-round figures.
 std::string summary(const std::vector<double>& rounds, const char* format, const char* unit) {
-  double low = rounds.front(), high = rounds.front();
-  for (double r : rounds) {
-    low = std::min(low, r);
-    high = std::max(high, r);
-  }
-  return fmt::format("{} {} (spread {}-{})", fmt::format(fmt::runtime(format), median(rounds)), unit,
-                     fmt::format(fmt::runtime(format), low), fmt::format(fmt::runtime(format), high));
+  const auto s = bench::spread_of(rounds);
+  return fmt::format("{} {} (spread {}-{})", fmt::format(fmt::runtime(format), s.median), unit,
+                     fmt::format(fmt::runtime(format), s.min), fmt::format(fmt::runtime(format), s.max));
 }
 
 }  // namespace

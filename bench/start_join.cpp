@@ -213,15 +213,7 @@ class method_process {
   double first_ = 0;
 };
 
-// The median of `samples` and their range.
-struct spread {
-  double median, min, max;
-};
-
-spread spread_of(const std::vector<double>& samples) {
-  const auto [min, max] = std::minmax_element(samples.begin(), samples.end());
-  return {cohort::bench::median(samples), *min, *max};
-}
+using cohort::bench::spread_of;
 
 }  // namespace
 

@@ -24,4 +24,15 @@ inline double percentile(std::vector<double> samples, double p) {
 
 inline double median(std::vector<double> samples) { return percentile(std::move(samples), 50); }
 
+/// The median of per-round figures and their range.
+struct spread {
+  double median, min, max;
+};
+
+inline spread spread_of(const std::vector<double>& rounds) {
+  if (rounds.empty()) return {0, 0, 0};
+  const auto [min, max] = std::minmax_element(rounds.begin(), rounds.end());
+  return {median(rounds), *min, *max};
+}
+
 }  // namespace cohort::bench
