@@ -3,7 +3,8 @@
 //
 //   - pipeline: producer -> copying relay -> summer, three processes joined
 //     by two single-producer single-consumer rings in shared memory, 64-byte
-//     items (a small tensor's record), spinning: items/s end to end
+//     items (a small tensor's record), spinning: items/s end to end, quiet
+//     and with two busy loops beside it
 //   - ping-pong: a futex word between two processes, one round trip
 //   - exit: blocking waitid's wake after a child stamped the time and exited
 //   - fork+exit+wait and posix_spawn(/bin/true)+wait of one child
@@ -14,6 +15,7 @@
 //
 //   machine_limits [rounds]     (default 5; each figure: the median of the rounds, and their spread)
 //   machine_limits --launch K   (the minimal launcher itself)
+#include "load.hpp"
 #include "stats.hpp"
 
 #include <fmt/format.h>
@@ -309,11 +311,15 @@ int main(int argc, char** argv) {
   const std::string self = std::filesystem::canonical("/proc/self/exe").string();
   const std::vector<int> launcher_ks{1, 8, 32, 128};
 
-  std::vector<double> pipe_rate, ping_p50, ping_p99, exit_p50, fork_p50, spawn_p50, file_rate;
+  std::vector<double> pipe_rate, pipe_loaded, ping_p50, ping_p99, exit_p50, fork_p50, spawn_p50, file_rate;
   std::vector<std::vector<double>> launched(launcher_ks.size());
   // Every measurement once per round, in turn: drift hits them alike.
   for (int round = 0; round < rounds; ++round) {
     pipe_rate.push_back(pipeline(2'000'000) / 1e6);
+    {
+      const bench::busy_loops load(2);
+      pipe_loaded.push_back(pipeline(500'000) / 1e6);
+    }
     const auto trips = pingpong(20'000);
     ping_p50.push_back(percentile(trips, 50));
     ping_p99.push_back(percentile(trips, 99));
@@ -329,6 +335,7 @@ int main(int argc, char** argv) {
   }
   fmt::print("The machine's limits, median of {} rounds (spread across rounds)\n", rounds);
   fmt::print("  {:<56}{}\n", "raw ring pipeline, 3 processes, 64-byte items", summary(pipe_rate, "{:.2f}", "M items/s"));
+  fmt::print("  {:<56}{}\n", "  the same, two busy loops beside it", summary(pipe_loaded, "{:.2f}", "M items/s"));
   fmt::print("  {:<56}{}\n", "futex ping-pong between 2 processes, p50", summary(ping_p50, "{:.2f}", "us"));
   fmt::print("  {:<56}{}\n", "futex ping-pong between 2 processes, p99", summary(ping_p99, "{:.2f}", "us"));
   fmt::print("  {:<56}{}\n", "exit to blocking waitid's wake, p50", summary(exit_p50, "{:.1f}", "us"));

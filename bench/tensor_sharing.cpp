@@ -7,11 +7,15 @@
 //    and awaited;
 //  - the cost of sending one tensor, by size, both already in shared memory
 //    and both private (the put copies them into shared memory).
-// Usage: tensor_sharing [pipeline tensors = 100000] [rounds = 3] [sends per size = 10]
+// The pipeline also runs with two busy loops beside it, and with 2 and 4
+// producers.
+// Usage: tensor_sharing [--pipeline] [pipeline tensors = 100000] [rounds = 3] [sends per size = 10]
+// (--pipeline: the pipeline alone, no baselines)
 #include <cohort/queue.hpp>
 #include <cohort/spawn_and_join.hpp>
 #include <cohort/tensor.hpp>
 
+#include "load.hpp"
 #include "python.hpp"
 #include "stats.hpp"
 
@@ -26,6 +30,7 @@
 #include <cstdlib>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,18 +41,20 @@ using cohort::bench::seconds_since;
 
 namespace bench_tensors {
 
-// Rank 0 makes n tensors, rank 1 clones each, rank 2 sums them. The summer
-// returns the sum and the seconds from its first pop returning to the end of
-// its last item; the Python baselines time the same window.
-std::tuple<std::int64_t, double> pipeline_stage(int rank, queue<tensor> made, queue<tensor> cloned, int n) {
-  if (rank == 0) {
-    for (int i = 0; i < n; ++i) {
+// Ranks 0..producers-1 make the n tensors between them (rank p the items
+// p, p + producers, ...), the next rank clones each, the last sums them.
+// The summer returns the sum and the seconds from its first pop returning
+// to the end of its last item; the Python baselines time the same window.
+std::tuple<std::int64_t, double> pipeline_stage(int rank, queue<tensor> made, queue<tensor> cloned, int n,
+                                                int producers) {
+  if (rank < producers) {
+    for (int i = rank; i < n; i += producers) {
       tensor t = tensor::empty({5}, dtype::int64, {.shared = true});
       auto d = t.data<std::int64_t>();
       for (int j = 0; j < 5; ++j) d[j] = i + j;
       made.put(t);
     }
-  } else if (rank == 1) {
+  } else if (rank == producers) {
     for (int i = 0; i < n; ++i) cloned.put(made.get()->clone({.shared = true}));
   } else {
     std::int64_t sum = 0;
@@ -129,6 +136,50 @@ double send_cost(std::size_t bytes, bool shared, int sends) {
   spawn_and_join(echo, std::tuple{there, back, false}, 1);
   parent.join();
   return bench::median(samples);
+}
+
+// One pipeline run of n tensors: the summer's rate in tensors/s.
+double pipeline_rate(int n, int producers) {
+  queue<tensor> made(1024), cloned(1024);
+  const auto out = spawn_and_join(pipeline_stage, std::tuple{made, cloned, n, producers}, producers + 2);
+  const auto [sum, seconds] = out.at(static_cast<std::size_t>(producers) + 1);
+  std::int64_t expected = 0;
+  for (std::int64_t i = 0; i < n; ++i) expected += 5 * i + 10;
+  if (sum != expected) throw std::runtime_error(fmt::format("the pipeline summed {}, expected {}", sum, expected));
+  return (n - 1) / seconds;
+}
+
+std::string rate_spread(const std::vector<double>& rates) {
+  const auto s = bench::spread_of(rates);
+  return fmt::format("{:>10.0f} tensors/s (spread {:.0f}-{:.0f})", s.median, s.min, s.max);
+}
+
+// The pipeline quiet, beside two busy loops, and with 2 and 4 producers,
+// each once per round in turn; prints each and returns the quiet median.
+double pipeline_section(int n, int rounds) {
+  std::vector<double> quiet, loaded, share, two, four;
+  for (int r = 0; r < rounds; ++r) {
+    quiet.push_back(pipeline_rate(n, 1));
+    {
+      const bench::busy_loops load(2);
+      loaded.push_back(pipeline_rate(n, 1));
+    }
+    share.push_back(100 * loaded.back() / quiet.back());
+    two.push_back(pipeline_rate(n, 2));
+    four.push_back(pipeline_rate(n, 4));
+  }
+  fmt::print("3-stage pipeline (producers -> relay that clones -> summer) of {} five-element int64 tensors,\n"
+             "median of {} rounds; for every contender, rate = (items - 1) / time from the summer's first pop\n"
+             "returning to the end of its last item\n",
+             n, rounds);
+  fmt::print("  {:<52} {}\n", "cohort, 1 producer", rate_spread(quiet));
+  fmt::print("  {:<52} {}\n", "cohort, 1 producer, two busy loops beside it", rate_spread(loaded));
+  const auto s = bench::spread_of(share);
+  fmt::print("  {:<52} {:>10.0f} % of the same round's quiet rate (spread {:.0f}-{:.0f})\n", "  loaded / quiet", s.median,
+             s.min, s.max);
+  fmt::print("  {:<52} {}\n", "cohort, 2 producers", rate_spread(two));
+  fmt::print("  {:<52} {}\n", "cohort, 4 producers", rate_spread(four));
+  return bench::median(quiet);
 }
 
 // The baselines, measured as above: plain blocking get()s, the pipeline's
@@ -271,7 +322,12 @@ const double* peer_result(const peer_results& peers, const std::string& key, std
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
   using namespace bench_tensors;
-  const int n = std::max(2, argc > 1 ? std::atoi(argv[1]) : 100000);
+  const bool pipeline_only = argc > 1 && std::string_view(argv[1]) == "--pipeline";
+  if (pipeline_only) {
+    --argc;
+    ++argv;
+  }
+  const int n = std::max(4, argc > 1 ? std::atoi(argv[1]) : 100000);
   const int rounds = std::max(1, argc > 2 ? std::atoi(argv[2]) : 3);
   const int sends = std::max(1, argc > 3 ? std::atoi(argv[3]) : 10);
   const int python_ints = std::min(n, 100000), torch_tensors = std::min(n, 2000);
@@ -279,24 +335,8 @@ int main(int argc, char** argv) {
   const std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{256} << 20,
                                        std::size_t{1} << 30};
 
-  std::int64_t expected = 0;
-  for (std::int64_t i = 0; i < n; ++i) expected += 5 * i + 10;
-  std::vector<double> rates;
-  for (int r = 0; r < rounds; ++r) {
-    queue<tensor> made(1024), cloned(1024);
-    const auto out = spawn_and_join(pipeline_stage, std::tuple{made, cloned, n}, 3);
-    const auto [sum, seconds] = out.at(2);
-    if (sum != expected) {
-      fmt::print(stderr, "tensor_sharing: the pipeline summed {}, expected {}\n", sum, expected);
-      return 1;
-    }
-    rates.push_back((n - 1) / seconds);
-  }
-  const double rate = bench::median(rates);
-  fmt::print("3-stage pipeline (producer -> relay that clones -> summer), median of {} rounds; for every contender,\n"
-             "rate = (items - 1) / time from the summer's first pop returning to the end of its last item\n",
-             rounds);
-  fmt::print("  {:<52} {:>12.0f} tensors/s\n", fmt::format("cohort ({} five-element int64 tensors)", n), rate);
+  const double rate = pipeline_section(n, rounds);
+  if (pipeline_only) return 0;
 
   const auto blocking = ping_pong(trips, false);
   const auto awaited = ping_pong(trips, true);

@@ -190,7 +190,10 @@ class queue {
   [[nodiscard]] auto push(const T& value, Token&& token = {}) {
     auto r = std::make_shared<detail::queue_record>();
     detail::fill_record(*r, value);
-    return detail::async_awaitable<void>(
+    // Awaited (the default), it runs inside the awaiting coroutine: no
+    // coroutine of its own to start, nor a trip through the executor.
+    if constexpr (std::is_same_v<std::decay_t<Token>, default_token>) return push_record(core_, std::move(r));
+    else return detail::async_awaitable<void>(
         std::nullopt, [core = core_, r](const asio::any_io_executor&) { return push_record(core, r); },
         std::forward<Token>(token));
   }
@@ -215,7 +218,8 @@ class queue {
   /// as get() throws.
   template <completion_token_of<T> Token = default_token>
   [[nodiscard]] auto pop(Token&& token = {}) {
-    return detail::async_awaitable<T>(
+    if constexpr (std::is_same_v<std::decay_t<Token>, default_token>) return pop_value(core_);
+    else return detail::async_awaitable<T>(
         std::nullopt, [core = core_](const asio::any_io_executor&) { return pop_value(core); },
         std::forward<Token>(token));
   }

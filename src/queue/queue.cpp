@@ -7,6 +7,7 @@
 #include "queue/peers.hpp"
 #include "os/futex.hpp"
 #include "os/process_identity.hpp"
+#include "os/spin_mutex.hpp"
 #include "shm/keeper.hpp"
 #include "shm/registry.hpp"
 #include "shm/segment.hpp"
@@ -40,8 +41,56 @@ constexpr std::uint32_t overflowed = 1;                 // the record is a stora
 // How long a wait sleeps before it looks at whether the other side is
 // still there.
 constexpr auto watch_interval = std::chrono::milliseconds(100);
-// Tries, each after a sched_yield, before a blocking wait sleeps.
-constexpr int spins = 32;
+// A pop wakes the producers asleep on a full queue only once it has drained
+// to half: one wake for half a ring of pushes, not one for each. They look
+// again this often while asleep, so that room left by consumers that stop
+// above half is found that late at worst.
+constexpr auto room_check = std::chrono::milliseconds(1);
+// How long a wait spins before it sleeps: at most about what a futex sleep
+// and wake between processes costs on a busy machine (2-5 µs on a quiet one
+// in bench/machine_limits, 30-90 µs at times on a shared one), so that a
+// spin that runs out costs no more than the sleep it stands in for; at
+// least long enough to catch a peer answering on a CPU of its own.
+constexpr std::chrono::nanoseconds max_spin = std::chrono::microseconds(50);
+constexpr std::chrono::nanoseconds min_spin = std::chrono::microseconds(2);
+
+// How long the waits on one side of a queue in this process spin before
+// they sleep, learnt from the waits before: each moves the budget towards
+// twice the time its value (or room) took to come, when that was within
+// max_spin, whether it spun or slept (a sleeper learns when from the time
+// the waker stamped); a longer one halves it. While the other side answers within a spin (it runs on
+// a CPU of its own) the waits spin and never pay for a sleep; while it
+// answers late (it waits for a CPU, on a machine with more to run than
+// CPUs, or is busy) they spin little and sleep, and leave the CPU to it.
+// Never a sched_yield: on a loaded machine that hands the CPU to any other
+// task for a whole slice, and the scheduler (EEVDF) counts it against the
+// yielder.
+class spin_budget {
+ public:
+  std::chrono::nanoseconds get() const noexcept { return std::chrono::nanoseconds(ns_.load(std::memory_order_relaxed)); }
+  void spun(std::chrono::nanoseconds waited) noexcept {
+    const auto now = ns_.load(std::memory_order_relaxed);
+    const auto sample = std::clamp(2 * waited, min_spin, max_spin).count();
+    ns_.store(now + (sample - now) / 4, std::memory_order_relaxed);
+  }
+  void slept(std::chrono::nanoseconds came_after) noexcept {
+    if (came_after >= std::chrono::nanoseconds::zero() && came_after <= max_spin) return spun(came_after);
+    ns_.store(std::max(ns_.load(std::memory_order_relaxed) / 2, min_spin.count()), std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<std::int64_t> ns_{max_spin.count()};
+};
+
+// Spins until `ready()` or `until`; whether ready.
+template <class Ready>
+bool spin_until(std::chrono::steady_clock::time_point until, Ready ready) {
+  for (unsigned i = 0;; ++i) {
+    if (ready()) return true;
+    os::cpu_relax();
+    if (i % 16 == 15 && std::chrono::steady_clock::now() >= until) return false;
+  }
+}
 
 std::uint64_t hash_of(std::string_view s) noexcept {
   std::uint64_t h = 0xcbf29ce484222325ULL;
@@ -85,6 +134,10 @@ struct queue_header {
   std::uint32_t closed;
   // Waits that may be asleep on `items` and on `space`.
   std::uint32_t pop_sleepers, push_sleepers;
+  // When the last wake of each side's sleepers (push, pop) was sent, on
+  // CLOCK_MONOTONIC (the same in every process), in ns: how long a sleeper
+  // would have had to spin instead.
+  std::uint64_t woke_at[2];
   // Bumped under the lock whenever a value arrives (or space frees) while
   // someone sleeps; the sleeper read it under the same lock, so no wake is
   // lost between its look and its sleep. The bump wakes every sleeper and
@@ -96,6 +149,12 @@ struct queue_header {
   alignas(line) holder_table holders;
 };
 static_assert(sizeof(queue_header) % line == 0, "the ring starts on a line of its own");
+
+// `count` changes under the lock only; a spinning wait reads it without the
+// lock, as a hint (queue_core::may_go): both through atomic_ref.
+void set_count(queue_header& h, std::uint64_t count) noexcept {
+  std::atomic_ref(h.count).store(count, std::memory_order_relaxed);
+}
 
 class locked {
  public:
@@ -113,6 +172,7 @@ class locked {
 };
 
 enum class side { push, pop };
+constexpr int index(side s) noexcept { return s == side::push ? 0 : 1; }
 
 }  // namespace
 
@@ -191,7 +251,7 @@ class queue_core {
       std::memcpy(ring() + phys, head_words, 8);
       std::memcpy(ring() + phys + 8, r.bytes.data(), len);
       h().tail += need;
-      ++h().count;
+      set_count(h(), h().count + 1);
       hold_for_message(r.handles);
       woken = wake_sleepers(side::pop);
     }
@@ -216,7 +276,7 @@ class queue_core {
         return false;
       }
       flags = take_locked(out);
-      woken = wake_sleepers(side::push);
+      if (h().count <= h().capacity / 2) woken = wake_sleepers(side::push);
     }
     if (woken > 0) os::futex_wake(h().space, woken);
     unwrap(out, flags);
@@ -268,6 +328,22 @@ class queue_core {
 
   std::atomic<std::uint32_t>& word(side s) const noexcept { return s == side::push ? h().space : h().items; }
 
+  // Read without the lock, so that a spinning wait leaves the lock to the
+  // other side: whether a push (or pop) may go through now.
+  bool may_go(side s) const noexcept {
+    const auto count = std::atomic_ref(h().count).load(std::memory_order_relaxed);
+    return s == side::push ? count < h().capacity : count > 0;
+  }
+
+  spin_budget& spin(side s) noexcept { return spin_[index(s)]; }
+
+  // After a wait on `s` that began at `started` had to sleep, however it
+  // ended: teaches the budget when the last wake came.
+  void slept(side s, std::chrono::steady_clock::time_point started) noexcept {
+    const auto woke = std::atomic_ref(h().woke_at[index(s)]).load(std::memory_order_relaxed);
+    spin(s).slept(std::chrono::nanoseconds(woke) - started.time_since_epoch());
+  }
+
   void close() {
     {
       locked lock(h());
@@ -299,7 +375,7 @@ class queue_core {
     }
     out.assign(ring() + phys + 8, ring() + phys + 8 + len);
     h().head += record_bytes(len);
-    --h().count;
+    set_count(h(), h().count - 1);
     return head_words[1];
   }
 
@@ -414,6 +490,8 @@ class queue_core {
     auto& sleepers = sleepers_of(s);
     if (sleepers == 0) return 0;
     word(s).fetch_add(1, std::memory_order_relaxed);
+    const auto now = std::chrono::steady_clock::now().time_since_epoch();
+    std::atomic_ref(h().woke_at[index(s)]).store(std::chrono::nanoseconds(now).count(), std::memory_order_relaxed);
     return static_cast<int>(std::min<std::uint32_t>(std::exchange(sleepers, 0), INT_MAX));
   }
 
@@ -441,6 +519,7 @@ class queue_core {
   pid_t holder_ = 0;  // the process recorded as holding it through this object; 0: none
   std::atomic<pid_t> producer_of_{0}, consumer_of_{0};  // the process that joined as each
   peer_watch watch_;
+  spin_budget spin_[2];  // push, pop
 };
 
 namespace {
@@ -456,20 +535,42 @@ bool retry_after_wait(queue_core& q, side s, Attempt& attempt) {
   return done;
 }
 
+// Spins within the side's budget, from `started`, while a push or pop
+// cannot go through; whether it went through, and then teaches the budget
+// how long that took.
+template <class Attempt>
+bool spin_for(queue_core& q, side s, std::chrono::steady_clock::time_point started, Attempt& attempt) {
+  auto& budget = q.spin(s);
+  const auto until = started + budget.get();
+  for (std::uint32_t seq = 0;;) {
+    if (attempt(false, seq)) {
+      budget.spun(std::chrono::steady_clock::now() - started);
+      return true;
+    }
+    if (!spin_until(until, [&] { return q.may_go(s); })) return false;
+  }
+}
+
+// A wait past its spin: teaches the budget when it ends, however it ends.
+struct sleeper {
+  queue_core& q;
+  side s;
+  std::chrono::steady_clock::time_point started;
+  ~sleeper() { q.slept(s, started); }
+};
+
 // Blocks until a push or pop goes through, `deadline` passes (false), or
 // the other side is gone (peer_lost).
 template <class Attempt>
 bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> timeout, Attempt attempt) {
-  std::uint32_t seq = 0;
-  for (int i = 0; i < spins; ++i) {
-    if (attempt(false, seq)) return true;
-    ::sched_yield();
-  }
-  const auto deadline = timeout ? std::optional(std::chrono::steady_clock::now() + *timeout) : std::nullopt;
-  for (;;) {
+  const auto started = std::chrono::steady_clock::now();
+  if (spin_for(q, s, started, attempt)) return true;
+  const sleeper learn{q, s, started};
+  const auto deadline = timeout ? started + *timeout : std::chrono::steady_clock::time_point::max();
+  for (std::uint32_t seq = 0;;) {
     if (attempt(true, seq)) return true;
-    auto slice = std::chrono::nanoseconds(watch_interval);
-    if (deadline) slice = std::min(slice, std::max(std::chrono::nanoseconds(0), *deadline - std::chrono::steady_clock::now()));
+    const auto left = std::max(std::chrono::nanoseconds(0), deadline - std::chrono::steady_clock::now());
+    const auto slice = std::min<std::chrono::nanoseconds>(s == side::push ? room_check : watch_interval, left);
     // The death notice's epoch is read before the peers are armed: an end
     // after the read changes it, and the wait below does not sleep then.
     auto& epoch = death_notice::of_this_process().epoch();
@@ -479,7 +580,7 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
     if (q.arm_peers(s)) os::futex_wait_two(q.word(s), seq, epoch, seen, slice, ec);
     q.unsleep(s, seq);
     if (ec) throw std::system_error(ec, "cohort::queue: futex wait");
-    if (deadline && std::chrono::steady_clock::now() >= *deadline) return attempt(false, seq);
+    if (std::chrono::steady_clock::now() >= deadline) return attempt(false, seq);
     if (retry_after_wait(q, s, attempt)) return true;
   }
 }
@@ -496,7 +597,7 @@ struct sleeping {
 asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
   using namespace asio::experimental::awaitable_operators;
   auto executor = co_await asio::this_coro::executor;
-  asio::steady_timer timer(executor, watch_interval);
+  asio::steady_timer timer(executor, s == side::push ? room_check : watch_interval);
   // As wait_for: the epoch is read before the peers are armed.
   auto& epoch = death_notice::of_this_process().epoch();
   const auto seen = epoch.load(std::memory_order_acquire);
@@ -521,6 +622,11 @@ asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
 // (peer_lost).
 template <class Attempt>
 asio::awaitable<void> wait_async(std::shared_ptr<queue_core> q, side s, Attempt attempt) {
+  // A spin first, as a blocking wait's: it holds this thread for at most
+  // max_spin.
+  const auto started = std::chrono::steady_clock::now();
+  if (spin_for(*q, s, started, attempt)) co_return;
+  const sleeper learn{*q, s, started};
   for (;;) {
     std::uint32_t seq = 0;
     if (attempt(true, seq)) co_return;

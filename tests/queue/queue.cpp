@@ -166,6 +166,33 @@ TEST_SUITE("queue") {
     CHECK(detail::queue_sleepers(*core) == std::pair<std::uint32_t, std::uint32_t>{0, 0});
   }
 
+  TEST_CASE("a put asleep on a full queue finds the room one pop leaves, though pops wake it only at half") {
+    const auto core = detail::make_queue_core(8, type_signature<int>());
+    detail::queue_record r;
+    for (int i = 0; i < 8; ++i) {
+      detail::fill_record(r, i);
+      REQUIRE(detail::queue_try_push(*core, r));
+    }
+    std::optional<bool> put;
+    std::thread producer([&] {
+      detail::queue_record last;
+      detail::fill_record(last, 8);
+      put = detail::queue_put(*core, last, 10s);
+    });
+    for (int i = 0; i < 10000 && detail::queue_sleepers(*core).second == 0; ++i) std::this_thread::sleep_for(1ms);
+    REQUIRE(detail::queue_sleepers(*core).second == 1);
+    std::vector<std::byte> out;
+    REQUIRE(detail::queue_try_pop(*core, out));  // 7 left: above half, so no wake
+    CHECK(detail::read_record<int>(out) == 0);
+    producer.join();
+    CHECK(put == true);
+    for (int i = 1; i <= 8; ++i) {
+      REQUIRE(detail::queue_try_pop(*core, out));
+      CHECK(detail::read_record<int>(out) == i);
+    }
+    CHECK(detail::queue_sleepers(*core) == std::pair<std::uint32_t, std::uint32_t>{0, 0});
+  }
+
   TEST_CASE("a blocking get times out on an empty queue and put on a full one") {
     queue<int> q(1);
     const auto start = std::chrono::steady_clock::now();
