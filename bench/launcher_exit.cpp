@@ -11,7 +11,11 @@
 // start, torch missing included) runs no more rounds, and its line reads
 // "failed: <why>" after the other's figures.
 //
-//   launcher_exit [rounds]     (default 50; torchrun runs a tenth of them, at least 3)
+// Then cohort-run with K = 1, 8, 32 and 128 ranks against a minimal
+// posix_spawn launcher, rounds interleaved, with cohort-run's peak RSS.
+//
+//   launcher_exit [rounds]     (default 50; torchrun runs a tenth of them, at least 3;
+//                               each K a fifth, at least 3)
 #include "stats.hpp"
 #include "torchrun.hpp"
 
@@ -21,6 +25,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,6 +45,7 @@ extern char** environ;
 namespace {
 
 const char* const cohort_run = COHORT_BENCH_COHORT_RUN;
+const char* const machine_limits = COHORT_BENCH_MACHINE_LIMITS;
 constexpr int round_limit_ms = 120'000;
 
 // The line of `text` that best says why a run failed: the last that raises
@@ -69,6 +75,7 @@ struct launcher {
   std::string label;
   std::vector<std::string> args;
   std::vector<double> samples{};
+  std::vector<double> rss_mib{};  // the largest peak RSS of it and its ranks, each round
   std::string failure{};
 
   void round() {
@@ -113,7 +120,8 @@ struct launcher {
     const bool timed_out = pidfd >= 0 && ::poll(&ended, 1, round_limit_ms) == 0;
     if (timed_out) ::kill(-pid, SIGKILL);
     int status = 0;
-    ::waitpid(pid, &status, 0);
+    rusage usage{};
+    ::wait4(pid, &status, 0, &usage);
     const double seconds = cohort::bench::seconds_since(start);
     if (pidfd >= 0) ::close(pidfd);
 
@@ -126,6 +134,7 @@ struct launcher {
       why = fmt::format("exited with {}", WEXITSTATUS(status));
     if (why.empty()) {
       samples.push_back(seconds);
+      rss_mib.push_back(static_cast<double>(usage.ru_maxrss) / 1024);
     } else {
       std::string text;
       char buffer[4096];
@@ -185,4 +194,42 @@ int main(int argc, char** argv) {
   if (ours.failure.empty() && torch.failure.empty())
     fmt::print("  cohort-run is {:.0f}x faster\n",
                cohort::bench::median(torch.samples) / cohort::bench::median(ours.samples));
+  std::fflush(stdout);
+
+  // Against the machine: a minimal launcher (posix_spawn K /bin/true, then
+  // wait for them) at K = 1 to 128, rounds interleaved.
+  const int scaling_rounds = std::max(3, rounds / 5);
+  fmt::print("start to exit of K ranks of /bin/true, cohort-run against a minimal posix_spawn launcher "
+             "(machine_limits --launch K), medians of {} interleaved rounds\n",
+             scaling_rounds);
+  fmt::print("  {:>4} {:>14} {:>14} {:>12} {:>16} {:>20}\n", "K", "cohort-run ms", "minimal ms", "ratio",
+             "cohort us/rank", "cohort-run peak RSS");
+  launcher at_128{"cohort-run -n 128 -- /bin/true", {}};
+  for (int k : {1, 8, 32, 128}) {
+    const auto ranks = std::to_string(k);
+    launcher cohort{fmt::format("cohort-run -n {} -- /bin/true", k), {cohort_run, "-n", ranks, "--", "/bin/true"}};
+    launcher minimal{fmt::format("machine_limits --launch {}", k), {machine_limits, "--launch", ranks}};
+    std::vector<double> ratios;
+    for (int round = 0; round < scaling_rounds; ++round) {
+      cohort.round();
+      minimal.round();
+      if (cohort.failure.empty() && minimal.failure.empty())
+        ratios.push_back(cohort.samples.back() / minimal.samples.back());
+    }
+    if (!cohort.failure.empty() || !minimal.failure.empty()) {
+      print_line(cohort);
+      print_line(minimal);
+      continue;
+    }
+    const auto ratio = cohort::bench::spread_of(ratios);
+    const double ms = cohort::bench::median(cohort.samples) * 1e3;
+    fmt::print("  {:>4} {:>14.2f} {:>14.2f} {:>5.2f}x ({:.2f}-{:.2f}) {:>10.0f} {:>16.1f} MiB\n", k, ms,
+               cohort::bench::median(minimal.samples) * 1e3, ratio.median, ratio.min, ratio.max, ms * 1e3 / k,
+               cohort::bench::median(cohort.rss_mib));
+    if (k == 128) at_128 = cohort;
+  }
+  if (!at_128.rss_mib.empty() && !torch.rss_mib.empty())
+    fmt::print("peak RSS (the largest of the launcher and its ranks): cohort-run at 128 ranks {:.1f} MiB, "
+               "torchrun at 8 ranks {:.1f} MiB\n",
+               cohort::bench::median(at_128.rss_mib), cohort::bench::median(torch.rss_mib));
 }
