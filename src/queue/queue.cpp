@@ -552,11 +552,11 @@ bool spin_for(queue_core& q, side s, std::chrono::steady_clock::time_point start
 }
 
 // A wait past its spin: teaches the budget when it ends, however it ends.
-struct sleeper {
+struct budget_lesson {
   queue_core& q;
   side s;
   std::chrono::steady_clock::time_point started;
-  ~sleeper() { q.slept(s, started); }
+  ~budget_lesson() { q.slept(s, started); }
 };
 
 // Blocks until a push or pop goes through, `deadline` passes (false), or
@@ -565,7 +565,7 @@ template <class Attempt>
 bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> timeout, Attempt attempt) {
   const auto started = std::chrono::steady_clock::now();
   if (spin_for(q, s, started, attempt)) return true;
-  const sleeper learn{q, s, started};
+  const budget_lesson lesson{q, s, started};
   const auto deadline = timeout ? started + *timeout : std::chrono::steady_clock::time_point::max();
   for (std::uint32_t seq = 0;;) {
     if (attempt(true, seq)) return true;
@@ -626,7 +626,7 @@ asio::awaitable<void> wait_async(std::shared_ptr<queue_core> q, side s, Attempt 
   // max_spin.
   const auto started = std::chrono::steady_clock::now();
   if (spin_for(*q, s, started, attempt)) co_return;
-  const sleeper learn{*q, s, started};
+  const budget_lesson lesson{*q, s, started};
   for (;;) {
     std::uint32_t seq = 0;
     if (attempt(true, seq)) co_return;
