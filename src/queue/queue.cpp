@@ -58,9 +58,9 @@ constexpr std::chrono::nanoseconds min_spin = std::chrono::microseconds(2);
 // they sleep, learnt from the waits before: each moves the budget towards
 // twice the time its value (or room) took to come, when that was within
 // max_spin, whether it spun or slept (a sleeper learns when from the time
-// the waker stamped); a longer one halves it. While the other side answers within a spin (it runs on
-// a CPU of its own) the waits spin and never pay for a sleep; while it
-// answers late (it waits for a CPU, on a machine with more to run than
+// the waker stamped); a longer one halves it. While the other side answers
+// within a spin (it runs on a CPU of its own) the waits spin and never pay
+// for a sleep; while it answers late (it waits for a CPU, on a machine with more to run than
 // CPUs, or is busy) they spin little and sleep, and leave the CPU to it.
 // Never a sched_yield: on a loaded machine that hands the CPU to any other
 // task for a whole slice, and the scheduler (EEVDF) counts it against the
@@ -535,13 +535,14 @@ bool retry_after_wait(queue_core& q, side s, Attempt& attempt) {
   return done;
 }
 
-// Spins within the side's budget, from `started`, while a push or pop
-// cannot go through; whether it went through, and then teaches the budget
-// how long that took.
+// Spins within the side's budget from `started`, and not past `latest`,
+// while a push or pop cannot go through; whether it went through, and then
+// teaches the budget how long that took.
 template <class Attempt>
-bool spin_for(queue_core& q, side s, std::chrono::steady_clock::time_point started, Attempt& attempt) {
+bool spin_for(queue_core& q, side s, std::chrono::steady_clock::time_point started, Attempt& attempt,
+              std::chrono::steady_clock::time_point latest = std::chrono::steady_clock::time_point::max()) {
   auto& budget = q.spin(s);
-  const auto until = started + budget.get();
+  const auto until = std::min(started + budget.get(), latest);
   for (std::uint32_t seq = 0;;) {
     if (attempt(false, seq)) {
       budget.spun(std::chrono::steady_clock::now() - started);
@@ -564,9 +565,9 @@ struct budget_lesson {
 template <class Attempt>
 bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> timeout, Attempt attempt) {
   const auto started = std::chrono::steady_clock::now();
-  if (spin_for(q, s, started, attempt)) return true;
-  const budget_lesson lesson{q, s, started};
   const auto deadline = timeout ? started + *timeout : std::chrono::steady_clock::time_point::max();
+  if (spin_for(q, s, started, attempt, deadline)) return true;
+  const budget_lesson lesson{q, s, started};
   for (std::uint32_t seq = 0;;) {
     if (attempt(true, seq)) return true;
     const auto left = std::max(std::chrono::nanoseconds(0), deadline - std::chrono::steady_clock::now());
