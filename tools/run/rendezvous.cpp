@@ -230,6 +230,7 @@ assignment etcd_rendezvous::next_round() {
   unwatch();
   const auto deadline = clock_type::now() + config_.join_timeout;
   std::optional<etcd_error> unreachable;  // etcd's last transient failure, while it lasts
+  bool answered = false;                  // etcd was read in this round
   progress p;
   try {
     for (;;) {
@@ -242,12 +243,14 @@ assignment etcd_rendezvous::next_round() {
         throw rendezvous_error(where() + ": no round formed within join_timeout (" +
                                seconds_text(config_.join_timeout) + "): " + p.text);
       }
-      client_.timeout(std::min(config_.request_timeout, left));
+      const auto request_timeout = std::min(config_.request_timeout, left);
+      client_.timeout(request_timeout);
       p.wrote = false;
       try {
         ensure_lease();
         const auto s = read(client_);
         unreachable.reset();
+        answered = true;
         if (auto placed = step(s, p)) {
           client_.timeout(config_.request_timeout);
           return *placed;
@@ -257,7 +260,10 @@ assignment etcd_rendezvous::next_round() {
           lease_lost_.store(true, std::memory_order_relaxed);  // this node's lease expired: grant another
           p.wrote = true;
         } else if (e.transient()) {
-          unreachable = e;
+          // A request cut short by join_timeout's end says nothing of etcd
+          // once etcd has answered in this round: what the round came to is
+          // the better reason then.
+          if (request_timeout == config_.request_timeout || !answered) unreachable = e;
         } else {
           throw rendezvous_error(where() + ": " + e.what());
         }
