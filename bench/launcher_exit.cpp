@@ -204,7 +204,7 @@ int main(int argc, char** argv) {
              scaling_rounds);
   fmt::print("  {:>4} {:>14} {:>14} {:>12} {:>16} {:>20}\n", "K", "cohort-run ms", "minimal ms", "ratio",
              "cohort us/rank", "cohort-run peak RSS");
-  launcher at_128{"cohort-run -n 128 -- /bin/true", {}};
+  std::vector<double> rss_at_128;
   for (int k : {1, 8, 32, 128}) {
     const auto ranks = std::to_string(k);
     launcher cohort{fmt::format("cohort-run -n {} -- /bin/true", k), {cohort_run, "-n", ranks, "--", "/bin/true"}};
@@ -226,10 +226,10 @@ int main(int argc, char** argv) {
     fmt::print("  {:>4} {:>14.2f} {:>14.2f} {:>5.2f}x ({:.2f}-{:.2f}) {:>10.0f} {:>16.1f} MiB\n", k, ms,
                cohort::bench::median(minimal.samples) * 1e3, ratio.median, ratio.min, ratio.max, ms * 1e3 / k,
                cohort::bench::median(cohort.rss_mib));
-    if (k == 128) at_128 = cohort;
+    if (k == 128) rss_at_128 = cohort.rss_mib;
   }
-  if (!at_128.rss_mib.empty() && !torch.rss_mib.empty())
+  if (!rss_at_128.empty() && !torch.rss_mib.empty())
     fmt::print("peak RSS (the largest of the launcher and its ranks): cohort-run at 128 ranks {:.1f} MiB, "
                "torchrun at 8 ranks {:.1f} MiB\n",
-               cohort::bench::median(at_128.rss_mib), cohort::bench::median(torch.rss_mib));
+               cohort::bench::median(rss_at_128), cohort::bench::median(torch.rss_mib));
 }

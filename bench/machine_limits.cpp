@@ -296,13 +296,6 @@ double files(int writers, std::size_t bytes) {
   return rate;
 }
 
-// "median unit (spread min-max)" of per-round figures.
-std::string summary(const std::vector<double>& rounds, const char* format, const char* unit) {
-  const auto s = bench::spread_of(rounds);
-  return fmt::format("{} {} (spread {}-{})", fmt::format(fmt::runtime(format), s.median), unit,
-                     fmt::format(fmt::runtime(format), s.min), fmt::format(fmt::runtime(format), s.max));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -334,17 +327,18 @@ int main(int argc, char** argv) {
     file_rate.push_back(files(4, 64u << 20));
   }
   fmt::print("The machine's limits, median of {} rounds (spread across rounds)\n", rounds);
-  fmt::print("  {:<56}{}\n", "raw ring pipeline, 3 processes, 64-byte items", summary(pipe_rate, "{:.2f}", "M items/s"));
-  fmt::print("  {:<56}{}\n", "  the same, two busy loops beside it", summary(pipe_loaded, "{:.2f}", "M items/s"));
-  fmt::print("  {:<56}{}\n", "futex ping-pong between 2 processes, p50", summary(ping_p50, "{:.2f}", "us"));
-  fmt::print("  {:<56}{}\n", "futex ping-pong between 2 processes, p99", summary(ping_p99, "{:.2f}", "us"));
-  fmt::print("  {:<56}{}\n", "exit to blocking waitid's wake, p50", summary(exit_p50, "{:.1f}", "us"));
-  fmt::print("  {:<56}{}\n", "fork + _exit + wait, p50", summary(fork_p50, "{:.1f}", "us"));
-  fmt::print("  {:<56}{}\n", "posix_spawn /bin/true + wait, p50", summary(spawn_p50, "{:.1f}", "us"));
+  const auto row = [](const std::string& label, const std::vector<double>& figures, const char* format,
+                      const char* unit) { fmt::print("  {:<56}{}\n", label, bench::spread_text(figures, format, unit)); };
+  row("raw ring pipeline, 3 processes, 64-byte items", pipe_rate, "{:.2f}", "M items/s");
+  row("  the same, two busy loops beside it", pipe_loaded, "{:.2f}", "M items/s");
+  row("futex ping-pong between 2 processes, p50", ping_p50, "{:.2f}", "us");
+  row("futex ping-pong between 2 processes, p99", ping_p99, "{:.2f}", "us");
+  row("exit to blocking waitid's wake, p50", exit_p50, "{:.1f}", "us");
+  row("fork + _exit + wait, p50", fork_p50, "{:.1f}", "us");
+  row("posix_spawn /bin/true + wait, p50", spawn_p50, "{:.1f}", "us");
   for (std::size_t i = 0; i < launcher_ks.size(); ++i) {
-    fmt::print("  {:<56}{}\n", fmt::format("minimal posix_spawn launcher, K = {}, start to exit", launcher_ks[i]),
-               summary(launched[i], "{:.2f}", "ms"));
+    row(fmt::format("minimal posix_spawn launcher, K = {}, start to exit", launcher_ks[i]), launched[i], "{:.2f}", "ms");
   }
-  fmt::print("  {:<56}{}\n", "4 writers straight to files, 64 MiB each", summary(file_rate, "{:.0f}", "MB/s"));
+  row("4 writers straight to files, 64 MiB each", file_rate, "{:.0f}", "MB/s");
   return 0;
 }

@@ -1,9 +1,12 @@
-// Timing helpers shared by the benchmarks: a clock, medians and percentiles.
+// Timing helpers shared by the benchmarks: a clock, medians, percentiles and spreads.
 #pragma once
+
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace cohort::bench {
@@ -33,6 +36,14 @@ inline spread spread_of(const std::vector<double>& rounds) {
   if (rounds.empty()) return {0, 0, 0};
   const auto [min, max] = std::minmax_element(rounds.begin(), rounds.end());
   return {median(rounds), *min, *max};
+}
+
+/// "median unit (spread min-max)" of per-round figures, each number written
+/// with `format` (an fmt format such as "{:.2f}").
+inline std::string spread_text(const std::vector<double>& rounds, const char* format, const char* unit) {
+  const auto s = spread_of(rounds);
+  const auto number = [format](double v) { return fmt::format(fmt::runtime(format), v); };
+  return fmt::format("{} {} (spread {}-{})", number(s.median), unit, number(s.min), number(s.max));
 }
 
 }  // namespace cohort::bench

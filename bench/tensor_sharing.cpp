@@ -149,11 +149,6 @@ double pipeline_rate(int n, int producers) {
   return (n - 1) / seconds;
 }
 
-std::string rate_spread(const std::vector<double>& rates) {
-  const auto s = bench::spread_of(rates);
-  return fmt::format("{:>10.0f} tensors/s (spread {:.0f}-{:.0f})", s.median, s.min, s.max);
-}
-
 // The pipeline quiet, beside two busy loops, and with 2 and 4 producers,
 // each once per round in turn; prints each and returns the quiet median.
 double pipeline_section(int n, int rounds) {
@@ -172,13 +167,14 @@ double pipeline_section(int n, int rounds) {
              "median of {} rounds; for every contender, rate = (items - 1) / time from the summer's first pop\n"
              "returning to the end of its last item\n",
              n, rounds);
-  fmt::print("  {:<52} {}\n", "cohort, 1 producer", rate_spread(quiet));
-  fmt::print("  {:<52} {}\n", "cohort, 1 producer, two busy loops beside it", rate_spread(loaded));
-  const auto s = bench::spread_of(share);
-  fmt::print("  {:<52} {:>10.0f} % of the same round's quiet rate (spread {:.0f}-{:.0f})\n", "  loaded / quiet", s.median,
-             s.min, s.max);
-  fmt::print("  {:<52} {}\n", "cohort, 2 producers", rate_spread(two));
-  fmt::print("  {:<52} {}\n", "cohort, 4 producers", rate_spread(four));
+  const auto row = [](const char* label, const std::vector<double>& figures, const char* unit = "tensors/s") {
+    fmt::print("  {:<52} {}\n", label, bench::spread_text(figures, "{:.0f}", unit));
+  };
+  row("cohort, 1 producer", quiet);
+  row("cohort, 1 producer, two busy loops beside it", loaded);
+  row("  loaded / quiet, % of the same round's", share, "%");
+  row("cohort, 2 producers", two);
+  row("cohort, 4 producers", four);
   return bench::median(quiet);
 }
 

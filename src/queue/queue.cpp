@@ -22,7 +22,6 @@
 
 #include <fmt/format.h>
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
