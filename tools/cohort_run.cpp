@@ -5,6 +5,7 @@
 //
 //   cohort-run [options] script.py [args...]   (see --help for every form)
 #include "run/options.hpp"
+#include "run/port.hpp"
 #include "run/program.hpp"
 #include "run/rendezvous.hpp"
 #include "run/report.hpp"
@@ -19,10 +20,7 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -112,25 +110,6 @@ cohort::streams_per_rank streams_of(const std::string& flag, const std::string& 
     begin = end + 1;
   }
   return ranks;
-}
-
-// A port nothing listens on now, on any address (bind to port 0): the
-// fixed 29500 of torchrun collides when two jobs share a machine.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::system_error(errno, std::system_category(), "cohort-run: socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    const int error = errno;
-    ::close(fd);
-    throw std::system_error(error, std::system_category(), "cohort-run: finding a free port");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 // A run id of its own for every run, so that two runs' logs never meet:

@@ -4,10 +4,13 @@
 //
 //     const test::needs_device needs{"etcd server", test::etcd_missing};
 //
-// and main skips the program (exit 77) where etcd is not installed.
+// and main skips the program (exit 77) where etcd is not installed; etcd()
+// is the program's one server.
 #pragma once
 
 #include "support/harness.hpp"
+
+#include "run/port.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -39,25 +42,6 @@ inline const std::string etcd_program = "/usr/bin/etcd";
 /// Why etcd cannot run here; empty when it can.
 inline std::string etcd_missing() {
   return ::access(etcd_program.c_str(), X_OK) == 0 ? std::string() : etcd_program + " is not installed (etcd-server)";
-}
-
-/// A TCP port on 127.0.0.1 that nothing listens on when asked (another
-/// process may take it before it is used).
-inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::system_error(errno, std::system_category(), "socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t size = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &size) != 0) {
-    const int error = errno;
-    ::close(fd);
-    throw std::system_error(error, std::system_category(), "bind to a free port");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
 }
 
 /// The answer (status line, headers and body) to GET `path` from
@@ -95,8 +79,8 @@ class etcd_server {
   etcd_server() {
     std::string last_log;
     for (int attempt = 0; attempt < 3; ++attempt) {  // a port taken meanwhile: other ports
-      client_port_ = free_port();
-      peer_port_ = free_port();
+      client_port_ = cohort_run::free_port();
+      peer_port_ = cohort_run::free_port();
       std::filesystem::remove_all(dir_.path / "data");
       start();
       if (wait_healthy()) return;
@@ -191,5 +175,12 @@ class etcd_server {
   int peer_port_ = 0;
   pid_t pid_ = -1;
 };
+
+/// The program's one etcd server, started at its first use, stopped when
+/// the program ends.
+inline etcd_server& etcd() {
+  static etcd_server server;
+  return server;
+}
 
 }  // namespace cohort::test

@@ -33,6 +33,7 @@
 using namespace cohort;
 using namespace std::chrono_literals;
 using namespace asio::experimental::awaitable_operators;
+using test::etcd;
 using test::files_appear;
 using test::outcome;
 using test::read_file;
@@ -43,11 +44,6 @@ namespace {
 
 const std::string cohort_run = COHORT_TEST_COHORT_RUN;
 const test::needs_device needs{"etcd server", test::etcd_missing};
-
-test::etcd_server& etcd() {
-  static test::etcd_server server;
-  return server;
-}
 
 // One cohort-run node: its flags after the rendezvous ones, and what must
 // happen before it starts.
@@ -207,7 +203,7 @@ TEST_SUITE("cohort-run over etcd") {
   TEST_CASE("etcd unreachable: a clear error within the rendezvous timeout") {
     const auto start = std::chrono::steady_clock::now();
     auto args = rendezvous(fresh_id(), "1:2", ",join_timeout=1");
-    args[3] = "127.0.0.1:" + std::to_string(test::free_port());
+    args[3] = "127.0.0.1:" + std::to_string(cohort_run::free_port());
     auto results = run_nodes({{joined(args, {"--", "/bin/true"})}});
     CHECK(results[0].status.code() == 1);
     CHECK(results[0].err.find("etcd unreachable") != std::string::npos);

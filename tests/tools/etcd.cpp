@@ -15,14 +15,11 @@
 using namespace cohort_run;
 using namespace std::chrono_literals;
 
+using cohort::test::etcd;
+
 namespace {
 
 const cohort::test::needs_device needs{"etcd server", cohort::test::etcd_missing};
-
-cohort::test::etcd_server& etcd() {
-  static cohort::test::etcd_server server;
-  return server;
-}
 
 std::string with_every_byte() {
   std::string bytes;
@@ -143,7 +140,7 @@ TEST_SUITE("etcd client") {
   }
 
   TEST_CASE("a call to a closed port fails at once, naming the endpoint, the call and the cause") {
-    const auto endpoint = "127.0.0.1:" + std::to_string(cohort::test::free_port());
+    const auto endpoint = "127.0.0.1:" + std::to_string(cohort_run::free_port());
     etcd_client client(endpoint, 30s);
     const auto start = std::chrono::steady_clock::now();
     try {

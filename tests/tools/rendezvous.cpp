@@ -28,14 +28,11 @@ using namespace cohort_run;
 using namespace std::chrono_literals;
 using clock_type = std::chrono::steady_clock;
 
+using cohort::test::etcd;
+
 namespace {
 
 const cohort::test::needs_device needs{"etcd server", cohort::test::etcd_missing};
-
-cohort::test::etcd_server& etcd() {
-  static cohort::test::etcd_server server;
-  return server;
-}
 
 // A job of its own for each test.
 std::string fresh_run_id() {
@@ -394,7 +391,7 @@ TEST_SUITE("etcd rendezvous") {
 
   TEST_CASE("an unreachable etcd makes next_round fail within join_timeout, naming the endpoint and the cause") {
     auto config = node("unreachable", 1, 1, 1);
-    config.endpoint = "127.0.0.1:" + std::to_string(cohort::test::free_port());
+    config.endpoint = "127.0.0.1:" + std::to_string(cohort_run::free_port());
     config.join_timeout = 500ms;
     etcd_rendezvous lone(config);
     const auto start = clock_type::now();
