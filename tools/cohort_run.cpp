@@ -184,6 +184,19 @@ std::map<std::string, std::string> contract(const run_options& o, const placemen
   return variables;
 }
 
+// A folder of its own, $TMPDIR/<prefix>XXXXXX; empty, with `ec` set, when
+// none can be made.
+fs::path fresh_temp_folder(const std::string& prefix, std::error_code& ec) {
+  ec.clear();
+  std::string pattern = (fs::temp_directory_path(ec) / (prefix + "XXXXXX")).string();
+  if (ec) return {};
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    ec.assign(errno, std::system_category());
+    return {};
+  }
+  return pattern;
+}
+
 // The ranks' logs from the flags. Files are asked for without --log-dir:
 // a fresh folder in $TMPDIR, as torchrun makes one. `folder` is the run's
 // folder name under the log dir.
@@ -208,10 +221,10 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& fo
   if (!o.log_dir.empty()) {
     logs.dir = o.log_dir;
   } else if (!logs.redirects.empty() || !logs.tee.empty()) {
-    std::string pattern = (fs::temp_directory_path() / "cohort-run-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::system_error(errno, std::system_category(), "cohort-run: mkdtemp " + pattern);
-    logs.dir = pattern;
-    fmt::print(stderr, "cohort-run: logs in {}\n", pattern);
+    std::error_code ec;
+    logs.dir = fresh_temp_folder("cohort-run-", ec);
+    if (ec) throw std::system_error(ec, "cohort-run: making a log folder in $TMPDIR");
+    fmt::print(stderr, "cohort-run: logs in {}\n", logs.dir.string());
   }
   return logs;
 }
@@ -320,10 +333,6 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
   return c;
 }
 
-}  // namespace
-
-namespace {
-
 // Without a log folder, the ranks' error files are in the group's private
 // folder, which goes with the group. Those of failed ranks are copied here
 // first ($TMPDIR/cohort-run-errors-XXXXXX/attempt_<k>/<rank>/error.json),
@@ -339,9 +348,8 @@ struct error_folder {
       std::error_code ec;
       if (f.error_file.empty() || !fs::exists(f.error_file, ec)) continue;
       if (path.empty()) {
-        std::string pattern = (fs::temp_directory_path() / "cohort-run-errors-XXXXXX").string();
-        if (::mkdtemp(pattern.data()) == nullptr) return;
-        path = pattern;
+        path = fresh_temp_folder("cohort-run-errors-", ec);
+        if (ec) return;
       }
       const auto kept = path / fmt::format("attempt_{}", attempt) / std::to_string(f.rank) / "error.json";
       fs::create_directories(kept.parent_path(), ec);
