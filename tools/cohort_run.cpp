@@ -440,17 +440,8 @@ attempt_record run_attempt(cohort::group_spec& spec, const run_options& o, etcd_
   return a;
 }
 
-int run(run_options o, run_record& record) {
-  std::vector<std::string> command;
-  try {
-    command = rank_command(o);
-  } catch (const program_error& e) {
-    fmt::print(stderr, "cohort-run: {}\n", e.what());
-    return e.exit_code;
-  }
-  // Before any thread: what the workers start dies with cohort-run, also
-  // when it is killed with SIGKILL.
-  const cohort::guardian guard;
+// The attempts of a run, under a guardian.
+int run_attempts(run_options& o, run_record& record, const std::vector<std::string>& command) {
   const int nproc = ranks_per_node(o.nproc_per_node);
   const bool elastic = o.rdzv_backend.rfind("etcd", 0) == 0;
   std::optional<placement> fixed;
@@ -572,6 +563,24 @@ int run(run_options o, run_record& record) {
     if (rdzv) rdzv->close(fmt::format("node {} ({}) failed: {}", p.node_rank, record.host, a.reason));
     return finish("failed", root != nullptr ? exit_code_of(root->status) : 1);
   }
+}
+
+int run(run_options o, run_record& record) {
+  std::vector<std::string> command;
+  try {
+    command = rank_command(o);
+  } catch (const program_error& e) {
+    fmt::print(stderr, "cohort-run: {}\n", e.what());
+    return e.exit_code;
+  }
+  // Before any thread: what the workers start dies with cohort-run, also
+  // when it is killed with SIGKILL.
+  cohort::guardian guard;
+  const int code = run_attempts(o, record, command);
+  // Every attempt's group has ended and swept what it started: nothing is
+  // left for the guardian to look for. (An exception leaves it its look.)
+  guard.release();
+  return code;
 }
 
 }  // namespace

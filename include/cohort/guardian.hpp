@@ -20,8 +20,8 @@ namespace cohort {
 /// so a Ctrl-C meant for this process leaves it to do its work.
 ///
 /// Start it early in main, before other threads (it forks). Destroying the
-/// object (at a normal exit, when the groups have been swept already) lets
-/// the guardian look once more and reaps it.
+/// object lets the guardian look once more and reaps it; after release(),
+/// it ends without looking.
 class guardian {
  public:
   guardian();
@@ -29,12 +29,20 @@ class guardian {
   guardian& operator=(const guardian&) = delete;
   ~guardian();
 
+  /// Ends the guardian without the look and reaps it: for a process whose
+  /// groups have all ended and been swept (what they started is gone), so
+  /// that its end does not wait on a pass over every process of the
+  /// machine. Later calls do nothing.
+  void release() noexcept;
+
   /// The guardian's pid.
   pid_t pid() const noexcept { return pid_; }
 
  private:
+  void end(bool look) noexcept;
+
   pid_t pid_ = -1;
-  int pipe_ = -1;  // its end of the pipe: closed when this process ends
+  int line_ = -1;  // its end of the socket pair: closed when this process ends
 };
 
 }  // namespace cohort

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,17 +35,19 @@ int kill_marked(std::string_view prefix) {
   return found;
 }
 
-[[noreturn]] void guard(int pipe, pid_t parent) {
+[[noreturn]] void guard(int line, pid_t parent) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE}) ::signal(sig, SIG_IGN);
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::prctl(PR_SET_NAME, "cohort-guardian");
-  ::syscall(SYS_close_range, 3U, static_cast<unsigned>(pipe) - 1, 0U);
-  ::syscall(SYS_close_range, static_cast<unsigned>(pipe) + 1, ~0U, 0U);
+  ::syscall(SYS_close_range, 3U, static_cast<unsigned>(line) - 1, 0U);
+  ::syscall(SYS_close_range, static_cast<unsigned>(line) + 1, ~0U, 0U);
   char byte;
-  while (::read(pipe, &byte, 1) < 0 && errno == EINTR) {
+  ssize_t n;
+  while ((n = ::read(line, &byte, 1)) < 0 && errno == EINTR) {
   }
+  if (n == 1) ::_exit(0);  // released: the parent's groups swept their own
   // The parent is gone (or lets go): its marked processes go too. Killed
   // ones stop showing once dead, so a pass that finds none ends the work;
   // at most 10 s, for a process stuck in the kernel.
@@ -59,8 +62,12 @@ int kill_marked(std::string_view prefix) {
 }  // namespace
 
 guardian::guardian() {
+  // A socket pair, not a pipe: the word release() sends cannot raise
+  // SIGPIPE here when the guardian is gone.
   int ends[2];
-  if (::pipe2(ends, O_CLOEXEC) != 0) throw std::system_error(errno, std::system_category(), "cohort::guardian: pipe2");
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) {
+    throw std::system_error(errno, std::system_category(), "cohort::guardian: socketpair");
+  }
   const pid_t parent = ::getpid();
   pid_ = ::fork();
   if (pid_ == 0) {
@@ -73,14 +80,26 @@ guardian::guardian() {
     ::close(ends[1]);
     throw std::system_error(error, std::system_category(), "cohort::guardian: fork");
   }
-  pipe_ = ends[1];
+  line_ = ends[1];
   detail::own_pid(pid_);
 }
 
-guardian::~guardian() {
-  if (pipe_ >= 0) ::close(pipe_);
+guardian::~guardian() { end(true); }
+
+void guardian::release() noexcept { end(false); }
+
+void guardian::end(bool look) noexcept {
+  if (line_ < 0) return;
+  if (!look) {
+    const char byte = 'r';
+    while (::send(line_, &byte, 1, MSG_NOSIGNAL) < 0 && errno == EINTR) {
+    }
+  }
+  ::close(line_);
+  line_ = -1;
   if (pid_ > 0) {
-    ::waitpid(pid_, nullptr, 0);
+    while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+    }
     detail::disown_pid(pid_);
   }
 }

@@ -2,6 +2,7 @@
 
 #include "cohort/entry_point.hpp"
 #include "cohort/error_file.hpp"
+#include "cohort/guardian.hpp"
 #include "cohort/spawn.hpp"
 #include "group/descendants.hpp"
 
@@ -737,6 +738,55 @@ TEST_SUITE("group") {
     } catch (const std::system_error& e) {
       CHECK(e.code() == std::error_code(EACCES, std::system_category()));
       CHECK(std::string(e.what()).find("before_exec") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("the guardian: its end kills what carries this process's marker; after release() it kills nothing") {
+    // A process carrying the marker of a group of this process, as a rank's
+    // setsid grandchild would: sleep 30 with COHORT_GROUP_<this pid>_0=1.
+    const auto marked = [] {
+      const std::string marker = cohort::detail::group_marker_prefix(::getpid()) + "0=1";
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        char* argv[] = {const_cast<char*>("sleep"), const_cast<char*>("30"), nullptr};
+        char* envp[] = {const_cast<char*>(marker.c_str()), nullptr};
+        ::execve("/bin/sleep", argv, envp);
+        ::_exit(127);
+      }
+      // Until its environment is the marked one (exec done).
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      while (!cohort::detail::environment_holds(pid, marker) && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(1ms);
+      }
+      REQUIRE(cohort::detail::environment_holds(pid, marker));
+      return pid;
+    };
+    const auto exit_of = [](pid_t pid, int options) {
+      int status = 0;
+      return ::waitpid(pid, &status, options) == pid ? status : -1;
+    };
+    {
+      const pid_t pid = marked();
+      { cohort::guardian guard; }  // reaped once it has looked
+      // SIGKILL sent: the process ends a moment later.
+      int status = -1;
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      while ((status = exit_of(pid, WNOHANG)) == -1 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(1ms);
+      }
+      REQUIRE(status != -1);
+      CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+    }
+    {
+      const pid_t pid = marked();
+      cohort::guardian guard;
+      const pid_t guardian = guard.pid();
+      guard.release();
+      CHECK(exit_of(guardian, WNOHANG) == -1);  // reaped by release()
+      CHECK(exit_of(pid, WNOHANG) == -1);       // untouched: still asleep
+      ::kill(pid, SIGKILL);
+      const int status = exit_of(pid, 0);
+      CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
     }
   }
 }
