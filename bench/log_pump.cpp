@@ -1,7 +1,10 @@
 // The ranks' logs through the launcher: throughput of 4 ranks writing to
 // teed and redirected stdout, and how long a line takes from a rank's write
 // to the launcher's stdout. Each round runs the same writers with their
-// stdout on files (no launcher: the bound), cohort-run with the streams
+// stdout on files (no launcher: the bound), with their stdout on pipes to a
+// minimal pump in this process (a thread per pipe: read, prefixed lines to
+// /dev/null, the whole read to a file: the bound for any teeing launcher,
+// whose bytes pass through a pipe), cohort-run with the streams
 // teed (its pump writes the files and the console, on /dev/null), cohort-run
 // with the streams redirected (the ranks write the files themselves: the
 // launcher only starts and reaps them), and torchrun teed (Debian's torch
@@ -18,7 +21,9 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <limits.h>
 #include <spawn.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -156,6 +162,64 @@ double bare_throughput(const std::string& self, const fs::path& dir, long megaby
   return mb_per_second(megabytes, seconds);
 }
 
+// The minimal pump of one pipe: 256 KiB reads, each read's whole lines to
+// /dev/null behind a prefix (one writev per 1024 parts), the read whole to
+// the file. Partial lines are not carried over: the console's bytes are not
+// checked, only written.
+void minimal_pump(int pipe, int file, int console) {
+  constexpr std::size_t size = 256 * 1024;
+  auto buffer = std::make_unique_for_overwrite<char[]>(size);
+  const std::string prefix = "[worker0]:";
+  std::vector<iovec> parts;
+  for (;;) {
+    const ssize_t n = ::read(pipe, buffer.get(), size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    parts.clear();
+    const char* at = buffer.get();
+    const char* end = at + n;
+    while (const char* newline = static_cast<const char*>(std::memchr(at, '\n', static_cast<std::size_t>(end - at)))) {
+      parts.push_back({const_cast<char*>(prefix.data()), prefix.size()});
+      parts.push_back({const_cast<char*>(at), static_cast<std::size_t>(newline + 1 - at)});
+      at = newline + 1;
+    }
+    for (std::size_t first = 0; first < parts.size(); first += IOV_MAX) {
+      if (::writev(console, &parts[first], static_cast<int>(std::min<std::size_t>(IOV_MAX, parts.size() - first))) < 0) {
+        throw std::runtime_error("minimal pump: writev to /dev/null");
+      }
+    }
+    if (!write_all(file, buffer.get(), static_cast<std::size_t>(n))) throw std::runtime_error("minimal pump: write to its file");
+  }
+}
+
+// MB/s of the writers with stdout on pipes, pumped by minimal_pump, from
+// the first start to the last pump's end.
+double minimal_pump_throughput(const std::string& self, const fs::path& dir, long megabytes) {
+  const int console = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  const auto began = clock::now();
+  std::vector<spawned> writers;
+  std::vector<int> files;
+  for (int r = 0; r < ranks; ++r) {
+    ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+    writers.push_back(start({self, "--write", std::to_string(megabytes)}, ""));
+    ::fcntl(writers.back().out, F_SETPIPE_SZ, 1024 * 1024);  // as cohort-run's pipes
+    files.push_back(::open((dir / fmt::format("pumped-{}.log", r)).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  }
+  {
+    std::vector<std::jthread> pumps;
+    for (int r = 0; r < ranks; ++r) pumps.emplace_back(minimal_pump, writers[r].out, files[r], console);
+  }
+  for (const auto& w : writers) require_ok("writer", finish(w.pid));
+  const double seconds = cohort::bench::seconds_since(began);
+  for (int r = 0; r < ranks; ++r) {
+    ::close(writers[r].out);
+    ::close(files[r]);
+    fs::remove(dir / fmt::format("pumped-{}.log", r));
+  }
+  ::close(console);
+  return mb_per_second(megabytes, seconds);
+}
+
 // a[i] / b[i]: the ratio of two rows, round by round.
 std::vector<double> per_round(const std::vector<double>& a, const std::vector<double>& b) {
   std::vector<double> r;
@@ -249,7 +313,7 @@ int main(int argc, char** argv) {
              ranks, megabytes, rounds);
   fmt::print("  {:<58} {:>25}  {:>25}\n", "", "", "vs writers on files");
   const std::vector<std::string> teed_flags{"-r", "3", "-t", "3"};
-  std::vector<double> bare, teed, redirected, torch_teed;
+  std::vector<double> bare, minimal, teed, redirected, torch_teed;
   for (int i = 0; i < rounds; ++i) {
     // Every other round the other way round, so that neither side always
     // follows the same one (and its writeback).
@@ -262,11 +326,15 @@ int main(int argc, char** argv) {
       pumped();
       files();
     }
+    minimal.push_back(minimal_pump_throughput(self, dir, megabytes));
     redirected.push_back(launcher_throughput(cohort_args({"-r", "3"}, writer), dir / "cohort", megabytes));
     if (python) torch_teed.push_back(launcher_throughput(torch_args(teed_flags, writer), dir / "torch", megabytes));
   }
   print_throughput("4 writers, stdout on files, no launcher", bare, nullptr);
+  print_throughput("4 writers on pipes to a minimal pump (the bound for a tee)", minimal, &bare);
   print_throughput("cohort-run -r 3 -t 3 (the pump writes files and console)", teed, &bare);
+  fmt::print("  cohort-run -r 3 -t 3 moves {}x what the minimal pump does, round by round\n",
+             spread(per_round(teed, minimal), "{:.2f}"));
   print_throughput("cohort-run -r 3 (ranks write their files: no pump)", redirected, &bare);
   if (python) {
     print_throughput("torchrun -r 3 -t 3 (start to exit: includes its start)", torch_teed, &bare);
