@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -205,9 +206,21 @@ double minimal_pump_throughput(const std::string& self, const fs::path& dir, lon
     ::fcntl(writers.back().out, F_SETPIPE_SZ, 1024 * 1024);  // as cohort-run's pipes
     files.push_back(::open((dir / fmt::format("pumped-{}.log", r)).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   }
+  std::vector<std::exception_ptr> failed(ranks);
   {
     std::vector<std::jthread> pumps;
-    for (int r = 0; r < ranks; ++r) pumps.emplace_back(minimal_pump, writers[r].out, files[r], console);
+    for (int r = 0; r < ranks; ++r) {
+      pumps.emplace_back([&, r] {
+        try {
+          minimal_pump(writers[r].out, files[r], console);
+        } catch (...) {
+          failed[r] = std::current_exception();
+        }
+      });
+    }
+  }
+  for (const auto& f : failed) {
+    if (f) std::rethrow_exception(f);  // as a writer's failure: the run stops with its reason
   }
   for (const auto& w : writers) require_ok("writer", finish(w.pid));
   const double seconds = cohort::bench::seconds_since(began);
