@@ -31,7 +31,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -194,43 +193,53 @@ void minimal_pump(int pipe, int file, int console) {
 }
 
 // MB/s of the writers with stdout on pipes, pumped by minimal_pump, from
-// the first start to the last pump's end.
-double minimal_pump_throughput(const std::string& self, const fs::path& dir, long megabytes) {
+// the first start to the last pump's end; or why it failed. Its writers
+// are reaped and its files removed either way.
+struct pump_outcome {
+  double rate = 0;
+  std::string failure;
+};
+
+pump_outcome minimal_pump_throughput(const std::string& self, const fs::path& dir, long megabytes) {
   const int console = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
   const auto began = clock::now();
   std::vector<spawned> writers;
   std::vector<int> files;
+  std::vector<std::string> failed(ranks);
   for (int r = 0; r < ranks; ++r) {
     ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
     writers.push_back(start({self, "--write", std::to_string(megabytes)}, ""));
     ::fcntl(writers.back().out, F_SETPIPE_SZ, 1024 * 1024);  // as cohort-run's pipes
     files.push_back(::open((dir / fmt::format("pumped-{}.log", r)).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (files.back() < 0) failed[r] = fmt::format("minimal pump: its file: {}", std::strerror(errno));
   }
-  std::vector<std::exception_ptr> failed(ranks);
   {
     std::vector<std::jthread> pumps;
     for (int r = 0; r < ranks; ++r) {
       pumps.emplace_back([&, r] {
         try {
-          minimal_pump(writers[r].out, files[r], console);
-        } catch (...) {
-          failed[r] = std::current_exception();
+          if (files[r] >= 0) minimal_pump(writers[r].out, files[r], console);
+        } catch (const std::exception& e) {
+          failed[r] = e.what();
         }
+        ::close(writers[r].out);  // a writer left with bytes to write ends on EPIPE
       });
     }
   }
-  for (const auto& f : failed) {
-    if (f) std::rethrow_exception(f);  // as a writer's failure: the run stops with its reason
+  pump_outcome outcome;
+  for (const auto& w : writers) {
+    const int rc = finish(w.pid);
+    if (rc != 0 && outcome.failure.empty()) outcome.failure = fmt::format("a writer exited with {}", rc);
   }
-  for (const auto& w : writers) require_ok("writer", finish(w.pid));
   const double seconds = cohort::bench::seconds_since(began);
   for (int r = 0; r < ranks; ++r) {
-    ::close(writers[r].out);
-    ::close(files[r]);
+    if (!failed[r].empty()) outcome.failure = failed[r];
+    if (files[r] >= 0) ::close(files[r]);
     fs::remove(dir / fmt::format("pumped-{}.log", r));
   }
   ::close(console);
-  return mb_per_second(megabytes, seconds);
+  if (outcome.failure.empty()) outcome.rate = mb_per_second(megabytes, seconds);
+  return outcome;
 }
 
 // a[i] / b[i]: the ratio of two rows, round by round.
@@ -327,6 +336,7 @@ int main(int argc, char** argv) {
   fmt::print("  {:<58} {:>25}  {:>25}\n", "", "", "vs writers on files");
   const std::vector<std::string> teed_flags{"-r", "3", "-t", "3"};
   std::vector<double> bare, minimal, teed, redirected, torch_teed;
+  std::string minimal_failure;
   for (int i = 0; i < rounds; ++i) {
     // Every other round the other way round, so that neither side always
     // follows the same one (and its writeback).
@@ -339,15 +349,23 @@ int main(int argc, char** argv) {
       pumped();
       files();
     }
-    minimal.push_back(minimal_pump_throughput(self, dir, megabytes));
+    if (minimal_failure.empty()) {  // a failed pump runs no more rounds
+      const auto pumped_minimally = minimal_pump_throughput(self, dir, megabytes);
+      if (pumped_minimally.failure.empty()) minimal.push_back(pumped_minimally.rate);
+      else minimal_failure = pumped_minimally.failure;
+    }
     redirected.push_back(launcher_throughput(cohort_args({"-r", "3"}, writer), dir / "cohort", megabytes));
     if (python) torch_teed.push_back(launcher_throughput(torch_args(teed_flags, writer), dir / "torch", megabytes));
   }
   print_throughput("4 writers, stdout on files, no launcher", bare, nullptr);
-  print_throughput("4 writers on pipes to a minimal pump (the bound for a tee)", minimal, &bare);
   print_throughput("cohort-run -r 3 -t 3 (the pump writes files and console)", teed, &bare);
-  fmt::print("  cohort-run -r 3 -t 3 moves {}x what the minimal pump does, round by round\n",
-             spread(per_round(teed, minimal), "{:.2f}"));
+  if (minimal_failure.empty()) {
+    print_throughput("4 writers on pipes to a minimal pump (the bound for a tee)", minimal, &bare);
+    fmt::print("  cohort-run -r 3 -t 3 moves {}x what the minimal pump does, round by round\n",
+               spread(per_round(teed, minimal), "{:.2f}"));
+  } else {
+    fmt::print("  4 writers on pipes to a minimal pump: failed: {}\n", minimal_failure);
+  }
   print_throughput("cohort-run -r 3 (ranks write their files: no pump)", redirected, &bare);
   if (python) {
     print_throughput("torchrun -r 3 -t 3 (start to exit: includes its start)", torch_teed, &bare);
