@@ -172,6 +172,8 @@ class locked {
 
 enum class side { push, pop };
 constexpr int index(side s) noexcept { return s == side::push ? 0 : 1; }
+// How long one sleep of a wait on side `s` lasts before it looks again.
+constexpr std::chrono::milliseconds sleep_slice(side s) noexcept { return s == side::push ? room_check : watch_interval; }
 
 }  // namespace
 
@@ -570,7 +572,7 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
   for (std::uint32_t seq = 0;;) {
     if (attempt(true, seq)) return true;
     const auto left = std::max(std::chrono::nanoseconds(0), deadline - std::chrono::steady_clock::now());
-    const auto slice = std::min<std::chrono::nanoseconds>(s == side::push ? room_check : watch_interval, left);
+    const auto slice = std::min<std::chrono::nanoseconds>(sleep_slice(s), left);
     // The death notice's epoch is read before the peers are armed: an end
     // after the read changes it, and the wait below does not sleep then.
     auto& epoch = death_notice::of_this_process().epoch();
@@ -597,7 +599,7 @@ struct sleeping {
 asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
   using namespace asio::experimental::awaitable_operators;
   auto executor = co_await asio::this_coro::executor;
-  asio::steady_timer timer(executor, s == side::push ? room_check : watch_interval);
+  asio::steady_timer timer(executor, sleep_slice(s));
   // As wait_for: the epoch is read before the peers are armed.
   auto& epoch = death_notice::of_this_process().epoch();
   const auto seen = epoch.load(std::memory_order_acquire);
