@@ -15,7 +15,6 @@
 #include "stats.hpp"
 
 #include <asio/co_spawn.hpp>
-#include <asio/read.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 
@@ -94,24 +93,40 @@ void report(const char* name, const std::vector<double>& l) {
              cohort::bench::percentile(l, 90), cohort::bench::percentile(l, 99), cohort::bench::percentile(l, 100));
 }
 
-}  // namespace
+// The stamp file, removed however the run ends.
+struct stamp_file {
+  std::string path;
+  ~stamp_file() {
+    std::error_code ignored;
+    std::filesystem::remove(path, ignored);
+  }
+};
 
-int main(int argc, char** argv) {
-  const int samples = argc > 1 ? std::atoi(argv[1]) : 500;
+void run(int samples) {
   const std::string stamper = COHORT_BENCH_STAMP_EXIT;
   fmt::print("exit notification latency, {} samples per mode (us)\n", samples);
   fmt::print("{:<34} {:>8} {:>8} {:>8} {:>8}\n", "mode", "p50", "p90", "p99", "max");
   // On tmpfs: closing a truncated and rewritten file on ext4 (the child's
   // exit does) flushes it, which would be timed as the exit.
-  const std::string stamp_path = fmt::format("/dev/shm/cohort-exit-latency-{}", ::getpid());
-  report("floor: blocking waitid(P_PIDFD)", measure_blocking_waitid(stamper, stamp_path, samples));
+  const stamp_file stamp{fmt::format("/dev/shm/cohort-exit-latency-{}", ::getpid())};
+  report("floor: blocking waitid(P_PIDFD)", measure_blocking_waitid(stamper, stamp.path, samples));
   for (const char* mode : {"1", "0"}) {
     ::setenv("COHORT_IO_URING", mode, 1);  // read when the io_context's ring service starts
     asio::io_context io;
     const auto info = cohort::io_uring_support(io);
-    auto result = asio::co_spawn(io, measure(stamper, stamp_path, samples), asio::use_future);
+    auto result = asio::co_spawn(io, measure(stamper, stamp.path, samples), asio::use_future);
     io.run();
     report(info.waitid ? "cohort, io_uring waitid" : "cohort, reactor (pidfd + waitid)", result.get());
   }
-  std::filesystem::remove(stamp_path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    run(argc > 1 ? std::atoi(argv[1]) : 500);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "exit_latency: {}\n", e.what());
+    return 1;
+  }
 }

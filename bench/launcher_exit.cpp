@@ -102,7 +102,10 @@ struct launcher {
     ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
     ::posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
     ::posix_spawn_file_actions_adddup2(&actions, err, 2);
-    posix_spawnattr_t attributes;  // a group of its own, so that a timeout kills its ranks too
+    // A group of its own, so that a timeout kills it and what shares its group
+    // (torchrun's workers); cohort-run's ranks lead groups of their own and
+    // die with it by their parent-death signal.
+    posix_spawnattr_t attributes;
     ::posix_spawnattr_init(&attributes);
     ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
 

@@ -193,7 +193,7 @@ void minimal_pump(int pipe, int file, int console) {
 }
 
 // MB/s of the writers with stdout on pipes, pumped by minimal_pump, from
-// the first start to the last pump's end; or why it failed. Its writers
+// the first start until the last writer is reaped; or why it failed. Its writers
 // are reaped and its files removed either way.
 struct pump_outcome {
   double rate = 0;
@@ -222,7 +222,7 @@ pump_outcome minimal_pump_throughput(const std::string& self, const fs::path& di
         } catch (const std::exception& e) {
           failed[r] = e.what();
         }
-        ::close(writers[r].out);  // a writer left with bytes to write ends on EPIPE
+        ::close(writers[r].out);  // a writer left with bytes to write dies of SIGPIPE
       });
     }
   }
