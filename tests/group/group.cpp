@@ -782,7 +782,9 @@ TEST_SUITE("group") {
       cohort::guardian guard;
       const pid_t guardian = guard.pid();
       guard.release();
-      CHECK(exit_of(guardian, WNOHANG) == -1);  // reaped by release()
+      errno = 0;
+      CHECK(::waitpid(guardian, nullptr, WNOHANG) == -1);  // reaped by release(): not a child any more
+      CHECK(errno == ECHILD);
       CHECK(exit_of(pid, WNOHANG) == -1);       // untouched: still asleep
       ::kill(pid, SIGKILL);
       const int status = exit_of(pid, 0);

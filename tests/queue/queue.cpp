@@ -183,9 +183,13 @@ TEST_SUITE("queue") {
     REQUIRE(detail::queue_sleepers(*core).second == 1);
     std::vector<std::byte> out;
     REQUIRE(detail::queue_try_pop(*core, out));  // 7 left: above half, so no wake
+    const auto popped = std::chrono::steady_clock::now();
     CHECK(detail::read_record<int>(out) == 0);
     producer.join();
     CHECK(put == true);
+    // Found by a look while asleep, not by the last attempt at the put's
+    // 10 s deadline: a bound that only catches the look being gone.
+    CHECK(std::chrono::steady_clock::now() - popped < 5s);
     for (int i = 1; i <= 8; ++i) {
       REQUIRE(detail::queue_try_pop(*core, out));
       CHECK(detail::read_record<int>(out) == i);
