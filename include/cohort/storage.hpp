@@ -6,12 +6,14 @@
 
 #include "cohort/encoding.hpp"
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 COHORT_API_BEGIN
 
@@ -69,11 +71,14 @@ class storage;
 
 namespace detail {
 class storage_impl;
+class device_memory;
 /// The holders of a shared storage's block counted in shared memory: one
 /// for each process with a storage over it, one for each message in flight
 /// that names it. 0 for a private storage.
 std::uint32_t shared_holders(const storage& s) noexcept;
 std::vector<std::byte> hold_for_receiver(const encoded& value);
+storage make_device_storage(std::shared_ptr<const device_memory> memory);
+const device_memory* device_memory_of(const storage& s) noexcept;
 }
 
 /// A reference-counted run of bytes. Copies share the bytes (as torch's
@@ -98,11 +103,13 @@ class storage {
   /// share_memory(), which moves the bytes.
   std::byte* data() const noexcept;
   std::size_t nbytes() const noexcept;
-  /// Whether the bytes are in shared memory.
+  /// Whether the bytes are in shared memory, or on a device (whose memory
+  /// other processes map: see cohort/cuda/tensor.hpp).
   bool is_shared() const noexcept;
   /// Moves private bytes into shared memory in place: every copy of this
   /// storage, and every tensor over it, sees the shared bytes from then on.
-  /// Does nothing when already shared or empty. Throws shm_error.
+  /// Does nothing when already shared, on a device, or empty. Throws
+  /// shm_error.
   void share_memory();
 
   /// Whether both are copies of one storage (in this process: a storage
@@ -115,22 +122,62 @@ class storage {
   friend struct detail::handle_codec<storage>;
   friend std::uint32_t detail::shared_holders(const storage& s) noexcept;
   friend std::vector<std::byte> detail::hold_for_receiver(const encoded& value);
+  friend storage detail::make_device_storage(std::shared_ptr<const detail::device_memory> memory);
+  friend const detail::device_memory* detail::device_memory_of(const storage& s) noexcept;
   explicit storage(std::shared_ptr<detail::storage_impl> impl) noexcept : impl_(std::move(impl)) {}
   std::shared_ptr<detail::storage_impl> impl_;
 };
 
 namespace detail {
 
+/// Memory of a device other than the CPU, which a device layer
+/// (libcohort-cuda) makes and the core library holds without knowing the
+/// device: a storage over it is its bytes, and crosses as what write()
+/// appends. Destroyed when the last storage over it, in this process, goes.
+class device_memory {
+ public:
+  virtual ~device_memory() = default;
+  /// The device address of the first byte.
+  virtual std::byte* data() const noexcept = 0;
+  virtual std::size_t nbytes() const noexcept = 0;
+  /// DLPack's device type (kDLCUDA) and this process's index of the device.
+  virtual int device_type() const noexcept = 0;
+  virtual int device_index() const noexcept = 0;
+  /// The most bytes write() appends.
+  virtual std::size_t handle_bound() const noexcept = 0;
+  /// Appends what another process reads back with the reader registered
+  /// for device_type(); may put storages in current_handles, as a shared
+  /// storage's handle does.
+  virtual void write(std::vector<std::byte>& out) const = 0;
+};
+/// What reads a device storage's handle back: registered by the device
+/// layer as it loads. Throws decode_error for what it cannot trust.
+using device_handle_reader = storage (*)(reader& in);
+/// What a device layer waits for as a rank's function returns: the values
+/// it sent through queues to be received (they are fetched through this
+/// process), for at most `limit`.
+using device_receivers_wait = void (*)(std::chrono::steady_clock::duration limit) noexcept;
+/// Registers the reader for handles of DLPack device type `device_type`
+/// (1..63), and the layer's wait; a second registration replaces the first.
+void register_device_reader(int device_type, device_handle_reader read, device_receivers_wait wait) noexcept;
+/// Runs every registered wait, each for at most `limit`.
+void wait_for_device_receivers(std::chrono::steady_clock::duration limit) noexcept;
+/// A storage over `memory`.
+storage make_device_storage(std::shared_ptr<const device_memory> memory);
+/// The device memory a storage views; null for host memory.
+const device_memory* device_memory_of(const storage& s) noexcept;
+
 /// A storage crosses as the segment and block it lives in, moved into
 /// shared memory first when it is private. A receiver checks every field
 /// against the segment it opens; a storage received twice in one process is
-/// one storage there.
+/// one storage there. A device storage crosses as its device layer writes
+/// it, after [2][device type].
 template <>
 struct handle_codec<storage> {
   static std::string signature() { return "S"; }
   /// A shared storage's handle, whole (an empty one is a single byte).
   static constexpr std::size_t handle_size = 48;
-  static std::size_t size_bound(const storage&) noexcept { return handle_size; }
+  static std::size_t size_bound(const storage& s) noexcept;
   static void write(std::vector<std::byte>& out, const storage& value);
   static storage read(reader& in);
 };

@@ -221,7 +221,8 @@ concept element = detail::dtype_for<T>.has_value();
 template <element T>
 inline constexpr dtype dtype_of = *detail::dtype_for<T>;
 
-/// Where a tensor's bytes live. Only the CPU for now.
+/// Where a tensor's bytes live: the CPU, or a CUDA device (kDLCUDA and
+/// this process's index of it), whose tensors cohort/cuda/tensor.hpp makes.
 struct device {
   DLDeviceType type = kDLCPU;
   int id = 0;
@@ -308,7 +309,8 @@ class tensor {
   /// A float32 tensor of shape [0], without storage.
   tensor();
   /// A view of `storage`; throws std::invalid_argument when the layout does
-  /// not fit it (detail::check_layout), or when the device is not the CPU.
+  /// not fit it (detail::check_layout), or when the device is not the
+  /// storage's (the CPU for host memory).
   tensor(cohort::storage storage, cohort::dtype type, std::span<const std::int64_t> shape,
          std::span<const std::int64_t> strides, std::int64_t offset = 0,
          cohort::device device = {});
@@ -459,6 +461,8 @@ class tensor {
   }
   static tensor from_bytes(std::span<const std::byte> values, cohort::dtype type,
                            std::span<const std::int64_t> shape, tensor_options options);
+  /// Throws std::logic_error naming `what` for a tensor not on the CPU.
+  void check_on_host(const char* what) const;
   std::byte* contiguous_data(cohort::dtype asked) const;
   std::byte* element_at(cohort::dtype asked, std::span<const std::int64_t> index) const;
   std::byte* only_element(cohort::dtype asked) const;

@@ -255,6 +255,8 @@ COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const 
   // process: what they name goes to its keeper, or else it stays until
   // they are received, within a bound.
   if (!shm::hand_over_to_keeper()) shm::wait_for_receivers(receivers_wait);
+  // A device's memory cannot go to the keeper: its receivers fetch it here.
+  wait_for_device_receivers(receivers_wait);
   stop_forkserver();  // what the function started by the forkserver has ended with it
   if (result_fd < 0) return 0;  // what it returned is not wanted
   if (!result.empty() && !write_whole(result_fd, result)) {

@@ -30,6 +30,7 @@ class storage_impl {
   std::byte* data = nullptr;
   std::size_t nbytes = 0;
   std::shared_ptr<shm::segment> segment;  // null while private
+  std::shared_ptr<const device_memory> device;  // set for device memory, whose bytes `data` points at
   std::uint64_t block = 0;
   bool let_go = false;  // its hold was given up (a forked child ending)
 
@@ -296,7 +297,7 @@ void check_bounded(const handle_wire& w) {
 
 detail::storage_impl::~storage_impl() {
   if (!segment) {
-    std::free(data);
+    if (!device) std::free(data);
     return;
   }
   {
@@ -348,10 +349,10 @@ storage storage::allocate_shared(std::size_t nbytes) {
 
 std::byte* storage::data() const noexcept { return impl_ ? impl_->data : nullptr; }
 std::size_t storage::nbytes() const noexcept { return impl_ ? impl_->nbytes : 0; }
-bool storage::is_shared() const noexcept { return impl_ && impl_->segment; }
+bool storage::is_shared() const noexcept { return impl_ && (impl_->segment || impl_->device); }
 
 void storage::share_memory() {
-  if (!impl_ || impl_->segment || impl_->nbytes == 0) return;
+  if (!impl_ || impl_->segment || impl_->device || impl_->nbytes == 0) return;
   auto [segment, block] = shm::allocate(impl_->nbytes);
   auto* data = segment->base() + block + sizeof(shm::block_header);
   std::memcpy(data, impl_->data, impl_->nbytes);
@@ -363,7 +364,49 @@ void storage::share_memory() {
 
 namespace detail {
 
+namespace {
+
+// The device layers' readers, by DLPack device type.
+constexpr int device_types = 64;
+std::atomic<device_handle_reader> device_readers[device_types];
+std::atomic<device_receivers_wait> device_waits[device_types];
+
+}  // namespace
+
+void register_device_reader(int device_type, device_handle_reader read, device_receivers_wait wait) noexcept {
+  if (device_type <= 0 || device_type >= device_types) return;
+  device_readers[device_type].store(read, std::memory_order_release);
+  device_waits[device_type].store(wait, std::memory_order_release);
+}
+
+void wait_for_device_receivers(std::chrono::steady_clock::duration limit) noexcept {
+  for (auto& slot : device_waits) {
+    if (const auto wait = slot.load(std::memory_order_acquire)) wait(limit);
+  }
+}
+
+storage make_device_storage(std::shared_ptr<const device_memory> memory) {
+  auto impl = make_impl();
+  impl->data = memory->data();
+  impl->nbytes = memory->nbytes();
+  impl->device = std::move(memory);
+  return storage(std::move(impl));
+}
+
+const device_memory* device_memory_of(const storage& s) noexcept { return s.impl_ ? s.impl_->device.get() : nullptr; }
+
+std::size_t handle_codec<storage>::size_bound(const storage& s) noexcept {
+  if (const auto* device = device_memory_of(s)) return 2 + device->handle_bound();
+  return handle_size;
+}
+
 void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& value) {
+  if (const auto* device = device_memory_of(value)) {
+    out.push_back(std::byte{2});
+    out.push_back(static_cast<std::byte>(device->device_type()));
+    device->write(out);
+    return;
+  }
   if (value.nbytes() == 0) {
     out.push_back(std::byte{0});
     return;
@@ -384,6 +427,17 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
 storage handle_codec<storage>::read(reader& in) {
   const auto kind = std::to_integer<unsigned>(in.next());
   if (kind == 0) return storage();
+  if (kind == 2) {
+    const auto type = std::to_integer<int>(in.next());
+    const auto read = type < device_types ? device_readers[type].load(std::memory_order_acquire) : nullptr;
+    if (read == nullptr) {
+      throw decode_error(fmt::format(
+          "cohort::decode: a storage on a device of DLPack type {}, and no device layer for it is loaded in this "
+          "process (link libcohort-cuda)",
+          type));
+    }
+    return read(in);
+  }
   if (kind != 1) throw decode_error(fmt::format("cohort::decode: a storage handle of kind {}", kind));
   if (in.left() < sizeof(handle_wire) - 1) throw decode_error("cohort::decode: the input ends early");
   handle_wire w;
@@ -473,7 +527,7 @@ void take_holds(encoded& value, std::span<const std::byte> record) {
 }
 
 std::uint32_t shared_holders(const storage& s) noexcept {
-  if (!s.impl_ || !s.impl_->segment) return 0;
+  if (!s.impl_ || !s.impl_->segment) return 0;  // private, or a device's
   return s.impl_->segment->block(s.impl_->block).refs.load(std::memory_order_acquire);
 }
 

@@ -254,9 +254,17 @@ tensor::tensor(cohort::storage storage, cohort::dtype type, std::span<const std:
                std::span<const std::int64_t> strides, std::int64_t offset, cohort::device device)
     : tensor(unchecked{}, std::move(storage), type, offset, detail::dim_vector(shape),
              detail::dim_vector(strides), device) {
-  if (device.type != kDLCPU) {
-    throw std::invalid_argument(
-        fmt::format("tensor: device type {} is not the CPU", static_cast<int>(device.type)));
+  const auto* memory = detail::device_memory_of(storage_);
+  if (device.type != kDLCPU || memory != nullptr) {
+    if (memory == nullptr) {
+      throw std::invalid_argument(
+          fmt::format("tensor: device type {} with a storage in host memory", static_cast<int>(device.type)));
+    }
+    if (memory->device_type() != device.type || memory->device_index() != device.id) {
+      throw std::invalid_argument(fmt::format("tensor: device {}:{} with a storage on device {}:{}",
+                                              static_cast<int>(device.type), device.id, memory->device_type(),
+                                              memory->device_index()));
+    }
   }
   detail::check_layout(type, shape, strides, offset, storage_.nbytes());
 }
@@ -322,7 +330,16 @@ std::byte* tensor::raw_data() const noexcept {
   return storage_.data() + offset_ * static_cast<std::int64_t>(element_size(dtype_));
 }
 
+void tensor::check_on_host(const char* what) const {
+  if (device_.type == kDLCPU) return;
+  throw std::logic_error(fmt::format(
+      "tensor::{}: the tensor is on device {}:{}, which this process cannot read directly; copy it to the CPU "
+      "first (cohort::cuda::to_cpu)",
+      what, static_cast<int>(device_.type), device_.id));
+}
+
 std::byte* tensor::contiguous_data(cohort::dtype asked) const {
+  check_on_host("data");
   check_dtype(dtype_, asked, "data");
   if (!is_contiguous()) {
     throw std::logic_error("tensor::data: the tensor is not contiguous; call contiguous() first");
@@ -331,6 +348,7 @@ std::byte* tensor::contiguous_data(cohort::dtype asked) const {
 }
 
 std::byte* tensor::element_at(cohort::dtype asked, std::span<const std::int64_t> index) const {
+  check_on_host("at");
   check_dtype(dtype_, asked, "at");
   if (index.size() != ndim()) {
     throw std::invalid_argument(
@@ -344,6 +362,7 @@ std::byte* tensor::element_at(cohort::dtype asked, std::span<const std::int64_t>
 }
 
 std::byte* tensor::only_element(cohort::dtype asked) const {
+  check_on_host("item");
   check_dtype(dtype_, asked, "item");
   if (numel() != 1) {
     throw std::invalid_argument(fmt::format("tensor::item: the tensor has {} elements", numel()));
@@ -430,6 +449,7 @@ tensor tensor::contiguous() const {
 }
 
 tensor tensor::clone(tensor_options options) const {
+  check_on_host("clone");
   tensor out = empty(shape(), dtype_, options);
   if (is_contiguous()) {
     if (nbytes() > 0) std::memcpy(out.raw_data(), raw_data(), nbytes());
@@ -447,6 +467,7 @@ tensor tensor::clone(tensor_options options) const {
 }
 
 tensor& tensor::fill_(double value) {
+  check_on_host("fill_");
   visit_dtype(dtype_, [&]<class T>(type_tag<T>) {
     const T element = convert<T>(value);
     const std::int64_t length = row_length(*this);
@@ -466,10 +487,17 @@ tensor detail::handle_codec<tensor>::read(reader& in) {
   const auto bits = std::to_integer<std::uint8_t>(in.next());
   const auto type = dtype_from_code(code, bits);
   if (!type) throw decode_error("cohort::decode: a tensor of an unknown dtype");
+  // A device's index is the sender's; the receiver's for the same device
+  // is the storage's, which its device layer found by the device's UUID.
   const auto device_type = in.varint();
   const auto device_id = in.varint();
-  if (device_type != kDLCPU || device_id != 0) {
-    throw decode_error("cohort::decode: a tensor on a device other than the CPU");
+  const auto* memory = device_memory_of(s);
+  const cohort::device device =
+      memory != nullptr ? cohort::device{static_cast<DLDeviceType>(memory->device_type()), memory->device_index()}
+                        : cohort::device{};
+  if (device_type != static_cast<std::uint64_t>(device.type) || (memory == nullptr && device_id != 0)) {
+    throw decode_error(fmt::format("cohort::decode: a tensor on device type {} over a storage on device type {}",
+                                   device_type, static_cast<int>(device.type)));
   }
   const auto ndim = in.varint();
   if (ndim > tensor::max_ndim) throw decode_error("cohort::decode: a tensor of more than 64 dimensions");
@@ -489,7 +517,7 @@ tensor detail::handle_codec<tensor>::read(reader& in) {
   } catch (const std::invalid_argument& e) {
     throw decode_error(std::string("cohort::decode: ") + e.what());
   }
-  return tensor(tensor::unchecked{}, std::move(s), *type, offset, std::move(shape), std::move(strides));
+  return tensor(tensor::unchecked{}, std::move(s), *type, offset, std::move(shape), std::move(strides), device);
 }
 
 DLManagedTensor* tensor::to_dlpack() const {
@@ -510,6 +538,13 @@ DLManagedTensor* tensor::to_dlpack() const {
 }
 
 bool equal(const tensor& a, const tensor& b) {
+  for (const tensor* t : {&a, &b}) {
+    if (t->device().type != kDLCPU) {
+      throw std::logic_error(fmt::format(
+          "cohort::equal: a tensor on device {}:{}; copy it to the CPU first (cohort::cuda::to_cpu)",
+          static_cast<int>(t->device().type), t->device().id));
+    }
+  }
   if (a.dtype() != b.dtype() || !std::ranges::equal(a.shape(), b.shape())) return false;
   bool same = true;
   visit_dtype(a.dtype(), [&]<class T>(type_tag<T>) {
@@ -526,6 +561,11 @@ bool equal(const tensor& a, const tensor& b) {
 }
 
 std::string to_string(const tensor& t) {
+  if (t.device().type != kDLCPU) {
+    // Its elements are not this process's to read without a copy.
+    return fmt::format("tensor(<{} elements on device {}:{}>, shape=[{}], dtype={})", t.numel(),
+                       static_cast<int>(t.device().type), t.device().id, fmt::join(t.shape(), ", "), t.dtype());
+  }
   std::string out = "tensor(";
   visit_dtype(t.dtype(),
               [&]<class T>(type_tag<T>) { append_elements<T>(out, t, 0, t.raw_data()); });

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -543,5 +545,64 @@ TEST_CASE("a tensor of 1 to 64 dimensions crosses as a view of the same storage 
     CHECK(dims(back.strides()) == dims(view.strides()));
     CHECK(back.storage_offset() == view.storage_offset());
     CHECK(back.dtype() == dtype::int32);
+  }
+}
+
+namespace device_storage_tests {
+
+// Memory of a device the core library knows only through device_memory:
+// here, host bytes that pretend to be CUDA device 3's.
+class pretend_device final : public detail::device_memory {
+ public:
+  explicit pretend_device(std::size_t n) : bytes_(n) {}
+  std::byte* data() const noexcept override { return const_cast<std::byte*>(bytes_.data()); }
+  std::size_t nbytes() const noexcept override { return bytes_.size(); }
+  int device_type() const noexcept override { return kDLCUDA; }
+  int device_index() const noexcept override { return 3; }
+  std::size_t handle_bound() const noexcept override { return 4; }
+  void write(std::vector<std::byte>& out) const override { out.insert(out.end(), 4, std::byte{7}); }
+
+ private:
+  std::vector<std::byte> bytes_;
+};
+
+}  // namespace device_storage_tests
+
+TEST_CASE("a tensor over a device's storage keeps to its device and is not read on the host") {
+  using device_storage_tests::pretend_device;
+  const storage s = detail::make_device_storage(std::make_shared<pretend_device>(24));
+  CHECK(s.is_shared());
+  CHECK(s.nbytes() == 24);
+  const std::int64_t shape[] = {2, 3};
+  const std::int64_t strides[] = {3, 1};
+  // The device must be the storage's.
+  CHECK_THROWS_AS(tensor(s, dtype::float32, shape, strides, 0, device{kDLCUDA, 0}), std::invalid_argument);
+  CHECK_THROWS_AS(tensor(s, dtype::float32, shape, strides), std::invalid_argument);
+  CHECK_THROWS_AS(tensor(storage::allocate(24), dtype::float32, shape, strides, 0, device{kDLCUDA, 3}),
+                  std::invalid_argument);
+  const tensor t(s, dtype::float32, shape, strides, 0, device{kDLCUDA, 3});
+  CHECK(t.device() == device{kDLCUDA, 3});
+  CHECK(t.is_shared());
+  CHECK_THROWS_AS(t.data<float>(), std::logic_error);
+  CHECK_THROWS_AS(t.at<float>({0, 0}), std::logic_error);
+  CHECK_THROWS_AS(t.clone(), std::logic_error);
+  CHECK_THROWS_AS(tensor(t).fill_(1), std::logic_error);
+  CHECK_THROWS_AS((void)equal(t, t), std::logic_error);
+  CHECK(to_string(t) == "tensor(<6 elements on device 2:3>, shape=[2, 3], dtype=float32)");
+  // Views keep the device; DLPack names it.
+  CHECK(t.select(0, 1).device() == device{kDLCUDA, 3});
+  DLManagedTensor* exported = t.to_dlpack();
+  CHECK(exported->dl_tensor.device.device_type == kDLCUDA);
+  CHECK(exported->dl_tensor.device.device_id == 3);
+  CHECK(exported->dl_tensor.data == s.data());
+  exported->deleter(exported);
+  // It crosses as its device layer writes it; a process without that layer
+  // says so rather than guessing.
+  const auto bytes = encode(t);
+  try {
+    (void)decode<tensor>(bytes);
+    FAIL("decoded without a device layer");
+  } catch (const decode_error& e) {
+    CHECK(std::string(e.what()).find("no device layer for it is loaded") != std::string::npos);
   }
 }
