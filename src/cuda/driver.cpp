@@ -61,7 +61,10 @@ bool resolve_all(driver_api& api, std::string& why) {
          resolve("cuMemAddressFree", 10020, api.mem_address_free, why) &&
          resolve("cuMemMap", 10020, api.mem_map, why) &&
          resolve("cuMemUnmap", 10020, api.mem_unmap, why) &&
-         resolve("cuMemSetAccess", 10020, api.mem_set_access, why);
+         resolve("cuMemSetAccess", 10020, api.mem_set_access, why) &&
+         resolve("cuMemsetD16Async", 3020, api.memset_d16_async, why) &&
+         resolve("cuMemsetD32Async", 3020, api.memset_d32_async, why) &&
+         resolve("cuMemsetD2D32Async", 3020, api.memset_d2d32_async, why);
 }
 
 driver_state initialise() {

@@ -39,6 +39,9 @@ struct driver_api {
   PFN_cuMemMap_v10020 mem_map = nullptr;
   PFN_cuMemUnmap_v10020 mem_unmap = nullptr;
   PFN_cuMemSetAccess_v10020 mem_set_access = nullptr;
+  PFN_cuMemsetD16Async_v3020 memset_d16_async = nullptr;
+  PFN_cuMemsetD32Async_v3020 memset_d32_async = nullptr;
+  PFN_cuMemsetD2D32Async_v3020 memset_d2d32_async = nullptr;
 };
 
 /// A device's primary context (the runtime's too), retained by this layer

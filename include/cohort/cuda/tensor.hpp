@@ -1,0 +1,80 @@
+// Tensors on CUDA devices that cross between processes without a copy: made
+// from this process's device arena, sent through queues and as entry point
+// arguments as a small record (never a handle or a descriptor per tensor),
+// ordered on the receiver's stream after the sender's work by an event.
+#pragma once
+
+#include "cohort/export.hpp"
+#include "cohort/tensor.hpp"
+
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+
+struct CUstream_st;
+
+COHORT_API_BEGIN
+
+namespace cohort::cuda {
+
+/// The stream this thread's device work goes on: the copies and fills of
+/// this header, the event recorded as a device tensor is sent, and the wait
+/// on that event as one is received. Null, the default, is each device's
+/// legacy default stream; any other stream must be of the tensor's device.
+CUstream_st* current_stream() noexcept;
+/// Sets this thread's current stream.
+void set_current_stream(CUstream_st* stream) noexcept;
+
+/// A contiguous, uninitialised tensor on device `device` (this process's
+/// index), from the device's arena: blocks of 512 B .. 1 MiB carved from
+/// shared chunks, larger tensors a chunk each. is_shared() is true: it
+/// crosses to other processes as it is. Throws std::invalid_argument for a
+/// bad shape or device index, no_device, or error (out of memory names the
+/// size asked for and the device's free memory).
+tensor empty(std::span<const std::int64_t> shape, dtype type, int device);
+inline tensor empty(std::initializer_list<std::int64_t> shape, dtype type, int device) {
+  return empty(std::span(shape.begin(), shape.size()), type, device);
+}
+/// As empty(), every element `value` converted as tensor::fill_ converts
+/// it, set on the current stream.
+tensor full(std::span<const std::int64_t> shape, double value, dtype type, int device);
+inline tensor full(std::initializer_list<std::int64_t> shape, double value, dtype type, int device) {
+  return full(std::span(shape.begin(), shape.size()), value, type, device);
+}
+/// As full() with 0.
+tensor zeros(std::span<const std::int64_t> shape, dtype type, int device);
+inline tensor zeros(std::initializer_list<std::int64_t> shape, dtype type, int device) {
+  return zeros(std::span(shape.begin(), shape.size()), type, device);
+}
+
+/// Sets every element of a contiguous device tensor to `value`, on the
+/// current stream. Throws std::logic_error for a tensor not on a CUDA
+/// device or not contiguous, std::invalid_argument as tensor::fill_.
+void fill_(const tensor& t, double value);
+
+/// A copy on device `device` of a tensor of the CPU or of any device, with
+/// the same layout, on the current stream. Throws as empty(), error.
+tensor to_device(const tensor& t, int device);
+/// A copy in this process's memory, with the same layout; waits for the
+/// current stream. A CPU tensor is returned as it is.
+tensor to_cpu(const tensor& t);
+/// A copy of a device tensor on its device, on the current stream, with
+/// the same layout. Throws std::logic_error for a CPU tensor (call
+/// tensor::clone), and as empty().
+tensor clone(const tensor& t);
+
+/// Blocks until the work queued on the current stream of device `device` is
+/// done (cudaStreamSynchronize). Throws error, with any failure of that
+/// work.
+void synchronize(int device);
+
+/// Lets go of the device memory this process keeps for reuse: its arenas'
+/// chunks with no block in use (once every receiver of their blocks is
+/// done), and its mappings of other processes' chunks that no tensor here
+/// uses. Returns how many chunks went. torch's empty_cache; no
+/// ipc_collect() is needed: blocks come back as receivers let go.
+int empty_cache();
+
+}  // namespace cohort::cuda
+
+COHORT_API_END

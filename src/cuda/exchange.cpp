@@ -1,0 +1,298 @@
+// The socket on which a process hands out its chunks' descriptors and its
+// events' handles, and the connections on which it asks others for theirs.
+#include "cuda/exchange.hpp"
+
+#include <fmt/format.h>
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+namespace cohort::cuda::detail {
+namespace {
+
+enum class op : std::uint32_t { chunk = 1, event = 2, event_table = 3 };
+
+struct request {
+  op what;
+  std::uint32_t slot;   // event
+  std::uint32_t maker;  // chunk
+  std::uint32_t zero;
+  std::uint64_t id;     // chunk
+};
+
+struct reply {
+  std::int32_t status;  // 0, or an errno saying why not
+  std::uint32_t zero;
+  ipc_event_handle handle;  // event
+};
+
+constexpr int answer_timeout_seconds = 10;
+
+sockaddr_un address_of(pid_t pid, std::uint32_t port, socklen_t& length) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  // Abstract: a leading NUL, gone with the socket, nothing to unlink.
+  const auto name = fmt::format("cohort-cuda.{}.{}", pid, port);
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return a;
+}
+
+struct served {
+  std::mutex mutex;
+  std::map<std::pair<pid_t, std::uint64_t>, int> chunks;  // descriptors this table owns
+  std::map<std::uint32_t, ipc_event_handle> events;
+  int event_table = -1;
+};
+served& table() {
+  static auto* t = new served;  // answered from until the process ends
+  return *t;
+}
+
+bool send_reply(int connection, const reply& r, int fd) {
+  iovec part{const_cast<reply*>(&r), sizeof r};
+  msghdr m{};
+  m.msg_iov = &part;
+  m.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+  if (fd >= 0) {
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    auto* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  }
+  ssize_t n;
+  do n = ::sendmsg(connection, &m, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  return n == static_cast<ssize_t>(sizeof r);
+}
+
+// Answers one peer's requests until it hangs up.
+void answer(int connection) {
+  for (;;) {
+    request q{};
+    ssize_t n;
+    do n = ::recv(connection, &q, sizeof q, 0);
+    while (n < 0 && errno == EINTR);
+    if (n != static_cast<ssize_t>(sizeof q)) break;
+    reply r{};
+    int fd = -1;
+    {
+      auto& t = table();
+      std::lock_guard lock(t.mutex);
+      if (q.what == op::chunk) {
+        const auto found = t.chunks.find({static_cast<pid_t>(q.maker), q.id});
+        if (found == t.chunks.end()) r.status = ENOENT;
+        else if ((fd = ::fcntl(found->second, F_DUPFD_CLOEXEC, 0)) < 0) r.status = errno;
+      } else if (q.what == op::event_table) {
+        if (t.event_table < 0) r.status = ENOENT;
+        else if ((fd = ::fcntl(t.event_table, F_DUPFD_CLOEXEC, 0)) < 0) r.status = errno;
+      } else if (q.what == op::event) {
+        const auto found = t.events.find(q.slot);
+        if (found == t.events.end()) r.status = ENOENT;
+        else r.handle = found->second;
+      } else {
+        r.status = EINVAL;
+      }
+    }
+    const bool sent = send_reply(connection, r, fd);
+    if (fd >= 0) ::close(fd);
+    if (!sent) break;
+  }
+  ::close(connection);
+}
+
+std::uint32_t start_serving() {
+  std::uint32_t port = 0;
+  while (port == 0) {
+    if (::getrandom(&port, sizeof port, 0) != sizeof port) port = static_cast<std::uint32_t>(::getpid()) * 2654435761u;
+  }
+  const int listener = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (listener < 0) throw std::system_error(errno, std::generic_category(), "cohort::cuda: socket");
+  socklen_t length = 0;
+  const auto a = address_of(::getpid(), port, length);
+  if (::bind(listener, reinterpret_cast<const sockaddr*>(&a), length) != 0 || ::listen(listener, 64) != 0) {
+    const int e = errno;
+    ::close(listener);
+    throw std::system_error(e, std::generic_category(), "cohort::cuda: the socket that hands out device memory");
+  }
+  std::thread([listener] {
+    for (;;) {
+      const int connection = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+      if (connection < 0) {
+        if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) continue;
+        return;
+      }
+      std::thread(answer, connection).detach();
+    }
+  }).detach();
+  return port;
+}
+
+// The connections this process asks on, one per peer, one request at a
+// time on each.
+struct connection {
+  std::mutex mutex;
+  int fd = -1;
+  ~connection() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+struct connections {
+  std::mutex mutex;
+  std::map<std::pair<pid_t, std::uint32_t>, std::shared_ptr<connection>> peers;
+};
+connections& peers() {
+  static auto* c = new connections;
+  return *c;
+}
+
+// Sends `q` to `pid`, and reads the reply and any descriptor with it;
+// false with the reason in `why`.
+bool ask(pid_t pid, std::uint32_t port, const request& q, reply& r, int& fd, std::string& why) {
+  fd = -1;
+  std::shared_ptr<connection> c;
+  {
+    auto& all = peers();
+    std::lock_guard lock(all.mutex);
+    auto& slot = all.peers[{pid, port}];
+    if (!slot) slot = std::make_shared<connection>();
+    c = slot;
+  }
+  std::lock_guard lock(c->mutex);
+  const auto drop = [&](const std::string& reason) {
+    why = fmt::format("process {} does not answer ({})", pid, reason);
+    if (c->fd >= 0) ::close(std::exchange(c->fd, -1));
+    return false;
+  };
+  if (c->fd < 0) {
+    const int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s < 0) return drop(std::strerror(errno));
+    const timeval limit{answer_timeout_seconds, 0};
+    ::setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+    ::setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+    socklen_t length = 0;
+    const auto a = address_of(pid, port, length);
+    if (::connect(s, reinterpret_cast<const sockaddr*>(&a), length) != 0) {
+      const int e = errno;
+      ::close(s);
+      return drop(e == ECONNREFUSED ? "it has ended, or never sent device memory" : std::strerror(e));
+    }
+    c->fd = s;
+  }
+  ssize_t n;
+  do n = ::send(c->fd, &q, sizeof q, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof q)) return drop(n < 0 ? std::strerror(errno) : "a short send");
+  iovec part{&r, sizeof r};
+  msghdr m{};
+  m.msg_iov = &part;
+  m.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
+  m.msg_control = control;
+  m.msg_controllen = sizeof control;
+  do n = ::recvmsg(c->fd, &m, MSG_CMSG_CLOEXEC);
+  while (n < 0 && errno == EINTR);
+  for (auto* h = CMSG_FIRSTHDR(&m); h != nullptr; h = CMSG_NXTHDR(&m, h)) {
+    if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) std::memcpy(&fd, CMSG_DATA(h), sizeof fd);
+  }
+  if (n != static_cast<ssize_t>(sizeof r)) {
+    if (fd >= 0) ::close(std::exchange(fd, -1));
+    return drop(n == 0                                          ? "it has ended"
+                : n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? "no answer within 10 seconds"
+                : n < 0                                         ? std::strerror(errno)
+                                                                : "a short reply");
+  }
+  if (r.status != 0) {
+    if (fd >= 0) ::close(std::exchange(fd, -1));
+    why = fmt::format("process {} has none ({})", pid, std::strerror(r.status));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::uint32_t own_port() {
+  static const std::uint32_t port = start_serving();
+  return port;
+}
+
+void serve_chunk(pid_t maker, std::uint64_t id, int fd) {
+  const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) throw std::system_error(errno, std::generic_category(), "cohort::cuda: a chunk's descriptor");
+  auto& t = table();
+  std::lock_guard lock(t.mutex);
+  auto [at, added] = t.chunks.try_emplace({maker, id}, own);
+  if (!added) ::close(own);
+}
+
+void stop_serving_chunk(pid_t maker, std::uint64_t id) noexcept {
+  auto& t = table();
+  std::lock_guard lock(t.mutex);
+  if (auto found = t.chunks.find({maker, id}); found != t.chunks.end()) {
+    ::close(found->second);
+    t.chunks.erase(found);
+  }
+}
+
+void serve_event(std::uint32_t slot, const ipc_event_handle& handle) {
+  auto& t = table();
+  std::lock_guard lock(t.mutex);
+  t.events[slot] = handle;
+}
+
+void serve_event_table(int fd) {
+  const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) throw std::system_error(errno, std::generic_category(), "cohort::cuda: the event table's descriptor");
+  auto& t = table();
+  std::lock_guard lock(t.mutex);
+  if (t.event_table >= 0) ::close(t.event_table);
+  t.event_table = own;
+}
+
+int fetch_event_table(pid_t pid, std::uint32_t port, std::string& why) {
+  const request q{op::event_table, 0, 0, 0, 0};
+  reply r{};
+  int fd = -1;
+  if (!ask(pid, port, q, r, fd, why)) return -1;
+  if (fd < 0) why = fmt::format("process {} sent no descriptor", pid);
+  return fd;
+}
+
+int fetch_chunk(pid_t pid, std::uint32_t port, pid_t maker, std::uint64_t id, std::string& why) {
+  const request q{op::chunk, 0, static_cast<std::uint32_t>(maker), 0, id};
+  reply r{};
+  int fd = -1;
+  if (!ask(pid, port, q, r, fd, why)) return -1;
+  if (fd < 0) why = fmt::format("process {} sent no descriptor", pid);
+  return fd;
+}
+
+bool fetch_event(pid_t pid, std::uint32_t port, std::uint32_t slot, ipc_event_handle& handle, std::string& why) {
+  const request q{op::event, slot, 0, 0, 0};
+  reply r{};
+  int fd = -1;
+  if (!ask(pid, port, q, r, fd, why)) return false;
+  if (fd >= 0) ::close(fd);
+  handle = r.handle;
+  return true;
+}
+
+}  // namespace cohort::cuda::detail

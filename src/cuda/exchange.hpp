@@ -1,0 +1,46 @@
+// How a receiver gets what a device tensor's record only names: the
+// descriptor of a chunk and the handle of an event. Each process that sends
+// device tensors answers on a socket of its own (abstract, named by its pid
+// and a random port), from a thread that waits there; a receiver asks the
+// process that made the chunk, or the one that sent it on, once per chunk
+// and event, and keeps what it got. The driver's descriptors cannot be
+// reopened through /proc as memfds can, and pidfd_getfd is refused between
+// siblings where ptrace is restricted: a socket works between any two
+// processes of one user.
+#pragma once
+
+#include "cohort/cuda/event.hpp"
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace cohort::cuda::detail {
+
+/// This process's port; its socket is made, and its thread started, on the
+/// first call. Throws std::system_error when the socket cannot be made.
+std::uint32_t own_port();
+
+/// Answers requests for chunk `id` of process `maker` with a duplicate of
+/// `fd` (which stays the caller's), until stop_serving_chunk.
+void serve_chunk(pid_t maker, std::uint64_t id, int fd);
+void stop_serving_chunk(pid_t maker, std::uint64_t id) noexcept;
+/// Answers requests for event slot `slot` with `handle`.
+void serve_event(std::uint32_t slot, const ipc_event_handle& handle);
+/// Answers requests for the table of event acknowledgements with a
+/// duplicate of `fd` (a memfd, which stays the caller's).
+void serve_event_table(int fd);
+
+/// A descriptor, the caller's, of chunk `id` of `maker` from process `pid`
+/// answering on `port`; -1 with the reason in `why` when that process has
+/// ended, does not know the chunk, or does not answer within 10 seconds.
+int fetch_chunk(pid_t pid, std::uint32_t port, pid_t maker, std::uint64_t id, std::string& why);
+/// The handle of event slot `slot` from process `pid` answering on `port`;
+/// false with the reason in `why`, as fetch_chunk.
+bool fetch_event(pid_t pid, std::uint32_t port, std::uint32_t slot, ipc_event_handle& handle, std::string& why);
+/// A descriptor, the caller's, of the event table of process `pid`; -1
+/// with the reason in `why`, as fetch_chunk.
+int fetch_event_table(pid_t pid, std::uint32_t port, std::string& why);
+
+}  // namespace cohort::cuda::detail

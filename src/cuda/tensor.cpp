@@ -1,0 +1,693 @@
+// Device tensors: their storages (a block of this process's arena, or one
+// received from another process), how those cross, and the copies and
+// fills that need no kernel of cohort's own.
+#include "cohort/cuda/tensor.hpp"
+
+#include "cohort/cuda/device.hpp"
+#include "cohort/cuda/error.hpp"
+#include "cohort/cuda/event.hpp"
+#include "cuda/arena.hpp"
+#include "cuda/driver.hpp"
+#include "cuda/exchange.hpp"
+
+#include <fmt/format.h>
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <system_error>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace cohort::cuda {
+namespace {
+
+thread_local CUstream_st* current = nullptr;
+
+// What follows a device tensor's note in its record: 24 bytes.
+struct record_wire {
+  std::uint64_t nbytes;
+  std::uint32_t sender;  // the process that sent it, which answers for its chunk too
+  std::uint32_t port;    // the sender's socket
+  std::uint32_t event;   // the sender's event slot, recorded after its work on the tensor
+  std::uint32_t zero;
+};
+static_assert(std::is_trivially_copyable_v<record_wire> && sizeof(record_wire) == 24);
+
+// The events this process records as it sends device tensors, each in a
+// slot of its own, and a table in shared memory of how many receivers'
+// waits each slot's records asked for (sends, counted here) and how many
+// have been queued (acks, counted by each receiver as its
+// cudaStreamWaitEvent returns: the wait then holds to the record it found,
+// whatever is recorded later). A slot is recorded again only once every
+// wait on its last record is queued, so that each wait takes the record it
+// was sent for, not a later one.
+struct slot_counts {
+  std::atomic<std::uint64_t> sends;
+  std::atomic<std::uint64_t> acks;
+};
+constexpr std::size_t max_slots = std::size_t{1} << 16;
+constexpr std::size_t table_bytes = max_slots * sizeof(slot_counts);
+
+slot_counts* map_table(int fd, const std::string& whose) {
+  void* at = ::mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (at == MAP_FAILED) {
+    throw std::system_error(errno, std::generic_category(), fmt::format("cohort::cuda: mapping the event table of {}", whose));
+  }
+  return static_cast<slot_counts*>(at);
+}
+
+bool acked(const slot_counts& c) {
+  const auto sends = c.sends.load(std::memory_order_relaxed);
+  return c.acks.load(std::memory_order_acquire) >= sends;
+}
+
+void acknowledge(slot_counts& counts) { counts.acks.fetch_add(1, std::memory_order_release); }
+
+struct pooled_event {
+  int device;
+  event recorded;
+  bool reused;  // a queue's: recorded again once acknowledged; an argument's never is
+};
+struct event_pool {
+  std::mutex mutex;
+  slot_counts* table = nullptr;  // made with the first send, never unmapped
+  std::vector<std::unique_ptr<pooled_event>> slots;
+  std::map<int, std::deque<std::uint32_t>> in_use;  // per device, oldest first
+};
+event_pool& send_events() {
+  static auto* p = new event_pool;
+  return *p;
+}
+
+// Records an event for a device tensor sent from `device` on the current
+// stream; returns its slot. `message`: sent through a queue, received once.
+std::uint32_t record_send_event(int device, bool message) {
+  auto& pool = send_events();
+  std::lock_guard lock(pool.mutex);
+  if (pool.table == nullptr) {
+    const int fd = ::memfd_create("cohort-cuda-events", MFD_CLOEXEC);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(table_bytes)) != 0) {
+      const int e = errno;
+      if (fd >= 0) ::close(fd);
+      throw std::system_error(e, std::generic_category(), "cohort::cuda: the event table");
+    }
+    try {
+      pool.table = map_table(fd, "this process");
+      detail::serve_event_table(fd);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+  }
+  auto& order = pool.in_use[device];
+  std::uint32_t slot;
+  if (!order.empty() && acked(pool.table[order.front()])) {
+    slot = order.front();
+    order.pop_front();
+  } else {
+    if (pool.slots.size() >= max_slots) {
+      throw std::runtime_error(fmt::format(
+          "cohort::cuda: {} device tensors sent and not yet received: the most this process may have in flight",
+          max_slots));
+    }
+    slot = static_cast<std::uint32_t>(pool.slots.size());
+    auto made = std::make_unique<pooled_event>(pooled_event{device, event(device), message});
+    detail::serve_event(slot, made->recorded.ipc_handle());
+    pool.slots.push_back(std::move(made));
+  }
+  auto& e = *pool.slots[slot];
+  e.reused = message;
+  pool.table[slot].sends.fetch_add(1, std::memory_order_relaxed);
+  e.recorded.record(current);
+  if (message) order.push_back(slot);
+  return slot;
+}
+
+// Whether every wait that the records of this process's queue messages
+// asked for has passed.
+bool all_acknowledged() {
+  auto& pool = send_events();
+  std::lock_guard lock(pool.mutex);
+  for (const auto& [device, order] : pool.in_use) {
+    for (auto slot : order) {
+      if (!acked(pool.table[slot])) return false;
+    }
+  }
+  return true;
+}
+
+// Other processes' events, opened here once each, and their tables.
+struct opened_events {
+  std::mutex mutex;
+  std::map<std::tuple<pid_t, std::uint32_t, std::uint32_t>, event> events;
+  std::map<std::pair<pid_t, std::uint32_t>, slot_counts*> tables;  // never unmapped
+};
+opened_events& received_events() {
+  static auto* o = new opened_events;
+  return *o;
+}
+
+// Makes the current stream wait for the sender's work on the tensor.
+void wait_for_sender(int device, pid_t sender, std::uint32_t port, std::uint32_t slot) {
+  if (slot >= max_slots) throw decode_error(fmt::format("cohort::decode: a device tensor names event slot {}", slot));
+  if (sender == ::getpid()) {
+    auto& pool = send_events();
+    std::lock_guard lock(pool.mutex);
+    if (slot >= pool.slots.size()) {
+      throw decode_error(fmt::format("cohort::decode: a device tensor names event {} of this process, which has {}", slot,
+                                     pool.slots.size()));
+    }
+    pool.slots[slot]->recorded.wait(current);
+    acknowledge(pool.table[slot]);
+    return;
+  }
+  auto& o = received_events();
+  std::lock_guard lock(o.mutex);
+  const auto from = [&](const std::string& what, const std::string& why) {
+    return decode_error(fmt::format("cohort::decode: the {} of a device tensor from process {}: {}", what, sender, why));
+  };
+  auto& table = o.tables[{sender, port}];
+  if (table == nullptr) {
+    std::string why;
+    const int fd = detail::fetch_event_table(sender, port, why);
+    if (fd < 0) {
+      o.tables.erase({sender, port});
+      throw from("event table", why);
+    }
+    try {
+      table = map_table(fd, fmt::format("process {}", sender));
+    } catch (...) {
+      ::close(fd);
+      o.tables.erase({sender, port});
+      throw;
+    }
+    ::close(fd);
+  }
+  auto found = o.events.find({sender, port, slot});
+  if (found == o.events.end()) {
+    ipc_event_handle handle;
+    std::string why;
+    if (!detail::fetch_event(sender, port, slot, handle, why)) throw from("event", why);
+    found = o.events.emplace(std::tuple{sender, port, slot}, event::from_ipc_handle(device, handle)).first;
+  }
+  found->second.wait(current);
+  acknowledge(table[slot]);
+}
+
+// Other processes' chunks mapped here, each once.
+struct import_cache {
+  std::mutex mutex;
+  std::map<std::pair<pid_t, std::uint64_t>, std::shared_ptr<detail::held_chunk>> chunks;
+};
+import_cache& imports() {
+  static auto* c = new import_cache;
+  return *c;
+}
+
+bool ended(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+// Unmaps the chunks no tensor here uses that will not be used again: a
+// large tensor's own chunk (its maker frees it once every receiver is done),
+// or any chunk of a maker that has ended; every unused one when `all`.
+int sweep_imports(import_cache& c, bool all) {
+  int gone = 0;
+  for (auto it = c.chunks.begin(); it != c.chunks.end();) {
+    const auto& h = *it->second;
+    if (h.users.load(std::memory_order_acquire) == 0 && (all || h.single || ended(h.maker))) {
+      it = c.chunks.erase(it);
+      ++gone;
+    } else {
+      ++it;
+    }
+  }
+  return gone;
+}
+
+// The chunk `note` names, mapped here on `device`, with one more user.
+std::shared_ptr<detail::held_chunk> chunk_for(const detail::chunk_note& note, int device, pid_t sender,
+                                              std::uint32_t port) {
+  const auto maker = static_cast<pid_t>(note.maker);
+  if (maker == ::getpid()) {
+    auto own = detail::own_chunk(note.chunk_id);
+    if (!own) throw decode_error(fmt::format("cohort::decode: a device tensor names chunk {} of this process, which it has freed", note.chunk_id));
+    own->users.fetch_add(1, std::memory_order_relaxed);
+    return own;
+  }
+  auto& c = imports();
+  std::lock_guard lock(c.mutex);
+  if (auto found = c.chunks.find({maker, note.chunk_id}); found != c.chunks.end()) {
+    found->second->users.fetch_add(1, std::memory_order_relaxed);
+    return found->second;
+  }
+  sweep_imports(c, false);
+  auto held = std::make_shared<detail::held_chunk>();
+  held->maker = maker;
+  held->id = note.chunk_id;
+  held->single = note.single != 0;
+  if (note.kind == static_cast<std::uint8_t>(sharing::ipc_handle)) {
+    held->memory = chunk::open(device, note.ipc, note.chunk_size);
+  } else {
+    // From its maker, or, once the maker has ended, from the sender, which
+    // holds it mapped.
+    std::string why_maker, why_sender;
+    int fd = detail::fetch_chunk(maker, note.maker_port, maker, note.chunk_id, why_maker);
+    if (fd < 0 && sender != maker) fd = detail::fetch_chunk(sender, port, maker, note.chunk_id, why_sender);
+    if (fd < 0) {
+      throw decode_error(fmt::format("cohort::decode: chunk {} of process {} cannot be had: from its maker: {}{}",
+                                     note.chunk_id, maker, why_maker,
+                                     sender != maker ? fmt::format("; from its sender {}: {}", sender, why_sender) : ""));
+    }
+    held->fd = fd;
+    held->memory = chunk::import(device, fd, note.chunk_size);
+    // Whoever this process sends it on to may ask here.
+    detail::serve_chunk(maker, note.chunk_id, fd);
+  }
+  held->users.store(1, std::memory_order_relaxed);
+  c.chunks.emplace(std::pair{maker, note.chunk_id}, held);
+  return held;
+}
+
+void append_record(std::vector<std::byte>& out, const cohort::storage& note, std::size_t nbytes, int device) {
+  cohort::detail::handle_codec<cohort::storage>::write(out, note);
+  if (cohort::detail::current_handles != nullptr && cohort::detail::current_handles->message) detail::note_sent(note);
+  const bool message = cohort::detail::current_handles != nullptr && cohort::detail::current_handles->message;
+  const record_wire w{nbytes, static_cast<std::uint32_t>(::getpid()), detail::own_port(), record_send_event(device, message),
+                      0};
+  const auto* bytes = reinterpret_cast<const std::byte*>(&w);
+  out.insert(out.end(), bytes, bytes + sizeof w);
+}
+
+std::size_t record_bound(const cohort::storage& note) {
+  return cohort::detail::handle_codec<cohort::storage>::size_bound(note) + sizeof(record_wire);
+}
+
+// A block of this process's arena.
+class owned_memory final : public cohort::detail::device_memory {
+ public:
+  owned_memory(int device, detail::block b, std::size_t nbytes) : block_(std::move(b)), nbytes_(nbytes), device_(device) {}
+  ~owned_memory() override { detail::give_back(device_, std::move(block_)); }
+  std::byte* data() const noexcept override { return block_.data(); }
+  std::size_t nbytes() const noexcept override { return nbytes_; }
+  int device_type() const noexcept override { return kDLCUDA; }
+  int device_index() const noexcept override { return device_; }
+  std::size_t handle_bound() const noexcept override { return record_bound(block_.note); }
+  void write(std::vector<std::byte>& out) const override { append_record(out, block_.note, nbytes_, device_); }
+
+ private:
+  detail::block block_;
+  std::size_t nbytes_;
+  int device_;
+};
+
+// What a received tensor's release lets go of once the stream it was
+// received on has done the work queued before the release.
+struct release_parcel {
+  cohort::storage note;
+  std::atomic<long>* users;
+};
+void release_now(release_parcel* r) noexcept {
+  auto* users = r->users;
+  delete r;  // the note's holds go first: the maker may reuse the block then
+  users->fetch_sub(1, std::memory_order_release);
+}
+
+// Releases waiting for their streams: an event recorded after the last use
+// (no host function, which would hold the stream up until a host thread has
+// run it), polled as tensors are received and released, and by a thread of
+// its own while any is left.
+struct pending_release {
+  int device;
+  cudaEvent_t done;
+  release_parcel* parcel;
+};
+struct release_queue {
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<pending_release> entries;  // oldest first
+  std::map<int, std::vector<cudaEvent_t>> spare;  // per device
+  bool polling = false;
+};
+release_queue& releases() {
+  static auto* q = new release_queue;
+  return *q;
+}
+
+// Takes the released entries at the front whose streams have done their
+// work; runs their parcels after the lock. Whether any is left.
+bool poll_releases(release_queue& q) {
+  std::vector<release_parcel*> done;
+  bool left = false;
+  {
+    std::lock_guard lock(q.mutex);
+    while (!q.entries.empty()) {
+      auto& front = q.entries.front();
+      const cudaError_t state = cudaEventQuery(front.done);
+      if (state == cudaErrorNotReady) break;
+      if (state != cudaSuccess) std::ignore = cudaGetLastError();  // a failed device runs nothing more
+      done.push_back(front.parcel);
+      q.spare[front.device].push_back(front.done);
+      q.entries.pop_front();
+    }
+    left = !q.entries.empty();
+  }
+  for (auto* parcel : done) release_now(parcel);
+  return left;
+}
+
+void start_polling(release_queue& q) {
+  std::thread([&q] {
+    for (;;) {
+      {
+        std::unique_lock lock(q.mutex);
+        q.wake.wait(lock, [&q] { return !q.entries.empty(); });
+      }
+      if (poll_releases(q)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }).detach();
+}
+
+// Lets `parcel` go once the work queued so far on `stream` is done.
+void release_after(int device, CUstream_st* stream, release_parcel* parcel) noexcept {
+  auto& q = releases();
+  cudaEvent_t done = nullptr;
+  {
+    std::lock_guard lock(q.mutex);
+    auto& spare = q.spare[device];
+    if (!spare.empty()) {
+      done = spare.back();
+      spare.pop_back();
+    }
+  }
+  const detail::device_guard on(device);
+  if (done == nullptr && cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) done = nullptr;
+  if (done == nullptr || cudaEventRecord(done, stream) != cudaSuccess) {
+    // The stream cannot take it (the process is ending, or the device
+    // failed): wait for it here instead.
+    std::ignore = cudaGetLastError();
+    std::ignore = cudaStreamSynchronize(stream);
+    if (done != nullptr) std::ignore = cudaEventDestroy(done);
+    release_now(parcel);
+    return;
+  }
+  bool start = false;
+  try {
+    std::lock_guard lock(q.mutex);
+    q.entries.push_back({device, done, parcel});
+    start = !std::exchange(q.polling, true);
+  } catch (...) {
+    std::ignore = cudaEventSynchronize(done);
+    std::ignore = cudaEventDestroy(done);
+    release_now(parcel);
+    return;
+  }
+  q.wake.notify_one();
+  if (start) {
+    try {
+      start_polling(q);
+    } catch (...) {
+      std::lock_guard lock(q.mutex);
+      q.polling = false;  // polled as tensors come and go, and tried again
+    }
+  }
+  poll_releases(q);
+}
+
+// A block of another process's chunk (or of one's own, sent back).
+class received_memory final : public cohort::detail::device_memory {
+ public:
+  received_memory(cohort::storage note, std::shared_ptr<detail::held_chunk> chunk, std::uint64_t offset,
+                  std::size_t nbytes, int device)
+      : note_(std::move(note)),
+        chunk_(std::move(chunk)),
+        data_(static_cast<std::byte*>(chunk_->memory.data()) + offset),
+        nbytes_(nbytes),
+        device_(device),
+        stream_(current) {}
+  // Stream-ordered: the note goes, and the maker may reuse the block, once
+  // the work queued so far on the stream it was received on is done; the
+  // host is not blocked.
+  ~received_memory() override {
+    auto* parcel = new (std::nothrow) release_parcel{std::move(note_), &chunk_->users};
+    if (parcel == nullptr) {
+      std::ignore = cudaStreamSynchronize(stream_);
+      chunk_->users.fetch_sub(1, std::memory_order_release);
+      return;
+    }
+    release_after(device_, stream_, parcel);
+  }
+  std::byte* data() const noexcept override { return data_; }
+  std::size_t nbytes() const noexcept override { return nbytes_; }
+  int device_type() const noexcept override { return kDLCUDA; }
+  int device_index() const noexcept override { return device_; }
+  std::size_t handle_bound() const noexcept override { return record_bound(note_); }
+  void write(std::vector<std::byte>& out) const override { append_record(out, note_, nbytes_, device_); }
+
+ private:
+  cohort::storage note_;
+  std::shared_ptr<detail::held_chunk> chunk_;
+  std::byte* data_;
+  std::size_t nbytes_;
+  int device_;
+  CUstream_st* stream_;
+};
+
+cohort::storage read_device_storage(cohort::detail::reader& in) {
+  poll_releases(releases());
+  auto note = cohort::detail::handle_codec<cohort::storage>::read(in);
+  if (in.left() < sizeof(record_wire)) throw decode_error("cohort::decode: the input ends early");
+  record_wire w;
+  std::memcpy(&w, in.take(sizeof w).data(), sizeof w);
+  if (w.zero != 0) throw decode_error("cohort::decode: a device tensor's padding is not zero");
+  if (w.sender == 0 || w.sender > INT_MAX) throw decode_error(fmt::format("cohort::decode: a device tensor from pid {}", w.sender));
+  if (note.nbytes() != detail::note_bytes) {
+    throw decode_error(fmt::format("cohort::decode: a device tensor's note of {} bytes", note.nbytes()));
+  }
+  // Received once the chunk is mapped and the wait on the sender's event
+  // is queued, or has failed: the sender's rank may end then.
+  // The note's bytes stay mapped while the storage returned, or `note`
+  // itself, holds them.
+  struct count_receipt {
+    std::byte* note;
+    ~count_receipt() {
+      if (note != nullptr) detail::note_received(note);
+    }
+  } receipt{in.from_queue_record() ? note.data() : nullptr};
+  detail::chunk_note n;
+  std::memcpy(&n, note.data(), sizeof n);
+  if (n.magic != detail::chunk_note::expected_magic || n.kind > 1 || n.single > 1 || n.maker == 0 ||
+      n.maker > INT_MAX || n.chunk_size == 0 || n.capacity > n.chunk_size || n.offset > n.chunk_size - n.capacity ||
+      w.nbytes > n.capacity) {
+    throw decode_error(fmt::format(
+        "cohort::decode: a device tensor of {} bytes at {} of chunk {} ({} bytes, block of {}) of process {}: not a "
+        "block of that chunk",
+        w.nbytes, n.offset, n.chunk_id, n.chunk_size, n.capacity, n.maker));
+  }
+  uuid id;
+  id.bytes = n.device;
+  const auto device = find_device(id);
+  if (!device) {
+    throw decode_error(fmt::format("cohort::decode: a tensor on device {}, which this process does not see (see CUDA_VISIBLE_DEVICES)",
+                                   to_string(id)));
+  }
+  const auto sender = static_cast<pid_t>(w.sender);
+  auto chunk = chunk_for(n, *device, sender, w.port);
+  try {
+    wait_for_sender(*device, sender, w.port, w.event);
+  } catch (...) {
+    chunk->users.fetch_sub(1, std::memory_order_release);
+    throw;
+  }
+  // A note received twice in this process is one storage here; each
+  // received tensor still gets a storage of its own over the block.
+  return cohort::detail::make_device_storage(
+      std::make_shared<received_memory>(std::move(note), std::move(chunk), n.offset, w.nbytes, *device));
+}
+
+// As a rank ends: its device work done first, so that every event it
+// recorded fires (work still queued when a process ends never runs), then
+// its queue messages received and every receiver's wait on its events
+// passed (an event outlives its maker in no process).
+void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  std::vector<int> devices;
+  {
+    auto& pool = send_events();
+    std::lock_guard lock(pool.mutex);
+    for (const auto& e : pool.slots) {
+      if (std::find(devices.begin(), devices.end(), e->device) == devices.end()) devices.push_back(e->device);
+    }
+  }
+  for (int device : devices) {
+    const detail::device_guard on(device);
+    std::ignore = cudaDeviceSynchronize();
+  }
+  detail::wait_for_receipts(limit);
+  while (!all_acknowledged() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+[[maybe_unused]] const bool reader_registered = [] {
+  cohort::detail::register_device_reader(kDLCUDA, &read_device_storage, &wait_for_receivers);
+  return true;
+}();
+
+std::size_t contiguous_nbytes(std::span<const std::int64_t> shape, dtype type, const char* entry) {
+  if (shape.size() > tensor::max_ndim) throw std::invalid_argument(fmt::format("{}: more than 64 dimensions", entry));
+  std::size_t count = 1;
+  for (auto d : shape) {
+    if (d < 0) throw std::invalid_argument(fmt::format("{}: a negative size {}", entry, d));
+    if (__builtin_mul_overflow(count, static_cast<std::size_t>(d), &count)) {
+      throw std::invalid_argument(fmt::format("{}: the size overflows", entry));
+    }
+  }
+  std::size_t bytes = 0;
+  if (__builtin_mul_overflow(count, element_size(type), &bytes) || bytes > (std::size_t{1} << 62)) {
+    throw std::invalid_argument(fmt::format("{}: the size overflows", entry));
+  }
+  return bytes;
+}
+
+std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> shape) {
+  std::vector<std::int64_t> strides(shape.size());
+  std::int64_t step = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = step;
+    step *= std::max<std::int64_t>(shape[i], 1);
+  }
+  return strides;
+}
+
+// Device storage of `nbytes` on `device`.
+cohort::storage device_storage(int device, std::size_t nbytes) {
+  return cohort::detail::make_device_storage(std::make_shared<owned_memory>(device, detail::allocate(device, nbytes), nbytes));
+}
+
+void require_device(const tensor& t, const char* entry) {
+  if (t.device().type != kDLCUDA) {
+    throw std::logic_error(fmt::format("{}: the tensor is not on a CUDA device", entry));
+  }
+}
+
+// Copies a whole storage's bytes, on the current stream of `device`.
+void copy_bytes(void* to, const void* from, std::size_t n, int device, const char* entry) {
+  if (n == 0) return;
+  const auto context = fmt::format("{}: {} on device {}", entry, detail::describe_bytes(n), device);
+  const detail::device_guard on(device, context);
+  detail::check(cudaMemcpyAsync(to, from, n, cudaMemcpyDefault, current), "cudaMemcpyAsync", context);
+}
+
+}  // namespace
+
+CUstream_st* current_stream() noexcept { return current; }
+void set_current_stream(CUstream_st* stream) noexcept { current = stream; }
+
+tensor empty(std::span<const std::int64_t> shape, dtype type, int device) {
+  const auto nbytes = contiguous_nbytes(shape, type, "cohort::cuda::empty");
+  const auto strides = contiguous_strides(shape);
+  return tensor(device_storage(device, nbytes), type, shape, strides, 0, cohort::device{kDLCUDA, device});
+}
+
+tensor full(std::span<const std::int64_t> shape, double value, dtype type, int device) {
+  tensor out = empty(shape, type, device);
+  fill_(out, value);
+  return out;
+}
+
+tensor zeros(std::span<const std::int64_t> shape, dtype type, int device) { return full(shape, 0.0, type, device); }
+
+void fill_(const tensor& t, double value) {
+  constexpr const char* entry = "cohort::cuda::fill_";
+  require_device(t, entry);
+  if (!t.is_contiguous()) throw std::logic_error(fmt::format("{}: the tensor is not contiguous", entry));
+  const auto n = static_cast<std::size_t>(t.numel());
+  if (n == 0) return;
+  // The element as tensor::fill_ converts it, in this process's memory.
+  const tensor one = tensor::full({1}, value, t.dtype());
+  const auto size = element_size(t.dtype());
+  std::uint64_t pattern = 0;
+  std::memcpy(&pattern, one.raw_data(), size);
+  const int device = t.device().id;
+  const auto context = fmt::format("{}: {} elements on device {}", entry, n, device);
+  const auto& api = detail::driver(entry);
+  const detail::device_guard on(device, context);
+  const auto at = reinterpret_cast<CUdeviceptr>(t.raw_data());
+  auto* stream = reinterpret_cast<CUstream>(current);
+  switch (size) {
+    case 1:
+      detail::check(cudaMemsetAsync(t.raw_data(), static_cast<int>(pattern), n, current), "cudaMemsetAsync", context);
+      break;
+    case 2:
+      detail::check(api.memset_d16_async(at, static_cast<unsigned short>(pattern), n, stream), "cuMemsetD16Async", context);
+      break;
+    case 4:
+      detail::check(api.memset_d32_async(at, static_cast<unsigned>(pattern), n, stream), "cuMemsetD32Async", context);
+      break;
+    default:  // 8: each half of every element as a column 8 bytes apart
+      detail::check(api.memset_d2d32_async(at, 8, static_cast<unsigned>(pattern), 1, n, stream), "cuMemsetD2D32Async",
+                    context);
+      detail::check(api.memset_d2d32_async(at + 4, 8, static_cast<unsigned>(pattern >> 32), 1, n, stream),
+                    "cuMemsetD2D32Async", context);
+      break;
+  }
+}
+
+tensor to_device(const tensor& t, int device) {
+  auto bytes = device_storage(device, t.storage().nbytes());
+  copy_bytes(bytes.data(), t.storage().data(), bytes.nbytes(), device, "cohort::cuda::to_device");
+  return tensor(std::move(bytes), t.dtype(), t.shape(), t.strides(), t.storage_offset(), cohort::device{kDLCUDA, device});
+}
+
+tensor to_cpu(const tensor& t) {
+  constexpr const char* entry = "cohort::cuda::to_cpu";
+  if (t.device().type == kDLCPU) return t;
+  require_device(t, entry);
+  const int device = t.device().id;
+  auto bytes = cohort::storage::allocate(t.storage().nbytes());
+  copy_bytes(bytes.data(), t.storage().data(), bytes.nbytes(), device, entry);
+  synchronize(device);
+  return tensor(std::move(bytes), t.dtype(), t.shape(), t.strides(), t.storage_offset());
+}
+
+tensor clone(const tensor& t) {
+  constexpr const char* entry = "cohort::cuda::clone";
+  require_device(t, entry);
+  const int device = t.device().id;
+  auto bytes = device_storage(device, t.storage().nbytes());
+  copy_bytes(bytes.data(), t.storage().data(), bytes.nbytes(), device, entry);
+  return tensor(std::move(bytes), t.dtype(), t.shape(), t.strides(), t.storage_offset(), t.device());
+}
+
+void synchronize(int device) {
+  constexpr const char* entry = "cohort::cuda::synchronize";
+  detail::check_device(device, entry);
+  const auto context = fmt::format("{}: device {}", entry, device);
+  const detail::device_guard on(device, context);
+  detail::check(cudaStreamSynchronize(current), "cudaStreamSynchronize", context);
+}
+
+int empty_cache() {
+  detail::driver("cohort::cuda::empty_cache");
+  int gone = detail::trim_arenas();
+  auto& c = imports();
+  std::lock_guard lock(c.mutex);
+  return gone + sweep_imports(c, true);
+}
+
+}  // namespace cohort::cuda
