@@ -1,0 +1,311 @@
+// torch's CUDA cases of test/test_multiprocessing.py, ported to device
+// tensors that cross through queues and as arguments; each under spawn and
+// forkserver (fork is refused after CUDA: tests/cuda/device.cpp). Every
+// case checks that the device's memory is back where it started.
+#include "cohort/cuda/tensor.hpp"
+
+#include "cohort/cuda/device.hpp"
+#include "cohort/cuda/error.hpp"
+#include "cohort/queue.hpp"
+#include "cohort/spawn_and_join.hpp"
+
+#include "support/cuda_kernels.hpp"
+#include "support/cuda_memory.hpp"
+#include "support/harness.hpp"
+
+#include <doctest/doctest.h>
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+using namespace cohort;
+
+const test::needs_device needs{"CUDA device", [] { return cuda::unavailable_reason(); }};
+
+namespace cuda_tensor_tests {
+
+const start_method methods[] = {start_method::spawn, start_method::forkserver};
+
+join_options with(start_method method) {
+  join_options options;
+  options.method = method;
+  return options;
+}
+
+// The float32 elements of a device tensor, copied here.
+std::vector<float> floats_of(const tensor& t) {
+  const tensor host = cuda::to_cpu(t).contiguous();
+  const auto values = host.data<float>();
+  return {values.begin(), values.end()};
+}
+
+// In a rank: fills the tensor it was given with `value`, on the device.
+void fill_given(int, tensor t, double value) {
+  if (t.device().type != kDLCUDA || !t.is_shared()) throw std::logic_error("not a device tensor");
+  cuda::fill_(t, value);
+  cuda::synchronize(t.device().id);
+}
+COHORT_ENTRYPOINT(fill_given);
+
+// The value of the i-th tensor sent: sums of up to 2^24 stay exact in float32.
+float value_of(int i) { return static_cast<float>(i % 128); }
+
+// Ranks 0, 1, 2: producer, relay, consumer (torch's test_cuda_send_many).
+// The producer sends `count` tensors of five float32 elements, the i-th
+// full of value_of(i), dropping each at once; the relay sends on a clone of each; the
+// consumer adds them all up on the device and returns the five sums.
+std::vector<float> send_many(int rank, queue<tensor> first, queue<tensor> second, int count) {
+  if (rank == 0) {
+    for (int i = 0; i < count; ++i) first.put(cuda::full({5}, value_of(i), dtype::float32, 0));
+  } else if (rank == 1) {
+    for (int i = 0; i < count; ++i) second.put(cuda::clone(*first.get()));
+  } else {
+    tensor sum = cuda::zeros({5}, dtype::float32, 0);
+    for (int i = 0; i < count; ++i) {
+      const tensor t = *second.get();
+      test::kernels::get().add_f32(sum.raw_data(), t.raw_data(), 5, cuda::current_stream());
+    }
+    return floats_of(sum);
+  }
+  return {};
+}
+COHORT_ENTRYPOINT(send_many);
+
+// Rank 0 sends `count` tensors of `elements` float32 elements, the i-th
+// full of i, all at once in one message; rank 1 returns, for each, whether
+// it holds i, then the span of device addresses they lie in.
+std::vector<std::int64_t> small_tensors(int rank, queue<std::vector<tensor>> q, int count, int elements) {
+  if (rank == 0) {
+    std::vector<tensor> all;
+    for (int i = 0; i < count; ++i) all.push_back(cuda::full({elements}, i, dtype::float32, 0));
+    q.put(all);
+    return {};
+  }
+  const auto all = *q.get();
+  std::vector<std::int64_t> out;
+  auto low = reinterpret_cast<std::uintptr_t>(all.at(0).raw_data());
+  auto high = low;
+  for (int i = 0; i < count; ++i) {
+    const auto values = floats_of(all[static_cast<std::size_t>(i)]);
+    out.push_back(std::all_of(values.begin(), values.end(), [i](float v) { return v == static_cast<float>(i); }));
+    const auto at = reinterpret_cast<std::uintptr_t>(all[static_cast<std::size_t>(i)].raw_data());
+    low = std::min(low, at);
+    high = std::max(high, at);
+  }
+  out.push_back(static_cast<std::int64_t>(high - low));
+  return out;
+}
+COHORT_ENTRYPOINT(small_tensors);
+
+// Rank 0 writes 42 to a tensor's `n` words with a kernel that first waits
+// `ns` on the device, and sends it at once, long before the kernel is done;
+// rank 1 returns the words that are not 42 when it copies it out. Only the
+// wait on the sender's event, queued on the receiver's stream, makes them 0.
+std::int64_t stream_ordered(int rank, queue<tensor> q, std::int64_t n, std::int64_t ns) {
+  if (rank == 0) {
+    tensor t = cuda::zeros({n}, dtype::uint32, 0);
+    test::kernels::get().spin_fill(t.raw_data(), static_cast<std::uint32_t>(n), 42, static_cast<std::uint64_t>(ns),
+                                   cuda::current_stream());
+    q.put(t);
+    return 0;
+  }
+  const tensor host = cuda::to_cpu(*q.get());
+  const auto words = host.data<std::uint32_t>();
+  return std::count_if(words.begin(), words.end(), [](std::uint32_t w) { return w != 42; });
+}
+COHORT_ENTRYPOINT(stream_ordered);
+
+// Rank 0 sends `count` tensors of `bytes` bytes through a queue of one,
+// dropping each as it goes, then returns how much device memory the device
+// lost meanwhile (after rank 1 said it had set CUDA up); rank 1 checks each.
+std::int64_t blocks_come_back(int rank, queue<tensor> q, queue<int> ready, int count, std::int64_t bytes) {
+  const std::int64_t elements = bytes / 4;
+  if (rank == 1) {
+    cuda::synchronize(0);  // CUDA set up here before the producer measures
+    ready.put(1);
+    std::int64_t wrong = 0;
+    for (int i = 0; i < count; ++i) {
+      const tensor t = *q.get();
+      const auto first = floats_of(t.slice(0, 0, 1));
+      wrong += first.at(0) != static_cast<float>(i);
+    }
+    return wrong;
+  }
+  cuda::synchronize(0);
+  ready.get();
+  const auto before = cuda::device_memory(0).free;
+  for (int i = 0; i < count; ++i) q.put(cuda::full({elements}, i, dtype::float32, 0));
+  const auto after = cuda::device_memory(0).free;
+  return before > after ? static_cast<std::int64_t>(before - after) : 0;
+}
+COHORT_ENTRYPOINT(blocks_come_back);
+
+// Rank 0 sends a CPU tensor, a device tensor and a number in one message;
+// rank 1 returns what it found in them.
+using mixed = std::tuple<tensor, tensor, std::int64_t>;
+std::vector<std::int64_t> mixed_values(int rank, queue<mixed> q) {
+  if (rank == 0) {
+    const auto host = tensor::full({3}, 7, dtype::int64);
+    const mixed value{host, cuda::full({4}, 9, dtype::int64, 0), 11};
+    q.put(value);
+    return {};
+  }
+  const auto [host, device, number] = *q.get();
+  const tensor copied = cuda::to_cpu(device);
+  return {static_cast<std::int64_t>(host.device().type), host.data<std::int64_t>()[2],
+          static_cast<std::int64_t>(device.device().type), copied.data<std::int64_t>()[3], number};
+}
+COHORT_ENTRYPOINT(mixed_values);
+
+// In a rank that sees no device, sent a device tensor and then a CPU one:
+// returns the first's error and the second's first element.
+std::string no_device_here(int, queue<tensor> q) {
+  std::string error;
+  try {
+    q.get();
+    error = "received";
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  return fmt::format("{}|{}", error, q.get()->data<float>()[0]);
+}
+COHORT_ENTRYPOINT(no_device_here);
+
+}  // namespace cuda_tensor_tests
+
+using namespace cuda_tensor_tests;
+
+TEST_SUITE("cuda tensors") {
+  TEST_CASE("a device tensor is shared, prints without reading the device, and refuses host access") {
+    const test::memory_mark mark(0);
+    {
+      tensor t = cuda::full({2, 3}, 1.5, dtype::float32, 0);
+      CHECK(t.is_shared());
+      CHECK(t.device() == device{kDLCUDA, 0});
+      CHECK(to_string(t) == "tensor(<6 elements on device 2:0>, shape=[2, 3], dtype=float32)");
+      CHECK_THROWS_AS(t.data<float>(), std::logic_error);
+      CHECK_THROWS_AS(t.clone(), std::logic_error);
+      CHECK_THROWS_AS((void)(t == t), std::logic_error);
+      CHECK(floats_of(t) == std::vector<float>(6, 1.5f));
+      const tensor back = cuda::to_device(tensor::full({4}, 3, dtype::int64), 0);
+      const tensor host = cuda::to_cpu(back);
+      CHECK(host == tensor::full({4}, 3, dtype::int64));
+      // 8-byte elements are filled as two words each.
+      const tensor wide = cuda::full({3}, -2.25, dtype::float64, 0);
+      CHECK(cuda::to_cpu(wide) == tensor::full({3}, -2.25, dtype::float64));
+      const tensor none = cuda::zeros({0, 4}, dtype::float32, 0);
+      CHECK(none.numel() == 0);
+      CHECK(cuda::to_cpu(none).numel() == 0);
+    }
+    cuda::empty_cache();
+    CHECK(mark.given_back());
+  }
+
+  TEST_CASE("a device tensor given to a rank is the same memory: the rank's writes are seen here (test_cuda_simple)") {
+    for (auto method : methods) {
+      CAPTURE(to_string(method));
+      const test::memory_mark mark(0);
+      {
+        tensor t = cuda::zeros({5}, dtype::float32, 0);
+        spawn_and_join(fill_given, std::tuple{t, 7.0}, 1, with(method));
+        CHECK(floats_of(t) == std::vector<float>(5, 7.0f));
+      }
+      cuda::empty_cache();
+      CHECK(mark.given_back());
+    }
+  }
+
+  TEST_CASE("many tensors go producer -> relay (clone) -> consumer through queues (test_cuda_send_many, ipc_deadlock)") {
+    for (auto method : methods) {
+      // A queue of one keeps them in step; one of 1024 lets the producer
+      // run far ahead, over many chunks, recording its events again and
+      // again while receivers still wait on them.
+      for (auto [capacity, count] : {std::pair{std::size_t{1}, 2000}, std::pair{std::size_t{1024}, 20000}}) {
+        CAPTURE(to_string(method));
+        CAPTURE(capacity);
+        const test::memory_mark mark(0);
+        queue<tensor> first(capacity), second(capacity);
+        const auto results = spawn_and_join(send_many, std::tuple{first, second, count}, 3, with(method));
+        float expected = 0;
+        for (int i = 0; i < count; ++i) expected += value_of(i);
+        CHECK(results.at(2) == std::vector<float>(5, expected));
+        CHECK(mark.given_back());
+      }
+    }
+  }
+
+  TEST_CASE("many small tensors share a chunk, each arriving whole (test_cuda_small_tensors)") {
+    for (auto method : methods) {
+      CAPTURE(to_string(method));
+      const test::memory_mark mark(0);
+      constexpr int count = 500;
+      queue<std::vector<tensor>> q(4);
+      const auto results = spawn_and_join(small_tensors, std::tuple{q, count, 5}, 2, with(method));
+      const auto& seen = results.at(1);
+      REQUIRE(seen.size() == count + 1);
+      CHECK(std::count(seen.begin(), seen.end() - 1, 1) == count);
+      // 500 blocks of 512 bytes: one 2 MiB chunk holds them all.
+      CHECK(seen.back() < (std::int64_t{2} << 20));
+      CHECK(mark.given_back());
+    }
+  }
+
+  TEST_CASE("a receiver's stream waits for the sender's kernel: it never reads before the kernel wrote") {
+    for (auto method : methods) {
+      CAPTURE(to_string(method));
+      queue<tensor> q(4);
+      constexpr std::int64_t n = 1 << 16;
+      constexpr std::int64_t half_a_second = 500'000'000;
+      const auto results = spawn_and_join(stream_ordered, std::tuple{q, n, half_a_second}, 2, with(method));
+      CHECK(results.at(1) == 0);
+    }
+  }
+
+  TEST_CASE("a producer that drops each tensor as it sends reuses the blocks its receiver has let go of") {
+    for (auto method : methods) {
+      CAPTURE(to_string(method));
+      const test::memory_mark mark(0);
+      queue<tensor> q(2);
+      queue<int> ready(1);
+      constexpr int count = 1000;
+      constexpr std::int64_t bytes = 256 << 10;  // 250 MiB in all, were no block reused
+      const auto results = spawn_and_join(blocks_come_back, std::tuple{q, ready, count, bytes}, 2, with(method));
+      CHECK(results.at(1) == 0);
+      CHECK(results.at(0) < (std::int64_t{64} << 20));
+      CHECK(mark.given_back());
+    }
+  }
+
+  TEST_CASE("CPU and device tensors cross in one message") {
+    for (auto method : methods) {
+      CAPTURE(to_string(method));
+      queue<mixed> q(2);
+      const auto results = spawn_and_join(mixed_values, std::tuple{q}, 2, with(method));
+      CHECK(results.at(1) == std::vector<std::int64_t>{kDLCPU, 7, kDLCUDA, 9, 11});
+    }
+  }
+
+  TEST_CASE("a receiver that does not see the device says so, and goes on receiving") {
+    queue<tensor> q(4);
+    const tensor on_device = cuda::full({2}, 1, dtype::float32, 0);
+    const tensor on_host = tensor::full({2}, 5, dtype::float32);
+    q.put(on_device);
+    q.put(on_host);
+    join_options options;
+    // CUDA_VISIBLE_DEVICES is read as CUDA starts in the rank.
+    options.spawn.env.set("CUDA_VISIBLE_DEVICES", "-1");
+    const auto results = spawn_and_join(no_device_here, std::tuple{q}, 1, options);
+    const auto& said = results.at(0);
+    CAPTURE(said);
+    CHECK(said.find("no CUDA device") != std::string::npos);
+    CHECK(said.ends_with("|5"));
+  }
+}
+
