@@ -79,6 +79,8 @@ std::uint32_t shared_holders(const storage& s) noexcept;
 std::vector<std::byte> hold_for_receiver(const encoded& value);
 storage make_device_storage(std::shared_ptr<const device_memory> memory);
 const device_memory* device_memory_of(const storage& s) noexcept;
+bool only_ended_processes_share(const storage& s) noexcept;
+std::uint64_t segment_of(const storage& s) noexcept;
 }
 
 /// A reference-counted run of bytes. Copies share the bytes (as torch's
@@ -124,6 +126,8 @@ class storage {
   friend std::vector<std::byte> detail::hold_for_receiver(const encoded& value);
   friend storage detail::make_device_storage(std::shared_ptr<const detail::device_memory> memory);
   friend const detail::device_memory* detail::device_memory_of(const storage& s) noexcept;
+  friend bool detail::only_ended_processes_share(const storage& s) noexcept;
+  friend std::uint64_t detail::segment_of(const storage& s) noexcept;
   explicit storage(std::shared_ptr<detail::storage_impl> impl) noexcept : impl_(std::move(impl)) {}
   std::shared_ptr<detail::storage_impl> impl_;
 };
@@ -164,6 +168,13 @@ void register_device_reader(int device_type, device_handle_reader read, device_r
 void wait_for_device_receivers(std::chrono::steady_clock::duration limit) noexcept;
 /// A storage over `memory`.
 storage make_device_storage(std::shared_ptr<const device_memory> memory);
+/// For a shared storage of this process's making: whether every other
+/// process that has mapped its segment has ended and no message naming the
+/// segment is in flight, so that any hold on its block beyond this
+/// process's own is a dead process's. False for any other storage.
+bool only_ended_processes_share(const storage& s) noexcept;
+/// What tells shared storages' segments apart (their nonce); 0 for others.
+std::uint64_t segment_of(const storage& s) noexcept;
 /// The device memory a storage views; null for host memory.
 const device_memory* device_memory_of(const storage& s) noexcept;
 

@@ -165,15 +165,33 @@ void free_block(arena& a, block&& b) {
   // A chunk of its own goes with its last block.
 }
 
-// Frees the pending blocks nothing holds any more. Cheap when called often:
-// it looks only once the list has grown by half since the last look.
+// Frees the pending blocks nothing holds any more, and those held only by
+// processes that have ended (a receiver killed with tensors in hand): such
+// a block gets a new note, since the old one's holds never go. Cheap when
+// called often: it looks only once the list has grown by half since the
+// last look, and asks once per note segment whether its other holders
+// have ended.
 void scan_pending(arena& a, bool always) {
   if (!always && a.pending.size() < a.scan_at) return;
   prune_watched();
   std::vector<block> still;
+  std::map<std::uint64_t, bool> dead_holders;  // by note segment
   for (auto& b : a.pending) {
-    if (only_maker_holds(b)) free_block(a, std::move(b));
-    else still.push_back(std::move(b));
+    if (only_maker_holds(b)) {
+      free_block(a, std::move(b));
+      continue;
+    }
+    if (b.note.use_count() == 1) {
+      const auto segment = cohort::detail::segment_of(b.note);
+      auto [known, added] = dead_holders.try_emplace(segment, false);
+      if (added) known->second = cohort::detail::only_ended_processes_share(b.note);
+      if (known->second) {
+        b.note = make_note(a, *b.chunk, b.offset, b.capacity);
+        free_block(a, std::move(b));
+        continue;
+      }
+    }
+    still.push_back(std::move(b));
   }
   a.pending = std::move(still);
   a.scan_at = std::max<std::size_t>(16, a.pending.size() * 3 / 2);

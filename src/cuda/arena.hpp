@@ -100,7 +100,8 @@ struct block {
 /// and the device's free memory).
 block allocate(int device, std::size_t nbytes);
 /// Ends the maker's own hold: the block is free for reuse once no other
-/// process and no message holds its note.
+/// process and no message holds its note, or only processes that have
+/// ended do (it then gets a new note).
 void give_back(int device, block b) noexcept;
 /// The chunk `id` this process made on any device; null when it has none
 /// by that id (never made, or freed).

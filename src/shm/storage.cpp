@@ -393,6 +393,13 @@ storage make_device_storage(std::shared_ptr<const device_memory> memory) {
   return storage(std::move(impl));
 }
 
+bool only_ended_processes_share(const storage& s) noexcept {
+  const auto& segment = s.impl_ ? s.impl_->segment : nullptr;
+  return segment && segment->made_here() && segment->held_only_by_ended();
+}
+
+std::uint64_t segment_of(const storage& s) noexcept { return s.impl_ && s.impl_->segment ? s.impl_->segment->nonce() : 0; }
+
 const device_memory* device_memory_of(const storage& s) noexcept { return s.impl_ ? s.impl_->device.get() : nullptr; }
 
 std::size_t handle_codec<storage>::size_bound(const storage& s) noexcept {
