@@ -98,6 +98,8 @@ driver_state initialise() {
     s.api = {};
     return s;
   }
+  std::string optional_why;
+  if (!resolve("cuStreamWaitValue32", 11070, s.api.stream_wait_value32, optional_why)) s.api.stream_wait_value32 = nullptr;
   s.device_count = count;
   s.primaries = std::make_unique<primary_context[]>(static_cast<std::size_t>(count));
   return s;

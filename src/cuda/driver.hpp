@@ -42,6 +42,9 @@ struct driver_api {
   PFN_cuMemsetD16Async_v3020 memset_d16_async = nullptr;
   PFN_cuMemsetD32Async_v3020 memset_d32_async = nullptr;
   PFN_cuMemsetD2D32Async_v3020 memset_d2d32_async = nullptr;
+  /// Null where the driver or device has no stream memory operations:
+  /// receivers then wait on a sender's event itself.
+  PFN_cuStreamWaitValue32_v11070 stream_wait_value32 = nullptr;
 };
 
 /// A device's primary context (the runtime's too), retained by this layer

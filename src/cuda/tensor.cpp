@@ -51,11 +51,11 @@ static_assert(std::is_trivially_copyable_v<record_wire> && sizeof(record_wire) =
 // The events this process records as it sends device tensors, each in a
 // slot of its own, and a table in shared memory of how many receivers'
 // waits each slot's records asked for (sends, counted here) and how many
-// have been queued (acks, counted by each receiver as its
-// cudaStreamWaitEvent returns: the wait then holds to the record it found,
-// whatever is recorded later). A slot is recorded again only once every
-// wait on its last record is queued, so that each wait takes the record it
-// was sent for, not a later one.
+// no longer depend on the record (acks, counted by each receiver: the
+// event was done when it looked, its poller later saw it done, or its
+// cudaStreamWaitEvent returned, after which later records do not touch the
+// wait). A slot is recorded again only once all of its waits are counted,
+// so that each takes the record it was sent for, not a later one.
 struct slot_counts {
   std::atomic<std::uint64_t> sends;
   std::atomic<std::uint64_t> acks;
@@ -78,10 +78,11 @@ bool acked(const slot_counts& c) {
 
 void acknowledge(slot_counts& counts) { counts.acks.fetch_add(1, std::memory_order_release); }
 
+// A queue's slot is recorded again once acknowledged; an argument's (read
+// by every rank it was given to) never is.
 struct pooled_event {
   int device;
   event recorded;
-  bool reused;  // a queue's: recorded again once acknowledged; an argument's never is
 };
 struct event_pool {
   std::mutex mutex;
@@ -127,12 +128,11 @@ std::uint32_t record_send_event(int device, bool message) {
           max_slots));
     }
     slot = static_cast<std::uint32_t>(pool.slots.size());
-    auto made = std::make_unique<pooled_event>(pooled_event{device, event(device), message});
+    auto made = std::make_unique<pooled_event>(pooled_event{device, event(device)});
     detail::serve_event(slot, made->recorded.ipc_handle());
     pool.slots.push_back(std::move(made));
   }
   auto& e = *pool.slots[slot];
-  e.reused = message;
   pool.table[slot].sends.fetch_add(1, std::memory_order_relaxed);
   e.recorded.record(current);
   if (message) order.push_back(slot);
@@ -150,6 +150,208 @@ bool all_acknowledged() {
     }
   }
   return true;
+}
+
+bool ended(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+// What a received tensor's release lets go of once the stream it was
+// received on has done the work queued before the release.
+struct release_parcel {
+  cohort::storage note;
+  std::atomic<long>* users;
+};
+void release_now(release_parcel* r) noexcept {
+  auto* users = r->users;
+  delete r;  // the note's holds go first: the maker may reuse the block then
+  users->fetch_sub(1, std::memory_order_release);
+}
+
+// Releases waiting for their streams: an event recorded after the last use
+// (no host function, which would hold the stream up until a host thread has
+// run it), polled as tensors are received and released, and by a thread of
+// its own while any is left.
+struct pending_release {
+  int device;
+  cudaEvent_t done;
+  release_parcel* parcel;
+};
+// Waits on other processes' events that were not done at receipt. The
+// receiving stream waits on a word of pinned host memory
+// (cuStreamWaitValue32), which the poller raises once the event is done or
+// its sender has ended: a sender killed before its work ran would hold a
+// stream waiting on its event itself up for good.
+struct gated_wait {
+  cudaEvent_t event;  // opened here; the cache of opened events keeps it
+  pid_t sender;
+  slot_counts* counts;  // acknowledged once the wait is over
+  std::uint32_t seq;
+};
+struct stream_gate {
+  std::uint32_t* word = nullptr;  // pinned, mapped for the device; never freed
+  std::uint32_t issued = 0;
+  std::deque<gated_wait> waiting;  // in the order of their seq
+};
+struct device_poller {
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<pending_release> entries;  // oldest first
+  std::map<int, std::vector<cudaEvent_t>> spare;  // per device
+  std::map<std::pair<int, CUstream_st*>, stream_gate> gates;
+  std::size_t gated = 0;  // waits not yet over, on every gate
+  bool polling = false;
+};
+device_poller& poller() {
+  static auto* q = new device_poller;
+  return *q;
+}
+
+// Takes the releases at the front whose streams have done their work (and
+// runs their parcels after the lock), and ends the gated waits whose events
+// are done or whose senders have ended. Whether any of either is left.
+bool poll_device(device_poller& q) {
+  std::vector<release_parcel*> done;
+  bool left = false;
+  {
+    std::lock_guard lock(q.mutex);
+    while (!q.entries.empty()) {
+      auto& front = q.entries.front();
+      const cudaError_t state = cudaEventQuery(front.done);
+      if (state == cudaErrorNotReady) break;
+      if (state != cudaSuccess) std::ignore = cudaGetLastError();  // a failed device runs nothing more
+      done.push_back(front.parcel);
+      q.spare[front.device].push_back(front.done);
+      q.entries.pop_front();
+    }
+    for (auto& [where, gate] : q.gates) {
+      while (!gate.waiting.empty()) {
+        auto& front = gate.waiting.front();
+        const cudaError_t state = cudaEventQuery(front.event);
+        if (state == cudaErrorNotReady && !ended(front.sender)) break;
+        if (state != cudaSuccess && state != cudaErrorNotReady) std::ignore = cudaGetLastError();
+        __atomic_store_n(gate.word, front.seq, __ATOMIC_RELEASE);
+        acknowledge(*front.counts);
+        gate.waiting.pop_front();
+        --q.gated;
+      }
+    }
+    left = !q.entries.empty() || q.gated > 0;
+  }
+  for (auto* parcel : done) release_now(parcel);
+  return left;
+}
+
+void start_polling(device_poller& q) {
+  std::thread([&q] {
+    for (;;) {
+      {
+        std::unique_lock lock(q.mutex);
+        q.wake.wait(lock, [&q] { return !q.entries.empty() || q.gated > 0; });
+      }
+      if (poll_device(q)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }).detach();
+}
+
+// Wakes the poller's thread, starting it first when `start`.
+void wake_poller(device_poller& q, bool start) {
+  q.wake.notify_one();
+  if (!start) return;
+  try {
+    start_polling(q);
+  } catch (...) {
+    std::lock_guard lock(q.mutex);
+    q.polling = false;  // polled as tensors come and go, and tried again
+  }
+}
+
+// Lets `parcel` go once the work queued so far on `stream` is done.
+void release_after(int device, CUstream_st* stream, release_parcel* parcel) noexcept {
+  auto& q = poller();
+  cudaEvent_t done = nullptr;
+  {
+    std::lock_guard lock(q.mutex);
+    auto& spare = q.spare[device];
+    if (!spare.empty()) {
+      done = spare.back();
+      spare.pop_back();
+    }
+  }
+  const detail::device_guard on(device);
+  if (done == nullptr && cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) done = nullptr;
+  if (done == nullptr || cudaEventRecord(done, stream) != cudaSuccess) {
+    // The stream cannot take it (the process is ending, or the device
+    // failed): wait for it here instead.
+    std::ignore = cudaGetLastError();
+    std::ignore = cudaStreamSynchronize(stream);
+    if (done != nullptr) std::ignore = cudaEventDestroy(done);
+    release_now(parcel);
+    return;
+  }
+  bool start = false;
+  try {
+    std::lock_guard lock(q.mutex);
+    q.entries.push_back({device, done, parcel});
+    start = !std::exchange(q.polling, true);
+  } catch (...) {
+    std::ignore = cudaEventSynchronize(done);
+    std::ignore = cudaEventDestroy(done);
+    release_now(parcel);
+    return;
+  }
+  wake_poller(q, start);
+  poll_device(q);
+}
+
+// Makes the current stream wait for `e`, another process's event for which
+// `counts` counts the waits: not at all when it is done already; on a gate
+// where the driver has stream memory operations; else on the event itself.
+void wait_on_sender_event(int device, const event& e, pid_t sender, slot_counts& counts) {
+  const auto& api = detail::driver("cohort::decode");
+  const cudaError_t state = cudaEventQuery(e.native_handle());
+  if (state == cudaSuccess) {
+    acknowledge(counts);
+    return;
+  }
+  if (state != cudaErrorNotReady) {
+    std::ignore = cudaGetLastError();
+    throw decode_error(fmt::format("cohort::decode: the event of a device tensor from process {} cannot be waited on: {}",
+                                   sender, cudaGetErrorName(state)));
+  }
+  if (api.stream_wait_value32 != nullptr) {
+    auto& q = poller();
+    bool gated = false;
+    bool start = false;
+    {
+      std::lock_guard lock(q.mutex);
+      const detail::device_guard on(device);
+      auto& gate = q.gates[{device, current}];
+      if (gate.word == nullptr) {
+        void* word = nullptr;
+        if (cudaHostAlloc(&word, sizeof(std::uint32_t), cudaHostAllocMapped | cudaHostAllocPortable) == cudaSuccess) {
+          gate.word = static_cast<std::uint32_t*>(word);
+          *gate.word = 0;
+        }
+      }
+      void* address = nullptr;
+      const std::uint32_t seq = gate.issued + 1;
+      if (gate.word != nullptr && cudaHostGetDevicePointer(&address, gate.word, 0) == cudaSuccess &&
+          api.stream_wait_value32(reinterpret_cast<CUstream>(current), reinterpret_cast<CUdeviceptr>(address), seq,
+                                  CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS) {
+        gate.issued = seq;
+        gate.waiting.push_back({e.native_handle(), sender, &counts, seq});
+        ++q.gated;
+        gated = true;
+        start = !std::exchange(q.polling, true);
+      }
+      std::ignore = cudaGetLastError();
+    }
+    if (gated) {
+      wake_poller(q, start);
+      return;
+    }
+  }
+  e.wait(current);
+  acknowledge(counts);
 }
 
 // Other processes' events, opened here once each, and their tables.
@@ -206,8 +408,7 @@ void wait_for_sender(int device, pid_t sender, std::uint32_t port, std::uint32_t
     if (!detail::fetch_event(sender, port, slot, handle, why)) throw from("event", why);
     found = o.events.emplace(std::tuple{sender, port, slot}, event::from_ipc_handle(device, handle)).first;
   }
-  found->second.wait(current);
-  acknowledge(table[slot]);
+  wait_on_sender_event(device, found->second, sender, table[slot]);
 }
 
 // Other processes' chunks mapped here, each once.
@@ -219,8 +420,6 @@ import_cache& imports() {
   static auto* c = new import_cache;
   return *c;
 }
-
-bool ended(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
 
 // Unmaps the chunks no tensor here uses that will not be used again: a
 // large tensor's own chunk (its maker frees it once every receiver is done),
@@ -315,119 +514,6 @@ class owned_memory final : public cohort::detail::device_memory {
   int device_;
 };
 
-// What a received tensor's release lets go of once the stream it was
-// received on has done the work queued before the release.
-struct release_parcel {
-  cohort::storage note;
-  std::atomic<long>* users;
-};
-void release_now(release_parcel* r) noexcept {
-  auto* users = r->users;
-  delete r;  // the note's holds go first: the maker may reuse the block then
-  users->fetch_sub(1, std::memory_order_release);
-}
-
-// Releases waiting for their streams: an event recorded after the last use
-// (no host function, which would hold the stream up until a host thread has
-// run it), polled as tensors are received and released, and by a thread of
-// its own while any is left.
-struct pending_release {
-  int device;
-  cudaEvent_t done;
-  release_parcel* parcel;
-};
-struct release_queue {
-  std::mutex mutex;
-  std::condition_variable wake;
-  std::deque<pending_release> entries;  // oldest first
-  std::map<int, std::vector<cudaEvent_t>> spare;  // per device
-  bool polling = false;
-};
-release_queue& releases() {
-  static auto* q = new release_queue;
-  return *q;
-}
-
-// Takes the released entries at the front whose streams have done their
-// work; runs their parcels after the lock. Whether any is left.
-bool poll_releases(release_queue& q) {
-  std::vector<release_parcel*> done;
-  bool left = false;
-  {
-    std::lock_guard lock(q.mutex);
-    while (!q.entries.empty()) {
-      auto& front = q.entries.front();
-      const cudaError_t state = cudaEventQuery(front.done);
-      if (state == cudaErrorNotReady) break;
-      if (state != cudaSuccess) std::ignore = cudaGetLastError();  // a failed device runs nothing more
-      done.push_back(front.parcel);
-      q.spare[front.device].push_back(front.done);
-      q.entries.pop_front();
-    }
-    left = !q.entries.empty();
-  }
-  for (auto* parcel : done) release_now(parcel);
-  return left;
-}
-
-void start_polling(release_queue& q) {
-  std::thread([&q] {
-    for (;;) {
-      {
-        std::unique_lock lock(q.mutex);
-        q.wake.wait(lock, [&q] { return !q.entries.empty(); });
-      }
-      if (poll_releases(q)) std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  }).detach();
-}
-
-// Lets `parcel` go once the work queued so far on `stream` is done.
-void release_after(int device, CUstream_st* stream, release_parcel* parcel) noexcept {
-  auto& q = releases();
-  cudaEvent_t done = nullptr;
-  {
-    std::lock_guard lock(q.mutex);
-    auto& spare = q.spare[device];
-    if (!spare.empty()) {
-      done = spare.back();
-      spare.pop_back();
-    }
-  }
-  const detail::device_guard on(device);
-  if (done == nullptr && cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess) done = nullptr;
-  if (done == nullptr || cudaEventRecord(done, stream) != cudaSuccess) {
-    // The stream cannot take it (the process is ending, or the device
-    // failed): wait for it here instead.
-    std::ignore = cudaGetLastError();
-    std::ignore = cudaStreamSynchronize(stream);
-    if (done != nullptr) std::ignore = cudaEventDestroy(done);
-    release_now(parcel);
-    return;
-  }
-  bool start = false;
-  try {
-    std::lock_guard lock(q.mutex);
-    q.entries.push_back({device, done, parcel});
-    start = !std::exchange(q.polling, true);
-  } catch (...) {
-    std::ignore = cudaEventSynchronize(done);
-    std::ignore = cudaEventDestroy(done);
-    release_now(parcel);
-    return;
-  }
-  q.wake.notify_one();
-  if (start) {
-    try {
-      start_polling(q);
-    } catch (...) {
-      std::lock_guard lock(q.mutex);
-      q.polling = false;  // polled as tensors come and go, and tried again
-    }
-  }
-  poll_releases(q);
-}
-
 // A block of another process's chunk (or of one's own, sent back).
 class received_memory final : public cohort::detail::device_memory {
  public:
@@ -468,7 +554,7 @@ class received_memory final : public cohort::detail::device_memory {
 };
 
 cohort::storage read_device_storage(cohort::detail::reader& in) {
-  poll_releases(releases());
+  poll_device(poller());
   auto note = cohort::detail::handle_codec<cohort::storage>::read(in);
   if (in.left() < sizeof(record_wire)) throw decode_error("cohort::decode: the input ends early");
   record_wire w;
