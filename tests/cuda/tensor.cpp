@@ -6,6 +6,7 @@
 
 #include "cohort/cuda/device.hpp"
 #include "cohort/cuda/error.hpp"
+#include "cohort/process_error.hpp"
 #include "cohort/queue.hpp"
 #include "cohort/spawn_and_join.hpp"
 
@@ -17,9 +18,14 @@
 
 #include <fmt/format.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -178,6 +184,45 @@ std::string no_device_here(int, queue<tensor> q) {
 }
 COHORT_ENTRYPOINT(no_device_here);
 
+// In a rank: takes `count` tensors and is killed holding them.
+void hold_and_die(int, queue<tensor> q, int count) {
+  std::vector<tensor> held;
+  for (int i = 0; i < count; ++i) held.push_back(*q.get());
+  cuda::synchronize(0);
+  ::raise(SIGKILL);
+}
+COHORT_ENTRYPOINT(hold_and_die);
+
+// In a rank: sends a tensor that a kernel taking `ns` fills, long before
+// the kernel is done, and is killed once the receiver has it.
+void send_and_die(int, queue<tensor> q, queue<int> got, queue<std::int64_t> pid, std::int64_t ns) {
+  pid.put(::getpid());
+  tensor t = cuda::zeros({1024}, dtype::uint32, 0);
+  test::kernels::get().spin_fill(t.raw_data(), 1024, 42, static_cast<std::uint64_t>(ns), cuda::current_stream());
+  q.put(t);
+  got.get();
+  ::raise(SIGKILL);
+}
+COHORT_ENTRYPOINT(send_and_die);
+
+// In a rank: receives the tensor (its stream now waits on the sender's
+// event), says so, and copies it out once the sender is gone; returns the
+// milliseconds the copy took, failed or not. SIGALRM ends it after 60 s.
+std::int64_t receive_from_dying(int, queue<tensor> q, queue<int> got, std::int64_t sender) {
+  ::alarm(60);
+  const tensor t = *q.get();
+  got.put(1);
+  while (::kill(static_cast<pid_t>(sender), 0) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    (void)cuda::to_cpu(t);
+  } catch (const std::exception&) {
+    // The sender's device work may have ended with it: an error, not a hang.
+  }
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+}
+COHORT_ENTRYPOINT(receive_from_dying);
+
 }  // namespace cuda_tensor_tests
 
 using namespace cuda_tensor_tests;
@@ -307,5 +352,37 @@ TEST_SUITE("cuda tensors") {
     CHECK(said.find("no CUDA device") != std::string::npos);
     CHECK(said.ends_with("|5"));
   }
-}
 
+  TEST_CASE("a receiver killed holding tensors gives their blocks back to the maker") {
+    for (auto method : methods) {
+      CAPTURE(to_string(method));
+      const test::memory_mark mark(0);
+      {
+        queue<tensor> q(16);
+        constexpr int count = 8;  // 1 MiB each: four chunks
+        for (int i = 0; i < count; ++i) {
+          const tensor t = cuda::full({1 << 18}, i, dtype::float32, 0);
+          q.put(t);
+        }
+        CHECK_THROWS_AS(spawn_and_join(hold_and_die, std::tuple{q, count}, 1, with(method)), process_exited_error);
+      }
+      // Every block is free again, so every chunk can go.
+      CHECK(cuda::empty_cache() >= 4);
+      CHECK(mark.given_back());
+    }
+  }
+
+  TEST_CASE("a receiver whose stream waits on a sender killed before its kernel ended does not hang") {
+    queue<tensor> q(2);
+    queue<int> got(1);
+    queue<std::int64_t> sender(1);
+    constexpr std::int64_t five_seconds = 5'000'000'000;
+    auto sending = std::async(std::launch::async, [&] {
+      CHECK_THROWS_AS(spawn_and_join(send_and_die, std::tuple{q, got, sender, five_seconds}, 1), process_exited_error);
+    });
+    const std::int64_t pid = *sender.get();
+    const auto took = spawn_and_join(receive_from_dying, std::tuple{q, got, pid}, 1);
+    sending.get();
+    CHECK(took.at(0) < 60'000);
+  }
+}
