@@ -259,6 +259,24 @@ if __name__ == '__main__':
         print('failed', what, type(e).__name__, str(e).replace('\n', ' ')[:200], flush=True)
 )";
 
+// The numbers the torch baseline run with `args` printed after `key`;
+// empty, with its failure printed, when it failed.
+std::vector<double> torch_numbers(const std::string& args, const std::string& key) {
+  std::vector<double> numbers;
+  for (const auto& line : bench::python_lines(python_script, args)) {
+    std::istringstream in(line);
+    std::string first;
+    in >> first;
+    if (first == key) {
+      double v;
+      while (in >> v) numbers.push_back(v);
+    } else if (first == "failed") {
+      fmt::print("  torch: {}", line);
+    }
+  }
+  return numbers;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -280,15 +298,8 @@ int main(int argc, char** argv) {
     const auto ends = spawn_and_join(pipeline_rank, std::tuple{first, second, ready, n}, 3);
     const double seconds = static_cast<double>(ends.at(2) - ends.at(0)) / 1e9;
     ours.push_back(n / seconds);
-    double torch_rate = 0;
-    for (const auto& line : bench::python_lines(python_script, fmt::format("pipeline {}", n))) {
-      std::istringstream in(line);
-      std::string key;
-      double s = 0;
-      in >> key >> s;
-      if (key == "torch_pipeline" && s > 0) torch_rate = n / s;
-      else if (key == "failed") fmt::print("  torch round {}: {}", r, line);
-    }
+    const auto torch_seconds = torch_numbers(fmt::format("pipeline {}", n), "torch_pipeline");
+    const double torch_rate = torch_seconds.size() == 1 && torch_seconds[0] > 0 ? n / torch_seconds[0] : 0;
     fmt::print("  round {}: cohort {:.0f} tensors/s, torch {}\n", r, ours.back(),
                torch_rate > 0 ? fmt::format("{:.0f} tensors/s ({:.1f}x)", torch_rate, ours.back() / torch_rate) : "failed");
     if (torch_rate > 0) {
@@ -310,18 +321,7 @@ int main(int argc, char** argv) {
   const auto times = spawn_and_join(sizes_rank, std::tuple{q, posted, back}, 2);
   std::string size_args;
   for (auto s : sizes) size_args += fmt::format(" {}", s);
-  std::vector<double> torch_times;
-  for (const auto& line : bench::python_lines(python_script, "sizes" + size_args)) {
-    std::istringstream in(line);
-    std::string key;
-    in >> key;
-    if (key == "torch_sizes") {
-      double v;
-      while (in >> v) torch_times.push_back(v);
-    } else if (key == "failed") {
-      fmt::print("  torch: {}", line);
-    }
-  }
+  const auto torch_times = torch_numbers("sizes" + size_args, "torch_sizes");
   const std::size_t count = std::size(sizes) * 2;
   fmt::print("{:>12} {:>10} {:>10} {:>10} {:>10}   {:>10} {:>10} {:>10} {:>10}\n", "bytes", "put 1", "put 2", "get 1", "get 2",
              "torch put1", "put 2", "get 1", "get 2");
@@ -355,19 +355,8 @@ int main(int argc, char** argv) {
     std::vector<double> ns(trip_times.at(0).begin(), trip_times.at(0).end());
     (clone != 0 ? ours_clone_p50 : ours_p50) = show(clone != 0 ? "cohort, echo sends a clone" : "cohort, echo sends it back", ns);
   }
-  std::vector<double> torch_ns;
-  for (const auto& line : bench::python_lines(python_script, fmt::format("pingpong {}", trips))) {
-    std::istringstream in(line);
-    std::string key;
-    in >> key;
-    if (key == "torch_pingpong") {
-      double v;
-      while (in >> v) torch_ns.push_back(v);
-    } else if (key == "failed") {
-      fmt::print("  torch: {}", line);
-    }
-  }
-  const double torch_p50 = show("torch.multiprocessing, echo sends a clone", torch_ns);
+  const double torch_p50 =
+      show("torch.multiprocessing, echo sends a clone", torch_numbers(fmt::format("pingpong {}", trips), "torch_pingpong"));
   if (torch_p50 > 0 && ours_clone_p50 > 0) {
     fmt::print("  p50 torch / cohort: {:.1f}x (both clone), {:.1f}x (cohort sends it back)\n", torch_p50 / ours_clone_p50,
                torch_p50 / ours_p50);
