@@ -294,9 +294,13 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
   if (o.rdzv_endpoint.empty()) throw usage_error("--rdzv-backend etcd-v3 needs --rdzv-endpoint host:port (etcd's client URL)");
   rendezvous_config c;
   c.endpoint = o.rdzv_endpoint;
-  for (const char* scheme : {"http://", "https://"}) {
-    if (c.endpoint.rfind(scheme, 0) == 0) c.endpoint.erase(0, std::string_view(scheme).size());
+  // The client speaks plain HTTP: a TLS endpoint is refused, not spoken to
+  // in the clear.
+  if (c.endpoint.rfind("https://", 0) == 0) {
+    throw usage_error(fmt::format("--rdzv-endpoint {}: etcd over TLS (https) is not supported; give an http endpoint",
+                                  o.rdzv_endpoint));
   }
+  if (c.endpoint.rfind("http://", 0) == 0) c.endpoint.erase(0, std::string_view("http://").size());
   c.run_id = run_id;
   c.min_nodes = o.min_nodes;
   c.max_nodes = o.max_nodes;
@@ -440,6 +444,18 @@ attempt_record run_attempt(cohort::group_spec& spec, const run_options& o, etcd_
   return a;
 }
 
+// Tells the rendezvous how this node's attempt ended (`what` says it for
+// the message). Best effort: the node's outcome stands when etcd cannot
+// hear it, and the other nodes learn of its end from its lease.
+template <class F>
+void tell_rendezvous(const char* what, F&& tell) {
+  try {
+    tell();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "cohort-run: could not {} at the rendezvous: {}\n", what, e.what());
+  }
+}
+
 // The attempts of a run, under a guardian.
 int run_attempts(run_options& o, run_record& record, const std::vector<std::string>& command) {
   const int nproc = ranks_per_node(o.nproc_per_node);
@@ -521,7 +537,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     const auto& r = a.result;
     if (r.ok()) {
       a.outcome = "succeeded";
-      if (rdzv) rdzv->finished();
+      if (rdzv) tell_rendezvous("record this node's success", [&] { rdzv->finished(); });
       return finish("succeeded", 0);
     }
     if (r.signal) {
@@ -542,7 +558,9 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
       if (lost && record.restarts >= o.max_restarts) {
         fmt::print(stderr, "cohort-run: attempt {} ended: {}; no restarts left ({} of {} used)\n", attempt,
                    a.reason, record.restarts, o.max_restarts);
-        rdzv->close(fmt::format("node {} ({}) has no restarts left after: {}", p.node_rank, record.host, a.reason));
+        tell_rendezvous("close the job", [&] {
+          rdzv->close(fmt::format("node {} ({}) has no restarts left after: {}", p.node_rank, record.host, a.reason));
+        });
         return finish("failed", 1, a.reason);
       }
       if (lost) ++record.restarts;
@@ -557,10 +575,18 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
       ++record.restarts;
       fmt::print(stderr, "cohort-run: attempt {} failed: {}; restarting the group ({} of {} restarts)\n", attempt,
                  a.reason, record.restarts, o.max_restarts);
-      if (rdzv) rdzv->restart(fmt::format("node {} ({}) restarts: {}", p.node_rank, record.host, a.reason));
+      // Unheard, the next round still forms: this node joins it anew.
+      if (rdzv) {
+        tell_rendezvous("ask for a new round", [&] {
+          rdzv->restart(fmt::format("node {} ({}) restarts: {}", p.node_rank, record.host, a.reason));
+        });
+      }
       continue;
     }
-    if (rdzv) rdzv->close(fmt::format("node {} ({}) failed: {}", p.node_rank, record.host, a.reason));
+    if (rdzv) {
+      tell_rendezvous("close the job",
+                      [&] { rdzv->close(fmt::format("node {} ({}) failed: {}", p.node_rank, record.host, a.reason)); });
+    }
     return finish("failed", root != nullptr ? exit_code_of(root->status) : 1);
   }
 }

@@ -523,6 +523,9 @@ TEST_SUITE("cohort-run") {
     CHECK(error_of({"--rdzv-backend", "zookeeper"}).find("etcd-v3") != std::string::npos);
     CHECK(error_of({"--rdzv-backend", "c10d", "--nnodes", "1:2"}).find("etcd-v3") != std::string::npos);
     CHECK(error_of({"--rdzv-backend", "etcd-v3", "--nnodes", "1:2"}).find("--rdzv-endpoint") != std::string::npos);
+    // Not spoken to in the clear when it asks for TLS.
+    CHECK(error_of({"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "https://127.0.0.1:2379", "--nnodes", "1:2"})
+              .find("TLS (https) is not supported") != std::string::npos);
     CHECK(error_of({"--signals-to-handle", "SIGNOPE"}).find("SIGUSR1") != std::string::npos);
     CHECK(error_of({"--nnodes", "2", "--node-rank", "2"}).find("not below") != std::string::npos);
     auto help = run_launcher({"--help"});

@@ -211,6 +211,26 @@ TEST_SUITE("cohort-run over etcd") {
     CHECK(std::chrono::steady_clock::now() - start < 10s);
   }
 
+  TEST_CASE("etcd gone once the ranks have succeeded: the node still succeeds, and says what it could not record") {
+    test::etcd_server own;  // this test's to stop
+    test::temp_dir dir;
+    auto args = rendezvous(fresh_id(), "1:2");
+    args[3] = own.endpoint();
+    const auto started = dir.path / "started";  // the worker is up
+    const auto go = dir.path / "go";            // it may end
+    auto results = run_nodes(
+        {{joined(args, {"--", "/bin/sh", "-c",
+                        "touch \"$0\"; while [ ! -e \"$1\" ]; do sleep 0.02; done", started.string(), go.string()})}},
+        [&](std::vector<std::optional<child>>&) -> asio::awaitable<void> {
+          co_await files_appear(dir.path, 1, "started", 5ms, 30s);
+          own.stop();
+          std::ofstream{go};
+        });
+    CAPTURE(results[0].err);
+    CHECK(results[0].status.code() == 0);
+    CHECK(results[0].err.find("could not record this node's success at the rendezvous") != std::string::npos);
+  }
+
   TEST_CASE("PyTorch workers: a gloo all_reduce across the nodes after they re-formed without a killed one") {
     if (std::system("/usr/bin/python3 -c 'import torch.distributed' >/dev/null 2>&1") != 0) {
       MESSAGE("torch is not importable by /usr/bin/python3: skipped");

@@ -203,8 +203,9 @@ void etcd_rendezvous::keep_alive(std::stop_token stop, std::int64_t lease) {
     try {
       if (client.keep_alive(lease) == std::chrono::seconds(0)) break;
       renewed = clock_type::now();
-    } catch (const etcd_error&) {
-      // Not renewed for a whole time to live: etcd has let it expire.
+    } catch (const std::exception&) {
+      // etcd unreachable, or an answer that does not parse. Not renewed
+      // for a whole time to live: etcd has let it expire.
       if (clock_type::now() - renewed > config_.lease_ttl) break;
     }
   }
@@ -304,9 +305,10 @@ std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) 
   } else if (!s.running) {
     p.wrote = close_when_due(s, p);
   } else if (s.lists(self) && !(placed_ && placed_->round == s.round)) {
+    // Its waiting key went in the transaction that made it a member: no
+    // request is left that could fail once it is placed.
     placed_ = placement{s.round, s.state_revision, self, s.listed};
     ended_by_.reset();
-    client_.erase(prefix_ + "w/" + self);
     return assignment_of(self, s);
   } else if (s.lists(self)) {
     // The round this node ran: it asks for the next one.
@@ -412,6 +414,9 @@ void etcd_rendezvous::watch_round(std::stop_token stop, placement round,
       }
     } catch (const rendezvous_error& e) {
       change = {cause::new_round, e.what()};
+    } catch (const std::exception& e) {
+      // What etcd holds does not parse: nothing this node can run on.
+      change = {cause::new_round, std::string("the rendezvous state cannot be read: ") + e.what()};
     }
     if (change) {
       if (!stop.stop_requested()) {
