@@ -42,13 +42,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else the
-// ones the NVIDIA driver lists.
+// The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, read as
+// CUDA reads it (its entries up to the first that names no device: "-1"
+// hides them all), else the ones the NVIDIA driver lists.
 int visible_gpus() {
   if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    const std::string list = visible;
-    if (list.empty()) return 0;
-    return static_cast<int>(std::count(list.begin(), list.end(), ',')) + 1;
+    int n = 0;
+    for (const auto& entry : comma_list(visible)) {
+      const bool index = entry.find_first_not_of("0123456789") == std::string::npos;
+      if (!index && !entry.starts_with("GPU-") && !entry.starts_with("MIG-")) break;
+      ++n;
+    }
+    return n;
   }
   std::error_code ec;
   int n = 0;
@@ -90,11 +95,7 @@ cohort::streams_per_rank streams_of(const std::string& flag, const std::string& 
   };
   if (value.find(':') == std::string::npos) return number(value);
   std::map<int, cohort::std_streams> ranks;
-  std::string::size_type begin = 0;
-  while (begin <= value.size()) {
-    auto end = value.find(',', begin);
-    if (end == std::string::npos) end = value.size();
-    const std::string item = value.substr(begin, end - begin);
+  for (const auto& item : comma_list(value)) {
     const auto colon = item.find(':');
     std::size_t used = 0;
     int rank = -1;
@@ -107,7 +108,6 @@ cohort::streams_per_rank streams_of(const std::string& flag, const std::string& 
       throw usage_error(fmt::format("--{}: '{}' is not 0-3 or rank:0-3,...", flag, value));
     }
     ranks[rank] = number(item.substr(colon + 1));
-    begin = end + 1;
   }
   return ranks;
 }
@@ -277,12 +277,11 @@ placement static_placement(run_options& o, int nproc) {
 }
 
 double conf_seconds(const std::string& key, const std::string& value) {
-  char* end = nullptr;
-  const double seconds = std::strtod(value.c_str(), &end);
-  if (value.empty() || end != value.c_str() + value.size() || !(seconds > 0) || seconds > 1e6) {
+  const double s = seconds("--rdzv-conf " + key, value);
+  if (!(s > 0) || s > 1e6) {
     throw usage_error(fmt::format("--rdzv-conf {}: '{}' is not a number of seconds above 0", key, value));
   }
-  return seconds;
+  return s;
 }
 
 std::chrono::milliseconds millis(double seconds) {

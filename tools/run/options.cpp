@@ -43,15 +43,6 @@ std::string environment_name(const std::string& long_name) {
   return name;
 }
 
-double seconds(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value) || value < 0) {
-    throw usage_error(fmt::format("{}: '{}' is not a number of seconds, 0 or more (e.g. 30 or 0.5)", flag, text));
-  }
-  return value;
-}
-
 std::vector<int> signals(const std::string& flag, const std::string& list) {
   std::vector<int> numbers;
   for (const auto& name : comma_list(list)) numbers.push_back(signal_number(flag, name));
@@ -85,6 +76,15 @@ void parse_nnodes(const std::string& text, run_options& o) {
 }
 
 }  // namespace
+
+double seconds(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value) || value < 0) {
+    throw usage_error(fmt::format("{}: '{}' is not a number of seconds, 0 or more (e.g. 30 or 0.5)", flag, text));
+  }
+  return value;
+}
 
 std::vector<std::string> comma_list(const std::string& list) {
   std::vector<std::string> items;

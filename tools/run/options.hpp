@@ -78,6 +78,8 @@ run_options parse_options(int argc, char** argv);
 
 /// "a,b,,c" -> a b c: the items of a comma-separated list, empty ones left out.
 std::vector<std::string> comma_list(const std::string& list);
+/// A number of seconds, 0 or more; throws usage_error naming `flag`.
+double seconds(const std::string& flag, const std::string& text);
 /// "5" -> 5; a message naming `flag` and what it accepts otherwise.
 int whole_number(const std::string& flag, const std::string& text, int least);
 /// A signal by name ("SIGUSR1", "USR1") or number.
