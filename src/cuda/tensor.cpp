@@ -484,8 +484,9 @@ std::shared_ptr<detail::held_chunk> chunk_for(const detail::chunk_note& note, in
 
 void append_record(std::vector<std::byte>& out, const cohort::storage& note, std::size_t nbytes, int device) {
   cohort::detail::handle_codec<cohort::storage>::write(out, note);
-  if (cohort::detail::current_handles != nullptr && cohort::detail::current_handles->message) detail::note_sent(note);
+  // Through a queue (received once, by one process), not an argument.
   const bool message = cohort::detail::current_handles != nullptr && cohort::detail::current_handles->message;
+  if (message) detail::note_sent(note);
   const record_wire w{nbytes, static_cast<std::uint32_t>(::getpid()), detail::own_port(), record_send_event(device, message),
                       0};
   const auto* bytes = reinterpret_cast<const std::byte*>(&w);
