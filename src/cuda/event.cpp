@@ -4,6 +4,7 @@
 
 #include "cohort/cuda/error.hpp"
 #include "cuda/driver.hpp"
+#include "cuda/poller.hpp"
 
 #include <fmt/format.h>
 
@@ -95,6 +96,11 @@ void event::synchronize() const {
   constexpr const char* entry = "cohort::cuda::event::synchronize";
   check_usable(event_, entry);
   detail::check(cudaEventSynchronize(event_), "cudaEventSynchronize", describe(entry, device_));
+}
+
+void event::when_done(std::unique_ptr<detail::event_waiter> waiter) const {
+  check_usable(event_, "cohort::cuda::event::async_wait");
+  detail::watch_event(device_, event_, false, std::move(waiter));
 }
 
 bool event::query() const {

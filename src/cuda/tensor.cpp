@@ -9,6 +9,7 @@
 #include "cuda/arena.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/exchange.hpp"
+#include "cuda/poller.hpp"
 
 #include <fmt/format.h>
 
@@ -191,10 +192,18 @@ struct stream_gate {
   std::uint32_t issued = 0;
   std::deque<gated_wait> waiting;  // in the order of their seq
 };
+// An asynchronous wait on an event (event::async_wait, async_synchronize).
+struct watched_event {
+  int device;
+  cudaEvent_t event;
+  bool owned;  // made for the wait, destroyed after it
+  std::unique_ptr<detail::event_waiter> waiter;
+};
 struct device_poller {
   std::mutex mutex;
   std::condition_variable wake;
   std::deque<pending_release> entries;  // oldest first
+  std::vector<watched_event> watched;
   std::map<int, std::vector<cudaEvent_t>> spare;  // per device
   std::map<std::pair<int, CUstream_st*>, stream_gate> gates;
   std::size_t gated = 0;  // waits not yet over, on every gate
@@ -205,11 +214,27 @@ device_poller& poller() {
   return *q;
 }
 
+// Tells a watch's waiter how its event ended, and destroys the event when
+// the watch made it.
+void end_watch(watched_event& w, cudaError_t state) noexcept {
+  std::exception_ptr error;
+  if (state != cudaSuccess) {
+    try {
+      detail::check(state, "cudaEventQuery", fmt::format("cohort::cuda::event::async_wait: device {}", w.device));
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (w.owned) std::ignore = cudaEventDestroy(w.event);
+  w.waiter->done(error);
+}
+
 // Takes the releases at the front whose streams have done their work (and
 // runs their parcels after the lock), and ends the gated waits whose events
 // are done or whose senders have ended. Whether any of either is left.
 bool poll_device(device_poller& q) {
   std::vector<release_parcel*> done;
+  std::vector<std::pair<watched_event, cudaError_t>> finished;
   bool left = false;
   {
     std::lock_guard lock(q.mutex);
@@ -234,9 +259,20 @@ bool poll_device(device_poller& q) {
         --q.gated;
       }
     }
-    left = !q.entries.empty() || q.gated > 0;
+    for (auto it = q.watched.begin(); it != q.watched.end();) {
+      const cudaError_t state = cudaEventQuery(it->event);
+      if (state == cudaErrorNotReady) {
+        ++it;
+        continue;
+      }
+      if (state != cudaSuccess) std::ignore = cudaGetLastError();
+      finished.push_back({std::move(*it), state});
+      it = q.watched.erase(it);
+    }
+    left = !q.entries.empty() || q.gated > 0 || !q.watched.empty();
   }
   for (auto* parcel : done) release_now(parcel);
+  for (auto& [w, state] : finished) end_watch(w, state);
   return left;
 }
 
@@ -245,7 +281,7 @@ void start_polling(device_poller& q) {
     for (;;) {
       {
         std::unique_lock lock(q.mutex);
-        q.wake.wait(lock, [&q] { return !q.entries.empty() || q.gated > 0; });
+        q.wake.wait(lock, [&q] { return !q.entries.empty() || q.gated > 0 || !q.watched.empty(); });
       }
       if (poll_device(q)) std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
@@ -768,6 +804,42 @@ void synchronize(int device) {
   const detail::device_guard on(device, context);
   detail::check(cudaStreamSynchronize(current), "cudaStreamSynchronize", context);
 }
+
+namespace detail {
+
+void watch_event(int device, CUevent_st* e, bool owned, std::unique_ptr<event_waiter> waiter) {
+  watched_event w{device, e, owned, std::move(waiter)};
+  const cudaError_t state = cudaEventQuery(e);
+  if (state != cudaErrorNotReady) {
+    if (state != cudaSuccess) std::ignore = cudaGetLastError();
+    end_watch(w, state);
+    return;
+  }
+  auto& q = poller();
+  bool start = false;
+  {
+    std::lock_guard lock(q.mutex);
+    q.watched.push_back(std::move(w));
+    start = !std::exchange(q.polling, true);
+  }
+  wake_poller(q, start);
+}
+
+void when_stream_done(int device, std::unique_ptr<event_waiter> waiter) {
+  constexpr const char* entry = "cohort::cuda::async_synchronize";
+  check_device(device, entry);
+  const auto context = fmt::format("{}: device {}", entry, device);
+  const device_guard on(device, context);
+  cudaEvent_t marker = nullptr;
+  check(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming), "cudaEventCreateWithFlags", context);
+  if (const cudaError_t recorded = cudaEventRecord(marker, current); recorded != cudaSuccess) {
+    std::ignore = cudaEventDestroy(marker);
+    check(recorded, "cudaEventRecord", context);
+  }
+  watch_event(device, marker, true, std::move(waiter));
+}
+
+}  // namespace detail
 
 int empty_cache() {
   detail::driver("cohort::cuda::empty_cache");

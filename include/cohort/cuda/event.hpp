@@ -2,10 +2,18 @@
 // producer records one after its writes, a receiver's stream waits on it.
 #pragma once
 
+#include "cohort/completion_token.hpp"
 #include "cohort/export.hpp"
+
+#include <asio/async_result.hpp>
+#include <asio/executor_work_guard.hpp>
+#include <asio/post.hpp>
 
 #include <array>
 #include <cstddef>
+#include <exception>
+#include <memory>
+#include <utility>
 
 // CUDA's stream and event types, whose pointers cudaStream_t (CUstream) and
 // cudaEvent_t (CUevent) are: declared here so this header needs no CUDA
@@ -21,6 +29,38 @@ namespace cohort::cuda {
 struct ipc_event_handle {
   std::array<std::byte, 64> bytes{};
 };
+
+namespace detail {
+/// What an asynchronous wait completes: called once, from a thread of this
+/// layer, with the wait's failure or null.
+struct event_waiter {
+  virtual ~event_waiter() = default;
+  virtual void done(std::exception_ptr error) = 0;
+};
+
+/// Completes `Handler` on its associated executor.
+template <class Handler>
+struct posting_waiter final : event_waiter {
+  Handler handler;
+  asio::executor_work_guard<asio::associated_executor_t<Handler>> work;
+  explicit posting_waiter(Handler&& h)
+      : handler(std::move(h)), work(asio::make_work_guard(asio::get_associated_executor(handler))) {}
+  void done(std::exception_ptr error) override {
+    auto executor = work.get_executor();
+    asio::post(executor, [h = std::move(handler), error]() mutable { std::move(h)(error); });
+    work.reset();
+  }
+};
+
+template <class Token, class Register>
+auto initiate_wait(Token&& token, Register&& enroll) {
+  return asio::async_initiate<Token, completion_signature<void>>(
+      [enroll = std::forward<Register>(enroll)](auto handler) mutable {
+        enroll(std::make_unique<posting_waiter<decltype(handler)>>(std::move(handler)));
+      },
+      token);
+}
+}  // namespace detail
 
 /// An interprocess event, timing disabled (cudaEventInterprocess |
 /// cudaEventDisableTiming): made here, or opened from another process's
@@ -59,6 +99,16 @@ class event {
   /// Blocks the calling thread until the work captured by the last record
   /// is done (cudaEventSynchronize).
   void synchronize() const;
+  /// Completes `token` (void(std::exception_ptr); an awaitable by default)
+  /// once the work captured by the last record is done, blocking no thread:
+  /// a thread of this layer polls the event and completes the handler on
+  /// its associated executor, with error when the event reports a failure.
+  /// The event must outlive the wait; the wait cannot be cancelled.
+  template <completion_token_of<void> Token = default_token>
+  auto async_wait(Token&& token = {}) const {
+    return detail::initiate_wait(std::forward<Token>(token),
+                                 [this](std::unique_ptr<detail::event_waiter> w) { when_done(std::move(w)); });
+  }
   /// Whether the work captured by the last record is done (cudaEventQuery);
   /// true for an event never recorded.
   bool query() const;
@@ -67,6 +117,9 @@ class event {
 
   /// The cudaEvent_t, this object's still.
   CUevent_st* native_handle() const noexcept { return event_; }
+  /// async_wait's work: `waiter` is told once the last record's work is
+  /// done. Throws std::logic_error for an empty event, no_device.
+  void when_done(std::unique_ptr<detail::event_waiter> waiter) const;
   int device() const noexcept { return device_; }
   /// Opened from another process's handle, not made here.
   bool opened() const noexcept { return opened_; }

@@ -4,11 +4,13 @@
 // ordered on the receiver's stream after the sender's work by an event.
 #pragma once
 
+#include "cohort/cuda/event.hpp"
 #include "cohort/export.hpp"
 #include "cohort/tensor.hpp"
 
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <span>
 
 struct CUstream_st;
@@ -67,6 +69,24 @@ tensor clone(const tensor& t);
 /// done (cudaStreamSynchronize). Throws error, with any failure of that
 /// work.
 void synchronize(int device);
+
+namespace detail {
+/// async_synchronize's work: records an event on the current stream of
+/// `device` and tells `waiter` once it is done.
+void when_stream_done(int device, std::unique_ptr<event_waiter> waiter);
+}  // namespace detail
+
+/// As synchronize(), blocking no thread: completes `token`
+/// (void(std::exception_ptr); an awaitable by default) once the work queued
+/// so far on the current stream of `device` is done, on the handler's
+/// associated executor (event::async_wait). Throws as synchronize() when
+/// the work cannot be marked.
+template <completion_token_of<void> Token = default_token>
+auto async_synchronize(int device, Token&& token = {}) {
+  return detail::initiate_wait(std::forward<Token>(token), [device](std::unique_ptr<detail::event_waiter> w) {
+    detail::when_stream_done(device, std::move(w));
+  });
+}
 
 /// Lets go of the device memory this process keeps for reuse: its arenas'
 /// chunks with no block in use (once every receiver of their blocks is

@@ -1,0 +1,17 @@
+// The thread that polls device work for this layer (src/cuda/tensor.cpp):
+// receivers' stream-ordered releases, waits gated on other processes'
+// events, and asynchronous waits on events and streams.
+#pragma once
+
+#include "cohort/cuda/event.hpp"
+
+#include <memory>
+
+namespace cohort::cuda::detail {
+
+/// Tells `waiter` once `e`, an event of `device`, has no work pending (or
+/// has failed: with the error); `owned`: `e` is the poller's to destroy
+/// then. At once, on the calling thread, when it is done already.
+void watch_event(int device, CUevent_st* e, bool owned, std::unique_ptr<event_waiter> waiter);
+
+}  // namespace cohort::cuda::detail
