@@ -16,6 +16,13 @@
 
 #include <doctest/doctest.h>
 
+#include <asio/bind_executor.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
 #include <fmt/format.h>
 
 #include <signal.h>
@@ -384,5 +391,51 @@ TEST_SUITE("cuda tensors") {
     const auto took = spawn_and_join(receive_from_dying, std::tuple{q, got, pid}, 1);
     sending.get();
     CHECK(took.at(0) < 60'000);
+  }
+
+  TEST_CASE("co_await on an event or a stream: the io_context goes on meanwhile, and it ends once the work is done") {
+    asio::io_context io;
+    tensor t = cuda::zeros({1024}, dtype::uint32, 0);
+    constexpr std::uint64_t fifth_of_a_second = 200'000'000;
+    const auto ticks_while = [&](auto wait) -> asio::awaitable<std::pair<int, bool>> {
+      // A timer on the same thread ticks while the wait is pending.
+      int ticks = 0;
+      bool waiting = true;
+      asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+        asio::steady_timer timer(io);
+        while (waiting) {
+          timer.expires_after(std::chrono::milliseconds(10));
+          co_await timer.async_wait(asio::use_awaitable);
+          ++ticks;
+        }
+      }, asio::detached);
+      co_await wait();
+      waiting = false;
+      co_return std::pair{ticks, true};
+    };
+    // An event recorded after a kernel that takes a fifth of a second.
+    cuda::event done(0);
+    test::kernels::get().spin_fill(t.raw_data(), 1024, 7, fifth_of_a_second, cuda::current_stream());
+    done.record(cuda::current_stream());
+    const auto [ticks, ended] = test::run(io, ticks_while([&] { return done.async_wait(); }));
+    CHECK(ended);
+    CHECK(ticks >= 5);
+    CHECK(done.query());
+    // The current stream, the same way; then the kernel's words are there.
+    test::kernels::get().spin_fill(t.raw_data(), 1024, 9, fifth_of_a_second, cuda::current_stream());
+    const auto [stream_ticks, stream_ended] = test::run(io, ticks_while([] { return cuda::async_synchronize(0); }));
+    CHECK(stream_ended);
+    CHECK(stream_ticks >= 5);
+    std::vector<std::uint32_t> words(1024);
+    test::cuda_check(cudaMemcpy(words.data(), t.raw_data(), 4096, cudaMemcpyDeviceToHost), "cudaMemcpy");
+    CHECK(std::all_of(words.begin(), words.end(), [](std::uint32_t w) { return w == 9; }));
+    // Any token: a callback, on the io_context's thread.
+    bool called = false;
+    cuda::event again(0);
+    again.record(cuda::current_stream());
+    again.async_wait(asio::bind_executor(io, [&](std::exception_ptr error) { called = !error; }));
+    io.run();
+    io.restart();
+    CHECK(called);
   }
 }
