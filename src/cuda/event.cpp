@@ -2,14 +2,20 @@
 // timing disabled as CUDA requires of them.
 #include "cohort/cuda/event.hpp"
 
+#include "cohort/cuda/device.hpp"
 #include "cohort/cuda/error.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/poller.hpp"
 
 #include <fmt/format.h>
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 namespace cohort::cuda {
@@ -18,6 +24,13 @@ namespace {
 static_assert(sizeof(cudaIpcEventHandle_t) == sizeof(ipc_event_handle::bytes));
 
 std::string describe(const char* entry, int device) { return fmt::format("{}: event on device {}", entry, device); }
+
+// The CUDA event `e`, destroyed with the last copy that holds it. An event
+// recorded and not yet complete is destroyed at once, its resources freed
+// by the driver when the work completes.
+std::shared_ptr<CUevent_st> owned(cudaEvent_t e) {
+  return std::shared_ptr<CUevent_st>(e, [](CUevent_st* made) { std::ignore = cudaEventDestroy(made); });
+}
 
 // Throws std::logic_error for an empty event, no_device where it cannot be
 // (an event came from CUDA), naming `entry`.
@@ -36,7 +49,7 @@ event::event(int device) {
   cudaEvent_t made = nullptr;
   detail::check(cudaEventCreateWithFlags(&made, cudaEventInterprocess | cudaEventDisableTiming),
                 "cudaEventCreateWithFlags", context);
-  event_ = made;
+  event_ = owned(made);
   device_ = device;
 }
 
@@ -50,63 +63,56 @@ event event::from_ipc_handle(int device, const ipc_event_handle& handle) {
   cudaEvent_t opened = nullptr;
   detail::check(cudaIpcOpenEventHandle(&opened, raw), "cudaIpcOpenEventHandle", context);
   event e;
-  e.event_ = opened;
+  e.event_ = owned(opened);
   e.device_ = device;
   e.opened_ = true;
   return e;
 }
 
 event::event(event&& other) noexcept
-    : event_(std::exchange(other.event_, nullptr)),
+    : event_(std::move(other.event_)),
       device_(std::exchange(other.device_, -1)),
       opened_(std::exchange(other.opened_, false)) {}
 
 event& event::operator=(event&& other) noexcept {
   if (this != &other) {
-    if (event_ != nullptr) cudaEventDestroy(event_);
-    event_ = std::exchange(other.event_, nullptr);
+    event_ = std::move(other.event_);
     device_ = std::exchange(other.device_, -1);
     opened_ = std::exchange(other.opened_, false);
   }
   return *this;
 }
 
-// An event recorded and not yet complete is destroyed at once, its
-// resources freed by the driver when the work completes.
-event::~event() {
-  if (event_ != nullptr) cudaEventDestroy(event_);
-}
-
 void event::record(CUstream_st* stream) {
   constexpr const char* entry = "cohort::cuda::event::record";
-  check_usable(event_, entry);
+  check_usable(event_.get(), entry);
   const auto context = describe(entry, device_);
   // The event's device current: a null stream is its default stream.
   const detail::device_guard current(device_, context);
-  detail::check(cudaEventRecord(event_, stream), "cudaEventRecord", context);
+  detail::check(cudaEventRecord(event_.get(), stream), "cudaEventRecord", context);
 }
 
 void event::wait(CUstream_st* stream) const {
   constexpr const char* entry = "cohort::cuda::event::wait";
-  check_usable(event_, entry);
-  detail::check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent", describe(entry, device_));
+  check_usable(event_.get(), entry);
+  detail::check(cudaStreamWaitEvent(stream, event_.get(), 0), "cudaStreamWaitEvent", describe(entry, device_));
 }
 
 void event::synchronize() const {
   constexpr const char* entry = "cohort::cuda::event::synchronize";
-  check_usable(event_, entry);
-  detail::check(cudaEventSynchronize(event_), "cudaEventSynchronize", describe(entry, device_));
+  check_usable(event_.get(), entry);
+  detail::check(cudaEventSynchronize(event_.get()), "cudaEventSynchronize", describe(entry, device_));
 }
 
 void event::when_done(std::unique_ptr<detail::event_waiter> waiter) const {
-  check_usable(event_, "cohort::cuda::event::async_wait");
-  detail::watch_event(device_, event_, false, std::move(waiter));
+  check_usable(event_.get(), "cohort::cuda::event::async_wait");
+  detail::watch_event(device_, event_.get(), event_, std::move(waiter));
 }
 
 bool event::query() const {
   constexpr const char* entry = "cohort::cuda::event::query";
-  check_usable(event_, entry);
-  const cudaError_t done = cudaEventQuery(event_);
+  check_usable(event_.get(), entry);
+  const cudaError_t done = cudaEventQuery(event_.get());
   if (done == cudaErrorNotReady) return false;
   detail::check(done, "cudaEventQuery", describe(entry, device_));
   return true;
@@ -114,12 +120,60 @@ bool event::query() const {
 
 ipc_event_handle event::ipc_handle() const {
   constexpr const char* entry = "cohort::cuda::event::ipc_handle";
-  check_usable(event_, entry);
+  check_usable(event_.get(), entry);
   cudaIpcEventHandle_t raw{};
-  detail::check(cudaIpcGetEventHandle(&raw, event_), "cudaIpcGetEventHandle", describe(entry, device_));
+  detail::check(cudaIpcGetEventHandle(&raw, event_.get()), "cudaIpcGetEventHandle", describe(entry, device_));
   ipc_event_handle handle;
   std::memcpy(handle.bytes.data(), &raw, sizeof raw);
   return handle;
 }
 
 }  // namespace cohort::cuda
+
+namespace cohort::detail {
+
+void handle_codec<cuda::event>::write(std::vector<std::byte>& out, const cuda::event& value) {
+  if (!value) {
+    out.push_back(std::byte{0});
+    return;
+  }
+  // Opened events are passed on as their maker made them: the handle is
+  // the same in every process.
+  const auto handle = value.ipc_handle();
+  const auto id = cuda::device_uuid(value.device());
+  const auto maker = static_cast<std::uint32_t>(value.opened() ? 0 : ::getpid());
+  out.push_back(std::byte{1});
+  const auto* pid = reinterpret_cast<const std::byte*>(&maker);
+  out.insert(out.end(), pid, pid + sizeof maker);
+  for (auto b : id.bytes) out.push_back(static_cast<std::byte>(b));
+  out.insert(out.end(), handle.bytes.begin(), handle.bytes.end());
+}
+
+cuda::event handle_codec<cuda::event>::read(reader& in) {
+  const auto kind = std::to_integer<unsigned>(in.next());
+  if (kind == 0) return {};
+  if (kind != 1) throw decode_error(fmt::format("cohort::decode: an event handle of kind {}", kind));
+  if (in.left() < handle_size - 1) throw decode_error("cohort::decode: the input ends early");
+  std::uint32_t maker = 0;
+  std::memcpy(&maker, in.take(sizeof maker).data(), sizeof maker);
+  cuda::uuid id;
+  std::memcpy(id.bytes.data(), in.take(id.bytes.size()).data(), id.bytes.size());
+  cuda::ipc_event_handle handle;
+  std::memcpy(handle.bytes.data(), in.take(handle.bytes.size()).data(), handle.bytes.size());
+  if (maker != 0 && static_cast<pid_t>(maker) == ::getpid()) {
+    throw decode_error("cohort::decode: an event received by the process that made it, which cannot open it: use the event itself");
+  }
+  const auto device = cuda::find_device(id);
+  if (!device) {
+    throw decode_error(fmt::format(
+        "cohort::decode: an event on device {}, which this process does not see (see CUDA_VISIBLE_DEVICES)",
+        cuda::to_string(id)));
+  }
+  try {
+    return cuda::event::from_ipc_handle(*device, handle);
+  } catch (const cuda::error& e) {
+    throw decode_error(std::string("cohort::decode: an event that does not open: ") + e.what());
+  }
+}
+
+}  // namespace cohort::detail

@@ -196,7 +196,7 @@ struct stream_gate {
 struct watched_event {
   int device;
   cudaEvent_t event;
-  bool owned;  // made for the wait, destroyed after it
+  std::shared_ptr<CUevent_st> keep;  // holds `event` for the wait
   std::unique_ptr<detail::event_waiter> waiter;
 };
 struct device_poller {
@@ -225,7 +225,7 @@ void end_watch(watched_event& w, cudaError_t state) noexcept {
       error = std::current_exception();
     }
   }
-  if (w.owned) std::ignore = cudaEventDestroy(w.event);
+  w.keep.reset();
   w.waiter->done(error);
 }
 
@@ -807,8 +807,8 @@ void synchronize(int device) {
 
 namespace detail {
 
-void watch_event(int device, CUevent_st* e, bool owned, std::unique_ptr<event_waiter> waiter) {
-  watched_event w{device, e, owned, std::move(waiter)};
+void watch_event(int device, CUevent_st* e, std::shared_ptr<CUevent_st> keep, std::unique_ptr<event_waiter> waiter) {
+  watched_event w{device, e, std::move(keep), std::move(waiter)};
   const cudaError_t state = cudaEventQuery(e);
   if (state != cudaErrorNotReady) {
     if (state != cudaSuccess) std::ignore = cudaGetLastError();
@@ -832,11 +832,9 @@ void when_stream_done(int device, std::unique_ptr<event_waiter> waiter) {
   const device_guard on(device, context);
   cudaEvent_t marker = nullptr;
   check(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming), "cudaEventCreateWithFlags", context);
-  if (const cudaError_t recorded = cudaEventRecord(marker, current); recorded != cudaSuccess) {
-    std::ignore = cudaEventDestroy(marker);
-    check(recorded, "cudaEventRecord", context);
-  }
-  watch_event(device, marker, true, std::move(waiter));
+  std::shared_ptr<CUevent_st> keep(marker, [](CUevent_st* e) { std::ignore = cudaEventDestroy(e); });
+  check(cudaEventRecord(marker, current), "cudaEventRecord", context);
+  watch_event(device, marker, std::move(keep), std::move(waiter));
 }
 
 }  // namespace detail

@@ -4,10 +4,13 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <cohort/cuda/chunk.hpp>
 #include <cohort/cuda/device.hpp>
 #include <cohort/cuda/error.hpp>
 #include <cohort/cuda/event.hpp>
+#include <cohort/cuda/tensor.hpp>
 
 #include <dlfcn.h>
 
@@ -69,6 +72,40 @@ TEST_SUITE("cuda without a device") {
     check_no_device("cohort::cuda::event", [] { cuda::event e(0); });
     check_no_device("cohort::cuda::event::from_ipc_handle",
                     [] { cuda::event::from_ipc_handle(0, cuda::ipc_event_handle{}); });
+    // Device tensors.
+    check_no_device("cohort::cuda::empty", [] { cuda::empty({4}, dtype::float32, 0); });
+    check_no_device("cohort::cuda::empty", [] { cuda::full({4}, 1, dtype::float32, 0); });
+    check_no_device("cohort::cuda::empty", [] { cuda::to_device(tensor::zeros({4}, dtype::float32), 0); });
+    check_no_device("cohort::cuda::synchronize", [] { cuda::synchronize(0); });
+    check_no_device("cohort::cuda::empty_cache", [] { cuda::empty_cache(); });
+    check_no_device("cohort::cuda::async_synchronize",
+                    [] { cuda::async_synchronize(0, [](std::exception_ptr) { FAIL("completed without a device"); }); });
+  }
+
+  TEST_CASE("a device tensor's record, received without a device, is a decode_error naming the reason") {
+    // What a sender on a device would write: a note's storage handle and the
+    // sender's fields. Here its note is any shared storage: the reader
+    // refuses it before any device is asked for.
+    std::vector<std::byte> bytes;
+    const auto note = storage::allocate_shared(16);
+    {
+      detail::handle_context context;
+      detail::handle_scope scope(context);
+      bytes.push_back(std::byte{2});
+      bytes.push_back(static_cast<std::byte>(kDLCUDA));
+      detail::handle_codec<storage>::write(bytes, note);
+      // nbytes, sender, port, event slot, padding.
+      const std::uint64_t nbytes = 16;
+      const std::uint32_t sender = static_cast<std::uint32_t>(::getpid()), port = 1, slot = 0, zero = 0;
+      for (auto [field, size] : {std::pair<const void*, std::size_t>{&nbytes, 8}, {&sender, 4}, {&port, 4}, {&slot, 4},
+                                 {&zero, 4}}) {
+        const auto* at = static_cast<const std::byte*>(field);
+        bytes.insert(bytes.end(), at, at + size);
+      }
+    }
+    detail::reader in(bytes);
+    CHECK_THROWS_WITH_AS(detail::handle_codec<storage>::read(in),
+                         doctest::Contains("a device tensor's note of 16 bytes"), decode_error);
   }
 
   TEST_CASE("no_device is a cohort::cuda::error, and its code names CUDA's reason") {

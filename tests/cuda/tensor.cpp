@@ -230,6 +230,27 @@ std::int64_t receive_from_dying(int, queue<tensor> q, queue<int> got, std::int64
 }
 COHORT_ENTRYPOINT(receive_from_dying);
 
+// In a rank: waits for the event it was given (torch's
+// test_event_handle_importer); returns whether it had fired by then.
+bool wait_for_given(int, cuda::event done) {
+  done.synchronize();
+  return done.query();
+}
+COHORT_ENTRYPOINT(wait_for_given);
+
+// In a rank: records an event after a kernel that takes `ns` and sends it
+// (torch's test_event_handle_exporter); ends once told, so the event
+// outlives the receiver's use of it.
+void export_event(int, queue<cuda::event> out, queue<int> used, std::int64_t ns) {
+  tensor t = cuda::zeros({1024}, dtype::uint32, 0);
+  test::kernels::get().spin_fill(t.raw_data(), 1024, 5, static_cast<std::uint64_t>(ns), cuda::current_stream());
+  cuda::event done(0);
+  done.record(cuda::current_stream());
+  out.put(done);
+  used.get();
+}
+COHORT_ENTRYPOINT(export_event);
+
 }  // namespace cuda_tensor_tests
 
 using namespace cuda_tensor_tests;
@@ -437,5 +458,31 @@ TEST_SUITE("cuda tensors") {
     io.run();
     io.restart();
     CHECK(called);
+  }
+
+  TEST_CASE("events cross as arguments and through queues (test_event_handle_importer, _exporter)") {
+    for (auto method : methods) {
+      CAPTURE(to_string(method));
+      tensor t = cuda::zeros({1024}, dtype::uint32, 0);
+      cuda::event done(0);
+      test::kernels::get().spin_fill(t.raw_data(), 1024, 3, 200'000'000, cuda::current_stream());
+      done.record(cuda::current_stream());
+      CHECK(spawn_and_join(wait_for_given, std::tuple{done}, 1, with(method)).at(0));
+
+      queue<cuda::event> events(1);
+      queue<int> used(1);
+      auto exporter = std::async(std::launch::async, [&] {
+        spawn_and_join(export_event, std::tuple{events, used, std::int64_t{200'000'000}}, 1, with(method));
+      });
+      cuda::event theirs = *events.get();
+      CHECK(theirs.opened());
+      theirs.synchronize();
+      CHECK(theirs.query());
+      used.put(1);
+      exporter.get();
+    }
+    // The process that made an event cannot open it: received here, it is refused.
+    cuda::event mine(0);
+    CHECK_THROWS_AS(decode<cuda::event>(encode(mine)), decode_error);
   }
 }

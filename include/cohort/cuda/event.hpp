@@ -3,6 +3,7 @@
 #pragma once
 
 #include "cohort/completion_token.hpp"
+#include "cohort/encoding.hpp"
 #include "cohort/export.hpp"
 
 #include <asio/async_result.hpp>
@@ -11,6 +12,8 @@
 
 #include <array>
 #include <cstddef>
+#include <string>
+#include <vector>
 #include <exception>
 #include <memory>
 #include <utility>
@@ -69,9 +72,9 @@ auto initiate_wait(Token&& token, Register&& enroll) {
 /// synchronize waits for the last record made before it, in whichever
 /// process. The event made here must outlive every process's use of its
 /// handle (CUDA: operations on an opened event after the maker destroyed
-/// it are undefined). Moving leaves the source empty; destruction
-/// destroys this process's event (cudaEventDestroy). Every call that
-/// fails throws error.
+/// it are undefined). Copies share the event; moving leaves the source
+/// empty; the last copy's destruction destroys this process's event
+/// (cudaEventDestroy). Every call that fails throws error.
 class event {
  public:
   /// An empty event.
@@ -83,11 +86,13 @@ class event {
   /// (cudaIpcOpenEventHandle); not in the process that made it.
   static event from_ipc_handle(int device, const ipc_event_handle& handle);
 
+  /// Copies are the same event: a record through one is waited on through
+  /// all, and the CUDA event is destroyed with the last copy.
+  event(const event&) = default;
+  event& operator=(const event&) = default;
   event(event&& other) noexcept;
   event& operator=(event&& other) noexcept;
-  event(const event&) = delete;
-  event& operator=(const event&) = delete;
-  ~event();
+  ~event() = default;
 
   /// Captures the work queued so far on `stream`, a stream of the event's
   /// device (null: that device's legacy default stream); returns at once.
@@ -103,7 +108,7 @@ class event {
   /// once the work captured by the last record is done, blocking no thread:
   /// a thread of this layer polls the event and completes the handler on
   /// its associated executor, with error when the event reports a failure.
-  /// The event must outlive the wait; the wait cannot be cancelled.
+  /// The wait holds a copy of the event; it cannot be cancelled.
   template <completion_token_of<void> Token = default_token>
   auto async_wait(Token&& token = {}) const {
     return detail::initiate_wait(std::forward<Token>(token),
@@ -116,7 +121,7 @@ class event {
   ipc_event_handle ipc_handle() const;
 
   /// The cudaEvent_t, this object's still.
-  CUevent_st* native_handle() const noexcept { return event_; }
+  CUevent_st* native_handle() const noexcept { return event_.get(); }
   /// async_wait's work: `waiter` is told once the last record's work is
   /// done. Throws std::logic_error for an empty event, no_device.
   void when_done(std::unique_ptr<detail::event_waiter> waiter) const;
@@ -126,11 +131,31 @@ class event {
   explicit operator bool() const noexcept { return event_ != nullptr; }
 
  private:
-  CUevent_st* event_ = nullptr;
+  std::shared_ptr<CUevent_st> event_;
   int device_ = -1;
   bool opened_ = false;
 };
 
 }  // namespace cohort::cuda
+
+namespace cohort::detail {
+
+/// A cuda::event crosses (as an entry point's argument, through a queue) as
+/// its maker's pid, its device's UUID and its IPC handle; the receiver
+/// opens it on its own index of that device (event::from_ipc_handle). The
+/// event made here must outlive every receiver's use of it, as for
+/// ipc_handle(). An empty event crosses as one byte. A receiver that is the
+/// event's maker, does not see its device, or cannot open it gets a
+/// decode_error.
+template <>
+struct handle_codec<cuda::event> {
+  static std::string signature() { return "E"; }
+  static constexpr std::size_t handle_size = 1 + 4 + 16 + 64;
+  static std::size_t size_bound(const cuda::event&) noexcept { return handle_size; }
+  static void write(std::vector<std::byte>& out, const cuda::event& value);
+  static cuda::event read(reader& in);
+};
+
+}  // namespace cohort::detail
 
 COHORT_API_END
