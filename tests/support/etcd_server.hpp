@@ -139,6 +139,10 @@ class etcd_server {
                                   // A lease's least time to live is 1.5 election timeouts.
                                   "--heartbeat-interval=20",
                                   "--election-timeout=200"};
+    // It dies with this process, however this process ends (util-linux's
+    // setpriv sets the parent-death signal, then becomes etcd).
+    const std::string setpriv = "/usr/bin/setpriv";
+    if (::access(setpriv.c_str(), X_OK) == 0) args.insert(args.begin(), {setpriv, "--pdeathsig", "KILL"});
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -148,7 +152,7 @@ class etcd_server {
     posix_spawn_file_actions_addopen(&files, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     posix_spawn_file_actions_adddup2(&files, 1, 2);
     posix_spawn_file_actions_addopen(&files, 0, "/dev/null", O_RDONLY, 0);
-    const int error = ::posix_spawn(&pid_, etcd_program.c_str(), &files, nullptr, argv.data(), environ);
+    const int error = ::posix_spawn(&pid_, argv[0], &files, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&files);
     if (error != 0) {
       pid_ = -1;
