@@ -2,6 +2,8 @@
 // events' handles, and the connections on which it asks others for theirs.
 #include "cuda/exchange.hpp"
 
+#include "os/descriptor_passing.hpp"
+
 #include <fmt/format.h>
 
 #include <fcntl.h>
@@ -62,27 +64,6 @@ served& table() {
   return *t;
 }
 
-bool send_reply(int connection, const reply& r, int fd) {
-  iovec part{const_cast<reply*>(&r), sizeof r};
-  msghdr m{};
-  m.msg_iov = &part;
-  m.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
-  if (fd >= 0) {
-    m.msg_control = control;
-    m.msg_controllen = sizeof control;
-    auto* c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
-  }
-  ssize_t n;
-  do n = ::sendmsg(connection, &m, MSG_NOSIGNAL);
-  while (n < 0 && errno == EINTR);
-  return n == static_cast<ssize_t>(sizeof r);
-}
-
 // Answers one peer's requests until it hangs up.
 void answer(int connection) {
   for (;;) {
@@ -111,7 +92,7 @@ void answer(int connection) {
         r.status = EINVAL;
       }
     }
-    const bool sent = send_reply(connection, r, fd);
+    const bool sent = os::send_with_fds(connection, &r, sizeof r, &fd, fd >= 0 ? 1 : 0);
     if (fd >= 0) ::close(fd);
     if (!sent) break;
   }
@@ -196,22 +177,11 @@ bool ask(pid_t pid, std::uint32_t port, const request& q, reply& r, int& fd, std
     }
     c->fd = s;
   }
-  ssize_t n;
-  do n = ::send(c->fd, &q, sizeof q, MSG_NOSIGNAL);
-  while (n < 0 && errno == EINTR);
-  if (n != static_cast<ssize_t>(sizeof q)) return drop(n < 0 ? std::strerror(errno) : "a short send");
-  iovec part{&r, sizeof r};
-  msghdr m{};
-  m.msg_iov = &part;
-  m.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))]{};
-  m.msg_control = control;
-  m.msg_controllen = sizeof control;
-  do n = ::recvmsg(c->fd, &m, MSG_CMSG_CLOEXEC);
-  while (n < 0 && errno == EINTR);
-  for (auto* h = CMSG_FIRSTHDR(&m); h != nullptr; h = CMSG_NXTHDR(&m, h)) {
-    if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) std::memcpy(&fd, CMSG_DATA(h), sizeof fd);
-  }
+  errno = 0;
+  if (!os::send_with_fds(c->fd, &q, sizeof q, nullptr, 0)) return drop(errno != 0 ? std::strerror(errno) : "a short send");
+  std::size_t count = 0;
+  bool truncated = false;
+  const ssize_t n = os::receive_with_fds(c->fd, &r, sizeof r, &fd, 1, count, truncated);
   if (n != static_cast<ssize_t>(sizeof r)) {
     if (fd >= 0) ::close(std::exchange(fd, -1));
     return drop(n == 0                                          ? "it has ended"

@@ -83,38 +83,6 @@ struct batch {
   std::uint32_t count;
 };
 
-// Receives one message; returns its size (0 at EOF, -1 on error) and the
-// descriptors that came with it (close-on-exec). `truncated` is set when
-// the kernel could not pass them all (the receiver's open file limit):
-// those that came are closed then, and count is 0.
-ssize_t receive_with_fds(int socket, void* data, std::size_t size, fd_array& fds, std::size_t& count,
-                         bool& truncated) {
-  iovec iov{data, size};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_fds)]{};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t n;
-  do {
-    n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
-  } while (n < 0 && errno == EINTR);
-  count = 0;
-  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-      count = std::min<std::size_t>((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int), max_fds);
-      std::memcpy(fds.data(), CMSG_DATA(cm), sizeof(int) * count);
-    }
-  }
-  truncated = n > 0 && (msg.msg_flags & MSG_CTRUNC) != 0;
-  if (truncated) {
-    for (std::size_t i = 0; i < count; ++i) ::close(fds[i]);
-    count = 0;
-  }
-  return n;
-}
-
 // Where glibc keeps this thread's tid (set_tid_address at start-up): the
 // kernel writes the child's tid there, as glibc's own fork does, so raise()
 // and friends see the child's tid, not the server's.
@@ -276,7 +244,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     fd_array fds{};
     std::size_t count = 0;
     bool truncated = false;
-    const ssize_t n = receive_with_fds(socket, &b, sizeof b, fds, count, truncated);
+    const ssize_t n = os::receive_with_fds(socket, &b, sizeof b, fds.data(), fds.size(), count, truncated);
     if (n <= 0) return 0;  // the requester is gone
     std::vector<int> replies;  // a pid per rank, up to the first failure: -errno
     std::vector<std::byte> bytes;
@@ -467,7 +435,8 @@ std::size_t start_from_server(std::span<server_request> requests, const function
         fd_array none{};
         std::size_t count = 0;
         bool truncated = false;
-        const ssize_t n = receive_with_fds(l.socket, replies.data(), sizeof replies, none, count, truncated);
+        const ssize_t n =
+            os::receive_with_fds(l.socket, replies.data(), sizeof replies, none.data(), none.size(), count, truncated);
         for (std::size_t i = 0; i < count; ++i) ::close(none[i]);
         if (n <= 0) {
           error = n == 0 ? EPIPE : errno;
