@@ -283,6 +283,15 @@ void check_layout(dtype type, std::span<const std::int64_t> shape,
                   std::span<const std::int64_t> strides, std::int64_t offset,
                   std::size_t storage_nbytes);
 
+/// The element count of a new contiguous tensor of `shape`, whose bytes
+/// must fit int64. Throws std::invalid_argument, its message starting with
+/// `operation` ("tensor::empty"), for more than 64 dimensions, a negative
+/// size, or bytes that overflow.
+std::int64_t checked_numel(std::span<const std::int64_t> shape, dtype type, std::string_view operation);
+/// Row-major strides of `shape`, a size of 0 counting as 1 (as torch's).
+/// Throws std::invalid_argument when they overflow.
+dim_vector contiguous_strides(std::span<const std::int64_t> shape);
+
 }  // namespace detail
 
 /// How a new tensor's storage is made.

@@ -671,32 +671,6 @@ void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
   return true;
 }();
 
-std::size_t contiguous_nbytes(std::span<const std::int64_t> shape, dtype type, const char* entry) {
-  if (shape.size() > tensor::max_ndim) throw std::invalid_argument(fmt::format("{}: more than 64 dimensions", entry));
-  std::size_t count = 1;
-  for (auto d : shape) {
-    if (d < 0) throw std::invalid_argument(fmt::format("{}: a negative size {}", entry, d));
-    if (__builtin_mul_overflow(count, static_cast<std::size_t>(d), &count)) {
-      throw std::invalid_argument(fmt::format("{}: the size overflows", entry));
-    }
-  }
-  std::size_t bytes = 0;
-  if (__builtin_mul_overflow(count, element_size(type), &bytes) || bytes > (std::size_t{1} << 62)) {
-    throw std::invalid_argument(fmt::format("{}: the size overflows", entry));
-  }
-  return bytes;
-}
-
-std::vector<std::int64_t> contiguous_strides(std::span<const std::int64_t> shape) {
-  std::vector<std::int64_t> strides(shape.size());
-  std::int64_t step = 1;
-  for (std::size_t i = shape.size(); i-- > 0;) {
-    strides[i] = step;
-    step *= std::max<std::int64_t>(shape[i], 1);
-  }
-  return strides;
-}
-
 // Device storage of `nbytes` on `device`.
 cohort::storage device_storage(int device, std::size_t nbytes) {
   return cohort::detail::make_device_storage(std::make_shared<owned_memory>(device, detail::allocate(device, nbytes), nbytes));
@@ -722,9 +696,12 @@ CUstream_st* current_stream() noexcept { return current; }
 void set_current_stream(CUstream_st* stream) noexcept { current = stream; }
 
 tensor empty(std::span<const std::int64_t> shape, dtype type, int device) {
-  const auto nbytes = contiguous_nbytes(shape, type, "cohort::cuda::empty");
-  const auto strides = contiguous_strides(shape);
-  return tensor(device_storage(device, nbytes), type, shape, strides, 0, cohort::device{kDLCUDA, device});
+  constexpr const char* entry = "cohort::cuda::empty";
+  const auto nbytes =
+      static_cast<std::size_t>(cohort::detail::checked_numel(shape, type, entry)) * element_size(type);
+  if (nbytes > (std::size_t{1} << 62)) throw std::invalid_argument(fmt::format("{}: the size overflows", entry));
+  const auto strides = cohort::detail::contiguous_strides(shape);
+  return tensor(device_storage(device, nbytes), type, shape, strides.view(), 0, cohort::device{kDLCUDA, device});
 }
 
 tensor full(std::span<const std::int64_t> shape, double value, dtype type, int device) {

@@ -114,45 +114,6 @@ void check_dtype(dtype held, dtype asked, std::string_view operation) {
   }
 }
 
-// The element count of a new tensor of `shape`, whose bytes must fit int64.
-std::int64_t checked_numel(std::span<const std::int64_t> shape, dtype type,
-                           std::string_view operation) {
-  if (shape.size() > tensor::max_ndim) {
-    throw std::invalid_argument(fmt::format("tensor::{}: {} dimensions, more than {}", operation,
-                                            shape.size(), tensor::max_ndim));
-  }
-  std::int64_t numel = 1;
-  bool overflow = false;
-  for (std::int64_t size : shape) {
-    if (size < 0) {
-      throw std::invalid_argument(fmt::format("tensor::{}: negative size in shape [{}]", operation,
-                                              fmt::join(shape, ", ")));
-    }
-    overflow |= __builtin_mul_overflow(numel, size, &numel);
-  }
-  std::int64_t bytes = 0;
-  if (overflow ||
-      __builtin_mul_overflow(numel, static_cast<std::int64_t>(element_size(type)), &bytes)) {
-    throw std::invalid_argument(fmt::format("tensor::{}: shape [{}] of {} is too large", operation,
-                                            fmt::join(shape, ", "), type));
-  }
-  return numel;
-}
-
-// Row-major strides of `shape`, a size of 0 counting as 1 (as torch's).
-detail::dim_vector contiguous_strides(std::span<const std::int64_t> shape) {
-  detail::dim_vector strides(shape.size());
-  std::int64_t step = 1;
-  for (std::size_t d = shape.size(); d > 0; --d) {
-    strides[d - 1] = step;
-    if (d > 1 && __builtin_mul_overflow(step, std::max<std::int64_t>(shape[d - 1], 1), &step)) {
-      throw std::invalid_argument(
-          fmt::format("tensor: strides of shape [{}] overflow", fmt::join(shape, ", ")));
-    }
-  }
-  return strides;
-}
-
 // Elements per row (run along the last dimension), and bytes between them.
 std::int64_t row_length(const tensor& t) { return t.ndim() == 0 ? 1 : t.shape().back(); }
 std::int64_t row_step(const tensor& t) {
@@ -248,6 +209,47 @@ struct dlpack_owner {
 
 }  // namespace
 
+namespace detail {
+
+std::int64_t checked_numel(std::span<const std::int64_t> shape, dtype type,
+                           std::string_view operation) {
+  if (shape.size() > tensor::max_ndim) {
+    throw std::invalid_argument(fmt::format("{}: {} dimensions, more than {}", operation,
+                                            shape.size(), tensor::max_ndim));
+  }
+  std::int64_t numel = 1;
+  bool overflow = false;
+  for (std::int64_t size : shape) {
+    if (size < 0) {
+      throw std::invalid_argument(fmt::format("{}: negative size in shape [{}]", operation,
+                                              fmt::join(shape, ", ")));
+    }
+    overflow |= __builtin_mul_overflow(numel, size, &numel);
+  }
+  std::int64_t bytes = 0;
+  if (overflow ||
+      __builtin_mul_overflow(numel, static_cast<std::int64_t>(element_size(type)), &bytes)) {
+    throw std::invalid_argument(fmt::format("{}: shape [{}] of {} is too large", operation,
+                                            fmt::join(shape, ", "), type));
+  }
+  return numel;
+}
+
+dim_vector contiguous_strides(std::span<const std::int64_t> shape) {
+  dim_vector strides(shape.size());
+  std::int64_t step = 1;
+  for (std::size_t d = shape.size(); d > 0; --d) {
+    strides[d - 1] = step;
+    if (d > 1 && __builtin_mul_overflow(step, std::max<std::int64_t>(shape[d - 1], 1), &step)) {
+      throw std::invalid_argument(
+          fmt::format("tensor: strides of shape [{}] overflow", fmt::join(shape, ", ")));
+    }
+  }
+  return strides;
+}
+
+}  // namespace detail
+
 tensor::tensor() : shape_(1), strides_(1) { strides_[0] = 1; }
 
 tensor::tensor(cohort::storage storage, cohort::dtype type, std::span<const std::int64_t> shape,
@@ -272,8 +274,8 @@ tensor::tensor(cohort::storage storage, cohort::dtype type, std::span<const std:
 tensor tensor::empty(std::span<const std::int64_t> shape, cohort::dtype type,
                      tensor_options options) {
   const auto nbytes =
-      static_cast<std::size_t>(checked_numel(shape, type, "empty")) * element_size(type);
-  auto strides = contiguous_strides(shape);
+      static_cast<std::size_t>(detail::checked_numel(shape, type, "tensor::empty")) * element_size(type);
+  auto strides = detail::contiguous_strides(shape);
   auto bytes = options.shared ? storage::allocate_shared(nbytes) : storage::allocate(nbytes);
   return tensor(unchecked{}, std::move(bytes), type, 0, detail::dim_vector(shape),
                 std::move(strides));
@@ -296,7 +298,7 @@ tensor tensor::full(std::span<const std::int64_t> shape, double value, cohort::d
 tensor tensor::from_bytes(std::span<const std::byte> values, cohort::dtype type,
                           std::span<const std::int64_t> shape, tensor_options options) {
   const auto count = values.size() / element_size(type);
-  if (static_cast<std::size_t>(checked_numel(shape, type, "from_data")) != count) {
+  if (static_cast<std::size_t>(detail::checked_numel(shape, type, "tensor::from_data")) != count) {
     throw std::invalid_argument(
         fmt::format("tensor::from_data: {} values for shape [{}]", count, fmt::join(shape, ", ")));
   }
@@ -431,7 +433,7 @@ tensor tensor::reshape(std::span<const std::int64_t> shape) const {
   } else if (known != numel()) {
     throw invalid();
   }
-  auto strides = contiguous_strides(sizes.view());
+  auto strides = detail::contiguous_strides(sizes.view());
   return view(offset_, std::move(sizes), std::move(strides));
 }
 
