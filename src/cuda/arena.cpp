@@ -16,7 +16,6 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -121,9 +120,11 @@ cohort::storage make_note(const arena& a, const held_chunk& c, std::uint64_t off
   return note;
 }
 
-std::atomic_ref<std::uint64_t> counter(const cohort::storage& note, std::size_t at) {
-  return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(note.data() + at));
+// A note's counter at byte `at` of the note's bytes.
+std::atomic_ref<std::uint64_t> counter(std::byte* note, std::size_t at) {
+  return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(note + at));
 }
+std::atomic_ref<std::uint64_t> counter(const cohort::storage& note, std::size_t at) { return counter(note.data(), at); }
 
 bool settled(const cohort::storage& note) {
   // received first: a count of sent read after it can only be larger.
@@ -265,22 +266,14 @@ void note_sent(const cohort::storage& note) {
 }
 
 void note_received(std::byte* note) noexcept {
-  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(note + note_received_at))
-      .fetch_add(1, std::memory_order_release);
+  counter(note, note_received_at).fetch_add(1, std::memory_order_release);
 }
 
-void wait_for_receipts(std::chrono::steady_clock::duration limit) noexcept {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  for (;;) {
-    prune_watched();
-    {
-      auto& w = watched();
-      std::lock_guard lock(w.mutex);
-      if (w.notes.empty()) return;
-    }
-    if (std::chrono::steady_clock::now() >= until) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+bool all_received() noexcept {
+  prune_watched();
+  auto& w = watched();
+  std::lock_guard lock(w.mutex);
+  return w.notes.empty();
 }
 
 held_chunk::~held_chunk() {

@@ -19,7 +19,6 @@
 
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -60,9 +59,9 @@ void note_sent(const cohort::storage& note);
 /// Counts a message naming the block of the note whose bytes are at
 /// `note` as received.
 void note_received(std::byte* note) noexcept;
-/// Waits, for at most `limit`, until every message this process sent that
-/// names a device block has been received.
-void wait_for_receipts(std::chrono::steady_clock::duration limit) noexcept;
+/// Whether every message this process sent that names a device block has
+/// been received.
+bool all_received() noexcept;
 
 /// A chunk held here: made by this process, or mapped from another's.
 struct held_chunk {

@@ -214,8 +214,8 @@ device_poller& poller() {
   return *q;
 }
 
-// Tells a watch's waiter how its event ended, and destroys the event when
-// the watch made it.
+// Tells a watch's waiter how its event ended, after letting go of the
+// watch's hold on the event (the last hold destroys it).
 void end_watch(watched_event& w, cudaError_t state) noexcept {
   std::exception_ptr error;
   if (state != cudaSuccess) {
@@ -230,8 +230,9 @@ void end_watch(watched_event& w, cudaError_t state) noexcept {
 }
 
 // Takes the releases at the front whose streams have done their work (and
-// runs their parcels after the lock), and ends the gated waits whose events
-// are done or whose senders have ended. Whether any of either is left.
+// runs their parcels after the lock), ends the gated waits whose events are
+// done or whose senders have ended, and tells the asynchronous waits whose
+// events are done. Whether any of these is left.
 bool poll_device(device_poller& q) {
   std::vector<release_parcel*> done;
   std::vector<std::pair<watched_event, cudaError_t>> finished;
@@ -288,8 +289,14 @@ void start_polling(device_poller& q) {
   }).detach();
 }
 
-// Wakes the poller's thread, starting it first when `start`.
-void wake_poller(device_poller& q, bool start) {
+// Wakes the poller's thread for what was just added, starting it first
+// when there is none yet.
+void wake_poller(device_poller& q) {
+  bool start = false;
+  {
+    std::lock_guard lock(q.mutex);
+    start = !std::exchange(q.polling, true);
+  }
   q.wake.notify_one();
   if (!start) return;
   try {
@@ -323,18 +330,16 @@ void release_after(int device, CUstream_st* stream, release_parcel* parcel) noex
     release_now(parcel);
     return;
   }
-  bool start = false;
   try {
     std::lock_guard lock(q.mutex);
     q.entries.push_back({device, done, parcel});
-    start = !std::exchange(q.polling, true);
   } catch (...) {
     std::ignore = cudaEventSynchronize(done);
     std::ignore = cudaEventDestroy(done);
     release_now(parcel);
     return;
   }
-  wake_poller(q, start);
+  wake_poller(q);
   poll_device(q);
 }
 
@@ -356,7 +361,6 @@ void wait_on_sender_event(int device, const event& e, pid_t sender, slot_counts&
   if (api.stream_wait_value32 != nullptr) {
     auto& q = poller();
     bool gated = false;
-    bool start = false;
     {
       std::lock_guard lock(q.mutex);
       const detail::device_guard on(device);
@@ -377,12 +381,11 @@ void wait_on_sender_event(int device, const event& e, pid_t sender, slot_counts&
         gate.waiting.push_back({e.native_handle(), sender, &counts, seq});
         ++q.gated;
         gated = true;
-        start = !std::exchange(q.polling, true);
       }
       std::ignore = cudaGetLastError();
     }
     if (gated) {
-      wake_poller(q, start);
+      wake_poller(q);
       return;
     }
   }
@@ -660,8 +663,7 @@ void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
     const detail::device_guard on(device);
     std::ignore = cudaDeviceSynchronize();
   }
-  detail::wait_for_receipts(limit);
-  while (!all_acknowledged() && std::chrono::steady_clock::now() < until) {
+  while (!(detail::all_received() && all_acknowledged()) && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
@@ -793,13 +795,11 @@ void watch_event(int device, CUevent_st* e, std::shared_ptr<CUevent_st> keep, st
     return;
   }
   auto& q = poller();
-  bool start = false;
   {
     std::lock_guard lock(q.mutex);
     q.watched.push_back(std::move(w));
-    start = !std::exchange(q.polling, true);
   }
-  wake_poller(q, start);
+  wake_poller(q);
 }
 
 void when_stream_done(int device, std::unique_ptr<event_waiter> waiter) {
