@@ -298,13 +298,11 @@ int open_kept(pid_t keeper, pid_t source, const std::string& link) {
       errno = ESRCH;
       return -1;
     }
-    // A source still running holds what it sent itself: the handle names
-    // a descriptor it does not have, and no keeper will be given it.
-    if (!os::has_ended(source, 0)) {
-      errno = ENOENT;
-      return -1;
-    }
-    if (::kill(source, 0) == 0) seen = now;  // ended, not yet reaped
+    // A source that is ending closes its descriptors before it shows as
+    // ended, so one that seems to run gets `after_end` too; still running
+    // then, it holds what it sent itself: the handle names a descriptor it
+    // does not have, and no keeper will be given it.
+    if (::kill(source, 0) == 0 && os::has_ended(source, 0)) seen = now;  // ended, not yet reaped
     if (now - seen > after_end || now - start > at_most) {
       errno = ENOENT;
       return -1;

@@ -59,7 +59,9 @@ void release_kept_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept;
 /// errno ENOENT when it keeps none, ESRCH
 /// when the keeper has ended. Once `source` has ended, waits for a little
 /// while after it is reaped: the keeper takes what it handed over as it
-/// records that end. A `source` still running is not waited for.
+/// records that end. A `source` that seems to run gets that while too (an
+/// ending process closes its descriptors before it shows as ended), and no
+/// more.
 int open_kept(pid_t keeper, pid_t source, const std::string& link);
 
 }  // namespace cohort::shm
