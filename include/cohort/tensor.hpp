@@ -437,8 +437,22 @@ class tensor {
   /// This tensor when contiguous; otherwise a contiguous clone, in shared
   /// memory when this one is.
   tensor contiguous() const;
-  /// A contiguous copy of the elements in new storage.
+  /// A contiguous copy of the elements in new storage. For a tensor on a
+  /// device, a copy on the same device, made by its device layer on that
+  /// device's current stream (the options do not apply: device memory is
+  /// always shareable), keeping the storage's layout.
   tensor clone(tensor_options options = {}) const;
+
+  /// This tensor on `to`: itself when it is there already, otherwise a copy
+  /// made by the device layer of the side that is not the CPU
+  /// (libcohort-cuda for kDLCUDA) on that device's current stream; a copy to
+  /// the CPU is complete when it returns, a copy to a device is ordered on
+  /// the stream. Throws std::logic_error when no layer for the device is
+  /// loaded in this process, or for a copy between two non-CPU device types,
+  /// and what the layer throws (cohort::cuda::error).
+  tensor to(cohort::device to) const;
+  /// to(device{kDLCPU, 0}).
+  tensor to_cpu() const { return to(cohort::device{}); }
 
   /// Sets every element, through views too, to `value` converted to the
   /// dtype: integers truncate toward zero, bool is value != 0, float16 and
@@ -505,6 +519,16 @@ namespace detail {
 /// [device id][ndim][shape...][strides...][offset]. A receiver checks the
 /// dtype, the device, ndim <= 64 and the layout against the storage
 /// (check_layout) before it builds the tensor; a bad one is a decode_error.
+/// What copies tensors to, from and within devices of one DLPack type:
+/// registered by the device layer as it loads (libcohort-cuda for kDLCUDA).
+/// Called with a tensor on the layer's device and `to` the CPU or one of its
+/// devices, or with a CPU tensor and `to` one of its devices; a copy to the
+/// tensor's own device is a new copy.
+using device_copy = tensor (*)(const tensor& t, cohort::device to);
+/// Registers the copy for `device_type` (1..63); a second registration
+/// replaces the first, and null removes it.
+void register_device_copy(int device_type, device_copy copy) noexcept;
+
 template <>
 struct handle_codec<tensor> {
   static std::string signature() { return "T"; }

@@ -668,8 +668,16 @@ void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
   }
 }
 
+// tensor::to and a device tensor's tensor::clone.
+tensor copy_tensor(const tensor& t, cohort::device to) {
+  if (to.type == kDLCPU) return cuda::to_cpu(t);
+  if (t.device() == to) return cuda::clone(t);
+  return cuda::to_device(t, to.id);
+}
+
 [[maybe_unused]] const bool reader_registered = [] {
   cohort::detail::register_device_reader(kDLCUDA, &read_device_storage, &wait_for_receivers);
+  cohort::detail::register_device_copy(kDLCUDA, &copy_tensor);
   return true;
 }();
 

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <concepts>
 #include <cstring>
@@ -336,7 +337,7 @@ void tensor::check_on_host(const char* what) const {
   if (device_.type == kDLCPU) return;
   throw std::logic_error(fmt::format(
       "tensor::{}: the tensor is on device {}:{}, which this process cannot read directly; copy it to the CPU "
-      "first (cohort::cuda::to_cpu)",
+      "first (tensor::to_cpu)",
       what, static_cast<int>(device_.type), device_.id));
 }
 
@@ -450,8 +451,41 @@ tensor tensor::contiguous() const {
   return is_contiguous() ? *this : clone({.shared = is_shared()});
 }
 
+namespace {
+
+constexpr int device_types = 64;
+std::atomic<detail::device_copy> device_copies[device_types];
+
+detail::device_copy copy_for(DLDeviceType type, const char* what) {
+  const int t = static_cast<int>(type);
+  const auto copy = t > 0 && t < device_types ? device_copies[t].load(std::memory_order_acquire) : nullptr;
+  if (copy == nullptr) {
+    throw std::logic_error(fmt::format(
+        "tensor::{}: no device layer for device type {} is loaded in this process (link libcohort-cuda for CUDA)",
+        what, t));
+  }
+  return copy;
+}
+
+}  // namespace
+
+void detail::register_device_copy(int device_type, device_copy copy) noexcept {
+  if (device_type <= 0 || device_type >= device_types) return;
+  device_copies[device_type].store(copy, std::memory_order_release);
+}
+
+tensor tensor::to(cohort::device to) const {
+  if (to == device_ || (to.type == kDLCPU && device_.type == kDLCPU)) return *this;
+  if (device_.type != kDLCPU && to.type != kDLCPU && device_.type != to.type) {
+    throw std::logic_error(fmt::format("tensor::to: from device {}:{} to device {}:{}: copy through the CPU",
+                                       static_cast<int>(device_.type), device_.id, static_cast<int>(to.type),
+                                       to.id));
+  }
+  return copy_for(to.type != kDLCPU ? to.type : device_.type, "to")(*this, to);
+}
+
 tensor tensor::clone(tensor_options options) const {
-  check_on_host("clone");
+  if (device_.type != kDLCPU) return copy_for(device_.type, "clone")(*this, device_);
   tensor out = empty(shape(), dtype_, options);
   if (is_contiguous()) {
     if (nbytes() > 0) std::memcpy(out.raw_data(), raw_data(), nbytes());
@@ -543,7 +577,7 @@ bool equal(const tensor& a, const tensor& b) {
   for (const tensor* t : {&a, &b}) {
     if (t->device().type != kDLCPU) {
       throw std::logic_error(fmt::format(
-          "cohort::equal: a tensor on device {}:{}; copy it to the CPU first (cohort::cuda::to_cpu)",
+          "cohort::equal: a tensor on device {}:{}; copy it to the CPU first (tensor::to_cpu)",
           static_cast<int>(t->device().type), t->device().id));
     }
   }

@@ -264,12 +264,20 @@ TEST_SUITE("cuda tensors") {
       CHECK(t.device() == device{kDLCUDA, 0});
       CHECK(to_string(t) == "tensor(<6 elements on device 2:0>, shape=[2, 3], dtype=float32)");
       CHECK_THROWS_AS(t.data<float>(), std::logic_error);
-      CHECK_THROWS_AS(t.clone(), std::logic_error);
       CHECK_THROWS_AS((void)(t == t), std::logic_error);
       CHECK(floats_of(t) == std::vector<float>(6, 1.5f));
       const tensor back = cuda::to_device(tensor::full({4}, 3, dtype::int64), 0);
       const tensor host = cuda::to_cpu(back);
       CHECK(host == tensor::full({4}, 3, dtype::int64));
+      // The members reach the same copies through the core library.
+      const tensor copy = t.clone();
+      CHECK(copy.device() == device{kDLCUDA, 0});
+      CHECK(!copy.storage().same(t.storage()));
+      CHECK(floats_of(copy) == std::vector<float>(6, 1.5f));
+      CHECK(t.to(device{kDLCUDA, 0}).storage().same(t.storage()));
+      const tensor moved = tensor::full({3}, 2, dtype::int32).to(device{kDLCUDA, 0});
+      CHECK(moved.device() == device{kDLCUDA, 0});
+      CHECK(moved.to_cpu() == tensor::full({3}, 2, dtype::int32));
       // 8-byte elements are filled as two words each.
       const tensor wide = cuda::full({3}, -2.25, dtype::float64, 0);
       CHECK(cuda::to_cpu(wide) == tensor::full({3}, -2.25, dtype::float64));

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -566,6 +567,18 @@ class pretend_device final : public detail::device_memory {
   std::vector<std::byte> bytes_;
 };
 
+// The copy a device layer registers, here between host bytes and
+// pretend_device memory; counts its calls.
+int pretend_copies = 0;
+tensor pretend_copy(const tensor& t, device to) {
+  ++pretend_copies;
+  const auto& from = t.storage();
+  storage bytes = to.type == kDLCPU ? storage::allocate(from.nbytes())
+                                    : detail::make_device_storage(std::make_shared<pretend_device>(from.nbytes()));
+  std::memcpy(bytes.data(), from.data(), from.nbytes());
+  return tensor(std::move(bytes), t.dtype(), t.shape(), t.strides(), t.storage_offset(), to);
+}
+
 }  // namespace device_storage_tests
 
 TEST_CASE("a tensor over a device's storage keeps to its device and is not read on the host") {
@@ -605,4 +618,43 @@ TEST_CASE("a tensor over a device's storage keeps to its device and is not read 
   } catch (const decode_error& e) {
     CHECK(std::string(e.what()).find("no device layer for it is loaded") != std::string::npos);
   }
+}
+
+TEST_CASE("tensor::to, to_cpu and a device tensor's clone go to the device's layer, or say none is loaded") {
+  using device_storage_tests::pretend_copies;
+  using device_storage_tests::pretend_copy;
+  const tensor host = tensor::full({2, 3}, 1.5, dtype::float32);
+  // The CPU, whatever its index, is where a CPU tensor already is.
+  CHECK(host.to(device{}).storage().same(host.storage()));
+  CHECK(host.to(device{kDLCPU, 2}).storage().same(host.storage()));
+  CHECK(host.to_cpu().storage().same(host.storage()));
+  // No layer for CUDA in this process.
+  try {
+    (void)host.to(device{kDLCUDA, 3});
+    FAIL("copied to a device without its layer");
+  } catch (const std::logic_error& e) {
+    CHECK(std::string(e.what()).find("no device layer for device type 2") != std::string::npos);
+  }
+
+  detail::register_device_copy(kDLCUDA, &pretend_copy);
+  pretend_copies = 0;
+  const tensor on_device = host.to(device{kDLCUDA, 3});
+  CHECK(pretend_copies == 1);
+  CHECK(on_device.device() == device{kDLCUDA, 3});
+  CHECK(!on_device.storage().same(host.storage()));
+  CHECK(on_device.to(device{kDLCUDA, 3}).storage().same(on_device.storage()));
+  CHECK(pretend_copies == 1);
+  const tensor copy = on_device.clone();
+  CHECK(pretend_copies == 2);
+  CHECK(copy.device() == device{kDLCUDA, 3});
+  CHECK(!copy.storage().same(on_device.storage()));
+  const tensor back = copy.to_cpu();
+  CHECK(pretend_copies == 3);
+  CHECK(back.device() == device{});
+  CHECK(equal(back, host));
+  // Between two device types there is no one layer to ask.
+  CHECK_THROWS_AS((void)on_device.to(device{kDLROCM, 0}), std::logic_error);
+  CHECK(pretend_copies == 3);
+  detail::register_device_copy(kDLCUDA, nullptr);
+  CHECK_THROWS_AS((void)on_device.to_cpu(), std::logic_error);
 }

@@ -54,6 +54,9 @@ inline tensor zeros(std::initializer_list<std::int64_t> shape, dtype type, int d
 /// device or not contiguous, std::invalid_argument as tensor::fill_.
 void fill_(const tensor& t, double value);
 
+/// tensor::to and tensor::to_cpu call to_device and to_cpu below, and
+/// tensor::clone of a device tensor calls clone, once this library is loaded.
+
 /// A copy on device `device` of a tensor of the CPU or of any device, with
 /// the same layout, on the current stream. Throws as empty(), error.
 tensor to_device(const tensor& t, int device);
