@@ -12,6 +12,7 @@
 
 #include "support/cuda_kernels.hpp"
 #include "support/cuda_memory.hpp"
+#include "support/cuda_records.hpp"
 #include "support/harness.hpp"
 
 #include <doctest/doctest.h>
@@ -29,6 +30,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -387,6 +389,39 @@ TEST_SUITE("cuda tensors") {
     CAPTURE(said);
     CHECK(said.find("no CUDA device") != std::string::npos);
     CHECK(said.ends_with("|5"));
+  }
+
+  TEST_CASE("a record naming a chunk, a sender or a device that is not there is refused, and the receiver goes on") {
+    // (tests/cuda/record.cpp: what is refused before a device is asked.)
+    const test::memory_mark mark(0);
+    {
+      using test::made_up_record;
+      const auto here = cuda::device_uuid(0).bytes;
+      // A chunk this process never made.
+      const auto own = made_up_record::block_of(std::uint64_t{1} << 62, here);
+      CHECK_THROWS_WITH_AS((void)own.receive(), doctest::Contains("of this process, which it has freed"), decode_error);
+      // A chunk of a process that serves none (the one that runs this test).
+      auto remote = made_up_record::block_of(5, here);
+      remote.note.maker = remote.sender = static_cast<std::uint32_t>(::getppid());
+      remote.note.maker_port = remote.port = 12345;
+      CHECK_THROWS_WITH_AS((void)remote.receive(),
+                           doctest::Contains(fmt::format("chunk 5 of process {} cannot be had: from its maker", ::getppid()).c_str()),
+                           decode_error);
+      // A device this process does not see.
+      std::array<unsigned char, 16> nowhere;
+      nowhere.fill(0xee);
+      const auto elsewhere = made_up_record::block_of(5, nowhere);
+      CHECK_THROWS_WITH_AS((void)elsewhere.receive(), doctest::Contains("which this process does not see"), decode_error);
+      // An event handle that does not open.
+      CHECK_THROWS_AS(cuda::event::from_ipc_handle(0, cuda::ipc_event_handle{}), cuda::error);
+      // A true record still crosses.
+      const tensor t = cuda::full({4}, 2.5, dtype::float32, 0);
+      const tensor back = decode<tensor>(encode(t));
+      CHECK(back.storage().data() == t.storage().data());
+      CHECK(floats_of(back) == std::vector<float>(4, 2.5f));
+    }
+    cuda::empty_cache();
+    CHECK(mark.given_back());
   }
 
   TEST_CASE("a receiver killed holding tensors gives their blocks back to the maker") {

@@ -651,7 +651,8 @@ TEST_SUITE("entry points") {
     CHECK(run(command(test::target, {"spawn-function", "fork"})).code() == 0);  // fork needs no re-execution
   }
 
-  TEST_CASE("a process that initialised CUDA refuses fork starts, saying to use spawn or forkserver, which still start") {
+  TEST_CASE("a process that initialised CUDA refuses fork starts, saying to use spawn or forkserver, which still start "
+            "(test_wrong_cuda_fork, test_cuda_bad_call)") {
     // In a rank of its own: this process never loads the driver.
     auto said = spawn_and_join(starts_around_cuda_init, std::tuple{test::fake_libcuda}, 1);
     REQUIRE(said.size() == 1);
