@@ -424,6 +424,39 @@ TEST_SUITE("cuda tensors") {
     CHECK(mark.given_back());
   }
 
+  TEST_CASE("tensors and events of a second device cross as the first's do (test_event_handle_multi_gpu)") {
+    if (cuda::device_count() < 2) {
+      MESSAGE("fewer than two devices: nothing to check");
+      return;
+    }
+    for (auto method : methods) {
+      CAPTURE(to_string(method));
+      const test::memory_mark mark(1);
+      {
+        // An event's handle, before and after a record, with another
+        // device current.
+        cuda::event first(0);
+        test::cuda_check(cudaSetDevice(1), "cudaSetDevice");
+        (void)first.ipc_handle();
+        first.record(nullptr);
+        (void)first.ipc_handle();
+        test::cuda_check(cudaSetDevice(0), "cudaSetDevice");
+        first.synchronize();
+        // A tensor and an event of device 1, used in a rank.
+        tensor t = cuda::zeros({5}, dtype::float32, 1);
+        spawn_and_join(fill_given, std::tuple{t, 7.0}, 1, with(method));
+        CHECK(floats_of(t) == std::vector<float>(5, 7.0f));
+        cuda::event second(1);
+        second.record(nullptr);
+        const auto fired = spawn_and_join(wait_for_given, std::tuple{second}, 1, with(method));
+        REQUIRE(fired.size() == 1);
+        CHECK(fired[0]);
+      }
+      cuda::empty_cache();
+      CHECK(mark.given_back());
+    }
+  }
+
   TEST_CASE("a receiver killed holding tensors gives their blocks back to the maker") {
     for (auto method : methods) {
       CAPTURE(to_string(method));
