@@ -76,4 +76,19 @@ std::optional<std::string> environment::get(const std::string& name) const {
   return std::nullopt;
 }
 
+std::vector<std::string> environment::path_candidates(const std::string& program) const {
+  std::vector<std::string> candidates;
+  if (program.empty() || program.find('/') != std::string::npos) return candidates;
+  const std::string search = get("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
+  std::size_t begin = 0;
+  for (;;) {
+    const std::size_t end = search.find(':', begin);
+    const std::string dir = search.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+    candidates.push_back((dir.empty() ? std::string(".") : dir) + "/" + program);
+    if (end == std::string::npos) break;
+    begin = end + 1;
+  }
+  return candidates;
+}
+
 }  // namespace cohort

@@ -180,17 +180,10 @@ std::string find_program(const std::string& program, const environment& env, fai
     return {};
   }
   if (program.find('/') != std::string::npos) return program;
-  std::string search = env.get("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
   int error = ENOENT;
-  std::size_t begin = 0;
-  for (;;) {
-    std::size_t end = search.find(':', begin);
-    std::string dir = search.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
-    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
+  for (const auto& candidate : env.path_candidates(program)) {
     if (is_executable_file(candidate)) return candidate;
     if (::access(candidate.c_str(), F_OK) == 0) error = EACCES;
-    if (end == std::string::npos) break;
-    begin = end + 1;
   }
   f = {stage::path_lookup, error, ""};
   return {};

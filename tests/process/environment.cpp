@@ -49,4 +49,21 @@ TEST_SUITE("environment") {
     CHECK_THROWS_AS(environment::empty().set("A=B", "x").materialize(), std::invalid_argument);
     CHECK_THROWS_AS(environment::empty().set("A", std::string("x\0y", 3)).materialize(), std::invalid_argument);
   }
+
+  TEST_CASE("path_candidates are where execvp looks, in PATH's order") {
+    using list = std::vector<std::string>;
+    CHECK(environment::empty().set("PATH", "/a::/b/").path_candidates("x") == list{"/a/x", "./x", "/b//x"});
+    CHECK(environment::empty().set("PATH", "").path_candidates("x") == list{"./x"});
+    // PATH unset: execvp's default.
+    CHECK(environment::empty().path_candidates("x") == list{"/usr/local/bin/x", "/usr/bin/x", "/bin/x"});
+    // The child's PATH, not this process's.
+    const std::string path = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "";
+    ::setenv("PATH", "/here", 1);
+    CHECK(environment::inherit().set("PATH", "/there").path_candidates("x") == list{"/there/x"});
+    CHECK(environment::inherit().path_candidates("x") == list{"/here/x"});
+    ::setenv("PATH", path.c_str(), 1);
+    // A name with a slash, or none, is not searched for.
+    CHECK(environment::empty().set("PATH", "/a").path_candidates("d/x").empty());
+    CHECK(environment::empty().set("PATH", "/a").path_candidates("").empty());
+  }
 }

@@ -1,5 +1,7 @@
 #include "run/program.hpp"
 
+#include <cohort/environment.hpp>
+
 #include <fmt/format.h>
 
 #include <fcntl.h>
@@ -28,15 +30,8 @@ bool runnable(const fs::path& p) {
 // Every `name` in PATH, in PATH's order.
 std::vector<fs::path> all_in_path(const std::string& name) {
   std::vector<fs::path> found;
-  const char* path = std::getenv("PATH");
-  std::string_view dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
-  while (true) {
-    const auto colon = dirs.find(':');
-    const std::string dir(dirs.substr(0, colon));
-    const auto candidate = fs::path(dir.empty() ? "." : dir) / name;
-    if (runnable(candidate)) found.push_back(candidate);
-    if (colon == std::string_view::npos) break;
-    dirs.remove_prefix(colon + 1);
+  for (const auto& candidate : cohort::environment::inherit().path_candidates(name)) {
+    if (runnable(candidate)) found.emplace_back(candidate);
   }
   return found;
 }
