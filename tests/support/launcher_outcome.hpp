@@ -12,13 +12,43 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <stdlib.h>
+
 #include <chrono>
 #include <filesystem>
 #include <map>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <vector>
+
+extern "C" char** environ;
 
 namespace cohort::test {
+
+// Whether cohort-run reads the variable `name` (besides its flags): a
+// Slurm step's, torchrun's PET_ flags and its TORCHELASTIC_ settings, the
+// interpreter's choice, the thread count it defaults.
+inline bool launcher_reads(std::string_view name) {
+  for (std::string_view prefix : {"SLURM_", "PET_", "TORCHELASTIC_", "TORCH_ELASTIC_"}) {
+    if (name.starts_with(prefix)) return true;
+  }
+  return name == "PYTHON_EXEC" || name == "COHORT_PYTHON" || name == "OMP_NUM_THREADS";
+}
+
+// Unsets, in this process, every variable cohort-run reads, so that the
+// launchers a test starts see only what the test sets, wherever the suite
+// runs (in a Slurm step, under torchrun, with OMP_NUM_THREADS set).
+inline const bool launcher_environment_cleared = [] {
+  std::vector<std::string> names;
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string_view variable(*entry);
+    const auto name = variable.substr(0, variable.find('='));
+    if (launcher_reads(name)) names.emplace_back(name);
+  }
+  for (const auto& name : names) ::unsetenv(name.c_str());
+  return true;
+}();
 
 struct outcome {
   exit_status status;

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import launcher_env  # noqa: F401 (clears what cohort-run would read)
 
 cohort_run = sys.argv[1]
 

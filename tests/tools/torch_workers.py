@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import launcher_env  # noqa: F401 (clears what cohort-run would read)
 
 cohort_run = sys.argv[1]
 # Debian's python3-torch is installed for Debian's interpreter.
