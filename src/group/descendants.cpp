@@ -267,13 +267,21 @@ std::vector<pid_t> children_of_self() {
 
 }  // namespace
 
-std::vector<pid_t> reap_adopted(const pid_window& window) {
+std::vector<pid_t> reap_adopted(pid_window& window) {
   std::vector<pid_t> alive;
   if (!has_children()) return alive;
   const pid_t own_group = ::getpgrp();
+  bool refreshed = false;
   with_owned_pids([&](const std::set<pid_t>& owned) {
     for (pid_t pid : children_of_self()) {
-      if (owned.contains(pid) || !window.holds(pid) || ::getpgid(pid) == own_group) continue;
+      if (owned.contains(pid) || ::getpgid(pid) == own_group) continue;
+      // Only for a child no one here started (most calls find none): the
+      // window then covers every child listed.
+      if (!refreshed) {
+        window.refresh();
+        refreshed = true;
+      }
+      if (!window.holds(pid)) continue;
       const int pidfd = config::pidfd_open(pid);
       if (pidfd < 0) continue;
       siginfo_t info{};

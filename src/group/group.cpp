@@ -218,10 +218,7 @@ asio::awaitable<void> signal_and_await(group_state& state, int sig, std::chrono:
 // Reaps the children handed to this process since the group started that
 // have died, and holds those alive for the sweep: a descendant of a rank
 // whose parent died is the run's, whatever its environment says.
-void take_adopted(group_state& state) {
-  state.pids_since_start.refresh();
-  state.descendants.add(reap_adopted(state.pids_since_start));
-}
+void take_adopted(group_state& state) { state.descendants.add(reap_adopted(state.pids_since_start)); }
 
 // Kills the group's processes besides its ranks, those noted earlier and
 // those found now, and reaps those that are or become this process's
