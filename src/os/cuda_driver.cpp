@@ -3,6 +3,9 @@
 #include "os/cuda_driver.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
+
+#include <cstring>
 
 namespace cohort::os {
 namespace {
@@ -17,9 +20,23 @@ constexpr int not_initialised = 3;
 // the cheapest call that tells whether cuInit has run.
 using device_get = int (*)(int* device, int ordinal);
 
+// Whether an object whose file is named libcuda.so* is loaded: a walk of
+// the loader's list in memory, where dlopen with RTLD_NOLOAD would look
+// for the file on disk (a handful of system calls per fork start).
+bool driver_file_loaded() noexcept {
+  return ::dl_iterate_phdr(
+             [](dl_phdr_info* info, std::size_t, void*) {
+               const char* name = info->dlpi_name != nullptr ? info->dlpi_name : "";
+               const char* slash = std::strrchr(name, '/');
+               return std::strncmp(slash != nullptr ? slash + 1 : name, "libcuda.so", 10) == 0 ? 1 : 0;
+             },
+             nullptr) != 0;
+}
+
 }  // namespace
 
 bool cuda_initialised() noexcept {
+  if (!driver_file_loaded()) return false;
   void* library = ::dlopen(driver_library, RTLD_NOW | RTLD_NOLOAD);
   if (library == nullptr) return false;
   bool initialised = false;
