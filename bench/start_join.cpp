@@ -5,18 +5,20 @@
 // installed (/usr/bin/python3 when there is one, else python3 on PATH, or
 // $COHORT_BENCH_PYTHON).
 //
-// Rounds are interleaved, so that drift weighs on both sides alike: each
-// round times the hand-made baselines, then each cohort method once. It
-// prints every round's ratio of each method to the baseline of the same
-// kind, then per method the median time, the median ratio over rounds and
-// its spread (min-max).
-//
 // Each cohort method runs in a process of its own, started once before the
 // first round: a process where threads once ran, such as the spawn method's
 // starting threads, forks more slowly ever after, and one method's would
 // weigh on the next. That process times its first run (the forkserver
 // starts there) apart from the rounds. One more method times fork in a
 // process that made a spawn start first.
+//
+// Rounds are interleaved, so that drift weighs on both sides alike: in each
+// round, each method's process times its baseline of the same kind (raw
+// fork for fork and forkserver, posix_spawn for spawn), then the method
+// once: the same process forks both, so the memory a fork copies is the
+// same. It prints every round's ratio of each method to its baseline, then
+// per method the median time, its baseline's, and the median ratio over
+// rounds with its spread (min-max).
 //
 //   start_join [rounds]     (default 50)
 //   start_join --alone METHOD     (internal: the process of one method; times
@@ -141,7 +143,9 @@ std::vector<timing> timings() {
           {"fork-after-spawn", {.method = start_method::fork}, true, true}};
 }
 
-// start_join --alone METHOD: one run per byte read on stdin, its seconds
+// start_join --alone METHOD: per byte read on stdin, one run of its
+// baseline (raw fork or posix_spawn) and one of the method, from this same
+// process (its memory, its threads: what a fork copies), their seconds
 // written as a line on stdout; ends at end of input.
 int serve_rounds(const std::string& what) {
   const auto all = timings();
@@ -150,9 +154,10 @@ int serve_rounds(const std::string& what) {
   if (it->spawn_first) cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, {});
   char go;
   while (::read(0, &go, 1) == 1) {
+    const double baseline = seconds_of(it->against_fork ? raw_fork : raw_spawn);
     const double seconds =
         seconds_of([&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, it->options); });
-    const std::string line = fmt::format("{}\n", seconds);
+    const std::string line = fmt::format("{} {}\n", seconds, baseline);
     if (::write(1, line.data(), line.size()) != static_cast<ssize_t>(line.size())) return 1;
   }
   return 0;
@@ -185,7 +190,7 @@ class method_process {
     }
     to_ = in[1];
     from_ = ::fdopen(out[0], "r");
-    first_ = round();
+    first_ = round().first;
   }
   method_process(const method_process&) = delete;
   method_process& operator=(const method_process&) = delete;
@@ -195,12 +200,13 @@ class method_process {
     ::waitpid(pid_, nullptr, 0);
   }
 
-  /// Seconds of one start and join.
-  double round() {
-    double seconds = 0;
-    if (::write(to_, "g", 1) != 1 || std::fscanf(from_, "%lf", &seconds) != 1)
+  /// Seconds of one start and join, and of its baseline just before in
+  /// the same process.
+  std::pair<double, double> round() {
+    double seconds = 0, baseline = 0;
+    if (::write(to_, "g", 1) != 1 || std::fscanf(from_, "%lf %lf", &seconds, &baseline) != 2)
       throw std::runtime_error(fmt::format("cohort {}: its process answered no time", what_));
-    return seconds;
+    return {seconds, baseline};
   }
   /// Seconds of the first start and join, made at construction.
   double first() const { return first_; }
@@ -227,21 +233,22 @@ int main(int argc, char** argv) {
   std::vector<std::unique_ptr<method_process>> processes;
   for (const auto& t : methods) processes.push_back(std::make_unique<method_process>(t.name));
 
-  // Per round: the two baselines, then each method's time and its ratio.
-  std::vector<double> spawn_raw, fork_raw;
-  std::vector<std::vector<double>> ours(methods.size()), ratios(methods.size());
-  fmt::print("start+join of {} ranks, {} rounds; each round: the baselines, then each cohort method once\n", ranks,
-             rounds);
-  fmt::print("  {:>5} {:>11} {:>9}  cohort/baseline:", "round", "posix_spawn", "fork");
+  // Per round: each method's time and its ratio to its baseline, timed
+  // just before it in the method's own process.
+  std::vector<std::vector<double>> ours(methods.size()), theirs(methods.size()), ratios(methods.size());
+  fmt::print("start+join of {} ranks, {} rounds; each round, in each method's process: its baseline, then the "
+             "method once\n",
+             ranks, rounds);
+  fmt::print("  {:>5}  cohort/baseline:", "round");
   for (const auto& t : methods) fmt::print(" {}", t.name);
   fmt::print("\n");
   for (int round = 1; round <= rounds; ++round) {
-    spawn_raw.push_back(seconds_of(raw_spawn));
-    fork_raw.push_back(seconds_of(raw_fork));
-    fmt::print("  {:>5} {:>8.3f} ms {:>6.3f} ms  {:16}", round, spawn_raw.back() * 1e3, fork_raw.back() * 1e3, "");
+    fmt::print("  {:>5}  {:16}", round, "");
     for (std::size_t m = 0; m < methods.size(); ++m) {
-      ours[m].push_back(processes[m]->round());
-      ratios[m].push_back(ours[m].back() / (methods[m].against_fork ? fork_raw : spawn_raw).back());
+      const auto [seconds, baseline] = processes[m]->round();
+      ours[m].push_back(seconds);
+      theirs[m].push_back(baseline);
+      ratios[m].push_back(seconds / baseline);
       fmt::print(" {:>{}.2f}x", ratios[m].back(), methods[m].name.size() - 1);
     }
     fmt::print("\n");
@@ -249,14 +256,13 @@ int main(int argc, char** argv) {
   }
 
   fmt::print("median over {} rounds; cohort/baseline as median (min-max) of the rounds' ratios\n", rounds);
-  fmt::print("  {:<28} {:>9.3f} ms\n", "posix_spawn + waitpid", cohort::bench::median(spawn_raw) * 1e3);
-  fmt::print("  {:<28} {:>9.3f} ms\n", "fork + waitpid", cohort::bench::median(fork_raw) * 1e3);
   std::map<std::string, double> median_of;
   for (std::size_t m = 0; m < methods.size(); ++m) {
     const auto ratio = spread_of(ratios[m]);
     median_of[methods[m].name] = cohort::bench::median(ours[m]);
-    fmt::print("  {:<28} {:>9.3f} ms  {:.2f}x {} ({:.2f}-{:.2f}x; first run {:.3f} ms)\n", "cohort " + methods[m].name,
-               median_of[methods[m].name] * 1e3, ratio.median, methods[m].against_fork ? "fork" : "posix_spawn",
+    fmt::print("  {:<28} {:>9.3f} ms  {:.2f}x {} of {:.3f} ms ({:.2f}-{:.2f}x; first run {:.3f} ms)\n",
+               "cohort " + methods[m].name, median_of[methods[m].name] * 1e3, ratio.median,
+               methods[m].against_fork ? "raw fork" : "posix_spawn", cohort::bench::median(theirs[m]) * 1e3,
                ratio.min, ratio.max, processes[m]->first() * 1e3);
   }
   processes.clear();
