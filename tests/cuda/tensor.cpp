@@ -162,20 +162,22 @@ std::int64_t blocks_come_back(int rank, queue<tensor> q, queue<int> ready, int c
 }
 COHORT_ENTRYPOINT(blocks_come_back);
 
-// Rank 0 sends a CPU tensor, a device tensor and a number in one message;
-// rank 1 returns what it found in them.
-using mixed = std::tuple<tensor, tensor, std::int64_t>;
+// Rank 0 sends a CPU tensor, a device tensor, an empty device tensor and a
+// number in one message; rank 1 returns what it found in them.
+using mixed = std::tuple<tensor, tensor, tensor, std::int64_t>;
 std::vector<std::int64_t> mixed_values(int rank, queue<mixed> q) {
   if (rank == 0) {
     const auto host = tensor::full({3}, 7, dtype::int64);
-    const mixed value{host, cuda::full({4}, 9, dtype::int64, 0), 11};
+    const mixed value{host, cuda::full({4}, 9, dtype::int64, 0), cuda::empty({0, 3}, dtype::float32, 0), 11};
     q.put(value);
     return {};
   }
-  const auto [host, device, number] = *q.get();
+  const auto [host, device, none, number] = *q.get();
   const tensor copied = cuda::to_cpu(device);
   return {static_cast<std::int64_t>(host.device().type), host.data<std::int64_t>()[2],
-          static_cast<std::int64_t>(device.device().type), copied.data<std::int64_t>()[3], number};
+          static_cast<std::int64_t>(device.device().type), copied.data<std::int64_t>()[3],
+          static_cast<std::int64_t>(none.device().type), none.numel(), none.shape()[1], none.to_cpu().numel(),
+          number};
 }
 COHORT_ENTRYPOINT(mixed_values);
 
@@ -351,7 +353,8 @@ TEST_SUITE("cuda tensors") {
     }
   }
 
-  TEST_CASE("a producer that drops each tensor as it sends reuses the blocks its receiver has let go of") {
+  TEST_CASE("a producer that drops each tensor as it sends reuses the blocks its receiver has let go of "
+            "(test_cuda_memory_allocation)") {
     for (auto method : methods) {
       CAPTURE(to_string(method));
       const test::memory_mark mark(0);
@@ -366,12 +369,12 @@ TEST_SUITE("cuda tensors") {
     }
   }
 
-  TEST_CASE("CPU and device tensors cross in one message") {
+  TEST_CASE("CPU, device and empty device tensors cross in one message") {
     for (auto method : methods) {
       CAPTURE(to_string(method));
       queue<mixed> q(2);
       const auto results = spawn_and_join(mixed_values, std::tuple{q}, 2, with(method));
-      CHECK(results.at(1) == std::vector<std::int64_t>{kDLCPU, 7, kDLCUDA, 9, 11});
+      CHECK(results.at(1) == std::vector<std::int64_t>{kDLCPU, 7, kDLCUDA, 9, kDLCUDA, 0, 3, 0, 11});
     }
   }
 
