@@ -435,7 +435,8 @@ class tensor {
   /// std::out_of_range for a bad dim.
   tensor transpose(std::int64_t dim0, std::int64_t dim1) const;
   /// This tensor when contiguous; otherwise a contiguous clone, in shared
-  /// memory when this one is.
+  /// memory when this one is. Throws std::logic_error for a non-contiguous
+  /// tensor on a device (copy it to the CPU first).
   tensor contiguous() const;
   /// A contiguous copy of the elements in new storage. For a tensor on a
   /// device, a copy on the same device, made by its device layer on that
@@ -514,11 +515,6 @@ std::string to_string(const tensor& t);
 
 namespace detail {
 
-/// A tensor crosses as its storage's handle (moved into shared memory
-/// first when private) and its layout: [dtype code][bits][device type]
-/// [device id][ndim][shape...][strides...][offset]. A receiver checks the
-/// dtype, the device, ndim <= 64 and the layout against the storage
-/// (check_layout) before it builds the tensor; a bad one is a decode_error.
 /// What copies tensors to, from and within devices of one DLPack type:
 /// registered by the device layer as it loads (libcohort-cuda for kDLCUDA).
 /// Called with a tensor on the layer's device and `to` the CPU or one of its
@@ -529,6 +525,11 @@ using device_copy = tensor (*)(const tensor& t, cohort::device to);
 /// replaces the first, and null removes it.
 void register_device_copy(int device_type, device_copy copy) noexcept;
 
+/// A tensor crosses as its storage's handle (moved into shared memory
+/// first when private) and its layout: [dtype code][bits][device type]
+/// [device id][ndim][shape...][strides...][offset]. A receiver checks the
+/// dtype, the device, ndim <= 64 and the layout against the storage
+/// (check_layout) before it builds the tensor; a bad one is a decode_error.
 template <>
 struct handle_codec<tensor> {
   static std::string signature() { return "T"; }

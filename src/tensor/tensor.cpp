@@ -448,7 +448,9 @@ tensor tensor::transpose(std::int64_t dim0, std::int64_t dim1) const {
 }
 
 tensor tensor::contiguous() const {
-  return is_contiguous() ? *this : clone({.shared = is_shared()});
+  if (is_contiguous()) return *this;
+  check_on_host("contiguous");  // a device layer's clone keeps the layout
+  return clone({.shared = is_shared()});
 }
 
 namespace {

@@ -654,6 +654,9 @@ TEST_CASE("tensor::to, to_cpu and a device tensor's clone go to the device's lay
   CHECK(equal(back, host));
   // Between two device types there is no one layer to ask.
   CHECK_THROWS_AS((void)on_device.to(device{kDLROCM, 0}), std::logic_error);
+  // A layer's copy keeps the layout: contiguous() does not ask it.
+  CHECK(on_device.contiguous().storage().same(on_device.storage()));
+  CHECK_THROWS_AS((void)on_device.transpose(0, 1).contiguous(), std::logic_error);
   CHECK(pretend_copies == 3);
   detail::register_device_copy(kDLCUDA, nullptr);
   CHECK_THROWS_AS((void)on_device.to_cpu(), std::logic_error);
