@@ -668,10 +668,13 @@ void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
   }
 }
 
-// tensor::to and a device tensor's tensor::clone.
+// tensor::to and a device tensor's tensor::clone. From one device to
+// another, the source's work so far is waited for first: the copy is
+// queued on the destination's stream only.
 tensor copy_tensor(const tensor& t, cohort::device to) {
   if (to.type == kDLCPU) return cuda::to_cpu(t);
   if (t.device() == to) return cuda::clone(t);
+  if (t.device().type == kDLCUDA) cuda::synchronize(t.device().id);
   return cuda::to_device(t, to.id);
 }
 

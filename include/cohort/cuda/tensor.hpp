@@ -55,7 +55,10 @@ inline tensor zeros(std::initializer_list<std::int64_t> shape, dtype type, int d
 void fill_(const tensor& t, double value);
 
 /// tensor::to and tensor::to_cpu call to_device and to_cpu below, and
-/// tensor::clone of a device tensor calls clone, once this library is loaded.
+/// tensor::clone of a device tensor calls clone, once this library is loaded;
+/// tensor::to from one device to another first waits for the current stream
+/// of the source (synchronize). The current stream is one per thread: set
+/// it to a stream of the device a call works on, or leave it null.
 
 /// A copy on device `device` of a tensor of the CPU or of any device, with
 /// the same layout, on the current stream. Throws as empty(), error.
