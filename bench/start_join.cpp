@@ -21,9 +21,10 @@
 // rounds with its spread (min-max).
 //
 //   start_join [rounds]     (default 50)
-//   start_join --alone METHOD     (internal: the process of one method; times
-//                                  one run per byte read on stdin and writes
-//                                  its seconds as a line on stdout)
+//   start_join --alone METHOD     (internal: the process of one method; per
+//                                  byte read on stdin, times its baseline and
+//                                  one run, and writes "seconds baseline" as
+//                                  a line on stdout)
 #include <cohort/entry_point.hpp>
 #include <cohort/spawn_and_join.hpp>
 

@@ -36,11 +36,11 @@ class environment {
   bool unchanged_inherit() const noexcept { return inherit_ && changes_.empty(); }
   /// The value the child will see for `name`, if any.
   std::optional<std::string> get(const std::string& name) const;
-  /// Where execvp, in the child, looks for `program`: each directory of
-  /// its PATH (/usr/local/bin:/usr/bin:/bin when unset; an empty entry is
-  /// the current directory) joined with `program`, in PATH's order,
-  /// whether or not a file is there. Empty for a name holding '/', which is
-  /// not searched for, and for an empty name.
+  /// Where a spawn looks for `program`: each directory of the child's PATH
+  /// (cohort's default /usr/local/bin:/usr/bin:/bin when unset; an empty
+  /// entry is the current directory) joined with `program`, in PATH's
+  /// order, whether or not a file is there. Empty for a name holding '/',
+  /// which is not searched for, and for an empty name.
   std::vector<std::string> path_candidates(const std::string& program) const;
 
  private:

@@ -438,10 +438,10 @@ class tensor {
   /// memory when this one is. Throws std::logic_error for a non-contiguous
   /// tensor on a device (copy it to the CPU first).
   tensor contiguous() const;
-  /// A contiguous copy of the elements in new storage. For a tensor on a
-  /// device, a copy on the same device, made by its device layer on that
-  /// device's current stream (the options do not apply: device memory is
-  /// always shareable), keeping the storage's layout.
+  /// For a CPU tensor, a contiguous copy of the elements in new storage.
+  /// For a tensor on a device, a copy on the same device, made by its device
+  /// layer on that device's current stream, keeping the storage's layout
+  /// (the options do not apply: device memory is always shareable).
   tensor clone(tensor_options options = {}) const;
 
   /// This tensor on `to`: itself when it is there already, otherwise a copy
@@ -450,7 +450,8 @@ class tensor {
   /// the CPU is complete when it returns, a copy to a device is ordered on
   /// the stream. Throws std::logic_error when no layer for the device is
   /// loaded in this process, or for a copy between two non-CPU device types,
-  /// and what the layer throws (cohort::cuda::error).
+  /// and what the layer throws (cohort::cuda::error or no_device,
+  /// std::invalid_argument for a device index out of range).
   tensor to(cohort::device to) const;
   /// to(device{kDLCPU, 0}).
   tensor to_cpu() const { return to(cohort::device{}); }

@@ -411,7 +411,7 @@ tensor tensor::select(std::int64_t dim, std::int64_t index) const {
 tensor tensor::reshape(std::span<const std::int64_t> shape) const {
   if (!is_contiguous()) {
     throw std::logic_error(
-        "tensor::reshape: the tensor is not contiguous; call contiguous() first");
+        "tensor::reshape: the tensor is not contiguous; call contiguous() first (on the CPU)");
   }
   const auto invalid = [&] {
     return std::invalid_argument(fmt::format("tensor::reshape: shape [{}] does not fit {} elements",

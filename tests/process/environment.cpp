@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 
 using cohort::environment;
@@ -54,14 +55,19 @@ TEST_SUITE("environment") {
     using list = std::vector<std::string>;
     CHECK(environment::empty().set("PATH", "/a::/b/").path_candidates("x") == list{"/a/x", "./x", "/b//x"});
     CHECK(environment::empty().set("PATH", "").path_candidates("x") == list{"./x"});
-    // PATH unset: execvp's default.
+    // PATH unset: cohort's default.
     CHECK(environment::empty().path_candidates("x") == list{"/usr/local/bin/x", "/usr/bin/x", "/bin/x"});
     // The child's PATH, not this process's.
-    const std::string path = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "";
+    const char* was = std::getenv("PATH");
+    const std::optional<std::string> path = was != nullptr ? std::optional<std::string>(was) : std::nullopt;
     ::setenv("PATH", "/here", 1);
     CHECK(environment::inherit().set("PATH", "/there").path_candidates("x") == list{"/there/x"});
     CHECK(environment::inherit().path_candidates("x") == list{"/here/x"});
-    ::setenv("PATH", path.c_str(), 1);
+    if (path) {
+      ::setenv("PATH", path->c_str(), 1);
+    } else {
+      ::unsetenv("PATH");
+    }
     // A name with a slash, or none, is not searched for.
     CHECK(environment::empty().set("PATH", "/a").path_candidates("d/x").empty());
     CHECK(environment::empty().set("PATH", "/a").path_candidates("").empty());

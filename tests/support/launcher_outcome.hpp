@@ -28,7 +28,8 @@ namespace cohort::test {
 
 // Whether cohort-run reads the variable `name` (besides its flags): a
 // Slurm step's, torchrun's PET_ flags and its TORCHELASTIC_ settings, the
-// interpreter's choice, the thread count it defaults.
+// interpreter's choice, the thread count it defaults. (CUDA_VISIBLE_DEVICES,
+// which --nproc-per-node gpu counts, is left: the tests that count set it.)
 inline bool launcher_reads(std::string_view name) {
   for (std::string_view prefix : {"SLURM_", "PET_", "TORCHELASTIC_", "TORCH_ELASTIC_"}) {
     if (name.starts_with(prefix)) return true;
@@ -36,7 +37,7 @@ inline bool launcher_reads(std::string_view name) {
   return name == "PYTHON_EXEC" || name == "COHORT_PYTHON" || name == "OMP_NUM_THREADS";
 }
 
-// Unsets, in this process, every variable cohort-run reads, so that the
+// Unsets, in this process, those variables, so that the
 // launchers a test starts see only what the test sets, wherever the suite
 // runs (in a Slurm step, under torchrun, with OMP_NUM_THREADS set).
 inline const bool launcher_environment_cleared = [] {

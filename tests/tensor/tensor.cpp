@@ -637,6 +637,9 @@ TEST_CASE("tensor::to, to_cpu and a device tensor's clone go to the device's lay
   }
 
   detail::register_device_copy(kDLCUDA, &pretend_copy);
+  struct unregister {
+    ~unregister() { detail::register_device_copy(kDLCUDA, nullptr); }
+  } registered;
   pretend_copies = 0;
   const tensor on_device = host.to(device{kDLCUDA, 3});
   CHECK(pretend_copies == 1);
