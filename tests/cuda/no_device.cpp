@@ -12,6 +12,8 @@
 #include <cohort/cuda/event.hpp>
 #include <cohort/cuda/tensor.hpp>
 
+#include "support/cuda_records.hpp"
+
 #include <dlfcn.h>
 
 #include <functional>
@@ -85,29 +87,12 @@ TEST_SUITE("cuda without a device") {
   }
 
   TEST_CASE("a device tensor's record, received without a device, is a decode_error naming the reason") {
-    // What a sender on a device would write: a note's storage handle and the
-    // sender's fields. Here its note is any shared storage: the reader
-    // refuses it before any device is asked for.
-    std::vector<std::byte> bytes;
-    const auto note = storage::allocate_shared(16);
-    {
-      detail::handle_context context;
-      detail::handle_scope scope(context);
-      bytes.push_back(std::byte{2});
-      bytes.push_back(static_cast<std::byte>(kDLCUDA));
-      detail::handle_codec<storage>::write(bytes, note);
-      // nbytes, sender, port, event slot, padding.
-      const std::uint64_t nbytes = 16;
-      const std::uint32_t sender = static_cast<std::uint32_t>(::getpid()), port = 1, slot = 0, zero = 0;
-      for (auto [field, size] : {std::pair<const void*, std::size_t>{&nbytes, 8}, {&sender, 4}, {&port, 4}, {&slot, 4},
-                                 {&zero, 4}}) {
-        const auto* at = static_cast<const std::byte*>(field);
-        bytes.insert(bytes.end(), at, at + size);
-      }
-    }
-    detail::reader in(bytes);
-    CHECK_THROWS_WITH_AS(detail::handle_codec<storage>::read(in),
-                         doctest::Contains("a device tensor's note of 16 bytes"), decode_error);
+    // What a sender on a device would write, with a note of 16 bytes: the
+    // reader, registered as the library loads, refuses it before any device
+    // is asked for.
+    auto record = test::made_up_record::block_of(7, {});
+    record.note_bytes = 16;
+    CHECK_THROWS_WITH_AS((void)record.receive(), doctest::Contains("a device tensor's note of 16 bytes"), decode_error);
   }
 
   TEST_CASE("no_device is a cohort::cuda::error, and its code names CUDA's reason") {
