@@ -161,6 +161,13 @@ using device_handle_reader = storage (*)(reader& in);
 /// it sent through queues to be received (they are fetched through this
 /// process), for at most `limit`.
 using device_receivers_wait = void (*)(std::chrono::steady_clock::duration limit) noexcept;
+/// The DLPack device types a device layer may register for: 1 up to
+/// device_types - 1 (kDLCPU, 1, included; no layer registers for it).
+inline constexpr int device_types = 64;
+/// Whether `device_type` is one of those.
+constexpr bool registrable_device_type(int device_type) noexcept {
+  return device_type > 0 && device_type < device_types;
+}
 /// Registers the reader for handles of DLPack device type `device_type`
 /// (1..63), and the layer's wait; a second registration replaces the first.
 void register_device_reader(int device_type, device_handle_reader read, device_receivers_wait wait) noexcept;

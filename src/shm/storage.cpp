@@ -367,14 +367,13 @@ namespace detail {
 namespace {
 
 // The device layers' readers, by DLPack device type.
-constexpr int device_types = 64;
 std::atomic<device_handle_reader> device_readers[device_types];
 std::atomic<device_receivers_wait> device_waits[device_types];
 
 }  // namespace
 
 void register_device_reader(int device_type, device_handle_reader read, device_receivers_wait wait) noexcept {
-  if (device_type <= 0 || device_type >= device_types) return;
+  if (!registrable_device_type(device_type)) return;
   device_readers[device_type].store(read, std::memory_order_release);
   device_waits[device_type].store(wait, std::memory_order_release);
 }

@@ -455,12 +455,11 @@ tensor tensor::contiguous() const {
 
 namespace {
 
-constexpr int device_types = 64;
-std::atomic<detail::device_copy> device_copies[device_types];
+std::atomic<detail::device_copy> device_copies[detail::device_types];
 
 detail::device_copy copy_for(DLDeviceType type, const char* what) {
   const int t = static_cast<int>(type);
-  const auto copy = t > 0 && t < device_types ? device_copies[t].load(std::memory_order_acquire) : nullptr;
+  const auto copy = detail::registrable_device_type(t) ? device_copies[t].load(std::memory_order_acquire) : nullptr;
   if (copy == nullptr) {
     throw std::logic_error(fmt::format(
         "tensor::{}: no device layer for device type {} is loaded in this process (link libcohort-cuda for CUDA)",
@@ -472,7 +471,7 @@ detail::device_copy copy_for(DLDeviceType type, const char* what) {
 }  // namespace
 
 void detail::register_device_copy(int device_type, device_copy copy) noexcept {
-  if (device_type <= 0 || device_type >= device_types) return;
+  if (!registrable_device_type(device_type)) return;
   device_copies[device_type].store(copy, std::memory_order_release);
 }
 
