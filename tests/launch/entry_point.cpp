@@ -857,7 +857,11 @@ TEST_SUITE("entry points") {
       killer.join();
       const pid_t now = forkserver_pid();
       if (failed || now != 0) ++cut;  // failed, or succeeded with a server started again
-      CHECK(test::children_of_self(true) == (now != 0 ? std::vector<pid_t>{now} : std::vector<pid_t>{}));
+      auto left = test::children_of_self(true);
+      // Killed after its last reply, the server is not noticed until the
+      // next start, which reaps it: till then it is a zombie here.
+      if (!failed && now == 0 && !test::alive(server)) std::erase(left, server);
+      CHECK(left == (now != 0 ? std::vector<pid_t>{now} : std::vector<pid_t>{}));
     }
     CHECK(cut > 0);
   }
