@@ -24,11 +24,6 @@ namespace {
 constexpr std::size_t first_arena = std::size_t{4} << 20;
 constexpr std::size_t largest_arena = std::size_t{64} << 20;
 
-// Whether this process has made its arena: a fork child has a copy to
-// drop only then. Release when made, acquire in the child (which forks
-// from whichever thread): a child that sees it finds the arena whole.
-std::atomic<bool> arena_made{false};
-
 // Lets go of a segment this process made that nothing here uses and that
 // only ended processes still hold (killed outright, they never gave their
 // holds back), as if it were free; whether it did.
@@ -46,7 +41,6 @@ struct arena_state {
   std::mutex growth;  // held while a segment is made for the arena
   std::vector<std::shared_ptr<segment>> arenas;
   std::vector<std::shared_ptr<segment>> lingering;
-  arena_state() { arena_made.store(true, std::memory_order_release); }
   ~arena_state() {
     for (auto& a : arenas) {
       if (!let_go_if_dead_weight(a)) a->retire();
@@ -63,10 +57,11 @@ arena_state& arena() {
 // A fork child makes its own arena: the parent's goes on being carved by
 // the parent, which also holds the descriptors others open.
 // The locks are held across the fork, the arena's first (the order
-// allocate() takes them in), so the child finds neither a lock no thread
-// of its own will release nor a list in the middle of a change. The arena
-// is not made for this when the parent has none: every child would pay.
-bool arena_held_for_fork = false;
+// allocate() takes them in), so the child finds neither a lock no thread of
+// its own will release nor a list in the middle of a change. The arena is
+// made for this if it was not: had the fork looked whether it exists,
+// another thread could make it and take its lock between that look and the
+// fork, and the child would find it held.
 COHORT_FORKED_CHILD_PATH void after_fork_in_child() {
   os::forget_process_id();
   auto& r = segments();
@@ -74,7 +69,6 @@ COHORT_FORKED_CHILD_PATH void after_fork_in_child() {
     if (auto s = weak.lock()) s->note_mapper();
   }
   r.mutex.unlock();
-  if (!arena_held_for_fork) return;
   auto& a = arena();
   std::vector<std::shared_ptr<segment>>().swap(a.arenas);
   std::vector<std::shared_ptr<segment>>().swap(a.lingering);
@@ -85,19 +79,14 @@ COHORT_FORKED_CHILD_PATH void after_fork_in_child() {
 [[maybe_unused]] const bool fork_handlers = [] {
   ::pthread_atfork(
       [] {
-        arena_held_for_fork = arena_made.load(std::memory_order_acquire);
-        if (arena_held_for_fork) {
-          arena().growth.lock();
-          arena().mutex.lock();
-        }
+        arena().growth.lock();
+        arena().mutex.lock();
         segments().mutex.lock();
       },
       [] {
         segments().mutex.unlock();
-        if (arena_held_for_fork) {
-          arena().mutex.unlock();
-          arena().growth.unlock();
-        }
+        arena().mutex.unlock();
+        arena().growth.unlock();
       },
       after_fork_in_child);
   return true;

@@ -334,6 +334,41 @@ TEST_SUITE("storage") {
     }
   }
 
+  TEST_CASE("a fork while another thread makes and drops storages leaves the child an arena it can use") {
+    // With a second thread, the fork holds the arena's locks across it: the
+    // child must find none held by a thread it does not have.
+    struct churning {  // stopped and joined however the case ends
+      std::atomic<bool> stop{false};
+      std::thread thread;
+      ~churning() {
+        stop = true;
+        thread.join();
+      }
+    } churn;
+    churn.thread = std::thread([&stop = churn.stop] {
+      while (!stop.load(std::memory_order_relaxed)) {
+        storage s = storage::allocate_shared(64);
+        s.data()[0] = std::byte{1};
+      }
+    });
+    for (int i = 0; i < 50; ++i) {
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        ::alarm(5);  // a lock left held hangs the child: SIGALRM ends it
+        storage s = storage::allocate_shared(64);
+        s.data()[63] = std::byte{7};
+        storage t = storage::allocate_shared(64);
+        ::_exit(s.data() != t.data() && s.data()[63] == std::byte{7} ? 0 : 1);
+      }
+      REQUIRE(pid > 0);
+      int status = 0;
+      REQUIRE(::waitpid(pid, &status, 0) == pid);
+      INFO("fork ", i, ": status ", status);
+      REQUIRE(WIFEXITED(status));
+      REQUIRE(WEXITSTATUS(status) == 0);
+    }
+  }
+
   TEST_CASE("small storages come from a few segments, not one each") {
     for (auto strategy : strategies) {
       strategy_scope scope(strategy);
