@@ -1,9 +1,18 @@
 // Exit-notification latency: from a child's last instruction (it writes
 // CLOCK_MONOTONIC to its stdout just before _exit) to the resumption of the
 // coroutine awaiting child.wait(). io_uring waitid against the reactor
-// fallback (pidfd readiness on epoll, then waitid), in one run, with the
-// floor below both: a thread blocked in waitid(P_PIDFD) on a posix_spawned
-// child, which pays the child's exit and the wake-up and nothing else.
+// fallback (pidfd readiness on epoll, then waitid), with three rows that
+// take cohort's layers away one by one:
+//  - the floor: a thread blocked in waitid(P_PIDFD) on a posix_spawned
+//    child, which pays the child's exit and the wake-up and nothing else;
+//  - a bare event loop: the same child's pidfd on an epoll set, epoll_wait,
+//    then the reaping waitid with rusage (as cohort reaps): what any loop
+//    that sleeps in epoll pays, with no executor, handler or coroutine;
+//  - asio alone: the pidfd as an asio stream_descriptor, a coroutine
+//    awaiting its readiness, then the same waitid: asio's reactor, its
+//    scheduler and a coroutine's resumption, with none of cohort.
+// The modes take turns in 5 rounds, so that drift weighs on all alike;
+// every row prints its p50 over the floor's.
 // The stamp goes to a file, read after the wait: on a pipe, which a loop
 // watches, its write woke the loop just before the exit and delayed the
 // notification by that wake-up (about 6 us here for a bare epoll loop
@@ -15,6 +24,8 @@
 #include "stats.hpp"
 
 #include <asio/co_spawn.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 
@@ -23,10 +34,14 @@
 #include "config.hpp"
 
 #include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <spawn.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -68,17 +83,23 @@ asio::awaitable<std::vector<double>> measure(std::string stamper, std::string st
   co_return latencies_us;
 }
 
+// A child of `stamper` writing its stamp to `stamp_path`; its pid.
+pid_t spawn_stamper(const std::string& stamper, const std::string& stamp_path) {
+  char* const argv[] = {const_cast<char*>(stamper.c_str()), nullptr};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, stamp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid;
+  const int error = ::posix_spawn(&pid, stamper.c_str(), &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (error != 0) throw std::runtime_error("posix_spawn");
+  return pid;
+}
+
 std::vector<double> measure_blocking_waitid(const std::string& stamper, const std::string& stamp_path, int samples) {
   std::vector<double> latencies_us;
-  char* const argv[] = {const_cast<char*>(stamper.c_str()), nullptr};
   for (int i = 0; i < samples; ++i) {
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, stamp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    pid_t pid;
-    if (::posix_spawn(&pid, stamper.c_str(), &actions, nullptr, argv, environ) != 0) throw std::runtime_error("posix_spawn");
-    posix_spawn_file_actions_destroy(&actions);
-    const int pidfd = cohort::config::pidfd_open(pid);
+    const int pidfd = cohort::config::pidfd_open(spawn_stamper(stamper, stamp_path));
     siginfo_t info;
     ::waitid(static_cast<idtype_t>(cohort::config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED);
     const std::int64_t resumed = now_ns();
@@ -88,9 +109,54 @@ std::vector<double> measure_blocking_waitid(const std::string& stamper, const st
   return latencies_us;
 }
 
-void report(const char* name, const std::vector<double>& l) {
-  fmt::print("{:<34} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f}\n", name, cohort::bench::percentile(l, 50),
-             cohort::bench::percentile(l, 90), cohort::bench::percentile(l, 99), cohort::bench::percentile(l, 100));
+std::vector<double> measure_bare_epoll(const std::string& stamper, const std::string& stamp_path, int samples) {
+  std::vector<double> latencies_us;
+  const int epoll = ::epoll_create1(EPOLL_CLOEXEC);
+  if (epoll < 0) throw std::runtime_error("epoll_create1");
+  for (int i = 0; i < samples; ++i) {
+    const int pidfd = cohort::config::pidfd_open(spawn_stamper(stamper, stamp_path));
+    epoll_event watch{};
+    watch.events = EPOLLIN;
+    if (::epoll_ctl(epoll, EPOLL_CTL_ADD, pidfd, &watch) != 0) throw std::runtime_error("epoll_ctl");
+    epoll_event ready{};
+    while (::epoll_wait(epoll, &ready, 1, -1) != 1) {
+    }
+    siginfo_t info{};
+    rusage usage{};
+    ::syscall(SYS_waitid, cohort::config::p_pidfd, pidfd, &info, WEXITED | WNOHANG, &usage);
+    const std::int64_t resumed = now_ns();
+    ::close(pidfd);  // leaves the epoll set with it
+    latencies_us.push_back(static_cast<double>(resumed - stamp_in(stamp_path)) / 1e3);
+  }
+  ::close(epoll);
+  return latencies_us;
+}
+
+// The same through asio alone: the pidfd as a stream_descriptor, a
+// coroutine awaiting its readiness, then the reaping waitid: what asio's
+// reactor, its scheduler and a coroutine's resumption add to the bare loop,
+// with none of cohort.
+asio::awaitable<std::vector<double>> measure_asio(std::string stamper, std::string stamp_path, int samples) {
+  std::vector<double> latencies_us;
+  const auto executor = co_await asio::this_coro::executor;
+  for (int i = 0; i < samples; ++i) {
+    asio::posix::stream_descriptor pidfd(executor, cohort::config::pidfd_open(spawn_stamper(stamper, stamp_path)));
+    co_await pidfd.async_wait(asio::posix::stream_descriptor::wait_read, asio::use_awaitable);
+    siginfo_t info{};
+    rusage usage{};
+    ::syscall(SYS_waitid, cohort::config::p_pidfd, pidfd.native_handle(), &info, WEXITED | WNOHANG, &usage);
+    const std::int64_t resumed = now_ns();
+    latencies_us.push_back(static_cast<double>(resumed - stamp_in(stamp_path)) / 1e3);
+  }
+  co_return latencies_us;
+}
+
+// One row; `floor_p50` is the floor's p50 (0 for the floor itself).
+double report(const char* name, const std::vector<double>& l, double floor_p50) {
+  const double p50 = cohort::bench::percentile(l, 50);
+  fmt::print("{:<36} {:>8.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>9.2f}x\n", name, p50, cohort::bench::percentile(l, 90),
+             cohort::bench::percentile(l, 99), cohort::bench::percentile(l, 100), floor_p50 > 0 ? p50 / floor_p50 : 1.0);
+  return p50;
 }
 
 // The stamp file, removed however the run ends.
@@ -102,22 +168,45 @@ struct stamp_file {
   }
 };
 
+// Runs `coroutine` to its end on `io`, which may have run before; its
+// samples.
+std::vector<double> run_on(asio::io_context& io, asio::awaitable<std::vector<double>> coroutine) {
+  auto result = asio::co_spawn(io, std::move(coroutine), asio::use_future);
+  io.restart();
+  io.run();
+  return result.get();
+}
+
+void add(std::vector<double>& to, const std::vector<double>& more) { to.insert(to.end(), more.begin(), more.end()); }
+
 void run(int samples) {
   const std::string stamper = COHORT_BENCH_STAMP_EXIT;
-  fmt::print("exit notification latency, {} samples per mode (us)\n", samples);
-  fmt::print("{:<34} {:>8} {:>8} {:>8} {:>8}\n", "mode", "p50", "p90", "p99", "max");
+  constexpr int rounds = 5;
+  const int per_round = std::max(1, samples / rounds);
+  fmt::print("exit notification latency, {} samples per mode in {} interleaved rounds (us)\n", per_round * rounds,
+             rounds);
+  fmt::print("{:<36} {:>8} {:>8} {:>8} {:>8} {:>10}\n", "mode", "p50", "p90", "p99", "max", "p50/floor");
   // On tmpfs: closing a truncated and rewritten file on ext4 (the child's
   // exit does) flushes it, which would be timed as the exit.
   const stamp_file stamp{fmt::format("/dev/shm/cohort-exit-latency-{}", ::getpid())};
-  report("floor: blocking waitid(P_PIDFD)", measure_blocking_waitid(stamper, stamp.path, samples));
-  for (const char* mode : {"1", "0"}) {
-    ::setenv("COHORT_IO_URING", mode, 1);  // read when the io_context's ring service starts
-    asio::io_context io;
-    const auto info = cohort::io_uring_support(io);
-    auto result = asio::co_spawn(io, measure(stamper, stamp.path, samples), asio::use_future);
-    io.run();
-    report(info.waitid ? "cohort, io_uring waitid" : "cohort, reactor (pidfd + waitid)", result.get());
+  asio::io_context plain, ring, reactor;
+  ::setenv("COHORT_IO_URING", "1", 1);  // read when an io_context's ring service starts
+  const bool ring_waitid = cohort::io_uring_support(ring).waitid;
+  ::setenv("COHORT_IO_URING", "0", 1);
+  cohort::io_uring_support(reactor);
+  std::vector<double> floor, bare, alone, on_ring, on_reactor;
+  for (int round = 0; round < rounds; ++round) {
+    add(floor, measure_blocking_waitid(stamper, stamp.path, per_round));
+    add(bare, measure_bare_epoll(stamper, stamp.path, per_round));
+    add(alone, run_on(plain, measure_asio(stamper, stamp.path, per_round)));
+    add(on_ring, run_on(ring, measure(stamper, stamp.path, per_round)));
+    add(on_reactor, run_on(reactor, measure(stamper, stamp.path, per_round)));
   }
+  const double floor_p50 = report("floor: blocking waitid(P_PIDFD)", floor, 0);
+  report("bare loop: epoll on the pidfd, waitid", bare, floor_p50);
+  report("asio alone: co_await pidfd, waitid", alone, floor_p50);
+  report(ring_waitid ? "cohort, io_uring waitid" : "cohort, (no io_uring waitid: reactor)", on_ring, floor_p50);
+  report("cohort, reactor (pidfd + waitid)", on_reactor, floor_p50);
 }
 
 }  // namespace
