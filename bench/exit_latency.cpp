@@ -69,6 +69,19 @@ std::int64_t stamp_in(const std::string& path) {
   return stamped;
 }
 
+// Microseconds from the stamp in `path` to `resumed`.
+double us_since_stamp(std::int64_t resumed, const std::string& path) {
+  return static_cast<double>(resumed - stamp_in(path)) / 1e3;
+}
+
+// Reaps the exited child behind `pidfd` with its resource usage, as
+// cohort's reap does (glibc's waitid has no rusage argument).
+void reap_with_usage(int pidfd) {
+  siginfo_t info{};
+  rusage usage{};
+  ::syscall(SYS_waitid, cohort::config::p_pidfd, pidfd, &info, WEXITED | WNOHANG, &usage);
+}
+
 asio::awaitable<std::vector<double>> measure(std::string stamper, std::string stamp_path, int samples) {
   std::vector<double> latencies_us;
   const cohort::command cmd(stamper);
@@ -78,7 +91,7 @@ asio::awaitable<std::vector<double>> measure(std::string stamper, std::string st
     auto status = co_await c.wait();
     const std::int64_t resumed = now_ns();
     if (!status.success()) throw std::runtime_error(fmt::format("stamp_exit {}", status));
-    latencies_us.push_back(static_cast<double>(resumed - stamp_in(stamp_path)) / 1e3);
+    latencies_us.push_back(us_since_stamp(resumed, stamp_path));
   }
   co_return latencies_us;
 }
@@ -104,7 +117,7 @@ std::vector<double> measure_blocking_waitid(const std::string& stamper, const st
     ::waitid(static_cast<idtype_t>(cohort::config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED);
     const std::int64_t resumed = now_ns();
     ::close(pidfd);
-    latencies_us.push_back(static_cast<double>(resumed - stamp_in(stamp_path)) / 1e3);
+    latencies_us.push_back(us_since_stamp(resumed, stamp_path));
   }
   return latencies_us;
 }
@@ -121,12 +134,10 @@ std::vector<double> measure_bare_epoll(const std::string& stamper, const std::st
     epoll_event ready{};
     while (::epoll_wait(epoll, &ready, 1, -1) != 1) {
     }
-    siginfo_t info{};
-    rusage usage{};
-    ::syscall(SYS_waitid, cohort::config::p_pidfd, pidfd, &info, WEXITED | WNOHANG, &usage);
+    reap_with_usage(pidfd);
     const std::int64_t resumed = now_ns();
     ::close(pidfd);  // leaves the epoll set with it
-    latencies_us.push_back(static_cast<double>(resumed - stamp_in(stamp_path)) / 1e3);
+    latencies_us.push_back(us_since_stamp(resumed, stamp_path));
   }
   ::close(epoll);
   return latencies_us;
@@ -142,11 +153,9 @@ asio::awaitable<std::vector<double>> measure_asio(std::string stamper, std::stri
   for (int i = 0; i < samples; ++i) {
     asio::posix::stream_descriptor pidfd(executor, cohort::config::pidfd_open(spawn_stamper(stamper, stamp_path)));
     co_await pidfd.async_wait(asio::posix::stream_descriptor::wait_read, asio::use_awaitable);
-    siginfo_t info{};
-    rusage usage{};
-    ::syscall(SYS_waitid, cohort::config::p_pidfd, pidfd.native_handle(), &info, WEXITED | WNOHANG, &usage);
+    reap_with_usage(pidfd.native_handle());
     const std::int64_t resumed = now_ns();
-    latencies_us.push_back(static_cast<double>(resumed - stamp_in(stamp_path)) / 1e3);
+    latencies_us.push_back(us_since_stamp(resumed, stamp_path));
   }
   co_return latencies_us;
 }
