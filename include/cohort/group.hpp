@@ -78,9 +78,10 @@ struct group_spec {
   /// Where the ranks' error files go: <error_dir>/<rank>/error.json (the
   /// folders are made at start, a stale error.json is removed), named to each
   /// rank in COHORT_ERROR_FILE and TORCHELASTIC_ERROR_FILE. Empty: files in
-  /// this process's private directory, $TMPDIR/cohort-errors-XXXXXX, removed
-  /// when the run ends; the directory goes when the process exits, or, when
-  /// it is killed outright, at the first start of a group in a later process.
+  /// the user's directory, $TMPDIR/cohort-errors-<uid> (mode 0700, kept),
+  /// named for this process, the group and the rank, removed when the run
+  /// ends; those of a process killed outright go at the first start of a
+  /// group in a later process.
   std::filesystem::path error_dir{};
   /// Per-rank log files, tee to the console, line prefixes (see
   /// logs_spec). When logs.dir is set and error_dir is not, the error files

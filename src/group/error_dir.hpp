@@ -1,28 +1,36 @@
 // Where a group's error files go when its spec names no directory: one
-// private directory per process, made on first use, so that a run whose
-// ranks all succeed touches no file system at all.
+// directory per user, $TMPDIR/cohort-errors-<uid>, in which each file's name
+// says which process it belongs to. A run whose ranks all succeed makes and
+// removes no file or directory: the file system only sees a lookup.
 #pragma once
 
 #include <filesystem>
+#include <string>
 
 namespace cohort::detail {
 
-/// This process's directory for error files: $TMPDIR/cohort-errors-XXXXXX,
-/// made on first use and removed when the process exits. The process holds
-/// a lock on it (flock) while it lives; a directory left behind by a process
-/// that died without removing it (SIGKILL) is unlocked, and the first use in
-/// any later process of the same user removes it. Throws std::system_error
-/// when it cannot be made.
-const std::filesystem::path& private_error_dir();
+/// This user's directory for error files, $TMPDIR/cohort-errors-<uid>: made
+/// (mode 0700) by the first process that needs it and kept. The first use
+/// in each process removes the files there of processes that have ended
+/// (killed outright, they could not remove their own). Throws
+/// std::system_error when it cannot be made, or when it is not a directory
+/// of this user that only this user can enter (another user's squatting the
+/// name in a shared $TMPDIR).
+const std::filesystem::path& error_dir_of_user();
 
-/// Whether `dir` holds no entry (false when it cannot be read). One listing
-/// costs less than a removal tried for each rank's error file when, as
-/// after a run whose ranks all succeeded, there is none.
-bool holds_nothing(const std::filesystem::path& dir) noexcept;
+/// What the names of this process's error files begin with:
+/// "<pid namespace>-<pid>-<start time>-". This process's files left at its
+/// exit are removed then.
+std::string own_error_file_prefix();
 
-/// Removes the unlocked cohort-errors-* directories of this user in `parent`:
-/// those of processes that died. Errors are ignored: one that cannot be
-/// removed now is tried again by a later process.
-void remove_stale_error_dirs(const std::filesystem::path& parent);
+/// Removes the files in `dir` whose names begin with `prefix`; errors are
+/// ignored.
+void remove_files_named(const std::filesystem::path& dir, const std::string& prefix) noexcept;
+
+/// Removes the files in `dir` of processes that have ended: those whose
+/// name begins with this pid namespace, then a pid and a start time that no
+/// running process has. Others (of live processes, of another pid
+/// namespace, any other name) are kept.
+void remove_stale_error_files(const std::filesystem::path& dir) noexcept;
 
 }  // namespace cohort::detail

@@ -63,17 +63,16 @@ struct group_state {
     for (int fd : result_fds) {
       if (fd >= 0) ::close(fd);
     }
-    // Files in the process's own directory: removed when the run ends, if
-    // any rank wrote one.
-    if (spec.error_dir.empty() && !error_files.empty() && !holds_nothing(error_files.front().parent_path())) {
-      for (const auto& file : error_files) ::unlink(file.c_str());
-    }
+    // Files in the user's directory: those the ranks wrote go when the run
+    // ends.
+    if (!error_file_prefix.empty()) remove_files_named(error_files.front().parent_path(), error_file_prefix);
   }
 
   asio::strand<asio::any_io_executor> strand;
   group_spec spec;
   std::string marker;  // "COHORT_GROUP_<id>=1", in every rank's environment
   std::vector<std::filesystem::path> error_files;  // per rank
+  std::string error_file_prefix;  // of this group's files in the user's directory; empty when error_dir is set
   std::vector<child> children;
   std::vector<pid_t> pids;
   std::vector<int> result_fds;  // per rank, for function entries: the memfd its result lands in
@@ -103,15 +102,20 @@ namespace {
 
 // The ranks' error files. In the spec's directory: <dir>/<rank>/error.json,
 // with a folder per rank made now and a stale error.json from an earlier run
-// removed. Otherwise in this process's private directory, as
-// <group>-<rank>.json: nothing to make, as a rank that fails creates it.
+// removed. Otherwise in the user's directory, as
+// <this process>-<group>-<rank>.json: nothing to make, as a rank that fails
+// creates it, and no name an earlier process used.
 void prepare_error_files(group_state& state, unsigned group_number) {
   const auto& dir = state.spec.error_dir;
-  for (int rank = 0; rank < state.spec.nprocs; ++rank) {
-    if (dir.empty()) {
-      state.error_files.push_back(private_error_dir() / fmt::format("{}-{}.json", group_number, rank));
-      continue;
+  if (dir.empty()) {
+    const auto& user_dir = error_dir_of_user();
+    state.error_file_prefix = fmt::format("{}{}-", own_error_file_prefix(), group_number);
+    for (int rank = 0; rank < state.spec.nprocs; ++rank) {
+      state.error_files.push_back(user_dir / fmt::format("{}{}.json", state.error_file_prefix, rank));
     }
+    return;
+  }
+  for (int rank = 0; rank < state.spec.nprocs; ++rank) {
     auto file = dir / std::to_string(rank) / "error.json";
     std::error_code ec;
     std::filesystem::create_directories(file.parent_path(), ec);

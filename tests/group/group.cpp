@@ -5,12 +5,15 @@
 #include "cohort/guardian.hpp"
 #include "cohort/spawn.hpp"
 #include "group/descendants.hpp"
+#include "os/process_identity.hpp"
 
 #include "support/harness.hpp"
 #include "support/process_probe.hpp"
 #include "support/run_group.hpp"
 
 #include <doctest/doctest.h>
+
+#include <fmt/format.h>
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/bind_executor.hpp>
@@ -58,15 +61,26 @@ pid_t first_line_pid(const fs::path& file) {
   return pid;
 }
 
-// The cohort-errors-* directories in `dir`, sorted.
-std::vector<std::string> error_dirs_in(const fs::path& dir) {
+// The user's error directory under `tmp`, as cohort names it.
+fs::path user_error_dir(const fs::path& tmp) { return tmp / ("cohort-errors-" + std::to_string(::geteuid())); }
+
+// The names of the entries of `dir`, sorted.
+std::vector<std::string> names_in(const fs::path& dir) {
   std::vector<std::string> found;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const auto name = entry.path().filename().string();
-    if (name.starts_with("cohort-errors-")) found.push_back(name);
-  }
+  for (const auto& entry : fs::directory_iterator(dir)) found.push_back(entry.path().filename().string());
   std::sort(found.begin(), found.end());
   return found;
+}
+
+// What an error file of process `pid` (started at `start`) is named, in pid
+// namespace `ns` (0: this process's).
+std::string error_file_name(pid_t pid, std::uint64_t start, std::uint64_t ns = 0) {
+  if (ns == 0) {
+    struct stat st{};
+    REQUIRE(::stat("/proc/self/ns/pid", &st) == 0);
+    ns = st.st_ino;
+  }
+  return fmt::format("{}-{}-{}-0-1.json", ns, pid, start);
 }
 
 // Runs the target program with TMPDIR set to `tmp`; its exit status.
@@ -605,7 +619,8 @@ TEST_SUITE("group") {
   TEST_CASE("a supervisor killed with SIGKILL leaves none of its ranks behind") {
     asio::io_context io;
     std::vector<pid_t> ranks;
-    test::temp_dir tmp;  // the supervisor's TMPDIR: its private error directory goes there
+    test::temp_dir tmp;  // the supervisor's TMPDIR: its error files go there
+    fs::path stale;
     test::run(io, [&]() -> asio::awaitable<void> {
       command cmd(test::supervisor, {test::target, "3"});
       spawn_options options{.out = stdio::pipe()};
@@ -615,6 +630,10 @@ TEST_SUITE("group") {
       co_await asio::async_read_until(supervisor.out(), asio::dynamic_buffer(line), '\n', asio::use_awaitable);
       std::istringstream in(line);
       for (pid_t pid; in >> pid;) ranks.push_back(pid);
+      const auto start = os::start_time_of(supervisor.pid());
+      REQUIRE(start);
+      stale = user_error_dir(tmp.path) / error_file_name(supervisor.pid(), *start);
+      std::ofstream(stale) << "{}";
       supervisor.signal(SIGKILL);
       CHECK((co_await supervisor.wait()).signal() == SIGKILL);
     }());
@@ -627,27 +646,66 @@ TEST_SUITE("group") {
       siginfo_t info{};
       ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG);
     }
-    // Its error directory is left behind, unlocked: the next process that
-    // starts a group removes it.
-    CHECK(error_dirs_in(tmp.path).size() == 1);
+    // An error file of the supervisor's, as one of its ranks could have
+    // written, is left behind: the next process that starts a group removes it.
+    REQUIRE(fs::exists(stale));
     CHECK(run_in_tmpdir(tmp.path, {"spawn-function", "fork"}).code() == 0);
-    CHECK(error_dirs_in(tmp.path).empty());
+    CHECK_FALSE(fs::exists(stale));
   }
 
-  TEST_CASE("stale error directories are removed; those of live processes, and other files, are kept") {
+  TEST_CASE("stale error files are removed; those of live processes, other namespaces and other names are kept") {
     test::temp_dir tmp;
-    fs::create_directories(tmp.path / "cohort-errors-dead01" / "0");
-    std::ofstream(tmp.path / "cohort-errors-dead01" / "0" / "error.json") << "{}";
-    fs::create_directory(tmp.path / "cohort-errors-live01");
-    const int held = ::open((tmp.path / "cohort-errors-live01").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    REQUIRE(held >= 0);
-    REQUIRE(::flock(held, LOCK_EX) == 0);  // as the process that made it does while it lives
-    fs::create_directory(tmp.path / "errors-of-someone-else");
+    const fs::path dir = user_error_dir(tmp.path);
+    fs::create_directory(dir);
+    fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
+    // A process that has ended: forked, its start time read, then reaped.
+    const pid_t ended = ::fork();
+    if (ended == 0) {
+      ::pause();
+      ::_exit(0);
+    }
+    REQUIRE(ended > 0);
+    const auto ended_start = os::start_time_of(ended);
+    ::kill(ended, SIGKILL);
+    ::waitpid(ended, nullptr, 0);
+    REQUIRE(ended_start);
+    REQUIRE(*ended_start > 0);
+    const std::uint64_t own_start = os::own_start_time();
+    const std::string dead = error_file_name(ended, *ended_start);
+    const std::string recycled = error_file_name(::getpid(), own_start + 1);  // this pid, but another process's
+    const std::string live = error_file_name(::getpid(), own_start);
+    const std::string elsewhere = error_file_name(ended, *ended_start, 1);  // another pid namespace's
+    for (const auto& name : {dead, recycled, live, elsewhere, std::string("notes.txt")}) std::ofstream(dir / name) << "{}";
     CHECK(run_in_tmpdir(tmp.path, {"spawn-function", "fork"}).code() == 0);
-    CHECK(error_dirs_in(tmp.path) == std::vector<std::string>{"cohort-errors-live01"});
-    CHECK(fs::exists(tmp.path / "errors-of-someone-else"));
-    ::close(held);
+    auto kept = std::vector<std::string>{live, elsewhere, "notes.txt"};
+    std::sort(kept.begin(), kept.end());
+    CHECK(names_in(dir) == kept);
+    CHECK((fs::status(dir).permissions() & fs::perms::all) == fs::perms::owner_all);  // made private again
   }
+
+  TEST_CASE("a run whose ranks succeed leaves only the user's error directory, empty") {
+    test::temp_dir tmp;
+    CHECK(run_in_tmpdir(tmp.path, {"spawn-function", "fork"}).code() == 0);
+    CHECK(names_in(tmp.path) == std::vector<std::string>{user_error_dir(tmp.path).filename().string()});
+    CHECK(names_in(user_error_dir(tmp.path)).empty());
+  }
+
+  TEST_CASE("an error directory name that is taken by a file fails the start, naming it") {
+    test::temp_dir tmp;
+    std::ofstream(user_error_dir(tmp.path)) << "not a directory";
+    asio::io_context io;
+    const auto [status, said] = test::run(io, [&]() -> asio::awaitable<std::pair<exit_status, std::string>> {
+      spawn_options options{.out = stdio::pipe()};
+      options.env.set("TMPDIR", tmp.path.string());
+      child c = co_await spawn(command(test::target, {"spawn-function", "fork"}), options);
+      std::string out = co_await test::read_all(c.out());
+      co_return std::pair{co_await c.wait(), out};
+    }());
+    CHECK(status.code() == 4);
+    CHECK(said.find(user_error_dir(tmp.path).string()) != std::string::npos);
+    CHECK(said.find("not a directory of this user") != std::string::npos);
+  }
+
   TEST_CASE("a group's wait with a callback completes with the run's result") {
     asio::io_context io;
     group g = start_processes(io.get_executor(), ranks_of(2, {"exit", "0"}));

@@ -27,7 +27,8 @@
 //   spawn-function METHOD  without having called child_main, run a registered
 //                          function by start method METHOD (spawn, fork,
 //                          forkserver); print what a std::logic_error says and
-//                          exit 3, or exit 0 when the function ran
+//                          exit 3, what another exception says and exit 4,
+//                          or exit 0 when the function ran
 //   setsid-grandchild CODE start a grandchild that calls setsid() and sleeps 60 s,
 //                          print its pid, then exit with CODE
 #include <cohort/entry_point.hpp>
@@ -85,6 +86,9 @@ int main(int argc, char** argv) {
     } catch (const std::logic_error& e) {
       std::printf("%s\n", e.what());
       return 3;
+    } catch (const std::exception& e) {
+      std::printf("%s\n", e.what());
+      return 4;
     }
     return 0;
   }
