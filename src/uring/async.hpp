@@ -205,9 +205,11 @@ class reactor_operation {
     }
   }
 
+  // The watch goes after the handler has run: its descriptors' removal
+  // and close are not on the way to the caller.
   template <class Self>
   void finish(Self& self, std::error_code ec, value_type value) {
-    watch_.reset();
+    auto watch = std::move(watch_);
     self.complete(ec, std::move(value));
   }
 
