@@ -99,8 +99,8 @@ struct rank_failure {
   std::string message;
   std::string trace;
   /// The error file the rank was given (COHORT_ERROR_FILE), whether or not
-  /// it wrote one; in the private directory it is removed when the run
-  /// ends.
+  /// it wrote one; in the user's error directory it is removed when the
+  /// group ends.
   std::filesystem::path error_file;
   /// When the error happened (the error file's timestamp), else when the
   /// supervisor saw the exit.
