@@ -24,7 +24,10 @@ namespace cohort::uring {
 namespace {
 
 constexpr unsigned sq_entries = 256;
-constexpr unsigned cq_entries = 4096;
+// Beyond it, completions wait in the kernel's backlog (see on_ready). A
+// ring of 4096 took twice as long to make and remove as one of 1024 (about
+// 36 against 18 us), which every blocking spawn_and_join pays.
+constexpr unsigned cq_entries = 1024;
 // How long shutdown waits for the kernel to confirm cancellations.
 constexpr auto shutdown_wait = std::chrono::seconds(5);
 

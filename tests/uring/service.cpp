@@ -146,7 +146,7 @@ TEST_SUITE("uring service") {
   }
 
   TEST_CASE("completions beyond the completion queue's size all arrive") {
-    // The ring's completion queue holds 4096. The reactor path has no such
+    // The ring's completion queue holds 1024. The reactor path has no such
     // queue, but the kernel lets at most 500 epoll sets watch one descriptor.
     const int count = test::reactor_mode() ? 400 : 5000;
     asio::io_context io;
