@@ -14,21 +14,35 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
-#include <mutex>
+#include <atomic>
 #include <string_view>
 #include <system_error>
 
 namespace cohort::detail {
 namespace {
 
-// The inode of this process's pid namespace: pids and start times are
-// judged only among processes of the same namespace.
-std::uint64_t pid_namespace() {
-  static const std::uint64_t id = [] {
-    struct stat st{};
-    return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
+// Which machine, and which pid namespace on it, this process's pids and
+// start times mean something in: "<boot id>-<pid namespace inode>-". Hosts
+// that share a $TMPDIR (over NFS, say) have different boot ids; their
+// initial pid namespaces all have the same inode. Empty when either cannot
+// be read: then no file is judged stale.
+const std::string& machine_key() {
+  static const std::string key = [] {
+    char boot[64]{};
+    const int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    const ssize_t n = fd >= 0 ? ::read(fd, boot, sizeof boot - 1) : -1;
+    if (fd >= 0) ::close(fd);
+    struct stat ns{};
+    if (n < 36 || ::stat("/proc/self/ns/pid", &ns) != 0) return std::string();
+    return fmt::format("{}-{}-", std::string_view(boot, 36), ns.st_ino);
   }();
-  return id;
+  return key;
+}
+
+// What the names of the files of process `pid` begin with.
+std::string prefix_of(pid_t pid) {
+  const std::string& key = machine_key();
+  return fmt::format("{}{}-{}-", key.empty() ? "unknown-" : key, pid, os::own_start_time());
 }
 
 // Reads a decimal number and the '-' after it from the front of `text`.
@@ -57,60 +71,56 @@ void for_each_name(const std::filesystem::path& dir, F&& f) noexcept {
                           fmt::format("cohort: the error files' directory {}: {}", dir.string(), what));
 }
 
-// The directory, made or checked once per process. At the exit of the
-// process that made this object (not of a child forked from it), the
-// process's own files still there are removed.
+// The directory, made or checked once per process (its files of ended
+// processes are removed after, outside the static's initialisation, which a
+// fork must not find under way). At the exit of a process, its own files
+// still there are removed: by the pid it has then, so a child forked from
+// the process that made this object removes only its own.
 class user_dir {
  public:
   user_dir() {
     const uid_t self = ::geteuid();
     path_ = std::filesystem::temp_directory_path() / fmt::format("cohort-errors-{}", self);
     if (::mkdir(path_.c_str(), 0700) != 0 && errno != EEXIST) fail(errno, path_, "mkdir");
-    struct stat st{};
-    if (::lstat(path_.c_str(), &st) != 0) fail(errno, path_, "lstat");
-    // In a shared $TMPDIR the name may be taken by someone else: files
-    // there could be read or replaced by them.
-    if (!S_ISDIR(st.st_mode) || st.st_uid != self) {
-      fail(EPERM, path_, "it is not a directory of this user; remove it, or set TMPDIR elsewhere");
+    // Opened without following a link, then looked at and made private
+    // through that descriptor: in a shared $TMPDIR the name may be someone
+    // else's, and files there could be read or replaced by them.
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+      const int error = errno;
+      fail(error, path_, error == ELOOP || error == ENOTDIR
+                             ? "it is not a directory of this user; remove it, or set TMPDIR elsewhere"
+                             : "open");
     }
-    if ((st.st_mode & 0777) != 0700 && ::chmod(path_.c_str(), 0700) != 0) fail(errno, path_, "chmod 0700");
-    remove_stale_error_files(path_);
-    // Made now, so that it outlives this object at exit (statics end in
-    // the reverse order of their making).
-    static_cast<void>(own_error_file_prefix());
+    struct stat st{};
+    int error = ::fstat(fd, &st) == 0 ? 0 : errno;
+    if (error == 0 && st.st_uid != self) error = EPERM;
+    if (error == 0 && (st.st_mode & 0777) != 0700 && ::fchmod(fd, 0700) != 0) error = errno;
+    ::close(fd);
+    if (error == EPERM) fail(error, path_, "it is not a directory of this user; remove it, or set TMPDIR elsewhere");
+    if (error != 0) fail(error, path_, "fstat or fchmod 0700");
+    static_cast<void>(machine_key());  // made now, so that it outlives this object at exit
   }
   user_dir(const user_dir&) = delete;
   user_dir& operator=(const user_dir&) = delete;
-  ~user_dir() {
-    if (::getpid() == owner_) remove_files_named(path_, own_error_file_prefix());
-  }
+  ~user_dir() { remove_files_named(path_, prefix_of(::getpid())); }
 
   const std::filesystem::path& path() const noexcept { return path_; }
 
  private:
   std::filesystem::path path_;
-  pid_t owner_ = ::getpid();
 };
 
 }  // namespace
 
 const std::filesystem::path& error_dir_of_user() {
   static const user_dir dir;
+  static std::atomic<bool> swept{false};
+  if (!swept.exchange(true)) remove_stale_error_files(dir.path());
   return dir.path();
 }
 
-// Made anew in a child forked from a process that had asked already.
-std::string own_error_file_prefix() {
-  static std::mutex mutex;
-  static pid_t made_for = 0;
-  static std::string prefix;
-  std::lock_guard lock(mutex);
-  if (made_for != os::this_process()) {
-    made_for = os::this_process();
-    prefix = fmt::format("{}-{}-{}-", pid_namespace(), made_for, os::own_start_time());
-  }
-  return prefix;
-}
+std::string own_error_file_prefix() { return prefix_of(os::this_process()); }
 
 void remove_files_named(const std::filesystem::path& dir, const std::string& prefix) noexcept {
   for_each_name(dir, [&](int at, std::string_view name) {
@@ -119,12 +129,14 @@ void remove_files_named(const std::filesystem::path& dir, const std::string& pre
 }
 
 void remove_stale_error_files(const std::filesystem::path& dir) noexcept {
-  const std::uint64_t ns = pid_namespace();
+  const std::string& key = machine_key();
+  if (key.empty()) return;
   for_each_name(dir, [&](int at, std::string_view name) {
-    std::string_view rest = name;
-    std::uint64_t file_ns = 0, pid = 0, start = 0;
-    if (!take_number(rest, file_ns) || !take_number(rest, pid) || !take_number(rest, start)) return;
-    if (file_ns != ns || pid == 0 || pid > static_cast<std::uint64_t>(INT32_MAX)) return;
+    if (!name.starts_with(key)) return;
+    std::string_view rest = name.substr(key.size());
+    std::uint64_t pid = 0, start = 0;
+    if (!take_number(rest, pid) || !take_number(rest, start)) return;
+    if (pid == 0 || pid > static_cast<std::uint64_t>(INT32_MAX)) return;
     if (os::has_ended(static_cast<pid_t>(pid), start)) ::unlinkat(at, std::string(name).c_str(), 0);
   });
 }

@@ -13,14 +13,14 @@ namespace cohort::detail {
 /// (mode 0700) by the first process that needs it and kept. The first use
 /// in each process removes the files there of processes that have ended
 /// (killed outright, they could not remove their own). Throws
-/// std::system_error when it cannot be made, or when it is not a directory
-/// of this user that only this user can enter (another user's squatting the
-/// name in a shared $TMPDIR).
+/// std::system_error when it cannot be made, or when the name is taken by
+/// anything but a directory of this user, a link included (another user's
+/// squatting it in a shared $TMPDIR). Made private (0700) again if it is not.
 const std::filesystem::path& error_dir_of_user();
 
 /// What the names of this process's error files begin with:
-/// "<pid namespace>-<pid>-<start time>-". This process's files left at its
-/// exit are removed then.
+/// "<boot id>-<pid namespace>-<pid>-<start time>-". A process's files left
+/// at its exit are removed then.
 std::string own_error_file_prefix();
 
 /// Removes the files in `dir` whose names begin with `prefix`; errors are
@@ -28,9 +28,11 @@ std::string own_error_file_prefix();
 void remove_files_named(const std::filesystem::path& dir, const std::string& prefix) noexcept;
 
 /// Removes the files in `dir` of processes that have ended: those whose
-/// name begins with this pid namespace, then a pid and a start time that no
-/// running process has. Others (of live processes, of another pid
-/// namespace, any other name) are kept.
+/// name begins with this machine's boot id and this pid namespace, then a
+/// pid and a start time that no running process has. Others (of live
+/// processes, of another machine sharing $TMPDIR, of another pid namespace
+/// or boot, any other name) are kept; so is everything when the boot id or
+/// the namespace cannot be read.
 void remove_stale_error_files(const std::filesystem::path& dir) noexcept;
 
 }  // namespace cohort::detail

@@ -72,26 +72,36 @@ std::vector<std::string> names_in(const fs::path& dir) {
   return found;
 }
 
-// What an error file of process `pid` (started at `start`) is named, in pid
-// namespace `ns` (0: this process's).
-std::string error_file_name(pid_t pid, std::uint64_t start, std::uint64_t ns = 0) {
-  if (ns == 0) {
-    struct stat st{};
-    REQUIRE(::stat("/proc/self/ns/pid", &st) == 0);
-    ns = st.st_ino;
-  }
-  return fmt::format("{}-{}-{}-0-1.json", ns, pid, start);
+// This machine's boot id and this process's pid namespace, as error files'
+// names begin.
+std::string machine_key() {
+  std::string boot = test::read_file("/proc/sys/kernel/random/boot_id").substr(0, 36);
+  struct stat st{};
+  REQUIRE(::stat("/proc/self/ns/pid", &st) == 0);
+  return fmt::format("{}-{}-", boot, st.st_ino);
 }
 
-// Runs the target program with TMPDIR set to `tmp`; its exit status.
-exit_status run_in_tmpdir(const fs::path& tmp, std::vector<std::string> args) {
+// What an error file of process `pid` (started at `start`) is named, with
+// `key` (default: this machine's and namespace's) before them.
+std::string error_file_name(pid_t pid, std::uint64_t start, const std::string& key = machine_key()) {
+  return fmt::format("{}{}-{}-0-1.json", key, pid, start);
+}
+
+// Runs the target program with TMPDIR set to `tmp`; its exit status and
+// what it printed.
+std::pair<exit_status, std::string> run_in_tmpdir_printing(const fs::path& tmp, std::vector<std::string> args) {
   asio::io_context io;
-  return test::run(io, [&]() -> asio::awaitable<exit_status> {
-    spawn_options options;
+  return test::run(io, [&]() -> asio::awaitable<std::pair<exit_status, std::string>> {
+    spawn_options options{.out = stdio::pipe()};
     options.env.set("TMPDIR", tmp.string());
     child c = co_await spawn(command(test::target, std::move(args)), options);
-    co_return co_await c.wait();
+    std::string out = co_await test::read_all(c.out());
+    co_return std::pair{co_await c.wait(), out};
   }());
+}
+
+exit_status run_in_tmpdir(const fs::path& tmp, std::vector<std::string> args) {
+  return run_in_tmpdir_printing(tmp, std::move(args)).first;
 }
 
 // Writes `pids` to `dir`/pids whole, so a reader never sees part of them.
@@ -653,7 +663,7 @@ TEST_SUITE("group") {
     CHECK_FALSE(fs::exists(stale));
   }
 
-  TEST_CASE("stale error files are removed; those of live processes, other namespaces and other names are kept") {
+  TEST_CASE("stale error files are removed; those of live processes, other namespaces and machines, other names are kept") {
     test::temp_dir tmp;
     const fs::path dir = user_error_dir(tmp.path);
     fs::create_directory(dir);
@@ -674,10 +684,15 @@ TEST_SUITE("group") {
     const std::string dead = error_file_name(ended, *ended_start);
     const std::string recycled = error_file_name(::getpid(), own_start + 1);  // this pid, but another process's
     const std::string live = error_file_name(::getpid(), own_start);
-    const std::string elsewhere = error_file_name(ended, *ended_start, 1);  // another pid namespace's
-    for (const auto& name : {dead, recycled, live, elsewhere, std::string("notes.txt")}) std::ofstream(dir / name) << "{}";
+    const std::string key = machine_key();
+    // Another pid namespace's, and another machine's that shares this TMPDIR.
+    const std::string other_namespace = error_file_name(ended, *ended_start, key.substr(0, 37) + "1-");
+    const std::string other_machine = error_file_name(ended, *ended_start, "00000000-0000-0000-0000-000000000000" + key.substr(36));
+    for (const auto& name : {dead, recycled, live, other_namespace, other_machine, std::string("notes.txt")}) {
+      std::ofstream(dir / name) << "{}";
+    }
     CHECK(run_in_tmpdir(tmp.path, {"spawn-function", "fork"}).code() == 0);
-    auto kept = std::vector<std::string>{live, elsewhere, "notes.txt"};
+    auto kept = std::vector<std::string>{live, other_namespace, other_machine, "notes.txt"};
     std::sort(kept.begin(), kept.end());
     CHECK(names_in(dir) == kept);
     CHECK((fs::status(dir).permissions() & fs::perms::all) == fs::perms::owner_all);  // made private again
@@ -690,20 +705,39 @@ TEST_SUITE("group") {
     CHECK(names_in(user_error_dir(tmp.path)).empty());
   }
 
-  TEST_CASE("an error directory name that is taken by a file fails the start, naming it") {
+  TEST_CASE("an error directory name taken by a file or a link fails the start, naming it") {
     test::temp_dir tmp;
+    std::ofstream(tmp.path / "elsewhere") << "not a directory";
+    const std::vector<fs::path> squatters = {tmp.path / "elsewhere", tmp.path};  // a file; a directory, through a link
+    for (const auto& target : squatters) {
+      CAPTURE(target);
+      fs::remove(user_error_dir(tmp.path));
+      fs::create_symlink(target, user_error_dir(tmp.path));
+      const auto [status, said] = run_in_tmpdir_printing(tmp.path, {"spawn-function", "fork"});
+      CHECK(status.code() == 4);
+      CHECK(said.find(user_error_dir(tmp.path).string()) != std::string::npos);
+      CHECK(said.find("not a directory of this user") != std::string::npos);
+    }
+    fs::remove(user_error_dir(tmp.path));
     std::ofstream(user_error_dir(tmp.path)) << "not a directory";
-    asio::io_context io;
-    const auto [status, said] = test::run(io, [&]() -> asio::awaitable<std::pair<exit_status, std::string>> {
-      spawn_options options{.out = stdio::pipe()};
-      options.env.set("TMPDIR", tmp.path.string());
-      child c = co_await spawn(command(test::target, {"spawn-function", "fork"}), options);
-      std::string out = co_await test::read_all(c.out());
-      co_return std::pair{co_await c.wait(), out};
-    }());
+    const auto [status, said] = run_in_tmpdir_printing(tmp.path, {"spawn-function", "fork"});
     CHECK(status.code() == 4);
-    CHECK(said.find(user_error_dir(tmp.path).string()) != std::string::npos);
     CHECK(said.find("not a directory of this user") != std::string::npos);
+  }
+
+  TEST_CASE("a process's error files left at its exit go then; a child it forks that calls exit() leaves them") {
+    test::temp_dir tmp;
+    const auto [status, said] = run_in_tmpdir_printing(tmp.path, {"leave-error-file"});
+    REQUIRE(status.code() == 0);
+    std::istringstream in(said);
+    std::string file;
+    int after_wait = -1, after_child = -1;
+    in >> file >> after_wait >> after_child;
+    CHECK(fs::path(file).parent_path() == user_error_dir(tmp.path));
+    CHECK(after_wait == 1);
+    CHECK(after_child == 1);
+    CHECK_FALSE(fs::exists(file));
+    CHECK(names_in(user_error_dir(tmp.path)).empty());
   }
 
   TEST_CASE("a group's wait with a callback completes with the run's result") {

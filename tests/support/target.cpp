@@ -29,16 +29,23 @@
 //                          forkserver); print what a std::logic_error says and
 //                          exit 3, what another exception says and exit 4,
 //                          or exit 0 when the function ran
+//   leave-error-file       start a group of one rank that records an error,
+//                          wait for it, fork a child that calls exit(); print
+//                          the error file and 1/0 for whether it was there
+//                          after the wait and after the child; exit() with
+//                          the group never destroyed
 //   setsid-grandchild CODE start a grandchild that calls setsid() and sleeps 60 s,
 //                          print its pid, then exit with CODE
 #include <cohort/entry_point.hpp>
 #include <cohort/error_file.hpp>
+#include <cohort/group.hpp>
 #include <cohort/spawn_and_join.hpp>
 
 #include <dirent.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -46,6 +53,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -209,6 +218,29 @@ int main(int argc, char** argv) {
     if (!cohort::record_error(report)) return 2;
     if (argc > 4) ::usleep(static_cast<useconds_t>(std::atoi(argv[4])) * 1000);
     return 1;
+  }
+  if (what == "leave-error-file") {
+    // One rank records an error; then a forked child calls exit(), and this
+    // process exits with the group never destroyed. Prints the rank's error
+    // file and whether it was there after the wait and after the child.
+    asio::io_context io;
+    cohort::group_spec spec;
+    spec.entry = cohort::command(argv[0], {"record-error", "left"});
+    spec.nprocs = 1;
+    cohort::group g = cohort::start_processes(io.get_executor(), spec);
+    std::optional<cohort::run_result> result;
+    g.wait([&](std::exception_ptr, cohort::run_result r) { result = std::move(r); });
+    io.run();
+    if (!result || result->failures.empty()) return 5;
+    const std::filesystem::path file = result->failures[0].error_file;
+    const bool after_wait = std::filesystem::exists(file);
+    const pid_t forked = ::fork();
+    if (forked == 0) std::exit(0);
+    ::waitpid(forked, nullptr, 0);
+    const bool after_child = std::filesystem::exists(file);
+    std::printf("%s %d %d\n", file.c_str(), after_wait, after_child);
+    std::fflush(stdout);
+    std::exit(0);
   }
   if (what == "exit-env") {
     const char* value = std::getenv(arg);
