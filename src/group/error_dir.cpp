@@ -11,12 +11,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
-#include <atomic>
+#include <optional>
 #include <string_view>
 #include <system_error>
+#include <utility>
 
 namespace cohort::detail {
 namespace {
@@ -71,44 +73,96 @@ void for_each_name(const std::filesystem::path& dir, F&& f) noexcept {
                           fmt::format("cohort: the error files' directory {}: {}", dir.string(), what));
 }
 
-// The directory, made or checked once per process (its files of ended
-// processes are removed after, outside the static's initialisation, which a
-// fork must not find under way). At the exit of a process, its own files
+// Whether `dir` is, or has now been made, a directory of user `self` that
+// only that user can enter. It is opened without following a link, then
+// looked at and made private through that descriptor. False when the name
+// is taken by anything else: in a shared $TMPDIR, someone else may have
+// taken it first.
+bool own_private_dir(const std::filesystem::path& dir, uid_t self) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) fail(errno, dir, "mkdir");
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ELOOP || errno == ENOTDIR) return false;
+    fail(errno, dir, "open");
+  }
+  struct stat st{};
+  int error = ::fstat(fd, &st) == 0 ? 0 : errno;
+  const bool own = error == 0 && st.st_uid == self;
+  if (own && (st.st_mode & 0777) != 0700 && ::fchmod(fd, 0700) != 0) error = errno;
+  ::close(fd);
+  if (error != 0) fail(error, dir, "fstat or fchmod 0700");
+  return own;
+}
+
+// The pid and start time that `name` holds after `prefix` and the machine
+// key, as in "<prefix><key><pid>-<start>-..."; nullopt for any other name.
+std::optional<std::pair<pid_t, std::uint64_t>> owner_in(std::string_view name, std::string_view prefix) {
+  const std::string& key = machine_key();
+  if (key.empty() || !name.starts_with(prefix) || !name.substr(prefix.size()).starts_with(key)) return std::nullopt;
+  std::string_view rest = name.substr(prefix.size() + key.size());
+  std::uint64_t pid = 0, start = 0;
+  if (!take_number(rest, pid) || !take_number(rest, start)) return std::nullopt;
+  if (pid == 0 || pid > static_cast<std::uint64_t>(INT32_MAX)) return std::nullopt;
+  return std::pair{static_cast<pid_t>(pid), start};
+}
+
+// The directory, made or checked once per process: the user's,
+// $TMPDIR/cohort-errors-<uid>, or, when that name is taken by someone else,
+// one of this process's own, $TMPDIR/cohort-errors-<uid>-<its prefix>XXXXXX,
+// removed at its exit. Files and own directories of ended processes are
+// removed by sweep(), called outside the static's initialisation, which a
+// fork must not find under way. At the exit of a process, its own files
 // still there are removed: by the pid it has then, so a child forked from
 // the process that made this object removes only its own.
 class user_dir {
  public:
   user_dir() {
     const uid_t self = ::geteuid();
-    path_ = std::filesystem::temp_directory_path() / fmt::format("cohort-errors-{}", self);
-    if (::mkdir(path_.c_str(), 0700) != 0 && errno != EEXIST) fail(errno, path_, "mkdir");
-    // Opened without following a link, then looked at and made private
-    // through that descriptor: in a shared $TMPDIR the name may be someone
-    // else's, and files there could be read or replaced by them.
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-      const int error = errno;
-      fail(error, path_, error == ELOOP || error == ENOTDIR
-                             ? "it is not a directory of this user; remove it, or set TMPDIR elsewhere"
-                             : "open");
+    parent_ = std::filesystem::temp_directory_path();
+    own_prefix_ = fmt::format("cohort-errors-{}-", self);
+    path_ = parent_ / fmt::format("cohort-errors-{}", self);
+    if (!own_private_dir(path_, self)) {
+      std::string pattern = (parent_ / fmt::format("{}{}XXXXXX", own_prefix_, prefix_of(os::this_process()))).string();
+      if (::mkdtemp(pattern.data()) == nullptr) fail(errno, pattern, "mkdtemp");
+      path_ = pattern;
+      owned_ = true;
     }
-    struct stat st{};
-    int error = ::fstat(fd, &st) == 0 ? 0 : errno;
-    if (error == 0 && st.st_uid != self) error = EPERM;
-    if (error == 0 && (st.st_mode & 0777) != 0700 && ::fchmod(fd, 0700) != 0) error = errno;
-    ::close(fd);
-    if (error == EPERM) fail(error, path_, "it is not a directory of this user; remove it, or set TMPDIR elsewhere");
-    if (error != 0) fail(error, path_, "fstat or fchmod 0700");
     static_cast<void>(machine_key());  // made now, so that it outlives this object at exit
   }
   user_dir(const user_dir&) = delete;
   user_dir& operator=(const user_dir&) = delete;
-  ~user_dir() { remove_files_named(path_, prefix_of(::getpid())); }
+  ~user_dir() {
+    remove_files_named(path_, prefix_of(::getpid()));
+    if (owned_ && ::getpid() == owner_) ::rmdir(path_.c_str());
+  }
 
   const std::filesystem::path& path() const noexcept { return path_; }
 
+  void sweep() const noexcept {
+    if (!owned_) return remove_stale_error_files(path_);
+    // Own directories are only looked for while the user's is taken.
+    const uid_t self = ::geteuid();
+    for_each_name(parent_, [&](int at, std::string_view name) {
+      const auto owner = owner_in(name, own_prefix_);
+      if (!owner || !os::has_ended(owner->first, owner->second)) return;
+      const std::string entry(name);
+      const int fd = ::openat(at, entry.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0) return;
+      struct stat st{};
+      const bool own = ::fstat(fd, &st) == 0 && st.st_uid == self;
+      ::close(fd);
+      if (!own) return;
+      remove_files_named(parent_ / entry, "");
+      ::unlinkat(at, entry.c_str(), AT_REMOVEDIR);
+    });
+  }
+
  private:
+  std::filesystem::path parent_;
+  std::string own_prefix_;  // of this user's own directories' names
   std::filesystem::path path_;
+  bool owned_ = false;  // path_ is this process's own directory
+  pid_t owner_ = ::getpid();
 };
 
 }  // namespace
@@ -116,7 +170,7 @@ class user_dir {
 const std::filesystem::path& error_dir_of_user() {
   static const user_dir dir;
   static std::atomic<bool> swept{false};
-  if (!swept.exchange(true)) remove_stale_error_files(dir.path());
+  if (!swept.exchange(true)) dir.sweep();
   return dir.path();
 }
 
@@ -129,15 +183,9 @@ void remove_files_named(const std::filesystem::path& dir, const std::string& pre
 }
 
 void remove_stale_error_files(const std::filesystem::path& dir) noexcept {
-  const std::string& key = machine_key();
-  if (key.empty()) return;
   for_each_name(dir, [&](int at, std::string_view name) {
-    if (!name.starts_with(key)) return;
-    std::string_view rest = name.substr(key.size());
-    std::uint64_t pid = 0, start = 0;
-    if (!take_number(rest, pid) || !take_number(rest, start)) return;
-    if (pid == 0 || pid > static_cast<std::uint64_t>(INT32_MAX)) return;
-    if (os::has_ended(static_cast<pid_t>(pid), start)) ::unlinkat(at, std::string(name).c_str(), 0);
+    const auto owner = owner_in(name, "");
+    if (owner && os::has_ended(owner->first, owner->second)) ::unlinkat(at, std::string(name).c_str(), 0);
   });
 }
 

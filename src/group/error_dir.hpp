@@ -10,12 +10,15 @@
 namespace cohort::detail {
 
 /// This user's directory for error files, $TMPDIR/cohort-errors-<uid>: made
-/// (mode 0700) by the first process that needs it and kept. The first use
-/// in each process removes the files there of processes that have ended
-/// (killed outright, they could not remove their own). Throws
-/// std::system_error when it cannot be made, or when the name is taken by
-/// anything but a directory of this user, a link included (another user's
-/// squatting it in a shared $TMPDIR). Made private (0700) again if it is not.
+/// (mode 0700) by the first process that needs it and kept, made private
+/// again if it is not. When the name is taken by anything but a directory of
+/// this user's, a link included (someone else's, in a shared $TMPDIR), a
+/// directory of this process's own instead:
+/// $TMPDIR/cohort-errors-<uid>-<own_error_file_prefix()>XXXXXX, removed at
+/// its exit. The first use in each process removes the files of processes
+/// that have ended (killed outright, they could not remove their own), and,
+/// when it uses a directory of its own, the own directories of such
+/// processes. Throws std::system_error when no directory can be made.
 const std::filesystem::path& error_dir_of_user();
 
 /// What the names of this process's error files begin with:

@@ -705,24 +705,60 @@ TEST_SUITE("group") {
     CHECK(names_in(user_error_dir(tmp.path)).empty());
   }
 
-  TEST_CASE("an error directory name taken by a file or a link fails the start, naming it") {
+  TEST_CASE("an error directory name taken by a file or a link: the process uses a directory of its own, gone at its exit") {
     test::temp_dir tmp;
     std::ofstream(tmp.path / "elsewhere") << "not a directory";
-    const std::vector<fs::path> squatters = {tmp.path / "elsewhere", tmp.path};  // a file; a directory, through a link
-    for (const auto& target : squatters) {
-      CAPTURE(target);
-      fs::remove(user_error_dir(tmp.path));
-      fs::create_symlink(target, user_error_dir(tmp.path));
-      const auto [status, said] = run_in_tmpdir_printing(tmp.path, {"spawn-function", "fork"});
-      CHECK(status.code() == 4);
-      CHECK(said.find(user_error_dir(tmp.path).string()) != std::string::npos);
-      CHECK(said.find("not a directory of this user") != std::string::npos);
+    fs::create_directory(tmp.path / "someone-elses");
+    // A file; a link to a file; a link to a directory.
+    const std::vector<std::pair<std::string, fs::path>> squatters = {
+        {"file", {}}, {"link to a file", tmp.path / "elsewhere"}, {"link to a directory", tmp.path / "someone-elses"}};
+    for (const auto& [what, target] : squatters) {
+      CAPTURE(what);
+      const fs::path name = user_error_dir(tmp.path);
+      fs::remove(name);
+      if (target.empty()) std::ofstream(name) << "taken";
+      else fs::create_symlink(target, name);
+      const auto [status, said] = run_in_tmpdir_printing(tmp.path, {"leave-error-file"});
+      REQUIRE(status.code() == 0);
+      std::istringstream in(said);
+      std::string file;
+      int after_wait = -1, after_child = -1;
+      in >> file >> after_wait >> after_child;
+      const fs::path own = fs::path(file).parent_path();
+      CHECK(own.parent_path() == tmp.path);
+      CHECK(own.filename().string().starts_with(name.filename().string() + "-" + machine_key()));
+      CHECK(after_wait == 1);
+      CHECK(after_child == 1);
+      CHECK_FALSE(fs::exists(own));  // removed at the exit, with the file
+      CHECK((target.empty() ? fs::is_regular_file(fs::symlink_status(name)) : fs::is_symlink(name)));
+      CHECK(names_in(tmp.path / "someone-elses").empty());
     }
-    fs::remove(user_error_dir(tmp.path));
-    std::ofstream(user_error_dir(tmp.path)) << "not a directory";
-    const auto [status, said] = run_in_tmpdir_printing(tmp.path, {"spawn-function", "fork"});
-    CHECK(status.code() == 4);
-    CHECK(said.find("not a directory of this user") != std::string::npos);
+  }
+
+  TEST_CASE("with the user's directory taken, own directories of ended processes are removed; live ones kept") {
+    test::temp_dir tmp;
+    std::ofstream(user_error_dir(tmp.path)) << "taken";
+    const pid_t ended = ::fork();
+    if (ended == 0) {
+      ::pause();
+      ::_exit(0);
+    }
+    REQUIRE(ended > 0);
+    const auto ended_start = os::start_time_of(ended);
+    ::kill(ended, SIGKILL);
+    ::waitpid(ended, nullptr, 0);
+    REQUIRE(ended_start);
+    const std::string own = user_error_dir(tmp.path).filename().string() + "-";
+    const fs::path dead = tmp.path / fmt::format("{}{}{}-{}-abcdef", own, machine_key(), ended, *ended_start);
+    const fs::path live = tmp.path / fmt::format("{}{}{}-{}-abcdef", own, machine_key(), ::getpid(), os::own_start_time());
+    for (const auto& dir : {dead, live}) {
+      fs::create_directory(dir);
+      std::ofstream(dir / error_file_name(ended, *ended_start)) << "{}";
+    }
+    CHECK(run_in_tmpdir(tmp.path, {"spawn-function", "fork"}).code() == 0);
+    CHECK_FALSE(fs::exists(dead));
+    CHECK(fs::exists(live));
+    CHECK(names_in(tmp.path) == std::vector<std::string>{"cohort-errors-" + std::to_string(::geteuid()), live.filename().string()});
   }
 
   TEST_CASE("a process's error files left at its exit go then; a child it forks that calls exit() leaves them") {
