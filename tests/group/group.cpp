@@ -87,6 +87,23 @@ std::string error_file_name(pid_t pid, std::uint64_t start, const std::string& k
   return fmt::format("{}{}-{}-0-1.json", key, pid, start);
 }
 
+// The pid and start time of a process that has ended: forked, its start
+// time read, then killed and reaped.
+std::pair<pid_t, std::uint64_t> ended_process() {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  REQUIRE(pid > 0);
+  const auto start = os::start_time_of(pid);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  REQUIRE(start);
+  REQUIRE(*start > 0);
+  return {pid, *start};
+}
+
 // Runs the target program with TMPDIR set to `tmp`; its exit status and
 // what it printed.
 std::pair<exit_status, std::string> run_in_tmpdir_printing(const fs::path& tmp, std::vector<std::string> args) {
@@ -102,6 +119,26 @@ std::pair<exit_status, std::string> run_in_tmpdir_printing(const fs::path& tmp, 
 
 exit_status run_in_tmpdir(const fs::path& tmp, std::vector<std::string> args) {
   return run_in_tmpdir_printing(tmp, std::move(args)).first;
+}
+
+// What the target's leave-error-file printed, run with TMPDIR `tmp`: the
+// rank's error file, and whether it was there after the wait and after a
+// forked child's exit() (1 or 0; -1 when not printed).
+struct left_error_file {
+  fs::path file;
+  int after_wait = -1;
+  int after_child = -1;
+};
+
+left_error_file leave_error_file(const fs::path& tmp) {
+  const auto [status, said] = run_in_tmpdir_printing(tmp, {"leave-error-file"});
+  REQUIRE(status.code() == 0);
+  left_error_file left;
+  std::istringstream in(said);
+  std::string file;
+  in >> file >> left.after_wait >> left.after_child;
+  left.file = file;
+  return left;
 }
 
 // Writes `pids` to `dir`/pids whole, so a reader never sees part of them.
@@ -668,26 +705,15 @@ TEST_SUITE("group") {
     const fs::path dir = user_error_dir(tmp.path);
     fs::create_directory(dir);
     fs::permissions(dir, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec);
-    // A process that has ended: forked, its start time read, then reaped.
-    const pid_t ended = ::fork();
-    if (ended == 0) {
-      ::pause();
-      ::_exit(0);
-    }
-    REQUIRE(ended > 0);
-    const auto ended_start = os::start_time_of(ended);
-    ::kill(ended, SIGKILL);
-    ::waitpid(ended, nullptr, 0);
-    REQUIRE(ended_start);
-    REQUIRE(*ended_start > 0);
+    const auto [ended, ended_start] = ended_process();
     const std::uint64_t own_start = os::own_start_time();
-    const std::string dead = error_file_name(ended, *ended_start);
+    const std::string dead = error_file_name(ended, ended_start);
     const std::string recycled = error_file_name(::getpid(), own_start + 1);  // this pid, but another process's
     const std::string live = error_file_name(::getpid(), own_start);
     const std::string key = machine_key();
     // Another pid namespace's, and another machine's that shares this TMPDIR.
-    const std::string other_namespace = error_file_name(ended, *ended_start, key.substr(0, 37) + "1-");
-    const std::string other_machine = error_file_name(ended, *ended_start, "00000000-0000-0000-0000-000000000000" + key.substr(36));
+    const std::string other_namespace = error_file_name(ended, ended_start, key.substr(0, 37) + "1-");
+    const std::string other_machine = error_file_name(ended, ended_start, "00000000-0000-0000-0000-000000000000" + key.substr(36));
     for (const auto& name : {dead, recycled, live, other_namespace, other_machine, std::string("notes.txt")}) {
       std::ofstream(dir / name) << "{}";
     }
@@ -718,17 +744,12 @@ TEST_SUITE("group") {
       fs::remove(name);
       if (target.empty()) std::ofstream(name) << "taken";
       else fs::create_symlink(target, name);
-      const auto [status, said] = run_in_tmpdir_printing(tmp.path, {"leave-error-file"});
-      REQUIRE(status.code() == 0);
-      std::istringstream in(said);
-      std::string file;
-      int after_wait = -1, after_child = -1;
-      in >> file >> after_wait >> after_child;
-      const fs::path own = fs::path(file).parent_path();
+      const auto left = leave_error_file(tmp.path);
+      const fs::path own = left.file.parent_path();
       CHECK(own.parent_path() == tmp.path);
       CHECK(own.filename().string().starts_with(name.filename().string() + "-" + machine_key()));
-      CHECK(after_wait == 1);
-      CHECK(after_child == 1);
+      CHECK(left.after_wait == 1);
+      CHECK(left.after_child == 1);
       CHECK_FALSE(fs::exists(own));  // removed at the exit, with the file
       CHECK((target.empty() ? fs::is_regular_file(fs::symlink_status(name)) : fs::is_symlink(name)));
       CHECK(names_in(tmp.path / "someone-elses").empty());
@@ -738,22 +759,13 @@ TEST_SUITE("group") {
   TEST_CASE("with the user's directory taken, own directories of ended processes are removed; live ones kept") {
     test::temp_dir tmp;
     std::ofstream(user_error_dir(tmp.path)) << "taken";
-    const pid_t ended = ::fork();
-    if (ended == 0) {
-      ::pause();
-      ::_exit(0);
-    }
-    REQUIRE(ended > 0);
-    const auto ended_start = os::start_time_of(ended);
-    ::kill(ended, SIGKILL);
-    ::waitpid(ended, nullptr, 0);
-    REQUIRE(ended_start);
+    const auto [ended, ended_start] = ended_process();
     const std::string own = user_error_dir(tmp.path).filename().string() + "-";
-    const fs::path dead = tmp.path / fmt::format("{}{}{}-{}-abcdef", own, machine_key(), ended, *ended_start);
+    const fs::path dead = tmp.path / fmt::format("{}{}{}-{}-abcdef", own, machine_key(), ended, ended_start);
     const fs::path live = tmp.path / fmt::format("{}{}{}-{}-abcdef", own, machine_key(), ::getpid(), os::own_start_time());
     for (const auto& dir : {dead, live}) {
       fs::create_directory(dir);
-      std::ofstream(dir / error_file_name(ended, *ended_start)) << "{}";
+      std::ofstream(dir / error_file_name(ended, ended_start)) << "{}";
     }
     CHECK(run_in_tmpdir(tmp.path, {"spawn-function", "fork"}).code() == 0);
     CHECK_FALSE(fs::exists(dead));
@@ -763,16 +775,11 @@ TEST_SUITE("group") {
 
   TEST_CASE("a process's error files left at its exit go then; a child it forks that calls exit() leaves them") {
     test::temp_dir tmp;
-    const auto [status, said] = run_in_tmpdir_printing(tmp.path, {"leave-error-file"});
-    REQUIRE(status.code() == 0);
-    std::istringstream in(said);
-    std::string file;
-    int after_wait = -1, after_child = -1;
-    in >> file >> after_wait >> after_child;
-    CHECK(fs::path(file).parent_path() == user_error_dir(tmp.path));
-    CHECK(after_wait == 1);
-    CHECK(after_child == 1);
-    CHECK_FALSE(fs::exists(file));
+    const auto left = leave_error_file(tmp.path);
+    CHECK(left.file.parent_path() == user_error_dir(tmp.path));
+    CHECK(left.after_wait == 1);
+    CHECK(left.after_child == 1);
+    CHECK_FALSE(fs::exists(left.file));
     CHECK(names_in(user_error_dir(tmp.path)).empty());
   }
 
