@@ -55,8 +55,8 @@ bool take_number(std::string_view& text, std::uint64_t& value) {
   return true;
 }
 
-// Calls `f(name)` for each entry of `dir` but "." and ".."; `dirfd` is the
-// listing's descriptor, for unlinkat.
+// Calls `f(at, name)` for each entry of `dir` but "." and "..": `at` is the
+// listing's descriptor, for the *at calls.
 template <class F>
 void for_each_name(const std::filesystem::path& dir, F&& f) noexcept {
   DIR* listing = ::opendir(dir.c_str());
