@@ -4,7 +4,9 @@
 // stdout on files (no launcher: the bound), with their stdout on pipes to a
 // minimal pump in this process (a thread per pipe: read, prefixed lines to
 // /dev/null, the whole read to a file: the bound for any teeing launcher,
-// whose bytes pass through a pipe), cohort-run with the streams
+// whose bytes pass through a pipe), with their stdout on pipes spliced to
+// the files in the kernel (no console at all: the floor of any pump, which
+// shows what the pipe's second copy costs), cohort-run with the streams
 // teed (its pump writes the files and the console, on /dev/null), cohort-run
 // with the streams redirected (the ranks write the files themselves: the
 // launcher only starts and reaps them), and torchrun teed (Debian's torch
@@ -192,7 +194,18 @@ void minimal_pump(int pipe, int file, int console) {
   }
 }
 
-// MB/s of the writers with stdout on pipes, pumped by minimal_pump, from
+// The floor of any pump: the pipe's bytes moved to the file inside the
+// kernel (splice), nothing to the console.
+void splice_pump(int pipe, int file, int) {
+  for (;;) {
+    const ssize_t n = ::splice(pipe, nullptr, file, nullptr, 1 << 20, SPLICE_F_MOVE);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::runtime_error(fmt::format("splice pump: {}", std::strerror(errno)));
+    if (n == 0) break;
+  }
+}
+
+// MB/s of the writers with stdout on pipes, pumped by `pump`, from
 // the first start until the last writer is reaped; or why it failed. Its writers
 // are reaped and its files removed either way.
 struct pump_outcome {
@@ -200,7 +213,7 @@ struct pump_outcome {
   std::string failure;
 };
 
-pump_outcome minimal_pump_throughput(const std::string& self, const fs::path& dir, long megabytes) {
+pump_outcome pump_throughput(void (*pump)(int, int, int), const std::string& self, const fs::path& dir, long megabytes) {
   const int console = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
   const auto began = clock::now();
   std::vector<spawned> writers;
@@ -211,14 +224,14 @@ pump_outcome minimal_pump_throughput(const std::string& self, const fs::path& di
     writers.push_back(start({self, "--write", std::to_string(megabytes)}, ""));
     ::fcntl(writers.back().out, F_SETPIPE_SZ, 1024 * 1024);  // as cohort-run's pipes
     files.push_back(::open((dir / fmt::format("pumped-{}.log", r)).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (files.back() < 0) failed[r] = fmt::format("minimal pump: its file: {}", std::strerror(errno));
+    if (files.back() < 0) failed[r] = fmt::format("pump: its file: {}", std::strerror(errno));
   }
   {
     std::vector<std::jthread> pumps;
     for (int r = 0; r < ranks; ++r) {
       pumps.emplace_back([&, r] {
         try {
-          if (files[r] >= 0) minimal_pump(writers[r].out, files[r], console);
+          if (files[r] >= 0) pump(writers[r].out, files[r], console);
         } catch (const std::exception& e) {
           failed[r] = e.what();
         }
@@ -335,8 +348,8 @@ int main(int argc, char** argv) {
              ranks, megabytes, rounds);
   fmt::print("  {:<58} {:>25}  {:>25}\n", "", "", "vs writers on files");
   const std::vector<std::string> teed_flags{"-r", "3", "-t", "3"};
-  std::vector<double> bare, minimal, teed, redirected, torch_teed;
-  std::string minimal_failure;
+  std::vector<double> bare, minimal, spliced, teed, redirected, torch_teed;
+  std::string minimal_failure, splice_failure;
   for (int i = 0; i < rounds; ++i) {
     // Every other round the other way round, so that neither side always
     // follows the same one (and its writeback).
@@ -349,11 +362,15 @@ int main(int argc, char** argv) {
       pumped();
       files();
     }
-    if (minimal_failure.empty()) {  // a failed pump runs no more rounds
-      const auto pumped_minimally = minimal_pump_throughput(self, dir, megabytes);
-      if (pumped_minimally.failure.empty()) minimal.push_back(pumped_minimally.rate);
-      else minimal_failure = pumped_minimally.failure;
-    }
+    // A failed pump runs no more rounds.
+    const auto bound = [&](void (*pump)(int, int, int), std::vector<double>& rates, std::string& failure) {
+      if (!failure.empty()) return;
+      const auto outcome = pump_throughput(pump, self, dir, megabytes);
+      if (outcome.failure.empty()) rates.push_back(outcome.rate);
+      else failure = outcome.failure;
+    };
+    bound(minimal_pump, minimal, minimal_failure);
+    bound(splice_pump, spliced, splice_failure);
     redirected.push_back(launcher_throughput(cohort_args({"-r", "3"}, writer), dir / "cohort", megabytes));
     if (python) torch_teed.push_back(launcher_throughput(torch_args(teed_flags, writer), dir / "torch", megabytes));
   }
@@ -365,6 +382,11 @@ int main(int argc, char** argv) {
                spread(per_round(teed, minimal), "{:.2f}"));
   } else {
     fmt::print("  4 writers on pipes to a minimal pump: failed: {}\n", minimal_failure);
+  }
+  if (splice_failure.empty()) {
+    print_throughput("4 writers on pipes spliced to files, no console (any pump)", spliced, &bare);
+  } else {
+    fmt::print("  4 writers on pipes spliced to files: failed: {}\n", splice_failure);
   }
   print_throughput("cohort-run -r 3 (ranks write their files: no pump)", redirected, &bare);
   if (python) {
