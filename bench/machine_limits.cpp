@@ -3,8 +3,10 @@
 //
 //   - pipeline: producer -> copying relay -> summer, three processes joined
 //     by two single-producer single-consumer rings in shared memory, 64-byte
-//     items (a small tensor's record), spinning: items/s end to end, quiet
-//     and with two busy loops beside it
+//     items (a small tensor's record): items/s end to end, quiet and with two
+//     busy loops beside it; a stage that finds nothing to do either spins
+//     on, or spins a little and then yields its CPU (three processes on two
+//     cores: the one it waits for may be the one without a CPU)
 //   - ping-pong: a futex word between two processes, one round trip
 //   - exit: blocking waitid's wake after a child stamped the time and exited
 //   - fork+exit+wait and posix_spawn(/bin/true)+wait of one child
@@ -15,6 +17,7 @@
 //
 //   machine_limits [rounds]     (default 5; each figure: the median of the rounds, and their spread)
 //   machine_limits --launch K   (the minimal launcher itself)
+//   machine_limits --ring N     (one yielding pipeline of N items; prints its items/s, or 0 for a wrong sum)
 #include "load.hpp"
 #include "stats.hpp"
 
@@ -22,6 +25,7 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <spawn.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -82,6 +86,17 @@ inline void relax() { __builtin_ia32_pause(); }
 
 // --- pipeline -------------------------------------------------------------
 
+// How a stage waits on a ring it can do nothing with.
+enum class waiting {
+  spin,   // pause and look again, however long it takes
+  yield,  // the same, but every 64th look hands the CPU over (sched_yield)
+};
+
+inline void wait_a_little(waiting how, unsigned& looks) {
+  if (how == waiting::yield && ++looks % 64 == 0) ::sched_yield();
+  else relax();
+}
+
 struct item {
   std::uint64_t value;
   std::uint8_t payload[56];
@@ -94,15 +109,15 @@ struct alignas(64) ring {
   alignas(64) std::atomic<std::uint64_t> tail{0};  // next to read
   alignas(64) item slots[ring_slots];
 
-  void push(const item& x) {
+  void push(const item& x, waiting how) {
     const auto h = head.load(std::memory_order_relaxed);
-    while (h - tail.load(std::memory_order_acquire) == ring_slots) relax();
+    for (unsigned looks = 0; h - tail.load(std::memory_order_acquire) == ring_slots;) wait_a_little(how, looks);
     slots[h % ring_slots] = x;
     head.store(h + 1, std::memory_order_release);
   }
-  item pop() {
+  item pop(waiting how) {
     const auto t = tail.load(std::memory_order_relaxed);
-    while (head.load(std::memory_order_acquire) == t) relax();
+    for (unsigned looks = 0; head.load(std::memory_order_acquire) == t;) wait_a_little(how, looks);
     item x = slots[t % ring_slots];
     tail.store(t + 1, std::memory_order_release);
     return x;
@@ -116,7 +131,7 @@ struct pipeline_memory {
 };
 
 // Items per second from the producer's first push to the summer's last pop.
-double pipeline(std::uint64_t items) {
+double pipeline(std::uint64_t items, waiting how) {
   auto* m = shared<pipeline_memory>();
   std::vector<pid_t> pids;
   const auto stage = [&](auto body) {
@@ -132,15 +147,15 @@ double pipeline(std::uint64_t items) {
     item x{};
     for (std::uint64_t i = 0; i < items; ++i) {
       x.value = i;
-      m->first.push(x);
+      m->first.push(x, how);
     }
   });
   stage([&] {
-    for (std::uint64_t i = 0; i < items; ++i) m->second.push(m->first.pop());
+    for (std::uint64_t i = 0; i < items; ++i) m->second.push(m->first.pop(how), how);
   });
   stage([&] {
     std::uint64_t sum = 0;
-    for (std::uint64_t i = 0; i < items; ++i) sum += m->second.pop().value;
+    for (std::uint64_t i = 0; i < items; ++i) sum += m->second.pop(how).value;
     m->sum.store(sum);
   });
   const auto start = clock::now();
@@ -300,18 +315,24 @@ double files(int writers, std::size_t bytes) {
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::string(argv[1]) == "--launch") return launch(std::atoi(argv[2]));
+  if (argc == 3 && std::string(argv[1]) == "--ring") {
+    fmt::print("{:.0f}\n", pipeline(std::max(2ULL, std::strtoull(argv[2], nullptr, 10)), waiting::yield));
+    return 0;
+  }
   const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
   const std::string self = std::filesystem::canonical("/proc/self/exe").string();
   const std::vector<int> launcher_ks{1, 8, 32, 128};
 
-  std::vector<double> pipe_rate, pipe_loaded, ping_p50, ping_p99, exit_p50, fork_p50, spawn_p50, file_rate;
+  std::vector<double> spin_rate, spin_loaded, yield_rate, yield_loaded, ping_p50, ping_p99, exit_p50, fork_p50, spawn_p50, file_rate;
   std::vector<std::vector<double>> launched(launcher_ks.size());
   // Every measurement once per round, in turn: drift hits them alike.
   for (int round = 0; round < rounds; ++round) {
-    pipe_rate.push_back(pipeline(2'000'000) / 1e6);
+    spin_rate.push_back(pipeline(2'000'000, waiting::spin) / 1e6);
+    yield_rate.push_back(pipeline(20'000'000, waiting::yield) / 1e6);
     {
       const bench::busy_loops load(2);
-      pipe_loaded.push_back(pipeline(500'000) / 1e6);
+      spin_loaded.push_back(pipeline(500'000, waiting::spin) / 1e6);
+      yield_loaded.push_back(pipeline(5'000'000, waiting::yield) / 1e6);
     }
     const auto trips = pingpong(20'000);
     ping_p50.push_back(percentile(trips, 50));
@@ -329,8 +350,10 @@ int main(int argc, char** argv) {
   fmt::print("The machine's limits, median of {} rounds (spread across rounds)\n", rounds);
   const auto row = [](const std::string& label, const std::vector<double>& figures, const char* format,
                       const char* unit) { fmt::print("  {:<56}{}\n", label, bench::spread_text(figures, format, unit)); };
-  row("raw ring pipeline, 3 processes, 64-byte items", pipe_rate, "{:.2f}", "M items/s");
-  row("  the same, two busy loops beside it", pipe_loaded, "{:.2f}", "M items/s");
+  row("raw ring pipeline, 3 processes, 64-byte items, yielding", yield_rate, "{:.2f}", "M items/s");
+  row("  the same, two busy loops beside it", yield_loaded, "{:.2f}", "M items/s");
+  row("raw ring pipeline, spinning only", spin_rate, "{:.2f}", "M items/s");
+  row("  the same, two busy loops beside it", spin_loaded, "{:.2f}", "M items/s");
   row("futex ping-pong between 2 processes, p50", ping_p50, "{:.2f}", "us");
   row("futex ping-pong between 2 processes, p99", ping_p99, "{:.2f}", "us");
   row("exit to blocking waitid's wake, p50", exit_p50, "{:.1f}", "us");

@@ -8,7 +8,11 @@
 //  - the cost of sending one tensor, by size, both already in shared memory
 //    and both private (the put copies them into shared memory).
 // The pipeline also runs with two busy loops beside it, and with 2 and 4
-// producers.
+// producers; the quiet and the loaded runs each take turns with the
+// machine's raw ring (machine_limits --ring: the same three stages on two
+// lock-free rings of 64-byte items, no bookkeeping, stages that yield their
+// CPU when they wait), whose rate is timed from its stages' start to their
+// end.
 // Usage: tensor_sharing [--pipeline] [pipeline tensors = 100000] [rounds = 3] [sends per size = 10]
 // (--pipeline: the pipeline alone, no baselines)
 #include <cohort/queue.hpp>
@@ -27,6 +31,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <sstream>
@@ -149,15 +154,40 @@ double pipeline_rate(int n, int producers) {
   return (n - 1) / seconds;
 }
 
+// The machine's raw ring moving `items`: items/s, or 0 when it failed.
+double raw_ring_rate(long long items) {
+  FILE* out = ::popen(fmt::format("{} --ring {}", COHORT_BENCH_MACHINE_LIMITS, items).c_str(), "r");
+  if (out == nullptr) return 0;
+  double rate = 0;
+  if (std::fscanf(out, "%lf", &rate) != 1) rate = 0;
+  return ::pclose(out) == 0 ? rate : 0;
+}
+
 // The pipeline quiet, beside two busy loops, and with 2 and 4 producers,
-// each once per round in turn; prints each and returns the quiet median.
+// each once per round in turn, the raw ring beside the first two; prints
+// each and returns the quiet median.
 double pipeline_section(int n, int rounds) {
-  std::vector<double> quiet, loaded, share, two, four;
+  std::vector<double> quiet, loaded, share, two, four, ring_quiet, ring_loaded, of_ring_quiet, of_ring_loaded;
+  // About as long a window as cohort's, at the ring's rate here.
+  const long long ring_items = 20LL * n;
+  bool ring_failed = false;
+  const auto beside_ring = [&](std::vector<double>& ring, std::vector<double>& of_ring, double ours) {
+    if (ring_failed) return;
+    const double rate = raw_ring_rate(ring_items);
+    if (rate <= 0) {
+      ring_failed = true;  // printed as failed; cohort's rows print all the same
+      return;
+    }
+    ring.push_back(rate);
+    of_ring.push_back(100 * ours / rate);
+  };
   for (int r = 0; r < rounds; ++r) {
     quiet.push_back(pipeline_rate(n, 1));
+    beside_ring(ring_quiet, of_ring_quiet, quiet.back());
     {
       const bench::busy_loops load(2);
       loaded.push_back(pipeline_rate(n, 1));
+      beside_ring(ring_loaded, of_ring_loaded, loaded.back());
     }
     share.push_back(100 * loaded.back() / quiet.back());
     two.push_back(pipeline_rate(n, 2));
@@ -175,6 +205,17 @@ double pipeline_section(int n, int rounds) {
   row("  loaded / quiet, % of the same round's", share, "%");
   row("cohort, 2 producers", two);
   row("cohort, 4 producers", four);
+  if (ring_failed) {
+    fmt::print("  {:<52} failed\n", "the machine's raw ring (machine_limits --ring)");
+  } else {
+    fmt::print("  the machine's raw ring (machine_limits --ring {}), in the same rounds, timed from its stages'\n"
+               "  start to their end\n",
+               ring_items);
+    row("  quiet", ring_quiet, "items/s");
+    row("  two busy loops beside it", ring_loaded, "items/s");
+    row("  cohort quiet, % of the raw ring's, round by round", of_ring_quiet, "%");
+    row("  cohort loaded, % of the raw ring's, round by round", of_ring_loaded, "%");
+  }
   return bench::median(quiet);
 }
 
