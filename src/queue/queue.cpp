@@ -536,21 +536,32 @@ bool retry_after_wait(queue_core& q, side s, Attempt& attempt) {
   return done;
 }
 
-// Spins within the side's budget from `started`, and not past `latest`,
-// while a push or pop cannot go through; whether it went through, and then
-// teaches the budget how long that took.
+// After a try that did not go through: spins within the side's budget from
+// `started`, and not past `latest`, while a push or pop cannot go through;
+// whether it went through, and then teaches the budget how long that took.
 template <class Attempt>
 bool spin_for(queue_core& q, side s, std::chrono::steady_clock::time_point started, Attempt& attempt,
               std::chrono::steady_clock::time_point latest = std::chrono::steady_clock::time_point::max()) {
   auto& budget = q.spin(s);
   const auto until = std::min(started + budget.get(), latest);
   for (std::uint32_t seq = 0;;) {
+    if (!spin_until(until, [&] { return q.may_go(s); })) return false;
     if (attempt(false, seq)) {
       budget.spun(std::chrono::steady_clock::now() - started);
       return true;
     }
-    if (!spin_until(until, [&] { return q.may_go(s); })) return false;
   }
+}
+
+// The first try of a push or pop, which reads no clock: most find room or
+// a value at once. One that goes through teaches the budget as a wait of
+// no time.
+template <class Attempt>
+bool at_once(queue_core& q, side s, Attempt& attempt) {
+  std::uint32_t seq = 0;
+  if (!attempt(false, seq)) return false;
+  q.spin(s).spun(std::chrono::nanoseconds::zero());
+  return true;
 }
 
 // A wait past its spin: teaches the budget when it ends, however it ends.
@@ -565,6 +576,7 @@ struct budget_lesson {
 // the other side is gone (peer_lost).
 template <class Attempt>
 bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> timeout, Attempt attempt) {
+  if (at_once(q, s, attempt)) return true;
   const auto started = std::chrono::steady_clock::now();
   const auto deadline = timeout ? started + *timeout : std::chrono::steady_clock::time_point::max();
   if (spin_for(q, s, started, attempt, deadline)) return true;
@@ -624,6 +636,7 @@ asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
 // (peer_lost).
 template <class Attempt>
 asio::awaitable<void> wait_async(std::shared_ptr<queue_core> q, side s, Attempt attempt) {
+  if (at_once(*q, s, attempt)) co_return;
   // A spin first, as a blocking wait's: it holds this thread for at most
   // max_spin.
   const auto started = std::chrono::steady_clock::now();
