@@ -7,8 +7,9 @@
 //    and awaited;
 //  - the cost of sending one tensor, by size, both already in shared memory
 //    and both private (the put copies them into shared memory).
-// The pipeline also runs with two busy loops beside it, and with 2 and 4
-// producers; the quiet and the loaded runs each take turns with the
+// The pipeline also runs with two busy loops beside it, with 2 and 4
+// producers, with its three stages on one CPU, and with plain integers in
+// place of the tensors; the quiet and the loaded runs each take turns with the
 // machine's raw ring (machine_limits --ring: the same three stages on two
 // lock-free rings of 64-byte items, no bookkeeping, stages that yield their
 // CPU when they wait), whose rate is timed from its stages' start to their
@@ -29,6 +30,8 @@
 #include <asio/use_future.hpp>
 
 #include <fmt/format.h>
+
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -74,6 +77,26 @@ std::tuple<std::int64_t, double> pipeline_stage(int rank, queue<tensor> made, qu
   return {0, 0.0};
 }
 COHORT_ENTRYPOINT(pipeline_stage);
+
+// The same three stages passing plain int64 values through the same
+// queues: what the queues cost without tensors.
+std::tuple<std::int64_t, double> int_stage(int rank, queue<std::int64_t> made, queue<std::int64_t> passed, int n) {
+  if (rank == 0) {
+    for (int i = 0; i < n; ++i) made.put(i);
+  } else if (rank == 1) {
+    for (int i = 0; i < n; ++i) passed.put(made.get().value());
+  } else {
+    std::int64_t sum = 0;
+    steady::time_point start;
+    for (int i = 0; i < n; ++i) {
+      sum += passed.get().value();
+      if (i == 0) start = steady::now();
+    }
+    return {sum, seconds_since(start)};
+  }
+  return {0, 0.0};
+}
+COHORT_ENTRYPOINT(int_stage);
 
 // Sends back every tensor it gets, blocking or awaited, until an empty one.
 void echo(int, queue<tensor> in, queue<tensor> out, bool awaited) {
@@ -143,6 +166,39 @@ double send_cost(std::size_t bytes, bool shared, int sends) {
   return bench::median(samples);
 }
 
+// Keeps this process, and the processes it starts while it lives, on one
+// CPU (the first it may run on); the CPUs it had afterwards.
+class on_one_cpu {
+ public:
+  on_one_cpu() {
+    if (::sched_getaffinity(0, sizeof before_, &before_) != 0) throw std::runtime_error("sched_getaffinity");
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+      if (CPU_ISSET(cpu, &before_)) {
+        CPU_SET(cpu, &one);
+        break;
+      }
+    }
+    if (::sched_setaffinity(0, sizeof one, &one) != 0) throw std::runtime_error("sched_setaffinity");
+  }
+  on_one_cpu(const on_one_cpu&) = delete;
+  on_one_cpu& operator=(const on_one_cpu&) = delete;
+  ~on_one_cpu() { ::sched_setaffinity(0, sizeof before_, &before_); }
+
+ private:
+  cpu_set_t before_;
+};
+
+// One pipeline run of n plain integers: the summer's rate in values/s.
+double int_pipeline_rate(int n) {
+  queue<std::int64_t> made(1024), passed(1024);
+  const auto out = spawn_and_join(int_stage, std::tuple{made, passed, n}, 3);
+  const auto [sum, seconds] = out.at(2);
+  if (sum != std::int64_t{n} * (n - 1) / 2) throw std::runtime_error("the integer pipeline summed wrong");
+  return (n - 1) / seconds;
+}
+
 // One pipeline run of n tensors: the summer's rate in tensors/s.
 double pipeline_rate(int n, int producers) {
   queue<tensor> made(1024), cloned(1024);
@@ -167,7 +223,8 @@ double raw_ring_rate(long long items) {
 // each once per round in turn, the raw ring beside the first two; prints
 // each and returns the quiet median.
 double pipeline_section(int n, int rounds) {
-  std::vector<double> quiet, loaded, share, two, four, ring_quiet, ring_loaded, of_ring_quiet, of_ring_loaded;
+  std::vector<double> quiet, loaded, share, two, four, one_cpu, of_two_cpus, ints, ring_quiet, ring_loaded,
+      of_ring_quiet, of_ring_loaded;
   // About as long a window as cohort's, at the ring's rate here.
   const long long ring_items = 20LL * n;
   bool ring_failed = false;
@@ -192,6 +249,12 @@ double pipeline_section(int n, int rounds) {
     share.push_back(100 * loaded.back() / quiet.back());
     two.push_back(pipeline_rate(n, 2));
     four.push_back(pipeline_rate(n, 4));
+    {
+      const on_one_cpu pinned;
+      one_cpu.push_back(pipeline_rate(n, 1));
+    }
+    of_two_cpus.push_back(100 * one_cpu.back() / quiet.back());
+    ints.push_back(int_pipeline_rate(static_cast<int>(std::min(5LL * n, 10'000'000LL))));
   }
   fmt::print("3-stage pipeline (producers -> relay that clones -> summer) of {} five-element int64 tensors,\n"
              "median of {} rounds; for every contender, rate = (items - 1) / time from the summer's first pop\n"
@@ -205,6 +268,9 @@ double pipeline_section(int n, int rounds) {
   row("  loaded / quiet, % of the same round's", share, "%");
   row("cohort, 2 producers", two);
   row("cohort, 4 producers", four);
+  row("cohort, 1 producer, all three stages on one CPU", one_cpu);
+  row("  one CPU / two, % of the same round's", of_two_cpus, "%");
+  row("cohort, plain int64 values through the same queues", ints, "values/s");
   if (ring_failed) {
     fmt::print("  {:<52} failed\n", "the machine's raw ring (machine_limits --ring)");
   } else {
