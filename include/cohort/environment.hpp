@@ -50,6 +50,12 @@ class environment {
   std::map<std::string, std::optional<std::string>> changes_;  // nullopt = unset
 };
 
+/// Whether `path` names, after symbolic links, a regular file that this
+/// process may execute: the candidate a PATH search takes (execve refuses
+/// directories and other files that are not regular). Says nothing of the
+/// file's format.
+bool is_executable_file(const std::string& path) noexcept;
+
 }  // namespace cohort
 
 COHORT_API_END

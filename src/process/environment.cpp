@@ -1,6 +1,9 @@
 // Building a child's environment block.
 #include "cohort/environment.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <string_view>
@@ -89,6 +92,11 @@ std::vector<std::string> environment::path_candidates(const std::string& program
     begin = end + 1;
   }
   return candidates;
+}
+
+bool is_executable_file(const std::string& path) noexcept {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
 }  // namespace cohort

@@ -2,6 +2,10 @@
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
@@ -71,5 +75,39 @@ TEST_SUITE("environment") {
     // A name with a slash, or none, is not searched for.
     CHECK(environment::empty().set("PATH", "/a").path_candidates("d/x").empty());
     CHECK(environment::empty().set("PATH", "/a").path_candidates("").empty());
+  }
+
+  TEST_CASE("only a regular file this process may execute is an executable file") {
+    char made[] = "/tmp/cohort-environment-XXXXXX";
+    REQUIRE(::mkdtemp(made) != nullptr);
+    const std::string dir = made;
+    const auto make = [&](const std::string& name, mode_t mode) {
+      const std::string path = dir + "/" + name;
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+      REQUIRE(fd >= 0);
+      ::close(fd);
+      REQUIRE(::chmod(path.c_str(), mode) == 0);  // whatever the umask
+      return path;
+    };
+    const std::string program = make("program", 0755);
+    const std::string data = make("data", 0644);
+    const std::string directory = dir + "/directory";
+    REQUIRE(::mkdir(directory.c_str(), 0755) == 0);
+    const std::string fifo = dir + "/fifo";
+    REQUIRE(::mkfifo(fifo.c_str(), 0755) == 0);
+    const std::string link = dir + "/link";
+    REQUIRE(::symlink(program.c_str(), link.c_str()) == 0);
+
+    CHECK(cohort::is_executable_file(program));
+    CHECK(cohort::is_executable_file(link));  // followed
+    CHECK_FALSE(cohort::is_executable_file(data));
+    CHECK_FALSE(cohort::is_executable_file(directory));  // executable bits, but not a file
+    CHECK_FALSE(cohort::is_executable_file(fifo));       // the same
+    CHECK_FALSE(cohort::is_executable_file(dir + "/missing"));
+    CHECK_FALSE(cohort::is_executable_file(""));
+
+    for (const auto& path : {program, data, fifo, link}) ::unlink(path.c_str());
+    ::rmdir(directory.c_str());
+    ::rmdir(dir.c_str());
   }
 }

@@ -22,16 +22,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool runnable(const fs::path& p) {
-  std::error_code ec;
-  return ::access(p.c_str(), X_OK) == 0 && !fs::is_directory(p, ec);
-}
-
 // Every `name` in PATH, in PATH's order.
 std::vector<fs::path> all_in_path(const std::string& name) {
   std::vector<fs::path> found;
   for (const auto& candidate : cohort::environment::inherit().path_candidates(name)) {
-    if (runnable(candidate)) found.emplace_back(candidate);
+    if (cohort::is_executable_file(candidate)) found.emplace_back(candidate);
   }
   return found;
 }
@@ -39,7 +34,7 @@ std::vector<fs::path> all_in_path(const std::string& name) {
 // `program` as a shell finds it: a path as it is, a name in PATH.
 std::string program_path(const std::string& program, const char* what) {
   if (program.find('/') != std::string::npos) {
-    if (runnable(program)) return program;
+    if (cohort::is_executable_file(program)) return program;
     std::error_code ec;
     const bool exists = fs::exists(program, ec);
     throw program_error(fmt::format("{}{}: {}", what, program, exists ? "not executable" : "not found"), exists ? 126 : 127);
@@ -73,7 +68,7 @@ bool finds_torch(const fs::path& python) {
 bool is_python_script(const std::string& name) {
   std::error_code ec;
   if (name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0) return true;
-  return fs::is_regular_file(name, ec) && !runnable(name);
+  return fs::is_regular_file(name, ec) && !cohort::is_executable_file(name);
 }
 
 std::string existing_script(const std::string& script) {
