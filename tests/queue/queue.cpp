@@ -206,6 +206,32 @@ TEST_SUITE("queue") {
     CHECK_FALSE(q.put(2, 30ms));
   }
 
+  TEST_CASE("a put or push into a ring too full for its bytes, not its count, ends at its timeout") {
+    // Each value takes under a quarter of the ring, so it stays in the
+    // ring: a few fill it while the count stays far below the capacity.
+    queue<std::string> q(1024);
+    const std::string big(30'000, 'x');
+    int taken = 0;
+    while (q.try_push(big)) ++taken;
+    REQUIRE(taken > 0);
+    REQUIRE(q.size() < q.capacity());
+    ::alarm(20);  // a wait that never ends fails the program
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_FALSE(q.put(big, 30ms));
+    CHECK(std::chrono::steady_clock::now() - start >= 30ms);
+    using namespace asio::experimental::awaitable_operators;
+    asio::io_context io;
+    auto race = [&]() -> asio::awaitable<bool> {
+      asio::steady_timer t(co_await asio::this_coro::executor, 30ms);
+      auto r = co_await (q.push(big) || t.async_wait(asio::use_awaitable));
+      co_return r.index() == 1;
+    };
+    CHECK(test::run(io, race()));
+    ::alarm(0);
+    CHECK(q.size() == static_cast<std::size_t>(taken));
+    CHECK(q.get(1s) == big);
+  }
+
   TEST_CASE("a storage pushed and dropped by its sender arrives intact") {
     for (auto strategy : strategies) {
       set_sharing_strategy(strategy);
