@@ -1,6 +1,7 @@
 // Building a child's environment block.
 #include "cohort/environment.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -96,7 +97,9 @@ std::vector<std::string> environment::path_candidates(const std::string& program
 
 bool is_executable_file(const std::string& path) noexcept {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+  // AT_EACCESS: by the effective ids, as execve judges.
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+         ::faccessat(AT_FDCWD, path.c_str(), X_OK, AT_EACCESS) == 0;
 }
 
 }  // namespace cohort

@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
+#include <string>
 
 using cohort::environment;
 
@@ -78,36 +80,42 @@ TEST_SUITE("environment") {
   }
 
   TEST_CASE("only a regular file this process may execute is an executable file") {
-    char made[] = "/tmp/cohort-environment-XXXXXX";
-    REQUIRE(::mkdtemp(made) != nullptr);
-    const std::string dir = made;
-    const auto make = [&](const std::string& name, mode_t mode) {
-      const std::string path = dir + "/" + name;
-      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    // Beside this test program, where files can be executed (a temporary
+    // directory may be mounted noexec); removed however the case ends.
+    struct scratch {
+      std::filesystem::path dir;
+      ~scratch() {
+        std::error_code ignored;
+        std::filesystem::remove_all(dir, ignored);
+      }
+    } made{std::filesystem::canonical("/proc/self/exe").parent_path() /
+           ("environment-scratch-" + std::to_string(::getpid()))};
+    std::filesystem::create_directory(made.dir);
+    const std::string dir = made.dir.string();
+    const std::string program = dir + "/program", data = dir + "/data", directory = dir + "/directory",
+                      fifo = dir + "/fifo", link = dir + "/link";
+    for (const auto& file : {program, data}) {
+      const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
       REQUIRE(fd >= 0);
       ::close(fd);
-      REQUIRE(::chmod(path.c_str(), mode) == 0);  // whatever the umask
-      return path;
-    };
-    const std::string program = make("program", 0755);
-    const std::string data = make("data", 0644);
-    const std::string directory = dir + "/directory";
-    REQUIRE(::mkdir(directory.c_str(), 0755) == 0);
-    const std::string fifo = dir + "/fifo";
-    REQUIRE(::mkfifo(fifo.c_str(), 0755) == 0);
-    const std::string link = dir + "/link";
+    }
+    REQUIRE(::mkdir(directory.c_str(), 0700) == 0);
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
     REQUIRE(::symlink(program.c_str(), link.c_str()) == 0);
+    // Modes set whatever the umask: every one but the data file's lets
+    // this process execute it, so only its kind can tell them apart.
+    for (const auto& path : {program, directory, fifo}) {
+      REQUIRE(::chmod(path.c_str(), 0700) == 0);
+      REQUIRE(::access(path.c_str(), X_OK) == 0);
+    }
+    REQUIRE(::chmod(data.c_str(), 0600) == 0);
 
     CHECK(cohort::is_executable_file(program));
     CHECK(cohort::is_executable_file(link));  // followed
     CHECK_FALSE(cohort::is_executable_file(data));
-    CHECK_FALSE(cohort::is_executable_file(directory));  // executable bits, but not a file
-    CHECK_FALSE(cohort::is_executable_file(fifo));       // the same
+    CHECK_FALSE(cohort::is_executable_file(directory));
+    CHECK_FALSE(cohort::is_executable_file(fifo));
     CHECK_FALSE(cohort::is_executable_file(dir + "/missing"));
     CHECK_FALSE(cohort::is_executable_file(""));
-
-    for (const auto& path : {program, data, fifo, link}) ::unlink(path.c_str());
-    ::rmdir(directory.c_str());
-    ::rmdir(dir.c_str());
   }
 }
