@@ -130,7 +130,8 @@ struct pipeline_memory {
   std::atomic<std::uint64_t> sum{0};
 };
 
-// Items per second from the producer's first push to the summer's last pop.
+// Items per second from the stages' start (all three wait on one flag) to
+// the reaping of the last to end.
 double pipeline(std::uint64_t items, waiting how) {
   auto* m = shared<pipeline_memory>();
   std::vector<pid_t> pids;

@@ -166,8 +166,9 @@ double send_cost(std::size_t bytes, bool shared, int sends) {
   return bench::median(samples);
 }
 
-// Keeps this process, and the processes it starts while it lives, on one
-// CPU (the first it may run on); the CPUs it had afterwards.
+// Keeps the calling thread, and the processes it starts while this lives
+// (they inherit its CPUs), on one CPU: the first it may run on. The thread
+// gets its CPUs back afterwards.
 class on_one_cpu {
  public:
   on_one_cpu() {
@@ -212,7 +213,14 @@ double pipeline_rate(int n, int producers) {
 
 // The machine's raw ring moving `items`: items/s, or 0 when it failed.
 double raw_ring_rate(long long items) {
-  FILE* out = ::popen(fmt::format("{} --ring {}", COHORT_BENCH_MACHINE_LIMITS, items).c_str(), "r");
+  // Quoted for the shell that popen runs: each ' becomes '\''.
+  std::string quoted = "'";
+  for (const char c : std::string_view(COHORT_BENCH_MACHINE_LIMITS)) {
+    if (c == '\'') quoted += "'\\''";
+    else quoted += c;
+  }
+  quoted += "'";
+  FILE* out = ::popen(fmt::format("{} --ring {}", quoted, items).c_str(), "r");
   if (out == nullptr) return 0;
   double rate = 0;
   if (std::fscanf(out, "%lf", &rate) != 1) rate = 0;
