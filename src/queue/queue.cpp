@@ -579,12 +579,13 @@ struct budget_lesson {
 // the other side is gone (peer_lost).
 template <class Attempt>
 bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> timeout, Attempt attempt) {
-  // A timeout counts from the call, the first try included (it may copy a
-  // large value into a block of its own).
+  // A timed wait counts from the call, the first try included (it may copy
+  // a large value into a block of its own); an untimed one reads no clock
+  // before its first try.
   const auto called = timeout ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   if (at_once(q, s, attempt)) return true;
-  const auto started = std::chrono::steady_clock::now();
-  const auto deadline = timeout ? called + *timeout : std::chrono::steady_clock::time_point::max();
+  const auto started = timeout ? called : std::chrono::steady_clock::now();
+  const auto deadline = timeout ? started + *timeout : std::chrono::steady_clock::time_point::max();
   if (spin_for(q, s, started, attempt, deadline)) return true;
   const budget_lesson lesson{q, s, started};
   for (std::uint32_t seq = 0;;) {
