@@ -13,6 +13,10 @@
 // 1.13, with the same mend as launcher_exit) where /usr/bin/python3 (or
 // $COHORT_BENCH_PYTHON) imports torch. A launcher's rate counts from its
 // start to its exit; ratios to the writers on files are taken per round.
+// The console latency of cohort-run's teed lines is measured in rounds
+// that alternate with the same ranks on pipes to the minimal pump, whose
+// console is a pipe read the same way: the floor this machine gives any
+// teeing launcher at the time.
 //
 //   log_pump [megabytes per rank] [rounds]     (default 256 and 3; files in $TMPDIR)
 //   log_pump --write <megabytes>               (a writer rank: 100-byte lines)
@@ -276,15 +280,14 @@ void print_throughput(const std::string& name, const std::vector<double>& rate, 
   fmt::print("\n");
 }
 
-// Console latency: ms from each stamped line's write to its arrival on the
-// launcher's stdout, over every line of every rank.
-std::vector<double> launcher_latency(const std::vector<std::string>& launcher) {
-  auto s = start(launcher, "");
+// ms from each stamped line's write to its arrival on `fd`, read until its
+// end, over every line of every rank.
+std::vector<double> stamp_latencies(int fd) {
   std::vector<double> ms;
   std::string pending;
   char buffer[65536];
   for (;;) {
-    const ssize_t n = ::read(s.out, buffer, sizeof buffer);
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     const std::int64_t arrived = now_ns();
@@ -298,8 +301,63 @@ std::vector<double> launcher_latency(const std::vector<std::string>& launcher) {
       pending.erase(0, at + 1);
     }
   }
+  return ms;
+}
+
+// Console latency through a launcher: its stdout read as it comes.
+std::vector<double> launcher_latency(const std::vector<std::string>& launcher) {
+  auto s = start(launcher, "");
+  auto ms = stamp_latencies(s.out);
   ::close(s.out);
   require_ok(launcher[0], finish(s.pid));
+  return ms;
+}
+
+// Console latency through the minimal pump: the same stamping ranks on
+// pipes, a thread per pipe (minimal_pump, its console a pipe this process
+// reads as it reads a launcher's stdout): what this machine gives any
+// teeing launcher, in the same rounds. Throws std::runtime_error when a
+// pump or a rank fails; its ranks are reaped and its files removed first.
+std::vector<double> minimal_pump_latency(const std::string& self, const fs::path& dir, int lines) {
+  int console[2];
+  if (::pipe2(console, O_CLOEXEC) != 0) throw std::runtime_error("pipe2");
+  std::vector<spawned> stampers;
+  std::vector<int> files;
+  std::vector<std::string> failed(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    stampers.push_back(start({self, "--stamp", std::to_string(lines)}, ""));
+    files.push_back(::open((dir / fmt::format("stamped-{}.log", r)).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (files.back() < 0) failed[r] = fmt::format("its file: {}", std::strerror(errno));
+  }
+  std::vector<double> ms;
+  std::thread reader([&] { ms = stamp_latencies(console[0]); });
+  {
+    std::vector<std::jthread> pumps;
+    for (int r = 0; r < ranks; ++r) {
+      pumps.emplace_back([&, r] {
+        try {
+          if (files[r] >= 0) minimal_pump(stampers[r].out, files[r], console[1]);
+        } catch (const std::exception& e) {
+          failed[r] = e.what();
+        }
+        ::close(stampers[r].out);
+      });
+    }
+  }
+  ::close(console[1]);
+  reader.join();
+  ::close(console[0]);
+  std::string failure;
+  for (const auto& s : stampers) {
+    const int rc = finish(s.pid);
+    if (rc != 0 && failure.empty()) failure = fmt::format("a stamping rank exited with {}", rc);
+  }
+  for (int r = 0; r < ranks; ++r) {
+    if (!failed[r].empty()) failure = failed[r];
+    if (files[r] >= 0) ::close(files[r]);
+    fs::remove(dir / fmt::format("stamped-{}.log", r));
+  }
+  if (!failure.empty()) throw std::runtime_error(failure);
   return ms;
 }
 
@@ -400,16 +458,44 @@ int main(int argc, char** argv) {
   const int lines = 250;
   const std::vector<std::string> stamper{self, "--stamp", std::to_string(lines)};
   fmt::print("console latency: {} ranks x {} lines, 2 ms apart, teed (-t 3)\n", ranks, lines);
-  std::vector<double> ours;
+  // Rounds alternate cohort-run and the minimal pump, each first in turn.
+  std::vector<double> ours, floor;
+  std::string floor_failure;
   for (int i = 0; i < rounds; ++i) {
-    auto ms = launcher_latency(cohort_args({"-t", "3"}, stamper));
-    if (ms.size() != static_cast<std::size_t>(ranks * lines)) {
-      throw std::runtime_error(fmt::format("cohort-run delivered {} of {} lines", ms.size(), ranks * lines));
+    const auto cohort = [&] {
+      auto ms = launcher_latency(cohort_args({"-t", "3"}, stamper));
+      if (ms.size() != static_cast<std::size_t>(ranks * lines)) {
+        throw std::runtime_error(fmt::format("cohort-run delivered {} of {} lines", ms.size(), ranks * lines));
+      }
+      ours.insert(ours.end(), ms.begin(), ms.end());
+    };
+    const auto minimal = [&] {
+      if (!floor_failure.empty()) return;
+      try {
+        auto ms = minimal_pump_latency(self, dir, lines);
+        if (ms.size() != static_cast<std::size_t>(ranks * lines)) {
+          floor_failure = fmt::format("it delivered {} of {} lines", ms.size(), ranks * lines);
+        }
+        floor.insert(floor.end(), ms.begin(), ms.end());
+      } catch (const std::exception& e) {
+        floor_failure = e.what();
+      }
+    };
+    if (i % 2 == 0) {
+      cohort();
+      minimal();
+    } else {
+      minimal();
+      cohort();
     }
-    ours.insert(ours.end(), ms.begin(), ms.end());
   }
-  fmt::print("  {:<48} p50 {:>7.3f} ms  p99 {:>7.3f} ms  max {:>7.3f} ms\n", "cohort-run", cohort::bench::percentile(ours, 50),
-             cohort::bench::percentile(ours, 99), cohort::bench::percentile(ours, 100));
+  const auto latency_row = [](const std::string& name, const std::vector<double>& ms) {
+    fmt::print("  {:<48} p50 {:>7.3f} ms  p99 {:>7.3f} ms  max {:>7.3f} ms\n", name, cohort::bench::percentile(ms, 50),
+               cohort::bench::percentile(ms, 99), cohort::bench::percentile(ms, 100));
+  };
+  latency_row("cohort-run", ours);
+  if (floor_failure.empty()) latency_row("4 ranks on pipes to the minimal pump (the floor)", floor);
+  else fmt::print("  4 ranks on pipes to the minimal pump: failed: {}\n", floor_failure);
   if (python) {
     auto theirs = launcher_latency(torch_args({"-t", "3"}, stamper));
     fmt::print("  {:<48} p50 {:>7.3f} ms  p99 {:>7.3f} ms  max {:>7.3f} ms  ({} lines)\n", "torchrun",
