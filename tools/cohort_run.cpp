@@ -400,6 +400,19 @@ attempt_record run_attempt(cohort::group_spec& spec, const run_options& o, etcd_
   std::exception_ptr failure;
   std::vector<std::thread> helpers;
   std::mutex ended_mutex;
+  // The io_context runs on this thread alone, which gives teed lines the
+  // lowest latency, until the ranks write faster than one thread turns
+  // their output into lines: the pumps then copy on a second thread too.
+  // That thread is made from a handler on this one, and inherits its
+  // signal mask: made before the handled signals have their handlers, it
+  // blocks them, so it can never take one with its default action.
+  spec.logs.on_busy = [&io, &helpers] {
+    for (unsigned i = 1; i < std::min(2u, std::thread::hardware_concurrency()); ++i) helpers.emplace_back([&io] { io.run(); });
+  };
+  struct forget_on_busy {  // it names this attempt's io_context
+    cohort::group_spec& spec;
+    ~forget_on_busy() { spec.logs.on_busy = nullptr; }
+  } forget{spec};
   asio::co_spawn(io, [&]() -> asio::awaitable<void> {
     // Held until they are handled, so that none lands between the start of
     // the ranks and forward_signals (the default action would end
@@ -419,12 +432,6 @@ attempt_record run_attempt(cohort::group_spec& spec, const run_options& o, etcd_
     }
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
     a.pids = g->pids();
-    // The logs' pumps copy on every thread the io_context runs on. Made
-    // only now: a thread that does not block those signals before their
-    // handlers are in place could take one with its default action.
-    if (spec.logs.active()) {
-      for (unsigned i = 1; i < std::min(2u, std::thread::hardware_concurrency()); ++i) helpers.emplace_back([&io] { io.run(); });
-    }
     if (rdzv != nullptr) {
       rdzv->watch([&, group = &*g](const round_change& change) {
         {

@@ -5,6 +5,7 @@
 #include "cohort/export.hpp"
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -84,6 +85,16 @@ struct logs_spec {
   /// Where console lines go; -1: this process's stdout (1) and stderr (2).
   int console_out = -1;
   int console_err = -1;
+  /// Called at most once per group, on a thread running the io_context,
+  /// when a pump's read first fills its whole buffer (256 KiB): the ranks
+  /// write faster than one thread turns their bytes into lines. The pumps
+  /// copy on every thread the io_context runs on, so a caller that runs it
+  /// on one thread, for the lowest console latency, may add threads then
+  /// (cohort-run does). A second thread costs every line a wake-up of the
+  /// other thread (about 40 us more at p50 for a teed line in
+  /// bench/log_pump) and gives the copies a second core. It must not block;
+  /// what it throws is ignored.
+  std::function<void()> on_busy{};
 
   /// Whether anything of this is in use (else the ranks' streams are as
   /// group_spec::options says).

@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <stdexcept>
@@ -97,6 +98,8 @@ struct group_logs::state {
   std::vector<std::unique_ptr<asio::cancellation_signal>> cancels;
   std::optional<asio::steady_timer> all_done;  // on the group's strand: cancelled when the last pump ends
   std::atomic<int> running = 0;
+  std::function<void()> on_busy;  // logs_spec::on_busy
+  std::atomic<bool> told_busy = false;
 };
 
 std::string expand_prefix(const std::string& pattern, const std::string& role, int rank, int local_rank) {
@@ -132,6 +135,7 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
   const std_streams which[2] = {std_streams::out, std_streams::err};
   const char* file_names[2] = {"stdout.log", "stderr.log"};
   auto& s = *state_;
+  s.on_busy = spec.on_busy;
   s.ranks.resize(static_cast<std::size_t>(nprocs));
   s.streams.reserve(static_cast<std::size_t>(nprocs) * 2);
   for (int rank = 0; rank < nprocs; ++rank) {
@@ -279,6 +283,15 @@ void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t
   write_file(st, s, data, size);
 }
 
+// A read filled the whole buffer: tells logs_spec::on_busy, the first time.
+void tell_busy(group_logs::state& st) noexcept {
+  if (!st.on_busy || st.told_busy.exchange(true)) return;
+  try {
+    st.on_busy();
+  } catch (...) {  // without another thread the pumps only copy more slowly
+  }
+}
+
 // Delivers what the pipe holds now, without waiting for more: reads until
 // one comes back short (the pipe was emptied). False once the stream has
 // ended (or cannot be read), true while it is open.
@@ -288,6 +301,7 @@ bool read_available(group_logs::state& st, log_stream& s, char* buffer, std::vec
     if (n > 0) {
       deliver(st, s, buffer, static_cast<std::size_t>(n), parts);
       if (static_cast<std::size_t>(n) < read_size) return true;
+      tell_busy(st);
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -263,6 +264,37 @@ TEST_CASE("the error file of a rank lies in its log folder") {
   CHECK(fs::exists(folder / "error.json"));
   CHECK(r.failures[0].message.find("failed on purpose") != std::string::npos);
   CHECK(test::read_file(folder / "stdout.log") == "about to fail 0\n");
+}
+
+TEST_CASE("on_busy is told once when the ranks write faster than a read takes, and never for a few lines") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  std::atomic<int> told = 0;
+  auto few = shell_ranks(2, "echo a; echo b");
+  few.logs.dir = dir.path / "few";
+  few.logs.tee = std_streams::out;
+  few.logs.console_out = out.fd;
+  few.logs.on_busy = [&told] { ++told; };
+  REQUIRE(run_group(few).ok());
+  CHECK(told == 0);
+  // 4 MB of 201-byte lines per rank, through a pipe of 1 MiB: the writer
+  // fills it faster than a pump turns it into lines, so a read takes a
+  // whole buffer. Told once for the group, and every line still arrives.
+  auto many = shell_ranks(2, "yes \"$(printf '%0200d' $R)\" | head -c 4000000");
+  many.logs.dir = dir.path / "many";
+  many.logs.tee = std_streams::out;
+  many.logs.console_out = out.fd;
+  many.logs.on_busy = [&told] {
+    ++told;
+    throw std::runtime_error("ignored: the pumps go on without another thread");
+  };
+  REQUIRE(run_group(many).ok());
+  CHECK(told == 1);
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(fs::file_size(dir.path / "many" / "none" / "attempt_0" / std::to_string(rank) / "stdout.log") == 4000000);
+  }
+  const auto console = lines_of(out.text());
+  CHECK(console.size() == 4 + 2 * (4000000 / 201 + 1));  // the few's lines, then each rank's, the cut last one too
 }
 
 TEST_CASE("a process left holding a rank's pipe does not hold up the end of the run") {
