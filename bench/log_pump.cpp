@@ -259,6 +259,19 @@ pump_outcome pump_throughput(void (*pump)(int, int, int), const std::string& sel
   return outcome;
 }
 
+// `a` then `b` in even rounds, `b` then `a` in odd ones: neither always
+// follows the other (and what it leaves behind, such as writeback).
+template <class A, class B>
+void in_turns(int round, A& a, B& b) {
+  if (round % 2 == 0) {
+    a();
+    b();
+  } else {
+    b();
+    a();
+  }
+}
+
 // a[i] / b[i]: the ratio of two rows, round by round.
 std::vector<double> per_round(const std::vector<double>& a, const std::vector<double>& b) {
   std::vector<double> r;
@@ -409,17 +422,9 @@ int main(int argc, char** argv) {
   std::vector<double> bare, minimal, spliced, teed, redirected, torch_teed;
   std::string minimal_failure, splice_failure;
   for (int i = 0; i < rounds; ++i) {
-    // Every other round the other way round, so that neither side always
-    // follows the same one (and its writeback).
     const auto files = [&] { bare.push_back(bare_throughput(self, dir, megabytes)); };
     const auto pumped = [&] { teed.push_back(launcher_throughput(cohort_args(teed_flags, writer), dir / "cohort", megabytes)); };
-    if (i % 2 == 0) {
-      files();
-      pumped();
-    } else {
-      pumped();
-      files();
-    }
+    in_turns(i, files, pumped);
     // A failed pump runs no more rounds.
     const auto bound = [&](void (*pump)(int, int, int), std::vector<double>& rates, std::string& failure) {
       if (!failure.empty()) return;
@@ -481,13 +486,7 @@ int main(int argc, char** argv) {
         floor_failure = e.what();
       }
     };
-    if (i % 2 == 0) {
-      cohort();
-      minimal();
-    } else {
-      minimal();
-      cohort();
-    }
+    in_turns(i, cohort, minimal);
   }
   const auto latency_row = [](const std::string& name, const std::vector<double>& ms) {
     fmt::print("  {:<48} p50 {:>7.3f} ms  p99 {:>7.3f} ms  max {:>7.3f} ms\n", name, cohort::bench::percentile(ms, 50),
