@@ -86,8 +86,9 @@ struct logs_spec {
   int console_out = -1;
   int console_err = -1;
   /// Called at most once per group, on a thread running the io_context,
-  /// when a pump's read first fills its whole buffer (256 KiB): the ranks
-  /// write faster than one thread turns their bytes into lines. The pumps
+  /// when a pump's read first takes a whole buffer (256 KiB), or all of a
+  /// full pipe where the system kept the pipe smaller: the ranks write
+  /// faster than one thread turns their bytes into lines. The pumps
   /// copy on every thread the io_context runs on, so a caller that runs it
   /// on one thread, for the lowest console latency, may add threads then
   /// (cohort-run does). A second thread costs every line a wake-up of the

@@ -162,7 +162,9 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
         int p[2];
         if (::pipe2(p, O_CLOEXEC) != 0) throw std::system_error(errno, std::system_category(), "cohort::start_processes: pipe2 for logs");
         ::fcntl(p[0], F_SETPIPE_SZ, pipe_size);  // a smaller pipe only costs wake-ups
+        const int size = ::fcntl(p[0], F_GETPIPE_SZ);
         auto& stream = s.streams.emplace_back();
+        stream.full_read = size > 0 ? std::min(read_size, static_cast<std::size_t>(size)) : read_size;
         stream.pipe = os::owned_fd(p[0]);
         stream.file = std::move(file);
         if (to_file) stream.file_path = (folder / file_names[i]).string();
@@ -283,7 +285,7 @@ void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t
   write_file(st, s, data, size);
 }
 
-// A read filled the whole buffer: tells logs_spec::on_busy, the first time.
+// A read took all a full pipe holds: tells logs_spec::on_busy, the first time.
 void tell_busy(group_logs::state& st) noexcept {
   if (!st.on_busy || st.told_busy.exchange(true)) return;
   try {
@@ -300,8 +302,8 @@ bool read_available(group_logs::state& st, log_stream& s, char* buffer, std::vec
     const ssize_t n = ::read(s.pipe.get(), buffer, read_size);
     if (n > 0) {
       deliver(st, s, buffer, static_cast<std::size_t>(n), parts);
+      if (static_cast<std::size_t>(n) >= s.full_read) tell_busy(st);
       if (static_cast<std::size_t>(n) < read_size) return true;
-      tell_busy(st);
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else {

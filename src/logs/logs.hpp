@@ -26,6 +26,10 @@ struct log_stream {
   int console = -1;  ///< where its lines go, or -1
   std::string prefix;
   std::string pending;  ///< the start of a line whose newline has not come yet
+  /// A read this long took all the pipe held at its fullest: the smaller
+  /// of the read's buffer and the pipe's size (which stays smaller when
+  /// the system refuses to grow it).
+  std::size_t full_read = 0;
 };
 
 /// Everything a group's logs need, made before any rank starts.

@@ -277,10 +277,13 @@ TEST_CASE("on_busy is told once when the ranks write faster than a read takes, a
   few.logs.on_busy = [&told] { ++told; };
   REQUIRE(run_group(few).ok());
   CHECK(told == 0);
-  // 4 MB of 201-byte lines per rank, through a pipe of 1 MiB: the writer
-  // fills it faster than a pump turns it into lines, so a read takes a
-  // whole buffer. Told once for the group, and every line still arrives.
-  auto many = shell_ranks(2, "yes \"$(printf '%0200d' $R)\" | head -c 4000000");
+  // 4 MB of 201-byte lines per rank in one write: the kernel wakes the
+  // reader of an empty pipe only once the pipe is full, so the pump's
+  // first read takes a whole buffer (or the whole pipe, where the system
+  // kept it small). Told once for the group, and every line still arrives.
+  const auto source = (dir.path / "lines-").string();
+  auto many = shell_ranks(2, "yes \"$(printf '%0200d' $R)\" | head -c 4000000 > " + source + "$R && dd if=" + source +
+                                 "$R bs=4000000 count=1 iflag=fullblock status=none");
   many.logs.dir = dir.path / "many";
   many.logs.tee = std_streams::out;
   many.logs.console_out = out.fd;
