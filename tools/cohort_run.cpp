@@ -34,6 +34,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -403,11 +404,22 @@ attempt_record run_attempt(cohort::group_spec& spec, const run_options& o, etcd_
   // The io_context runs on this thread alone, which gives teed lines the
   // lowest latency, until the ranks write faster than one thread turns
   // their output into lines: the pumps then copy on a second thread too.
-  // That thread is made from a handler on this one, and inherits its
-  // signal mask: made before the handled signals have their handlers, it
-  // blocks them, so it can never take one with its default action.
-  spec.logs.on_busy = [&io, &helpers] {
-    for (unsigned i = 1; i < std::min(2u, std::thread::hardware_concurrency()); ++i) helpers.emplace_back([&io] { io.run(); });
+  // That thread is made only once the coroutine below has put back this
+  // thread's signal mask (a busy pump before then leaves it to the
+  // coroutine): until then the coroutine must go on on this thread, and
+  // the new thread inherits a mask with no handled signal blocked, whose
+  // handlers are in place by then. on_busy and the coroutine's first
+  // steps both run on this thread, the only one until then.
+  bool signals_handled = false, busy_early = false;
+  const auto add_helper = [&io, &helpers]() noexcept {
+    try {
+      for (unsigned i = 1; i < std::min(2u, std::thread::hardware_concurrency()); ++i) helpers.emplace_back([&io] { io.run(); });
+    } catch (const std::system_error&) {  // no thread: the pumps copy on this one alone
+    }
+  };
+  spec.logs.on_busy = [&] {
+    if (signals_handled) add_helper();
+    else busy_early = true;
   };
   struct forget_on_busy {  // it names this attempt's io_context
     cohort::group_spec& spec;
@@ -431,6 +443,8 @@ attempt_record run_attempt(cohort::group_spec& spec, const run_options& o, etcd_
       throw;
     }
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    signals_handled = true;
+    if (busy_early) add_helper();
     a.pids = g->pids();
     if (rdzv != nullptr) {
       rdzv->watch([&, group = &*g](const round_change& change) {
