@@ -43,6 +43,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -191,7 +192,7 @@ void minimal_pump(int pipe, int file, int console) {
     }
     for (std::size_t first = 0; first < parts.size(); first += IOV_MAX) {
       if (::writev(console, &parts[first], static_cast<int>(std::min<std::size_t>(IOV_MAX, parts.size() - first))) < 0) {
-        throw std::runtime_error("minimal pump: writev to /dev/null");
+        throw std::runtime_error("minimal pump: writev to its console");
       }
     }
     if (!write_all(file, buffer.get(), static_cast<std::size_t>(n))) throw std::runtime_error("minimal pump: write to its file");
@@ -330,47 +331,73 @@ std::vector<double> launcher_latency(const std::vector<std::string>& launcher) {
 // pipes, a thread per pipe (minimal_pump, its console a pipe this process
 // reads as it reads a launcher's stdout): what this machine gives any
 // teeing launcher, in the same rounds. Throws std::runtime_error when a
-// pump or a rank fails; its ranks are reaped and its files removed first.
+// pump or a rank fails; however it ends, its ranks are reaped, its
+// descriptors closed and its files removed.
 std::vector<double> minimal_pump_latency(const std::string& self, const fs::path& dir, int lines) {
-  int console[2];
-  if (::pipe2(console, O_CLOEXEC) != 0) throw std::runtime_error("pipe2");
-  std::vector<spawned> stampers;
-  std::vector<int> files;
+  struct round_state {
+    const fs::path& dir;
+    int console[2] = {-1, -1};
+    std::vector<spawned> stampers{};
+    std::vector<int> files{};
+    std::vector<int> codes{};  // the stampers' exit codes, once reaped
+
+    static void close_fd(int& fd) {
+      if (fd >= 0) ::close(fd);
+      fd = -1;
+    }
+    // Lets go of everything; again is a no-op.
+    void end() {
+      for (auto& s : stampers) {
+        close_fd(s.out);
+        if (s.pid > 0) codes.push_back(finish(std::exchange(s.pid, -1)));
+      }
+      for (std::size_t r = 0; r < files.size(); ++r) {
+        close_fd(files[r]);
+        std::error_code ec;
+        fs::remove(dir / fmt::format("stamped-{}.log", r), ec);
+      }
+      close_fd(console[0]);
+      close_fd(console[1]);
+    }
+    ~round_state() { end(); }
+  } st{dir};
+  if (::pipe2(st.console, O_CLOEXEC) != 0) throw std::runtime_error("pipe2");
   std::vector<std::string> failed(ranks);
   for (int r = 0; r < ranks; ++r) {
-    stampers.push_back(start({self, "--stamp", std::to_string(lines)}, ""));
-    files.push_back(::open((dir / fmt::format("stamped-{}.log", r)).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (files.back() < 0) failed[r] = fmt::format("its file: {}", std::strerror(errno));
+    st.stampers.push_back(start({self, "--stamp", std::to_string(lines)}, ""));
+    st.files.push_back(::open((dir / fmt::format("stamped-{}.log", r)).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (st.files.back() < 0) failed[r] = fmt::format("its file: {}", std::strerror(errno));
   }
   std::vector<double> ms;
-  std::thread reader([&] { ms = stamp_latencies(console[0]); });
+  std::jthread reader([&] { ms = stamp_latencies(st.console[0]); });
+  // Destroyed before the reader, which ends once the console's write end
+  // is closed, also when a pump's thread cannot start.
+  struct write_end_closer {
+    int& fd;
+    ~write_end_closer() { round_state::close_fd(fd); }
+  } closer{st.console[1]};
   {
     std::vector<std::jthread> pumps;
     for (int r = 0; r < ranks; ++r) {
       pumps.emplace_back([&, r] {
         try {
-          if (files[r] >= 0) minimal_pump(stampers[r].out, files[r], console[1]);
+          if (st.files[r] >= 0) minimal_pump(st.stampers[r].out, st.files[r], st.console[1]);
         } catch (const std::exception& e) {
           failed[r] = e.what();
         }
-        ::close(stampers[r].out);
+        round_state::close_fd(st.stampers[r].out);  // a rank left with lines to write dies of SIGPIPE
       });
     }
   }
-  ::close(console[1]);
+  round_state::close_fd(st.console[1]);
   reader.join();
-  ::close(console[0]);
-  std::string failure;
-  for (const auto& s : stampers) {
-    const int rc = finish(s.pid);
-    if (rc != 0 && failure.empty()) failure = fmt::format("a stamping rank exited with {}", rc);
+  st.end();
+  for (int code : st.codes) {
+    if (code != 0) throw std::runtime_error(fmt::format("a stamping rank exited with {}", code));
   }
-  for (int r = 0; r < ranks; ++r) {
-    if (!failed[r].empty()) failure = failed[r];
-    if (files[r] >= 0) ::close(files[r]);
-    fs::remove(dir / fmt::format("stamped-{}.log", r));
+  for (const auto& f : failed) {
+    if (!f.empty()) throw std::runtime_error(f);
   }
-  if (!failure.empty()) throw std::runtime_error(failure);
   return ms;
 }
 
