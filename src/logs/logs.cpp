@@ -161,8 +161,10 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
       if (to_console && (to_file || spec.prefix_all)) {
         int p[2];
         if (::pipe2(p, O_CLOEXEC) != 0) throw std::system_error(errno, std::system_category(), "cohort::start_processes: pipe2 for logs");
-        ::fcntl(p[0], F_SETPIPE_SZ, pipe_size);  // a smaller pipe only costs wake-ups
-        const int size = ::fcntl(p[0], F_GETPIPE_SZ);
+        // A smaller pipe only costs wake-ups. F_SETPIPE_SZ answers the size
+        // it set; where it is refused, the pipe keeps the size it has.
+        int size = ::fcntl(p[0], F_SETPIPE_SZ, pipe_size);
+        if (size < 0) size = ::fcntl(p[0], F_GETPIPE_SZ);
         auto& stream = s.streams.emplace_back();
         stream.full_read = size > 0 ? std::min(read_size, static_cast<std::size_t>(size)) : read_size;
         stream.pipe = os::owned_fd(p[0]);
