@@ -190,8 +190,7 @@ int trim() {
   // Out of the arena, nothing here carves them: a count of one (the
   // arena's own hold) cannot grow meanwhile.
   std::erase_if(arenas, [](const auto& s) {
-    s->reclaim();
-    if (s->header().live.load(std::memory_order_acquire) != 1) return let_go_if_dead_weight(s);
+    if (!s->unused()) return let_go_if_dead_weight(s);
     s->retire();
     return true;
   });

@@ -29,6 +29,7 @@
 #include <new>
 #include <system_error>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace cohort::shm {
@@ -399,9 +400,11 @@ std::uint64_t segment::carve(std::size_t nbytes) {
   }
   if (offset != 0) {
     h.free_lists[k] = block(offset).next_free;
+    --free_blocks_;  // counted in `live` all along
   } else if (h.bump + sizeof(block_header) + capacity <= size_) {
     offset = h.bump;
     h.bump += sizeof(block_header) + capacity;
+    h.live.fetch_add(1, std::memory_order_relaxed);
   } else {
     return 0;
   }
@@ -409,7 +412,6 @@ std::uint64_t segment::carve(std::size_t nbytes) {
   b->size_class = static_cast<std::uint32_t>(k);
   b->capacity = capacity;
   b->refs.store(1, std::memory_order_relaxed);
-  h.live.fetch_add(1, std::memory_order_relaxed);
   return offset;
 }
 
@@ -422,12 +424,11 @@ void segment::release(std::uint64_t offset) noexcept {
   }
   auto& h = header();
   if (made_here()) {
-    std::unique_lock lock(mutex_);
+    std::lock_guard lock(mutex_);
     if (!retired_) {
       b.next_free = h.free_lists[b.size_class];
       h.free_lists[b.size_class] = offset;
-      lock.unlock();
-      drop_live(1);  // the arena's own hold keeps it above zero
+      ++free_blocks_;  // still in `live`, until retire()
       return;
     }
   } else {
@@ -441,9 +442,11 @@ void segment::release(std::uint64_t offset) noexcept {
   drop_live(1);
 }
 
-void segment::reclaim() noexcept {
+bool segment::unused() noexcept {
   std::lock_guard lock(mutex_);
-  if (!retired_) reclaim_locked();
+  if (retired_) return false;
+  reclaim_locked();
+  return header().live.load(std::memory_order_acquire) == free_blocks_ + 1;
 }
 
 void segment::reclaim_locked() noexcept {
@@ -458,7 +461,7 @@ void segment::reclaim_locked() noexcept {
     offset = next;
     ++count;
   }
-  if (count > 0) drop_live(count);  // the arena's own hold keeps it above zero
+  free_blocks_ += count;  // still in `live`, until retire()
 }
 
 bool segment::holds(std::uint64_t offset, std::uint64_t nbytes) const noexcept {
@@ -467,19 +470,22 @@ bool segment::holds(std::uint64_t offset, std::uint64_t nbytes) const noexcept {
 }
 
 void segment::retire() noexcept {
-  std::uint64_t waiting = 0;
+  std::uint64_t freed = 0;
   {
     std::lock_guard lock(mutex_);
     if (retired_) return;
     retired_ = true;
+    // The blocks on the free lists leave `live` now: frees from here on
+    // count themselves.
+    freed = std::exchange(free_blocks_, 0);
     // Blocks freed elsewhere until now are counted here; later frees find
     // the mark and count themselves.
     for (auto offset = header().remote_free.exchange(segment_header::retired, std::memory_order_acq_rel); offset != 0;
          offset = block(offset).next_free) {
-      ++waiting;
+      ++freed;
     }
   }
-  drop_live(waiting + 1);
+  drop_live(freed + 1);
 }
 
 void segment::note_mapper() noexcept {

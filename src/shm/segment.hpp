@@ -76,7 +76,10 @@ struct segment_header {
   std::uint64_t size;
   /// Blocks not yet freed (a block waiting in `remote_free` counts), plus
   /// one while the maker's arena may still carve from it. A named segment
-  /// is unlinked by whoever takes it to zero.
+  /// is unlinked by whoever takes it to zero. Until the arena retires it,
+  /// the blocks on the maker's own free lists count too: the maker counts
+  /// them apart, in its memory, so that carving and freeing there touch no
+  /// shared count, and takes them off when it retires the segment.
   alignas(64) std::atomic<std::uint64_t> live;
   /// Arena blocks freed by processes other than the maker: a stack through
   /// `next_free` that the maker takes whole when its own lists run dry, so
@@ -175,8 +178,10 @@ class segment {
     const auto got = header().received.load(std::memory_order_acquire);
     return header().sent.load(std::memory_order_acquire) != got;
   }
-  /// Takes the blocks other processes freed onto the maker's own lists.
-  void reclaim() noexcept;
+  /// Takes the blocks other processes freed onto the maker's own lists,
+  /// and tells whether none is in use: all that holds the segment is the
+  /// arena. The maker's.
+  bool unused() noexcept;
   /// Ends the maker's arena hold (the +1 in `live`): carving stops.
   void retire() noexcept;
   /// Records this process as one that maps the segment.
@@ -229,6 +234,9 @@ class segment {
 
   os::spin_mutex mutex_;      // the maker's carving and its own frees
   bool retired_ = false;  // under mutex_
+  // Blocks on the maker's free lists, all counted in the header's `live`
+  // until retire(). Under mutex_.
+  std::uint64_t free_blocks_ = 0;
 
   std::byte* base_;
   std::size_t size_;

@@ -12,6 +12,7 @@
 
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -74,6 +75,50 @@ int take_and_drop(int, queue<storage> q, int n) {
   return taken;
 }
 COHORT_ENTRYPOINT(take_and_drop);
+
+// In a process of its own, whose arena nothing else holds, under
+// file_system (a segment's name tells whether it went): 64 blocks, of which
+// 32 are freed last by another process, 16 here, and 16 kept. Returns what
+// trim_shared_memory() lets go of and how many of this process's named
+// segments there are, with the 16 kept, with one kept, and with none
+// while a forked child that holds no block still maps the segment (it is
+// not dead weight then: only the count of blocks in use can let it go).
+std::vector<int> trim_while_blocks_held(int) {
+  set_sharing_strategy(sharing_strategy::file_system);
+  std::vector<int> seen;
+  std::vector<storage> kept;
+  {
+    queue<storage> q(64);
+    for (int i = 0; i < 64; ++i) {
+      storage s = storage::allocate_shared(40);
+      if (i < 32) {
+        if (!q.put(s, std::chrono::seconds(10))) return {};
+      } else if (i < 48) {
+        kept.push_back(s);
+      }
+    }
+    if (spawn_and_join(take_and_drop, std::tuple{q, 32}, 1).at(0) != 32) return {};
+  }
+  const auto look = [&seen] {
+    seen.push_back(trim_shared_memory());
+    seen.push_back(static_cast<int>(named_segments_of(::getpid()).size()));
+  };
+  look();
+  kept.resize(1);
+  look();
+  kept.clear();
+  const pid_t mapper = ::fork();
+  if (mapper < 0) return {};
+  if (mapper == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  look();
+  ::kill(mapper, SIGKILL);
+  ::waitpid(mapper, nullptr, 0);
+  return seen;
+}
+COHORT_ENTRYPOINT(trim_while_blocks_held);
 
 // A forked process that sends the handles `make` returns, then holds what
 // it made (and its descriptors) until this object goes.
@@ -404,6 +449,17 @@ TEST_SUITE("storage") {
       }
       CHECK(named_segments_of(::getpid()).size() == segments);
     }
+  }
+
+  TEST_CASE("trim lets an arena go only once every block is freed, here or by another process, and its name goes") {
+    const auto seen = spawn_and_join(trim_while_blocks_held, std::tuple{}, 1).at(0);
+    REQUIRE(seen.size() == 6);
+    CHECK(seen[0] == 0);  // 16 blocks held: kept
+    CHECK(seen[1] == 1);
+    CHECK(seen[2] == 0);  // one held: kept
+    CHECK(seen[3] == 1);
+    CHECK(seen[4] == 1);  // none: let go
+    CHECK(seen[5] == 0);  // and unlinked
   }
 
   TEST_CASE("a segment forked into more processes than its table of mappers holds is let go of once they have ended") {
