@@ -32,6 +32,7 @@
 #include <fmt/format.h>
 
 #include <sched.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -49,32 +50,47 @@ using cohort::bench::seconds_since;
 
 namespace bench_tensors {
 
+// The CPU time this process has used, in seconds: what a stage costs the
+// machine, its spinning waits included and its sleeps not.
+double process_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
 // Ranks 0..producers-1 make the n tensors between them (rank p the items
 // p, p + producers, ...), the next rank clones each, the last sums them.
-// The summer returns the sum and the seconds from its first pop returning
-// to the end of its last item; the Python baselines time the same window.
-std::tuple<std::int64_t, double> pipeline_stage(int rank, queue<tensor> made, queue<tensor> cloned, int n,
-                                                int producers) {
+// Each returns its sum (the summer's; 0 for the others), the seconds from
+// its first pop returning to the end of its last item (the summer's; the
+// Python baselines time the same window), and its CPU seconds per tensor
+// it handled, over its whole loop.
+std::tuple<std::int64_t, double, double> pipeline_stage(int rank, queue<tensor> made, queue<tensor> cloned, int n,
+                                                        int producers) {
+  const double cpu_start = process_cpu_seconds();
+  const auto cpu_per = [cpu_start](int handled) { return (process_cpu_seconds() - cpu_start) / handled; };
   if (rank < producers) {
-    for (int i = rank; i < n; i += producers) {
+    int made_here = 0;
+    for (int i = rank; i < n; i += producers, ++made_here) {
       tensor t = tensor::empty({5}, dtype::int64, {.shared = true});
       auto d = t.data<std::int64_t>();
       for (int j = 0; j < 5; ++j) d[j] = i + j;
       made.put(t);
     }
-  } else if (rank == producers) {
-    for (int i = 0; i < n; ++i) cloned.put(made.get()->clone({.shared = true}));
-  } else {
-    std::int64_t sum = 0;
-    steady::time_point start;
-    for (int i = 0; i < n; ++i) {
-      tensor t = cloned.get().value();
-      if (i == 0) start = steady::now();
-      for (auto v : t.data<std::int64_t>()) sum += v;
-    }
-    return {sum, seconds_since(start)};
+    return {0, 0.0, cpu_per(std::max(made_here, 1))};
   }
-  return {0, 0.0};
+  if (rank == producers) {
+    for (int i = 0; i < n; ++i) cloned.put(made.get()->clone({.shared = true}));
+    return {0, 0.0, cpu_per(n)};
+  }
+  std::int64_t sum = 0;
+  steady::time_point start;
+  for (int i = 0; i < n; ++i) {
+    tensor t = cloned.get().value();
+    if (i == 0) start = steady::now();
+    for (auto v : t.data<std::int64_t>()) sum += v;
+  }
+  const double window = seconds_since(start);
+  return {sum, window, cpu_per(n)};
 }
 COHORT_ENTRYPOINT(pipeline_stage);
 
@@ -200,15 +216,24 @@ double int_pipeline_rate(int n) {
   return (n - 1) / seconds;
 }
 
-// One pipeline run of n tensors: the summer's rate in tensors/s.
-double pipeline_rate(int n, int producers) {
+// One pipeline run of n tensors: the summer's rate in tensors/s, and the
+// CPU time per tensor of each stage (the producers' mean).
+struct pipeline_run {
+  double rate;
+  double producer_cpu, relay_cpu, summer_cpu;  // seconds per tensor
+};
+pipeline_run pipeline_rate(int n, int producers) {
   queue<tensor> made(1024), cloned(1024);
-  const auto out = spawn_and_join(pipeline_stage, std::tuple{made, cloned, n, producers}, producers + 2);
-  const auto [sum, seconds] = out.at(static_cast<std::size_t>(producers) + 1);
+  const auto args = std::tuple{made, cloned, n, producers};
+  const auto out = spawn_and_join(pipeline_stage, args, producers + 2);
+  const auto p = static_cast<std::size_t>(producers);
+  const auto [sum, seconds, summer_cpu] = out.at(p + 1);
   std::int64_t expected = 0;
   for (std::int64_t i = 0; i < n; ++i) expected += 5 * i + 10;
   if (sum != expected) throw std::runtime_error(fmt::format("the pipeline summed {}, expected {}", sum, expected));
-  return (n - 1) / seconds;
+  double producer_cpu = 0;
+  for (std::size_t r = 0; r < p; ++r) producer_cpu += std::get<2>(out.at(r)) / producers;
+  return {(n - 1) / seconds, producer_cpu, std::get<2>(out.at(p)), summer_cpu};
 }
 
 // The machine's raw ring moving `items`: items/s, or 0 when it failed.
@@ -233,6 +258,13 @@ double raw_ring_rate(long long items) {
 double pipeline_section(int n, int rounds) {
   std::vector<double> quiet, loaded, share, two, four, one_cpu, of_two_cpus, ints, ring_quiet, ring_loaded,
       of_ring_quiet, of_ring_loaded;
+  // Each stage's CPU time per tensor, in ns: quiet, and on one CPU.
+  std::vector<double> cpu[2][3];
+  const auto note_cpu = [&cpu](int mode, const pipeline_run& run) {
+    cpu[mode][0].push_back(run.producer_cpu * 1e9);
+    cpu[mode][1].push_back(run.relay_cpu * 1e9);
+    cpu[mode][2].push_back(run.summer_cpu * 1e9);
+  };
   // About as long a window as cohort's, at the ring's rate here.
   const long long ring_items = 20LL * n;
   bool ring_failed = false;
@@ -247,19 +279,23 @@ double pipeline_section(int n, int rounds) {
     of_ring.push_back(100 * ours / rate);
   };
   for (int r = 0; r < rounds; ++r) {
-    quiet.push_back(pipeline_rate(n, 1));
+    const auto run = pipeline_rate(n, 1);
+    quiet.push_back(run.rate);
+    note_cpu(0, run);
     beside_ring(ring_quiet, of_ring_quiet, quiet.back());
     {
       const bench::busy_loops load(2);
-      loaded.push_back(pipeline_rate(n, 1));
+      loaded.push_back(pipeline_rate(n, 1).rate);
       beside_ring(ring_loaded, of_ring_loaded, loaded.back());
     }
     share.push_back(100 * loaded.back() / quiet.back());
-    two.push_back(pipeline_rate(n, 2));
-    four.push_back(pipeline_rate(n, 4));
+    two.push_back(pipeline_rate(n, 2).rate);
+    four.push_back(pipeline_rate(n, 4).rate);
     {
       const on_one_cpu pinned;
-      one_cpu.push_back(pipeline_rate(n, 1));
+      const auto pinned_run = pipeline_rate(n, 1);
+      one_cpu.push_back(pinned_run.rate);
+      note_cpu(1, pinned_run);
     }
     of_two_cpus.push_back(100 * one_cpu.back() / quiet.back());
     ints.push_back(int_pipeline_rate(static_cast<int>(std::min(5LL * n, 10'000'000LL))));
@@ -278,6 +314,15 @@ double pipeline_section(int n, int rounds) {
   row("cohort, 4 producers", four);
   row("cohort, 1 producer, all three stages on one CPU", one_cpu);
   row("  one CPU / two, % of the same round's", of_two_cpus, "%");
+  // Where the time goes: with two CPUs, the producer and the summer share
+  // one between them while the relay has the other, or near enough.
+  const char* const stages[] = {"producer", "relay", "summer"};
+  for (int mode = 0; mode < 2; ++mode) {
+    fmt::print("  CPU time per tensor, each stage's process, {}:\n", mode == 0 ? "1 producer (on two CPUs)" : "on one CPU");
+    for (int stage = 0; stage < 3; ++stage) {
+      row(fmt::format("    {}", stages[stage]).c_str(), cpu[mode][stage], "ns");
+    }
+  }
   row("cohort, plain int64 values through the same queues", ints, "values/s");
   if (ring_failed) {
     fmt::print("  {:<52} failed\n", "the machine's raw ring (machine_limits --ring)");
