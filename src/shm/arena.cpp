@@ -187,8 +187,8 @@ int trim() {
   std::erase_if(lingering, [](const auto& s) {
     return s->header().live.load(std::memory_order_acquire) == 0 || let_go_if_dead_weight(s);
   });
-  // Out of the arena, nothing here carves them: a count of one (the
-  // arena's own hold) cannot grow meanwhile.
+  // Out of the arena, nothing here carves them: a segment with no block
+  // in use cannot get one meanwhile.
   std::erase_if(arenas, [](const auto& s) {
     if (!s->unused()) return let_go_if_dead_weight(s);
     s->retire();

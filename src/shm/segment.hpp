@@ -86,7 +86,8 @@ struct segment_header {
   /// no lock is shared between processes. `retired` once the maker's arena
   /// has stopped carving: frees then give up their `live` at once.
   /// A line of its own: the maker changes `live` with every block it
-  /// carves, and receivers free onto this stack with every value.
+  /// carves from fresh space, and receivers free onto this stack with
+  /// every value.
   alignas(64) std::atomic<std::uint64_t> remote_free;
   static constexpr std::uint64_t retired = ~std::uint64_t{0};
   /// Messages that named blocks of this segment, pushed and received: a
