@@ -18,7 +18,9 @@
 // once: the same process forks both, so the memory a fork copies is the
 // same. It prints every round's ratio of each method to its baseline, then
 // per method the median time, its baseline's, and the median ratio over
-// rounds with its spread (min-max).
+// rounds with its spread (min-max). Then where the time goes: per method
+// the CPU its process used in a round and the CPU of each rank it reaped,
+// beside its baseline's (from getrusage).
 //
 //   start_join [rounds]     (default 50)
 //   start_join --alone METHOD     (internal: the process of one method; per
@@ -35,6 +37,7 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,6 +68,36 @@ double seconds_of(F&& once) {
   const auto start = cohort::bench::clock::now();
   once();
   return cohort::bench::seconds_since(start);
+}
+
+// CPU seconds, user and system, of this process (all its threads) and of
+// its children reaped so far.
+struct cpu_times {
+  double self = 0, children = 0;
+};
+cpu_times cpu_now() {
+  const auto seconds = [](const rusage& u) {
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+  };
+  rusage self{}, children{};
+  ::getrusage(RUSAGE_SELF, &self);
+  ::getrusage(RUSAGE_CHILDREN, &children);
+  return {seconds(self), seconds(children)};
+}
+
+// One start and join timed: wall seconds, and the CPU seconds this process
+// and the children it reaped used meanwhile.
+struct timed {
+  double seconds = 0;
+  cpu_times cpu;
+};
+template <class F>
+timed timed_run(F&& once) {
+  const auto before = cpu_now();
+  const double seconds = seconds_of(std::forward<F>(once));
+  const auto after = cpu_now();
+  return {seconds, {after.self - before.self, after.children - before.children}};
 }
 
 void raw_spawn() {
@@ -155,10 +188,11 @@ int serve_rounds(const std::string& what) {
   if (it->spawn_first) cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, {});
   char go;
   while (::read(0, &go, 1) == 1) {
-    const double baseline = seconds_of(it->against_fork ? raw_fork : raw_spawn);
-    const double seconds =
-        seconds_of([&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, it->options); });
-    const std::string line = fmt::format("{} {}\n", seconds, baseline);
+    const timed baseline = timed_run(it->against_fork ? raw_fork : raw_spawn);
+    const timed ours =
+        timed_run([&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, it->options); });
+    const std::string line = fmt::format("{} {} {} {} {} {}\n", ours.seconds, baseline.seconds, ours.cpu.self,
+                                         ours.cpu.children, baseline.cpu.self, baseline.cpu.children);
     if (::write(1, line.data(), line.size()) != static_cast<ssize_t>(line.size())) return 1;
   }
   return 0;
@@ -191,7 +225,7 @@ class method_process {
     }
     to_ = in[1];
     from_ = ::fdopen(out[0], "r");
-    first_ = round().first;
+    first_ = round().ours.seconds;
   }
   method_process(const method_process&) = delete;
   method_process& operator=(const method_process&) = delete;
@@ -201,13 +235,17 @@ class method_process {
     ::waitpid(pid_, nullptr, 0);
   }
 
-  /// Seconds of one start and join, and of its baseline just before in
-  /// the same process.
-  std::pair<double, double> round() {
-    double seconds = 0, baseline = 0;
-    if (::write(to_, "g", 1) != 1 || std::fscanf(from_, "%lf %lf", &seconds, &baseline) != 2)
+  /// One start and join, and its baseline just before in the same process.
+  struct result {
+    timed ours, baseline;
+  };
+  result round() {
+    result r;
+    if (::write(to_, "g", 1) != 1 ||
+        std::fscanf(from_, "%lf %lf %lf %lf %lf %lf", &r.ours.seconds, &r.baseline.seconds, &r.ours.cpu.self,
+                    &r.ours.cpu.children, &r.baseline.cpu.self, &r.baseline.cpu.children) != 6)
       throw std::runtime_error(fmt::format("cohort {}: its process answered no time", what_));
-    return {seconds, baseline};
+    return r;
   }
   /// Seconds of the first start and join, made at construction.
   double first() const { return first_; }
@@ -237,6 +275,10 @@ int main(int argc, char** argv) {
   // Per round: each method's time and its ratio to its baseline, timed
   // just before it in the method's own process.
   std::vector<std::vector<double>> ours(methods.size()), theirs(methods.size()), ratios(methods.size());
+  // CPU per round, in ms: the method's process, and per rank its children
+  // (in µs); the same for its baseline.
+  std::vector<std::vector<double>> own_cpu(methods.size()), rank_cpu(methods.size()), base_own_cpu(methods.size()),
+      base_rank_cpu(methods.size());
   fmt::print("start+join of {} ranks, {} rounds; each round, in each method's process: its baseline, then the "
              "method once\n",
              ranks, rounds);
@@ -246,10 +288,14 @@ int main(int argc, char** argv) {
   for (int round = 1; round <= rounds; ++round) {
     fmt::print("  {:>5}  {:16}", round, "");
     for (std::size_t m = 0; m < methods.size(); ++m) {
-      const auto [seconds, baseline] = processes[m]->round();
-      ours[m].push_back(seconds);
-      theirs[m].push_back(baseline);
-      ratios[m].push_back(seconds / baseline);
+      const auto r = processes[m]->round();
+      ours[m].push_back(r.ours.seconds);
+      theirs[m].push_back(r.baseline.seconds);
+      ratios[m].push_back(r.ours.seconds / r.baseline.seconds);
+      own_cpu[m].push_back(r.ours.cpu.self * 1e3);
+      rank_cpu[m].push_back(r.ours.cpu.children * 1e6 / ranks);
+      base_own_cpu[m].push_back(r.baseline.cpu.self * 1e3);
+      base_rank_cpu[m].push_back(r.baseline.cpu.children * 1e6 / ranks);
       fmt::print(" {:>{}.2f}x", ratios[m].back(), methods[m].name.size() - 1);
     }
     fmt::print("\n");
@@ -267,6 +313,19 @@ int main(int argc, char** argv) {
                ratio.min, ratio.max, processes[m]->first() * 1e3);
   }
   processes.clear();
+  // Where each method's time goes: the CPU its process used per round, and
+  // each rank's, against its baseline's. The forkserver's ranks are the
+  // forkserver's children, not the method process's: their CPU is not
+  // counted here.
+  fmt::print("CPU per round, medians: the method's process (ms), and each rank it reaped (us); its baseline's beside\n");
+  for (std::size_t m = 0; m < methods.size(); ++m) {
+    const bool ranks_counted = methods[m].options.method != cohort::start_method::forkserver;
+    fmt::print("  {:<28} {:>7.3f} ms ({:<11} {:.3f} ms)   per rank {} ({:.0f} us)\n", "cohort " + methods[m].name,
+               cohort::bench::median(own_cpu[m]), methods[m].against_fork ? "raw fork" : "posix_spawn",
+               cohort::bench::median(base_own_cpu[m]),
+               ranks_counted ? fmt::format("{:>6.0f} us", cohort::bench::median(rank_cpu[m])) : "   n/a",
+               cohort::bench::median(base_rank_cpu[m]));
+  }
   // Two methods against each other, round by round as above.
   const auto per_round = [&](const char* over, const char* under) {
     const auto at = [&](const char* name) {
