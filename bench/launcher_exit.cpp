@@ -12,7 +12,9 @@
 // "failed: <why>" after the other's figures.
 //
 // Then cohort-run with K = 1, 8, 32 and 128 ranks against a minimal
-// posix_spawn launcher, rounds interleaved, with cohort-run's peak RSS.
+// posix_spawn launcher, rounds interleaved, with cohort-run's peak RSS and
+// the CPU each used (its own and its ranks', from wait4): what of the time
+// to exit is work, and what is waiting.
 //
 //   launcher_exit [rounds]     (default 50; torchrun runs a tenth of them, at least 3;
 //                               each K a fifth, at least 3)
@@ -76,6 +78,7 @@ struct launcher {
   std::vector<std::string> args;
   std::vector<double> samples{};
   std::vector<double> rss_mib{};  // the largest peak RSS of it and its ranks, each round
+  std::vector<double> cpu_ms{};   // the CPU it and the processes it reaped used, each round
   std::string failure{};
 
   void round() {
@@ -138,6 +141,8 @@ struct launcher {
     if (why.empty()) {
       samples.push_back(seconds);
       rss_mib.push_back(static_cast<double>(usage.ru_maxrss) / 1024);
+      cpu_ms.push_back(static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1e3 +
+                       static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-3);
     } else {
       std::string text;
       char buffer[4096];
@@ -205,8 +210,8 @@ int main(int argc, char** argv) {
   fmt::print("start to exit of K ranks of /bin/true, cohort-run against a minimal posix_spawn launcher "
              "(machine_limits --launch K), medians of {} interleaved rounds\n",
              scaling_rounds);
-  fmt::print("  {:>4} {:>14} {:>14} {:>12} {:>16} {:>20}\n", "K", "cohort-run ms", "minimal ms", "ratio",
-             "cohort us/rank", "cohort-run peak RSS");
+  fmt::print("  {:>4} {:>14} {:>14} {:>12} {:>16} {:>20} {:>22}\n", "K", "cohort-run ms", "minimal ms", "ratio",
+             "cohort us/rank", "cohort-run peak RSS", "CPU ms cohort/minimal");
   std::vector<double> rss_at_128;
   for (int k : {1, 8, 32, 128}) {
     const auto ranks = std::to_string(k);
@@ -226,9 +231,10 @@ int main(int argc, char** argv) {
     }
     const auto ratio = cohort::bench::spread_of(ratios);
     const double ms = cohort::bench::median(cohort.samples) * 1e3;
-    fmt::print("  {:>4} {:>14.2f} {:>14.2f} {:>5.2f}x ({:.2f}-{:.2f}) {:>10.0f} {:>16.1f} MiB\n", k, ms,
-               cohort::bench::median(minimal.samples) * 1e3, ratio.median, ratio.min, ratio.max, ms * 1e3 / k,
-               cohort::bench::median(cohort.rss_mib));
+    fmt::print("  {:>4} {:>14.2f} {:>14.2f} {:>5.2f}x ({:.2f}-{:.2f}) {:>10.0f} {:>16.1f} MiB {:>11.2f} / {:.2f}\n", k,
+               ms, cohort::bench::median(minimal.samples) * 1e3, ratio.median, ratio.min, ratio.max, ms * 1e3 / k,
+               cohort::bench::median(cohort.rss_mib), cohort::bench::median(cohort.cpu_ms),
+               cohort::bench::median(minimal.cpu_ms));
     if (k == 128) rss_at_128 = cohort.rss_mib;
   }
   if (!rss_at_128.empty() && !torch.rss_mib.empty())
