@@ -13,8 +13,9 @@
 //
 // Then cohort-run with K = 1, 8, 32 and 128 ranks against a minimal
 // posix_spawn launcher, rounds interleaved, with cohort-run's peak RSS and
-// the CPU each used (its own and its ranks', from wait4): what of the time
-// to exit is work, and what is waiting.
+// the CPU each used (its own and that of the processes it reaped: its
+// ranks, and cohort-run's guardian; from wait4): what of the time to exit
+// is work, and what is waiting.
 //
 //   launcher_exit [rounds]     (default 50; torchrun runs a tenth of them, at least 3;
 //                               each K a fifth, at least 3)
@@ -231,7 +232,7 @@ int main(int argc, char** argv) {
     }
     const auto ratio = cohort::bench::spread_of(ratios);
     const double ms = cohort::bench::median(cohort.samples) * 1e3;
-    fmt::print("  {:>4} {:>14.2f} {:>14.2f} {:>5.2f}x ({:.2f}-{:.2f}) {:>10.0f} {:>16.1f} MiB {:>11.2f} / {:.2f}\n", k,
+    fmt::print("  {:>4} {:>14.2f} {:>14.2f} {:>5.2f}x ({:.2f}-{:.2f}) {:>10.0f} {:>16.1f} MiB {:>14.2f} / {:.2f}\n", k,
                ms, cohort::bench::median(minimal.samples) * 1e3, ratio.median, ratio.min, ratio.max, ms * 1e3 / k,
                cohort::bench::median(cohort.rss_mib), cohort::bench::median(cohort.cpu_ms),
                cohort::bench::median(minimal.cpu_ms));

@@ -25,8 +25,8 @@
 //   start_join [rounds]     (default 50)
 //   start_join --alone METHOD     (internal: the process of one method; per
 //                                  byte read on stdin, times its baseline and
-//                                  one run, and writes "seconds baseline" as
-//                                  a line on stdout)
+//                                  one run, and writes their seconds and CPU
+//                                  as a line on stdout)
 #include <cohort/entry_point.hpp>
 #include <cohort/spawn_and_join.hpp>
 
@@ -314,17 +314,17 @@ int main(int argc, char** argv) {
   }
   processes.clear();
   // Where each method's time goes: the CPU its process used per round, and
-  // each rank's, against its baseline's. The forkserver's ranks are the
-  // forkserver's children, not the method process's: their CPU is not
-  // counted here.
+  // each rank's, against its baseline's. The forkserver's ranks are this
+  // process's children (made with CLONE_PARENT) and counted; the
+  // forkserver's own work of making them is not, as it is never reaped.
   fmt::print("CPU per round, medians: the method's process (ms), and each rank it reaped (us); its baseline's beside\n");
   for (std::size_t m = 0; m < methods.size(); ++m) {
-    const bool ranks_counted = methods[m].options.method != cohort::start_method::forkserver;
-    fmt::print("  {:<28} {:>7.3f} ms ({:<11} {:.3f} ms)   per rank {} ({:.0f} us)\n", "cohort " + methods[m].name,
-               cohort::bench::median(own_cpu[m]), methods[m].against_fork ? "raw fork" : "posix_spawn",
-               cohort::bench::median(base_own_cpu[m]),
-               ranks_counted ? fmt::format("{:>6.0f} us", cohort::bench::median(rank_cpu[m])) : "   n/a",
-               cohort::bench::median(base_rank_cpu[m]));
+    const bool server = methods[m].options.method == cohort::start_method::forkserver;
+    fmt::print("  {:<28} {:>7.3f} ms ({:<11} {:.3f} ms)   per rank {:>6.0f} us ({:.0f} us){}\n",
+               "cohort " + methods[m].name, cohort::bench::median(own_cpu[m]),
+               methods[m].against_fork ? "raw fork" : "posix_spawn", cohort::bench::median(base_own_cpu[m]),
+               cohort::bench::median(rank_cpu[m]), cohort::bench::median(base_rank_cpu[m]),
+               server ? "   (the forkserver's own CPU not counted)" : "");
   }
   // Two methods against each other, round by round as above.
   const auto per_round = [&](const char* over, const char* under) {

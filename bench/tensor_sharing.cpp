@@ -67,7 +67,10 @@ double process_cpu_seconds() {
 std::tuple<std::int64_t, double, double> pipeline_stage(int rank, queue<tensor> made, queue<tensor> cloned, int n,
                                                         int producers) {
   const double cpu_start = process_cpu_seconds();
-  const auto cpu_per = [cpu_start](int handled) { return (process_cpu_seconds() - cpu_start) / handled; };
+  // 0 for a stage that handled nothing.
+  const auto cpu_per = [cpu_start](int handled) {
+    return handled > 0 ? (process_cpu_seconds() - cpu_start) / handled : 0.0;
+  };
   if (rank < producers) {
     int made_here = 0;
     for (int i = rank; i < n; i += producers, ++made_here) {
@@ -76,7 +79,7 @@ std::tuple<std::int64_t, double, double> pipeline_stage(int rank, queue<tensor> 
       for (int j = 0; j < 5; ++j) d[j] = i + j;
       made.put(t);
     }
-    return {0, 0.0, cpu_per(std::max(made_here, 1))};
+    return {0, 0.0, cpu_per(made_here)};
   }
   if (rank == producers) {
     for (int i = 0; i < n; ++i) cloned.put(made.get()->clone({.shared = true}));
@@ -184,7 +187,8 @@ double send_cost(std::size_t bytes, bool shared, int sends) {
 
 // Keeps the calling thread, and the processes it starts while this lives
 // (they inherit its CPUs), on one CPU: the first it may run on. The thread
-// gets its CPUs back afterwards.
+// gets its CPUs back afterwards. Only this thread: ranks must then be
+// started by it (start_threads = 1), not by spawn's starting threads.
 class on_one_cpu {
  public:
   on_one_cpu() {
@@ -222,10 +226,14 @@ struct pipeline_run {
   double rate;
   double producer_cpu, relay_cpu, summer_cpu;  // seconds per tensor
 };
-pipeline_run pipeline_rate(int n, int producers) {
+// `pinned`: this thread is on one CPU, and starts the ranks itself so that
+// they inherit it.
+pipeline_run pipeline_rate(int n, int producers, bool pinned = false) {
   queue<tensor> made(1024), cloned(1024);
   const auto args = std::tuple{made, cloned, n, producers};
-  const auto out = spawn_and_join(pipeline_stage, args, producers + 2);
+  join_options options;
+  if (pinned) options.start_threads = 1;
+  const auto out = spawn_and_join(pipeline_stage, args, producers + 2, options);
   const auto p = static_cast<std::size_t>(producers);
   const auto [sum, seconds, summer_cpu] = out.at(p + 1);
   std::int64_t expected = 0;
@@ -293,7 +301,7 @@ double pipeline_section(int n, int rounds) {
     four.push_back(pipeline_rate(n, 4).rate);
     {
       const on_one_cpu pinned;
-      const auto pinned_run = pipeline_rate(n, 1);
+      const auto pinned_run = pipeline_rate(n, 1, true);
       one_cpu.push_back(pinned_run.rate);
       note_cpu(1, pinned_run);
     }
