@@ -142,8 +142,7 @@ struct launcher {
     if (why.empty()) {
       samples.push_back(seconds);
       rss_mib.push_back(static_cast<double>(usage.ru_maxrss) / 1024);
-      cpu_ms.push_back(static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1e3 +
-                       static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-3);
+      cpu_ms.push_back(cohort::bench::cpu_seconds(usage) * 1e3);
     } else {
       std::string text;
       char buffer[4096];

@@ -76,14 +76,10 @@ struct cpu_times {
   double self = 0, children = 0;
 };
 cpu_times cpu_now() {
-  const auto seconds = [](const rusage& u) {
-    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
-  };
   rusage self{}, children{};
   ::getrusage(RUSAGE_SELF, &self);
   ::getrusage(RUSAGE_CHILDREN, &children);
-  return {seconds(self), seconds(children)};
+  return {cohort::bench::cpu_seconds(self), cohort::bench::cpu_seconds(children)};
 }
 
 // One start and join timed: wall seconds, and the CPU seconds this process

@@ -1,7 +1,9 @@
-// Timing helpers shared by the benchmarks: a clock, medians, percentiles and spreads.
+// Timing helpers shared by the benchmarks: a clock, CPU time, medians, percentiles and spreads.
 #pragma once
 
 #include <fmt/format.h>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -15,6 +17,12 @@ using clock = std::chrono::steady_clock;
 
 inline double seconds_since(clock::time_point start) {
   return std::chrono::duration<double>(clock::now() - start).count();
+}
+
+/// The CPU seconds, user and system, that `usage` counts.
+inline double cpu_seconds(const rusage& usage) {
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) * 1e-6;
 }
 
 /// The p-th percentile (0..100) of `samples`, nearest rank.
