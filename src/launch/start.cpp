@@ -12,6 +12,7 @@
 #include "os/owned_fd.hpp"
 #include "process/owned_pids.hpp"
 #include "process/parallel.hpp"
+#include "shm/fork.hpp"
 #include "shm/keeper.hpp"
 
 #include <fmt/format.h>
@@ -144,16 +145,28 @@ namespace {
     plans.push_back(&x->prepared->plan());
     plans.back()->reset_signals = &reset;
   }
+  // The first pids go on the stack, beside the frame each fork's return
+  // writes anyway, and into the ranks' objects once the forks are done: a
+  // write to another page after each fork would be one more page copied
+  // per fork. Few, so that they seldom reach into the next page.
+  constexpr std::size_t on_stack = 16;
+  pid_t pids[on_stack];
+  const auto record = [&](std::size_t forked) {
+    for (std::size_t r = 0; r < std::min(forked, on_stack); ++r) ranks[r]->pid = pids[r];
+  };
+  const shm::fork_batch batch;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     auto& x = *ranks[r];
     const pid_t pid = ::fork();
     if (pid == 0) run_forked_rank(*plans[r], report_fd, call, static_cast<int>(r), x.result.get(), stack.get(), keeper);
     if (pid < 0) {
       f = {stage::clone, errno, ""};
+      record(r);
       return static_cast<int>(r);
     }
-    x.pid = pid;
+    (r < on_stack ? pids[r] : x.pid) = pid;
   }
+  record(ranks.size());
   return -1;
 }
 

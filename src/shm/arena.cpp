@@ -5,10 +5,10 @@
 #include "config.hpp"
 #include "os/process_identity.hpp"
 #include "os/spin_mutex.hpp"
+#include "shm/fork.hpp"
 #include "shm/keeper.hpp"
 #include "shm/registry.hpp"
 
-#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,6 +53,7 @@ arena_state& arena() {
   return a;
 }
 
+}  // namespace
 
 // A fork child makes its own arena: the parent's goes on being carved by
 // the parent, which also holds the descriptors others open.
@@ -62,7 +63,7 @@ arena_state& arena() {
 // made for this if it was not: had the fork looked whether it exists,
 // another thread could make it and take its lock between that look and the
 // fork, and the child would find it held.
-COHORT_FORKED_CHILD_PATH void after_fork_in_child() {
+COHORT_FORKED_CHILD_PATH void arena_after_fork_in_child() {
   os::forget_process_id();
   auto& r = segments();
   for (auto& [nonce, weak] : r.segments) {
@@ -76,23 +77,17 @@ COHORT_FORKED_CHILD_PATH void after_fork_in_child() {
   a.growth.unlock();
 }
 
-[[maybe_unused]] const bool fork_handlers = [] {
-  ::pthread_atfork(
-      [] {
-        arena().growth.lock();
-        arena().mutex.lock();
-        segments().mutex.lock();
-      },
-      [] {
-        segments().mutex.unlock();
-        arena().mutex.unlock();
-        arena().growth.unlock();
-      },
-      after_fork_in_child);
-  return true;
-}();
+void lock_arena_for_fork() {
+  arena().growth.lock();
+  arena().mutex.lock();
+  segments().mutex.lock();
+}
 
-}  // namespace
+void unlock_arena_after_fork() noexcept {
+  segments().mutex.unlock();
+  arena().mutex.unlock();
+  arena().growth.unlock();
+}
 
 std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) {
   const auto strategy = get_sharing_strategy();

@@ -4,6 +4,7 @@
 #include "config.hpp"
 
 #include "shm/arena.hpp"
+#include "shm/fork.hpp"
 #include "shm/segment.hpp"
 #include "os/spin_mutex.hpp"
 
@@ -165,11 +166,6 @@ COHORT_FORKED_CHILD_PATH void hold_inherited_storages() {
   m.mutex.unlock();
 }
 
-[[maybe_unused]] const bool fork_handlers = [] {
-  ::pthread_atfork([] { identities().mutex.lock(); }, [] { identities().mutex.unlock(); }, hold_inherited_storages);
-  return true;
-}();
-
 // Storage objects (with their shared_ptr counts, one allocation) are made
 // and dropped for every tensor sent or received: each thread keeps up to
 // `kept` freed ones for its next, rather than a trip through malloc. The
@@ -294,6 +290,10 @@ void check_bounded(const handle_wire& w) {
 }
 
 }  // namespace
+
+void shm::lock_storages_for_fork() { identities().mutex.lock(); }
+void shm::unlock_storages_after_fork() noexcept { identities().mutex.unlock(); }
+COHORT_FORKED_CHILD_PATH void shm::storages_after_fork_in_child() { hold_inherited_storages(); }
 
 detail::storage_impl::~storage_impl() {
   if (!segment) {
