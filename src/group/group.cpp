@@ -19,6 +19,7 @@
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
 #include <asio/dispatch.hpp>
+#include <asio/post.hpp>
 #include <asio/experimental/concurrent_channel.hpp>
 #include <asio/redirect_error.hpp>
 #include <asio/signal_set.hpp>
@@ -42,6 +43,7 @@
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <utility>
 
 namespace cohort {
 namespace detail {
@@ -85,6 +87,7 @@ struct group_state {
   bool signalled = false;  // the shutdown's first signal went out: later non-zero exits are its doing
   bool hurry = false;      // a second shutdown signal: no more grace
   bool subreaper = false;  // holds a become_subreaper(), until the run ends
+  bool adoption_scan_posted = false;  // a take_adopted() is queued on the strand
   tracked_processes descendants;  // the group's processes besides its ranks, held for the sweep
   pid_window pids_since_start;     // opened before the first rank starts
   std::shared_ptr<asio::signal_set> signals;
@@ -290,8 +293,21 @@ void on_signal(const std::shared_ptr<group_state>& state, const std::vector<int>
   });
 }
 
+// After a rank's exit: takes what it left behind (take_adopted), once for
+// all the exits handled on the strand before the look runs. Ranks that end
+// together end in one turn of the loop, and each look lists this process's
+// children through /proc; the sweep and finish() look again themselves.
+void take_adopted_soon(const std::shared_ptr<group_state>& state) {
+  if (std::exchange(state->adoption_scan_posted, true)) return;
+  asio::post(state->strand, [state] {
+    state->adoption_scan_posted = false;
+    if (state->subreaper) take_adopted(*state);  // else the run has ended, and finish() looked
+  });
+}
+
 // Records how rank `rank` ended; returns whether it failed on its own.
-bool record_exit(group_state& s, int rank, exit_status status) {
+bool record_exit(const std::shared_ptr<group_state>& state, int rank, exit_status status) {
+  auto& s = *state;
   --s.running;
   if (s.counted_as_keeper) shm::note_ranks_running(-1);
   shm::take_handed_over();  // what the rank's values still name, before anyone looks for it here
@@ -305,7 +321,7 @@ bool record_exit(group_state& s, int rank, exit_status status) {
       status = exit_status::from_code(255);
     }
   }
-  take_adopted(s);  // what the rank leaves behind is handed to this process as it dies
+  take_adopted_soon(state);  // what the rank leaves behind is handed to this process as it dies
   if (status.success() || s.signalled) return false;
   rank_failure failure{rank, s.pids[r], status, unreadable, {}, s.error_files[r], std::chrono::system_clock::now()};
   if (auto report = read_error_file(s.error_files[r])) {
@@ -335,7 +351,7 @@ asio::awaitable<exit_status> exit_of(group_state& s, int rank) {
 // until the race is decided and when_any cancels it.
 asio::awaitable<void> race_rank(std::shared_ptr<group_state> state, int rank) {
   auto& s = *state;
-  const bool failed = record_exit(s, rank, co_await exit_of(s, rank));
+  const bool failed = record_exit(state, rank, co_await exit_of(s, rank));
   if (failed || s.running == 0) co_return;
   asio::steady_timer parked(s.strand, steady::time_point::max());
   std::error_code cancelled;  // the end of the race: not worth an exception
@@ -353,7 +369,7 @@ asio::awaitable<void> race_stop(std::shared_ptr<group_state> state) {
 // After the race: waits for a rank still running, and wakes the shutdown.
 asio::awaitable<void> drain(std::shared_ptr<group_state> state, int rank) {
   auto& s = *state;
-  record_exit(s, rank, co_await exit_of(s, rank));
+  record_exit(state, rank, co_await exit_of(s, rank));
   s.wake.cancel();
 }
 
