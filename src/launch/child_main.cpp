@@ -238,7 +238,6 @@ COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const 
                                        const entry_stack* stack) {
   entry_run run{nullptr, nullptr, rank, &args, std::nullopt};
   os::set_running_rank(rank);
-  shm::find_keeper_in_environment();
   std::set_terminate(on_uncaught);
   std::tie(run.thunk, run.fn) = find_entry(name);
   // The function runs on a stack of its own, which holds no handler of the
@@ -300,6 +299,7 @@ std::optional<int> child_main(int /*argc*/, char** /*argv*/) {
   }
   ::close(args_fd);
   const encoded args = encoded::from_bytes(std::move(bytes));
+  shm::find_keeper_in_environment();
   return detail::run_entry(name, rank, args, result_fd);
 }
 

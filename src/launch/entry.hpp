@@ -52,7 +52,8 @@ class entry_stack {
 /// `stack` (null: on one mapped here), and writes its encoded result to
 /// `result_fd` (closed then). Returns 0; when an exception escapes the
 /// function, writes the error file, reports on stderr and ends the process
-/// with code 1 (it never returns then).
+/// with code 1 (it never returns then). The caller has told shared memory
+/// its keeper (shm::set_keeper, or shm::find_keeper_in_environment).
 int run_entry(const std::string& name, int rank, const encoded& args, int result_fd,
               const entry_stack* stack = nullptr);
 

@@ -13,6 +13,7 @@
 #include "os/owned_fd.hpp"
 #include "os/per_process.hpp"
 #include "os/process_identity.hpp"
+#include "shm/keeper.hpp"
 
 #include <asio/io_context.hpp>
 
@@ -149,6 +150,7 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   p.reset_signals = &reset;
   set_up_or_report(p, report, rank);
   environ = envp;
+  shm::find_keeper_in_environment();  // set in its environment by the parent
   const encoded call_args = encoded::from_bytes(std::move(args));
   return run_entry(name, rank, call_args, result, stack);
 }

@@ -61,14 +61,18 @@ std::atomic<int> ranks_running{0};
 std::atomic<int> queue_objects{0};
 
 // The keeper this process hands over to, as keeper_env said.
+// The name is kept in place: a forked rank sets it first thing, and an
+// allocation there would write pages of the heap that its parent shares,
+// each a page copied.
 struct found_keeper {
   pid_t of = 0;  // the process it was found for: a fork child of a rank has none
   pid_t pid = 0;
-  std::string name;
+  char name[sizeof(sockaddr_un::sun_path) - 1] = {};  // what an abstract socket's address holds
+  std::size_t name_size = 0;
 };
 found_keeper keeper_found;
 
-sockaddr_un address_of(const std::string& name, socklen_t& length) {
+sockaddr_un address_of(std::string_view name, socklen_t& length) {
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   const auto n = std::min(name.size(), sizeof a.sun_path - 1);
@@ -133,17 +137,18 @@ std::string keeper_for_ranks() noexcept {
 
 void set_keeper(std::string_view value) noexcept {
   keeper_found = {};
-  try {
-    const auto comma = value.find(',');
-    pid_t pid = 0;
-    const auto digits = value.substr(0, comma);
-    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
-    if (comma != std::string_view::npos && error == std::errc{} && end == digits.data() + digits.size() && pid > 0 &&
-        comma + 1 < value.size()) {
-      keeper_found = {os::this_process(), pid, std::string(value.substr(comma + 1))};
-    }
-  } catch (...) {
-    keeper_found = {};
+  const auto comma = value.find(',');
+  pid_t pid = 0;
+  const auto digits = value.substr(0, comma);
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
+  if (comma != std::string_view::npos && error == std::errc{} && end == digits.data() + digits.size() && pid > 0 &&
+      comma + 1 < value.size()) {
+    const auto name = value.substr(comma + 1);
+    if (name.size() > sizeof keeper_found.name) return;  // no address holds it: none of this program's making
+    keeper_found.of = os::this_process();
+    keeper_found.pid = pid;
+    std::memcpy(keeper_found.name, name.data(), name.size());
+    keeper_found.name_size = name.size();
   }
 }
 
@@ -191,7 +196,7 @@ bool hand_over_to_keeper() noexcept {
   const timeval patience{2, 0};
   ::setsockopt(s.get(), SOL_SOCKET, SO_SNDTIMEO, &patience, sizeof patience);
   socklen_t length = 0;
-  const auto a = address_of(keeper_found.name, length);
+  const auto a = address_of({keeper_found.name, keeper_found.name_size}, length);
   if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&a), length) != 0) return false;
   const char byte = 0;
   for (std::size_t first = 0; first < fds.size(); first += os::max_passed) {
