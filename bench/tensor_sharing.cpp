@@ -491,6 +491,15 @@ int main(int argc, char** argv) {
     --argc;
     ++argv;
   }
+  // Whole positive numbers only: anything else (--help among them) is
+  // answered with the usage, not run as a count of 0.
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a(argv[i]);
+    if (i > 3 || a.empty() || a.size() > 9 || a.find_first_not_of("0123456789") != std::string_view::npos) {
+      fmt::print(stderr, "usage: tensor_sharing [--pipeline] [pipeline tensors = 100000] [rounds = 3] [sends per size = 10]\n");
+      return 2;
+    }
+  }
   const int n = std::max(4, argc > 1 ? std::atoi(argv[1]) : 100000);
   const int rounds = std::max(1, argc > 2 ? std::atoi(argv[2]) : 3);
   const int sends = std::max(1, argc > 3 ? std::atoi(argv[3]) : 10);
