@@ -134,10 +134,12 @@ void drop_record(std::span<const std::byte> bytes) {
 /// Every call may come from any thread. A wait ends with peer_lost when the
 /// processes that could end it are all gone (see peer_lost); processes
 /// count as producers once they have pushed, as consumers once they have
-/// popped. Values pushed and never popped are dropped, and their shared
-/// memory let go of, when the last process holding the queue lets go of it
-/// (see queue_core's holders); a queue a process killed outright still
-/// held keeps them while a live process holds a handle to it.
+/// popped, so a pop whose producers so far have all exited ends with
+/// peer_lost though a process that has not pushed yet may still. Values
+/// pushed and never popped are dropped, and their shared memory let go of,
+/// when the last process holding the queue lets go of it (see queue_core's
+/// holders); a queue a process killed outright still held keeps them while
+/// a live process holds a handle to it.
 template <crossable T>
 class queue {
  public:
