@@ -57,12 +57,6 @@ arena_state& arena() {
 
 // A fork child makes its own arena: the parent's goes on being carved by
 // the parent, which also holds the descriptors others open.
-// The locks are held across the fork, the arena's first (the order
-// allocate() takes them in), so the child finds neither a lock no thread of
-// its own will release nor a list in the middle of a change. The arena is
-// made for this if it was not: had the fork looked whether it exists,
-// another thread could make it and take its lock between that look and the
-// fork, and the child would find it held.
 COHORT_FORKED_CHILD_PATH void arena_after_fork_in_child() {
   os::forget_process_id();
   auto& r = segments();
@@ -77,6 +71,12 @@ COHORT_FORKED_CHILD_PATH void arena_after_fork_in_child() {
   a.growth.unlock();
 }
 
+// The locks are held across the fork, the arena's first (the order
+// allocate() takes them in), so the child finds neither a lock no thread of
+// its own will release nor a list in the middle of a change. The arena is
+// made for this if it was not: had the fork looked whether it exists,
+// another thread could make it and take its lock between that look and the
+// fork, and the child would find it held.
 void lock_arena_for_fork() {
   arena().growth.lock();
   arena().mutex.lock();

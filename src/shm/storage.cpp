@@ -156,16 +156,6 @@ void add_identity(const std::shared_ptr<storage_impl>& impl) {
   m.storages[{impl->segment->nonce(), impl->block}] = impl;
 }
 
-// A forked child holds every storage it inherited: each gets a reference
-// of the child's own, so the parent freeing its copy frees nothing under it.
-COHORT_FORKED_CHILD_PATH void hold_inherited_storages() {
-  auto& m = identities();
-  m.storages.for_each([](const block_key&, std::weak_ptr<storage_impl>& weak) {
-    if (auto impl = weak.lock()) impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
-  });
-  m.mutex.unlock();
-}
-
 // Storage objects (with their shared_ptr counts, one allocation) are made
 // and dropped for every tensor sent or received: each thread keeps up to
 // `kept` freed ones for its next, rather than a trip through malloc. The
@@ -293,7 +283,15 @@ void check_bounded(const handle_wire& w) {
 
 void shm::lock_storages_for_fork() { identities().mutex.lock(); }
 void shm::unlock_storages_after_fork() noexcept { identities().mutex.unlock(); }
-COHORT_FORKED_CHILD_PATH void shm::storages_after_fork_in_child() { hold_inherited_storages(); }
+// A forked child holds every storage it inherited: each gets a reference
+// of the child's own, so the parent freeing its copy frees nothing under it.
+COHORT_FORKED_CHILD_PATH void shm::storages_after_fork_in_child() {
+  auto& m = identities();
+  m.storages.for_each([](const block_key&, std::weak_ptr<storage_impl>& weak) {
+    if (auto impl = weak.lock()) impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
+  });
+  m.mutex.unlock();
+}
 
 detail::storage_impl::~storage_impl() {
   if (!segment) {
