@@ -84,6 +84,10 @@ std::size_t queue_size(const queue_core& q);
 std::size_t queue_capacity(const queue_core& q);
 /// Waits counted asleep now, on pops and on pushes (for tests).
 std::pair<std::uint32_t, std::uint32_t> queue_sleepers(const queue_core& q);
+/// Moves an empty queue's head and tail to where `values` values taking
+/// `lines` cache lines of the ring would have left them (for tests of what
+/// wraps past 2^32); throws std::logic_error when the queue holds values.
+void queue_skip_ahead(queue_core& q, std::uint32_t values, std::uint32_t lines);
 /// The storage holding the queue's shared state, which is how it crosses.
 const storage& queue_storage(const queue_core& q);
 std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature, record_drop drop = nullptr);

@@ -1,7 +1,8 @@
 // The untyped queue behind cohort::queue<T>: a ring of records in shared
-// memory under a process-shared lock that outlives a holder killed in it,
-// with futex words that a side sleeps on only when it has to, and a waker
-// that enters the kernel only when the other side sleeps.
+// memory, with a process-shared lock for pushes and another for pops that
+// outlive a holder killed in them, futex words that a side sleeps on only
+// when it has to, and a waker that enters the kernel only when the other
+// side sleeps.
 #include "cohort/queue.hpp"
 
 #include "queue/peers.hpp"
@@ -26,8 +27,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <climits>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 namespace cohort::detail {
@@ -102,10 +105,25 @@ std::uint64_t hash_of(std::string_view s) noexcept {
 constexpr std::uint64_t line = 64;
 constexpr std::uint64_t record_bytes(std::uint64_t len) { return (8 + len + line - 1) / line * line; }
 
+// Where one side of the ring has got to, in one word that the side stores
+// once per push (or pop), so that a process killed between two stores
+// cannot leave a count and a place that disagree: how many values the side
+// has moved (mod 2^32), and how many lines it has moved past (mod 2^32;
+// the ring holds a power of two of lines, so that still names the line).
+struct position {
+  std::uint32_t values;
+  std::uint32_t lines;
+
+  static position of(std::uint64_t word) noexcept {
+    return {static_cast<std::uint32_t>(word >> 32), static_cast<std::uint32_t>(word)};
+  }
+  std::uint64_t word() const noexcept { return std::uint64_t{values} << 32 | lines; }
+};
+
 // The processes holding a queue (a queue_core over it), each once with how
 // many it holds, so that the last to let go can tell that nobody can pop
-// what is left. Guarded by the queue's lock. `unrecorded` is set when a
-// process could not be recorded (no free slot, or its start time
+// what is left. Guarded by the queue's table lock. `unrecorded` is set when
+// a process could not be recorded (no free slot, or its start time
 // unreadable): nothing is then ever drained.
 struct holder {
   pid_t pid;
@@ -119,29 +137,44 @@ struct holder_table {
   holder holders[max_holders];
 };
 
-// What each side reads on every push and pop without writing sits apart
-// from what it writes: a line that another process changed and that is
-// read before it is written costs two trips between caches, not one.
+// Pushes and pops take locks of their own, each on a line of its own with
+// what only its side writes: a producer and a consumer never wait for each
+// other, and in a queue with one of each, each lock stays in its own CPU's
+// cache. A side reads the other's position only when its own copy says the
+// ring is full (or empty). What each side reads on every push and pop
+// without writing sits apart from what it writes: a line that another
+// process changed and that is read before it is written costs two trips
+// between caches, not one.
 struct queue_header {
   std::uint64_t magic;
   std::uint64_t signature;  // hash of the value type's signature
   std::uint64_t capacity;   // values
-  std::uint64_t ring_bytes; // a multiple of `line`
-  alignas(line) shm::shared_lock lock;  // guards everything below
-  std::uint64_t head, tail; // byte positions, only ever growing
-  std::uint64_t count;
-  std::uint32_t closed;
-  // Waits that may be asleep on `items` and on `space`.
+  std::uint64_t ring_bytes; // a power of two of lines
+  std::atomic<std::uint32_t> closed;  // set once, with push_lock held
+  // The producers' side. The positions sit on lines of their own, apart
+  // from the locks: the other side reads them, and a lock's line that it
+  // had read would have to come back before each take.
+  alignas(line) shm::shared_lock push_lock;  // guards the free part of the ring and head_seen
+  std::uint64_t head_seen;                   // head as a push last read it
+  alignas(line) std::atomic<std::uint64_t> tail;  // a position: where the next record goes; stored under push_lock
+  // The consumers' side.
+  alignas(line) shm::shared_lock pop_lock;  // guards the records in the ring and tail_seen
+  std::uint64_t tail_seen;                  // tail as a pop last read it
+  alignas(line) std::atomic<std::uint64_t> head;  // a position: the oldest record; stored under pop_lock
+  // What changes when a wait sleeps or a process comes or goes.
+  alignas(line) shm::shared_lock table_lock;  // guards everything below
+  // Waits that may be asleep on `items` and on `space`; read without the
+  // lock by the side that would wake them (through atomic_ref).
   std::uint32_t pop_sleepers, push_sleepers;
   // When the last wake of each side's sleepers (push, pop) was sent, on
   // CLOCK_MONOTONIC (the same in every process), in ns: how long a sleeper
   // would have had to spin instead.
   std::uint64_t woke_at[2];
-  // Bumped under the lock whenever a value arrives (or space frees) while
-  // someone sleeps; the sleeper read it under the same lock, so no wake is
-  // lost between its look and its sleep. The bump wakes every sleeper and
-  // counts none asleep any more: one that went on sleeping would make each
-  // value pushed until it woke a system call.
+  // Bumped under the table lock whenever a value arrives (or space frees)
+  // while someone sleeps; the sleeper read it under the same lock, so no
+  // wake is lost between its look and its sleep. The bump wakes every
+  // sleeper and counts none asleep any more: one that went on sleeping
+  // would make each value pushed until it woke a system call.
   alignas(line) std::atomic<std::uint32_t> items;
   alignas(line) std::atomic<std::uint32_t> space;
   alignas(line) peer_table peers;
@@ -149,25 +182,18 @@ struct queue_header {
 };
 static_assert(sizeof(queue_header) % line == 0, "the ring starts on a line of its own");
 
-// `count` changes under the lock only; a spinning wait reads it without the
-// lock, as a hint (queue_core::may_go): both through atomic_ref.
-void set_count(queue_header& h, std::uint64_t count) noexcept {
-  std::atomic_ref(h.count).store(count, std::memory_order_relaxed);
-}
-
 class locked {
  public:
-  explicit locked(queue_header& h) noexcept : h_(h) {
-    // A holder that died cannot have left a half-made record: records are
-    // written before `tail` moves and read before `head` does.
-    h_.lock.lock();
-  }
+  // A holder that died cannot have left a half-made record: records are
+  // written before `tail` moves and read before `head` does, and each
+  // moves in one store.
+  explicit locked(shm::shared_lock& lock) noexcept : lock_(lock) { lock_.lock(); }
   locked(const locked&) = delete;
   locked& operator=(const locked&) = delete;
-  ~locked() { h_.lock.unlock(); }
+  ~locked() { lock_.unlock(); }
 
  private:
-  queue_header& h_;
+  shm::shared_lock& lock_;
 };
 
 enum class side { push, pop };
@@ -190,7 +216,7 @@ class queue_core {
   static std::shared_ptr<queue_core> make(std::size_t capacity, std::string_view signature, record_drop drop) {
     if (capacity == 0) throw std::invalid_argument("cohort::queue: the capacity must be at least 1");
     if (capacity > (std::size_t{1} << 24)) throw std::invalid_argument("cohort::queue: a capacity over 2^24 values");
-    const std::size_t ring = std::max<std::size_t>(std::size_t{64} << 10, capacity * 2 * line);
+    const std::size_t ring = std::bit_ceil(std::max<std::size_t>(std::size_t{64} << 10, capacity * 2 * line));
     auto q = std::make_shared<queue_core>(storage::allocate_shared(sizeof(queue_header) + ring), drop);
     auto* h = new (q->state_.data()) queue_header{};
     h->magic = magic;
@@ -209,7 +235,8 @@ class queue_core {
     if (h->signature != hash_of(signature)) {
       throw decode_error(fmt::format("cohort::queue: the queue does not hold values of type {}", signature));
     }
-    if (h->ring_bytes % line != 0 || h->ring_bytes > s.nbytes() - sizeof(queue_header) || h->capacity == 0) {
+    if (!std::has_single_bit(h->ring_bytes) || h->ring_bytes < line || h->ring_bytes / line > (std::uint64_t{1} << 31) ||
+        h->ring_bytes > s.nbytes() - sizeof(queue_header) || h->capacity == 0 || h->capacity > (std::uint64_t{1} << 24)) {
       throw decode_error("cohort::queue: a queue's shared state is malformed");
     }
     auto q = std::make_shared<queue_core>(std::move(s), drop);
@@ -221,80 +248,62 @@ class queue_core {
   queue_header& h() const noexcept { return *header_; }
   const storage& state() const noexcept { return state_; }
   std::byte* ring() const noexcept { return state_.data() + sizeof(queue_header); }
+  std::uint32_t ring_lines() const noexcept { return static_cast<std::uint32_t>(h().ring_bytes / line); }
 
   // Pushes `r` unless full. When full and `sleep` is set, counts this caller
   // as a sleeper and sets `seq` to the word to sleep on.
   bool push(queue_record& r, bool sleep, std::uint32_t& seq) {
     if (r.bytes.size() > h().ring_bytes / 4) overflow(r);
-    const std::uint64_t len = r.bytes.size();
-    int woken = 0;
-    {
-      locked lock(h());
-      if (h().closed) throw queue_closed("cohort::queue: push into a closed queue");
-      join(peer_producer);
-      const std::uint64_t size = h().ring_bytes;
-      std::uint64_t phys = h().tail % size;
-      std::uint64_t need = record_bytes(len);
-      const bool wraps = phys + need > size;
-      if (wraps) need += size - phys;
-      if (h().count == h().capacity || size - (h().tail - h().head) < need) {
-        if (sleep) {
-          ++h().push_sleepers;
-          seq = h().space.load(std::memory_order_relaxed);
-        }
-        return false;
+    join(peer_producer);
+    for (;;) {
+      if (put_record(r)) {
+        r.handles.held.clear();
+        wake_after(side::pop);
+        return true;
       }
-      if (wraps) {
-        std::memcpy(ring() + phys, &skip, 4);
-        phys = 0;
-      }
-      const std::uint32_t head_words[2] = {static_cast<std::uint32_t>(len), r.overflowed ? overflowed : 0};
-      std::memcpy(ring() + phys, head_words, 8);
-      std::memcpy(ring() + phys + 8, r.bytes.data(), len);
-      h().tail += need;
-      set_count(h(), h().count + 1);
-      hold_for_message(r.handles);
-      woken = wake_sleepers(side::pop);
+      if (!sleep) return false;
+      seq = count_asleep(side::push);
+      // Room made (or the queue closed) after the look above and before
+      // the count woke nobody: seen here.
+      if (!has_room(r.bytes.size()) && h().closed.load(std::memory_order_relaxed) == 0) return false;
+      unsleep(side::push, seq);
     }
-    r.handles.held.clear();
-    if (woken > 0) os::futex_wake(h().items, woken);
-    return true;
   }
 
   // Pops into `out` unless empty; as push() for `sleep` and `seq`.
   bool pop(std::vector<std::byte>& out, bool sleep, std::uint32_t& seq) {
-    int woken = 0;
-    std::uint32_t flags = 0;
-    {
-      locked lock(h());
-      join(peer_consumer);
-      if (h().count == 0) {
-        if (h().closed) throw queue_closed("cohort::queue: pop from a closed, empty queue");
-        if (sleep) {
-          ++h().pop_sleepers;
-          seq = h().items.load(std::memory_order_relaxed);
-        }
-        return false;
+    join(peer_consumer);
+    for (;;) {
+      if (const auto flags = take_record(out)) {
+        wake_after(side::push);
+        unwrap(out, *flags);
+        return true;
       }
-      flags = take_locked(out);
-      if (h().count <= h().capacity / 2) woken = wake_sleepers(side::push);
+      // Closed with nothing in it: every push that went through before the
+      // close (under the same lock) is seen after the flag.
+      if (h().closed.load(std::memory_order_acquire) != 0) {
+        if (values() == 0) throw queue_closed("cohort::queue: pop from a closed, empty queue");
+        continue;
+      }
+      if (!sleep) return false;
+      seq = count_asleep(side::pop);
+      if (values() == 0 && h().closed.load(std::memory_order_relaxed) == 0) return false;
+      unsleep(side::pop, seq);
     }
-    if (woken > 0) os::futex_wake(h().space, woken);
-    unwrap(out, flags);
-    return true;
   }
 
   // Ends a wait on `s` that counted itself asleep when its word held `seq`:
   // a wait no wake has ended since still counts, and stops counting.
   void unsleep(side s, std::uint32_t seq) noexcept {
-    locked lock(h());
-    auto& sleepers = sleepers_of(s);
-    if (word(s).load(std::memory_order_relaxed) == seq && sleepers > 0) --sleepers;
+    const locked lock(h().table_lock);
+    const std::atomic_ref sleepers(sleepers_of(s));
+    const auto n = sleepers.load(std::memory_order_relaxed);
+    if (word(s).load(std::memory_order_relaxed) == seq && n > 0) sleepers.store(n - 1, std::memory_order_relaxed);
   }
 
   // Copies the peer table out, under the lock; returns how many it holds.
   std::uint32_t copy_peers(peer (&copy)[max_peers]) {
-    locked lock(h());
+    const locked lock(h().table_lock);
     const auto count = std::min<std::uint32_t>(h().peers.count, max_peers);
     std::copy_n(h().peers.peers, count, copy);
     return count;
@@ -329,10 +338,18 @@ class queue_core {
 
   std::atomic<std::uint32_t>& word(side s) const noexcept { return s == side::push ? h().space : h().items; }
 
-  // Read without the lock, so that a spinning wait leaves the lock to the
-  // other side: whether a push (or pop) may go through now.
+  // How many values the ring holds now, read without a lock. Head is read
+  // first: the tail read after it is never behind it.
+  std::uint32_t values() const noexcept {
+    const auto head = position::of(h().head.load(std::memory_order_acquire));
+    const auto tail = position::of(h().tail.load(std::memory_order_acquire));
+    return tail.values - head.values;
+  }
+
+  // Read without the locks, so that a spinning wait leaves them to the
+  // side that will end it: whether a push (or pop) may go through now.
   bool may_go(side s) const noexcept {
-    const auto count = std::atomic_ref(h().count).load(std::memory_order_relaxed);
+    const auto count = values();
     return s == side::push ? count < h().capacity : count > 0;
   }
 
@@ -347,37 +364,149 @@ class queue_core {
 
   void close() {
     {
-      locked lock(h());
-      h().closed = 1;
+      // Under the pushes' lock: a push either went through before the
+      // flag, or sees it.
+      const locked lock(h().push_lock);
+      h().closed.store(1, std::memory_order_release);
+    }
+    {
+      const locked lock(h().table_lock);
       h().items.fetch_add(1, std::memory_order_relaxed);
       h().space.fetch_add(1, std::memory_order_relaxed);
-      h().pop_sleepers = h().push_sleepers = 0;
+      std::atomic_ref(h().pop_sleepers).store(0, std::memory_order_relaxed);
+      std::atomic_ref(h().push_sleepers).store(0, std::memory_order_relaxed);
     }
     os::futex_wake(h().items, INT_MAX);
     os::futex_wake(h().space, INT_MAX);
   }
 
+  void skip_ahead(std::uint32_t values, std::uint32_t lines) {
+    const locked push(h().push_lock);
+    const locked pop(h().pop_lock);
+    if (this->values() != 0) throw std::logic_error("cohort::queue: skip_ahead on a queue that holds values");
+    const auto at = position{values, lines}.word();
+    h().tail.store(at, std::memory_order_release);
+    h().head.store(at, std::memory_order_release);
+    h().head_seen = h().tail_seen = at;
+  }
+
+  std::pair<std::uint32_t, std::uint32_t> sleepers() const {
+    const locked lock(h().table_lock);
+    return {std::atomic_ref(h().pop_sleepers).load(std::memory_order_relaxed),
+            std::atomic_ref(h().push_sleepers).load(std::memory_order_relaxed)};
+  }
+
  private:
-  // With the lock held and a record in the ring: moves its bytes into
-  // `out`; returns its flags.
-  std::uint32_t take_locked(std::vector<std::byte>& out) {
-    const std::uint64_t size = h().ring_bytes;
-    std::uint64_t phys = h().head % size;
-    std::uint32_t head_words[2];
-    std::memcpy(head_words, ring() + phys, 4);
-    if (head_words[0] == skip) {
-      h().head += size - phys;
-      phys = 0;
+  // Whether the ring has room for the tail's position `tail` to move
+  // `lines` further while the head is at `head`.
+  bool fits(position head, position tail, std::uint32_t lines) const noexcept {
+    return tail.values - head.values < h().capacity && ring_lines() - (tail.lines - head.lines) >= lines;
+  }
+
+  // The lines a record of `len` bytes takes at the tail `tail`, with those
+  // it skips at the ring's end when it does not fit there; and the line it
+  // starts on.
+  std::pair<std::uint32_t, std::uint32_t> placement(position tail, std::size_t len) const noexcept {
+    const std::uint32_t at = tail.lines & (ring_lines() - 1);
+    const auto lines = static_cast<std::uint32_t>(record_bytes(len) / line);
+    if (at + lines > ring_lines()) return {ring_lines() - at + lines, 0};
+    return {lines, at};
+  }
+
+  // Without the locks: whether a record of `len` bytes fits now.
+  bool has_room(std::size_t len) const noexcept {
+    const auto head = position::of(h().head.load(std::memory_order_acquire));
+    const auto tail = position::of(h().tail.load(std::memory_order_acquire));
+    return fits(head, tail, placement(tail, len).first);
+  }
+
+  // Writes `r` at the tail unless the ring has no room for it; throws when
+  // the queue is closed.
+  bool put_record(queue_record& r) {
+    const locked lock(h().push_lock);
+    if (h().closed.load(std::memory_order_relaxed) != 0) throw queue_closed("cohort::queue: push into a closed queue");
+    const auto tail = position::of(h().tail.load(std::memory_order_relaxed));
+    const auto [lines, at] = placement(tail, r.bytes.size());
+    if (!fits(position::of(h().head_seen), tail, lines)) {
+      h().head_seen = h().head.load(std::memory_order_acquire);
+      if (!fits(position::of(h().head_seen), tail, lines)) return false;
     }
-    std::memcpy(head_words, ring() + phys, 8);
+    if (at == 0 && (tail.lines & (ring_lines() - 1)) != 0) {
+      std::memcpy(ring() + (tail.lines & (ring_lines() - 1)) * line, &skip, 4);
+    }
+    std::byte* const record = ring() + std::uint64_t{at} * line;
+    const std::uint32_t head_words[2] = {static_cast<std::uint32_t>(r.bytes.size()), r.overflowed ? overflowed : 0};
+    std::memcpy(record, head_words, 8);
+    std::memcpy(record + 8, r.bytes.data(), r.bytes.size());
+    // Held for the message before a pop can take it.
+    hold_for_message(r.handles);
+    h().tail.store(position{tail.values + 1, tail.lines + lines}.word(), std::memory_order_release);
+    return true;
+  }
+
+  // Takes the record at the head into `out` unless the ring is empty;
+  // its flags.
+  std::optional<std::uint32_t> take_record(std::vector<std::byte>& out) {
+    const locked lock(h().pop_lock);
+    const auto head = position::of(h().head.load(std::memory_order_relaxed));
+    if (position::of(h().tail_seen).values == head.values) {
+      h().tail_seen = h().tail.load(std::memory_order_acquire);
+      if (position::of(h().tail_seen).values == head.values) return std::nullopt;
+    }
+    return take_locked(out, head);
+  }
+
+  // With the pops' lock held and a record at `head`: moves its bytes into
+  // `out` and the head past it; returns its flags.
+  std::uint32_t take_locked(std::vector<std::byte>& out, position head) {
+    std::uint32_t at = head.lines & (ring_lines() - 1);
+    std::uint32_t moved = 0;
+    std::uint32_t head_words[2];
+    std::memcpy(head_words, ring() + std::uint64_t{at} * line, 4);
+    if (head_words[0] == skip) {
+      moved = ring_lines() - at;
+      at = 0;
+    }
+    const std::byte* const record = ring() + std::uint64_t{at} * line;
+    std::memcpy(head_words, record, 8);
     const std::uint64_t len = head_words[0];
-    if (len > size - 8 - phys) {
+    if (len > h().ring_bytes - 8 - std::uint64_t{at} * line) {
       throw decode_error(fmt::format("cohort::queue: a record of {} bytes overruns the ring", len));
     }
-    out.assign(ring() + phys + 8, ring() + phys + 8 + len);
-    h().head += record_bytes(len);
-    set_count(h(), h().count - 1);
+    out.assign(record + 8, record + 8 + len);
+    moved += static_cast<std::uint32_t>(record_bytes(len) / line);
+    h().head.store(position{head.values + 1, head.lines + moved}.word(), std::memory_order_release);
     return head_words[1];
+  }
+
+  // After a push (`s` = pop) or a pop (`s` = push): wakes the waits on `s`
+  // that sleep, if any. Pops wake pushes only once the ring has drained to
+  // half. The fence pairs with the one in count_asleep: a wait that
+  // counted itself after this looked either sees the value (or room), or
+  // is seen here.
+  void wake_after(side s) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (std::atomic_ref(sleepers_of(s)).load(std::memory_order_relaxed) == 0) return;
+    if (s == side::push && values() > h().capacity / 2) return;
+    int woken = 0;
+    {
+      const locked lock(h().table_lock);
+      woken = wake_sleepers(s);
+    }
+    if (woken > 0) os::futex_wake(word(s), woken);
+  }
+
+  // Counts a wait on `s` asleep; the word's value to sleep on. The caller
+  // looks once more before it sleeps (see wake_after).
+  std::uint32_t count_asleep(side s) {
+    std::uint32_t seq = 0;
+    {
+      const locked lock(h().table_lock);
+      std::atomic_ref(sleepers_of(s)).fetch_add(1, std::memory_order_relaxed);
+      seq = word(s).load(std::memory_order_relaxed);
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return seq;
   }
 
   // A record taken out of the ring: the value's own bytes in `out`.
@@ -392,7 +521,7 @@ class queue_core {
   void enter() noexcept {
     const pid_t self = os::this_process();
     const std::uint64_t started = os::own_start_time();
-    locked lock(h());
+    const locked lock(h().table_lock);
     auto& t = h().holders;
     if (started == 0) {
       t.unrecorded = 1;
@@ -425,11 +554,17 @@ class queue_core {
     if (header_ == nullptr || holder_ != os::this_process()) return;  // not recorded, or inherited over fork
     std::vector<std::pair<std::vector<std::byte>, std::uint32_t>> left;
     try {
-      locked lock(h());
-      if (!release_hold_locked() || !abandoned_locked()) return;
-      while (h().count > 0) {
+      {
+        const locked lock(h().table_lock);
+        if (!release_hold_locked() || !abandoned_locked()) return;
+      }
+      // Nobody else can pop or push any more.
+      const locked lock(h().pop_lock);
+      for (;;) {
+        const auto head = position::of(h().head.load(std::memory_order_relaxed));
+        if (position::of(h().tail.load(std::memory_order_acquire)).values == head.values) break;
         std::vector<std::byte> out;
-        const auto flags = take_locked(out);
+        const auto flags = take_locked(out, head);
         left.emplace_back(std::move(out), flags);
       }
     } catch (...) {
@@ -449,7 +584,7 @@ class queue_core {
     if (!left.empty()) shm::forget_dead_segments();
   }
 
-  // With the lock held: drops one of this process's holds; whether it was
+  // With the table lock held: drops one of this process's holds; whether it was
   // the last.
   bool release_hold_locked() noexcept {
     const pid_t self = os::this_process();
@@ -462,7 +597,7 @@ class queue_core {
     return false;
   }
 
-  // With the lock held, after this process's last hold went: whether no
+  // With the table lock held, after this process's last hold went: whether no
   // process can pop from the queue any more. Every other holder recorded
   // has ended, and nothing else holds its shared state: no other storage
   // over it here (a handle being sent as an argument), and no hold in
@@ -484,22 +619,23 @@ class queue_core {
 
   std::uint32_t& sleepers_of(side s) const noexcept { return s == side::push ? h().push_sleepers : h().pop_sleepers; }
 
-  // With the lock held, after a value or room was added for the waits on
-  // `s`: how many of them sleep (0 for none), all to be woken and no
-  // longer counted.
+  // With the table lock held, after a value or room was added for the
+  // waits on `s`: how many of them sleep (0 for none), all to be woken and
+  // no longer counted.
   int wake_sleepers(side s) noexcept {
-    auto& sleepers = sleepers_of(s);
-    if (sleepers == 0) return 0;
+    const std::atomic_ref sleepers(sleepers_of(s));
+    if (sleepers.load(std::memory_order_relaxed) == 0) return 0;
     word(s).fetch_add(1, std::memory_order_relaxed);
     const auto now = std::chrono::steady_clock::now().time_since_epoch();
     std::atomic_ref(h().woke_at[index(s)]).store(std::chrono::nanoseconds(now).count(), std::memory_order_relaxed);
-    return static_cast<int>(std::min<std::uint32_t>(std::exchange(sleepers, 0), INT_MAX));
+    return static_cast<int>(std::min<std::uint32_t>(sleepers.exchange(0, std::memory_order_relaxed), INT_MAX));
   }
 
   void join(std::uint32_t role) noexcept {
     const pid_t self = os::this_process();
     auto& joined = role == peer_producer ? producer_of_ : consumer_of_;
     if (joined.load(std::memory_order_relaxed) == self) return;
+    const locked lock(h().table_lock);
     h().peers.join(role);
     joined.store(self, std::memory_order_relaxed);
   }
@@ -723,19 +859,11 @@ void rethrow_receive_failure(queue_core& q) {
 }
 
 void queue_close(queue_core& q) { q.close(); }
-bool queue_closed_now(const queue_core& q) {
-  locked lock(q.h());
-  return q.h().closed != 0;
-}
-std::size_t queue_size(const queue_core& q) {
-  locked lock(q.h());
-  return q.h().count;
-}
+bool queue_closed_now(const queue_core& q) { return q.h().closed.load(std::memory_order_acquire) != 0; }
+std::size_t queue_size(const queue_core& q) { return q.values(); }
 std::size_t queue_capacity(const queue_core& q) { return q.h().capacity; }
-std::pair<std::uint32_t, std::uint32_t> queue_sleepers(const queue_core& q) {
-  locked lock(q.h());
-  return {q.h().pop_sleepers, q.h().push_sleepers};
-}
+std::pair<std::uint32_t, std::uint32_t> queue_sleepers(const queue_core& q) { return q.sleepers(); }
+void queue_skip_ahead(queue_core& q, std::uint32_t values, std::uint32_t lines) { q.skip_ahead(values, lines); }
 const storage& queue_storage(const queue_core& q) { return q.state(); }
 std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature, record_drop drop) {
   return queue_core::attach(std::move(s), signature, drop);

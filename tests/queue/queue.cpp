@@ -24,9 +24,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <numeric>
 #include <thread>
 
 using namespace cohort;
@@ -64,6 +66,31 @@ int sum_under_fd_limit(int, queue<storage> q, int n) {
 }
 COHORT_ENTRYPOINT(sum_under_fd_limit);
 
+// Ranks below `producers` push (rank, i) for i < each, with a string of a
+// length that varies with i, then (rank, -1); the others pop until they
+// take a -1 and return the (producer, i) they took, in order. A string of
+// the wrong length comes back as (producer, -2).
+std::vector<std::pair<int, int>> producer_or_consumer(int rank, queue<std::tuple<int, int, std::string>> q, int producers,
+                                                      int each) {
+  const auto length = [](int i) { return static_cast<std::size_t>(i * 37 % 700); };
+  std::vector<std::pair<int, int>> taken;
+  if (rank < producers) {
+    for (int i = 0; i < each; ++i) {
+      const std::tuple<int, int, std::string> value{rank, i, std::string(length(i), 'v')};
+      q.put(value);
+    }
+    const std::tuple<int, int, std::string> last{rank, -1, ""};
+    q.put(last);
+    return taken;
+  }
+  for (;;) {
+    auto [producer, i, text] = q.get().value();
+    if (i < 0) return taken;
+    taken.emplace_back(producer, text.size() == length(i) ? i : -2);
+  }
+}
+COHORT_ENTRYPOINT(producer_or_consumer);
+
 void set_after_wait(int, event go, event done) {
   go.wait_for();
   done.set();
@@ -97,6 +124,61 @@ TEST_SUITE("queue") {
       CHECK(q.try_pop() == "");
       CHECK_FALSE(q.try_pop());
     }
+  }
+
+  TEST_CASE("counts and places that wrap past 2^32 keep the values in order, the size right and the capacity whole") {
+    // Head and tail hold how many values and cache lines each side has
+    // moved, mod 2^32: a queue that lives long wraps them.
+    const auto core = detail::make_queue_core(3, type_signature<std::string>());
+    detail::queue_skip_ahead(*core, 0xffffffffU - 4, 0xffffffffU - 40);
+    detail::queue_record r;
+    std::vector<std::byte> out;
+    for (int round = 0; round < 600; ++round) {
+      const std::string values[] = {std::string(round * 7 % 900, char('a' + round % 26)), "x", ""};
+      for (const auto& v : values) {
+        detail::fill_record(r, v);
+        REQUIRE(detail::queue_try_push(*core, r));
+      }
+      CHECK(detail::queue_size(*core) == 3);
+      detail::fill_record(r, std::string("one too many"));
+      CHECK_FALSE(detail::queue_try_push(*core, r));
+      for (const auto& v : values) {
+        REQUIRE(detail::queue_try_pop(*core, out));
+        CHECK(detail::read_record<std::string>(out) == v);
+      }
+      CHECK(detail::queue_size(*core) == 0);
+      CHECK_FALSE(detail::queue_try_pop(*core, out));
+    }
+    detail::fill_record(r, std::string("left"));
+    REQUIRE(detail::queue_try_push(*core, r));
+    CHECK_THROWS_AS(detail::queue_skip_ahead(*core, 0, 0), std::logic_error);
+  }
+
+  TEST_CASE("values from three producer ranks reach three consumer ranks once each, in each producer's order") {
+    // Pushes and pops take locks of their own: producers and consumers in
+    // other processes run through a small queue at once, its ring wrapping.
+    constexpr int producers = 3, consumers = 3, each = 2000;
+    queue<std::tuple<int, int, std::string>> q(4);
+    const auto args = std::tuple{q, producers, each};
+    const auto taken = spawn_and_join(producer_or_consumer, args, producers + consumers);
+    std::vector<std::vector<int>> seen(producers);
+    for (int c = producers; c < producers + consumers; ++c) {
+      std::vector<int> last(producers, -1);
+      for (const auto& [producer, i] : taken.at(static_cast<std::size_t>(c))) {
+        REQUIRE(producer >= 0);
+        REQUIRE(producer < producers);
+        CHECK(i > last[static_cast<std::size_t>(producer)]);  // -2: its string arrived with the wrong length
+        last[static_cast<std::size_t>(producer)] = i;
+        seen[static_cast<std::size_t>(producer)].push_back(i);
+      }
+    }
+    for (auto& values : seen) {
+      std::sort(values.begin(), values.end());
+      std::vector<int> all(each);
+      std::iota(all.begin(), all.end(), 0);
+      CHECK(values == all);
+    }
+    CHECK(q.size() == 0);
   }
 
   TEST_CASE("a closed queue refuses pushes and is drained before pops are refused") {
