@@ -201,8 +201,8 @@ struct handle_codec<storage> {
 };
 
 /// Gives each storage a queue message names a reference of its own, which
-/// the receiver takes over. Called with the queue's lock held, so no
-/// receiver can see the message before.
+/// the receiver takes over. Called by the queue before the tail that
+/// publishes the message moves, so no receiver can see the message before.
 void hold_for_message(const handle_context& context) noexcept;
 
 /// For a value that may be read after its sender has ended (a rank's
