@@ -37,7 +37,9 @@ namespace cohort::detail {
 
 namespace {
 
-constexpr std::uint64_t magic = 0x6575657571746863ULL;  // "chtqueue"
+// "chtqueu2": the layout with a lock for each side; a queue of the layout
+// before ("chtqueue") is refused rather than misread.
+constexpr std::uint64_t magic = 0x3275657571746863ULL;
 constexpr std::uint32_t skip = 0xffffffffU;             // the rest of the ring is unused: wrap
 constexpr std::uint32_t overflowed = 1;                 // the record is a storage holding the value
 // How long a wait sleeps before it looks at whether the other side is
@@ -562,7 +564,8 @@ class queue_core {
       const locked lock(h().pop_lock);
       for (;;) {
         const auto head = position::of(h().head.load(std::memory_order_relaxed));
-        if (position::of(h().tail.load(std::memory_order_acquire)).values == head.values) break;
+        h().tail_seen = h().tail.load(std::memory_order_acquire);
+        if (position::of(h().tail_seen).values == head.values) break;
         std::vector<std::byte> out;
         const auto flags = take_locked(out, head);
         left.emplace_back(std::move(out), flags);
