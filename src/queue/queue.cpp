@@ -863,7 +863,9 @@ void rethrow_receive_failure(queue_core& q) {
 
 void queue_close(queue_core& q) { q.close(); }
 bool queue_closed_now(const queue_core& q) { return q.h().closed.load(std::memory_order_acquire) != 0; }
-std::size_t queue_size(const queue_core& q) { return q.values(); }
+// values() may count pops that went on between its two reads as still in
+// the ring: never more than the capacity, though.
+std::size_t queue_size(const queue_core& q) { return std::min<std::size_t>(q.values(), q.h().capacity); }
 std::size_t queue_capacity(const queue_core& q) { return q.h().capacity; }
 std::pair<std::uint32_t, std::uint32_t> queue_sleepers(const queue_core& q) { return q.sleepers(); }
 void queue_skip_ahead(queue_core& q, std::uint32_t values, std::uint32_t lines) { q.skip_ahead(values, lines); }
