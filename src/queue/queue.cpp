@@ -251,6 +251,8 @@ class queue_core {
   const storage& state() const noexcept { return state_; }
   std::byte* ring() const noexcept { return state_.data() + sizeof(queue_header); }
   std::uint32_t ring_lines() const noexcept { return static_cast<std::uint32_t>(h().ring_bytes / line); }
+  // The line of the ring `p` names.
+  std::uint32_t line_of(position p) const noexcept { return p.lines & (ring_lines() - 1); }
 
   // Pushes `r` unless full. When full and `sleep` is set, counts this caller
   // as a sleeper and sets `seq` to the word to sleep on.
@@ -409,7 +411,7 @@ class queue_core {
   // it skips at the ring's end when it does not fit there; and the line it
   // starts on.
   std::pair<std::uint32_t, std::uint32_t> placement(position tail, std::size_t len) const noexcept {
-    const std::uint32_t at = tail.lines & (ring_lines() - 1);
+    const std::uint32_t at = line_of(tail);
     const auto lines = static_cast<std::uint32_t>(record_bytes(len) / line);
     if (at + lines > ring_lines()) return {ring_lines() - at + lines, 0};
     return {lines, at};
@@ -433,9 +435,7 @@ class queue_core {
       h().head_seen = h().head.load(std::memory_order_acquire);
       if (!fits(position::of(h().head_seen), tail, lines)) return false;
     }
-    if (at == 0 && (tail.lines & (ring_lines() - 1)) != 0) {
-      std::memcpy(ring() + (tail.lines & (ring_lines() - 1)) * line, &skip, 4);
-    }
+    if (at != line_of(tail)) std::memcpy(ring() + std::uint64_t{line_of(tail)} * line, &skip, 4);  // wraps
     std::byte* const record = ring() + std::uint64_t{at} * line;
     const std::uint32_t head_words[2] = {static_cast<std::uint32_t>(r.bytes.size()), r.overflowed ? overflowed : 0};
     std::memcpy(record, head_words, 8);
@@ -461,7 +461,7 @@ class queue_core {
   // With the pops' lock held and a record at `head`: moves its bytes into
   // `out` and the head past it; returns its flags.
   std::uint32_t take_locked(std::vector<std::byte>& out, position head) {
-    std::uint32_t at = head.lines & (ring_lines() - 1);
+    std::uint32_t at = line_of(head);
     std::uint32_t moved = 0;
     std::uint32_t head_words[2];
     std::memcpy(head_words, ring() + std::uint64_t{at} * line, 4);
@@ -561,15 +561,8 @@ class queue_core {
         if (!release_hold_locked() || !abandoned_locked()) return;
       }
       // Nobody else can pop or push any more.
-      const locked lock(h().pop_lock);
-      for (;;) {
-        const auto head = position::of(h().head.load(std::memory_order_relaxed));
-        h().tail_seen = h().tail.load(std::memory_order_acquire);
-        if (position::of(h().tail_seen).values == head.values) break;
-        std::vector<std::byte> out;
-        const auto flags = take_locked(out, head);
-        left.emplace_back(std::move(out), flags);
-      }
+      std::vector<std::byte> out;
+      while (const auto flags = take_record(out)) left.emplace_back(std::move(out), *flags);
     } catch (...) {
       // A record that overruns the ring: what came before it is dropped.
     }
