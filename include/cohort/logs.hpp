@@ -49,14 +49,23 @@ struct streams_per_rank {
 /// Ranks outside `console_ranks` never reach the console: their streams go
 /// to their files when `dir` is set, to /dev/null otherwise.
 ///
-/// What reaches the console through this process (teed streams, and all of
-/// them under `prefix_all`) is read from a pipe as it arrives (io_uring) and
-/// written a line at a time, each line whole and behind the rank's prefix:
-/// lines of different ranks never mix. A line longer than 64 KiB is cut into
-/// 64 KiB pieces, and a last line without its newline is written when the
-/// rank's stream ends, each ended by a newline on the console. The files
-/// hold exactly the bytes the rank wrote. The console writes block this
-/// process's io_context while the console does not take them.
+/// A teed stream whose log file is a plain file is that file in the rank,
+/// as a redirected one is: the rank writes it itself (a full disk fails the
+/// rank's writes, as with `redirects`), and this process follows it, woken
+/// by inotify as it grows (one instance per group), reading what it gained.
+/// Any other stream that reaches the console through this process (teed to
+/// a device or a pipe, where inotify is refused, or untouched under
+/// `prefix_all`) is a pipe, read as data arrives (io_uring) and written
+/// whole to the file. Either way the console gets a line at a time, each
+/// line whole and behind the rank's prefix: lines of different ranks never
+/// mix. A line longer than 64 KiB is cut into 64 KiB pieces, and a last line
+/// without its newline is written when the rank's stream ends, each ended by
+/// a newline on the console. The files hold exactly the bytes the rank
+/// wrote. A followed file is read to its end once every rank has ended:
+/// what a process left behind writes there later is in the file only, and a
+/// rank that cuts its own log file short can make the console read it
+/// again from its start. The console writes block this process's io_context
+/// while the console does not take them.
 ///
 /// Files: <dir>/<run_id>/attempt_<attempt>/<rank>/{stdout.log,stderr.log,
 /// error.json}; the group's error files go there too (unless
@@ -86,10 +95,11 @@ struct logs_spec {
   int console_out = -1;
   int console_err = -1;
   /// Called at most once per group, on a thread running the io_context,
-  /// when a pump's read first takes a whole buffer (256 KiB), or all of a
-  /// full pipe where the system kept the pipe smaller: the ranks write
-  /// faster than one thread turns their bytes into lines. The pumps
-  /// copy on every thread the io_context runs on, so a caller that runs it
+  /// when a read of a pump or a follower first takes a whole buffer
+  /// (256 KiB), or all of a full pipe where the system kept the pipe
+  /// smaller: the ranks write faster than one thread turns their bytes into
+  /// lines. Each stream is read on a strand of its own, on every thread the
+  /// io_context runs on, so a caller that runs it
   /// on one thread, for the lowest console latency, may add threads then
   /// (cohort-run does). A second thread costs every line a wake-up of the
   /// other thread (in bench/log_pump a teed line's p50 read 3.3 times the

@@ -1,7 +1,11 @@
-// Per-rank log files and the pumps from the ranks' pipes. A stream that
-// only goes to a file is the file itself in the rank; a stream that reaches
-// the console through this process is a pipe, read as data arrives, written
-// whole to the file and line by line, prefixed, to the console.
+// Per-rank log files and the pumps that carry streams to the console. A
+// stream that goes to a plain file is the file itself in the rank; when it
+// is teed, one follower per group reads what the files gain, woken by
+// inotify, and writes it line by line, prefixed, to the console, so the
+// files' bytes never pass through this process. Any other stream that
+// reaches the console (to no file, or to a file that is not a plain one) is
+// a pipe, read as data arrives, written whole to the file and line by line
+// to the console.
 #include "logs/logs.hpp"
 
 #include "uring/poll.hpp"
@@ -20,10 +24,9 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
-#include <limits.h>
 #include <poll.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,9 +35,9 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
-#include <span>
 #include <stdexcept>
 #include <system_error>
+#include <unordered_map>
 
 namespace cohort::detail {
 namespace {
@@ -86,6 +89,12 @@ os::owned_fd open_log(const std::filesystem::path& path) {
 
 struct group_logs::state {
   std::vector<log_stream> streams;
+  // The followed files: one inotify instance for the group (the system
+  // allows a user few of them, and many watches), and which stream each
+  // watch is on.
+  os::owned_fd inotify;
+  bool inotify_refused = false;
+  std::unordered_multimap<int, std::size_t> watched;
   struct rank_ends {
     std::optional<stdio> out, err;  // nullopt: as the options say
     std::vector<os::owned_fd> held;      // this process's copies of what the rank gets
@@ -93,14 +102,49 @@ struct group_logs::state {
   std::vector<rank_ends> ranks;
   std::mutex errors_mutex;  // pumps run on strands of their own
   std::vector<std::string> errors;
-  // Per pump: its strand, and the signal that stops it (emitted there).
+  // Per pump, then the follower when there is one: its strand, and the
+  // signal that stops it (emitted there).
   std::vector<asio::strand<asio::any_io_executor>> strands;
   std::vector<std::unique_ptr<asio::cancellation_signal>> cancels;
   std::optional<asio::steady_timer> all_done;  // on the group's strand: cancelled when the last pump ends
   std::atomic<int> running = 0;
+  bool following = false;  // some streams are followed: the last strand and signal are the watcher's
+  // Set before a pump's or the follower's signal is emitted. A signal
+  // emitted after the wait it was meant for completed, before the
+  // coroutine resumed, cancels nothing: the coroutine sees this flag before
+  // it waits again.
+  std::atomic<bool> stop_follower = false, stop_pumps = false;  // stop_follower: the followers and the watcher
   std::function<void()> on_busy;  // logs_spec::on_busy
   std::atomic<bool> told_busy = false;
 };
+
+namespace {
+
+// Follows the log file at `path`, open for the rank as `written`: adds an
+// inotify watch for stream `index` and opens the file again to read it.
+// None where the file is not a plain file (a device or a pipe cannot be
+// read back) or inotify refuses (too many instances or watches): the
+// stream then goes through a pipe.
+std::optional<os::owned_fd> follow(group_logs::state& s, const std::filesystem::path& path, int written, std::size_t index) {
+  struct stat file {};
+  if (::fstat(written, &file) != 0 || !S_ISREG(file.st_mode)) return std::nullopt;
+  if (s.inotify.get() < 0 && !s.inotify_refused) {
+    s.inotify = os::owned_fd(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+    s.inotify_refused = s.inotify.get() < 0;
+  }
+  if (s.inotify_refused) return std::nullopt;
+  os::owned_fd reader(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat read {};
+  if (reader.get() < 0 || ::fstat(reader.get(), &read) != 0 || read.st_ino != file.st_ino || read.st_dev != file.st_dev) {
+    return std::nullopt;
+  }
+  const int watch = ::inotify_add_watch(s.inotify.get(), path.c_str(), IN_MODIFY);
+  if (watch < 0) return std::nullopt;
+  s.watched.emplace(watch, index);
+  return reader;
+}
+
+}  // namespace
 
 std::string expand_prefix(const std::string& pattern, const std::string& role, int rank, int local_rank) {
   std::string out;
@@ -158,7 +202,19 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
       const bool to_console = shown && (!has(redirect, which[i]) || has(tee, which[i]));
       std::optional<stdio>& target = i == 0 ? ends.out : ends.err;
       os::owned_fd file = to_file ? open_log(folder / file_names[i]) : os::owned_fd();
-      if (to_console && (to_file || spec.prefix_all)) {
+      std::optional<os::owned_fd> reader;
+      if (to_console && to_file) reader = follow(s, folder / file_names[i], file.get(), s.streams.size());
+      if (reader) {
+        auto& stream = s.streams.emplace_back();
+        stream.source = std::move(*reader);
+        stream.followed = true;
+        stream.full_read = read_size;
+        stream.file_path = (folder / file_names[i]).string();
+        stream.console = console[i];
+        stream.prefix = expand_prefix(spec.prefix, role, spec.first_rank + rank, rank);
+        target = stdio::fd(file.get());
+        ends.held.push_back(std::move(file));
+      } else if (to_console && (to_file || spec.prefix_all)) {
         int p[2];
         if (::pipe2(p, O_CLOEXEC) != 0) throw std::system_error(errno, std::system_category(), "cohort::start_processes: pipe2 for logs");
         // A smaller pipe only costs wake-ups. F_SETPIPE_SZ answers the size
@@ -167,7 +223,7 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
         if (size < 0) size = ::fcntl(p[0], F_GETPIPE_SZ);
         auto& stream = s.streams.emplace_back();
         stream.full_read = size > 0 ? std::min(read_size, static_cast<std::size_t>(size)) : read_size;
-        stream.pipe = os::owned_fd(p[0]);
+        stream.source = os::owned_fd(p[0]);
         stream.file = std::move(file);
         if (to_file) stream.file_path = (folder / file_names[i]).string();
         stream.console = console[i];
@@ -196,14 +252,11 @@ void group_logs::started() {
 
 namespace {
 
-// Writes `parts` in order, in as few writev calls as IOV_MAX allows; false
-// with errno set when the descriptor refuses them (EAGAIN on a
-// non-blocking console is waited out). Advances the parts as it goes.
-bool write_parts(int fd, std::span<iovec> parts) {
-  std::size_t first = 0;
-  while (first < parts.size()) {
-    const int count = static_cast<int>(std::min<std::size_t>(parts.size() - first, IOV_MAX));
-    const ssize_t n = ::writev(fd, &parts[first], count);
+// Writes `size` bytes of `data`; false with errno set when the descriptor
+// refuses them (EAGAIN on a non-blocking console is waited out).
+bool write_all(int fd, const char* data, std::size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN) return false;
@@ -211,79 +264,68 @@ bool write_parts(int fd, std::span<iovec> parts) {
       ::poll(&p, 1, -1);
       continue;
     }
-    // Past what was written; a part written in part keeps its rest.
-    auto left = static_cast<std::size_t>(n);
-    while (first < parts.size() && left >= parts[first].iov_len) left -= parts[first++].iov_len;
-    if (left > 0) {
-      parts[first].iov_base = static_cast<char*>(parts[first].iov_base) + left;
-      parts[first].iov_len -= left;
-    }
+    data += n;
+    size -= static_cast<std::size_t>(n);
   }
   return true;
 }
 
-bool write_all(int fd, const char* data, std::size_t size) {
-  iovec whole{const_cast<char*>(data), size};
-  return write_parts(fd, {&whole, 1});
+void add_error(group_logs::state& st, std::string message) {
+  std::lock_guard lock(st.errors_mutex);
+  st.errors.push_back(std::move(message));
 }
 
 // Writes what came in to the stream's file whole.
 void write_file(group_logs::state& st, log_stream& s, const char* data, std::size_t size) {
   if (s.file.get() >= 0 && !write_all(s.file.get(), data, size)) {
-    auto message = fmt::format("cohort: writing {} failed ({}); what the rank wrote after is not in it", s.file_path,
-                               std::strerror(errno));
+    add_error(st, fmt::format("cohort: writing {} failed ({}); what the rank wrote after is not in it", s.file_path,
+                              std::strerror(errno)));
     s.file.reset();
-    std::lock_guard lock(st.errors_mutex);
-    st.errors.push_back(std::move(message));
   }
 }
 
-// Writes the whole lines of what came in, prefixed, to the console
-// (gathered, not copied: one writev per run of lines). The rest of a line
-// waits in `pending`.
-void write_console(log_stream& s, const char* data, std::size_t size, std::vector<iovec>& parts) {
+// Writes the whole lines of what came in to the console, each behind the
+// prefix, in one write: they are copied into `lines` first. (Gathered as
+// an iovec for the prefix and one for each line, the kernel's walk over
+// the iovecs and the calls that IOV_MAX splits them into took more than
+// the copy.) The rest of a line waits in `pending`.
+void write_console(log_stream& s, const char* data, std::size_t size, std::string& lines) {
   if (s.console < 0) return;
-  parts.clear();
-  const auto add = [&](const char* p, std::size_t n) { parts.push_back({const_cast<char*>(p), n}); };
+  lines.clear();
   const char* end = data + size;
-  const char* newline = static_cast<const char*>(std::memchr(data, '\n', size));
-  const bool ends_pending = newline != nullptr && !s.pending.empty();
-  if (ends_pending) {  // the line begun in an earlier read
-    s.pending.append(data, newline + 1);
-    add(s.prefix.data(), s.prefix.size());
-    add(s.pending.data(), s.pending.size());
+  const auto next_newline = [&] { return static_cast<const char*>(std::memchr(data, '\n', static_cast<std::size_t>(end - data))); };
+  const char* newline = next_newline();
+  if (newline != nullptr && !s.pending.empty()) {  // the line begun in an earlier read
+    lines += s.prefix;
+    lines += s.pending;
+    lines.append(data, newline + 1);
+    s.pending.clear();
     data = newline + 1;
-    newline = static_cast<const char*>(std::memchr(data, '\n', static_cast<std::size_t>(end - data)));
+    newline = next_newline();
   }
   while (newline != nullptr) {
-    add(s.prefix.data(), s.prefix.size());
-    add(data, static_cast<std::size_t>(newline + 1 - data));
+    lines += s.prefix;
+    lines.append(data, newline + 1);
     data = newline + 1;
-    newline = static_cast<const char*>(std::memchr(data, '\n', static_cast<std::size_t>(end - data)));
+    newline = next_newline();
   }
-  if (!parts.empty()) {
-    std::lock_guard lock(console_mutex);
-    if (!write_parts(s.console, parts)) s.console = -1;  // the console is gone: files only from here
-  }
-  if (ends_pending) s.pending.clear();
   s.pending.append(data, end);
-  std::string pieces;
   while (s.pending.size() >= max_line) {  // a line too long to wait for: in pieces
-    pieces += s.prefix;
-    pieces.append(s.pending, 0, max_line);
-    pieces += '\n';
+    lines += s.prefix;
+    lines.append(s.pending, 0, max_line);
+    lines += '\n';
     s.pending.erase(0, max_line);
   }
-  if (!pieces.empty() && s.console >= 0) {
+  if (!lines.empty()) {
     std::lock_guard lock(console_mutex);
-    if (!write_all(s.console, pieces.data(), pieces.size())) s.console = -1;
+    if (!write_all(s.console, lines.data(), lines.size())) s.console = -1;  // the console is gone: files only from here
   }
 }
 
 // What came in goes to the console first: a file write can wait on the
 // disk, and the console is where someone is watching.
-void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t size, std::vector<iovec>& parts) {
-  write_console(s, data, size, parts);
+void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t size, std::string& lines) {
+  write_console(s, data, size, lines);
   write_file(st, s, data, size);
 }
 
@@ -299,11 +341,11 @@ void tell_busy(group_logs::state& st) noexcept {
 // Delivers what the pipe holds now, without waiting for more: reads until
 // one comes back short (the pipe was emptied). False once the stream has
 // ended (or cannot be read), true while it is open.
-bool read_available(group_logs::state& st, log_stream& s, char* buffer, std::vector<iovec>& parts) {
+bool read_available(group_logs::state& st, log_stream& s, char* buffer, std::string& lines) {
   for (;;) {
-    const ssize_t n = ::read(s.pipe.get(), buffer, read_size);
+    const ssize_t n = ::read(s.source.get(), buffer, read_size);
     if (n > 0) {
-      deliver(st, s, buffer, static_cast<std::size_t>(n), parts);
+      deliver(st, s, buffer, static_cast<std::size_t>(n), lines);
       if (static_cast<std::size_t>(n) >= s.full_read) tell_busy(st);
       if (static_cast<std::size_t>(n) < read_size) return true;
     } else if (n < 0 && errno == EINTR) {
@@ -314,18 +356,46 @@ bool read_available(group_logs::state& st, log_stream& s, char* buffer, std::vec
   }
 }
 
-// The end of a stream: what is left in the pipe, then the partial last
-// line, ended by a newline on the console.
-void finish_stream(group_logs::state& st, log_stream& s, char* buffer, std::vector<iovec>& parts) {
-  read_available(st, s, buffer, parts);
+// Delivers the next buffer of a followed file; whether it was full (the
+// file may hold more). A file that became shorter than what was read (a
+// rank cut its own log) is read again from its start.
+bool read_followed(group_logs::state& st, log_stream& s, char* buffer, std::string& lines) {
+  if (s.source.get() < 0 || s.console < 0) return false;  // a console that is gone needs nothing more
+  ssize_t n = ::pread(s.source.get(), buffer, read_size, s.read_to);
+  struct stat file {};
+  if (n == 0 && ::fstat(s.source.get(), &file) == 0 && file.st_size < s.read_to) {
+    s.read_to = 0;
+    n = ::pread(s.source.get(), buffer, read_size, 0);
+  }
+  if (n < 0) {
+    add_error(st, fmt::format("cohort: reading {} for the console failed ({}); what the rank wrote after is only in the file",
+                              s.file_path, std::strerror(errno)));
+    s.source.reset();
+    return false;
+  }
+  s.read_to += n;
+  write_console(s, buffer, static_cast<std::size_t>(n), lines);
+  if (static_cast<std::size_t>(n) >= s.full_read) tell_busy(st);
+  return static_cast<std::size_t>(n) == read_size;
+}
+
+// The partial last line of a stream, ended by a newline on the console;
+// then lets go of its descriptors.
+void end_stream(log_stream& s) {
   if (!s.pending.empty() && s.console >= 0) {
     const std::string out = s.prefix + s.pending + '\n';
     std::lock_guard lock(console_mutex);
     write_all(s.console, out.data(), out.size());
   }
   s.pending.clear();
-  s.pipe.reset();
+  s.source.reset();
   s.file.reset();
+}
+
+// The end of a piped stream: what is left in the pipe, then the rest.
+void finish_stream(group_logs::state& st, log_stream& s, char* buffer, std::string& lines) {
+  read_available(st, s, buffer, lines);
+  end_stream(s);
 }
 
 // Waits for data with a poll on the ring and reads it in this thread:
@@ -336,16 +406,89 @@ asio::awaitable<void> pump(std::shared_ptr<group_logs::state> state, std::size_t
   auto& st = *state;
   auto& s = st.streams[index];
   auto executor = co_await asio::this_coro::executor;
+  co_await asio::this_coro::throw_if_cancelled(false);  // a late signal must not throw past the end below
   auto buffer = std::make_unique<char[]>(read_size);
-  std::vector<iovec> parts;
-  for (bool open = true; open;) {
+  std::string lines;
+  for (bool open = true; open && !st.stop_pumps;) {
     std::error_code ec;
-    co_await uring::async_poll(executor, s.pipe.get(), POLLIN, asio::redirect_error(asio::use_awaitable, ec));
+    co_await uring::async_poll(executor, s.source.get(), POLLIN, asio::redirect_error(asio::use_awaitable, ec));
     if (ec == std::errc::interrupted) continue;
     if (ec) break;
-    open = read_available(st, s, buffer.get(), parts);
+    open = read_available(st, s, buffer.get(), lines);
   }
-  finish_stream(st, s, buffer.get(), parts);
+  finish_stream(st, s, buffer.get(), lines);
+  if (--st.running == 0) asio::post(group_strand, [state] { state->all_done->cancel(); });
+}
+
+// Marks in `changed` the followed streams whose files inotify says were
+// written; all of them when its queue overflowed.
+void take_changes(group_logs::state& st, std::vector<char>& changed) {
+  alignas(inotify_event) char events[4096];
+  for (;;) {
+    const ssize_t n = ::read(st.inotify.get(), events, sizeof events);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // EAGAIN: every event taken
+    for (const char* at = events; at < events + n;) {
+      const auto* event = reinterpret_cast<const inotify_event*>(at);
+      if ((event->mask & IN_Q_OVERFLOW) != 0) std::fill(changed.begin(), changed.end(), 1);
+      const auto [first, last] = st.watched.equal_range(event->wd);
+      for (auto it = first; it != last; ++it) changed[it->second] = 1;
+      at += sizeof(inotify_event) + event->len;
+    }
+  }
+}
+
+// Wakes the follower of stream `index` on its strand.
+void kick(const std::shared_ptr<group_logs::state>& state, std::size_t index) {
+  asio::post(state->strands[index], [state, index] {
+    auto& s = state->streams[index];
+    s.kicked = true;
+    s.wake->cancel();
+  });
+}
+
+// Follows one file: reads what it gained whenever the watcher says it was
+// written, a buffer at a time with the other streams' turns between; once
+// stopped (every rank has ended), reads it to its end.
+asio::awaitable<void> follow(std::shared_ptr<group_logs::state> state, std::size_t index, asio::any_io_executor group_strand) {
+  auto& st = *state;
+  auto& s = st.streams[index];
+  auto executor = co_await asio::this_coro::executor;
+  co_await asio::this_coro::throw_if_cancelled(false);  // a late signal must not throw past the end below
+  auto buffer = std::make_unique<char[]>(read_size);
+  std::string lines;
+  for (;;) {
+    s.kicked = false;
+    const bool last = st.stop_follower;  // taken before the reads: they then see all the ranks wrote
+    while (read_followed(st, s, buffer.get(), lines)) co_await asio::post(executor, asio::use_awaitable);
+    if (last) break;
+    if (!s.kicked) {
+      std::error_code ec;
+      co_await s.wake->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+  }
+  end_stream(s);
+  if (--st.running == 0) asio::post(group_strand, [state] { state->all_done->cancel(); });
+}
+
+// The watcher of the followed files: wakes the follower of each file
+// inotify says was written, until stopped.
+asio::awaitable<void> watch_files(std::shared_ptr<group_logs::state> state, asio::any_io_executor group_strand) {
+  auto& st = *state;
+  auto executor = co_await asio::this_coro::executor;
+  co_await asio::this_coro::throw_if_cancelled(false);
+  std::vector<char> changed(st.streams.size(), 0);
+  while (!st.stop_follower) {
+    std::error_code ec;
+    co_await uring::async_poll(executor, st.inotify.get(), POLLIN, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec == std::errc::interrupted) continue;
+    if (ec) break;
+    take_changes(st, changed);
+    for (std::size_t i = 0; i < changed.size(); ++i) {
+      if (changed[i] != 0 && st.streams[i].followed) kick(state, i);
+      changed[i] = 0;
+    }
+  }
   if (--st.running == 0) asio::post(group_strand, [state] { state->all_done->cancel(); });
 }
 
@@ -354,23 +497,47 @@ asio::awaitable<void> pump(std::shared_ptr<group_logs::state> state, std::size_t
 void group_logs::start(const asio::any_io_executor& io, const asio::any_io_executor& group_strand) {
   auto& st = *state_;
   st.all_done.emplace(group_strand, std::chrono::steady_clock::time_point::max());
-  st.running = static_cast<int>(st.streams.size());
-  for (std::size_t i = 0; i < st.streams.size(); ++i) {
-    ::fcntl(st.streams[i].pipe.get(), F_SETFL, ::fcntl(st.streams[i].pipe.get(), F_GETFL) | O_NONBLOCK);
-    auto& strand = st.strands.emplace_back(asio::make_strand(io));
-    auto& cancel = *st.cancels.emplace_back(std::make_unique<asio::cancellation_signal>());
-    asio::co_spawn(strand, pump(state_, i, group_strand), asio::bind_cancellation_slot(cancel.slot(), asio::detached));
+  st.following = !st.watched.empty();
+  st.running = static_cast<int>(st.streams.size()) + (st.following ? 1 : 0);
+  // Stream i's coroutine runs on strand i; the watcher, when there is one,
+  // on the last.
+  for (std::size_t i = 0; i < st.streams.size() + (st.following ? 1 : 0); ++i) {
+    st.strands.emplace_back(asio::make_strand(io));
+    st.cancels.emplace_back(std::make_unique<asio::cancellation_signal>());
   }
+  const auto spawn = [&](std::size_t i, asio::awaitable<void> coroutine) {
+    asio::co_spawn(st.strands[i], std::move(coroutine), asio::bind_cancellation_slot(st.cancels[i]->slot(), asio::detached));
+  };
+  for (std::size_t i = 0; i < st.streams.size(); ++i) {
+    auto& s = st.streams[i];
+    if (s.followed) {
+      s.wake = std::make_unique<asio::steady_timer>(st.strands[i], std::chrono::steady_clock::time_point::max());
+      spawn(i, follow(state_, i, group_strand));
+    } else {
+      ::fcntl(s.source.get(), F_SETFL, ::fcntl(s.source.get(), F_GETFL) | O_NONBLOCK);
+      spawn(i, pump(state_, i, group_strand));
+    }
+  }
+  if (st.following) spawn(st.streams.size(), watch_files(state_, group_strand));
 }
 
 asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
   auto& st = *state_;
+  if (st.following) {  // the files hold all the ranks wrote: read them to their ends
+    st.stop_follower = true;
+    for (std::size_t i = 0; i < st.streams.size(); ++i) {
+      if (st.streams[i].followed) kick(state_, i);
+    }
+    const auto last = st.cancels.size() - 1;
+    asio::post(st.strands[last], [state = state_, last] { state->cancels[last]->emit(asio::cancellation_type::terminal); });
+  }
   if (st.running > 0) {
     std::error_code ec;
     st.all_done->expires_after(limit);
     co_await st.all_done->async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
   if (st.running > 0) {  // a writer outlived the run: take what is there and stop
+    st.stop_pumps = true;
     for (std::size_t i = 0; i < st.cancels.size(); ++i) {
       asio::post(st.strands[i], [state = state_, i] { state->cancels[i]->emit(asio::cancellation_type::terminal); });
     }

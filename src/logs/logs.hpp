@@ -1,6 +1,6 @@
 // The ranks' logs of one group: their files, and the pumps that carry
-// teed and prefixed streams from the ranks' pipes to the files and the
-// console.
+// teed and prefixed streams to the console: from the log file the rank
+// writes, followed as it grows, or from a pipe.
 #pragma once
 
 #include "cohort/logs.hpp"
@@ -9,6 +9,9 @@
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
+#include <asio/steady_timer.hpp>
+
+#include <sys/types.h>
 
 #include <chrono>
 #include <memory>
@@ -18,17 +21,25 @@
 
 namespace cohort::detail {
 
-/// One stream of one rank that passes through this process.
+/// One stream of one rank that reaches the console through this process.
 struct log_stream {
-  os::owned_fd pipe;     ///< the read end
-  os::owned_fd file;     ///< its log file, or none
+  /// What is read: the rank's log file, which the rank writes itself
+  /// (`followed`), or the read end of the rank's pipe.
+  os::owned_fd source;
+  bool followed = false;
+  off_t read_to = 0;      ///< followed: how far the file has been read
+  /// Followed: cancelled when the file was written (on the stream's
+  /// strand, with `kicked` set, which says so when no wait was pending).
+  std::unique_ptr<asio::steady_timer> wake;
+  bool kicked = false;
+  os::owned_fd file;     ///< a pipe's log file, written here, or none
   std::string file_path;  ///< for messages
   int console = -1;  ///< where its lines go, or -1
   std::string prefix;
   std::string pending;  ///< the start of a line whose newline has not come yet
-  /// A read this long took all the pipe held at its fullest: the smaller
-  /// of the read's buffer and the pipe's size (which stays smaller when
-  /// the system refuses to grow it).
+  /// A read this long took all the source held at its fullest: the
+  /// smaller of the read's buffer and the pipe's size (which stays smaller
+  /// when the system refuses to grow it); the buffer for a followed file.
   std::size_t full_read = 0;
 };
 

@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -101,6 +102,32 @@ TEST_CASE("redirect and tee: the files hold the exact bytes, the console whole p
   CHECK(std::multiset<std::string>(console.begin(), console.end()) == expected);
   CHECK(out.text().back() == '\n');  // the partial last line is ended on the console
   CHECK(err.text().empty());          // redirected only: not on the console
+}
+
+TEST_CASE("a stream teed to a plain file is that file in the rank, and the console follows it") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  // Each rank prints the device and inode of its own stdout, then a line
+  // without its newline just before it exits.
+  auto spec = shell_ranks(2, "stat -L -c '%d:%i' /proc/self/fd/1; printf 'bye %s' $R");
+  spec.logs.dir = dir.path;
+  spec.logs.tee = std_streams::out;
+  spec.logs.console_out = out.fd;
+  const auto r = run_group(spec);
+  REQUIRE(r.ok());
+  CHECK(r.log_errors.empty());
+  std::multiset<std::string> expected;
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto file = dir.path / "none" / "attempt_0" / std::to_string(rank) / "stdout.log";
+    struct stat st {};
+    REQUIRE(::stat(file.c_str(), &st) == 0);
+    const auto id = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+    CHECK(test::read_file(file) == id + "\nbye " + std::to_string(rank));
+    expected.insert("[worker" + std::to_string(rank) + "]:" + id);
+    expected.insert("[worker" + std::to_string(rank) + "]:bye " + std::to_string(rank));
+  }
+  const auto console = lines_of(out.text());
+  CHECK(std::multiset<std::string>(console.begin(), console.end()) == expected);
 }
 
 TEST_CASE("the prefix template names the role, the global rank and the local rank") {
