@@ -1,22 +1,28 @@
 // The ranks' logs through the launcher: throughput of 4 ranks writing to
 // teed and redirected stdout, and how long a line takes from a rank's write
-// to the launcher's stdout. Each round runs the same writers with their
-// stdout on files (no launcher: the bound), with their stdout on pipes to a
-// minimal pump in this process (a thread per pipe: read, prefixed lines to
-// /dev/null, the whole read to a file: the bound for any teeing launcher,
-// whose bytes pass through a pipe), with their stdout on pipes spliced to
-// the files in the kernel (no console at all: the floor of any pump, which
-// shows what the pipe's second copy costs), cohort-run with the streams
-// teed (its pump writes the files and the console, on /dev/null), cohort-run
-// with the streams redirected (the ranks write the files themselves: the
-// launcher only starts and reaps them), and torchrun teed (Debian's torch
-// 1.13, with the same mend as launcher_exit) where /usr/bin/python3 (or
-// $COHORT_BENCH_PYTHON) imports torch. A launcher's rate counts from its
-// start to its exit; ratios to the writers on files are taken per round.
-// The console latency of cohort-run's teed lines is measured in rounds
-// that alternate with the same ranks on pipes to the minimal pump, whose
-// console is a pipe read the same way: the floor this machine gives any
-// teeing launcher at the time.
+// to the launcher's stdout. Each round runs the same writers
+// - with their stdout on files (no launcher: the bound);
+// - on files, each followed by a minimal follower in this process (a
+//   thread per file: inotify, pread, prefixed lines to /dev/null): the
+//   bound for a teeing launcher whose ranks write their own files, as
+//   cohort-run's do;
+// - on pipes to a minimal pump (a thread per pipe: read, prefixed lines
+//   to /dev/null, the whole read to a file): the bound for a tee whose
+//   bytes pass through a pipe;
+// - on pipes spliced to the files in the kernel (no console at all: the
+//   floor of any pump, which shows what the pipe's second copy costs);
+// - under cohort-run with the streams teed (the ranks write the files, it
+//   follows them to the console, on /dev/null), and redirected (the ranks
+//   write the files: the launcher only starts and reaps them);
+// - under torchrun teed (Debian's torch 1.13, with the same mend as
+//   launcher_exit) where /usr/bin/python3 (or $COHORT_BENCH_PYTHON)
+//   imports torch.
+// A launcher's rate counts from its start to its exit; ratios to the
+// writers on files are taken per round. The console latency of
+// cohort-run's teed lines is measured in rounds that alternate with the
+// same ranks on pipes to the minimal pump, whose console is a pipe read
+// the same way: the floor this machine gives any teeing launcher at the
+// time.
 //
 //   log_pump [megabytes per rank] [rounds]     (default 256 and 3; files in $TMPDIR)
 //   log_pump --write <megabytes>               (a writer rank: 100-byte lines)
@@ -28,7 +34,10 @@
 
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <spawn.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -210,14 +219,109 @@ void splice_pump(int pipe, int file, int) {
   }
 }
 
-// MB/s of the writers with stdout on pipes, pumped by `pump`, from
-// the first start until the last writer is reaped; or why it failed. Its writers
-// are reaped and its files removed either way.
+// The rate of a bound's run, or why it failed.
 struct pump_outcome {
   double rate = 0;
   std::string failure;
 };
 
+// The minimal follower of one log file that a writer writes itself: reads
+// what the file gains (pread, 256 KiB at a time) whenever inotify says it
+// was written, its whole lines behind a prefix copied into one buffer and
+// written to `console` (partial lines are not carried over); once `done`
+// is readable, reads the file to its end. The bound for a teeing launcher
+// whose ranks write their own log files.
+void minimal_follower(const std::string& path, int done, int console) {
+  const int file = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int watch = ::inotify_init1(IN_CLOEXEC);
+  struct closer {
+    int a, b;
+    ~closer() {
+      if (a >= 0) ::close(a);
+      if (b >= 0) ::close(b);
+    }
+  } close_both{file, watch};
+  if (file < 0 || watch < 0 || ::inotify_add_watch(watch, path.c_str(), IN_MODIFY) < 0) {
+    throw std::runtime_error(fmt::format("minimal follower: {}", std::strerror(errno)));
+  }
+  constexpr std::size_t size = 256 * 1024;
+  auto buffer = std::make_unique_for_overwrite<char[]>(size);
+  const std::string prefix = "[worker0]:";
+  std::string lines;
+  off_t at = 0;
+  for (bool last = false;;) {
+    for (;;) {
+      const ssize_t n = ::pread(file, buffer.get(), size, at);
+      if (n < 0) throw std::runtime_error(fmt::format("minimal follower: pread: {}", std::strerror(errno)));
+      if (n == 0) break;
+      at += n;
+      lines.clear();
+      const char* from = buffer.get();
+      const char* end = from + n;
+      while (const char* newline = static_cast<const char*>(std::memchr(from, '\n', static_cast<std::size_t>(end - from)))) {
+        lines += prefix;
+        lines.append(from, newline + 1);
+        from = newline + 1;
+      }
+      if (!write_all(console, lines.data(), lines.size())) throw std::runtime_error("minimal follower: write to its console");
+    }
+    if (last) return;
+    pollfd waits[2] = {{watch, POLLIN, 0}, {done, POLLIN, 0}};
+    if (::poll(waits, 2, -1) < 0 && errno != EINTR) throw std::runtime_error("minimal follower: poll");
+    if ((waits[0].revents & POLLIN) != 0) {
+      char events[4096];
+      [[maybe_unused]] const auto taken = ::read(watch, events, sizeof events);
+    }
+    last = (waits[1].revents & POLLIN) != 0;
+  }
+}
+
+// MB/s of the writers with stdout on their files, each followed by a
+// minimal follower, from the first start until the last writer is reaped
+// and its file read to the end; or why it failed. Its writers are reaped
+// and its files removed either way.
+pump_outcome follower_throughput(const std::string& self, const fs::path& dir, long megabytes) {
+  const int console = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  const int done = ::eventfd(0, EFD_CLOEXEC);
+  const auto began = clock::now();
+  std::vector<pid_t> pids;
+  std::vector<std::string> failed(ranks);
+  pump_outcome outcome;
+  {
+    std::vector<std::jthread> followers;
+    for (int r = 0; r < ranks; ++r) {
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      const std::string path = (dir / fmt::format("followed-{}.log", r)).string();
+      pids.push_back(start({self, "--write", std::to_string(megabytes)}, path).pid);
+      followers.emplace_back([&, path, r] {
+        try {
+          minimal_follower(path, done, console);
+        } catch (const std::exception& e) {
+          failed[r] = e.what();
+        }
+      });
+    }
+    for (pid_t pid : pids) {
+      const int rc = finish(pid);
+      if (rc != 0 && outcome.failure.empty()) outcome.failure = fmt::format("a writer exited with {}", rc);
+    }
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const auto told = ::write(done, &one, sizeof one);
+  }
+  const double seconds = cohort::bench::seconds_since(began);
+  for (int r = 0; r < ranks; ++r) {
+    if (!failed[r].empty()) outcome.failure = failed[r];
+    fs::remove(dir / fmt::format("followed-{}.log", r));
+  }
+  ::close(done);
+  ::close(console);
+  if (outcome.failure.empty()) outcome.rate = mb_per_second(megabytes, seconds);
+  return outcome;
+}
+
+// MB/s of the writers with stdout on pipes, pumped by `pump`, from
+// the first start until the last writer is reaped; or why it failed. Its writers
+// are reaped and its files removed either way.
 pump_outcome pump_throughput(void (*pump)(int, int, int), const std::string& self, const fs::path& dir, long megabytes) {
   const int console = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
   const auto began = clock::now();
@@ -446,8 +550,8 @@ int main(int argc, char** argv) {
              ranks, megabytes, rounds);
   fmt::print("  {:<58} {:>25}  {:>25}\n", "", "", "vs writers on files");
   const std::vector<std::string> teed_flags{"-r", "3", "-t", "3"};
-  std::vector<double> bare, minimal, spliced, teed, redirected, torch_teed;
-  std::string minimal_failure, splice_failure;
+  std::vector<double> bare, followed, minimal, spliced, teed, redirected, torch_teed;
+  std::string follower_failure, minimal_failure, splice_failure;
   for (int i = 0; i < rounds; ++i) {
     const auto files = [&] { bare.push_back(bare_throughput(self, dir, megabytes)); };
     const auto pumped = [&] { teed.push_back(launcher_throughput(cohort_args(teed_flags, writer), dir / "cohort", megabytes)); };
@@ -459,17 +563,27 @@ int main(int argc, char** argv) {
       if (outcome.failure.empty()) rates.push_back(outcome.rate);
       else failure = outcome.failure;
     };
+    if (follower_failure.empty()) {
+      const auto outcome = follower_throughput(self, dir, megabytes);
+      if (outcome.failure.empty()) followed.push_back(outcome.rate);
+      else follower_failure = outcome.failure;
+    }
     bound(minimal_pump, minimal, minimal_failure);
     bound(splice_pump, spliced, splice_failure);
     redirected.push_back(launcher_throughput(cohort_args({"-r", "3"}, writer), dir / "cohort", megabytes));
     if (python) torch_teed.push_back(launcher_throughput(torch_args(teed_flags, writer), dir / "torch", megabytes));
   }
   print_throughput("4 writers, stdout on files, no launcher", bare, nullptr);
-  print_throughput("cohort-run -r 3 -t 3 (the pump writes files and console)", teed, &bare);
+  print_throughput("cohort-run -r 3 -t 3 (ranks write files, it follows them)", teed, &bare);
+  if (follower_failure.empty()) {
+    print_throughput("4 writers on files, a minimal follower each (the bound)", followed, &bare);
+    fmt::print("  cohort-run -r 3 -t 3 moves {}x what the minimal followers do, round by round\n",
+               spread(per_round(teed, followed), "{:.2f}"));
+  } else {
+    fmt::print("  4 writers on files, a minimal follower each: failed: {}\n", follower_failure);
+  }
   if (minimal_failure.empty()) {
-    print_throughput("4 writers on pipes to a minimal pump (the bound for a tee)", minimal, &bare);
-    fmt::print("  cohort-run -r 3 -t 3 moves {}x what the minimal pump does, round by round\n",
-               spread(per_round(teed, minimal), "{:.2f}"));
+    print_throughput("4 writers on pipes to a minimal pump (a tee through pipes)", minimal, &bare);
   } else {
     fmt::print("  4 writers on pipes to a minimal pump: failed: {}\n", minimal_failure);
   }
