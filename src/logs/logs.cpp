@@ -1,11 +1,11 @@
-// Per-rank log files and the pumps that carry streams to the console. A
-// stream that goes to a plain file is the file itself in the rank; when it
-// is teed, one follower per group reads what the files gain, woken by
-// inotify, and writes it line by line, prefixed, to the console, so the
-// files' bytes never pass through this process. Any other stream that
-// reaches the console (to no file, or to a file that is not a plain one) is
-// a pipe, read as data arrives, written whole to the file and line by line
-// to the console.
+// Per-rank log files and what carries streams to the console. A stream
+// that goes to a plain file is the file itself in the rank; when it is
+// teed, its follower reads what the file gains, woken through the group's
+// inotify watcher, and writes it line by line, prefixed, to the console,
+// so the files' bytes never pass through this process. Any other stream
+// that reaches the console (to no file, or to a file that is not a plain
+// one) is a pipe, pumped as data arrives: whole to the file and line by
+// line to the console.
 #include "logs/logs.hpp"
 
 #include "uring/poll.hpp"
@@ -102,18 +102,18 @@ struct group_logs::state {
   std::vector<rank_ends> ranks;
   std::mutex errors_mutex;  // pumps run on strands of their own
   std::vector<std::string> errors;
-  // Per pump, then the follower when there is one: its strand, and the
-  // signal that stops it (emitted there).
+  // Per stream, then the watcher when any stream is followed: the strand
+  // its coroutine runs on, and the signal that stops it (emitted there).
   std::vector<asio::strand<asio::any_io_executor>> strands;
   std::vector<std::unique_ptr<asio::cancellation_signal>> cancels;
   std::optional<asio::steady_timer> all_done;  // on the group's strand: cancelled when the last pump ends
   std::atomic<int> running = 0;
-  bool following = false;  // some streams are followed: the last strand and signal are the watcher's
-  // Set before a pump's or the follower's signal is emitted. A signal
+  // Set before the coroutines are told to stop (the followers and the
+  // watcher at the start of drain(), the pumps after its limit). A signal
   // emitted after the wait it was meant for completed, before the
-  // coroutine resumed, cancels nothing: the coroutine sees this flag before
+  // coroutine resumed, cancels nothing: the coroutine sees its flag before
   // it waits again.
-  std::atomic<bool> stop_follower = false, stop_pumps = false;  // stop_follower: the followers and the watcher
+  std::atomic<bool> stop_followers = false, stop_pumps = false;
   std::function<void()> on_busy;  // logs_spec::on_busy
   std::atomic<bool> told_busy = false;
 };
@@ -125,7 +125,7 @@ namespace {
 // None where the file is not a plain file (a device or a pipe cannot be
 // read back) or inotify refuses (too many instances or watches): the
 // stream then goes through a pipe.
-std::optional<os::owned_fd> follow(group_logs::state& s, const std::filesystem::path& path, int written, std::size_t index) {
+std::optional<os::owned_fd> watch_log(group_logs::state& s, const std::filesystem::path& path, int written, std::size_t index) {
   struct stat file {};
   if (::fstat(written, &file) != 0 || !S_ISREG(file.st_mode)) return std::nullopt;
   if (s.inotify.get() < 0 && !s.inotify_refused) {
@@ -202,16 +202,21 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
       const bool to_console = shown && (!has(redirect, which[i]) || has(tee, which[i]));
       std::optional<stdio>& target = i == 0 ? ends.out : ends.err;
       os::owned_fd file = to_file ? open_log(folder / file_names[i]) : os::owned_fd();
-      std::optional<os::owned_fd> reader;
-      if (to_console && to_file) reader = follow(s, folder / file_names[i], file.get(), s.streams.size());
-      if (reader) {
+      // A stream of this rank that reaches the console through this process.
+      const auto add_stream = [&]() -> log_stream& {
         auto& stream = s.streams.emplace_back();
+        if (to_file) stream.file_path = (folder / file_names[i]).string();
+        stream.console = console[i];
+        stream.prefix = expand_prefix(spec.prefix, role, spec.first_rank + rank, rank);
+        return stream;
+      };
+      std::optional<os::owned_fd> reader;
+      if (to_console && to_file) reader = watch_log(s, folder / file_names[i], file.get(), s.streams.size());
+      if (reader) {
+        auto& stream = add_stream();
         stream.source = std::move(*reader);
         stream.followed = true;
         stream.full_read = read_size;
-        stream.file_path = (folder / file_names[i]).string();
-        stream.console = console[i];
-        stream.prefix = expand_prefix(spec.prefix, role, spec.first_rank + rank, rank);
         target = stdio::fd(file.get());
         ends.held.push_back(std::move(file));
       } else if (to_console && (to_file || spec.prefix_all)) {
@@ -221,13 +226,10 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
         // it set; where it is refused, the pipe keeps the size it has.
         int size = ::fcntl(p[0], F_SETPIPE_SZ, pipe_size);
         if (size < 0) size = ::fcntl(p[0], F_GETPIPE_SZ);
-        auto& stream = s.streams.emplace_back();
+        auto& stream = add_stream();
         stream.full_read = size > 0 ? std::min(read_size, static_cast<std::size_t>(size)) : read_size;
         stream.source = os::owned_fd(p[0]);
         stream.file = std::move(file);
-        if (to_file) stream.file_path = (folder / file_names[i]).string();
-        stream.console = console[i];
-        stream.prefix = expand_prefix(spec.prefix, role, spec.first_rank + rank, rank);
         target = stdio::fd(p[1]);
         ends.held.emplace_back(p[1]);
       } else if (to_file) {
@@ -398,6 +400,11 @@ void finish_stream(group_logs::state& st, log_stream& s, char* buffer, std::stri
   end_stream(s);
 }
 
+// A pump, follower or watcher has ended; the last one tells drain().
+void ended(const std::shared_ptr<group_logs::state>& state, const asio::any_io_executor& group_strand) {
+  if (--state->running == 0) asio::post(group_strand, [state] { state->all_done->cancel(); });
+}
+
 // Waits for data with a poll on the ring and reads it in this thread:
 // io_uring would copy it inside the submission, under the ring's lock,
 // one stream at a time; this way the pumps of several streams copy on as
@@ -417,7 +424,7 @@ asio::awaitable<void> pump(std::shared_ptr<group_logs::state> state, std::size_t
     open = read_available(st, s, buffer.get(), lines);
   }
   finish_stream(st, s, buffer.get(), lines);
-  if (--st.running == 0) asio::post(group_strand, [state] { state->all_done->cancel(); });
+  ended(state, group_strand);
 }
 
 // Marks in `changed` the followed streams whose files inotify says were
@@ -459,7 +466,7 @@ asio::awaitable<void> follow(std::shared_ptr<group_logs::state> state, std::size
   std::string lines;
   for (;;) {
     s.kicked = false;
-    const bool last = st.stop_follower;  // taken before the reads: they then see all the ranks wrote
+    const bool last = st.stop_followers;  // taken before the reads: they then see all the ranks wrote
     while (read_followed(st, s, buffer.get(), lines)) co_await asio::post(executor, asio::use_awaitable);
     if (last) break;
     if (!s.kicked) {
@@ -468,7 +475,7 @@ asio::awaitable<void> follow(std::shared_ptr<group_logs::state> state, std::size
     }
   }
   end_stream(s);
-  if (--st.running == 0) asio::post(group_strand, [state] { state->all_done->cancel(); });
+  ended(state, group_strand);
 }
 
 // The watcher of the followed files: wakes the follower of each file
@@ -478,7 +485,7 @@ asio::awaitable<void> watch_files(std::shared_ptr<group_logs::state> state, asio
   auto executor = co_await asio::this_coro::executor;
   co_await asio::this_coro::throw_if_cancelled(false);
   std::vector<char> changed(st.streams.size(), 0);
-  while (!st.stop_follower) {
+  while (!st.stop_followers) {
     std::error_code ec;
     co_await uring::async_poll(executor, st.inotify.get(), POLLIN, asio::redirect_error(asio::use_awaitable, ec));
     if (ec == std::errc::interrupted) continue;
@@ -489,7 +496,7 @@ asio::awaitable<void> watch_files(std::shared_ptr<group_logs::state> state, asio
       changed[i] = 0;
     }
   }
-  if (--st.running == 0) asio::post(group_strand, [state] { state->all_done->cancel(); });
+  ended(state, group_strand);
 }
 
 }  // namespace
@@ -497,11 +504,9 @@ asio::awaitable<void> watch_files(std::shared_ptr<group_logs::state> state, asio
 void group_logs::start(const asio::any_io_executor& io, const asio::any_io_executor& group_strand) {
   auto& st = *state_;
   st.all_done.emplace(group_strand, std::chrono::steady_clock::time_point::max());
-  st.following = !st.watched.empty();
-  st.running = static_cast<int>(st.streams.size()) + (st.following ? 1 : 0);
-  // Stream i's coroutine runs on strand i; the watcher, when there is one,
-  // on the last.
-  for (std::size_t i = 0; i < st.streams.size() + (st.following ? 1 : 0); ++i) {
+  const std::size_t coroutines = st.streams.size() + (st.watched.empty() ? 0 : 1);  // the watcher last
+  st.running = static_cast<int>(coroutines);
+  for (std::size_t i = 0; i < coroutines; ++i) {
     st.strands.emplace_back(asio::make_strand(io));
     st.cancels.emplace_back(std::make_unique<asio::cancellation_signal>());
   }
@@ -518,13 +523,13 @@ void group_logs::start(const asio::any_io_executor& io, const asio::any_io_execu
       spawn(i, pump(state_, i, group_strand));
     }
   }
-  if (st.following) spawn(st.streams.size(), watch_files(state_, group_strand));
+  if (!st.watched.empty()) spawn(st.streams.size(), watch_files(state_, group_strand));
 }
 
 asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
   auto& st = *state_;
-  if (st.following) {  // the files hold all the ranks wrote: read them to their ends
-    st.stop_follower = true;
+  if (!st.watched.empty()) {  // the files hold all the ranks wrote: read them to their ends
+    st.stop_followers = true;
     for (std::size_t i = 0; i < st.streams.size(); ++i) {
       if (st.streams[i].followed) kick(state_, i);
     }
