@@ -414,7 +414,7 @@ asio::awaitable<void> pump(std::shared_ptr<group_logs::state> state, std::size_t
   auto& s = st.streams[index];
   auto executor = co_await asio::this_coro::executor;
   co_await asio::this_coro::throw_if_cancelled(false);  // a late signal must not throw past the end below
-  auto buffer = std::make_unique<char[]>(read_size);
+  auto buffer = std::make_unique_for_overwrite<char[]>(read_size);  // pages touched only as reads fill them
   std::string lines;
   for (bool open = true; open && !st.stop_pumps;) {
     std::error_code ec;
@@ -462,7 +462,7 @@ asio::awaitable<void> follow(std::shared_ptr<group_logs::state> state, std::size
   auto& s = st.streams[index];
   auto executor = co_await asio::this_coro::executor;
   co_await asio::this_coro::throw_if_cancelled(false);  // a late signal must not throw past the end below
-  auto buffer = std::make_unique<char[]>(read_size);
+  auto buffer = std::make_unique_for_overwrite<char[]>(read_size);  // pages touched only as reads fill them
   std::string lines;
   for (;;) {
     s.kicked = false;
