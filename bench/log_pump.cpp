@@ -289,6 +289,15 @@ pump_outcome follower_throughput(const std::string& self, const fs::path& dir, l
   pump_outcome outcome;
   {
     std::vector<std::jthread> followers;
+    // Tells the followers to read to the end and stop, before they are
+    // joined, also when a writer cannot be started.
+    struct end_followers {
+      int done;
+      ~end_followers() {
+        const std::uint64_t one = 1;
+        [[maybe_unused]] const auto told = ::write(done, &one, sizeof one);
+      }
+    } end{done};
     for (int r = 0; r < ranks; ++r) {
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       const std::string path = (dir / fmt::format("followed-{}.log", r)).string();
@@ -305,8 +314,6 @@ pump_outcome follower_throughput(const std::string& self, const fs::path& dir, l
       const int rc = finish(pid);
       if (rc != 0 && outcome.failure.empty()) outcome.failure = fmt::format("a writer exited with {}", rc);
     }
-    const std::uint64_t one = 1;
-    [[maybe_unused]] const auto told = ::write(done, &one, sizeof one);
   }
   const double seconds = cohort::bench::seconds_since(began);
   for (int r = 0; r < ranks; ++r) {
