@@ -627,8 +627,8 @@ int run(run_options o, run_record& record) {
     fmt::print(stderr, "cohort-run: {}\n", e.what());
     return e.exit_code;
   }
-  // Before any thread: what the workers start dies with cohort-run, also
-  // when it is killed with SIGKILL.
+  // First: what the workers start dies with cohort-run, also when it is
+  // killed with SIGKILL.
   cohort::guardian guard;
   const int code = run_attempts(o, record, command);
   // Every attempt's group has ended and swept what it started: nothing is

@@ -6,22 +6,35 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
+
 COHORT_API_BEGIN
 
 namespace cohort {
 
-/// A small process, forked from this one, that waits for this process to
+/// A small process, started from this one, that waits for this process to
 /// end and then kills every process carrying the marker of one of its
 /// groups (COHORT_GROUP_<this pid>_..., in the environment each rank and
 /// each program it runs starts with), until none is left. The ranks
 /// themselves die by their parent-death signal; the guardian reaches what
 /// they started, `setsid` grandchildren included, when this process could
-/// not: killed with SIGKILL. It ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT,
-/// so a Ctrl-C meant for this process leaves it to do its work.
+/// not: killed with SIGKILL. It ignores every signal but SIGKILL and
+/// SIGSTOP (and the faults of its own code), so a Ctrl-C meant for this
+/// process, or any signal sent to its process group, leaves it to do its
+/// work; no handler of this process's ever runs in it.
 ///
-/// Start it early in main, before other threads (it forks). Destroying the
-/// object lets the guardian look once more and reaps it; after release(),
-/// it ends without looking.
+/// On Linux 5.16 and later, on x86-64 and AArch64, the guardian shares this
+/// process's memory (a clone with CLONE_VM, running on a stack of its own
+/// and making only raw system calls), so starting it copies nothing;
+/// elsewhere it is a copy, as a fork is. Either way it runs none of this
+/// process's code but its own, so it may be started at any time, other
+/// threads running or not. Sharing memory, it shares this process's fate
+/// under the OOM killer, which ends every process of the memory it frees:
+/// were this process chosen, the ranks would still end by their
+/// parent-death signal, but what they started would be left.
+///
+/// Destroying the object lets the guardian look once more and reaps it;
+/// after release(), it ends without looking.
 class guardian {
  public:
   guardian();
@@ -43,6 +56,8 @@ class guardian {
 
   pid_t pid_ = -1;
   int line_ = -1;  // its end of the socket pair: closed when this process ends
+  void* memory_ = nullptr;  // the guardian's stack and what it reads, freed once it has ended
+  std::size_t memory_size_ = 0;
 };
 
 }  // namespace cohort

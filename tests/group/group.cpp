@@ -28,13 +28,19 @@
 #include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -59,6 +65,48 @@ pid_t first_line_pid(const fs::path& file) {
   pid_t pid = 0;
   in >> pid;
   return pid;
+}
+
+// A process carrying the marker of a group of this process, as a rank's
+// setsid grandchild would: sleep 30 with COHORT_GROUP_<this pid>_0=1.
+pid_t marked_sleeper() {
+  const std::string marker = cohort::detail::group_marker_prefix(::getpid()) + "0=1";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    char* argv[] = {const_cast<char*>("sleep"), const_cast<char*>("30"), nullptr};
+    char* envp[] = {const_cast<char*>(marker.c_str()), nullptr};
+    ::execve("/bin/sleep", argv, envp);
+    ::_exit(127);
+  }
+  // Until its environment is the marked one (exec done).
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!cohort::detail::environment_holds(pid, marker) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(1ms);
+  }
+  REQUIRE(cohort::detail::environment_holds(pid, marker));
+  return pid;
+}
+
+// waitpid's status of child `pid`, or -1 when it has not ended (WNOHANG).
+int exit_of(pid_t pid, int options) {
+  int status = 0;
+  return ::waitpid(pid, &status, options) == pid ? status : -1;
+}
+
+// Whether child `pid` ends by SIGKILL within 10 s. Reaped either way (killed
+// here when it outlives the wait).
+bool killed_soon(pid_t pid) {
+  int status = -1;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while ((status = exit_of(pid, WNOHANG)) == -1 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(1ms);
+  }
+  if (status == -1) {
+    ::kill(pid, SIGKILL);
+    exit_of(pid, 0);
+    return false;
+  }
+  return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
 }
 
 // The user's error directory under `tmp`, as cohort names it.
@@ -877,53 +925,75 @@ TEST_SUITE("group") {
   }
 
   TEST_CASE("the guardian: its end kills what carries this process's marker; after release() it kills nothing") {
-    // A process carrying the marker of a group of this process, as a rank's
-    // setsid grandchild would: sleep 30 with COHORT_GROUP_<this pid>_0=1.
-    const auto marked = [] {
-      const std::string marker = cohort::detail::group_marker_prefix(::getpid()) + "0=1";
-      const pid_t pid = ::fork();
-      if (pid == 0) {
-        char* argv[] = {const_cast<char*>("sleep"), const_cast<char*>("30"), nullptr};
-        char* envp[] = {const_cast<char*>(marker.c_str()), nullptr};
-        ::execve("/bin/sleep", argv, envp);
-        ::_exit(127);
-      }
-      // Until its environment is the marked one (exec done).
-      const auto until = std::chrono::steady_clock::now() + 10s;
-      while (!cohort::detail::environment_holds(pid, marker) && std::chrono::steady_clock::now() < until) {
-        std::this_thread::sleep_for(1ms);
-      }
-      REQUIRE(cohort::detail::environment_holds(pid, marker));
-      return pid;
-    };
-    const auto exit_of = [](pid_t pid, int options) {
-      int status = 0;
-      return ::waitpid(pid, &status, options) == pid ? status : -1;
-    };
     {
-      const pid_t pid = marked();
+      const pid_t pid = marked_sleeper();
       { cohort::guardian guard; }  // reaped once it has looked
-      // SIGKILL sent: the process ends a moment later.
-      int status = -1;
-      const auto until = std::chrono::steady_clock::now() + 10s;
-      while ((status = exit_of(pid, WNOHANG)) == -1 && std::chrono::steady_clock::now() < until) {
-        std::this_thread::sleep_for(1ms);
-      }
-      REQUIRE(status != -1);
-      CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
+      CHECK(killed_soon(pid));
     }
     {
-      const pid_t pid = marked();
+      const pid_t pid = marked_sleeper();
       cohort::guardian guard;
       const pid_t guardian = guard.pid();
       guard.release();
       errno = 0;
       CHECK(::waitpid(guardian, nullptr, WNOHANG) == -1);  // reaped by release(): not a child any more
       CHECK(errno == ECHILD);
-      CHECK(exit_of(pid, WNOHANG) == -1);       // untouched: still asleep
+      CHECK(exit_of(pid, WNOHANG) == -1);  // untouched: still asleep
       ::kill(pid, SIGKILL);
       const int status = exit_of(pid, 0);
       CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
     }
+  }
+
+  TEST_CASE("the guardian shares this process's memory on Linux 5.16 and later (x86-64, AArch64), and is a copy before") {
+    utsname name{};
+    REQUIRE(::uname(&name) == 0);
+    int major = 0, minor = 0;
+    REQUIRE(std::sscanf(name.release, "%d.%d", &major, &minor) == 2);
+#if defined(__x86_64__) || defined(__aarch64__)
+    const bool shares = major > 5 || (major == 5 && minor >= 16);
+#else
+    const bool shares = false;
+#endif
+    cohort::guardian guard;
+    constexpr long kcmp_vm = 1;  // KCMP_VM: whether two processes have the same memory
+    errno = 0;
+    const long same = ::syscall(SYS_kcmp, ::getpid(), guard.pid(), kcmp_vm, 0L, 0L);
+    if (same < 0) {
+      MESSAGE("kcmp is refused here (" << std::strerror(errno) << "): not checked");
+    } else {
+      CHECK((same == 0) == shares);
+    }
+    guard.release();
+  }
+
+  TEST_CASE("the guardian ignores the signals sent to it and never runs a handler of this process's") {
+    static std::atomic<int> handled = 0;
+    struct sigaction count {}, before {};
+    count.sa_handler = [](int) { handled.fetch_add(1); };
+    REQUIRE(::sigaction(SIGUSR1, &count, &before) == 0);
+    {
+      cohort::guardian guard;
+      for (int signal : {SIGUSR1, SIGTERM, SIGINT, SIGHUP, SIGALRM}) CHECK(::kill(guard.pid(), signal) == 0);
+      std::this_thread::sleep_for(100ms);
+      int status = 0;
+      CHECK(::waitpid(guard.pid(), &status, WNOHANG) == 0);  // alive
+      CHECK(handled.load() == 0);  // sharing memory, a handler run there would count here
+      guard.release();
+    }
+    ::sigaction(SIGUSR1, &before, nullptr);
+  }
+
+  TEST_CASE("a guardian started on a thread that has ended still kills what carries the marker at its end") {
+    const pid_t pid = marked_sleeper();
+    std::optional<cohort::guardian> guard;
+    std::thread([&] { guard.emplace(); }).join();
+    std::thread([] {  // the next thread may get the ended one's stack and storage
+      std::vector<std::string> words;
+      for (int i = 0; i < 1000; ++i) words.push_back(std::string(static_cast<std::size_t>(i), 'x'));
+      errno = 0;
+    }).join();
+    guard.reset();
+    CHECK(killed_soon(pid));
   }
 }

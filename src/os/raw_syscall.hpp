@@ -1,0 +1,52 @@
+// System calls that touch no memory of the calling thread but their
+// arguments: no errno (thread-local), no lock, no libc state. For code that
+// runs in a process sharing this one's memory (a clone with CLONE_VM), where
+// a write to the errno of the thread that started it would land in that
+// thread's storage while it runs, or in storage freed when it ended.
+//
+// Written out for x86-64 and AArch64 (`raw_syscall_is_private`); elsewhere
+// they go through libc's syscall(), whose errno is only safe to write in a
+// process with memory of its own.
+#pragma once
+
+#include <sys/syscall.h>
+
+#include <cerrno>
+
+#if !defined(__x86_64__) && !defined(__aarch64__)
+#include <unistd.h>
+#endif
+
+namespace cohort::os {
+
+/// Whether raw_syscall leaves the thread's own storage alone on this
+/// architecture.
+#if defined(__x86_64__) || defined(__aarch64__)
+inline constexpr bool raw_syscall_is_private = true;
+#else
+inline constexpr bool raw_syscall_is_private = false;
+#endif
+
+/// System call `number` with up to four arguments: the kernel's result,
+/// -errno on failure.
+[[gnu::always_inline]] inline long raw_syscall(long number, long a = 0, long b = 0, long c = 0, long d = 0) noexcept {
+#if defined(__x86_64__)
+  long result;
+  register long r10 asm("r10") = d;
+  asm volatile("syscall" : "=a"(result) : "a"(number), "D"(a), "S"(b), "d"(c), "r"(r10) : "rcx", "r11", "memory");
+  return result;
+#elif defined(__aarch64__)
+  register long x8 asm("x8") = number;
+  register long x0 asm("x0") = a;
+  register long x1 asm("x1") = b;
+  register long x2 asm("x2") = c;
+  register long x3 asm("x3") = d;
+  asm volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
+  return x0;
+#else
+  const long result = ::syscall(number, a, b, c, d);
+  return result == -1 ? -errno : result;
+#endif
+}
+
+}  // namespace cohort::os
