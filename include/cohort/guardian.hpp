@@ -28,10 +28,15 @@ namespace cohort {
 /// and making only raw system calls), so starting it copies nothing;
 /// elsewhere it is a copy, as a fork is. Either way it runs none of this
 /// process's code but its own, so it may be started at any time, other
-/// threads running or not. Sharing memory, it shares this process's fate
-/// under the OOM killer, which ends every process of the memory it frees:
-/// were this process chosen, the ranks would still end by their
-/// parent-death signal, but what they started would be left.
+/// threads running or not. It learns of this process's end from a pidfd
+/// as well as from the socket between them, so a child forked meanwhile
+/// that holds a copy of this process's end does not hide it. Sharing
+/// memory, it shares this process's fate under the OOM killer, which ends
+/// every process of the memory it frees: were this process chosen, the
+/// ranks would still end by their parent-death signal, but what they
+/// started would be left. And when this process is killed, its memory is
+/// freed only once the guardian has ended (its sweep takes at most about
+/// 10 s).
 ///
 /// Destroying the object lets the guardian look once more and reaps it;
 /// after release(), it ends without looking.
@@ -55,6 +60,7 @@ class guardian {
   void end(bool look) noexcept;
 
   pid_t pid_ = -1;
+  int pidfd_ = -1;
   int line_ = -1;  // its end of the socket pair: closed when this process ends
   void* memory_ = nullptr;  // the guardian's stack and what it reads, freed once it has ended
   std::size_t memory_size_ = 0;

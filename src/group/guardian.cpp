@@ -12,11 +12,13 @@
 // (a clone without shared memory) where sharing is not safe.
 #include "cohort/guardian.hpp"
 
+#include "config.hpp"
 #include "group/descendants.hpp"
 #include "os/raw_syscall.hpp"
 #include "process/owned_pids.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -38,8 +40,12 @@
 #include <system_error>
 
 // The guardian's own code: no stack protector, whose canary lives in the
-// storage of the thread that started the guardian (which may have ended).
-#define COHORT_GUARDIAN_CODE [[gnu::no_stack_protector]]
+// storage of the thread that started the guardian (which may have ended),
+// and no instrumentation, whose runtimes keep state per thread. Its arrays
+// are left uninitialized (-ftrivial-auto-var-init would call memset).
+#define COHORT_GUARDIAN_CODE                                                                    \
+  [[gnu::no_stack_protector, gnu::no_sanitize("address", "thread", "undefined"), gnu::no_instrument_function, \
+    gnu::no_profile_instrument_function]]
 
 namespace cohort {
 namespace {
@@ -49,8 +55,10 @@ using os::raw_syscall;
 // What the guardian works with, written before it starts, at the top of
 // its mapping (its stack grows down from below it).
 struct guardian_memory {
-  int line = -1;           // its end of the socket pair
-  char prefix[64] = {};    // the groups' marker, "COHORT_GROUP_<pid>_"
+  int line = -1;            // its end of the socket pair
+  int parent_end = -1;      // the parent's end, closed at once
+  int parent = -1;          // a pidfd of the parent, or -1
+  char prefix[64] = {};     // the groups' marker, "COHORT_GROUP_<pid>_"
   std::size_t prefix_size = 0;
 };
 
@@ -101,7 +109,7 @@ COHORT_GUARDIAN_CODE bool marked(const char* pid, const guardian_memory& m) {
   constexpr std::size_t differs = ~std::size_t{0};
   std::size_t matched = 0;
   bool found = false;
-  char block[4096];
+  [[gnu::uninitialized]] char block[4096];
   while (!found) {
     const long n = raw_syscall(SYS_read, fd, reinterpret_cast<long>(block), sizeof block);
     if (n == -EINTR) continue;
@@ -132,7 +140,7 @@ COHORT_GUARDIAN_CODE int kill_marked(const guardian_memory& m) {
   if (proc < 0) return 0;
   const long self = raw_syscall(SYS_getpid);
   int found = 0;
-  alignas(entry) char entries[4096];
+  [[gnu::uninitialized]] alignas(entry) char entries[4096];
   for (;;) {
     const long n = raw_syscall(SYS_getdents64, proc, reinterpret_cast<long>(entries), sizeof entries);
     if (n <= 0) break;
@@ -153,10 +161,68 @@ COHORT_GUARDIAN_CODE int kill_marked(const guardian_memory& m) {
   return found;
 }
 
-COHORT_GUARDIAN_CODE long monotonic_seconds() {
+COHORT_GUARDIAN_CODE long monotonic_ns() {
   timespec now{};
   raw_syscall(SYS_clock_gettime, CLOCK_MONOTONIC, reinterpret_cast<long>(&now));
-  return now.tv_sec;
+  return now.tv_sec * 1'000'000'000L + now.tv_nsec;
+}
+
+// Closes every descriptor of the guardian's but `a` and `b` (-1: none):
+// with close_range, or one by one from /proc/self/fd where it is refused
+// (before Linux 5.9, or by a seccomp filter).
+COHORT_GUARDIAN_CODE void close_all_but(int a, int b) {
+  const int low = a < b ? a : b, high = a < b ? b : a;
+  bool closed = true;
+  int from = 3;
+  for (int keep : {low, high}) {
+    if (keep < from) continue;
+    if (keep > from) closed = raw_syscall(SYS_close_range, from, keep - 1, 0) == 0 && closed;
+    from = keep + 1;
+  }
+  closed = raw_syscall(SYS_close_range, from, ~0U, 0) == 0 && closed;
+  if (closed) return;
+  struct entry {  // linux_dirent64
+    std::uint64_t inode;
+    std::int64_t offset;
+    unsigned short size;
+    unsigned char type;
+    char name[1];
+  };
+  const long dir = raw_syscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>("/proc/self/fd"), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return;
+  [[gnu::uninitialized]] alignas(entry) char entries[4096];
+  for (;;) {
+    const long n = raw_syscall(SYS_getdents64, dir, reinterpret_cast<long>(entries), sizeof entries);
+    if (n <= 0) break;
+    for (long at = 0; at < n;) {
+      const auto* e = reinterpret_cast<const entry*>(entries + at);
+      at += e->size;
+      long fd = 0;
+      const char* c = e->name;
+      for (; *c >= '0' && *c <= '9'; ++c) fd = fd * 10 + (*c - '0');
+      if (c == e->name || *c != '\0' || fd < 3 || fd == a || fd == b || fd == dir) continue;
+      raw_syscall(SYS_close, fd);
+    }
+  }
+  raw_syscall(SYS_close, dir);
+}
+
+// Until the parent lets go ('r' on the line: false) or asks for a look
+// ('l'), or is gone: the line's end of file, or its pidfd readable (which
+// also catches a copy of the parent's end held by a child it forked).
+COHORT_GUARDIAN_CODE bool wait_for_look(const guardian_memory& m) {
+  for (;;) {
+    pollfd watched[2] = {{m.line, POLLIN, 0}, {m.parent, POLLIN, 0}};  // a negative descriptor is skipped
+    const long ready = raw_syscall(SYS_ppoll, reinterpret_cast<long>(watched), 2, 0, 0);
+    if (ready == -EINTR) continue;
+    if (ready < 0) return true;  // cannot wait: look now rather than never
+    if (watched[1].revents != 0) return true;
+    if (watched[0].revents == 0) continue;
+    char byte = 0;
+    const long n = raw_syscall(SYS_read, m.line, reinterpret_cast<long>(&byte), 1);
+    if (n == -EINTR || n == -EAGAIN) continue;
+    return !(n == 1 && byte == 'r');
+  }
 }
 
 // The guardian. It starts with every signal blocked (its parent blocked
@@ -175,19 +241,15 @@ COHORT_GUARDIAN_CODE int guard(void* memory) {
   const std::uint64_t none = 0;
   raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, reinterpret_cast<long>(&none), 0, sizeof none);
   raw_syscall(SYS_prctl, PR_SET_NAME, reinterpret_cast<long>("cohort-guardian"));
-  raw_syscall(SYS_close_range, 3, m.line - 1, 0);
-  raw_syscall(SYS_close_range, m.line + 1, ~0U, 0);
-  char byte;
-  long n;
-  while ((n = raw_syscall(SYS_read, m.line, reinterpret_cast<long>(&byte), 1)) == -EINTR) {
-  }
-  if (n != 1) {
-    // The parent is gone (or lets go): its marked processes go too. Killed
-    // ones stop showing once dead, so a pass that finds none ends the
-    // work; at most 10 s, for a process stuck in the kernel.
-    const long until = monotonic_seconds() + 10;
+  raw_syscall(SYS_close, m.parent_end);
+  close_all_but(m.line, m.parent);
+  if (wait_for_look(m)) {
+    // Its marked processes go too. Killed ones stop showing once dead, so
+    // a pass that finds none ends the work; at most 10 s, for a process
+    // stuck in the kernel.
+    const long until = monotonic_ns() + 10'000'000'000L;
     const timespec pause{0, 5'000'000};
-    while (kill_marked(m) > 0 && monotonic_seconds() < until) {
+    while (kill_marked(m) > 0 && monotonic_ns() < until) {
       raw_syscall(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, reinterpret_cast<long>(&pause), 0);
     }
   }
@@ -195,15 +257,29 @@ COHORT_GUARDIAN_CODE int guard(void* memory) {
   __builtin_unreachable();
 }
 
+// Blocks every signal on this thread, SIGCANCEL and SIGSETXID included
+// (which pthread_sigmask leaves alone): the guardian starts with them all
+// blocked. The mask before goes into `before`.
+void block_all_signals(std::uint64_t& before) noexcept {
+  const std::uint64_t all = ~std::uint64_t{0};
+  raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, reinterpret_cast<long>(&all), reinterpret_cast<long>(&before), sizeof all);
+}
+
 }  // namespace
 
 guardian::guardian() {
-  // A socket pair, not a pipe: the word release() sends cannot raise
-  // SIGPIPE here when the guardian is gone.
+  const std::string prefix = detail::group_marker_prefix(::getpid());
+  // A socket pair, not a pipe: the word end() sends cannot raise SIGPIPE
+  // here when the guardian is gone.
   int ends[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) {
     throw std::system_error(errno, std::system_category(), "cohort::guardian: socketpair");
   }
+  const int parent = config::pidfd_open(::getpid());  // -1 where refused: the line alone tells
+  const auto close_ours = [&] {
+    ::close(ends[0]);
+    if (parent >= 0) ::close(parent);
+  };
   // A guard page, the stack, and the guardian's memory on the page above.
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const std::size_t stack = (64 * 1024 + page - 1) / page * page;
@@ -211,7 +287,7 @@ guardian::guardian() {
   void* mapping = ::mmap(nullptr, memory_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
   if (mapping == MAP_FAILED) {
     const int error = errno;
-    ::close(ends[0]);
+    close_ours();
     ::close(ends[1]);
     throw std::system_error(error, std::system_category(), "cohort::guardian: mmap");
   }
@@ -220,17 +296,17 @@ guardian::guardian() {
   char* top = static_cast<char*>(memory_) + page + stack;
   auto* m = new (top) guardian_memory;
   m->line = ends[0];
-  const std::string prefix = detail::group_marker_prefix(::getpid());
+  m->parent_end = ends[1];
+  m->parent = parent;
   m->prefix_size = std::min(prefix.size(), sizeof m->prefix);
   std::memcpy(m->prefix, prefix.data(), m->prefix_size);
 
-  sigset_t all, before;
-  ::sigfillset(&all);
-  ::pthread_sigmask(SIG_SETMASK, &all, &before);
-  pid_ = ::clone(guard, top, SIGCHLD | (shares_memory() ? CLONE_VM : 0), m);
+  std::uint64_t mask = 0;
+  block_all_signals(mask);
+  pid_ = ::clone(guard, top, SIGCHLD | CLONE_PIDFD | (shares_memory() ? CLONE_VM : 0), m, &pidfd_);
   const int error = errno;
-  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
-  ::close(ends[0]);
+  raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, reinterpret_cast<long>(&mask), 0, sizeof mask);
+  close_ours();
   if (pid_ < 0) {
     ::close(ends[1]);
     ::munmap(memory_, memory_size_);
@@ -238,7 +314,15 @@ guardian::guardian() {
     throw std::system_error(error, std::system_category(), "cohort::guardian: clone");
   }
   line_ = ends[1];
-  detail::own_pid(pid_);
+  // The guardian's stack is no child's business: forks of this process
+  // would otherwise copy it (and write-protect it for the guardian).
+  ::madvise(memory_, memory_size_, MADV_DONTFORK);
+  try {
+    detail::own_pid(pid_);
+  } catch (...) {
+    end(false);
+    throw;
+  }
 }
 
 guardian::~guardian() { end(true); }
@@ -247,18 +331,19 @@ void guardian::release() noexcept { end(false); }
 
 void guardian::end(bool look) noexcept {
   if (line_ < 0) return;
-  if (!look) {
-    const char byte = 'r';
-    while (::send(line_, &byte, 1, MSG_NOSIGNAL) < 0 && errno == EINTR) {
-    }
+  const char byte = look ? 'l' : 'r';
+  while (::send(line_, &byte, 1, MSG_NOSIGNAL) < 0 && errno == EINTR) {
   }
   ::close(line_);
   line_ = -1;
-  if (pid_ > 0) {
-    while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
-    }
-    detail::disown_pid(pid_);
+  // Waited for through its pidfd: a pid reaped elsewhere could name
+  // another child of this process by now.
+  siginfo_t info{};
+  while (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd_), &info, WEXITED) < 0 && errno == EINTR) {
   }
+  ::close(pidfd_);
+  pidfd_ = -1;
+  detail::disown_pid(pid_);
   // The guardian has ended (reaped here, or by whoever reaps this
   // process's children): its stack is free.
   ::munmap(memory_, memory_size_);

@@ -25,7 +25,9 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <pthread.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -967,15 +969,31 @@ TEST_SUITE("group") {
     guard.release();
   }
 
-  TEST_CASE("the guardian ignores the signals sent to it and never runs a handler of this process's") {
+  TEST_CASE("the guardian ignores every signal but SIGKILL, SIGSTOP and its faults, and catches none") {
     static std::atomic<int> handled = 0;
     struct sigaction count {}, before {};
     count.sa_handler = [](int) { handled.fetch_add(1); };
     REQUIRE(::sigaction(SIGUSR1, &count, &before) == 0);
     {
       cohort::guardian guard;
-      for (int signal : {SIGUSR1, SIGTERM, SIGINT, SIGHUP, SIGALRM}) CHECK(::kill(guard.pid(), signal) == 0);
-      std::this_thread::sleep_for(100ms);
+      // A mask of /proc/<guardian>/status, once it has unblocked its signals.
+      const std::string status_path = "/proc/" + std::to_string(guard.pid()) + "/status";
+      const auto mask = [&](const std::string& name) {
+        const std::string status = test::read_file(status_path);
+        const auto at = status.find("\n" + name + ":\t");
+        return at == std::string::npos ? ~0ULL : std::stoull(status.substr(at + name.size() + 3, 16), nullptr, 16);
+      };
+      const auto until = std::chrono::steady_clock::now() + 10s;
+      while (mask("SigBlk") != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+      REQUIRE(mask("SigBlk") == 0);
+      const auto bit = [](int signal) { return 1ULL << (signal - 1); };
+      const auto ignored = mask("SigIgn");
+      CHECK(mask("SigCgt") == 0);  // no handler of this process's
+      for (int signal : {SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE, SIGALRM, SIGTSTP, SIGRTMIN + 2}) {
+        CHECK((ignored & bit(signal)) != 0);
+      }
+      for (int signal : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGKILL, SIGSTOP}) CHECK((ignored & bit(signal)) == 0);
+      for (int signal : {SIGUSR1, SIGTERM, SIGINT, SIGHUP}) CHECK(::kill(guard.pid(), signal) == 0);
       int status = 0;
       CHECK(::waitpid(guard.pid(), &status, WNOHANG) == 0);  // alive
       CHECK(handled.load() == 0);  // sharing memory, a handler run there would count here
@@ -984,15 +1002,29 @@ TEST_SUITE("group") {
     ::sigaction(SIGUSR1, &before, nullptr);
   }
 
-  TEST_CASE("a guardian started on a thread that has ended still kills what carries the marker at its end") {
+  TEST_CASE("a guardian started on a thread whose stack and storage are gone still sweeps at its end") {
+    // glibc puts a thread's storage (errno, the stack protector's canary)
+    // on the stack it is given: once that is unmapped, a guardian that
+    // touched the storage of the thread that started it would die of
+    // SIGSEGV instead of sweeping.
     const pid_t pid = marked_sleeper();
+    constexpr std::size_t stack_size = 1 << 20;
+    void* stack = ::mmap(nullptr, stack_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    REQUIRE(stack != MAP_FAILED);
+    pthread_attr_t attributes;
+    REQUIRE(::pthread_attr_init(&attributes) == 0);
+    REQUIRE(::pthread_attr_setstack(&attributes, stack, stack_size) == 0);
     std::optional<cohort::guardian> guard;
-    std::thread([&] { guard.emplace(); }).join();
-    std::thread([] {  // the next thread may get the ended one's stack and storage
-      std::vector<std::string> words;
-      for (int i = 0; i < 1000; ++i) words.push_back(std::string(static_cast<std::size_t>(i), 'x'));
-      errno = 0;
-    }).join();
+    pthread_t thread;
+    const auto start = [](void* g) -> void* {
+      static_cast<std::optional<cohort::guardian>*>(g)->emplace();
+      return nullptr;
+    };
+    REQUIRE(::pthread_create(&thread, &attributes, start, &guard) == 0);
+    REQUIRE(::pthread_join(thread, nullptr) == 0);
+    ::pthread_attr_destroy(&attributes);
+    REQUIRE(guard.has_value());
+    REQUIRE(::munmap(stack, stack_size) == 0);
     guard.reset();
     CHECK(killed_soon(pid));
   }
