@@ -69,22 +69,37 @@ COHORT_ENTRYPOINT(sum_under_fd_limit);
 // Ranks below `producers` push (rank, i) for i < each, with a string of a
 // length that varies with i, then (rank, -1); the others pop until they
 // take a -1 and return the (producer, i) they took, in order. A string of
-// the wrong length comes back as (producer, -2).
+// the wrong length comes back as (producer, -2). A rank counts as a
+// producer or consumer of `q` only once it has pushed or popped (see
+// peer_lost): each first tries one push or pop, and none goes on until all
+// have (through `ready` and `go`), or a rank slow to start could find the
+// other side's ranks so far all done and exited, and end with peer_lost.
 std::vector<std::pair<int, int>> producer_or_consumer(int rank, queue<std::tuple<int, int, std::string>> q, int producers,
-                                                      int each) {
+                                                      int each, queue<int> ready, event go) {
   const auto length = [](int i) { return static_cast<std::size_t>(i * 37 % 700); };
+  const auto value = [&](int i) { return std::tuple<int, int, std::string>{rank, i, std::string(length(i), 'v')}; };
   std::vector<std::pair<int, int>> taken;
+  int from = 0;
+  std::optional<std::tuple<int, int, std::string>> first;
   if (rank < producers) {
-    for (int i = 0; i < each; ++i) {
-      const std::tuple<int, int, std::string> value{rank, i, std::string(length(i), 'v')};
-      q.put(value);
-    }
+    if (q.try_push(value(0))) from = 1;
+  } else {
+    first = q.try_pop();
+  }
+  ready.put(rank);
+  if (rank == 0) {
+    for (std::size_t r = 0; r < ready.capacity(); ++r) (void)ready.get();
+    go.set();
+  }
+  go.wait_for();
+  if (rank < producers) {
+    for (int i = from; i < each; ++i) q.put(value(i));
     const std::tuple<int, int, std::string> last{rank, -1, ""};
     q.put(last);
     return taken;
   }
   for (;;) {
-    auto [producer, i, text] = q.get().value();
+    auto [producer, i, text] = first ? *std::exchange(first, std::nullopt) : q.get().value();
     if (i < 0) return taken;
     taken.emplace_back(producer, text.size() == length(i) ? i : -2);
   }
@@ -172,7 +187,7 @@ TEST_SUITE("queue") {
     // other processes run through a small queue at once, its ring wrapping.
     constexpr int producers = 3, consumers = 3, each = 2000;
     queue<std::tuple<int, int, std::string>> q(4);
-    const auto args = std::tuple{q, producers, each};
+    const auto args = std::tuple{q, producers, each, queue<int>(producers + consumers), event()};
     const auto taken = spawn_and_join(producer_or_consumer, args, producers + consumers);
     std::vector<std::vector<int>> seen(producers);
     for (int c = producers; c < producers + consumers; ++c) {
