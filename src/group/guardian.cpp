@@ -46,6 +46,11 @@
 #define COHORT_GUARDIAN_CODE                                                                    \
   [[gnu::no_stack_protector, gnu::no_sanitize("address", "thread", "undefined"), gnu::no_instrument_function, \
     gnu::no_profile_instrument_function]]
+// The same for a lambda (GCC's attribute syntax, which it applies to the
+// lambda's function).
+#define COHORT_GUARDIAN_LAMBDA                                                                  \
+  __attribute__((no_stack_protector, no_sanitize("address", "thread", "undefined"), no_instrument_function, \
+                 no_profile_instrument_function))
 
 namespace cohort {
 namespace {
@@ -94,12 +99,18 @@ COHORT_GUARDIAN_CODE void set_disposition(int signal, void (*handler)(int)) {
   }
 }
 
-// Whether the initial environment of process `pid` (its decimal digits) has
+// Whether the initial environment of process `pid` has
 // a variable that starts with the marker.
-COHORT_GUARDIAN_CODE bool marked(const char* pid, const guardian_memory& m) {
-  char path[32] = "/proc/";
+COHORT_GUARDIAN_CODE bool marked(long pid, const guardian_memory& m) {
+  char digits[20];
+  int count = 0;
+  do {
+    digits[count++] = static_cast<char>('0' + pid % 10);
+    pid /= 10;
+  } while (pid > 0 && count < 20);
+  char path[40] = "/proc/";
   std::size_t at = 6;
-  for (; *pid != '\0' && at < 20; ++pid) path[at++] = *pid;
+  while (count > 0) path[at++] = digits[--count];
   for (const char* tail = "/environ"; *tail != '\0'; ++tail) path[at++] = *tail;
   path[at] = '\0';
   const long fd = raw_syscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>(path), O_RDONLY | O_CLOEXEC);
@@ -127,8 +138,12 @@ COHORT_GUARDIAN_CODE bool marked(const char* pid, const guardian_memory& m) {
   return found;
 }
 
-// One pass over /proc: kills every marked process; the number found.
-COHORT_GUARDIAN_CODE int kill_marked(const guardian_memory& m) {
+// Calls each(number, context) for every entry of the directory at `path`
+// that a decimal number names (the processes of /proc, the descriptors of
+// /proc/self/fd); each gets the directory's own descriptor too. False when
+// the directory cannot be opened.
+COHORT_GUARDIAN_CODE bool for_each_numbered(const char* path, void (*each)(long number, long dir, void* context),
+                                            void* context) {
   struct entry {  // linux_dirent64
     std::uint64_t inode;
     std::int64_t offset;
@@ -136,29 +151,42 @@ COHORT_GUARDIAN_CODE int kill_marked(const guardian_memory& m) {
     unsigned char type;
     char name[1];
   };
-  const long proc = raw_syscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>("/proc"), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (proc < 0) return 0;
-  const long self = raw_syscall(SYS_getpid);
-  int found = 0;
+  const long dir = raw_syscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>(path), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return false;
   [[gnu::uninitialized]] alignas(entry) char entries[4096];
   for (;;) {
-    const long n = raw_syscall(SYS_getdents64, proc, reinterpret_cast<long>(entries), sizeof entries);
+    const long n = raw_syscall(SYS_getdents64, dir, reinterpret_cast<long>(entries), sizeof entries);
     if (n <= 0) break;
     for (long at = 0; at < n;) {
       const auto* e = reinterpret_cast<const entry*>(entries + at);
       at += e->size;
-      long pid = 0;
+      long number = 0;
       const char* c = e->name;
-      for (; *c >= '0' && *c <= '9'; ++c) pid = pid * 10 + (*c - '0');
-      if (c == e->name || *c != '\0' || pid == self) continue;  // not a process, or this one
-      if (marked(e->name, m)) {
-        raw_syscall(SYS_kill, pid, SIGKILL);
-        ++found;
-      }
+      for (; *c >= '0' && *c <= '9'; ++c) number = number * 10 + (*c - '0');
+      if (c != e->name && *c == '\0') each(number, dir, context);
     }
   }
-  raw_syscall(SYS_close, proc);
-  return found;
+  raw_syscall(SYS_close, dir);
+  return true;
+}
+
+// One pass over /proc: kills every marked process; the number found.
+COHORT_GUARDIAN_CODE int kill_marked(const guardian_memory& m) {
+  struct pass {
+    const guardian_memory& m;
+    long self;
+    int found;
+  } p{m, raw_syscall(SYS_getpid), 0};
+  for_each_numbered(
+      "/proc",
+      [](long pid, long, void* context) COHORT_GUARDIAN_LAMBDA {
+        auto& p = *static_cast<pass*>(context);
+        if (pid == p.self || !marked(pid, p.m)) return;
+        raw_syscall(SYS_kill, pid, SIGKILL);
+        ++p.found;
+      },
+      &p);
+  return p.found;
 }
 
 COHORT_GUARDIAN_CODE long monotonic_ns() {
@@ -181,30 +209,14 @@ COHORT_GUARDIAN_CODE void close_all_but(int a, int b) {
   }
   closed = raw_syscall(SYS_close_range, from, ~0U, 0) == 0 && closed;
   if (closed) return;
-  struct entry {  // linux_dirent64
-    std::uint64_t inode;
-    std::int64_t offset;
-    unsigned short size;
-    unsigned char type;
-    char name[1];
-  };
-  const long dir = raw_syscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>("/proc/self/fd"), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0) return;
-  [[gnu::uninitialized]] alignas(entry) char entries[4096];
-  for (;;) {
-    const long n = raw_syscall(SYS_getdents64, dir, reinterpret_cast<long>(entries), sizeof entries);
-    if (n <= 0) break;
-    for (long at = 0; at < n;) {
-      const auto* e = reinterpret_cast<const entry*>(entries + at);
-      at += e->size;
-      long fd = 0;
-      const char* c = e->name;
-      for (; *c >= '0' && *c <= '9'; ++c) fd = fd * 10 + (*c - '0');
-      if (c == e->name || *c != '\0' || fd < 3 || fd == a || fd == b || fd == dir) continue;
-      raw_syscall(SYS_close, fd);
-    }
-  }
-  raw_syscall(SYS_close, dir);
+  int kept[2] = {a, b};
+  for_each_numbered(
+      "/proc/self/fd",
+      [](long fd, long dir, void* context) COHORT_GUARDIAN_LAMBDA {
+        const int* kept = static_cast<const int*>(context);
+        if (fd >= 3 && fd != kept[0] && fd != kept[1] && fd != dir) raw_syscall(SYS_close, fd);
+      },
+      kept);
 }
 
 // Until the parent lets go ('r' on the line: false) or asks for a look
