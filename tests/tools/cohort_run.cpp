@@ -85,9 +85,13 @@ outcome run_launcher_to(const fs::path& out, std::vector<std::string> args) {
 
 // For run_launcher: once `n` files are in `dir` (the workers are up), sends
 // `sig` to cohort-run.
-auto signal_when_up(const fs::path& dir, std::size_t n, int sig) {
-  return [dir, n, sig](child& c) -> asio::awaitable<void> {
-    co_await files_appear(dir, n);
+// Sends `sig` once `n` files whose names begin with `prefix` are in `dir`.
+// A file appears when the shell opens it, before its content is written:
+// a test that reads a file's content after the signal waits for a marker
+// written after it (`prefix`), not for the file itself.
+auto signal_when_up(const fs::path& dir, std::size_t n, int sig, std::string prefix = {}) {
+  return [dir, n, sig, prefix](child& c) -> asio::awaitable<void> {
+    co_await files_appear(dir, n, prefix);
     c.signal(sig);
   };
 }
@@ -360,8 +364,9 @@ TEST_SUITE("cohort-run") {
 
   TEST_CASE("SIGTERM to cohort-run shuts the workers down and exits 128 + 15") {
     test::temp_dir dir;
-    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", "echo $$ > \"$0/$RANK\"; sleep 30", dir.path.string()},
-                          signal_when_up(dir.path, 2, SIGTERM));
+    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", "echo $$ > \"$0/$RANK\"; : > \"$0/up-$RANK\"; sleep 30",
+                           dir.path.string()},
+                          signal_when_up(dir.path, 2, SIGTERM, "up-"));
     CHECK(r.status.code() == 128 + SIGTERM);
     for (int rank = 0; rank < 2; ++rank) {
       const pid_t pid = std::stoi(read_file(dir.path / std::to_string(rank)));
@@ -407,9 +412,9 @@ TEST_SUITE("cohort-run") {
     // (Nothing keeps cohort-run's output open: its end is not waited for.)
     auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c",
                            "exec >/dev/null 2>&1; setsid sleep 60 & echo $! > \"$0/grandchild-$RANK\"; "
-                           "sleep 60 & echo $! > \"$0/child-$RANK\"; echo $$ > \"$0/$RANK\"; wait",
+                           "sleep 60 & echo $! > \"$0/child-$RANK\"; echo $$ > \"$0/$RANK\"; : > \"$0/up-$RANK\"; wait",
                            dir.path.string()},
-                          signal_when_up(dir.path, 6, SIGKILL));
+                          signal_when_up(dir.path, 2, SIGKILL, "up-"));
     CHECK(r.status.signal() == SIGKILL);
     std::vector<pid_t> left;
     for (const char* name : {"0", "1", "child-0", "child-1", "grandchild-0", "grandchild-1"}) {
