@@ -144,14 +144,16 @@ TEST_SUITE("cohort-run over etcd") {
   TEST_CASE("a node SIGKILLed mid-run: the others stop their ranks, re-form without it and finish") {
     test::temp_dir dir;
     const auto id = fresh_id();
-    // Ranks wait while three nodes run, and succeed once two do.
-    const auto then = "if [ $GROUP_WORLD_SIZE = 3 ]; then echo $$ > \"$0/pid-$RANK\"; sleep 60; fi";
+    // Ranks wait while three nodes run, and succeed once two do. The up-
+    // marker follows the pid file: a file shows when the shell opens it,
+    // before its pid is written.
+    const auto then = "if [ $GROUP_WORLD_SIZE = 3 ]; then echo $$ > \"$0/pid-$RANK\"; : > \"$0/up-$RANK\"; sleep 60; fi";
     std::vector<node> nodes;
     for (int n = 0; n < 3; ++n) {
       nodes.push_back({joined(joined(rendezvous(id, "2:3"), {"-n", "2", "--max-restarts", "1"}), worker(dir.path, then))});
     }
     auto results = run_nodes(nodes, [&](std::vector<std::optional<child>>& children) -> asio::awaitable<void> {
-      co_await files_appear(dir.path, 6, "pid-", 10ms, 60s);
+      co_await files_appear(dir.path, 6, "up-", 10ms, 60s);
       children[2]->signal(SIGKILL);
     });
     CHECK(results[2].status.signal() == SIGKILL);
