@@ -19,7 +19,6 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -237,6 +236,15 @@ COHORT_GUARDIAN_CODE bool wait_for_look(const guardian_memory& m) {
   }
 }
 
+// Sets this thread's signal mask with rt_sigprocmask itself, which, unlike
+// pthread_sigmask, also blocks glibc's SIGCANCEL and SIGSETXID; returns the
+// mask before.
+COHORT_GUARDIAN_CODE std::uint64_t set_signal_mask(std::uint64_t mask) {
+  std::uint64_t before = 0;
+  raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, reinterpret_cast<long>(&mask), reinterpret_cast<long>(&before), sizeof mask);
+  return before;
+}
+
 // The guardian. It starts with every signal blocked (its parent blocked
 // them around the clone), so no handler of the parent's ever runs here.
 // It then ignores every signal but SIGKILL, SIGSTOP and the faults of its
@@ -250,8 +258,7 @@ COHORT_GUARDIAN_CODE int guard(void* memory) {
                        signal == SIGSYS;
     set_disposition(signal, fault ? SIG_DFL : SIG_IGN);
   }
-  const std::uint64_t none = 0;
-  raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, reinterpret_cast<long>(&none), 0, sizeof none);
+  set_signal_mask(0);
   raw_syscall(SYS_prctl, PR_SET_NAME, reinterpret_cast<long>("cohort-guardian"));
   raw_syscall(SYS_close, m.parent_end);
   close_all_but(m.line, m.parent);
@@ -267,14 +274,6 @@ COHORT_GUARDIAN_CODE int guard(void* memory) {
   }
   raw_syscall(SYS_exit_group, 0);
   __builtin_unreachable();
-}
-
-// Blocks every signal on this thread, SIGCANCEL and SIGSETXID included
-// (which pthread_sigmask leaves alone): the guardian starts with them all
-// blocked. The mask before goes into `before`.
-void block_all_signals(std::uint64_t& before) noexcept {
-  const std::uint64_t all = ~std::uint64_t{0};
-  raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, reinterpret_cast<long>(&all), reinterpret_cast<long>(&before), sizeof all);
 }
 
 }  // namespace
@@ -313,11 +312,11 @@ guardian::guardian() {
   m->prefix_size = std::min(prefix.size(), sizeof m->prefix);
   std::memcpy(m->prefix, prefix.data(), m->prefix_size);
 
-  std::uint64_t mask = 0;
-  block_all_signals(mask);
+  // The guardian starts with every signal blocked.
+  const std::uint64_t mask = set_signal_mask(~std::uint64_t{0});
   pid_ = ::clone(guard, top, SIGCHLD | CLONE_PIDFD | (shares_memory() ? CLONE_VM : 0), m, &pidfd_);
   const int error = errno;
-  raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, reinterpret_cast<long>(&mask), 0, sizeof mask);
+  set_signal_mask(mask);
   close_ours();
   if (pid_ < 0) {
     ::close(ends[1]);
