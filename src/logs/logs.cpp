@@ -291,8 +291,9 @@ void write_file(group_logs::state& st, log_stream& s, const char* data, std::siz
 // an iovec for the prefix and one for each line, the kernel's walk over
 // the iovecs and the calls that IOV_MAX splits them into took more than
 // the copy.) The rest of a line waits in `pending`.
-void write_console(log_stream& s, const char* data, std::size_t size, std::string& lines) {
+void write_console(log_stream& s, const char* data, std::size_t size) {
   if (s.console < 0) return;
+  auto& lines = s.lines;
   lines.clear();
   const char* end = data + size;
   const auto next_newline = [&] { return static_cast<const char*>(std::memchr(data, '\n', static_cast<std::size_t>(end - data))); };
@@ -326,8 +327,8 @@ void write_console(log_stream& s, const char* data, std::size_t size, std::strin
 
 // What came in goes to the console first: a file write can wait on the
 // disk, and the console is where someone is watching.
-void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t size, std::string& lines) {
-  write_console(s, data, size, lines);
+void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t size) {
+  write_console(s, data, size);
   write_file(st, s, data, size);
 }
 
@@ -343,11 +344,11 @@ void tell_busy(group_logs::state& st) noexcept {
 // Delivers what the pipe holds now, without waiting for more: reads until
 // one comes back short (the pipe was emptied). False once the stream has
 // ended (or cannot be read), true while it is open.
-bool read_available(group_logs::state& st, log_stream& s, char* buffer, std::string& lines) {
+bool read_available(group_logs::state& st, log_stream& s) {
   for (;;) {
-    const ssize_t n = ::read(s.source.get(), buffer, read_size);
+    const ssize_t n = ::read(s.source.get(), s.buffer.get(), read_size);
     if (n > 0) {
-      deliver(st, s, buffer, static_cast<std::size_t>(n), lines);
+      deliver(st, s, s.buffer.get(), static_cast<std::size_t>(n));
       if (static_cast<std::size_t>(n) >= s.full_read) tell_busy(st);
       if (static_cast<std::size_t>(n) < read_size) return true;
     } else if (n < 0 && errno == EINTR) {
@@ -361,13 +362,13 @@ bool read_available(group_logs::state& st, log_stream& s, char* buffer, std::str
 // Delivers the next buffer of a followed file; whether it was full (the
 // file may hold more). A file that became shorter than what was read (a
 // rank cut its own log) is read again from its start.
-bool read_followed(group_logs::state& st, log_stream& s, char* buffer, std::string& lines) {
+bool read_followed(group_logs::state& st, log_stream& s) {
   if (s.source.get() < 0 || s.console < 0) return false;  // a console that is gone needs nothing more
-  ssize_t n = ::pread(s.source.get(), buffer, read_size, s.read_to);
+  ssize_t n = ::pread(s.source.get(), s.buffer.get(), read_size, s.read_to);
   struct stat file {};
   if (n == 0 && ::fstat(s.source.get(), &file) == 0 && file.st_size < s.read_to) {
     s.read_to = 0;
-    n = ::pread(s.source.get(), buffer, read_size, 0);
+    n = ::pread(s.source.get(), s.buffer.get(), read_size, 0);
   }
   if (n < 0) {
     add_error(st, fmt::format("cohort: reading {} for the console failed ({}); what the rank wrote after is only in the file",
@@ -376,7 +377,7 @@ bool read_followed(group_logs::state& st, log_stream& s, char* buffer, std::stri
     return false;
   }
   s.read_to += n;
-  write_console(s, buffer, static_cast<std::size_t>(n), lines);
+  write_console(s, s.buffer.get(), static_cast<std::size_t>(n));
   if (static_cast<std::size_t>(n) >= s.full_read) tell_busy(st);
   return static_cast<std::size_t>(n) == read_size;
 }
@@ -392,11 +393,13 @@ void end_stream(log_stream& s) {
   s.pending.clear();
   s.source.reset();
   s.file.reset();
+  s.buffer.reset();
+  s.lines = std::string();
 }
 
 // The end of a piped stream: what is left in the pipe, then the rest.
-void finish_stream(group_logs::state& st, log_stream& s, char* buffer, std::string& lines) {
-  read_available(st, s, buffer, lines);
+void finish_stream(group_logs::state& st, log_stream& s) {
+  read_available(st, s);
   end_stream(s);
 }
 
@@ -414,16 +417,14 @@ asio::awaitable<void> pump(std::shared_ptr<group_logs::state> state, std::size_t
   auto& s = st.streams[index];
   auto executor = co_await asio::this_coro::executor;
   co_await asio::this_coro::throw_if_cancelled(false);  // a late signal must not throw past the end below
-  auto buffer = std::make_unique_for_overwrite<char[]>(read_size);  // pages touched only as reads fill them
-  std::string lines;
   for (bool open = true; open && !st.stop_pumps;) {
     std::error_code ec;
     co_await uring::async_poll(executor, s.source.get(), POLLIN, asio::redirect_error(asio::use_awaitable, ec));
     if (ec == std::errc::interrupted) continue;
     if (ec) break;
-    open = read_available(st, s, buffer.get(), lines);
+    open = read_available(st, s);
   }
-  finish_stream(st, s, buffer.get(), lines);
+  finish_stream(st, s);
   ended(state, group_strand);
 }
 
@@ -462,12 +463,10 @@ asio::awaitable<void> follow(std::shared_ptr<group_logs::state> state, std::size
   auto& s = st.streams[index];
   auto executor = co_await asio::this_coro::executor;
   co_await asio::this_coro::throw_if_cancelled(false);  // a late signal must not throw past the end below
-  auto buffer = std::make_unique_for_overwrite<char[]>(read_size);  // pages touched only as reads fill them
-  std::string lines;
   for (;;) {
     s.kicked = false;
     const bool last = st.stop_followers;  // taken before the reads: they then see all the ranks wrote
-    while (read_followed(st, s, buffer.get(), lines)) co_await asio::post(executor, asio::use_awaitable);
+    while (read_followed(st, s)) co_await asio::post(executor, asio::use_awaitable);
     if (last) break;
     if (!s.kicked) {
       std::error_code ec;
@@ -515,6 +514,7 @@ void group_logs::start(const asio::any_io_executor& io, const asio::any_io_execu
   };
   for (std::size_t i = 0; i < st.streams.size(); ++i) {
     auto& s = st.streams[i];
+    s.buffer = std::make_unique_for_overwrite<char[]>(read_size);  // pages touched only as reads fill them
     if (s.followed) {
       s.wake = std::make_unique<asio::steady_timer>(st.strands[i], std::chrono::steady_clock::time_point::max());
       spawn(i, follow(state_, i, group_strand));
