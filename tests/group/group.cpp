@@ -86,11 +86,7 @@ pid_t marked_sleeper() {
     ::_exit(127);
   }
   // Until its environment is the marked one (exec done).
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while (!cohort::detail::environment_holds(pid, marker) && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(1ms);
-  }
-  REQUIRE(cohort::detail::environment_holds(pid, marker));
+  REQUIRE(test::within(10s, [&] { return cohort::detail::environment_holds(pid, marker); }));
   return pid;
 }
 
@@ -104,11 +100,7 @@ int exit_of(pid_t pid, int options) {
 // here when it outlives the wait).
 bool killed_soon(pid_t pid) {
   int status = -1;
-  const auto until = std::chrono::steady_clock::now() + 10s;
-  while ((status = exit_of(pid, WNOHANG)) == -1 && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(1ms);
-  }
-  if (status == -1) {
+  if (!test::within(10s, [&] { return (status = exit_of(pid, WNOHANG)) != -1; })) {
     ::kill(pid, SIGKILL);
     exit_of(pid, 0);
     return false;
@@ -216,15 +208,9 @@ std::vector<pid_t> published_pids(const fs::path& dir) {
 // Whether `pid`, a process the test started, is gone within `limit`:
 // neither running nor a zombie. One still there is killed.
 bool gone_within(pid_t pid, std::chrono::milliseconds limit) {
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (::kill(pid, 0) == 0 || errno != ESRCH) {
-    if (std::chrono::steady_clock::now() >= until) {
-      ::kill(pid, SIGKILL);
-      return false;
-    }
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
+  if (test::within(limit, [&] { return ::kill(pid, 0) != 0 && errno == ESRCH; })) return true;
+  ::kill(pid, SIGKILL);
+  return false;
 }
 
 // Runs `spec`, whose one rank publishes pids into `dir`; with `kill_rank`,
@@ -988,9 +974,7 @@ TEST_SUITE("group") {
         const auto at = status.find("\n" + name + ":\t");
         return at == std::string::npos ? ~0ULL : std::stoull(status.substr(at + name.size() + 3, 16), nullptr, 16);
       };
-      const auto until = std::chrono::steady_clock::now() + 10s;
-      while (mask("SigBlk") != 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
-      REQUIRE(mask("SigBlk") == 0);
+      REQUIRE(test::within(10s, [&] { return mask("SigBlk") == 0; }));
       const auto bit = [](int signal) { return 1ULL << (signal - 1); };
       const auto ignored = mask("SigIgn");
       CHECK(mask("SigCgt") == 0);  // no handler of this process's
@@ -1033,8 +1017,7 @@ TEST_SUITE("group") {
         for (const auto& entry : fs::directory_iterator(fds, ec)) n += std::stoi(entry.path().filename().string()) > 2;
         return n;
       };
-      const auto until = std::chrono::steady_clock::now() + 10s;
-      while (above_stdio() > 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+      test::within(10s, [&] { return above_stdio() <= 2; });
       const int kept = above_stdio();
       guard.release();
       ::_exit(kept == 2 ? 0 : 1);

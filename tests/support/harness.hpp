@@ -15,6 +15,7 @@
 #include <asio/use_future.hpp>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
@@ -142,6 +143,18 @@ struct temp_dir {
 inline std::string read_file(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// Whether `done()` holds within `limit`, asked every `tick` (and once more
+/// at the end).
+template <class Done>
+bool within(std::chrono::milliseconds limit, Done done, std::chrono::milliseconds tick = std::chrono::milliseconds(1)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= until) return done();
+    std::this_thread::sleep_for(tick);
+  }
+  return true;
 }
 
 /// Reads a pipe until end of file.
