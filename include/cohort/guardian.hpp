@@ -60,7 +60,7 @@ class guardian {
   void end(bool look) noexcept;
 
   pid_t pid_ = -1;
-  int pidfd_ = -1;
+  int pidfd_ = -1;  // the guardian's, to wait for it by
   int line_ = -1;  // its end of the socket pair: closed when this process ends
   void* memory_ = nullptr;  // the guardian's stack and what it reads, freed once it has ended
   std::size_t memory_size_ = 0;
