@@ -74,6 +74,41 @@ int be_nicer(void*) noexcept { return ::setpriority(PRIO_PROCESS, 0, 7) == 0 ? 0
 
 int refuse(void*) noexcept { return EPERM; }
 
+// The signals given handlers, and those ignored, by dispositions_reset's test.
+int handled_signals() noexcept { return SIGRTMIN + 3; }  // with SIGUSR1 and SIGTERM
+void no_op(int) {}
+
+// A hook that checks the child's dispositions as a spawn leaves them before
+// its exec: the parent's handlers and an ignored SIGPIPE and SIGXFSZ at
+// their defaults, SIGUSR2 still ignored. EPROTO when one is not.
+int dispositions_reset(void*) noexcept {
+  const auto is = [](int sig, void (*handler)(int)) {
+    struct sigaction sa {};
+    return ::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler == handler;
+  };
+  for (int sig : {SIGUSR1, SIGTERM, handled_signals(), SIGPIPE, SIGXFSZ}) {
+    if (!is(sig, SIG_DFL)) return EPROTO;
+  }
+  return is(SIGUSR2, SIG_IGN) ? 0 : EPROTO;
+}
+
+// Sets a signal's disposition for a scope.
+class disposition {
+ public:
+  disposition(int sig, void (*handler)(int)) : sig_(sig) {
+    struct sigaction sa {};
+    sa.sa_handler = handler;
+    ::sigaction(sig_, &sa, &saved_);
+  }
+  disposition(const disposition&) = delete;
+  disposition& operator=(const disposition&) = delete;
+  ~disposition() { ::sigaction(sig_, &saved_, nullptr); }
+
+ private:
+  int sig_;
+  struct sigaction saved_ {};
+};
+
 bool has_unreaped_children() {
   siginfo_t info{};
   return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0;
@@ -240,6 +275,16 @@ TEST_SUITE("spawn") {
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
     CHECK(mask == "0");
     CHECK(sigpipe == "default");
+  }
+
+  TEST_CASE("the parent's handlers, an ignored SIGPIPE and an ignored SIGXFSZ are at their defaults before the exec") {
+    asio::io_context io;
+    const disposition usr1(SIGUSR1, no_op), term(SIGTERM, no_op), rt(handled_signals(), no_op);
+    const disposition pipe(SIGPIPE, SIG_IGN), xfsz(SIGXFSZ, SIG_IGN), usr2(SIGUSR2, SIG_IGN);
+    const command cmd{test::target, {"exit", "0"}};
+    const spawn_options options{.before_exec = dispositions_reset};
+    child c = spawn(io.get_executor(), cmd, options);  // throws EPROTO where the hook found one not reset
+    CHECK(c.join().success());
   }
 
   TEST_CASE("only the standard streams and keep_fds are inherited, unless closing is off") {
