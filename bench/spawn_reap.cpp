@@ -3,7 +3,9 @@
 // Boost.Process v2 (when built with it), in one run. "cohort, blocking
 // join()" reaps with join() instead, to tell launch cost from wait cost. Each round runs every
 // variant once, in turn; the report gives the median over the rounds and the
-// ratio to the raw loop.
+// ratio to the raw loop. Then how long one launch holds the thread that
+// makes it (both return once the child has exec'd): cohort::spawn against
+// posix_spawn, taking turns, each child reaped before the next launch.
 //
 //   spawn_reap [rounds]     (default 15)
 #include <cohort/cohort.hpp>
@@ -83,6 +85,27 @@ void cohort_spawn_join(asio::io_context& io, int n) {
   }
 }
 
+// Microseconds each call held its thread, `launches` times each, taking
+// turns: posix_spawn's and cohort::spawn's, each child reaped after.
+std::pair<std::vector<double>, std::vector<double>> thread_held(asio::io_context& io, int launches) {
+  std::vector<double> raw, cohort_held;
+  char* const argv[] = {const_cast<char*>(program), nullptr};
+  const cohort::command cmd(program);
+  const cohort::spawn_options options;
+  for (int i = 0; i < launches; ++i) {
+    pid_t pid;
+    auto start = cohort::bench::clock::now();
+    if (::posix_spawn(&pid, program, nullptr, nullptr, argv, environ) != 0) throw std::runtime_error("posix_spawn");
+    raw.push_back(cohort::bench::seconds_since(start) * 1e6);
+    ::waitpid(pid, nullptr, 0);
+    start = cohort::bench::clock::now();
+    cohort::child c = cohort::spawn(io.get_executor(), cmd, options);
+    cohort_held.push_back(cohort::bench::seconds_since(start) * 1e6);
+    if (!c.join().success()) throw std::runtime_error("a child failed");
+  }
+  return {raw, cohort_held};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,4 +141,15 @@ int main(int argc, char** argv) {
       fmt::print("{:>4}  {:<22} {:>12.3f} {:>14.1f} {:>9.2f}x\n", n, name, m * 1e3, m * 1e6 / n, m / raw);
     }
   }
+  const int launches = 20 * rounds;
+  const auto [raw, held] = thread_held(*io, launches);
+  fmt::print("the thread held by one launch of {}, until the child has exec'd ({} each, taking turns), us\n", program,
+             launches);
+  fmt::print("  {:<22} {:>8} {:>8} {:>8}\n", "", "p10", "p50", "p90");
+  for (const auto& [name, samples] : {std::pair{"posix_spawn", &raw}, std::pair{"cohort::spawn", &held}}) {
+    fmt::print("  {:<22} {:>8.0f} {:>8.0f} {:>8.0f}\n", name, cohort::bench::percentile(*samples, 10),
+               cohort::bench::percentile(*samples, 50), cohort::bench::percentile(*samples, 90));
+  }
+  fmt::print("  cohort::spawn / posix_spawn, p50: {:.2f}x\n",
+             cohort::bench::median(held) / cohort::bench::median(raw));
 }
