@@ -74,8 +74,8 @@ int be_nicer(void*) noexcept { return ::setpriority(PRIO_PROCESS, 0, 7) == 0 ? 0
 
 int refuse(void*) noexcept { return EPERM; }
 
-// The signals given handlers, and those ignored, by dispositions_reset's test.
-int handled_signals() noexcept { return SIGRTMIN + 3; }  // with SIGUSR1 and SIGTERM
+// The real-time signal the test below gives a handler, beside SIGUSR1 and SIGTERM.
+int handled_realtime_signal() noexcept { return SIGRTMIN + 3; }
 void no_op(int) {}
 
 // A hook that checks the child's dispositions as a spawn leaves them before
@@ -86,7 +86,7 @@ int dispositions_reset(void*) noexcept {
     struct sigaction sa {};
     return ::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler == handler;
   };
-  for (int sig : {SIGUSR1, SIGTERM, handled_signals(), SIGPIPE, SIGXFSZ}) {
+  for (int sig : {SIGUSR1, SIGTERM, handled_realtime_signal(), SIGPIPE, SIGXFSZ}) {
     if (!is(sig, SIG_DFL)) return EPROTO;
   }
   return is(SIGUSR2, SIG_IGN) ? 0 : EPROTO;
@@ -279,7 +279,7 @@ TEST_SUITE("spawn") {
 
   TEST_CASE("the parent's handlers, an ignored SIGPIPE and an ignored SIGXFSZ are at their defaults before the exec") {
     asio::io_context io;
-    const disposition usr1(SIGUSR1, no_op), term(SIGTERM, no_op), rt(handled_signals(), no_op);
+    const disposition usr1(SIGUSR1, no_op), term(SIGTERM, no_op), rt(handled_realtime_signal(), no_op);
     const disposition pipe(SIGPIPE, SIG_IGN), xfsz(SIGXFSZ, SIG_IGN), usr2(SIGUSR2, SIG_IGN);
     const command cmd{test::target, {"exit", "0"}};
     const spawn_options options{.before_exec = dispositions_reset};
