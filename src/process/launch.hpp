@@ -53,7 +53,7 @@ struct launch_plan {
 
 /// The signals whose handling a new child must reset, bit sig - 1 for each:
 /// those with a handler of this process, and SIGPIPE and SIGXFSZ when
-/// ignored.
+/// ignored. Read from /proc/self/status, or else asked signal by signal.
 std::uint64_t signals_to_reset() noexcept;
 
 /// Runs in the new process: resets signal handlers and the mask, then the
