@@ -98,18 +98,12 @@ COHORT_GUARDIAN_CODE void set_disposition(int signal, void (*handler)(int)) {
   }
 }
 
-// Whether the initial environment of process `pid` has
+// Whether the initial environment of process `pid` (its decimal digits) has
 // a variable that starts with the marker.
-COHORT_GUARDIAN_CODE bool marked(long pid, const guardian_memory& m) {
-  char digits[20];
-  int count = 0;
-  do {
-    digits[count++] = static_cast<char>('0' + pid % 10);
-    pid /= 10;
-  } while (pid > 0 && count < 20);
-  char path[40] = "/proc/";
+COHORT_GUARDIAN_CODE bool marked(const char* pid, const guardian_memory& m) {
+  char path[32] = "/proc/";
   std::size_t at = 6;
-  while (count > 0) path[at++] = digits[--count];
+  for (; *pid != '\0' && at < 20; ++pid) path[at++] = *pid;
   for (const char* tail = "/environ"; *tail != '\0'; ++tail) path[at++] = *tail;
   path[at] = '\0';
   const long fd = raw_syscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>(path), O_RDONLY | O_CLOEXEC);
@@ -137,11 +131,12 @@ COHORT_GUARDIAN_CODE bool marked(long pid, const guardian_memory& m) {
   return found;
 }
 
-// Calls each(number, context) for every entry of the directory at `path`
-// that a decimal number names (the processes of /proc, the descriptors of
-// /proc/self/fd); each gets the directory's own descriptor too. False when
-// the directory cannot be opened.
-COHORT_GUARDIAN_CODE bool for_each_numbered(const char* path, void (*each)(long number, long dir, void* context),
+// Calls each(number, name, dir, context) for every entry of the directory
+// at `path` that a decimal number names (the processes of /proc, the
+// descriptors of /proc/self/fd), with the entry's name as written and the
+// directory's own descriptor. False when the directory cannot be opened.
+COHORT_GUARDIAN_CODE bool for_each_numbered(const char* path,
+                                            void (*each)(long number, const char* name, long dir, void* context),
                                             void* context) {
   struct entry {  // linux_dirent64
     std::uint64_t inode;
@@ -162,7 +157,7 @@ COHORT_GUARDIAN_CODE bool for_each_numbered(const char* path, void (*each)(long 
       long number = 0;
       const char* c = e->name;
       for (; *c >= '0' && *c <= '9'; ++c) number = number * 10 + (*c - '0');
-      if (c != e->name && *c == '\0') each(number, dir, context);
+      if (c != e->name && *c == '\0') each(number, e->name, dir, context);
     }
   }
   raw_syscall(SYS_close, dir);
@@ -178,9 +173,9 @@ COHORT_GUARDIAN_CODE int kill_marked(const guardian_memory& m) {
   } p{m, raw_syscall(SYS_getpid), 0};
   for_each_numbered(
       "/proc",
-      [](long pid, long, void* context) COHORT_GUARDIAN_LAMBDA {
+      [](long pid, const char* name, long, void* context) COHORT_GUARDIAN_LAMBDA {
         auto& p = *static_cast<pass*>(context);
-        if (pid == p.self || !marked(pid, p.m)) return;
+        if (pid == p.self || !marked(name, p.m)) return;
         raw_syscall(SYS_kill, pid, SIGKILL);
         ++p.found;
       },
@@ -211,7 +206,7 @@ COHORT_GUARDIAN_CODE void close_all_but(int a, int b) {
   int kept[2] = {a, b};
   for_each_numbered(
       "/proc/self/fd",
-      [](long fd, long dir, void* context) COHORT_GUARDIAN_LAMBDA {
+      [](long fd, const char*, long dir, void* context) COHORT_GUARDIAN_LAMBDA {
         const int* kept = static_cast<const int*>(context);
         if (fd >= 3 && fd != kept[0] && fd != kept[1] && fd != dir) raw_syscall(SYS_close, fd);
       },
