@@ -193,16 +193,8 @@ COHORT_GUARDIAN_CODE long monotonic_ns() {
 // with close_range, or one by one from /proc/self/fd where it is refused
 // (before Linux 5.9, or by a seccomp filter).
 COHORT_GUARDIAN_CODE void close_all_but(int a, int b) {
-  const int low = a < b ? a : b, high = a < b ? b : a;
-  bool closed = true;
-  int from = 3;
-  for (int keep : {low, high}) {
-    if (keep < from) continue;
-    if (keep > from) closed = raw_syscall(SYS_close_range, from, keep - 1, 0) == 0 && closed;
-    from = keep + 1;
-  }
-  closed = raw_syscall(SYS_close_range, from, ~0U, 0) == 0 && closed;
-  if (closed) return;
+  const int kept_in_order[2] = {a < b ? a : b, a < b ? b : a};
+  if (os::close_all_but(kept_in_order, 2)) return;
   int kept[2] = {a, b};
   for_each_numbered(
       "/proc/self/fd",

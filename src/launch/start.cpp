@@ -10,6 +10,7 @@
 #include "os/descriptor_limit.hpp"
 #include "process/launch.hpp"
 #include "os/owned_fd.hpp"
+#include "os/process_identity.hpp"
 #include "process/owned_pids.hpp"
 #include "process/parallel.hpp"
 #include "shm/fork.hpp"
@@ -24,11 +25,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#ifdef __GLIBCXX__
+#include <ext/stdio_sync_filebuf.h>
+#endif
 #include <mutex>
 #include <new>
 #include <optional>
@@ -82,13 +87,47 @@ struct rank_launch {
   }
 };
 
+// std::cout's buffer when it is libstdc++'s default, which keeps nothing
+// and writes through stdout's: as this process had it when it last flushed
+// for a fork (null when it had another), and as its forked ranks inherit it.
+std::atomic<std::streambuf*> cout_through_stdout{nullptr};
+
+// Whether `f` holds output not yet written. glibc's FILE fields are read
+// as its own putc macros read them, rather than through __fpending: a
+// forked rank whose streams hold nothing then runs no stdio code at all.
+COHORT_FORKED_CHILD_PATH bool holds_output(std::FILE* f) noexcept {
+#ifdef __GLIBC__
+  if (f->_mode <= 0) return f->_IO_write_ptr != f->_IO_write_base;  // not wide
+#endif
+  return ::__fpending(f) > 0;
+}
+
+// What a rank holds for its standard streams at its end is written, as
+// exit() would; a stream with nothing held is left alone. In a forked
+// child every page of code it runs for the first time is a page fault,
+// and a rank that printed nothing, or flushed what it printed, would pay
+// five of them here to write nothing. std::cout is flushed unless it is
+// still the buffer that writes through stdout, which holds nothing itself.
+COHORT_FORKED_CHILD_PATH void flush_held_output() noexcept {
+  const auto* through_stdout = cout_through_stdout.load(std::memory_order_relaxed);
+  if (through_stdout == nullptr || std::cout.rdbuf() != through_stdout) {
+    try {
+      std::cout.flush();
+    } catch (...) {
+    }
+  }
+  if (holds_output(stdout)) std::fflush(stdout);
+  if (holds_output(stderr)) std::fflush(stderr);
+}
+
 }  // namespace
 
 // A fork writes first what this process has buffered for stdout and stderr,
 // as Python's multiprocessing does: it appears once, before anything a rank
 // prints. It also binds, in this process, the symbols a rank's own flush at
 // its end calls: a child resolving them itself would fault in the dynamic
-// linker's tables of every library, a cost paid again by each child.
+// linker's tables of every library, a cost paid again by each child. And
+// it notes whether std::cout writes through stdout, for the ranks' flush.
 COHORT_FORKED_CHILD_PATH void flush_standard_streams() noexcept {
   try {
     std::cout.flush();
@@ -96,11 +135,15 @@ COHORT_FORKED_CHILD_PATH void flush_standard_streams() noexcept {
   }
   std::fflush(stdout);
   std::fflush(stderr);
+#ifdef __GLIBCXX__
+  cout_through_stdout.store(dynamic_cast<__gnu_cxx::stdio_sync_filebuf<char>*>(std::cout.rdbuf()),
+                            std::memory_order_relaxed);
+#endif
 }
 
 COHORT_FORKED_CHILD_PATH void end_forked_rank(int code) noexcept {
   release_shared_memory_holds();
-  flush_standard_streams();
+  flush_held_output();
   ::_exit(code);
 }
 
@@ -112,13 +155,13 @@ namespace {
 // destructors are the parent's.
 [[noreturn]] COHORT_FORKED_CHILD_PATH void run_forked_rank(launch_plan& p, int report_fd, const function_call& call,
                                                            int rank, int result_fd, const entry_stack* stack,
-                                                           const std::string& keeper) noexcept {
+                                                           const shm::keeper_address& keeper) noexcept {
   set_up_or_report(p, report_fd, rank);
   shm::set_keeper(keeper);
   // Output the parent had buffered but not written is the parent's to
   // write: dropped here, or it would appear twice.
-  ::__fpurge(stdout);
-  ::__fpurge(stderr);
+  if (holds_output(stdout)) ::__fpurge(stdout);
+  if (holds_output(stderr)) ::__fpurge(stderr);
   environ = const_cast<char**>(p.envp);
   end_forked_rank(run_entry(call.name, rank, call.args, result_fd, stack));
 }
@@ -132,7 +175,7 @@ namespace {
 // fork, is placed with the rest of a child's path.
 [[gnu::noinline]] COHORT_FORKED_CHILD_PATH int fork_all(std::vector<std::unique_ptr<rank_launch>>& ranks,
                                                         const function_call& call, int report_fd,
-                                                        const std::string& keeper, launch_failure& f) {
+                                                        const shm::keeper_address& keeper, launch_failure& f) {
   flush_standard_streams();
   const auto stack = entry_stack::ahead_of_forks();
   const signals_blocked blocked;
@@ -186,7 +229,7 @@ struct setup_report {
 // thread of the parent forking meanwhile would hold a copy of the write end.
 COHORT_FORKED_CHILD_PATH void set_up_or_report(launch_plan& p, int report_fd, int rank) noexcept {
   const bool ready = set_up_child(p);
-  const setup_report r{rank, ready ? stage::none : p.failed_at, ready ? 0 : p.error, ::getpid()};
+  const setup_report r{rank, ready ? stage::none : p.failed_at, ready ? 0 : p.error, os::this_process()};
   [[maybe_unused]] auto n = ::write(report_fd, &r, sizeof r);
   if (!ready) ::_exit(127);
   ::close(report_fd);
@@ -391,7 +434,8 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
 
   launch_failure f;
   if (call.method == start_method::fork) {
-    const int failed = fork_all(ranks, call, report_write.get(), keeper, f);
+    const auto keeper_address = shm::parse_keeper(keeper);  // taken apart here, not in each child
+    const int failed = fork_all(ranks, call, report_write.get(), keeper_address, f);
     report_write.reset();
     if (failed >= 0) fail(static_cast<std::size_t>(failed), f);
   } else {

@@ -12,6 +12,7 @@
 #include <sys/syscall.h>
 
 #include <cerrno>
+#include <cstddef>
 
 #if !defined(__x86_64__) && !defined(__aarch64__)
 #include <unistd.h>
@@ -47,6 +48,21 @@ inline constexpr bool raw_syscall_is_private = false;
   const long result = ::syscall(number, a, b, c, d);
   return result == -1 ? -errno : result;
 #endif
+}
+
+/// Closes every descriptor from 3 up but those in `keep` (increasing;
+/// negative ones are none), with close_range and no libc code. Whether
+/// every call succeeded; it goes on past one that failed.
+[[gnu::always_inline]] inline bool close_all_but(const int* keep, std::size_t count) noexcept {
+  long from = 3;
+  bool closed = true;
+  for (std::size_t i = 0; i < count; ++i) {
+    const long fd = keep[i];
+    if (fd < from) continue;
+    if (fd > from) closed = raw_syscall(SYS_close_range, from, fd - 1, 0) == 0 && closed;
+    from = fd + 1;
+  }
+  return raw_syscall(SYS_close_range, from, ~0U, 0) == 0 && closed;
 }
 
 }  // namespace cohort::os

@@ -11,6 +11,7 @@
 #include "os/descriptor_limit.hpp"
 #include "process/launch.hpp"
 #include "os/owned_fd.hpp"
+#include "os/raw_syscall.hpp"
 
 #include <asio/io_context.hpp>
 #include <asio/this_coro.hpp>
@@ -46,26 +47,11 @@ using failure = launch_failure;
 
 constexpr int all_signals = 64;
 
-bool failed(launch_plan& p, stage where) {
+bool failed(launch_plan& p, stage where, int error = errno) {
   p.failed_at = where;
-  p.error = errno;
+  p.error = error;
   return false;
 }
-
-// Closes every descriptor from 3 up but those in the sorted `keep`.
-COHORT_FORKED_CHILD_PATH bool close_all_but(const int* keep, std::size_t count) {
-  unsigned from = 3;
-  for (std::size_t i = 0; i < count; ++i) {
-    const auto fd = static_cast<unsigned>(keep[i]);
-    if (fd > from && ::syscall(SYS_close_range, from, fd - 1, 0U) != 0) return false;
-    from = std::max(from, fd + 1);
-  }
-  return ::syscall(SYS_close_range, from, ~0U, 0U) == 0;
-}
-
-}  // namespace
-
-namespace {
 
 constexpr std::uint64_t bit(int sig) { return std::uint64_t{1} << (sig - 1); }
 
@@ -151,15 +137,20 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
       ::sigaction(sig, &dfl, nullptr);
     }
   }
-  // Here by syscall(), which a forked child has paged in already: each
-  // other wrapper of libc may be one more page of code for it to fault in.
+  // Here by raw system calls: each wrapper of libc may be one more page of
+  // code for a forked child to fault in.
   const sigset_t none{};
-  if (::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, nullptr, _NSIG / 8) != 0) return failed(p, stage::signals);
+  if (const long r = os::raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, reinterpret_cast<long>(&none), 0, _NSIG / 8);
+      r != 0) {
+    return failed(p, stage::signals, static_cast<int>(-r));
+  }
 
   if (p.new_group && ::setpgid(0, 0) != 0) return failed(p, stage::setpgid);
   if (p.death_signal != 0) {
     const auto signal = static_cast<unsigned long>(p.death_signal);
-    if (::syscall(SYS_prctl, PR_SET_PDEATHSIG, signal, 0UL, 0UL, 0UL) != 0) return failed(p, stage::pdeathsig);
+    if (const long r = os::raw_syscall(SYS_prctl, PR_SET_PDEATHSIG, static_cast<long>(signal)); r != 0) {
+      return failed(p, stage::pdeathsig, static_cast<int>(-r));
+    }
     if (::getppid() != p.parent) ::_exit(127);  // the parent is already gone
   }
   for (int target = 0; target < 3; ++target) {
@@ -168,8 +159,8 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
   }
   if (p.cwd != nullptr && ::chdir(p.cwd) != 0) return failed(p, stage::chdir);
   if (p.close_fds && p.close_now) {
-    if (!close_all_but(p.keep, p.keep_count)) return failed(p, stage::fds);
-  } else if (p.close_fds && ::syscall(SYS_close_range, 3U, ~0U, config::close_range_cloexec) != 0) {
+    if (!os::close_all_but(p.keep, p.keep_count)) return failed(p, stage::fds);
+  } else if (p.close_fds && os::raw_syscall(SYS_close_range, 3, ~0U, config::close_range_cloexec) != 0) {
     for (int fd = 3; fd < p.fd_limit; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
   for (std::size_t i = 0; i < p.keep_count; ++i) {

@@ -2,6 +2,8 @@
 // what a keeper holds.
 #include "shm/keeper.hpp"
 
+#include "config.hpp"
+
 #include "os/descriptor_passing.hpp"
 #include "os/owned_fd.hpp"
 #include "os/process_identity.hpp"
@@ -61,16 +63,7 @@ std::atomic<int> ranks_running{0};
 std::atomic<int> queue_objects{0};
 
 // The keeper this process hands over to, as keeper_env said.
-// The name is kept in place: a forked rank sets it first thing, and an
-// allocation there would write pages of the heap that its parent shares,
-// each a page copied.
-struct found_keeper {
-  pid_t of = 0;  // the process it was found for: a fork child of a rank has none
-  pid_t pid = 0;
-  char name[sizeof(sockaddr_un::sun_path) - 1] = {};  // what an abstract socket's address holds
-  std::size_t name_size = 0;
-};
-found_keeper keeper_found;
+keeper_address keeper_found;
 
 sockaddr_un address_of(std::string_view name, socklen_t& length) {
   sockaddr_un a{};
@@ -135,22 +128,30 @@ std::string keeper_for_ranks() noexcept {
   }
 }
 
-void set_keeper(std::string_view value) noexcept {
-  keeper_found = {};
+keeper_address parse_keeper(std::string_view value) noexcept {
+  keeper_address k;
   const auto comma = value.find(',');
   pid_t pid = 0;
   const auto digits = value.substr(0, comma);
   const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), pid);
-  if (comma != std::string_view::npos && error == std::errc{} && end == digits.data() + digits.size() && pid > 0 &&
-      comma + 1 < value.size()) {
-    const auto name = value.substr(comma + 1);
-    if (name.size() > sizeof keeper_found.name) return;  // no address holds it: none of this program's making
-    keeper_found.of = os::this_process();
-    keeper_found.pid = pid;
-    std::memcpy(keeper_found.name, name.data(), name.size());
-    keeper_found.name_size = name.size();
+  if (comma == std::string_view::npos || error != std::errc{} || end != digits.data() + digits.size() || pid <= 0 ||
+      comma + 1 >= value.size()) {
+    return k;
   }
+  const auto name = value.substr(comma + 1);
+  if (name.size() > sizeof k.name) return k;  // no address holds it: none of this program's making
+  k.pid = pid;
+  std::memcpy(k.name, name.data(), name.size());
+  k.name_size = name.size();
+  return k;
 }
+
+COHORT_FORKED_CHILD_PATH void set_keeper(const keeper_address& keeper) noexcept {
+  keeper_found = keeper;
+  keeper_found.of = keeper.pid != 0 ? os::this_process() : 0;
+}
+
+void set_keeper(std::string_view value) noexcept { set_keeper(parse_keeper(value)); }
 
 void find_keeper_in_environment() noexcept {
   const char* value = std::getenv(keeper_env);

@@ -9,6 +9,7 @@
 #include "shm/segment.hpp"
 
 #include <sys/types.h>
+#include <sys/un.h>
 
 #include <cstdint>
 #include <memory>
@@ -25,8 +26,23 @@ inline constexpr const char* keeper_env = "COHORT_SEGMENT_KEEPER";
 /// keeper_env to give them. Its socket is made on the first call; empty
 /// when it cannot be made (those ranks then wait for their receivers).
 std::string keeper_for_ranks() noexcept;
-/// Makes the process keeper_for_ranks() value names this process's keeper
-/// (nobody's when it is malformed).
+/// A keeper as a keeper_for_ranks() value names it, taken apart. Its name
+/// is held in place: a forked rank sets its keeper first thing, and an
+/// allocation there would write pages of the heap that its parent shares,
+/// each a page copied.
+struct keeper_address {
+  pid_t of = 0;  ///< the process it was set for: a fork child of a rank has none
+  pid_t pid = 0;  ///< 0: none
+  char name[sizeof(sockaddr_un::sun_path) - 1] = {};  ///< what an abstract socket's address holds
+  std::size_t name_size = 0;
+};
+/// The keeper a keeper_for_ranks() value names (none when it is malformed).
+keeper_address parse_keeper(std::string_view value) noexcept;
+/// Makes `keeper` this process's keeper. Reads no text: a forked rank sets
+/// what its parent parsed before the fork, and runs no string code of the
+/// C library for it (each page of code it runs first is a page fault).
+void set_keeper(const keeper_address& keeper) noexcept;
+/// set_keeper(parse_keeper(value)).
 void set_keeper(std::string_view value) noexcept;
 /// Takes this process's keeper from keeper_env, when set there, and
 /// removes it (what the rank starts has a keeper of its own, or none).

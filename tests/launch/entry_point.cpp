@@ -27,6 +27,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cwchar>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -126,6 +128,29 @@ void end_or_wait_for_release(int rank, std::string dir) {
   if (rank != 0) wait_for_release(rank, std::move(dir));
 }
 COHORT_ENTRYPOINT(end_or_wait_for_release);
+
+// Each prints "rank <r>\n" into a buffer that it leaves unwritten: the
+// rank's end has to write it.
+void print_through_own_cout_buffer(int rank) {
+  std::ios::sync_with_stdio(false);  // std::cout gets a buffer of its own, apart from stdout's
+  std::cout << "rank " << rank << '\n';
+}
+COHORT_ENTRYPOINT(print_through_own_cout_buffer);
+
+void print_wide(int rank) {
+  // A forked rank's stdout keeps the orientation its parent's had (narrow,
+  // here, which refuses wide output); reopened, it has none.
+  if (std::freopen(nullptr, "a", stdout) == nullptr) throw std::runtime_error("freopen");
+  std::wprintf(L"rank %d\n", rank);  // stdout turns wide: its buffer is the wide one
+}
+COHORT_ENTRYPOINT(print_wide);
+
+void print_to_buffered_stderr(int rank) {
+  static char buffer[BUFSIZ];
+  std::setvbuf(stderr, buffer, _IOFBF, sizeof buffer);
+  std::fprintf(stderr, "rank %d\n", rank);
+}
+COHORT_ENTRYPOINT(print_to_buffered_stderr);
 
 void say_at_exit() { std::fputs("exit handler\n", stdout); }
 
@@ -565,6 +590,20 @@ TEST_SUITE("entry points") {
       std::fputs("\n", stdout);
       std::fflush(stdout);
       CHECK(text == "rank 0\n");
+    });
+  }
+
+  TEST_CASE("what a rank leaves in any standard stream's buffer is written at its end") {
+    for_each_method([](start_method method) {
+      CHECK(output_of_one_rank(call(method, print_through_own_cout_buffer)) == "rank 0\n");
+      CHECK(output_of_one_rank(call(method, print_wide)) == "rank 0\n");
+      test::temp_dir dir;
+      group_spec spec;
+      spec.entry = call(method, print_to_buffered_stderr);
+      spec.nprocs = 1;
+      spec.options.err = stdio::file(dir.path / "err");
+      REQUIRE(run_group(spec).ok());
+      CHECK(test::read_file(dir.path / "err") == "rank 0\n");
     });
   }
 
