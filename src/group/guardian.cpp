@@ -194,7 +194,7 @@ COHORT_GUARDIAN_CODE long monotonic_ns() {
 // (before Linux 5.9, or by a seccomp filter).
 COHORT_GUARDIAN_CODE void close_all_but(int a, int b) {
   const int kept_in_order[2] = {a < b ? a : b, a < b ? b : a};
-  if (os::close_all_but(kept_in_order, 2)) return;
+  if (os::close_all_but(kept_in_order, 2) == 0) return;
   int kept[2] = {a, b};
   for_each_numbered(
       "/proc/self/fd",

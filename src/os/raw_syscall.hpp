@@ -51,18 +51,21 @@ inline constexpr bool raw_syscall_is_private = false;
 }
 
 /// Closes every descriptor from 3 up but those in `keep` (increasing;
-/// negative ones are none), with close_range and no libc code. Whether
-/// every call succeeded; it goes on past one that failed.
-[[gnu::always_inline]] inline bool close_all_but(const int* keep, std::size_t count) noexcept {
+/// negative ones are none), with close_range and no libc code. Returns 0,
+/// or the errno of the first call that failed (it goes on past it).
+[[gnu::always_inline]] inline int close_all_but(const int* keep, std::size_t count) noexcept {
   long from = 3;
-  bool closed = true;
-  for (std::size_t i = 0; i < count; ++i) {
-    const long fd = keep[i];
-    if (fd < from) continue;
-    if (fd > from) closed = raw_syscall(SYS_close_range, from, fd - 1, 0) == 0 && closed;
-    from = fd + 1;
+  long failed = 0;
+  for (std::size_t i = 0; i <= count; ++i) {
+    const long next = i < count ? keep[i] : long{~0U} + 1;  // past the last: up to ~0U
+    if (next < from) continue;
+    if (next > from) {
+      const long r = raw_syscall(SYS_close_range, from, next - 1, 0);
+      if (r != 0 && failed == 0) failed = -r;
+    }
+    from = next + 1;
   }
-  return raw_syscall(SYS_close_range, from, ~0U, 0) == 0 && closed;
+  return static_cast<int>(failed);
 }
 
 }  // namespace cohort::os

@@ -159,7 +159,7 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
   }
   if (p.cwd != nullptr && ::chdir(p.cwd) != 0) return failed(p, stage::chdir);
   if (p.close_fds && p.close_now) {
-    if (!os::close_all_but(p.keep, p.keep_count)) return failed(p, stage::fds);
+    if (const int error = os::close_all_but(p.keep, p.keep_count); error != 0) return failed(p, stage::fds, error);
   } else if (p.close_fds && os::raw_syscall(SYS_close_range, 3, ~0U, config::close_range_cloexec) != 0) {
     for (int fd = 3; fd < p.fd_limit; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   }
