@@ -13,6 +13,7 @@
 #include "os/owned_fd.hpp"
 #include "os/per_process.hpp"
 #include "os/process_identity.hpp"
+#include "os/raw_syscall.hpp"
 #include "shm/keeper.hpp"
 
 #include <asio/io_context.hpp>
@@ -69,6 +70,12 @@ using rank_plan = std::tuple<int, int, int, bool, std::string, std::vector<int>,
 using request =
     std::tuple<std::string, std::vector<std::byte>, bool, std::vector<std::string>, std::vector<rank_plan>>;
 
+// A rank's environment as environ wants it (null-ended), and its keeper.
+struct rank_environment {
+  std::vector<char*> envp;
+  shm::keeper_address keeper;
+};
+
 // Where a rank's kept descriptors start among its own: after the result
 // memfd, when it sends one.
 std::size_t first_kept(bool returns_value) { return returns_value ? rank_slots : result_slot; }
@@ -97,10 +104,15 @@ COHORT_FORKED_CHILD_PATH pid_t clone_as_sibling(const thread_identity& self) {
   clone_args args{};
   args.flags = CLONE_PARENT | CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID;
   args.child_tid = reinterpret_cast<std::uint64_t>(self.tid);
-  const auto pid = static_cast<pid_t>(::syscall(SYS_clone3, &args, sizeof args));
-  if (pid == 0 && self.robust_head != nullptr) ::syscall(SYS_set_robust_list, self.robust_head, self.robust_size);
+  // Raw calls: the child returns from the clone into no code of libc's,
+  // each page of which it would fault in.
+  const long pid = os::raw_syscall(SYS_clone3, reinterpret_cast<long>(&args), sizeof args);
+  if (pid == 0 && self.robust_head != nullptr) {
+    os::raw_syscall(SYS_set_robust_list, reinterpret_cast<long>(self.robust_head), static_cast<long>(self.robust_size));
+  }
   if (pid == 0) os::forget_process_id();
-  return pid;
+  if (pid < 0) errno = static_cast<int>(-pid);
+  return static_cast<pid_t>(pid);
 }
 
 // In the forked child: puts the kept descriptors at the numbers they had in
@@ -108,8 +120,10 @@ COHORT_FORKED_CHILD_PATH pid_t clone_as_sibling(const thread_identity& self) {
 // rank's descriptors as received (rank_slot order, then the kept ones); the
 // other ranks' go with the set-up. What escapes ends the rank through
 // std::terminate.
-COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp, std::span<const int> own,
-                                        int report, std::uint64_t reset, const entry_stack* stack) noexcept {
+COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, const rank_environment& environment,
+                                        std::span<const int> own, int report, std::uint64_t reset,
+                                        const entry_stack* stack) noexcept {
+  char** const envp = const_cast<char**>(environment.envp.data());
   auto& [name, args, returns_value, entries, plans] = r;
   auto& [rank, parent, death_signal, new_group, cwd, env, kept] = plan;
   // Every descriptor needed is first moved above all the numbers involved,
@@ -119,10 +133,10 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   for (int number : kept) top = std::max(top, number);
   fd_array fds{};
   for (std::size_t i = 0; i < own.size(); ++i) {
-    fds[i] = ::fcntl(own[i], F_DUPFD_CLOEXEC, top + 1);
+    fds[i] = static_cast<int>(os::raw_syscall(SYS_fcntl, own[i], F_DUPFD_CLOEXEC, top + 1));
     if (fds[i] < 0) ::_exit(127);  // not said on the report pipe: the parent sees it end without a word
   }
-  report = ::fcntl(report, F_DUPFD_CLOEXEC, top + 1);
+  report = static_cast<int>(os::raw_syscall(SYS_fcntl, report, F_DUPFD_CLOEXEC, top + 1));
   if (report < 0) ::_exit(127);
   // In increasing order, as set_up_child wants them: the kept numbers (the
   // server checked they increase), then those moved above them in the order
@@ -130,7 +144,8 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   fd_array keep{};
   std::size_t keep_count = 0;
   for (std::size_t i = 0; i < kept.size(); ++i) {
-    if (::dup2(fds[first_kept(returns_value) + i], kept[i]) < 0) ::_exit(127);
+    // dup2's way: each was moved above every number, so none is in place.
+    if (os::raw_syscall(SYS_dup3, fds[first_kept(returns_value) + i], kept[i], 0) < 0) ::_exit(127);
     keep[keep_count++] = kept[i];
   }
   const int result = returns_value ? fds[result_slot] : -1;
@@ -150,35 +165,50 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   p.reset_signals = &reset;
   set_up_or_report(p, report, rank);
   environ = envp;
-  shm::find_keeper_in_environment();  // set in its environment by the parent
-  const encoded call_args = encoded::from_bytes(std::move(args));
+  shm::set_keeper(environment.keeper);
+  // Never destroyed: the rank ends with _exit, and freeing it would write
+  // pages of the heap that the server shares.
+  alignas(encoded) std::byte storage[sizeof(encoded)];
+  const auto& call_args = *new (storage) encoded(encoded::from_bytes(std::move(args)));
   return run_entry(name, rank, call_args, result, stack);
 }
 
 // The forked child's way from the server's loop to its exit.
 [[noreturn]] COHORT_FORKED_CHILD_PATH void become_rank(int socket, std::unique_ptr<request> r, rank_plan& plan,
-                                                       char** envp, std::span<const int> own, int report,
-                                                       std::uint64_t reset, const entry_stack* stack) noexcept {
-  ::close(socket);
+                                                       const rank_environment& environment,
+                                                       std::span<const int> own, int report, std::uint64_t reset,
+                                                       const entry_stack* stack) noexcept {
+  os::raw_syscall(SYS_close, socket);
   // The child's for good: its environment points into it, and what it
   // leaves behind need not be freed page by page.
-  end_forked_rank(run_forked(*r.release(), plan, envp, own, report, reset, stack));
+  end_forked_rank(run_forked(*r.release(), plan, environment, own, report, reset, stack));
 }
 
 // Each rank's environment as environ wants it, pointing into the request's
-// entries; made before the forks, so that no child allocates. A child never
+// entries, and its keeper: made before the forks, so that no child
+// allocates. The keeper's entry (shm::keeper_env) is taken out and parsed
+// here, as a rank would take it from its environment at its start: a child
+// then runs no environment or string code of libc's for it. A child never
 // returns to the loop that frees the server's copy: its own stays to its
 // exit, exit handlers included.
-std::vector<std::vector<char*>> environments(request& r, std::span<const rank_plan> ranks) {
+std::vector<rank_environment> environments(request& r, std::span<const rank_plan> ranks) {
   auto& entries = std::get<3>(r);
-  std::vector<std::vector<char*>> envps(ranks.size());
+  const std::string keeper_prefix = std::string(shm::keeper_env) + "=";
+  std::vector<rank_environment> made(ranks.size());
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const auto& env = std::get<5>(ranks[i]);
-    envps[i].reserve(env.size() + 1);
-    for (int entry : env) envps[i].push_back(entries[static_cast<std::size_t>(entry)].data());
-    envps[i].push_back(nullptr);
+    made[i].envp.reserve(env.size() + 1);
+    for (int entry : env) {
+      auto& text = entries[static_cast<std::size_t>(entry)];
+      if (text.starts_with(keeper_prefix)) {
+        made[i].keeper = shm::parse_keeper(std::string_view(text).substr(keeper_prefix.size()));
+      } else {
+        made[i].envp.push_back(text.data());
+      }
+    }
+    made[i].envp.push_back(nullptr);
   }
-  return envps;
+  return made;
 }
 
 // The client's end: one server per process, started on first use and again
@@ -252,7 +282,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     std::vector<std::byte> bytes;
     std::unique_ptr<request> r;
     std::span<rank_plan> ranks;  // those to fork, in r
-    std::vector<std::vector<char*>> envps;  // theirs
+    std::vector<rank_environment> environments_of_ranks;  // theirs
     if (truncated) {
       replies.push_back(-EMFILE);  // its descriptors did not fit under this server's limit
     } else if (n != static_cast<ssize_t>(sizeof b) || count < shared_slots) {
@@ -281,7 +311,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
         }
         if (needed != count) throw std::invalid_argument("descriptors");
         ranks = std::span(plans).subspan(b.first, b.count);
-        envps = environments(*r, ranks);
+        environments_of_ranks = environments(*r, ranks);
       } catch (const std::bad_alloc&) {
         ranks = {};
         replies.push_back(-ENOMEM);
@@ -293,8 +323,8 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
       const std::size_t own = descriptors_of(ranks[i], std::get<2>(*r));
       const pid_t pid = clone_as_sibling(self);
       if (pid == 0) {
-        become_rank(socket, std::move(r), ranks[i], envps[i].data(), std::span<const int>(fds).subspan(at, own),
-                    fds[report_slot], reset, stack);
+        become_rank(socket, std::move(r), ranks[i], environments_of_ranks[i],
+                    std::span<const int>(fds).subspan(at, own), fds[report_slot], reset, stack);
       }
       replies.push_back(pid > 0 ? pid : -errno);
       if (pid < 0) break;

@@ -11,6 +11,7 @@
 #include "process/launch.hpp"
 #include "os/owned_fd.hpp"
 #include "os/process_identity.hpp"
+#include "os/raw_syscall.hpp"
 #include "process/owned_pids.hpp"
 #include "process/parallel.hpp"
 #include "shm/fork.hpp"
@@ -230,9 +231,10 @@ struct setup_report {
 COHORT_FORKED_CHILD_PATH void set_up_or_report(launch_plan& p, int report_fd, int rank) noexcept {
   const bool ready = set_up_child(p);
   const setup_report r{rank, ready ? stage::none : p.failed_at, ready ? 0 : p.error, os::this_process()};
-  [[maybe_unused]] auto n = ::write(report_fd, &r, sizeof r);
+  // Raw calls, as the set-up's: no page of libc's code to fault in.
+  os::raw_syscall(SYS_write, report_fd, reinterpret_cast<long>(&r), sizeof r);
   if (!ready) ::_exit(127);
-  ::close(report_fd);
+  os::raw_syscall(SYS_close, report_fd);
 }
 
 // The pipe ends once every rank has reported and closed its end, or died:

@@ -3,6 +3,7 @@
 #include "os/process_identity.hpp"
 
 #include "config.hpp"
+#include "os/raw_syscall.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -69,7 +70,9 @@ std::uint64_t own_start_time() noexcept {
 pid_t this_process() noexcept {
   pid_t pid = cached_pid.load(std::memory_order_relaxed);
   if (pid == 0) {
-    pid = ::getpid();
+    // Raw: a forked child asks first thing, and libc's wrapper would be a
+    // page of code for it to fault in.
+    pid = static_cast<pid_t>(raw_syscall(SYS_getpid));
     cached_pid.store(pid, std::memory_order_relaxed);
   }
   return pid;

@@ -137,34 +137,35 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
       ::sigaction(sig, &dfl, nullptr);
     }
   }
-  // Here by raw system calls: each wrapper of libc may be one more page of
-  // code for a forked child to fault in.
+  // From here by raw system calls: each wrapper of libc would be one more
+  // page of code for a forked child to fault in. `done` records a call's
+  // failure as failed() does.
+  const auto done = [&p](long result, stage where) {
+    return result >= 0 || failed(p, where, static_cast<int>(-result));
+  };
   const sigset_t none{};
-  if (const long r = os::raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, reinterpret_cast<long>(&none), 0, _NSIG / 8);
-      r != 0) {
-    return failed(p, stage::signals, static_cast<int>(-r));
+  if (!done(os::raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, reinterpret_cast<long>(&none), 0, _NSIG / 8),
+            stage::signals)) {
+    return false;
   }
-
-  if (p.new_group && ::setpgid(0, 0) != 0) return failed(p, stage::setpgid);
+  if (p.new_group && !done(os::raw_syscall(SYS_setpgid, 0, 0), stage::setpgid)) return false;
   if (p.death_signal != 0) {
-    const auto signal = static_cast<unsigned long>(p.death_signal);
-    if (const long r = os::raw_syscall(SYS_prctl, PR_SET_PDEATHSIG, static_cast<long>(signal)); r != 0) {
-      return failed(p, stage::pdeathsig, static_cast<int>(-r));
-    }
-    if (::getppid() != p.parent) ::_exit(127);  // the parent is already gone
+    if (!done(os::raw_syscall(SYS_prctl, PR_SET_PDEATHSIG, p.death_signal), stage::pdeathsig)) return false;
+    if (os::raw_syscall(SYS_getppid) != p.parent) ::_exit(127);  // the parent is already gone
   }
   for (int target = 0; target < 3; ++target) {
-    int src = p.source[static_cast<std::size_t>(target)];
-    if (src >= 0 && ::dup2(src, target) < 0) return failed(p, stage::dup2);
+    const int src = p.source[static_cast<std::size_t>(target)];
+    // dup2's way: a descriptor already in place is left as it is.
+    if (src >= 0 && src != target && !done(os::raw_syscall(SYS_dup3, src, target, 0), stage::dup2)) return false;
   }
-  if (p.cwd != nullptr && ::chdir(p.cwd) != 0) return failed(p, stage::chdir);
+  if (p.cwd != nullptr && !done(os::raw_syscall(SYS_chdir, reinterpret_cast<long>(p.cwd)), stage::chdir)) return false;
   if (p.close_fds && p.close_now) {
     if (const int error = os::close_all_but(p.keep, p.keep_count); error != 0) return failed(p, stage::fds, error);
   } else if (p.close_fds && os::raw_syscall(SYS_close_range, 3, ~0U, config::close_range_cloexec) != 0) {
-    for (int fd = 3; fd < p.fd_limit; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    for (int fd = 3; fd < p.fd_limit; ++fd) os::raw_syscall(SYS_fcntl, fd, F_SETFD, FD_CLOEXEC);
   }
   for (std::size_t i = 0; i < p.keep_count; ++i) {
-    if (::fcntl(p.keep[i], F_SETFD, 0) != 0) return failed(p, stage::fds);
+    if (!done(os::raw_syscall(SYS_fcntl, p.keep[i], F_SETFD, 0), stage::fds)) return false;
   }
   if (p.hook != nullptr) {
     if (const int error = p.hook(p.hook_context); error != 0) {
