@@ -57,13 +57,16 @@ class entry_stack {
 int run_entry(const std::string& name, int rank, const encoded& args, int result_fd,
               const entry_stack* stack = nullptr);
 
-/// Writes what stdout, stderr and std::cout hold.
+/// Writes what stdout, stderr and std::cout hold, before forks; and notes
+/// whether std::cout writes through stdout, which tells a forked rank's end
+/// whether std::cout may hold anything of its own.
 void flush_standard_streams() noexcept;
 
 /// Ends a rank made by a fork, of the caller or of the forkserver, once its
 /// function has run: lets go of its shared memory, writes what stdout,
-/// stderr and std::cout hold, and exits with `code` without exit handlers
-/// or static destructors, which are another process's.
+/// stderr and std::cout hold (a stream that holds nothing is not touched),
+/// and exits with `code` without exit handlers or static destructors,
+/// which are another process's.
 [[noreturn]] void end_forked_rank(int code) noexcept;
 
 /// Calls the function registered as `name` in this thread, as fn(rank,
