@@ -66,15 +66,11 @@ using rank_plan = std::tuple<int, int, int, bool, std::string, std::vector<int>,
 // The function's name, its arguments, whether it returns a value (each
 // rank then sends a result memfd), the "NAME=value" entries of the ranks'
 // environments (each once: the ranks share nearly all of theirs), every
-// rank's plan.
-using request =
-    std::tuple<std::string, std::vector<std::byte>, bool, std::vector<std::string>, std::vector<rank_plan>>;
-
-// A rank's environment as environ wants it (null-ended), and its keeper.
-struct rank_environment {
-  std::vector<char*> envp;
-  shm::keeper_address keeper;
-};
+// rank's plan, and the ranks' keeper (shm::keeper_for_ranks(); empty for
+// none), which the server parses once for all of them: a forked rank then
+// runs no environment or string code of libc's to find it.
+using request = std::tuple<std::string, std::vector<std::byte>, bool, std::vector<std::string>,
+                           std::vector<rank_plan>, std::string>;
 
 // Where a rank's kept descriptors start among its own: after the result
 // memfd, when it sends one.
@@ -120,11 +116,10 @@ COHORT_FORKED_CHILD_PATH pid_t clone_as_sibling(const thread_identity& self) {
 // rank's descriptors as received (rank_slot order, then the kept ones); the
 // other ranks' go with the set-up. What escapes ends the rank through
 // std::terminate.
-COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, const rank_environment& environment,
+COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp, const shm::keeper_address& keeper,
                                         std::span<const int> own, int report, std::uint64_t reset,
                                         const entry_stack* stack) noexcept {
-  char** const envp = const_cast<char**>(environment.envp.data());
-  auto& [name, args, returns_value, entries, plans] = r;
+  auto& [name, args, returns_value, entries, plans, keeper_text] = r;
   auto& [rank, parent, death_signal, new_group, cwd, env, kept] = plan;
   // Every descriptor needed is first moved above all the numbers involved,
   // so that placing one never overwrites another.
@@ -165,7 +160,7 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, const rank_
   p.reset_signals = &reset;
   set_up_or_report(p, report, rank);
   environ = envp;
-  shm::set_keeper(environment.keeper);
+  shm::set_keeper(keeper);
   // Never destroyed: the rank ends with _exit, and freeing it would write
   // pages of the heap that the server shares.
   alignas(encoded) std::byte storage[sizeof(encoded)];
@@ -175,40 +170,29 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, const rank_
 
 // The forked child's way from the server's loop to its exit.
 [[noreturn]] COHORT_FORKED_CHILD_PATH void become_rank(int socket, std::unique_ptr<request> r, rank_plan& plan,
-                                                       const rank_environment& environment,
+                                                       char** envp, const shm::keeper_address& keeper,
                                                        std::span<const int> own, int report, std::uint64_t reset,
                                                        const entry_stack* stack) noexcept {
   os::raw_syscall(SYS_close, socket);
   // The child's for good: its environment points into it, and what it
   // leaves behind need not be freed page by page.
-  end_forked_rank(run_forked(*r.release(), plan, environment, own, report, reset, stack));
+  end_forked_rank(run_forked(*r.release(), plan, envp, keeper, own, report, reset, stack));
 }
 
 // Each rank's environment as environ wants it, pointing into the request's
-// entries, and its keeper: made before the forks, so that no child
-// allocates. The keeper's entry (shm::keeper_env) is taken out and parsed
-// here, as a rank would take it from its environment at its start: a child
-// then runs no environment or string code of libc's for it. A child never
+// entries; made before the forks, so that no child allocates. A child never
 // returns to the loop that frees the server's copy: its own stays to its
 // exit, exit handlers included.
-std::vector<rank_environment> environments(request& r, std::span<const rank_plan> ranks) {
+std::vector<std::vector<char*>> environments(request& r, std::span<const rank_plan> ranks) {
   auto& entries = std::get<3>(r);
-  const std::string keeper_prefix = std::string(shm::keeper_env) + "=";
-  std::vector<rank_environment> made(ranks.size());
+  std::vector<std::vector<char*>> envps(ranks.size());
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const auto& env = std::get<5>(ranks[i]);
-    made[i].envp.reserve(env.size() + 1);
-    for (int entry : env) {
-      auto& text = entries[static_cast<std::size_t>(entry)];
-      if (text.starts_with(keeper_prefix)) {
-        made[i].keeper = shm::parse_keeper(std::string_view(text).substr(keeper_prefix.size()));
-      } else {
-        made[i].envp.push_back(text.data());
-      }
-    }
-    made[i].envp.push_back(nullptr);
+    envps[i].reserve(env.size() + 1);
+    for (int entry : env) envps[i].push_back(entries[static_cast<std::size_t>(entry)].data());
+    envps[i].push_back(nullptr);
   }
-  return made;
+  return envps;
 }
 
 // The client's end: one server per process, started on first use and again
@@ -282,7 +266,8 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     std::vector<std::byte> bytes;
     std::unique_ptr<request> r;
     std::span<rank_plan> ranks;  // those to fork, in r
-    std::vector<rank_environment> environments_of_ranks;  // theirs
+    std::vector<std::vector<char*>> envps;  // theirs
+    shm::keeper_address keeper;  // theirs
     if (truncated) {
       replies.push_back(-EMFILE);  // its descriptors did not fit under this server's limit
     } else if (n != static_cast<ssize_t>(sizeof b) || count < shared_slots) {
@@ -294,7 +279,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     } else {
       try {
         r = std::make_unique<request>(decode<request>(encoded::from_bytes(std::move(bytes))));
-        auto& [name, args, returns_value, entries, plans] = *r;
+        auto& [name, args, returns_value, entries, plans, keeper_text] = *r;
         if (b.count == 0 || b.first > plans.size() || b.count > plans.size() - b.first) {
           throw std::invalid_argument("ranks");
         }
@@ -311,7 +296,8 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
         }
         if (needed != count) throw std::invalid_argument("descriptors");
         ranks = std::span(plans).subspan(b.first, b.count);
-        environments_of_ranks = environments(*r, ranks);
+        envps = environments(*r, ranks);
+        keeper = shm::parse_keeper(keeper_text);
       } catch (const std::bad_alloc&) {
         ranks = {};
         replies.push_back(-ENOMEM);
@@ -323,8 +309,8 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
       const std::size_t own = descriptors_of(ranks[i], std::get<2>(*r));
       const pid_t pid = clone_as_sibling(self);
       if (pid == 0) {
-        become_rank(socket, std::move(r), ranks[i], environments_of_ranks[i],
-                    std::span<const int>(fds).subspan(at, own), fds[report_slot], reset, stack);
+        become_rank(socket, std::move(r), ranks[i], envps[i].data(), keeper, std::span<const int>(fds).subspan(at, own),
+                    fds[report_slot], reset, stack);
       }
       replies.push_back(pid > 0 ? pid : -errno);
       if (pid < 0) break;
@@ -348,10 +334,10 @@ std::vector<int> kept_by(const server_request& r) {
   return kept;
 }
 
-// Writes the call and every rank's plan into a memfd; returns it, or -1
-// with `f` saying why. `kept[i]` is kept_by(requests[i]).
+// Writes the call, every rank's plan and their keeper into a memfd;
+// returns it, or -1 with `f` saying why. `kept[i]` is kept_by(requests[i]).
 int write_plans(std::span<const server_request> requests, std::span<const std::vector<int>> kept,
-                const function_call& call, launch_failure& f) {
+                const function_call& call, const std::string& keeper, launch_failure& f) {
   std::vector<std::string> entries;
   std::unordered_map<std::string_view, int> numbers;  // of the entries, by their text in the plans
   std::vector<rank_plan> plans;
@@ -373,8 +359,8 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
                        kept[i]);
   }
   const auto args = call.args.bytes();
-  const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), call.returns_value, std::move(entries),
-                    std::move(plans)};
+  const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), call.returns_value,
+                    std::move(entries), std::move(plans), keeper};
   const int fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
   if (fd < 0 || !write_whole(fd, encode(req).bytes())) {
     f = {stage::start, errno, ""};
@@ -416,8 +402,8 @@ constexpr std::chrono::milliseconds unnamed_patience{2000};
 
 }  // namespace
 
-std::size_t start_from_server(std::span<server_request> requests, const function_call& call, int& report_fd,
-                              launch_failure& f) noexcept {
+std::size_t start_from_server(std::span<server_request> requests, const function_call& call,
+                              const std::string& keeper, int& report_fd, launch_failure& f) noexcept {
   // Never destroyed: a forked child that calls exit() must not touch its
   // copy, whose descriptors it may have closed. The server ends by itself
   // when this process goes (its socket closes; parent-death signal).
@@ -436,7 +422,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
     std::vector<std::vector<int>> kept;
     kept.reserve(requests.size());
     for (const auto& r : requests) kept.push_back(kept_by(r));
-    const os::owned_fd plans(write_plans(requests, kept, call, f));
+    const os::owned_fd plans(write_plans(requests, kept, call, keeper, f));
     if (plans.get() < 0) return 0;
     for (bool restarted = false;;) {
       if (l.socket < 0) {

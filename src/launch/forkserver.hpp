@@ -39,9 +39,10 @@ struct server_request {
 /// requests, from the first, have a child; when all have, `report_fd` is
 /// the read end of the pipe their set-up reports come on (see
 /// await_set_up), the caller's to close. At the first failure it stops,
-/// with `f` saying why and no child of a later request left. Needs
+/// with `f` saying why and no child of a later request left. The children
+/// hand over to `keeper` (shm::keeper_for_ranks(); empty for none). Needs
 /// child_main() in main (checked by the caller).
-std::size_t start_from_server(std::span<server_request> requests, const function_call& call, int& report_fd,
-                              launch_failure& f) noexcept;
+std::size_t start_from_server(std::span<server_request> requests, const function_call& call,
+                              const std::string& keeper, int& report_fd, launch_failure& f) noexcept;
 
 }  // namespace cohort::detail

@@ -423,13 +423,7 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     std::vector<int> keep;
     if (x.result.get() >= 0) keep.push_back(x.result.get());
     if (call.method == start_method::fork) keep.push_back(report_write.get());
-    if (call.method == start_method::forkserver && !keeper.empty()) {
-      spawn_options with_keeper = options[r];  // a forked rank is told in memory, with no environment to build
-      with_keeper.env.set(shm::keeper_env, keeper);
-      x.prepared = std::make_unique<prepared_launch>(with_keeper, keep, f);
-    } else {
-      x.prepared = std::make_unique<prepared_launch>(options[r], keep, f);
-    }
+    x.prepared = std::make_unique<prepared_launch>(options[r], keep, f);
     if (!x.prepared->ok()) fail(r, f);
     x.prepared->plan().close_now = true;  // no exec to close them at
   }
@@ -447,7 +441,7 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
       requests.push_back({&ranks[r]->prepared->plan(), static_cast<int>(r), ranks[r]->result.get()});
     }
     int report_fd = -1;
-    const std::size_t started = start_from_server(requests, call, report_fd, f);
+    const std::size_t started = start_from_server(requests, call, keeper, report_fd, f);
     report_read = os::owned_fd(report_fd);
     for (std::size_t r = 0; r < started; ++r) ranks[r]->pid = requests[r].pid;
     if (started < n) fail(started, f);

@@ -151,12 +151,10 @@ COHORT_FORKED_CHILD_PATH void set_keeper(const keeper_address& keeper) noexcept 
   keeper_found.of = keeper.pid != 0 ? os::this_process() : 0;
 }
 
-void set_keeper(std::string_view value) noexcept { set_keeper(parse_keeper(value)); }
-
 void find_keeper_in_environment() noexcept {
   const char* value = std::getenv(keeper_env);
   if (value == nullptr) return;
-  set_keeper(value);
+  set_keeper(parse_keeper(value));
   ::unsetenv(keeper_env);
 }
 

@@ -42,8 +42,6 @@ keeper_address parse_keeper(std::string_view value) noexcept;
 /// what its parent parsed before the fork, and runs no string code of the
 /// C library for it (each page of code it runs first is a page fault).
 void set_keeper(const keeper_address& keeper) noexcept;
-/// set_keeper(parse_keeper(value)).
-void set_keeper(std::string_view value) noexcept;
 /// Takes this process's keeper from keeper_env, when set there, and
 /// removes it (what the rank starts has a keeper of its own, or none).
 /// Called as a rank starts.
