@@ -85,10 +85,22 @@ os::owned_fd open_log(const std::filesystem::path& path) {
   return fd;
 }
 
+// What a pump reads into, and the console lines it makes of it.
+struct scratch {
+  std::unique_ptr<char[]> data = std::make_unique_for_overwrite<char[]>(read_size);
+  std::string lines;
+};
+
 }  // namespace
 
 struct group_logs::state {
   std::vector<log_stream> streams;
+  // A read is delivered before its pump waits again, so the streams share
+  // the scratches: as many as threads read at the same time, whatever the
+  // number of streams, and warm in the cache of the thread that reuses one.
+  std::mutex scratch_mutex;
+  std::vector<std::unique_ptr<scratch>> scratches;
+  std::vector<scratch*> spare;  // its capacity holds every scratch
   // The followed files: one inotify instance for the group (the system
   // allows a user few of them, and many watches), and which stream each
   // watch is on.
@@ -286,14 +298,40 @@ void write_file(group_logs::state& st, log_stream& s, const char* data, std::siz
   }
 }
 
+// A scratch of the group's, for one read and its delivery.
+class borrowed_scratch {
+ public:
+  explicit borrowed_scratch(group_logs::state& st) : st_(st) {
+    std::lock_guard lock(st.scratch_mutex);
+    if (st.spare.empty()) {
+      st.scratches.push_back(std::make_unique<scratch>());
+      st.spare.reserve(st.scratches.size());  // so that giving it back cannot fail
+      s_ = st.scratches.back().get();
+    } else {
+      s_ = st.spare.back();
+      st.spare.pop_back();
+    }
+  }
+  borrowed_scratch(const borrowed_scratch&) = delete;
+  borrowed_scratch& operator=(const borrowed_scratch&) = delete;
+  ~borrowed_scratch() {
+    std::lock_guard lock(st_.scratch_mutex);
+    st_.spare.push_back(s_);
+  }
+  scratch* operator->() const noexcept { return s_; }
+
+ private:
+  group_logs::state& st_;
+  scratch* s_;
+};
+
 // Writes the whole lines of what came in to the console, each behind the
 // prefix, in one write: they are copied into `lines` first. (Gathered as
 // an iovec for the prefix and one for each line, the kernel's walk over
 // the iovecs and the calls that IOV_MAX splits them into took more than
 // the copy.) The rest of a line waits in `pending`.
-void write_console(log_stream& s, const char* data, std::size_t size) {
+void write_console(log_stream& s, std::string& lines, const char* data, std::size_t size) {
   if (s.console < 0) return;
-  auto& lines = s.lines;
   lines.clear();
   const char* end = data + size;
   const auto next_newline = [&] { return static_cast<const char*>(std::memchr(data, '\n', static_cast<std::size_t>(end - data))); };
@@ -327,8 +365,8 @@ void write_console(log_stream& s, const char* data, std::size_t size) {
 
 // What came in goes to the console first: a file write can wait on the
 // disk, and the console is where someone is watching.
-void deliver(group_logs::state& st, log_stream& s, const char* data, std::size_t size) {
-  write_console(s, data, size);
+void deliver(group_logs::state& st, log_stream& s, std::string& lines, const char* data, std::size_t size) {
+  write_console(s, lines, data, size);
   write_file(st, s, data, size);
 }
 
@@ -346,9 +384,10 @@ void tell_busy(group_logs::state& st) noexcept {
 // ended (or cannot be read), true while it is open.
 bool read_available(group_logs::state& st, log_stream& s) {
   for (;;) {
-    const ssize_t n = ::read(s.source.get(), s.buffer.get(), read_size);
+    const borrowed_scratch scratch(st);
+    const ssize_t n = ::read(s.source.get(), scratch->data.get(), read_size);
     if (n > 0) {
-      deliver(st, s, s.buffer.get(), static_cast<std::size_t>(n));
+      deliver(st, s, scratch->lines, scratch->data.get(), static_cast<std::size_t>(n));
       if (static_cast<std::size_t>(n) >= s.full_read) tell_busy(st);
       if (static_cast<std::size_t>(n) < read_size) return true;
     } else if (n < 0 && errno == EINTR) {
@@ -364,11 +403,13 @@ bool read_available(group_logs::state& st, log_stream& s) {
 // rank cut its own log) is read again from its start.
 bool read_followed(group_logs::state& st, log_stream& s) {
   if (s.source.get() < 0 || s.console < 0) return false;  // a console that is gone needs nothing more
-  ssize_t n = ::pread(s.source.get(), s.buffer.get(), read_size, s.read_to);
+  const borrowed_scratch scratch(st);
+  char* const data = scratch->data.get();
+  ssize_t n = ::pread(s.source.get(), data, read_size, s.read_to);
   struct stat file {};
   if (n == 0 && ::fstat(s.source.get(), &file) == 0 && file.st_size < s.read_to) {
     s.read_to = 0;
-    n = ::pread(s.source.get(), s.buffer.get(), read_size, 0);
+    n = ::pread(s.source.get(), data, read_size, 0);
   }
   if (n < 0) {
     add_error(st, fmt::format("cohort: reading {} for the console failed ({}); what the rank wrote after is only in the file",
@@ -377,7 +418,7 @@ bool read_followed(group_logs::state& st, log_stream& s) {
     return false;
   }
   s.read_to += n;
-  write_console(s, s.buffer.get(), static_cast<std::size_t>(n));
+  write_console(s, scratch->lines, data, static_cast<std::size_t>(n));
   if (static_cast<std::size_t>(n) >= s.full_read) tell_busy(st);
   return static_cast<std::size_t>(n) == read_size;
 }
@@ -393,8 +434,6 @@ void end_stream(log_stream& s) {
   s.pending.clear();
   s.source.reset();
   s.file.reset();
-  s.buffer.reset();
-  s.lines = std::string();
 }
 
 // The end of a piped stream: what is left in the pipe, then the rest.
@@ -514,7 +553,6 @@ void group_logs::start(const asio::any_io_executor& io, const asio::any_io_execu
   };
   for (std::size_t i = 0; i < st.streams.size(); ++i) {
     auto& s = st.streams[i];
-    s.buffer = std::make_unique_for_overwrite<char[]>(read_size);  // pages touched only as reads fill them
     if (s.followed) {
       s.wake = std::make_unique<asio::steady_timer>(st.strands[i], std::chrono::steady_clock::time_point::max());
       spawn(i, follow(state_, i, group_strand));

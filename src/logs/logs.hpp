@@ -37,10 +37,6 @@ struct log_stream {
   int console = -1;  ///< where its lines go, or -1
   std::string prefix;
   std::string pending;  ///< the start of a line whose newline has not come yet
-  /// While it is read: what one read takes (its pages touched only as
-  /// reads fill them), and the console lines made of it.
-  std::unique_ptr<char[]> buffer;
-  std::string lines;
   /// A read this long took all the source held at its fullest: the
   /// smaller of the read's buffer and the pipe's size (which stays smaller
   /// when the system refuses to grow it); the buffer for a followed file.
