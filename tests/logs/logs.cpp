@@ -225,12 +225,7 @@ TEST_CASE("ranks writing megabytes at once: files exact, console lines never mix
   spec.logs.dir = dir.path;
   spec.logs.tee = std_streams::out;
   spec.logs.console_out = out.fd;
-  asio::io_context io;
-  const auto result = test::run(io, [&]() -> asio::awaitable<run_result> {
-    group g = co_await start_processes(spec);
-    co_return co_await g.wait();
-  }(), threads);
-  REQUIRE(result.ok());
+  REQUIRE(run_group(spec, threads).ok());
   std::map<std::string, std::size_t> lines_per_prefix;
   std::size_t bytes = 0;
   for (int rank = 0; rank < 4; ++rank) {
