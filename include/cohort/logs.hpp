@@ -87,8 +87,9 @@ struct logs_spec {
   /// ones; otherwise a stream that is neither redirected nor teed is the
   /// rank's own stdout/stderr, inherited from this process.
   bool prefix_all = false;
-  /// Put before each console line: ${role} (group_spec::name), ${rank}
-  /// (first_rank + the rank), ${local_rank} (the rank in the group).
+  /// Put before each console line: ${role} or ${role_name}, as torchrun's
+  /// templates say it (group_spec::name), ${rank} (first_rank + the rank),
+  /// ${local_rank} (the rank in the group); other ${...} stay as written.
   std::string prefix = "[${role}${local_rank}]:";
   int first_rank = 0;
   /// Where console lines go; -1: this process's stdout (1) and stderr (2).

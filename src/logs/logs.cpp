@@ -167,7 +167,7 @@ std::string expand_prefix(const std::string& pattern, const std::string& role, i
     if (close == std::string::npos) break;
     const std::string_view name(pattern.data() + open + 2, close - open - 2);
     out.append(pattern, at, open - at);
-    if (name == "role") out += role;
+    if (name == "role" || name == "role_name") out += role;  // torchrun's templates say role_name
     else if (name == "rank") out += std::to_string(rank);
     else if (name == "local_rank") out += std::to_string(local_rank);
     else out.append(pattern, open, close + 1 - open);  // not ours: kept as written

@@ -75,7 +75,7 @@ class group_logs {
   std::shared_ptr<state> state_;
 };
 
-/// Expands ${role}, ${rank} and ${local_rank} in `pattern`.
+/// Expands ${role} (also ${role_name}), ${rank} and ${local_rank} in `pattern`.
 std::string expand_prefix(const std::string& pattern, const std::string& role, int rank, int local_rank);
 
 }  // namespace cohort::detail

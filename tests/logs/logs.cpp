@@ -130,19 +130,19 @@ TEST_CASE("a stream teed to a plain file is that file in the rank, and the conso
   CHECK(std::multiset<std::string>(console.begin(), console.end()) == expected);
 }
 
-TEST_CASE("the prefix template names the role, the global rank and the local rank") {
+TEST_CASE("the prefix template names the role (as ${role} or torchrun's ${role_name}), the global rank and the local rank") {
   test::temp_dir dir;
   console_file out(dir.path / "console");
   auto spec = shell_ranks(2, "echo x");
   spec.name = "trainer";
   spec.logs.prefix_all = true;
   spec.logs.first_rank = 10;
-  spec.logs.prefix = "<${role}|${rank}|${local_rank}|${other}> ";
+  spec.logs.prefix = "<${role}|${role_name}|${rank}|${local_rank}|${other}> ";
   spec.logs.console_out = out.fd;
   REQUIRE(run_group(spec).ok());
   const auto console = lines_of(out.text());
   CHECK(std::multiset<std::string>(console.begin(), console.end()) ==
-        std::multiset<std::string>{"<trainer|10|0|${other}> x", "<trainer|11|1|${other}> x"});
+        std::multiset<std::string>{"<trainer|trainer|10|0|${other}> x", "<trainer|trainer|11|1|${other}> x"});
 }
 
 TEST_CASE("console_ranks: only the chosen ranks reach the console, the others their files") {
