@@ -65,6 +65,19 @@ int visible_gpus() {
   return n;
 }
 
+// CUDA_VISIBLE_DEVICES's entries, blanks around each taken off, as
+// torchrun splits it for --virtual-local-rank; nullopt when it is unset.
+std::optional<std::vector<std::string>> visible_device_entries() {
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr) return std::nullopt;
+  std::vector<std::string> entries;
+  for (auto entry : comma_list(visible)) {
+    const auto first = entry.find_first_not_of(" \t"), last = entry.find_last_not_of(" \t");
+    if (first != std::string::npos) entries.push_back(entry.substr(first, last + 1 - first));
+  }
+  return entries;
+}
+
 int ranks_per_node(const std::string& value) {
   if (value == "cpu") return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (value == "gpu" || value == "auto") {
@@ -183,14 +196,21 @@ std::map<std::string, std::string> contract(const run_options& o, const placemen
   };
   if (o.virtual_local_rank) {  // each rank sees its own GPU, as device 0
     variables["LOCAL_RANK"] = "0";
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    const auto gpus = comma_list(visible != nullptr ? visible : "");
-    const auto index = static_cast<std::size_t>(local);
-    variables["CUDA_VISIBLE_DEVICES"] = visible == nullptr   ? std::to_string(local)
-                                        : index < gpus.size() ? gpus[index]
-                                                              : std::string();
+    const auto gpus = visible_device_entries();
+    variables["CUDA_VISIBLE_DEVICES"] = gpus ? gpus->at(static_cast<std::size_t>(local)) : std::to_string(local);
   }
   return variables;
+}
+
+// Under --virtual-local-rank every local rank needs an entry of
+// CUDA_VISIBLE_DEVICES, when it is set, as torchrun requires.
+void check_virtual_local_ranks(const run_options& o, int nproc) {
+  if (!o.virtual_local_rank) return;
+  const auto gpus = visible_device_entries();
+  if (gpus && gpus->size() < static_cast<std::size_t>(nproc)) {
+    throw usage_error(fmt::format("--virtual-local-rank: {} local ranks, and CUDA_VISIBLE_DEVICES='{}' names {} device{}",
+                                  nproc, std::getenv("CUDA_VISIBLE_DEVICES"), gpus->size(), gpus->size() == 1 ? "" : "s"));
+  }
 }
 
 // A folder of its own, $TMPDIR/<prefix>XXXXXX; empty, with `ec` set, when
@@ -215,16 +235,26 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& fo
   logs.redirects = streams_of("redirects", o.redirects);
   logs.tee = streams_of("tee", o.tee);
   logs.prefix = o.log_line_prefix_template;
-  for (const auto* per_rank : {&logs.redirects.ranks, &logs.tee.ranks}) {
-    for (const auto& [rank, streams] : *per_rank) {
-      if (rank >= nproc) throw usage_error(fmt::format("--redirects/--tee name local rank {}; there are {}", rank, nproc));
+  // Local ranks past this node's are left out, as torchrun leaves them
+  // (one command line may serve nodes with fewer ranks), and said.
+  const auto beyond = [nproc](const char* flag, int rank) {
+    fmt::print(stderr, "cohort-run: {} names local rank {}; there are {} here: left out\n", flag, rank, nproc);
+  };
+  for (const auto& [flag, per_rank] : {std::pair{"--redirects", &logs.redirects.ranks}, std::pair{"--tee", &logs.tee.ranks}}) {
+    for (auto it = per_rank->begin(); it != per_rank->end();) {
+      if (it->first < nproc) {
+        ++it;
+        continue;
+      }
+      beyond(flag, it->first);
+      it = per_rank->erase(it);
     }
   }
   if (!o.local_ranks_filter.empty()) {
     logs.console_ranks.emplace();
     for (int rank : o.local_ranks_filter) {
-      if (rank >= nproc) throw usage_error(fmt::format("--local-ranks-filter names local rank {}; there are {}", rank, nproc));
-      logs.console_ranks->insert(rank);
+      if (rank < nproc) logs.console_ranks->insert(rank);
+      else beyond("--local-ranks-filter", rank);
     }
   }
   if (!o.log_dir.empty()) {
@@ -250,18 +280,30 @@ std::string log_folder(const run_options& o, const std::string& run_id) {
 
 // What Slurm, c10d's endpoint and the defaults say of a static job.
 placement static_placement(run_options& o, int nproc) {
-  if (o.rdzv_backend == "c10d") {
+  const bool c10d = o.rdzv_backend == "c10d";
+  if (c10d) {
     if (o.min_nodes != o.max_nodes) {
       throw usage_error("--rdzv-backend c10d takes a fixed --nnodes N here; for MIN:MAX use --rdzv-backend etcd-v3");
     }
-    if (!o.rdzv_endpoint.empty()) {  // the master's host:port
+    if (!o.rdzv_endpoint.empty()) {  // the master's host:port; port 0 (torchrun's localhost:0) picks a free one
       const auto colon = o.rdzv_endpoint.rfind(':');
       o.master_addr = o.rdzv_endpoint.substr(0, colon);
-      o.master_port = colon == std::string::npos ? 29400 : whole_number("--rdzv-endpoint's port", o.rdzv_endpoint.substr(colon + 1), 1);
+      o.master_port = colon == std::string::npos ? 29400 : whole_number("--rdzv-endpoint's port", o.rdzv_endpoint.substr(colon + 1), 0);
+      if (o.master_port > 65535) {
+        throw usage_error(fmt::format("--rdzv-endpoint {}: the port is not 0 to 65535", o.rdzv_endpoint));
+      }
+      if (o.master_port == 0 && o.max_nodes > 1) {
+        throw usage_error(fmt::format("--rdzv-endpoint {}: port 0 (any free port) serves one node only; give the "
+                                      "master's port",
+                                      o.rdzv_endpoint));
+      }
       o.master_addr_given = true;
     }
   }
-  if (!o.nnodes_given && !o.node_rank_given) {
+  // Slurm places the node unless the flags do. c10d's command lines across
+  // nodes give --nnodes and leave the node rank to the rendezvous, so there
+  // Slurm still gives it. --standalone is one node, whatever Slurm says.
+  if (!o.standalone && !o.node_rank_given && (!o.nnodes_given || (c10d && o.max_nodes > 1))) {
     std::optional<slurm_step> step;
     try {
       step = slurm_step_from_environment();
@@ -269,14 +311,26 @@ placement static_placement(run_options& o, int nproc) {
       throw usage_error(fmt::format("under Slurm: {}", e.what()));
     }
     if (step) {
-      o.min_nodes = o.max_nodes = step->nnodes;
+      if (!o.nnodes_given) o.min_nodes = o.max_nodes = step->nnodes;
+      if (step->node_id >= o.max_nodes) {
+        throw usage_error(fmt::format("under Slurm: SLURM_NODEID {} is not below --nnodes {}", step->node_id, o.max_nodes));
+      }
       o.node_rank = step->node_id;
+      o.node_rank_given = true;
       if (o.run_id.empty()) o.run_id = step->job_id;
       if (!o.master_addr_given) o.master_addr = step->first_host;
     }
   }
   if (o.min_nodes != o.max_nodes) {
     throw usage_error(fmt::format("--nnodes {}:{} needs a rendezvous: --rdzv-backend etcd-v3", o.min_nodes, o.max_nodes));
+  }
+  // torchrun's c10d rendezvous hands out the node ranks, so its command
+  // lines, the same on every node, name none: every node would be node 0.
+  if (c10d && o.max_nodes > 1 && !o.node_rank_given) {
+    throw usage_error(fmt::format("--rdzv-backend c10d across {} nodes: give each node its --node-rank (no c10d "
+                                  "rendezvous runs here to hand them out), run under Slurm's srun, or use "
+                                  "--rdzv-backend etcd-v3",
+                                  o.max_nodes));
   }
   if (o.node_rank >= o.max_nodes) {
     throw usage_error(fmt::format("--node-rank {} is not below --nnodes {}", o.node_rank, o.max_nodes));
@@ -487,6 +541,7 @@ void tell_rendezvous(const char* what, F&& tell) {
 // The attempts of a run, under a guardian.
 int run_attempts(run_options& o, run_record& record, const std::vector<std::string>& command) {
   const int nproc = ranks_per_node(o.nproc_per_node);
+  check_virtual_local_ranks(o, nproc);
   const bool elastic = o.rdzv_backend.rfind("etcd", 0) == 0;
   std::optional<placement> fixed;
   if (!elastic) {
@@ -671,6 +726,7 @@ int main(int argc, char** argv) {
   if (options && !record.outcome.empty()) {
     print_summary(record);
     write_results(*options, record);
+    write_own_error_file(record);
   }
   return code;
 }

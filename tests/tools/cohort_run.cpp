@@ -249,6 +249,45 @@ TEST_SUITE("cohort-run") {
     CHECK(r.err.find("error_file : /") != std::string::npos);
   }
 
+  TEST_CASE("given an error file of its own, cohort-run leaves the root cause there, as torchrun's @record does") {
+    test::temp_dir dir;
+    const auto own = dir.path / "launcher-error.json";
+    const std::map<std::string, std::string> env{{"TORCHELASTIC_ERROR_FILE", own.string()}};
+    const char* script =
+        "if [ $RANK = 1 ]; then printf '{\"message\": {\"message\": \"ValueError: bad batch\", \"extraInfo\": "
+        "{\"py_callstack\": \"tb\", \"timestamp\": \"1700000000\"}}}' > \"$TORCHELASTIC_ERROR_FILE\"; exit 3; fi; "
+        "sleep 30";
+    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", script}, env);
+    REQUIRE(r.status.code() == 3);
+    auto file = nlohmann::json::parse(read_file(own));
+    CHECK(file["message"]["message"] == "ValueError: bad batch");
+    CHECK(file["message"]["extraInfo"]["py_callstack"] == "tb");
+    CHECK(file["message"]["errorCode"] == 3);  // the rank's exit code, as torchrun sets it
+    // A rank that wrote none leaves nothing to pass on; a run that
+    // succeeded writes nothing either.
+    fs::remove(own);
+    r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", "exit 4"}, env);
+    CHECK(r.status.code() == 4);
+    CHECK_FALSE(fs::exists(own));
+    r = run_launcher({"-n", "1", "--", "/bin/true"}, env);
+    CHECK(r.status.code() == 0);
+    CHECK_FALSE(fs::exists(own));
+    // Ended by a signal: the error code is minus the signal.
+    const char* segv =
+        "printf '{\"message\": {\"message\": \"crash\", \"extraInfo\": {\"py_callstack\": \"\", "
+        "\"timestamp\": \"1\"}}}' > \"$TORCHELASTIC_ERROR_FILE\"; kill -SEGV $$";
+    r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", segv}, env);
+    CHECK(r.status.code() == 128 + SIGSEGV);
+    CHECK(nlohmann::json::parse(read_file(own))["message"]["errorCode"] == -SIGSEGV);
+    // Interrupted: what ended it.
+    fs::remove(own);
+    test::temp_dir up;
+    r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", "touch \"$0/up\"; sleep 30", up.path.string()},
+                     signal_when_up(up.path, 1, SIGTERM), env);
+    CHECK(r.status.code() == 128 + SIGTERM);
+    CHECK(nlohmann::json::parse(read_file(own))["message"]["message"] == "cohort-run: SIGTERM received");
+  }
+
   TEST_CASE("a C++ worker's uncaught exception reaches the summary with the function, file and line of its throw") {
     auto r = run_launcher({"-n", "1", "--", test::thrower, "uncaught"});
     CHECK(r.status.code() == 1);
@@ -357,6 +396,13 @@ TEST_SUITE("cohort-run") {
     auto unwritable = run_launcher({"-n", "2", "--log-dir", "/proc/no-such-dir", "--run-id", "none", "-r", "3", "true"});
     CHECK(unwritable.status.code() == 1);
     CHECK(unwritable.err.find("/proc/no-such-dir/none/attempt_0/0") != std::string::npos);
+    // Local ranks past this node's are left out, as torchrun leaves them.
+    auto beyond = run_launcher({"-n", "1", "-t", "0:3,4:3", "--local-ranks-filter", "0,7", "--", "/bin/sh", "-c",
+                                "echo out $LOCAL_RANK"});
+    CHECK(beyond.status.code() == 0);
+    CHECK(beyond.out == "[default0]:out 0\n");
+    CHECK(beyond.err.find("--tee names local rank 4; there are 1 here: left out") != std::string::npos);
+    CHECK(beyond.err.find("--local-ranks-filter names local rank 7") != std::string::npos);
     auto bad = run_launcher({"-n", "2", "-t", "0:3,x", "true"});
     CHECK(bad.status.code() == 2);
     CHECK(bad.err.find("--tee") != std::string::npos);
@@ -530,6 +576,42 @@ TEST_SUITE("cohort-run") {
                       default_port.path.string()});
     REQUIRE(r.status.code() == 0);
     CHECK(variables_in(default_port.path / "0")["MASTER_PORT"] == "29400");  // torchrun's c10d port
+    // Port 0 on one node, as torchrun's stacked single-node form gives it:
+    // a free port.
+    test::temp_dir any_port;
+    r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--nnodes", "1", "--", "/bin/sh", "-c",
+                      dump_contract, any_port.path.string()});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    auto picked = variables_in(any_port.path / "0");
+    CHECK(picked["MASTER_ADDR"] == "localhost");
+    CHECK(std::stoi(picked["MASTER_PORT"]) > 0);
+    // Across nodes, torchrun's c10d line names no node rank (its
+    // rendezvous hands them out): refused rather than every node being
+    // node 0. Under srun, Slurm's node id is the node rank.
+    r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "10.1.1.1:1234", "--nnodes", "2", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK(r.err.find("give each node its --node-rank") != std::string::npos);
+    r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "10.1.1.1:0", "--nnodes", "2", "--node-rank", "0", "--",
+                      "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK(r.err.find("port 0") != std::string::npos);
+    r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "10.1.1.1:65536", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    test::temp_dir slurm_node;
+    const std::map<std::string, std::string> step{
+        {"SLURM_STEP_ID", "0"}, {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_JOB_ID", "77"}, {"SLURM_JOB_NODELIST", "a,b"}};
+    r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "10.1.1.1:1234", "--nnodes", "2", "--rdzv-id", "job",
+                      "--", "/bin/sh", "-c", dump_contract, slurm_node.path.string()},
+                     step);
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    auto v1 = variables_in(slurm_node.path / "1");
+    CHECK(v1["GROUP_RANK"] == "1");
+    CHECK(v1["MASTER_ADDR"] == "10.1.1.1");
+    CHECK(v1["TORCHELASTIC_RUN_ID"] == "job");
+    // One node of its own under a step of two (each node its own job):
+    // Slurm's node id is not this job's node rank.
+    r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--nnodes", "1", "--", "/bin/true"}, step);
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
   }
 
   TEST_CASE("torchrun's flags that mean nothing for programs are accepted") {
@@ -550,6 +632,17 @@ TEST_SUITE("cohort-run") {
     REQUIRE(r.status.code() == 0);
     CHECK(read_file(dir.path / "0") == "0 3\n");
     CHECK(read_file(dir.path / "1") == "0 GPU-ab\n");
+    // Entries are taken as torchrun takes them, blanks off; a local rank
+    // without one is a usage error rather than a rank that sees no GPU.
+    test::temp_dir spaced;
+    r = run_launcher({"-n", "2", "--virtual-local-rank", "--", "/bin/sh", "-c",
+                      "echo \"$CUDA_VISIBLE_DEVICES\" > \"$0/$RANK\"", spaced.path.string()},
+                     {{"CUDA_VISIBLE_DEVICES", "4, 5"}});
+    REQUIRE(r.status.code() == 0);
+    CHECK(read_file(spaced.path / "1") == "5\n");
+    r = run_launcher({"-n", "2", "--virtual-local-rank", "--", "/bin/true"}, {{"CUDA_VISIBLE_DEVICES", "0"}});
+    CHECK(r.status.code() == 2);
+    CHECK(r.err.find("names 1 device") != std::string::npos);
     // torchrun's shutdown timeout is the grace after each signal: a rank
     // ignoring SIGTERM dies by SIGKILL after it.
     auto stubborn = run_launcher({"-n", "2", "--shutdown-timeout", "0.2", "--", "/bin/sh", "-c",
@@ -589,6 +682,29 @@ TEST_SUITE("cohort-run") {
                              "python3 in PATH that finds the torch", "PET_"}) {
       CHECK_MESSAGE(help.out.find(form) != std::string::npos, form);
     }
+  }
+
+  TEST_CASE("--standalone is one node even inside a Slurm step of several") {
+    test::temp_dir dir;
+    auto r = run_launcher({"--standalone", "-n", "2", "--", "/bin/sh", "-c", dump_contract, dir.path.string()},
+                          {{"SLURM_STEP_ID", "0"},
+                           {"SLURM_NODEID", "1"},
+                           {"SLURM_STEP_NUM_NODES", "2"},
+                           {"SLURM_JOB_ID", "7"},
+                           {"SLURM_STEP_NODELIST", "n[1-2]"}});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    auto v = variables_in(dir.path / "1");
+    CHECK(v["GROUP_RANK"] == "0");
+    CHECK(v["WORLD_SIZE"] == "2");
+    CHECK(v["MASTER_ADDR"] == "127.0.0.1");
+    CHECK(v["TORCHELASTIC_RUN_ID"] != "7");
+  }
+
+  TEST_CASE("torchrun's TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, with its ${role_name}, prefixes the teed lines") {
+    auto r = run_launcher({"-n", "2", "-t", "1", "--role", "trainer", "--", "/bin/sh", "-c", "echo hi"},
+                          {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${role_name}:${rank}/${local_rank}]"}});
+    REQUIRE(r.status.code() == 0);
+    CHECK((r.out == "[trainer:0/0]hi\n[trainer:1/1]hi\n" || r.out == "[trainer:1/1]hi\n[trainer:0/0]hi\n"));
   }
 
   TEST_CASE("Slurm: node rank, node count, run id and master address come from srun's variables") {

@@ -141,7 +141,8 @@ run_options parse_options(int argc, char** argv) {
   app.add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend,
                  "static (default); etcd-v3 (also named etcd and etcd-v2: etcd's v3 API is spoken either way); "
                  "c10d (its endpoint is the master's host:port, with a fixed --nnodes)");
-  app.add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint, "etcd's host:port, or c10d's master host:port");
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint,
+                 "etcd's host:port, or c10d's master host:port (port 0: a free one, on one node)");
   app.add_option("--rdzv-id,--rdzv_id,--run-id,--run_id", o.run_id,
                  "the job's id, TORCHELASTIC_RUN_ID (default: a fresh one per run; 'none' under etcd-v3)");
   app.add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf,
@@ -191,7 +192,7 @@ run_options parse_options(int argc, char** argv) {
   app.add_option("--signals-to-forward,--signals_to_forward", signals_to_forward,
                  "signals passed on to every rank, the run going on (default SIGUSR1,SIGUSR2)");
   app.add_option("--log-line-prefix-template,--log_line_prefix_template", o.log_line_prefix_template,
-                 "prefix of teed console lines: ${role}, ${rank}, ${local_rank} "
+                 "prefix of teed console lines: ${role} (or ${role_name}), ${rank}, ${local_rank} "
                  "(also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)");
   app.add_option("--result-json,--result_json", o.result_json, "write the run's outcome as JSON to this file");
   app.add_option("--python", o.python, "the Python interpreter for scripts and modules (also COHORT_PYTHON)");
@@ -266,6 +267,7 @@ run_options parse_options(int argc, char** argv) {
     if (o.max_nodes != 1) throw usage_error("--standalone runs one node: --nnodes must be 1");
     o.rdzv_backend = "static";
     o.master_addr = "127.0.0.1";
+    o.master_addr_given = true;
     o.run_id.clear();  // a fresh one, whatever was asked
   }
   return o;

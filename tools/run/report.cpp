@@ -1,5 +1,7 @@
 #include "run/report.hpp"
 
+#include <cohort/error_file.hpp>
+
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -7,6 +9,7 @@
 #include <sys/statvfs.h>
 
 #include <ctime>
+#include <fstream>
 
 namespace cohort_run {
 namespace {
@@ -158,6 +161,31 @@ std::string result_json(const run_record& run) {
   if (!run.log_dir.empty()) j["log_dir"] = run.log_dir.string();
   if (!run.error_dir.empty()) j["error_dir"] = run.error_dir.string();
   return j.dump(2) + "\n";
+}
+
+void write_own_error_file(const run_record& run) {
+  if (run.outcome != "failed" && run.outcome != "interrupted") return;
+  const auto path = cohort::error_file_path();
+  if (!path) return;
+  const auto* root = run.attempts.empty() ? nullptr : run.attempts.back().result.first_failure();
+  if (run.outcome == "failed" && run.message.empty() && root != nullptr) {
+    if (root->message.empty()) return;  // the rank wrote no error file
+    std::ifstream in(root->error_file);
+    auto file = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (file.is_discarded()) return;
+    const int code = root->status.signaled() ? -root->status.signal() : root->status.code();
+    if (code != 0 && file.is_object() && file.contains("message") && file["message"].is_object()) {
+      file["message"]["errorCode"] = code;
+    }
+    std::ofstream out(*path, std::ios::trunc);
+    out << file.dump() << '\n';
+    if (!out.flush()) fmt::print(stderr, "cohort-run: writing its error file {} failed\n", path->string());
+    return;
+  }
+  const std::string what = run.message.empty() ? run.outcome : run.message;
+  if (!cohort::record_error(cohort::error_report{"cohort-run: " + what, {}, std::nullopt})) {
+    fmt::print(stderr, "cohort-run: writing its error file {} failed\n", path->string());
+  }
 }
 
 }  // namespace cohort_run
