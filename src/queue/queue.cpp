@@ -280,7 +280,11 @@ class queue_core {
     for (;;) {
       if (const auto flags = take_record(out)) {
         wake_after(side::push);
-        unwrap(out, *flags);
+        try {
+          unwrap(out, *flags);
+        } catch (const shm_error&) {  // a block of its own, gone with a sender killed since
+          rethrow_receive_failure(*this);
+        }
         return true;
       }
       // Closed with nothing in it: every push that went through before the

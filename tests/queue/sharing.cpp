@@ -442,6 +442,17 @@ void push_then_die(int, queue<int> pid, queue<tensor> q, int strategy) {
 }
 COHORT_ENTRYPOINT(push_then_die);
 
+// Under `strategy`, says its pid, pushes a string too large for the ring
+// (it travels in a shared block of its own) and is killed before anyone
+// pops it.
+void push_large_then_die(int, queue<int> pid, queue<std::string> q, int strategy) {
+  set_sharing_strategy(static_cast<sharing_strategy>(strategy));
+  pid.put(::getpid());
+  q.put(std::string(std::size_t{1} << 20, 'x'));
+  ::raise(SIGKILL);
+}
+COHORT_ENTRYPOINT(push_large_then_die);
+
 // Frees its arena's first block 1000 times; returns what trim_shared_memory()
 // then says it let go of, the descriptors it kept, and what a second trim
 // lets go of.
@@ -926,6 +937,32 @@ TEST_SUITE("sharing") {
         CHECK(q.get(1s).value().at<std::int32_t>({1}) == 5);
         CHECK(files_of(*sender).empty());
       }
+    }
+  }
+
+  // Before, the pop threw the shm_error of the block's segment, not peer_lost.
+  TEST_CASE("a value too large for the ring whose sender was SIGKILLed before it was popped is peer_lost") {
+    for (const auto strategy : strategies) {
+      const strategy_scope scope(strategy);
+      CAPTURE(to_string(strategy));
+      queue<int> pid(1);
+      queue<std::string> q(4);
+      CHECK_THROWS(spawn_and_join(push_large_then_die, std::tuple{pid, q, static_cast<int>(strategy)}, 1,
+                                  {.method = start_method::forkserver}));
+      const auto sender = pid.get(1s);
+      REQUIRE(sender);
+      REQUIRE(q.size() == 1);
+      try {
+        (void)q.get(1s);
+        FAIL("a value whose memory went with its sender was received");
+      } catch (const peer_lost& e) {
+        CHECK(e.pid() == *sender);
+        CHECK(e.rank() == 0);
+      }
+      CHECK(q.size() == 0);
+      const std::string large(std::size_t{1} << 20, 'y');
+      REQUIRE(q.put(large, 1s));
+      CHECK(q.get(1s).value() == large);
     }
   }
 
