@@ -9,11 +9,14 @@
 #include "shm/keeper.hpp"
 #include "shm/registry.hpp"
 
+#include <fmt/format.h>
+
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <limits>
 #include <mutex>
 #include <vector>
 
@@ -102,7 +105,13 @@ std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) 
         return true;
       });
     }
-    const std::size_t size = header_size + (nbytes + 4095) / 4096 * 4096;
+    // A file's size is an off_t: past that no segment can hold it (and the
+    // rounding below would wrap).
+    constexpr std::size_t page = 4096, most = std::numeric_limits<off_t>::max() - header_size - page;
+    if (nbytes > most) {
+      throw shm_error(fmt::format("cohort: a shared storage of {} bytes: larger than a segment can be", nbytes));
+    }
+    const std::size_t size = header_size + (nbytes + page - 1) / page * page;
     return {segment::make(size, strategy, false), segment::single_block};
   }
   // Carves from the newest segment that has room; else sets `size` to

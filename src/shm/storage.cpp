@@ -15,6 +15,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <mutex>
 #include <new>
@@ -329,9 +330,11 @@ std::string_view to_string(sharing_strategy s) noexcept {
 int trim_shared_memory() { return shm::trim(); }
 
 storage storage::allocate(std::size_t nbytes) {
+  if (nbytes > std::numeric_limits<std::size_t>::max() - (shm::alignment - 1)) throw std::bad_alloc();  // rounded up below
   auto impl = make_impl();
   if (nbytes > 0) {
-    impl->data = static_cast<std::byte*>(std::aligned_alloc(shm::alignment, (nbytes + 63) / 64 * 64));
+    impl->data = static_cast<std::byte*>(
+        std::aligned_alloc(shm::alignment, (nbytes + shm::alignment - 1) / shm::alignment * shm::alignment));
     if (impl->data == nullptr) throw std::bad_alloc();
   }
   impl->nbytes = nbytes;

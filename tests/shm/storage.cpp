@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -354,6 +355,19 @@ TEST_SUITE("storage") {
         std::memset(s.data(), 0xab, n);
         CHECK(std::to_integer<int>(s.data()[n - 1]) == 0xab);
       }
+    }
+  }
+
+  // Before, the rounding up to whole lines and pages wrapped: a storage of
+  // almost 2^64 bytes came back over 0 or 4096 bytes of memory.
+  TEST_CASE("sizes no memory can hold are refused, not wrapped") {
+    constexpr auto most = std::numeric_limits<std::size_t>::max();
+    CHECK_THROWS_AS(storage::allocate(most), std::bad_alloc);
+    CHECK_THROWS_AS(storage::allocate(most - 10), std::bad_alloc);
+    for (auto strategy : strategies) {
+      strategy_scope scope(strategy);
+      CHECK_THROWS_AS(storage::allocate_shared(most - 100), shm_error);
+      CHECK_THROWS_AS(storage::allocate_shared(most / 2 + 1), shm_error);
     }
   }
 
