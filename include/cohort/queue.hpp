@@ -139,7 +139,11 @@ void drop_record(std::span<const std::byte> bytes) {
 /// processes that could end it are all gone (see peer_lost); processes
 /// count as producers once they have pushed, as consumers once they have
 /// popped, so a pop whose producers so far have all exited ends with
-/// peer_lost though a process that has not pushed yet may still. Values
+/// peer_lost though a process that has not pushed yet may still. The
+/// waiting process never counts for its own wait, so that a process left
+/// alone with a queue it fed itself is told rather than kept waiting; a
+/// wait for values another thread of the same process will push ends
+/// with peer_lost too, once the other processes are gone. Values
 /// pushed and never popped are dropped, and their shared memory let go of,
 /// when the last process holding the queue lets go of it (see queue_core's
 /// holders); a queue a process killed outright still held keeps them while
