@@ -442,6 +442,20 @@ void push_then_die(int, queue<int> pid, queue<tensor> q, int strategy) {
 }
 COHORT_ENTRYPOINT(push_then_die);
 
+// Pops from `q` a value whose memory went with its sender, rank 0 of a
+// group: the pop must end with peer_lost naming it.
+template <class T>
+void check_sender_lost(queue<T>& q, pid_t sender) {
+  try {
+    (void)q.get(1s);
+    FAIL("a value whose memory went with its sender was received");
+  } catch (const peer_lost& e) {
+    CHECK(e.pid() == sender);
+    CHECK(e.rank() == 0);
+    CHECK(std::string(e.what()).find(fmt::format("pid {}, rank 0", sender)) != std::string::npos);
+  }
+}
+
 // Under `strategy`, says its pid, pushes a string too large for the ring
 // (it travels in a shared block of its own) and is killed before anyone
 // pops it.
@@ -921,16 +935,7 @@ TEST_SUITE("sharing") {
         REQUIRE(q.size() == 2);
         // The memfds went with the sender, the only process holding them;
         // the files went with the group's sweep of what its ranks left.
-        for (int i = 0; i < 2; ++i) {
-          try {
-            (void)q.get(1s);
-            FAIL("a value whose memory went with its sender was received");
-          } catch (const peer_lost& e) {
-            CHECK(e.pid() == *sender);
-            CHECK(e.rank() == 0);
-            CHECK(std::string(e.what()).find(fmt::format("pid {}, rank 0", *sender)) != std::string::npos);
-          }
-        }
+        for (int i = 0; i < 2; ++i) check_sender_lost(q, *sender);
         CHECK(q.size() == 0);
         // The queue goes on.
         REQUIRE(q.put(tensor::full({2}, 5, dtype::int32, {.shared = true}), 1s));
@@ -952,13 +957,7 @@ TEST_SUITE("sharing") {
       const auto sender = pid.get(1s);
       REQUIRE(sender);
       REQUIRE(q.size() == 1);
-      try {
-        (void)q.get(1s);
-        FAIL("a value whose memory went with its sender was received");
-      } catch (const peer_lost& e) {
-        CHECK(e.pid() == *sender);
-        CHECK(e.rank() == 0);
-      }
+      check_sender_lost(q, *sender);
       CHECK(q.size() == 0);
       const std::string large(std::size_t{1} << 20, 'y');
       REQUIRE(q.put(large, 1s));
