@@ -34,15 +34,6 @@ void detail::check_layout(cohort::dtype type, std::span<const std::int64_t> shap
   }
   if (offset < 0) fail(fmt::format("storage offset {}", offset));
   if (std::ranges::find(shape, 0) != shape.end()) return;
-  // numel() and nbytes() must fit, also for views that repeat elements
-  // (stride 0), which reach few bytes however many elements they have.
-  std::int64_t count = 1;
-  for (std::int64_t size : shape) {
-    if (__builtin_mul_overflow(count, size, &count)) fail("the number of elements overflows");
-  }
-  if (__builtin_mul_overflow(count, static_cast<std::int64_t>(element_size(type)), &count)) {
-    fail("the elements' size in bytes overflows");
-  }
 
   // The byte just past the furthest element.
   std::int64_t end = offset;
@@ -60,6 +51,9 @@ void detail::check_layout(cohort::dtype type, std::span<const std::int64_t> shap
   if (static_cast<std::uint64_t>(end) > storage_nbytes) {
     fail(fmt::format("elements reach byte {} of a storage of {} bytes", end, storage_nbytes));
   }
+  // numel() and nbytes() must fit too, also for views that repeat elements
+  // (stride 0), which reach few bytes however many elements they have.
+  (void)checked_numel(shape, type, "tensor layout");
 }
 
 namespace {
