@@ -241,14 +241,11 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& fo
     fmt::print(stderr, "cohort-run: {} names local rank {}; there are {} here: left out\n", flag, rank, nproc);
   };
   for (const auto& [flag, per_rank] : {std::pair{"--redirects", &logs.redirects.ranks}, std::pair{"--tee", &logs.tee.ranks}}) {
-    for (auto it = per_rank->begin(); it != per_rank->end();) {
-      if (it->first < nproc) {
-        ++it;
-        continue;
-      }
-      beyond(flag, it->first);
-      it = per_rank->erase(it);
-    }
+    std::erase_if(*per_rank, [&, flag = flag](const auto& entry) {
+      if (entry.first < nproc) return false;
+      beyond(flag, entry.first);
+      return true;
+    });
   }
   if (!o.local_ranks_filter.empty()) {
     logs.console_ranks.emplace();
