@@ -21,12 +21,10 @@ constexpr std::chrono::milliseconds holder_check{10};
 
 void shared_lock::lock() noexcept {
   const auto self = static_cast<std::uint32_t>(os::this_process());
-  // Taken: acq_rel, so that a waiter that reads this pid in the word also
-  // reads, in holder_start, 0 or this process's start time, never an
-  // earlier holder's.
+  const auto record = record_of(self, os::own_start_time());
   const auto take = [&](std::uint32_t& seen, std::uint32_t value) {
     if (!word.compare_exchange_strong(seen, value, std::memory_order_acq_rel, std::memory_order_relaxed)) return false;
-    holder_start.store(os::own_start_time(), std::memory_order_release);
+    holder.store(record, std::memory_order_release);
     return true;
   };
   std::uint32_t seen = 0;
@@ -53,11 +51,16 @@ void shared_lock::lock() noexcept {
     const auto woke = os::futex_wait(word, seen, holder_check, ec);
     if (ec) ::sched_yield();  // not a sleep: at least no busy loop
     if (woke != os::futex_result::timed_out && !ec) continue;
-    const auto holder = static_cast<pid_t>(seen & ~sleeping);
-    const auto start = holder_start.load(std::memory_order_acquire);
-    // Ended (gone, or a zombie not yet reaped, perhaps by this very
-    // process), or, when killed between its take and its record, gone now.
-    const bool ended = os::has_ended(holder, start);
+    const auto pid = seen & ~sleeping;
+    // The word may have changed hands since it was read, and come back to
+    // the same pid (held by it again, or by a process given that pid since)
+    // before the take below: the start time counts only when the record
+    // names that pid. Otherwise (another holder's record, or none yet) the
+    // pid alone decides, which never takes a lock from a live holder.
+    const auto recorded = holder.load(std::memory_order_acquire);
+    const auto start = (recorded & ((std::uint64_t{1} << pid_bits) - 1)) == pid ? recorded >> pid_bits : 0;
+    // Ended: gone, or a zombie not yet reaped (perhaps by this very process).
+    const bool ended = os::has_ended(static_cast<pid_t>(pid), start);
     if (ended && take(seen, self | sleeping)) return;
   }
 }

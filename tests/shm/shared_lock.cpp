@@ -1,9 +1,12 @@
 #include "shm/shared_lock.hpp"
 
+#include "os/process_identity.hpp"
+
 #include "support/shared_word.hpp"
 
 #include <doctest/doctest.h>
 
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -106,5 +109,34 @@ TEST_SUITE("shared_lock") {
     CHECK(g.released.load() == 1);
     g.lock.unlock();
     CHECK(reap(child) == 0);
+  }
+  TEST_CASE("a shared_lock is not taken from a live holder when the record read names another process") {
+    // What a waiter sees when the lock changed hands between its read of
+    // the word and its read of the record, and came back to the same pid:
+    // the word names a live holder, the record another live process.
+    shm::shared_lock lock;
+    const pid_t holder = ::fork();
+    REQUIRE(holder >= 0);
+    if (holder == 0) {
+      ::poll(nullptr, 0, 10000);
+      ::_exit(0);
+    }
+    lock.word.store(static_cast<std::uint32_t>(holder) | shm::shared_lock::sleeping);
+    lock.holder.store(shm::shared_lock::record_of(static_cast<std::uint32_t>(::getpid()), os::own_start_time()));
+    std::atomic<bool> taken{false};
+    std::thread waiter([&] {
+      lock.lock();
+      taken.store(true);
+      lock.unlock();
+    });
+    // Twenty of the waiter's checks of the holder.
+    std::this_thread::sleep_for(200ms);
+    const bool taken_from_live_holder = taken.load();
+    lock.unlock();  // as the holder would
+    waiter.join();
+    CHECK_FALSE(taken_from_live_holder);
+    CHECK(taken.load());
+    ::kill(holder, SIGKILL);
+    CHECK(reap(holder) == -1);
   }
 }
