@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -50,6 +51,13 @@ namespace {
 constexpr std::size_t read_size = 256 * 1024;
 constexpr std::size_t max_line = 64 * 1024;  // longer lines reach the console in pieces
 constexpr int pipe_size = 1024 * 1024;       // fewer wake-ups for ranks that write a lot
+// A followed file that grew by busy_bytes between two looks is busy: its
+// follower then reads it every busy_poll, for as long as it grows between
+// looks, its watch quiet meanwhile. busy_poll is the most a line of a busy
+// rank waits for the console; its watch would have woken the follower at
+// least as often. A rank that writes now and then stays under its watch.
+constexpr std::size_t busy_bytes = 32 * 1024;
+constexpr std::chrono::microseconds busy_poll{500};
 
 // One writer at a time on the console, across the groups of this process:
 // each write is a run of whole lines.
@@ -132,12 +140,18 @@ struct group_logs::state {
 
 namespace {
 
+// A followed file, open again to be read, and its inotify watch.
+struct followed_file {
+  os::owned_fd reader;
+  int watch;
+};
+
 // Follows the log file at `path`, open for the rank as `written`: adds an
 // inotify watch for stream `index` and opens the file again to read it.
 // None where the file is not a plain file (a device or a pipe cannot be
 // read back) or inotify refuses (too many instances or watches): the
 // stream then goes through a pipe.
-std::optional<os::owned_fd> watch_log(group_logs::state& s, const std::filesystem::path& path, int written, std::size_t index) {
+std::optional<followed_file> watch_log(group_logs::state& s, const std::filesystem::path& path, int written, std::size_t index) {
   struct stat file {};
   if (::fstat(written, &file) != 0 || !S_ISREG(file.st_mode)) return std::nullopt;
   if (s.inotify.get() < 0 && !s.inotify_refused) {
@@ -153,7 +167,7 @@ std::optional<os::owned_fd> watch_log(group_logs::state& s, const std::filesyste
   const int watch = ::inotify_add_watch(s.inotify.get(), path.c_str(), IN_MODIFY);
   if (watch < 0) return std::nullopt;
   s.watched.emplace(watch, index);
-  return reader;
+  return followed_file{std::move(reader), watch};
 }
 
 }  // namespace
@@ -222,11 +236,12 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
         stream.prefix = expand_prefix(spec.prefix, role, spec.first_rank + rank, rank);
         return stream;
       };
-      std::optional<os::owned_fd> reader;
-      if (to_console && to_file) reader = watch_log(s, folder / file_names[i], file.get(), s.streams.size());
-      if (reader) {
+      std::optional<followed_file> followed;
+      if (to_console && to_file) followed = watch_log(s, folder / file_names[i], file.get(), s.streams.size());
+      if (followed) {
         auto& stream = add_stream();
-        stream.source = std::move(*reader);
+        stream.source = std::move(followed->reader);
+        stream.watch = followed->watch;
         stream.followed = true;
         stream.full_read = read_size;
         target = stdio::fd(file.get());
@@ -399,9 +414,10 @@ bool read_available(group_logs::state& st, log_stream& s) {
 }
 
 // Delivers the next buffer of a followed file; whether it was full (the
-// file may hold more). A file that became shorter than what was read (a
-// rank cut its own log) is read again from its start.
-bool read_followed(group_logs::state& st, log_stream& s) {
+// file may hold more). Adds to `took` what it read. A file that became
+// shorter than what was read (a rank cut its own log) is read again from
+// its start.
+bool read_followed(group_logs::state& st, log_stream& s, std::size_t& took) {
   if (s.source.get() < 0 || s.console < 0) return false;  // a console that is gone needs nothing more
   const borrowed_scratch scratch(st);
   char* const data = scratch->data.get();
@@ -418,6 +434,7 @@ bool read_followed(group_logs::state& st, log_stream& s) {
     return false;
   }
   s.read_to += n;
+  took += static_cast<std::size_t>(n);
   write_console(s, scratch->lines, data, static_cast<std::size_t>(n));
   if (static_cast<std::size_t>(n) >= s.full_read) tell_busy(st);
   return static_cast<std::size_t>(n) == read_size;
@@ -494,19 +511,43 @@ void kick(const std::shared_ptr<group_logs::state>& state, std::size_t index) {
   });
 }
 
+// Tells a followed file's own watch to report its writes, or (`writes`
+// false) only its deletion, which a run does not do; whether it took. The
+// watch is named through the descriptor the follower reads, which stays
+// the same file whatever the rank renames.
+bool report_writes(group_logs::state& st, const log_stream& s, bool writes) {
+  char path[48];
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", s.source.get());
+  return ::inotify_add_watch(st.inotify.get(), path, writes ? IN_MODIFY : IN_DELETE_SELF) == s.watch;
+}
+
 // Follows one file: reads what it gained whenever the watcher says it was
 // written, a buffer at a time with the other streams' turns between; once
-// stopped (every rank has ended), reads it to its end.
+// stopped (every rank has ended), reads it to its end. While the file is
+// busy (see busy_bytes), it is read every busy_poll, its watch quiet.
 asio::awaitable<void> follow(std::shared_ptr<group_logs::state> state, std::size_t index, asio::any_io_executor group_strand) {
   auto& st = *state;
   auto& s = st.streams[index];
   auto executor = co_await asio::this_coro::executor;
   co_await asio::this_coro::throw_if_cancelled(false);  // a late signal must not throw past the end below
+  bool polled_only = false;  // the watch could not be told to report writes again
   for (;;) {
     s.kicked = false;
     const bool last = st.stop_followers;  // taken before the reads: they then see all the ranks wrote
-    while (read_followed(st, s)) co_await asio::post(executor, asio::use_awaitable);
+    std::size_t took = 0;
+    while (read_followed(st, s, took)) co_await asio::post(executor, asio::use_awaitable);
     if (last) break;
+    const bool busy = s.own_watch && took >= (s.armed ? busy_bytes : 1);
+    if (busy || polled_only) {
+      if (s.armed) s.armed = !report_writes(st, s, false);
+      s.wake->expires_after(busy_poll);
+    } else if (!s.armed) {
+      s.armed = report_writes(st, s, true);
+      polled_only = !s.armed;
+      continue;  // what was written before the watch reported it
+    } else {
+      s.wake->expires_at(std::chrono::steady_clock::time_point::max());
+    }
     if (!s.kicked) {
       std::error_code ec;
       co_await s.wake->async_wait(asio::redirect_error(asio::use_awaitable, ec));
@@ -554,6 +595,7 @@ void group_logs::start(const asio::any_io_executor& io, const asio::any_io_execu
   for (std::size_t i = 0; i < st.streams.size(); ++i) {
     auto& s = st.streams[i];
     if (s.followed) {
+      s.own_watch = st.watched.count(s.watch) == 1;
       s.wake = std::make_unique<asio::steady_timer>(st.strands[i], std::chrono::steady_clock::time_point::max());
       spawn(i, follow(state_, i, group_strand));
     } else {

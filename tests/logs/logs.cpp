@@ -22,6 +22,7 @@
 #include <map>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 using namespace cohort;
 using namespace std::chrono_literals;
@@ -253,6 +254,41 @@ TEST_CASE("ranks writing megabytes at once: files exact, console lines never mix
   CHECK(partial <= 4);
   CHECK(lines_per_prefix.size() == 4);
   CHECK(console_bytes == bytes + partial);  // every byte once, plus the newline ending each cut line
+}
+
+TEST_CASE("a line written after a burst reaches the console while its rank still runs") {
+  // The burst makes the follower read the file on a timer, its watch quiet;
+  // once the file stops growing, the watch must report writes again. The
+  // rank waits (at most 20 s) for the test to see its last line on the
+  // console, and says whether it did.
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  const auto seen = dir.path / "seen";
+  auto spec = shell_ranks(1, "yes 'a line of the burst' | head -c 4000000; sleep 0.3; echo after the pause; i=0; "
+                             "while [ ! -e " + seen.string() + " ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; "
+                             "[ -e " + seen.string() + " ] && echo saw it >&2 || echo did not see it >&2");
+  spec.logs.dir = dir.path / "logs";
+  spec.logs.tee = std_streams::out;
+  spec.logs.redirects = std_streams::err;
+  spec.logs.console_out = out.fd;
+  std::atomic<bool> done = false;
+  std::thread watcher([&] {
+    while (!done) {
+      if (out.text().find("[worker0]:after the pause\n") != std::string::npos) {
+        std::ofstream{seen};
+        return;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+  });
+  const auto r = run_group(spec);
+  done = true;
+  watcher.join();
+  REQUIRE(r.ok());
+  CHECK(test::read_file(dir.path / "logs" / "none" / "attempt_0" / "0" / "stderr.log") == "saw it\n");
+  const auto console = lines_of(out.text());
+  CHECK(console.size() == 4000000 / 20 + 1);  // the burst's 20-byte lines, then the line after
+  CHECK(console.back() == "[worker0]:after the pause");
 }
 
 TEST_CASE("function ranks are logged by every start method") {
