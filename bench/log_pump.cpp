@@ -24,8 +24,10 @@
 // the same way: the floor this machine gives any teeing launcher at the
 // time.
 //
-//   log_pump [megabytes per rank] [rounds]     (default 256 and 3; files in $TMPDIR)
-//   log_pump --write <megabytes>               (a writer rank: 100-byte lines)
+//   log_pump [megabytes per rank] [rounds] [bytes per write]
+//                                              (default 256, 3 and 1 MiB; files in $TMPDIR;
+//                                               4096 writes as stdio does to a file)
+//   log_pump --write <megabytes> <bytes>       (a writer rank: 100-byte lines)
 //   log_pump --stamp <lines>                   (a rank writing its clock, a line every 2 ms)
 #include "stats.hpp"
 #include "torchrun.hpp"
@@ -43,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -83,8 +86,9 @@ bool write_all(int fd, const char* data, std::size_t size) {
   return true;
 }
 
-// A writer rank: `megabytes` MB of 100-byte lines on stdout, 1 MiB a write.
-int write_lines(long megabytes) {
+// A writer rank: `megabytes` MB of 100-byte lines on stdout, `piece` bytes
+// (at most 1 MiB) a write.
+int write_lines(long megabytes, std::size_t piece) {
   std::string block;
   const char* rank = std::getenv("LOCAL_RANK");
   while (block.size() < (1u << 20)) {
@@ -94,7 +98,7 @@ int write_lines(long megabytes) {
   }
   std::size_t left = static_cast<std::size_t>(megabytes) * 1'000'000;
   while (left > 0) {
-    const std::size_t n = std::min(left, block.size());
+    const std::size_t n = std::min({left, piece, block.size()});
     if (!write_all(1, block.data(), n)) return 1;
     left -= n;
   }
@@ -152,6 +156,14 @@ void require_ok(const std::string& what, int rc) {
   if (rc != 0) throw std::runtime_error(fmt::format("{} exited with {}", what, rc));
 }
 
+// What a writer rank writes at once: the third argument.
+std::size_t bytes_per_write = 1u << 20;
+
+// The command of a writer rank.
+std::vector<std::string> writer_args(const std::string& self, long megabytes) {
+  return {self, "--write", std::to_string(megabytes), std::to_string(bytes_per_write)};
+}
+
 double mb_per_second(long megabytes, double seconds) { return static_cast<double>(ranks * megabytes) / seconds; }
 
 // MB/s of one launcher run, from its start to its exit, console on
@@ -170,7 +182,7 @@ double bare_throughput(const std::string& self, const fs::path& dir, long megaby
   std::vector<pid_t> pids;
   for (int r = 0; r < ranks; ++r) {
     ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-    pids.push_back(start({self, "--write", std::to_string(megabytes)}, (dir / fmt::format("bare-{}.log", r)).string()).pid);
+    pids.push_back(start(writer_args(self, megabytes), (dir / fmt::format("bare-{}.log", r)).string()).pid);
   }
   for (pid_t pid : pids) require_ok("writer", finish(pid));
   const double seconds = cohort::bench::seconds_since(began);
@@ -301,7 +313,7 @@ pump_outcome follower_throughput(const std::string& self, const fs::path& dir, l
     for (int r = 0; r < ranks; ++r) {
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       const std::string path = (dir / fmt::format("followed-{}.log", r)).string();
-      pids.push_back(start({self, "--write", std::to_string(megabytes)}, path).pid);
+      pids.push_back(start(writer_args(self, megabytes), path).pid);
       followers.emplace_back([&, path, r] {
         try {
           minimal_follower(path, done, console);
@@ -337,7 +349,7 @@ pump_outcome pump_throughput(void (*pump)(int, int, int), const std::string& sel
   std::vector<std::string> failed(ranks);
   for (int r = 0; r < ranks; ++r) {
     ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
-    writers.push_back(start({self, "--write", std::to_string(megabytes)}, ""));
+    writers.push_back(start(writer_args(self, megabytes), ""));
     ::fcntl(writers.back().out, F_SETPIPE_SZ, 1024 * 1024);  // as cohort-run's pipes
     files.push_back(::open((dir / fmt::format("pumped-{}.log", r)).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (files.back() < 0) failed[r] = fmt::format("pump: its file: {}", std::strerror(errno));
@@ -522,10 +534,15 @@ std::optional<std::string> torch_python() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 2 && std::strcmp(argv[1], "--write") == 0) return write_lines(std::atol(argv[2]));
+  if (argc > 3 && std::strcmp(argv[1], "--write") == 0) return write_lines(std::atol(argv[2]), std::stoul(argv[3]));
   if (argc > 2 && std::strcmp(argv[1], "--stamp") == 0) return write_stamps(std::atoi(argv[2]));
   const long megabytes = argc > 1 ? std::atol(argv[1]) : 256;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
+  if (argc > 3) bytes_per_write = std::stoul(argv[3]);
+  if (bytes_per_write == 0 || bytes_per_write > (1u << 20)) {
+    fmt::print(stderr, "log_pump: bytes per write are 1 to 1048576\n");
+    return 2;
+  }
   const std::string self = fs::canonical("/proc/self/exe").string();
 
   std::string pattern = (fs::temp_directory_path() / "cohort-bench-logs-XXXXXX").string();
@@ -551,10 +568,11 @@ int main(int argc, char** argv) {
     args.insert(args.end(), worker.begin(), worker.end());
     return args;
   };
-  const std::vector<std::string> writer{self, "--write", std::to_string(megabytes)};
+  const std::vector<std::string> writer = writer_args(self, megabytes);
 
-  fmt::print("throughput: {} ranks x {} MB of 100-byte lines, {} rounds, median (min-max); console on /dev/null\n",
-             ranks, megabytes, rounds);
+  fmt::print("throughput: {} ranks x {} MB of 100-byte lines, {} bytes a write, {} rounds, median (min-max); console on "
+             "/dev/null\n",
+             ranks, megabytes, bytes_per_write, rounds);
   fmt::print("  {:<58} {:>25}  {:>25}\n", "", "", "vs writers on files");
   const std::vector<std::string> teed_flags{"-r", "3", "-t", "3"};
   std::vector<double> bare, followed, minimal, spliced, teed, redirected, torch_teed;
