@@ -61,6 +61,10 @@ concept handle = requires { handle_codec<T>::signature(); };
 struct handle_context {
   bool message = false;
   std::vector<std::shared_ptr<storage_impl>> held;
+  /// For a message: where each shared storage's handle starts in the bytes
+  /// written, so a receiver that fails to decode the value partway can let
+  /// go of the references of the handles it did not reach.
+  std::vector<std::uint32_t> handle_at;
 };
 inline thread_local handle_context* current_handles = nullptr;
 
@@ -290,6 +294,8 @@ class reader {
   bool from_queue_record() const noexcept { return from_queue_; }
 
   std::size_t left() const noexcept { return bytes_.size() - position_; }
+  /// How many bytes have been read.
+  std::size_t position() const noexcept { return position_; }
 
   std::byte next() {
     if (left() == 0) throw decode_error("cohort::decode: the input ends early");

@@ -61,7 +61,7 @@ class queue_core;
 /// One value, encoded for the ring, with the storages it names.
 struct queue_record {
   std::vector<std::byte> bytes;
-  handle_context handles{true, {}};
+  handle_context handles{true, {}, {}};
   bool overflowed = false;  ///< `bytes` is a storage holding the value's bytes
 };
 
@@ -92,14 +92,29 @@ void queue_skip_ahead(queue_core& q, std::uint32_t values, std::uint32_t lines);
 const storage& queue_storage(const queue_core& q);
 std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature, record_drop drop = nullptr);
 
+/// A record's bytes are the value's, then where each storage handle in
+/// them starts (4 bytes each), then how many there are (4 bytes).
+/// end_record appends that to a value written into `r`.
+void end_record(queue_record& r);
+/// The value's bytes of a record; throws decode_error when the record's
+/// end does not name places inside them.
+std::span<const std::byte> record_value(std::span<const std::byte> record);
+/// For a record whose value failed to decode after `read` of its bytes:
+/// lets go of the references of the handles it had not reached.
+void drop_unread_handles(std::span<const std::byte> record, std::size_t read) noexcept;
+
 /// Encodes a value into a record's bytes; keeps the storages it names.
 template <class T>
 void fill_record(queue_record& r, const T& value) {
   r.bytes.clear();
   r.handles.held.clear();
+  r.handles.handle_at.clear();
   r.overflowed = false;
-  handle_scope scope(r.handles);
-  write(r.bytes, value);
+  {
+    handle_scope scope(r.handles);
+    write(r.bytes, value);
+  }
+  end_record(r);
 }
 
 template <class T>
@@ -165,7 +180,8 @@ class queue {
   /// and empty; peer_lost, naming the sender, for a value whose shared
   /// memory went with its sender (see peer_lost); decode_error or shm_error
   /// for any other value that cannot be received. The queue goes on after
-  /// each.
+  /// each, and the rest of a value that failed partway is let go of: the
+  /// shared memory its other storages name is held no longer for it.
   std::optional<T> try_pop() {
     auto& out = buffer();
     if (!detail::queue_try_pop(*core_, out)) return std::nullopt;
@@ -280,10 +296,17 @@ namespace detail {
 
 template <class T>
 T read_record(std::span<const std::byte> bytes) {
-  reader in(bytes, reader::source::queue_record);
-  T value = read<T>(in);
-  if (in.left() != 0) throw decode_error("cohort::queue: bytes follow a value");
-  return value;
+  reader in(record_value(bytes), reader::source::queue_record);
+  try {
+    T value = read<T>(in);
+    if (in.left() != 0) throw decode_error("cohort::queue: bytes follow a value");
+    return value;
+  } catch (...) {
+    // What was read is dropped with the exception; what was not still
+    // holds the references the record took for it.
+    drop_unread_handles(bytes, in.position());
+    throw;
+  }
 }
 
 /// A queue crosses as the storage of its shared state; the receiver checks

@@ -205,6 +205,14 @@ struct handle_codec<storage> {
 /// publishes the message moves, so no receiver can see the message before.
 void hold_for_message(const handle_context& context) noexcept;
 
+/// Lets go of the reference a queue's record holds for the storage handle
+/// at the start of `handle`, which the receiver never read (the value
+/// failed to decode before it): counts the message received and releases
+/// the block, as reading the handle and dropping the storage would. Does
+/// nothing where the segment cannot be opened any more, or the bytes are
+/// not such a handle.
+void drop_unread_handle(std::span<const std::byte> handle) noexcept;
+
 /// For a value that may be read after its sender has ended (a rank's
 /// result): a record naming every storage encode() held for `value`, each
 /// given a reference of its own, which the receiver takes over with

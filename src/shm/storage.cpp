@@ -280,6 +280,31 @@ void check_bounded(const handle_wire& w) {
   }
 }
 
+// Checks a shared storage's handle read whole (its kind byte included)
+// and gives the segment it names. `from_queue_record`: whether the bytes
+// are a queue's record, where every handle carries the queue's reference.
+shm::segment_ref checked_ref(const handle_wire& w, bool from_queue_record) {
+  if (w.strategy > 1) throw decode_error(fmt::format("cohort::decode: a sharing strategy {}", w.strategy));
+  if (w.message > 1) throw decode_error("cohort::decode: a storage handle's message flag is not 0/1");
+  // Only a queue's record carries the queue's reference with each handle:
+  // a handle that claims one elsewhere would drop a reference nobody gave.
+  if ((w.message == 1) != from_queue_record) {
+    throw decode_error(w.message == 1 ? "cohort::decode: a storage handle claims a queue's reference outside a queue"
+                                      : "cohort::decode: a queue's record holds a storage handle without its reference");
+  }
+  if (w.zero != 0) throw decode_error("cohort::decode: a storage handle's padding is not zero");
+  check_bounded(w);
+  shm::segment_ref ref;
+  ref.strategy = static_cast<sharing_strategy>(w.strategy);
+  ref.source = static_cast<int>(w.source);
+  ref.fd = static_cast<int>(w.fd) - 1;
+  ref.maker = static_cast<int>(w.maker);
+  ref.maker_fd = static_cast<int>(w.maker_fd) - 1;
+  ref.keeper = static_cast<int>(w.keeper);
+  ref.nonce = w.nonce;
+  return ref;
+}
+
 }  // namespace
 
 void shm::lock_storages_for_fork() { identities().mutex.lock(); }
@@ -422,6 +447,7 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
   if (!impl->segment) storage(impl).share_memory();
   const auto ref = impl->segment->ref();
   const bool message = current_handles != nullptr && current_handles->message;
+  if (message) current_handles->handle_at.push_back(static_cast<std::uint32_t>(out.size()));
   const handle_wire w{1, static_cast<std::uint8_t>(ref.strategy), message, 0,
                       static_cast<std::uint32_t>(ref.source), static_cast<std::uint32_t>(ref.fd + 1),
                       static_cast<std::uint32_t>(ref.maker), static_cast<std::uint32_t>(ref.maker_fd + 1),
@@ -450,24 +476,7 @@ storage handle_codec<storage>::read(reader& in) {
   handle_wire w;
   w.kind = 1;
   std::memcpy(reinterpret_cast<std::byte*>(&w) + 1, in.take(sizeof w - 1).data(), sizeof w - 1);
-  if (w.strategy > 1) throw decode_error(fmt::format("cohort::decode: a sharing strategy {}", w.strategy));
-  if (w.message > 1) throw decode_error("cohort::decode: a storage handle's message flag is not 0/1");
-  // Only a queue's record carries the queue's reference with each handle:
-  // a handle that claims one elsewhere would drop a reference nobody gave.
-  if ((w.message == 1) != in.from_queue_record()) {
-    throw decode_error(w.message == 1 ? "cohort::decode: a storage handle claims a queue's reference outside a queue"
-                                      : "cohort::decode: a queue's record holds a storage handle without its reference");
-  }
-  if (w.zero != 0) throw decode_error("cohort::decode: a storage handle's padding is not zero");
-  shm::segment_ref ref;
-  ref.strategy = static_cast<sharing_strategy>(w.strategy);
-  check_bounded(w);
-  ref.source = static_cast<int>(w.source);
-  ref.fd = static_cast<int>(w.fd) - 1;
-  ref.maker = static_cast<int>(w.maker);
-  ref.maker_fd = static_cast<int>(w.maker_fd) - 1;
-  ref.keeper = static_cast<int>(w.keeper);
-  ref.nonce = w.nonce;
+  const auto ref = checked_ref(w, in.from_queue_record());
   const auto block = w.block;
   const auto nbytes = w.nbytes;
   const unsigned message = w.message;
@@ -508,6 +517,20 @@ void hold_for_message(const handle_context& context) noexcept {
   }
 }
 
+void drop_unread_handle(std::span<const std::byte> handle) noexcept {
+  if (handle.size() < sizeof(handle_wire) || handle[0] != std::byte{1}) return;
+  try {
+    handle_wire w;
+    std::memcpy(&w, handle.data(), sizeof w);
+    const auto ref = checked_ref(w, true);
+    const auto segment = shm::segment::open(ref);
+    segment->header().received.fetch_add(1, std::memory_order_release);
+    if (segment->holds(w.block, w.nbytes) && segment->block(w.block).capacity >= w.nbytes) segment->release(w.block);
+  } catch (...) {
+    // Its segment is gone (with the reference), or the handle is not one.
+  }
+}
+
 std::vector<std::byte> hold_for_receiver(const encoded& value) {
   const auto& held = encoded_holds::of(value);
   if (!held) return {};
@@ -516,7 +539,7 @@ std::vector<std::byte> hold_for_receiver(const encoded& value) {
   std::vector<storage> storages;
   storages.reserve(impls.size());
   for (const auto& impl : impls) storages.push_back(storage(impl));
-  handle_context holds{true, {}};
+  handle_context holds{true, {}, {}};
   std::vector<std::byte> record;
   {
     handle_scope scope(holds);

@@ -154,6 +154,28 @@ TEST_SUITE("queue") {
     }
   }
 
+  TEST_CASE("a record whose end names handles outside its value, or out of order, is refused") {
+    detail::queue_record r;
+    detail::fill_record(r, std::string(200, 'a'));
+    REQUIRE(detail::read_record<std::string>(r.bytes) == std::string(200, 'a'));
+    const auto with_end = [&](std::vector<std::uint32_t> places) {
+      auto bytes = r.bytes;
+      bytes.resize(bytes.size() - 4);  // no handles: the count alone
+      const auto count = static_cast<std::uint32_t>(places.size());
+      places.push_back(count);
+      const auto* raw = reinterpret_cast<const std::byte*>(places.data());
+      bytes.insert(bytes.end(), raw, raw + places.size() * 4);
+      return bytes;
+    };
+    CHECK_THROWS_AS(detail::read_record<std::string>(with_end({190})), decode_error);     // past the value's end
+    CHECK_THROWS_AS(detail::read_record<std::string>(with_end({100, 60})), decode_error); // overlapping
+    auto huge = r.bytes;
+    const std::uint32_t count = 0xffffffffU;
+    std::memcpy(huge.data() + huge.size() - 4, &count, 4);
+    CHECK_THROWS_AS(detail::read_record<std::string>(huge), decode_error);
+    CHECK_THROWS_AS(detail::read_record<std::string>(std::vector<std::byte>(3)), decode_error);
+  }
+
   TEST_CASE("counts and places that wrap past 2^32 keep the values in order, the size right and the capacity whole") {
     // Head and tail hold how many values and cache lines each side has
     // moved, mod 2^32: a queue that lives long wraps them.

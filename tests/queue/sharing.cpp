@@ -467,6 +467,17 @@ void push_large_then_die(int, queue<int> pid, queue<std::string> q, int strategy
 }
 COHORT_ENTRYPOINT(push_large_then_die);
 
+// Under `strategy`, says its pid, pushes a tensor of its own followed by
+// `kept` (made by the parent) and is killed before anyone pops them.
+void push_own_and_kept_then_die(int, queue<int> pid, queue<std::tuple<tensor, tensor>> q, tensor kept, int strategy) {
+  set_sharing_strategy(static_cast<sharing_strategy>(strategy));
+  pid.put(::getpid());
+  const std::tuple<tensor, tensor> both{tensor::full({4}, 8, dtype::int32, {.shared = true}), kept};
+  q.put(both);
+  ::raise(SIGKILL);
+}
+COHORT_ENTRYPOINT(push_own_and_kept_then_die);
+
 // Frees its arena's first block 1000 times; returns what trim_shared_memory()
 // then says it let go of, the descriptors it kept, and what a second trim
 // lets go of.
@@ -962,6 +973,28 @@ TEST_SUITE("sharing") {
       const std::string large(std::size_t{1} << 20, 'y');
       REQUIRE(q.put(large, 1s));
       CHECK(q.get(1s).value() == large);
+    }
+  }
+
+  // Before, the pop's failure on the first tensor left the queue's
+  // reference on the second: its message never counted received, so the
+  // parent's segment stayed held for good (and a rank making it waited at
+  // its end for a receiver that had come and gone).
+  TEST_CASE("a value whose first tensor went with its SIGKILLed sender lets go of the tensor after it") {
+    for (const auto strategy : strategies) {
+      const strategy_scope scope(strategy);
+      CAPTURE(to_string(strategy));
+      const tensor kept = tensor::full({16}, 3, dtype::int32, {.shared = true});
+      queue<int> pid(1);
+      queue<std::tuple<tensor, tensor>> q(4);
+      CHECK_THROWS(spawn_and_join(push_own_and_kept_then_die, std::tuple{pid, q, kept, static_cast<int>(strategy)}, 1,
+                                  {.method = start_method::forkserver}));
+      const auto sender = pid.get(1s);
+      REQUIRE(sender);
+      REQUIRE(q.size() == 1);
+      check_sender_lost(q, *sender);
+      CHECK(detail::only_ended_processes_share(kept.storage()));
+      CHECK(kept.at<std::int32_t>({15}) == 3);
     }
   }
 
