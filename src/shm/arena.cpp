@@ -44,15 +44,35 @@ struct arena_state {
   std::mutex growth;  // held while a segment is made for the arena
   std::vector<std::shared_ptr<segment>> arenas;
   std::vector<std::shared_ptr<segment>> lingering;
-  ~arena_state() {
-    for (auto& a : arenas) {
-      if (!let_go_if_dead_weight(a)) a->retire();
+  bool ended = false;  // the work at exit is done: a segment given to linger() is looked at once
+};
+
+// The work at exit, as the process's statics are destroyed: the arena's
+// segments are retired (or let go of, when only ended processes hold
+// them), and so are the large ones that linger.
+struct arena_exit {
+  arena_state& a;
+  ~arena_exit() {
+    std::vector<std::shared_ptr<segment>> arenas, lingering;
+    {
+      std::lock_guard lock(a.mutex);
+      arenas.swap(a.arenas);
+      lingering.swap(a.lingering);
+      a.ended = true;
+    }
+    for (auto& s : arenas) {
+      if (!let_go_if_dead_weight(s)) s->retire();
     }
     for (auto& s : lingering) let_go_if_dead_weight(s);
   }
 };
+
+// Never destroyed: a storage destroyed after the work at exit (a static
+// made before the arena was) still finds it, and its segment is looked at
+// then.
 arena_state& arena() {
-  static arena_state a;
+  static arena_state& a = *new arena_state;
+  static const arena_exit at_exit{a};
   return a;
 }
 
@@ -142,8 +162,14 @@ std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) 
 
 void linger(std::shared_ptr<segment> s) {
   auto& a = arena();
-  std::lock_guard lock(a.mutex);
-  a.lingering.push_back(std::move(s));
+  {
+    std::lock_guard lock(a.mutex);
+    if (!a.ended) {
+      a.lingering.push_back(std::move(s));
+      return;
+    }
+  }
+  let_go_if_dead_weight(s);
 }
 
 COHORT_FORKED_CHILD_PATH void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
