@@ -530,6 +530,8 @@ asio::awaitable<void> follow(std::shared_ptr<group_logs::state> state, std::size
   auto& s = st.streams[index];
   auto executor = co_await asio::this_coro::executor;
   co_await asio::this_coro::throw_if_cancelled(false);  // a late signal must not throw past the end below
+  const bool own_watch = st.watched.count(s.watch) == 1;
+  bool armed = true;         // the watch reports writes
   bool polled_only = false;  // the watch could not be told to report writes again
   for (;;) {
     s.kicked = false;
@@ -537,13 +539,13 @@ asio::awaitable<void> follow(std::shared_ptr<group_logs::state> state, std::size
     std::size_t took = 0;
     while (read_followed(st, s, took)) co_await asio::post(executor, asio::use_awaitable);
     if (last) break;
-    const bool busy = s.own_watch && took >= (s.armed ? busy_bytes : 1);
+    const bool busy = own_watch && took >= (armed ? busy_bytes : 1);
     if (busy || polled_only) {
-      if (s.armed) s.armed = !report_writes(st, s, false);
+      if (armed) armed = !report_writes(st, s, false);
       s.wake->expires_after(busy_poll);
-    } else if (!s.armed) {
-      s.armed = report_writes(st, s, true);
-      polled_only = !s.armed;
+    } else if (!armed) {
+      armed = report_writes(st, s, true);
+      polled_only = !armed;
       continue;  // what was written before the watch reported it
     } else {
       s.wake->expires_at(std::chrono::steady_clock::time_point::max());
@@ -595,7 +597,6 @@ void group_logs::start(const asio::any_io_executor& io, const asio::any_io_execu
   for (std::size_t i = 0; i < st.streams.size(); ++i) {
     auto& s = st.streams[i];
     if (s.followed) {
-      s.own_watch = st.watched.count(s.watch) == 1;
       s.wake = std::make_unique<asio::steady_timer>(st.strands[i], std::chrono::steady_clock::time_point::max());
       spawn(i, follow(state_, i, group_strand));
     } else {

@@ -34,11 +34,10 @@ struct log_stream {
   bool kicked = false;
   /// Followed: the inotify watch on the file. While the file keeps
   /// growing, the follower reads it on a timer instead, with the watch
-  /// told to report nothing (`armed` false): a watch that reports writes
-  /// costs the rank something on every write. Only a watch that no other
-  /// stream shares (`own_watch`) is ever told so.
+  /// told to report nothing: a watch that reports writes costs the rank
+  /// something on every write. Only a watch that no other stream shares
+  /// is ever told so.
   int watch = -1;
-  bool own_watch = false, armed = true;
   os::owned_fd file;     ///< a pipe's log file, written here, or none
   std::string file_path;  ///< for messages
   int console = -1;  ///< where its lines go, or -1
