@@ -849,6 +849,13 @@ void end_record(queue_record& r) {
 
 namespace {
 
+// The `i`th place of a record's end.
+std::uint32_t place_at(std::span<const std::byte> places, std::size_t i) noexcept {
+  std::uint32_t at = 0;
+  std::memcpy(&at, places.data() + i * sizeof at, sizeof at);
+  return at;
+}
+
 // The places a record's end names, checked: each handle whole inside the
 // value, in order.
 std::span<const std::byte> handle_places(std::span<const std::byte> record, std::span<const std::byte>& value) {
@@ -863,8 +870,7 @@ std::span<const std::byte> handle_places(std::span<const std::byte> record, std:
   const auto places = record.subspan(value.size(), end - sizeof count);
   std::uint64_t next = 0;  // where the next handle may start
   for (std::size_t i = 0; i < count; ++i) {
-    std::uint32_t at = 0;
-    std::memcpy(&at, places.data() + i * sizeof at, sizeof at);
+    const auto at = place_at(places, i);
     if (at < next || at + std::uint64_t{handle_codec<storage>::handle_size} > value.size()) {
       throw decode_error(fmt::format("cohort::queue: a record names a handle at {} of a {}-byte value", at, value.size()));
     }
@@ -886,9 +892,7 @@ void drop_unread_handles(std::span<const std::byte> record, std::size_t read) no
     std::span<const std::byte> value;
     const auto places = handle_places(record, value);
     for (std::size_t i = 0; i < places.size() / sizeof(std::uint32_t); ++i) {
-      std::uint32_t at = 0;
-      std::memcpy(&at, places.data() + i * sizeof at, sizeof at);
-      if (at >= read) drop_unread_handle(value.subspan(at, handle_codec<storage>::handle_size));
+      if (const auto at = place_at(places, i); at >= read) drop_unread_handle(value.subspan(at, handle_codec<storage>::handle_size));
     }
   } catch (...) {
     // A record whose end was already refused: nothing named to let go of.
