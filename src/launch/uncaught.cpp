@@ -51,12 +51,13 @@ bool throws(const os::stack_frame& f) {
 }
 
 // A frame below the function: cohort's thunk (instantiated in the program),
-// the bottom of the entry's stack, and libc's start of that stack or of
-// main.
+// the bottom of the entry's stack, the switch onto it (or libc's start of
+// that stack), and libc's start of main.
 bool below_the_function(const os::stack_frame& f) {
   return f.function.find("cohort::detail::thunk") != std::string::npos ||
          f.function.find("cohort::detail::call_decoded") != std::string::npos ||
-         f.function.find("entry_stack_main") != std::string::npos || f.function.find("start_context") != std::string::npos ||
+         f.function.find("entry_stack_main") != std::string::npos || f.function == "cohort_entry_stack_switch" ||
+         f.function.find("start_context") != std::string::npos ||
          f.function.starts_with("__libc_start") || f.function == "_start" ||
          (f.function.empty() && in_module(f, "/libc.so"));
 }
