@@ -139,6 +139,16 @@ COHORT_FORKED_CHILD_PATH void run_on(const entry_stack& stack) {
   ::_exit(1);
 }
 
+// What std::terminate calls where ranks_inherit_terminate_handler set it:
+// on_uncaught in a rank, the C++ runtime's default elsewhere.
+[[noreturn]] void on_uncaught_or_default() {
+  if (os::running_rank() >= 0) on_uncaught();
+#ifdef __GLIBCXX__
+  __gnu_cxx::__verbose_terminate_handler();
+#endif
+  std::abort();
+}
+
 // Parses "<args fd>,<result fd>,<rank>,<name>".
 bool parse_entry(std::string_view value, int& args_fd, int& result_fd, int& rank, std::string& name) {
   int* fields[] = {&args_fd, &result_fd, &rank};
@@ -235,6 +245,26 @@ bool child_main_called() noexcept { return main_called.load(std::memory_order_re
 
 namespace {
 
+}  // namespace
+
+bool ranks_inherit_terminate_handler() noexcept {
+#ifdef __GLIBCXX__
+  // Only in place of the default, whose work it does outside a rank: a
+  // handler the program set stays, and a rank then sets its own.
+  const std::terminate_handler found = std::get_terminate();
+  if (found == on_uncaught_or_default) return true;
+  if (found != __gnu_cxx::__verbose_terminate_handler) return false;
+  const std::terminate_handler replaced = std::set_terminate(on_uncaught_or_default);
+  if (replaced == __gnu_cxx::__verbose_terminate_handler || replaced == on_uncaught_or_default) return true;
+  std::set_terminate(replaced);  // set by another thread meanwhile: it stays
+  return false;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
 // The function registered under `name`; throws std::logic_error when none is.
 COHORT_FORKED_CHILD_PATH std::pair<entry_thunk, erased_function> find_entry(const std::string& name) {
   std::pair<entry_thunk, erased_function> found{nullptr, nullptr};
@@ -271,10 +301,10 @@ std::vector<std::byte> result_contents(const encoded& value) {
 }
 
 COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const encoded& args, int result_fd,
-                                       const entry_stack* stack) {
+                                       const entry_stack* stack, bool terminate_handler_set) {
   entry_run run{nullptr, nullptr, rank, &args, std::nullopt};
   os::set_running_rank(rank);
-  std::set_terminate(on_uncaught);
+  if (!terminate_handler_set) std::set_terminate(on_uncaught);
   std::tie(run.thunk, run.fn) = find_entry(name);
   // The function runs on a stack of its own, which holds no handler of the
   // caller's: see entry_stack_main.
@@ -336,7 +366,7 @@ std::optional<int> child_main(int /*argc*/, char** /*argv*/) {
   ::close(args_fd);
   const encoded args = encoded::from_bytes(std::move(bytes));
   shm::find_keeper_in_environment();
-  return detail::run_entry(name, rank, args, result_fd);
+  return detail::run_entry(name, rank, args, result_fd, nullptr, true);
 }
 
 }  // namespace cohort

@@ -53,9 +53,20 @@ class entry_stack {
 /// `result_fd` (closed then). Returns 0; when an exception escapes the
 /// function, writes the error file, reports on stderr and ends the process
 /// with code 1 (it never returns then). The caller has told shared memory
-/// its keeper (shm::set_keeper, or shm::find_keeper_in_environment).
-int run_entry(const std::string& name, int rank, const encoded& args, int result_fd,
-              const entry_stack* stack = nullptr);
+/// its keeper (shm::set_keeper, or shm::find_keeper_in_environment), and
+/// says whether std::terminate already ends a rank so (see
+/// ranks_inherit_terminate_handler); if not, it is set here.
+int run_entry(const std::string& name, int rank, const encoded& args, int result_fd, const entry_stack* stack,
+              bool terminate_handler_set);
+
+/// Makes std::terminate, in this process, call a handler that ends a rank
+/// as an escaping exception should where os::running_rank() is set, and
+/// does the C++ runtime's default work elsewhere; but only in place of that
+/// default, so that a handler the program set stays. True when such a
+/// handler is in effect: ranks forked from here then inherit it, and need
+/// not set their own, which would fault a page of the runtime's code and
+/// copy a page of its data in each of them. Called before forking ranks.
+bool ranks_inherit_terminate_handler() noexcept;
 
 /// Writes what stdout, stderr and std::cout hold, before forks; and notes
 /// whether std::cout writes through stdout, which tells a forked rank's end

@@ -156,15 +156,17 @@ namespace {
 // destructors are the parent's.
 [[noreturn]] COHORT_FORKED_CHILD_PATH void run_forked_rank(launch_plan& p, int report_fd, const function_call& call,
                                                            int rank, int result_fd, const entry_stack* stack,
-                                                           const shm::keeper_address& keeper) noexcept {
+                                                           const shm::keeper_address& keeper,
+                                                           bool terminate_handler_set) noexcept {
   set_up_or_report(p, report_fd, rank);
   shm::set_keeper(keeper);
   // Output the parent had buffered but not written is the parent's to
   // write: dropped here, or it would appear twice.
   if (holds_output(stdout)) ::__fpurge(stdout);
   if (holds_output(stderr)) ::__fpurge(stderr);
-  environ = const_cast<char**>(p.envp);
-  end_forked_rank(run_entry(call.name, rank, call.args, result_fd, stack));
+  // Unchanged, it is left unwritten: the page that holds it would be copied.
+  if (environ != p.envp) environ = const_cast<char**>(p.envp);
+  end_forked_rank(run_entry(call.name, rank, call.args, result_fd, stack, terminate_handler_set));
 }
 
 // Forks every rank back to back (glibc's fork: its malloc and stdio locks
@@ -183,6 +185,7 @@ namespace {
   // Asked once for all: a handler another thread sets meanwhile stays in
   // the children, where it runs on their own copy of memory.
   const std::uint64_t reset = signals_to_reset();
+  const bool terminate_handler_set = ranks_inherit_terminate_handler();
   std::vector<launch_plan*> plans;  // looked up here: a child runs no more of this library than it must
   plans.reserve(ranks.size());
   for (auto& x : ranks) {
@@ -202,7 +205,10 @@ namespace {
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     auto& x = *ranks[r];
     const pid_t pid = ::fork();
-    if (pid == 0) run_forked_rank(*plans[r], report_fd, call, static_cast<int>(r), x.result.get(), stack.get(), keeper);
+    if (pid == 0) {
+      run_forked_rank(*plans[r], report_fd, call, static_cast<int>(r), x.result.get(), stack.get(), keeper,
+                      terminate_handler_set);
+    }
     if (pid < 0) {
       f = {stage::clone, errno, ""};
       record(r);

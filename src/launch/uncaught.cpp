@@ -35,7 +35,8 @@ bool of_the_handler(const os::stack_frame& f, const std::string& own_module) {
     if (f.function.starts_with(prefix)) return true;
   }
   // DWARF names a function of internal linkage without its scope.
-  for (std::string_view own : {"on_uncaught", "on_uncaught_in_program", "cohort::detail::trace_of_throw"}) {
+  for (std::string_view own : {"on_uncaught", "on_uncaught_or_default", "on_uncaught_in_program",
+                                 "cohort::detail::trace_of_throw"}) {
     if (f.function.starts_with(own) || f.function.find(fmt::format("(anonymous namespace)::{}(", own)) != std::string::npos) {
       return true;
     }

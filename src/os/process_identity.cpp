@@ -67,7 +67,7 @@ std::uint64_t own_start_time() noexcept {
   return t;
 }
 
-pid_t this_process() noexcept {
+COHORT_FORKED_CHILD_PATH pid_t this_process() noexcept {
   pid_t pid = cached_pid.load(std::memory_order_relaxed);
   if (pid == 0) {
     // Raw: a forked child asks first thing, and libc's wrapper would be a
@@ -83,8 +83,8 @@ COHORT_FORKED_CHILD_PATH void forget_process_id() noexcept {
   cached_start_time.store(0, std::memory_order_relaxed);
 }
 
-int running_rank() noexcept { return rank_of_this_process; }
+COHORT_FORKED_CHILD_PATH int running_rank() noexcept { return rank_of_this_process; }
 
-void set_running_rank(int rank) noexcept { rank_of_this_process = rank; }
+COHORT_FORKED_CHILD_PATH void set_running_rank(int rank) noexcept { rank_of_this_process = rank; }
 
 }  // namespace cohort::os

@@ -475,6 +475,50 @@ TEST_SUITE("entry points") {
     });
   }
 
+  TEST_CASE("a terminate handler the program set stays, and its forked ranks still report an exception") {
+    static std::atomic<int> own_handler_calls{0};
+    const std::terminate_handler own = [] {
+      own_handler_calls.fetch_add(1);
+      std::_Exit(99);
+    };
+    const std::terminate_handler before = std::set_terminate(own);
+    for (start_method method : {start_method::fork, start_method::forkserver}) {
+      CAPTURE(to_string(method));
+      try {
+        spawn_and_join(raise_on, std::tuple{0}, 1, join_options{.method = method});
+        FAIL("no exception");
+      } catch (const process_raised_error& e) {
+        CHECK(e.message() == "std::invalid_argument: legitimate exception from rank 0");
+      }
+      const bool kept = std::get_terminate() == own;
+      CHECK(kept);
+    }
+    std::set_terminate(before);
+    CHECK(own_handler_calls.load() == 0);
+  }
+
+  TEST_CASE("outside a rank, the terminate handler forked ranks inherit does the runtime's default") {
+    spawn_and_join(succeed, std::tuple{}, 1, join_options{.method = start_method::fork});
+    int ends[2];
+    REQUIRE(::pipe(ends) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::dup2(ends[1], 2);
+      std::terminate();
+    }
+    ::close(ends[1]);
+    std::string said;
+    char buffer[512];
+    for (ssize_t n; (n = ::read(ends[0], buffer, sizeof buffer)) > 0;) said.append(buffer, static_cast<std::size_t>(n));
+    ::close(ends[0]);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFSIGNALED(status));
+    if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == SIGABRT);
+    CHECK(said.find("terminate called without an active exception") != std::string::npos);
+  }
+
   TEST_CASE("when every rank raises, the first failure is one of them") {
     for_each_method([](start_method method) {
       auto r = run_function(call(method, raise_on, -1), 2);
