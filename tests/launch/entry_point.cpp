@@ -499,24 +499,18 @@ TEST_SUITE("entry points") {
 
   TEST_CASE("outside a rank, the terminate handler forked ranks inherit does the runtime's default") {
     spawn_and_join(succeed, std::tuple{}, 1, join_options{.method = start_method::fork});
-    int ends[2];
-    REQUIRE(::pipe(ends) == 0);
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-      ::dup2(ends[1], 2);
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 2);  // where the default says "terminate called without an active exception"
       std::terminate();
     }
-    ::close(ends[1]);
-    std::string said;
-    char buffer[512];
-    for (ssize_t n; (n = ::read(ends[0], buffer, sizeof buffer)) > 0;) said.append(buffer, static_cast<std::size_t>(n));
-    ::close(ends[0]);
     int status = 0;
     REQUIRE(::waitpid(pid, &status, 0) == pid);
+    // The default aborts; a rank's handler would have exited with code 1.
     CHECK(WIFSIGNALED(status));
     if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == SIGABRT);
-    CHECK(said.find("terminate called without an active exception") != std::string::npos);
   }
 
   TEST_CASE("when every rank raises, the first failure is one of them") {
