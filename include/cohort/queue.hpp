@@ -92,16 +92,9 @@ void queue_skip_ahead(queue_core& q, std::uint32_t values, std::uint32_t lines);
 const storage& queue_storage(const queue_core& q);
 std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature, record_drop drop = nullptr);
 
-/// A record's bytes are the value's, then where each storage handle in
-/// them starts (4 bytes each), then how many there are (4 bytes).
-/// end_record appends that to a value written into `r`.
+/// A record's bytes are the value's, then the end that end_handle_record
+/// writes (storage.hpp): end_record appends that to a value written into `r`.
 void end_record(queue_record& r);
-/// The value's bytes of a record; throws decode_error when the record's
-/// end does not name places inside them.
-std::span<const std::byte> record_value(std::span<const std::byte> record);
-/// For a record whose value failed to decode after `read` of its bytes:
-/// lets go of the references of the handles it had not reached.
-void drop_unread_handles(std::span<const std::byte> record, std::size_t read) noexcept;
 
 /// Encodes a value into a record's bytes; keeps the storages it names.
 template <class T>

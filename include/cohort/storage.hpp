@@ -213,13 +213,26 @@ void hold_for_message(const handle_context& context) noexcept;
 /// not such a handle.
 void drop_unread_handle(std::span<const std::byte> handle) noexcept;
 
+/// A record whose storage handles carry references of their own (a queue's
+/// value, the holds of a rank's result) ends with where each shared
+/// storage's handle starts in it (4 bytes each), then how many there are
+/// (4 bytes). end_handle_record appends that end to the record's bytes.
+void end_handle_record(std::vector<std::byte>& bytes, const std::vector<std::uint32_t>& handle_at);
+/// The value's bytes of such a record; throws decode_error when its end
+/// does not name places inside them, in order.
+std::span<const std::byte> record_value(std::span<const std::byte> record);
+/// For such a record whose value failed to decode after `read` of its
+/// bytes: lets go of the references of the handles it had not reached.
+void drop_unread_handles(std::span<const std::byte> record, std::size_t read) noexcept;
+
 /// For a value that may be read after its sender has ended (a rank's
 /// result): a record naming every storage encode() held for `value`, each
 /// given a reference of its own, which the receiver takes over with
-/// take_holds. Empty when it names none.
+/// take_holds. It ends as end_handle_record's do. Empty when it names none.
 std::vector<std::byte> hold_for_receiver(const encoded& value);
 /// Takes over the references such a record holds, for as long as `value`
-/// (the value it was made for) lives. Throws decode_error and shm_error.
+/// (the value it was made for) lives. Throws decode_error and shm_error;
+/// the references of the storages it had not reached then are let go of.
 void take_holds(encoded& value, std::span<const std::byte> record);
 
 /// In a forked child about to end without destructors: lets go of the

@@ -838,66 +838,7 @@ asio::awaitable<void> queue_pop(std::shared_ptr<queue_core> q, std::vector<std::
                     [core, &out](bool sleep, std::uint32_t& seq) { return core->pop(out, sleep, seq); });
 }
 
-void end_record(queue_record& r) {
-  const auto& at = r.handles.handle_at;
-  const auto count = static_cast<std::uint32_t>(at.size());
-  const auto* places = reinterpret_cast<const std::byte*>(at.data());
-  r.bytes.insert(r.bytes.end(), places, places + at.size() * sizeof(std::uint32_t));
-  const auto* n = reinterpret_cast<const std::byte*>(&count);
-  r.bytes.insert(r.bytes.end(), n, n + sizeof count);
-}
-
-namespace {
-
-// The `i`th place of a record's end.
-std::uint32_t place_at(std::span<const std::byte> places, std::size_t i) noexcept {
-  std::uint32_t at = 0;
-  std::memcpy(&at, places.data() + i * sizeof at, sizeof at);
-  return at;
-}
-
-// The places a record's end names, checked: each handle whole inside the
-// value, in order.
-std::span<const std::byte> handle_places(std::span<const std::byte> record, std::span<const std::byte>& value) {
-  std::uint32_t count = 0;
-  if (record.size() < sizeof count) throw decode_error("cohort::queue: a record too short for its end");
-  std::memcpy(&count, record.data() + record.size() - sizeof count, sizeof count);
-  const std::size_t end = std::size_t{count} * sizeof(std::uint32_t) + sizeof count;
-  if (count > record.size() / sizeof(std::uint32_t) || end > record.size()) {
-    throw decode_error(fmt::format("cohort::queue: a record of {} bytes names {} handles", record.size(), count));
-  }
-  value = record.first(record.size() - end);
-  const auto places = record.subspan(value.size(), end - sizeof count);
-  std::uint64_t next = 0;  // where the next handle may start
-  for (std::size_t i = 0; i < count; ++i) {
-    const auto at = place_at(places, i);
-    if (at < next || at + std::uint64_t{handle_codec<storage>::handle_size} > value.size()) {
-      throw decode_error(fmt::format("cohort::queue: a record names a handle at {} of a {}-byte value", at, value.size()));
-    }
-    next = at + std::uint64_t{handle_codec<storage>::handle_size};
-  }
-  return places;
-}
-
-}  // namespace
-
-std::span<const std::byte> record_value(std::span<const std::byte> record) {
-  std::span<const std::byte> value;
-  handle_places(record, value);
-  return value;
-}
-
-void drop_unread_handles(std::span<const std::byte> record, std::size_t read) noexcept {
-  try {
-    std::span<const std::byte> value;
-    const auto places = handle_places(record, value);
-    for (std::size_t i = 0; i < places.size() / sizeof(std::uint32_t); ++i) {
-      if (const auto at = place_at(places, i); at >= read) drop_unread_handle(value.subspan(at, handle_codec<storage>::handle_size));
-    }
-  } catch (...) {
-    // A record whose end was already refused: nothing named to let go of.
-  }
-}
+void end_record(queue_record& r) { end_handle_record(r.bytes, r.handles.handle_at); }
 
 void rethrow_receive_failure(queue_core& q) {
   try {

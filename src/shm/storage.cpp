@@ -531,6 +531,66 @@ void drop_unread_handle(std::span<const std::byte> handle) noexcept {
   }
 }
 
+void end_handle_record(std::vector<std::byte>& bytes, const std::vector<std::uint32_t>& handle_at) {
+  const auto count = static_cast<std::uint32_t>(handle_at.size());
+  const auto* places = reinterpret_cast<const std::byte*>(handle_at.data());
+  bytes.insert(bytes.end(), places, places + handle_at.size() * sizeof(std::uint32_t));
+  const auto* n = reinterpret_cast<const std::byte*>(&count);
+  bytes.insert(bytes.end(), n, n + sizeof count);
+}
+
+namespace {
+
+// The `i`th place of a record's end.
+std::uint32_t place_at(std::span<const std::byte> places, std::size_t i) noexcept {
+  std::uint32_t at = 0;
+  std::memcpy(&at, places.data() + i * sizeof at, sizeof at);
+  return at;
+}
+
+// The places a record's end names, checked: each handle whole inside the
+// value, in order.
+std::span<const std::byte> handle_places(std::span<const std::byte> record, std::span<const std::byte>& value) {
+  std::uint32_t count = 0;
+  if (record.size() < sizeof count) throw decode_error("cohort::decode: a record too short for its end");
+  std::memcpy(&count, record.data() + record.size() - sizeof count, sizeof count);
+  const std::size_t end = std::size_t{count} * sizeof(std::uint32_t) + sizeof count;
+  if (count > record.size() / sizeof(std::uint32_t) || end > record.size()) {
+    throw decode_error(fmt::format("cohort::decode: a record of {} bytes names {} handles", record.size(), count));
+  }
+  value = record.first(record.size() - end);
+  const auto places = record.subspan(value.size(), end - sizeof count);
+  std::uint64_t next = 0;  // where the next handle may start
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto at = place_at(places, i);
+    if (at < next || at + std::uint64_t{handle_codec<storage>::handle_size} > value.size()) {
+      throw decode_error(fmt::format("cohort::decode: a record names a handle at {} of a {}-byte value", at, value.size()));
+    }
+    next = at + std::uint64_t{handle_codec<storage>::handle_size};
+  }
+  return places;
+}
+
+}  // namespace
+
+std::span<const std::byte> record_value(std::span<const std::byte> record) {
+  std::span<const std::byte> value;
+  handle_places(record, value);
+  return value;
+}
+
+void drop_unread_handles(std::span<const std::byte> record, std::size_t read) noexcept {
+  try {
+    std::span<const std::byte> value;
+    const auto places = handle_places(record, value);
+    for (std::size_t i = 0; i < places.size() / sizeof(std::uint32_t); ++i) {
+      if (const auto at = place_at(places, i); at >= read) drop_unread_handle(value.subspan(at, handle_codec<storage>::handle_size));
+    }
+  } catch (...) {
+    // A record whose end was already refused: nothing named to let go of.
+  }
+}
+
 std::vector<std::byte> hold_for_receiver(const encoded& value) {
   const auto& held = encoded_holds::of(value);
   if (!held) return {};
@@ -545,15 +605,23 @@ std::vector<std::byte> hold_for_receiver(const encoded& value) {
     handle_scope scope(holds);
     write(record, storages);
   }
+  end_handle_record(record, holds.handle_at);
   hold_for_message(holds);
   return record;
 }
 
 void take_holds(encoded& value, std::span<const std::byte> record) {
-  reader in(record, reader::source::queue_record);
-  auto storages = read<std::vector<storage>>(in);
-  if (in.left() != 0) throw decode_error("cohort::decode: bytes follow the storages a value holds");
-  encoded_holds::set(value, std::make_shared<const std::vector<storage>>(std::move(storages)));
+  reader in(record_value(record), reader::source::queue_record);
+  try {
+    auto storages = read<std::vector<storage>>(in);
+    if (in.left() != 0) throw decode_error("cohort::decode: bytes follow the storages a value holds");
+    encoded_holds::set(value, std::make_shared<const std::vector<storage>>(std::move(storages)));
+  } catch (...) {
+    // Those read are let go of with the exception; those not read still
+    // hold the references the record gave them.
+    drop_unread_handles(record, in.position());
+    throw;
+  }
 }
 
 std::uint32_t shared_holders(const storage& s) noexcept {

@@ -462,6 +462,40 @@ TEST_SUITE("storage") {
     }
   }
 
+  // Before, take_holds left the reference the record gave each storage
+  // after the one that failed: the parent's block below stayed held for good.
+  TEST_CASE("a result's holds that fail on a storage gone with its maker let go of the storage after it") {
+    strategy_scope scope(sharing_strategy::file_descriptor);  // a child's segment goes with it
+    const storage kept = storage::allocate_shared(64);
+    REQUIRE(detail::shared_holders(kept) == 1);
+    int ends[2];
+    REQUIRE(::pipe(ends) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      // As a rank's result is made: (its own storage, one it got), each
+      // given a reference for the reader.
+      const storage own = storage::allocate_shared(64);
+      const auto record = detail::hold_for_receiver(encode(std::tuple{own, kept}));
+      const bool written = ::write(ends[1], record.data(), record.size()) == static_cast<ssize_t>(record.size());
+      detail::release_shared_memory_holds();  // as a forked rank does at its end
+      ::_exit(written ? 0 : 1);
+    }
+    ::close(ends[1]);
+    std::vector<std::byte> record;
+    std::byte buffer[512];
+    for (ssize_t n; (n = ::read(ends[0], buffer, sizeof buffer)) > 0;) record.insert(record.end(), buffer, buffer + n);
+    ::close(ends[0]);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    REQUIRE(WEXITSTATUS(status) == 0);
+    CHECK(detail::shared_holders(kept) == 2);  // this process's, and the record's
+    auto value = encode(0);
+    CHECK_THROWS(detail::take_holds(value, record));
+    CHECK(detail::shared_holders(kept) == 1);
+  }
+
   TEST_CASE("small storages come from a few segments, not one each") {
     for (auto strategy : strategies) {
       strategy_scope scope(strategy);
