@@ -289,17 +289,7 @@ namespace detail {
 
 template <class T>
 T read_record(std::span<const std::byte> bytes) {
-  reader in(record_value(bytes), reader::source::queue_record);
-  try {
-    T value = read<T>(in);
-    if (in.left() != 0) throw decode_error("cohort::queue: bytes follow a value");
-    return value;
-  } catch (...) {
-    // What was read is dropped with the exception; what was not still
-    // holds the references the record took for it.
-    drop_unread_handles(bytes, in.position());
-    throw;
-  }
+  return read_handle_record<T>(bytes, "cohort::queue: bytes follow a value");
 }
 
 /// A queue crosses as the storage of its shared state; the receiver checks

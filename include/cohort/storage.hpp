@@ -205,8 +205,8 @@ struct handle_codec<storage> {
 /// publishes the message moves, so no receiver can see the message before.
 void hold_for_message(const handle_context& context) noexcept;
 
-/// Lets go of the reference a queue's record holds for the storage handle
-/// at the start of `handle`, which the receiver never read (the value
+/// Lets go of the reference a record (a queue's, or a rank's result
+/// holds) gives the storage handle at the start of `handle`, which the receiver never read (the value
 /// failed to decode before it): counts the message received and releases
 /// the block, as reading the handle and dropping the storage would. Does
 /// nothing where the segment cannot be opened any more, or the bytes are
@@ -224,6 +224,22 @@ std::span<const std::byte> record_value(std::span<const std::byte> record);
 /// For such a record whose value failed to decode after `read` of its
 /// bytes: lets go of the references of the handles it had not reached.
 void drop_unread_handles(std::span<const std::byte> record, std::size_t read) noexcept;
+
+/// Reads the whole value of such a record; `trailing` is the decode_error's
+/// message when bytes follow it. When reading throws, what was read goes
+/// with the exception, and the handles not reached are let go of.
+template <class T>
+T read_handle_record(std::span<const std::byte> record, const char* trailing) {
+  reader in(record_value(record), reader::source::queue_record);
+  try {
+    T value = read<T>(in);
+    if (in.left() != 0) throw decode_error(trailing);
+    return value;
+  } catch (...) {
+    drop_unread_handles(record, in.position());
+    throw;
+  }
+}
 
 /// For a value that may be read after its sender has ended (a rank's
 /// result): a record naming every storage encode() held for `value`, each

@@ -243,10 +243,6 @@ const std::string& registered_name(erased_function fn) {
 
 bool child_main_called() noexcept { return main_called.load(std::memory_order_relaxed); }
 
-namespace {
-
-}  // namespace
-
 bool ranks_inherit_terminate_handler() noexcept {
 #ifdef __GLIBCXX__
   // Only in place of the default, whose work it does outside a rank: a

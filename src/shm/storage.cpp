@@ -611,17 +611,9 @@ std::vector<std::byte> hold_for_receiver(const encoded& value) {
 }
 
 void take_holds(encoded& value, std::span<const std::byte> record) {
-  reader in(record_value(record), reader::source::queue_record);
-  try {
-    auto storages = read<std::vector<storage>>(in);
-    if (in.left() != 0) throw decode_error("cohort::decode: bytes follow the storages a value holds");
-    encoded_holds::set(value, std::make_shared<const std::vector<storage>>(std::move(storages)));
-  } catch (...) {
-    // Those read are let go of with the exception; those not read still
-    // hold the references the record gave them.
-    drop_unread_handles(record, in.position());
-    throw;
-  }
+  auto storages =
+      read_handle_record<std::vector<storage>>(record, "cohort::decode: bytes follow the storages a value holds");
+  encoded_holds::set(value, std::make_shared<const std::vector<storage>>(std::move(storages)));
 }
 
 std::uint32_t shared_holders(const storage& s) noexcept {
