@@ -180,9 +180,9 @@ entry_stack::entry_stack() {
 
 entry_stack::~entry_stack() { ::munmap(base_, mapped_); }
 
-std::unique_ptr<entry_stack> entry_stack::ahead_of_forks() noexcept {
+const entry_stack* entry_stack::ahead_of_forks(std::optional<entry_stack>& into) noexcept {
   try {
-    return std::make_unique<entry_stack>();
+    return &into.emplace();
   } catch (...) {
     return nullptr;
   }
@@ -263,21 +263,24 @@ namespace {
 
 // The function registered under `name`; throws std::logic_error when none is.
 COHORT_FORKED_CHILD_PATH std::pair<entry_thunk, erased_function> find_entry(const std::string& name) {
-  std::pair<entry_thunk, erased_function> found{nullptr, nullptr};
-  {
-    auto& r = entries();
-    std::lock_guard lock(r.mutex);
-    for (const auto& e : r.entries) {
-      if (same_text(e.name, name)) found = {e.thunk, e.fn};  // not memcmp: a page of libc fewer for a forked child
-    }
-  }
-  if (found.first == nullptr) {
+  const auto found = look_up_entry(name);
+  if (found.thunk == nullptr) {
     throw std::logic_error(fmt::format("cohort: this program has no entry point named '{}'", name));
   }
-  return found;
+  return {found.thunk, found.fn};
 }
 
 }  // namespace
+
+COHORT_FORKED_CHILD_PATH found_entry look_up_entry(const std::string& name) {
+  found_entry found;
+  auto& r = entries();
+  std::lock_guard lock(r.mutex);
+  for (const auto& e : r.entries) {
+    if (same_text(e.name, name)) found = {e.thunk, e.fn};  // not memcmp: a page of libc fewer for a forked child
+  }
+  return found;
+}
 
 std::optional<encoded> call_entry(const std::string& name, int rank, const encoded& args) {
   const auto [thunk, fn] = find_entry(name);
@@ -297,16 +300,16 @@ std::vector<std::byte> result_contents(const encoded& value) {
 }
 
 COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const encoded& args, int result_fd,
-                                       const entry_stack* stack, bool terminate_handler_set) {
-  entry_run run{nullptr, nullptr, rank, &args, std::nullopt};
+                                       const from_forking_process& inherited) {
+  entry_run run{inherited.entry.thunk, inherited.entry.fn, rank, &args, std::nullopt};
   os::set_running_rank(rank);
-  if (!terminate_handler_set) std::set_terminate(on_uncaught);
-  std::tie(run.thunk, run.fn) = find_entry(name);
+  if (!inherited.terminate_handler_set) std::set_terminate(on_uncaught);
+  if (run.thunk == nullptr) std::tie(run.thunk, run.fn) = find_entry(name);
   // The function runs on a stack of its own, which holds no handler of the
   // caller's: see entry_stack_main.
   std::optional<entry_stack> own;
   current_run = &run;
-  run_on(stack != nullptr ? *stack : own.emplace());
+  run_on(inherited.stack != nullptr ? *inherited.stack : own.emplace());
   current_run = nullptr;
   // What it returned is read once it has ended: the storages it names get
   // references of their own, which the reader takes over.
@@ -362,7 +365,8 @@ std::optional<int> child_main(int /*argc*/, char** /*argv*/) {
   ::close(args_fd);
   const encoded args = encoded::from_bytes(std::move(bytes));
   shm::find_keeper_in_environment();
-  return detail::run_entry(name, rank, args, result_fd, nullptr, true);
+  const detail::from_forking_process none{.stack = nullptr, .terminate_handler_set = true, .entry = {}};  // not forked
+  return detail::run_entry(name, rank, args, result_fd, none);
 }
 
 }  // namespace cohort

@@ -31,9 +31,11 @@ inline constexpr const char* forkserver_env = "COHORT_FORKSERVER";
 class entry_stack {
  public:
   entry_stack();
-  /// One mapped ahead of the forks of a batch, or null when it cannot be
-  /// (each child then maps its own).
-  static std::unique_ptr<entry_stack> ahead_of_forks() noexcept;
+  /// One mapped ahead of the forks of a batch into `into`, which the
+  /// forking function holds in its own frame (a page each child touches
+  /// anyway, where one of the heap would be a fault more in each); null
+  /// when it cannot be (each child then maps its own).
+  static const entry_stack* ahead_of_forks(std::optional<entry_stack>& into) noexcept;
   entry_stack(const entry_stack&) = delete;
   entry_stack& operator=(const entry_stack&) = delete;
   ~entry_stack();
@@ -48,16 +50,37 @@ class entry_stack {
   std::size_t mapped_ = 0;
 };
 
-/// Runs the function registered as `name` as `rank` in this process, on
-/// `stack` (null: on one mapped here), and writes its encoded result to
-/// `result_fd` (closed then). Returns 0; when an exception escapes the
-/// function, writes the error file, reports on stderr and ends the process
-/// with code 1 (it never returns then). The caller has told shared memory
-/// its keeper (shm::set_keeper, or shm::find_keeper_in_environment), and
-/// says whether std::terminate already ends a rank so (see
-/// ranks_inherit_terminate_handler); if not, it is set here.
-int run_entry(const std::string& name, int rank, const encoded& args, int result_fd, const entry_stack* stack,
-              bool terminate_handler_set);
+/// A function registered as an entry point, and the thunk that calls it.
+struct found_entry {
+  entry_thunk thunk = nullptr;  ///< null when none was found
+  erased_function fn = nullptr;
+};
+/// The function registered as `name`, or an empty found_entry when none is.
+found_entry look_up_entry(const std::string& name);
+
+/// What each rank forked from one process takes from it, worked out there
+/// once before the forks: every page a forked rank reads or writes for the
+/// first time costs it a fault of its own, so it looks nothing up itself.
+struct from_forking_process {
+  /// The stack the function runs on, mapped ahead of the forks; null: the
+  /// rank maps one of its own.
+  const entry_stack* stack = nullptr;
+  /// Whether std::terminate already ends a rank as it should (see
+  /// ranks_inherit_terminate_handler); if not, the rank sets it.
+  bool terminate_handler_set = false;
+  /// The function, looked up by its name; empty: the rank looks it up (and
+  /// reports a name that names none).
+  found_entry entry;
+};
+
+/// Runs the function registered as `name` as `rank` in this process, as
+/// `inherited` says, and writes its encoded result to `result_fd` (closed
+/// then). Returns 0; when an exception escapes the function, writes the
+/// error file, reports on stderr and ends the process with code 1 (it never
+/// returns then). The caller has told shared memory its keeper
+/// (shm::set_keeper, or shm::find_keeper_in_environment).
+int run_entry(const std::string& name, int rank, const encoded& args, int result_fd,
+              const from_forking_process& inherited);
 
 /// Makes std::terminate, in this process, call a handler that ends a rank
 /// as an escaping exception should where os::running_rank() is set, and

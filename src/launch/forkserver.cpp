@@ -118,7 +118,7 @@ COHORT_FORKED_CHILD_PATH pid_t clone_as_sibling(const thread_identity& self) {
 // std::terminate.
 COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp, const shm::keeper_address& keeper,
                                         std::span<const int> own, int report, std::uint64_t reset,
-                                        const entry_stack* stack, bool terminate_handler_set) noexcept {
+                                        const from_forking_process& inherited) noexcept {
   auto& [name, args, returns_value, entries, plans, keeper_text] = r;
   auto& [rank, parent, death_signal, new_group, cwd, env, kept] = plan;
   // Every descriptor needed is first moved above all the numbers involved,
@@ -165,18 +165,18 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   // pages of the heap that the server shares.
   alignas(encoded) std::byte storage[sizeof(encoded)];
   const auto& call_args = *new (storage) encoded(encoded::from_bytes(std::move(args)));
-  return run_entry(name, rank, call_args, result, stack, terminate_handler_set);
+  return run_entry(name, rank, call_args, result, inherited);
 }
 
 // The forked child's way from the server's loop to its exit.
 [[noreturn]] COHORT_FORKED_CHILD_PATH void become_rank(int socket, std::unique_ptr<request> r, rank_plan& plan,
                                                        char** envp, const shm::keeper_address& keeper,
                                                        std::span<const int> own, int report, std::uint64_t reset,
-                                                       const entry_stack* stack, bool terminate_handler_set) noexcept {
+                                                       const from_forking_process& inherited) noexcept {
   os::raw_syscall(SYS_close, socket);
   // The child's for good: its environment points into it, and what it
   // leaves behind need not be freed page by page.
-  end_forked_rank(run_forked(*r.release(), plan, envp, keeper, own, report, reset, stack, terminate_handler_set));
+  end_forked_rank(run_forked(*r.release(), plan, envp, keeper, own, report, reset, inherited));
 }
 
 // Each rank's environment as environ wants it, pointing into the request's
@@ -248,14 +248,15 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
   const bool known = ::prctl(PR_GET_TID_ADDRESS, &self.tid) == 0 && self.tid != nullptr;
   ::syscall(SYS_get_robust_list, 0, &self.robust_head, &self.robust_size);
   const std::uint64_t reset = signals_to_reset();  // this server sets no handler later
-  const bool terminate_handler_set = ranks_inherit_terminate_handler();
+  from_forking_process inherited;  // each request names its function
+  inherited.terminate_handler_set = ranks_inherit_terminate_handler();
   // Bound here, once, the symbols the children's flush at their end calls:
   // a child binding one itself faults in the dynamic linker's tables of
   // every library, each child again.
   flush_standard_streams();
-  // Mapped once for all children, each of which has its own copy; never
-  // unmapped here, as the server's own is never used.
-  const entry_stack* stack = entry_stack::ahead_of_forks().release();
+  // Mapped once for all children, each of which has its own copy.
+  std::optional<entry_stack> stack;
+  inherited.stack = entry_stack::ahead_of_forks(stack);
   for (;;) {
     batch b{};
     fd_array fds{};
@@ -299,6 +300,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
         ranks = std::span(plans).subspan(b.first, b.count);
         envps = environments(*r, ranks);
         keeper = shm::parse_keeper(keeper_text);
+        inherited.entry = look_up_entry(name);
       } catch (const std::bad_alloc&) {
         ranks = {};
         replies.push_back(-ENOMEM);
@@ -311,7 +313,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
       const pid_t pid = clone_as_sibling(self);
       if (pid == 0) {
         become_rank(socket, std::move(r), ranks[i], envps[i].data(), keeper, std::span<const int>(fds).subspan(at, own),
-                    fds[report_slot], reset, stack, terminate_handler_set);
+                    fds[report_slot], reset, inherited);
       }
       replies.push_back(pid > 0 ? pid : -errno);
       if (pid < 0) break;

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -154,19 +155,30 @@ namespace {
 // pipe, calls the function and exits. What escapes run_entry ends the rank
 // through std::terminate, never unwinding into the caller's frames, whose
 // destructors are the parent's.
-[[noreturn]] COHORT_FORKED_CHILD_PATH void run_forked_rank(launch_plan& p, int report_fd, const function_call& call,
-                                                           int rank, int result_fd, const entry_stack* stack,
-                                                           const shm::keeper_address& keeper,
-                                                           bool terminate_handler_set) noexcept {
+// What a forked child reads of its rank, copied side by side before the
+// forks: the first read of each page costs each child a fault, and a
+// rank's own objects spread over several pages of the heap.
+struct rank_to_fork {
+  launch_plan plan;
+  int result_fd;
+  bool replace_environ;  // its environment is not this process's
+  std::array<int, 4> keep;  // the plan's kept descriptors, when they fit
+};
+
+[[noreturn]] COHORT_FORKED_CHILD_PATH void run_forked_rank(rank_to_fork& r, int report_fd, const function_call& call,
+                                                           int rank, const shm::keeper_address& keeper,
+                                                           const from_forking_process& inherited) noexcept {
+  auto& p = r.plan;
   set_up_or_report(p, report_fd, rank);
   shm::set_keeper(keeper);
   // Output the parent had buffered but not written is the parent's to
   // write: dropped here, or it would appear twice.
   if (holds_output(stdout)) ::__fpurge(stdout);
   if (holds_output(stderr)) ::__fpurge(stderr);
-  // Unchanged, it is left unwritten: the page that holds it would be copied.
-  if (environ != p.envp) environ = const_cast<char**>(p.envp);
-  end_forked_rank(run_entry(call.name, rank, call.args, result_fd, stack, terminate_handler_set));
+  // Unchanged, it is left unwritten (and unread): the page that holds it
+  // would be copied.
+  if (r.replace_environ) environ = const_cast<char**>(p.envp);
+  end_forked_rank(run_entry(call.name, rank, call.args, r.result_fd, inherited));
 }
 
 // Forks every rank back to back (glibc's fork: its malloc and stdio locks
@@ -180,17 +192,23 @@ namespace {
                                                         const function_call& call, int report_fd,
                                                         const shm::keeper_address& keeper, launch_failure& f) {
   flush_standard_streams();
-  const auto stack = entry_stack::ahead_of_forks();
+  std::optional<entry_stack> stack;
+  const entry_stack* const mapped = entry_stack::ahead_of_forks(stack);
   const signals_blocked blocked;
   // Asked once for all: a handler another thread sets meanwhile stays in
   // the children, where it runs on their own copy of memory.
   const std::uint64_t reset = signals_to_reset();
-  const bool terminate_handler_set = ranks_inherit_terminate_handler();
-  std::vector<launch_plan*> plans;  // looked up here: a child runs no more of this library than it must
-  plans.reserve(ranks.size());
-  for (auto& x : ranks) {
-    plans.push_back(&x->prepared->plan());
-    plans.back()->reset_signals = &reset;
+  const from_forking_process inherited{mapped, ranks_inherit_terminate_handler(), look_up_entry(call.name)};
+  std::vector<rank_to_fork> forking;  // made here: a child runs no more of this library than it must
+  forking.reserve(ranks.size());
+  for (const auto& x : ranks) {
+    auto& r = forking.emplace_back(rank_to_fork{x->prepared->plan(), x->result.get(), false, {}});
+    r.plan.reset_signals = &reset;
+    r.replace_environ = r.plan.envp != environ;
+    if (r.plan.keep_count <= r.keep.size()) {
+      std::copy_n(r.plan.keep, r.plan.keep_count, r.keep.begin());
+      r.plan.keep = r.keep.data();  // reserved: the vector does not move
+    }
   }
   // The first pids go on the stack, beside the frame each fork's return
   // writes anyway, and into the ranks' objects once the forks are done: a
@@ -203,18 +221,14 @@ namespace {
   };
   const shm::fork_batch batch;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
-    auto& x = *ranks[r];
     const pid_t pid = ::fork();
-    if (pid == 0) {
-      run_forked_rank(*plans[r], report_fd, call, static_cast<int>(r), x.result.get(), stack.get(), keeper,
-                      terminate_handler_set);
-    }
+    if (pid == 0) run_forked_rank(forking[r], report_fd, call, static_cast<int>(r), keeper, inherited);
     if (pid < 0) {
       f = {stage::clone, errno, ""};
       record(r);
       return static_cast<int>(r);
     }
-    (r < on_stack ? pids[r] : x.pid) = pid;
+    (r < on_stack ? pids[r] : ranks[r]->pid) = pid;
   }
   record(ranks.size());
   return -1;
