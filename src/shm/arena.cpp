@@ -86,6 +86,7 @@ COHORT_FORKED_CHILD_PATH void arena_after_fork_in_child() {
   for (auto& [nonce, weak] : r.segments) {
     if (auto s = weak.lock()) s->note_mapper();
   }
+  r.named_by_values.store(false, std::memory_order_relaxed);  // the parent's values name the parent
   r.mutex.unlock();
   auto& a = arena();
   std::vector<std::shared_ptr<segment>>().swap(a.arenas);
@@ -103,7 +104,11 @@ COHORT_FORKED_CHILD_PATH void arena_after_fork_in_child() {
 void lock_arena_for_fork() {
   arena().growth.lock();
   arena().mutex.lock();
-  segments().mutex.lock();
+  auto& r = segments();
+  r.mutex.lock();
+  // The child may send values that name this process's segments, which it
+  // inherits mapped, without this process writing a handle of them.
+  if (!r.segments.empty()) note_named_by_values(r);
 }
 
 void unlock_arena_after_fork() noexcept {

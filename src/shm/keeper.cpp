@@ -160,9 +160,36 @@ void find_keeper_in_environment() noexcept {
 
 pid_t own_keeper() noexcept { return keeper_found.of == os::this_process() ? keeper_found.pid : 0; }
 
-bool hand_over_to_keeper() noexcept {
+namespace {
+
+// Sends `fds` to this process's keeper; whether it could. Apart from
+// hand_over_to_keeper, whose frame then stays small: a forked rank with
+// nothing to hand over touches no further page of its stack for it.
+[[gnu::noinline]] bool send_to_keeper(const std::vector<int>& fds) noexcept {
+  if (own_keeper() == 0) return false;
+  const os::owned_fd s(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (s.get() < 0) return false;
+  // The keeper's queue of messages may be full for a while; not for long.
+  const timeval patience{2, 0};
+  ::setsockopt(s.get(), SOL_SOCKET, SO_SNDTIMEO, &patience, sizeof patience);
+  socklen_t length = 0;
+  const auto a = address_of({keeper_found.name, keeper_found.name_size}, length);
+  if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&a), length) != 0) return false;
+  const char byte = 0;
+  for (std::size_t first = 0; first < fds.size(); first += os::max_passed) {
+    const auto count = std::min(os::max_passed, fds.size() - first);
+    if (!os::send_with_fds(s.get(), &byte, 1, fds.data() + first, count)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+COHORT_FORKED_CHILD_PATH bool hand_over_to_keeper() noexcept {
   auto* known = segments_if_made();
-  if (known == nullptr) return true;  // no segment was ever mapped here
+  // No segment was ever mapped here, or no value names one through this
+  // process: nothing to look through, and no lock to take.
+  if (known == nullptr || !known->named_by_values.load(std::memory_order_acquire)) return true;
   std::vector<std::shared_ptr<segment>> held;  // so that `fds` stay open until sent
   std::vector<int> fds;
   std::vector<os::owned_fd> opened;  // named files, opened to be handed over: the group sweeps their names
@@ -188,21 +215,7 @@ bool hand_over_to_keeper() noexcept {
     return false;
   }
   if (fds.empty()) return true;  // the common case
-  if (own_keeper() == 0) return false;
-  const os::owned_fd s(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (s.get() < 0) return false;
-  // The keeper's queue of messages may be full for a while; not for long.
-  const timeval patience{2, 0};
-  ::setsockopt(s.get(), SOL_SOCKET, SO_SNDTIMEO, &patience, sizeof patience);
-  socklen_t length = 0;
-  const auto a = address_of({keeper_found.name, keeper_found.name_size}, length);
-  if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&a), length) != 0) return false;
-  const char byte = 0;
-  for (std::size_t first = 0; first < fds.size(); first += os::max_passed) {
-    const auto count = std::min(os::max_passed, fds.size() - first);
-    if (!os::send_with_fds(s.get(), &byte, 1, fds.data() + first, count)) return false;
-  }
-  return true;
+  return send_to_keeper(fds);
 }
 
 void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept {

@@ -5,6 +5,7 @@
 
 #include "shm/segment.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -23,6 +24,13 @@ struct registry {
   static constexpr std::size_t unused_limit = 16;
 
   std::mutex mutex;
+  /// Set once a value that names shared memory is written here (a handle,
+  /// in a message, a result or an argument) or a segment is kept here for
+  /// an ended sender; cleared in a fork child. While it is clear, no value
+  /// can need this process's descriptors or name a segment it made, and
+  /// its end has nothing to hand its keeper. Beside the lock, whose line a
+  /// fork child writes anyway.
+  std::atomic<bool> named_by_values{false};
   std::unordered_map<std::uint64_t, std::weak_ptr<segment>> segments;
   std::vector<std::shared_ptr<segment>> received;  // oldest first
 
@@ -56,6 +64,11 @@ std::size_t shed_descriptors() noexcept;
 /// The registry if segments() has made it, else null: a process that never
 /// mapped a segment has nothing to look through at its end.
 registry* segments_if_made() noexcept;
+/// Sets registry::named_by_values (the registry exists: a segment is mapped).
+inline void note_named_by_values(registry& r) noexcept {
+  // Read first: a line that every sending thread writes would bounce between them.
+  if (!r.named_by_values.load(std::memory_order_relaxed)) r.named_by_values.store(true, std::memory_order_release);
+}
 
 
 }  // namespace cohort::shm

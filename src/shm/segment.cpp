@@ -336,6 +336,7 @@ std::shared_ptr<segment> segment::map_checked(int fd, const std::string& where, 
 
 std::shared_ptr<segment> segment::keep(int fd, pid_t sender) {
   auto& r = segments();
+  note_named_by_values(r);  // values of the ended sender now need this process
   const auto nonce = [fd]() -> std::uint64_t {
     segment_header h;
     if (::pread(fd, &h, offsetof(segment_header, live), 0) != static_cast<ssize_t>(offsetof(segment_header, live))) return 0;

@@ -5,6 +5,7 @@
 
 #include "shm/arena.hpp"
 #include "shm/fork.hpp"
+#include "shm/registry.hpp"
 #include "shm/segment.hpp"
 #include "os/spin_mutex.hpp"
 
@@ -404,7 +405,7 @@ void register_device_reader(int device_type, device_handle_reader read, device_r
   device_waits[device_type].store(wait, std::memory_order_release);
 }
 
-void wait_for_device_receivers(std::chrono::steady_clock::duration limit) noexcept {
+COHORT_FORKED_CHILD_PATH void wait_for_device_receivers(std::chrono::steady_clock::duration limit) noexcept {
   for (auto& slot : device_waits) {
     if (const auto wait = slot.load(std::memory_order_acquire)) wait(limit);
   }
@@ -445,6 +446,7 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
   }
   auto impl = value.impl_;
   if (!impl->segment) storage(impl).share_memory();
+  shm::note_named_by_values(shm::segments());  // this process's end may have descriptors to hand over
   const auto ref = impl->segment->ref();
   const bool message = current_handles != nullptr && current_handles->message;
   if (message) current_handles->handle_at.push_back(static_cast<std::uint32_t>(out.size()));

@@ -394,6 +394,27 @@ int push_or_pop_after_end(int rank, queue<tensor> q, queue<int> pids, int n) {
 }
 COHORT_ENTRYPOINT(push_or_pop_after_end);
 
+// What push_through_forked_child leaves to the child it forks: the child
+// sends a tensor of its parent's, and the parent writes no handle of it.
+// Optional: a queue made at every start of this program would hold shared
+// memory in each process that runs it.
+std::optional<queue<tensor>> left_to_child;
+tensor made_before_the_fork;
+
+void push_made_before_the_fork(int) { left_to_child->put(made_before_the_fork); }
+COHORT_ENTRYPOINT(push_made_before_the_fork);
+
+// Makes a tensor, forks a rank of its own that pushes it, and returns once
+// that rank has ended: it sends nothing itself.
+void push_through_forked_child(int, queue<tensor> q) {
+  left_to_child.emplace(q);
+  made_before_the_fork = tensor::full({64}, 5, dtype::int32, {.shared = true});
+  join_options options;
+  options.method = start_method::fork;
+  (void)spawn_and_join(push_made_before_the_fork, std::tuple{}, 1, options);
+}
+COHORT_ENTRYPOINT(push_through_forked_child);
+
 // Pushes tensors of its own under file_system that nobody will receive;
 // returns its pid.
 int push_unreceived(int, queue<tensor> q, int n) {
@@ -1024,6 +1045,21 @@ TEST_SUITE("sharing") {
           CHECK(seen == std::map<int, int>{{0, 2}, {1, 2}, {2, 2}});
         });
       }
+    }
+  }
+
+  // A rank that sends nothing itself still hands its memory over as it
+  // ends when a child it forked sent a value that names it.
+  TEST_CASE("a tensor a rank's forked child pushed arrives after both ended") {
+    for (const auto method : methods) {
+      CAPTURE(to_string(method));
+      repeat_under_each_strategy(2, [&](leak_check&, int) {
+        queue<tensor> q(8);
+        const auto started = std::chrono::steady_clock::now();
+        (void)spawn_and_join(push_through_forked_child, std::tuple{q}, 1, {.method = method});
+        CHECK(std::chrono::steady_clock::now() - started < 10s);
+        CHECK(q.get(5s).value() == tensor::full({64}, 5, dtype::int32));
+      });
     }
   }
 
