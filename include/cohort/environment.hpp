@@ -32,6 +32,12 @@ class environment {
   /// Throws std::invalid_argument for a name that is empty or holds '=' or
   /// NUL, or a value that holds NUL.
   std::vector<std::string> materialize() const;
+  /// The same block packed as execve and environ take it: each "NAME=value"
+  /// with its NUL, one after another, in `text`, and in `pointers` a
+  /// pointer to each, then a null pointer. Two allocations in all, where
+  /// the strings are one per variable (a group builds a block per rank).
+  /// Throws as materialize() does.
+  void materialize(std::vector<char>& text, std::vector<char*>& pointers) const;
   /// inherit() with no changes: the child gets this process's block as is.
   bool unchanged_inherit() const noexcept { return inherit_ && changes_.empty(); }
   /// The value the child will see for `name`, if any.
@@ -45,6 +51,11 @@ class environment {
 
  private:
   explicit environment(bool inherit) : inherit_(inherit) {}
+  // Calls entry(first, value) for each variable of the block, in order:
+  // an inherited one whole in `first` with `value` null, a set one as its
+  // name and value. Defined where both materialize() use it.
+  template <class Entry>
+  void merge(Entry&& entry) const;
 
   bool inherit_ = true;
   std::map<std::string, std::optional<std::string>> changes_;  // nullopt = unset

@@ -38,9 +38,10 @@ environment& environment::unset(std::string name) {
   return *this;
 }
 
-// One string per variable, no map: a group builds a block per rank. Each
-// name is found once, not at every comparison of the sort.
-std::vector<std::string> environment::materialize() const {
+// No map: a group builds a block per rank. Each name is found once, not
+// at every comparison of the sort.
+template <class Entry>
+void environment::merge(Entry&& entry) const {
   std::vector<std::pair<std::string_view, std::string_view>> inherited;  // name, whole entry
   if (inherit_ && environ != nullptr) {
     for (char** e = environ; *e != nullptr; ++e) {
@@ -56,21 +57,58 @@ std::vector<std::string> environment::materialize() const {
                     inherited.end());
   }
   // The changes are sorted by name too: one merge of the two.
-  std::vector<std::string> block;
-  block.reserve(inherited.size() + changes_.size());
   auto next = inherited.begin();
   for (const auto& [name, value] : changes_) {
     check_name(name);
-    for (; next != inherited.end() && next->first < name; ++next) block.emplace_back(next->second);
+    for (; next != inherited.end() && next->first < name; ++next) entry(next->second, nullptr);
     if (next != inherited.end() && next->first == name) ++next;  // set or unset here
     if (!value) continue;
     if (value->find('\0') != std::string::npos) {
       throw std::invalid_argument("cohort::environment: value of '" + name + "' holds NUL");
     }
-    block.push_back(name + "=" + *value);
+    entry(std::string_view(name), &*value);
   }
-  for (; next != inherited.end(); ++next) block.emplace_back(next->second);
+  for (; next != inherited.end(); ++next) entry(next->second, nullptr);
+}
+
+std::vector<std::string> environment::materialize() const {
+  std::vector<std::string> block;
+  merge([&block](std::string_view first, const std::string* value) {
+    if (value == nullptr) {
+      block.emplace_back(first);
+    } else {
+      block.push_back(std::string(first) + "=" + *value);
+    }
+  });
   return block;
+}
+
+void environment::materialize(std::vector<char>& text, std::vector<char*>& pointers) const {
+  // Where each entry starts in `text`, which grows: the pointers are made
+  // once it is whole.
+  std::vector<std::size_t> starts;
+  // Room for every entry the block can hold, so that neither grows.
+  std::size_t entries = changes_.size(), bytes = 0;
+  if (inherit_ && environ != nullptr) {
+    for (char** e = environ; *e != nullptr; ++e, ++entries) bytes += std::char_traits<char>::length(*e) + 1;
+  }
+  for (const auto& [name, value] : changes_) bytes += name.size() + (value ? value->size() : 0) + 2;
+  text.clear();
+  text.reserve(bytes);
+  starts.reserve(entries);
+  merge([&](std::string_view first, const std::string* value) {
+    starts.push_back(text.size());
+    text.insert(text.end(), first.begin(), first.end());
+    if (value != nullptr) {
+      text.push_back('=');
+      text.insert(text.end(), value->begin(), value->end());
+    }
+    text.push_back('\0');
+  });
+  pointers.clear();
+  pointers.reserve(starts.size() + 1);
+  for (const auto at : starts) pointers.push_back(text.data() + at);
+  pointers.push_back(nullptr);
 }
 
 std::optional<std::string> environment::get(const std::string& name) const {

@@ -389,7 +389,7 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
 }
 
 struct prepared_launch::parts {
-  std::vector<std::string> env_block;
+  std::vector<char> env_text;  // the entries of envp, packed
   std::vector<char*> envp;
   std::vector<os::owned_fd> owned;  // closed in the parent when the launch ends
   std::vector<pipe_ends> pipes;
@@ -405,12 +405,7 @@ prepared_launch::prepared_launch(const spawn_options& options, const std::vector
   check_keep_fds(options.keep_fds);
   auto& x = *parts_;
   // An unchanged inherited environment is passed as it is, uncopied.
-  if (!options.env.unchanged_inherit()) {
-    x.env_block = options.env.materialize();
-    x.envp.reserve(x.env_block.size() + 1);
-    for (auto& entry : x.env_block) x.envp.push_back(entry.data());
-    x.envp.push_back(nullptr);
-  }
+  if (!options.env.unchanged_inherit()) options.env.materialize(x.env_text, x.envp);
   auto& p = x.plan;
   const stdio* streams[3] = {&options.in, &options.out, &options.err};
   for (int target = 0; target < 3; ++target) {

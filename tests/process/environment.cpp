@@ -44,6 +44,36 @@ TEST_SUITE("environment") {
     CHECK(block == std::vector<std::string>{"K=a=b"});
   }
 
+  TEST_CASE("the packed block holds the entries of materialize(), in order, each ended by NUL") {
+    ::setenv("COHORT_TEST_INHERITED", "yes", 1);
+    ::setenv("COHORT_TEST_DROPPED", "x", 1);
+    const auto env = environment::inherit().set("COHORT_TEST_ADDED", "a=b").set("COHORT_TEST_EMPTY", "").unset(
+        "COHORT_TEST_DROPPED");
+    std::vector<char> text{'x'};          // what was there goes
+    std::vector<char*> pointers{nullptr};
+    env.materialize(text, pointers);
+    REQUIRE_FALSE(pointers.empty());
+    CHECK(pointers.back() == nullptr);
+    std::vector<std::string> packed;
+    for (std::size_t i = 0; i + 1 < pointers.size(); ++i) {
+      REQUIRE(pointers[i] >= text.data());
+      REQUIRE(pointers[i] < text.data() + text.size());
+      packed.emplace_back(pointers[i]);
+      CHECK(pointers[i] + packed.back().size() < text.data() + text.size());  // its NUL is inside
+    }
+    CHECK(packed == env.materialize());
+    CHECK(holds(packed, "COHORT_TEST_ADDED=a=b"));
+    CHECK(holds(packed, "COHORT_TEST_EMPTY="));
+    // Entries end to end: nothing between them, nothing after the last.
+    std::size_t bytes = 0;
+    for (const auto& e : packed) bytes += e.size() + 1;
+    CHECK(text.size() == bytes);
+
+    environment::empty().materialize(text, pointers);
+    CHECK(pointers == std::vector<char*>{nullptr});
+    CHECK_THROWS_AS(environment::empty().set("A=B", "x").materialize(text, pointers), std::invalid_argument);
+  }
+
   TEST_CASE("get() answers what the child will see") {
     ::setenv("COHORT_TEST_GET", "v", 1);
     CHECK(environment::inherit().get("COHORT_TEST_GET") == "v");
