@@ -160,9 +160,9 @@ namespace {
 // rank's own objects spread over several pages of the heap.
 struct rank_to_fork {
   launch_plan plan;
-  int result_fd;
-  bool replace_environ;  // its environment is not this process's
-  std::array<int, 4> keep;  // the plan's kept descriptors, when they fit
+  int result_fd = -1;
+  bool replace_environ = false;  // its environment is not this process's
+  std::array<int, 4> keep{};  // the plan's kept descriptors, when they fit
 };
 
 [[noreturn]] COHORT_FORKED_CHILD_PATH void run_forked_rank(rank_to_fork& r, int report_fd, const function_call& call,
@@ -199,15 +199,22 @@ struct rank_to_fork {
   // the children, where it runs on their own copy of memory.
   const std::uint64_t reset = signals_to_reset();
   const from_forking_process inherited{mapped, ranks_inherit_terminate_handler(), look_up_entry(call.name)};
-  std::vector<rank_to_fork> forking;  // made here: a child runs no more of this library than it must
-  forking.reserve(ranks.size());
-  for (const auto& x : ranks) {
-    auto& r = forking.emplace_back(rank_to_fork{x->prepared->plan(), x->result.get(), false, {}});
+  // The first ranks' on the stack, which each child touches anyway, the
+  // rest on the heap; made here: a child runs no more of this library than
+  // it must.
+  constexpr std::size_t near_count = 8;
+  rank_to_fork near[near_count];
+  std::vector<rank_to_fork> far;
+  if (ranks.size() > near_count) far.reserve(ranks.size() - near_count);  // reserved: none moves once made
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const auto& x = *ranks[i];
+    const rank_to_fork made{x.prepared->plan(), x.result.get(), false, {}};
+    auto& r = i < near_count ? (near[i] = made) : far.emplace_back(made);
     r.plan.reset_signals = &reset;
     r.replace_environ = r.plan.envp != environ;
     if (r.plan.keep_count <= r.keep.size()) {
       std::copy_n(r.plan.keep, r.plan.keep_count, r.keep.begin());
-      r.plan.keep = r.keep.data();  // reserved: the vector does not move
+      r.plan.keep = r.keep.data();
     }
   }
   // The first pids go on the stack, beside the frame each fork's return
@@ -222,7 +229,10 @@ struct rank_to_fork {
   const shm::fork_batch batch;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     const pid_t pid = ::fork();
-    if (pid == 0) run_forked_rank(forking[r], report_fd, call, static_cast<int>(r), keeper, inherited);
+    if (pid == 0) {
+      run_forked_rank(r < near_count ? near[r] : far[r - near_count], report_fd, call, static_cast<int>(r), keeper,
+                      inherited);
+    }
     if (pid < 0) {
       f = {stage::clone, errno, ""};
       record(r);
