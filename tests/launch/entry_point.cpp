@@ -32,6 +32,7 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <set>
 #include <sstream>
 #include <iostream>
 #include <iterator>
@@ -71,6 +72,13 @@ COHORT_ENTRYPOINT(raise_on);
 
 void throw_int(int) { throw 42; }
 COHORT_ENTRYPOINT(throw_int);
+
+// The rank, and the error file its environment names (one per rank).
+std::string rank_and_error_file(int rank) {
+  const char* file = std::getenv("COHORT_ERROR_FILE");
+  return fmt::format("{} {}", rank, file != nullptr ? file : "");
+}
+COHORT_ENTRYPOINT(rank_and_error_file);
 
 void signal_self(int rank, int sig) {
   if (rank == 0) ::raise(sig);
@@ -388,6 +396,28 @@ TEST_SUITE("entry points") {
       REQUIRE(r.return_values.size() == 5);
       for (int rank = 0; rank < 5; ++rank) CHECK(r.return_values[static_cast<std::size_t>(rank)]->as<int>() == rank);
     });
+  }
+
+  // A fork launch hands its first ranks their plans from its own frame and
+  // the rest from the heap: every rank, past the first eight too, must run
+  // as itself, with its own environment, and return through its own file.
+  TEST_CASE("twenty forked ranks each run as themselves, with their own environment and result") {
+    join_options options;
+    options.method = start_method::fork;
+    const auto seen = spawn_and_join(rank_and_error_file, std::tuple{}, 20, options);
+    REQUIRE(seen.size() == 20);
+    std::set<std::string> files;
+    for (int rank = 0; rank < 20; ++rank) {
+      const auto& line = seen[static_cast<std::size_t>(rank)];
+      CAPTURE(line);
+      const auto space = line.find(' ');
+      REQUIRE(space != std::string::npos);
+      CHECK(line.substr(0, space) == std::to_string(rank));
+      const auto file = line.substr(space + 1);
+      CHECK(file.ends_with(fmt::format("-{}.json", rank)));
+      files.insert(file);
+    }
+    CHECK(files.size() == 20);
   }
 
   TEST_CASE("arguments cross whole: strings with NULs, vectors and a megabyte of bytes") {
