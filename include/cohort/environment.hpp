@@ -36,7 +36,7 @@ class environment {
   /// with its NUL, one after another, in `text`, and in `pointers` a
   /// pointer to each, then a null pointer. Two allocations in all, where
   /// the strings are one per variable (a group builds a block per rank).
-  /// Throws as materialize() does.
+  /// Throws as materialize() does, leaving both empty.
   void materialize(std::vector<char>& text, std::vector<char*>& pointers) const;
   /// inherit() with no changes: the child gets this process's block as is.
   bool unchanged_inherit() const noexcept { return inherit_ && changes_.empty(); }

@@ -151,10 +151,6 @@ COHORT_FORKED_CHILD_PATH void end_forked_rank(int code) noexcept {
 
 namespace {
 
-// The child of a true fork of this process: sets itself up, reports on the
-// pipe, calls the function and exits. What escapes run_entry ends the rank
-// through std::terminate, never unwinding into the caller's frames, whose
-// destructors are the parent's.
 // What a forked child reads of its rank, copied side by side before the
 // forks: the first read of each page costs each child a fault, and a
 // rank's own objects spread over several pages of the heap.
@@ -165,6 +161,10 @@ struct rank_to_fork {
   std::array<int, 4> keep{};  // the plan's kept descriptors, when they fit
 };
 
+// The child of a true fork of this process: sets itself up, reports on the
+// pipe, calls the function and exits. What escapes run_entry ends the rank
+// through std::terminate, never unwinding into the caller's frames, whose
+// destructors are the parent's.
 [[noreturn]] COHORT_FORKED_CHILD_PATH void run_forked_rank(rank_to_fork& r, int report_fd, const function_call& call,
                                                            int rank, const shm::keeper_address& keeper,
                                                            const from_forking_process& inherited) noexcept {

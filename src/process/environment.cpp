@@ -84,28 +84,32 @@ std::vector<std::string> environment::materialize() const {
 }
 
 void environment::materialize(std::vector<char>& text, std::vector<char*>& pointers) const {
-  // Where each entry starts in `text`, which grows: the pointers are made
-  // once it is whole.
+  // Where each entry starts in `text`: the pointers are made once it is
+  // whole. Room for every entry the block can hold, so that neither grows.
   std::vector<std::size_t> starts;
-  // Room for every entry the block can hold, so that neither grows.
   std::size_t entries = changes_.size(), bytes = 0;
   if (inherit_ && environ != nullptr) {
     for (char** e = environ; *e != nullptr; ++e, ++entries) bytes += std::char_traits<char>::length(*e) + 1;
   }
   for (const auto& [name, value] : changes_) bytes += name.size() + (value ? value->size() : 0) + 2;
   text.clear();
+  pointers.clear();
   text.reserve(bytes);
   starts.reserve(entries);
-  merge([&](std::string_view first, const std::string* value) {
-    starts.push_back(text.size());
-    text.insert(text.end(), first.begin(), first.end());
-    if (value != nullptr) {
-      text.push_back('=');
-      text.insert(text.end(), value->begin(), value->end());
-    }
-    text.push_back('\0');
-  });
-  pointers.clear();
+  try {
+    merge([&](std::string_view first, const std::string* value) {
+      starts.push_back(text.size());
+      text.insert(text.end(), first.begin(), first.end());
+      if (value != nullptr) {
+        text.push_back('=');
+        text.insert(text.end(), value->begin(), value->end());
+      }
+      text.push_back('\0');
+    });
+  } catch (...) {
+    text.clear();  // no part of a block that was refused
+    throw;
+  }
   pointers.reserve(starts.size() + 1);
   for (const auto at : starts) pointers.push_back(text.data() + at);
   pointers.push_back(nullptr);
