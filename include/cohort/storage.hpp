@@ -205,12 +205,13 @@ struct handle_codec<storage> {
 /// publishes the message moves, so no receiver can see the message before.
 void hold_for_message(const handle_context& context) noexcept;
 
-/// Lets go of the reference a record (a queue's, or a rank's result
-/// holds) gives the storage handle at the start of `handle`, which the receiver never read (the value
-/// failed to decode before it): counts the message received and releases
-/// the block, as reading the handle and dropping the storage would. Does
-/// nothing where the segment cannot be opened any more, or the bytes are
-/// not such a handle.
+/// Lets go of the reference that a record with handles (a queue's value,
+/// or the holds of a rank's result) gives the storage handle at the start
+/// of `handle`, which the receiver never read (the value failed to decode
+/// before it): counts the message received and releases the block, as
+/// reading the handle and dropping the storage would. Does nothing where
+/// the segment cannot be opened any more, or the bytes are not such a
+/// handle.
 void drop_unread_handle(std::span<const std::byte> handle) noexcept;
 
 /// A record whose storage handles carry references of their own (a queue's
