@@ -296,7 +296,12 @@ T read_record(std::span<const std::byte> bytes) {
 /// that it holds values of the same type.
 template <class T>
 struct handle_codec<queue<T>> {
-  static std::string signature() { return "q" + type_signature<T>(); }
+  static std::string signature() {
+    // Appended, not "q" + ...: g++ 12 warns (-Wrestrict) on that form once inlined.
+    std::string s(1, 'q');
+    s += type_signature<T>();
+    return s;
+  }
   static std::size_t size_bound(const queue<T>& q) { return handle_codec<storage>::size_bound(queue_storage(*q.core_)); }
   static void write(std::vector<std::byte>& out, const queue<T>& q) {
     handle_codec<storage>::write(out, queue_storage(*q.core_));
