@@ -8,6 +8,9 @@
 //     on, or spins a little and then yields its CPU (three processes on two
 //     cores: the one it waits for may be the one without a CPU)
 //   - ping-pong: a futex word between two processes, one round trip
+//   - a cache line handed between two processes on two CPUs, each spinning
+//     until the other has written it: ns for one hand-over, one way (what a
+//     value written by one process and next touched by another costs)
 //   - exit: blocking waitid's wake after a child stamped the time and exited
 //   - fork+exit+wait and posix_spawn(/bin/true)+wait of one child
 //   - launcher: a minimal posix_spawn launcher (this program, re-executed)
@@ -18,6 +21,7 @@
 //   machine_limits [rounds]     (default 5; each figure: the median of the rounds, and their spread)
 //   machine_limits --launch K   (the minimal launcher itself)
 //   machine_limits --ring N     (one yielding pipeline of N items; prints its items/s, or 0 for a wrong sum)
+//   machine_limits --line       (the hand-over of a cache line; prints its ns, or 0 where only one CPU is allowed)
 #include "load.hpp"
 #include "stats.hpp"
 
@@ -206,6 +210,53 @@ std::vector<double> pingpong(int trips) {
   return us;
 }
 
+// --- a cache line between two CPUs -----------------------------------------
+
+struct handover_memory {
+  alignas(64) std::atomic<std::uint64_t> ball{0};  // 2i+1: the answerer's turn, 2i+2: back
+};
+
+// Spins until `ball` holds `value`; every 4096th look hands the CPU over, so
+// that a partner without a CPU gets one.
+void spin_until_ball(const std::atomic<std::uint64_t>& ball, std::uint64_t value) {
+  for (unsigned looks = 1; ball.load(std::memory_order_acquire) != value; ++looks) {
+    if (looks % 4096 == 0) ::sched_yield();
+    else relax();
+  }
+}
+
+// ns for one hand-over of a cache line from one process to another, one
+// way: the median over `batches` batches of `trips` round trips (two
+// hand-overs each). 0 where this process may only run on one CPU: the two
+// could not both spin.
+double line_handover_ns(int batches, std::uint64_t trips) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return 0;
+  auto* m = shared<handover_memory>();
+  const std::uint64_t total = trips * static_cast<std::uint64_t>(batches);
+  const pid_t answerer = ::fork();
+  if (answerer == 0) {
+    for (std::uint64_t i = 0; i < total; ++i) {
+      spin_until_ball(m->ball, 2 * i + 1);
+      m->ball.store(2 * i + 2, std::memory_order_release);
+    }
+    ::_exit(0);
+  }
+  std::vector<double> ns;
+  for (std::uint64_t i = 0; i < total;) {
+    const double start = now_ns();
+    for (const std::uint64_t end = i + trips; i < end; ++i) {
+      m->ball.store(2 * i + 1, std::memory_order_release);
+      spin_until_ball(m->ball, 2 * i + 2);
+    }
+    ns.push_back((now_ns() - start) / (2.0 * static_cast<double>(trips)));
+  }
+  wait_all({answerer});
+  release(m);
+  return median(ns);
+}
+
 // --- process start and exit -----------------------------------------------
 
 struct stamp_memory {
@@ -320,11 +371,16 @@ int main(int argc, char** argv) {
     fmt::print("{:.0f}\n", pipeline(std::max(2ULL, std::strtoull(argv[2], nullptr, 10)), waiting::yield));
     return 0;
   }
+  if (argc == 2 && std::string(argv[1]) == "--line") {
+    fmt::print("{:.1f}\n", line_handover_ns(10, 20'000));
+    return 0;
+  }
   const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
   const std::string self = std::filesystem::canonical("/proc/self/exe").string();
   const std::vector<int> launcher_ks{1, 8, 32, 128};
 
-  std::vector<double> spin_rate, spin_loaded, yield_rate, yield_loaded, ping_p50, ping_p99, exit_p50, fork_p50, spawn_p50, file_rate;
+  std::vector<double> spin_rate, spin_loaded, yield_rate, yield_loaded, ping_p50, ping_p99, line_ns, exit_p50, fork_p50,
+      spawn_p50, file_rate;
   std::vector<std::vector<double>> launched(launcher_ks.size());
   // Every measurement once per round, in turn: drift hits them alike.
   for (int round = 0; round < rounds; ++round) {
@@ -338,6 +394,7 @@ int main(int argc, char** argv) {
     const auto trips = pingpong(20'000);
     ping_p50.push_back(percentile(trips, 50));
     ping_p99.push_back(percentile(trips, 99));
+    line_ns.push_back(line_handover_ns(10, 20'000));
     exit_p50.push_back(median(exit_wakes(200)));
     fork_p50.push_back(median(fork_exit_wait(200)));
     spawn_p50.push_back(median(spawn_true_wait(100)));
@@ -357,6 +414,8 @@ int main(int argc, char** argv) {
   row("  the same, two busy loops beside it", spin_loaded, "{:.2f}", "M items/s");
   row("futex ping-pong between 2 processes, p50", ping_p50, "{:.2f}", "us");
   row("futex ping-pong between 2 processes, p99", ping_p99, "{:.2f}", "us");
+  if (line_ns.front() > 0) row("a cache line handed between 2 processes on 2 CPUs, one way", line_ns, "{:.0f}", "ns");
+  else fmt::print("  {:<56}{}\n", "a cache line handed between 2 processes on 2 CPUs", "not measured: one CPU allowed");
   row("exit to blocking waitid's wake, p50", exit_p50, "{:.1f}", "us");
   row("fork + _exit + wait, p50", fork_p50, "{:.1f}", "us");
   row("posix_spawn /bin/true + wait, p50", spawn_p50, "{:.1f}", "us");

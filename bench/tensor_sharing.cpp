@@ -244,8 +244,8 @@ pipeline_run pipeline_rate(int n, int producers, bool pinned = false) {
   return {(n - 1) / seconds, producer_cpu, std::get<2>(out.at(p)), summer_cpu};
 }
 
-// The machine's raw ring moving `items`: items/s, or 0 when it failed.
-double raw_ring_rate(long long items) {
+// One figure that `machine_limits <args>` prints, or 0 when it failed.
+double machine_limit(const std::string& args) {
   // Quoted for the shell that popen runs: each ' becomes '\''.
   std::string quoted = "'";
   for (const char c : std::string_view(COHORT_BENCH_MACHINE_LIMITS)) {
@@ -253,19 +253,22 @@ double raw_ring_rate(long long items) {
     else quoted += c;
   }
   quoted += "'";
-  FILE* out = ::popen(fmt::format("{} --ring {}", quoted, items).c_str(), "r");
+  FILE* out = ::popen(fmt::format("{} {}", quoted, args).c_str(), "r");
   if (out == nullptr) return 0;
-  double rate = 0;
-  if (std::fscanf(out, "%lf", &rate) != 1) rate = 0;
-  return ::pclose(out) == 0 ? rate : 0;
+  double figure = 0;
+  if (std::fscanf(out, "%lf", &figure) != 1) figure = 0;
+  return ::pclose(out) == 0 ? figure : 0;
 }
+
+// The machine's raw ring moving `items`: items/s, or 0 when it failed.
+double raw_ring_rate(long long items) { return machine_limit(fmt::format("--ring {}", items)); }
 
 // The pipeline quiet, beside two busy loops, and with 2 and 4 producers,
 // each once per round in turn, the raw ring beside the first two; prints
 // each and returns the quiet median.
 double pipeline_section(int n, int rounds) {
   std::vector<double> quiet, loaded, share, two, four, one_cpu, of_two_cpus, ints, ring_quiet, ring_loaded,
-      of_ring_quiet, of_ring_loaded;
+      of_ring_quiet, of_ring_loaded, handover, surplus_in_handovers;
   // Each stage's CPU time per tensor, in ns: quiet, and on one CPU.
   std::vector<double> cpu[2][3];
   const auto note_cpu = [&cpu](int mode, const pipeline_run& run) {
@@ -306,6 +309,14 @@ double pipeline_section(int n, int rounds) {
       note_cpu(1, pinned_run);
     }
     of_two_cpus.push_back(100 * one_cpu.back() / quiet.back());
+    // What the three stages spend per tensor on two CPUs above one, in
+    // hand-overs of a cache line between CPUs measured in the same round.
+    if (const double ns = machine_limit("--line"); ns > 0) {
+      handover.push_back(ns);
+      double surplus = 0;
+      for (int stage = 0; stage < 3; ++stage) surplus += cpu[0][stage].back() - cpu[1][stage].back();
+      surplus_in_handovers.push_back(surplus / ns);
+    }
     ints.push_back(int_pipeline_rate(static_cast<int>(std::min(5LL * n, 10'000'000LL))));
   }
   fmt::print("3-stage pipeline (producers -> relay that clones -> summer) of {} five-element int64 tensors,\n"
@@ -330,6 +341,12 @@ double pipeline_section(int n, int rounds) {
     for (int stage = 0; stage < 3; ++stage) {
       row(fmt::format("    {}", stages[stage]).c_str(), cpu[mode][stage], "ns");
     }
+  }
+  if (handover.empty()) {
+    fmt::print("  {:<52} not measured (one CPU allowed, or it failed)\n", "a cache line handed between two CPUs");
+  } else {
+    row("a cache line handed between two CPUs, one way", handover, "ns");
+    row("  the stages' CPU per tensor, two CPUs above one,", surplus_in_handovers, "hand-overs");
   }
   row("cohort, plain int64 values through the same queues", ints, "values/s");
   if (ring_failed) {
