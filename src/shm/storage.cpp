@@ -495,6 +495,9 @@ storage handle_codec<storage>::read(reader& in) {
   if (auto impl = slot.lock()) {
     lock.unlock();
     if (impl->nbytes != nbytes) {
+      // The message's reference goes with the refusal: past this handle,
+      // nothing else lets go of it.
+      if (message == 1) segment->release(block);
       throw decode_error(fmt::format("cohort::decode: a storage of {} bytes names one of {} bytes", nbytes, impl->nbytes));
     }
     if (message == 1) segment->release(block);  // this process holds it already

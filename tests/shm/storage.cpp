@@ -496,6 +496,28 @@ TEST_SUITE("storage") {
     CHECK(detail::shared_holders(kept) == 1);
   }
 
+  // Before, the refused handle's reference stayed on the block for good.
+  TEST_CASE("a held storage named with another size in a record is refused and the record's reference let go") {
+    const storage kept = storage::allocate_shared(64);
+    auto record = detail::hold_for_receiver(encode(std::vector<storage>{kept}));
+    REQUIRE(detail::shared_holders(kept) == 2);  // this process's, and the record's
+    // The record ends with where each handle starts, then their count; a
+    // handle ends with the storage's size in bytes.
+    std::uint32_t count = 0, at = 0;
+    std::memcpy(&count, record.data() + record.size() - sizeof count, sizeof count);
+    REQUIRE(count == 1);
+    std::memcpy(&at, record.data() + record.size() - sizeof count - sizeof at, sizeof at);
+    const std::size_t size_at = at + detail::handle_codec<storage>::handle_size - sizeof(std::uint64_t);
+    std::uint64_t nbytes = 0;
+    std::memcpy(&nbytes, record.data() + size_at, sizeof nbytes);
+    REQUIRE(nbytes == 64);
+    nbytes = 32;
+    std::memcpy(record.data() + size_at, &nbytes, sizeof nbytes);
+    CHECK_THROWS_WITH_AS((void)detail::read_handle_record<std::vector<storage>>(record, "bytes follow"),
+                         doctest::Contains("names one of 64 bytes"), decode_error);
+    CHECK(detail::shared_holders(kept) == 1);
+  }
+
   TEST_CASE("small storages come from a few segments, not one each") {
     for (auto strategy : strategies) {
       strategy_scope scope(strategy);
