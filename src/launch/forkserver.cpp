@@ -305,6 +305,8 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
         ranks = {};
         replies.push_back(-ENOMEM);
       } catch (const std::exception&) {
+        // Whatever threw after `ranks` was set: none of them is forked.
+        ranks = {};
         replies.push_back(-EINVAL);
       }
     }
