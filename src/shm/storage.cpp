@@ -494,13 +494,12 @@ storage handle_codec<storage>::read(reader& in) {
   auto& slot = m.storages[{ref.nonce, block}];
   if (auto impl = slot.lock()) {
     lock.unlock();
+    // This process holds it already: the message's reference goes, whether
+    // the handle is taken or refused (past it, nothing else lets go of it).
+    if (message == 1) segment->release(block);
     if (impl->nbytes != nbytes) {
-      // The message's reference goes with the refusal: past this handle,
-      // nothing else lets go of it.
-      if (message == 1) segment->release(block);
       throw decode_error(fmt::format("cohort::decode: a storage of {} bytes names one of {} bytes", nbytes, impl->nbytes));
     }
-    if (message == 1) segment->release(block);  // this process holds it already
     return storage(std::move(impl));
   }
   if (message == 0) {
