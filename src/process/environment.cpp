@@ -84,9 +84,7 @@ std::vector<std::string> environment::materialize() const {
 }
 
 void environment::materialize(std::vector<char>& text, std::vector<char*>& pointers) const {
-  // Where each entry starts in `text`: the pointers are made once it is
-  // whole. Room for every entry the block can hold, so that neither grows.
-  std::vector<std::size_t> starts;
+  // Room for every entry the block can hold, so that neither grows.
   std::size_t entries = changes_.size(), bytes = 0;
   if (inherit_ && environ != nullptr) {
     for (char** e = environ; *e != nullptr; ++e, ++entries) bytes += std::char_traits<char>::length(*e) + 1;
@@ -95,10 +93,8 @@ void environment::materialize(std::vector<char>& text, std::vector<char*>& point
   text.clear();
   pointers.clear();
   text.reserve(bytes);
-  starts.reserve(entries);
   try {
     merge([&](std::string_view first, const std::string* value) {
-      starts.push_back(text.size());
       text.insert(text.end(), first.begin(), first.end());
       if (value != nullptr) {
         text.push_back('=');
@@ -110,8 +106,12 @@ void environment::materialize(std::vector<char>& text, std::vector<char*>& point
     text.clear();  // no part of a block that was refused
     throw;
   }
-  pointers.reserve(starts.size() + 1);
-  for (const auto at : starts) pointers.push_back(text.data() + at);
+  // The pointers once the text is whole: each entry ends at its NUL, and
+  // none holds another (refused above, and none in environ's).
+  pointers.reserve(entries + 1);
+  for (std::size_t at = 0; at < text.size(); at += std::char_traits<char>::length(text.data() + at) + 1) {
+    pointers.push_back(text.data() + at);
+  }
   pointers.push_back(nullptr);
 }
 
