@@ -216,13 +216,10 @@ struct handover_memory {
   alignas(64) std::atomic<std::uint64_t> ball{0};  // 2i+1: the answerer's turn, 2i+2: back
 };
 
-// Spins until `ball` holds `value`; every 4096th look hands the CPU over, so
-// that a partner without a CPU gets one.
+// Waits until `ball` holds `value` as a yielding ring stage waits: a
+// partner without a CPU gets one.
 void spin_until_ball(const std::atomic<std::uint64_t>& ball, std::uint64_t value) {
-  for (unsigned looks = 1; ball.load(std::memory_order_acquire) != value; ++looks) {
-    if (looks % 4096 == 0) ::sched_yield();
-    else relax();
-  }
+  for (unsigned looks = 0; ball.load(std::memory_order_acquire) != value;) wait_a_little(waiting::yield, looks);
 }
 
 // ns for one hand-over of a cache line from one process to another, one
