@@ -38,19 +38,6 @@
 #include <string>
 #include <system_error>
 
-// The guardian's own code: no stack protector, whose canary lives in the
-// storage of the thread that started the guardian (which may have ended),
-// and no instrumentation, whose runtimes keep state per thread. Its arrays
-// are left uninitialized (-ftrivial-auto-var-init would call memset).
-#define COHORT_GUARDIAN_CODE                                                                    \
-  [[gnu::no_stack_protector, gnu::no_sanitize("address", "thread", "undefined"), gnu::no_instrument_function, \
-    gnu::no_profile_instrument_function]]
-// The same for a lambda (GCC's attribute syntax, which it applies to the
-// lambda's function).
-#define COHORT_GUARDIAN_LAMBDA                                                                  \
-  __attribute__((no_stack_protector, no_sanitize("address", "thread", "undefined"), no_instrument_function, \
-                 no_profile_instrument_function))
-
 namespace cohort {
 namespace {
 
@@ -87,7 +74,7 @@ struct kernel_sigaction {
   std::uint64_t mask;
 };
 
-COHORT_GUARDIAN_CODE void set_disposition(int signal, void (*handler)(int)) {
+COHORT_BARE_CODE void set_disposition(int signal, void (*handler)(int)) {
   if constexpr (os::raw_syscall_is_private) {
     kernel_sigaction action{handler, 0, nullptr, 0};
     raw_syscall(SYS_rt_sigaction, signal, reinterpret_cast<long>(&action), 0, sizeof action.mask);
@@ -100,7 +87,7 @@ COHORT_GUARDIAN_CODE void set_disposition(int signal, void (*handler)(int)) {
 
 // Whether the initial environment of process `pid` (its decimal digits) has
 // a variable that starts with the marker.
-COHORT_GUARDIAN_CODE bool marked(const char* pid, const guardian_memory& m) {
+COHORT_BARE_CODE bool marked(const char* pid, const guardian_memory& m) {
   char path[32] = "/proc/";
   std::size_t at = 6;
   for (; *pid != '\0' && at < 20; ++pid) path[at++] = *pid;
@@ -135,9 +122,9 @@ COHORT_GUARDIAN_CODE bool marked(const char* pid, const guardian_memory& m) {
 // at `path` that a decimal number names (the processes of /proc, the
 // descriptors of /proc/self/fd), with the entry's name as written and the
 // directory's own descriptor. False when the directory cannot be opened.
-COHORT_GUARDIAN_CODE bool for_each_numbered(const char* path,
-                                            void (*each)(long number, const char* name, long dir, void* context),
-                                            void* context) {
+COHORT_BARE_CODE bool for_each_numbered(const char* path,
+                                        void (*each)(long number, const char* name, long dir, void* context),
+                                        void* context) {
   struct entry {  // linux_dirent64
     std::uint64_t inode;
     std::int64_t offset;
@@ -165,7 +152,7 @@ COHORT_GUARDIAN_CODE bool for_each_numbered(const char* path,
 }
 
 // One pass over /proc: kills every marked process; the number found.
-COHORT_GUARDIAN_CODE int kill_marked(const guardian_memory& m) {
+COHORT_BARE_CODE int kill_marked(const guardian_memory& m) {
   struct pass {
     const guardian_memory& m;
     long self;
@@ -173,7 +160,7 @@ COHORT_GUARDIAN_CODE int kill_marked(const guardian_memory& m) {
   } p{m, raw_syscall(SYS_getpid), 0};
   for_each_numbered(
       "/proc",
-      [](long pid, const char* name, long, void* context) COHORT_GUARDIAN_LAMBDA {
+      [](long pid, const char* name, long, void* context) COHORT_BARE_LAMBDA {
         auto& p = *static_cast<pass*>(context);
         if (pid == p.self || !marked(name, p.m)) return;
         raw_syscall(SYS_kill, pid, SIGKILL);
@@ -183,7 +170,7 @@ COHORT_GUARDIAN_CODE int kill_marked(const guardian_memory& m) {
   return p.found;
 }
 
-COHORT_GUARDIAN_CODE long monotonic_ns() {
+COHORT_BARE_CODE long monotonic_ns() {
   timespec now{};
   raw_syscall(SYS_clock_gettime, CLOCK_MONOTONIC, reinterpret_cast<long>(&now));
   return now.tv_sec * 1'000'000'000L + now.tv_nsec;
@@ -192,13 +179,13 @@ COHORT_GUARDIAN_CODE long monotonic_ns() {
 // Closes every descriptor of the guardian's but `a` and `b` (-1: none):
 // with close_range, or one by one from /proc/self/fd where it is refused
 // (before Linux 5.9, or by a seccomp filter).
-COHORT_GUARDIAN_CODE void close_all_but(int a, int b) {
+COHORT_BARE_CODE void close_all_but(int a, int b) {
   const int kept_in_order[2] = {a < b ? a : b, a < b ? b : a};
   if (os::close_all_but(kept_in_order, 2) == 0) return;
   int kept[2] = {a, b};
   for_each_numbered(
       "/proc/self/fd",
-      [](long fd, const char*, long dir, void* context) COHORT_GUARDIAN_LAMBDA {
+      [](long fd, const char*, long dir, void* context) COHORT_BARE_LAMBDA {
         const int* kept = static_cast<const int*>(context);
         if (fd >= 3 && fd != kept[0] && fd != kept[1] && fd != dir) raw_syscall(SYS_close, fd);
       },
@@ -208,7 +195,7 @@ COHORT_GUARDIAN_CODE void close_all_but(int a, int b) {
 // Until the parent lets go ('r' on the line: false) or asks for a look
 // ('l'), or is gone: the line's end of file, or its pidfd readable (which
 // also catches a copy of the parent's end held by a child it forked).
-COHORT_GUARDIAN_CODE bool wait_for_look(const guardian_memory& m) {
+COHORT_BARE_CODE bool wait_for_look(const guardian_memory& m) {
   for (;;) {
     pollfd watched[2] = {{m.line, POLLIN, 0}, {m.parent, POLLIN, 0}};  // a negative descriptor is skipped
     const long ready = raw_syscall(SYS_ppoll, reinterpret_cast<long>(watched), 2, 0, 0);
@@ -223,21 +210,12 @@ COHORT_GUARDIAN_CODE bool wait_for_look(const guardian_memory& m) {
   }
 }
 
-// Sets this thread's signal mask with rt_sigprocmask itself, which, unlike
-// pthread_sigmask, also blocks glibc's SIGCANCEL and SIGSETXID; returns the
-// mask before.
-COHORT_GUARDIAN_CODE std::uint64_t set_signal_mask(std::uint64_t mask) {
-  std::uint64_t before = 0;
-  raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, reinterpret_cast<long>(&mask), reinterpret_cast<long>(&before), sizeof mask);
-  return before;
-}
-
 // The guardian. It starts with every signal blocked (its parent blocked
 // them around the clone), so no handler of the parent's ever runs here.
 // It then ignores every signal but SIGKILL, SIGSTOP and the faults of its
 // own code: a Ctrl-C, or any signal sent to this process's group, leaves
 // it to do its work.
-COHORT_GUARDIAN_CODE int guard(void* memory) {
+COHORT_BARE_CODE int guard(void* memory) {
   const auto& m = *static_cast<const guardian_memory*>(memory);
   for (int signal = 1; signal < 65; ++signal) {
     if (signal == SIGKILL || signal == SIGSTOP) continue;
@@ -245,7 +223,7 @@ COHORT_GUARDIAN_CODE int guard(void* memory) {
                        signal == SIGSYS;
     set_disposition(signal, fault ? SIG_DFL : SIG_IGN);
   }
-  set_signal_mask(0);
+  os::set_signal_mask(0);
   raw_syscall(SYS_prctl, PR_SET_NAME, reinterpret_cast<long>("cohort-guardian"));
   raw_syscall(SYS_close, m.parent_end);
   close_all_but(m.line, m.parent);
@@ -300,10 +278,10 @@ guardian::guardian() {
   std::memcpy(m->prefix, prefix.data(), m->prefix_size);
 
   // The guardian starts with every signal blocked.
-  const std::uint64_t mask = set_signal_mask(~std::uint64_t{0});
+  const std::uint64_t mask = os::set_signal_mask(~std::uint64_t{0});
   pid_ = ::clone(guard, top, SIGCHLD | CLONE_PIDFD | (shares_memory() ? CLONE_VM : 0), m, &pidfd_);
   const int error = errno;
-  set_signal_mask(mask);
+  os::set_signal_mask(mask);
   close_ours();
   if (pid_ < 0) {
     ::close(ends[1]);

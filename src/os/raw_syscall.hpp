@@ -1,14 +1,16 @@
 // System calls that touch no memory of the calling thread but their
 // arguments: no errno (thread-local), no lock, no libc state. For code that
-// runs in a process sharing this one's memory (a clone with CLONE_VM), where
-// a write to the errno of the thread that started it would land in that
-// thread's storage while it runs, or in storage freed when it ended.
+// runs in a process sharing this one's memory (a clone with CLONE_VM), or on
+// a thread libc does not know of (os/bare_thread.hpp), where a write to the
+// errno of the thread that started it would land in that thread's storage
+// while it runs, or in storage freed when it ended.
 //
 // Written out for x86-64 and AArch64 (`raw_syscall_is_private`); elsewhere
 // they go through libc's syscall(), whose errno is only safe to write in a
 // process with memory of its own.
 #pragma once
 
+#include <signal.h>
 #include <sys/syscall.h>
 
 #include <cerrno>
@@ -17,6 +19,21 @@
 #if !defined(__x86_64__) && !defined(__aarch64__)
 #include <unistd.h>
 #endif
+
+// Code that runs on memory this process shares but with no per-thread
+// state of libc's own (a clone sharing the memory, a thread libc does not
+// know of): no stack protector, whose canary lives in the storage of the
+// thread that started it (which may have ended), and no instrumentation,
+// whose runtimes keep state per thread. Its arrays are to be marked
+// [[gnu::uninitialized]]: -ftrivial-auto-var-init would call memset.
+#define COHORT_BARE_CODE                                                                        \
+  [[gnu::no_stack_protector, gnu::no_sanitize("address", "thread", "undefined"), gnu::no_instrument_function, \
+    gnu::no_profile_instrument_function]]
+// The same for a lambda (GCC's attribute syntax, which it applies to the
+// lambda's function).
+#define COHORT_BARE_LAMBDA                                                                      \
+  __attribute__((no_stack_protector, no_sanitize("address", "thread", "undefined"), no_instrument_function, \
+                 no_profile_instrument_function))
 
 namespace cohort::os {
 
@@ -28,13 +45,19 @@ inline constexpr bool raw_syscall_is_private = true;
 inline constexpr bool raw_syscall_is_private = false;
 #endif
 
-/// System call `number` with up to four arguments: the kernel's result,
+/// System call `number` with up to six arguments: the kernel's result,
 /// -errno on failure.
-[[gnu::always_inline]] inline long raw_syscall(long number, long a = 0, long b = 0, long c = 0, long d = 0) noexcept {
+[[gnu::always_inline]] inline long raw_syscall(long number, long a = 0, long b = 0, long c = 0, long d = 0, long e = 0,
+                                               long f = 0) noexcept {
 #if defined(__x86_64__)
   long result;
   register long r10 asm("r10") = d;
-  asm volatile("syscall" : "=a"(result) : "a"(number), "D"(a), "S"(b), "d"(c), "r"(r10) : "rcx", "r11", "memory");
+  register long r8 asm("r8") = e;
+  register long r9 asm("r9") = f;
+  asm volatile("syscall"
+               : "=a"(result)
+               : "a"(number), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+               : "rcx", "r11", "memory");
   return result;
 #elif defined(__aarch64__)
   register long x8 asm("x8") = number;
@@ -42,12 +65,23 @@ inline constexpr bool raw_syscall_is_private = false;
   register long x1 asm("x1") = b;
   register long x2 asm("x2") = c;
   register long x3 asm("x3") = d;
-  asm volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3) : "memory");
+  register long x4 asm("x4") = e;
+  register long x5 asm("x5") = f;
+  asm volatile("svc 0" : "+r"(x0) : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5) : "memory");
   return x0;
 #else
-  const long result = ::syscall(number, a, b, c, d);
+  const long result = ::syscall(number, a, b, c, d, e, f);
   return result == -1 ? -errno : result;
 #endif
+}
+
+/// Sets this thread's signal mask with rt_sigprocmask itself, which, unlike
+/// pthread_sigmask, also blocks glibc's SIGCANCEL and SIGSETXID; returns the
+/// mask before.
+[[gnu::always_inline]] inline unsigned long long set_signal_mask(unsigned long long mask) noexcept {
+  unsigned long long before = 0;
+  raw_syscall(SYS_rt_sigprocmask, SIG_SETMASK, reinterpret_cast<long>(&mask), reinterpret_cast<long>(&before), sizeof mask);
+  return before;
 }
 
 /// Closes every descriptor from 3 up but those in `keep` (increasing;
