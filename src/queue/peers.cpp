@@ -2,10 +2,13 @@
 #include "queue/peers.hpp"
 
 #include "config.hpp"
+#include "os/bare_thread.hpp"
 #include "os/futex.hpp"
 #include "os/per_process.hpp"
 #include "os/process_identity.hpp"
+#include "os/raw_syscall.hpp"
 
+#include <linux/futex.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -106,11 +109,21 @@ bool death_notice::start() noexcept {
   std::call_once(started_, [this] {
     epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epoll_ < 0) return;
-    try {
-      std::thread([this] { run(); }).detach();
-    } catch (...) {
-      ::close(std::exchange(epoll_, -1));
+    // A thread libc does not count where it can (os/bare_thread.hpp): a
+    // process whose only other thread is this one keeps libc's and
+    // cohort's single-threaded paths, which every tensor sent or received
+    // takes several times.
+    bool started = false;
+    if (os::bare_threads_supported()) {
+      started = os::start_bare_thread(watch, this, watcher_stack) == 0;
+    } else {
+      try {
+        std::thread([this] { watch(this); }).detach();
+        started = true;
+      } catch (...) {
+      }
     }
+    if (!started) ::close(std::exchange(epoll_, -1));
   });
   return epoll_ >= 0;
 }
@@ -123,18 +136,16 @@ void death_notice::arm(int pidfd) noexcept {
   if (::epoll_ctl(epoll_, EPOLL_CTL_MOD, pidfd, &e) != 0 && errno == ENOENT) ::epoll_ctl(epoll_, EPOLL_CTL_ADD, pidfd, &e);
 }
 
-void death_notice::run() noexcept {
-  epoll_event events[16];
+COHORT_BARE_CODE void death_notice::watch(void* self) noexcept {
+  auto& notice = *static_cast<death_notice*>(self);
+  [[gnu::uninitialized]] epoll_event events[16];
   for (;;) {
-    const int n = ::epoll_wait(epoll_, events, 16, -1);
-    if (n < 0 && errno != EINTR) return;
+    const long n = os::raw_syscall(SYS_epoll_pwait, notice.epoll_, reinterpret_cast<long>(events), 16, -1, 0, 0);
+    if (n < 0 && n != -EINTR) return;
     if (n <= 0) continue;
     // Bumped before the wake: a wait that sees the new epoch does not sleep.
-    epoch_.fetch_add(1, std::memory_order_release);
-    try {
-      os::futex_wake(epoch_, INT_MAX);
-    } catch (...) {
-    }
+    notice.epoch_.fetch_add(1, std::memory_order_release);
+    os::raw_syscall(SYS_futex, reinterpret_cast<long>(&notice.epoch_), FUTEX_WAKE, INT_MAX);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -37,8 +38,9 @@ struct peer_table {
 };
 
 /// Tells this process's waits at once that a watched process has ended: a
-/// thread of its own sleeps in epoll on the pidfds armed, and at each end
-/// bumps `epoch` and wakes whoever sleeps on it. A wait reads the epoch,
+/// thread of its own (one libc does not count, os/bare_thread.hpp) sleeps
+/// in epoll on the pidfds armed, and at each end bumps `epoch` and wakes
+/// whoever sleeps on it. A wait reads the epoch,
 /// arms the pidfds of the peers it depends on, and sleeps on its own word
 /// and the epoch together: an end before the arming is reported as soon as
 /// it is armed (a pidfd of an ended process is readable), one after it by
@@ -57,8 +59,10 @@ class death_notice {
   int descriptor() const noexcept { return epoll_; }
 
  private:
+  static constexpr std::size_t watcher_stack = 16 << 10;
   bool start() noexcept;
-  void run() noexcept;
+  // The watcher's loop; raw system calls only (os/bare_thread.hpp).
+  static void watch(void* self) noexcept;
   std::atomic<std::uint32_t> epoch_{0};
   std::once_flag started_;
   int epoll_ = -1;  // set once, under started_

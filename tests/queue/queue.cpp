@@ -3,6 +3,7 @@
 #include "cohort/event.hpp"
 #include "cohort/spawn_and_join.hpp"
 #include "queue/peers.hpp"
+#include "os/futex.hpp"
 #include "os/process_identity.hpp"
 
 #include "support/harness.hpp"
@@ -20,6 +21,8 @@
 #include <asio/this_coro.hpp>
 
 #include <signal.h>
+#include <sys/single_threaded.h>
+#include <sys/syscall.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -124,6 +127,38 @@ std::uint32_t first_counted_asleep(const detail::queue_core& core,
   }
   return 0;
 }
+
+// In a rank of its own, started single-threaded: arms this process's death
+// notice with a child that waits to be killed, kills it, and waits up to
+// 10 s for the notice's epoch to move (only its watcher moves it). Returns
+// bits: 1 libc still counted the rank single-threaded after the watcher
+// started, 2 the watcher was there beside the rank's thread, 4 the epoch
+// moved; -1 when the rank did not start single-threaded.
+int watch_a_death(int) {
+  if (!__libc_single_threaded) return -1;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    for (;;) ::pause();
+  }
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, child, 0));
+  auto& notice = detail::death_notice::of_this_process();
+  const auto seen = notice.epoch().load(std::memory_order_acquire);
+  notice.arm(pidfd);
+  int result = __libc_single_threaded ? 1 : 0;
+  const auto tasks = std::distance(std::filesystem::directory_iterator("/proc/self/task"), {});
+  if (tasks == 2) result |= 2;
+  ::kill(child, SIGKILL);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (notice.epoch().load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until) {
+    std::error_code ec;
+    os::futex_wait(notice.epoch(), seen, 100ms, ec);
+  }
+  if (notice.epoch().load(std::memory_order_acquire) != seen) result |= 4;
+  ::waitpid(child, nullptr, 0);
+  ::close(pidfd);
+  return result;
+}
+COHORT_ENTRYPOINT(watch_a_death);
 
 TEST_SUITE("queue") {
   TEST_CASE("values come out in the order they went in") {
@@ -440,6 +475,12 @@ TEST_SUITE("queue") {
     }
     asio::io_context io;
     CHECK_THROWS_AS(test::run(io, q.pop()), peer_lost);
+  }
+
+  TEST_CASE("the death notice wakes a sleeper when an armed process ends, from a thread libc does not count") {
+    join_options options;
+    options.method = start_method::spawn;
+    CHECK(spawn_and_join(watch_a_death, std::tuple{}, 1, options) == std::vector{1 | 2 | 4});
   }
 
   TEST_CASE("a peer entry left by an ended process with this pid becomes this process's") {
