@@ -378,6 +378,14 @@ segment_ref segment::ref() const noexcept {
           through_here ? own_keeper() : keeper_, nonce_};
 }
 
+segment_ref segment::pass_on() noexcept {
+  const auto r = ref();
+  if (r.fd >= 0 && r.source == os::this_process() && !passed_on_.load(std::memory_order_relaxed)) {
+    passed_on_.store(true, std::memory_order_relaxed);
+  }
+  return r;
+}
+
 bool segment::give_up_descriptor() noexcept {
   if (made_here() || kept_.load(std::memory_order_relaxed)) return false;
   const int fd = fd_.exchange(-1, std::memory_order_relaxed);

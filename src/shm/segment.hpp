@@ -155,6 +155,9 @@ class segment {
   /// descriptor (file_descriptor: every process mapping one keeps one, so
   /// a receiver can pass on what it received), or by name.
   segment_ref ref() const noexcept;
+  /// ref(), for a value written here: notes when it names this process's
+  /// own descriptor, which the value's receivers may then open.
+  segment_ref pass_on() noexcept;
   /// Whether this process made it.
   bool made_here() const noexcept;
   segment_header& header() const noexcept { return *reinterpret_cast<segment_header*>(base_); }
@@ -198,6 +201,16 @@ class segment {
   /// here then name the maker's. Whether there was one to close. A segment
   /// this process keeps for an ended sender keeps its descriptor.
   bool give_up_descriptor() noexcept;
+  /// Whether give_up_descriptor may close a descriptor now: one of this
+  /// process's own that no value in flight may need. Only a process that
+  /// passed on values through its own descriptor (pass_on) looks at the
+  /// shared counts of messages in flight: their lines are written with
+  /// every value sent and received, and a look on every storage dropped
+  /// would pull them from the senders' caches.
+  bool may_give_up_descriptor() const noexcept {
+    if (made_here() || kept_.load(std::memory_order_relaxed) || fd_.load(std::memory_order_relaxed) < 0) return false;
+    return !passed_on_.load(std::memory_order_relaxed) || !messages_in_flight();
+  }
   /// The segment a memfd that `sender` handed over as it ended holds,
   /// mapped here (or this process's mapping of it, given `fd` when it had
   /// given up its own), marked as kept: it keeps its descriptor until
@@ -250,6 +263,8 @@ class segment {
   int maker_fd_;
   pid_t keeper_;  // the sender's keeper, for values passed on without a descriptor of this process's
   std::atomic<bool> kept_{false};
+  // A value written here named this process's own descriptor (pass_on).
+  std::atomic<bool> passed_on_{false};
   // The header's, read once: asked for by every handle written and every
   // storage dropped, it is not worth a trip to the shared line each time.
   std::uint64_t nonce_;

@@ -339,7 +339,7 @@ detail::storage_impl::~storage_impl() {
   if (own_segment && segment->made_here() &&
       segment->header().live.load(std::memory_order_acquire) > 0) {
     shm::linger(std::move(segment));
-  } else if (segment.use_count() == 2 && !segment->messages_in_flight()) {
+  } else if (segment.use_count() == 2 && segment->may_give_up_descriptor()) {
     // The last storage here over a segment another process made, which
     // the registry keeps mapped: no value this process passed on needs its
     // descriptor any more, and a cache holds none.
@@ -447,7 +447,7 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
   auto impl = value.impl_;
   if (!impl->segment) storage(impl).share_memory();
   shm::note_named_by_values(shm::segments());  // this process's end may have descriptors to hand over
-  const auto ref = impl->segment->ref();
+  const auto ref = impl->segment->pass_on();
   const bool message = current_handles != nullptr && current_handles->message;
   if (message) current_handles->handle_at.push_back(static_cast<std::uint32_t>(out.size()));
   const handle_wire w{1, static_cast<std::uint8_t>(ref.strategy), message, 0,

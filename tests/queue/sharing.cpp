@@ -452,6 +452,19 @@ int cohort_memfds() {
 // A tensor of 512 KiB: a segment of its own, not an arena block.
 tensor large_shared(int value) { return tensor::full({1 << 17}, value, dtype::float32, {.shared = true}); }
 
+// Pops a tensor that both values in `q` name (a segment of its own), drops
+// it while the second is still in the queue, and returns how many more
+// memfd segments it then holds open than before the pop; takes the second
+// after.
+int memfds_after_a_drop(int, queue<tensor> q) {
+  const int before = cohort_memfds();
+  (void)q.get().value();
+  const int held = cohort_memfds() - before;
+  (void)q.get().value();
+  return held;
+}
+COHORT_ENTRYPOINT(memfds_after_a_drop);
+
 // Under `strategy`, says its pid, pushes a tensor of its own (large: a segment of its own)
 // and one from its arena, and is killed before anyone pops them.
 void push_then_die(int, queue<int> pid, queue<tensor> q, int strategy) {
@@ -819,6 +832,22 @@ TEST_SUITE("sharing") {
         CHECK(seen[1] <= 2);
       });
     }
+  }
+
+  // Before, a receiver looked at the counts of values sent and received
+  // over the segment each time it dropped one, and kept its descriptor
+  // while any were in flight: in a pipeline, always, and the look pulled
+  // the sender's count from its cache with every tensor.
+  TEST_CASE("a rank that passes nothing on closes a sender's segment once it drops it, values of it in flight or not") {
+    repeat_under_each_strategy(1, [](leak_check&, int) {
+      queue<tensor> q(2);
+      const tensor big = large_shared(3);
+      REQUIRE(q.put(big, 1s));
+      REQUIRE(q.put(big, 1s));
+      join_options options;
+      options.method = start_method::spawn;
+      CHECK(spawn_and_join(memfds_after_a_drop, std::tuple{q}, 1, options).at(0) == 0);
+    });
   }
 
   TEST_CASE("when one stage of a pipeline is SIGKILLed the others end their waits with peer_lost") {
