@@ -100,7 +100,7 @@ COHORT_BARE_CODE bool marked(const char* pid, const guardian_memory& m) {
   constexpr std::size_t differs = ~std::size_t{0};
   std::size_t matched = 0;
   bool found = false;
-  [[gnu::uninitialized]] char block[4096];
+  COHORT_UNINITIALIZED char block[4096];
   while (!found) {
     const long n = raw_syscall(SYS_read, fd, reinterpret_cast<long>(block), sizeof block);
     if (n == -EINTR) continue;
@@ -134,7 +134,7 @@ COHORT_BARE_CODE bool for_each_numbered(const char* path,
   };
   const long dir = raw_syscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>(path), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir < 0) return false;
-  [[gnu::uninitialized]] alignas(entry) char entries[4096];
+  COHORT_UNINITIALIZED alignas(entry) char entries[4096];
   for (;;) {
     const long n = raw_syscall(SYS_getdents64, dir, reinterpret_cast<long>(entries), sizeof entries);
     if (n <= 0) break;
@@ -151,22 +151,25 @@ COHORT_BARE_CODE bool for_each_numbered(const char* path,
   return true;
 }
 
+// One pass over /proc: what it looks for, and how many it found.
+struct kill_pass {
+  const guardian_memory& m;
+  long self;
+  int found;
+};
+
+// Kills process `pid` of the pass when it is marked.
+COHORT_BARE_CODE void kill_if_marked(long pid, const char* name, long, void* context) {
+  auto& p = *static_cast<kill_pass*>(context);
+  if (pid == p.self || !marked(name, p.m)) return;
+  raw_syscall(SYS_kill, pid, SIGKILL);
+  ++p.found;
+}
+
 // One pass over /proc: kills every marked process; the number found.
 COHORT_BARE_CODE int kill_marked(const guardian_memory& m) {
-  struct pass {
-    const guardian_memory& m;
-    long self;
-    int found;
-  } p{m, raw_syscall(SYS_getpid), 0};
-  for_each_numbered(
-      "/proc",
-      [](long pid, const char* name, long, void* context) COHORT_BARE_LAMBDA {
-        auto& p = *static_cast<pass*>(context);
-        if (pid == p.self || !marked(name, p.m)) return;
-        raw_syscall(SYS_kill, pid, SIGKILL);
-        ++p.found;
-      },
-      &p);
+  kill_pass p{m, raw_syscall(SYS_getpid), 0};
+  for_each_numbered("/proc", kill_if_marked, &p);
   return p.found;
 }
 
@@ -176,6 +179,13 @@ COHORT_BARE_CODE long monotonic_ns() {
   return now.tv_sec * 1'000'000'000L + now.tv_nsec;
 }
 
+// Closes descriptor `fd` of directory `dir`'s listing unless it is one of
+// the two kept.
+COHORT_BARE_CODE void close_unless_kept(long fd, const char*, long dir, void* context) {
+  const int* kept = static_cast<const int*>(context);
+  if (fd >= 3 && fd != kept[0] && fd != kept[1] && fd != dir) raw_syscall(SYS_close, fd);
+}
+
 // Closes every descriptor of the guardian's but `a` and `b` (-1: none):
 // with close_range, or one by one from /proc/self/fd where it is refused
 // (before Linux 5.9, or by a seccomp filter).
@@ -183,13 +193,7 @@ COHORT_BARE_CODE void close_all_but(int a, int b) {
   const int kept_in_order[2] = {a < b ? a : b, a < b ? b : a};
   if (os::close_all_but(kept_in_order, 2) == 0) return;
   int kept[2] = {a, b};
-  for_each_numbered(
-      "/proc/self/fd",
-      [](long fd, const char*, long dir, void* context) COHORT_BARE_LAMBDA {
-        const int* kept = static_cast<const int*>(context);
-        if (fd >= 3 && fd != kept[0] && fd != kept[1] && fd != dir) raw_syscall(SYS_close, fd);
-      },
-      kept);
+  for_each_numbered("/proc/self/fd", close_unless_kept, kept);
 }
 
 // Until the parent lets go ('r' on the line: false) or asks for a look

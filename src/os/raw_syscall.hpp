@@ -24,16 +24,15 @@
 // state of libc's own (a clone sharing the memory, a thread libc does not
 // know of): no stack protector, whose canary lives in the storage of the
 // thread that started it (which may have ended), and no instrumentation,
-// whose runtimes keep state per thread. Its arrays are to be marked
-// [[gnu::uninitialized]]: -ftrivial-auto-var-init would call memset.
-#define COHORT_BARE_CODE                                                                        \
-  [[gnu::no_stack_protector, gnu::no_sanitize("address", "thread", "undefined"), gnu::no_instrument_function, \
-    gnu::no_profile_instrument_function]]
-// The same for a lambda (GCC's attribute syntax, which it applies to the
-// lambda's function).
-#define COHORT_BARE_LAMBDA                                                                      \
+// whose runtimes keep state per thread. GCC's attribute syntax, which
+// clang also honours (it ignores some of the [[gnu::]] spellings). Only
+// named functions: a lambda's attributes do not reach the function its
+// conversion to a pointer makes. Arrays in it are to be
+// COHORT_UNINITIALIZED: -ftrivial-auto-var-init would call memset.
+#define COHORT_BARE_CODE \
   __attribute__((no_stack_protector, no_sanitize("address", "thread", "undefined"), no_instrument_function, \
                  no_profile_instrument_function))
+#define COHORT_UNINITIALIZED __attribute__((uninitialized))
 
 namespace cohort::os {
 
