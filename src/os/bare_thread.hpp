@@ -20,12 +20,17 @@ bool bare_threads_supported() noexcept;
 /// and no thread storage of its own (errno, the stack protector's canary
 /// and libc's locks are those of the thread that started it): `run` must be
 /// COHORT_BARE_CODE, make only raw_syscall calls, allocate nothing, and
-/// touch only memory that outlives it. It keeps the credentials of the
-/// moment it started (libc's setuid and the like change only the threads
-/// libc knows of). A fork copies only the forking thread, as always; the
-/// stack is not copied into the child. When `run` returns the thread ends.
+/// touch only memory that outlives it. libc's setuid and the like change
+/// only the threads libc knows of, so a thread that kept the process's
+/// privileges would keep them past any drop: where the process holds any
+/// (a root id, ids that differ, a capability), the thread first takes
+/// nobody's ids and gives up every capability, for itself alone, and when
+/// it cannot, it ends without running `run`. A fork copies only the forking
+/// thread, as always; the stack is not copied into the child. When `run`
+/// returns the thread ends.
 ///
-/// Returns 0, or the errno of the mmap or clone that failed.
+/// Returns 0 once the thread runs; else the errno of the mmap or clone that
+/// failed, or EPERM when it could not give up the privileges.
 int start_bare_thread(void (*run)(void*), void* arg, std::size_t stack_size) noexcept;
 
 }  // namespace cohort::os

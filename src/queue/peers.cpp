@@ -113,10 +113,10 @@ bool death_notice::start() noexcept {
     // process whose only other thread is this one keeps libc's and
     // cohort's single-threaded paths, which every tensor sent or received
     // takes several times.
-    bool started = false;
-    if (os::bare_threads_supported()) {
-      started = os::start_bare_thread(watch, this, watcher_stack) == 0;
-    } else {
+    // Elsewhere, or where it cannot start (clone refused, privileges it
+    // could not give up), a std::thread.
+    bool started = os::start_bare_thread(watch, this, watcher_stack) == 0;
+    if (!started) {
       try {
         std::thread([this] { watch(this); }).detach();
         started = true;
@@ -138,7 +138,7 @@ void death_notice::arm(int pidfd) noexcept {
 
 COHORT_BARE_CODE void death_notice::watch(void* self) noexcept {
   auto& notice = *static_cast<death_notice*>(self);
-  [[gnu::uninitialized]] epoll_event events[16];
+  COHORT_UNINITIALIZED epoll_event events[16];
   for (;;) {
     const long n = os::raw_syscall(SYS_epoll_pwait, notice.epoll_, reinterpret_cast<long>(events), 16, -1, 0, 0);
     if (n < 0 && n != -EINTR) return;
