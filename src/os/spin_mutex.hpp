@@ -5,6 +5,7 @@
 #include <sched.h>
 
 #include <atomic>
+#include <cassert>
 
 #if __has_include(<sys/single_threaded.h>)
 #include <sys/single_threaded.h>
@@ -38,10 +39,12 @@ class spin_mutex {
   void lock() noexcept {
 #if COHORT_HAVE_SINGLE_THREADED
     if (__libc_single_threaded) {
+      // Taken twice by one thread: a hang on the other path.
+      assert(!held_.load(std::memory_order_relaxed) && "cohort::os::spin_mutex taken by its holder");
       held_.store(true, std::memory_order_relaxed);
       // Nor may the compiler move the section's accesses above the store,
       // where a signal handler's try_lock would find the lock free.
-      std::atomic_signal_fence(std::memory_order_acquire);
+      std::atomic_signal_fence(std::memory_order_seq_cst);
       return;
     }
 #endif
