@@ -134,7 +134,7 @@ COHORT_BARE_CODE bool for_each_numbered(const char* path,
   };
   const long dir = raw_syscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>(path), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir < 0) return false;
-  COHORT_UNINITIALIZED alignas(entry) char entries[4096];
+  alignas(entry) COHORT_UNINITIALIZED char entries[4096];
   for (;;) {
     const long n = raw_syscall(SYS_getdents64, dir, reinterpret_cast<long>(entries), sizeof entries);
     if (n <= 0) break;
