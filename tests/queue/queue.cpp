@@ -20,6 +20,7 @@
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 
+#include <linux/capability.h>
 #include <signal.h>
 #include <sys/single_threaded.h>
 #include <sys/syscall.h>
@@ -134,9 +135,21 @@ std::uint32_t first_counted_asleep(const detail::queue_core& core,
 // 20 s). Returns bits: 1 libc still counted the rank single-threaded after
 // the watcher started, 2 the watcher was there beside the rank's thread,
 // 4 the sleep was woken with the epoch moved; -1 when the rank did not
-// start single-threaded.
-int watch_a_death(int) {
+// start single-threaded, -2 when it could not give up the capabilities.
+// With `without_setid`, the rank (root) first gives up the capabilities to
+// change its ids: a bare thread could not shed root, and the notice falls
+// back to a std::thread.
+int watch_a_death(int, bool without_setid) {
   if (!__libc_single_threaded) return -1;
+  if (without_setid) {
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
+    if (::syscall(SYS_capget, &header, data) != 0) return -2;
+    const auto drop = ~((1u << CAP_SETUID) | (1u << CAP_SETGID));
+    data[0].effective &= drop;
+    data[0].permitted &= drop;
+    if (::syscall(SYS_capset, &header, data) != 0) return -2;
+  }
   const pid_t child = ::fork();
   if (child == 0) {
     ::usleep(300'000);
@@ -481,7 +494,18 @@ TEST_SUITE("queue") {
   TEST_CASE("the death notice wakes a sleeper when an armed process ends, from a thread libc does not count") {
     join_options options;
     options.method = start_method::spawn;
-    CHECK(spawn_and_join(watch_a_death, std::tuple{}, 1, options).at(0) == (1 | 2 | 4));
+    CHECK(spawn_and_join(watch_a_death, std::tuple{false}, 1, options).at(0) == (1 | 2 | 4));
+  }
+
+  TEST_CASE("a root rank that cannot shed root for the death notice's bare thread gets a std::thread that wakes") {
+    if (::geteuid() != 0) {
+      MESSAGE("not root: a bare thread has no privilege to shed");
+      return;
+    }
+    join_options options;
+    options.method = start_method::spawn;
+    // libc counts the std::thread (no 1), which is there and wakes the sleep.
+    CHECK(spawn_and_join(watch_a_death, std::tuple{true}, 1, options).at(0) == (2 | 4));
   }
 
   TEST_CASE("a peer entry left by an ended process with this pid becomes this process's") {
