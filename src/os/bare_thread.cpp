@@ -1,5 +1,5 @@
-// Starting a thread with clone(2), every signal blocked and every privilege
-// given up, on a stack of its own.
+// Starting a thread with clone(2), every signal blocked and every
+// capability given up, on a stack of its own.
 #include "os/bare_thread.hpp"
 
 #include "os/raw_syscall.hpp"
@@ -18,17 +18,13 @@
 namespace cohort::os {
 namespace {
 
-// The kernel's overflow ids ("nobody"): what a privileged process's bare
-// thread takes.
-constexpr long nobody = 65534;
-
 // What the new thread needs, at the top of its mapping, and what it says
-// back before it runs: `verdict` 1 once it runs with nothing to give up,
-// 2 when it could not give its privileges up (it ends then).
+// back before it runs: `verdict` 1 once it runs with no capability, 2 when
+// it could not give them up (it ends then).
 struct bare_start {
   void (*run)(void*);
   void* arg;
-  bool drop;  // the process holds privileges the thread is to give up
+  bool drop;  // the process holds capabilities the thread is to give up
   std::atomic<std::uint32_t> verdict{0};
   // The thread's id while it lives: the kernel clears it and wakes it at
   // the thread's end (CLONE_CHILD_CLEARTID).
@@ -46,27 +42,22 @@ COHORT_BARE_CODE long raw_capabilities() {
   return any;
 }
 
-// Gives up this thread's supplementary groups, group and user ids for
-// nobody's, and its capabilities. Credentials are the thread's own in the
-// kernel: the process's other threads keep theirs. Whether it holds no
-// root id and no capability now.
-COHORT_BARE_CODE bool give_up_privileges() {
-  raw_syscall(SYS_setgroups, 0, 0);
-  raw_syscall(SYS_setresgid, nobody, nobody, nobody);
-  raw_syscall(SYS_setresuid, nobody, nobody, nobody);
+// Gives up every capability of this thread (its own: the process's other
+// threads keep theirs). Its ids stay the process's: a thread whose
+// effective id changed would make the whole process non-dumpable (its
+// /proc/<pid>/fd closed to other processes of the same user, which is how
+// ranks open each other's segments) and open it to signals from that id.
+// Whether it holds no capability now.
+COHORT_BARE_CODE bool give_up_capabilities() {
   __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct none[_LINUX_CAPABILITY_U32S_3] = {};
   raw_syscall(SYS_capset, reinterpret_cast<long>(&header), reinterpret_cast<long>(none));
-  unsigned int r = 0, e = 0, s = 0;
-  if (raw_syscall(SYS_getresuid, reinterpret_cast<long>(&r), reinterpret_cast<long>(&e), reinterpret_cast<long>(&s)) != 0) {
-    return false;
-  }
-  return r != 0 && e != 0 && s != 0 && raw_capabilities() == 0;
+  return raw_capabilities() == 0;
 }
 
 COHORT_BARE_CODE int bare_main(void* start) {
   auto* s = static_cast<bare_start*>(start);
-  const bool ready = !s->drop || give_up_privileges();
+  const bool ready = !s->drop || give_up_capabilities();
   const auto run = s->run;
   const auto arg = s->arg;
   // Nothing of `s` but `alive`, which the kernel clears, is touched after
@@ -78,15 +69,14 @@ COHORT_BARE_CODE int bare_main(void* start) {
   __builtin_unreachable();
 }
 
-// Whether this process could act with more than an ordinary user's rights:
-// any id root, ids that differ (a set-id program, or one that can switch
-// back), or capabilities.
-bool privileged() noexcept {
+// The process's ids: whether they are all the same (no set-id program,
+// nothing to switch back to). A bare thread keeps them, and libc's setuid
+// would not reach it, so it starts only where they are.
+bool ids_settled() noexcept {
   uid_t ru = 0, eu = 0, su = 0;
   gid_t rg = 0, eg = 0, sg = 0;
-  if (::getresuid(&ru, &eu, &su) != 0 || ::getresgid(&rg, &eg, &sg) != 0) return true;
-  if (ru == 0 || eu == 0 || su == 0 || ru != eu || eu != su || rg != eg || eg != sg) return true;
-  return raw_capabilities() != 0;
+  if (::getresuid(&ru, &eu, &su) != 0 || ::getresgid(&rg, &eg, &sg) != 0) return false;
+  return ru == eu && eu == su && rg == eg && eg == sg;
 }
 
 }  // namespace
@@ -95,6 +85,7 @@ bool bare_threads_supported() noexcept { return raw_syscall_is_private; }
 
 int start_bare_thread(void (*run)(void*), void* arg, std::size_t stack_size) noexcept {
   if (!bare_threads_supported()) return ENOSYS;
+  if (!ids_settled()) return EPERM;
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   // At least a page: clone writes the function's address below the top.
   const std::size_t stack = stack_size == 0 ? page : (stack_size + page - 1) / page * page;
@@ -110,7 +101,7 @@ int start_bare_thread(void (*run)(void*), void* arg, std::size_t stack_size) noe
   // this stack.
   ::madvise(mapping, size, MADV_DONTFORK);
   char* top = static_cast<char*>(mapping) + page + stack;
-  auto* start = new (top) bare_start{run, arg, privileged()};
+  auto* start = new (top) bare_start{run, arg, raw_capabilities() != 0};
   // Started with every signal blocked: a signal for the process then goes
   // to a thread libc knows of, whose handlers can run there.
   const auto before = set_signal_mask(~0ULL);
@@ -121,7 +112,7 @@ int start_bare_thread(void (*run)(void*), void* arg, std::size_t stack_size) noe
   set_signal_mask(before);
   if (tid < 0) return unmap(error);
   // Its verdict, before anything runs: a thread that could not give up
-  // the process's privileges does not run, and libc's setuid would never
+  // the process's capabilities does not run, and libc's capset would never
   // reach it.
   std::uint32_t verdict = 0;
   while ((verdict = start->verdict.load(std::memory_order_acquire)) == 0) {

@@ -20,17 +20,21 @@ bool bare_threads_supported() noexcept;
 /// and no thread storage of its own (errno, the stack protector's canary
 /// and libc's locks are those of the thread that started it): `run` must be
 /// COHORT_BARE_CODE, make only raw_syscall calls, allocate nothing, and
-/// touch only memory that outlives it. libc's setuid and the like change
-/// only the threads libc knows of, so a thread that kept the process's
-/// privileges would keep them past any drop: where the process holds any
-/// (a root id, ids that differ, a capability), the thread first takes
-/// nobody's ids and gives up every capability, for itself alone, and when
-/// it cannot, it ends without running `run`. A fork copies only the forking
-/// thread, as always; the stack is not copied into the child. When `run`
-/// returns the thread ends.
+/// touch only memory that outlives it. libc's setuid, capset and the like
+/// change only the threads libc knows of, so such a thread keeps the
+/// credentials it starts with: it starts only where the process's user and
+/// group ids are each the same (real, effective, saved), and gives up
+/// every capability, for itself alone, before `run` (a root process's
+/// thread stays uid 0 without capabilities; its ids are not changed, which
+/// would make the whole process non-dumpable). Where it cannot give them
+/// up it ends without running `run`. A process that drops root by setuid
+/// after starting one leaves that thread at uid 0. A fork copies only the
+/// forking thread, as always; the stack is not copied into the child. When
+/// `run` returns the thread ends.
 ///
 /// Returns 0 once the thread runs; else the errno of the mmap or clone that
-/// failed, or EPERM when it could not give up the privileges.
+/// failed, or EPERM when the ids differ or the capabilities could not be
+/// given up.
 int start_bare_thread(void (*run)(void*), void* arg, std::size_t stack_size) noexcept;
 
 }  // namespace cohort::os

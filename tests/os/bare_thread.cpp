@@ -7,6 +7,7 @@
 #include <linux/capability.h>
 #include <linux/futex.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/single_threaded.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,10 +71,11 @@ bool wait_done(report& r) {
 }  // namespace
 
 TEST_SUITE("bare thread") {
-  TEST_CASE("a bare thread runs with every signal blocked and no privilege, libc still counts one thread, and it ends on return") {
+  TEST_CASE("a bare thread runs with every signal blocked and no capability, libc still counts one thread, and it ends on return") {
     REQUIRE(os::bare_threads_supported());
     // This program starts no thread before: libc counts it single-threaded.
     REQUIRE(__libc_single_threaded);
+    const int dumpable = ::prctl(PR_GET_DUMPABLE);
     report r;
     REQUIRE(os::start_bare_thread(tell, &r, 16 << 10) == 0);
     REQUIRE(wait_done(r));
@@ -84,13 +86,13 @@ TEST_SUITE("bare thread") {
     // SIGCANCEL and SIGSETXID (32 and 33) included.
     CHECK((r.mask.load() | bit(SIGKILL) | bit(SIGSTOP)) == ~0ULL);
     CHECK(__libc_single_threaded);
-    // A root process's bare thread runs as nobody, with no capability;
-    // this thread keeps its own.
-    if (::geteuid() == 0) {
-      CHECK(r.euid.load() != 0);
-      CHECK(r.capabilities.load() == 0);
-      CHECK(::geteuid() == 0);
-    }
+    // It runs with the process's ids and no capability; this thread keeps
+    // its own, and the process stays as dumpable as it was (an id changed
+    // on any thread would make it non-dumpable, closing its /proc/<pid>/fd
+    // to the ranks that open segments through it).
+    CHECK(r.euid.load() == ::geteuid());
+    CHECK(r.capabilities.load() == 0);
+    CHECK(::prctl(PR_GET_DUMPABLE) == dumpable);
     // Returned from its function, the thread is gone from the process.
     const std::filesystem::path task = "/proc/self/task/" + std::to_string(tid);
     const auto until = std::chrono::steady_clock::now() + 10s;
@@ -98,23 +100,17 @@ TEST_SUITE("bare thread") {
     CHECK_FALSE(std::filesystem::exists(task));
   }
 
-  TEST_CASE("a bare thread that cannot give up the process's privileges does not run, and its start says EPERM") {
+  TEST_CASE("a bare thread does not start where the process's ids differ, and its start says EPERM") {
     if (::geteuid() != 0) {
-      MESSAGE("not root: no privilege to keep");
+      MESSAGE("not root: the ids cannot be made to differ");
       return;
     }
-    // In a child that keeps root's ids but loses the capabilities to change
-    // them: the thread can give up neither.
+    // In a child whose real user id is no longer its effective one: libc's
+    // setuid back to either would not reach the thread.
     const pid_t child = ::fork();
     REQUIRE(child >= 0);
     if (child == 0) {
-      __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
-      __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {};
-      if (::syscall(SYS_capget, &header, data) != 0) ::_exit(2);
-      const auto drop = ~((1u << CAP_SETUID) | (1u << CAP_SETGID));
-      data[0].effective &= drop;
-      data[0].permitted &= drop;
-      if (::syscall(SYS_capset, &header, data) != 0) ::_exit(3);
+      if (::setresuid(65534, 0, 0) != 0) ::_exit(2);
       report r;
       const int error = os::start_bare_thread(tell, &r, 16 << 10);
       ::_exit(error == EPERM && r.done.load() == 0 ? 0 : 1);
