@@ -24,7 +24,6 @@ namespace {
 struct bare_start {
   void (*run)(void*);
   void* arg;
-  bool drop;  // the process holds capabilities the thread is to give up
   std::atomic<std::uint32_t> verdict{0};
   // The thread's id while it lives: the kernel clears it and wakes it at
   // the thread's end (CLONE_CHILD_CLEARTID).
@@ -43,7 +42,7 @@ COHORT_BARE_CODE long raw_capabilities() {
 }
 
 // Gives up every capability of this thread (its own: the process's other
-// threads keep theirs). Its ids stay the process's: a thread whose
+// threads keep theirs; a thread that holds none gives up nothing). Its ids stay the process's: a thread whose
 // effective id changed would make the whole process non-dumpable (its
 // /proc/<pid>/fd closed to other processes of the same user, which is how
 // ranks open each other's segments) and open it to signals from that id.
@@ -57,7 +56,7 @@ COHORT_BARE_CODE bool give_up_capabilities() {
 
 COHORT_BARE_CODE int bare_main(void* start) {
   auto* s = static_cast<bare_start*>(start);
-  const bool ready = !s->drop || give_up_capabilities();
+  const bool ready = give_up_capabilities();
   const auto run = s->run;
   const auto arg = s->arg;
   // Nothing of `s` but `alive`, which the kernel clears, is touched after
@@ -101,7 +100,7 @@ int start_bare_thread(void (*run)(void*), void* arg, std::size_t stack_size) noe
   // this stack.
   ::madvise(mapping, size, MADV_DONTFORK);
   char* top = static_cast<char*>(mapping) + page + stack;
-  auto* start = new (top) bare_start{run, arg, raw_capabilities() != 0};
+  auto* start = new (top) bare_start{run, arg};
   // Started with every signal blocked: a signal for the process then goes
   // to a thread libc knows of, whose handlers can run there.
   const auto before = set_signal_mask(~0ULL);
