@@ -112,9 +112,9 @@ bool death_notice::start() noexcept {
     // A thread libc does not count where it can (os/bare_thread.hpp): a
     // process whose only other thread is this one keeps libc's and
     // cohort's single-threaded paths, which every tensor sent or received
-    // takes several times.
-    // Elsewhere, or where it cannot start (clone refused, privileges it
-    // could not give up), a std::thread.
+    // takes several times. Where it cannot start (another architecture,
+    // the clone refused, ids that differ, capabilities it could not give
+    // up), a std::thread.
     bool started = os::start_bare_thread(watch, this, watcher_stack) == 0;
     if (!started) {
       try {
