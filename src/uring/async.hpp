@@ -130,6 +130,11 @@ class ring_operation final : public operation {
 /// watch one descriptor at once, up to the kernel's limit on nested epoll
 /// wake-up paths: beyond 500 at once on one descriptor the watch fails with
 /// EINVAL. Regular files, which epoll refuses, are always ready.
+///
+/// Where the operation can open a descriptor of its own on the same object
+/// (a second pidfd of a process), asio watches that one directly instead:
+/// its flags are the watch's to change, and a wake-up passes through one
+/// epoll set instead of two.
 class readiness_watch {
  public:
   readiness_watch(const asio::any_io_executor& executor, int fd, short events, std::error_code& ec)
@@ -150,8 +155,11 @@ class readiness_watch {
         return;
       }
     }
-    sd_.assign(set, ec);
-    if (ec) ::close(set);
+    own(set, ec);
+  }
+  /// Watches `own`, a descriptor the watch takes over, for reading.
+  readiness_watch(const asio::any_io_executor& executor, int own_fd, std::error_code& ec) : sd_(executor) {
+    own(own_fd, ec);
   }
   readiness_watch(const readiness_watch&) = delete;
   readiness_watch& operator=(const readiness_watch&) = delete;
@@ -160,7 +168,12 @@ class readiness_watch {
   asio::posix::stream_descriptor& get() { return sd_; }
 
  private:
-  asio::posix::stream_descriptor sd_;  // owns the epoll set
+  void own(int fd, std::error_code& ec) {
+    sd_.assign(fd, ec);
+    if (ec) ::close(fd);
+  }
+
+  asio::posix::stream_descriptor sd_;  // owns the epoll set or the descriptor of its own
   bool always_ready_ = false;
 };
 
@@ -179,7 +192,7 @@ class reactor_operation {
   void operator()(Self& self) {
     std::error_code ec;
     try {
-      watch_ = std::make_unique<readiness_watch>(executor_, fd_, events_, ec);
+      watch_ = make_watch(ec);
     } catch (const std::system_error& e) {  // asio could not bring up its reactor
       ec = e.code();
     }
@@ -195,6 +208,17 @@ class reactor_operation {
   }
 
  private:
+  // A watch on a descriptor of the operation's own when `Attempt` can open
+  // one (`own_descriptor()`, -1 when it cannot), else on a private epoll set.
+  std::unique_ptr<readiness_watch> make_watch(std::error_code& ec) {
+    if constexpr (requires(const Attempt& a) { a.own_descriptor(); }) {
+      if (const int own = attempt_.own_descriptor(); own >= 0) {
+        return std::make_unique<readiness_watch>(executor_, own, ec);
+      }
+    }
+    return std::make_unique<readiness_watch>(executor_, fd_, events_, ec);
+  }
+
   template <class Self>
   void wait(Self& self) {
     if (watch_->always_ready()) {

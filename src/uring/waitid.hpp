@@ -42,7 +42,26 @@ struct waitid_ring {
 /// The reactor part: the pidfd reads ready once the process has exited.
 struct waitid_attempt {
   int pidfd;
+  pid_t pid;
   int options;
+
+  /// A second pidfd of the same process, for the reactor to watch and make
+  /// non-blocking (a non-blocking pidfd fails a blocking waitid with
+  /// EAGAIN, so the caller's own stays as it is); -1 when none can be had.
+  /// Opened by pid, so it is checked against the caller's pidfd: while that
+  /// one's process is still unreaped, the pid was not recycled, and the new
+  /// pidfd is of the same process.
+  int own_descriptor() const {
+    const int own = config::pidfd_open(pid);
+    if (own < 0) return -1;
+    siginfo_t info{};
+    if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info,
+                 WEXITED | WNOHANG | WNOWAIT) != 0) {
+      ::close(own);  // reaped elsewhere: the attempt reports it
+      return -1;
+    }
+    return own;
+  }
 
   std::optional<std::pair<std::error_code, siginfo_t>> operator()() const {
     siginfo_t info{};
@@ -55,13 +74,14 @@ struct waitid_attempt {
   }
 };
 
-/// Waits for the process behind `pidfd` to exit; completes with
-/// `void(std::error_code, siginfo_t)`. `options` is WEXITED plus WNOWAIT to
-/// leave the child waitable. The pidfd must stay open until completion.
+/// Waits for the process behind `pidfd` (process `pid`, a child of this
+/// process) to exit; completes with `void(std::error_code, siginfo_t)`.
+/// `options` is WEXITED plus WNOWAIT to leave the child waitable. The pidfd
+/// must stay open until completion.
 template <class Token>
-auto async_waitid(const asio::any_io_executor& executor, int pidfd, int options, Token&& token) {
+auto async_waitid(const asio::any_io_executor& executor, int pidfd, pid_t pid, int options, Token&& token) {
   return async_start<siginfo_t>(executor, service_of(executor).caps().waitid, waitid_ring{pidfd, options},
-                                pidfd, POLLIN, waitid_attempt{pidfd, options}, std::forward<Token>(token));
+                                pidfd, POLLIN, waitid_attempt{pidfd, pid, options}, std::forward<Token>(token));
 }
 
 }  // namespace cohort::uring

@@ -8,6 +8,7 @@
 #include <asio/cancellation_signal.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -47,7 +48,7 @@ TEST_SUITE("waitid") {
   TEST_CASE("waitid reports the exit code and reaps the child") {
     asio::io_context io;
     forked child(42, 20);
-    siginfo_t info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, WEXITED, asio::use_awaitable));
+    siginfo_t info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED, asio::use_awaitable));
     CHECK(info.si_pid == child.pid);
     CHECK(info.si_code == CLD_EXITED);
     CHECK(info.si_status == 42);
@@ -59,7 +60,7 @@ TEST_SUITE("waitid") {
   TEST_CASE("waitid with WNOWAIT leaves the child waitable") {
     asio::io_context io;
     forked child(3, 0);
-    siginfo_t info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, WEXITED | WNOWAIT, asio::use_awaitable));
+    siginfo_t info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED | WNOWAIT, asio::use_awaitable));
     CHECK(info.si_status == 3);
     siginfo_t again{};
     REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(child.pidfd), &again, WEXITED | WNOHANG) == 0);
@@ -73,9 +74,50 @@ TEST_SUITE("waitid") {
     // SIGUSR1: the forked child still has the test framework's handlers for
     // the usual fatal signals.
     REQUIRE(config::pidfd_send_signal(child.pidfd, SIGUSR1) == 0);
-    siginfo_t info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, WEXITED, asio::use_awaitable));
+    siginfo_t info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED, asio::use_awaitable));
     CHECK(info.si_code == CLD_KILLED);
     CHECK(info.si_status == SIGUSR1);
+  }
+
+  TEST_CASE("the caller's pidfd keeps its flags, and a blocking waitid on it still blocks") {
+    asio::io_context io;
+    forked child(5, 20);
+    const int flags = ::fcntl(child.pidfd, F_GETFL);
+    REQUIRE(flags >= 0);
+    REQUIRE((flags & O_NONBLOCK) == 0);
+    test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED | WNOWAIT, asio::use_awaitable));
+    CHECK(::fcntl(child.pidfd, F_GETFL) == flags);
+    // A second child, waited on blockingly through a pidfd that a wait
+    // watched before it exited: no EAGAIN.
+    forked later(6, 50);
+    asio::io_context io2;
+    asio::cancellation_signal cancel;
+    std::error_code result;
+    uring::async_waitid(io2.get_executor(), later.pidfd, later.pid, WEXITED | WNOWAIT,
+                        asio::bind_cancellation_slot(cancel.slot(), [&](std::error_code ec, siginfo_t) { result = ec; }));
+    io2.poll();
+    cancel.emit(asio::cancellation_type::terminal);
+    io2.run();
+    REQUIRE(result == asio::error::operation_aborted);
+    siginfo_t info{};
+    REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(later.pidfd), &info, WEXITED) == 0);
+    CHECK(info.si_pid == later.pid);
+    CHECK(info.si_status == 6);
+  }
+
+  TEST_CASE("a child reaped elsewhere fails with ECHILD") {
+    asio::io_context io;
+    forked child(7, 0);
+    siginfo_t reaped{};
+    REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(child.pidfd), &reaped, WEXITED) == 0);
+    std::error_code result;
+    siginfo_t info{};
+    uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED | WNOWAIT, [&](std::error_code ec, siginfo_t i) {
+      result = ec;
+      info = i;
+    });
+    io.run();
+    CHECK(result == std::error_code(ECHILD, std::system_category()));
   }
 
   TEST_CASE("a cancelled waitid completes as operation_aborted and leaves the child running") {
@@ -83,7 +125,7 @@ TEST_SUITE("waitid") {
     forked child(0, 10'000);
     asio::cancellation_signal cancel;
     std::error_code result;
-    uring::async_waitid(io.get_executor(), child.pidfd, WEXITED,
+    uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED,
                         asio::bind_cancellation_slot(cancel.slot(), [&](std::error_code ec, siginfo_t) { result = ec; }));
     io.poll();
     cancel.emit(asio::cancellation_type::terminal);
