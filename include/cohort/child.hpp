@@ -61,8 +61,11 @@ class child {
   /// another wait() is in flight.
   template <completion_token_of<exit_status> Token = default_token>
   [[nodiscard]] auto wait(Token&& token = {}) {
-    return detail::async_awaitable<exit_status>(
-        executor(), [state = state_](const asio::any_io_executor&) { return wait_for(state); }, std::forward<Token>(token));
+    if constexpr (std::is_same_v<std::decay_t<Token>, default_token>) {
+      return wait_awaited(state_);
+    } else {
+      return wait_spawned(state_, std::forward<Token>(token));
+    }
   }
   /// Blocks the calling thread until the child exits, and reaps it.
   exit_status join();
@@ -102,7 +105,20 @@ class child {
 
  private:
   static asio::awaitable<exit_status> wait_for(std::shared_ptr<detail::child_state> state);
-  std::optional<asio::any_io_executor> executor() const;
+  /// wait() for the default token: an awaiting coroutine that runs on the
+  /// child's executor awaits wait_for directly, one coroutine and one
+  /// dispatch fewer on the way from the exit to its resumption; any other
+  /// goes through wait_spawned.
+  static asio::awaitable<exit_status> wait_awaited(std::shared_ptr<detail::child_state> state);
+  template <class Token>
+  static auto wait_spawned(std::shared_ptr<detail::child_state> state, Token&& token) {
+    auto executor = executor_of(state);
+    return detail::async_awaitable<exit_status>(
+        std::move(executor), [state = std::move(state)](const asio::any_io_executor&) { return wait_for(state); },
+        std::forward<Token>(token));
+  }
+  /// The executor the child was spawned on; none without a process.
+  static std::optional<asio::any_io_executor> executor_of(const std::shared_ptr<detail::child_state>& state);
   void release() noexcept;
   std::shared_ptr<detail::child_state> state_;
 };

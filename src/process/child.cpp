@@ -108,9 +108,16 @@ std::optional<exit_status> child::status() const noexcept {
   return state_ ? state_->status : std::nullopt;
 }
 
-std::optional<asio::any_io_executor> child::executor() const {
-  if (!state_) return std::nullopt;
-  return state_->executor;
+std::optional<asio::any_io_executor> child::executor_of(const std::shared_ptr<detail::child_state>& state) {
+  if (!state) return std::nullopt;
+  return state->executor;
+}
+
+asio::awaitable<exit_status> child::wait_awaited(std::shared_ptr<detail::child_state> state) {
+  const asio::any_io_executor here = co_await asio::this_coro::executor;
+  const bool on_its_executor = state && state->executor == here;
+  auto wait = on_its_executor ? wait_for(std::move(state)) : wait_spawned(std::move(state), asio::use_awaitable);
+  co_return co_await std::move(wait);
 }
 
 // `state` keeps the process's state alive while the wait lasts.

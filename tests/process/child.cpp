@@ -317,6 +317,26 @@ TEST_SUITE("child") {
     CHECK(status.get().code() == 6);
   }
 
+  TEST_CASE("a coroutine on another executor awaits a child and resumes on its own executor") {
+    asio::io_context io;
+    child c = spawn(io.get_executor(), target({"exit", "9"}));
+    auto strand = asio::make_strand(io);
+    bool on_strand = false;
+    // The coroutine takes what it uses as parameters: a lambda's captures
+    // would go with the temporary closure before the coroutine runs.
+    auto await_on = [](child& awaited, asio::strand<asio::io_context::executor_type> own,
+                       bool& resumed_on_own) -> asio::awaitable<exit_status> {
+      const exit_status s = co_await awaited.wait();
+      resumed_on_own = own.running_in_this_thread();
+      co_return s;
+    };
+    auto status = asio::co_spawn(strand, await_on(c, strand, on_strand), asio::use_future);
+    io.run();
+    CHECK(status.get().code() == 9);
+    CHECK(on_strand);
+    CHECK(c.status());
+  }
+
   TEST_CASE("a wait that cannot get a descriptor names the limit; on the ring it needs none") {
     asio::io_context io;
     io_uring_support(io);  // the ring, if any, exists before the limit drops
