@@ -43,6 +43,10 @@ struct launch_plan {
   /// forks, so that each child does not ask for every signal again. Null:
   /// the child asks.
   const std::uint64_t* reset_signals = nullptr;
+  /// Set by the launch when the clone itself reset every handled signal
+  /// (clone3's CLONE_CLEAR_SIGHAND): the child then resets only an ignored
+  /// SIGPIPE and SIGXFSZ, and asks after nothing.
+  bool handlers_cleared = false;
   /// spawn_options::before_exec and its context; called last.
   int (*hook)(void* context) noexcept = nullptr;
   void* hook_context = nullptr;

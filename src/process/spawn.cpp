@@ -11,6 +11,7 @@
 #include "os/descriptor_limit.hpp"
 #include "process/launch.hpp"
 #include "os/owned_fd.hpp"
+#include "os/clone3.hpp"
 #include "os/raw_syscall.hpp"
 
 #include <asio/io_context.hpp>
@@ -30,6 +31,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <stdexcept>
@@ -127,9 +129,14 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
   // Taken here, not from the parent before the clone, unless the parent
   // says: this child's dispositions are those of the moment of the clone,
   // and another thread may have set a handler since the parent looked.
+  // Where the clone reset the handlers itself, only the two ignored
+  // signals are left, set to their defaults whatever they were (a no-op
+  // for either one that is not ignored).
   // (glibc's sigaction is a plain system call wrapper; it refuses glibc's
   // own internal signals, which stay blocked until the exec.)
-  const std::uint64_t reset = p.reset_signals != nullptr ? *p.reset_signals : signals_to_reset();
+  const std::uint64_t reset = p.handlers_cleared          ? bit(SIGPIPE) | bit(SIGXFSZ)
+                              : p.reset_signals != nullptr ? *p.reset_signals
+                                                           : signals_to_reset();
   for (int sig = 1; sig <= all_signals; ++sig) {
     if ((reset & bit(sig)) != 0) {
       struct sigaction dfl {};
@@ -208,6 +215,9 @@ class child_stack {
   }
   ~child_stack() { ::munmap(base_, size); }
   void* top() const { return static_cast<char*>(base_) + size; }
+  /// The usable part, above the guard page.
+  void* bottom() const { return static_cast<char*>(base_) + guard; }
+  std::size_t usable_size() const { return size - guard; }
 
  private:
   void* base_;
@@ -318,12 +328,44 @@ void kill_and_reap(int pidfd) {
   reap_blocking(pidfd);
 }
 
+// Whether clone3 with CLONE_CLEAR_SIGHAND is refused here (an older
+// kernel, a seccomp filter that answers ENOSYS or EPERM, no entry for this
+// architecture): learnt on the first refusal, after which launches clone
+// as before.
+std::atomic<bool> clone3_refused{!os::clone3_run_supported()};
+
+// The clone of start_exec. With clone3, the kernel resets the handled
+// signals as it clones, so the child reads no account of its dispositions:
+// reading /proc/self/status there made /proc entries for the child, which
+// the kernel then drops when the child is reaped, on the way from its
+// exit to the wait that reaps it.
+pid_t clone_for_exec(launch_plan& p, child_stack& stack, int& pidfd) {
+  if (!clone3_refused.load(std::memory_order_relaxed)) {
+    os::clone3_args args;
+    args.flags = CLONE_VM | CLONE_VFORK | CLONE_PIDFD | os::clone_clear_sighand;
+    args.pidfd = reinterpret_cast<std::uintptr_t>(&pidfd);
+    args.exit_signal = SIGCHLD;
+    args.stack = reinterpret_cast<std::uintptr_t>(stack.bottom());
+    args.stack_size = stack.usable_size();
+    p.handlers_cleared = true;
+    const long pid = os::clone3_run(args, exec_routine, &p);
+    if (pid >= 0) return static_cast<pid_t>(pid);
+    p.handlers_cleared = false;
+    if (pid != -ENOSYS && pid != -EINVAL && pid != -EPERM) {
+      errno = static_cast<int>(-pid);
+      return -1;
+    }
+    clone3_refused.store(true, std::memory_order_relaxed);
+  }
+  return ::clone(exec_routine, stack.top(), CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD, &p, &pidfd);
+}
+
 // The vfork-style start of a program: the parent thread sleeps until the
 // child has exec'd or failed.
 int start_exec(launch_plan& p, pid_t& pid) {
   static thread_local child_stack stack;
   int pidfd = -1;
-  pid = ::clone(exec_routine, stack.top(), CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD, &p, &pidfd);
+  pid = clone_for_exec(p, stack, pidfd);
   if (pid < 0) {
     p.failed_at = stage::clone;
     p.error = errno;
