@@ -42,6 +42,20 @@ struct forked {
   }
 };
 
+// Starts a wait for `child` with `options` on an io_context of its own,
+// cancels it once it is under way, and returns what it completed with.
+std::error_code cancelled_wait(const forked& child, int options) {
+  asio::io_context io;
+  asio::cancellation_signal cancel;
+  std::error_code result;
+  uring::async_waitid(io.get_executor(), child.pidfd, child.pid, options,
+                      asio::bind_cancellation_slot(cancel.slot(), [&](std::error_code ec, siginfo_t) { result = ec; }));
+  io.poll();
+  cancel.emit(asio::cancellation_type::terminal);
+  io.run();
+  return result;
+}
+
 }  // namespace
 
 TEST_SUITE("waitid") {
@@ -90,15 +104,7 @@ TEST_SUITE("waitid") {
     // A second child, waited on blockingly through a pidfd that a wait
     // watched before it exited: no EAGAIN.
     forked later(6, 50);
-    asio::io_context io2;
-    asio::cancellation_signal cancel;
-    std::error_code result;
-    uring::async_waitid(io2.get_executor(), later.pidfd, later.pid, WEXITED | WNOWAIT,
-                        asio::bind_cancellation_slot(cancel.slot(), [&](std::error_code ec, siginfo_t) { result = ec; }));
-    io2.poll();
-    cancel.emit(asio::cancellation_type::terminal);
-    io2.run();
-    REQUIRE(result == asio::error::operation_aborted);
+    REQUIRE(cancelled_wait(later, WEXITED | WNOWAIT) == asio::error::operation_aborted);
     siginfo_t info{};
     REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(later.pidfd), &info, WEXITED) == 0);
     CHECK(info.si_pid == later.pid);
@@ -111,26 +117,15 @@ TEST_SUITE("waitid") {
     siginfo_t reaped{};
     REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(child.pidfd), &reaped, WEXITED) == 0);
     std::error_code result;
-    siginfo_t info{};
-    uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED | WNOWAIT, [&](std::error_code ec, siginfo_t i) {
-      result = ec;
-      info = i;
-    });
+    uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED | WNOWAIT,
+                        [&](std::error_code ec, siginfo_t) { result = ec; });
     io.run();
     CHECK(result == std::error_code(ECHILD, std::system_category()));
   }
 
   TEST_CASE("a cancelled waitid completes as operation_aborted and leaves the child running") {
-    asio::io_context io;
     forked child(0, 10'000);
-    asio::cancellation_signal cancel;
-    std::error_code result;
-    uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED,
-                        asio::bind_cancellation_slot(cancel.slot(), [&](std::error_code ec, siginfo_t) { result = ec; }));
-    io.poll();
-    cancel.emit(asio::cancellation_type::terminal);
-    io.run();
-    CHECK(result == asio::error::operation_aborted);
+    CHECK(cancelled_wait(child, WEXITED) == asio::error::operation_aborted);
     siginfo_t info{};
     REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(child.pidfd), &info, WEXITED | WNOHANG) == 0);
     CHECK(info.si_pid == 0);  // still running
