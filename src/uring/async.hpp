@@ -5,6 +5,7 @@
 // same work done without blocking once the descriptor is ready).
 #pragma once
 
+#include "os/owned_fd.hpp"
 #include "uring/service.hpp"
 
 #include <asio/associated_cancellation_slot.hpp>
@@ -158,8 +159,9 @@ class readiness_watch {
     own(set, ec);
   }
   /// Watches `own`, a descriptor the watch takes over, for reading.
-  readiness_watch(const asio::any_io_executor& executor, int own_fd, std::error_code& ec) : sd_(executor) {
-    own(own_fd, ec);
+  readiness_watch(const asio::any_io_executor& executor, os::owned_fd own_fd, std::error_code& ec)
+      : sd_(executor) {
+    own(own_fd.release(), ec);
   }
   readiness_watch(const readiness_watch&) = delete;
   readiness_watch& operator=(const readiness_watch&) = delete;
@@ -212,8 +214,9 @@ class reactor_operation {
   // one (`own_descriptor()`, -1 when it cannot), else on a private epoll set.
   std::unique_ptr<readiness_watch> make_watch(std::error_code& ec) {
     if constexpr (requires(const Attempt& a) { a.own_descriptor(); }) {
-      if (const int own = attempt_.own_descriptor(); own >= 0) {
-        return std::make_unique<readiness_watch>(executor_, own, ec);
+      // Owned from here, so that a throw before the watch holds it closes it.
+      if (os::owned_fd own(attempt_.own_descriptor()); own.get() >= 0) {
+        return std::make_unique<readiness_watch>(executor_, std::move(own), ec);
       }
     }
     return std::make_unique<readiness_watch>(executor_, fd_, events_, ec);

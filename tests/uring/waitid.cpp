@@ -123,6 +123,26 @@ TEST_SUITE("waitid") {
     CHECK(result == std::error_code(ECHILD, std::system_category()));
   }
 
+  TEST_CASE("the reactor's own pidfd is refused when the caller's process is gone, as after a recycled pid") {
+    // The caller's pidfd names a reaped child; the pid given is another,
+    // live process's, as a recycled pid would be.
+    forked gone(0, 0);
+    siginfo_t reaped{};
+    REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(gone.pidfd), &reaped, WEXITED) == 0);
+    forked live(0, 10'000);
+    CHECK(uring::waitid_attempt{gone.pidfd, live.pid, WEXITED}.own_descriptor() == -1);
+    // For the live child itself: a second pidfd of that same process.
+    const int own = uring::waitid_attempt{live.pidfd, live.pid, WEXITED}.own_descriptor();
+    REQUIRE(own >= 0);
+    CHECK(own != live.pidfd);
+    REQUIRE(config::pidfd_send_signal(own, SIGKILL) == 0);
+    siginfo_t info{};
+    REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(live.pidfd), &info, WEXITED) == 0);
+    CHECK(info.si_pid == live.pid);
+    CHECK(info.si_code == CLD_KILLED);
+    ::close(own);
+  }
+
   TEST_CASE("a cancelled waitid completes as operation_aborted and leaves the child running") {
     forked child(0, 10'000);
     CHECK(cancelled_wait(child, WEXITED) == asio::error::operation_aborted);
