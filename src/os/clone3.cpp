@@ -8,15 +8,17 @@
 // so fn and arg are kept in r8 and r9, which the system call leaves alone.
 // It clears the frame pointer (the outermost frame), calls fn(arg) with the
 // stack 16-byte aligned as the kernel hands it over, and exits with the
-// result. endbr64 is a no-op where indirect-branch tracking is off.
+// result. endbr64 is a no-op where indirect-branch tracking is off; the
+// child's frame is marked as the outermost for unwinders.
 #if defined(__x86_64__)
 asm(R"(
-  .text
+  .pushsection .text
   .globl cohort_os_clone3_entry
   .hidden cohort_os_clone3_entry
   .type cohort_os_clone3_entry, @function
   .p2align 4
 cohort_os_clone3_entry:
+  .cfi_startproc
   endbr64
   movq %rdx, %r8
   movq %rcx, %r9
@@ -26,6 +28,7 @@ cohort_os_clone3_entry:
   jz 1f
   ret
 1:
+  .cfi_undefined %rip
   xorl %ebp, %ebp
   movq %r9, %rdi
   call *%r8
@@ -33,7 +36,9 @@ cohort_os_clone3_entry:
   movl $60, %eax
   syscall
   hlt
+  .cfi_endproc
   .size cohort_os_clone3_entry, .-cohort_os_clone3_entry
+  .popsection
 )");
 
 extern "C" long cohort_os_clone3_entry(cohort::os::clone3_args* args, unsigned long size, int (*fn)(void*),
@@ -41,14 +46,6 @@ extern "C" long cohort_os_clone3_entry(cohort::os::clone3_args* args, unsigned l
 #endif
 
 namespace cohort::os {
-
-bool clone3_run_supported() noexcept {
-#if defined(__x86_64__)
-  return true;
-#else
-  return false;
-#endif
-}
 
 long clone3_run(clone3_args& args, int (*fn)(void*), void* arg) noexcept {
 #if defined(__x86_64__)

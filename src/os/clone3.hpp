@@ -23,7 +23,13 @@ struct clone3_args {
 inline constexpr std::uint64_t clone_clear_sighand = std::uint64_t{1} << 32;
 
 /// Whether clone3_run is wired here (x86-64); elsewhere it returns -ENOSYS.
-bool clone3_run_supported() noexcept;
+constexpr bool clone3_run_supported() noexcept {
+#if defined(__x86_64__)
+  return true;
+#else
+  return false;
+#endif
+}
 
 /// clone3(2) with `args`. The child calls `fn(arg)` on the stack `args`
 /// names (it must be given one) and ends with _exit of the result; `fn`

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 
 using namespace cohort;
@@ -31,6 +32,8 @@ struct kernel_sigaction {
 // What the child reports, through the memory it shares with the parent.
 struct report {
   long pid = 0;
+  std::uintptr_t local = 0;     // the address of one of its locals
+  std::uintptr_t aligned = 0;   // and of one aligned to 16 bytes
   void (*usr1)(int) = nullptr;  // its disposition of SIGUSR1
   void (*usr2)(int) = nullptr;  // and of SIGUSR2
 };
@@ -40,6 +43,10 @@ void no_op(int) {}
 // The child's function: raw system calls only, on the stack it was given.
 int tell(void* into) {
   auto& r = *static_cast<report*>(into);
+  alignas(16) volatile char aligned[16] = {};
+  volatile int local = 0;
+  r.local = reinterpret_cast<std::uintptr_t>(&local);
+  r.aligned = reinterpret_cast<std::uintptr_t>(&aligned[0]);
   r.pid = os::raw_syscall(SYS_getpid);
   kernel_sigaction sa{};
   if (os::raw_syscall(SYS_rt_sigaction, SIGUSR1, 0, reinterpret_cast<long>(&sa), 8) == 0) r.usr1 = sa.handler;
@@ -102,6 +109,10 @@ TEST_SUITE("clone3") {
     REQUIRE(pidfd >= 0);
     // CLONE_VFORK: the child has run (and exited) before clone3 returned.
     CHECK(r.pid == pid);
+    const auto base = reinterpret_cast<std::uintptr_t>(stack.base);
+    CHECK(r.local >= base);  // on the stack it was given
+    CHECK(r.local < base + mapped_stack::size);
+    CHECK(r.aligned % 16 == 0);
     CHECK((r.usr1 == SIG_DFL));
     CHECK((r.usr2 == SIG_IGN));
     siginfo_t info{};
