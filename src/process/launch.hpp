@@ -60,6 +60,11 @@ struct launch_plan {
 /// ignored. Read from /proc/self/status, or else asked signal by signal.
 std::uint64_t signals_to_reset() noexcept;
 
+/// Whether program launches clone with clone3 and CLONE_CLEAR_SIGHAND:
+/// true until clone3 is first refused, on the architectures where it is
+/// wired (os/clone3.hpp).
+bool launches_use_clone3() noexcept;
+
 /// Runs in the new process: resets signal handlers and the mask, then the
 /// process group, parent-death signal, standard streams, working directory
 /// and descriptors as `p` says, then calls the hook. Only system calls (and
