@@ -57,8 +57,11 @@ class child {
   /// returns the same status at once. Cancellation (asio per-operation
   /// cancellation, through the token's cancellation slot) stops the wait and
   /// leaves the child running and waitable: it completes with
-  /// std::system_error(operation_aborted). Fails with std::logic_error while
-  /// another wait() is in flight.
+  /// std::system_error(operation_aborted). Awaited by a coroutine on the
+  /// child's executor, the wait is that coroutine's own operation, so its
+  /// cancellation filter decides which cancellation types reach it
+  /// (terminal only, by default); otherwise only terminal cancellation
+  /// does. Fails with std::logic_error while another wait() is in flight.
   template <completion_token_of<exit_status> Token = default_token>
   [[nodiscard]] auto wait(Token&& token = {}) {
     if constexpr (std::is_same_v<std::decay_t<Token>, default_token>) {
