@@ -11,6 +11,14 @@
 
 namespace cohort::uring {
 
+/// Whether the process behind `pidfd` is still this thread's to reap
+/// (running, or exited and unreaped); asked with WNOWAIT, so it stays so.
+inline bool unreaped(int pidfd) {
+  siginfo_t info{};
+  return ::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info,
+                  WEXITED | WNOHANG | WNOWAIT) == 0;
+}
+
 /// The ring part. Completion: res 0 with `info` filled (info.si_pid is the
 /// child's pid); -ECHILD when the process is not our child or was reaped
 /// elsewhere; -ECANCELED when cancelled. With WNOWAIT in `options` the child
@@ -32,10 +40,7 @@ struct waitid_ring {
   /// Harmless to repeat with WNOWAIT, which cohort always uses.
   bool orphaned(int res) const {
     if (res == -EFAULT) return true;
-    if (res != -ECHILD) return false;
-    siginfo_t still{};
-    return ::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &still,
-                    WEXITED | WNOHANG | WNOWAIT) == 0;
+    return res == -ECHILD && unreaped(pidfd);
   }
 };
 
@@ -54,9 +59,7 @@ struct waitid_attempt {
   int own_descriptor() const {
     const int own = config::pidfd_open(pid);
     if (own < 0) return -1;
-    siginfo_t info{};
-    if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info,
-                 WEXITED | WNOHANG | WNOWAIT) != 0) {
+    if (!unreaped(pidfd)) {
       ::close(own);  // reaped elsewhere: the attempt reports it
       return -1;
     }
