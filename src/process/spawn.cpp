@@ -360,12 +360,6 @@ pid_t clone_for_exec(launch_plan& p, child_stack& stack, int& pidfd) {
   return ::clone(exec_routine, stack.top(), CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD, &p, &pidfd);
 }
 
-}  // namespace
-
-bool launches_use_clone3() noexcept { return !clone3_refused.load(std::memory_order_relaxed); }
-
-namespace {
-
 // The vfork-style start of a program: the parent thread sleeps until the
 // child has exec'd or failed.
 int start_exec(launch_plan& p, pid_t& pid) {
@@ -395,6 +389,8 @@ std::string describe(const command& cmd, const failure& f) {
 }
 
 }  // namespace
+
+bool launches_use_clone3() noexcept { return !clone3_refused.load(std::memory_order_relaxed); }
 
 std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executor, const command& cmd,
                                             const spawn_options& options, failure& f) {
