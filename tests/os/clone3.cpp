@@ -2,6 +2,7 @@
 
 #include "os/raw_syscall.hpp"
 #include "config.hpp"
+#include "support/harness.hpp"
 
 #include <doctest/doctest.h>
 
@@ -9,13 +10,11 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
-#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
-#include <cstdio>
 
 using namespace cohort;
 
@@ -52,13 +51,6 @@ int tell(void* into) {
   if (os::raw_syscall(SYS_rt_sigaction, SIGUSR1, 0, reinterpret_cast<long>(&sa), 8) == 0) r.usr1 = sa.handler;
   if (os::raw_syscall(SYS_rt_sigaction, SIGUSR2, 0, reinterpret_cast<long>(&sa), 8) == 0) r.usr2 = sa.handler;
   return 7;
-}
-
-// Whether this kernel is at least major.minor.
-bool kernel_at_least(int major, int minor) {
-  utsname u{};
-  int a = 0, b = 0;
-  return ::uname(&u) == 0 && std::sscanf(u.release, "%d.%d", &a, &b) == 2 && (a > major || (a == major && b >= minor));
 }
 
 // A stack for the child, unmapped at the end of the scope.
@@ -104,7 +96,7 @@ TEST_SUITE("clone3") {
       WARN_MESSAGE(false, "clone3 is refused here: ", -pid);
       return;
     }
-    if (kernel_at_least(5, 5)) REQUIRE(pid > 0);
+    if (test::kernel_at_least(5, 5)) REQUIRE(pid > 0);
     if (pid < 0) return;  // an older kernel without CLONE_CLEAR_SIGHAND
     REQUIRE(pidfd >= 0);
     // CLONE_VFORK: the child has run (and exited) before clone3 returned.

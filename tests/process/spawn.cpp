@@ -25,9 +25,7 @@
 #include <linux/seccomp.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
-#include <sys/utsname.h>
 #include <cstddef>
-#include <cstdio>
 
 #include <filesystem>
 #include <fstream>
@@ -319,11 +317,7 @@ TEST_SUITE("spawn") {
     // clone3 with no arguments: EINVAL where the kernel has it, ENOSYS (or
     // a filter's EPERM) where it has not or refuses it.
     const bool kernel_has_clone3 = ::syscall(SYS_clone3, nullptr, 0) == -1 && errno == EINVAL;
-    utsname u{};
-    int major = 0, minor = 0;
-    const bool clear_sighand = ::uname(&u) == 0 && std::sscanf(u.release, "%d.%d", &major, &minor) == 2 &&
-                               (major > 5 || (major == 5 && minor >= 5));
-    if (os::clone3_run_supported() && kernel_has_clone3 && clear_sighand) {
+    if (os::clone3_run_supported() && kernel_has_clone3 && test::kernel_at_least(5, 5)) {
       CHECK(detail::launches_use_clone3());
     } else {
       CHECK_FALSE(detail::launches_use_clone3());

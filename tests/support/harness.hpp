@@ -14,7 +14,10 @@
 #include <asio/io_context.hpp>
 #include <asio/use_future.hpp>
 
+#include <sys/utsname.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -40,6 +43,13 @@ inline const std::string thrower = COHORT_TEST_THROWER;
 inline const std::string fake_libcuda = COHORT_TEST_FAKE_LIBCUDA;
 
 /// Whether this run was told to use the reactor (COHORT_IO_URING=0).
+/// Whether the running kernel is at least `major`.`minor`.
+inline bool kernel_at_least(int major, int minor) {
+  utsname u{};
+  int a = 0, b = 0;
+  return ::uname(&u) == 0 && std::sscanf(u.release, "%d.%d", &a, &b) == 2 && (a > major || (a == major && b >= minor));
+}
+
 inline bool reactor_mode() {
   const char* v = std::getenv("COHORT_IO_URING");
   return v != nullptr && std::string_view(v) == "0";
