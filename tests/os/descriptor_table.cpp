@@ -1,0 +1,74 @@
+#include "os/descriptor_table.hpp"
+
+#include "support/harness.hpp"
+
+#include <doctest/doctest.h>
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+using namespace cohort;
+
+namespace {
+
+// FDSize in /proc/self/status: the slots of this process's descriptor table.
+long table_size() {
+  const std::string status = test::read_file("/proc/self/status");
+  const auto at = status.find("FDSize:");
+  return at == std::string::npos ? -1 : std::strtol(status.c_str() + at + 7, nullptr, 10);
+}
+
+long open_descriptors() {
+  long count = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++count;
+  return count;
+}
+
+// Runs `check` in a forked child, whose descriptor table is only as large
+// as its open descriptors need (the test program's may have grown); its
+// exit code: 0 when it returned true.
+int in_child(const std::function<bool()>& check) {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(check() ? 0 : 1);
+  REQUIRE(pid > 0);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace
+
+TEST_CASE("reserve_descriptors grows the table past the lowest free descriptor, and leaves nothing open") {
+  CHECK(in_child([] {
+          const long before = table_size(), open = open_descriptors();
+          if (before <= 0 || before >= 300) return false;  // a table this test cannot grow
+          os::reserve_descriptors(400);
+          return table_size() >= 400 && open_descriptors() == open;
+        }) == 0);
+}
+
+TEST_CASE("reserve_descriptors stays within RLIMIT_NOFILE") {
+  CHECK(in_child([] {
+          rlimit limit{};
+          if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_max < 100) return false;
+          limit.rlim_cur = 100;
+          if (::setrlimit(RLIMIT_NOFILE, &limit) != 0 || table_size() > 64) return false;
+          os::reserve_descriptors(5000);
+          const long size = table_size();
+          return size >= 100 && size < 1024;
+        }) == 0);
+}
+
+TEST_CASE("reserve_descriptors of nothing changes nothing") {
+  CHECK(in_child([] {
+          const long before = table_size();
+          os::reserve_descriptors(0);
+          return before > 0 && table_size() == before;
+        }) == 0);
+}
