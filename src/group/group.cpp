@@ -10,6 +10,8 @@
 #include "group/descendants.hpp"
 #include "group/error_dir.hpp"
 #include "logs/logs.hpp"
+#include "os/descriptor_table.hpp"
+#include "process/launch.hpp"
 #include "process/parallel.hpp"
 #include "shm/keeper.hpp"
 #include "shm/segment_name.hpp"
@@ -548,6 +550,12 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
     }
     if (state->logs) state->logs->apply(rank, options[static_cast<std::size_t>(rank)]);
   }
+  // Room in the descriptor table for what the running ranks hold, made
+  // before the launching threads fill it: growing it then would stall them
+  // (os/descriptor_table.hpp). A function rank's result descriptor besides.
+  std::size_t held = 0;
+  for (const auto& o : options) held += detail::descriptors_per_child(state->strand, o) + (function != nullptr ? 1 : 0);
+  os::reserve_descriptors(held);
   // On failure the ranks already started are killed and reaped as `state`
   // unwinds.
   if (function != nullptr) {

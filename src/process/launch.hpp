@@ -136,6 +136,14 @@ std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, const
 std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executor, const command& cmd,
                                             const spawn_options& options, launch_failure& f);
 
+/// How many descriptors this process holds for a child started with
+/// `options` on `executor` while the child runs: its pidfd, the parent's
+/// end of each piped stream, and a second pidfd while its exit is watched
+/// on asio's reactor (where the io_context's ring has no waitid). Those
+/// launching many children grow the descriptor table for them first
+/// (os/descriptor_table.hpp).
+std::size_t descriptors_per_child(const asio::any_io_executor& executor, const spawn_options& options);
+
 /// "<what>: <cause>" for a failed launch, naming the descriptor limit on EMFILE.
 std::string describe_failure(const std::string& what, const launch_failure& f);
 

@@ -13,6 +13,7 @@
 #include "os/owned_fd.hpp"
 #include "os/clone3.hpp"
 #include "os/raw_syscall.hpp"
+#include "uring/service.hpp"
 
 #include <asio/io_context.hpp>
 #include <asio/this_coro.hpp>
@@ -430,6 +431,15 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
     case stage::none: break;
   }
   return what + cause + os::descriptor_limit_note(f.error);
+}
+
+std::size_t descriptors_per_child(const asio::any_io_executor& executor, const spawn_options& options) {
+  std::size_t count = 1;  // the pidfd
+  for (const stdio* s : {&options.in, &options.out, &options.err}) {
+    if (std::holds_alternative<stdio::pipe_t>(s->get())) ++count;
+  }
+  if (!uring::service_of(executor).caps().waitid) ++count;  // the reactor's own pidfd (uring/waitid.hpp)
+  return count;
 }
 
 struct prepared_launch::parts {

@@ -108,6 +108,27 @@ bool killed_soon(pid_t pid) {
   return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
 }
 
+// FDSize in /proc/<pid>/status: the slots of its descriptor table; -1 when
+// unread. Only system calls, for a vfork-style child's before_exec.
+long table_size(pid_t pid) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/status", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char text[4096];
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) return -1;
+  text[n] = '\0';
+  const char* at = std::strstr(text, "FDSize:");
+  if (at == nullptr) return -1;
+  long size = 0;
+  for (at += 7; *at == ' ' || *at == '\t'; ++at) {
+  }
+  for (; *at >= '0' && *at <= '9'; ++at) size = size * 10 + (*at - '0');
+  return size;
+}
+
 // The user's error directory under `tmp`, as cohort names it.
 fs::path user_error_dir(const fs::path& tmp) { return tmp / ("cohort-errors-" + std::to_string(::geteuid())); }
 
@@ -915,6 +936,38 @@ TEST_SUITE("group") {
       CHECK(e.code() == std::error_code(EACCES, std::system_category()));
       CHECK(std::string(e.what()).find("before_exec") != std::string::npos);
     }
+  }
+
+  TEST_CASE("the descriptor table has room for every rank's descriptors before the first rank starts") {
+    // Forked, so that the table is only as large as the open descriptors
+    // need. Each rank's before_exec reads its parent's FDSize (the hook runs
+    // in a child that shares this memory) and keeps the smallest.
+    static std::atomic<long> smallest{-1};
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      constexpr int n = 100;
+      if (table_size(::getpid()) >= n) ::_exit(3);  // nothing to grow: the test says nothing
+      group_spec spec = ranks_of(n, {"exit", "0"});
+      spec.options.before_exec = [](void*) noexcept {
+        const long size = table_size(::getppid());
+        long seen = smallest.load(std::memory_order_relaxed);
+        while ((seen < 0 || size < seen) && !smallest.compare_exchange_weak(seen, size, std::memory_order_relaxed)) {
+        }
+        return 0;
+      };
+      int code = 1;
+      try {
+        if (run_group(spec).ok() && smallest.load() >= n) code = 0;
+      } catch (...) {
+        code = 2;
+      }
+      ::_exit(code);
+    }
+    REQUIRE(pid > 0);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
   }
 
   TEST_CASE("the guardian: its end kills what carries this process's marker; after release() it kills nothing") {
