@@ -22,9 +22,11 @@
 
 #include <signal.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -40,6 +42,28 @@
 
 namespace cohort_run {
 namespace {
+
+// The open-file limit cohort-run was started with, which the ranks get
+// back: cohort-run raises its own soft limit to the hard one, as it holds
+// a descriptor or two for every rank (its pidfd, and a second where exits
+// are watched on asio's reactor) and the usual soft limit of 1024 would
+// stop it short of a few hundred ranks. Programs are told to do just that,
+// and to hand their children the soft limit they were given, which some
+// still need (select() takes no descriptor above 1023).
+rlimit given_fd_limit{};
+
+void raise_fd_limit() noexcept {
+  if (::getrlimit(RLIMIT_NOFILE, &given_fd_limit) != 0) return;
+  rlimit raised = given_fd_limit;
+  raised.rlim_cur = raised.rlim_max;
+  if (raised.rlim_cur != given_fd_limit.rlim_cur) ::setrlimit(RLIMIT_NOFILE, &raised);
+}
+
+// spawn_options::before_exec of every rank: in the vfork-style child, one
+// system call.
+int restore_fd_limit(void* given) noexcept {
+  return ::setrlimit(RLIMIT_NOFILE, static_cast<const rlimit*>(given)) == 0 ? 0 : errno;
+}
 
 namespace fs = std::filesystem;
 
@@ -569,6 +593,8 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   spec.name = o.role;
   spec.entry = cohort::command(command.front(), std::vector<std::string>(command.begin() + 1, command.end()));
   spec.nprocs = nproc;
+  spec.options.before_exec = &restore_fd_limit;
+  spec.options.before_exec_context = &given_fd_limit;
   spec.shutdown.term_grace = std::chrono::milliseconds(static_cast<long long>(o.grace_period * 1000));
   if (nproc > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     spec.options.env.set("OMP_NUM_THREADS", "1");
@@ -699,6 +725,7 @@ int main(int argc, char** argv) {
   int code = 1;
   try {
     options = parse_options(argc, argv);
+    raise_fd_limit();
     code = run(*options, record);
   } catch (const usage_error& e) {
     fmt::print(stderr, "cohort-run: {}\nRun cohort-run --help for the options.\n", e.what());

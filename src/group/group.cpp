@@ -10,6 +10,7 @@
 #include "group/descendants.hpp"
 #include "group/error_dir.hpp"
 #include "logs/logs.hpp"
+#include "os/descriptor_limit.hpp"
 #include "os/descriptor_table.hpp"
 #include "process/launch.hpp"
 #include "process/parallel.hpp"
@@ -456,9 +457,15 @@ void group::forward_signals(std::vector<int> shutdown_signals, std::vector<int> 
   }
   // Caught from here on: asio queues what arrives before the wait below is
   // set up on the strand.
-  auto set = std::make_shared<asio::signal_set>(state_->strand);
-  for (int sig : shutdown_signals) set->add(sig);
-  for (int sig : passed_on) set->add(sig);
+  std::shared_ptr<asio::signal_set> set;
+  try {
+    set = std::make_shared<asio::signal_set>(state_->strand);
+    for (int sig : shutdown_signals) set->add(sig);
+    for (int sig : passed_on) set->add(sig);
+  } catch (const std::system_error& e) {  // asio's pipe for signals, with no descriptor left
+    throw std::system_error(e.code(), "cohort::group::forward_signals: asio's signal pipe" +
+                                          os::descriptor_limit_note(e.code().value()));
+  }
   asio::dispatch(state_->strand, [state = state_, set, passed_on = std::move(passed_on)] {
     std::lock_guard lock(state->mutex);
     if (state->finished || state->signals) return;

@@ -222,6 +222,29 @@ TEST_SUITE("cohort-run") {
     CHECK(v["MASTER_ADDR"] == "127.0.0.1");
   }
 
+  TEST_CASE("cohort-run raises its own soft limit on open descriptors for the ranks it holds; the ranks get the one it was given") {
+    // 80 ranks need more descriptors than a soft limit of 64 allows (a
+    // pidfd each, two where exits are watched on the reactor).
+    asio::io_context io;
+    const outcome o = test::run(io, [&]() -> asio::awaitable<outcome> {
+      spawn_options options{.out = stdio::pipe(), .err = stdio::pipe()};
+      options.env.set("TMPDIR", launcher_tmpdir());
+      const command cmd("/bin/sh", {"-c", "ulimit -Sn 64 && exec \"$@\"", "sh", cohort_run, "-n", "80", "--",
+                                    test::target, "print-nofile"});
+      child c = co_await spawn(cmd, options);
+      auto [out, err] = co_await (test::read_all(c.out()) && test::read_all(c.err()));
+      auto status = co_await c.wait();
+      co_return outcome{status, std::move(out), std::move(err)};
+    }());
+    INFO(o.err);
+    REQUIRE(o.status.success());
+    std::istringstream lines(o.out);
+    std::vector<std::string> limits;
+    for (std::string line; std::getline(lines, line);) limits.push_back(line);
+    CHECK(limits.size() == 80);
+    CHECK(std::all_of(limits.begin(), limits.end(), [](const std::string& l) { return l == "64"; }));
+  }
+
   TEST_CASE("a failing rank: the others are shut down, the summary names it, the exit code is its") {
     auto r = run_launcher({"-n", "3", "--", "/bin/sh", "-c", "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"});
     CHECK(r.status.code() == 3);
