@@ -18,11 +18,15 @@
 #include <asio/experimental/append.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/post.hpp>
+#include <asio/steady_timer.hpp>
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <system_error>
@@ -182,6 +186,14 @@ class readiness_watch {
 /// The reactor path: wait until `fd` has one of `events`, then run
 /// `attempt`, which returns the result or nullopt to wait again (a spurious
 /// wake-up).
+///
+/// A watch takes a descriptor. Where none is left (EMFILE, ENFILE: a
+/// process waiting for hundreds of children under the usual soft limit of
+/// 1024 descriptors, two of them each on this path), the operation polls
+/// instead: it looks at `fd` with poll(2) on a timer, from 1 ms apart
+/// doubling to 100 ms, and tries for a watch again at each look, so that it
+/// goes back to waiting on the reactor once a descriptor is free. Slower to
+/// notice, never a failure.
 template <class Attempt>
 class reactor_operation {
  public:
@@ -192,24 +204,66 @@ class reactor_operation {
 
   template <class Self>
   void operator()(Self& self) {
-    std::error_code ec;
-    try {
-      watch_ = make_watch(ec);
-    } catch (const std::system_error& e) {  // asio could not bring up its reactor
-      ec = e.code();
+    if (const auto ec = watch_now(); ec) {
+      if (out_of_descriptors(ec)) return poll_later(self);
+      return finish(self, ec, value_type{});
     }
-    if (ec) return finish(self, ec, value_type{});
     wait(self);
   }
 
   template <class Self>
   void operator()(Self& self, std::error_code ec) {
     if (ec) return finish(self, ec, value_type{});
+    if (!watch_) return look(self);  // polling: the timer ran out
     if (auto result = attempt_()) return finish(self, result->first, std::move(result->second));
     wait(self);
   }
 
+  static constexpr std::chrono::milliseconds first_poll{1}, longest_poll{100};
+
  private:
+  static bool out_of_descriptors(std::error_code ec) {
+    return ec == std::error_code(EMFILE, std::system_category()) || ec == std::error_code(ENFILE, std::system_category());
+  }
+
+  // Sets up watch_; the error when it could not be (watch_ then empty).
+  std::error_code watch_now() {
+    std::error_code ec;
+    try {
+      watch_ = make_watch(ec);
+    } catch (const std::system_error& e) {  // asio could not bring up its reactor
+      ec = e.code();
+    }
+    if (ec) watch_.reset();
+    return ec;
+  }
+
+  // Polling: one look at `fd`, with the attempt when it is ready; else
+  // another try for a watch, else another look later.
+  template <class Self>
+  void look(Self& self) {
+    pollfd p{fd_, events_, 0};
+    if (::poll(&p, 1, 0) != 0) {  // ready, or poll failed: the attempt says which
+      if (auto result = attempt_()) return finish(self, result->first, std::move(result->second));
+    }
+    if (const auto ec = watch_now(); !ec) return wait(self);
+    else if (!out_of_descriptors(ec)) return finish(self, ec, value_type{});
+    poll_later(self);
+  }
+
+  template <class Self>
+  void poll_later(Self& self) {
+    if (!timer_) {
+      timer_ = std::make_unique<asio::steady_timer>(executor_);
+      interval_ = first_poll;
+    } else {
+      interval_ = std::min(interval_ * 2, std::chrono::milliseconds(longest_poll));
+    }
+    timer_->expires_after(interval_);
+    timer_->async_wait(std::move(self));
+  }
+
+
   // A watch on a descriptor of the operation's own when `Attempt` can open
   // one (`own_descriptor()`, -1 when it cannot), else on a private epoll set.
   std::unique_ptr<readiness_watch> make_watch(std::error_code& ec) {
@@ -245,6 +299,8 @@ class reactor_operation {
   short events_;
   Attempt attempt_;
   std::unique_ptr<readiness_watch> watch_;
+  std::unique_ptr<asio::steady_timer> timer_;  // while polling
+  std::chrono::milliseconds interval_{};
 };
 
 /// Starts an operation that completes with `void(std::error_code, T)`:

@@ -970,6 +970,32 @@ TEST_SUITE("group") {
     CHECK(WEXITSTATUS(status) == 0);
   }
 
+  TEST_CASE("ranks outnumbering the descriptors left all end as they did") {
+    // Forked, under a soft limit of 64 descriptors: 40 ranks alive at once
+    // hold 40 pidfds, and where exits are watched on the reactor each wait
+    // wants a second; the waits that find none left look on a timer instead.
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      rlimit limit{};
+      if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_max < 64) ::_exit(3);
+      limit.rlim_cur = 64;
+      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(3);
+      int code = 1;
+      try {
+        const auto result = run_group(ranks_of(40, {"exit-after", "300", "0"}));
+        code = result.ok() && result.failures.empty() && result.statuses.size() == 40 ? 0 : 1;
+      } catch (...) {
+        code = 2;
+      }
+      ::_exit(code);
+    }
+    REQUIRE(pid > 0);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+
   TEST_CASE("the guardian: its end kills what carries this process's marker; after release() it kills nothing") {
     {
       const pid_t pid = marked_sleeper();

@@ -9,9 +9,13 @@
 #include <asio/use_awaitable.hpp>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <vector>
 
 using namespace cohort;
 
@@ -56,9 +60,62 @@ std::error_code cancelled_wait(const forked& child, int options) {
   return result;
 }
 
+// Takes every descriptor left under a soft limit lowered to just above
+// those open now, and gives them back (and the limit) at its end.
+class descriptors_taken {
+ public:
+  descriptors_taken() {
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved_) == 0);
+    const int lowest = ::dup(0);
+    REQUIRE(lowest >= 0);
+    ::close(lowest);
+    rlimit lowered = saved_;
+    lowered.rlim_cur = std::min<rlim_t>(saved_.rlim_cur, static_cast<rlim_t>(lowest) + 64);
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &lowered) == 0);
+    for (int fd; (fd = ::dup(0)) >= 0;) taken_.push_back(fd);
+    REQUIRE(errno == EMFILE);
+  }
+  ~descriptors_taken() {
+    for (int fd : taken_) ::close(fd);
+    ::setrlimit(RLIMIT_NOFILE, &saved_);
+  }
+  descriptors_taken(const descriptors_taken&) = delete;
+  descriptors_taken& operator=(const descriptors_taken&) = delete;
+
+ private:
+  rlimit saved_{};
+  std::vector<int> taken_;
+};
+
 }  // namespace
 
 TEST_SUITE("waitid") {
+  TEST_CASE("with no descriptor left, waitid still reports the exit, and a cancel still ends it") {
+    asio::io_context io;
+    (void)io_uring_support(io);  // the ring and the reactor up before the descriptors go
+    forked child(7, 30);
+    forked sleeper(0, 10'000);
+    siginfo_t info{};
+    std::error_code cancelled;
+    {
+      const descriptors_taken none_left;
+      REQUIRE(::dup(0) == -1);
+      info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED, asio::use_awaitable));
+      asio::cancellation_signal cancel;
+      uring::async_waitid(io.get_executor(), sleeper.pidfd, sleeper.pid, WEXITED,
+                          asio::bind_cancellation_slot(cancel.slot(), [&](std::error_code ec, siginfo_t) { cancelled = ec; }));
+      io.restart();
+      io.poll();
+      cancel.emit(asio::cancellation_type::terminal);
+      io.run();
+    }
+    CHECK(info.si_pid == child.pid);
+    CHECK(info.si_code == CLD_EXITED);
+    CHECK(info.si_status == 7);
+    CHECK(cancelled == asio::error::operation_aborted);
+  }
+
+
   TEST_CASE("waitid reports the exit code and reaps the child") {
     asio::io_context io;
     forked child(42, 20);
