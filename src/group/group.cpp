@@ -308,14 +308,23 @@ void take_adopted_soon(const std::shared_ptr<group_state>& state) {
   });
 }
 
+// How a rank ended, as its wait saw it: when the wait itself failed, the
+// status is 255 and `why` says what failed.
+struct rank_end {
+  exit_status status;
+  std::string why;
+};
+
 // Records how rank `rank` ended; returns whether it failed on its own.
-bool record_exit(const std::shared_ptr<group_state>& state, int rank, exit_status status) {
+bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end end) {
   auto& s = *state;
   --s.running;
   if (s.counted_as_keeper) shm::note_ranks_running(-1);
   shm::take_handed_over();  // what the rank's values still name, before anyone looks for it here
   const auto r = static_cast<std::size_t>(rank);
-  std::string unreadable;  // a result that cannot be read fails the rank: never a silent nullopt
+  exit_status status = end.status;
+  // A result that cannot be read fails the rank: never a silent nullopt.
+  std::string unreadable = std::move(end.why);
   if (status.success() && r < s.result_fds.size() && s.result_fds[r] >= 0) {
     try {
       s.partial.return_values[r] = read_result(s.result_fds[r]);
@@ -338,15 +347,20 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, exit_statu
 }
 
 // The rank's exit. A wait that fails (the child reaped elsewhere?) counts as
-// an end, not as a success. Cancellation passes through.
-asio::awaitable<exit_status> exit_of(group_state& s, int rank) {
+// an end, not as a success, and says why. Cancellation passes through.
+asio::awaitable<rank_end> exit_of(group_state& s, int rank) {
+  rank_end end{exit_status::from_code(255), {}};
   try {
-    co_return co_await s.children[static_cast<std::size_t>(rank)].wait();
+    end.status = co_await s.children[static_cast<std::size_t>(rank)].wait();
+    co_return end;
   } catch (const std::system_error& e) {
     if (e.code() == asio::error::operation_aborted) throw;
-  } catch (const std::exception&) {
+    end.why = e.what();
+  } catch (const std::exception& e) {
+    end.why = e.what();
   }
-  co_return exit_status::from_code(255);
+  end.why = "cohort: waiting for the rank's exit: " + end.why;
+  co_return end;
 }
 
 // One rank's entry in the race: completes when the rank fails on its own or
@@ -354,7 +368,8 @@ asio::awaitable<exit_status> exit_of(group_state& s, int rank) {
 // until the race is decided and when_any cancels it.
 asio::awaitable<void> race_rank(std::shared_ptr<group_state> state, int rank) {
   auto& s = *state;
-  const bool failed = record_exit(state, rank, co_await exit_of(s, rank));
+  rank_end end = co_await exit_of(s, rank);
+  const bool failed = record_exit(state, rank, std::move(end));
   if (failed || s.running == 0) co_return;
   asio::steady_timer parked(s.strand, steady::time_point::max());
   std::error_code cancelled;  // the end of the race: not worth an exception
@@ -372,7 +387,8 @@ asio::awaitable<void> race_stop(std::shared_ptr<group_state> state) {
 // After the race: waits for a rank still running, and wakes the shutdown.
 asio::awaitable<void> drain(std::shared_ptr<group_state> state, int rank) {
   auto& s = *state;
-  record_exit(state, rank, co_await exit_of(s, rank));
+  rank_end end = co_await exit_of(s, rank);
+  record_exit(state, rank, std::move(end));
   s.wake.cancel();
 }
 

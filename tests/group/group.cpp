@@ -339,6 +339,22 @@ TEST_SUITE("group") {
     CHECK(test::children_of_self().empty());
   }
 
+  TEST_CASE("a rank whose wait fails counts as failed, with the wait's error as its message") {
+    // Reaped here before the group's wait runs: that wait then finds no child.
+    asio::io_context io;
+    group g = start_processes(io.get_executor(), ranks_of(1, {"exit", "0"}));
+    REQUIRE(g.pids().size() == 1);
+    int status = -1;
+    REQUIRE(::waitpid(g.pids()[0], &status, 0) == g.pids()[0]);
+    REQUIRE(WIFEXITED(status));
+    io.run();
+    const auto result = g.result();
+    REQUIRE(result);
+    REQUIRE(result->failures.size() == 1);
+    CHECK(result->failures[0].status.code() == 255);
+    CHECK(result->failures[0].message.find("cohort: waiting for the rank's exit: ") == 0);
+  }
+
   TEST_CASE("per-rank arguments and environments reach their rank") {
     auto spec = ranks_of(3, {});
     spec.args = {{0, {"exit", "10"}}, {1, {"exit", "11"}}, {2, {"exit-env", "CODE"}}};
