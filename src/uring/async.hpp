@@ -216,6 +216,7 @@ class reactor_operation {
     if (ec) return finish(self, ec, value_type{});
     if (!watch_) return look(self);  // polling: the timer ran out
     if (auto result = attempt_()) return finish(self, result->first, std::move(result->second));
+    if (cancelled(self)) return finish(self, asio::error::operation_aborted, value_type{});
     wait(self);
   }
 
@@ -238,6 +239,14 @@ class reactor_operation {
     return ec;
   }
 
+  // A cancellation that came while no wait of ours was pending (between a
+  // wake-up and its handler): asio resets the slot at each resumption and
+  // only records it, so it is looked for before waiting again.
+  template <class Self>
+  static bool cancelled(Self& self) {
+    return self.get_cancellation_state().cancelled() != asio::cancellation_type::none;
+  }
+
   // Polling: one look at `fd`, with the attempt when it is ready; else
   // another try for a watch, else another look later.
   template <class Self>
@@ -246,6 +255,7 @@ class reactor_operation {
     if (::poll(&p, 1, 0) != 0) {  // ready, or poll failed: the attempt says which
       if (auto result = attempt_()) return finish(self, result->first, std::move(result->second));
     }
+    if (cancelled(self)) return finish(self, asio::error::operation_aborted, value_type{});
     if (const auto ec = watch_now(); !ec) return wait(self);
     else if (!out_of_descriptors(ec)) return finish(self, ec, value_type{});
     poll_later(self);

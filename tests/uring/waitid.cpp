@@ -6,6 +6,7 @@
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <fcntl.h>
@@ -15,6 +16,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 using namespace cohort;
@@ -61,7 +64,9 @@ std::error_code cancelled_wait(const forked& child, int options) {
 }
 
 // Takes every descriptor left under a soft limit lowered to just above
-// those open now, and gives them back (and the limit) at its end.
+// those open now, and gives them back (and the limit) at its end. Checks
+// nothing once it holds them (a throw from the constructor would skip the
+// destructor): the test asks taken_all().
 class descriptors_taken {
  public:
   descriptors_taken() {
@@ -73,7 +78,7 @@ class descriptors_taken {
     lowered.rlim_cur = std::min<rlim_t>(saved_.rlim_cur, static_cast<rlim_t>(lowest) + 64);
     REQUIRE(::setrlimit(RLIMIT_NOFILE, &lowered) == 0);
     for (int fd; (fd = ::dup(0)) >= 0;) taken_.push_back(fd);
-    REQUIRE(errno == EMFILE);
+    all_ = errno == EMFILE;
   }
   ~descriptors_taken() {
     for (int fd : taken_) ::close(fd);
@@ -82,9 +87,12 @@ class descriptors_taken {
   descriptors_taken(const descriptors_taken&) = delete;
   descriptors_taken& operator=(const descriptors_taken&) = delete;
 
+  bool taken_all() const noexcept { return all_; }
+
  private:
   rlimit saved_{};
   std::vector<int> taken_;
+  bool all_ = false;
 };
 
 }  // namespace
@@ -99,7 +107,7 @@ TEST_SUITE("waitid") {
     std::error_code cancelled;
     {
       const descriptors_taken none_left;
-      REQUIRE(::dup(0) == -1);
+      REQUIRE(none_left.taken_all());
       info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED, asio::use_awaitable));
       asio::cancellation_signal cancel;
       uring::async_waitid(io.get_executor(), sleeper.pidfd, sleeper.pid, WEXITED,
@@ -115,6 +123,34 @@ TEST_SUITE("waitid") {
     CHECK(cancelled == asio::error::operation_aborted);
   }
 
+
+  TEST_CASE("with no descriptor left, a cancel that comes between two looks still ends the wait") {
+    asio::io_context io;
+    (void)io_uring_support(io);
+    asio::steady_timer warm(io);  // asio's timers up before the descriptors go
+    forked sleeper(0, 10'000);
+    asio::cancellation_signal cancel;
+    bool completed = false;
+    std::error_code result;
+    {
+      const descriptors_taken none_left;
+      REQUIRE(none_left.taken_all());
+      uring::async_waitid(io.get_executor(), sleeper.pidfd, sleeper.pid, WEXITED,
+                          asio::bind_cancellation_slot(cancel.slot(), [&](std::error_code ec, siginfo_t) {
+                            completed = true;
+                            result = ec;
+                          }));
+      // The first look's timer (1 ms) runs out while this handler sleeps;
+      // the cancel is emitted after it, before the timer's handler runs.
+      asio::post(io, [&] {
+        asio::post(io, [&] { cancel.emit(asio::cancellation_type::terminal); });
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      });
+      io.run_for(std::chrono::seconds(2));
+    }
+    CHECK(completed);
+    CHECK(result == asio::error::operation_aborted);
+  }
 
   TEST_CASE("waitid reports the exit code and reaps the child") {
     asio::io_context io;
