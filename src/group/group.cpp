@@ -575,8 +575,9 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   }
   // Room in the descriptor table for what the running ranks hold, made
   // before the launching threads fill it: growing it then would stall them
-  // (os/descriptor_table.hpp). A function rank's result descriptor besides.
-  std::size_t held = 0;
+  // (os/descriptor_table.hpp). A function rank's result descriptor and the
+  // log pumps' waits besides.
+  std::size_t held = state->logs ? state->logs->descriptors_to_come(state->strand) : 0;
   for (const auto& o : options) held += detail::descriptors_per_child(state->strand, o) + (function != nullptr ? 1 : 0);
   os::reserve_descriptors(held);
   // On failure the ranks already started are killed and reaped as `state`

@@ -638,4 +638,10 @@ std::vector<std::string> group_logs::errors() const {
   return state_->errors;
 }
 
+std::size_t group_logs::descriptors_to_come(const asio::any_io_executor& io) const {
+  if (uring::service_of(io).caps().poll) return 0;
+  return static_cast<std::size_t>(
+      std::count_if(state_->streams.begin(), state_->streams.end(), [](const log_stream& s) { return !s.followed; }));
+}
+
 }  // namespace cohort::detail

@@ -74,6 +74,10 @@ class group_logs {
   asio::awaitable<void> drain(std::chrono::milliseconds limit);
   /// Log files that could not be written (a full disk), one line each.
   std::vector<std::string> errors() const;
+  /// How many descriptors the pumps will open once started on `io`: a
+  /// piped stream's wait on asio's reactor holds an epoll set while it
+  /// waits; on the ring it holds none, nor does a follower.
+  std::size_t descriptors_to_come(const asio::any_io_executor& io) const;
 
   struct state;
 
