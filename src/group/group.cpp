@@ -85,6 +85,7 @@ struct group_state {
   std::unique_ptr<group_logs> logs;  // when spec.logs is in use
   run_result partial;
   int running = 0;
+  std::vector<bool> recorded;  // by rank: its end is in `partial` (its wait may have failed, unreaped)
   bool failed = false;
   bool stopping = false;
   bool signalled = false;  // the shutdown's first signal went out: later non-zero exits are its doing
@@ -318,6 +319,7 @@ struct rank_end {
 // Records how rank `rank` ended; returns whether it failed on its own.
 bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end end) {
   auto& s = *state;
+  s.recorded[static_cast<std::size_t>(rank)] = true;
   --s.running;
   if (s.counted_as_keeper) shm::note_ranks_running(-1);
   shm::take_handed_over();  // what the rank's values still name, before anyone looks for it here
@@ -408,9 +410,7 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
 
   if (s.running > 0) {
     for (int rank = 0; rank < s.spec.nprocs; ++rank) {
-      if (!s.children[static_cast<std::size_t>(rank)].status()) {
-        asio::co_spawn(s.strand, drain(state, rank), asio::detached);
-      }
+      if (!s.recorded[static_cast<std::size_t>(rank)]) asio::co_spawn(s.strand, drain(state, rank), asio::detached);
     }
     // A forwarded signal reaches the ranks first, as Ctrl-C would in a
     // terminal, so that they can clean up as they do for it.
@@ -426,7 +426,7 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
       s.hurry = false;  // the bounded wait after SIGKILL always runs
       co_await await_exits(s, policy.kill_wait);
       for (std::size_t rank = 0; rank < s.children.size(); ++rank) {
-        if (!s.children[rank].status()) {
+        if (!s.recorded[rank]) {
           s.partial.unreaped.push_back(static_cast<int>(rank));
           s.children[rank].detach();  // reaped in the background if it ever dies
         }
@@ -602,6 +602,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
     state->logs->start(state->strand.get_inner_executor(), state->strand);
   }
   state->running = spec.nprocs;
+  state->recorded.assign(static_cast<std::size_t>(spec.nprocs), false);
   state->partial.statuses.resize(static_cast<std::size_t>(spec.nprocs));
   state->partial.return_values.resize(static_cast<std::size_t>(spec.nprocs));
   asio::co_spawn(state->strand, detail::supervise(state), asio::detached);

@@ -109,10 +109,19 @@ bool killed_soon(pid_t pid) {
 }
 
 // FDSize in /proc/<pid>/status: the slots of its descriptor table; -1 when
-// unread. Only system calls, for a vfork-style child's before_exec.
+// unread. Only system calls and plain loops, for a vfork-style child's
+// before_exec.
 long table_size(pid_t pid) noexcept {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/status", static_cast<int>(pid));
+  char digits[16];
+  int count = 0;
+  for (auto left = static_cast<unsigned>(pid); count == 0 || left > 0; left /= 10) {
+    digits[count++] = static_cast<char>('0' + left % 10);
+  }
+  char path[64] = "/proc/";
+  int end = 6;
+  while (count > 0) path[end++] = digits[--count];
+  for (const char* tail = "/status"; *tail != '\0';) path[end++] = *tail++;
+  path[end] = '\0';
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
   char text[4096];
@@ -127,6 +136,31 @@ long table_size(pid_t pid) noexcept {
   }
   for (; *at >= '0' && *at <= '9'; ++at) size = size * 10 + (*at - '0');
   return size;
+}
+
+// The exit code of forked child `pid` once it ends, within 60 s; past that
+// it is killed and reaped, and the test fails.
+int exit_code_of(pid_t pid) {
+  int status = -1;
+  if (!test::within(60s, [&] { return (status = exit_of(pid, WNOHANG)) != -1; })) {
+    ::kill(pid, SIGKILL);
+    exit_of(pid, 0);
+    FAIL("the forked child did not end within 60 s");
+  }
+  REQUIRE(WIFEXITED(status));
+  return WEXITSTATUS(status);
+}
+
+// For a forked child's check: 0 holds, 3 the machine leaves nothing to
+// look at (said, not failed), anything else fails.
+void check_forked(pid_t pid) {
+  REQUIRE(pid > 0);
+  const int code = exit_code_of(pid);
+  if (code == 3) {
+    WARN("this process's descriptor table or limit leaves the test nothing to look at");
+    return;
+  }
+  CHECK(code == 0);
 }
 
 // The user's error directory under `tmp`, as cohort names it.
@@ -339,11 +373,14 @@ TEST_SUITE("group") {
     CHECK(test::children_of_self().empty());
   }
 
-  TEST_CASE("a rank whose wait fails counts as failed, with the wait's error as its message") {
-    // Reaped here before the group's wait runs: that wait then finds no child.
+  TEST_CASE("a rank whose wait fails counts as failed once, with the wait's error as its message") {
+    // Rank 0 is reaped here before the group's wait runs: that wait then
+    // finds no child. Its failure shuts rank 1 down.
+    auto spec = ranks_of(2, {});
+    spec.args = {{0, {"exit", "0"}}, {1, {"sleep", "30"}}};
     asio::io_context io;
-    group g = start_processes(io.get_executor(), ranks_of(1, {"exit", "0"}));
-    REQUIRE(g.pids().size() == 1);
+    group g = start_processes(io.get_executor(), spec);
+    REQUIRE(g.pids().size() == 2);
     int status = -1;
     REQUIRE(::waitpid(g.pids()[0], &status, 0) == g.pids()[0]);
     REQUIRE(WIFEXITED(status));
@@ -351,8 +388,13 @@ TEST_SUITE("group") {
     const auto result = g.result();
     REQUIRE(result);
     REQUIRE(result->failures.size() == 1);
+    CHECK(result->failures[0].rank == 0);
     CHECK(result->failures[0].status.code() == 255);
     CHECK(result->failures[0].message.find("cohort: waiting for the rank's exit: ") == 0);
+    REQUIRE(result->statuses.size() == 2);
+    REQUIRE(result->statuses[1]);
+    CHECK(result->statuses[1]->signaled());
+    CHECK(result->unreaped.empty());
   }
 
   TEST_CASE("per-rank arguments and environments reach their rank") {
@@ -962,7 +1004,7 @@ TEST_SUITE("group") {
     const pid_t pid = ::fork();
     if (pid == 0) {
       constexpr int n = 100;
-      if (table_size(::getpid()) >= n) ::_exit(3);  // nothing to grow: the test says nothing
+      if (table_size(::getpid()) >= n) ::_exit(3);  // a table with room already: nothing to look at
       group_spec spec = ranks_of(n, {"exit", "0"});
       spec.options.before_exec = [](void*) noexcept {
         const long size = table_size(::getppid());
@@ -979,11 +1021,7 @@ TEST_SUITE("group") {
       }
       ::_exit(code);
     }
-    REQUIRE(pid > 0);
-    int status = 0;
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
-    REQUIRE(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
+    check_forked(pid);
   }
 
   TEST_CASE("ranks outnumbering the descriptors left all end as they did") {
@@ -1005,11 +1043,7 @@ TEST_SUITE("group") {
       }
       ::_exit(code);
     }
-    REQUIRE(pid > 0);
-    int status = 0;
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
-    REQUIRE(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
+    check_forked(pid);
   }
 
   TEST_CASE("the guardian: its end kills what carries this process's marker; after release() it kills nothing") {
