@@ -44,19 +44,24 @@ namespace cohort_run {
 namespace {
 
 // The open-file limit cohort-run was started with, which the ranks get
-// back: cohort-run raises its own soft limit to the hard one, as it holds
-// a descriptor or two for every rank (its pidfd, and a second where exits
-// are watched on asio's reactor) and the usual soft limit of 1024 would
-// stop it short of a few hundred ranks. Programs are told to do just that,
-// and to hand their children the soft limit they were given, which some
+// back where cohort-run raised its own: it holds a few descriptors for each
+// rank (its pidfd, a second where exits are watched on asio's reactor, the
+// log pumps'), and the usual soft limit of 1024 would stop it short of a
+// few hundred ranks. Programs are told to raise their soft limit as they
+// need, and to hand their children the one they were given, which some
 // still need (select() takes no descriptor above 1023).
 rlimit given_fd_limit{};
 
-void raise_fd_limit() noexcept {
-  if (::getrlimit(RLIMIT_NOFILE, &given_fd_limit) != 0) return;
+// Raises the soft limit to room for `ranks` ranks where it is lower, within
+// the hard limit (no higher: where close_range is missing, a new child
+// marks descriptors one by one up to the limit); whether it did.
+bool raise_fd_limit(int ranks) noexcept {
+  if (::getrlimit(RLIMIT_NOFILE, &given_fd_limit) != 0) return false;
+  const rlim_t wanted = 256 + rlim_t{4} * static_cast<rlim_t>(ranks);
+  if (given_fd_limit.rlim_cur == RLIM_INFINITY || given_fd_limit.rlim_cur >= wanted) return false;
   rlimit raised = given_fd_limit;
-  raised.rlim_cur = raised.rlim_max;
-  if (raised.rlim_cur != given_fd_limit.rlim_cur) ::setrlimit(RLIMIT_NOFILE, &raised);
+  raised.rlim_cur = given_fd_limit.rlim_max == RLIM_INFINITY ? wanted : std::min(wanted, given_fd_limit.rlim_max);
+  return raised.rlim_cur > given_fd_limit.rlim_cur && ::setrlimit(RLIMIT_NOFILE, &raised) == 0;
 }
 
 // spawn_options::before_exec of every rank: in the vfork-style child, one
@@ -593,8 +598,10 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   spec.name = o.role;
   spec.entry = cohort::command(command.front(), std::vector<std::string>(command.begin() + 1, command.end()));
   spec.nprocs = nproc;
-  spec.options.before_exec = &restore_fd_limit;
-  spec.options.before_exec_context = &given_fd_limit;
+  if (raise_fd_limit(nproc)) {
+    spec.options.before_exec = &restore_fd_limit;
+    spec.options.before_exec_context = &given_fd_limit;
+  }
   spec.shutdown.term_grace = std::chrono::milliseconds(static_cast<long long>(o.grace_period * 1000));
   if (nproc > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     spec.options.env.set("OMP_NUM_THREADS", "1");
@@ -725,7 +732,6 @@ int main(int argc, char** argv) {
   int code = 1;
   try {
     options = parse_options(argc, argv);
-    raise_fd_limit();
     code = run(*options, record);
   } catch (const usage_error& e) {
     fmt::print(stderr, "cohort-run: {}\nRun cohort-run --help for the options.\n", e.what());
