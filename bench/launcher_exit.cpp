@@ -43,6 +43,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
 
 extern char** environ;
@@ -117,8 +118,16 @@ struct launcher {
     ::posix_spawnattr_init(&attributes);
     ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
 
+    // `env` replaces what this process's environment has of the same names.
     std::vector<char*> envp;
-    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+    for (char** e = environ; *e != nullptr; ++e) {
+      const std::string_view entry(*e);
+      const auto named = [&](const std::string& added) {
+        const auto eq = added.find('=');
+        return entry.size() > eq && entry.compare(0, eq + 1, added, 0, eq + 1) == 0;
+      };
+      if (std::none_of(env.begin(), env.end(), named)) envp.push_back(*e);
+    }
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
 
