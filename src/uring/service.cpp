@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string_view>
 #include <typeinfo>
@@ -75,13 +76,17 @@ asio::io_context& io_context_of(const asio::any_io_executor& executor) {
   throw std::invalid_argument("cohort needs the executor of an asio::io_context (or a strand of one)");
 }
 
-service::service(asio::io_context& io) : asio::execution_context::service(io), io_(io) {
+service::service(asio::io_context& io, bool with_ring) : asio::execution_context::service(io), io_(io) {
   // The descriptor object exists in both modes: it brings up asio's reactor
   // now, while descriptors are surely available, rather than inside some
   // later operation, where a failure could not reach its caller.
   watch_.emplace(io_);
   if (switched_off()) {
     caps_.why_not = std::string(config::io_uring_env) + "=0";
+    return;
+  }
+  if (!with_ring) {
+    caps_.why_not = "this io_context runs on asio's reactor only";
     return;
   }
   // IORING_SETUP_SUBMIT_ALL needs Linux 5.18; without it a refused entry
@@ -124,6 +129,12 @@ service::service(asio::io_context& io) : asio::execution_context::service(io), i
   }
   watch_->assign(eventfd_);  // owns the eventfd from here on
   caps_.ring = true;
+}
+
+void use_reactor_only(asio::io_context& io) {
+  auto made = std::make_unique<service>(io, false);
+  asio::add_service(io, made.get());  // throws asio::service_already_exists, `made` still ours
+  made.release();
 }
 
 service::~service() {

@@ -77,7 +77,8 @@ class service final : public asio::execution_context::service {
   using key_type = service;
   static inline asio::execution_context::id id;
 
-  explicit service(asio::io_context& io);
+  /// The ring is made unless `with_ring` is false (use_reactor_only).
+  explicit service(asio::io_context& io, bool with_ring = true);
   ~service() override;
 
   const capabilities& caps() const noexcept { return caps_; }
@@ -124,5 +125,12 @@ asio::io_context& io_context_of(const asio::any_io_executor& executor);
 inline service& service_of(const asio::any_io_executor& executor) {
   return asio::use_service<service>(io_context_of(executor));
 }
+
+/// Gives `io` a service without a ring, so that every operation on it runs
+/// on asio's reactor: for an io_context that lives for a few waits, where
+/// a ring's set-up and teardown cost more than it saves (a blocking
+/// spawn_and_join's). Call before anything uses the service of `io`;
+/// throws asio::service_already_exists after.
+void use_reactor_only(asio::io_context& io);
 
 }  // namespace cohort::uring

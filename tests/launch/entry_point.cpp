@@ -52,6 +52,16 @@ COHORT_ENTRYPOINT(succeed);
 
 int rank_itself(int rank) { return rank; }
 COHORT_ENTRYPOINT(rank_itself);
+// How many io_uring instances the rank's parent holds open.
+int rings_of_parent(int) {
+  int rings = 0;
+  for (const auto& entry : fs::directory_iterator(fmt::format("/proc/{}/fd", ::getppid()))) {
+    std::error_code ec;
+    if (fs::read_symlink(entry.path(), ec).string() == "anon_inode:[io_uring]") ++rings;
+  }
+  return rings;
+}
+COHORT_ENTRYPOINT(rings_of_parent);
 
 std::string describe_args(int rank, std::string text, std::vector<int> numbers, std::vector<std::byte> bytes) {
   int sum = 0;
@@ -387,6 +397,22 @@ TEST_SUITE("entry points") {
       CHECK(refused.ok());
       for (const auto& value : refused.return_values) CHECK_FALSE(value.has_value());
     });
+  }
+
+  TEST_CASE("spawn_and_join's own loop makes no io_uring ring: its exits wait on the reactor") {
+    const auto rings_here = [] {
+      int rings = 0;
+      for (const auto& entry : fs::directory_iterator("/proc/self/fd")) {
+        std::error_code ec;
+        if (fs::read_symlink(entry.path(), ec).string() == "anon_inode:[io_uring]") ++rings;
+      }
+      return rings;
+    };
+    const int before = rings_here();
+    const join_options options{.method = start_method::fork};
+    const auto seen = spawn_and_join(rings_of_parent, std::tuple{}, 1, options);
+    REQUIRE(seen.size() == 1);
+    CHECK(seen[0] == before);
   }
 
   TEST_CASE("the first argument is the rank, and what a rank returns reaches the parent") {

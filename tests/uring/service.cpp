@@ -12,6 +12,8 @@
 #include <asio/strand.hpp>
 #include <asio/thread_pool.hpp>
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -62,6 +64,27 @@ TEST_SUITE("uring service") {
       CHECK(info.poll);
       CHECK(info.read);
     }
+  }
+
+  TEST_CASE("use_reactor_only gives an io_context no ring, its operations still complete; too late, it throws") {
+    asio::io_context io;
+    uring::use_reactor_only(io);
+    const auto info = io_uring_support(io);
+    CHECK_FALSE(info.ring);
+    CHECK_FALSE(info.poll);
+    CHECK_FALSE(info.why_not.empty());
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    const fd_guard read_end{p[0]}, write_end{p[1]};
+    REQUIRE(::write(p[1], "x", 1) == 1);
+    short events = 0;
+    uring::async_poll(io.get_executor(), p[0], POLLIN, [&](std::error_code ec, short e) {
+      CHECK_FALSE(ec);
+      events = e;
+    });
+    io.run();
+    CHECK((events & POLLIN) != 0);
+    CHECK_THROWS_AS(uring::use_reactor_only(io), asio::service_already_exists);
   }
 
   TEST_CASE("run() returns when nothing is in flight, and not before") {
