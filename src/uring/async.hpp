@@ -220,9 +220,9 @@ class reactor_operation {
     wait(self);
   }
 
+ private:
   static constexpr std::chrono::milliseconds first_poll{1}, longest_poll{100};
 
- private:
   static bool out_of_descriptors(std::error_code ec) {
     return ec == std::error_code(EMFILE, std::system_category()) || ec == std::error_code(ENFILE, std::system_category());
   }
@@ -256,8 +256,9 @@ class reactor_operation {
       if (auto result = attempt_()) return finish(self, result->first, std::move(result->second));
     }
     if (cancelled(self)) return finish(self, asio::error::operation_aborted, value_type{});
-    if (const auto ec = watch_now(); !ec) return wait(self);
-    else if (!out_of_descriptors(ec)) return finish(self, ec, value_type{});
+    const auto ec = watch_now();
+    if (!ec) return wait(self);
+    if (!out_of_descriptors(ec)) return finish(self, ec, value_type{});
     poll_later(self);
   }
 
@@ -267,12 +268,11 @@ class reactor_operation {
       timer_ = std::make_unique<asio::steady_timer>(executor_);
       interval_ = first_poll;
     } else {
-      interval_ = std::min(interval_ * 2, std::chrono::milliseconds(longest_poll));
+      interval_ = std::min(interval_ * 2, longest_poll);
     }
     timer_->expires_after(interval_);
     timer_->async_wait(std::move(self));
   }
-
 
   // A watch on a descriptor of the operation's own when `Attempt` can open
   // one (`own_descriptor()`, -1 when it cannot), else on a private epoll set.
