@@ -108,36 +108,6 @@ bool killed_soon(pid_t pid) {
   return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
 }
 
-// FDSize in /proc/<pid>/status: the slots of its descriptor table; -1 when
-// unread. Only system calls and plain loops, for a vfork-style child's
-// before_exec.
-long table_size(pid_t pid) noexcept {
-  char digits[16];
-  int count = 0;
-  for (auto left = static_cast<unsigned>(pid); count == 0 || left > 0; left /= 10) {
-    digits[count++] = static_cast<char>('0' + left % 10);
-  }
-  char path[64] = "/proc/";
-  int end = 6;
-  while (count > 0) path[end++] = digits[--count];
-  for (const char* tail = "/status"; *tail != '\0';) path[end++] = *tail++;
-  path[end] = '\0';
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  char text[4096];
-  const ssize_t n = ::read(fd, text, sizeof text - 1);
-  ::close(fd);
-  if (n <= 0) return -1;
-  text[n] = '\0';
-  const char* at = std::strstr(text, "FDSize:");
-  if (at == nullptr) return -1;
-  long size = 0;
-  for (at += 7; *at == ' ' || *at == '\t'; ++at) {
-  }
-  for (; *at >= '0' && *at <= '9'; ++at) size = size * 10 + (*at - '0');
-  return size;
-}
-
 // The exit code of forked child `pid` once it ends, within 60 s; past that
 // it is killed and reaped, and the test fails.
 int exit_code_of(pid_t pid) {
@@ -1004,10 +974,10 @@ TEST_SUITE("group") {
     const pid_t pid = ::fork();
     if (pid == 0) {
       constexpr int n = 100;
-      if (table_size(::getpid()) >= n) ::_exit(3);  // a table with room already: nothing to look at
+      if (test::table_size(::getpid()) >= n) ::_exit(3);  // a table with room already: nothing to look at
       group_spec spec = ranks_of(n, {"exit", "0"});
       spec.options.before_exec = [](void*) noexcept {
-        const long size = table_size(::getppid());
+        const long size = test::table_size(::getppid());
         long seen = smallest.load(std::memory_order_relaxed);
         while ((seen < 0 || size < seen) && !smallest.compare_exchange_weak(seen, size, std::memory_order_relaxed)) {
         }

@@ -1,6 +1,7 @@
 #include "os/descriptor_table.hpp"
 
 #include "support/harness.hpp"
+#include "support/process_probe.hpp"
 
 #include <doctest/doctest.h>
 
@@ -8,27 +9,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
-#include <filesystem>
 #include <functional>
-#include <string>
 
 using namespace cohort;
 
 namespace {
-
-// FDSize in /proc/self/status: the slots of this process's descriptor table.
-long table_size() {
-  const std::string status = test::read_file("/proc/self/status");
-  const auto at = status.find("FDSize:");
-  return at == std::string::npos ? -1 : std::strtol(status.c_str() + at + 7, nullptr, 10);
-}
-
-long open_descriptors() {
-  long count = 0;
-  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++count;
-  return count;
-}
 
 enum outcome { holds = 0, broken = 1, threw = 2, cannot_tell = 3 };
 
@@ -61,10 +46,10 @@ void in_child(const std::function<outcome()>& check) {
 
 TEST_CASE("reserve_descriptors grows the table past the lowest free descriptor, and leaves nothing open") {
   in_child([] {
-    const long before = table_size(), open = open_descriptors();
+    const long before = test::table_size(::getpid()), open = test::open_fd_count();
     if (before <= 0 || before >= 300) return cannot_tell;
     os::reserve_descriptors(400);
-    return table_size() >= 400 && open_descriptors() == open ? holds : broken;
+    return test::table_size(::getpid()) >= 400 && test::open_fd_count() == open ? holds : broken;
   });
 }
 
@@ -73,18 +58,18 @@ TEST_CASE("reserve_descriptors stays within RLIMIT_NOFILE") {
     rlimit limit{};
     if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_max < 100) return cannot_tell;
     limit.rlim_cur = 100;
-    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0 || table_size() > 64) return cannot_tell;
+    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0 || test::table_size(::getpid()) > 64) return cannot_tell;
     os::reserve_descriptors(5000);
-    const long size = table_size();
+    const long size = test::table_size(::getpid());
     return size >= 100 && size < 1024 ? holds : broken;
   });
 }
 
 TEST_CASE("reserve_descriptors of nothing changes nothing") {
   in_child([] {
-    const long before = table_size();
+    const long before = test::table_size(::getpid());
     if (before <= 0) return cannot_tell;
     os::reserve_descriptors(0);
-    return table_size() == before ? holds : broken;
+    return test::table_size(::getpid()) == before ? holds : broken;
   });
 }

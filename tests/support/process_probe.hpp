@@ -1,12 +1,14 @@
 // Looking at processes from the outside, as a test must.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <system_error>
 
 #include <filesystem>
@@ -92,6 +94,36 @@ inline int open_fd_count() {
   int n = 0;
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
   return n;
+}
+
+/// FDSize in /proc/<pid>/status: the slots of its descriptor table; -1 when
+/// unread. Only system calls and plain loops, for a vfork-style child's
+/// before_exec.
+inline long table_size(pid_t pid) noexcept {
+  char digits[16];
+  int count = 0;
+  for (auto left = static_cast<unsigned>(pid); count == 0 || left > 0; left /= 10) {
+    digits[count++] = static_cast<char>('0' + left % 10);
+  }
+  char path[64] = "/proc/";
+  int end = 6;
+  while (count > 0) path[end++] = digits[--count];
+  for (const char* tail = "/status"; *tail != '\0';) path[end++] = *tail++;
+  path[end] = '\0';
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char text[4096];
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) return -1;
+  text[n] = '\0';
+  const char* at = std::strstr(text, "FDSize:");
+  if (at == nullptr) return -1;
+  long size = 0;
+  for (at += 7; *at == ' ' || *at == '\t'; ++at) {
+  }
+  for (; *at >= '0' && *at <= '9'; ++at) size = size * 10 + (*at - '0');
+  return size;
 }
 
 /// Lowers the soft RLIMIT_NOFILE (never above the hard limit) for a scope,

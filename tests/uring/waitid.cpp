@@ -1,6 +1,7 @@
 #include "uring/waitid.hpp"
 
 #include "support/harness.hpp"
+#include "support/process_probe.hpp"
 
 #include <doctest/doctest.h>
 
@@ -15,10 +16,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <thread>
-#include <vector>
 
 using namespace cohort;
 
@@ -63,37 +62,12 @@ std::error_code cancelled_wait(const forked& child, int options) {
   return result;
 }
 
-// Takes every descriptor left under a soft limit lowered to just above
-// those open now, and gives them back (and the limit) at its end. Checks
-// nothing once it holds them (a throw from the constructor would skip the
-// destructor): the test asks taken_all().
-class descriptors_taken {
- public:
-  descriptors_taken() {
-    REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved_) == 0);
-    const int lowest = ::dup(0);
-    REQUIRE(lowest >= 0);
-    ::close(lowest);
-    rlimit lowered = saved_;
-    lowered.rlim_cur = std::min<rlim_t>(saved_.rlim_cur, static_cast<rlim_t>(lowest) + 64);
-    REQUIRE(::setrlimit(RLIMIT_NOFILE, &lowered) == 0);
-    for (int fd; (fd = ::dup(0)) >= 0;) taken_.push_back(fd);
-    all_ = errno == EMFILE;
-  }
-  ~descriptors_taken() {
-    for (int fd : taken_) ::close(fd);
-    ::setrlimit(RLIMIT_NOFILE, &saved_);
-  }
-  descriptors_taken(const descriptors_taken&) = delete;
-  descriptors_taken& operator=(const descriptors_taken&) = delete;
-
-  bool taken_all() const noexcept { return all_; }
-
- private:
-  rlimit saved_{};
-  std::vector<int> taken_;
-  bool all_ = false;
-};
+// Whether no descriptor can be made now (one made to look is closed).
+bool none_can_be_made() {
+  const int probe = ::dup(0);
+  if (probe >= 0) ::close(probe);
+  return probe < 0 && errno == EMFILE;
+}
 
 }  // namespace
 
@@ -106,8 +80,8 @@ TEST_SUITE("waitid") {
     siginfo_t info{};
     std::error_code cancelled;
     {
-      const descriptors_taken none_left;
-      REQUIRE(none_left.taken_all());
+      const test::nofile_limit none_left(static_cast<rlim_t>(test::lowest_free_descriptor()));
+      REQUIRE(none_can_be_made());
       info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED, asio::use_awaitable));
       asio::cancellation_signal cancel;
       uring::async_waitid(io.get_executor(), sleeper.pidfd, sleeper.pid, WEXITED,
@@ -133,8 +107,8 @@ TEST_SUITE("waitid") {
     bool completed = false;
     std::error_code result;
     {
-      const descriptors_taken none_left;
-      REQUIRE(none_left.taken_all());
+      const test::nofile_limit none_left(static_cast<rlim_t>(test::lowest_free_descriptor()));
+      REQUIRE(none_can_be_made());
       uring::async_waitid(io.get_executor(), sleeper.pidfd, sleeper.pid, WEXITED,
                           asio::bind_cancellation_slot(cancel.slot(), [&](std::error_code ec, siginfo_t) {
                             completed = true;
