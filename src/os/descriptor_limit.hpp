@@ -1,4 +1,5 @@
-// Naming the descriptor limit in messages about running out of descriptors.
+// Running out of descriptors: telling it from other errors, and naming the
+// descriptor limit in messages about it.
 #pragma once
 
 #include <fmt/format.h>
@@ -10,10 +11,14 @@
 
 namespace cohort::os {
 
+/// Whether `error` says no descriptor could be had: this process's limit
+/// (EMFILE) or the system's (ENFILE).
+inline bool out_of_descriptors(int error) noexcept { return error == EMFILE || error == ENFILE; }
+
 /// " (open file limit RLIMIT_NOFILE is N)" for EMFILE and ENFILE; empty
 /// for any other error.
 inline std::string descriptor_limit_note(int error) {
-  if (error != EMFILE && error != ENFILE) return {};
+  if (!out_of_descriptors(error)) return {};
   rlimit lim{};
   ::getrlimit(RLIMIT_NOFILE, &lim);
   return fmt::format(" (open file limit RLIMIT_NOFILE is {})", lim.rlim_cur);

@@ -48,7 +48,7 @@ template <class Open, class Shed>
 int with_descriptor_room(const Open& open, const Shed& shed) {
   const int fd = open();
   const int error = errno;
-  if (fd >= 0 || (error != EMFILE && error != ENFILE)) return fd;
+  if (fd >= 0 || !os::out_of_descriptors(error)) return fd;
   if (shed() > 0) return open();
   errno = error;
   return -1;

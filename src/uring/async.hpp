@@ -5,6 +5,7 @@
 // same work done without blocking once the descriptor is ready).
 #pragma once
 
+#include "os/descriptor_limit.hpp"
 #include "os/owned_fd.hpp"
 #include "uring/service.hpp"
 
@@ -224,7 +225,7 @@ class reactor_operation {
   static constexpr std::chrono::milliseconds first_poll{1}, longest_poll{100};
 
   static bool out_of_descriptors(std::error_code ec) {
-    return ec == std::error_code(EMFILE, std::system_category()) || ec == std::error_code(ENFILE, std::system_category());
+    return ec.category() == std::system_category() && os::out_of_descriptors(ec.value());
   }
 
   // Sets up watch_; the error when it could not be (watch_ then empty).
