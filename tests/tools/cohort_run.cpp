@@ -49,21 +49,28 @@ const std::string& launcher_tmpdir() {
   return path;
 }
 
-// Runs cohort-run with `args`; `during` runs once it has started, with its
-// child object (to signal it).
+// Runs `cmd` (cohort-run, or a shell that execs it) as run_launcher does.
 template <class F>
-outcome run_launcher(std::vector<std::string> args, F during, std::map<std::string, std::string> env = {}) {
+outcome run_command(const command& cmd, F during, std::map<std::string, std::string> env = {}) {
   asio::io_context io;
   return test::run(io, [&]() -> asio::awaitable<outcome> {
     spawn_options options{.out = stdio::pipe(), .err = stdio::pipe()};
     options.env.set("TMPDIR", launcher_tmpdir());
     for (const auto& [name, value] : env) options.env.set(name, value);
-    child c = co_await spawn(command(cohort_run, std::move(args)), options);
+    child c = co_await spawn(cmd, options);
     co_await during(c);
     auto [out, err] = co_await (test::read_all(c.out()) && test::read_all(c.err()));
     auto status = co_await c.wait();
     co_return outcome{status, std::move(out), std::move(err)};
   }());
+}
+
+// Runs cohort-run with `args`; `during` runs once it has started, with its
+// child object (to signal it).
+template <class F>
+outcome run_launcher(std::vector<std::string> args, F during, std::map<std::string, std::string> env = {}) {
+  const command cmd(cohort_run, std::move(args));
+  return run_command(cmd, during, std::move(env));
 }
 
 outcome run_launcher(std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
@@ -225,17 +232,9 @@ TEST_SUITE("cohort-run") {
   TEST_CASE("cohort-run raises its own soft limit on open descriptors for the ranks it holds; the ranks get the one it was given") {
     // 80 ranks need more descriptors than a soft limit of 64 allows (a
     // pidfd each, two where exits are watched on the reactor).
-    asio::io_context io;
-    const outcome o = test::run(io, [&]() -> asio::awaitable<outcome> {
-      spawn_options options{.out = stdio::pipe(), .err = stdio::pipe()};
-      options.env.set("TMPDIR", launcher_tmpdir());
-      const command cmd("/bin/sh", {"-c", "ulimit -Sn 64 && exec \"$@\"", "sh", cohort_run, "-n", "80", "--",
-                                    test::target, "print-nofile"});
-      child c = co_await spawn(cmd, options);
-      auto [out, err] = co_await (test::read_all(c.out()) && test::read_all(c.err()));
-      auto status = co_await c.wait();
-      co_return outcome{status, std::move(out), std::move(err)};
-    }());
+    const command cmd("/bin/sh", {"-c", "ulimit -Sn 64 && exec \"$@\"", "sh", cohort_run, "-n", "80", "--",
+                                  test::target, "print-nofile"});
+    const outcome o = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; });
     INFO(o.err);
     REQUIRE(o.status.success());
     std::istringstream lines(o.out);
