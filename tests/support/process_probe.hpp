@@ -126,8 +126,10 @@ inline long table_size(pid_t pid) noexcept {
   return size;
 }
 
-/// Lowers the soft RLIMIT_NOFILE (never above the hard limit) for a scope,
-/// and puts it back. A process may always lower its own soft limit.
+/// Sets the soft RLIMIT_NOFILE for a scope (never above the hard limit),
+/// and puts it back: lowered, for a test of running out; raised, for a test
+/// that needs more descriptors than a low soft limit allows (a process may
+/// always lower its own soft limit, and raise it up to the hard one).
 struct nofile_limit {
   rlimit saved{};
   explicit nofile_limit(rlim_t soft) {

@@ -1,6 +1,7 @@
 #include "uring/service.hpp"
 
 #include "support/harness.hpp"
+#include "support/process_probe.hpp"
 #include "uring/poll.hpp"
 
 #include <doctest/doctest.h>
@@ -144,8 +145,16 @@ TEST_SUITE("uring service") {
     asio::io_context io;
     constexpr int per_thread = 200;
     constexpr int threads = 4;
+    const test::nofile_limit room(4096);  // more descriptors than a soft limit of 256 allows
     std::vector<int> fds;
     for (int i = 0; i < threads * per_thread; ++i) fds.push_back(::eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK));
+    const auto made = std::count_if(fds.begin(), fds.end(), [](int fd) { return fd >= 0; });
+    if (made < threads * per_thread) {
+      for (int fd : fds) {
+        if (fd >= 0) ::close(fd);
+      }
+    }
+    REQUIRE_MESSAGE(made == threads * per_thread, "only ", made, " eventfds could be made");
     std::atomic<int> completed{0};
     auto guard = asio::make_work_guard(io);
     std::vector<std::thread> runners;
