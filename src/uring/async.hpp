@@ -205,6 +205,14 @@ class reactor_operation {
 
   template <class Self>
   void operator()(Self& self) {
+    // Tried once first: what is ready already (a child that has exited,
+    // data waiting in a pipe) completes without a watch, which costs a
+    // descriptor and four system calls.
+    if (auto result = attempt_()) {
+      ready_ = std::move(result);
+      auto executor = executor_;  // copied before `self`, which holds it, moves
+      return asio::post(executor, asio::experimental::append(std::move(self), std::error_code{}));
+    }
     if (const auto ec = watch_now(); ec) {
       if (out_of_descriptors(ec)) return poll_later(self);
       return finish(self, ec, value_type{});
@@ -214,6 +222,7 @@ class reactor_operation {
 
   template <class Self>
   void operator()(Self& self, std::error_code ec) {
+    if (ready_) return finish(self, ready_->first, std::move(ready_->second));
     if (ec) return finish(self, ec, value_type{});
     if (!watch_) return look(self);  // polling: the timer ran out
     if (auto result = attempt_()) return finish(self, result->first, std::move(result->second));
@@ -309,6 +318,7 @@ class reactor_operation {
   int fd_;
   short events_;
   Attempt attempt_;
+  std::optional<std::pair<std::error_code, value_type>> ready_;  // the first attempt's result, posted
   std::unique_ptr<readiness_watch> watch_;
   std::unique_ptr<asio::steady_timer> timer_;  // while polling
   std::chrono::milliseconds interval_{};

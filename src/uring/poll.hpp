@@ -20,6 +20,8 @@ struct poll_ring {
 };
 
 /// The reactor part: after readiness, poll(2) with no timeout says which.
+/// A descriptor that is not open fails with EBADF, as on the ring (poll(2)
+/// itself reports it as POLLNVAL).
 struct poll_attempt {
   int fd;
   short events;
@@ -29,6 +31,7 @@ struct poll_attempt {
     int n = ::poll(&p, 1, 0);
     if (n < 0) return std::pair{std::error_code(errno, std::system_category()), short{0}};
     if (n == 0) return std::nullopt;
+    if ((p.revents & POLLNVAL) != 0) return std::pair{std::error_code(EBADF, std::system_category()), short{0}};
     return std::pair{std::error_code{}, p.revents};
   }
 };

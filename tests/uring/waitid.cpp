@@ -11,6 +11,7 @@
 #include <asio/use_awaitable.hpp>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/resource.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -124,6 +125,32 @@ TEST_SUITE("waitid") {
     }
     CHECK(completed);
     CHECK(result == asio::error::operation_aborted);
+  }
+
+  TEST_CASE("on the reactor, a wait for a child that has exited already completes at the first turn, with no descriptor") {
+    if (!test::reactor_mode()) return;  // the ring has no watch to spare
+    asio::io_context io;
+    (void)io_uring_support(io);
+    asio::steady_timer warm(io);
+    forked child(5, 0);
+    pollfd exited{child.pidfd, POLLIN, 0};
+    REQUIRE(::poll(&exited, 1, 10'000) == 1);  // exited, not reaped
+    bool completed = false;
+    siginfo_t info{};
+    {
+      const test::nofile_limit none_left(static_cast<rlim_t>(test::lowest_free_descriptor()));
+      REQUIRE(none_can_be_made());
+      uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED | WNOWAIT, [&](std::error_code ec, siginfo_t i) {
+        completed = !ec;
+        info = i;
+      });
+      // A watch would need a descriptor, and the wait would fall back to
+      // looking every millisecond: no handler would be ready now.
+      io.poll_one();
+    }
+    CHECK(completed);
+    CHECK(info.si_pid == child.pid);
+    CHECK(info.si_status == 5);
   }
 
   TEST_CASE("waitid reports the exit code and reaps the child") {
