@@ -326,7 +326,9 @@ class reactor_operation {
 
 /// Starts an operation that completes with `void(std::error_code, T)`:
 /// `ring` on the ring when `on_ring`, otherwise `attempt` once `fd` has one
-/// of `events` (poll(2) bits) on the reactor. The initiation owns copies of
+/// of `events` (poll(2) bits) on the reactor. Either way `attempt` is tried
+/// once first (on the ring only where it declares `never_blocks`), and a
+/// result completes the operation at the next turn of the loop. The initiation owns copies of
 /// everything: tokens such as use_awaitable run it only later, when the
 /// result is awaited.
 template <class T, class Ring, class Attempt, class Token>
@@ -337,6 +339,14 @@ auto async_start(const asio::any_io_executor& executor, bool on_ring, Ring ring,
        attempt = std::move(attempt)](auto handler) mutable {
         using handler_type = decltype(handler);
         if (on_ring) {
+          // As on the reactor: what is ready already completes without the
+          // ring's round trip, where the attempt cannot block.
+          if constexpr (requires { Attempt::never_blocks; }) {
+            if (auto result = attempt()) {
+              asio::post(executor, asio::experimental::append(std::move(handler), result->first, std::move(result->second)));
+              return;
+            }
+          }
           auto* op = new ring_operation<Ring, handler_type>(service_of(executor), std::move(ring),
                                                             std::move(handler), executor);
           op->start();

@@ -46,6 +46,7 @@ struct waitid_ring {
 
 /// The reactor part: the pidfd reads ready once the process has exited.
 struct waitid_attempt {
+  static constexpr bool never_blocks = true;  // WNOHANG: tried before the ring too
   int pidfd;
   pid_t pid;
   int options;

@@ -52,17 +52,7 @@ COHORT_ENTRYPOINT(succeed);
 
 int rank_itself(int rank) { return rank; }
 COHORT_ENTRYPOINT(rank_itself);
-// How many io_uring instances process `pid` holds open.
-int rings_held_by(pid_t pid) {
-  int rings = 0;
-  for (const auto& entry : fs::directory_iterator(fmt::format("/proc/{}/fd", pid))) {
-    std::error_code ec;
-    if (fs::read_symlink(entry.path(), ec).string() == "anon_inode:[io_uring]") ++rings;
-  }
-  return rings;
-}
-
-int rings_of_parent(int) { return rings_held_by(::getppid()); }
+int rings_of_parent(int) { return static_cast<int>(test::ring_descriptors(::getppid()).size()); }
 COHORT_ENTRYPOINT(rings_of_parent);
 
 std::string describe_args(int rank, std::string text, std::vector<int> numbers, std::vector<std::byte> bytes) {
@@ -402,7 +392,7 @@ TEST_SUITE("entry points") {
   }
 
   TEST_CASE("spawn_and_join's own loop makes no io_uring ring: its exits wait on the reactor") {
-    const int before = rings_held_by(::getpid());
+    const int before = static_cast<int>(test::ring_descriptors(::getpid()).size());
     const join_options options{.method = start_method::fork};
     const auto seen = spawn_and_join(rings_of_parent, std::tuple{}, 1, options);
     REQUIRE(seen.size() == 1);

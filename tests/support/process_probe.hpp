@@ -96,6 +96,32 @@ inline int open_fd_count() {
   return n;
 }
 
+/// The descriptors process `pid` holds on io_uring instances.
+inline std::vector<int> ring_descriptors(pid_t pid) {
+  std::vector<int> rings;
+  const auto dir = std::filesystem::path("/proc") / std::to_string(pid) / "fd";
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::error_code ec;
+    if (std::filesystem::read_symlink(entry.path(), ec).string() == "anon_inode:[io_uring]") {
+      rings.push_back(std::stoi(entry.path().filename().string()));
+    }
+  }
+  return rings;
+}
+
+/// The requests this process has submitted to the io_uring instances it
+/// holds now: their submission queues' tails (SqTail in fdinfo), summed.
+inline unsigned long ring_submissions() {
+  unsigned long total = 0;
+  for (int fd : ring_descriptors(::getpid())) {
+    std::ifstream info("/proc/self/fdinfo/" + std::to_string(fd));
+    for (std::string line; std::getline(info, line);) {
+      if (line.rfind("SqTail:", 0) == 0) total += std::stoul(line.substr(7));
+    }
+  }
+  return total;
+}
+
 /// FDSize in /proc/<pid>/status: the slots of its descriptor table; -1 when
 /// unread. Only system calls and plain loops, for a vfork-style child's
 /// before_exec.
