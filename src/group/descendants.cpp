@@ -21,6 +21,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <mutex>
 #include <string_view>
@@ -92,18 +94,48 @@ long read_number(const char* path) {
   return text.empty() ? -1 : std::strtol(text.c_str(), nullptr, 10);
 }
 
+// The last count of processes made since boot that was read, and when.
+// The count only grows, so any earlier reading is a safe count for a
+// window that opens later: counted from before its opening, the forks seem
+// more, and the window only gives up on its pids sooner. /proc/stat costs
+// 10 us a read here, and far more on a machine of many CPUs and
+// interrupts, where the kernel sums every interrupt over every CPU for it.
+// Atomics, not a lock, which a fork could catch held: a count paired with
+// another reading's time is still an earlier count.
+std::atomic<long long> last_count{-1};
+std::atomic<std::chrono::steady_clock::rep> last_count_at{0};
+
+// How long a reading serves the windows that open after it.
+constexpr std::chrono::seconds reading_serves{1};
+
 // Processes made since boot, from the "processes" line of /proc/stat.
 long long forks_since_boot() {
   const std::string stat = read_file("/proc/stat");
   const auto at = stat.find("\nprocesses ");
-  return at == std::string::npos ? -1 : std::strtoll(stat.c_str() + at + 11, nullptr, 10);
+  const long long count = at == std::string::npos ? -1 : std::strtoll(stat.c_str() + at + 11, nullptr, 10);
+  if (count >= 0) {
+    long long seen = last_count.load(std::memory_order_relaxed);
+    while (seen < count && !last_count.compare_exchange_weak(seen, count, std::memory_order_relaxed)) {
+    }
+    last_count_at.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  }
+  return count;
+}
+
+// The count for a window opening now: the last reading while it is
+// recent, else a new one.
+long long forks_before_now() {
+  const long long count = last_count.load(std::memory_order_relaxed);
+  const std::chrono::steady_clock::duration age(std::chrono::steady_clock::now().time_since_epoch().count() -
+                                                last_count_at.load(std::memory_order_relaxed));
+  return count >= 0 && age < reading_serves ? count : forks_since_boot();
 }
 
 }  // namespace
 
 pid_window::pid_window() {
   const long last = read_number("/proc/sys/kernel/ns_last_pid");
-  const long long forks = forks_since_boot();
+  const long long forks = forks_before_now();
   if (last <= 0 || forks < 0) return;
   known_ = true;
   first_ = last_ = static_cast<pid_t>(last);
@@ -242,7 +274,7 @@ std::vector<pid_t> children_of_self() {
   if (tasks != nullptr) {
     while (dirent* entry = ::readdir(tasks)) {
       if (entry->d_name[0] == '.') continue;
-      char path[64];
+      char path[sizeof "/proc/self/task//children" + sizeof entry->d_name];
       std::snprintf(path, sizeof path, "/proc/self/task/%s/children", entry->d_name);
       if (::access(path, R_OK) != 0) continue;  // a kernel without the lists
       listed = true;

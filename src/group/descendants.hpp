@@ -32,7 +32,9 @@ bool environment_holds(pid_t pid, std::string_view entry, bool as_prefix = false
 /// Pids are allocated in turn (in a cycle up to pid_max), so they are those
 /// after the last pid allocated then, up to the last allocated now, as long
 /// as fewer processes than pid_max were made meanwhile (counted in
-/// /proc/stat); when that cannot be told, every pid counts.
+/// /proc/stat, from a reading at most a second older than the window: an
+/// older count only makes it give up sooner); when that cannot be told,
+/// every pid counts.
 class pid_window {
  public:
   /// Opens the window now.
