@@ -205,17 +205,17 @@ class reactor_operation {
 
   template <class Self>
   void operator()(Self& self) {
-    // Tried once first: what is ready already (a child that has exited,
-    // data waiting in a pipe) completes without a watch, which costs a
-    // descriptor and four system calls.
-    if (auto result = attempt_()) {
-      ready_ = std::move(result);
-      auto executor = executor_;  // copied before `self`, which holds it, moves
-      return asio::post(executor, asio::experimental::append(std::move(self), std::error_code{}));
+    // Tried once first where the attempt cannot block: what is ready
+    // already (a child that has exited, a pipe that holds data) completes
+    // without a watch, which costs a descriptor and four system calls. A
+    // read is not: its attempt falls back to a plain read where
+    // RWF_NOWAIT is refused (a pty, inotify), which would block here.
+    if constexpr (requires { Attempt::never_blocks; }) {
+      if (auto result = attempt_()) return complete_soon(self, std::move(*result));
     }
     if (const auto ec = watch_now(); ec) {
       if (out_of_descriptors(ec)) return poll_later(self);
-      return finish(self, ec, value_type{});
+      return complete_soon(self, {ec, value_type{}});
     }
     wait(self);
   }
@@ -306,6 +306,15 @@ class reactor_operation {
     }
   }
 
+  // Completes with `result` at the next turn of the loop: never from within
+  // the initiating call.
+  template <class Self>
+  void complete_soon(Self& self, std::pair<std::error_code, value_type> result) {
+    ready_ = std::move(result);
+    auto executor = executor_;  // copied before `self`, which holds it, moves
+    asio::post(executor, asio::experimental::append(std::move(self), std::error_code{}));
+  }
+
   // The watch goes after the handler has run: its descriptors' removal
   // and close are not on the way to the caller.
   template <class Self>
@@ -318,7 +327,7 @@ class reactor_operation {
   int fd_;
   short events_;
   Attempt attempt_;
-  std::optional<std::pair<std::error_code, value_type>> ready_;  // the first attempt's result, posted
+  std::optional<std::pair<std::error_code, value_type>> ready_;  // a result found at the start, posted
   std::unique_ptr<readiness_watch> watch_;
   std::unique_ptr<asio::steady_timer> timer_;  // while polling
   std::chrono::milliseconds interval_{};
@@ -326,9 +335,9 @@ class reactor_operation {
 
 /// Starts an operation that completes with `void(std::error_code, T)`:
 /// `ring` on the ring when `on_ring`, otherwise `attempt` once `fd` has one
-/// of `events` (poll(2) bits) on the reactor. Either way `attempt` is tried
-/// once first (on the ring only where it declares `never_blocks`), and a
-/// result completes the operation at the next turn of the loop. The initiation owns copies of
+/// of `events` (poll(2) bits) on the reactor. Either way an `attempt` that
+/// declares `never_blocks` is tried once first, and a result completes the
+/// operation at the next turn of the loop. The initiation owns copies of
 /// everything: tokens such as use_awaitable run it only later, when the
 /// result is awaited.
 template <class T, class Ring, class Attempt, class Token>

@@ -23,7 +23,7 @@ struct poll_ring {
 /// A descriptor that is not open fails with EBADF, as on the ring (poll(2)
 /// itself reports it as POLLNVAL).
 struct poll_attempt {
-  static constexpr bool never_blocks = true;  // tried before the ring too
+  static constexpr bool never_blocks = true;  // tried once first (async_start)
   int fd;
   short events;
 

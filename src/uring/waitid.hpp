@@ -46,7 +46,7 @@ struct waitid_ring {
 
 /// The reactor part: the pidfd reads ready once the process has exited.
 struct waitid_attempt {
-  static constexpr bool never_blocks = true;  // WNOHANG: tried before the ring too
+  static constexpr bool never_blocks = true;  // WNOHANG: tried once first (async_start)
   int pidfd;
   pid_t pid;
   int options;

@@ -48,7 +48,7 @@ TEST_CASE("reserve_descriptors grows the table past the lowest free descriptor, 
   in_child([] {
     const long before = test::table_size(::getpid()), open = test::open_fd_count();
     if (before <= 0 || before >= 300) return cannot_tell;
-    const test::nofile_limit room(4096);  // room for 400 more under a low soft limit too
+    const auto room = test::nofile_limit::at_least(4096);  // room for 400 more under a low soft limit too
     if (room.current() < 512) return cannot_tell;
     os::reserve_descriptors(400);
     return test::table_size(::getpid()) >= 400 && test::open_fd_count() == open ? holds : broken;

@@ -167,6 +167,12 @@ struct nofile_limit {
   nofile_limit(const nofile_limit&) = delete;
   nofile_limit& operator=(const nofile_limit&) = delete;
   ~nofile_limit() { ::setrlimit(RLIMIT_NOFILE, &saved); }
+  /// A soft limit of at least `soft` for a scope: one already higher stays.
+  static nofile_limit at_least(rlim_t soft) {
+    rlimit now{};
+    ::getrlimit(RLIMIT_NOFILE, &now);
+    return nofile_limit(std::max(soft, now.rlim_cur));
+  }
   rlim_t current() const {
     rlimit now{};
     ::getrlimit(RLIMIT_NOFILE, &now);

@@ -39,6 +39,18 @@ TEST_SUITE("poll") {
     asio::io_context io;
     int p[2];
     REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+    // Closed once the poll is under way, which its first try then did not see.
+    asio::steady_timer later(io, std::chrono::milliseconds(20));
+    later.async_wait([&](std::error_code) { ::close(p[1]); });
+    short revents = test::run(io, uring::async_poll(io.get_executor(), p[0], POLLIN, asio::use_awaitable));
+    CHECK((revents & POLLHUP) != 0);
+    ::close(p[0]);
+  }
+
+  TEST_CASE("a poll of a pipe whose other end is closed already reports hang-up at once") {
+    asio::io_context io;
+    int p[2];
+    REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
     ::close(p[1]);
     short revents = test::run(io, uring::async_poll(io.get_executor(), p[0], POLLIN, asio::use_awaitable));
     CHECK((revents & POLLHUP) != 0);
@@ -73,7 +85,18 @@ TEST_SUITE("poll") {
   TEST_CASE("a poll for input or output completes with POLLOUT on a writable, unread socket") {
     asio::io_context io;
     int sv[2];
-    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) == 0);
+    // Full at the poll's start, drained once it is under way: writable
+    // only then, so the first try finds nothing.
+    char block[4096]{};
+    while (::write(sv[0], block, sizeof block) > 0) {
+    }
+    REQUIRE(errno == EAGAIN);
+    asio::steady_timer later(io, std::chrono::milliseconds(20));
+    later.async_wait([&](std::error_code) {
+      while (::read(sv[1], block, sizeof block) > 0) {
+      }
+    });
     short revents = test::run(io, uring::async_poll(io.get_executor(), sv[0], POLLIN | POLLOUT, asio::use_awaitable));
     CHECK((revents & POLLOUT) != 0);
     CHECK((revents & POLLIN) == 0);

@@ -10,9 +10,13 @@
 #include <asio/use_awaitable.hpp>
 
 #include <fcntl.h>
+#include <pty.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 
 using namespace cohort;
 
@@ -64,6 +68,37 @@ TEST_SUITE("read") {
     auto n = test::run(io, uring::async_read_some(io.get_executor(), p.r, asio::buffer(buf), asio::use_awaitable));
     CHECK(std::string(buf, n) == "late");
     CHECK((::fcntl(p.r, F_GETFL) & O_NONBLOCK) == 0);  // the caller's flags are left alone
+  }
+
+  TEST_CASE("a read of an empty pty in blocking mode returns from its start, and waits for data") {
+    // RWF_NOWAIT is refused on a pty, so the read's attempt is a plain
+    // read(2), which must not run before the terminal is readable.
+    int master = -1, slave = -1;
+    REQUIRE(::openpty(&master, &slave, nullptr, nullptr, nullptr) == 0);
+    asio::io_context io;
+    std::atomic<bool> started{false}, rescued{false};
+    // Were the start to block, a byte from here ends it, and says so.
+    std::thread watchdog([&] {
+      for (int i = 0; i < 200 && !started; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (!started) {
+        rescued = true;
+        [[maybe_unused]] auto n = ::write(slave, "x\n", 2);
+      }
+    });
+    char buf[16];
+    std::size_t got = 0;
+    uring::async_read_some(io.get_executor(), master, asio::buffer(buf), [&](std::error_code ec, std::size_t n) {
+      CHECK_FALSE(ec);
+      got = n;
+    });
+    started = true;
+    watchdog.join();
+    CHECK_FALSE(rescued);
+    if (!rescued) REQUIRE(::write(slave, "hi\n", 3) == 3);
+    io.run();
+    CHECK(got > 0);
+    ::close(slave);
+    ::close(master);
   }
 
   TEST_CASE("a cancelled read completes as operation_aborted and consumes nothing") {

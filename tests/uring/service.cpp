@@ -145,9 +145,10 @@ TEST_SUITE("uring service") {
     asio::io_context io;
     constexpr int per_thread = 200;
     constexpr int threads = 4;
-    const test::nofile_limit room(4096);  // more descriptors than a soft limit of 256 allows
+    const auto room = test::nofile_limit::at_least(4096);  // more descriptors than a soft limit of 256 allows
     std::vector<int> fds;
-    for (int i = 0; i < threads * per_thread; ++i) fds.push_back(::eventfd(1, EFD_CLOEXEC | EFD_NONBLOCK));
+    // Not ready yet: each poll is submitted (or watched), none found at once.
+    for (int i = 0; i < threads * per_thread; ++i) fds.push_back(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     const auto made = std::count_if(fds.begin(), fds.end(), [](int fd) { return fd >= 0; });
     if (made < threads * per_thread) {
       for (int fd : fds) {
@@ -171,6 +172,10 @@ TEST_SUITE("uring service") {
       });
     }
     for (auto& t : starters) t.join();
+    for (int fd : fds) {
+      const std::uint64_t one = 1;
+      REQUIRE(::write(fd, &one, sizeof one) == sizeof one);
+    }
     guard.reset();
     for (auto& t : runners) t.join();
     CHECK(completed == threads * per_thread);
@@ -218,7 +223,6 @@ TEST_SUITE("uring service") {
   TEST_CASE("cancellation racing completion on a strand completes each operation once, on the strand, as ready or aborted") {
     asio::io_context io;
     auto strand = asio::make_strand(io);
-    fd_guard efd{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE)};
     constexpr int rounds = 500;
     std::vector<std::atomic<int>> calls(rounds);
     std::atomic<int> finished{0}, ready{0}, aborted{0}, other{0}, off_strand{0};
@@ -227,8 +231,13 @@ TEST_SUITE("uring service") {
     for (int t = 0; t < 4; ++t) threads.emplace_back([&] { io.run(); });
     for (int i = 0; i < rounds; ++i) {
       auto signal = std::make_shared<asio::cancellation_signal>();
-      asio::dispatch(strand, [&, signal, i] {
-        auto handler = [&, signal, i](std::error_code ec, short revents) {
+      // An eventfd of its own per round, written only once the poll is
+      // under way: not ready at its start, so never found by its first try.
+      // Closed with the handler's last copy, after the poll has completed.
+      auto efd = std::make_shared<fd_guard>(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+      REQUIRE(efd->fd >= 0);
+      asio::dispatch(strand, [&, signal, efd, i] {
+        auto handler = [&, signal, efd, i](std::error_code ec, short revents) {
           ++calls[static_cast<std::size_t>(i)];
           if (!strand.running_in_this_thread()) ++off_strand;
           if (ec == asio::error::operation_aborted) {
@@ -240,10 +249,10 @@ TEST_SUITE("uring service") {
           }
           ++finished;
         };
-        uring::async_poll(strand, efd.fd, POLLIN,
+        uring::async_poll(strand, efd->fd, POLLIN,
                           asio::bind_cancellation_slot(signal->slot(), asio::bind_executor(strand, std::move(handler))));
         std::uint64_t one = 1;
-        [[maybe_unused]] auto n = ::write(efd.fd, &one, sizeof one);
+        [[maybe_unused]] auto n = ::write(efd->fd, &one, sizeof one);
         signal->emit(asio::cancellation_type::terminal);
       });
     }

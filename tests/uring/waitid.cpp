@@ -63,6 +63,22 @@ std::error_code cancelled_wait(const forked& child, int options) {
   return result;
 }
 
+// waitid_attempt without its first try (no never_blocks): the wait goes to
+// the ring, or to a watch on the reactor, even when its answer is there at
+// its start.
+struct submitted_waitid {
+  uring::waitid_attempt attempt;
+  int own_descriptor() const { return attempt.own_descriptor(); }
+  auto operator()() const { return attempt(); }
+};
+
+template <class Token>
+auto async_waitid_submitted(const asio::any_io_executor& executor, int pidfd, pid_t pid, int options, Token&& token) {
+  return uring::async_start<siginfo_t>(executor, uring::service_of(executor).caps().waitid,
+                                       uring::waitid_ring{pidfd, options}, pidfd, POLLIN,
+                                       submitted_waitid{{pidfd, pid, options}}, std::forward<Token>(token));
+}
+
 // Whether no descriptor can be made now (one made to look is closed).
 bool none_can_be_made() {
   const int probe = ::dup(0);
@@ -170,7 +186,7 @@ TEST_SUITE("waitid") {
 
   TEST_CASE("waitid with WNOWAIT leaves the child waitable") {
     asio::io_context io;
-    forked child(3, 0);
+    forked child(3, 20);  // exits once the wait is under way
     siginfo_t info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED | WNOWAIT, asio::use_awaitable));
     CHECK(info.si_status == 3);
     siginfo_t again{};
@@ -183,9 +199,12 @@ TEST_SUITE("waitid") {
     asio::io_context io;
     forked child(0, 10'000);
     // SIGUSR1: the forked child still has the test framework's handlers for
-    // the usual fatal signals.
-    REQUIRE(config::pidfd_send_signal(child.pidfd, SIGUSR1) == 0);
+    // the usual fatal signals. Sent once the wait is under way.
+    asio::steady_timer later(io, std::chrono::milliseconds(20));
+    bool sent = false;
+    later.async_wait([&](std::error_code) { sent = config::pidfd_send_signal(child.pidfd, SIGUSR1) == 0; });
     siginfo_t info = test::run(io, uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED, asio::use_awaitable));
+    CHECK(sent);
     CHECK(info.si_code == CLD_KILLED);
     CHECK(info.si_status == SIGUSR1);
   }
@@ -213,11 +232,14 @@ TEST_SUITE("waitid") {
     forked child(7, 0);
     siginfo_t reaped{};
     REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(child.pidfd), &reaped, WEXITED) == 0);
-    std::error_code result;
+    std::error_code found, submitted;
     uring::async_waitid(io.get_executor(), child.pidfd, child.pid, WEXITED | WNOWAIT,
-                        [&](std::error_code ec, siginfo_t) { result = ec; });
+                        [&](std::error_code ec, siginfo_t) { found = ec; });
+    async_waitid_submitted(io.get_executor(), child.pidfd, child.pid, WEXITED | WNOWAIT,
+                           [&](std::error_code ec, siginfo_t) { submitted = ec; });
     io.run();
-    CHECK(result == std::error_code(ECHILD, std::system_category()));
+    CHECK(found == std::error_code(ECHILD, std::system_category()));  // by its first try
+    CHECK(submitted == std::error_code(ECHILD, std::system_category()));  // by the ring, or after a watch
   }
 
   TEST_CASE("the reactor's own pidfd is refused when the caller's process is gone, as after a recycled pid") {
