@@ -207,8 +207,8 @@ class reactor_operation {
   void operator()(Self& self) {
     // Tried once first where the attempt cannot block: what is ready
     // already (a child that has exited, a pipe that holds data) completes
-    // without a watch, which costs a descriptor and four system calls. A
-    // read is not: its attempt falls back to a plain read where
+    // without a watch, which costs a descriptor and four or five system
+    // calls. A read is not: its attempt falls back to a plain read where
     // RWF_NOWAIT is refused (a pty, inotify), which would block here.
     if constexpr (requires { Attempt::never_blocks; }) {
       if (auto result = attempt_()) return complete_soon(self, std::move(*result));
