@@ -205,24 +205,15 @@ class reactor_operation {
 
   template <class Self>
   void operator()(Self& self) {
-    // Tried once first where the attempt cannot block: what is ready
-    // already (a child that has exited, a pipe that holds data) completes
-    // without a watch, which costs a descriptor and four or five system
-    // calls. A read is not: its attempt falls back to a plain read where
-    // RWF_NOWAIT is refused (a pty, inotify), which would block here.
-    if constexpr (requires { Attempt::never_blocks; }) {
-      if (auto result = attempt_()) return complete_soon(self, std::move(*result));
-    }
     if (const auto ec = watch_now(); ec) {
       if (out_of_descriptors(ec)) return poll_later(self);
-      return complete_soon(self, {ec, value_type{}});
+      return fail_soon(self, ec);
     }
     wait(self);
   }
 
   template <class Self>
   void operator()(Self& self, std::error_code ec) {
-    if (ready_) return finish(self, ready_->first, std::move(ready_->second));
     if (ec) return finish(self, ec, value_type{});
     if (!watch_) return look(self);  // polling: the timer ran out
     if (auto result = attempt_()) return finish(self, result->first, std::move(result->second));
@@ -306,13 +297,12 @@ class reactor_operation {
     }
   }
 
-  // Completes with `result` at the next turn of the loop: never from within
-  // the initiating call.
+  // Fails with `ec` at the next turn of the loop (the resumption finishes
+  // on an error): never from within the initiating call.
   template <class Self>
-  void complete_soon(Self& self, std::pair<std::error_code, value_type> result) {
-    ready_ = std::move(result);
+  void fail_soon(Self& self, std::error_code ec) {
     auto executor = executor_;  // copied before `self`, which holds it, moves
-    asio::post(executor, asio::experimental::append(std::move(self), std::error_code{}));
+    asio::post(executor, asio::experimental::append(std::move(self), ec));
   }
 
   // The watch goes after the handler has run: its descriptors' removal
@@ -327,7 +317,6 @@ class reactor_operation {
   int fd_;
   short events_;
   Attempt attempt_;
-  std::optional<std::pair<std::error_code, value_type>> ready_;  // a result found at the start, posted
   std::unique_ptr<readiness_watch> watch_;
   std::unique_ptr<asio::steady_timer> timer_;  // while polling
   std::chrono::milliseconds interval_{};
@@ -347,15 +336,19 @@ auto async_start(const asio::any_io_executor& executor, bool on_ring, Ring ring,
       [executor, on_ring, ring = std::move(ring), fd, events,
        attempt = std::move(attempt)](auto handler) mutable {
         using handler_type = decltype(handler);
-        if (on_ring) {
-          // As on the reactor: what is ready already completes without the
-          // ring's round trip, where the attempt cannot block.
-          if constexpr (requires { Attempt::never_blocks; }) {
-            if (auto result = attempt()) {
-              asio::post(executor, asio::experimental::append(std::move(handler), result->first, std::move(result->second)));
-              return;
-            }
+        // Tried once first where the attempt cannot block: what is ready
+        // already (a child that has exited, a pipe that holds data)
+        // completes without the ring's round trip, or a watch on the
+        // reactor, which costs a descriptor and four or five system calls.
+        // A read is not: its attempt falls back to a plain read where
+        // RWF_NOWAIT is refused (a pty, inotify), which would block here.
+        if constexpr (requires { Attempt::never_blocks; }) {
+          if (auto result = attempt()) {
+            asio::post(executor, asio::experimental::append(std::move(handler), result->first, std::move(result->second)));
+            return;
           }
+        }
+        if (on_ring) {
           auto* op = new ring_operation<Ring, handler_type>(service_of(executor), std::move(ring),
                                                             std::move(handler), executor);
           op->start();
