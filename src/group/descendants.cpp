@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -25,22 +26,27 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string_view>
 
 namespace cohort::detail {
 namespace {
 
-// Reads a small /proc file whole; empty when it cannot be read.
-std::string read_file(const char* path) {
+// Reads a small /proc file whole; nullopt when it cannot be read.
+std::optional<std::string> read_whole(const char* path) {
   std::string text;
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return text;
+  if (fd < 0) return std::nullopt;
   char buf[8192];
   ssize_t n;
   while ((n = ::read(fd, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
   ::close(fd);
+  if (n < 0) return std::nullopt;
   return text;
 }
+
+// The same, empty when it cannot be read.
+std::string read_file(const char* path) { return read_whole(path).value_or(std::string()); }
 
 std::string read_proc(pid_t pid, const char* name) {
   char path[64];
@@ -265,35 +271,51 @@ bool tracked_processes::kill_and_reap() {
 
 namespace {
 
-// This process's children, from each thread's /proc children list, or,
-// where the kernel has none, by the parent of every process.
-std::vector<pid_t> children_of_self() {
-  std::vector<pid_t> found;
+// This process's children from each thread's /proc children list (a child
+// is on its parent thread's, zombies included); nullopt where the kernel
+// keeps no such lists, or one could not be read.
+std::optional<std::vector<pid_t>> listed_children_of_self() {
   DIR* tasks = ::opendir("/proc/self/task");
-  bool listed = false;
-  if (tasks != nullptr) {
-    while (dirent* entry = ::readdir(tasks)) {
-      if (entry->d_name[0] == '.') continue;
-      char path[sizeof "/proc/self/task//children" + sizeof entry->d_name];
-      std::snprintf(path, sizeof path, "/proc/self/task/%s/children", entry->d_name);
-      if (::access(path, R_OK) != 0) continue;  // a kernel without the lists
-      listed = true;
-      const std::string text = read_file(path);
-      const char* at = text.c_str();
-      for (char* end = nullptr;; at = end) {
-        const long pid = std::strtol(at, &end, 10);
-        if (end == at) break;
-        found.push_back(static_cast<pid_t>(pid));
-      }
+  if (tasks == nullptr) return std::nullopt;
+  std::vector<pid_t> found;
+  bool whole = true, listed = false;
+  while (dirent* entry = ::readdir(tasks)) {
+    if (entry->d_name[0] == '.') continue;
+    char path[sizeof "/proc/self/task//children" + sizeof entry->d_name];
+    std::snprintf(path, sizeof path, "/proc/self/task/%s/children", entry->d_name);
+    if (::access(path, R_OK) != 0) {  // a kernel without the lists
+      whole = false;
+      break;
     }
-    ::closedir(tasks);
+    listed = true;
+    // A thread that ended meanwhile may have handed its children to one
+    // already read: that listing is not whole either.
+    const auto text = read_whole(path);
+    if (!text) {
+      whole = false;
+      break;
+    }
+    const char* at = text->c_str();
+    for (char* end = nullptr;; at = end) {
+      const long pid = std::strtol(at, &end, 10);
+      if (end == at) break;
+      found.push_back(static_cast<pid_t>(pid));
+    }
   }
-  if (!listed) {
-    const pid_t self = ::getpid();
-    for_each_process([&](pid_t pid) {
-      if (parent_of(pid) == self) found.push_back(pid);
-    });
-  }
+  ::closedir(tasks);
+  if (!whole || !listed) return std::nullopt;
+  return found;
+}
+
+// This process's children, from the lists, or, where the kernel has none,
+// by the parent of every process.
+std::vector<pid_t> children_of_self() {
+  if (auto listed = listed_children_of_self()) return std::move(*listed);
+  std::vector<pid_t> found;
+  const pid_t self = ::getpid();
+  for_each_process([&](pid_t pid) {
+    if (parent_of(pid) == self) found.push_back(pid);
+  });
   return found;
 }
 
@@ -330,6 +352,20 @@ std::vector<pid_t> reap_adopted(pid_window& window) {
 bool has_children() {
   siginfo_t info{};
   return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0 || errno != ECHILD;
+}
+
+bool only_owned_children() {
+  bool only_owned = false;
+  with_owned_pids([&](const std::set<pid_t>& owned) {
+    const auto children = listed_children_of_self();
+    only_owned = children && std::all_of(children->begin(), children->end(), [&](pid_t pid) { return owned.contains(pid); });
+  });
+  return only_owned;
+}
+
+bool is_subreaper() {
+  int attribute = 0;
+  return ::prctl(PR_GET_CHILD_SUBREAPER, &attribute) == 0 && attribute != 0;
 }
 
 namespace {

@@ -105,6 +105,18 @@ std::vector<pid_t> reap_adopted(pid_window& window);
 /// each one whose parent died was handed to this process.
 bool has_children();
 
+/// Whether every child of this process, running or unreaped, is one that
+/// cohort started here (owned_pids.hpp): its guardian, other groups'
+/// ranks. False when that cannot be told: while cohort starts a process,
+/// or where /proc lists no children. In a subreaper whose ranks are all
+/// reaped, true means no descendant of theirs lives, as has_children()
+/// false does: a live one has an ancestor among this process's children
+/// that cohort did not start.
+bool only_owned_children();
+
+/// Whether this process is a child subreaper now.
+bool is_subreaper();
+
 /// Makes this process a child subreaper while a group runs (again in a
 /// forked child: fork does not pass the attribute on). Each call is matched
 /// by one to end_subreaper(); when the last ends, the attribute the process

@@ -92,6 +92,7 @@ struct group_state {
   bool hurry = false;      // a second shutdown signal: no more grace
   bool subreaper = false;  // holds a become_subreaper(), until the run ends
   bool adoption_scan_posted = false;  // a take_adopted() is queued on the strand
+  bool nothing_left = false;  // the sweep found every rank reaped and no descendant alive
   tracked_processes descendants;  // the group's processes besides its ranks, held for the sweep
   pid_window pids_since_start;     // opened before the first rank starts
   std::shared_ptr<asio::signal_set> signals;
@@ -238,7 +239,19 @@ asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit)
   const auto until = steady::now() + limit;
   for (;;) {
     // No child at all, not even a rank: nothing of the run is left to find.
-    if (state.descendants.empty() && !has_children()) co_return;
+    if (state.descendants.empty() && !has_children()) {
+      state.nothing_left = state.running == 0;
+      co_return;
+    }
+    // Nor when every rank is reaped and each child left is one cohort
+    // started here (a guardian, another group's rank): a live descendant
+    // of a rank would have an ancestor among this subreaper's children
+    // that no one here started. Spares cohort-run, whose guardian is its
+    // child, the scans of /proc at every clean end.
+    if (state.descendants.empty() && state.running == 0 && is_subreaper() && only_owned_children()) {
+      state.nothing_left = true;
+      co_return;
+    }
     track_descendants(state, false);  // the ranks are reaped: no parent links lead from them
     take_adopted(state);
     if (state.descendants.kill_and_reap() || steady::now() >= until) co_return;
@@ -253,9 +266,13 @@ void finish(const std::shared_ptr<group_state>& state) {
   // holding it) goes with them.
   shm::sweep_segments_of(state->pids);
   // What came after the sweep: reaped, or killed and reaped if it can be at
-  // once. No more comes once the subreaper attribute is restored.
-  take_adopted(*state);
-  state->descendants.kill_and_reap();
+  // once. No more comes once the subreaper attribute is restored, nor
+  // after a sweep that found nothing of the run alive: no process was
+  // left to start more, or to leave any to this process as it died.
+  if (!state->nothing_left) {
+    take_adopted(*state);
+    state->descendants.kill_and_reap();
+  }
   end_subreaper();
   state->subreaper = false;
   run_result r = std::move(state->partial);
@@ -300,12 +317,14 @@ void on_signal(const std::shared_ptr<group_state>& state, const std::vector<int>
 // After a rank's exit: takes what it left behind (take_adopted), once for
 // all the exits handled on the strand before the look runs. Ranks that end
 // together end in one turn of the loop, and each look lists this process's
-// children through /proc; the sweep and finish() look again themselves.
+// children through /proc. Once no rank runs, the sweep that always follows
+// looks itself, so this look is left to it.
 void take_adopted_soon(const std::shared_ptr<group_state>& state) {
   if (std::exchange(state->adoption_scan_posted, true)) return;
   asio::post(state->strand, [state] {
     state->adoption_scan_posted = false;
-    if (state->subreaper) take_adopted(*state);  // else the run has ended, and finish() looked
+    // Not a subreaper any more: the run has ended.
+    if (state->subreaper && state->running > 0) take_adopted(*state);
   });
 }
 

@@ -434,6 +434,44 @@ TEST_SUITE("group") {
     }
   }
 
+  TEST_CASE("a grandchild that escaped with setsid is gone after the run, also beside a child cohort started") {
+    // The run's end skips its look when every child left is one cohort
+    // started (here a guardian); the grandchild handed over is not one.
+    test::temp_dir dir;
+    cohort::guardian guard;
+    auto spec = ranks_of(1, {"setsid-grandchild", "0"});
+    spec.options.out = stdio::file(dir.path / "grandchild");
+    auto result = run_group(spec);
+    const pid_t grandchild = first_line_pid(dir.path / "grandchild");
+    REQUIRE(grandchild > 0);
+    CHECK(result.statuses[0]->success());
+    CHECK_FALSE(test::alive(grandchild));
+    CHECK_FALSE(fs::exists("/proc/" + std::to_string(grandchild)));  // reaped by this subreaper
+    guard.release();
+  }
+
+  TEST_CASE("only the children cohort started: not while one it did not start runs or lies unreaped") {
+    REQUIRE(test::children_of_self().empty());
+    CHECK(cohort::detail::only_owned_children());
+    const pid_t raw = ::fork();
+    if (raw == 0) {
+      ::pause();
+      ::_exit(0);
+    }
+    REQUIRE(raw > 0);
+    CHECK_FALSE(cohort::detail::only_owned_children());  // running
+    ::kill(raw, SIGKILL);
+    siginfo_t info{};
+    REQUIRE(::waitid(P_PID, static_cast<id_t>(raw), &info, WEXITED | WNOWAIT) == 0);
+    CHECK_FALSE(cohort::detail::only_owned_children());  // a zombie
+    REQUIRE(::waitpid(raw, nullptr, 0) == raw);
+    CHECK(cohort::detail::only_owned_children());
+    cohort::guardian guard;  // a child cohort started
+    REQUIRE(test::children_of_self().size() == 1);
+    CHECK(cohort::detail::only_owned_children());
+    guard.release();
+  }
+
   TEST_CASE("a rank killed while its own group runs leaves no inner rank behind, not even a zombie") {
     for (auto method : {start_method::spawn, start_method::fork, start_method::forkserver}) {
       INFO(std::string(to_string(method)));
