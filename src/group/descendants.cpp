@@ -354,11 +354,20 @@ bool has_children() {
   return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0 || errno != ECHILD;
 }
 
+// Listed twice, and believed only when both lists agree: a list is read a
+// child at a time, and a child reaped meanwhile (by another thread) can
+// make it skip the next one, as can a thread that ends and hands its
+// children to a thread already read.
 bool only_owned_children() {
   bool only_owned = false;
   with_owned_pids([&](const std::set<pid_t>& owned) {
-    const auto children = listed_children_of_self();
-    only_owned = children && std::all_of(children->begin(), children->end(), [&](pid_t pid) { return owned.contains(pid); });
+    auto first = listed_children_of_self();
+    if (!first || !std::all_of(first->begin(), first->end(), [&](pid_t pid) { return owned.contains(pid); })) return;
+    auto second = listed_children_of_self();
+    if (!second) return;
+    std::sort(first->begin(), first->end());
+    std::sort(second->begin(), second->end());
+    only_owned = *first == *second;
   });
   return only_owned;
 }

@@ -108,10 +108,10 @@ bool has_children();
 /// Whether every child of this process, running or unreaped, is one that
 /// cohort started here (owned_pids.hpp): its guardian, other groups'
 /// ranks. False when that cannot be told: while cohort starts a process,
-/// or where /proc lists no children. In a subreaper whose ranks are all
-/// reaped, true means no descendant of theirs lives, as has_children()
-/// false does: a live one has an ancestor among this process's children
-/// that cohort did not start.
+/// where /proc lists no children, or when two listings differ. In a
+/// subreaper whose ranks are all reaped here, true means no descendant of
+/// theirs lives, as has_children() false does: a live one has an
+/// ancestor among this process's children that cohort did not start.
 bool only_owned_children();
 
 /// Whether this process is a child subreaper now.

@@ -232,6 +232,11 @@ asio::awaitable<void> signal_and_await(group_state& state, int sig, std::chrono:
 // whose parent died is the run's, whatever its environment says.
 void take_adopted(group_state& state) { state.descendants.add(reap_adopted(state.pids_since_start)); }
 
+// Whether every rank that started was reaped here, with its status.
+bool all_reaped(const group_state& state) {
+  return std::all_of(state.children.begin(), state.children.end(), [](const child& c) { return !c || c.status(); });
+}
+
 // Kills the group's processes besides its ranks, those noted earlier and
 // those found now, and reaps those that are or become this process's
 // children, until none is left or `limit` passes.
@@ -243,12 +248,14 @@ asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit)
       state.nothing_left = state.running == 0;
       co_return;
     }
-    // Nor when every rank is reaped and each child left is one cohort
-    // started here (a guardian, another group's rank): a live descendant
+    // Nor when every rank was reaped here and each child left is one
+    // cohort started (a guardian, another group's rank): a live descendant
     // of a rank would have an ancestor among this subreaper's children
-    // that no one here started. Spares cohort-run, whose guardian is its
-    // child, the scans of /proc at every clean end.
-    if (state.descendants.empty() && state.running == 0 && is_subreaper() && only_owned_children()) {
+    // that no one here started. (A rank whose wait failed may live on,
+    // and is still counted as cohort's.) Spares cohort-run, whose guardian
+    // is its child, the scans of /proc at every clean end.
+    if (state.descendants.empty() && state.running == 0 && all_reaped(state) && is_subreaper() &&
+        only_owned_children()) {
       state.nothing_left = true;
       co_return;
     }

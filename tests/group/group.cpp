@@ -451,6 +451,11 @@ TEST_SUITE("group") {
   }
 
   TEST_CASE("only the children cohort started: not while one it did not start runs or lies unreaped") {
+    if (::access(fmt::format("/proc/self/task/{}/children", ::gettid()).c_str(), R_OK) != 0) {
+      MESSAGE("this kernel keeps no /proc children lists: the check always answers false, not checked");
+      CHECK_FALSE(cohort::detail::only_owned_children());
+      return;
+    }
     REQUIRE(test::children_of_self().empty());
     CHECK(cohort::detail::only_owned_children());
     const pid_t raw = ::fork();
