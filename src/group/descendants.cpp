@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -275,35 +276,26 @@ namespace {
 // is on its parent thread's, zombies included); nullopt where the kernel
 // keeps no such lists, or one could not be read.
 std::optional<std::vector<pid_t>> listed_children_of_self() {
-  DIR* tasks = ::opendir("/proc/self/task");
-  if (tasks == nullptr) return std::nullopt;
-  std::vector<pid_t> found;
-  bool whole = true, listed = false;
-  while (dirent* entry = ::readdir(tasks)) {
+  const std::unique_ptr<DIR, int (*)(DIR*)> tasks(::opendir("/proc/self/task"), ::closedir);
+  if (!tasks) return std::nullopt;
+  std::optional<std::vector<pid_t>> found;  // stays empty until a list is read
+  while (dirent* entry = ::readdir(tasks.get())) {
     if (entry->d_name[0] == '.') continue;
     char path[sizeof "/proc/self/task//children" + sizeof entry->d_name];
     std::snprintf(path, sizeof path, "/proc/self/task/%s/children", entry->d_name);
-    if (::access(path, R_OK) != 0) {  // a kernel without the lists
-      whole = false;
-      break;
-    }
-    listed = true;
+    if (::access(path, R_OK) != 0) return std::nullopt;  // a kernel without the lists
     // A thread that ended meanwhile may have handed its children to one
     // already read: that listing is not whole either.
     const auto text = read_whole(path);
-    if (!text) {
-      whole = false;
-      break;
-    }
+    if (!text) return std::nullopt;
+    if (!found) found.emplace();
     const char* at = text->c_str();
     for (char* end = nullptr;; at = end) {
       const long pid = std::strtol(at, &end, 10);
       if (end == at) break;
-      found.push_back(static_cast<pid_t>(pid));
+      found->push_back(static_cast<pid_t>(pid));
     }
   }
-  ::closedir(tasks);
-  if (!whole || !listed) return std::nullopt;
   return found;
 }
 
