@@ -242,14 +242,21 @@ asio::awaitable<group> start_processes_on(asio::any_io_executor executor, group_
 template <completion_token_of<group> Token = default_token>
 [[nodiscard]] auto start_processes(const group_spec& spec, Token&& token = {}) {
   return detail::async_awaitable<group>(
-      std::nullopt, [spec](asio::any_io_executor executor) { return detail::start_processes_on(std::move(executor), spec); },
+      std::nullopt,
+      // Made once per operation: its copy of the spec moves on into the start.
+      [spec](asio::any_io_executor executor) mutable {
+        return detail::start_processes_on(std::move(executor), std::move(spec));
+      },
       std::forward<Token>(token));
 }
 /// As above, supervision on `executor` (an io_context's).
 template <completion_token_of<group> Token>
 [[nodiscard]] auto start_processes(const asio::any_io_executor& executor, const group_spec& spec, Token&& token) {
   return detail::async_awaitable<group>(
-      executor, [spec](asio::any_io_executor where) { return detail::start_processes_on(std::move(where), spec); },
+      executor,
+      [spec](asio::any_io_executor where) mutable {
+        return detail::start_processes_on(std::move(where), std::move(spec));
+      },
       std::forward<Token>(token));
 }
 

@@ -60,7 +60,8 @@ using run_end = asio::experimental::concurrent_channel<void(std::error_code, int
 /// Shared by the group object and the supervision coroutines. All of
 /// it but `finished`/`result` (guarded by `mutex`) is touched only on `strand`.
 struct group_state {
-  group_state(asio::any_io_executor ex, const group_spec& s) : strand(asio::make_strand(ex)), spec(s), wake(strand) {}
+  group_state(asio::any_io_executor ex, const group_spec& s)
+      : strand(asio::make_strand(ex)), nprocs(s.nprocs), shutdown(s.shutdown), error_dir(s.error_dir), wake(strand) {}
   group_state(const group_state&) = delete;
   group_state& operator=(const group_state&) = delete;
   ~group_state() {
@@ -74,7 +75,10 @@ struct group_state {
   }
 
   asio::strand<asio::any_io_executor> strand;
-  group_spec spec;
+  // What supervision reads of the spec; the rest serves the start alone.
+  int nprocs;
+  shutdown_policy shutdown;
+  std::filesystem::path error_dir;  // the spec's, or the logs' attempt folder
   std::string marker;  // "COHORT_GROUP_<id>=1", in every rank's environment
   std::vector<std::filesystem::path> error_files;  // per rank
   std::string error_file_prefix;  // of this group's files in the user's directory; empty when error_dir is set
@@ -114,16 +118,16 @@ namespace {
 // <this process>-<group>-<rank>.json: nothing to make, as a rank that fails
 // creates it, and no name an earlier process used.
 void prepare_error_files(group_state& state, unsigned group_number) {
-  const auto& dir = state.spec.error_dir;
+  const auto& dir = state.error_dir;
   if (dir.empty()) {
     const auto& user_dir = error_dir_of_user();
     state.error_file_prefix = fmt::format("{}{}-", own_error_file_prefix(), group_number);
-    for (int rank = 0; rank < state.spec.nprocs; ++rank) {
+    for (int rank = 0; rank < state.nprocs; ++rank) {
       state.error_files.push_back(user_dir / fmt::format("{}{}.json", state.error_file_prefix, rank));
     }
     return;
   }
-  for (int rank = 0; rank < state.spec.nprocs; ++rank) {
+  for (int rank = 0; rank < state.nprocs; ++rank) {
     auto file = dir / std::to_string(rank) / "error.json";
     std::error_code ec;
     std::filesystem::create_directories(file.parent_path(), ec);
@@ -422,12 +426,12 @@ asio::awaitable<void> drain(std::shared_ptr<group_state> state, int rank) {
 
 asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
   auto& s = *state;
-  const auto& policy = s.spec.shutdown;
+  const auto& policy = s.shutdown;
   // The ops of when_any run on a strand over s.strand: they touch the state
   // one at a time, and never alongside the rest of the supervision.
   std::vector<asio::awaitable<void>> race;
   race.reserve(s.children.size() + 1);
-  for (int rank = 0; rank < s.spec.nprocs; ++rank) race.push_back(race_rank(state, rank));
+  for (int rank = 0; rank < s.nprocs; ++rank) race.push_back(race_rank(state, rank));
   race.push_back(race_stop(state));
   co_await when_any(std::move(race));
   // Whether a forwarded signal started the shutdown: one that comes once a
@@ -435,7 +439,7 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
   const std::optional<int> forwarded = s.partial.signal;
 
   if (s.running > 0) {
-    for (int rank = 0; rank < s.spec.nprocs; ++rank) {
+    for (int rank = 0; rank < s.nprocs; ++rank) {
       if (!s.recorded[static_cast<std::size_t>(rank)]) asio::co_spawn(s.strand, drain(state, rank), asio::detached);
     }
     // A forwarded signal reaches the ranks first, as Ctrl-C would in a
@@ -579,7 +583,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   const unsigned group_number = groups_started++;
   state->marker = detail::marker_of(group_number);
   if (spec.logs.active()) {
-    if (spec.error_dir.empty() && !spec.logs.dir.empty()) state->spec.error_dir = spec.logs.attempt_dir();
+    if (spec.error_dir.empty() && !spec.logs.dir.empty()) state->error_dir = spec.logs.attempt_dir();
     state->logs = std::make_unique<detail::group_logs>(spec.logs, spec.name, spec.nprocs);
   }
   detail::prepare_error_files(*state, group_number);
