@@ -195,22 +195,19 @@ struct placement {
   int master_port = 0;
 };
 
-// torchrun's environment contract, for local rank `local`.
-std::map<std::string, std::string> contract(const run_options& o, const placement& p, int nproc, int local,
-                                            int restarts, const std::string& run_id) {
-  const int rank = p.first_rank + local;
+// torchrun's environment contract, the part every local rank shares: set
+// once on the spec's options rather than copied into each rank's map.
+std::map<std::string, std::string> shared_contract(const run_options& o, const placement& p, int nproc, int restarts,
+                                                   const std::string& run_id) {
   const auto inherited = [](const char* name, const char* otherwise) {
     const char* value = std::getenv(name);
     return std::string(value != nullptr ? value : otherwise);
   };
-  auto variables = std::map<std::string, std::string>{
-      {"RANK", std::to_string(rank)},
-      {"LOCAL_RANK", std::to_string(local)},
+  return {
       {"WORLD_SIZE", std::to_string(p.world_size)},
       {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
       {"GROUP_RANK", std::to_string(p.node_rank)},
       {"GROUP_WORLD_SIZE", std::to_string(p.nnodes)},
-      {"ROLE_RANK", std::to_string(rank)},
       {"ROLE_WORLD_SIZE", std::to_string(p.world_size)},
       {"ROLE_NAME", o.role},
       {"MASTER_ADDR", p.master_addr},
@@ -222,6 +219,16 @@ std::map<std::string, std::string> contract(const run_options& o, const placemen
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", inherited("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")},
       {"NCCL_ASYNC_ERROR_HANDLING", inherited("NCCL_ASYNC_ERROR_HANDLING", "1")},
+  };
+}
+
+// torchrun's environment contract, the part that is local rank `local`'s own.
+std::map<std::string, std::string> rank_contract(const run_options& o, const placement& p, int local) {
+  const int rank = p.first_rank + local;
+  auto variables = std::map<std::string, std::string>{
+      {"RANK", std::to_string(rank)},
+      {"LOCAL_RANK", std::to_string(local)},
+      {"ROLE_RANK", std::to_string(rank)},
   };
   if (o.virtual_local_rank) {  // each rank sees its own GPU, as device 0
     variables["LOCAL_RANK"] = "0";
@@ -455,10 +462,11 @@ struct error_folder {
 };
 
 void write_results(const run_options& o, const run_record& record) {
-  const auto text = result_json(record);
   std::vector<fs::path> files;
   if (!o.result_json.empty()) files.emplace_back(o.result_json);
   if (!o.log_dir.empty() && !record.log_dir.empty()) files.push_back(record.log_dir / "result.json");
+  if (files.empty()) return;  // nothing asked for it
+  const auto text = result_json(record);
   for (const auto& file : files) {
     std::error_code ec;
     if (file.has_parent_path()) fs::create_directories(file.parent_path(), ec);
@@ -637,8 +645,11 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     }
     spec.logs.attempt = attempt;
     spec.logs.first_rank = p.first_rank;
+    for (auto& [name, value] : shared_contract(o, p, nproc, record.restarts, run_id)) {
+      spec.options.env.set(name, std::move(value));
+    }
     spec.envs.clear();
-    for (int local = 0; local < nproc; ++local) spec.envs[local] = contract(o, p, nproc, local, record.restarts, run_id);
+    for (int local = 0; local < nproc; ++local) spec.envs[local] = rank_contract(o, p, local);
     std::optional<round_change> ended_by;
     record.attempts.push_back(run_attempt(spec, o, rdzv ? &*rdzv : nullptr, ended_by, errors));
     auto& a = record.attempts.back();
