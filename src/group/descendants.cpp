@@ -283,9 +283,9 @@ std::optional<std::vector<pid_t>> listed_children_of_self() {
     if (entry->d_name[0] == '.') continue;
     char path[sizeof "/proc/self/task//children" + sizeof entry->d_name];
     std::snprintf(path, sizeof path, "/proc/self/task/%s/children", entry->d_name);
-    if (::access(path, R_OK) != 0) return std::nullopt;  // a kernel without the lists
-    // A thread that ended meanwhile may have handed its children to one
-    // already read: that listing is not whole either.
+    // Unreadable: a kernel without the lists, or a thread that ended
+    // meanwhile and may have handed its children to one already read, so
+    // that the listing is not whole.
     const auto text = read_whole(path);
     if (!text) return std::nullopt;
     if (!found) found.emplace();
