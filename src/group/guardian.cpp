@@ -319,19 +319,7 @@ void guardian::end(bool look) noexcept {
   // Waited for through its pidfd: a pid reaped elsewhere could name
   // another child of this process by now.
   siginfo_t info{};
-  // Yields first, a bounded number (about 100 µs where nothing else wants
-  // the CPU), and only then a sleep. The guardian's exit takes microseconds,
-  // but a sleeping wait for it let this CPU go idle until the exit woke it
-  // again: 0.13 ms of `cohort-run -n 1 -- /bin/true` on a virtual machine.
-  // A guardian on this same CPU gets it at each yield.
-  bool reaped = false;
-  for (int i = 0; i < 100 && !reaped; ++i) {
-    info.si_pid = 0;
-    reaped = ::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd_), &info, WEXITED | WNOHANG) == 0 &&
-             info.si_pid != 0;
-    if (!reaped) ::sched_yield();
-  }
-  while (!reaped && ::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd_), &info, WEXITED) < 0 && errno == EINTR) {
+  while (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd_), &info, WEXITED) < 0 && errno == EINTR) {
   }
   ::close(pidfd_);
   pidfd_ = -1;
