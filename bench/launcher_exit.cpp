@@ -17,7 +17,8 @@
 // reactor as it does on kernels before 6.7), with cohort-run's peak RSS and
 // the CPU each used (its own and that of the processes it reaped: its
 // ranks, and cohort-run's guardian; from wait4): what of the time to exit
-// is work, and what is waiting.
+// is work, and what is waiting. cohort-run and the minimal launcher run from
+// copies made together at the start (see `programs`).
 //
 //   launcher_exit [rounds]     (default 50; torchrun runs a tenth of them, at least 3;
 //                               K = 32 and 128 a fifth, at least 3, and K = 1
@@ -37,6 +38,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -55,7 +57,7 @@ namespace {
 constexpr int round_limit_ms = 120'000;
 
 // The two programs timed, each run from a copy made at the start in a
-// folder of its own, removed at the end. A program the linker has just
+// folder of its own beside the built cohort-run, removed at the end. A program the linker has just
 // written starts and ends slower than a copy of it, as an installed one is
 // (meson install copies): its pages sit differently in the page cache. Here
 // cohort-run's copy ran 6.5% faster at K = 1 than the linker's file, the
@@ -67,8 +69,10 @@ struct programs {
   std::filesystem::path folder;
 
   programs() {
-    char pattern[] = "/tmp/cohort-bench-launchers-XXXXXX";
-    if (::mkdtemp(pattern) == nullptr) {
+    // Beside the built cohort-run: where that runs, its copies run too (a
+    // noexec /tmp would refuse them).
+    std::string pattern = (std::filesystem::path(cohort_run).parent_path() / "launcher-copies-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
       fmt::print("(the built programs are timed: no folder for their copies: {})\n", std::strerror(errno));
       return;
     }
@@ -274,7 +278,7 @@ int main(int argc, char** argv) {
   const auto rounds_at = [scaling_rounds](int k) { return scaling_rounds * std::max(1, 32 / k); };
   fmt::print("start to exit of K ranks of /bin/true, cohort-run against a minimal posix_spawn launcher "
              "(machine_limits --launch K), medians of {} interleaved rounds at K = 1, {} at 8, {} at 32 and 128, "
-             "the three launchers taking turns to go first\n",
+             "the three launchers in every order in turn\n",
              rounds_at(1), rounds_at(8), rounds_at(32));
   fmt::print("  {:>4} {:>14} {:>14} {:>12} {:>16} {:>20} {:>22}\n", "K", "cohort-run ms", "minimal ms", "ratio",
              "cohort us/rank", "cohort-run peak RSS", "CPU ms cohort/minimal");
@@ -298,9 +302,11 @@ int main(int argc, char** argv) {
                      {"COHORT_IO_URING=0"}};
     launcher minimal{fmt::format("machine_limits --launch {}", k), {machine_limits, "--launch", ranks}};
     std::vector<double> ratios, reactor_ratios;
-    for (int round = 0; round < rounds_at(k); ++round) {
-      launcher* order[] = {&cohort, &reactor, &minimal};
-      std::rotate(order, order + round % 3, order + 3);  // none always runs right after another
+    // Every order of the three in turn: each goes first, and follows each
+    // other, as often as the rest.
+    std::array<launcher*, 3> order{&cohort, &reactor, &minimal};
+    std::sort(order.begin(), order.end());
+    for (int round = 0; round < rounds_at(k); ++round, std::next_permutation(order.begin(), order.end())) {
       for (auto* l : order) l->round();
       if (!minimal.failure.empty()) continue;
       if (cohort.failure.empty()) ratios.push_back(cohort.samples.back() / minimal.samples.back());
