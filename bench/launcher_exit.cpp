@@ -57,12 +57,13 @@ namespace {
 constexpr int round_limit_ms = 120'000;
 
 // The two programs timed, each run from a copy made at the start in a
-// folder of its own beside the built cohort-run, removed at the end. A program the linker has just
-// written starts and ends slower than a copy of it, as an installed one is
-// (meson install copies): its pages sit differently in the page cache. Here
-// cohort-run's copy ran 6.5% faster at K = 1 than the linker's file, the
-// minimal launcher's 1.8%. Copied together, both are timed alike. Where a
-// copy cannot be made, the built program itself is timed, and it says so.
+// folder of its own beside the built cohort-run, removed at the end. A
+// program the linker has just written starts and ends slower than a copy
+// of it, as an installed one is (meson install copies): its pages sit
+// differently in the page cache. Here cohort-run's copy ran 6.5% faster at
+// K = 1 than the linker's file, the minimal launcher's 1.8%. Copied
+// together, both are timed alike. Where a copy cannot be made, the built
+// program itself is timed, and it says so.
 struct programs {
   std::string cohort_run = COHORT_BENCH_COHORT_RUN;
   std::string machine_limits = COHORT_BENCH_MACHINE_LIMITS;
@@ -77,18 +78,15 @@ struct programs {
       return;
     }
     folder = pattern;
+    const auto run = folder / std::filesystem::path(cohort_run).filename();
+    const auto limits = folder / std::filesystem::path(machine_limits).filename();
     std::error_code ec;
-    const auto copy_of = [&](const std::string& built) {
-      const auto copy = folder / std::filesystem::path(built).filename();
-      return std::filesystem::copy_file(built, copy, ec) ? copy.string() : std::string();
-    };
-    const auto run = copy_of(cohort_run), limits = ec ? std::string() : copy_of(machine_limits);
-    if (ec) {
+    if (!std::filesystem::copy_file(cohort_run, run, ec) || !std::filesystem::copy_file(machine_limits, limits, ec)) {
       fmt::print("(the built programs are timed: copying them failed: {})\n", ec.message());
       return;
     }
-    cohort_run = run;
-    machine_limits = limits;
+    cohort_run = run.string();
+    machine_limits = limits.string();
   }
   programs(const programs&) = delete;
   programs& operator=(const programs&) = delete;
