@@ -274,13 +274,16 @@ namespace {
 
 // This process's children from each thread's /proc children list (a child
 // is on its parent thread's, zombies included); nullopt where the kernel
-// keeps no such lists, or one could not be read.
-std::optional<std::vector<pid_t>> listed_children_of_self() {
+// keeps no such lists, or one could not be read. `threads`, when given, is
+// set to the number of threads listed.
+std::optional<std::vector<pid_t>> listed_children_of_self(std::size_t* threads = nullptr) {
   const std::unique_ptr<DIR, int (*)(DIR*)> tasks(::opendir("/proc/self/task"), ::closedir);
   if (!tasks) return std::nullopt;
   std::optional<std::vector<pid_t>> found;  // stays empty until a list is read
+  std::size_t listed = 0;
   while (dirent* entry = ::readdir(tasks.get())) {
     if (entry->d_name[0] == '.') continue;
+    ++listed;
     char path[sizeof "/proc/self/task//children" + sizeof entry->d_name];
     std::snprintf(path, sizeof path, "/proc/self/task/%s/children", entry->d_name);
     // Unreadable: a kernel without the lists, or a thread that ended
@@ -296,6 +299,7 @@ std::optional<std::vector<pid_t>> listed_children_of_self() {
       found->push_back(static_cast<pid_t>(pid));
     }
   }
+  if (threads != nullptr) *threads = listed;
   return found;
 }
 
@@ -346,15 +350,24 @@ bool has_children() {
   return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0 || errno != ECHILD;
 }
 
-// Listed twice, and believed only when both lists agree: a list is read a
-// child at a time, and a child reaped meanwhile (by another thread) can
-// make it skip the next one, as can a thread that ends and hands its
-// children to a thread already read.
+// A list is read a child at a time, and a child reaped meanwhile (by
+// another thread) can make it skip the next one, as can a thread that ends
+// and hands its children to a thread already read. So with other threads
+// about, the children are listed twice and believed only when both lists
+// agree. A process of one thread (the caller's) has no other thread to
+// reap, end or start one meanwhile, and one list is whole: children
+// handed to it meanwhile are the orphans of one that stays on the list, a
+// zombie until this very thread reaps it.
 bool only_owned_children() {
   bool only_owned = false;
   with_owned_pids([&](const std::set<pid_t>& owned) {
-    auto first = listed_children_of_self();
+    std::size_t threads = 0;
+    auto first = listed_children_of_self(&threads);
     if (!first || !std::all_of(first->begin(), first->end(), [&](pid_t pid) { return owned.contains(pid); })) return;
+    if (threads == 1) {
+      only_owned = true;
+      return;
+    }
     auto second = listed_children_of_self();
     if (!second) return;
     std::sort(first->begin(), first->end());

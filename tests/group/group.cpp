@@ -45,6 +45,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <iterator>
 #include <optional>
@@ -285,6 +286,54 @@ interrupted_run interrupt_shell_rank(const std::string& script, const fs::path& 
   }());
 }
 
+// Whether this kernel keeps /proc children lists.
+bool has_children_lists() {
+  return ::access(fmt::format("/proc/self/task/{}/children", ::gettid()).c_str(), R_OK) == 0;
+}
+
+// The threads of this process, from /proc.
+std::size_t threads_of_self() {
+  const auto tasks = fs::directory_iterator("/proc/self/task");
+  return static_cast<std::size_t>(std::distance(fs::begin(tasks), fs::end(tasks)));
+}
+
+// A child forked by hand (no cohort start), paused until killed.
+pid_t fork_paused() {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  return pid;
+}
+
+// Runs only_owned_children through a child it must see (`make_child`
+// forks it, on whichever thread), a zombie of it, its reap, and a
+// guardian (a child cohort started). The first answer that was wrong, or
+// empty when none was; usable in a forked child, where doctest's checks
+// are not. The child is killed and reaped however the checks go.
+std::string only_owned_children_failure(const std::function<pid_t()>& make_child) {
+  if (!test::children_of_self().empty()) return "children before the start";
+  if (!cohort::detail::only_owned_children()) return "no child, yet not only owned ones";
+  const pid_t raw = make_child();
+  if (raw <= 0) return "fork failed";
+  std::string failed;
+  if (cohort::detail::only_owned_children()) failed = "a running child cohort did not start went unseen";
+  ::kill(raw, SIGKILL);
+  siginfo_t info{};
+  const bool zombie = ::waitid(P_PID, static_cast<id_t>(raw), &info, WEXITED | WNOWAIT) == 0;
+  if (failed.empty() && zombie && cohort::detail::only_owned_children()) {
+    failed = "an unreaped child cohort did not start went unseen";
+  }
+  if (::waitpid(raw, nullptr, 0) != raw) return "waitpid failed";
+  if (!zombie) return "waitid failed";
+  if (failed.empty() && !cohort::detail::only_owned_children()) failed = "no child after the reap, yet not only owned ones";
+  cohort::guardian guard;
+  if (failed.empty() && !cohort::detail::only_owned_children()) failed = "the guardian was not counted as cohort's";
+  guard.release();
+  return failed;
+}
+
 }  // namespace
 
 // Rank entries, with external linkage so that their names resolve in a
@@ -451,30 +500,43 @@ TEST_SUITE("group") {
   }
 
   TEST_CASE("only the children cohort started: not while one it did not start runs or lies unreaped") {
-    if (::access(fmt::format("/proc/self/task/{}/children", ::gettid()).c_str(), R_OK) != 0) {
+    if (!has_children_lists()) {
       MESSAGE("this kernel keeps no /proc children lists: the check always answers false, not checked");
       CHECK_FALSE(cohort::detail::only_owned_children());
       return;
     }
-    REQUIRE(test::children_of_self().empty());
-    CHECK(cohort::detail::only_owned_children());
-    const pid_t raw = ::fork();
-    if (raw == 0) {
-      ::pause();
-      ::_exit(0);
+    // In a forked child, whose only thread lists its children once.
+    const pid_t single = ::fork();
+    if (single == 0) {
+      const bool one_thread = threads_of_self() == 1;
+      const std::string failed = only_owned_children_failure([] { return fork_paused(); });
+      if (!failed.empty()) std::fprintf(stderr, "%s\n", failed.c_str());
+      ::_exit(!one_thread ? 2 : failed.empty() ? 0 : 1);
     }
-    REQUIRE(raw > 0);
-    CHECK_FALSE(cohort::detail::only_owned_children());  // running
-    ::kill(raw, SIGKILL);
-    siginfo_t info{};
-    REQUIRE(::waitid(P_PID, static_cast<id_t>(raw), &info, WEXITED | WNOWAIT) == 0);
-    CHECK_FALSE(cohort::detail::only_owned_children());  // a zombie
-    REQUIRE(::waitpid(raw, nullptr, 0) == raw);
-    CHECK(cohort::detail::only_owned_children());
-    cohort::guardian guard;  // a child cohort started
-    REQUIRE(test::children_of_self().size() == 1);
-    CHECK(cohort::detail::only_owned_children());
-    guard.release();
+    REQUIRE(single > 0);
+    int status = 0;
+    REQUIRE(::waitpid(single, &status, 0) == single);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+
+    // With a second thread, whose children are on its own list: it forks
+    // the child cohort did not start when asked, and lives until the checks
+    // are done.
+    std::promise<void> asked, done;
+    std::promise<pid_t> forked;
+    std::thread other([&] {
+      asked.get_future().wait();
+      forked.set_value(fork_paused());
+      done.get_future().wait();
+    });
+    CHECK(threads_of_self() >= 2);
+    const std::string failed = only_owned_children_failure([&] {
+      asked.set_value();
+      return forked.get_future().get();
+    });
+    done.set_value();
+    other.join();
+    CHECK_MESSAGE(failed.empty(), failed);
   }
 
   TEST_CASE("a rank killed while its own group runs leaves no inner rank behind, not even a zombie") {
