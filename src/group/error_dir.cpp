@@ -41,6 +41,12 @@ const std::string& machine_key() {
   return key;
 }
 
+// Groups of this process whose files in the user's directory have not
+// been removed yet (claim_group_files, release_group_files). A forked
+// child starts with its parent's count, and so may look at its exit for
+// files it never had.
+std::atomic<int> claimed_group_files{0};
+
 // What the names of the files of process `pid` begin with.
 std::string prefix_of(pid_t pid) {
   const std::string& key = machine_key();
@@ -111,9 +117,10 @@ std::optional<std::pair<pid_t, std::uint64_t>> owner_in(std::string_view name, s
 // one of this process's own, $TMPDIR/cohort-errors-<uid>-<its prefix>XXXXXX,
 // removed at its exit. Files and own directories of ended processes are
 // removed by sweep(), called outside the static's initialisation, which a
-// fork must not find under way. At the exit of a process, its own files
-// still there are removed: by the pid it has then, so a child forked from
-// the process that made this object removes only its own.
+// fork must not find under way. At the exit of a process with a group's
+// files unreleased, its own files still there are removed: by the pid it
+// has then, so a child forked from the process that made this object
+// removes only its own.
 class user_dir {
  public:
   user_dir() {
@@ -132,7 +139,7 @@ class user_dir {
   user_dir(const user_dir&) = delete;
   user_dir& operator=(const user_dir&) = delete;
   ~user_dir() {
-    remove_files_named(path_, prefix_of(::getpid()));
+    if (claimed_group_files.load(std::memory_order_acquire) > 0) remove_files_named(path_, prefix_of(::getpid()));
     if (owned_ && ::getpid() == owner_) ::rmdir(path_.c_str());
   }
 
@@ -175,6 +182,16 @@ const std::filesystem::path& error_dir_of_user() {
 }
 
 std::string own_error_file_prefix() { return prefix_of(os::this_process()); }
+
+std::string claim_group_files(unsigned group_number) {
+  claimed_group_files.fetch_add(1, std::memory_order_relaxed);
+  return fmt::format("{}{}-", own_error_file_prefix(), group_number);
+}
+
+void release_group_files(const std::filesystem::path& dir, const std::string& prefix) noexcept {
+  remove_files_named(dir, prefix);
+  claimed_group_files.fetch_sub(1, std::memory_order_release);
+}
 
 void remove_files_named(const std::filesystem::path& dir, const std::string& prefix) noexcept {
   for_each_name(dir, [&](int at, std::string_view name) {

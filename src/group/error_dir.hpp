@@ -24,9 +24,18 @@ namespace cohort::detail {
 const std::filesystem::path& error_dir_of_user();
 
 /// What the names of this process's error files begin with:
-/// "<boot id>-<pid namespace>-<pid>-<start time>-". A process's files left
-/// at its exit are removed then.
+/// "<boot id>-<pid namespace>-<pid>-<start time>-".
 std::string own_error_file_prefix();
+
+/// The prefix of the names of group `group_number`'s files in the user's
+/// directory (own_error_file_prefix() and the group's number). Until
+/// release_group_files() removes them, this process's exit looks for its
+/// files left there and removes them; an exit after every claim was
+/// released has none to look for.
+std::string claim_group_files(unsigned group_number);
+/// Removes the files named with `prefix` (from claim_group_files) from
+/// `dir`, the user's directory; errors are ignored.
+void release_group_files(const std::filesystem::path& dir, const std::string& prefix) noexcept;
 
 /// Removes the files in `dir` whose names begin with `prefix`; errors are
 /// ignored.

@@ -71,7 +71,7 @@ struct group_state {
     }
     // Files in the user's directory: those the ranks wrote go when the run
     // ends.
-    if (!error_file_prefix.empty()) remove_files_named(error_files.front().parent_path(), error_file_prefix);
+    if (!error_file_prefix.empty()) release_group_files(error_files.front().parent_path(), error_file_prefix);
   }
 
   asio::strand<asio::any_io_executor> strand;
@@ -121,7 +121,7 @@ void prepare_error_files(group_state& state, unsigned group_number) {
   const auto& dir = state.error_dir;
   if (dir.empty()) {
     const auto& user_dir = error_dir_of_user();
-    state.error_file_prefix = fmt::format("{}{}-", own_error_file_prefix(), group_number);
+    state.error_file_prefix = claim_group_files(group_number);
     for (int rank = 0; rank < state.nprocs; ++rank) {
       state.error_files.push_back(user_dir / fmt::format("{}{}.json", state.error_file_prefix, rank));
     }
