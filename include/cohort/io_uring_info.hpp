@@ -1,4 +1,5 @@
-// What the io_uring of an io_context can do on the running kernel.
+// What the io_uring of an io_context can do on the running kernel, and an
+// io_context that does without one.
 #pragma once
 
 #include "cohort/export.hpp"
@@ -23,6 +24,13 @@ struct io_uring_info {
 };
 
 io_uring_info io_uring_support(asio::io_context& io);
+
+/// Gives `io` no ring: every cohort operation on it runs on asio's reactor,
+/// and io_uring_support(io).ring is false. For an io_context that lives
+/// for a few waits, where a ring's set-up and teardown (about 70 us of CPU
+/// on a 2-CPU virtual machine) cost more than it saves. Call before cohort
+/// first uses `io`; throws asio::service_already_exists after.
+void use_reactor_only(asio::io_context& io);
 
 }  // namespace cohort
 

@@ -10,4 +10,6 @@ io_uring_info io_uring_support(asio::io_context& io) {
   return {caps.ring, caps.waitid, caps.poll, caps.read, caps.futex, caps.cancel, caps.why_not};
 }
 
+void use_reactor_only(asio::io_context& io) { uring::use_reactor_only(io); }
+
 }  // namespace cohort
