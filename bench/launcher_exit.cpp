@@ -12,9 +12,7 @@
 // "failed: <why>" after the other's figures.
 //
 // Then cohort-run with K = 1, 8, 32 and 128 ranks against a minimal
-// posix_spawn launcher, rounds interleaved (and cohort-run again with
-// COHORT_IO_URING=0 in the same rounds, which watches exits on asio's
-// reactor as it does on kernels before 6.7), with cohort-run's peak RSS and
+// posix_spawn launcher, rounds interleaved, with cohort-run's peak RSS and
 // the CPU each used (its own and that of the processes it reaped: its
 // ranks, and cohort-run's guardian; from wait4): what of the time to exit
 // is work, and what is waiting. cohort-run and the minimal launcher run from
@@ -47,7 +45,6 @@
 #include <exception>
 #include <filesystem>
 #include <string>
-#include <string_view>
 #include <vector>
 
 extern char** environ;
@@ -117,13 +114,12 @@ std::string why_line(const std::string& text) {
 }
 
 // One launcher's rounds: each runs `args` with stdin and stdout on /dev/null
-// and stderr kept aside, and this process's environment with `env` added
-// ("NAME=value"), timed from before posix_spawn to its reaping. The first
-// failure ends its rounds and is kept as `failure`.
+// and stderr kept aside, in this process's environment, timed from before
+// posix_spawn to its reaping. The first failure ends its rounds and is kept
+// as `failure`.
 struct launcher {
   std::string label;
   std::vector<std::string> args;
-  std::vector<std::string> env{};
   std::vector<double> samples{};
   std::vector<double> rss_mib{};  // the largest peak RSS of it and its ranks, each round
   std::vector<double> cpu_ms{};   // the CPU it and the processes it reaped used, each round
@@ -160,22 +156,9 @@ struct launcher {
     ::posix_spawnattr_init(&attributes);
     ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
 
-    // `env` replaces what this process's environment has of the same names.
-    std::vector<char*> envp;
-    for (char** e = environ; *e != nullptr; ++e) {
-      const std::string_view entry(*e);
-      const auto named = [&](const std::string& added) {
-        const auto eq = added.find('=');
-        return entry.size() > eq && entry.compare(0, eq + 1, added, 0, eq + 1) == 0;
-      };
-      if (std::none_of(env.begin(), env.end(), named)) envp.push_back(*e);
-    }
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-
     const auto start = cohort::bench::clock::now();
     pid_t pid;
-    const int error = ::posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), envp.data());
+    const int error = ::posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), environ);
     ::posix_spawn_file_actions_destroy(&actions);
     ::posix_spawnattr_destroy(&attributes);
     if (error != 0) {
@@ -276,14 +259,11 @@ int main(int argc, char** argv) {
   const auto rounds_at = [scaling_rounds](int k) { return scaling_rounds * std::max(1, 32 / k); };
   fmt::print("start to exit of K ranks of /bin/true, cohort-run against a minimal posix_spawn launcher "
              "(machine_limits --launch K), medians of {} interleaved rounds at K = 1, {} at 8, {} at 32 and 128, "
-             "the three launchers in every order in turn\n",
+             "each launcher first in every other round\n",
              rounds_at(1), rounds_at(8), rounds_at(32));
   fmt::print("  {:>4} {:>14} {:>14} {:>12} {:>16} {:>20} {:>22}\n", "K", "cohort-run ms", "minimal ms", "ratio",
              "cohort us/rank", "cohort-run peak RSS", "CPU ms cohort/minimal");
   std::vector<double> rss_at_128;
-  // The same cohort-run with exits watched on asio's reactor, as on kernels
-  // before 6.7 (no IORING_OP_WAITID), in the same rounds; printed after.
-  std::vector<std::string> reactor_rows;
   const auto row = [](int k, const launcher& cohort, const launcher& minimal, const std::vector<double>& ratios) {
     const auto ratio = cohort::bench::spread_of(ratios);
     const double ms = cohort::bench::median(cohort.samples) * 1e3;
@@ -295,20 +275,15 @@ int main(int argc, char** argv) {
   for (int k : {1, 8, 32, 128}) {
     const auto ranks = std::to_string(k);
     launcher cohort{fmt::format("cohort-run -n {} -- /bin/true", k), {cohort_run, "-n", ranks, "--", "/bin/true"}};
-    launcher reactor{fmt::format("COHORT_IO_URING=0 cohort-run -n {} -- /bin/true", k),
-                     {cohort_run, "-n", ranks, "--", "/bin/true"},
-                     {"COHORT_IO_URING=0"}};
     launcher minimal{fmt::format("machine_limits --launch {}", k), {machine_limits, "--launch", ranks}};
-    std::vector<double> ratios, reactor_ratios;
-    // Every order of the three in turn: each goes first, and follows each
-    // other, as often as the rest.
-    std::array<launcher*, 3> order{&cohort, &reactor, &minimal};
+    std::vector<double> ratios;
+    // Each goes first in every other round.
+    std::array<launcher*, 2> order{&cohort, &minimal};
     std::sort(order.begin(), order.end());
     for (int round = 0; round < rounds_at(k); ++round, std::next_permutation(order.begin(), order.end())) {
       for (auto* l : order) l->round();
       if (!minimal.failure.empty()) continue;
       if (cohort.failure.empty()) ratios.push_back(cohort.samples.back() / minimal.samples.back());
-      if (reactor.failure.empty()) reactor_ratios.push_back(reactor.samples.back() / minimal.samples.back());
     }
     if (!minimal.failure.empty()) {
       print_line(minimal);
@@ -318,16 +293,9 @@ int main(int argc, char** argv) {
       fmt::print("{}", row(k, cohort, minimal, ratios));
     else
       print_line(cohort);
-    if (reactor.failure.empty()) {
-      reactor_rows.push_back(row(k, reactor, minimal, reactor_ratios));
-    } else {
-      reactor_rows.push_back(fmt::format("  {:>4} failed: {}\n", k, reactor.failure));
-    }
     std::fflush(stdout);
     if (k == 128) rss_at_128 = cohort.rss_mib;
   }
-  fmt::print("the same rounds with COHORT_IO_URING=0: exits watched on asio's reactor, as on kernels before 6.7\n");
-  for (const auto& r : reactor_rows) fmt::print("{}", r);
   if (!rss_at_128.empty() && !torch.rss_mib.empty())
     fmt::print("peak RSS (the largest of the launcher and its ranks): cohort-run at 128 ranks {:.1f} MiB, "
                "torchrun at 8 ranks {:.1f} MiB\n",
