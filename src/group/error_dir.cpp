@@ -181,11 +181,9 @@ const std::filesystem::path& error_dir_of_user() {
   return dir.path();
 }
 
-std::string own_error_file_prefix() { return prefix_of(os::this_process()); }
-
 std::string claim_group_files(unsigned group_number) {
   claimed_group_files.fetch_add(1, std::memory_order_relaxed);
-  return fmt::format("{}{}-", own_error_file_prefix(), group_number);
+  return fmt::format("{}{}-", prefix_of(os::this_process()), group_number);
 }
 
 void release_group_files(const std::filesystem::path& dir, const std::string& prefix) noexcept {

@@ -16,19 +16,16 @@ namespace cohort::detail {
 /// again if it is not. When the name is taken by anything but a directory of
 /// this user's, a link included (someone else's, in a shared $TMPDIR), a
 /// directory of this process's own instead:
-/// $TMPDIR/cohort-errors-<uid>-<own_error_file_prefix()>XXXXXX, removed at
+/// $TMPDIR/cohort-errors-<uid>-<this process's prefix (below)>XXXXXX, removed at
 /// its exit. The first use in each process removes the files of processes
 /// that have ended (killed outright, they could not remove their own), and,
 /// when it uses a directory of its own, the own directories of such
 /// processes. Throws std::system_error when no directory can be made.
 const std::filesystem::path& error_dir_of_user();
 
-/// What the names of this process's error files begin with:
-/// "<boot id>-<pid namespace>-<pid>-<start time>-".
-std::string own_error_file_prefix();
-
 /// The prefix of the names of group `group_number`'s files in the user's
-/// directory (own_error_file_prefix() and the group's number). Until
+/// directory: this process's, "<boot id>-<pid namespace>-<pid>-<start
+/// time>-", then the group's number and '-'. Until
 /// release_group_files() removes them, this process's exit looks for its
 /// files left there and removes them; an exit after every claim was
 /// released has none to look for.

@@ -160,14 +160,20 @@ std::string error_file_name(pid_t pid, std::uint64_t start, const std::string& k
   return fmt::format("{}{}-{}-0-1.json", key, pid, start);
 }
 
-// The pid and start time of a process that has ended: forked, its start
-// time read, then killed and reaped.
-std::pair<pid_t, std::uint64_t> ended_process() {
+// A child forked by hand (no cohort start), paused until killed.
+pid_t fork_paused() {
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::pause();
     ::_exit(0);
   }
+  return pid;
+}
+
+// The pid and start time of a process that has ended: forked, its start
+// time read, then killed and reaped.
+std::pair<pid_t, std::uint64_t> ended_process() {
+  const pid_t pid = fork_paused();
   REQUIRE(pid > 0);
   const auto start = os::start_time_of(pid);
   ::kill(pid, SIGKILL);
@@ -295,16 +301,6 @@ bool has_children_lists() {
 std::size_t threads_of_self() {
   const auto tasks = fs::directory_iterator("/proc/self/task");
   return static_cast<std::size_t>(std::distance(fs::begin(tasks), fs::end(tasks)));
-}
-
-// A child forked by hand (no cohort start), paused until killed.
-pid_t fork_paused() {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::pause();
-    ::_exit(0);
-  }
-  return pid;
 }
 
 // Runs only_owned_children through a child it must see (`make_child`
