@@ -36,7 +36,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -277,11 +276,11 @@ int main(int argc, char** argv) {
     launcher cohort{fmt::format("cohort-run -n {} -- /bin/true", k), {cohort_run, "-n", ranks, "--", "/bin/true"}};
     launcher minimal{fmt::format("machine_limits --launch {}", k), {machine_limits, "--launch", ranks}};
     std::vector<double> ratios;
-    // Each goes first in every other round.
-    std::array<launcher*, 2> order{&cohort, &minimal};
-    std::sort(order.begin(), order.end());
-    for (int round = 0; round < rounds_at(k); ++round, std::next_permutation(order.begin(), order.end())) {
-      for (auto* l : order) l->round();
+    for (int round = 0; round < rounds_at(k); ++round) {
+      // Each goes first in every other round.
+      const bool cohort_first = round % 2 == 0;
+      (cohort_first ? cohort : minimal).round();
+      (cohort_first ? minimal : cohort).round();
       if (!minimal.failure.empty()) continue;
       if (cohort.failure.empty()) ratios.push_back(cohort.samples.back() / minimal.samples.back());
     }
