@@ -1,9 +1,11 @@
 // spawn+reap of N children of /bin/true: cohort (spawn, then co_await wait()
 // on an io_context) against a raw posix_spawn + pidfd_open + waitid loop and
 // Boost.Process v2 (when built with it), in one run. "cohort, blocking
-// join()" reaps with join() instead, to tell launch cost from wait cost. Each round runs every
-// variant once, in turn; the report gives the median over the rounds and the
-// ratio to the raw loop. Then how long one launch holds the thread that
+// join()" reaps with join() instead, to tell launch cost from wait cost. Each
+// round runs every variant once, in turn, the first of them moving on by one
+// each round, so that no variant always runs right after the same other one;
+// the report gives each variant's median over the rounds and the median of
+// its per-round ratios to the raw loop, with their range. Then how long one launch holds the thread that
 // makes it (both return once the child has exec'd): cohort::spawn against
 // posix_spawn, taking turns, each child reaped before the next launch.
 //
@@ -28,7 +30,7 @@
 
 #include <cstdlib>
 #include <functional>
-#include <map>
+#include <utility>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -114,7 +116,8 @@ int main(int argc, char** argv) {
   asio::io_context* io = &ring_io;
   const auto info = cohort::io_uring_support(ring_io);
 
-  std::map<std::string, std::function<void(int)>> variants{
+  // The raw loop first: the ratios are to it.
+  const std::vector<std::pair<std::string, std::function<void(int)>>> variants{
       {"raw posix_spawn+pidfd", raw_spawn_reap},
       {"cohort", [io](int n) { cohort_spawn_reap(*io, n); }},
       {"cohort, blocking join()", [io](int n) { cohort_spawn_join(*io, n); }},
@@ -124,21 +127,30 @@ int main(int argc, char** argv) {
   };
   fmt::print("spawn+reap of N x {}; {} rounds; cohort waits through {}\n", program, rounds,
              info.waitid ? "io_uring waitid" : "the reactor");
-  fmt::print("{:>4}  {:<22} {:>12} {:>14} {:>10}\n", "N", "variant", "median ms", "us per child", "vs raw");
+  fmt::print("{:>4}  {:<24} {:>10} {:>13} {:>22}\n", "N", "variant", "median ms", "us per child",
+             "vs raw, by round");
+  const std::size_t count = variants.size();
   for (int n : {1, 8, 64, 512}) {
-    std::map<std::string, std::vector<double>> samples;
+    std::vector<std::vector<double>> samples(count);
     for (auto& [name, run] : variants) run(n);  // warm-up
     for (int r = 0; r < rounds; ++r) {
-      for (auto& [name, run] : variants) {
+      for (std::size_t k = 0; k < count; ++k) {
+        const std::size_t v = (static_cast<std::size_t>(r) + k) % count;
         auto start = cohort::bench::clock::now();
-        run(n);
-        samples[name].push_back(cohort::bench::seconds_since(start));
+        variants[v].second(n);
+        samples[v].push_back(cohort::bench::seconds_since(start));
       }
     }
-    const double raw = cohort::bench::median(samples["raw posix_spawn+pidfd"]);
-    for (auto& [name, s] : samples) {
-      const double m = cohort::bench::median(s);
-      fmt::print("{:>4}  {:<22} {:>12.3f} {:>14.1f} {:>9.2f}x\n", n, name, m * 1e3, m * 1e6 / n, m / raw);
+    for (std::size_t v = 0; v < count; ++v) {
+      const double m = cohort::bench::median(samples[v]);
+      std::string versus = "1.00x";
+      if (v != 0) {
+        std::vector<double> ratios;
+        for (int r = 0; r < rounds; ++r) ratios.push_back(samples[v][r] / samples[0][r]);
+        const auto ratio = cohort::bench::spread_of(ratios);
+        versus = fmt::format("{:.2f}x ({:.2f}-{:.2f})", ratio.median, ratio.min, ratio.max);
+      }
+      fmt::print("{:>4}  {:<24} {:>10.3f} {:>13.1f} {:>22}\n", n, variants[v].first, m * 1e3, m * 1e6 / n, versus);
     }
   }
   const int launches = 20 * rounds;
