@@ -1,7 +1,7 @@
 // State that belongs to one process, not to the copies fork makes.
 #pragma once
 
-#include <unistd.h>
+#include "os/process_identity.hpp"
 
 #include <atomic>
 
@@ -28,7 +28,7 @@ std::atomic<per_process_holder<T>*>& latest_of_process() {
 template <class T>
 T& of_this_process() {
   auto& current = latest_of_process<T>();
-  const pid_t self = ::getpid();
+  const pid_t self = this_process();
   auto* h = current.load(std::memory_order_acquire);
   while (h == nullptr || h->owner != self) {
     auto* fresh = new per_process_holder<T>{self, {}};
@@ -43,7 +43,7 @@ T& of_this_process() {
 template <class T>
 T* made_in_this_process() noexcept {
   auto* h = latest_of_process<T>().load(std::memory_order_acquire);
-  return h != nullptr && h->owner == ::getpid() ? &h->value : nullptr;
+  return h != nullptr && h->owner == this_process() ? &h->value : nullptr;
 }
 
 }  // namespace cohort::os

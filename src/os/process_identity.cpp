@@ -6,6 +6,7 @@
 #include "os/raw_syscall.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -21,6 +22,15 @@ namespace {
 std::atomic<pid_t> cached_pid{0};
 std::atomic<std::uint64_t> cached_start_time{0};
 int rank_of_this_process = -1;
+
+// Every child of glibc's fork forgets its parent's pid before fork returns
+// in it, whoever forked it. (Children made without glibc's fork call
+// forget_process_id themselves; those that share the parent's memory until
+// they exec touch neither.)
+[[maybe_unused]] const bool forgotten_in_forked_children = [] {
+  ::pthread_atfork(nullptr, nullptr, [] { forget_process_id(); });
+  return true;
+}();
 
 }  // namespace
 

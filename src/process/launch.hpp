@@ -37,7 +37,6 @@ struct launch_plan {
   bool close_now = false;
   const int* keep = nullptr;
   std::size_t keep_count = 0;
-  int fd_limit = 0;
   /// For children forked in a batch: the signals whose handling the child
   /// must reset (bit sig - 1), as the parent found them just before the
   /// forks, so that each child does not ask for every signal again. Null:

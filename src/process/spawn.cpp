@@ -11,6 +11,7 @@
 #include "os/descriptor_limit.hpp"
 #include "process/launch.hpp"
 #include "os/owned_fd.hpp"
+#include "os/process_identity.hpp"
 #include "os/clone3.hpp"
 #include "os/raw_syscall.hpp"
 #include "uring/service.hpp"
@@ -170,7 +171,11 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
   if (p.close_fds && p.close_now) {
     if (const int error = os::close_all_but(p.keep, p.keep_count); error != 0) return failed(p, stage::fds, error);
   } else if (p.close_fds && os::raw_syscall(SYS_close_range, 3, ~0U, config::close_range_cloexec) != 0) {
-    for (int fd = 3; fd < p.fd_limit; ++fd) os::raw_syscall(SYS_fcntl, fd, F_SETFD, FD_CLOEXEC);
+    // No CLOEXEC for close_range (Linux < 5.11): each number below the limit.
+    rlimit lim{};
+    const bool known = os::raw_syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, 0, reinterpret_cast<long>(&lim)) == 0;
+    const int limit = known ? static_cast<int>(std::min<rlim_t>(lim.rlim_cur, 1 << 20)) : 1 << 20;
+    for (int fd = 3; fd < limit; ++fd) os::raw_syscall(SYS_fcntl, fd, F_SETFD, FD_CLOEXEC);
   }
   for (std::size_t i = 0; i < p.keep_count; ++i) {
     if (!done(os::raw_syscall(SYS_fcntl, p.keep[i], F_SETFD, 0), stage::fds)) return false;
@@ -479,13 +484,10 @@ prepared_launch::prepared_launch(const spawn_options& options, const std::vector
   p.cwd = x.cwd.empty() ? nullptr : x.cwd.c_str();
   p.new_group = options.new_process_group;
   p.death_signal = options.parent_death_signal;
-  p.parent = ::getpid();
+  p.parent = os::this_process();
   p.close_fds = options.close_other_fds;
   p.keep = x.keep.data();
   p.keep_count = x.keep.size();
-  rlimit lim{};
-  ::getrlimit(RLIMIT_NOFILE, &lim);
-  p.fd_limit = static_cast<int>(std::min<rlim_t>(lim.rlim_cur, 1 << 20));
   p.hook = options.before_exec;
   p.hook_context = options.before_exec_context;
 }

@@ -1,0 +1,64 @@
+#include "os/per_process.hpp"
+#include "os/process_identity.hpp"
+
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+using namespace cohort;
+
+namespace {
+
+struct counter {
+  int value = 0;
+};
+
+// What a forked child saw, sent back through a pipe.
+struct seen_in_child {
+  pid_t cached = 0;        // os::this_process()
+  pid_t asked = 0;         // getpid()
+  bool made_before = true;  // os::made_in_this_process<counter>() before any use
+  int value = -1;          // os::of_this_process<counter>().value, fresh in the child
+};
+
+}  // namespace
+
+TEST_SUITE("per-process state") {
+  TEST_CASE("a child of fork knows its own pid and gets its own state, not its parent's") {
+    // The parent's pid and state, cached before the fork.
+    REQUIRE(os::this_process() == ::getpid());
+    os::of_this_process<counter>().value = 41;
+    REQUIRE(os::made_in_this_process<counter>() == &os::of_this_process<counter>());
+
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      seen_in_child s;
+      s.cached = os::this_process();
+      s.asked = ::getpid();
+      s.made_before = os::made_in_this_process<counter>() != nullptr;
+      s.value = os::of_this_process<counter>().value;
+      ::_exit(::write(fds[1], &s, sizeof s) == sizeof s ? 0 : 1);
+    }
+    ::close(fds[1]);
+    seen_in_child s;
+    const auto n = ::read(fds[0], &s, sizeof s);
+    ::close(fds[0]);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(n == static_cast<ssize_t>(sizeof s));
+    CHECK(WIFEXITED(status));
+    CHECK(s.asked == pid);
+    CHECK(s.cached == pid);
+    CHECK_FALSE(s.made_before);
+    CHECK(s.value == 0);
+    // The parent's are untouched.
+    CHECK(os::this_process() == ::getpid());
+    CHECK(os::of_this_process<counter>().value == 41);
+  }
+}
