@@ -12,17 +12,19 @@
 // - on pipes spliced to the files in the kernel (no console at all: the
 //   floor of any pump, which shows what the pipe's second copy costs);
 // - under cohort-run with the streams teed (the ranks write the files, it
-//   follows them to the console, on /dev/null), and redirected (the ranks
-//   write the files: the launcher only starts and reaps them);
+//   follows them to the console, on /dev/null), teed through pipes
+//   (--tee-through-pipes: it reads the pipes and writes the files and the
+//   console), and redirected (the ranks write the files: the launcher only
+//   starts and reaps them);
 // - under torchrun teed (Debian's torch 1.13, with the same mend as
 //   launcher_exit) where /usr/bin/python3 (or $COHORT_BENCH_PYTHON)
 //   imports torch.
 // A launcher's rate counts from its start to its exit; ratios to the
 // writers on files are taken per round. The console latency of
-// cohort-run's teed lines is measured in rounds that alternate with the
-// same ranks on pipes to the minimal pump, whose console is a pipe read
-// the same way: the floor this machine gives any teeing launcher at the
-// time.
+// cohort-run's teed lines, followed and through pipes, is measured in
+// rounds that take turns with the same ranks on pipes to the minimal pump,
+// whose console is a pipe read the same way: the floor this machine gives
+// any teeing launcher at the time.
 //
 //   log_pump [megabytes per rank] [rounds] [bytes per write]
 //                                              (default 256, 3 and 1 MiB; files in $TMPDIR;
@@ -575,7 +577,8 @@ int main(int argc, char** argv) {
              ranks, megabytes, bytes_per_write, rounds);
   fmt::print("  {:<58} {:>25}  {:>25}\n", "", "", "vs writers on files");
   const std::vector<std::string> teed_flags{"-r", "3", "-t", "3"};
-  std::vector<double> bare, followed, minimal, spliced, teed, redirected, torch_teed;
+  const std::vector<std::string> piped_flags{"-r", "3", "-t", "3", "--tee-through-pipes"};
+  std::vector<double> bare, followed, minimal, spliced, teed, piped, redirected, torch_teed;
   std::string follower_failure, minimal_failure, splice_failure;
   for (int i = 0; i < rounds; ++i) {
     const auto files = [&] { bare.push_back(bare_throughput(self, dir, megabytes)); };
@@ -595,6 +598,7 @@ int main(int argc, char** argv) {
     }
     bound(minimal_pump, minimal, minimal_failure);
     bound(splice_pump, spliced, splice_failure);
+    piped.push_back(launcher_throughput(cohort_args(piped_flags, writer), dir / "cohort", megabytes));
     redirected.push_back(launcher_throughput(cohort_args({"-r", "3"}, writer), dir / "cohort", megabytes));
     if (python) torch_teed.push_back(launcher_throughput(torch_args(teed_flags, writer), dir / "torch", megabytes));
   }
@@ -607,8 +611,11 @@ int main(int argc, char** argv) {
   } else {
     fmt::print("  4 writers on files, a minimal follower each: failed: {}\n", follower_failure);
   }
+  print_throughput("cohort-run -r 3 -t 3 --tee-through-pipes (it pumps pipes)", piped, &bare);
   if (minimal_failure.empty()) {
     print_throughput("4 writers on pipes to a minimal pump (a tee through pipes)", minimal, &bare);
+    fmt::print("  cohort-run -r 3 -t 3 --tee-through-pipes moves {}x what the minimal pump does, round by round\n",
+               spread(per_round(piped, minimal), "{:.2f}"));
   } else {
     fmt::print("  4 writers on pipes to a minimal pump: failed: {}\n", minimal_failure);
   }
@@ -629,16 +636,22 @@ int main(int argc, char** argv) {
   const int lines = 250;
   const std::vector<std::string> stamper{self, "--stamp", std::to_string(lines)};
   fmt::print("console latency: {} ranks x {} lines, 2 ms apart, teed (-t 3)\n", ranks, lines);
-  // Rounds alternate cohort-run and the minimal pump, each first in turn.
-  std::vector<double> ours, floor;
+  // Rounds alternate cohort-run (followed, then through pipes) and the
+  // minimal pump, each first in turn.
+  std::vector<double> ours, ours_piped, floor;
   std::string floor_failure;
   for (int i = 0; i < rounds; ++i) {
     const auto cohort = [&] {
-      auto ms = launcher_latency(cohort_args({"-t", "3"}, stamper));
-      if (ms.size() != static_cast<std::size_t>(ranks * lines)) {
-        throw std::runtime_error(fmt::format("cohort-run delivered {} of {} lines", ms.size(), ranks * lines));
+      for (const bool through_pipes : {false, true}) {
+        std::vector<std::string> flags{"-t", "3"};
+        if (through_pipes) flags.push_back("--tee-through-pipes");
+        auto ms = launcher_latency(cohort_args(flags, stamper));
+        if (ms.size() != static_cast<std::size_t>(ranks * lines)) {
+          throw std::runtime_error(fmt::format("cohort-run delivered {} of {} lines", ms.size(), ranks * lines));
+        }
+        auto& into = through_pipes ? ours_piped : ours;
+        into.insert(into.end(), ms.begin(), ms.end());
       }
-      ours.insert(ours.end(), ms.begin(), ms.end());
     };
     const auto minimal = [&] {
       if (!floor_failure.empty()) return;
@@ -659,6 +672,7 @@ int main(int argc, char** argv) {
                cohort::bench::percentile(ms, 99), cohort::bench::percentile(ms, 100));
   };
   latency_row("cohort-run", ours);
+  latency_row("cohort-run --tee-through-pipes", ours_piped);
   if (floor_failure.empty()) latency_row("4 ranks on pipes to the minimal pump (the floor)", floor);
   else fmt::print("  4 ranks on pipes to the minimal pump: failed: {}\n", floor_failure);
   if (python) {

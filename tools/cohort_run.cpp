@@ -271,6 +271,7 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& fo
   logs.run_id = folder;
   logs.redirects = streams_of("redirects", o.redirects);
   logs.tee = streams_of("tee", o.tee);
+  logs.tee_through_pipes = o.tee_through_pipes;
   logs.prefix = o.log_line_prefix_template;
   // Local ranks past this node's are left out, as torchrun leaves them
   // (one command line may serve nodes with fewer ranks), and said.

@@ -237,7 +237,9 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
         return stream;
       };
       std::optional<followed_file> followed;
-      if (to_console && to_file) followed = watch_log(s, folder / file_names[i], file.get(), s.streams.size());
+      if (to_console && to_file && !spec.tee_through_pipes) {
+        followed = watch_log(s, folder / file_names[i], file.get(), s.streams.size());
+      }
       if (followed) {
         auto& stream = add_stream();
         stream.source = std::move(followed->reader);

@@ -131,6 +131,31 @@ TEST_CASE("a stream teed to a plain file is that file in the rank, and the conso
   CHECK(std::multiset<std::string>(console.begin(), console.end()) == expected);
 }
 
+TEST_CASE("tee_through_pipes: the rank writes a pipe, its file gets the exact bytes and the console whole lines") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  // Each rank prints what its stdout is, then a line without its newline
+  // just before it exits.
+  auto spec = shell_ranks(2, "stat -L -c '%F' /proc/self/fd/1; printf 'bye %s' $R");
+  spec.logs.dir = dir.path;
+  spec.logs.tee = std_streams::out;
+  spec.logs.tee_through_pipes = true;
+  spec.logs.console_out = out.fd;
+  const auto r = run_group(spec);
+  REQUIRE(r.ok());
+  CHECK(r.log_errors.empty());
+  std::multiset<std::string> expected;
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto id = std::to_string(rank);
+    const auto file = dir.path / "none" / "attempt_0" / id / "stdout.log";
+    CHECK(test::read_file(file) == "fifo\nbye " + id);
+    expected.insert("[worker" + id + "]:fifo");
+    expected.insert("[worker" + id + "]:bye " + id);
+  }
+  const auto console = lines_of(out.text());
+  CHECK(std::multiset<std::string>(console.begin(), console.end()) == expected);
+}
+
 TEST_CASE("the prefix template names the role (as ${role} or torchrun's ${role_name}), the global rank and the local rank") {
   test::temp_dir dir;
   console_file out(dir.path / "console");
@@ -212,10 +237,16 @@ TEST_CASE("per-rank redirects and tee") {
 }
 
 TEST_CASE("ranks writing megabytes at once: files exact, console lines never mixed") {
-  // The pumps share their buffers: on four threads, several read at once.
+  // Pumps and followers share their buffers: on four threads, several read at once.
   int threads = 1;
-  SUBCASE("the pumps on one thread") { threads = 1; }
-  SUBCASE("the pumps on four threads") { threads = 4; }
+  bool through_pipes = false;
+  SUBCASE("followed files, on one thread") { threads = 1; }
+  SUBCASE("followed files, on four threads") { threads = 4; }
+  SUBCASE("through pipes, on one thread") { through_pipes = true; }
+  SUBCASE("through pipes, on four threads") {
+    through_pipes = true;
+    threads = 4;
+  }
   test::temp_dir dir;
   console_file out(dir.path / "console");
   // Lines of three lengths, so that reads end mid-line; 6 MB per rank,
@@ -225,6 +256,7 @@ TEST_CASE("ranks writing megabytes at once: files exact, console lines never mix
                                  "' $R $R $R)\" | head -c 6000000");
   spec.logs.dir = dir.path;
   spec.logs.tee = std_streams::out;
+  spec.logs.tee_through_pipes = through_pipes;
   spec.logs.console_out = out.fd;
   REQUIRE(run_group(spec, threads).ok());
   std::map<std::string, std::size_t> lines_per_prefix;

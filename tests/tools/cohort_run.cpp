@@ -403,6 +403,22 @@ TEST_SUITE("cohort-run") {
     }
   }
 
+  TEST_CASE("--tee-through-pipes: the ranks write pipes; the files get the exact bytes, the console whole lines") {
+    test::temp_dir dir;
+    auto r = run_launcher({"-n", "2", "--log-dir", dir.path.string(), "-t", "3", "--tee-through-pipes", "--run-id", "none",
+                           "--", "/bin/sh", "-c", "stat -L -c '%F' /proc/self/fd/1; printf 'end %s' $LOCAL_RANK; echo err >&2"});
+    CHECK(r.status.code() == 0);
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto id = std::to_string(rank);
+      const auto folder = dir.path / "none" / "attempt_0" / id;
+      CHECK(read_file(folder / "stdout.log") == "fifo\nend " + id);
+      CHECK(read_file(folder / "stderr.log") == "err\n");
+      CHECK(r.out.find("[default" + id + "]:fifo\n") != std::string::npos);
+      CHECK(r.out.find("[default" + id + "]:end " + id + "\n") != std::string::npos);
+      CHECK(r.err.find("[default" + id + "]:err\n") != std::string::npos);
+    }
+  }
+
   TEST_CASE("--local-ranks-filter: only those ranks reach the console") {
     test::temp_dir dir;
     auto r = run_launcher({"-n", "3", "--log-dir", dir.path.string(), "-t", "3", "--local-ranks-filter", "1", "--run-id", "none",

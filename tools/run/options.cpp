@@ -194,6 +194,10 @@ run_options parse_options(int argc, char** argv) {
   app.add_option("--log-line-prefix-template,--log_line_prefix_template", o.log_line_prefix_template,
                  "prefix of teed console lines: ${role} (or ${role_name}), ${rank}, ${local_rank} "
                  "(also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)");
+  app.add_flag("--tee-through-pipes,--tee_through_pipes", o.tee_through_pipes,
+               "teed streams through pipes that cohort-run writes to the log files, rather than files the "
+               "ranks write and it follows: faster for ranks that write in small pieces; what the pipes hold "
+               "is lost if cohort-run is killed");
   app.add_option("--result-json,--result_json", o.result_json, "write the run's outcome as JSON to this file");
   app.add_option("--python", o.python, "the Python interpreter for scripts and modules (also COHORT_PYTHON)");
   for (auto* option : app.get_options()) {

@@ -53,6 +53,7 @@ struct run_options {
   std::string log_dir;
   std::string redirects = "0";
   std::string tee = "0";
+  bool tee_through_pipes = false;  ///< teed streams through pipes cohort-run pumps (logs_spec::tee_through_pipes)
   std::vector<int> local_ranks_filter;
   std::string log_line_prefix_template = "[${role}${local_rank}]:";
   std::string result_json;
