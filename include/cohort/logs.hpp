@@ -90,9 +90,9 @@ struct logs_spec {
   /// Teed streams through pipes that this process reads and writes to the
   /// files, rather than files the ranks write and this process follows.
   /// Ranks that write in small pieces run faster so, since the files are
-  /// written in large ones (bench/log_pump: teed at 0.95 times the speed of
-  /// the same ranks writing only files, 4 KiB a write, against 0.63 times
-  /// followed); at 1 MiB a write they run slower (0.47 against 0.56 times).
+  /// written in large ones (bench/log_pump, 4 KiB a write: teed at 0.89
+  /// times the speed of the same ranks writing only files, against 0.58
+  /// times followed); at 1 MiB a write, no faster (0.47 against 0.48).
   /// What a rank wrote last is in its file only once this process has
   /// pumped it: killed outright, it loses what the pipes held. And a rank
   /// waits while the console does not take lines and its pipe is full.
