@@ -56,12 +56,12 @@ struct streams_per_rank {
 /// Any other stream that reaches the console through this process (teed to
 /// a device or a pipe, where inotify is refused, teed under
 /// `tee_through_pipes`, or untouched under `prefix_all`) is a pipe, read as
-/// data arrives (io_uring) and written whole to the file. Either way the console gets a line at a time, each
-/// line whole and behind the rank's prefix: lines of different ranks never
-/// mix. A line longer than 64 KiB is cut into 64 KiB pieces, and a last line
-/// without its newline is written when the rank's stream ends, each ended by
-/// a newline on the console. The files hold exactly the bytes the rank
-/// wrote. A followed file is read to its end once every rank has ended:
+/// data arrives (io_uring) and written whole to the file. Either way the
+/// console gets a line at a time, each line whole and behind the rank's
+/// prefix: lines of different ranks never mix. A line longer than 64 KiB
+/// is cut into 64 KiB pieces, and a last line without its newline is
+/// written when the rank's stream ends, each ended by a newline on the
+/// console. The files hold exactly the bytes the rank wrote. A followed file is read to its end once every rank has ended:
 /// what a process left behind writes there later is in the file only, and a
 /// rank that cuts its own log file short can make the console read it
 /// again from its start. The console writes block this process's io_context
