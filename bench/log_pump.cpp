@@ -398,13 +398,6 @@ void in_turns(int round, A& a, B& b) {
   }
 }
 
-// a[i] / b[i]: the ratio of two rows, round by round.
-std::vector<double> per_round(const std::vector<double>& a, const std::vector<double>& b) {
-  std::vector<double> r;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) r.push_back(a[i] / b[i]);
-  return r;
-}
-
 // "median (min-max)" of the rounds.
 std::string spread(const std::vector<double>& rounds, const char* format) {
   const auto s = cohort::bench::spread_of(rounds);
@@ -415,7 +408,7 @@ std::string spread(const std::vector<double>& rounds, const char* format) {
 // A row of MB/s, and its ratio to `bound` round by round unless null.
 void print_throughput(const std::string& name, const std::vector<double>& rate, const std::vector<double>* bound) {
   fmt::print("  {:<58} {:>20} MB/s", name, spread(rate, "{:.0f}"));
-  if (bound != nullptr) fmt::print("  {:>24}x", spread(per_round(rate, *bound), "{:.3g}"));
+  if (bound != nullptr) fmt::print("  {:>24}x", spread(cohort::bench::per_round(rate, *bound), "{:.3g}"));
   fmt::print("\n");
 }
 
@@ -607,7 +600,7 @@ int main(int argc, char** argv) {
   if (follower_failure.empty()) {
     print_throughput("4 writers on files, a minimal follower each (the bound)", followed, &bare);
     fmt::print("  cohort-run -r 3 -t 3 moves {}x what the minimal followers do, round by round\n",
-               spread(per_round(teed, followed), "{:.2f}"));
+               spread(cohort::bench::per_round(teed, followed), "{:.2f}"));
   } else {
     fmt::print("  4 writers on files, a minimal follower each: failed: {}\n", follower_failure);
   }
@@ -615,7 +608,7 @@ int main(int argc, char** argv) {
   if (minimal_failure.empty()) {
     print_throughput("4 writers on pipes to a minimal pump (a tee through pipes)", minimal, &bare);
     fmt::print("  cohort-run -r 3 -t 3 --tee-through-pipes moves {}x what the minimal pump does, round by round\n",
-               spread(per_round(piped, minimal), "{:.2f}"));
+               spread(cohort::bench::per_round(piped, minimal), "{:.2f}"));
   } else {
     fmt::print("  4 writers on pipes to a minimal pump: failed: {}\n", minimal_failure);
   }
@@ -628,7 +621,7 @@ int main(int argc, char** argv) {
   if (python) {
     print_throughput("torchrun -r 3 -t 3 (start to exit: includes its start)", torch_teed, &bare);
     fmt::print("  cohort-run -r 3 -t 3 moves {}x what torchrun -r 3 -t 3 does, round by round\n",
-               spread(per_round(teed, torch_teed), "{:.1f}"));
+               spread(cohort::bench::per_round(teed, torch_teed), "{:.1f}"));
   } else {
     fmt::print("  torchrun: torch is not importable\n");
   }

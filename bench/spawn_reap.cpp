@@ -5,9 +5,10 @@
 // round runs every variant once, in turn, the first of them moving on by one
 // each round, so that no variant always runs right after the same other one;
 // the report gives each variant's median over the rounds and the median of
-// its per-round ratios to the raw loop, with their range. Then how long one launch holds the thread that
-// makes it (both return once the child has exec'd): cohort::spawn against
-// posix_spawn, taking turns, each child reaped before the next launch.
+// its per-round ratios to the raw loop, with their range. Then how long one
+// launch holds the thread that makes it (both return once the child has
+// exec'd): cohort::spawn against posix_spawn, taking turns, each child
+// reaped before the next launch.
 //
 //   spawn_reap [rounds]     (default 15)
 #include <cohort/cohort.hpp>
@@ -145,9 +146,7 @@ int main(int argc, char** argv) {
       const double m = cohort::bench::median(samples[v]);
       std::string versus = "1.00x";
       if (v != 0) {
-        std::vector<double> ratios;
-        for (int r = 0; r < rounds; ++r) ratios.push_back(samples[v][r] / samples[0][r]);
-        const auto ratio = cohort::bench::spread_of(ratios);
+        const auto ratio = cohort::bench::spread_of(cohort::bench::per_round(samples[v], samples[0]));
         versus = fmt::format("{:.2f}x ({:.2f}-{:.2f})", ratio.median, ratio.min, ratio.max);
       }
       fmt::print("{:>4}  {:<24} {:>10.3f} {:>13.1f} {:>22}\n", n, variants[v].first, m * 1e3, m * 1e6 / n, versus);

@@ -323,20 +323,18 @@ int main(int argc, char** argv) {
                server ? "   (the forkserver's own CPU not counted)" : "");
   }
   // Two methods against each other, round by round as above.
-  const auto per_round = [&](const char* over, const char* under) {
+  const auto against = [&](const char* over, const char* under) {
     const auto at = [&](const char* name) {
       return std::find_if(methods.begin(), methods.end(), [&](const timing& t) { return t.name == name; }) -
              methods.begin();
     };
-    std::vector<double> quotients;
-    for (int r = 0; r < rounds; ++r) quotients.push_back(ours[at(over)][r] / ours[at(under)][r]);
-    return spread_of(quotients);
+    return spread_of(cohort::bench::per_round(ours[at(over)], ours[at(under)]));
   };
-  const auto parallel = per_round("spawn", "spawn-one-by-one");
+  const auto parallel = against("spawn", "spawn-one-by-one");
   fmt::print("  cohort spawn, {} starting threads, takes {:.2f}x ({:.2f}-{:.2f}x) its time one by one\n",
              std::min(8u, std::max(1u, std::thread::hardware_concurrency())), parallel.median, parallel.min,
              parallel.max);
-  const auto after = per_round("fork-after-spawn", "fork");
+  const auto after = against("fork-after-spawn", "fork");
   fmt::print("  cohort fork after a spawn takes {:.2f}x ({:.2f}-{:.2f}x) cohort fork in a fresh process\n",
              after.median, after.min, after.max);
   for (const auto& line : cohort::bench::python_lines(python_script, std::to_string(std::max(3, rounds / 5)))) {

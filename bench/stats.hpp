@@ -35,6 +35,14 @@ inline double percentile(std::vector<double> samples, double p) {
 
 inline double median(std::vector<double> samples) { return percentile(std::move(samples), 50); }
 
+/// a[i] / b[i]: two contenders' figures as ratios, round by round (as many
+/// as the shorter has).
+inline std::vector<double> per_round(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> r;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) r.push_back(a[i] / b[i]);
+  return r;
+}
+
 /// The median of per-round figures and their range.
 struct spread {
   double median, min, max;

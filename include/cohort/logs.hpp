@@ -61,11 +61,12 @@ struct streams_per_rank {
 /// prefix: lines of different ranks never mix. A line longer than 64 KiB
 /// is cut into 64 KiB pieces, and a last line without its newline is
 /// written when the rank's stream ends, each ended by a newline on the
-/// console. The files hold exactly the bytes the rank wrote. A followed file is read to its end once every rank has ended:
-/// what a process left behind writes there later is in the file only, and a
-/// rank that cuts its own log file short can make the console read it
-/// again from its start. The console writes block this process's io_context
-/// while the console does not take them.
+/// console. The files hold exactly the bytes the rank wrote. A followed
+/// file is read to its end once every rank has ended: what a process left
+/// behind writes there later is in the file only, and a rank that cuts its
+/// own log file short can make the console read it again from its start.
+/// The console writes block this process's io_context while the console
+/// does not take them.
 ///
 /// Files: <dir>/<run_id>/attempt_<attempt>/<rank>/{stdout.log,stderr.log,
 /// error.json}; the group's error files go there too (unless
