@@ -6,8 +6,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdint>
-
 using namespace cohort;
 
 namespace {
