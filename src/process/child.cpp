@@ -39,7 +39,7 @@ exit_status to_status(const siginfo_t& info, const rusage& usage) {
 }  // namespace
 
 void reap_in_background(const std::shared_ptr<child_state>& state) {
-  uring::async_waitid(state->executor, state->pidfd, state->pid, WEXITED | WNOWAIT, [state](std::error_code ec, siginfo_t) {
+  uring::async_exited(state->executor, state->pidfd, state->pid, [state](std::error_code ec, siginfo_t) {
     if (!ec) state->reap(false, ec);
   });
 }
@@ -143,10 +143,9 @@ asio::awaitable<exit_status> child::wait_for(std::shared_ptr<detail::child_state
 
   for (;;) {
     std::error_code ec;
-    // WNOWAIT: the ring only tells us the child exited; the reap below
-    // collects its status together with its resource usage.
-    co_await uring::async_waitid(state->executor, state->pidfd, state->pid, WEXITED | WNOWAIT,
-                                 asio::redirect_error(asio::use_awaitable, ec));
+    // Only that the child exited: the reap below collects its status
+    // together with its resource usage.
+    co_await uring::async_exited(state->executor, state->pidfd, state->pid, asio::redirect_error(asio::use_awaitable, ec));
     if (state->status) co_return *state->status;  // reaped meanwhile by try_wait()
     if (ec == asio::error::operation_aborted) throw std::system_error(ec, "cohort::child::wait");
     if (!ec) {

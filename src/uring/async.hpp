@@ -186,7 +186,8 @@ class readiness_watch {
 
 /// The reactor path: wait until `fd` has one of `events`, then run
 /// `attempt`, which returns the result or nullopt to wait again (a spurious
-/// wake-up).
+/// wake-up). An attempt with `once_ready()` says its result itself when the
+/// watch reads ready: readiness then needs no system call to confirm.
 ///
 /// A watch takes a descriptor. Where none is left (EMFILE, ENFILE: a
 /// process waiting for hundreds of children under the usual soft limit of
@@ -216,6 +217,12 @@ class reactor_operation {
   void operator()(Self& self, std::error_code ec) {
     if (ec) return finish(self, ec, value_type{});
     if (!watch_) return look(self);  // polling: the timer ran out
+    if constexpr (requires(const Attempt& a) { a.once_ready(); }) {
+      if (!cancelled(self)) {
+        auto result = attempt_.once_ready();
+        return finish(self, result.first, std::move(result.second));
+      }
+    }
     if (auto result = attempt_()) return finish(self, result->first, std::move(result->second));
     if (cancelled(self)) return finish(self, asio::error::operation_aborted, value_type{});
     wait(self);

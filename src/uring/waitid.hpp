@@ -88,4 +88,24 @@ auto async_waitid(const asio::any_io_executor& executor, int pidfd, pid_t pid, i
                                 pidfd, POLLIN, waitid_attempt{pidfd, pid, options}, std::forward<Token>(token));
 }
 
+/// The reactor part of async_exited: waitid_attempt's, except that the
+/// watch reading ready says it all. A pidfd reads ready once its process
+/// has exited and stays so, so the exit needs no waitid to confirm it.
+struct exit_attempt : waitid_attempt {
+  std::pair<std::error_code, siginfo_t> once_ready() const { return {std::error_code{}, siginfo_t{}}; }
+};
+
+/// Waits for the process behind `pidfd` (process `pid`, a child of this
+/// process) to exit, leaving it to be reaped; completes with
+/// `void(std::error_code, siginfo_t)`. For a caller that reaps next: the
+/// siginfo is the kernel's where the ring or a first look saw the exit,
+/// and empty where the reactor's watch did. The pidfd must stay open until
+/// completion.
+template <class Token>
+auto async_exited(const asio::any_io_executor& executor, int pidfd, pid_t pid, Token&& token) {
+  constexpr int options = WEXITED | WNOWAIT;
+  return async_start<siginfo_t>(executor, service_of(executor).caps().waitid, waitid_ring{pidfd, options}, pidfd,
+                                POLLIN, exit_attempt{{pidfd, pid, options}}, std::forward<Token>(token));
+}
+
 }  // namespace cohort::uring

@@ -269,4 +269,32 @@ TEST_SUITE("waitid") {
     REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(child.pidfd), &info, WEXITED | WNOHANG) == 0);
     CHECK(info.si_pid == 0);  // still running
   }
+
+  TEST_CASE("async_exited tells of the exit and leaves the child to be reaped, or ends cancelled") {
+    asio::io_context io;
+    forked child(9, 20);  // exits once the wait is under way: the ring's, or the reactor's watch
+    forked sleeper(0, 10'000);
+    std::error_code exited, cancelled;
+    bool completed = false;
+    uring::async_exited(io.get_executor(), child.pidfd, child.pid, [&](std::error_code ec, siginfo_t) {
+      completed = true;
+      exited = ec;
+    });
+    asio::cancellation_signal cancel;
+    uring::async_exited(io.get_executor(), sleeper.pidfd, sleeper.pid,
+                        asio::bind_cancellation_slot(cancel.slot(), [&](std::error_code ec, siginfo_t) { cancelled = ec; }));
+    io.poll();
+    CHECK_FALSE(completed);  // not before the exit
+    cancel.emit(asio::cancellation_type::terminal);
+    io.run();
+    CHECK(completed);
+    CHECK_FALSE(exited);
+    CHECK(cancelled == asio::error::operation_aborted);
+    siginfo_t info{};
+    REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(child.pidfd), &info, WEXITED | WNOHANG) == 0);
+    CHECK(info.si_pid == child.pid);  // exited, and still ours to reap
+    CHECK(info.si_status == 9);
+    REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(sleeper.pidfd), &info, WEXITED | WNOHANG) == 0);
+    CHECK(info.si_pid == 0);  // still running
+  }
 }
