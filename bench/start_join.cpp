@@ -30,6 +30,12 @@
 #include <cohort/entry_point.hpp>
 #include <cohort/spawn_and_join.hpp>
 
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/posix/stream_descriptor.hpp>
+#include <asio/use_awaitable.hpp>
+
 #include "python.hpp"
 #include "stats.hpp"
 
@@ -38,6 +44,7 @@
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -123,6 +130,30 @@ void raw_fork() {
   for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
 }
 
+// Raw fork under a bare supervisor on asio: each child's pidfd awaited by a
+// coroutine of its own on an io_context, then the child reaped through it
+// with its resource usage (as cohort reaps).
+void asio_fork() {
+  asio::io_context io;
+  int reaped = 0;
+  for (int r = 0; r < ranks; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) ::_exit(0);
+    if (pid < 0) throw std::runtime_error("fork");
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd < 0) throw std::runtime_error("pidfd_open");
+    auto wait = [](asio::posix::stream_descriptor child, int& done) -> asio::awaitable<void> {
+      co_await child.async_wait(asio::posix::stream_descriptor::wait_read, asio::use_awaitable);
+      siginfo_t info{};
+      rusage usage{};
+      if (::syscall(SYS_waitid, P_PIDFD, child.native_handle(), &info, WEXITED, &usage) == 0) ++done;
+    };
+    asio::co_spawn(io, wait(asio::posix::stream_descriptor(io, pidfd), reaped), asio::detached);
+  }
+  io.run();
+  if (reaped != ranks) throw std::runtime_error("the asio supervisor reaped too few children");
+}
+
 // Python's multiprocessing (and torch's, when importable), timed in Python;
 // prints "<name> <median seconds>" lines.
 const char* python_script = R"(
@@ -174,9 +205,10 @@ std::vector<timing> timings() {
 }
 
 // start_join --alone METHOD: per byte read on stdin, one run of its
-// baseline (raw fork or posix_spawn) and one of the method, from this same
-// process (its memory, its threads: what a fork copies), their seconds
-// written as a line on stdout; ends at end of input.
+// baseline (raw fork or posix_spawn), one of the method, and for a fork
+// method one of the asio supervisor, from this same process (its memory,
+// its threads: what a fork copies), their seconds written as a line on
+// stdout (the supervisor's 0 where it did not run); ends at end of input.
 int serve_rounds(const std::string& what) {
   const auto all = timings();
   const auto it = std::find_if(all.begin(), all.end(), [&](const timing& t) { return t.name == what; });
@@ -187,8 +219,10 @@ int serve_rounds(const std::string& what) {
     const timed baseline = timed_run(it->against_fork ? raw_fork : raw_spawn);
     const timed ours =
         timed_run([&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, it->options); });
-    const std::string line = fmt::format("{} {} {} {} {} {}\n", ours.seconds, baseline.seconds, ours.cpu.self,
-                                         ours.cpu.children, baseline.cpu.self, baseline.cpu.children);
+    const timed supervisor = it->against_fork ? timed_run(asio_fork) : timed{};
+    const std::string line =
+        fmt::format("{} {} {} {} {} {} {}\n", ours.seconds, baseline.seconds, ours.cpu.self, ours.cpu.children,
+                    baseline.cpu.self, baseline.cpu.children, supervisor.seconds);
     if (::write(1, line.data(), line.size()) != static_cast<ssize_t>(line.size())) return 1;
   }
   return 0;
@@ -234,12 +268,13 @@ class method_process {
   /// One start and join, and its baseline just before in the same process.
   struct result {
     timed ours, baseline;
+    double supervisor = 0;  // the asio supervisor's seconds; 0 where it did not run
   };
   result round() {
     result r;
     if (::write(to_, "g", 1) != 1 ||
-        std::fscanf(from_, "%lf %lf %lf %lf %lf %lf", &r.ours.seconds, &r.baseline.seconds, &r.ours.cpu.self,
-                    &r.ours.cpu.children, &r.baseline.cpu.self, &r.baseline.cpu.children) != 6)
+        std::fscanf(from_, "%lf %lf %lf %lf %lf %lf %lf", &r.ours.seconds, &r.baseline.seconds, &r.ours.cpu.self,
+                    &r.ours.cpu.children, &r.baseline.cpu.self, &r.baseline.cpu.children, &r.supervisor) != 7)
       throw std::runtime_error(fmt::format("cohort {}: its process answered no time", what_));
     return r;
   }
@@ -275,6 +310,10 @@ int main(int argc, char** argv) {
   // (in µs); the same for its baseline.
   std::vector<std::vector<double>> own_cpu(methods.size()), rank_cpu(methods.size()), base_own_cpu(methods.size()),
       base_rank_cpu(methods.size());
+  // The fork methods' asio supervisor: its seconds, its ratio to the same
+  // round's raw fork, and the method's ratio to it.
+  std::vector<std::vector<double>> supervisor(methods.size()), supervisor_ratio(methods.size()),
+      over_supervisor(methods.size());
   fmt::print("start+join of {} ranks, {} rounds; each round, in each method's process: its baseline, then the "
              "method once\n",
              ranks, rounds);
@@ -292,6 +331,11 @@ int main(int argc, char** argv) {
       rank_cpu[m].push_back(r.ours.cpu.children * 1e6 / ranks);
       base_own_cpu[m].push_back(r.baseline.cpu.self * 1e3);
       base_rank_cpu[m].push_back(r.baseline.cpu.children * 1e6 / ranks);
+      if (r.supervisor > 0) {
+        supervisor[m].push_back(r.supervisor);
+        supervisor_ratio[m].push_back(r.supervisor / r.baseline.seconds);
+        over_supervisor[m].push_back(r.ours.seconds / r.supervisor);
+      }
       fmt::print(" {:>{}.2f}x", ratios[m].back(), methods[m].name.size() - 1);
     }
     fmt::print("\n");
@@ -307,6 +351,17 @@ int main(int argc, char** argv) {
                "cohort " + methods[m].name, median_of[methods[m].name] * 1e3, ratio.median,
                methods[m].against_fork ? "raw fork" : "posix_spawn", cohort::bench::median(theirs[m]) * 1e3,
                ratio.min, ratio.max, processes[m]->first() * 1e3);
+  }
+  // The bare asio supervisor of raw forks, in each fork method's process
+  // (named after it), against raw fork and against the method.
+  for (std::size_t m = 0; m < methods.size(); ++m) {
+    if (supervisor[m].empty()) continue;
+    const auto floor = spread_of(supervisor_ratio[m]);
+    const auto above = spread_of(over_supervisor[m]);
+    fmt::print("  {:<44} {:>9.3f} ms  {:.2f}x raw fork ({:.2f}-{:.2f}x); cohort {} takes {:.2f}x ({:.2f}-{:.2f}x) "
+               "its time\n",
+               "asio supervisor in " + methods[m].name + "'s process", cohort::bench::median(supervisor[m]) * 1e3,
+               floor.median, floor.min, floor.max, methods[m].name, above.median, above.min, above.max);
   }
   processes.clear();
   // Where each method's time goes: the CPU its process used per round, and
