@@ -552,11 +552,11 @@ int main(int argc, char** argv) {
   std::string args = fmt::format("{} {} {} {} {}", python_ints, torch_tensors, rounds, torch_trips, sends);
   for (auto size : sizes) args += fmt::format(" {}", size);
   const auto peers = run_peers(args);
-  fmt::print("baselines in python3, measured the same way (cohort xN: cohort is N times faster)\n");
+  fmt::print("baselines in python3, measured the same way (cohort Nx: cohort is N times faster)\n");
   fmt::print("  pipeline, the same window\n");
   const auto pipeline_peer = [&](const std::string& key, const std::string& label, std::string_view unit) {
     if (const double* r = peer_result(peers, key, 1, label)) {
-      fmt::print("    {:<50} {:>12.0f} {:<9} cohort x{:.1f}\n", label, r[0], unit, rate / r[0]);
+      fmt::print("    {:<50} {:>12.0f} {:<9} cohort {:.1f}x\n", label, r[0], unit, rate / r[0]);
     }
   };
   pipeline_peer("python_ints", fmt::format("Python multiprocessing, plain ints ({})", python_ints), "items/s");
@@ -564,7 +564,7 @@ int main(int argc, char** argv) {
   fmt::print("  ping-pong\n");
   const auto pingpong_label = fmt::format("torch.multiprocessing put/get ({} trips)", torch_trips);
   if (const double* p = peer_result(peers, "torch_pingpong", 2, pingpong_label)) {
-    fmt::print("    {:<50} p50 {:>7.2f} µs  p99 {:>7.2f} µs  cohort blocking p50 x{:.0f}\n", pingpong_label, p[0], p[1],
+    fmt::print("    {:<50} p50 {:>7.2f} µs  p99 {:>7.2f} µs  cohort blocking p50 {:.0f}x\n", pingpong_label, p[0], p[1],
                p[0] / bench::percentile(blocking, 50));
   }
   const auto send_peers = [&](std::string_view kind, std::string_view title, const std::map<std::size_t, double>& ours) {
@@ -572,7 +572,7 @@ int main(int argc, char** argv) {
     for (auto size : sizes) {
       const auto label = fmt::format("torch  {:>12} bytes", size);
       if (const double* ms = peer_result(peers, fmt::format("torch_send_{}_{}", kind, size), 1, label)) {
-        fmt::print("    {} {:>10.3f} ms   cohort {:>10.3f} ms   cohort x{:.1f}\n", label, ms[0], ours.at(size),
+        fmt::print("    {} {:>10.3f} ms   cohort {:>10.3f} ms   cohort {:.1f}x\n", label, ms[0], ours.at(size),
                    ms[0] / ours.at(size));
       }
     }
