@@ -145,7 +145,8 @@ asio::awaitable<exit_status> child::wait_for(std::shared_ptr<detail::child_state
     std::error_code ec;
     // Only that the child exited: the reap below collects its status
     // together with its resource usage.
-    co_await uring::async_exited(state->executor, state->pidfd, state->pid, asio::redirect_error(asio::use_awaitable, ec));
+    co_await uring::async_exited(state->executor, state->pidfd, state->pid,
+                                 asio::redirect_error(asio::use_awaitable, ec));
     if (state->status) co_return *state->status;  // reaped meanwhile by try_wait()
     if (ec == asio::error::operation_aborted) throw std::system_error(ec, "cohort::child::wait");
     if (!ec) {

@@ -281,8 +281,9 @@ TEST_SUITE("waitid") {
       exited = ec;
     });
     asio::cancellation_signal cancel;
+    const auto on_cancel = [&](std::error_code ec, siginfo_t) { cancelled = ec; };
     uring::async_exited(io.get_executor(), sleeper.pidfd, sleeper.pid,
-                        asio::bind_cancellation_slot(cancel.slot(), [&](std::error_code ec, siginfo_t) { cancelled = ec; }));
+                        asio::bind_cancellation_slot(cancel.slot(), on_cancel));
     io.poll();
     CHECK_FALSE(completed);  // not before the exit
     cancel.emit(asio::cancellation_type::terminal);
