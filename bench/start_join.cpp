@@ -36,6 +36,7 @@
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include "config.hpp"
 #include "python.hpp"
 #include "stats.hpp"
 
@@ -130,9 +131,18 @@ void raw_fork() {
   for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
 }
 
+// The bare supervisor's wait for one child: its pidfd's readiness, then
+// the reap through it with its resource usage (as cohort reaps); counts
+// the child in `reaped`.
+asio::awaitable<void> reap_when_exited(asio::posix::stream_descriptor child, int& reaped) {
+  co_await child.async_wait(asio::posix::stream_descriptor::wait_read, asio::use_awaitable);
+  siginfo_t info{};
+  rusage usage{};
+  if (::syscall(SYS_waitid, cohort::config::p_pidfd, child.native_handle(), &info, WEXITED, &usage) == 0) ++reaped;
+}
+
 // Raw fork under a bare supervisor on asio: each child's pidfd awaited by a
-// coroutine of its own on an io_context, then the child reaped through it
-// with its resource usage (as cohort reaps).
+// coroutine of its own on an io_context (reap_when_exited).
 void asio_fork() {
   asio::io_context io;
   int reaped = 0;
@@ -140,15 +150,9 @@ void asio_fork() {
     pid_t pid = ::fork();
     if (pid == 0) ::_exit(0);
     if (pid < 0) throw std::runtime_error("fork");
-    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    const int pidfd = cohort::config::pidfd_open(pid);
     if (pidfd < 0) throw std::runtime_error("pidfd_open");
-    auto wait = [](asio::posix::stream_descriptor child, int& done) -> asio::awaitable<void> {
-      co_await child.async_wait(asio::posix::stream_descriptor::wait_read, asio::use_awaitable);
-      siginfo_t info{};
-      rusage usage{};
-      if (::syscall(SYS_waitid, P_PIDFD, child.native_handle(), &info, WEXITED, &usage) == 0) ++done;
-    };
-    asio::co_spawn(io, wait(asio::posix::stream_descriptor(io, pidfd), reaped), asio::detached);
+    asio::co_spawn(io, reap_when_exited(asio::posix::stream_descriptor(io, pidfd), reaped), asio::detached);
   }
   io.run();
   if (reaped != ranks) throw std::runtime_error("the asio supervisor reaped too few children");
@@ -310,10 +314,8 @@ int main(int argc, char** argv) {
   // (in µs); the same for its baseline.
   std::vector<std::vector<double>> own_cpu(methods.size()), rank_cpu(methods.size()), base_own_cpu(methods.size()),
       base_rank_cpu(methods.size());
-  // The fork methods' asio supervisor: its seconds, its ratio to the same
-  // round's raw fork, and the method's ratio to it.
-  std::vector<std::vector<double>> supervisor(methods.size()), supervisor_ratio(methods.size()),
-      over_supervisor(methods.size());
+  // The fork methods' asio supervisor: its seconds, round by round.
+  std::vector<std::vector<double>> supervisor(methods.size());
   fmt::print("start+join of {} ranks, {} rounds; each round, in each method's process: its baseline, then the "
              "method once\n",
              ranks, rounds);
@@ -331,11 +333,7 @@ int main(int argc, char** argv) {
       rank_cpu[m].push_back(r.ours.cpu.children * 1e6 / ranks);
       base_own_cpu[m].push_back(r.baseline.cpu.self * 1e3);
       base_rank_cpu[m].push_back(r.baseline.cpu.children * 1e6 / ranks);
-      if (r.supervisor > 0) {
-        supervisor[m].push_back(r.supervisor);
-        supervisor_ratio[m].push_back(r.supervisor / r.baseline.seconds);
-        over_supervisor[m].push_back(r.ours.seconds / r.supervisor);
-      }
+      if (r.supervisor > 0) supervisor[m].push_back(r.supervisor);
       fmt::print(" {:>{}.2f}x", ratios[m].back(), methods[m].name.size() - 1);
     }
     fmt::print("\n");
@@ -356,8 +354,9 @@ int main(int argc, char** argv) {
   // (named after it), against raw fork and against the method.
   for (std::size_t m = 0; m < methods.size(); ++m) {
     if (supervisor[m].empty()) continue;
-    const auto floor = spread_of(supervisor_ratio[m]);
-    const auto above = spread_of(over_supervisor[m]);
+    // Every round of a fork method has one: aligned with its rounds.
+    const auto floor = spread_of(cohort::bench::per_round(supervisor[m], theirs[m]));
+    const auto above = spread_of(cohort::bench::per_round(ours[m], supervisor[m]));
     fmt::print("  {:<44} {:>9.3f} ms  {:.2f}x raw fork ({:.2f}-{:.2f}x); cohort {} takes {:.2f}x ({:.2f}-{:.2f}x) "
                "its time\n",
                "asio supervisor in " + methods[m].name + "'s process", cohort::bench::median(supervisor[m]) * 1e3,
