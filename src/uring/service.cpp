@@ -7,7 +7,7 @@
 #include <asio/prefer.hpp>
 #include <asio/strand.hpp>
 
-#include <sys/eventfd.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -115,19 +115,20 @@ service::service(asio::io_context& io, bool with_ring) : asio::execution_context
     caps_.cancel = supported(IORING_OP_ASYNC_CANCEL);
     io_uring_free_probe(probe);
   }
-  eventfd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  const bool bridged = eventfd_ >= 0 && io_uring_register_eventfd(&ring_, eventfd_) == 0;
-  if (!bridged || !caps_.cancel) {
+  // asio watches a second descriptor of the ring itself, which reads ready
+  // while completions wait: no eventfd to signal on each completion, and
+  // none to read before reaping them.
+  const int watched = ::fcntl(ring_.ring_fd, F_DUPFD_CLOEXEC, 0);
+  if (watched < 0 || !caps_.cancel) {
     caps_ = {};
     caps_.why_not = probe == nullptr ? "io_uring probe refused"
-                    : !bridged       ? "io_uring eventfd registration refused"
+                    : watched < 0    ? std::string("io_uring descriptor not duplicated: ") + std::strerror(errno)
                                      : "io_uring lacks IORING_OP_ASYNC_CANCEL";
-    if (eventfd_ >= 0) ::close(eventfd_);
-    eventfd_ = -1;
+    if (watched >= 0) ::close(watched);
     io_uring_queue_exit(&ring_);
     return;
   }
-  watch_->assign(eventfd_);  // owns the eventfd from here on
+  watch_->assign(watched);  // owns the duplicate from here on
   caps_.ring = true;
 }
 
@@ -174,7 +175,7 @@ void service::flush_locked() {
   }
 }
 
-// Keeps one wait on the eventfd while anything is in flight, and none
+// Keeps one wait on the ring while anything is in flight, and none
 // otherwise: an armed wait counts as work and would keep io_context::run()
 // from returning.
 void service::arm_locked() {
@@ -240,12 +241,6 @@ void service::cancel(operation& op) {
 
 void service::on_ready(const std::error_code& ec) {
   if (ec == asio::error::operation_aborted) return;
-  // Read though asio watches it edge-triggered: with the eventfd left
-  // unread, exit_latency's wake through the ring came about 15 us later
-  // (44 us against 28 us at p50).
-  std::uint64_t counter;
-  [[maybe_unused]] auto n = ::read(eventfd_, &counter, sizeof counter);
-
   // Collect under the lock, complete outside it: a completion may start or
   // cancel other operations, or resume a coroutine that destroys things.
   struct done {

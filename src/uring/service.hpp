@@ -1,5 +1,5 @@
 // The io_uring service: one ring per asio execution context, bridged into
-// asio through an eventfd that the ring signals on every completion.
+// asio through a descriptor of the ring, which reads ready while completions wait.
 #pragma once
 
 #include <asio/any_io_executor.hpp>
@@ -105,7 +105,6 @@ class service final : public asio::execution_context::service {
   asio::io_context& io_;
   capabilities caps_;
   io_uring ring_{};
-  int eventfd_ = -1;
   std::optional<asio::posix::stream_descriptor> watch_;
 
   std::mutex mutex_;          // guards the submission queue, the in-flight list and armed_

@@ -162,7 +162,7 @@ TEST_SUITE("waitid") {
       });
       // On the reactor, a watch would need a descriptor, and the wait would
       // fall back to looking every millisecond; on the ring, the completion
-      // would come back through the ring's eventfd: either way no handler
+      // would come back through the ring's descriptor: either way no handler
       // would be ready now.
       io.poll_one();
     }
