@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,6 +80,9 @@ class spin_budget {
   }
   void slept(std::chrono::nanoseconds came_after) noexcept {
     if (came_after >= std::chrono::nanoseconds::zero() && came_after <= max_spin) return spun(came_after);
+    held_off();
+  }
+  void held_off() noexcept {
     ns_.store(std::max(ns_.load(std::memory_order_relaxed) / 2, min_spin.count()), std::memory_order_relaxed);
   }
 
@@ -159,10 +163,12 @@ struct queue_header {
   alignas(line) shm::shared_lock push_lock;  // guards the free part of the ring and head_seen
   std::uint64_t head_seen;                   // head as a push last read it
   alignas(line) std::atomic<std::uint64_t> tail;  // a position: where the next record goes; stored under push_lock
+  std::atomic<std::int32_t> tail_cpu{-1};         // the CPU the last push ran on (-1: none yet), for the pops' waits
   // The consumers' side.
   alignas(line) shm::shared_lock pop_lock;  // guards the records in the ring and tail_seen
   std::uint64_t tail_seen;                  // tail as a pop last read it
   alignas(line) std::atomic<std::uint64_t> head;  // a position: the oldest record; stored under pop_lock
+  std::atomic<std::int32_t> head_cpu{-1};         // the CPU the last pop ran on (-1: none yet), for the pushes' waits
   // What changes when a wait sleeps or a process comes or goes.
   alignas(line) shm::shared_lock table_lock;  // guards everything below
   // Waits that may be asleep on `items` and on `space`; read without the
@@ -363,6 +369,18 @@ class queue_core {
 
   spin_budget& spin(side s) noexcept { return spin_[index(s)]; }
 
+  // Whether the other side last went through on the CPU this thread runs
+  // on now. Unless it has moved since, it could not run while this thread
+  // spun: the spin held it off for the whole budget, and its answer came
+  // just after, which would teach the budget to stay. Two processes that
+  // the scheduler kept on one CPU so took about twice the budget for each
+  // round trip (100 us against 1), until it moved one of them.
+  bool other_side_on_this_cpu(side s) const noexcept {
+    const int cpu = ::sched_getcpu();
+    const auto& other = s == side::pop ? h().tail_cpu : h().head_cpu;
+    return cpu >= 0 && other.load(std::memory_order_relaxed) == cpu;
+  }
+
   // After a wait on `s` that began at `started` had to sleep, however it
   // ended: teaches the budget when the last wake came.
   void slept(side s, std::chrono::steady_clock::time_point started) noexcept {
@@ -446,6 +464,7 @@ class queue_core {
     std::memcpy(record + 8, r.bytes.data(), r.bytes.size());
     // Held for the message before a pop can take it.
     hold_for_message(r.handles);
+    h().tail_cpu.store(::sched_getcpu(), std::memory_order_relaxed);
     h().tail.store(position{tail.values + 1, tail.lines + lines}.word(), std::memory_order_release);
     return true;
   }
@@ -481,6 +500,7 @@ class queue_core {
     }
     out.assign(record + 8, record + 8 + len);
     moved += static_cast<std::uint32_t>(record_bytes(len) / line);
+    h().head_cpu.store(::sched_getcpu(), std::memory_order_relaxed);
     h().head.store(position{head.values + 1, head.lines + moved}.word(), std::memory_order_release);
     return head_words[1];
   }
@@ -704,11 +724,17 @@ bool at_once(queue_core& q, side s, Attempt& attempt) {
 }
 
 // A wait past its spin: teaches the budget when it ends, however it ends.
+// When the spin ran out with the other side last seen on this thread's CPU
+// (`shared_cpu`), the spin only held it off: the budget halves.
 struct budget_lesson {
   queue_core& q;
   side s;
   std::chrono::steady_clock::time_point started;
-  ~budget_lesson() { q.slept(s, started); }
+  bool shared_cpu;
+  ~budget_lesson() {
+    if (shared_cpu) q.spin(s).held_off();
+    else q.slept(s, started);
+  }
 };
 
 // Blocks until a push or pop goes through, `deadline` passes (false), or
@@ -723,7 +749,7 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
   const auto started = timeout ? called : std::chrono::steady_clock::now();
   const auto deadline = timeout ? started + *timeout : std::chrono::steady_clock::time_point::max();
   if (spin_for(q, s, started, attempt, deadline)) return true;
-  const budget_lesson lesson{q, s, started};
+  const budget_lesson lesson{q, s, started, q.other_side_on_this_cpu(s)};
   for (std::uint32_t seq = 0;;) {
     if (attempt(true, seq)) return true;
     const auto left = std::max(std::chrono::nanoseconds(0), deadline - std::chrono::steady_clock::now());
@@ -784,7 +810,7 @@ asio::awaitable<void> wait_async(std::shared_ptr<queue_core> q, side s, Attempt 
   // max_spin.
   const auto started = std::chrono::steady_clock::now();
   if (spin_for(*q, s, started, attempt)) co_return;
-  const budget_lesson lesson{*q, s, started};
+  const budget_lesson lesson{*q, s, started, q->other_side_on_this_cpu(s)};
   for (;;) {
     std::uint32_t seq = 0;
     if (attempt(true, seq)) co_return;
