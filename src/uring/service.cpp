@@ -119,10 +119,11 @@ service::service(asio::io_context& io, bool with_ring) : asio::execution_context
   // while completions wait: no eventfd to signal on each completion, and
   // none to read before reaping them.
   const int watched = ::fcntl(ring_.ring_fd, F_DUPFD_CLOEXEC, 0);
+  const int dup_error = errno;  // before anything below can change it
   if (watched < 0 || !caps_.cancel) {
     caps_ = {};
     caps_.why_not = probe == nullptr ? "io_uring probe refused"
-                    : watched < 0    ? std::string("io_uring descriptor not duplicated: ") + std::strerror(errno)
+                    : watched < 0    ? std::string("io_uring descriptor not duplicated: ") + std::strerror(dup_error)
                                      : "io_uring lacks IORING_OP_ASYNC_CANCEL";
     if (watched >= 0) ::close(watched);
     io_uring_queue_exit(&ring_);
