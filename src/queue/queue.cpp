@@ -6,6 +6,7 @@
 #include "cohort/queue.hpp"
 
 #include "queue/peers.hpp"
+#include "queue/spin_budget.hpp"
 #include "os/futex.hpp"
 #include "os/process_identity.hpp"
 #include "os/spin_mutex.hpp"
@@ -51,45 +52,6 @@ constexpr auto watch_interval = std::chrono::milliseconds(100);
 // again this often while asleep, so that room left by consumers that stop
 // above half is found that late at worst.
 constexpr auto room_check = std::chrono::milliseconds(1);
-// How long a wait spins before it sleeps: at most about what a futex sleep
-// and wake between processes costs on a busy machine (2-5 µs on a quiet one
-// in bench/machine_limits, 30-90 µs at times on a shared one), so that a
-// spin that runs out costs no more than the sleep it stands in for; at
-// least long enough to catch a peer answering on a CPU of its own.
-constexpr std::chrono::nanoseconds max_spin = std::chrono::microseconds(50);
-constexpr std::chrono::nanoseconds min_spin = std::chrono::microseconds(2);
-
-// How long the waits on one side of a queue in this process spin before
-// they sleep, learnt from the waits before: each moves the budget towards
-// twice the time its value (or room) took to come, when that was within
-// max_spin, whether it spun or slept (a sleeper learns when from the time
-// the waker stamped); a longer one halves it. While the other side answers
-// within a spin (it runs on a CPU of its own) the waits spin and never pay
-// for a sleep; while it answers late (it waits for a CPU, on a machine with more to run than
-// CPUs, or is busy) they spin little and sleep, and leave the CPU to it.
-// Never a sched_yield: on a loaded machine that hands the CPU to any other
-// task for a whole slice, and the scheduler (EEVDF) counts it against the
-// yielder.
-class spin_budget {
- public:
-  std::chrono::nanoseconds get() const noexcept { return std::chrono::nanoseconds(ns_.load(std::memory_order_relaxed)); }
-  void spun(std::chrono::nanoseconds waited) noexcept {
-    const auto now = ns_.load(std::memory_order_relaxed);
-    const auto sample = std::clamp(2 * waited, min_spin, max_spin).count();
-    ns_.store(now + (sample - now) / 4, std::memory_order_relaxed);
-  }
-  void slept(std::chrono::nanoseconds came_after) noexcept {
-    if (came_after >= std::chrono::nanoseconds::zero() && came_after <= max_spin) return spun(came_after);
-    held_off();
-  }
-  void held_off() noexcept {
-    ns_.store(std::max(ns_.load(std::memory_order_relaxed) / 2, min_spin.count()), std::memory_order_relaxed);
-  }
-
- private:
-  std::atomic<std::int64_t> ns_{max_spin.count()};
-};
-
 // Spins until `ready()` or `until`; whether ready.
 template <class Ready>
 bool spin_until(std::chrono::steady_clock::time_point until, Ready ready) {
@@ -382,10 +344,11 @@ class queue_core {
   }
 
   // After a wait on `s` that began at `started` had to sleep, however it
-  // ended: teaches the budget when the last wake came.
-  void slept(side s, std::chrono::steady_clock::time_point started) noexcept {
+  // ended: teaches the budget when the last wake came, and whether the
+  // spin ran out beside the other side (`shared_cpu`).
+  void slept(side s, std::chrono::steady_clock::time_point started, bool shared_cpu) noexcept {
     const auto woke = std::atomic_ref(h().woke_at[index(s)]).load(std::memory_order_relaxed);
-    spin(s).slept(std::chrono::nanoseconds(woke) - started.time_since_epoch());
+    spin(s).slept(std::chrono::nanoseconds(woke) - started.time_since_epoch(), shared_cpu);
   }
 
   void close() {
@@ -723,18 +686,15 @@ bool at_once(queue_core& q, side s, Attempt& attempt) {
   return true;
 }
 
-// A wait past its spin: teaches the budget when it ends, however it ends.
-// When the spin ran out with the other side last seen on this thread's CPU
-// (`shared_cpu`), the spin only held it off: the budget halves.
+// A wait past its spin: teaches the budget when it ends, however it ends;
+// `shared_cpu`: the other side was last seen on this thread's CPU when the
+// spin ran out.
 struct budget_lesson {
   queue_core& q;
   side s;
   std::chrono::steady_clock::time_point started;
   bool shared_cpu;
-  ~budget_lesson() {
-    if (shared_cpu) q.spin(s).held_off();
-    else q.slept(s, started);
-  }
+  ~budget_lesson() { q.slept(s, started, shared_cpu); }
 };
 
 // Blocks until a push or pop goes through, `deadline` passes (false), or
@@ -807,7 +767,7 @@ template <class Attempt>
 asio::awaitable<void> wait_async(std::shared_ptr<queue_core> q, side s, Attempt attempt) {
   if (at_once(*q, s, attempt)) co_return;
   // A spin first, as a blocking wait's: it holds this thread for at most
-  // max_spin.
+  // spin_budget::longest.
   const auto started = std::chrono::steady_clock::now();
   if (spin_for(*q, s, started, attempt)) co_return;
   const budget_lesson lesson{*q, s, started, q->other_side_on_this_cpu(s)};
