@@ -706,6 +706,7 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
   // before its first try.
   const auto called = timeout ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   if (at_once(q, s, attempt)) return true;
+  shm::dispose_deferred();  // time this process would spend waiting
   const auto started = timeout ? called : std::chrono::steady_clock::now();
   const auto deadline = timeout ? started + *timeout : std::chrono::steady_clock::time_point::max();
   if (spin_for(q, s, started, attempt, deadline)) return true;
@@ -766,6 +767,7 @@ asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
 template <class Attempt>
 asio::awaitable<void> wait_async(std::shared_ptr<queue_core> q, side s, Attempt attempt) {
   if (at_once(*q, s, attempt)) co_return;
+  shm::dispose_deferred();  // time this coroutine would spend waiting
   // A spin first, as a blocking wait's: it holds this thread for at most
   // spin_budget::longest.
   const auto started = std::chrono::steady_clock::now();

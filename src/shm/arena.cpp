@@ -205,6 +205,7 @@ int trim() {
   {
     auto& r = segments();
     std::lock_guard lock(r.mutex);
+    r.take_deferred(unused);
     release_kept_locked(unused);
     auto forgotten = r.forget_unused();
     unused.insert(unused.end(), forgotten.begin(), forgotten.end());

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <new>
+#include <utility>
 
 namespace cohort::shm {
 
@@ -56,7 +57,19 @@ std::vector<std::shared_ptr<segment>> registry::forget_dead() {
   return gone;
 }
 
+void registry::take_deferred(std::vector<std::shared_ptr<segment>>& gone) {
+  if (gone.empty()) {
+    gone = std::exchange(deferred, {});
+  } else {
+    gone.reserve(gone.size() + deferred.size());  // what may throw, before anything moves
+    for (auto& s : deferred) gone.push_back(std::move(s));
+    deferred.clear();
+  }
+  has_deferred.store(false, std::memory_order_relaxed);
+}
+
 std::size_t registry::shed(std::vector<std::shared_ptr<segment>>& gone) {
+  take_deferred(gone);  // each may still hold a descriptor
   std::size_t closed = 0;
   for (const auto& s : received) closed += s->give_up_descriptor() ? 1 : 0;
   auto unused = forget_unused();
@@ -70,6 +83,7 @@ void forget_dead_segments() noexcept {
   std::vector<std::shared_ptr<segment>> dead;  // unmapped after the lock is released
   std::lock_guard lock(r->mutex);
   try {
+    r->take_deferred(dead);
     release_kept_locked(dead);
     auto forgotten = r->forget_dead();
     dead.insert(dead.end(), forgotten.begin(), forgotten.end());
@@ -88,6 +102,14 @@ std::size_t shed_descriptors() noexcept {
   } catch (const std::bad_alloc&) {
     return 0;
   }
+}
+
+void dispose_deferred() noexcept {
+  auto* r = segments_if_made();
+  if (r == nullptr || !r->has_deferred.load(std::memory_order_relaxed)) return;
+  std::vector<std::shared_ptr<segment>> gone;  // unmapped after the lock is released
+  std::lock_guard lock(r->mutex);
+  r->take_deferred(gone);  // into an empty vector: moves the list whole, allocating nothing
 }
 
 registry* segments_if_made() noexcept { return registry_made.load(std::memory_order_acquire); }

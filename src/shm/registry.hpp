@@ -33,6 +33,15 @@ struct registry {
   std::atomic<bool> named_by_values{false};
   std::unordered_map<std::uint64_t, std::weak_ptr<segment>> segments;
   std::vector<std::shared_ptr<segment>> received;  // oldest first
+  /// What the last open of a segment found no longer needed here
+  /// (forget_dead), left to be unmapped by this process's next wait on a
+  /// queue that does not go through at once (dispose_deferred), or else by
+  /// the next open, shed, trim or forget_dead_segments: the last close of a
+  /// segment frees its memory, about 150 ms a GiB, which a receive would
+  /// otherwise pay before it can hand its value over.
+  std::vector<std::shared_ptr<segment>> deferred;
+  /// Whether `deferred` may hold any: read without the lock by each wait.
+  std::atomic<bool> has_deferred{false};
 
   // With the lock held, each of these moves out received segments that no
   // storage here uses; the caller destroys them after unlocking (which
@@ -49,6 +58,9 @@ struct registry {
   // descriptors of all of them (a mapping needs none). Returns how many
   // descriptors that closed at once.
   std::size_t shed(std::vector<std::shared_ptr<segment>>& gone);
+  // Moves what `deferred` holds to the end of `gone`; into an empty
+  // `gone` without allocating. On bad_alloc nothing has moved.
+  void take_deferred(std::vector<std::shared_ptr<segment>>& gone);
 };
 /// This process's registry, made on first use; it is never destroyed, so
 /// it outlives every static storage that unmaps at exit.
@@ -61,6 +73,11 @@ void forget_dead_segments() noexcept;
 /// (registry::shed); how many descriptors that closed. Called when making
 /// or opening a segment ran out of descriptors, before trying again.
 std::size_t shed_descriptors() noexcept;
+/// Unmaps what the last open of a segment left in registry::deferred; a
+/// relaxed load when it left nothing. Called by a wait on a queue that did
+/// not go through at once, before it spins or sleeps: time the process
+/// would otherwise spend waiting.
+void dispose_deferred() noexcept;
 /// The registry if segments() has made it, else null: a process that never
 /// mapped a segment has nothing to look through at its end.
 registry* segments_if_made() noexcept;

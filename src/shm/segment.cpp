@@ -289,8 +289,12 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   auto s = map_checked(fd, where, ref, ref.strategy == sharing_strategy::file_descriptor);
   remember(ref.nonce, s);
   s->note_mapper();
-  auto forgotten = r.forget_dead();
-  dead.insert(dead.end(), forgotten.begin(), forgotten.end());
+  // What the open before left goes now (unmapped after the lock is
+  // released); what this one finds no longer needed waits for the next
+  // wait or open: its memory's release is not this receive's to pay.
+  r.take_deferred(dead);
+  r.deferred = r.forget_dead();
+  r.has_deferred.store(!r.deferred.empty(), std::memory_order_relaxed);
   r.received.push_back(s);
   return s;
 }

@@ -34,6 +34,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <map>
 #include <optional>
@@ -465,6 +466,30 @@ int memfds_after_a_drop(int, queue<tensor> q) {
 }
 COHORT_ENTRYPOINT(memfds_after_a_drop);
 
+// How many mappings of cohort segments this process has, of either
+// strategy's (memfds, files in /dev/shm).
+int cohort_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find("/memfd:cohort") != std::string::npos || line.find("/dev/shm/cohort") != std::string::npos ? 1 : 0;
+  }
+  return n;
+}
+
+// Pops a tensor whose sender has let go of it and drops it (its segment
+// then dead), pops a second, and waits on an empty queue; returns how many
+// more segment mappings it then has than before the first pop (1: the
+// second's alone).
+int mappings_after_a_wait(int, queue<tensor> q, queue<tensor> empty) {
+  const int before = cohort_mappings();
+  (void)q.get().value();
+  const tensor second = q.get().value();
+  (void)empty.get(std::chrono::milliseconds(20));
+  return cohort_mappings() - before;
+}
+COHORT_ENTRYPOINT(mappings_after_a_wait);
+
 // Under `strategy`, says its pid, pushes a tensor of its own (large: a segment of its own)
 // and one from its arena, and is killed before anyone pops them.
 void push_then_die(int, queue<int> pid, queue<tensor> q, int strategy) {
@@ -847,6 +872,22 @@ TEST_SUITE("sharing") {
       join_options options;
       options.method = start_method::spawn;
       CHECK(spawn_and_join(memfds_after_a_drop, std::tuple{q}, 1, options).at(0) == 0);
+    });
+  }
+
+  // A receive that finds a segment no process uses any more leaves it for
+  // the next wait to unmap, as freeing its memory is slow (about 150 ms a
+  // GiB): the wait must not leave it mapped.
+  TEST_CASE("a segment found dead by a receive is unmapped by the receiver's next wait") {
+    repeat_under_each_strategy(1, [](leak_check&, int) {
+      queue<tensor> q(2), empty(1);
+      REQUIRE(q.put(large_shared(1), 1s));  // the sender's copy goes here: the receiver's is the last
+      const tensor second = large_shared(2);
+      REQUIRE(q.put(second, 1s));
+      join_options options;
+      options.method = start_method::spawn;
+      const auto args = std::tuple{q, empty};
+      CHECK(spawn_and_join(mappings_after_a_wait, args, 1, options).at(0) == 1);
     });
   }
 
