@@ -14,6 +14,10 @@
 
 #include "support/harness.hpp"
 
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
+
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
@@ -478,14 +482,24 @@ int cohort_mappings() {
 }
 
 // Pops a tensor whose sender has let go of it and drops it (its segment
-// then dead), pops a second, and waits on an empty queue; returns how many
-// more segment mappings it then has than before the first pop (1: the
-// second's alone).
-int mappings_after_a_wait(int, queue<tensor> q, queue<tensor> empty) {
+// then dead), pops a second, and waits on an empty queue, blocking or
+// `awaited` (a pop raced against a timer); returns how many more segment
+// mappings it then has than before the first pop (1: the second's alone).
+int mappings_after_a_wait(int, queue<tensor> q, queue<tensor> empty, bool awaited) {
   const int before = cohort_mappings();
   (void)q.get().value();
   const tensor second = q.get().value();
-  (void)empty.get(std::chrono::milliseconds(20));
+  if (awaited) {
+    using namespace asio::experimental::awaitable_operators;
+    asio::io_context io;
+    auto race = [&]() -> asio::awaitable<void> {
+      asio::steady_timer t(co_await asio::this_coro::executor, std::chrono::milliseconds(20));
+      (void)co_await (empty.pop() || t.async_wait(asio::use_awaitable));
+    };
+    test::run(io, race());
+  } else {
+    (void)empty.get(std::chrono::milliseconds(20));
+  }
   return cohort_mappings() - before;
 }
 COHORT_ENTRYPOINT(mappings_after_a_wait);
@@ -878,15 +892,15 @@ TEST_SUITE("sharing") {
   // A receive that finds a segment no process uses any more leaves it for
   // the next wait to unmap, as freeing its memory is slow (about 150 ms a
   // GiB): the wait must not leave it mapped.
-  TEST_CASE("a segment found dead by a receive is unmapped by the receiver's next wait") {
-    repeat_under_each_strategy(1, [](leak_check&, int) {
+  TEST_CASE("a segment found dead by a receive is unmapped by the receiver's next wait, blocking or awaited") {
+    repeat_under_each_strategy(2, [](leak_check&, int i) {
       queue<tensor> q(2), empty(1);
       REQUIRE(q.put(large_shared(1), 1s));  // the sender's copy goes here: the receiver's is the last
       const tensor second = large_shared(2);
       REQUIRE(q.put(second, 1s));
       join_options options;
       options.method = start_method::spawn;
-      const auto args = std::tuple{q, empty};
+      const auto args = std::tuple{q, empty, i == 1};
       CHECK(spawn_and_join(mappings_after_a_wait, args, 1, options).at(0) == 1);
     });
   }
