@@ -36,7 +36,9 @@ class spin_budget {
   static constexpr std::chrono::nanoseconds shortest = std::chrono::microseconds(2);
 
   /// How long a wait that begins now may spin: from `shortest` to `longest`.
-  std::chrono::nanoseconds get() const noexcept { return std::chrono::nanoseconds(ns_.load(std::memory_order_relaxed)); }
+  std::chrono::nanoseconds get() const noexcept {
+    return std::chrono::nanoseconds(ns_.load(std::memory_order_relaxed));
+  }
 
   /// A wait that went through within its spin, `waited` after it began
   /// (zero for one that went through at once).
