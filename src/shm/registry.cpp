@@ -68,6 +68,11 @@ void registry::take_deferred(std::vector<std::shared_ptr<segment>>& gone) {
   has_deferred.store(false, std::memory_order_relaxed);
 }
 
+void registry::defer(std::vector<std::shared_ptr<segment>> found) noexcept {
+  deferred = std::move(found);
+  has_deferred.store(!deferred.empty(), std::memory_order_relaxed);
+}
+
 std::size_t registry::shed(std::vector<std::shared_ptr<segment>>& gone) {
   take_deferred(gone);  // each may still hold a descriptor
   std::size_t closed = 0;

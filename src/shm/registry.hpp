@@ -34,8 +34,8 @@ struct registry {
   std::unordered_map<std::uint64_t, std::weak_ptr<segment>> segments;
   std::vector<std::shared_ptr<segment>> received;  // oldest first
   /// What the last open of a segment found no longer needed here
-  /// (forget_dead), left to be unmapped by this process's next wait on a
-  /// queue that does not go through at once (dispose_deferred), or else by
+  /// (forget_dead), left to be unmapped by this process's next untimed wait
+  /// on a queue that does not go through at once (dispose_deferred), or else by
   /// the next open, shed, trim or forget_dead_segments: the last close of a
   /// segment frees its memory, about 150 ms a GiB, which a receive would
   /// otherwise pay before it can hand its value over.
@@ -61,6 +61,9 @@ struct registry {
   // Moves what `deferred` holds to the end of `gone`; into an empty
   // `gone` without allocating. On bad_alloc nothing has moved.
   void take_deferred(std::vector<std::shared_ptr<segment>>& gone);
+  // Leaves `found` in `deferred`, which must be empty (take_deferred
+  // first): what it held would be destroyed here, under the lock.
+  void defer(std::vector<std::shared_ptr<segment>> found) noexcept;
 };
 /// This process's registry, made on first use; it is never destroyed, so
 /// it outlives every static storage that unmaps at exit.
@@ -74,9 +77,9 @@ void forget_dead_segments() noexcept;
 /// or opening a segment ran out of descriptors, before trying again.
 std::size_t shed_descriptors() noexcept;
 /// Unmaps what the last open of a segment left in registry::deferred; a
-/// relaxed load when it left nothing. Called by a wait on a queue that did
-/// not go through at once, before it spins or sleeps: time the process
-/// would otherwise spend waiting.
+/// relaxed load when it left nothing. Called by an untimed wait on a queue
+/// that did not go through at once, before it spins or sleeps: time the
+/// process would otherwise spend waiting.
 void dispose_deferred() noexcept;
 /// The registry if segments() has made it, else null: a process that never
 /// mapped a segment has nothing to look through at its end.

@@ -293,8 +293,7 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   // released); what this one finds no longer needed waits for the next
   // wait or open: its memory's release is not this receive's to pay.
   r.take_deferred(dead);
-  r.deferred = r.forget_dead();
-  r.has_deferred.store(!r.deferred.empty(), std::memory_order_relaxed);
+  r.defer(r.forget_dead());
   r.received.push_back(s);
   return s;
 }
