@@ -706,7 +706,9 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
   // before its first try.
   const auto called = timeout ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   if (at_once(q, s, attempt)) return true;
-  shm::dispose_deferred();  // time this process would spend waiting
+  // Time this process would spend waiting; not a timed wait's, whose
+  // caller asked for no more than its timeout.
+  if (!timeout) shm::dispose_deferred();
   const auto started = timeout ? called : std::chrono::steady_clock::now();
   const auto deadline = timeout ? started + *timeout : std::chrono::steady_clock::time_point::max();
   if (spin_for(q, s, started, attempt, deadline)) return true;

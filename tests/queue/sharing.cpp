@@ -482,9 +482,10 @@ int cohort_mappings() {
 }
 
 // Pops a tensor whose sender has let go of it and drops it (its segment
-// then dead), pops a second, and waits on an empty queue, blocking or
-// `awaited` (a pop raced against a timer); returns how many more segment
-// mappings it then has than before the first pop (1: the second's alone).
+// then dead), pops a second, and waits on an empty queue, blocking until a
+// thread of its own puts a value there 20 ms later, or `awaited` (a pop
+// raced against a timer); returns how many more segment mappings it then
+// has than before the first pop (1: the second's alone).
 int mappings_after_a_wait(int, queue<tensor> q, queue<tensor> empty, bool awaited) {
   const int before = cohort_mappings();
   (void)q.get().value();
@@ -498,7 +499,12 @@ int mappings_after_a_wait(int, queue<tensor> q, queue<tensor> empty, bool awaite
     };
     test::run(io, race());
   } else {
-    (void)empty.get(std::chrono::milliseconds(20));
+    std::thread later([&empty] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      empty.put(tensor());
+    });
+    (void)empty.get();  // untimed: a timed wait leaves the dead segment to the next receive
+    later.join();
   }
   return cohort_mappings() - before;
 }
