@@ -61,7 +61,13 @@ struct function_call {
 /// main, outside any try block:
 ///
 ///     if (auto rc = cohort::child_main(argc, argv)) return *rc;
-std::optional<int> child_main(int argc, char** argv);
+///
+/// A main that goes on past an exit code would run the parent's code in the
+/// child: once child_main has returned one, this process refuses to start
+/// functions (std::logic_error), where each rank would otherwise start ranks
+/// of its own in turn.
+[[nodiscard("main must return the exit code child_main returns")]] std::optional<int> child_main(int argc,
+                                                                                               char** argv);
 
 namespace detail {
 

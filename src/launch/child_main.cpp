@@ -56,6 +56,9 @@ registry& entries() {
 }
 
 std::atomic<bool> main_called{false};
+// Set once child_main has returned an exit code: this process was a rank or
+// a forkserver, and its main should be on its way out.
+std::atomic<bool> main_handed_back{false};
 
 // What the entry's stack runs and what it leaves behind.
 struct entry_run {
@@ -243,6 +246,8 @@ const std::string& registered_name(erased_function fn) {
 
 bool child_main_called() noexcept { return main_called.load(std::memory_order_relaxed); }
 
+bool child_main_returned_code() noexcept { return main_handed_back.load(std::memory_order_relaxed); }
+
 bool ranks_inherit_terminate_handler() noexcept {
 #ifdef __GLIBCXX__
   // Only in place of the default, whose work it does outside a rank: a
@@ -348,7 +353,9 @@ std::optional<int> child_main(int /*argc*/, char** /*argv*/) {
   if (const char* server = std::getenv(detail::forkserver_env)) {
     const int socket = std::atoi(server);
     ::unsetenv(detail::forkserver_env);
-    return detail::serve_forks(socket);
+    const int code = detail::serve_forks(socket);
+    detail::main_handed_back.store(true, std::memory_order_relaxed);
+    return code;
   }
   const char* entry = std::getenv(detail::entry_env);
   if (entry == nullptr) return std::nullopt;
@@ -366,7 +373,9 @@ std::optional<int> child_main(int /*argc*/, char** /*argv*/) {
   const encoded args = encoded::from_bytes(std::move(bytes));
   shm::find_keeper_in_environment();
   const detail::from_forking_process none{.stack = nullptr, .terminate_handler_set = true, .entry = {}};  // not forked
-  return detail::run_entry(name, rank, args, result_fd, none);
+  const int code = detail::run_entry(name, rank, args, result_fd, none);
+  detail::main_handed_back.store(true, std::memory_order_relaxed);
+  return code;
 }
 
 }  // namespace cohort

@@ -112,6 +112,10 @@ std::optional<encoded> call_entry(const std::string& name, int rank, const encod
 /// Whether child_main() ran in this process (and found no entry to run).
 bool child_main_called() noexcept;
 
+/// Whether child_main() returned an exit code in this process: it ran an
+/// entry point (or served forks), and main should have returned that code.
+bool child_main_returned_code() noexcept;
+
 /// Starts the ranks of `call`, rank r as `options[r]` says, and returns
 /// them in rank order. Rank r's result will be in result_fds[r] (memfds owned
 /// by the caller from then on) once it exits with code 0. Every launch is

@@ -401,6 +401,14 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     if (f.where == stage::chdir && f.detail.empty() && rank < n) f.detail = options[rank].cwd.string();
     throw std::system_error(f.error, std::system_category(), describe_failure(describe_rank(call, static_cast<int>(rank)), f));
   };
+  // A main that went on past child_main's exit code: each rank would start
+  // ranks of its own, without end.
+  if (child_main_returned_code()) {
+    throw std::logic_error(fmt::format(
+        "{}: this process already ran a function through cohort::child_main, whose exit code its main must return "
+        "(if (auto rc = cohort::child_main(argc, argv)) return *rc;) instead of going on",
+        describe_rank(call, 0)));
+  }
   std::vector<child> children;
   children.reserve(n);
   result_fds.assign(n, -1);

@@ -768,6 +768,23 @@ TEST_SUITE("entry points") {
     CHECK(run(command(test::target, {"spawn-function", "fork"})).code() == 0);  // fork needs no re-execution
   }
 
+  TEST_CASE("a rank whose main goes on past child_main's exit code cannot start ranks of its own") {
+    asio::io_context io;
+    spawn_options options{.out = stdio::pipe()};
+    child c = spawn(io.get_executor(), command(test::target, {"ignore-child-main"}), options);
+    std::string text;
+    auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
+      text = co_await test::read_all(c.out());
+      co_return co_await c.wait();
+    }());
+    CAPTURE(text);
+    CHECK(status.code() == 3);
+    // The rank's own start was refused, and its error reached the top.
+    CHECK(text.find("rank 0 of 'does_nothing'") != std::string::npos);
+    CHECK(text.find("this process already ran a function through cohort::child_main, whose exit code its main must "
+                    "return") != std::string::npos);
+  }
+
   TEST_CASE("a process that initialised CUDA refuses fork starts, saying to use spawn or forkserver, which still start "
             "(test_wrong_cuda_fork, test_cuda_bad_call)") {
     // In a rank of its own: this process never loads the driver.

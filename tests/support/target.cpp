@@ -29,6 +29,11 @@
 //                          forkserver); print what a std::logic_error says and
 //                          exit 3, what another exception says and exit 4,
 //                          or exit 0 when the function ran
+//   ignore-child-main      run a registered function by spawn from a main
+//                          that calls child_main and goes on past its exit
+//                          code, as the ranks' main then does too; print
+//                          what the failure says and exit 3, or exit 0 when
+//                          the function ran
 //   leave-error-file       start a group of one rank that records an error,
 //                          wait for it, fork a child that calls exit(); print
 //                          the error file and 1/0 for whether it was there
@@ -56,6 +61,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 void does_nothing(int) {}
@@ -79,6 +85,23 @@ int signal_number(const char* name) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // ignore-child-main and its ranks. A rank whose start of its own got past
+  // the refusal would start more in turn: the depth stops that at a
+  // grandchild, which exits 5.
+  if (argc == 2 && std::string_view(argv[1]) == "ignore-child-main") ::setenv("COHORT_TEST_IGNORING", "0", 1);
+  if (const char* depth = std::getenv("COHORT_TEST_IGNORING")) {
+    if (std::atoi(depth) >= 2) return 5;
+    ::setenv("COHORT_TEST_IGNORING", std::to_string(std::atoi(depth) + 1).c_str(), 1);
+    (void)cohort::child_main(argc, argv);
+    try {
+      cohort::spawn_and_join(does_nothing, std::tuple{}, 1);
+    } catch (const std::exception& e) {
+      if (std::atoi(depth) > 0) throw;  // a rank: into its error file, for the start above to report
+      std::printf("%s\n", e.what());
+      return 3;
+    }
+    return 0;
+  }
   if (argc < 2) return usage();
   std::string what = argv[1];
   const char* arg = argc > 2 ? argv[2] : "";
