@@ -26,6 +26,10 @@ class event {
  public:
   /// A new event in shared memory. Throws shm_error.
   event();
+  /// Copies are handles to the same event. A move copies too, so an event
+  /// moved from is still that event, never an empty handle to crash on.
+  event(const event&) = default;
+  event& operator=(const event&) = default;
 
   void set();
   void clear() noexcept;

@@ -162,6 +162,10 @@ class queue {
   /// A queue of at most `capacity` values. Throws shm_error.
   explicit queue(std::size_t capacity = 1024)
       : core_(detail::make_queue_core(capacity, type_signature<T>(), &detail::drop_record<T>)) {}
+  /// Copies are handles to the same queue. A move copies too, so a queue
+  /// moved from is still that queue, never an empty handle to crash on.
+  queue(const queue&) = default;
+  queue& operator=(const queue&) = default;
 
   /// Pushes unless full; false when full. Throws queue_closed.
   bool try_push(const T& value) {

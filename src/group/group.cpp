@@ -10,6 +10,7 @@
 #include "group/descendants.hpp"
 #include "group/error_dir.hpp"
 #include "logs/logs.hpp"
+#include "os/deadline.hpp"
 #include "os/descriptor_limit.hpp"
 #include "os/descriptor_table.hpp"
 #include "process/launch.hpp"
@@ -194,7 +195,7 @@ asio::awaitable<bool> nap(group_state& state, steady::time_point until) {
 // Waits until no rank runs, or `limit` passes, or a second shutdown signal
 // asks to hurry.
 asio::awaitable<void> await_exits(group_state& state, std::chrono::milliseconds limit) {
-  const auto until = steady::now() + limit;
+  const auto until = os::deadline_after(steady::now(), limit);
   // (No co_await inside the loop condition: g++ 12 evaluates it even when
   // the left side of && is false.)
   while (state.running > 0 && !state.hurry) {
@@ -245,7 +246,7 @@ bool all_reaped(const group_state& state) {
 // those found now, and reaps those that are or become this process's
 // children, until none is left or `limit` passes.
 asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit) {
-  const auto until = steady::now() + limit;
+  const auto until = os::deadline_after(steady::now(), limit);
   for (;;) {
     // No child at all, not even a rank: nothing of the run is left to find.
     if (state.descendants.empty() && !has_children()) {
@@ -533,7 +534,10 @@ std::optional<run_result> group::result() const {
 bool group::join(std::chrono::milliseconds timeout) {
   if (!state_) throw std::logic_error("cohort::group::join: no group");
   std::unique_lock lock(state_->mutex);
-  return state_->finished_cv.wait_for(lock, timeout, [&] { return state_->finished; });
+  // Until a deadline, not for the timeout: wait_for adds it to the clock,
+  // which wraps for milliseconds::max().
+  return state_->finished_cv.wait_until(lock, os::deadline_after(std::chrono::steady_clock::now(), timeout),
+                                        [&] { return state_->finished; });
 }
 
 std::optional<asio::any_io_executor> group::executor() const {

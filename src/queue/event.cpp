@@ -1,6 +1,7 @@
 // cohort::event: a flag word and a sleeper count in shared memory.
 #include "cohort/event.hpp"
 
+#include "os/deadline.hpp"
 #include "os/futex.hpp"
 #include "uring/futex.hpp"
 
@@ -66,7 +67,8 @@ asio::awaitable<void> event::wait_on(asio::any_io_executor executor, storage sta
 
 bool event::wait_for(std::optional<std::chrono::nanoseconds> timeout) const {
   auto& s = state_of(state_);
-  const auto deadline = timeout ? std::optional(std::chrono::steady_clock::now() + *timeout) : std::nullopt;
+  const auto deadline =
+      timeout ? std::optional(os::deadline_after(std::chrono::steady_clock::now(), *timeout)) : std::nullopt;
   while (s.flag.load() == 0) {
     const counted_sleeper sleeper(s.sleepers);
     if (s.flag.load() != 0) break;

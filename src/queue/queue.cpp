@@ -7,6 +7,7 @@
 
 #include "queue/peers.hpp"
 #include "queue/spin_budget.hpp"
+#include "os/deadline.hpp"
 #include "os/futex.hpp"
 #include "os/process_identity.hpp"
 #include "os/spin_mutex.hpp"
@@ -710,7 +711,7 @@ bool wait_for(queue_core& q, side s, std::optional<std::chrono::nanoseconds> tim
   // caller asked for no more than its timeout.
   if (!timeout) shm::dispose_deferred();
   const auto started = timeout ? called : std::chrono::steady_clock::now();
-  const auto deadline = timeout ? started + *timeout : std::chrono::steady_clock::time_point::max();
+  const auto deadline = timeout ? os::deadline_after(started, *timeout) : std::chrono::steady_clock::time_point::max();
   if (spin_for(q, s, started, attempt, deadline)) return true;
   const budget_lesson lesson{q, s, started, q.other_side_on_this_cpu(s)};
   for (std::uint32_t seq = 0;;) {

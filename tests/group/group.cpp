@@ -707,6 +707,19 @@ TEST_SUITE("group") {
     runner.join();
   }
 
+  TEST_CASE("join() with a timeout too long for the clock to add waits for the end") {
+    asio::io_context io;
+    auto work = asio::make_work_guard(io);
+    std::thread runner([&] { io.run(); });
+    auto spec = ranks_of(1, {"exit-after", "150", "0"});
+    group g = start_processes(io.get_executor(), spec);
+    CHECK(g.join(std::chrono::milliseconds::max()));
+    REQUIRE(g.result());
+    CHECK(g.result()->ok());
+    work.reset();
+    runner.join();
+  }
+
   TEST_CASE("a forwarded shutdown signal ends the run, and the result names it") {
     asio::io_context io;
     auto result = test::run(io, []() -> asio::awaitable<run_result> {

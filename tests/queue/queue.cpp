@@ -376,6 +376,39 @@ TEST_SUITE("queue") {
     CHECK_FALSE(q.put(2, 30ms));
   }
 
+  TEST_CASE("a timeout too long for the clock to add waits as long as it takes, and a negative one not at all") {
+    queue<int> q(1);
+    std::thread pusher([&] {
+      std::this_thread::sleep_for(150ms);
+      q.put(7);
+    });
+    CHECK(q.get(std::chrono::nanoseconds::max()) == 7);
+    pusher.join();
+    q.put(1);
+    std::thread popper([&] {
+      std::this_thread::sleep_for(150ms);
+      CHECK(q.get() == 1);
+    });
+    CHECK(q.put(2, std::chrono::nanoseconds::max()));
+    popper.join();
+    CHECK(q.get() == 2);
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_FALSE(q.get(std::chrono::nanoseconds::min()));
+    CHECK(std::chrono::steady_clock::now() - start < 5s);
+  }
+
+  TEST_CASE("a queue moved from is still the queue") {
+    queue<int> a(4);
+    queue<int> b = std::move(a);
+    a.put(1);  // NOLINT(bugprone-use-after-move): what is tested
+    CHECK(b.size() == 1);
+    CHECK(b.get() == 1);
+    queue<int> c(2);
+    c = std::move(b);
+    b.close();  // NOLINT(bugprone-use-after-move)
+    CHECK(c.closed());
+  }
+
   TEST_CASE("a put or push into a ring too full for its bytes, not its count, ends at its timeout") {
     // Each value takes under a quarter of the ring, so it stays in the
     // ring: a few fill it while the count stays far below the capacity.
@@ -733,6 +766,30 @@ TEST_SUITE("event") {
     CHECK(e.wait_for(0ms));
     e.clear();
     CHECK_FALSE(e.is_set());
+  }
+
+  TEST_CASE("an event wait with a negative timeout returns at once, one too long to add waits for the set") {
+    event e;
+    auto waited = std::async(std::launch::async, [&] { return e.wait_for(std::chrono::nanoseconds::min()); });
+    const bool returned = waited.wait_for(5s) == std::future_status::ready;
+    if (!returned) e.set();  // lets the wait end, so that the test fails rather than hangs
+    CHECK(returned);
+    CHECK_FALSE(waited.get());
+    std::thread setter([&] {
+      std::this_thread::sleep_for(150ms);
+      e.set();
+    });
+    CHECK(e.wait_for(std::chrono::nanoseconds::max()));
+    setter.join();
+  }
+
+  TEST_CASE("an event moved from is still the event") {
+    event a;
+    event b = std::move(a);
+    a.set();  // NOLINT(bugprone-use-after-move): what is tested
+    CHECK(b.is_set());
+    b.clear();
+    CHECK_FALSE(a.is_set());
   }
 
   TEST_CASE("a rank waits for an event the parent sets and sets one the parent waits for") {
