@@ -65,6 +65,15 @@ struct queue_record {
   bool overflowed = false;  ///< `bytes` is a storage holding the value's bytes
 };
 
+/// Lets go of the storages a record holds for its value once a push is
+/// over: one that went through has handed them to the queue already, and
+/// one that failed (full, timed out, closed) must not keep the value's
+/// shared memory until the thread's next push.
+struct record_release {
+  queue_record& record;
+  ~record_release() { record.handles.held.clear(); }
+};
+
 /// Decodes a record's bytes into a value and destroys it, so that the
 /// storages it names let go of the references the record held; installed
 /// by queue<T> for the records the last holder of a queue drains.
@@ -170,6 +179,7 @@ class queue {
   /// Pushes unless full; false when full. Throws queue_closed.
   bool try_push(const T& value) {
     auto& r = record();
+    const detail::record_release release{r};
     detail::fill_record(r, value);
     return detail::queue_try_push(*core_, r);
   }
@@ -189,6 +199,7 @@ class queue {
   /// Throws queue_closed, peer_lost.
   bool put(const T& value, std::optional<std::chrono::nanoseconds> timeout = std::nullopt) {
     auto& r = record();
+    const detail::record_release release{r};
     detail::fill_record(r, value);
     return detail::queue_put(*core_, r, timeout);
   }

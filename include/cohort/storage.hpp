@@ -81,6 +81,10 @@ storage make_device_storage(std::shared_ptr<const device_memory> memory);
 const device_memory* device_memory_of(const storage& s) noexcept;
 bool only_ended_processes_share(const storage& s) noexcept;
 std::uint64_t segment_of(const storage& s) noexcept;
+/// A borrower of the bytes (tensor::to_dlpack) begins, or ends, holding
+/// them where they are: share_memory() refuses private bytes while lent.
+void lend_bytes(const storage& s) noexcept;
+void end_loan(const storage& s) noexcept;
 }
 
 /// A reference-counted run of bytes. Copies share the bytes (as torch's
@@ -111,7 +115,9 @@ class storage {
   /// Moves private bytes into shared memory in place: every copy of this
   /// storage, and every tensor over it, sees the shared bytes from then on.
   /// Does nothing when already shared, on a device, or empty. Throws
-  /// shm_error.
+  /// shm_error, and std::logic_error while a DLPack export of a tensor over
+  /// it (tensor::to_dlpack) has not been deleted: the borrower's pointer
+  /// would be left on freed bytes.
   void share_memory();
 
   /// Whether both are copies of one storage (in this process: a storage
@@ -128,6 +134,8 @@ class storage {
   friend const detail::device_memory* detail::device_memory_of(const storage& s) noexcept;
   friend bool detail::only_ended_processes_share(const storage& s) noexcept;
   friend std::uint64_t detail::segment_of(const storage& s) noexcept;
+  friend void detail::lend_bytes(const storage& s) noexcept;
+  friend void detail::end_loan(const storage& s) noexcept;
   explicit storage(std::shared_ptr<detail::storage_impl> impl) noexcept : impl_(std::move(impl)) {}
   std::shared_ptr<detail::storage_impl> impl_;
 };

@@ -465,7 +465,10 @@ class tensor {
   /// A DLPack tensor over the same bytes, for another framework to borrow.
   /// Its data points at the first element, with byte_offset 0 (as torch
   /// exports). It holds a copy of the storage, so the bytes stay until the
-  /// borrower calls its deleter, once; the deleter frees it all.
+  /// borrower calls its deleter, once; the deleter frees it all. Until
+  /// then a private tensor over the same storage cannot be sent (or
+  /// otherwise moved into shared memory: std::logic_error), since that
+  /// would move the bytes from under the borrower; a shared one can.
   DLManagedTensor* to_dlpack() const;
 
  private:

@@ -36,6 +36,9 @@ class storage_impl {
   std::shared_ptr<const device_memory> device;  // set for device memory, whose bytes `data` points at
   std::uint64_t block = 0;
   bool let_go = false;  // its hold was given up (a forked child ending)
+  // Borrowers of `data` through DLPack (tensor::to_dlpack) yet to call
+  // their deleters: private bytes must not move into shared memory then.
+  std::atomic<std::uint32_t> lent{0};
 
   storage_impl() = default;
   storage_impl(const storage_impl&) = delete;
@@ -380,6 +383,11 @@ bool storage::is_shared() const noexcept { return impl_ && (impl_->segment || im
 
 void storage::share_memory() {
   if (!impl_ || impl_->segment || impl_->device || impl_->nbytes == 0) return;
+  if (impl_->lent.load(std::memory_order_acquire) > 0) {
+    throw std::logic_error(
+        "cohort: a private tensor's bytes are lent through DLPack (to_dlpack) and cannot move into shared memory "
+        "while the borrower holds them: share it (share_memory, or {.shared = true}) before exporting it");
+  }
   auto [segment, block] = shm::allocate(impl_->nbytes);
   auto* data = segment->base() + block + sizeof(shm::block_header);
   std::memcpy(data, impl_->data, impl_->nbytes);
@@ -390,6 +398,14 @@ void storage::share_memory() {
 }
 
 namespace detail {
+
+void lend_bytes(const storage& s) noexcept {
+  if (s.impl_) s.impl_->lent.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void end_loan(const storage& s) noexcept {
+  if (s.impl_) s.impl_->lent.fetch_sub(1, std::memory_order_acq_rel);
+}
 
 namespace {
 

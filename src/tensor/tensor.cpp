@@ -572,8 +572,13 @@ DLManagedTensor* tensor::to_dlpack() const {
   out.byte_offset = 0;
   owner->managed.manager_ctx = owner;
   owner->managed.deleter = [](DLManagedTensor* self) {
-    delete static_cast<dlpack_owner*>(self->manager_ctx);
+    auto* owned = static_cast<dlpack_owner*>(self->manager_ctx);
+    detail::end_loan(owned->bytes);
+    delete owned;
   };
+  // The borrower's pointer stays on these bytes: a private storage is not
+  // moved into shared memory (by a send) until the deleter has run.
+  detail::lend_bytes(storage_);
   return &owner->managed;
 }
 

@@ -763,6 +763,44 @@ TEST_SUITE("sharing") {
     });
   }
 
+  TEST_CASE("a private tensor lent through DLPack is not sent until the borrower lets go, and a shared one is") {
+    queue<tensor> q(4);
+    tensor t = counting_5x5();
+    DLManagedTensor* lent = t.to_dlpack();
+    const void* where = lent->dl_tensor.data;
+    CHECK_THROWS_WITH_AS(q.put(t), doctest::Contains("lent through DLPack"), std::logic_error);
+    CHECK_THROWS_AS(t.share_memory(), std::logic_error);
+    CHECK_FALSE(t.is_shared());
+    CHECK(t.raw_data() == where);  // the borrower's bytes did not move
+    CHECK(t.storage().use_count() == 2);  // the tensor's and the borrower's; the refused push kept none
+    CHECK(q.size() == 0);
+    lent->deleter(lent);
+    q.put(t);
+    CHECK(t.is_shared());
+    CHECK(q.get().value() == counting_5x5());
+    // Bytes already shared stay where they are: lending them stops nothing.
+    DLManagedTensor* shared = t.to_dlpack();
+    q.put(t);
+    CHECK(shared->dl_tensor.data == t.raw_data());
+    CHECK(q.get().value().raw_data() == t.raw_data());
+    shared->deleter(shared);
+  }
+
+  TEST_CASE("a push that fails holds nothing of its value: full, timed out, or closed") {
+    repeat_under_each_strategy(1, [](leak_check&, int) {
+      queue<tensor> q(1);
+      q.put(tensor::zeros({1}, dtype::int8));
+      const tensor big = tensor::zeros({1 << 16}, dtype::float32, {.shared = true});
+      CHECK_FALSE(q.try_push(big));
+      CHECK(big.storage().use_count() == 1);
+      CHECK_FALSE(q.put(big, 1ms));
+      CHECK(big.storage().use_count() == 1);
+      q.close();
+      CHECK_THROWS_AS(q.put(big), queue_closed);
+      CHECK(big.storage().use_count() == 1);
+    });
+  }
+
   TEST_CASE("share_memory moves a private tensor into shared memory in place, under its views") {
     repeat_under_each_strategy(repetitions, [](leak_check&, int) {
       tensor t = counting_5x5();
