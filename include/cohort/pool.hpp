@@ -80,7 +80,7 @@ class pool {
   template <class R, class A>
   auto map(R (*fn)(int, A), const std::vector<std::decay_t<A>>& items) {
     const auto [name, tasks] = prepare(fn, items);
-    auto results = detail::pool_run(*state_, name, tasks);
+    auto results = detail::pool_run(state(), name, tasks);
     if constexpr (!std::is_void_v<R>) return detail::pool_values<std::decay_t<R>>(results);
   }
 
@@ -101,7 +101,7 @@ class pool {
     using result = std::conditional_t<std::is_void_v<R>, void, std::vector<std::decay_t<R>>>;
     auto [name, tasks] = prepare(fn, items);
     return asio::async_initiate<Token, completion_signature<result>>(
-        [state = state_.get()](auto handler, std::string name, std::vector<encoded> tasks) {
+        [state = &this->state()](auto handler, std::string name, std::vector<encoded> tasks) {
           auto cancelled = std::make_shared<std::atomic<bool>>(false);
           auto slot = asio::get_associated_cancellation_slot(handler);
           if (slot.is_connected()) {
@@ -141,6 +141,8 @@ class pool {
         token, std::move(name), std::move(tasks));
   }
 
+  /// The workers started; 0 for a pool moved from, whose map() throws
+  /// std::logic_error.
   int workers() const noexcept;
 
  private:
@@ -154,6 +156,8 @@ class pool {
     return {std::move(name), std::move(tasks)};
   }
 
+  // The state; std::logic_error for a pool moved from.
+  detail::pool_state& state() const;
   std::unique_ptr<detail::pool_state> state_;
 };
 

@@ -178,6 +178,15 @@ void validate(const group_spec& spec) {
   if (std::holds_alternative<function_call>(spec.entry) && !spec.args.empty()) {
     throw std::invalid_argument("cohort::start_processes: args are for programs; a function's arguments are in its call");
   }
+  // A group reads no rank's pipe, and one a rank fills would stop it for good.
+  const stdio* streams[3] = {&spec.options.in, &spec.options.out, &spec.options.err};
+  for (int i = 0; i < 3; ++i) {
+    if (std::holds_alternative<stdio::pipe_t>(streams[i]->get())) {
+      throw std::invalid_argument(fmt::format(
+          "cohort::start_processes: options.{} is a pipe, which a group gives no way to read; use logs (logs_spec) or "
+          "a file", i == 0 ? "in" : i == 1 ? "out" : "err"));
+    }
+  }
   check_rank_keys("args", keys_of(spec.args), spec.nprocs);
   check_rank_keys("envs", keys_of(spec.envs), spec.nprocs);
 }

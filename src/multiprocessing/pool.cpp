@@ -4,7 +4,7 @@
 
 #include "cohort/process_error.hpp"
 #include "launch/entry.hpp"
-#include "os/demangle.hpp"
+#include "launch/uncaught.hpp"
 
 #include <asio/error.hpp>
 #include <asio/executor_work_guard.hpp>
@@ -17,7 +17,6 @@
 #include <mutex>
 #include <system_error>
 #include <thread>
-#include <typeinfo>
 
 namespace cohort {
 
@@ -46,8 +45,9 @@ void cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> 
         kept.push_back(std::move(*result));
       }
       results.put({item, true, std::move(out)});
-    } catch (const std::exception& e) {
-      const auto text = fmt::format("{}: {}", os::demangle(typeid(e)), e.what());
+    } catch (...) {
+      // Any exception, std:: or not, fails the item and leaves the worker.
+      const auto text = current_exception_message();
       const auto* first = reinterpret_cast<const std::byte*>(text.data());
       results.put({item, false, std::vector<std::byte>(first, first + text.size())});
     }
@@ -181,6 +181,11 @@ pool::pool(int workers, const pool_options& options)
 pool::pool(pool&&) noexcept = default;
 pool& pool::operator=(pool&&) noexcept = default;
 pool::~pool() = default;
-int pool::workers() const noexcept { return state_->workers(); }
+int pool::workers() const noexcept { return state_ ? state_->workers() : 0; }
+
+detail::pool_state& pool::state() const {
+  if (!state_) throw std::logic_error("cohort::pool: used after it was moved from");
+  return *state_;
+}
 
 }  // namespace cohort

@@ -270,6 +270,14 @@ struct pipe_ends {
   int target = -1;  // 0, 1 or 2
 };
 
+// A string the kernel reads up to its first NUL: refused, where it would
+// be cut short without a word.
+void refuse_nul(const std::string& text, std::string_view what) {
+  if (text.find('\0') != std::string::npos) {
+    throw std::invalid_argument(fmt::format("cohort::spawn: {} holds NUL", what));
+  }
+}
+
 // Resolves one stream's option into the descriptor the child gets.
 // Returns -1 for "leave it", sets `f` on failure.
 int prepare_stream(const stdio& option, int target, std::vector<os::owned_fd>& owned,
@@ -288,6 +296,7 @@ int prepare_stream(const stdio& option, int target, std::vector<os::owned_fd>& o
           owned.emplace_back(fd);
           return above_stdio(fd, owned, f);
         } else if constexpr (std::is_same_v<K, stdio::file_t>) {
+          refuse_nul(kind.path.string(), "a stream's file path");
           int flags = kind.flags != 0 ? kind.flags : target == 0 ? O_RDONLY : O_WRONLY | O_CREAT | O_TRUNC;
           int fd = open_cloexec(kind.path, flags, f);
           if (fd < 0) return -1;
@@ -400,6 +409,8 @@ bool launches_use_clone3() noexcept { return !clone3_refused.load(std::memory_or
 
 std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executor, const command& cmd,
                                             const spawn_options& options, failure& f) {
+  refuse_nul(cmd.program, "the program name");
+  for (std::size_t i = 0; i < cmd.args.size(); ++i) refuse_nul(cmd.args[i], fmt::format("argument {}", i + 1));
   std::string path = find_program(cmd.program, options.env, f);
   if (f.where != stage::none) return nullptr;
   std::vector<std::string> args;
@@ -479,6 +490,7 @@ prepared_launch::prepared_launch(const spawn_options& options, const std::vector
   std::sort(x.keep.begin(), x.keep.end());
   x.keep.erase(std::unique(x.keep.begin(), x.keep.end()), x.keep.end());
   x.cwd = options.cwd.string();
+  refuse_nul(x.cwd, "the working directory");
   x.new_group = options.new_process_group;
   p.envp = x.envp.empty() ? environ : x.envp.data();
   p.cwd = x.cwd.empty() ? nullptr : x.cwd.c_str();

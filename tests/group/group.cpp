@@ -585,6 +585,15 @@ TEST_SUITE("group") {
     spec.envs = {};
     spec.nprocs = 0;
     CHECK_THROWS_AS(start_processes(io.get_executor(), spec), std::invalid_argument);
+    spec.nprocs = 3;
+    spec.options.out = stdio::pipe();  // nothing would read it: a rank that fills it stops for good
+    CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec),
+                         doctest::Contains("options.out is a pipe, which a group gives no way to read"),
+                         std::invalid_argument);
+    spec.options.out = stdio::inherit();
+    spec.options.in = stdio::pipe();
+    CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec), doctest::Contains("options.in is a pipe"),
+                         std::invalid_argument);
     CHECK(test::children_of_self().empty());
   }
 

@@ -51,6 +51,12 @@ int fail_on_three(int, int x) {
 }
 COHORT_ENTRYPOINT(fail_on_three);
 
+int throw_int_on_three(int, int x) {
+  if (x == 3) throw 42;  // NOLINT(hicpp-exception-baseclass): what is tested
+  return x;
+}
+COHORT_ENTRYPOINT(throw_int_on_three);
+
 void die_on_three(int, int x) {
   if (x == 3) ::_exit(9);
 }
@@ -123,6 +129,22 @@ TEST_SUITE("pool") {
       CHECK(std::string(e.what()).find("std::domain_error: three") != std::string::npos);
     }
     CHECK(p.map(square, std::vector<long>{5}) == std::vector<long>{25});
+  }
+
+  TEST_CASE("an exception not derived from std::exception fails its item, named by its type, and the pool goes on") {
+    pool p(2);
+    CHECK_THROWS_WITH_AS(p.map(throw_int_on_three, std::vector<int>{1, 2, 3, 4}), doctest::Contains("item 2 raised int"),
+                         std::runtime_error);
+    CHECK(p.map(square, std::vector<long>{5}) == std::vector<long>{25});
+  }
+
+  TEST_CASE("a pool moved from has no workers and refuses maps") {
+    pool p(1);
+    pool q = std::move(p);
+    CHECK(p.workers() == 0);  // NOLINT(bugprone-use-after-move): what is tested
+    CHECK_THROWS_WITH_AS(p.map(square, std::vector<long>{5}), "cohort::pool: used after it was moved from",
+                         std::logic_error);
+    CHECK(q.map(square, std::vector<long>{6}) == std::vector<long>{36});
   }
 
   TEST_CASE("a worker that dies ends the pool with its exit") {

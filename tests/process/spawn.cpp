@@ -181,6 +181,23 @@ TEST_SUITE("spawn") {
     CHECK_FALSE(has_unreaped_children());
   }
 
+  TEST_CASE("a NUL inside the program, an argument, the working directory or a file path is refused") {
+    asio::io_context io;
+    const auto refused = [&](const command& cmd, const spawn_options& options, const char* what) {
+      CAPTURE(what);
+      CHECK_THROWS_WITH_AS(spawn(io.get_executor(), cmd, options), doctest::Contains(what), std::invalid_argument);
+    };
+    refused(command(std::string("/bin/true\0x", 11)), {}, "the program name holds NUL");
+    refused(command(test::target, {"exit", std::string("0\0 1", 4)}), {}, "argument 2 holds NUL");
+    spawn_options cwd;
+    cwd.cwd = std::string("/tmp\0x", 6);
+    refused(command(test::target, {"exit", "0"}), cwd, "the working directory holds NUL");
+    spawn_options file;
+    file.out = stdio::file(std::string("/tmp/a\0b", 8));
+    refused(command(test::target, {"exit", "0"}), file, "a stream's file path holds NUL");
+    CHECK_FALSE(has_unreaped_children());
+  }
+
   TEST_CASE("the before_exec hook runs in the child: a lowered descriptor limit and a nice value are seen") {
     rlim_t limit = 77;
     CHECK(output_of({"print-nofile"}, {.before_exec = lower_nofile, .before_exec_context = &limit}) == "77");
