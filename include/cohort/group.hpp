@@ -115,6 +115,8 @@ struct run_result {
   std::vector<rank_failure> failures;
   /// Per rank, in rank order: what the rank's function returned (decode it
   /// with as<T>()); nullopt for programs, void functions and ranks that failed.
+  /// A rank whose function returns a value and that exited with code 0
+  /// without returning (exit() inside it) failed: never a silent nullopt.
   std::vector<std::optional<encoded>> return_values;
   /// Ranks still alive after SIGKILL and kill_wait: reported, not waited for.
   std::vector<int> unreaped;

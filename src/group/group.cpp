@@ -370,6 +370,12 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
   if (status.success() && r < s.result_fds.size() && s.result_fds[r] >= 0) {
     try {
       s.partial.return_values[r] = read_result(s.result_fds[r]);
+      // A function that returns a value always writes one: a rank that
+      // exited 0 without it ended inside the function (exit() there).
+      if (!s.partial.return_values[r]) {
+        unreadable = "cohort: the rank exited with code 0 before its function returned (exit() inside it?)";
+        status = exit_status::from_code(255);
+      }
     } catch (const std::exception& e) {
       unreadable = fmt::format("cohort: reading the rank's result: {}", e.what());
       status = exit_status::from_code(255);

@@ -26,15 +26,19 @@ using pool_task = std::tuple<std::uint64_t, std::string, std::vector<std::byte>>
 using pool_outcome = std::tuple<std::uint64_t, bool, std::vector<std::byte>>;         // item, returned, result or error
 
 // Runs items until the task queue is closed. What it returned stays held
-// here, so handles in results remain valid for the parent.
-void cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> results) {
+// here, so handles in results remain valid for the parent. It returns a
+// value only so that a worker ending early with code 0 (an item that
+// called exit) is a failure of its rank, which ends the pool: a void
+// function's rank that exits 0 has simply finished, and the map would wait
+// for its item for good.
+int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> results) {
   std::vector<encoded> kept;
   for (;;) {
     std::optional<pool_task> task;
     try {
       task = tasks.get();
     } catch (const queue_closed&) {
-      return;
+      return 0;
     }
     auto& [item, name, bytes] = *task;
     try {

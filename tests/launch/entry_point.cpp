@@ -52,6 +52,12 @@ COHORT_ENTRYPOINT(succeed);
 
 int rank_itself(int rank) { return rank; }
 COHORT_ENTRYPOINT(rank_itself);
+// Rank 1 ends inside the function, with code 0, before it returns a value.
+int exits_zero_before_returning(int rank) {
+  if (rank == 1) std::exit(0);
+  return rank;
+}
+COHORT_ENTRYPOINT(exits_zero_before_returning);
 int rings_of_parent(int) { return static_cast<int>(test::ring_descriptors(::getppid()).size()); }
 COHORT_ENTRYPOINT(rings_of_parent);
 
@@ -588,6 +594,18 @@ TEST_SUITE("entry points") {
         CHECK(e.signal() == SIGABRT);
         CHECK(e.exit_code() == -1);
         CHECK(std::string(e.what()).find("killed by signal SIGABRT") != std::string::npos);
+      }
+    });
+  }
+
+  TEST_CASE("a rank that exits 0 inside a function returning a value fails, saying so, rather than leave no result") {
+    for_each_method([](start_method method) {
+      try {
+        spawn_and_join(exits_zero_before_returning, std::tuple{}, 2, join_options{.method = method});
+        FAIL("no exception");
+      } catch (const process_raised_error& e) {  // as for a result that cannot be read: the message says why
+        CHECK(e.rank() == 1);
+        CHECK(std::string(e.what()).find("exited with code 0 before its function returned") != std::string::npos);
       }
     });
   }

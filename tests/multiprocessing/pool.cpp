@@ -57,6 +57,11 @@ int throw_int_on_three(int, int x) {
 }
 COHORT_ENTRYPOINT(throw_int_on_three);
 
+void exit_zero_on_three(int, int x) {
+  if (x == 3) ::_exit(0);
+}
+COHORT_ENTRYPOINT(exit_zero_on_three);
+
 void die_on_three(int, int x) {
   if (x == 3) ::_exit(9);
 }
@@ -150,6 +155,13 @@ TEST_SUITE("pool") {
   TEST_CASE("a worker that dies ends the pool with its exit") {
     pool p(2);
     CHECK_THROWS_AS(p.map(die_on_three, std::vector<int>{1, 2, 3, 4}), process_exited_error);
+    CHECK_THROWS_AS(p.map(square, std::vector<long>{5}), std::logic_error);
+  }
+
+  TEST_CASE("a worker that exits with code 0 inside an item ends the pool too, not waits for the item") {
+    pool p(2);
+    CHECK_THROWS_WITH_AS(p.map(exit_zero_on_three, std::vector<int>{1, 2, 3, 4}),
+                         doctest::Contains("exited with code 0 before its function returned"), process_raised_error);
     CHECK_THROWS_AS(p.map(square, std::vector<long>{5}), std::logic_error);
   }
 
