@@ -104,6 +104,8 @@ struct logs_spec {
   std::string prefix = "[${role}${local_rank}]:";
   int first_rank = 0;
   /// Where console lines go; -1: this process's stdout (1) and stderr (2).
+  /// Another value must be a descriptor open for writing when the group
+  /// starts (std::invalid_argument otherwise).
   int console_out = -1;
   int console_err = -1;
   /// Called at most once per group, on a thread running the io_context,

@@ -201,6 +201,16 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
       }
     }
   }
+  // A console the lines could never reach is refused here, where they
+  // would otherwise be lost with no error to show for it.
+  for (const auto& [what, fd] : {std::pair{"console_out", spec.console_out}, std::pair{"console_err", spec.console_err}}) {
+    if (fd == -1) continue;
+    const int flags = fd < 0 ? -1 : ::fcntl(fd, F_GETFL);
+    if (flags < 0 || (flags & O_ACCMODE) == O_RDONLY) {
+      throw std::invalid_argument(fmt::format("cohort::start_processes: logs.{} is {}, {}", what, fd,
+                                              flags < 0 ? "not an open descriptor" : "open for reading only"));
+    }
+  }
   const int console[2] = {spec.console_out >= 0 ? spec.console_out : 1, spec.console_err >= 0 ? spec.console_err : 2};
   const std_streams which[2] = {std_streams::out, std_streams::err};
   const char* file_names[2] = {"stdout.log", "stderr.log"};

@@ -421,6 +421,23 @@ TEST_CASE("bad logs are errors before any rank starts") {
     CHECK_THROWS_WITH_AS(run_group(spec), doctest::Contains("rank 5"), std::invalid_argument);
   }
   {
+    // A console that no line could reach: not open, below -1, or read-only.
+    auto spec = shell_ranks(2, "echo lost");
+    spec.logs.prefix_all = true;  // lines through the console
+    spec.logs.console_out = 999;
+    CHECK_THROWS_WITH_AS(run_group(spec), "cohort::start_processes: logs.console_out is 999, not an open descriptor",
+                         std::invalid_argument);
+    spec.logs.console_out = -1;
+    spec.logs.console_err = -7;
+    CHECK_THROWS_WITH_AS(run_group(spec), doctest::Contains("logs.console_err is -7"), std::invalid_argument);
+    int ends[2];
+    REQUIRE(::pipe2(ends, O_CLOEXEC) == 0);
+    spec.logs.console_err = ends[0];
+    CHECK_THROWS_WITH_AS(run_group(spec), doctest::Contains("open for reading only"), std::invalid_argument);
+    ::close(ends[0]);
+    ::close(ends[1]);
+  }
+  {
     auto spec = shell_ranks(2, "exit 0");
     spec.logs.dir = dir.path;
     spec.logs.redirects = std::map<int, std_streams>{{2, std_streams::out}};
