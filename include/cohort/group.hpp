@@ -193,8 +193,10 @@ class group {
   /// is left of the waits: SIGKILL at once. A shutdown started by a failure
   /// keeps its own sequence (a shutdown signal then is only recorded); after
   /// stop(), one counts as the second. Replaces the handlers of those
-  /// signals in this process while the run lasts (asio::signal_set). Call
-  /// once per group.
+  /// signals in this process while the run lasts (asio::signal_set), and
+  /// puts back after it what the process had before (a handler, SIG_IGN),
+  /// unless another asio::signal_set still holds the signal. Call once per
+  /// group.
   void forward_signals(std::vector<int> shutdown_signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT},
                        std::vector<int> passed_on = {});
 

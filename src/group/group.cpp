@@ -60,6 +60,32 @@ using run_end = asio::experimental::concurrent_channel<void(std::error_code, int
 
 /// Shared by the group object and the supervision coroutines. All of
 /// it but `finished`/`result` (guarded by `mutex`) is touched only on `strand`.
+// The actions a set of signals had before an asio::signal_set caught them.
+// asio gives a signal back as SIG_DFL when its last set lets go of it, so a
+// handler (or SIG_IGN) the program had set would be gone after the run.
+// restore() puts each back, unless something else (another asio set, or
+// the program itself since) handles the signal now.
+class caught_signals {
+ public:
+  void note(int sig) {
+    if (std::any_of(saved_.begin(), saved_.end(), [sig](const auto& s) { return s.first == sig; })) return;
+    struct sigaction action {};
+    if (::sigaction(sig, nullptr, &action) == 0) saved_.emplace_back(sig, action);
+  }
+  void restore() noexcept {
+    for (const auto& [sig, action] : saved_) {
+      struct sigaction now {};
+      if (::sigaction(sig, nullptr, &now) == 0 && (now.sa_flags & SA_SIGINFO) == 0 && now.sa_handler == SIG_DFL) {
+        ::sigaction(sig, &action, nullptr);
+      }
+    }
+    saved_.clear();
+  }
+
+ private:
+  std::vector<std::pair<int, struct sigaction>> saved_;
+};
+
 struct group_state {
   group_state(asio::any_io_executor ex, const group_spec& s)
       : strand(asio::make_strand(ex)), nprocs(s.nprocs), shutdown(s.shutdown), error_dir(s.error_dir), wake(strand) {}
@@ -101,6 +127,7 @@ struct group_state {
   tracked_processes descendants;  // the group's processes besides its ranks, held for the sweep
   pid_window pids_since_start;     // opened before the first rank starts
   std::shared_ptr<asio::signal_set> signals;
+  caught_signals signals_before;  // how the process handled them before forward_signals
   asio::steady_timer wake;  // the shutdown sleeps on it; exits and stop() cancel it
   asio::steady_timer stop_requested{strand, steady::time_point::max()};  // stop() cancels it
 
@@ -484,7 +511,8 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
     co_await s.logs->drain(policy.kill_wait);
     s.partial.log_errors = s.logs->errors();
   }
-  s.signals.reset();  // the process's own handling of those signals comes back
+  s.signals.reset();
+  s.signals_before.restore();  // the process's own handling of those signals comes back
   finish(state);
 }
 
@@ -517,6 +545,10 @@ void group::forward_signals(std::vector<int> shutdown_signals, std::vector<int> 
       }
     }
   }
+  detail::caught_signals before;
+  for (const auto* list : {&shutdown_signals, &passed_on}) {
+    for (int sig : *list) before.note(sig);
+  }
   // Caught from here on: asio queues what arrives before the wait below is
   // set up on the strand.
   std::shared_ptr<asio::signal_set> set;
@@ -528,10 +560,15 @@ void group::forward_signals(std::vector<int> shutdown_signals, std::vector<int> 
     throw std::system_error(e.code(), "cohort::group::forward_signals: asio's signal pipe" +
                                           os::descriptor_limit_note(e.code().value()));
   }
-  asio::dispatch(state_->strand, [state = state_, set, passed_on = std::move(passed_on)] {
+  asio::dispatch(state_->strand, [state = state_, set, passed_on = std::move(passed_on), before]() mutable {
     std::lock_guard lock(state->mutex);
-    if (state->finished || state->signals) return;
+    if (state->finished || state->signals) {
+      set.reset();
+      before.restore();
+      return;
+    }
     state->signals = set;
+    state->signals_before = std::move(before);
     state->signals->async_wait([state, passed_on](std::error_code ec, int sig) {
       if (!ec) detail::on_signal(state, passed_on, sig);
     });

@@ -746,6 +746,32 @@ TEST_SUITE("group") {
     for (const auto& s : result.statuses) CHECK(s->signal() == SIGTERM);
   }
 
+  TEST_CASE("after the run, the signals it caught are handled as they were before") {
+    static std::atomic<int> caught{0};
+    struct sigaction counting {};
+    counting.sa_handler = [](int) { caught.fetch_add(1); };
+    struct sigaction ignoring {};
+    ignoring.sa_handler = SIG_IGN;
+    struct sigaction usr1_before {}, hup_before {};
+    REQUIRE(::sigaction(SIGUSR1, &counting, &usr1_before) == 0);
+    REQUIRE(::sigaction(SIGHUP, &ignoring, &hup_before) == 0);
+    asio::io_context io;
+    auto result = test::run(io, []() -> asio::awaitable<run_result> {
+      group_spec spec = ranks_of(1, {"exit-after", "50", "0"});
+      group g = co_await start_processes(spec);
+      g.forward_signals({SIGHUP}, {SIGUSR1});
+      co_return co_await g.wait();
+    }());
+    CHECK(result.ok());
+    ::raise(SIGUSR1);  // without the handler back, this would end the test program
+    CHECK(caught.load() == 1);
+    struct sigaction hup_now {};
+    REQUIRE(::sigaction(SIGHUP, nullptr, &hup_now) == 0);
+    CHECK((hup_now.sa_handler == SIG_IGN));  // parenthesised: doctest cannot print a function pointer
+    ::sigaction(SIGUSR1, &usr1_before, nullptr);
+    ::sigaction(SIGHUP, &hup_before, nullptr);
+  }
+
   TEST_CASE("signals to pass on reach every rank") {
     asio::io_context io;
     auto result = test::run(io, []() -> asio::awaitable<run_result> {
