@@ -297,6 +297,9 @@ int prepare_stream(const stdio& option, int target, std::vector<os::owned_fd>& o
           return above_stdio(fd, owned, f);
         } else if constexpr (std::is_same_v<K, stdio::file_t>) {
           refuse_nul(kind.path.string(), "a stream's file path");
+          if (target == 0 && kind.flags != 0 && (kind.flags & O_ACCMODE) == O_WRONLY) {
+            throw std::invalid_argument("cohort::spawn: stdin from a file opened for writing only (stdio::append?)");
+          }
           int flags = kind.flags != 0 ? kind.flags : target == 0 ? O_RDONLY : O_WRONLY | O_CREAT | O_TRUNC;
           int fd = open_cloexec(kind.path, flags, f);
           if (fd < 0) return -1;

@@ -181,7 +181,8 @@ TEST_SUITE("spawn") {
     CHECK_FALSE(has_unreaped_children());
   }
 
-  TEST_CASE("a NUL inside the program, an argument, the working directory or a file path is refused") {
+  TEST_CASE("a NUL inside the program, an argument, the working directory or a file path is refused, and so is "
+            "stdin from a file opened for writing only") {
     asio::io_context io;
     const auto refused = [&](const command& cmd, const spawn_options& options, const char* what) {
       CAPTURE(what);
@@ -195,6 +196,9 @@ TEST_SUITE("spawn") {
     spawn_options file;
     file.out = stdio::file(std::string("/tmp/a\0b", 8));
     refused(command(test::target, {"exit", "0"}), file, "a stream's file path holds NUL");
+    spawn_options append_in;
+    append_in.in = stdio::append("/tmp/never-read");  // output only: the child's reads would fail with EBADF
+    refused(command(test::target, {"cat"}), append_in, "stdin from a file opened for writing only");
     CHECK_FALSE(has_unreaped_children());
   }
 
