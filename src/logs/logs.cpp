@@ -203,7 +203,8 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
   }
   // A console the lines could never reach is refused here, where they
   // would otherwise be lost with no error to show for it.
-  for (const auto& [what, fd] : {std::pair{"console_out", spec.console_out}, std::pair{"console_err", spec.console_err}}) {
+  const std::pair<const char*, int> consoles[] = {{"console_out", spec.console_out}, {"console_err", spec.console_err}};
+  for (const auto& [what, fd] : consoles) {
     if (fd == -1) continue;
     const int flags = fd < 0 ? -1 : ::fcntl(fd, F_GETFL);
     if (flags < 0 || (flags & O_ACCMODE) == O_RDONLY) {

@@ -138,8 +138,8 @@ TEST_SUITE("pool") {
 
   TEST_CASE("an exception not derived from std::exception fails its item, named by its type, and the pool goes on") {
     pool p(2);
-    CHECK_THROWS_WITH_AS(p.map(throw_int_on_three, std::vector<int>{1, 2, 3, 4}), doctest::Contains("item 2 raised int"),
-                         std::runtime_error);
+    CHECK_THROWS_WITH_AS(p.map(throw_int_on_three, std::vector<int>{1, 2, 3, 4}),
+                         doctest::Contains("item 2 raised int"), std::runtime_error);
     CHECK(p.map(square, std::vector<long>{5}) == std::vector<long>{25});
   }
 
