@@ -578,6 +578,9 @@ std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, const
 
 child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options,
             std::error_code& ec) {
+  // Refused before a process is made: its wait could run nowhere else (a
+  // callback or use_future's system executor, unbound).
+  uring::io_context_of(executor);
   detail::launch_failure f;
   auto state = detail::launch_program(executor, cmd, options, f);
   if (!state) {
@@ -589,6 +592,7 @@ child spawn(const asio::any_io_executor& executor, const command& cmd, const spa
 }
 
 child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options) {
+  uring::io_context_of(executor);  // as above
   detail::launch_failure f;
   auto state = detail::launch_program(executor, cmd, options, f);
   if (!state) throw std::system_error(f.error, std::system_category(), detail::describe(cmd, f));

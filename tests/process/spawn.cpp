@@ -536,6 +536,16 @@ TEST_SUITE("spawn") {
     CHECK_FALSE(has_unreaped_children());
   }
 
+  TEST_CASE("spawn with use_future and no io_context to wait on is refused before any process starts") {
+    const spawn_options options;
+    auto refused = spawn(command{test::target, {"exit", "0"}}, options, asio::use_future);
+    CHECK_THROWS_WITH_AS(refused.get(), doctest::Contains("cohort needs the executor of an asio::io_context"),
+                         std::invalid_argument);
+    CHECK_THROWS_AS(spawn(asio::system_executor(), command{test::target, {"exit", "0"}}), std::invalid_argument);
+    CHECK_FALSE(has_unreaped_children());
+    CHECK(test::children_of_self().empty());
+  }
+
   TEST_CASE("a deferred spawn cancelled before it runs starts nothing and completes as aborted") {
     asio::io_context io;
     auto op = spawn(command{test::target, {"sleep", "30"}}, asio::experimental::deferred);
