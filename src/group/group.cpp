@@ -58,8 +58,6 @@ using steady = std::chrono::steady_clock;
 /// void(error_code) alone.)
 using run_end = asio::experimental::concurrent_channel<void(std::error_code, int)>;
 
-/// Shared by the group object and the supervision coroutines. All of
-/// it but `finished`/`result` (guarded by `mutex`) is touched only on `strand`.
 // The actions a set of signals had before an asio::signal_set caught them.
 // asio gives a signal back as SIG_DFL when its last set lets go of it, so a
 // handler (or SIG_IGN) the program had set would be gone after the run.
@@ -86,6 +84,8 @@ class caught_signals {
   std::vector<std::pair<int, struct sigaction>> saved_;
 };
 
+/// Shared by the group object and the supervision coroutines. All of
+/// it but `finished`/`result` (guarded by `mutex`) is touched only on `strand`.
 struct group_state {
   group_state(asio::any_io_executor ex, const group_spec& s)
       : strand(asio::make_strand(ex)), nprocs(s.nprocs), shutdown(s.shutdown), error_dir(s.error_dir), wake(strand) {}
@@ -206,13 +206,10 @@ void validate(const group_spec& spec) {
     throw std::invalid_argument("cohort::start_processes: args are for programs; a function's arguments are in its call");
   }
   // A group reads no rank's pipe, and one a rank fills would stop it for good.
-  const stdio* streams[3] = {&spec.options.in, &spec.options.out, &spec.options.err};
-  for (int i = 0; i < 3; ++i) {
-    if (std::holds_alternative<stdio::pipe_t>(streams[i]->get())) {
-      throw std::invalid_argument(fmt::format(
-          "cohort::start_processes: options.{} is a pipe, which a group gives no way to read; use logs (logs_spec) or "
-          "a file", i == 0 ? "in" : i == 1 ? "out" : "err"));
-    }
+  if (const char* piped = piped_stream(spec.options)) {
+    throw std::invalid_argument(fmt::format(
+        "cohort::start_processes: options.{} is a pipe, which a group gives no way to read; use logs (logs_spec) or "
+        "a file", piped));
   }
   check_rank_keys("args", keys_of(spec.args), spec.nprocs);
   check_rank_keys("envs", keys_of(spec.envs), spec.nprocs);

@@ -143,6 +143,10 @@ std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executo
 /// (os/descriptor_table.hpp).
 std::size_t descriptors_per_child(const asio::any_io_executor& executor, const spawn_options& options);
 
+/// The first of `options`' streams set to stdio::pipe(), as "in", "out" or
+/// "err"; null when none is.
+const char* piped_stream(const spawn_options& options) noexcept;
+
 /// "<what>: <cause>" for a failed launch, naming the descriptor limit on EMFILE.
 std::string describe_failure(const std::string& what, const launch_failure& f);
 

@@ -609,13 +609,20 @@ asio::awaitable<child> detail::spawn_on(asio::any_io_executor executor, command 
   co_return spawn(executor, cmd, options);
 }
 
+const char* detail::piped_stream(const spawn_options& options) noexcept {
+  const std::pair<const stdio*, const char*> streams[] = {
+      {&options.in, "in"}, {&options.out, "out"}, {&options.err, "err"}};
+  for (const auto& [stream, name] : streams) {
+    if (std::holds_alternative<stdio::pipe_t>(stream->get())) return name;
+  }
+  return nullptr;
+}
+
 namespace {
 
 void refuse_pipes(const spawn_options& options) {
-  for (const stdio* s : {&options.in, &options.out, &options.err}) {
-    if (std::holds_alternative<stdio::pipe_t>(s->get())) {
-      throw std::invalid_argument("cohort::run: pipes need an io_context; use spawn()");
-    }
+  if (detail::piped_stream(options) != nullptr) {
+    throw std::invalid_argument("cohort::run: pipes need an io_context; use spawn()");
   }
 }
 
