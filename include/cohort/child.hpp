@@ -98,7 +98,13 @@ class child {
   void detach();
 
   /// The parent ends of the pipes the spawn options asked for. Throw
-  /// std::logic_error when that stream is not a pipe.
+  /// std::logic_error when that stream is not a pipe. A write to in() after
+  /// the child has closed its stdin (or exited) is a write to a pipe with
+  /// no reader: the kernel raises SIGPIPE in the writing thread, whose
+  /// default action ends this process. A program that writes to children
+  /// ignores SIGPIPE (`signal(SIGPIPE, SIG_IGN)`, as Python does), and the
+  /// write then fails with asio::error::broken_pipe. The child starts with
+  /// SIGPIPE at its default either way.
   asio::writable_pipe& in();
   asio::readable_pipe& out();
   asio::readable_pipe& err();

@@ -126,7 +126,8 @@ struct run_result {
   /// The signal that ended the run, when forward_signals() turned one into
   /// the shutdown.
   std::optional<int> signal;
-  /// Log files that could not be written to the end (a full disk).
+  /// Log files that could not be written to the end (a full disk), and a
+  /// console that refused its lines (a pipe whose reader has gone).
   std::vector<std::string> log_errors;
 
   /// Every rank exited with code 0.

@@ -105,7 +105,11 @@ struct logs_spec {
   int first_rank = 0;
   /// Where console lines go; -1: this process's stdout (1) and stderr (2).
   /// Another value must be a descriptor open for writing when the group
-  /// starts (std::invalid_argument otherwise).
+  /// starts (std::invalid_argument otherwise). A console that refuses a
+  /// write (a pipe whose reader has gone, as under `| head`) takes no more
+  /// lines: the ranks run on, their log files get every byte, and
+  /// group_result::log_errors says so. Such a write raises no SIGPIPE in
+  /// this process, whatever its disposition.
   int console_out = -1;
   int console_err = -1;
   /// Called at most once per group, on a thread running the io_context,

@@ -8,6 +8,7 @@
 // line to the console.
 #include "logs/logs.hpp"
 
+#include "os/quiet_sigpipe.hpp"
 #include "uring/poll.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -93,6 +94,12 @@ os::owned_fd open_log(const std::filesystem::path& path) {
   return fd;
 }
 
+// Whether a write to `fd` can raise SIGPIPE: a pipe's or a socket's.
+bool is_pipe(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode));
+}
+
 // What a pump reads into, and the console lines it makes of it.
 struct scratch {
   std::unique_ptr<char[]> data = std::make_unique_for_overwrite<char[]>(read_size);
@@ -122,6 +129,7 @@ struct group_logs::state {
   std::vector<rank_ends> ranks;
   std::mutex errors_mutex;  // pumps run on strands of their own
   std::vector<std::string> errors;
+  std::vector<int> lost_consoles;  // told in `errors` once each, under errors_mutex
   // Per stream, then the watcher when any stream is followed: the strand
   // its coroutine runs on, and the signal that stops it (emitted there).
   std::vector<asio::strand<asio::any_io_executor>> strands;
@@ -213,6 +221,7 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
     }
   }
   const int console[2] = {spec.console_out >= 0 ? spec.console_out : 1, spec.console_err >= 0 ? spec.console_err : 2};
+  const bool console_is_pipe[2] = {is_pipe(console[0]), is_pipe(console[1])};
   const std_streams which[2] = {std_streams::out, std_streams::err};
   const char* file_names[2] = {"stdout.log", "stderr.log"};
   auto& s = *state_;
@@ -244,6 +253,7 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
         auto& stream = s.streams.emplace_back();
         if (to_file) stream.file_path = (folder / file_names[i]).string();
         stream.console = console[i];
+        stream.console_is_pipe = console_is_pipe[i];
         stream.prefix = expand_prefix(spec.prefix, role, spec.first_rank + rank, rank);
         return stream;
       };
@@ -269,6 +279,7 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
         auto& stream = add_stream();
         stream.full_read = size > 0 ? std::min(read_size, static_cast<std::size_t>(size)) : read_size;
         stream.source = os::owned_fd(p[0]);
+        stream.file_is_pipe = is_pipe(file.get());
         stream.file = std::move(file);
         target = stdio::fd(p[1]);
         ends.held.emplace_back(p[1]);
@@ -295,8 +306,11 @@ void group_logs::started() {
 namespace {
 
 // Writes `size` bytes of `data`; false with errno set when the descriptor
-// refuses them (EAGAIN on a non-blocking console is waited out).
-bool write_all(int fd, const char* data, std::size_t size) {
+// refuses them (EAGAIN on a non-blocking console is waited out). To a pipe
+// (`pipe`) whose reader has gone, it fails with EPIPE and no SIGPIPE.
+bool write_all(int fd, bool pipe, const char* data, std::size_t size) {
+  std::optional<os::quiet_sigpipe> quiet;
+  if (pipe) quiet.emplace();
   while (size > 0) {
     const ssize_t n = ::write(fd, data, size);
     if (n < 0) {
@@ -317,9 +331,23 @@ void add_error(group_logs::state& st, std::string message) {
   st.errors.push_back(std::move(message));
 }
 
+// The console of `s` refused a write (its reader has gone: EPIPE): its
+// streams go on to their files only. Told once for each console.
+void lose_console(group_logs::state& st, log_stream& s) {
+  const int error = errno;
+  const int console = s.console;
+  s.console = -1;
+  std::lock_guard lock(st.errors_mutex);
+  if (std::ranges::find(st.lost_consoles, console) != st.lost_consoles.end()) return;
+  st.lost_consoles.push_back(console);
+  st.errors.push_back(fmt::format("cohort: writing to the console (descriptor {}) failed ({}); "
+                                  "what the ranks wrote after reached only their log files, where they have them",
+                                  console, std::strerror(error)));
+}
+
 // Writes what came in to the stream's file whole.
 void write_file(group_logs::state& st, log_stream& s, const char* data, std::size_t size) {
-  if (s.file.get() >= 0 && !write_all(s.file.get(), data, size)) {
+  if (s.file.get() >= 0 && !write_all(s.file.get(), s.file_is_pipe, data, size)) {
     add_error(st, fmt::format("cohort: writing {} failed ({}); what the rank wrote after is not in it", s.file_path,
                               std::strerror(errno)));
     s.file.reset();
@@ -358,7 +386,7 @@ class borrowed_scratch {
 // an iovec for the prefix and one for each line, the kernel's walk over
 // the iovecs and the calls that IOV_MAX splits them into took more than
 // the copy.) The rest of a line waits in `pending`.
-void write_console(log_stream& s, std::string& lines, const char* data, std::size_t size) {
+void write_console(group_logs::state& st, log_stream& s, std::string& lines, const char* data, std::size_t size) {
   if (s.console < 0) return;
   lines.clear();
   const char* end = data + size;
@@ -387,14 +415,14 @@ void write_console(log_stream& s, std::string& lines, const char* data, std::siz
   }
   if (!lines.empty()) {
     std::lock_guard lock(console_mutex);
-    if (!write_all(s.console, lines.data(), lines.size())) s.console = -1;  // the console is gone: files only from here
+    if (!write_all(s.console, s.console_is_pipe, lines.data(), lines.size())) lose_console(st, s);
   }
 }
 
 // What came in goes to the console first: a file write can wait on the
 // disk, and the console is where someone is watching.
 void deliver(group_logs::state& st, log_stream& s, std::string& lines, const char* data, std::size_t size) {
-  write_console(s, lines, data, size);
+  write_console(st, s, lines, data, size);
   write_file(st, s, data, size);
 }
 
@@ -448,18 +476,18 @@ bool read_followed(group_logs::state& st, log_stream& s, std::size_t& took) {
   }
   s.read_to += n;
   took += static_cast<std::size_t>(n);
-  write_console(s, scratch->lines, data, static_cast<std::size_t>(n));
+  write_console(st, s, scratch->lines, data, static_cast<std::size_t>(n));
   if (static_cast<std::size_t>(n) >= s.full_read) tell_busy(st);
   return static_cast<std::size_t>(n) == read_size;
 }
 
 // The partial last line of a stream, ended by a newline on the console;
 // then lets go of its descriptors.
-void end_stream(log_stream& s) {
+void end_stream(group_logs::state& st, log_stream& s) {
   if (!s.pending.empty() && s.console >= 0) {
     const std::string out = s.prefix + s.pending + '\n';
     std::lock_guard lock(console_mutex);
-    write_all(s.console, out.data(), out.size());
+    if (!write_all(s.console, s.console_is_pipe, out.data(), out.size())) lose_console(st, s);
   }
   s.pending.clear();
   s.source.reset();
@@ -469,7 +497,7 @@ void end_stream(log_stream& s) {
 // The end of a piped stream: what is left in the pipe, then the rest.
 void finish_stream(group_logs::state& st, log_stream& s) {
   read_available(st, s);
-  end_stream(s);
+  end_stream(st, s);
 }
 
 // A pump, follower or watcher has ended; the last one tells drain().
@@ -568,7 +596,7 @@ asio::awaitable<void> follow(std::shared_ptr<group_logs::state> state, std::size
       co_await s.wake->async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
   }
-  end_stream(s);
+  end_stream(st, s);
   ended(state, group_strand);
 }
 

@@ -41,6 +41,10 @@ struct log_stream {
   os::owned_fd file;     ///< a pipe's log file, written here, or none
   std::string file_path;  ///< for messages
   int console = -1;  ///< where its lines go, or -1
+  /// A write to it can raise SIGPIPE (a pipe or a socket), which the
+  /// pump keeps from this process: see os/quiet_sigpipe.hpp.
+  bool console_is_pipe = false;
+  bool file_is_pipe = false;
   std::string prefix;
   std::string pending;  ///< the start of a line whose newline has not come yet
   /// A read this long took all the source held at its fullest: the

@@ -15,7 +15,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -393,6 +395,54 @@ TEST_CASE("a process left holding a rank's pipe does not hold up the end of the 
   CHECK(std::chrono::steady_clock::now() - began < 30s);
   CHECK(out.text() == "[worker0]:started\n");
   CHECK(test::children_of_self().empty());
+}
+
+TEST_CASE("a console whose reader has gone: no SIGPIPE here, the ranks run on, the files whole, log_errors says so") {
+  bool through_pipes = false, files = true;
+  SUBCASE("followed") {}
+  SUBCASE("through pipes") { through_pipes = true; }
+  SUBCASE("console only") { files = false; }
+  // SIGPIPE at its default, as in most programs: without the library's
+  // care, the first console write would end this process.
+  struct sigaction dfl {}, before {};
+  dfl.sa_handler = SIG_DFL;
+  REQUIRE(::sigaction(SIGPIPE, &dfl, &before) == 0);
+  test::temp_dir dir;
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  ::close(console[0]);  // `| head` that has had its lines
+  auto spec = shell_ranks(2, "seq 1 20000; echo done >&2");
+  if (files) {
+    spec.logs.dir = dir.path;
+    spec.logs.tee = std_streams::all;
+    spec.logs.tee_through_pipes = through_pipes;
+  } else {
+    spec.logs.prefix_all = true;
+  }
+  spec.logs.console_out = console[1];
+  console_file err(dir.path / "console-err");
+  spec.logs.console_err = err.fd;
+  const auto r = run_group(spec);
+  ::close(console[1]);
+  sigset_t pending;
+  REQUIRE(::sigpending(&pending) == 0);
+  CHECK(sigismember(&pending, SIGPIPE) == 0);
+  REQUIRE(::sigaction(SIGPIPE, &before, nullptr) == 0);
+  CHECK(r.ok());
+  REQUIRE(r.log_errors.size() == 1);  // once for the console, not once per stream
+  CHECK(r.log_errors[0].find("descriptor " + std::to_string(console[1])) != std::string::npos);
+  CHECK(r.log_errors[0].find(std::strerror(EPIPE)) != std::string::npos);
+  // stderr's console was still there: its lines all came.
+  const auto err_lines = lines_of(err.text());
+  CHECK(std::multiset<std::string>(err_lines.begin(), err_lines.end()) ==
+        std::multiset<std::string>{"[worker0]:done", "[worker1]:done"});
+  if (files) {
+    std::string seq;
+    for (int i = 1; i <= 20000; ++i) seq += std::to_string(i) + "\n";
+    for (int rank = 0; rank < 2; ++rank) {
+      CHECK(test::read_file(dir.path / "none" / "attempt_0" / std::to_string(rank) / "stdout.log") == seq);
+    }
+  }
 }
 
 TEST_CASE("bad logs are errors before any rank starts") {
