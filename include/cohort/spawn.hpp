@@ -27,7 +27,10 @@ namespace cohort {
 /// concurrent spawns from other threads never leak them into other children.
 struct spawn_options {
   environment env{};              ///< default: this process's environment
-  std::filesystem::path cwd{};    ///< empty: this process's working directory
+  /// Empty: this process's working directory. The child moves there before
+  /// its exec, so a relative program path, and the program's search along
+  /// the relative entries of PATH, start from it, as execvp there would.
+  std::filesystem::path cwd{};
   stdio in = stdio::inherit();
   stdio out = stdio::inherit();
   stdio err = stdio::inherit();

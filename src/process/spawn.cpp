@@ -230,8 +230,11 @@ class child_stack {
 };
 
 // execvp's search, done in the parent so a missing program is a clear error
-// before anything starts.
-std::string find_program(const std::string& program, const environment& env, failure& f) {
+// before anything starts. The child execs what it finds after moving to
+// `cwd`, as execvp there would search: a relative entry of PATH (or an
+// empty one, the current directory) is looked at from `cwd`.
+std::string find_program(const std::string& program, const environment& env, const std::filesystem::path& cwd,
+                         failure& f) {
   if (program.empty()) {
     f = {stage::path_lookup, ENOENT, ""};
     return {};
@@ -239,8 +242,9 @@ std::string find_program(const std::string& program, const environment& env, fai
   if (program.find('/') != std::string::npos) return program;
   int error = ENOENT;
   for (const auto& candidate : env.path_candidates(program)) {
-    if (is_executable_file(candidate)) return candidate;
-    if (::access(candidate.c_str(), F_OK) == 0) error = EACCES;
+    const std::string seen_from_here = cwd.empty() || candidate.front() == '/' ? candidate : (cwd / candidate).string();
+    if (is_executable_file(seen_from_here)) return candidate;
+    if (::access(seen_from_here.c_str(), F_OK) == 0) error = EACCES;
   }
   f = {stage::path_lookup, error, ""};
   return {};
@@ -414,7 +418,7 @@ std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executo
                                             const spawn_options& options, failure& f) {
   refuse_nul(cmd.program, "the program name");
   for (std::size_t i = 0; i < cmd.args.size(); ++i) refuse_nul(cmd.args[i], fmt::format("argument {}", i + 1));
-  std::string path = find_program(cmd.program, options.env, f);
+  std::string path = find_program(cmd.program, options.env, options.cwd, f);
   if (f.where != stage::none) return nullptr;
   std::vector<std::string> args;
   args.reserve(cmd.args.size() + 1);

@@ -246,6 +246,41 @@ TEST_SUITE("spawn") {
     CHECK(status.code() == 7);
   }
 
+  TEST_CASE("a relative PATH entry is searched from the child's working directory, as execvp there would") {
+    test::temp_dir dir;
+    fs::create_directories(dir.path / "child" / "bin");
+    fs::create_directories(dir.path / "parent" / "bin");
+    fs::copy_file(test::target, dir.path / "child" / "bin" / "cohort-in-child-bin");
+    fs::copy_file(test::target, dir.path / "parent" / "bin" / "cohort-in-parent-bin");
+    struct back_to {
+      fs::path where = fs::current_path();
+      ~back_to() { fs::current_path(where); }
+    } restore;
+    fs::current_path(dir.path / "parent");
+    const auto run_from = [&](const std::string& program) {
+      asio::io_context io;
+      return test::run(io, [&]() -> asio::awaitable<exit_status> {
+        command c_cmd{program, {"exit", "6"}};
+        spawn_options c_opts{.env = environment::inherit().set("PATH", "bin"), .cwd = dir.path / "child"};
+        child c = co_await spawn(c_cmd, c_opts);
+        co_return co_await c.wait();
+      }());
+    };
+    std::optional<exit_status> found;
+    std::string missing;
+    try {
+      found = run_from("cohort-in-child-bin");
+      run_from("cohort-in-parent-bin");
+    } catch (const std::system_error& e) {
+      missing = e.what();
+    }
+    REQUIRE(found);
+    CHECK(found->code() == 6);
+    // What only the parent's directory holds is not there for the child:
+    // not found, rather than found here and then missing at the exec.
+    CHECK(missing.find("'cohort-in-parent-bin': not found in PATH") != std::string::npos);
+  }
+
   TEST_CASE("a relative path with a slash is taken from the child's working directory") {
     test::temp_dir dir;
     fs::copy_file(test::target, dir.path / "relative-target");
