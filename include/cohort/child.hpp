@@ -62,6 +62,8 @@ class child {
   /// cancellation filter decides which cancellation types reach it
   /// (terminal only, by default); otherwise only terminal cancellation
   /// does. Fails with std::logic_error while another wait() is in flight.
+  /// Throws std::logic_error once the io_context the child was spawned on
+  /// has been destroyed (join() and try_wait() still reap it).
   template <completion_token_of<exit_status> Token = default_token>
   [[nodiscard]] auto wait(Token&& token = {}) {
     if constexpr (std::is_same_v<std::decay_t<Token>, default_token>) {
@@ -94,11 +96,14 @@ class child {
   /// wait is work of the io_context it was spawned on: run() does not return
   /// before the child has exited; destroying the io_context first leaves the
   /// child unreaped. Its pipes are closed here. Afterwards this object holds
-  /// no process.
+  /// no process. Throws std::logic_error, and keeps the process, once that
+  /// io_context has been destroyed: nothing would reap the child.
   void detach();
 
   /// The parent ends of the pipes the spawn options asked for. Throw
-  /// std::logic_error when that stream is not a pipe. A write to in() after
+  /// std::logic_error when that stream is not a pipe, or when the io_context
+  /// the child was spawned on (theirs) has been destroyed: the object then
+  /// closes them without touching it as it ends. A write to in() after
   /// the child has closed its stdin (or exited) is a write to a pipe with
   /// no reader: the kernel raises SIGPIPE in the writing thread, whose
   /// default action ends this process. A program that writes to children

@@ -4,8 +4,10 @@
 #include "config.hpp"
 #include "process/child_state.hpp"
 #include "os/descriptor_limit.hpp"
+#include "uring/service.hpp"
 #include "uring/waitid.hpp"
 
+#include <asio/execution_context.hpp>
 #include <asio/redirect_error.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
@@ -38,7 +40,30 @@ exit_status to_status(const siginfo_t& info, const rusage& usage) {
 
 }  // namespace
 
+namespace {
+
+// A service of every io_context that children are spawned on, for the
+// token that tells them it is gone.
+class lifetime_service final : public asio::execution_context::service {
+ public:
+  using key_type = lifetime_service;
+  static inline asio::execution_context::id id;
+  explicit lifetime_service(asio::execution_context& context) : asio::execution_context::service(context) {}
+  std::weak_ptr<const void> alive() const noexcept { return alive_; }
+
+ private:
+  void shutdown() override { alive_.reset(); }
+  std::shared_ptr<const void> alive_ = std::make_shared<const bool>(true);
+};
+
+}  // namespace
+
+std::weak_ptr<const void> context_lifetime(const asio::any_io_executor& executor) {
+  return asio::use_service<lifetime_service>(uring::io_context_of(executor)).alive();
+}
+
 void reap_in_background(const std::shared_ptr<child_state>& state) {
+  if (state->context_gone()) return;  // as documented: left unreaped
   uring::async_exited(state->executor, state->pidfd, state->pid, [state](std::error_code ec, siginfo_t) {
     if (!ec) state->reap(false, ec);
   });
@@ -47,8 +72,23 @@ void reap_in_background(const std::shared_ptr<child_state>& state) {
 // A pid reaped here may be another process's by now: only one still
 // unreaped is let go of.
 child_state::~child_state() {
+  close_pipes();
   if (!status) disown_pid(pid);
   if (pidfd >= 0) ::close(pidfd);
+}
+
+void child_state::close_pipes() noexcept {
+  const auto close = [gone = context_gone()](auto& pipe) {
+    if (!gone) {
+      pipe.reset();
+    } else if (pipe) {  // its descriptor only, the object leaked (see the header)
+      ::close(pipe->native_handle());
+      (void)pipe.release();
+    }
+  };
+  close(in);
+  close(out);
+  close(err);
 }
 
 // glibc's waitid() has no rusage argument; the system call does.
@@ -101,6 +141,20 @@ void child::release() noexcept {
   }
 }
 
+namespace {
+
+// What needs the io_context the child was spawned on fails once it has
+// been destroyed, where it would reach freed memory; join() and try_wait()
+// reap through the pidfd alone, and the object's end kills and reaps.
+void refuse_gone_context(const detail::child_state& state, const char* what) {
+  if (!state.context_gone()) return;
+  throw std::logic_error(fmt::format("cohort::child::{}: the io_context the child was spawned on has been destroyed; "
+                                     "join() or try_wait() reaps it",
+                                     what));
+}
+
+}  // namespace
+
 pid_t child::pid() const noexcept { return state_ ? state_->pid : -1; }
 int child::native_handle() const noexcept { return state_ ? state_->pidfd : -1; }
 
@@ -110,10 +164,12 @@ std::optional<exit_status> child::status() const noexcept {
 
 std::optional<asio::any_io_executor> child::executor_of(const std::shared_ptr<detail::child_state>& state) {
   if (!state) return std::nullopt;
+  refuse_gone_context(*state, "wait");
   return state->executor;
 }
 
 asio::awaitable<exit_status> child::wait_awaited(std::shared_ptr<detail::child_state> state) {
+  if (state) refuse_gone_context(*state, "wait");
   const asio::any_io_executor here = co_await asio::this_coro::executor;
   const bool on_its_executor = state && state->executor == here;
   auto wait = on_its_executor ? wait_for(std::move(state)) : wait_spawned(std::move(state), asio::use_awaitable);
@@ -220,11 +276,10 @@ void child::signal_group(int sig, std::error_code& ec) {
 }
 
 void child::detach() {
+  if (state_ && !state_->status) refuse_gone_context(*state_, "detach");
   auto state = std::move(state_);
   if (!state || state->status) return;
-  state->in.reset();
-  state->out.reset();
-  state->err.reset();
+  state->close_pipes();
   if (state->waiting) {
     state->kept_by = detail::child_state::keeper::detached;  // the wait in flight hands over
   } else {
@@ -235,9 +290,10 @@ void child::detach() {
 namespace {
 
 template <class Pipe>
-Pipe& pipe_or_throw(detail::child_state* state, std::optional<Pipe> detail::child_state::*member,
+Pipe& pipe_or_throw(detail::child_state* state, std::unique_ptr<Pipe> detail::child_state::*member,
                     const char* name) {
   if (state == nullptr) throw std::logic_error(fmt::format("cohort::child::{}: no process", name));
+  refuse_gone_context(*state, name);
   auto& pipe = state->*member;
   if (!pipe) throw std::logic_error(fmt::format("cohort::child::{}: that stream is not a pipe", name));
   return *pipe;

@@ -31,7 +31,12 @@ struct child_state {
   /// reaped it (a waitpid(-1) elsewhere in the process).
   std::optional<exit_status> reap(bool block, std::error_code& ec);
 
+  /// Whether the io_context of `executor` has been destroyed: nothing of
+  /// it (the executor, the pipes' reactor) may be touched then.
+  bool context_gone() const noexcept { return context.expired(); }
+
   asio::any_io_executor executor;
+  std::weak_ptr<const void> context;  ///< context_lifetime(executor)
   pid_t pid;
   int pidfd;
   std::optional<exit_status> status;
@@ -45,10 +50,19 @@ struct child_state {
   bool group_leader = false;  ///< started with new_process_group
   bool waiting = false;       ///< a wait() is in flight; it reaps, or hands over to `kept_by`
   keeper kept_by = keeper::object;
-  std::optional<asio::writable_pipe> in;
-  std::optional<asio::readable_pipe> out;
-  std::optional<asio::readable_pipe> err;
+  /// The parent's ends of the pipes, as asio objects of the io_context.
+  /// Should it be destroyed first, their descriptors are closed and the
+  /// objects left undestroyed: their destructors would reach its reactor.
+  std::unique_ptr<asio::writable_pipe> in;
+  std::unique_ptr<asio::readable_pipe> out;
+  std::unique_ptr<asio::readable_pipe> err;
+  /// Closes the pipes (see above).
+  void close_pipes() noexcept;
 };
+
+/// Expires when the io_context behind `executor` is destroyed (as it shuts
+/// its services down). Makes no ring: a service of its own holds it.
+std::weak_ptr<const void> context_lifetime(const asio::any_io_executor& executor);
 
 /// Reaps `state`'s process once it exits, with no child object left: a wait
 /// on its executor keeps the state alive until then. Dropped, unreaped, if

@@ -181,6 +181,44 @@ TEST_SUITE("child") {
     CHECK(seen->signal() == SIGKILL);
   }
 
+  TEST_CASE("a child that outlives its io_context: waits, detach and pipes refuse, join reaps, nothing is left open") {
+    const int descriptors = test::open_fd_count();
+    child c;
+    {
+      asio::io_context io;
+      spawn_options c_opts;
+      c_opts.in = stdio::pipe();
+      c_opts.out = stdio::pipe();
+      c = spawn(io.get_executor(), command{"/bin/sh", {"-c", "sleep 0.3; exit 3"}}, c_opts);
+      CHECK_NOTHROW(c.out());
+    }
+    const auto gone = doctest::Contains("the io_context the child was spawned on has been destroyed");
+    CHECK_THROWS_WITH_AS(c.out(), gone, std::logic_error);
+    CHECK_THROWS_WITH_AS(c.in(), gone, std::logic_error);
+    CHECK_THROWS_WITH_AS(c.detach(), gone, std::logic_error);
+    REQUIRE(c);  // the refused detach kept the process
+    asio::io_context other;
+    std::string awaited, with_token;
+    test::run(other, [&]() -> asio::awaitable<void> {
+      try {
+        co_await c.wait();
+      } catch (const std::logic_error& e) {
+        awaited = e.what();
+      }
+      try {
+        c.wait([](std::exception_ptr, exit_status) {});
+      } catch (const std::logic_error& e) {
+        with_token = e.what();
+      }
+    }());
+    CHECK(awaited.find("cohort::child::wait: the io_context") == 0);
+    CHECK(with_token.find("cohort::child::wait: the io_context") == 0);
+    CHECK(c.join().code() == 3);
+    c = child();
+    CHECK(test::open_fd_count() == descriptors);  // the pipes' ends closed, the pidfd too
+    CHECK(test::children_of_self().empty());
+  }
+
   TEST_CASE("a detached child runs to its end and is reaped in the background") {
     auto marker = fs::temp_directory_path() / ("cohort-detach-" + std::to_string(::getpid()));
     fs::remove(marker);
