@@ -538,9 +538,10 @@ std::shared_ptr<child_state> prepared_launch::adopt(const asio::any_io_executor&
     state->group_leader = parts_->new_group;
     state->context = context_lifetime(executor);
     for (auto& end : parts_->pipes) {
-      if (end.target == 0) (state->in = std::make_unique<asio::writable_pipe>(executor))->assign(end.parent.get());
-      else if (end.target == 1) (state->out = std::make_unique<asio::readable_pipe>(executor))->assign(end.parent.get());
-      else (state->err = std::make_unique<asio::readable_pipe>(executor))->assign(end.parent.get());
+      const int fd = end.parent.get();
+      if (end.target == 0) state->in = std::make_unique<asio::writable_pipe>(executor, fd);
+      else if (end.target == 1) state->out = std::make_unique<asio::readable_pipe>(executor, fd);
+      else state->err = std::make_unique<asio::readable_pipe>(executor, fd);
       end.parent.release();  // the pipe object owns it now
     }
   } catch (...) {
