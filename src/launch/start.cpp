@@ -451,6 +451,7 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     report_read = os::owned_fd(ends[0]);
     report_write = os::owned_fd(ends[1]);
   }
+  const auto context = context_lifetime(executor);  // once for all the ranks, before any starts
   const launch_guard launching;  // from the first fork until every rank is owned or gone
   std::vector<std::unique_ptr<rank_launch>> ranks;
   ranks.reserve(n);
@@ -490,7 +491,7 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     auto& x = *ranks[r];
     const int pidfd = config::pidfd_open(x.pid);
     if (pidfd < 0) fail(r, {stage::start, errno, ""});
-    children.push_back(child(x.prepared->adopt(executor, std::exchange(x.pid, -1), pidfd)));
+    children.push_back(child(x.prepared->adopt(executor, context, std::exchange(x.pid, -1), pidfd)));
   }
   // The ranks set themselves up meanwhile; a failure of one ends them all.
   std::size_t failed = 0;

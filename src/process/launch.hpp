@@ -101,9 +101,12 @@ class prepared_launch {
   launch_plan& plan() noexcept;
   /// Where the plan failed, as a launch_failure.
   launch_failure failure() const;
-  /// Takes over the process made from the plan. Should that fail (no
-  /// memory), the process is killed and reaped and the exception passes.
-  std::shared_ptr<child_state> adopt(const asio::any_io_executor& executor, pid_t pid, int pidfd);
+  /// Takes over the process made from the plan, as a child of `executor`,
+  /// whose context_lifetime() (taken before the process started) is
+  /// `context`. Should that fail (no memory), the process is killed and
+  /// reaped and the exception passes.
+  std::shared_ptr<child_state> adopt(const asio::any_io_executor& executor, std::weak_ptr<const void> context,
+                                     pid_t pid, int pidfd);
 
  private:
   struct parts;
@@ -124,10 +127,10 @@ class signals_blocked {
 };
 
 /// Prepares `options` into a plan, lets `start` make the process and adopts
-/// it. `extra_keep` are descriptors the child keeps besides options.keep_fds.
-/// On failure returns nullptr and fills `f`.
-std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, const spawn_options& options,
-                                    const process_starter& start, launch_failure& f,
+/// it (see prepared_launch::adopt). `extra_keep` are descriptors the child
+/// keeps besides options.keep_fds. On failure returns nullptr and fills `f`.
+std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, std::weak_ptr<const void> context,
+                                    const spawn_options& options, const process_starter& start, launch_failure& f,
                                     const std::vector<int>& extra_keep = {});
 
 /// Launches `cmd` as spawn() does: nullptr on failure, with `f` saying where

@@ -416,6 +416,9 @@ bool launches_use_clone3() noexcept { return !clone3_refused.load(std::memory_or
 
 std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executor, const command& cmd,
                                             const spawn_options& options, failure& f) {
+  // Refused before a process is made: its wait could run nowhere else (a
+  // callback or use_future's system executor, unbound).
+  auto context = context_lifetime(executor);
   refuse_nul(cmd.program, "the program name");
   for (std::size_t i = 0; i < cmd.args.size(); ++i) refuse_nul(cmd.args[i], fmt::format("argument {}", i + 1));
   std::string path = find_program(cmd.program, options.env, options.cwd, f);
@@ -428,7 +431,7 @@ std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executo
   argv.reserve(args.size() + 1);
   for (auto& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
-  return launch(executor, options, [&](launch_plan& p, pid_t& pid) {
+  return launch(executor, std::move(context), options, [&](launch_plan& p, pid_t& pid) {
     p.path = path.c_str();
     p.argv = argv.data();
     return start_exec(p, pid);
@@ -525,7 +528,8 @@ launch_failure prepared_launch::failure() const {
 
 // The child runs from here on: should adopting it fail (no memory, asio
 // refusing a pipe), it is killed and reaped, not left behind.
-std::shared_ptr<child_state> prepared_launch::adopt(const asio::any_io_executor& executor, pid_t pid, int pidfd) {
+std::shared_ptr<child_state> prepared_launch::adopt(const asio::any_io_executor& executor,
+                                                    std::weak_ptr<const void> context, pid_t pid, int pidfd) {
   std::shared_ptr<child_state> state;
   try {
     state = std::make_shared<child_state>(executor, pid, pidfd);
@@ -536,7 +540,7 @@ std::shared_ptr<child_state> prepared_launch::adopt(const asio::any_io_executor&
   }
   try {
     state->group_leader = parts_->new_group;
-    state->context = context_lifetime(executor);
+    state->context = std::move(context);
     for (auto& end : parts_->pipes) {
       const int fd = end.parent.get();
       if (end.target == 0) state->in = std::make_unique<asio::writable_pipe>(executor, fd);
@@ -561,8 +565,8 @@ signals_blocked::signals_blocked() noexcept {
 
 signals_blocked::~signals_blocked() { ::syscall(SYS_rt_sigprocmask, SIG_SETMASK, &old_, nullptr, _NSIG / 8); }
 
-std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, const spawn_options& options,
-                                    const process_starter& start, launch_failure& f,
+std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, std::weak_ptr<const void> context,
+                                    const spawn_options& options, const process_starter& start, launch_failure& f,
                                     const std::vector<int>& extra_keep) {
   prepared_launch prepared(options, extra_keep, f);
   if (!prepared.ok()) return nullptr;
@@ -577,16 +581,13 @@ std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, const
     f = prepared.failure();
     return nullptr;
   }
-  return prepared.adopt(executor, pid, pidfd);
+  return prepared.adopt(executor, std::move(context), pid, pidfd);
 }
 
 }  // namespace detail
 
 child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options,
             std::error_code& ec) {
-  // Refused before a process is made: its wait could run nowhere else (a
-  // callback or use_future's system executor, unbound).
-  uring::io_context_of(executor);
   detail::launch_failure f;
   auto state = detail::launch_program(executor, cmd, options, f);
   if (!state) {
@@ -598,7 +599,6 @@ child spawn(const asio::any_io_executor& executor, const command& cmd, const spa
 }
 
 child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options) {
-  uring::io_context_of(executor);  // as above
   detail::launch_failure f;
   auto state = detail::launch_program(executor, cmd, options, f);
   if (!state) throw std::system_error(f.error, std::system_category(), detail::describe(cmd, f));
