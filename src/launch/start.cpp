@@ -226,8 +226,9 @@ struct rank_to_fork {
   const auto record = [&](std::size_t forked) {
     for (std::size_t r = 0; r < std::min(forked, on_stack); ++r) ranks[r]->pid = pids[r];
   };
-  const shm::fork_batch batch;
+  shm::fork_batch batch;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
+    batch.before_fork();
     const pid_t pid = ::fork();
     if (pid == 0) {
       run_forked_rank(r < near_count ? near[r] : far[r - near_count], report_fd, call, static_cast<int>(r), keeper,
@@ -235,6 +236,7 @@ struct rank_to_fork {
     }
     if (pid < 0) {
       f = {stage::clone, errno, ""};
+      batch.fork_failed();
       record(r);
       return static_cast<int>(r);
     }

@@ -11,6 +11,7 @@
 #include "os/futex.hpp"
 #include "os/process_identity.hpp"
 #include "os/spin_mutex.hpp"
+#include "shm/fork.hpp"
 #include "shm/keeper.hpp"
 #include "shm/registry.hpp"
 #include "shm/segment.hpp"
@@ -542,6 +543,8 @@ class queue_core {
   // shared memory the values name is let go of.
   void leave() noexcept {
     if (header_ == nullptr || holder_ != os::this_process()) return;  // not recorded, or inherited over fork
+    // A plain fork's child that has exec'd or ended can pop no more.
+    shm::sweep_fork_holds();
     std::vector<std::pair<std::vector<std::byte>, std::uint32_t>> left;
     try {
       {

@@ -53,6 +53,7 @@ struct arena_state {
 struct arena_exit {
   arena_state& a;
   ~arena_exit() {
+    sweep_fork_holds();
     std::vector<std::shared_ptr<segment>> arenas, lingering;
     {
       std::lock_guard lock(a.mutex);
@@ -154,6 +155,9 @@ std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) 
     return {nullptr, 0};
   };
   if (auto found = carve(); found.first) return found;
+  // Blocks held for plain forks' children that have gone may free room.
+  sweep_fork_holds();
+  if (auto found = carve(); found.first) return found;
   // One thread grows the arena at a time, and a thread that waited for it
   // carves from what the other made rather than making one of its own.
   std::lock_guard growing(a.growth);
@@ -201,6 +205,7 @@ COHORT_FORKED_CHILD_PATH void wait_for_receivers(std::chrono::steady_clock::dura
 }
 
 int trim() {
+  sweep_fork_holds();
   std::vector<std::shared_ptr<segment>> unused;
   {
     auto& r = segments();

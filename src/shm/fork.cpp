@@ -1,10 +1,18 @@
 // The fork handlers of shared memory, registered once, so that their locks
-// are always taken in one order; and batches of forks.
+// are always taken in one order; batches of forks; and the blocks held for
+// the children of plain forks until they exec or end.
 #include "shm/fork.hpp"
 
 #include "config.hpp"
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <mutex>
+#include <utility>
 
 namespace cohort::shm {
 
@@ -14,33 +22,142 @@ namespace {
 // its handler: a child that forks in turn locks around each of its forks.
 [[gnu::tls_model("initial-exec")]] thread_local bool in_batch = false;
 
+// The blocks held for one plain fork's child, and the read end of a pipe
+// whose write end only that child (and what it forks) has, close-on-exec:
+// its end of file says that each of them has exec'd or ended.
+struct child_holds {
+  int child_gone = -1;
+  std::vector<block_hold> blocks;
+};
+
+struct held_for_children {
+  std::mutex mutex;  // taken with the fork handlers' other locks
+  std::vector<child_holds> children;
+  std::atomic<std::size_t> count{0};  // children.size(), read without the lock
+};
+
+// Never destroyed: the work at exit sweeps it after other statics went.
+held_for_children& held() {
+  static auto& h = *new held_for_children;
+  return h;
+}
+
+// The fork under way, set before it with every lock held (by the prepare
+// handler, or by a batch for all its forks) and read after it, in the
+// parent and in the child.
+struct fork_under_way {
+  storage_list live;  // the shared storages alive as it began
+  // A plain fork's: the child's holds, and the pipe's ends. Without a pipe
+  // (none could be made) the child's references are its own.
+  child_holds holds;
+  int child_end = -1;
+  bool listed = false;  // false: `live` could not be listed, and the child takes its references itself
+};
+// Never destroyed, as held().
+fork_under_way& under_way() {
+  static auto& f = *new fork_under_way;
+  return f;
+}
+
 // The table of storages first, then the arena (the order allocate() takes
-// its own locks in is kept inside lock_arena_for_fork): a batch takes them
-// in the same order, so a fork on another thread meanwhile waits rather
-// than holding one the batch needs.
+// its own locks in is kept inside lock_arena_for_fork), then the holds: a
+// batch takes them in the same order, so a fork on another thread
+// meanwhile waits rather than holding one the batch needs.
 void lock_all() {
   lock_storages_for_fork();
   lock_arena_for_fork();
+  held().mutex.lock();
 }
 
 void unlock_all() noexcept {
+  held().mutex.unlock();
   unlock_arena_after_fork();
   unlock_storages_after_fork();
 }
 
+// A plain fork's prepare handler: with every lock held, a reference on
+// each live block for the child, taken before the child exists so that
+// nothing this process frees meanwhile is freed under it, and held here
+// until the child has exec'd or ended. Nothing may throw out of a fork
+// handler: without a list the child takes its references itself, as it
+// did before, and without a pipe they are the child's own, as a batch
+// child's (a fork that then fails leaves them taken).
+void before_plain_fork() noexcept {
+  sweep_fork_holds();
+  lock_all();
+  auto& f = under_way();
+  try {
+    f.live = live_storages_locked();
+  } catch (...) {
+    return;
+  }
+  f.listed = true;
+  if (f.live.empty()) return;
+  hold_for_child(f.live);
+  try {
+    f.holds.blocks = holds_of(f.live);
+    held().children.reserve(held().children.size() + 1);
+  } catch (...) {
+    f.holds.blocks.clear();
+    return;
+  }
+  int ends[2];
+  if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) {
+    f.holds.blocks.clear();
+    return;
+  }
+  f.holds.child_gone = ends[0];
+  f.child_end = ends[1];
+}
+
+void after_plain_fork_in_parent() noexcept {
+  auto& f = under_way();
+  const storage_list live = std::move(f.live);  // dropped once the locks are released
+  if (f.child_end >= 0) {
+    // Held until the child has gone past its exec (or failed to be born:
+    // the pipe ends now).
+    ::close(f.child_end);
+    held().children.push_back(std::move(f.holds));  // reserved
+    held().count.store(held().children.size(), std::memory_order_relaxed);
+  }
+  f = fork_under_way{};
+  unlock_all();
+}
+
 COHORT_FORKED_CHILD_PATH void in_child() {
-  in_batch = false;
+  const bool batch = std::exchange(in_batch, false);
+  auto& f = under_way();
   arena_after_fork_in_child();
-  storages_after_fork_in_child();
+  // What this process held for its own children is its parent's business.
+  auto& h = held();
+  if (!h.children.empty()) {
+    for (const auto& c : h.children) ::close(c.child_gone);
+    h.children.clear();
+    h.count.store(0, std::memory_order_relaxed);
+  }
+  h.mutex.unlock();
+  const storage_list live = std::move(f.live);  // dropped once the table is unlocked
+  if (!batch) {
+    if (f.child_end >= 0) {
+      // Its write end stays open here, and the parent holds the blocks
+      // until it goes.
+      ::close(f.holds.child_gone);
+      borrow_in_child(live);
+    } else if (!f.listed) {
+      hold_inherited_in_child();
+    }
+  }
+  f = fork_under_way{};
+  unlock_storages_after_fork();
 }
 
 [[maybe_unused]] const bool handlers = [] {
   ::pthread_atfork(
       [] {
-        if (!in_batch) lock_all();
+        if (!in_batch) before_plain_fork();
       },
       [] {
-        if (!in_batch) unlock_all();
+        if (!in_batch) after_plain_fork_in_parent();
       },
       in_child);
   return true;
@@ -48,13 +165,54 @@ COHORT_FORKED_CHILD_PATH void in_child() {
 
 }  // namespace
 
+void sweep_fork_holds() noexcept {
+  auto& h = held();
+  if (h.count.load(std::memory_order_relaxed) == 0) return;
+  std::vector<child_holds> running, gone;
+  {
+    std::lock_guard lock(h.mutex);
+    try {
+      running.reserve(h.children.size());
+      gone.reserve(h.children.size());
+    } catch (...) {
+      return;  // looked at again by the next sweep
+    }
+    for (auto& c : h.children) {
+      // Running: a read that would block (or was interrupted).
+      char byte = 0;
+      const ssize_t n = ::read(c.child_gone, &byte, 1);
+      (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)) ? running : gone).push_back(std::move(c));
+    }
+    h.children.swap(running);
+    h.count.store(h.children.size(), std::memory_order_relaxed);
+  }
+  for (auto& c : gone) {
+    ::close(c.child_gone);
+    for (const auto& b : c.blocks) b.in->release(b.block);
+  }
+}
+
 fork_batch::fork_batch() {
+  sweep_fork_holds();
   lock_all();
+  try {
+    under_way().live = live_storages_locked();
+  } catch (...) {
+    unlock_all();
+    throw;
+  }
+  under_way().listed = true;
   in_batch = true;
 }
 
+void fork_batch::before_fork() noexcept { hold_for_child(under_way().live); }
+
+void fork_batch::fork_failed() noexcept { release_for_child(under_way().live); }
+
 fork_batch::~fork_batch() {
   in_batch = false;
+  const storage_list live = std::move(under_way().live);  // dropped once the locks are released
+  under_way() = fork_under_way{};
   unlock_all();
 }
 

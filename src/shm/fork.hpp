@@ -1,7 +1,18 @@
 // Shared memory across fork: the handlers that keep this process's arena,
-// registry of segments and table of storages whole in a child, and batches
-// of forks that take their locks once for all.
+// registry of segments and table of storages whole in a child, the holds a
+// child gets on the blocks it inherits, and batches of forks that take
+// their locks once for all.
 #pragma once
+
+#include "shm/segment.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace cohort::detail {
+class storage_impl;
+}
 
 namespace cohort::shm {
 
@@ -15,13 +26,36 @@ namespace cohort::shm {
 /// it ends; each child releases its copies as ever. Nothing that takes them
 /// (allocating shared memory, making or dropping a shared storage) may run
 /// on this thread while the batch lasts.
+///
+/// Each child of a batch holds every shared storage it inherits, with a
+/// reference of its own that this process takes for it (before_fork) before
+/// it exists, so that nothing this process frees meanwhile is freed under
+/// it; the child lets go of them as it drops them, or as a rank ends.
 class fork_batch {
  public:
   fork_batch();
   fork_batch(const fork_batch&) = delete;
   fork_batch& operator=(const fork_batch&) = delete;
   ~fork_batch();
+  /// Right before each fork: the next child's references.
+  void before_fork() noexcept;
+  /// After a fork that failed: gives back the references before_fork took.
+  void fork_failed() noexcept;
 };
+
+/// Lets go of the blocks held for the children of plain forks (a fork()
+/// outside a batch, the program's own) that have since exec'd or ended,
+/// each with every process it forked in turn. Such a child's inherited
+/// storages hold nothing of their own: it may exec, or end without
+/// destructors, and nothing would give its references back. This process
+/// holds the blocks for it instead, from before the fork until the child's
+/// copy of a close-on-exec pipe's write end is gone. Called before forks,
+/// on trims, as the arena grows, as a queue's last holder lets go and at
+/// exit; one atomic load when nothing is held.
+void sweep_fork_holds() noexcept;
+
+/// The shared storages alive as a fork begins.
+using storage_list = std::vector<std::shared_ptr<detail::storage_impl>>;
 
 // The handlers' parts, each kept beside what it locks: arena.cpp's (the
 // arena and the registry) and storage.cpp's (the table of storages). The
@@ -31,6 +65,27 @@ void unlock_arena_after_fork() noexcept;
 void arena_after_fork_in_child();
 void lock_storages_for_fork();
 void unlock_storages_after_fork() noexcept;
-void storages_after_fork_in_child();
+/// With the table of storages locked, which keeps the set from changing
+/// while it is held: the shared storages this process holds (none given up
+/// already, as a plain fork's child's inherited ones are). The list must
+/// be dropped after the lock is released: its copy may be the last.
+storage_list live_storages_locked();
+/// One more reference on each one's block, for a child about to be forked.
+void hold_for_child(const storage_list& live) noexcept;
+/// Gives those references back: the fork failed.
+void release_for_child(const storage_list& live) noexcept;
+/// In a child, when the parent could not list them: one more reference on
+/// each inherited storage's block, the child's own.
+void hold_inherited_in_child();
+/// In a child whose inherited storages hold nothing of their own (a plain
+/// fork's): marks them so, so that dropping them gives nothing back.
+void borrow_in_child(const storage_list& live) noexcept;
+
+/// A block held for a plain fork's child.
+struct block_hold {
+  std::shared_ptr<segment> in;
+  std::uint64_t block;
+};
+std::vector<block_hold> holds_of(const storage_list& live);
 
 }  // namespace cohort::shm

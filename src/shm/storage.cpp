@@ -35,7 +35,9 @@ class storage_impl {
   std::shared_ptr<shm::segment> segment;  // null while private
   std::shared_ptr<const device_memory> device;  // set for device memory, whose bytes `data` points at
   std::uint64_t block = 0;
-  bool let_go = false;  // its hold was given up (a forked child ending)
+  // It holds no reference of its own: given up (a forked child ending), or
+  // inherited by a plain fork's child, for which the parent holds it.
+  bool let_go = false;
   // Borrowers of `data` through DLPack (tensor::to_dlpack) yet to call
   // their deleters: private bytes must not move into shared memory then.
   std::atomic<std::uint32_t> lent{0};
@@ -313,14 +315,43 @@ shm::segment_ref checked_ref(const handle_wire& w, bool from_queue_record) {
 
 void shm::lock_storages_for_fork() { identities().mutex.lock(); }
 void shm::unlock_storages_after_fork() noexcept { identities().mutex.unlock(); }
-// A forked child holds every storage it inherited: each gets a reference
-// of the child's own, so the parent freeing its copy frees nothing under it.
-COHORT_FORKED_CHILD_PATH void shm::storages_after_fork_in_child() {
-  auto& m = identities();
-  m.storages.for_each([](const block_key&, std::weak_ptr<storage_impl>& weak) {
-    if (auto impl = weak.lock()) impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
+
+shm::storage_list shm::live_storages_locked() {
+  storage_list live;
+  identities().storages.for_each([&live](const block_key&, std::weak_ptr<storage_impl>& weak) {
+    if (auto impl = weak.lock(); impl && !impl->let_go) live.push_back(std::move(impl));
   });
-  m.mutex.unlock();
+  return live;
+}
+
+void shm::hold_for_child(const storage_list& live) noexcept {
+  for (const auto& impl : live) impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
+}
+
+void shm::release_for_child(const storage_list& live) noexcept {
+  // Never the last: `live` holds this process's own.
+  for (const auto& impl : live) impl->segment->release(impl->block);
+}
+
+std::vector<shm::block_hold> shm::holds_of(const storage_list& live) {
+  std::vector<block_hold> holds;
+  holds.reserve(live.size());
+  for (const auto& impl : live) holds.push_back({impl->segment, impl->block});
+  return holds;
+}
+
+COHORT_FORKED_CHILD_PATH void shm::borrow_in_child(const storage_list& live) noexcept {
+  for (const auto& impl : live) impl->let_go = true;
+}
+
+// Each inherited storage gets a reference of the child's own, so the
+// parent freeing its copy frees nothing under it from then on.
+COHORT_FORKED_CHILD_PATH void shm::hold_inherited_in_child() {
+  identities().storages.for_each([](const block_key&, std::weak_ptr<storage_impl>& weak) {
+    if (auto impl = weak.lock(); impl && !impl->let_go) {
+      impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
 }
 
 detail::storage_impl::~storage_impl() {
@@ -642,6 +673,7 @@ std::uint32_t shared_holders(const storage& s) noexcept {
 }
 
 COHORT_FORKED_CHILD_PATH void release_shared_memory_holds() noexcept {
+  shm::sweep_fork_holds();
   auto* known = identities_made.load(std::memory_order_acquire);
   if (known == nullptr) return;  // no shared storage was ever held here
   auto& m = *known;

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -64,5 +65,51 @@ TEST_SUITE("fork") {
     }
     storage after = storage::allocate_shared(64);  // the batch let the locks go here too
     CHECK(after.data() != before.data());
+  }
+  // Before, each child took its references as it started, after fork()
+  // had returned in this process, which could free and carve the block
+  // again first.
+  TEST_CASE("a batch child holds what it inherits from the fork on, and lets go of it as a rank ends") {
+    storage s = storage::allocate_shared(64);
+    std::memset(s.data(), 0x5a, 64);
+    const std::byte* const at = s.data();
+    const storage kept = storage::allocate_shared(64);
+    int go[2];
+    REQUIRE(::pipe(go) == 0);
+    pid_t pid = -1;
+    {
+      shm::fork_batch batch;
+      batch.before_fork();
+      pid = ::fork();
+      if (pid == 0) {
+        ::close(go[1]);
+        char c = 0;
+        if (::read(go[0], &c, 1) != 1) ::_exit(120);
+        for (int i = 0; i < 64; ++i) {
+          if (at[i] != std::byte{0x5a}) ::_exit(3);
+        }
+        detail::release_shared_memory_holds();  // as a forked rank does at its end
+        ::_exit(0);
+      }
+      if (pid < 0) batch.fork_failed();
+    }
+    REQUIRE(pid > 0);
+    ::close(go[0]);
+    CHECK(detail::shared_holders(s) == 2);
+    CHECK(detail::shared_holders(kept) == 2);
+    s = storage();
+    std::vector<storage> more;
+    for (int i = 0; i < 64; ++i) {
+      more.push_back(storage::allocate_shared(64));
+      std::memset(more.back().data(), 0xee, 64);
+      CHECK(more.back().data() != at);
+    }
+    REQUIRE(::write(go[1], "x", 1) == 1);
+    ::close(go[1]);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(detail::shared_holders(kept) == 1);
   }
 }

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <signal.h>
@@ -226,6 +227,54 @@ void set_descriptor_field(std::vector<std::byte>& h, pid_t source, std::uint32_t
   std::memcpy(h.data() + descriptor_offset(h, source), &fd, 4);
 }
 
+// A child forked with plain fork(), outside cohort, as a program that
+// forks and execs would: it waits for a byte on `go`, runs `then` (its exit
+// code; 0 goes on) and execs /bin/sleep 30. `exec_seen` ends at that exec
+// (or the child's end). Killed and reaped by pid when this object goes.
+class plain_child {
+ public:
+  explicit plain_child(const std::function<int()>& then) {
+    int go[2], seen[2];
+    REQUIRE(::pipe(go) == 0);
+    REQUIRE(::pipe2(seen, O_CLOEXEC) == 0);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      ::close(go[1]);
+      char c = 0;
+      if (::read(go[0], &c, 1) != 1) ::_exit(120);
+      if (const int code = then()) ::_exit(code);
+      ::execl("/bin/sleep", "sleep", "30", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(go[0]);
+    ::close(seen[1]);
+    go_ = go[1];
+    exec_seen_ = seen[0];
+  }
+  plain_child(const plain_child&) = delete;
+  plain_child& operator=(const plain_child&) = delete;
+  ~plain_child() {
+    ::close(go_);
+    ::close(exec_seen_);
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  // Lets the child go on; true once it has exec'd, false if it ended
+  // first (its status in `status`).
+  bool exec(int& status) {
+    REQUIRE(::write(go_, "x", 1) == 1);
+    char c = 0;
+    REQUIRE(::read(exec_seen_, &c, 1) == 0);
+    return ::waitpid(pid_, &status, WNOHANG) == 0;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int go_ = -1;
+  int exec_seen_ = -1;
+};
+
 const sharing_strategy strategies[] = {sharing_strategy::file_descriptor, sharing_strategy::file_system};
 const start_method methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
 
@@ -427,6 +476,106 @@ TEST_SUITE("storage") {
     }
   }
 
+  // Before, a plain fork's child took a hold of its own on every block
+  // this process held, and an exec dropped the child's memory without
+  // giving them back: the blocks stayed allocated for good, and under
+  // file_system the arena's file stayed in /dev/shm after this process.
+  TEST_CASE("a plain fork's child keeps this process's blocks until it execs, then holds none of them") {
+    for (auto strategy : strategies) {
+      INFO(to_string(strategy));
+      strategy_scope scope(strategy);  // checks that no file is left
+      const storage kept = storage::allocate_shared(64);
+      storage dropped = storage::allocate_shared(64);
+      std::memset(dropped.data(), 0x5a, 64);
+      // The child finds its copy of `dropped` whole after this process let
+      // go of it and carved blocks of the same size and wrote them.
+      plain_child child([d = dropped.data()] {
+        for (int i = 0; i < 64; ++i) {
+          if (d[i] != std::byte{0x5a}) return 3;
+        }
+        return 0;
+      });
+      CHECK(detail::shared_holders(kept) == 2);
+      const std::byte* const at = dropped.data();
+      dropped = storage();
+      std::vector<storage> more;
+      for (int i = 0; i < 64; ++i) {
+        more.push_back(storage::allocate_shared(64));
+        std::memset(more.back().data(), 0xee, 64);
+        CHECK(more.back().data() != at);
+      }
+      int status = 0;
+      REQUIRE_MESSAGE(child.exec(status), "the child ended with status ", status, " before its exec");
+      more.clear();
+      trim_shared_memory();
+      CHECK(detail::shared_holders(kept) == 1);
+    }
+  }
+
+  TEST_CASE("a plain fork's child that drops what it inherited and ends lets go of nothing of this process's") {
+    storage s = storage::allocate_shared(64);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      s = storage();
+      ::_exit(0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    trim_shared_memory();
+    CHECK(detail::shared_holders(s) == 1);  // 0: the child's drop took this process's hold
+  }
+
+  TEST_CASE("a plain fork's child and the child it forks keep the blocks until both have exec'd or ended") {
+    const storage s = storage::allocate_shared(64);
+    int grandchild_pid[2], hold[2];
+    REQUIRE(::pipe(grandchild_pid) == 0);
+    REQUIRE(::pipe(hold) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const pid_t grandchild = ::fork();
+      if (grandchild == 0) {
+        char c = 0;
+        ::close(hold[1]);
+        (void)!::read(hold[0], &c, 1);  // until the test closes its end
+        ::_exit(s.data()[0] == std::byte{0} ? 0 : 1);
+      }
+      (void)!::write(grandchild_pid[1], &grandchild, sizeof grandchild);
+      ::_exit(grandchild > 0 ? 0 : 1);
+    }
+    ::close(hold[0]);
+    ::close(grandchild_pid[1]);
+    pid_t grandchild = -1;
+    REQUIRE(::read(grandchild_pid[0], &grandchild, sizeof grandchild) == sizeof grandchild);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(grandchild > 0);
+    trim_shared_memory();
+    CHECK(detail::shared_holders(s) == 2);  // the grandchild may still read it
+    ::close(hold[1]);
+    // The grandchild's copy of the pipe's write end goes as it ends.
+    char c = 0;
+    CHECK(::read(grandchild_pid[0], &c, 1) == 0);
+    ::close(grandchild_pid[0]);
+    trim_shared_memory();
+    CHECK(detail::shared_holders(s) == 1);
+  }
+
+  TEST_CASE("values in a queue are dropped by its last holder once a plain fork's child has exec'd") {
+    const storage kept = storage::allocate_shared(64);
+    {
+      queue<storage> q(4);
+      REQUIRE(q.put(kept, std::chrono::seconds(1)));
+      CHECK(detail::shared_holders(kept) == 2);
+      plain_child child([] { return 0; });
+      int status = 0;
+      REQUIRE_MESSAGE(child.exec(status), "the child ended with status ", status, " before its exec");
+    }
+    CHECK(detail::shared_holders(kept) == 1);
+  }
+
   TEST_CASE("a fork while another thread makes and drops storages leaves the child an arena it can use") {
     // With a second thread, the fork holds the arena's locks across it: the
     // child must find none held by a thread it does not have.
@@ -490,6 +639,7 @@ TEST_SUITE("storage") {
     REQUIRE(::waitpid(pid, &status, 0) == pid);
     REQUIRE(WIFEXITED(status));
     REQUIRE(WEXITSTATUS(status) == 0);
+    trim_shared_memory();  // what this process held for the child while it ran goes
     CHECK(detail::shared_holders(kept) == 2);  // this process's, and the record's
     auto value = encode(0);
     CHECK_THROWS(detail::take_holds(value, record));
