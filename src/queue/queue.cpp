@@ -540,18 +540,30 @@ class queue_core {
 
   // Ends this queue_core's hold. When it was this process's last and nobody
   // else can pop any more, drops what is left in the ring, so that the
-  // shared memory the values name is let go of.
+  // shared memory the values name is let go of; when only plain forks'
+  // children still could, once they have exec'd or ended.
   void leave() noexcept {
     if (header_ == nullptr || holder_ != os::this_process()) return;  // not recorded, or inherited over fork
     // A plain fork's child that has exec'd or ended can pop no more.
     shm::sweep_fork_holds();
+    left_to state;
+    {
+      const locked lock(h().table_lock);
+      if (!release_hold_locked()) return;
+      state = left_locked();
+    }
+    if (state == left_to::nobody) drain();
+    if (state == left_to::children) drain_once_children_gone();
+  }
+
+  // Who can still pop from the queue once this process's last hold went.
+  enum class left_to { others, children, nobody };
+
+  // Takes every record left and drops its value. The caller found that
+  // nobody else can pop or push any more.
+  void drain() noexcept {
     std::vector<std::pair<std::vector<std::byte>, std::uint32_t>> left;
     try {
-      {
-        const locked lock(h().table_lock);
-        if (!release_hold_locked() || !abandoned_locked()) return;
-      }
-      // Nobody else can pop or push any more.
       std::vector<std::byte> out;
       while (const auto flags = take_record(out)) left.emplace_back(std::move(out), *flags);
     } catch (...) {
@@ -571,6 +583,28 @@ class queue_core {
     if (!left.empty()) shm::forget_dead_segments();
   }
 
+  // Keeps the shared state, over a queue_core of its own that holds no
+  // place in the table, until the sweep that finds the children gone; then
+  // drains it if nobody else can pop by then. Without the memory for that,
+  // the values stay, as they did.
+  void drain_once_children_gone() noexcept {
+    try {
+      auto later = std::make_shared<queue_core>(state_, drop_);
+      later->header_ = header_;
+      shm::retry_after_fork_holds([later] {
+        left_to state;
+        {
+          const locked lock(later->h().table_lock);
+          state = later->left_locked();
+        }
+        if (state == left_to::children) return false;
+        if (state == left_to::nobody) later->drain();
+        return true;
+      });
+    } catch (...) {
+    }
+  }
+
   // With the table lock held: drops one of this process's holds; whether it was
   // the last.
   bool release_hold_locked() noexcept {
@@ -584,24 +618,30 @@ class queue_core {
     return false;
   }
 
-  // With the table lock held, after this process's last hold went: whether no
-  // process can pop from the queue any more. Every other holder recorded
-  // has ended, and nothing else holds its shared state: no other storage
-  // over it here (a handle being sent as an argument), and no hold in
-  // shared memory beyond this process's and those of holders that ended
-  // without letting go (killed outright) — a handle in a message in flight,
-  // or a process that has the state but no queue over it yet, is one more.
-  bool abandoned_locked() const noexcept {
+  // With the table lock held, after this process's last hold went: whether
+  // any process can pop from the queue any more. Nobody can when every
+  // other holder recorded has ended and nothing else holds its shared
+  // state: no other storage over it here (a handle being sent as an
+  // argument), and no hold in shared memory beyond this process's and
+  // those of holders that ended without letting go (killed outright) — a
+  // handle in a message in flight, or a process that has the state but no
+  // queue over it yet, is one more. Children of plain forks that have not
+  // exec'd yet could pop from what they inherited: the holds this process
+  // keeps for them are told apart.
+  left_to left_locked() const noexcept {
     const auto& t = h().holders;
-    if (t.unrecorded != 0 || state_.use_count() != 1) return false;
+    if (t.unrecorded != 0 || state_.use_count() != 1) return left_to::others;
     std::uint32_t ended_holding = 0;
     for (std::uint32_t i = 0; i < std::min(t.used, max_holders); ++i) {
       const auto& e = t.holders[i];
       if (e.count == 0) continue;
-      if (!os::has_ended(e.pid, e.start_time)) return false;
+      if (!os::has_ended(e.pid, e.start_time)) return left_to::others;
       ++ended_holding;
     }
-    return shared_holders(state_) == 1 + ended_holding;
+    const auto holds = shm::holds_for_children(state_);
+    if (holds.refs == 1 + ended_holding) return left_to::nobody;
+    return holds.for_children > 0 && holds.refs == 1 + ended_holding + holds.for_children ? left_to::children
+                                                                                          : left_to::others;
   }
 
   std::uint32_t& sleepers_of(side s) const noexcept { return s == side::push ? h().push_sleepers : h().pop_sleepers; }

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <functional>
 #include <mutex>
 #include <utility>
 
@@ -33,7 +34,11 @@ struct child_holds {
 struct held_for_children {
   std::mutex mutex;  // taken with the fork handlers' other locks
   std::vector<child_holds> children;
-  std::atomic<std::size_t> count{0};  // children.size(), read without the lock
+  std::vector<std::function<bool()>> retries;  // see retry_after_fork_holds
+  // children.size() + retries.size(), read without the lock.
+  std::atomic<std::size_t> pending{0};
+
+  void count_locked() noexcept { pending.store(children.size() + retries.size(), std::memory_order_relaxed); }
 };
 
 // Never destroyed: the work at exit sweeps it after other statics went.
@@ -118,7 +123,7 @@ void after_plain_fork_in_parent() noexcept {
     // the pipe ends now).
     ::close(f.child_end);
     held().children.push_back(std::move(f.holds));  // reserved
-    held().count.store(held().children.size(), std::memory_order_relaxed);
+    held().count_locked();
   }
   f = fork_under_way{};
   unlock_all();
@@ -128,15 +133,20 @@ COHORT_FORKED_CHILD_PATH void in_child() {
   const bool batch = std::exchange(in_batch, false);
   auto& f = under_way();
   arena_after_fork_in_child();
-  // What this process held for its own children is its parent's business.
+  // What the parent holds for its other children is the parent's business.
+  // Dropped once the table of storages is unlocked, as `live`: a queue a
+  // retry keeps may hold the last pointer to its storage.
   auto& h = held();
-  if (!h.children.empty()) {
+  std::vector<child_holds> parents_children;
+  std::vector<std::function<bool()>> parents_retries;
+  if (h.pending.load(std::memory_order_relaxed) != 0) {
     for (const auto& c : h.children) ::close(c.child_gone);
-    h.children.clear();
-    h.count.store(0, std::memory_order_relaxed);
+    parents_children.swap(h.children);
+    parents_retries.swap(h.retries);
+    h.count_locked();
   }
   h.mutex.unlock();
-  const storage_list live = std::move(f.live);  // dropped once the table is unlocked
+  const storage_list live = std::move(f.live);
   if (!batch) {
     if (f.child_end >= 0) {
       // Its write end stays open here, and the parent holds the blocks
@@ -167,8 +177,9 @@ COHORT_FORKED_CHILD_PATH void in_child() {
 
 void sweep_fork_holds() noexcept {
   auto& h = held();
-  if (h.count.load(std::memory_order_relaxed) == 0) return;
+  if (h.pending.load(std::memory_order_relaxed) == 0) return;
   std::vector<child_holds> running, gone;
+  std::vector<std::function<bool()>> retries;
   {
     std::lock_guard lock(h.mutex);
     try {
@@ -184,12 +195,47 @@ void sweep_fork_holds() noexcept {
       (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR)) ? running : gone).push_back(std::move(c));
     }
     h.children.swap(running);
-    h.count.store(h.children.size(), std::memory_order_relaxed);
+    // Let go of under the lock, so that a look at a block's holds
+    // (holds_for_children) never finds them gone from the list and not
+    // yet from the block.
+    for (auto& c : gone) {
+      ::close(c.child_gone);
+      for (const auto& b : c.blocks) b.in->release(b.block);
+    }
+    if (!gone.empty() || h.children.empty()) retries.swap(h.retries);
+    h.count_locked();
   }
-  for (auto& c : gone) {
-    ::close(c.child_gone);
-    for (const auto& b : c.blocks) b.in->release(b.block);
+  // The segments' last pointers may go with `gone`, outside the lock; and
+  // a retry may drop values, whose queues sweep in turn.
+  gone.clear();
+  std::erase_if(retries, [](const auto& retry) { return retry(); });
+  if (retries.empty()) return;
+  std::lock_guard lock(h.mutex);
+  try {
+    h.retries.insert(h.retries.end(), std::make_move_iterator(retries.begin()), std::make_move_iterator(retries.end()));
+  } catch (...) {
+    // Dropped: what they would have let go of stays, as before.
   }
+  h.count_locked();
+}
+
+void retry_after_fork_holds(std::function<bool()> retry) {
+  auto& h = held();
+  std::lock_guard lock(h.mutex);
+  h.retries.push_back(std::move(retry));
+  h.count_locked();
+}
+
+holds_on_block holds_for_children(const storage& s) noexcept {
+  auto& h = held();
+  std::lock_guard lock(h.mutex);
+  std::uint32_t kept = 0;
+  for (const auto& c : h.children) {
+    for (const auto& b : c.blocks) {
+      kept += b.in->base() + b.block + sizeof(block_header) == s.data() ? 1 : 0;
+    }
+  }
+  return {detail::shared_holders(s), kept};
 }
 
 fork_batch::fork_batch() {

@@ -4,9 +4,11 @@
 // their locks once for all.
 #pragma once
 
+#include "cohort/storage.hpp"
 #include "shm/segment.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -53,6 +55,20 @@ class fork_batch {
 /// on trims, as the arena grows, as a queue's last holder lets go and at
 /// exit; one atomic load when nothing is held.
 void sweep_fork_holds() noexcept;
+
+/// Runs `retry` after a sweep that let go of holds for children (or found
+/// none held) until it returns true; at the latest, the sweep at exit runs
+/// it. For work that such holds put off: a queue's last holder here
+/// drains it once no child can pop from it any more.
+void retry_after_fork_holds(std::function<bool()> retry);
+/// A shared storage's block: every reference on it, and those that this
+/// process keeps for plain forks' children, read together (no sweep lets
+/// go of one meanwhile).
+struct holds_on_block {
+  std::uint32_t refs;
+  std::uint32_t for_children;
+};
+holds_on_block holds_for_children(const storage& s) noexcept;
 
 /// The shared storages alive as a fork begins.
 using storage_list = std::vector<std::shared_ptr<detail::storage_impl>>;

@@ -22,6 +22,7 @@
 #include <limits>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -573,6 +574,22 @@ TEST_SUITE("storage") {
       int status = 0;
       REQUIRE_MESSAGE(child.exec(status), "the child ended with status ", status, " before its exec");
     }
+    CHECK(detail::shared_holders(kept) == 1);
+  }
+
+  TEST_CASE("values in a queue let go of here while a plain fork's child could pop them are dropped once it exec'd") {
+    const storage kept = storage::allocate_shared(64);
+    std::optional<plain_child> child;
+    {
+      queue<storage> q(4);
+      REQUIRE(q.put(kept, std::chrono::seconds(1)));
+      child.emplace([] { return 0; });
+    }
+    // This process's, the value's in the queue, and the one kept for the child.
+    CHECK(detail::shared_holders(kept) == 3);
+    int status = 0;
+    REQUIRE_MESSAGE(child->exec(status), "the child ended with status ", status, " before its exec");
+    trim_shared_memory();
     CHECK(detail::shared_holders(kept) == 1);
   }
 
