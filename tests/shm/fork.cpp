@@ -2,6 +2,8 @@
 
 #include "cohort/storage.hpp"
 
+#include "support/carve_probe.hpp"
+
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -98,12 +100,7 @@ TEST_SUITE("fork") {
     CHECK(detail::shared_holders(s) == 2);
     CHECK(detail::shared_holders(kept) == 2);
     s = storage();
-    std::vector<storage> more;
-    for (int i = 0; i < 64; ++i) {
-      more.push_back(storage::allocate_shared(64));
-      std::memset(more.back().data(), 0xee, 64);
-      CHECK(more.back().data() != at);
-    }
+    auto more = test::carve_over(at);
     REQUIRE(::write(go[1], "x", 1) == 1);
     ::close(go[1]);
     int status = 0;

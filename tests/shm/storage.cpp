@@ -4,6 +4,7 @@
 #include "cohort/spawn_and_join.hpp"
 #include "os/spin_mutex.hpp"
 
+#include "support/carve_probe.hpp"
 #include "support/harness.hpp"
 
 #include <doctest/doctest.h>
@@ -499,12 +500,7 @@ TEST_SUITE("storage") {
       CHECK(detail::shared_holders(kept) == 2);
       const std::byte* const at = dropped.data();
       dropped = storage();
-      std::vector<storage> more;
-      for (int i = 0; i < 64; ++i) {
-        more.push_back(storage::allocate_shared(64));
-        std::memset(more.back().data(), 0xee, 64);
-        CHECK(more.back().data() != at);
-      }
+      auto more = test::carve_over(at);
       int status = 0;
       REQUIRE_MESSAGE(child.exec(status), "the child ended with status ", status, " before its exec");
       more.clear();
