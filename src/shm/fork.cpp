@@ -35,6 +35,7 @@ struct held_for_children {
   std::mutex mutex;  // taken with the fork handlers' other locks
   std::vector<child_holds> children;
   std::vector<std::function<bool()>> retries;  // see retry_after_fork_holds
+  bool released = false;  // holds went since the retries last ran
   // children.size() + retries.size(), read without the lock.
   std::atomic<std::size_t> pending{0};
 
@@ -47,16 +48,22 @@ held_for_children& held() {
   return h;
 }
 
+// Where a child's references on the blocks it inherits come from.
+enum class child_refs {
+  unlisted,  // the parent could not list them: the child takes its own as it starts
+  own,       // the parent took one for it on each, before the fork (a batch's child)
+  borrowed,  // it holds none: the parent (or the parent's own parent) holds them for it
+};
+
 // The fork under way, set before it with every lock held (by the prepare
 // handler, or by a batch for all its forks) and read after it, in the
 // parent and in the child.
 struct fork_under_way {
   storage_list live;  // the shared storages alive as it began
-  // A plain fork's: the child's holds, and the pipe's ends. Without a pipe
-  // (none could be made) the child's references are its own.
+  // A plain fork's: the child's holds, and the pipe's write end.
   child_holds holds;
   int child_end = -1;
-  bool listed = false;  // false: `live` could not be listed, and the child takes its references itself
+  child_refs refs = child_refs::unlisted;
 };
 // Never destroyed, as held().
 fork_under_way& under_way() {
@@ -80,15 +87,29 @@ void unlock_all() noexcept {
   unlock_storages_after_fork();
 }
 
+// After a fork in the parent, or a batch's end: drops the fork's list of
+// storages, whose copies are the last of some, once the table is unlocked
+// but before the holds are, so that a look at a storage's owners taken
+// with the holds' lock (holds_for_children) never counts the list's copy.
+void unlock_all_dropping(storage_list& live) noexcept {
+  unlock_arena_after_fork();
+  unlock_storages_after_fork();
+  storage_list().swap(live);
+  held().mutex.unlock();
+}
+
 // A plain fork's prepare handler: with every lock held, a reference on
-// each live block for the child, taken before the child exists so that
-// nothing this process frees meanwhile is freed under it, and held here
-// until the child has exec'd or ended. Nothing may throw out of a fork
-// handler: without a list the child takes its references itself, as it
-// did before, and without a pipe they are the child's own, as a batch
-// child's (a fork that then fails leaves them taken).
+// each block this process holds, for the child, taken before the child
+// exists so that nothing this process frees meanwhile is freed under it,
+// and kept here until the child has exec'd or ended. What this process
+// only borrowed (inherited over a plain fork itself) stays held by its own
+// parent: the child keeps that parent's pipe open too. Nothing may throw
+// out of a fork handler: without a list the child takes its references
+// itself, as it did before, and without a pipe the references on all are
+// the child's own, as a batch child's (a fork that then fails leaves them
+// taken).
 void before_plain_fork() noexcept {
-  sweep_fork_holds();
+  sweep_fork_holds(false);
   lock_all();
   auto& f = under_way();
   try {
@@ -96,28 +117,29 @@ void before_plain_fork() noexcept {
   } catch (...) {
     return;
   }
-  f.listed = true;
-  if (f.live.empty()) return;
-  hold_for_child(f.live);
+  const auto own = [&f] {
+    f.holds.blocks.clear();
+    f.refs = child_refs::own;
+    hold_for_child(f.live);
+  };
   try {
     f.holds.blocks = holds_of(f.live);
     held().children.reserve(held().children.size() + 1);
   } catch (...) {
-    f.holds.blocks.clear();
-    return;
+    return own();
   }
+  f.refs = child_refs::borrowed;
+  if (f.holds.blocks.empty()) return;  // nothing of its own here to hold
   int ends[2];
-  if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) {
-    f.holds.blocks.clear();
-    return;
-  }
+  if (::pipe2(ends, O_CLOEXEC | O_NONBLOCK) != 0) return own();
+  for (const auto& b : f.holds.blocks) b.in->block(b.block).refs.fetch_add(1, std::memory_order_relaxed);
   f.holds.child_gone = ends[0];
   f.child_end = ends[1];
 }
 
 void after_plain_fork_in_parent() noexcept {
   auto& f = under_way();
-  const storage_list live = std::move(f.live);  // dropped once the locks are released
+  storage_list live = std::move(f.live);
   if (f.child_end >= 0) {
     // Held until the child has gone past its exec (or failed to be born:
     // the pipe ends now).
@@ -126,7 +148,7 @@ void after_plain_fork_in_parent() noexcept {
     held().count_locked();
   }
   f = fork_under_way{};
-  unlock_all();
+  unlock_all_dropping(live);
 }
 
 COHORT_FORKED_CHILD_PATH void in_child() {
@@ -147,15 +169,13 @@ COHORT_FORKED_CHILD_PATH void in_child() {
   }
   h.mutex.unlock();
   const storage_list live = std::move(f.live);
-  if (!batch) {
-    if (f.child_end >= 0) {
-      // Its write end stays open here, and the parent holds the blocks
-      // until it goes.
-      ::close(f.holds.child_gone);
-      borrow_in_child(live);
-    } else if (!f.listed) {
-      hold_inherited_in_child();
-    }
+  // The pipe's write end stays open here, and the parent holds the blocks
+  // until it goes.
+  if (f.holds.child_gone >= 0) ::close(f.holds.child_gone);
+  switch (batch ? child_refs::own : f.refs) {
+    case child_refs::borrowed: borrow_in_child(live); break;
+    case child_refs::own: own_in_child(live); break;
+    case child_refs::unlisted: hold_inherited_in_child(); break;
   }
   f = fork_under_way{};
   unlock_storages_after_fork();
@@ -175,7 +195,7 @@ COHORT_FORKED_CHILD_PATH void in_child() {
 
 }  // namespace
 
-void sweep_fork_holds() noexcept {
+void sweep_fork_holds(bool run_retries) noexcept {
   auto& h = held();
   if (h.pending.load(std::memory_order_relaxed) == 0) return;
   std::vector<child_holds> running, gone;
@@ -202,7 +222,11 @@ void sweep_fork_holds() noexcept {
       ::close(c.child_gone);
       for (const auto& b : c.blocks) b.in->release(b.block);
     }
-    if (!gone.empty() || h.children.empty()) retries.swap(h.retries);
+    h.released = h.released || !gone.empty();
+    if (run_retries && (h.released || h.children.empty())) {
+      retries.swap(h.retries);
+      h.released = false;
+    }
     h.count_locked();
   }
   // The segments' last pointers may go with `gone`, outside the lock; and
@@ -235,11 +259,11 @@ holds_on_block holds_for_children(const storage& s) noexcept {
       kept += b.in->base() + b.block + sizeof(block_header) == s.data() ? 1 : 0;
     }
   }
-  return {detail::shared_holders(s), kept};
+  return {s.use_count(), detail::shared_holders(s), kept};
 }
 
 fork_batch::fork_batch() {
-  sweep_fork_holds();
+  sweep_fork_holds(false);
   lock_all();
   try {
     under_way().live = live_storages_locked();
@@ -247,7 +271,7 @@ fork_batch::fork_batch() {
     unlock_all();
     throw;
   }
-  under_way().listed = true;
+  under_way().refs = child_refs::own;
   in_batch = true;
 }
 
@@ -257,9 +281,9 @@ void fork_batch::fork_failed() noexcept { release_for_child(under_way().live); }
 
 fork_batch::~fork_batch() {
   in_batch = false;
-  const storage_list live = std::move(under_way().live);  // dropped once the locks are released
+  storage_list live = std::move(under_way().live);
   under_way() = fork_under_way{};
-  unlock_all();
+  unlock_all_dropping(live);
 }
 
 }  // namespace cohort::shm

@@ -52,19 +52,24 @@ class fork_batch {
 /// destructors, and nothing would give its references back. This process
 /// holds the blocks for it instead, from before the fork until the child's
 /// copy of a close-on-exec pipe's write end is gone. Called before forks,
-/// on trims, as the arena grows, as a queue's last holder lets go and at
-/// exit; one atomic load when nothing is held.
-void sweep_fork_holds() noexcept;
+/// on trims, as the arena grows, as a queue's last holder lets go, as a
+/// fork rank ends and at exit; one atomic load when nothing is held.
+/// `run_retries`: whether it may run the retries below, which drop values;
+/// not inside a fork's handler nor inside an allocation.
+void sweep_fork_holds(bool run_retries = true) noexcept;
 
-/// Runs `retry` after a sweep that let go of holds for children (or found
-/// none held) until it returns true; at the latest, the sweep at exit runs
-/// it. For work that such holds put off: a queue's last holder here
-/// drains it once no child can pop from it any more.
+/// Runs `retry` in a sweep that may run it, once holds for children went
+/// since the last run (or none is held), until it returns true. For work
+/// that such holds put off: a queue's last holder here drains it once no
+/// child can pop from it any more. A child still running when this
+/// process ends leaves it undone.
 void retry_after_fork_holds(std::function<bool()> retry);
-/// A shared storage's block: every reference on it, and those that this
-/// process keeps for plain forks' children, read together (no sweep lets
-/// go of one meanwhile).
+/// A shared storage, read together with no fork's list of storages
+/// counted and no sweep letting go meanwhile: its owners here, every
+/// reference on its block, and those this process keeps on it for plain
+/// forks' children.
 struct holds_on_block {
+  long owners;
   std::uint32_t refs;
   std::uint32_t for_children;
 };
@@ -82,9 +87,11 @@ void arena_after_fork_in_child();
 void lock_storages_for_fork();
 void unlock_storages_after_fork() noexcept;
 /// With the table of storages locked, which keeps the set from changing
-/// while it is held: the shared storages this process holds (none given up
-/// already, as a plain fork's child's inherited ones are). The list must
-/// be dropped after the lock is released: its copy may be the last.
+/// while it is held: the shared storages this process holds, those it
+/// holds no reference of its own on included (a plain fork's child's
+/// inherited ones, which a child of its own must hold all the same). The
+/// list must be dropped after the lock is released: its copy may be the
+/// last.
 storage_list live_storages_locked();
 /// One more reference on each one's block, for a child about to be forked.
 void hold_for_child(const storage_list& live) noexcept;
@@ -93,6 +100,10 @@ void release_for_child(const storage_list& live) noexcept;
 /// In a child, when the parent could not list them: one more reference on
 /// each inherited storage's block, the child's own.
 void hold_inherited_in_child();
+/// In a child for which the parent took a reference on each (a batch's):
+/// marks them as holding their own, those the parent only borrowed
+/// included.
+void own_in_child(const storage_list& live) noexcept;
 /// In a child whose inherited storages hold nothing of their own (a plain
 /// fork's): marks them so, so that dropping them gives nothing back.
 void borrow_in_child(const storage_list& live) noexcept;
@@ -102,6 +113,7 @@ struct block_hold {
   std::shared_ptr<segment> in;
   std::uint64_t block;
 };
+/// The blocks of those this process holds a reference of its own on.
 std::vector<block_hold> holds_of(const storage_list& live);
 
 }  // namespace cohort::shm

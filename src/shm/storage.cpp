@@ -103,6 +103,8 @@ class identity_table {
     slots_[hole] = slot{};
     --count_;
   }
+  /// Entries, some of them perhaps expired.
+  std::size_t size() const { return count_; }
   template <class F>
   void for_each(F&& f) {
     for (auto& s : slots_) {
@@ -318,8 +320,12 @@ void shm::unlock_storages_after_fork() noexcept { identities().mutex.unlock(); }
 
 shm::storage_list shm::live_storages_locked() {
   storage_list live;
-  identities().storages.for_each([&live](const block_key&, std::weak_ptr<storage_impl>& weak) {
-    if (auto impl = weak.lock(); impl && !impl->let_go) live.push_back(std::move(impl));
+  auto& table = identities().storages;
+  live.reserve(table.size());  // what throws, before any pointer is taken
+  // Every one, and none dropped here: the copy made may be the last, and
+  // its end would take the lock this thread holds.
+  table.for_each([&live](const block_key&, std::weak_ptr<storage_impl>& weak) {
+    if (auto impl = weak.lock()) live.push_back(std::move(impl));
   });
   return live;
 }
@@ -329,19 +335,25 @@ void shm::hold_for_child(const storage_list& live) noexcept {
 }
 
 void shm::release_for_child(const storage_list& live) noexcept {
-  // Never the last: `live` holds this process's own.
+  // Never the last: `live` holds each storage here.
   for (const auto& impl : live) impl->segment->release(impl->block);
 }
 
 std::vector<shm::block_hold> shm::holds_of(const storage_list& live) {
   std::vector<block_hold> holds;
   holds.reserve(live.size());
-  for (const auto& impl : live) holds.push_back({impl->segment, impl->block});
+  for (const auto& impl : live) {
+    if (!impl->let_go) holds.push_back({impl->segment, impl->block});
+  }
   return holds;
 }
 
 COHORT_FORKED_CHILD_PATH void shm::borrow_in_child(const storage_list& live) noexcept {
   for (const auto& impl : live) impl->let_go = true;
+}
+
+COHORT_FORKED_CHILD_PATH void shm::own_in_child(const storage_list& live) noexcept {
+  for (const auto& impl : live) impl->let_go = false;
 }
 
 // Each inherited storage gets a reference of the child's own, so the

@@ -1,5 +1,6 @@
 #include "shm/fork.hpp"
 
+#include "cohort/queue.hpp"
 #include "cohort/storage.hpp"
 
 #include "support/carve_probe.hpp"
@@ -11,7 +12,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
+#include <optional>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -107,6 +110,58 @@ TEST_SUITE("fork") {
     REQUIRE(::waitpid(pid, &status, 0) == pid);
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
+    CHECK(detail::shared_holders(kept) == 1);
+  }
+  TEST_CASE("a fork rank started by a plain fork's child holds what it inherits with references of its own") {
+    // Its own references, not the plain fork's pipe: a rank closes the
+    // descriptors it does not keep, that pipe's write end among them.
+    const storage s = storage::allocate_shared(64);
+    int report[2];
+    REQUIRE(::pipe(report) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      pid_t rank = -1;
+      {
+        shm::fork_batch batch;
+        batch.before_fork();
+        rank = ::fork();
+        if (rank == 0) {
+          std::uint32_t seen[2] = {detail::shared_holders(s), 0};
+          detail::release_shared_memory_holds();  // as a forked rank does at its end
+          seen[1] = detail::shared_holders(s);
+          ::_exit(::write(report[1], seen, sizeof seen) == sizeof seen ? 0 : 1);
+        }
+        if (rank < 0) batch.fork_failed();
+      }
+      int status = 0;
+      ::_exit(rank > 0 && ::waitpid(rank, &status, 0) == rank && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1);
+    }
+    ::close(report[1]);
+    std::uint32_t seen[2] = {0, 0};
+    CHECK(::read(report[0], seen, sizeof seen) == sizeof seen);
+    ::close(report[0]);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(seen[0] == 3);  // this process's, the one it keeps for the plain child, the rank's
+    CHECK(seen[1] == 2);
+    trim_shared_memory();
+    CHECK(detail::shared_holders(s) == 1);
+  }
+
+  TEST_CASE("a queue's last holder on another thread during a batch drains it, not counting the batch's list") {
+    const storage kept = storage::allocate_shared(64);
+    std::optional<queue<storage>> q(std::in_place, 4);
+    REQUIRE(q->put(kept, std::chrono::seconds(1)));
+    std::thread other;
+    {
+      const shm::fork_batch batch;  // lists the queue's shared state among this process's storages
+      other = std::thread([&q] { q.reset(); });
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its last hold goes meanwhile
+    }
+    other.join();
     CHECK(detail::shared_holders(kept) == 1);
   }
 }
