@@ -589,7 +589,9 @@ class queue_core {
   // the values stay, as they did.
   void drain_once_children_gone() noexcept {
     try {
-      auto later = std::make_shared<queue_core>(state_, drop_);
+      // The state moves: a retry run on another thread meanwhile must not
+      // find a second owner of it here.
+      auto later = std::make_shared<queue_core>(std::move(state_), drop_);
       later->header_ = header_;
       shm::retry_after_fork_holds([later] {
         left_to state;
@@ -630,7 +632,7 @@ class queue_core {
   // keeps for them are told apart.
   left_to left_locked() const noexcept {
     const auto& t = h().holders;
-    if (t.unrecorded != 0) return left_to::others;
+    if (t.unrecorded != 0 || state_.use_count() != 1) return left_to::others;
     std::uint32_t ended_holding = 0;
     for (std::uint32_t i = 0; i < std::min(t.used, max_holders); ++i) {
       const auto& e = t.holders[i];
@@ -639,7 +641,6 @@ class queue_core {
       ++ended_holding;
     }
     const auto holds = shm::holds_for_children(state_);
-    if (holds.owners != 1) return left_to::others;
     if (holds.refs == 1 + ended_holding) return left_to::nobody;
     return holds.for_children > 0 && holds.refs == 1 + ended_holding + holds.for_children ? left_to::children
                                                                                           : left_to::others;

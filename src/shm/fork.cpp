@@ -87,17 +87,6 @@ void unlock_all() noexcept {
   unlock_storages_after_fork();
 }
 
-// After a fork in the parent, or a batch's end: drops the fork's list of
-// storages, whose copies are the last of some, once the table is unlocked
-// but before the holds are, so that a look at a storage's owners taken
-// with the holds' lock (holds_for_children) never counts the list's copy.
-void unlock_all_dropping(storage_list& live) noexcept {
-  unlock_arena_after_fork();
-  unlock_storages_after_fork();
-  storage_list().swap(live);
-  held().mutex.unlock();
-}
-
 // A plain fork's prepare handler: with every lock held, a reference on
 // each block this process holds, for the child, taken before the child
 // exists so that nothing this process frees meanwhile is freed under it,
@@ -139,7 +128,6 @@ void before_plain_fork() noexcept {
 
 void after_plain_fork_in_parent() noexcept {
   auto& f = under_way();
-  storage_list live = std::move(f.live);
   if (f.child_end >= 0) {
     // Held until the child has gone past its exec (or failed to be born:
     // the pipe ends now).
@@ -148,7 +136,7 @@ void after_plain_fork_in_parent() noexcept {
     held().count_locked();
   }
   f = fork_under_way{};
-  unlock_all_dropping(live);
+  unlock_all();
 }
 
 COHORT_FORKED_CHILD_PATH void in_child() {
@@ -156,8 +144,8 @@ COHORT_FORKED_CHILD_PATH void in_child() {
   auto& f = under_way();
   arena_after_fork_in_child();
   // What the parent holds for its other children is the parent's business.
-  // Dropped once the table of storages is unlocked, as `live`: a queue a
-  // retry keeps may hold the last pointer to its storage.
+  // Dropped once the table of storages is unlocked: a queue that a retry
+  // keeps may hold the last pointer to its storage.
   auto& h = held();
   std::vector<child_holds> parents_children;
   std::vector<std::function<bool()>> parents_retries;
@@ -259,7 +247,7 @@ holds_on_block holds_for_children(const storage& s) noexcept {
       kept += b.in->base() + b.block + sizeof(block_header) == s.data() ? 1 : 0;
     }
   }
-  return {s.use_count(), detail::shared_holders(s), kept};
+  return {detail::shared_holders(s), kept};
 }
 
 fork_batch::fork_batch() {
@@ -281,9 +269,8 @@ void fork_batch::fork_failed() noexcept { release_for_child(under_way().live); }
 
 fork_batch::~fork_batch() {
   in_batch = false;
-  storage_list live = std::move(under_way().live);
   under_way() = fork_under_way{};
-  unlock_all_dropping(live);
+  unlock_all();
 }
 
 }  // namespace cohort::shm

@@ -64,19 +64,25 @@ void sweep_fork_holds(bool run_retries = true) noexcept;
 /// child can pop from it any more. A child still running when this
 /// process ends leaves it undone.
 void retry_after_fork_holds(std::function<bool()> retry);
-/// A shared storage, read together with no fork's list of storages
-/// counted and no sweep letting go meanwhile: its owners here, every
-/// reference on its block, and those this process keeps on it for plain
+/// A shared storage's block, read together (no sweep lets go meanwhile):
+/// every reference on it, and those this process keeps on it for plain
 /// forks' children.
 struct holds_on_block {
-  long owners;
   std::uint32_t refs;
   std::uint32_t for_children;
 };
 holds_on_block holds_for_children(const storage& s) noexcept;
 
-/// The shared storages alive as a fork begins.
-using storage_list = std::vector<std::shared_ptr<detail::storage_impl>>;
+/// A shared storage alive as a fork began, listed without a reference to
+/// it (which the list's end could drop last): `impl` is used only while
+/// the table of storages is locked, or in the child, and only while `weak`
+/// has not expired.
+struct listed_storage {
+  std::weak_ptr<detail::storage_impl> weak;
+  detail::storage_impl* impl;
+  bool held = false;  // hold_for_child took a reference on it for the next child
+};
+using storage_list = std::vector<listed_storage>;
 
 // The handlers' parts, each kept beside what it locks: arena.cpp's (the
 // arena and the registry) and storage.cpp's (the table of storages). The
@@ -89,12 +95,11 @@ void unlock_storages_after_fork() noexcept;
 /// With the table of storages locked, which keeps the set from changing
 /// while it is held: the shared storages this process holds, those it
 /// holds no reference of its own on included (a plain fork's child's
-/// inherited ones, which a child of its own must hold all the same). The
-/// list must be dropped after the lock is released: its copy may be the
-/// last.
+/// inherited ones, which a child of its own must hold all the same).
 storage_list live_storages_locked();
-/// One more reference on each one's block, for a child about to be forked.
-void hold_for_child(const storage_list& live) noexcept;
+/// With the table locked: one more reference on the block of each that has
+/// not expired, for a child about to be forked, noted in `held`.
+void hold_for_child(storage_list& live) noexcept;
 /// Gives those references back: the fork failed.
 void release_for_child(const storage_list& live) noexcept;
 /// In a child, when the parent could not list them: one more reference on
@@ -102,7 +107,8 @@ void release_for_child(const storage_list& live) noexcept;
 void hold_inherited_in_child();
 /// In a child for which the parent took a reference on each (a batch's):
 /// marks them as holding their own, those the parent only borrowed
-/// included.
+/// included, and gives back the reference on any that expired before the
+/// fork.
 void own_in_child(const storage_list& live) noexcept;
 /// In a child whose inherited storages hold nothing of their own (a plain
 /// fork's): marks them so, so that dropping them gives nothing back.

@@ -69,7 +69,21 @@ struct block_key {
 // prime-modulo buckets cost a 64-bit division every time.
 class identity_table {
  public:
-  using value_type = std::weak_ptr<storage_impl>;
+  // The storage, and its address: while the table is locked, an entry
+  // whose storage has not expired, or whose end waits for the lock (the
+  // first thing it does), names a whole object.
+  struct value_type {
+    std::weak_ptr<storage_impl> weak;
+    storage_impl* impl = nullptr;
+
+    value_type& operator=(const std::shared_ptr<storage_impl>& p) noexcept {
+      weak = p;
+      impl = p.get();
+      return *this;
+    }
+    std::shared_ptr<storage_impl> lock() const noexcept { return weak.lock(); }
+    bool expired() const noexcept { return weak.expired(); }
+  };
 
   /// The entry for `key`, made empty when there was none.
   value_type& operator[](const block_key& key) {
@@ -321,45 +335,62 @@ void shm::unlock_storages_after_fork() noexcept { identities().mutex.unlock(); }
 shm::storage_list shm::live_storages_locked() {
   storage_list live;
   auto& table = identities().storages;
-  live.reserve(table.size());  // what throws, before any pointer is taken
-  // Every one, and none dropped here: the copy made may be the last, and
-  // its end would take the lock this thread holds.
-  table.for_each([&live](const block_key&, std::weak_ptr<storage_impl>& weak) {
-    if (auto impl = weak.lock()) live.push_back(std::move(impl));
+  live.reserve(table.size());
+  // No storage is copied: a copy made here could be the last, and its end
+  // takes the lock this thread holds.
+  table.for_each([&live](const block_key&, const identity_table::value_type& entry) {
+    if (!entry.expired()) live.push_back({entry.weak, entry.impl});
   });
   return live;
 }
 
-void shm::hold_for_child(const storage_list& live) noexcept {
-  for (const auto& impl : live) impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
+void shm::hold_for_child(storage_list& live) noexcept {
+  for (auto& s : live) {
+    s.held = !s.weak.expired();
+    if (s.held) s.impl->segment->block(s.impl->block).refs.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 void shm::release_for_child(const storage_list& live) noexcept {
-  // Never the last: `live` holds each storage here.
-  for (const auto& impl : live) impl->segment->release(impl->block);
+  // Never the last while the table is locked: what expired since waits
+  // for the lock to give back this process's own.
+  for (const auto& s : live) {
+    if (s.held) s.impl->segment->release(s.impl->block);
+  }
 }
 
 std::vector<shm::block_hold> shm::holds_of(const storage_list& live) {
   std::vector<block_hold> holds;
   holds.reserve(live.size());
-  for (const auto& impl : live) {
-    if (!impl->let_go) holds.push_back({impl->segment, impl->block});
+  for (const auto& s : live) {
+    if (!s.weak.expired() && !s.impl->let_go) holds.push_back({s.impl->segment, s.impl->block});
   }
   return holds;
 }
 
 COHORT_FORKED_CHILD_PATH void shm::borrow_in_child(const storage_list& live) noexcept {
-  for (const auto& impl : live) impl->let_go = true;
+  for (const auto& s : live) {
+    if (!s.weak.expired()) s.impl->let_go = true;
+  }
 }
 
 COHORT_FORKED_CHILD_PATH void shm::own_in_child(const storage_list& live) noexcept {
-  for (const auto& impl : live) impl->let_go = false;
+  for (const auto& s : live) {
+    if (!s.held) continue;
+    // One dropped by another thread of the parent between the reference
+    // and the fork: nothing here owns it, and its end never runs here.
+    if (s.weak.expired()) {
+      s.impl->segment->release(s.impl->block);
+    } else {
+      s.impl->let_go = false;
+    }
+  }
 }
 
 // Each inherited storage gets a reference of the child's own, so the
 // parent freeing its copy frees nothing under it from then on.
 COHORT_FORKED_CHILD_PATH void shm::hold_inherited_in_child() {
-  identities().storages.for_each([](const block_key&, std::weak_ptr<storage_impl>& weak) {
+  identities().storages.for_each([](const block_key&, identity_table::value_type& weak) {
     if (auto impl = weak.lock(); impl && !impl->let_go) {
       impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
     }
@@ -693,7 +724,7 @@ COHORT_FORKED_CHILD_PATH void release_shared_memory_holds() noexcept {
   // meanwhile, leaving the copy here the last, whose end takes the lock.
   std::vector<std::shared_ptr<storage_impl>> seen;
   std::lock_guard lock(m.mutex);
-  m.storages.for_each([&seen](const block_key&, std::weak_ptr<storage_impl>& weak) {
+  m.storages.for_each([&seen](const block_key&, identity_table::value_type& weak) {
     if (auto impl = weak.lock(); impl && !impl->let_go) {
       impl->let_go = true;
       impl->segment->release(impl->block);

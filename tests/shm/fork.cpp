@@ -164,4 +164,37 @@ TEST_SUITE("fork") {
     other.join();
     CHECK(detail::shared_holders(kept) == 1);
   }
+  TEST_CASE("batches on two threads while a third drops storages never wait for each other for good") {
+    // In a child with an alarm: a deadlock ends it with SIGALRM.
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::alarm(20);
+      std::atomic<bool> stop{false};
+      const auto batches = [&stop] {
+        while (!stop.load(std::memory_order_relaxed)) {
+          const shm::fork_batch batch;
+        }
+      };
+      std::thread first(batches), second(batches);
+      std::thread dropper([&stop] {
+        std::vector<storage> held;
+        while (!stop.load(std::memory_order_relaxed)) {
+          held.push_back(storage::allocate_shared(64));
+          if (held.size() == 16) held.clear();  // perhaps during a batch, which lists them
+        }
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      stop = true;
+      first.join();
+      second.join();
+      dropper.join();
+      ::_exit(0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    INFO("status ", status);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
 }
