@@ -75,8 +75,9 @@ holds_on_block holds_for_children(const storage& s) noexcept;
 
 /// A shared storage alive as a fork began, listed without a reference to
 /// it (which the list's end could drop last): `impl` is used only while
-/// the table of storages is locked, or in the child, and only while `weak`
-/// has not expired.
+/// the table of storages is locked, or in the child, where it names a
+/// whole object as long as `weak` has not expired or its end waits for
+/// that lock (the first thing the end of a storage does).
 struct listed_storage {
   std::weak_ptr<detail::storage_impl> weak;
   detail::storage_impl* impl;

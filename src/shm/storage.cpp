@@ -352,8 +352,9 @@ void shm::hold_for_child(storage_list& live) noexcept {
 }
 
 void shm::release_for_child(const storage_list& live) noexcept {
-  // Never the last while the table is locked: what expired since waits
-  // for the lock to give back this process's own.
+  // The references hold_for_child took: the block's other holders (this
+  // process's own among them, given back by a storage's end only once
+  // the table is unlocked) keep it.
   for (const auto& s : live) {
     if (s.held) s.impl->segment->release(s.impl->block);
   }
