@@ -197,4 +197,58 @@ TEST_SUITE("fork") {
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
   }
+  TEST_CASE("plain forks on one thread beside batches that fork on another never wait for each other for good") {
+    // glibc lets go of its own fork lock around each handler, so a plain
+    // fork's handler may wait for a batch whose next fork needs that lock.
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      ::alarm(20);
+      const storage s = storage::allocate_shared(64);  // something for each fork to hold
+      std::atomic<bool> stop{false};
+      std::atomic<int> plain{0}, batched{0};
+      std::thread forking([&] {
+        while (!stop.load(std::memory_order_relaxed)) {
+          const pid_t child = ::fork();
+          if (child == 0) ::_exit(0);
+          if (child < 0 || ::waitpid(child, nullptr, 0) != child) ::_exit(3);
+          ++plain;
+        }
+      });
+      std::thread batches([&] {
+        while (!stop.load(std::memory_order_relaxed)) {
+          std::vector<pid_t> children;
+          {
+            shm::fork_batch batch;
+            for (int i = 0; i < 4; ++i) {
+              batch.before_fork();
+              const pid_t child = ::fork();
+              if (child == 0) {
+                detail::release_shared_memory_holds();
+                ::_exit(0);
+              }
+              if (child < 0) {
+                batch.fork_failed();
+                ::_exit(4);
+              }
+              children.push_back(child);
+            }
+          }
+          for (pid_t child : children) ::waitpid(child, nullptr, 0);
+          ++batched;
+        }
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      stop = true;
+      forking.join();
+      batches.join();
+      trim_shared_memory();
+      ::_exit(plain > 0 && batched > 0 && detail::shared_holders(s) == 1 ? 0 : 5);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    INFO("status ", status);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
 }
