@@ -156,8 +156,9 @@ std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) 
   };
   if (auto found = carve(); found.first) return found;
   // Blocks held for plain forks' children that have gone may free room.
-  sweep_fork_holds(false);
-  if (auto found = carve(); found.first) return found;
+  if (sweep_fork_holds(false)) {
+    if (auto found = carve(); found.first) return found;
+  }
   // One thread grows the arena at a time, and a thread that waited for it
   // carves from what the other made rather than making one of its own.
   std::lock_guard growing(a.growth);

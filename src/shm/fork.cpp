@@ -183,9 +183,9 @@ COHORT_FORKED_CHILD_PATH void in_child() {
 
 }  // namespace
 
-void sweep_fork_holds(bool run_retries) noexcept {
+bool sweep_fork_holds(bool run_retries) noexcept {
   auto& h = held();
-  if (h.pending.load(std::memory_order_relaxed) == 0) return;
+  if (h.pending.load(std::memory_order_relaxed) == 0) return false;
   std::vector<child_holds> running, gone;
   std::vector<std::function<bool()>> retries;
   {
@@ -194,7 +194,7 @@ void sweep_fork_holds(bool run_retries) noexcept {
       running.reserve(h.children.size());
       gone.reserve(h.children.size());
     } catch (...) {
-      return;  // looked at again by the next sweep
+      return false;  // looked at again by the next sweep
     }
     for (auto& c : h.children) {
       // Running: a read that would block (or was interrupted).
@@ -219,9 +219,10 @@ void sweep_fork_holds(bool run_retries) noexcept {
   }
   // The segments' last pointers may go with `gone`, outside the lock; and
   // a retry may drop values, whose queues sweep in turn.
+  const bool released = !gone.empty();
   gone.clear();
   std::erase_if(retries, [](const auto& retry) { return retry(); });
-  if (retries.empty()) return;
+  if (retries.empty()) return released;
   std::lock_guard lock(h.mutex);
   try {
     h.retries.insert(h.retries.end(), std::make_move_iterator(retries.begin()), std::make_move_iterator(retries.end()));
@@ -229,6 +230,7 @@ void sweep_fork_holds(bool run_retries) noexcept {
     // Dropped: what they would have let go of stays, as before.
   }
   h.count_locked();
+  return released;
 }
 
 void retry_after_fork_holds(std::function<bool()> retry) {

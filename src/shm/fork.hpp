@@ -12,10 +12,6 @@
 #include <memory>
 #include <vector>
 
-namespace cohort::detail {
-class storage_impl;
-}
-
 namespace cohort::shm {
 
 /// Held by a thread while it forks several children back to back, with
@@ -55,8 +51,9 @@ class fork_batch {
 /// on trims, as the arena grows, as a queue's last holder lets go, as a
 /// fork rank ends and at exit; one atomic load when nothing is held.
 /// `run_retries`: whether it may run the retries below, which drop values;
-/// not inside a fork's handler nor inside an allocation.
-void sweep_fork_holds(bool run_retries = true) noexcept;
+/// not inside a fork's handler nor inside an allocation. Returns whether
+/// it let go of any hold.
+bool sweep_fork_holds(bool run_retries = true) noexcept;
 
 /// Runs `retry` in a sweep that may run it, once holds for children went
 /// since the last run (or none is held), until it returns true. For work
