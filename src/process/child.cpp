@@ -168,8 +168,9 @@ std::optional<asio::any_io_executor> child::executor_of(const std::shared_ptr<de
   return state->executor;
 }
 
+// A child whose io_context is gone is refused on the way through
+// wait_spawned (executor_of): no coroutine runs on that context.
 asio::awaitable<exit_status> child::wait_awaited(std::shared_ptr<detail::child_state> state) {
-  if (state) refuse_gone_context(*state, "wait");
   const asio::any_io_executor here = co_await asio::this_coro::executor;
   const bool on_its_executor = state && state->executor == here;
   auto wait = on_its_executor ? wait_for(std::move(state)) : wait_spawned(std::move(state), asio::use_awaitable);
