@@ -9,6 +9,7 @@
 #include "run/program.hpp"
 #include "run/rendezvous.hpp"
 #include "run/report.hpp"
+#include "run/say.hpp"
 #include "run/slurm.hpp"
 
 #include <cohort/group.hpp>
@@ -276,7 +277,7 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& fo
   // Local ranks past this node's are left out, as torchrun leaves them
   // (one command line may serve nodes with fewer ranks), and said.
   const auto beyond = [nproc](const char* flag, int rank) {
-    fmt::print(stderr, "cohort-run: {} names local rank {}; there are {} here: left out\n", flag, rank, nproc);
+    say("cohort-run: {} names local rank {}; there are {} here: left out\n", flag, rank, nproc);
   };
   for (const auto& [flag, per_rank] : {std::pair{"--redirects", &logs.redirects.ranks}, std::pair{"--tee", &logs.tee.ranks}}) {
     std::erase_if(*per_rank, [&, flag = flag](const auto& entry) {
@@ -298,7 +299,7 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& fo
     std::error_code ec;
     logs.dir = fresh_temp_folder("cohort-run-", ec);
     if (ec) throw std::system_error(ec, "cohort-run: making a log folder in $TMPDIR");
-    fmt::print(stderr, "cohort-run: logs in {}\n", logs.dir.string());
+    say("cohort-run: logs in {}\n", logs.dir.string());
   }
   return logs;
 }
@@ -475,7 +476,7 @@ void write_results(const run_options& o, const run_record& record) {
     std::ofstream out(file, std::ios::trunc);
     out << text;
     out.flush();
-    if (!out) fmt::print(stderr, "cohort-run: writing {} failed: {}\n", file.string(), std::strerror(errno));
+    if (!out) say("cohort-run: writing {} failed: {}\n", file.string(), std::strerror(errno));
   }
 }
 
@@ -576,7 +577,7 @@ void tell_rendezvous(const char* what, F&& tell) {
   try {
     tell();
   } catch (const std::exception& e) {
-    fmt::print(stderr, "cohort-run: could not {} at the rendezvous: {}\n", what, e.what());
+    say("cohort-run: could not {} at the rendezvous: {}\n", what, e.what());
   }
 }
 
@@ -604,11 +605,11 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   error_folder errors;
   if (!spec.logs.dir.empty()) record.log_dir = spec.logs.dir / spec.logs.run_id;
   if (o.logs_specs.size() > 0) {
-    fmt::print(stderr, "cohort-run: --logs-specs {}: torchrun's logs specs are Python plugins; the logs follow --log-dir\n",
+    say("cohort-run: --logs-specs {}: torchrun's logs specs are Python plugins; the logs follow --log-dir\n",
                o.logs_specs);
   }
   if (!o.duplicate_stdout_filters.empty() || !o.duplicate_stderr_filters.empty()) {
-    fmt::print(stderr, "cohort-run: --duplicate-stdout/stderr-filters are not applied: every line is in the console "
+    say("cohort-run: --duplicate-stdout/stderr-filters are not applied: every line is in the console "
                "and the log files\n");
   }
   spec.name = o.role;
@@ -621,7 +622,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   spec.shutdown.term_grace = std::chrono::milliseconds(static_cast<long long>(o.grace_period * 1000));
   if (nproc > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     spec.options.env.set("OMP_NUM_THREADS", "1");
-    fmt::print(stderr, "cohort-run: OMP_NUM_THREADS is set to 1 for each of the {} ranks; set it to tune\n", nproc);
+    say("cohort-run: OMP_NUM_THREADS is set to 1 for each of the {} ranks; set it to tune\n", nproc);
   }
   std::optional<etcd_rendezvous> rdzv;
   if (elastic) rdzv.emplace(etcd_config(o, nproc, run_id));
@@ -643,10 +644,10 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
         const auto a = rdzv->next_round();
         p = {a.node_rank, a.nnodes, a.world_size, a.first_rank, a.master_addr, a.master_port};
       } catch (const std::exception& e) {
-        fmt::print(stderr, "cohort-run: {}\n", e.what());
+        say("cohort-run: {}\n", e.what());
         return finish("failed", 1, e.what());
       }
-      fmt::print(stderr, "cohort-run: node {} of {}: ranks {} to {} of {}, master {}:{}\n", p.node_rank, p.nnodes,
+      say("cohort-run: node {} of {}: ranks {} to {} of {}, master {}:{}\n", p.node_rank, p.nnodes,
                  p.first_rank, p.first_rank + nproc - 1, p.world_size, p.master_addr, p.master_port);
     } else {
       p = *fixed;
@@ -675,7 +676,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     if (r.signal) {
       a.outcome = "interrupted";
       a.reason = fmt::format("{} received", cohort::signal_name(*r.signal));
-      fmt::print(stderr, "cohort-run: interrupted by {} (run {}, attempt {}): the ranks were shut down\n",
+      say("cohort-run: interrupted by {} (run {}, attempt {}): the ranks were shut down\n",
                  cohort::signal_name(*r.signal), run_id, attempt);
       return finish("interrupted", 128 + *r.signal, a.reason);
     }
@@ -688,7 +689,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
       const bool lost = ended_by->what == cause::member_lost || ended_by->what == cause::lease_lost ||
                         ended_by->what == cause::etcd_unreachable;
       if (lost && record.restarts >= o.max_restarts) {
-        fmt::print(stderr, "cohort-run: attempt {} ended: {}; no restarts left ({} of {} used)\n", attempt,
+        say("cohort-run: attempt {} ended: {}; no restarts left ({} of {} used)\n", attempt,
                    a.reason, record.restarts, o.max_restarts);
         tell_rendezvous("close the job", [&] {
           rdzv->close(fmt::format("node {} ({}) has no restarts left after: {}", p.node_rank, record.host, a.reason));
@@ -696,7 +697,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
         return finish("failed", 1, a.reason);
       }
       if (lost) ++record.restarts;
-      fmt::print(stderr, "cohort-run: attempt {} ended: {}; joining the next round{}\n", attempt, a.reason,
+      say("cohort-run: attempt {} ended: {}; joining the next round{}\n", attempt, a.reason,
                  lost ? fmt::format(" ({} of {} restarts)", record.restarts, o.max_restarts) : "");
       continue;
     }
@@ -705,7 +706,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     a.reason = root != nullptr ? describe(*root, p.first_rank) : "ranks could not be killed";
     if (record.restarts < o.max_restarts) {
       ++record.restarts;
-      fmt::print(stderr, "cohort-run: attempt {} failed: {}; restarting the group ({} of {} restarts)\n", attempt,
+      say("cohort-run: attempt {} failed: {}; restarting the group ({} of {} restarts)\n", attempt,
                  a.reason, record.restarts, o.max_restarts);
       // Unheard, the next round still forms: this node joins it anew.
       if (rdzv) {
@@ -728,7 +729,7 @@ int run(run_options o, run_record& record) {
   try {
     command = rank_command(o);
   } catch (const program_error& e) {
-    fmt::print(stderr, "cohort-run: {}\n", e.what());
+    say("cohort-run: {}\n", e.what());
     return e.exit_code;
   }
   // First: what the workers start dies with cohort-run, also when it is
@@ -749,33 +750,38 @@ int main(int argc, char** argv) {
   std::optional<run_options> options;
   run_record record;
   int code = 1;
+  // A console whose reader has gone fails cohort-run's writes instead of
+  // ending it: the ranks run on, and the outcome is still recorded. Its
+  // ranks start with SIGPIPE at its default again (spawn resets an ignored
+  // SIGPIPE, as a shell does).
+  ::signal(SIGPIPE, SIG_IGN);
   try {
     options = parse_options(argc, argv);
     code = run(*options, record);
   } catch (const usage_error& e) {
-    fmt::print(stderr, "cohort-run: {}\nRun cohort-run --help for the options.\n", e.what());
+    say("cohort-run: {}\nRun cohort-run --help for the options.\n", e.what());
     return 2;
   } catch (const std::filesystem::filesystem_error& e) {  // the logs' folder or files
-    fmt::print(stderr, "cohort-run: {}\n", e.what());
+    say("cohort-run: {}\n", e.what());
     record.outcome = "failed";
     record.message = e.what();
   } catch (const std::system_error& e) {
-    fmt::print(stderr, "{}\n", e.what());
+    say("{}\n", e.what());
     record.outcome = "failed";
     record.message = e.what();
     // A program that cannot be found or run: as a shell says it.
     if (e.code() == std::errc::no_such_file_or_directory) code = 127;
     if (e.code() == std::errc::permission_denied) code = 126;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "cohort-run: {}\n", e.what());
+    say("cohort-run: {}\n", e.what());
     record.outcome = "failed";
     record.message = e.what();
   }
   record.exit_code = code;
   if (options && !record.outcome.empty()) {
-    print_summary(record);
     write_results(*options, record);
     write_own_error_file(record);
+    print_summary(record);
   }
   return code;
 }

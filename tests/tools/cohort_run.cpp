@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <array>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -865,6 +866,43 @@ TEST_SUITE("cohort-run") {
     const auto k = nlohmann::json::parse(read_file(file));
     CHECK(k["outcome"] == "succeeded");
     CHECK_FALSE(k.contains("error_dir"));
+  }
+
+  TEST_CASE("a console whose reader has gone: cohort-run runs on, exits with the ranks' code and records the outcome") {
+    test::temp_dir dir;
+    const auto file = dir.path / "result.json";
+    const auto marker = dir.path / "closed";
+    // The ranks write teed lines until the console is gone, then fail: the
+    // pump's writes and the summary's both meet a pipe nobody reads.
+    const std::vector<std::string> args{"--result-json", file.string(), "--log-dir", (dir.path / "logs").string(), "-t", "3",
+                                        "-n", "2", "--", "/bin/sh", "-c",
+                                        "while [ ! -e \"$0\" ]; do echo line; sleep 0.01; done; echo after; exit 3",
+                                        marker.string()};
+    asio::io_context io;
+    const auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
+      spawn_options options{.out = stdio::pipe(), .err = stdio::pipe()};
+      options.env.set("TMPDIR", launcher_tmpdir());
+      const command cmd(cohort_run, args);
+      child c = co_await spawn(cmd, options);
+      std::array<char, 64> some{};
+      co_await c.out().async_read_some(asio::buffer(some), asio::use_awaitable);  // a teed line: the ranks are up
+      c.out().close();
+      c.err().close();
+      std::ofstream{marker};
+      co_return co_await c.wait();
+    }());
+    CHECK(status.exited());
+    CHECK(status.code() == 3);
+    const auto j = nlohmann::json::parse(read_file(file));
+    CHECK(j["outcome"] == "failed");
+    CHECK(j["exit_code"] == 3);
+    // The log files have every line, the ones written after the console went too.
+    const auto run_folders = std::vector<fs::directory_entry>(fs::directory_iterator(dir.path / "logs"), {});
+    REQUIRE(run_folders.size() == 1);
+    CHECK(fs::exists(run_folders[0].path() / "result.json"));
+    const auto log = read_file(run_folders[0].path() / "attempt_0" / "0" / "stdout.log");
+    CHECK(log.ends_with("after\n"));
+    if (j.contains("error_dir")) fs::remove_all(j["error_dir"].get<std::string>());
   }
 
   TEST_CASE("a log dir that fills up is named in the summary with the cause") {

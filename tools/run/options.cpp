@@ -1,5 +1,7 @@
 #include "run/options.hpp"
 
+#include "run/say.hpp"
+
 #include <cohort/exit_status.hpp>
 
 #include <CLI/CLI.hpp>
@@ -209,10 +211,10 @@ run_options parse_options(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
-    fmt::print("{}", app.help());
+    print_to(stdout, "{}", app.help());
     std::exit(0);
   } catch (const CLI::CallForVersion&) {
-    fmt::print("cohort-run {}\n", version);
+    print_to(stdout, "cohort-run {}\n", version);
     std::exit(0);
   } catch (const CLI::ParseError& e) {
     throw usage_error(e.what());

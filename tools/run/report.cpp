@@ -1,5 +1,7 @@
 #include "run/report.hpp"
 
+#include "run/say.hpp"
+
 #include <cohort/error_file.hpp>
 
 #include <fmt/chrono.h>
@@ -12,6 +14,11 @@
 #include <fstream>
 
 namespace cohort_run {
+
+void write_out(std::FILE* stream, std::string_view text) noexcept {
+  if (std::fwrite(text.data(), 1, text.size(), stream) != text.size() || std::fflush(stream) != 0) std::clearerr(stream);
+}
+
 namespace {
 
 std::string describe_status(const cohort::exit_status& status) {
@@ -30,23 +37,23 @@ std::string local_time(std::chrono::system_clock::time_point when) {
 
 void print_failure(const cohort::rank_failure& f, const run_record& run, const attempt_record& a) {
   const auto& usage = f.status.usage();
-  fmt::print(stderr, "  time       : {}\n", local_time(f.timestamp));
-  fmt::print(stderr, "  host       : {}\n", run.host);
-  fmt::print(stderr, "  rank       : {} (local_rank: {})\n", a.first_rank + f.rank, f.rank);
-  fmt::print(stderr, "  pid        : {}\n", f.pid);
-  fmt::print(stderr, "  exitcode   : {}\n", describe_status(f.status));
-  fmt::print(stderr, "  cpu time   : {:.3f} s user, {:.3f} s system\n", in_seconds(usage.user_time),
+  say("  time       : {}\n", local_time(f.timestamp));
+  say("  host       : {}\n", run.host);
+  say("  rank       : {} (local_rank: {})\n", a.first_rank + f.rank, f.rank);
+  say("  pid        : {}\n", f.pid);
+  say("  exitcode   : {}\n", describe_status(f.status));
+  say("  cpu time   : {:.3f} s user, {:.3f} s system\n", in_seconds(usage.user_time),
              in_seconds(usage.system_time));
-  fmt::print(stderr, "  peak rss   : {:.1f} MiB\n", static_cast<double>(usage.max_rss_kib) / 1024);
-  fmt::print(stderr, "  error_file : {}\n", f.message.empty() ? "<N/A>" : f.error_file.string());
-  if (!f.message.empty()) fmt::print(stderr, "  message    : {}\n", f.message);
+  say("  peak rss   : {:.1f} MiB\n", static_cast<double>(usage.max_rss_kib) / 1024);
+  say("  error_file : {}\n", f.message.empty() ? "<N/A>" : f.error_file.string());
+  if (!f.message.empty()) say("  message    : {}\n", f.message);
   if (!f.trace.empty()) {
-    fmt::print(stderr, "  traceback  :\n");
+    say("  traceback  :\n");
     std::string::size_type begin = 0;
     while (begin < f.trace.size()) {
       auto end = f.trace.find('\n', begin);
       if (end == std::string::npos) end = f.trace.size();
-      fmt::print(stderr, "    {}\n", std::string_view(f.trace).substr(begin, end - begin));
+      say("    {}\n", std::string_view(f.trace).substr(begin, end - begin));
       begin = end + 1;
     }
   }
@@ -114,33 +121,33 @@ void print_summary(const run_record& run) {
   if (run.attempts.empty()) return;  // nothing ran: the error is told where it happened
   const auto& a = run.attempts.back();
   const auto& r = a.result;
-  for (const auto& error : r.log_errors) fmt::print(stderr, "cohort-run: the logs are incomplete: {}\n", error);
+  for (const auto& error : r.log_errors) say("cohort-run: the logs are incomplete: {}\n", error);
   if (run.outcome != "failed") return;
-  fmt::print(stderr, "cohort-run: the run failed (role {}, run {}, attempt {}, {} of {} restarts used)\n", run.role,
+  say("cohort-run: the run failed (role {}, run {}, attempt {}, {} of {} restarts used)\n", run.role,
              run.run_id, a.attempt, run.restarts, run.max_restarts);
-  if (!run.message.empty()) fmt::print(stderr, "  {}\n", run.message);
+  if (!run.message.empty()) say("  {}\n", run.message);
   const auto* root = r.first_failure();
   if (root != nullptr) {
-    fmt::print(stderr, "Root cause (first failure):\n");
+    say("Root cause (first failure):\n");
     print_failure(*root, run, a);
   }
   bool header = false;
   for (const auto& f : r.failures) {
     if (&f == root) continue;
-    if (!header) fmt::print(stderr, "Other failures:\n");
+    if (!header) say("Other failures:\n");
     header = true;
     print_failure(f, run, a);
   }
   for (int rank : r.unreaped) {
-    fmt::print(stderr, "  rank {} could not be killed (stuck in the kernel): left behind\n", a.first_rank + rank);
+    say("  rank {} could not be killed (stuck in the kernel): left behind\n", a.first_rank + rank);
   }
-  if (!run.error_dir.empty()) fmt::print(stderr, "The ranks' error files are kept in {}\n", run.error_dir.string());
+  if (!run.error_dir.empty()) say("The ranks' error files are kept in {}\n", run.error_dir.string());
   // Ranks write their redirected streams to the files themselves: a full
   // disk is then their failure, which only the file system can explain.
   struct statvfs fs {};
   if (!run.log_dir.empty() && ::statvfs(run.log_dir.c_str(), &fs) == 0 &&
       static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize < 64 * 1024) {
-    fmt::print(stderr, "The log folder {} is on a full file system (No space left on device): ranks writing their "
+    say("The log folder {} is on a full file system (No space left on device): ranks writing their "
                "logs there fail\n", run.log_dir.string());
   }
 }
@@ -179,12 +186,12 @@ void write_own_error_file(const run_record& run) {
     }
     std::ofstream out(*path, std::ios::trunc);
     out << file.dump() << '\n';
-    if (!out.flush()) fmt::print(stderr, "cohort-run: writing its error file {} failed\n", path->string());
+    if (!out.flush()) say("cohort-run: writing its error file {} failed\n", path->string());
     return;
   }
   const std::string what = run.message.empty() ? run.outcome : run.message;
   if (!cohort::record_error(cohort::error_report{"cohort-run: " + what, {}, std::nullopt})) {
-    fmt::print(stderr, "cohort-run: writing its error file {} failed\n", path->string());
+    say("cohort-run: writing its error file {} failed\n", path->string());
   }
 }
 
