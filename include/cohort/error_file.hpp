@@ -29,9 +29,12 @@ std::optional<std::filesystem::path> error_file_path();
 
 /// Writes `report` to error_file_path() as torchelastic does:
 /// {"message": {"message": ..., "extraInfo": {"py_callstack": ...,
-/// "timestamp": "<unix seconds>"}}}. The timestamp defaults to now. Returns
-/// false when there is no error file to write, or it cannot be written. Never
-/// throws: it runs while a program is failing.
+/// "timestamp": "<unix seconds>", "timestamp_ns": "<unix nanoseconds>"}}}
+/// (the second timestamp is cohort's: torch's readers take the first). The
+/// timestamp defaults to now. Bytes of the message or trace that are not
+/// UTF-8 are written as U+FFFD. Returns false when there is no error file to
+/// write, or it cannot be written. Never throws: it runs while a program is
+/// failing.
 bool record_error(const error_report& report) noexcept;
 /// The same for an exception: the message is "<demangled type>: <what()>".
 bool record_error(const std::exception& error, std::string_view trace = {}) noexcept;
@@ -46,7 +49,10 @@ bool record_error(const std::exception& error, std::string_view trace = {}) noex
 void record_uncaught_exceptions() noexcept;
 
 /// Reads an error file. Accepts torchelastic's shape, and a plain string in
-/// "message". nullopt when the file is missing, empty or not such a file.
+/// "message"; the timestamp is "timestamp_ns" where there is one, else
+/// "timestamp". nullopt when the file is missing, empty or not such a file;
+/// a field of the wrong type (a null trace, a timestamp that is not a whole
+/// number) is read as absent.
 std::optional<error_report> read_error_file(const std::filesystem::path& path);
 
 }  // namespace cohort

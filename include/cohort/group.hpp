@@ -103,7 +103,9 @@ struct rank_failure {
   /// group ends.
   std::filesystem::path error_file;
   /// When the error happened (the error file's timestamp), else when the
-  /// supervisor saw the exit.
+  /// supervisor saw the exit. A timestamp in whole seconds (torch's error
+  /// files) counts as the end of its second, or the exit if that came
+  /// first, so that failures order as they happened.
   std::chrono::system_clock::time_point timestamp;
 };
 

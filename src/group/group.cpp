@@ -380,6 +380,17 @@ struct rank_end {
   std::string why;
 };
 
+// The latest an error stamped `stamp` can have happened. An error file in
+// whole seconds (torch's, or one written by hand) says only that the error
+// came within that second: were the second's start taken for it, a rank
+// that failed later in it would come before one whose exit was seen
+// earlier. A failure is ordered by the earlier of that and its exit.
+std::chrono::system_clock::time_point latest_possible(std::chrono::system_clock::time_point stamp) {
+  using namespace std::chrono;
+  if (stamp.time_since_epoch() % seconds(1) != system_clock::duration::zero()) return stamp;
+  return stamp + duration_cast<system_clock::duration>(seconds(1)) - system_clock::duration(1);
+}
+
 // Records how rank `rank` ended; returns whether it failed on its own.
 bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end end) {
   auto& s = *state;
@@ -408,10 +419,15 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
   take_adopted_soon(state);  // what the rank leaves behind is handed to this process as it dies
   if (status.success() || s.signalled) return false;
   rank_failure failure{rank, s.pids[r], status, unreadable, {}, s.error_files[r], std::chrono::system_clock::now()};
-  if (auto report = read_error_file(s.error_files[r])) {
-    failure.message = std::move(report->message);
-    failure.trace = std::move(report->trace);
-    if (report->timestamp) failure.timestamp = *report->timestamp;
+  // What the rank wrote cannot stop the supervision: a report that cannot
+  // be read (out of memory for it) leaves the failure as its exit says.
+  try {
+    if (auto report = read_error_file(s.error_files[r])) {
+      failure.message = std::move(report->message);
+      failure.trace = std::move(report->trace);
+      if (report->timestamp) failure.timestamp = std::min(failure.timestamp, latest_possible(*report->timestamp));
+    }
+  } catch (const std::exception&) {
   }
   s.partial.failures.push_back(std::move(failure));
   s.failed = true;

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <cstdlib>
 #include <fstream>
 #include <typeinfo>
@@ -23,13 +24,23 @@ bool record_error(const error_report& report) noexcept {
     auto path = error_file_path();
     if (!path) return false;
     const auto when = report.timestamp.value_or(std::chrono::system_clock::now());
-    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(when.time_since_epoch()).count();
+    const auto since = when.time_since_epoch();
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(since).count();
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(since).count();
+    // torch reads "timestamp" as whole seconds (int() of the string);
+    // "timestamp_ns" is cohort's, so that failures within one second are
+    // ordered as they happened.
     nlohmann::json file = {
         {"message",
          {{"message", report.message},
-          {"extraInfo", {{"py_callstack", report.trace}, {"timestamp", std::to_string(seconds)}}}}}};
+          {"extraInfo",
+           {{"py_callstack", report.trace}, {"timestamp", std::to_string(seconds)}, {"timestamp_ns", std::to_string(ns)}}}}}};
+    // Made before the file is opened, so that a report that cannot be put
+    // into words leaves no empty file. Bytes that are not UTF-8 (a what()
+    // naming a file in Latin-1) become U+FFFD rather than losing the report.
+    const auto text = file.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
     std::ofstream out(*path, std::ios::trunc);
-    out << file.dump(2) << '\n';
+    out << text << '\n';
     return static_cast<bool>(out.flush());
   } catch (...) {
     return false;
@@ -44,10 +55,41 @@ bool record_error(const std::exception& error, std::string_view trace) noexcept 
   }
 }
 
+namespace {
+
+// The string at `key`, or "" where there is none or it is not a string: a
+// file written by hand, or by another version, still gives what it can.
+std::string string_at(const nlohmann::json& object, const char* key) {
+  const auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+// A count of `Unit` since the epoch at `key`, as a string of digits or a
+// whole number; nullopt when missing, malformed, negative, or too large to
+// be a time point.
+template <class Unit>
+std::optional<std::chrono::system_clock::time_point> time_at(const nlohmann::json& object, const char* key) {
+  const auto it = object.find(key);
+  if (it == object.end()) return std::nullopt;
+  long long count = -1;
+  if (it->is_number_integer()) {
+    count = it->get<long long>();
+  } else if (it->is_string()) {
+    const auto& text = it->get_ref<const std::string&>();
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), count);
+    if (ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
+  }
+  const auto most = std::chrono::duration_cast<Unit>(std::chrono::system_clock::duration::max()).count();
+  if (count < 0 || count > most) return std::nullopt;
+  return std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(Unit(count)));
+}
+
+}  // namespace
+
 std::optional<error_report> read_error_file(const std::filesystem::path& path) {
   std::ifstream in(path);
   if (!in) return std::nullopt;
-  auto file = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const auto file = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!file.is_object() || !file.contains("message")) return std::nullopt;
   const auto& message = file["message"];
   error_report report;
@@ -56,18 +98,11 @@ std::optional<error_report> read_error_file(const std::filesystem::path& path) {
     return report;
   }
   if (!message.is_object()) return std::nullopt;
-  report.message = message.value("message", "");
+  report.message = string_at(message, "message");
   if (auto extra = message.find("extraInfo"); extra != message.end() && extra->is_object()) {
-    report.trace = extra->value("py_callstack", "");
-    if (auto stamp = extra->find("timestamp"); stamp != extra->end()) {
-      long long seconds = 0;
-      try {
-        seconds = stamp->is_string() ? std::stoll(stamp->get<std::string>()) : stamp->get<long long>();
-        report.timestamp = std::chrono::system_clock::time_point(std::chrono::seconds(seconds));
-      } catch (...) {
-        // A timestamp that is not a number is left out.
-      }
-    }
+    report.trace = string_at(*extra, "py_callstack");
+    report.timestamp = time_at<std::chrono::nanoseconds>(*extra, "timestamp_ns");
+    if (!report.timestamp) report.timestamp = time_at<std::chrono::seconds>(*extra, "timestamp");
   }
   return report;
 }

@@ -100,6 +100,14 @@ void exit_with(int rank, int code) {
 }
 COHORT_ENTRYPOINT(exit_with);
 
+// Rank 0 exits with code 3 at once; rank 1 raises half a second later.
+void exit_then_raise(int rank) {
+  if (rank == 0) ::_exit(3);
+  std::this_thread::sleep_for(500ms);
+  throw_legitimate(rank);
+}
+COHORT_ENTRYPOINT(exit_then_raise);
+
 void succeed_then_raise(int rank) {
   if (rank == 0) return;
   std::this_thread::sleep_for(100ms);
@@ -620,6 +628,20 @@ TEST_SUITE("entry points") {
         CHECK(e.exit_code() == 123);
         CHECK(std::string(e.what()) == fmt::format("rank 0 (pid {}) exited with code 123", e.pid()));
       }
+    });
+  }
+
+  TEST_CASE("an exit seen first is the first failure, though a later exception's error file has a timestamp") {
+    for_each_method([](start_method method) {
+      shutdown_policy shutdown;
+      shutdown.grace = 10s;  // rank 1 raises on its own, before any signal
+      const auto r = run_function(call(method, exit_then_raise), 2, shutdown);
+      REQUIRE(r.failures.size() == 2);
+      const auto* first = r.first_failure();
+      REQUIRE(first != nullptr);
+      CHECK(first->rank == 0);
+      CHECK(first->status.code() == 3);
+      CHECK_THROWS_AS(throw_first_failure(r), process_exited_error);
     });
   }
 

@@ -73,6 +73,57 @@ TEST_SUITE("error_file") {
     CHECK(report->timestamp == stamp);
   }
 
+  TEST_CASE("a timestamp within a second reads back to the nanosecond; torch's whole seconds stay what they say") {
+    test::temp_dir dir;
+    error_file_env env(dir.path / "error.json");
+    const auto stamp = std::chrono::system_clock::time_point(std::chrono::seconds(1700000000) + std::chrono::nanoseconds(123456789));
+    REQUIRE(record_error(error_report{"ValueError: x", "", stamp}));
+    const auto file = parse(dir.path / "error.json");
+    CHECK(file["message"]["extraInfo"]["timestamp"] == "1700000000");  // what torch's int() reads
+    CHECK(file["message"]["extraInfo"]["timestamp_ns"] == "1700000000123456789");
+    CHECK(read_error_file(dir.path / "error.json")->timestamp == stamp);
+    std::ofstream(dir.path / "torch.json") << R"({"message": {"message": "E", "extraInfo": {"timestamp": "1700000001"}}})";
+    CHECK(read_error_file(dir.path / "torch.json")->timestamp ==
+          std::chrono::system_clock::time_point(std::chrono::seconds(1700000001)));
+  }
+
+  TEST_CASE("a message or trace that is not UTF-8 is written with U+FFFD rather than lost") {
+    test::temp_dir dir;
+    error_file_env env(dir.path / "error.json");
+    REQUIRE(record_error(std::runtime_error("cannot open /data/caf\xe9.bin"), "at \xff"));
+    const auto report = read_error_file(dir.path / "error.json");
+    REQUIRE(report);
+    CHECK(report->message == "std::runtime_error: cannot open /data/caf\xef\xbf\xbd.bin");
+    CHECK(report->trace == "at \xef\xbf\xbd");
+  }
+
+  TEST_CASE("fields of the wrong type read as absent: the rest of the report stays") {
+    test::temp_dir dir;
+    const auto read = [&](const std::string& text) {
+      std::ofstream(dir.path / "odd.json", std::ios::trunc) << text;
+      return read_error_file(dir.path / "odd.json");
+    };
+    auto a = read(R"({"message": {"message": "boom", "extraInfo": {"py_callstack": null, "timestamp": "1"}}})");
+    REQUIRE(a);
+    CHECK(a->message == "boom");
+    CHECK(a->trace.empty());
+    CHECK(a->timestamp == std::chrono::system_clock::time_point(std::chrono::seconds(1)));
+    auto b = read(R"({"message": {"message": 7, "extraInfo": {"py_callstack": ["x"], "timestamp": 1.5e30}}})");
+    REQUIRE(b);
+    CHECK(b->message.empty());
+    CHECK(b->trace.empty());
+    CHECK_FALSE(b->timestamp);
+    for (const char* stamp : {R"("-5")", R"("12x")", "-5", "99999999999999999", R"("99999999999999999999")", "true", "{}"}) {
+      auto c = read(std::string(R"({"message": {"message": "m", "extraInfo": {"timestamp": )") + stamp + "}}}");
+      REQUIRE(c);
+      CHECK(c->message == "m");
+      CHECK_FALSE(c->timestamp);
+    }
+    auto d = read(R"({"message": {"message": "m", "extraInfo": "not an object"}})");
+    REQUIRE(d);
+    CHECK(d->message == "m");
+  }
+
   TEST_CASE("TORCHELASTIC_ERROR_FILE is used when COHORT_ERROR_FILE is not set") {
     test::temp_dir dir;
     ::unsetenv("COHORT_ERROR_FILE");
