@@ -46,7 +46,9 @@ int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> r
       std::vector<std::byte> out;
       if (result) {
         out.assign(result->bytes().begin(), result->bytes().end());
-        kept.push_back(std::move(*result));
+        // Only a result naming shared memory needs holding; plain values
+        // are copied whole into `out`.
+        if (detail::encoded_holds::of(*result)) kept.push_back(std::move(*result));
       }
       results.put({item, true, std::move(out)});
     } catch (...) {
@@ -75,6 +77,7 @@ class pool_state {
   }
 
   ~pool_state() {
+    take_back_tasks();
     tasks_.close();
     {
       // Maps in flight end: their workers finish and leave, or have died.
@@ -83,6 +86,19 @@ class pool_state {
     }
     work_.reset();
     runner_.join();  // the group ends when every worker has returned
+  }
+
+  // Items no worker has taken yet do not run: a cancelled map's are not
+  // worked through before the next map's, and a pool going away lets each
+  // worker finish only the item in hand (which could otherwise block on
+  // results nobody reads any more).
+  void take_back_tasks() noexcept {
+    try {
+      while (tasks_.try_pop()) {
+      }
+    } catch (...) {
+      // The queue is closed or its memory is gone: nothing left to take back.
+    }
   }
 
   std::vector<std::optional<encoded>> run(const std::string& name, const std::vector<encoded>& args,
@@ -98,6 +114,7 @@ class pool_state {
     std::size_t sent = 0, received = 0;
     while (received < args.size()) {
       if (cancelled != nullptr && cancelled->load(std::memory_order_relaxed)) {
+        take_back_tasks();
         throw std::system_error(asio::error::operation_aborted, "cohort::pool::map");
       }
       if (sent < args.size()) {

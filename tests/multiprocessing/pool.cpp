@@ -227,6 +227,38 @@ TEST_SUITE("pool") {
     const auto squares = p.map(slow_square, next);
     for (std::size_t i = 0; i < next.size(); ++i) CHECK(squares[i] == next[i] * next[i]);
   }
+
+  TEST_CASE("a cancelled map's items not yet taken do not run: the next map and the pool's end wait for none of them") {
+    // 20 ms items on 2 workers: the 400 queued would take 4 s to work through.
+    std::vector<long> items(400, 3);
+    std::vector<long> next(2, 5);
+    std::promise<std::exception_ptr> outcome;
+    // Outlive the pool: a map clears its slot as it completes.
+    asio::cancellation_signal cancel, cancel_more;
+    const auto started = std::chrono::steady_clock::now();
+    {
+      pool p(2);
+      auto op = p.map(slow_square, items, asio::experimental::deferred);
+      std::move(op)(asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, std::vector<long>) {
+        outcome.set_value(e);
+      }));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      cancel.emit(asio::cancellation_type::terminal);
+      auto done = outcome.get_future();
+      REQUIRE(done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+      CHECK(test::aborted(done.get()));
+      const auto squares = p.map(slow_square, next);
+      CHECK(squares == std::vector<long>{25, 25});
+      CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(2));
+      // A second cancelled map, left queued as the pool goes away.
+      std::vector<long> more(400, 4);
+      auto more_op = p.map(slow_square, more, asio::experimental::deferred);
+      std::move(more_op)(asio::bind_cancellation_slot(cancel_more.slot(), [](std::exception_ptr, std::vector<long>) {}));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      cancel_more.emit(asio::cancellation_type::terminal);
+    }
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(3));
+  }
 }
 
 }  // namespace pool_tests
