@@ -298,20 +298,28 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& fo
   } else if (!logs.redirects.empty() || !logs.tee.empty()) {
     std::error_code ec;
     logs.dir = fresh_temp_folder("cohort-run-", ec);
-    if (ec) throw std::system_error(ec, "cohort-run: making a log folder in $TMPDIR");
+    // A filesystem_error, as for --log-dir: exit 1, where a system_error
+    // naming ENOENT or EACCES would read as a program not found (127) or
+    // not runnable (126).
+    if (ec) throw fs::filesystem_error("making a log folder in $TMPDIR", ec);
     say("cohort-run: logs in {}\n", logs.dir.string());
   }
   return logs;
 }
 
 // The run's folder under the log dir: its id, or, when a run with that id
-// already logged there, the id with the first free ".<n>" after it.
+// already logged there, the id with the first free ".<n>" after it. The
+// folder is claimed by making it, so that runs started together with one
+// id (the nodes of a job, on a shared file system) never share one.
 std::string log_folder(const run_options& o, const std::string& run_id) {
   if (o.log_dir.empty()) return run_id;
   std::error_code ec;
+  fs::create_directories(o.log_dir, ec);
   std::string folder = run_id;
-  for (int n = 1; fs::exists(fs::path(o.log_dir) / folder, ec); ++n) folder = fmt::format("{}.{}", run_id, n);
-  return folder;
+  for (int n = 1;; ++n) {
+    if (fs::create_directory(fs::path(o.log_dir) / folder, ec) || ec) return folder;  // made; or the logs' set-up says why not
+    folder = fmt::format("{}.{}", run_id, n);
+  }
 }
 
 // What Slurm, c10d's endpoint and the defaults say of a static job.

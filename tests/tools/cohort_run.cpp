@@ -24,6 +24,7 @@
 #include <array>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -816,6 +817,39 @@ TEST_SUITE("cohort-run") {
     REQUIRE(run_launcher(same).status.code() == 0);
     CHECK(read_file(named.path / "job" / "attempt_0" / "0" / "stdout.log") == "job\n");
     CHECK(read_file(named.path / "job.1" / "attempt_0" / "0" / "stdout.log") == "job\n");
+  }
+
+  TEST_CASE("runs started together with one --run-id and --log-dir each get a folder of their own") {
+    for (int round = 0; round < 5; ++round) {
+      CAPTURE(round);
+      test::temp_dir logs;
+      asio::io_context io;
+      const auto codes = test::run(io, [&]() -> asio::awaitable<std::vector<int>> {
+        std::vector<child> runs;
+        for (int i = 0; i < 3; ++i) {
+          spawn_options options{.out = stdio::null(), .err = stdio::null()};
+          options.env.set("TMPDIR", launcher_tmpdir());
+          const command cmd(cohort_run, {"--run-id", "job", "--log-dir", logs.path.string(), "-r", "3", "-n", "1", "--",
+                                         "/bin/sh", "-c", "echo " + std::to_string(i)});
+          runs.push_back(co_await spawn(cmd, options));
+        }
+        std::vector<int> out;
+        for (auto& c : runs) out.push_back((co_await c.wait()).code());
+        co_return out;
+      }());
+      CHECK(codes == std::vector<int>{0, 0, 0});
+      std::set<std::string> lines;
+      for (const auto& folder : {"job", "job.1", "job.2"}) {
+        lines.insert(read_file(logs.path / folder / "attempt_0" / "0" / "stdout.log"));
+      }
+      CHECK(lines == std::set<std::string>{"0\n", "1\n", "2\n"});
+    }
+  }
+
+  TEST_CASE("a log folder that cannot be made in $TMPDIR is an error of cohort-run's, exit 1, not a missing program's 127") {
+    const auto r = run_launcher({"-t", "3", "-n", "1", "--", "/bin/true"}, {{"TMPDIR", "/nonexistent/cohort-test"}});
+    CHECK(r.status.code() == 1);
+    CHECK(r.err.find("making a log folder in $TMPDIR") != std::string::npos);
   }
 
   TEST_CASE("--result-json: the outcome, every attempt, each rank's status, usage and error file; failures in the summary") {
