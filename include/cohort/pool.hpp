@@ -92,8 +92,9 @@ class pool {
   /// the pool owns, never blocking the caller's io_context, and the handler
   /// runs on its associated executor (on that thread for a handler with
   /// none). Cancellation (the handler's cancellation slot, any type) ends
-  /// the wait with std::system_error(operation_aborted): items already
-  /// handed to workers still run, and their results are dropped. The pool
+  /// the wait with std::system_error(operation_aborted): items a worker
+  /// has taken still run, and their results are dropped; the rest do not
+  /// run. The pool
   /// must outlive the operation; destroying it waits for the map to end.
   template <class R, class A, class Token>
     requires completion_token_of<Token, std::conditional_t<std::is_void_v<R>, void, std::vector<std::decay_t<R>>>>
