@@ -906,11 +906,13 @@ TEST_SUITE("cohort-run") {
     test::temp_dir dir;
     const auto file = dir.path / "result.json";
     const auto marker = dir.path / "closed";
-    // The ranks write teed lines until the console is gone, then fail: the
+    // The ranks write teed lines until the console is gone; then rank 0
+    // writes one more and fails, and the other waits to be shut down: the
     // pump's writes and the summary's both meet a pipe nobody reads.
     const std::vector<std::string> args{"--result-json", file.string(), "--log-dir", (dir.path / "logs").string(), "-t", "3",
                                         "-n", "2", "--", "/bin/sh", "-c",
-                                        "while [ ! -e \"$0\" ]; do echo line; sleep 0.01; done; echo after; exit 3",
+                                        "while [ ! -e \"$0\" ]; do echo line; sleep 0.01; done; "
+                                        "if [ $RANK = 0 ]; then echo after; exit 3; fi; sleep 30",
                                         marker.string()};
     asio::io_context io;
     const auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
