@@ -317,7 +317,8 @@ std::string log_folder(const run_options& o, const std::string& run_id) {
   fs::create_directories(o.log_dir, ec);
   std::string folder = run_id;
   for (int n = 1;; ++n) {
-    if (fs::create_directory(fs::path(o.log_dir) / folder, ec) || ec) return folder;  // made; or the logs' set-up says why not
+    // Made here; or, where it cannot be, the logs' set-up says why.
+    if (fs::create_directory(fs::path(o.log_dir) / folder, ec) || ec) return folder;
     folder = fmt::format("{}.{}", run_id, n);
   }
 }
@@ -614,11 +615,11 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   if (!spec.logs.dir.empty()) record.log_dir = spec.logs.dir / spec.logs.run_id;
   if (o.logs_specs.size() > 0) {
     say("cohort-run: --logs-specs {}: torchrun's logs specs are Python plugins; the logs follow --log-dir\n",
-               o.logs_specs);
+        o.logs_specs);
   }
   if (!o.duplicate_stdout_filters.empty() || !o.duplicate_stderr_filters.empty()) {
     say("cohort-run: --duplicate-stdout/stderr-filters are not applied: every line is in the console "
-               "and the log files\n");
+        "and the log files\n");
   }
   spec.name = o.role;
   spec.entry = cohort::command(command.front(), std::vector<std::string>(command.begin() + 1, command.end()));
@@ -656,7 +657,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
         return finish("failed", 1, e.what());
       }
       say("cohort-run: node {} of {}: ranks {} to {} of {}, master {}:{}\n", p.node_rank, p.nnodes,
-                 p.first_rank, p.first_rank + nproc - 1, p.world_size, p.master_addr, p.master_port);
+          p.first_rank, p.first_rank + nproc - 1, p.world_size, p.master_addr, p.master_port);
     } else {
       p = *fixed;
     }
@@ -685,7 +686,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
       a.outcome = "interrupted";
       a.reason = fmt::format("{} received", cohort::signal_name(*r.signal));
       say("cohort-run: interrupted by {} (run {}, attempt {}): the ranks were shut down\n",
-                 cohort::signal_name(*r.signal), run_id, attempt);
+          cohort::signal_name(*r.signal), run_id, attempt);
       return finish("interrupted", 128 + *r.signal, a.reason);
     }
     if (r.failures.empty() && ended_by) {  // the rendezvous ended the round
@@ -698,7 +699,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
                         ended_by->what == cause::etcd_unreachable;
       if (lost && record.restarts >= o.max_restarts) {
         say("cohort-run: attempt {} ended: {}; no restarts left ({} of {} used)\n", attempt,
-                   a.reason, record.restarts, o.max_restarts);
+            a.reason, record.restarts, o.max_restarts);
         tell_rendezvous("close the job", [&] {
           rdzv->close(fmt::format("node {} ({}) has no restarts left after: {}", p.node_rank, record.host, a.reason));
         });
@@ -706,7 +707,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
       }
       if (lost) ++record.restarts;
       say("cohort-run: attempt {} ended: {}; joining the next round{}\n", attempt, a.reason,
-                 lost ? fmt::format(" ({} of {} restarts)", record.restarts, o.max_restarts) : "");
+          lost ? fmt::format(" ({} of {} restarts)", record.restarts, o.max_restarts) : "");
       continue;
     }
     const auto* root = r.first_failure();
@@ -715,7 +716,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     if (record.restarts < o.max_restarts) {
       ++record.restarts;
       say("cohort-run: attempt {} failed: {}; restarting the group ({} of {} restarts)\n", attempt,
-                 a.reason, record.restarts, o.max_restarts);
+          a.reason, record.restarts, o.max_restarts);
       // Unheard, the next round still forms: this node joins it anew.
       if (rdzv) {
         tell_rendezvous("ask for a new round", [&] {

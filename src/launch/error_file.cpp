@@ -34,7 +34,9 @@ bool record_error(const error_report& report) noexcept {
         {"message",
          {{"message", report.message},
           {"extraInfo",
-           {{"py_callstack", report.trace}, {"timestamp", std::to_string(seconds)}, {"timestamp_ns", std::to_string(ns)}}}}}};
+           {{"py_callstack", report.trace},
+            {"timestamp", std::to_string(seconds)},
+            {"timestamp_ns", std::to_string(ns)}}}}}};
     // Made before the file is opened, so that a report that cannot be put
     // into words leaves no empty file. Bytes that are not UTF-8 (a what()
     // naming a file in Latin-1) become U+FFFD rather than losing the report.
@@ -81,7 +83,8 @@ std::optional<std::chrono::system_clock::time_point> time_at(const nlohmann::jso
   }
   const auto most = std::chrono::duration_cast<Unit>(std::chrono::system_clock::duration::max()).count();
   if (count < 0 || count > most) return std::nullopt;
-  return std::chrono::system_clock::time_point(std::chrono::duration_cast<std::chrono::system_clock::duration>(Unit(count)));
+  using std::chrono::system_clock;
+  return system_clock::time_point(std::chrono::duration_cast<system_clock::duration>(Unit(count)));
 }
 
 }  // namespace

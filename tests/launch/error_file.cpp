@@ -76,15 +76,16 @@ TEST_SUITE("error_file") {
   TEST_CASE("a timestamp within a second reads back to the nanosecond; torch's whole seconds stay what they say") {
     test::temp_dir dir;
     error_file_env env(dir.path / "error.json");
-    const auto stamp = std::chrono::system_clock::time_point(std::chrono::seconds(1700000000) + std::chrono::nanoseconds(123456789));
+    using namespace std::chrono;
+    const auto stamp = system_clock::time_point(seconds(1700000000) + nanoseconds(123456789));
     REQUIRE(record_error(error_report{"ValueError: x", "", stamp}));
     const auto file = parse(dir.path / "error.json");
     CHECK(file["message"]["extraInfo"]["timestamp"] == "1700000000");  // what torch's int() reads
     CHECK(file["message"]["extraInfo"]["timestamp_ns"] == "1700000000123456789");
     CHECK(read_error_file(dir.path / "error.json")->timestamp == stamp);
-    std::ofstream(dir.path / "torch.json") << R"({"message": {"message": "E", "extraInfo": {"timestamp": "1700000001"}}})";
-    CHECK(read_error_file(dir.path / "torch.json")->timestamp ==
-          std::chrono::system_clock::time_point(std::chrono::seconds(1700000001)));
+    std::ofstream(dir.path / "torch.json")
+        << R"({"message": {"message": "E", "extraInfo": {"timestamp": "1700000001"}}})";
+    CHECK(read_error_file(dir.path / "torch.json")->timestamp == system_clock::time_point(seconds(1700000001)));
   }
 
   TEST_CASE("a message or trace that is not UTF-8 is written with U+FFFD rather than lost") {
@@ -113,7 +114,9 @@ TEST_SUITE("error_file") {
     CHECK(b->message.empty());
     CHECK(b->trace.empty());
     CHECK_FALSE(b->timestamp);
-    for (const char* stamp : {R"("-5")", R"("12x")", "-5", "99999999999999999", R"("99999999999999999999")", "true", "{}"}) {
+    const char* const stamps[] = {R"("-5")", R"("12x")", "-5", "99999999999999999", R"("99999999999999999999")", "true",
+                                  "{}"};
+    for (const char* stamp : stamps) {
       auto c = read(std::string(R"({"message": {"message": "m", "extraInfo": {"timestamp": )") + stamp + "}}}");
       REQUIRE(c);
       CHECK(c->message == "m");

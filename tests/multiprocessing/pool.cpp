@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstring>
 #include <future>
+#include <memory>
 #include <numeric>
 #include <stdexcept>
 #include <thread>
@@ -94,6 +95,23 @@ asio::awaitable<std::pair<std::vector<long>, int>> map_beside_a_timer(pool& p, s
 }
 
 const start_method methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
+
+// Maps slow_square over `items`, and cancels the map through `cancel`
+// (which must outlive the pool: a map clears its slot as it completes)
+// after `after`; what its handler gets.
+std::future<std::exception_ptr> map_cancelled_after(pool& p, const std::vector<long>& items,
+                                                    asio::cancellation_signal& cancel,
+                                                    std::chrono::milliseconds after) {
+  auto outcome = std::make_shared<std::promise<std::exception_ptr>>();
+  auto done = outcome->get_future();
+  auto op = p.map(slow_square, items, asio::experimental::deferred);
+  std::move(op)(asio::bind_cancellation_slot(cancel.slot(), [outcome](std::exception_ptr e, std::vector<long>) {
+    outcome->set_value(e);
+  }));
+  std::this_thread::sleep_for(after);
+  cancel.emit(asio::cancellation_type::terminal);
+  return done;
+}
 
 TEST_SUITE("pool") {
   TEST_CASE("a pool's workers fill shared buffers in place") {
@@ -208,17 +226,10 @@ TEST_SUITE("pool") {
   }
 
   TEST_CASE("a deferred map cancelled through its slot completes as aborted, and the next map gets only its own results") {
+    asio::cancellation_signal cancel;
     pool p(2);
     std::vector<long> items(40, 3);
-    auto op = p.map(slow_square, items, asio::experimental::deferred);
-    asio::cancellation_signal cancel;
-    std::promise<std::exception_ptr> outcome;
-    std::move(op)(asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, std::vector<long>) {
-      outcome.set_value(e);
-    }));
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
-    cancel.emit(asio::cancellation_type::terminal);
-    auto done = outcome.get_future();
+    auto done = map_cancelled_after(p, items, cancel, std::chrono::milliseconds(30));
     REQUIRE(done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
     CHECK(test::aborted(done.get()));
     // Results of the cancelled items still arrive; none is taken for this map's.
@@ -232,19 +243,11 @@ TEST_SUITE("pool") {
     // 20 ms items on 2 workers: the 400 queued would take 4 s to work through.
     std::vector<long> items(400, 3);
     std::vector<long> next(2, 5);
-    std::promise<std::exception_ptr> outcome;
-    // Outlive the pool: a map clears its slot as it completes.
     asio::cancellation_signal cancel, cancel_more;
     const auto started = std::chrono::steady_clock::now();
     {
       pool p(2);
-      auto op = p.map(slow_square, items, asio::experimental::deferred);
-      std::move(op)(asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e, std::vector<long>) {
-        outcome.set_value(e);
-      }));
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      cancel.emit(asio::cancellation_type::terminal);
-      auto done = outcome.get_future();
+      auto done = map_cancelled_after(p, items, cancel, std::chrono::milliseconds(50));
       REQUIRE(done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
       CHECK(test::aborted(done.get()));
       const auto squares = p.map(slow_square, next);
@@ -252,10 +255,7 @@ TEST_SUITE("pool") {
       CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(2));
       // A second cancelled map, left queued as the pool goes away.
       std::vector<long> more(400, 4);
-      auto more_op = p.map(slow_square, more, asio::experimental::deferred);
-      std::move(more_op)(asio::bind_cancellation_slot(cancel_more.slot(), [](std::exception_ptr, std::vector<long>) {}));
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      cancel_more.emit(asio::cancellation_type::terminal);
+      (void)map_cancelled_after(p, more, cancel_more, std::chrono::milliseconds(50));
     }
     CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(3));
   }

@@ -846,7 +846,7 @@ TEST_SUITE("cohort-run") {
     }
   }
 
-  TEST_CASE("a log folder that cannot be made in $TMPDIR is an error of cohort-run's, exit 1, not a missing program's 127") {
+  TEST_CASE("a log folder that cannot be made in $TMPDIR is cohort-run's error, exit 1, not a missing program's 127") {
     const auto r = run_launcher({"-t", "3", "-n", "1", "--", "/bin/true"}, {{"TMPDIR", "/nonexistent/cohort-test"}});
     CHECK(r.status.code() == 1);
     CHECK(r.err.find("making a log folder in $TMPDIR") != std::string::npos);
@@ -909,8 +909,8 @@ TEST_SUITE("cohort-run") {
     // The ranks write teed lines until the console is gone; then rank 0
     // writes one more and fails, and the other waits to be shut down: the
     // pump's writes and the summary's both meet a pipe nobody reads.
-    const std::vector<std::string> args{"--result-json", file.string(), "--log-dir", (dir.path / "logs").string(), "-t", "3",
-                                        "-n", "2", "--", "/bin/sh", "-c",
+    const std::vector<std::string> args{"--result-json", file.string(), "--log-dir", (dir.path / "logs").string(),
+                                        "-t", "3", "-n", "2", "--", "/bin/sh", "-c",
                                         "while [ ! -e \"$0\" ]; do echo line; sleep 0.01; done; "
                                         "if [ $RANK = 0 ]; then echo after; exit 3; fi; sleep 30",
                                         marker.string()};

@@ -16,7 +16,8 @@
 namespace cohort_run {
 
 void write_out(std::FILE* stream, std::string_view text) noexcept {
-  if (std::fwrite(text.data(), 1, text.size(), stream) != text.size() || std::fflush(stream) != 0) std::clearerr(stream);
+  const bool written = std::fwrite(text.data(), 1, text.size(), stream) == text.size();
+  if (!written || std::fflush(stream) != 0) std::clearerr(stream);
 }
 
 namespace {
@@ -43,7 +44,7 @@ void print_failure(const cohort::rank_failure& f, const run_record& run, const a
   say("  pid        : {}\n", f.pid);
   say("  exitcode   : {}\n", describe_status(f.status));
   say("  cpu time   : {:.3f} s user, {:.3f} s system\n", in_seconds(usage.user_time),
-             in_seconds(usage.system_time));
+      in_seconds(usage.system_time));
   say("  peak rss   : {:.1f} MiB\n", static_cast<double>(usage.max_rss_kib) / 1024);
   say("  error_file : {}\n", f.message.empty() ? "<N/A>" : f.error_file.string());
   if (!f.message.empty()) say("  message    : {}\n", f.message);
@@ -124,7 +125,7 @@ void print_summary(const run_record& run) {
   for (const auto& error : r.log_errors) say("cohort-run: the logs are incomplete: {}\n", error);
   if (run.outcome != "failed") return;
   say("cohort-run: the run failed (role {}, run {}, attempt {}, {} of {} restarts used)\n", run.role,
-             run.run_id, a.attempt, run.restarts, run.max_restarts);
+      run.run_id, a.attempt, run.restarts, run.max_restarts);
   if (!run.message.empty()) say("  {}\n", run.message);
   const auto* root = r.first_failure();
   if (root != nullptr) {
@@ -148,7 +149,7 @@ void print_summary(const run_record& run) {
   if (!run.log_dir.empty() && ::statvfs(run.log_dir.c_str(), &fs) == 0 &&
       static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize < 64 * 1024) {
     say("The log folder {} is on a full file system (No space left on device): ranks writing their "
-               "logs there fail\n", run.log_dir.string());
+        "logs there fail\n", run.log_dir.string());
   }
 }
 
