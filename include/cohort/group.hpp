@@ -38,7 +38,7 @@ namespace cohort {
 /// rank's process group, `term_grace` for them to exit, SIGKILL to them and
 /// to every process started under the group, then at most `kill_wait` more.
 /// A shutdown started by a signal X that group::forward_signals() caught
-/// has no `grace`: X itself goes to every live rank's process group at once,
+/// (or group::interrupt(X)) has no `grace`: X itself goes to every live rank's process group at once,
 /// then `term_grace`; SIGTERM to the ranks still running and another
 /// `term_grace` (both skipped when X is SIGTERM); then SIGKILL and
 /// `kill_wait` as above. What survives even that (a process stuck in the
@@ -123,10 +123,10 @@ struct run_result {
   /// Ranks still alive after SIGKILL and kill_wait: reported, not waited for.
   std::vector<int> unreaped;
   /// The run was shut down by stop(), by cancelling wait() or by a
-  /// forwarded signal, not by a failure.
+  /// forwarded signal (or interrupt()), not by a failure.
   bool stopped = false;
-  /// The signal that ended the run, when forward_signals() turned one into
-  /// the shutdown.
+  /// The signal that ended the run, when forward_signals() or interrupt()
+  /// turned one into the shutdown.
   std::optional<int> signal;
   /// Log files that could not be written to the end (a full disk), and a
   /// console that refused its lines (a pipe whose reader has gone).
@@ -185,6 +185,16 @@ class group {
   std::vector<pid_t> pids() const;
   /// Starts the shutdown now. Thread-safe.
   void stop();
+  /// Sends `sig` to every live rank's process group (to the rank alone when
+  /// it leads none), the run going on, as forward_signals() does with the
+  /// signals it passes on. Thread-safe; nothing once every rank has ended.
+  void send_signal(int sig);
+  /// Starts the shutdown as a shutdown signal `sig` caught by
+  /// forward_signals() does (see there): for a program that takes its
+  /// signals itself (sigwaitinfo, signalfd, its own asio::signal_set) and
+  /// hands them on. A later call, or one after stop(), hurries the shutdown
+  /// to SIGKILL. Thread-safe; std::invalid_argument for SIGKILL and SIGSTOP.
+  void interrupt(int sig);
   /// Until the run ends, signals in `passed_on` that reach this process are
   /// sent on to every live rank's process group, and a signal X in
   /// `shutdown_signals` starts the shutdown (the result's `signal` records

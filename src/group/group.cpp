@@ -342,17 +342,27 @@ void begin_stop(group_state& state) {
   state.wake.cancel();
 }
 
-// Handles one signal that reached this process, then waits for the next.
-void on_signal(const std::shared_ptr<group_state>& state, const std::vector<int>& passed_on, int sig) {
-  auto& s = *state;
-  if (std::find(passed_on.begin(), passed_on.end(), sig) != passed_on.end()) {
-    signal_running(s, sig);
-  } else if (!s.stopping) {
+// A shutdown signal: the first starts the shutdown, a later one (or one
+// after stop()) hurries it.
+void interrupt(group_state& s, int sig) {
+  if (!s.stopping) {
     s.partial.signal = sig;
     begin_stop(s);
   } else {
     s.hurry = true;
     s.wake.cancel();
+  }
+}
+
+// Handles one signal that reached this process, then waits for the next.
+// The run may have ended since asio queued this call, taking the set.
+void on_signal(const std::shared_ptr<group_state>& state, const std::vector<int>& passed_on, int sig) {
+  auto& s = *state;
+  if (!s.signals) return;
+  if (std::find(passed_on.begin(), passed_on.end(), sig) != passed_on.end()) {
+    signal_running(s, sig);
+  } else {
+    interrupt(s, sig);
   }
   s.signals->async_wait([state, passed_on](std::error_code ec, int next) {
     if (!ec) on_signal(state, passed_on, next);
@@ -547,6 +557,20 @@ group::~group() { stop(); }
 void group::stop() {
   if (!state_) return;
   asio::dispatch(state_->strand, [state = state_] { detail::begin_stop(*state); });
+}
+
+void group::send_signal(int sig) {
+  if (!state_) throw std::logic_error("cohort::group::send_signal: no group");
+  if (sig <= 0 || sig >= NSIG) throw std::invalid_argument(fmt::format("cohort::group::send_signal: no signal {}", sig));
+  asio::dispatch(state_->strand, [state = state_, sig] { detail::signal_running(*state, sig); });
+}
+
+void group::interrupt(int sig) {
+  if (!state_) throw std::logic_error("cohort::group::interrupt: no group");
+  if (sig <= 0 || sig >= NSIG || sig == SIGKILL || sig == SIGSTOP) {
+    throw std::invalid_argument(fmt::format("cohort::group::interrupt: cannot start a shutdown with {}", signal_name(sig)));
+  }
+  asio::dispatch(state_->strand, [state = state_, sig] { detail::interrupt(*state, sig); });
 }
 
 void group::forward_signals(std::vector<int> shutdown_signals, std::vector<int> passed_on) {

@@ -854,7 +854,72 @@ TEST_SUITE("group") {
     group g = start_processes(io.get_executor(), spec);
     CHECK_THROWS_AS(g.forward_signals({SIGKILL}), std::invalid_argument);
     CHECK_THROWS_AS(g.forward_signals({}, {0}), std::invalid_argument);
+    CHECK_THROWS_AS(g.interrupt(SIGKILL), std::invalid_argument);
+    CHECK_THROWS_AS(g.interrupt(SIGSTOP), std::invalid_argument);
+    CHECK_THROWS_AS(g.send_signal(0), std::invalid_argument);
+    CHECK_THROWS_AS(g.send_signal(NSIG), std::invalid_argument);
     io.run();
+    group none;
+    CHECK_THROWS_AS(none.interrupt(SIGTERM), std::logic_error);
+    CHECK_THROWS_AS(none.send_signal(SIGTERM), std::logic_error);
+  }
+
+  TEST_CASE("interrupt(X) from another thread shuts the run down as a caught X would; a second one hurries it") {
+    test::temp_dir dir;
+    asio::io_context io;
+    group_spec spec = ranks_of(2, {});
+    spec.options.out = stdio::null();
+    spec.shutdown.term_grace = 60s;
+    // Rank 0 ends at SIGINT, rank 1 ignores SIGINT and SIGTERM: only the
+    // second interrupt ends it before the 60 s grace.
+    spec.entry = command("/bin/sh", {"-c",
+                                     "if [ $1 = 0 ]; then trap 'exit 0' INT; else trap '' INT TERM; fi; "
+                                     ": > \"$0/up-$1\"; while true; do sleep 0.05; done",
+                                     dir.path.string()});
+    spec.args = {{0, {"0"}}, {1, {"1"}}};
+    group g = start_processes(io.get_executor(), spec);
+    std::thread runner([&io] { io.run(); });
+    const auto up = [&] { return fs::exists(dir.path / "up-0") && fs::exists(dir.path / "up-1"); };
+    REQUIRE(test::within(10s, up, 5ms));
+    g.interrupt(SIGINT);
+    const auto rank0_gone = [&] { return !test::alive(g.pids()[0]); };
+    CHECK(test::within(10s, rank0_gone, 5ms));
+    CHECK_FALSE(g.join(300ms));  // rank 1 waits out the grace
+    g.interrupt(SIGINT);
+    CHECK(g.join(30s));
+    runner.join();
+    const auto result = g.result();
+    REQUIRE(result);
+    REQUIRE(result->signal);
+    CHECK(*result->signal == SIGINT);
+    CHECK(result->stopped);
+    CHECK(result->failures.empty());
+    CHECK(result->statuses[0]->code() == 0);
+    CHECK(result->statuses[1]->signal() == SIGKILL);
+  }
+
+  TEST_CASE("send_signal reaches every live rank, the run going on") {
+    test::temp_dir dir;
+    asio::io_context io;
+    group_spec spec = ranks_of(2, {});
+    spec.entry = command("/bin/sh", {"-c",
+                                     "trap 'echo got > \"$0/got-$1\"; exit 0' USR1; : > \"$0/up-$1\"; "
+                                     "while true; do sleep 0.05; done",
+                                     dir.path.string()});
+    spec.args = {{0, {"0"}}, {1, {"1"}}};
+    group g = start_processes(io.get_executor(), spec);
+    std::thread runner([&io] { io.run(); });
+    const auto up = [&] { return fs::exists(dir.path / "up-0") && fs::exists(dir.path / "up-1"); };
+    REQUIRE(test::within(10s, up, 5ms));
+    g.send_signal(SIGUSR1);
+    CHECK(g.join(30s));
+    runner.join();
+    const auto result = g.result();
+    REQUIRE(result);
+    CHECK(result->ok());
+    CHECK_FALSE(result->signal);
+    CHECK(test::read_file(dir.path / "got-0") == "got\n");
+    CHECK(test::read_file(dir.path / "got-1") == "got\n");
   }
 
   TEST_CASE("a rank's error file reaches the failure: message, trace and time") {
