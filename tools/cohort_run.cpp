@@ -10,6 +10,7 @@
 #include "run/rendezvous.hpp"
 #include "run/report.hpp"
 #include "run/say.hpp"
+#include "run/signal_owner.hpp"
 #include "run/slurm.hpp"
 
 #include <cohort/group.hpp>
@@ -491,7 +492,7 @@ void write_results(const run_options& o, const run_record& record) {
 
 // One attempt of this node's ranks, until they end or `rdzv` ends the round
 // (then `ended_by` says why).
-attempt_record run_attempt(cohort::group_spec& spec, const run_options& o, etcd_rendezvous* rdzv,
+attempt_record run_attempt(cohort::group_spec& spec, signal_owner& signals, etcd_rendezvous* rdzv,
                            std::optional<round_change>& ended_by, error_folder& errors) {
   attempt_record a;
   a.started = std::chrono::system_clock::now();
@@ -510,50 +511,28 @@ attempt_record run_attempt(cohort::group_spec& spec, const run_options& o, etcd_
   // The io_context runs on this thread alone, which gives teed lines the
   // lowest latency, until the ranks write faster than one thread turns
   // their output into lines: the pumps then copy on a second thread too.
-  // That thread is made only once the coroutine below has put back this
-  // thread's signal mask (a busy pump before then leaves it to the
-  // coroutine): until then the coroutine must go on on this thread, and
-  // the new thread inherits a mask with no handled signal blocked, whose
-  // handlers are in place by then. on_busy and the coroutine's first
-  // steps both run on this thread, the only one until then.
-  bool signals_handled = false, busy_early = false;
-  const auto add_helper = [&io, &helpers]() noexcept {
+  spec.logs.on_busy = [&io, &helpers]() noexcept {
     try {
       for (unsigned i = 1; i < std::min(2u, std::thread::hardware_concurrency()); ++i) helpers.emplace_back([&io] { io.run(); });
     } catch (const std::system_error&) {  // no thread: the pumps copy on this one alone
     }
-  };
-  spec.logs.on_busy = [&] {
-    if (signals_handled) add_helper();
-    else busy_early = true;
   };
   struct forget_on_busy {  // it names this attempt's io_context
     cohort::group_spec& spec;
     ~forget_on_busy() { spec.logs.on_busy = nullptr; }
   } forget{spec};
   asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    // Held until they are handled, so that none lands between the start of
-    // the ranks and forward_signals (the default action would end
-    // cohort-run, and the ranks with it, without a shutdown).
-    sigset_t handled, old;
-    sigemptyset(&handled);
-    for (int sig : o.signals_to_handle) sigaddset(&handled, sig);
-    for (int sig : o.signals_to_forward) sigaddset(&handled, sig);
-    ::pthread_sigmask(SIG_BLOCK, &handled, &old);
-    std::optional<cohort::group> g;
-    try {
-      g = co_await cohort::start_processes(spec);
-      g->forward_signals(o.signals_to_handle, o.signals_to_forward);
-    } catch (...) {
-      ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-      throw;
-    }
-    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-    signals_handled = true;
-    if (busy_early) add_helper();
-    a.pids = g->pids();
+    auto g = co_await cohort::start_processes(spec);
+    // Signals reach the group until it has ended; one that came during the
+    // start reaches it now.
+    struct attached {
+      signal_owner& signals;
+      attached(signal_owner& s, cohort::group& g, const asio::any_io_executor& ex) : signals(s) { signals.attach(g, ex); }
+      ~attached() { signals.detach(); }
+    } attach{signals, g, co_await asio::this_coro::executor};
+    a.pids = g.pids();
     if (rdzv != nullptr) {
-      rdzv->watch([&, group = &*g](const round_change& change) {
+      rdzv->watch([&, group = &g](const round_change& change) {
         {
           std::lock_guard lock(ended_mutex);
           ended_by = change;
@@ -562,7 +541,7 @@ attempt_record run_attempt(cohort::group_spec& spec, const run_options& o, etcd_
       });
     }
     try {
-      result = co_await g->wait();
+      result = co_await g.wait();
     } catch (...) {
       if (rdzv != nullptr) rdzv->unwatch();
       throw;
@@ -591,7 +570,7 @@ void tell_rendezvous(const char* what, F&& tell) {
 }
 
 // The attempts of a run, under a guardian.
-int run_attempts(run_options& o, run_record& record, const std::vector<std::string>& command) {
+int run_attempts(run_options& o, run_record& record, const std::vector<std::string>& command, signal_owner& signals) {
   const int nproc = ranks_per_node(o.nproc_per_node);
   check_virtual_local_ranks(o, nproc);
   const bool elastic = o.rdzv_backend.rfind("etcd", 0) == 0;
@@ -646,13 +625,22 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     }
     return code;
   };
+  // A shutdown signal that came while no group ran: the run ends before
+  // another attempt.
+  const auto interrupted_between = [&](int sig, int attempt) {
+    say("cohort-run: interrupted by {} (run {}) before attempt {}: no rank was running\n", cohort::signal_name(sig),
+        run_id, attempt);
+    return finish("interrupted", 128 + sig, fmt::format("{} received", cohort::signal_name(sig)));
+  };
   for (int attempt = 0;; ++attempt) {
+    if (const auto sig = signals.interrupted()) return interrupted_between(*sig, attempt);
     placement p;
     if (rdzv) {
       try {
-        const auto a = rdzv->next_round();
+        const auto a = rdzv->next_round([&signals](std::chrono::milliseconds d) { return signals.pause(d); });
         p = {a.node_rank, a.nnodes, a.world_size, a.first_rank, a.master_addr, a.master_port};
       } catch (const std::exception& e) {
+        if (const auto sig = signals.interrupted()) return interrupted_between(*sig, attempt);
         say("cohort-run: {}\n", e.what());
         return finish("failed", 1, e.what());
       }
@@ -669,7 +657,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     spec.envs.clear();
     for (int local = 0; local < nproc; ++local) spec.envs[local] = rank_contract(o, p, local);
     std::optional<round_change> ended_by;
-    record.attempts.push_back(run_attempt(spec, o, rdzv ? &*rdzv : nullptr, ended_by, errors));
+    record.attempts.push_back(run_attempt(spec, signals, rdzv ? &*rdzv : nullptr, ended_by, errors));
     auto& a = record.attempts.back();
     a.attempt = attempt;
     a.node_rank = p.node_rank;
@@ -682,12 +670,14 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
       if (rdzv) tell_rendezvous("record this node's success", [&] { rdzv->finished(); });
       return finish("succeeded", 0);
     }
-    if (r.signal) {
+    // A shutdown signal that came as the group was ending (after its last
+    // rank) ends the run as well, instead of a restart.
+    if (const auto sig = r.signal ? r.signal : signals.interrupted()) {
       a.outcome = "interrupted";
-      a.reason = fmt::format("{} received", cohort::signal_name(*r.signal));
-      say("cohort-run: interrupted by {} (run {}, attempt {}): the ranks were shut down\n",
-          cohort::signal_name(*r.signal), run_id, attempt);
-      return finish("interrupted", 128 + *r.signal, a.reason);
+      a.reason = fmt::format("{} received", cohort::signal_name(*sig));
+      say("cohort-run: interrupted by {} (run {}, attempt {}): {}\n", cohort::signal_name(*sig), run_id, attempt,
+          r.signal ? "the ranks were shut down" : "its ranks had ended");
+      return finish("interrupted", 128 + *sig, a.reason);
     }
     if (r.failures.empty() && ended_by) {  // the rendezvous ended the round
       a.outcome = "re-formed";
@@ -744,7 +734,9 @@ int run(run_options o, run_record& record) {
   // First: what the workers start dies with cohort-run, also when it is
   // killed with SIGKILL.
   cohort::guardian guard;
-  const int code = run_attempts(o, record, command);
+  // Before any thread is made: every thread of cohort-run blocks them.
+  signal_owner signals(o.signals_to_handle, o.signals_to_forward);
+  const int code = run_attempts(o, record, command, signals);
   // Every attempt's group has ended and swept what it started: nothing is
   // left for the guardian to look for. (An exception leaves it its look.)
   guard.release();

@@ -450,13 +450,44 @@ TEST_SUITE("cohort-run") {
 
   TEST_CASE("SIGTERM to cohort-run shuts the workers down and exits 128 + 15") {
     test::temp_dir dir;
-    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", "echo $$ > \"$0/$RANK\"; : > \"$0/up-$RANK\"; sleep 30",
+    // Each rank also notes its blocked signals: cohort-run blocks those it
+    // handles, its ranks must start with none.
+    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c",
+                           "echo $$ > \"$0/$RANK\"; grep SigBlk /proc/self/status > \"$0/blocked-$RANK\"; "
+                           ": > \"$0/up-$RANK\"; sleep 30",
                            dir.path.string()},
                           signal_when_up(dir.path, 2, SIGTERM, "up-"));
     CHECK(r.status.code() == 128 + SIGTERM);
     for (int rank = 0; rank < 2; ++rank) {
       const pid_t pid = std::stoi(read_file(dir.path / std::to_string(rank)));
       CHECK_FALSE(test::alive(pid));
+      CHECK(read_file(dir.path / ("blocked-" + std::to_string(rank))) == "SigBlk:\t0000000000000000\n");
+    }
+  }
+
+  TEST_CASE("a shutdown signal at any moment of a restarting run ends it, interrupted and recorded, before the next attempt") {
+    // The ranks fail at once and the group restarts over and over: the
+    // signals land in starts, shutdowns and the moments between attempts.
+    for (int i = 0; i < 10; ++i) {
+      CAPTURE(i);
+      test::temp_dir dir;
+      const auto json = dir.path / "result.json";
+      const auto after = std::chrono::milliseconds(20 + 17 * i);
+      auto r = run_launcher({"-n", "2", "--max-restarts", "400", "--result-json", json.string(), "--", "/bin/sh", "-c",
+                             "exit 1"},
+                            [after](child& c) -> asio::awaitable<void> {
+                              asio::steady_timer timer(co_await asio::this_coro::executor, after);
+                              co_await timer.async_wait(asio::use_awaitable);
+                              c.signal(SIGTERM);
+                            });
+      INFO(r.err);
+      CHECK_FALSE(r.status.signaled());
+      CHECK(r.status.code() == 128 + SIGTERM);
+      REQUIRE(fs::exists(json));
+      const auto result = nlohmann::json::parse(read_file(json));
+      CHECK(result["outcome"] == "interrupted");
+      CHECK(result["attempts"].size() < 400);  // not a lost signal, the run going on to its last restart
+      CHECK(r.err.find("interrupted by SIGTERM") != std::string::npos);
     }
   }
 

@@ -9,6 +9,7 @@
 #include "support/process_probe.hpp"
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <asio/co_spawn.hpp>
 #include <asio/detached.hpp>
@@ -211,6 +212,32 @@ TEST_SUITE("cohort-run over etcd") {
     CHECK(results[0].err.find("etcd unreachable") != std::string::npos);
     CHECK(results[0].err.find(args[3]) != std::string::npos);
     CHECK(std::chrono::steady_clock::now() - start < 10s);
+  }
+
+  TEST_CASE("SIGTERM to a node waiting for a round ends it before join_timeout, interrupted and recorded, its lease revoked") {
+    test::temp_dir dir;
+    const auto json = dir.path / "result.json";
+    const auto id = fresh_id();
+    // Two nodes needed, one comes: it waits for the other until join_timeout (30 s).
+    auto args = joined(rendezvous(id, "2:2"), {"--result-json", json.string(), "--", "/bin/true"});
+    std::chrono::steady_clock::time_point signalled;
+    auto results = run_nodes({{args}}, [&](std::vector<std::optional<child>>& nodes) -> asio::awaitable<void> {
+      asio::steady_timer timer(co_await asio::this_coro::executor, 1500ms);  // in the wait by then
+      co_await timer.async_wait(asio::use_awaitable);
+      nodes[0]->signal(SIGTERM);
+      signalled = std::chrono::steady_clock::now();
+    });
+    CHECK(std::chrono::steady_clock::now() - signalled < 15s);  // not at join_timeout
+    CAPTURE(results[0].err);
+    CHECK_FALSE(results[0].status.signaled());
+    CHECK(results[0].status.code() == 128 + SIGTERM);
+    CHECK(results[0].err.find("interrupted by SIGTERM") != std::string::npos);
+    REQUIRE(std::filesystem::exists(json));
+    CHECK(nlohmann::json::parse(read_file(json))["outcome"] == "interrupted");
+    // Its lease went with it: a node that comes now is the round's only one.
+    auto lone = run_nodes({{joined(rendezvous(id, "1:2"), {"--", "/bin/true"})}});
+    CHECK(lone[0].status.code() == 0);
+    CHECK(lone[0].err.find("node 0 of 1") != std::string::npos);
   }
 
   TEST_CASE("etcd gone once the ranks have succeeded: the node still succeeds, and says what it could not record") {

@@ -227,7 +227,7 @@ bool etcd_rendezvous::open_round(std::int64_t after, std::int64_t seen_revision,
       .succeeded;
 }
 
-assignment etcd_rendezvous::next_round() {
+assignment etcd_rendezvous::next_round(const std::function<bool(milliseconds)>& pause) {
   unwatch();
   const auto deadline = clock_type::now() + config_.join_timeout;
   std::optional<etcd_error> unreachable;  // etcd's last transient failure, while it lasts
@@ -269,7 +269,10 @@ assignment etcd_rendezvous::next_round() {
           throw rendezvous_error(where() + ": " + e.what());
         }
       }
-      if (!p.wrote) std::this_thread::sleep_for(std::min(config_.poll_interval, until(deadline)));
+      const auto wait = p.wrote ? milliseconds(0) : std::min(config_.poll_interval, until(deadline));
+      if (pause ? !pause(wait) : (std::this_thread::sleep_for(wait), false)) {
+        throw rendezvous_error(where() + ": interrupted while waiting for a round");
+      }
     }
   } catch (const rendezvous_error&) {
     // Out of the rendezvous: this node's keys go with its lease, so that no

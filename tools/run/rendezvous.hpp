@@ -110,9 +110,10 @@ class etcd_rendezvous {
   /// Blocks until this node is placed in a formed round, and returns its
   /// place. Stops a watch still running. Retries while etcd is unreachable.
   /// Throws rendezvous_error once join_timeout has passed (saying how many
-  /// nodes had joined, or what etcd last answered), or when a node closed
-  /// the job.
-  assignment next_round();
+  /// nodes had joined, or what etcd last answered), when a node closed
+  /// the job, or when `pause` returns false. `pause(d)` waits between polls
+  /// (d, possibly 0); by default a plain sleep.
+  assignment next_round(const std::function<bool(std::chrono::milliseconds)>& pause = {});
 
   /// Starts watching the round next_round last returned (std::logic_error
   /// before any), with one etcd request per poll_interval: `on_change` is

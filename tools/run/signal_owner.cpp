@@ -1,0 +1,106 @@
+#include "run/signal_owner.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <system_error>
+
+namespace cohort_run {
+
+signal_owner::signal_owner(std::vector<int> shutdown, std::vector<int> passed_on)
+    : shutdown_(std::move(shutdown)), passed_on_(std::move(passed_on)) {
+  sigset_t taken;
+  sigemptyset(&taken);
+  for (const auto* list : {&shutdown_, &passed_on_}) {
+    for (int sig : *list) sigaddset(&taken, sig);
+  }
+  // Blocked before the signalfd exists: one that comes meanwhile waits,
+  // pending, for it.
+  if (const int e = ::pthread_sigmask(SIG_BLOCK, &taken, nullptr); e != 0) {
+    throw std::system_error(e, std::system_category(), "cohort-run: blocking the signals it handles");
+  }
+  signals_fd_ = ::signalfd(-1, &taken, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (signals_fd_ < 0) throw std::system_error(errno, std::system_category(), "cohort-run: signalfd");
+}
+
+signal_owner::~signal_owner() { ::close(signals_fd_); }
+
+void signal_owner::take_waiting() {
+  signalfd_siginfo info[8];
+  for (;;) {
+    const ssize_t got = ::read(signals_fd_, info, sizeof info);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return;  // EAGAIN: none left
+    for (std::size_t i = 0; i < static_cast<std::size_t>(got) / sizeof info[0]; ++i) {
+      take(static_cast<int>(info[i].ssi_signo));
+    }
+  }
+}
+
+void signal_owner::take(int sig) {
+  const bool ends_run = std::find(shutdown_.begin(), shutdown_.end(), sig) != shutdown_.end();
+  if (ends_run && !first_) first_ = sig;
+  if (group_ == nullptr) return;  // a passed-on signal with no rank to reach: nothing to do
+  if (ends_run) {
+    group_->interrupt(sig);
+  } else {
+    group_->send_signal(sig);
+  }
+}
+
+void signal_owner::wait_next() {
+  readable_->async_wait(asio::posix::descriptor_base::wait_read, [this](std::error_code ec) {
+    if (ec) return;  // detached
+    std::lock_guard lock(mutex_);
+    if (!readable_) return;  // detached since the signal came: the next attempt reads it
+    take_waiting();
+    wait_next();
+  });
+}
+
+void signal_owner::attach(cohort::group& g, const asio::any_io_executor& ex) {
+  std::lock_guard lock(mutex_);
+  const int copy = ::fcntl(signals_fd_, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) throw std::system_error(errno, std::system_category(), "cohort-run: dup of its signalfd");
+  try {
+    readable_ = std::make_unique<asio::posix::stream_descriptor>(ex, copy);
+  } catch (...) {
+    ::close(copy);
+    throw;
+  }
+  group_ = &g;
+  if (first_) g.interrupt(*first_);  // came while no group ran
+  take_waiting();
+  wait_next();
+}
+
+void signal_owner::detach() {
+  std::lock_guard lock(mutex_);
+  group_ = nullptr;
+  readable_.reset();  // its wait ends, operation_aborted
+}
+
+std::optional<int> signal_owner::interrupted() {
+  std::lock_guard lock(mutex_);
+  take_waiting();
+  return first_;
+}
+
+bool signal_owner::pause(std::chrono::milliseconds limit) {
+  pollfd readable{signals_fd_, POLLIN, 0};
+  const auto end = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    if (interrupted()) return false;
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    if (left <= std::chrono::milliseconds(0)) return true;
+    ::poll(&readable, 1, static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+  }
+}
+
+}  // namespace cohort_run
