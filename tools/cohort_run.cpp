@@ -601,8 +601,16 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
         "and the log files\n");
   }
   spec.name = o.role;
-  spec.entry = cohort::command(command.front(), std::vector<std::string>(command.begin() + 1, command.end()));
   spec.nprocs = nproc;
+  if (names_local_rank(command)) {  // torchrun's ${local_rank}: each rank's own arguments
+    spec.entry = cohort::command(command.front(), {});
+    for (int local = 0; local < nproc; ++local) {
+      auto own = with_local_rank(command, local);
+      spec.args[local] = std::vector<std::string>(own.begin() + 1, own.end());
+    }
+  } else {
+    spec.entry = cohort::command(command.front(), std::vector<std::string>(command.begin() + 1, command.end()));
+  }
   if (raise_fd_limit(nproc)) {
     spec.options.before_exec = &restore_fd_limit;
     spec.options.before_exec_context = &given_fd_limit;

@@ -216,6 +216,19 @@ TEST_SUITE("cohort-run") {
     CHECK(r.err.find("OMP_NUM_THREADS") != std::string::npos);  // said once
   }
 
+  TEST_CASE("${local_rank} and $local_rank in the arguments become each rank's local rank, as torchrun substitutes them") {
+    test::temp_dir dir;
+    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", "printf '%s|%s|%s' \"$1\" \"$2\" \"$3\" > \"$0/$LOCAL_RANK\"",
+                           dir.path.string(), "--local_rank=${local_rank}", "$local_rank.x",
+                           "$local_rankx $$ ${LOCAL_RANK}"});
+    REQUIRE(r.status.code() == 0);
+    for (int local = 0; local < 2; ++local) {
+      const auto n = std::to_string(local);
+      // Other names, `$$` (a shell's pid) and the rank's environment stay as written.
+      CHECK(read_file(dir.path / n) == "--local_rank=" + n + "|" + n + ".x|$local_rankx $$ ${LOCAL_RANK}");
+    }
+  }
+
   TEST_CASE("--nproc-per-node cpu runs a rank per CPU; --standalone gives a run id of its own") {
     test::temp_dir dir;
     auto r = run_launcher({"--nproc-per-node", "cpu", "--standalone", "/bin/sh", "-c", dump_contract, dir.path.string()});

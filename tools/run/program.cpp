@@ -8,11 +8,13 @@
 #include <spawn.h>
 #include <sys/wait.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <set>
+#include <string_view>
 
 extern char** environ;
 
@@ -123,6 +125,58 @@ std::vector<std::string> rank_command(const run_options& o) {
       break;
   }
   command.insert(command.end(), args.begin(), args.end());
+  return command;
+}
+
+namespace {
+
+// The length of torchrun's local-rank macro at `at` in `arg` (`$` there),
+// or 0 when there is none. `$$` is never one: the caller steps over it.
+std::size_t local_rank_macro_at(std::string_view arg, std::size_t at) {
+  const auto rest = arg.substr(at);
+  if (rest.starts_with("${local_rank}")) return 13;
+  if (!rest.starts_with("$local_rank")) return 0;
+  if (rest.size() == 11) return 11;
+  const unsigned char next = static_cast<unsigned char>(rest[11]);
+  return std::isalnum(next) || next == '_' ? 0 : 11;
+}
+
+// Calls `found(position, length)` for each macro in `arg`, in order.
+template <class F>
+void each_local_rank_macro(std::string_view arg, F&& found) {
+  for (std::size_t at = arg.find('$'); at != std::string_view::npos; at = arg.find('$', at)) {
+    if (at + 1 < arg.size() && arg[at + 1] == '$') {
+      at += 2;
+    } else if (const auto length = local_rank_macro_at(arg, at)) {
+      found(at, length);
+      at += length;
+    } else {
+      ++at;
+    }
+  }
+}
+
+}  // namespace
+
+bool names_local_rank(const std::vector<std::string>& command) {
+  bool named = false;
+  for (std::size_t i = 1; i < command.size() && !named; ++i) {
+    each_local_rank_macro(command[i], [&](std::size_t, std::size_t) { named = true; });
+  }
+  return named;
+}
+
+std::vector<std::string> with_local_rank(std::vector<std::string> command, int local_rank) {
+  const auto number = std::to_string(local_rank);
+  for (std::size_t i = 1; i < command.size(); ++i) {
+    std::string out;
+    std::size_t copied = 0;
+    each_local_rank_macro(command[i], [&](std::size_t at, std::size_t length) {
+      out.append(command[i], copied, at - copied).append(number);
+      copied = at + length;
+    });
+    if (copied > 0) command[i] = out.append(command[i], copied);
+  }
   return command;
 }
 

@@ -26,4 +26,14 @@ std::string python_interpreter(const std::string& chosen);
 /// The command line every rank runs (program first). Throws program_error.
 std::vector<std::string> rank_command(const run_options& o);
 
+/// Whether an argument of `command` after the program names the local rank
+/// as torchrun's macro does: `${local_rank}`, or `$local_rank` not followed
+/// by a letter, digit or `_`.
+bool names_local_rank(const std::vector<std::string>& command);
+
+/// `command` with each such name replaced by `local_rank`, in every
+/// argument after the program (torchrun's substitution, except that `$$`
+/// stays `$$`: a shell's own pid in `sh -c` scripts).
+std::vector<std::string> with_local_rank(std::vector<std::string> command, int local_rank);
+
 }  // namespace cohort_run
