@@ -324,28 +324,40 @@ std::string log_folder(const run_options& o, const std::string& run_id) {
   }
 }
 
-// What Slurm, c10d's endpoint and the defaults say of a static job.
+// --rdzv-endpoint as the master's address and port, as torchrun reads it:
+// host[:port], an IPv6 host in brackets ([::1]:29400, [::1]). The port is
+// `default_port` where none is named (nullopt: one is required).
+void master_from_endpoint(run_options& o, std::optional<int> default_port) {
+  const auto& e = o.rdzv_endpoint;
+  const bool bracketed = e.size() > 1 && e.front() == '[' && e.back() == ']';
+  const auto colon = bracketed ? std::string::npos : e.rfind(':');
+  std::string host = e.substr(0, colon);
+  if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty()) throw usage_error(fmt::format("--rdzv-endpoint {}: no host", e));
+  if (colon == std::string::npos && !default_port) {
+    throw usage_error(fmt::format("--rdzv-endpoint {}: the static rendezvous needs the master's port (host:port)", e));
+  }
+  o.master_port = colon == std::string::npos ? *default_port : whole_number("--rdzv-endpoint's port", e.substr(colon + 1), 0);
+  if (o.master_port > 65535) throw usage_error(fmt::format("--rdzv-endpoint {}: the port is not 0 to 65535", e));
+  if (o.master_port == 0 && o.max_nodes > 1) {
+    throw usage_error(fmt::format("--rdzv-endpoint {}: port 0 (any free port) serves one node only; give the "
+                                  "master's port",
+                                  e));
+  }
+  o.master_addr = std::move(host);
+  o.master_addr_given = true;
+}
+
+// What Slurm, the endpoint and the defaults say of a static job.
 placement static_placement(run_options& o, int nproc) {
   const bool c10d = o.rdzv_backend == "c10d";
-  if (c10d) {
-    if (o.min_nodes != o.max_nodes) {
-      throw usage_error("--rdzv-backend c10d takes a fixed --nnodes N here; for MIN:MAX use --rdzv-backend etcd-v3");
-    }
-    if (!o.rdzv_endpoint.empty()) {  // the master's host:port; port 0 (torchrun's localhost:0) picks a free one
-      const auto colon = o.rdzv_endpoint.rfind(':');
-      o.master_addr = o.rdzv_endpoint.substr(0, colon);
-      o.master_port = colon == std::string::npos ? 29400 : whole_number("--rdzv-endpoint's port", o.rdzv_endpoint.substr(colon + 1), 0);
-      if (o.master_port > 65535) {
-        throw usage_error(fmt::format("--rdzv-endpoint {}: the port is not 0 to 65535", o.rdzv_endpoint));
-      }
-      if (o.master_port == 0 && o.max_nodes > 1) {
-        throw usage_error(fmt::format("--rdzv-endpoint {}: port 0 (any free port) serves one node only; give the "
-                                      "master's port",
-                                      o.rdzv_endpoint));
-      }
-      o.master_addr_given = true;
-    }
+  if (c10d && o.min_nodes != o.max_nodes) {
+    throw usage_error("--rdzv-backend c10d takes a fixed --nnodes N here; for MIN:MAX use --rdzv-backend etcd-v3");
   }
+  // The master's host:port, for c10d (29400 when no port is named; port 0,
+  // torchrun's localhost:0, picks a free one) and for static, where torchrun
+  // takes it before --master-addr and --master-port.
+  if (!o.rdzv_endpoint.empty()) master_from_endpoint(o, c10d ? std::optional(29400) : std::nullopt);
   // Slurm places the node unless the flags do. c10d's command lines across
   // nodes give --nnodes and leave the node rank to the rendezvous, so there
   // Slurm still gives it. --standalone is one node, whatever Slurm says.

@@ -698,6 +698,34 @@ TEST_SUITE("cohort-run") {
     CHECK_MESSAGE(r.status.code() == 0, r.err);
   }
 
+  TEST_CASE("--rdzv-backend static with --rdzv-endpoint: the endpoint is the master, before --master-addr and --master-port") {
+    test::temp_dir dir;
+    auto r = run_launcher({"--rdzv-endpoint", "10.1.1.2:2345", "--master-addr", "10.9.9.9", "--master-port", "9999",
+                           "--nnodes", "2", "--node-rank", "1", "-n", "1", "--", "/bin/sh", "-c", dump_contract,
+                           dir.path.string()});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    auto v = variables_in(dir.path / "1");
+    CHECK(v["MASTER_ADDR"] == "10.1.1.2");
+    CHECK(v["MASTER_PORT"] == "2345");
+    // An IPv6 host in brackets, given without them to the ranks.
+    test::temp_dir six;
+    r = run_launcher({"--rdzv-backend", "static", "--rdzv-endpoint", "[fd00::7]:2346", "--", "/bin/sh", "-c",
+                      dump_contract, six.path.string()});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(variables_in(six.path / "0")["MASTER_ADDR"] == "fd00::7");
+    CHECK(variables_in(six.path / "0")["MASTER_PORT"] == "2346");
+    // torchrun's static rendezvous needs the port.
+    r = run_launcher({"--rdzv-endpoint", "10.1.1.2", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK(r.err.find("needs the master's port") != std::string::npos);
+    // --standalone is a node of its own, whatever endpoint is given.
+    test::temp_dir alone;
+    r = run_launcher({"--standalone", "--rdzv-endpoint", "10.1.1.2:2345", "--", "/bin/sh", "-c", dump_contract,
+                      alone.path.string()});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(variables_in(alone.path / "0")["MASTER_ADDR"] == "127.0.0.1");
+  }
+
   TEST_CASE("torchrun's flags that mean nothing for programs are accepted") {
     auto r = run_launcher({"--start-method", "fork", "--monitor-interval", "5", "--event-log-handler", "null",
                            "--logs-specs", "mine", "--numa-binding", "node", "--local-addr", "10.0.0.1",

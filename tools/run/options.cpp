@@ -144,7 +144,8 @@ run_options parse_options(int argc, char** argv) {
                  "static (default); etcd-v3 (also named etcd and etcd-v2: etcd's v3 API is spoken either way); "
                  "c10d (its endpoint is the master's host:port, with a fixed --nnodes)");
   app.add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint,
-                 "etcd's host:port, or c10d's master host:port (port 0: a free one, on one node)");
+                 "etcd's host:port, or the master's host:port for static and c10d (c10d's port 0: a free one, "
+                 "on one node)");
   app.add_option("--rdzv-id,--rdzv_id,--run-id,--run_id", o.run_id,
                  "the job's id, TORCHELASTIC_RUN_ID (default: a fresh one per run; 'none' under etcd-v3)");
   app.add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf,
@@ -272,6 +273,7 @@ run_options parse_options(int argc, char** argv) {
   if (o.standalone) {
     if (o.max_nodes != 1) throw usage_error("--standalone runs one node: --nnodes must be 1");
     o.rdzv_backend = "static";
+    o.rdzv_endpoint.clear();  // torchrun's is localhost:0 then, whatever was given
     o.master_addr = "127.0.0.1";
     o.master_addr_given = true;
     o.run_id.clear();  // a fresh one, whatever was asked
