@@ -57,10 +57,13 @@ rlimit given_fd_limit{};
 
 // Raises the soft limit to room for `ranks` ranks where it is lower, within
 // the hard limit (no higher: where close_range is missing, a new child
-// marks descriptors one by one up to the limit); whether it did.
+// marks descriptors one by one up to the limit); whether it did. A rank
+// holds up to eight as it starts, teed through pipes: both ends of two
+// pipes, two log files, two pidfds (at six per rank, 1,000 such ranks
+// under a soft limit of 1,024 ran out).
 bool raise_fd_limit(int ranks) noexcept {
   if (::getrlimit(RLIMIT_NOFILE, &given_fd_limit) != 0) return false;
-  const rlim_t wanted = 256 + rlim_t{4} * static_cast<rlim_t>(ranks);
+  const rlim_t wanted = 256 + rlim_t{8} * static_cast<rlim_t>(ranks);
   if (given_fd_limit.rlim_cur == RLIM_INFINITY || given_fd_limit.rlim_cur >= wanted) return false;
   rlimit raised = given_fd_limit;
   raised.rlim_cur = given_fd_limit.rlim_max == RLIM_INFINITY ? wanted : std::min(wanted, given_fd_limit.rlim_max);

@@ -259,6 +259,21 @@ TEST_SUITE("cohort-run") {
     CHECK(std::all_of(limits.begin(), limits.end(), [](const std::string& l) { return l == "64"; }));
   }
 
+  TEST_CASE("teed through pipes, with log files, 120 ranks start under a soft limit of 64 descriptors") {
+    // Each rank holds up to eight here while it starts (both ends of two
+    // pipes, two log files, two pidfds).
+    test::temp_dir dir;
+    const command cmd("/bin/sh", {"-c", "ulimit -Sn 64 && exec \"$@\"", "sh", cohort_run, "-n", "120", "-t", "3",
+                                  "--tee-through-pipes", "--log-dir", dir.path.string(), "--", "/bin/sh", "-c",
+                                  "echo up $RANK"});
+    const outcome o = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; });
+    INFO(o.err);
+    REQUIRE(o.status.success());
+    std::size_t lines = 0;
+    for (std::size_t at = 0; (at = o.out.find("]:up ", at)) != std::string::npos; ++at) ++lines;
+    CHECK(lines == 120);
+  }
+
   TEST_CASE("a failing rank: the others are shut down, the summary names it, the exit code is its") {
     auto r = run_launcher({"-n", "3", "--", "/bin/sh", "-c", "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"});
     CHECK(r.status.code() == 3);
