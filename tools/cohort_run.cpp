@@ -603,6 +603,9 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   record.rdzv_backend = elastic ? "etcd-v3" : o.rdzv_backend;
   record.max_restarts = o.max_restarts;
 
+  // Absolute: the ranks' error files are in it, and a rank may change its
+  // working directory; result.json names it.
+  if (!o.log_dir.empty()) o.log_dir = fs::absolute(o.log_dir).string();
   cohort::group_spec spec;
   spec.logs = logs_of(o, nproc, log_folder(o, run_id));
   error_folder errors;

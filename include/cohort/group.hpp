@@ -77,7 +77,9 @@ struct group_spec {
   unsigned start_threads = 0;
   /// Where the ranks' error files go: <error_dir>/<rank>/error.json (the
   /// folders are made at start, a stale error.json is removed), named to each
-  /// rank in COHORT_ERROR_FILE and TORCHELASTIC_ERROR_FILE. Empty: files in
+  /// rank in COHORT_ERROR_FILE and TORCHELASTIC_ERROR_FILE as absolute
+  /// paths (a relative error_dir is read from this process's working
+  /// directory at start, whatever options.cwd says). Empty: files in
   /// the user's directory, $TMPDIR/cohort-errors-<uid> (mode 0700, kept),
   /// named for this process, the group and the rank, removed when the run
   /// ends; those of a process killed outright go at the first start of a

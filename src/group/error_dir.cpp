@@ -125,7 +125,9 @@ class user_dir {
  public:
   user_dir() {
     const uid_t self = ::geteuid();
-    parent_ = std::filesystem::temp_directory_path();
+    // Absolute, as every path a rank is given: a rank may start in, or
+    // move to, another directory ($TMPDIR may be relative).
+    parent_ = std::filesystem::absolute(std::filesystem::temp_directory_path());
     own_prefix_ = fmt::format("cohort-errors-{}-", self);
     path_ = parent_ / fmt::format("cohort-errors-{}", self);
     if (!own_private_dir(path_, self)) {

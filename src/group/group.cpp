@@ -146,8 +146,7 @@ namespace {
 // <this process>-<group>-<rank>.json: nothing to make, as a rank that fails
 // creates it, and no name an earlier process used.
 void prepare_error_files(group_state& state, unsigned group_number) {
-  const auto& dir = state.error_dir;
-  if (dir.empty()) {
+  if (state.error_dir.empty()) {
     const auto& user_dir = error_dir_of_user();
     state.error_file_prefix = claim_group_files(group_number);
     for (int rank = 0; rank < state.nprocs; ++rank) {
@@ -155,9 +154,14 @@ void prepare_error_files(group_state& state, unsigned group_number) {
     }
     return;
   }
+  // Absolute: a rank given a relative path would write it under its own
+  // working directory (options.cwd, or one it moved to), and the report
+  // would be lost.
+  std::error_code ec;
+  const auto dir = std::filesystem::absolute(state.error_dir, ec);
+  if (ec) throw std::system_error(ec, "cohort::start_processes: error_dir " + state.error_dir.string());
   for (int rank = 0; rank < state.nprocs; ++rank) {
     auto file = dir / std::to_string(rank) / "error.json";
-    std::error_code ec;
     std::filesystem::create_directories(file.parent_path(), ec);
     if (!ec) std::filesystem::remove(file, ec);
     if (ec) throw std::system_error(ec, "cohort::start_processes: error file " + file.string());

@@ -968,6 +968,24 @@ TEST_SUITE("group") {
     }
   }
 
+  TEST_CASE("a relative error_dir reaches ranks that run elsewhere as an absolute path") {
+    test::temp_dir dir, elsewhere;
+    // The ranks start deeper than this process's directory: the relative
+    // path would name another place from there.
+    fs::path deep = elsewhere.path;
+    for (auto part = fs::current_path(); part.has_relative_path(); part = part.parent_path()) deep /= "d";
+    deep /= "d";
+    fs::create_directories(deep);
+    auto spec = ranks_of(1, {"record-error", "found"});
+    spec.error_dir = fs::relative(dir.path, fs::current_path());
+    REQUIRE(spec.error_dir.is_relative());
+    spec.options.cwd = deep;
+    const auto result = run_group(spec);
+    REQUIRE(result.first_failure() != nullptr);
+    CHECK(result.first_failure()->message == "std::runtime_error: found");
+    CHECK(fs::exists(dir.path / "0" / "error.json"));
+  }
+
   TEST_CASE("a supervisor killed with SIGKILL leaves none of its ranks behind") {
     asio::io_context io;
     std::vector<pid_t> ranks;

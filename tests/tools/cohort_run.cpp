@@ -381,6 +381,21 @@ TEST_SUITE("cohort-run") {
     CHECK_FALSE(fs::exists(dir.path / "job" / "attempt_3"));
   }
 
+  TEST_CASE("a relative --log-dir: a rank that changes directory still leaves its error file, and result.json names it absolute") {
+    test::temp_dir dir;
+    const std::string fails =
+        "cd / && printf '{\"message\": {\"message\": \"ValueError: moved\", \"extraInfo\": {\"py_callstack\": \"\", "
+        "\"timestamp\": \"1\"}}}' > \"$TORCHELASTIC_ERROR_FILE\"; exit 3";
+    const command cmd("/bin/sh", {"-c", "cd \"$0\" && exec \"$@\"", dir.path.string(), cohort_run, "--log-dir", "logs",
+                                  "--run-id", "job", "-n", "1", "--", "/bin/sh", "-c", fails});
+    const outcome o = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; });
+    INFO(o.err);
+    CHECK(o.status.code() == 3);
+    CHECK(o.err.find("ValueError: moved") != std::string::npos);
+    const auto result = nlohmann::json::parse(read_file(dir.path / "logs" / "job" / "result.json"));
+    CHECK(result["log_dir"] == (dir.path / "logs" / "job").string());
+  }
+
   TEST_CASE("4 ranks writing 100 MB each with -r 3 -t 3: log files byte-exact, console lines whole") {
     test::temp_dir dir;
     const std::size_t size = 100'000'000;
