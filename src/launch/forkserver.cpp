@@ -39,10 +39,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <string_view>
 #include <unordered_map>
 
@@ -59,18 +61,22 @@ constexpr std::size_t max_fds = std::size_t{shared_slots} + rank_slots + max_kep
 static_assert(max_fds <= os::max_passed, "more descriptors than one message carries");
 using fd_array = std::array<int, max_fds>;
 
-// rank, parent pid, death signal, new group, cwd, environment (indices of
-// the request's entries), the numbers the kept descriptors have in the
-// requester (and must have in the child).
+// rank, parent pid, death signal, new group, cwd (the requester's, unless
+// options.cwd says: a rank starts where a forked one would, not where the
+// server was started), environment (indices of the request's entries), the
+// numbers the kept descriptors have in the requester (and must have in the
+// child).
 using rank_plan = std::tuple<int, int, int, bool, std::string, std::vector<int>, std::vector<int>>;
 // The function's name, its arguments, whether it returns a value (each
 // rank then sends a result memfd), the "NAME=value" entries of the ranks'
 // environments (each once: the ranks share nearly all of theirs), every
 // rank's plan, and the ranks' keeper (shm::keeper_for_ranks(); empty for
 // none), which the server parses once for all of them: a forked rank then
-// runs no environment or string code of libc's to find it.
+// runs no environment or string code of libc's to find it; last, the
+// requester's umask (-1: unknown, the server's stays), which a forked rank
+// would have inherited.
 using request = std::tuple<std::string, std::vector<std::byte>, bool, std::vector<std::string>,
-                           std::vector<rank_plan>, std::string>;
+                           std::vector<rank_plan>, std::string, int>;
 
 // Where a rank's kept descriptors start among its own: after the result
 // memfd, when it sends one.
@@ -119,8 +125,9 @@ COHORT_FORKED_CHILD_PATH pid_t clone_as_sibling(const thread_identity& self) {
 COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp, const shm::keeper_address& keeper,
                                         std::span<const int> own, int report, std::uint64_t reset,
                                         const from_forking_process& inherited) noexcept {
-  auto& [name, args, returns_value, entries, plans, keeper_text] = r;
+  auto& [name, args, returns_value, entries, plans, keeper_text, mask] = r;
   auto& [rank, parent, death_signal, new_group, cwd, env, kept] = plan;
+  if (mask >= 0) os::raw_syscall(SYS_umask, mask);
   // Every descriptor needed is first moved above all the numbers involved,
   // so that placing one never overwrites another.
   int top = std::max(2, report);
@@ -281,7 +288,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     } else {
       try {
         r = std::make_unique<request>(decode<request>(encoded::from_bytes(std::move(bytes))));
-        auto& [name, args, returns_value, entries, plans, keeper_text] = *r;
+        auto& [name, args, returns_value, entries, plans, keeper_text, mask] = *r;
         if (b.count == 0 || b.first > plans.size() || b.count > plans.size() - b.first) {
           throw std::invalid_argument("ranks");
         }
@@ -339,6 +346,27 @@ std::vector<int> kept_by(const server_request& r) {
   return kept;
 }
 
+// This process's umask, as /proc/self/status says it (umask(2) alone would
+// set it, for a moment, under the feet of other threads); -1 where it
+// cannot be read.
+int current_umask() {
+  const int fd = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char text[4096];
+  const ssize_t got = ::read(fd, text, sizeof text);  // Umask is its second line
+  ::close(fd);
+  if (got <= 0) return -1;
+  const std::string_view status(text, static_cast<std::size_t>(got));
+  const auto at = status.find("\nUmask:\t");
+  if (at == std::string_view::npos) return -1;
+  int mask = 0;
+  for (char c : status.substr(at + 8, 4)) {
+    if (c < '0' || c > '7') return -1;
+    mask = mask * 8 + (c - '0');
+  }
+  return mask;
+}
+
 // Writes the call, every rank's plan and their keeper into a memfd;
 // returns it, or -1 with `f` saying why. `kept[i]` is kept_by(requests[i]).
 int write_plans(std::span<const server_request> requests, std::span<const std::vector<int>> kept,
@@ -347,6 +375,8 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
   std::unordered_map<std::string_view, int> numbers;  // of the entries, by their text in the plans
   std::vector<rank_plan> plans;
   plans.reserve(requests.size());
+  std::error_code no_cwd;
+  const std::string here = std::filesystem::current_path(no_cwd).string();  // empty when it has gone
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const server_request& r = requests[i];
     const launch_plan& p = *r.plan;
@@ -360,12 +390,12 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
       f = {stage::fds, E2BIG, ""};
       return -1;
     }
-    plans.emplace_back(r.rank, p.parent, p.death_signal, p.new_group, p.cwd != nullptr ? p.cwd : "", std::move(env),
+    plans.emplace_back(r.rank, p.parent, p.death_signal, p.new_group, p.cwd != nullptr ? p.cwd : here, std::move(env),
                        kept[i]);
   }
   const auto args = call.args.bytes();
   const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), call.returns_value,
-                    std::move(entries), std::move(plans), keeper};
+                    std::move(entries), std::move(plans), keeper, current_umask()};
   const int fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
   if (fd < 0 || !write_whole(fd, encode(req).bytes())) {
     f = {stage::start, errno, ""};

@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <signal.h>
 #include <unistd.h>
@@ -52,6 +53,14 @@ COHORT_ENTRYPOINT(succeed);
 
 int rank_itself(int rank) { return rank; }
 COHORT_ENTRYPOINT(rank_itself);
+
+// "<working directory> <umask, octal>", as the rank finds them.
+std::string where_and_umask(int) {
+  const mode_t mask = ::umask(0);  // the rank has one thread: no one sees the 0
+  ::umask(mask);
+  return fmt::format("{} {:o}", std::filesystem::current_path().string(), mask);
+}
+COHORT_ENTRYPOINT(where_and_umask);
 // Rank 1 ends inside the function, with code 0, before it returns a value.
 int exits_zero_before_returning(int rank) {
   if (rank == 1) std::exit(0);
@@ -411,6 +420,28 @@ TEST_SUITE("entry points") {
     const auto seen = spawn_and_join(rings_of_parent, std::tuple{}, 1, options);
     REQUIRE(seen.size() == 1);
     CHECK(seen[0] == before);
+  }
+
+  TEST_CASE("every method starts its ranks in the parent's working directory and umask of the moment") {
+    // The forkserver runs by now (started here, in this directory, with
+    // this umask): its ranks must not take its own.
+    REQUIRE(spawn_and_join(rank_itself, std::tuple{}, 1, join_options{.method = start_method::forkserver}).size() == 1);
+    test::temp_dir elsewhere;
+    const auto home = std::filesystem::current_path();
+    std::filesystem::current_path(elsewhere.path);
+    const mode_t mask = ::umask(027);
+    std::vector<std::string> seen;
+    for (start_method method : all_methods) {
+      const join_options options{.method = method};
+      seen.push_back(spawn_and_join(where_and_umask, std::tuple{}, 1, options).at(0));
+    }
+    ::umask(mask);
+    std::filesystem::current_path(home);
+    const auto expected = fmt::format("{} 27", std::filesystem::canonical(elsewhere.path).string());
+    for (std::size_t i = 0; i < seen.size(); ++i) {
+      CAPTURE(to_string(all_methods[i]));
+      CHECK(seen[i] == expected);
+    }
   }
 
   TEST_CASE("the first argument is the rank, and what a rank returns reaches the parent") {
