@@ -96,6 +96,10 @@ class pool {
   /// has taken still run, and their results are dropped; the rest do not
   /// run. The pool
   /// must outlive the operation; destroying it waits for the map to end.
+  /// A handler that runs on the pool's thread must not throw (nothing
+  /// there could catch it: std::terminate); it may drop the pool's last
+  /// reference, and a map it starts while the pool is ending completes at
+  /// once with std::logic_error.
   template <class R, class A, class Token>
     requires completion_token_of<Token, std::conditional_t<std::is_void_v<R>, void, std::vector<std::decay_t<R>>>>
   auto map(R (*fn)(int, A), const std::vector<std::decay_t<A>>& items, Token&& token) {

@@ -77,12 +77,26 @@ class pool_state {
   }
 
   ~pool_state() {
+    std::vector<detached_map> in_flight;
+    {
+      // From here, a map that a handler starts fails at once (run_detached):
+      // it could not run, and must not wait for this end, which waits for it.
+      std::lock_guard lock(detached_mutex_);
+      ending_.store(true, std::memory_order_relaxed);
+      in_flight.swap(detached_);
+    }
     take_back_tasks();
     tasks_.close();
-    {
-      // Maps in flight end: their workers finish and leave, or have died.
-      std::lock_guard lock(detached_mutex_);
-      for (auto& t : detached_) t.join();
+    // Maps in flight end: their workers finish and leave, or have died.
+    // A handler of one of them may be what destroys the pool (its last
+    // reference): that thread is not joined by itself; nothing it runs
+    // after the handler touches the pool.
+    for (auto& map : in_flight) {
+      if (map.thread.get_id() == std::this_thread::get_id()) {
+        map.thread.detach();
+      } else {
+        map.thread.join();
+      }
     }
     work_.reset();
     runner_.join();  // the group ends when every worker has returned
@@ -103,6 +117,7 @@ class pool_state {
 
   std::vector<std::optional<encoded>> run(const std::string& name, const std::vector<encoded>& args,
                                           const std::atomic<bool>* cancelled) {
+    if (ending_.load(std::memory_order_relaxed)) throw std::logic_error("cohort::pool: map while the pool is ending");
     std::lock_guard lock(mutex_);
     if (broken_) throw std::logic_error("cohort::pool: a worker has died; the pool is over");
     std::vector<std::optional<encoded>> out(args.size());
@@ -154,7 +169,12 @@ class pool_state {
   int workers() const noexcept { return workers_; }
 
   void run_detached(std::function<void()> job) {
-    std::lock_guard lock(detached_mutex_);
+    std::unique_lock lock(detached_mutex_);
+    if (ending_.load(std::memory_order_relaxed)) {
+      lock.unlock();
+      job();  // fails at once, in run(), and completes its handler with that
+      return;
+    }
     // Threads of maps that have ended are joined here, so they do not pile up.
     std::erase_if(detached_, [](detached_map& d) {
       if (!d.done->load(std::memory_order_acquire)) return false;
@@ -185,7 +205,8 @@ class pool_state {
     void join() { thread.join(); }
   };
   std::mutex detached_mutex_;
-  std::vector<detached_map> detached_;
+  std::vector<detached_map> detached_;  // under detached_mutex_
+  std::atomic<bool> ending_{false};     // set, under detached_mutex_, as the pool's end begins
 };
 
 std::vector<std::optional<encoded>> pool_run(pool_state& pool, const std::string& name,

@@ -1,6 +1,7 @@
 #include "cohort/pool.hpp"
 
 #include "support/harness.hpp"
+#include "support/process_probe.hpp"
 
 #include <asio/detached.hpp>
 #include <asio/this_coro.hpp>
@@ -18,6 +19,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -67,6 +69,9 @@ void die_on_three(int, int x) {
   if (x == 3) ::_exit(9);
 }
 COHORT_ENTRYPOINT(die_on_three);
+
+int worker_pid(int, int) { return ::getpid(); }
+COHORT_ENTRYPOINT(worker_pid);
 
 storage make_storage(int, int value) {
   storage s = storage::allocate_shared(16);
@@ -258,6 +263,51 @@ TEST_SUITE("pool") {
       (void)map_cancelled_after(p, more, cancel_more, std::chrono::milliseconds(50));
     }
     CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(3));
+  }
+
+  TEST_CASE("a handler that drops the pool's last reference ends the pool there, workers and all") {
+    auto p = std::make_shared<pool>(2);
+    std::promise<std::vector<int>> pids;
+    auto seen = pids.get_future();
+    const std::vector<int> items{0, 1, 2, 3};
+    pool& held = *p;
+    // The handler has no executor: it runs on the pool's thread, and holds
+    // the only reference.
+    held.map(worker_pid, items, [&pids, last = std::move(p)](std::exception_ptr e, std::vector<int> values) mutable {
+      CHECK_FALSE(static_cast<bool>(e));
+      last.reset();  // ~pool, on the pool's own thread
+      pids.set_value(std::move(values));
+    });
+    REQUIRE(seen.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+    const auto workers = seen.get();
+    REQUIRE(workers.size() == 4);
+    const auto ended = [&] { return std::none_of(workers.begin(), workers.end(), [](int pid) { return test::alive(pid); }); };
+    CHECK(test::within(std::chrono::seconds(10), ended));
+  }
+
+  TEST_CASE("a map a handler starts while the pool is ending fails at once with std::logic_error") {
+    std::promise<std::string> second;
+    auto said = second.get_future();
+    {
+      pool p(1);
+      const std::vector<long> items(50, 2);  // 1 s of work: the pool's end comes first
+      p.map(slow_square, items, [&p, &second](std::exception_ptr, std::vector<long>) {
+        const std::vector<long> more{3};
+        p.map(square, more, [&second](std::exception_ptr e, std::vector<long>) {
+          try {
+            if (e) std::rethrow_exception(e);
+            second.set_value("completed");
+          } catch (const std::logic_error& error) {
+            second.set_value(error.what());
+          } catch (...) {
+            second.set_value("another exception");
+          }
+        });
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }  // ~pool: the first map ends (its items taken back), and its handler starts the second
+    REQUIRE(said.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    CHECK(said.get() == "cohort::pool: map while the pool is ending");
   }
 }
 
