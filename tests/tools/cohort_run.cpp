@@ -1002,6 +1002,15 @@ TEST_SUITE("cohort-run") {
     const auto k = nlohmann::json::parse(read_file(file));
     CHECK(k["outcome"] == "succeeded");
     CHECK_FALSE(k.contains("error_dir"));
+    // A rank that fails without writing one names no error file.
+    auto plain = run_launcher({"--result-json", file.string(), "-n", "1", "--", "/bin/sh", "-c", "exit 4"});
+    CHECK(plain.status.code() == 4);
+    const auto p = nlohmann::json::parse(read_file(file));
+    REQUIRE(p["attempts"].size() == 1);
+    const auto& rank = p["attempts"][0]["ranks"][0];
+    CHECK(rank["failed"] == true);
+    CHECK_FALSE(rank.contains("error_file"));
+    CHECK_FALSE(rank.contains("message"));
   }
 
   TEST_CASE("a console whose reader has gone: cohort-run runs on, exits with the ranks' code and records the outcome") {

@@ -90,7 +90,8 @@ nlohmann::json attempt_json(const attempt_record& a) {
     for (const auto& f : r.failures) {
       if (f.rank != static_cast<int>(local)) continue;
       rank["failed"] = true;
-      rank["error_file"] = f.error_file.string();
+      std::error_code ec;
+      if (std::filesystem::exists(f.error_file, ec)) rank["error_file"] = f.error_file.string();  // it wrote one, kept
       if (!f.message.empty()) rank["message"] = f.message;
       if (&f == root) rank["root_cause"] = true;
     }
