@@ -68,6 +68,21 @@ group_spec ranks_of(int nprocs, std::vector<std::string> args) {
   return spec;
 }
 
+// Two shell ranks that run `traps` (with $0 `dir`, $1 the rank), note
+// that they are up, and loop; started under `spec` (its entry and ranks
+// set here) on `io`, which `runner` then runs. Returns once both are up.
+group two_shell_ranks_up(asio::io_context& io, std::thread& runner, const fs::path& dir, const std::string& traps,
+                         group_spec spec) {
+  spec.entry = command("/bin/sh", {"-c", traps + "; : > \"$0/up-$1\"; while true; do sleep 0.05; done", dir.string()});
+  spec.nprocs = 2;
+  spec.args = {{0, {"0"}}, {1, {"1"}}};
+  group g = start_processes(io.get_executor(), spec);
+  runner = std::thread([&io] { io.run(); });
+  const auto up = [&] { return fs::exists(dir / "up-0") && fs::exists(dir / "up-1"); };
+  REQUIRE(test::within(10s, up, 5ms));
+  return g;
+}
+
 pid_t first_line_pid(const fs::path& file) {
   std::ifstream in(file);
   pid_t pid = 0;
@@ -867,20 +882,14 @@ TEST_SUITE("group") {
   TEST_CASE("interrupt(X) from another thread shuts the run down as a caught X would; a second one hurries it") {
     test::temp_dir dir;
     asio::io_context io;
-    group_spec spec = ranks_of(2, {});
+    group_spec spec;
     spec.options.out = stdio::null();
     spec.shutdown.term_grace = 60s;
     // Rank 0 ends at SIGINT, rank 1 ignores SIGINT and SIGTERM: only the
     // second interrupt ends it before the 60 s grace.
-    spec.entry = command("/bin/sh", {"-c",
-                                     "if [ $1 = 0 ]; then trap 'exit 0' INT; else trap '' INT TERM; fi; "
-                                     ": > \"$0/up-$1\"; while true; do sleep 0.05; done",
-                                     dir.path.string()});
-    spec.args = {{0, {"0"}}, {1, {"1"}}};
-    group g = start_processes(io.get_executor(), spec);
-    std::thread runner([&io] { io.run(); });
-    const auto up = [&] { return fs::exists(dir.path / "up-0") && fs::exists(dir.path / "up-1"); };
-    REQUIRE(test::within(10s, up, 5ms));
+    std::thread runner;
+    group g = two_shell_ranks_up(io, runner, dir.path, "if [ $1 = 0 ]; then trap 'exit 0' INT; else trap '' INT TERM; fi",
+                                 spec);
     g.interrupt(SIGINT);
     const auto rank0_gone = [&] { return !test::alive(g.pids()[0]); };
     CHECK(test::within(10s, rank0_gone, 5ms));
@@ -901,16 +910,8 @@ TEST_SUITE("group") {
   TEST_CASE("send_signal reaches every live rank, the run going on") {
     test::temp_dir dir;
     asio::io_context io;
-    group_spec spec = ranks_of(2, {});
-    spec.entry = command("/bin/sh", {"-c",
-                                     "trap 'echo got > \"$0/got-$1\"; exit 0' USR1; : > \"$0/up-$1\"; "
-                                     "while true; do sleep 0.05; done",
-                                     dir.path.string()});
-    spec.args = {{0, {"0"}}, {1, {"1"}}};
-    group g = start_processes(io.get_executor(), spec);
-    std::thread runner([&io] { io.run(); });
-    const auto up = [&] { return fs::exists(dir.path / "up-0") && fs::exists(dir.path / "up-1"); };
-    REQUIRE(test::within(10s, up, 5ms));
+    std::thread runner;
+    group g = two_shell_ranks_up(io, runner, dir.path, "trap 'echo got > \"$0/got-$1\"; exit 0' USR1", {});
     g.send_signal(SIGUSR1);
     CHECK(g.join(30s));
     runner.join();
