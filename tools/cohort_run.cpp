@@ -603,13 +603,16 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   record.rdzv_backend = elastic ? "etcd-v3" : o.rdzv_backend;
   record.max_restarts = o.max_restarts;
 
-  // Absolute: the ranks' error files are in it, and a rank may change its
-  // working directory; result.json names it.
-  if (!o.log_dir.empty()) o.log_dir = fs::absolute(o.log_dir).string();
   cohort::group_spec spec;
   spec.logs = logs_of(o, nproc, log_folder(o, run_id));
   error_folder errors;
-  if (!spec.logs.dir.empty()) record.log_dir = spec.logs.dir / spec.logs.run_id;
+  if (!spec.logs.dir.empty()) {
+    // Named absolute in result.json (the folder itself is made and used by
+    // the path as given, which needs no search of the directories above).
+    std::error_code ec;
+    record.log_dir = spec.logs.dir / spec.logs.run_id;
+    if (auto absolute = fs::absolute(record.log_dir, ec); !ec) record.log_dir = std::move(absolute);
+  }
   if (o.logs_specs.size() > 0) {
     say("cohort-run: --logs-specs {}: torchrun's logs specs are Python plugins; the logs follow --log-dir\n",
         o.logs_specs);

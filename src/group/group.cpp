@@ -154,19 +154,21 @@ void prepare_error_files(group_state& state, unsigned group_number) {
     }
     return;
   }
-  // Absolute: a rank given a relative path would write it under its own
-  // working directory (options.cwd, or one it moved to), and the report
-  // would be lost.
+  // Absolute where that path can be used: a rank given a relative one
+  // would write it under its own working directory (options.cwd, or one it
+  // moved to), and the report would be lost. A path over PATH_MAX, or one
+  // through a directory this process may not search, stays as given.
+  const auto& given = state.error_dir;
   std::error_code ec;
-  const auto dir = std::filesystem::absolute(state.error_dir, ec);
-  if (ec) throw std::system_error(ec, "cohort::start_processes: error_dir " + state.error_dir.string());
+  auto dir = std::filesystem::absolute(given, ec);
   for (int rank = 0; rank < state.nprocs; ++rank) {
-    auto file = dir / std::to_string(rank) / "error.json";
-    std::filesystem::create_directories(file.parent_path(), ec);
-    if (!ec) std::filesystem::remove(file, ec);
-    if (ec) throw std::system_error(ec, "cohort::start_processes: error file " + file.string());
-    state.error_files.push_back(std::move(file));
+    const auto folder = given / std::to_string(rank);
+    std::filesystem::create_directories(folder, ec);
+    if (!ec) std::filesystem::remove(folder / "error.json", ec);
+    if (ec) throw std::system_error(ec, "cohort::start_processes: error file " + (folder / "error.json").string());
   }
+  if (dir.empty() || ::access(dir.c_str(), W_OK | X_OK) != 0) dir = given;
+  for (int rank = 0; rank < state.nprocs; ++rank) state.error_files.push_back(dir / std::to_string(rank) / "error.json");
 }
 
 // A variable of its own per group, so a rank that starts a group of its own

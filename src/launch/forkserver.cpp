@@ -61,22 +61,24 @@ constexpr std::size_t max_fds = std::size_t{shared_slots} + rank_slots + max_kep
 static_assert(max_fds <= os::max_passed, "more descriptors than one message carries");
 using fd_array = std::array<int, max_fds>;
 
-// rank, parent pid, death signal, new group, cwd (the requester's, unless
-// options.cwd says: a rank starts where a forked one would, not where the
-// server was started), environment (indices of the request's entries), the
-// numbers the kept descriptors have in the requester (and must have in the
-// child).
+// rank, parent pid, death signal, new group, cwd (options.cwd, a relative
+// one joined to the requester's directory), environment (indices of the
+// request's entries), the numbers the kept descriptors have in the
+// requester (and must have in the child).
 using rank_plan = std::tuple<int, int, int, bool, std::string, std::vector<int>, std::vector<int>>;
 // The function's name, its arguments, whether it returns a value (each
 // rank then sends a result memfd), the "NAME=value" entries of the ranks'
 // environments (each once: the ranks share nearly all of theirs), every
 // rank's plan, and the ranks' keeper (shm::keeper_for_ranks(); empty for
 // none), which the server parses once for all of them: a forked rank then
-// runs no environment or string code of libc's to find it; last, the
-// requester's umask (-1: unknown, the server's stays), which a forked rank
-// would have inherited.
+// runs no environment or string code of libc's to find it; last, what a
+// forked rank would have inherited of the requester: its umask (-1:
+// unknown, the server's stays) and its working directory (empty: unknown),
+// where a rank without options.cwd starts. A rank that cannot enter that
+// directory by its name (a path over PATH_MAX, an ancestor it may not
+// search) starts in the server's, as it did before either was sent.
 using request = std::tuple<std::string, std::vector<std::byte>, bool, std::vector<std::string>,
-                           std::vector<rank_plan>, std::string, int>;
+                           std::vector<rank_plan>, std::string, int, std::string>;
 
 // Where a rank's kept descriptors start among its own: after the result
 // memfd, when it sends one.
@@ -125,9 +127,10 @@ COHORT_FORKED_CHILD_PATH pid_t clone_as_sibling(const thread_identity& self) {
 COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp, const shm::keeper_address& keeper,
                                         std::span<const int> own, int report, std::uint64_t reset,
                                         const from_forking_process& inherited) noexcept {
-  auto& [name, args, returns_value, entries, plans, keeper_text, mask] = r;
+  auto& [name, args, returns_value, entries, plans, keeper_text, mask, callers_dir] = r;
   auto& [rank, parent, death_signal, new_group, cwd, env, kept] = plan;
   if (mask >= 0) os::raw_syscall(SYS_umask, mask);
+  if (cwd.empty() && !callers_dir.empty()) os::raw_syscall(SYS_chdir, reinterpret_cast<long>(callers_dir.c_str()));
   // Every descriptor needed is first moved above all the numbers involved,
   // so that placing one never overwrites another.
   int top = std::max(2, report);
@@ -288,7 +291,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     } else {
       try {
         r = std::make_unique<request>(decode<request>(encoded::from_bytes(std::move(bytes))));
-        auto& [name, args, returns_value, entries, plans, keeper_text, mask] = *r;
+        auto& [name, args, returns_value, entries, plans, keeper_text, mask, callers_dir] = *r;
         if (b.count == 0 || b.first > plans.size() || b.count > plans.size() - b.first) {
           throw std::invalid_argument("ranks");
         }
@@ -346,11 +349,12 @@ std::vector<int> kept_by(const server_request& r) {
   return kept;
 }
 
-// This process's umask, as /proc/self/status says it (umask(2) alone would
-// set it, for a moment, under the feet of other threads); -1 where it
+// The calling thread's umask (a thread may have one of its own, after
+// unshare(CLONE_FS)), as /proc/thread-self/status says it (umask(2) alone
+// would set it, for a moment, under the feet of other threads); -1 where it
 // cannot be read.
 int current_umask() {
-  const int fd = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+  const int fd = ::open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return -1;
   char text[4096];
   const ssize_t got = ::read(fd, text, sizeof text);  // Umask is its second line
@@ -390,12 +394,13 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
       f = {stage::fds, E2BIG, ""};
       return -1;
     }
-    plans.emplace_back(r.rank, p.parent, p.death_signal, p.new_group, p.cwd != nullptr ? p.cwd : here, std::move(env),
-                       kept[i]);
+    std::string cwd = p.cwd != nullptr ? p.cwd : "";
+    if (!cwd.empty() && cwd.front() != '/' && !here.empty()) cwd = (std::filesystem::path(here) / cwd).string();
+    plans.emplace_back(r.rank, p.parent, p.death_signal, p.new_group, std::move(cwd), std::move(env), kept[i]);
   }
   const auto args = call.args.bytes();
   const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), call.returns_value,
-                    std::move(entries), std::move(plans), keeper, current_umask()};
+                    std::move(entries), std::move(plans), keeper, current_umask(), here};
   const int fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
   if (fd < 0 || !write_whole(fd, encode(req).bytes())) {
     f = {stage::start, errno, ""};

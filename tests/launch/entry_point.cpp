@@ -22,6 +22,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -430,17 +431,73 @@ TEST_SUITE("entry points") {
     const auto home = std::filesystem::current_path();
     std::filesystem::current_path(elsewhere.path);
     const mode_t mask = ::umask(027);
-    std::vector<std::string> seen;
+    std::filesystem::create_directory(elsewhere.path / "sub");
+    std::vector<std::string> seen, in_sub, in_thread;
     for (start_method method : all_methods) {
-      const join_options options{.method = method};
+      join_options options{.method = method};
       seen.push_back(spawn_and_join(where_and_umask, std::tuple{}, 1, options).at(0));
+      options.spawn.cwd = "sub";  // relative: to the caller's directory
+      in_sub.push_back(spawn_and_join(where_and_umask, std::tuple{}, 1, options).at(0));
     }
+    // A thread with a umask of its own (its own fs_struct): its ranks get it.
+    std::thread own([&] {
+      REQUIRE(::unshare(CLONE_FS) == 0);
+      ::umask(077);
+      for (start_method method : all_methods) {
+        const join_options options{.method = method};
+        in_thread.push_back(spawn_and_join(where_and_umask, std::tuple{}, 1, options).at(0));
+      }
+    });
+    own.join();
     ::umask(mask);
     std::filesystem::current_path(home);
-    const auto expected = fmt::format("{} 27", std::filesystem::canonical(elsewhere.path).string());
-    for (std::size_t i = 0; i < seen.size(); ++i) {
+    const auto there = std::filesystem::canonical(elsewhere.path).string();
+    for (std::size_t i = 0; i < std::size(all_methods); ++i) {
       CAPTURE(to_string(all_methods[i]));
-      CHECK(seen[i] == expected);
+      CHECK(seen[i] == there + " 27");
+      CHECK(in_sub[i] == there + "/sub 27");
+      CHECK(in_thread.at(i) == there + " 77");
+    }
+  }
+
+  TEST_CASE("from a directory whose path is over PATH_MAX, every method starts its ranks and their reports arrive") {
+    // The forkserver's ranks cannot enter it by name: they start in the
+    // server's directory. A relative error_dir stays relative (its absolute
+    // path is too long to use), so a forkserver rank's report is lost there:
+    // only its start is checked.
+    REQUIRE(spawn_and_join(rank_itself, std::tuple{}, 1, join_options{.method = start_method::forkserver}).size() == 1);
+    test::temp_dir top;
+    const auto home = std::filesystem::current_path();
+    std::filesystem::current_path(top.path);
+    const std::string part(200, 'd');
+    int depth = 0;
+    for (; depth < 25; ++depth) {
+      REQUIRE(::mkdir(part.c_str(), 0700) == 0);
+      REQUIRE(::chdir(part.c_str()) == 0);
+    }
+    std::vector<std::string> said;
+    for (start_method method : all_methods) {
+      join_options options{.method = method};
+      said.push_back(spawn_and_join(where_and_umask, std::tuple{}, 1, options).at(0).substr(0, 1));
+      options.error_dir = "errors";
+      try {
+        spawn_and_join(raise_on, std::tuple{0}, 1, options);
+        said.push_back("no failure");
+      } catch (const std::exception& e) {
+        said.push_back(std::string(e.what()).find("legitimate exception from rank 0") != std::string::npos ? "reported"
+                                                                                                       : e.what());
+      }
+      std::filesystem::remove_all("errors");
+    }
+    for (; depth > 0; --depth) {
+      REQUIRE(::chdir("..") == 0);
+      REQUIRE(::rmdir(part.c_str()) == 0);
+    }
+    std::filesystem::current_path(home);
+    for (std::size_t i = 0; i < std::size(all_methods); ++i) {
+      CAPTURE(to_string(all_methods[i]));
+      CHECK(said[2 * i] == "/");  // started, somewhere
+      if (all_methods[i] != start_method::forkserver) CHECK(said[2 * i + 1] == "reported");
     }
   }
 
