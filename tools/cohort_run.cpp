@@ -753,6 +753,10 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
 }
 
 int run(run_options o, run_record& record) {
+  // First, before any thread is made (every thread of cohort-run blocks
+  // them): a signal during the checks below waits for the first attempt,
+  // which then does not start.
+  signal_owner signals(o.signals_to_handle, o.signals_to_forward);
   std::vector<std::string> command;
   try {
     command = rank_command(o);
@@ -760,11 +764,9 @@ int run(run_options o, run_record& record) {
     say("cohort-run: {}\n", e.what());
     return e.exit_code;
   }
-  // First: what the workers start dies with cohort-run, also when it is
-  // killed with SIGKILL.
+  // What the workers start dies with cohort-run, also when it is killed
+  // with SIGKILL.
   cohort::guardian guard;
-  // Before any thread is made: every thread of cohort-run blocks them.
-  signal_owner signals(o.signals_to_handle, o.signals_to_forward);
   const int code = run_attempts(o, record, command, signals);
   // Every attempt's group has ended and swept what it started: nothing is
   // left for the guardian to look for. (An exception leaves it its look.)

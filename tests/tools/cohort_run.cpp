@@ -534,6 +534,32 @@ TEST_SUITE("cohort-run") {
     }
   }
 
+  TEST_CASE("a shutdown signal while cohort-run looks for Python ends it before any rank starts, recorded") {
+    test::temp_dir dir;
+    // A python3 whose torch check takes a second: SIGTERM comes meanwhile.
+    const auto bin = dir.path / "bin";
+    fs::create_directories(bin);
+    std::ofstream(bin / "python3") << "#!/bin/sh\ncase \"$*\" in *find_spec*) sleep 1; exit 0;; esac\n"
+                                   << ": > \"$COHORT_TEST_OUT/ran\"\n";
+    fs::permissions(bin / "python3", fs::perms::owner_all);
+    const auto script = (dir.path / "train.py").string();
+    std::ofstream(script) << "print('not run')\n";
+    const auto json = dir.path / "result.json";
+    auto r = run_launcher({"--result-json", json.string(), "-n", "1", script},
+                          [](child& c) -> asio::awaitable<void> {
+                            asio::steady_timer timer(co_await asio::this_coro::executor, std::chrono::milliseconds(300));
+                            co_await timer.async_wait(asio::use_awaitable);
+                            c.signal(SIGTERM);
+                          },
+                          {{"PATH", bin.string() + ":/usr/bin:/bin"}, {"COHORT_TEST_OUT", dir.path.string()}});
+    INFO(r.err);
+    CHECK_FALSE(r.status.signaled());
+    CHECK(r.status.code() == 128 + SIGTERM);
+    CHECK_FALSE(fs::exists(dir.path / "ran"));
+    REQUIRE(fs::exists(json));
+    CHECK(nlohmann::json::parse(read_file(json))["outcome"] == "interrupted");
+  }
+
   TEST_CASE("a worker that ignores SIGTERM is SIGKILLed after --grace-period") {
     auto r = run_launcher({"-n", "2", "--grace-period", "0.2", "--", "/bin/sh", "-c",
                            "if [ $RANK = 0 ]; then sleep 0.3; exit 5; fi; trap '' TERM; sleep 30"});

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 
@@ -56,8 +57,16 @@ bool finds_torch(const fs::path& python) {
   std::string dash_c = "-c";
   std::string code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)";
   char* argv[] = {program.data(), dash_c.data(), code.data(), nullptr};
+  // Started with no signal blocked (cohort-run blocks those it handles).
+  posix_spawnattr_t attributes;
+  ::posix_spawnattr_init(&attributes);
+  sigset_t none;
+  sigemptyset(&none);
+  ::posix_spawnattr_setsigmask(&attributes, &none);
+  ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
   pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, nullptr, argv, environ);
+  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, &attributes, argv, environ);
+  ::posix_spawnattr_destroy(&attributes);
   ::posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) return false;
   int status = 0;

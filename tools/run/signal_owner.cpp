@@ -75,9 +75,15 @@ void signal_owner::attach(cohort::group& g, const asio::any_io_executor& ex) {
     throw;
   }
   group_ = &g;
-  if (first_) g.interrupt(*first_);  // came while no group ran
-  take_waiting();
-  wait_next();
+  try {
+    if (first_) g.interrupt(*first_);  // came while no group ran
+    take_waiting();
+    wait_next();
+  } catch (...) {  // out of memory: attached to nothing, as before the call
+    group_ = nullptr;
+    readable_.reset();
+    throw;
+  }
 }
 
 void signal_owner::detach() {
