@@ -55,7 +55,8 @@ namespace {
 
 // The descriptors of a request: the shared ones, then each rank's, at most
 // max_kept kept ones for a rank alone.
-enum shared_slot { report_slot, request_slot, shared_slots };
+// dir_slot: the requester's working directory (O_PATH), or a stand-in.
+enum shared_slot { report_slot, request_slot, dir_slot, shared_slots };
 enum rank_slot { in_fd, out_fd, err_fd, result_slot, rank_slots };
 constexpr std::size_t max_fds = std::size_t{shared_slots} + rank_slots + max_kept;
 static_assert(max_fds <= os::max_passed, "more descriptors than one message carries");
@@ -73,12 +74,11 @@ using rank_plan = std::tuple<int, int, int, bool, std::string, std::vector<int>,
 // none), which the server parses once for all of them: a forked rank then
 // runs no environment or string code of libc's to find it; last, what a
 // forked rank would have inherited of the requester: its umask (-1:
-// unknown, the server's stays) and its working directory (empty: unknown),
-// where a rank without options.cwd starts. A rank that cannot enter that
-// directory by its name (a path over PATH_MAX, an ancestor it may not
-// search) starts in the server's, as it did before either was sent.
+// unknown, the server's stays), and whether the message's dir_slot holds its
+// working directory, where a rank without options.cwd starts (entered by
+// descriptor: whatever its path's length, or the permissions above it).
 using request = std::tuple<std::string, std::vector<std::byte>, bool, std::vector<std::string>,
-                           std::vector<rank_plan>, std::string, int, std::string>;
+                           std::vector<rank_plan>, std::string, int, bool>;
 
 // Where a rank's kept descriptors start among its own: after the result
 // memfd, when it sends one.
@@ -125,12 +125,12 @@ COHORT_FORKED_CHILD_PATH pid_t clone_as_sibling(const thread_identity& self) {
 // other ranks' go with the set-up. What escapes ends the rank through
 // std::terminate.
 COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp, const shm::keeper_address& keeper,
-                                        std::span<const int> own, int report, std::uint64_t reset,
+                                        std::span<const int> own, int report, int dir, std::uint64_t reset,
                                         const from_forking_process& inherited) noexcept {
-  auto& [name, args, returns_value, entries, plans, keeper_text, mask, callers_dir] = r;
+  auto& [name, args, returns_value, entries, plans, keeper_text, mask, dir_sent] = r;
   auto& [rank, parent, death_signal, new_group, cwd, env, kept] = plan;
   if (mask >= 0) os::raw_syscall(SYS_umask, mask);
-  if (cwd.empty() && !callers_dir.empty()) os::raw_syscall(SYS_chdir, reinterpret_cast<long>(callers_dir.c_str()));
+  if (cwd.empty() && dir_sent) os::raw_syscall(SYS_fchdir, dir);
   // Every descriptor needed is first moved above all the numbers involved,
   // so that placing one never overwrites another.
   int top = std::max(2, report);
@@ -181,12 +181,13 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
 // The forked child's way from the server's loop to its exit.
 [[noreturn]] COHORT_FORKED_CHILD_PATH void become_rank(int socket, std::unique_ptr<request> r, rank_plan& plan,
                                                        char** envp, const shm::keeper_address& keeper,
-                                                       std::span<const int> own, int report, std::uint64_t reset,
+                                                       std::span<const int> own, int report, int dir,
+                                                       std::uint64_t reset,
                                                        const from_forking_process& inherited) noexcept {
   os::raw_syscall(SYS_close, socket);
   // The child's for good: its environment points into it, and what it
   // leaves behind need not be freed page by page.
-  end_forked_rank(run_forked(*r.release(), plan, envp, keeper, own, report, reset, inherited));
+  end_forked_rank(run_forked(*r.release(), plan, envp, keeper, own, report, dir, reset, inherited));
 }
 
 // Each rank's environment as environ wants it, pointing into the request's
@@ -291,7 +292,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     } else {
       try {
         r = std::make_unique<request>(decode<request>(encoded::from_bytes(std::move(bytes))));
-        auto& [name, args, returns_value, entries, plans, keeper_text, mask, callers_dir] = *r;
+        auto& [name, args, returns_value, entries, plans, keeper_text, mask, dir_sent] = *r;
         if (b.count == 0 || b.first > plans.size() || b.count > plans.size() - b.first) {
           throw std::invalid_argument("ranks");
         }
@@ -325,7 +326,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
       const pid_t pid = clone_as_sibling(self);
       if (pid == 0) {
         become_rank(socket, std::move(r), ranks[i], envps[i].data(), keeper, std::span<const int>(fds).subspan(at, own),
-                    fds[report_slot], reset, inherited);
+                    fds[report_slot], fds[dir_slot], reset, inherited);
       }
       replies.push_back(pid > 0 ? pid : -errno);
       if (pid < 0) break;
@@ -374,7 +375,7 @@ int current_umask() {
 // Writes the call, every rank's plan and their keeper into a memfd;
 // returns it, or -1 with `f` saying why. `kept[i]` is kept_by(requests[i]).
 int write_plans(std::span<const server_request> requests, std::span<const std::vector<int>> kept,
-                const function_call& call, const std::string& keeper, launch_failure& f) {
+                const function_call& call, const std::string& keeper, bool dir_sent, launch_failure& f) {
   std::vector<std::string> entries;
   std::unordered_map<std::string_view, int> numbers;  // of the entries, by their text in the plans
   std::vector<rank_plan> plans;
@@ -400,7 +401,7 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
   }
   const auto args = call.args.bytes();
   const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), call.returns_value,
-                    std::move(entries), std::move(plans), keeper, current_umask(), here};
+                    std::move(entries), std::move(plans), keeper, current_umask(), dir_sent};
   const int fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
   if (fd < 0 || !write_whole(fd, encode(req).bytes())) {
     f = {stage::start, errno, ""};
@@ -413,10 +414,11 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
 // Sends the ranks from `first` on that fit in one message; returns how many
 // it sent, or 0 with errno set. `kept` as for write_plans.
 std::size_t send_batch(int socket, std::span<const server_request> requests, std::span<const std::vector<int>> kept,
-                       bool returns_value, std::size_t first, int report_fd, int request_fd) {
+                       bool returns_value, std::size_t first, int report_fd, int request_fd, int dir_fd) {
   fd_array fds{};
   fds[report_slot] = report_fd;
   fds[request_slot] = request_fd;
+  fds[dir_slot] = dir_fd >= 0 ? dir_fd : request_fd;  // the request says which
   std::size_t count = shared_slots;
   std::size_t end = first;
   for (; end < requests.size(); ++end) {
@@ -462,7 +464,10 @@ std::size_t start_from_server(std::span<server_request> requests, const function
     std::vector<std::vector<int>> kept;
     kept.reserve(requests.size());
     for (const auto& r : requests) kept.push_back(kept_by(r));
-    const os::owned_fd plans(write_plans(requests, kept, call, keeper, f));
+    // The working directory by descriptor: a rank enters it whatever its
+    // path (none when it cannot be opened: the server's then).
+    const os::owned_fd here(::open(".", O_PATH | O_DIRECTORY | O_CLOEXEC));
+    const os::owned_fd plans(write_plans(requests, kept, call, keeper, here.get() >= 0, f));
     if (plans.get() < 0) return 0;
     for (bool restarted = false;;) {
       if (l.socket < 0) {
@@ -484,7 +489,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       int error = 0;
       while (started < requests.size() && error == 0) {
         const std::size_t sent =
-            send_batch(l.socket, requests, kept, call.returns_value, started, report_write.get(), plans.get());
+            send_batch(l.socket, requests, kept, call.returns_value, started, report_write.get(), plans.get(), here.get());
         if (sent == 0) {
           error = errno;
           break;
