@@ -39,7 +39,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -62,10 +61,10 @@ constexpr std::size_t max_fds = std::size_t{shared_slots} + rank_slots + max_kep
 static_assert(max_fds <= os::max_passed, "more descriptors than one message carries");
 using fd_array = std::array<int, max_fds>;
 
-// rank, parent pid, death signal, new group, cwd (options.cwd, a relative
-// one joined to the requester's directory), environment (indices of the
-// request's entries), the numbers the kept descriptors have in the
-// requester (and must have in the child).
+// rank, parent pid, death signal, new group, cwd (options.cwd: a relative
+// one is entered from the requester's directory, as below), environment
+// (indices of the request's entries), the numbers the kept descriptors have
+// in the requester (and must have in the child).
 using rank_plan = std::tuple<int, int, int, bool, std::string, std::vector<int>, std::vector<int>>;
 // The function's name, its arguments, whether it returns a value (each
 // rank then sends a result memfd), the "NAME=value" entries of the ranks'
@@ -75,7 +74,7 @@ using rank_plan = std::tuple<int, int, int, bool, std::string, std::vector<int>,
 // runs no environment or string code of libc's to find it; last, what a
 // forked rank would have inherited of the requester: its umask (-1:
 // unknown, the server's stays), and whether the message's dir_slot holds its
-// working directory, where a rank without options.cwd starts (entered by
+// working directory, where each rank starts, before options.cwd (entered by
 // descriptor: whatever its path's length, or the permissions above it).
 using request = std::tuple<std::string, std::vector<std::byte>, bool, std::vector<std::string>,
                            std::vector<rank_plan>, std::string, int, bool>;
@@ -130,7 +129,7 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   auto& [name, args, returns_value, entries, plans, keeper_text, mask, dir_sent] = r;
   auto& [rank, parent, death_signal, new_group, cwd, env, kept] = plan;
   if (mask >= 0) os::raw_syscall(SYS_umask, mask);
-  if (cwd.empty() && dir_sent) os::raw_syscall(SYS_fchdir, dir);
+  if (dir_sent) os::raw_syscall(SYS_fchdir, dir);
   // Every descriptor needed is first moved above all the numbers involved,
   // so that placing one never overwrites another.
   int top = std::max(2, report);
@@ -380,8 +379,6 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
   std::unordered_map<std::string_view, int> numbers;  // of the entries, by their text in the plans
   std::vector<rank_plan> plans;
   plans.reserve(requests.size());
-  std::error_code no_cwd;
-  const std::string here = std::filesystem::current_path(no_cwd).string();  // empty when it has gone
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const server_request& r = requests[i];
     const launch_plan& p = *r.plan;
@@ -395,9 +392,8 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
       f = {stage::fds, E2BIG, ""};
       return -1;
     }
-    std::string cwd = p.cwd != nullptr ? p.cwd : "";
-    if (!cwd.empty() && cwd.front() != '/' && !here.empty()) cwd = (std::filesystem::path(here) / cwd).string();
-    plans.emplace_back(r.rank, p.parent, p.death_signal, p.new_group, std::move(cwd), std::move(env), kept[i]);
+    plans.emplace_back(r.rank, p.parent, p.death_signal, p.new_group, p.cwd != nullptr ? p.cwd : "", std::move(env),
+                       kept[i]);
   }
   const auto args = call.args.bytes();
   const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), call.returns_value,
