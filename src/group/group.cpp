@@ -348,6 +348,10 @@ void begin_stop(group_state& state) {
   state.wake.cancel();
 }
 
+// A signal a process can catch: what forward_signals handles, and what
+// interrupt() may stand for.
+bool catchable(int sig) { return sig > 0 && sig < NSIG && sig != SIGKILL && sig != SIGSTOP; }
+
 // A shutdown signal: the first starts the shutdown, a later one (or one
 // after stop()) hurries it.
 void interrupt(group_state& s, int sig) {
@@ -573,7 +577,7 @@ void group::send_signal(int sig) {
 
 void group::interrupt(int sig) {
   if (!state_) throw std::logic_error("cohort::group::interrupt: no group");
-  if (sig <= 0 || sig >= NSIG || sig == SIGKILL || sig == SIGSTOP) {
+  if (!detail::catchable(sig)) {
     throw std::invalid_argument(fmt::format("cohort::group::interrupt: cannot start a shutdown with {}", signal_name(sig)));
   }
   asio::dispatch(state_->strand, [state = state_, sig] { detail::interrupt(*state, sig); });
@@ -583,7 +587,7 @@ void group::forward_signals(std::vector<int> shutdown_signals, std::vector<int> 
   if (!state_) throw std::logic_error("cohort::group::forward_signals: no group");
   for (const auto* list : {&shutdown_signals, &passed_on}) {
     for (int sig : *list) {
-      if (sig <= 0 || sig >= NSIG || sig == SIGKILL || sig == SIGSTOP) {
+      if (!detail::catchable(sig)) {
         throw std::invalid_argument(fmt::format("cohort::group::forward_signals: cannot handle {}", signal_name(sig)));
       }
     }
