@@ -202,7 +202,6 @@ class pool_state {
   struct detached_map {
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
-    void join() { thread.join(); }
   };
   std::mutex detached_mutex_;
   std::vector<detached_map> detached_;  // under detached_mutex_

@@ -229,6 +229,10 @@ bool etcd_rendezvous::open_round(std::int64_t after, std::int64_t seen_revision,
 
 assignment etcd_rendezvous::next_round(const std::function<bool(milliseconds)>& pause) {
   unwatch();
+  const auto wait_between_polls = pause ? pause : [](milliseconds d) {
+    std::this_thread::sleep_for(d);
+    return true;
+  };
   const auto deadline = clock_type::now() + config_.join_timeout;
   std::optional<etcd_error> unreachable;  // etcd's last transient failure, while it lasts
   bool answered = false;                  // etcd was read in this round
@@ -270,7 +274,7 @@ assignment etcd_rendezvous::next_round(const std::function<bool(milliseconds)>& 
         }
       }
       const auto wait = p.wrote ? milliseconds(0) : std::min(config_.poll_interval, until(deadline));
-      if (pause ? !pause(wait) : (std::this_thread::sleep_for(wait), false)) {
+      if (!wait_between_polls(wait)) {
         throw rendezvous_error(where() + ": interrupted while waiting for a round");
       }
     }
