@@ -702,6 +702,42 @@ TEST_SUITE("cohort-run") {
     CHECK(variables_in(wins.path / "0")["ROLE_NAME"] == "cmdline");
   }
 
+  TEST_CASE("flags as torchrun's parser reads them: given twice, the last wins; abbreviated, when one flag is meant") {
+    test::temp_dir twice;
+    auto r = run_launcher({"--nproc-per-node", "3", "--nproc_per_node=2", "--role", "a", "--role", "b", "--standalone",
+                           "--standalone", "--", "/bin/sh", "-c", dump_contract, twice.path.string()});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK_FALSE(fs::exists(twice.path / "2"));
+    auto v = variables_in(twice.path / "1");
+    CHECK(v["WORLD_SIZE"] == "2");
+    CHECK(v["ROLE_NAME"] == "b");
+    // --nproc starts only the two spellings of --nproc-per-node; --max_r
+    // only --max_restarts; --nn=, with its value attached, only --nnodes.
+    test::temp_dir short_forms;
+    r = run_launcher({"--nproc", "2", "--max_r", "1", "--nn=1", "--ro", "c", "--", "/bin/sh", "-c", dump_contract,
+                      short_forms.path.string()});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    v = variables_in(short_forms.path / "1");
+    CHECK(v["WORLD_SIZE"] == "2");
+    CHECK(v["TORCHELASTIC_MAX_RESTARTS"] == "1");
+    CHECK(v["ROLE_NAME"] == "c");
+    // A prefix of several flags is refused, naming them.
+    r = run_launcher({"--rdzv", "x", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK(r.err.find("ambiguous option: --rdzv could match --rdzv-backend") != std::string::npos);
+    CHECK(r.err.find("--rdzv-endpoint") != std::string::npos);
+    // The program's own arguments are its own, after "--" or without it.
+    test::temp_dir own;
+    const std::string echo = "echo \"$@\" > \"$0/$RANK\"";
+    r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", echo, own.path.string(), "--nproc", "--rdzv"});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(read_file(own.path / "0") == "--nproc --rdzv\n");
+    test::temp_dir own_without;
+    r = run_launcher({"-n", "1", "--max", "0", "/bin/sh", "-c", echo, own_without.path.string(), "--nn", "--stand"});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(read_file(own_without.path / "0") == "--nn --stand\n");
+  }
+
   TEST_CASE("--rdzv-backend c10d with a fixed --nnodes: its endpoint is the master's address and port") {
     test::temp_dir dir;
     auto r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "10.1.1.1:1234", "--nnodes", "2", "--node-rank",

@@ -77,6 +77,58 @@ void parse_nnodes(const std::string& text, run_options& o) {
   if (o.min_nodes > o.max_nodes) throw bad();
 }
 
+// The option of `app` named by long name `name` (no dashes) or, as
+// torchrun's parser takes them, by a prefix of its long names; nullptr for
+// none. A prefix several options' names start with is refused, as torchrun
+// refuses it; one that only several spellings of the same option start
+// with (--nproc: --nproc-per-node, --nproc_per_node) names that option.
+const CLI::Option* long_option(const CLI::App& app, const std::string& name) {
+  const CLI::Option* found = nullptr;
+  std::vector<std::string> matches;
+  bool ambiguous = false;
+  for (const CLI::Option* option : app.get_options()) {
+    for (const auto& long_name : option->get_lnames()) {
+      if (long_name == name) return option;
+      if (long_name.rfind(name, 0) != 0) continue;
+      matches.push_back("--" + long_name);
+      ambiguous = ambiguous || (found != nullptr && found != option);
+      found = option;
+    }
+  }
+  if (ambiguous) throw usage_error(fmt::format("ambiguous option: --{} could match {}", name, fmt::join(matches, ", ")));
+  return found;
+}
+
+// cohort-run's own arguments as torchrun's parser would read them: each
+// abbreviated long option written out in full, up to the program (the
+// first argument that is neither an option nor an option's value, or what
+// follows "--"), whose own arguments are left as they are.
+std::vector<std::string> written_out(const CLI::App& app, int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--" || arg.size() < 2 || arg[0] != '-') break;
+    const CLI::Option* option = nullptr;
+    bool value_attached = false;
+    if (arg[1] == '-') {
+      const auto equals = arg.find('=');
+      value_attached = equals != std::string::npos;
+      option = long_option(app, arg.substr(2, value_attached ? equals - 2 : std::string::npos));
+      if (option == nullptr) continue;  // unknown: the parser says so
+      args[i] = "--" + option->get_lnames().front() + (value_attached ? arg.substr(equals) : "");
+    } else {
+      for (const CLI::Option* candidate : app.get_options()) {
+        for (const auto& short_name : candidate->get_snames()) {
+          if (short_name.size() == 1 && short_name[0] == arg[1]) option = candidate;
+        }
+      }
+      value_attached = arg.size() > 2;
+    }
+    if (option != nullptr && option->get_type_size_max() > 0 && !value_attached) ++i;  // its value
+  }
+  return args;
+}
+
 }  // namespace
 
 double seconds(const std::string& flag, const std::string& text) {
@@ -135,6 +187,8 @@ run_options parse_options(int argc, char** argv) {
   app.formatter(std::make_shared<formatter>());
   app.prefix_command();  // the program's own arguments are not ours
   app.set_version_flag("--version", fmt::format("cohort-run {}", version));
+  // An option given twice takes its last value, as torchrun's parser does.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   // torchrun's flags, in its order.
   auto* nnodes_flag = app.add_option("--nnodes", nnodes, "nodes: N, or MIN:MAX for an elastic job (etcd-v3)");
@@ -210,7 +264,10 @@ run_options parse_options(int argc, char** argv) {
     }
   }
   try {
-    app.parse(argc, argv);
+    auto args = written_out(app, argc, argv);
+    std::vector<char*> pointers;
+    for (auto& arg : args) pointers.push_back(arg.data());
+    app.parse(static_cast<int>(pointers.size()), pointers.data());
   } catch (const CLI::CallForHelp&) {
     print_to(stdout, "{}", app.help());
     std::exit(0);
