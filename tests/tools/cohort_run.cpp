@@ -736,6 +736,19 @@ TEST_SUITE("cohort-run") {
     r = run_launcher({"-n", "1", "--max", "0", "/bin/sh", "-c", echo, own_without.path.string(), "--nn", "--stand"});
     REQUIRE_MESSAGE(r.status.code() == 0, r.err);
     CHECK(read_file(own_without.path / "0") == "--nn --stand\n");
+    // A flag takes no value: what follows it is the next flag, or the program.
+    test::temp_dir after_flag;
+    r = run_launcher({"--standalone", "--nproc", "1", "--no-python", "/bin/sh", "-c", echo, after_flag.path.string(),
+                      "--log_dir", "x", "--n", "1"});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(read_file(after_flag.path / "0") == "--log_dir x --n 1\n");
+    // An empty value given with "=" is the value; the next argument is not.
+    test::temp_dir empty_value;
+    r = run_launcher({"--role=", "--nproc-per-node=2", "--", "/bin/sh", "-c", dump_contract, empty_value.path.string()});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    v = variables_in(empty_value.path / "1");
+    CHECK(v["WORLD_SIZE"] == "2");
+    CHECK(v["ROLE_NAME"].empty());
   }
 
   TEST_CASE("--rdzv-backend c10d with a fixed --nnodes: its endpoint is the master's address and port") {

@@ -113,9 +113,19 @@ std::vector<std::string> written_out(const CLI::App& app, int argc, char** argv)
     if (arg[1] == '-') {
       const auto equals = arg.find('=');
       value_attached = equals != std::string::npos;
-      option = long_option(app, arg.substr(2, value_attached ? equals - 2 : std::string::npos));
+      const std::string name = arg.substr(2, value_attached ? equals - 2 : std::string::npos);
+      option = name.empty() ? nullptr : long_option(app, name);
       if (option == nullptr) continue;  // unknown: the parser says so
-      args[i] = "--" + option->get_lnames().front() + (value_attached ? arg.substr(equals) : "");
+      const std::string value = value_attached ? arg.substr(equals + 1) : "";
+      args[i] = "--" + option->get_lnames().front();
+      if (value_attached && (!value.empty() || option->get_expected_max() == 0)) {
+        args[i] += "=" + value;
+      } else if (value_attached) {
+        // An empty value ("--log-dir=") is the value, as for torchrun; the
+        // parser would take the next argument instead.
+        args.insert(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, std::string());
+        value_attached = false;  // it follows, and is skipped below
+      }
     } else {
       for (const CLI::Option* candidate : app.get_options()) {
         for (const auto& short_name : candidate->get_snames()) {
@@ -124,7 +134,7 @@ std::vector<std::string> written_out(const CLI::App& app, int argc, char** argv)
       }
       value_attached = arg.size() > 2;
     }
-    if (option != nullptr && option->get_type_size_max() > 0 && !value_attached) ++i;  // its value
+    if (option != nullptr && option->get_expected_max() > 0 && !value_attached) ++i;  // its value
   }
   return args;
 }
