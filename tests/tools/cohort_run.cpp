@@ -721,6 +721,13 @@ TEST_SUITE("cohort-run") {
     CHECK(v["WORLD_SIZE"] == "2");
     CHECK(v["TORCHELASTIC_MAX_RESTARTS"] == "1");
     CHECK(v["ROLE_NAME"] == "c");
+    // A value that reads as a flag is refused, not taken: a value left out.
+    r = run_launcher({"--role", "--standalone", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK(r.err.find("--role: expected a value, not '--standalone'") != std::string::npos);
+    r = run_launcher({"--rdzv-conf", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK(r.err.find("--rdzv-conf: expected a value, not '--'") != std::string::npos);
     // A prefix of several flags is refused, naming them.
     r = run_launcher({"--rdzv", "x", "--", "/bin/true"});
     CHECK(r.status.code() == 2);

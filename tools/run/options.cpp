@@ -99,6 +99,16 @@ const CLI::Option* long_option(const CLI::App& app, const std::string& name) {
   return found;
 }
 
+// Whether `arg`, given where an option's value belongs, is an option to
+// torchrun's parser instead: it starts with '-', and is not "-" alone, a
+// negative number, or words with a space.
+bool reads_as_option(const std::string& arg) {
+  if (arg.size() < 2 || arg[0] != '-' || arg.find(' ') != std::string::npos) return false;
+  char* end = nullptr;
+  std::strtod(arg.c_str(), &end);
+  return end != arg.c_str() + arg.size();
+}
+
 // cohort-run's own arguments as torchrun's parser would read them: each
 // abbreviated long option written out in full, up to the program (the
 // first argument that is neither an option nor an option's value, or what
@@ -106,7 +116,7 @@ const CLI::Option* long_option(const CLI::App& app, const std::string& name) {
 std::vector<std::string> written_out(const CLI::App& app, int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
   for (std::size_t i = 1; i < args.size(); ++i) {
-    const std::string& arg = args[i];
+    const std::string arg = args[i];  // a copy: args may grow below
     if (arg == "--" || arg.size() < 2 || arg[0] != '-') break;
     const CLI::Option* option = nullptr;
     bool value_attached = false;
@@ -134,7 +144,14 @@ std::vector<std::string> written_out(const CLI::App& app, int argc, char** argv)
       }
       value_attached = arg.size() > 2;
     }
-    if (option != nullptr && option->get_expected_max() > 0 && !value_attached) ++i;  // its value
+    if (option == nullptr || option->get_expected_max() == 0 || value_attached) continue;
+    // Its value, the next argument, unless that reads as an option (or is
+    // missing, which the parser says): torchrun's parser then says the
+    // value is missing, rather than take "--standalone" as a --role.
+    if (i + 1 < args.size() && reads_as_option(args[i + 1])) {
+      throw usage_error(fmt::format("{}: expected a value, not '{}'", args[i], args[i + 1]));
+    }
+    ++i;
   }
   return args;
 }
