@@ -728,6 +728,9 @@ TEST_SUITE("cohort-run") {
     r = run_launcher({"--rdzv-conf", "--", "/bin/true"});
     CHECK(r.status.code() == 2);
     CHECK(r.err.find("--rdzv-conf: expected a value, not '--'") != std::string::npos);
+    r = run_launcher({"--standalone=0", "--", "/bin/true"});  // a flag takes no value
+    CHECK(r.status.code() == 2);
+    CHECK(r.err.find("--standalone: takes no value, '0' given") != std::string::npos);
     // A prefix of several flags is refused, naming them.
     r = run_launcher({"--rdzv", "x", "--", "/bin/true"});
     CHECK(r.status.code() == 2);

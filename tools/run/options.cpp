@@ -128,7 +128,12 @@ std::vector<std::string> written_out(const CLI::App& app, int argc, char** argv)
       if (option == nullptr) continue;  // unknown: the parser says so
       const std::string value = value_attached ? arg.substr(equals + 1) : "";
       args[i] = "--" + option->get_lnames().front();
-      if (value_attached && (!value.empty() || option->get_expected_max() == 0)) {
+      if (value_attached && option->get_expected_max() == 0) {
+        // torchrun's parser refuses a value for a flag: --standalone=0
+        // must not turn it on.
+        throw usage_error(fmt::format("{}: takes no value, '{}' given", args[i], value));
+      }
+      if (value_attached && !value.empty()) {
         args[i] += "=" + value;
       } else if (value_attached) {
         // An empty value ("--log-dir=") is the value, as for torchrun; the
