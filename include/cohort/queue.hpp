@@ -29,8 +29,8 @@ COHORT_API_BEGIN
 
 namespace cohort {
 
-/// A wait on a queue or event ended because the processes that could end
-/// it are gone: a pop on an empty queue whose producers have all exited, or
+/// A wait on a queue ended because the processes that could end it are
+/// gone (an event's wait waits for its set(), as Python's does): a pop on an empty queue whose producers have all exited, or
 /// a push into a full queue whose consumers have all exited; names the last
 /// of them found gone. Also a value popped whose shared memory went with
 /// its sender (a sender killed before the value was received: a memfd no
@@ -97,6 +97,16 @@ std::pair<std::uint32_t, std::uint32_t> queue_sleepers(const queue_core& q);
 /// `lines` cache lines of the ring would have left them (for tests of what
 /// wraps past 2^32); throws std::logic_error when the queue holds values.
 void queue_skip_ahead(queue_core& q, std::uint32_t values, std::uint32_t lines);
+/// Marks the queue's table of processes as missing one, as a process that
+/// found it full leaves it (for tests).
+void queue_mark_peers_incomplete(queue_core& q);
+/// The core of a typed queue (for tests).
+struct queue_access {
+  template <class Q>
+  static queue_core& core(const Q& q) noexcept {
+    return *q.core_;
+  }
+};
 /// The storage holding the queue's shared state, which is how it crosses.
 const storage& queue_storage(const queue_core& q);
 std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature, record_drop drop = nullptr);
@@ -160,7 +170,12 @@ void drop_record(std::span<const std::byte> bytes) {
 /// waiting process never counts for its own wait, so that a process left
 /// alone with a queue it fed itself is told rather than kept waiting; a
 /// wait for values another thread of the same process will push ends
-/// with peer_lost too, once the other processes are gone. Values
+/// with peer_lost too, once the other processes are gone. A queue tells
+/// this from a table of the processes that used it, 256 alive at once at
+/// most: once a 257th joins while all 256 are there, it goes unrecorded
+/// and the queue never again ends a wait with peer_lost (it could be
+/// wrong); its waits then end by a value, room, close() or their timeout.
+/// Values
 /// pushed and never popped are dropped, and their shared memory let go of,
 /// when the last process holding the queue lets go of it (see queue_core's
 /// holders); a queue a process killed outright still held keeps them while
@@ -268,6 +283,7 @@ class queue {
 
  private:
   friend struct detail::handle_codec<queue>;
+  friend struct detail::queue_access;
   explicit queue(std::shared_ptr<detail::queue_core> core) noexcept : core_(std::move(core)) {}
 
   // `r` is held by the operation object, which may start (deferred) after

@@ -46,7 +46,10 @@ void peer_table::join(std::uint32_t roles) noexcept {
       if (!os::has_ended(peers[i].pid, peers[i].start_time)) peers[kept++] = peers[i];
     }
     count = kept;
-    if (count >= max_peers) return;  // 64 live peers: this one goes unwatched
+    if (count >= max_peers) {
+      incomplete = 1;  // this one goes unrecorded
+      return;
+    }
   }
   peers[count++] = {self, os::running_rank(), roles, started};
 }

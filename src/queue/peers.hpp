@@ -25,11 +25,15 @@ struct peer {
 };
 inline constexpr std::uint32_t peer_producer = 1;
 inline constexpr std::uint32_t peer_consumer = 2;
-inline constexpr int max_peers = 64;
+inline constexpr int max_peers = 256;
 
 /// The table, in shared memory, guarded by its owner's lock.
 struct peer_table {
   std::uint32_t count;
+  /// Set, for good, once a process could not be recorded (every slot held
+  /// by a process still there): the table no longer names every peer, and
+  /// no wait may conclude from it that the other side has gone.
+  std::uint32_t incomplete;
   peer peers[max_peers];
 
   /// Adds `roles` for this process (a table full of processes that have

@@ -41,9 +41,10 @@ namespace cohort::detail {
 
 namespace {
 
-// "chtqueu2": the layout with a lock for each side; a queue of the layout
-// before ("chtqueue") is refused rather than misread.
-constexpr std::uint64_t magic = 0x3275657571746863ULL;
+// "chtqueu3": the layout with a lock for each side and a peer table of
+// 256; a queue of a layout before ("chtqueue", "chtqueu2") is refused
+// rather than misread.
+constexpr std::uint64_t magic = 0x3375657571746863ULL;
 constexpr std::uint32_t skip = 0xffffffffU;             // the rest of the ring is unused: wrap
 constexpr std::uint32_t overflowed = 1;                 // the record is a storage holding the value
 // How long a wait sleeps before it looks at whether the other side is
@@ -280,10 +281,13 @@ class queue_core {
   }
 
   // Copies the peer table out, under the lock; returns how many it holds.
-  std::uint32_t copy_peers(peer (&copy)[max_peers]) {
+  // `complete` (when given) tells whether it names every process that used
+  // the queue (see peer_table::incomplete).
+  std::uint32_t copy_peers(peer (&copy)[max_peers], bool* complete = nullptr) {
     const locked lock(h().table_lock);
     const auto count = std::min<std::uint32_t>(h().peers.count, max_peers);
     std::copy_n(h().peers.peers, count, copy);
+    if (complete != nullptr) *complete = h().peers.incomplete == 0;
     return count;
   }
 
@@ -293,7 +297,9 @@ class queue_core {
   template <class Try>
   void check_peers(side s, Try last_try) {
     peer copy[max_peers];
-    const std::uint32_t count = copy_peers(copy);
+    bool complete = false;
+    const std::uint32_t count = copy_peers(copy, &complete);
+    if (!complete) return;  // a peer the table does not name may be there
     const auto role = s == side::pop ? peer_producer : peer_consumer;
     if (auto gone = watch_.all_gone(copy, count, role)) {
       if (last_try()) return;
@@ -309,9 +315,10 @@ class queue_core {
   // sleep.
   bool arm_peers(side s) {
     peer copy[max_peers];
-    const std::uint32_t count = copy_peers(copy);
+    bool complete = false;
+    const std::uint32_t count = copy_peers(copy, &complete);
     const auto role = s == side::pop ? peer_producer : peer_consumer;
-    return !watch_.all_gone(copy, count, role, &death_notice::of_this_process());
+    return !watch_.all_gone(copy, count, role, &death_notice::of_this_process()) || !complete;
   }
 
   std::atomic<std::uint32_t>& word(side s) const noexcept { return s == side::push ? h().space : h().items; }
@@ -379,6 +386,11 @@ class queue_core {
     h().tail.store(at, std::memory_order_release);
     h().head.store(at, std::memory_order_release);
     h().head_seen = h().tail_seen = at;
+  }
+
+  void mark_peers_incomplete() {
+    const locked lock(h().table_lock);
+    h().peers.incomplete = 1;
   }
 
   std::pair<std::uint32_t, std::uint32_t> sleepers() const {
@@ -904,6 +916,7 @@ std::size_t queue_size(const queue_core& q) { return std::min<std::size_t>(q.val
 std::size_t queue_capacity(const queue_core& q) { return q.h().capacity; }
 std::pair<std::uint32_t, std::uint32_t> queue_sleepers(const queue_core& q) { return q.sleepers(); }
 void queue_skip_ahead(queue_core& q, std::uint32_t values, std::uint32_t lines) { q.skip_ahead(values, lines); }
+void queue_mark_peers_incomplete(queue_core& q) { q.mark_peers_incomplete(); }
 const storage& queue_storage(const queue_core& q) { return q.state(); }
 std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature, record_drop drop) {
   return queue_core::attach(std::move(s), signature, drop);

@@ -572,6 +572,32 @@ TEST_SUITE("queue") {
     CHECK(table.peers[1].pid == ::getpid());
   }
 
+  TEST_CASE("a peer table full of processes still there records no more, and says it is incomplete") {
+    const pid_t parent = ::getppid();
+    const auto started = os::start_time_of(parent);
+    REQUIRE(started.has_value());
+    detail::peer_table table{};
+    table.count = detail::max_peers;
+    for (int i = 0; i < detail::max_peers; ++i) table.peers[i] = {parent, i, detail::peer_consumer, *started};
+    CHECK(table.incomplete == 0);
+    table.join(detail::peer_producer);
+    CHECK(table.count == static_cast<std::uint32_t>(detail::max_peers));
+    CHECK(table.incomplete == 1);
+    CHECK(std::none_of(table.peers, table.peers + detail::max_peers, [](const detail::peer& p) { return p.pid == ::getpid(); }));
+  }
+
+  TEST_CASE("a queue whose table missed a process ends no wait with peer_lost: that one may be there") {
+    queue<int> q(2);
+    q.put(1);
+    spawn_and_join(pop_one_and_leave, std::tuple{q}, 1);  // the only consumer the table names, gone
+    detail::queue_mark_peers_incomplete(detail::queue_access::core(q));
+    q.put(2);
+    q.put(3);
+    CHECK_FALSE(q.put(4, 300ms));  // full, and waited out: not peer_lost
+    CHECK(q.get() == 2);
+    CHECK(q.put(4, 300ms));
+  }
+
   TEST_CASE("a side of a queue keeps no descriptor for peers that came and went") {
     const auto open_pidfds = [] {
       int n = 0;
