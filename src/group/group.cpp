@@ -437,17 +437,32 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
     }
   }
   take_adopted_soon(state);  // what the rank leaves behind is handed to this process as it dies
-  if (status.success() || s.signalled) return false;
+  if (status.success()) return false;
   rank_failure failure{rank, s.pids[r], status, unreadable, {}, s.error_files[r], std::chrono::system_clock::now()};
   // What the rank wrote cannot stop the supervision: a report that cannot
   // be read (out of memory for it) leaves the failure as its exit says.
+  bool reported = false;
   try {
     if (auto report = read_error_file(s.error_files[r])) {
       failure.message = std::move(report->message);
       failure.trace = std::move(report->trace);
-      if (report->timestamp) failure.timestamp = std::min(failure.timestamp, latest_possible(*report->timestamp));
+      if (report->timestamp) {
+        failure.timestamp = std::min(failure.timestamp, latest_possible(*report->timestamp));
+        reported = true;
+      }
     }
   } catch (const std::exception&) {
+  }
+  if (s.signalled) {
+    // Ended by the shutdown, as a rule. But a rank can fail first and
+    // still be writing its report (its stack being symbolized) when a
+    // later failure's shutdown reaches it: its report, dated before every
+    // failure recorded, makes it the failure it was, the first.
+    const bool earlier = reported && !s.partial.failures.empty() &&
+                         std::all_of(s.partial.failures.begin(), s.partial.failures.end(),
+                                     [&](const rank_failure& f) { return failure.timestamp < f.timestamp; });
+    if (earlier) s.partial.failures.push_back(std::move(failure));
+    return false;
   }
   s.partial.failures.push_back(std::move(failure));
   s.failed = true;

@@ -131,9 +131,7 @@ COHORT_FORKED_CHILD_PATH void run_on(const entry_stack& stack) {
 #endif
 
 [[noreturn]] void on_uncaught() {
-  const std::string trace = trace_of_throw();
-  const std::string message = current_exception_message();
-  record_error(error_report{message, trace, std::nullopt});
+  const auto [message, trace, when] = report_uncaught();
   stop_forkserver();
   std::fflush(stdout);
   std::fprintf(stderr, "cohort: rank %d (pid %d) raised %s\n%s", os::running_rank(), static_cast<int>(::getpid()),

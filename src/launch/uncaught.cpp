@@ -13,6 +13,7 @@
 
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -98,12 +99,26 @@ std::string current_exception_message() {
   }
 }
 
+error_report report_uncaught() noexcept {
+  sigset_t all;
+  ::sigfillset(&all);
+  ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  error_report report{{}, {}, std::chrono::system_clock::now()};
+  try {
+    report.message = current_exception_message();
+    record_error(report);
+    report.trace = trace_of_throw();
+    record_error(report);
+  } catch (...) {
+    // Out of memory for the words: what was made stands.
+  }
+  return report;
+}
+
 namespace {
 
 [[noreturn]] void on_uncaught_in_program() {
-  const std::string trace = trace_of_throw();
-  const std::string message = current_exception_message();
-  record_error(error_report{message, trace, std::nullopt});
+  const auto [message, trace, when] = report_uncaught();
   std::fflush(stdout);
   std::fprintf(stderr, "cohort: uncaught exception in pid %d: %s\n%s", static_cast<int>(::getpid()), message.c_str(),
                trace.c_str());

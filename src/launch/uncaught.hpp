@@ -2,6 +2,8 @@
 // a terminate handler while the thrower's frames are still on the stack.
 #pragma once
 
+#include "cohort/error_file.hpp"
+
 #include <string>
 
 namespace cohort::detail {
@@ -17,5 +19,15 @@ std::string trace_of_throw();
 /// alone for one not derived from std::exception, or a note that there is
 /// none.
 std::string current_exception_message();
+
+/// The report of the exception being handled, written to the error file
+/// (when the process has one) as it is made. Every signal that can be is
+/// blocked first, for good: a shutdown's SIGTERM, sent because another
+/// rank failed later, must not end this one while it symbolizes its trace
+/// (tens of milliseconds), which would lose the first failure. The
+/// message and the time come first, in a report of their own, so that a
+/// SIGKILL during the trace still leaves them. Call from a terminate
+/// handler, which then exits.
+error_report report_uncaught() noexcept;
 
 }  // namespace cohort::detail

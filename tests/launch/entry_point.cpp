@@ -119,6 +119,26 @@ void exit_then_raise(int rank) {
 }
 COHORT_ENTRYPOINT(exit_then_raise);
 
+// An exception whose what() takes `ms` to answer, as a trace can take
+// that long to symbolize.
+struct slow_to_say : std::exception {
+  int ms;
+  explicit slow_to_say(int m) : ms(m) {}
+  const char* what() const noexcept override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return "said late";
+  }
+};
+
+// Rank 1 raises at once, an exception 600 ms in the telling; rank 0
+// exits with code 3 after 200 ms, while rank 1 still tells it.
+void raise_slowly_then_exit(int rank) {
+  if (rank == 1) throw slow_to_say(600);
+  std::this_thread::sleep_for(200ms);
+  ::_exit(3);
+}
+COHORT_ENTRYPOINT(raise_slowly_then_exit);
+
 void succeed_then_raise(int rank) {
   if (rank == 0) return;
   std::this_thread::sleep_for(100ms);
@@ -671,6 +691,20 @@ TEST_SUITE("entry points") {
       const auto* first = r.first_failure();
       REQUIRE(first != nullptr);
       CHECK_THROWS_AS(throw_first_failure(r), process_raised_error);
+    });
+  }
+
+  TEST_CASE("a rank still reporting its exception when a later failure's shutdown comes is the first failure") {
+    for_each_method([](start_method method) {
+      auto r = run_function(call(method, raise_slowly_then_exit), 2);
+      CHECK_FALSE(r.ok());
+      const auto* first = r.first_failure();
+      REQUIRE(first != nullptr);
+      CHECK(first->rank == 1);
+      CHECK(first->message.find("said late") != std::string::npos);
+      CHECK_FALSE(first->trace.empty());
+      CHECK(first->status.code() == 1);  // it finished its report: the shutdown's SIGTERM waited
+      CHECK(r.failures.size() == 2);      // rank 0's exit is there too
     });
   }
 
