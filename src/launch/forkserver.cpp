@@ -420,7 +420,10 @@ std::size_t send_batch(int socket, std::span<const server_request> requests, std
   for (; end < requests.size(); ++end) {
     const launch_plan& p = *requests[end].plan;
     if (count + first_kept(returns_value) + kept[end].size() > max_fds) break;
-    for (std::size_t i = 0; i < 3; ++i) fds[count++] = p.source[i] >= 0 ? p.source[i] : static_cast<int>(i);
+    // Inherited streams are the caller's own; stderr as stdout (source 1,
+    // "stdout once placed") is what stdout gets.
+    const auto sent = [&p](std::size_t i) { return p.source[i] >= 0 ? p.source[i] : static_cast<int>(i); };
+    for (std::size_t i = 0; i < 3; ++i) fds[count++] = i == 2 && p.source[2] == 1 ? sent(1) : sent(i);
     if (returns_value) fds[count++] = requests[end].result_fd;
     for (int fd : kept[end]) fds[count++] = fd;
   }

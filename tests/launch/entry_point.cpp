@@ -207,6 +207,13 @@ void print_to_buffered_stderr(int rank) {
 }
 COHORT_ENTRYPOINT(print_to_buffered_stderr);
 
+void print_to_both(int rank) {
+  std::printf("out %d\n", rank);
+  std::fflush(stdout);
+  std::fprintf(stderr, "err %d\n", rank);
+}
+COHORT_ENTRYPOINT(print_to_both);
+
 void say_at_exit() { std::fputs("exit handler\n", stdout); }
 
 void print_with_exit_handler(int rank) {
@@ -847,6 +854,19 @@ TEST_SUITE("entry points") {
       spec.options.err = stdio::file(dir.path / "err");
       REQUIRE(run_group(spec).ok());
       CHECK(test::read_file(dir.path / "err") == "rank 0\n");
+    });
+  }
+
+  TEST_CASE("stderr as stdout goes where the rank's stdout goes, for every start method") {
+    for_each_method([](start_method method) {
+      test::temp_dir dir;
+      group_spec spec;
+      spec.entry = call(method, print_to_both);
+      spec.nprocs = 1;
+      spec.options.out = stdio::file(dir.path / "out");
+      spec.options.err = stdio::same_as_stdout();
+      REQUIRE(run_group(spec).ok());
+      CHECK(test::read_file(dir.path / "out") == "out 0\nerr 0\n");
     });
   }
 
