@@ -13,6 +13,7 @@
 #include "os/deadline.hpp"
 #include "os/descriptor_limit.hpp"
 #include "os/descriptor_table.hpp"
+#include "os/owned_fd.hpp"
 #include "process/launch.hpp"
 #include "process/parallel.hpp"
 #include "shm/keeper.hpp"
@@ -34,6 +35,7 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -42,6 +44,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -692,6 +695,40 @@ asio::awaitable<run_result> group::wait_for(std::shared_ptr<detail::group_state>
   }
 }
 
+namespace detail {
+
+// An output file the ranks' options name, opened once here and given to
+// every rank that names it (the same path and flags), as `prog > file`
+// shares one: opened by each rank, each would truncate it and write over
+// the others from its start. `opened` holds the descriptors until the
+// ranks have their copies.
+void share_output_files(std::vector<spawn_options>& options, std::vector<os::owned_fd>& opened) {
+  std::map<std::pair<std::string, int>, int> by_file;
+  const auto share = [&](stdio& stream, const char* name) {
+    const auto* file = std::get_if<stdio::file_t>(&stream.get());
+    if (file == nullptr) return;
+    const int flags = file->flags != 0 ? file->flags : O_WRONLY | O_CREAT | O_TRUNC;
+    auto [it, fresh] = by_file.try_emplace({file->path.string(), flags}, -1);
+    if (fresh) {
+      if (file->path.string().find('\0') != std::string::npos) return;  // spawn refuses it, saying why
+      const int fd = ::open(file->path.c_str(), flags | O_CLOEXEC, 0644);
+      if (fd < 0) {
+        throw std::system_error(errno, std::system_category(),
+                                fmt::format("cohort::start_processes: options.{}: cannot open '{}'", name, file->path.string()));
+      }
+      opened.emplace_back(fd);
+      it->second = fd;
+    }
+    if (it->second >= 0) stream = stdio::fd(it->second);
+  };
+  for (auto& o : options) {
+    share(o.out, "out");
+    share(o.err, "err");
+  }
+}
+
+}  // namespace detail
+
 group start_processes(const asio::any_io_executor& executor, const group_spec& spec) {
   detail::validate(spec);
   auto state = std::make_shared<detail::group_state>(executor, spec);
@@ -721,6 +758,8 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
     }
     if (state->logs) state->logs->apply(rank, options[static_cast<std::size_t>(rank)]);
   }
+  std::vector<os::owned_fd> output_files;
+  detail::share_output_files(options, output_files);
   // Room in the descriptor table for what the running ranks hold, made
   // before the launching threads fill it: growing it then would stall them
   // (os/descriptor_table.hpp). A function rank's result descriptor and the

@@ -1228,6 +1228,35 @@ TEST_SUITE("group") {
     check_forked(pid);
   }
 
+  TEST_CASE("a file for the ranks' output is one, shared: each rank's lines are there, none written over") {
+    test::temp_dir dir;
+    const fs::path out = dir.path / "out";
+    { std::ofstream(out) << "what was there before\n"; }
+    group_spec spec;
+    spec.entry = command("/bin/sh", {"-c", "echo \"rank $0 out\"; echo \"rank $0 err\" >&2"});
+    spec.nprocs = 4;
+    for (int rank = 0; rank < 4; ++rank) spec.args[rank] = {std::to_string(rank)};
+    spec.options.out = stdio::file(out);
+    spec.options.err = stdio::file(out);  // the same path: the same file, as 2>&1
+    REQUIRE(run_group(spec).ok());
+    const std::string text = test::read_file(out);
+    CHECK(text.find("before") == std::string::npos);  // truncated once, at the start
+    for (int rank = 0; rank < 4; ++rank) {
+      CHECK(text.find(fmt::format("rank {} out\n", rank)) != std::string::npos);
+      CHECK(text.find(fmt::format("rank {} err\n", rank)) != std::string::npos);
+    }
+    CHECK(text.size() == 4 * (std::string("rank 0 out\n").size() + std::string("rank 0 err\n").size()));
+    // A path that cannot be opened is named, before any rank starts.
+    spec.options.out = stdio::file(dir.path / "missing" / "out");
+    try {
+      run_group(spec);
+      FAIL("no exception");
+    } catch (const std::system_error& e) {
+      CHECK(std::string(e.what()).find("options.out: cannot open") != std::string::npos);
+      CHECK(e.code().value() == ENOENT);
+    }
+  }
+
   TEST_CASE("ranks outnumbering the descriptors left all end as they did") {
     // Forked, under a soft limit of 64 descriptors: 40 ranks alive at once
     // hold 40 pidfds, and where exits are watched on the reactor each wait
