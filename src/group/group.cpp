@@ -50,6 +50,7 @@
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 namespace cohort {
@@ -87,6 +88,9 @@ class caught_signals {
   std::vector<std::pair<int, struct sigaction>> saved_;
 };
 
+struct group_state;
+void end_unfinished(group_state& state) noexcept;
+
 /// Shared by the group object and the supervision coroutines. All of
 /// it but `finished`/`result` (guarded by `mutex`) is touched only on `strand`.
 struct group_state {
@@ -95,7 +99,12 @@ struct group_state {
   group_state(const group_state&) = delete;
   group_state& operator=(const group_state&) = delete;
   ~group_state() {
-    if (subreaper) end_subreaper();  // a start that failed
+    // A start that failed, or a run whose supervision went with its
+    // io_context: nothing of it may outlive it.
+    if (subreaper) {
+      end_unfinished(*this);
+      end_subreaper();
+    }
     for (int fd : result_fds) {
       if (fd >= 0) ::close(fd);
     }
@@ -568,6 +577,27 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
 }
 
 }  // namespace
+
+// Ends what a run left when it cannot finish (a start that failed, or an
+// io_context destroyed under the supervision): SIGKILL to the ranks'
+// process groups and to what else carries the group's marker, and what
+// that hands to this process reaped, for at most a second. Each rank is
+// then killed and reaped by its child object.
+void end_unfinished(group_state& state) noexcept {
+  try {
+    track_descendants(state, true);
+    signal_running(state, SIGKILL);
+    const auto until = steady::now() + std::chrono::seconds(1);
+    for (;;) {
+      take_adopted(state);
+      if (state.descendants.kill_and_reap() || steady::now() >= until) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  } catch (...) {
+    // Out of memory or descriptors for the scan: the ranks still go.
+  }
+}
+
 }  // namespace detail
 
 group::group() noexcept = default;

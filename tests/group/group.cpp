@@ -18,6 +18,8 @@
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/bind_executor.hpp>
 #include <asio/cancellation_signal.hpp>
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/experimental/deferred.hpp>
 #include <asio/read_until.hpp>
@@ -1254,6 +1256,40 @@ TEST_SUITE("group") {
     } catch (const std::system_error& e) {
       CHECK(std::string(e.what()).find("options.out: cannot open") != std::string::npos);
       CHECK(e.code().value() == ENOENT);
+    }
+  }
+
+  TEST_CASE("an io_context destroyed under a running group takes the ranks' processes with it") {
+    test::temp_dir dir;
+    group_spec spec;
+    // Each rank starts a sleep in its process group and one in a session of
+    // its own, and writes their pids.
+    spec.entry = command("/bin/sh", {"-c", "sleep 321 & a=$!; setsid sleep 322 & echo \"$a $!\" > \"$0/$1.tmp\"; "
+                                           "mv \"$0/$1.tmp\" \"$0/$1\"; wait", dir.path.string()});
+    spec.nprocs = 2;
+    spec.args = {{0, {"0"}}, {1, {"1"}}};
+    std::vector<pid_t> ranks;
+    {
+      asio::io_context io;
+      asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+        group g = co_await start_processes(spec);
+        ranks = g.pids();
+        co_await g.wait();
+      }, asio::detached);
+      const auto up = [&] { return fs::exists(dir.path / "0") && fs::exists(dir.path / "1"); };
+      for (int i = 0; i < 500 && !up(); ++i) io.run_for(20ms);
+      REQUIRE(up());
+    }  // the supervision goes with it, unfinished
+    std::vector<pid_t> left = ranks;
+    for (const char* rank : {"0", "1"}) {
+      std::istringstream pids(test::read_file(dir.path / rank));
+      pid_t pid = 0;
+      while (pids >> pid) left.push_back(pid);
+    }
+    REQUIRE(left.size() == 6);
+    for (pid_t pid : left) {
+      CAPTURE(pid);
+      CHECK(test::within(5s, [pid] { return !test::alive(pid); }));
     }
   }
 
