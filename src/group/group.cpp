@@ -225,6 +225,11 @@ void validate(const group_spec& spec) {
   }
   // A group reads no rank's pipe, and one a rank fills would stop it for good.
   if (const char* piped = piped_stream(spec.options)) {
+    if (std::string_view(piped) == "in") {
+      throw std::invalid_argument(
+          "cohort::start_processes: options.in is a pipe, which a group gives no way to write; use a file, "
+          "stdio::null() or stdio::fd()");
+    }
     throw std::invalid_argument(fmt::format(
         "cohort::start_processes: options.{} is a pipe, which a group gives no way to read; use logs (logs_spec) or "
         "a file", piped));
@@ -810,7 +815,19 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
       if (auto it = spec.args.find(static_cast<int>(r)); it != spec.args.end()) {
         cmd.args.insert(cmd.args.end(), it->second.begin(), it->second.end());
       }
-      state->children[r] = spawn(state->strand, cmd, options[r]);
+      // A rank that cannot start is named, as a function's rank is.
+      const auto named = [&](const std::exception& e, const std::string& suffix) {
+        std::string what = e.what();
+        if (!suffix.empty() && what.ends_with(suffix)) what.resize(what.size() - suffix.size());
+        return fmt::format("cohort: rank {} of '{}': {}", r, cmd.program, what);
+      };
+      try {
+        state->children[r] = spawn(state->strand, cmd, options[r]);
+      } catch (const std::system_error& e) {
+        throw std::system_error(e.code(), named(e, ": " + e.code().message()));
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(named(e, ""));
+      }
     });
   }
   for (const auto& c : state->children) state->pids.push_back(c.pid());

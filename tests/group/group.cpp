@@ -609,8 +609,27 @@ TEST_SUITE("group") {
                          std::invalid_argument);
     spec.options.out = stdio::inherit();
     spec.options.in = stdio::pipe();
-    CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec), doctest::Contains("options.in is a pipe"),
+    CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec),
+                         doctest::Contains("options.in is a pipe, which a group gives no way to write"),
                          std::invalid_argument);
+    CHECK(test::children_of_self().empty());
+  }
+
+  TEST_CASE("a program rank that cannot start is named, and the others go") {
+    asio::io_context io;
+    auto spec = ranks_of(3, {"sleep", "30"});
+    spec.args = {{0, {}}, {1, {}}, {2, {std::string(1 << 20, 'x')}}};  // over execve's limit for one argument
+    spec.start_threads = 1;
+    try {
+      start_processes(io.get_executor(), spec);
+      FAIL("no exception");
+    } catch (const std::system_error& e) {
+      const std::string what = e.what();
+      CHECK(what.find(fmt::format("cohort: rank 2 of '{}': ", test::target)) == 0);
+      CHECK(e.code().value() == E2BIG);
+      CHECK(what.find(e.code().message()) == what.size() - e.code().message().size());  // said once, at the end
+      CHECK(what.find(e.code().message()) == what.rfind(e.code().message()));
+    }
     CHECK(test::children_of_self().empty());
   }
 
