@@ -28,7 +28,9 @@ registry& segments() {
 std::vector<std::shared_ptr<segment>> registry::forget_unused() {
   std::vector<std::shared_ptr<segment>> gone;
   std::erase_if(received, [&](auto& s) {
-    if (s.use_count() != 1) return false;
+    // One a message in flight may name through this process's descriptor
+    // (a value passed on) stays, or its receiver could not open it.
+    if (s.use_count() != 1 || s->messages_in_flight()) return false;
     gone.push_back(std::move(s));
     return true;
   });
@@ -49,7 +51,7 @@ std::vector<std::shared_ptr<segment>> registry::forget_dead() {
     return true;
   });
   std::erase_if(received, [&](auto& s) {
-    if (unused <= unused_limit || s.use_count() != 1) return false;
+    if (unused <= unused_limit || s.use_count() != 1 || s->messages_in_flight()) return false;
     --unused;
     gone.push_back(std::move(s));
     return true;

@@ -45,7 +45,9 @@ struct registry {
 
   // With the lock held, each of these moves out received segments that no
   // storage here uses; the caller destroys them after unlocking (which
-  // unmaps them, and takes the lock).
+  // unmaps them, and takes the lock). None that a message in flight may
+  // name through this process's descriptor (a value it passed on) goes
+  // while the message is unread.
   // All of them.
   std::vector<std::shared_ptr<segment>> forget_unused();
   // Those no live process can use any more: no block of them is in use

@@ -521,6 +521,26 @@ void push_then_die(int, queue<int> pid, queue<tensor> q, int strategy) {
 }
 COHORT_ENTRYPOINT(push_then_die);
 
+// Says its pid, then sends `n` tensors of its own, each in a segment of
+// its own, and waits to be killed.
+void make_and_wait(int, queue<int> pid, queue<tensor> out, int n) {
+  pid.put(::getpid());
+  // 1 MiB private: each moves into a segment of its own as it is pushed.
+  for (int i = 0; i < n; ++i) out.put(tensor::full({1 << 18}, i, dtype::float32));
+  ::pause();
+}
+COHORT_ENTRYPOINT(make_and_wait);
+
+// Passes `n` tensors on from `in` to `out`, keeping none, and lets go of
+// what it keeps for reuse (trim); then waits for `done`.
+void relay_and_wait(int, queue<tensor> in, queue<tensor> out, int n, event relayed, event done) {
+  for (int i = 0; i < n; ++i) out.put(in.get().value());
+  trim_shared_memory();
+  relayed.set();
+  done.wait_for(30s);
+}
+COHORT_ENTRYPOINT(relay_and_wait);
+
 // Pops from `q` a value whose memory went with its sender, rank 0 of a
 // group: the pop must end with peer_lost naming it.
 template <class T>
@@ -1106,6 +1126,39 @@ TEST_SUITE("sharing") {
   }
 
   // Before, the pop threw the shm_error of the block's segment, not peer_lost.
+  TEST_CASE("values a live rank passed on arrive though their maker was SIGKILLed, more than it keeps mapped") {
+    const strategy_scope scope(sharing_strategy::file_descriptor);
+    constexpr int n = 40;  // well past the 16 segments a process keeps for reuse
+    queue<int> pid(1);
+    queue<tensor> made(n), passed(n);
+    event relayed, done;
+    std::thread maker([&] { CHECK_THROWS(spawn_and_join(make_and_wait, std::tuple{pid, made, n}, 1)); });
+    std::thread relay([&] { spawn_and_join(relay_and_wait, std::tuple{made, passed, n, relayed, done}, 1); });
+    // What each pop gave: its first element, or what it threw. The threads
+    // are joined before anything is checked.
+    std::vector<std::string> got;
+    const auto maker_pid = pid.get(10s);
+    if (maker_pid && relayed.wait_for(30s)) {
+      ::kill(*maker_pid, SIGKILL);
+      maker.join();  // reaped, and what its group left swept
+      for (int i = 0; i < n; ++i) {
+        try {
+          const auto t = passed.get(5s);
+          got.push_back(t ? fmt::format("{}", t->at<float>({0})) : "nothing");
+        } catch (const std::exception& e) {
+          got.push_back(e.what());
+        }
+      }
+    } else if (maker_pid) {
+      ::kill(*maker_pid, SIGKILL);
+    }
+    done.set();
+    if (maker.joinable()) maker.join();
+    relay.join();
+    REQUIRE(got.size() == static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) CHECK(got[static_cast<std::size_t>(i)] == std::to_string(i));
+  }
+
   TEST_CASE("a value too large for the ring whose sender was SIGKILLed before it was popped is peer_lost") {
     for (const auto strategy : strategies) {
       const strategy_scope scope(strategy);
