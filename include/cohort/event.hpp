@@ -21,7 +21,8 @@ namespace cohort {
 /// Starts clear. Copies, and handles sent to other processes (as entry
 /// point arguments or through queues), are the same event. Every call may
 /// come from any thread of any process holding it. set() enters the kernel
-/// only when someone waits.
+/// only when someone waits. A wait ends at any set() made while it waits,
+/// even one that a clear() follows at once, as Python's Event.wait does.
 class event {
  public:
   /// A new event in shared memory. Throws shm_error.

@@ -15,10 +15,14 @@ namespace cohort {
 
 namespace {
 
-constexpr std::uint32_t magic = 0x65766e74;  // "evnt"
+constexpr std::uint32_t magic = 0x32766e65;  // "env2": the word below (an "evnt" event's is the flag alone)
+constexpr std::uint32_t set_bit = 1;
 
 struct event_state {
   std::uint32_t magic;
+  // Bit 0 is the flag; the bits above count the set() calls (mod 2^31),
+  // so that a waiter woken by a set() that a clear() followed at once
+  // still sees that it came, and returns as Python's Event.wait does.
   std::atomic<std::uint32_t> flag;
   // Waiters count themselves before they look at the flag, and set() stores
   // the flag before it looks at the count (both seq_cst): either the waiter
@@ -48,20 +52,27 @@ event::event(storage state) : state_(std::move(state)) {
 
 void event::set() {
   auto& s = state_of(state_);
-  s.flag.store(1);
+  std::uint32_t word = s.flag.load();
+  while (!s.flag.compare_exchange_weak(word, (word + 2) | set_bit)) {
+  }
   if (s.sleepers.load() > 0) os::futex_wake(s.flag, INT_MAX);
 }
 
-void event::clear() noexcept { state_of(state_).flag.store(0); }
-bool event::is_set() const noexcept { return state_of(state_).flag.load() != 0; }
+void event::clear() noexcept { state_of(state_).flag.fetch_and(~set_bit); }
+bool event::is_set() const noexcept { return (state_of(state_).flag.load() & set_bit) != 0; }
+
+// A wait ends once the word differs from what it was as the wait began,
+// clear: only a set() changes a clear word.
 
 // `state` keeps the flag mapped while the wait lasts.
 asio::awaitable<void> event::wait_on(asio::any_io_executor executor, storage state) {
   auto& s = state_of(state);
-  while (s.flag.load() == 0) {
+  const std::uint32_t begun = s.flag.load();
+  if ((begun & set_bit) != 0) co_return;
+  while (s.flag.load() == begun) {
     const counted_sleeper sleeper(s.sleepers);
-    if (s.flag.load() != 0) break;
-    co_await uring::async_futex_wait(executor, s.flag, 0, asio::use_awaitable);
+    if (s.flag.load() != begun) break;
+    co_await uring::async_futex_wait(executor, s.flag, begun, asio::use_awaitable);
   }
 }
 
@@ -69,15 +80,17 @@ bool event::wait_for(std::optional<std::chrono::nanoseconds> timeout) const {
   auto& s = state_of(state_);
   const auto deadline =
       timeout ? std::optional(os::deadline_after(std::chrono::steady_clock::now(), *timeout)) : std::nullopt;
-  while (s.flag.load() == 0) {
+  const std::uint32_t begun = s.flag.load();
+  if ((begun & set_bit) != 0) return true;
+  while (s.flag.load() == begun) {
     const counted_sleeper sleeper(s.sleepers);
-    if (s.flag.load() != 0) break;
+    if (s.flag.load() != begun) break;
     std::optional<std::chrono::nanoseconds> left;
     if (deadline) {
       left = *deadline - std::chrono::steady_clock::now();
       if (*left <= std::chrono::nanoseconds(0)) return false;
     }
-    os::futex_wait(s.flag, 0, left);
+    os::futex_wait(s.flag, begun, left);
   }
   return true;
 }

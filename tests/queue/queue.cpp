@@ -809,6 +809,29 @@ TEST_SUITE("event") {
     setter.join();
   }
 
+  TEST_CASE("an event wait ends at a set() that a clear() follows at once, blocking or awaited, as Python's does") {
+    event e;
+    std::thread setter([&] {
+      std::this_thread::sleep_for(150ms);  // the waits below are asleep by then
+      e.set();
+      e.clear();
+    });
+    auto blocking = std::async(std::launch::async, [&] { return e.wait_for(3s); });
+    asio::io_context io;
+    bool awaited = false;
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      co_await e.wait();
+      awaited = true;
+    }, asio::detached);
+    io.run_for(3s);
+    CHECK(blocking.get());
+    CHECK(awaited);
+    CHECK_FALSE(e.is_set());
+    setter.join();
+    // A wait that begins after the clear waits for the next set.
+    CHECK_FALSE(e.wait_for(50ms));
+  }
+
   TEST_CASE("an event moved from is still the event") {
     event a;
     event b = std::move(a);
