@@ -30,8 +30,9 @@ COHORT_API_BEGIN
 namespace cohort {
 
 /// A wait on a queue ended because the processes that could end it are
-/// gone (an event's wait waits for its set(), as Python's does): a pop on an empty queue whose producers have all exited, or
-/// a push into a full queue whose consumers have all exited; names the last
+/// gone (an event's wait waits for its set(), as Python's does): a pop on
+/// an empty queue whose producers have all exited, or a push into a full
+/// queue whose consumers have all exited; names the last
 /// of them found gone. Also a value popped whose shared memory went with
 /// its sender (a sender killed before the value was received: a memfd no
 /// other process held, or a file swept with its maker); names that sender.

@@ -748,8 +748,10 @@ void share_output_files(std::vector<spawn_options>& options, std::vector<os::own
       if (file->path.string().find('\0') != std::string::npos) return;  // spawn refuses it, saying why
       const int fd = ::open(file->path.c_str(), flags | O_CLOEXEC, 0644);
       if (fd < 0) {
-        throw std::system_error(errno, std::system_category(),
-                                fmt::format("cohort::start_processes: options.{}: cannot open '{}'", name, file->path.string()));
+        const int error = errno;
+        const std::string path = file->path.string();
+        throw std::system_error(error, std::system_category(),
+                                fmt::format("cohort::start_processes: options.{}: cannot open '{}'", name, path));
       }
       opened.emplace_back(fd);
       it->second = fd;

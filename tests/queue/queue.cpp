@@ -583,7 +583,8 @@ TEST_SUITE("queue") {
     table.join(detail::peer_producer);
     CHECK(table.count == static_cast<std::uint32_t>(detail::max_peers));
     CHECK(table.incomplete == 1);
-    CHECK(std::none_of(table.peers, table.peers + detail::max_peers, [](const detail::peer& p) { return p.pid == ::getpid(); }));
+    const auto self = [](const detail::peer& p) { return p.pid == ::getpid(); };
+    CHECK(std::none_of(table.peers, table.peers + detail::max_peers, self));
   }
 
   TEST_CASE("a queue whose table missed a process ends no wait with peer_lost: that one may be there") {

@@ -754,7 +754,8 @@ TEST_SUITE("cohort-run") {
     CHECK(read_file(after_flag.path / "0") == "--log_dir x --n 1\n");
     // An empty value given with "=" is the value; the next argument is not.
     test::temp_dir empty_value;
-    r = run_launcher({"--role=", "--nproc-per-node=2", "--", "/bin/sh", "-c", dump_contract, empty_value.path.string()});
+    r = run_launcher(
+        {"--role=", "--nproc-per-node=2", "--", "/bin/sh", "-c", dump_contract, empty_value.path.string()});
     REQUIRE_MESSAGE(r.status.code() == 0, r.err);
     v = variables_in(empty_value.path / "1");
     CHECK(v["WORLD_SIZE"] == "2");

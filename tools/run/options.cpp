@@ -95,7 +95,9 @@ const CLI::Option* long_option(const CLI::App& app, const std::string& name) {
       found = option;
     }
   }
-  if (ambiguous) throw usage_error(fmt::format("ambiguous option: --{} could match {}", name, fmt::join(matches, ", ")));
+  if (ambiguous) {
+    throw usage_error(fmt::format("ambiguous option: --{} could match {}", name, fmt::join(matches, ", ")));
+  }
   return found;
 }
 
