@@ -433,7 +433,6 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
   auto& s = *state;
   s.recorded[static_cast<std::size_t>(rank)] = true;
   --s.running;
-  if (s.counted_as_keeper) shm::note_ranks_running(-1);
   shm::take_handed_over();  // what the rank's values still name, before anyone looks for it here
   const auto r = static_cast<std::size_t>(rank);
   exit_status status = end.status;
@@ -453,6 +452,10 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
       status = exit_status::from_code(255);
     }
   }
+  // Counted as running until its result is read: with no rank running and
+  // no queue here, what the rank handed over (the shared memory its result
+  // names) would be let go of before this process, its receiver, read it.
+  if (s.counted_as_keeper) shm::note_ranks_running(-1);
   take_adopted_soon(state);  // what the rank leaves behind is handed to this process as it dies
   if (status.success()) return false;
   rank_failure failure{rank, s.pids[r], status, unreadable, {}, s.error_files[r], std::chrono::system_clock::now()};

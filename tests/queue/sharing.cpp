@@ -541,6 +541,10 @@ void relay_and_wait(int, queue<tensor> in, queue<tensor> out, int n, event relay
 }
 COHORT_ENTRYPOINT(relay_and_wait);
 
+// A shared tensor of its own, returned.
+tensor make_shared_row(int rank) { return tensor::full({16}, rank + 3, dtype::float32, {.shared = true}); }
+COHORT_ENTRYPOINT(make_shared_row);
+
 // Pops from `q` a value whose memory went with its sender, rank 0 of a
 // group: the pop must end with peer_lost naming it.
 template <class T>
@@ -1126,6 +1130,18 @@ TEST_SUITE("sharing") {
   }
 
   // Before, the pop threw the shm_error of the block's segment, not peer_lost.
+  TEST_CASE("a rank returns shared memory of its own to a process that holds no queue") {
+    for (const auto method : {start_method::spawn, start_method::fork, start_method::forkserver}) {
+      CAPTURE(to_string(method));
+      const auto rows = spawn_and_join(make_shared_row, std::tuple{}, 2, {.method = method});
+      REQUIRE(rows.size() == 2);
+      for (int rank = 0; rank < 2; ++rank) {
+        CHECK(rows[static_cast<std::size_t>(rank)].is_shared());
+        CHECK(rows[static_cast<std::size_t>(rank)].at<float>({15}) == static_cast<float>(rank + 3));
+      }
+    }
+  }
+
   TEST_CASE("values a live rank passed on arrive though their maker was SIGKILLed, more than it keeps mapped") {
     const strategy_scope scope(sharing_strategy::file_descriptor);
     constexpr int n = 40;  // well past the 16 segments a process keeps for reuse
