@@ -25,6 +25,7 @@
 
 #include <signal.h>
 #include <sys/random.h>
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -779,6 +780,12 @@ int run(run_options o, run_record& record) {
 
 int main(int argc, char** argv) {
   using namespace cohort_run;
+  // A standard stream started closed (`2>&-`) gets /dev/null, as the ranks
+  // would otherwise find cohort-run's own descriptors (its signalfd) there,
+  // and its messages would go into them.
+  for (int fd = 0; fd < 3; ++fd) {
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF && ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0) return 1;
+  }
   std::optional<run_options> options;
   run_record record;
   int code = 1;

@@ -1170,6 +1170,34 @@ TEST_SUITE("cohort-run") {
     }
   }
 
+  TEST_CASE("a standard stream cohort-run starts without is /dev/null for it and its ranks, not its own descriptor") {
+    const std::pair<int, std::string> cases[] = {{0, "0<&-"}, {1, "1>&-"}, {2, "2>&-"}};
+    for (const auto& [fd, closed] : cases) {
+      CAPTURE(closed);
+      // The rank, with cohort-run's streams, says where each of its three
+      // leads (or "none"), on a stream left open: read from /proc before
+      // any redirection of its own.
+      const char* report = fd == 2 ? "" : ">&2";
+      const std::string rank = fmt::format(
+          "a=$(readlink /proc/$$/fd/0 || echo none); b=$(readlink /proc/$$/fd/1 || echo none); "
+          "c=$(readlink /proc/$$/fd/2 || echo none); echo $a $b $c {}",
+          report);
+      const command cmd("/bin/sh", {"-c", fmt::format("exec \"$0\" -n 1 -- /bin/sh -c \"$1\" {}", closed), cohort_run,
+                                    rank});
+      const outcome o = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; });
+      CHECK(o.status.code() == 0);
+      std::istringstream said(fd == 2 ? o.out : o.err);
+      std::vector<std::string> leads;
+      for (std::string line; std::getline(said, line);) {
+        if (line.rfind("cohort-run:", 0) == 0) continue;
+        std::istringstream words(line);
+        for (std::string w; words >> w;) leads.push_back(w);
+      }
+      REQUIRE(leads.size() == 3);
+      CHECK(leads[static_cast<std::size_t>(fd)] == "/dev/null");
+    }
+  }
+
   TEST_CASE("a missing program is one line naming it, exit 127; a bad flag is a usage error, exit 2") {
     auto missing = run_launcher({"-n", "2", "no-such-program-here"});
     CHECK(missing.status.code() == 127);
