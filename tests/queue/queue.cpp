@@ -825,10 +825,10 @@ TEST_SUITE("event") {
       awaited = true;
     }, asio::detached);
     io.run_for(3s);
+    setter.join();
     CHECK(blocking.get());
     CHECK(awaited);
     CHECK_FALSE(e.is_set());
-    setter.join();
     // A wait that begins after the clear waits for the next set.
     CHECK_FALSE(e.wait_for(50ms));
   }
