@@ -95,7 +95,9 @@ class pool {
   /// the wait with std::system_error(operation_aborted): items a worker
   /// has taken still run, and their results are dropped; the rest do not
   /// run. The pool
-  /// must outlive the operation; destroying it waits for the map to end.
+  /// must outlive the operation; destroying it waits for the map to end: its
+  /// items not yet taken are taken back, and it completes with
+  /// std::logic_error ("the pool was destroyed before ...").
   /// A handler that runs on the pool's thread must not throw (nothing
   /// there could catch it: std::terminate); it may drop the pool's last
   /// reference, and a map it starts while the pool is ending completes at

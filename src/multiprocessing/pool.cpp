@@ -134,7 +134,13 @@ class pool_state {
       }
       if (sent < args.size()) {
         const auto bytes = args[sent].bytes();
-        if (tasks_.try_push({first + sent, name, std::vector<std::byte>(bytes.begin(), bytes.end())})) {
+        bool pushed = false;
+        try {
+          pushed = tasks_.try_push({first + sent, name, std::vector<std::byte>(bytes.begin(), bytes.end())});
+        } catch (const queue_closed&) {
+          throw_ended();  // closed by the pool's end
+        }
+        if (pushed) {
           ++sent;
           continue;
         }
@@ -149,6 +155,7 @@ class pool_state {
         broken_ = true;
         auto result = group_.result().value();
         throw_first_failure(result);
+        if (ending_.load(std::memory_order_relaxed)) throw_ended();
         throw std::logic_error("cohort::pool: the workers ended");
       }
       auto& [number, returned, bytes] = *outcome;
@@ -167,6 +174,12 @@ class pool_state {
   }
 
   int workers() const noexcept { return workers_; }
+
+  // A map the pool's end cut short: its items not yet taken were taken
+  // back, and the workers have left.
+  [[noreturn]] static void throw_ended() {
+    throw std::logic_error("cohort::pool: the pool was destroyed before the map's items were all worked through");
+  }
 
   void run_detached(std::function<void()> job) {
     std::unique_lock lock(detached_mutex_);

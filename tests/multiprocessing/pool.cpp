@@ -286,12 +286,19 @@ TEST_SUITE("pool") {
   }
 
   TEST_CASE("a map a handler starts while the pool is ending fails at once with std::logic_error") {
-    std::promise<std::string> second;
+    std::promise<std::string> first, second;
     auto said = second.get_future();
+    auto first_said = first.get_future();
     {
       pool p(1);
       const std::vector<long> items(50, 2);  // 1 s of work: the pool's end comes first
-      p.map(slow_square, items, [&p, &second](std::exception_ptr, std::vector<long>) {
+      p.map(slow_square, items, [&p, &first, &second](std::exception_ptr cut, std::vector<long>) {
+        try {
+          if (cut) std::rethrow_exception(cut);
+          first.set_value("completed");
+        } catch (const std::exception& error) {
+          first.set_value(error.what());
+        }
         const std::vector<long> more{3};
         p.map(square, more, [&second](std::exception_ptr e, std::vector<long>) {
           try {
@@ -308,6 +315,9 @@ TEST_SUITE("pool") {
     }  // ~pool: the first map ends (its items taken back), and its handler starts the second
     REQUIRE(said.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
     CHECK(said.get() == "cohort::pool: map while the pool is ending");
+    // The map the end cut short says so.
+    REQUIRE(first_said.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    CHECK(first_said.get() == "cohort::pool: the pool was destroyed before the map's items were all worked through");
   }
 }
 
