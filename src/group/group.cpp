@@ -35,7 +35,6 @@
 
 #include <fmt/format.h>
 
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -735,21 +734,20 @@ asio::awaitable<run_result> group::wait_for(std::shared_ptr<detail::group_state>
 
 namespace detail {
 
-// An output file the ranks' options name, opened once here and given to
-// every rank that names it (the same path and flags), as `prog > file`
-// shares one: opened by each rank, each would truncate it and write over
-// the others from its start. `opened` holds the descriptors until the
-// ranks have their copies.
+// An output file the ranks' options name, opened once here (as spawn
+// opens it) and given to every rank that names it (the same path and
+// flags), as `prog > file` shares one: opened by each rank, each would
+// truncate it and write over the others from its start. `opened` holds
+// the descriptors until the ranks have their copies.
 void share_output_files(std::vector<spawn_options>& options, std::vector<os::owned_fd>& opened) {
   std::map<std::pair<std::string, int>, int> by_file;
   const auto share = [&](stdio& stream, const char* name) {
     const auto* file = std::get_if<stdio::file_t>(&stream.get());
     if (file == nullptr) return;
-    const int flags = file->flags != 0 ? file->flags : O_WRONLY | O_CREAT | O_TRUNC;
-    auto [it, fresh] = by_file.try_emplace({file->path.string(), flags}, -1);
+    auto [it, fresh] = by_file.try_emplace({file->path.string(), file->flags}, -1);
     if (fresh) {
       if (file->path.string().find('\0') != std::string::npos) return;  // spawn refuses it, saying why
-      const int fd = ::open(file->path.c_str(), flags | O_CLOEXEC, 0644);
+      const int fd = open_stream_file(*file, 1);
       if (fd < 0) {
         const int error = errno;
         const std::string path = file->path.string();

@@ -150,6 +150,11 @@ std::size_t descriptors_per_child(const asio::any_io_executor& executor, const s
 /// "err"; null when none is.
 const char* piped_stream(const spawn_options& options) noexcept;
 
+/// Opens a stream's file as spawn does for stream `target` (0 for stdin):
+/// with its flags, else read-only for stdin and, for output, created
+/// (0644) and truncated; close-on-exec. -1 with errno set on failure.
+int open_stream_file(const stdio::file_t& file, int target) noexcept;
+
 /// "<what>: <cause>" for a failed launch, naming the descriptor limit on EMFILE.
 std::string describe_failure(const std::string& what, const launch_failure& f);
 

@@ -304,9 +304,11 @@ int prepare_stream(const stdio& option, int target, std::vector<os::owned_fd>& o
           if (target == 0 && kind.flags != 0 && (kind.flags & O_ACCMODE) == O_WRONLY) {
             throw std::invalid_argument("cohort::spawn: stdin from a file opened for writing only (stdio::append?)");
           }
-          int flags = kind.flags != 0 ? kind.flags : target == 0 ? O_RDONLY : O_WRONLY | O_CREAT | O_TRUNC;
-          int fd = open_cloexec(kind.path, flags, f);
-          if (fd < 0) return -1;
+          int fd = open_stream_file(kind, target);
+          if (fd < 0) {
+            f = {stage::open_file, errno, kind.path.string()};
+            return -1;
+          }
           owned.emplace_back(fd);
           return above_stdio(fd, owned, f);
         } else if constexpr (std::is_same_v<K, stdio::fd_t>) {
@@ -613,6 +615,11 @@ asio::awaitable<child> detail::spawn_on(asio::any_io_executor executor, command 
     throw std::system_error(asio::error::operation_aborted, "cohort::spawn");
   }
   co_return spawn(executor, cmd, options);
+}
+
+int detail::open_stream_file(const stdio::file_t& file, int target) noexcept {
+  const int flags = file.flags != 0 ? file.flags : target == 0 ? O_RDONLY : O_WRONLY | O_CREAT | O_TRUNC;
+  return ::open(file.path.c_str(), flags | O_CLOEXEC, 0644);
 }
 
 const char* detail::piped_stream(const spawn_options& options) noexcept {
