@@ -456,7 +456,9 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
   // names) would be let go of before this process, its receiver, read it.
   if (s.counted_as_keeper) shm::note_ranks_running(-1);
   take_adopted_soon(state);  // what the rank leaves behind is handed to this process as it dies
-  if (status.success()) return false;
+  // A shutdown no failure started (stop(), a signal): nothing here can have
+  // come before a failure.
+  if (status.success() || (s.signalled && s.partial.failures.empty())) return false;
   rank_failure failure{rank, s.pids[r], status, unreadable, {}, s.error_files[r], std::chrono::system_clock::now()};
   // What the rank wrote cannot stop the supervision: a report that cannot
   // be read (out of memory for it) leaves the failure as its exit says.
@@ -477,9 +479,8 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
     // still be writing its report (its stack being symbolized) when a
     // later failure's shutdown reaches it: its report, dated before every
     // failure recorded, makes it the failure it was, the first.
-    const bool earlier = reported && !s.partial.failures.empty() &&
-                         std::all_of(s.partial.failures.begin(), s.partial.failures.end(),
-                                     [&](const rank_failure& f) { return failure.timestamp < f.timestamp; });
+    const auto later = [&](const rank_failure& f) { return failure.timestamp < f.timestamp; };
+    const bool earlier = reported && std::all_of(s.partial.failures.begin(), s.partial.failures.end(), later);
     if (earlier) s.partial.failures.push_back(std::move(failure));
     return false;
   }
