@@ -144,11 +144,7 @@ std::vector<std::string> written_out(const CLI::App& app, int argc, char** argv)
         value_attached = false;  // it follows, and is skipped below
       }
     } else {
-      for (const CLI::Option* candidate : app.get_options()) {
-        for (const auto& short_name : candidate->get_snames()) {
-          if (short_name.size() == 1 && short_name[0] == arg[1]) option = candidate;
-        }
-      }
+      option = app.get_option_no_throw(arg.substr(0, 2));
       value_attached = arg.size() > 2;
     }
     if (option == nullptr || option->get_expected_max() == 0 || value_attached) continue;
