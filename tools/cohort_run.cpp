@@ -23,9 +23,9 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/random.h>
-#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 

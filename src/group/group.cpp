@@ -179,7 +179,9 @@ void prepare_error_files(group_state& state, unsigned group_number) {
     if (ec) throw std::system_error(ec, "cohort::start_processes: error file " + (folder / "error.json").string());
   }
   if (dir.empty() || ::access(dir.c_str(), W_OK | X_OK) != 0) dir = given;
-  for (int rank = 0; rank < state.nprocs; ++rank) state.error_files.push_back(dir / std::to_string(rank) / "error.json");
+  for (int rank = 0; rank < state.nprocs; ++rank) {
+    state.error_files.push_back(dir / std::to_string(rank) / "error.json");
+  }
 }
 
 // A variable of its own per group, so a rank that starts a group of its own

@@ -487,8 +487,8 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       // limit on them.
       int error = 0;
       while (started < requests.size() && error == 0) {
-        const std::size_t sent =
-            send_batch(l.socket, requests, kept, call.returns_value, started, report_write.get(), plans.get(), here.get());
+        const std::size_t sent = send_batch(l.socket, requests, kept, call.returns_value, started, report_write.get(),
+                                            plans.get(), here.get());
         if (sent == 0) {
           error = errno;
           break;
