@@ -15,7 +15,13 @@ namespace cohort {
 /// A small process, started from this one, that waits for this process to
 /// end and then kills every process carrying the marker of one of its
 /// groups (COHORT_GROUP_<this pid>_..., in the environment each rank and
-/// each program it runs starts with), until none is left. The ranks
+/// each program it runs starts with), and every process in the process
+/// group of one of their ranks (new_process_group, the default), whatever
+/// its environment, until none is left. A rank's process group counts from
+/// the rank's start until it is empty after the rank has been reaped, or
+/// until its group's run has ended and swept it: past that its id could be
+/// an unrelated process's, whose group must not be killed. The groups note
+/// theirs with the first guardian of this process's that is running. The ranks
 /// themselves die by their parent-death signal; the guardian reaches what
 /// they started, `setsid` grandchildren included, when this process could
 /// not: killed with SIGKILL. It ignores every signal but SIGKILL and

@@ -9,6 +9,7 @@
 #include "launch/entry.hpp"
 #include "group/descendants.hpp"
 #include "group/error_dir.hpp"
+#include "group/rank_groups.hpp"
 #include "logs/logs.hpp"
 #include "os/deadline.hpp"
 #include "os/descriptor_limit.hpp"
@@ -89,6 +90,7 @@ class caught_signals {
 
 struct group_state;
 void end_unfinished(group_state& state) noexcept;
+void forget_rank_groups(group_state& state) noexcept;
 
 /// Shared by the group object and the supervision coroutines. All of
 /// it but `finished`/`result` (guarded by `mutex`) is touched only on `strand`.
@@ -104,6 +106,7 @@ struct group_state {
       end_unfinished(*this);
       end_subreaper();
     }
+    forget_rank_groups(*this);
     for (int fd : result_fds) {
       if (fd >= 0) ::close(fd);
     }
@@ -128,6 +131,7 @@ struct group_state {
   run_result partial;
   int running = 0;
   std::vector<bool> recorded;  // by rank: its end is in `partial` (its wait may have failed, unreaped)
+  std::vector<bool> group_noted;  // by rank: its process group is noted for the guardian (rank_groups.hpp)
   bool failed = false;
   bool stopping = false;
   bool signalled = false;  // the shutdown's first signal went out: later non-zero exits are its doing
@@ -289,10 +293,32 @@ asio::awaitable<void> signal_and_await(group_state& state, int sig, std::chrono:
   co_await await_exits(state, limit);
 }
 
+// Lets the guardian's note of a reaped rank's process group go once the
+// group is empty: its id may then be given to another process. (A member
+// left keeps the id from reuse, a zombie too: this process, a subreaper,
+// reaps the orphaned ones, and looks again then.)
+void forget_if_empty(group_state& state, std::size_t rank) {
+  if (rank >= state.group_noted.size() || !state.group_noted[rank] || !state.recorded[rank] ||
+      !state.children[rank].status()) {
+    return;
+  }
+  if (::kill(-state.pids[rank], 0) != 0 && errno == ESRCH) {
+    forget_rank_group(state.pids[rank]);
+    state.group_noted[rank] = false;
+  }
+}
+
+void forget_empty_rank_groups(group_state& state) {
+  for (std::size_t rank = 0; rank < state.group_noted.size(); ++rank) forget_if_empty(state, rank);
+}
+
 // Reaps the children handed to this process since the group started that
 // have died, and holds those alive for the sweep: a descendant of a rank
 // whose parent died is the run's, whatever its environment says.
-void take_adopted(group_state& state) { state.descendants.add(reap_adopted(state.pids_since_start)); }
+void take_adopted(group_state& state) {
+  state.descendants.add(reap_adopted(state.pids_since_start));
+  forget_empty_rank_groups(state);
+}
 
 // Whether every rank that started was reaped here, with its status.
 bool all_reaped(const group_state& state) {
@@ -323,7 +349,9 @@ asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit)
     }
     track_descendants(state, false);  // the ranks are reaped: no parent links lead from them
     take_adopted(state);
-    if (state.descendants.kill_and_reap() || steady::now() >= until) co_return;
+    const bool none_left = state.descendants.kill_and_reap();
+    forget_empty_rank_groups(state);
+    if (none_left || steady::now() >= until) co_return;
     asio::steady_timer tick(state.strand, std::chrono::milliseconds(1));
     std::error_code ec;
     co_await tick.async_wait(asio::redirect_error(asio::use_awaitable, ec));
@@ -344,6 +372,10 @@ void finish(const std::shared_ptr<group_state>& state) {
   }
   end_subreaper();
   state->subreaper = false;
+  // Swept: what is left of a rank's process group (an unreaped rank, a
+  // process that outlived the sweep) is no longer told apart from a group
+  // that took a recycled id.
+  forget_rank_groups(*state);
   run_result r = std::move(state->partial);
   for (std::size_t rank = 0; rank < state->children.size(); ++rank) {
     r.statuses[rank] = state->children[rank] ? state->children[rank].status() : std::nullopt;
@@ -457,6 +489,7 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
   // no queue here, what the rank handed over (the shared memory its result
   // names) would be let go of before this process, its receiver, read it.
   if (s.counted_as_keeper) shm::note_ranks_running(-1);
+  forget_if_empty(s, r);
   take_adopted_soon(state);  // what the rank leaves behind is handed to this process as it dies
   // A shutdown no failure started (stop(), a signal): nothing here can have
   // come before a failure.
@@ -587,6 +620,14 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
 }
 
 }  // namespace
+
+// Lets go of the guardian's notes of every rank's process group.
+void forget_rank_groups(group_state& state) noexcept {
+  for (std::size_t rank = 0; rank < state.group_noted.size(); ++rank) {
+    if (state.group_noted[rank]) forget_rank_group(state.pids[rank]);
+  }
+  state.group_noted.clear();
+}
 
 // Ends what a run left when it cannot finish (a start that failed, or an
 // io_context destroyed under the supervision): SIGKILL to the ranks'
@@ -837,12 +878,18 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
     });
   }
   for (const auto& c : state->children) state->pids.push_back(c.pid());
+  // What a rank starts in its process group dies with this process, its
+  // environment marked or not: the guardian, if one runs, kills the group.
+  state->recorded.assign(static_cast<std::size_t>(spec.nprocs), false);
+  state->group_noted.assign(state->pids.size(), false);
+  for (std::size_t rank = 0; rank < state->pids.size(); ++rank) {
+    state->group_noted[rank] = options[rank].new_process_group && detail::note_rank_group(state->pids[rank]);
+  }
   if (state->logs) {
     state->logs->started();
     state->logs->start(state->strand.get_inner_executor(), state->strand);
   }
   state->running = spec.nprocs;
-  state->recorded.assign(static_cast<std::size_t>(spec.nprocs), false);
   state->partial.statuses.resize(static_cast<std::size_t>(spec.nprocs));
   state->partial.return_values.resize(static_cast<std::size_t>(spec.nprocs));
   asio::co_spawn(state->strand, detail::supervise(state), asio::detached);

@@ -14,6 +14,7 @@
 
 #include "config.hpp"
 #include "group/descendants.hpp"
+#include "group/rank_groups.hpp"
 #include "os/raw_syscall.hpp"
 #include "process/owned_pids.hpp"
 
@@ -30,10 +31,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
 #include <system_error>
@@ -43,6 +46,24 @@ namespace {
 
 using os::raw_syscall;
 
+// The process groups the ranks lead (rank_groups.hpp), on pages of the
+// guardian's mapping that the parent writes as ranks start and end, and
+// the guardian reads (shared: a copy sees them too). An id may be noted
+// twice (a recycled pid, by two groups); 0 is a free slot. The slots are
+// the mapping's zeroes until written (through atomic_ref): constructing
+// them would touch every page at each start.
+struct rank_group_table {
+  static constexpr std::size_t size = 16 * 1024 - 2;  // 64 KiB in all
+  std::atomic<std::size_t> used{0};  // the slots in use are below this
+  pid_t slots[size];
+
+  std::atomic_ref<pid_t> slot(std::size_t i) { return std::atomic_ref<pid_t>(slots[i]); }
+  pid_t slot(std::size_t i) const {
+    return std::atomic_ref<pid_t>(const_cast<pid_t&>(slots[i])).load(std::memory_order_relaxed);
+  }
+};
+static_assert(std::atomic_ref<pid_t>::is_always_lock_free && std::atomic<std::size_t>::is_always_lock_free);
+
 // What the guardian works with, written before it starts, at the top of
 // its mapping (its stack grows down from below it).
 struct guardian_memory {
@@ -51,7 +72,22 @@ struct guardian_memory {
   int parent = -1;          // a pidfd of the parent, or -1
   char prefix[64] = {};     // the groups' marker, "COHORT_GROUP_<pid>_"
   std::size_t prefix_size = 0;
+  const rank_group_table* groups = nullptr;  // on the pages above
 };
+
+// The table that note_rank_group writes: the first guardian's of those this
+// process runs, while it runs. A child forked from this process finds the
+// pointer but not the pages (MADV_DONTFORK): `owner` tells it the table is
+// not its own, before it would take the lock (which a fork can copy held).
+struct rank_group_registry {
+  std::mutex mutex;
+  rank_group_table* table = nullptr;
+  std::atomic<pid_t> owner{0};
+};
+rank_group_registry& registry() {
+  static rank_group_registry r;
+  return r;
+}
 
 // Whether the guardian may share this process's memory. Not where the
 // system calls would go through libc (errno). Nor before Linux 5.16: until
@@ -85,15 +121,21 @@ COHORT_BARE_CODE void set_disposition(int signal, void (*handler)(int)) {
   }
 }
 
+// Opens /proc/<pid><tail> for reading, `pid` given by its decimal digits:
+// the descriptor, or -errno.
+COHORT_BARE_CODE long open_proc_file(const char* pid, const char* tail) {
+  char path[40] = "/proc/";
+  std::size_t at = 6;
+  for (; *pid != '\0' && at < 20; ++pid) path[at++] = *pid;
+  for (; *tail != '\0' && at < sizeof path - 1; ++tail) path[at++] = *tail;
+  path[at] = '\0';
+  return raw_syscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>(path), O_RDONLY | O_CLOEXEC);
+}
+
 // Whether the initial environment of process `pid` (its decimal digits) has
 // a variable that starts with the marker.
 COHORT_BARE_CODE bool marked(const char* pid, const guardian_memory& m) {
-  char path[32] = "/proc/";
-  std::size_t at = 6;
-  for (; *pid != '\0' && at < 20; ++pid) path[at++] = *pid;
-  for (const char* tail = "/environ"; *tail != '\0'; ++tail) path[at++] = *tail;
-  path[at] = '\0';
-  const long fd = raw_syscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>(path), O_RDONLY | O_CLOEXEC);
+  const long fd = open_proc_file(pid, "/environ");
   if (fd < 0) return false;  // gone, or not ours to read
   // How much of the marker the current variable has matched; `differs`
   // once it cannot.
@@ -151,6 +193,38 @@ COHORT_BARE_CODE bool for_each_numbered(const char* path,
   return true;
 }
 
+// Whether process group `pgid` is one the table notes.
+COHORT_BARE_CODE bool noted(const rank_group_table* table, long pgid) {
+  if (table == nullptr || pgid <= 0) return false;
+  const std::size_t used = std::min(table->used.load(std::memory_order_acquire), rank_group_table::size);
+  for (std::size_t i = 0; i < used; ++i) {
+    if (table->slot(i) == pgid) return true;
+  }
+  return false;
+}
+
+// Whether process `pid` (its decimal digits) has died and waits to be
+// reaped: its state in /proc/<pid>/stat, after the name in parentheses
+// (which may itself hold any character), is Z. A process that is gone
+// counts as dead.
+COHORT_BARE_CODE bool dead(const char* pid) {
+  const long fd = open_proc_file(pid, "/stat");
+  if (fd < 0) return true;
+  COHORT_UNINITIALIZED char stat[512];
+  long n = 0;
+  do {
+    n = raw_syscall(SYS_read, fd, reinterpret_cast<long>(stat), sizeof stat);
+  } while (n == -EINTR);
+  raw_syscall(SYS_close, fd);
+  long close_paren = -1;
+  for (long i = 0; i < n; ++i) {
+    if (stat[i] == ')') close_paren = i;
+  }
+  if (close_paren < 0 || close_paren + 2 >= n) return true;
+  const char state = stat[close_paren + 2];
+  return state == 'Z' || state == 'X';
+}
+
 // One pass over /proc: what it looks for, and how many it found.
 struct kill_pass {
   const guardian_memory& m;
@@ -158,18 +232,26 @@ struct kill_pass {
   int found;
 };
 
-// Kills process `pid` of the pass when it is marked.
-COHORT_BARE_CODE void kill_if_marked(long pid, const char* name, long, void* context) {
+// Kills process `pid` of the pass when it is marked or in a process group
+// a rank led: found, unless it has died already (a zombie stays in its
+// group until reaped, by another).
+COHORT_BARE_CODE void kill_if_ours(long pid, const char* name, long, void* context) {
   auto& p = *static_cast<kill_pass*>(context);
-  if (pid == p.self || !marked(name, p.m)) return;
-  raw_syscall(SYS_kill, pid, SIGKILL);
-  ++p.found;
+  if (pid == p.self) return;
+  if (marked(name, p.m)) {
+    raw_syscall(SYS_kill, pid, SIGKILL);
+    ++p.found;
+  } else if (noted(p.m.groups, raw_syscall(SYS_getpgid, pid))) {
+    raw_syscall(SYS_kill, pid, SIGKILL);
+    if (!dead(name)) ++p.found;
+  }
 }
 
-// One pass over /proc: kills every marked process; the number found.
-COHORT_BARE_CODE int kill_marked(const guardian_memory& m) {
+// One pass over /proc: kills every marked process and every process in a
+// rank's group; the number found alive.
+COHORT_BARE_CODE int kill_ours(const guardian_memory& m) {
   kill_pass p{m, raw_syscall(SYS_getpid), 0};
-  for_each_numbered("/proc", kill_if_marked, &p);
+  for_each_numbered("/proc", kill_if_ours, &p);
   return p.found;
 }
 
@@ -232,12 +314,12 @@ COHORT_BARE_CODE int guard(void* memory) {
   raw_syscall(SYS_close, m.parent_end);
   close_all_but(m.line, m.parent);
   if (wait_for_look(m)) {
-    // Its marked processes go too. Killed ones stop showing once dead, so
-    // a pass that finds none ends the work; at most 10 s, for a process
-    // stuck in the kernel.
+    // Its marked processes go too, and those in its ranks' process groups.
+    // Killed ones stop showing once dead, so a pass that finds none ends
+    // the work; at most 10 s, for a process stuck in the kernel.
     const long until = monotonic_ns() + 10'000'000'000L;
     const timespec pause{0, 5'000'000};
-    while (kill_marked(m) > 0 && monotonic_ns() < until) {
+    while (kill_ours(m) > 0 && monotonic_ns() < until) {
       raw_syscall(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, reinterpret_cast<long>(&pause), 0);
     }
   }
@@ -260,11 +342,19 @@ guardian::guardian() {
     ::close(ends[0]);
     if (parent >= 0) ::close(parent);
   };
-  // A guard page, the stack, and the guardian's memory on the page above.
+  // A guard page, the stack, the guardian's memory on the page above, and
+  // the table of the ranks' process groups on the pages above that (pages
+  // never written take no memory). A guardian that is a copy sees what is
+  // written to the table after it started only in a shared mapping, which
+  // costs cohort-run -n 1 about 8% of its start-to-exit time: a guardian
+  // that shares this process's memory sees it anyway.
+  const bool share = shares_memory();
   const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  const std::size_t stack = (64 * 1024 + page - 1) / page * page;
-  memory_size_ = page + stack + page;
-  void* mapping = ::mmap(nullptr, memory_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  const auto pages = [page](std::size_t bytes) { return (bytes + page - 1) / page * page; };
+  const std::size_t stack = pages(64 * 1024);
+  memory_size_ = page + stack + page + pages(sizeof(rank_group_table));
+  void* mapping = ::mmap(nullptr, memory_size_, PROT_READ | PROT_WRITE,
+                         (share ? MAP_PRIVATE : MAP_SHARED) | MAP_ANONYMOUS | MAP_STACK, -1, 0);
   if (mapping == MAP_FAILED) {
     const int error = errno;
     close_ours();
@@ -280,10 +370,12 @@ guardian::guardian() {
   m->parent = parent;
   m->prefix_size = std::min(prefix.size(), sizeof m->prefix);
   std::memcpy(m->prefix, prefix.data(), m->prefix_size);
+  auto* table = new (top + page) rank_group_table;  // default-initialized: the slots stay unwritten
+  m->groups = table;
 
   // The guardian starts with every signal blocked.
   const std::uint64_t mask = os::set_signal_mask(~std::uint64_t{0});
-  pid_ = ::clone(guard, top, SIGCHLD | CLONE_PIDFD | (shares_memory() ? CLONE_VM : 0), m, &pidfd_);
+  pid_ = ::clone(guard, top, SIGCHLD | CLONE_PIDFD | (share ? CLONE_VM : 0), m, &pidfd_);
   const int error = errno;
   os::set_signal_mask(mask);
   close_ours();
@@ -303,6 +395,14 @@ guardian::guardian() {
     end(false);
     throw;
   }
+  // The groups note their ranks' process groups in this guardian's table,
+  // unless an earlier guardian of this process's still takes them.
+  auto& r = registry();
+  std::lock_guard lock(r.mutex);
+  if (r.table == nullptr) {
+    r.table = table;
+    r.owner.store(::getpid(), std::memory_order_release);
+  }
 }
 
 guardian::~guardian() { end(true); }
@@ -311,6 +411,16 @@ void guardian::release() noexcept { end(false); }
 
 void guardian::end(bool look) noexcept {
   if (line_ < 0) return;
+  {  // No group writes to this guardian's table from here on; it still reads it.
+    auto& r = registry();
+    std::lock_guard lock(r.mutex);
+    const auto* table = reinterpret_cast<const char*>(r.table);
+    const auto* mapping = static_cast<const char*>(memory_);
+    if (table >= mapping && table < mapping + memory_size_) {
+      r.table = nullptr;
+      r.owner.store(0, std::memory_order_release);
+    }
+  }
   const char byte = look ? 'l' : 'r';
   while (::send(line_, &byte, 1, MSG_NOSIGNAL) < 0 && errno == EINTR) {
   }
@@ -330,4 +440,50 @@ void guardian::end(bool look) noexcept {
   memory_ = nullptr;
 }
 
+namespace detail {
+
+bool note_rank_group(pid_t pgid) {
+  auto& r = registry();
+  if (pgid <= 0 || r.owner.load(std::memory_order_acquire) != ::getpid()) return false;
+  std::lock_guard lock(r.mutex);
+  if (r.table == nullptr) return false;
+  auto& t = *r.table;
+  const std::size_t used = t.used.load(std::memory_order_relaxed);
+  for (std::size_t i = 0; i < used; ++i) {
+    if (t.slot(i).load(std::memory_order_relaxed) == 0) {
+      t.slot(i).store(pgid, std::memory_order_release);
+      return true;
+    }
+  }
+  if (used == rank_group_table::size) return false;
+  t.slot(used).store(pgid, std::memory_order_relaxed);
+  t.used.store(used + 1, std::memory_order_release);
+  return true;
+}
+
+void forget_rank_group(pid_t pgid) {
+  auto& r = registry();
+  if (pgid <= 0 || r.owner.load(std::memory_order_acquire) != ::getpid()) return;
+  std::lock_guard lock(r.mutex);
+  if (r.table == nullptr) return;
+  auto& t = *r.table;
+  std::size_t used = t.used.load(std::memory_order_relaxed);
+  for (std::size_t i = 0; i < used; ++i) {
+    if (t.slot(i).load(std::memory_order_relaxed) == pgid) {
+      t.slot(i).store(0, std::memory_order_release);
+      break;
+    }
+  }
+  while (used > 0 && t.slot(used - 1).load(std::memory_order_relaxed) == 0) --used;
+  t.used.store(used, std::memory_order_release);
+}
+
+bool rank_group_noted(pid_t pgid) {
+  auto& r = registry();
+  if (r.owner.load(std::memory_order_acquire) != ::getpid()) return false;
+  std::lock_guard lock(r.mutex);
+  return r.table != nullptr && noted(r.table, pgid);
+}
+
+}  // namespace detail
 }  // namespace cohort

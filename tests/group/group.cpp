@@ -5,6 +5,7 @@
 #include "cohort/guardian.hpp"
 #include "cohort/spawn.hpp"
 #include "group/descendants.hpp"
+#include "group/rank_groups.hpp"
 #include "os/process_identity.hpp"
 
 #include "support/harness.hpp"
@@ -1353,6 +1354,81 @@ TEST_SUITE("group") {
       const int status = exit_of(pid, 0);
       CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
     }
+  }
+
+  TEST_CASE("the guardian kills what a rank started in its process group with a fresh environment") {
+    // In a forked child, killed outright once its rank is up: the rank dies
+    // by its parent-death signal, its unmarked child by the guardian.
+    test::temp_dir dir;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      cohort::guardian guard;
+      group_spec spec;
+      spec.entry = command("/bin/sh", {"-c", "env -i /bin/sleep 60 & echo $! > \"$0/fresh\"; : > \"$0/up\"; wait",
+                                       dir.path.string()});
+      spec.nprocs = 1;
+      asio::io_context io;
+      group g = start_processes(io.get_executor(), spec);
+      io.run_for(60s);
+      ::_exit(1);
+    }
+    REQUIRE(pid > 0);
+    const bool up = test::within(10s, [&] { return fs::exists(dir.path / "up"); }, 5ms);
+    ::kill(pid, SIGKILL);
+    CHECK(killed_soon(pid));
+    REQUIRE(up);
+    const pid_t fresh = first_line_pid(dir.path / "fresh");
+    REQUIRE(fresh > 0);
+    CHECK(test::within(10s, [&] { return !test::alive(fresh); }, 5ms));
+    if (test::alive(fresh)) ::kill(fresh, SIGKILL);
+  }
+
+  TEST_CASE("a rank's process group is noted for the guardian while it may hold the rank's processes") {
+    // In a forked child, whose guardian is its own. Rank 0 ends at once and
+    // its group with it; rank 1 runs until told. With new_process_group
+    // off, the ranks are in this process's group, which is never noted.
+    test::temp_dir dir;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 0;
+      const auto fail = [&](int step) {
+        if (code == 0) code = step;
+      };
+      try {
+        cohort::guardian guard;
+        group_spec spec;
+        spec.entry = command("/bin/sh", {"-c", "[ $1 = 0 ] && exit 0; while [ ! -e \"$0/end\" ]; do sleep 0.01; done",
+                                         dir.path.string()});
+        spec.nprocs = 2;
+        spec.args = {{0, {"0"}}, {1, {"1"}}};
+        asio::io_context io;
+        group g = start_processes(io.get_executor(), spec);
+        const auto pids = g.pids();
+        std::thread runner([&io] { io.run(); });
+        if (!cohort::detail::rank_group_noted(pids[1])) fail(2);
+        if (!test::within(10s, [&] { return !cohort::detail::rank_group_noted(pids[0]); }, 5ms)) fail(3);
+        if (!cohort::detail::rank_group_noted(pids[1])) fail(4);
+        std::ofstream(dir.path / "end").flush();
+        if (!g.join(10s)) fail(5);
+        runner.join();
+        if (cohort::detail::rank_group_noted(pids[1])) fail(6);
+        spec.options.new_process_group = false;
+        spec.entry = command("/bin/sh", {"-c", "while [ ! -e \"$0/end2\" ]; do sleep 0.01; done", dir.path.string()});
+        asio::io_context io2;
+        group same = start_processes(io2.get_executor(), spec);
+        for (pid_t rank : same.pids()) {
+          if (cohort::detail::rank_group_noted(rank) || cohort::detail::rank_group_noted(::getpgrp())) fail(7);
+        }
+        std::ofstream(dir.path / "end2").flush();
+        io2.run_for(10s);
+        if (!same.result()) fail(8);
+      } catch (...) {
+        fail(9);
+      }
+      ::_exit(code);
+    }
+    REQUIRE(pid > 0);
+    CHECK(exit_code_of(pid) == 0);
   }
 
   TEST_CASE("the guardian shares this process's memory on Linux 5.16 and later (x86-64, AArch64), and is a copy before") {

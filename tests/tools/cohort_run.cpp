@@ -593,17 +593,24 @@ TEST_SUITE("cohort-run") {
     CHECK_FALSE(test::alive(grandchild));
   }
 
-  TEST_CASE("cohort-run killed with SIGKILL leaves no worker and no setsid grandchild behind") {
+  TEST_CASE("cohort-run killed with SIGKILL leaves no worker, no setsid grandchild and no unmarked one behind") {
     test::temp_dir dir;
     // (Nothing keeps cohort-run's output open: its end is not waited for.)
+    // The fresh ones carry no marker: they are found in their rank's
+    // process group, as is the sleep that one of them starts.
     auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c",
                            "exec >/dev/null 2>&1; setsid sleep 60 & echo $! > \"$0/grandchild-$RANK\"; "
-                           "sleep 60 & echo $! > \"$0/child-$RANK\"; echo $$ > \"$0/$RANK\"; : > \"$0/up-$RANK\"; wait",
+                           "sleep 60 & echo $! > \"$0/child-$RANK\"; "
+                           "env -i /bin/sleep 60 & echo $! > \"$0/fresh-$RANK\"; "
+                           "env -i /bin/sh -c 'sleep 60 & echo $! > \"$0\"; wait' \"$0/fresh-grandchild-$RANK\" & "
+                           "while [ ! -s \"$0/fresh-grandchild-$RANK\" ]; do sleep 0.01; done; "
+                           "echo $$ > \"$0/$RANK\"; : > \"$0/up-$RANK\"; wait",
                            dir.path.string()},
                           signal_when_up(dir.path, 2, SIGKILL, "up-"));
     CHECK(r.status.signal() == SIGKILL);
     std::vector<pid_t> left;
-    for (const char* name : {"0", "1", "child-0", "child-1", "grandchild-0", "grandchild-1"}) {
+    for (const char* name : {"0", "1", "child-0", "child-1", "grandchild-0", "grandchild-1", "fresh-0", "fresh-1",
+                             "fresh-grandchild-0", "fresh-grandchild-1"}) {
       left.push_back(std::stoi(read_file(dir.path / name)));
     }
     // The workers die by their parent-death signal, the grandchildren by the
