@@ -93,8 +93,11 @@ rank_group_registry& registry() {
 // system calls would go through libc (errno). Nor before Linux 5.16: until
 // then a crash that dumps core ended every process sharing the crashing
 // one's memory, the guardian with it.
+std::atomic<bool> copies_only{false};  // detail::start_guardians_as_copies
+
 bool shares_memory() {
   if constexpr (!os::raw_syscall_is_private) return false;
+  if (copies_only.load(std::memory_order_relaxed)) return false;
   utsname name{};
   if (::uname(&name) != 0) return false;
   int major = 0, minor = 0;
@@ -477,6 +480,8 @@ void forget_rank_group(pid_t pgid) {
   while (used > 0 && t.slot(used - 1).load(std::memory_order_relaxed) == 0) --used;
   t.used.store(used, std::memory_order_release);
 }
+
+void start_guardians_as_copies(bool copies) { copies_only.store(copies, std::memory_order_relaxed); }
 
 bool rank_group_noted(pid_t pgid) {
   auto& r = registry();

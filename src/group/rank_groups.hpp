@@ -20,4 +20,8 @@ void forget_rank_group(pid_t pgid);
 /// Whether `pgid` is noted now (for the tests).
 bool rank_group_noted(pid_t pgid);
 
+/// Makes the guardians started from now on copies, as they are where they
+/// cannot share this process's memory (for the tests).
+void start_guardians_as_copies(bool copies);
+
 }  // namespace cohort::detail

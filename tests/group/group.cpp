@@ -1358,29 +1358,35 @@ TEST_SUITE("group") {
 
   TEST_CASE("the guardian kills what a rank started in its process group with a fresh environment") {
     // In a forked child, killed outright once its rank is up: the rank dies
-    // by its parent-death signal, its unmarked child by the guardian.
-    test::temp_dir dir;
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      cohort::guardian guard;
-      group_spec spec;
-      spec.entry = command("/bin/sh", {"-c", "env -i /bin/sleep 60 & echo $! > \"$0/fresh\"; : > \"$0/up\"; wait",
-                                       dir.path.string()});
-      spec.nprocs = 1;
-      asio::io_context io;
-      group g = start_processes(io.get_executor(), spec);
-      io.run_for(60s);
-      ::_exit(1);
+    // by its parent-death signal, its unmarked child by the guardian, which
+    // reads the rank's group from the table written after it started, as
+    // a copy too.
+    for (const bool copy : {false, true}) {
+      CAPTURE(copy);
+      test::temp_dir dir;
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        cohort::detail::start_guardians_as_copies(copy);
+        cohort::guardian guard;
+        group_spec spec;
+        spec.entry = command("/bin/sh", {"-c", "env -i /bin/sleep 60 & echo $! > \"$0/fresh\"; : > \"$0/up\"; wait",
+                                         dir.path.string()});
+        spec.nprocs = 1;
+        asio::io_context io;
+        group g = start_processes(io.get_executor(), spec);
+        io.run_for(60s);
+        ::_exit(1);
+      }
+      REQUIRE(pid > 0);
+      const bool up = test::within(10s, [&] { return fs::exists(dir.path / "up"); }, 5ms);
+      ::kill(pid, SIGKILL);
+      CHECK(killed_soon(pid));
+      REQUIRE(up);
+      const pid_t fresh = first_line_pid(dir.path / "fresh");
+      REQUIRE(fresh > 0);
+      CHECK(test::within(10s, [&] { return !test::alive(fresh); }, 5ms));
+      if (test::alive(fresh)) ::kill(fresh, SIGKILL);
     }
-    REQUIRE(pid > 0);
-    const bool up = test::within(10s, [&] { return fs::exists(dir.path / "up"); }, 5ms);
-    ::kill(pid, SIGKILL);
-    CHECK(killed_soon(pid));
-    REQUIRE(up);
-    const pid_t fresh = first_line_pid(dir.path / "fresh");
-    REQUIRE(fresh > 0);
-    CHECK(test::within(10s, [&] { return !test::alive(fresh); }, 5ms));
-    if (test::alive(fresh)) ::kill(fresh, SIGKILL);
   }
 
   TEST_CASE("a rank's process group is noted for the guardian while it may hold the rank's processes") {
