@@ -753,6 +753,29 @@ TEST_SUITE("queue") {
     CHECK(q.try_pop() == "again");
   }
 
+  TEST_CASE("a pop, push or event wait with no io_context to run on fails with invalid_argument, waiting or not") {
+    // use_future binds no executor: the operation runs on the system
+    // executor, which cohort refuses, also where it would have to sleep.
+    auto q = make_queue<int>(1);
+    event e;
+    const auto refused = [](auto&& future) {
+      try {
+        future.get();
+      } catch (const std::invalid_argument& error) {
+        return std::string(error.what()).find("io_context") != std::string::npos;
+      }
+      return false;
+    };
+    CHECK(refused(q.pop(asio::use_future)));  // empty: it would sleep
+    REQUIRE(q.try_push(1));
+    CHECK(refused(q.push(2, asio::use_future)));  // full: it would sleep
+    CHECK(refused(q.pop(asio::use_future)));      // a value there: refused all the same
+    CHECK(q.try_pop() == 1);                      // and left there
+    CHECK(refused(e.wait(asio::use_future)));
+    e.set();
+    CHECK(refused(e.wait(asio::use_future)));
+  }
+
   TEST_CASE("deferred pops and pushes cancelled through their slots complete as aborted and move nothing") {
     asio::io_context io;
     auto q = make_queue<int>(1);
