@@ -279,6 +279,19 @@ template <completion_token_of<group> Token>
       std::forward<Token>(token));
 }
 
+#if COHORT_AWAIT_TEMPORARY_BUG
+/// Refused at compile time on g++ 12 and older, as the form without an
+/// executor is (above).
+template <class Token>
+auto start_processes(const asio::any_io_executor& executor, group_spec&& spec, Token&& token) {
+  static_assert(detail::refused<Token>,
+                "g++ 12 destroys a group_spec temporary twice inside co_await: name the group_spec "
+                "first, `group_spec spec{...}; co_await start_processes(executor, spec, token);`, or call "
+                "start_processes(executor, spec), which is not awaited");
+  return start_processes(executor, static_cast<const group_spec&>(spec), std::forward<Token>(token));
+}
+#endif
+
 }  // namespace cohort
 
 COHORT_API_END

@@ -16,9 +16,12 @@
 #include <asio/async_result.hpp>
 #include <asio/cancellation_type.hpp>
 #include <asio/dispatch.hpp>
+#include <asio/execution/outstanding_work.hpp>
+#include <asio/prefer.hpp>
 
 #include <atomic>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -114,8 +117,14 @@ class pool {
           if (slot.is_connected()) {
             slot.assign([cancelled](asio::cancellation_type) { cancelled->store(true, std::memory_order_relaxed); });
           }
+          // Counted as work on the handler's executor until the handler
+          // is handed to it: an io_context's run() returns only once it
+          // has run. The slot is cleared there too, on the thread that
+          // would emit it, just before the handler runs.
+          auto executor = asio::prefer(asio::get_associated_executor(handler),
+                                       asio::execution::outstanding_work.tracked);
           auto job = [state, name = std::move(name), tasks = std::move(tasks), cancelled,
-                      h = std::move(handler), slot]() mutable {
+                      h = std::move(handler), slot, executor]() mutable {
             std::exception_ptr error;
             std::vector<std::optional<encoded>> results;
             try {
@@ -123,10 +132,11 @@ class pool {
             } catch (...) {
               error = std::current_exception();
             }
-            if (slot.is_connected()) slot.clear();
-            auto executor = asio::get_associated_executor(h);
             if constexpr (std::is_void_v<R>) {
-              asio::dispatch(executor, [h = std::move(h), error]() mutable { std::move(h)(error); });
+              asio::dispatch(executor, [h = std::move(h), error, slot]() mutable {
+                if (slot.is_connected()) slot.clear();
+                std::move(h)(error);
+              });
             } else {
               result values;
               if (!error) {
@@ -136,7 +146,8 @@ class pool {
                   error = std::current_exception();
                 }
               }
-              asio::dispatch(executor, [h = std::move(h), error, values = std::move(values)]() mutable {
+              asio::dispatch(executor, [h = std::move(h), error, values = std::move(values), slot]() mutable {
+                if (slot.is_connected()) slot.clear();
                 std::move(h)(error, std::move(values));
               });
             }
@@ -147,6 +158,19 @@ class pool {
         },
         token, std::move(name), std::move(tasks));
   }
+
+#if COHORT_AWAIT_TEMPORARY_BUG
+  /// Refused at compile time on g++ 12 and older, which cannot compile a
+  /// std::initializer_list inside a co_await expression (cohort/compiler.hpp).
+  /// The map without a token takes a braced list: it is not awaited.
+  template <class R, class A, class E, class Token>
+  auto map(R (*fn)(int, A), std::initializer_list<E> items, Token&& token) {
+    static_assert(detail::refused<E>,
+                  "g++ 12 cannot compile a braced list inside co_await: build the items' vector in a "
+                  "variable first, then `co_await p.map(fn, items, token);`");
+    return map(fn, std::vector<std::decay_t<A>>(items.begin(), items.end()), std::forward<Token>(token));
+  }
+#endif
 
   /// The workers started; 0 for a pool moved from, whose map() throws
   /// std::logic_error.

@@ -260,6 +260,14 @@ class queue {
                   "variable first, then `co_await q.push(std::move(values));`");
     return push(T(values.begin(), values.end()));
   }
+  template <class E, class Token>
+    requires detail::is_vector<T>
+  auto push(std::initializer_list<E> values, Token&& token) {
+    static_assert(detail::refused<E>,
+                  "g++ 12 cannot compile a braced list inside co_await: build the vector in a "
+                  "variable first, then `co_await q.push(std::move(values), token);`");
+    return push(T(values.begin(), values.end()), std::forward<Token>(token));
+  }
 #endif
   /// Pops, waiting while empty; an asio asynchronous operation completing
   /// as void(std::exception_ptr, T), by default an asio::awaitable<T> that

@@ -16,6 +16,7 @@
 #include <csignal>
 #include <filesystem>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -117,6 +118,17 @@ auto spawn(command cmd, spawn_options&& options, Token&& token = {}) {
                 "first, `spawn_options options{...}; co_await spawn(cmd, options);`, or call "
                 "spawn(executor, cmd, options), which is not awaited");
   return spawn(std::move(cmd), static_cast<const spawn_options&>(options), std::forward<Token>(token));
+}
+/// The same for the form that takes an executor and a token. (The error_code
+/// form below is not awaited, and takes a temporary.)
+template <class Token>
+  requires(!std::is_same_v<std::remove_cvref_t<Token>, std::error_code>)
+auto spawn(const asio::any_io_executor& executor, command cmd, spawn_options&& options, Token&& token) {
+  static_assert(detail::refused<Token>,
+                "g++ 12 destroys a spawn_options temporary twice inside co_await: name the options "
+                "first, `spawn_options options{...}; co_await spawn(executor, cmd, options, token);`, or "
+                "call spawn(executor, cmd, options), which is not awaited");
+  return spawn(executor, std::move(cmd), static_cast<const spawn_options&>(options), std::forward<Token>(token));
 }
 #endif
 

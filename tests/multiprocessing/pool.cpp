@@ -230,6 +230,30 @@ TEST_SUITE("pool") {
     nothing.get();
   }
 
+  TEST_CASE("a map counts as work on its handler's io_context: run() returns once the handler has run") {
+    // No work guard: the map's own keeps run() going, as an awaited pop's
+    // does, and the handler's cancellation slot is let go of before run()
+    // returns and the signal goes.
+    pool p(1);
+    bool ran = false;
+    std::vector<long> got;
+    {
+      asio::io_context io;
+      auto cancel = std::make_unique<asio::cancellation_signal>();
+      p.map(slow_square, std::vector<long>{2, 3},
+            asio::bind_cancellation_slot(cancel->slot(), asio::bind_executor(io, [&](std::exception_ptr e, std::vector<long> v) {
+              CHECK_FALSE(e);
+              got = std::move(v);
+              ran = true;
+            })));
+      io.run_for(std::chrono::seconds(30));
+      CHECK(ran);
+    }
+    CHECK(got == std::vector<long>{4, 9});
+    // The pool takes the next map as usual.
+    CHECK(p.map(square, std::vector<long>{5}) == std::vector<long>{25});
+  }
+
   TEST_CASE("a deferred map cancelled through its slot completes as aborted, and the next map gets only its own results") {
     asio::cancellation_signal cancel;
     pool p(2);
