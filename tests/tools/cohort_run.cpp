@@ -619,6 +619,24 @@ TEST_SUITE("cohort-run") {
     CHECK(test::within(10s, none_alive, 5ms));
   }
 
+  TEST_CASE("signals cohort-run handles but was started ignoring are not ignored in its ranks") {
+    // A shell ignores SIGINT and SIGQUIT for `cohort-run ... &`: its ranks
+    // must still take Ctrl-C (a Python rank as KeyboardInterrupt), as
+    // torchrun's do. SIGUSR2, which it neither handles nor forwards here,
+    // stays ignored.
+    const std::string launcher = "trap '' INT QUIT USR2; exec \"$0\" --signals-to-forward SIGUSR1 -n 1 --no-python "
+                                 "sh -c 'grep SigIgn /proc/self/status'";
+    auto r = run_command(command("/bin/sh", {"-c", launcher, cohort_run}),
+                         [](child&) -> asio::awaitable<void> { co_return; }, {});
+    REQUIRE(r.status.code() == 0);
+    const auto at = r.out.find("SigIgn:");
+    REQUIRE(at != std::string::npos);
+    const unsigned long long ignored = std::stoull(r.out.substr(at + 7), nullptr, 16);
+    CHECK((ignored & (1ULL << (SIGINT - 1))) == 0);
+    CHECK((ignored & (1ULL << (SIGQUIT - 1))) == 0);
+    CHECK((ignored & (1ULL << (SIGUSR2 - 1))) != 0);
+  }
+
   TEST_CASE("SIGINT reaches the workers as SIGINT first; the summary says the run was interrupted; exit 130") {
     test::temp_dir dir;
     auto r = run_launcher({"-n", "2", "--grace-period", "5", "--", "/bin/sh", "-c",
