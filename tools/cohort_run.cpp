@@ -638,6 +638,10 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     spec.options.before_exec_context = &given_fd_limit;
   }
   spec.shutdown.term_grace = std::chrono::milliseconds(static_cast<long long>(o.grace_period * 1000));
+  // Each rank in a session of its own, as torchrun starts its workers: a
+  // rank that reads the terminal (a debugger's prompt, input()) is not
+  // stopped as a background job would be.
+  spec.options.new_session = true;
   if (nproc > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     spec.options.env.set("OMP_NUM_THREADS", "1");
     say("cohort-run: OMP_NUM_THREADS is set to 1 for each of the {} ranks; set it to tune\n", nproc);

@@ -38,6 +38,14 @@ struct spawn_options {
   /// The child leads a new process group (setpgid(0, 0)), so the group it
   /// starts can be signalled as one (child::signal_group).
   bool new_process_group = true;
+  /// The child leads a new session (setsid()), and with it a new process
+  /// group, whatever new_process_group says. It then has no controlling
+  /// terminal: it reads and writes a terminal it shares with this process
+  /// as any other file, never stopped by job control (SIGTTIN, SIGTTOU;
+  /// a debugger's prompt, input()), and the terminal's Ctrl-C and Ctrl-Z
+  /// reach it only as this process passes them on. torchrun starts its
+  /// workers so.
+  bool new_session = false;
   /// Sent to the child when the *thread* that spawned it exits (Linux's
   /// PR_SET_PDEATHSIG follows the thread, not the process): spawn from
   /// threads that live as long as the children, such as the io_context's.

@@ -197,14 +197,16 @@ std::vector<pid_t> group_descendants(const std::string& marker, const std::set<p
   const pid_t self = ::getpid(), session = ::getsid(0);
   const auto look_at = [&](pid_t pid) {
     if (pid == self || ranks.contains(pid) || !window.holds(pid)) return;
-    // A member of a rank's group, but not a leader: a leader whose pid
-    // equals a reaped rank's would be a recycled pid, which no group
-    // still in use can have.
+    // A member of a rank's group or session, but not a leader: a leader
+    // whose pid equals a reaped rank's would be a recycled pid, which no
+    // group or session still in use can have.
     const pid_t pgid = ::getpgid(pid);
     if (pgid < 0) return;  // no such process
-    if ((pgid != pid && ranks.contains(pgid)) || environment_holds(pid, marker)) {
+    const pid_t sid = ::getsid(pid);
+    if ((pgid != pid && ranks.contains(pgid)) || (sid != pid && ranks.contains(sid)) ||
+        environment_holds(pid, marker)) {
       found.push_back(pid);
-    } else if (by_parent && ::getsid(pid) == session) {
+    } else if (by_parent && sid == session) {
       if (const pid_t parent = parent_of(pid); parent > 0) children.emplace(parent, pid);
     }
   };

@@ -57,7 +57,8 @@ class pid_window {
 };
 
 /// The processes of a group besides its ranks, as seen now: those in a
-/// rank's process group (each rank leads its own; zombies included), and
+/// rank's process group (each rank leads its own; zombies included) or in
+/// the session a rank leads (spawn_options::new_session), and
 /// those whose initial environment (/proc/<pid>/environ) holds `marker`
 /// ("NAME=value"). With `by_parent`, also the descendants of the live
 /// `ranks` by parent links among the processes of this session: those a

@@ -883,7 +883,8 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   state->recorded.assign(static_cast<std::size_t>(spec.nprocs), false);
   state->group_noted.assign(state->pids.size(), false);
   for (std::size_t rank = 0; rank < state->pids.size(); ++rank) {
-    state->group_noted[rank] = options[rank].new_process_group && detail::note_rank_group(state->pids[rank]);
+    const bool leads = options[rank].new_process_group || options[rank].new_session;
+    state->group_noted[rank] = leads && detail::note_rank_group(state->pids[rank]);
   }
   if (state->logs) {
     state->logs->started();

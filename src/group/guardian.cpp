@@ -235,16 +235,16 @@ struct kill_pass {
   int found;
 };
 
-// Kills process `pid` of the pass when it is marked or in a process group
-// a rank led: found, unless it has died already (a zombie stays in its
-// group until reaped, by another).
+// Kills process `pid` of the pass when it is marked, or in a process group
+// or session a rank led: found, unless it has died already (a zombie stays
+// in its group until reaped, by another).
 COHORT_BARE_CODE void kill_if_ours(long pid, const char* name, long, void* context) {
   auto& p = *static_cast<kill_pass*>(context);
   if (pid == p.self) return;
   if (marked(name, p.m)) {
     raw_syscall(SYS_kill, pid, SIGKILL);
     ++p.found;
-  } else if (noted(p.m.groups, raw_syscall(SYS_getpgid, pid))) {
+  } else if (noted(p.m.groups, raw_syscall(SYS_getpgid, pid)) || noted(p.m.groups, raw_syscall(SYS_getsid, pid))) {
     raw_syscall(SYS_kill, pid, SIGKILL);
     if (!dead(name)) ++p.found;
   }

@@ -65,7 +65,7 @@ using fd_array = std::array<int, max_fds>;
 // one is entered from the requester's directory, as below), environment
 // (indices of the request's entries), the numbers the kept descriptors have
 // in the requester (and must have in the child).
-using rank_plan = std::tuple<int, int, int, bool, std::string, std::vector<int>, std::vector<int>>;
+using rank_plan = std::tuple<int, int, int, int, std::string, std::vector<int>, std::vector<int>>;
 // The function's name, its arguments, whether it returns a value (each
 // rank then sends a result memfd), the "NAME=value" entries of the ranks'
 // environments (each once: the ranks share nearly all of theirs), every
@@ -127,7 +127,7 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
                                         std::span<const int> own, int report, int dir, std::uint64_t reset,
                                         const from_forking_process& inherited) noexcept {
   auto& [name, args, returns_value, entries, plans, keeper_text, mask, dir_sent] = r;
-  auto& [rank, parent, death_signal, new_group, cwd, env, kept] = plan;
+  auto& [rank, parent, death_signal, leads, cwd, env, kept] = plan;
   if (mask >= 0) os::raw_syscall(SYS_umask, mask);
   if (dir_sent) os::raw_syscall(SYS_fchdir, dir);
   // Every descriptor needed is first moved above all the numbers involved,
@@ -159,7 +159,8 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   p.envp = envp;
   p.source = {fds[in_fd], fds[out_fd], fds[err_fd]};
   p.cwd = cwd.empty() ? nullptr : cwd.c_str();
-  p.new_group = new_group;
+  p.new_group = leads != 0;
+  p.new_session = leads == 2;
   p.death_signal = death_signal;
   p.parent = parent;
   p.close_fds = true;  // this server's descriptors never reach a child
@@ -392,8 +393,9 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
       f = {stage::fds, E2BIG, ""};
       return -1;
     }
-    plans.emplace_back(r.rank, p.parent, p.death_signal, p.new_group, p.cwd != nullptr ? p.cwd : "", std::move(env),
-                       kept[i]);
+    // What the rank leads: 0 nothing, 1 a process group, 2 a session.
+    const int leads = p.new_session ? 2 : p.new_group ? 1 : 0;
+    plans.emplace_back(r.rank, p.parent, p.death_signal, leads, p.cwd != nullptr ? p.cwd : "", std::move(env), kept[i]);
   }
   const auto args = call.args.bytes();
   const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), call.returns_value,

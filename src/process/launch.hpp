@@ -18,7 +18,8 @@
 namespace cohort::detail {
 
 /// Where a launch failed; names the cause in the exception.
-enum class stage { none, path_lookup, open_file, pipe, clone, signals, setpgid, pdeathsig, dup2, chdir, fds, hook, exec, start };
+enum class stage { none, path_lookup, open_file, pipe, clone, signals, setpgid, setsid, pdeathsig, dup2, chdir, fds, hook, exec,
+                   start };
 
 /// What the new process does to set itself up, built in the parent. The new
 /// process only reads it, except for `failed_at` / `error`.
@@ -29,6 +30,7 @@ struct launch_plan {
   std::array<int, 3> source{-1, -1, -1};  // what goes to 0, 1, 2; -1 leaves it
   const char* cwd = nullptr;
   bool new_group = true;
+  bool new_session = false;  // setsid, in place of new_group's setpgid
   int death_signal = 0;
   pid_t parent = 0;
   bool close_fds = true;

@@ -157,7 +157,11 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
             stage::signals)) {
     return false;
   }
-  if (p.new_group && !done(os::raw_syscall(SYS_setpgid, 0, 0), stage::setpgid)) return false;
+  if (p.new_session) {
+    if (!done(os::raw_syscall(SYS_setsid), stage::setsid)) return false;
+  } else if (p.new_group && !done(os::raw_syscall(SYS_setpgid, 0, 0), stage::setpgid)) {
+    return false;
+  }
   if (p.death_signal != 0) {
     if (!done(os::raw_syscall(SYS_prctl, PR_SET_PDEATHSIG, p.death_signal), stage::pdeathsig)) return false;
     if (os::raw_syscall(SYS_getppid) != p.parent) ::_exit(127);  // the parent is already gone
@@ -449,6 +453,7 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
     case stage::clone: cause = ": clone"; break;
     case stage::signals: cause = ": resetting signals"; break;
     case stage::setpgid: cause = ": setpgid"; break;
+    case stage::setsid: cause = ": setsid"; break;
     case stage::pdeathsig: cause = ": prctl(PR_SET_PDEATHSIG)"; break;
     case stage::dup2: cause = fmt::format(": placing standard streams{}", f.detail.empty() ? "" : " (" + f.detail + ")"); break;
     case stage::chdir: cause = fmt::format(": cannot change directory to '{}'", f.detail); break;
@@ -503,10 +508,11 @@ prepared_launch::prepared_launch(const spawn_options& options, const std::vector
   x.keep.erase(std::unique(x.keep.begin(), x.keep.end()), x.keep.end());
   x.cwd = options.cwd.string();
   refuse_nul(x.cwd, "the working directory");
-  x.new_group = options.new_process_group;
+  x.new_group = options.new_process_group || options.new_session;
   p.envp = x.envp.empty() ? environ : x.envp.data();
   p.cwd = x.cwd.empty() ? nullptr : x.cwd.c_str();
   p.new_group = options.new_process_group;
+  p.new_session = options.new_session;
   p.death_signal = options.parent_death_signal;
   p.parent = os::this_process();
   p.close_fds = options.close_other_fds;

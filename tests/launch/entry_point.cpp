@@ -63,6 +63,10 @@ std::string where_and_umask(int) {
   return fmt::format("{} {:o}", std::filesystem::current_path().string(), mask);
 }
 COHORT_ENTRYPOINT(where_and_umask);
+
+// "<pid - pgid> <pid - session>": 0 where the rank leads them.
+std::string leads(int) { return fmt::format("{} {}", ::getpid() - ::getpgid(0), ::getpid() - ::getsid(0)); }
+COHORT_ENTRYPOINT(leads);
 // Rank 1 ends inside the function, with code 0, before it returns a value.
 int exits_zero_before_returning(int rank) {
   if (rank == 1) std::exit(0);
@@ -485,6 +489,16 @@ TEST_SUITE("entry points") {
       CHECK(seen[i] == there + " 27");
       CHECK(in_sub[i] == there + "/sub 27");
       CHECK(in_thread.at(i) == there + " 77");
+    }
+  }
+
+  TEST_CASE("a function rank leads a session of its own with new_session, under every start method") {
+    for (start_method method : all_methods) {
+      CAPTURE(to_string(method));
+      join_options options{.method = method};
+      CHECK(spawn_and_join(leads, std::tuple{}, 1, options).at(0) != "0 0");  // a group, in this session
+      options.spawn.new_session = true;
+      CHECK(spawn_and_join(leads, std::tuple{}, 1, options).at(0) == "0 0");
     }
   }
 

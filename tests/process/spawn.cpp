@@ -335,6 +335,19 @@ TEST_SUITE("spawn") {
     CHECK(pgid == ::getpgid(0));
   }
 
+  TEST_CASE("a child leads a session of its own with new_session, and a process group with it") {
+    pid_t pid = 0, pgid = 0, sid = 0;
+    std::istringstream usual(output_of({"print-pgid"}));
+    usual >> pid >> pgid >> sid;
+    CHECK(sid == ::getsid(0));
+    for (const bool group : {true, false}) {
+      std::istringstream own(output_of({"print-pgid"}, {.new_process_group = group, .new_session = true}));
+      own >> pid >> pgid >> sid;
+      CHECK(pgid == pid);
+      CHECK(sid == pid);
+    }
+  }
+
   TEST_CASE("the parent-death signal is SIGKILL by default, and can be changed or disabled") {
     CHECK(output_of({"print-pdeathsig"}) == std::to_string(SIGKILL));
     CHECK(output_of({"print-pdeathsig"}, {.parent_death_signal = SIGTERM}) == std::to_string(SIGTERM));

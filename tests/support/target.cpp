@@ -4,7 +4,7 @@
 //   kill-self SIG          raise SIG (a name without "SIG": KILL, SEGV, TERM...)
 //   print-env NAME         print NAME's value, or "<unset>"
 //   print-cwd              print the working directory
-//   print-pgid             print "<pid> <pgid>"
+//   print-pgid             print "<pid> <pgid> <session id>"
 //   print-pdeathsig        print the parent-death signal number
 //   print-sigmask          print the blocked-signal mask as hex
 //   print-sigpipe          print "default" or "ignored" for SIGPIPE's disposition
@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (what == "print-pgid") {
-    std::printf("%d %d\n", ::getpid(), ::getpgid(0));
+    std::printf("%d %d %d\n", ::getpid(), ::getpgid(0), ::getsid(0));
     return 0;
   }
   if (what == "print-pdeathsig") {

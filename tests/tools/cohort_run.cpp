@@ -619,6 +619,25 @@ TEST_SUITE("cohort-run") {
     CHECK(test::within(10s, none_alive, 5ms));
   }
 
+  TEST_CASE("each rank leads a session of its own, as torchrun's workers do: a terminal does not stop it") {
+    // In cohort-run's session a rank would be a background job of its
+    // terminal, stopped by SIGTTIN at its first read (a debugger's prompt).
+    auto r = run_launcher({"-n", "2", "--no-python", "sh", "-c", "echo $$ $(cut -d' ' -f5,6 /proc/$$/stat)"});
+    REQUIRE(r.status.code() == 0);
+    std::istringstream lines(r.out);
+    int seen = 0;
+    for (std::string line; std::getline(lines, line); ++seen) {
+      CAPTURE(line);
+      std::istringstream in(line.substr(line.find_first_of("0123456789")));
+      pid_t pid = 0, pgid = 0, sid = 0;
+      in >> pid >> pgid >> sid;
+      CHECK(pid > 0);
+      CHECK(pgid == pid);
+      CHECK(sid == pid);
+    }
+    CHECK(seen == 2);
+  }
+
   TEST_CASE("signals cohort-run handles but was started ignoring are not ignored in its ranks") {
     // A shell ignores SIGINT and SIGQUIT for `cohort-run ... &`: its ranks
     // must still take Ctrl-C (a Python rank as KeyboardInterrupt), as
