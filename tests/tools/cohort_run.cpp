@@ -1014,6 +1014,19 @@ TEST_SUITE("cohort-run") {
     CHECK(read_file(named.path / "job.1" / "attempt_0" / "0" / "stdout.log") == "job\n");
   }
 
+  TEST_CASE("a --run-id that is not one folder's name is a usage error, exit 2, and no folder is made") {
+    test::temp_dir logs;
+    for (const std::string id : {"../../escape", "job/1", "..", "."}) {
+      CAPTURE(id);
+      const auto r = run_launcher({"--run-id", id, "--log-dir", (logs.path / "a" / "b").string(), "-r", "3", "-n", "1",
+                                   "--", "/bin/true"});
+      CHECK(r.status.code() == 2);
+      CHECK(r.err.find("cohort-run: --run-id '" + id + "': a run id names the logs' folder, so it may not hold '/' nor "
+                       "be '.' or '..'\n") != std::string::npos);
+    }
+    CHECK(fs::is_empty(logs.path));
+  }
+
   TEST_CASE("runs started together with one --run-id and --log-dir each get a folder of their own") {
     for (int round = 0; round < 5; ++round) {
       CAPTURE(round);
