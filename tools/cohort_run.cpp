@@ -13,6 +13,8 @@
 #include "run/signal_owner.hpp"
 #include "run/slurm.hpp"
 
+#include "os/temp_directory.hpp"
+
 #include <cohort/group.hpp>
 #include <cohort/guardian.hpp>
 #include <cohort/io_uring_info.hpp>
@@ -257,10 +259,10 @@ void check_virtual_local_ranks(const run_options& o, int nproc) {
 }
 
 // A folder of its own, $TMPDIR/<prefix>XXXXXX; empty, with `ec` set, when
-// none can be made.
+// none can be made. $TMPDIR unset, missing or not writable, the folder is
+// made where torchrun's Python would make it (/tmp, ...), without a word.
 fs::path fresh_temp_folder(const std::string& prefix, std::error_code& ec) {
-  ec.clear();
-  std::string pattern = (fs::temp_directory_path(ec) / (prefix + "XXXXXX")).string();
+  std::string pattern = (cohort::os::temp_directory(ec) / (prefix + "XXXXXX")).string();
   if (ec) return {};
   if (::mkdtemp(pattern.data()) == nullptr) {
     ec.assign(errno, std::system_category());

@@ -30,7 +30,8 @@ class environment {
 
   /// The "NAME=value" strings the child gets, sorted by name.
   /// Throws std::invalid_argument for a name that is empty or holds '=' or
-  /// NUL, or a value that holds NUL.
+  /// NUL, or a value that holds NUL; the message names the variable and
+  /// why, a NUL in the name written as `\0`.
   std::vector<std::string> materialize() const;
   /// The same block packed as execve and environ take it: each "NAME=value"
   /// with its NUL, one after another, in `text`, and in `pointers` a

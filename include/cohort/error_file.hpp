@@ -50,9 +50,11 @@ void record_uncaught_exceptions() noexcept;
 
 /// Reads an error file. Accepts torchelastic's shape, and a plain string in
 /// "message"; the timestamp is "timestamp_ns" where there is one, else
-/// "timestamp". nullopt when the file is missing, empty or not such a file;
-/// a field of the wrong type (a null trace, a timestamp that is not a whole
-/// number) is read as absent.
+/// "timestamp". nullopt when the file is missing, empty, larger than 16 MiB
+/// or not such a file; a field of the wrong type (a null trace, a timestamp
+/// that is not a whole number) is read as absent. Only a regular file is
+/// read: the path is opened without blocking, so a FIFO, a directory or a
+/// device there gives nullopt at once.
 std::optional<error_report> read_error_file(const std::filesystem::path& path);
 
 }  // namespace cohort

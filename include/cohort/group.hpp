@@ -80,10 +80,12 @@ struct group_spec {
   /// rank in COHORT_ERROR_FILE and TORCHELASTIC_ERROR_FILE as absolute
   /// paths (a relative error_dir is read from this process's working
   /// directory at start, whatever options.cwd says). Empty: files in
-  /// the user's directory, $TMPDIR/cohort-errors-<uid> (mode 0700, kept),
-  /// named for this process, the group and the rank, removed when the run
-  /// ends; those of a process killed outright go at the first start of a
-  /// group in a later process.
+  /// the user's directory, $TMPDIR/cohort-errors-<uid> (mode 0700, kept;
+  /// $TMPDIR unset, empty, missing or not writable: the next of $TEMP,
+  /// $TMP, /tmp, /var/tmp, /usr/tmp and the working directory that is, as
+  /// Python's tempfile takes them), named for this process, the group and
+  /// the rank, removed when the run ends; those of a process killed
+  /// outright go at the first start of a group in a later process.
   std::filesystem::path error_dir{};
   /// Per-rank log files, tee to the console, line prefixes (see
   /// logs_spec). When logs.dir is set and error_dir is not, the error files

@@ -78,7 +78,13 @@ struct logs_spec {
   /// Empty: no files; `redirects` and `tee` then have nowhere to write
   /// (std::invalid_argument at start).
   std::filesystem::path dir{};
+  /// The run's folder in `dir`: one folder's name, not empty, "." or "..",
+  /// and without '/' or NUL (with `dir` set, anything else is a
+  /// std::invalid_argument at start, before any folder is made: a run id
+  /// from a user could lead the logs out of `dir`).
   std::string run_id = "none";
+  /// The attempt's folder's number, 0 or more (with `dir` set, a negative
+  /// one is a std::invalid_argument at start).
   int attempt = 0;
   streams_per_rank redirects{};
   streams_per_rank tee{};

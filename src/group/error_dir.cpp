@@ -3,6 +3,7 @@
 #include "group/error_dir.hpp"
 
 #include "os/process_identity.hpp"
+#include "os/temp_directory.hpp"
 
 #include <fmt/format.h>
 
@@ -125,9 +126,10 @@ class user_dir {
  public:
   user_dir() {
     const uid_t self = ::geteuid();
-    // Absolute, as every path a rank is given: a rank may start in, or
-    // move to, another directory ($TMPDIR may be relative).
-    parent_ = std::filesystem::absolute(std::filesystem::temp_directory_path());
+    // $TMPDIR, or where Python's tempfile would look next when it is unset,
+    // missing or not writable. Absolute, as every path a rank is given: a
+    // rank may start in, or move to, another directory.
+    parent_ = os::temp_directory();
     own_prefix_ = fmt::format("cohort-errors-{}-", self);
     path_ = parent_ / fmt::format("cohort-errors-{}", self);
     if (!own_private_dir(path_, self)) {

@@ -1,5 +1,6 @@
 // Where a group's error files go when its spec names no directory: one
-// directory per user, $TMPDIR/cohort-errors-<uid>, in which each file's name
+// directory per user, $TMPDIR/cohort-errors-<uid> ($TMPDIR: the temporary
+// directory as os::temp_directory finds it), in which each file's name
 // says which process it belongs to. A run whose ranks all succeed makes and
 // removes no file or directory: the file system only sees a lookup (unless
 // someone else has taken the user's name: then each process makes and

@@ -2,9 +2,15 @@
 #include "cohort/error_file.hpp"
 
 #include "os/demangle.hpp"
+#include "os/owned_fd.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
@@ -59,6 +65,32 @@ bool record_error(const std::exception& error, std::string_view trace) noexcept 
 
 namespace {
 
+// The largest error file that is read. A report is a message and a trace;
+// a rank that wrote more there would have its supervisor hold all of it.
+constexpr std::size_t max_error_file = 16 * 1024 * 1024;
+
+// The whole of the regular file at `path`, at most max_error_file bytes;
+// nullopt for anything else. The rank chose what lies there: it is opened
+// without blocking, so that a FIFO (whose open waits for a writer) or a
+// device cannot hold up its supervisor, and then only a regular file is read.
+std::optional<std::string> regular_file_text(const std::filesystem::path& path) {
+  const os::owned_fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  struct stat st{};
+  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  if (st.st_size < 0 || static_cast<std::size_t>(st.st_size) > max_error_file) return std::nullopt;
+  std::string text;
+  text.reserve(static_cast<std::size_t>(st.st_size));
+  char buffer[64 * 1024];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return std::nullopt;
+    if (n == 0) return text;
+    text.append(buffer, static_cast<std::size_t>(n));
+    if (text.size() > max_error_file) return std::nullopt;  // grown since fstat
+  }
+}
+
 // The string at `key`, or "" where there is none or it is not a string: a
 // file written by hand, or by another version, still gives what it can.
 std::string string_at(const nlohmann::json& object, const char* key) {
@@ -90,9 +122,9 @@ std::optional<std::chrono::system_clock::time_point> time_at(const nlohmann::jso
 }  // namespace
 
 std::optional<error_report> read_error_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) return std::nullopt;
-  const auto file = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const auto text = regular_file_text(path);
+  if (!text) return std::nullopt;
+  const auto file = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!file.is_object() || !file.contains("message")) return std::nullopt;
   const auto& message = file["message"];
   error_report report;

@@ -76,6 +76,27 @@ void check_ranks(const char* what, const std::map<int, std_streams>& ranks, int 
   }
 }
 
+// The run id and the attempt name folders under logs.dir: the run id must
+// be one folder's name there, never a path that leads out of it.
+void check_folder_names(const logs_spec& spec) {
+  const std::string& id = spec.run_id;
+  if (id.find('\0') != std::string::npos) {
+    throw std::invalid_argument("cohort::start_processes: logs.run_id holds NUL; it names a folder under logs.dir");
+  }
+  const char* why = nullptr;
+  if (id.empty()) why = "is empty";
+  else if (id == "." || id == "..") why = "names no folder of its own";
+  else if (id.find('/') != std::string::npos) why = "holds '/'";
+  if (why != nullptr) {
+    throw std::invalid_argument(
+        fmt::format("cohort::start_processes: logs.run_id '{}' {}; it names a folder under logs.dir", id, why));
+  }
+  if (spec.attempt < 0) {
+    throw std::invalid_argument(
+        fmt::format("cohort::start_processes: logs.attempt is {}, not 0 or more", spec.attempt));
+  }
+}
+
 // A log file left by an earlier run (the same run id) is replaced, not
 // truncated: ext4 flushes a file truncated to nothing when it is closed
 // (its auto_da_alloc guard for rewritten files), which would hold up the
@@ -200,6 +221,7 @@ std::string expand_prefix(const std::string& pattern, const std::string& role, i
 }
 
 group_logs::group_logs(const logs_spec& spec, const std::string& role, int nprocs) : state_(std::make_shared<state>()) {
+  if (!spec.dir.empty()) check_folder_names(spec);
   check_ranks("redirects", spec.redirects.ranks, nprocs);
   check_ranks("tee", spec.tee.ranks, nprocs);
   if (spec.console_ranks) {

@@ -14,9 +14,24 @@ extern char** environ;
 namespace cohort {
 namespace {
 
+// The name as a message shows it: a NUL would end the message there, so
+// it is written \0.
+std::string shown(const std::string& name) {
+  std::string text;
+  for (const char c : name) {
+    if (c == '\0') text += "\\0";
+    else text += c;
+  }
+  return text;
+}
+
 void check_name(const std::string& name) {
-  if (name.empty() || name.find('=') != std::string::npos || name.find('\0') != std::string::npos) {
-    throw std::invalid_argument("cohort::environment: bad variable name '" + name + "'");
+  const char* why = nullptr;
+  if (name.empty()) why = "it is empty";
+  else if (name.find('\0') != std::string::npos) why = "it holds NUL";
+  else if (name.find('=') != std::string::npos) why = "it holds '='";
+  if (why != nullptr) {
+    throw std::invalid_argument("cohort::environment: bad variable name '" + shown(name) + "': " + why);
   }
 }
 

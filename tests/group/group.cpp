@@ -1009,6 +1009,30 @@ TEST_SUITE("group") {
     CHECK(fs::exists(dir.path / "0" / "error.json"));
   }
 
+  TEST_CASE("a rank that leaves a FIFO at its error file fails as it exited, and the run ends at once") {
+    test::temp_dir dir;
+    group_spec spec;
+    spec.entry = command("/bin/sh", {"-c", "mkfifo \"$COHORT_ERROR_FILE\"; exit 3"});
+    spec.nprocs = 1;
+    spec.error_dir = dir.path;
+    auto run = std::async(std::launch::async, [&] { return run_group(spec); });
+    const bool at_once = run.wait_for(5s) == std::future_status::ready;
+    if (!at_once) {
+      // A supervisor stuck opening the FIFO: a writer's open lets it go on,
+      // to an empty file.
+      const int writer = ::open((dir.path / "0" / "error.json").c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      if (writer >= 0) ::close(writer);
+    }
+    CHECK(at_once);
+    const auto result = run.get();
+    const auto* first = result.first_failure();
+    REQUIRE(first != nullptr);
+    CHECK(first->rank == 0);
+    CHECK(first->status.code() == 3);
+    CHECK(first->message.empty());
+    CHECK(first->trace.empty());
+  }
+
   TEST_CASE("a supervisor killed with SIGKILL leaves none of its ranks behind") {
     asio::io_context io;
     std::vector<pid_t> ranks;

@@ -10,8 +10,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <stdexcept>
 
 using namespace cohort;
@@ -156,6 +161,28 @@ TEST_SUITE("error_file") {
     CHECK_FALSE(read_error_file(dir.path / "garbage.json"));
     std::ofstream(dir.path / "other.json") << R"({"error": 1})";
     CHECK_FALSE(read_error_file(dir.path / "other.json"));
+  }
+
+  TEST_CASE("a directory, a FIFO or a file past 16 MiB reads as no report, at once") {
+    test::temp_dir dir;
+    CHECK_FALSE(read_error_file(dir.path));
+    const fs::path fifo = dir.path / "fifo.json";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    auto read = std::async(std::launch::async, [&] { return read_error_file(fifo); });
+    const bool at_once = read.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+    if (!at_once) {
+      // A read stuck opening the FIFO: a writer's open lets it go on, to
+      // an empty file.
+      const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      if (writer >= 0) ::close(writer);
+    }
+    CHECK(at_once);
+    CHECK_FALSE(read.get());
+    const std::string report = R"({"message": "RuntimeError: large"})";
+    std::ofstream(dir.path / "large.json") << report << std::string(16 * 1024 * 1024, ' ');
+    CHECK_FALSE(read_error_file(dir.path / "large.json"));
+    std::ofstream(dir.path / "small.json") << report << std::string(1024, ' ');
+    CHECK(read_error_file(dir.path / "small.json"));
   }
 
   TEST_CASE("an exception escaping main of a program that records them writes its message and the trace of its throw") {

@@ -497,6 +497,40 @@ TEST_CASE("bad logs are errors before any rank starts") {
   CHECK(test::open_fd_count() == descriptors);
 }
 
+TEST_CASE("a run id that is not one folder's name, or a negative attempt, is refused before any folder is made") {
+  test::temp_dir dir;
+  const fs::path logs = dir.path / "a" / "b" / "c";
+  const auto refusal = [&](const std::string& run_id, int attempt) {
+    auto spec = shell_ranks(1, "exit 0");
+    spec.logs.dir = logs;
+    spec.logs.redirects = std_streams::all;
+    spec.logs.run_id = run_id;
+    spec.logs.attempt = attempt;
+    try {
+      run_group(spec);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("not refused");
+  };
+  const std::string under = "; it names a folder under logs.dir";
+  CHECK(refusal("../../../escape", 0) == "cohort::start_processes: logs.run_id '../../../escape' holds '/'" + under);
+  CHECK(refusal("job/1", 0) == "cohort::start_processes: logs.run_id 'job/1' holds '/'" + under);
+  CHECK(refusal("..", 0) == "cohort::start_processes: logs.run_id '..' names no folder of its own" + under);
+  CHECK(refusal(".", 0) == "cohort::start_processes: logs.run_id '.' names no folder of its own" + under);
+  CHECK(refusal("", 0) == "cohort::start_processes: logs.run_id '' is empty" + under);
+  CHECK(refusal(std::string("job\0x", 5), 0) == "cohort::start_processes: logs.run_id holds NUL" + under);
+  CHECK(refusal("job", -1) == "cohort::start_processes: logs.attempt is -1, not 0 or more");
+  CHECK_FALSE(fs::exists(dir.path / "escape"));
+  CHECK_FALSE(fs::exists(dir.path / "a"));
+  // Without logs.dir they name nothing and are not looked at.
+  auto spec = shell_ranks(1, "exit 0");
+  spec.logs.prefix_all = true;
+  spec.logs.run_id = "../elsewhere";
+  spec.logs.attempt = -1;
+  CHECK(run_group(spec).ok());
+}
+
 TEST_CASE("a log file that cannot be written to the end is reported, and the console still gets every line") {
   test::temp_dir dir;
   console_file out(dir.path / "console");

@@ -91,6 +91,20 @@ TEST_SUITE("environment") {
     CHECK_THROWS_AS(environment::empty().set("A", std::string("x\0y", 3)).materialize(), std::invalid_argument);
   }
 
+  TEST_CASE("a refused name is shown whole in the message, a NUL in it written \\0, with the reason") {
+    const auto refusal = [](const std::string& name) {
+      try {
+        environment::empty().set(name, "1").materialize();
+      } catch (const std::invalid_argument& e) {
+        return std::string(e.what());
+      }
+      return std::string("not refused");
+    };
+    CHECK(refusal(std::string("AB\0CD", 5)) == "cohort::environment: bad variable name 'AB\\0CD': it holds NUL");
+    CHECK(refusal("A=B") == "cohort::environment: bad variable name 'A=B': it holds '='");
+    CHECK(refusal("") == "cohort::environment: bad variable name '': it is empty");
+  }
+
   TEST_CASE("path_candidates are where execvp looks, in PATH's order") {
     using list = std::vector<std::string>;
     CHECK(environment::empty().set("PATH", "/a::/b/").path_candidates("x") == list{"/a/x", "./x", "/b//x"});

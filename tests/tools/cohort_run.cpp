@@ -1051,6 +1051,19 @@ TEST_SUITE("cohort-run") {
     CHECK(read_file(named.path / "job.1" / "attempt_0" / "0" / "stdout.log") == "job\n");
   }
 
+  TEST_CASE("a --run-id that is not one folder's name is a usage error, exit 2, and no folder is made") {
+    test::temp_dir logs;
+    for (const std::string id : {"../../escape", "job/1", "..", "."}) {
+      CAPTURE(id);
+      const auto r = run_launcher({"--run-id", id, "--log-dir", (logs.path / "a" / "b").string(), "-r", "3", "-n", "1",
+                                   "--", "/bin/true"});
+      CHECK(r.status.code() == 2);
+      CHECK(r.err.find("cohort-run: --run-id '" + id + "': a run id names the logs' folder, so it may not hold '/' nor "
+                       "be '.' or '..'\n") != std::string::npos);
+    }
+    CHECK(fs::is_empty(logs.path));
+  }
+
   TEST_CASE("runs started together with one --run-id and --log-dir each get a folder of their own") {
     for (int round = 0; round < 5; ++round) {
       CAPTURE(round);
@@ -1078,10 +1091,22 @@ TEST_SUITE("cohort-run") {
     }
   }
 
-  TEST_CASE("a log folder that cannot be made in $TMPDIR is cohort-run's error, exit 1, not a missing program's 127") {
-    const auto r = run_launcher({"-t", "3", "-n", "1", "--", "/bin/true"}, {{"TMPDIR", "/nonexistent/cohort-test"}});
-    CHECK(r.status.code() == 1);
-    CHECK(r.err.find("making a log folder in $TMPDIR") != std::string::npos);
+  TEST_CASE("$TMPDIR empty, missing or not writable: cohort-run runs, its folders where torchrun's would be") {
+    for (const char* tmpdir : {"", "/nonexistent/cohort-test", "/proc"}) {
+      CAPTURE(tmpdir);
+      const auto r = run_launcher({"-n", "1", "--no-python", "sh", "-c", "echo ran"}, {{"TMPDIR", tmpdir}});
+      CHECK(r.status.code() == 0);
+      CHECK(r.out == "ran\n");
+    }
+    // A log folder goes to $TEMP then, the next place Python's tempfile looks.
+    const auto r = run_launcher({"--run-id", "job", "-r", "3", "-n", "1", "--", "/bin/sh", "-c", "echo logged"},
+                                {{"TMPDIR", "/nonexistent/cohort-test"}, {"TEMP", launcher_tmpdir()}});
+    CHECK(r.status.code() == 0);
+    const std::string said = "cohort-run: logs in ";
+    const auto at = r.err.find(said + launcher_tmpdir() + "/cohort-run-");
+    REQUIRE(at != std::string::npos);
+    const fs::path folder = r.err.substr(at + said.size(), r.err.find('\n', at) - at - said.size());
+    CHECK(read_file(folder / "job" / "attempt_0" / "0" / "stdout.log") == "logged\n");
   }
 
   TEST_CASE("--result-json: the outcome, every attempt, each rank's status, usage and error file; failures in the summary") {
