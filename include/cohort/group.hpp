@@ -187,7 +187,11 @@ class group {
   std::optional<run_result> result() const;
   /// The ranks' pids, in rank order.
   std::vector<pid_t> pids() const;
-  /// Starts the shutdown now. Thread-safe.
+  /// Starts the shutdown now. Thread-safe. Once the io_context the group
+  /// runs on has been destroyed, stop(), send_signal(), interrupt(),
+  /// forward_signals() and join() (of a run not ended) throw
+  /// std::logic_error: nothing is left to run them; destroying the group
+  /// ends its ranks.
   void stop();
   /// Sends `sig` to every live rank's process group (to the rank alone when
   /// it leads none), the run going on, as forward_signals() does with the

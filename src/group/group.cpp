@@ -15,6 +15,7 @@
 #include "os/descriptor_limit.hpp"
 #include "os/descriptor_table.hpp"
 #include "os/owned_fd.hpp"
+#include "process/child_state.hpp"
 #include "process/launch.hpp"
 #include "process/parallel.hpp"
 #include "shm/keeper.hpp"
@@ -44,6 +45,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <atomic>
 #include <condition_variable>
@@ -66,26 +68,62 @@ using run_end = asio::experimental::concurrent_channel<void(std::error_code, int
 // asio gives a signal back as SIG_DFL when its last set lets go of it, so a
 // handler (or SIG_IGN) the program had set would be gone after the run.
 // restore() puts each back, unless something else (another asio set, or
-// the program itself since) handles the signal now.
+// the program itself since) handles the signal now. Runs that overlap
+// share one note per signal, taken by the first: a later one would find
+// asio's own handler there, and, ending last, put it back after asio had
+// let go of the signal (which it would then swallow).
 class caught_signals {
  public:
+  caught_signals() = default;
+  caught_signals(const caught_signals&) = delete;
+  caught_signals& operator=(const caught_signals&) = delete;
+  caught_signals(caught_signals&& other) noexcept : noted_(std::exchange(other.noted_, {})) {}
+  caught_signals& operator=(caught_signals&& other) noexcept {
+    if (this != &other) {
+      restore();
+      noted_ = std::exchange(other.noted_, {});
+    }
+    return *this;
+  }
+  ~caught_signals() { restore(); }
+
   void note(int sig) {
-    if (std::any_of(saved_.begin(), saved_.end(), [sig](const auto& s) { return s.first == sig; })) return;
-    struct sigaction action {};
-    if (::sigaction(sig, nullptr, &action) == 0) saved_.emplace_back(sig, action);
+    if (std::find(noted_.begin(), noted_.end(), sig) != noted_.end()) return;
+    auto& [mutex, notes] = shared();
+    std::lock_guard lock(mutex);
+    auto it = notes.find(sig);
+    if (it == notes.end()) {
+      struct sigaction action {};
+      if (::sigaction(sig, nullptr, &action) != 0) return;
+      it = notes.emplace(sig, std::pair{action, 0}).first;
+    }
+    ++it->second.second;
+    noted_.push_back(sig);
   }
   void restore() noexcept {
-    for (const auto& [sig, action] : saved_) {
+    auto& [mutex, notes] = shared();
+    std::lock_guard lock(mutex);
+    for (int sig : noted_) {
+      auto it = notes.find(sig);
+      if (it == notes.end() || --it->second.second > 0) continue;
       struct sigaction now {};
       if (::sigaction(sig, nullptr, &now) == 0 && (now.sa_flags & SA_SIGINFO) == 0 && now.sa_handler == SIG_DFL) {
-        ::sigaction(sig, &action, nullptr);
+        ::sigaction(sig, &it->second.first, nullptr);
       }
+      notes.erase(it);
     }
-    saved_.clear();
+    noted_.clear();
   }
 
  private:
-  std::vector<std::pair<int, struct sigaction>> saved_;
+  // Per signal: the action before the first run that caught it, and how
+  // many runs catch it now.
+  using notes_t = std::map<int, std::pair<struct sigaction, int>>;
+  static std::pair<std::mutex, notes_t>& shared() {
+    static std::pair<std::mutex, notes_t> s;
+    return s;
+  }
+  std::vector<int> noted_;
 };
 
 struct group_state;
@@ -96,7 +134,7 @@ void forget_rank_groups(group_state& state) noexcept;
 /// it but `finished`/`result` (guarded by `mutex`) is touched only on `strand`.
 struct group_state {
   group_state(asio::any_io_executor ex, const group_spec& s)
-      : strand(asio::make_strand(ex)), nprocs(s.nprocs), shutdown(s.shutdown), error_dir(s.error_dir), wake(strand) {}
+      : context(context_lifetime(ex)), strand(asio::make_strand(ex)), nprocs(s.nprocs), shutdown(s.shutdown), error_dir(s.error_dir), wake(strand) {}
   group_state(const group_state&) = delete;
   group_state& operator=(const group_state&) = delete;
   ~group_state() {
@@ -115,6 +153,7 @@ struct group_state {
     if (!error_file_prefix.empty()) release_group_files(error_files.front().parent_path(), error_file_prefix);
   }
 
+  std::weak_ptr<const void> context;  // expires with the io_context the group runs on
   asio::strand<asio::any_io_executor> strand;
   // What supervision reads of the spec; the rest serves the start alone.
   int nprocs;
@@ -225,6 +264,14 @@ std::set<int> keys_of(const Map& map) {
 
 void validate(const group_spec& spec) {
   if (spec.nprocs < 1) throw std::invalid_argument(fmt::format("cohort::start_processes: nprocs is {}", spec.nprocs));
+  // More ranks than the system has pids could never all run: refused before
+  // their state is made (a count of a billion would take gigabytes first).
+  long pid_max = 0;
+  if (std::ifstream("/proc/sys/kernel/pid_max") >> pid_max && spec.nprocs > pid_max) {
+    throw std::invalid_argument(fmt::format(
+        "cohort::start_processes: nprocs is {}, more processes than the system has pids (pid_max {})", spec.nprocs,
+        pid_max));
+  }
   if (std::holds_alternative<function_call>(spec.entry) && !spec.args.empty()) {
     throw std::invalid_argument("cohort::start_processes: args are for programs; a function's arguments are in its call");
   }
@@ -656,21 +703,40 @@ group::group(std::shared_ptr<detail::group_state> state) noexcept : state_(std::
 group::group(group&&) noexcept = default;
 group& group::operator=(group&& other) noexcept {
   if (this != &other) {
-    stop();
+    if (state_ && !state_->context.expired()) stop();
     state_ = std::move(other.state_);
   }
   return *this;
 }
-group::~group() { stop(); }
+group::~group() {
+  // Once its io_context is gone, the state's end (the last reference) ends
+  // what the run left.
+  if (state_ && !state_->context.expired()) stop();
+}
+
+namespace {
+
+// What needs the io_context the group runs on fails once it has been
+// destroyed: no strand is left to run on, and the run cannot end.
+void refuse_gone_context(const detail::group_state& state, const char* what) {
+  if (!state.context.expired()) return;
+  throw std::logic_error(fmt::format("cohort::group::{}: the io_context the group runs on has been destroyed; "
+                                     "destroying the group ends its ranks",
+                                     what));
+}
+
+}  // namespace
 
 void group::stop() {
   if (!state_) return;
+  refuse_gone_context(*state_, "stop");
   asio::dispatch(state_->strand, [state = state_] { detail::begin_stop(*state); });
 }
 
 void group::send_signal(int sig) {
   if (!state_) throw std::logic_error("cohort::group::send_signal: no group");
   if (sig <= 0 || sig >= NSIG) throw std::invalid_argument(fmt::format("cohort::group::send_signal: no signal {}", sig));
+  refuse_gone_context(*state_, "send_signal");
   asio::dispatch(state_->strand, [state = state_, sig] { detail::signal_running(*state, sig); });
 }
 
@@ -679,6 +745,7 @@ void group::interrupt(int sig) {
   if (!detail::catchable(sig)) {
     throw std::invalid_argument(fmt::format("cohort::group::interrupt: cannot start a shutdown with {}", signal_name(sig)));
   }
+  refuse_gone_context(*state_, "interrupt");
   asio::dispatch(state_->strand, [state = state_, sig] { detail::interrupt(*state, sig); });
 }
 
@@ -691,6 +758,7 @@ void group::forward_signals(std::vector<int> shutdown_signals, std::vector<int> 
       }
     }
   }
+  refuse_gone_context(*state_, "forward_signals");
   detail::caught_signals before;
   for (const auto* list : {&shutdown_signals, &passed_on}) {
     for (int sig : *list) before.note(sig);
@@ -706,7 +774,8 @@ void group::forward_signals(std::vector<int> shutdown_signals, std::vector<int> 
     throw std::system_error(e.code(), "cohort::group::forward_signals: asio's signal pipe" +
                                           os::descriptor_limit_note(e.code().value()));
   }
-  asio::dispatch(state_->strand, [state = state_, set, passed_on = std::move(passed_on), before]() mutable {
+  asio::dispatch(state_->strand, [state = state_, set, passed_on = std::move(passed_on),
+                                  before = std::move(before)]() mutable {
     std::lock_guard lock(state->mutex);
     if (state->finished || state->signals) {
       set.reset();
@@ -731,6 +800,7 @@ std::optional<run_result> group::result() const {
 
 bool group::join(std::chrono::milliseconds timeout) {
   if (!state_) throw std::logic_error("cohort::group::join: no group");
+  if (!result()) refuse_gone_context(*state_, "join");
   std::unique_lock lock(state_->mutex);
   // Until a deadline, not for the timeout: wait_for adds it to the clock,
   // which wraps for milliseconds::max().

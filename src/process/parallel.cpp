@@ -84,12 +84,14 @@ unsigned start_threads(unsigned threads, std::size_t count) {
 void for_each_parallel(std::size_t count, unsigned threads, const std::function<void(std::size_t)>& fn) {
   std::vector<std::exception_ptr> errors(count);
   std::atomic<std::size_t> next{0};
+  std::atomic<bool> failed{false};
   const auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < count;) {
+    for (std::size_t i; !failed.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < count;) {
       try {
         fn(i);
       } catch (...) {
         errors[i] = std::current_exception();
+        failed.store(true, std::memory_order_relaxed);
       }
     }
   };

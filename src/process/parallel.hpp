@@ -15,9 +15,10 @@ unsigned start_threads(unsigned threads, std::size_t count);
 /// Calls fn(i) for every i in [0, count) on `threads` threads: the calling
 /// one and threads of a pool that live as long as the process (a child's
 /// parent-death signal follows the thread that made it, so a thread that
-/// made children must not end). Each takes the next index in turn. Every
-/// call runs, even after one throws; the exception of the lowest index is
-/// rethrown once all have returned.
+/// made children must not end). Each takes the next index in turn. Once a
+/// call throws, no index is taken any more (a launch that fails ends the
+/// start: the rest would be started only to be killed); the calls under
+/// way finish, and the exception of the lowest index is rethrown.
 void for_each_parallel(std::size_t count, unsigned threads, const std::function<void(std::size_t)>& fn);
 
 }  // namespace cohort::detail

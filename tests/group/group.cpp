@@ -51,6 +51,7 @@
 #include <functional>
 #include <future>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -809,6 +810,30 @@ TEST_SUITE("group") {
     ::sigaction(SIGHUP, &hup_before, nullptr);
   }
 
+  TEST_CASE("two runs that catch one signal, the first ending first, leave it handled as it was before either") {
+    static std::atomic<int> caught{0};
+    struct sigaction counting {};
+    counting.sa_handler = [](int) { caught.fetch_add(1); };
+    struct sigaction before {};
+    REQUIRE(::sigaction(SIGUSR2, &counting, &before) == 0);
+    asio::io_context io;
+    group_spec first = ranks_of(1, {"exit-after", "100", "0"});
+    group_spec second = ranks_of(1, {"exit-after", "400", "0"});
+    group a = start_processes(io.get_executor(), first);
+    a.forward_signals({}, {SIGUSR2});
+    group b = start_processes(io.get_executor(), second);
+    b.forward_signals({}, {SIGUSR2});
+    io.run_for(std::chrono::seconds(30));
+    REQUIRE(a.result());
+    REQUIRE(b.result());
+    struct sigaction now {};
+    REQUIRE(::sigaction(SIGUSR2, nullptr, &now) == 0);
+    CHECK((now.sa_handler == counting.sa_handler));  // parenthesised: doctest cannot print a function pointer
+    ::raise(SIGUSR2);
+    CHECK(caught.load() == 1);
+    ::sigaction(SIGUSR2, &before, nullptr);
+  }
+
   TEST_CASE("signals to pass on reach every rank") {
     asio::io_context io;
     auto result = test::run(io, []() -> asio::awaitable<run_result> {
@@ -1300,6 +1325,54 @@ TEST_SUITE("group") {
     } catch (const std::system_error& e) {
       CHECK(std::string(e.what()).find("options.out: cannot open") != std::string::npos);
       CHECK(e.code().value() == ENOENT);
+    }
+  }
+
+  TEST_CASE("a start whose rank cannot start launches no rank after it; a count past pid_max is refused at once") {
+    // The hook runs in each child just before its exec, on this process's
+    // memory (the launch is vfork-style): it counts the launches.
+    static std::atomic<int> launched{0};
+    group_spec spec;
+    spec.entry = command("/nonexistent/cohort-program");
+    spec.nprocs = 64;
+    spec.start_threads = 1;
+    spec.options.before_exec = [](void*) noexcept {
+      launched.fetch_add(1);
+      return 0;
+    };
+    asio::io_context io;
+    CHECK_THROWS_AS(start_processes(io.get_executor(), spec), std::system_error);
+    CHECK(launched.load() == 1);
+
+    long pid_max = 0;
+    const bool read = static_cast<bool>(std::ifstream("/proc/sys/kernel/pid_max") >> pid_max);
+    REQUIRE(read);
+    spec.entry = command("true");
+    spec.options.before_exec = nullptr;
+    spec.nprocs = static_cast<int>(std::min<long>(pid_max + 1, std::numeric_limits<int>::max()));
+    if (spec.nprocs > pid_max) {
+      CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec), doctest::Contains("pid_max"), std::invalid_argument);
+    }
+  }
+
+  TEST_CASE("a group whose io_context is gone refuses stop, signals and join, and its end still ends the ranks") {
+    group_spec spec = ranks_of(2, {"sleep", "30"});
+    std::vector<pid_t> ranks;
+    std::optional<group> g;
+    {
+      asio::io_context io;
+      g = start_processes(io.get_executor(), spec);
+      ranks = g->pids();
+      io.run_for(20ms);
+    }
+    CHECK_THROWS_WITH_AS(g->stop(), doctest::Contains("io_context"), std::logic_error);
+    CHECK_THROWS_WITH_AS(g->send_signal(SIGTERM), doctest::Contains("io_context"), std::logic_error);
+    CHECK_THROWS_WITH_AS(g->interrupt(SIGTERM), doctest::Contains("io_context"), std::logic_error);
+    CHECK_THROWS_WITH_AS(g->join(10ms), doctest::Contains("io_context"), std::logic_error);
+    g.reset();
+    for (pid_t pid : ranks) {
+      CAPTURE(pid);
+      CHECK(test::within(5s, [pid] { return !test::alive(pid); }));
     }
   }
 
