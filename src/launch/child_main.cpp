@@ -132,6 +132,9 @@ COHORT_FORKED_CHILD_PATH void run_on(const entry_stack& stack) {
 
 [[noreturn]] void on_uncaught() {
   const auto [message, trace, when] = report_uncaught();
+  // What it sent before it failed still reaches its receivers, through the
+  // keeper; not waited for, which would hold back the failure's news.
+  shm::let_values_go(receivers_wait, false);
   stop_forkserver();
   std::fflush(stdout);
   std::fprintf(stderr, "cohort: rank %d (pid %d) raised %s\n%s", os::running_rank(), static_cast<int>(::getpid()),
@@ -307,6 +310,7 @@ COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const 
   entry_run run{inherited.entry.thunk, inherited.entry.fn, rank, &args, std::nullopt};
   os::set_running_rank(rank);
   if (!inherited.terminate_handler_set) std::set_terminate(on_uncaught);
+  shm::let_values_go_at_exit(receivers_wait);  // exit() inside the function
   if (run.thunk == nullptr) std::tie(run.thunk, run.fn) = find_entry(name);
   // The function runs on a stack of its own, which holds no handler of the
   // caller's: see entry_stack_main.
@@ -321,9 +325,7 @@ COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const 
   // Values it sent that name its shared memory are opened through this
   // process: what they name goes to its keeper, or else it stays until
   // they are received, within a bound.
-  if (!shm::hand_over_to_keeper()) shm::wait_for_receivers(receivers_wait);
-  // A device's memory cannot go to the keeper: its receivers fetch it here.
-  wait_for_device_receivers(receivers_wait);
+  shm::let_values_go(receivers_wait, true);
   stop_forkserver();  // what the function started by the forkserver has ended with it
   if (result_fd < 0) return 0;  // what it returned is not wanted
   if (!result.empty() && !write_whole(result_fd, result)) {

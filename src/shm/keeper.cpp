@@ -7,6 +7,8 @@
 #include "os/descriptor_passing.hpp"
 #include "os/owned_fd.hpp"
 #include "os/process_identity.hpp"
+#include "cohort/storage.hpp"
+#include "shm/arena.hpp"
 #include "shm/registry.hpp"
 #include "shm/segment_name.hpp"
 
@@ -216,6 +218,42 @@ COHORT_FORKED_CHILD_PATH bool hand_over_to_keeper() noexcept {
   }
   if (fds.empty()) return true;  // the common case
   return send_to_keeper(fds);
+}
+
+namespace {
+
+// let_values_go's once, and what let_values_go_at_exit armed; the pids
+// tell a forked child that its parent's state is not its own.
+std::atomic<pid_t> values_let_go_by{0};
+std::atomic<pid_t> exit_armed_by{0};
+std::atomic<pid_t> exit_registered_by{0};
+std::chrono::steady_clock::duration exit_limit{};
+
+void let_values_go_as_exiting() { let_values_go(exit_limit, true); }
+
+}  // namespace
+
+void let_values_go(std::chrono::steady_clock::duration limit, bool wait) noexcept {
+  if (values_let_go_by.exchange(os::this_process()) == os::this_process()) return;
+  if (!hand_over_to_keeper() && wait) wait_for_receivers(limit);
+  // A device's memory cannot go to the keeper: its receivers fetch it here.
+  if (wait) detail::wait_for_device_receivers(limit);
+}
+
+void let_values_go_at_exit(std::chrono::steady_clock::duration limit) noexcept {
+  exit_limit = limit;
+  exit_armed_by.store(os::this_process(), std::memory_order_release);
+  // Values named already (a fork rank's parent's): registered now.
+  if (auto* r = segments_if_made(); r != nullptr && r->named_by_values.load(std::memory_order_acquire)) {
+    on_first_values_named();
+  }
+}
+
+void on_first_values_named() noexcept {
+  const pid_t self = os::this_process();
+  if (exit_armed_by.load(std::memory_order_acquire) != self) return;
+  if (exit_registered_by.exchange(self) == self) return;
+  std::atexit(let_values_go_as_exiting);
 }
 
 void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept {

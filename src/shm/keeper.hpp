@@ -6,6 +6,8 @@
 // holds each until every value naming it has been received or dropped.
 #pragma once
 
+#include <chrono>
+
 #include "shm/segment.hpp"
 
 #include <sys/types.h>
@@ -53,6 +55,13 @@ pid_t own_keeper() noexcept;
 /// more: false when some do and there is no keeper or the handing failed
 /// (the caller then waits for their receivers).
 bool hand_over_to_keeper() noexcept;
+/// What a rank does with the values it sent as it ends, once per process:
+/// hands them over (hand_over_to_keeper), or else, with `wait`, waits up to
+/// `limit` for their receivers, a device's too. A second call does nothing.
+void let_values_go(std::chrono::steady_clock::duration limit, bool wait) noexcept;
+/// Makes an exit() of this process (a rank ending inside its function)
+/// call let_values_go(limit, true) first, as a return would have.
+void let_values_go_at_exit(std::chrono::steady_clock::duration limit) noexcept;
 /// Counts the function ranks this process has started and not yet seen
 /// end, and the queue objects it holds. While either is above 0, a kept
 /// segment goes only once no value names it; when both are 0 and every

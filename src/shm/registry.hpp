@@ -86,10 +86,19 @@ void dispose_deferred() noexcept;
 /// The registry if segments() has made it, else null: a process that never
 /// mapped a segment has nothing to look through at its end.
 registry* segments_if_made() noexcept;
+/// For a rank that let_values_go_at_exit armed: makes exit() let its
+/// values go (keeper.hpp), once per process. Registered as values first
+/// name its segments, after the objects behind them were made: the
+/// handlers of exit() run in the reverse order of their registration, so
+/// it runs before those objects' destructors.
+void on_first_values_named() noexcept;
 /// Sets registry::named_by_values (the registry exists: a segment is mapped).
 inline void note_named_by_values(registry& r) noexcept {
   // Read first: a line that every sending thread writes would bounce between them.
-  if (!r.named_by_values.load(std::memory_order_relaxed)) r.named_by_values.store(true, std::memory_order_release);
+  if (!r.named_by_values.load(std::memory_order_relaxed)) {
+    r.named_by_values.store(true, std::memory_order_release);
+    on_first_values_named();
+  }
 }
 
 

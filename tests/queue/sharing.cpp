@@ -375,6 +375,15 @@ tensor push_then_return(int rank, queue<tensor> q, int n, bool large) {
 }
 COHORT_ENTRYPOINT(push_then_return);
 
+// Pushes one shared tensor (rank + 1 at every element), then ends by
+// exit(0) (how 0) or by an exception (how 1) instead of returning.
+void push_then_leave(int rank, queue<tensor> q, int how) {
+  q.put(tensor::full({64}, rank + 1, dtype::float32, {.shared = true}));
+  if (how == 0) std::exit(0);
+  throw std::runtime_error("after the push");
+}
+COHORT_ENTRYPOINT(push_then_leave);
+
 // Rank 0 pushes 0..n-1 and returns; rank 1 waits until rank 0 has ended,
 // then pops the n values and returns their sum (first elements).
 int push_or_pop_after_end(int rank, queue<tensor> q, queue<int> pids, int n) {
@@ -1241,6 +1250,25 @@ TEST_SUITE("sharing") {
           }
           CHECK(seen == std::map<int, int>{{0, 2}, {1, 2}, {2, 2}});
         });
+      }
+    }
+  }
+
+  TEST_CASE("a tensor a rank pushed arrives after the rank ended by exit() or by an exception") {
+    for (const auto method : methods) {
+      for (const int how : {0, 1}) {
+        CAPTURE(to_string(method));
+        CAPTURE(how);
+        queue<tensor> q(4);
+        if (how == 0) {
+          spawn_and_join(push_then_leave, std::tuple{q, how}, 1, {.method = method});
+        } else {
+          CHECK_THROWS_WITH(spawn_and_join(push_then_leave, std::tuple{q, how}, 1, {.method = method}),
+                            doctest::Contains("after the push"));
+        }
+        const auto t = q.get(5s);
+        REQUIRE(t.has_value());
+        CHECK(*t == tensor::full({64}, 1, dtype::float32));
       }
     }
   }
