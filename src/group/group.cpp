@@ -130,14 +130,36 @@ struct group_state;
 void end_unfinished(group_state& state) noexcept;
 void forget_rank_groups(group_state& state) noexcept;
 
+/// The state's objects of the io_context: the strand and its timers.
+struct io_objects {
+  explicit io_objects(const asio::any_io_executor& ex) : strand(asio::make_strand(ex)) {}
+  asio::strand<asio::any_io_executor> strand;
+  asio::steady_timer wake{strand};  // the shutdown sleeps on it; exits and stop() cancel it
+  asio::steady_timer stop_requested{strand, std::chrono::steady_clock::time_point::max()};  // stop() cancels it
+};
+
 /// Shared by the group object and the supervision coroutines. All of
 /// it but `finished`/`result` (guarded by `mutex`) is touched only on `strand`.
 struct group_state {
   group_state(asio::any_io_executor ex, const group_spec& s)
-      : context(context_lifetime(ex)), strand(asio::make_strand(ex)), nprocs(s.nprocs), shutdown(s.shutdown), error_dir(s.error_dir), wake(strand) {}
+      : context(context_lifetime(ex)),
+        io(std::make_unique<io_objects>(ex)),
+        strand(io->strand),
+        nprocs(s.nprocs),
+        shutdown(s.shutdown),
+        error_dir(s.error_dir) {}
   group_state(const group_state&) = delete;
   group_state& operator=(const group_state&) = delete;
   ~group_state() {
+    // Kept by a group object past its io_context: what belongs to the
+    // io_context is left as it is, never destroyed (its services, which
+    // those objects' destructors would reach, are gone).
+    if (context.expired()) {
+      (void)io.release();
+      (void)logs.release();
+      (void)new std::shared_ptr<asio::signal_set>(std::move(signals));
+      (void)new std::vector<std::shared_ptr<run_end>>(std::move(waiters));
+    }
     // A start that failed, or a run whose supervision went with its
     // io_context: nothing of it may outlive it.
     if (subreaper) {
@@ -154,7 +176,8 @@ struct group_state {
   }
 
   std::weak_ptr<const void> context;  // expires with the io_context the group runs on
-  asio::strand<asio::any_io_executor> strand;
+  std::unique_ptr<io_objects> io;
+  asio::strand<asio::any_io_executor>& strand;
   // What supervision reads of the spec; the rest serves the start alone.
   int nprocs;
   shutdown_policy shutdown;
@@ -182,8 +205,8 @@ struct group_state {
   pid_window pids_since_start;     // opened before the first rank starts
   std::shared_ptr<asio::signal_set> signals;
   caught_signals signals_before;  // how the process handled them before forward_signals
-  asio::steady_timer wake;  // the shutdown sleeps on it; exits and stop() cancel it
-  asio::steady_timer stop_requested{strand, steady::time_point::max()};  // stop() cancels it
+  asio::steady_timer& wake = io->wake;
+  asio::steady_timer& stop_requested = io->stop_requested;
 
   mutable std::mutex mutex;  // guards what follows: waits and join() read it from any thread
   std::condition_variable finished_cv;

@@ -18,8 +18,9 @@
 namespace cohort::detail {
 
 /// Where a launch failed; names the cause in the exception.
-enum class stage { none, path_lookup, open_file, pipe, clone, signals, setpgid, setsid, pdeathsig, dup2, chdir, fds, hook, exec,
-                   start };
+enum class stage {
+  none, path_lookup, open_file, pipe, clone, signals, setpgid, setsid, pdeathsig, dup2, chdir, fds, hook, exec, start
+};
 
 /// What the new process does to set itself up, built in the parent. The new
 /// process only reads it, except for `failed_at` / `error`.

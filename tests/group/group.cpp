@@ -1351,7 +1351,8 @@ TEST_SUITE("group") {
     spec.options.before_exec = nullptr;
     spec.nprocs = static_cast<int>(std::min<long>(pid_max + 1, std::numeric_limits<int>::max()));
     if (spec.nprocs > pid_max) {
-      CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec), doctest::Contains("pid_max"), std::invalid_argument);
+      CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec), doctest::Contains("pid_max"),
+                           std::invalid_argument);
     }
   }
 

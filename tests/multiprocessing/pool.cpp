@@ -240,12 +240,13 @@ TEST_SUITE("pool") {
     {
       asio::io_context io;
       auto cancel = std::make_unique<asio::cancellation_signal>();
+      const auto handler = [&](std::exception_ptr e, std::vector<long> v) {
+        CHECK_FALSE(e);
+        got = std::move(v);
+        ran = true;
+      };
       p.map(slow_square, std::vector<long>{2, 3},
-            asio::bind_cancellation_slot(cancel->slot(), asio::bind_executor(io, [&](std::exception_ptr e, std::vector<long> v) {
-              CHECK_FALSE(e);
-              got = std::move(v);
-              ran = true;
-            })));
+            asio::bind_cancellation_slot(cancel->slot(), asio::bind_executor(io, handler)));
       io.run_for(std::chrono::seconds(30));
       CHECK(ran);
     }
