@@ -21,7 +21,12 @@ namespace cohort {
 /// the rank's start until it is empty after the rank has been reaped, or
 /// until its group's run has ended and swept it: past that its id could be
 /// an unrelated process's, whose group must not be killed. The groups note
-/// theirs with the first guardian of this process's that is running. The ranks
+/// theirs with the first guardian of this process's that is running (a
+/// program rank as its spawn returns, function ranks once all have
+/// started). Once this process has died (not at a look it asked for), it
+/// also removes the files of file_system segments (/dev/shm/cohort_<pid>_...)
+/// that this process and the noted ranks made, which nothing else would
+/// remove. The ranks
 /// themselves die by their parent-death signal; the guardian reaches what
 /// they started, `setsid` grandchildren included, when this process could
 /// not: killed with SIGKILL. It ignores every signal but SIGKILL and

@@ -193,7 +193,9 @@ struct group_state {
   run_result partial;
   int running = 0;
   std::vector<bool> recorded;  // by rank: its end is in `partial` (its wait may have failed, unreaped)
-  std::vector<bool> group_noted;  // by rank: its process group is noted for the guardian (rank_groups.hpp)
+  // By rank: its process group is noted for the guardian (rank_groups.hpp).
+  // Bytes, not bits: the launching threads set their ranks' at once.
+  std::vector<char> group_noted;
   bool failed = false;
   bool stopping = false;
   bool signalled = false;  // the shutdown's first signal went out: later non-zero exits are its doing
@@ -902,6 +904,9 @@ void share_output_files(std::vector<spawn_options>& options, std::vector<os::own
   }
 }
 
+// Whether a rank started with `o` leads its process group.
+bool leads_group(const spawn_options& o) { return o.new_process_group || o.new_session; }
+
 }  // namespace detail
 
 group start_processes(const asio::any_io_executor& executor, const group_spec& spec) {
@@ -950,6 +955,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
     state->counted_as_keeper = true;
   } else {
     state->children.resize(options.size());
+    state->group_noted.assign(options.size(), 0);
     detail::for_each_parallel(options.size(), detail::start_threads(spec.start_threads, options.size()), [&](std::size_t r) {
       command cmd = std::get<command>(spec.entry);
       if (auto it = spec.args.find(static_cast<int>(r)); it != spec.args.end()) {
@@ -963,6 +969,9 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
       };
       try {
         state->children[r] = spawn(state->strand, cmd, options[r]);
+        // Noted at once: the rank runs, and may start what the guardian
+        // must reach, from here on.
+        state->group_noted[r] = detail::leads_group(options[r]) && detail::note_rank_group(state->children[r].pid());
       } catch (const std::system_error& e) {
         throw std::system_error(e.code(), named(e, ": " + e.code().message()));
       } catch (const std::invalid_argument& e) {
@@ -974,10 +983,11 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   // What a rank starts in its process group dies with this process, its
   // environment marked or not: the guardian, if one runs, kills the group.
   state->recorded.assign(static_cast<std::size_t>(spec.nprocs), false);
-  state->group_noted.assign(state->pids.size(), false);
-  for (std::size_t rank = 0; rank < state->pids.size(); ++rank) {
-    const bool leads = options[rank].new_process_group || options[rank].new_session;
-    state->group_noted[rank] = leads && detail::note_rank_group(state->pids[rank]);
+  if (function != nullptr) {
+    state->group_noted.assign(state->pids.size(), 0);
+    for (std::size_t rank = 0; rank < state->pids.size(); ++rank) {
+      state->group_noted[rank] = detail::leads_group(options[rank]) && detail::note_rank_group(state->pids[rank]);
+    }
   }
   if (state->logs) {
     state->logs->started();

@@ -73,6 +73,7 @@ struct guardian_memory {
   char prefix[64] = {};     // the groups' marker, "COHORT_GROUP_<pid>_"
   std::size_t prefix_size = 0;
   const rank_group_table* groups = nullptr;  // on the pages above
+  long parent_pid = 0;
 };
 
 // The table that note_rank_group writes: the first guardian's of those this
@@ -165,11 +166,13 @@ COHORT_BARE_CODE bool marked(const char* pid, const guardian_memory& m) {
 
 // Calls each(number, name, dir, context) for every entry of the directory
 // at `path` that a decimal number names (the processes of /proc, the
-// descriptors of /proc/self/fd), with the entry's name as written and the
-// directory's own descriptor. False when the directory cannot be opened.
-COHORT_BARE_CODE bool for_each_numbered(const char* path,
-                                        void (*each)(long number, const char* name, long dir, void* context),
-                                        void* context) {
+// descriptors of /proc/self/fd), or with `numbered_only` false for every
+// entry (number -1 where the name is not a number), with the entry's name
+// as written and the directory's own descriptor. False when the directory
+// cannot be opened.
+COHORT_BARE_CODE bool for_each_entry(const char* path, bool numbered_only,
+                                     void (*each)(long number, const char* name, long dir, void* context),
+                                     void* context) {
   struct entry {  // linux_dirent64
     std::uint64_t inode;
     std::int64_t offset;
@@ -189,7 +192,8 @@ COHORT_BARE_CODE bool for_each_numbered(const char* path,
       long number = 0;
       const char* c = e->name;
       for (; *c >= '0' && *c <= '9'; ++c) number = number * 10 + (*c - '0');
-      if (c != e->name && *c == '\0') each(number, e->name, dir, context);
+      const bool numbered = c != e->name && *c == '\0';
+      if (numbered || !numbered_only) each(numbered ? number : -1, e->name, dir, context);
     }
   }
   raw_syscall(SYS_close, dir);
@@ -254,8 +258,32 @@ COHORT_BARE_CODE void kill_if_ours(long pid, const char* name, long, void* conte
 // rank's group; the number found alive.
 COHORT_BARE_CODE int kill_ours(const guardian_memory& m) {
   kill_pass p{m, raw_syscall(SYS_getpid), 0};
-  for_each_numbered("/proc", kill_if_ours, &p);
+  for_each_entry("/proc", true, kill_if_ours, &p);
   return p.found;
+}
+
+// Whether `name`, in /dev/shm, is a file_system segment that this
+// process or one of its ranks made: "cohort_<maker>_<16 hex digits>"
+// (shm/segment_name.hpp), with the maker this process (`parent`) or a
+// noted rank (a rank leads its process group: the ids are its pid).
+COHORT_BARE_CODE bool made_by_ours(const char* name, const guardian_memory& m) {
+  for (const char* prefix = "cohort_"; *prefix != '\0'; ++prefix, ++name) {
+    if (*name != *prefix) return false;
+  }
+  long maker = 0;
+  const char* digits = name;
+  for (; *name >= '0' && *name <= '9'; ++name) maker = maker * 10 + (*name - '0');
+  if (name == digits || *name != '_') return false;
+  int hex = 0;
+  for (++name; (*name >= '0' && *name <= '9') || (*name >= 'a' && *name <= 'f'); ++name) ++hex;
+  if (hex != 16 || *name != '\0') return false;
+  return maker == m.parent_pid || noted(m.groups, maker);
+}
+
+COHORT_BARE_CODE void unlink_if_ours(long, const char* name, long dir, void* context) {
+  if (made_by_ours(name, *static_cast<const guardian_memory*>(context))) {
+    raw_syscall(SYS_unlinkat, dir, reinterpret_cast<long>(name), 0);
+  }
 }
 
 COHORT_BARE_CODE long monotonic_ns() {
@@ -278,24 +306,28 @@ COHORT_BARE_CODE void close_all_but(int a, int b) {
   const int kept_in_order[2] = {a < b ? a : b, a < b ? b : a};
   if (os::close_all_but(kept_in_order, 2) == 0) return;
   int kept[2] = {a, b};
-  for_each_numbered("/proc/self/fd", close_unless_kept, kept);
+  for_each_entry("/proc/self/fd", true, close_unless_kept, kept);
 }
 
-// Until the parent lets go ('r' on the line: false) or asks for a look
-// ('l'), or is gone: the line's end of file, or its pidfd readable (which
-// also catches a copy of the parent's end held by a child it forked).
-COHORT_BARE_CODE bool wait_for_look(const guardian_memory& m) {
+// How the guardian's wait ended: the parent let it go ('r' on the line),
+// asked for a look ('l', or a wait that failed), or is gone (the line's end
+// of file, or its pidfd readable, which also catches a copy of the
+// parent's end held by a child it forked).
+enum class ending { released, look, parent_gone };
+
+COHORT_BARE_CODE ending wait_for_look(const guardian_memory& m) {
   for (;;) {
     pollfd watched[2] = {{m.line, POLLIN, 0}, {m.parent, POLLIN, 0}};  // a negative descriptor is skipped
     const long ready = raw_syscall(SYS_ppoll, reinterpret_cast<long>(watched), 2, 0, 0);
     if (ready == -EINTR) continue;
-    if (ready < 0) return true;  // cannot wait: look now rather than never
-    if (watched[1].revents != 0) return true;
+    if (ready < 0) return ending::look;  // cannot wait: look now rather than never
+    if (watched[1].revents != 0) return ending::parent_gone;
     if (watched[0].revents == 0) continue;
     char byte = 0;
     const long n = raw_syscall(SYS_read, m.line, reinterpret_cast<long>(&byte), 1);
     if (n == -EINTR || n == -EAGAIN) continue;
-    return !(n == 1 && byte == 'r');
+    if (n == 0) return ending::parent_gone;
+    return n == 1 && byte == 'r' ? ending::released : ending::look;
   }
 }
 
@@ -316,7 +348,7 @@ COHORT_BARE_CODE int guard(void* memory) {
   raw_syscall(SYS_prctl, PR_SET_NAME, reinterpret_cast<long>("cohort-guardian"));
   raw_syscall(SYS_close, m.parent_end);
   close_all_but(m.line, m.parent);
-  if (wait_for_look(m)) {
+  if (const ending end = wait_for_look(m); end != ending::released) {
     // Its marked processes go too, and those in its ranks' process groups.
     // Killed ones stop showing once dead, so a pass that finds none ends
     // the work; at most 10 s, for a process stuck in the kernel.
@@ -324,6 +356,14 @@ COHORT_BARE_CODE int guard(void* memory) {
     const timespec pause{0, 5'000'000};
     while (kill_ours(m) > 0 && monotonic_ns() < until) {
       raw_syscall(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, reinterpret_cast<long>(&pause), 0);
+    }
+    // Then, once the parent is gone, the files of file_system segments
+    // that it and its ranks made: their makers are gone, and nothing else
+    // would remove them (a group's end removes its ranks' files, a
+    // process's end its own). A parent that asked for the look lives on,
+    // and may still pass its own on.
+    if (end == ending::parent_gone) {
+      for_each_entry("/dev/shm", false, unlink_if_ours, const_cast<guardian_memory*>(&m));
     }
   }
   raw_syscall(SYS_exit_group, 0);
@@ -371,6 +411,7 @@ guardian::guardian() {
   m->line = ends[0];
   m->parent_end = ends[1];
   m->parent = parent;
+  m->parent_pid = ::getpid();
   m->prefix_size = std::min(prefix.size(), sizeof m->prefix);
   std::memcpy(m->prefix, prefix.data(), m->prefix_size);
   auto* table = new (top + page) rank_group_table;  // default-initialized: the slots stay unwritten

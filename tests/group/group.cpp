@@ -4,6 +4,7 @@
 #include "cohort/error_file.hpp"
 #include "cohort/guardian.hpp"
 #include "cohort/spawn.hpp"
+#include "cohort/tensor.hpp"
 #include "group/descendants.hpp"
 #include "group/rank_groups.hpp"
 #include "os/process_identity.hpp"
@@ -1472,11 +1473,13 @@ TEST_SUITE("group") {
         spec.nprocs = 1;
         asio::io_context io;
         group g = start_processes(io.get_executor(), spec);
+        std::ofstream(dir.path / "started").flush();  // the rank's group is noted once the start returns
         io.run_for(60s);
         ::_exit(1);
       }
       REQUIRE(pid > 0);
-      const bool up = test::within(10s, [&] { return fs::exists(dir.path / "up"); }, 5ms);
+      const bool up = test::within(10s, [&] { return fs::exists(dir.path / "up") && fs::exists(dir.path / "started"); },
+                                   5ms);
       ::kill(pid, SIGKILL);
       CHECK(killed_soon(pid));
       REQUIRE(up);
@@ -1485,6 +1488,51 @@ TEST_SUITE("group") {
       CHECK(test::within(10s, [&] { return !test::alive(fresh); }, 5ms));
       if (test::alive(fresh)) ::kill(fresh, SIGKILL);
     }
+  }
+
+  TEST_CASE("once its process is killed, the guardian removes the segment files that process and its ranks made") {
+    // file_system segments are files in /dev/shm named for their maker;
+    // the rank's is made by hand under that name.
+    if (!fs::is_directory("/dev/shm")) {
+      MESSAGE("no /dev/shm here: not checked");
+      return;
+    }
+    test::temp_dir dir;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      cohort::guardian guard;
+      set_sharing_strategy(sharing_strategy::file_system);
+      const tensor t = tensor::full({16}, 1.0, dtype::float32, {.shared = true});
+      group_spec spec;
+      spec.entry = command("/bin/sh", {"-c", ": > /dev/shm/cohort_$$_0123456789abcdef; echo $$ > \"$0/rank\"; sleep 60",
+                                       dir.path.string()});
+      asio::io_context io;
+      group g = start_processes(io.get_executor(), spec);
+      std::ofstream(dir.path / "started").flush();  // the rank's group is noted once the start returns
+      io.run_for(60s);
+      ::_exit(1);
+    }
+    REQUIRE(pid > 0);
+    const auto files_of = [](pid_t maker) {
+      std::vector<std::string> found;
+      const std::string prefix = "cohort_" + std::to_string(maker) + "_";
+      for (const auto& e : fs::directory_iterator("/dev/shm")) {
+        if (e.path().filename().string().starts_with(prefix)) found.push_back(e.path().filename().string());
+      }
+      return found;
+    };
+    const bool up = test::within(10s, [&] {
+      return fs::exists(dir.path / "rank") && fs::exists(dir.path / "started") && !files_of(pid).empty();
+    }, 5ms);
+    const pid_t rank = up ? first_line_pid(dir.path / "rank") : 0;
+    const bool rank_file = up && !files_of(rank).empty();
+    ::kill(pid, SIGKILL);
+    CHECK(killed_soon(pid));
+    REQUIRE(up);
+    REQUIRE(rank_file);
+    CHECK(test::within(10s, [&] { return files_of(pid).empty() && files_of(rank).empty(); }, 5ms));
+    for (const auto& name : files_of(pid)) fs::remove(fs::path("/dev/shm") / name);
+    for (const auto& name : files_of(rank)) fs::remove(fs::path("/dev/shm") / name);
   }
 
   TEST_CASE("a rank's process group is noted for the guardian while it may hold the rank's processes") {
