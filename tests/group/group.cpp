@@ -129,6 +129,27 @@ bool killed_soon(pid_t pid) {
   return WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
 }
 
+// Forks a supervisor that runs `before` (when given), starts a guardian
+// and a group of one shell rank running `script` ($0 is `dir`), writes
+// `dir`/started once the start has returned (the rank's process group is
+// noted for the guardian then), and runs for up to a minute; its pid.
+pid_t guarded_supervisor(const fs::path& dir, const std::string& script, void (*before)() = nullptr) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (before != nullptr) before();
+    cohort::guardian guard;
+    group_spec spec;
+    spec.entry = command("/bin/sh", {"-c", script, dir.string()});
+    asio::io_context io;
+    group g = start_processes(io.get_executor(), spec);
+    std::ofstream(dir / "started").flush();
+    io.run_for(60s);
+    ::_exit(1);
+  }
+  REQUIRE(pid > 0);
+  return pid;
+}
+
 // The exit code of forked child `pid` once it ends, within 60 s; past that
 // it is killed and reaped, and the test fails.
 int exit_code_of(pid_t pid) {
@@ -1456,28 +1477,16 @@ TEST_SUITE("group") {
   }
 
   TEST_CASE("the guardian kills what a rank started in its process group with a fresh environment") {
-    // In a forked child, killed outright once its rank is up: the rank dies
+    // The supervisor is killed outright once its rank is up: the rank dies
     // by its parent-death signal, its unmarked child by the guardian, which
     // reads the rank's group from the table written after it started, as
     // a copy too.
     for (const bool copy : {false, true}) {
       CAPTURE(copy);
       test::temp_dir dir;
-      const pid_t pid = ::fork();
-      if (pid == 0) {
-        cohort::detail::start_guardians_as_copies(copy);
-        cohort::guardian guard;
-        group_spec spec;
-        spec.entry = command("/bin/sh", {"-c", "env -i /bin/sleep 60 & echo $! > \"$0/fresh\"; : > \"$0/up\"; wait",
-                                         dir.path.string()});
-        spec.nprocs = 1;
-        asio::io_context io;
-        group g = start_processes(io.get_executor(), spec);
-        std::ofstream(dir.path / "started").flush();  // the rank's group is noted once the start returns
-        io.run_for(60s);
-        ::_exit(1);
-      }
-      REQUIRE(pid > 0);
+      void (*as_copy)() = [] { cohort::detail::start_guardians_as_copies(true); };
+      const std::string script = "env -i /bin/sleep 60 & echo $! > \"$0/fresh\"; : > \"$0/up\"; wait";
+      const pid_t pid = guarded_supervisor(dir.path, script, copy ? as_copy : nullptr);
       const bool up = test::within(10s, [&] { return fs::exists(dir.path / "up") && fs::exists(dir.path / "started"); },
                                    5ms);
       ::kill(pid, SIGKILL);
@@ -1498,21 +1507,11 @@ TEST_SUITE("group") {
       return;
     }
     test::temp_dir dir;
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      cohort::guardian guard;
+    const std::string script = ": > /dev/shm/cohort_$$_0123456789abcdef; echo $$ > \"$0/rank\"; sleep 60";
+    const pid_t pid = guarded_supervisor(dir.path, script, [] {
       set_sharing_strategy(sharing_strategy::file_system);
-      const tensor t = tensor::full({16}, 1.0, dtype::float32, {.shared = true});
-      group_spec spec;
-      spec.entry = command("/bin/sh", {"-c", ": > /dev/shm/cohort_$$_0123456789abcdef; echo $$ > \"$0/rank\"; sleep 60",
-                                       dir.path.string()});
-      asio::io_context io;
-      group g = start_processes(io.get_executor(), spec);
-      std::ofstream(dir.path / "started").flush();  // the rank's group is noted once the start returns
-      io.run_for(60s);
-      ::_exit(1);
-    }
-    REQUIRE(pid > 0);
+      static const tensor kept = tensor::full({16}, 1.0, dtype::float32, {.shared = true});
+    });
     const auto files_of = [](pid_t maker) {
       std::vector<std::string> found;
       const std::string prefix = "cohort_" + std::to_string(maker) + "_";
