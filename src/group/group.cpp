@@ -369,14 +369,14 @@ asio::awaitable<void> signal_and_await(group_state& state, int sig, std::chrono:
 // Lets the guardian's note of a reaped rank's process group go once the
 // group is empty: its id may then be given to another process. (A member
 // left keeps the id from reuse, a zombie too: this process, a subreaper,
-// reaps the orphaned ones, and looks again then.)
+// reaps the orphaned ones, and looks again then.) Reaped is told by the
+// rank's own status: a start that failed partway has recorded no exit,
+// nor gathered the ranks' pids.
 void forget_if_empty(group_state& state, std::size_t rank) {
-  if (rank >= state.group_noted.size() || !state.group_noted[rank] || !state.recorded[rank] ||
-      !state.children[rank].status()) {
-    return;
-  }
-  if (::kill(-state.pids[rank], 0) != 0 && errno == ESRCH) {
-    forget_rank_group(state.pids[rank]);
+  if (rank >= state.group_noted.size() || !state.group_noted[rank] || !state.children[rank].status()) return;
+  const pid_t pgid = state.children[rank].pid();
+  if (::kill(-pgid, 0) != 0 && errno == ESRCH) {
+    forget_rank_group(pgid);
     state.group_noted[rank] = false;
   }
 }
@@ -694,10 +694,12 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
 
 }  // namespace
 
-// Lets go of the guardian's notes of every rank's process group.
+// Lets go of the guardian's notes of every rank's process group. From the
+// child objects, not `pids`: a start that failed partway noted the ranks
+// it started before their pids were gathered.
 void forget_rank_groups(group_state& state) noexcept {
   for (std::size_t rank = 0; rank < state.group_noted.size(); ++rank) {
-    if (state.group_noted[rank]) forget_rank_group(state.pids[rank]);
+    if (state.group_noted[rank]) forget_rank_group(state.children[rank].pid());
   }
   state.group_noted.clear();
 }
@@ -983,7 +985,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   for (const auto& c : state->children) state->pids.push_back(c.pid());
   // What a rank starts in its process group dies with this process, its
   // environment marked or not: the guardian, if one runs, kills the group.
-  state->recorded.assign(static_cast<std::size_t>(spec.nprocs), false);
+  // (A program rank's was noted as it started.)
   if (function != nullptr) {
     state->group_noted.assign(state->pids.size(), 0);
     for (std::size_t rank = 0; rank < state->pids.size(); ++rank) {
@@ -995,6 +997,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
     state->logs->start(state->strand.get_inner_executor(), state->strand);
   }
   state->running = spec.nprocs;
+  state->recorded.assign(static_cast<std::size_t>(spec.nprocs), false);
   state->partial.statuses.resize(static_cast<std::size_t>(spec.nprocs));
   state->partial.return_values.resize(static_cast<std::size_t>(spec.nprocs));
   asio::co_spawn(state->strand, detail::supervise(state), asio::detached);

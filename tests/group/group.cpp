@@ -1534,6 +1534,43 @@ TEST_SUITE("group") {
     for (const auto& name : files_of(rank)) fs::remove(fs::path("/dev/shm") / name);
   }
 
+  TEST_CASE("a start that fails after its first rank started lets that rank's note go") {
+    // In a forked child, whose guardian is its own. The second launch's
+    // hook fails it: the first rank was noted, and the ranks' pids were
+    // not yet gathered when the start unwound.
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        cohort::guardian guard;
+        static std::atomic<int> launched{0};
+        static std::atomic<pid_t> first{0};
+        group_spec spec = ranks_of(2, {"sleep", "30"});
+        spec.start_threads = 1;
+        spec.options.before_exec = [](void*) noexcept {
+          if (launched.fetch_add(1) == 0) {
+            first.store(static_cast<pid_t>(::syscall(SYS_getpid)));
+            return 0;
+          }
+          return EPERM;
+        };
+        asio::io_context io;
+        try {
+          (void)start_processes(io.get_executor(), spec);
+          code = 2;
+        } catch (const std::system_error&) {
+        }
+        if (first.load() <= 0) code = 3;
+        if (cohort::detail::rank_group_noted(first.load())) code = 4;
+      } catch (...) {
+        code = 5;
+      }
+      ::_exit(code);
+    }
+    REQUIRE(pid > 0);
+    CHECK(exit_code_of(pid) == 0);
+  }
+
   TEST_CASE("a rank's process group is noted for the guardian while it may hold the rank's processes") {
     // In a forked child, whose guardian is its own. Rank 0 ends at once and
     // its group with it; rank 1 runs until told. With new_process_group
