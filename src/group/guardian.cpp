@@ -15,6 +15,7 @@
 #include "config.hpp"
 #include "group/descendants.hpp"
 #include "group/rank_groups.hpp"
+#include "os/process_identity.hpp"
 #include "os/raw_syscall.hpp"
 #include "process/owned_pids.hpp"
 
@@ -445,7 +446,7 @@ guardian::guardian() {
   std::lock_guard lock(r.mutex);
   if (r.table == nullptr) {
     r.table = table;
-    r.owner.store(::getpid(), std::memory_order_release);
+    r.owner.store(os::this_process(), std::memory_order_release);
   }
 }
 
@@ -488,7 +489,7 @@ namespace detail {
 
 bool note_rank_group(pid_t pgid) {
   auto& r = registry();
-  if (pgid <= 0 || r.owner.load(std::memory_order_acquire) != ::getpid()) return false;
+  if (pgid <= 0 || r.owner.load(std::memory_order_acquire) != os::this_process()) return false;
   std::lock_guard lock(r.mutex);
   if (r.table == nullptr) return false;
   auto& t = *r.table;
@@ -507,7 +508,7 @@ bool note_rank_group(pid_t pgid) {
 
 void forget_rank_group(pid_t pgid) {
   auto& r = registry();
-  if (pgid <= 0 || r.owner.load(std::memory_order_acquire) != ::getpid()) return;
+  if (pgid <= 0 || r.owner.load(std::memory_order_acquire) != os::this_process()) return;
   std::lock_guard lock(r.mutex);
   if (r.table == nullptr) return;
   auto& t = *r.table;
@@ -526,7 +527,7 @@ void start_guardians_as_copies(bool copies) { copies_only.store(copies, std::mem
 
 bool rank_group_noted(pid_t pgid) {
   auto& r = registry();
-  if (r.owner.load(std::memory_order_acquire) != ::getpid()) return false;
+  if (r.owner.load(std::memory_order_acquire) != os::this_process()) return false;
   std::lock_guard lock(r.mutex);
   return r.table != nullptr && noted(r.table, pgid);
 }
