@@ -11,8 +11,9 @@ namespace cohort::os {
 /// current directory that is a directory in which this process can make a
 /// file, made absolute: what Python's tempfile.gettempdir() answers. A
 /// variable set to the empty string counts as unset. Each call looks again
-/// (it makes and removes a file in each directory it tries), so that a
-/// variable changed since counts. Empty, with `ec` set, when none will do.
+/// (a directory that the checks of its mode and file system do not pass is
+/// tried by making and removing a file there), so that a variable changed
+/// since counts. Empty, with `ec` set, when none will do.
 std::filesystem::path temp_directory(std::error_code& ec);
 /// The same; throws std::filesystem::filesystem_error when none will do.
 std::filesystem::path temp_directory();
