@@ -8,6 +8,7 @@
 #include "queue/peers.hpp"
 #include "queue/spin_budget.hpp"
 #include "os/deadline.hpp"
+#include "os/fence.hpp"
 #include "os/futex.hpp"
 #include "os/process_identity.hpp"
 #include "os/spin_mutex.hpp"
@@ -482,13 +483,14 @@ class queue_core {
     return head_words[1];
   }
 
-  // After a push (`s` = pop) or a pop (`s` = push): wakes the waits on `s`
-  // that sleep, if any. Pops wake pushes only once the ring has drained to
-  // half. The fence pairs with the one in count_asleep: a wait that
-  // counted itself after this looked either sees the value (or room), or
-  // is seen here.
+  // After a push (`s` = pop) or a pop (`s` = push), right after its side's
+  // lock was let go of: wakes the waits on `s` that sleep, if any. Pops
+  // wake pushes only once the ring has drained to half. The fence pairs
+  // with the one in count_asleep: a wait that counted itself after this
+  // looked either sees the value (or room), or is seen here. The unlock's
+  // exchange is the read-modify-write it follows.
   void wake_after(side s) {
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    os::fence_after_rmw();
     if (std::atomic_ref(sleepers_of(s)).load(std::memory_order_relaxed) == 0) return;
     if (s == side::push && values() > h().capacity / 2) return;
     int woken = 0;
