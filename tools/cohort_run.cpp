@@ -4,6 +4,7 @@
 // when asked, and reports the root cause.
 //
 //   cohort-run [options] script.py [args...]   (see --help for every form)
+#include "run/node_sizes.hpp"
 #include "run/options.hpp"
 #include "run/port.hpp"
 #include "run/program.hpp"
@@ -38,10 +39,12 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -463,6 +466,37 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
   return c;
 }
 
+// The longest a node of a static job waits at the exchange of rank counts:
+// --rdzv-conf's join_timeout (or timeout), as torchrun's rendezvous takes
+// it; 600 s when not given. Its other keys are etcd's and c10d's.
+std::chrono::milliseconds static_join_timeout(const run_options& o) {
+  std::chrono::milliseconds timeout = std::chrono::seconds(600);
+  for (const auto& item : comma_list(o.rdzv_conf)) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) throw usage_error(fmt::format("--rdzv-conf: '{}' is not key=value", item));
+    const std::string key = item.substr(0, eq);
+    if (key == "join_timeout" || key == "timeout") timeout = millis(conf_seconds(key, item.substr(eq + 1)));
+  }
+  return timeout;
+}
+
+// Sets the world of a static job across nodes from each node's rank count,
+// by node rank, as torchrun's agents number their workers: node k's ranks
+// follow those of the nodes before it. Throws node_sizes_error when the
+// sum does not fit.
+void place_by_sizes(placement& p, const std::vector<int>& sizes) {
+  long long world = 0, first = 0;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    if (static_cast<int>(k) == p.node_rank) first = world;
+    world += sizes[k];
+  }
+  if (world > std::numeric_limits<int>::max()) {
+    throw node_sizes_error(fmt::format("the nodes run {} ranks between them: more than a world can hold", world));
+  }
+  p.world_size = static_cast<int>(world);
+  p.first_rank = static_cast<int>(first);
+}
+
 // Without a log folder, the ranks' error files are in the group's private
 // folder, which goes with the group. Those of failed ranks are copied here
 // first ($TMPDIR/cohort-run-errors-XXXXXX/attempt_<k>/<rank>/error.json),
@@ -668,6 +702,33 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
         run_id, attempt);
     return finish("interrupted", 128 + sig, fmt::format("{} received", cohort::signal_name(sig)));
   };
+  // The nodes of a static job tell node 0 how many ranks each runs, unless
+  // the job says every node runs as many (as torchrun's fast path).
+  const char* identical = std::getenv("TORCH_ELASTIC_WORKER_IDENTICAL");
+  if (fixed && fixed->nnodes > 1 && (identical == nullptr || std::string_view(identical) != "1")) {
+    node_sizes_config c;
+    c.master_addr = fixed->master_addr;
+    c.master_port = fixed->master_port;
+    c.nnodes = fixed->nnodes;
+    c.node_rank = fixed->node_rank;
+    c.nproc = nproc;
+    c.timeout = static_join_timeout(o);
+    c.pause = [&signals](std::chrono::milliseconds d) { return signals.pause(d); };
+    try {
+      const auto sizes = gather_node_sizes(c);
+      if (!sizes) return interrupted_between(signals.interrupted().value_or(SIGTERM), 0);
+      place_by_sizes(*fixed, *sizes);
+      if (std::any_of(sizes->begin(), sizes->end(), [nproc](int n) { return n != nproc; })) {
+        say("cohort-run: node {} of {}: ranks {} to {} of {} (the nodes run {} ranks)\n", fixed->node_rank,
+            fixed->nnodes, fixed->first_rank, fixed->first_rank + nproc - 1, fixed->world_size,
+            fmt::join(*sizes, ", "));
+      }
+    } catch (const node_sizes_error& e) {
+      if (const auto sig = signals.interrupted()) return interrupted_between(*sig, 0);
+      say("cohort-run: {}\n", e.what());
+      return finish("failed", 1, e.what());
+    }
+  }
   for (int attempt = 0;; ++attempt) {
     if (const auto sig = signals.interrupted()) return interrupted_between(*sig, attempt);
     placement p;

@@ -3,6 +3,7 @@
 #include "cohort/spawn.hpp"
 
 #include "os/stack_trace.hpp"
+#include "run/port.hpp"
 
 #include "support/harness.hpp"
 #include "support/launcher_outcome.hpp"
@@ -41,7 +42,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string cohort_run = COHORT_TEST_COHORT_RUN;
+const std::string launcher = COHORT_TEST_COHORT_RUN;
 
 // The launchers' $TMPDIR: what they keep there (the error files of failed
 // runs, logs without --log-dir) goes when the tests end.
@@ -71,7 +72,7 @@ outcome run_command(const command& cmd, F during, std::map<std::string, std::str
 // child object (to signal it).
 template <class F>
 outcome run_launcher(std::vector<std::string> args, F during, std::map<std::string, std::string> env = {}) {
-  const command cmd(cohort_run, std::move(args));
+  const command cmd(launcher, std::move(args));
   return run_command(cmd, during, std::move(env));
 }
 
@@ -85,7 +86,7 @@ outcome run_launcher_to(const fs::path& out, std::vector<std::string> args) {
   return test::run(io, [&]() -> asio::awaitable<outcome> {
     spawn_options options{.out = stdio::file(out), .err = stdio::pipe()};
     options.env.set("TMPDIR", launcher_tmpdir());
-    child c = co_await spawn(command(cohort_run, std::move(args)), options);
+    child c = co_await spawn(command(launcher, std::move(args)), options);
     auto err = co_await test::read_all(c.err());
     auto status = co_await c.wait();
     co_return outcome{status, {}, std::move(err)};
@@ -104,6 +105,11 @@ auto signal_when_up(const fs::path& dir, std::size_t n, int sig, std::string pre
     c.signal(sig);
   };
 }
+
+// A node other than node 0 run alone, with no node 0 to tell its rank
+// count to: the job says every node runs as many (torchrun's fast path),
+// so the ranks are numbered without the exchange.
+const std::map<std::string, std::string> identical_nodes{{"TORCH_ELASTIC_WORKER_IDENTICAL", "1"}};
 
 const char* const dump_contract =
     "for v in RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_WORLD_SIZE "
@@ -153,7 +159,7 @@ std::vector<std::string> needed_libraries(const fs::path& path) {
 TEST_SUITE("cohort-run") {
 #if COHORT_TEST_LEAN_COHORT_RUN
   TEST_CASE("cohort-run loads no shared library but libc and the loader: it starts once per job") {
-    for (const auto& name : needed_libraries(cohort_run)) {
+    for (const auto& name : needed_libraries(launcher)) {
       INFO(name);
       CHECK((name == "libc.so.6" || name.starts_with("ld-linux")));
     }
@@ -198,10 +204,11 @@ TEST_SUITE("cohort-run") {
     }
   }
 
-  TEST_CASE("with --nnodes and --node-rank, global ranks are node_rank * nproc + local_rank") {
+  TEST_CASE("--nnodes and --node-rank, every node as many ranks: global ranks are node_rank * nproc + local_rank") {
     test::temp_dir dir;
     auto r = run_launcher({"--nnodes", "2", "--node_rank", "1", "--nproc_per_node", "2", "--master_addr", "10.0.0.1",
-                           "/bin/sh", "-c", dump_contract, dir.path.string()});
+                           "/bin/sh", "-c", dump_contract, dir.path.string()},
+                          identical_nodes);
     REQUIRE(r.status.code() == 0);
     for (int local = 0; local < 2; ++local) {
       auto v = variables_in(dir.path / std::to_string(2 + local));
@@ -214,6 +221,62 @@ TEST_SUITE("cohort-run") {
       CHECK(v["OMP_NUM_THREADS"] == "1");  // unset and several ranks: 1
     }
     CHECK(r.err.find("OMP_NUM_THREADS") != std::string::npos);  // said once
+  }
+
+  TEST_CASE("nodes of different --nproc-per-node: node 0 gathers their counts; the ranks are 0..N-1 in node order") {
+    test::temp_dir dir;
+    const std::string port = std::to_string(cohort_run::free_port());
+    const auto node_args = [&](const char* rank, const char* nproc) {
+      return std::vector<std::string>{"--nnodes", "2", "--node-rank", rank, "-n", nproc, "--master-addr", "127.0.0.1",
+                                      "--master-port", port, "--", "/bin/sh", "-c", dump_contract, dir.path.string()};
+    };
+    // Node 1 starts first and waits for node 0, which this starts later.
+    outcome zero;
+    const auto start_zero = [&](child&) -> asio::awaitable<void> {
+      asio::steady_timer later(co_await asio::this_coro::executor, 300ms);
+      co_await later.async_wait(asio::use_awaitable);
+      spawn_options options{.out = stdio::pipe(), .err = stdio::pipe()};
+      options.env.set("TMPDIR", launcher_tmpdir());
+      child c = co_await spawn(command(launcher, node_args("0", "1")), options);
+      auto [out, err] = co_await (test::read_all(c.out()) && test::read_all(c.err()));
+      auto status = co_await c.wait();
+      zero = outcome{status, std::move(out), std::move(err)};
+    };
+    auto one = run_launcher(node_args("1", "3"), start_zero);
+    REQUIRE_MESSAGE(zero.status.code() == 0, zero.err);
+    REQUIRE_MESSAGE(one.status.code() == 0, one.err);
+    for (int rank = 0; rank < 4; ++rank) {
+      CAPTURE(rank);
+      auto v = variables_in(dir.path / std::to_string(rank));
+      CHECK(v["RANK"] == std::to_string(rank));
+      CHECK(v["WORLD_SIZE"] == "4");
+      CHECK(v["ROLE_WORLD_SIZE"] == "4");
+      CHECK(v["GROUP_RANK"] == (rank == 0 ? "0" : "1"));
+      CHECK(v["LOCAL_RANK"] == std::to_string(rank == 0 ? 0 : rank - 1));
+      CHECK(v["LOCAL_WORLD_SIZE"] == (rank == 0 ? "1" : "3"));
+      CHECK(v["MASTER_PORT"] == port);
+    }
+    CHECK(one.err.find("node 1 of 2: ranks 1 to 3 of 4") != std::string::npos);
+  }
+
+  TEST_CASE("a node waiting for node 0 ends at SIGTERM, interrupted; past its join_timeout, it fails saying why") {
+    const std::string port = std::to_string(cohort_run::free_port());
+    const std::vector<std::string> waiting{"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
+                                           "--master-port", port, "--", "/bin/true"};
+    const auto started = std::chrono::steady_clock::now();
+    auto r = run_launcher(waiting, [](child& c) -> asio::awaitable<void> {
+      asio::steady_timer later(co_await asio::this_coro::executor, 500ms);
+      co_await later.async_wait(asio::use_awaitable);
+      c.signal(SIGTERM);
+    });
+    CHECK(r.status.code() == 128 + SIGTERM);
+    CHECK_MESSAGE(r.err.find("interrupted by SIGTERM") != std::string::npos, r.err);
+    CHECK(std::chrono::steady_clock::now() - started < 20s);
+    auto timed = waiting;
+    timed.insert(timed.begin(), {"--rdzv-conf", "join_timeout=1"});
+    r = run_launcher(timed);
+    CHECK(r.status.code() == 1);
+    CHECK_MESSAGE(r.err.find("node 0 did not answer at 127.0.0.1:" + port + " within 1 s") != std::string::npos, r.err);
   }
 
   TEST_CASE("${local_rank} and $local_rank in the arguments become each rank's local rank, as torchrun substitutes them") {
@@ -247,7 +310,7 @@ TEST_SUITE("cohort-run") {
   TEST_CASE("cohort-run raises its own soft limit on open descriptors for the ranks it holds; the ranks get the one it was given") {
     // 80 ranks need more descriptors than a soft limit of 64 allows (a
     // pidfd each, two where exits are watched on the reactor).
-    const command cmd("/bin/sh", {"-c", "ulimit -Sn 64 && exec \"$@\"", "sh", cohort_run, "-n", "80", "--",
+    const command cmd("/bin/sh", {"-c", "ulimit -Sn 64 && exec \"$@\"", "sh", launcher, "-n", "80", "--",
                                   test::target, "print-nofile"});
     const outcome o = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; });
     INFO(o.err);
@@ -263,7 +326,7 @@ TEST_SUITE("cohort-run") {
     // Each rank holds up to eight here while it starts (both ends of two
     // pipes, two log files, two pidfds).
     test::temp_dir dir;
-    const command cmd("/bin/sh", {"-c", "ulimit -Sn 64 && exec \"$@\"", "sh", cohort_run, "-n", "120", "-t", "3",
+    const command cmd("/bin/sh", {"-c", "ulimit -Sn 64 && exec \"$@\"", "sh", launcher, "-n", "120", "-t", "3",
                                   "--tee-through-pipes", "--log-dir", dir.path.string(), "--", "/bin/sh", "-c",
                                   "echo up $RANK"});
     const outcome o = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; });
@@ -386,7 +449,7 @@ TEST_SUITE("cohort-run") {
     const std::string fails =
         "cd / && printf '{\"message\": {\"message\": \"ValueError: moved\", \"extraInfo\": {\"py_callstack\": \"\", "
         "\"timestamp\": \"1\"}}}' > \"$TORCHELASTIC_ERROR_FILE\"; exit 3";
-    const command cmd("/bin/sh", {"-c", "cd \"$0\" && exec \"$@\"", dir.path.string(), cohort_run, "--log-dir", "logs",
+    const command cmd("/bin/sh", {"-c", "cd \"$0\" && exec \"$@\"", dir.path.string(), launcher, "--log-dir", "logs",
                                   "--run-id", "job", "-n", "1", "--", "/bin/sh", "-c", fails});
     const outcome o = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; });
     INFO(o.err);
@@ -643,9 +706,9 @@ TEST_SUITE("cohort-run") {
     // must still take Ctrl-C (a Python rank as KeyboardInterrupt), as
     // torchrun's do. SIGUSR2, which it neither handles nor forwards here,
     // stays ignored.
-    const std::string launcher = "trap '' INT QUIT USR2; exec \"$0\" --signals-to-forward SIGUSR1 -n 1 --no-python "
-                                 "sh -c 'grep SigIgn /proc/self/status'";
-    auto r = run_command(command("/bin/sh", {"-c", launcher, cohort_run}),
+    const std::string script = "trap '' INT QUIT USR2; exec \"$0\" --signals-to-forward SIGUSR1 -n 1 --no-python "
+                               "sh -c 'grep SigIgn /proc/self/status'";
+    auto r = run_command(command("/bin/sh", {"-c", script, launcher}),
                          [](child&) -> asio::awaitable<void> { co_return; }, {});
     REQUIRE(r.status.code() == 0);
     const auto at = r.out.find("SigIgn:");
@@ -809,7 +872,8 @@ TEST_SUITE("cohort-run") {
   TEST_CASE("--rdzv-backend c10d with a fixed --nnodes: its endpoint is the master's address and port") {
     test::temp_dir dir;
     auto r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "10.1.1.1:1234", "--nnodes", "2", "--node-rank",
-                           "1", "-n", "1", "--", "/bin/sh", "-c", dump_contract, dir.path.string()});
+                           "1", "-n", "1", "--", "/bin/sh", "-c", dump_contract, dir.path.string()},
+                          identical_nodes);
     REQUIRE_MESSAGE(r.status.code() == 0, r.err);
     auto v = variables_in(dir.path / "1");
     CHECK(v["MASTER_ADDR"] == "10.1.1.1");
@@ -842,8 +906,12 @@ TEST_SUITE("cohort-run") {
     r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "10.1.1.1:65536", "--", "/bin/true"});
     CHECK(r.status.code() == 2);
     test::temp_dir slurm_node;
-    const std::map<std::string, std::string> step{
-        {"SLURM_STEP_ID", "0"}, {"SLURM_NODEID", "1"}, {"SLURM_NNODES", "2"}, {"SLURM_JOB_ID", "77"}, {"SLURM_JOB_NODELIST", "a,b"}};
+    const std::map<std::string, std::string> step{{"SLURM_STEP_ID", "0"},
+                                                  {"SLURM_NODEID", "1"},
+                                                  {"SLURM_NNODES", "2"},
+                                                  {"SLURM_JOB_ID", "77"},
+                                                  {"SLURM_JOB_NODELIST", "a,b"},
+                                                  {"TORCH_ELASTIC_WORKER_IDENTICAL", "1"}};
     r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "10.1.1.1:1234", "--nnodes", "2", "--rdzv-id", "job",
                       "--", "/bin/sh", "-c", dump_contract, slurm_node.path.string()},
                      step);
@@ -862,7 +930,8 @@ TEST_SUITE("cohort-run") {
     test::temp_dir dir;
     auto r = run_launcher({"--rdzv-endpoint", "10.1.1.2:2345", "--master-addr", "10.9.9.9", "--master-port", "9999",
                            "--nnodes", "2", "--node-rank", "1", "-n", "1", "--", "/bin/sh", "-c", dump_contract,
-                           dir.path.string()});
+                           dir.path.string()},
+                          identical_nodes);
     REQUIRE_MESSAGE(r.status.code() == 0, r.err);
     auto v = variables_in(dir.path / "1");
     CHECK(v["MASTER_ADDR"] == "10.1.1.2");
@@ -985,7 +1054,8 @@ TEST_SUITE("cohort-run") {
                                              {"SLURM_NODEID", "1"},
                                              {"SLURM_NNODES", "2"},
                                              {"SLURM_JOB_ID", "4242"},
-                                             {"SLURM_JOB_NODELIST", "gpu[07-08],cpu1"}};
+                                             {"SLURM_JOB_NODELIST", "gpu[07-08],cpu1"},
+                                             {"TORCH_ELASTIC_WORKER_IDENTICAL", "1"}};
     auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", dump_contract, dir.path.string()}, slurm);
     REQUIRE_MESSAGE(r.status.code() == 0, r.err);
     auto v = variables_in(dir.path / "3");
@@ -1074,7 +1144,7 @@ TEST_SUITE("cohort-run") {
         for (int i = 0; i < 3; ++i) {
           spawn_options options{.out = stdio::null(), .err = stdio::null()};
           options.env.set("TMPDIR", launcher_tmpdir());
-          const command cmd(cohort_run, {"--run-id", "job", "--log-dir", logs.path.string(), "-r", "3", "-n", "1", "--",
+          const command cmd(launcher, {"--run-id", "job", "--log-dir", logs.path.string(), "-r", "3", "-n", "1", "--",
                                          "/bin/sh", "-c", "echo " + std::to_string(i)});
           runs.push_back(co_await spawn(cmd, options));
         }
@@ -1184,7 +1254,7 @@ TEST_SUITE("cohort-run") {
     const auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
       spawn_options options{.out = stdio::pipe(), .err = stdio::pipe()};
       options.env.set("TMPDIR", launcher_tmpdir());
-      const command cmd(cohort_run, args);
+      const command cmd(launcher, args);
       child c = co_await spawn(cmd, options);
       std::array<char, 64> some{};
       co_await c.out().async_read_some(asio::buffer(some), asio::use_awaitable);  // a teed line: the ranks are up
@@ -1221,8 +1291,8 @@ TEST_SUITE("cohort-run") {
       return test::run(io, [&]() -> asio::awaitable<outcome> {
         spawn_options options{.out = stdio::null(), .err = stdio::pipe()};
         options.env.set("TMPDIR", launcher_tmpdir());
-        child c = co_await spawn(command("unshare", {"-Urm", "/bin/sh", "-c", script, "sh", logs.path.string(), cohort_run}),
-                                 options);
+        child c = co_await spawn(
+            command("unshare", {"-Urm", "/bin/sh", "-c", script, "sh", logs.path.string(), launcher}), options);
         auto err = co_await test::read_all(c.err());
         auto status = co_await c.wait();
         co_return outcome{status, {}, std::move(err)};
@@ -1251,7 +1321,7 @@ TEST_SUITE("cohort-run") {
           "a=$(readlink /proc/$$/fd/0 || echo none); b=$(readlink /proc/$$/fd/1 || echo none); "
           "c=$(readlink /proc/$$/fd/2 || echo none); echo $a $b $c {}",
           report);
-      const command cmd("/bin/sh", {"-c", fmt::format("exec \"$0\" -n 1 -- /bin/sh -c \"$1\" {}", closed), cohort_run,
+      const command cmd("/bin/sh", {"-c", fmt::format("exec \"$0\" -n 1 -- /bin/sh -c \"$1\" {}", closed), launcher,
                                     rank});
       const outcome o = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; });
       CHECK(o.status.code() == 0);

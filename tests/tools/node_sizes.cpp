@@ -1,0 +1,229 @@
+// The exchange of rank counts between the nodes of a static job, each node
+// a thread here, over loopback.
+#include "run/node_sizes.hpp"
+#include "run/port.hpp"
+
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <variant>
+#include <vector>
+
+using namespace std::chrono_literals;
+using cohort_run::gather_node_sizes;
+using cohort_run::node_sizes_config;
+using sizes = std::vector<int>;
+
+namespace {
+
+node_sizes_config node(int port, int nnodes, int node_rank, int nproc, std::chrono::milliseconds timeout = 20s) {
+  node_sizes_config c;
+  c.master_addr = "127.0.0.1";
+  c.master_port = port;
+  c.nnodes = nnodes;
+  c.node_rank = node_rank;
+  c.nproc = nproc;
+  c.timeout = timeout;
+  return c;
+}
+
+// What one node came to: its sizes, nothing (interrupted), or its error.
+using ending = std::variant<std::optional<sizes>, std::string>;
+
+// Runs each node on a thread of its own, each after its delay.
+std::vector<ending> run_nodes(const std::vector<node_sizes_config>& nodes,
+                              const std::vector<std::chrono::milliseconds>& delays = {}) {
+  std::vector<ending> endings(nodes.size());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    threads.emplace_back([&, i] {
+      if (i < delays.size()) std::this_thread::sleep_for(delays[i]);
+      try {
+        endings[i] = gather_node_sizes(nodes[i]);
+      } catch (const std::exception& e) {
+        endings[i] = std::string(e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return endings;
+}
+
+std::optional<sizes> sizes_of(const ending& e) {
+  if (const auto* s = std::get_if<std::optional<sizes>>(&e)) return *s;
+  FAIL_CHECK("the node failed: " << std::get<std::string>(e));
+  return std::nullopt;
+}
+
+std::string error_of(const ending& e) {
+  if (const auto* s = std::get_if<std::string>(&e)) return *s;
+  FAIL_CHECK("the node did not fail");
+  return {};
+}
+
+// A plain TCP connection to 127.0.0.1:`port`, retried while nothing listens.
+int connect_to(int port) {
+  for (int i = 0; i < 200; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+    ::close(fd);
+    std::this_thread::sleep_for(20ms);
+  }
+  FAIL("nothing listens on port " << port);
+  return -1;
+}
+
+void send_text(int fd, const std::string& text) {
+  REQUIRE(::send(fd, text.data(), text.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(text.size()));
+}
+
+}  // namespace
+
+TEST_SUITE("node sizes") {
+  TEST_CASE("greetings: a node's line reads back as itself; anything else is not one") {
+    auto line = cohort_run::greeting_of(4, 3, 8);
+    REQUIRE(line.back() == '\n');
+    line.pop_back();  // as node 0 reads it
+    const auto g = cohort_run::parse_greeting(line);
+    REQUIRE(g);
+    CHECK(g->nnodes == 4);
+    CHECK(g->node_rank == 3);
+    CHECK(g->nproc == 8);
+    for (const char* bad : {"", "GET / HTTP/1.1", "cohort-run nodes 1 4 3", "cohort-run nodes 1 4 3 8 9",
+                            "cohort-run nodes 1 4 4 8", "cohort-run nodes 1 4 -1 8", "cohort-run nodes 1 4 1 0",
+                            "cohort-run nodes 2 4 1 8", "cohort-run nodes 1 4 1 x", "cohort-run nodes 1  4 1 8"}) {
+      CAPTURE(bad);
+      CHECK_FALSE(cohort_run::parse_greeting(bad));
+    }
+  }
+
+  TEST_CASE("three nodes of 2, 1 and 4 ranks: each learns every count, whichever starts first") {
+    for (const bool zero_last : {false, true}) {
+      CAPTURE(zero_last);
+      const int port = cohort_run::free_port();
+      const auto delay = zero_last ? std::vector{400ms, 0ms, 0ms} : std::vector{0ms, 200ms, 0ms};
+      const auto endings = run_nodes({node(port, 3, 0, 2), node(port, 3, 1, 1), node(port, 3, 2, 4)}, delay);
+      for (const auto& e : endings) CHECK(sizes_of(e) == sizes{2, 1, 4});
+    }
+  }
+
+  TEST_CASE("one node alone needs no exchange") {
+    CHECK(gather_node_sizes(node(1, 1, 0, 3)) == sizes{3});
+  }
+
+  TEST_CASE("a node with another --nnodes, or a node rank given twice, ends the job on every node, saying why") {
+    int port = cohort_run::free_port();
+    auto endings = run_nodes({node(port, 3, 0, 1), node(port, 3, 1, 1), node(port, 4, 2, 1)}, {0ms, 0ms, 300ms});
+    for (const auto& e : endings) {
+      const auto why = error_of(e);
+      CHECK_MESSAGE(why.find("node 2 runs with --nnodes 4 and node 0 with --nnodes 3") != std::string::npos, why);
+    }
+    port = cohort_run::free_port();
+    endings = run_nodes({node(port, 3, 0, 1), node(port, 3, 1, 1), node(port, 3, 1, 2)}, {0ms, 0ms, 300ms});
+    for (const auto& e : endings) {
+      const auto why = error_of(e);
+      CHECK_MESSAGE(why.find("two nodes of the job say they are node 1") != std::string::npos, why);
+    }
+  }
+
+  TEST_CASE("node 0 drops what is not a node, and a node that left before the answer makes room for its restart") {
+    const int port = cohort_run::free_port();
+    auto zero = node(port, 3, 0, 3);
+    zero.greeting_timeout = 300ms;
+    std::optional<sizes> got;
+    std::thread server([&] { got = gather_node_sizes(zero); });
+    const int stranger = connect_to(port);
+    send_text(stranger, "GET / HTTP/1.1\r\n\r\n");
+    const int silent = connect_to(port);  // says nothing: dropped after greeting_timeout
+    const int left = connect_to(port);
+    send_text(left, cohort_run::greeting_of(3, 1, 9));
+    std::this_thread::sleep_for(400ms);
+    ::close(left);  // its cohort-run ended; node 1 starts again with another count
+    std::this_thread::sleep_for(300ms);
+    const auto endings = run_nodes({node(port, 3, 1, 5), node(port, 3, 2, 2)});
+    server.join();
+    CHECK(got == sizes{3, 5, 2});
+    for (const auto& e : endings) CHECK(sizes_of(e) == sizes{3, 5, 2});
+    // Node 0 answered neither of the others.
+    char byte;
+    CHECK(::recv(stranger, &byte, 1, MSG_DONTWAIT) <= 0);
+    CHECK(::recv(silent, &byte, 1, MSG_DONTWAIT) <= 0);
+    ::close(stranger);
+    ::close(silent);
+  }
+
+  TEST_CASE("a node that reaches no node 0, and a node 0 that no node reaches, give up at their timeout, saying why") {
+    const int port = cohort_run::free_port();
+    const auto started = std::chrono::steady_clock::now();
+    auto endings = run_nodes({node(port, 2, 1, 1, 600ms)});
+    const auto why = error_of(endings[0]);
+    CHECK_MESSAGE(why.find("node 0 did not answer at 127.0.0.1:" + std::to_string(port) + " within 0.6 s") !=
+                      std::string::npos,
+                  why);
+    CHECK(why.find("TORCH_ELASTIC_WORKER_IDENTICAL=1") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - started < 10s);
+    endings = run_nodes({node(port, 3, 0, 1, 600ms), node(port, 3, 2, 1)});
+    const auto waited = error_of(endings[0]);
+    CHECK_MESSAGE(waited.find("for node 1 of 3") != std::string::npos, waited);
+    // Node 2 had joined: told why the job ended.
+    CHECK_MESSAGE(error_of(endings[1]).find("node 0 ") != std::string::npos, error_of(endings[1]));
+  }
+
+  TEST_CASE("a shutdown signal (pause says false) ends either side's wait with no sizes") {
+    const int port = cohort_run::free_port();
+    for (const int rank : {0, 1}) {
+      CAPTURE(rank);
+      auto c = node(port, 2, rank, 1);
+      const auto until = std::chrono::steady_clock::now() + 300ms;
+      c.pause = [until](std::chrono::milliseconds d) {
+        std::this_thread::sleep_for(d);
+        return std::chrono::steady_clock::now() < until;
+      };
+      const auto started = std::chrono::steady_clock::now();
+      const auto endings = run_nodes({c});
+      CHECK(sizes_of(endings[0]) == std::nullopt);
+      CHECK(std::chrono::steady_clock::now() - started < 5s);
+    }
+  }
+
+  TEST_CASE("node 0's port taken, and something else answering there: clear errors") {
+    const int port = cohort_run::free_port();
+    const int taken = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    REQUIRE(::bind(taken, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(taken, 4) == 0);
+    auto endings = run_nodes({node(port, 2, 0, 1)});
+    CHECK_MESSAGE(error_of(endings[0]).find("cannot listen on port " + std::to_string(port)) != std::string::npos,
+                  error_of(endings[0]));
+    std::thread other([&] {
+      const int fd = ::accept(taken, nullptr, nullptr);
+      if (fd < 0) return;
+      const std::string line = "HTTP/1.1 400 Bad Request\r\n";
+      (void)::send(fd, line.data(), line.size(), MSG_NOSIGNAL);
+      ::close(fd);
+    });
+    endings = run_nodes({node(port, 2, 1, 1)});
+    other.join();
+    ::close(taken);
+    CHECK_MESSAGE(error_of(endings[0]).find("something other than cohort-run's node 0 answers") != std::string::npos,
+                  error_of(endings[0]));
+  }
+}

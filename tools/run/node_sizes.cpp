@@ -1,0 +1,390 @@
+// Gathering each node's rank count at node 0 (run/node_sizes.hpp).
+#include "run/node_sizes.hpp"
+
+#include <fmt/format.h>
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <utility>
+
+namespace cohort_run {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr std::size_t longest_line = 4096;  // node 0's answer names every node's count
+constexpr int largest_count = 1 << 20;
+
+class socket_fd {
+ public:
+  socket_fd() = default;
+  explicit socket_fd(int fd) noexcept : fd_(fd) {}
+  socket_fd(socket_fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  socket_fd& operator=(socket_fd&& other) noexcept {
+    if (this != &other) {
+      reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  ~socket_fd() { reset(); }
+  int get() const noexcept { return fd_; }
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+  void reset() noexcept {
+    if (fd_ >= 0) ::close(std::exchange(fd_, -1));
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+std::string seconds_of(milliseconds d) { return fmt::format("{:g}", static_cast<double>(d.count()) / 1000); }
+
+// Sends `text` whole on a socket that takes it at once (a line, into an
+// empty buffer); false when it could not.
+bool send_line(int fd, const std::string& text) noexcept {
+  std::size_t sent = 0;
+  while (sent < text.size()) {
+    const ssize_t n = ::send(fd, text.data() + sent, text.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    sent += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// Reads what a non-blocking socket has into `got`. The outcome: a whole
+// line in `got` (its newline dropped), more to wait for, or the end (the
+// peer closed, failed, or sent a line too long to be one of ours).
+enum class line_state { whole, more, ended };
+line_state read_line(int fd, std::string& got) {
+  char buffer[512];
+  for (;;) {
+    const ssize_t n = ::recv(fd, buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? line_state::more : line_state::ended;
+    if (n == 0) return line_state::ended;
+    got.append(buffer, static_cast<std::size_t>(n));
+    if (const auto end = got.find('\n'); end != std::string::npos) {
+      got.resize(end);
+      return line_state::whole;
+    }
+    if (got.size() > longest_line) return line_state::ended;
+  }
+}
+
+// Whole numbers from `text`, space-separated; nullopt when anything else.
+std::optional<std::vector<int>> numbers_in(std::string_view text) {
+  std::vector<int> out;
+  while (!text.empty()) {
+    const auto space = text.find(' ');
+    const auto word = text.substr(0, space);
+    int value = 0;
+    const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), value);
+    if (ec != std::errc{} || end != word.data() + word.size() || word.empty()) return std::nullopt;
+    out.push_back(value);
+    text = space == std::string_view::npos ? std::string_view{} : text.substr(space + 1);
+  }
+  return out;
+}
+
+bool pause_for(const node_sizes_config& c, milliseconds d) {
+  if (c.pause) return c.pause(d);
+  std::this_thread::sleep_for(d);
+  return true;
+}
+
+int poll_for(std::vector<pollfd>& fds, clock::time_point deadline, milliseconds slice) {
+  const auto left = std::chrono::duration_cast<milliseconds>(deadline - clock::now());
+  const auto wait = std::clamp(left, milliseconds(0), slice);
+  const int n = ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
+  return n < 0 && errno != EINTR ? -1 : std::max(n, 0);
+}
+
+// A listening socket on every address at `port`: IPv6 taking IPv4 too, or
+// IPv4 alone where there is no IPv6.
+socket_fd listen_on(int port) {
+  socket_fd fd(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  const int one = 1, zero = 0;
+  int error = 0;
+  if (fd) {
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_any;
+    a.sin6_port = htons(static_cast<std::uint16_t>(port));
+    ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd.get(), 128) == 0) return fd;
+    error = errno;
+    fd.reset();
+  }
+  if (error == 0 || error == EAFNOSUPPORT || error == EADDRNOTAVAIL) {
+    fd = socket_fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (fd) {
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_ANY);
+      a.sin_port = htons(static_cast<std::uint16_t>(port));
+      ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::listen(fd.get(), 128) == 0) return fd;
+    }
+    error = errno;
+  }
+  throw node_sizes_error(fmt::format("node 0 cannot listen on port {} for the other nodes' rank counts: {}", port,
+                                     std::strerror(error)));
+}
+
+// Node 0: waits for a greeting from every other node, then answers each.
+std::optional<std::vector<int>> serve(const node_sizes_config& c) {
+  socket_fd listener = listen_on(c.master_port);
+  const auto deadline = clock::now() + c.timeout;
+  struct joining {
+    socket_fd fd;
+    std::string got;
+    clock::time_point since;
+  };
+  std::vector<joining> pending;
+  std::vector<socket_fd> joined(static_cast<std::size_t>(c.nnodes));  // by node rank; [0] stays empty
+  std::vector<int> sizes(static_cast<std::size_t>(c.nnodes), 0);
+  sizes[0] = c.nproc;
+  // Tells every node that joined (and `also`) why the job ends, and ends it here.
+  const auto fail = [&](const std::string& why, int also) {
+    const std::string line = "error " + why + "\n";
+    for (const auto& fd : joined) {
+      if (fd) send_line(fd.get(), line);
+    }
+    if (also >= 0) send_line(also, line);
+    throw node_sizes_error(why);
+  };
+  const auto missing = [&] {
+    std::vector<std::string> ranks;
+    for (int k = 1; k < c.nnodes; ++k) {
+      if (!joined[static_cast<std::size_t>(k)]) ranks.push_back(std::to_string(k));
+    }
+    return ranks;
+  };
+  for (;;) {
+    const auto left = missing();
+    if (left.empty()) break;
+    if (clock::now() >= deadline) {
+      fail(fmt::format("node 0 waited {} s on port {} for node{} {} of {} to say how many ranks {} "
+                       "(--rdzv-conf join_timeout sets the wait)",
+                       seconds_of(c.timeout), c.master_port, left.size() > 1 ? "s" : "",
+                       fmt::join(left, ", "), c.nnodes, left.size() > 1 ? "they run" : "it runs"),
+           -1);
+    }
+    std::vector<pollfd> fds{{listener.get(), POLLIN, 0}};
+    for (const auto& p : pending) fds.push_back({p.fd.get(), POLLIN, 0});
+    for (const auto& fd : joined) {
+      if (fd) fds.push_back({fd.get(), POLLIN, 0});
+    }
+    if (poll_for(fds, deadline, milliseconds(100)) < 0) {
+      throw node_sizes_error(fmt::format("node 0: poll: {}", std::strerror(errno)));
+    }
+    if (!pause_for(c, milliseconds(0))) {
+      // The job ends here: the nodes that joined need not wait out theirs.
+      const std::string line = "error node 0 was stopped by a signal before every node joined\n";
+      for (const auto& fd : joined) {
+        if (fd) send_line(fd.get(), line);
+      }
+      return std::nullopt;
+    }
+    // A node that joined and then closed its end has ended: its place is
+    // free again, for the same node started anew.
+    for (auto& fd : joined) {
+      if (!fd) continue;
+      char byte;
+      const ssize_t n = ::recv(fd.get(), &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) fd.reset();
+    }
+    for (;;) {
+      const int fd = ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;
+      pending.push_back({socket_fd(fd), {}, clock::now()});
+    }
+    for (auto it = pending.begin(); it != pending.end();) {
+      const auto state = read_line(it->fd.get(), it->got);
+      if (state == line_state::more) {
+        it = clock::now() - it->since >= c.greeting_timeout ? pending.erase(it) : it + 1;
+        continue;
+      }
+      joining p = std::move(*it);
+      it = pending.erase(it);
+      const auto g = state == line_state::whole ? parse_greeting(p.got) : std::nullopt;
+      if (!g) continue;  // not a node of ours: dropped
+      if (g->nnodes != c.nnodes) {
+        fail(fmt::format("node {} runs with --nnodes {} and node 0 with --nnodes {}", g->node_rank, g->nnodes,
+                         c.nnodes),
+             p.fd.get());
+      }
+      if (g->node_rank <= 0 || g->node_rank >= c.nnodes || joined[static_cast<std::size_t>(g->node_rank)]) {
+        fail(fmt::format("two nodes of the job say they are node {} (--node-rank)", g->node_rank), p.fd.get());
+      }
+      sizes[static_cast<std::size_t>(g->node_rank)] = g->nproc;
+      joined[static_cast<std::size_t>(g->node_rank)] = std::move(p.fd);
+    }
+  }
+  // The port is the master's: rank 0's store binds it once the ranks start.
+  listener.reset();
+  pending.clear();
+  const std::string answer = fmt::format("ok {}\n", fmt::join(sizes, " "));
+  for (const auto& fd : joined) {
+    if (fd) send_line(fd.get(), answer);
+  }
+  // Each node closes first, once it has the answer: no connection of this
+  // port then waits out TIME_WAIT here, where it could keep rank 0's store
+  // from binding it.
+  const auto closing = clock::now() + std::chrono::seconds(2);
+  for (auto& fd : joined) {
+    if (!fd) continue;
+    std::string rest;
+    std::vector<pollfd> one{{fd.get(), POLLIN, 0}};
+    while (clock::now() < closing && poll_for(one, closing, milliseconds(100)) >= 0 &&
+           read_line(fd.get(), rest) == line_state::more) {
+    }
+    fd.reset();
+  }
+  return sizes;
+}
+
+// What came of one try of another node at node 0.
+struct try_result {
+  std::optional<std::vector<int>> sizes;
+  bool interrupted = false;
+};
+
+// One try of node k: connects to node 0 (any of its addresses), greets it
+// and reads its answer. Returns no sizes when it is worth trying again
+// (node 0 not listening yet, or gone before it answered), saying why in
+// `why`.
+try_result try_node_zero(const node_sizes_config& c, clock::time_point deadline, std::string& why) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(c.master_port);
+  if (const int rc = ::getaddrinfo(c.master_addr.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    why = fmt::format("{} does not resolve: {}", c.master_addr, ::gai_strerror(rc));
+    return {};
+  }
+  const std::unique_ptr<addrinfo, void (*)(addrinfo*)> addresses(found, ::freeaddrinfo);
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    socket_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
+    if (!fd) {
+      why = std::strerror(errno);
+      continue;
+    }
+    if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      why = std::strerror(errno);
+      continue;
+    }
+    std::vector<pollfd> one{{fd.get(), POLLOUT, 0}};
+    const auto connect_by = std::min(deadline, clock::now() + std::chrono::seconds(2));
+    // Looked at once at least: a refusal is known at once, even at the deadline.
+    int ready = 0;
+    do {
+      ready = poll_for(one, connect_by, milliseconds(100));
+      if (ready == 0 && !pause_for(c, milliseconds(0))) return {.sizes = std::nullopt, .interrupted = true};
+    } while (ready == 0 && clock::now() < connect_by);
+    int error = 0;
+    socklen_t len = sizeof error;
+    if (one[0].revents == 0) error = ETIMEDOUT;
+    else if (::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &error, &len) != 0) error = errno;
+    if (error != 0) {
+      why = std::strerror(error);
+      continue;
+    }
+    if (!send_line(fd.get(), greeting_of(c.nnodes, c.node_rank, c.nproc))) {
+      why = "node 0 closed the connection";
+      continue;
+    }
+    // Node 0 answers once every node has greeted it: as long as the job's
+    // whole wait.
+    std::string got;
+    line_state state = line_state::more;
+    one[0] = {fd.get(), POLLIN, 0};
+    while (state == line_state::more) {
+      if (clock::now() >= deadline) {
+        why = "node 0 did not answer";
+        return {};
+      }
+      poll_for(one, deadline, milliseconds(100));
+      if (!pause_for(c, milliseconds(0))) return {.sizes = std::nullopt, .interrupted = true};
+      state = read_line(fd.get(), got);
+    }
+    if (state == line_state::ended) {
+      why = "node 0 closed the connection before it answered";
+      continue;
+    }
+    if (got.rfind("error ", 0) == 0) throw node_sizes_error("node 0 ended the job: " + got.substr(6));
+    const auto sizes = got.rfind("ok ", 0) == 0 ? numbers_in(std::string_view(got).substr(3)) : std::nullopt;
+    if (!sizes || sizes->size() != static_cast<std::size_t>(c.nnodes) ||
+        (*sizes)[static_cast<std::size_t>(c.node_rank)] != c.nproc ||
+        std::any_of(sizes->begin(), sizes->end(), [](int n) { return n < 1 || n > largest_count; })) {
+      throw node_sizes_error(fmt::format("something other than cohort-run's node 0 answers at {}:{}: '{}'",
+                                         c.master_addr, c.master_port, got.substr(0, 80)));
+    }
+    return {.sizes = sizes};
+  }
+  return {};
+}
+
+// Node k > 0: tries node 0 until it answers or the wait is over.
+std::optional<std::vector<int>> join(const node_sizes_config& c) {
+  const auto deadline = clock::now() + c.timeout;
+  std::string why = "not tried";
+  for (;;) {
+    auto result = try_node_zero(c, deadline, why);
+    if (result.interrupted) return std::nullopt;
+    if (result.sizes) return result.sizes;
+    if (clock::now() >= deadline) {
+      throw node_sizes_error(fmt::format("node 0 did not answer at {}:{} within {} s ({}); --rdzv-conf join_timeout "
+                                         "sets the wait, TORCH_ELASTIC_WORKER_IDENTICAL=1 skips the exchange when "
+                                         "every node runs as many ranks",
+                                         c.master_addr, c.master_port, seconds_of(c.timeout), why));
+    }
+    if (!pause_for(c, std::min(milliseconds(250), std::chrono::duration_cast<milliseconds>(deadline - clock::now())))) {
+      return std::nullopt;
+    }
+  }
+}
+
+}  // namespace
+
+std::string greeting_of(int nnodes, int node_rank, int nproc) {
+  return fmt::format("cohort-run nodes 1 {} {} {}\n", nnodes, node_rank, nproc);
+}
+
+std::optional<greeting> parse_greeting(const std::string& line) {
+  constexpr std::string_view head = "cohort-run nodes 1 ";
+  if (line.rfind(head, 0) != 0) return std::nullopt;
+  const auto n = numbers_in(std::string_view(line).substr(head.size()));
+  if (!n || n->size() != 3) return std::nullopt;
+  const greeting g{(*n)[0], (*n)[1], (*n)[2]};
+  if (g.nnodes < 1 || g.node_rank < 0 || g.node_rank >= g.nnodes || g.nproc < 1 || g.nproc > largest_count) {
+    return std::nullopt;
+  }
+  return g;
+}
+
+std::optional<std::vector<int>> gather_node_sizes(const node_sizes_config& config) {
+  if (config.nnodes < 1 || config.node_rank < 0 || config.node_rank >= config.nnodes || config.nproc < 1) {
+    throw std::invalid_argument("gather_node_sizes: a node rank below --nnodes and at least one rank");
+  }
+  if (config.nnodes == 1) return std::vector<int>{config.nproc};
+  return config.node_rank == 0 ? serve(config) : join(config);
+}
+
+}  // namespace cohort_run
