@@ -794,7 +794,8 @@ TEST_SUITE("cohort-run") {
     test::temp_dir from_env;
     r = run_launcher({"--", "/bin/sh", "-c", dump_contract, from_env.path.string()},
                      {{"PET_NPROC_PER_NODE", "3"}, {"PET_ROLE", "trainer"}, {"PET_MAX_RESTARTS", "4"},
-                      {"PET_NNODES", "2"}, {"PET_NODE_RANK", "1"}, {"PET_MASTER_ADDR", "10.1.2.3"}});
+                      {"PET_NNODES", "2"}, {"PET_NODE_RANK", "1"}, {"PET_MASTER_ADDR", "10.1.2.3"},
+                      {"TORCH_ELASTIC_WORKER_IDENTICAL", "1"}});
     REQUIRE(r.status.code() == 0);
     CHECK(files_in(from_env.path) == 3);
     v = variables_in(from_env.path / "5");  // node 1 of 2, 3 ranks each
