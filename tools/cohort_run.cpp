@@ -633,6 +633,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     const char* job = std::getenv("SLURM_JOB_ID");
     o.run_id = job != nullptr && *job != '\0' ? job : "none";
   }
+  check_run_id(o.run_id, "SLURM_JOB_ID");  // --run-id was checked with the flags: only Slurm's may be left
   const std::string run_id = o.run_id.empty() ? fresh_run_id() : o.run_id;
   record.run_id = run_id;
   record.role = o.role;

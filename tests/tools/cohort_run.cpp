@@ -1074,6 +1074,15 @@ TEST_SUITE("cohort-run") {
     v = variables_in(flags.path / "2");
     CHECK(v["GROUP_WORLD_SIZE"] == "3");
     CHECK(v["MASTER_ADDR"] == "m");
+    // A job id that could not name the logs' folder, as --run-id could not.
+    for (const char* id : {"../x", ".."}) {
+      CAPTURE(id);
+      auto odd = slurm;
+      odd["SLURM_JOB_ID"] = id;
+      r = run_launcher({"-n", "1", "--", "/bin/true"}, odd);
+      CHECK(r.status.code() == 2);
+      CHECK_MESSAGE(r.err.find(fmt::format("SLURM_JOB_ID '{}'", id)) != std::string::npos, r.err);
+    }
     slurm["SLURM_JOB_NODELIST"] = "gpu[1-";
     r = run_launcher({"-n", "1", "--", "/bin/true"}, slurm);
     CHECK(r.status.code() == 2);

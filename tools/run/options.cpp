@@ -365,13 +365,17 @@ run_options parse_options(int argc, char** argv) {
     o.master_addr_given = true;
     o.run_id.clear();  // a fresh one, whatever was asked
   }
-  // The run id names the logs' folder (<log-dir>/<run-id>/), as torchrun's
-  // names its: it must be one folder's name, not a path that leads out.
-  if (o.run_id == "." || o.run_id == ".." || o.run_id.find('/') != std::string::npos) {
-    throw usage_error(fmt::format("--run-id '{}': a run id names the logs' folder, so it may not hold '/' nor be "
-                                  "'.' or '..'", o.run_id));
-  }
+  check_run_id(o.run_id, "--run-id");
   return o;
+}
+
+// The run id names the logs' folder (<log-dir>/<run-id>/), as torchrun's
+// names its: it must be one folder's name, not a path that leads out.
+void check_run_id(const std::string& id, std::string_view from) {
+  if (id == "." || id == ".." || id.find('/') != std::string::npos) {
+    throw usage_error(fmt::format("{} '{}': a run id names the logs' folder, so it may not hold '/' nor be "
+                                  "'.' or '..'", from, id));
+  }
 }
 
 }  // namespace cohort_run

@@ -6,6 +6,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace cohort_run {
@@ -79,6 +80,10 @@ run_options parse_options(int argc, char** argv);
 
 /// "a,b,,c" -> a b c: the items of a comma-separated list, empty ones left out.
 std::vector<std::string> comma_list(const std::string& list);
+/// Throws usage_error, naming where `id` came from (`from`: --run-id,
+/// SLURM_JOB_ID), unless it can name the logs' folder: one folder's name,
+/// not a path that leads elsewhere.
+void check_run_id(const std::string& id, std::string_view from);
 /// A number of seconds, 0 or more; throws usage_error naming `flag`.
 double seconds(const std::string& flag, const std::string& text);
 /// "5" -> 5; a message naming `flag` and what it accepts otherwise.
