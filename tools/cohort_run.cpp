@@ -783,6 +783,10 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
       // A node lost counts against --max-restarts, as a failure would; a
       // node joining or another node's restart does not.
       using cause = round_change::cause;
+      if (ended_by->what == cause::closed) {  // another node ended the job for good: no next round
+        say("cohort-run: attempt {} ended: {}\n", attempt, a.reason);
+        return finish("failed", 1, a.reason);
+      }
       const bool lost = ended_by->what == cause::member_lost || ended_by->what == cause::lease_lost ||
                         ended_by->what == cause::etcd_unreachable;
       if (lost && record.restarts >= o.max_restarts) {

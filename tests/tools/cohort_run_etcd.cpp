@@ -201,6 +201,13 @@ TEST_SUITE("cohort-run over etcd") {
     CHECK(other.status.code() == 1);
     CHECK(other.err.find("the job was closed") != std::string::npos);
     CHECK(other.err.find("exited with code 3") != std::string::npos);
+    // It took part: no next round is promised, nor is its id called stale.
+    CHECK_MESSAGE(other.err.find("joining the next round") == std::string::npos, other.err);
+    CHECK_MESSAGE(other.err.find("needs a --rdzv-id of its own") == std::string::npos, other.err);
+    // A node started later with the closed job's id is told that its id is an old job's.
+    auto late = run_nodes({{args}});
+    CHECK(late[0].status.code() == 1);
+    CHECK_MESSAGE(late[0].err.find("needs a --rdzv-id of its own") != std::string::npos, late[0].err);
   }
 
   TEST_CASE("etcd unreachable: a clear error within the rendezvous timeout") {

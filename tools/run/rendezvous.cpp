@@ -295,11 +295,15 @@ assignment etcd_rendezvous::next_round(const std::function<bool(milliseconds)>& 
 }
 
 std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) {
-  if (s.closed) {
-    throw rendezvous_error(where() + ": the job was closed: " + *s.closed +
-                           " (a run id names one job: a new job needs a --rdzv-id of its own)");
-  }
   const auto self = node_id();
+  if (s.closed) {
+    // A node of the job (placed, or listed in the round the close ended)
+    // learns why it ended; a node that never took part was most likely
+    // started with an old job's id.
+    const bool took_part = placed_ || s.lists(self);
+    throw rendezvous_error(where() + ": the job was closed: " + *s.closed +
+                           (took_part ? "" : " (a run id names one job: a new job needs a --rdzv-id of its own)"));
+  }
   const auto state_unchanged = compare::written_at(prefix_ + "state", s.state_revision);
   p.wrote = true;
   if (!s.has_state) {
