@@ -468,14 +468,22 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
 
 // The longest a node of a static job waits at the exchange of rank counts:
 // --rdzv-conf's join_timeout (or timeout), as torchrun's rendezvous takes
-// it; 600 s when not given. Its other keys are etcd's and c10d's.
+// it; 600 s when not given. Its other keys are etcd's and c10d's, taken
+// and left alone; a key no backend has is refused, as a misspelt
+// join_timeout would otherwise leave the wait at 600 s.
 std::chrono::milliseconds static_join_timeout(const run_options& o) {
   std::chrono::milliseconds timeout = std::chrono::seconds(600);
   for (const auto& item : comma_list(o.rdzv_conf)) {
     const auto eq = item.find('=');
     if (eq == std::string::npos) throw usage_error(fmt::format("--rdzv-conf: '{}' is not key=value", item));
     const std::string key = item.substr(0, eq);
-    if (key == "join_timeout" || key == "timeout") timeout = millis(conf_seconds(key, item.substr(eq + 1)));
+    if (key == "join_timeout" || key == "timeout") {
+      timeout = millis(conf_seconds(key, item.substr(eq + 1)));
+    } else if (key != "last_call_timeout" && key != "keep_alive_interval" && key != "keep_alive_max_attempt" &&
+               key != "read_timeout" && key != "close_timeout" && key != "is_host" && key != "use_libuv" &&
+               key != "protocol") {
+      throw usage_error(fmt::format("--rdzv-conf: no key '{}' (join_timeout, the wait of a node for the others)", key));
+    }
   }
   return timeout;
 }

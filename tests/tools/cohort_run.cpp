@@ -277,6 +277,12 @@ TEST_SUITE("cohort-run") {
     r = run_launcher(timed);
     CHECK(r.status.code() == 1);
     CHECK_MESSAGE(r.err.find("node 0 did not answer at 127.0.0.1:" + port + " within 1 s") != std::string::npos, r.err);
+    // A misspelt key would leave the wait at 600 s: refused.
+    auto misspelt = waiting;
+    misspelt.insert(misspelt.begin(), {"--rdzv-conf", "join_timout=1"});
+    r = run_launcher(misspelt);
+    CHECK(r.status.code() == 2);
+    CHECK_MESSAGE(r.err.find("no key 'join_timout'") != std::string::npos, r.err);
   }
 
   TEST_CASE("${local_rank} and $local_rank in the arguments become each rank's local rank, as torchrun substitutes them") {

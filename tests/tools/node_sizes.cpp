@@ -6,8 +6,11 @@
 #include <doctest/doctest.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -92,6 +95,42 @@ void send_text(int fd, const std::string& text) {
   REQUIRE(::send(fd, text.data(), text.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(text.size()));
 }
 
+// Node 0's sizes; none when it failed (said as a failed check).
+std::optional<sizes> node_zero(const node_sizes_config& c) {
+  try {
+    return gather_node_sizes(c);
+  } catch (const std::exception& e) {
+    FAIL_CHECK("node 0 failed: " << std::string(e.what()));
+    return std::nullopt;
+  }
+}
+
+// Whether a socket binds `port` on every IPv4 address without
+// SO_REUSEADDR, as a store that does not set it binds: nothing of node 0's
+// connections stays on the port.
+bool binds_plainly(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return bound;
+}
+
+// Fake nodes first..last of `nnodes`, each `nproc` ranks, greeting node 0
+// at `port` from this thread; their sockets, to close.
+std::vector<int> fake_nodes(int port, int nnodes, int first, int last, int nproc) {
+  std::vector<int> fds;
+  for (int k = first; k <= last; ++k) {
+    fds.push_back(connect_to(port));
+    send_text(fds.back(), cohort_run::greeting_of(nnodes, k, nproc));
+  }
+  return fds;
+}
+
 }  // namespace
 
 TEST_SUITE("node sizes") {
@@ -146,7 +185,7 @@ TEST_SUITE("node sizes") {
     auto zero = node(port, 3, 0, 3);
     zero.greeting_timeout = 300ms;
     std::optional<sizes> got;
-    std::thread server([&] { got = gather_node_sizes(zero); });
+    std::thread server([&] { got = node_zero(zero); });
     const int stranger = connect_to(port);
     send_text(stranger, "GET / HTTP/1.1\r\n\r\n");
     const int silent = connect_to(port);  // says nothing: dropped after greeting_timeout
@@ -165,6 +204,95 @@ TEST_SUITE("node sizes") {
     CHECK(::recv(silent, &byte, 1, MSG_DONTWAIT) <= 0);
     ::close(stranger);
     ::close(silent);
+    // Node 0 reset what it dropped, and each node closed first: the port
+    // binds without SO_REUSEADDR.
+    CHECK(binds_plainly(port));
+  }
+
+  TEST_CASE("a node that sends more than its greeting is dropped; the real node takes its place") {
+    const int port = cohort_run::free_port();
+    std::optional<sizes> got;
+    std::thread server([&] { got = node_zero(node(port, 3, 0, 1)); });
+    const int chatty = connect_to(port);
+    send_text(chatty, cohort_run::greeting_of(3, 1, 7));
+    std::this_thread::sleep_for(300ms);
+    send_text(chatty, "more\n");
+    std::this_thread::sleep_for(300ms);
+    const auto endings = run_nodes({node(port, 3, 1, 4), node(port, 3, 2, 2)});
+    server.join();
+    ::close(chatty);
+    CHECK(got == sizes{1, 4, 2});
+    for (const auto& e : endings) CHECK(sizes_of(e) == sizes{1, 4, 2});
+  }
+
+  TEST_CASE("600 nodes of 7-digit counts: node 0's long answer reaches every node whole") {
+    const int nnodes = 600;
+    const int port = cohort_run::free_port();
+    std::optional<sizes> got;
+    std::thread server([&] { got = node_zero(node(port, nnodes, 0, 1)); });
+    auto fds = fake_nodes(port, nnodes, 2, nnodes - 1, 1'000'000);
+    const auto endings = run_nodes({node(port, nnodes, 1, 1'000'000)});
+    server.join();
+    for (const int fd : fds) ::close(fd);
+    REQUIRE(got);
+    sizes expected(nnodes, 1'000'000);
+    expected[0] = 1;
+    CHECK(*got == expected);
+    CHECK(sizes_of(endings[0]) == expected);
+  }
+
+  TEST_CASE("node 0 out of descriptors for its nodes fails at once, naming the limit") {
+    const int port = cohort_run::free_port();
+    int report[2];
+    REQUIRE(::pipe2(report, O_CLOEXEC) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {  // node 0, with room for few descriptors more than it has open
+      rlim_t open = 0;
+      for (int fd = 0; fd < 4096; ++fd) open += ::fcntl(fd, F_GETFD) >= 0 ? 1 : 0;
+      const rlimit few{open + 30, open + 30};  // room for 60 more at most, wherever the open ones are
+      std::string said = "no error";
+      if (::setrlimit(RLIMIT_NOFILE, &few) == 0) {
+        try {
+          (void)gather_node_sizes(node(port, 100, 0, 1, 10s));
+        } catch (const std::exception& e) {
+          said = e.what();
+        }
+      }
+      (void)!::write(report[1], said.data(), said.size());
+      ::_exit(0);
+    }
+    ::close(report[1]);
+    const auto started = std::chrono::steady_clock::now();
+    // As many as the backlog takes before node 0 fails: once it has, the
+    // rest find nothing listening, and are not tried further.
+    std::vector<int> fds{connect_to(port)};
+    send_text(fds.back(), cohort_run::greeting_of(100, 1, 1));
+    for (int k = 2; k < 100; ++k) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<std::uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      fds.push_back(fd);
+      if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) break;
+      const auto greeting = cohort_run::greeting_of(100, k, 1);
+      (void)::send(fd, greeting.data(), greeting.size(), MSG_NOSIGNAL);
+    }
+    std::string said;
+    char buffer[512];
+    for (ssize_t n; (n = ::read(report[0], buffer, sizeof buffer)) > 0;) {
+      said.append(buffer, static_cast<std::size_t>(n));
+    }
+    ::close(report[0]);
+    for (const int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK_MESSAGE(said.find("node 0 ran out of file descriptors") != std::string::npos, said);
+    CHECK(said.find("--nnodes 100") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - started < 8s);
   }
 
   TEST_CASE("a node that reaches no node 0, and a node 0 that no node reaches, give up at their timeout, saying why") {

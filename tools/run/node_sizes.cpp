@@ -6,6 +6,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -24,8 +25,13 @@ namespace {
 using clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-constexpr std::size_t longest_line = 4096;  // node 0's answer names every node's count
+constexpr std::size_t longest_greeting = 128;
 constexpr int largest_count = 1 << 20;
+// The longest line node 0 sends to a job of `nnodes`: its answer names
+// every node's count (7 digits at most, and a space).
+std::size_t longest_answer(int nnodes) { return 1024 + 8 * static_cast<std::size_t>(nnodes); }
+// How many missing nodes a message names before it counts the rest.
+constexpr std::size_t named_at_most = 10;
 
 class socket_fd {
  public:
@@ -45,6 +51,16 @@ class socket_fd {
   void reset() noexcept {
     if (fd_ >= 0) ::close(std::exchange(fd_, -1));
   }
+  // Closes with a reset rather than an orderly end, for node 0's side of a
+  // connection it ends before its peer does: nothing of it then stays on
+  // the master's port (TIME_WAIT, FIN_WAIT) to keep rank 0's store from
+  // binding it.
+  void abort() noexcept {
+    if (fd_ < 0) return;
+    const linger now{1, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &now, sizeof now);
+    reset();
+  }
 
  private:
   int fd_ = -1;
@@ -52,13 +68,19 @@ class socket_fd {
 
 std::string seconds_of(milliseconds d) { return fmt::format("{:g}", static_cast<double>(d.count()) / 1000); }
 
-// Sends `text` whole on a socket that takes it at once (a line, into an
-// empty buffer); false when it could not.
+// Sends `text` whole on a non-blocking socket, waiting for room at most
+// 2 s; false when it could not.
 bool send_line(int fd, const std::string& text) noexcept {
+  const auto until = clock::now() + std::chrono::seconds(2);
   std::size_t sent = 0;
   while (sent < text.size()) {
     const ssize_t n = ::send(fd, text.data() + sent, text.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && clock::now() < until) {
+      pollfd room{fd, POLLOUT, 0};
+      ::poll(&room, 1, 100);
+      continue;
+    }
     if (n <= 0) return false;
     sent += static_cast<std::size_t>(n);
   }
@@ -67,9 +89,9 @@ bool send_line(int fd, const std::string& text) noexcept {
 
 // Reads what a non-blocking socket has into `got`. The outcome: a whole
 // line in `got` (its newline dropped), more to wait for, or the end (the
-// peer closed, failed, or sent a line too long to be one of ours).
+// peer closed, failed, or sent a line longer than `longest`).
 enum class line_state { whole, more, ended };
-line_state read_line(int fd, std::string& got) {
+line_state read_line(int fd, std::string& got, std::size_t longest) {
   char buffer[512];
   for (;;) {
     const ssize_t n = ::recv(fd, buffer, sizeof buffer, MSG_DONTWAIT);
@@ -81,7 +103,7 @@ line_state read_line(int fd, std::string& got) {
       got.resize(end);
       return line_state::whole;
     }
-    if (got.size() > longest_line) return line_state::ended;
+    if (got.size() > longest) return line_state::ended;
   }
 }
 
@@ -146,8 +168,42 @@ socket_fd listen_on(int port) {
                                      std::strerror(error)));
 }
 
+// Room for a descriptor per node at node 0, while it waits for them: the
+// soft limit raised within the hard one where it is lower, and put back
+// once the exchange is over (the ranks start with what was given).
+class descriptor_room {
+ public:
+  explicit descriptor_room(int nnodes) noexcept {
+    if (::getrlimit(RLIMIT_NOFILE, &given_) != 0) return;
+    const rlim_t wanted = 256 + static_cast<rlim_t>(nnodes);
+    if (given_.rlim_cur == RLIM_INFINITY || given_.rlim_cur >= wanted) return;
+    rlimit raised = given_;
+    raised.rlim_cur = given_.rlim_max == RLIM_INFINITY ? wanted : std::min(wanted, given_.rlim_max);
+    raised_ = raised.rlim_cur > given_.rlim_cur && ::setrlimit(RLIMIT_NOFILE, &raised) == 0;
+  }
+  descriptor_room(const descriptor_room&) = delete;
+  descriptor_room& operator=(const descriptor_room&) = delete;
+  ~descriptor_room() {
+    if (raised_) ::setrlimit(RLIMIT_NOFILE, &given_);
+  }
+
+ private:
+  rlimit given_{};
+  bool raised_ = false;
+};
+
+// "1, 2, 3", naming at most named_at_most of `ranks` and counting the rest.
+std::string some_of(const std::vector<int>& ranks) {
+  const auto named = std::min(ranks.size(), named_at_most);
+  const auto end = ranks.begin() + static_cast<std::ptrdiff_t>(named);
+  std::string text = fmt::format("{}", fmt::join(ranks.begin(), end, ", "));
+  if (ranks.size() > named) text += fmt::format(" and {} more", ranks.size() - named);
+  return text;
+}
+
 // Node 0: waits for a greeting from every other node, then answers each.
 std::optional<std::vector<int>> serve(const node_sizes_config& c) {
+  const descriptor_room room(c.nnodes);
   socket_fd listener = listen_on(c.master_port);
   const auto deadline = clock::now() + c.timeout;
   struct joining {
@@ -159,30 +215,42 @@ std::optional<std::vector<int>> serve(const node_sizes_config& c) {
   std::vector<socket_fd> joined(static_cast<std::size_t>(c.nnodes));  // by node rank; [0] stays empty
   std::vector<int> sizes(static_cast<std::size_t>(c.nnodes), 0);
   sizes[0] = c.nproc;
-  // Tells every node that joined (and `also`) why the job ends, and ends it here.
+  // Tells every node that joined, and every connection yet to say what it
+  // is, why the job ends; ends it here.
   const auto fail = [&](const std::string& why, int also) {
     const std::string line = "error " + why + "\n";
     for (const auto& fd : joined) {
       if (fd) send_line(fd.get(), line);
     }
+    for (const auto& p : pending) send_line(p.fd.get(), line);
     if (also >= 0) send_line(also, line);
     throw node_sizes_error(why);
   };
   const auto missing = [&] {
-    std::vector<std::string> ranks;
+    std::vector<int> ranks;
     for (int k = 1; k < c.nnodes; ++k) {
-      if (!joined[static_cast<std::size_t>(k)]) ranks.push_back(std::to_string(k));
+      if (!joined[static_cast<std::size_t>(k)]) ranks.push_back(k);
     }
     return ranks;
   };
   for (;;) {
+    // A node that joined and then closed its end has ended: its place is
+    // free again, for the same node started anew. One that sends more
+    // than its greeting is not a node of ours: dropped too. Looked at
+    // last before the answer goes.
+    for (auto& fd : joined) {
+      if (!fd) continue;
+      char byte;
+      const ssize_t n = ::recv(fd.get(), &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+      if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) fd.abort();
+    }
     const auto left = missing();
     if (left.empty()) break;
     if (clock::now() >= deadline) {
       fail(fmt::format("node 0 waited {} s on port {} for node{} {} of {} to say how many ranks {} "
                        "(--rdzv-conf join_timeout sets the wait)",
-                       seconds_of(c.timeout), c.master_port, left.size() > 1 ? "s" : "",
-                       fmt::join(left, ", "), c.nnodes, left.size() > 1 ? "they run" : "it runs"),
+                       seconds_of(c.timeout), c.master_port, left.size() > 1 ? "s" : "", some_of(left), c.nnodes,
+                       left.size() > 1 ? "they run" : "it runs"),
            -1);
     }
     std::vector<pollfd> fds{{listener.get(), POLLIN, 0}};
@@ -201,29 +269,40 @@ std::optional<std::vector<int>> serve(const node_sizes_config& c) {
       }
       return std::nullopt;
     }
-    // A node that joined and then closed its end has ended: its place is
-    // free again, for the same node started anew.
-    for (auto& fd : joined) {
-      if (!fd) continue;
-      char byte;
-      const ssize_t n = ::recv(fd.get(), &byte, 1, MSG_DONTWAIT | MSG_PEEK);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) fd.reset();
-    }
     for (;;) {
       const int fd = ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) break;
-      pending.push_back({socket_fd(fd), {}, clock::now()});
+      if (fd >= 0) {
+        pending.push_back({socket_fd(fd), {}, clock::now()});
+        continue;
+      }
+      if (errno == EMFILE || errno == ENFILE) {
+        rlimit limit{};
+        ::getrlimit(RLIMIT_NOFILE, &limit);
+        fail(fmt::format("node 0 ran out of file descriptors holding a connection per node ({}; its limit is {}): "
+                         "raise the limit (ulimit -n) to above --nnodes {}",
+                         std::strerror(errno), static_cast<long long>(limit.rlim_cur), c.nnodes),
+             -1);
+      }
+      break;
     }
     for (auto it = pending.begin(); it != pending.end();) {
-      const auto state = read_line(it->fd.get(), it->got);
+      const auto state = read_line(it->fd.get(), it->got, longest_greeting);
       if (state == line_state::more) {
-        it = clock::now() - it->since >= c.greeting_timeout ? pending.erase(it) : it + 1;
+        if (clock::now() - it->since >= c.greeting_timeout) {
+          it->fd.abort();
+          it = pending.erase(it);
+        } else {
+          ++it;
+        }
         continue;
       }
       joining p = std::move(*it);
       it = pending.erase(it);
       const auto g = state == line_state::whole ? parse_greeting(p.got) : std::nullopt;
-      if (!g) continue;  // not a node of ours: dropped
+      if (!g) {  // not a node of ours: dropped
+        p.fd.abort();
+        continue;
+      }
       if (g->nnodes != c.nnodes) {
         fail(fmt::format("node {} runs with --nnodes {} and node 0 with --nnodes {}", g->node_rank, g->nnodes,
                          c.nnodes),
@@ -238,23 +317,28 @@ std::optional<std::vector<int>> serve(const node_sizes_config& c) {
   }
   // The port is the master's: rank 0's store binds it once the ranks start.
   listener.reset();
+  for (auto& p : pending) p.fd.abort();
   pending.clear();
   const std::string answer = fmt::format("ok {}\n", fmt::join(sizes, " "));
   for (const auto& fd : joined) {
     if (fd) send_line(fd.get(), answer);
   }
-  // Each node closes first, once it has the answer: no connection of this
-  // port then waits out TIME_WAIT here, where it could keep rank 0's store
-  // from binding it.
+  // Each node closes first, once it has the answer: its connection then
+  // leaves nothing on this port. One that has not within 2 s is reset.
   const auto closing = clock::now() + std::chrono::seconds(2);
   for (auto& fd : joined) {
     if (!fd) continue;
     std::string rest;
     std::vector<pollfd> one{{fd.get(), POLLIN, 0}};
-    while (clock::now() < closing && poll_for(one, closing, milliseconds(100)) >= 0 &&
-           read_line(fd.get(), rest) == line_state::more) {
+    line_state state = line_state::more;
+    while (state == line_state::more && clock::now() < closing && poll_for(one, closing, milliseconds(100)) >= 0) {
+      state = read_line(fd.get(), rest, longest_greeting);
     }
-    fd.reset();
+    if (state == line_state::ended && rest.empty()) {
+      fd.reset();  // closed by the node: an orderly end, nothing left here
+    } else {
+      fd.abort();
+    }
   }
   return sizes;
 }
@@ -322,7 +406,7 @@ try_result try_node_zero(const node_sizes_config& c, clock::time_point deadline,
       }
       poll_for(one, deadline, milliseconds(100));
       if (!pause_for(c, milliseconds(0))) return {.sizes = std::nullopt, .interrupted = true};
-      state = read_line(fd.get(), got);
+      state = read_line(fd.get(), got, longest_answer(c.nnodes));
     }
     if (state == line_state::ended) {
       why = "node 0 closed the connection before it answered";
@@ -350,10 +434,11 @@ std::optional<std::vector<int>> join(const node_sizes_config& c) {
     if (result.interrupted) return std::nullopt;
     if (result.sizes) return result.sizes;
     if (clock::now() >= deadline) {
-      throw node_sizes_error(fmt::format("node 0 did not answer at {}:{} within {} s ({}); --rdzv-conf join_timeout "
-                                         "sets the wait, TORCH_ELASTIC_WORKER_IDENTICAL=1 skips the exchange when "
-                                         "every node runs as many ranks",
-                                         c.master_addr, c.master_port, seconds_of(c.timeout), why));
+      throw node_sizes_error(fmt::format(
+          "node 0 did not answer at {}:{} within {} s ({}); --rdzv-conf join_timeout sets the wait. Node 0 answers "
+          "only before its ranks start: a node started again after that cannot join, and the job must start again "
+          "on every node. TORCH_ELASTIC_WORKER_IDENTICAL=1 skips the exchange when every node runs as many ranks",
+          c.master_addr, c.master_port, seconds_of(c.timeout), why));
     }
     if (!pause_for(c, std::min(milliseconds(250), std::chrono::duration_cast<milliseconds>(deadline - clock::now())))) {
       return std::nullopt;

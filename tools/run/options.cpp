@@ -234,7 +234,7 @@ run_options parse_options(int argc, char** argv) {
                  "the job's id, TORCHELASTIC_RUN_ID (default: a fresh one per run; 'none' under etcd-v3)");
   app.add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf,
                  "etcd-v3: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, "
-                 "read_timeout (seconds) as key=value,...");
+                 "read_timeout (seconds) as key=value,...; static and c10d across nodes: join_timeout");
   app.add_flag("--standalone", o.standalone, "one node, master on this host, a fresh run id");
   app.add_option("--max-restarts,--max_restarts", max_restarts, "restarts of the whole group after a failure");
   app.add_option("--monitor-interval,--monitor_interval", monitor_interval,
