@@ -74,16 +74,22 @@ std::string error_of(const ending& e) {
   return {};
 }
 
+// 127.0.0.1 (or another IPv4 `host`) at `port`.
+sockaddr_in ipv4(int port, std::uint32_t host = INADDR_LOOPBACK) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(host);
+  return a;
+}
+
 // A plain TCP connection to 127.0.0.1:`port`, retried while nothing listens.
 int connect_to(int port) {
   for (int i = 0; i < 200; ++i) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
+    const sockaddr_in a = ipv4(port);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0) return fd;
     ::close(fd);
     std::this_thread::sleep_for(20ms);
   }
@@ -111,11 +117,8 @@ std::optional<sizes> node_zero(const node_sizes_config& c) {
 bool binds_plainly(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  const sockaddr_in a = ipv4(port, INADDR_ANY);
+  const bool bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0;
   ::close(fd);
   return bound;
 }
@@ -270,12 +273,9 @@ TEST_SUITE("node sizes") {
     send_text(fds.back(), cohort_run::greeting_of(100, 1, 1));
     for (int k = 2; k < 100; ++k) {
       const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_port = htons(static_cast<std::uint16_t>(port));
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      const sockaddr_in a = ipv4(port);
       fds.push_back(fd);
-      if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) break;
+      if (fd < 0 || ::connect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) break;
       const auto greeting = cohort_run::greeting_of(100, k, 1);
       (void)::send(fd, greeting.data(), greeting.size(), MSG_NOSIGNAL);
     }
@@ -332,11 +332,8 @@ TEST_SUITE("node sizes") {
   TEST_CASE("node 0's port taken, and something else answering there: clear errors") {
     const int port = cohort_run::free_port();
     const int taken = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    REQUIRE(::bind(taken, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    const sockaddr_in a = ipv4(port, INADDR_ANY);
+    REQUIRE(::bind(taken, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
     REQUIRE(::listen(taken, 4) == 0);
     auto endings = run_nodes({node(port, 2, 0, 1)});
     CHECK_MESSAGE(error_of(endings[0]).find("cannot listen on port " + std::to_string(port)) != std::string::npos,
