@@ -786,15 +786,16 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
       return finish("interrupted", 128 + *sig, a.reason);
     }
     if (r.failures.empty() && ended_by) {  // the rendezvous ended the round
-      a.outcome = "re-formed";
       a.reason = ended_by->reason;
-      // A node lost counts against --max-restarts, as a failure would; a
-      // node joining or another node's restart does not.
       using cause = round_change::cause;
       if (ended_by->what == cause::closed) {  // another node ended the job for good: no next round
+        a.outcome = "failed";
         say("cohort-run: attempt {} ended: {}\n", attempt, a.reason);
         return finish("failed", 1, a.reason);
       }
+      a.outcome = "re-formed";
+      // A node lost counts against --max-restarts, as a failure would; a
+      // node joining or another node's restart does not.
       const bool lost = ended_by->what == cause::member_lost || ended_by->what == cause::lease_lost ||
                         ended_by->what == cause::etcd_unreachable;
       if (lost && record.restarts >= o.max_restarts) {
