@@ -175,12 +175,16 @@ TEST_SUITE("node sizes") {
       const auto why = error_of(e);
       CHECK_MESSAGE(why.find("node 2 runs with --nnodes 4 and node 0 with --nnodes 3") != std::string::npos, why);
     }
+    // Each node closed first once told: nothing of the failed job stays on
+    // the port for the next one's store.
+    CHECK(binds_plainly(port));
     port = cohort_run::free_port();
     endings = run_nodes({node(port, 3, 0, 1), node(port, 3, 1, 1), node(port, 3, 1, 2)}, {0ms, 0ms, 300ms});
     for (const auto& e : endings) {
       const auto why = error_of(e);
       CHECK_MESSAGE(why.find("two nodes of the job say they are node 1") != std::string::npos, why);
     }
+    CHECK(binds_plainly(port));
   }
 
   TEST_CASE("node 0 drops what is not a node, and a node that left before the answer makes room for its restart") {
@@ -310,6 +314,7 @@ TEST_SUITE("node sizes") {
     CHECK_MESSAGE(waited.find("for node 1 of 3") != std::string::npos, waited);
     // Node 2 had joined: told why the job ended.
     CHECK_MESSAGE(error_of(endings[1]).find("node 0 ") != std::string::npos, error_of(endings[1]));
+    CHECK(binds_plainly(port));
   }
 
   TEST_CASE("a shutdown signal (pause says false) ends either side's wait with no sizes") {
@@ -327,6 +332,19 @@ TEST_SUITE("node sizes") {
       CHECK(sizes_of(endings[0]) == std::nullopt);
       CHECK(std::chrono::steady_clock::now() - started < 5s);
     }
+    // Node 0 stopped with a node joined: that node is told, and the port is
+    // left free.
+    auto zero = node(port, 3, 0, 1);
+    const auto until = std::chrono::steady_clock::now() + 500ms;
+    zero.pause = [until](std::chrono::milliseconds d) {
+      std::this_thread::sleep_for(d);
+      return std::chrono::steady_clock::now() < until;
+    };
+    const auto endings = run_nodes({zero, node(port, 3, 1, 1)});
+    CHECK(sizes_of(endings[0]) == std::nullopt);
+    const auto why = error_of(endings[1]);
+    CHECK_MESSAGE(why.find("node 0 was stopped by a signal") != std::string::npos, why);
+    CHECK(binds_plainly(port));
   }
 
   TEST_CASE("node 0's port taken, and something else answering there: clear errors") {

@@ -201,6 +201,39 @@ std::string some_of(const std::vector<int>& ranks) {
   return text;
 }
 
+// Closes node 0's side of each of `fds` once its node has closed its own,
+// as a node does once it has node 0's last line: an orderly end that leaves
+// nothing on the master's port. What a node sends meanwhile is read and
+// dropped (a socket closed with unread bytes ends with a reset). Those
+// still open after 2 s are reset.
+void close_after_nodes(const std::vector<socket_fd*>& fds) {
+  std::vector<socket_fd*> open;
+  for (auto* fd : fds) {
+    if (fd != nullptr && *fd) open.push_back(fd);
+  }
+  const auto until = clock::now() + std::chrono::seconds(2);
+  while (!open.empty() && clock::now() < until) {
+    std::vector<pollfd> polled;
+    for (const auto* fd : open) polled.push_back({fd->get(), POLLIN, 0});
+    if (poll_for(polled, until, milliseconds(100)) < 0) break;
+    for (std::size_t i = polled.size(); i-- > 0;) {
+      if (polled[i].revents == 0) continue;
+      char buffer[512];
+      ssize_t n = 0;
+      while ((n = ::recv(polled[i].fd, buffer, sizeof buffer, MSG_DONTWAIT)) > 0 || (n < 0 && errno == EINTR)) {
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      if (n == 0) {
+        open[i]->reset();  // closed by the node: an orderly end
+      } else {
+        open[i]->abort();
+      }
+      open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  for (auto* fd : open) fd->abort();
+}
+
 // Node 0: waits for a greeting from every other node, then answers each.
 std::optional<std::vector<int>> serve(const node_sizes_config& c) {
   const descriptor_room room(c.nnodes);
@@ -215,15 +248,23 @@ std::optional<std::vector<int>> serve(const node_sizes_config& c) {
   std::vector<socket_fd> joined(static_cast<std::size_t>(c.nnodes));  // by node rank; [0] stays empty
   std::vector<int> sizes(static_cast<std::size_t>(c.nnodes), 0);
   sizes[0] = c.nproc;
-  // Tells every node that joined, and every connection yet to say what it
-  // is, why the job ends; ends it here.
-  const auto fail = [&](const std::string& why, int also) {
+  // Tells every node that joined, every connection yet to say what it is,
+  // and `also`, the last line node 0 sends them: `why` the job ends; then
+  // closes each after its node.
+  const auto tell_all = [&](const std::string& why, socket_fd* also) {
     const std::string line = "error " + why + "\n";
-    for (const auto& fd : joined) {
-      if (fd) send_line(fd.get(), line);
+    std::vector<socket_fd*> told;
+    for (auto& fd : joined) told.push_back(&fd);
+    for (auto& p : pending) told.push_back(&p.fd);
+    told.push_back(also);
+    listener.reset();
+    for (auto* fd : told) {
+      if (fd != nullptr && *fd) send_line(fd->get(), line);
     }
-    for (const auto& p : pending) send_line(p.fd.get(), line);
-    if (also >= 0) send_line(also, line);
+    close_after_nodes(told);
+  };
+  const auto fail = [&](const std::string& why, socket_fd* also) {
+    tell_all(why, also);
     throw node_sizes_error(why);
   };
   const auto missing = [&] {
@@ -251,7 +292,7 @@ std::optional<std::vector<int>> serve(const node_sizes_config& c) {
                        "(--rdzv-conf join_timeout sets the wait)",
                        seconds_of(c.timeout), c.master_port, left.size() > 1 ? "s" : "", some_of(left), c.nnodes,
                        left.size() > 1 ? "they run" : "it runs"),
-           -1);
+           nullptr);
     }
     std::vector<pollfd> fds{{listener.get(), POLLIN, 0}};
     for (const auto& p : pending) fds.push_back({p.fd.get(), POLLIN, 0});
@@ -263,10 +304,7 @@ std::optional<std::vector<int>> serve(const node_sizes_config& c) {
     }
     if (!pause_for(c, milliseconds(0))) {
       // The job ends here: the nodes that joined need not wait out theirs.
-      const std::string line = "error node 0 was stopped by a signal before every node joined\n";
-      for (const auto& fd : joined) {
-        if (fd) send_line(fd.get(), line);
-      }
+      tell_all("node 0 was stopped by a signal before every node joined", nullptr);
       return std::nullopt;
     }
     for (;;) {
@@ -281,7 +319,7 @@ std::optional<std::vector<int>> serve(const node_sizes_config& c) {
         fail(fmt::format("node 0 ran out of file descriptors holding a connection per node ({}; its limit is {}): "
                          "raise the limit (ulimit -n) to above --nnodes {}",
                          std::strerror(errno), static_cast<long long>(limit.rlim_cur), c.nnodes),
-             -1);
+             nullptr);
       }
       break;
     }
@@ -306,10 +344,10 @@ std::optional<std::vector<int>> serve(const node_sizes_config& c) {
       if (g->nnodes != c.nnodes) {
         fail(fmt::format("node {} runs with --nnodes {} and node 0 with --nnodes {}", g->node_rank, g->nnodes,
                          c.nnodes),
-             p.fd.get());
+             &p.fd);
       }
       if (g->node_rank <= 0 || g->node_rank >= c.nnodes || joined[static_cast<std::size_t>(g->node_rank)]) {
-        fail(fmt::format("two nodes of the job say they are node {} (--node-rank)", g->node_rank), p.fd.get());
+        fail(fmt::format("two nodes of the job say they are node {} (--node-rank)", g->node_rank), &p.fd);
       }
       sizes[static_cast<std::size_t>(g->node_rank)] = g->nproc;
       joined[static_cast<std::size_t>(g->node_rank)] = std::move(p.fd);
@@ -323,23 +361,10 @@ std::optional<std::vector<int>> serve(const node_sizes_config& c) {
   for (const auto& fd : joined) {
     if (fd) send_line(fd.get(), answer);
   }
-  // Each node closes first, once it has the answer: its connection then
-  // leaves nothing on this port. One that has not within 2 s is reset.
-  const auto closing = clock::now() + std::chrono::seconds(2);
-  for (auto& fd : joined) {
-    if (!fd) continue;
-    std::string rest;
-    std::vector<pollfd> one{{fd.get(), POLLIN, 0}};
-    line_state state = line_state::more;
-    while (state == line_state::more && clock::now() < closing && poll_for(one, closing, milliseconds(100)) >= 0) {
-      state = read_line(fd.get(), rest, longest_greeting);
-    }
-    if (state == line_state::ended && rest.empty()) {
-      fd.reset();  // closed by the node: an orderly end, nothing left here
-    } else {
-      fd.abort();
-    }
-  }
+  // Each node closes first, once it has the answer.
+  std::vector<socket_fd*> answered;
+  for (auto& fd : joined) answered.push_back(&fd);
+  close_after_nodes(answered);
   return sizes;
 }
 
