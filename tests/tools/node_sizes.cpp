@@ -232,6 +232,52 @@ TEST_SUITE("node sizes") {
     for (const auto& e : endings) CHECK(sizes_of(e) == sizes{1, 4, 2});
   }
 
+  TEST_CASE("a connection that floods node 0 once it has node 0's last line is reset, and node 0 ends in time") {
+    // Reads node 0's line on `fd`, then sends until node 0 resets it.
+    const auto flood = [](int fd) {
+      return std::thread([fd] {
+        char byte;
+        while (::recv(fd, &byte, 1, 0) == 1 && byte != '\n') {
+        }
+        const std::string chunk(4096, 'x');
+        while (::send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0) {
+        }
+        ::close(fd);
+      });
+    };
+    for (const bool fails : {false, true}) {
+      CAPTURE(fails);
+      const int port = cohort_run::free_port();
+      std::optional<sizes> got;
+      std::string why;
+      std::thread server([&] {
+        try {
+          got = gather_node_sizes(node(port, 3, 0, 1));
+        } catch (const std::exception& e) {
+          why = e.what();
+        }
+      });
+      std::vector<int> fds = fake_nodes(port, 3, 1, 1, 2);
+      if (fails) fds.push_back(connect_to(port));  // says nothing until told the job ends
+      std::vector<std::thread> flooders;
+      for (const int fd : fds) flooders.push_back(flood(fd));
+      std::this_thread::sleep_for(200ms);
+      const auto last = std::chrono::steady_clock::now();
+      auto other = node(port, fails ? 4 : 3, 2, 1);
+      const auto endings = run_nodes({other});
+      server.join();
+      CHECK(std::chrono::steady_clock::now() - last < 4s);
+      for (auto& t : flooders) t.join();
+      if (fails) {
+        CHECK_MESSAGE(why.find("node 2 runs with --nnodes 4") != std::string::npos, why);
+      } else {
+        CHECK(got == sizes{1, 2, 1});
+        CHECK(sizes_of(endings[0]) == sizes{1, 2, 1});
+      }
+      CHECK(binds_plainly(port));
+    }
+  }
+
   TEST_CASE("600 nodes of 7-digit counts: node 0's long answer reaches every node whole") {
     const int nnodes = 600;
     const int port = cohort_run::free_port();

@@ -203,35 +203,43 @@ std::string some_of(const std::vector<int>& ranks) {
 
 // Closes node 0's side of each of `fds` once its node has closed its own,
 // as a node does once it has node 0's last line: an orderly end that leaves
-// nothing on the master's port. What a node sends meanwhile is read and
-// dropped (a socket closed with unread bytes ends with a reset). Those
-// still open after 2 s are reset.
+// nothing on the master's port. What a node sends meanwhile (a greeting not
+// read yet) is read and dropped, as a socket closed with unread bytes ends
+// with a reset. Those that send more than a greeting, or are still open
+// after 2 s, are reset.
 void close_after_nodes(const std::vector<socket_fd*>& fds) {
-  std::vector<socket_fd*> open;
+  struct closing {
+    socket_fd* fd;
+    std::size_t read = 0;
+  };
+  std::vector<closing> open;
   for (auto* fd : fds) {
-    if (fd != nullptr && *fd) open.push_back(fd);
+    if (fd != nullptr && *fd) open.push_back({fd});
   }
   const auto until = clock::now() + std::chrono::seconds(2);
   while (!open.empty() && clock::now() < until) {
     std::vector<pollfd> polled;
-    for (const auto* fd : open) polled.push_back({fd->get(), POLLIN, 0});
+    for (const auto& o : open) polled.push_back({o.fd->get(), POLLIN, 0});
     if (poll_for(polled, until, milliseconds(100)) < 0) break;
     for (std::size_t i = polled.size(); i-- > 0;) {
       if (polled[i].revents == 0) continue;
-      char buffer[512];
+      auto& o = open[i];
+      char buffer[longest_greeting + 1];
       ssize_t n = 0;
-      while ((n = ::recv(polled[i].fd, buffer, sizeof buffer, MSG_DONTWAIT)) > 0 || (n < 0 && errno == EINTR)) {
+      while (o.read <= longest_greeting &&
+             ((n = ::recv(polled[i].fd, buffer, sizeof buffer, MSG_DONTWAIT)) > 0 || (n < 0 && errno == EINTR))) {
+        o.read += static_cast<std::size_t>(std::max<ssize_t>(n, 0));
       }
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-      if (n == 0) {
-        open[i]->reset();  // closed by the node: an orderly end
+      if (o.read <= longest_greeting && n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      if (o.read <= longest_greeting && n == 0) {
+        o.fd->reset();  // closed by the node: an orderly end
       } else {
-        open[i]->abort();
+        o.fd->abort();
       }
       open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
     }
   }
-  for (auto* fd : open) fd->abort();
+  for (const auto& o : open) o.fd->abort();
 }
 
 // Node 0: waits for a greeting from every other node, then answers each.
