@@ -248,15 +248,8 @@ TEST_SUITE("node sizes") {
     for (const bool fails : {false, true}) {
       CAPTURE(fails);
       const int port = cohort_run::free_port();
-      std::optional<sizes> got;
-      std::string why;
-      std::thread server([&] {
-        try {
-          got = gather_node_sizes(node(port, 3, 0, 1));
-        } catch (const std::exception& e) {
-          why = e.what();
-        }
-      });
+      std::vector<ending> zero;
+      std::thread server([&] { zero = run_nodes({node(port, 3, 0, 1)}); });
       std::vector<int> fds = fake_nodes(port, 3, 1, 1, 2);
       if (fails) fds.push_back(connect_to(port));  // says nothing until told the job ends
       std::vector<std::thread> flooders;
@@ -269,9 +262,10 @@ TEST_SUITE("node sizes") {
       CHECK(std::chrono::steady_clock::now() - last < 4s);
       for (auto& t : flooders) t.join();
       if (fails) {
+        const auto why = error_of(zero[0]);
         CHECK_MESSAGE(why.find("node 2 runs with --nnodes 4") != std::string::npos, why);
       } else {
-        CHECK(got == sizes{1, 2, 1});
+        CHECK(sizes_of(zero[0]) == sizes{1, 2, 1});
         CHECK(sizes_of(endings[0]) == sizes{1, 2, 1});
       }
       CHECK(binds_plainly(port));

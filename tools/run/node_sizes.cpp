@@ -201,20 +201,22 @@ std::string some_of(const std::vector<int>& ranks) {
   return text;
 }
 
-// Closes node 0's side of each of `fds` once its node has closed its own,
-// as a node does once it has node 0's last line: an orderly end that leaves
-// nothing on the master's port. What a node sends meanwhile (a greeting not
-// read yet) is read and dropped, as a socket closed with unread bytes ends
-// with a reset. Those that send more than a greeting, or are still open
-// after 2 s, are reset.
-void close_after_nodes(const std::vector<socket_fd*>& fds) {
+// Sends `line`, node 0's last, to each of `fds`, and closes each once its
+// node has closed its own end, as a node does once it has that line: an
+// orderly end that leaves nothing on the master's port. What a node sends
+// meanwhile (a greeting not read yet) is read and dropped, as a socket
+// closed with unread bytes ends with a reset. Those that send more than a
+// greeting, or are still open after 2 s, are reset.
+void send_last_line(const std::vector<socket_fd*>& fds, const std::string& line) {
   struct closing {
     socket_fd* fd;
     std::size_t read = 0;
   };
   std::vector<closing> open;
   for (auto* fd : fds) {
-    if (fd != nullptr && *fd) open.push_back({fd});
+    if (fd == nullptr || !*fd) continue;
+    send_line(fd->get(), line);
+    open.push_back({fd});
   }
   const auto until = clock::now() + std::chrono::seconds(2);
   while (!open.empty() && clock::now() < until) {
@@ -226,12 +228,13 @@ void close_after_nodes(const std::vector<socket_fd*>& fds) {
       auto& o = open[i];
       char buffer[longest_greeting + 1];
       ssize_t n = 0;
-      while (o.read <= longest_greeting &&
-             ((n = ::recv(polled[i].fd, buffer, sizeof buffer, MSG_DONTWAIT)) > 0 || (n < 0 && errno == EINTR))) {
-        o.read += static_cast<std::size_t>(std::max<ssize_t>(n, 0));
-      }
-      if (o.read <= longest_greeting && n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-      if (o.read <= longest_greeting && n == 0) {
+      do {
+        n = ::recv(polled[i].fd, buffer, sizeof buffer, MSG_DONTWAIT);
+        if (n > 0) o.read += static_cast<std::size_t>(n);
+      } while ((n > 0 && o.read <= longest_greeting) || (n < 0 && errno == EINTR));
+      const bool chatty = o.read > longest_greeting;
+      if (!chatty && n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;  // still open
+      if (!chatty && n == 0) {
         o.fd->reset();  // closed by the node: an orderly end
       } else {
         o.fd->abort();
@@ -257,19 +260,14 @@ std::optional<std::vector<int>> serve(const node_sizes_config& c) {
   std::vector<int> sizes(static_cast<std::size_t>(c.nnodes), 0);
   sizes[0] = c.nproc;
   // Tells every node that joined, every connection yet to say what it is,
-  // and `also`, the last line node 0 sends them: `why` the job ends; then
-  // closes each after its node.
+  // and `also`, `why` the job ends, as node 0's last line to them.
   const auto tell_all = [&](const std::string& why, socket_fd* also) {
-    const std::string line = "error " + why + "\n";
     std::vector<socket_fd*> told;
     for (auto& fd : joined) told.push_back(&fd);
     for (auto& p : pending) told.push_back(&p.fd);
     told.push_back(also);
     listener.reset();
-    for (auto* fd : told) {
-      if (fd != nullptr && *fd) send_line(fd->get(), line);
-    }
-    close_after_nodes(told);
+    send_last_line(told, "error " + why + "\n");
   };
   const auto fail = [&](const std::string& why, socket_fd* also) {
     tell_all(why, also);
@@ -365,14 +363,9 @@ std::optional<std::vector<int>> serve(const node_sizes_config& c) {
   listener.reset();
   for (auto& p : pending) p.fd.abort();
   pending.clear();
-  const std::string answer = fmt::format("ok {}\n", fmt::join(sizes, " "));
-  for (const auto& fd : joined) {
-    if (fd) send_line(fd.get(), answer);
-  }
-  // Each node closes first, once it has the answer.
   std::vector<socket_fd*> answered;
   for (auto& fd : joined) answered.push_back(&fd);
-  close_after_nodes(answered);
+  send_last_line(answered, fmt::format("ok {}\n", fmt::join(sizes, " ")));
   return sizes;
 }
 
