@@ -123,6 +123,36 @@ bool binds_plainly(int port) {
   return bound;
 }
 
+// A socket listening on every IPv4 address at `port`, as a program other
+// than node 0 would; with SO_REUSEADDR, as node 0 listens.
+int listening_on(int port, bool reuse_address = false) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  const int one = 1;
+  if (reuse_address) REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0);
+  const sockaddr_in a = ipv4(port, INADDR_ANY);
+  REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 4) == 0);
+  return fd;
+}
+
+// Takes `connections` connections on `listener` in turn, reads each one's
+// first line and ends it without a word: with a reset, as torch's TCPStore
+// does with bytes it does not know, or with an orderly close.
+void take_and_hang_up(int listener, int connections, bool reset) {
+  for (int i = 0; i < connections; ++i) {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    if (fd < 0) return;
+    char buffer[256];
+    (void)::recv(fd, buffer, sizeof buffer, 0);
+    if (reset) {
+      const linger now{1, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &now, sizeof now);
+    }
+    ::close(fd);
+  }
+}
+
 // Fake nodes first..last of `nnodes`, each `nproc` ranks, greeting node 0
 // at `port` from this thread; their sockets, to close.
 std::vector<int> fake_nodes(int port, int nnodes, int first, int last, int nproc) {
@@ -389,10 +419,7 @@ TEST_SUITE("node sizes") {
 
   TEST_CASE("node 0's port taken, and something else answering there: clear errors") {
     const int port = cohort_run::free_port();
-    const int taken = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    const sockaddr_in a = ipv4(port, INADDR_ANY);
-    REQUIRE(::bind(taken, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(::listen(taken, 4) == 0);
+    const int taken = listening_on(port);
     auto endings = run_nodes({node(port, 2, 0, 1)});
     CHECK_MESSAGE(error_of(endings[0]).find("cannot listen on port " + std::to_string(port)) != std::string::npos,
                   error_of(endings[0]));
@@ -408,5 +435,40 @@ TEST_SUITE("node sizes") {
     ::close(taken);
     CHECK_MESSAGE(error_of(endings[0]).find("something other than cohort-run's node 0 answers") != std::string::npos,
                   error_of(endings[0]));
+  }
+
+  TEST_CASE("a node whose greeting is taken and left unanswered three times in a row gives up at once") {
+    for (const bool reset : {true, false}) {
+      CAPTURE(reset);
+      const int port = cohort_run::free_port();
+      const int other = listening_on(port);  // a store of a job already running, say
+      std::thread hanging_up([&] { take_and_hang_up(other, 3, reset); });
+      const auto started = std::chrono::steady_clock::now();
+      const auto endings = run_nodes({node(port, 2, 1, 1, 20s)});
+      const auto took = std::chrono::steady_clock::now() - started;
+      hanging_up.join();
+      ::close(other);
+      const auto why = error_of(endings[0]);
+      const auto said = "something other than cohort-run's node 0 listens at 127.0.0.1:" + std::to_string(port);
+      CHECK_MESSAGE(why.find(said) != std::string::npos, why);
+      CHECK_MESSAGE(why.find("3 times in a row") != std::string::npos, why);
+      CHECK(took < 5s);  // not its 20 s join_timeout
+    }
+  }
+
+  TEST_CASE("one unanswered try, then node 0 started on the port: the node joins it") {
+    const int port = cohort_run::free_port();
+    const int other = listening_on(port, true);  // node 0, soon killed
+    std::optional<sizes> got;
+    std::thread first_then_zero([&] {
+      take_and_hang_up(other, 1, false);  // as node 0 killed outright ends one whose greeting it read
+      ::close(other);
+      std::this_thread::sleep_for(600ms);  // tries meanwhile find nothing listening
+      got = node_zero(node(port, 2, 0, 3));
+    });
+    const auto endings = run_nodes({node(port, 2, 1, 2)});
+    first_then_zero.join();
+    CHECK(got == sizes{3, 2});
+    CHECK(sizes_of(endings[0]) == sizes{3, 2});
   }
 }

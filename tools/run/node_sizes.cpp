@@ -373,13 +373,23 @@ std::optional<std::vector<int>> serve(const node_sizes_config& c) {
 struct try_result {
   std::optional<std::vector<int>> sizes;
   bool interrupted = false;
+  // Something took the greeting and ended the connection without a line,
+  // which node 0 never does while it lives (its errors come as a line).
+  bool unanswered = false;
 };
+
+// Tries in a row that were unanswered before a node gives up on what
+// listens at node 0's address. Node 0 killed outright ends its connections
+// unanswered too, but then nothing listens until it starts again, and that
+// try ends the row.
+constexpr int unanswered_at_most = 3;
 
 // One try of node k: connects to node 0 (any of its addresses), greets it
 // and reads its answer. Returns no sizes when it is worth trying again
 // (node 0 not listening yet, or gone before it answered), saying why in
 // `why`.
 try_result try_node_zero(const node_sizes_config& c, clock::time_point deadline, std::string& why) {
+  bool unanswered = false;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -436,6 +446,7 @@ try_result try_node_zero(const node_sizes_config& c, clock::time_point deadline,
     }
     if (state == line_state::ended) {
       why = "node 0 closed the connection before it answered";
+      unanswered = true;
       continue;
     }
     if (got.rfind("error ", 0) == 0) throw node_sizes_error("node 0 ended the job: " + got.substr(6));
@@ -448,17 +459,27 @@ try_result try_node_zero(const node_sizes_config& c, clock::time_point deadline,
     }
     return {.sizes = sizes};
   }
-  return {};
+  return {.sizes = std::nullopt, .interrupted = false, .unanswered = unanswered};
 }
 
 // Node k > 0: tries node 0 until it answers or the wait is over.
 std::optional<std::vector<int>> join(const node_sizes_config& c) {
   const auto deadline = clock::now() + c.timeout;
   std::string why = "not tried";
+  int unanswered = 0;  // tries in a row
   for (;;) {
     auto result = try_node_zero(c, deadline, why);
     if (result.interrupted) return std::nullopt;
     if (result.sizes) return result.sizes;
+    unanswered = result.unanswered ? unanswered + 1 : 0;
+    if (unanswered == unanswered_at_most) {
+      throw node_sizes_error(fmt::format(
+          "something other than cohort-run's node 0 listens at {}:{}: it took this node's greeting and closed the "
+          "connection without an answer, {} times in a row. It may be the store of a job whose ranks have started "
+          "(node 0 answers only before its ranks start: a node started again after that cannot join, and the job "
+          "must start again on every node), or another program on that port",
+          c.master_addr, c.master_port, unanswered_at_most));
+    }
     if (clock::now() >= deadline) {
       throw node_sizes_error(fmt::format(
           "node 0 did not answer at {}:{} within {} s ({}); --rdzv-conf join_timeout sets the wait. Node 0 answers "
