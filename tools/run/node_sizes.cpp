@@ -373,16 +373,17 @@ std::optional<std::vector<int>> serve(const node_sizes_config& c) {
 struct try_result {
   std::optional<std::vector<int>> sizes;
   bool interrupted = false;
-  // Something took the greeting and ended the connection without a line,
-  // which node 0 never does while it lives (its errors come as a line).
+  // Something took the greeting and ended the connection without a line.
+  // Node 0 answers every greeting it reads, its errors too, unless it is
+  // killed outright or ends as the node connects.
   bool unanswered = false;
 };
 
-// Tries in a row that were unanswered before a node gives up on what
-// listens at node 0's address. Node 0 killed outright ends its connections
-// unanswered too, but then nothing listens until it starts again, and that
-// try ends the row.
-constexpr int unanswered_at_most = 3;
+// The fewest tries in a row, unanswered over node_sizes_config's
+// `unanswered_for`, before a node gives up on what listens at node 0's
+// address: a store of an old job still ending, or node 0 killed and started
+// again, leaves a few unanswered and is then gone or answers.
+constexpr int unanswered_at_least = 3;
 
 // One try of node k: connects to node 0 (any of its addresses), greets it
 // and reads its answer. Returns no sizes when it is worth trying again
@@ -467,18 +468,23 @@ std::optional<std::vector<int>> join(const node_sizes_config& c) {
   const auto deadline = clock::now() + c.timeout;
   std::string why = "not tried";
   int unanswered = 0;  // tries in a row
+  clock::time_point unanswered_since;  // the first of them began
   for (;;) {
+    const auto began = clock::now();
     auto result = try_node_zero(c, deadline, why);
     if (result.interrupted) return std::nullopt;
     if (result.sizes) return result.sizes;
-    unanswered = result.unanswered ? unanswered + 1 : 0;
-    if (unanswered == unanswered_at_most) {
+    if (!result.unanswered) unanswered = 0;
+    else if (unanswered++ == 0) unanswered_since = began;
+    if (const auto lasted = clock::now() - unanswered_since;
+        unanswered >= unanswered_at_least && lasted >= c.unanswered_for) {
       throw node_sizes_error(fmt::format(
-          "something other than cohort-run's node 0 listens at {}:{}: it took this node's greeting and closed the "
-          "connection without an answer, {} times in a row. It may be the store of a job whose ranks have started "
-          "(node 0 answers only before its ranks start: a node started again after that cannot join, and the job "
-          "must start again on every node), or another program on that port",
-          c.master_addr, c.master_port, unanswered_at_most));
+          "something other than cohort-run's node 0 seems to listen at {}:{}: it took this node's greeting and ended "
+          "the connection without an answer, {} times in a row over {:.1f} s, where node 0 answers every greeting. It "
+          "may be the store of a job whose ranks have started (node 0 answers only before its ranks start: a node "
+          "started again after that cannot join, and the job must start again on every node), or another program "
+          "on that port",
+          c.master_addr, c.master_port, unanswered, std::chrono::duration<double>(lasted).count()));
     }
     if (clock::now() >= deadline) {
       throw node_sizes_error(fmt::format(

@@ -43,6 +43,10 @@ struct node_sizes_config {
   std::chrono::milliseconds timeout{std::chrono::seconds(600)};
   /// How long node 0 waits for a connection's line before it drops it.
   std::chrono::milliseconds greeting_timeout{std::chrono::seconds(10)};
+  /// How long a node goes on trying while each try (three at least) finds
+  /// its greeting taken and the connection ended without an answer, which
+  /// node 0 does not do, before it gives up on what listens there.
+  std::chrono::milliseconds unanswered_for{std::chrono::seconds(10)};
   /// Waits at most its argument for a shutdown signal; false once one came
   /// (the exchange then ends). By default a plain sleep.
   std::function<bool(std::chrono::milliseconds)> pause;
