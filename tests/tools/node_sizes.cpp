@@ -467,6 +467,17 @@ TEST_SUITE("node sizes") {
       CHECK(took >= 1s);
       CHECK(took < 5s);  // not its 20 s join_timeout
     }
+    // A join_timeout shorter than unanswered_for ends the wait first, with
+    // the same reason.
+    const int port = cohort_run::free_port();
+    const int other = listening_on(port);
+    std::thread hanging_up([&] { take_and_hang_up(other, true); });
+    const auto endings = run_nodes({node(port, 2, 1, 1, 1500ms)});
+    ::shutdown(other, SHUT_RDWR);
+    hanging_up.join();
+    ::close(other);
+    const auto why = error_of(endings[0]);
+    CHECK_MESSAGE(why.find("something other than cohort-run's node 0 seems to listen") != std::string::npos, why);
   }
 
   TEST_CASE("unanswered tries count only in a row: a try that finds nothing listening starts the count again") {
@@ -484,7 +495,7 @@ TEST_SUITE("node sizes") {
       got = node_zero(node(port, 2, 0, 3, 5s));
     });
     auto c = node(port, 2, 1, 2);
-    c.unanswered_for = 300ms;
+    c.unanswered_for = 0ms;  // two in a row are not yet enough, however long
     const auto endings = run_nodes({c});
     hang_ups_then_zero.join();
     CHECK(got == sizes{3, 2});

@@ -474,10 +474,16 @@ std::optional<std::vector<int>> join(const node_sizes_config& c) {
     auto result = try_node_zero(c, deadline, why);
     if (result.interrupted) return std::nullopt;
     if (result.sizes) return result.sizes;
-    if (!result.unanswered) unanswered = 0;
-    else if (unanswered++ == 0) unanswered_since = began;
+    const bool over = clock::now() >= deadline;
+    // A try cut short by the deadline tells nothing of what listens.
+    if (result.unanswered) {
+      if (unanswered++ == 0) unanswered_since = began;
+    } else if (!over) {
+      unanswered = 0;
+    }
+    // At the deadline, a row long enough says more than the timeout.
     if (const auto lasted = clock::now() - unanswered_since;
-        unanswered >= unanswered_at_least && lasted >= c.unanswered_for) {
+        unanswered >= unanswered_at_least && (lasted >= c.unanswered_for || over)) {
       throw node_sizes_error(fmt::format(
           "something other than cohort-run's node 0 seems to listen at {}:{}: it took this node's greeting and ended "
           "the connection without an answer, {} times in a row over {:.1f} s, where node 0 answers every greeting. It "
@@ -486,7 +492,7 @@ std::optional<std::vector<int>> join(const node_sizes_config& c) {
           "on that port",
           c.master_addr, c.master_port, unanswered, std::chrono::duration<double>(lasted).count()));
     }
-    if (clock::now() >= deadline) {
+    if (over) {
       throw node_sizes_error(fmt::format(
           "node 0 did not answer at {}:{} within {} s ({}); --rdzv-conf join_timeout sets the wait. Node 0 answers "
           "only before its ranks start: a node started again after that cannot join, and the job must start again "

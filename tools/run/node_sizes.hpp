@@ -45,7 +45,9 @@ struct node_sizes_config {
   std::chrono::milliseconds greeting_timeout{std::chrono::seconds(10)};
   /// How long a node goes on trying while each try (three at least) finds
   /// its greeting taken and the connection ended without an answer, which
-  /// node 0 does not do, before it gives up on what listens there.
+  /// node 0 does only when killed outright or ending, before it gives up on
+  /// what listens there. A shorter `timeout` ends the wait first, with the
+  /// same reason once three such tries came.
   std::chrono::milliseconds unanswered_for{std::chrono::seconds(10)};
   /// Waits at most its argument for a shutdown signal; false once one came
   /// (the exchange then ends). By default a plain sleep.
