@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -17,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -422,6 +424,42 @@ TEST_SUITE("node sizes") {
     const auto why = error_of(endings[1]);
     CHECK_MESSAGE(why.find("node 0 was stopped by a signal") != std::string::npos, why);
     CHECK(binds_plainly(port));
+  }
+
+  TEST_CASE("a resolver that does not answer holds a node no longer than its timeout, or a signal") {
+    // Answers after 8 s at most (so that a node that waits for it cannot
+    // hang the test), or once released; it owns what it shares, since it
+    // may outlive the node's wait on its thread.
+    const auto released = std::make_shared<std::atomic<bool>>(false);
+    const auto slow = [released](const char* host, const char* service, const addrinfo* hints, addrinfo** found) {
+      const auto until = std::chrono::steady_clock::now() + 8s;
+      while (!released->load() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+      return ::getaddrinfo(host, service, hints, found);
+    };
+    const int port = cohort_run::free_port();
+    auto c = node(port, 2, 1, 1, 1s);
+    c.resolve = slow;
+    auto started = std::chrono::steady_clock::now();
+    auto endings = run_nodes({c});
+    const auto why = error_of(endings[0]);
+    CHECK_MESSAGE(why.find("(resolving 127.0.0.1 took longer than the wait)") != std::string::npos, why);
+    CHECK(std::chrono::steady_clock::now() - started < 4s);
+    c.timeout = 20s;
+    const auto until = std::chrono::steady_clock::now() + 300ms;
+    c.pause = [until](std::chrono::milliseconds d) {
+      std::this_thread::sleep_for(d);
+      return std::chrono::steady_clock::now() < until;
+    };
+    started = std::chrono::steady_clock::now();
+    endings = run_nodes({c});
+    CHECK(sizes_of(endings[0]) == std::nullopt);
+    CHECK(std::chrono::steady_clock::now() - started < 4s);
+    released->store(true);
+    // A name that does not resolve is said as such.
+    c = node(port, 2, 1, 1, 600ms);
+    c.resolve = [](const char*, const char*, const addrinfo*, addrinfo**) { return EAI_NONAME; };
+    endings = run_nodes({c});
+    CHECK_MESSAGE(error_of(endings[0]).find("127.0.0.1 does not resolve") != std::string::npos, error_of(endings[0]));
   }
 
   TEST_CASE("node 0's port taken, and something else answering there: clear errors") {

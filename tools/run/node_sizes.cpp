@@ -13,8 +13,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -385,23 +388,79 @@ struct try_result {
 // again, leaves a few unanswered and is then gone or answers.
 constexpr int unanswered_at_least = 3;
 
+// A lookup of node 0's address, shared by the node and the thread that
+// resolves it, which may outlive the node's wait.
+struct lookup {
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+  int rc = 0;
+  addrinfo* found = nullptr;
+  ~lookup() {
+    if (found != nullptr) ::freeaddrinfo(found);
+  }
+};
+
+// Resolves node 0's address on a thread of its own and waits for it until
+// the deadline or a shutdown signal: a resolver that does not answer (a
+// name server out of reach) holds the node no longer than its wait. The
+// addresses, or none with `why` said; `interrupted` when a signal came.
+std::shared_ptr<lookup> resolve_node_zero(const node_sizes_config& c, clock::time_point deadline, std::string& why,
+                                          bool& interrupted) {
+  auto l = std::make_shared<lookup>();
+  const auto resolve = [l, host = c.master_addr, service = std::to_string(c.master_port), fn = c.resolve] {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = fn ? fn(host.c_str(), service.c_str(), &hints, &found)
+                      : ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+    const std::lock_guard lock(l->mutex);
+    l->rc = rc;
+    l->found = found;
+    l->done = true;
+    l->done_cv.notify_all();
+  };
+  try {
+    std::thread(resolve).detach();
+  } catch (const std::system_error&) {
+    resolve();  // no thread to be had: resolved here, unbounded
+  }
+  // A name in /etc/hosts resolves at once; a wait for a name server looks
+  // for a signal every 100 ms. Given 100 ms at least, even at the deadline,
+  // so that the last try says what a name's lookup says.
+  for (bool first = true;; first = false) {
+    std::unique_lock lock(l->mutex);
+    const auto next = clock::now() + milliseconds(100);
+    if (l->done_cv.wait_until(lock, first ? next : std::min(next, deadline), [&] { return l->done; })) break;
+    lock.unlock();
+    if (!pause_for(c, milliseconds(0))) {
+      interrupted = true;
+      return nullptr;
+    }
+    if (clock::now() >= deadline) {
+      why = fmt::format("resolving {} took longer than the wait", c.master_addr);
+      return nullptr;
+    }
+  }
+  if (l->rc != 0) {
+    why = fmt::format("{} does not resolve: {}", c.master_addr, ::gai_strerror(l->rc));
+    return nullptr;
+  }
+  return l;
+}
+
 // One try of node k: connects to node 0 (any of its addresses), greets it
 // and reads its answer. Returns no sizes when it is worth trying again
 // (node 0 not listening yet, or gone before it answered), saying why in
 // `why`.
 try_result try_node_zero(const node_sizes_config& c, clock::time_point deadline, std::string& why) {
   bool unanswered = false;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const std::string port = std::to_string(c.master_port);
-  if (const int rc = ::getaddrinfo(c.master_addr.c_str(), port.c_str(), &hints, &found); rc != 0) {
-    why = fmt::format("{} does not resolve: {}", c.master_addr, ::gai_strerror(rc));
-    return {};
-  }
-  const std::unique_ptr<addrinfo, void (*)(addrinfo*)> addresses(found, ::freeaddrinfo);
-  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+  bool interrupted = false;
+  const auto addresses = resolve_node_zero(c, deadline, why, interrupted);
+  if (interrupted) return {.sizes = std::nullopt, .interrupted = true};
+  if (!addresses) return {};
+  for (const addrinfo* a = addresses->found; a != nullptr; a = a->ai_next) {
     socket_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
     if (!fd) {
       why = std::strerror(errno);

@@ -17,6 +17,8 @@
 // every node that has joined, with the reason.
 #pragma once
 
+#include <netdb.h>
+
 #include <chrono>
 #include <functional>
 #include <optional>
@@ -52,6 +54,10 @@ struct node_sizes_config {
   /// Waits at most its argument for a shutdown signal; false once one came
   /// (the exchange then ends). By default a plain sleep.
   std::function<bool(std::chrono::milliseconds)> pause;
+  /// Resolves node 0's address as getaddrinfo does (the default). It runs
+  /// on a thread of its own, so that a resolver that does not answer
+  /// holds the node no longer than its `timeout` or a shutdown signal.
+  std::function<int(const char* host, const char* service, const addrinfo* hints, addrinfo** found)> resolve;
 };
 
 /// Each node's rank count, by node rank; nullopt when `pause` said a
