@@ -380,6 +380,9 @@ struct try_result {
   // Node 0 answers every greeting it reads, its errors too, unless it is
   // killed outright or ends as the node connects.
   bool unanswered = false;
+  // Node 0's address was not found: no lookup answered in time, or it
+  // said the name does not resolve.
+  bool unresolved = false;
 };
 
 // The fewest tries in a row, unanswered over node_sizes_config's
@@ -459,7 +462,7 @@ try_result try_node_zero(const node_sizes_config& c, clock::time_point deadline,
   bool interrupted = false;
   const auto addresses = resolve_node_zero(c, deadline, why, interrupted);
   if (interrupted) return {.sizes = std::nullopt, .interrupted = true};
-  if (!addresses) return {};
+  if (!addresses) return {.sizes = std::nullopt, .interrupted = false, .unanswered = false, .unresolved = true};
   for (const addrinfo* a = addresses->found; a != nullptr; a = a->ai_next) {
     socket_fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
     if (!fd) {
@@ -550,6 +553,11 @@ std::optional<std::vector<int>> join(const node_sizes_config& c) {
           "started again after that cannot join, and the job must start again on every node), or another program "
           "on that port",
           c.master_addr, c.master_port, unanswered, std::chrono::duration<double>(lasted).count()));
+    }
+    if (over && result.unresolved) {
+      throw node_sizes_error(fmt::format("node 0's address was not found within {} s ({}); --rdzv-conf join_timeout "
+                                         "sets the wait",
+                                         seconds_of(c.timeout), why));
     }
     if (over) {
       throw node_sizes_error(fmt::format(

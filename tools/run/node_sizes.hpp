@@ -17,14 +17,14 @@
 // every node that has joined, with the reason.
 #pragma once
 
-#include <netdb.h>
-
 #include <chrono>
 #include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+struct addrinfo;
 
 namespace cohort_run {
 
@@ -56,7 +56,9 @@ struct node_sizes_config {
   std::function<bool(std::chrono::milliseconds)> pause;
   /// Resolves node 0's address as getaddrinfo does (the default). It runs
   /// on a thread of its own, so that a resolver that does not answer
-  /// holds the node no longer than its `timeout` or a shutdown signal.
+  /// holds the node no longer than its `timeout` or a shutdown signal: it
+  /// may still run after gather_node_sizes has returned, and must own what
+  /// it uses.
   std::function<int(const char* host, const char* service, const addrinfo* hints, addrinfo** found)> resolve;
 };
 
