@@ -411,22 +411,19 @@ struct lookup {
 std::shared_ptr<lookup> resolve_node_zero(const node_sizes_config& c, clock::time_point deadline, std::string& why,
                                           bool& interrupted) {
   auto l = std::make_shared<lookup>();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  const std::string service = std::to_string(c.master_port);
   if (!c.resolve) {
     // An address given as numbers asks no name server: read here, with no
     // thread, as most jobs give it.
-    addrinfo numeric{};
-    numeric.ai_family = AF_UNSPEC;
-    numeric.ai_socktype = SOCK_STREAM;
+    addrinfo numeric = hints;
     numeric.ai_flags = AI_NUMERICHOST;
-    if (::getaddrinfo(c.master_addr.c_str(), std::to_string(c.master_port).c_str(), &numeric, &l->found) == 0) {
-      return l;
-    }
+    if (::getaddrinfo(c.master_addr.c_str(), service.c_str(), &numeric, &l->found) == 0) return l;
     l->found = nullptr;
   }
-  const auto resolve = [l, host = c.master_addr, service = std::to_string(c.master_port), fn = c.resolve] {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
+  const auto resolve = [l, hints, host = c.master_addr, service, fn = c.resolve] {
     addrinfo* found = nullptr;
     const int rc = fn ? fn(host.c_str(), service.c_str(), &hints, &found)
                       : ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
