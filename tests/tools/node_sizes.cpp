@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -41,6 +42,16 @@ node_sizes_config node(int port, int nnodes, int node_rank, int nproc, std::chro
   c.nproc = nproc;
   c.timeout = timeout;
   return c;
+}
+
+// A pause that sleeps as asked and says a shutdown signal came once
+// `after` has passed from now.
+std::function<bool(std::chrono::milliseconds)> signal_after(std::chrono::milliseconds after) {
+  const auto until = std::chrono::steady_clock::now() + after;
+  return [until](std::chrono::milliseconds d) {
+    std::this_thread::sleep_for(d);
+    return std::chrono::steady_clock::now() < until;
+  };
 }
 
 // What one node came to: its sizes, nothing (interrupted), or its error.
@@ -405,11 +416,7 @@ TEST_SUITE("node sizes") {
     for (const int rank : {0, 1}) {
       CAPTURE(rank);
       auto c = node(port, 2, rank, 1);
-      const auto until = std::chrono::steady_clock::now() + 300ms;
-      c.pause = [until](std::chrono::milliseconds d) {
-        std::this_thread::sleep_for(d);
-        return std::chrono::steady_clock::now() < until;
-      };
+      c.pause = signal_after(300ms);
       const auto started = std::chrono::steady_clock::now();
       const auto endings = run_nodes({c});
       CHECK(sizes_of(endings[0]) == std::nullopt);
@@ -418,11 +425,7 @@ TEST_SUITE("node sizes") {
     // Node 0 stopped with a node joined: that node is told, and the port is
     // left free.
     auto zero = node(port, 3, 0, 1);
-    const auto until = std::chrono::steady_clock::now() + 500ms;
-    zero.pause = [until](std::chrono::milliseconds d) {
-      std::this_thread::sleep_for(d);
-      return std::chrono::steady_clock::now() < until;
-    };
+    zero.pause = signal_after(500ms);
     const auto endings = run_nodes({zero, node(port, 3, 1, 1)});
     CHECK(sizes_of(endings[0]) == std::nullopt);
     const auto why = error_of(endings[1]);
@@ -451,11 +454,7 @@ TEST_SUITE("node sizes") {
     CHECK_MESSAGE(why.find(said) != std::string::npos, why);
     CHECK(std::chrono::steady_clock::now() - started < 4s);
     c.timeout = 20s;
-    const auto until = std::chrono::steady_clock::now() + 300ms;
-    c.pause = [until](std::chrono::milliseconds d) {
-      std::this_thread::sleep_for(d);
-      return std::chrono::steady_clock::now() < until;
-    };
+    c.pause = signal_after(300ms);
     started = std::chrono::steady_clock::now();
     endings = run_nodes({c});
     CHECK(sizes_of(endings[0]) == std::nullopt);
