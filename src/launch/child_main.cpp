@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -116,8 +117,6 @@ COHORT_FORKED_CHILD_PATH void run_on(const entry_stack& stack) {
   cohort_entry_stack_switch(reinterpret_cast<void*>(top & ~std::uintptr_t{15}), entry_stack_main);
 }
 #else
-#include <ucontext.h>
-
 // Runs entry_stack_main on `stack`, and returns when it does.
 COHORT_FORKED_CHILD_PATH void run_on(const entry_stack& stack) {
   ucontext_t caller{}, callee{};
