@@ -129,6 +129,115 @@ struct scratch {
 
 }  // namespace
 
+// A console of the group's streams, one for each file the consoles are
+// (stdout and stderr that are one pipe share one). A pump never waits for
+// it in a write: what it does not take at once stays in its backlog, and
+// the streams stop reading until it has taken that, waiting on the io
+// context; the group meanwhile goes on seeing exits and signals, whoever
+// stops reading the console (a paused terminal, `| less`). Only once the
+// pumps are stopped (drain's limit) do the writes wait for it, as a plain
+// program's last writes do.
+struct console_out {
+  int given = -1;         // the caller's descriptor
+  int fd = -1;            // what is written: `given`, or `reopened`
+  os::owned_fd reopened;  // a pipe or terminal opened again non-blocking, its flags our own
+  bool socket = false;    // written with send(MSG_DONTWAIT)
+  bool waits = false;     // a write can answer EAGAIN; otherwise it waits in the kernel, as to a file
+  bool pipe = false;      // a write can raise SIGPIPE: see os/quiet_sigpipe.hpp
+  dev_t device = 0;
+  ino_t inode = 0;
+  // Under console_mutex:
+  std::string backlog;    // lines it has not taken, from `taken` on
+  std::size_t taken = 0;
+  int error = 0;          // why it refused a write; it is then lost
+  std::atomic<bool> full = false;  // a backlog waits: the streams read no more
+};
+
+namespace {
+
+// The console at `fd`, made ready for writes that do not wait: a
+// descriptor that is non-blocking already, a socket (send's MSG_DONTWAIT),
+// or a pipe or terminal opened again through /proc with O_NONBLOCK, which
+// leaves the flags of the caller's own descriptor alone. A plain file is
+// written as it is (its writes end without a reader), and so is anything
+// that cannot be opened again.
+std::unique_ptr<console_out> open_console(int fd) {
+  auto c = std::make_unique<console_out>();
+  c->given = c->fd = fd;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return c;
+  c->device = st.st_dev;
+  c->inode = st.st_ino;
+  c->pipe = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode);
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0 && (flags & O_NONBLOCK) != 0) {
+    c->waits = true;
+  } else if (S_ISSOCK(st.st_mode)) {
+    c->socket = c->waits = true;
+  } else if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
+    char path[48];
+    std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    os::owned_fd again(::open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+    struct stat same {};
+    if (again.get() >= 0 && ::fstat(again.get(), &same) == 0 && same.st_dev == st.st_dev && same.st_ino == st.st_ino) {
+      c->fd = again.get();
+      c->reopened = std::move(again);
+      c->waits = true;
+    }
+  }
+  return c;
+}
+
+enum class offered { all, later, refused };
+
+// Writes `c`'s backlog, then `size` bytes of `data`, under console_mutex.
+// What the console does not take at once is kept in the backlog (`later`)
+// unless `block`, when the write waits for it; `refused` with c.error set
+// when the console refuses it (its reader has gone: EPIPE, never SIGPIPE).
+offered put(console_out& c, const char* data, std::size_t size, bool block) {
+  std::optional<os::quiet_sigpipe> quiet;
+  if (c.pipe && !c.socket) quiet.emplace();
+  // 0 once all of a piece is written, else the errno that stopped it.
+  const auto write_out = [&](const char*& at, std::size_t& left) {
+    while (left > 0) {
+      const ssize_t n = c.socket ? ::send(c.fd, at, left, MSG_DONTWAIT | MSG_NOSIGNAL) : ::write(c.fd, at, left);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN) return errno;
+        if (!block && c.waits) return EAGAIN;
+        pollfd p{c.fd, POLLOUT, 0};
+        ::poll(&p, 1, -1);
+        continue;
+      }
+      at += n;
+      left -= static_cast<std::size_t>(n);
+    }
+    return 0;
+  };
+  const char* old = c.backlog.data() + c.taken;
+  std::size_t old_left = c.backlog.size() - c.taken;
+  int error = write_out(old, old_left);
+  c.taken = c.backlog.size() - old_left;
+  if (error == 0) {
+    c.backlog.clear();
+    c.taken = 0;
+    error = write_out(data, size);
+  }
+  if (error == EAGAIN) {
+    c.backlog.append(data, size);
+    c.full = true;
+    return offered::later;
+  }
+  c.backlog.clear();
+  c.taken = 0;
+  c.full = false;
+  if (error == 0) return offered::all;
+  c.error = error;
+  return offered::refused;
+}
+
+}  // namespace
+
 struct group_logs::state {
   std::vector<log_stream> streams;
   // A read is delivered before its pump waits again, so the streams share
@@ -165,6 +274,7 @@ struct group_logs::state {
   std::atomic<bool> stop_followers = false, stop_pumps = false;
   std::function<void()> on_busy;  // logs_spec::on_busy
   std::atomic<bool> told_busy = false;
+  std::vector<std::unique_ptr<console_out>> consoles;  // the streams' `out`
 };
 
 namespace {
@@ -243,11 +353,19 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
     }
   }
   const int console[2] = {spec.console_out >= 0 ? spec.console_out : 1, spec.console_err >= 0 ? spec.console_err : 2};
-  const bool console_is_pipe[2] = {is_pipe(console[0]), is_pipe(console[1])};
   const std_streams which[2] = {std_streams::out, std_streams::err};
   const char* file_names[2] = {"stdout.log", "stderr.log"};
   auto& s = *state_;
   s.on_busy = spec.on_busy;
+  // The console at `fd`, opened on its first stream; one for each file.
+  const auto console_of = [&s](int fd) {
+    struct stat st {};
+    const bool known = ::fstat(fd, &st) == 0;
+    for (const auto& c : s.consoles) {
+      if (c->given == fd || (known && c->device == st.st_dev && c->inode == st.st_ino)) return c.get();
+    }
+    return s.consoles.emplace_back(open_console(fd)).get();
+  };
   s.ranks.resize(static_cast<std::size_t>(nprocs));
   s.streams.reserve(static_cast<std::size_t>(nprocs) * 2);
   for (int rank = 0; rank < nprocs; ++rank) {
@@ -275,7 +393,7 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
         auto& stream = s.streams.emplace_back();
         if (to_file) stream.file_path = (folder / file_names[i]).string();
         stream.console = console[i];
-        stream.console_is_pipe = console_is_pipe[i];
+        stream.out = console_of(console[i]);
         stream.prefix = expand_prefix(spec.prefix, role, spec.first_rank + rank, rank);
         return stream;
       };
@@ -356,7 +474,7 @@ void add_error(group_logs::state& st, std::string message) {
 // The console of `s` refused a write (its reader has gone: EPIPE): its
 // streams go on to their files only. Told once for each console.
 void lose_console(group_logs::state& st, log_stream& s) {
-  const int error = errno;
+  const int error = s.out->error;
   const int console = s.console;
   s.console = -1;
   std::lock_guard lock(st.errors_mutex);
@@ -437,7 +555,27 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
   }
   if (!lines.empty()) {
     std::lock_guard lock(console_mutex);
-    if (!write_all(s.console, s.console_is_pipe, lines.data(), lines.size())) lose_console(st, s);
+    if (put(*s.out, lines.data(), lines.size(), st.stop_pumps) == offered::refused) lose_console(st, s);
+  }
+}
+
+// Whether the console of `s` holds lines back: the stream then reads no
+// more until console_room.
+bool console_full(const log_stream& s) { return s.console >= 0 && s.out->full; }
+
+// Waits until the console of `s` has taken its backlog, without holding
+// the thread; once the pumps are stopped, the writes wait for it instead.
+asio::awaitable<void> console_room(group_logs::state& st, log_stream& s, const asio::any_io_executor& executor) {
+  while (console_full(s)) {
+    bool block = st.stop_pumps;
+    if (!block) {
+      std::error_code ec;
+      co_await uring::async_poll(executor, s.out->fd, POLLOUT, asio::redirect_error(asio::use_awaitable, ec));
+      // A wait that fails for any other reason than a stop would fail again: the write waits.
+      block = ec && ec != std::errc::interrupted && ec != asio::error::operation_aborted;
+    }
+    std::lock_guard lock(console_mutex);
+    if (s.console >= 0 && put(*s.out, nullptr, 0, block || st.stop_pumps) == offered::refused) lose_console(st, s);
   }
 }
 
@@ -462,6 +600,7 @@ void tell_busy(group_logs::state& st) noexcept {
 // ended (or cannot be read), true while it is open.
 bool read_available(group_logs::state& st, log_stream& s) {
   for (;;) {
+    if (console_full(s)) return true;  // read on once the console has room
     const borrowed_scratch scratch(st);
     const ssize_t n = ::read(s.source.get(), scratch->data.get(), read_size);
     if (n > 0) {
@@ -509,17 +648,11 @@ void end_stream(group_logs::state& st, log_stream& s) {
   if (!s.pending.empty() && s.console >= 0) {
     const std::string out = s.prefix + s.pending + '\n';
     std::lock_guard lock(console_mutex);
-    if (!write_all(s.console, s.console_is_pipe, out.data(), out.size())) lose_console(st, s);
+    if (put(*s.out, out.data(), out.size(), st.stop_pumps) == offered::refused) lose_console(st, s);
   }
   s.pending.clear();
   s.source.reset();
   s.file.reset();
-}
-
-// The end of a piped stream: what is left in the pipe, then the rest.
-void finish_stream(group_logs::state& st, log_stream& s) {
-  read_available(st, s);
-  end_stream(st, s);
 }
 
 // A pump, follower or watcher has ended; the last one tells drain().
@@ -537,13 +670,19 @@ asio::awaitable<void> pump(std::shared_ptr<group_logs::state> state, std::size_t
   auto executor = co_await asio::this_coro::executor;
   co_await asio::this_coro::throw_if_cancelled(false);  // a late signal must not throw past the end below
   for (bool open = true; open && !st.stop_pumps;) {
+    co_await console_room(st, s, executor);
     std::error_code ec;
     co_await uring::async_poll(executor, s.source.get(), POLLIN, asio::redirect_error(asio::use_awaitable, ec));
     if (ec == std::errc::interrupted) continue;
     if (ec) break;
     open = read_available(st, s);
   }
-  finish_stream(st, s);
+  // What is left in the pipe, then the partial line; the console takes
+  // all of it before the pump ends.
+  do co_await console_room(st, s, executor);
+  while (read_available(st, s) && console_full(s));
+  end_stream(st, s);
+  co_await console_room(st, s, executor);
   ended(state, group_strand);
 }
 
@@ -600,7 +739,11 @@ asio::awaitable<void> follow(std::shared_ptr<group_logs::state> state, std::size
     s.kicked = false;
     const bool last = st.stop_followers;  // taken before the reads: they then see all the ranks wrote
     std::size_t took = 0;
-    while (read_followed(st, s, took)) co_await asio::post(executor, asio::use_awaitable);
+    for (;;) {
+      co_await console_room(st, s, executor);
+      if (!read_followed(st, s, took)) break;
+      co_await asio::post(executor, asio::use_awaitable);
+    }
     if (last) break;
     const bool busy = own_watch && took >= (armed ? busy_bytes : 1);
     if (busy || polled_only) {
@@ -619,6 +762,7 @@ asio::awaitable<void> follow(std::shared_ptr<group_logs::state> state, std::size
     }
   }
   end_stream(st, s);
+  co_await console_room(st, s, executor);
   ended(state, group_strand);
 }
 

@@ -21,6 +21,8 @@
 
 namespace cohort::detail {
 
+struct console_out;
+
 /// One stream of one rank that reaches the console through this process.
 struct log_stream {
   /// What is read: the rank's log file, which the rank writes itself
@@ -41,9 +43,7 @@ struct log_stream {
   os::owned_fd file;     ///< a pipe's log file, written here, or none
   std::string file_path;  ///< for messages
   int console = -1;  ///< where its lines go, or -1
-  /// A write to it can raise SIGPIPE (a pipe or a socket), which the
-  /// pump keeps from this process: see os/quiet_sigpipe.hpp.
-  bool console_is_pipe = false;
+  console_out* out = nullptr;  ///< how they are written there (logs.cpp)
   bool file_is_pipe = false;
   std::string prefix;
   std::string pending;  ///< the start of a line whose newline has not come yet

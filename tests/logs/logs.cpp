@@ -445,6 +445,61 @@ TEST_CASE("a console whose reader has gone: no SIGPIPE here, the ranks run on, t
   }
 }
 
+TEST_CASE("a console nobody reads holds up neither the first failure nor the shutdown, and gets every line once read") {
+  bool through_pipes = false, files = true;
+  SUBCASE("followed") {}
+  SUBCASE("through pipes") { through_pipes = true; }
+  SUBCASE("console only") { files = false; }
+  test::temp_dir dir;
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  // Rank 0 writes far more than the console's pipe holds and waits; rank 1
+  // fails a second in. A pump that waited in its write to the console
+  // would see rank 1's exit, and end rank 0, only once the console is read.
+  const fs::path ended = dir.path / "rank-0-ended";
+  auto spec = shell_ranks(2, "if [ $R = 0 ]; then trap 'touch " + ended.string() +
+                                 "; exit 143' TERM; seq 1 100000; sleep 60 & wait; else sleep 1; exit 3; fi");
+  if (files) {
+    spec.logs.dir = dir.path;
+    spec.logs.tee = std_streams::all;
+    spec.logs.tee_through_pipes = through_pipes;
+  } else {
+    spec.logs.prefix_all = true;
+  }
+  spec.logs.console_out = console[1];
+  std::atomic<bool> ended_unread = false;
+  std::string text;
+  std::thread reader([&] {
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (!fs::exists(ended) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+    ended_unread = fs::exists(ended);
+    char buffer[65536];
+    for (ssize_t n; (n = ::read(console[0], buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<std::size_t>(n));
+  });
+  const auto r = run_group(spec);
+  ::close(console[1]);
+  reader.join();
+  ::close(console[0]);
+  CHECK(ended_unread);
+  REQUIRE(r.first_failure() != nullptr);
+  CHECK(r.first_failure()->rank == 1);
+  CHECK(r.first_failure()->status.code() == 3);
+  CHECK(r.log_errors.empty());
+  // Rank 0's lines came whole and in order, from 1 on: all it wrote.
+  std::string expected_console, expected_file;
+  int count = 0;
+  std::string out_of_order;
+  for (const auto& line : lines_of(text)) {
+    if (line.starts_with("[worker1]")) continue;
+    ++count;
+    if (out_of_order.empty() && line != "[worker0]:" + std::to_string(count)) out_of_order = line;
+    expected_file += std::to_string(count) + "\n";
+  }
+  CHECK(out_of_order == "");
+  CHECK(count > 1000);
+  if (files) CHECK(test::read_file(dir.path / "none" / "attempt_0" / "0" / "stdout.log") == expected_file);
+}
+
 TEST_CASE("bad logs are errors before any rank starts") {
   test::temp_dir dir;
   const auto descriptors = test::open_fd_count();
