@@ -850,6 +850,16 @@ TEST_SUITE("cohort-run") {
     CHECK(r.status.code() == 2);
     CHECK(r.err.find("ambiguous option: --rdzv could match --rdzv-backend") != std::string::npos);
     CHECK(r.err.find("--rdzv-endpoint") != std::string::npos);
+    // A prefix of one of torchrun's flags and of cohort-run's own means
+    // torchrun's (--te: --tee, not --tee-through-pipes), and a short flag
+    // takes its value after '=' as torchrun's parser does (-n=2).
+    test::temp_dir torchruns;
+    r = run_launcher({"--te", "0", "-n=2", "--", "/bin/sh", "-c", dump_contract, torchruns.path.string()});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(variables_in(torchruns.path / "1")["WORLD_SIZE"] == "2");
+    r = run_launcher({"-m=1", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK(r.err.find("-m: takes no value, '1' given") != std::string::npos);
     // The program's own arguments are its own, after "--" or without it.
     test::temp_dir own;
     const std::string echo = "echo \"$@\" > \"$0/$RANK\"";

@@ -77,28 +77,38 @@ void parse_nnodes(const std::string& text, run_options& o) {
   if (o.min_nodes > o.max_nodes) throw bad();
 }
 
+// The long names that are cohort-run's own, not torchrun's: a prefix that
+// also starts one of torchrun's names means torchrun's, so that a command
+// line torchrun reads means the same here (--te: --tee, not also
+// --tee-through-pipes; --ru: --run-path, not also --run-id).
+bool own_name(std::string_view long_name) {
+  static constexpr std::string_view own[] = {"run-id",      "run_id",      "grace-period",      "grace_period",
+                                             "result-json", "result_json", "tee-through-pipes", "tee_through_pipes",
+                                             "python",      "version"};
+  return std::ranges::find(own, long_name) != std::end(own);
+}
+
 // The option of `app` named by long name `name` (no dashes) or, as
 // torchrun's parser takes them, by a prefix of its long names; nullptr for
 // none. A prefix several options' names start with is refused, as torchrun
-// refuses it; one that only several spellings of the same option start
-// with (--nproc: --nproc-per-node, --nproc_per_node) names that option.
+// refuses it, unless only one of those options is torchrun's (own_name);
+// one that only several spellings of the same option start with (--nproc:
+// --nproc-per-node, --nproc_per_node) names that option.
 const CLI::Option* long_option(const CLI::App& app, const std::string& name) {
-  const CLI::Option* found = nullptr;
   std::vector<std::string> matches;
-  bool ambiguous = false;
+  std::vector<const CLI::Option*> options, torchruns;  // each once
   for (const CLI::Option* option : app.get_options()) {
     for (const auto& long_name : option->get_lnames()) {
       if (long_name == name) return option;
       if (long_name.rfind(name, 0) != 0) continue;
       matches.push_back("--" + long_name);
-      ambiguous = ambiguous || (found != nullptr && found != option);
-      found = option;
+      if (std::ranges::find(options, option) == options.end()) options.push_back(option);
+      if (!own_name(long_name) && std::ranges::find(torchruns, option) == torchruns.end()) torchruns.push_back(option);
     }
   }
-  if (ambiguous) {
-    throw usage_error(fmt::format("ambiguous option: --{} could match {}", name, fmt::join(matches, ", ")));
-  }
-  return found;
+  if (options.size() <= 1) return options.empty() ? nullptr : options.front();
+  if (torchruns.size() == 1) return torchruns.front();
+  throw usage_error(fmt::format("ambiguous option: --{} could match {}", name, fmt::join(matches, ", ")));
 }
 
 // Whether `arg`, given where an option's value belongs, is an option to
@@ -146,6 +156,18 @@ std::vector<std::string> written_out(const CLI::App& app, int argc, char** argv)
     } else {
       option = app.get_option_no_throw(arg.substr(0, 2));
       value_attached = arg.size() > 2;
+      if (option != nullptr && value_attached && arg[2] == '=') {
+        // As torchrun's parser reads "-t=3": the value after the '='.
+        if (option->get_expected_max() == 0) {
+          throw usage_error(fmt::format("{}: takes no value, '{}' given", arg.substr(0, 2), arg.substr(3)));
+        }
+        args[i] = arg.substr(0, 2) + arg.substr(3);
+        if (arg.size() == 3) {  // "-t=": the empty value, as for "--tee="
+          args[i] = arg.substr(0, 2);
+          args.insert(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, std::string());
+          value_attached = false;
+        }
+      }
     }
     if (option == nullptr || option->get_expected_max() == 0 || value_attached) continue;
     // Its value, the next argument, unless that reads as an option (or is
