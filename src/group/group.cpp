@@ -39,6 +39,7 @@
 
 #include <signal.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -877,12 +878,29 @@ asio::awaitable<run_result> group::wait_for(std::shared_ptr<detail::group_state>
 namespace detail {
 
 // An output file the ranks' options name, opened once here (as spawn
-// opens it) and given to every rank that names it (the same path and
-// flags), as `prog > file` shares one: opened by each rank, each would
-// truncate it and write over the others from its start. `opened` holds
-// the descriptors until the ranks have their copies.
+// opens it) and given to every rank that names it (the same file, however
+// its path is spelled, and the same flags), as `prog > file` shares one:
+// opened by each rank, each would truncate it and write over the others
+// from its start. `opened` holds the descriptors until the ranks have
+// their copies.
 void share_output_files(std::vector<spawn_options>& options, std::vector<os::owned_fd>& opened) {
   std::map<std::pair<std::string, int>, int> by_file;
+  struct opened_file {
+    dev_t device;
+    ino_t inode;
+    int flags, fd;
+  };
+  std::vector<opened_file> files;  // by what each path opened: `./x`, a link to x and x are one
+  // `fd`, or the descriptor of the same file opened before with the same flags.
+  const auto same_as_before = [&](int fd, int flags) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return fd;
+    for (const auto& f : files) {
+      if (f.device == st.st_dev && f.inode == st.st_ino && f.flags == flags) return f.fd;
+    }
+    files.push_back({st.st_dev, st.st_ino, flags, fd});
+    return fd;
+  };
   const auto share = [&](stdio& stream, const char* name) {
     const auto* file = std::get_if<stdio::file_t>(&stream.get());
     if (file == nullptr) return;
@@ -896,8 +914,9 @@ void share_output_files(std::vector<spawn_options>& options, std::vector<os::own
         throw std::system_error(error, std::system_category(),
                                 fmt::format("cohort::start_processes: options.{}: cannot open '{}'", name, path));
       }
-      opened.emplace_back(fd);
-      it->second = fd;
+      os::owned_fd owned(fd);
+      it->second = same_as_before(fd, file->flags);
+      if (it->second == fd) opened.push_back(std::move(owned));
     }
     if (it->second >= 0) stream = stdio::fd(it->second);
   };

@@ -1325,12 +1325,20 @@ TEST_SUITE("group") {
     test::temp_dir dir;
     const fs::path out = dir.path / "out";
     { std::ofstream(out) << "what was there before\n"; }
+    // The same file, as 2>&1, however its path is spelled.
+    fs::path err = out;
+    SUBCASE("the same path") {}
+    SUBCASE("spelled another way") { err = dir.path / "." / "out"; }
+    SUBCASE("through a link") {
+      fs::create_symlink(out, dir.path / "link");
+      err = dir.path / "link";
+    }
     group_spec spec;
     spec.entry = command("/bin/sh", {"-c", "echo \"rank $0 out\"; echo \"rank $0 err\" >&2"});
     spec.nprocs = 4;
     for (int rank = 0; rank < 4; ++rank) spec.args[rank] = {std::to_string(rank)};
     spec.options.out = stdio::file(out);
-    spec.options.err = stdio::file(out);  // the same path: the same file, as 2>&1
+    spec.options.err = stdio::file(err);
     REQUIRE(run_group(spec).ok());
     const std::string text = test::read_file(out);
     CHECK(text.find("before") == std::string::npos);  // truncated once, at the start
