@@ -521,6 +521,37 @@ class borrowed_scratch {
   scratch* s_;
 };
 
+// Where console lines end in one read: after a '\n', or after a '\r' that
+// no '\n' follows, so that a progress bar's redraws ("step 2\r") reach the
+// console as they come, each behind the prefix and ending where the
+// terminal goes back to the line's start. Each character is looked for
+// with memchr, its next place kept until passed.
+class line_ends {
+ public:
+  explicit line_ends(const char* end) : end_(end) {}
+  /// One past the end of the line that starts at `from`; nullptr when the
+  /// rest waits for more. A '\r' last in the read ends a line: a '\n'
+  /// that comes first in the next read ends it again (write_console).
+  const char* after(const char* from) {
+    const char* newline = next(from, '\n', newline_);
+    const char* ret = next(from, '\r', return_);
+    if (ret < newline) return ret + 1 < end_ && ret[1] == '\n' ? ret + 2 : ret + 1;
+    return newline == end_ ? nullptr : newline + 1;
+  }
+
+ private:
+  const char* next(const char* from, char c, const char*& kept) {
+    if (kept == nullptr || kept < from) {
+      const void* at = std::memchr(from, c, static_cast<std::size_t>(end_ - from));
+      kept = at != nullptr ? static_cast<const char*>(at) : end_;
+    }
+    return kept;
+  }
+  const char* end_;
+  const char* newline_ = nullptr;
+  const char* return_ = nullptr;
+};
+
 // Writes the whole lines of what came in to the console, each behind the
 // prefix, in one write: they are copied into `lines` first. (Gathered as
 // an iovec for the prefix and one for each line, the kernel's walk over
@@ -530,22 +561,27 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
   if (s.console < 0) return;
   lines.clear();
   const char* end = data + size;
-  const auto next_newline = [&] { return static_cast<const char*>(std::memchr(data, '\n', static_cast<std::size_t>(end - data))); };
-  const char* newline = next_newline();
-  if (newline != nullptr && !s.pending.empty()) {  // the line begun in an earlier read
+  if (size > 0 && s.after_return) {  // the read before ended in '\r': a '\n' now makes it "\r\n"
+    if (*data == '\n') lines += *data++;
+    s.after_return = false;
+  }
+  line_ends ends(end);
+  const char* line_end = ends.after(data);
+  if (line_end != nullptr && !s.pending.empty()) {  // the line begun in an earlier read
     lines += s.prefix;
     lines += s.pending;
-    lines.append(data, newline + 1);
+    lines.append(data, line_end);
     s.pending.clear();
-    data = newline + 1;
-    newline = next_newline();
+    data = line_end;
+    line_end = ends.after(data);
   }
-  while (newline != nullptr) {
+  while (line_end != nullptr) {
     lines += s.prefix;
-    lines.append(data, newline + 1);
-    data = newline + 1;
-    newline = next_newline();
+    lines.append(data, line_end);
+    data = line_end;
+    line_end = ends.after(data);
   }
+  s.after_return = data == end && !lines.empty() && lines.back() == '\r';
   s.pending.append(data, end);
   while (s.pending.size() >= max_line) {  // a line too long to wait for: in pieces
     lines += s.prefix;

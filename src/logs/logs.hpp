@@ -47,6 +47,7 @@ struct log_stream {
   bool file_is_pipe = false;
   std::string prefix;
   std::string pending;  ///< the start of a line whose newline has not come yet
+  bool after_return = false;  ///< the last read ended in a '\r', a line's end on the console
   /// A read this long took all the source held at its fullest: the
   /// smaller of the read's buffer and the pipe's size (which stays smaller
   /// when the system refuses to grow it); the buffer for a followed file.

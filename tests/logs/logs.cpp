@@ -306,6 +306,43 @@ TEST_CASE("a line written after a burst reaches the console while its rank still
   CHECK(console.back() == "[worker0]:after the pause");
 }
 
+TEST_CASE("a carriage return ends a console line, as a progress bar redraws it; \\r\\n is one line end") {
+  bool through_pipes = false;
+  SUBCASE("followed") {}
+  SUBCASE("through pipes") { through_pipes = true; }
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  const auto seen = dir.path / "seen";
+  // The rank redraws a bar, then waits (at most 20 s) for the test to see
+  // the redraw on the console, which no newline has followed yet; then a
+  // Windows line end, and a '\r' that ends one read and a '\n' the next.
+  auto spec = shell_ranks(1, "printf 'step 1\\rstep 2\\r'; i=0; "
+                             "while [ ! -e " + seen.string() + " ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; "
+                             "[ -e " + seen.string() + " ] && printf 'saw it\\r\\n' || printf 'did not see it\\r\\n'; "
+                             "printf 'split\\r'; sleep 0.3; printf '\\nlast'");
+  spec.logs.dir = dir.path / "logs";
+  spec.logs.tee = std_streams::out;
+  spec.logs.tee_through_pipes = through_pipes;
+  spec.logs.console_out = out.fd;
+  std::atomic<bool> done = false;
+  std::thread watcher([&] {
+    while (!done) {
+      if (out.text().find("[worker0]:step 2\r") != std::string::npos) {
+        std::ofstream{seen};
+        return;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+  });
+  const auto r = run_group(spec);
+  done = true;
+  watcher.join();
+  REQUIRE(r.ok());
+  CHECK(out.text() == "[worker0]:step 1\r[worker0]:step 2\r[worker0]:saw it\r\n[worker0]:split\r\n[worker0]:last\n");
+  CHECK(test::read_file(dir.path / "logs" / "none" / "attempt_0" / "0" / "stdout.log") ==
+        "step 1\rstep 2\rsaw it\r\nsplit\r\nlast");
+}
+
 TEST_CASE("function ranks are logged by every start method") {
   for (start_method method : {start_method::spawn, start_method::fork, start_method::forkserver}) {
     CAPTURE(to_string(method));
