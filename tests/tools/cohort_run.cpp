@@ -776,6 +776,22 @@ TEST_SUITE("cohort-run") {
     CHECK(ran({"-n", "2", "--no-python", b + "/python3", "z"}, a) == "B z\n");
     CHECK(ran({"-n", "2", "--", b + "/python3", "z"}, a) == "B z\n");
     CHECK(ran({"-n", "2", b + "/python3", "z"}, a) == "B z\n");
+    // A folder (its __main__.py), and a name that PATH does not hold but
+    // the current folder does, even executable: Python's, as torchrun runs them.
+    const auto app = (dir.path / "app").string();
+    fs::create_directories(app);
+    std::ofstream(app + "/__main__.py") << "print('not run here')\n";
+    CHECK(ran({"-n", "2", app, "w"}, a + ":" + b) == "B -u " + app + " w\n");
+    std::ofstream(dir.path / "trainx") << "#!/bin/sh\necho not run here\n";
+    fs::permissions(dir.path / "trainx", fs::perms::owner_all);
+    fs::remove_all(dir.path / "out");
+    fs::create_directories(dir.path / "out");
+    const command in_dir("/bin/sh", {"-c", "cd \"$0\" && exec \"$1\" -n 2 trainx v", dir.path.string(), launcher});
+    const auto here = run_command(in_dir, [](child&) -> asio::awaitable<void> { co_return; },
+                                  {{"PATH", a + ":" + b}, {"COHORT_TEST_OUT", (dir.path / "out").string()}});
+    CHECK_MESSAGE(here.status.code() == 0, here.err);
+    CHECK(fs::exists(dir.path / "out" / "1"));
+    if (fs::exists(dir.path / "out" / "1")) CHECK(read_file(dir.path / "out" / "1") == "B -u trainx v\n");
     auto missing = run_launcher({"-n", "2", (dir.path / "nothere.py").string()}, {{"PATH", a + ":" + b}});
     CHECK(missing.status.code() == 127);
     CHECK(missing.err.find("nothere.py: no such script") != std::string::npos);

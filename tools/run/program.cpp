@@ -75,15 +75,25 @@ bool finds_torch(const fs::path& python) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+// Whether Python runs `name` (torchrun runs every script with it): a name
+// ending in .py, a file that is not executable, a folder (its __main__.py),
+// or a bare name that PATH does not hold but that names a file or folder
+// here. A name PATH holds runs as a shell would run it.
 bool is_python_script(const std::string& name) {
   std::error_code ec;
   if (name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0) return true;
-  return fs::is_regular_file(name, ec) && !cohort::is_executable_file(name);
+  const bool bare = name.find('/') == std::string::npos;
+  if (bare && !all_in_path(name).empty()) return false;
+  if (fs::is_directory(name, ec)) return true;
+  return fs::is_regular_file(name, ec) && (bare || !cohort::is_executable_file(name));
 }
 
+// A script, a zip of one or a folder with its __main__.py: what Python runs.
 std::string existing_script(const std::string& script) {
   std::error_code ec;
-  if (!fs::is_regular_file(script, ec)) throw program_error(fmt::format("{}: no such script", script), 127);
+  if (!fs::is_regular_file(script, ec) && !fs::is_directory(script, ec)) {
+    throw program_error(fmt::format("{}: no such script", script), 127);
+  }
   return script;
 }
 
