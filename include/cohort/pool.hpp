@@ -62,7 +62,11 @@ std::vector<R> pool_values(const std::vector<std::optional<encoded>>& results) {
 /// (they finish the item in hand first). A function mapped over items is
 /// registered with COHORT_ENTRYPOINT and called as fn(worker, item), where
 /// `worker` is the index of the process running it. One map at a time;
-/// map() may be called from any thread.
+/// map() may be called from any thread. The workers are started by the
+/// constructing thread and hold its parent-death signal
+/// (spawn_options::parent_death_signal, SIGKILL by default), as a group's
+/// ranks do: construct the pool on a thread that outlives it, or set
+/// pool_options::spawn.parent_death_signal to 0.
 class pool {
  public:
   /// Starts the workers. Throws what start_processes throws.
