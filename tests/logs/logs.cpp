@@ -271,25 +271,21 @@ TEST_CASE("ranks writing megabytes at once: files exact, console lines never mix
   CHECK(console_bytes == bytes + partial);  // every byte once, plus the newline ending each cut line
 }
 
-TEST_CASE("a line written after a burst reaches the console while its rank still runs") {
-  // The burst makes the follower read the file on a timer, its watch quiet;
-  // once the file stops growing, the watch must report writes again. The
-  // rank waits (at most 20 s) for the test to see its last line on the
-  // console, and says whether it did.
-  test::temp_dir dir;
-  console_file out(dir.path / "console");
-  const auto seen = dir.path / "seen";
-  auto spec = shell_ranks(1, "yes 'a line of the burst' | head -c 4000000; sleep 0.3; echo after the pause; i=0; "
-                             "while [ ! -e " + seen.string() + " ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; "
-                             "[ -e " + seen.string() + " ] && echo saw it >&2 || echo did not see it >&2");
-  spec.logs.dir = dir.path / "logs";
-  spec.logs.tee = std_streams::out;
-  spec.logs.redirects = std_streams::err;
-  spec.logs.console_out = out.fd;
+namespace {
+
+// A shell condition that holds once `seen` exists, waiting for it at most 20 s.
+std::string seen_within_20s(const fs::path& seen) {
+  return "i=0; while [ ! -e " + seen.string() + " ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; [ -e " +
+         seen.string() + " ]";
+}
+
+// Runs `spec` while a thread makes `seen` once the console `out` holds `wanted`.
+run_result run_watching(const group_spec& spec, const console_file& out, const std::string& wanted,
+                        const fs::path& seen) {
   std::atomic<bool> done = false;
   std::thread watcher([&] {
     while (!done) {
-      if (out.text().find("[worker0]:after the pause\n") != std::string::npos) {
+      if (out.text().find(wanted) != std::string::npos) {
         std::ofstream{seen};
         return;
       }
@@ -299,6 +295,26 @@ TEST_CASE("a line written after a burst reaches the console while its rank still
   const auto r = run_group(spec);
   done = true;
   watcher.join();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("a line written after a burst reaches the console while its rank still runs") {
+  // The burst makes the follower read the file on a timer, its watch quiet;
+  // once the file stops growing, the watch must report writes again. The
+  // rank waits (at most 20 s) for the test to see its last line on the
+  // console, and says whether it did.
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  const auto seen = dir.path / "seen";
+  auto spec = shell_ranks(1, "yes 'a line of the burst' | head -c 4000000; sleep 0.3; echo after the pause; " +
+                                 seen_within_20s(seen) + " && echo saw it >&2 || echo did not see it >&2");
+  spec.logs.dir = dir.path / "logs";
+  spec.logs.tee = std_streams::out;
+  spec.logs.redirects = std_streams::err;
+  spec.logs.console_out = out.fd;
+  const auto r = run_watching(spec, out, "[worker0]:after the pause\n", seen);
   REQUIRE(r.ok());
   CHECK(test::read_file(dir.path / "logs" / "none" / "attempt_0" / "0" / "stderr.log") == "saw it\n");
   const auto console = lines_of(out.text());
@@ -316,27 +332,14 @@ TEST_CASE("a carriage return ends a console line, as a progress bar redraws it; 
   // The rank redraws a bar, then waits (at most 20 s) for the test to see
   // the redraw on the console, which no newline has followed yet; then a
   // Windows line end, and a '\r' that ends one read and a '\n' the next.
-  auto spec = shell_ranks(1, "printf 'step 1\\rstep 2\\r'; i=0; "
-                             "while [ ! -e " + seen.string() + " ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; "
-                             "[ -e " + seen.string() + " ] && printf 'saw it\\r\\n' || printf 'did not see it\\r\\n'; "
-                             "printf 'split\\r'; sleep 0.3; printf '\\nlast'");
+  auto spec = shell_ranks(1, "printf 'step 1\\rstep 2\\r'; " + seen_within_20s(seen) +
+                                 " && printf 'saw it\\r\\n' || printf 'did not see it\\r\\n'; "
+                                 "printf 'split\\r'; sleep 0.3; printf '\\nlast'");
   spec.logs.dir = dir.path / "logs";
   spec.logs.tee = std_streams::out;
   spec.logs.tee_through_pipes = through_pipes;
   spec.logs.console_out = out.fd;
-  std::atomic<bool> done = false;
-  std::thread watcher([&] {
-    while (!done) {
-      if (out.text().find("[worker0]:step 2\r") != std::string::npos) {
-        std::ofstream{seen};
-        return;
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-  });
-  const auto r = run_group(spec);
-  done = true;
-  watcher.join();
+  const auto r = run_watching(spec, out, "[worker0]:step 2\r", seen);
   REQUIRE(r.ok());
   CHECK(out.text() == "[worker0]:step 1\r[worker0]:step 2\r[worker0]:saw it\r\n[worker0]:split\r\n[worker0]:last\n");
   CHECK(test::read_file(dir.path / "logs" / "none" / "attempt_0" / "0" / "stdout.log") ==
