@@ -273,6 +273,18 @@ TEST_CASE("ranks writing megabytes at once: files exact, console lines never mix
 
 namespace {
 
+// Tees every stream of `spec` to its files under `dir`, followed or
+// `through_pipes`; without `files`, prefixes them on the console only.
+void tee_or_prefix(group_spec& spec, const fs::path& dir, bool files, bool through_pipes) {
+  if (files) {
+    spec.logs.dir = dir;
+    spec.logs.tee = std_streams::all;
+    spec.logs.tee_through_pipes = through_pipes;
+  } else {
+    spec.logs.prefix_all = true;
+  }
+}
+
 // A shell condition that holds once `seen` exists, waiting for it at most 20 s.
 std::string seen_within_20s(const fs::path& seen) {
   return "i=0; while [ ! -e " + seen.string() + " ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; [ -e " +
@@ -452,13 +464,7 @@ TEST_CASE("a console whose reader has gone: no SIGPIPE here, the ranks run on, t
   REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
   ::close(console[0]);  // `| head` that has had its lines
   auto spec = shell_ranks(2, "seq 1 20000; echo done >&2");
-  if (files) {
-    spec.logs.dir = dir.path;
-    spec.logs.tee = std_streams::all;
-    spec.logs.tee_through_pipes = through_pipes;
-  } else {
-    spec.logs.prefix_all = true;
-  }
+  tee_or_prefix(spec, dir.path, files, through_pipes);
   spec.logs.console_out = console[1];
   console_file err(dir.path / "console-err");
   spec.logs.console_err = err.fd;
@@ -499,13 +505,7 @@ TEST_CASE("a console nobody reads holds up neither the first failure nor the shu
   const fs::path ended = dir.path / "rank-0-ended";
   auto spec = shell_ranks(2, "if [ $R = 0 ]; then trap 'touch " + ended.string() +
                                  "; exit 143' TERM; seq 1 100000; sleep 60 & wait; else sleep 1; exit 3; fi");
-  if (files) {
-    spec.logs.dir = dir.path;
-    spec.logs.tee = std_streams::all;
-    spec.logs.tee_through_pipes = through_pipes;
-  } else {
-    spec.logs.prefix_all = true;
-  }
+  tee_or_prefix(spec, dir.path, files, through_pipes);
   spec.logs.console_out = console[1];
   std::atomic<bool> ended_unread = false;
   std::string text;
