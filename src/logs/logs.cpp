@@ -189,6 +189,9 @@ std::unique_ptr<console_out> open_console(int fd) {
 }
 
 enum class offered { all, later, refused };
+// How long a write waits in the pump's thread for a console that took
+// part of it, before the rest goes to the backlog.
+constexpr int inline_wait_ms = 1;
 
 // Writes `c`'s backlog, then `size` bytes of `data`, under console_mutex.
 // What the console does not take at once is kept in the backlog (`later`)
@@ -204,9 +207,11 @@ offered put(console_out& c, const char* data, std::size_t size, bool block) {
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno != EAGAIN) return errno;
-        if (!block && c.waits) return EAGAIN;
+        // A console that reads on (`| cat`) takes more within a moment:
+        // waiting for it here costs a wake-up in the kernel, where a wait
+        // on the io_context costs a round through it for every pipeful.
         pollfd p{c.fd, POLLOUT, 0};
-        ::poll(&p, 1, -1);
+        if (::poll(&p, 1, block || !c.waits ? -1 : inline_wait_ms) == 0) return EAGAIN;
         continue;
       }
       at += n;
