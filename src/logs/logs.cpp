@@ -129,14 +129,15 @@ struct scratch {
 
 }  // namespace
 
-// A console of the group's streams, one for each file the consoles are
-// (stdout and stderr that are one pipe share one). A pump never waits for
-// it in a write: what it does not take at once stays in its backlog, and
-// the streams stop reading until it has taken that, waiting on the io
-// context; the group meanwhile goes on seeing exits and signals, whoever
-// stops reading the console (a paused terminal, `| less`). Only once the
-// pumps are stopped (drain's limit) do the writes wait for it, as a plain
-// program's last writes do.
+// A console of the streams of this process's groups, one for each file the
+// consoles are (stdout and stderr that are one pipe share one, and so do
+// two groups on one terminal): its backlog keeps each write a run of whole
+// lines. A pump waits for it in a write at most inline_wait_ms: what it
+// does not take stays in its backlog, and the streams stop reading until
+// it has taken that, waiting on the io context; the group meanwhile goes
+// on seeing exits and signals, whoever stops reading the console (a paused
+// terminal, `| less`). Only once the pumps are stopped (drain's limit) do
+// the writes wait for it, as a plain program's last writes do.
 struct console_out {
   int given = -1;         // the caller's descriptor
   int fd = -1;            // what is written: `given`, or `reopened`
@@ -144,6 +145,7 @@ struct console_out {
   bool socket = false;    // written with send(MSG_DONTWAIT)
   bool waits = false;     // a write can answer EAGAIN; otherwise it waits in the kernel, as to a file
   bool pipe = false;      // a write can raise SIGPIPE: see os/quiet_sigpipe.hpp
+  bool terminal = false;  // a lone '\r' redraws the line there; elsewhere it is written as '\n'
   dev_t device = 0;
   ino_t inode = 0;
   // Under console_mutex:
@@ -161,14 +163,15 @@ namespace {
 // leaves the flags of the caller's own descriptor alone. A plain file is
 // written as it is (its writes end without a reader), and so is anything
 // that cannot be opened again.
-std::unique_ptr<console_out> open_console(int fd) {
-  auto c = std::make_unique<console_out>();
+std::shared_ptr<console_out> open_console(int fd) {
+  auto c = std::make_shared<console_out>();
   c->given = c->fd = fd;
   struct stat st {};
   if (::fstat(fd, &st) != 0) return c;
   c->device = st.st_dev;
   c->inode = st.st_ino;
   c->pipe = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode);
+  c->terminal = ::isatty(fd) == 1;
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags >= 0 && (flags & O_NONBLOCK) != 0) {
     c->waits = true;
@@ -188,10 +191,18 @@ std::unique_ptr<console_out> open_console(int fd) {
   return c;
 }
 
+// The consoles the groups of this process write to, under console_mutex.
+std::vector<std::weak_ptr<console_out>>& open_consoles() {
+  static std::vector<std::weak_ptr<console_out>> consoles;
+  return consoles;
+}
+
 enum class offered { all, later, refused };
 // How long a write waits in the pump's thread for a console that took
 // part of it, before the rest goes to the backlog.
 constexpr int inline_wait_ms = 1;
+// How often a stream looks again at a console whose POLLOUT wait failed.
+constexpr std::chrono::milliseconds room_retry{10};
 
 // Writes `c`'s backlog, then `size` bytes of `data`, under console_mutex.
 // What the console does not take at once is kept in the backlog (`later`)
@@ -264,7 +275,7 @@ struct group_logs::state {
   std::vector<rank_ends> ranks;
   std::mutex errors_mutex;  // pumps run on strands of their own
   std::vector<std::string> errors;
-  std::vector<int> lost_consoles;  // told in `errors` once each, under errors_mutex
+  std::vector<const console_out*> lost_consoles;  // told in `errors` once each, under errors_mutex
   // Per stream, then the watcher when any stream is followed: the strand
   // its coroutine runs on, and the signal that stops it (emitted there).
   std::vector<asio::strand<asio::any_io_executor>> strands;
@@ -279,7 +290,7 @@ struct group_logs::state {
   std::atomic<bool> stop_followers = false, stop_pumps = false;
   std::function<void()> on_busy;  // logs_spec::on_busy
   std::atomic<bool> told_busy = false;
-  std::vector<std::unique_ptr<console_out>> consoles;  // the streams' `out`
+  std::vector<std::shared_ptr<console_out>> consoles;  // the streams' `out`
 };
 
 namespace {
@@ -362,14 +373,26 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
   const char* file_names[2] = {"stdout.log", "stderr.log"};
   auto& s = *state_;
   s.on_busy = spec.on_busy;
-  // The console at `fd`, opened on its first stream; one for each file.
+  // The console at `fd`, opened on its first stream: one for each file in
+  // this process, shared with the groups that write to it at the same time.
   const auto console_of = [&s](int fd) {
     struct stat st {};
     const bool known = ::fstat(fd, &st) == 0;
+    const auto same = [&](const console_out& c) {
+      return known ? c.device == st.st_dev && c.inode == st.st_ino : c.given == fd;
+    };
     for (const auto& c : s.consoles) {
-      if (c->given == fd || (known && c->device == st.st_dev && c->inode == st.st_ino)) return c.get();
+      if (same(*c)) return c.get();
     }
-    return s.consoles.emplace_back(open_console(fd)).get();
+    std::lock_guard lock(console_mutex);
+    auto& open = open_consoles();
+    std::erase_if(open, [](const std::weak_ptr<console_out>& c) { return c.expired(); });
+    for (const auto& weak : open) {
+      if (auto c = weak.lock(); c && same(*c)) return s.consoles.emplace_back(std::move(c)).get();
+    }
+    auto made = open_console(fd);
+    open.push_back(made);
+    return s.consoles.emplace_back(std::move(made)).get();
   };
   s.ranks.resize(static_cast<std::size_t>(nprocs));
   s.streams.reserve(static_cast<std::size_t>(nprocs) * 2);
@@ -483,8 +506,8 @@ void lose_console(group_logs::state& st, log_stream& s) {
   const int console = s.console;
   s.console = -1;
   std::lock_guard lock(st.errors_mutex);
-  if (std::ranges::find(st.lost_consoles, console) != st.lost_consoles.end()) return;
-  st.lost_consoles.push_back(console);
+  if (std::ranges::find(st.lost_consoles, s.out) != st.lost_consoles.end()) return;
+  st.lost_consoles.push_back(s.out);
   st.errors.push_back(fmt::format("cohort: writing to the console (descriptor {}) failed ({}); "
                                   "what the ranks wrote after reached only their log files, where they have them",
                                   console, std::strerror(error)));
@@ -563,19 +586,28 @@ class line_ends {
 // the iovecs and the calls that IOV_MAX splits them into took more than
 // the copy.) The rest of a line waits in `pending`.
 void write_console(group_logs::state& st, log_stream& s, std::string& lines, const char* data, std::size_t size) {
-  if (s.console < 0) return;
+  if (s.console < 0 || size == 0) return;
   lines.clear();
   const char* end = data + size;
-  if (size > 0 && s.after_return) {  // the read before ended in '\r': a '\n' now makes it "\r\n"
-    if (*data == '\n') lines += *data++;
+  if (s.after_return) {  // the read before ended in a lone '\r': a '\n' now makes it "\r\n"
+    if (*data == '\n') {
+      if (s.out->terminal) lines += '\n';  // elsewhere the '\r' went out as the '\n'
+      ++data;
+    }
     s.after_return = false;
   }
+  // A lone '\r' ends a line: on a terminal as it is, to be drawn over;
+  // elsewhere as '\n', so that each line there is one rank's.
+  const auto ended = [&] {
+    if (lines.back() == '\r' && !s.out->terminal) lines.back() = '\n';
+  };
   line_ends ends(end);
   const char* line_end = ends.after(data);
   if (line_end != nullptr && !s.pending.empty()) {  // the line begun in an earlier read
     lines += s.prefix;
     lines += s.pending;
     lines.append(data, line_end);
+    ended();
     s.pending.clear();
     data = line_end;
     line_end = ends.after(data);
@@ -583,10 +615,11 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
   while (line_end != nullptr) {
     lines += s.prefix;
     lines.append(data, line_end);
+    ended();
     data = line_end;
     line_end = ends.after(data);
   }
-  s.after_return = data == end && !lines.empty() && lines.back() == '\r';
+  s.after_return = data == end && end[-1] == '\r';
   s.pending.append(data, end);
   while (s.pending.size() >= max_line) {  // a line too long to wait for: in pieces
     lines += s.prefix;
@@ -608,15 +641,18 @@ bool console_full(const log_stream& s) { return s.console >= 0 && s.out->full; }
 // the thread; once the pumps are stopped, the writes wait for it instead.
 asio::awaitable<void> console_room(group_logs::state& st, log_stream& s, const asio::any_io_executor& executor) {
   while (console_full(s)) {
-    bool block = st.stop_pumps;
-    if (!block) {
+    if (!st.stop_pumps) {
       std::error_code ec;
       co_await uring::async_poll(executor, s.out->fd, POLLOUT, asio::redirect_error(asio::use_awaitable, ec));
-      // A wait that fails for any other reason than a stop would fail again: the write waits.
-      block = ec && ec != std::errc::interrupted && ec != asio::error::operation_aborted;
+      if (ec && ec != std::errc::interrupted && ec != asio::error::operation_aborted && !st.stop_pumps) {
+        // The wait itself failed (past the reactor's 500 watches of one
+        // descriptor): look again after a pause, never waiting in a write.
+        asio::steady_timer pause(executor, room_retry);
+        co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      }
     }
     std::lock_guard lock(console_mutex);
-    if (s.console >= 0 && put(*s.out, nullptr, 0, block || st.stop_pumps) == offered::refused) lose_console(st, s);
+    if (s.console >= 0 && put(*s.out, nullptr, 0, st.stop_pumps) == offered::refused) lose_console(st, s);
   }
 }
 
@@ -785,6 +821,7 @@ asio::awaitable<void> follow(std::shared_ptr<group_logs::state> state, std::size
       if (!read_followed(st, s, took)) break;
       co_await asio::post(executor, asio::use_awaitable);
     }
+    co_await console_room(st, s, executor);  // what the last read left in the backlog, before the wait
     if (last) break;
     const bool busy = own_watch && took >= (armed ? busy_bytes : 1);
     if (busy || polled_only) {

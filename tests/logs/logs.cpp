@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -334,7 +335,7 @@ TEST_CASE("a line written after a burst reaches the console while its rank still
   CHECK(console.back() == "[worker0]:after the pause");
 }
 
-TEST_CASE("a carriage return ends a console line, as a progress bar redraws it; \\r\\n is one line end") {
+TEST_CASE("a carriage return ends a console line, written as a newline but to a terminal; \\r\\n is one line end") {
   bool through_pipes = false;
   SUBCASE("followed") {}
   SUBCASE("through pipes") { through_pipes = true; }
@@ -351,11 +352,123 @@ TEST_CASE("a carriage return ends a console line, as a progress bar redraws it; 
   spec.logs.tee = std_streams::out;
   spec.logs.tee_through_pipes = through_pipes;
   spec.logs.console_out = out.fd;
-  const auto r = run_watching(spec, out, "[worker0]:step 2\r", seen);
+  const auto r = run_watching(spec, out, "[worker0]:step 2\n", seen);
   REQUIRE(r.ok());
-  CHECK(out.text() == "[worker0]:step 1\r[worker0]:step 2\r[worker0]:saw it\r\n[worker0]:split\r\n[worker0]:last\n");
+  // Not a terminal: each line is one rank's, ended by a newline.
+  CHECK(out.text() == "[worker0]:step 1\n[worker0]:step 2\n[worker0]:saw it\r\n[worker0]:split\n[worker0]:last\n");
   CHECK(test::read_file(dir.path / "logs" / "none" / "attempt_0" / "0" / "stdout.log") ==
         "step 1\rstep 2\rsaw it\r\nsplit\r\nlast");
+}
+
+TEST_CASE("what a paused console held back reaches it once it reads on, while the rank still runs") {
+  bool through_pipes = false;
+  SUBCASE("followed") {}
+  SUBCASE("through pipes") { through_pipes = true; }
+  test::temp_dir dir;
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  // The console's pipe holds one page. The rank writes nearly that, then
+  // in one write more than the rest of it, ended by a last line (a
+  // follower then waits on its watch, not on a timer), and then nothing
+  // until the test has seen that line (at most 20 s).
+  REQUIRE(::fcntl(console[1], F_SETPIPE_SZ, 4096) == 4096);
+  const auto seen = dir.path / "seen";
+  auto spec = shell_ranks(1, "i=0; while [ $i -lt 37 ]; do printf '%099d\\n' $i; i=$((i+1)); done; sleep 0.2; "
+                             "printf '%099d\\nlast\\n' 0; " +
+                                 seen_within_20s(seen) + " && echo saw it >&2 || echo did not see it >&2");
+  spec.logs.dir = dir.path / "logs";
+  spec.logs.tee = std_streams::out;
+  spec.logs.redirects = std_streams::err;
+  spec.logs.tee_through_pipes = through_pipes;
+  spec.logs.console_out = console[1];
+  std::thread reader([&] {
+    std::this_thread::sleep_for(1s);  // paused, until the pipe is full
+    std::string text;
+    char buffer[65536];
+    for (ssize_t n; (n = ::read(console[0], buffer, sizeof buffer)) > 0;) {
+      text.append(buffer, static_cast<std::size_t>(n));
+      if (text.ends_with("[worker0]:last\n")) std::ofstream{seen};
+    }
+  });
+  const auto r = run_group(spec);
+  ::close(console[1]);
+  reader.join();
+  ::close(console[0]);
+  REQUIRE(r.ok());
+  CHECK(test::read_file(dir.path / "logs" / "none" / "attempt_0" / "0" / "stderr.log") == "saw it\n");
+}
+
+TEST_CASE("two groups on one console that reads slowly: every line whole, each group's in order") {
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  REQUIRE(::fcntl(console[1], F_SETPIPE_SZ, 4096) == 4096);  // full at once: most writes take part of their lines
+  std::string text;
+  std::thread reader([&] {
+    char buffer[700];
+    for (ssize_t n; (n = ::read(console[0], buffer, sizeof buffer)) > 0;) {
+      text.append(buffer, static_cast<std::size_t>(n));
+      std::this_thread::sleep_for(100us);
+    }
+  });
+  std::vector<group_spec> specs;
+  for (const char* name : {"A", "B"}) {
+    auto& spec = specs.emplace_back(shell_ranks(1, std::string("seq -f '") + name + " %g' 1 5000"));
+    spec.name = name;
+    spec.logs.prefix_all = true;
+    spec.logs.console_out = console[1];
+  }
+  asio::io_context io;
+  const auto [a, b] = test::run(io, [&]() -> asio::awaitable<std::pair<run_result, run_result>> {
+    group first = co_await start_processes(specs[0]);
+    group second = co_await start_processes(specs[1]);
+    auto first_result = co_await first.wait();
+    co_return std::pair{std::move(first_result), co_await second.wait()};
+  }(), 4);
+  ::close(console[1]);
+  reader.join();
+  ::close(console[0]);
+  CHECK(a.ok());
+  CHECK(b.ok());
+  std::map<std::string, int> count;
+  std::string broken;
+  for (const auto& line : lines_of(text)) {
+    const std::string name = line.substr(1, 1);
+    const std::string expected = "[" + name + "0]:" + name + " " + std::to_string(count[name] + 1);
+    if (line != expected && broken.empty()) broken = line;
+    ++count[name];
+  }
+  CHECK(broken == "");
+  CHECK(count["A"] == 5000);
+  CHECK(count["B"] == 5000);
+}
+
+TEST_CASE("on a terminal a carriage return reaches the console as it is, for the line to be drawn over") {
+  const int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  REQUIRE(master >= 0);
+  REQUIRE(::grantpt(master) == 0);
+  REQUIRE(::unlockpt(master) == 0);
+  const int terminal = ::open(::ptsname(master), O_RDWR | O_NOCTTY | O_CLOEXEC);
+  REQUIRE(terminal >= 0);
+  termios raw{};
+  REQUIRE(::tcgetattr(terminal, &raw) == 0);
+  ::cfmakeraw(&raw);  // the bytes as written, no "\n" made "\r\n"
+  REQUIRE(::tcsetattr(terminal, TCSANOW, &raw) == 0);
+  std::string shown;
+  std::thread reader([&] {
+    char buffer[4096];
+    for (ssize_t n; (n = ::read(master, buffer, sizeof buffer)) > 0;) shown.append(buffer, static_cast<std::size_t>(n));
+  });
+  test::temp_dir dir;
+  auto spec = shell_ranks(1, "printf 'a\\rb\\r\\nc\\r'; sleep 0.3; printf '\\nd\\n'");
+  spec.logs.dir = dir.path / "logs";
+  spec.logs.tee = std_streams::out;
+  spec.logs.console_out = terminal;
+  const auto r = run_group(spec);
+  ::close(terminal);  // the reader's read then fails (EIO): no writer is left
+  reader.join();
+  ::close(master);
+  REQUIRE(r.ok());
+  CHECK(shown == "[worker0]:a\r[worker0]:b\r\n[worker0]:c\r\n[worker0]:d\n");
 }
 
 TEST_CASE("function ranks are logged by every start method") {
