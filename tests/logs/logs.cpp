@@ -653,6 +653,24 @@ TEST_CASE("a console nobody reads holds up neither the first failure nor the shu
   if (files) CHECK(test::read_file(dir.path / "none" / "attempt_0" / "0" / "stdout.log") == expected_file);
 }
 
+TEST_CASE("stdout and stderr on one pipe whose reader has gone: told once") {
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  ::close(console[0]);
+  const int again = ::fcntl(console[1], F_DUPFD_CLOEXEC, 0);  // 2>&1: another descriptor of the same pipe
+  REQUIRE(again >= 0);
+  auto spec = shell_ranks(2, "seq 1 1000; seq 1 1000 >&2");
+  spec.logs.prefix_all = true;
+  spec.logs.console_out = console[1];
+  spec.logs.console_err = again;
+  const auto r = run_group(spec);
+  ::close(console[1]);
+  ::close(again);
+  CHECK(r.ok());
+  REQUIRE(r.log_errors.size() == 1);
+  CHECK(r.log_errors[0].find(std::strerror(EPIPE)) != std::string::npos);
+}
+
 TEST_CASE("bad logs are errors before any rank starts") {
   test::temp_dir dir;
   const auto descriptors = test::open_fd_count();
