@@ -627,7 +627,9 @@ TEST_CASE("a console nobody reads holds up neither the first failure nor the shu
     while (!fs::exists(ended) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
     ended_unread = fs::exists(ended);
     char buffer[65536];
-    for (ssize_t n; (n = ::read(console[0], buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<std::size_t>(n));
+    for (ssize_t n; (n = ::read(console[0], buffer, sizeof buffer)) > 0;) {
+      text.append(buffer, static_cast<std::size_t>(n));
+    }
   });
   const auto r = run_group(spec);
   ::close(console[1]);
