@@ -19,7 +19,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <mutex>
 #include <stdexcept>
+#include <vector>
 
 namespace cohort {
 namespace detail {
@@ -42,8 +45,18 @@ exit_status to_status(const siginfo_t& info, const rusage& usage) {
 
 namespace {
 
+// Guards child_state::left, written as an io_context shuts down and read
+// when the pipes are closed after it.
+std::mutex& left_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 // A service of every io_context that children are spawned on, for the
-// token that tells them it is gone.
+// token that tells them it is gone. As it shuts down it reads the
+// descriptors of the children's pipes while the pipes' service can still
+// be asked (after, the objects' native_handle() would reach a destroyed
+// service).
 class lifetime_service final : public asio::execution_context::service {
  public:
   using key_type = lifetime_service;
@@ -51,9 +64,31 @@ class lifetime_service final : public asio::execution_context::service {
   explicit lifetime_service(asio::execution_context& context) : asio::execution_context::service(context) {}
   std::weak_ptr<const void> alive() const noexcept { return alive_; }
 
+  void watch(const std::shared_ptr<child_state>& state) {
+    std::lock_guard lock(left_mutex());
+    if (watched_.size() >= prune_at_) {  // let go of the gone ones, as often as the list doubles
+      std::erase_if(watched_, [](const std::weak_ptr<child_state>& w) { return w.expired(); });
+      prune_at_ = std::max<std::size_t>(64, watched_.size() * 2);
+    }
+    watched_.push_back(state);
+  }
+
  private:
-  void shutdown() override { alive_.reset(); }
+  void shutdown() override {
+    std::lock_guard lock(left_mutex());
+    for (const auto& weak : watched_) {
+      const auto state = weak.lock();
+      if (!state) continue;
+      if (state->in) state->left[0] = state->in->native_handle();
+      if (state->out) state->left[1] = state->out->native_handle();
+      if (state->err) state->left[2] = state->err->native_handle();
+    }
+    watched_.clear();
+    alive_.reset();
+  }
   std::shared_ptr<const void> alive_ = std::make_shared<const bool>(true);
+  std::vector<std::weak_ptr<child_state>> watched_;  // under left_mutex()
+  std::size_t prune_at_ = 64;
 };
 
 }  // namespace
@@ -77,18 +112,26 @@ child_state::~child_state() {
   if (pidfd >= 0) ::close(pidfd);
 }
 
+void watch_pipes(const std::shared_ptr<child_state>& state) {
+  asio::use_service<lifetime_service>(uring::io_context_of(state->executor)).watch(state);
+}
+
 void child_state::close_pipes() noexcept {
-  const auto close = [gone = context_gone()](auto& pipe) {
-    if (!gone) {
-      pipe.reset();
-    } else if (pipe) {  // its descriptor only, the object leaked (see the header)
-      ::close(pipe->native_handle());
-      (void)pipe.release();
-    }
-  };
-  close(in);
-  close(out);
-  close(err);
+  if (!context_gone()) {
+    in.reset();
+    out.reset();
+    err.reset();
+    return;
+  }
+  // Their descriptors only, the objects leaked (see the header).
+  std::lock_guard lock(left_mutex());
+  for (int& fd : left) {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  (void)in.release();
+  (void)out.release();
+  (void)err.release();
 }
 
 // glibc's waitid() has no rusage argument; the system call does.

@@ -56,9 +56,17 @@ struct child_state {
   std::unique_ptr<asio::writable_pipe> in;
   std::unique_ptr<asio::readable_pipe> out;
   std::unique_ptr<asio::readable_pipe> err;
+  /// Their descriptors (in, out, err; -1: none), read as the io_context
+  /// shuts down, while its services are still there to ask (watch_pipes),
+  /// and closed by close_pipes once it is gone.
+  int left[3] = {-1, -1, -1};
   /// Closes the pipes (see above).
   void close_pipes() noexcept;
 };
+
+/// Has the io_context of `state`'s executor read the descriptors of its
+/// pipes into `left` as it shuts down. Call once the pipes are made.
+void watch_pipes(const std::shared_ptr<child_state>& state);
 
 /// Expires when the io_context behind `executor` is destroyed (as it shuts
 /// its services down). Makes no ring: a service of its own holds it.

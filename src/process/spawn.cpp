@@ -556,6 +556,7 @@ std::shared_ptr<child_state> prepared_launch::adopt(const asio::any_io_executor&
       else state->err = std::make_unique<asio::readable_pipe>(executor, fd);
       end.parent.release();  // the pipe object owns it now
     }
+    if (!parts_->pipes.empty()) watch_pipes(state);
   } catch (...) {
     config::pidfd_send_signal(state->pidfd, SIGKILL);
     std::error_code ignored;
