@@ -127,6 +127,25 @@ bool reads_as_option(const std::string& arg) {
 // follows "--"), whose own arguments are left as they are.
 std::vector<std::string> written_out(const CLI::App& app, int argc, char** argv) {
   std::vector<std::string> args(argv, argv + argc);
+  // Argument `i`, option `head` (as it is to be written) given `value`
+  // after '=', as torchrun's parser reads "--tee=3" and "-t=3": a flag
+  // refuses it (--standalone=0 must not turn it on); an empty value
+  // ("--log-dir=") is the value, put in an argument of its own after
+  // `head` (the parser would take the next argument instead); another is
+  // written head, `joint`, value. Whether the value stays attached.
+  const auto given_after_equals = [&args](std::size_t i, const CLI::Option& option, const std::string& head,
+                                          const char* joint, const std::string& value) {
+    if (option.get_expected_max() == 0) {
+      throw usage_error(fmt::format("{}: takes no value, '{}' given", head, value));
+    }
+    if (value.empty()) {
+      args[i] = head;
+      args.insert(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, std::string());
+      return false;  // it follows, and is skipped below
+    }
+    args[i] = head + joint + value;
+    return true;
+  };
   for (std::size_t i = 1; i < args.size(); ++i) {
     const std::string arg = args[i];  // a copy: args may grow below
     if (arg == "--" || arg.size() < 2 || arg[0] != '-') break;
@@ -138,35 +157,14 @@ std::vector<std::string> written_out(const CLI::App& app, int argc, char** argv)
       const std::string name = arg.substr(2, value_attached ? equals - 2 : std::string::npos);
       option = name.empty() ? nullptr : long_option(app, name);
       if (option == nullptr) continue;  // unknown: the parser says so
-      const std::string value = value_attached ? arg.substr(equals + 1) : "";
-      args[i] = "--" + option->get_lnames().front();
-      if (value_attached && option->get_expected_max() == 0) {
-        // torchrun's parser refuses a value for a flag: --standalone=0
-        // must not turn it on.
-        throw usage_error(fmt::format("{}: takes no value, '{}' given", args[i], value));
-      }
-      if (value_attached && !value.empty()) {
-        args[i] += "=" + value;
-      } else if (value_attached) {
-        // An empty value ("--log-dir=") is the value, as for torchrun; the
-        // parser would take the next argument instead.
-        args.insert(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, std::string());
-        value_attached = false;  // it follows, and is skipped below
-      }
+      const std::string head = "--" + option->get_lnames().front();
+      args[i] = head;
+      if (value_attached) value_attached = given_after_equals(i, *option, head, "=", arg.substr(equals + 1));
     } else {
       option = app.get_option_no_throw(arg.substr(0, 2));
       value_attached = arg.size() > 2;
       if (option != nullptr && value_attached && arg[2] == '=') {
-        // As torchrun's parser reads "-t=3": the value after the '='.
-        if (option->get_expected_max() == 0) {
-          throw usage_error(fmt::format("{}: takes no value, '{}' given", arg.substr(0, 2), arg.substr(3)));
-        }
-        args[i] = arg.substr(0, 2) + arg.substr(3);
-        if (arg.size() == 3) {  // "-t=": the empty value, as for "--tee="
-          args[i] = arg.substr(0, 2);
-          args.insert(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, std::string());
-          value_attached = false;
-        }
+        value_attached = given_after_equals(i, *option, arg.substr(0, 2), "", arg.substr(3));
       }
     }
     if (option == nullptr || option->get_expected_max() == 0 || value_attached) continue;
