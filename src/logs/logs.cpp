@@ -157,17 +157,18 @@ struct console_out {
 
 namespace {
 
-// The console at `fd`, made ready for writes that do not wait: a
-// descriptor that is non-blocking already, a socket (send's MSG_DONTWAIT),
-// or a pipe or terminal opened again through /proc with O_NONBLOCK, which
-// leaves the flags of the caller's own descriptor alone. A plain file is
-// written as it is (its writes end without a reader), and so is anything
-// that cannot be opened again.
-std::shared_ptr<console_out> open_console(int fd) {
+// The console at `fd`, whose fstat is `st` (nullptr: it failed), made
+// ready for writes that do not wait: a descriptor that is non-blocking
+// already, a socket (send's MSG_DONTWAIT), or a pipe or terminal opened
+// again through /proc with O_NONBLOCK, which leaves the flags of the
+// caller's own descriptor alone. A plain file is written as it is (its
+// writes end without a reader), and so is anything that cannot be opened
+// again.
+std::shared_ptr<console_out> open_console(int fd, const struct stat* found) {
   auto c = std::make_shared<console_out>();
   c->given = c->fd = fd;
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return c;
+  if (found == nullptr) return c;
+  const struct stat& st = *found;
   c->device = st.st_dev;
   c->inode = st.st_ino;
   c->pipe = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode);
@@ -373,27 +374,26 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
   const char* file_names[2] = {"stdout.log", "stderr.log"};
   auto& s = *state_;
   s.on_busy = spec.on_busy;
-  // The console at `fd`, opened on its first stream: one for each file in
-  // this process, shared with the groups that write to it at the same time.
+  // The console at `fd`: one for each file in this process, shared with
+  // the groups that write to it at the same time (and by stdout and
+  // stderr when they are one file).
   const auto console_of = [&s](int fd) {
     struct stat st {};
     const bool known = ::fstat(fd, &st) == 0;
-    const auto same = [&](const console_out& c) {
-      return known ? c.device == st.st_dev && c.inode == st.st_ino : c.given == fd;
-    };
-    for (const auto& c : s.consoles) {
-      if (same(*c)) return c.get();
-    }
     std::lock_guard lock(console_mutex);
     auto& open = open_consoles();
     std::erase_if(open, [](const std::weak_ptr<console_out>& c) { return c.expired(); });
     for (const auto& weak : open) {
-      if (auto c = weak.lock(); c && same(*c)) return s.consoles.emplace_back(std::move(c)).get();
+      auto c = weak.lock();
+      if (c && (known ? c->device == st.st_dev && c->inode == st.st_ino : c->given == fd)) {
+        return s.consoles.emplace_back(std::move(c)).get();
+      }
     }
-    auto made = open_console(fd);
+    auto made = open_console(fd, known ? &st : nullptr);
     open.push_back(made);
     return s.consoles.emplace_back(std::move(made)).get();
   };
+  console_out* outs[2] = {nullptr, nullptr};  // opened for the first stream that reaches each
   s.ranks.resize(static_cast<std::size_t>(nprocs));
   s.streams.reserve(static_cast<std::size_t>(nprocs) * 2);
   for (int rank = 0; rank < nprocs; ++rank) {
@@ -421,7 +421,8 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
         auto& stream = s.streams.emplace_back();
         if (to_file) stream.file_path = (folder / file_names[i]).string();
         stream.console = console[i];
-        stream.out = console_of(console[i]);
+        if (outs[i] == nullptr) outs[i] = console_of(console[i]);
+        stream.out = outs[i];
         stream.prefix = expand_prefix(spec.prefix, role, spec.first_rank + rank, rank);
         return stream;
       };
