@@ -21,11 +21,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 using namespace cohort;
 using namespace std::chrono_literals;
@@ -286,6 +288,19 @@ void tee_or_prefix(group_spec& spec, const fs::path& dir, bool files, bool throu
   }
 }
 
+// What `fd` gives until its writers are gone, read `chunk` bytes at a
+// time; `after_each` sees what came so far after each read.
+std::string read_to_end(int fd, std::size_t chunk = 65536,
+                        const std::function<void(const std::string&)>& after_each = {}) {
+  std::string text;
+  std::vector<char> buffer(chunk);
+  for (ssize_t n; (n = ::read(fd, buffer.data(), chunk)) > 0;) {
+    text.append(buffer.data(), static_cast<std::size_t>(n));
+    if (after_each) after_each(text);
+  }
+  return text;
+}
+
 // A shell condition that holds once `seen` exists, waiting for it at most 20 s.
 std::string seen_within_20s(const fs::path& seen) {
   return "i=0; while [ ! -e " + seen.string() + " ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; [ -e " +
@@ -383,12 +398,9 @@ TEST_CASE("what a paused console held back reaches it once it reads on, while th
   spec.logs.console_out = console[1];
   std::thread reader([&] {
     std::this_thread::sleep_for(1s);  // paused, until the pipe is full
-    std::string text;
-    char buffer[65536];
-    for (ssize_t n; (n = ::read(console[0], buffer, sizeof buffer)) > 0;) {
-      text.append(buffer, static_cast<std::size_t>(n));
+    read_to_end(console[0], 65536, [&](const std::string& text) {
       if (text.ends_with("[worker0]:last\n")) std::ofstream{seen};
-    }
+    });
   });
   const auto r = run_group(spec);
   ::close(console[1]);
@@ -404,11 +416,7 @@ TEST_CASE("two groups on one console that reads slowly: every line whole, each g
   REQUIRE(::fcntl(console[1], F_SETPIPE_SZ, 4096) == 4096);  // full at once: most writes take part of their lines
   std::string text;
   std::thread reader([&] {
-    char buffer[700];
-    for (ssize_t n; (n = ::read(console[0], buffer, sizeof buffer)) > 0;) {
-      text.append(buffer, static_cast<std::size_t>(n));
-      std::this_thread::sleep_for(100us);
-    }
+    text = read_to_end(console[0], 700, [](const std::string&) { std::this_thread::sleep_for(100us); });
   });
   std::vector<group_spec> specs;
   for (const char* name : {"A", "B"}) {
@@ -454,10 +462,7 @@ TEST_CASE("on a terminal a carriage return reaches the console as it is, for the
   ::cfmakeraw(&raw);  // the bytes as written, no "\n" made "\r\n"
   REQUIRE(::tcsetattr(terminal, TCSANOW, &raw) == 0);
   std::string shown;
-  std::thread reader([&] {
-    char buffer[4096];
-    for (ssize_t n; (n = ::read(master, buffer, sizeof buffer)) > 0;) shown.append(buffer, static_cast<std::size_t>(n));
-  });
+  std::thread reader([&] { shown = read_to_end(master); });
   test::temp_dir dir;
   auto spec = shell_ranks(1, "printf 'a\\rb\\r\\nc\\r'; sleep 0.3; printf '\\nd\\n'");
   spec.logs.dir = dir.path / "logs";
@@ -626,10 +631,7 @@ TEST_CASE("a console nobody reads holds up neither the first failure nor the shu
     const auto until = std::chrono::steady_clock::now() + 10s;
     while (!fs::exists(ended) && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
     ended_unread = fs::exists(ended);
-    char buffer[65536];
-    for (ssize_t n; (n = ::read(console[0], buffer, sizeof buffer)) > 0;) {
-      text.append(buffer, static_cast<std::size_t>(n));
-    }
+    text = read_to_end(console[0]);
   });
   const auto r = run_group(spec);
   ::close(console[1]);
@@ -641,7 +643,7 @@ TEST_CASE("a console nobody reads holds up neither the first failure nor the shu
   CHECK(r.first_failure()->status.code() == 3);
   CHECK(r.log_errors.empty());
   // Rank 0's lines came whole and in order, from 1 on: all it wrote.
-  std::string expected_console, expected_file;
+  std::string expected_file;
   int count = 0;
   std::string out_of_order;
   for (const auto& line : lines_of(text)) {
