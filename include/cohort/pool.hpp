@@ -82,8 +82,9 @@ class pool {
   /// naming the item and the exception; the pool stays usable. A worker that
   /// dies ends the pool: its failure (process_exited_error) is thrown, and
   /// every later map throws std::logic_error. Returned handles (tensors,
-  /// storages) stay valid: each worker keeps what it returned until the
-  /// pool ends.
+  /// storages) hold their memory in the parent alone: the worker lets go of
+  /// what it returned once sent, and the memory goes with the parent's last
+  /// copy, before or after the pool ends.
   template <class R, class A>
   auto map(R (*fn)(int, A), const std::vector<std::decay_t<A>>& items) {
     const auto [name, tasks] = prepare(fn, items);

@@ -77,6 +77,7 @@ class device_memory;
 /// that names it. 0 for a private storage.
 std::uint32_t shared_holders(const storage& s) noexcept;
 std::vector<std::byte> hold_for_receiver(const encoded& value);
+std::vector<storage> held_storages(const encoded& value);
 storage make_device_storage(std::shared_ptr<const device_memory> memory);
 const device_memory* device_memory_of(const storage& s) noexcept;
 bool only_ended_processes_share(const storage& s) noexcept;
@@ -129,7 +130,7 @@ class storage {
  private:
   friend struct detail::handle_codec<storage>;
   friend std::uint32_t detail::shared_holders(const storage& s) noexcept;
-  friend std::vector<std::byte> detail::hold_for_receiver(const encoded& value);
+  friend std::vector<storage> detail::held_storages(const encoded& value);
   friend storage detail::make_device_storage(std::shared_ptr<const detail::device_memory> memory);
   friend const detail::device_memory* detail::device_memory_of(const storage& s) noexcept;
   friend bool detail::only_ended_processes_share(const storage& s) noexcept;
@@ -255,6 +256,11 @@ T read_handle_record(std::span<const std::byte> record, const char* trailing) {
 /// given a reference of its own, which the receiver takes over with
 /// take_holds. It ends as end_handle_record's do. Empty when it names none.
 std::vector<std::byte> hold_for_receiver(const encoded& value);
+/// The storages encode() held for `value` (what keeps the shared memory its
+/// handles name alive); empty when it holds none. Sent beside the value's
+/// bytes (a queue gives each a reference of its own while in flight), they
+/// let the sender drop the value at once.
+std::vector<storage> held_storages(const encoded& value);
 /// Takes over the references such a record holds, for as long as `value`
 /// (the value it was made for) lives. Throws decode_error and shm_error;
 /// the references of the storages it had not reached then are let go of.

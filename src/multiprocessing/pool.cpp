@@ -3,6 +3,7 @@
 #include "cohort/pool.hpp"
 
 #include "cohort/process_error.hpp"
+#include "cohort/storage.hpp"
 #include "launch/entry.hpp"
 #include "launch/uncaught.hpp"
 
@@ -14,6 +15,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -23,16 +25,16 @@ namespace cohort {
 namespace detail {
 
 using pool_task = std::tuple<std::uint64_t, std::string, std::vector<std::byte>>;     // item, function, arguments
-using pool_outcome = std::tuple<std::uint64_t, bool, std::vector<std::byte>>;         // item, returned, result or error
+// item, returned, result or error, and the storages the result's handles name
+using pool_outcome = std::tuple<std::uint64_t, bool, std::vector<std::byte>, std::vector<storage>>;
 
-// Runs items until the task queue is closed. What it returned stays held
-// here, so handles in results remain valid for the parent. It returns a
-// value only so that a worker ending early with code 0 (an item that
+// Runs items until the task queue is closed. A result goes with the
+// storages its handles name, which the queue holds while in flight and the
+// parent takes over: the worker keeps nothing of it. It returns a value only so that a worker ending early with code 0 (an item that
 // called exit) is a failure of its rank, which ends the pool: a void
 // function's rank that exits 0 has simply finished, and the map would wait
 // for its item for good.
 int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> results) {
-  std::vector<encoded> kept;
   for (;;) {
     std::optional<pool_task> task;
     try {
@@ -44,18 +46,17 @@ int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> r
     try {
       auto result = call_entry(name, worker, encoded::from_bytes(std::move(bytes)));
       std::vector<std::byte> out;
+      std::vector<storage> holds;
       if (result) {
         out.assign(result->bytes().begin(), result->bytes().end());
-        // Only a result naming shared memory needs holding; plain values
-        // are copied whole into `out`.
-        if (detail::encoded_holds::of(*result)) kept.push_back(std::move(*result));
+        holds = held_storages(*result);
       }
-      results.put({item, true, std::move(out)});
+      results.put({item, true, std::move(out), std::move(holds)});
     } catch (...) {
       // Any exception, std:: or not, fails the item and leaves the worker.
       const auto text = current_exception_message();
       const auto* first = reinterpret_cast<const std::byte*>(text.data());
-      results.put({item, false, std::vector<std::byte>(first, first + text.size())});
+      results.put({item, false, std::vector<std::byte>(first, first + text.size()), {}});
     }
   }
 }
@@ -158,7 +159,7 @@ class pool_state {
         if (ending_.load(std::memory_order_relaxed)) throw_ended();
         throw std::logic_error("cohort::pool: the workers ended");
       }
-      auto& [number, returned, bytes] = *outcome;
+      auto& [number, returned, bytes, holds] = *outcome;
       if (number < first) continue;  // from a cancelled map
       const std::uint64_t item = number - first;
       if (item >= out.size()) throw std::logic_error("cohort::pool: a result for no item");
@@ -167,6 +168,7 @@ class pool_state {
         if (!error) error = fmt::format("cohort::pool: item {} raised {}", item, std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
       } else if (!bytes.empty()) {
         out[item] = encoded::from_bytes(std::move(bytes));
+        if (!holds.empty()) encoded_holds::set(*out[item], std::make_shared<const std::vector<storage>>(std::move(holds)));
       }
     }
     if (error) throw std::runtime_error(*error);

@@ -686,7 +686,7 @@ void drop_unread_handles(std::span<const std::byte> record, std::size_t read) no
   }
 }
 
-std::vector<std::byte> hold_for_receiver(const encoded& value) {
+std::vector<storage> held_storages(const encoded& value) {
   const auto& held = encoded_holds::of(value);
   if (!held) return {};
   // encode() made it: the storages its handles named.
@@ -694,6 +694,12 @@ std::vector<std::byte> hold_for_receiver(const encoded& value) {
   std::vector<storage> storages;
   storages.reserve(impls.size());
   for (const auto& impl : impls) storages.push_back(storage(impl));
+  return storages;
+}
+
+std::vector<std::byte> hold_for_receiver(const encoded& value) {
+  const auto storages = held_storages(value);
+  if (storages.empty()) return {};
   handle_context holds{true, {}, {}};
   std::vector<std::byte> record;
   {

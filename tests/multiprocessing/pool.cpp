@@ -194,6 +194,29 @@ TEST_SUITE("pool") {
     for (int i = 0; i < 3; ++i) CHECK(std::to_integer<int>(made[i].data()[15]) == i + 1);
   }
 
+  TEST_CASE("a storage a worker returned is held by the parent alone, and outlives the pool") {
+    for (auto method : methods) {
+      CAPTURE(to_string(method));
+      std::vector<storage> made;
+      {
+        pool p(2, {.method = method});
+        made = p.map(make_storage, std::vector<int>{1, 2, 3});
+        // The worker lets go right after sending; give it the moment.
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        for (const auto& s : made) {
+          while (detail::shared_holders(s) > 1 && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+          CHECK(detail::shared_holders(s) == 1);
+        }
+      }
+      for (int i = 0; i < 3; ++i) {
+        CHECK(detail::shared_holders(made[i]) == 1);
+        CHECK(std::to_integer<int>(made[i].data()[15]) == i + 1);
+      }
+    }
+  }
+
   TEST_CASE("an awaited map leaves its io_context free to run other work") {
     pool p(2);
     std::vector<long> items(10);
