@@ -19,7 +19,7 @@
 #include "process/launch.hpp"
 #include "process/parallel.hpp"
 #include "shm/keeper.hpp"
-#include "shm/segment_name.hpp"
+#include "shm/segment.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/cancellation_signal.hpp>
@@ -434,8 +434,16 @@ asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit)
 
 void finish(const std::shared_ptr<group_state>& state) {
   // Named shared memory the ranks made and did not free (a rank killed
-  // holding it) goes with them.
-  shm::sweep_segments_of(state->pids);
+  // holding it) goes with them; so does what other processes of the run
+  // made (a rank's own children) once nothing can reach it.
+  try {
+    state->pids_since_start.refresh();
+  } catch (...) {
+    // Left holding every pid: more files are looked at, and still only
+    // those nothing can reach go.
+  }
+  shm::sweep_segments_of_run(state->pids,
+                             [&window = state->pids_since_start](pid_t maker) { return window.holds(maker); });
   // What came after the sweep: reaped, or killed and reaped if it can be at
   // once. No more comes once the subreaper attribute is restored, nor
   // after a sweep that found nothing of the run alive: no process was

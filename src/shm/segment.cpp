@@ -25,8 +25,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <new>
+#include <string>
 #include <system_error>
 #include <unordered_map>
 #include <utility>
@@ -531,17 +533,67 @@ void segment::note_mapper() noexcept {
   h.unrecorded.store(1, std::memory_order_release);
 }
 
-bool segment::others_ended() const noexcept {
-  const auto& h = header();
+namespace {
+
+// Whether every process recorded as mapping the segment `h` heads has
+// ended, `except` aside (counted as ended).
+bool mappers_ended(const segment_header& h, pid_t except) noexcept {
   if (h.unrecorded.load(std::memory_order_acquire) != 0) return false;
   const auto used = std::min(h.mapper_count.load(std::memory_order_acquire), segment_header::max_mappers);
-  const pid_t self = os::this_process();
   for (std::uint32_t i = 0; i < used; ++i) {
     const pid_t pid = h.mappers[i].pid.load(std::memory_order_acquire);
     if (pid == 0) return false;  // being recorded: alive
-    if (pid != self && !os::has_ended(pid, h.mappers[i].start_time)) return false;
+    if (pid != except && !os::has_ended(pid, h.mappers[i].start_time)) return false;
   }
   return true;
+}
+
+// Whether this process maps the segment `nonce` names.
+bool mapped_here(std::uint64_t nonce) {
+  auto& r = segments();
+  std::lock_guard lock(r.mutex);
+  const auto it = r.segments.find(nonce);
+  return it != r.segments.end() && !it->second.expired();
+}
+
+// Whether the named segment `name` is one nothing can reach any more: its
+// header says no message naming it is in flight and every other process
+// that mapped it has ended, and this process does not map it (now).
+bool unreachable(const std::string& name, std::uint64_t nonce) {
+  const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
+  if (fd < 0) return false;
+  struct stat st {};
+  void* base = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+      static_cast<std::uint64_t>(st.st_size) >= header_size) {
+    base = ::mmap(nullptr, header_size, PROT_READ, MAP_SHARED, fd, 0);
+  }
+  ::close(fd);
+  if (base == MAP_FAILED) return false;
+  const auto& h = *static_cast<const segment_header*>(base);
+  const auto received = h.received.load(std::memory_order_acquire);  // first, as messages_in_flight reads
+  const bool gone = h.magic == magic && h.nonce == nonce && h.sent.load(std::memory_order_acquire) == received &&
+                    mappers_ended(h, os::this_process()) && !mapped_here(nonce);
+  ::munmap(base, header_size);
+  return gone;
+}
+
+}  // namespace
+
+bool segment::others_ended() const noexcept { return mappers_ended(header(), os::this_process()); }
+
+int sweep_segments_of_run(std::span<const pid_t> ranks, const std::function<bool(pid_t)>& made_by_run) noexcept {
+  int swept = 0;
+  try {
+    for_each_named_segment([&](pid_t maker, std::uint64_t nonce) {
+      const auto name = segment_name(maker, nonce);
+      const bool rank = std::find(ranks.begin(), ranks.end(), maker) != ranks.end();
+      if (!rank && (!made_by_run(maker) || !os::has_ended(maker, 0) || !unreachable(name, nonce))) return;
+      if (::shm_unlink(name.c_str()) == 0) ++swept;
+    });
+  } catch (...) {
+  }
+  return swept;
 }
 
 bool segment::orphaned() const noexcept {

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -269,5 +270,15 @@ class segment {
   // storage dropped, it is not worth a trip to the shared line each time.
   std::uint64_t nonce_;
 };
+
+/// Unlinks the named (file_system) segments in /dev/shm that a run left:
+/// every one that one of `ranks` (processes that have ended) made, and
+/// every one whose maker has ended and is one `made_by_run` names (a rank's
+/// own child, killed or exited holding it) that nothing can reach any more:
+/// no live process maps it, this one included, and no message naming it is
+/// in flight. Mappings of a rank's stay valid; only opening them by name
+/// ends: a value still in flight that names one is lost with its maker
+/// (segment_gone). Returns how many went.
+int sweep_segments_of_run(std::span<const pid_t> ranks, const std::function<bool(pid_t)>& made_by_run) noexcept;
 
 }  // namespace cohort::shm

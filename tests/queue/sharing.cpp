@@ -698,6 +698,40 @@ void pipeline_repetitions(bool in_own_rank) {
   });
 }
 
+
+// How a process a rank forks (no rank: the group knows it only as a
+// descendant) leaves the named segment it made.
+enum class left_by : int {
+  killed = 0,     // it lingers, holding it, until the group's end kills it
+  exit = 1,       // it calls exit() while a storage it leaked holds it
+  in_flight = 2,  // it puts a storage of it into a queue and exits
+};
+
+// Forks such a process, which makes a shared storage of 64 bytes, each 5,
+// under file_system; returns its pid once it has (and, unless it lingers,
+// once it has ended).
+int fork_a_segment_maker(int, queue<storage> q, int how) {
+  set_sharing_strategy(sharing_strategy::file_system);
+  int ready[2];
+  if (::pipe(ready) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    auto* leaked = new storage(storage::allocate_shared(64));
+    std::memset(leaked->data(), 5, 64);
+    if (how == static_cast<int>(left_by::in_flight)) q.put(*leaked);
+    (void)!::write(ready[1], "x", 1);
+    if (how == static_cast<int>(left_by::killed)) {
+      for (;;) ::pause();
+    }
+    std::exit(0);
+  }
+  char byte = 0;
+  (void)!::read(ready[0], &byte, 1);
+  if (how != static_cast<int>(left_by::killed)) ::waitpid(pid, nullptr, 0);
+  return pid;
+}
+COHORT_ENTRYPOINT(fork_a_segment_maker);
+
 TEST_SUITE("sharing") {
   TEST_CASE("a child fills tensors the parent shares and the parent sees the values") {
     repeat_under_each_strategy(repetitions, [](leak_check&, int i) {
@@ -1323,6 +1357,33 @@ TEST_SUITE("sharing") {
     CHECK(seen[0] == 1);  // the arena went
     CHECK(seen[1] == 0);  // with its descriptor
     CHECK(seen[2] == 0);  // and nothing was left for a second trim
+  }
+
+  TEST_CASE("a segment a rank's own child made leaves /dev/shm with the group once nothing can reach it") {
+    for (const auto how : {left_by::killed, left_by::exit}) {
+      CAPTURE(static_cast<int>(how));
+      queue<storage> q;
+      const auto pids = spawn_and_join(fork_a_segment_maker, std::tuple{q, static_cast<int>(how)}, 1,
+                                       {.method = start_method::fork});
+      REQUIRE(pids.size() == 1);
+      REQUIRE(pids[0] > 0);
+      const auto left = files_of(pids[0]);
+      CHECK_MESSAGE(left.empty(), fmt::format("left in /dev/shm: {}", fmt::join(left, ", ")));
+      for (const auto& name : left) fs::remove(fs::path("/dev/shm") / name);
+    }
+  }
+
+  TEST_CASE("a segment whose maker ended stays in /dev/shm while a value in a queue names it") {
+    queue<storage> q;
+    const auto pids = spawn_and_join(fork_a_segment_maker, std::tuple{q, static_cast<int>(left_by::in_flight)}, 1,
+                                     {.method = start_method::fork});
+    REQUIRE(pids.size() == 1);
+    REQUIRE(pids[0] > 0);
+    CHECK(files_of(pids[0]).size() == 1);
+    const auto got = q.get(5s);
+    REQUIRE(got.has_value());
+    CHECK(got->nbytes() == 64);
+    CHECK(std::to_integer<int>(got->data()[63]) == 5);
   }
 }
 
