@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,10 @@ using pool_task = std::tuple<std::uint64_t, std::string, std::vector<std::byte>>
 // item, returned, result or error, and the storages the result's handles name
 using pool_outcome = std::tuple<std::uint64_t, bool, std::vector<std::byte>, std::vector<storage>>;
 
+// How long a worker waits for an item before it gives back the shared
+// memory it keeps for reuse.
+constexpr std::chrono::milliseconds idle_trim_after{100};
+
 // Runs items until the task queue is closed. A result goes with the
 // storages its handles name, which the queue holds while in flight and the
 // parent takes over: the worker keeps nothing of it. It returns a value only so that a worker ending early with code 0 (an item that
@@ -38,7 +43,13 @@ int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> r
   for (;;) {
     std::optional<pool_task> task;
     try {
-      task = tasks.get();
+      task = tasks.get(idle_trim_after);
+      if (!task) {
+        // Idle: the memory of results the parent has dropped goes back now,
+        // not at this worker's next allocation.
+        trim_shared_memory();
+        task = tasks.get();
+      }
     } catch (const queue_closed&) {
       return 0;
     }

@@ -1,4 +1,5 @@
 #include "cohort/pool.hpp"
+#include "cohort/tensor.hpp"
 
 #include "support/harness.hpp"
 #include "support/process_probe.hpp"
@@ -22,10 +23,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <numeric>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 using namespace cohort;
@@ -79,6 +82,21 @@ storage make_storage(int, int value) {
   return s;
 }
 COHORT_ENTRYPOINT(make_storage);
+
+// A tensor of 512 KiB: a segment of its own.
+tensor make_large(int, int value) { return tensor::full({1 << 17}, value, dtype::float32, {.shared = true}); }
+COHORT_ENTRYPOINT(make_large);
+
+// How many mappings of cohort's segments the worker running it has.
+int segment_mappings(int, int) {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find("/memfd:cohort") != std::string::npos || line.find("/dev/shm/cohort") != std::string::npos ? 1 : 0;
+  }
+  return n;
+}
+COHORT_ENTRYPOINT(segment_mappings);
 
 // Maps slow_square over `items` on `p` awaited, while a timer on the same
 // io_context counts its ticks; returns the results and the ticks.
@@ -215,6 +233,26 @@ TEST_SUITE("pool") {
         CHECK(std::to_integer<int>(made[i].data()[15]) == i + 1);
       }
     }
+  }
+
+  TEST_CASE("an idle worker gives back the memory of the results the parent dropped") {
+    pool p(1);
+    const auto mappings = [&p] { return p.map(segment_mappings, std::vector<int>{0}).at(0); };
+    const int before = mappings();
+    {
+      const auto made = p.map(make_large, std::vector<int>(8, 1));
+      REQUIRE(made.size() == 8);
+      CHECK(mappings() >= before + 8);  // the worker made a segment for each
+    }
+    // Past the idle wait (100 ms) the worker finds only what it had; each
+    // look is an item, which ends the wait, so the looks are spaced.
+    int after = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    do {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      after = mappings();
+    } while (after != before && std::chrono::steady_clock::now() < deadline);
+    CHECK(after == before);
   }
 
   TEST_CASE("an awaited map leaves its io_context free to run other work") {
