@@ -3,6 +3,7 @@
 
 #include "shm/keeper.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <new>
 #include <utility>
@@ -97,6 +98,19 @@ void forget_dead_segments() noexcept {
   } catch (const std::bad_alloc&) {
     // Kept for a later look.
   }
+}
+
+void forget_received(const segment& dead) noexcept {
+  auto* r = segments_if_made();
+  if (r == nullptr) return;
+  std::shared_ptr<segment> kept;  // let go of after the lock is released
+  std::unique_lock lock(r->mutex, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // the next open or wait finds it (forget_dead)
+  const auto it =
+      std::find_if(r->received.begin(), r->received.end(), [&dead](const auto& s) { return s.get() == &dead; });
+  if (it == r->received.end()) return;
+  kept = std::move(*it);
+  r->received.erase(it);
 }
 
 std::size_t shed_descriptors() noexcept {

@@ -83,6 +83,11 @@ std::size_t shed_descriptors() noexcept;
 /// that did not go through at once, before it spins or sleeps: time the
 /// process would otherwise spend waiting.
 void dispose_deferred() noexcept;
+/// Stops keeping `dead`, a received segment none of whose blocks is in use
+/// anywhere (its last storage here is going): its mapping goes with that
+/// storage, not at this process's next open or wait. Left for those when
+/// another thread holds the registry's lock.
+void forget_received(const segment& dead) noexcept;
 /// The registry if segments() has made it, else null: a process that never
 /// mapped a segment has nothing to look through at its end.
 registry* segments_if_made() noexcept;

@@ -417,6 +417,12 @@ detail::storage_impl::~storage_impl() {
   if (own_segment && segment->made_here() &&
       segment->header().live.load(std::memory_order_acquire) > 0) {
     shm::linger(std::move(segment));
+  } else if (own_segment && !segment->made_here() && segment->header().live.load(std::memory_order_acquire) == 0) {
+    // A segment of its own that another process made, its block freed:
+    // nothing can name it again, and its memory goes once every process
+    // has unmapped it. (Not asked of an arena's blocks: the count's line
+    // is the maker's, written with every block it carves.)
+    shm::forget_received(*segment);
   } else if (segment.use_count() == 2 && segment->may_give_up_descriptor()) {
     // The last storage here over a segment another process made, which
     // the registry keeps mapped: no value this process passed on needs its

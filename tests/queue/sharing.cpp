@@ -519,6 +519,16 @@ int mappings_after_a_wait(int, queue<tensor> q, queue<tensor> empty, bool awaite
 }
 COHORT_ENTRYPOINT(mappings_after_a_wait);
 
+// Pops a tensor whose sender has let go of it (its segment then dead once
+// dropped here) and drops it; returns how many more segment mappings it
+// then has than before the pop.
+int mappings_after_a_drop(int, queue<tensor> q) {
+  const int before = cohort_mappings();
+  (void)q.get().value();
+  return cohort_mappings() - before;
+}
+COHORT_ENTRYPOINT(mappings_after_a_drop);
+
 // Under `strategy`, says its pid, pushes a tensor of its own (large: a segment of its own)
 // and one from its arena, and is killed before anyone pops them.
 void push_then_die(int, queue<int> pid, queue<tensor> q, int strategy) {
@@ -1013,6 +1023,19 @@ TEST_SUITE("sharing") {
       options.method = start_method::spawn;
       const auto args = std::tuple{q, empty, i == 1};
       CHECK(spawn_and_join(mappings_after_a_wait, args, 1, options).at(0) == 1);
+    });
+  }
+
+  // Before, the mapping stayed until the process's next receive or wait:
+  // a process that received a batch of large tensors and then went quiet
+  // kept all their memory after dropping them.
+  TEST_CASE("a received segment no process uses any more is unmapped as its last storage is dropped") {
+    repeat_under_each_strategy(2, [](leak_check&, int) {
+      queue<tensor> q(1);
+      REQUIRE(q.put(large_shared(1), 1s));  // the sender's copy goes here: the receiver's is the last
+      join_options options;
+      options.method = start_method::spawn;
+      CHECK(spawn_and_join(mappings_after_a_drop, std::tuple{q}, 1, options).at(0) == 0);
     });
   }
 
