@@ -110,8 +110,21 @@ class pool_state {
         map.thread.join();
       }
     }
+    // Results nobody will read (a cancelled map's, taken before the
+    // cancel) are drained meanwhile: a worker blocked putting one into a
+    // full queue would never return.
+    while (!group_.join(std::chrono::milliseconds(10))) drain_results();
     work_.reset();
     runner_.join();  // the group ends when every worker has returned
+  }
+
+  void drain_results() noexcept {
+    try {
+      while (results_.try_pop()) {
+      }
+    } catch (...) {
+      // Its memory is gone, or a value could not be read: nothing left to drain.
+    }
   }
 
   // Items no worker has taken yet do not run: a cancelled map's are not
@@ -130,7 +143,15 @@ class pool_state {
   std::vector<std::optional<encoded>> run(const std::string& name, const std::vector<encoded>& args,
                                           const std::atomic<bool>* cancelled) {
     if (ending_.load(std::memory_order_relaxed)) throw std::logic_error("cohort::pool: map while the pool is ending");
-    std::lock_guard lock(mutex_);
+    // Behind another map: a cancel, or the pool's end, is seen while waiting.
+    std::unique_lock lock(mutex_, std::defer_lock);
+    while (!lock.try_lock_for(std::chrono::milliseconds(20))) {
+      if (cancelled != nullptr && cancelled->load(std::memory_order_relaxed)) {
+        throw std::system_error(asio::error::operation_aborted, "cohort::pool::map");
+      }
+    }
+    // The pool's end cut the map ahead short: this one had not begun.
+    if (ending_.load(std::memory_order_relaxed)) throw_ended();
     if (broken_) throw std::logic_error("cohort::pool: a worker has died; the pool is over");
     std::vector<std::optional<encoded>> out(args.size());
     std::optional<std::string> error;
@@ -222,7 +243,7 @@ class pool_state {
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   group group_;
   std::thread runner_;
-  std::mutex mutex_;
+  std::timed_mutex mutex_;  // one map at a time
   bool broken_ = false;
   std::uint64_t next_item_ = 0;  // under mutex_
   struct detached_map {

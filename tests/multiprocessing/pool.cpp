@@ -48,6 +48,14 @@ long slow_square(int, long x) {
 }
 COHORT_ENTRYPOINT(slow_square);
 
+// 30,000 characters after `ms` milliseconds: a result that travels inside
+// the results queue's ring, not in a block of its own.
+std::string slow_text(int, int ms) {
+  ::usleep(static_cast<useconds_t>(ms) * 1000);
+  return std::string(30000, 'x');
+}
+COHORT_ENTRYPOINT(slow_text);
+
 int which_worker(int worker, int) { return worker; }
 COHORT_ENTRYPOINT(which_worker);
 
@@ -349,6 +357,55 @@ TEST_SUITE("pool") {
       (void)map_cancelled_after(p, more, cancel_more, std::chrono::milliseconds(50));
     }
     CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(3));
+  }
+
+  // Before, results nobody would read filled the queue, a worker blocked
+  // putting its own, and the pool's end waited for that worker for good.
+  TEST_CASE("a pool ends though the results of its cancelled map's items in hand fill the results queue") {
+    asio::cancellation_signal cancel;
+    const auto started = std::chrono::steady_clock::now();
+    {
+      pool p(8);
+      // Each worker takes an item of 2 s at once; the cancel comes while
+      // they run, and their 8 results (240 kB) find no reader.
+      std::promise<std::exception_ptr> outcome;
+      auto done = outcome.get_future();
+      p.map(slow_text, std::vector<int>(100, 2000),
+            asio::bind_cancellation_slot(cancel.slot(), [&outcome](std::exception_ptr e, std::vector<std::string>) {
+              outcome.set_value(e);
+            }));
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      cancel.emit(asio::cancellation_type::terminal);
+      REQUIRE(done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+      CHECK(test::aborted(done.get()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the items in hand end
+    }
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(20));
+  }
+
+  TEST_CASE("a map cancelled while it waits behind another completes at once as aborted") {
+    pool p(1);
+    // 100 items of 20 ms: the map ahead holds the pool for 2 s.
+    std::thread ahead([&p] { p.map(slow_square, std::vector<long>(100, 1)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    asio::cancellation_signal cancel;
+    auto done = map_cancelled_after(p, std::vector<long>{2}, cancel, std::chrono::milliseconds(50));
+    const bool soon = done.wait_for(std::chrono::seconds(1)) == std::future_status::ready;
+    CHECK(soon);
+    ahead.join();
+    CHECK(test::aborted(done.get()));
+  }
+
+  TEST_CASE("maps waiting behind the one the pool's end cut short fail as that one does, not as a worker's death") {
+    std::vector<std::future<std::vector<long>>> maps;
+    {
+      pool p(1);
+      for (int i = 0; i < 3; ++i) maps.push_back(p.map(slow_square, std::vector<long>(50, i), asio::use_future));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    for (auto& m : maps) {
+      CHECK_THROWS_WITH_AS(m.get(), doctest::Contains("the pool was destroyed before"), std::logic_error);
+    }
   }
 
   TEST_CASE("a handler that drops the pool's last reference ends the pool there, workers and all") {
