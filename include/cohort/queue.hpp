@@ -180,7 +180,11 @@ void drop_record(std::span<const std::byte> bytes) {
 /// pushed and never popped are dropped, and their shared memory let go of,
 /// when the last process holding the queue lets go of it (see queue_core's
 /// holders); a queue a process killed outright still held keeps them while
-/// a live process holds a handle to it.
+/// a live process holds a handle to it. The holders are recorded in 128
+/// slots; a slot of a process killed holding the queue is taken again.
+/// Past 128 live at once, the others go unrecorded, and the values wait
+/// for each of those to let go as well: one of them killed outright keeps
+/// them.
 template <crossable T>
 class queue {
  public:

@@ -94,9 +94,13 @@ struct position {
 
 // The processes holding a queue (a queue_core over it), each once with how
 // many it holds, so that the last to let go can tell that nobody can pop
-// what is left. Guarded by the queue's table lock. `unrecorded` is set when
-// a process could not be recorded (no free slot, or its start time
-// unreadable): nothing is then ever drained.
+// what is left. Guarded by the queue's table lock. A slot whose process
+// ended without letting go (killed outright) is taken again once all are
+// used; `ended_unrecorded` counts those processes, whose holds on the
+// queue's memory stay. `unrecorded` counts the queue_cores that no slot
+// records (every slot's process alive, or a start time unreadable): while
+// any is held, nothing is drained, and one whose process was killed keeps
+// it so.
 struct holder {
   pid_t pid;
   std::uint32_t count;       // its queue_cores over the queue; 0: the slot is free
@@ -106,6 +110,8 @@ constexpr std::uint32_t max_holders = 128;
 struct holder_table {
   std::uint32_t unrecorded;
   std::uint32_t used;  // slots ever filled
+  std::uint32_t ended_unrecorded;
+  std::uint32_t reserved;
   holder holders[max_holders];
 };
 
@@ -528,28 +534,42 @@ class queue_core {
     const std::uint64_t started = os::own_start_time();
     const locked lock(h().table_lock);
     auto& t = h().holders;
-    if (started == 0) {
-      t.unrecorded = 1;
-      return;
-    }
-    holder* free = nullptr;
-    const auto used = std::min(t.used, max_holders);
-    for (std::uint32_t i = 0; i < used; ++i) {
-      auto& e = t.holders[i];
-      if (e.count > 0 && e.pid == self && e.start_time == started) {
-        ++e.count;
+    if (started != 0) {
+      holder* free = nullptr;
+      const auto used = std::min(t.used, max_holders);
+      for (std::uint32_t i = 0; i < used; ++i) {
+        auto& e = t.holders[i];
+        if (e.count > 0 && e.pid == self && e.start_time == started) {
+          ++e.count;
+          holder_ = self;
+          return;
+        }
+        if (e.count == 0 && free == nullptr) free = &e;
+      }
+      if (free == nullptr && used < max_holders) free = &t.holders[t.used++];
+      if (free == nullptr) free = take_ended_slot_locked();
+      if (free != nullptr) {
+        *free = {self, 1, started};
         holder_ = self;
         return;
       }
-      if (e.count == 0 && free == nullptr) free = &e;
     }
-    if (free == nullptr && used < max_holders) free = &t.holders[t.used++];
-    if (free == nullptr) {
-      t.unrecorded = 1;
-      return;
+    ++t.unrecorded;
+    unrecorded_by_ = self;
+  }
+
+  // With the table lock held, every slot used: the slot of a process that
+  // ended holding the queue, its hold counted in `ended_unrecorded`; null
+  // when every one's process lives.
+  holder* take_ended_slot_locked() noexcept {
+    auto& t = h().holders;
+    for (auto& e : t.holders) {
+      if (e.count > 0 && os::has_ended(e.pid, e.start_time)) {
+        ++t.ended_unrecorded;
+        return &e;
+      }
     }
-    *free = {self, 1, started};
-    holder_ = self;
+    return nullptr;
   }
 
   // Ends this queue_core's hold. When it was this process's last and nobody
@@ -557,13 +577,21 @@ class queue_core {
   // shared memory the values name is let go of; when only plain forks'
   // children still could, once they have exec'd or ended.
   void leave() noexcept {
-    if (header_ == nullptr || holder_ != os::this_process()) return;  // not recorded, or inherited over fork
+    if (header_ == nullptr) return;
+    const pid_t self = os::this_process();
+    if (holder_ != self && unrecorded_by_ != self) return;  // inherited over fork
     // A plain fork's child that has exec'd or ended can pop no more.
     shm::sweep_fork_holds();
     left_to state;
     {
       const locked lock(h().table_lock);
-      if (!release_hold_locked()) return;
+      if (unrecorded_by_ == self) {
+        --h().holders.unrecorded;
+        // This process's other queue_cores over it, recorded or not, hold it still.
+        if (state_.use_count() != 1 || holds_recorded_locked()) return;
+      } else if (!release_hold_locked()) {
+        return;
+      }
       state = left_locked();
     }
     if (state == left_to::nobody) drain();
@@ -621,6 +649,18 @@ class queue_core {
     }
   }
 
+  // With the table lock held: whether a slot records this process.
+  bool holds_recorded_locked() const noexcept {
+    const pid_t self = os::this_process();
+    const std::uint64_t started = os::own_start_time();
+    const auto& t = h().holders;
+    for (std::uint32_t i = 0; i < std::min(t.used, max_holders); ++i) {
+      const auto& e = t.holders[i];
+      if (e.count > 0 && e.pid == self && e.start_time == started) return true;
+    }
+    return false;
+  }
+
   // With the table lock held: drops one of this process's holds; whether it was
   // the last.
   bool release_hold_locked() noexcept {
@@ -654,6 +694,7 @@ class queue_core {
       if (!os::has_ended(e.pid, e.start_time)) return left_to::others;
       ++ended_holding;
     }
+    ended_holding += t.ended_unrecorded;
     const auto holds = shm::holds_for_children(state_);
     if (holds.refs == 1 + ended_holding) return left_to::nobody;
     return holds.for_children > 0 && holds.refs == 1 + ended_holding + holds.for_children ? left_to::children
@@ -697,6 +738,7 @@ class queue_core {
   record_drop drop_;
   queue_header* header_ = nullptr;
   pid_t holder_ = 0;  // the process recorded as holding it through this object; 0: none
+  pid_t unrecorded_by_ = 0;  // the process holding it through this object that no slot records; 0: none
   std::atomic<pid_t> producer_of_{0}, consumer_of_{0};  // the process that joined as each
   peer_watch watch_;
   spin_budget spin_[2];  // push, pop

@@ -519,6 +519,27 @@ int mappings_after_a_wait(int, queue<tensor> q, queue<tensor> empty, bool awaite
 }
 COHORT_ENTRYPOINT(mappings_after_a_wait);
 
+void hold_and_die(int, queue<storage>) { ::raise(SIGKILL); }
+COHORT_ENTRYPOINT(hold_and_die);
+
+void hold_a_while(int, queue<storage>) { ::usleep(300000); }
+COHORT_ENTRYPOINT(hold_a_while);
+
+// Makes a queue, lets `hold` have processes hold it, puts a storage of
+// 1 MiB into it and drops it (this process's last hold); returns how many
+// then hold the storage: 1 when the queue dropped the value left in it.
+template <class Hold>
+std::uint32_t holders_after_dropping(Hold hold) {
+  std::optional<storage> s;
+  {
+    queue<storage> q(8);
+    hold(q);
+    s = storage::allocate_shared(1 << 20);
+    REQUIRE(q.put(*s, 1s));
+  }
+  return detail::shared_holders(*s);
+}
+
 // Pops a tensor whose sender has let go of it (its segment then dead once
 // dropped here) and drops it; returns how many more segment mappings it
 // then has than before the pop.
@@ -1166,6 +1187,25 @@ TEST_SUITE("sharing") {
     }
     trim_shared_memory();
     CHECK(files_of(::getpid()) == before);
+  }
+
+  // A queue's table records 128 holding processes. Before, the slots of
+  // processes killed holding it were never taken again, and one process
+  // past 128 (killed, or all alive at once) stopped every later drain.
+  TEST_CASE("a queue held by more processes than its table's slots, killed one by one, still drops what is left") {
+    const auto held = holders_after_dropping([](queue<storage>& q) {
+      for (int i = 0; i < 130; ++i) {
+        CHECK_THROWS(spawn_and_join(hold_and_die, std::tuple{q}, 1, {.method = start_method::fork}));
+      }
+    });
+    CHECK(held == 1);
+  }
+
+  TEST_CASE("a queue held by more processes at once than its table's slots still drops what is left") {
+    const auto held = holders_after_dropping([](queue<storage>& q) {
+      spawn_and_join(hold_a_while, std::tuple{q}, 130, {.method = start_method::fork});
+    });
+    CHECK(held == 1);
   }
 
   // Before, the pops below said only "shm_error: the processes holding a
