@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -317,19 +318,30 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& fo
   return logs;
 }
 
-// The run's folder under the log dir: its id, or, when a run with that id
-// already logged there, the id with the first free ".<n>" after it. The
-// folder is claimed by making it, so that runs started together with one
-// id (the nodes of a job, on a shared file system) never share one.
+// The run's folder under the log dir, named as torchrun names it (Python's
+// mkdtemp, the run id and '_' before it): <run-id>_ and 8 characters of
+// a-z, 0-9 and '_', made with mode 0700. Made here, so that runs started
+// with one id (the nodes of a job, on a shared file system) never share
+// one; without --log-dir, the logs' fresh folder holds it.
 std::string log_folder(const run_options& o, const std::string& run_id) {
-  if (o.log_dir.empty()) return run_id;
+  static constexpr std::string_view characters = "abcdefghijklmnopqrstuvwxyz0123456789_";
+  const auto fresh_name = [&run_id] {
+    std::uint64_t bits = 0;
+    if (::getrandom(&bits, sizeof bits, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof bits)) {
+      bits = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+             (static_cast<std::uint64_t>(::getpid()) << 40);
+    }
+    std::string name = run_id + "_";
+    for (int i = 0; i < 8; ++i, bits >>= 8) name += characters[(bits & 0xff) % characters.size()];
+    return name;
+  };
+  if (o.log_dir.empty()) return fresh_name();
   std::error_code ec;
   fs::create_directories(o.log_dir, ec);
-  std::string folder = run_id;
-  for (int n = 1;; ++n) {
+  for (int tries = 0;; ++tries) {
+    auto folder = fresh_name();
     // Made here; or, where it cannot be, the logs' set-up says why.
-    if (fs::create_directory(fs::path(o.log_dir) / folder, ec) || ec) return folder;
-    folder = fmt::format("{}.{}", run_id, n);
+    if (::mkdir((fs::path(o.log_dir) / folder).c_str(), 0700) == 0 || errno != EEXIST || tries == 100) return folder;
   }
 }
 

@@ -68,6 +68,30 @@ outcome run_command(const command& cmd, F during, std::map<std::string, std::str
   }());
 }
 
+// The folders of the runs with id `run_id` under `log_dir`, as torchrun
+// names them: the id, '_' and 8 characters of a-z, 0-9 and '_'.
+std::vector<fs::path> run_folders(const fs::path& log_dir, const std::string& run_id) {
+  std::vector<fs::path> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(log_dir, ec)) {
+    const auto name = e.path().filename().string();
+    const auto tail = name.substr(std::min(name.size(), run_id.size() + 1));
+    if (name.starts_with(run_id + "_") && tail.size() == 8 &&
+        tail.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") == std::string::npos) {
+      found.push_back(e.path());
+    }
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+// The folder of the one run with id `run_id` under `log_dir`.
+fs::path run_folder(const fs::path& log_dir, const std::string& run_id) {
+  const auto found = run_folders(log_dir, run_id);
+  REQUIRE_MESSAGE(found.size() == 1, fmt::format("{} runs with id {} in {}", found.size(), run_id, log_dir.string()));
+  return found.front();
+}
+
 // Runs cohort-run with `args`; `during` runs once it has started, with its
 // child object (to signal it).
 template <class F>
@@ -441,13 +465,14 @@ TEST_SUITE("cohort-run") {
       const std::string expected = "attempt " + std::to_string(attempt) + "\n";
       int written = 0;
       for (int rank = 0; rank < 2; ++rank) {
-        const auto text = read_file(dir.path / "job" / ("attempt_" + std::to_string(attempt)) / std::to_string(rank) / "stdout.log");
+        const auto attempt_folder = run_folder(dir.path, "job") / ("attempt_" + std::to_string(attempt));
+        const auto text = read_file(attempt_folder / std::to_string(rank) / "stdout.log");
         CHECK((text == expected || (attempt < 2 && text.empty())));
         written += text == expected ? 1 : 0;
       }
       CHECK(written >= (attempt < 2 ? 1 : 2));
     }
-    CHECK_FALSE(fs::exists(dir.path / "job" / "attempt_3"));
+    CHECK_FALSE(fs::exists(run_folder(dir.path, "job") / "attempt_3"));
   }
 
   TEST_CASE("a relative --log-dir: a rank that changes directory still leaves its error file, and result.json names it absolute") {
@@ -461,8 +486,9 @@ TEST_SUITE("cohort-run") {
     INFO(o.err);
     CHECK(o.status.code() == 3);
     CHECK(o.err.find("ValueError: moved") != std::string::npos);
-    const auto result = nlohmann::json::parse(read_file(dir.path / "logs" / "job" / "result.json"));
-    CHECK(result["log_dir"] == (dir.path / "logs" / "job").string());
+    const auto folder = run_folder(dir.path / "logs", "job");
+    const auto result = nlohmann::json::parse(read_file(folder / "result.json"));
+    CHECK(result["log_dir"] == folder.string());
   }
 
   TEST_CASE("4 ranks writing 100 MB each with -r 3 -t 3: log files byte-exact, console lines whole") {
@@ -479,7 +505,7 @@ TEST_SUITE("cohort-run") {
     CHECK(r.err.find("[default2]:to stderr 2\n") != std::string::npos);
     for (int rank = 0; rank < 4; ++rank) {
       CAPTURE(rank);
-      const auto folder = dir.path / "logs" / "none" / "attempt_0" / std::to_string(rank);
+      const auto folder = run_folder(dir.path / "logs", "none") / "attempt_0" / std::to_string(rank);
       const std::string file = read_file(folder / "stdout.log");
       const std::string pattern = line + std::to_string(rank) + "\n";
       REQUIRE(file.size() == size);
@@ -524,7 +550,7 @@ TEST_SUITE("cohort-run") {
     CHECK(r.status.code() == 0);
     for (int rank = 0; rank < 2; ++rank) {
       const auto id = std::to_string(rank);
-      const auto folder = dir.path / "none" / "attempt_0" / id;
+      const auto folder = run_folder(dir.path, "none") / "attempt_0" / id;
       CHECK(read_file(folder / "stdout.log") == "fifo\nend " + id);
       CHECK(read_file(folder / "stderr.log") == "err\n");
       CHECK(r.out.find("[default" + id + "]:fifo\n") != std::string::npos);
@@ -543,11 +569,13 @@ TEST_SUITE("cohort-run") {
     CHECK(r.err.find("err 0") == std::string::npos);
     CHECK(r.err.find("err 2") == std::string::npos);
     for (int rank = 0; rank < 3; ++rank) {
-      CHECK(read_file(dir.path / "none" / "attempt_0" / std::to_string(rank) / "stdout.log") == "out " + std::to_string(rank) + "\n");
+      const auto log = run_folder(dir.path, "none") / "attempt_0" / std::to_string(rank) / "stdout.log";
+      CHECK(read_file(log) == "out " + std::to_string(rank) + "\n");
     }
     auto unwritable = run_launcher({"-n", "2", "--log-dir", "/proc/no-such-dir", "--run-id", "none", "-r", "3", "true"});
     CHECK(unwritable.status.code() == 1);
-    CHECK(unwritable.err.find("/proc/no-such-dir/none/attempt_0/0") != std::string::npos);
+    CHECK(unwritable.err.find("/proc/no-such-dir/none_") != std::string::npos);
+    CHECK(unwritable.err.find("/attempt_0/0") != std::string::npos);
     // Local ranks past this node's are left out, as torchrun leaves them.
     auto beyond = run_launcher({"-n", "1", "-t", "0:3,4:3", "--local-ranks-filter", "0,7", "--", "/bin/sh", "-c",
                                 "echo out $LOCAL_RANK"});
@@ -986,6 +1014,31 @@ TEST_SUITE("cohort-run") {
                       alone.path.string()});
     REQUIRE_MESSAGE(r.status.code() == 0, r.err);
     CHECK(variables_in(alone.path / "0")["MASTER_ADDR"] == "127.0.0.1");
+    // And on a free port, whatever --master-port says (torchrun's localhost:0).
+    test::temp_dir port_given;
+    r = run_launcher({"--standalone", "--master-port", "1", "--", "/bin/sh", "-c", dump_contract,
+                      port_given.path.string()});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    const auto port = variables_in(port_given.path / "0")["MASTER_PORT"];
+    CHECK(port != "1");
+    CHECK(std::stoi(port) > 1);
+  }
+
+  TEST_CASE("a '--' right after a script is dropped, as torchrun's parser drops it; after '-- program' it is kept") {
+    test::temp_dir dir;
+    const auto script = dir.path / "args.sh";
+    {
+      std::ofstream out(script);
+      out << "#!/bin/sh\necho \"$@\" > \"$OUT/$1\"\n";
+    }
+    fs::permissions(script, fs::perms::owner_all);
+    const std::map<std::string, std::string> env{{"OUT", dir.path.string()}};
+    auto r = run_launcher({"-n", "1", "--no-python", script.string(), "--", "dropped", "--", "kept"}, env);
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(read_file(dir.path / "dropped") == "dropped -- kept\n");
+    r = run_launcher({"-n", "1", "--", script.string(), "--", "x"}, env);
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(read_file(dir.path / "--") == "-- x\n");
   }
 
   TEST_CASE("torchrun's flags that mean nothing for programs are accepted") {
@@ -1140,7 +1193,7 @@ TEST_SUITE("cohort-run") {
     CHECK(r.err.find("no GPU is visible") != std::string::npos);
   }
 
-  TEST_CASE("default run ids are fresh: two runs with one log dir keep both; a repeated --run-id gets a folder of its own") {
+  TEST_CASE("fresh default run ids keep two runs apart; a run's folder is <id>_ and 8 random characters") {
     test::temp_dir logs;
     const std::vector<std::string> args{"--log-dir", logs.path.string(), "-r", "3", "-n", "1", "--", "/bin/sh", "-c",
                                         "echo $TORCHELASTIC_RUN_ID"};
@@ -1150,7 +1203,9 @@ TEST_SUITE("cohort-run") {
     for (const auto& e : fs::directory_iterator(logs.path)) runs.push_back(e.path());
     REQUIRE(runs.size() == 2);
     for (const auto& run : runs) {
-      CHECK(read_file(run / "attempt_0" / "0" / "stdout.log") == run.filename().string() + "\n");
+      const auto id = read_file(run / "attempt_0" / "0" / "stdout.log");
+      REQUIRE(id.ends_with("\n"));
+      CHECK(run_folders(logs.path, id.substr(0, id.size() - 1)) == std::vector<fs::path>{run});
       CHECK(fs::exists(run / "result.json"));
     }
     test::temp_dir named;
@@ -1159,8 +1214,9 @@ TEST_SUITE("cohort-run") {
     same.insert(same.begin(), {"--run-id", "job"});
     REQUIRE(run_launcher(same).status.code() == 0);
     REQUIRE(run_launcher(same).status.code() == 0);
-    CHECK(read_file(named.path / "job" / "attempt_0" / "0" / "stdout.log") == "job\n");
-    CHECK(read_file(named.path / "job.1" / "attempt_0" / "0" / "stdout.log") == "job\n");
+    const auto folders = run_folders(named.path, "job");
+    REQUIRE(folders.size() == 2);
+    for (const auto& folder : folders) CHECK(read_file(folder / "attempt_0" / "0" / "stdout.log") == "job\n");
   }
 
   TEST_CASE("a --run-id that is not one folder's name is a usage error, exit 2, and no folder is made") {
@@ -1196,9 +1252,9 @@ TEST_SUITE("cohort-run") {
       }());
       CHECK(codes == std::vector<int>{0, 0, 0});
       std::set<std::string> lines;
-      for (const auto& folder : {"job", "job.1", "job.2"}) {
-        lines.insert(read_file(logs.path / folder / "attempt_0" / "0" / "stdout.log"));
-      }
+      const auto folders = run_folders(logs.path, "job");
+      REQUIRE(folders.size() == 3);
+      for (const auto& folder : folders) lines.insert(read_file(folder / "attempt_0" / "0" / "stdout.log"));
       CHECK(lines == std::set<std::string>{"0\n", "1\n", "2\n"});
     }
   }
@@ -1218,7 +1274,7 @@ TEST_SUITE("cohort-run") {
     const auto at = r.err.find(said + launcher_tmpdir() + "/cohort-run-");
     REQUIRE(at != std::string::npos);
     const fs::path folder = r.err.substr(at + said.size(), r.err.find('\n', at) - at - said.size());
-    CHECK(read_file(folder / "job" / "attempt_0" / "0" / "stdout.log") == "logged\n");
+    CHECK(read_file(run_folder(folder, "job") / "attempt_0" / "0" / "stdout.log") == "logged\n");
   }
 
   TEST_CASE("--result-json: the outcome, every attempt, each rank's status, usage and error file; failures in the summary") {

@@ -366,6 +366,9 @@ run_options parse_options(int argc, char** argv) {
     throw usage_error(fmt::format("unknown option {}", o.program.front()));
   }
   if (o.program.empty()) throw usage_error("no program to run: see the forms in cohort-run --help");
+  // torchrun's parser drops a "--" right after the script (train.py -- --lr 1
+  // gives the script --lr 1); after "--" the command's arguments are its own.
+  if (!separated && o.program.size() > 1 && o.program[1] == "--") o.program.erase(o.program.begin() + 1);
   if (module && no_python) throw usage_error("-m runs a module with Python: it cannot go with --no-python");
   if (run_path) {  // first, as in torchrun
     o.form = program_form::run_path;
@@ -383,6 +386,7 @@ run_options parse_options(int argc, char** argv) {
     o.rdzv_endpoint.clear();  // torchrun's is localhost:0 then, whatever was given
     o.master_addr = "127.0.0.1";
     o.master_addr_given = true;
+    o.master_port = 0;  // a free port, whatever --master-port says: as torchrun's localhost:0
     o.run_id.clear();  // a fresh one, whatever was asked
   }
   check_run_id(o.run_id, "--run-id");
