@@ -4,6 +4,7 @@
 // when asked, and reports the root cause.
 //
 //   cohort-run [options] script.py [args...]   (see --help for every form)
+#include "run/file_timer.hpp"
 #include "run/node_sizes.hpp"
 #include "run/options.hpp"
 #include "run/port.hpp"
@@ -565,7 +566,7 @@ void write_results(const run_options& o, const run_record& record) {
 // One attempt of this node's ranks, until they end or `rdzv` ends the round
 // (then `ended_by` says why).
 attempt_record run_attempt(cohort::group_spec& spec, signal_owner& signals, etcd_rendezvous* rdzv,
-                           std::optional<round_change>& ended_by, error_folder& errors) {
+                           std::optional<round_change>& ended_by, error_folder& errors, file_timer_server* timer) {
   attempt_record a;
   a.started = std::chrono::system_clock::now();
   const auto began = std::chrono::steady_clock::now();
@@ -603,6 +604,14 @@ attempt_record run_attempt(cohort::group_spec& spec, signal_owner& signals, etcd
       ~attached() { signals.detach(); }
     } attach{signals, g, co_await asio::this_coro::executor};
     a.pids = g.pids();
+    // Their file timers' signals reach them, and what they start, until they have ended.
+    struct watched {
+      file_timer_server* timer;
+      ~watched() {
+        if (timer != nullptr) timer->watch({});
+      }
+    } watch{timer};
+    if (timer != nullptr) timer->watch(a.pids);
     if (rdzv != nullptr) {
       rdzv->watch([&, group = &g](const round_change& change) {
         {
@@ -723,6 +732,17 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
         run_id, attempt);
     return finish("interrupted", 128 + sig, fmt::format("{} received", cohort::signal_name(sig)));
   };
+  // torchrun's file-timer watchdog, when the environment asks for it.
+  std::optional<file_timer_server> timer;
+  try {
+    if (const auto path = file_timer_path_from_environment()) timer.emplace(*path);
+  } catch (const std::system_error& e) {
+    say("{}\n", e.what());
+    return finish("failed", 1, e.what());
+  }
+  if (timer && std::getenv("TORCHELASTIC_TIMER_FILE") == nullptr) {
+    spec.options.env.set("TORCHELASTIC_TIMER_FILE", timer->path());
+  }
   // The nodes of a static job tell node 0 how many ranks each runs, unless
   // the job says every node runs as many (as torchrun's fast path).
   const char* identical = std::getenv("TORCH_ELASTIC_WORKER_IDENTICAL");
@@ -775,7 +795,8 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     spec.envs.clear();
     for (int local = 0; local < nproc; ++local) spec.envs[local] = rank_contract(o, p, local);
     std::optional<round_change> ended_by;
-    record.attempts.push_back(run_attempt(spec, signals, rdzv ? &*rdzv : nullptr, ended_by, errors));
+    record.attempts.push_back(
+        run_attempt(spec, signals, rdzv ? &*rdzv : nullptr, ended_by, errors, timer ? &*timer : nullptr));
     auto& a = record.attempts.back();
     a.attempt = attempt;
     a.node_rank = p.node_rank;

@@ -1024,6 +1024,54 @@ TEST_SUITE("cohort-run") {
     CHECK(std::stoi(port) > 1);
   }
 
+  // torch's FileTimerClient writes one JSON line per request into the FIFO
+  // (here a shell writes it): an expiry in seconds since the epoch, -1 to
+  // release.
+  TEST_CASE("TORCHELASTIC_ENABLE_FILE_TIMER=1: a rank whose timer expires gets its signal; a released one runs on") {
+    const std::string request = "printf '{\"version\": 1, \"pid\": %s, \"scope_id\": \"%s\", \"expiration_time\": %s, "
+                                "\"signal\": 9}\\n' \"$1\" \"$2\" \"$3\" > \"$TORCHELASTIC_TIMER_FILE\"";
+    const auto started = std::chrono::steady_clock::now();
+    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c",
+                           "r() { " + request + "; }; r $$ step $(( $(date +%s) + 2 )); "
+                           "if [ $RANK = 0 ]; then r $$ step -1; fi; sleep 4; echo ran on $RANK"},
+                          {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}});
+    CHECK(r.status.code() == 128 + SIGKILL);
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(10));
+    CHECK(r.err.find("cohort-run: the file timer 'step' of pid ") != std::string::npos);
+    CHECK(r.err.find("expired: it was sent SIGKILL") != std::string::npos);
+    CHECK(r.err.find("rank       : 1 ") != std::string::npos);  // the root cause: the one not released
+    CHECK(r.out.find("ran on 1") == std::string::npos);
+
+    // A FIFO named by TORCHELASTIC_TIMER_FILE is made there, and goes with the run.
+    test::temp_dir dir;
+    const auto fifo = dir.path / "timer";
+    r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", "[ -p \"$TORCHELASTIC_TIMER_FILE\" ] && echo fifo"},
+                     {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}, {"TORCHELASTIC_TIMER_FILE", fifo.string()}});
+    CHECK(r.status.code() == 0);
+    CHECK(r.out == "fifo\n");
+    CHECK_FALSE(fs::exists(fs::symlink_status(fifo)));
+    // Not asked for: no FIFO, and no variable naming one.
+    r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", "echo \"[${TORCHELASTIC_TIMER_FILE-unset}]\""});
+    CHECK(r.out == "[unset]\n");
+  }
+
+  TEST_CASE("a file timer naming a process that is neither a rank nor started by one sends it nothing") {
+    asio::io_context io;
+    const command sleeper("/bin/sleep", {"30"});
+    child outsider = test::run(io, spawn(sleeper));
+    const pid_t pid = outsider.pid();
+    const auto r = run_launcher({"-n", "1", "--", "/bin/sh", "-c",
+                                 "printf '{\"version\": 1, \"pid\": " + std::to_string(pid) +
+                                     ", \"scope_id\": \"s\", \"expiration_time\": 1, \"signal\": 9}\\n' "
+                                     "> \"$TORCHELASTIC_TIMER_FILE\"; sleep 1"},
+                                {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}});
+    CHECK(r.status.code() == 0);
+    CHECK(r.err.find("pid " + std::to_string(pid) + " is no rank of this run") != std::string::npos);
+    CHECK(test::alive(pid));
+    ::kill(pid, SIGKILL);
+    (void)test::run(io, outsider.wait());
+  }
+
   TEST_CASE("a '--' right after a script is dropped, as torchrun's parser drops it; after '-- program' it is kept") {
     test::temp_dir dir;
     const auto script = dir.path / "args.sh";

@@ -1,6 +1,7 @@
 """PyTorch workers, unchanged, under cohort-run: a gloo all_reduce across 4
-ranks, and a worker whose exception torch's @record writes to the error
-file, which must reach cohort-run's summary. Exits 77 (skipped) where
+ranks, a worker whose exception torch's @record writes to the error
+file, which must reach cohort-run's summary, and workers under torch's
+file-timer watchdog. Exits 77 (skipped) where
 torch cannot be imported.
 
     torch_workers.py COHORT_RUN
@@ -39,6 +40,18 @@ def main():
 
 if __name__ == "__main__":
     main()
+"""
+
+# torch's own file-timer client: the watchdog kills the rank whose timer
+# expires (1 s into a 30 s sleep); the one whose timer is released runs on.
+WATCHDOG = """
+import os, time
+import torch.distributed.elastic.timer as timer
+timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+with timer.expires(after=5 if os.environ["RANK"] == "0" else 1):
+    time.sleep(0.1 if os.environ["RANK"] == "0" else 30)
+os.write(1, f"rank {os.environ['RANK']} released its timer\\n".encode())
+time.sleep(30)
 """
 
 failures = []
@@ -82,6 +95,16 @@ with tempfile.TemporaryDirectory() as tmp:
     summary = run.stderr[run.stderr.find("Root cause"):]
     check("message    : ValueError: bad batch from the worker" in summary, f"@record message missing: {run.stderr}")
     check("record_worker.py\", line 6, in main" in summary, f"@record traceback missing: {run.stderr}")
+
+    script = os.path.join(tmp, "watchdog_worker.py")
+    with open(script, "w") as f:
+        f.write(textwrap.dedent(WATCHDOG))
+    run = subprocess.run([cohort_run, "-n", "2", "--", python, script], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TMPDIR=tmp, TORCHELASTIC_ENABLE_FILE_TIMER="1"))
+    check(run.returncode == 137, f"watchdog exit code {run.returncode}: {run.stderr}")
+    check(run.stdout == "rank 0 released its timer\n", f"watchdog output {run.stdout!r}")
+    summary = run.stderr[run.stderr.find("Root cause"):]
+    check("rank       : 1 " in summary and "SIGKILL" in summary, f"watchdog root cause: {run.stderr}")
 
 for failure in failures:
     print("FAILED:", failure)

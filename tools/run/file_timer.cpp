@@ -1,0 +1,228 @@
+// torchrun's file-timer watchdog: the FIFO, its requests, and the thread
+// that sends the signals of the timers that expire.
+#include "run/file_timer.hpp"
+
+#include "run/say.hpp"
+
+#include <cohort/exit_status.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <system_error>
+
+namespace cohort_run {
+
+namespace {
+
+double seconds_since_epoch() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// The parent of `pid`, from /proc; 0 when it cannot be read.
+pid_t parent_of(pid_t pid) {
+  std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+  std::string text;
+  std::getline(stat, text);
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+  const auto close = text.rfind(')');
+  if (close == std::string::npos) return 0;
+  char state = 0;
+  int parent = 0;
+  if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &parent) != 2) return 0;
+  return parent;
+}
+
+// A version 4 UUID's text, as Python's uuid4() writes it.
+std::string fresh_uuid() {
+  std::uint8_t b[16] = {};
+  if (::getrandom(b, sizeof b, 0) != static_cast<ssize_t>(sizeof b)) {
+    throw std::system_error(errno, std::system_category(), "cohort-run: random bytes for the file timer's FIFO");
+  }
+  b[6] = static_cast<std::uint8_t>((b[6] & 0x0f) | 0x40);
+  b[8] = static_cast<std::uint8_t>((b[8] & 0x3f) | 0x80);
+  std::string text;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) text += '-';
+    text += fmt::format("{:02x}", b[i]);
+  }
+  return text;
+}
+
+}  // namespace
+
+std::optional<timer_request> parse_timer_request(std::string_view line) {
+  const auto j = nlohmann::json::parse(line, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  const auto pid = j.find("pid");
+  const auto scope = j.find("scope_id");
+  const auto expires = j.find("expiration_time");
+  const auto signal = j.find("signal");
+  if (pid == j.end() || !pid->is_number_integer() || scope == j.end() || !scope->is_string() ||
+      expires == j.end() || !expires->is_number() || signal == j.end() || !signal->is_number_integer()) {
+    return std::nullopt;
+  }
+  timer_request r;
+  const auto p = pid->get<long long>();
+  const auto s = signal->get<long long>();
+  if (p <= 0 || p > 0x3fffffff || s < -1024 || s > 1024) return std::nullopt;
+  r.pid = static_cast<pid_t>(p);
+  r.scope = scope->get<std::string>();
+  r.expires = expires->get<double>();
+  if (!std::isfinite(r.expires)) return std::nullopt;
+  r.signal = static_cast<int>(s);
+  return r;
+}
+
+void timer_table::apply(const timer_request& r) {
+  const auto key = std::pair{r.pid, r.scope};
+  if (r.expires < 0) {
+    timers_.erase(key);
+  } else {
+    timers_[key] = {r.expires, r.signal};
+  }
+}
+
+std::vector<std::pair<pid_t, std::pair<int, std::string>>> timer_table::take_expired(double now) {
+  // By process: its expired timers, earliest first.
+  std::map<pid_t, std::vector<std::pair<double, std::pair<int, std::string>>>> expired;
+  for (const auto& [key, timer] : timers_) {
+    if (timer.first < now) expired[key.first].push_back({timer.first, {timer.second, key.second}});
+  }
+  std::vector<std::pair<pid_t, std::pair<int, std::string>>> out;
+  for (auto& [pid, timers] : expired) {
+    std::sort(timers.begin(), timers.end());
+    std::pair<int, std::string> chosen{0, timers.front().second.second};
+    for (const auto& t : timers) {
+      if (t.second.first > 0) {
+        chosen = t.second;
+        break;
+      }
+    }
+    out.emplace_back(pid, std::move(chosen));
+    std::erase_if(timers_, [pid = pid](const auto& entry) { return entry.first.first == pid; });
+  }
+  return out;
+}
+
+std::optional<double> timer_table::next_expiry() const {
+  std::optional<double> next;
+  for (const auto& [key, timer] : timers_) {
+    if (!next || timer.first < *next) next = timer.first;
+  }
+  return next;
+}
+
+file_timer_server::file_timer_server(std::string path) : path_(std::move(path)) {
+  const auto fail = [this](const char* what) {
+    const int error = errno;
+    for (int fd : {fifo_, keep_open_, wake_}) {
+      if (fd >= 0) ::close(fd);
+    }
+    throw std::system_error(error, std::system_category(), fmt::format("cohort-run: {} {}", what, path_));
+  };
+  ::unlink(path_.c_str());
+  if (::mkfifo(path_.c_str(), 0666) != 0) fail("making the file timer's FIFO");
+  fifo_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fifo_ < 0) fail("opening the file timer's FIFO");
+  keep_open_ = ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (keep_open_ < 0) fail("opening the file timer's FIFO");
+  wake_ = ::eventfd(0, EFD_CLOEXEC);
+  if (wake_ < 0) fail("an eventfd for the file timer of");
+  thread_ = std::thread([this] { serve(); });
+}
+
+file_timer_server::~file_timer_server() {
+  const std::uint64_t one = 1;
+  (void)!::write(wake_, &one, sizeof one);
+  thread_.join();
+  ::close(fifo_);
+  ::close(keep_open_);
+  ::close(wake_);
+  ::unlink(path_.c_str());
+}
+
+void file_timer_server::watch(std::vector<pid_t> ranks) {
+  std::lock_guard lock(mutex_);
+  ranks_ = std::move(ranks);
+}
+
+bool file_timer_server::of_the_run(pid_t pid) {
+  std::vector<pid_t> ranks;
+  {
+    std::lock_guard lock(mutex_);
+    ranks = ranks_;
+  }
+  // The process, or an ancestor of it up to this one, is a rank.
+  for (int depth = 0; pid > 1 && pid != ::getpid() && depth < 64; ++depth, pid = parent_of(pid)) {
+    if (std::find(ranks.begin(), ranks.end(), pid) != ranks.end()) return true;
+  }
+  return false;
+}
+
+void file_timer_server::serve() noexcept {
+  timer_table timers;
+  std::string pending;  // a line not yet whole
+  for (;;) {
+    int timeout = 100;  // ms; as torch's agent looks, at the least
+    if (const auto next = timers.next_expiry()) {
+      const double left = (*next - seconds_since_epoch()) * 1000;
+      timeout = std::clamp(static_cast<int>(std::ceil(left)), 0, timeout);
+    }
+    pollfd fds[2] = {{fifo_, POLLIN, 0}, {wake_, POLLIN, 0}};
+    if (::poll(fds, 2, timeout) < 0 && errno != EINTR) return;
+    if ((fds[1].revents & POLLIN) != 0) return;
+    if ((fds[0].revents & POLLIN) != 0) {
+      // One read a look: a writer that never stops does not hold the expiries up.
+      char buffer[4096];
+      const ssize_t n = ::read(fifo_, buffer, sizeof buffer);
+      if (n > 0) pending.append(buffer, static_cast<std::size_t>(n));
+      for (std::size_t end; (end = pending.find('\n')) != std::string::npos; pending.erase(0, end + 1)) {
+        const std::string_view line(pending.data(), end);
+        if (line.empty()) continue;
+        if (const auto request = parse_timer_request(line)) {
+          timers.apply(*request);
+        } else {
+          say("cohort-run: the file timer's FIFO got a line that is not a timer request: {}\n", line.substr(0, 200));
+        }
+      }
+      if (pending.size() > 65536) pending.clear();  // no request is that long (torch's are at most PIPE_BUF)
+    }
+    for (const auto& [pid, why] : timers.take_expired(seconds_since_epoch())) {
+      const auto& [signal, scope] = why;
+      if (signal <= 0) continue;  // torch's server clears them without a signal
+      if (!of_the_run(pid)) {
+        say("cohort-run: the file timer '{}' of pid {} expired; pid {} is no rank of this run, nor started by "
+            "one: it gets no signal\n", scope, pid, pid);
+        continue;
+      }
+      if (::kill(pid, signal) == 0) {
+        say("cohort-run: the file timer '{}' of pid {} expired: it was sent {}\n", scope, pid,
+            cohort::signal_name(signal));
+      }
+    }
+  }
+}
+
+std::optional<std::string> file_timer_path_from_environment() {
+  const char* enabled = std::getenv("TORCHELASTIC_ENABLE_FILE_TIMER");
+  if (enabled == nullptr || std::string_view(enabled) != "1") return std::nullopt;
+  const char* named = std::getenv("TORCHELASTIC_TIMER_FILE");
+  return named != nullptr ? std::string(named) : "/tmp/watchdog_timer_" + fresh_uuid();
+}
+
+}  // namespace cohort_run
