@@ -41,6 +41,17 @@ namespace {
 constexpr std::uint64_t magic = 0x746d67737472686fULL;  // "ohrtsgmt"
 constexpr unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
+// This process's pid namespace: the inode of /proc/self/ns/pid, 0 when it
+// cannot be read. Read once (a process does not change namespaces; its
+// children made by fork share it).
+std::uint64_t pid_namespace() noexcept {
+  static const std::uint64_t inode = [] {
+    struct stat st {};
+    return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : std::uint64_t{0};
+  }();
+  return inode;
+}
+
 std::string errno_text(int error) { return std::system_category().message(error) + os::descriptor_limit_note(error); }
 
 // Runs `open` (a descriptor, or -1 with errno set); where it ran out of
@@ -159,6 +170,8 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
   auto* h = new (base) segment_header{};
   h->magic = magic;
   h->nonce = nonce;
+  h->maker_pid_namespace = pid_namespace();
+  h->maker_start_time = os::own_start_time();
   h->size = size;
   h->live.store(1, std::memory_order_relaxed);
   h->bump = single_block;
@@ -557,9 +570,11 @@ bool mapped_here(std::uint64_t nonce) {
 }
 
 // Whether the named segment `name` is one nothing can reach any more: its
-// header says no message naming it is in flight and every other process
-// that mapped it has ended, and this process does not map it (now).
-bool unreachable(const std::string& name, std::uint64_t nonce) {
+// header says its maker, of this process's pid namespace, has ended (a pid
+// in the name of another namespace's segment means nothing here), no
+// message naming it is in flight and every other process that mapped it
+// has ended; and this process does not map it (now).
+bool unreachable(const std::string& name, pid_t maker, std::uint64_t nonce) {
   const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
   if (fd < 0) return false;
   struct stat st {};
@@ -572,8 +587,10 @@ bool unreachable(const std::string& name, std::uint64_t nonce) {
   if (base == MAP_FAILED) return false;
   const auto& h = *static_cast<const segment_header*>(base);
   const auto received = h.received.load(std::memory_order_acquire);  // first, as messages_in_flight reads
-  const bool gone = h.magic == magic && h.nonce == nonce && h.sent.load(std::memory_order_acquire) == received &&
-                    mappers_ended(h, os::this_process()) && !mapped_here(nonce);
+  const bool gone = h.magic == magic && h.nonce == nonce && h.maker_pid_namespace != 0 &&
+                    h.maker_pid_namespace == pid_namespace() && os::has_ended(maker, h.maker_start_time) &&
+                    h.sent.load(std::memory_order_acquire) == received && mappers_ended(h, os::this_process()) &&
+                    !mapped_here(nonce);
   ::munmap(base, header_size);
   return gone;
 }
@@ -588,7 +605,7 @@ int sweep_segments_of_run(std::span<const pid_t> ranks, const std::function<bool
     for_each_named_segment([&](pid_t maker, std::uint64_t nonce) {
       const auto name = segment_name(maker, nonce);
       const bool rank = std::find(ranks.begin(), ranks.end(), maker) != ranks.end();
-      if (!rank && (!made_by_run(maker) || !os::has_ended(maker, 0) || !unreachable(name, nonce))) return;
+      if (!rank && (!made_by_run(maker) || !os::has_ended(maker, 0) || !unreachable(name, maker, nonce))) return;
       if (::shm_unlink(name.c_str()) == 0) ++swept;
     });
   } catch (...) {

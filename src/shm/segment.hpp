@@ -75,6 +75,11 @@ struct segment_header {
   std::uint64_t magic;
   std::uint64_t nonce;
   std::uint64_t size;
+  /// The maker's pid namespace (the inode of /proc/self/ns/pid; 0 when
+  /// unknown) and start time (0 when unknown): what tells its pid in the
+  /// name apart from another namespace's, on a /dev/shm that namespaces share.
+  std::uint64_t maker_pid_namespace;
+  std::uint64_t maker_start_time;
   /// Blocks not yet freed (a block waiting in `remote_free` counts), plus
   /// one while the maker's arena may still carve from it. A named segment
   /// is unlinked by whoever takes it to zero. Until the arena retires it,
