@@ -65,7 +65,7 @@ TEST_SUITE("file timer") {
     CHECK(t.next_expiry() == 500);
   }
 
-  TEST_CASE("a release ends its timer; setting a scope again moves its expiry") {
+  TEST_CASE("a release ends its timer; setting a scope again moves its expiry; a process's timers go together") {
     timer_table t;
     t.apply(request(10, "s", 100, 9));
     t.apply(request(10, "s", -1, 0));
@@ -75,5 +75,9 @@ TEST_SUITE("file timer") {
     t.apply(request(10, "s", 400, 9));
     CHECK(t.take_expired(300).empty());
     CHECK(t.take_expired(500).size() == 1);
+    t.apply(request(10, "a", 100, 9));
+    t.apply(request(11, "b", 200, 9));
+    t.clear(10);  // the timers of a process that ended, its pid taken again
+    CHECK(t.next_expiry() == 200);
   }
 }

@@ -43,14 +43,24 @@ if __name__ == "__main__":
 """
 
 # torch's own file-timer client: the watchdog kills the rank whose timer
-# expires (1 s into a 30 s sleep); the one whose timer is released runs on.
+# expires (1 s into a 30 s sleep); rank 0, whose timer is released first,
+# runs on. Rank 1 sets its timer only once rank 0 has released its own.
 WATCHDOG = """
 import os, time
 import torch.distributed.elastic.timer as timer
 timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
-with timer.expires(after=5 if os.environ["RANK"] == "0" else 1):
-    time.sleep(0.1 if os.environ["RANK"] == "0" else 30)
-os.write(1, f"rank {os.environ['RANK']} released its timer\\n".encode())
+released = os.path.join(os.environ["TMPDIR"], "released")
+if os.environ["RANK"] == "0":
+    with timer.expires(after=5):
+        time.sleep(0.1)
+    os.write(1, b"rank 0 released its timer\\n")
+    open(released, "w").close()
+else:
+    while not os.path.exists(released):
+        time.sleep(0.05)
+    with timer.expires(after=1):
+        time.sleep(30)
+    os.write(1, b"rank 1 released its timer\\n")
 time.sleep(30)
 """
 

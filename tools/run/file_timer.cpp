@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <system_error>
 
@@ -33,18 +34,30 @@ double seconds_since_epoch() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// The parent of `pid`, from /proc; 0 when it cannot be read.
-pid_t parent_of(pid_t pid) {
+// What /proc/<pid>/stat says of a process: its parent and its start time
+// (in clock ticks since boot); nullopt when it is gone.
+struct process_stat {
+  pid_t parent = 0;
+  unsigned long long start_time = 0;
+};
+std::optional<process_stat> stat_of(pid_t pid) {
   std::ifstream stat(fmt::format("/proc/{}/stat", pid));
   std::string text;
-  std::getline(stat, text);
-  // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+  if (!std::getline(stat, text)) return std::nullopt;
+  // "pid (comm) state ppid ... starttime (the 22nd field)": comm may hold
+  // spaces and parentheses.
   const auto close = text.rfind(')');
-  if (close == std::string::npos) return 0;
+  if (close == std::string::npos) return std::nullopt;
+  process_stat s;
   char state = 0;
   int parent = 0;
-  if (std::sscanf(text.c_str() + close + 1, " %c %d", &state, &parent) != 2) return 0;
-  return parent;
+  if (std::sscanf(text.c_str() + close + 1,
+                  " %c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &state,
+                  &parent, &s.start_time) != 3) {
+    return std::nullopt;
+  }
+  s.parent = parent;
+  return s;
 }
 
 // A version 4 UUID's text, as Python's uuid4() writes it.
@@ -114,9 +127,13 @@ std::vector<std::pair<pid_t, std::pair<int, std::string>>> timer_table::take_exp
       }
     }
     out.emplace_back(pid, std::move(chosen));
-    std::erase_if(timers_, [pid = pid](const auto& entry) { return entry.first.first == pid; });
+    clear(pid);
   }
   return out;
+}
+
+void timer_table::clear(pid_t pid) {
+  std::erase_if(timers_, [pid](const auto& entry) { return entry.first.first == pid; });
 }
 
 std::optional<double> timer_table::next_expiry() const {
@@ -168,43 +185,75 @@ bool file_timer_server::of_the_run(pid_t pid) {
     ranks = ranks_;
   }
   // The process, or an ancestor of it up to this one, is a rank.
-  for (int depth = 0; pid > 1 && pid != ::getpid() && depth < 64; ++depth, pid = parent_of(pid)) {
+  for (int depth = 0; pid > 1 && pid != ::getpid() && depth < 64; ++depth) {
     if (std::find(ranks.begin(), ranks.end(), pid) != ranks.end()) return true;
+    const auto stat = stat_of(pid);
+    if (!stat) return false;
+    pid = stat->parent;
   }
   return false;
 }
 
 void file_timer_server::serve() noexcept {
   timer_table timers;
+  // The start time of each process with a timer, read as its request came:
+  // a process that has ended since, its pid taken by another, gets nothing.
+  std::map<pid_t, unsigned long long> started;
   std::string pending;  // a line not yet whole
+  bool skip_to_line = false;
   for (;;) {
     int timeout = 100;  // ms; as torch's agent looks, at the least
     if (const auto next = timers.next_expiry()) {
-      const double left = (*next - seconds_since_epoch()) * 1000;
-      timeout = std::clamp(static_cast<int>(std::ceil(left)), 0, timeout);
+      const double left = (*next - seconds_since_epoch()) * 1000;  // may be far past what an int holds
+      timeout = static_cast<int>(std::clamp(std::ceil(left), 0.0, static_cast<double>(timeout)));
     }
     pollfd fds[2] = {{fifo_, POLLIN, 0}, {wake_, POLLIN, 0}};
-    if (::poll(fds, 2, timeout) < 0 && errno != EINTR) return;
+    if (::poll(fds, 2, timeout) < 0 && errno != EINTR) {
+      say("cohort-run: the file timer stops: poll failed: {}\n", std::strerror(errno));
+      return;
+    }
     if ((fds[1].revents & POLLIN) != 0) return;
     if ((fds[0].revents & POLLIN) != 0) {
       // One read a look: a writer that never stops does not hold the expiries up.
       char buffer[4096];
       const ssize_t n = ::read(fifo_, buffer, sizeof buffer);
       if (n > 0) pending.append(buffer, static_cast<std::size_t>(n));
+      if (skip_to_line) {  // the rest of a line too long to be a request
+        const auto end = pending.find('\n');
+        skip_to_line = end == std::string::npos;
+        pending.erase(0, skip_to_line ? pending.size() : end + 1);
+      }
       for (std::size_t end; (end = pending.find('\n')) != std::string::npos; pending.erase(0, end + 1)) {
         const std::string_view line(pending.data(), end);
         if (line.empty()) continue;
         if (const auto request = parse_timer_request(line)) {
+          if (request->expires >= 0) {
+            const auto stat = stat_of(request->pid);
+            if (!stat) continue;  // gone already: nothing to time
+            // Timers of an ended process whose pid this one took go.
+            if (const auto it = started.find(request->pid); it != started.end() && it->second != stat->start_time) {
+              timers.clear(request->pid);
+            }
+            started[request->pid] = stat->start_time;
+          }
           timers.apply(*request);
         } else {
           say("cohort-run: the file timer's FIFO got a line that is not a timer request: {}\n", line.substr(0, 200));
         }
       }
-      if (pending.size() > 65536) pending.clear();  // no request is that long (torch's are at most PIPE_BUF)
+      // No request is that long (torch's are at most PIPE_BUF): what is
+      // there goes, up to the next line.
+      if (pending.size() > 65536) {
+        pending.clear();
+        skip_to_line = true;
+      }
     }
     for (const auto& [pid, why] : timers.take_expired(seconds_since_epoch())) {
       const auto& [signal, scope] = why;
+      const auto start = started.extract(pid);
       if (signal <= 0) continue;  // torch's server clears them without a signal
+      const auto now = stat_of(pid);
+      if (!now || start.empty() || now->start_time != start.mapped()) continue;  // it has ended
       if (!of_the_run(pid)) {
         say("cohort-run: the file timer '{}' of pid {} expired; pid {} is no rank of this run, nor started by "
             "one: it gets no signal\n", scope, pid, pid);

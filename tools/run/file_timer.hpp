@@ -41,6 +41,8 @@ class timer_table {
   /// each with the signal to send it (0: none named) and the scope of the
   /// timer that names it; their timers are cleared.
   std::vector<std::pair<pid_t, std::pair<int, std::string>>> take_expired(double now);
+  /// Drops every timer of `pid`.
+  void clear(pid_t pid);
   /// The earliest expiry of any timer; nullopt when there is none.
   std::optional<double> next_expiry() const;
 
@@ -51,7 +53,8 @@ class timer_table {
 /// Serves the timers at a FIFO on a thread of its own until destroyed.
 /// Only the ranks of the attempt that runs (watch()) and what they started
 /// are sent signals: a request naming another process is refused, with a
-/// line on stderr.
+/// line on stderr. A process is told by its pid and start time: the timers
+/// of one that ended never reach another that took its pid.
 class file_timer_server {
  public:
   /// Makes the FIFO at `path` (what was there is removed first, as torch
