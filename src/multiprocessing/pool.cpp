@@ -47,7 +47,11 @@ int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> r
       if (!task) {
         // Idle: the memory of results the parent has dropped goes back now,
         // not at this worker's next allocation.
-        trim_shared_memory();
+        try {
+          trim_shared_memory();
+        } catch (const std::bad_alloc&) {
+          // Left for the next trim, or allocation.
+        }
         task = tasks.get();
       }
     } catch (const queue_closed&) {
@@ -72,6 +76,11 @@ int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> r
   }
 }
 COHORT_ENTRYPOINT(cohort_pool_worker);
+
+// Set while run_detached runs a map made as the pool was ending, on the
+// caller's thread: run() refuses it as such. (A map made before, whose
+// thread reaches run() once the end has begun, was cut short by it.)
+thread_local bool refused_as_ending = false;
 
 class pool_state {
  public:
@@ -142,15 +151,16 @@ class pool_state {
 
   std::vector<std::optional<encoded>> run(const std::string& name, const std::vector<encoded>& args,
                                           const std::atomic<bool>* cancelled) {
-    if (ending_.load(std::memory_order_relaxed)) throw std::logic_error("cohort::pool: map while the pool is ending");
-    // Behind another map: a cancel, or the pool's end, is seen while waiting.
+    if (refused_as_ending) throw std::logic_error("cohort::pool: map while the pool is ending");
+    // Behind another map: a cancel is seen while waiting; the pool's end,
+    // once it has cut the map ahead short.
     std::unique_lock lock(mutex_, std::defer_lock);
     while (!lock.try_lock_for(std::chrono::milliseconds(20))) {
       if (cancelled != nullptr && cancelled->load(std::memory_order_relaxed)) {
         throw std::system_error(asio::error::operation_aborted, "cohort::pool::map");
       }
     }
-    // The pool's end cut the map ahead short: this one had not begun.
+    // A map made before the pool's end began, which had not begun.
     if (ending_.load(std::memory_order_relaxed)) throw_ended();
     if (broken_) throw std::logic_error("cohort::pool: a worker has died; the pool is over");
     std::vector<std::optional<encoded>> out(args.size());
@@ -219,7 +229,12 @@ class pool_state {
     std::unique_lock lock(detached_mutex_);
     if (ending_.load(std::memory_order_relaxed)) {
       lock.unlock();
-      job();  // fails at once, in run(), and completes its handler with that
+      // It fails at once, in run(), and completes its handler with that.
+      struct refusing {
+        refusing() noexcept { refused_as_ending = true; }
+        ~refusing() { refused_as_ending = false; }
+      } scope;
+      job();
       return;
     }
     // Threads of maps that have ended are joined here, so they do not pile up.
