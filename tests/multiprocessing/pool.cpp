@@ -21,7 +21,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <future>
@@ -48,10 +50,12 @@ long slow_square(int, long x) {
 }
 COHORT_ENTRYPOINT(slow_square);
 
-// 30,000 characters after `ms` milliseconds: a result that travels inside
-// the results queue's ring, not in a block of its own.
-std::string slow_text(int, int ms) {
-  ::usleep(static_cast<useconds_t>(ms) * 1000);
+// Counts itself in `taken` (a count in shared memory), then returns 30,000
+// characters 2 s later: a result that travels inside the results queue's
+// ring, not in a block of its own.
+std::string slow_text(int, storage taken) {
+  std::atomic_ref(*reinterpret_cast<std::int64_t*>(taken.data())).fetch_add(1);
+  ::usleep(2000000);
   return std::string(30000, 'x');
 }
 COHORT_ENTRYPOINT(slow_text);
@@ -366,21 +370,24 @@ TEST_SUITE("pool") {
     const auto started = std::chrono::steady_clock::now();
     {
       pool p(8);
-      // Each worker takes an item of 2 s at once; the cancel comes while
-      // they run, and their 8 results (240 kB) find no reader.
+      // Each worker takes an item of 2 s; the cancel comes once all 8 run,
+      // and their 8 results (240 kB) find no reader.
+      const storage taken = storage::allocate_shared(sizeof(std::int64_t));
+      std::memset(taken.data(), 0, sizeof(std::int64_t));
+      const auto count = [&taken] { return std::atomic_ref(*reinterpret_cast<std::int64_t*>(taken.data())).load(); };
       std::promise<std::exception_ptr> outcome;
       auto done = outcome.get_future();
-      p.map(slow_text, std::vector<int>(100, 2000),
+      p.map(slow_text, std::vector<storage>(100, taken),
             asio::bind_cancellation_slot(cancel.slot(), [&outcome](std::exception_ptr e, std::vector<std::string>) {
               outcome.set_value(e);
             }));
-      std::this_thread::sleep_for(std::chrono::seconds(1));
+      REQUIRE(test::within(std::chrono::seconds(30), [&] { return count() >= 8; }));
       cancel.emit(asio::cancellation_type::terminal);
       REQUIRE(done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
       CHECK(test::aborted(done.get()));
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the items in hand end
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // the items in hand end
     }
-    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(20));
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(40));
   }
 
   TEST_CASE("a map cancelled while it waits behind another completes at once as aborted") {
