@@ -531,38 +531,46 @@ class queue_core {
   // Records this process as a holder of the queue.
   void enter() noexcept {
     const pid_t self = os::this_process();
-    const std::uint64_t started = os::own_start_time();
     const locked lock(h().table_lock);
-    auto& t = h().holders;
-    if (started != 0) {
-      holder* free = nullptr;
-      const auto used = std::min(t.used, max_holders);
-      for (std::uint32_t i = 0; i < used; ++i) {
-        auto& e = t.holders[i];
-        if (e.count > 0 && e.pid == self && e.start_time == started) {
-          ++e.count;
-          holder_ = self;
-          return;
-        }
-        if (e.count == 0 && free == nullptr) free = &e;
+    if (os::own_start_time() != 0) {
+      if (auto* own = own_slot_locked()) {
+        ++own->count;
+        holder_ = self;
+        return;
       }
-      if (free == nullptr && used < max_holders) free = &t.holders[t.used++];
-      if (free == nullptr) free = take_ended_slot_locked();
-      if (free != nullptr) {
-        *free = {self, 1, started};
+      if (auto* free = free_slot_locked()) {
+        *free = {self, 1, os::own_start_time()};
         holder_ = self;
         return;
       }
     }
-    ++t.unrecorded;
+    ++h().holders.unrecorded;
     unrecorded_by_ = self;
   }
 
-  // With the table lock held, every slot used: the slot of a process that
-  // ended holding the queue, its hold counted in `ended_unrecorded`; null
-  // when every one's process lives.
-  holder* take_ended_slot_locked() noexcept {
+  // With the table lock held: the slot recording this process; null when none does.
+  holder* own_slot_locked() const noexcept {
+    const pid_t self = os::this_process();
+    const std::uint64_t started = os::own_start_time();
     auto& t = h().holders;
+    for (std::uint32_t i = 0; i < std::min(t.used, max_holders); ++i) {
+      auto& e = t.holders[i];
+      if (e.count > 0 && e.pid == self && e.start_time == started) return &e;
+    }
+    return nullptr;
+  }
+
+  // With the table lock held: a slot to record a process in: a free one, one
+  // never used, or else the slot of a process that ended holding the queue,
+  // its hold counted in `ended_unrecorded`; null when every slot's process
+  // lives.
+  holder* free_slot_locked() const noexcept {
+    auto& t = h().holders;
+    const auto used = std::min(t.used, max_holders);
+    for (std::uint32_t i = 0; i < used; ++i) {
+      if (t.holders[i].count == 0) return &t.holders[i];
+    }
+    if (used < max_holders) return &t.holders[t.used++];
     for (auto& e : t.holders) {
       if (e.count > 0 && os::has_ended(e.pid, e.start_time)) {
         ++t.ended_unrecorded;
@@ -588,7 +596,7 @@ class queue_core {
       if (unrecorded_by_ == self) {
         --h().holders.unrecorded;
         // This process's other queue_cores over it, recorded or not, hold it still.
-        if (state_.use_count() != 1 || holds_recorded_locked()) return;
+        if (state_.use_count() != 1 || own_slot_locked() != nullptr) return;
       } else if (!release_hold_locked()) {
         return;
       }
@@ -649,29 +657,11 @@ class queue_core {
     }
   }
 
-  // With the table lock held: whether a slot records this process.
-  bool holds_recorded_locked() const noexcept {
-    const pid_t self = os::this_process();
-    const std::uint64_t started = os::own_start_time();
-    const auto& t = h().holders;
-    for (std::uint32_t i = 0; i < std::min(t.used, max_holders); ++i) {
-      const auto& e = t.holders[i];
-      if (e.count > 0 && e.pid == self && e.start_time == started) return true;
-    }
-    return false;
-  }
-
   // With the table lock held: drops one of this process's holds; whether it was
   // the last.
   bool release_hold_locked() noexcept {
-    const pid_t self = os::this_process();
-    const std::uint64_t started = os::own_start_time();
-    auto& t = h().holders;
-    for (std::uint32_t i = 0; i < std::min(t.used, max_holders); ++i) {
-      auto& e = t.holders[i];
-      if (e.count > 0 && e.pid == self && e.start_time == started) return --e.count == 0;
-    }
-    return false;
+    auto* own = own_slot_locked();
+    return own != nullptr && --own->count == 0;
   }
 
   // With the table lock held, after this process's last hold went: whether
