@@ -169,18 +169,24 @@ cohort::streams_per_rank streams_of(const std::string& flag, const std::string& 
   return ranks;
 }
 
-// A run id of its own for every run, so that two runs' logs never meet:
-// the time, then random bits. The bits come from getrandom, not from
-// std::random_device, whose start alone took 26 us here, a hundredth of a
-// whole run of /bin/true; where getrandom gives none, the clock's
-// nanoseconds mixed with the pid still tell apart two runs started within
-// the same second.
-std::string fresh_run_id() {
-  std::uint32_t random = 0;
-  if (::getrandom(&random, sizeof random, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof random)) {
-    random = static_cast<std::uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
-             (static_cast<std::uint32_t>(::getpid()) * 2654435761U);
+// Random bits for names that runs must not share. They come from
+// getrandom, not from std::random_device, whose start alone took 26 us
+// here, a hundredth of a whole run of /bin/true; where getrandom gives
+// none, the clock's nanoseconds mixed with the pid still tell apart two
+// runs started within the same second.
+std::uint64_t random_bits() {
+  std::uint64_t bits = 0;
+  if (::getrandom(&bits, sizeof bits, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof bits)) {
+    bits = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+           (static_cast<std::uint64_t>(::getpid()) * 2654435761U);
   }
+  return bits;
+}
+
+// A run id of its own for every run, so that two runs' logs never meet:
+// the time, then 32 random bits.
+std::string fresh_run_id() {
+  const auto random = static_cast<std::uint32_t>(random_bits());
   const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   std::tm local{};
   ::localtime_r(&now, &local);
@@ -327,11 +333,7 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& fo
 std::string log_folder(const run_options& o, const std::string& run_id) {
   static constexpr std::string_view characters = "abcdefghijklmnopqrstuvwxyz0123456789_";
   const auto fresh_name = [&run_id] {
-    std::uint64_t bits = 0;
-    if (::getrandom(&bits, sizeof bits, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof bits)) {
-      bits = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
-             (static_cast<std::uint64_t>(::getpid()) << 40);
-    }
+    auto bits = random_bits();
     std::string name = run_id + "_";
     for (int i = 0; i < 8; ++i, bits >>= 8) name += characters[(bits & 0xff) % characters.size()];
     return name;
