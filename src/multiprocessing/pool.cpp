@@ -35,7 +35,8 @@ constexpr std::chrono::milliseconds idle_trim_after{100};
 
 // Runs items until the task queue is closed. A result goes with the
 // storages its handles name, which the queue holds while in flight and the
-// parent takes over: the worker keeps nothing of it. It returns a value only so that a worker ending early with code 0 (an item that
+// parent takes over: the worker keeps nothing of it. It returns a value
+// only so that a worker ending early with code 0 (an item that
 // called exit) is a failure of its rank, which ends the pool: a void
 // function's rank that exits 0 has simply finished, and the map would wait
 // for its item for good.
@@ -210,7 +211,9 @@ class pool_state {
         if (!error) error = fmt::format("cohort::pool: item {} raised {}", item, std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
       } else if (!bytes.empty()) {
         out[item] = encoded::from_bytes(std::move(bytes));
-        if (!holds.empty()) encoded_holds::set(*out[item], std::make_shared<const std::vector<storage>>(std::move(holds)));
+        if (!holds.empty()) {
+          encoded_holds::set(*out[item], std::make_shared<const std::vector<storage>>(std::move(holds)));
+        }
       }
     }
     if (error) throw std::runtime_error(*error);

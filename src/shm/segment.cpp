@@ -605,6 +605,7 @@ int sweep_segments_of_run(std::span<const pid_t> ranks, const std::function<bool
     for_each_named_segment([&](pid_t maker, std::uint64_t nonce) {
       const auto name = segment_name(maker, nonce);
       const bool rank = std::find(ranks.begin(), ranks.end(), maker) != ranks.end();
+      // A maker alive by its pid is passed over before its file is opened.
       if (!rank && (!made_by_run(maker) || !os::has_ended(maker, 0) || !unreachable(name, maker, nonce))) return;
       if (::shm_unlink(name.c_str()) == 0) ++swept;
     });

@@ -2,8 +2,6 @@
 // listing of the files in /dev/shm that are segments.
 #include "shm/segment_name.hpp"
 
-#include <sys/mman.h>
-
 #include <fmt/format.h>
 
 #include <cstdio>
