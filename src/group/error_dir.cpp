@@ -35,9 +35,9 @@ const std::string& machine_key() {
     const int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
     const ssize_t n = fd >= 0 ? ::read(fd, boot, sizeof boot - 1) : -1;
     if (fd >= 0) ::close(fd);
-    struct stat ns{};
-    if (n < 36 || ::stat("/proc/self/ns/pid", &ns) != 0) return std::string();
-    return fmt::format("{}-{}-", std::string_view(boot, 36), ns.st_ino);
+    const auto pid_namespace = os::pid_namespace();
+    if (n < 36 || pid_namespace == 0) return std::string();
+    return fmt::format("{}-{}-", std::string_view(boot, 36), pid_namespace);
   }();
   return key;
 }

@@ -18,6 +18,7 @@
 #include "os/process_identity.hpp"
 #include "os/raw_syscall.hpp"
 #include "process/owned_pids.hpp"
+#include "shm/segment.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -75,6 +76,7 @@ struct guardian_memory {
   std::size_t prefix_size = 0;
   const rank_group_table* groups = nullptr;  // on the pages above
   long parent_pid = 0;
+  std::uint64_t pid_namespace = 0;  // the parent's, and so its own
 };
 
 // The table that note_rank_group writes: the first guardian's of those this
@@ -281,8 +283,21 @@ COHORT_BARE_CODE bool made_by_ours(const char* name, const guardian_memory& m) {
   return maker == m.parent_pid || noted(m.groups, maker);
 }
 
+// Whether the file `name` in directory `dir` is stamped as a segment that
+// another pid namespace's process made: the pid in its name is not ours.
+COHORT_BARE_CODE bool made_elsewhere(const char* name, long dir, std::uint64_t own_namespace) {
+  const long fd = raw_syscall(SYS_openat, dir, reinterpret_cast<long>(name),
+                              O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  shm::segment_stamp stamp{};
+  const long n = raw_syscall(SYS_pread64, fd, reinterpret_cast<long>(&stamp), sizeof stamp, 0);
+  raw_syscall(SYS_close, fd);
+  return n == static_cast<long>(sizeof stamp) && shm::made_in_other_namespace(stamp, own_namespace);
+}
+
 COHORT_BARE_CODE void unlink_if_ours(long, const char* name, long dir, void* context) {
-  if (made_by_ours(name, *static_cast<const guardian_memory*>(context))) {
+  const auto& m = *static_cast<const guardian_memory*>(context);
+  if (made_by_ours(name, m) && !made_elsewhere(name, dir, m.pid_namespace)) {
     raw_syscall(SYS_unlinkat, dir, reinterpret_cast<long>(name), 0);
   }
 }
@@ -413,6 +428,7 @@ guardian::guardian() {
   m->parent_end = ends[1];
   m->parent = parent;
   m->parent_pid = ::getpid();
+  m->pid_namespace = os::pid_namespace();
   m->prefix_size = std::min(prefix.size(), sizeof m->prefix);
   std::memcpy(m->prefix, prefix.data(), m->prefix_size);
   auto* table = new (top + page) rank_group_table;  // default-initialized: the slots stay unwritten

@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -75,6 +76,15 @@ std::uint64_t own_start_time() noexcept {
     cached_start_time.store(t, std::memory_order_relaxed);
   }
   return t;
+}
+
+std::uint64_t pid_namespace() noexcept {
+  // A process does not change namespaces; the children it forks share its.
+  static const std::uint64_t inode = [] {
+    struct stat st {};
+    return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : std::uint64_t{0};
+  }();
+  return inode;
 }
 
 COHORT_FORKED_CHILD_PATH pid_t this_process() noexcept {

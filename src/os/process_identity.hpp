@@ -22,6 +22,10 @@ std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept;
 bool has_ended(pid_t pid, std::uint64_t start_time) noexcept;
 /// This process's start time, read once per process; 0 when unreadable.
 std::uint64_t own_start_time() noexcept;
+/// This process's pid namespace: the inode of /proc/self/ns/pid, read once;
+/// 0 when unreadable. A pid means a process only inside its namespace, and
+/// namespaces may share a /dev/shm or a temporary directory.
+std::uint64_t pid_namespace() noexcept;
 
 /// This process's pid, without a system call on each use (glibc does not
 /// cache it): queues and segments ask on every value.

@@ -38,19 +38,7 @@ namespace cohort::shm {
 
 namespace {
 
-constexpr std::uint64_t magic = 0x746d67737472686fULL;  // "ohrtsgmt"
 constexpr unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-
-// This process's pid namespace: the inode of /proc/self/ns/pid, 0 when it
-// cannot be read. Read once (a process does not change namespaces; its
-// children made by fork share it).
-std::uint64_t pid_namespace() noexcept {
-  static const std::uint64_t inode = [] {
-    struct stat st {};
-    return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : std::uint64_t{0};
-  }();
-  return inode;
-}
 
 std::string errno_text(int error) { return std::system_category().message(error) + os::descriptor_limit_note(error); }
 
@@ -168,9 +156,9 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     fd = -1;
   }
   auto* h = new (base) segment_header{};
-  h->magic = magic;
+  h->magic = segment_magic;
   h->nonce = nonce;
-  h->maker_pid_namespace = pid_namespace();
+  h->maker_pid_namespace = os::pid_namespace();
   h->maker_start_time = os::own_start_time();
   h->size = size;
   h->live.store(1, std::memory_order_relaxed);
@@ -341,7 +329,7 @@ std::shared_ptr<segment> segment::map_checked(int fd, const std::string& where, 
   if (base == MAP_FAILED) throw shm_error(fmt::format("cohort: mapping {}: {}", where, errno_text(error)));
   const auto* h = static_cast<const segment_header*>(base);
   // A nonce of 0 in `ref`: any segment's (one handed over, which names none).
-  if (h->magic != magic || (ref.nonce != 0 && h->nonce != ref.nonce) || h->size != size) {
+  if (h->magic != segment_magic || (ref.nonce != 0 && h->nonce != ref.nonce) || h->size != size) {
     ::munmap(base, size);
     if (fd >= 0) ::close(fd);
     throw shm_error(fmt::format("cohort: {} does not hold the segment the handle names", where));
@@ -358,7 +346,7 @@ std::shared_ptr<segment> segment::keep(int fd, pid_t sender) {
   const auto nonce = [fd]() -> std::uint64_t {
     segment_header h;
     if (::pread(fd, &h, offsetof(segment_header, live), 0) != static_cast<ssize_t>(offsetof(segment_header, live))) return 0;
-    return h.magic == magic ? h.nonce : 0;
+    return h.magic == segment_magic ? h.nonce : 0;
   }();
   if (nonce != 0) {
     if (auto it = r.segments.find(nonce); it != r.segments.end()) {
@@ -575,7 +563,7 @@ bool mapped_here(std::uint64_t nonce) {
 // message naming it is in flight and every other process that mapped it
 // has ended; and this process does not map it (now).
 bool unreachable(const std::string& name, pid_t maker, std::uint64_t nonce) {
-  const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW, 0);
+  const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
   if (fd < 0) return false;
   struct stat st {};
   void* base = MAP_FAILED;
@@ -587,12 +575,24 @@ bool unreachable(const std::string& name, pid_t maker, std::uint64_t nonce) {
   if (base == MAP_FAILED) return false;
   const auto& h = *static_cast<const segment_header*>(base);
   const auto received = h.received.load(std::memory_order_acquire);  // first, as messages_in_flight reads
-  const bool gone = h.magic == magic && h.nonce == nonce && h.maker_pid_namespace != 0 &&
-                    h.maker_pid_namespace == pid_namespace() && os::has_ended(maker, h.maker_start_time) &&
+  const bool gone = h.magic == segment_magic && h.nonce == nonce && h.maker_pid_namespace != 0 &&
+                    h.maker_pid_namespace == os::pid_namespace() && os::has_ended(maker, h.maker_start_time) &&
                     h.sent.load(std::memory_order_acquire) == received && mappers_ended(h, os::this_process()) &&
                     !mapped_here(nonce);
   ::munmap(base, header_size);
   return gone;
+}
+
+// Whether the named segment `name`'s file says another pid namespace made
+// it; false when it cannot be read.
+bool made_elsewhere(const std::string& name) noexcept {
+  // Not blocked by a FIFO of that name; its read fails.
+  const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
+  if (fd < 0) return false;
+  segment_stamp stamp{};
+  const bool read = ::pread(fd, &stamp, sizeof stamp, 0) == static_cast<ssize_t>(sizeof stamp);
+  ::close(fd);
+  return read && made_in_other_namespace(stamp, os::pid_namespace());
 }
 
 }  // namespace
@@ -605,7 +605,10 @@ int sweep_segments_of_run(std::span<const pid_t> ranks, const std::function<bool
     for_each_named_segment([&](pid_t maker, std::uint64_t nonce) {
       const auto name = segment_name(maker, nonce);
       const bool rank = std::find(ranks.begin(), ranks.end(), maker) != ranks.end();
-      // A maker alive by its pid is passed over before its file is opened.
+      // A rank's goes, unless another pid namespace's process made it: its
+      // pid is no process here. A maker alive by its pid is passed over
+      // before its file is opened.
+      if (rank && made_elsewhere(name)) return;
       if (!rank && (!made_by_run(maker) || !os::has_ended(maker, 0) || !unreachable(name, maker, nonce))) return;
       if (::shm_unlink(name.c_str()) == 0) ++swept;
     });

@@ -69,9 +69,12 @@ class segment_gone : public shm_error {
   pid_t source_;
 };
 
-/// The start of every segment, in shared memory. Fields that different
-/// processes write sit on cache lines of their own.
-struct segment_header {
+/// What every segment's header begins with.
+inline constexpr std::uint64_t segment_magic = 0x746d67737472686fULL;  // "ohrtsgmt"
+
+/// The first fields of every segment's header, which one read of a named
+/// segment's file gives: what tells whose file it is before it is removed.
+struct segment_stamp {
   std::uint64_t magic;
   std::uint64_t nonce;
   std::uint64_t size;
@@ -79,6 +82,27 @@ struct segment_header {
   /// unknown) and start time (0 when unknown): what tells its pid in the
   /// name apart from another namespace's, on a /dev/shm that namespaces share.
   std::uint64_t maker_pid_namespace;
+  std::uint64_t maker_start_time;
+};
+
+/// Whether `stamp`, read from the start of a named segment's file, says a
+/// process of another pid namespace than `own` made it, so that the pid in
+/// its name is no process of this one. A file not yet stamped (its maker
+/// stopped before writing the header) says nothing. Touches nothing but its
+/// arguments: the guardian calls it.
+constexpr bool made_in_other_namespace(const segment_stamp& stamp, std::uint64_t own) noexcept {
+  return stamp.magic == segment_magic && stamp.maker_pid_namespace != 0 && own != 0 &&
+         stamp.maker_pid_namespace != own;
+}
+
+/// The start of every segment, in shared memory: its stamp's fields, then
+/// the counts. Fields that different processes write sit on cache lines of
+/// their own.
+struct segment_header {
+  std::uint64_t magic;
+  std::uint64_t nonce;
+  std::uint64_t size;
+  std::uint64_t maker_pid_namespace;  ///< as segment_stamp has them
   std::uint64_t maker_start_time;
   /// Blocks not yet freed (a block waiting in `remote_free` counts), plus
   /// one while the maker's arena may still carve from it. A named segment
@@ -122,6 +146,11 @@ struct segment_header {
   std::atomic<std::uint32_t> unrecorded;
   mapper mappers[max_mappers];
 };
+static_assert(offsetof(segment_header, magic) == offsetof(segment_stamp, magic) &&
+              offsetof(segment_header, nonce) == offsetof(segment_stamp, nonce) &&
+              offsetof(segment_header, size) == offsetof(segment_stamp, size) &&
+              offsetof(segment_header, maker_pid_namespace) == offsetof(segment_stamp, maker_pid_namespace) &&
+              offsetof(segment_header, maker_start_time) == offsetof(segment_stamp, maker_start_time));
 
 /// Precedes each block's data, in shared memory.
 struct alignas(alignment) block_header {

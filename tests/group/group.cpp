@@ -8,6 +8,7 @@
 #include "group/descendants.hpp"
 #include "group/rank_groups.hpp"
 #include "os/process_identity.hpp"
+#include "shm/segment.hpp"
 
 #include "support/harness.hpp"
 #include "support/process_probe.hpp"
@@ -1509,7 +1510,9 @@ TEST_SUITE("group") {
 
   TEST_CASE("once its process is killed, the guardian removes the segment files that process and its ranks made") {
     // file_system segments are files in /dev/shm named for their maker;
-    // the rank's is made by hand under that name.
+    // the rank's is made by hand under that name. Beside it, one stamped
+    // as made by another pid namespace's process with the rank's pid (a
+    // /dev/shm that namespaces share) stays: before, it was removed too.
     if (!fs::is_directory("/dev/shm")) {
       MESSAGE("no /dev/shm here: not checked");
       return;
@@ -1533,11 +1536,19 @@ TEST_SUITE("group") {
     }, 5ms);
     const pid_t rank = up ? first_line_pid(dir.path / "rank") : 0;
     const bool rank_file = up && !files_of(rank).empty();
+    const auto foreign = fmt::format("cohort_{}_fedcba9876543210", rank);
+    if (rank_file) {
+      const shm::segment_stamp stamp{shm::segment_magic, 0xfedcba9876543210ULL, shm::header_size,
+                                     os::pid_namespace() + 1, 1};
+      std::ofstream(fs::path("/dev/shm") / foreign).write(reinterpret_cast<const char*>(&stamp), sizeof stamp);
+    }
     ::kill(pid, SIGKILL);
     CHECK(killed_soon(pid));
     REQUIRE(up);
     REQUIRE(rank_file);
-    CHECK(test::within(10s, [&] { return files_of(pid).empty() && files_of(rank).empty(); }, 5ms));
+    const std::vector<std::string> only_foreign{foreign};
+    CHECK(test::within(10s, [&] { return files_of(pid).empty() && files_of(rank) == only_foreign; }, 5ms));
+    CHECK(files_of(rank) == only_foreign);
     for (const auto& name : files_of(pid)) fs::remove(fs::path("/dev/shm") / name);
     for (const auto& name : files_of(rank)) fs::remove(fs::path("/dev/shm") / name);
   }

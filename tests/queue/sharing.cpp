@@ -10,7 +10,10 @@
 #include "cohort/queue.hpp"
 #include "cohort/spawn_and_join.hpp"
 
+#include "os/process_identity.hpp"
 #include "queue/peers.hpp"
+#include "shm/segment.hpp"
+#include "shm/segment_name.hpp"
 
 #include "support/harness.hpp"
 
@@ -23,7 +26,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -437,6 +442,30 @@ int push_unreceived(int, queue<tensor> q, int n) {
   return static_cast<int>(::getpid());
 }
 COHORT_ENTRYPOINT(push_unreceived);
+
+// The nonces of the files leave_stamped_files makes.
+constexpr std::uint64_t foreign_nonce = 0x0123456789abcdefULL, own_nonce = foreign_nonce + 1,
+                        fifo_nonce = foreign_nonce + 2;
+
+// Leaves three files under names of segments this rank made: one stamped
+// as another pid namespace's segment (`other`, where a process has this
+// rank's pid), one stamped as its own, and a FIFO. Returns its pid.
+int leave_stamped_files(int, std::uint64_t other) {
+  const pid_t self = ::getpid();
+  for (const auto& [nonce, pid_namespace] : {std::pair{foreign_nonce, other}, {own_nonce, os::pid_namespace()}}) {
+    const auto name = shm::segment_name(self, nonce);
+    const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) throw std::runtime_error("shm_open " + name);
+    const shm::segment_stamp stamp{shm::segment_magic, nonce, shm::header_size, pid_namespace, 1};
+    const bool written = ::ftruncate(fd, shm::header_size) == 0 && ::pwrite(fd, &stamp, sizeof stamp, 0) == sizeof stamp;
+    ::close(fd);
+    if (!written) throw std::runtime_error("writing " + name);
+  }
+  const auto fifo = "/dev/shm" + shm::segment_name(self, fifo_nonce);
+  if (::mkfifo(fifo.c_str(), 0600) != 0) throw std::runtime_error("mkfifo " + fifo);
+  return static_cast<int>(self);
+}
+COHORT_ENTRYPOINT(leave_stamped_files);
 
 void pop_one_then_die(int, queue<tensor> q) {
   (void)q.get();
@@ -1173,6 +1202,21 @@ TEST_SUITE("sharing") {
       }
       CHECK(files_of(rank).empty());
     }
+  }
+
+  // /dev/shm may be shared by pid namespaces (containers run with the
+  // host's IPC): there a rank's pid may name another namespace's process,
+  // whose files are not the rank's. Before, they were removed by name.
+  TEST_CASE("a group's end removes its ranks' files, not those another pid namespace's process of the same pid made") {
+    if (os::pid_namespace() == 0) {
+      MESSAGE("this process's pid namespace is unknown: not checked");
+      return;
+    }
+    const auto args = std::tuple{os::pid_namespace() + 1};
+    const pid_t rank = spawn_and_join(leave_stamped_files, args, 1, {.method = start_method::fork}).at(0);
+    const auto left = files_of(rank);
+    for (const auto& name : left) fs::remove(fs::path("/dev/shm") / name);
+    CHECK(left == std::vector{shm::segment_name(rank, foreign_nonce).substr(1)});
   }
 
   TEST_CASE("values left in a queue whose consumer was SIGKILLed leave no file in /dev/shm once it is dropped") {
