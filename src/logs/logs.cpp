@@ -581,6 +581,19 @@ class line_ends {
   const char* return_ = nullptr;
 };
 
+// Appends the line [from, to) (its end included) to `lines` behind
+// `prefix`, in pieces of at most max_line bytes, each piece but the last
+// ended by '\n': what a line that came in pieces would give (below).
+void append_line(std::string& lines, const std::string& prefix, const char* from, const char* to) {
+  for (; static_cast<std::size_t>(to - from) > max_line; from += max_line) {
+    lines += prefix;
+    lines.append(from, max_line);
+    lines += '\n';
+  }
+  lines += prefix;
+  lines.append(from, to);
+}
+
 // Writes the whole lines of what came in to the console, each behind the
 // prefix, in one write: they are copied into `lines` first. (Gathered as
 // an iovec for the prefix and one for each line, the kernel's walk over
@@ -605,17 +618,15 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
   line_ends ends(end);
   const char* line_end = ends.after(data);
   if (line_end != nullptr && !s.pending.empty()) {  // the line begun in an earlier read
-    lines += s.prefix;
-    lines += s.pending;
-    lines.append(data, line_end);
+    s.pending.append(data, line_end);
+    append_line(lines, s.prefix, s.pending.data(), s.pending.data() + s.pending.size());
     ended();
     s.pending.clear();
     data = line_end;
     line_end = ends.after(data);
   }
   while (line_end != nullptr) {
-    lines += s.prefix;
-    lines.append(data, line_end);
+    append_line(lines, s.prefix, data, line_end);
     ended();
     data = line_end;
     line_end = ends.after(data);

@@ -375,6 +375,34 @@ TEST_CASE("a carriage return ends a console line, written as a newline but to a 
         "step 1\rstep 2\rsaw it\r\nsplit\r\nlast");
 }
 
+TEST_CASE("a line over 64 KiB reaches the console in 64 KiB pieces, however its bytes came in") {
+  bool through_pipes = false;
+  SUBCASE("followed") {}
+  SUBCASE("through pipes") { through_pipes = true; }
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  // 200,000 bytes and a newline in one write; then 40,000, a pause, and
+  // 40,000 more and a newline. Before, each reached the console whole when
+  // one read took its end.
+  auto spec = shell_ranks(1, "a=$(head -c 200000 /dev/zero | tr '\\0' a); b=$(head -c 40000 /dev/zero | tr '\\0' b); "
+                             "printf '%s\\n' \"$a\"; printf '%s' \"$b\"; sleep 0.3; printf '%s\\n' \"$b\"");
+  spec.logs.dir = dir.path / "logs";
+  spec.logs.tee = std_streams::out;
+  spec.logs.tee_through_pipes = through_pipes;
+  spec.logs.console_out = out.fd;
+  const auto r = run_group(spec);
+  REQUIRE(r.ok());
+  const std::string prefix = "[worker0]:";
+  const std::vector<std::string> expected{prefix + std::string(65536, 'a'), prefix + std::string(65536, 'a'),
+                                          prefix + std::string(65536, 'a'), prefix + std::string(3392, 'a'),
+                                          prefix + std::string(65536, 'b'), prefix + std::string(14464, 'b')};
+  const auto console = lines_of(out.text());
+  std::string sizes;  // what a failure shows
+  for (const auto& line : console) sizes += std::to_string(line.size()) + " ";
+  CAPTURE(sizes);
+  CHECK(console == expected);
+}
+
 TEST_CASE("what a paused console held back reaches it once it reads on, while the rank still runs") {
   bool through_pipes = false;
   SUBCASE("followed") {}
