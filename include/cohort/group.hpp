@@ -172,7 +172,9 @@ class group {
   /// token's cancellation slot) shuts the group down as a failure would; the
   /// wait then ends, after the shutdown, with
   /// std::system_error(operation_aborted). Any number of waits may be in
-  /// flight at once.
+  /// flight at once. Once the io_context the group runs on has been
+  /// destroyed, the wait of an ended run gives its result on the handler's
+  /// executor, and that of a run not ended throws std::logic_error.
   template <completion_token_of<run_result> Token = default_token>
   [[nodiscard]] auto wait(Token&& token = {}) {
     return detail::async_awaitable<run_result>(

@@ -847,6 +847,12 @@ bool group::join(std::chrono::milliseconds timeout) {
 
 std::optional<asio::any_io_executor> group::executor() const {
   if (!state_) return std::nullopt;
+  if (state_->context.expired()) {
+    // An ended run's wait gives its result where the waiter runs; one not
+    // ended cannot end.
+    if (result()) return std::nullopt;
+    refuse_gone_context(*state_, "wait");
+  }
   return state_->strand.get_inner_executor();
 }
 

@@ -1387,7 +1387,7 @@ TEST_SUITE("group") {
     }
   }
 
-  TEST_CASE("a group whose io_context is gone refuses stop, signals and join, and its end still ends the ranks") {
+  TEST_CASE("a group whose io_context is gone refuses stop, signals, join and wait, and its end still ends the ranks") {
     group_spec spec = ranks_of(2, {"sleep", "30"});
     std::vector<pid_t> ranks;
     std::optional<group> g;
@@ -1401,11 +1401,31 @@ TEST_SUITE("group") {
     CHECK_THROWS_WITH_AS(g->send_signal(SIGTERM), doctest::Contains("io_context"), std::logic_error);
     CHECK_THROWS_WITH_AS(g->interrupt(SIGTERM), doctest::Contains("io_context"), std::logic_error);
     CHECK_THROWS_WITH_AS(g->join(10ms), doctest::Contains("io_context"), std::logic_error);
+    CHECK_THROWS_WITH_AS((void)g->wait(), doctest::Contains("io_context"), std::logic_error);
     g.reset();
     for (pid_t pid : ranks) {
       CAPTURE(pid);
       CHECK(test::within(5s, [pid] { return !test::alive(pid); }));
     }
+  }
+
+  // Before, the wait ran on the gone io_context's strand: SIGSEGV.
+  TEST_CASE("the wait of a run that ended before its io_context went gives the result, on the waiter's io_context") {
+    group_spec spec = ranks_of(2, {"exit", "0"});
+    std::optional<group> g;
+    {
+      asio::io_context io;
+      g = start_processes(io.get_executor(), spec);
+      io.run();
+    }
+    REQUIRE(g->result());
+    asio::io_context other;
+    auto waited = asio::co_spawn(other, [&]() -> asio::awaitable<run_result> { co_return co_await g->wait(); },
+                                 asio::use_future);
+    other.run();
+    const auto r = waited.get();
+    CHECK(r.ok());
+    CHECK(r.statuses.size() == 2);
   }
 
   TEST_CASE("an io_context destroyed under a running group takes the ranks' processes with it") {
