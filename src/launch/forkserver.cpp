@@ -14,6 +14,7 @@
 #include "os/per_process.hpp"
 #include "os/process_identity.hpp"
 #include "os/raw_syscall.hpp"
+#include "process/parallel.hpp"
 #include "shm/keeper.hpp"
 
 #include <asio/io_context.hpp>
@@ -472,7 +473,14 @@ std::size_t start_from_server(std::span<server_request> requests, const function
     if (plans.get() < 0) return 0;
     for (bool restarted = false;;) {
       if (l.socket < 0) {
-        if (int error = start_server(l); error != 0) {
+        // From a thread that lives as long as the process: the server's
+        // ranks are its siblings (CLONE_PARENT), and the parent-death
+        // signal of both follows the thread that started the server. Begun
+        // on a caller's thread, they were killed when it ended, in the
+        // middle of another thread's run.
+        int error = 0;
+        run_on_lasting_thread([&] { error = start_server(l); });
+        if (error != 0) {
           f = {stage::start, error, ""};
           return 0;
         }

@@ -8,15 +8,20 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 namespace cohort::detail {
 namespace {
+
+// Whether this thread is one of a launch_pool's.
+thread_local bool lasting = false;
 
 // Threads that wait for work and never end. Never destroyed: threads may
 // still wait on it at exit. A forked child finds a copy whose threads it
@@ -53,6 +58,7 @@ class launch_pool {
 
  private:
   [[noreturn]] void serve() {
+    lasting = true;
     for (;;) {
       std::function<void()> job;
       {
@@ -118,6 +124,29 @@ void for_each_parallel(std::size_t count, unsigned threads, const std::function<
   for (const auto& error : errors) {
     if (error) std::rethrow_exception(error);
   }
+}
+
+void run_on_lasting_thread(const std::function<void()>& fn) {
+  if (lasting) return fn();
+  auto& pool = os::of_this_process<launch_pool>();
+  if (!pool.grow(1)) throw std::system_error(EAGAIN, std::generic_category(), "cohort: a thread to start a process from");
+  std::mutex mutex;
+  std::condition_variable finished;
+  bool done = false;
+  std::exception_ptr error;
+  pool.post([&] {
+    try {
+      fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::lock_guard lock(mutex);
+    done = true;
+    finished.notify_one();
+  });
+  std::unique_lock lock(mutex);
+  finished.wait(lock, [&] { return done; });
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace cohort::detail

@@ -21,4 +21,9 @@ unsigned start_threads(unsigned threads, std::size_t count);
 /// way finish, and the exception of the lowest index is rethrown.
 void for_each_parallel(std::size_t count, unsigned threads, const std::function<void(std::size_t)>& fn);
 
+/// Calls fn() on a thread of that pool and waits for it: for a child whose
+/// parent-death signal must follow the process, not the calling thread.
+/// Rethrows what fn throws; std::system_error when no thread can be made.
+void run_on_lasting_thread(const std::function<void()>& fn);
+
 }  // namespace cohort::detail

@@ -4,6 +4,7 @@
 #include "cohort/process_error.hpp"
 #include "cohort/spawn_and_join.hpp"
 
+#include "launch/forkserver.hpp"
 #include "os/stack_trace.hpp"
 
 #include "support/harness.hpp"
@@ -151,6 +152,14 @@ void succeed_then_raise(int rank) {
 COHORT_ENTRYPOINT(succeed_then_raise);
 
 // Writes this process's pid into `dir`, then sleeps.
+// Makes the file `dir`/<rank> once it runs, sleeps `ms`, returns its pid.
+pid_t note_up_then_sleep(int rank, std::string dir, int ms) {
+  std::ofstream{std::filesystem::path(dir) / std::to_string(rank)};
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  return ::getpid();
+}
+COHORT_ENTRYPOINT(note_up_then_sleep);
+
 void record_pid_and_sleep(int rank, std::string dir) {
   std::ofstream(fs::path(dir) / fmt::format("{}-{}", rank, ::getpid())) << ::getpid();
   std::this_thread::sleep_for(60s);
@@ -1152,11 +1161,40 @@ TEST_SUITE("entry points") {
     CHECK(forkserver_pid() != server);
   }
 
+  // A forkserver's ranks are its siblings, and their parent-death signal
+  // follows the thread that started it. Before, that was the first caller's
+  // thread: its end killed the server and the ranks of every other run.
+  TEST_CASE("the end of the thread whose run started the forkserver ends neither it nor another thread's ranks") {
+    detail::stop_forkserver();
+    test::temp_dir dir;
+    std::atomic<bool> served{false};
+    std::thread first([&] {
+      (void)spawn_and_join(rank_itself, std::tuple{}, 1, join_options{.method = start_method::forkserver});
+      served = true;
+      // Ends once the ranks below are up.
+      (void)test::within(10s, [&] { return fs::exists(dir.path / "0") && fs::exists(dir.path / "1"); }, 5ms);
+    });
+    REQUIRE(test::within(10s, [&] { return served.load(); }, 1ms));
+    const pid_t server = forkserver_pid();
+    std::vector<pid_t> pids;
+    CHECK_NOTHROW(pids = spawn_and_join(note_up_then_sleep, std::tuple{dir.path.string(), 1000}, 2,
+                                        join_options{.method = start_method::forkserver}));
+    first.join();
+    CHECK(pids.size() == 2);
+    CHECK(server > 0);
+    CHECK(forkserver_pid() == server);
+  }
+
   TEST_CASE("a forkserver killed while it makes a request's ranks leaves no rank it did not name") {
-    // The ranks are this thread's children (CLONE_PARENT), as the server is.
+    // The ranks are children of the thread that started the server
+    // (CLONE_PARENT), as the server is.
     const auto children_now = [] {
-      std::ifstream list(fmt::format("/proc/self/task/{}/children", ::getpid()));
-      return std::distance(std::istream_iterator<pid_t>(list), std::istream_iterator<pid_t>());
+      std::ptrdiff_t n = 0;
+      for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+        std::ifstream list(task.path() / "children");
+        n += std::distance(std::istream_iterator<pid_t>(list), std::istream_iterator<pid_t>());
+      }
+      return n;
     };
     int cut = 0;  // runs in which the start saw the server die
     for (int run = 0; run < 5 && cut == 0; ++run) {
