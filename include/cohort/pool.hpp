@@ -66,7 +66,8 @@ std::vector<R> pool_values(const std::vector<std::optional<encoded>>& results) {
 /// constructing thread and hold its parent-death signal
 /// (spawn_options::parent_death_signal, SIGKILL by default), as a group's
 /// ranks do: construct the pool on a thread that outlives it, or set
-/// pool_options::spawn.parent_death_signal to 0.
+/// pool_options::spawn.parent_death_signal to 0. (Workers started by
+/// `forkserver` hold that of a thread that lives as long as the process.)
 class pool {
  public:
   /// Starts the workers. Throws what start_processes throws.
