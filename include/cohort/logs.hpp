@@ -47,7 +47,10 @@ struct streams_per_rank {
 /// - its log file and the console, when `tee` names it;
 /// - the console only, otherwise.
 /// Ranks outside `console_ranks` never reach the console: their streams go
-/// to their files when `dir` is set, to /dev/null otherwise.
+/// to their files when `dir` is set, to /dev/null otherwise. A stream that
+/// group_spec::options sends anywhere but this process's own (a file, a
+/// descriptor, /dev/null, stdout's for stderr) reaches no console and stays
+/// where the options send it, unless `redirects` or `tee` name it.
 ///
 /// A teed stream whose log file is a plain file is that file in the rank,
 /// as a redirected one is: the rank writes it itself (a full disk fails the

@@ -955,7 +955,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   state->marker = detail::marker_of(group_number);
   if (spec.logs.active()) {
     if (spec.error_dir.empty() && !spec.logs.dir.empty()) state->error_dir = spec.logs.attempt_dir();
-    state->logs = std::make_unique<detail::group_logs>(spec.logs, spec.name, spec.nprocs);
+    state->logs = std::make_unique<detail::group_logs>(spec.logs, spec.options, spec.name, spec.nprocs);
   }
   detail::prepare_error_files(*state, group_number);
   const auto eq = state->marker.find('=');

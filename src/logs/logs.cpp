@@ -347,7 +347,8 @@ std::string expand_prefix(const std::string& pattern, const std::string& role, i
   return out;
 }
 
-group_logs::group_logs(const logs_spec& spec, const std::string& role, int nprocs) : state_(std::make_shared<state>()) {
+group_logs::group_logs(const logs_spec& spec, const spawn_options& options, const std::string& role, int nprocs)
+    : state_(std::make_shared<state>()) {
   if (!spec.dir.empty()) check_folder_names(spec);
   check_ranks("redirects", spec.redirects.ranks, nprocs);
   check_ranks("tee", spec.tee.ranks, nprocs);
@@ -412,6 +413,9 @@ group_logs::group_logs(const logs_spec& spec, const std::string& role, int nproc
       if (named && spec.dir.empty()) {
         throw std::invalid_argument("cohort::start_processes: logs.redirects and logs.tee need logs.dir");
       }
+      // Sent elsewhere than this process's own stream by the options: no
+      // console's, so left there unless named.
+      if (!named && !std::holds_alternative<stdio::inherit_t>((i == 0 ? options.out : options.err).get())) continue;
       const bool to_file = named || (!shown && !spec.dir.empty());
       const bool to_console = shown && (!has(redirect, which[i]) || has(tee, which[i]));
       std::optional<stdio>& target = i == 0 ? ends.out : ends.err;

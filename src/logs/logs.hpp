@@ -61,7 +61,7 @@ class group_logs {
   /// makes the pipes. Throws std::invalid_argument for a bad spec and
   /// std::filesystem::filesystem_error with the path that cannot be made or
   /// written.
-  group_logs(const logs_spec& spec, const std::string& role, int nprocs);
+  group_logs(const logs_spec& spec, const spawn_options& options, const std::string& role, int nprocs);
   group_logs(const group_logs&) = delete;
   group_logs& operator=(const group_logs&) = delete;
 

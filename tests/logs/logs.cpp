@@ -173,6 +173,28 @@ TEST_CASE("console_ranks: only the chosen ranks reach the console, the others th
   CHECK_FALSE(fs::exists(attempt / "1" / "stdout.log"));  // shown, not teed: no file
 }
 
+// Before, prefix_all pumped rank 0's stderr to the console and never made
+// the file the options named; a rank outside console_ranks got /dev/null.
+TEST_CASE("a stream the spawn options send to a file stays there under prefix_all and console_ranks, unless named") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  auto spec = shell_ranks(2, "echo out $R; echo err $R >&2");
+  spec.options.err = stdio::append(dir.path / "errors");
+  spec.logs.dir = dir.path / "logs";
+  spec.logs.prefix_all = true;
+  spec.logs.console_ranks = std::set<int>{0};
+  spec.logs.tee = std::map<int, std_streams>{{1, std_streams::err}};  // named: the logs decide
+  spec.logs.console_out = out.fd;
+  spec.logs.console_err = out.fd;
+  REQUIRE(run_group(spec).ok());
+  CHECK(test::read_file(dir.path / "errors") == "err 0\n");
+  const auto attempt = dir.path / "logs" / "none" / "attempt_0";
+  CHECK_FALSE(fs::exists(attempt / "0" / "stderr.log"));
+  CHECK(test::read_file(attempt / "1" / "stderr.log") == "err 1\n");
+  CHECK(test::read_file(attempt / "1" / "stdout.log") == "out 1\n");
+  CHECK(out.text() == "[worker0]:out 0\n");
+}
+
 TEST_CASE("a rerun with the same run id leaves only its own bytes in the log files") {
   test::temp_dir dir;
   console_file out(dir.path / "console");
