@@ -188,7 +188,10 @@ void drop_record(std::span<const std::byte> bytes) {
 template <crossable T>
 class queue {
  public:
-  /// A queue of at most `capacity` values. Throws shm_error.
+  /// A queue of at most `capacity` values, 1 to 2^24 (std::invalid_argument
+  /// otherwise: every queue is bounded, so Python's maxsize 0, unbounded,
+  /// has no equal here). Throws shm_error when its shared memory cannot be
+  /// had.
   explicit queue(std::size_t capacity = 1024)
       : core_(detail::make_queue_core(capacity, type_signature<T>(), &detail::drop_record<T>)) {}
   /// Copies are handles to the same queue. A move copies too, so a queue

@@ -166,6 +166,12 @@ int watch_a_death(int, bool mixed_ids) {
 COHORT_ENTRYPOINT(watch_a_death);
 
 TEST_SUITE("queue") {
+  TEST_CASE("a capacity of 0 or over 2^24 is refused, saying why; 1 is taken") {
+    CHECK_THROWS_WITH_AS(queue<int>(0), doctest::Contains("bounded"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(queue<int>((std::size_t{1} << 24) + 1), doctest::Contains("2^24"), std::invalid_argument);
+    CHECK(queue<int>(1).capacity() == 1);
+  }
+
   TEST_CASE("values come out in the order they went in") {
     queue<std::tuple<int, std::string, std::vector<double>>> q(8);
     for (int i = 0; i < 5; ++i) REQUIRE(q.try_push({i, std::string(i, 'x'), std::vector<double>(i, 0.5)}));
