@@ -537,7 +537,9 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
     device->write(out);
     return;
   }
-  if (value.nbytes() == 0) {
+  // An empty storage not in shared memory crosses as nothing but its kind;
+  // a shared one, which a receiver may hold twice, as itself.
+  if (value.nbytes() == 0 && (!value.impl_ || !value.impl_->segment)) {
     out.push_back(std::byte{0});
     return;
   }

@@ -444,6 +444,21 @@ TEST_SUITE("storage") {
     CHECK(decode<storage>(encode(storage())).nbytes() == 0);
   }
 
+  // Before, every storage of 0 bytes crossed as an empty byte: a shared one
+  // came back as another storage, not shared.
+  TEST_CASE("a shared storage of 0 bytes stays itself and shared when it crosses") {
+    for (auto strategy : strategies) {
+      CAPTURE(to_string(strategy));
+      strategy_scope scope(strategy);
+      storage s = storage::allocate_shared(0);
+      REQUIRE(s.is_shared());
+      const auto back = decode<storage>(encode(s));
+      CHECK(back.same(s));
+      CHECK(back.is_shared());
+      CHECK(back.nbytes() == 0);
+    }
+  }
+
   TEST_CASE("a child started by each start method writes into a storage the parent shares") {
     for (auto strategy : strategies) {
       strategy_scope scope(strategy);
