@@ -16,6 +16,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <system_error>
+#include <tuple>
 #include <utility>
 
 namespace cohort::cuda {
@@ -238,9 +239,14 @@ chunk::~chunk() { release(); }
 
 // Unmaps before the range and the allocation go: the driver frees the
 // memory once no process maps it, holds a handle or a descriptor for it.
+// The device's queued work first: unlike cudaFree, unmapping and closing an
+// import do not wait for the work that may still use the memory.
 void chunk::release() noexcept {
   if (address_ == 0 && !allocated_) return;
   const detail::device_guard current(device_);
+  if (mapped_ || (kind_ == sharing::ipc_handle && !made_here_ && address_ != 0)) {
+    std::ignore = cudaDeviceSynchronize();
+  }
   if (kind_ == sharing::file_descriptor) {
     const auto& api = detail::state().api;
     if (mapped_) api.mem_unmap(address_, size_);

@@ -389,7 +389,10 @@ void wait_on_sender_event(int device, const event& e, pid_t sender, slot_counts&
       return;
     }
   }
-  e.wait(current);
+  {
+    const detail::device_guard on(device);  // a null stream is the tensor's device's
+    e.wait(current);
+  }
   acknowledge(counts);
 }
 
@@ -414,7 +417,10 @@ void wait_for_sender(int device, pid_t sender, std::uint32_t port, std::uint32_t
       throw decode_error(fmt::format("cohort::decode: a device tensor names event {} of this process, which has {}", slot,
                                      pool.slots.size()));
     }
-    pool.slots[slot]->recorded.wait(current);
+    {
+      const detail::device_guard on(device);  // a null stream is the tensor's device's
+      pool.slots[slot]->recorded.wait(current);
+    }
     acknowledge(pool.table[slot]);
     return;
   }

@@ -111,8 +111,10 @@ class event {
   /// The wait holds a copy of the event; it cannot be cancelled.
   template <completion_token_of<void> Token = default_token>
   auto async_wait(Token&& token = {}) const {
+    // A copy: a token that starts the wait later (use_awaitable, deferred)
+    // may outlive this object.
     return detail::initiate_wait(std::forward<Token>(token),
-                                 [this](std::unique_ptr<detail::event_waiter> w) { when_done(std::move(w)); });
+                                 [self = *this](std::unique_ptr<detail::event_waiter> w) { self.when_done(std::move(w)); });
   }
   /// Whether the work captured by the last record is done (cudaEventQuery);
   /// true for an event never recorded.
