@@ -134,6 +134,20 @@ void child_state::close_pipes() noexcept {
   (void)err.release();
 }
 
+// What a waitid that found no child (ECHILD) means for a child of this
+// process, whose pidfd says it has ended: " (...)", or empty for any other
+// error.
+std::string reaped_elsewhere_note(const std::error_code& ec) {
+  if (ec != std::error_code(ECHILD, std::system_category())) return {};
+  struct sigaction action {};
+  ::sigaction(SIGCHLD, nullptr, &action);
+  if (action.sa_handler == SIG_IGN || (action.sa_flags & SA_NOCLDWAIT) != 0) {
+    return " (this process ignores SIGCHLD, by SIG_IGN or SA_NOCLDWAIT: the kernel reaps its children as they exit, "
+           "and their exit status is lost; set SIGCHLD back to SIG_DFL before starting processes)";
+  }
+  return " (it was reaped elsewhere in this process: a waitpid(-1) or wait() of another part of the program)";
+}
+
 // glibc's waitid() has no rusage argument; the system call does.
 std::optional<exit_status> child_state::reap(bool block, std::error_code& ec) {
   ec.clear();
@@ -253,8 +267,9 @@ asio::awaitable<exit_status> child::wait_for(std::shared_ptr<detail::child_state
       if (auto status = state->reap(false, ec)) co_return *status;
     }
     if (ec) {
-      throw std::system_error(ec, fmt::format("cohort::child::wait: waitid for pid {}{}", state->pid,
-                                              os::descriptor_limit_note(ec.category() == std::system_category() ? ec.value() : 0)));
+      const int error = ec.category() == std::system_category() ? ec.value() : 0;
+      throw std::system_error(ec, fmt::format("cohort::child::wait: waitid for pid {}{}{}", state->pid,
+                                              os::descriptor_limit_note(error), detail::reaped_elsewhere_note(ec)));
     }
   }
 }
@@ -262,7 +277,10 @@ asio::awaitable<exit_status> child::wait_for(std::shared_ptr<detail::child_state
 exit_status child::join() {
   std::error_code ec;
   auto status = join(ec);
-  if (ec) throw std::system_error(ec, fmt::format("cohort::child::join: waitid for pid {}", pid()));
+  if (ec) {
+    throw std::system_error(ec, fmt::format("cohort::child::join: waitid for pid {}{}", pid(),
+                                            detail::reaped_elsewhere_note(ec)));
+  }
   return status;
 }
 
@@ -276,7 +294,10 @@ exit_status child::join(std::error_code& ec) {
 std::optional<exit_status> child::try_wait() {
   std::error_code ec;
   auto status = try_wait(ec);
-  if (ec) throw std::system_error(ec, fmt::format("cohort::child::try_wait: waitid for pid {}", pid()));
+  if (ec) {
+    throw std::system_error(ec, fmt::format("cohort::child::try_wait: waitid for pid {}{}", pid(),
+                                            detail::reaped_elsewhere_note(ec)));
+  }
   return status;
 }
 

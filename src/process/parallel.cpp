@@ -129,7 +129,9 @@ void for_each_parallel(std::size_t count, unsigned threads, const std::function<
 void run_on_lasting_thread(const std::function<void()>& fn) {
   if (lasting) return fn();
   auto& pool = os::of_this_process<launch_pool>();
-  if (!pool.grow(1)) throw std::system_error(EAGAIN, std::generic_category(), "cohort: a thread to start a process from");
+  if (!pool.grow(1)) {
+    throw std::system_error(EAGAIN, std::generic_category(), "cohort: a thread to start a process from");
+  }
   std::mutex mutex;
   std::condition_variable finished;
   bool done = false;

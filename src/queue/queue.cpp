@@ -194,7 +194,9 @@ class queue_core {
   }
 
   static std::shared_ptr<queue_core> make(std::size_t capacity, std::string_view signature, record_drop drop) {
-    if (capacity == 0) throw std::invalid_argument("cohort::queue: the capacity must be at least 1 (every queue is bounded)");
+    if (capacity == 0) {
+      throw std::invalid_argument("cohort::queue: the capacity must be at least 1 (every queue is bounded)");
+    }
     if (capacity > (std::size_t{1} << 24)) throw std::invalid_argument("cohort::queue: a capacity over 2^24 values");
     const std::size_t ring = std::bit_ceil(std::max<std::size_t>(std::size_t{64} << 10, capacity * 2 * line));
     auto q = std::make_shared<queue_core>(storage::allocate_shared(sizeof(queue_header) + ring), drop);

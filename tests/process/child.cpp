@@ -19,6 +19,7 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -82,6 +83,29 @@ TEST_SUITE("child") {
     asio::io_context io;
     child c = spawn(io.get_executor(), target({"exit", "12"}));
     CHECK(c.join().code() == 12);
+  }
+
+  // Before, both said only "No child processes".
+  TEST_CASE("a child whose status was lost says why: SIGCHLD ignored here, or reaped elsewhere") {
+    asio::io_context io;
+    {
+      struct sigaction ignore {}, before {};
+      ignore.sa_handler = SIG_IGN;
+      REQUIRE(::sigaction(SIGCHLD, &ignore, &before) == 0);
+      child c = spawn(io.get_executor(), target({"exit", "3"}));
+      std::string what;
+      try {
+        (void)c.join();
+      } catch (const std::system_error& e) {
+        what = e.what();
+      }
+      ::sigaction(SIGCHLD, &before, nullptr);
+      CHECK(what.find("ignores SIGCHLD") != std::string::npos);
+    }
+    child c = spawn(io.get_executor(), target({"exit", "3"}));
+    int raw = 0;
+    REQUIRE(::waitpid(c.pid(), &raw, 0) == c.pid());
+    CHECK_THROWS_WITH_AS(c.join(), doctest::Contains("reaped elsewhere"), std::system_error);
   }
 
   TEST_CASE("resource usage reports CPU time and peak memory") {

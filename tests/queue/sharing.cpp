@@ -457,7 +457,8 @@ int leave_stamped_files(int, std::uint64_t other) {
     const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) throw std::runtime_error("shm_open " + name);
     const shm::segment_stamp stamp{shm::segment_magic, nonce, shm::header_size, pid_namespace, 1};
-    const bool written = ::ftruncate(fd, shm::header_size) == 0 && ::pwrite(fd, &stamp, sizeof stamp, 0) == sizeof stamp;
+    const bool written =
+        ::ftruncate(fd, shm::header_size) == 0 && ::pwrite(fd, &stamp, sizeof stamp, 0) == sizeof stamp;
     ::close(fd);
     if (!written) throw std::runtime_error("writing " + name);
   }

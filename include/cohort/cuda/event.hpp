@@ -113,8 +113,9 @@ class event {
   auto async_wait(Token&& token = {}) const {
     // A copy: a token that starts the wait later (use_awaitable, deferred)
     // may outlive this object.
-    return detail::initiate_wait(std::forward<Token>(token),
-                                 [self = *this](std::unique_ptr<detail::event_waiter> w) { self.when_done(std::move(w)); });
+    return detail::initiate_wait(std::forward<Token>(token), [self = *this](std::unique_ptr<detail::event_waiter> w) {
+      self.when_done(std::move(w));
+    });
   }
   /// Whether the work captured by the last record is done (cudaEventQuery);
   /// true for an event never recorded.
