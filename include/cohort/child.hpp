@@ -126,10 +126,12 @@ class child {
   static asio::awaitable<exit_status> wait_awaited(std::shared_ptr<detail::child_state> state);
   template <class Token>
   static auto wait_spawned(std::shared_ptr<detail::child_state> state, Token&& token) {
-    auto executor = executor_of(state);
+    // Asked now, to refuse at once, and again as the wait starts, which a
+    // lazy token does later: the io_context may be gone by then.
+    (void)executor_of(state);
     return detail::async_awaitable<exit_status>(
-        std::move(executor), [state = std::move(state)](const asio::any_io_executor&) { return wait_for(state); },
-        std::forward<Token>(token));
+        [state] { return executor_of(state); },
+        [state](const asio::any_io_executor&) { return wait_for(state); }, std::forward<Token>(token));
   }
   /// The executor the child was spawned on; none without a process.
   static std::optional<asio::any_io_executor> executor_of(const std::shared_ptr<detail::child_state>& state);

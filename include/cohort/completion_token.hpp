@@ -18,6 +18,7 @@
 #include <asio/execution/blocking.hpp>
 #include <asio/require.hpp>
 #include <asio/system_executor.hpp>
+#include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <exception>
@@ -71,19 +72,43 @@ asio::any_io_executor io_executor_of(const Handler& handler) {
   }
 }
 
+/// An operation that throws `error` once it runs.
+template <class Operation>
+Operation rethrown(std::exception_ptr error) {
+  co_await asio::this_coro::executor;  // a coroutine, which throws where it runs
+  std::rethrow_exception(error);
+}
+
 /// Runs `make(executor)`, an asio::awaitable<T>, by co_spawn on `executor`, or, when
 /// there is none, on the handler's associated executor (the awaiting
 /// coroutine's for use_awaitable), and completes the handler on its own
-/// associated executor. The handler's cancellation slot reaches the
-/// coroutine (co_spawn forwards it); the slot is cleared before the handler
-/// runs, so a signal emitted after completion reaches nothing.
+/// associated executor. `where` is the executor (an optional one, or
+/// std::nullopt), or a callable that gives it as the operation starts. The
+/// handler's cancellation slot reaches the coroutine (co_spawn forwards
+/// it); the slot is cleared before the handler runs, so a signal emitted
+/// after completion reaches nothing.
 struct initiate_awaitable {
-  template <class Handler, class Make>
-  void operator()(Handler&& handler, std::optional<asio::any_io_executor> executor, Make make) const {
+  template <class Handler, class Where, class Make>
+  void operator()(Handler&& handler, Where where_given, Make make) const {
+    std::optional<asio::any_io_executor> executor;
+    // What a callable `where` throws completes the operation, where the
+    // handler runs: thrown out of an awaiting coroutine's initiation, it
+    // would end the program (std::terminate).
+    std::exception_ptr refused;
+    if constexpr (std::is_invocable_v<Where&>) {
+      try {
+        executor = where_given();
+      } catch (...) {
+        refused = std::current_exception();
+      }
+    } else {
+      executor = std::move(where_given);
+    }
     auto slot = asio::get_associated_cancellation_slot(handler);
-    const asio::any_io_executor where = executor ? *executor : io_executor_of(handler);
+    const asio::any_io_executor where = executor && !refused ? *executor : io_executor_of(handler);
     auto completion = asio::get_associated_executor(handler, where);
-    asio::co_spawn(where, make(where),
+    using operation = decltype(make(where));
+    asio::co_spawn(where, refused ? rethrown<operation>(refused) : make(where),
                    asio::bind_cancellation_slot(
                        slot, asio::bind_executor(completion, [h = std::move(handler), slot](auto&&... results) mutable {
                          if (slot.is_connected()) slot.clear();
@@ -93,12 +118,13 @@ struct initiate_awaitable {
 };
 
 /// Starts the operation `make` (a callable taking the executor it runs on
-/// and returning asio::awaitable<T>)
-/// for `token`. `make` holds copies of whatever the operation reads, since
-/// a deferred token may start it long after the call.
-template <class T, class Token, class Make>
-auto async_awaitable(std::optional<asio::any_io_executor> executor, Make make, Token&& token) {
-  return asio::async_initiate<Token, completion_signature<T>>(initiate_awaitable{}, token, std::move(executor),
+/// and returning asio::awaitable<T>) for `token`, on `where`
+/// (initiate_awaitable). `make` and a callable `where` hold copies of
+/// whatever they read, since a lazy token (use_awaitable, deferred) may
+/// start the operation long after the call.
+template <class T, class Token, class Where, class Make>
+auto async_awaitable(Where where, Make make, Token&& token) {
+  return asio::async_initiate<Token, completion_signature<T>>(initiate_awaitable{}, token, std::move(where),
                                                              std::move(make));
 }
 

@@ -177,9 +177,12 @@ class group {
   /// executor, and that of a run not ended throws std::logic_error.
   template <completion_token_of<run_result> Token = default_token>
   [[nodiscard]] auto wait(Token&& token = {}) {
+    // Asked now, to refuse at once, and again as the wait starts, which a
+    // lazy token does later: the io_context may be gone by then.
+    (void)executor_of(state_);
     return detail::async_awaitable<run_result>(
-        executor(), [state = state_](const asio::any_io_executor&) { return wait_for(state); },
-        std::forward<Token>(token));
+        [state = state_] { return executor_of(state); },
+        [state = state_](const asio::any_io_executor&) { return wait_for(state); }, std::forward<Token>(token));
   }
   /// Blocks the calling thread for at most `timeout`; true once every rank
   /// has ended (the result is then in result()). The io_context must run on
@@ -227,7 +230,10 @@ class group {
 
  private:
   static asio::awaitable<run_result> wait_for(std::shared_ptr<detail::group_state> state);
-  std::optional<asio::any_io_executor> executor() const;
+  /// Where a wait runs: the group's strand; none without a group, or for
+  /// an ended run whose io_context is gone. Throws std::logic_error for a
+  /// run not ended whose io_context is gone.
+  static std::optional<asio::any_io_executor> executor_of(const std::shared_ptr<detail::group_state>& state);
   std::shared_ptr<detail::group_state> state_;
 };
 

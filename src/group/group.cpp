@@ -845,15 +845,15 @@ bool group::join(std::chrono::milliseconds timeout) {
                                         [&] { return state_->finished; });
 }
 
-std::optional<asio::any_io_executor> group::executor() const {
-  if (!state_) return std::nullopt;
-  if (state_->context.expired()) {
+std::optional<asio::any_io_executor> group::executor_of(const std::shared_ptr<detail::group_state>& state) {
+  if (!state) return std::nullopt;
+  if (state->context.expired()) {
     // An ended run's wait gives its result where the waiter runs; one not
     // ended cannot end.
-    if (result()) return std::nullopt;
-    refuse_gone_context(*state_, "wait");
+    if (group(state).result()) return std::nullopt;
+    refuse_gone_context(*state, "wait");
   }
-  return state_->strand.get_inner_executor();
+  return state->strand.get_inner_executor();
 }
 
 asio::awaitable<run_result> group::wait_for(std::shared_ptr<detail::group_state> state) {

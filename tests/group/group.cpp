@@ -1428,6 +1428,32 @@ TEST_SUITE("group") {
     CHECK(r.statuses.size() == 2);
   }
 
+  // The default token starts the wait when it is awaited: before, one made
+  // while the io_context lived and awaited after it went ran on its strand.
+  TEST_CASE("a wait made before the group's io_context went and awaited after it is refused, or gives the result") {
+    for (const bool ended : {false, true}) {
+      CAPTURE(ended);
+      group_spec spec = ranks_of(2, ended ? std::vector<std::string>{"exit", "0"} : std::vector<std::string>{"sleep", "30"});
+      std::optional<group> g;
+      std::optional<asio::awaitable<run_result>> waiting;
+      {
+        asio::io_context io;
+        g = start_processes(io.get_executor(), spec);
+        if (ended) io.run();
+        else io.run_for(20ms);
+        waiting.emplace(g->wait());
+      }
+      asio::io_context other;
+      auto waited = asio::co_spawn(other, std::move(*waiting), asio::use_future);
+      other.run();
+      if (ended) {
+        CHECK(waited.get().ok());
+      } else {
+        CHECK_THROWS_WITH_AS(waited.get(), doctest::Contains("io_context"), std::logic_error);
+      }
+    }
+  }
+
   TEST_CASE("an io_context destroyed under a running group takes the ranks' processes with it") {
     test::temp_dir dir;
     group_spec spec;

@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <asio/bind_cancellation_slot.hpp>
+#include <asio/bind_executor.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/experimental/deferred.hpp>
 #include <asio/detached.hpp>
@@ -14,6 +15,7 @@
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/read_until.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/use_future.hpp>
 
 #include <fmt/format.h>
 
@@ -25,6 +27,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 using namespace cohort;
@@ -241,6 +244,23 @@ TEST_SUITE("child") {
     c = child();
     CHECK(test::open_fd_count() == descriptors);  // the pipes' ends closed, the pidfd too
     CHECK(test::children_of_self().empty());
+  }
+
+  // A deferred wait starts when it is run: before, one made while the
+  // io_context lived and run after it went ran on the gone io_context.
+  TEST_CASE("a deferred wait made before the child's io_context went is refused when it runs") {
+    child c;
+    std::optional<decltype(c.wait(asio::experimental::deferred))> waiting;
+    {
+      asio::io_context io;
+      c = spawn(io.get_executor(), target({"exit", "3"}));
+      waiting.emplace(c.wait(asio::experimental::deferred));
+    }
+    asio::io_context other;
+    auto waited = std::move(*waiting)(asio::bind_executor(other, asio::use_future));
+    other.run();
+    CHECK_THROWS_WITH_AS(waited.get(), doctest::Contains("the io_context"), std::logic_error);
+    CHECK(c.join().code() == 3);
   }
 
   TEST_CASE("a detached child runs to its end and is reaped in the background") {
