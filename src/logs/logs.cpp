@@ -585,11 +585,15 @@ class line_ends {
   const char* return_ = nullptr;
 };
 
-// Appends the line [from, to) (its end included) to `lines` behind
-// `prefix`, in pieces of at most max_line bytes, each piece but the last
-// ended by '\n': what a line that came in pieces would give (below).
+// Appends the line [from, to) (its end, "\n", "\r\n" or "\r", included)
+// to `lines` behind `prefix`: its text cut every max_line bytes, each piece
+// ended by '\n', and the rest with the line's own end. A line whose text
+// waited in pieces is cut the same way (below), so however it was read.
 void append_line(std::string& lines, const std::string& prefix, const char* from, const char* to) {
-  for (; static_cast<std::size_t>(to - from) > max_line; from += max_line) {
+  const char* text_end = to;
+  if (text_end > from && text_end[-1] == '\n') --text_end;
+  if (text_end > from && text_end[-1] == '\r') --text_end;
+  for (; static_cast<std::size_t>(text_end - from) >= max_line; from += max_line) {
     lines += prefix;
     lines.append(from, max_line);
     lines += '\n';
