@@ -11,6 +11,7 @@
 #include <asio/awaitable.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -18,10 +19,17 @@ COHORT_API_BEGIN
 
 namespace cohort {
 
+class event;
+namespace detail {
+/// The waits on `e` counted asleep now (for tests).
+std::uint32_t event_sleepers(const event& e);
+}  // namespace detail
+
 /// Starts clear. Copies, and handles sent to other processes (as entry
 /// point arguments or through queues), are the same event. Every call may
 /// come from any thread of any process holding it. set() enters the kernel
-/// only when someone waits. A wait ends at any set() made while it waits,
+/// only when someone waits (or, once, after a waiter was killed while it
+/// waited). A wait ends at any set() made while it waits,
 /// even one that a clear() follows at once, as Python's Event.wait does.
 class event {
  public:
@@ -56,6 +64,7 @@ class event {
  private:
   static asio::awaitable<void> wait_on(asio::any_io_executor executor, storage state);
   friend struct detail::handle_codec<event>;
+  friend std::uint32_t detail::event_sleepers(const event& e);
   explicit event(storage state);
   storage state_;
 };

@@ -15,8 +15,9 @@ namespace cohort {
 
 namespace {
 
-constexpr std::uint32_t magic = 0x32766e65;  // "env2": the word below (an "evnt" event's is the flag alone)
+constexpr std::uint32_t magic = 0x33766e65;  // "env3": the words below ("env2" counted sleepers without generations)
 constexpr std::uint32_t set_bit = 1;
+constexpr std::uint64_t count_mask = 0xffffffff;
 
 struct event_state {
   std::uint32_t magic;
@@ -24,18 +25,28 @@ struct event_state {
   // so that a waiter woken by a set() that a clear() followed at once
   // still sees that it came, and returns as Python's Event.wait does.
   std::atomic<std::uint32_t> flag;
-  // Waiters count themselves before they look at the flag, and set() stores
-  // the flag before it looks at the count (both seq_cst): either the waiter
-  // sees the flag set, or set() sees the waiter and wakes it.
-  std::atomic<std::uint32_t> sleepers;
+  // The waiters of the current generation (low 32 bits) below the
+  // generation, which a set() that finds waiters advances, counting none:
+  // it wakes them all. A waiter uncounts itself only from its own
+  // generation, so a waiter killed while it waited is counted until the
+  // next set(), not for good. Waiters count themselves before they look at
+  // the flag, and set() stores the flag before it looks at the count (all
+  // seq_cst): either the waiter sees the flag set, or set() sees the waiter
+  // and wakes it.
+  std::atomic<std::uint64_t> sleepers;
 };
 
 event_state& state_of(const storage& s) { return *reinterpret_cast<event_state*>(s.data()); }
 
 struct counted_sleeper {
-  std::atomic<std::uint32_t>& sleepers;
-  explicit counted_sleeper(std::atomic<std::uint32_t>& s) : sleepers(s) { sleepers.fetch_add(1); }
-  ~counted_sleeper() { sleepers.fetch_sub(1); }
+  std::atomic<std::uint64_t>& sleepers;
+  std::uint64_t generation;
+  explicit counted_sleeper(std::atomic<std::uint64_t>& s) : sleepers(s), generation(s.fetch_add(1) >> 32) {}
+  ~counted_sleeper() {
+    auto now = sleepers.load();
+    while ((now >> 32) == generation && (now & count_mask) != 0 && !sleepers.compare_exchange_weak(now, now - 1)) {
+    }
+  }
 };
 
 }  // namespace
@@ -55,7 +66,14 @@ void event::set() {
   std::uint32_t word = s.flag.load();
   while (!s.flag.compare_exchange_weak(word, (word + 2) | set_bit)) {
   }
-  if (s.sleepers.load() > 0) os::futex_wake(s.flag, INT_MAX);
+  auto sleepers = s.sleepers.load();
+  while ((sleepers & count_mask) != 0 && !s.sleepers.compare_exchange_weak(sleepers, ((sleepers >> 32) + 1) << 32)) {
+  }
+  if ((sleepers & count_mask) != 0) os::futex_wake(s.flag, INT_MAX);
+}
+
+std::uint32_t detail::event_sleepers(const event& e) {
+  return static_cast<std::uint32_t>(state_of(e.state_).sleepers.load() & count_mask);
 }
 
 void event::clear() noexcept { state_of(state_).flag.fetch_and(~set_bit); }

@@ -897,6 +897,31 @@ TEST_SUITE("event") {
     setter.join();
   }
 
+  // A kill gives nothing back: before, the killed waiter stayed counted for
+  // good, and every later set() made a futex system call.
+  TEST_CASE("a waiter killed while it waited is counted only until the next set(); woken waiters are not") {
+    event e;
+    const pid_t waiter = ::fork();
+    if (waiter == 0) {
+      (void)e.wait_for();
+      ::_exit(0);
+    }
+    REQUIRE(waiter > 0);
+    const bool asleep = test::within(10s, [&] { return detail::event_sleepers(e) == 1; }, 1ms);
+    ::kill(waiter, SIGKILL);
+    ::waitpid(waiter, nullptr, 0);
+    REQUIRE(asleep);
+    CHECK(detail::event_sleepers(e) == 1);
+    e.set();
+    CHECK(detail::event_sleepers(e) == 0);
+    e.clear();
+    std::thread woken([&] { CHECK(e.wait_for(10s)); });
+    REQUIRE(test::within(10s, [&] { return detail::event_sleepers(e) == 1; }, 1ms));
+    e.set();
+    woken.join();
+    CHECK(detail::event_sleepers(e) == 0);
+  }
+
   TEST_CASE("an event wait with a callback completes once the event is set") {
     asio::io_context io;
     event e;
