@@ -241,17 +241,20 @@ class futex_thread_operation final : public futex_thread_wait {
 template <class Token>
 auto async_futex_wait(const asio::any_io_executor& executor, std::atomic<std::uint32_t>& word,
                       std::uint32_t expected, Token&& token) {
+  // The services are made here, not in the initiation: the first use of
+  // an io_context may fail (no descriptor left for its reactor), and a
+  // throw out of an awaiting coroutine's initiation ends the program.
+  service& ring = service_of(executor);
+  futex_threads* threads = ring.caps().futex ? nullptr : &asio::use_service<futex_threads>(io_context_of(executor));
   return asio::async_initiate<Token, void(std::error_code)>(
-      [executor, word = &word, expected](auto handler) {
+      [executor, ring = &ring, threads, word = &word, expected](auto handler) {
         using handler_type = decltype(handler);
-        service& ring = service_of(executor);
-        if (ring.caps().futex) {
+        if (threads == nullptr) {
           auto* op = new ring_operation<futex_wait_ring, detail::drop_value<handler_type>>(
-              ring, futex_wait_ring{word, expected}, detail::drop_value<handler_type>{std::move(handler)}, executor);
+              *ring, futex_wait_ring{word, expected}, detail::drop_value<handler_type>{std::move(handler)}, executor);
           op->start();
         } else {
-          auto* op = new futex_thread_operation<handler_type>(asio::use_service<futex_threads>(io_context_of(executor)),
-                                                              *word, expected, std::move(handler), executor);
+          auto* op = new futex_thread_operation<handler_type>(*threads, *word, expected, std::move(handler), executor);
           op->start();
         }
       },

@@ -20,10 +20,11 @@
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/single_threaded.h>
 #include <sys/syscall.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -920,6 +921,37 @@ TEST_SUITE("event") {
     e.set();
     woken.join();
     CHECK(detail::event_sleepers(e) == 0);
+  }
+
+  // Before, the first wait on a fresh io_context made its ring's service
+  // inside the initiation, whose throw ended the program (std::terminate).
+  TEST_CASE("an awaited event wait on an io_context that can get no descriptor fails with an exception") {
+    event e;
+    const pid_t child = ::fork();
+    if (child == 0) {
+      rlimit low{64, 64};
+      ::setrlimit(RLIMIT_NOFILE, &low);
+      while (::open("/dev/null", O_RDONLY | O_CLOEXEC) >= 0) {
+      }
+      asio::io_context io;
+      int code = 3;  // it completed
+      asio::co_spawn(io, e.wait(), [&](std::exception_ptr error) {
+        try {
+          if (error) std::rethrow_exception(error);
+        } catch (const std::system_error& failed) {
+          code = failed.code().value() == EMFILE ? 0 : 4;
+        } catch (...) {
+          code = 5;
+        }
+      });
+      io.run_for(2s);
+      ::_exit(code);
+    }
+    REQUIRE(child > 0);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
   }
 
   TEST_CASE("an event wait with a callback completes once the event is set") {
