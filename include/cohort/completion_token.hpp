@@ -14,6 +14,7 @@
 #include <asio/awaitable.hpp>
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/bind_executor.hpp>
+#include <asio/cancellation_state.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/execution/blocking.hpp>
 #include <asio/require.hpp>
@@ -70,6 +71,22 @@ asio::any_io_executor io_executor_of(const Handler& handler) {
   } else {
     return asio::require(asio::system_executor(), asio::execution::blocking.never);
   }
+}
+
+/// `operation`, run as the coroutine that co_spawn starts, so that every
+/// type of cancellation reaches it, as a terminal one: such a coroutine
+/// takes terminal ones alone by default, and so do those its awaits start
+/// (asio's `||`). For operations that a cancellation leaves without a side
+/// effect (a wait, a pop that takes no value), as total and partial
+/// cancellation ask.
+template <class T>
+asio::awaitable<T> taking_any_cancellation(asio::awaitable<T> operation) {
+  co_await asio::this_coro::reset_cancellation_state(
+      [](asio::cancellation_type type) {
+        return type != asio::cancellation_type::none ? asio::cancellation_type::terminal : type;
+      },
+      [](asio::cancellation_type type) { return type; });
+  co_return co_await std::move(operation);
 }
 
 /// An operation that throws `error` once it runs.

@@ -50,12 +50,15 @@ class event {
   /// handler's associated executor, which must be an io_context's (the
   /// awaiting coroutine's for use_awaitable; bind one with
   /// asio::bind_executor for a callback or asio::use_future). Cancellation
-  /// through the token's cancellation slot ends it with
+  /// of any type through the token's cancellation slot ends it with
   /// std::system_error(operation_aborted); the event is untouched.
   template <completion_token_of<void> Token = default_token>
   [[nodiscard]] auto wait(Token&& token = {}) const {
     return detail::async_awaitable<void>(
-        std::nullopt, [state = state_](asio::any_io_executor executor) { return wait_on(std::move(executor), state); },
+        std::nullopt,
+        [state = state_](asio::any_io_executor executor) {
+          return detail::taking_any_cancellation(wait_on(std::move(executor), state));
+        },
         std::forward<Token>(token));
   }
   /// Blocks until the event is set (true) or `timeout` passes (false).

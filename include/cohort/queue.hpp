@@ -240,7 +240,8 @@ class queue {
   /// executor, which must be an io_context's (the awaiting coroutine's for
   /// use_awaitable; bind one with asio::bind_executor for a callback or
   /// asio::use_future). `value` is encoded when the operation is made.
-  /// Cancellation through the token's cancellation slot ends it with
+  /// Cancellation through the token's cancellation slot (of any type:
+  /// terminal, partial or total) ends it with
   /// std::system_error(operation_aborted) and leaves the value unpushed.
   /// Fails as put() throws.
   template <completion_token_of<void> Token = default_token>
@@ -251,7 +252,8 @@ class queue {
     // coroutine of its own to start, nor a trip through the executor.
     if constexpr (std::is_same_v<std::decay_t<Token>, default_token>) return push_record(core_, std::move(r));
     else return detail::async_awaitable<void>(
-        std::nullopt, [core = core_, r](const asio::any_io_executor&) { return push_record(core, r); },
+        std::nullopt,
+        [core = core_, r](const asio::any_io_executor&) { return detail::taking_any_cancellation(push_record(core, r)); },
         std::forward<Token>(token));
   }
 #if COHORT_AWAIT_TEMPORARY_BUG
@@ -285,7 +287,8 @@ class queue {
   [[nodiscard]] auto pop(Token&& token = {}) {
     if constexpr (std::is_same_v<std::decay_t<Token>, default_token>) return pop_value(core_);
     else return detail::async_awaitable<T>(
-        std::nullopt, [core = core_](const asio::any_io_executor&) { return pop_value(core); },
+        std::nullopt,
+        [core = core_](const asio::any_io_executor&) { return detail::taking_any_cancellation(pop_value(core)); },
         std::forward<Token>(token));
   }
 

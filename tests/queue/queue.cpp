@@ -1004,6 +1004,42 @@ TEST_SUITE("event") {
     io.run();
     CHECK(done);
   }
+
+  // Before, a partial or total cancellation never reached the wait (a
+  // spawned coroutine takes terminal ones alone): it went on waiting.
+  TEST_CASE("an event wait, a pop and a push end as aborted at a cancellation of every type") {
+    for (const auto type : {asio::cancellation_type::terminal, asio::cancellation_type::partial,
+                            asio::cancellation_type::total}) {
+      CAPTURE(static_cast<int>(type));
+      asio::io_context io;
+      event e;
+      queue<int> empty(4), full(1);
+      REQUIRE(full.put(1, 1s));
+      asio::cancellation_signal signals[3];
+      std::exception_ptr errors[3];
+      int completed = 0;
+      const auto done = [&](int i) {
+        auto handler = [&, i](std::exception_ptr x, auto&&...) {
+          errors[i] = x;
+          ++completed;
+        };
+        return asio::bind_cancellation_slot(signals[i].slot(), asio::bind_executor(io, handler));
+      };
+      e.wait(done(0));
+      empty.pop(done(1));
+      full.push(2, done(2));
+      asio::steady_timer timer(io, 50ms);
+      timer.async_wait([&](std::error_code) {
+        for (auto& signal : signals) signal.emit(type);
+      });
+      io.run_for(5s);
+      CHECK(completed == 3);
+      for (const auto& error : errors) CHECK(test::aborted(error));
+      CHECK(empty.size() == 0);
+      CHECK(full.size() == 1);
+      CHECK(detail::event_sleepers(e) == 0);
+    }
+  }
 }
 
 }  // namespace queue_tests
