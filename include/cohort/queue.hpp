@@ -253,7 +253,9 @@ class queue {
     if constexpr (std::is_same_v<std::decay_t<Token>, default_token>) return push_record(core_, std::move(r));
     else return detail::async_awaitable<void>(
         std::nullopt,
-        [core = core_, r](const asio::any_io_executor&) { return detail::taking_any_cancellation(push_record(core, r)); },
+        [core = core_, r](const asio::any_io_executor&) {
+          return detail::taking_any_cancellation(push_record(core, r));
+        },
         std::forward<Token>(token));
   }
 #if COHORT_AWAIT_TEMPORARY_BUG
