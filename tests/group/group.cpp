@@ -1433,7 +1433,7 @@ TEST_SUITE("group") {
   TEST_CASE("a wait made before the group's io_context went and awaited after it is refused, or gives the result") {
     for (const bool ended : {false, true}) {
       CAPTURE(ended);
-      const std::vector<std::string> args = ended ? std::vector<std::string>{"exit", "0"} : std::vector<std::string>{"sleep", "30"};
+      const auto args = ended ? std::vector<std::string>{"exit", "0"} : std::vector<std::string>{"sleep", "30"};
       group_spec spec = ranks_of(2, args);
       std::optional<group> g;
       std::optional<asio::awaitable<run_result>> waiting;
