@@ -456,10 +456,13 @@ void wait_for_sender(int device, pid_t sender, std::uint32_t port, std::uint32_t
   wait_on_sender_event(device, found->second, sender, table[slot]);
 }
 
-// Other processes' chunks mapped here, each once.
+// Other processes' chunks mapped here, each once, by maker: its pid and
+// its port, random in each process (chunk ids start again in each, and a
+// pid may be another process's by the time a chunk of a dead maker is let
+// go of here), and the chunk's id.
 struct import_cache {
   std::mutex mutex;
-  std::map<std::pair<pid_t, std::uint64_t>, std::shared_ptr<detail::held_chunk>> chunks;
+  std::map<std::tuple<pid_t, std::uint32_t, std::uint64_t>, std::shared_ptr<detail::held_chunk>> chunks;
 };
 import_cache& imports() {
   static auto* c = new import_cache;
@@ -495,7 +498,8 @@ std::shared_ptr<detail::held_chunk> chunk_for(const detail::chunk_note& note, in
   }
   auto& c = imports();
   std::lock_guard lock(c.mutex);
-  if (auto found = c.chunks.find({maker, note.chunk_id}); found != c.chunks.end()) {
+  const auto key = std::tuple{maker, note.maker_port, note.chunk_id};
+  if (auto found = c.chunks.find(key); found != c.chunks.end()) {
     found->second->users.fetch_add(1, std::memory_order_relaxed);
     return found->second;
   }
@@ -523,7 +527,7 @@ std::shared_ptr<detail::held_chunk> chunk_for(const detail::chunk_note& note, in
     detail::serve_chunk(maker, note.chunk_id, fd);
   }
   held->users.store(1, std::memory_order_relaxed);
-  c.chunks.emplace(std::pair{maker, note.chunk_id}, held);
+  c.chunks.emplace(key, held);
   return held;
 }
 
