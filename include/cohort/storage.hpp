@@ -209,6 +209,11 @@ struct handle_codec<storage> {
   static storage read(reader& in);
 };
 
+/// How many entries this process's table of storages by block holds (for
+/// tests): one for each storage in shared memory here, and some whose end
+/// is under way.
+std::size_t storage_identities();
+
 /// Gives each storage a queue message names a reference of its own, which
 /// the receiver takes over. Called by the queue before the tail that
 /// publishes the message moves, so no receiver can see the message before.

@@ -590,7 +590,8 @@ storage handle_codec<storage>::read(reader& in) {
   auto& refs = segment->block(block).refs;
   auto& m = identities();
   std::unique_lock lock(m.mutex);
-  auto& slot = m.storages[{ref.nonce, block}];
+  const block_key key{ref.nonce, block};
+  auto& slot = m.storages[key];
   if (auto impl = slot.lock()) {
     lock.unlock();
     // This process holds it already: the message's reference goes, whether
@@ -601,16 +602,27 @@ storage handle_codec<storage>::read(reader& in) {
     }
     return storage(std::move(impl));
   }
-  if (message == 0) {
-    // An argument: the sender holds the block while receivers take theirs.
-    auto n = refs.load(std::memory_order_relaxed);
-    do {
-      if (n == 0) throw shm_error("cohort: a storage handle names a block already freed");
-    } while (!refs.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
+  try {
+    if (message == 0) {
+      // An argument: the sender holds the block while receivers take theirs.
+      auto n = refs.load(std::memory_order_relaxed);
+      do {
+        if (n == 0) throw shm_error("cohort: a storage handle names a block already freed");
+      } while (!refs.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
+    }
+    auto impl = shared_impl(std::move(segment), block, nbytes);
+    slot = impl;
+    return storage(std::move(impl));
+  } catch (...) {
+    m.storages.erase(key);  // a handle refused leaves no empty entry behind
+    throw;
   }
-  auto impl = shared_impl(std::move(segment), block, nbytes);
-  slot = impl;
-  return storage(std::move(impl));
+}
+
+std::size_t storage_identities() {
+  auto& m = identities();
+  std::lock_guard lock(m.mutex);
+  return m.storages.size();
 }
 
 void hold_for_message(const handle_context& context) noexcept {

@@ -444,6 +444,21 @@ TEST_SUITE("storage") {
     CHECK(decode<storage>(encode(storage())).nbytes() == 0);
   }
 
+  // Before, each refused handle left an empty entry in the table for good.
+  TEST_CASE("a handle refused as naming a freed block leaves the table of storages as it was") {
+    std::vector<std::byte> bytes;  // the handle alone, without the holds an encoded value keeps
+    {
+      const storage s = storage::allocate_shared(64);
+      const auto handle = encode(s);
+      bytes.assign(handle.bytes().begin(), handle.bytes().end());
+    }
+    const auto before = detail::storage_identities();
+    for (int i = 0; i < 3; ++i) {
+      CHECK_THROWS_WITH_AS(decode<storage>(encoded::from_bytes(bytes)), doctest::Contains("freed"), shm_error);
+    }
+    CHECK(detail::storage_identities() == before);
+  }
+
   // Before, every storage of 0 bytes crossed as an empty byte: a shared one
   // came back as another storage, not shared.
   TEST_CASE("a shared storage of 0 bytes stays itself and shared when it crosses") {
