@@ -283,21 +283,11 @@ COHORT_BARE_CODE bool made_by_ours(const char* name, const guardian_memory& m) {
   return maker == m.parent_pid || noted(m.groups, maker);
 }
 
-// Whether the file `name` in directory `dir` is stamped as a segment that
-// another pid namespace's process made: the pid in its name is not ours.
-COHORT_BARE_CODE bool made_elsewhere(const char* name, long dir, std::uint64_t own_namespace) {
-  const long fd = raw_syscall(SYS_openat, dir, reinterpret_cast<long>(name),
-                              O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return false;
-  shm::segment_stamp stamp{};
-  const long n = raw_syscall(SYS_pread64, fd, reinterpret_cast<long>(&stamp), sizeof stamp, 0);
-  raw_syscall(SYS_close, fd);
-  return n == static_cast<long>(sizeof stamp) && shm::made_in_other_namespace(stamp, own_namespace);
-}
-
+// A file another pid namespace's process made is not ours, whatever pid
+// its name holds.
 COHORT_BARE_CODE void unlink_if_ours(long, const char* name, long dir, void* context) {
   const auto& m = *static_cast<const guardian_memory*>(context);
-  if (made_by_ours(name, m) && !made_elsewhere(name, dir, m.pid_namespace)) {
+  if (made_by_ours(name, m) && !shm::stamped_in_other_namespace(dir, name, m.pid_namespace)) {
     raw_syscall(SYS_unlinkat, dir, reinterpret_cast<long>(name), 0);
   }
 }

@@ -583,18 +583,6 @@ bool unreachable(const std::string& name, pid_t maker, std::uint64_t nonce) {
   return gone;
 }
 
-// Whether the named segment `name`'s file says another pid namespace made
-// it; false when it cannot be read.
-bool made_elsewhere(const std::string& name) noexcept {
-  // Not blocked by a FIFO of that name; its read fails.
-  const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
-  if (fd < 0) return false;
-  segment_stamp stamp{};
-  const bool read = ::pread(fd, &stamp, sizeof stamp, 0) == static_cast<ssize_t>(sizeof stamp);
-  ::close(fd);
-  return read && made_in_other_namespace(stamp, os::pid_namespace());
-}
-
 }  // namespace
 
 bool segment::others_ended() const noexcept { return mappers_ended(header(), os::this_process()); }
@@ -608,7 +596,7 @@ int sweep_segments_of_run(std::span<const pid_t> ranks, const std::function<bool
       // A rank's goes, unless another pid namespace's process made it: its
       // pid is no process here. A maker alive by its pid is passed over
       // before its file is opened.
-      if (rank && made_elsewhere(name)) return;
+      if (rank && stamped_in_other_namespace(AT_FDCWD, ("/dev/shm" + name).c_str(), os::pid_namespace())) return;
       if (!rank && (!made_by_run(maker) || !os::has_ended(maker, 0) || !unreachable(name, maker, nonce))) return;
       if (::shm_unlink(name.c_str()) == 0) ++swept;
     });

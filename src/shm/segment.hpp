@@ -4,8 +4,11 @@
 #pragma once
 
 #include "cohort/storage.hpp"
+#include "os/raw_syscall.hpp"
 #include "os/spin_mutex.hpp"
 
+#include <fcntl.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -93,6 +96,21 @@ struct segment_stamp {
 constexpr bool made_in_other_namespace(const segment_stamp& stamp, std::uint64_t own) noexcept {
   return stamp.magic == segment_magic && stamp.maker_pid_namespace != 0 && own != 0 &&
          stamp.maker_pid_namespace != own;
+}
+
+/// Whether the file `name` in directory `dir` (a descriptor, or AT_FDCWD
+/// for a path) is stamped as a segment made in another pid namespace than
+/// `own`; false when its stamp cannot be read whole (a FIFO, which it does
+/// not wait for, or a file cut short). Raw system calls only: the guardian
+/// calls it.
+COHORT_BARE_CODE inline bool stamped_in_other_namespace(long dir, const char* name, std::uint64_t own) noexcept {
+  const long fd = os::raw_syscall(SYS_openat, dir, reinterpret_cast<long>(name),
+                                  O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  segment_stamp stamp{};
+  const long n = os::raw_syscall(SYS_pread64, fd, reinterpret_cast<long>(&stamp), sizeof stamp, 0);
+  os::raw_syscall(SYS_close, fd);
+  return n == static_cast<long>(sizeof stamp) && made_in_other_namespace(stamp, own);
 }
 
 /// The start of every segment, in shared memory: its stamp's fields, then
