@@ -126,9 +126,8 @@ class child {
   static asio::awaitable<exit_status> wait_awaited(std::shared_ptr<detail::child_state> state);
   template <class Token>
   static auto wait_spawned(std::shared_ptr<detail::child_state> state, Token&& token) {
-    // Asked now, to refuse at once, and again as the wait starts, which a
-    // lazy token does later: the io_context may be gone by then.
-    (void)executor_of(state);
+    // Asked as the wait starts, which a lazy token does later: the
+    // io_context may be gone by then.
     return detail::async_awaitable<exit_status>(
         [state] { return executor_of(state); },
         [state](const asio::any_io_executor&) { return wait_for(state); }, std::forward<Token>(token));

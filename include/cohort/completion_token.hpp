@@ -138,9 +138,12 @@ struct initiate_awaitable {
 /// and returning asio::awaitable<T>) for `token`, on `where`
 /// (initiate_awaitable). `make` and a callable `where` hold copies of
 /// whatever they read, since a lazy token (use_awaitable, deferred) may
-/// start the operation long after the call.
+/// start the operation long after the call. A callable `where` is asked at
+/// the call too, so that what it refuses then throws at once; it is asked
+/// again as the operation starts, when what it reads may have gone.
 template <class T, class Token, class Where, class Make>
 auto async_awaitable(Where where, Make make, Token&& token) {
+  if constexpr (std::is_invocable_v<Where&>) (void)where();
   return asio::async_initiate<Token, completion_signature<T>>(initiate_awaitable{}, token, std::move(where),
                                                              std::move(make));
 }

@@ -177,9 +177,8 @@ class group {
   /// executor, and that of a run not ended throws std::logic_error.
   template <completion_token_of<run_result> Token = default_token>
   [[nodiscard]] auto wait(Token&& token = {}) {
-    // Asked now, to refuse at once, and again as the wait starts, which a
-    // lazy token does later: the io_context may be gone by then.
-    (void)executor_of(state_);
+    // Asked as the wait starts, which a lazy token does later: the
+    // io_context may be gone by then.
     return detail::async_awaitable<run_result>(
         [state = state_] { return executor_of(state); },
         [state = state_](const asio::any_io_executor&) { return wait_for(state); }, std::forward<Token>(token));
