@@ -95,7 +95,10 @@ void event::record(CUstream_st* stream) {
 void event::wait(CUstream_st* stream) const {
   constexpr const char* entry = "cohort::cuda::event::wait";
   check_usable(event_.get(), entry);
-  detail::check(cudaStreamWaitEvent(stream, event_.get(), 0), "cudaStreamWaitEvent", describe(entry, device_));
+  const auto context = describe(entry, device_);
+  // As record(): a null stream is the event's device's default stream.
+  const detail::device_guard current(device_, context);
+  detail::check(cudaStreamWaitEvent(stream, event_.get(), 0), "cudaStreamWaitEvent", context);
 }
 
 void event::synchronize() const {

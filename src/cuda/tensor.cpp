@@ -389,10 +389,7 @@ void wait_on_sender_event(int device, const event& e, pid_t sender, slot_counts&
       return;
     }
   }
-  {
-    const detail::device_guard on(device);  // a null stream is the tensor's device's
-    e.wait(current);
-  }
+  e.wait(current);
   acknowledge(counts);
 }
 
@@ -417,10 +414,7 @@ void wait_for_sender(int device, pid_t sender, std::uint32_t port, std::uint32_t
       throw decode_error(fmt::format("cohort::decode: a device tensor names event {} of this process, which has {}", slot,
                                      pool.slots.size()));
     }
-    {
-      const detail::device_guard on(device);  // a null stream is the tensor's device's
-      pool.slots[slot]->recorded.wait(current);
-    }
+    pool.slots[slot]->recorded.wait(current);
     acknowledge(pool.table[slot]);
     return;
   }

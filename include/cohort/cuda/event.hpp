@@ -99,7 +99,8 @@ class event {
   void record(CUstream_st* stream);
   /// Makes the work queued on `stream` after this call wait until the work
   /// captured by the event's last record is done (cudaStreamWaitEvent);
-  /// returns at once. `stream` may belong to another device.
+  /// returns at once. `stream` may belong to another device (null: the
+  /// event's device's legacy default stream).
   void wait(CUstream_st* stream) const;
   /// Blocks the calling thread until the work captured by the last record
   /// is done (cudaEventSynchronize).
