@@ -91,8 +91,10 @@ void end_loan(const storage& s) noexcept;
 /// A reference-counted run of bytes. Copies share the bytes (as torch's
 /// storages do); the memory goes when the last copy in the last process is
 /// gone. Thread-safe as std::shared_ptr is: distinct copies may be used from
-/// distinct threads; share_memory() must not run while another thread uses
-/// the same storage.
+/// distinct threads. Moving private bytes into shared memory (share_memory(),
+/// or sending a tensor over them) may run on several threads at once: the
+/// bytes move once. Their old address is freed then: a thread reading or
+/// writing them through data() while another moves them races the move.
 class storage {
  public:
   /// No bytes.

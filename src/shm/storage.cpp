@@ -33,6 +33,9 @@ class storage_impl {
   std::byte* data = nullptr;
   std::size_t nbytes = 0;
   std::shared_ptr<shm::segment> segment;  // null while private
+  // Set once `segment`, `block` and `data` are final (made shared, or moved
+  // there): read first by whoever may race a move on another thread.
+  std::atomic<bool> shared{false};
   std::shared_ptr<const device_memory> device;  // set for device memory, whose bytes `data` points at
   std::uint64_t block = 0;
   // It holds no reference of its own: given up (a forked child ending), or
@@ -259,6 +262,7 @@ std::shared_ptr<storage_impl> shared_impl(std::shared_ptr<shm::segment> segment,
   impl->nbytes = nbytes;
   impl->segment = std::move(segment);
   impl->block = block;
+  impl->shared.store(true, std::memory_order_relaxed);  // not yet seen by another thread
   return impl;
 }
 
@@ -460,10 +464,26 @@ storage storage::allocate_shared(std::size_t nbytes) {
 
 std::byte* storage::data() const noexcept { return impl_ ? impl_->data : nullptr; }
 std::size_t storage::nbytes() const noexcept { return impl_ ? impl_->nbytes : 0; }
-bool storage::is_shared() const noexcept { return impl_ && (impl_->segment || impl_->device); }
+bool storage::is_shared() const noexcept {
+  return impl_ && (impl_->shared.load(std::memory_order_acquire) || impl_->device);
+}
+
+namespace {
+
+// A private storage moves into shared memory once, whichever thread sends
+// a tensor over it first: moves, and loans of its bytes (to_dlpack), take
+// the lock of its stripe. Storages apart seldom share one.
+std::mutex& move_lock(const storage_impl* impl) noexcept {
+  static std::mutex stripes[64];
+  return stripes[(reinterpret_cast<std::uintptr_t>(impl) / alignof(storage_impl)) % std::size(stripes)];
+}
+
+}  // namespace
 
 void storage::share_memory() {
-  if (!impl_ || impl_->segment || impl_->device || impl_->nbytes == 0) return;
+  if (!impl_ || impl_->device || impl_->nbytes == 0 || impl_->shared.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(move_lock(impl_.get()));
+  if (impl_->shared.load(std::memory_order_relaxed)) return;  // moved by another thread meanwhile
   if (impl_->lent.load(std::memory_order_acquire) > 0) {
     throw std::logic_error(
         "cohort: a private tensor's bytes are lent through DLPack (to_dlpack) and cannot move into shared memory "
@@ -475,13 +495,20 @@ void storage::share_memory() {
   std::free(std::exchange(impl_->data, data));
   impl_->segment = std::move(segment);
   impl_->block = block;
+  impl_->shared.store(true, std::memory_order_release);
   add_identity(impl_);
 }
 
 namespace detail {
 
 void lend_bytes(const storage& s) noexcept {
-  if (s.impl_) s.impl_->lent.fetch_add(1, std::memory_order_acq_rel);
+  if (!s.impl_) return;
+  if (s.impl_->shared.load(std::memory_order_acquire) || s.impl_->device) {
+    s.impl_->lent.fetch_add(1, std::memory_order_acq_rel);
+    return;
+  }
+  std::lock_guard lock(move_lock(s.impl_.get()));  // not amid a move: the borrower reads `data` after this
+  s.impl_->lent.fetch_add(1, std::memory_order_acq_rel);
 }
 
 void end_loan(const storage& s) noexcept {
@@ -517,11 +544,14 @@ storage make_device_storage(std::shared_ptr<const device_memory> memory) {
 }
 
 bool only_ended_processes_share(const storage& s) noexcept {
-  const auto& segment = s.impl_ ? s.impl_->segment : nullptr;
-  return segment && segment->made_here() && segment->held_only_by_ended();
+  if (!s.is_shared() || s.impl_->device) return false;
+  const auto& segment = *s.impl_->segment;
+  return segment.made_here() && segment.held_only_by_ended();
 }
 
-std::uint64_t segment_of(const storage& s) noexcept { return s.impl_ && s.impl_->segment ? s.impl_->segment->nonce() : 0; }
+std::uint64_t segment_of(const storage& s) noexcept {
+  return s.is_shared() && !s.impl_->device ? s.impl_->segment->nonce() : 0;
+}
 
 const device_memory* device_memory_of(const storage& s) noexcept { return s.impl_ ? s.impl_->device.get() : nullptr; }
 
@@ -539,12 +569,12 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
   }
   // An empty storage not in shared memory crosses as nothing but its kind;
   // a shared one, which a receiver may hold twice, as itself.
-  if (value.nbytes() == 0 && (!value.impl_ || !value.impl_->segment)) {
+  if (value.nbytes() == 0 && !value.is_shared()) {
     out.push_back(std::byte{0});
     return;
   }
   auto impl = value.impl_;
-  if (!impl->segment) storage(impl).share_memory();
+  storage(impl).share_memory();  // a private one's bytes move (once, whichever thread sends first)
   shm::note_named_by_values(shm::segments());  // this process's end may have descriptors to hand over
   const auto ref = impl->segment->pass_on();
   const bool message = current_handles != nullptr && current_handles->message;
@@ -738,7 +768,7 @@ void take_holds(encoded& value, std::span<const std::byte> record) {
 }
 
 std::uint32_t shared_holders(const storage& s) noexcept {
-  if (!s.impl_ || !s.impl_->segment) return 0;  // private, or a device's
+  if (!s.is_shared() || s.impl_->device) return 0;  // private, or a device's
   return s.impl_->segment->block(s.impl_->block).refs.load(std::memory_order_acquire);
 }
 

@@ -562,6 +562,10 @@ tensor detail::handle_codec<tensor>::read(reader& in) {
 
 DLManagedTensor* tensor::to_dlpack() const {
   auto* owner = new dlpack_owner{{}, storage_, shape_, strides_};
+  // The borrower's pointer stays on these bytes: a private storage is not
+  // moved into shared memory (by a send on another thread) from the loan
+  // on until the deleter has run, so the pointer is read after it.
+  detail::lend_bytes(storage_);
   DLTensor& out = owner->managed.dl_tensor;
   out.data = raw_data();
   out.device = {device_.type, device_.id};
@@ -576,9 +580,6 @@ DLManagedTensor* tensor::to_dlpack() const {
     detail::end_loan(owned->bytes);
     delete owned;
   };
-  // The borrower's pointer stays on these bytes: a private storage is not
-  // moved into shared memory (by a send) until the deleter has run.
-  detail::lend_bytes(storage_);
   return &owner->managed;
 }
 

@@ -433,6 +433,35 @@ TEST_SUITE("storage") {
     for (int i = 0; i < 100; ++i) CHECK(std::to_integer<int>(copy.data()[i]) == i);
   }
 
+  // Before, each thread found the bytes private and moved them: the second
+  // freed the first's shared bytes as if private, and free() aborted.
+  TEST_CASE("threads moving or sending copies of one private storage at once move its bytes once") {
+    for (int round = 0; round < 2000; ++round) {
+      storage s = storage::allocate(256);
+      for (int i = 0; i < 256; ++i) s.data()[i] = std::byte(i);
+      storage moved = s, sent = s;
+      std::atomic<int> ready{0};
+      std::optional<decltype(encode(sent))> message;
+      const auto together = [&ready](auto&& work) {
+        ready.fetch_add(1);
+        while (ready.load() < 2) {
+        }
+        work();
+      };
+      std::thread mover([&] { together([&] { moved.share_memory(); }); });
+      std::thread sender([&] { together([&] { message = encode(sent); }); });
+      mover.join();
+      sender.join();
+      REQUIRE(s.is_shared());
+      REQUIRE(moved.data() == sent.data());
+      CHECK(decode<storage>(*message).same(s));
+      int wrong = 0;
+      for (int i = 0; i < 256; ++i) wrong += std::to_integer<int>(s.data()[i]) != i;
+      REQUIRE(wrong == 0);
+    }
+    CHECK(trim_shared_memory() >= 0);
+  }
+
   TEST_CASE("a storage encoded and decoded in its own process is the same storage") {
     storage s = storage::allocate_shared(64);
     auto back = decode<std::tuple<storage, storage>>(encode(std::tuple{s, s}));
