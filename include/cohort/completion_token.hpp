@@ -15,15 +15,20 @@
 #include <asio/bind_cancellation_slot.hpp>
 #include <asio/bind_executor.hpp>
 #include <asio/cancellation_state.hpp>
+#include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
+#include <asio/dispatch.hpp>
 #include <asio/execution/blocking.hpp>
 #include <asio/require.hpp>
+#include <asio/strand.hpp>
 #include <asio/system_executor.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <exception>
+#include <memory>
 #include <optional>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -125,12 +130,60 @@ struct initiate_awaitable {
     const asio::any_io_executor where = executor && !refused ? *executor : io_executor_of(handler);
     auto completion = asio::get_associated_executor(handler, where);
     using operation = decltype(make(where));
-    asio::co_spawn(where, refused ? rethrown<operation>(refused) : make(where),
+    auto body = refused ? rethrown<operation>(refused) : make(where);
+    if (slot.is_connected() && !same_executor(where, completion)) {
+      return run_apart(where, slot, completion, std::move(body), std::move(handler));
+    }
+    asio::co_spawn(where, std::move(body),
                    asio::bind_cancellation_slot(
                        slot, asio::bind_executor(completion, [h = std::move(handler), slot](auto&&... results) mutable {
                          if (slot.is_connected()) slot.clear();
                          std::move(h)(std::forward<decltype(results)>(results)...);
                        })));
+  }
+
+ private:
+  template <class Executor>
+  static bool same_executor(const asio::any_io_executor& where, const Executor& completion) {
+    if constexpr (std::is_convertible_v<Executor, asio::any_io_executor>) {
+      return where == asio::any_io_executor(completion);
+    } else {
+      return false;
+    }
+  }
+
+  /// A cancellation that the handler's executor emits, bound for an
+  /// operation that runs elsewhere (a child's wait on the child's
+  /// io_context, awaited from a strand): asio 1.22's co_spawn hands it on
+  /// inline, on the emitting thread, while the operation may be completing
+  /// on another, and the two would touch one operation at once (freed
+  /// memory). The operation runs on a strand of `where` instead, and the
+  /// cancellation is handed to it on that strand.
+  struct forwarded_cancellation {
+    explicit forwarded_cancellation(const asio::any_io_executor& where) : strand(asio::make_strand(where)) {}
+    asio::strand<asio::any_io_executor> strand;
+    asio::cancellation_signal signal;  // emitted and cleared on the strand alone
+  };
+
+  template <class Body, class Handler>
+  static void run_apart(const asio::any_io_executor& where, asio::cancellation_slot slot,
+                        asio::associated_executor_t<Handler, asio::any_io_executor> completion, Body body,
+                        Handler handler) {
+    auto link = std::make_shared<forwarded_cancellation>(where);
+    slot.assign([link](asio::cancellation_type type) {
+      asio::dispatch(link->strand, [link, type] { link->signal.emit(type); });
+    });
+    auto finish = [link, completion, slot, h = std::move(handler)](auto&&... results) mutable {
+      link->signal.slot().clear();  // a cancellation still on its way to the strand reaches nothing
+      auto done = std::make_tuple(std::forward<decltype(results)>(results)...);
+      asio::dispatch(completion, [h = std::move(h), slot, done = std::move(done)]() mutable {
+        if (slot.is_connected()) slot.clear();
+        std::apply(std::move(h), std::move(done));
+      });
+    };
+    asio::co_spawn(link->strand, std::move(body),
+                   asio::bind_cancellation_slot(link->signal.slot(),
+                                                asio::bind_executor(link->strand, std::move(finish))));
   }
 };
 

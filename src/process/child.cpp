@@ -226,10 +226,15 @@ std::optional<asio::any_io_executor> child::executor_of(const std::shared_ptr<de
 }
 
 // A child whose io_context is gone is refused on the way through
-// wait_spawned (executor_of): no coroutine runs on that context.
+// wait_spawned (executor_of): no coroutine runs on that context. An
+// awaiting coroutine on the child's io_context (its executor, or a strand
+// of it) awaits wait_for itself: the wait's completion then comes where
+// the coroutine's cancellation is emitted, never on another thread at once.
 asio::awaitable<exit_status> child::wait_awaited(std::shared_ptr<detail::child_state> state) {
   const asio::any_io_executor here = co_await asio::this_coro::executor;
-  const bool on_its_executor = state && state->executor == here;
+  const bool on_its_executor =
+      state && !state->context_gone() &&
+      (state->executor == here || uring::find_io_context(state->executor) == uring::find_io_context(here));
   auto wait = on_its_executor ? wait_for(std::move(state)) : wait_spawned(std::move(state), asio::use_awaitable);
   co_return co_await std::move(wait);
 }

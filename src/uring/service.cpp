@@ -43,18 +43,6 @@ const T* exact_target(const asio::any_io_executor& executor) {
   return executor.target_type() == typeid(T) ? executor.target<T>() : nullptr;
 }
 
-asio::io_context* find_io_context(const asio::any_io_executor& executor) {
-  auto plain = asio::prefer(executor, asio::execution::outstanding_work.untracked);
-  if (auto* ex = exact_target<asio::io_context::executor_type>(plain)) return &ex->context();
-  if (auto* strand = exact_target<asio::strand<asio::io_context::executor_type>>(plain)) {
-    return &strand->get_inner_executor().context();
-  }
-  if (auto* strand = exact_target<asio::strand<asio::any_io_executor>>(plain)) {
-    return find_io_context(strand->get_inner_executor());
-  }
-  return nullptr;
-}
-
 // Completes an operation that never reached the kernel, through the
 // io_context; destroys it uncalled if the context goes first.
 struct fail_later {
@@ -70,6 +58,18 @@ struct fail_later {
 };
 
 }  // namespace
+
+asio::io_context* find_io_context(const asio::any_io_executor& executor) {
+  auto plain = asio::prefer(executor, asio::execution::outstanding_work.untracked);
+  if (auto* ex = exact_target<asio::io_context::executor_type>(plain)) return &ex->context();
+  if (auto* strand = exact_target<asio::strand<asio::io_context::executor_type>>(plain)) {
+    return &strand->get_inner_executor().context();
+  }
+  if (auto* strand = exact_target<asio::strand<asio::any_io_executor>>(plain)) {
+    return find_io_context(strand->get_inner_executor());
+  }
+  return nullptr;
+}
 
 asio::io_context& io_context_of(const asio::any_io_executor& executor) {
   if (auto* io = find_io_context(executor)) return *io;

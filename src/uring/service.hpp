@@ -119,6 +119,8 @@ class service final : public asio::execution_context::service {
 /// of one). Throws std::invalid_argument for any other executor: cohort's
 /// operations need an io_context's reactor.
 asio::io_context& io_context_of(const asio::any_io_executor& executor);
+/// The same, or null for any other executor.
+asio::io_context* find_io_context(const asio::any_io_executor& executor);
 
 /// The service of the io_context behind `executor`.
 inline service& service_of(const asio::any_io_executor& executor) {

@@ -336,6 +336,60 @@ TEST_SUITE("child") {
     CHECK(matched == count);
   }
 
+  // Before, the wait ran on the child's io_context and took the
+  // cancellation inline on the thread that emitted it, while its completion
+  // could be freeing the operation on another: memory read after it was
+  // freed (seen under AddressSanitizer), or another wait cancelled.
+  TEST_CASE("waits raced against their child's kill, from strands of its io_context and of another, end once each") {
+    asio::io_context children_io, awaiting_io;
+    constexpr int racers = 8, rounds = 100;
+    std::atomic<int> won_by_exit{0}, won_by_kill{0}, failed{0};
+    const auto race = [&](asio::io_context& spawn_on) -> asio::awaitable<void> {
+      for (int round = 0; round < rounds; ++round) {
+        try {
+          const command cmd = target({"sleep", "30"});
+          const spawn_options options;
+          child c = co_await spawn(spawn_on.get_executor(), cmd, options, asio::use_awaitable);
+          const pid_t pid = c.pid();
+          // Busy for 0-1,000 us after the kill: about when the exit reaches the wait.
+          auto kill_it = [](pid_t victim, std::chrono::microseconds busy) -> asio::awaitable<void> {
+            ::kill(victim, SIGKILL);
+            const auto until = std::chrono::steady_clock::now() + busy;
+            while (std::chrono::steady_clock::now() < until) {
+            }
+            co_return;
+          };
+          auto outcome = co_await (c.wait() || kill_it(pid, std::chrono::microseconds(round % 25 * 40)));
+          if (outcome.index() == 0) {
+            if (std::get<0>(outcome).signal() == SIGKILL) ++won_by_exit;
+            else ++failed;
+          } else {
+            ++won_by_kill;
+          }
+        } catch (...) {
+          ++failed;
+        }
+      }
+    };
+    for (int r = 0; r < racers; ++r) {
+      // Half await from a strand of the children's io_context, half from one of another.
+      asio::io_context& home = r % 2 == 0 ? children_io : awaiting_io;
+      asio::co_spawn(asio::make_strand(home), race(children_io), asio::detached);
+    }
+    std::vector<std::thread> threads;
+    auto children_work = asio::make_work_guard(children_io);
+    for (int t = 0; t < 2; ++t) threads.emplace_back([&] { awaiting_io.run(); });
+    for (int t = 0; t < 2; ++t) threads.emplace_back([&] { children_io.run(); });
+    threads[0].join();
+    threads[1].join();
+    children_work.reset();
+    for (auto& t : threads) {
+      if (t.joinable()) t.join();
+    }
+    CHECK(failed == 0);
+    CHECK(won_by_exit + won_by_kill == racers * rounds);
+  }
+
   TEST_CASE("a child whose object goes while its wait is then cancelled is still reaped") {
     asio::io_context io;
     auto c = std::make_unique<child>(spawn(io.get_executor(), target({"sleep", "30"})));
