@@ -1141,6 +1141,8 @@ TEST_SUITE("cohort-run") {
     CHECK(error_of({"--nnodes", "3:2"}).find("N or MIN:MAX") != std::string::npos);
     CHECK(error_of({"--nnodes", "1:2"}).find("etcd-v3") != std::string::npos);
     CHECK(error_of({"--grace-period", "abc"}).find("not a number of seconds") != std::string::npos);
+    // Before, a wait this long overflowed into none: the ranks were killed at once.
+    CHECK(error_of({"--grace-period", "1e16"}).find("from 0 to 1e9") != std::string::npos);
     CHECK(error_of({"--master-port", "70000"}).find("1 to 65535") != std::string::npos);
     CHECK(error_of({"--start-method", "thread"}).find("spawn, fork, forkserver") != std::string::npos);
     CHECK(error_of({"--rdzv-backend", "zookeeper"}).find("etcd-v3") != std::string::npos);

@@ -184,8 +184,11 @@ std::vector<std::string> written_out(const CLI::App& app, int argc, char** argv)
 double seconds(const std::string& flag, const std::string& text) {
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value) || value < 0) {
-    throw usage_error(fmt::format("{}: '{}' is not a number of seconds, 0 or more (e.g. 30 or 0.5)", flag, text));
+  // At most 10^9 s (31 years): what the run counts in milliseconds stays
+  // far inside 64 bits. Beyond, a wait came out negative: no wait at all.
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value) || value < 0 || value > 1e9) {
+    throw usage_error(
+        fmt::format("{}: '{}' is not a number of seconds from 0 to 1e9 (e.g. 30 or 0.5)", flag, text));
   }
   return value;
 }

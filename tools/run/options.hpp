@@ -84,7 +84,7 @@ std::vector<std::string> comma_list(const std::string& list);
 /// SLURM_JOB_ID), unless it can name the logs' folder: one folder's name,
 /// not a path that leads elsewhere.
 void check_run_id(const std::string& id, std::string_view from);
-/// A number of seconds, 0 or more; throws usage_error naming `flag`.
+/// A number of seconds, 0 to 10^9; throws usage_error naming `flag`.
 double seconds(const std::string& flag, const std::string& text);
 /// "5" -> 5; a message naming `flag` and what it accepts otherwise.
 int whole_number(const std::string& flag, const std::string& text, int least);
