@@ -206,6 +206,10 @@ class reactor_operation {
 
   template <class Self>
   void operator()(Self& self) {
+    // Every type of cancellation ends the wait, as on the ring: what reaches
+    // it is for the awaiting coroutine's filter to decide (async_compose
+    // would let terminal ones alone through).
+    self.reset_cancellation_state(asio::enable_total_cancellation());
     if (const auto ec = watch_now(); ec) {
       if (out_of_descriptors(ec)) return poll_later(self);
       return fail_soon(self, ec);

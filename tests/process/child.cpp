@@ -492,6 +492,36 @@ TEST_SUITE("child") {
     CHECK(status->code() == 2);
   }
 
+  // Before, the reactor's wait took terminal cancellations alone and went on
+  // to the child's exit; the ring's took every type.
+  TEST_CASE("without a ring, a partial cancellation that the awaiting coroutine lets through ends the wait") {
+    asio::io_context io;
+    cohort::use_reactor_only(io);
+    child c = spawn(io.get_executor(), target({"sleep", "30"}));
+    asio::cancellation_signal cancel;
+    std::exception_ptr error;
+    bool done = false;
+    auto await_letting_partial = [](child& awaited) -> asio::awaitable<void> {
+      co_await asio::this_coro::reset_cancellation_state(asio::enable_partial_cancellation());
+      co_await awaited.wait();
+    };
+    asio::co_spawn(io, await_letting_partial(c), asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e) {
+      error = e;
+      done = true;
+    }));
+    asio::steady_timer timer(io, 20ms);
+    timer.async_wait([&](std::error_code) { cancel.emit(asio::cancellation_type::partial); });
+    asio::steady_timer limit(io, 5s);
+    limit.async_wait([&](std::error_code) { c.signal(SIGKILL); });
+    io.run_one_for(0ms);
+    while (!done && io.run_one() > 0) {
+    }
+    limit.cancel();
+    CHECK(done);
+    CHECK(test::aborted(error));
+    CHECK(test::alive(c.pid()));
+  }
+
   TEST_CASE("on an io_context given no ring (the public use_reactor_only), a child's exit still reaches its wait") {
     asio::io_context io;
     cohort::use_reactor_only(io);
