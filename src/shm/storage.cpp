@@ -470,6 +470,12 @@ bool storage::is_shared() const noexcept {
 
 namespace {
 
+// The segment of a storage in shared memory; null for a private storage
+// (or one being moved there on another thread) and for a device's.
+const shm::segment* shared_segment(const storage_impl* impl) noexcept {
+  return impl && impl->shared.load(std::memory_order_acquire) ? impl->segment.get() : nullptr;
+}
+
 // A private storage moves into shared memory once, whichever thread sends
 // a tensor over it first: moves, and loans of its bytes (to_dlpack), take
 // the lock of its stripe. Storages apart seldom share one.
@@ -503,11 +509,9 @@ namespace detail {
 
 void lend_bytes(const storage& s) noexcept {
   if (!s.impl_) return;
-  if (s.impl_->shared.load(std::memory_order_acquire) || s.impl_->device) {
-    s.impl_->lent.fetch_add(1, std::memory_order_acq_rel);
-    return;
-  }
-  std::lock_guard lock(move_lock(s.impl_.get()));  // not amid a move: the borrower reads `data` after this
+  // A private storage's loan waits out a move under way: the borrower reads `data` after this.
+  std::unique_lock<std::mutex> not_amid_a_move;
+  if (!s.is_shared()) not_amid_a_move = std::unique_lock(move_lock(s.impl_.get()));
   s.impl_->lent.fetch_add(1, std::memory_order_acq_rel);
 }
 
@@ -544,13 +548,13 @@ storage make_device_storage(std::shared_ptr<const device_memory> memory) {
 }
 
 bool only_ended_processes_share(const storage& s) noexcept {
-  if (!s.is_shared() || s.impl_->device) return false;
-  const auto& segment = *s.impl_->segment;
-  return segment.made_here() && segment.held_only_by_ended();
+  const auto* segment = shared_segment(s.impl_.get());
+  return segment && segment->made_here() && segment->held_only_by_ended();
 }
 
 std::uint64_t segment_of(const storage& s) noexcept {
-  return s.is_shared() && !s.impl_->device ? s.impl_->segment->nonce() : 0;
+  const auto* segment = shared_segment(s.impl_.get());
+  return segment ? segment->nonce() : 0;
 }
 
 const device_memory* device_memory_of(const storage& s) noexcept { return s.impl_ ? s.impl_->device.get() : nullptr; }
@@ -574,7 +578,8 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
     return;
   }
   auto impl = value.impl_;
-  storage(impl).share_memory();  // a private one's bytes move (once, whichever thread sends first)
+  // A private one's bytes move (once, whichever thread sends first).
+  if (!shared_segment(impl.get())) storage(impl).share_memory();
   shm::note_named_by_values(shm::segments());  // this process's end may have descriptors to hand over
   const auto ref = impl->segment->pass_on();
   const bool message = current_handles != nullptr && current_handles->message;
@@ -768,8 +773,9 @@ void take_holds(encoded& value, std::span<const std::byte> record) {
 }
 
 std::uint32_t shared_holders(const storage& s) noexcept {
-  if (!s.is_shared() || s.impl_->device) return 0;  // private, or a device's
-  return s.impl_->segment->block(s.impl_->block).refs.load(std::memory_order_acquire);
+  const auto* segment = shared_segment(s.impl_.get());
+  if (segment == nullptr) return 0;  // private, or a device's
+  return segment->block(s.impl_->block).refs.load(std::memory_order_acquire);
 }
 
 COHORT_FORKED_CHILD_PATH void release_shared_memory_holds() noexcept {
