@@ -386,7 +386,8 @@ class tensor {
   void share_memory() { storage_.share_memory(); }
   const cohort::storage& storage() const noexcept { return storage_; }
   /// The first element's byte. Valid while the storage is and until
-  /// share_memory() moves it.
+  /// share_memory() moves it. A tensor without elements whose offset lies
+  /// past its storage points at the storage's end.
   std::byte* raw_data() const noexcept;
 
   /// The elements in order, for contiguous tensors. Throws std::logic_error
@@ -418,11 +419,13 @@ class tensor {
 
   /// Python's [start:stop:step] along `dim`: negative dims, start and stop
   /// count from the end, and start and stop clamp to the dimension. Throws
-  /// std::out_of_range for a bad dim, std::invalid_argument for step < 1.
+  /// std::out_of_range for a bad dim, std::invalid_argument for step < 1,
+  /// and std::overflow_error when the view's offset or stride would pass
+  /// int64 (only a tensor without elements has strides that large).
   tensor slice(std::int64_t dim, std::int64_t start, std::int64_t stop,
                std::int64_t step = 1) const;
   /// The view at `index` along `dim`, without that dimension. Throws
-  /// std::out_of_range for a bad dim or index.
+  /// std::out_of_range for a bad dim or index, std::overflow_error as slice.
   tensor select(std::int64_t dim, std::int64_t index) const;
   /// A view with `shape` (one size may be -1, inferred). Throws
   /// std::logic_error for a non-contiguous tensor (call contiguous() first)
@@ -494,6 +497,8 @@ class tensor {
   std::byte* contiguous_data(cohort::dtype asked) const;
   std::byte* element_at(cohort::dtype asked, std::span<const std::int64_t> index) const;
   std::byte* only_element(cohort::dtype asked) const;
+  // offset_ moved by `index` steps along dimension d; throws std::overflow_error.
+  std::int64_t moved_offset(std::int64_t index, std::size_t d, const char* what) const;
 
   cohort::storage storage_;
   std::int64_t offset_ = 0;

@@ -333,7 +333,14 @@ bool tensor::is_contiguous() const noexcept {
 }
 
 std::byte* tensor::raw_data() const noexcept {
-  return storage_.data() + offset_ * static_cast<std::int64_t>(element_size(dtype_));
+  // Without elements the offset may lie anywhere past the storage (its
+  // bytes in int64 too); the data pointer then stops at the storage's end.
+  std::int64_t at = 0;
+  if (__builtin_mul_overflow(offset_, static_cast<std::int64_t>(element_size(dtype_)), &at) ||
+      static_cast<std::uint64_t>(at) > storage_.nbytes()) {
+    return storage_.data() + storage_.nbytes();
+  }
+  return storage_.data() + at;
 }
 
 void tensor::check_on_host(const char* what) const {
@@ -376,6 +383,20 @@ std::byte* tensor::only_element(cohort::dtype asked) const {
   return raw_data();
 }
 
+std::int64_t tensor::moved_offset(std::int64_t index, std::size_t d, const char* what) const {
+  // Only a tensor without elements gets here with a position past int64:
+  // check_layout bounds the reach of one with elements by its storage.
+  std::int64_t position = 0;
+  if (__builtin_mul_overflow(index, strides_[d], &position) ||
+      __builtin_add_overflow(offset_, position, &position)) {
+    throw std::overflow_error(fmt::format(
+        "tensor::{}: index {} of dimension {} lies past int64 elements (stride {}, offset {}; the tensor has no "
+        "elements)",
+        what, index, d, strides_[d], offset_));
+  }
+  return position;
+}
+
 tensor tensor::slice(std::int64_t dim, std::int64_t start, std::int64_t stop,
                      std::int64_t step) const {
   const auto d = static_cast<std::size_t>(checked_dim(dim, ndim(), "slice"));
@@ -393,8 +414,12 @@ tensor tensor::slice(std::int64_t dim, std::int64_t start, std::int64_t stop,
   out.shape_[d] = length;
   // An empty slice keeps the offset: its start may be past the last element,
   // where start * stride can overflow (a size-1 dimension has any stride).
-  if (length > 0) out.offset_ += start * strides_[d];
-  if (length > 1) out.strides_[d] *= step;
+  if (length > 0) out.offset_ = moved_offset(start, d, "slice");
+  if (length > 1 && __builtin_mul_overflow(strides_[d], step, &out.strides_[d])) {
+    throw std::overflow_error(fmt::format(
+        "tensor::slice: stride {} times step {} overflows int64 (the tensor has no elements)",
+        strides_[d], step));
+  }
   return out;
 }
 
@@ -408,7 +433,7 @@ tensor tensor::select(std::int64_t dim, std::int64_t index) const {
     shape[to] = shape_[from];
     strides[to++] = strides_[from];
   }
-  return view(offset_ + position * strides_[d], std::move(shape), std::move(strides));
+  return view(moved_offset(position, d, "select"), std::move(shape), std::move(strides));
 }
 
 tensor tensor::reshape(std::span<const std::int64_t> shape) const {

@@ -301,6 +301,34 @@ TEST_CASE("select drops a dimension and moves the offset") {
   CHECK_THROWS_AS(t.select(3, 0), std::out_of_range);
 }
 
+TEST_CASE("views of a tensor without elements refuse offsets and strides past int64, and cross") {
+  // A tensor without elements may have any strides: none of them reaches a byte.
+  constexpr std::int64_t big = std::int64_t{1} << 62;
+  const auto bytes = storage::allocate_shared(16);
+  const std::vector<std::int64_t> shape{0, 3};
+  const tensor empty(bytes, dtype::int32, shape, std::vector<std::int64_t>{1, big});
+  // Index 2 of dimension 1 lies 2^63 elements in, and a step of 2 makes a stride of 2^63.
+  CHECK_THROWS_AS(empty.select(1, 2), std::overflow_error);
+  CHECK_THROWS_AS(empty.slice(1, 2, 3), std::overflow_error);
+  CHECK_THROWS_AS(empty.slice(1, 0, 3, 2), std::overflow_error);
+
+  // What fits is a view as usual, and a receiver accepts it as sent.
+  const tensor second = empty.select(1, 1);
+  CHECK(second.storage_offset() == big);
+  const tensor back = decode<tensor>(encode(second));
+  CHECK(back.storage_offset() == big);
+  CHECK(dims(back.shape()) == "[0]");
+  CHECK(back.storage().same(bytes));
+
+  // Its data stays on the storage, though its offset lies far past it.
+  CHECK(second.raw_data() == bytes.data() + bytes.nbytes());
+  const tensor near(bytes, dtype::int32, shape, std::vector<std::int64_t>{1, 1}, 2);
+  CHECK(near.raw_data() == bytes.data() + 8);
+  DLManagedTensor* managed = second.to_dlpack();
+  CHECK(managed->dl_tensor.data == bytes.data() + bytes.nbytes());
+  managed->deleter(managed);
+}
+
 TEST_CASE("transpose swaps sizes and strides") {
   const auto t = counting(6, {2, 3});
   const auto swapped = t.transpose(0, -1);
