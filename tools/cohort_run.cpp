@@ -15,6 +15,7 @@
 #include "run/signal_owner.hpp"
 #include "run/slurm.hpp"
 
+#include "os/process_identity.hpp"
 #include "os/temp_directory.hpp"
 
 #include <cohort/group.hpp>
@@ -129,16 +130,25 @@ int ranks_per_node(const std::string& value) {
     return gpus > 0 ? gpus : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
   std::size_t used = 0;
-  int n = 0;
+  long long n = 0;
+  bool too_big = false;
   try {
-    n = std::stoi(value, &used);
+    n = std::stoll(value, &used);
+  } catch (const std::out_of_range&) {
+    too_big = value.find_first_not_of(" \t+0123456789") == std::string::npos;
   } catch (const std::exception&) {
-    used = 0;
   }
-  if (used != value.size() || n < 1) {
+  if (!too_big && (used != value.size() || n < 1)) {
     throw usage_error(fmt::format("--nproc-per-node: '{}' is not a positive number, cpu, gpu or auto", value));
   }
-  return n;
+  // Refused before any rank's environment is made: a count of a billion
+  // would take gigabytes first, and could never all run.
+  const long pids = cohort::os::pid_max();
+  if (too_big || n > std::numeric_limits<int>::max() || (pids > 0 && n > pids)) {
+    throw usage_error(fmt::format("--nproc-per-node: {} ranks are more than this system can run (pid_max {})",
+                                  value.size() > 24 ? value.substr(0, 20) + "..." : value, pids));
+  }
+  return static_cast<int>(n);
 }
 
 // A --redirects/--tee value: 0-3 for every rank, or per local rank as

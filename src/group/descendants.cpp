@@ -4,6 +4,7 @@
 
 #include "config.hpp"
 #include "os/per_process.hpp"
+#include "os/process_identity.hpp"
 #include "process/owned_pids.hpp"
 
 #include <fmt/format.h>
@@ -154,7 +155,7 @@ void pid_window::refresh() {
   if (!known_) return;
   const long last = read_number("/proc/sys/kernel/ns_last_pid");
   const long long forks = forks_since_boot();
-  const long pid_max = read_number("/proc/sys/kernel/pid_max");
+  const long pid_max = os::pid_max();
   if (last <= 0 || forks < 0 || pid_max <= 0) return;
   // The count covers every pid namespace, so it errs on the side of
   // looking at every pid.

@@ -15,6 +15,7 @@
 #include "os/descriptor_limit.hpp"
 #include "os/descriptor_table.hpp"
 #include "os/owned_fd.hpp"
+#include "os/process_identity.hpp"
 #include "process/child_state.hpp"
 #include "process/launch.hpp"
 #include "process/parallel.hpp"
@@ -46,7 +47,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <atomic>
 #include <condition_variable>
@@ -294,7 +294,7 @@ void validate(const group_spec& spec) {
   // their state is made (a count of a billion would take gigabytes first).
   // Read only for counts above the least pid_max Linux allows (301).
   long pid_max = 0;
-  if (spec.nprocs > 300 && std::ifstream("/proc/sys/kernel/pid_max") >> pid_max && spec.nprocs > pid_max) {
+  if (spec.nprocs > 300 && (pid_max = os::pid_max()) > 0 && spec.nprocs > pid_max) {
     throw std::invalid_argument(fmt::format(
         "cohort::start_processes: nprocs is {}, more processes than the system has pids (pid_max {})", spec.nprocs,
         pid_max));

@@ -87,6 +87,18 @@ std::uint64_t pid_namespace() noexcept {
   return inode;
 }
 
+long pid_max() noexcept {
+  const int fd = ::open("/proc/sys/kernel/pid_max", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char text[32];
+  const auto n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) return -1;
+  text[n] = '\0';
+  const long value = std::strtol(text, nullptr, 10);
+  return value > 0 ? value : -1;
+}
+
 COHORT_FORKED_CHILD_PATH pid_t this_process() noexcept {
   pid_t pid = cached_pid.load(std::memory_order_relaxed);
   if (pid == 0) {

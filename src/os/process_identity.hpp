@@ -27,6 +27,11 @@ std::uint64_t own_start_time() noexcept;
 /// namespaces may share a /dev/shm or a temporary directory.
 std::uint64_t pid_namespace() noexcept;
 
+/// The most pids the system hands out (/proc/sys/kernel/pid_max, read on
+/// each call: it may be changed); -1 when unreadable. No more processes than
+/// this can run at once.
+long pid_max() noexcept;
+
 /// This process's pid, without a system call on each use (glibc does not
 /// cache it): queues and segments ask on every value.
 pid_t this_process() noexcept;

@@ -1153,6 +1153,14 @@ TEST_SUITE("cohort-run") {
               .find("TLS (https) is not supported") != std::string::npos);
     CHECK(error_of({"--signals-to-handle", "SIGNOPE"}).find("SIGUSR1") != std::string::npos);
     CHECK(error_of({"--nnodes", "2", "--node-rank", "2"}).find("not below") != std::string::npos);
+    // More ranks than pids: refused as the flag's error before any rank's
+    // environment is made (a billion of them took gigabytes first).
+    long pid_max = 0;
+    REQUIRE(static_cast<bool>(std::ifstream("/proc/sys/kernel/pid_max") >> pid_max));
+    for (const std::string count : {std::to_string(pid_max + 1), std::string("99999999999999999999999")}) {
+      CHECK(error_of({"--nproc-per-node", count}).find("more than this system can run (pid_max") != std::string::npos);
+    }
+    CHECK(error_of({"--nproc-per-node", "-3"}).find("not a positive number") != std::string::npos);
     auto help = run_launcher({"--help"});
     CHECK(help.status.code() == 0);
     for (const char* form : {"script.py [args...]", "-m module", "--run-path", "--no-python program", "-- program",
