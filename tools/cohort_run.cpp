@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -368,6 +369,17 @@ void master_from_endpoint(run_options& o, std::optional<int> default_port) {
   std::string host = e.substr(0, colon);
   if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   if (host.empty()) throw usage_error(fmt::format("--rdzv-endpoint {}: no host", e));
+  // What torchrun's endpoint parser takes for a host: a name, an IPv4 or
+  // an IPv6 address, never a character no host has (it would be waited
+  // for until the join timeout, never resolving).
+  const auto not_host = [](unsigned char c) {
+    return !std::isalnum(c) && c != '_' && c != '.' && c != ':' && c != '-';
+  };
+  if (std::ranges::any_of(host, not_host)) {
+    throw usage_error(fmt::format("--rdzv-endpoint {}: the host is not a host name, an IPv4 or an IPv6 address "
+                                  "(letters, digits, '_', '.', ':' and '-')",
+                                  e));
+  }
   if (colon == std::string::npos && !default_port) {
     throw usage_error(fmt::format("--rdzv-endpoint {}: the static rendezvous needs the master's port (host:port)", e));
   }

@@ -1008,6 +1008,22 @@ TEST_SUITE("cohort-run") {
     r = run_launcher({"--rdzv-endpoint", "10.1.1.2", "--", "/bin/true"});
     CHECK(r.status.code() == 2);
     CHECK(r.err.find("needs the master's port") != std::string::npos);
+    // Blanks around the endpoint are dropped, as torchrun drops them; a host
+    // no name or address can be is refused at once, not waited for.
+    test::temp_dir padded;
+    r = run_launcher({"--rdzv-endpoint", " \t10.1.1.3:2347 ", "--nnodes", "2", "--node-rank", "1", "-n", "1", "--",
+                      "/bin/sh", "-c", dump_contract, padded.path.string()},
+                     identical_nodes);
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(variables_in(padded.path / "1")["MASTER_ADDR"] == "10.1.1.3");
+    CHECK(variables_in(padded.path / "1")["MASTER_PORT"] == "2347");
+    for (const char* endpoint : {"bad/host:2345", "two words:2345", "host;rm:2345", "[fd00::7 ]:2346"}) {
+      CAPTURE(endpoint);
+      r = run_launcher({"--rdzv-endpoint", endpoint, "--nnodes", "2", "--node-rank", "1", "--", "/bin/true"},
+                       identical_nodes);
+      CHECK(r.status.code() == 2);
+      CHECK(r.err.find("is not a host name, an IPv4 or an IPv6 address") != std::string::npos);
+    }
     // --standalone is a node of its own, whatever endpoint is given.
     test::temp_dir alone;
     r = run_launcher({"--standalone", "--rdzv-endpoint", "10.1.1.2:2345", "--", "/bin/sh", "-c", dump_contract,

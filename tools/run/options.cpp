@@ -383,6 +383,11 @@ run_options parse_options(int argc, char** argv) {
     o.form = program_form::direct;
   }
 
+  // Blanks around the endpoint are dropped, as torchrun drops them.
+  const auto first = o.rdzv_endpoint.find_first_not_of(" \t\n\r\v\f");
+  o.rdzv_endpoint = first == std::string::npos
+                        ? std::string()
+                        : o.rdzv_endpoint.substr(first, o.rdzv_endpoint.find_last_not_of(" \t\n\r\v\f") + 1 - first);
   if (o.standalone) {
     if (o.max_nodes != 1) throw usage_error("--standalone runs one node: --nnodes must be 1");
     o.rdzv_backend = "static";
