@@ -743,7 +743,8 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     record.outcome = outcome;
     record.exit_code = code;
     record.message = std::move(message);
-    if (record.outcome == "failed" && !errors.path.empty()) {
+    const bool failures = !record.attempts.empty() && !record.attempts.back().result.failures.empty();
+    if ((record.outcome == "failed" || failures) && !errors.path.empty()) {
       errors.keep = true;
       record.error_dir = errors.path;
     }
@@ -839,7 +840,9 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
       a.outcome = "interrupted";
       a.reason = fmt::format("{} received", cohort::signal_name(*sig));
       say("cohort-run: interrupted by {} (run {}, attempt {}): {}\n", cohort::signal_name(*sig), run_id, attempt,
-          r.signal ? "the ranks were shut down" : "its ranks had ended");
+          !r.signal                ? "its ranks had ended"
+          : !r.failures.empty() ? "the ranks were being shut down after a failure, told below"
+                                   : "the ranks were shut down");
       return finish("interrupted", 128 + *sig, a.reason);
     }
     if (r.failures.empty() && ended_by) {  // the rendezvous ended the round

@@ -605,6 +605,26 @@ TEST_SUITE("cohort-run") {
     }
   }
 
+  TEST_CASE("SIGTERM while a failure's shutdown runs: exit 128 + 15, and the summary still names the failure") {
+    test::temp_dir dir;
+    // Rank 1 notes the failure's SIGTERM and takes 3 s to go; cohort-run's
+    // own SIGTERM comes meanwhile.
+    auto r = run_launcher({"-n", "2", "--max-restarts", "1", "--", "/bin/sh", "-c",
+                           "if [ $RANK = 0 ]; then echo 'bad batch' >&2; exit 7; fi; "
+                           "trap ': > \"$0/up-term\"; sleep 3; exit 0' TERM; sleep 30 & wait",
+                           dir.path.string()},
+                          signal_when_up(dir.path, 1, SIGTERM, "up-"));
+    CHECK(r.status.code() == 128 + SIGTERM);
+    CHECK(r.err.find("the ranks were being shut down after a failure") != std::string::npos);
+    CHECK(r.err.find("a rank failed before the run was interrupted") != std::string::npos);
+    const auto root = r.err.find("Root cause (first failure):");
+    REQUIRE(root != std::string::npos);
+    CHECK(r.err.find("rank       : 0 (local_rank: 0)", root) != std::string::npos);
+    CHECK(r.err.find("exitcode   : 7", root) != std::string::npos);
+    // Interrupted: no restart, though one was left.
+    CHECK(r.err.find("restarting") == std::string::npos);
+  }
+
   TEST_CASE("a shutdown signal at any moment of a restarting run ends it, interrupted and recorded, before the next attempt") {
     // The ranks fail at once and the group restarts over and over: the
     // signals land in starts, shutdowns and the moments between attempts.

@@ -124,10 +124,18 @@ void print_summary(const run_record& run) {
   const auto& a = run.attempts.back();
   const auto& r = a.result;
   for (const auto& error : r.log_errors) say("cohort-run: the logs are incomplete: {}\n", error);
-  if (run.outcome != "failed") return;
-  say("cohort-run: the run failed (role {}, run {}, attempt {}, {} of {} restarts used)\n", run.role,
-      run.run_id, a.attempt, run.restarts, run.max_restarts);
-  if (!run.message.empty()) say("  {}\n", run.message);
+  // A shutdown signal that came as a failure's shutdown ran ends the run as
+  // interrupted; the failure is still what went wrong, and is told.
+  const bool failed_first = run.outcome == "interrupted" && !r.failures.empty();
+  if (run.outcome != "failed" && !failed_first) return;
+  if (failed_first) {
+    say("cohort-run: a rank failed before the run was interrupted (role {}, run {}, attempt {})\n", run.role,
+        run.run_id, a.attempt);
+  } else {
+    say("cohort-run: the run failed (role {}, run {}, attempt {}, {} of {} restarts used)\n", run.role,
+        run.run_id, a.attempt, run.restarts, run.max_restarts);
+  }
+  if (!run.message.empty() && !failed_first) say("  {}\n", run.message);
   const auto* root = r.first_failure();
   if (root != nullptr) {
     say("Root cause (first failure):\n");
