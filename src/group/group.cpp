@@ -693,7 +693,7 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
   }
   co_await sweep(s, policy.kill_wait);
   if (s.logs) {  // every writer is gone: the pumps reach the end of their streams
-    co_await s.logs->drain(policy.kill_wait);
+    co_await s.logs->drain(policy.kill_wait, s.partial.stopped);
     s.partial.log_errors = s.logs->errors();
   }
   s.signals.reset();

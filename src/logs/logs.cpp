@@ -36,7 +36,9 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <system_error>
 #include <unordered_map>
@@ -137,7 +139,8 @@ struct scratch {
 // it has taken that, waiting on the io context; the group meanwhile goes
 // on seeing exits and signals, whoever stops reading the console (a paused
 // terminal, `| less`). Only once the pumps are stopped (drain's limit) do
-// the writes wait for it, as a plain program's last writes do.
+// the writes wait for it, as a plain program's last writes do: until it
+// takes them, or until a deadline when the run was asked to end.
 struct console_out {
   int given = -1;         // the caller's descriptor
   int fd = -1;            // what is written: `given`, or `reopened`
@@ -205,11 +208,21 @@ constexpr int inline_wait_ms = 1;
 // How often a stream looks again at a console whose POLLOUT wait failed.
 constexpr std::chrono::milliseconds room_retry{10};
 
+using steady_time = std::chrono::steady_clock::time_point;
+
+// The milliseconds from now to `deadline` for poll(): -1 for none (max).
+int poll_timeout(steady_time deadline) {
+  if (deadline == steady_time::max()) return -1;
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+  return static_cast<int>(std::clamp<std::int64_t>(left, 0, std::numeric_limits<int>::max()));
+}
+
 // Writes `c`'s backlog, then `size` bytes of `data`, under console_mutex.
 // What the console does not take at once is kept in the backlog (`later`)
-// unless `block`, when the write waits for it; `refused` with c.error set
-// when the console refuses it (its reader has gone: EPIPE, never SIGPIPE).
-offered put(console_out& c, const char* data, std::size_t size, bool block) {
+// unless `block_until` is given, when the write waits for it until then;
+// `refused` with c.error set when the console refuses it (its reader has
+// gone: EPIPE, never SIGPIPE) or took nothing until then (ETIMEDOUT).
+offered put(console_out& c, const char* data, std::size_t size, std::optional<steady_time> block_until) {
   std::optional<os::quiet_sigpipe> quiet;
   if (c.pipe && !c.socket) quiet.emplace();
   // 0 once all of a piece is written, else the errno that stopped it.
@@ -223,7 +236,8 @@ offered put(console_out& c, const char* data, std::size_t size, bool block) {
         // waiting for it here costs a wake-up in the kernel, where a wait
         // on the io_context costs a round through it for every pipeful.
         pollfd p{c.fd, POLLOUT, 0};
-        if (::poll(&p, 1, block || !c.waits ? -1 : inline_wait_ms) == 0) return EAGAIN;
+        const int timeout = block_until ? poll_timeout(*block_until) : c.waits ? inline_wait_ms : -1;
+        if (::poll(&p, 1, timeout) == 0) return block_until ? ETIMEDOUT : EAGAIN;
         continue;
       }
       at += n;
@@ -289,6 +303,9 @@ struct group_logs::state {
   // coroutine resumed, cancels nothing: the coroutine sees its flag before
   // it waits again.
   std::atomic<bool> stop_followers = false, stop_pumps = false;
+  // Until when a stopped pump's write waits for the console (set before
+  // stop_pumps): none for a run that ended on its own.
+  steady_time console_deadline = steady_time::max();
   std::function<void()> on_busy;  // logs_spec::on_busy
   std::atomic<bool> told_busy = false;
   std::vector<std::shared_ptr<console_out>> consoles;  // the streams' `out`
@@ -504,8 +521,16 @@ void add_error(group_logs::state& st, std::string message) {
   st.errors.push_back(std::move(message));
 }
 
-// The console of `s` refused a write (its reader has gone: EPIPE): its
-// streams go on to their files only. Told once for each console.
+// How a write to a stream's console goes: it waits for the console only
+// once the pumps are stopped, and then until the deadline.
+std::optional<steady_time> console_wait(const group_logs::state& st) {
+  if (!st.stop_pumps) return std::nullopt;
+  return st.console_deadline;
+}
+
+// The console of `s` refused a write (its reader has gone: EPIPE) or took
+// nothing until the deadline: its streams go on to their files only. Told
+// once for each console.
 void lose_console(group_logs::state& st, log_stream& s) {
   const int error = s.out->error;
   const int console = s.console;
@@ -513,9 +538,11 @@ void lose_console(group_logs::state& st, log_stream& s) {
   std::lock_guard lock(st.errors_mutex);
   if (std::ranges::find(st.lost_consoles, s.out) != st.lost_consoles.end()) return;
   st.lost_consoles.push_back(s.out);
+  const std::string why = error == ETIMEDOUT ? "it took nothing for the time the run was given to end"
+                                              : std::strerror(error);
   st.errors.push_back(fmt::format("cohort: writing to the console (descriptor {}) failed ({}); "
                                   "what the ranks wrote after reached only their log files, where they have them",
-                                  console, std::strerror(error)));
+                                  console, why));
 }
 
 // Writes what came in to the stream's file whole.
@@ -649,7 +676,7 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
   }
   if (!lines.empty()) {
     std::lock_guard lock(console_mutex);
-    if (put(*s.out, lines.data(), lines.size(), st.stop_pumps) == offered::refused) lose_console(st, s);
+    if (put(*s.out, lines.data(), lines.size(), console_wait(st)) == offered::refused) lose_console(st, s);
   }
 }
 
@@ -672,7 +699,7 @@ asio::awaitable<void> console_room(group_logs::state& st, log_stream& s, const a
       }
     }
     std::lock_guard lock(console_mutex);
-    if (s.console >= 0 && put(*s.out, nullptr, 0, st.stop_pumps) == offered::refused) lose_console(st, s);
+    if (s.console >= 0 && put(*s.out, nullptr, 0, console_wait(st)) == offered::refused) lose_console(st, s);
   }
 }
 
@@ -745,7 +772,7 @@ void end_stream(group_logs::state& st, log_stream& s) {
   if (!s.pending.empty() && s.console >= 0) {
     const std::string out = s.prefix + s.pending + '\n';
     std::lock_guard lock(console_mutex);
-    if (put(*s.out, out.data(), out.size(), st.stop_pumps) == offered::refused) lose_console(st, s);
+    if (put(*s.out, out.data(), out.size(), console_wait(st)) == offered::refused) lose_console(st, s);
   }
   s.pending.clear();
   s.source.reset();
@@ -912,7 +939,7 @@ void group_logs::start(const asio::any_io_executor& io, const asio::any_io_execu
   if (!st.watched.empty()) spawn(st.streams.size(), watch_files(state_, group_strand));
 }
 
-asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
+asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit, bool asked_to_end) {
   auto& st = *state_;
   if (!st.watched.empty()) {  // the files hold all the ranks wrote: read them to their ends
     st.stop_followers = true;
@@ -927,7 +954,8 @@ asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
     st.all_done->expires_after(limit);
     co_await st.all_done->async_wait(asio::redirect_error(asio::use_awaitable, ec));
   }
-  if (st.running > 0) {  // a writer outlived the run: take what is there and stop
+  if (st.running > 0) {  // a writer outlived the run, or the console takes no more: take what is there and stop
+    if (asked_to_end) st.console_deadline = std::chrono::steady_clock::now() + limit;
     st.stop_pumps = true;
     for (std::size_t i = 0; i < st.cancels.size(); ++i) {
       asio::post(st.strands[i], [state = state_, i] { state->cancels[i]->emit(asio::cancellation_type::terminal); });

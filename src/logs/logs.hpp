@@ -75,8 +75,12 @@ class group_logs {
   void start(const asio::any_io_executor& io, const asio::any_io_executor& group_strand);
   /// Waits for every pump to reach the end of its stream, at most `limit`;
   /// then reads what is left without waiting, writes the partial lines and
-  /// closes everything.
-  asio::awaitable<void> drain(std::chrono::milliseconds limit);
+  /// closes everything. Those last writes wait for a console that does not
+  /// take them (a paused terminal, an unread pipe), as a plain program's
+  /// do; when the run was `asked_to_end` (a shutdown signal, stop()), at
+  /// most another `limit`: what is left then reaches only the files, and
+  /// errors() says so.
+  asio::awaitable<void> drain(std::chrono::milliseconds limit, bool asked_to_end);
   /// Log files that could not be written (a full disk), one line each.
   std::vector<std::string> errors() const;
   /// How many descriptors the pumps will open once started on `io`: a

@@ -6,6 +6,9 @@
 #include "support/process_probe.hpp"
 #include "support/run_group.hpp"
 
+#include <asio/steady_timer.hpp>
+#include <asio/use_awaitable.hpp>
+
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
@@ -713,6 +716,58 @@ TEST_CASE("a console nobody reads holds up neither the first failure nor the shu
   CHECK(out_of_order == "");
   CHECK(count > 1000);
   if (files) CHECK(test::read_file(dir.path / "none" / "attempt_0" / "0" / "stdout.log") == expected_file);
+}
+
+TEST_CASE("a run asked to end waits for a console nobody reads at most another kill_wait, then says so") {
+  bool through_pipes = false;
+  SUBCASE("followed") {}
+  SUBCASE("through pipes") { through_pipes = true; }
+  test::temp_dir dir;
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  // The rank writes far more than the console's pipe holds; nobody reads
+  // it until 30 s have passed (so that a wait without end still ends).
+  auto spec = shell_ranks(1, "seq 1 100000; sleep 60 & wait");
+  tee_or_prefix(spec, dir.path, true, through_pipes);
+  spec.logs.console_out = console[1];
+  spec.shutdown.kill_wait = 500ms;
+  std::atomic<bool> ended = false;
+  std::thread rescue([&] {
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (!ended && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+    if (!ended) read_to_end(console[0]);
+  });
+  asio::io_context io;
+  const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration took{};
+  const auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
+    group g = co_await start_processes(spec);
+    asio::steady_timer pause(io, 1s);
+    co_await pause.async_wait(asio::use_awaitable);
+    g.stop();
+    auto result = co_await g.wait();
+    took = std::chrono::steady_clock::now() - start;
+    co_return result;
+  }());
+  ended = true;
+  ::close(console[1]);
+  rescue.join();
+  ::close(console[0]);
+  CHECK(r.stopped);
+  // 1 s, the rank's end at SIGTERM, kill_wait for the pumps, and another for the console.
+  CHECK(took < 20s);
+  REQUIRE(r.log_errors.size() == 1);
+  CHECK(r.log_errors[0].find("descriptor " + std::to_string(console[1])) != std::string::npos);
+  CHECK(r.log_errors[0].find("took nothing for the time the run was given to end") != std::string::npos);
+  // The file has what the rank wrote, in order (all of it when followed).
+  const auto lines = lines_of(test::read_file(dir.path / "none" / "attempt_0" / "0" / "stdout.log"));
+  std::string out_of_order;
+  for (std::size_t i = 0; i < lines.size() && out_of_order.empty(); ++i) {
+    if (lines[i] != std::to_string(i + 1)) out_of_order = lines[i];
+  }
+  CHECK(out_of_order == "");
+  CHECK(lines.size() > 1000);
+  if (!through_pipes) CHECK(lines.size() == 100000);
 }
 
 TEST_CASE("stdout and stderr on one pipe whose reader has gone: told once") {
