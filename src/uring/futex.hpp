@@ -14,9 +14,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <thread>
-#include <unordered_set>
 #include <variant>
 #include <vector>
 
@@ -62,108 +62,85 @@ struct asio::associator<Associator, cohort::uring::detail::drop_value<Handler>, 
 
 namespace cohort::uring {
 
-/// A wait on a helper thread, for the service below. The thread sleeps on
-/// the word and on `stop_` at once (futex_waitv), so a cancellation ends it
-/// at once and wakes nobody else.
+class futex_threads;
+struct futex_helper;
+
+/// A wait held by one of the helper threads below.
 class futex_thread_wait {
  public:
   futex_thread_wait(const futex_thread_wait&) = delete;
   futex_thread_wait& operator=(const futex_thread_wait&) = delete;
 
   /// Ends the wait as cancelled, unless it has ended already. Any thread.
-  void request_stop() {
-    // stop_ carries no other data, so relaxed on both sides: the kernel
-    // orders the store before the wake that reaches the sleeping thread.
-    stop_.store(1, std::memory_order_relaxed);
-    os::futex_wake(stop_, 1);
-  }
+  void request_stop();
 
  protected:
-  futex_thread_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected) : word_(word), expected_(expected) {}
+  futex_thread_wait(futex_threads& owner, std::atomic<std::uint32_t>& word, std::uint32_t expected)
+      : owner_(owner), word_(word), expected_(expected) {}
   ~futex_thread_wait() = default;
 
+  /// Hands the wait to the service (futex_threads::start).
+  void begin();
+
   /// The wait ended: queue the completion on the handler's executor, which
-  /// owns the wait from then on and joins its thread. Called once, from the
-  /// helper thread (or the starting one), never after shutdown.
+  /// owns the wait from then on. Called once, by the service under its
+  /// lock, never after shutdown.
   virtual void post(std::error_code ec) = 0;
   /// The io_context shuts down before `post`: free, call nothing.
   virtual void destroy() = 0;
 
  private:
   friend class futex_threads;
+  futex_threads& owner_;
   std::atomic<std::uint32_t>& word_;
   const std::uint32_t expected_;
-  std::atomic<std::uint32_t> stop_{0};
-  std::jthread thread_;  // joined on destruction: it has posted, or been stopped
+  // Under the service's lock:
+  struct futex_helper* helper_ = nullptr;  // the thread that holds the wait
+  bool cancelled_ = false;           // ends as operation_aborted, by its helper
 };
 
-/// The helper threads of one io_context's futex waits, so that none
-/// outlives it: on shutdown each wait still pending is stopped, its thread
-/// joined, and its handler destroyed uncalled. A wait whose completion is
-/// queued already is no longer the service's: the io_context destroys that
-/// completion uncalled, as any queued handler.
+/// The helper threads of one io_context's futex waits. Each sleeps in one
+/// futex_waitv (Linux 5.16) on its own control word and up to 127 waits'
+/// words at once, so a thousand pending waits take 8 threads, not a
+/// thousand; where the kernel lacks futex_waitv each holds one wait and
+/// looks at its control word every 50 ms. Threads are made as the pending
+/// waits need them and kept for later waits. None outlives the io_context:
+/// on shutdown every helper is stopped and joined, and each wait still
+/// pending is destroyed uncalled. A wait whose completion is queued already
+/// is no longer the service's: the io_context destroys that completion
+/// uncalled, as any queued handler.
 class futex_threads final : public asio::execution_context::service {
  public:
   using key_type = futex_threads;
   static inline asio::execution_context::id id;
 
-  explicit futex_threads(asio::execution_context& context) : asio::execution_context::service(context) {}
+  explicit futex_threads(asio::execution_context& context);
+  ~futex_threads() override;
 
-  /// Starts the thread of `w`; posts at once, without a thread, when the
-  /// word no longer holds the expected value or no thread can be made.
-  void start(futex_thread_wait& w) {
-    std::lock_guard lock(mutex_);
-    if (shut_down_) return w.destroy();
-    // acquire: pairs with the waker's release store, for the data it published.
-    if (w.word_.load(std::memory_order_acquire) != w.expected_) return w.post({});
-    try {
-      pending_.insert(&w);
-      w.thread_ = std::jthread([this, &w] { run(w); });
-    } catch (const std::system_error& e) {  // no thread to be had
-      pending_.erase(&w);
-      w.post(e.code());
-    }
-  }
+  /// Gives `w` to a helper; posts at once, without one, when the word no
+  /// longer holds the expected value or no thread can be made.
+  void start(futex_thread_wait& w);
+  /// Ends `w` as cancelled: its helper posts it, once out of its sleep on
+  /// the word. Nothing when it has ended already.
+  void cancel(futex_thread_wait& w);
+  /// The helper threads made so far, each kept for later waits.
+  std::size_t threads() const;
+  /// The most waits a helper holds: 127, or 1 where the kernel lacks
+  /// futex_waitv.
+  static std::size_t waits_per_thread();
 
  private:
-  void run(futex_thread_wait& w) {
-    // Process-directed signals go to the program's own threads, not here.
-    sigset_t all;
-    ::sigfillset(&all);
-    ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
-    std::error_code ec;
-    for (;;) {
-      const auto result = os::futex_wait_either(w.word_, w.expected_, w.stop_, ec);
-      if (w.stop_.load(std::memory_order_relaxed) != 0) {
-        ec = asio::error::operation_aborted;
-        break;
-      }
-      if (ec || result == os::futex_result::woken || result == os::futex_result::value_changed) break;
-    }
-    // Once posted, `w` belongs to its completion, which joins this thread;
-    // nothing here touches `w` or the service after the unlock.
-    std::lock_guard lock(mutex_);
-    if (shut_down_) return;  // shutdown joins this thread and destroys `w`
-    pending_.erase(&w);
-    w.post(ec);
-  }
+  void shutdown() override;
 
-  void shutdown() override {
-    std::vector<futex_thread_wait*> waits;
-    {
-      std::lock_guard lock(mutex_);
-      shut_down_ = true;
-      waits.assign(pending_.begin(), pending_.end());
-      pending_.clear();
-    }
-    for (auto* w : waits) w->request_stop();
-    for (auto* w : waits) w->destroy();
-  }
+  mutable std::mutex mutex_;
+  void run(futex_helper& h);
 
-  std::mutex mutex_;  // guards pending_ and shut_down_
-  std::unordered_set<futex_thread_wait*> pending_;  // waits whose thread has not posted
-  bool shut_down_ = false;
+  std::vector<std::unique_ptr<futex_helper>> helpers_;  // under mutex_
+  bool shut_down_ = false;                                // under mutex_
 };
+
+inline void futex_thread_wait::request_stop() { owner_.cancel(*this); }
+inline void futex_thread_wait::begin() { owner_.start(*this); }
 
 /// A wait on a helper thread that ends by calling an asio handler, on the
 /// handler's executor.
@@ -172,8 +149,7 @@ class futex_thread_operation final : public futex_thread_wait {
  public:
   futex_thread_operation(futex_threads& owner, std::atomic<std::uint32_t>& word, std::uint32_t expected,
                          Handler handler, const asio::any_io_executor& fallback)
-      : futex_thread_wait(word, expected),
-        owner_(owner),
+      : futex_thread_wait(owner, word, expected),
         handler_(std::move(handler)),
         work_(asio::get_associated_executor(handler_, fallback)) {}
 
@@ -183,13 +159,13 @@ class futex_thread_operation final : public futex_thread_wait {
   void start() {
     auto slot = asio::get_associated_cancellation_slot(handler_);
     if (slot.is_connected()) slot.assign([this](asio::cancellation_type) { request_stop(); });
-    owner_.start(*this);
+    begin();
   }
 
  private:
-  // Runs on the handler's executor: clears the slot, frees the operation
-  // (joining its thread), then calls the handler. Destroyed uncalled, it
-  // frees the operation without calling anything.
+  // Runs on the handler's executor: clears the slot, frees the operation,
+  // then calls the handler. Destroyed uncalled, it frees the operation
+  // without calling anything.
   struct finisher {
     futex_thread_operation* op;
     std::error_code ec;
@@ -222,7 +198,6 @@ class futex_thread_operation final : public futex_thread_wait {
     if (slot.is_connected()) slot.clear();
   }
 
-  futex_threads& owner_;
   Handler handler_;
   asio::executor_work_guard<asio::associated_executor_t<Handler, asio::any_io_executor>> work_;
 };
@@ -235,9 +210,9 @@ class futex_thread_operation final : public futex_thread_wait {
 /// shared memory (see os/futex.hpp) and must stay mapped until completion.
 ///
 /// On the ring the kernel holds the wait. Without the ring's futex op a
-/// helper thread blocks in the wait, one per pending wait. Destroying the
-/// io_context with a wait pending ends it without calling the handler: the
-/// ring request is cancelled, or the thread is stopped and joined.
+/// helper thread sleeps on it, with up to 126 other waits (futex_threads).
+/// Destroying the io_context with a wait pending ends it without calling
+/// the handler: the ring request is cancelled, or its helper stopped.
 template <class Token>
 auto async_futex_wait(const asio::any_io_executor& executor, std::atomic<std::uint32_t>& word,
                       std::uint32_t expected, Token&& token) {

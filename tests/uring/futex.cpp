@@ -20,12 +20,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
+#include <filesystem>
 #include <memory>
 #include <new>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 using namespace cohort;
 
@@ -147,6 +150,56 @@ TEST_SUITE("futex") {
       REQUIRE(calls == 1);
       CHECK((!result || result == asio::error::operation_aborted));
     }
+  }
+
+  TEST_CASE("a thousand pending waits end by their own wakes or cancellations, on few threads without the ring") {
+    constexpr std::size_t n = 1000;
+    void* page = ::mmap(nullptr, n * 4, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(page != MAP_FAILED);
+    auto* words = static_cast<std::atomic<std::uint32_t>*>(page);
+    for (std::size_t i = 0; i < n; ++i) new (&words[i]) std::atomic<std::uint32_t>(0);
+    const auto tasks_before = std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                                            std::filesystem::directory_iterator());
+    {
+      asio::io_context io;
+      std::vector<std::optional<std::error_code>> results(n);
+      std::vector<asio::cancellation_signal> cancels(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        uring::async_futex_wait(io.get_executor(), words[i], 0,
+                                asio::bind_cancellation_slot(cancels[i].slot(), [&results, i](std::error_code ec) {
+                                  REQUIRE_FALSE(results[i]);
+                                  results[i] = ec;
+                                }));
+      }
+      io.run_for(50ms);
+      CHECK(std::count(results.begin(), results.end(), std::nullopt) == static_cast<long>(n));
+      if (!io_uring_support(io).futex) {
+        const auto most = (n + uring::futex_threads::waits_per_thread() - 1) / uring::futex_threads::waits_per_thread();
+        CHECK(asio::use_service<uring::futex_threads>(io).threads() == most);
+        const auto tasks = std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                                         std::filesystem::directory_iterator());
+        CHECK(tasks - tasks_before == static_cast<long>(most));
+      }
+      // Even words are stored to and woken from another thread; odd waits are cancelled.
+      std::thread waker([&] {
+        for (std::size_t i = 0; i < n; i += 2) {
+          words[i].store(1, std::memory_order_release);
+          os::futex_wake(words[i], INT_MAX);
+        }
+      });
+      for (std::size_t i = 1; i < n; i += 2) cancels[i].emit(asio::cancellation_type::terminal);
+      waker.join();
+      for (int round = 0; round < 500 && std::count(results.begin(), results.end(), std::nullopt) > 0; ++round) {
+        io.run_for(10ms);
+      }
+      for (std::size_t i = 0; i < n; ++i) {
+        CAPTURE(i);
+        REQUIRE(results[i]);
+        CHECK(*results[i] == (i % 2 == 0 ? std::error_code{} : std::error_code(asio::error::operation_aborted)));
+        CHECK(os::futex_wake(words[i], INT_MAX) == 0);  // nobody sleeps on it any more
+      }
+    }
+    ::munmap(page, n * 4);
   }
 
   TEST_CASE("destroying the io_context with a wait pending destroys the handler uncalled") {
