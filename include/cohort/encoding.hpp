@@ -5,6 +5,7 @@
 
 #include "cohort/export.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <concepts>
 #include <cstddef>
@@ -370,7 +371,10 @@ T read(reader& in) {
   } else if constexpr (is_vector<T>) {
     const auto count = in.length();
     T value;
-    value.reserve(count);
+    // Each element takes a byte at least of what is left, but may be far
+    // larger in memory: reserved for no more than the bytes left, grown
+    // as elements do decode.
+    value.reserve(std::min(count, in.left() / sizeof(typename T::value_type)));
     for (std::size_t i = 0; i < count; ++i) value.push_back(read<typename T::value_type>(in));
     return value;
   } else {

@@ -2,11 +2,15 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <map>
+#include <new>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -47,6 +51,10 @@ static_assert(!crossable<std::byte>);
 static_assert(!crossable<std::vector<point>> && !crossable<std::tuple<int, point>>);
 static_assert(!crossable<std::vector<std::tuple<>>>);
 
+// The largest single allocation since the last reset, counted by the
+// replacements of operator new below (this program's only ones).
+std::atomic<std::size_t> largest_allocation = 0;
+
 template <class T>
 T round_trip(const T& value) {
   return decode<T>(encode(value));
@@ -78,6 +86,16 @@ bool same_bits(T a, T b) {
 }
 
 }  // namespace
+
+void* operator new(std::size_t size) {
+  std::size_t seen = largest_allocation.load(std::memory_order_relaxed);
+  while (size > seen && !largest_allocation.compare_exchange_weak(seen, size, std::memory_order_relaxed)) {
+  }
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 TEST_SUITE("encoding") {
 
@@ -244,6 +262,20 @@ TEST_CASE("a length far beyond the input throws before allocating") {
   CHECK_THROWS_AS(decode<std::vector<std::string>>(blob("vs", huge)), decode_error);
   CHECK_THROWS_AS(decode<std::vector<std::int64_t>>(blob("vi8", bytes_of({4, 1, 2, 3}))),
                   decode_error);
+}
+
+TEST_CASE("a count of many elements reserves no more than the bytes left, whatever each element's size") {
+  // One mebibyte claiming as many strings (each 32 bytes in memory), the
+  // first of which is malformed: a reserve for the count took 32 MiB.
+  std::vector<std::byte> payload{std::byte{0x80}, std::byte{0x80}, std::byte{0x40}};  // 2^20
+  payload.resize(payload.size() + (std::size_t{1} << 20), std::byte{0xff});
+  const auto malformed = blob("vs", payload);
+  largest_allocation = 0;
+  CHECK_THROWS_AS(decode<std::vector<std::string>>(malformed), decode_error);
+  CHECK(largest_allocation.load() <= payload.size());
+  // Well-formed, such a count decodes whole.
+  std::fill(payload.begin() + 3, payload.end(), std::byte{0});
+  CHECK(decode<std::vector<std::string>>(blob("vs", payload)).size() == std::size_t{1} << 20);
 }
 
 TEST_CASE("a malformed varint throws") {
