@@ -33,7 +33,12 @@ void detail::check_layout(cohort::dtype type, std::span<const std::int64_t> shap
     if (strides[d] < 0) fail(fmt::format("stride {} in dimension {}", strides[d], d));
   }
   if (offset < 0) fail(fmt::format("storage offset {}", offset));
-  if (std::ranges::find(shape, 0) != shape.end()) return;
+  if (std::ranges::find(shape, 0) != shape.end()) {
+    // No element to reach; the sizes around the 0 must still multiply
+    // within int64, as tensor::empty's do.
+    (void)checked_numel(shape, type, "tensor layout");
+    return;
+  }
 
   // The byte just past the furthest element.
   std::int64_t end = offset;
@@ -636,6 +641,9 @@ std::string to_string(const tensor& t) {
     // Its elements are not this process's to read without a copy.
     return fmt::format("tensor(<{} elements on device {}:{}>, shape=[{}], dtype={})", t.numel(),
                        static_cast<int>(t.device().type), t.device().id, fmt::join(t.shape(), ", "), t.dtype());
+  }
+  if (t.numel() == 0 && t.ndim() > 1) {  // as torch: its sizes, never a list per row of none
+    return fmt::format("tensor([], size=({}), dtype={})", fmt::join(t.shape(), ", "), t.dtype());
   }
   std::string out = "tensor(";
   visit_dtype(t.dtype(),

@@ -430,8 +430,10 @@ TEST_CASE("fill_ writes through a strided view and nowhere else") {
 TEST_CASE("tensors print like torch's, on one line") {
   CHECK(fmt::format("{}", tensor::full({}, 2.5, dtype::float32)) == "tensor(2.5, dtype=float32)");
   CHECK(fmt::format("{}", tensor::empty({0}, dtype::int64)) == "tensor([], dtype=int64)");
-  CHECK(fmt::format("{}", tensor::empty({2, 0}, dtype::float32)) ==
-        "tensor([[], []], dtype=float32)");
+  CHECK(fmt::format("{}", tensor::empty({2, 0}, dtype::float32)) == "tensor([], size=(2, 0), dtype=float32)");
+  // Sizes around a 0 are not walked: a hundred million rows of nothing print at once.
+  CHECK(fmt::format("{}", tensor::empty({100'000'000, 0, 3}, dtype::int8)) ==
+        "tensor([], size=(100000000, 0, 3), dtype=int8)");
   const auto m = make<std::int64_t>({1, 2, 3, 4}, {2, 2});
   CHECK(fmt::format("{}", m) == "tensor([[1, 2], [3, 4]], dtype=int64)");
   CHECK(fmt::format("{}", m.transpose(0, 1)) == "tensor([[1, 3], [2, 4]], dtype=int64)");
@@ -514,6 +516,8 @@ TEST_CASE("check_layout rejects each layout a sender could get wrong") {
   // Views that repeat one element reach 8 bytes; numel() and nbytes() must still fit.
   rejects({std::int64_t{1} << 32, std::int64_t{1} << 32}, {0, 0}, 0, 8, "is too large");  // the element count
   rejects({std::int64_t{1} << 61}, {0}, 0, 8, "is too large");                          // their bytes
+  // No elements, but sizes whose product before the 0 passes int64: numel() would overflow.
+  rejects({std::int64_t{1} << 62, 4, 0}, {0, 0, 0}, 0, 8, "is too large");
 }
 
 TEST_CASE("the tensor constructor checks its layout and device") {
