@@ -341,9 +341,14 @@ asio::awaitable<void> await_exits(group_state& state, std::chrono::milliseconds 
 void signal_running(group_state& state, int sig) {
   for (auto& c : state.children) {
     if (c && !c.status()) {
+      // A rank that left its own process group (setpgid, setsid) is no
+      // longer reached through it: it gets the signal itself, once. (One
+      // that leaves between the look and the signal is reached at the
+      // next step of the shutdown.)
+      const bool in_own_group = ::getpgid(c.pid()) == c.pid();
       std::error_code ignored;
       c.signal_group(sig, ignored);
-      if (ignored) c.signal(sig, ignored);  // not a group leader
+      if (ignored || !in_own_group) c.signal(sig, ignored);
     }
   }
 }

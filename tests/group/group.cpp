@@ -481,6 +481,22 @@ TEST_SUITE("group") {
     CHECK(test::children_of_self().empty());
   }
 
+  TEST_CASE("a rank that left its own process group still gets the shutdown's signals, and ends") {
+    auto spec = ranks_of(2, {});
+    spec.args = {{0, {"leave-group", "30"}}, {1, {"exit-after", "300", "3"}}};
+    spec.shutdown.term_grace = 300ms;
+    spec.shutdown.kill_wait = 300ms;
+    const auto start = std::chrono::steady_clock::now();
+    auto result = run_group(spec);
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+    REQUIRE(result.first_failure() != nullptr);
+    CHECK(result.first_failure()->rank == 1);
+    CHECK(result.unreaped.empty());
+    REQUIRE(result.statuses[0]);
+    CHECK(result.statuses[0]->signal() == SIGTERM);  // once, not twice: it never got to SIGKILL
+    CHECK(test::children_of_self().empty());
+  }
+
   TEST_CASE("ranks that succeed early leave supervision on: a later failure still shuts the rest down") {
     auto spec = ranks_of(4, {});
     spec.args = {{0, {"exit", "0"}}, {1, {"exit-after", "200", "4"}}, {2, {"sleep", "30"}}, {3, {"exit", "0"}}};

@@ -14,6 +14,7 @@
 //   cat                    copy stdin to stdout until EOF
 //   write FD TEXT          write TEXT to descriptor FD
 //   ignore-term            ignore SIGTERM, print "ready", sleep 60
+//   leave-group SECONDS    move to its parent's process group, then sleep
 //   burn-cpu MS            spin for MS milliseconds of CPU time
 //   touch-mib N            touch N MiB of memory
 //   timestamp-exit FD      write CLOCK_MONOTONIC (ns, 8 bytes) to FD, then _exit(0)
@@ -202,6 +203,11 @@ int main(int argc, char** argv) {
   if (what == "write" && argc > 3) {
     std::size_t len = std::strlen(argv[3]);
     return ::write(std::atoi(arg), argv[3], len) == static_cast<ssize_t>(len) ? 0 : 1;
+  }
+  if (what == "leave-group") {
+    if (::setpgid(0, ::getpgid(::getppid())) != 0) return 2;
+    ::sleep(static_cast<unsigned>(std::atoi(arg)));
+    return 0;
   }
   if (what == "ignore-term") {
     ::signal(SIGTERM, SIG_IGN);
