@@ -5,6 +5,7 @@
 #include "cohort/process_error.hpp"
 #include "cohort/storage.hpp"
 #include "launch/entry.hpp"
+#include "process/launch.hpp"
 #include "launch/uncaught.hpp"
 
 #include <asio/error.hpp>
@@ -88,6 +89,7 @@ class pool_state {
   pool_state(int workers, const pool_options& options)
       : workers_(workers), tasks_(1024), results_(1024), work_(io_.get_executor()) {
     if (workers < 1) throw std::invalid_argument("cohort::pool: at least one worker");
+    refuse_piped_streams(options.spawn, "cohort::pool: pool_options::spawn");
     group_spec spec;
     spec.name = "pool";
     spec.entry = call(options.method, cohort_pool_worker, tasks_, results_);

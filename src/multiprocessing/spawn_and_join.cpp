@@ -1,6 +1,7 @@
 // Running a function's ranks to the end on an io_context of their own.
 #include "cohort/spawn_and_join.hpp"
 
+#include "process/launch.hpp"
 #include "uring/service.hpp"
 
 #include <asio/io_context.hpp>
@@ -8,6 +9,7 @@
 namespace cohort::detail {
 
 run_result run_to_end(const function_call& call, int nprocs, const join_options& options) {
+  refuse_piped_streams(options.spawn, "cohort::spawn_and_join: join_options::spawn");
   group_spec spec;
   spec.name = call.name;
   spec.entry = call;

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace cohort::detail {
 
@@ -152,6 +153,10 @@ std::size_t descriptors_per_child(const asio::any_io_executor& executor, const s
 /// The first of `options`' streams set to stdio::pipe(), as "in", "out" or
 /// "err"; null when none is.
 const char* piped_stream(const spawn_options& options) noexcept;
+/// Throws std::invalid_argument naming `where` (as "cohort::pool:
+/// pool_options::spawn") when one of `options`' streams is a pipe, which
+/// the ranks of a run with no one to read or write it would fill for good.
+void refuse_piped_streams(const spawn_options& options, std::string_view where);
 
 /// Opens a stream's file as spawn does for stream `target` (0 for stdin):
 /// with its flags, else read-only for stdin and, for output, created

@@ -638,6 +638,14 @@ const char* detail::piped_stream(const spawn_options& options) noexcept {
   return nullptr;
 }
 
+void detail::refuse_piped_streams(const spawn_options& options, std::string_view where) {
+  const char* piped = piped_stream(options);
+  if (piped == nullptr) return;
+  throw std::invalid_argument(fmt::format("{}.{} is a pipe, which nothing {} for the ranks; use a file, "
+                                          "stdio::null() or stdio::fd()",
+                                          where, piped, std::string_view(piped) == "in" ? "writes" : "reads"));
+}
+
 namespace {
 
 void refuse_pipes(const spawn_options& options) {

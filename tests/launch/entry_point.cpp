@@ -1015,6 +1015,20 @@ TEST_SUITE("entry points") {
     CHECK_THROWS_AS(start_processes(io.get_executor(), spec), std::invalid_argument);
   }
 
+  TEST_CASE("a pipe in spawn_and_join's streams is refused, naming join_options") {
+    join_options options;
+    options.spawn.out = stdio::pipe();
+    CHECK_THROWS_WITH_AS(spawn_and_join(succeed, std::tuple{}, 1, options),
+                         "cohort::spawn_and_join: join_options::spawn.out is a pipe, which nothing reads for the "
+                         "ranks; use a file, stdio::null() or stdio::fd()",
+                         std::invalid_argument);
+    options.spawn.out = stdio::inherit();
+    options.spawn.in = stdio::pipe();
+    CHECK_THROWS_WITH_AS(spawn_and_join(succeed, std::tuple{}, 1, options),
+                         doctest::Contains("join_options::spawn.in is a pipe, which nothing writes"),
+                         std::invalid_argument);
+  }
+
   TEST_CASE("a rank that cannot be prepared stops the start: no process, no descriptor left") {
     for_each_method([](start_method method) {
       group_spec spec;

@@ -196,6 +196,13 @@ TEST_SUITE("pool") {
     CHECK(p.map(square, std::vector<long>{5}) == std::vector<long>{25});
   }
 
+  TEST_CASE("a pipe in a pool's streams is refused, naming pool_options") {
+    pool_options options;
+    options.spawn.err = stdio::pipe();
+    CHECK_THROWS_WITH_AS(pool(1, options), doctest::Contains("cohort::pool: pool_options::spawn.err is a pipe"),
+                         std::invalid_argument);
+  }
+
   TEST_CASE("a pool moved from has no workers and refuses maps") {
     pool p(1);
     pool q = std::move(p);
