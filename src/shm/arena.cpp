@@ -11,13 +11,17 @@
 
 #include <fmt/format.h>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <limits>
 #include <mutex>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 namespace cohort::shm {
@@ -44,7 +48,8 @@ struct arena_state {
   std::mutex growth;  // held while a segment is made for the arena
   std::vector<std::shared_ptr<segment>> arenas;
   std::vector<std::shared_ptr<segment>> lingering;
-  bool ended = false;  // the work at exit is done: a segment given to linger() is looked at once
+  bool watching = false;  // a watcher thread lets go of lingering segments as their holders free them
+  bool ended = false;     // the work at exit is done: a segment given to linger() is looked at once
 };
 
 // The work at exit, as the process's statics are destroyed: the arena's
@@ -67,6 +72,16 @@ struct arena_exit {
     for (auto& s : lingering) let_go_if_dead_weight(s);
   }
 };
+
+// Moves the lingering segments whose last block was freed into `freed`,
+// under the arena's lock.
+void take_freed_lingering(arena_state& a, std::vector<std::shared_ptr<segment>>& freed) {
+  std::erase_if(a.lingering, [&](auto& s) {
+    if (s->header().live.load(std::memory_order_acquire) != 0) return false;
+    freed.push_back(std::move(s));
+    return true;
+  });
+}
 
 // Never destroyed: a storage destroyed after the work at exit (a static
 // made before the arena was) still finds it, and its segment is looked at
@@ -92,6 +107,7 @@ COHORT_FORKED_CHILD_PATH void arena_after_fork_in_child() {
   auto& a = arena();
   std::vector<std::shared_ptr<segment>>().swap(a.arenas);
   std::vector<std::shared_ptr<segment>>().swap(a.lingering);
+  a.watching = false;  // the parent's watcher is not this process's
   a.mutex.unlock();
   a.growth.unlock();
 }
@@ -125,11 +141,7 @@ std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) 
     std::vector<std::shared_ptr<segment>> freed;  // unmapped after the lock is released
     {
       std::lock_guard lock(a.mutex);
-      std::erase_if(a.lingering, [&](auto& s) {
-        if (s->header().live.load(std::memory_order_acquire) != 0) return false;
-        freed.push_back(std::move(s));
-        return true;
-      });
+      take_freed_lingering(a, freed);
     }
     // A file's size is an off_t: past that no segment can hold it (and the
     // rounding below would wrap).
@@ -170,16 +182,57 @@ std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) 
   return {std::move(s), offset};
 }
 
+namespace {
+
+// How often the watcher looks at the lingering segments' counts of blocks in use.
+constexpr std::chrono::milliseconds linger_check{100};
+
+// Lets go of each lingering segment once its last block is freed (by the
+// processes it was sent to), until none lingers or the process ends: a
+// sender that then sends nothing more, or idles, does not keep its last
+// large tensor's memory.
+void watch_lingering() {
+  sigset_t all;
+  ::sigfillset(&all);
+  ::pthread_sigmask(SIG_BLOCK, &all, nullptr);  // signals go to the program's own threads
+  auto& a = arena();
+  for (;;) {
+    std::this_thread::sleep_for(linger_check);
+    std::vector<std::shared_ptr<segment>> freed;  // unmapped after the lock is released
+    bool done = false;
+    {
+      std::lock_guard lock(a.mutex);
+      if (a.ended) return;  // the work at exit looks at them
+      take_freed_lingering(a, freed);
+      done = a.lingering.empty();
+      if (done) a.watching = false;
+    }
+    if (done) return;
+  }
+}
+
+}  // namespace
+
 void linger(std::shared_ptr<segment> s) {
   auto& a = arena();
   {
     std::lock_guard lock(a.mutex);
     if (!a.ended) {
       a.lingering.push_back(std::move(s));
-      return;
+      if (a.watching) return;
+      a.watching = true;
     }
   }
-  let_go_if_dead_weight(s);
+  if (s) {  // the work at exit is done
+    let_go_if_dead_weight(s);
+    return;
+  }
+  try {
+    std::thread(watch_lingering).detach();
+  } catch (const std::system_error&) {  // no thread: let go of at the next large allocation, or trim()
+    std::lock_guard lock(a.mutex);
+    a.watching = false;
+  }
 }
 
 COHORT_FORKED_CHILD_PATH void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
