@@ -607,11 +607,12 @@ TEST_SUITE("cohort-run") {
 
   TEST_CASE("SIGTERM while a failure's shutdown runs: exit 128 + 15, and the summary still names the failure") {
     test::temp_dir dir;
-    // Rank 1 notes the failure's SIGTERM and takes 3 s to go; cohort-run's
-    // own SIGTERM comes meanwhile.
+    // Rank 0 fails once rank 1 has set its trap; rank 1 notes the failure's
+    // SIGTERM and takes 3 s to go; cohort-run's own SIGTERM comes meanwhile.
     auto r = run_launcher({"-n", "2", "--max-restarts", "1", "--", "/bin/sh", "-c",
-                           "if [ $RANK = 0 ]; then echo 'bad batch' >&2; exit 7; fi; "
-                           "trap ': > \"$0/up-term\"; sleep 3; exit 0' TERM; sleep 30 & wait",
+                           "if [ $RANK = 0 ]; then while [ ! -e \"$0/trapped\" ]; do sleep 0.01; done; "
+                           "echo 'bad batch' >&2; exit 7; fi; "
+                           "trap ': > \"$0/up-term\"; sleep 3; exit 0' TERM; : > \"$0/trapped\"; sleep 30 & wait",
                            dir.path.string()},
                           signal_when_up(dir.path, 1, SIGTERM, "up-"));
     CHECK(r.status.code() == 128 + SIGTERM);
