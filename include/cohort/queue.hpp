@@ -190,8 +190,12 @@ class queue {
  public:
   /// A queue of at most `capacity` values, 1 to 2^24 (std::invalid_argument
   /// otherwise: every queue is bounded, so Python's maxsize 0, unbounded,
-  /// has no equal here). Throws shm_error when its shared memory cannot be
-  /// had.
+  /// has no equal here). Its ring of shared memory is reserved in full at
+  /// once: 128 bytes per value of capacity, rounded up to a power of two,
+  /// and at least 64 KiB (128 KiB for the default 1024, 128 MiB for 2^20,
+  /// 2 GiB for 2^24; mind a container's small /dev/shm under the
+  /// file_system strategy). Throws shm_error when its shared memory cannot
+  /// be had.
   explicit queue(std::size_t capacity = 1024)
       : core_(detail::make_queue_core(capacity, type_signature<T>(), &detail::drop_record<T>)) {}
   /// Copies are handles to the same queue. A move copies too, so a queue
