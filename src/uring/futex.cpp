@@ -94,18 +94,20 @@ void futex_threads::run(futex_helper& h) {
   words.reserve(waitv_most);
   std::uint32_t control = 0;
   bool fault = false;  // the last sleep failed for a word that is not mapped or not aligned
+  const std::atomic<std::uint32_t>* woken = nullptr;  // the word the last sleep was woken on
   for (;;) {
     {
       std::lock_guard lock(mutex_);
       if (h.stopping) return;  // shutdown joins this thread and destroys the waits
-      // Every wait that can end now ends: cancelled, its word changed, or,
-      // after a fault, its own wait that does not sleep fails. What stays
-      // is slept on.
-      std::erase_if(h.waits, [fault](futex_thread_wait* w) {
+      // Every wait that can end now ends: cancelled, its word woken (a wake
+      // with no store behind it is spurious for the waiter, which re-checks
+      // its word) or changed, or, after a fault, its own wait that does not
+      // sleep fails. What stays is slept on.
+      std::erase_if(h.waits, [fault, woken](futex_thread_wait* w) {
         std::error_code ec;
         if (w->cancelled_) {
           ec = asio::error::operation_aborted;
-        } else if (w->word_.load(std::memory_order_acquire) == w->expected_ &&
+        } else if (&w->word_ != woken && w->word_.load(std::memory_order_acquire) == w->expected_ &&
                    (!fault || (os::futex_wait(w->word_, w->expected_, std::chrono::nanoseconds(0), ec), !ec))) {
           return false;
         }
@@ -114,6 +116,7 @@ void futex_threads::run(futex_helper& h) {
         return true;
       });
       fault = false;
+      woken = nullptr;
       control = h.control.load(std::memory_order_acquire);
       words.clear();
       words.push_back({control, reinterpret_cast<std::uintptr_t>(&h.control), config::futex2_size_u32, 0});
@@ -131,24 +134,13 @@ void futex_threads::run(futex_helper& h) {
                      words.size() > 1 ? std::optional<std::chrono::nanoseconds>(control_check) : std::nullopt, ec);
       continue;
     }
-    const long woken = ::syscall(SYS_futex_waitv, words.data(), static_cast<unsigned>(words.size()), 0, nullptr,
+    const long index = ::syscall(SYS_futex_waitv, words.data(), static_cast<unsigned>(words.size()), 0, nullptr,
                                  CLOCK_MONOTONIC);
-    fault = woken < 0 && errno != EAGAIN && errno != EINTR;
-    if (woken > 0) {
-      // A wake with no store behind it ends its wait too (spurious, for
-      // the waiter, which re-checks its word).
-      std::lock_guard lock(mutex_);
-      auto* woken_word = reinterpret_cast<std::atomic<std::uint32_t>*>(words[static_cast<std::size_t>(woken)].uaddr);
-      std::erase_if(h.waits, [&](futex_thread_wait* w) {
-        if (&w->word_ != woken_word || w->cancelled_) return false;
-        w->helper_ = nullptr;
-        w->post({});
-        return true;
-      });
-    }
-    // Otherwise: the control word moved (a wait came, was cancelled, or
-    // the service stops), a word no longer held its value (EAGAIN), a
-    // signal, or a fault: the pass above sorts each out.
+    fault = index < 0 && errno != EAGAIN && errno != EINTR;
+    if (index > 0) woken = reinterpret_cast<std::atomic<std::uint32_t>*>(words[static_cast<std::size_t>(index)].uaddr);
+    // A wait's word woken, the control word moved (a wait came, was
+    // cancelled, or the service stops), a word no longer held its value
+    // (EAGAIN), a signal, or a fault: the pass above sorts each out.
   }
 }
 
