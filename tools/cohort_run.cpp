@@ -116,9 +116,8 @@ std::optional<std::vector<std::string>> visible_device_entries() {
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
   if (visible == nullptr) return std::nullopt;
   std::vector<std::string> entries;
-  for (auto entry : comma_list(visible)) {
-    const auto first = entry.find_first_not_of(" \t"), last = entry.find_last_not_of(" \t");
-    if (first != std::string::npos) entries.push_back(entry.substr(first, last + 1 - first));
+  for (const auto& entry : comma_list(visible)) {
+    if (auto bare = trimmed(entry, " \t"); !bare.empty()) entries.push_back(std::move(bare));
   }
   return entries;
 }

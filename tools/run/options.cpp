@@ -193,6 +193,11 @@ double seconds(const std::string& flag, const std::string& text) {
   return value;
 }
 
+std::string trimmed(const std::string& text, std::string_view blanks) {
+  const auto first = text.find_first_not_of(blanks);
+  return first == std::string::npos ? std::string() : text.substr(first, text.find_last_not_of(blanks) + 1 - first);
+}
+
 std::vector<std::string> comma_list(const std::string& list) {
   std::vector<std::string> items;
   std::string::size_type begin = 0;
@@ -384,10 +389,7 @@ run_options parse_options(int argc, char** argv) {
   }
 
   // Blanks around the endpoint are dropped, as torchrun drops them.
-  const auto first = o.rdzv_endpoint.find_first_not_of(" \t\n\r\v\f");
-  o.rdzv_endpoint = first == std::string::npos
-                        ? std::string()
-                        : o.rdzv_endpoint.substr(first, o.rdzv_endpoint.find_last_not_of(" \t\n\r\v\f") + 1 - first);
+  o.rdzv_endpoint = trimmed(o.rdzv_endpoint, " \t\n\r\v\f");
   if (o.standalone) {
     if (o.max_nodes != 1) throw usage_error("--standalone runs one node: --nnodes must be 1");
     o.rdzv_backend = "static";

@@ -134,8 +134,8 @@ void print_summary(const run_record& run) {
   } else {
     say("cohort-run: the run failed (role {}, run {}, attempt {}, {} of {} restarts used)\n", run.role,
         run.run_id, a.attempt, run.restarts, run.max_restarts);
+    if (!run.message.empty()) say("  {}\n", run.message);
   }
-  if (!run.message.empty() && !failed_first) say("  {}\n", run.message);
   const auto* root = r.first_failure();
   if (root != nullptr) {
     say("Root cause (first failure):\n");
