@@ -1194,7 +1194,7 @@ TEST_SUITE("cohort-run") {
     // environment is made (a billion of them took gigabytes first).
     long pid_max = 0;
     REQUIRE(static_cast<bool>(std::ifstream("/proc/sys/kernel/pid_max") >> pid_max));
-    for (const std::string count : {std::to_string(pid_max + 1), std::string("99999999999999999999999")}) {
+    for (const std::string& count : {std::to_string(pid_max + 1), std::string("99999999999999999999999")}) {
       CHECK(error_of({"--nproc-per-node", count}).find("more than this system can run (pid_max") != std::string::npos);
     }
     CHECK(error_of({"--nproc-per-node", "-3"}).find("not a positive number") != std::string::npos);
