@@ -23,7 +23,8 @@ namespace cohort {
 
 namespace detail {
 struct child_state;
-}
+struct child_access;
+}  // namespace detail
 
 /// One child process. The object owns the child through a pidfd, so it can
 /// never signal or reap a recycled pid.
@@ -63,7 +64,10 @@ class child {
   /// (terminal only, by default); otherwise only terminal cancellation
   /// does. Fails with std::logic_error while another wait() is in flight.
   /// Throws std::logic_error once the io_context the child was spawned on
-  /// has been destroyed (join() and try_wait() still reap it).
+  /// has been destroyed (join() and try_wait() still reap it). A child that
+  /// died while another process traces it (ptrace) is this process's to
+  /// reap only once the tracer has collected its exit or gone; until then
+  /// the wait looks again at pauses growing to 100 ms.
   template <completion_token_of<exit_status> Token = default_token>
   [[nodiscard]] auto wait(Token&& token = {}) {
     if constexpr (std::is_same_v<std::decay_t<Token>, default_token>) {
@@ -135,6 +139,7 @@ class child {
   /// The executor the child was spawned on; none without a process.
   static std::optional<asio::any_io_executor> executor_of(const std::shared_ptr<detail::child_state>& state);
   void release() noexcept;
+  friend struct detail::child_access;
   std::shared_ptr<detail::child_state> state_;
 };
 

@@ -124,7 +124,9 @@ struct run_result {
   /// A rank whose function returns a value and that exited with code 0
   /// without returning (exit() inside it) failed: never a silent nullopt.
   std::vector<std::optional<encoded>> return_values;
-  /// Ranks still alive after SIGKILL and kill_wait: reported, not waited for.
+  /// Ranks still alive after SIGKILL and kill_wait (in D state, or dead
+  /// with a tracer holding their exit): reported, not waited for. A thread
+  /// reaps each whenever it ends; the io_context's run() does not wait.
   std::vector<int> unreaped;
   /// The run was shut down by stop(), by cancelling wait() or by a
   /// forwarded signal (or interrupt()), not by a failure.

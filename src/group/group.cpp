@@ -131,12 +131,15 @@ struct group_state;
 void end_unfinished(group_state& state) noexcept;
 void forget_rank_groups(group_state& state) noexcept;
 
-/// The state's objects of the io_context: the strand and its timers.
+/// The state's objects of the io_context: the strand, its timers, and the
+/// signals that end the shutdown's waits for ranks SIGKILL did not end.
 struct io_objects {
-  explicit io_objects(const asio::any_io_executor& ex) : strand(asio::make_strand(ex)) {}
+  io_objects(const asio::any_io_executor& ex, int nprocs)
+      : strand(asio::make_strand(ex)), drain_ends(std::make_unique<asio::cancellation_signal[]>(nprocs)) {}
   asio::strand<asio::any_io_executor> strand;
   asio::steady_timer wake{strand};  // the shutdown sleeps on it; exits and stop() cancel it
   asio::steady_timer stop_requested{strand, std::chrono::steady_clock::time_point::max()};  // stop() cancels it
+  std::unique_ptr<asio::cancellation_signal[]> drain_ends;  // by rank
 };
 
 /// Shared by the group object and the supervision coroutines. All of
@@ -144,7 +147,7 @@ struct io_objects {
 struct group_state {
   group_state(asio::any_io_executor ex, const group_spec& s)
       : context(context_lifetime(ex)),
-        io(std::make_unique<io_objects>(ex)),
+        io(std::make_unique<io_objects>(ex, s.nprocs)),
         strand(io->strand),
         nprocs(s.nprocs),
         shutdown(s.shutdown),
@@ -653,6 +656,8 @@ asio::awaitable<void> race_stop(std::shared_ptr<group_state> state) {
 asio::awaitable<void> drain(std::shared_ptr<group_state> state, int rank) {
   auto& s = *state;
   rank_end end = co_await exit_of(s, rank);
+  // An exit seen as the shutdown gave up on the rank: reported unreaped.
+  if (std::ranges::find(s.partial.unreaped, rank) != s.partial.unreaped.end()) co_return;
   record_exit(state, rank, std::move(end));
   s.wake.cancel();
 }
@@ -673,7 +678,10 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
 
   if (s.running > 0) {
     for (int rank = 0; rank < s.nprocs; ++rank) {
-      if (!s.recorded[static_cast<std::size_t>(rank)]) asio::co_spawn(s.strand, drain(state, rank), asio::detached);
+      if (!s.recorded[static_cast<std::size_t>(rank)]) {
+        asio::co_spawn(s.strand, drain(state, rank),
+                       asio::bind_cancellation_slot(s.io->drain_ends[rank].slot(), asio::detached));
+      }
     }
     // A forwarded signal reaches the ranks first, as Ctrl-C would in a
     // terminal, so that they can clean up as they do for it.
@@ -690,8 +698,11 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
       co_await await_exits(s, policy.kill_wait);
       for (std::size_t rank = 0; rank < s.children.size(); ++rank) {
         if (!s.recorded[rank]) {
+          // Reported, not waited for: its drain ends, and a thread reaps it
+          // whenever it dies, so that no run() of the io_context waits.
           s.partial.unreaped.push_back(static_cast<int>(rank));
-          s.children[rank].detach();  // reaped in the background if it ever dies
+          s.io->drain_ends[rank].emit(asio::cancellation_type::terminal);
+          detail::reap_on_a_thread(detail::child_access::take(s.children[rank]));
         }
       }
     }

@@ -7,8 +7,11 @@
 #include "uring/service.hpp"
 #include "uring/waitid.hpp"
 
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/execution_context.hpp>
 #include <asio/redirect_error.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
@@ -22,6 +25,7 @@
 #include <algorithm>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 namespace cohort {
@@ -97,18 +101,63 @@ std::weak_ptr<const void> context_lifetime(const asio::any_io_executor& executor
   return asio::use_service<lifetime_service>(uring::io_context_of(executor)).alive();
 }
 
+namespace {
+
+// The pause before looking again for an exit that a tracer holds (see
+// wait_for): 1 ms after the first look, doubling to 100 ms.
+std::chrono::milliseconds held_exit_pause(int looks) {
+  return std::min(std::chrono::milliseconds(1 << std::min(looks, 7)), std::chrono::milliseconds(100));
+}
+
+asio::awaitable<void> reap_when_exited(std::shared_ptr<child_state> state) {
+  for (int looks = 0;; ++looks) {
+    std::error_code ec;
+    co_await uring::async_exited(state->executor, state->pidfd, state->pid,
+                                 asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return;
+    if (state->reap(false, ec) || ec) co_return;  // reaped, or reaped elsewhere
+    asio::steady_timer pause(state->executor, held_exit_pause(looks));
+    co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return;
+  }
+}
+
+}  // namespace
+
 void reap_in_background(const std::shared_ptr<child_state>& state) {
   if (state->context_gone()) return;  // as documented: left unreaped
-  uring::async_exited(state->executor, state->pidfd, state->pid, [state](std::error_code ec, siginfo_t) {
-    if (!ec) state->reap(false, ec);
-  });
+  asio::co_spawn(state->executor, reap_when_exited(state), asio::detached);
+}
+
+void reap_on_a_thread(const std::shared_ptr<child_state>& state) {
+  state->close_pipes();
+  // By pid: still unreaped, the pid is this process's. A pidfd of the
+  // thread's own, blocking whatever becomes of the state's.
+  const int own = config::pidfd_open(state->pid);
+  if (own >= 0) {
+    try {
+      std::thread([own, pid = state->pid] {
+        siginfo_t info{};
+        while (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(own), &info, WEXITED) != 0 &&
+               errno == EINTR) {
+        }
+        disown_pid(pid);  // owned until here: nothing else takes it for an orphan to reap or sweep
+        ::close(own);
+      }).detach();
+      state->on_a_thread = true;
+      return;
+    } catch (const std::system_error&) {
+      ::close(own);
+    }
+  }
+  reap_in_background(state);  // no thread to be had: the io_context's work, as detach() makes it
 }
 
 // A pid reaped here may be another process's by now: only one still
 // unreaped is let go of.
 child_state::~child_state() {
   close_pipes();
-  if (!status) disown_pid(pid);
+  if (!status && !on_a_thread) disown_pid(pid);
   if (pidfd >= 0) ::close(pidfd);
 }
 
@@ -260,7 +309,7 @@ asio::awaitable<exit_status> child::wait_for(std::shared_ptr<detail::child_state
     }
   } guard{state};
 
-  for (;;) {
+  for (int looks = 0;; ++looks) {
     std::error_code ec;
     // Only that the child exited: the reap below collects its status
     // together with its resource usage.
@@ -276,6 +325,11 @@ asio::awaitable<exit_status> child::wait_for(std::shared_ptr<detail::child_state
       throw std::system_error(ec, fmt::format("cohort::child::wait: waitid for pid {}{}{}", state->pid,
                                               os::descriptor_limit_note(error), detail::reaped_elsewhere_note(ec)));
     }
+    // Exited, and not ours to reap yet: a tracer (ptrace) collects the exit
+    // first. Its pidfd reads ready all along, so look again after a pause.
+    asio::steady_timer pause(state->executor, detail::held_exit_pause(looks));
+    co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (ec == asio::error::operation_aborted) throw std::system_error(ec, "cohort::child::wait");
   }
 }
 

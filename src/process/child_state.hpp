@@ -1,6 +1,7 @@
 // What a child object and its in-flight operations share.
 #pragma once
 
+#include "cohort/child.hpp"
 #include "cohort/exit_status.hpp"
 #include "process/owned_pids.hpp"
 
@@ -49,6 +50,7 @@ struct child_state {
 
   bool group_leader = false;  ///< started with new_process_group
   bool waiting = false;       ///< a wait() is in flight; it reaps, or hands over to `kept_by`
+  bool on_a_thread = false;   ///< reap_on_a_thread's thread reaps it, and lets go of the pid
   keeper kept_by = keeper::object;
   /// The parent's ends of the pipes, as asio objects of the io_context.
   /// Should it be destroyed first, their descriptors are closed and the
@@ -76,5 +78,20 @@ std::weak_ptr<const void> context_lifetime(const asio::any_io_executor& executor
 /// on its executor keeps the state alive until then. Dropped, unreaped, if
 /// the io_context is destroyed first.
 void reap_in_background(const std::shared_ptr<child_state>& state);
+
+/// Reaps `state`'s process whenever it exits, on a thread of its own that
+/// waits in waitid: for a process that SIGKILL has not ended (in D state,
+/// or dead with a tracer holding its exit), which nobody should wait for,
+/// not even an io_context's run(). Closes its pipes. A wait in flight on
+/// the state must be cancelled: it would go on looking. The pid stays
+/// owned until that thread reaps it. Where no thread can be started, it is
+/// reaped as reap_in_background does.
+void reap_on_a_thread(const std::shared_ptr<child_state>& state);
+
+/// The state behind a child object, for the layers that hand a process on.
+struct child_access {
+  /// Takes it: the object is left holding no process, as after detach().
+  static std::shared_ptr<child_state> take(child& c) noexcept { return std::move(c.state_); }
+};
 
 }  // namespace cohort::detail

@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -36,6 +37,7 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <iostream>
@@ -182,6 +184,20 @@ COHORT_ENTRYPOINT(environment_of);
 
 void print_rank(int rank) { std::printf("rank %d\n", rank); }
 COHORT_ENTRYPOINT(print_rank);
+
+// Rank 0 lets any process trace it, notes its pid in `dir`/pid and
+// sleeps; rank 1 throws once `dir`/asked exists.
+void traceable_then_fail(int rank, std::string dir) {
+  if (rank == 0) {
+    ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);  // EINVAL without Yama, where none is needed
+    std::ofstream(fs::path(dir) / "pid.part") << ::getpid();
+    fs::rename(fs::path(dir) / "pid.part", fs::path(dir) / "pid");
+    std::this_thread::sleep_for(60s);
+  }
+  for (int i = 0; i < 3000 && !fs::exists(fs::path(dir) / "asked"); ++i) std::this_thread::sleep_for(10ms);
+  throw std::runtime_error("rank 1 fails");
+}
+COHORT_ENTRYPOINT(traceable_then_fail);
 
 // Waits for `dir`/release.
 void wait_for_release(int, std::string dir) {
@@ -784,6 +800,45 @@ TEST_SUITE("entry points") {
         CHECK(std::string(e.what()) == fmt::format("rank 0 (pid {}) exited with code 123", e.pid()));
       }
     });
+  }
+
+  TEST_CASE("a rank SIGKILL leaves unreaped is reported, not waited for, and reaped once it can be") {
+    // A tracer that never waits holds rank 0's exit from this process (see
+    // exit_holder) past the shutdown's SIGKILL, for 20 s at most.
+    test::temp_dir dir;
+    std::optional<test::exit_holder> holder;
+    std::thread tracer([&] {
+      for (int i = 0; i < 3000 && !fs::exists(dir.path / "pid"); ++i) std::this_thread::sleep_for(10ms);
+      pid_t pid = 0;
+      std::ifstream(dir.path / "pid") >> pid;
+      if (pid > 0) holder.emplace(pid);
+      std::ofstream(dir.path / "asked");
+    });
+    join_options options;
+    options.shutdown.term_grace = 200ms;
+    options.shutdown.kill_wait = 200ms;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      spawn_and_join(traceable_then_fail, std::tuple{dir.path.string()}, 2, options);
+      FAIL("no exception");
+    } catch (const process_raised_error& e) {
+      CHECK(e.rank() == 1);
+    }
+    const auto took = std::chrono::steady_clock::now() - start;
+    tracer.join();
+    REQUIRE(holder);
+    if (!holder->held()) {
+      MESSAGE("ptrace is refused here: not checked");
+      return;
+    }
+    CHECK(took < 10s);  // it waited the holder's 20 s
+    CHECK(test::children_of_self().size() == 2);  // the holder, and rank 0 unreaped
+    holder->end();
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (!test::children_of_self().empty() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(10ms);
+    }
+    CHECK(test::children_of_self().empty());
   }
 
   TEST_CASE("an exit seen first is the first failure, though a later exception's error file has a timestamp") {

@@ -299,6 +299,32 @@ TEST_SUITE("child") {
     }());
   }
 
+  TEST_CASE("a wait for a child whose exit a tracer holds sleeps, and ends with the status once the tracer goes") {
+    asio::io_context io;
+    test::run(io, []() -> asio::awaitable<void> {
+      command c_cmd = target({"traceable", "30"});
+      child c = co_await spawn(c_cmd);
+      test::exit_holder holder(c.pid());
+      if (!holder.held()) {
+        MESSAGE("ptrace is refused here: not checked");
+        co_return;
+      }
+      c.signal(SIGKILL);
+      // Dead, its pidfd reading ready, but not this process's to reap yet:
+      // the wait looks again after pauses instead of at once, over and over.
+      const auto used = test::process_cpu_time();
+      asio::steady_timer timer(co_await asio::this_coro::executor, 500ms);
+      auto first = co_await (c.wait() || timer.async_wait(asio::use_awaitable));
+      CHECK(first.index() == 1);
+      CHECK(test::process_cpu_time() - used < 150ms);  // looking at once, over and over, used about 500 ms
+      holder.end();
+      const auto ended = std::chrono::steady_clock::now();
+      CHECK((co_await c.wait()).signal() == SIGKILL);
+      CHECK(std::chrono::steady_clock::now() - ended < 5s);
+    }());
+    CHECK(test::children_of_self().empty());
+  }
+
   TEST_CASE("two waits at once on one child are refused") {
     asio::io_context io;
     test::run(io, []() -> asio::awaitable<void> {

@@ -2,12 +2,17 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/ptrace.h>
 #include <sys/resource.h>
 #include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <system_error>
 
@@ -182,6 +187,66 @@ struct nofile_limit {
 
 /// The number the next new descriptor would get: with the soft limit there,
 /// no descriptor can be created.
+/// A process that traces `pid` (PTRACE_SEIZE) and never waits for it. A
+/// tracer collects a traced process's exit before its parent can: once
+/// `pid` dies, its parent cannot reap it until the holder ends. Not while
+/// it runs: seized, it goes on. The holder ends by end() or the destructor
+/// (SIGKILL, reaped), else by itself after `lifetime_s` seconds. It stays
+/// in this process's group, so no group sweep takes it for a rank's.
+class exit_holder {
+ public:
+  explicit exit_holder(pid_t pid, unsigned lifetime_s = 20) {
+    int ends[2];
+    if (::pipe2(ends, O_CLOEXEC) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::close(ends[0]);
+      ::alarm(lifetime_s);
+      // Refused while the process's own checks (Yama) would refuse it; a
+      // few tries cover a target that allows it only as it starts.
+      char held = 'n';
+      for (int tries = 0; tries < 100; ++tries) {
+        if (::ptrace(PTRACE_SEIZE, pid, nullptr, nullptr) == 0) {
+          held = 'y';
+          break;
+        }
+        if (errno != EPERM) break;
+        ::usleep(10000);
+      }
+      (void)!::write(ends[1], &held, 1);
+      for (;;) ::pause();
+    }
+    ::close(ends[1]);
+    char held = 'n';
+    if (pid_ > 0 && ::read(ends[0], &held, 1) == 1) held_ = held == 'y';
+    ::close(ends[0]);
+  }
+  exit_holder(const exit_holder&) = delete;
+  exit_holder& operator=(const exit_holder&) = delete;
+  ~exit_holder() { end(); }
+
+  /// Whether ptrace let it hold the process (a seccomp profile or Yama's
+  /// scope may refuse).
+  bool held() const noexcept { return held_; }
+  void end() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool held_ = false;
+};
+
+/// CPU time this process has used, all threads.
+inline std::chrono::nanoseconds process_cpu_time() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return std::chrono::seconds(t.tv_sec) + std::chrono::nanoseconds(t.tv_nsec);
+}
+
 inline int lowest_free_descriptor() {
   const int probe = ::dup(0);
   ::close(probe);

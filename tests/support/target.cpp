@@ -15,6 +15,7 @@
 //   write FD TEXT          write TEXT to descriptor FD
 //   ignore-term            ignore SIGTERM, print "ready", sleep 60
 //   leave-group SECONDS    move to its parent's process group, then sleep
+//   traceable SECONDS      let any process trace it (Yama), then sleep
 //   burn-cpu MS            spin for MS milliseconds of CPU time
 //   touch-mib N            touch N MiB of memory
 //   timestamp-exit FD      write CLOCK_MONOTONIC (ns, 8 bytes) to FD, then _exit(0)
@@ -206,6 +207,11 @@ int main(int argc, char** argv) {
   }
   if (what == "leave-group") {
     if (::setpgid(0, ::getpgid(::getppid())) != 0) return 2;
+    ::sleep(static_cast<unsigned>(std::atoi(arg)));
+    return 0;
+  }
+  if (what == "traceable") {
+    ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);  // EINVAL without Yama, where none is needed
     ::sleep(static_cast<unsigned>(std::atoi(arg)));
     return 0;
   }
