@@ -74,11 +74,38 @@ using rank_plan = std::tuple<int, int, int, int, std::string, std::vector<int>, 
 // none), which the server parses once for all of them: a forked rank then
 // runs no environment or string code of libc's to find it; last, what a
 // forked rank would have inherited of the requester: its umask (-1:
-// unknown, the server's stays), and whether the message's dir_slot holds its
+// unknown, the server's stays), whether the message's dir_slot holds its
 // working directory, where each rank starts, before options.cwd (entered by
-// descriptor: whatever its path's length, or the permissions above it).
+// descriptor: whatever its path's length, or the permissions above it), and
+// its requester_state (state_wire).
+using state_wire = std::tuple<std::uint64_t, std::vector<std::uint64_t>, int, std::vector<std::uint64_t>>;
 using request = std::tuple<std::string, std::vector<std::byte>, bool, std::vector<std::string>,
-                           std::vector<rank_plan>, std::string, int, bool>;
+                           std::vector<rank_plan>, std::string, int, bool, state_wire>;
+
+// A requester_state as a request carries it: the ignored signals, the
+// limits (soft, hard, for each resource), the nice value, the affinity.
+state_wire to_wire(const requester_state& s) {
+  std::vector<std::uint64_t> limits;
+  limits.reserve(2 * s.limits.size());
+  for (const rlimit& l : s.limits) limits.insert(limits.end(), {l.rlim_cur, l.rlim_max});
+  return {s.ignored, std::move(limits), s.nice,
+          std::vector<std::uint64_t>(s.affinity.begin(), s.affinity.begin() + s.affinity_words)};
+}
+
+// Throws std::invalid_argument for one no requester sends.
+requester_state from_wire(const state_wire& w) {
+  const auto& [ignored, limits, nice, affinity] = w;
+  requester_state s;
+  if (limits.size() != 2 * s.limits.size() || affinity.size() > s.affinity.size()) {
+    throw std::invalid_argument("requester state");
+  }
+  s.ignored = ignored;
+  for (std::size_t r = 0; r < s.limits.size(); ++r) s.limits[r] = {limits[2 * r], limits[2 * r + 1]};
+  s.nice = nice;
+  s.affinity_words = affinity.size();
+  std::copy(affinity.begin(), affinity.end(), s.affinity.begin());
+  return s;
+}
 
 // Where a rank's kept descriptors start among its own: after the result
 // memfd, when it sends one.
@@ -119,15 +146,24 @@ COHORT_FORKED_CHILD_PATH pid_t clone_as_sibling(const thread_identity& self) {
   return static_cast<pid_t>(pid);
 }
 
+// What the server hands each child of a request besides the request: the
+// signals whose handling the child resets, the server's own requester_state
+// (the child's, as it starts) and the requester's.
+struct server_state {
+  std::uint64_t reset = 0;
+  requester_state self;
+  requester_state asked;
+};
+
 // In the forked child: puts the kept descriptors at the numbers they had in
 // the requester, sets itself up, reports, runs the function. `own` are the
 // rank's descriptors as received (rank_slot order, then the kept ones); the
 // other ranks' go with the set-up. What escapes ends the rank through
 // std::terminate.
 COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp, const shm::keeper_address& keeper,
-                                        std::span<const int> own, int report, int dir, std::uint64_t reset,
+                                        std::span<const int> own, int report, int dir, const server_state& server,
                                         const from_forking_process& inherited) noexcept {
-  auto& [name, args, returns_value, entries, plans, keeper_text, mask, dir_sent] = r;
+  auto& [name, args, returns_value, entries, plans, keeper_text, mask, dir_sent, state] = r;
   auto& [rank, parent, death_signal, leads, cwd, env, kept] = plan;
   if (mask >= 0) os::raw_syscall(SYS_umask, mask);
   if (dir_sent) os::raw_syscall(SYS_fchdir, dir);
@@ -168,7 +204,9 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   p.close_now = true;
   p.keep = keep.data();
   p.keep_count = keep_count;
-  p.reset_signals = &reset;
+  p.reset_signals = &server.reset;
+  p.requester = &server.asked;
+  p.maker = &server.self;
   set_up_or_report(p, report, rank);
   environ = envp;
   shm::set_keeper(keeper);
@@ -183,12 +221,12 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
 [[noreturn]] COHORT_FORKED_CHILD_PATH void become_rank(int socket, std::unique_ptr<request> r, rank_plan& plan,
                                                        char** envp, const shm::keeper_address& keeper,
                                                        std::span<const int> own, int report, int dir,
-                                                       std::uint64_t reset,
+                                                       const server_state& server,
                                                        const from_forking_process& inherited) noexcept {
   os::raw_syscall(SYS_close, socket);
   // The child's for good: its environment points into it, and what it
   // leaves behind need not be freed page by page.
-  end_forked_rank(run_forked(*r.release(), plan, envp, keeper, own, report, dir, reset, inherited));
+  end_forked_rank(run_forked(*r.release(), plan, envp, keeper, own, report, dir, server, inherited));
 }
 
 // Each rank's environment as environ wants it, pointing into the request's
@@ -259,7 +297,9 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
   thread_identity self;
   const bool known = ::prctl(PR_GET_TID_ADDRESS, &self.tid) == 0 && self.tid != nullptr;
   ::syscall(SYS_get_robust_list, 0, &self.robust_head, &self.robust_size);
-  const std::uint64_t reset = signals_to_reset();  // this server sets no handler later
+  server_state server;
+  server.reset = signals_to_reset();  // this server sets no handler later
+  server.self = current_requester_state();
   from_forking_process inherited;  // each request names its function
   inherited.terminate_handler_set = ranks_inherit_terminate_handler();
   // Bound here, once, the symbols the children's flush at their end calls:
@@ -293,7 +333,8 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     } else {
       try {
         r = std::make_unique<request>(decode<request>(encoded::from_bytes(std::move(bytes))));
-        auto& [name, args, returns_value, entries, plans, keeper_text, mask, dir_sent] = *r;
+        auto& [name, args, returns_value, entries, plans, keeper_text, mask, dir_sent, state] = *r;
+        server.asked = from_wire(state);
         if (b.count == 0 || b.first > plans.size() || b.count > plans.size() - b.first) {
           throw std::invalid_argument("ranks");
         }
@@ -327,7 +368,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
       const pid_t pid = clone_as_sibling(self);
       if (pid == 0) {
         become_rank(socket, std::move(r), ranks[i], envps[i].data(), keeper, std::span<const int>(fds).subspan(at, own),
-                    fds[report_slot], fds[dir_slot], reset, inherited);
+                    fds[report_slot], fds[dir_slot], server, inherited);
       }
       replies.push_back(pid > 0 ? pid : -errno);
       if (pid < 0) break;
@@ -400,7 +441,8 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
   }
   const auto args = call.args.bytes();
   const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), call.returns_value,
-                    std::move(entries), std::move(plans), keeper, current_umask(), dir_sent};
+                    std::move(entries), std::move(plans), keeper, current_umask(), dir_sent,
+                    to_wire(current_requester_state())};
   const int fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
   if (fd < 0 || !write_whole(fd, encode(req).bytes())) {
     f = {stage::start, errno, ""};

@@ -7,6 +7,7 @@
 #include "process/child_state.hpp"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <array>
@@ -20,8 +21,25 @@ namespace cohort::detail {
 
 /// Where a launch failed; names the cause in the exception.
 enum class stage {
-  none, path_lookup, open_file, pipe, clone, signals, setpgid, setsid, pdeathsig, dup2, chdir, fds, hook, exec, start
+  none, path_lookup, open_file, pipe, clone, signals, inherit, setpgid, setsid, pdeathsig, dup2, chdir, fds, hook, exec,
+  start
 };
+
+/// What a child made by another process than the one that asks for it (a
+/// forkserver's ranks) takes of the asker, where a fork or an exec by the
+/// asker would have handed it on: the signals it ignores, its resource
+/// limits, and the asking thread's nice value and CPU affinity.
+struct requester_state {
+  std::uint64_t ignored = 0;  ///< bit sig - 1
+  std::array<rlimit, RLIM_NLIMITS> limits{};
+  int nice = 0;
+  std::size_t affinity_words = 0;  ///< of `affinity` in use; 0: unknown, the maker's stays
+  std::array<std::uint64_t, 16> affinity{};  ///< CPUs 0-1023, as sched_getaffinity gives them
+};
+
+/// The calling thread's (its nice value and affinity; the process's
+/// ignored signals and limits).
+requester_state current_requester_state() noexcept;
 
 /// What the new process does to set itself up, built in the parent. The new
 /// process only reads it, except for `failed_at` / `error`.
@@ -50,6 +68,12 @@ struct launch_plan {
   /// (clone3's CLONE_CLEAR_SIGHAND): the child then resets only an ignored
   /// SIGPIPE and SIGXFSZ, and asks after nothing.
   bool handlers_cleared = false;
+  /// For a child made by another process than its requester: the
+  /// requester's state, and the maker's, which the child starts with; the
+  /// child sets what differs (stage::inherit) and ignores the signals the
+  /// requester ignores (but SIGPIPE and SIGXFSZ), no others.
+  const requester_state* requester = nullptr;
+  const requester_state* maker = nullptr;
   /// spawn_options::before_exec and its context; called last.
   int (*hook)(void* context) noexcept = nullptr;
   void* hook_context = nullptr;

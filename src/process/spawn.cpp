@@ -92,13 +92,12 @@ COHORT_FORKED_CHILD_PATH bool status_mask(const char* text, std::size_t size, st
   return false;
 }
 
-// The set signals_to_reset() returns, from the kernel's account of this
-// process's dispositions: its status (SigCgt, the handled signals; SigIgn,
-// the ignored) in three system calls, where asking each signal takes 64,
-// each of which a virtual machine can make dear (about 1.2 us each against
-// 13 us for the read, on one such). False where it cannot be read (no
-// /proc).
-COHORT_FORKED_CHILD_PATH bool signals_to_reset_from_status(std::uint64_t& set) noexcept {
+// This process's handled (SigCgt) and ignored (SigIgn) signals, from the
+// kernel's account of it in /proc/self/status: three system calls, where
+// asking each signal takes 64, each of which a virtual machine can make
+// dear (about 1.2 us each against 13 us for the read, on one such). False
+// where it cannot be read (no /proc).
+COHORT_FORKED_CHILD_PATH bool dispositions_from_status(std::uint64_t& handled, std::uint64_t& ignored) noexcept {
   const long fd = ::syscall(SYS_openat, AT_FDCWD, "/proc/self/status", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return false;
   char text[4096];  // about 1.5 KiB; the masks come in its first half
@@ -108,21 +107,70 @@ COHORT_FORKED_CHILD_PATH bool signals_to_reset_from_status(std::uint64_t& set) n
     if (n <= 0) break;
   }
   ::syscall(SYS_close, fd);
-  std::uint64_t handled = 0, ignored = 0;
-  if (!status_mask(text, size, "SigCgt:", handled) || !status_mask(text, size, "SigIgn:", ignored)) return false;
-  set = handled | (ignored & (bit(SIGPIPE) | bit(SIGXFSZ)));
+  return status_mask(text, size, "SigCgt:", handled) && status_mask(text, size, "SigIgn:", ignored);
+}
+
+// Those ignored where a shell would reset them.
+constexpr std::uint64_t shell_resets = bit(SIGPIPE) | bit(SIGXFSZ);
+
+// Sets, in a child about to be set up, what differs of the requester's
+// resource limits, nice value and CPU affinity from its maker's.
+COHORT_FORKED_CHILD_PATH bool take_requester_state(launch_plan& p) noexcept {
+  const requester_state& want = *p.requester;
+  const requester_state& have = *p.maker;
+  for (std::size_t r = 0; r < want.limits.size(); ++r) {
+    const rlimit& w = want.limits[r];
+    if (w.rlim_cur == have.limits[r].rlim_cur && w.rlim_max == have.limits[r].rlim_max) continue;
+    const long rc = os::raw_syscall(SYS_prlimit64, 0, static_cast<long>(r), reinterpret_cast<long>(&w), 0);
+    if (rc < 0) return failed(p, stage::inherit, static_cast<int>(-rc));
+  }
+  if (want.nice != have.nice) {
+    const long rc = os::raw_syscall(SYS_setpriority, PRIO_PROCESS, 0, want.nice);
+    if (rc < 0) return failed(p, stage::inherit, static_cast<int>(-rc));
+  }
+  const std::size_t words = want.affinity_words;
+  if (words != 0 && (words != have.affinity_words || !std::equal(want.affinity.begin(), want.affinity.begin() + words,
+                                                                  have.affinity.begin()))) {
+    const long rc = os::raw_syscall(SYS_sched_setaffinity, 0, static_cast<long>(words * sizeof(std::uint64_t)),
+                                    reinterpret_cast<long>(want.affinity.data()));
+    if (rc < 0) return failed(p, stage::inherit, static_cast<int>(-rc));
+  }
   return true;
 }
 
 }  // namespace
 
 COHORT_FORKED_CHILD_PATH std::uint64_t signals_to_reset() noexcept {
+  std::uint64_t handled = 0, ignored = 0;
+  if (dispositions_from_status(handled, ignored)) return handled | (ignored & shell_resets);
   std::uint64_t set = 0;
-  if (signals_to_reset_from_status(set)) return set;
   for (int sig = 1; sig <= all_signals; ++sig) {
     if (needs_reset(sig)) set |= bit(sig);
   }
   return set;
+}
+
+requester_state current_requester_state() noexcept {
+  requester_state s;
+  std::uint64_t handled = 0;
+  if (!dispositions_from_status(handled, s.ignored)) {
+    s.ignored = 0;
+    for (int sig = 1; sig <= all_signals; ++sig) {
+      struct sigaction sa {};
+      if (::sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler == SIG_IGN) s.ignored |= bit(sig);
+    }
+  }
+  for (std::size_t r = 0; r < s.limits.size(); ++r) {
+    if (::getrlimit(static_cast<__rlimit_resource>(r), &s.limits[r]) != 0) s.limits[r] = {RLIM_INFINITY, RLIM_INFINITY};
+  }
+  errno = 0;
+  const int nice = ::getpriority(PRIO_PROCESS, 0);  // the calling thread's
+  s.nice = errno == 0 ? nice : 0;
+  // The system call says how many bytes of the mask it wrote; glibc's
+  // wrapper does not.
+  const long n = ::syscall(SYS_sched_getaffinity, 0, sizeof s.affinity, s.affinity.data());
+  s.affinity_words = n > 0 ? static_cast<std::size_t>(n) / sizeof(std::uint64_t) : 0;
+  return s;
 }
 
 COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
@@ -136,14 +184,22 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
   // for either one that is not ignored).
   // (glibc's sigaction is a plain system call wrapper; it refuses glibc's
   // own internal signals, which stay blocked until the exec.)
-  const std::uint64_t reset = p.handlers_cleared          ? bit(SIGPIPE) | bit(SIGXFSZ)
-                              : p.reset_signals != nullptr ? *p.reset_signals
-                                                           : signals_to_reset();
+  std::uint64_t reset = p.handlers_cleared          ? shell_resets
+                        : p.reset_signals != nullptr ? *p.reset_signals
+                                                     : signals_to_reset();
+  // A child of another process than its requester ignores what the
+  // requester ignores, as the requester's own child would, and nothing else.
+  std::uint64_t ignore = 0;
+  if (p.requester != nullptr && p.maker != nullptr) {
+    const std::uint64_t wanted = p.requester->ignored & ~shell_resets;
+    reset |= p.maker->ignored & ~wanted;
+    ignore = wanted & ~p.maker->ignored;
+  }
   for (int sig = 1; sig <= all_signals; ++sig) {
-    if ((reset & bit(sig)) != 0) {
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      ::sigaction(sig, &dfl, nullptr);
+    if (((reset | ignore) & bit(sig)) != 0) {
+      struct sigaction to {};
+      to.sa_handler = (ignore & bit(sig)) != 0 ? SIG_IGN : SIG_DFL;
+      ::sigaction(sig, &to, nullptr);
     }
   }
   // From here by raw system calls: each wrapper of libc would be one more
@@ -157,6 +213,7 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
             stage::signals)) {
     return false;
   }
+  if (p.requester != nullptr && p.maker != nullptr && !take_requester_state(p)) return false;
   if (p.new_session) {
     if (!done(os::raw_syscall(SYS_setsid), stage::setsid)) return false;
   } else if (p.new_group && !done(os::raw_syscall(SYS_setpgid, 0, 0), stage::setpgid)) {
@@ -452,6 +509,7 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
     case stage::pipe: cause = ": pipe2"; break;
     case stage::clone: cause = ": clone"; break;
     case stage::signals: cause = ": resetting signals"; break;
+    case stage::inherit: cause = ": taking the requester's resource limits, nice value or CPU affinity"; break;
     case stage::setpgid: cause = ": setpgid"; break;
     case stage::setsid: cause = ": setsid"; break;
     case stage::pdeathsig: cause = ": prctl(PR_SET_PDEATHSIG)"; break;

@@ -59,6 +59,22 @@ COHORT_ENTRYPOINT(succeed);
 int rank_itself(int rank) { return rank; }
 COHORT_ENTRYPOINT(rank_itself);
 
+// What a rank took of its parent that a fork or an exec would hand on:
+// SIGUSR2 ignored or not, its descriptor limit, nice value and CPU count.
+std::string inherited_state(int) {
+  struct sigaction usr2 {};
+  ::sigaction(SIGUSR2, nullptr, &usr2);
+  rlimit nofile{};
+  ::getrlimit(RLIMIT_NOFILE, &nofile);
+  const int nice = ::getpriority(PRIO_PROCESS, 0);
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  ::sched_getaffinity(0, sizeof cpus, &cpus);
+  return fmt::format("SIGUSR2 {}, {} descriptors, nice {}, {} CPUs", usr2.sa_handler == SIG_IGN ? "ignored" : "default",
+                     nofile.rlim_cur, nice, CPU_COUNT(&cpus));
+}
+COHORT_ENTRYPOINT(inherited_state);
+
 // "<working directory> <umask, octal>", as the rank finds them.
 std::string where_and_umask(int) {
   const mode_t mask = ::umask(0);  // the rank has one thread: no one sees the 0
@@ -478,6 +494,47 @@ TEST_SUITE("entry points") {
     const auto seen = spawn_and_join(rings_of_parent, std::tuple{}, 1, options);
     REQUIRE(seen.size() == 1);
     CHECK(seen[0] == before);
+  }
+
+  TEST_CASE("every method's ranks ignore the signals, and take the limits, nice value and CPUs, of the moment") {
+    // The forkserver runs by now, started with this process's state of then:
+    // its ranks must not take its own.
+    REQUIRE(spawn_and_join(rank_itself, std::tuple{}, 1, join_options{.method = start_method::forkserver}).size() == 1);
+    struct sigaction ignore {}, before {};
+    ignore.sa_handler = SIG_IGN;
+    REQUIRE(::sigaction(SIGUSR2, &ignore, &before) == 0);
+    rlimit nofile{};
+    REQUIRE(::getrlimit(RLIMIT_NOFILE, &nofile) == 0);
+    const rlimit lowered{nofile.rlim_cur - 7, nofile.rlim_max};
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &lowered) == 0);
+    std::string expected;
+    std::vector<std::string> seen;
+    // Nice value and affinity are the thread's: changed in one of its own.
+    std::thread own([&] {
+      REQUIRE(::setpriority(PRIO_PROCESS, 0, ::getpriority(PRIO_PROCESS, 0) + 3) == 0);
+      cpu_set_t cpus;
+      CPU_ZERO(&cpus);
+      REQUIRE(::sched_getaffinity(0, sizeof cpus, &cpus) == 0);
+      for (int cpu = 0, kept = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &cpus) && kept++ > 0) CPU_CLR(cpu, &cpus);  // the first allowed alone
+      }
+      REQUIRE(::sched_setaffinity(0, sizeof cpus, &cpus) == 0);
+      expected = inherited_state(0);
+      for (start_method method : all_methods) {
+        const join_options options{.method = method};
+        seen.push_back(spawn_and_join(inherited_state, std::tuple{}, 1, options).at(0));
+      }
+    });
+    own.join();
+    ::setrlimit(RLIMIT_NOFILE, &nofile);
+    ::sigaction(SIGUSR2, &before, nullptr);
+    CHECK(expected.find("SIGUSR2 ignored") == 0);
+    CHECK(expected.find(", 1 CPUs") != std::string::npos);
+    REQUIRE(seen.size() == std::size(all_methods));
+    for (std::size_t i = 0; i < std::size(all_methods); ++i) {
+      CAPTURE(to_string(all_methods[i]));
+      CHECK(seen[i] == expected);
+    }
   }
 
   TEST_CASE("every method starts its ranks in the parent's working directory and umask of the moment") {
