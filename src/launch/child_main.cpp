@@ -135,7 +135,7 @@ COHORT_FORKED_CHILD_PATH void run_on(const entry_stack& stack) {
   // keeper; not waited for, which would hold back the failure's news.
   shm::let_values_go(receivers_wait, false);
   stop_forkserver();
-  std::fflush(stdout);
+  flush_held_output();  // what it printed before, std::cout's own buffer too
   std::fprintf(stderr, "cohort: rank %d (pid %d) raised %s\n%s", os::running_rank(), static_cast<int>(::getpid()),
                message.c_str(), trace.c_str());
   std::fflush(stderr);

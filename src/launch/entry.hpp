@@ -91,6 +91,10 @@ int run_entry(const std::string& name, int rank, const encoded& args, int result
 /// copy a page of its data in each of them. Called before forking ranks.
 bool ranks_inherit_terminate_handler() noexcept;
 
+/// Writes what stdout, stderr and std::cout hold at a process's end, as
+/// exit() would, touching no stream that holds nothing.
+void flush_held_output() noexcept;
+
 /// Writes what stdout, stderr and std::cout hold, before forks; and notes
 /// whether std::cout writes through stdout, which tells a forked rank's end
 /// whether std::cout may hold anything of its own.

@@ -104,6 +104,8 @@ COHORT_FORKED_CHILD_PATH bool holds_output(std::FILE* f) noexcept {
   return ::__fpending(f) > 0;
 }
 
+}  // namespace
+
 // What a rank holds for its standard streams at its end is written, as
 // exit() would; a stream with nothing held is left alone. In a forked
 // child every page of code it runs for the first time is a page fault,
@@ -121,8 +123,6 @@ COHORT_FORKED_CHILD_PATH void flush_held_output() noexcept {
   if (holds_output(stdout)) std::fflush(stdout);
   if (holds_output(stderr)) std::fflush(stderr);
 }
-
-}  // namespace
 
 // A fork writes first what this process has buffered for stdout and stderr,
 // as Python's multiprocessing does: it appears once, before anything a rank

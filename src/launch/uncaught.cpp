@@ -103,6 +103,20 @@ error_report report_uncaught() noexcept {
   sigset_t all;
   ::sigfillset(&all);
   ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  // A signal sent to the process goes to any thread that does not block
+  // it: another thread of this one would take the shutdown's SIGTERM, and
+  // its default action would end the process all the same. Ignored, it
+  // ends nothing. Not the signals of a fault (the kernel forces those) nor
+  // SIGCHLD, whose ignoring would change how children are reaped.
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig == SIGKILL || sig == SIGSTOP || sig == SIGCHLD || sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE ||
+        sig == SIGILL || sig == SIGTRAP || sig == SIGABRT || sig == SIGSYS) {
+      continue;
+    }
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ::sigaction(sig, &ignore, nullptr);  // refused for libc's own signals, which it keeps blocked
+  }
   error_report report{{}, {}, std::chrono::system_clock::now()};
   try {
     report.message = current_exception_message();
@@ -119,7 +133,7 @@ namespace {
 
 [[noreturn]] void on_uncaught_in_program() {
   const auto [message, trace, when] = report_uncaught();
-  std::fflush(stdout);
+  flush_held_output();
   std::fprintf(stderr, "cohort: uncaught exception in pid %d: %s\n%s", static_cast<int>(::getpid()), message.c_str(),
                trace.c_str());
   std::fflush(stderr);

@@ -22,8 +22,10 @@ std::string current_exception_message();
 
 /// The report of the exception being handled, written to the error file
 /// (when the process has one) as it is made. Every signal that can be is
-/// blocked first, for good: a shutdown's SIGTERM, sent because another
-/// rank failed later, must not end this one while it symbolizes its trace
+/// blocked in this thread and ignored by the process first, for good (the
+/// faults' aside): a shutdown's SIGTERM, sent because another rank failed
+/// later, must not end this one, by any of its threads, while it
+/// symbolizes its trace
 /// (tens of milliseconds), which would lose the first failure. The
 /// message and the time come first, in a report of their own, so that a
 /// SIGKILL during the trace still leaves them. Call from a terminate

@@ -162,6 +162,14 @@ void raise_slowly_then_exit(int rank) {
 }
 COHORT_ENTRYPOINT(raise_slowly_then_exit);
 
+// The same, rank 1 with a second thread, which does not block the
+// shutdown's SIGTERM as the throwing thread does.
+void raise_slowly_beside_a_thread_then_exit(int rank) {
+  if (rank == 1) std::thread([] { std::this_thread::sleep_for(30s); }).detach();
+  raise_slowly_then_exit(rank);
+}
+COHORT_ENTRYPOINT(raise_slowly_beside_a_thread_then_exit);
+
 void succeed_then_raise(int rank) {
   if (rank == 0) return;
   std::this_thread::sleep_for(100ms);
@@ -236,6 +244,13 @@ void print_through_own_cout_buffer(int rank) {
   std::cout << "rank " << rank << '\n';
 }
 COHORT_ENTRYPOINT(print_through_own_cout_buffer);
+
+// The same, and then raises: the end of a rank that fails writes it too.
+void print_through_own_cout_buffer_then_raise(int rank) {
+  print_through_own_cout_buffer(rank);
+  throw std::runtime_error("after printing");
+}
+COHORT_ENTRYPOINT(print_through_own_cout_buffer_then_raise);
 
 void print_wide(int rank) {
   // A forked rank's stdout keeps the orientation its parent's had (narrow,
@@ -799,15 +814,19 @@ TEST_SUITE("entry points") {
 
   TEST_CASE("a rank still reporting its exception when a later failure's shutdown comes is the first failure") {
     for_each_method([](start_method method) {
-      auto r = run_function(call(method, raise_slowly_then_exit), 2);
-      CHECK_FALSE(r.ok());
-      const auto* first = r.first_failure();
-      REQUIRE(first != nullptr);
-      CHECK(first->rank == 1);
-      CHECK(first->message.find("said late") != std::string::npos);
-      CHECK_FALSE(first->trace.empty());
-      CHECK(first->status.code() == 1);  // it finished its report: the shutdown's SIGTERM waited
-      CHECK(r.failures.size() == 2);      // rank 0's exit is there too
+      for (auto* fn : {raise_slowly_then_exit, raise_slowly_beside_a_thread_then_exit}) {
+        const std::string threads = fn == raise_slowly_then_exit ? "one thread" : "two threads";
+        CAPTURE(threads);
+        auto r = run_function(call(method, fn), 2);
+        CHECK_FALSE(r.ok());
+        const auto* first = r.first_failure();
+        REQUIRE(first != nullptr);
+        CHECK(first->rank == 1);
+        CHECK(first->message.find("said late") != std::string::npos);
+        CHECK_FALSE(first->trace.empty());
+        CHECK(first->status.code() == 1);  // it finished its report: the shutdown's SIGTERM waited
+        CHECK(r.failures.size() == 2);      // rank 0's exit is there too
+      }
     });
   }
 
@@ -983,6 +1002,13 @@ TEST_SUITE("entry points") {
       CHECK(output_of_one_rank(call(method, print_through_own_cout_buffer)) == "rank 0\n");
       CHECK(output_of_one_rank(call(method, print_wide)) == "rank 0\n");
       test::temp_dir dir;
+      group_spec raising;
+      raising.entry = call(method, print_through_own_cout_buffer_then_raise);
+      raising.options.out = stdio::file(dir.path / "raised");
+      const auto raised = run_group(raising);
+      REQUIRE(raised.first_failure() != nullptr);
+      CHECK(raised.first_failure()->message.find("after printing") != std::string::npos);
+      CHECK(test::read_file(dir.path / "raised") == "rank 0\n");
       group_spec spec;
       spec.entry = call(method, print_to_buffered_stderr);
       spec.nprocs = 1;
