@@ -114,7 +114,10 @@ struct logs_spec {
   int first_rank = 0;
   /// Where console lines go; -1: this process's stdout (1) and stderr (2).
   /// Another value must be a descriptor open for writing when the group
-  /// starts (std::invalid_argument otherwise). A console that refuses a
+  /// starts (std::invalid_argument otherwise); the group writes through a
+  /// descriptor of its own, so the caller's may be closed once the group
+  /// has started. Groups whose consoles are one file share the writes, a
+  /// line at a time. A console that refuses a
   /// write (a pipe whose reader has gone, as under `| head`) takes no more
   /// lines: the ranks run on, their log files get every byte, and
   /// group_result::log_errors says so. Such a write raises no SIGPIPE in

@@ -66,8 +66,12 @@ constexpr std::chrono::microseconds busy_poll{500};
 // each write is a run of whole lines.
 std::mutex console_mutex;
 
-void check_ranks(const char* what, const std::map<int, std_streams>& ranks, int nprocs) {
-  for (const auto& [rank, streams] : ranks) {
+void check_ranks(const char* what, const streams_per_rank& per_rank, int nprocs) {
+  if (static_cast<unsigned>(per_rank.all_ranks) > 3) {
+    throw std::invalid_argument(fmt::format("cohort::start_processes: logs.{} is {}, not 0..3", what,
+                                            static_cast<unsigned>(per_rank.all_ranks)));
+  }
+  for (const auto& [rank, streams] : per_rank.ranks) {
     if (rank < 0 || rank >= nprocs) {
       throw std::invalid_argument(fmt::format("cohort::start_processes: logs.{} names rank {}, not in 0..{}", what, rank, nprocs - 1));
     }
@@ -142,9 +146,13 @@ struct scratch {
 // the writes wait for it, as a plain program's last writes do: until it
 // takes them, or until a deadline when the run was asked to end.
 struct console_out {
-  int given = -1;         // the caller's descriptor
-  int fd = -1;            // what is written: `given`, or `reopened`
-  os::owned_fd reopened;  // a pipe or terminal opened again non-blocking, its flags our own
+  int given = -1;         // the caller's descriptor, as the first group to share this console had it
+  int fd = -1;            // what is written: `own`
+  // A pipe or terminal opened again non-blocking, its flags our own; else a
+  // duplicate of `given`: the groups that share the console outlive the
+  // caller's descriptor, which may be closed, its number reused, once the
+  // first of them ends.
+  os::owned_fd own;
   bool socket = false;    // written with send(MSG_DONTWAIT)
   bool waits = false;     // a write can answer EAGAIN; otherwise it waits in the kernel, as to a file
   bool pipe = false;      // a write can raise SIGPIPE: see os/quiet_sigpipe.hpp
@@ -164,12 +172,14 @@ namespace {
 // ready for writes that do not wait: a descriptor that is non-blocking
 // already, a socket (send's MSG_DONTWAIT), or a pipe or terminal opened
 // again through /proc with O_NONBLOCK, which leaves the flags of the
-// caller's own descriptor alone. A plain file is written as it is (its
-// writes end without a reader), and so is anything that cannot be opened
-// again.
+// caller's own descriptor alone. A plain file is written through a
+// duplicate of `fd` (its writes end without a reader), and so is anything
+// that cannot be opened again.
 std::shared_ptr<console_out> open_console(int fd, const struct stat* found) {
   auto c = std::make_shared<console_out>();
-  c->given = c->fd = fd;
+  c->given = fd;
+  c->own = os::owned_fd(::fcntl(fd, F_DUPFD_CLOEXEC, 3));
+  c->fd = c->own.get() >= 0 ? c->own.get() : fd;  // out of descriptors: the caller's, as it is
   if (found == nullptr) return c;
   const struct stat& st = *found;
   c->device = st.st_dev;
@@ -188,7 +198,7 @@ std::shared_ptr<console_out> open_console(int fd, const struct stat* found) {
     struct stat same {};
     if (again.get() >= 0 && ::fstat(again.get(), &same) == 0 && same.st_dev == st.st_dev && same.st_ino == st.st_ino) {
       c->fd = again.get();
-      c->reopened = std::move(again);
+      c->own = std::move(again);
       c->waits = true;
     }
   }
@@ -367,8 +377,8 @@ std::string expand_prefix(const std::string& pattern, const std::string& role, i
 group_logs::group_logs(const logs_spec& spec, const spawn_options& options, const std::string& role, int nprocs)
     : state_(std::make_shared<state>()) {
   if (!spec.dir.empty()) check_folder_names(spec);
-  check_ranks("redirects", spec.redirects.ranks, nprocs);
-  check_ranks("tee", spec.tee.ranks, nprocs);
+  check_ranks("redirects", spec.redirects, nprocs);
+  check_ranks("tee", spec.tee, nprocs);
   if (spec.console_ranks) {
     for (int rank : *spec.console_ranks) {
       if (rank < 0 || rank >= nprocs) {
@@ -620,7 +630,7 @@ void append_line(std::string& lines, const std::string& prefix, const char* from
   const char* text_end = to;
   if (text_end > from && text_end[-1] == '\n') --text_end;
   if (text_end > from && text_end[-1] == '\r') --text_end;
-  for (; static_cast<std::size_t>(text_end - from) >= max_line; from += max_line) {
+  for (; static_cast<std::size_t>(text_end - from) > max_line; from += max_line) {  // the last piece takes the end
     lines += prefix;
     lines.append(from, max_line);
     lines += '\n';
@@ -668,7 +678,7 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
   }
   s.after_return = data == end && end[-1] == '\r';
   s.pending.append(data, end);
-  while (s.pending.size() >= max_line) {  // a line too long to wait for: in pieces
+  while (s.pending.size() > max_line) {  // a line too long to wait for: in pieces (one of 64 KiB may end yet)
     lines += s.prefix;
     lines.append(s.pending, 0, max_line);
     lines += '\n';

@@ -410,11 +410,13 @@ TEST_CASE("a line over 64 KiB reaches the console in 64 KiB pieces, however its 
   // 40,000 more and a newline. Before, each reached the console whole when
   // one read took its end. Then 65,535 bytes and "\r\n", which is no
   // longer than 64 KiB: the line end is not counted (it was cut between
-  // its '\r' and '\n').
+  // its '\r' and '\n'). Then lines of exactly 64 and 128 KiB, whole and
+  // with their end after a pause: no empty piece after the last.
   auto spec = shell_ranks(1, "a=$(head -c 200000 /dev/zero | tr '\\0' a); b=$(head -c 40000 /dev/zero | tr '\\0' b); "
-                             "c=$(head -c 65535 /dev/zero | tr '\\0' c); "
+                             "c=$(head -c 65535 /dev/zero | tr '\\0' c); d=$(head -c 65536 /dev/zero | tr '\\0' d); "
                              "printf '%s\\n' \"$a\"; printf '%s' \"$b\"; sleep 0.3; printf '%s\\n' \"$b\"; "
-                             "printf '%s\\r\\n' \"$c\"");
+                             "printf '%s\\r\\n' \"$c\"; printf '%s\\n' \"$d\"; printf '%s%s\\n' \"$d\" \"$d\"; "
+                             "printf '%s' \"$d\"; sleep 0.3; printf '\\n'");
   spec.logs.dir = dir.path / "logs";
   spec.logs.tee = std_streams::out;
   spec.logs.tee_through_pipes = through_pipes;
@@ -425,7 +427,9 @@ TEST_CASE("a line over 64 KiB reaches the console in 64 KiB pieces, however its 
   const std::vector<std::string> expected{prefix + std::string(65536, 'a'), prefix + std::string(65536, 'a'),
                                           prefix + std::string(65536, 'a'), prefix + std::string(3392, 'a'),
                                           prefix + std::string(65536, 'b'), prefix + std::string(14464, 'b'),
-                                          prefix + std::string(65535, 'c')};
+                                          prefix + std::string(65535, 'c'), prefix + std::string(65536, 'd'),
+                                          prefix + std::string(65536, 'd'), prefix + std::string(65536, 'd'),
+                                          prefix + std::string(65536, 'd')};
   auto console = lines_of(out.text());
   for (auto& line : console) {  // "\r\n" stays so when one read took it whole
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -509,6 +513,48 @@ TEST_CASE("two groups on one console that reads slowly: every line whole, each g
   CHECK(broken == "");
   CHECK(count["A"] == 5000);
   CHECK(count["B"] == 5000);
+}
+
+TEST_CASE("two groups given one file as console by two descriptors: each line reaches it, whichever group ends first") {
+  test::temp_dir dir;
+  const auto console = dir.path / "console", other = dir.path / "other", go = dir.path / "go";
+  const int fd_a = ::open(console.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  const int fd_b = ::open(console.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  REQUIRE(fd_a >= 0);
+  REQUIRE(fd_b >= 0);
+  std::vector<group_spec> specs;
+  for (const auto& [name, script] : {std::pair{"A", std::string("echo A first")},
+                                     std::pair{"B", "echo B first; while [ ! -e '" + go.string() +
+                                                        "' ]; do sleep 0.01; done; echo B second"}}) {
+    auto& spec = specs.emplace_back(shell_ranks(1, script));
+    spec.name = name;
+    spec.logs.prefix_all = true;
+    spec.logs.console_out = spec.name == "A" ? fd_a : fd_b;
+  }
+  int reused = -1;
+  asio::io_context io;
+  const auto b = test::run(io, [&]() -> asio::awaitable<run_result> {
+    group first = co_await start_processes(specs[0]);
+    std::optional<group> a(std::move(first));
+    group second = co_await start_processes(specs[1]);
+    const auto a_result = co_await a->wait();
+    CHECK(a_result.ok());
+    a.reset();
+    // A's descriptor goes, and its number comes back for another file.
+    ::close(fd_a);
+    reused = ::open(other.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    std::ofstream{go};
+    co_return co_await second.wait();
+  }());
+  CHECK(b.ok());
+  CHECK(b.log_errors.empty());
+  REQUIRE(reused == fd_a);
+  ::close(reused);
+  ::close(fd_b);
+  auto lines = lines_of(test::read_file(console));
+  std::sort(lines.begin(), lines.end());
+  CHECK(lines == std::vector<std::string>{"[A0]:A first", "[B0]:B first", "[B0]:B second"});
+  CHECK(test::read_file(other).empty());
 }
 
 TEST_CASE("on a terminal a carriage return reaches the console as it is, for the line to be drawn over") {
@@ -835,6 +881,14 @@ TEST_CASE("bad logs are errors before any rank starts") {
     spec.logs.dir = dir.path;
     spec.logs.redirects = std::map<int, std_streams>{{2, std_streams::out}};
     CHECK_THROWS_WITH_AS(run_group(spec), doctest::Contains("rank 2"), std::invalid_argument);
+    // torchrun's numbers are 0..3, for all ranks as for one.
+    spec.logs.redirects = std_streams::none;
+    spec.logs.tee = static_cast<std_streams>(7);
+    CHECK_THROWS_WITH_AS(run_group(spec), "cohort::start_processes: logs.tee is 7, not 0..3", std::invalid_argument);
+    spec.logs.tee = std_streams::none;
+    spec.logs.redirects = static_cast<std_streams>(4);
+    CHECK_THROWS_WITH_AS(run_group(spec), "cohort::start_processes: logs.redirects is 4, not 0..3",
+                         std::invalid_argument);
   }
   CHECK(test::children_of_self().empty());
   CHECK(test::open_fd_count() == descriptors);
