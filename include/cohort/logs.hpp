@@ -109,7 +109,10 @@ struct logs_spec {
   bool tee_through_pipes = false;
   /// Put before each console line: ${role} or ${role_name}, as torchrun's
   /// templates say it (group_spec::name), ${rank} (first_rank + the rank),
-  /// ${local_rank} (the rank in the group); other ${...} stay as written.
+  /// ${local_rank} (the rank in the group). Expanded as torchrun expands
+  /// its template (Python's string.Template.safe_substitute): $rank and
+  /// the like without braces too, $$ as $, and anything else kept as
+  /// written.
   std::string prefix = "[${role}${local_rank}]:";
   int first_rank = 0;
   /// Where console lines go; -1: this process's stdout (1) and stderr (2).

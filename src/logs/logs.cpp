@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -355,20 +356,44 @@ std::optional<followed_file> watch_log(group_logs::state& s, const std::filesyst
 
 }  // namespace
 
+// As torchrun expands its template (Python's string.Template, with
+// safe_substitute): $$ is $, $name and ${name} are the name's value when it
+// is one of ours, and anything else stays as written.
 std::string expand_prefix(const std::string& pattern, const std::string& role, int rank, int local_rank) {
+  const auto value = [&](std::string_view name) -> std::optional<std::string> {
+    if (name == "role" || name == "role_name") return role;  // torchrun's templates say role_name
+    if (name == "rank") return std::to_string(rank);
+    if (name == "local_rank") return std::to_string(local_rank);
+    return std::nullopt;
+  };
+  const auto starts_name = [](char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)) != 0; };
+  const auto in_name = [&](char c) { return starts_name(c) || std::isdigit(static_cast<unsigned char>(c)) != 0; };
   std::string out;
   std::size_t at = 0;
-  while (at < pattern.size()) {
-    const auto open = pattern.find("${", at);
-    const auto close = open == std::string::npos ? std::string::npos : pattern.find('}', open);
-    if (close == std::string::npos) break;
-    const std::string_view name(pattern.data() + open + 2, close - open - 2);
-    out.append(pattern, at, open - at);
-    if (name == "role" || name == "role_name") out += role;  // torchrun's templates say role_name
-    else if (name == "rank") out += std::to_string(rank);
-    else if (name == "local_rank") out += std::to_string(local_rank);
-    else out.append(pattern, open, close + 1 - open);  // not ours: kept as written
-    at = close + 1;
+  for (std::size_t dollar; (dollar = pattern.find('$', at)) != std::string::npos;) {
+    out.append(pattern, at, dollar - at);
+    std::size_t from = dollar + 1, to = from, after = from;  // the name [from, to), and where the text goes on
+    if (from < pattern.size() && pattern[from] == '$') {
+      out += '$';
+      at = from + 1;
+      continue;
+    }
+    if (from < pattern.size() && pattern[from] == '{') {
+      from = to = from + 1;
+      while (to < pattern.size() && in_name(pattern[to])) ++to;
+      after = to < pattern.size() && pattern[to] == '}' && to > from && starts_name(pattern[from]) ? to + 1 : from;
+    } else {
+      while (to < pattern.size() && in_name(pattern[to])) ++to;
+      after = to > from && starts_name(pattern[from]) ? to : from;
+    }
+    const auto expanded = after != from ? value(std::string_view(pattern).substr(from, to - from)) : std::nullopt;
+    if (expanded) {
+      out += *expanded;
+      at = after;
+    } else {
+      out += '$';  // not ours, or no name: kept as written
+      at = dollar + 1;
+    }
   }
   out.append(pattern, at);
   return out;

@@ -145,19 +145,22 @@ TEST_CASE("a teed stream is the rank's own file, followed, or a pipe under tee_t
   CHECK(std::multiset<std::string>(console.begin(), console.end()) == expected);
 }
 
-TEST_CASE("the prefix template names the role (as ${role} or torchrun's ${role_name}), the global rank and the local rank") {
+TEST_CASE("the prefix template names the role (${role}, torchrun's ${role_name}), the global and the local rank, as torchrun does") {
   test::temp_dir dir;
   console_file out(dir.path / "console");
   auto spec = shell_ranks(2, "echo x");
   spec.name = "trainer";
   spec.logs.prefix_all = true;
   spec.logs.first_rank = 10;
-  spec.logs.prefix = "<${role}|${role_name}|${rank}|${local_rank}|${other}> ";
+  // As Python's string.Template.safe_substitute, which torchrun uses: $name
+  // too, $$ for $, and what names nothing of ours kept as written.
+  spec.logs.prefix = "<${role}|${role_name}|${rank}|${local_rank}|${other}|$local_rank|$rank_x|$$|${rank|$|${}> ";
   spec.logs.console_out = out.fd;
   REQUIRE(run_group(spec).ok());
   const auto console = lines_of(out.text());
   CHECK(std::multiset<std::string>(console.begin(), console.end()) ==
-        std::multiset<std::string>{"<trainer|trainer|10|0|${other}> x", "<trainer|trainer|11|1|${other}> x"});
+        std::multiset<std::string>{"<trainer|trainer|10|0|${other}|0|$rank_x|$|${rank|$|${}> x",
+                                   "<trainer|trainer|11|1|${other}|1|$rank_x|$|${rank|$|${}> x"});
 }
 
 TEST_CASE("console_ranks: only the chosen ranks reach the console, the others their files") {
