@@ -145,7 +145,7 @@ TEST_CASE("a teed stream is the rank's own file, followed, or a pipe under tee_t
   CHECK(std::multiset<std::string>(console.begin(), console.end()) == expected);
 }
 
-TEST_CASE("the prefix template names the role (${role}, torchrun's ${role_name}), the global and the local rank, as torchrun does") {
+TEST_CASE("the prefix template names the role (${role}, ${role_name}), the global and the local rank, as torchrun's") {
   test::temp_dir dir;
   console_file out(dir.path / "console");
   auto spec = shell_ranks(2, "echo x");
