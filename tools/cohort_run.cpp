@@ -154,7 +154,8 @@ int ranks_per_node(const std::string& value) {
 // A --redirects/--tee value: 0-3 for every rank, or per local rank as
 // "0:3,1:0" (ranks not named get 0), as torchrun takes it.
 cohort::streams_per_rank streams_of(const std::string& flag, const std::string& value) {
-  const auto number = [&](const std::string& text) {
+  const auto number = [&](const std::string& given) {
+    const std::string text = trimmed(given);  // torchrun's int() takes blanks around a number
     if (text.size() != 1 || text[0] < '0' || text[0] > '3') {
       throw usage_error(fmt::format("--{}: '{}' is not 0-3 or rank:0-3,...", flag, value));
     }
@@ -167,7 +168,9 @@ cohort::streams_per_rank streams_of(const std::string& flag, const std::string& 
     std::size_t used = 0;
     int rank = -1;
     try {
-      rank = std::stoi(item.substr(0, colon), &used);
+      const std::string bare = trimmed(item.substr(0, colon));
+      rank = std::stoi(bare, &used);
+      used = used == bare.size() ? colon : 0;
     } catch (const std::exception&) {
       used = 0;
     }
@@ -466,6 +469,10 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
                                   o.rdzv_endpoint));
   }
   if (c.endpoint.rfind("http://", 0) == 0) c.endpoint.erase(0, std::string_view("http://").size());
+  // etcd's client port where none is named, as torchrun's etcd rendezvous
+  // takes it (host, [v6 host]).
+  const bool bracketed = c.endpoint.size() > 1 && c.endpoint.front() == '[' && c.endpoint.back() == ']';
+  if (bracketed || c.endpoint.find(':') == std::string::npos) c.endpoint += ":2379";
   c.run_id = run_id;
   c.min_nodes = o.min_nodes;
   c.max_nodes = o.max_nodes;

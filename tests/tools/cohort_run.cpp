@@ -586,6 +586,15 @@ TEST_SUITE("cohort-run") {
     auto bad = run_launcher({"-n", "2", "-t", "0:3,x", "true"});
     CHECK(bad.status.code() == 2);
     CHECK(bad.err.find("--tee") != std::string::npos);
+    // Blanks around the numbers, as torchrun's int() takes them.
+    auto spaced = run_launcher({"-n", "3", "-t", "0:3, 1 : 3,2: 3", "--local-ranks-filter", "0, 2 ", "--", "/bin/sh",
+                                "-c", "echo out $LOCAL_RANK"});
+    CHECK(spaced.status.code() == 0);
+    std::vector<std::string> lines;
+    std::istringstream said(spaced.out);
+    for (std::string line; std::getline(said, line);) lines.push_back(line);
+    std::sort(lines.begin(), lines.end());
+    CHECK(lines == std::vector<std::string>{"[default0]:out 0", "[default2]:out 2"});
   }
 
   TEST_CASE("SIGTERM to cohort-run shuts the workers down and exits 128 + 15") {
@@ -759,10 +768,11 @@ TEST_SUITE("cohort-run") {
   TEST_CASE("signals cohort-run handles but was started ignoring are not ignored in its ranks") {
     // A shell ignores SIGINT and SIGQUIT for `cohort-run ... &`: its ranks
     // must still take Ctrl-C (a Python rank as KeyboardInterrupt), as
-    // torchrun's do. SIGUSR2, which it neither handles nor forwards here,
-    // stays ignored.
-    const std::string script = "trap '' INT QUIT USR2; exec \"$0\" --signals-to-forward SIGUSR1 -n 1 --no-python "
-                               "sh -c 'grep SigIgn /proc/self/status'";
+    // torchrun's do. SIGUSR1, which it forwards here, and SIGUSR2, which it
+    // neither handles nor forwards, stay ignored, as torchrun, which
+    // handles neither, leaves them.
+    const std::string script = "trap '' INT QUIT USR1 USR2; exec \"$0\" --signals-to-forward SIGUSR1 -n 1 "
+                               "--no-python sh -c 'grep SigIgn /proc/self/status'";
     auto r = run_command(command("/bin/sh", {"-c", script, launcher}),
                          [](child&) -> asio::awaitable<void> { co_return; }, {});
     REQUIRE(r.status.code() == 0);
@@ -771,6 +781,7 @@ TEST_SUITE("cohort-run") {
     const unsigned long long ignored = std::stoull(r.out.substr(at + 7), nullptr, 16);
     CHECK((ignored & (1ULL << (SIGINT - 1))) == 0);
     CHECK((ignored & (1ULL << (SIGQUIT - 1))) == 0);
+    CHECK((ignored & (1ULL << (SIGUSR1 - 1))) != 0);
     CHECK((ignored & (1ULL << (SIGUSR2 - 1))) != 0);
   }
 
@@ -879,6 +890,18 @@ TEST_SUITE("cohort-run") {
     REQUIRE(r.status.code() == 0);
     CHECK(files_in(wins.path) == 2);
     CHECK(variables_in(wins.path / "0")["ROLE_NAME"] == "cmdline");
+    // Set but empty (PET_NPROC_PER_NODE=$NGPUS, NGPUS unset): torchrun
+    // fails on the "" for a number or a switch; the default must not apply
+    // unsaid. Not refused where the flag is given, or where "" is the
+    // flag's own default.
+    for (const char* name : {"PET_NPROC_PER_NODE", "PET_MAX_RESTARTS", "PET_STANDALONE"}) {
+      CAPTURE(name);
+      r = run_launcher({"--no-python", "true"}, {{name, ""}});
+      CHECK(r.status.code() == 2);
+      CHECK(r.err.find(std::string(name) + " is set but empty") != std::string::npos);
+    }
+    CHECK(run_launcher({"-n", "1", "--no-python", "true"}, {{"PET_NPROC_PER_NODE", ""}}).status.code() == 0);
+    CHECK(run_launcher({"--no-python", "true"}, {{"PET_RDZV_ENDPOINT", ""}}).status.code() == 0);
   }
 
   TEST_CASE("flags as torchrun's parser reads them: given twice, the last wins; abbreviated, when one flag is meant") {

@@ -219,6 +219,17 @@ TEST_SUITE("cohort-run over etcd") {
     CHECK(results[0].err.find("etcd unreachable") != std::string::npos);
     CHECK(results[0].err.find(args[3]) != std::string::npos);
     CHECK(std::chrono::steady_clock::now() - start < 10s);
+    // A host alone is etcd's client port, 2379, as torchrun takes it: not
+    // HTTP's 80.
+    for (const char* given : {"127.0.0.1", "http://127.0.0.1", "[::1]"}) {
+      const std::string host = given;
+      CAPTURE(host);
+      args[3] = host;
+      results = run_nodes({{joined(args, {"--", "/bin/true"})}});
+      CHECK(results[0].status.code() == 1);
+      CHECK(results[0].err.find("etcd at " + host.substr(host.find('/') == std::string::npos ? 0 : 7) + ":2379") !=
+            std::string::npos);
+    }
   }
 
   TEST_CASE("SIGTERM to a node waiting for a round ends it before join_timeout, interrupted and recorded, its lease revoked") {

@@ -51,6 +51,28 @@ std::vector<int> signals(const std::string& flag, const std::string& list) {
   return numbers;
 }
 
+// A PET_<FLAG> that is set but empty, for a flag not on the command line.
+// CLI11 takes it for unset, and the flag's default would apply unsaid;
+// torchrun takes it as the value "", which fails a number or a switch
+// (PET_NPROC_PER_NODE=$NGPUS with NGPUS unset). Refused for those; for a
+// text whose default is empty as well (an endpoint, a folder), "" is that
+// default.
+void refuse_empty_environment(const CLI::App& app) {
+  static constexpr std::string_view empty_by_default[] = {"rdzv-endpoint", "rdzv-conf", "log-dir", "local-addr"};
+  for (const auto* option : app.get_options()) {
+    const std::string name = option->get_envname();
+    if (name.empty() || option->count() > 0 || std::ranges::find(empty_by_default, option->get_lnames().front()) !=
+                                                    std::end(empty_by_default)) {
+      continue;
+    }
+    const char* value = std::getenv(name.c_str());
+    if (value != nullptr && *value == '\0') {
+      throw usage_error(fmt::format("{} is set but empty: give --{} a value there, or unset it", name,
+                                    option->get_lnames().front()));
+    }
+  }
+}
+
 void check_choice(const std::string& flag, const std::string& value, std::initializer_list<const char*> choices) {
   for (const char* choice : choices) {
     if (value == choice) return;
@@ -335,6 +357,7 @@ run_options parse_options(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     throw usage_error(e.what());
   }
+  refuse_empty_environment(app);
 
   parse_nnodes(nnodes, o);
   o.nnodes_given = nnodes_flag->count() > 0;
@@ -348,7 +371,10 @@ run_options parse_options(int argc, char** argv) {
   o.max_restarts = whole_number("--max-restarts", max_restarts, 0);
   o.monitor_interval = seconds("--monitor-interval", monitor_interval);
   o.grace_period = seconds("--shutdown-timeout", grace_period);
-  for (const auto& item : comma_list(local_ranks_filter)) o.local_ranks_filter.push_back(whole_number("--local-ranks-filter", item, 0));
+  // Blanks around each number are Python's int()'s, as torchrun takes them.
+  for (const auto& item : comma_list(local_ranks_filter)) {
+    o.local_ranks_filter.push_back(whole_number("--local-ranks-filter", trimmed(item), 0));
+  }
   o.signals_to_handle = signals("--signals-to-handle", signals_to_handle);
   for (int sig : signals("--signals-to-forward", signals_to_forward)) {
     if (std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), sig) == o.signals_to_handle.end()) {
@@ -389,7 +415,7 @@ run_options parse_options(int argc, char** argv) {
   }
 
   // Blanks around the endpoint are dropped, as torchrun drops them.
-  o.rdzv_endpoint = trimmed(o.rdzv_endpoint, " \t\n\r\v\f");
+  o.rdzv_endpoint = trimmed(o.rdzv_endpoint);
   if (o.standalone) {
     if (o.max_nodes != 1) throw usage_error("--standalone runs one node: --nnodes must be 1");
     o.rdzv_backend = "static";

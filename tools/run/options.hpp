@@ -80,8 +80,10 @@ run_options parse_options(int argc, char** argv);
 
 /// "a,b,,c" -> a b c: the items of a comma-separated list, empty ones left out.
 std::vector<std::string> comma_list(const std::string& list);
+/// What Python's str.strip() and int() take for blanks.
+inline constexpr std::string_view python_blanks = " \t\n\r\v\f";
 /// `text` without the characters of `blanks` at either end.
-std::string trimmed(const std::string& text, std::string_view blanks);
+std::string trimmed(const std::string& text, std::string_view blanks = python_blanks);
 /// Throws usage_error, naming where `id` came from (`from`: --run-id,
 /// SLURM_JOB_ID), unless it can name the logs' folder: one folder's name,
 /// not a path that leads elsewhere.

@@ -27,16 +27,16 @@ signal_owner::signal_owner(std::vector<int> shutdown, std::vector<int> passed_on
   }
   signals_fd_ = ::signalfd(-1, &taken, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signals_fd_ < 0) throw std::system_error(errno, std::system_category(), "cohort-run: signalfd");
-  // A signal this process was started ignoring (a shell's `cmd &` ignores
-  // SIGINT and SIGQUIT) gets its default action back, as torchrun's
+  // A shutdown signal this process was started ignoring (a shell's `cmd &`
+  // ignores SIGINT and SIGQUIT) gets its default action back, as torchrun's
   // handlers give it: the ranks inherit what is ignored here, and a Python
   // rank would then never see Ctrl-C as KeyboardInterrupt. Blocked, it
-  // still only reaches the signalfd here.
-  for (int sig = 1; sig < NSIG; ++sig) {
+  // still only reaches the signalfd here. A forwarded one stays ignored, as
+  // torchrun, which handles none of them, leaves it; blocked, it reaches
+  // the signalfd all the same.
+  for (int sig : shutdown_) {
     struct sigaction now {};
-    if (sigismember(&taken, sig) == 1 && ::sigaction(sig, nullptr, &now) == 0 && now.sa_handler == SIG_IGN) {
-      ::signal(sig, SIG_DFL);
-    }
+    if (::sigaction(sig, nullptr, &now) == 0 && now.sa_handler == SIG_IGN) ::signal(sig, SIG_DFL);
   }
 }
 
