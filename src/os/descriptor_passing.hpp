@@ -61,16 +61,21 @@ inline ssize_t receive_with_fds(int socket, void* data, std::size_t size, int* f
     n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   count = 0;
-  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
-    if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
-      count = std::min<std::size_t>((cm->cmsg_len - CMSG_LEN(0)) / sizeof(int), capacity);
-      std::memcpy(fds, CMSG_DATA(cm), sizeof(int) * count);
-    }
-  }
   truncated = n > 0 && (msg.msg_flags & MSG_CTRUNC) != 0;
-  if (truncated) {
-    for (std::size_t i = 0; i < count; ++i) ::close(fds[i]);
-    count = 0;
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+    // CMSG_SPACE rounds the room up: one more than `capacity` can come
+    // without MSG_CTRUNC. Those are more than were asked for all the same.
+    const std::size_t came = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    int got[max_passed + 1];
+    std::memcpy(got, CMSG_DATA(cm), sizeof(int) * std::min(came, max_passed + 1));
+    if (came > capacity) truncated = true;
+    if (truncated) {
+      for (std::size_t i = 0; i < std::min(came, max_passed + 1); ++i) ::close(got[i]);
+    } else {
+      std::memcpy(fds, got, sizeof(int) * came);
+      count = came;
+    }
   }
   return n;
 }
