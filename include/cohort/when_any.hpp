@@ -222,9 +222,11 @@ inline asio::awaitable<std::size_t> index_of_first(std::vector<asio::awaitable<v
 /// The first to complete wins whether it returned or threw: a thrown exception
 /// is rethrown, after the others have finished. What the others complete with
 /// after their cancellation (values, operation_aborted, any exception) is
-/// discarded. Among ops that complete in the same turn of the event loop, the
-/// one earlier in `ops` wins. An op that ignores cancellation delays when_any
-/// until it ends.
+/// discarded. Of ops that complete as they start, without suspending, the one
+/// earlier in `ops` wins. Otherwise the first completion to reach when_any
+/// wins, whatever its place in `ops`: of two that become ready together (two
+/// timers that expired while the loop was busy), the one asio runs first.
+/// An op that ignores cancellation delays when_any until it ends.
 ///
 /// Cancelling the awaiting coroutine (its cancellation slot, which by default
 /// lets terminal cancellation through) cancels every op, waits for all of them,
