@@ -933,6 +933,12 @@ int main(int argc, char** argv) {
   for (int fd = 0; fd < 3; ++fd) {
     if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF && ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY) < 0) return 1;
   }
+  // SIGCHLD ignored by whoever started it (an ignored signal stays so
+  // across exec) would have the kernel reap the ranks, their statuses
+  // lost: a launcher owns its children's ends.
+  struct sigaction default_chld {};
+  default_chld.sa_handler = SIG_DFL;
+  ::sigaction(SIGCHLD, &default_chld, nullptr);
   std::optional<run_options> options;
   run_record record;
   int code = 1;

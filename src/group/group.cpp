@@ -293,6 +293,14 @@ std::set<int> keys_of(const Map& map) {
 
 void validate(const group_spec& spec) {
   if (spec.nprocs < 1) throw std::invalid_argument(fmt::format("cohort::start_processes: nprocs is {}", spec.nprocs));
+  // No rank's end could be told: each would be reaped by the kernel as it
+  // exits (and a forkserver rank's pid could be another process's by the
+  // time its pidfd is opened).
+  if (kernel_reaps_children()) {
+    throw std::logic_error("cohort::start_processes: this process ignores SIGCHLD (SIG_IGN or SA_NOCLDWAIT), so the "
+                           "kernel would reap the ranks as they exit and their exit statuses would be lost; set "
+                           "SIGCHLD back to SIG_DFL before starting processes");
+  }
   // More ranks than the system has pids could never all run: refused before
   // their state is made (a count of a billion would take gigabytes first).
   // Read only for counts above the least pid_max Linux allows (301).

@@ -186,11 +186,15 @@ void child_state::close_pipes() noexcept {
 // What a waitid that found no child (ECHILD) means for a child of this
 // process, whose pidfd says it has ended: " (...)", or empty for any other
 // error.
-std::string reaped_elsewhere_note(const std::error_code& ec) {
-  if (ec != std::error_code(ECHILD, std::system_category())) return {};
+bool kernel_reaps_children() noexcept {
   struct sigaction action {};
   ::sigaction(SIGCHLD, nullptr, &action);
-  if (action.sa_handler == SIG_IGN || (action.sa_flags & SA_NOCLDWAIT) != 0) {
+  return action.sa_handler == SIG_IGN || (action.sa_flags & SA_NOCLDWAIT) != 0;
+}
+
+std::string reaped_elsewhere_note(const std::error_code& ec) {
+  if (ec != std::error_code(ECHILD, std::system_category())) return {};
+  if (kernel_reaps_children()) {
     return " (this process ignores SIGCHLD, by SIG_IGN or SA_NOCLDWAIT: the kernel reaps its children as they exit, "
            "and their exit status is lost; set SIGCHLD back to SIG_DFL before starting processes)";
   }

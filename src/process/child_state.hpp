@@ -88,6 +88,10 @@ void reap_in_background(const std::shared_ptr<child_state>& state);
 /// reaped as reap_in_background does.
 void reap_on_a_thread(const std::shared_ptr<child_state>& state);
 
+/// Whether this process ignores SIGCHLD (SIG_IGN or SA_NOCLDWAIT): the
+/// kernel then reaps its children as they exit, their statuses lost.
+bool kernel_reaps_children() noexcept;
+
 /// The state behind a child object, for the layers that hand a process on.
 struct child_access {
   /// Takes it: the object is left holding no process, as after detach().

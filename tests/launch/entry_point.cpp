@@ -511,6 +511,23 @@ TEST_SUITE("entry points") {
     CHECK(seen[0] == before);
   }
 
+  TEST_CASE("a process that ignores SIGCHLD starts no rank, under any method, and is told why") {
+    for_each_method([](start_method method) {
+      for (const bool by_flag : {false, true}) {
+        CAPTURE(by_flag);
+        struct sigaction ignore {}, before {};
+        ignore.sa_handler = by_flag ? SIG_DFL : SIG_IGN;
+        ignore.sa_flags = by_flag ? SA_NOCLDWAIT : 0;
+        REQUIRE(::sigaction(SIGCHLD, &ignore, &before) == 0);
+        const join_options options{.method = method};
+        CHECK_THROWS_WITH_AS(spawn_and_join(succeed, std::tuple{}, 2, options), doctest::Contains("ignores SIGCHLD"),
+                             std::logic_error);
+        ::sigaction(SIGCHLD, &before, nullptr);
+        CHECK(test::children_of_self().empty());
+      }
+    });
+  }
+
   TEST_CASE("every method's ranks ignore the signals, and take the limits, nice value and CPUs, of the moment") {
     // The forkserver runs by now, started with this process's state of then:
     // its ranks must not take its own.

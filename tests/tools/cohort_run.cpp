@@ -765,6 +765,17 @@ TEST_SUITE("cohort-run") {
     CHECK(seen == 2);
   }
 
+  TEST_CASE("cohort-run started with SIGCHLD ignored still sees its ranks' exits") {
+    // Ignored by its starter, as an ignored signal stays across exec.
+    const std::string script = "import os, signal, sys; signal.signal(signal.SIGCHLD, signal.SIG_IGN); "
+                               "os.execv(sys.argv[1], sys.argv[1:])";
+    auto r = run_command(command("python3", {"-c", script, launcher, "-n", "2", "--no-python", "sh", "-c", "exit 3"}),
+                         [](child&) -> asio::awaitable<void> { co_return; }, {});
+    CHECK(r.status.code() == 3);
+    CHECK(r.err.find("exitcode   : 3") != std::string::npos);
+    CHECK(r.err.find("ignores SIGCHLD") == std::string::npos);
+  }
+
   TEST_CASE("signals cohort-run handles but was started ignoring are not ignored in its ranks") {
     // A shell ignores SIGINT and SIGQUIT for `cohort-run ... &`: its ranks
     // must still take Ctrl-C (a Python rank as KeyboardInterrupt), as
