@@ -462,7 +462,8 @@ storage storage::allocate_shared(std::size_t nbytes) {
   return storage(std::move(impl));
 }
 
-std::byte* storage::data() const noexcept { return impl_ ? impl_->data : nullptr; }
+// A shared one of no bytes has a place in its segment all the same.
+std::byte* storage::data() const noexcept { return impl_ && impl_->nbytes != 0 ? impl_->data : nullptr; }
 std::size_t storage::nbytes() const noexcept { return impl_ ? impl_->nbytes : 0; }
 bool storage::is_shared() const noexcept {
   return impl_ && (impl_->shared.load(std::memory_order_acquire) || impl_->device);

@@ -500,6 +500,8 @@ TEST_SUITE("storage") {
       CHECK(back.same(s));
       CHECK(back.is_shared());
       CHECK(back.nbytes() == 0);
+      CHECK(s.data() == nullptr);  // as for every empty storage
+      CHECK(back.data() == nullptr);
     }
   }
 
