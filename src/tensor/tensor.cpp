@@ -195,15 +195,26 @@ void append_element(std::string& out, const std::byte* element) {
   }
 }
 
+// torch's print options: past 1,000 elements, each dimension longer than
+// six shows its first and last three.
+constexpr std::int64_t summary_threshold = 1000;
+constexpr std::int64_t summary_edge = 3;
+
 // Dimensions `dim` onward of t, from `first`, as nested lists.
 template <class T>
-void append_elements(std::string& out, const tensor& t, std::size_t dim, const std::byte* first) {
+void append_elements(std::string& out, const tensor& t, std::size_t dim, const std::byte* first, bool summarized) {
   if (dim == t.ndim()) return append_element<T>(out, first);
   out += '[';
   const std::int64_t step = t.strides()[dim] * static_cast<std::int64_t>(sizeof(T));
-  for (std::int64_t i = 0; i < t.shape()[dim]; ++i) {
+  const std::int64_t size = t.shape()[dim];
+  const bool cut = summarized && size > 2 * summary_edge;  // the first and last few, as torch prints them
+  for (std::int64_t i = 0; i < size; ++i) {
+    if (cut && i == summary_edge) {
+      out += ", ...";
+      i = size - summary_edge;
+    }
     if (i > 0) out += ", ";
-    append_elements<T>(out, t, dim + 1, first + i * step);
+    append_elements<T>(out, t, dim + 1, first + i * step, summarized);
   }
   out += ']';
 }
@@ -646,8 +657,9 @@ std::string to_string(const tensor& t) {
     return fmt::format("tensor([], size=({}), dtype={})", fmt::join(t.shape(), ", "), t.dtype());
   }
   std::string out = "tensor(";
+  const bool summarized = t.numel() > summary_threshold;
   visit_dtype(t.dtype(),
-              [&]<class T>(type_tag<T>) { append_elements<T>(out, t, 0, t.raw_data()); });
+              [&]<class T>(type_tag<T>) { append_elements<T>(out, t, 0, t.raw_data(), summarized); });
   fmt::format_to(std::back_inserter(out), ", dtype={})", t.dtype());
   return out;
 }

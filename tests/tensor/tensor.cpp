@@ -443,6 +443,15 @@ TEST_CASE("tensors print like torch's, on one line") {
   CHECK(fmt::format("{}", make<double>({0.1, -3}, {2})) == "tensor([0.1, -3], dtype=float64)");
   CHECK(fmt::format("{}", make<float16>({float16(1.5f)}, {1})) == "tensor([1.5], dtype=float16)");
   CHECK(to_string(tensor()) == "tensor([], dtype=float32)");
+  // Past 1,000 elements, as torch summarizes: the first and last three of
+  // each dimension longer than six (10^7 elements once made 50 MB of text).
+  CHECK(fmt::format("{}", counting(10'000, {10'000})) == "tensor([0, 1, 2, ..., 9997, 9998, 9999], dtype=int64)");
+  CHECK(fmt::format("{}", counting(10'000, {1'000, 10})) ==
+        "tensor([[0, 1, 2, ..., 7, 8, 9], [10, 11, 12, ..., 17, 18, 19], [20, 21, 22, ..., 27, 28, 29], ..., "
+        "[9970, 9971, 9972, ..., 9977, 9978, 9979], [9980, 9981, 9982, ..., 9987, 9988, 9989], "
+        "[9990, 9991, 9992, ..., 9997, 9998, 9999]], dtype=int64)");
+  CHECK(fmt::format("{}", counting(1'000, {1'000})).find("...") == std::string::npos);  // 1,000: every one
+  CHECK(fmt::format("{}", tensor::full({10'000'000}, 1, dtype::int8)) == "tensor([1, 1, 1, ..., 1, 1, 1], dtype=int8)");
 }
 
 TEST_CASE("to_dlpack describes the view and keeps the storage until its deleter runs") {
