@@ -2,6 +2,7 @@
 #include "uring/service.hpp"
 
 #include "config.hpp"
+#include "os/process_identity.hpp"
 
 #include <asio/post.hpp>
 #include <asio/prefer.hpp>
@@ -131,6 +132,17 @@ service::service(asio::io_context& io, bool with_ring) : asio::execution_context
   }
   watch_->assign(watched);  // owns the duplicate from here on
   caps_.ring = true;
+  owner_ = os::this_process();
+}
+
+const capabilities& service::caps() const noexcept {
+  if (!caps_.ring || os::this_process() == owner_) return caps_;
+  static const capabilities forked = [] {
+    capabilities c;
+    c.why_not = "a forked child of the process that made this io_context's ring, which the two share";
+    return c;
+  }();
+  return forked;
 }
 
 void use_reactor_only(asio::io_context& io) {
@@ -307,6 +319,19 @@ void service::on_ready(const std::error_code& ec) {
 // cancelled and its completion awaited before the operations are destroyed.
 void service::shutdown() {
   if (!caps_.ring) {
+    watch_.reset();
+    return;
+  }
+  if (os::this_process() != owner_) {
+    // A forked child's copy: the requests in flight are the parent's, and
+    // a cancellation here would end them on the ring the two share, this
+    // process reaping their completions. Only the child's descriptors go,
+    // the watched one closed first: asio's deregistration would otherwise
+    // remove it from the epoll set the two share too (EPOLL_CTL_DEL of one
+    // open file), and the parent would never hear of a completion again.
+    head_ = nullptr;
+    ::close(watch_->native_handle());
+    (void)watch_->release();  // its EPOLL_CTL_DEL now fails on the closed number
     watch_.reset();
     return;
   }

@@ -81,7 +81,11 @@ class service final : public asio::execution_context::service {
   explicit service(asio::io_context& io, bool with_ring = true);
   ~service() override;
 
-  const capabilities& caps() const noexcept { return caps_; }
+  /// What the ring offers. In a forked child of the process that made the
+  /// ring, which shares the ring with it, nothing: operations started there
+  /// use the reactor, and the child's end of the io_context leaves the
+  /// ring, and the parent's requests on it, alone.
+  const capabilities& caps() const noexcept;
 
   /// Queues `op` on the ring and submits it. Where the ring has no room even
   /// after a flush, `op` completes with -EBUSY through the context (never
@@ -104,6 +108,7 @@ class service final : public asio::execution_context::service {
 
   asio::io_context& io_;
   capabilities caps_;
+  pid_t owner_ = 0;  // the process that made the ring
   io_uring ring_{};
   std::optional<asio::posix::stream_descriptor> watch_;
 

@@ -16,11 +16,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <thread>
 
 using namespace cohort;
@@ -199,6 +201,38 @@ TEST_SUITE("uring service") {
     REQUIRE(::write(efd.fd, &one, sizeof one) == sizeof one);
     io.run();
     CHECK(completed == count);
+  }
+
+  TEST_CASE("a forked child that lets its copy of the io_context go leaves the parent's operations running") {
+    fd_guard efd{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
+    std::error_code result = asio::error::would_block;
+    short revents = 0;
+    std::optional<asio::io_context> io(std::in_place);
+    uring::async_poll(io->get_executor(), efd.fd, POLLIN, [&](std::error_code ec, short r) {
+      result = ec;
+      revents = r;
+    });
+    io->poll();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      // Its copy shares the ring and the epoll set with the parent. A poll
+      // started here must not use the ring: its completion could reach the
+      // parent.
+      bool polled = false;
+      uring::async_poll(io->get_executor(), efd.fd, POLLOUT, [&](std::error_code ec, short) { polled = !ec; });
+      io->run_one_for(std::chrono::seconds(5));
+      const bool reactor = !uring::service_of(io->get_executor()).caps().ring;
+      io.reset();
+      ::_exit(polled && reactor ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    std::uint64_t one = 1;
+    REQUIRE(::write(efd.fd, &one, sizeof one) == sizeof one);
+    io->run_for(std::chrono::seconds(5));  // before: the child had cancelled it, or taken it from the epoll set
+    CHECK_FALSE(result);
+    CHECK((revents & POLLIN) != 0);
   }
 
   TEST_CASE("an operation started from a thread that then exits still completes") {
