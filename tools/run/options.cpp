@@ -278,8 +278,8 @@ run_options parse_options(int argc, char** argv) {
                  "static (default); etcd-v3 (also named etcd and etcd-v2: etcd's v3 API is spoken either way); "
                  "c10d (its endpoint is the master's host:port, with a fixed --nnodes)");
   app.add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint,
-                 "etcd's host:port, or the master's host:port for static and c10d (c10d's port 0: a free one, "
-                 "on one node)");
+                 "etcd's host[:port] (port 2379 by default), or the master's host:port for static and c10d "
+                 "(c10d's port 0: a free one, on one node)");
   app.add_option("--rdzv-id,--rdzv_id,--run-id,--run_id", o.run_id,
                  "the job's id, TORCHELASTIC_RUN_ID (default: a fresh one per run; 'none' under etcd-v3)");
   app.add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf,
@@ -329,8 +329,8 @@ run_options parse_options(int argc, char** argv) {
   app.add_option("--signals-to-forward,--signals_to_forward", signals_to_forward,
                  "signals passed on to every rank, the run going on (default SIGUSR1,SIGUSR2)");
   app.add_option("--log-line-prefix-template,--log_line_prefix_template", o.log_line_prefix_template,
-                 "prefix of teed console lines: ${role} (or ${role_name}), ${rank}, ${local_rank} "
-                 "(also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)");
+                 "prefix of teed console lines: ${role} (or ${role_name}), ${rank}, ${local_rank}, also "
+                 "without braces, $$ for $, as torchrun expands it (also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)");
   app.add_flag("--tee-through-pipes,--tee_through_pipes", o.tee_through_pipes,
                "teed streams through pipes that cohort-run writes to the log files, rather than files the "
                "ranks write and it follows: faster for ranks that write in small pieces; what the pipes hold "
