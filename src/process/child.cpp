@@ -109,18 +109,28 @@ std::chrono::milliseconds held_exit_pause(int looks) {
   return std::min(std::chrono::milliseconds(1 << std::min(looks, 7)), std::chrono::milliseconds(100));
 }
 
-asio::awaitable<void> reap_when_exited(std::shared_ptr<child_state> state) {
+}  // namespace
+
+asio::awaitable<std::error_code> until_reaped(std::shared_ptr<child_state> state) {
   for (int looks = 0;; ++looks) {
     std::error_code ec;
+    // Only that the child exited: the reap below collects its status
+    // together with its resource usage.
     co_await uring::async_exited(state->executor, state->pidfd, state->pid,
                                  asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) co_return;
-    if (state->reap(false, ec) || ec) co_return;  // reaped, or reaped elsewhere
+    if (state->status) co_return std::error_code{};  // reaped meanwhile by try_wait()
+    if (ec || state->reap(false, ec) || ec) co_return ec;
+    // Exited, and not ours to reap yet: a tracer (ptrace) collects the exit
+    // first. Its pidfd reads ready all along, so look again after a pause.
     asio::steady_timer pause(state->executor, held_exit_pause(looks));
     co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    if (ec) co_return;
+    if (ec) co_return ec;
   }
 }
+
+namespace {
+
+asio::awaitable<void> reap_when_exited(std::shared_ptr<child_state> state) { co_await until_reaped(std::move(state)); }
 
 }  // namespace
 
@@ -313,28 +323,12 @@ asio::awaitable<exit_status> child::wait_for(std::shared_ptr<detail::child_state
     }
   } guard{state};
 
-  for (int looks = 0;; ++looks) {
-    std::error_code ec;
-    // Only that the child exited: the reap below collects its status
-    // together with its resource usage.
-    co_await uring::async_exited(state->executor, state->pidfd, state->pid,
-                                 asio::redirect_error(asio::use_awaitable, ec));
-    if (state->status) co_return *state->status;  // reaped meanwhile by try_wait()
-    if (ec == asio::error::operation_aborted) throw std::system_error(ec, "cohort::child::wait");
-    if (!ec) {
-      if (auto status = state->reap(false, ec)) co_return *status;
-    }
-    if (ec) {
-      const int error = ec.category() == std::system_category() ? ec.value() : 0;
-      throw std::system_error(ec, fmt::format("cohort::child::wait: waitid for pid {}{}{}", state->pid,
-                                              os::descriptor_limit_note(error), detail::reaped_elsewhere_note(ec)));
-    }
-    // Exited, and not ours to reap yet: a tracer (ptrace) collects the exit
-    // first. Its pidfd reads ready all along, so look again after a pause.
-    asio::steady_timer pause(state->executor, detail::held_exit_pause(looks));
-    co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    if (ec == asio::error::operation_aborted) throw std::system_error(ec, "cohort::child::wait");
-  }
+  const std::error_code ec = co_await detail::until_reaped(state);
+  if (state->status) co_return *state->status;
+  if (ec == asio::error::operation_aborted) throw std::system_error(ec, "cohort::child::wait");
+  const int error = ec.category() == std::system_category() ? ec.value() : 0;
+  throw std::system_error(ec, fmt::format("cohort::child::wait: waitid for pid {}{}{}", state->pid,
+                                          os::descriptor_limit_note(error), detail::reaped_elsewhere_note(ec)));
 }
 
 exit_status child::join() {

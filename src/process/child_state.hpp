@@ -6,6 +6,7 @@
 #include "process/owned_pids.hpp"
 
 #include <asio/any_io_executor.hpp>
+#include <asio/awaitable.hpp>
 #include <asio/readable_pipe.hpp>
 #include <asio/writable_pipe.hpp>
 
@@ -73,6 +74,12 @@ void watch_pipes(const std::shared_ptr<child_state>& state);
 /// Expires when the io_context behind `executor` is destroyed (as it shuts
 /// its services down). Makes no ring: a service of its own holds it.
 std::weak_ptr<const void> context_lifetime(const asio::any_io_executor& executor);
+
+/// Waits for `state`'s process to exit and reaps it (`status` set); the
+/// error where the wait or the reap failed (operation_aborted when
+/// cancelled). A child that died while another process traces it is
+/// looked at again at pauses growing to 100 ms, until the tracer lets go.
+asio::awaitable<std::error_code> until_reaped(std::shared_ptr<child_state> state);
 
 /// Reaps `state`'s process once it exits, with no child object left: a wait
 /// on its executor keeps the state alive until then. Dropped, unreaped, if
