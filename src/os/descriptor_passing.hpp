@@ -7,7 +7,6 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -67,14 +66,16 @@ inline ssize_t receive_with_fds(int socket, void* data, std::size_t size, int* f
     // CMSG_SPACE rounds the room up: one more than `capacity` can come
     // without MSG_CTRUNC. Those are more than were asked for all the same.
     const std::size_t came = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    int got[max_passed + 1];
-    std::memcpy(got, CMSG_DATA(cm), sizeof(int) * std::min(came, max_passed + 1));
     if (came > capacity) truncated = true;
-    if (truncated) {
-      for (std::size_t i = 0; i < std::min(came, max_passed + 1); ++i) ::close(got[i]);
-    } else {
-      std::memcpy(fds, got, sizeof(int) * came);
+    if (!truncated) {
+      std::memcpy(fds, CMSG_DATA(cm), sizeof(int) * came);
       count = came;
+      continue;
+    }
+    for (std::size_t i = 0; i < came; ++i) {
+      int fd = -1;
+      std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+      ::close(fd);
     }
   }
   return n;
