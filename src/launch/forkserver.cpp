@@ -73,32 +73,34 @@ using rank_plan = std::tuple<int, int, int, int, std::string, std::vector<int>, 
 // rank's plan, and the ranks' keeper (shm::keeper_for_ranks(); empty for
 // none), which the server parses once for all of them: a forked rank then
 // runs no environment or string code of libc's to find it; last, what a
-// forked rank would have inherited of the requester: its umask (-1:
-// unknown, the server's stays), whether the message's dir_slot holds its
-// working directory, where each rank starts, before options.cwd (entered by
-// descriptor: whatever its path's length, or the permissions above it), and
-// its requester_state (state_wire).
-using state_wire = std::tuple<std::uint64_t, std::vector<std::uint64_t>, int, std::vector<std::uint64_t>>;
+// forked rank would have inherited of the requester: whether the message's
+// dir_slot holds its working directory, where each rank starts, before
+// options.cwd (entered by descriptor: whatever its path's length, or the
+// permissions above it), and its requester_state (state_wire: umask,
+// ignored signals, limits, nice value, affinity).
+using state_wire = std::tuple<int, std::uint64_t, std::vector<std::uint64_t>, int, std::vector<std::uint64_t>>;
 using request = std::tuple<std::string, std::vector<std::byte>, bool, std::vector<std::string>,
-                           std::vector<rank_plan>, std::string, int, bool, state_wire>;
+                           std::vector<rank_plan>, std::string, bool, state_wire>;
 
-// A requester_state as a request carries it: the ignored signals, the
-// limits (soft, hard, for each resource), the nice value, the affinity.
+// A requester_state as a request carries it: the umask, the ignored
+// signals, the limits (soft, hard, for each resource), the nice value, the
+// affinity.
 state_wire to_wire(const requester_state& s) {
   std::vector<std::uint64_t> limits;
   limits.reserve(2 * s.limits.size());
   for (const rlimit& l : s.limits) limits.insert(limits.end(), {l.rlim_cur, l.rlim_max});
-  return {s.ignored, std::move(limits), s.nice,
+  return {s.umask, s.ignored, std::move(limits), s.nice,
           std::vector<std::uint64_t>(s.affinity.begin(), s.affinity.begin() + s.affinity_words)};
 }
 
 // Throws std::invalid_argument for one no requester sends.
 requester_state from_wire(const state_wire& w) {
-  const auto& [ignored, limits, nice, affinity] = w;
+  const auto& [umask, ignored, limits, nice, affinity] = w;
   requester_state s;
-  if (limits.size() != 2 * s.limits.size() || affinity.size() > s.affinity.size()) {
+  if (umask < -1 || umask > 0777 || limits.size() != 2 * s.limits.size() || affinity.size() > s.affinity.size()) {
     throw std::invalid_argument("requester state");
   }
+  s.umask = umask;
   s.ignored = ignored;
   for (std::size_t r = 0; r < s.limits.size(); ++r) s.limits[r] = {limits[2 * r], limits[2 * r + 1]};
   s.nice = nice;
@@ -163,9 +165,8 @@ struct server_state {
 COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp, const shm::keeper_address& keeper,
                                         std::span<const int> own, int report, int dir, const server_state& server,
                                         const from_forking_process& inherited) noexcept {
-  auto& [name, args, returns_value, entries, plans, keeper_text, mask, dir_sent, state] = r;
+  auto& [name, args, returns_value, entries, plans, keeper_text, dir_sent, state] = r;
   auto& [rank, parent, death_signal, leads, cwd, env, kept] = plan;
-  if (mask >= 0) os::raw_syscall(SYS_umask, mask);
   if (dir_sent) os::raw_syscall(SYS_fchdir, dir);
   // Every descriptor needed is first moved above all the numbers involved,
   // so that placing one never overwrites another.
@@ -333,7 +334,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     } else {
       try {
         r = std::make_unique<request>(decode<request>(encoded::from_bytes(std::move(bytes))));
-        auto& [name, args, returns_value, entries, plans, keeper_text, mask, dir_sent, state] = *r;
+        auto& [name, args, returns_value, entries, plans, keeper_text, dir_sent, state] = *r;
         server.asked = from_wire(state);
         if (b.count == 0 || b.first > plans.size() || b.count > plans.size() - b.first) {
           throw std::invalid_argument("ranks");
@@ -392,28 +393,6 @@ std::vector<int> kept_by(const server_request& r) {
   return kept;
 }
 
-// The calling thread's umask (a thread may have one of its own, after
-// unshare(CLONE_FS)), as /proc/thread-self/status says it (umask(2) alone
-// would set it, for a moment, under the feet of other threads); -1 where it
-// cannot be read.
-int current_umask() {
-  const int fd = ::open("/proc/thread-self/status", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  char text[4096];
-  const ssize_t got = ::read(fd, text, sizeof text);  // Umask is its second line
-  ::close(fd);
-  if (got <= 0) return -1;
-  const std::string_view status(text, static_cast<std::size_t>(got));
-  const auto at = status.find("\nUmask:\t");
-  if (at == std::string_view::npos) return -1;
-  int mask = 0;
-  for (char c : status.substr(at + 8, 4)) {
-    if (c < '0' || c > '7') return -1;
-    mask = mask * 8 + (c - '0');
-  }
-  return mask;
-}
-
 // Writes the call, every rank's plan and their keeper into a memfd;
 // returns it, or -1 with `f` saying why. `kept[i]` is kept_by(requests[i]).
 int write_plans(std::span<const server_request> requests, std::span<const std::vector<int>> kept,
@@ -441,8 +420,7 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
   }
   const auto args = call.args.bytes();
   const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), call.returns_value,
-                    std::move(entries), std::move(plans), keeper, current_umask(), dir_sent,
-                    to_wire(current_requester_state())};
+                    std::move(entries), std::move(plans), keeper, dir_sent, to_wire(current_requester_state())};
   const int fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
   if (fd < 0 || !write_whole(fd, encode(req).bytes())) {
     f = {stage::start, errno, ""};

@@ -28,16 +28,17 @@ enum class stage {
 /// What a child made by another process than the one that asks for it (a
 /// forkserver's ranks) takes of the asker, where a fork or an exec by the
 /// asker would have handed it on: the signals it ignores, its resource
-/// limits, and the asking thread's nice value and CPU affinity.
+/// limits, and the asking thread's umask, nice value and CPU affinity.
 struct requester_state {
   std::uint64_t ignored = 0;  ///< bit sig - 1
+  int umask = -1;             ///< -1: unknown, the maker's stays
   std::array<rlimit, RLIM_NLIMITS> limits{};
   int nice = 0;
   std::size_t affinity_words = 0;  ///< of `affinity` in use; 0: unknown, the maker's stays
   std::array<std::uint64_t, 16> affinity{};  ///< CPUs 0-1023, as sched_getaffinity gives them
 };
 
-/// The calling thread's (its nice value and affinity; the process's
+/// The calling thread's (its umask, nice value and affinity; the process's
 /// ignored signals and limits).
 requester_state current_requester_state() noexcept;
 

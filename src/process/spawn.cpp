@@ -92,22 +92,42 @@ COHORT_FORKED_CHILD_PATH bool status_mask(const char* text, std::size_t size, st
   return false;
 }
 
-// This process's handled (SigCgt) and ignored (SigIgn) signals, from the
-// kernel's account of it in /proc/self/status: three system calls, where
-// asking each signal takes 64, each of which a virtual machine can make
-// dear (about 1.2 us each against 13 us for the read, on one such). False
-// where it cannot be read (no /proc).
-COHORT_FORKED_CHILD_PATH bool dispositions_from_status(std::uint64_t& handled, std::uint64_t& ignored) noexcept {
-  const long fd = ::syscall(SYS_openat, AT_FDCWD, "/proc/self/status", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char text[4096];  // about 1.5 KiB; the masks come in its first half
+// Reads `path`, a /proc status file, into `text`; how many bytes came (0
+// where it cannot be read: no /proc).
+COHORT_FORKED_CHILD_PATH std::size_t read_status(const char* path, char (&text)[4096]) noexcept {
+  const long fd = ::syscall(SYS_openat, AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
   std::size_t size = 0;
   for (long n = 0; size < sizeof text; size += static_cast<std::size_t>(n)) {
     n = ::syscall(SYS_read, fd, text + size, sizeof text - size);
     if (n <= 0) break;
   }
   ::syscall(SYS_close, fd);
+  return size;
+}
+
+// This process's handled (SigCgt) and ignored (SigIgn) signals, from the
+// kernel's account of it in /proc/self/status: three system calls, where
+// asking each signal takes 64, each of which a virtual machine can make
+// dear (about 1.2 us each against 13 us for the read, on one such). False
+// where it cannot be read (no /proc).
+COHORT_FORKED_CHILD_PATH bool dispositions_from_status(std::uint64_t& handled, std::uint64_t& ignored) noexcept {
+  char text[4096];  // about 1.5 KiB; the masks come in its first half
+  const std::size_t size = read_status("/proc/self/status", text);
   return status_mask(text, size, "SigCgt:", handled) && status_mask(text, size, "SigIgn:", ignored);
+}
+
+// The umask on the Umask line of a status file (its second line, four octal
+// digits); -1 where there is none.
+int status_umask(std::string_view status) noexcept {
+  const auto at = status.find("\nUmask:\t");
+  if (at == std::string_view::npos) return -1;
+  int mask = 0;
+  for (char c : status.substr(at + 8, 4)) {
+    if (c < '0' || c > '7') return -1;
+    mask = mask * 8 + (c - '0');
+  }
+  return mask;
 }
 
 // Those ignored where a shell would reset them.
@@ -118,6 +138,7 @@ constexpr std::uint64_t shell_resets = bit(SIGPIPE) | bit(SIGXFSZ);
 COHORT_FORKED_CHILD_PATH bool take_requester_state(launch_plan& p) noexcept {
   const requester_state& want = *p.requester;
   const requester_state& have = *p.maker;
+  if (want.umask >= 0 && want.umask != have.umask) os::raw_syscall(SYS_umask, want.umask);
   for (std::size_t r = 0; r < want.limits.size(); ++r) {
     const rlimit& w = want.limits[r];
     if (w.rlim_cur == have.limits[r].rlim_cur && w.rlim_max == have.limits[r].rlim_max) continue;
@@ -150,10 +171,16 @@ COHORT_FORKED_CHILD_PATH std::uint64_t signals_to_reset() noexcept {
   return set;
 }
 
+// One read of the calling thread's status gives the ignored signals (the
+// process's) and its umask (a thread may have one of its own, after
+// unshare(CLONE_FS); umask(2) alone would set it, for a moment, under the
+// feet of other threads).
 requester_state current_requester_state() noexcept {
   requester_state s;
-  std::uint64_t handled = 0;
-  if (!dispositions_from_status(handled, s.ignored)) {
+  char text[4096];
+  const std::size_t size = read_status("/proc/thread-self/status", text);
+  s.umask = status_umask(std::string_view(text, size));
+  if (!status_mask(text, size, "SigIgn:", s.ignored)) {
     s.ignored = 0;
     for (int sig = 1; sig <= all_signals; ++sig) {
       struct sigaction sa {};
