@@ -165,16 +165,16 @@ cohort::streams_per_rank streams_of(const std::string& flag, const std::string& 
   std::map<int, cohort::std_streams> ranks;
   for (const auto& item : comma_list(value)) {
     const auto colon = item.find(':');
-    std::size_t used = 0;
     int rank = -1;
+    bool whole = false;  // the rank is all there is before the colon, blanks aside
     try {
       const std::string bare = trimmed(item.substr(0, colon));
+      std::size_t used = 0;
       rank = std::stoi(bare, &used);
-      used = used == bare.size() ? colon : 0;
+      whole = used == bare.size();
     } catch (const std::exception&) {
-      used = 0;
     }
-    if (colon == std::string::npos || used != colon || rank < 0) {
+    if (colon == std::string::npos || !whole || rank < 0) {
       throw usage_error(fmt::format("--{}: '{}' is not 0-3 or rank:0-3,...", flag, value));
     }
     ranks[rank] = number(item.substr(colon + 1));
@@ -361,13 +361,19 @@ std::string log_folder(const run_options& o, const std::string& run_id) {
   }
 }
 
+// The colon before an endpoint's port, as torchrun reads host[:port]: npos
+// for a host alone, or an IPv6 host alone in brackets.
+std::string::size_type port_colon(const std::string& endpoint) {
+  const bool bracketed = endpoint.size() > 1 && endpoint.front() == '[' && endpoint.back() == ']';
+  return bracketed ? std::string::npos : endpoint.rfind(':');
+}
+
 // --rdzv-endpoint as the master's address and port, as torchrun reads it:
 // host[:port], an IPv6 host in brackets ([::1]:29400, [::1]). The port is
 // `default_port` where none is named (nullopt: one is required).
 void master_from_endpoint(run_options& o, std::optional<int> default_port) {
   const auto& e = o.rdzv_endpoint;
-  const bool bracketed = e.size() > 1 && e.front() == '[' && e.back() == ']';
-  const auto colon = bracketed ? std::string::npos : e.rfind(':');
+  const auto colon = port_colon(e);
   std::string host = e.substr(0, colon);
   if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   if (host.empty()) throw usage_error(fmt::format("--rdzv-endpoint {}: no host", e));
@@ -471,8 +477,7 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
   if (c.endpoint.rfind("http://", 0) == 0) c.endpoint.erase(0, std::string_view("http://").size());
   // etcd's client port where none is named, as torchrun's etcd rendezvous
   // takes it (host, [v6 host]).
-  const bool bracketed = c.endpoint.size() > 1 && c.endpoint.front() == '[' && c.endpoint.back() == ']';
-  if (bracketed || c.endpoint.find(':') == std::string::npos) c.endpoint += ":2379";
+  if (port_colon(c.endpoint) == std::string::npos) c.endpoint += ":2379";
   c.run_id = run_id;
   c.min_nodes = o.min_nodes;
   c.max_nodes = o.max_nodes;
