@@ -86,6 +86,22 @@ std::uint64_t segment_of(const storage& s) noexcept;
 /// them where they are: share_memory() refuses private bytes while lent.
 void lend_bytes(const storage& s) noexcept;
 void end_loan(const storage& s) noexcept;
+/// What a forked rank's end does for a shared storage before it lets go
+/// of the storage's block: a layer that records this process in the
+/// block's memory (a queue's table of holders) takes it out there, as the
+/// destructors that the rank's `_exit` skips would have. `context` is the
+/// layer's own, handed back to `run`.
+struct rank_end_work {
+  void (*run)(const storage& s, void (*context)()) noexcept = nullptr;
+  void (*context)() = nullptr;
+};
+/// Sets `work` for `s`, a shared storage, in this process; the first set
+/// stays. Nothing for a storage not shared.
+void at_forked_rank_end(const storage& s, rank_end_work work) noexcept;
+/// In a forked child about to end without destructors: runs the work set
+/// by at_forked_rank_end, then lets go of the shared memory its storages
+/// hold.
+void release_shared_memory_holds() noexcept;
 }
 
 /// A reference-counted run of bytes. Copies share the bytes (as torch's
@@ -139,6 +155,8 @@ class storage {
   friend std::uint64_t detail::segment_of(const storage& s) noexcept;
   friend void detail::lend_bytes(const storage& s) noexcept;
   friend void detail::end_loan(const storage& s) noexcept;
+  friend void detail::at_forked_rank_end(const storage& s, detail::rank_end_work work) noexcept;
+  friend void detail::release_shared_memory_holds() noexcept;
   explicit storage(std::shared_ptr<detail::storage_impl> impl) noexcept : impl_(std::move(impl)) {}
   std::shared_ptr<detail::storage_impl> impl_;
 };
@@ -272,10 +290,6 @@ std::vector<storage> held_storages(const encoded& value);
 /// (the value it was made for) lives. Throws decode_error and shm_error;
 /// the references of the storages it had not reached then are let go of.
 void take_holds(encoded& value, std::span<const std::byte> record);
-
-/// In a forked child about to end without destructors: lets go of the
-/// shared memory its storages hold.
-void release_shared_memory_holds() noexcept;
 
 }  // namespace detail
 

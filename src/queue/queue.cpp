@@ -533,6 +533,8 @@ class queue_core {
   // Records this process as a holder of the queue.
   void enter() noexcept {
     const pid_t self = os::this_process();
+    // A forked rank ends without destructors: its end lets go of the hold.
+    detail::at_forked_rank_end(state_, {&leave_at_rank_end, reinterpret_cast<void (*)()>(drop_)});
     const locked lock(h().table_lock);
     if (os::own_start_time() != 0) {
       if (auto* own = own_slot_locked()) {
@@ -611,6 +613,24 @@ class queue_core {
   // Who can still pop from the queue once this process's last hold went.
   enum class left_to { others, children, nobody };
 
+  // A forked rank's end (detail::at_forked_rank_end), for the queue over
+  // `state`: this process's holds go at once, as its queue_cores' ends would
+  // have let go of them, and when nobody else can pop any more, what is left
+  // is dropped.
+  static void leave_at_rank_end(const storage& state, void (*drop)()) noexcept {
+    queue_core core(state, reinterpret_cast<record_drop>(drop));  // holds no place in the table
+    core.header_ = reinterpret_cast<queue_header*>(state.data());
+    left_to left;
+    {
+      const locked lock(core.h().table_lock);
+      auto* own = core.own_slot_locked();
+      if (own == nullptr) return;  // none here: every one went, or they were inherited
+      own->count = 0;
+      left = core.holders_left_locked();
+    }
+    if (left == left_to::nobody) core.drain();
+  }
+
   // Takes every record left and drops its value. The caller found that
   // nobody else can pop or push any more.
   void drain() noexcept {
@@ -677,8 +697,13 @@ class queue_core {
   // exec'd yet could pop from what they inherited: the holds this process
   // keeps for them are told apart.
   left_to left_locked() const noexcept {
+    return state_.use_count() != 1 ? left_to::others : holders_left_locked();
+  }
+
+  // left_locked() but for this process's other storages over the state.
+  left_to holders_left_locked() const noexcept {
     const auto& t = h().holders;
-    if (t.unrecorded != 0 || state_.use_count() != 1) return left_to::others;
+    if (t.unrecorded != 0) return left_to::others;
     std::uint32_t ended_holding = 0;
     for (std::uint32_t i = 0; i < std::min(t.used, max_holders); ++i) {
       const auto& e = t.holders[i];

@@ -44,6 +44,9 @@ class storage_impl {
   // Borrowers of `data` through DLPack (tensor::to_dlpack) yet to call
   // their deleters: private bytes must not move into shared memory then.
   std::atomic<std::uint32_t> lent{0};
+  // What a forked rank's end does for it first (at_forked_rank_end);
+  // guarded by the identity table's lock.
+  rank_end_work at_rank_end;
 
   storage_impl() = default;
   storage_impl(const storage_impl&) = delete;
@@ -779,11 +782,33 @@ std::uint32_t shared_holders(const storage& s) noexcept {
   return segment->block(s.impl_->block).refs.load(std::memory_order_acquire);
 }
 
+void at_forked_rank_end(const storage& s, rank_end_work work) noexcept {
+  if (shared_segment(s.impl_.get()) == nullptr) return;
+  auto& m = identities();
+  std::lock_guard lock(m.mutex);
+  if (s.impl_->at_rank_end.run == nullptr) s.impl_->at_rank_end = work;
+}
+
 COHORT_FORKED_CHILD_PATH void release_shared_memory_holds() noexcept {
   shm::sweep_fork_holds();
   auto* known = identities_made.load(std::memory_order_acquire);
   if (known == nullptr) return;  // no shared storage was ever held here
   auto& m = *known;
+  // The upper layers' work first, outside the lock: it may receive and
+  // drop values (a queue's last holder drains it), which takes the lock.
+  std::vector<std::pair<std::shared_ptr<storage_impl>, rank_end_work>> work;
+  try {
+    std::lock_guard lock(m.mutex);
+    m.storages.for_each([&work](const block_key&, identity_table::value_type& weak) {
+      if (auto impl = weak.lock(); impl && !impl->let_go && impl->at_rank_end.run != nullptr) {
+        const auto w = impl->at_rank_end;
+        work.emplace_back(std::move(impl), w);
+      }
+    });
+  } catch (...) {
+    // No memory for the list: the work is left undone, as a killed rank leaves it.
+  }
+  for (const auto& [impl, w] : work) w.run(storage(impl), w.context);
   // Dropped after the lock: another thread may let go of a storage
   // meanwhile, leaving the copy here the last, whose end takes the lock.
   std::vector<std::shared_ptr<storage_impl>> seen;

@@ -434,6 +434,17 @@ void push_through_forked_child(int, queue<tensor> q) {
 }
 COHORT_ENTRYPOINT(push_through_forked_child);
 
+// A queue a rank keeps past its end, as a worker that caches what it was
+// handed in a global would: a fork rank's end runs no destructor.
+std::optional<queue<tensor>> kept_past_end;
+
+void keep_queue(int, queue<tensor> q) { kept_past_end.emplace(q); }
+COHORT_ENTRYPOINT(keep_queue);
+
+// Keeps a queue popped from `handed`, of which it is then the only holder.
+void keep_popped_queue(int rank, queue<queue<tensor>> handed) { keep_queue(rank, handed.get(10s).value()); }
+COHORT_ENTRYPOINT(keep_popped_queue);
+
 // Pushes tensors of its own under file_system that nobody will receive;
 // returns its pid.
 int push_unreceived(int, queue<tensor> q, int n) {
@@ -1452,6 +1463,37 @@ TEST_SUITE("sharing") {
         queue<tensor> q(8);
         (void)spawn_and_join(push_then_return, std::tuple{q, 4, true}, 1, {.method = method});
         CHECK(q.size() == 4);
+      });
+    }
+  }
+
+  // Before, a fork rank's end let go of its hold on the queue's memory but
+  // left its place in the queue's table of holders, which then counted a
+  // hold that was gone: the values left were never dropped, and the memory
+  // they named stayed (files in /dev/shm for good, memfds held open here).
+  TEST_CASE("values left in a queue a rank kept past its end are let go once the queue is dropped") {
+    for (const auto method : methods) {
+      CAPTURE(to_string(method));
+      repeat_under_each_strategy(1, [&](leak_check&, int) {
+        queue<tensor> q(8);
+        (void)spawn_and_join(keep_queue, std::tuple{q}, 1, {.method = method});
+        for (int i = 0; i < 4; ++i) REQUIRE(q.put(large_shared(i), 1s));
+      });
+    }
+  }
+
+  TEST_CASE("values left in a queue whose last holder was a rank that kept it are let go as the rank ends") {
+    for (const auto method : methods) {
+      CAPTURE(to_string(method));
+      repeat_under_each_strategy(1, [&](leak_check&, int) {
+        queue<queue<tensor>> handed(1);
+        {
+          queue<tensor> q(8);
+          for (int i = 0; i < 4; ++i) REQUIRE(q.put(large_shared(i), 1s));
+          REQUIRE(handed.put(q, 1s));
+        }
+        (void)spawn_and_join(keep_popped_queue, std::tuple{handed}, 1, {.method = method});
+        CHECK(handed.size() == 0);
       });
     }
   }
