@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -40,11 +41,24 @@ void peer_table::join(std::uint32_t roles) noexcept {
   }
   if (count >= max_peers) {
     // Full: keep the table to the processes still there (by start time:
-    // a pid recycled since is another process).
-    std::uint32_t kept = 0;
+    // a pid recycled since is another process), and, for the side that
+    // none of them nor this one is on, the last of the ended ones that was
+    // on it: a wait still finds that side gone, and whom to name.
+    std::uint32_t kept = 0, live_roles = roles;
+    std::optional<peer> last_ended[2];  // producer, consumer
     for (std::uint32_t i = 0; i < max_peers; ++i) {
-      if (!os::has_ended(peers[i].pid, peers[i].start_time)) peers[kept++] = peers[i];
+      const peer p = peers[i];
+      if (!os::has_ended(p.pid, p.start_time)) {
+        peers[kept++] = p;
+        live_roles |= p.roles;
+        continue;
+      }
+      if ((p.roles & peer_producer) != 0) last_ended[0] = p;
+      if ((p.roles & peer_consumer) != 0) last_ended[1] = p;
     }
+    const std::uint32_t missing = (peer_producer | peer_consumer) & ~live_roles;  // one side at most
+    const auto& last = last_ended[missing == peer_producer ? 0 : 1];
+    if (missing != 0 && last && kept + 1 < max_peers) peers[kept++] = *last;  // room left for this one
     count = kept;
     if (count >= max_peers) {
       incomplete = 1;  // this one goes unrecorded

@@ -579,6 +579,31 @@ TEST_SUITE("queue") {
     CHECK(table.peers[1].pid == ::getpid());
   }
 
+  // Before, a full table kept only the processes still there: once one-shot
+  // consumers had filled it, the queue's only producer, ended, was no longer
+  // named, and a pop waited for it for good instead of ending with peer_lost.
+  TEST_CASE("a full peer table keeps the last ended process of a side that no live process is on") {
+    const pid_t parent = ::getppid();
+    const auto started = os::start_time_of(parent);
+    REQUIRE(started.has_value());
+    REQUIRE(*started > 0);
+    const auto ended = [&](int i) { return *started + 1 + static_cast<std::uint64_t>(i); };
+    detail::peer_table table{};
+    table.count = detail::max_peers;
+    table.peers[0] = {parent, 0, detail::peer_producer, ended(0)};
+    table.peers[1] = {parent, 1, detail::peer_producer, ended(1)};  // the last producer
+    for (int i = 2; i < detail::max_peers; ++i) table.peers[i] = {parent, i, detail::peer_consumer, ended(i)};
+    table.join(detail::peer_consumer);
+    REQUIRE(table.count == 2);
+    CHECK(table.peers[0].rank == 1);
+    CHECK(table.peers[1].pid == ::getpid());
+    detail::peer_watch watch;
+    const auto gone = watch.all_gone(table.peers, table.count, detail::peer_producer);
+    REQUIRE(gone.has_value());
+    CHECK(gone->rank == 1);
+    CHECK_FALSE(watch.all_gone(table.peers, table.count, detail::peer_consumer).has_value());  // this one
+  }
+
   TEST_CASE("a peer table full of processes still there records no more, and says it is incomplete") {
     const pid_t parent = ::getppid();
     const auto started = os::start_time_of(parent);
