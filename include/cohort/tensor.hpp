@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -73,7 +74,13 @@ inline constexpr std::array<dtype_info, 13> dtypes{{
     {"bool", dlpack_bool_code, 8},
 }};
 
-constexpr const dtype_info& info(dtype type) { return dtypes[static_cast<std::size_t>(type)]; }
+/// A dtype's entry; std::invalid_argument for a value outside the enum (a
+/// cast of any byte is one), which no tensor is made with.
+constexpr const dtype_info& info(dtype type) {
+  const auto i = static_cast<std::size_t>(type);
+  if (i >= dtypes.size()) throw std::invalid_argument(fmt::format("cohort: dtype {} is none of cohort::dtype's", i));
+  return dtypes[i];
+}
 
 }  // namespace detail
 

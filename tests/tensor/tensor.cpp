@@ -192,6 +192,19 @@ TEST_CASE("full refuses a value an integer dtype cannot hold") {
   CHECK_THROWS_AS(tensor::full({1}, NAN, dtype::int32), std::invalid_argument);
 }
 
+// Before, a value outside the enum was taken, and its element size read
+// past the end of the table of dtypes.
+TEST_CASE("a dtype outside the enum is refused by the constructor, the factories and the names") {
+  const auto bad = static_cast<dtype>(200);
+  const std::int64_t shape[] = {2}, strides[] = {1};
+  CHECK_THROWS_AS(tensor(storage::allocate(16), bad, shape, strides), std::invalid_argument);
+  CHECK_THROWS_AS(tensor::empty({2}, bad), std::invalid_argument);
+  CHECK_THROWS_AS(tensor::full({2}, 1, bad), std::invalid_argument);
+  CHECK_THROWS_AS((void)element_size(bad), std::invalid_argument);
+  CHECK_THROWS_AS((void)to_string(bad), std::invalid_argument);
+  CHECK(element_size(dtype::boolean) == 1);
+}
+
 TEST_CASE("shapes that are negative, too deep, too large or miss the values are refused") {
   CHECK_THROWS_AS(make<std::int32_t>({1, 2, 3, 4, 5}, {2, 3}), std::invalid_argument);
   CHECK_THROWS_AS(tensor::empty({-1}, dtype::int8), std::invalid_argument);
