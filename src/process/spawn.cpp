@@ -248,7 +248,11 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
   }
   if (p.death_signal != 0) {
     if (!done(os::raw_syscall(SYS_prctl, PR_SET_PDEATHSIG, p.death_signal), stage::pdeathsig)) return false;
-    if (os::raw_syscall(SYS_getppid) != p.parent) ::_exit(127);  // the parent is already gone
+    // The parent already gone: its pid is not this one's parent's. A parent
+    // in another pid namespace (this one made by unshare(CLONE_NEWPID)) is
+    // pid 0 here, and cannot be told.
+    const long parent = os::raw_syscall(SYS_getppid);
+    if (parent != 0 && parent != p.parent) return failed(p, stage::pdeathsig, ESRCH);
   }
   for (int target = 0; target < 3; ++target) {
     const int src = p.source[static_cast<std::size_t>(target)];
@@ -599,7 +603,9 @@ prepared_launch::prepared_launch(const spawn_options& options, const std::vector
   p.new_group = options.new_process_group;
   p.new_session = options.new_session;
   p.death_signal = options.parent_death_signal;
-  p.parent = os::this_process();
+  // Asked, not cached: a process made by _Fork() or a raw clone has its
+  // parent's pid cached, and no fork handler ran in it to forget that.
+  p.parent = static_cast<pid_t>(os::raw_syscall(SYS_getpid));
   p.close_fds = options.close_other_fds;
   p.keep = x.keep.data();
   p.keep_count = x.keep.size();

@@ -23,6 +23,7 @@
 #include <unistd.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <cstddef>
@@ -310,6 +311,50 @@ TEST_SUITE("spawn") {
     auto directory = spawn_error(command{dir.path.string(), {}});
     CHECK(directory.code() == std::error_code(EACCES, std::system_category()));
     CHECK_FALSE(has_unreaped_children());
+  }
+
+  // A child of this test (made by `make`, which returns its pid, 0 in the
+  // child) that runs `sh -c "exit 3"` with the default options and ends
+  // with the code the run reported: 100 for a death, 101 for an error; 77
+  // from the child when it could not set itself up.
+  template <typename Make>
+  int code_of_a_run_in(Make make, bool new_pid_namespace = false) {
+    std::fflush(nullptr);
+    const pid_t pid = make();
+    if (pid == 0) {
+      if (new_pid_namespace && ::unshare(CLONE_NEWPID) != 0) ::_exit(77);
+      try {
+        const auto status = run(command{"/bin/sh", {"-c", "exit 3"}});
+        ::_exit(status.exited() ? status.code() : 100);
+      } catch (...) {
+        ::_exit(101);
+      }
+    }
+    REQUIRE(pid > 0);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    return WEXITSTATUS(status);
+  }
+
+  // Before, the child compared its parent's pid with the spawner's as
+  // cached, which a process made without glibc's fork (no fork handler ran
+  // in it) has from its own parent, and which a child in a new pid
+  // namespace sees as 0: it ended with code 127 without running its
+  // program, and the spawn reported that as the program's exit.
+  TEST_CASE("a process made by _Fork() or a raw fork spawns programs that run") {
+    CHECK(run(command{"/bin/sh", {"-c", "exit 3"}}).code() == 3);  // here first, as a parent would
+    CHECK(code_of_a_run_in([] { return ::_Fork(); }) == 3);
+    CHECK(code_of_a_run_in([] { return static_cast<pid_t>(::syscall(SYS_fork)); }) == 3);
+  }
+
+  TEST_CASE("a process whose children go into a new pid namespace spawns programs that run") {
+    const int code = code_of_a_run_in([] { return ::fork(); }, true);
+    if (code == 77) {
+      MESSAGE("unshare(CLONE_NEWPID) is refused here: nothing checked");
+      return;
+    }
+    CHECK(code == 3);
   }
 
   TEST_CASE("the error_code overload reports instead of throwing") {
