@@ -64,8 +64,21 @@ served& table() {
   return *t;
 }
 
-// Answers one peer's requests until it hangs up.
+// Whether the process at the other end of `connection` may have what this
+// one serves: a process of this user, or root, as a memfd's /proc entry
+// allows. An abstract socket has no permissions of its own, and its name
+// is listed in /proc/net/unix for every user to see.
+bool trusted_peer(int connection) noexcept {
+  ucred peer{};
+  socklen_t length = sizeof peer;
+  return ::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &length) == 0 &&
+         (peer.uid == ::geteuid() || peer.uid == 0);
+}
+
+// Answers one peer's requests until it hangs up; another user's, each with
+// EACCES.
 void answer(int connection) {
+  const bool trusted = trusted_peer(connection);
   for (;;) {
     request q{};
     ssize_t n;
@@ -74,7 +87,9 @@ void answer(int connection) {
     if (n != static_cast<ssize_t>(sizeof q)) break;
     reply r{};
     int fd = -1;
-    {
+    if (!trusted) {
+      r.status = EACCES;
+    } else {
       auto& t = table();
       std::lock_guard lock(t.mutex);
       if (q.what == op::chunk) {
@@ -191,7 +206,8 @@ bool ask(pid_t pid, std::uint32_t port, const request& q, reply& r, int& fd, std
   }
   if (r.status != 0) {
     if (fd >= 0) ::close(std::exchange(fd, -1));
-    why = fmt::format("process {} has none ({})", pid, std::strerror(r.status));
+    why = r.status == EACCES ? fmt::format("process {} refuses another user", pid)
+                             : fmt::format("process {} has none ({})", pid, std::strerror(r.status));
     return false;
   }
   return true;

@@ -6,7 +6,9 @@
 // and event, and keeps what it got. The driver's descriptors cannot be
 // reopened through /proc as memfds can, and pidfd_getfd is refused between
 // siblings where ptrace is restricted: a socket works between any two
-// processes of one user.
+// processes of one user. It answers that user and root only (the peer's
+// credentials, as the kernel gives them): anyone can connect to an
+// abstract socket.
 #pragma once
 
 #include "cohort/cuda/event.hpp"

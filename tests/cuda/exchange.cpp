@@ -8,7 +8,9 @@
 
 #include <doctest/doctest.h>
 
+#include <grp.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -62,6 +64,31 @@ TEST_CASE("a process hands out the descriptors it serves, says which it has not,
   auto server = std::async(std::launch::async, [&] { spawn_and_join(serve, std::tuple{where, done}, 1); });
   pid = static_cast<pid_t>(*where.get());
   port = static_cast<std::uint32_t>(*where.get());
+
+  // Another user gets nothing (asked from a child of this process, forked
+  // before this process connects: a connection is kept per peer). Before,
+  // anyone who found the socket's name in /proc/net/unix was served.
+  if (::geteuid() == 0) {
+    const pid_t other = ::fork();
+    if (other == 0) {
+      if (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+          ::setresuid(65534, 65534, 65534) != 0) {
+        ::_exit(77);
+      }
+      std::string refused;
+      const int got = cuda::detail::fetch_chunk(pid, port, pid, chunk_id, refused);
+      const int table = cuda::detail::fetch_event_table(pid, port, refused);
+      ::_exit(got < 0 && table < 0 && refused.find("refuses another user") != std::string::npos ? 0 : 1);
+    }
+    REQUIRE(other > 0);
+    int status = 0;
+    REQUIRE(::waitpid(other, &status, 0) == other);
+    REQUIRE(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77) MESSAGE("the child could not become another user: not checked");
+    else CHECK(WEXITSTATUS(status) == 0);
+  } else {
+    MESSAGE("not root: no other user to ask as, not checked");
+  }
 
   const int fd = cuda::detail::fetch_chunk(pid, port, pid, chunk_id, why);
   REQUIRE(fd >= 0);
