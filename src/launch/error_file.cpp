@@ -129,7 +129,9 @@ std::optional<error_report> read_error_file(const std::filesystem::path& path) {
   const auto& message = file["message"];
   error_report report;
   if (message.is_string()) {
+    // Torch's other shape: its time, in whole seconds, beside the message.
     report.message = message.get<std::string>();
+    report.timestamp = time_at<std::chrono::seconds>(file, "timestamp");
     return report;
   }
   if (!message.is_object()) return std::nullopt;

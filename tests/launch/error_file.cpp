@@ -156,6 +156,12 @@ TEST_SUITE("error_file") {
     REQUIRE(plain);
     CHECK(plain->message == "RuntimeError: plain");
     CHECK_FALSE(plain->timestamp);
+    // Its time beside it, as torch reads it: before, it was read as none.
+    std::ofstream(dir.path / "dated.json") << R"({"message": "RuntimeError: dated", "timestamp": "1700000002"})";
+    auto dated = read_error_file(dir.path / "dated.json");
+    REQUIRE(dated);
+    CHECK(dated->message == "RuntimeError: dated");
+    CHECK(dated->timestamp == std::chrono::system_clock::time_point(std::chrono::seconds(1700000002)));
     CHECK_FALSE(read_error_file(dir.path / "missing.json"));
     std::ofstream(dir.path / "garbage.json") << "not json {";
     CHECK_FALSE(read_error_file(dir.path / "garbage.json"));
