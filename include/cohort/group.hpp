@@ -43,7 +43,8 @@ namespace cohort {
 /// `term_grace` (both skipped when X is SIGTERM); then SIGKILL and
 /// `kill_wait` as above. What survives even that (a process stuck in the
 /// kernel, D state) is reported in the result and reaped in the background,
-/// never waited for.
+/// never waited for. A negative wait is refused as the group starts
+/// (std::invalid_argument).
 struct shutdown_policy {
   std::chrono::milliseconds grace{0};
   std::chrono::milliseconds term_grace{std::chrono::seconds(30)};

@@ -293,6 +293,16 @@ std::set<int> keys_of(const Map& map) {
 
 void validate(const group_spec& spec) {
   if (spec.nprocs < 1) throw std::invalid_argument(fmt::format("cohort::start_processes: nprocs is {}", spec.nprocs));
+  // A negative wait would be none, and a rank SIGKILL ends a moment later
+  // would be reported unreaped, as one stuck in the kernel.
+  const auto& policy = spec.shutdown;
+  for (const auto& [wait, name] : {std::pair{policy.grace, "grace"}, std::pair{policy.term_grace, "term_grace"},
+                                   std::pair{policy.kill_wait, "kill_wait"}}) {
+    if (wait.count() < 0) {
+      throw std::invalid_argument(
+          fmt::format("cohort::start_processes: shutdown.{} is {} ms; a wait is never negative", name, wait.count()));
+    }
+  }
   // No rank's end could be told: each would be reaped by the kernel as it
   // exits (and a forkserver rank's pid could be another process's by the
   // time its pidfd is opened).

@@ -675,6 +675,16 @@ TEST_SUITE("group") {
     spec.nprocs = 0;
     CHECK_THROWS_AS(start_processes(io.get_executor(), spec), std::invalid_argument);
     spec.nprocs = 3;
+    // Before, a negative wait was taken as none.
+    spec.shutdown.kill_wait = -1ms;
+    CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec),
+                         "cohort::start_processes: shutdown.kill_wait is -1 ms; a wait is never negative",
+                         std::invalid_argument);
+    spec.shutdown.kill_wait = 0ms;
+    spec.shutdown.grace = -5s;
+    CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec), doctest::Contains("shutdown.grace is -5000 ms"),
+                         std::invalid_argument);
+    spec.shutdown = {};
     spec.options.out = stdio::pipe();  // nothing would read it: a rank that fills it stops for good
     CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec),
                          doctest::Contains("options.out is a pipe, which a group gives no way to read"),
