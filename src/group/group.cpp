@@ -382,12 +382,16 @@ void track_descendants(group_state& state, bool by_parent) {
   state.descendants.add(group_descendants(state.marker, ranks, by_parent, state.pids_since_start));
 }
 
+void record_ended_ranks(const std::shared_ptr<group_state>& state);
+
 // One step of the shutdown: `sig` to every live rank's process group, then
 // up to `limit` for them to exit.
-asio::awaitable<void> signal_and_await(group_state& state, int sig, std::chrono::milliseconds limit) {
+asio::awaitable<void> signal_and_await(std::shared_ptr<group_state> shared, int sig, std::chrono::milliseconds limit) {
+  auto& state = *shared;
   // Before anything dies: what dies with a rank (the ranks of a group it
   // started, by their parent-death signal) could not be told apart after.
   track_descendants(state, true);
+  if (!state.signalled) record_ended_ranks(shared);
   state.signalled = true;
   signal_running(state, sig);
   co_await await_exits(state, limit);
@@ -632,6 +636,20 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
   return true;
 }
 
+// Records each rank that has ended and is not yet recorded, reaping it:
+// before the shutdown's first signal, so that one that failed meanwhile (its
+// wait cancelled as the race was decided, or its drain not yet run) is a
+// failure of its own rather than an end the shutdown made.
+void record_ended_ranks(const std::shared_ptr<group_state>& state) {
+  auto& s = *state;
+  for (int rank = 0; rank < s.nprocs && s.running > 0; ++rank) {
+    const auto r = static_cast<std::size_t>(rank);
+    if (s.recorded[r] || !s.children[r]) continue;
+    std::error_code ec;
+    if (auto status = s.children[r].try_wait(ec); status && !ec) record_exit(state, rank, rank_end{*status, {}});
+  }
+}
+
 // The rank's exit. A wait that fails (the child reaped elsewhere?) counts as
 // an end, not as a success, and says why. Cancellation passes through.
 asio::awaitable<rank_end> exit_of(group_state& s, int rank) {
@@ -676,6 +694,7 @@ asio::awaitable<void> drain(std::shared_ptr<group_state> state, int rank) {
   rank_end end = co_await exit_of(s, rank);
   // An exit seen as the shutdown gave up on the rank: reported unreaped.
   if (std::ranges::find(s.partial.unreaped, rank) != s.partial.unreaped.end()) co_return;
+  if (s.recorded[static_cast<std::size_t>(rank)]) co_return;  // found ended before the first signal
   record_exit(state, rank, std::move(end));
   s.wake.cancel();
 }
@@ -704,11 +723,11 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
     // A forwarded signal reaches the ranks first, as Ctrl-C would in a
     // terminal, so that they can clean up as they do for it.
     if (forwarded) {
-      co_await signal_and_await(s, *forwarded, policy.term_grace);
+      co_await signal_and_await(state, *forwarded, policy.term_grace);
     } else {
       co_await await_exits(s, policy.grace);
     }
-    if (forwarded != SIGTERM) co_await signal_and_await(s, SIGTERM, policy.term_grace);
+    if (forwarded != SIGTERM) co_await signal_and_await(state, SIGTERM, policy.term_grace);
     if (s.running > 0) {
       signal_running(s, SIGKILL);
       co_await sweep(s, std::chrono::milliseconds(0));
