@@ -15,6 +15,7 @@
 #include "config.hpp"
 #include "group/descendants.hpp"
 #include "group/rank_groups.hpp"
+#include "os/per_process.hpp"
 #include "os/process_identity.hpp"
 #include "os/raw_syscall.hpp"
 #include "process/owned_pids.hpp"
@@ -80,18 +81,17 @@ struct guardian_memory {
 };
 
 // The table that note_rank_group writes: the first guardian's of those this
-// process runs, while it runs. A child forked from this process finds the
-// pointer but not the pages (MADV_DONTFORK): `owner` tells it the table is
-// not its own, before it would take the lock (which a fork can copy held).
+// process runs, while it runs. One per process (os/per_process.hpp): a child
+// forked from this process finds no registry of its own, rather than its
+// parent's pointer to pages it has not (MADV_DONTFORK) and a lock that the
+// fork may have copied held; a guardian it starts makes its own.
 struct rank_group_registry {
   std::mutex mutex;
   rank_group_table* table = nullptr;
-  std::atomic<pid_t> owner{0};
 };
-rank_group_registry& registry() {
-  static rank_group_registry r;
-  return r;
-}
+rank_group_registry& registry() { return os::of_this_process<rank_group_registry>(); }
+// This process's registry where a guardian made it; null otherwise (none is made).
+rank_group_registry* made_registry() noexcept { return os::made_in_this_process<rank_group_registry>(); }
 
 // Whether the guardian may share this process's memory. Not where the
 // system calls would go through libc (errno). Nor before Linux 5.16: until
@@ -450,10 +450,7 @@ guardian::guardian() {
   // unless an earlier guardian of this process's still takes them.
   auto& r = registry();
   std::lock_guard lock(r.mutex);
-  if (r.table == nullptr) {
-    r.table = table;
-    r.owner.store(os::this_process(), std::memory_order_release);
-  }
+  if (r.table == nullptr) r.table = table;
 }
 
 guardian::~guardian() { end(true); }
@@ -462,15 +459,12 @@ void guardian::release() noexcept { end(false); }
 
 void guardian::end(bool look) noexcept {
   if (line_ < 0) return;
-  {  // No group writes to this guardian's table from here on; it still reads it.
-    auto& r = registry();
-    std::lock_guard lock(r.mutex);
-    const auto* table = reinterpret_cast<const char*>(r.table);
+  // No group writes to this guardian's table from here on; it still reads it.
+  if (auto* r = made_registry()) {
+    std::lock_guard lock(r->mutex);
+    const auto* table = reinterpret_cast<const char*>(r->table);
     const auto* mapping = static_cast<const char*>(memory_);
-    if (table >= mapping && table < mapping + memory_size_) {
-      r.table = nullptr;
-      r.owner.store(0, std::memory_order_release);
-    }
+    if (table >= mapping && table < mapping + memory_size_) r->table = nullptr;
   }
   const char byte = look ? 'l' : 'r';
   while (::send(line_, &byte, 1, MSG_NOSIGNAL) < 0 && errno == EINTR) {
@@ -494,11 +488,11 @@ void guardian::end(bool look) noexcept {
 namespace detail {
 
 bool note_rank_group(pid_t pgid) {
-  auto& r = registry();
-  if (pgid <= 0 || r.owner.load(std::memory_order_acquire) != os::this_process()) return false;
-  std::lock_guard lock(r.mutex);
-  if (r.table == nullptr) return false;
-  auto& t = *r.table;
+  auto* r = made_registry();
+  if (pgid <= 0 || r == nullptr) return false;
+  std::lock_guard lock(r->mutex);
+  if (r->table == nullptr) return false;
+  auto& t = *r->table;
   const std::size_t used = t.used.load(std::memory_order_relaxed);
   for (std::size_t i = 0; i < used; ++i) {
     if (t.slot(i).load(std::memory_order_relaxed) == 0) {
@@ -513,11 +507,11 @@ bool note_rank_group(pid_t pgid) {
 }
 
 void forget_rank_group(pid_t pgid) {
-  auto& r = registry();
-  if (pgid <= 0 || r.owner.load(std::memory_order_acquire) != os::this_process()) return;
-  std::lock_guard lock(r.mutex);
-  if (r.table == nullptr) return;
-  auto& t = *r.table;
+  auto* r = made_registry();
+  if (pgid <= 0 || r == nullptr) return;
+  std::lock_guard lock(r->mutex);
+  if (r->table == nullptr) return;
+  auto& t = *r->table;
   std::size_t used = t.used.load(std::memory_order_relaxed);
   for (std::size_t i = 0; i < used; ++i) {
     if (t.slot(i).load(std::memory_order_relaxed) == pgid) {
@@ -532,10 +526,10 @@ void forget_rank_group(pid_t pgid) {
 void start_guardians_as_copies(bool copies) { copies_only.store(copies, std::memory_order_relaxed); }
 
 bool rank_group_noted(pid_t pgid) {
-  auto& r = registry();
-  if (r.owner.load(std::memory_order_acquire) != os::this_process()) return false;
-  std::lock_guard lock(r.mutex);
-  return r.table != nullptr && noted(r.table, pgid);
+  auto* r = made_registry();
+  if (r == nullptr) return false;
+  std::lock_guard lock(r->mutex);
+  return r->table != nullptr && noted(r->table, pgid);
 }
 
 }  // namespace detail

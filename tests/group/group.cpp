@@ -1593,9 +1593,14 @@ TEST_SUITE("group") {
     // The supervisor is killed outright once its rank is up: the rank dies
     // by its parent-death signal, its unmarked child by the guardian, which
     // reads the rank's group from the table written after it started, as
-    // a copy too.
-    for (const bool copy : {false, true}) {
-      CAPTURE(copy);
+    // a copy too, and when this process has a guardian of its own (before,
+    // the supervisor forked from it took its registry for its own, noted
+    // nothing in its guardian's table, and the unmarked child lived on).
+    for (const int how : {0, 1, 2}) {
+      const bool copy = how == 1;
+      CAPTURE(how);
+      std::optional<cohort::guardian> own;
+      if (how == 2) own.emplace();
       test::temp_dir dir;
       void (*as_copy)() = [] { cohort::detail::start_guardians_as_copies(true); };
       const std::string script = "env -i /bin/sleep 60 & echo $! > \"$0/fresh\"; : > \"$0/up\"; wait";
@@ -1609,6 +1614,7 @@ TEST_SUITE("group") {
       REQUIRE(fresh > 0);
       CHECK(test::within(10s, [&] { return !test::alive(fresh); }, 5ms));
       if (test::alive(fresh)) ::kill(fresh, SIGKILL);
+      if (own) own->release();
     }
   }
 
