@@ -74,14 +74,15 @@ arenas& all_arenas() {
 arena& arena_of(int device) {
   auto& all = all_arenas();
   std::lock_guard lock(all.mutex);
-  auto*& a = all.made[device];
-  if (a == nullptr) {
-    a = new arena;
-    a->device = device;
-    a->how = preferred_sharing(device);
-    a->step = granularity(device, a->how);
-  }
-  return *a;
+  if (const auto found = all.made.find(device); found != all.made.end()) return *found->second;
+  // Whole before it is kept: a driver call that fails leaves no arena
+  // without its granularity (a later division by zero).
+  auto made = std::make_unique<arena>();
+  made->device = device;
+  made->how = preferred_sharing(device);
+  made->step = granularity(device, made->how);
+  all.made.emplace(device, made.get());
+  return *made.release();
 }
 
 std::shared_ptr<held_chunk> make_chunk(arena& a, std::size_t size, bool single) {
