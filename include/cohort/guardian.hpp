@@ -49,7 +49,10 @@ namespace cohort {
 /// freed only once the guardian has ended (its sweep takes at most about
 /// 10 s).
 ///
-/// Destroying the object lets the guardian look once more and reaps it;
+/// Destroying the object lets the guardian look once more and reaps it:
+/// that look kills as this process's end would, so the ranks of a group
+/// still running then die too (SIGKILL, reported by their group as their
+/// own failures). Destroy it once the groups have ended, or release() it;
 /// after release(), it ends without looking.
 class guardian {
  public:
