@@ -10,6 +10,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <span>
@@ -66,8 +67,26 @@ struct handle_context {
   /// written, so a receiver that fails to decode the value partway can let
   /// go of the references of the handles it did not reach.
   std::vector<std::uint32_t> handle_at;
+  /// For a message: what undoes the counts its writers took for it as they
+  /// wrote (a device tensor's send), run if it is not sent after all (a
+  /// push that found the queue full, timed out, was closed or cancelled);
+  /// dropped once it is sent (hold_for_message).
+  std::vector<std::function<void()>> if_unsent;
 };
 inline thread_local handle_context* current_handles = nullptr;
+
+/// Runs what `context` holds for a message that was not sent, once.
+inline void undo_unsent(handle_context& context) noexcept {
+  auto undo = std::move(context.if_unsent);
+  context.if_unsent.clear();
+  for (auto& f : undo) {
+    try {
+      f();
+    } catch (...) {
+      // Left counted: the sender then waits for a receiver, as before.
+    }
+  }
+}
 
 // Whether T may cross, and whether its encoding takes no bytes at all (empty
 // tuples): a vector of those would carry a count no input length can bound.

@@ -62,8 +62,9 @@ class queue_core;
 /// One value, encoded for the ring, with the storages it names.
 struct queue_record {
   std::vector<std::byte> bytes;
-  handle_context handles{true, {}, {}};
+  handle_context handles{true, {}, {}, {}};
   bool overflowed = false;  ///< `bytes` is a storage holding the value's bytes
+  ~queue_record() { undo_unsent(handles); }  // an awaited push's record, never pushed
 };
 
 /// Lets go of the storages a record holds for its value once a push is
@@ -72,7 +73,10 @@ struct queue_record {
 /// shared memory until the thread's next push.
 struct record_release {
   queue_record& record;
-  ~record_release() { record.handles.held.clear(); }
+  ~record_release() {
+    undo_unsent(record.handles);
+    record.handles.held.clear();
+  }
 };
 
 /// Decodes a record's bytes into a value and destroys it, so that the

@@ -237,7 +237,7 @@ std::size_t storage_identities();
 /// Gives each storage a queue message names a reference of its own, which
 /// the receiver takes over. Called by the queue before the tail that
 /// publishes the message moves, so no receiver can see the message before.
-void hold_for_message(const handle_context& context) noexcept;
+void hold_for_message(handle_context& context) noexcept;
 
 /// Lets go of the reference that a record with handles (a queue's value,
 /// or the holds of a rank's result) gives the storage handle at the start

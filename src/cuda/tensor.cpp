@@ -23,6 +23,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -525,13 +526,26 @@ std::shared_ptr<detail::held_chunk> chunk_for(const detail::chunk_note& note, in
   return held;
 }
 
+// What undoes a message's counts when it is not sent after all (a push that
+// failed): its note's send counted as received, its event's as acknowledged,
+// so that neither waits for a receiver that will never come (the note's
+// block kept from reuse, the slot never recorded again, a rank's end
+// waiting its full limit).
 void append_record(std::vector<std::byte>& out, const cohort::storage& note, std::size_t nbytes, int device) {
   cohort::detail::handle_codec<cohort::storage>::write(out, note);
   // Through a queue (received once, by one process), not an argument.
-  const bool message = cohort::detail::current_handles != nullptr && cohort::detail::current_handles->message;
-  if (message) detail::note_sent(note);
-  const record_wire w{nbytes, static_cast<std::uint32_t>(::getpid()), detail::own_port(), record_send_event(device, message),
-                      0};
+  auto* const context = cohort::detail::current_handles;
+  const bool message = context != nullptr && context->message;
+  if (message) {
+    // Made before the count it undoes: nothing throws once that is taken.
+    context->if_unsent.reserve(context->if_unsent.size() + 2);
+    std::function<void()> unsend = [note] { detail::note_received(note.data()); };
+    detail::note_sent(note);
+    context->if_unsent.push_back(std::move(unsend));
+  }
+  const auto slot = record_send_event(device, message);
+  if (message) context->if_unsent.emplace_back([slot] { acknowledge(send_events().table[slot]); });
+  const record_wire w{nbytes, static_cast<std::uint32_t>(::getpid()), detail::own_port(), slot, 0};
   const auto* bytes = reinterpret_cast<const std::byte*>(&w);
   out.insert(out.end(), bytes, bytes + sizeof w);
 }

@@ -664,11 +664,12 @@ std::size_t storage_identities() {
   return m.storages.size();
 }
 
-void hold_for_message(const handle_context& context) noexcept {
+void hold_for_message(handle_context& context) noexcept {
   for (const auto& impl : context.held) {
     impl->segment->block(impl->block).refs.fetch_add(1, std::memory_order_relaxed);
     impl->segment->header().sent.fetch_add(1, std::memory_order_relaxed);
   }
+  context.if_unsent.clear();  // sent: what the writers counted stands
 }
 
 void drop_unread_handle(std::span<const std::byte> handle) noexcept {
@@ -759,13 +760,18 @@ std::vector<storage> held_storages(const encoded& value) {
 std::vector<std::byte> hold_for_receiver(const encoded& value) {
   const auto storages = held_storages(value);
   if (storages.empty()) return {};
-  handle_context holds{true, {}, {}};
+  handle_context holds{true, {}, {}, {}};
   std::vector<std::byte> record;
-  {
-    handle_scope scope(holds);
-    write(record, storages);
+  try {
+    {
+      handle_scope scope(holds);
+      write(record, storages);
+    }
+    end_handle_record(record, holds.handle_at);
+  } catch (...) {
+    undo_unsent(holds);
+    throw;
   }
-  end_handle_record(record, holds.handle_at);
   hold_for_message(holds);
   return record;
 }

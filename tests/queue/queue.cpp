@@ -38,6 +38,29 @@
 using namespace cohort;
 using namespace std::chrono_literals;
 
+// A value whose handle counts, as a device tensor's does, each message it
+// is written for, and sets what undoes the count if that message is not
+// sent after all.
+struct counted_send {
+  static inline int in_flight = 0;
+};
+template <>
+struct cohort::detail::handle_codec<counted_send> {
+  static std::string signature() { return "counted_send"; }
+  static std::size_t size_bound(const counted_send&) noexcept { return 1; }
+  static void write(std::vector<std::byte>& out, const counted_send&) {
+    out.push_back(std::byte{1});
+    if (current_handles == nullptr || !current_handles->message) return;
+    ++counted_send::in_flight;
+    current_handles->if_unsent.emplace_back([] { --counted_send::in_flight; });
+  }
+  static counted_send read(reader& in) {
+    (void)in.next();
+    --counted_send::in_flight;  // received
+    return {};
+  }
+};
+
 namespace queue_tests {
 
 const sharing_strategy strategies[] = {sharing_strategy::file_descriptor, sharing_strategy::file_system};
@@ -167,6 +190,40 @@ int watch_a_death(int, bool mixed_ids) {
 COHORT_ENTRYPOINT(watch_a_death);
 
 TEST_SUITE("queue") {
+  // Before, what a handle counted for a message stayed counted when the push
+  // failed: a device tensor's note and event slot then waited for good for
+  // a receiver that would never come.
+  TEST_CASE("a failed push undoes what its handles counted for the message; one that succeeds keeps it") {
+    counted_send::in_flight = 0;
+    queue<counted_send> q(1);
+    REQUIRE(q.put(counted_send{}, 1s));
+    CHECK(counted_send::in_flight == 1);
+    CHECK_FALSE(q.try_push(counted_send{}));  // full
+    CHECK_FALSE(q.put(counted_send{}, 10ms));  // timed out
+    CHECK(counted_send::in_flight == 1);
+    asio::io_context io;
+    asio::cancellation_signal cancel;
+    const counted_send value;
+    bool aborted = false;
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      try {
+        co_await q.push(value, asio::bind_cancellation_slot(cancel.slot(), asio::use_awaitable));
+      } catch (const std::system_error& e) {
+        aborted = e.code() == asio::error::operation_aborted;
+      }
+    }, asio::detached);
+    io.run_for(20ms);
+    cancel.emit(asio::cancellation_type::terminal);
+    io.run();
+    CHECK(aborted);
+    CHECK(counted_send::in_flight == 1);
+    CHECK(q.get(1s).has_value());
+    CHECK(counted_send::in_flight == 0);
+    q.close();
+    CHECK_THROWS_AS(q.put(counted_send{}), queue_closed);
+    CHECK(counted_send::in_flight == 0);
+  }
+
   TEST_CASE("a capacity of 0 or over 2^24 is refused, saying why; 1 is taken") {
     CHECK_THROWS_WITH_AS(queue<int>(0), doctest::Contains("bounded"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(queue<int>((std::size_t{1} << 24) + 1), doctest::Contains("2^24"), std::invalid_argument);
