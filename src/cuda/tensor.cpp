@@ -119,6 +119,13 @@ std::uint32_t record_send_event(int device, bool message) {
     ::close(fd);
   }
   auto& order = pool.in_use[device];
+  // The oldest slot, or the next: one still waited for goes to the back,
+  // so that a slot never acknowledged (its receiver killed between its pop
+  // and its decode) does not keep the others from being recorded again.
+  if (order.size() > 1 && !acked(pool.table[order.front()])) {
+    order.push_back(order.front());
+    order.pop_front();
+  }
   std::uint32_t slot;
   if (!order.empty() && acked(pool.table[order.front()])) {
     slot = order.front();
