@@ -127,9 +127,9 @@ std::uint32_t record_send_event(int device, bool message) {
     order.pop_front();
   }
   std::uint32_t slot;
-  if (!order.empty() && acked(pool.table[order.front()])) {
-    slot = order.front();
-    order.pop_front();
+  const bool reused = !order.empty() && acked(pool.table[order.front()]);
+  if (reused) {
+    slot = order.front();  // taken from the order only once recorded
   } else {
     if (pool.slots.size() >= max_slots) {
       throw std::runtime_error(fmt::format(
@@ -141,10 +141,12 @@ std::uint32_t record_send_event(int device, bool message) {
     detail::serve_event(slot, made->recorded.ipc_handle());
     pool.slots.push_back(std::move(made));
   }
-  auto& e = *pool.slots[slot];
-  pool.table[slot].sends.fetch_add(1, std::memory_order_relaxed);
-  e.recorded.record(current);
+  // Counted last, once nothing more can throw: a failure before leaves the
+  // slot where it was and nothing counted for a send that never was.
+  pool.slots[slot]->recorded.record(current);
   if (message) order.push_back(slot);
+  if (reused) order.pop_front();
+  pool.table[slot].sends.fetch_add(1, std::memory_order_relaxed);
   return slot;
 }
 
@@ -544,11 +546,11 @@ void append_record(std::vector<std::byte>& out, const cohort::storage& note, std
   auto* const context = cohort::detail::current_handles;
   const bool message = context != nullptr && context->message;
   if (message) {
-    // Made before the count it undoes: nothing throws once that is taken.
+    // Kept before the count it undoes is taken (note_sent counts first, and
+    // may throw after): a push that fails then undoes it whatever happened.
     context->if_unsent.reserve(context->if_unsent.size() + 2);
-    std::function<void()> unsend = [note] { detail::note_received(note.data()); };
+    context->if_unsent.emplace_back([note] { detail::note_received(note.data()); });
     detail::note_sent(note);
-    context->if_unsent.push_back(std::move(unsend));
   }
   const auto slot = record_send_event(device, message);
   if (message) context->if_unsent.emplace_back([slot] { acknowledge(send_events().table[slot]); });
