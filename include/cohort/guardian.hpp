@@ -49,7 +49,9 @@ namespace cohort {
 /// freed only once the guardian has ended (its sweep takes at most about
 /// 10 s).
 ///
-/// Destroying the object lets the guardian look once more and reaps it:
+/// Destroying the object (in the process that made it: a forked child's
+/// copy only closes its descriptors) lets the guardian look once more and
+/// reaps it:
 /// that look kills as this process's end would, so the ranks of a group
 /// still running then die too (SIGKILL, reported by their group as their
 /// own failures). Destroy it once the groups have ended, or release() it;
@@ -78,6 +80,7 @@ class guardian {
   int line_ = -1;  // its end of the socket pair: closed when this process ends
   void* memory_ = nullptr;  // the guardian's stack and what it reads, freed once it has ended
   std::size_t memory_size_ = 0;
+  pid_t owner_ = -1;  // the process that started it, the only one whose end tells it anything
 };
 
 }  // namespace cohort

@@ -43,6 +43,7 @@
 #include <new>
 #include <string>
 #include <system_error>
+#include <utility>
 
 namespace cohort {
 namespace {
@@ -418,6 +419,7 @@ guardian::guardian() {
   m->parent_end = ends[1];
   m->parent = parent;
   m->parent_pid = ::getpid();
+  owner_ = static_cast<pid_t>(m->parent_pid);
   m->pid_namespace = os::pid_namespace();
   m->prefix_size = std::min(prefix.size(), sizeof m->prefix);
   std::memcpy(m->prefix, prefix.data(), m->prefix_size);
@@ -459,6 +461,13 @@ void guardian::release() noexcept { end(false); }
 
 void guardian::end(bool look) noexcept {
   if (line_ < 0) return;
+  if (::getpid() != owner_) {
+    // A forked child's copy (a plain fork that exits through destructors):
+    // the guardian is its parent's, not to be told to look or to end.
+    ::close(std::exchange(line_, -1));
+    ::close(std::exchange(pidfd_, -1));
+    return;
+  }
   // No group writes to this guardian's table from here on; it still reads it.
   if (auto* r = made_registry()) {
     std::lock_guard lock(r->mutex);

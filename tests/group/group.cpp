@@ -1587,6 +1587,28 @@ TEST_SUITE("group") {
       const int status = exit_of(pid, 0);
       CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
     }
+    {
+      // A plain fork's child that destroys its copy (exit() running the
+      // destructors of statics, say) tells the guardian nothing. Before,
+      // it asked for the look over the shared socket, which killed what
+      // this process's groups still ran.
+      const pid_t pid = marked_sleeper();
+      std::optional<cohort::guardian> guard(std::in_place);
+      std::fflush(nullptr);
+      const pid_t child = ::fork();
+      if (child == 0) {
+        guard.reset();
+        ::_exit(0);
+      }
+      REQUIRE(child > 0);
+      CHECK(exit_code_of(child) == 0);
+      std::this_thread::sleep_for(300ms);
+      CHECK(exit_of(pid, WNOHANG) == -1);  // still asleep
+      const pid_t guardian = guard->pid();
+      CHECK(::kill(guardian, 0) == 0);  // still there
+      guard.reset();  // this process's own end: it looks
+      CHECK(killed_soon(pid));
+    }
   }
 
   TEST_CASE("the guardian kills what a rank started in its process group with a fresh environment") {
