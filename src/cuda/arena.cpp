@@ -277,6 +277,16 @@ bool all_received() noexcept {
   return w.notes.empty();
 }
 
+bool sent_unreceived(pid_t maker, std::uint32_t port, std::uint64_t id) {
+  auto& w = watched();
+  std::lock_guard lock(w.mutex);
+  return std::any_of(w.notes.begin(), w.notes.end(), [&](const cohort::storage& note) {
+    chunk_note n;
+    std::memcpy(&n, note.data(), sizeof n);
+    return static_cast<pid_t>(n.maker) == maker && n.maker_port == port && n.chunk_id == id && !settled(note);
+  });
+}
+
 held_chunk::~held_chunk() {
   if (fd >= 0) {
     stop_serving_chunk(maker, id);

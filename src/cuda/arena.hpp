@@ -62,6 +62,10 @@ void note_received(std::byte* note) noexcept;
 /// Whether every message this process sent that names a device block has
 /// been received.
 bool all_received() noexcept;
+/// Whether a message this process sent that names a block of chunk `id`
+/// of process `maker` (its socket `port`) waits to be received: a receiver
+/// may still ask here for the chunk.
+bool sent_unreceived(pid_t maker, std::uint32_t port, std::uint64_t id);
 
 /// A chunk held here: made by this process, or mapped from another's.
 struct held_chunk {

@@ -475,12 +475,16 @@ import_cache& imports() {
 
 // Unmaps the chunks no tensor here uses that will not be used again: a
 // large tensor's own chunk (its maker frees it once every receiver is done),
-// or any chunk of a maker that has ended; every unused one when `all`.
+// or any chunk of a maker that has ended; every unused one when `all`. A
+// chunk named by a message this process sent on stays until that message
+// is received: its receiver may ask here for it once the maker has ended.
 int sweep_imports(import_cache& c, bool all) {
   int gone = 0;
   for (auto it = c.chunks.begin(); it != c.chunks.end();) {
     const auto& h = *it->second;
-    if (h.users.load(std::memory_order_acquire) == 0 && (all || h.single || ended(h.maker))) {
+    const auto& [maker, port, id] = it->first;
+    if (h.users.load(std::memory_order_acquire) == 0 && (all || h.single || ended(h.maker)) &&
+        !detail::sent_unreceived(maker, port, id)) {
       it = c.chunks.erase(it);
       ++gone;
     } else {
@@ -695,14 +699,41 @@ void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
   }
 }
 
+// Makes the work queued next on the current stream of device `from` wait
+// for the copy just queued on that of device `to`, which reads from
+// `from`: a block the source lets go of is reused at once by work on its
+// device's stream, which must not overwrite it under the copy.
+void order_after_copy(int from, int to) {
+  constexpr const char* entry = "cohort::tensor::to";
+  const auto context = fmt::format("{}: from device {} to device {}", entry, from, to);
+  cudaEvent_t copied = nullptr;
+  {
+    const detail::device_guard on(to, context);
+    detail::check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", context);
+  }
+  // Destroyed at once: the driver keeps what the queued wait needs.
+  const auto destroy = [](CUevent_st* e) { std::ignore = cudaEventDestroy(e); };
+  const std::unique_ptr<CUevent_st, decltype(destroy)> keep(copied, destroy);
+  {
+    const detail::device_guard on(to, context);
+    detail::check(cudaEventRecord(copied, current), "cudaEventRecord", context);
+  }
+  const detail::device_guard on(from, context);
+  detail::check(cudaStreamWaitEvent(current, copied, 0), "cudaStreamWaitEvent", context);
+}
+
 // tensor::to and a device tensor's tensor::clone. From one device to
 // another, the source's work so far is waited for first: the copy is
-// queued on the destination's stream only.
+// queued on the destination's stream, and the source's stream then waits
+// for it.
 tensor copy_tensor(const tensor& t, cohort::device to) {
   if (to.type == kDLCPU) return cuda::to_cpu(t);
   if (t.device() == to) return cuda::clone(t);
-  if (t.device().type == kDLCUDA) cuda::synchronize(t.device().id);
-  return cuda::to_device(t, to.id);
+  if (t.device().type != kDLCUDA) return cuda::to_device(t, to.id);
+  cuda::synchronize(t.device().id);
+  tensor copy = cuda::to_device(t, to.id);
+  order_after_copy(t.device().id, to.id);
+  return copy;
 }
 
 [[maybe_unused]] const bool reader_registered = [] {

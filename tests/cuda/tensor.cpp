@@ -34,6 +34,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <optional>
 #include <thread>
 #include <cstdint>
 #include <string>
@@ -255,6 +256,35 @@ void export_event(int, queue<cuda::event> out, queue<int> used, std::int64_t ns)
 }
 COHORT_ENTRYPOINT(export_event);
 
+// Ranks 0, 1, 2: maker, relay, receiver. The maker sends a tensor of a
+// chunk of its own (2 MiB) full of 7 and ends; the relay sends it on and
+// drops it, and once the maker has ended maps a chunk of the receiver's
+// (which sweeps the chunks it no longer uses) before the receiver takes the
+// tensor, which it can then have only through the relay. The receiver
+// returns whether every element is 7. SIGALRM ends a rank after 60 s.
+bool relay_after_maker(int rank, queue<tensor> to_relay, queue<tensor> on, queue<tensor> back,
+                       queue<std::int64_t> maker, queue<int> go) {
+  ::alarm(60);
+  if (rank == 0) {
+    maker.put(::getpid());
+    to_relay.put(cuda::full({1 << 19}, 7.0, dtype::float32, 0));
+    return false;
+  }
+  if (rank == 1) {
+    const auto pid = static_cast<pid_t>(*maker.get());
+    on.put(*to_relay.get());
+    while (::kill(pid, 0) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    (void)*back.get();
+    go.put(1);
+    return false;
+  }
+  back.put(cuda::full({4}, 1.0, dtype::float32, 0));
+  (void)go.get();
+  const auto values = floats_of(*on.get());
+  return std::all_of(values.begin(), values.end(), [](float v) { return v == 7.0f; });
+}
+COHORT_ENTRYPOINT(relay_after_maker);
+
 }  // namespace cuda_tensor_tests
 
 using namespace cuda_tensor_tests;
@@ -456,6 +486,48 @@ TEST_SUITE("cuda tensors") {
       cuda::empty_cache();
       CHECK(mark.given_back());
     }
+  }
+
+  TEST_CASE("a relay keeps a tensor it sent on mapped until it is received, its maker gone") {
+    for (auto method : methods) {
+      CAPTURE(to_string(method));
+      const test::memory_mark mark(0);
+      queue<tensor> to_relay(1), on(1), back(1);
+      queue<std::int64_t> maker(1);
+      queue<int> go(1);
+      const auto args = std::tuple{to_relay, on, back, maker, go};
+      const auto results = spawn_and_join(relay_after_maker, args, 3, with(method));
+      CHECK(results.at(2));
+      CHECK(mark.given_back());
+    }
+  }
+
+  TEST_CASE("tensor::to another device: the source's block, reused at once, is not overwritten under the copy") {
+    if (cuda::device_count() < 2) {
+      MESSAGE("fewer than two devices: nothing to check");
+      return;
+    }
+    const test::memory_mark mark(1);
+    {
+      constexpr std::int64_t elements = 1 << 16;  // 256 KiB: a block of a shared chunk
+      std::optional<tensor> copy;
+      const void* at = nullptr;
+      tensor busy = cuda::zeros({1024}, dtype::uint32, 0);
+      {
+        const tensor source = cuda::full({elements}, 3.0, dtype::float32, 1);
+        cuda::synchronize(1);
+        at = source.raw_data();
+        // The copy waits on device 0's stream behind a kernel of 200 ms.
+        test::cuda_check(cudaSetDevice(0), "cudaSetDevice");
+        test::kernels::get().spin_fill(busy.raw_data(), 1024, 1, 200'000'000, cuda::current_stream());
+        copy = source.to(device{kDLCUDA, 0});
+      }
+      const tensor reused = cuda::zeros({elements}, dtype::float32, 1);
+      CHECK(reused.raw_data() == at);
+      CHECK(floats_of(*copy) == std::vector<float>(elements, 3.0f));
+    }
+    cuda::empty_cache();
+    CHECK(mark.given_back());
   }
 
   TEST_CASE("a receiver killed holding tensors gives their blocks back to the maker") {
