@@ -86,18 +86,31 @@ std::uint64_t segment_of(const storage& s) noexcept;
 /// them where they are: share_memory() refuses private bytes while lent.
 void lend_bytes(const storage& s) noexcept;
 void end_loan(const storage& s) noexcept;
-/// What a forked rank's end does for a shared storage before it lets go
-/// of the storage's block: a layer that records this process in the
-/// block's memory (a queue's table of holders) takes it out there, as the
-/// destructors that the rank's `_exit` skips would have. `context` is the
-/// layer's own, handed back to `run`.
-struct rank_end_work {
+/// Work that a layer recording this process in a shared block's memory (a
+/// queue's table of holders) sets for the block's storage in this process:
+/// `run` gets a storage over the block and `context`, the layer's own.
+struct hold_work {
   void (*run)(const storage& s, void (*context)()) noexcept = nullptr;
   void (*context)() = nullptr;
 };
-/// Sets `work` for `s`, a shared storage, in this process; the first set
+/// What a forked rank's end does for a shared storage before it lets go
+/// of the storage's block: the layer takes this process out of the block's
+/// memory, as the destructors that the rank's `_exit` skips would have.
+/// Sets `work` for `s` in this process; the first set stays. Nothing for a
+/// storage not shared.
+void at_forked_rank_end(const storage& s, hold_work work) noexcept;
+/// What the end of the last storage over the block of `s` in this process
+/// does before this process's hold on the block goes: `run` gets a storage
+/// that has taken that hold over (and no work set), so that the layer can
+/// still read the block, and decide under a lock of its own whether this
+/// hold was the last that could use it (let_go_unless_last). The first set
 /// stays. Nothing for a storage not shared.
-void at_forked_rank_end(const storage& s, rank_end_work work) noexcept;
+void at_last_release(const storage& s, hold_work work) noexcept;
+/// Lets go of this process's hold on the block of `s`, a shared storage,
+/// at once, unless it is the block's last hold: whether it did. The
+/// storages over the block here hold none after, and their ends let go of
+/// nothing.
+bool let_go_unless_last(const storage& s) noexcept;
 /// In a forked child about to end without destructors: runs the work set
 /// by at_forked_rank_end, then lets go of the shared memory its storages
 /// hold.
@@ -155,7 +168,10 @@ class storage {
   friend std::uint64_t detail::segment_of(const storage& s) noexcept;
   friend void detail::lend_bytes(const storage& s) noexcept;
   friend void detail::end_loan(const storage& s) noexcept;
-  friend void detail::at_forked_rank_end(const storage& s, detail::rank_end_work work) noexcept;
+  friend void detail::at_forked_rank_end(const storage& s, detail::hold_work work) noexcept;
+  friend void detail::at_last_release(const storage& s, detail::hold_work work) noexcept;
+  friend bool detail::let_go_unless_last(const storage& s) noexcept;
+  friend class detail::storage_impl;
   friend void detail::release_shared_memory_holds() noexcept;
   explicit storage(std::shared_ptr<detail::storage_impl> impl) noexcept : impl_(std::move(impl)) {}
   std::shared_ptr<detail::storage_impl> impl_;

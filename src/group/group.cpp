@@ -48,6 +48,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -192,6 +193,11 @@ struct group_state {
   std::vector<child> children;
   std::vector<pid_t> pids;
   std::vector<int> result_fds;  // per rank, for function entries: the memfd its result lands in
+  // A function's arguments, held for the group's life: a spawn or
+  // forkserver rank takes its own hold on the shared memory they name only
+  // as it decodes them, after the start has returned and the caller may
+  // have dropped its own.
+  std::optional<encoded> args;
   bool counted_as_keeper = false;  // its function ranks are counted by shm::note_ranks_running
   std::unique_ptr<group_logs> logs;  // when spec.logs is in use
   run_result partial;
@@ -1039,6 +1045,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   // On failure the ranks already started are killed and reaped as `state`
   // unwinds.
   if (function != nullptr) {
+    state->args = function->args;
     state->children = detail::start_functions(state->strand, *function, options, state->result_fds, spec.start_threads);
     shm::note_ranks_running(static_cast<int>(state->children.size()));
     state->counted_as_keeper = true;

@@ -533,8 +533,13 @@ class queue_core {
   // Records this process as a holder of the queue.
   void enter() noexcept {
     const pid_t self = os::this_process();
-    // A forked rank ends without destructors: its end lets go of the hold.
-    detail::at_forked_rank_end(state_, {&leave_at_rank_end, reinterpret_cast<void (*)()>(drop_)});
+    // Whoever lets go of this process's last hold on the state decides,
+    // under the table lock, whether anyone can pop any more: the end of
+    // the last storage over it here, or a forked rank's end, which runs
+    // no destructors.
+    const auto context = reinterpret_cast<void (*)()>(drop_);
+    detail::at_last_release(state_, {&last_hold_here_goes, context});
+    detail::at_forked_rank_end(state_, {&leave_at_rank_end, context});
     const locked lock(h().table_lock);
     if (os::own_start_time() != 0) {
       if (auto* own = own_slot_locked()) {
@@ -584,51 +589,62 @@ class queue_core {
     return nullptr;
   }
 
-  // Ends this queue_core's hold. When it was this process's last and nobody
-  // else can pop any more, drops what is left in the ring, so that the
-  // shared memory the values name is let go of; when only plain forks'
-  // children still could, once they have exec'd or ended.
+  // Ends this queue_core's hold: its place in the table of holders. What
+  // is left in the ring is dropped, when nobody can pop it any more, as
+  // this process's last storage over the state ends (last_hold_here_goes):
+  // another storage here (a handle waiting to be sent as an argument) may
+  // still pass the queue on.
   void leave() noexcept {
     if (header_ == nullptr) return;
     const pid_t self = os::this_process();
     if (holder_ != self && unrecorded_by_ != self) return;  // inherited over fork
-    // A plain fork's child that has exec'd or ended can pop no more.
-    shm::sweep_fork_holds();
-    left_to state;
-    {
-      const locked lock(h().table_lock);
-      if (unrecorded_by_ == self) {
-        --h().holders.unrecorded;
-        // This process's other queue_cores over it, recorded or not, hold it still.
-        if (state_.use_count() != 1 || own_slot_locked() != nullptr) return;
-      } else if (!release_hold_locked()) {
-        return;
-      }
-      state = left_locked();
+    const locked lock(h().table_lock);
+    if (unrecorded_by_ == self) {
+      --h().holders.unrecorded;
+    } else if (auto* own = own_slot_locked()) {
+      --own->count;
     }
-    if (state == left_to::nobody) drain();
-    if (state == left_to::children) drain_once_children_gone();
   }
 
   // Who can still pop from the queue once this process's last hold went.
   enum class left_to { others, children, nobody };
 
+  // The end of this process's last storage over the queue's `state` (a
+  // storage that took its hold over): what is left is dropped when nobody
+  // else can pop any more.
+  static void last_hold_here_goes(const storage& state, void (*drop)()) noexcept {
+    // A plain fork's child that has exec'd or ended can pop no more.
+    shm::sweep_fork_holds();
+    queue_core core(state, reinterpret_cast<record_drop>(drop));  // holds no place in the table
+    core.header_ = reinterpret_cast<queue_header*>(state.data());
+    const auto left = core.let_go_of_hold();
+    if (left == left_to::nobody) core.drain();
+    if (left == left_to::children) core.drain_once_children_gone();
+  }
+
   // A forked rank's end (detail::at_forked_rank_end), for the queue over
-  // `state`: this process's holds go at once, as its queue_cores' ends would
-  // have let go of them, and when nobody else can pop any more, what is left
-  // is dropped.
+  // `state`: this process's holds go at once, as its queue_cores' and its
+  // other storages' ends would have let go of them, and when nobody else
+  // can pop any more, what is left is dropped.
   static void leave_at_rank_end(const storage& state, void (*drop)()) noexcept {
     queue_core core(state, reinterpret_cast<record_drop>(drop));  // holds no place in the table
     core.header_ = reinterpret_cast<queue_header*>(state.data());
-    left_to left;
     {
       const locked lock(core.h().table_lock);
-      auto* own = core.own_slot_locked();
-      if (own == nullptr) return;  // none here: every one went, or they were inherited
-      own->count = 0;
-      left = core.holders_left_locked();
+      if (auto* own = core.own_slot_locked()) own->count = 0;
     }
-    if (left == left_to::nobody) core.drain();
+    if (core.let_go_of_hold() == left_to::nobody) core.drain();
+  }
+
+  // Once this process holds the queue through no queue_core: who else can
+  // pop from it. Where others can, this process's hold on the state goes
+  // under the table lock, so that the last of several holders letting go
+  // at once finds the others' holds gone and drains.
+  left_to let_go_of_hold() noexcept {
+    const locked lock(h().table_lock);
+    auto left = holders_left_locked();
+    if (left == left_to::others && !detail::let_go_unless_last(state_)) left = holders_left_locked();
+    return left;
   }
 
   // Takes every record left and drops its value. The caller found that
@@ -666,41 +682,24 @@ class queue_core {
       auto later = std::make_shared<queue_core>(std::move(state_), drop_);
       later->header_ = header_;
       shm::retry_after_fork_holds([later] {
-        left_to state;
-        {
-          const locked lock(later->h().table_lock);
-          state = later->left_locked();
-        }
-        if (state == left_to::children) return false;
-        if (state == left_to::nobody) later->drain();
+        const auto left = later->let_go_of_hold();
+        if (left == left_to::children) return false;
+        if (left == left_to::nobody) later->drain();
         return true;
       });
     } catch (...) {
     }
   }
 
-  // With the table lock held: drops one of this process's holds; whether it was
-  // the last.
-  bool release_hold_locked() noexcept {
-    auto* own = own_slot_locked();
-    return own != nullptr && --own->count == 0;
-  }
-
-  // With the table lock held, after this process's last hold went: whether
-  // any process can pop from the queue any more. Nobody can when every
-  // other holder recorded has ended and nothing else holds its shared
-  // state: no other storage over it here (a handle being sent as an
-  // argument), and no hold in shared memory beyond this process's and
-  // those of holders that ended without letting go (killed outright) — a
-  // handle in a message in flight, or a process that has the state but no
-  // queue over it yet, is one more. Children of plain forks that have not
-  // exec'd yet could pop from what they inherited: the holds this process
-  // keeps for them are told apart.
-  left_to left_locked() const noexcept {
-    return state_.use_count() != 1 ? left_to::others : holders_left_locked();
-  }
-
-  // left_locked() but for this process's other storages over the state.
+  // With the table lock held, once this process holds the state through
+  // nothing but its last storage: whether any process can pop from the
+  // queue any more. Nobody can when every other holder recorded has ended
+  // and no hold in shared memory is left beyond this process's and those
+  // of holders that ended without letting go (killed outright): a handle
+  // in a message in flight, or a process that has the state but no queue
+  // over it yet, is one more. Children of plain forks that have not exec'd
+  // yet could pop from what they inherited: the holds this process keeps
+  // for them are told apart.
   left_to holders_left_locked() const noexcept {
     const auto& t = h().holders;
     if (t.unrecorded != 0) return left_to::others;

@@ -44,9 +44,13 @@ class storage_impl {
   // Borrowers of `data` through DLPack (tensor::to_dlpack) yet to call
   // their deleters: private bytes must not move into shared memory then.
   std::atomic<std::uint32_t> lent{0};
-  // What a forked rank's end does for it first (at_forked_rank_end);
-  // guarded by the identity table's lock.
-  rank_end_work at_rank_end;
+  // What a forked rank's end does for it first (at_forked_rank_end), and
+  // what its own end does before its hold goes (at_last_release); guarded
+  // by the identity table's lock.
+  hold_work at_rank_end;
+  hold_work at_last_release;
+  // Its hold went early (let_go_unless_last): its end lets go of nothing.
+  std::atomic<bool> released{false};
 
   storage_impl() = default;
   storage_impl(const storage_impl&) = delete;
@@ -417,8 +421,24 @@ detail::storage_impl::~storage_impl() {
     if (auto* weak = m.storages.find(key); weak != nullptr && weak->expired()) m.storages.erase(key);
   }
   if (let_go) return;
+  if (!released.load(std::memory_order_acquire) && at_last_release.run != nullptr) {
+    // Work set by at_last_release: a storage of its own takes the hold
+    // over, for the work to read the block with. It is in no table: a
+    // handle of the block received meanwhile is a storage of its own, with
+    // a hold of its own.
+    std::shared_ptr<storage_impl> heir;
+    try {
+      heir = shared_impl(segment, block, nbytes);
+    } catch (...) {
+      // No memory for it: the hold goes here, as without work.
+    }
+    if (heir) {
+      at_last_release.run(storage(std::move(heir)), at_last_release.context);
+      return;
+    }
+  }
   const bool own_segment = segment->block(block).size_class == shm::size_classes;
-  segment->release(block);
+  if (!released.load(std::memory_order_acquire)) segment->release(block);
   // Others may still have to open a segment of its own that this process
   // made: it stays open here until they have freed it.
   if (own_segment && segment->made_here() &&
@@ -788,11 +808,32 @@ std::uint32_t shared_holders(const storage& s) noexcept {
   return segment->block(s.impl_->block).refs.load(std::memory_order_acquire);
 }
 
-void at_forked_rank_end(const storage& s, rank_end_work work) noexcept {
+void at_forked_rank_end(const storage& s, hold_work work) noexcept {
   if (shared_segment(s.impl_.get()) == nullptr) return;
   auto& m = identities();
   std::lock_guard lock(m.mutex);
   if (s.impl_->at_rank_end.run == nullptr) s.impl_->at_rank_end = work;
+}
+
+void at_last_release(const storage& s, hold_work work) noexcept {
+  if (shared_segment(s.impl_.get()) == nullptr) return;
+  auto& m = identities();
+  std::lock_guard lock(m.mutex);
+  if (s.impl_->at_last_release.run == nullptr) s.impl_->at_last_release = work;
+}
+
+bool let_go_unless_last(const storage& s) noexcept {
+  auto* impl = s.impl_.get();
+  const auto* segment = shared_segment(impl);
+  if (segment == nullptr) return false;
+  if (impl->let_go || impl->released.load(std::memory_order_acquire)) return true;  // none held here
+  auto& refs = impl->segment->block(impl->block).refs;
+  auto n = refs.load(std::memory_order_acquire);
+  do {
+    if (n <= 1) return false;
+  } while (!refs.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel, std::memory_order_acquire));
+  impl->released.store(true, std::memory_order_release);
+  return true;
 }
 
 COHORT_FORKED_CHILD_PATH void release_shared_memory_holds() noexcept {
@@ -802,7 +843,7 @@ COHORT_FORKED_CHILD_PATH void release_shared_memory_holds() noexcept {
   auto& m = *known;
   // The upper layers' work first, outside the lock: it may receive and
   // drop values (a queue's last holder drains it), which takes the lock.
-  std::vector<std::pair<std::shared_ptr<storage_impl>, rank_end_work>> work;
+  std::vector<std::pair<std::shared_ptr<storage_impl>, hold_work>> work;
   try {
     std::lock_guard lock(m.mutex);
     m.storages.for_each([&work](const block_key&, identity_table::value_type& weak) {
@@ -822,7 +863,7 @@ COHORT_FORKED_CHILD_PATH void release_shared_memory_holds() noexcept {
   m.storages.for_each([&seen](const block_key&, identity_table::value_type& weak) {
     if (auto impl = weak.lock(); impl && !impl->let_go) {
       impl->let_go = true;
-      impl->segment->release(impl->block);
+      if (!impl->released.load(std::memory_order_acquire)) impl->segment->release(impl->block);
       seen.push_back(std::move(impl));
     }
   });

@@ -445,6 +445,13 @@ COHORT_ENTRYPOINT(keep_queue);
 void keep_popped_queue(int rank, queue<queue<tensor>> handed) { keep_queue(rank, handed.get(10s).value()); }
 COHORT_ENTRYPOINT(keep_popped_queue);
 
+// Pops one value once told to.
+void pop_one_when_told(int, queue<tensor> q, event go) {
+  if (!go.wait_for(10s)) throw std::runtime_error("not told within 10 s");
+  (void)q.get(10s).value();
+}
+COHORT_ENTRYPOINT(pop_one_when_told);
+
 // Pushes tensors of its own under file_system that nobody will receive;
 // returns its pid.
 int push_unreceived(int, queue<tensor> q, int n) {
@@ -1494,6 +1501,36 @@ TEST_SUITE("sharing") {
         }
         (void)spawn_and_join(keep_popped_queue, std::tuple{handed}, 1, {.method = method});
         CHECK(handed.size() == 0);
+      });
+    }
+  }
+
+  // Before, a fork rank that was the queue's last holder kept the
+  // storages it inherited over the queue's memory (the caller's queue, the
+  // call's arguments) and so never found itself the last; and a spawn or
+  // forkserver rank could find the memory its arguments name freed before
+  // it decoded them, the caller's being its only hold until then.
+  TEST_CASE("values left in a queue given to a group's ranks are let go as they end, the caller's dropped at start") {
+    for (const auto method : methods) {
+      CAPTURE(to_string(method));
+      repeat_under_each_strategy(1, [&](leak_check&, int) {
+        event go;
+        asio::io_context io;
+        const auto ok = test::run(io, [&]() -> asio::awaitable<bool> {
+          std::optional<group> g;
+          {
+            queue<tensor> q(8);
+            for (int i = 0; i < 4; ++i) REQUIRE(q.put(large_shared(i), 1s));
+            group_spec spec;
+            spec.entry = call(method, pop_one_when_told, q, go);
+            spec.nprocs = 2;
+            g.emplace(co_await start_processes(spec));
+          }
+          go.set();
+          const auto r = co_await g->wait();
+          co_return r.ok();
+        }());
+        CHECK(ok);
       });
     }
   }
