@@ -88,14 +88,16 @@ int restore_fd_limit(void* given) noexcept {
 
 namespace fs = std::filesystem;
 
-// The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, read as
-// CUDA reads it (its entries up to the first that names no device: "-1"
-// hides them all), else the ones the NVIDIA driver lists.
+// The GPUs this process may use: CUDA_VISIBLE_DEVICES when set, its entries
+// (blanks around each taken off) up to the first that is no device's index
+// or name ("-1" hides them all; whether they exist is not asked of the
+// driver), else the ones the NVIDIA driver lists.
 int visible_gpus() {
   if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
     int n = 0;
-    for (const auto& entry : comma_list(visible)) {
-      const bool index = entry.find_first_not_of("0123456789") == std::string::npos;
+    for (const auto& spaced : comma_list(visible)) {
+      const auto entry = trimmed(spaced, " \t");
+      const bool index = !entry.empty() && entry.find_first_not_of("0123456789") == std::string::npos;
       if (!index && !entry.starts_with("GPU-") && !entry.starts_with("MIG-")) break;
       ++n;
     }

@@ -68,13 +68,15 @@ struct streams_per_rank {
 /// file is read to its end once every rank has ended: what a process left
 /// behind writes there later is in the file only, and a rank that cuts its
 /// own log file short can make the console read it again from its start.
-/// The console writes block this process's io_context while the console
-/// does not take them.
+/// A console that does not take its lines holds a thread at most about a
+/// millisecond at a time; what it has not taken waits in memory, and the
+/// streams on it read no more until it has (README, "Logs").
 ///
 /// Files: <dir>/<run_id>/attempt_<attempt>/<rank>/{stdout.log,stderr.log,
 /// error.json}; the group's error files go there too (unless
-/// group_spec::error_dir is set). Folders and files are made, and files
-/// truncated, before any rank starts: a directory that cannot be made or
+/// group_spec::error_dir is set). Folders and files are made before any
+/// rank starts (a file an earlier run left is replaced by a new one, not
+/// truncated): a directory that cannot be made or
 /// written is a std::filesystem::filesystem_error of start_processes, with
 /// the path, and nothing started.
 struct logs_spec {
@@ -123,7 +125,7 @@ struct logs_spec {
   /// line at a time. A console that refuses a
   /// write (a pipe whose reader has gone, as under `| head`) takes no more
   /// lines: the ranks run on, their log files get every byte, and
-  /// group_result::log_errors says so. Such a write raises no SIGPIPE in
+  /// run_result::log_errors says so. Such a write raises no SIGPIPE in
   /// this process, whatever its disposition.
   int console_out = -1;
   int console_err = -1;

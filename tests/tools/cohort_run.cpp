@@ -1307,9 +1307,10 @@ TEST_SUITE("cohort-run") {
                      {{"CUDA_VISIBLE_DEVICES", "0,1,3"}});
     REQUIRE(r.status.code() == 0);
     CHECK(variables_in(gpus.path / "0")["LOCAL_WORLD_SIZE"] == "3");
-    // Read as CUDA reads it: a trailing comma names nothing, and the list
-    // stops at the first entry that names no device.
-    for (const auto& [visible, count] : std::map<std::string, std::string>{{"0,1,", "2"}, {"GPU-ab,2,-1,3", "2"}}) {
+    // A trailing comma names nothing, blanks around an entry are not part
+    // of it, and the list stops at the first entry that names no device.
+    for (const auto& [visible, count] :
+         std::map<std::string, std::string>{{"0,1,", "2"}, {"GPU-ab,2,-1,3", "2"}, {"0, 1", "2"}}) {
       CAPTURE(visible);
       test::temp_dir listed;
       r = run_launcher({"--nproc-per-node", "gpu", "--", "/bin/sh", "-c", dump_contract, listed.path.string()},
