@@ -861,7 +861,8 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     if (r.failures.empty() && ended_by) {  // the rendezvous ended the round
       a.reason = ended_by->reason;
       using cause = round_change::cause;
-      if (ended_by->what == cause::closed) {  // another node ended the job for good: no next round
+      // Another node ended the job for good, or it finished in another round: no next round.
+      if (ended_by->what == cause::closed) {
         a.outcome = "failed";
         say("cohort-run: attempt {} ended: {}\n", attempt, a.reason);
         return finish("failed", 1, a.reason);

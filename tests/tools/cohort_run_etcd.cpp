@@ -190,6 +190,19 @@ TEST_SUITE("cohort-run over etcd") {
     }
   }
 
+  TEST_CASE("a node that comes once the job's round is full and then finished exits 1, the job not run again") {
+    test::temp_dir dir;
+    const auto id = fresh_id();
+    const auto args = joined(joined(rendezvous(id, "1:2"), {"-n", "1"}), worker(dir.path, "sleep 2"));
+    std::vector<node> nodes{{args}, {args}};
+    nodes.push_back({args, [&]() -> asio::awaitable<void> { co_await files_appear(dir.path, 2, "2-", 10ms, 60s); }});
+    auto results = run_nodes(nodes);
+    for (int n = 0; n < 2; ++n) CHECK_MESSAGE(results[n].status.code() == 0, results[n].err);
+    CHECK(results[2].status.code() == 1);
+    CHECK_MESSAGE(results[2].err.find("the job has finished: node ") != std::string::npos, results[2].err);
+    CHECK_FALSE(fs::exists(dir.path / "1-0"));  // no world of one node ran
+  }
+
   TEST_CASE("a node whose ranks fail for good closes the job: the others stop, naming it") {
     test::temp_dir dir;
     const auto id = fresh_id();

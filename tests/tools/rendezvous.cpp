@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <future>
@@ -332,6 +333,88 @@ TEST_SUITE("etcd rendezvous") {
     const auto state = state_of(job);
     CHECK(state["round"] == placed[0].round);
     CHECK(state["phase"] == "running");
+  }
+
+  TEST_CASE("once a node's ranks succeeded the job has finished: a late node and a restarting one are told so") {
+    const auto job = fresh_run_id();
+    std::vector<rendezvous_config> configs{node(job, 1, 1, 2), node(job, 2, 1, 2)};
+    const auto all = make_nodes(configs);
+    const auto placed = next_rounds(all);
+    check_one_round(placed, configs);
+    watch_log watched;
+    all[1]->watch(watched.callback());
+    // A third node comes while the round is full: it waits for the next one.
+    auto late_config = node(job, 3, 1, 2);
+    late_config.join_timeout = 5s;
+    etcd_rendezvous late(late_config);
+    auto waiting = std::async(std::launch::async, [&] { return late.next_round(); });
+    etcd_client client(etcd().endpoint());
+    for (int i = 0; i < 200 && client.range_prefix("/cohort/rdzv/" + job + "/w/").kvs.empty(); ++i) {
+      std::this_thread::sleep_for(50ms);
+    }
+    all[0]->finished();
+    const std::string finished = "rendezvous of job '" + job + "' at " + etcd().endpoint() +
+                                 ": the job has finished: node " + std::to_string(placed[0].node_rank) +
+                                 " (10.0.0.1) succeeded in round " + std::to_string(placed[0].round);
+    const auto late_told = finished + " (a run id names one job: a new job needs a --rdzv-id of its own)";
+    CHECK_THROWS_WITH_AS(waiting.get(), late_told.c_str(), rendezvous_error);
+    // The round's other node runs on; its ranks failing, it asks for a new
+    // round, and is told instead: no round opens.
+    CHECK(watched.count() == 0);
+    all[1]->restart("node 1 restarts: rank 1 exited with code 4");
+    CHECK_THROWS_WITH_AS(all[1]->next_round(), finished.c_str(), rendezvous_error);
+    CHECK(state_of(job)["round"] == placed[0].round);
+  }
+
+  TEST_CASE("a member that sees its round formed only after another member's ranks succeeded still runs it") {
+    const auto job = fresh_run_id();
+    auto slow_config = node(job, 2, 2, 2);
+    slow_config.poll_interval = 500ms;  // the other node closes the round, and sees it first
+    etcd_rendezvous fast(node(job, 1, 2, 2)), slow(slow_config);
+    std::atomic<bool> fast_placed{false};
+    std::promise<void> go;
+    const auto gate = go.get_future().share();
+    auto late = std::async(std::launch::async, [&] {
+      return slow.next_round([&](std::chrono::milliseconds d) {
+        std::this_thread::sleep_for(d);
+        if (fast_placed) gate.wait();  // until the other node's ranks have succeeded
+        return true;
+      });
+    });
+    etcd_client client(etcd().endpoint());
+    for (int i = 0; i < 200 && client.range_prefix("/cohort/rdzv/" + job + "/r/").kvs.empty(); ++i) {
+      std::this_thread::sleep_for(50ms);
+    }
+    const auto first = fast.next_round();
+    fast_placed = true;
+    fast.finished();
+    go.set_value();
+    const auto second = late.get();
+    CHECK(second.round == first.round);
+    CHECK(second.nnodes == 2);
+    CHECK(second.node_rank != first.node_rank);
+  }
+
+  TEST_CASE("a round opened as another node's ranks succeeded ends once that node says so: the job has finished") {
+    const auto job = fresh_run_id();
+    std::vector<rendezvous_config> configs{node(job, 1, 1, 2), node(job, 2, 1, 2)};
+    const auto all = make_nodes(configs);
+    const auto first = next_rounds(all);
+    // Node 2's ranks failed: it opens round 1 and runs it alone, while node
+    // 1's ranks succeed in round 0.
+    all[1]->restart("node 1 restarts: rank 1 exited with code 4");
+    const auto second = all[1]->next_round();
+    CHECK(second.round == first[1].round + 1);
+    CHECK(second.nnodes == 1);
+    watch_log watched;
+    all[1]->watch(watched.callback());
+    all[0]->finished();
+    const auto change = watched.wait(5s);
+    REQUIRE(change);
+    CHECK(change->what == round_change::cause::closed);
+    CHECK(change->reason == "the job has finished: node " + std::to_string(first[0].node_rank) +
+                                " (10.0.0.1) succeeded in round " + std::to_string(first[0].round));
+    CHECK_THROWS_AS(all[1]->next_round(), rendezvous_error);
   }
 
   TEST_CASE("close makes the others' watch fire, and their next round fail, with the reason") {

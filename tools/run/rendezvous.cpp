@@ -52,6 +52,8 @@ std::string nodes_text(std::size_t n) { return std::to_string(n) + (n == 1 ? " n
 struct etcd_rendezvous::snapshot {
   std::int64_t revision = 0;  ///< the store's, at the read
   std::optional<std::string> closed;
+  std::optional<std::string> finished;  ///< why the job finished
+  std::int64_t finished_round = 0;      ///< the round it finished in
   bool has_state = false;
   std::int64_t state_revision = 0;  ///< the state key's mod revision
   std::int64_t round = 0;
@@ -69,6 +71,7 @@ struct etcd_rendezvous::snapshot {
   bool lists(const std::string& id) const {
     return std::any_of(listed.begin(), listed.end(), [&](const member& m) { return m.id == id; });
   }
+  std::string finished_text() const { return "the job has finished: " + *finished; }
 };
 
 // Where next_round stands, across its polls.
@@ -138,6 +141,10 @@ etcd_rendezvous::snapshot etcd_rendezvous::read(etcd_client& client) const {
     const std::string_view name = std::string_view(kv.key).substr(prefix_.size());
     if (name == "closed") {
       s.closed = kv.value;
+    } else if (name == "finished") {
+      const json finished = json::parse(kv.value, nullptr, false);
+      s.finished = finished.is_object() ? finished.value("why", std::string()) : kv.value;
+      s.finished_round = finished.is_object() ? finished.value("round", std::int64_t{-1}) : -1;
     } else if (name == "state") {
       const json state = json::parse(kv.value, nullptr, false);
       if (!state.is_object()) throw rendezvous_error(where() + ": the state key holds no JSON object: " + kv.value);
@@ -222,7 +229,7 @@ bool etcd_rendezvous::open_round(std::int64_t after, std::int64_t seen_revision,
                                                                                   : "";
   const json state{{"round", after + 1}, {"phase", "joining"}, {"why", why}, {"cause", cause_name}};
   return client_
-      .txn({compare::written_at(prefix_ + "state", seen_revision)},
+      .txn({compare::written_at(prefix_ + "state", seen_revision), compare::written_at(prefix_ + "finished", 0)},
            {put_request{prefix_ + "state", state.dump()}, delete_request{prefix_ + "r/", prefix_end(prefix_ + "r/")}})
       .succeeded;
 }
@@ -296,12 +303,16 @@ assignment etcd_rendezvous::next_round(const std::function<bool(milliseconds)>& 
 
 std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) {
   const auto self = node_id();
-  if (s.closed) {
+  // A member of the round that finished runs it even when another member's
+  // ranks succeeded before it saw the round formed; once it ran it, it is
+  // told the job has finished.
+  const bool newly_placed = s.running && s.lists(self) && !(placed_ && placed_->round == s.round);
+  if (s.closed || (s.finished && !(newly_placed && s.finished_round == s.round))) {
     // A node of the job (placed, or listed in the round the close ended)
-    // learns why it ended; a node that never took part was most likely
+    // learns why it ended; a node that never took part came late, or was
     // started with an old job's id.
     const bool took_part = placed_ || s.lists(self);
-    throw rendezvous_error(where() + ": the job was closed: " + *s.closed +
+    throw rendezvous_error(where() + ": " + (s.closed ? "the job was closed: " + *s.closed : s.finished_text()) +
                            (took_part ? "" : " (a run id names one job: a new job needs a --rdzv-id of its own)"));
   }
   const auto state_unchanged = compare::written_at(prefix_ + "state", s.state_revision);
@@ -315,7 +326,7 @@ std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) 
                                     delete_request{prefix_ + "w/" + self, {}}});
   } else if (!s.running) {
     p.wrote = close_when_due(s, p);
-  } else if (s.lists(self) && !(placed_ && placed_->round == s.round)) {
+  } else if (newly_placed) {
     // Its waiting key went in the transaction that made it a member: no
     // request is left that could fail once it is placed.
     placed_ = placement{s.round, s.state_revision, self, s.listed};
@@ -442,6 +453,9 @@ void etcd_rendezvous::watch_round(std::stop_token stop, placement round,
 std::optional<round_change> etcd_rendezvous::change_in(const snapshot& s, const placement& round) const {
   using cause = round_change::cause;
   if (s.closed) return round_change{cause::closed, "the job was closed: " + *s.closed};
+  // The job finished in another round (one opened as that round's ranks
+  // succeeded): this one is no round of it. The round that finished runs on.
+  if (s.finished && s.finished_round != round.round) return round_change{cause::closed, s.finished_text()};
   if (!s.has_state) return round_change{cause::new_round, "the job's state was removed from etcd"};
   if (s.state_revision != round.state_revision) {
     const auto what = s.cause == "lost" ? cause::member_lost : s.cause == "joining" ? cause::node_waiting : cause::new_round;
@@ -457,7 +471,7 @@ std::optional<round_change> etcd_rendezvous::change_in(const snapshot& s, const 
                           "node " + std::to_string(i) + " (" + m.addr + ") left without finishing: its lease expired"};
     }
   }
-  if (!s.waiting.empty() && round.members.size() < static_cast<std::size_t>(config_.max_nodes)) {
+  if (!s.finished && !s.waiting.empty() && round.members.size() < static_cast<std::size_t>(config_.max_nodes)) {
     return round_change{cause::node_waiting, nodes_text(s.waiting.size()) + " waiting to join"};
   }
   return std::nullopt;
@@ -466,9 +480,19 @@ std::optional<round_change> etcd_rendezvous::change_in(const snapshot& s, const 
 void etcd_rendezvous::finished() {
   unwatch();
   if (!placed_) return;
-  // Only into the round that still runs: a newer one has no use for it.
+  const auto& members = placed_->members;
+  const auto self =
+      std::find_if(members.begin(), members.end(), [&](const member& m) { return m.id == placed_->self; });
+  const auto round = std::to_string(placed_->round);
+  const json why{{"round", placed_->round},
+                 {"why", "node " + std::to_string(self - members.begin()) + " (" + config_.local_addr +
+                             ") succeeded in round " + round}};
+  const put_request mark{prefix_ + "finished", why.dump()};
+  // The done key only into the round that still runs: a newer one has no
+  // use for it. The job is finished either way: a round opened as these
+  // ranks ended (another node's restart) must not run it again.
   client_.txn({compare::written_at(prefix_ + "state", placed_->state_revision)},
-              {put_request{prefix_ + "r/" + std::to_string(placed_->round) + "/done/" + placed_->self, "done"}});
+              {put_request{prefix_ + "r/" + round + "/done/" + placed_->self, "done"}, mark}, {mark});
 }
 
 void etcd_rendezvous::close(const std::string& why) {

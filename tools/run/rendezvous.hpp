@@ -7,13 +7,15 @@
 //                    the current round; "members" (running only) is its
 //                    frozen list, in node-rank order
 //   closed           why the job was closed by a node that failed for good
+//   finished         {"round": N, "why": ...}: a node's ranks succeeded in
+//                    round N, so the job is done: no round opens after it
 //   w/<node>         a node waiting for the next round (under its lease)
 //   r/<N>/m/<node>   a member of round N: {"addr", "port", "nproc"} (under
 //                    its lease); the creation revision orders the joins
 //   r/<N>/done/<node>  a member of round N whose ranks succeeded (no lease:
 //                    it outlives the node)
-// <node> is the node's lease id, in hex. State and closed outlive the job:
-// a run id names one job.
+// <node> is the node's lease id, in hex. State, closed and finished outlive
+// the job: a run id names one job.
 //
 // A node joins the open round with a transaction that holds only while the
 // state is the one it read. Once max_nodes have joined, or min_nodes have
@@ -23,6 +25,12 @@
 // the round running without it registers as waiting; members then open the
 // next round (a transaction that also deletes every r/ key), as does the
 // waiting node itself when no member of the running round is left.
+//
+// A round's result is the job's, as torchrun's agent closes the rendezvous
+// once its workers succeed: after a node's ranks succeeded no new round
+// opens, the round's other nodes run on to their own end, and a node that
+// asks for a round (late, or restarting after its ranks failed) is told
+// the job has finished.
 #pragma once
 
 #include "run/etcd.hpp"
@@ -40,8 +48,9 @@
 namespace cohort_run {
 
 /// A rendezvous that cannot go on: no round formed within join_timeout,
-/// etcd stayed unreachable, or a node closed the job. The message says which,
-/// and names the job and the endpoint.
+/// etcd stayed unreachable, a node closed the job, or the job has finished
+/// (a node's ranks succeeded). The message says which, and names the job
+/// and the endpoint.
 struct rendezvous_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -84,7 +93,7 @@ struct round_change {
     node_waiting,      ///< a node waits to join, and the round has room
     new_round,         ///< another node started a new round (its restart); one started because a
                        ///< node was lost or waits to join reports member_lost or node_waiting
-    closed,            ///< a node closed the job: next_round will throw
+    closed,            ///< a node closed the job, or the job finished in an earlier round: next_round will throw
     lease_lost,        ///< this node's own lease expired
     etcd_unreachable,  ///< etcd did not answer for lease_ttl
   };
@@ -111,16 +120,17 @@ class etcd_rendezvous {
   /// place. Stops a watch still running. Retries while etcd is unreachable.
   /// Throws rendezvous_error once join_timeout has passed (saying how many
   /// nodes had joined, or what etcd last answered), when a node closed
-  /// the job, or when `pause` returns false. `pause(d)` waits between polls
-  /// (d, possibly 0); by default a plain sleep.
+  /// the job, when the job has finished, or when `pause` returns false.
+  /// `pause(d)` waits between polls (d, possibly 0); by default a plain sleep.
   assignment next_round(const std::function<bool(std::chrono::milliseconds)>& pause = {});
 
   /// Starts watching the round next_round last returned (std::logic_error
   /// before any), with one etcd request per poll_interval: `on_change` is
   /// called once, on the watch's thread, when the round must end: a member
   /// left without finishing (its lease expired), a node waits to join
-  /// (while the round has fewer than max_nodes), another node started a new
-  /// round, the job was closed, this node's own lease was lost, or etcd
+  /// (while the round has fewer than max_nodes and the job has not
+  /// finished), another node started a new round, the job was closed (or
+  /// finished in an earlier round), this node's own lease was lost, or etcd
   /// stayed unreachable for lease_ttl. Replaces an earlier watch.
   /// on_change should only hand the reason over: it must not call watch()
   /// nor destroy the rendezvous.
@@ -130,7 +140,9 @@ class etcd_rendezvous {
   void unwatch();
 
   /// This node's ranks succeeded: its leaving does not end the round for the
-  /// others. Stops this node's watch. Throws etcd_error when etcd cannot be told.
+  /// others, and the job is finished: no round opens after this one, and
+  /// every later next_round throws. Stops this node's watch. Throws
+  /// etcd_error when etcd cannot be told.
   void finished();
   /// This node failed for good: every other node's watch fires with `why`,
   /// and every next_round (this node's too) throws with it. Stops this
@@ -138,8 +150,9 @@ class etcd_rendezvous {
   void close(const std::string& why);
   /// This node's ranks failed and it will try again: starts a new round for
   /// every node (their watch fires with `why` as its reason). Nothing when a newer round
-  /// was already started. Stops this node's watch. Throws etcd_error when
-  /// etcd cannot be told.
+  /// was already started, or when the job has finished (next_round then
+  /// throws). Stops this node's watch. Throws etcd_error when etcd cannot
+  /// be told.
   void restart(const std::string& why);
 
  private:
@@ -172,7 +185,7 @@ class etcd_rendezvous {
   /// Grants a lease when this node has none (or lost it) and starts its keepalive.
   void ensure_lease();
   void keep_alive(std::stop_token stop, std::int64_t lease);
-  /// Opens round `after` + 1 when the state is still `seen_revision`; false when it was not.
+  /// Opens round `after` + 1 when the state is still `seen_revision` and the job has not finished; false otherwise.
   bool open_round(std::int64_t after, std::int64_t seen_revision, const std::string& why,
                   round_change::cause what = round_change::cause::new_round);
   void watch_round(std::stop_token stop, placement round, std::function<void(const round_change&)> on_change);
