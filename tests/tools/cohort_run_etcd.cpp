@@ -249,8 +249,10 @@ TEST_SUITE("cohort-run over etcd") {
     test::temp_dir dir;
     const auto json = dir.path / "result.json";
     const auto id = fresh_id();
-    // Two nodes needed, one comes: it waits for the other until join_timeout (30 s).
-    auto args = joined(rendezvous(id, "2:2"), {"--result-json", json.string(), "--", "/bin/true"});
+    // One node comes and waits for a second until its last call ends (20 s);
+    // join_timeout is 30 s.
+    auto args =
+        joined(rendezvous(id, "1:2", ",last_call_timeout=20"), {"--result-json", json.string(), "--", "/bin/true"});
     std::chrono::steady_clock::time_point signalled;
     auto results = run_nodes({{args}}, [&](std::vector<std::optional<child>>& nodes) -> asio::awaitable<void> {
       asio::steady_timer timer(co_await asio::this_coro::executor, 1500ms);  // in the wait by then
@@ -265,7 +267,8 @@ TEST_SUITE("cohort-run over etcd") {
     CHECK(results[0].err.find("interrupted by SIGTERM") != std::string::npos);
     REQUIRE(std::filesystem::exists(json));
     CHECK(nlohmann::json::parse(read_file(json))["outcome"] == "interrupted");
-    // Its lease went with it: a node that comes now is the round's only one.
+    // Its lease went with it: a node of the job that comes now is the
+    // round's only one (else the round would close at once, with two).
     auto lone = run_nodes({{joined(rendezvous(id, "1:2"), {"--", "/bin/true"})}});
     CHECK(lone[0].status.code() == 0);
     CHECK(lone[0].err.find("node 0 of 1") != std::string::npos);

@@ -106,6 +106,20 @@ void check_one_round(const std::vector<assignment>& placed, const std::vector<re
   }
 }
 
+// Nodes 1 and 2 of job `run_id`, placed in one round.
+struct two_placed {
+  nodes all;
+  std::vector<assignment> placed;
+};
+two_placed place_two(const std::string& run_id, int min_nodes, int max_nodes) {
+  const std::vector<rendezvous_config> configs{node(run_id, 1, min_nodes, max_nodes),
+                                               node(run_id, 2, min_nodes, max_nodes)};
+  two_placed two{make_nodes(configs), {}};
+  two.placed = next_rounds(two.all);
+  check_one_round(two.placed, configs);
+  return two;
+}
+
 // What a watch reported, for a test to wait on.
 class watch_log {
  public:
@@ -131,6 +145,26 @@ class watch_log {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::vector<round_change> changes_;
+};
+
+// Nodes 1 and 2 of a fresh job placed in one round, node `watching` (0 or
+// 1) watching it, and a third node (10.0.0.3) of `third_min`:`third_max`
+// nodes that gives up after `join_timeout`, not yet started.
+struct round_and_third {
+  std::string job = fresh_run_id();
+  two_placed two;
+  watch_log watched;
+  etcd_rendezvous third;
+
+  round_and_third(int min_nodes, int max_nodes, std::size_t watching, int third_min, int third_max,
+                  std::chrono::milliseconds join_timeout)
+      : two(place_two(job, min_nodes, max_nodes)), third([&] {
+          auto c = node(job, 3, third_min, third_max);
+          c.join_timeout = join_timeout;
+          return c;
+        }()) {
+    two.all[watching]->watch(watched.callback());
+  }
 };
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
@@ -336,34 +370,26 @@ TEST_SUITE("etcd rendezvous") {
   }
 
   TEST_CASE("once a node's ranks succeeded the job has finished: a late node and a restarting one are told so") {
-    const auto job = fresh_run_id();
-    std::vector<rendezvous_config> configs{node(job, 1, 1, 2), node(job, 2, 1, 2)};
-    const auto all = make_nodes(configs);
-    const auto placed = next_rounds(all);
-    check_one_round(placed, configs);
-    watch_log watched;
-    all[1]->watch(watched.callback());
-    // A third node comes while the round is full: it waits for the next one.
-    auto late_config = node(job, 3, 1, 2);
-    late_config.join_timeout = 5s;
-    etcd_rendezvous late(late_config);
-    auto waiting = std::async(std::launch::async, [&] { return late.next_round(); });
+    // The third node comes while the round is full: it waits for the next one.
+    round_and_third r(1, 2, 1, 1, 2, 5s);
+    const auto& placed = r.two.placed;
+    auto waiting = std::async(std::launch::async, [&] { return r.third.next_round(); });
     etcd_client client(etcd().endpoint());
-    for (int i = 0; i < 200 && client.range_prefix("/cohort/rdzv/" + job + "/w/").kvs.empty(); ++i) {
+    for (int i = 0; i < 200 && client.range_prefix("/cohort/rdzv/" + r.job + "/w/").kvs.empty(); ++i) {
       std::this_thread::sleep_for(50ms);
     }
-    all[0]->finished();
-    const std::string finished = "rendezvous of job '" + job + "' at " + etcd().endpoint() +
+    r.two.all[0]->finished();
+    const std::string finished = "rendezvous of job '" + r.job + "' at " + etcd().endpoint() +
                                  ": the job has finished: node " + std::to_string(placed[0].node_rank) +
                                  " (10.0.0.1) succeeded in round " + std::to_string(placed[0].round);
     const auto late_told = finished + " (a run id names one job: a new job needs a --rdzv-id of its own)";
     CHECK_THROWS_WITH_AS(waiting.get(), late_told.c_str(), rendezvous_error);
     // The round's other node runs on; its ranks failing, it asks for a new
     // round, and is told instead: no round opens.
-    CHECK(watched.count() == 0);
-    all[1]->restart("node 1 restarts: rank 1 exited with code 4");
-    CHECK_THROWS_WITH_AS(all[1]->next_round(), finished.c_str(), rendezvous_error);
-    CHECK(state_of(job)["round"] == placed[0].round);
+    CHECK(r.watched.count() == 0);
+    r.two.all[1]->restart("node 1 restarts: rank 1 exited with code 4");
+    CHECK_THROWS_WITH_AS(r.two.all[1]->next_round(), finished.c_str(), rendezvous_error);
+    CHECK(state_of(r.job)["round"] == placed[0].round);
   }
 
   TEST_CASE("a member that sees its round formed only after another member's ranks succeeded still runs it") {
@@ -396,10 +422,7 @@ TEST_SUITE("etcd rendezvous") {
   }
 
   TEST_CASE("a round opened as another node's ranks succeeded ends once that node says so: the job has finished") {
-    const auto job = fresh_run_id();
-    std::vector<rendezvous_config> configs{node(job, 1, 1, 2), node(job, 2, 1, 2)};
-    const auto all = make_nodes(configs);
-    const auto first = next_rounds(all);
+    const auto [all, first] = place_two(fresh_run_id(), 1, 2);
     // Node 2's ranks failed: it opens round 1 and runs it alone, while node
     // 1's ranks succeed in round 0.
     all[1]->restart("node 1 restarts: rank 1 exited with code 4");
@@ -415,6 +438,17 @@ TEST_SUITE("etcd rendezvous") {
     CHECK(change->reason == "the job has finished: node " + std::to_string(first[0].node_rank) +
                                 " (10.0.0.1) succeeded in round " + std::to_string(first[0].round));
     CHECK_THROWS_AS(all[1]->next_round(), rendezvous_error);
+  }
+
+  TEST_CASE("a node that gives another --nnodes than the job's is refused, and the running round goes on") {
+    round_and_third r(2, 3, 0, 2, 2, 3s);
+    const std::string refused = "rendezvous of job '" + r.job + "' at " + etcd().endpoint() +
+                                ": this node runs with --nnodes 2 and the job with --nnodes 2:3 (every node of a job "
+                                "gives the same)";
+    CHECK_THROWS_WITH_AS(r.third.next_round(), refused.c_str(), rendezvous_error);
+    std::this_thread::sleep_for(300ms);  // many polls
+    CHECK(r.watched.count() == 0);
+    CHECK(state_of(r.job)["round"] == r.two.placed[0].round);
   }
 
   TEST_CASE("close makes the others' watch fire, and their next round fail, with the reason") {

@@ -46,6 +46,11 @@ milliseconds until(clock_type::time_point deadline) {
 
 std::string nodes_text(std::size_t n) { return std::to_string(n) + (n == 1 ? " node" : " nodes"); }
 
+// MIN:MAX as --nnodes gives it: N where both are N.
+std::string nnodes_text(int min_nodes, int max_nodes) {
+  return std::to_string(min_nodes) + (min_nodes == max_nodes ? "" : ":" + std::to_string(max_nodes));
+}
+
 }  // namespace
 
 // What one read of the job's keys shows, of the current round only.
@@ -54,6 +59,7 @@ struct etcd_rendezvous::snapshot {
   std::optional<std::string> closed;
   std::optional<std::string> finished;  ///< why the job finished
   std::int64_t finished_round = 0;      ///< the round it finished in
+  std::optional<std::string> nnodes;    ///< the job's --nnodes, as the node that made the state gave it
   bool has_state = false;
   std::int64_t state_revision = 0;  ///< the state key's mod revision
   std::int64_t round = 0;
@@ -141,6 +147,8 @@ etcd_rendezvous::snapshot etcd_rendezvous::read(etcd_client& client) const {
     const std::string_view name = std::string_view(kv.key).substr(prefix_.size());
     if (name == "closed") {
       s.closed = kv.value;
+    } else if (name == "nnodes") {
+      s.nnodes = kv.value;
     } else if (name == "finished") {
       const json finished = json::parse(kv.value, nullptr, false);
       s.finished = finished.is_object() ? finished.value("why", std::string()) : kv.value;
@@ -315,11 +323,18 @@ std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) 
     throw rendezvous_error(where() + ": " + (s.closed ? "the job was closed: " + *s.closed : s.finished_text()) +
                            (took_part ? "" : " (a run id names one job: a new job needs a --rdzv-id of its own)"));
   }
+  // Before any write: a node of another job's size would re-form its rounds.
+  const auto nnodes = nnodes_text(config_.min_nodes, config_.max_nodes);
+  if (s.nnodes && *s.nnodes != nnodes) {
+    throw rendezvous_error(where() + ": this node runs with --nnodes " + nnodes + " and the job with --nnodes " +
+                           *s.nnodes + " (every node of a job gives the same)");
+  }
   const auto state_unchanged = compare::written_at(prefix_ + "state", s.state_revision);
   p.wrote = true;
   if (!s.has_state) {
     const json first{{"round", 0}, {"phase", "joining"}, {"why", "the job's first round"}};
-    client_.txn({state_unchanged}, {put_request{prefix_ + "state", first.dump()}});
+    client_.txn({state_unchanged},
+                {put_request{prefix_ + "state", first.dump()}, put_request{prefix_ + "nnodes", nnodes}});
   } else if (!s.running && !s.has_joined(self)) {
     const json me{{"addr", config_.local_addr}, {"port", config_.local_port}, {"nproc", config_.nproc}};
     client_.txn({state_unchanged}, {put_request{member_prefix(s.round) + self, me.dump(), lease_},

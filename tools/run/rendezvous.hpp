@@ -6,6 +6,9 @@
 //   state            {"round": N, "phase": "joining" | "running", "why": ..., "members": [...]}
 //                    the current round; "members" (running only) is its
 //                    frozen list, in node-rank order
+//   nnodes           the job's --nnodes (N or MIN:MAX), as the node that
+//                    made the state gave it; a node that gives another is
+//                    refused before it writes anything
 //   closed           why the job was closed by a node that failed for good
 //   finished         {"round": N, "why": ...}: a node's ranks succeeded in
 //                    round N, so the job is done: no round opens after it
@@ -14,8 +17,8 @@
 //                    its lease); the creation revision orders the joins
 //   r/<N>/done/<node>  a member of round N whose ranks succeeded (no lease:
 //                    it outlives the node)
-// <node> is the node's lease id, in hex. State, closed and finished outlive
-// the job: a run id names one job.
+// <node> is the node's lease id, in hex. State, nnodes, closed and finished
+// outlive the job: a run id names one job.
 //
 // A node joins the open round with a transaction that holds only while the
 // state is the one it read. Once max_nodes have joined, or min_nodes have
@@ -48,9 +51,9 @@
 namespace cohort_run {
 
 /// A rendezvous that cannot go on: no round formed within join_timeout,
-/// etcd stayed unreachable, a node closed the job, or the job has finished
-/// (a node's ranks succeeded). The message says which, and names the job
-/// and the endpoint.
+/// etcd stayed unreachable, a node closed the job, the job has finished
+/// (a node's ranks succeeded), or this node's min_nodes:max_nodes is not
+/// the job's. The message says which, and names the job and the endpoint.
 struct rendezvous_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -120,7 +123,8 @@ class etcd_rendezvous {
   /// place. Stops a watch still running. Retries while etcd is unreachable.
   /// Throws rendezvous_error once join_timeout has passed (saying how many
   /// nodes had joined, or what etcd last answered), when a node closed
-  /// the job, when the job has finished, or when `pause` returns false.
+  /// the job, when the job has finished, when the job's nodes are another
+  /// min_nodes:max_nodes, or when `pause` returns false.
   /// `pause(d)` waits between polls (d, possibly 0); by default a plain sleep.
   assignment next_round(const std::function<bool(std::chrono::milliseconds)>& pause = {});
 
