@@ -370,11 +370,14 @@ std::string::size_type port_colon(const std::string& endpoint) {
   return bracketed ? std::string::npos : endpoint.rfind(':');
 }
 
-// --rdzv-endpoint as the master's address and port, as torchrun reads it:
-// host[:port], an IPv6 host in brackets ([::1]:29400, [::1]). The port is
-// `default_port` where none is named (nullopt: one is required).
-void master_from_endpoint(run_options& o, std::optional<int> default_port) {
-  const auto& e = o.rdzv_endpoint;
+// An endpoint's host, as torchrun reads host[:port] (`colon` is
+// port_colon's), brackets around an IPv6 host taken off; its port, 0 to
+// 65535, where it names one. Usage errors name --rdzv-endpoint `e`.
+struct host_port {
+  std::string host;
+  std::optional<int> port;
+};
+host_port endpoint_parts(const std::string& e) {
   const auto colon = port_colon(e);
   std::string host = e.substr(0, colon);
   if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
@@ -390,11 +393,22 @@ void master_from_endpoint(run_options& o, std::optional<int> default_port) {
                                   "(letters, digits, '_', '.', ':' and '-')",
                                   e));
   }
-  if (colon == std::string::npos && !default_port) {
+  if (colon == std::string::npos) return {std::move(host), std::nullopt};
+  const int port = whole_number("--rdzv-endpoint's port", e.substr(colon + 1), 0);
+  if (port > 65535) throw usage_error(fmt::format("--rdzv-endpoint {}: the port is not 0 to 65535", e));
+  return {std::move(host), port};
+}
+
+// --rdzv-endpoint as the master's address and port, as torchrun reads it:
+// host[:port], an IPv6 host in brackets ([::1]:29400, [::1]). The port is
+// `default_port` where none is named (nullopt: one is required).
+void master_from_endpoint(run_options& o, std::optional<int> default_port) {
+  const auto& e = o.rdzv_endpoint;
+  auto [host, port] = endpoint_parts(e);
+  if (!port && !default_port) {
     throw usage_error(fmt::format("--rdzv-endpoint {}: the static rendezvous needs the master's port (host:port)", e));
   }
-  o.master_port = colon == std::string::npos ? *default_port : whole_number("--rdzv-endpoint's port", e.substr(colon + 1), 0);
-  if (o.master_port > 65535) throw usage_error(fmt::format("--rdzv-endpoint {}: the port is not 0 to 65535", e));
+  o.master_port = port ? *port : *default_port;
   if (o.master_port == 0 && o.max_nodes > 1) {
     throw usage_error(fmt::format("--rdzv-endpoint {}: port 0 (any free port) serves one node only; give the "
                                   "master's port",
@@ -477,9 +491,15 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
                                   o.rdzv_endpoint));
   }
   if (c.endpoint.rfind("http://", 0) == 0) c.endpoint.erase(0, std::string_view("http://").size());
+  // Checked here: etcd's client would take a host or port no endpoint has
+  // for etcd unreachable, and try it until join_timeout.
+  const auto port = endpoint_parts(c.endpoint).port;
+  if (port == 0) {
+    throw usage_error(fmt::format("--rdzv-endpoint {}: port 0 is no etcd's; give etcd's client port", o.rdzv_endpoint));
+  }
   // etcd's client port where none is named, as torchrun's etcd rendezvous
   // takes it (host, [v6 host]).
-  if (port_colon(c.endpoint) == std::string::npos) c.endpoint += ":2379";
+  if (!port) c.endpoint += ":2379";
   c.run_id = run_id;
   c.min_nodes = o.min_nodes;
   c.max_nodes = o.max_nodes;

@@ -1222,6 +1222,12 @@ TEST_SUITE("cohort-run") {
     // Not spoken to in the clear when it asks for TLS.
     CHECK(error_of({"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "https://127.0.0.1:2379", "--nnodes", "1:2"})
               .find("TLS (https) is not supported") != std::string::npos);
+    // A host or port no endpoint has: not taken for an unreachable etcd and tried until join_timeout.
+    for (const char* endpoint : {"127.0.0.1:abc", "127.0.0.1:99999", "etcd host:2379", "127.0.0.1:", "127.0.0.1:0"}) {
+      CAPTURE(endpoint);
+      CHECK(error_of({"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", endpoint, "--rdzv-conf", "join_timeout=1"})
+                .find("--rdzv-endpoint") != std::string::npos);
+    }
     CHECK(error_of({"--signals-to-handle", "SIGNOPE"}).find("SIGUSR1") != std::string::npos);
     CHECK(error_of({"--nnodes", "2", "--node-rank", "2"}).find("not below") != std::string::npos);
     // More ranks than pids: refused as the flag's error before any rank's
