@@ -297,14 +297,37 @@ fs::path fresh_temp_folder(const std::string& prefix, std::error_code& ec) {
   return pattern;
 }
 
-// The ranks' logs from the flags. Files are asked for without --log-dir:
-// a fresh folder in $TMPDIR, as torchrun makes one. `folder` is the run's
-// folder name under the log dir.
-cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& folder) {
+// The run's folder under the log dir, named as torchrun names it (Python's
+// mkdtemp, the run id and '_' before it): <run-id>_ and 8 characters of
+// a-z, 0-9 and '_', made with mode 0700. Made here, so that runs started
+// with one id (the nodes of a job, on a shared file system) never share
+// one; without --log-dir, the logs' fresh folder holds it.
+std::string log_folder(const run_options& o, const std::string& run_id) {
+  static constexpr std::string_view characters = "abcdefghijklmnopqrstuvwxyz0123456789_";
+  const auto fresh_name = [&run_id] {
+    auto bits = random_bits();
+    std::string name = run_id + "_";
+    for (int i = 0; i < 8; ++i, bits >>= 8) name += characters[(bits & 0xff) % characters.size()];
+    return name;
+  };
+  if (o.log_dir.empty()) return fresh_name();
+  std::error_code ec;
+  fs::create_directories(o.log_dir, ec);
+  for (int tries = 0;; ++tries) {
+    auto folder = fresh_name();
+    // Made here; or, where it cannot be, the logs' set-up says why.
+    if (::mkdir((fs::path(o.log_dir) / folder).c_str(), 0700) == 0 || errno != EEXIST || tries == 100) return folder;
+  }
+}
+
+// The ranks' logs from the flags, checked before the run's folder under the
+// log dir is made (log_folder). Files are asked for without --log-dir: a
+// fresh folder in $TMPDIR, as torchrun makes one.
+cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& run_id) {
   cohort::logs_spec logs;
-  logs.run_id = folder;
   logs.redirects = streams_of("redirects", o.redirects);
   logs.tee = streams_of("tee", o.tee);
+  logs.run_id = log_folder(o, run_id);
   logs.tee_through_pipes = o.tee_through_pipes;
   logs.prefix = o.log_line_prefix_template;
   // Local ranks past this node's are left out, as torchrun leaves them
@@ -338,29 +361,6 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& fo
     say("cohort-run: logs in {}\n", logs.dir.string());
   }
   return logs;
-}
-
-// The run's folder under the log dir, named as torchrun names it (Python's
-// mkdtemp, the run id and '_' before it): <run-id>_ and 8 characters of
-// a-z, 0-9 and '_', made with mode 0700. Made here, so that runs started
-// with one id (the nodes of a job, on a shared file system) never share
-// one; without --log-dir, the logs' fresh folder holds it.
-std::string log_folder(const run_options& o, const std::string& run_id) {
-  static constexpr std::string_view characters = "abcdefghijklmnopqrstuvwxyz0123456789_";
-  const auto fresh_name = [&run_id] {
-    auto bits = random_bits();
-    std::string name = run_id + "_";
-    for (int i = 0; i < 8; ++i, bits >>= 8) name += characters[(bits & 0xff) % characters.size()];
-    return name;
-  };
-  if (o.log_dir.empty()) return fresh_name();
-  std::error_code ec;
-  fs::create_directories(o.log_dir, ec);
-  for (int tries = 0;; ++tries) {
-    auto folder = fresh_name();
-    // Made here; or, where it cannot be, the logs' set-up says why.
-    if (::mkdir((fs::path(o.log_dir) / folder).c_str(), 0700) == 0 || errno != EEXIST || tries == 100) return folder;
-  }
 }
 
 // The colon before an endpoint's port, as torchrun reads host[:port]: npos
@@ -469,8 +469,9 @@ placement static_placement(run_options& o, int nproc) {
 
 double conf_seconds(const std::string& key, const std::string& value) {
   const double s = seconds("--rdzv-conf " + key, value);
-  if (!(s > 0) || s > 1e6) {
-    throw usage_error(fmt::format("--rdzv-conf {}: '{}' is not a number of seconds above 0", key, value));
+  // Counted in milliseconds: less than one would be none.
+  if (!(s >= 0.001) || s > 1e6) {
+    throw usage_error(fmt::format("--rdzv-conf {}: '{}' is not a number of seconds from 0.001 to 1e6", key, value));
   }
   return s;
 }
@@ -727,8 +728,19 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   record.rdzv_backend = elastic ? "etcd-v3" : o.rdzv_backend;
   record.max_restarts = o.max_restarts;
 
+  // Every flag is checked before anything is made: a usage error leaves no
+  // folder behind and says nothing of logs.
+  std::optional<etcd_rendezvous> rdzv;
+  if (elastic) rdzv.emplace(etcd_config(o, nproc, run_id));
+  // The nodes of a static job tell node 0 how many ranks each runs, unless
+  // the job says every node runs as many (as torchrun's fast path).
+  const char* identical = std::getenv("TORCH_ELASTIC_WORKER_IDENTICAL");
+  const bool exchange_sizes =
+      fixed && fixed->nnodes > 1 && (identical == nullptr || std::string_view(identical) != "1");
+  const auto join_timeout = exchange_sizes ? static_join_timeout(o) : std::chrono::milliseconds(0);
+
   cohort::group_spec spec;
-  spec.logs = logs_of(o, nproc, log_folder(o, run_id));
+  spec.logs = logs_of(o, nproc, run_id);
   error_folder errors;
   if (!spec.logs.dir.empty()) {
     // Named absolute in result.json (the folder itself is made and used by
@@ -769,9 +781,6 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     spec.options.env.set("OMP_NUM_THREADS", "1");
     say("cohort-run: OMP_NUM_THREADS is set to 1 for each of the {} ranks; set it to tune\n", nproc);
   }
-  std::optional<etcd_rendezvous> rdzv;
-  if (elastic) rdzv.emplace(etcd_config(o, nproc, run_id));
-
   const auto finish = [&](const char* outcome, int code, std::string message = {}) {
     record.outcome = outcome;
     record.exit_code = code;
@@ -801,17 +810,14 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   if (timer && std::getenv("TORCHELASTIC_TIMER_FILE") == nullptr) {
     spec.options.env.set("TORCHELASTIC_TIMER_FILE", timer->path());
   }
-  // The nodes of a static job tell node 0 how many ranks each runs, unless
-  // the job says every node runs as many (as torchrun's fast path).
-  const char* identical = std::getenv("TORCH_ELASTIC_WORKER_IDENTICAL");
-  if (fixed && fixed->nnodes > 1 && (identical == nullptr || std::string_view(identical) != "1")) {
+  if (exchange_sizes) {
     node_sizes_config c;
     c.master_addr = fixed->master_addr;
     c.master_port = fixed->master_port;
     c.nnodes = fixed->nnodes;
     c.node_rank = fixed->node_rank;
     c.nproc = nproc;
-    c.timeout = static_join_timeout(o);
+    c.timeout = join_timeout;
     c.pause = [&signals](std::chrono::milliseconds d) { return signals.pause(d); };
     try {
       const auto sizes = gather_node_sizes(c);

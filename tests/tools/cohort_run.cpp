@@ -1368,6 +1368,29 @@ TEST_SUITE("cohort-run") {
     CHECK(fs::is_empty(logs.path));
   }
 
+  TEST_CASE("a usage error found after the flags are read comes before any folder is made or logs are named") {
+    test::temp_dir logs, tmp;
+    const std::vector<std::vector<std::string>> bad{
+        {"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:abc"},
+        {"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-conf", "read_timeout=0.0001"},
+        {"--nnodes", "2", "--node-rank", "1", "--rdzv-conf", "join_timout=1"},
+        {"--redirects", "9"}};
+    for (const auto& flags : bad) {
+      for (const bool log_dir : {true, false}) {
+        auto args = flags;
+        CAPTURE(args.back());
+        CAPTURE(log_dir);
+        if (log_dir) args.insert(args.end(), {"--log-dir", (logs.path / "a").string()});
+        args.insert(args.end(), {"-t", "3", "--", "/bin/true"});
+        const auto r = run_launcher(args, {{"TMPDIR", tmp.path.string()}});
+        CHECK(r.status.code() == 2);
+        CHECK_MESSAGE(r.err.find("logs in") == std::string::npos, r.err);
+      }
+    }
+    CHECK(fs::is_empty(logs.path));
+    CHECK(fs::is_empty(tmp.path));
+  }
+
   TEST_CASE("runs started together with one --run-id and --log-dir each get a folder of their own") {
     for (int round = 0; round < 5; ++round) {
       CAPTURE(round);
