@@ -737,7 +737,9 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   const char* identical = std::getenv("TORCH_ELASTIC_WORKER_IDENTICAL");
   const bool exchange_sizes =
       fixed && fixed->nnodes > 1 && (identical == nullptr || std::string_view(identical) != "1");
-  const auto join_timeout = exchange_sizes ? static_join_timeout(o) : std::chrono::milliseconds(0);
+  // Read on every node that does not meet through etcd, one alone too: a
+  // bad --rdzv-conf is refused wherever the command line runs first.
+  const auto join_timeout = elastic ? std::chrono::milliseconds(0) : static_join_timeout(o);
 
   cohort::group_spec spec;
   spec.logs = logs_of(o, nproc, run_id);

@@ -1374,6 +1374,12 @@ TEST_SUITE("cohort-run") {
         {"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:abc"},
         {"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-conf", "read_timeout=0.0001"},
         {"--nnodes", "2", "--node-rank", "1", "--rdzv-conf", "join_timout=1"},
+        // One node checks --rdzv-conf as a job of many does, so a typo
+        // shows before the line runs on every node.
+        {"--rdzv-conf", "join_timout=1"},
+        {"--rdzv-conf", "garbage"},
+        {"--rdzv-conf", "join_timeout=abc"},
+        {"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "bogus=1"},
         {"--redirects", "9"}};
     for (const auto& flags : bad) {
       for (const bool log_dir : {true, false}) {
