@@ -168,6 +168,7 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     b->refs.store(1, std::memory_order_relaxed);
     b->size_class = size_classes;
     b->capacity = size - header_size;
+    b->stamp = block_stamp(nonce, single_block);
     h->bump = size;
   }
   std::shared_ptr<segment> s(new segment(static_cast<std::byte*>(base), size, strategy, fd, self, fd, 0));
@@ -426,6 +427,7 @@ std::uint64_t segment::carve(std::size_t nbytes) {
   auto* b = new (base_ + offset) block_header{};
   b->size_class = static_cast<std::uint32_t>(k);
   b->capacity = capacity;
+  b->stamp = block_stamp(nonce_, offset);
   b->refs.store(1, std::memory_order_relaxed);
   return offset;
 }
@@ -481,7 +483,8 @@ void segment::reclaim_locked() noexcept {
 
 bool segment::holds(std::uint64_t offset, std::uint64_t nbytes) const noexcept {
   return offset >= single_block && offset % alignment == 0 && offset <= size_ - sizeof(block_header) &&
-         nbytes <= size_ - sizeof(block_header) - offset;
+         nbytes <= size_ - sizeof(block_header) - offset && block(offset).stamp == block_stamp(nonce_, offset) &&
+         block(offset).capacity >= nbytes;
 }
 
 void segment::retire() noexcept {

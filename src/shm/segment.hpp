@@ -179,8 +179,20 @@ struct alignas(alignment) block_header {
   std::uint32_t size_class;   ///< its arena class; size_classes for a segment's only block
   std::uint64_t capacity;     ///< data bytes
   std::uint64_t next_free;    ///< the next free block of its class, 0 for none
+  /// block_stamp(the segment's nonce, the block's offset), written as the
+  /// block is made: an offset that a handle gives names a block's start
+  /// only where it is found, never a place inside another block's data.
+  std::uint64_t stamp;
 };
 static_assert(sizeof(block_header) == alignment);
+
+/// What the header of the block at `offset` of the segment `nonce` holds
+/// as its stamp; never 0, which unwritten memory holds.
+constexpr std::uint64_t block_stamp(std::uint64_t nonce, std::uint64_t offset) noexcept {
+  std::uint64_t x = nonce ^ (offset * 0x9e3779b97f4a7c15ULL);
+  x ^= x >> 31;
+  return x | 1;
+}
 
 /// One segment as mapped in this process. Made by make() or found by open();
 /// unmapped when the last shared_ptr to it goes.
@@ -225,8 +237,9 @@ class segment {
   static constexpr std::uint64_t single_block = header_size - sizeof(block_header);
   /// Drops one reference to the block at `offset`; the last one frees it.
   void release(std::uint64_t offset) noexcept;
-  /// Whether `offset` may name a block's header with `nbytes` of data after
-  /// it inside this mapping (what a receiver checks before trusting it).
+  /// Whether `offset` names the header of a block made here with at least
+  /// `nbytes` of data after it inside this mapping (what a receiver checks
+  /// before trusting it).
   bool holds(std::uint64_t offset, std::uint64_t nbytes) const noexcept;
   /// Whether messages naming its blocks have been sent and not received.
   bool messages_in_flight() const noexcept {

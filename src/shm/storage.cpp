@@ -642,11 +642,16 @@ storage handle_codec<storage>::read(reader& in) {
   const unsigned message = w.message;
   auto segment = shm::segment::open(ref);
   if (message == 1) segment->header().received.fetch_add(1, std::memory_order_release);
-  if (!segment->holds(block, nbytes) || segment->block(block).capacity < nbytes) {
-    throw decode_error(fmt::format("cohort::decode: a storage of {} bytes at {} does not fit its {}-byte segment",
-                                   nbytes, block, segment->size()));
+  if (!segment->holds(block, nbytes)) {
+    throw decode_error(fmt::format(
+        "cohort::decode: a storage of {} bytes at {} is no block of its {}-byte segment that holds as many",
+        nbytes, block, segment->size()));
   }
   auto& refs = segment->block(block).refs;
+  // A message holds the block until it is received: none is left on one freed.
+  if (message == 1 && refs.load(std::memory_order_acquire) == 0) {
+    throw decode_error(fmt::format("cohort::decode: a message names the block at {}, already freed", block));
+  }
   auto& m = identities();
   std::unique_lock lock(m.mutex);
   const block_key key{ref.nonce, block};
@@ -700,7 +705,7 @@ void drop_unread_handle(std::span<const std::byte> handle) noexcept {
     const auto ref = checked_ref(w, true);
     const auto segment = shm::segment::open(ref);
     segment->header().received.fetch_add(1, std::memory_order_release);
-    if (segment->holds(w.block, w.nbytes) && segment->block(w.block).capacity >= w.nbytes) segment->release(w.block);
+    if (segment->holds(w.block, w.nbytes)) segment->release(w.block);
   } catch (...) {
     // Its segment is gone (with the reference), or the handle is not one.
   }

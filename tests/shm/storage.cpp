@@ -863,6 +863,33 @@ TEST_SUITE("storage") {
     CHECK(decode<storage>(good).same(s));
   }
 
+  TEST_CASE("a handle whose block names a place inside another block is refused, and that block's bytes stay") {
+    // Data that reads as a large capacity wherever a header is looked for.
+    storage ones = storage::allocate_shared(256);
+    const std::vector<float> values(64, 1.0f);
+    std::memcpy(ones.data(), values.data(), 256);
+    const auto good = encode(ones);
+    const std::vector<std::byte> bytes(good.bytes().begin(), good.bytes().end());
+    // The handle's block offset and byte count (its fields at 32 and 40),
+    // after the value's two leading bytes.
+    constexpr std::size_t block_at = 2 + 32;
+    REQUIRE(bytes.size() >= block_at + 16);
+    std::uint64_t block = 0, nbytes = 0;
+    std::memcpy(&block, bytes.data() + block_at, 8);
+    std::memcpy(&nbytes, bytes.data() + block_at + 8, 8);
+    REQUIRE(nbytes == 256);
+    REQUIRE(block % 64 == 0);
+    for (const std::uint64_t shift : {64u, 128u, 192u}) {
+      CAPTURE(shift);
+      auto bad = bytes;
+      const std::uint64_t inside = block + shift;
+      std::memcpy(bad.data() + block_at, &inside, 8);
+      CHECK_THROWS_WITH_AS((void)decode<storage>(bad), doctest::Contains("is no block of its"), decode_error);
+    }
+    CHECK(std::memcmp(ones.data(), values.data(), 256) == 0);
+    CHECK(decode<storage>(good).same(ones));
+  }
+
   TEST_CASE("a handle whose message flag was set outside a queue is refused and frees nothing") {
     storage s = storage::allocate_shared(64);
     std::memset(s.data(), 7, 64);
