@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <utility>
 
 namespace cohort::shm {
@@ -144,15 +145,20 @@ COHORT_FORKED_CHILD_PATH void in_child() {
   auto& f = under_way();
   arena_after_fork_in_child();
   // What the parent holds for its other children is the parent's business.
-  // Dropped once the table of storages is unlocked: a queue that a retry
-  // keeps may hold the last pointer to its storage.
+  // Dropped once the table of storages is unlocked; the parent's retries
+  // are never destroyed here: a queue that one keeps holds the parent's
+  // hold on its memory through a storage in no table (a last hold's heir,
+  // storage.cpp), which this child neither borrowed nor took a hold for.
   auto& h = held();
   std::vector<child_holds> parents_children;
-  std::vector<std::function<bool()>> parents_retries;
   if (h.pending.load(std::memory_order_relaxed) != 0) {
     for (const auto& c : h.children) ::close(c.child_gone);
     parents_children.swap(h.children);
-    parents_retries.swap(h.retries);
+    // Moved, without allocating, where no destructor reaches.
+    using retry_list = std::vector<std::function<bool()>>;
+    alignas(retry_list) static std::byte never_destroyed[sizeof(retry_list)];
+    new (never_destroyed) retry_list(std::move(h.retries));
+    h.retries.clear();
     h.count_locked();
   }
   h.mutex.unlock();

@@ -445,6 +445,14 @@ COHORT_ENTRYPOINT(keep_queue);
 void keep_popped_queue(int rank, queue<queue<tensor>> handed) { keep_queue(rank, handed.get(10s).value()); }
 COHORT_ENTRYPOINT(keep_popped_queue);
 
+// Sends a queue of its own, and stays until told to end.
+void send_own_queue(int, queue<queue<int>> out, event done) {
+  const queue<int> made(4);
+  if (!out.put(made, 10s)) throw std::runtime_error("the queue was not taken within 10 s");
+  if (!done.wait_for(10s)) throw std::runtime_error("not told to end within 10 s");
+}
+COHORT_ENTRYPOINT(send_own_queue);
+
 // Pops one value once told to.
 void pop_one_when_told(int, queue<tensor> q, event go) {
   if (!go.wait_for(10s)) throw std::runtime_error("not told within 10 s");
@@ -1532,6 +1540,37 @@ TEST_SUITE("sharing") {
         }());
         CHECK(ok);
       });
+    }
+  }
+
+  // Before, the end of the last storage over a queue received here (whose
+  // end now hands its hold on to another) kept the segment's descriptor.
+  TEST_CASE("a queue received from a live process and dropped leaves none of its descriptors here") {
+    for (const auto method : methods) {
+      CAPTURE(to_string(method));
+      queue<queue<int>> out(1);
+      event done;
+      asio::io_context io;
+      const auto held = test::run(io, [&]() -> asio::awaitable<std::pair<int, int>> {
+        group_spec spec;
+        spec.entry = call(method, send_own_queue, out, done);
+        spec.nprocs = 1;
+        group g = co_await start_processes(spec);
+        const int before = cohort_memfds();
+        int holding = 0;
+        {
+          const auto received = out.get(10s);
+          REQUIRE(received.has_value());
+          holding = cohort_memfds() - before;
+        }
+        const int after = cohort_memfds() - before;
+        done.set();
+        const auto r = co_await g.wait();
+        CHECK(r.ok());
+        co_return std::pair{holding, after};
+      }());
+      CHECK(held.first == 1);
+      CHECK(held.second == 0);
     }
   }
 

@@ -650,6 +650,34 @@ TEST_SUITE("storage") {
     CHECK(detail::shared_holders(kept) == 1);
   }
 
+  // Before, each later fork's child dropped the copy it inherited of this
+  // process's hold on the queue kept for the first child, and gave back a
+  // hold it never had: two such forks freed the queue's memory, and the
+  // next queue made here took it over.
+  TEST_CASE("a queue let go of here while a plain fork's child could pop it stays whole across later forks") {
+    std::optional<plain_child> consumer;
+    {
+      queue<int> q(8);
+      for (int i = 1; i <= 4; ++i) REQUIRE(q.put(i, std::chrono::seconds(1)));
+      consumer.emplace([&q] {
+        for (int i = 1; i <= 4; ++i) {
+          const auto v = q.get(std::chrono::seconds(2));
+          if (!v || *v != i) return 1;
+        }
+        return 0;
+      });
+    }
+    for (int i = 0; i < 2; ++i) {
+      plain_child later([] { return 0; });
+      int status = 0;
+      REQUIRE(later.exec(status));
+    }
+    queue<int> other(8);
+    for (int i = 0; i < 4; ++i) REQUIRE(other.put(42, std::chrono::seconds(1)));
+    int status = 0;
+    CHECK_MESSAGE(consumer->exec(status), "the consumer popped other values: status ", status);
+  }
+
   TEST_CASE("a fork while another thread makes and drops storages leaves the child an arena it can use") {
     // With a second thread, the fork holds the arena's locks across it: the
     // child must find none held by a thread it does not have.
