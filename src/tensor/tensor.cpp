@@ -277,6 +277,9 @@ tensor::tensor(cohort::storage storage, cohort::dtype type, std::span<const std:
     : tensor(unchecked{}, std::move(storage), type, offset, detail::dim_vector(shape),
              detail::dim_vector(strides), device) {
   const auto* memory = detail::device_memory_of(storage_);
+  if (device.type == kDLCPU && memory == nullptr && device.id != 0) {
+    throw std::invalid_argument(fmt::format("tensor: CPU device {}; the CPU is device 0", device.id));
+  }
   if (device.type != kDLCPU || memory != nullptr) {
     if (memory == nullptr) {
       throw std::invalid_argument(
@@ -577,8 +580,8 @@ tensor detail::handle_codec<tensor>::read(reader& in) {
       memory != nullptr ? cohort::device{static_cast<DLDeviceType>(memory->device_type()), memory->device_index()}
                         : cohort::device{};
   if (device_type != static_cast<std::uint64_t>(device.type) || (memory == nullptr && device_id != 0)) {
-    throw decode_error(fmt::format("cohort::decode: a tensor on device type {} over a storage on device type {}",
-                                   device_type, static_cast<int>(device.type)));
+    throw decode_error(fmt::format("cohort::decode: a tensor on device {}:{} over a storage on device {}:{}", device_type,
+                                   device_id, static_cast<int>(device.type), device.id));
   }
   const auto ndim = in.varint();
   if (ndim > tensor::max_ndim) throw decode_error("cohort::decode: a tensor of more than 64 dimensions");

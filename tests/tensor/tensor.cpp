@@ -205,6 +205,18 @@ TEST_CASE("a dtype outside the enum is refused by the constructor, the factories
   CHECK(element_size(dtype::boolean) == 1);
 }
 
+// Before, a CPU tensor with another device index was made and sent, and its
+// receiver's decode refused it, naming two equal device types.
+TEST_CASE("a CPU tensor on a device index other than 0 is refused where it is made") {
+  const std::int64_t shape[] = {2}, strides[] = {1};
+  for (const int id : {1, -1}) {
+    CAPTURE(id);
+    CHECK_THROWS_WITH_AS(tensor(storage::allocate_shared(8), dtype::float32, shape, strides, 0, device{kDLCPU, id}),
+                         doctest::Contains("the CPU is device 0"), std::invalid_argument);
+  }
+  CHECK(tensor(storage::allocate_shared(8), dtype::float32, shape, strides, 0, device{kDLCPU, 0}).numel() == 2);
+}
+
 TEST_CASE("shapes that are negative, too deep, too large or miss the values are refused") {
   CHECK_THROWS_AS(make<std::int32_t>({1, 2, 3, 4, 5}, {2, 3}), std::invalid_argument);
   CHECK_THROWS_AS(tensor::empty({-1}, dtype::int8), std::invalid_argument);
