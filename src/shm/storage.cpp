@@ -428,18 +428,14 @@ detail::storage_impl::~storage_impl() {
     // a hold of its own.
     std::shared_ptr<storage_impl> heir;
     try {
-      heir = make_impl();
+      heir = shared_impl(segment, block, nbytes);
     } catch (...) {
       // No memory for it: the hold goes here, as without work.
     }
     if (heir) {
-      // The segment moves too: what this end would do for it after the
-      // hold goes (a descriptor given up, say) the heir's end does.
-      heir->data = data;
-      heir->nbytes = nbytes;
-      heir->block = block;
-      heir->segment = std::move(segment);
-      heir->shared.store(true, std::memory_order_relaxed);
+      // Nor the segment: what this end would do for it after the hold
+      // goes (a descriptor given up, say) the heir's end does.
+      segment.reset();
       at_last_release.run(storage(std::move(heir)), at_last_release.context);
       return;
     }
