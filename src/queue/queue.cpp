@@ -185,7 +185,11 @@ constexpr std::chrono::milliseconds sleep_slice(side s) noexcept { return s == s
 
 class queue_core {
  public:
-  queue_core(storage state, record_drop drop) : state_(std::move(state)), drop_(drop) { shm::note_queue_objects(1); }
+  // Over `state`, whose bytes begin with `header`.
+  queue_core(storage state, record_drop drop, queue_header* header)
+      : state_(std::move(state)), drop_(drop), header_(header) {
+    shm::note_queue_objects(1);
+  }
   queue_core(const queue_core&) = delete;
   queue_core& operator=(const queue_core&) = delete;
   ~queue_core() {
@@ -199,13 +203,13 @@ class queue_core {
     }
     if (capacity > (std::size_t{1} << 24)) throw std::invalid_argument("cohort::queue: a capacity over 2^24 values");
     const std::size_t ring = std::bit_ceil(std::max<std::size_t>(std::size_t{64} << 10, capacity * 2 * line));
-    auto q = std::make_shared<queue_core>(storage::allocate_shared(sizeof(queue_header) + ring), drop);
-    auto* h = new (q->state_.data()) queue_header{};
+    storage state = storage::allocate_shared(sizeof(queue_header) + ring);
+    auto* h = new (state.data()) queue_header{};
     h->magic = magic;
     h->signature = hash_of(signature);
     h->capacity = capacity;
     h->ring_bytes = ring;
-    q->header_ = h;
+    auto q = std::make_shared<queue_core>(std::move(state), drop, h);
     q->enter();
     return q;
   }
@@ -221,8 +225,7 @@ class queue_core {
         h->ring_bytes > s.nbytes() - sizeof(queue_header) || h->capacity == 0 || h->capacity > (std::uint64_t{1} << 24)) {
       throw decode_error("cohort::queue: a queue's shared state is malformed");
     }
-    auto q = std::make_shared<queue_core>(std::move(s), drop);
-    q->header_ = h;
+    auto q = std::make_shared<queue_core>(std::move(s), drop, h);
     q->enter();
     return q;
   }
@@ -595,7 +598,6 @@ class queue_core {
   // another storage here (a handle waiting to be sent as an argument) may
   // still pass the queue on.
   void leave() noexcept {
-    if (header_ == nullptr) return;
     const pid_t self = os::this_process();
     if (holder_ != self && unrecorded_by_ != self) return;  // inherited over fork
     const locked lock(h().table_lock);
@@ -615,8 +617,8 @@ class queue_core {
   static void last_hold_here_goes(const storage& state, void (*drop)()) noexcept {
     // A plain fork's child that has exec'd or ended can pop no more.
     shm::sweep_fork_holds();
-    queue_core core(state, reinterpret_cast<record_drop>(drop));  // holds no place in the table
-    core.header_ = reinterpret_cast<queue_header*>(state.data());
+    // Holds no place in the table.
+    queue_core core(state, reinterpret_cast<record_drop>(drop), reinterpret_cast<queue_header*>(state.data()));
     const auto left = core.let_go_of_hold();
     if (left == left_to::nobody) core.drain();
     if (left == left_to::children) core.drain_once_children_gone();
@@ -627,8 +629,8 @@ class queue_core {
   // other storages' ends would have let go of them, and when nobody else
   // can pop any more, what is left is dropped.
   static void leave_at_rank_end(const storage& state, void (*drop)()) noexcept {
-    queue_core core(state, reinterpret_cast<record_drop>(drop));  // holds no place in the table
-    core.header_ = reinterpret_cast<queue_header*>(state.data());
+    // Holds no place in the table.
+    queue_core core(state, reinterpret_cast<record_drop>(drop), reinterpret_cast<queue_header*>(state.data()));
     {
       const locked lock(core.h().table_lock);
       if (auto* own = core.own_slot_locked()) own->count = 0;
@@ -679,8 +681,7 @@ class queue_core {
     try {
       // The state moves: a retry run on another thread meanwhile must not
       // find a second owner of it here.
-      auto later = std::make_shared<queue_core>(std::move(state_), drop_);
-      later->header_ = header_;
+      auto later = std::make_shared<queue_core>(std::move(state_), drop_, header_);
       shm::retry_after_fork_holds([later] {
         const auto left = later->let_go_of_hold();
         if (left == left_to::children) return false;
@@ -752,7 +753,7 @@ class queue_core {
 
   storage state_;
   record_drop drop_;
-  queue_header* header_ = nullptr;
+  queue_header* header_;
   pid_t holder_ = 0;  // the process recorded as holding it through this object; 0: none
   pid_t unrecorded_by_ = 0;  // the process holding it through this object that no slot records; 0: none
   std::atomic<pid_t> producer_of_{0}, consumer_of_{0};  // the process that joined as each
