@@ -270,13 +270,6 @@ void note_received(std::byte* note) noexcept {
   counter(note, note_received_at).fetch_add(1, std::memory_order_release);
 }
 
-bool all_received() noexcept {
-  prune_watched();
-  auto& w = watched();
-  std::lock_guard lock(w.mutex);
-  return w.notes.empty();
-}
-
 bool sent_unreceived(pid_t maker, std::uint32_t port, std::uint64_t id) {
   auto& w = watched();
   std::lock_guard lock(w.mutex);

@@ -59,9 +59,6 @@ void note_sent(const cohort::storage& note);
 /// Counts a message naming the block of the note whose bytes are at
 /// `note` as received.
 void note_received(std::byte* note) noexcept;
-/// Whether every message this process sent that names a device block has
-/// been received.
-bool all_received() noexcept;
 /// Whether a message this process sent that names a block of chunk `id`
 /// of process `maker` (its socket `port`) waits to be received: a receiver
 /// may still ask here for the chunk.

@@ -678,8 +678,11 @@ cohort::storage read_device_storage(cohort::detail::reader& in) {
 
 // As a rank ends: its device work done first, so that every event it
 // recorded fires (work still queued when a process ends never runs), then
-// its queue messages received and every receiver's wait on its events
-// passed (an event outlives its maker in no process).
+// every receiver of its queue messages past its wait on the message's event
+// (an event outlives its maker in no process). A receiver waits only once
+// it has mapped the chunk, so it no longer asks here for it then. Messages
+// others sent on about this process's blocks are not waited for: their
+// senders keep the chunks mapped, and serve them, until those are received.
 void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
   const auto until = std::chrono::steady_clock::now() + limit;
   std::vector<int> devices;
@@ -694,7 +697,7 @@ void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
     const detail::device_guard on(device);
     std::ignore = cudaDeviceSynchronize();
   }
-  while (!(detail::all_received() && all_acknowledged()) && std::chrono::steady_clock::now() < until) {
+  while (!all_acknowledged() && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }

@@ -35,6 +35,7 @@
 #include <chrono>
 #include <future>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 #include <cstdint>
 #include <string>
@@ -262,6 +263,16 @@ COHORT_ENTRYPOINT(export_event);
 // (which sweeps the chunks it no longer uses) before the receiver takes the
 // tensor, which it can then have only through the relay. The receiver
 // returns whether every element is 7. SIGALRM ends a rank after 60 s.
+// Waits for process `pid` to end; throws if it still runs after 15 s (a
+// rank's end waits at most 30 s for its messages to be received).
+void wait_until_ended(pid_t pid, const char* who) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (::kill(pid, 0) == 0) {
+    if (std::chrono::steady_clock::now() > until) throw std::runtime_error(fmt::format("{} still runs after 15 s", who));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 bool relay_after_maker(int rank, queue<tensor> to_relay, queue<tensor> on, queue<tensor> back,
                        queue<std::int64_t> maker, queue<int> go) {
   ::alarm(60);
@@ -273,7 +284,9 @@ bool relay_after_maker(int rank, queue<tensor> to_relay, queue<tensor> on, queue
   if (rank == 1) {
     const auto pid = static_cast<pid_t>(*maker.get());
     on.put(*to_relay.get());
-    while (::kill(pid, 0) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // The maker ends once this rank has its tensor: it does not wait for
+    // the message sent on.
+    wait_until_ended(pid, "the maker");
     (void)*back.get();
     go.put(1);
     return false;
