@@ -213,9 +213,18 @@ inline constexpr int device_types = 64;
 constexpr bool registrable_device_type(int device_type) noexcept {
   return device_type > 0 && device_type < device_types;
 }
+/// What lets go of a device storage's handle in a queue's record that the
+/// receiver never reached (the value failed before it), as reading it and
+/// refusing it would: `handle` starts at what device_memory::write
+/// appended and runs to the value's end. Given only handles whose write
+/// began with a shared storage's handle in the record (the place of that
+/// handle is marked, see end_handle_record).
+using device_unread_drop = void (*)(std::span<const std::byte> handle) noexcept;
 /// Registers the reader for handles of DLPack device type `device_type`
-/// (1..63), and the layer's wait; a second registration replaces the first.
-void register_device_reader(int device_type, device_handle_reader read, device_receivers_wait wait) noexcept;
+/// (1..63), the layer's wait and its drop of unread handles; a second
+/// registration replaces the first.
+void register_device_reader(int device_type, device_handle_reader read, device_receivers_wait wait,
+                            device_unread_drop drop) noexcept;
 /// Runs every registered wait, each for at most `limit`.
 void wait_for_device_receivers(std::chrono::steady_clock::duration limit) noexcept;
 /// A storage over `memory`.
@@ -267,7 +276,11 @@ void drop_unread_handle(std::span<const std::byte> handle) noexcept;
 /// A record whose storage handles carry references of their own (a queue's
 /// value, the holds of a rank's result) ends with where each shared
 /// storage's handle starts in it (4 bytes each), then how many there are
-/// (4 bytes). end_handle_record appends that end to the record's bytes.
+/// (4 bytes). A place with its top bit set (device_record_place) is that
+/// of the handle a device storage's write began with, right after its
+/// [2][device type]. end_handle_record appends that end to the record's
+/// bytes.
+inline constexpr std::uint32_t device_record_place = std::uint32_t{1} << 31;
 void end_handle_record(std::vector<std::byte>& bytes, const std::vector<std::uint32_t>& handle_at);
 /// The value's bytes of such a record; throws decode_error when its end
 /// does not name places inside them, in order.

@@ -15,10 +15,22 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
 namespace cohort::cuda::detail {
+
+/// One slot of a process's event table (served by serve_event_table): how
+/// many receivers' waits its records asked for, counted by the sender, and
+/// how many no longer depend on the record, counted by each receiver.
+struct slot_counts {
+  std::atomic<std::uint64_t> sends;
+  std::atomic<std::uint64_t> acks;
+};
+/// The table's slots, and its size in bytes.
+inline constexpr std::size_t max_slots = std::size_t{1} << 16;
+inline constexpr std::size_t table_bytes = max_slots * sizeof(slot_counts);
 
 /// This process's port; its socket is made, and its thread started, on the
 /// first call. Throws std::system_error when the socket cannot be made.

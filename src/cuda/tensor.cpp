@@ -58,12 +58,9 @@ static_assert(std::is_trivially_copyable_v<record_wire> && sizeof(record_wire) =
 // cudaStreamWaitEvent returned, after which later records do not touch the
 // wait). A slot is recorded again only once all of its waits are counted,
 // so that each takes the record it was sent for, not a later one.
-struct slot_counts {
-  std::atomic<std::uint64_t> sends;
-  std::atomic<std::uint64_t> acks;
-};
-constexpr std::size_t max_slots = std::size_t{1} << 16;
-constexpr std::size_t table_bytes = max_slots * sizeof(slot_counts);
+using detail::max_slots;
+using detail::slot_counts;
+using detail::table_bytes;
 
 slot_counts* map_table(int fd, const std::string& whose) {
   void* at = ::mmap(nullptr, table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -414,6 +411,49 @@ opened_events& received_events() {
   return *o;
 }
 
+// The event table of `sender` (its socket `port`), mapped here once; null,
+// with `why`, when it cannot be had. Under o's lock.
+slot_counts* table_of(opened_events& o, pid_t sender, std::uint32_t port, std::string& why) {
+  auto& table = o.tables[{sender, port}];
+  if (table != nullptr) return table;
+  const int fd = detail::fetch_event_table(sender, port, why);
+  if (fd < 0) {
+    o.tables.erase({sender, port});
+    return nullptr;
+  }
+  try {
+    table = map_table(fd, fmt::format("process {}", sender));
+  } catch (...) {
+    ::close(fd);
+    o.tables.erase({sender, port});
+    throw;
+  }
+  ::close(fd);
+  return table;
+}
+
+// A queue message's device tensor refused here (a device not seen, a
+// chunk that cannot be had...): its event's wait counts as passed, since
+// no other process will receive it, so that its sender neither keeps the
+// slot from being recorded again nor waits for it as its rank ends.
+void acknowledge_refused(pid_t sender, std::uint32_t port, std::uint32_t slot) noexcept {
+  if (slot >= max_slots) return;
+  try {
+    if (sender == ::getpid()) {
+      auto& pool = send_events();
+      std::lock_guard lock(pool.mutex);
+      if (slot < pool.slots.size()) acknowledge(pool.table[slot]);
+      return;
+    }
+    auto& o = received_events();
+    std::lock_guard lock(o.mutex);
+    std::string why;
+    if (auto* table = table_of(o, sender, port, why)) acknowledge(table[slot]);
+  } catch (...) {
+    // Its table cannot be mapped here: nothing to count in.
+  }
+}
+
 // Makes the current stream wait for the sender's work on the tensor.
 void wait_for_sender(int device, pid_t sender, std::uint32_t port, std::uint32_t slot) {
   if (slot >= max_slots) throw decode_error(fmt::format("cohort::decode: a device tensor names event slot {}", slot));
@@ -433,23 +473,9 @@ void wait_for_sender(int device, pid_t sender, std::uint32_t port, std::uint32_t
   const auto from = [&](const std::string& what, const std::string& why) {
     return decode_error(fmt::format("cohort::decode: the {} of a device tensor from process {}: {}", what, sender, why));
   };
-  auto& table = o.tables[{sender, port}];
-  if (table == nullptr) {
-    std::string why;
-    const int fd = detail::fetch_event_table(sender, port, why);
-    if (fd < 0) {
-      o.tables.erase({sender, port});
-      throw from("event table", why);
-    }
-    try {
-      table = map_table(fd, fmt::format("process {}", sender));
-    } catch (...) {
-      ::close(fd);
-      o.tables.erase({sender, port});
-      throw;
-    }
-    ::close(fd);
-  }
+  std::string why;
+  slot_counts* const table = table_of(o, sender, port, why);
+  if (table == nullptr) throw from("event table", why);
   auto found = o.events.find({sender, port, slot});
   if (found == o.events.end()) {
     ipc_event_handle handle;
@@ -632,6 +658,15 @@ cohort::storage read_device_storage(cohort::detail::reader& in) {
   std::memcpy(&w, in.take(sizeof w).data(), sizeof w);
   if (w.zero != 0) throw decode_error("cohort::decode: a device tensor's padding is not zero");
   if (w.sender == 0 || w.sender > INT_MAX) throw decode_error(fmt::format("cohort::decode: a device tensor from pid {}", w.sender));
+  const auto sender = static_cast<pid_t>(w.sender);
+  // A queue's message refused from here on is acknowledged to its sender.
+  struct acknowledge_if_refused {
+    pid_t sender;
+    std::uint32_t port, slot;
+    ~acknowledge_if_refused() {
+      if (sender != 0) acknowledge_refused(sender, port, slot);
+    }
+  } refusal{in.from_queue_record() ? sender : 0, w.port, w.event};
   if (note.nbytes() != detail::note_bytes) {
     throw decode_error(fmt::format("cohort::decode: a device tensor's note of {} bytes", note.nbytes()));
   }
@@ -662,7 +697,6 @@ cohort::storage read_device_storage(cohort::detail::reader& in) {
     throw decode_error(fmt::format("cohort::decode: a tensor on device {}, which this process does not see (see CUDA_VISIBLE_DEVICES)",
                                    to_string(id)));
   }
-  const auto sender = static_cast<pid_t>(w.sender);
   auto chunk = chunk_for(n, *device, sender, w.port);
   try {
     wait_for_sender(*device, sender, w.port, w.event);
@@ -670,10 +704,29 @@ cohort::storage read_device_storage(cohort::detail::reader& in) {
     chunk->users.fetch_sub(1, std::memory_order_release);
     throw;
   }
+  refusal.sender = 0;  // waited for, or waiting: its wait acknowledges
   // A note received twice in this process is one storage here; each
   // received tensor still gets a storage of its own over the block.
   return cohort::detail::make_device_storage(
       std::make_shared<received_memory>(std::move(note), std::move(chunk), n.offset, w.nbytes, *device));
+}
+
+// A device tensor's record in a queue's value that failed before it: its
+// note's hold let go of, its receipt counted and its event's wait
+// acknowledged, as a refusal of it would.
+void drop_unread_record(std::span<const std::byte> bytes) noexcept {
+  try {
+    cohort::detail::reader in(bytes, cohort::detail::reader::source::queue_record);
+    const auto note = cohort::detail::handle_codec<cohort::storage>::read(in);
+    if (note.nbytes() == detail::note_bytes) detail::note_received(note.data());
+    if (in.left() < sizeof(record_wire)) return;
+    record_wire w;
+    std::memcpy(&w, in.take(sizeof w).data(), sizeof w);
+    if (w.zero != 0 || w.sender == 0 || w.sender > INT_MAX) return;
+    acknowledge_refused(static_cast<pid_t>(w.sender), w.port, w.event);
+  } catch (...) {
+    // Its note's segment cannot be opened: nothing here to let go of.
+  }
 }
 
 // As a rank ends: its device work done first, so that every event it
@@ -740,7 +793,7 @@ tensor copy_tensor(const tensor& t, cohort::device to) {
 }
 
 [[maybe_unused]] const bool reader_registered = [] {
-  cohort::detail::register_device_reader(kDLCUDA, &read_device_storage, &wait_for_receivers);
+  cohort::detail::register_device_reader(kDLCUDA, &read_device_storage, &wait_for_receivers, &drop_unread_record);
   cohort::detail::register_device_copy(kDLCUDA, &copy_tensor);
   return true;
 }();

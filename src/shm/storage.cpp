@@ -551,13 +551,16 @@ namespace {
 // The device layers' readers, by DLPack device type.
 std::atomic<device_handle_reader> device_readers[device_types];
 std::atomic<device_receivers_wait> device_waits[device_types];
+std::atomic<device_unread_drop> device_drops[device_types];
 
 }  // namespace
 
-void register_device_reader(int device_type, device_handle_reader read, device_receivers_wait wait) noexcept {
+void register_device_reader(int device_type, device_handle_reader read, device_receivers_wait wait,
+                            device_unread_drop drop) noexcept {
   if (!registrable_device_type(device_type)) return;
   device_readers[device_type].store(read, std::memory_order_release);
   device_waits[device_type].store(wait, std::memory_order_release);
+  device_drops[device_type].store(drop, std::memory_order_release);
 }
 
 COHORT_FORKED_CHILD_PATH void wait_for_device_receivers(std::chrono::steady_clock::duration limit) noexcept {
@@ -595,7 +598,15 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
   if (const auto* device = device_memory_of(value)) {
     out.push_back(std::byte{2});
     out.push_back(static_cast<std::byte>(device->device_type()));
+    const auto start = out.size();
+    const auto places = current_handles != nullptr ? current_handles->handle_at.size() : 0;
     device->write(out);
+    // Its first handle's place marked: a receiver that never reaches it
+    // hands the whole of it to the device layer's drop.
+    if (current_handles != nullptr && current_handles->handle_at.size() > places &&
+        current_handles->handle_at[places] == start) {
+      current_handles->handle_at[places] |= device_record_place;
+    }
     return;
   }
   // An empty storage not in shared memory crosses as nothing but its kind;
@@ -610,7 +621,15 @@ void handle_codec<storage>::write(std::vector<std::byte>& out, const storage& va
   shm::note_named_by_values(shm::segments());  // this process's end may have descriptors to hand over
   const auto ref = impl->segment->pass_on();
   const bool message = current_handles != nullptr && current_handles->message;
-  if (message) current_handles->handle_at.push_back(static_cast<std::uint32_t>(out.size()));
+  if (message) {
+    // A place needs 31 bits: the top one marks a device storage's handle.
+    if (out.size() >= device_record_place) {
+      throw std::length_error(fmt::format(
+          "cohort: a storage handle {} bytes into a value's encoding, past the 2 GiB a queue's record can name",
+          out.size()));
+    }
+    current_handles->handle_at.push_back(static_cast<std::uint32_t>(out.size()));
+  }
   const handle_wire w{1, static_cast<std::uint8_t>(ref.strategy), message, 0,
                       static_cast<std::uint32_t>(ref.source), static_cast<std::uint32_t>(ref.fd + 1),
                       static_cast<std::uint32_t>(ref.maker), static_cast<std::uint32_t>(ref.maker_fd + 1),
@@ -724,7 +743,8 @@ void end_handle_record(std::vector<std::byte>& bytes, const std::vector<std::uin
 
 namespace {
 
-// The `i`th place of a record's end.
+// The `i`th place of a record's end, as written (device_record_place may
+// be set).
 std::uint32_t place_at(std::span<const std::byte> places, std::size_t i) noexcept {
   std::uint32_t at = 0;
   std::memcpy(&at, places.data() + i * sizeof at, sizeof at);
@@ -745,7 +765,7 @@ std::span<const std::byte> handle_places(std::span<const std::byte> record, std:
   const auto places = record.subspan(value.size(), end - sizeof count);
   std::uint64_t next = 0;  // where the next handle may start
   for (std::size_t i = 0; i < count; ++i) {
-    const auto at = place_at(places, i);
+    const auto at = place_at(places, i) & ~device_record_place;
     if (at < next || at + std::uint64_t{handle_codec<storage>::handle_size} > value.size()) {
       throw decode_error(fmt::format("cohort::decode: a record names a handle at {} of a {}-byte value", at, value.size()));
     }
@@ -767,7 +787,17 @@ void drop_unread_handles(std::span<const std::byte> record, std::size_t read) no
     std::span<const std::byte> value;
     const auto places = handle_places(record, value);
     for (std::size_t i = 0; i < places.size() / sizeof(std::uint32_t); ++i) {
-      if (const auto at = place_at(places, i); at >= read) drop_unread_handle(value.subspan(at, handle_codec<storage>::handle_size));
+      const auto place = place_at(places, i);
+      const auto at = place & ~device_record_place;
+      if (at < read) continue;
+      if (place & device_record_place && at >= 2 && value[at - 2] == std::byte{2}) {
+        const auto type = std::to_integer<int>(value[at - 1]);
+        if (const auto drop = type < device_types ? device_drops[type].load(std::memory_order_acquire) : nullptr) {
+          drop(value.subspan(at));
+          continue;
+        }
+      }
+      drop_unread_handle(value.subspan(at, handle_codec<storage>::handle_size));
     }
   } catch (...) {
     // A record whose end was already refused: nothing named to let go of.

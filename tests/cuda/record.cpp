@@ -6,13 +6,27 @@
 #include "support/cuda_records.hpp"
 
 #include "cohort/cuda/error.hpp"
+#include "cohort/queue.hpp"
+#include "cohort/spawn_and_join.hpp"
+#include "cuda/exchange.hpp"
 
 #include <doctest/doctest.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
 #include <functional>
+#include <future>
+#include <memory>
+#include <stdexcept>
 #include <string>
+#include <tuple>
+#include <vector>
 
 using namespace cohort;
+using test::made_up_memory;
 using test::made_up_record;
 
 namespace record_tests {
@@ -25,6 +39,30 @@ void check_refused(const std::function<void(made_up_record&)>& change, const std
   auto r = made_up_record::block_of(7, some_device);
   change(r);
   CHECK_THROWS_WITH_AS((void)r.receive(), doctest::Contains(says.c_str()), decode_error);
+}
+
+// In a rank: serves a table of event slots as its event table, says its
+// pid and port on `where`, and once `done` says so returns how many
+// acknowledgements slots 3, 4 and 5 got.
+std::vector<std::uint64_t> serve_table(int, queue<std::int64_t> where, queue<int> done) {
+  const int fd = ::memfd_create("record-test", MFD_CLOEXEC);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(cuda::detail::table_bytes)) != 0) throw std::runtime_error("memfd");
+  void* at = ::mmap(nullptr, cuda::detail::table_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (at == MAP_FAILED) throw std::runtime_error("mmap");
+  cuda::detail::serve_event_table(fd);
+  ::close(fd);  // the socket's thread holds its own
+  where.put(::getpid());
+  where.put(cuda::detail::own_port());
+  done.get();
+  const auto* slots = static_cast<const cuda::detail::slot_counts*>(at);
+  return {slots[3].acks.load(), slots[4].acks.load(), slots[5].acks.load()};
+}
+COHORT_ENTRYPOINT(serve_table);
+
+// How many receipts a note's counter shows.
+std::uint64_t receipts(const storage& note) {
+  return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(note.data() + cuda::detail::note_received_at))
+      .load();
 }
 
 }  // namespace record_tests
@@ -63,5 +101,46 @@ TEST_SUITE("device tensor records") {
     } catch (const cuda::no_device& e) {
       CHECK(std::string(e.what()).find("cohort::cuda::find_device") != std::string::npos);
     }
+  }
+
+  TEST_CASE("a queue's record refused, and one its value never reached, count as received and acknowledge the sender") {
+    queue<std::int64_t> where(2);
+    queue<int> done(1);
+    const auto args = std::tuple{where, done};
+    auto server = std::async(std::launch::async, [&] { return spawn_and_join(serve_table, args, 1); });
+    const auto sender = static_cast<std::uint32_t>(*where.get());
+    const auto port = static_cast<std::uint32_t>(*where.get());
+    auto first = made_up_record::block_of(7, some_device);
+    auto second = made_up_record::block_of(8, some_device);
+    first.slot = 3;
+    second.slot = 4;
+    for (auto* r : {&first, &second}) {
+      r->sender = sender;
+      r->port = port;
+    }
+    const auto first_note = first.note_storage();
+    const auto second_note = second.note_storage();
+    const std::vector<storage> value{
+        detail::make_device_storage(std::make_shared<made_up_memory>(first, first_note)),
+        detail::make_device_storage(std::make_shared<made_up_memory>(second, second_note)),
+        storage::allocate_shared(64)};
+    // Written and held as a queue's message is.
+    std::vector<std::byte> record;
+    detail::handle_context context{true, {}, {}, {}};
+    {
+      detail::handle_scope scope(context);
+      detail::write(record, value);
+    }
+    detail::end_handle_record(record, context.handle_at);
+    detail::hold_for_message(context);
+    // The first is refused here (no device), and the second never read.
+    CHECK_THROWS_AS((void)detail::read_handle_record<std::vector<storage>>(record, "bytes follow"), cuda::no_device);
+    CHECK(receipts(first_note) == 1);
+    CHECK(receipts(second_note) == 1);
+    done.put(1);
+    const auto acks = server.get().at(0);
+    CHECK(acks.at(0) == 1);
+    CHECK(acks.at(1) == 1);
+    CHECK(acks.at(2) == 0);
   }
 }

@@ -14,6 +14,7 @@
 #include "support/cuda_memory.hpp"
 #include "support/cuda_records.hpp"
 #include "support/harness.hpp"
+#include "support/run_group.hpp"
 
 #include <doctest/doctest.h>
 
@@ -273,6 +274,29 @@ void wait_until_ended(pid_t pid, const char* who) {
   }
 }
 
+// Rank 0 sends two device tensors in one value and ends; rank 1, which
+// sees no device, refuses the first (the second is never reached) and
+// returns why once rank 0 has ended.
+std::string refused_by_a_rank(int rank, queue<std::vector<tensor>> q, queue<std::int64_t> sender) {
+  ::alarm(60);
+  if (rank == 0) {
+    sender.put(::getpid());
+    const std::vector<tensor> both{cuda::full({2}, 1.0, dtype::float32, 0), cuda::full({3}, 2.0, dtype::float32, 0)};
+    q.put(both);
+    return "sent";
+  }
+  const auto pid = static_cast<pid_t>(*sender.get());
+  std::string why = "received";
+  try {
+    (void)q.get();
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  wait_until_ended(pid, "the sender");
+  return why;
+}
+COHORT_ENTRYPOINT(refused_by_a_rank);
+
 bool relay_after_maker(int rank, queue<tensor> to_relay, queue<tensor> on, queue<tensor> back,
                        queue<std::int64_t> maker, queue<int> go) {
   ::alarm(60);
@@ -435,6 +459,26 @@ TEST_SUITE("cuda tensors") {
     CAPTURE(said);
     CHECK(said.find("no CUDA device") != std::string::npos);
     CHECK(said.ends_with("|5"));
+  }
+
+  TEST_CASE("a rank whose device tensors a receiver refused ends without waiting for them") {
+    for (auto method : methods) {
+      CAPTURE(to_string(method));
+      queue<std::vector<tensor>> q(2);
+      queue<std::int64_t> sender(1);
+      group_spec spec;
+      spec.entry = call(method, refused_by_a_rank, q, sender);
+      spec.nprocs = 2;
+      spec.envs = {{0, {}}, {1, {{"CUDA_VISIBLE_DEVICES", "-1"}}}};
+      const auto result = test::run_group(spec);
+      std::string failures;
+      for (const auto& f : result.failures) failures += fmt::format("rank {}: {}; ", f.rank, f.message);
+      CAPTURE(failures);
+      REQUIRE(result.ok());
+      const auto why = decode<std::string>(*result.return_values.at(1));
+      CAPTURE(why);
+      CHECK(why.find("no CUDA device") != std::string::npos);
+    }
   }
 
   TEST_CASE("a record naming a chunk, a sender or a device that is not there is refused, and the receiver goes on") {

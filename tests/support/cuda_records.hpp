@@ -47,10 +47,27 @@ struct made_up_record {
     return r;
   }
 
+  /// The note's storage: chunk_note::expected_magic and the other fields
+  /// as given, or a shorter or longer note.
+  cohort::storage note_storage() const {
+    auto s = cohort::storage::allocate_shared(note_bytes);
+    std::memcpy(s.data(), &note, std::min(sizeof note, note_bytes));
+    return s;
+  }
+
+  /// Appends what follows the note's handle: the byte count, sender, port,
+  /// event slot and padding.
+  void append_fields(std::vector<std::byte>& out) const {
+    for (auto [field, size] : {std::pair<const void*, std::size_t>{&nbytes, 8}, {&sender, 4}, {&port, 4},
+                               {&slot, 4}, {&zero, 4}}) {
+      const auto* at = static_cast<const std::byte*>(field);
+      out.insert(out.end(), at, at + size);
+    }
+  }
+
   /// Reads the record back as a receiver reads one.
   cohort::storage receive() const {
-    const auto note_storage = cohort::storage::allocate_shared(note_bytes);
-    std::memcpy(note_storage.data(), &note, std::min(sizeof note, note_bytes));
+    const auto note_storage = this->note_storage();
     std::vector<std::byte> bytes;
     {
       cohort::detail::handle_context context;
@@ -58,15 +75,33 @@ struct made_up_record {
       bytes.push_back(std::byte{2});
       bytes.push_back(static_cast<std::byte>(kDLCUDA));
       cohort::detail::handle_codec<cohort::storage>::write(bytes, note_storage);
-      for (auto [field, size] : {std::pair<const void*, std::size_t>{&nbytes, 8}, {&sender, 4}, {&port, 4},
-                                 {&slot, 4}, {&zero, 4}}) {
-        const auto* at = static_cast<const std::byte*>(field);
-        bytes.insert(bytes.end(), at, at + size);
-      }
+      append_fields(bytes);
     }
     cohort::detail::reader in(bytes);
     return cohort::detail::handle_codec<cohort::storage>::read(in);
   }
+};
+
+/// Device memory whose handle is a made-up record over `note`, written as
+/// the device layer writes its own (after the core's [2][kDLCUDA]).
+class made_up_memory final : public cohort::detail::device_memory {
+ public:
+  made_up_memory(made_up_record record, cohort::storage note) : record_(record), note_(std::move(note)) {}
+  std::byte* data() const noexcept override { return nullptr; }
+  std::size_t nbytes() const noexcept override { return record_.nbytes; }
+  int device_type() const noexcept override { return kDLCUDA; }
+  int device_index() const noexcept override { return 0; }
+  std::size_t handle_bound() const noexcept override {
+    return cohort::detail::handle_codec<cohort::storage>::handle_size + 24;
+  }
+  void write(std::vector<std::byte>& out) const override {
+    cohort::detail::handle_codec<cohort::storage>::write(out, note_);
+    record_.append_fields(out);
+  }
+
+ private:
+  made_up_record record_;
+  cohort::storage note_;
 };
 
 }  // namespace cohort::test
