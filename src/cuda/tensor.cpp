@@ -25,6 +25,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -400,22 +401,50 @@ void wait_on_sender_event(int device, const event& e, pid_t sender, slot_counts&
   acknowledge(counts);
 }
 
-// Other processes' events, opened here once each, and their tables.
+// Other processes' events, opened here once each, and their tables, kept
+// until their sender has ended (forget_ended_senders).
 struct opened_events {
   std::mutex mutex;
   std::map<std::tuple<pid_t, std::uint32_t, std::uint32_t>, event> events;
-  std::map<std::pair<pid_t, std::uint32_t>, slot_counts*> tables;  // never unmapped
+  std::map<std::pair<pid_t, std::uint32_t>, slot_counts*> tables;
 };
 opened_events& received_events() {
   static auto* o = new opened_events;
   return *o;
 }
 
+// Closes the events and unmaps the tables of senders that have ended, but
+// those a gated wait still names (the poller ends such a wait once it sees
+// the sender gone, and they go with a later sender's first message). A
+// process fed by many senders over its life (workers started anew) keeps
+// only the live ones'. Under o's lock.
+void forget_ended_senders(opened_events& o) {
+  std::set<pid_t> gated;
+  {
+    auto& q = poller();
+    std::lock_guard lock(q.mutex);
+    for (const auto& [where, gate] : q.gates) {
+      for (const auto& w : gate.waiting) gated.insert(w.sender);
+    }
+  }
+  for (auto it = o.tables.begin(); it != o.tables.end();) {
+    const auto [pid, port] = it->first;
+    if (gated.contains(pid) || !ended(pid)) {
+      ++it;
+      continue;
+    }
+    std::erase_if(o.events, [&](const auto& e) { return std::get<0>(e.first) == pid && std::get<1>(e.first) == port; });
+    ::munmap(it->second, table_bytes);
+    it = o.tables.erase(it);
+  }
+}
+
 // The event table of `sender` (its socket `port`), mapped here once; null,
 // with `why`, when it cannot be had. Under o's lock.
 slot_counts* table_of(opened_events& o, pid_t sender, std::uint32_t port, std::string& why) {
+  if (const auto found = o.tables.find({sender, port}); found != o.tables.end()) return found->second;
+  forget_ended_senders(o);
   auto& table = o.tables[{sender, port}];
-  if (table != nullptr) return table;
   const int fd = detail::fetch_event_table(sender, port, why);
   if (fd < 0) {
     o.tables.erase({sender, port});

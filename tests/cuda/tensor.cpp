@@ -34,6 +34,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <future>
 #include <optional>
 #include <stdexcept>
@@ -297,6 +298,18 @@ std::string refused_by_a_rank(int rank, queue<std::vector<tensor>> q, queue<std:
 }
 COHORT_ENTRYPOINT(refused_by_a_rank);
 
+// In a rank: sends one device tensor.
+void send_one(int, queue<tensor> q) { q.put(cuda::full({4}, 3.0, dtype::float32, 0)); }
+COHORT_ENTRYPOINT(send_one);
+
+// How many senders' event tables this process maps (by their memfd's name).
+int event_tables_mapped() {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find("cohort-cuda-events") != std::string::npos ? 1 : 0;
+  return n;
+}
+
 bool relay_after_maker(int rank, queue<tensor> to_relay, queue<tensor> on, queue<tensor> back,
                        queue<std::int64_t> maker, queue<int> go) {
   ::alarm(60);
@@ -543,6 +556,20 @@ TEST_SUITE("cuda tensors") {
       cuda::empty_cache();
       CHECK(mark.given_back());
     }
+  }
+
+  TEST_CASE("a receiver fed by one sender after another keeps the events and tables of live senders only") {
+    const int before = event_tables_mapped();
+    for (int i = 0; i < 3; ++i) {
+      queue<tensor> q(1);
+      const auto args = std::tuple{q};
+      auto sender = std::async(std::launch::async, [&] { spawn_and_join(send_one, args, 1); });
+      const tensor t = *q.get();
+      CHECK(floats_of(t) == std::vector<float>(4, 3.0f));
+      sender.get();
+    }
+    // The last sender's stays until a later sender's first message.
+    CHECK(event_tables_mapped() - before == 1);
   }
 
   TEST_CASE("a relay keeps a tensor it sent on mapped until it is received, its maker gone") {
