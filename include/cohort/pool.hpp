@@ -82,7 +82,9 @@ class pool {
   /// escaping fn is thrown here as process_raised_error-like std::runtime_error
   /// naming the item and the exception; the pool stays usable. A worker that
   /// dies ends the pool: its failure (process_exited_error) is thrown, and
-  /// every later map throws std::logic_error. Returned handles (tensors,
+  /// every later map throws std::logic_error. A map that throws before its
+  /// last result (a result that cannot be received) takes back its items
+  /// no worker has taken: they do not run. Returned handles (tensors,
   /// storages) hold their memory in the parent alone: the worker lets go of
   /// what it returned once sent, and the memory goes with the parent's last
   /// copy, before or after the pool ends.

@@ -172,10 +172,29 @@ class pool_state {
     // arrive later belong to no item of this one and are dropped.
     const std::uint64_t first = next_item_;
     next_item_ += args.size();
+    try {
+      receive_all(name, args, cancelled, first, out, error);
+    } catch (...) {
+      // A map that ends early (cancelled, a result that cannot be received,
+      // an item that cannot be sent) leaves none of its items to run before
+      // the next map's.
+      take_back_tasks();
+      throw;
+    }
+    if (error) throw std::runtime_error(*error);
+    return out;
+  }
+
+  int workers() const noexcept { return workers_; }
+
+ private:
+  // Sends the items numbered from `first` and receives their results into
+  // `out`, the first item's error into `error`.
+  void receive_all(const std::string& name, const std::vector<encoded>& args, const std::atomic<bool>* cancelled,
+                   std::uint64_t first, std::vector<std::optional<encoded>>& out, std::optional<std::string>& error) {
     std::size_t sent = 0, received = 0;
     while (received < args.size()) {
       if (cancelled != nullptr && cancelled->load(std::memory_order_relaxed)) {
-        take_back_tasks();
         throw std::system_error(asio::error::operation_aborted, "cohort::pool::map");
       }
       if (sent < args.size()) {
@@ -218,12 +237,9 @@ class pool_state {
         }
       }
     }
-    if (error) throw std::runtime_error(*error);
-    return out;
   }
 
-  int workers() const noexcept { return workers_; }
-
+ public:
   // A map the pool's end cut short: its items not yet taken were taken
   // back, and the workers have left.
   [[noreturn]] static void throw_ended() {

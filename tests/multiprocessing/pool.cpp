@@ -18,6 +18,8 @@
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
 
+#include <fmt/format.h>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <memory>
@@ -32,6 +35,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <tuple>
 
 using namespace cohort;
 
@@ -59,6 +63,26 @@ std::string slow_text(int, storage taken) {
   return std::string(30000, 'x');
 }
 COHORT_ENTRYPOINT(slow_text);
+
+// Counts itself in `ran` (a count in shared memory). Item 0 returns a
+// storage whose segment's file (file_system) it has removed, so that the
+// parent cannot open it while this worker lives; the others take 100 ms.
+storage unopenable_first(int, std::tuple<int, storage> item) {
+  const auto& [index, ran] = item;
+  std::atomic_ref(*reinterpret_cast<std::int64_t*>(ran.data())).fetch_add(1);
+  if (index != 0) {
+    ::usleep(100000);
+    return storage();
+  }
+  set_sharing_strategy(sharing_strategy::file_system);
+  storage s = storage::allocate_shared(16);
+  const auto own = fmt::format("cohort_{}_", ::getpid());
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    if (entry.path().filename().string().starts_with(own)) std::filesystem::remove(entry.path());
+  }
+  return s;
+}
+COHORT_ENTRYPOINT(unopenable_first);
 
 int which_worker(int worker, int) { return worker; }
 COHORT_ENTRYPOINT(which_worker);
@@ -368,6 +392,20 @@ TEST_SUITE("pool") {
       (void)map_cancelled_after(p, more, cancel_more, std::chrono::milliseconds(50));
     }
     CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(3));
+  }
+
+  TEST_CASE("a map that fails on a result it cannot receive leaves its items not yet taken unrun") {
+    const storage ran = storage::allocate_shared(sizeof(std::int64_t));
+    std::memset(ran.data(), 0, ran.nbytes());
+    std::vector<std::tuple<int, storage>> items;
+    for (int i = 0; i < 20; ++i) items.emplace_back(i, ran);
+    pool p(1);
+    CHECK_THROWS_AS((void)p.map(unopenable_first, items), shm_error);
+    // The next map's item runs after the one in hand (item 1) at most: the
+    // 18 others, 1.8 s of work, were taken back.
+    const std::vector<long> next{6};
+    CHECK(p.map(square, next) == std::vector<long>{36});
+    CHECK(std::atomic_ref(*reinterpret_cast<std::int64_t*>(ran.data())).load() <= 2);
   }
 
   // Before, results nobody would read filled the queue, a worker blocked
