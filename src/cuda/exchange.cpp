@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <sys/random.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -158,6 +159,17 @@ connections& peers() {
   static auto* c = new connections;
   return *c;
 }
+
+}  // namespace
+
+void forget_ended_peers() noexcept {
+  auto& all = peers();
+  std::lock_guard lock(all.mutex);
+  // A request in flight holds its connection, which closes once it is done.
+  std::erase_if(all.peers, [](const auto& peer) { return ::kill(peer.first.first, 0) != 0 && errno == ESRCH; });
+}
+
+namespace {
 
 // Sends `q` to `pid`, and reads the reply and any descriptor with it;
 // false with the reason in `why`.

@@ -56,5 +56,8 @@ bool fetch_event(pid_t pid, std::uint32_t port, std::uint32_t slot, ipc_event_ha
 /// A descriptor, the caller's, of the event table of process `pid`; -1
 /// with the reason in `why`, as fetch_chunk.
 int fetch_event_table(pid_t pid, std::uint32_t port, std::string& why);
+/// Closes the connections kept to processes that have ended (one is kept
+/// per process asked, for the next request).
+void forget_ended_peers() noexcept;
 
 }  // namespace cohort::cuda::detail

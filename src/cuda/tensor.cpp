@@ -437,6 +437,7 @@ void forget_ended_senders(opened_events& o) {
     ::munmap(it->second, table_bytes);
     it = o.tables.erase(it);
   }
+  detail::forget_ended_peers();
 }
 
 // The event table of `sender` (its socket `port`), mapped here once; null,
@@ -567,6 +568,7 @@ std::shared_ptr<detail::held_chunk> chunk_for(const detail::chunk_note& note, in
     return found->second;
   }
   sweep_imports(c, false);
+  detail::forget_ended_peers();
   auto held = std::make_shared<detail::held_chunk>();
   held->maker = maker;
   held->id = note.chunk_id;

@@ -17,6 +17,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
@@ -65,6 +67,63 @@ std::uint64_t receipts(const storage& note) {
       .load();
 }
 
+// A rank serving an event table (serve_table), run on a thread of its own.
+struct table_server {
+  queue<std::int64_t> where{2};
+  queue<int> done{1};
+  std::future<std::vector<std::vector<std::uint64_t>>> run;
+  std::uint32_t pid = 0;
+  std::uint32_t port = 0;
+
+  table_server() {
+    const auto args = std::tuple{where, done};
+    run = std::async(std::launch::async, [args] { return spawn_and_join(serve_table, args, 1); });
+    pid = static_cast<std::uint32_t>(*where.get());
+    port = static_cast<std::uint32_t>(*where.get());
+  }
+  // Ends the rank; the acknowledgements of slots 3, 4 and 5.
+  std::vector<std::uint64_t> acks() {
+    done.put(1);
+    return run.get().at(0);
+  }
+};
+
+// A device storage whose handle is `r`'s record over `note`.
+storage device_storage_of(const made_up_record& r, const storage& note) {
+  return detail::make_device_storage(std::make_shared<made_up_memory>(r, note));
+}
+
+// Reads `value` back as a receiver reads it from a queue: written, and
+// each storage held, as a queue's message is.
+std::vector<storage> receive_as_message(const std::vector<storage>& value) {
+  std::vector<std::byte> record;
+  detail::handle_context context{true, {}, {}, {}};
+  {
+    detail::handle_scope scope(context);
+    detail::write(record, value);
+  }
+  detail::end_handle_record(record, context.handle_at);
+  detail::hold_for_message(context);
+  return detail::read_handle_record<std::vector<storage>>(record, "bytes follow");
+}
+
+// How many mappings this process has of memfds named `name`, and how many
+// sockets it holds.
+int mappings_of(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find("/memfd:" + name) != std::string::npos ? 1 : 0;
+  return n;
+}
+int sockets_held() {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ignored;
+    n += std::filesystem::read_symlink(entry.path(), ignored).string().starts_with("socket:") ? 1 : 0;
+  }
+  return n;
+}
+
 }  // namespace record_tests
 
 using namespace record_tests;
@@ -104,43 +163,50 @@ TEST_SUITE("device tensor records") {
   }
 
   TEST_CASE("a queue's record refused, and one its value never reached, count as received and acknowledge the sender") {
-    queue<std::int64_t> where(2);
-    queue<int> done(1);
-    const auto args = std::tuple{where, done};
-    auto server = std::async(std::launch::async, [&] { return spawn_and_join(serve_table, args, 1); });
-    const auto sender = static_cast<std::uint32_t>(*where.get());
-    const auto port = static_cast<std::uint32_t>(*where.get());
+    table_server server;
     auto first = made_up_record::block_of(7, some_device);
     auto second = made_up_record::block_of(8, some_device);
     first.slot = 3;
     second.slot = 4;
     for (auto* r : {&first, &second}) {
-      r->sender = sender;
-      r->port = port;
+      r->sender = server.pid;
+      r->port = server.port;
     }
     const auto first_note = first.note_storage();
     const auto second_note = second.note_storage();
-    const std::vector<storage> value{
-        detail::make_device_storage(std::make_shared<made_up_memory>(first, first_note)),
-        detail::make_device_storage(std::make_shared<made_up_memory>(second, second_note)),
-        storage::allocate_shared(64)};
-    // Written and held as a queue's message is.
-    std::vector<std::byte> record;
-    detail::handle_context context{true, {}, {}, {}};
-    {
-      detail::handle_scope scope(context);
-      detail::write(record, value);
-    }
-    detail::end_handle_record(record, context.handle_at);
-    detail::hold_for_message(context);
+    const std::vector<storage> value{device_storage_of(first, first_note), device_storage_of(second, second_note),
+                                     storage::allocate_shared(64)};
     // The first is refused here (no device), and the second never read.
-    CHECK_THROWS_AS((void)detail::read_handle_record<std::vector<storage>>(record, "bytes follow"), cuda::no_device);
+    CHECK_THROWS_AS((void)receive_as_message(value), cuda::no_device);
     CHECK(receipts(first_note) == 1);
     CHECK(receipts(second_note) == 1);
-    done.put(1);
-    const auto acks = server.get().at(0);
+    const auto acks = server.acks();
     CHECK(acks.at(0) == 1);
     CHECK(acks.at(1) == 1);
     CHECK(acks.at(2) == 0);
+  }
+
+  TEST_CASE("a receiver keeps the event tables of, and connections to, live senders only") {
+    // Each sender's record is refused here (no device), and acknowledged
+    // through its table.
+    const auto refuse_from_a_sender = [] {
+      table_server server;
+      auto r = made_up_record::block_of(7, some_device);
+      r.sender = server.pid;
+      r.port = server.port;
+      r.slot = 5;
+      const auto note = r.note_storage();
+      const std::vector<storage> value{device_storage_of(r, note)};
+      CHECK_THROWS_AS((void)receive_as_message(value), cuda::no_device);
+      CHECK(server.acks().at(2) == 1);
+    };
+    refuse_from_a_sender();
+    const int tables = mappings_of("record-test");
+    const int sockets = sockets_held();
+    CHECK(tables >= 1);
+    // Those of each ended sender go with the next sender's first message.
+    for (int i = 0; i < 3; ++i) refuse_from_a_sender();
+    CHECK(mappings_of("record-test") == tables);
+    CHECK(sockets_held() == sockets);
   }
 }

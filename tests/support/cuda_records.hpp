@@ -51,6 +51,7 @@ struct made_up_record {
   /// as given, or a shorter or longer note.
   cohort::storage note_storage() const {
     auto s = cohort::storage::allocate_shared(note_bytes);
+    std::memset(s.data(), 0, note_bytes);  // its counters start at 0 in a reused block too
     std::memcpy(s.data(), &note, std::min(sizeof note, note_bytes));
     return s;
   }
