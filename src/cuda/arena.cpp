@@ -270,6 +270,18 @@ void note_received(std::byte* note) noexcept {
   counter(note, note_received_at).fetch_add(1, std::memory_order_release);
 }
 
+bool made_ipc_notes_settled() noexcept {
+  prune_watched();  // what is left is waited for
+  auto& w = watched();
+  std::lock_guard lock(w.mutex);
+  const auto self = static_cast<std::uint32_t>(::getpid());
+  return std::none_of(w.notes.begin(), w.notes.end(), [&](const cohort::storage& note) {
+    chunk_note n;
+    std::memcpy(&n, note.data(), sizeof n);
+    return n.maker == self && n.kind == static_cast<std::uint8_t>(sharing::ipc_handle);
+  });
+}
+
 bool sent_unreceived(pid_t maker, std::uint32_t port, std::uint64_t id) {
   auto& w = watched();
   std::lock_guard lock(w.mutex);

@@ -59,6 +59,11 @@ void note_sent(const cohort::storage& note);
 /// Counts a message naming the block of the note whose bytes are at
 /// `note` as received.
 void note_received(std::byte* note) noexcept;
+/// Whether every message naming a block of a chunk this process made and
+/// shares by CUDA IPC handle (sharing::ipc_handle), whoever sent it, has
+/// been received: such a chunk is opened from its maker's handle alone,
+/// so the maker must outlast the messages that relays send on.
+bool made_ipc_notes_settled() noexcept;
 /// Whether a message this process sent that names a block of chunk `id`
 /// of process `maker` (its socket `port`) waits to be received: a receiver
 /// may still ask here for the chunk.

@@ -765,8 +765,10 @@ void drop_unread_record(std::span<const std::byte> bytes) noexcept {
 // every receiver of its queue messages past its wait on the message's event
 // (an event outlives its maker in no process). A receiver waits only once
 // it has mapped the chunk, so it no longer asks here for it then. Messages
-// others sent on about this process's blocks are not waited for: their
-// senders keep the chunks mapped, and serve them, until those are received.
+// others sent on about this process's blocks are not waited for (their
+// senders keep the chunks mapped, and serve them, until those are
+// received), but for blocks shared by CUDA IPC handle, which a receiver
+// opens from this process's allocation alone.
 void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
   const auto until = std::chrono::steady_clock::now() + limit;
   std::vector<int> devices;
@@ -781,7 +783,7 @@ void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
     const detail::device_guard on(device);
     std::ignore = cudaDeviceSynchronize();
   }
-  while (!all_acknowledged() && std::chrono::steady_clock::now() < until) {
+  while (!(all_acknowledged() && detail::made_ipc_notes_settled()) && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
