@@ -729,17 +729,18 @@ cohort::storage read_device_storage(cohort::detail::reader& in) {
                                    to_string(id)));
   }
   auto chunk = chunk_for(n, *device, sender, w.port);
+  std::shared_ptr<received_memory> memory;
   try {
     wait_for_sender(*device, sender, w.port, w.event);
+    refusal.sender = 0;  // waited for, or waiting: its wait acknowledges
+    // A note received twice in this process is one storage here; each
+    // received tensor still gets a storage of its own over the block.
+    memory = std::make_shared<received_memory>(std::move(note), chunk, n.offset, w.nbytes, *device);
   } catch (...) {
     chunk->users.fetch_sub(1, std::memory_order_release);
     throw;
   }
-  refusal.sender = 0;  // waited for, or waiting: its wait acknowledges
-  // A note received twice in this process is one storage here; each
-  // received tensor still gets a storage of its own over the block.
-  return cohort::detail::make_device_storage(
-      std::make_shared<received_memory>(std::move(note), std::move(chunk), n.offset, w.nbytes, *device));
+  return cohort::detail::make_device_storage(std::move(memory));
 }
 
 // A device tensor's record in a queue's value that failed before it: its

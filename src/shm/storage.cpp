@@ -790,7 +790,7 @@ void drop_unread_handles(std::span<const std::byte> record, std::size_t read) no
       const auto place = place_at(places, i);
       const auto at = place & ~device_record_place;
       if (at < read) continue;
-      if (place & device_record_place && at >= 2 && value[at - 2] == std::byte{2}) {
+      if (place & device_record_place && at >= 2 && value[at - 2] == std::byte{2} && value[at] == std::byte{1}) {
         const auto type = std::to_integer<int>(value[at - 1]);
         if (const auto drop = type < device_types ? device_drops[type].load(std::memory_order_acquire) : nullptr) {
           drop(value.subspan(at));
