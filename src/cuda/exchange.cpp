@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
-#include <sys/random.h>
 #include <signal.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
