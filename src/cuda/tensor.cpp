@@ -681,8 +681,32 @@ class received_memory final : public cohort::detail::device_memory {
   CUstream_st* stream_;
 };
 
+// The sender, port and event slot of a queue message's device tensor,
+// read ahead of its note (a shared storage's handle); a sender of 0 where
+// the record does not hold together that far.
+record_wire sender_ahead(const cohort::detail::reader& in) {
+  record_wire w{};
+  constexpr auto note_handle = cohort::detail::handle_codec<cohort::storage>::handle_size;
+  cohort::detail::reader ahead = in;
+  if (!in.from_queue_record() || ahead.left() < note_handle + sizeof w || ahead.next() != std::byte{1}) return w;
+  (void)ahead.take(note_handle - 1);
+  std::memcpy(&w, ahead.take(sizeof w).data(), sizeof w);
+  if (w.zero != 0 || w.sender > INT_MAX) w.sender = 0;
+  return w;
+}
+
 cohort::storage read_device_storage(cohort::detail::reader& in) {
   poll_device(poller());
+  // A queue's message refused from here on, its note's handle included, is
+  // acknowledged to its sender.
+  const auto ahead = sender_ahead(in);
+  struct acknowledge_if_refused {
+    pid_t sender;
+    std::uint32_t port, slot;
+    ~acknowledge_if_refused() {
+      if (sender != 0) acknowledge_refused(sender, port, slot);
+    }
+  } refusal{static_cast<pid_t>(ahead.sender), ahead.port, ahead.event};
   auto note = cohort::detail::handle_codec<cohort::storage>::read(in);
   if (in.left() < sizeof(record_wire)) throw decode_error("cohort::decode: the input ends early");
   record_wire w;
@@ -690,14 +714,6 @@ cohort::storage read_device_storage(cohort::detail::reader& in) {
   if (w.zero != 0) throw decode_error("cohort::decode: a device tensor's padding is not zero");
   if (w.sender == 0 || w.sender > INT_MAX) throw decode_error(fmt::format("cohort::decode: a device tensor from pid {}", w.sender));
   const auto sender = static_cast<pid_t>(w.sender);
-  // A queue's message refused from here on is acknowledged to its sender.
-  struct acknowledge_if_refused {
-    pid_t sender;
-    std::uint32_t port, slot;
-    ~acknowledge_if_refused() {
-      if (sender != 0) acknowledge_refused(sender, port, slot);
-    }
-  } refusal{in.from_queue_record() ? sender : 0, w.port, w.event};
   if (note.nbytes() != detail::note_bytes) {
     throw decode_error(fmt::format("cohort::decode: a device tensor's note of {} bytes", note.nbytes()));
   }

@@ -86,6 +86,14 @@ struct table_server {
     done.put(1);
     return run.get().at(0);
   }
+  // A record of chunk `chunk` that this rank sent, with event slot `slot`.
+  made_up_record record(std::uint64_t chunk, std::uint32_t slot) const {
+    auto r = made_up_record::block_of(chunk, some_device);
+    r.sender = pid;
+    r.port = port;
+    r.slot = slot;
+    return r;
+  }
 };
 
 // A device storage whose handle is `r`'s record over `note`.
@@ -93,9 +101,9 @@ storage device_storage_of(const made_up_record& r, const storage& note) {
   return detail::make_device_storage(std::make_shared<made_up_memory>(r, note));
 }
 
-// Reads `value` back as a receiver reads it from a queue: written, and
-// each storage held, as a queue's message is.
-std::vector<storage> receive_as_message(const std::vector<storage>& value) {
+// `value` written, and each storage held, as a queue's message is; where
+// each storage's handle starts in it.
+std::vector<std::byte> message_of(const std::vector<storage>& value, std::vector<std::uint32_t>& handle_at) {
   std::vector<std::byte> record;
   detail::handle_context context{true, {}, {}, {}};
   {
@@ -104,7 +112,14 @@ std::vector<storage> receive_as_message(const std::vector<storage>& value) {
   }
   detail::end_handle_record(record, context.handle_at);
   detail::hold_for_message(context);
-  return detail::read_handle_record<std::vector<storage>>(record, "bytes follow");
+  handle_at = context.handle_at;
+  return record;
+}
+
+// Reads `value` back as a receiver reads it from a queue.
+std::vector<storage> receive_as_message(const std::vector<storage>& value) {
+  std::vector<std::uint32_t> handle_at;
+  return detail::read_handle_record<std::vector<storage>>(message_of(value, handle_at), "bytes follow");
 }
 
 // How many mappings this process has of memfds named `name`, and how many
@@ -164,14 +179,8 @@ TEST_SUITE("device tensor records") {
 
   TEST_CASE("a queue's record refused, and one its value never reached, count as received and acknowledge the sender") {
     table_server server;
-    auto first = made_up_record::block_of(7, some_device);
-    auto second = made_up_record::block_of(8, some_device);
-    first.slot = 3;
-    second.slot = 4;
-    for (auto* r : {&first, &second}) {
-      r->sender = server.pid;
-      r->port = server.port;
-    }
+    const auto first = server.record(7, 3);
+    const auto second = server.record(8, 4);
     const auto first_note = first.note_storage();
     const auto second_note = second.note_storage();
     const std::vector<storage> value{device_storage_of(first, first_note), device_storage_of(second, second_note),
@@ -186,15 +195,27 @@ TEST_SUITE("device tensor records") {
     CHECK(acks.at(2) == 0);
   }
 
+  TEST_CASE("a queue's record whose note's handle is refused acknowledges the sender") {
+    table_server server;
+    const auto r = server.record(7, 4);
+    const auto note = r.note_storage();
+    const std::vector<storage> value{device_storage_of(r, note)};
+    std::vector<std::uint32_t> handle_at;
+    auto record = message_of(value, handle_at);
+    REQUIRE(handle_at.size() == 1);
+    // The padding byte of the note's handle (its fourth) is not zero.
+    record.at((handle_at[0] & ~detail::device_record_place) + 3) = std::byte{1};
+    CHECK_THROWS_WITH_AS((void)detail::read_handle_record<std::vector<storage>>(record, "bytes follow"),
+                         doctest::Contains("padding is not zero"), decode_error);
+    CHECK(server.acks().at(1) == 1);
+  }
+
   TEST_CASE("a receiver keeps the event tables of, and connections to, live senders only") {
     // Each sender's record is refused here (no device), and acknowledged
     // through its table.
     const auto refuse_from_a_sender = [] {
       table_server server;
-      auto r = made_up_record::block_of(7, some_device);
-      r.sender = server.pid;
-      r.port = server.port;
-      r.slot = 5;
+      const auto r = server.record(7, 5);
       const auto note = r.note_storage();
       const std::vector<storage> value{device_storage_of(r, note)};
       CHECK_THROWS_AS((void)receive_as_message(value), cuda::no_device);
