@@ -23,6 +23,9 @@ class event;
 namespace detail {
 /// The waits on `e` counted asleep now (for tests).
 std::uint32_t event_sleepers(const event& e);
+/// Sets `e`'s flag as set() does and stops there, before waking anyone:
+/// what a setter killed at that point leaves (for tests).
+void event_store_flag_only(event& e);
 }  // namespace detail
 
 /// Starts clear. Copies, and handles sent to other processes (as entry
@@ -31,6 +34,9 @@ std::uint32_t event_sleepers(const event& e);
 /// only when someone waits (or, once, after a waiter was killed while it
 /// waited). A wait ends at any set() made while it waits,
 /// even one that a clear() follows at once, as Python's Event.wait does.
+/// A setter killed inside set(), its flag stored and its waiters not yet
+/// woken, leaves them counted: the next set() wakes them, and a blocking
+/// wait looks at the flag again at least once a second anyway.
 class event {
  public:
   /// A new event in shared memory. Throws shm_error.
@@ -68,6 +74,7 @@ class event {
   static asio::awaitable<void> wait_on(asio::any_io_executor executor, storage state);
   friend struct detail::handle_codec<event>;
   friend std::uint32_t detail::event_sleepers(const event& e);
+  friend void detail::event_store_flag_only(event& e);
   explicit event(storage state);
   storage state_;
 };

@@ -7,7 +7,9 @@
 
 #include <asio/use_awaitable.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstdint>
 
@@ -18,6 +20,8 @@ namespace {
 constexpr std::uint32_t magic = 0x33766e65;  // "env3": the words below ("env2" counted sleepers without generations)
 constexpr std::uint32_t set_bit = 1;
 constexpr std::uint64_t count_mask = 0xffffffff;
+// The longest a blocking wait sleeps before it looks at the flag again.
+constexpr std::chrono::nanoseconds recheck_after = std::chrono::seconds(1);
 
 struct event_state {
   std::uint32_t magic;
@@ -61,15 +65,32 @@ event::event(storage state) : state_(std::move(state)) {
   }
 }
 
-void event::set() {
-  auto& s = state_of(state_);
+namespace {
+
+void store_flag(event_state& s) {
   std::uint32_t word = s.flag.load();
   while (!s.flag.compare_exchange_weak(word, (word + 2) | set_bit)) {
   }
-  auto sleepers = s.sleepers.load();
+}
+
+}  // namespace
+
+void detail::event_store_flag_only(event& e) { store_flag(state_of(e.state_)); }
+
+void event::set() {
+  auto& s = state_of(state_);
+  store_flag(s);
+  const auto seen = s.sleepers.load();
+  if ((seen & count_mask) == 0) return;
+  // Woken while still counted: a setter killed before its wake leaves
+  // them counted, and the next set(), after a clear() too, wakes them.
+  os::futex_wake(s.flag, INT_MAX);
+  auto sleepers = seen;
   while ((sleepers & count_mask) != 0 && !s.sleepers.compare_exchange_weak(sleepers, ((sleepers >> 32) + 1) << 32)) {
   }
-  if ((sleepers & count_mask) != 0) os::futex_wake(s.flag, INT_MAX);
+  // Waiters that counted themselves after the wake, uncounted now, are
+  // woken too: each counts itself again for its next sleep.
+  if (sleepers != seen) os::futex_wake(s.flag, INT_MAX);
 }
 
 std::uint32_t detail::event_sleepers(const event& e) {
@@ -106,10 +127,12 @@ bool event::wait_for(std::optional<std::chrono::nanoseconds> timeout) const {
   while (s.flag.load() == begun) {
     const counted_sleeper sleeper(s.sleepers);
     if (s.flag.load() != begun) break;
-    std::optional<std::chrono::nanoseconds> left;
+    // Asleep a second at most, then looked again: a set() whose setter
+    // was killed between its store and its wake is seen that late.
+    std::chrono::nanoseconds left = recheck_after;
     if (deadline) {
-      left = *deadline - std::chrono::steady_clock::now();
-      if (*left <= std::chrono::nanoseconds(0)) return false;
+      left = std::min(left, *deadline - std::chrono::steady_clock::now());
+      if (left <= std::chrono::nanoseconds(0)) return false;
     }
     os::futex_wait(s.flag, begun, left);
   }

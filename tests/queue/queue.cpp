@@ -1005,6 +1005,26 @@ TEST_SUITE("event") {
     CHECK(detail::event_sleepers(e) == 0);
   }
 
+  // Before, a setter killed between its store and its wake left a waiter
+  // asleep with the flag set, for good when it waited without a timeout.
+  TEST_CASE("a blocking wait ends within a second of a set() whose setter was killed before its wake") {
+    event e;
+    const pid_t waiter = ::fork();
+    if (waiter == 0) ::_exit(e.wait_for() ? 0 : 1);
+    REQUIRE(waiter > 0);
+    REQUIRE(test::within(10s, [&] { return detail::event_sleepers(e) == 1; }, 1ms));
+    detail::event_store_flag_only(e);
+    int status = 0;
+    const bool ended = test::within(5s, [&] { return ::waitpid(waiter, &status, WNOHANG) == waiter; }, 1ms);
+    if (!ended) {
+      ::kill(waiter, SIGKILL);
+      ::waitpid(waiter, nullptr, 0);
+    }
+    REQUIRE(ended);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+
   // Before, the first wait on a fresh io_context made its ring's service
   // inside the initiation, whose throw ended the program (std::terminate).
   TEST_CASE("an awaited event wait on an io_context that can get no descriptor fails with an exception") {
