@@ -2,6 +2,7 @@
 // (Asio 1.22's make_parallel_group takes a fixed set).
 #pragma once
 
+#include "cohort/compiler.hpp"
 #include "cohort/export.hpp"
 
 #include <asio/any_io_executor.hpp>
@@ -21,6 +22,7 @@
 
 #include <cstddef>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -258,6 +260,19 @@ template <class T>
 [[nodiscard]] inline asio::awaitable<std::size_t> when_any(std::vector<asio::awaitable<void>> ops) {
   if (ops.empty()) throw std::invalid_argument("cohort::when_any: no operations to wait for");
   return detail::index_of_first(std::move(ops));
+}
+
+/// A braced list of awaitables is refused at compile time, with the reason:
+/// a std::initializer_list holds its elements const, and awaitables can only
+/// be moved. (g++ 12 would otherwise fail at the awaiting function's end, on
+/// a braced list inside co_await.) The return type is deduced so that the
+/// reason is given at the call.
+template <class E>
+auto when_any(std::initializer_list<E> ops) {
+  static_assert(detail::refused<E>,
+                "cohort::when_any: a braced list of awaitables cannot be moved from: push them into a "
+                "std::vector in a variable first, then `co_await cohort::when_any(std::move(ops));`");
+  return ops.size();
 }
 
 }  // namespace cohort
