@@ -228,7 +228,10 @@ inline asio::awaitable<std::size_t> index_of_first(std::vector<asio::awaitable<v
 /// earlier in `ops` wins. Otherwise the first completion to reach when_any
 /// wins, whatever its place in `ops`: of two that become ready together (two
 /// timers that expired while the loop was busy), the one asio runs first.
-/// An op that ignores cancellation delays when_any until it ends.
+/// An op that ignores cancellation delays when_any until it ends. What the
+/// cancellation does is each op's own: a child's wait() cancelled leaves the
+/// child running, whereas a group's wait() cancelled shuts the group down,
+/// so when_any over several groups' waits stops every group but the winner's.
 ///
 /// Cancelling the awaiting coroutine (its cancellation slot, which by default
 /// lets terminal cancellation through) cancels every op, waits for all of them,
