@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <cstddef>
 #include <chrono>
 #include <climits>
 #include <cstdint>
@@ -17,7 +19,7 @@ namespace cohort {
 
 namespace {
 
-constexpr std::uint32_t magic = 0x33766e65;  // "env3": the words below ("env2" counted sleepers without generations)
+constexpr std::uint32_t magic = 0x34766e65;  // "env4": waits sleep on the generation ("env3" slept on the flag)
 constexpr std::uint32_t set_bit = 1;
 constexpr std::uint64_t count_mask = 0xffffffff;
 // The longest a blocking wait sleeps before it looks at the flag again.
@@ -30,17 +32,24 @@ struct event_state {
   // still sees that it came, and returns as Python's Event.wait does.
   std::atomic<std::uint32_t> flag;
   // The waiters of the current generation (low 32 bits) below the
-  // generation, which a set() that finds waiters advances, counting none:
-  // it wakes them all. A waiter uncounts itself only from its own
-  // generation, so a waiter killed while it waited is counted until the
-  // next set(), not for good. Waiters count themselves before they look at
-  // the flag, and set() stores the flag before it looks at the count (all
-  // seq_cst): either the waiter sees the flag set, or set() sees the waiter
-  // and wakes it.
+  // generation, which a set() that finds waiters advances, counting none,
+  // before it wakes them all. A waiter counts itself and learns its
+  // generation in one step, looks at the flag, and sleeps on the
+  // generation's word (the high half) while it still holds its own: a
+  // set() after its count either finds it counted and wakes it, or has
+  // moved the generation on, and the sleep does not begin. A waiter
+  // uncounts itself only from its own generation, so a waiter killed
+  // while it waited is counted until the next set(), not for good.
   std::atomic<std::uint64_t> sleepers;
 };
+static_assert(std::endian::native == std::endian::little && sizeof(std::atomic<std::uint32_t>) == 4);
 
 event_state& state_of(const storage& s) { return *reinterpret_cast<event_state*>(s.data()); }
+
+// The generation's word, which waits sleep on: the high half of sleepers.
+std::atomic<std::uint32_t>& generation_word(event_state& s) {
+  return *reinterpret_cast<std::atomic<std::uint32_t>*>(reinterpret_cast<std::byte*>(&s.sleepers) + 4);
+}
 
 struct counted_sleeper {
   std::atomic<std::uint64_t>& sleepers;
@@ -80,17 +89,10 @@ void detail::event_store_flag_only(event& e) { store_flag(state_of(e.state_)); }
 void event::set() {
   auto& s = state_of(state_);
   store_flag(s);
-  const auto seen = s.sleepers.load();
-  if ((seen & count_mask) == 0) return;
-  // Woken while still counted: a setter killed before its wake leaves
-  // them counted, and the next set(), after a clear() too, wakes them.
-  os::futex_wake(s.flag, INT_MAX);
-  auto sleepers = seen;
+  auto sleepers = s.sleepers.load();
   while ((sleepers & count_mask) != 0 && !s.sleepers.compare_exchange_weak(sleepers, ((sleepers >> 32) + 1) << 32)) {
   }
-  // Waiters that counted themselves after the wake, uncounted now, are
-  // woken too: each counts itself again for its next sleep.
-  if (sleepers != seen) os::futex_wake(s.flag, INT_MAX);
+  if ((sleepers & count_mask) != 0) os::futex_wake(generation_word(s), INT_MAX);
 }
 
 std::uint32_t detail::event_sleepers(const event& e) {
@@ -100,8 +102,8 @@ std::uint32_t detail::event_sleepers(const event& e) {
 void event::clear() noexcept { state_of(state_).flag.fetch_and(~set_bit); }
 bool event::is_set() const noexcept { return (state_of(state_).flag.load() & set_bit) != 0; }
 
-// A wait ends once the word differs from what it was as the wait began,
-// clear: only a set() changes a clear word.
+// A wait ends once the flag's word differs from what it was as the wait
+// began, clear: only a set() changes a clear word.
 
 // `state` keeps the flag mapped while the wait lasts.
 asio::awaitable<void> event::wait_on(asio::any_io_executor executor, storage state) {
@@ -114,7 +116,8 @@ asio::awaitable<void> event::wait_on(asio::any_io_executor executor, storage sta
   while (s.flag.load() == begun) {
     const counted_sleeper sleeper(s.sleepers);
     if (s.flag.load() != begun) break;
-    co_await uring::async_futex_wait(executor, s.flag, begun, asio::use_awaitable);
+    co_await uring::async_futex_wait(executor, generation_word(s), static_cast<std::uint32_t>(sleeper.generation),
+                                     asio::use_awaitable);
   }
 }
 
@@ -128,13 +131,13 @@ bool event::wait_for(std::optional<std::chrono::nanoseconds> timeout) const {
     const counted_sleeper sleeper(s.sleepers);
     if (s.flag.load() != begun) break;
     // Asleep a second at most, then looked again: a set() whose setter
-    // was killed between its store and its wake is seen that late.
+    // was killed before its wake is seen that late.
     std::chrono::nanoseconds left = recheck_after;
     if (deadline) {
       left = std::min(left, *deadline - std::chrono::steady_clock::now());
       if (left <= std::chrono::nanoseconds(0)) return false;
     }
-    os::futex_wait(s.flag, begun, left);
+    os::futex_wait(generation_word(s), static_cast<std::uint32_t>(sleeper.generation), left);
   }
   return true;
 }
