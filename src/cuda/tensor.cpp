@@ -714,6 +714,13 @@ cohort::storage read_device_storage(cohort::detail::reader& in) {
   if (w.zero != 0) throw decode_error("cohort::decode: a device tensor's padding is not zero");
   if (w.sender == 0 || w.sender > INT_MAX) throw decode_error(fmt::format("cohort::decode: a device tensor from pid {}", w.sender));
   const auto sender = static_cast<pid_t>(w.sender);
+  if (in.from_queue_record()) {
+    // As read now, whatever the note was (an empty one has no handle to
+    // read ahead past).
+    refusal.sender = sender;
+    refusal.port = w.port;
+    refusal.slot = w.event;
+  }
   if (note.nbytes() != detail::note_bytes) {
     throw decode_error(fmt::format("cohort::decode: a device tensor's note of {} bytes", note.nbytes()));
   }
