@@ -10,9 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
-#include <cstddef>
 #include <chrono>
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 
 namespace cohort {
