@@ -89,7 +89,7 @@ int open_linked(const std::string& dir, std::string_view target) {
     if (n < 0 || std::string_view(link, static_cast<std::size_t>(n)) != target) continue;
     // Opened by path: the number may have been reused since, which the
     // segment's header tells once mapped.
-    fd = ::open(fmt::format("{}/{}", dir, e->d_name).c_str(), O_RDWR | O_CLOEXEC);
+    fd = ::open(fmt::format("{}/{}", dir, e->d_name).c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY);
     if (fd >= 0 || errno != ENOENT) {
       error = errno;
       break;

@@ -257,7 +257,8 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
     // Through the sender, or else through the maker (the sender passed on
     // what it received and is gone), or else through the sender's keeper
     // (the sender handed it over as it ended).
-    const auto by_path = [&where] { return ::open(where.c_str(), O_RDWR | O_CLOEXEC); };
+    // O_NOCTTY: a descriptor a bad handle names may be a terminal.
+    const auto by_path = [&where] { return ::open(where.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY); };
     where = fmt::format("/proc/{}/fd/{}", ref.source, ref.fd);
     fd = with_descriptor_room(by_path, shed);
     if (fd < 0 && (errno == ENOENT || errno == ESRCH) && ref.maker != ref.source) {

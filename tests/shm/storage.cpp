@@ -997,6 +997,46 @@ TEST_SUITE("storage") {
     CHECK_THROWS_AS((void)decode<storage>(child.handles()[0]), shm_error);
   }
 
+  // Before, the receiver opened what the handle's descriptor named without
+  // O_NOCTTY: a session leader with no terminal took a terminal named there
+  // as its own, whatever the refusal that followed.
+  TEST_CASE("a handle whose descriptor names a terminal is refused, and the receiver does not take the terminal") {
+    std::vector<storage> kept;
+    const sender child([&] {
+      kept = {storage::allocate_shared(1 << 20)};
+      const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+      if (master < 0 || ::grantpt(master) != 0 || ::unlockpt(master) != 0) return std::vector<std::vector<std::byte>>{};
+      const int terminal = ::open(::ptsname(master), O_RDWR | O_NOCTTY);
+      if (terminal < 0) return std::vector<std::vector<std::byte>>{};
+      auto forged = handle_bytes(kept[0]);
+      set_descriptor_field(forged, ::getpid(), static_cast<std::uint32_t>(terminal + 1));
+      return std::vector<std::vector<std::byte>>{forged};
+    });
+    if (child.handles().empty()) {
+      MESSAGE("no pseudo-terminal to be had here: not checked");
+      return;
+    }
+    // A session leader without a terminal receives it: 0, refused and no
+    // terminal taken; 1, a terminal taken; 2, accepted.
+    const pid_t receiver = ::fork();
+    if (receiver == 0) {
+      if (::setsid() < 0) ::_exit(3);
+      int code = 2;
+      try {
+        (void)decode<storage>(child.handles()[0]);
+      } catch (const shm_error&) {
+        code = 0;
+      }
+      const int tty = ::open("/dev/tty", O_RDWR | O_NOCTTY);
+      ::_exit(tty >= 0 ? 1 : code);
+    }
+    REQUIRE(receiver > 0);
+    int status = 0;
+    REQUIRE(::waitpid(receiver, &status, 0) == receiver);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+
   TEST_CASE("a handle whose holder has exited is an shm_error naming it") {
     int pipe_fds[2];
     REQUIRE(::pipe(pipe_fds) == 0);
