@@ -772,13 +772,10 @@ cohort::storage read_device_storage(cohort::detail::reader& in) {
 void drop_unread_record(std::span<const std::byte> bytes) noexcept {
   try {
     cohort::detail::reader in(bytes, cohort::detail::reader::source::queue_record);
+    const auto w = sender_ahead(in);
     const auto note = cohort::detail::handle_codec<cohort::storage>::read(in);
     if (note.nbytes() == detail::note_bytes) detail::note_received(note.data());
-    if (in.left() < sizeof(record_wire)) return;
-    record_wire w;
-    std::memcpy(&w, in.take(sizeof w).data(), sizeof w);
-    if (w.zero != 0 || w.sender == 0 || w.sender > INT_MAX) return;
-    acknowledge_refused(static_cast<pid_t>(w.sender), w.port, w.event);
+    if (w.sender != 0) acknowledge_refused(static_cast<pid_t>(w.sender), w.port, w.event);
   } catch (...) {
     // Its note's segment cannot be opened: nothing here to let go of.
   }
