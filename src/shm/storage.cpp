@@ -846,18 +846,25 @@ std::uint32_t shared_holders(const storage& s) noexcept {
   return segment->block(s.impl_->block).refs.load(std::memory_order_acquire);
 }
 
-void at_forked_rank_end(const storage& s, hold_work work) noexcept {
-  if (shared_segment(s.impl_.get()) == nullptr) return;
+namespace {
+
+// Sets `work` as the `which` work of `impl`, a shared storage's, unless
+// some is set already.
+void set_hold_work(storage_impl* impl, hold_work storage_impl::*which, hold_work work) noexcept {
+  if (shared_segment(impl) == nullptr) return;
   auto& m = identities();
   std::lock_guard lock(m.mutex);
-  if (s.impl_->at_rank_end.run == nullptr) s.impl_->at_rank_end = work;
+  if ((impl->*which).run == nullptr) impl->*which = work;
+}
+
+}  // namespace
+
+void at_forked_rank_end(const storage& s, hold_work work) noexcept {
+  set_hold_work(s.impl_.get(), &storage_impl::at_rank_end, work);
 }
 
 void at_last_release(const storage& s, hold_work work) noexcept {
-  if (shared_segment(s.impl_.get()) == nullptr) return;
-  auto& m = identities();
-  std::lock_guard lock(m.mutex);
-  if (s.impl_->at_last_release.run == nullptr) s.impl_->at_last_release = work;
+  set_hold_work(s.impl_.get(), &storage_impl::at_last_release, work);
 }
 
 bool let_go_unless_last(const storage& s) noexcept {
