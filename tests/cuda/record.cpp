@@ -4,6 +4,7 @@
 // CUDA_VISIBLE_DEVICES=-1 (tests/cuda/tensor.cpp refuses, on a device,
 // records naming a chunk or a device that is not there).
 #include "support/cuda_records.hpp"
+#include "support/process_probe.hpp"
 
 #include "cohort/cuda/error.hpp"
 #include "cohort/queue.hpp"
@@ -17,8 +18,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
@@ -122,23 +121,6 @@ std::vector<storage> receive_as_message(const std::vector<storage>& value) {
   return detail::read_handle_record<std::vector<storage>>(message_of(value, handle_at), "bytes follow");
 }
 
-// How many mappings this process has of memfds named `name`, and how many
-// sockets it holds.
-int mappings_of(const std::string& name) {
-  std::ifstream maps("/proc/self/maps");
-  int n = 0;
-  for (std::string line; std::getline(maps, line);) n += line.find("/memfd:" + name) != std::string::npos ? 1 : 0;
-  return n;
-}
-int sockets_held() {
-  int n = 0;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code ignored;
-    n += std::filesystem::read_symlink(entry.path(), ignored).string().starts_with("socket:") ? 1 : 0;
-  }
-  return n;
-}
-
 }  // namespace record_tests
 
 using namespace record_tests;
@@ -222,12 +204,12 @@ TEST_SUITE("device tensor records") {
       CHECK(server.acks().at(2) == 1);
     };
     refuse_from_a_sender();
-    const int tables = mappings_of("record-test");
-    const int sockets = sockets_held();
+    const int tables = test::mappings_naming("/memfd:record-test");
+    const int sockets = test::descriptors_linking_to("socket:");
     CHECK(tables >= 1);
     // Those of each ended sender go with the next sender's first message.
     for (int i = 0; i < 3; ++i) refuse_from_a_sender();
-    CHECK(mappings_of("record-test") == tables);
-    CHECK(sockets_held() == sockets);
+    CHECK(test::mappings_naming("/memfd:record-test") == tables);
+    CHECK(test::descriptors_linking_to("socket:") == sockets);
   }
 }

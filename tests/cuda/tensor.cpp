@@ -14,6 +14,7 @@
 #include "support/cuda_memory.hpp"
 #include "support/cuda_records.hpp"
 #include "support/harness.hpp"
+#include "support/process_probe.hpp"
 #include "support/run_group.hpp"
 
 #include <doctest/doctest.h>
@@ -34,7 +35,6 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <fstream>
 #include <future>
 #include <optional>
 #include <stdexcept>
@@ -303,12 +303,7 @@ void send_one(int, queue<tensor> q) { q.put(cuda::full({4}, 3.0, dtype::float32,
 COHORT_ENTRYPOINT(send_one);
 
 // How many senders' event tables this process maps (by their memfd's name).
-int event_tables_mapped() {
-  std::ifstream maps("/proc/self/maps");
-  int n = 0;
-  for (std::string line; std::getline(maps, line);) n += line.find("cohort-cuda-events") != std::string::npos ? 1 : 0;
-  return n;
-}
+int event_tables_mapped() { return test::mappings_naming("cohort-cuda-events"); }
 
 bool relay_after_maker(int rank, queue<tensor> to_relay, queue<tensor> on, queue<tensor> back,
                        queue<std::int64_t> maker, queue<int> go) {

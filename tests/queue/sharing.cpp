@@ -16,6 +16,7 @@
 #include "shm/segment_name.hpp"
 
 #include "support/harness.hpp"
+#include "support/process_probe.hpp"
 
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
@@ -43,7 +44,6 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <future>
 #include <map>
 #include <optional>
@@ -552,14 +552,7 @@ COHORT_ENTRYPOINT(memfds_after_the_receiver_dropped);
 
 // How many mappings of cohort segments this process has, of either
 // strategy's (memfds, files in /dev/shm).
-int cohort_mappings() {
-  std::ifstream maps("/proc/self/maps");
-  int n = 0;
-  for (std::string line; std::getline(maps, line);) {
-    n += line.find("/memfd:cohort") != std::string::npos || line.find("/dev/shm/cohort") != std::string::npos ? 1 : 0;
-  }
-  return n;
-}
+int cohort_mappings() { return test::mappings_naming("/memfd:cohort") + test::mappings_naming("/dev/shm/cohort"); }
 
 // Pops a tensor whose sender has let go of it and drops it (its segment
 // then dead), pops a second, and waits on an empty queue, blocking until a

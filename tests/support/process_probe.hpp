@@ -21,6 +21,7 @@
 #include <iterator>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace cohort::test {
@@ -98,6 +99,26 @@ inline std::vector<pid_t> children_of_self(bool all = false) {
 inline int open_fd_count() {
   int n = 0;
   for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+/// How many of this process's mappings (lines of /proc/self/maps) name
+/// `what`: a memfd's name, a file's path.
+inline int mappings_naming(std::string_view what) {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find(what) != std::string::npos ? 1 : 0;
+  return n;
+}
+
+/// How many of this process's descriptors link to what starts with
+/// `prefix` ("socket:", "pipe:").
+inline int descriptors_linking_to(std::string_view prefix) {
+  int n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ignored;
+    n += std::filesystem::read_symlink(entry.path(), ignored).string().starts_with(prefix) ? 1 : 0;
+  }
   return n;
 }
 
