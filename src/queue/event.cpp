@@ -5,6 +5,8 @@
 #include "os/futex.hpp"
 #include "uring/futex.hpp"
 
+#include <asio/experimental/awaitable_operators.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <algorithm>
@@ -14,6 +16,8 @@
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <system_error>
 
 namespace cohort {
 
@@ -22,7 +26,7 @@ namespace {
 constexpr std::uint32_t magic = 0x34766e65;  // "env4": waits sleep on the generation ("env3" slept on the flag)
 constexpr std::uint32_t set_bit = 1;
 constexpr std::uint64_t count_mask = 0xffffffff;
-// The longest a blocking wait sleeps before it looks at the flag again.
+// The longest a wait sleeps before it looks at the flag again.
 constexpr std::chrono::nanoseconds recheck_after = std::chrono::seconds(1);
 
 struct event_state {
@@ -113,11 +117,29 @@ asio::awaitable<void> event::wait_on(asio::any_io_executor executor, storage sta
   auto& s = state_of(state);
   const std::uint32_t begun = s.flag.load();
   if ((begun & set_bit) != 0) co_return;
+  using namespace asio::experimental::awaitable_operators;
+  asio::steady_timer recheck(executor);
   while (s.flag.load() == begun) {
     const counted_sleeper sleeper(s.sleepers);
     if (s.flag.load() != begun) break;
-    co_await uring::async_futex_wait(executor, generation_word(s), static_cast<std::uint32_t>(sleeper.generation),
-                                     asio::use_awaitable);
+    // As a blocking wait: asleep a second at most, so that a set() whose
+    // setter was killed before its wake is seen that late. Cancelled from
+    // outside, both branches fail and `||` throws multiple_exceptions.
+    recheck.expires_after(recheck_after);
+    std::exception_ptr failure;
+    try {
+      co_await (uring::async_futex_wait(executor, generation_word(s), static_cast<std::uint32_t>(sleeper.generation),
+                                        asio::use_awaitable) ||
+                recheck.async_wait(asio::use_awaitable));
+    } catch (const asio::multiple_exceptions& e) {
+      failure = e.first_exception();
+    }
+    if (!failure) continue;
+    const asio::cancellation_state cancelled = co_await asio::this_coro::cancellation_state;
+    if (cancelled.cancelled() != asio::cancellation_type::none) {
+      throw std::system_error(asio::error::operation_aborted, "cohort::event");
+    }
+    std::rethrow_exception(failure);
   }
 }
 
