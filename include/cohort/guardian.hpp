@@ -29,10 +29,12 @@ namespace cohort {
 /// remove. The ranks
 /// themselves die by their parent-death signal; the guardian reaches what
 /// they started, `setsid` grandchildren included, when this process could
-/// not: killed with SIGKILL. It ignores every signal but SIGKILL and
-/// SIGSTOP (and the faults of its own code), so a Ctrl-C meant for this
-/// process, or any signal sent to its process group, leaves it to do its
-/// work; no handler of this process's ever runs in it.
+/// not: killed with SIGKILL, also by a SIGKILL sent to this process's
+/// whole process group, since the guardian leads a process group of its
+/// own. It ignores every signal but SIGKILL and SIGSTOP (and the faults of
+/// its own code), so a Ctrl-C meant for this process, or any signal sent
+/// to a process group, leaves it to do its work; no handler of this
+/// process's ever runs in it.
 ///
 /// On Linux 5.16 and later, on x86-64 and AArch64, the guardian shares this
 /// process's memory (a clone with CLONE_VM, running on a stack of its own

@@ -340,11 +340,14 @@ COHORT_BARE_CODE ending wait_for_look(const guardian_memory& m) {
 
 // The guardian. It starts with every signal blocked (its parent blocked
 // them around the clone), so no handler of the parent's ever runs here.
-// It then ignores every signal but SIGKILL, SIGSTOP and the faults of its
-// own code: a Ctrl-C, or any signal sent to this process's group, leaves
+// It leads a process group of its own, so that a SIGKILL sent to its
+// parent's group (`timeout -s KILL`, `kill -9 -PGID`) does not end it with
+// the parent; and it ignores every signal but SIGKILL, SIGSTOP and the
+// faults of its own code: a Ctrl-C, or any signal sent to a group, leaves
 // it to do its work.
 COHORT_BARE_CODE int guard(void* memory) {
   const auto& m = *static_cast<const guardian_memory*>(memory);
+  raw_syscall(SYS_setpgid, 0, 0);
   for (int signal = 1; signal < 65; ++signal) {
     if (signal == SIGKILL || signal == SIGSTOP) continue;
     const bool fault = signal == SIGSEGV || signal == SIGBUS || signal == SIGILL || signal == SIGFPE || signal == SIGTRAP ||

@@ -1640,6 +1640,24 @@ TEST_SUITE("group") {
     }
   }
 
+  // Before, the guardian stayed in the supervisor's process group, and a
+  // SIGKILL sent to the group (`timeout -s KILL`) ended it with the
+  // supervisor: what the rank had started lived on.
+  TEST_CASE("a SIGKILL sent to the supervisor's whole process group leaves nothing its ranks started") {
+    test::temp_dir dir;
+    const std::string script = "setsid sleep 60 & echo $! > \"$0/grandchild\"; : > \"$0/up\"; wait";
+    const pid_t pid = guarded_supervisor(dir.path, script, [] { ::setpgid(0, 0); });
+    const bool up = test::within(10s, [&] { return fs::exists(dir.path / "up") && fs::exists(dir.path / "started"); },
+                                 5ms);
+    ::kill(-pid, SIGKILL);
+    CHECK(killed_soon(pid));
+    REQUIRE(up);
+    const pid_t grandchild = first_line_pid(dir.path / "grandchild");
+    REQUIRE(grandchild > 0);
+    CHECK(test::within(10s, [&] { return !test::alive(grandchild); }, 5ms));
+    if (test::alive(grandchild)) ::kill(grandchild, SIGKILL);
+  }
+
   TEST_CASE("once its process is killed, the guardian removes the segment files that process and its ranks made") {
     // file_system segments are files in /dev/shm named for their maker;
     // the rank's is made by hand under that name. Beside it, one stamped
