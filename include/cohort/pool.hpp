@@ -5,6 +5,7 @@
 
 #include "cohort/export.hpp"
 
+#include "cohort/compiler.hpp"
 #include "cohort/completion_token.hpp"
 #include "cohort/entry_point.hpp"
 #include "cohort/group.hpp"
@@ -71,7 +72,22 @@ std::vector<R> pool_values(const std::vector<std::optional<encoded>>& results) {
 class pool {
  public:
   /// Starts the workers. Throws what start_processes throws.
-  explicit pool(int workers, const pool_options& options = {});
+  explicit pool(int workers, const pool_options& options);
+  /// With default options. (Not a default argument: g++ 12 destroys a
+  /// defaulted `{}` twice in `co_await pool(n).map(...)`.)
+  explicit pool(int workers) : pool(workers, static_cast<const pool_options&>(pool_options())) {}
+#if COHORT_AWAIT_TEMPORARY_BUG
+  /// Refused at compile time on g++ 12 and older, which destroy a
+  /// pool_options temporary twice when the pool is made inside a co_await
+  /// expression (`co_await pool(2, {...}).map(...)`). A named pool_options
+  /// is taken by the constructor above.
+  template <class Refused = void>
+  explicit pool(int workers, pool_options&& options) : pool(workers, static_cast<const pool_options&>(options)) {
+    static_assert(detail::refused<Refused>,
+                  "g++ 12 destroys a pool_options temporary twice inside co_await (std::move of a named one is refused too): name the options "
+                  "first, `pool_options options{...}; pool p(n, options);`");
+  }
+#endif
   pool(pool&&) noexcept;
   pool& operator=(pool&&) noexcept;
   /// Lets the workers finish their item in hand, then ends them.

@@ -122,7 +122,7 @@ template <completion_token_of<child> Token>
 template <class Token = default_token>
 auto spawn(command cmd, spawn_options&& options, Token&& token = {}) {
   static_assert(detail::refused<Token>,
-                "g++ 12 destroys a spawn_options temporary twice inside co_await: name the options "
+                "g++ 12 destroys a spawn_options temporary twice inside co_await (std::move of a named one is refused too): name the options "
                 "first, `spawn_options options{...}; co_await spawn(cmd, options);`, or call "
                 "spawn(executor, cmd, options), which is not awaited");
   return spawn(std::move(cmd), static_cast<const spawn_options&>(options), std::forward<Token>(token));
@@ -133,7 +133,7 @@ template <class Token>
   requires(!std::is_same_v<std::remove_cvref_t<Token>, std::error_code>)
 auto spawn(const asio::any_io_executor& executor, command cmd, spawn_options&& options, Token&& token) {
   static_assert(detail::refused<Token>,
-                "g++ 12 destroys a spawn_options temporary twice inside co_await: name the options "
+                "g++ 12 destroys a spawn_options temporary twice inside co_await (std::move of a named one is refused too): name the options "
                 "first, `spawn_options options{...}; co_await spawn(executor, cmd, options, token);`, or "
                 "call spawn(executor, cmd, options), which is not awaited");
   return spawn(executor, std::move(cmd), static_cast<const spawn_options&>(options), std::forward<Token>(token));
@@ -141,15 +141,26 @@ auto spawn(const asio::any_io_executor& executor, command cmd, spawn_options&& o
 #endif
 
 /// Starts `cmd` now; its wait and pipes run on `executor` (an io_context's).
-child spawn(const asio::any_io_executor& executor, const command& cmd,
-            const spawn_options& options = {});
+child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options);
 child spawn(const asio::any_io_executor& executor, const command& cmd,
             const spawn_options& options, std::error_code& ec);
+/// With default options. (An overload, not a default argument: g++ 12
+/// would destroy a defaulted `{}` twice in `co_await spawn(executor,
+/// cmd).wait()`.)
+inline child spawn(const asio::any_io_executor& executor, const command& cmd) {
+  const spawn_options defaults;
+  return spawn(executor, cmd, defaults);
+}
 
 /// Starts `cmd` and blocks until it exits. Pipes are refused
 /// (std::invalid_argument): nothing would read them.
-exit_status run(const command& cmd, const spawn_options& options = {});
+exit_status run(const command& cmd, const spawn_options& options);
 exit_status run(const command& cmd, const spawn_options& options, std::error_code& ec);
+/// With default options (an overload, as spawn's above).
+inline exit_status run(const command& cmd) {
+  const spawn_options defaults;
+  return run(cmd, defaults);
+}
 
 }  // namespace cohort
 

@@ -44,7 +44,7 @@ run_result run_to_end(const function_call& call, int nprocs, const join_options&
 /// arguments std::invalid_argument, an fn not registered std::logic_error.
 /// No process of the run survives it.
 template <class R, class... P, class... A>
-auto spawn_and_join(R (*fn)(int, P...), std::tuple<A...> args, int nprocs, const join_options& options = {}) {
+auto spawn_and_join(R (*fn)(int, P...), std::tuple<A...> args, int nprocs, const join_options& options) {
   const function_call call_spec = std::apply(
       [&](auto&&... a) { return call(options.method, fn, std::forward<decltype(a)>(a)...); }, std::move(args));
   run_result result = detail::run_to_end(call_spec, nprocs, options);
@@ -54,6 +54,14 @@ auto spawn_and_join(R (*fn)(int, P...), std::tuple<A...> args, int nprocs, const
     for (const auto& value : result.return_values) values.push_back(value.value().template as<std::decay_t<R>>());
     return values;
   }
+}
+/// With default options. (An overload, not a default argument: g++ 12
+/// destroys a defaulted `{}` twice when the call is part of a co_await
+/// expression.)
+template <class R, class... P, class... A>
+auto spawn_and_join(R (*fn)(int, P...), std::tuple<A...> args, int nprocs) {
+  const join_options defaults;
+  return spawn_and_join(fn, std::move(args), nprocs, defaults);
 }
 
 }  // namespace cohort

@@ -170,7 +170,8 @@ TEST_SUITE("pool") {
   TEST_CASE("a pool's workers fill shared buffers in place") {
     for (auto method : methods) {
       CAPTURE(to_string(method));
-      pool p(2, {.method = method});
+      const pool_options options{.method = method};
+      pool p(2, options);
       std::vector<storage> buffers;
       for (int i = 0; i < 10; ++i) {
         buffers.push_back(storage::allocate(100));
@@ -254,7 +255,8 @@ TEST_SUITE("pool") {
       CAPTURE(to_string(method));
       std::vector<storage> made;
       {
-        pool p(2, {.method = method});
+        const pool_options options{.method = method};
+        pool p(2, options);
         made = p.map(make_storage, std::vector<int>{1, 2, 3});
         // The worker lets go right after sending; give it the moment.
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -290,6 +292,17 @@ TEST_SUITE("pool") {
       after = mappings();
     } while (after != before && std::chrono::steady_clock::now() < deadline);
     CHECK(after == before);
+  }
+
+  // Before, pool(n) took its options as a defaulted `{}`, which g++ 12
+  // destroyed twice inside this co_await: free() aborted.
+  TEST_CASE("a pool made with default options inside a co_await expression maps and ends") {
+    const std::vector<long> items{1, 2, 3};
+    asio::io_context io;
+    const auto results = test::run(io, [&]() -> asio::awaitable<std::vector<long>> {
+      co_return co_await pool(2).map(square, items, asio::use_awaitable);
+    }());
+    CHECK(results == std::vector<long>{1, 4, 9});
   }
 
   TEST_CASE("an awaited map leaves its io_context free to run other work") {

@@ -150,6 +150,19 @@ TEST_SUITE("spawn") {
     }
   }
 
+  // Before, spawn(executor, cmd) took its options as a defaulted `{}`,
+  // which g++ 12 destroyed twice inside this co_await: free() aborted.
+  TEST_CASE("a child spawned with default options inside a co_await expression is awaited") {
+    asio::io_context io;
+    const command cmd{test::target, {"exit", "4"}};
+    const auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
+      co_return co_await spawn(io.get_executor(), cmd).wait();
+    }());
+    CHECK(status.code() == 4);
+    const command fails{test::target, {"exit", "5"}};
+    CHECK(run(fails).code() == 5);
+  }
+
   TEST_CASE("deaths by SIGKILL, SIGSEGV and SIGTERM name the signal") {
     for (auto [name, number] : {std::pair{"KILL", SIGKILL}, {"SEGV", SIGSEGV}, {"TERM", SIGTERM}}) {
       auto status = status_of({"kill-self", name});

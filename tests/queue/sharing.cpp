@@ -914,7 +914,8 @@ TEST_SUITE("sharing") {
     repeat_under_each_strategy(repetitions, [](leak_check&, int) {
       std::vector<tensor> buffers;
       for (int i = 0; i < 4; ++i) buffers.push_back(tensor::zeros({2, 2}, dtype::float32));
-      pool p(2, {.method = start_method::fork});
+      const pool_options forked{.method = start_method::fork};
+      pool p(2, forked);
       const auto results = p.map(pool_fill, buffers);
       REQUIRE(results.size() == buffers.size());
       for (const auto& r : results) CHECK(r == tensor::full({2, 2}, 5, dtype::float32));
