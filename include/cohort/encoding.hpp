@@ -316,6 +316,8 @@ class reader {
   std::size_t left() const noexcept { return bytes_.size() - position_; }
   /// How many bytes have been read.
   std::size_t position() const noexcept { return position_; }
+  /// The first byte of what it reads.
+  const std::byte* data() const noexcept { return bytes_.data(); }
 
   std::byte next() {
     if (left() == 0) throw decode_error("cohort::decode: the input ends early");

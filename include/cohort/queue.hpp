@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -89,9 +90,52 @@ std::shared_ptr<queue_core> make_queue_core(std::size_t capacity, std::string_vi
 bool queue_try_push(queue_core& q, queue_record& r);
 bool queue_put(queue_core& q, queue_record& r, std::optional<std::chrono::nanoseconds> timeout);
 asio::awaitable<void> queue_push(std::shared_ptr<queue_core> q, queue_record& r);
-bool queue_try_pop(queue_core& q, std::vector<std::byte>& out);
-bool queue_get(queue_core& q, std::vector<std::byte>& out, std::optional<std::chrono::nanoseconds> timeout);
-asio::awaitable<void> queue_pop(std::shared_ptr<queue_core> q, std::vector<std::byte>& out);
+/// A record a pop took, from the take until its decode has ended. Its
+/// place in the ring is kept from pushes meanwhile, and the decode notes in
+/// the queue how far it got, so that when this process is killed in
+/// between, the references of the handles it had not reached are let go
+/// of: by a push that finds the ring full, or by the queue's last holder.
+/// Ending it unread (destroyed before any decode) lets go of them here.
+/// A pop claims nothing when the queue's 64 claims are all in use.
+class record_claim {
+ public:
+  record_claim() noexcept = default;
+  record_claim(const record_claim&) = delete;
+  record_claim& operator=(const record_claim&) = delete;
+  ~record_claim() {
+    if (core_ != nullptr) end();
+  }
+
+ private:
+  friend class queue_core;
+  friend class claim_decoding;
+  void end() noexcept;
+
+  queue_core* core_ = nullptr;  // null: nothing claimed
+  std::uint32_t slot_ = 0;
+  bool decoded_ = false;
+  std::span<const std::byte> record_;  // the record as the decode reads it
+  storage block_;                      // a value's block of its own, held until the end
+};
+
+/// While a claimed record decodes on this thread: its handles' reads note
+/// how far they got.
+class claim_decoding {
+ public:
+  claim_decoding(record_claim& claim, std::span<const std::byte> record) noexcept;
+  claim_decoding(const claim_decoding&) = delete;
+  claim_decoding& operator=(const claim_decoding&) = delete;
+  ~claim_decoding();
+
+ private:
+  bool noting_ = false;
+};
+
+bool queue_try_pop(queue_core& q, std::vector<std::byte>& out, record_claim* claim = nullptr);
+bool queue_get(queue_core& q, std::vector<std::byte>& out, std::optional<std::chrono::nanoseconds> timeout,
+               record_claim* claim = nullptr);
+asio::awaitable<void> queue_pop(std::shared_ptr<queue_core> q, std::vector<std::byte>& out,
+                                record_claim* claim = nullptr);
 void queue_close(queue_core& q);
 bool queue_closed_now(const queue_core& q);
 std::size_t queue_size(const queue_core& q);
@@ -144,7 +188,8 @@ T read_record(std::span<const std::byte> bytes);
 
 /// A popped record decoded into a value.
 template <class T>
-T receive_record(queue_core& q, std::span<const std::byte> bytes) {
+T receive_record(queue_core& q, std::span<const std::byte> bytes, record_claim& claim) {
+  const claim_decoding decoding(claim, bytes);
   try {
     return read_record<T>(bytes);
   } catch (const shm_error&) {
@@ -222,8 +267,9 @@ class queue {
   /// shared memory its other storages name is held no longer for it.
   std::optional<T> try_pop() {
     auto& out = buffer();
-    if (!detail::queue_try_pop(*core_, out)) return std::nullopt;
-    return detail::receive_record<T>(*core_, out);
+    detail::record_claim claim;
+    if (!detail::queue_try_pop(*core_, out, &claim)) return std::nullopt;
+    return detail::receive_record<T>(*core_, out, claim);
   }
 
   /// Pushes, blocking while full; false when `timeout` passed first.
@@ -238,8 +284,9 @@ class queue {
   /// Throws queue_closed, peer_lost, and what try_pop throws.
   std::optional<T> get(std::optional<std::chrono::nanoseconds> timeout = std::nullopt) {
     auto& out = buffer();
-    if (!detail::queue_get(*core_, out, timeout)) return std::nullopt;
-    return detail::receive_record<T>(*core_, out);
+    detail::record_claim claim;
+    if (!detail::queue_get(*core_, out, timeout, &claim)) return std::nullopt;
+    return detail::receive_record<T>(*core_, out, claim);
   }
 
   /// Pushes, waiting while full; an asio asynchronous operation completing
@@ -323,8 +370,9 @@ class queue {
   }
   static asio::awaitable<T> pop_value(std::shared_ptr<detail::queue_core> core) {
     std::vector<std::byte> out;
-    co_await detail::queue_pop(core, out);
-    co_return detail::receive_record<T>(*core, out);
+    detail::record_claim claim;
+    co_await detail::queue_pop(core, out, &claim);
+    co_return detail::receive_record<T>(*core, out, claim);
   }
 
   static detail::queue_record& record() {

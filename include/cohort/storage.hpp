@@ -288,6 +288,12 @@ std::span<const std::byte> record_value(std::span<const std::byte> record);
 /// For such a record whose value failed to decode after `read` of its
 /// bytes: lets go of the references of the handles it had not reached.
 void drop_unread_handles(std::span<const std::byte> record, std::size_t read) noexcept;
+/// For such a record that names one storage (a queue value too large for
+/// the ring, in a block of its own): as drop_unread_handles for the
+/// value's record in the block, then lets go of the block's reference:
+/// that of a receiver that took it over and ended (`taken`), or else the
+/// message's, counted received.
+void drop_unread_in_block(std::span<const std::byte> record, std::size_t read, bool taken) noexcept;
 
 /// Reads the whole value of such a record; `trailing` is the decode_error's
 /// message when bytes follow it. When reading throws, what was read goes

@@ -14,6 +14,7 @@
 #include "os/spin_mutex.hpp"
 #include "shm/fork.hpp"
 #include "shm/keeper.hpp"
+#include "shm/read_progress.hpp"
 #include "shm/registry.hpp"
 #include "shm/segment.hpp"
 #include "shm/shared_lock.hpp"
@@ -42,10 +43,10 @@ namespace cohort::detail {
 
 namespace {
 
-// "chtqueu3": the layout with a lock for each side and a peer table of
-// 256; a queue of a layout before ("chtqueue", "chtqueu2") is refused
-// rather than misread.
-constexpr std::uint64_t magic = 0x3375657571746863ULL;
+// "chtqueu4": the layout with a lock for each side, a peer table of 256
+// and the pops' claims; a queue of a layout before ("chtqueue" to
+// "chtqueu3") is refused rather than misread.
+constexpr std::uint64_t magic = 0x3475657571746863ULL;
 constexpr std::uint32_t skip = 0xffffffffU;             // the rest of the ring is unused: wrap
 constexpr std::uint32_t overflowed = 1;                 // the record is a storage holding the value
 // How long a wait sleeps before it looks at whether the other side is
@@ -115,6 +116,61 @@ struct holder_table {
   holder holders[max_holders];
 };
 
+// A record a pop took and has not finished decoding (record_claim). Its
+// lines stay out of the pushes' reach until the claim ends, so that when
+// the claimant is killed meanwhile, the references of the handles its
+// decode had not reached can still be let go of: by a push that finds the
+// ring full and is about to sleep, or by the queue's last holder.
+struct claim_slot {
+  // The claimant, as claim_owner() packs it; 0: free. Taken under the
+  // pops' lock; handed back by the claimant, or taken over (a
+  // compare-exchange) from an ended one by whoever lets go for it.
+  std::atomic<std::uint64_t> owner;
+  std::atomic<std::uint32_t> lines;  // the head's lines where the record begins
+  // Places in the value below this are taken (shm/read_progress.hpp);
+  // claim_in_block marks a value read from a block of its own that the
+  // claimant holds until the claim ends.
+  std::atomic<std::uint32_t> progress;
+};
+constexpr std::uint32_t max_claims = 64;
+constexpr std::uint32_t claim_in_block = std::uint32_t{1} << 31;
+struct claim_table {
+  std::atomic<std::uint64_t> used;  // bit i: slot i was ever taken (set under the pops' lock)
+  std::uint64_t reserved[7];
+  claim_slot slots[max_claims];
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free && sizeof(claim_slot) == 16);
+
+// A claimant's pid and start time in one word, so that one
+// compare-exchange tells it apart from a process that reused its pid; 0
+// when they do not fit (pids are below 2^22; start times in clock ticks
+// below 2^42), and the pop then claims nothing.
+std::uint64_t claim_owner() noexcept {
+  const auto start = os::own_start_time();
+  const auto pid = static_cast<std::uint64_t>(os::this_process());
+  if (start == 0 || start >= (std::uint64_t{1} << 42) || pid >= (std::uint64_t{1} << 22)) return 0;
+  return start << 22 | pid;
+}
+pid_t pid_of_owner(std::uint64_t owner) noexcept { return static_cast<pid_t>(owner & ((1U << 22) - 1)); }
+std::uint64_t start_of_owner(std::uint64_t owner) noexcept { return owner >> 22; }
+
+// While it lasts, the reads of the record at `value` note how far they got
+// in `slot` (nothing without a slot).
+class progress_scope {
+ public:
+  progress_scope(claim_slot* slot, const std::byte* value, std::uint32_t keep) noexcept : noting_(slot != nullptr) {
+    if (noting_) shm::current_read_progress() = {value, &slot->progress, keep};
+  }
+  progress_scope(const progress_scope&) = delete;
+  progress_scope& operator=(const progress_scope&) = delete;
+  ~progress_scope() {
+    if (noting_) shm::current_read_progress() = {};
+  }
+
+ private:
+  bool noting_;
+};
+
 // Pushes and pops take locks of their own, each on a line of its own with
 // what only its side writes: a producer and a consumer never wait for each
 // other, and in a queue with one of each, each lock stays in its own CPU's
@@ -159,6 +215,7 @@ struct queue_header {
   alignas(line) std::atomic<std::uint32_t> space;
   alignas(line) peer_table peers;
   alignas(line) holder_table holders;
+  alignas(line) claim_table claims;
 };
 static_assert(sizeof(queue_header) % line == 0, "the ring starts on a line of its own");
 
@@ -184,6 +241,8 @@ constexpr std::chrono::milliseconds sleep_slice(side s) noexcept { return s == s
 }  // namespace
 
 class queue_core {
+  friend class record_claim;
+
  public:
   // Over `state`, whose bytes begin with `header`.
   queue_core(storage state, record_drop drop, queue_header* header)
@@ -249,6 +308,8 @@ class queue_core {
         return true;
       }
       if (!sleep) return false;
+      // Before a sleep: room a killed claimant kept comes back.
+      if (let_go_for_ended_claimants()) continue;
       seq = count_asleep(side::push);
       // Room made (or the queue closed) after the look above and before
       // the count woke nobody: seen here.
@@ -258,13 +319,13 @@ class queue_core {
   }
 
   // Pops into `out` unless empty; as push() for `sleep` and `seq`.
-  bool pop(std::vector<std::byte>& out, bool sleep, std::uint32_t& seq) {
+  bool pop(std::vector<std::byte>& out, bool sleep, std::uint32_t& seq, record_claim* claim) {
     join(peer_consumer);
     for (;;) {
-      if (const auto flags = take_record(out)) {
+      if (const auto flags = take_record(out, claim)) {
         wake_after(side::push);
         try {
-          unwrap(out, *flags);
+          unwrap(out, *flags, claim);
         } catch (const shm_error&) {  // a block of its own, gone with a sender killed since
           rethrow_receive_failure(*this);
         }
@@ -430,9 +491,24 @@ class queue_core {
 
   // Without the locks: whether a record of `len` bytes fits now.
   bool has_room(std::size_t len) const noexcept {
-    const auto head = position::of(h().head.load(std::memory_order_acquire));
+    const auto head = kept_from(position::of(h().head.load(std::memory_order_acquire)));
     const auto tail = position::of(h().tail.load(std::memory_order_acquire));
     return fits(head, tail, placement(tail, len).first);
+  }
+
+  // The head's position, its lines moved back to where the oldest record
+  // a pop claimed begins: the pushes write no line from there on.
+  position kept_from(position head) const noexcept {
+    const auto& t = h().claims;
+    const auto used = t.used.load(std::memory_order_acquire);
+    std::uint32_t back = 0;
+    for (std::uint32_t i = 0; i < max_claims; ++i) {
+      if ((used >> i & 1) == 0 || t.slots[i].owner.load(std::memory_order_acquire) == 0) continue;
+      // A claim made after `head` was read is past it: the difference wraps.
+      const std::uint32_t behind = head.lines - t.slots[i].lines.load(std::memory_order_relaxed);
+      if (behind <= ring_lines()) back = std::max(back, behind);
+    }
+    return {head.values, head.lines - back};
   }
 
   // Writes `r` at the tail unless the ring has no room for it; throws when
@@ -443,7 +519,7 @@ class queue_core {
     const auto tail = position::of(h().tail.load(std::memory_order_relaxed));
     const auto [lines, at] = placement(tail, r.bytes.size());
     if (!fits(position::of(h().head_seen), tail, lines)) {
-      h().head_seen = h().head.load(std::memory_order_acquire);
+      h().head_seen = kept_from(position::of(h().head.load(std::memory_order_acquire))).word();
       if (!fits(position::of(h().head_seen), tail, lines)) return false;
     }
     if (at != line_of(tail)) std::memcpy(ring() + std::uint64_t{line_of(tail)} * line, &skip, 4);  // wraps
@@ -460,21 +536,35 @@ class queue_core {
 
   // Takes the record at the head into `out` unless the ring is empty;
   // its flags.
-  std::optional<std::uint32_t> take_record(std::vector<std::byte>& out) {
+  // `claim`, when given, claims the record taken.
+  std::optional<std::uint32_t> take_record(std::vector<std::byte>& out, record_claim* claim = nullptr) {
     const locked lock(h().pop_lock);
     const auto head = position::of(h().head.load(std::memory_order_relaxed));
     if (position::of(h().tail_seen).values == head.values) {
       h().tail_seen = h().tail.load(std::memory_order_acquire);
       if (position::of(h().tail_seen).values == head.values) return std::nullopt;
     }
-    return take_locked(out, head);
+    return take_locked(out, head, claim);
   }
 
   // With the pops' lock held and a record at `head`: moves its bytes into
-  // `out` and the head past it; returns its flags.
-  std::uint32_t take_locked(std::vector<std::byte>& out, position head) {
-    std::uint32_t at = line_of(head);
+  // `out` and the head past it, claimed for `claim` when given; returns
+  // its flags.
+  std::uint32_t take_locked(std::vector<std::byte>& out, position head, record_claim* claim) {
     std::uint32_t moved = 0;
+    const auto flags = read_at(head.lines, out, moved);
+    if (claim != nullptr) claim_locked(*claim, head.lines, out);
+    h().head_cpu.store(::sched_getcpu(), std::memory_order_relaxed);
+    h().head.store(position{head.values + 1, head.lines + moved}.word(), std::memory_order_release);
+    return flags;
+  }
+
+  // The record whose place begins at the head's `lines`: its bytes into
+  // `out`; `moved`, the lines it takes (with those it skipped at the
+  // ring's end); returns its flags.
+  std::uint32_t read_at(std::uint32_t lines, std::vector<std::byte>& out, std::uint32_t& moved) const {
+    std::uint32_t at = lines & (ring_lines() - 1);
+    moved = 0;
     std::uint32_t head_words[2];
     std::memcpy(head_words, ring() + std::uint64_t{at} * line, 4);
     if (head_words[0] == skip) {
@@ -489,9 +579,34 @@ class queue_core {
     }
     out.assign(record + 8, record + 8 + len);
     moved += static_cast<std::uint32_t>(record_bytes(len) / line);
-    h().head_cpu.store(::sched_getcpu(), std::memory_order_relaxed);
-    h().head.store(position{head.values + 1, head.lines + moved}.word(), std::memory_order_release);
     return head_words[1];
+  }
+
+  // With the pops' lock held: claims the record at the head's `lines`,
+  // read into `out`, for `c`; nothing when every claim is in use, or this
+  // process cannot be told apart from a later one with its pid.
+  void claim_locked(record_claim& c, std::uint32_t lines, const std::vector<std::byte>& out) noexcept {
+    const auto owner = claim_owner();
+    if (owner == 0) return;
+    auto& t = h().claims;
+    const auto used = t.used.load(std::memory_order_relaxed);
+    std::uint32_t i = 0;
+    for (; i < max_claims; ++i) {
+      if ((used >> i & 1) == 0) {
+        t.used.store(used | std::uint64_t{1} << i, std::memory_order_relaxed);
+        break;
+      }
+      if (t.slots[i].owner.load(std::memory_order_relaxed) == 0) break;
+    }
+    if (i == max_claims) return;
+    auto& slot = t.slots[i];
+    slot.lines.store(lines, std::memory_order_relaxed);
+    slot.progress.store(0, std::memory_order_relaxed);
+    // Seen by a push that reads the head stored after it.
+    slot.owner.store(owner, std::memory_order_release);
+    c.core_ = this;
+    c.slot_ = i;
+    c.record_ = out;
   }
 
   // After a push (`s` = pop) or a pop (`s` = push), right after its side's
@@ -525,11 +640,84 @@ class queue_core {
     return seq;
   }
 
-  // A record taken out of the ring: the value's own bytes in `out`.
-  static void unwrap(std::vector<std::byte>& out, std::uint32_t flags) {
-    if (flags == overflowed) {
-      const storage s = read_record<storage>(out);
-      out.assign(s.data(), s.data() + s.nbytes());
+  // A record taken out of the ring: the value's own bytes in `out`. A
+  // claim keeps a value's block of its own until it ends.
+  void unwrap(std::vector<std::byte>& out, std::uint32_t flags, record_claim* claim = nullptr) {
+    if (flags != overflowed) return;
+    claim_slot* const slot = claimed(claim);
+    storage s;
+    {
+      const progress_scope scope(slot, out.data(), 0);
+      s = read_record<storage>(out);
+    }
+    if (slot != nullptr) {
+      claim->block_ = s;
+      claim->record_ = {};  // not the outer record any more: never let go of again
+      slot->progress.store(claim_in_block, std::memory_order_release);
+    }
+    out.assign(s.data(), s.data() + s.nbytes());
+    if (slot != nullptr) claim->record_ = out;
+  }
+
+  // The slot of `claim` in this queue; null when it claimed none.
+  claim_slot* claimed(const record_claim* claim) const noexcept {
+    return claim != nullptr && claim->core_ == this ? &h().claims.slots[claim->slot_] : nullptr;
+  }
+
+  // Ends `c`, taken from this queue: a record never decoded lets go of
+  // the handles not reached, and the lines it kept go back to the pushes.
+  void end_claim(record_claim& c) noexcept {
+    auto& slot = h().claims.slots[c.slot_];
+    if (!c.decoded_) {
+      // Noted first: killed in here, nothing is let go of twice.
+      const auto progress = slot.progress.exchange(shm::progress_unknown, std::memory_order_acq_rel);
+      drop_unread_handles(c.record_, progress & ~claim_in_block);
+    }
+    // The block goes after the claim: whoever took over a claim in it
+    // would let go of the block again.
+    slot.owner.exchange(0, std::memory_order_acq_rel);
+    c.block_ = storage();
+    wake_after(side::push);
+  }
+
+  // For each claimant that has ended: lets go of what its claimed record
+  // names beyond where its decode got, and frees its claim. Whether any
+  // was freed.
+  bool let_go_for_ended_claimants() noexcept {
+    auto& t = h().claims;
+    const auto used = t.used.load(std::memory_order_acquire);
+    const std::uint64_t self = claim_owner();
+    bool freed = false;
+    for (std::uint32_t i = 0; i < max_claims; ++i) {
+      if ((used >> i & 1) == 0) continue;
+      auto& slot = t.slots[i];
+      auto owner = slot.owner.load(std::memory_order_acquire);
+      if (owner == 0 || self == 0 || !os::has_ended(pid_of_owner(owner), start_of_owner(owner))) continue;
+      if (!slot.owner.compare_exchange_strong(owner, self, std::memory_order_acq_rel)) continue;
+      drop_claimed(slot);
+      slot.owner.store(0, std::memory_order_release);
+      freed = true;
+    }
+    return freed;
+  }
+
+  // What an ended claimant's record names beyond its progress, let go of.
+  void drop_claimed(claim_slot& slot) noexcept {
+    // Noted first: one killed in here leaves the rest held, never let go of twice.
+    const auto progress = slot.progress.exchange(shm::progress_unknown, std::memory_order_acq_rel);
+    try {
+      std::vector<std::byte> record;
+      std::uint32_t moved = 0;
+      const auto flags = read_at(slot.lines.load(std::memory_order_relaxed), record, moved);
+      if (flags != overflowed) {
+        drop_unread_handles(record, progress);
+      } else if ((progress & claim_in_block) != 0) {
+        drop_unread_in_block(record, progress & ~claim_in_block, true);
+      } else if (progress == 0) {  // the block's handle not reached
+        drop_unread_in_block(record, 0, false);
+      }
+    } catch (...) {
+      // A record that overruns the ring names nothing to let go of.
     }
   }
 
@@ -652,6 +840,7 @@ class queue_core {
   // Takes every record left and drops its value. The caller found that
   // nobody else can pop or push any more.
   void drain() noexcept {
+    (void)let_go_for_ended_claimants();
     std::vector<std::pair<std::vector<std::byte>, std::uint32_t>> left;
     try {
       std::vector<std::byte> out;
@@ -935,19 +1124,38 @@ asio::awaitable<void> queue_push(std::shared_ptr<queue_core> q, queue_record& r)
                     [core, &r](bool sleep, std::uint32_t& seq) { return core->push(r, sleep, seq); });
 }
 
-bool queue_try_pop(queue_core& q, std::vector<std::byte>& out) {
+bool queue_try_pop(queue_core& q, std::vector<std::byte>& out, record_claim* claim) {
   std::uint32_t seq = 0;
-  return q.pop(out, false, seq);
+  return q.pop(out, false, seq, claim);
 }
 
-bool queue_get(queue_core& q, std::vector<std::byte>& out, std::optional<std::chrono::nanoseconds> timeout) {
-  return wait_for(q, side::pop, timeout, [&](bool sleep, std::uint32_t& seq) { return q.pop(out, sleep, seq); });
+bool queue_get(queue_core& q, std::vector<std::byte>& out, std::optional<std::chrono::nanoseconds> timeout,
+               record_claim* claim) {
+  return wait_for(q, side::pop, timeout,
+                  [&](bool sleep, std::uint32_t& seq) { return q.pop(out, sleep, seq, claim); });
 }
 
-asio::awaitable<void> queue_pop(std::shared_ptr<queue_core> q, std::vector<std::byte>& out) {
+asio::awaitable<void> queue_pop(std::shared_ptr<queue_core> q, std::vector<std::byte>& out, record_claim* claim) {
   auto* core = q.get();
-  return wait_async(std::move(q), side::pop,
-                    [core, &out](bool sleep, std::uint32_t& seq) { return core->pop(out, sleep, seq); });
+  return wait_async(std::move(q), side::pop, [core, &out, claim](bool sleep, std::uint32_t& seq) {
+    return core->pop(out, sleep, seq, claim);
+  });
+}
+
+void record_claim::end() noexcept { std::exchange(core_, nullptr)->end_claim(*this); }
+
+claim_decoding::claim_decoding(record_claim& claim, std::span<const std::byte> record) noexcept {
+  claim.decoded_ = true;
+  if (claim.core_ == nullptr) return;
+  auto& slot = claim.core_->h().claims.slots[claim.slot_];
+  // The block bit stays in every note.
+  shm::current_read_progress() = {record.data(), &slot.progress,
+                                  slot.progress.load(std::memory_order_relaxed) & claim_in_block};
+  noting_ = true;
+}
+
+claim_decoding::~claim_decoding() {
+  if (noting_) shm::current_read_progress() = {};
 }
 
 void end_record(queue_record& r) { end_handle_record(r.bytes, r.handles.handle_at); }

@@ -5,6 +5,7 @@
 
 #include "shm/arena.hpp"
 #include "shm/fork.hpp"
+#include "shm/read_progress.hpp"
 #include "shm/registry.hpp"
 #include "shm/segment.hpp"
 #include "os/spin_mutex.hpp"
@@ -651,9 +652,13 @@ storage handle_codec<storage>::read(reader& in) {
           "process (link libcohort-cuda)",
           type));
     }
-    return read(in);
+    shm::note_read_progress(in.data(), shm::progress_unknown);
+    storage device = read(in);
+    shm::note_read_progress(in.data(), static_cast<std::uint32_t>(in.position()));
+    return device;
   }
   if (kind != 1) throw decode_error(fmt::format("cohort::decode: a storage handle of kind {}", kind));
+  const auto place = in.position() - 1;
   if (in.left() < sizeof(handle_wire) - 1) throw decode_error("cohort::decode: the input ends early");
   handle_wire w;
   w.kind = 1;
@@ -663,6 +668,10 @@ storage handle_codec<storage>::read(reader& in) {
   const auto nbytes = w.nbytes;
   const unsigned message = w.message;
   auto segment = shm::segment::open(ref);
+  // Taken from here on (its place is below the note): killed while it
+  // opened the segment, whoever lets go for this process's claim lets go
+  // of it too.
+  shm::note_read_progress(in.data(), static_cast<std::uint32_t>(place + 1));
   if (message == 1) segment->header().received.fetch_add(1, std::memory_order_release);
   if (!segment->holds(block, nbytes)) {
     throw decode_error(fmt::format(
@@ -704,6 +713,15 @@ storage handle_codec<storage>::read(reader& in) {
     throw;
   }
 }
+
+}  // namespace detail
+
+shm::read_progress& shm::current_read_progress() noexcept {
+  thread_local read_progress progress;
+  return progress;
+}
+
+namespace detail {
 
 std::size_t storage_identities() {
   auto& m = identities();
@@ -783,6 +801,9 @@ std::span<const std::byte> record_value(std::span<const std::byte> record) {
 }
 
 void drop_unread_handles(std::span<const std::byte> record, std::size_t read) noexcept {
+  // A claimed record's decode that failed: killed in here, nothing is let
+  // go of twice.
+  shm::note_read_progress(record.data(), shm::progress_unknown);
   try {
     std::span<const std::byte> value;
     const auto places = handle_places(record, value);
@@ -801,6 +822,25 @@ void drop_unread_handles(std::span<const std::byte> record, std::size_t read) no
     }
   } catch (...) {
     // A record whose end was already refused: nothing named to let go of.
+  }
+}
+
+void drop_unread_in_block(std::span<const std::byte> record, std::size_t read, bool taken) noexcept {
+  try {
+    std::span<const std::byte> value;
+    const auto places = handle_places(record, value);
+    if (places.size() != sizeof(std::uint32_t) || (place_at(places, 0) & device_record_place) != 0) return;
+    const auto handle = value.subspan(place_at(places, 0));
+    if (handle.size() < sizeof(handle_wire) || handle[0] != std::byte{1}) return;
+    handle_wire w;
+    std::memcpy(&w, handle.data(), sizeof w);
+    const auto segment = shm::segment::open(checked_ref(w, true));
+    if (!taken) segment->header().received.fetch_add(1, std::memory_order_release);
+    if (!segment->holds(w.block, w.nbytes)) return;
+    drop_unread_handles({segment->base() + w.block + sizeof(shm::block_header), w.nbytes}, read);
+    segment->release(w.block);
+  } catch (...) {
+    // Its segment is gone (with the references), or the record is not one.
   }
 }
 

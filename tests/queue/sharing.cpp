@@ -57,6 +57,25 @@ using namespace cohort;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
+// A value whose read kills its process: a receiver killed in the middle
+// of a value's decode, after the handles before it were taken. In the
+// process `spared` names (the test's own, which drops what is left in its
+// queues) the read fails instead.
+struct dies_in_decode {
+  static inline pid_t spared = 0;
+};
+template <>
+struct cohort::detail::handle_codec<dies_in_decode> {
+  static std::string signature() { return "dies_in_decode"; }
+  static std::size_t size_bound(const dies_in_decode&) noexcept { return 1; }
+  static void write(std::vector<std::byte>& out, const dies_in_decode&) { out.push_back(std::byte{1}); }
+  [[noreturn]] static dies_in_decode read(reader&) {
+    if (::getpid() == dies_in_decode::spared) throw decode_error("dies_in_decode: read in the spared process");
+    ::raise(SIGKILL);
+    std::abort();
+  }
+};
+
 namespace sharing_tests {
 
 constexpr int repetitions = 30;
@@ -499,6 +518,11 @@ void pop_one_then_die(int, queue<tensor> q) {
   ::raise(SIGKILL);
 }
 COHORT_ENTRYPOINT(pop_one_then_die);
+
+using dying_value = std::tuple<tensor, std::vector<std::uint8_t>, dies_in_decode, tensor>;
+
+void pop_and_die_decoding(int, queue<dying_value> q) { (void)q.get(); }
+COHORT_ENTRYPOINT(pop_and_die_decoding);
 
 // The files of named segments `maker` made that are still in /dev/shm.
 std::vector<std::string> files_of(pid_t maker) {
@@ -1267,6 +1291,46 @@ TEST_SUITE("sharing") {
     }
     trim_shared_memory();
     CHECK(files_of(::getpid()) == before);
+  }
+
+  // Before, a value popped by a consumer killed before its decode ended
+  // counted as in flight for good: the segments its tensors named stayed,
+  // files and all. Now the pop's claim notes how far the decode got, and
+  // the queue's last holder lets go of the rest. A value too large for the
+  // ring (in a block of its own) too.
+  TEST_CASE("a value whose consumer was SIGKILLed while it decoded it leaves no file in /dev/shm") {
+    dies_in_decode::spared = ::getpid();
+    const strategy_scope scope(sharing_strategy::file_system);
+    for (const std::size_t padding : {std::size_t{0}, std::size_t{100'000}}) {
+      CAPTURE(padding);
+      trim_shared_memory();
+      const auto before = files_of(::getpid());
+      {
+        queue<dying_value> q(8);
+        const dying_value value{large_shared(1), std::vector<std::uint8_t>(padding, 7), {}, large_shared(2)};
+        REQUIRE(q.put(value, 1s));
+        CHECK_THROWS_AS(spawn_and_join(pop_and_die_decoding, std::tuple{q}, 1), process_exited_error);
+        CHECK(q.size() == 0);
+      }
+      trim_shared_memory();
+      CHECK(files_of(::getpid()) == before);
+    }
+  }
+
+  // The lines of a record claimed by a consumer killed in its decode come
+  // back to the pushes once the ring is full.
+  TEST_CASE("a push into a ring full but for a record a SIGKILLed consumer claimed goes through") {
+    dies_in_decode::spared = ::getpid();
+    // A ring of 64 KiB; values of 15,000 bytes (under a quarter of it,
+    // so in the ring): the claimed one and three more fill it.
+    queue<dying_value> q(4);
+    const dying_value dies{large_shared(1), std::vector<std::uint8_t>(15'000, 7), {}, large_shared(2)};
+    REQUIRE(q.put(dies, 1s));
+    CHECK_THROWS_AS(spawn_and_join(pop_and_die_decoding, std::tuple{q}, 1), process_exited_error);
+    const dying_value filler{tensor(), std::vector<std::uint8_t>(15'000, 1), {}, tensor()};
+    int pushed = 0;
+    while (pushed < 4 && q.put(filler, 2s)) ++pushed;
+    CHECK(pushed == 4);
   }
 
   // A queue's table records 128 holding processes. Before, the slots of
