@@ -123,11 +123,18 @@ void check_dtype(dtype held, dtype asked, std::string_view operation) {
   }
 }
 
+// Bytes between elements `stride` apart, of `size` bytes each; 0 where
+// that overflows, which a layout allows only where no step is taken (along
+// a dimension of one element, or in a tensor of none).
+std::int64_t step_bytes(std::int64_t stride, std::size_t size) {
+  std::int64_t bytes = 0;
+  return __builtin_mul_overflow(stride, static_cast<std::int64_t>(size), &bytes) ? 0 : bytes;
+}
+
 // Elements per row (run along the last dimension), and bytes between them.
 std::int64_t row_length(const tensor& t) { return t.ndim() == 0 ? 1 : t.shape().back(); }
 std::int64_t row_step(const tensor& t) {
-  return t.ndim() == 0 ? 0
-                       : t.strides().back() * static_cast<std::int64_t>(element_size(t.dtype()));
+  return t.ndim() == 0 ? 0 : step_bytes(t.strides().back(), element_size(t.dtype()));
 }
 
 // Walks tensors of one shape row by row in row-major order: row(first) gets
@@ -205,7 +212,7 @@ template <class T>
 void append_elements(std::string& out, const tensor& t, std::size_t dim, const std::byte* first, bool summarized) {
   if (dim == t.ndim()) return append_element<T>(out, first);
   out += '[';
-  const std::int64_t step = t.strides()[dim] * static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t step = step_bytes(t.strides()[dim], sizeof(T));
   const std::int64_t size = t.shape()[dim];
   const bool cut = summarized && size > 2 * summary_edge;  // the first and last few, as torch prints them
   for (std::int64_t i = 0; i < size; ++i) {

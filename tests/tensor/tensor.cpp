@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <cmath>
+#include <climits>
 #include <cstring>
 #include <cstdint>
 #include <limits>
@@ -450,6 +451,23 @@ TEST_CASE("fill_ writes through a strided view and nowhere else") {
   for (std::int64_t i = 0; i < 3; ++i) {
     for (std::int64_t j = 0; j < 3; ++j) CHECK(t.at<std::int16_t>({i, j}) == (j == 0 ? 5 : 0));
   }
+}
+
+// Such strides made the byte step along the dimension overflow int64
+// (undefined behaviour, seen only by a sanitizer: the step was then
+// multiplied by index 0 alone); now it is never computed past int64.
+TEST_CASE("a dimension of one element may have any stride: fill_, == and printing take no step along it") {
+  auto bytes = storage::allocate(64);
+  std::memset(bytes.data(), 0, 64);
+  const std::int64_t wide[] = {1, 3}, wide_strides[] = {INT64_MAX, 1};
+  const std::int64_t tall[] = {3, 1}, tall_strides[] = {1, INT64_MAX};
+  tensor row(bytes, dtype::float32, wide, wide_strides, 0);
+  tensor column(bytes, dtype::float32, tall, tall_strides, 0);
+  row.fill_(2);
+  CHECK(row == row.clone());
+  CHECK(fmt::format("{}", row) == "tensor([[2, 2, 2]], dtype=float32)");
+  CHECK(fmt::format("{}", column) == "tensor([[2], [2], [2]], dtype=float32)");
+  CHECK(column == column.clone());
 }
 
 TEST_CASE("tensors print like torch's, on one line") {
