@@ -159,12 +159,12 @@ std::uint64_t start_of_owner(std::uint64_t owner) noexcept { return owner >> 22;
 class progress_scope {
  public:
   progress_scope(claim_slot* slot, const std::byte* value, std::uint32_t keep) noexcept : noting_(slot != nullptr) {
-    if (noting_) shm::current_read_progress() = {value, &slot->progress, keep};
+    if (noting_) shm::current_read_progress = {value, &slot->progress, keep};
   }
   progress_scope(const progress_scope&) = delete;
   progress_scope& operator=(const progress_scope&) = delete;
   ~progress_scope() {
-    if (noting_) shm::current_read_progress() = {};
+    if (noting_) shm::current_read_progress = {};
   }
 
  private:
@@ -308,8 +308,9 @@ class queue_core {
         return true;
       }
       if (!sleep) return false;
-      // Before a sleep: room a killed claimant kept comes back.
-      if (let_go_for_ended_claimants()) continue;
+      // Before a sleep for room that claims keep: room a killed claimant
+      // kept comes back.
+      if (kept_by_claims(r.bytes.size()) && let_go_for_ended_claimants()) continue;
       seq = count_asleep(side::push);
       // Room made (or the queue closed) after the look above and before
       // the count woke nobody: seen here.
@@ -496,14 +497,24 @@ class queue_core {
     return fits(head, tail, placement(tail, len).first);
   }
 
+  // Without the locks: whether a record of `len` bytes would fit now but
+  // for the records pops have claimed.
+  bool kept_by_claims(std::size_t len) const noexcept {
+    const auto head = position::of(h().head.load(std::memory_order_acquire));
+    const auto tail = position::of(h().tail.load(std::memory_order_acquire));
+    const auto lines = placement(tail, len).first;
+    return fits(head, tail, lines) && !fits(kept_from(head), tail, lines);
+  }
+
   // The head's position, its lines moved back to where the oldest record
   // a pop claimed begins: the pushes write no line from there on.
   position kept_from(position head) const noexcept {
     const auto& t = h().claims;
     const auto used = t.used.load(std::memory_order_acquire);
     std::uint32_t back = 0;
-    for (std::uint32_t i = 0; i < max_claims; ++i) {
-      if ((used >> i & 1) == 0 || t.slots[i].owner.load(std::memory_order_acquire) == 0) continue;
+    for (auto bits = used; bits != 0; bits &= bits - 1) {
+      const auto i = std::countr_zero(bits);
+      if (t.slots[i].owner.load(std::memory_order_acquire) == 0) continue;
       // A claim made after `head` was read is past it: the difference wraps.
       const std::uint32_t behind = head.lines - t.slots[i].lines.load(std::memory_order_relaxed);
       if (behind <= ring_lines()) back = std::max(back, behind);
@@ -675,8 +686,12 @@ class queue_core {
     }
     // The block goes after the claim: whoever took over a claim in it
     // would let go of the block again.
-    slot.owner.exchange(0, std::memory_order_acq_rel);
+    slot.owner.store(0, std::memory_order_release);
     c.block_ = storage();
+    // No fence before the look at the sleepers: a push that looked at the
+    // claim just before this and sleeps is missed, and finds the room at
+    // its next look (room_check), as one behind a pop that leaves the
+    // ring above half full does.
     wake_after(side::push);
   }
 
@@ -688,9 +703,8 @@ class queue_core {
     const auto used = t.used.load(std::memory_order_acquire);
     const std::uint64_t self = claim_owner();
     bool freed = false;
-    for (std::uint32_t i = 0; i < max_claims; ++i) {
-      if ((used >> i & 1) == 0) continue;
-      auto& slot = t.slots[i];
+    for (auto bits = used; bits != 0; bits &= bits - 1) {
+      auto& slot = t.slots[std::countr_zero(bits)];
       auto owner = slot.owner.load(std::memory_order_acquire);
       if (owner == 0 || self == 0 || !os::has_ended(pid_of_owner(owner), start_of_owner(owner))) continue;
       if (!slot.owner.compare_exchange_strong(owner, self, std::memory_order_acq_rel)) continue;
@@ -1149,13 +1163,13 @@ claim_decoding::claim_decoding(record_claim& claim, std::span<const std::byte> r
   if (claim.core_ == nullptr) return;
   auto& slot = claim.core_->h().claims.slots[claim.slot_];
   // The block bit stays in every note.
-  shm::current_read_progress() = {record.data(), &slot.progress,
+  shm::current_read_progress = {record.data(), &slot.progress,
                                   slot.progress.load(std::memory_order_relaxed) & claim_in_block};
   noting_ = true;
 }
 
 claim_decoding::~claim_decoding() {
-  if (noting_) shm::current_read_progress() = {};
+  if (noting_) shm::current_read_progress = {};
 }
 
 void end_record(queue_record& r) { end_handle_record(r.bytes, r.handles.handle_at); }

@@ -26,12 +26,12 @@ struct read_progress {
 };
 
 /// This thread's: set for as long as a claimed record decodes.
-read_progress& current_read_progress() noexcept;
+[[gnu::tls_model("initial-exec")]] extern thread_local read_progress current_read_progress;
 
 /// Notes `next` (a place in the value; handles below it are taken) when
 /// `value` is the record this thread's progress is for.
 inline void note_read_progress(const std::byte* value, std::uint32_t next) noexcept {
-  const auto& p = current_read_progress();
+  const auto& p = current_read_progress;
   if (p.word != nullptr && p.value == value) p.word->store(next | p.keep, std::memory_order_release);
 }
 

@@ -716,10 +716,7 @@ storage handle_codec<storage>::read(reader& in) {
 
 }  // namespace detail
 
-shm::read_progress& shm::current_read_progress() noexcept {
-  thread_local read_progress progress;
-  return progress;
-}
+[[gnu::tls_model("initial-exec")]] thread_local shm::read_progress shm::current_read_progress{};
 
 namespace detail {
 
