@@ -716,6 +716,8 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   std::optional<placement> fixed;
   if (!elastic) {
     fixed = static_placement(o, nproc);
+    // Across nodes, torchrun's default (--rdzv-id none): the same on every node.
+    if (o.run_id.empty() && fixed->nnodes > 1) o.run_id = "none";
   } else if (o.run_id.empty()) {  // every node must name the same job
     const char* job = std::getenv("SLURM_JOB_ID");
     o.run_id = job != nullptr && *job != '\0' ? job : "none";

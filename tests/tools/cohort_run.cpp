@@ -279,6 +279,8 @@ TEST_SUITE("cohort-run") {
       CHECK(v["LOCAL_RANK"] == std::to_string(rank == 0 ? 0 : rank - 1));
       CHECK(v["LOCAL_WORLD_SIZE"] == (rank == 0 ? "1" : "3"));
       CHECK(v["MASTER_PORT"] == port);
+      // Before, each node made a run id of its own.
+      CHECK(v["TORCHELASTIC_RUN_ID"] == "none");
     }
     CHECK(one.err.find("node 1 of 2: ranks 1 to 3 of 4") != std::string::npos);
   }
