@@ -131,6 +131,10 @@ struct claim_slot {
   // claim_in_block marks a value read from a block of its own that the
   // claimant holds until the claim ends.
   std::atomic<std::uint32_t> progress;
+  // The claimant's pid namespace (os::pid_namespace): only a process of
+  // the same one can tell whether the claimant has ended.
+  std::atomic<std::uint64_t> pid_namespace;
+  std::uint64_t reserved;
 };
 constexpr std::uint32_t max_claims = 64;
 constexpr std::uint32_t claim_in_block = std::uint32_t{1} << 31;
@@ -139,7 +143,7 @@ struct claim_table {
   std::uint64_t reserved[7];
   claim_slot slots[max_claims];
 };
-static_assert(std::atomic<std::uint64_t>::is_always_lock_free && sizeof(claim_slot) == 16);
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free && sizeof(claim_slot) == 32);
 
 // A claimant's pid and start time in one word, so that one
 // compare-exchange tells it apart from a process that reused its pid; 0
@@ -307,10 +311,9 @@ class queue_core {
         wake_after(side::pop);
         return true;
       }
-      if (!sleep) return false;
-      // Before a sleep for room that claims keep: room a killed claimant
-      // kept comes back.
+      // Room that claims keep: room a killed claimant kept comes back.
       if (kept_by_claims(r.bytes.size()) && let_go_for_ended_claimants()) continue;
+      if (!sleep) return false;
       seq = count_asleep(side::push);
       // Room made (or the queue closed) after the look above and before
       // the count woke nobody: seen here.
@@ -564,6 +567,7 @@ class queue_core {
   std::uint32_t take_locked(std::vector<std::byte>& out, position head, record_claim* claim) {
     std::uint32_t moved = 0;
     const auto flags = read_at(head.lines, out, moved);
+    free_claims_at_locked(head.lines);
     if (claim != nullptr) claim_locked(*claim, head.lines, out);
     h().head_cpu.store(::sched_getcpu(), std::memory_order_relaxed);
     h().head.store(position{head.values + 1, head.lines + moved}.word(), std::memory_order_release);
@@ -613,11 +617,26 @@ class queue_core {
     auto& slot = t.slots[i];
     slot.lines.store(lines, std::memory_order_relaxed);
     slot.progress.store(0, std::memory_order_relaxed);
+    slot.pid_namespace.store(os::pid_namespace(), std::memory_order_relaxed);
     // Seen by a push that reads the head stored after it.
     slot.owner.store(owner, std::memory_order_release);
     c.core_ = this;
     c.slot_ = i;
     c.record_ = out;
+  }
+
+  // With the pops' lock held: frees the claims on the record at the
+  // head's `lines`. Only a pop killed between its claim and its move of
+  // the head leaves one (the lock, taken over from it, holds no live
+  // one there): the record was never taken, and the next pop takes it.
+  void free_claims_at_locked(std::uint32_t lines) noexcept {
+    auto& t = h().claims;
+    for (auto bits = t.used.load(std::memory_order_relaxed); bits != 0; bits &= bits - 1) {
+      auto& slot = t.slots[std::countr_zero(bits)];
+      if (slot.owner.load(std::memory_order_relaxed) != 0 && slot.lines.load(std::memory_order_relaxed) == lines) {
+        slot.owner.store(0, std::memory_order_release);
+      }
+    }
   }
 
   // After a push (`s` = pop) or a pop (`s` = push), right after its side's
@@ -702,12 +721,30 @@ class queue_core {
     auto& t = h().claims;
     const auto used = t.used.load(std::memory_order_acquire);
     const std::uint64_t self = claim_owner();
+    const std::uint64_t own_namespace = os::pid_namespace();
+    if (self == 0 || own_namespace == 0) return false;
     bool freed = false;
     for (auto bits = used; bits != 0; bits &= bits - 1) {
       auto& slot = t.slots[std::countr_zero(bits)];
       auto owner = slot.owner.load(std::memory_order_acquire);
-      if (owner == 0 || self == 0 || !os::has_ended(pid_of_owner(owner), start_of_owner(owner))) continue;
-      if (!slot.owner.compare_exchange_strong(owner, self, std::memory_order_acq_rel)) continue;
+      if (owner == 0 || slot.pid_namespace.load(std::memory_order_relaxed) != own_namespace ||
+          !os::has_ended(pid_of_owner(owner), start_of_owner(owner))) {
+        continue;
+      }
+      bool taken = false;
+      {
+        // Under the pops' lock, as a take: a claim on the record still at
+        // the head (its pop killed before it moved the head) names
+        // nothing taken, and goes as it is.
+        const locked lock(h().pop_lock);
+        const auto head = position::of(h().head.load(std::memory_order_relaxed));
+        if (slot.lines.load(std::memory_order_relaxed) == head.lines) {
+          freed |= slot.owner.compare_exchange_strong(owner, 0, std::memory_order_acq_rel);
+          continue;
+        }
+        taken = slot.owner.compare_exchange_strong(owner, self, std::memory_order_acq_rel);
+      }
+      if (!taken) continue;
       drop_claimed(slot);
       slot.owner.store(0, std::memory_order_release);
       freed = true;
@@ -729,6 +766,10 @@ class queue_core {
         drop_unread_in_block(record, progress & ~claim_in_block, true);
       } else if (progress == 0) {  // the block's handle not reached
         drop_unread_in_block(record, 0, false);
+      } else if (progress == 1) {
+        // Its handle taken, the block not yet marked: nothing in the
+        // block was read.
+        drop_unread_in_block(record, 0, true);
       }
     } catch (...) {
       // A record that overruns the ring names nothing to let go of.

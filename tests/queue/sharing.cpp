@@ -76,6 +76,15 @@ struct cohort::detail::handle_codec<dies_in_decode> {
   }
 };
 
+// A kill inside a pop's take, between its claim and its move of the
+// head: the take calls sched_getcpu there, which this program defines.
+std::atomic<bool> die_at_next_cpu_query{false};
+extern "C" int sched_getcpu() noexcept {
+  if (die_at_next_cpu_query.load()) ::raise(SIGKILL);
+  unsigned cpu = 0;
+  return ::syscall(SYS_getcpu, &cpu, nullptr, nullptr) == 0 ? static_cast<int>(cpu) : -1;
+}
+
 namespace sharing_tests {
 
 constexpr int repetitions = 30;
@@ -523,6 +532,12 @@ using dying_value = std::tuple<tensor, std::vector<std::uint8_t>, dies_in_decode
 
 void pop_and_die_decoding(int, queue<dying_value> q) { (void)q.get(); }
 COHORT_ENTRYPOINT(pop_and_die_decoding);
+
+void pop_killed_in_its_take(int, queue<tensor> q) {
+  die_at_next_cpu_query = true;
+  (void)q.try_pop();
+}
+COHORT_ENTRYPOINT(pop_killed_in_its_take);
 
 // The files of named segments `maker` made that are still in /dev/shm.
 std::vector<std::string> files_of(pid_t maker) {
@@ -1315,6 +1330,23 @@ TEST_SUITE("sharing") {
       trim_shared_memory();
       CHECK(files_of(::getpid()) == before);
     }
+  }
+
+  // Before, the claim of a pop killed between its claim and its move of
+  // the head stayed on the record the next pop then took, and was let go
+  // of again for the ended claimant: the block went back to the arena
+  // under a tensor still in use, and the next allocation took it.
+  TEST_CASE("a pop killed between its claim and its move of the head leaves the value to the next pop, held once") {
+    queue<tensor> q(8);
+    REQUIRE(q.put(tensor::full({5}, 7, dtype::int64, {.shared = true}), 1s));
+    CHECK_THROWS_AS(spawn_and_join(pop_killed_in_its_take, std::tuple{q}, 1), process_exited_error);
+    REQUIRE(q.size() == 1);  // the head never moved
+    const tensor kept = q.get(1s).value();
+    q = queue<tensor>(8);  // its last holder here: it lets go for the ended claimant
+    std::vector<tensor> later;
+    for (int i = 0; i < 64; ++i) later.push_back(tensor::full({5}, 9, dtype::int64, {.shared = true}));
+    CHECK(kept == tensor::full({5}, 7, dtype::int64));
+    for (const auto& t : later) CHECK(t.raw_data() != kept.raw_data());
   }
 
   // The lines of a record claimed by a consumer killed in its decode come
