@@ -129,6 +129,7 @@ class claim_decoding {
 
  private:
   bool noting_ = false;
+  alignas(void*) std::byte before_[3 * sizeof(void*)];  // what this thread noted before, put back at the end
 };
 
 bool queue_try_pop(queue_core& q, std::vector<std::byte>& out, record_claim* claim = nullptr);

@@ -36,6 +36,7 @@
 #include <bit>
 #include <climits>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <utility>
 
@@ -162,17 +163,20 @@ std::uint64_t start_of_owner(std::uint64_t owner) noexcept { return owner >> 22;
 // in `slot` (nothing without a slot).
 class progress_scope {
  public:
-  progress_scope(claim_slot* slot, const std::byte* value, std::uint32_t keep) noexcept : noting_(slot != nullptr) {
+  progress_scope(claim_slot* slot, const std::byte* value, std::uint32_t keep) noexcept
+      : noting_(slot != nullptr), before_(shm::current_read_progress) {
     if (noting_) shm::current_read_progress = {value, &slot->progress, keep};
   }
   progress_scope(const progress_scope&) = delete;
   progress_scope& operator=(const progress_scope&) = delete;
+  // What a decode around this one notes comes back (a codec may pop).
   ~progress_scope() {
-    if (noting_) shm::current_read_progress = {};
+    if (noting_) shm::current_read_progress = before_;
   }
 
  private:
   bool noting_;
+  shm::read_progress before_;
 };
 
 // Pushes and pops take locks of their own, each on a line of its own with
@@ -312,7 +316,10 @@ class queue_core {
         return true;
       }
       // Room that claims keep: room a killed claimant kept comes back.
-      if (kept_by_claims(r.bytes.size()) && let_go_for_ended_claimants()) continue;
+      // Each look reads /proc/<pid>/stat for every live claimant: a push
+      // about to sleep looks every time, a refused try at most every
+      // room_check.
+      if (kept_by_claims(r.bytes.size()) && (sleep || claims_look_due()) && let_go_for_ended_claimants()) continue;
       if (!sleep) return false;
       seq = count_asleep(side::push);
       // Room made (or the queue closed) after the look above and before
@@ -498,6 +505,16 @@ class queue_core {
     const auto head = kept_from(position::of(h().head.load(std::memory_order_acquire)));
     const auto tail = position::of(h().tail.load(std::memory_order_acquire));
     return fits(head, tail, placement(tail, len).first);
+  }
+
+  // Whether a refused try's look for ended claimants is due: one per
+  // room_check in this process.
+  bool claims_look_due() noexcept {
+    const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    auto next = next_claims_look_.load(std::memory_order_relaxed);
+    return now >= next &&
+           next_claims_look_.compare_exchange_strong(
+               next, now + std::chrono::nanoseconds(room_check).count(), std::memory_order_relaxed);
   }
 
   // Without the locks: whether a record of `len` bytes would fit now but
@@ -727,7 +744,7 @@ class queue_core {
     for (auto bits = used; bits != 0; bits &= bits - 1) {
       auto& slot = t.slots[std::countr_zero(bits)];
       auto owner = slot.owner.load(std::memory_order_acquire);
-      if (owner == 0 || slot.pid_namespace.load(std::memory_order_relaxed) != own_namespace ||
+      if (owner == 0 || owner == self || slot.pid_namespace.load(std::memory_order_relaxed) != own_namespace ||
           !os::has_ended(pid_of_owner(owner), start_of_owner(owner))) {
         continue;
       }
@@ -1003,6 +1020,7 @@ class queue_core {
   std::atomic<pid_t> producer_of_{0}, consumer_of_{0};  // the process that joined as each
   peer_watch watch_;
   spin_budget spin_[2];  // push, pop
+  std::atomic<std::int64_t> next_claims_look_{0};  // steady_clock's count, per claims_look_due
 };
 
 namespace {
@@ -1203,14 +1221,17 @@ claim_decoding::claim_decoding(record_claim& claim, std::span<const std::byte> r
   claim.decoded_ = true;
   if (claim.core_ == nullptr) return;
   auto& slot = claim.core_->h().claims.slots[claim.slot_];
+  static_assert(sizeof(before_) == sizeof(shm::read_progress) && alignof(shm::read_progress) <= alignof(void*));
+  new (before_) shm::read_progress(shm::current_read_progress);
   // The block bit stays in every note.
   shm::current_read_progress = {record.data(), &slot.progress,
-                                  slot.progress.load(std::memory_order_relaxed) & claim_in_block};
+                                slot.progress.load(std::memory_order_relaxed) & claim_in_block};
   noting_ = true;
 }
 
+// What a decode around this one notes comes back (a codec may pop).
 claim_decoding::~claim_decoding() {
-  if (noting_) shm::current_read_progress = {};
+  if (noting_) shm::current_read_progress = *std::launder(reinterpret_cast<shm::read_progress*>(before_));
 }
 
 void end_record(queue_record& r) { end_handle_record(r.bytes, r.handles.handle_at); }

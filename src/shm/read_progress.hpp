@@ -5,6 +5,7 @@
 // the claim lets go of the references of those it never reached.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -13,8 +14,9 @@ namespace cohort::shm {
 
 /// A value no handle's place reaches (places are below 2^31): the handles
 /// past the last noted place are in an unknown state, and none is let go
-/// of. Stored while a device record reads, whose handles the device layer
-/// takes.
+/// of. Stored as a device record's read begins (the device layer's own
+/// read of the handle inside it notes its place as any other) and by a
+/// decode that failed, which lets go of the rest itself.
 inline constexpr std::uint32_t progress_unknown = 0x7fffffff;
 
 /// The record whose decode this thread notes, where, and bits every note
@@ -32,7 +34,11 @@ struct read_progress {
 /// `value` is the record this thread's progress is for.
 inline void note_read_progress(const std::byte* value, std::uint32_t next) noexcept {
   const auto& p = current_read_progress;
-  if (p.word != nullptr && p.value == value) p.word->store(next | p.keep, std::memory_order_release);
+  // A place past what a note can say (values past 2 GiB) leaves the rest
+  // unknown rather than meaning something else.
+  if (p.word != nullptr && p.value == value) {
+    p.word->store(std::min(next, progress_unknown) | p.keep, std::memory_order_release);
+  }
 }
 
 }  // namespace cohort::shm

@@ -85,6 +85,32 @@ extern "C" int sched_getcpu() noexcept {
   return ::syscall(SYS_getcpu, &cpu, nullptr, nullptr) == 0 ? static_cast<int>(cpu) : -1;
 }
 
+// A value whose read pops from another queue (`from`, set in the process
+// that reads it), as a codec of the program's own may.
+struct pops_in_decode {
+  static inline std::optional<cohort::queue<int>> from;
+};
+template <>
+struct cohort::detail::handle_codec<pops_in_decode> {
+  static std::string signature() { return "pops_in_decode"; }
+  static std::size_t size_bound(const pops_in_decode&) noexcept { return 1; }
+  static void write(std::vector<std::byte>& out, const pops_in_decode&) { out.push_back(std::byte{1}); }
+  static pops_in_decode read(reader& in) {
+    (void)in.next();
+    if (pops_in_decode::from) (void)pops_in_decode::from->try_pop();
+    return {};
+  }
+};
+// A value whose read is refused.
+struct refused_in_decode {};
+template <>
+struct cohort::detail::handle_codec<refused_in_decode> {
+  static std::string signature() { return "refused_in_decode"; }
+  static std::size_t size_bound(const refused_in_decode&) noexcept { return 1; }
+  static void write(std::vector<std::byte>& out, const refused_in_decode&) { out.push_back(std::byte{1}); }
+  [[noreturn]] static refused_in_decode read(reader&) { throw decode_error("refused_in_decode: refused"); }
+};
+
 namespace sharing_tests {
 
 constexpr int repetitions = 30;
@@ -532,6 +558,16 @@ using dying_value = std::tuple<tensor, std::vector<std::uint8_t>, dies_in_decode
 
 void pop_and_die_decoding(int, queue<dying_value> q) { (void)q.get(); }
 COHORT_ENTRYPOINT(pop_and_die_decoding);
+
+using nested_value = std::tuple<tensor, pops_in_decode, tensor, refused_in_decode>;
+
+// Pops a nested_value, whose decode pops from `inner` and then fails: the
+// exception ends the rank at once, with what it had decoded let go of.
+void pop_nested_then_fail(int, queue<nested_value> q, queue<int> inner) {
+  pops_in_decode::from = inner;
+  (void)q.get();
+}
+COHORT_ENTRYPOINT(pop_nested_then_fail);
 
 void pop_killed_in_its_take(int, queue<tensor> q) {
   die_at_next_cpu_query = true;
@@ -1347,6 +1383,24 @@ TEST_SUITE("sharing") {
     for (int i = 0; i < 64; ++i) later.push_back(tensor::full({5}, 9, dtype::int64, {.shared = true}));
     CHECK(kept == tensor::full({5}, 7, dtype::int64));
     for (const auto& t : later) CHECK(t.raw_data() != kept.raw_data());
+  }
+
+  // Before, the inner pop's claim ended by clearing this thread's note
+  // of the outer decode: the second tensor was taken unnoted, let go of
+  // by the failed decode, and let go of again for the ended claimant.
+  TEST_CASE("a decode that pops from another queue keeps noting how far it got") {
+    queue<nested_value> q(8);
+    queue<int> inner(8);
+    REQUIRE(inner.put(1, 1s));
+    const tensor second = tensor::full({5}, 7, dtype::int64, {.shared = true});
+    const nested_value value{tensor::full({5}, 3, dtype::int64, {.shared = true}), {}, second, {}};
+    REQUIRE(q.put(value, 1s));
+    CHECK_THROWS(spawn_and_join(pop_nested_then_fail, std::tuple{q, inner}, 1));
+    q = queue<nested_value>(8);  // its last holder here: it lets go for the ended claimant
+    std::vector<tensor> later;
+    for (int i = 0; i < 64; ++i) later.push_back(tensor::full({5}, 9, dtype::int64, {.shared = true}));
+    CHECK(second == tensor::full({5}, 7, dtype::int64));
+    for (const auto& t : later) CHECK(t.raw_data() != second.raw_data());
   }
 
   // The lines of a record claimed by a consumer killed in its decode come
