@@ -247,7 +247,8 @@ class group {
 template <class Token = default_token>
 auto start_processes(group_spec&& spec, Token&& token = {}) {
   static_assert(detail::refused<Token>,
-                "g++ 12 destroys a group_spec temporary twice inside co_await (std::move of a named one is refused too): name the group_spec "
+                "g++ 12 destroys a group_spec temporary twice inside co_await (std::move of a named one is "
+                "refused too): name the group_spec "
                 "first, `group_spec spec{...}; co_await start_processes(spec);`, or call "
                 "start_processes(executor, spec), which is not awaited");
   return start_processes(static_cast<const group_spec&>(spec), std::forward<Token>(token));
@@ -301,7 +302,8 @@ template <completion_token_of<group> Token>
 template <class Token>
 auto start_processes(const asio::any_io_executor& executor, group_spec&& spec, Token&& token) {
   static_assert(detail::refused<Token>,
-                "g++ 12 destroys a group_spec temporary twice inside co_await (std::move of a named one is refused too): name the group_spec "
+                "g++ 12 destroys a group_spec temporary twice inside co_await (std::move of a named one is "
+                "refused too): name the group_spec "
                 "first, `group_spec spec{...}; co_await start_processes(executor, spec, token);`, or call "
                 "start_processes(executor, spec), which is not awaited");
   return start_processes(executor, static_cast<const group_spec&>(spec), std::forward<Token>(token));

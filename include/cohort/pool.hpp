@@ -84,7 +84,8 @@ class pool {
   template <class Refused = void>
   explicit pool(int workers, pool_options&& options) : pool(workers, static_cast<const pool_options&>(options)) {
     static_assert(detail::refused<Refused>,
-                  "g++ 12 destroys a pool_options temporary twice inside co_await (std::move of a named one is refused too): name the options "
+                  "g++ 12 destroys a pool_options temporary twice inside co_await (std::move of a named one is "
+                  "refused too): name the options "
                   "first, `pool_options options{...}; pool p(n, options);`");
   }
 #endif

@@ -122,7 +122,8 @@ template <completion_token_of<child> Token>
 template <class Token = default_token>
 auto spawn(command cmd, spawn_options&& options, Token&& token = {}) {
   static_assert(detail::refused<Token>,
-                "g++ 12 destroys a spawn_options temporary twice inside co_await (std::move of a named one is refused too): name the options "
+                "g++ 12 destroys a spawn_options temporary twice inside co_await (std::move of a named one is "
+                "refused too): name the options "
                 "first, `spawn_options options{...}; co_await spawn(cmd, options);`, or call "
                 "spawn(executor, cmd, options), which is not awaited");
   return spawn(std::move(cmd), static_cast<const spawn_options&>(options), std::forward<Token>(token));
@@ -133,7 +134,8 @@ template <class Token>
   requires(!std::is_same_v<std::remove_cvref_t<Token>, std::error_code>)
 auto spawn(const asio::any_io_executor& executor, command cmd, spawn_options&& options, Token&& token) {
   static_assert(detail::refused<Token>,
-                "g++ 12 destroys a spawn_options temporary twice inside co_await (std::move of a named one is refused too): name the options "
+                "g++ 12 destroys a spawn_options temporary twice inside co_await (std::move of a named one is "
+                "refused too): name the options "
                 "first, `spawn_options options{...}; co_await spawn(executor, cmd, options, token);`, or "
                 "call spawn(executor, cmd, options), which is not awaited");
   return spawn(executor, std::move(cmd), static_cast<const spawn_options&>(options), std::forward<Token>(token));
