@@ -575,6 +575,16 @@ void pop_killed_in_its_take(int, queue<tensor> q) {
 }
 COHORT_ENTRYPOINT(pop_killed_in_its_take);
 
+// After a double release of its block, the next allocations of its size
+// would take it: checks that 64 of them do not, and that `held` (made of
+// sevens) still holds what it held.
+void check_block_kept(const tensor& held) {
+  std::vector<tensor> later;
+  for (int i = 0; i < 64; ++i) later.push_back(tensor::full({5}, 9, dtype::int64, {.shared = true}));
+  CHECK(held == tensor::full({5}, 7, dtype::int64));
+  for (const auto& t : later) CHECK(t.raw_data() != held.raw_data());
+}
+
 // The files of named segments `maker` made that are still in /dev/shm.
 std::vector<std::string> files_of(pid_t maker) {
   const auto prefix = fmt::format("cohort_{}_", maker);
@@ -1379,10 +1389,7 @@ TEST_SUITE("sharing") {
     REQUIRE(q.size() == 1);  // the head never moved
     const tensor kept = q.get(1s).value();
     q = queue<tensor>(8);  // its last holder here: it lets go for the ended claimant
-    std::vector<tensor> later;
-    for (int i = 0; i < 64; ++i) later.push_back(tensor::full({5}, 9, dtype::int64, {.shared = true}));
-    CHECK(kept == tensor::full({5}, 7, dtype::int64));
-    for (const auto& t : later) CHECK(t.raw_data() != kept.raw_data());
+    check_block_kept(kept);
   }
 
   // Before, the inner pop's claim ended by clearing this thread's note
@@ -1397,10 +1404,7 @@ TEST_SUITE("sharing") {
     REQUIRE(q.put(value, 1s));
     CHECK_THROWS(spawn_and_join(pop_nested_then_fail, std::tuple{q, inner}, 1));
     q = queue<nested_value>(8);  // its last holder here: it lets go for the ended claimant
-    std::vector<tensor> later;
-    for (int i = 0; i < 64; ++i) later.push_back(tensor::full({5}, 9, dtype::int64, {.shared = true}));
-    CHECK(second == tensor::full({5}, 7, dtype::int64));
-    for (const auto& t : later) CHECK(t.raw_data() != second.raw_data());
+    check_block_kept(second);
   }
 
   // The lines of a record claimed by a consumer killed in its decode come
