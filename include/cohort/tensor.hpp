@@ -469,7 +469,9 @@ class tensor {
   /// Sets every element, through views too, to `value` converted to the
   /// dtype: integers truncate toward zero, bool is value != 0, float16 and
   /// bfloat16 round from float. Throws std::invalid_argument, changing
-  /// nothing, when the value does not fit an integer dtype.
+  /// nothing, when the value does not fit an integer dtype, or when it is
+  /// finite and beyond a floating dtype's largest finite value (as torch
+  /// refuses it; infinity and NaN are taken).
   tensor& fill_(double value);
 
   /// A DLPack tensor over the same bytes, for another framework to borrow.

@@ -170,6 +170,17 @@ void for_each_row(const std::array<const tensor*, N>& tensors, F&& row) {
   }
 }
 
+template <class T>
+double largest_finite() {
+  if constexpr (std::same_as<T, float16>) {
+    return static_cast<float>(float16::from_bits(0x7BFF));
+  } else if constexpr (std::same_as<T, bfloat16>) {
+    return static_cast<float>(bfloat16::from_bits(0x7F7F));
+  } else {
+    return std::numeric_limits<T>::max();
+  }
+}
+
 // `value` as an element of type T, for fill_.
 template <class T>
 T convert(double value) {
@@ -183,10 +194,18 @@ T convert(double value) {
           fmt::format("tensor::fill_: {} does not fit {}", value, dtype_of<T>));
     }
     return static_cast<T>(whole);
-  } else if constexpr (std::floating_point<T>) {
-    return static_cast<T>(value);
   } else {
-    return T(static_cast<float>(value));
+    // As torch does: infinity and NaN pass, a finite value past the
+    // largest finite element is refused rather than made infinite.
+    if (std::isfinite(value) && std::fabs(value) > largest_finite<T>()) {
+      throw std::invalid_argument(
+          fmt::format("tensor::fill_: {} is beyond the largest finite {}", value, dtype_of<T>));
+    }
+    if constexpr (std::floating_point<T>) {
+      return static_cast<T>(value);
+    } else {
+      return T(static_cast<float>(value));
+    }
   }
 }
 

@@ -193,6 +193,24 @@ TEST_CASE("full refuses a value an integer dtype cannot hold") {
   CHECK_THROWS_AS(tensor::full({1}, NAN, dtype::int32), std::invalid_argument);
 }
 
+// Before, a finite value past a floating dtype's range filled infinities.
+TEST_CASE("full refuses a finite value past a floating dtype's largest, and takes infinity and NaN") {
+  CHECK(tensor::full({1}, 65504, dtype::float16).item<float16>().bits == 0x7BFF);
+  CHECK(tensor::full({1}, -0x1.FEp127, dtype::bfloat16).item<bfloat16>().bits == 0xFF7F);
+  CHECK(tensor::full({1}, std::numeric_limits<float>::max(), dtype::float32).item<float>() ==
+        std::numeric_limits<float>::max());
+  CHECK_THROWS_AS(tensor::full({1}, 65505, dtype::float16), std::invalid_argument);
+  CHECK_THROWS_AS(tensor::full({1}, -0x1.FFp127, dtype::bfloat16), std::invalid_argument);
+  CHECK_THROWS_AS(tensor::full({1}, 1e300, dtype::float32), std::invalid_argument);
+  auto t = tensor::full({2}, 1, dtype::float32);
+  CHECK_THROWS_AS(t.fill_(-1e39), std::invalid_argument);
+  CHECK(t.at<float>({1}) == 1.0f);
+  CHECK(tensor::full({1}, INFINITY, dtype::float16).item<float16>().bits == 0x7C00);
+  CHECK(std::isinf(tensor::full({1}, -INFINITY, dtype::float32).item<float>()));
+  CHECK(std::isnan(static_cast<float>(tensor::full({1}, NAN, dtype::bfloat16).item<bfloat16>())));
+  CHECK(tensor::full({1}, 1e300, dtype::float64).item<double>() == 1e300);
+}
+
 // Before, a value outside the enum was taken, and its element size read
 // past the end of the table of dtypes.
 TEST_CASE("a dtype outside the enum is refused by the constructor, the factories and the names") {
