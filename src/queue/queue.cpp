@@ -120,8 +120,9 @@ struct holder_table {
 // A record a pop took and has not finished decoding (record_claim). Its
 // lines stay out of the pushes' reach until the claim ends, so that when
 // the claimant is killed meanwhile, the references of the handles its
-// decode had not reached can still be let go of: by a push that finds the
-// ring full and is about to sleep, or by the queue's last holder.
+// decode had not reached can still be let go of: by a push that finds no
+// room but what claims keep (one about to sleep, or a try_push at most
+// once a millisecond), or by the queue's last holder.
 struct claim_slot {
   // The claimant, as claim_owner() packs it; 0: free. Taken under the
   // pops' lock; handed back by the claimant, or taken over (a
