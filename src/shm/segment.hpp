@@ -98,19 +98,27 @@ constexpr bool made_in_other_namespace(const segment_stamp& stamp, std::uint64_t
          stamp.maker_pid_namespace != own;
 }
 
+/// Reads the stamp at the start of the file `name` in directory `dir` (a
+/// descriptor, or AT_FDCWD for a path) into `stamp`; false when it cannot be
+/// read whole (a FIFO, which it does not wait for, or a file cut short).
+/// Raw system calls only: the guardian calls it.
+COHORT_BARE_CODE inline bool read_stamp(long dir, const char* name, segment_stamp& stamp) noexcept {
+  const long fd = os::raw_syscall(SYS_openat, dir, reinterpret_cast<long>(name),
+                                  O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  const long n = os::raw_syscall(SYS_pread64, fd, reinterpret_cast<long>(&stamp), sizeof stamp, 0);
+  os::raw_syscall(SYS_close, fd);
+  return n == static_cast<long>(sizeof stamp);
+}
+
 /// Whether the file `name` in directory `dir` (a descriptor, or AT_FDCWD
 /// for a path) is stamped as a segment made in another pid namespace than
 /// `own`; false when its stamp cannot be read whole (a FIFO, which it does
 /// not wait for, or a file cut short). Raw system calls only: the guardian
 /// calls it.
 COHORT_BARE_CODE inline bool stamped_in_other_namespace(long dir, const char* name, std::uint64_t own) noexcept {
-  const long fd = os::raw_syscall(SYS_openat, dir, reinterpret_cast<long>(name),
-                                  O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return false;
   segment_stamp stamp{};
-  const long n = os::raw_syscall(SYS_pread64, fd, reinterpret_cast<long>(&stamp), sizeof stamp, 0);
-  os::raw_syscall(SYS_close, fd);
-  return n == static_cast<long>(sizeof stamp) && made_in_other_namespace(stamp, own);
+  return read_stamp(dir, name, stamp) && made_in_other_namespace(stamp, own);
 }
 
 /// The start of every segment, in shared memory: its stamp's fields, then
@@ -337,7 +345,8 @@ class segment {
 };
 
 /// Unlinks the named (file_system) segments in /dev/shm that a run left:
-/// every one that one of `ranks` (processes that have ended) made, and
+/// every one that one of `ranks` (processes that have ended) made (not one
+/// that a live process, which took a rank's pid since, made), and
 /// every one whose maker has ended and is one `made_by_run` names (a rank's
 /// own child, killed or exited holding it) that nothing can reach any more:
 /// no live process maps it, this one included, and no message naming it is

@@ -3,6 +3,7 @@
 #include "cohort/queue.hpp"
 #include "cohort/spawn_and_join.hpp"
 #include "os/spin_mutex.hpp"
+#include "shm/segment.hpp"
 
 #include "support/carve_probe.hpp"
 #include "support/harness.hpp"
@@ -1061,6 +1062,31 @@ TEST_SUITE("storage") {
       CHECK(std::string(e.what()).find(std::to_string(pid)) != std::string::npos);
     }
   }
+}
+
+// Before, the sweep at a group's end unlinked every file named for a rank's
+// pid: a process that took the pid of a rank that had ended lost its files,
+// and its receivers could no longer open its segments.
+TEST_CASE("a run's sweep removes an ended rank's files and passes over those of a live process with its pid") {
+  strategy_scope scope(sharing_strategy::file_system);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    storage s = storage::allocate_shared(1 << 20);
+    ::_exit(named_segments_of(::getpid()).empty() ? 1 : 0);  // leaves its file, as a killed rank does
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  REQUIRE(named_segments_of(child).size() == 1);
+  const storage mine = storage::allocate_shared(1 << 20);
+  const auto own = named_segments_of(::getpid());
+  REQUIRE(own.size() == 1);
+  // This process stands for one that took an ended rank's pid.
+  const pid_t ranks[] = {child, ::getpid()};
+  CHECK(shm::sweep_segments_of_run(ranks, [](pid_t) { return false; }) == 1);
+  CHECK(named_segments_of(child).empty());
+  CHECK(named_segments_of(::getpid()) == own);
+  CHECK(mine.is_shared());
 }
 
 }  // namespace storage_tests
