@@ -106,8 +106,10 @@ class child {
 
   /// The parent ends of the pipes the spawn options asked for. Throw
   /// std::logic_error when that stream is not a pipe, or when the io_context
-  /// the child was spawned on (theirs) has been destroyed: the object then
-  /// closes them without touching it as it ends. A write to in() after
+  /// the child was spawned on (theirs) has been destroyed: their
+  /// descriptors were closed then, so that a child reading its stdin sees
+  /// its end, and one writing to a full pipe gets EPIPE (or SIGPIPE) rather
+  /// than waiting for good, and join() returns. A write to in() after
   /// the child has closed its stdin (or exited) is a write to a pipe with
   /// no reader: the kernel raises SIGPIPE in the writing thread, whose
   /// default action ends this process. A program that writes to children

@@ -49,17 +49,17 @@ exit_status to_status(const siginfo_t& info, const rusage& usage) {
 
 namespace {
 
-// Guards child_state::left, written as an io_context shuts down and read
-// when the pipes are closed after it.
+// Orders the close of a child's pipe descriptors as an io_context shuts
+// down before the release of their objects after it.
 std::mutex& left_mutex() {
   static std::mutex m;
   return m;
 }
 
 // A service of every io_context that children are spawned on, for the
-// token that tells them it is gone. As it shuts down it reads the
-// descriptors of the children's pipes while the pipes' service can still
-// be asked (after, the objects' native_handle() would reach a destroyed
+// token that tells them it is gone. As it shuts down it closes the
+// descriptors of the children's pipes, asked while the pipes' service is
+// still there (after, the objects' native_handle() would reach a destroyed
 // service).
 class lifetime_service final : public asio::execution_context::service {
  public:
@@ -83,9 +83,9 @@ class lifetime_service final : public asio::execution_context::service {
     for (const auto& weak : watched_) {
       const auto state = weak.lock();
       if (!state) continue;
-      if (state->in) state->left[0] = state->in->native_handle();
-      if (state->out) state->left[1] = state->out->native_handle();
-      if (state->err) state->left[2] = state->err->native_handle();
+      if (state->in) ::close(state->in->native_handle());
+      if (state->out) ::close(state->out->native_handle());
+      if (state->err) ::close(state->err->native_handle());
     }
     watched_.clear();
     alive_.reset();
@@ -182,12 +182,9 @@ void child_state::close_pipes() noexcept {
     err.reset();
     return;
   }
-  // Their descriptors only, the objects leaked (see the header).
+  // Their descriptors were closed as the io_context shut down; the
+  // objects are leaked (see the header).
   std::lock_guard lock(left_mutex());
-  for (int& fd : left) {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
   (void)in.release();
   (void)out.release();
   (void)err.release();

@@ -54,21 +54,21 @@ struct child_state {
   bool on_a_thread = false;   ///< reap_on_a_thread's thread reaps it, and lets go of the pid
   keeper kept_by = keeper::object;
   /// The parent's ends of the pipes, as asio objects of the io_context.
-  /// Should it be destroyed first, their descriptors are closed and the
-  /// objects left undestroyed: their destructors would reach its reactor.
+  /// Should it be destroyed first, their descriptors are closed as it shuts
+  /// down (watch_pipes) and the objects left undestroyed: their destructors
+  /// would reach its reactor.
   std::unique_ptr<asio::writable_pipe> in;
   std::unique_ptr<asio::readable_pipe> out;
   std::unique_ptr<asio::readable_pipe> err;
-  /// Their descriptors (in, out, err; -1: none), read as the io_context
-  /// shuts down, while its services are still there to ask (watch_pipes),
-  /// and closed by close_pipes once it is gone.
-  int left[3] = {-1, -1, -1};
   /// Closes the pipes (see above).
   void close_pipes() noexcept;
 };
 
-/// Has the io_context of `state`'s executor read the descriptors of its
-/// pipes into `left` as it shuts down. Call once the pipes are made.
+/// Has the io_context of `state`'s executor close the descriptors of its
+/// pipes as it shuts down: nothing can use them after (the child's in(),
+/// out() and err() throw), and a child reading its stdin to the end, or
+/// writing more than a pipe holds, would otherwise never exit while the
+/// object lives. Call once the pipes are made.
 void watch_pipes(const std::shared_ptr<child_state>& state);
 
 /// Expires when the io_context behind `executor` is destroyed (as it shuts

@@ -246,6 +246,32 @@ TEST_SUITE("child") {
     CHECK(test::children_of_self().empty());
   }
 
+  // Before, the pipes' descriptors stayed open until the object ended: a
+  // child reading its stdin to the end, or writing more than a pipe holds,
+  // never exited, and join() waited for good.
+  TEST_CASE("a child's pipes close with its io_context: a reader sees the end, a writer its broken pipe") {
+    child reader, writer;
+    {
+      asio::io_context io;
+      spawn_options reads;
+      reads.in = stdio::pipe();
+      reads.out = stdio::null();
+      reader = spawn(io.get_executor(), command{"/bin/cat", {}}, reads);
+      spawn_options writes;
+      writes.out = stdio::pipe();
+      writer = spawn(io.get_executor(), command{"/bin/sh", {"-c", "exec head -c 1000000 /dev/zero"}}, writes);
+    }
+    // Bounded, so that a child still waiting fails the test rather than hanging it.
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    while ((!reader.try_wait() || !writer.try_wait()) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(5ms);
+    }
+    REQUIRE(reader.status());
+    REQUIRE(writer.status());
+    CHECK(reader.join().code() == 0);
+    CHECK(writer.join().signal() == SIGPIPE);
+  }
+
   // A deferred wait starts when it is run: before, one made while the
   // io_context lived and run after it went ran on the gone io_context.
   TEST_CASE("a deferred wait made before the child's io_context went is refused when it runs") {
