@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -133,13 +134,38 @@ struct thread_identity {
   std::size_t robust_size = 0;
 };
 
+// Whether clone3 was refused here (a kernel before 5.3, or a seccomp
+// filter that answers ENOSYS, as container runtimes' default profiles do):
+// learnt on the first refusal, after which the server clones with clone.
+std::atomic<bool> clone3_refused{false};
+
+// clone(2) as clone3 is called below: no new stack (the child goes on with
+// a copy of the server's, as a fork's does). Its arguments' order is the
+// architecture's.
+COHORT_FORKED_CHILD_PATH long clone_without_clone3(long flags, int* child_tid) {
+#if defined(__x86_64__)
+  return os::raw_syscall(SYS_clone, flags, 0, 0, reinterpret_cast<long>(child_tid), 0);
+#elif defined(__s390__) || defined(__CRIS__)
+  return os::raw_syscall(SYS_clone, 0, flags, 0, reinterpret_cast<long>(child_tid), 0);
+#else
+  return os::raw_syscall(SYS_clone, flags, 0, 0, 0, reinterpret_cast<long>(child_tid));
+#endif
+}
+
 COHORT_FORKED_CHILD_PATH pid_t clone_as_sibling(const thread_identity& self) {
   clone_args args{};
   args.flags = CLONE_PARENT | CLONE_CHILD_SETTID | CLONE_CHILD_CLEARTID;
   args.child_tid = reinterpret_cast<std::uint64_t>(self.tid);
   // Raw calls: the child returns from the clone into no code of libc's,
   // each page of which it would fault in.
-  const long pid = os::raw_syscall(SYS_clone3, reinterpret_cast<long>(&args), sizeof args);
+  long pid = -ENOSYS;
+  if (!clone3_refused.load(std::memory_order_relaxed)) {
+    pid = os::raw_syscall(SYS_clone3, reinterpret_cast<long>(&args), sizeof args);
+    if (pid == -ENOSYS || pid == -EPERM) clone3_refused.store(true, std::memory_order_relaxed);
+  }
+  if (clone3_refused.load(std::memory_order_relaxed)) {
+    pid = clone_without_clone3(static_cast<long>(args.flags), self.tid);
+  }
   if (pid == 0 && self.robust_head != nullptr) {
     os::raw_syscall(SYS_set_robust_list, reinterpret_cast<long>(self.robust_head), static_cast<long>(self.robust_size));
   }

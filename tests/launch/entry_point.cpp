@@ -18,11 +18,14 @@
 #include <fmt/format.h>
 
 #include <dlfcn.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <sched.h>
 #include <signal.h>
@@ -32,6 +35,7 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstddef>
 #include <cstdio>
 #include <cwchar>
 #include <filesystem>
@@ -58,6 +62,11 @@ COHORT_ENTRYPOINT(succeed);
 
 int rank_itself(int rank) { return rank; }
 COHORT_ENTRYPOINT(rank_itself);
+
+// The rank plus 100 when the thread's own id is the one glibc holds for it
+// (tgkill to it reaches this process), the rank alone when not.
+int rank_with_own_tid(int rank) { return rank + (::pthread_kill(::pthread_self(), 0) == 0 ? 100 : 0); }
+COHORT_ENTRYPOINT(rank_with_own_tid);
 
 // What a rank took of its parent that a fork or an exec would hand on:
 // SIGUSR2 ignored or not, its descriptor limit, nice value and CPU count.
@@ -1328,6 +1337,46 @@ TEST_SUITE("entry points") {
     CHECK(r.ok());
     for (int rank = 0; rank < 3; ++rank) CHECK(r.return_values[static_cast<std::size_t>(rank)]->as<int>() == rank);
     CHECK(forkserver_pid() != server);
+  }
+
+  // Before, the forkserver cloned with clone3 alone: where that is refused
+  // (ENOSYS from a kernel before 5.3, or from a container runtime's default
+  // seccomp profile), every forkserver start failed.
+  TEST_CASE("the forkserver starts ranks where clone3 is refused") {
+    const pid_t child = ::fork();
+    if (child == 0) {
+      sock_filter filter[] = {
+          BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+          BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1),
+          BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+          BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      };
+      sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
+      if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
+        ::_exit(77);
+      }
+      try {
+        detail::stop_forkserver();  // the one this process started runs without the filter
+        const auto r = run_function(call(start_method::forkserver, rank_with_own_tid), 3);
+        if (!r.ok()) ::_exit(2);
+        for (int rank = 0; rank < 3; ++rank) {
+          if (r.return_values[static_cast<std::size_t>(rank)]->as<int>() != rank + 100) ::_exit(3);
+        }
+        detail::stop_forkserver();
+      } catch (...) {
+        ::_exit(4);
+      }
+      ::_exit(0);
+    }
+    REQUIRE(child > 0);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77) {
+      MESSAGE("seccomp filters are refused here: not checked");
+    } else {
+      CHECK(WEXITSTATUS(status) == 0);
+    }
   }
 
   // A forkserver's ranks are its siblings, and their parent-death signal
