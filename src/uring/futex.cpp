@@ -45,19 +45,36 @@ void bump(futex_helper& h) {
 
 }  // namespace
 
-futex_threads::futex_threads(asio::execution_context& context) : asio::execution_context::service(context) {}
+futex_threads::futex_threads(asio::execution_context& context)
+    : asio::execution_context::service(context), owner_(os::this_process()) {}
 futex_threads::~futex_threads() = default;
 
 std::size_t futex_threads::waits_per_thread() { return have_waitv() ? waitv_most - 1 : 1; }
 
 std::size_t futex_threads::threads() const {
   std::lock_guard lock(mutex_);
-  return helpers_.size();
+  return os::this_process() == owner_ ? helpers_.size() : 0;
+}
+
+// In a forked child, the helpers listed are the parent's: their threads do
+// not run here, so a wait given to one would never end. They are left
+// (leaked: there is no thread to join), and the waits they held, copies of
+// the parent's that nothing wakes here, are destroyed at shutdown.
+void futex_threads::leave_inherited_helpers_locked() {
+  const pid_t self = os::this_process();
+  if (owner_ == self) return;
+  owner_ = self;
+  for (auto& h : helpers_) {
+    inherited_waits_.insert(inherited_waits_.end(), h->waits.begin(), h->waits.end());
+    (void)h.release();
+  }
+  helpers_.clear();
 }
 
 void futex_threads::start(futex_thread_wait& w) {
   std::lock_guard lock(mutex_);
   if (shut_down_) return w.destroy();
+  leave_inherited_helpers_locked();
   // acquire: pairs with the waker's release store, for the data it published.
   if (w.word_.load(std::memory_order_acquire) != w.expected_) return w.post({});
   const auto room = std::ranges::find_if(helpers_, [](const auto& h) { return h->waits.size() < waits_per_thread(); });
@@ -150,6 +167,8 @@ void futex_threads::shutdown() {
   {
     std::lock_guard lock(mutex_);
     shut_down_ = true;
+    leave_inherited_helpers_locked();
+    waits.swap(inherited_waits_);
     for (auto& h : helpers_) {
       h->stopping = true;
       waits.insert(waits.end(), h->waits.begin(), h->waits.end());

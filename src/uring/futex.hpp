@@ -5,6 +5,7 @@
 
 #include "config.hpp"
 #include "os/futex.hpp"
+#include "os/process_identity.hpp"
 #include "uring/async.hpp"
 
 #include <asio/associator.hpp>
@@ -104,7 +105,9 @@ class futex_thread_wait {
 /// words at once, so a thousand pending waits take 8 threads, not a
 /// thousand; where the kernel lacks futex_waitv each holds one wait and
 /// looks at its control word every 50 ms. Threads are made as the pending
-/// waits need them and kept for later waits. None outlives the io_context:
+/// waits need them and kept for later waits. In a forked child of the
+/// process that made them, they do not run: the child's waits get helpers
+/// of its own. None outlives the io_context:
 /// on shutdown every helper is stopped and joined, and each wait still
 /// pending is destroyed uncalled. A wait whose completion is queued already
 /// is no longer the service's: the io_context destroys that completion
@@ -134,9 +137,13 @@ class futex_threads final : public asio::execution_context::service {
 
   mutable std::mutex mutex_;
   void run(futex_helper& h);
+  void leave_inherited_helpers_locked();
 
   std::vector<std::unique_ptr<futex_helper>> helpers_;  // under mutex_
-  bool shut_down_ = false;                                // under mutex_
+  // Waits held by the helpers of the process this one was forked from.
+  std::vector<futex_thread_wait*> inherited_waits_;  // under mutex_
+  pid_t owner_;                                       // the process the helpers run in; under mutex_
+  bool shut_down_ = false;                            // under mutex_
 };
 
 inline void futex_thread_wait::request_stop() { owner_.cancel(*this); }

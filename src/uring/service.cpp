@@ -241,6 +241,7 @@ bool service::queue_cancel_locked(operation& op) {
 }
 
 void service::cancel(operation& op) {
+  if (os::this_process() != owner_) return;  // a forked child's copy of the parent's request
   std::lock_guard lock(mutex_);
   if (shut_down_ || !op.in_flight_ || op.cancel_requested_) return;
   op.cancel_requested_ = true;
@@ -254,6 +255,11 @@ void service::cancel(operation& op) {
 
 void service::on_ready(const std::error_code& ec) {
   if (ec == asio::error::operation_aborted) return;
+  // A forked child's copy of the watch (one not told of the fork, which
+  // shares the parent's epoll set): the completions are the parent's, and
+  // reaping them here would run the child's copies of its handlers while
+  // the parent never heard of them. The child watches no more.
+  if (os::this_process() != owner_) return leave_ring_in_child(false);
   // Collect under the lock, complete outside it: a completion may start or
   // cancel other operations, or resume a coroutine that destroys things.
   struct done {
@@ -314,6 +320,30 @@ void service::on_ready(const std::error_code& ec) {
   for (auto [op, res] : batch) op->complete(res);
 }
 
+// In a forked child: the child's descriptor of the ring goes, and no wait
+// is armed on it here any more. Told of the fork, the child has an epoll
+// set of its own by now (asio's reactor was told first: it was made before
+// this service), and the descriptor leaves it. Otherwise the set is the
+// parent's too: the descriptor is closed first, so that asio's removal of
+// it fails (EPOLL_CTL_DEL of one open file would end the parent's watch,
+// and the parent would never hear of a completion again).
+void service::leave_ring_in_child(bool own_epoll) {
+  if (!watch_) return;
+  const int fd = watch_->native_handle();
+  if (!own_epoll) ::close(fd);
+  (void)watch_->release();
+  if (own_epoll) ::close(fd);
+  watch_.reset();
+}
+
+// A forked child stops watching the ring as it is told of the fork: the
+// parent's completions reach only the parent.
+void service::notify_fork(asio::execution_context::fork_event event) {
+  if (event == asio::execution_context::fork_child && caps_.ring && os::this_process() != owner_) {
+    leave_ring_in_child(true);
+  }
+}
+
 // Called before any context object is destroyed. The kernel may still write
 // into in-flight operations (a waitid's siginfo), so every request is
 // cancelled and its completion awaited before the operations are destroyed.
@@ -325,14 +355,9 @@ void service::shutdown() {
   if (os::this_process() != owner_) {
     // A forked child's copy: the requests in flight are the parent's, and
     // a cancellation here would end them on the ring the two share, this
-    // process reaping their completions. Only the child's descriptors go,
-    // the watched one closed first: asio's deregistration would otherwise
-    // remove it from the epoll set the two share too (EPOLL_CTL_DEL of one
-    // open file), and the parent would never hear of a completion again.
+    // process reaping their completions.
     head_ = nullptr;
-    ::close(watch_->native_handle());
-    (void)watch_->release();  // its EPOLL_CTL_DEL now fails on the closed number
-    watch_.reset();
+    leave_ring_in_child(false);
     return;
   }
   std::vector<operation*> confirmed;

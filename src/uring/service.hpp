@@ -83,8 +83,9 @@ class service final : public asio::execution_context::service {
 
   /// What the ring offers. In a forked child of the process that made the
   /// ring, which shares the ring with it, nothing: operations started there
-  /// use the reactor, and the child's end of the io_context leaves the
-  /// ring, and the parent's requests on it, alone.
+  /// use the reactor, and the child's copy of the io_context (run, notified
+  /// of the fork, or ended) leaves the ring, and the parent's requests and
+  /// completions on it, alone.
   const capabilities& caps() const noexcept;
 
   /// Queues `op` on the ring and submits it. Where the ring has no room even
@@ -93,11 +94,14 @@ class service final : public asio::execution_context::service {
   void start(operation& op);
 
   /// Asks the kernel to cancel `op` if it is still in flight; a no-op
-  /// otherwise. `op` completes, with -ECANCELED or its real result.
+  /// otherwise (and in a forked child: the request is the parent's). `op`
+  /// completes, with -ECANCELED or its real result.
   void cancel(operation& op);
 
  private:
   void shutdown() override;
+  void notify_fork(asio::execution_context::fork_event event) override;
+  void leave_ring_in_child(bool own_epoll);
   void flush_locked();
   io_uring_sqe* sqe_locked();
   bool queue_cancel_locked(operation& op);

@@ -1,5 +1,7 @@
 #include "uring/futex.hpp"
 
+#include "cohort/io_uring_info.hpp"
+
 #include "support/harness.hpp"
 #include "support/shared_word.hpp"
 
@@ -200,6 +202,43 @@ TEST_SUITE("futex") {
       }
     }
     ::munmap(page, n * 4);
+  }
+
+  // Before, a forked child gave its waits to the helpers listed, which were
+  // the parent's: their threads do not run in the child, and the waits never
+  // ended.
+  TEST_CASE("a forked child's waits on helper threads get helpers of its own") {
+    asio::io_context io;
+    use_reactor_only(io);  // helper threads, with the ring's futex op or without
+    shared_word w;
+    std::optional<std::error_code> first;
+    uring::async_futex_wait(io.get_executor(), *w, 0, [&](std::error_code ec) { first = ec; });
+    io.run_for(20ms);
+    REQUIRE_FALSE(first);  // held by a helper thread, which runs on
+    REQUIRE(asio::use_service<uring::futex_threads>(io).threads() == 1);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      io.notify_fork(asio::execution_context::fork_child);
+      shared_word mine;
+      std::optional<std::error_code> result;
+      uring::async_futex_wait(io.get_executor(), *mine, 0, [&](std::error_code ec) { result = ec; });
+      io.run_for(20ms);
+      std::thread waker([&] {
+        (*mine).store(1, std::memory_order_release);
+        os::futex_wake(*mine, INT_MAX);
+      });
+      waker.join();
+      for (int round = 0; round < 500 && !result; ++round) io.run_for(10ms);
+      ::_exit(result && !*result ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    (*w).store(1, std::memory_order_release);
+    os::futex_wake(*w, INT_MAX);
+    for (int round = 0; round < 500 && !first; ++round) io.run_for(10ms);
+    REQUIRE(first);
+    CHECK(*first == std::error_code{});
   }
 
   TEST_CASE("destroying the io_context with a wait pending destroys the handler uncalled") {

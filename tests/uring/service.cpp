@@ -11,6 +11,7 @@
 #include <asio/cancellation_signal.hpp>
 #include <asio/dispatch.hpp>
 #include <asio/strand.hpp>
+#include <asio/steady_timer.hpp>
 #include <asio/thread_pool.hpp>
 
 #include <fcntl.h>
@@ -233,6 +234,42 @@ TEST_SUITE("uring service") {
     io->run_for(std::chrono::seconds(5));  // before: the child had cancelled it, or taken it from the epoll set
     CHECK_FALSE(result);
     CHECK((revents & POLLIN) != 0);
+  }
+
+  // Before, the child's copy of the watch on the ring reaped the parent's
+  // completions and ran its copies of the parent's handlers: the parent's
+  // operation never completed.
+  TEST_CASE("a forked child told of the fork that runs its io_context leaves the parent's completions to the parent") {
+    fd_guard efd{::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)};
+    std::error_code result = asio::error::would_block;
+    int handled = 0;
+    asio::io_context io;
+    // On asio's reactor, the child's io_context runs its copies of what was
+    // pending at the fork, as asio does for every descriptor.
+    if (!uring::service_of(io.get_executor()).caps().ring) return;
+    uring::async_poll(io.get_executor(), efd.fd, POLLIN, [&](std::error_code ec, short) {
+      result = ec;
+      ++handled;
+    });
+    io.poll();
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      io.notify_fork(asio::execution_context::fork_child);
+      asio::steady_timer busy(io, std::chrono::milliseconds(1500));
+      busy.async_wait([](std::error_code) {});
+      io.run_for(std::chrono::milliseconds(1500));
+      ::_exit(handled == 0 ? 0 : 1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::uint64_t one = 1;
+    REQUIRE(::write(efd.fd, &one, sizeof one) == sizeof one);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the child's loop runs meanwhile
+    io.run_for(std::chrono::seconds(5));
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));  // the child ran no copy of the handler
+    CHECK(handled == 1);
+    CHECK_FALSE(result);
   }
 
   TEST_CASE("an operation started from a thread that then exits still completes") {
