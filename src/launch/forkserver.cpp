@@ -66,8 +66,9 @@ using fd_array = std::array<int, max_fds>;
 // rank, parent pid, death signal, new group, cwd (options.cwd: a relative
 // one is entered from the requester's directory, as below), environment
 // (indices of the request's entries), the numbers the kept descriptors have
-// in the requester (and must have in the child).
-using rank_plan = std::tuple<int, int, int, int, std::string, std::vector<int>, std::vector<int>>;
+// in the requester (and must have in the child), the standard streams it
+// closes (bit i: stream i, whose message slot holds a stand-in).
+using rank_plan = std::tuple<int, int, int, int, std::string, std::vector<int>, std::vector<int>, int>;
 // The function's name, its arguments, whether it returns a value (each
 // rank then sends a result memfd), the "NAME=value" entries of the ranks'
 // environments (each once: the ranks share nearly all of theirs), every
@@ -192,7 +193,7 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
                                         std::span<const int> own, int report, int dir, const server_state& server,
                                         const from_forking_process& inherited) noexcept {
   auto& [name, args, returns_value, entries, plans, keeper_text, dir_sent, state] = r;
-  auto& [rank, parent, death_signal, leads, cwd, env, kept] = plan;
+  auto& [rank, parent, death_signal, leads, cwd, env, kept, closed] = plan;
   if (dir_sent) os::raw_syscall(SYS_fchdir, dir);
   // Every descriptor needed is first moved above all the numbers involved,
   // so that placing one never overwrites another.
@@ -222,6 +223,9 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   launch_plan p;
   p.envp = envp;
   p.source = {fds[in_fd], fds[out_fd], fds[err_fd]};
+  for (std::size_t i = 0; i < 3; ++i) {
+    if ((closed & (1 << i)) != 0) p.source[i] = closed_stream;
+  }
   p.cwd = cwd.empty() ? nullptr : cwd.c_str();
   p.new_group = leads != 0;
   p.new_session = leads == 2;
@@ -442,7 +446,10 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
     }
     // What the rank leads: 0 nothing, 1 a process group, 2 a session.
     const int leads = p.new_session ? 2 : p.new_group ? 1 : 0;
-    plans.emplace_back(r.rank, p.parent, p.death_signal, leads, p.cwd != nullptr ? p.cwd : "", std::move(env), kept[i]);
+    int closed = 0;
+    for (std::size_t s = 0; s < 3; ++s) closed |= p.source[s] == closed_stream ? 1 << s : 0;
+    plans.emplace_back(r.rank, p.parent, p.death_signal, leads, p.cwd != nullptr ? p.cwd : "", std::move(env), kept[i],
+                       closed);
   }
   const auto args = call.args.bytes();
   const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), call.returns_value,
@@ -470,8 +477,11 @@ std::size_t send_batch(int socket, std::span<const server_request> requests, std
     const launch_plan& p = *requests[end].plan;
     if (count + first_kept(returns_value) + kept[end].size() > max_fds) break;
     // Inherited streams are the caller's own; stderr as stdout (source 1,
-    // "stdout once placed") is what stdout gets.
-    const auto sent = [&p](std::size_t i) { return p.source[i] >= 0 ? p.source[i] : static_cast<int>(i); };
+    // "stdout once placed") is what stdout gets; a stream the rank closes
+    // has a stand-in, the request's descriptor (its plan says so).
+    const auto sent = [&p, request_fd](std::size_t i) {
+      return p.source[i] == closed_stream ? request_fd : p.source[i] >= 0 ? p.source[i] : static_cast<int>(i);
+    };
     for (std::size_t i = 0; i < 3; ++i) fds[count++] = i == 2 && p.source[2] == 1 ? sent(1) : sent(i);
     if (returns_value) fds[count++] = requests[end].result_fd;
     for (int fd : kept[end]) fds[count++] = fd;

@@ -42,13 +42,18 @@ struct requester_state {
 /// ignored signals and limits).
 requester_state current_requester_state() noexcept;
 
+/// A launch_plan's source for a standard stream the child has closed.
+inline constexpr int closed_stream = -2;
+
 /// What the new process does to set itself up, built in the parent. The new
 /// process only reads it, except for `failed_at` / `error`.
 struct launch_plan {
   const char* path = nullptr;         // exec only
   char* const* argv = nullptr;        // exec only
   char* const* envp = nullptr;        // the child's environment
-  std::array<int, 3> source{-1, -1, -1};  // what goes to 0, 1, 2; -1 leaves it
+  /// What goes to 0, 1, 2: a descriptor, -1 to leave it, closed_stream to
+  /// close it.
+  std::array<int, 3> source{-1, -1, -1};
   const char* cwd = nullptr;
   bool new_group = true;
   bool new_session = false;  // setsid, in place of new_group's setpgid
@@ -82,6 +87,18 @@ struct launch_plan {
   stage failed_at = stage::none;
   int error = 0;
 };
+
+/// Whether an exec would leave nothing of descriptor `fd`: it is closed, or
+/// marked close-on-exec.
+bool closes_at_exec(int fd) noexcept;
+
+/// For a child that never execs: marks closed_stream each stream it would
+/// be left, or handed at the same number, that an exec would close (a
+/// descriptor of this process's own, marked close-on-exec, that took a
+/// closed stream's number), so that it sees the stream closed, as a spawned
+/// program does. stderr as stdout follows stdout.
+void close_streams_an_exec_would(launch_plan& p) noexcept;
+
 
 /// The signals whose handling a new child must reset, bit sig - 1 for each:
 /// those with a handler of this process, and SIGPIPE and SIGXFSZ when

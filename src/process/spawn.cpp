@@ -200,6 +200,19 @@ requester_state current_requester_state() noexcept {
   return s;
 }
 
+bool closes_at_exec(int fd) noexcept {
+  const long flags = os::raw_syscall(SYS_fcntl, fd, F_GETFD);
+  return flags < 0 || (flags & FD_CLOEXEC) != 0;
+}
+
+void close_streams_an_exec_would(launch_plan& p) noexcept {
+  for (int target = 0; target < 3; ++target) {
+    auto& src = p.source[static_cast<std::size_t>(target)];
+    if ((src == -1 || src == target) && closes_at_exec(target)) src = closed_stream;
+  }
+  if (p.source[2] == 1 && p.source[1] == closed_stream) p.source[2] = closed_stream;  // stderr as stdout
+}
+
 COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
   // Handlers of the parent must not run here (they would run on the
   // parent's memory); ignored SIGPIPE/SIGXFSZ are reset as a shell would.
@@ -258,6 +271,7 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
     const int src = p.source[static_cast<std::size_t>(target)];
     // dup2's way: a descriptor already in place is left as it is.
     if (src >= 0 && src != target && !done(os::raw_syscall(SYS_dup3, src, target, 0), stage::dup2)) return false;
+    if (src == closed_stream) os::raw_syscall(SYS_close, target);
   }
   if (p.cwd != nullptr && !done(os::raw_syscall(SYS_chdir, reinterpret_cast<long>(p.cwd)), stage::chdir)) return false;
   if (p.close_fds && p.close_now) {

@@ -63,6 +63,10 @@ COHORT_ENTRYPOINT(succeed);
 int rank_itself(int rank) { return rank; }
 COHORT_ENTRYPOINT(rank_itself);
 
+// 1 when the rank's descriptor `fd` is open.
+int descriptor_open(int, int fd) { return ::fcntl(fd, F_GETFD) >= 0 ? 1 : 0; }
+COHORT_ENTRYPOINT(descriptor_open);
+
 // The rank plus 100 when the thread's own id is the one glibc holds for it
 // (tgkill to it reaches this process), the rank alone when not.
 int rank_with_own_tid(int rank) { return rank + (::pthread_kill(::pthread_self(), 0) == 0 ? 100 : 0); }
@@ -1337,6 +1341,41 @@ TEST_SUITE("entry points") {
     CHECK(r.ok());
     for (int rank = 0; rank < 3; ++rank) CHECK(r.return_values[static_cast<std::size_t>(rank)]->as<int>() == rank);
     CHECK(forkserver_pid() != server);
+  }
+
+  // Before, a fork or forkserver rank of a process whose standard stream
+  // was closed got, at that stream's number, the descriptor of the
+  // process's own that took it (close-on-exec: asio's eventfd, say), which
+  // a spawned program never sees.
+  TEST_CASE("a rank of a process whose standard stream is closed sees it closed, whatever took its number") {
+    for (int stream = 0; stream < 3; ++stream) {
+      CAPTURE(stream);
+      const pid_t child = ::fork();
+      if (child == 0) {
+        detail::stop_forkserver();  // this process's own, started with its streams as they are now
+        const int other = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+        ::close(stream);
+        if (other < 0 || ::fcntl(other, F_DUPFD_CLOEXEC, stream) != stream) ::_exit(2);
+        for (start_method method : {start_method::spawn, start_method::fork, start_method::forkserver}) {
+          try {
+            const auto r = run_function(call(method, descriptor_open, stream), 2);
+            if (!r.ok()) ::_exit(3);
+            for (const auto& v : r.return_values) {
+              if (v->as<int>() != 0) ::_exit(10 + static_cast<int>(method));
+            }
+          } catch (...) {
+            ::_exit(4);
+          }
+        }
+        detail::stop_forkserver();
+        ::_exit(0);
+      }
+      REQUIRE(child > 0);
+      int status = 0;
+      REQUIRE(::waitpid(child, &status, 0) == child);
+      CHECK(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == 0);
+    }
   }
 
   // Before, the forkserver cloned with clone3 alone: where that is refused
