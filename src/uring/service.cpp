@@ -364,13 +364,13 @@ void service::shutdown() {
   {
     std::lock_guard lock(mutex_);
     shut_down_ = true;
-    if (in_flight_ > 0) {
-      if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_)) {
-        io_uring_prep_cancel(sqe, nullptr, IORING_ASYNC_CANCEL_ANY);
-        io_uring_sqe_set_data(sqe, nullptr);
-      }
-      flush_locked();
+    // One cancel per operation, by its user data: IORING_ASYNC_CANCEL_ANY
+    // would do it in one, but kernels before 5.19 refuse any cancel flag
+    // (EINVAL), and nothing was cancelled there.
+    for (operation* op = head_; op != nullptr; op = op->next_) {
+      if (!queue_cancel_locked(*op)) break;  // no room even after a flush: left to the deadline below
     }
+    if (in_flight_ > 0) flush_locked();
     const auto deadline = std::chrono::steady_clock::now() + shutdown_wait;
     while (in_flight_ > 0 && std::chrono::steady_clock::now() < deadline) {
       io_uring_cqe* cqe;
