@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <signal.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -48,6 +49,7 @@ struct keeper_state {
   int socket = -1;
   std::string name;  // the socket's abstract address, without its leading 0 byte
   std::vector<std::shared_ptr<segment>> kept;
+  bool watching = false;  // a watcher thread lets go of kept segments as the values naming them end
 };
 
 keeper_state& own_state() {
@@ -256,6 +258,34 @@ void on_first_values_named() noexcept {
   std::atexit(let_values_go_as_exiting);
 }
 
+namespace {
+
+// How often the watcher looks at what is kept.
+constexpr std::chrono::milliseconds kept_check{100};
+
+// Lets go of each kept segment once no value names it, until none is kept:
+// a keeper that has received what its ranks sent, and dropped it, does not
+// hold the memory until its next trim or rank.
+void watch_kept() {
+  sigset_t all;
+  ::sigfillset(&all);
+  ::pthread_sigmask(SIG_BLOCK, &all, nullptr);  // signals go to the program's own threads
+  auto& r = segments();
+  for (;;) {
+    std::this_thread::sleep_for(kept_check);
+    std::vector<std::shared_ptr<segment>> gone;  // unmapped after the lock is released
+    std::lock_guard lock(r.mutex);
+    auto& k = own_state();
+    release_kept_locked(gone);
+    if (k.kept.empty()) {
+      k.watching = false;
+      return;
+    }
+  }
+}
+
+}  // namespace
+
 void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept {
   auto& k = own_state();
   if (k.socket < 0) return;
@@ -302,6 +332,13 @@ void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexce
     }
   }
   release_kept_locked(gone);
+  if (k.kept.empty() || k.watching) return;
+  try {
+    std::thread(watch_kept).detach();
+    k.watching = true;
+  } catch (const std::system_error&) {
+    // No thread: let go of as the next rank ends, at the next trim, or as the last queue object goes.
+  }
 }
 
 void note_ranks_running(int change) noexcept { ranks_running.fetch_add(change, std::memory_order_relaxed); }

@@ -68,6 +68,14 @@ COHORT_ENTRYPOINT(fill_at_rank);
 bool same_twice(int, storage a, storage b) { return a.same(b) && a.data() == b.data() && a.is_shared(); }
 COHORT_ENTRYPOINT(same_twice);
 
+// A storage of `bytes` made in the rank, which goes to its keeper as the rank ends.
+storage made_at_rank(int, std::size_t bytes) {
+  storage s = storage::allocate_shared(bytes);
+  std::memset(s.data(), 1, bytes);
+  return s;
+}
+COHORT_ENTRYPOINT(made_at_rank);
+
 storage inherited;
 int read_inherited(int) { return std::to_integer<int>(inherited.data()[7]); }
 COHORT_ENTRYPOINT(read_inherited);
@@ -1062,6 +1070,32 @@ TEST_SUITE("storage") {
       CHECK(std::string(e.what()).find(std::to_string(pid)) != std::string::npos);
     }
   }
+}
+
+// This process's descriptors of memfd segments.
+int memfd_segments_held() {
+  int n = 0;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    n += fs::read_symlink(e.path(), ec).string().starts_with("/memfd:cohort");
+  }
+  return n;
+}
+
+// Before, a keeper let go of what it kept only as another rank ended, at a
+// trim, or as its last queue object went: a rank's returned tensor stayed
+// in memory after the caller dropped it, for as long as nothing else ran.
+TEST_CASE("a keeper lets go of a rank's returned memory soon after the caller drops it") {
+  REQUIRE(get_sharing_strategy() == sharing_strategy::file_descriptor);
+  const int before = memfd_segments_held();
+  {
+    const auto results = spawn_and_join(made_at_rank, std::tuple{std::size_t{32} << 20}, 1);
+    REQUIRE(results.size() == 1);
+    CHECK(std::to_integer<int>(results[0].data()[(std::size_t{32} << 20) - 1]) == 1);
+    CHECK(memfd_segments_held() > before);
+  }
+  CHECK(test::within(std::chrono::seconds(5), [&] { return memfd_segments_held() == before; },
+                     std::chrono::milliseconds(10)));
 }
 
 // Before, the sweep at a group's end unlinked every file named for a rank's
