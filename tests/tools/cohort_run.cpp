@@ -1199,6 +1199,16 @@ TEST_SUITE("cohort-run") {
     CHECK(stubborn.status.code() == 5);
   }
 
+  // Before, a number with blanks around it was refused, which torchrun
+  // (Python's int() and float()) takes: values built by a shell, say.
+  TEST_CASE("numbers with blanks around them, or a plus sign, are taken as torchrun takes them") {
+    auto r = run_launcher({"--nnodes", " 1 : 1 ", "--node-rank", "\t0", "--max-restarts", " +0\n", "--master-port",
+                           " 29999 ", "--grace-period", " 0.5 ", "-n", "1", "--", "/bin/sh", "-c",
+                           "echo $MASTER_PORT $TORCHELASTIC_MAX_RESTARTS"});
+    CHECK(r.status.code() == 0);
+    CHECK(r.out.find("29999 0") != std::string::npos);
+  }
+
   TEST_CASE("bad numbers and --nnodes forms: one short line that says what is accepted, exit 2") {
     const auto error_of = [](std::vector<std::string> args) {
       args.insert(args.end(), {"--", "/bin/true"});

@@ -204,11 +204,13 @@ std::vector<std::string> written_out(const CLI::App& app, int argc, char** argv)
 }  // namespace
 
 double seconds(const std::string& flag, const std::string& text) {
+  const std::string number = trimmed(text);  // as Python's float() reads it
   char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
+  const double value = std::strtod(number.c_str(), &end);
   // At most 10^9 s (31 years): what the run counts in milliseconds stays
   // far inside 64 bits. Beyond, a wait came out negative: no wait at all.
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value) || value < 0 || value > 1e9) {
+  if (number.empty() || end != number.c_str() + number.size() || !std::isfinite(value) || value < 0 ||
+      value > 1e9) {
     throw usage_error(
         fmt::format("{}: '{}' is not a number of seconds from 0 to 1e9 (e.g. 30 or 0.5)", flag, text));
   }
@@ -233,9 +235,12 @@ std::vector<std::string> comma_list(const std::string& list) {
 }
 
 int whole_number(const std::string& flag, const std::string& text, int least) {
+  // As Python's int() reads it: blanks around it, and a plus sign, are taken.
+  std::string digits = trimmed(text);
+  if (digits.starts_with('+')) digits.erase(0, 1);
   int value = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size() || value < least) {
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || value < least) {
     throw usage_error(fmt::format("{}: '{}' is not a whole number of {} or more", flag, text, least));
   }
   return value;

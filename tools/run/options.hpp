@@ -88,9 +88,11 @@ std::string trimmed(const std::string& text, std::string_view blanks = python_bl
 /// SLURM_JOB_ID), unless it can name the logs' folder: one folder's name,
 /// not a path that leads elsewhere.
 void check_run_id(const std::string& id, std::string_view from);
-/// A number of seconds, 0 to 10^9; throws usage_error naming `flag`.
+/// A number of seconds, 0 to 10^9, blanks around it taken (as Python's
+/// float() takes them); throws usage_error naming `flag`.
 double seconds(const std::string& flag, const std::string& text);
-/// "5" -> 5; a message naming `flag` and what it accepts otherwise.
+/// "5" -> 5, blanks around it and a plus sign taken (as Python's int()
+/// takes them); a message naming `flag` and what it accepts otherwise.
 int whole_number(const std::string& flag, const std::string& text, int least);
 /// A signal by name ("SIGUSR1", "USR1") or number.
 int signal_number(const std::string& flag, std::string name);
