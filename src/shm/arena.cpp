@@ -30,6 +30,10 @@ namespace {
 
 constexpr std::size_t first_arena = std::size_t{4} << 20;
 constexpr std::size_t largest_arena = std::size_t{64} << 20;
+// The least an arena's segment is made with where a larger one finds no
+// room: it holds three blocks of the largest class.
+constexpr std::size_t smallest_arena = std::size_t{1} << 20;
+static_assert(smallest_arena >= 3 * (largest_class + sizeof(block_header)) + header_size);
 
 // Lets go of a segment this process made that nothing here uses and that
 // only ended processes still hold (killed outright, they never gave their
@@ -175,7 +179,24 @@ std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes) 
   // carves from what the other made rather than making one of its own.
   std::lock_guard growing(a.growth);
   if (auto found = carve(); found.first) return found;
-  auto s = segment::make(size, strategy, true);
+  std::shared_ptr<segment> s;
+  for (;;) {
+    try {
+      s = segment::make(size, strategy, true);
+      break;
+    } catch (const shm_error& e) {
+      // No room for a segment as large as the arena grows by: a smaller one
+      // may still hold what is asked. Past the smallest, the error names the
+      // request, not the arena's size.
+      if (size > smallest_arena) {
+        size = std::max(smallest_arena, size / 2);
+        continue;
+      }
+      std::string_view what = e.what();
+      if (what.starts_with("cohort: ")) what.remove_prefix(8);
+      throw shm_error(fmt::format("cohort: a shared storage of {} bytes: {}", nbytes, what), nbytes, e.available());
+    }
+  }
   const auto offset = s->carve(nbytes);
   std::lock_guard lock(a.mutex);
   a.arenas.push_back(s);

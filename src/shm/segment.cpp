@@ -124,7 +124,10 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     ::close(fd);
     if (!name.empty()) ::shm_unlink(name.c_str());
     const auto free = strategy == sharing_strategy::file_system ? dev_shm_free() : 0;
-    if (error == ENOSPC || error == ENOMEM) {
+    // ENOMEM from mmap is this process's address space (RLIMIT_AS) or its
+    // count of mappings, not the room the memory was reserved in.
+    const bool mapping = what == "mmap";
+    if (error == ENOSPC || (error == ENOMEM && !mapping)) {
       if (strategy == sharing_strategy::file_system) {
         throw shm_error(fmt::format("cohort: no room for {} bytes of shared memory in /dev/shm ({}): {} bytes free",
                                     size, what, free),
@@ -135,7 +138,12 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
                                   what, available),
                       size, available);
     }
-    throw shm_error(fmt::format("cohort: {} of a {}-byte segment: {}", what, size, errno_text(error)), size, free);
+    throw shm_error(fmt::format("cohort: {} of a {}-byte segment: {}{}", what, size, errno_text(error),
+                                mapping && error == ENOMEM
+                                    ? " (no room in this process's address space: its RLIMIT_AS, or "
+                                      "vm.max_map_count mappings)"
+                                    : ""),
+                    size, free);
   };
   // memfds have no size limit of their own: reserving more than the
   // machine has would wake the OOM killer rather than fail.
