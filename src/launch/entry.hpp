@@ -143,6 +143,9 @@ std::optional<encoded> read_result(int result_fd);
 /// ranks of one start share; closes it then. On failure (where and why) it
 /// exits with 127.
 void set_up_or_report(launch_plan& p, int report_fd, int rank) noexcept;
+/// Reports on `report_fd`, as set_up_or_report does, that rank `rank`'s
+/// set-up failed at `where` with `error`, and ends the child.
+[[noreturn]] void report_failure(int report_fd, int rank, stage where, int error) noexcept;
 /// Reads the set-up reports of ranks 0..count-1 from the pipe they share,
 /// in whatever order they come, and closes `report_fd`: true when every
 /// set-up succeeded. Else false, with `rank` the first rank in rank order

@@ -195,18 +195,24 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   auto& [name, args, returns_value, entries, plans, keeper_text, dir_sent, state] = r;
   auto& [rank, parent, death_signal, leads, cwd, env, kept, closed] = plan;
   if (dir_sent) os::raw_syscall(SYS_fchdir, dir);
+  // The requester's descriptor limit first: a kept number may lie above the
+  // server's (a limit raised since the server started), and the set-up
+  // below sets it again with the others.
+  const rlimit& files = server.asked.limits[RLIMIT_NOFILE];
+  if (files.rlim_cur != 0) os::raw_syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, reinterpret_cast<long>(&files), 0);
   // Every descriptor needed is first moved above all the numbers involved,
   // so that placing one never overwrites another.
   int top = std::max(2, report);
   for (int fd : own) top = std::max(top, fd);
   for (int number : kept) top = std::max(top, number);
+  const auto moved_above = [top, report, rank](int fd) {
+    const long to = os::raw_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, top + 1);
+    if (to < 0) report_failure(report, rank, stage::fds, static_cast<int>(-to));
+    return static_cast<int>(to);
+  };
   fd_array fds{};
-  for (std::size_t i = 0; i < own.size(); ++i) {
-    fds[i] = static_cast<int>(os::raw_syscall(SYS_fcntl, own[i], F_DUPFD_CLOEXEC, top + 1));
-    if (fds[i] < 0) ::_exit(127);  // not said on the report pipe: the parent sees it end without a word
-  }
-  report = static_cast<int>(os::raw_syscall(SYS_fcntl, report, F_DUPFD_CLOEXEC, top + 1));
-  if (report < 0) ::_exit(127);
+  for (std::size_t i = 0; i < own.size(); ++i) fds[i] = moved_above(own[i]);
+  report = moved_above(report);
   // In increasing order, as set_up_child wants them: the kept numbers (the
   // server checked they increase), then those moved above them in the order
   // they were moved, the result's (when sent) before the report's.
@@ -214,7 +220,9 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   std::size_t keep_count = 0;
   for (std::size_t i = 0; i < kept.size(); ++i) {
     // dup2's way: each was moved above every number, so none is in place.
-    if (os::raw_syscall(SYS_dup3, fds[first_kept(returns_value) + i], kept[i], 0) < 0) ::_exit(127);
+    if (const long e = os::raw_syscall(SYS_dup3, fds[first_kept(returns_value) + i], kept[i], 0); e < 0) {
+      report_failure(report, rank, stage::fds, static_cast<int>(-e));
+    }
     keep[keep_count++] = kept[i];
   }
   const int result = returns_value ? fds[result_slot] : -1;
@@ -599,6 +607,8 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       f = {stage::start, error,
            error == EMFILE ? fmt::format("the forkserver could not take the ranks' descriptors under the open file "
                                          "limit it started with, {}", l.fd_limit)
+           : gone          ? fmt::format("the forkserver ended during the start, after {} of its {} ranks "
+                                         "(the next start starts another)", started, requests.size())
                            : ""};
       return started;
     }

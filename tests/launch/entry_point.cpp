@@ -1378,6 +1378,44 @@ TEST_SUITE("entry points") {
     }
   }
 
+  // Before, the forkserver's rank moved its descriptors under the server's
+  // own descriptor limit, the one it started with: a kept descriptor
+  // numbered above it failed the start with a bare "No child processes".
+  TEST_CASE("a forkserver rank keeps a descriptor numbered above the limit the server started with") {
+    const pid_t child = ::fork();
+    if (child == 0) {
+      rlimit files{};
+      if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_max < 4096) ::_exit(77);
+      files.rlim_cur = 1024;
+      if (::setrlimit(RLIMIT_NOFILE, &files) != 0) ::_exit(77);
+      try {
+        detail::stop_forkserver();
+        join_options options{.method = start_method::forkserver};
+        (void)spawn_and_join(succeed, std::tuple{}, 1, options);  // the server starts under 1024
+        files.rlim_cur = 4096;
+        if (::setrlimit(RLIMIT_NOFILE, &files) != 0) ::_exit(77);
+        const int high = ::fcntl(::open("/dev/null", O_RDONLY | O_CLOEXEC), F_DUPFD, 3000);
+        if (high < 3000) ::_exit(2);
+        options.spawn.keep_fds = {high};
+        const auto seen = spawn_and_join(descriptor_open, std::tuple{high}, 2, options);
+        detail::stop_forkserver();
+        ::_exit(seen == std::vector{1, 1} ? 0 : 3);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        ::_exit(4);
+      }
+    }
+    REQUIRE(child > 0);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77) {
+      MESSAGE("the descriptor limit could not be raised to 4096 here: not checked");
+    } else {
+      CHECK(WEXITSTATUS(status) == 0);
+    }
+  }
+
   // Before, the forkserver cloned with clone3 alone: where that is refused
   // (ENOSYS from a kernel before 5.3, or from a container runtime's default
   // seccomp profile), every forkserver start failed.
