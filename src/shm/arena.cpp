@@ -74,6 +74,29 @@ struct arena_exit {
       if (!let_go_if_dead_weight(s)) s->retire();
     }
     for (auto& s : lingering) let_go_if_dead_weight(s);
+    unname_held_segments();
+  }
+
+  // A named segment of this process's that storages it never let go of
+  // still hold (exit() skips their destructors) would keep its name for
+  // good: nothing would take its count of blocks in use to 0. The name
+  // goes now, unless a value in flight names it or another live process
+  // maps it (which removes the name as it lets go: segment::orphaned).
+  static void unname_held_segments() noexcept {
+    std::vector<std::shared_ptr<segment>> own;
+    try {
+      auto& r = segments();
+      std::lock_guard lock(r.mutex);
+      for (auto& [nonce, weak] : r.segments) {
+        auto s = weak.lock();
+        if (s && s->strategy() == sharing_strategy::file_system && s->made_here()) own.push_back(std::move(s));
+      }
+    } catch (...) {
+      return;  // no memory to list them: left as they were
+    }
+    for (const auto& s : own) {
+      if (s->held_only_by_ended()) s->unlink_name();
+    }
   }
 };
 

@@ -599,6 +599,10 @@ bool unreachable(const std::string& name, pid_t maker, std::uint64_t nonce) {
 
 bool segment::others_ended() const noexcept { return mappers_ended(header(), os::this_process()); }
 
+void segment::unlink_name() const noexcept {
+  if (strategy_ == sharing_strategy::file_system) ::shm_unlink(segment_name(maker_, nonce_).c_str());
+}
+
 int sweep_segments_of_run(std::span<const pid_t> ranks, const std::function<bool(pid_t)>& made_by_run) noexcept {
   int swept = 0;
   try {

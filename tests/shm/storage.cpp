@@ -1140,6 +1140,37 @@ TEST_SUITE("storage") {
   }
 }
 
+// Before, a process that called exit() holding file_system storages (whose
+// destructors exit() skips) left their files in /dev/shm for good.
+TEST_CASE("a process that exits holding named storages removes their names, but not one a value in flight names") {
+  strategy_scope scope(sharing_strategy::file_system);
+  queue<storage> q(4);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    set_sharing_strategy(sharing_strategy::file_system);
+    new storage(storage::allocate_shared(1 << 10));   // never destroyed: exit() skips it
+    new storage(storage::allocate_shared(8 << 20));   // a segment of its own
+    storage sent = storage::allocate_shared(2 << 20);  // a segment of its own, which a value names
+    std::memset(sent.data(), 9, sent.nbytes());
+    q.put(sent);
+    new storage(std::move(sent));
+    std::exit(named_segments_of(::getpid()).size() == 3 ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  const auto left = named_segments_of(child);
+  CHECK(left.size() == 1);  // the one the value in flight names
+  {
+    const auto got = q.get(std::chrono::seconds(10));
+    REQUIRE(got);
+    CHECK(got->nbytes() == (std::size_t{2} << 20));
+    CHECK(std::to_integer<int>(got->data()[12345]) == 9);
+  }
+  trim_shared_memory();
+  CHECK(named_segments_of(child).empty());  // the receiver, last, removed it
+}
+
 // This process's descriptors of memfd segments.
 int memfd_segments_held() {
   int n = 0;
