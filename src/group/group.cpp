@@ -478,7 +478,15 @@ void finish(const std::shared_ptr<group_state>& state) {
     // Left holding every pid: more files are looked at, and still only
     // those nothing can reach go.
   }
-  shm::sweep_segments_of_run(state->pids,
+  // A rank that outlived its SIGKILL (stuck in the kernel: reported
+  // unreaped, a thread reaps it) is still ours, its pid no other
+  // process's: its files go too.
+  std::vector<pid_t> unreaped;
+  for (const int rank : state->partial.unreaped) {
+    const auto r = static_cast<std::size_t>(rank);
+    if (r < state->pids.size()) unreaped.push_back(state->pids[r]);
+  }
+  shm::sweep_segments_of_run(state->pids, unreaped,
                              [&window = state->pids_since_start](pid_t maker) { return window.holds(maker); });
   // What came after the sweep: reaped, or killed and reaped if it can be at
   // once. No more comes once the subreaper attribute is restored, nor

@@ -603,23 +603,25 @@ void segment::unlink_name() const noexcept {
   if (strategy_ == sharing_strategy::file_system) ::shm_unlink(segment_name(maker_, nonce_).c_str());
 }
 
-int sweep_segments_of_run(std::span<const pid_t> ranks, const std::function<bool(pid_t)>& made_by_run) noexcept {
+int sweep_segments_of_run(std::span<const pid_t> ranks, std::span<const pid_t> unreaped,
+                          const std::function<bool(pid_t)>& made_by_run) noexcept {
   int swept = 0;
   try {
     for_each_named_segment([&](pid_t maker, std::uint64_t nonce) {
       const auto name = segment_name(maker, nonce);
       const bool rank = std::find(ranks.begin(), ranks.end(), maker) != ranks.end();
       // A rank's goes, unless another pid namespace's process made it (its
-      // pid is no process here), or a live process did: the ranks have
-      // ended, so that is one that took a rank's pid since. A file not yet
-      // stamped is judged by its pid alone. A maker alive by its pid is
-      // passed over before its file is opened.
+      // pid is no process here), or a live process did that is not a rank
+      // left unreaped: a reaped rank's pid may have been taken since. A
+      // file not yet stamped is judged by its pid alone. A maker alive by
+      // its pid is passed over before its file is opened.
       if (rank) {
+        const bool ours = std::find(unreaped.begin(), unreaped.end(), maker) != unreaped.end();
         segment_stamp stamp{};
         const bool stamped =
             read_stamp(AT_FDCWD, ("/dev/shm" + name).c_str(), stamp) && stamp.magic == segment_magic;
         if (stamped && made_in_other_namespace(stamp, os::pid_namespace())) return;
-        if (!os::has_ended(maker, stamped ? stamp.maker_start_time : 0)) return;
+        if (!ours && !os::has_ended(maker, stamped ? stamp.maker_start_time : 0)) return;
       }
       if (!rank && (!made_by_run(maker) || !os::has_ended(maker, 0) || !unreachable(name, maker, nonce))) return;
       if (::shm_unlink(name.c_str()) == 0) ++swept;

@@ -348,14 +348,17 @@ class segment {
 };
 
 /// Unlinks the named (file_system) segments in /dev/shm that a run left:
-/// every one that one of `ranks` (processes that have ended) made (not one
-/// that a live process, which took a rank's pid since, made), and
+/// every one that one of `ranks` (processes that have ended, or that are
+/// among `unreaped`: this process's children, killed but not reaped, whose
+/// pids no other process can have) made (not one that a live process,
+/// which took the pid of a reaped rank since, made), and
 /// every one whose maker has ended and is one `made_by_run` names (a rank's
 /// own child, killed or exited holding it) that nothing can reach any more:
 /// no live process maps it, this one included, and no message naming it is
 /// in flight. Mappings of a rank's stay valid; only opening them by name
 /// ends: a value still in flight that names one is lost with its maker
 /// (segment_gone). Returns how many went.
-int sweep_segments_of_run(std::span<const pid_t> ranks, const std::function<bool(pid_t)>& made_by_run) noexcept;
+int sweep_segments_of_run(std::span<const pid_t> ranks, std::span<const pid_t> unreaped,
+                          const std::function<bool(pid_t)>& made_by_run) noexcept;
 
 }  // namespace cohort::shm

@@ -1429,7 +1429,8 @@ TEST_SUITE("entry points") {
           BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
       };
       sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
-      if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
+      if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+          ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
         ::_exit(77);
       }
       try {

@@ -1200,7 +1200,7 @@ TEST_CASE("a keeper lets go of a rank's returned memory soon after the caller dr
 // Before, the sweep at a group's end unlinked every file named for a rank's
 // pid: a process that took the pid of a rank that had ended lost its files,
 // and its receivers could no longer open its segments.
-TEST_CASE("a run's sweep removes an ended rank's files and passes over those of a live process with its pid") {
+TEST_CASE("a run's sweep removes an ended or unreaped rank's files and passes over a live process's with its pid") {
   strategy_scope scope(sharing_strategy::file_system);
   const pid_t child = ::fork();
   if (child == 0) {
@@ -1216,9 +1216,13 @@ TEST_CASE("a run's sweep removes an ended rank's files and passes over those of 
   REQUIRE(own.size() == 1);
   // This process stands for one that took an ended rank's pid.
   const pid_t ranks[] = {child, ::getpid()};
-  CHECK(shm::sweep_segments_of_run(ranks, [](pid_t) { return false; }) == 1);
+  CHECK(shm::sweep_segments_of_run(ranks, {}, [](pid_t) { return false; }) == 1);
   CHECK(named_segments_of(child).empty());
   CHECK(named_segments_of(::getpid()) == own);
+  // A rank still unreaped is the process its pid names: its files go.
+  const pid_t unreaped[] = {::getpid()};
+  CHECK(shm::sweep_segments_of_run(unreaped, unreaped, [](pid_t) { return false; }) == 1);
+  CHECK(named_segments_of(::getpid()).empty());
   CHECK(mine.is_shared());
 }
 
