@@ -473,7 +473,6 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     x.prepared = std::make_unique<prepared_launch>(options[r], keep, f);
     if (!x.prepared->ok()) fail(r, f);
     x.prepared->plan().close_now = true;  // no exec to close them at
-    close_streams_an_exec_would(x.prepared->plan());
   }
 
   launch_failure f;

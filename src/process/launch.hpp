@@ -92,11 +92,11 @@ struct launch_plan {
 /// marked close-on-exec.
 bool closes_at_exec(int fd) noexcept;
 
-/// For a child that never execs: marks closed_stream each stream it would
-/// be left, or handed at the same number, that an exec would close (a
-/// descriptor of this process's own, marked close-on-exec, that took a
-/// closed stream's number), so that it sees the stream closed, as a spawned
-/// program does. stderr as stdout follows stdout.
+/// Marks closed_stream each stream a child would be left, or handed at
+/// the same number, that an exec would close (a descriptor of this
+/// process's own, marked close-on-exec, that took a closed stream's
+/// number): a child that never execs sees it closed, as a spawned program
+/// does, and stderr as stdout follows stdout. prepared_launch calls it.
 void close_streams_an_exec_would(launch_plan& p) noexcept;
 
 

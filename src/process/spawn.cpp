@@ -605,6 +605,10 @@ prepared_launch::prepared_launch(const spawn_options& options, const std::vector
       return;
     }
   }
+  // Before an exec as without one: stderr as stdout, with stdout closed
+  // here and its number taken by a descriptor of this process's own,
+  // would otherwise be that descriptor, kept across the exec.
+  close_streams_an_exec_would(p);
   x.keep = options.keep_fds;
   x.keep.insert(x.keep.end(), extra_keep.begin(), extra_keep.end());
   std::sort(x.keep.begin(), x.keep.end());

@@ -1363,6 +1363,12 @@ TEST_SUITE("entry points") {
             for (const auto& v : r.return_values) {
               if (v->as<int>() != 0) ::_exit(10 + static_cast<int>(method));
             }
+            // stderr as stdout follows a closed stdout, closed too.
+            join_options options{.method = method};
+            options.spawn.err = stdio::same_as_stdout();
+            if (stream == 1 && spawn_and_join(descriptor_open, std::tuple{2}, 1, options) != std::vector{0}) {
+              ::_exit(20 + static_cast<int>(method));
+            }
           } catch (...) {
             ::_exit(4);
           }
