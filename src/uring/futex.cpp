@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <utility>
 
 namespace cohort::uring {
 
@@ -69,6 +70,20 @@ void futex_threads::leave_inherited_helpers_locked() {
     (void)h.release();
   }
   helpers_.clear();
+}
+
+// A forked child told of the fork ends its copies of the parent's waits,
+// which nothing wakes here, as cancelled: they would keep its run() from
+// returning.
+void futex_threads::notify_fork(asio::execution_context::fork_event event) {
+  if (event != asio::execution_context::fork_child) return;
+  std::lock_guard lock(mutex_);
+  if (shut_down_) return;
+  leave_inherited_helpers_locked();
+  for (auto* w : std::exchange(inherited_waits_, {})) {
+    w->helper_ = nullptr;
+    w->post(asio::error::operation_aborted);
+  }
 }
 
 void futex_threads::start(futex_thread_wait& w) {

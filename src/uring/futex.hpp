@@ -4,6 +4,7 @@
 #pragma once
 
 #include "config.hpp"
+#include "os/fork_fresh_mutex.hpp"
 #include "os/futex.hpp"
 #include "os/process_identity.hpp"
 #include "uring/async.hpp"
@@ -107,7 +108,9 @@ class futex_thread_wait {
 /// looks at its control word every 50 ms. Threads are made as the pending
 /// waits need them and kept for later waits. In a forked child of the
 /// process that made them, they do not run: the child's waits get helpers
-/// of its own. None outlives the io_context:
+/// of its own, and its copies of the parent's waits end as cancelled when
+/// the io_context is told of the fork (destroyed at its end otherwise).
+/// None outlives the io_context:
 /// on shutdown every helper is stopped and joined, and each wait still
 /// pending is destroyed uncalled. A wait whose completion is queued already
 /// is no longer the service's: the io_context destroys that completion
@@ -135,9 +138,10 @@ class futex_threads final : public asio::execution_context::service {
  private:
   void shutdown() override;
 
-  mutable std::mutex mutex_;
+  mutable os::fork_fresh_mutex mutex_;  // a forked child's first wait finds it free
   void run(futex_helper& h);
   void leave_inherited_helpers_locked();
+  void notify_fork(asio::execution_context::fork_event event) override;
 
   std::vector<std::unique_ptr<futex_helper>> helpers_;  // under mutex_
   // Waits held by the helpers of the process this one was forked from.

@@ -9,6 +9,7 @@
 #include <asio/strand.hpp>
 
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -337,11 +338,25 @@ void service::leave_ring_in_child(bool own_epoll) {
 }
 
 // A forked child stops watching the ring as it is told of the fork: the
-// parent's completions reach only the parent.
+// parent's completions reach only the parent. Its copies of the parent's
+// operations in flight could never complete there, and would keep its
+// run() from returning: they complete as cancelled.
 void service::notify_fork(asio::execution_context::fork_event event) {
-  if (event == asio::execution_context::fork_child && caps_.ring && os::this_process() != owner_) {
-    leave_ring_in_child(true);
-  }
+  if (event != asio::execution_context::fork_child || !caps_.ring || os::this_process() == owner_) return;
+  leave_ring_in_child(true);
+  for (operation* op : take_copies_in_child()) op->complete(-ECANCELED);
+}
+
+// In a forked child: the copies of the parent's operations, taken off the
+// list. The kernel writes only into the parent's memory, so they are the
+// child's to end.
+std::vector<operation*> service::take_copies_in_child() {
+  std::vector<operation*> copies;
+  std::lock_guard lock(mutex_);
+  for (operation* op = head_; op != nullptr; op = op->next_) copies.push_back(op);
+  for (operation* op : copies) unlink_locked(*op);
+  unsent_cancels_ = 0;
+  return copies;
 }
 
 // Called before any context object is destroyed. The kernel may still write
@@ -355,9 +370,9 @@ void service::shutdown() {
   if (os::this_process() != owner_) {
     // A forked child's copy: the requests in flight are the parent's, and
     // a cancellation here would end them on the ring the two share, this
-    // process reaping their completions.
-    head_ = nullptr;
+    // process reaping their completions. Its copies of them are destroyed.
     leave_ring_in_child(false);
+    for (operation* op : take_copies_in_child()) op->destroy();
     return;
   }
   std::vector<operation*> confirmed;
@@ -366,21 +381,42 @@ void service::shutdown() {
     shut_down_ = true;
     // One cancel per operation, by its user data: IORING_ASYNC_CANCEL_ANY
     // would do it in one, but kernels before 5.19 refuse any cancel flag
-    // (EINVAL), and nothing was cancelled there.
-    for (operation* op = head_; op != nullptr; op = op->next_) {
-      if (!queue_cancel_locked(*op)) break;  // no room even after a flush: left to the deadline below
-    }
-    if (in_flight_ > 0) flush_locked();
+    // (EINVAL), and nothing was cancelled there. The cancels are queued as
+    // entries free up, the completions reaped in between: a kernel with a
+    // backlog of completions refuses new entries (EBUSY) until they are.
+    std::vector<operation*> to_cancel;
+    for (operation* op = head_; op != nullptr; op = op->next_) to_cancel.push_back(op);
+    std::size_t next = 0;
     const auto deadline = std::chrono::steady_clock::now() + shutdown_wait;
     while (in_flight_ > 0 && std::chrono::steady_clock::now() < deadline) {
-      io_uring_cqe* cqe;
-      __kernel_timespec tick{.tv_sec = 0, .tv_nsec = 10'000'000};
-      if (io_uring_wait_cqe_timeout(&ring_, &cqe, &tick) != 0) continue;
-      if (auto* op = static_cast<operation*>(io_uring_cqe_get_data(cqe))) {
-        unlink_locked(*op);
-        confirmed.push_back(op);
+      // Each stays allocated until the end below, completed or not.
+      for (; next < to_cancel.size(); ++next) {
+        if (!to_cancel[next]->in_flight_) continue;  // completed meanwhile
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        if (sqe == nullptr) break;
+        io_uring_prep_cancel(sqe, to_cancel[next], 0);
+        io_uring_sqe_set_data(sqe, nullptr);
       }
-      io_uring_cqe_seen(&ring_, cqe);
+      if (io_uring_sq_ready(&ring_) > 0) io_uring_submit(&ring_);
+      unsigned head;
+      unsigned seen = 0;
+      io_uring_cqe* cqe;
+      io_uring_for_each_cqe(&ring_, head, cqe) {
+        ++seen;
+        if (auto* op = static_cast<operation*>(io_uring_cqe_get_data(cqe))) {
+          unlink_locked(*op);
+          confirmed.push_back(op);
+        }
+      }
+      io_uring_cq_advance(&ring_, seen);
+      if (io_uring_cq_has_overflow(&ring_)) io_uring_get_events(&ring_);
+      if (seen == 0 && in_flight_ > 0) {
+        __kernel_timespec tick{.tv_sec = 0, .tv_nsec = 10'000'000};
+        if (io_uring_wait_cqe_timeout(&ring_, &cqe, &tick) != 0) {
+          const timespec pause{0, 1'000'000};  // a wait refused (EBUSY without a timed wait): a short pause
+          ::nanosleep(&pause, nullptr);
+        }
+      }
     }
     // Whatever is still listed never confirmed its cancellation: its memory
     // is leaked rather than freed while the kernel may still write to it.

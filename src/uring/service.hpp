@@ -2,6 +2,8 @@
 // asio through a descriptor of the ring, which reads ready while completions wait.
 #pragma once
 
+#include "os/fork_fresh_mutex.hpp"
+
 #include <asio/any_io_executor.hpp>
 #include <asio/execution_context.hpp>
 #include <asio/io_context.hpp>
@@ -102,6 +104,7 @@ class service final : public asio::execution_context::service {
   void shutdown() override;
   void notify_fork(asio::execution_context::fork_event event) override;
   void leave_ring_in_child(bool own_epoll);
+  std::vector<operation*> take_copies_in_child();
   void flush_locked();
   io_uring_sqe* sqe_locked();
   bool queue_cancel_locked(operation& op);
@@ -116,7 +119,9 @@ class service final : public asio::execution_context::service {
   io_uring ring_{};
   std::optional<asio::posix::stream_descriptor> watch_;
 
-  std::mutex mutex_;          // guards the submission queue, the in-flight list and armed_
+  // Guards the submission queue, the in-flight list and armed_; a forked
+  // child's first use finds it free.
+  os::fork_fresh_mutex mutex_;
   operation* head_ = nullptr;  // in-flight operations, for cancel and shutdown
   std::size_t in_flight_ = 0;
   std::size_t unsent_cancels_ = 0;

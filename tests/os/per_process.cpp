@@ -1,3 +1,4 @@
+#include "os/fork_fresh_mutex.hpp"
 #include "os/per_process.hpp"
 #include "os/process_identity.hpp"
 
@@ -5,6 +6,11 @@
 
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
 
 using namespace cohort;
 
@@ -58,5 +64,39 @@ TEST_SUITE("per-process state") {
     // The parent's are untouched.
     CHECK(os::this_process() == ::getpid());
     CHECK(os::of_this_process<counter>().value == 41);
+  }
+}
+
+TEST_SUITE("fork_fresh_mutex") {
+  // A helper thread of the parent held the lock as the process forked: the
+  // child's copy would stay held for good, since that thread does not run
+  // there.
+  TEST_CASE("a child forked while another thread holds it finds it free; the parent's holder still unlocks") {
+    os::fork_fresh_mutex m;
+    std::atomic<bool> held{false}, release{false};
+    std::thread holder([&] {
+      std::lock_guard lock(m);
+      held = true;
+      while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+    while (!held) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const pid_t child = ::fork();
+    if (child == 0) {
+      ::alarm(10);  // held for good: SIGALRM
+      const bool free_here = m.try_lock();
+      if (free_here) m.unlock();
+      std::lock_guard lock(m);
+      ::_exit(free_here ? 0 : 1);
+    }
+    REQUIRE(child > 0);
+    CHECK_FALSE(m.try_lock());  // still the holder's here
+    release = true;
+    holder.join();
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(m.try_lock());
+    m.unlock();
   }
 }
