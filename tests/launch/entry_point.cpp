@@ -1350,37 +1350,28 @@ TEST_SUITE("entry points") {
   TEST_CASE("a rank of a process whose standard stream is closed sees it closed, whatever took its number") {
     for (int stream = 0; stream < 3; ++stream) {
       CAPTURE(stream);
-      const pid_t child = ::fork();
-      if (child == 0) {
+      const int code = test::exit_code_in_child([stream] {
         detail::stop_forkserver();  // this process's own, started with its streams as they are now
         const int other = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
         ::close(stream);
-        if (other < 0 || ::fcntl(other, F_DUPFD_CLOEXEC, stream) != stream) ::_exit(2);
+        if (other < 0 || ::fcntl(other, F_DUPFD_CLOEXEC, stream) != stream) return 2;
         for (start_method method : {start_method::spawn, start_method::fork, start_method::forkserver}) {
-          try {
-            const auto r = run_function(call(method, descriptor_open, stream), 2);
-            if (!r.ok()) ::_exit(3);
-            for (const auto& v : r.return_values) {
-              if (v->as<int>() != 0) ::_exit(10 + static_cast<int>(method));
-            }
-            // stderr as stdout follows a closed stdout, closed too.
-            join_options options{.method = method};
-            options.spawn.err = stdio::same_as_stdout();
-            if (stream == 1 && spawn_and_join(descriptor_open, std::tuple{2}, 1, options) != std::vector{0}) {
-              ::_exit(20 + static_cast<int>(method));
-            }
-          } catch (...) {
-            ::_exit(4);
+          const auto r = run_function(call(method, descriptor_open, stream), 2);
+          if (!r.ok()) return 3;
+          for (const auto& v : r.return_values) {
+            if (v->as<int>() != 0) return 10 + static_cast<int>(method);
+          }
+          // stderr as stdout follows a closed stdout, closed too.
+          join_options options{.method = method};
+          options.spawn.err = stdio::same_as_stdout();
+          if (stream == 1 && spawn_and_join(descriptor_open, std::tuple{2}, 1, options) != std::vector{0}) {
+            return 20 + static_cast<int>(method);
           }
         }
         detail::stop_forkserver();
-        ::_exit(0);
-      }
-      REQUIRE(child > 0);
-      int status = 0;
-      REQUIRE(::waitpid(child, &status, 0) == child);
-      CHECK(WIFEXITED(status));
-      CHECK(WEXITSTATUS(status) == 0);
+        return 0;
+      });
+      CHECK(code == 0);
     }
   }
 
@@ -1388,37 +1379,27 @@ TEST_SUITE("entry points") {
   // own descriptor limit, the one it started with: a kept descriptor
   // numbered above it failed the start with a bare "No child processes".
   TEST_CASE("a forkserver rank keeps a descriptor numbered above the limit the server started with") {
-    const pid_t child = ::fork();
-    if (child == 0) {
+    const int code = test::exit_code_in_child([] {
       rlimit files{};
-      if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_max < 4096) ::_exit(77);
+      if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_max < 4096) return 77;
       files.rlim_cur = 1024;
-      if (::setrlimit(RLIMIT_NOFILE, &files) != 0) ::_exit(77);
-      try {
-        detail::stop_forkserver();
-        join_options options{.method = start_method::forkserver};
-        (void)spawn_and_join(succeed, std::tuple{}, 1, options);  // the server starts under 1024
-        files.rlim_cur = 4096;
-        if (::setrlimit(RLIMIT_NOFILE, &files) != 0) ::_exit(77);
-        const int high = ::fcntl(::open("/dev/null", O_RDONLY | O_CLOEXEC), F_DUPFD, 3000);
-        if (high < 3000) ::_exit(2);
-        options.spawn.keep_fds = {high};
-        const auto seen = spawn_and_join(descriptor_open, std::tuple{high}, 2, options);
-        detail::stop_forkserver();
-        ::_exit(seen == std::vector{1, 1} ? 0 : 3);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s\n", e.what());
-        ::_exit(4);
-      }
-    }
-    REQUIRE(child > 0);
-    int status = 0;
-    REQUIRE(::waitpid(child, &status, 0) == child);
-    REQUIRE(WIFEXITED(status));
-    if (WEXITSTATUS(status) == 77) {
+      if (::setrlimit(RLIMIT_NOFILE, &files) != 0) return 77;
+      detail::stop_forkserver();
+      join_options options{.method = start_method::forkserver};
+      (void)spawn_and_join(succeed, std::tuple{}, 1, options);  // the server starts under 1024
+      files.rlim_cur = 4096;
+      if (::setrlimit(RLIMIT_NOFILE, &files) != 0) return 77;
+      const int high = ::fcntl(::open("/dev/null", O_RDONLY | O_CLOEXEC), F_DUPFD, 3000);
+      if (high < 3000) return 2;
+      options.spawn.keep_fds = {high};
+      const auto seen = spawn_and_join(descriptor_open, std::tuple{high}, 2, options);
+      detail::stop_forkserver();
+      return seen == std::vector{1, 1} ? 0 : 3;
+    });
+    if (code == 77) {
       MESSAGE("the descriptor limit could not be raised to 4096 here: not checked");
     } else {
-      CHECK(WEXITSTATUS(status) == 0);
+      CHECK(code == 0);
     }
   }
 
@@ -1426,8 +1407,7 @@ TEST_SUITE("entry points") {
   // (ENOSYS from a kernel before 5.3, or from a container runtime's default
   // seccomp profile), every forkserver start failed.
   TEST_CASE("the forkserver starts ranks where clone3 is refused") {
-    const pid_t child = ::fork();
-    if (child == 0) {
+    const int code = test::exit_code_in_child([] {
       sock_filter filter[] = {
           BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
           BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1),
@@ -1437,29 +1417,21 @@ TEST_SUITE("entry points") {
       sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
       if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
           ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
-        ::_exit(77);
+        return 77;
       }
-      try {
-        detail::stop_forkserver();  // the one this process started runs without the filter
-        const auto r = run_function(call(start_method::forkserver, rank_with_own_tid), 3);
-        if (!r.ok()) ::_exit(2);
-        for (int rank = 0; rank < 3; ++rank) {
-          if (r.return_values[static_cast<std::size_t>(rank)]->as<int>() != rank + 100) ::_exit(3);
-        }
-        detail::stop_forkserver();
-      } catch (...) {
-        ::_exit(4);
+      detail::stop_forkserver();  // the one this process started runs without the filter
+      const auto r = run_function(call(start_method::forkserver, rank_with_own_tid), 3);
+      if (!r.ok()) return 2;
+      for (int rank = 0; rank < 3; ++rank) {
+        if (r.return_values[static_cast<std::size_t>(rank)]->as<int>() != rank + 100) return 3;
       }
-      ::_exit(0);
-    }
-    REQUIRE(child > 0);
-    int status = 0;
-    REQUIRE(::waitpid(child, &status, 0) == child);
-    REQUIRE(WIFEXITED(status));
-    if (WEXITSTATUS(status) == 77) {
+      detail::stop_forkserver();
+      return 0;
+    });
+    if (code == 77) {
       MESSAGE("seccomp filters are refused here: not checked");
     } else {
-      CHECK(WEXITSTATUS(status) == 0);
+      CHECK(code == 0);
     }
   }
 

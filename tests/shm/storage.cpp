@@ -882,40 +882,34 @@ TEST_SUITE("storage") {
   // Before, the arena grew only by its next size (twice the last, 4 MiB at
   // first): a small request failed while /dev/shm still had room for it.
   TEST_CASE("small storages fill a nearly full /dev/shm, and the error then names the request") {
-    const pid_t child = ::fork();
-    if (child == 0) {
+    const int code = test::exit_code_in_child([] {
       // A /dev/shm of 3 MiB of this child's own: root only.
       if (::unshare(CLONE_NEWNS) != 0 || ::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
           ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=3m") != 0) {
-        ::_exit(77);
+        return 77;
       }
       set_sharing_strategy(sharing_strategy::file_system);
       std::vector<storage> held;
       constexpr std::size_t each = 200 << 10;
       try {
         for (int i = 0; i < 100; ++i) held.push_back(storage::allocate_shared(each));
-        ::_exit(2);  // 20 MiB in 3
+        return 2;  // 20 MiB in 3
       } catch (const shm_error& e) {
-        if (e.requested() != each) ::_exit(3);
+        if (e.requested() != each) return 3;
       }
-      ::_exit(held.size() >= 8 ? 0 : 10 + static_cast<int>(std::min<std::size_t>(held.size(), 9)));
-    }
-    REQUIRE(child > 0);
-    int status = 0;
-    REQUIRE(::waitpid(child, &status, 0) == child);
-    REQUIRE(WIFEXITED(status));
-    if (WEXITSTATUS(status) == 77) {
+      return held.size() >= 8 ? 0 : 10 + static_cast<int>(std::min<std::size_t>(held.size(), 9));
+    });
+    if (code == 77) {
       MESSAGE("no /dev/shm of its own could be mounted here: not checked");
     } else {
-      CHECK(WEXITSTATUS(status) == 0);
+      CHECK(code == 0);
     }
   }
 
   // Before, an mmap refused for want of address space was reported as no
   // room in memory, with the memory available (plenty) beside it.
   TEST_CASE("a segment that the address space limit refuses says so") {
-    const pid_t child = ::fork();
-    if (child == 0) {
+    const int code = test::exit_code_in_child([] {
       std::ifstream status("/proc/self/status");
       std::string line;
       std::size_t kib = 0;
@@ -923,23 +917,19 @@ TEST_SUITE("storage") {
         if (line.starts_with("VmSize:")) kib = std::stoul(line.substr(7));
       }
       const rlimit limit{(kib << 10) + (std::size_t{64} << 20), RLIM_INFINITY};
-      if (kib == 0 || ::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(77);
+      if (kib == 0 || ::setrlimit(RLIMIT_AS, &limit) != 0) return 77;
       try {
         (void)storage::allocate_shared(std::size_t{128} << 20);
-        ::_exit(2);
+        return 2;
       } catch (const shm_error& e) {
         const std::string what = e.what();
-        ::_exit(what.find("RLIMIT_AS") != std::string::npos && what.find("no room for") == std::string::npos ? 0 : 3);
+        return what.find("RLIMIT_AS") != std::string::npos && what.find("no room for") == std::string::npos ? 0 : 3;
       }
-    }
-    REQUIRE(child > 0);
-    int status = 0;
-    REQUIRE(::waitpid(child, &status, 0) == child);
-    REQUIRE(WIFEXITED(status));
-    if (WEXITSTATUS(status) == 77) {
+    });
+    if (code == 77) {
       MESSAGE("the address space could not be limited here: not checked");
     } else {
-      CHECK(WEXITSTATUS(status) == 0);
+      CHECK(code == 0);
     }
   }
 

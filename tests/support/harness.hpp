@@ -15,6 +15,8 @@
 #include <asio/use_future.hpp>
 
 #include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -165,6 +167,26 @@ bool within(std::chrono::milliseconds limit, Done done, std::chrono::millisecond
     std::this_thread::sleep_for(tick);
   }
   return true;
+}
+
+/// Runs `body` in a forked child, which ends with _exit of what it returns
+/// (4 when it throws), and returns that code once the child is reaped; -1
+/// when a signal ended it or no child could be forked. The tests take 77 as
+/// "what it needs could not be set up here": not checked.
+template <class Body>
+int exit_code_in_child(Body body) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    int code = 4;
+    try {
+      code = body();
+    } catch (...) {
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  if (child < 0 || ::waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
 }
 
 /// Reads a pipe until end of file.
