@@ -5,6 +5,7 @@
 #include "config.hpp"
 #include "os/process_identity.hpp"
 #include "os/spin_mutex.hpp"
+#include "os/watcher.hpp"
 #include "shm/fork.hpp"
 #include "shm/keeper.hpp"
 #include "shm/registry.hpp"
@@ -231,28 +232,19 @@ namespace {
 // How often the watcher looks at the lingering segments' counts of blocks in use.
 constexpr std::chrono::milliseconds linger_check{100};
 
-// Lets go of each lingering segment once its last block is freed (by the
-// processes it was sent to), until none lingers or the process ends: a
-// sender that then sends nothing more, or idles, does not keep its last
-// large tensor's memory.
-void watch_lingering() {
-  sigset_t all;
-  ::sigfillset(&all);
-  ::pthread_sigmask(SIG_BLOCK, &all, nullptr);  // signals go to the program's own threads
+// Lets go of the lingering segments whose last block was freed (by the
+// processes they were sent to); whether the watcher is done: none lingers,
+// or the process ends. A sender that then sends nothing more, or idles,
+// does not keep its last large tensor's memory.
+bool look_at_lingering() {
   auto& a = arena();
-  for (;;) {
-    std::this_thread::sleep_for(linger_check);
-    std::vector<std::shared_ptr<segment>> freed;  // unmapped after the lock is released
-    bool done = false;
-    {
-      std::lock_guard lock(a.mutex);
-      if (a.ended) return;  // the work at exit looks at them
-      take_freed_lingering(a, freed);
-      done = a.lingering.empty();
-      if (done) a.watching = false;
-    }
-    if (done) return;
-  }
+  std::vector<std::shared_ptr<segment>> freed;  // unmapped after the lock is released
+  std::lock_guard lock(a.mutex);
+  if (a.ended) return true;  // the work at exit looks at them
+  take_freed_lingering(a, freed);
+  if (!a.lingering.empty()) return false;
+  a.watching = false;
+  return true;
 }
 
 }  // namespace
@@ -271,9 +263,7 @@ void linger(std::shared_ptr<segment> s) {
     let_go_if_dead_weight(s);
     return;
   }
-  try {
-    std::thread(watch_lingering).detach();
-  } catch (const std::system_error&) {  // no thread: let go of at the next large allocation, or trim()
+  if (!os::start_watcher(linger_check, look_at_lingering)) {  // let go of at the next large allocation, or trim()
     std::lock_guard lock(a.mutex);
     a.watching = false;
   }

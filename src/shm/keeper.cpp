@@ -7,6 +7,7 @@
 #include "os/descriptor_passing.hpp"
 #include "os/owned_fd.hpp"
 #include "os/process_identity.hpp"
+#include "os/watcher.hpp"
 #include "cohort/storage.hpp"
 #include "shm/arena.hpp"
 #include "shm/registry.hpp"
@@ -15,7 +16,6 @@
 #include <dirent.h>
 #include <signal.h>
 #include <fcntl.h>
-#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -263,25 +263,19 @@ namespace {
 // How often the watcher looks at what is kept.
 constexpr std::chrono::milliseconds kept_check{100};
 
-// Lets go of each kept segment once no value names it, until none is kept:
-// a keeper that has received what its ranks sent, and dropped it, does not
-// hold the memory until its next trim or rank.
-void watch_kept() {
-  sigset_t all;
-  ::sigfillset(&all);
-  ::pthread_sigmask(SIG_BLOCK, &all, nullptr);  // signals go to the program's own threads
+// Lets go of the kept segments that no value names any more; whether the
+// watcher is done: none is kept. A keeper that has received what its ranks
+// sent, and dropped it, does not hold the memory until its next trim or
+// rank.
+bool look_at_kept() {
   auto& r = segments();
-  for (;;) {
-    std::this_thread::sleep_for(kept_check);
-    std::vector<std::shared_ptr<segment>> gone;  // unmapped after the lock is released
-    std::lock_guard lock(r.mutex);
-    auto& k = own_state();
-    release_kept_locked(gone);
-    if (k.kept.empty()) {
-      k.watching = false;
-      return;
-    }
-  }
+  std::vector<std::shared_ptr<segment>> gone;  // unmapped after the lock is released
+  std::lock_guard lock(r.mutex);
+  auto& k = own_state();
+  release_kept_locked(gone);
+  if (!k.kept.empty()) return false;
+  k.watching = false;
+  return true;
 }
 
 }  // namespace
@@ -333,12 +327,9 @@ void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexce
   }
   release_kept_locked(gone);
   if (k.kept.empty() || k.watching) return;
-  try {
-    std::thread(watch_kept).detach();
-    k.watching = true;
-  } catch (const std::system_error&) {
-    // No thread: let go of as the next rank ends, at the next trim, or as the last queue object goes.
-  }
+  // Without a thread, what is kept goes as the next rank ends, at the next
+  // trim, or as the last queue object goes.
+  k.watching = os::start_watcher(kept_check, look_at_kept);
 }
 
 void note_ranks_running(int change) noexcept { ranks_running.fetch_add(change, std::memory_order_relaxed); }

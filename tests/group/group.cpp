@@ -30,8 +30,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <pthread.h>
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -1846,16 +1844,7 @@ TEST_SUITE("group") {
     if (child == 0) {
       // close_range refused, as before Linux 5.9 or under some seccomp
       // filters; the guardian inherits the filter.
-      sock_filter filter[] = {
-          BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-          BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_close_range, 0, 1),
-          BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
-          BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-      };
-      sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
-      if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 || ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
-        ::_exit(77);
-      }
+      if (!test::refuse_system_call(SYS_close_range, ENOSYS)) ::_exit(77);
       const int extra = ::open("/dev/null", O_RDONLY);  // not the guardian's to keep
       if (extra < 0) ::_exit(2);
       cohort::guardian guard;

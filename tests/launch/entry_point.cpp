@@ -18,8 +18,6 @@
 #include <fmt/format.h>
 
 #include <dlfcn.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/prctl.h>
@@ -1408,17 +1406,7 @@ TEST_SUITE("entry points") {
   // seccomp profile), every forkserver start failed.
   TEST_CASE("the forkserver starts ranks where clone3 is refused") {
     const int code = test::exit_code_in_child([] {
-      sock_filter filter[] = {
-          BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-          BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1),
-          BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
-          BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-      };
-      sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
-      if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
-          ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
-        return 77;
-      }
+      if (!test::refuse_system_call(SYS_clone3, ENOSYS)) return 77;
       detail::stop_forkserver();  // the one this process started runs without the filter
       const auto r = run_function(call(start_method::forkserver, rank_with_own_tid), 3);
       if (!r.ok()) return 2;

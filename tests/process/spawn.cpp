@@ -21,8 +21,6 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -117,20 +115,6 @@ class disposition {
   int sig_;
   struct sigaction saved_ {};
 };
-
-// Makes clone3 fail with ENOSYS in this process from now on, as container
-// runtimes' seccomp filters do; false where the filter cannot be installed.
-bool refuse_clone3() {
-  sock_filter program[] = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, static_cast<std::uint32_t>(offsetof(seccomp_data, nr))),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-  };
-  sock_fprog fprog{static_cast<unsigned short>(sizeof program / sizeof program[0]), program};
-  return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
-         ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog) == 0;
-}
 
 bool has_unreaped_children() {
   siginfo_t info{};
@@ -458,7 +442,7 @@ TEST_SUITE("spawn") {
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-      if (!refuse_clone3()) ::_exit(3);
+      if (!test::refuse_system_call(SYS_clone3, ENOSYS)) ::_exit(3);
       if (::syscall(SYS_clone3, nullptr, 0) != -1 || errno != ENOSYS) ::_exit(4);
       try {
         asio::io_context io;
