@@ -74,7 +74,7 @@ void futex_threads::leave_inherited_helpers_locked() {
 
 // A forked child told of the fork ends its copies of the parent's waits,
 // which nothing wakes here, as cancelled: they would keep its run() from
-// returning.
+// returning. (The fork waited for the lock: no helper was changing them.)
 void futex_threads::notify_fork(asio::execution_context::fork_event event) {
   if (event != asio::execution_context::fork_child) return;
   std::lock_guard lock(mutex_);

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "config.hpp"
-#include "os/fork_fresh_mutex.hpp"
+#include "os/fork_safe_mutex.hpp"
 #include "os/futex.hpp"
 #include "os/process_identity.hpp"
 #include "uring/async.hpp"
@@ -138,7 +138,7 @@ class futex_threads final : public asio::execution_context::service {
  private:
   void shutdown() override;
 
-  mutable os::fork_fresh_mutex mutex_;  // a forked child's first wait finds it free
+  mutable os::fork_safe_mutex mutex_;  // never held in a forked child, nor the waits half changed
   void run(futex_helper& h);
   void leave_inherited_helpers_locked();
   void notify_fork(asio::execution_context::fork_event event) override;

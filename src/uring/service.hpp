@@ -2,7 +2,7 @@
 // asio through a descriptor of the ring, which reads ready while completions wait.
 #pragma once
 
-#include "os/fork_fresh_mutex.hpp"
+#include "os/fork_safe_mutex.hpp"
 
 #include <asio/any_io_executor.hpp>
 #include <asio/execution_context.hpp>
@@ -119,9 +119,9 @@ class service final : public asio::execution_context::service {
   io_uring ring_{};
   std::optional<asio::posix::stream_descriptor> watch_;
 
-  // Guards the submission queue, the in-flight list and armed_; a forked
-  // child's first use finds it free.
-  os::fork_fresh_mutex mutex_;
+  // Guards the submission queue, the in-flight list and armed_; never held
+  // in a forked child, nor the list half changed.
+  os::fork_safe_mutex mutex_;
   operation* head_ = nullptr;  // in-flight operations, for cancel and shutdown
   std::size_t in_flight_ = 0;
   std::size_t unsent_cancels_ = 0;

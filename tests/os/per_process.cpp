@@ -1,4 +1,4 @@
-#include "os/fork_fresh_mutex.hpp"
+#include "os/fork_safe_mutex.hpp"
 #include "os/per_process.hpp"
 #include "os/process_identity.hpp"
 
@@ -67,36 +67,37 @@ TEST_SUITE("per-process state") {
   }
 }
 
-TEST_SUITE("fork_fresh_mutex") {
-  // A helper thread of the parent held the lock as the process forked: the
-  // child's copy would stay held for good, since that thread does not run
-  // there.
-  TEST_CASE("a child forked while another thread holds it finds it free; the parent's holder still unlocks") {
-    os::fork_fresh_mutex m;
-    std::atomic<bool> held{false}, release{false};
-    std::thread holder([&] {
-      std::lock_guard lock(m);
-      held = true;
-      while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+TEST_SUITE("fork_safe_mutex") {
+  // With a plain mutex, a child forked while another thread held it found
+  // it held for good (that thread does not run there), and what it guards
+  // half changed.
+  TEST_CASE("a fork waits for the holder to let go: the child finds the lock free and what it guards whole") {
+    os::fork_safe_mutex m;
+    int first = 0, second = 0;  // changed together, under the lock
+    std::atomic<bool> stop{false};
+    std::thread changer([&] {
+      for (int i = 1; !stop; ++i) {
+        std::lock_guard lock(m);
+        first = i;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        second = i;
+      }
     });
-    while (!held) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    const pid_t child = ::fork();
-    if (child == 0) {
-      ::alarm(10);  // held for good: SIGALRM
-      const bool free_here = m.try_lock();
-      if (free_here) m.unlock();
-      std::lock_guard lock(m);
-      ::_exit(free_here ? 0 : 1);
+    for (int round = 0; round < 20; ++round) {
+      const pid_t child = ::fork();
+      if (child == 0) {
+        if (!m.try_lock()) ::_exit(1);
+        const bool whole = first == second;
+        m.unlock();
+        ::_exit(whole ? 0 : 2);
+      }
+      REQUIRE(child > 0);
+      int status = 0;
+      REQUIRE(::waitpid(child, &status, 0) == child);
+      CHECK(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == 0);
     }
-    REQUIRE(child > 0);
-    CHECK_FALSE(m.try_lock());  // still the holder's here
-    release = true;
-    holder.join();
-    int status = 0;
-    REQUIRE(::waitpid(child, &status, 0) == child);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-    CHECK(m.try_lock());
-    m.unlock();
+    stop = true;
+    changer.join();
   }
 }

@@ -1,0 +1,59 @@
+// Every fork_safe_mutex, taken around each fork.
+#include "os/fork_safe_mutex.hpp"
+
+#include <pthread.h>
+
+namespace cohort::os {
+
+// The live mutexes, in a list of their own; the list's lock is held from a
+// fork's start to its end in both processes.
+struct fork_safe_mutexes {
+  std::mutex mutex;
+  fork_safe_mutex* head = nullptr;
+
+  static fork_safe_mutexes& all() {
+    static fork_safe_mutexes& list = *new fork_safe_mutexes;  // never destroyed: a fork may come at exit
+    return list;
+  }
+  static void before_fork() {
+    auto& l = all();
+    l.mutex.lock();
+    for (auto* m = l.head; m != nullptr; m = m->next_) m->mutex_.lock();
+  }
+  // In the parent and in the child alike: the thread that forked holds them.
+  static void after_fork() {
+    auto& l = all();
+    for (auto* m = l.head; m != nullptr; m = m->next_) m->mutex_.unlock();
+    l.mutex.unlock();
+  }
+};
+
+namespace {
+
+[[maybe_unused]] const bool handlers = [] {
+  ::pthread_atfork(fork_safe_mutexes::before_fork, fork_safe_mutexes::after_fork, fork_safe_mutexes::after_fork);
+  return true;
+}();
+
+}  // namespace
+
+fork_safe_mutex::fork_safe_mutex() {
+  auto& l = fork_safe_mutexes::all();
+  std::lock_guard lock(l.mutex);
+  next_ = l.head;
+  if (next_ != nullptr) next_->prev_ = this;
+  l.head = this;
+}
+
+fork_safe_mutex::~fork_safe_mutex() {
+  auto& l = fork_safe_mutexes::all();
+  std::lock_guard lock(l.mutex);
+  if (prev_ != nullptr) {
+    prev_->next_ = next_;
+  } else {
+    l.head = next_;
+  }
+  if (next_ != nullptr) next_->prev_ = prev_;
+}
+
+}  // namespace cohort::os

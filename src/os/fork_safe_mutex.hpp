@@ -1,0 +1,32 @@
+// A mutex that fork never copies held.
+#pragma once
+
+#include <mutex>
+
+namespace cohort::os {
+
+/// A mutex that every fork of this process takes first (pthread_atfork),
+/// and that the parent and the child release after it: a child never finds
+/// it held by a thread of the parent that does not run there, nor what it
+/// guards half changed. For a lock that threads the library runs (helpers,
+/// an io_context's threads) take at any moment. A thread must not fork
+/// while it holds one, nor take another while it holds one.
+class fork_safe_mutex {
+ public:
+  fork_safe_mutex();
+  fork_safe_mutex(const fork_safe_mutex&) = delete;
+  fork_safe_mutex& operator=(const fork_safe_mutex&) = delete;
+  ~fork_safe_mutex();
+
+  void lock() { mutex_.lock(); }
+  bool try_lock() { return mutex_.try_lock(); }
+  void unlock() { mutex_.unlock(); }
+
+ private:
+  friend struct fork_safe_mutexes;
+  std::mutex mutex_;
+  fork_safe_mutex* prev_ = nullptr;
+  fork_safe_mutex* next_ = nullptr;
+};
+
+}  // namespace cohort::os
