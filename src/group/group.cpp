@@ -18,6 +18,7 @@
 #include "os/process_identity.hpp"
 #include "process/child_state.hpp"
 #include "process/launch.hpp"
+#include "process/owned_pids.hpp"
 #include "process/parallel.hpp"
 #include "shm/keeper.hpp"
 #include "shm/segment.hpp"
@@ -486,6 +487,11 @@ void finish(const std::shared_ptr<group_state>& state) {
     const auto r = static_cast<std::size_t>(rank);
     if (r < state->pids.size()) unreaped.push_back(state->pids[r]);
   }
+  // Only while its thread has not reaped it: the thread lets go of the pid
+  // once it has, and the pid may be another process's from then on.
+  (void)detail::with_owned_pids([&unreaped](const std::set<pid_t>& owned) {
+    std::erase_if(unreaped, [&owned](pid_t pid) { return !owned.contains(pid); });
+  });
   shm::sweep_segments_of_run(state->pids, unreaped,
                              [&window = state->pids_since_start](pid_t maker) { return window.holds(maker); });
   // What came after the sweep: reaped, or killed and reaped if it can be at
