@@ -260,18 +260,20 @@ struct setup_report {
 
 // Success is reported too, rather than told by the pipe's end of file: a
 // thread of the parent forking meanwhile would hold a copy of the write end.
-COHORT_FORKED_CHILD_PATH void report_failure(int report_fd, int rank, stage where, int error) noexcept {
+// Raw calls, as the set-up's: no page of libc's code to fault in.
+COHORT_FORKED_CHILD_PATH void write_report(int report_fd, int rank, stage where, int error) noexcept {
   const setup_report r{rank, where, error, os::this_process()};
   os::raw_syscall(SYS_write, report_fd, reinterpret_cast<long>(&r), sizeof r);
+}
+
+COHORT_FORKED_CHILD_PATH void report_failure(int report_fd, int rank, stage where, int error) noexcept {
+  write_report(report_fd, rank, where, error);
   ::_exit(127);
 }
 
 COHORT_FORKED_CHILD_PATH void set_up_or_report(launch_plan& p, int report_fd, int rank) noexcept {
-  const bool ready = set_up_child(p);
-  const setup_report r{rank, ready ? stage::none : p.failed_at, ready ? 0 : p.error, os::this_process()};
-  // Raw calls, as the set-up's: no page of libc's code to fault in.
-  os::raw_syscall(SYS_write, report_fd, reinterpret_cast<long>(&r), sizeof r);
-  if (!ready) ::_exit(127);
+  if (!set_up_child(p)) report_failure(report_fd, rank, p.failed_at, p.error);
+  write_report(report_fd, rank, stage::none, 0);
   os::raw_syscall(SYS_close, report_fd);
 }
 

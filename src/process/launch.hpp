@@ -88,17 +88,12 @@ struct launch_plan {
   int error = 0;
 };
 
-/// Whether an exec would leave nothing of descriptor `fd`: it is closed, or
-/// marked close-on-exec.
-bool closes_at_exec(int fd) noexcept;
-
 /// Marks closed_stream each stream a child would be left, or handed at
 /// the same number, that an exec would close (a descriptor of this
 /// process's own, marked close-on-exec, that took a closed stream's
 /// number): a child that never execs sees it closed, as a spawned program
 /// does, and stderr as stdout follows stdout. prepared_launch calls it.
 void close_streams_an_exec_would(launch_plan& p) noexcept;
-
 
 /// The signals whose handling a new child must reset, bit sig - 1 for each:
 /// those with a handler of this process, and SIGPIPE and SIGXFSZ when

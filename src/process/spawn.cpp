@@ -200,10 +200,16 @@ requester_state current_requester_state() noexcept {
   return s;
 }
 
+namespace {
+
+// Whether an exec would leave nothing of descriptor `fd`: it is closed, or
+// marked close-on-exec.
 bool closes_at_exec(int fd) noexcept {
   const long flags = os::raw_syscall(SYS_fcntl, fd, F_GETFD);
   return flags < 0 || (flags & FD_CLOEXEC) != 0;
 }
+
+}  // namespace
 
 void close_streams_an_exec_would(launch_plan& p) noexcept {
   for (int target = 0; target < 3; ++target) {

@@ -99,7 +99,7 @@ segment::~segment() {
   const bool unlink = orphaned();
   ::munmap(base_, size_);
   if (const int fd = fd_.load(std::memory_order_relaxed); fd >= 0) ::close(fd);
-  if (unlink) ::shm_unlink(segment_name(maker_, nonce_).c_str());
+  if (unlink) unlink_name();
 }
 
 std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strategy, bool is_arena) {
@@ -638,16 +638,11 @@ bool segment::orphaned() const noexcept {
 
 void segment::abandon() noexcept {
   retire();
-  if (strategy_ == sharing_strategy::file_system && header().live.load(std::memory_order_acquire) > 0) {
-    ::shm_unlink(segment_name(maker_, header().nonce).c_str());
-  }
+  if (header().live.load(std::memory_order_acquire) > 0) unlink_name();
 }
 
 void segment::drop_live(std::uint64_t count) noexcept {
-  if (header().live.fetch_sub(count, std::memory_order_acq_rel) == count &&
-      strategy_ == sharing_strategy::file_system) {
-    ::shm_unlink(segment_name(maker_, header().nonce).c_str());
-  }
+  if (header().live.fetch_sub(count, std::memory_order_acq_rel) == count) unlink_name();
 }
 
 }  // namespace cohort::shm

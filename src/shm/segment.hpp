@@ -270,8 +270,8 @@ class segment {
   bool held_only_by_ended() const noexcept { return !messages_in_flight() && others_ended(); }
   /// Whether every process other than this one that mapped it has ended.
   bool others_ended() const noexcept;
-  /// Removes a named (file_system) segment's name, keeping every mapping:
-  /// for a maker that ends while storages it never let go of hold it.
+  /// Removes a named (file_system) segment's name, keeping every mapping;
+  /// nothing for a memfd.
   void unlink_name() const noexcept;
   /// Closes this process's descriptor of a memfd segment another process
   /// made, keeping the mapping (which needs none): values passed on from
