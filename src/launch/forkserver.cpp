@@ -37,6 +37,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -504,6 +505,29 @@ std::size_t send_batch(int socket, std::span<const server_request> requests, std
 
 bool server_gone(int error) { return error == EPIPE || error == ECONNRESET; }
 
+// How long a start waits for a reply from a server that is neither stopped
+// nor traced: a batch is a few dozen clones, which take milliseconds.
+constexpr std::chrono::seconds reply_patience{30};
+
+// Waits for the server's reply: 0 once it can be read (or the server has
+// closed its end), ETIMEDOUT when it never will be: the server was stopped
+// (SIGSTOP, SIGTSTP), or answered nothing for reply_patience though it ran.
+// A server stopped by a tracer is waited on for as long as it stays so.
+int wait_for_reply(const server_link& l) noexcept {
+  constexpr int slice_ms = 100;
+  std::chrono::milliseconds waited{0};
+  for (;;) {
+    pollfd p{l.socket, POLLIN, 0};
+    const int n = ::poll(&p, 1, slice_ms);
+    if (n > 0) return 0;
+    if (n < 0 && errno != EINTR) return errno;
+    const char state = os::state_of(l.server.pid());
+    if (state == 'T') return ETIMEDOUT;
+    if (state != 't') waited += std::chrono::milliseconds(slice_ms);
+    if (waited >= reply_patience) return ETIMEDOUT;
+  }
+}
+
 // How long a failed start waits for the set-up reports of children the
 // server made but did not name.
 constexpr std::chrono::milliseconds unnamed_patience{2000};
@@ -567,6 +591,8 @@ std::size_t start_from_server(std::span<server_request> requests, const function
           error = errno;
           break;
         }
+        error = wait_for_reply(l);
+        if (error != 0) break;
         std::array<int, max_fds> replies{};
         fd_array none{};
         std::size_t count = 0;
@@ -592,7 +618,9 @@ std::size_t start_from_server(std::span<server_request> requests, const function
         report_fd = report_read.release();
         return started;
       }
-      const bool gone = server_gone(error);
+      const pid_t server = l.server.pid();
+      const bool stuck = error == ETIMEDOUT;  // not answering: ended as if gone
+      const bool gone = server_gone(error) || stuck;
       if (gone) drop_server(l);
       // Children the server made but never named (it died, or its reply
       // was short) are this process's: found by their reports and ended.
@@ -607,6 +635,9 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       f = {stage::start, error,
            error == EMFILE ? fmt::format("the forkserver could not take the ranks' descriptors under the open file "
                                          "limit it started with, {}", l.fd_limit)
+           : stuck         ? fmt::format("the forkserver (pid {}) stopped answering during the start, after {} of "
+                                         "its {} ranks, and was ended (the next start starts another)",
+                                         server, started, requests.size())
            : gone          ? fmt::format("the forkserver ended during the start, after {} of its {} ranks "
                                          "(the next start starts another)", started, requests.size())
                            : ""};

@@ -35,22 +35,39 @@ int rank_of_this_process = -1;
 
 }  // namespace
 
-std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept {
+namespace {
+
+// The fields of /proc/<pid>/stat after the command's closing parenthesis
+// (the command may hold any character), copied into `text`: nullptr when
+// the process has ended (`ended` set) or /proc could not tell.
+const char* stat_fields(pid_t pid, char (&text)[1024], bool& ended) noexcept {
+  ended = false;
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT || errno == ESRCH ? std::optional<std::uint64_t>(0) : std::nullopt;
-  char text[1024];
+  if (fd < 0) {
+    ended = errno == ENOENT || errno == ESRCH;
+    return nullptr;
+  }
   const auto n = ::read(fd, text, sizeof text - 1);
   const int error = errno;
   ::close(fd);
-  if (n < 0 && error == ESRCH) return 0;  // ended between the open and the read
-  if (n <= 0) return std::nullopt;
+  ended = n < 0 && error == ESRCH;  // ended between the open and the read
+  if (n <= 0) return nullptr;
   text[n] = '\0';
-  // Fields counted after the command's closing parenthesis (the command may
-  // hold spaces): 3 the state, 20 the number of threads, 22 the start time.
   const char* p = std::strrchr(text, ')');
-  if (p == nullptr || p[1] != ' ') return std::nullopt;
+  return p != nullptr && p[1] == ' ' ? p : nullptr;
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept {
+  char text[1024];
+  bool ended = false;
+  const char* p = stat_fields(pid, text, ended);
+  if (p == nullptr) return ended ? std::optional<std::uint64_t>(0) : std::nullopt;
+  // Fields counted after the parenthesis: 3 the state, 20 the number of
+  // threads, 22 the start time.
   const char state = p[2];
   long threads = -1;
   for (int field = 2; field < 22 && p != nullptr; ++field) {
@@ -61,6 +78,13 @@ std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept {
   // A leader that called pthread_exit shows Z while its other threads run.
   if ((state == 'Z' || state == 'X') && threads <= 1) return 0;
   return std::strtoull(p + 1, nullptr, 10);
+}
+
+char state_of(pid_t pid) noexcept {
+  char text[1024];
+  bool ended = false;
+  const char* p = stat_fields(pid, text, ended);
+  return p == nullptr ? '\0' : p[2];
 }
 
 bool has_ended(pid_t pid, std::uint64_t start_time) noexcept {

@@ -20,6 +20,10 @@ std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept;
 /// when that cannot be told. A start time of 0 (one that could not be read)
 /// is judged by the pid alone.
 bool has_ended(pid_t pid, std::uint64_t start_time) noexcept;
+/// The state letter of process `pid` in /proc/<pid>/stat (R, S, D, T for
+/// stopped by a signal, t for stopped by a tracer, Z...); '\0' when it has
+/// ended or /proc could not tell.
+char state_of(pid_t pid) noexcept;
 /// This process's start time, read once per process; 0 when unreadable.
 std::uint64_t own_start_time() noexcept;
 /// This process's pid namespace: the inode of /proc/self/ns/pid, read once;

@@ -1341,6 +1341,32 @@ TEST_SUITE("entry points") {
     CHECK(forkserver_pid() != server);
   }
 
+  // Before, a start read the server's reply with no deadline: a server
+  // stopped by SIGSTOP held that start, and every later one, for good.
+  TEST_CASE("a forkserver that was stopped is ended and replaced, not waited on") {
+    REQUIRE(run_function(call(start_method::forkserver, rank_itself), 1).ok());
+    const pid_t server = forkserver_pid();
+    REQUIRE(server > 0);
+    REQUIRE(::kill(server, SIGSTOP) == 0);
+    while (test::state_of(server) != 'T') std::this_thread::sleep_for(1ms);
+    std::atomic<bool> over{false};
+    bool resumed = false;  // by this test, after 20 s: the start was held
+    std::thread watchdog([&] {
+      for (int i = 0; i < 2000 && !over; ++i) std::this_thread::sleep_for(10ms);
+      if (!over) resumed = ::kill(server, SIGCONT) == 0;
+    });
+    const auto r = run_function(call(start_method::forkserver, rank_itself), 3);
+    over = true;
+    watchdog.join();
+    CHECK_FALSE(resumed);
+    CHECK(r.ok());
+    for (int rank = 0; rank < 3 && r.ok(); ++rank) {
+      CHECK(r.return_values[static_cast<std::size_t>(rank)]->as<int>() == rank);
+    }
+    CHECK(forkserver_pid() != server);
+    CHECK_FALSE(test::alive(server));  // ended and reaped
+  }
+
   // Before, a fork or forkserver rank of a process whose standard stream
   // was closed got, at that stream's number, the descriptor of the
   // process's own that took it (close-on-exec: asio's eventfd, say), which

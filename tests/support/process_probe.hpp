@@ -30,13 +30,19 @@
 
 namespace cohort::test {
 
-/// Whether `pid` exists and is not a zombie (from /proc/<pid>/stat).
-inline bool alive(pid_t pid) {
+/// The state letter of `pid` in /proc/<pid>/stat; '\0' when it is gone.
+inline char state_of(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
-  if (!std::getline(stat, line)) return false;
+  if (!std::getline(stat, line)) return '\0';
   auto close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() && line[close + 2] != 'Z';
+  return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '\0';
+}
+
+/// Whether `pid` exists and is not a zombie.
+inline bool alive(pid_t pid) {
+  const char state = state_of(pid);
+  return state != '\0' && state != 'Z';
 }
 
 /// A child of this process, from /proc/<pid>/stat and cmdline.
