@@ -42,6 +42,7 @@
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -207,6 +208,10 @@ struct group_state {
   // By rank: its process group is noted for the guardian (rank_groups.hpp).
   // Bytes, not bits: the launching threads set their ranks' at once.
   std::vector<char> group_noted;
+  // By rank: a shutdown signal went to its process group, which has not
+  // been seen empty since. What is left in it once the rank has ended (a
+  // shell's program, say) is given the same grace as the rank.
+  std::vector<bool> group_signalled;
   bool failed = false;
   bool stopping = false;
   bool signalled = false;  // the shutdown's first signal went out: later non-zero exits are its doing
@@ -367,7 +372,9 @@ asio::awaitable<void> await_exits(group_state& state, std::chrono::milliseconds 
 }
 
 void signal_running(group_state& state, int sig) {
-  for (auto& c : state.children) {
+  state.group_signalled.resize(state.children.size());
+  for (std::size_t rank = 0; rank < state.children.size(); ++rank) {
+    auto& c = state.children[rank];
     if (c && !c.status()) {
       // A rank that left its own process group (setpgid, setsid) is no
       // longer reached through it: it gets the signal itself, once. (One
@@ -376,8 +383,41 @@ void signal_running(group_state& state, int sig) {
       const bool in_own_group = ::getpgid(c.pid()) == c.pid();
       std::error_code ignored;
       c.signal_group(sig, ignored);
+      if (!ignored) state.group_signalled[rank] = true;
       if (ignored || !in_own_group) c.signal(sig, ignored);
     }
+  }
+}
+
+// The process group of each reaped rank that a shutdown signal reached and
+// that still has a process in it; forgets those seen empty (their id may
+// be another process's from then on).
+std::vector<pid_t> groups_left(group_state& state) {
+  std::vector<pid_t> left;
+  for (std::size_t rank = 0; rank < state.group_signalled.size(); ++rank) {
+    const child& c = state.children[rank];
+    if (!state.group_signalled[rank] || !c || !c.status()) continue;
+    if (::kill(-c.pid(), 0) == 0 || errno != ESRCH) {
+      left.push_back(c.pid());
+    } else {
+      state.group_signalled[rank] = false;
+    }
+  }
+  return left;
+}
+
+void take_adopted(group_state& state);
+
+// Waits until no process is left in the groups a shutdown signal reached,
+// or `until` passes, or a second shutdown signal asks to hurry. Those handed
+// to this process as their parents die are reaped meanwhile, so that their
+// group empties.
+asio::awaitable<void> await_groups_left(group_state& state, steady::time_point until) {
+  constexpr std::chrono::milliseconds look_every{5};
+  while (!state.hurry && steady::now() < until) {
+    take_adopted(state);
+    if (groups_left(state).empty()) break;
+    (void)co_await nap(state, std::min(until, steady::now() + look_every));
   }
 }
 
@@ -400,8 +440,13 @@ asio::awaitable<void> signal_and_await(std::shared_ptr<group_state> shared, int 
   track_descendants(state, true);
   if (!state.signalled) record_ended_ranks(shared);
   state.signalled = true;
+  // What an earlier signal left of a rank's group once the rank ended
+  // gets this one too.
+  for (const pid_t group : groups_left(state)) ::kill(-group, sig);
   signal_running(state, sig);
+  const auto until = os::deadline_after(steady::now(), limit);
   co_await await_exits(state, limit);
+  co_await await_groups_left(state, until);
 }
 
 // Lets the guardian's note of a reaped rank's process group go once the
@@ -790,19 +835,42 @@ void forget_rank_groups(group_state& state) noexcept {
 // io_context destroyed under the supervision): SIGKILL to the ranks'
 // process groups and to what else carries the group's marker, and what
 // that hands to this process reaped, for at most a second. Each rank is
-// then killed and reaped by its child object.
+// then reaped by its child object, or, one that SIGKILL has not ended by
+// then (stuck in the kernel), by a thread whenever it ends: the caller's
+// end waits for no rank.
 void end_unfinished(group_state& state) noexcept {
+  // Dead and ready to be reaped here (not held by a tracer): a rank's
+  // orphans are handed over as it dies, so those of one dead before a look
+  // at the adopted are among them.
+  const auto reapable = [](const child& c) {
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(c.pid()), &info, WEXITED | WNOHANG | WNOWAIT) != 0) return errno == ECHILD;
+    return info.si_pid != 0;
+  };
+  const auto ranks_dead = [&state, &reapable] {
+    return std::all_of(state.children.begin(), state.children.end(),
+                       [&reapable](const child& c) { return !c || c.status() || reapable(c); });
+  };
   try {
     track_descendants(state, true);
     signal_running(state, SIGKILL);
     const auto until = steady::now() + std::chrono::seconds(1);
     for (;;) {
+      const bool dead = ranks_dead();
       take_adopted(state);
-      if (state.descendants.kill_and_reap() || steady::now() >= until) break;
+      if ((state.descendants.kill_and_reap() && dead) || steady::now() >= until) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   } catch (...) {
     // Out of memory or descriptors for the scan: the ranks still go.
+  }
+  for (std::size_t rank = 0; rank < state.children.size(); ++rank) {
+    auto& c = state.children[rank];
+    if (!c || c.status() || reapable(c)) continue;
+    // Its note goes now: the note is let go of by the child object's pid.
+    if (rank < state.group_noted.size() && state.group_noted[rank]) forget_rank_group(c.pid());
+    if (rank < state.group_noted.size()) state.group_noted[rank] = false;
+    detail::reap_on_a_thread(detail::child_access::take(c));
   }
 }
 

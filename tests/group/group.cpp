@@ -552,6 +552,29 @@ TEST_SUITE("group") {
     CHECK(result.first_failure()->rank == 0);
   }
 
+  // Before, the rest of a rank's process group was SIGKILLed as soon as the
+  // rank itself had ended: a shell wrapper dies at SIGTERM at once, and the
+  // program it ran lost its grace.
+  TEST_CASE("what a rank runs in its process group keeps the SIGTERM grace after the rank has ended") {
+    test::temp_dir dir;
+    group_spec spec;
+    // Rank 0: a shell running, in the foreground, one that cleans up for
+    // 0.3 s on SIGTERM; rank 1 fails once that one is ready.
+    spec.entry = command("/bin/sh", {"-c",
+                                     "if [ \"$1\" = 1 ]; then while [ ! -e \"$0/ready\" ]; do sleep 0.01; done; exit 3; fi; "
+                                     "sh -c 'trap \"sleep 0.3; echo done > \\\"$0/cleaned\\\"; exit 0\" TERM; "
+                                     "touch \"$0/ready\"; while :; do sleep 0.05; done' \"$0\"",
+                                     dir.path.string()});
+    spec.nprocs = 2;
+    spec.args = {{0, {"0"}}, {1, {"1"}}};
+    spec.shutdown.term_grace = 30s;
+    const auto result = run_group(spec);
+    REQUIRE(result.first_failure() != nullptr);
+    CHECK(result.first_failure()->rank == 1);
+    CHECK(test::read_file(dir.path / "cleaned") == "done\n");
+    CHECK(test::children_of_self().empty());
+  }
+
   TEST_CASE("a grandchild that escaped with setsid is gone after the run") {
     test::temp_dir dir;
     for (int code : {0, 1}) {
@@ -1464,6 +1487,28 @@ TEST_SUITE("group") {
     }
   }
 
+  // Before, the group's end reaped such a rank in its child object,
+  // waiting for as long as the tracer held it.
+  TEST_CASE("a group's end after its io_context went waits for no rank whose exit a tracer holds") {
+    group_spec spec = ranks_of(1, {"traceable", "30"});
+    std::optional<group> g;
+    std::optional<asio::io_context> io(std::in_place);
+    g = start_processes(io->get_executor(), spec);
+    const pid_t rank = g->pids()[0];
+    test::exit_holder holder(rank);  // for 20 s at most
+    if (!holder.held()) {
+      MESSAGE("ptrace is refused here: not checked");
+      return;
+    }
+    io->run_for(20ms);
+    io.reset();
+    const auto start = std::chrono::steady_clock::now();
+    g.reset();
+    CHECK(std::chrono::steady_clock::now() - start < 10s);  // it waited the holder's 20 s
+    holder.end();
+    CHECK(test::within(5s, [rank] { return !fs::exists("/proc/" + std::to_string(rank)); }));  // reaped then
+  }
+
   // Before, the wait ran on the gone io_context's strand: SIGSEGV.
   TEST_CASE("the wait of a run that ended before its io_context went gives the result, on the waiter's io_context") {
     group_spec spec = ranks_of(2, {"exit", "0"});
@@ -1542,6 +1587,30 @@ TEST_SUITE("group") {
       CAPTURE(pid);
       CHECK(test::within(5s, [pid] { return !test::alive(pid); }));
     }
+  }
+
+  // Before, the end stopped looking as soon as nothing noted was left,
+  // before the killed rank had died and handed over its orphan, which then
+  // went to init once the subreaper attribute was restored.
+  TEST_CASE("an io_context destroyed under a running group takes a rank's unmarked orphan with it") {
+    test::temp_dir dir;
+    group_spec spec;
+    // A sleep in a session of its own, without the group's marker: found
+    // only as the rank's orphan.
+    spec.entry = command("/bin/sh", {"-c", "setsid env -i sleep 323 & echo $! > \"$0/pid.tmp\"; "
+                                           "mv \"$0/pid.tmp\" \"$0/pid\"; wait", dir.path.string()});
+    {
+      asio::io_context io;
+      asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+        group g = co_await start_processes(spec);
+        co_await g.wait();
+      }, asio::detached);
+      for (int i = 0; i < 500 && !fs::exists(dir.path / "pid"); ++i) io.run_for(20ms);
+      REQUIRE(fs::exists(dir.path / "pid"));
+    }
+    const pid_t orphan = std::stoi(test::read_file(dir.path / "pid"));
+    CHECK(test::within(5s, [orphan] { return !test::alive(orphan); }));
+    if (test::alive(orphan)) ::kill(orphan, SIGKILL);
   }
 
   TEST_CASE("ranks outnumbering the descriptors left all end as they did") {
