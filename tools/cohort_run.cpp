@@ -743,9 +743,31 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   // bad --rdzv-conf is refused wherever the command line runs first.
   const auto join_timeout = elastic ? std::chrono::milliseconds(0) : static_join_timeout(o);
 
+  error_folder errors;
+  const auto finish = [&](const char* outcome, int code, std::string message = {}) {
+    record.outcome = outcome;
+    record.exit_code = code;
+    record.message = std::move(message);
+    const bool failures = !record.attempts.empty() && !record.attempts.back().result.failures.empty();
+    if ((record.outcome == "failed" || failures) && !errors.path.empty()) {
+      errors.keep = true;
+      record.error_dir = errors.path;
+    }
+    return code;
+  };
+  // A shutdown signal that came while no group ran: the run ends before
+  // another attempt.
+  const auto interrupted_between = [&](int sig, int attempt) {
+    say("cohort-run: interrupted by {} (run {}) before attempt {}: no rank was running\n", cohort::signal_name(sig),
+        run_id, attempt);
+    return finish("interrupted", 128 + sig, fmt::format("{} received", cohort::signal_name(sig)));
+  };
+  // A shutdown signal during the checks (a python3 slow to say whether it
+  // finds torch): the run ends before anything is made.
+  if (const auto sig = signals.interrupted()) return interrupted_between(*sig, 0);
+
   cohort::group_spec spec;
   spec.logs = logs_of(o, nproc, run_id);
-  error_folder errors;
   if (!spec.logs.dir.empty()) {
     // Named absolute in result.json (the folder itself is made and used by
     // the path as given, which needs no search of the directories above).
@@ -785,24 +807,6 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     spec.options.env.set("OMP_NUM_THREADS", "1");
     say("cohort-run: OMP_NUM_THREADS is set to 1 for each of the {} ranks; set it to tune\n", nproc);
   }
-  const auto finish = [&](const char* outcome, int code, std::string message = {}) {
-    record.outcome = outcome;
-    record.exit_code = code;
-    record.message = std::move(message);
-    const bool failures = !record.attempts.empty() && !record.attempts.back().result.failures.empty();
-    if ((record.outcome == "failed" || failures) && !errors.path.empty()) {
-      errors.keep = true;
-      record.error_dir = errors.path;
-    }
-    return code;
-  };
-  // A shutdown signal that came while no group ran: the run ends before
-  // another attempt.
-  const auto interrupted_between = [&](int sig, int attempt) {
-    say("cohort-run: interrupted by {} (run {}) before attempt {}: no rank was running\n", cohort::signal_name(sig),
-        run_id, attempt);
-    return finish("interrupted", 128 + sig, fmt::format("{} received", cohort::signal_name(sig)));
-  };
   // torchrun's file-timer watchdog, when the environment asks for it.
   std::optional<file_timer_server> timer;
   try {
@@ -940,12 +944,13 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
 
 int run(run_options o, run_record& record) {
   // First, before any thread is made (every thread of cohort-run blocks
-  // them): a signal during the checks below waits for the first attempt,
-  // which then does not start.
+  // them): a signal during the checks below ends them (a python3 asked
+  // whether it finds torch is killed), and the run ends before its first
+  // attempt.
   signal_owner signals(o.signals_to_handle, o.signals_to_forward);
   std::vector<std::string> command;
   try {
-    command = rank_command(o);
+    command = rank_command(o, [&signals](std::chrono::milliseconds limit, int fd) { return signals.pause(limit, fd); });
   } catch (const program_error& e) {
     say("cohort-run: {}\n", e.what());
     return e.exit_code;

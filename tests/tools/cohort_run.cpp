@@ -19,6 +19,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -687,6 +688,63 @@ TEST_SUITE("cohort-run") {
     CHECK_FALSE(fs::exists(dir.path / "ran"));
     REQUIRE(fs::exists(json));
     CHECK(nlohmann::json::parse(read_file(json))["outcome"] == "interrupted");
+  }
+
+  TEST_CASE("a python3 that stalls asked whether it finds torch: SIGTERM ends the run there, the check killed") {
+    test::temp_dir dir, tmp;
+    const auto bin = dir.path / "bin";
+    fs::create_directories(bin);
+    // It names its pid in `check` (whole, by a rename), then stalls for a minute.
+    std::ofstream(bin / "python3") << "#!/bin/sh\necho $$ > \"$COHORT_TEST_OUT/pid\"\n"
+                                   << "mv \"$COHORT_TEST_OUT/pid\" \"$COHORT_TEST_OUT/check\"\nexec sleep 60\n";
+    fs::permissions(bin / "python3", fs::perms::owner_all);
+    const auto script = (dir.path / "train.py").string();
+    std::ofstream(script) << "print('not run')\n";
+    const auto json = dir.path / "result.json";
+    const auto started = std::chrono::steady_clock::now();
+    auto r = run_launcher({"--result-json", json.string(), "-r", "3", "-n", "1", script},
+                          [&dir](child& c) -> asio::awaitable<void> {
+                            co_await files_appear(dir.path, 1, "check");
+                            c.signal(SIGTERM);
+                          },
+                          {{"PATH", bin.string() + ":/usr/bin:/bin"},
+                           {"COHORT_TEST_OUT", dir.path.string()},
+                           {"TMPDIR", tmp.path.string()}});
+    INFO(r.err);
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(30));  // not the stall's minute
+    CHECK(r.status.code() == 128 + SIGTERM);
+    CHECK(r.err.find("cohort-run: interrupted by SIGTERM (run ") != std::string::npos);
+    CHECK(r.err.find(") before attempt 0: no rank was running") != std::string::npos);
+    CHECK(r.err.find("logs in") == std::string::npos);
+    CHECK(fs::is_empty(tmp.path));
+    REQUIRE(fs::exists(dir.path / "check"));
+    const auto check = static_cast<pid_t>(std::stol(read_file(dir.path / "check")));
+    CHECK((::kill(check, 0) != 0 && errno == ESRCH));  // killed and reaped
+    REQUIRE(fs::exists(json));
+    CHECK(nlohmann::json::parse(read_file(json))["outcome"] == "interrupted");
+  }
+
+  TEST_CASE("a python3 that does not say within 10 s whether it finds torch is taken as not finding it, and named") {
+    test::temp_dir dir;
+    // A stalls on the question; B finds torch and says what it runs.
+    for (const char* name : {"A", "B"}) {
+      fs::create_directories(dir.path / name);
+      std::ofstream(dir.path / name / "python3")
+          << "#!/bin/sh\ncase \"$*\" in *find_spec*) " << (name[0] == 'A' ? "exec sleep 60" : "exit 0") << ";; esac\n"
+          << "echo \"" << name << " $*\"\n";
+      fs::permissions(dir.path / name / "python3", fs::perms::owner_all);
+    }
+    const auto script = (dir.path / "train.py").string();
+    std::ofstream(script) << "print('not run here')\n";
+    const auto a = (dir.path / "A").string(), b = (dir.path / "B").string();
+    const auto started = std::chrono::steady_clock::now();
+    auto r = run_launcher({"-n", "1", script}, {{"PATH", a + ":" + b + ":/usr/bin:/bin"}});
+    INFO(r.err);
+    CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(40));  // not the stall's minute
+    CHECK(r.status.code() == 0);
+    CHECK(r.out == "B -u " + script + "\n");
+    CHECK(r.err.find("cohort-run: " + a + "/python3 did not say within 10 s whether it finds torch: "
+                     "taken as not finding it\n") != std::string::npos);
   }
 
   TEST_CASE("a worker that ignores SIGTERM is SIGKILLed after --grace-period") {

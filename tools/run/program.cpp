@@ -1,4 +1,5 @@
 #include "run/program.hpp"
+#include "run/say.hpp"
 
 #include <cohort/environment.hpp>
 
@@ -7,10 +8,13 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
@@ -46,11 +50,21 @@ std::string program_path(const std::string& program, const char* what) {
   return program;
 }
 
+// How long a python3 has to say whether it finds torch (a cold start on a
+// network file system takes a few seconds): one that stalls is not waited
+// for all the run long.
+constexpr std::chrono::seconds torch_check_limit(10);
+
+enum class torch_check { found, not_found, interrupted };
+
 // Whether `python` finds the torch package (without importing it: that
-// takes seconds).
-bool finds_torch(const fs::path& python) {
+// takes seconds). It runs in a process group of its own, killed whole and
+// reaped where it has not answered within torch_check_limit (taken as not
+// finding it, and said) or where `wait` says the run ends.
+torch_check finds_torch(const fs::path& python, const check_wait& wait) {
   posix_spawn_file_actions_t actions;
   ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
   ::posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
   ::posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
   std::string program = python.string();
@@ -63,16 +77,45 @@ bool finds_torch(const fs::path& python) {
   sigset_t none;
   sigemptyset(&none);
   ::posix_spawnattr_setsigmask(&attributes, &none);
-  ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+  ::posix_spawnattr_setpgroup(&attributes, 0);
+  ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
   pid_t pid = 0;
   const int rc = ::posix_spawn(&pid, program.c_str(), &actions, &attributes, argv, environ);
   ::posix_spawnattr_destroy(&attributes);
   ::posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return false;
+  if (rc != 0) return torch_check::not_found;
+  // Readable once the check ends. Without one (a kernel before 5.3, a
+  // filter that refuses the call), the check is looked at every 50 ms.
+  const int ended = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  const auto slice = ended >= 0 ? std::chrono::milliseconds(torch_check_limit) : std::chrono::milliseconds(50);
+  const auto end = std::chrono::steady_clock::now() + torch_check_limit;
+  std::optional<torch_check> cut_short;
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  for (;;) {
+    const pid_t got = ::waitpid(pid, &status, WNOHANG);
+    if (got == pid) break;
+    if (got < 0 && errno != EINTR) {  // not ours to reap: no answer
+      cut_short = torch_check::not_found;
+      break;
+    }
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+    if (left <= std::chrono::milliseconds(0)) {
+      say("cohort-run: {} did not say within {} s whether it finds torch: taken as not finding it\n", program,
+          torch_check_limit.count());
+      cut_short = torch_check::not_found;
+    } else if (!wait(std::min(left, slice), ended)) {
+      cut_short = torch_check::interrupted;
+    }
+    if (cut_short) {
+      ::kill(-pid, SIGKILL);  // its group, which `pid` leads until reaped below
+      while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      break;
+    }
   }
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (ended >= 0) ::close(ended);
+  if (cut_short) return *cut_short;
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? torch_check::found : torch_check::not_found;
 }
 
 // Whether Python runs `name` (torchrun runs every script with it): a name
@@ -99,7 +142,7 @@ std::string existing_script(const std::string& script) {
 
 }  // namespace
 
-std::string python_interpreter(const std::string& chosen) {
+std::string python_interpreter(const std::string& chosen, const check_wait& wait) {
   if (!chosen.empty()) return program_path(chosen, "Python ");
   if (const char* exec = std::getenv("PYTHON_EXEC"); exec != nullptr && *exec != '\0') {
     return program_path(exec, "Python (PYTHON_EXEC) ");
@@ -110,18 +153,20 @@ std::string python_interpreter(const std::string& chosen) {
     std::error_code ec;
     auto real = fs::canonical(python, ec);
     if (!tried.insert(ec ? python : real).second) continue;
-    if (finds_torch(python)) return python.string();
+    const auto answer = finds_torch(python, wait);
+    if (answer == torch_check::found) return python.string();
+    if (answer == torch_check::interrupted) break;  // no rank starts: the rest is not asked
   }
   if (candidates.empty()) throw program_error("python3: not found in PATH (choose one with --python)", 127);
   return candidates.front().string();
 }
 
-std::vector<std::string> rank_command(const run_options& o) {
+std::vector<std::string> rank_command(const run_options& o, const check_wait& wait) {
   const auto& program = o.program.front();
   const std::vector<std::string> args(o.program.begin() + 1, o.program.end());
   std::vector<std::string> command;
   const auto with_python = [&](std::initializer_list<std::string> head) {
-    command = {python_interpreter(o.python), "-u"};
+    command = {python_interpreter(o.python, wait), "-u"};
     command.insert(command.end(), head);
   };
   switch (o.form) {

@@ -6,6 +6,8 @@
 
 #include "run/options.hpp"
 
+#include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -18,13 +20,22 @@ struct program_error : std::runtime_error {
   int exit_code;
 };
 
+/// How a check waits for the program it runs: at most `limit`, less where
+/// `fd` (-1: none) becomes readable first; false once the run is to end (a
+/// shutdown signal came), and the check then stops. signal_owner::pause.
+using check_wait = std::function<bool(std::chrono::milliseconds limit, int fd)>;
+
 /// The interpreter for scripts and modules: `chosen` when set, else
 /// $PYTHON_EXEC, else the first python3 in PATH that finds the torch
-/// package, else the first python3 in PATH.
-std::string python_interpreter(const std::string& chosen);
+/// package, else the first python3 in PATH. A python3 that has not
+/// answered within 10 s is taken as not finding it (and said on stderr).
+/// Where `wait` ends the checks, the rest of PATH is not asked: the first
+/// python3 then, for a run that starts no rank.
+std::string python_interpreter(const std::string& chosen, const check_wait& wait);
 
-/// The command line every rank runs (program first). Throws program_error.
-std::vector<std::string> rank_command(const run_options& o);
+/// The command line every rank runs (program first); `wait` as for
+/// python_interpreter. Throws program_error.
+std::vector<std::string> rank_command(const run_options& o, const check_wait& wait);
 
 /// Whether an argument of `command` after the program names the local rank
 /// as torchrun's macro does: `${local_rank}`, or `$local_rank` not followed

@@ -109,14 +109,15 @@ std::optional<int> signal_owner::interrupted() {
   return first_;
 }
 
-bool signal_owner::pause(std::chrono::milliseconds limit) {
-  pollfd readable{signals_fd_, POLLIN, 0};
+bool signal_owner::pause(std::chrono::milliseconds limit, int fd) {
+  pollfd readable[2] = {{signals_fd_, POLLIN, 0}, {fd, POLLIN, 0}};  // poll leaves out a negative fd
   const auto end = std::chrono::steady_clock::now() + limit;
   for (;;) {
     if (interrupted()) return false;
+    if (readable[1].revents != 0) return true;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
     if (left <= std::chrono::milliseconds(0)) return true;
-    ::poll(&readable, 1, static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
+    ::poll(readable, 2, static_cast<int>(std::min<long long>(left.count(), 1 << 30)));
   }
 }
 

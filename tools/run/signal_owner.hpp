@@ -43,9 +43,11 @@ class signal_owner {
   void detach();
   /// The first shutdown signal, once one came (reading those waiting).
   std::optional<int> interrupted();
-  /// Waits at most `limit` for a shutdown signal; false once one came. For
-  /// the rendezvous' waits between its polls.
-  bool pause(std::chrono::milliseconds limit);
+  /// Waits at most `limit` for a shutdown signal, or for `fd` to be readable
+  /// or hung up where it is not -1; false once a shutdown signal came. For
+  /// the rendezvous' waits between its polls, and the checks' waits for the
+  /// programs they run.
+  bool pause(std::chrono::milliseconds limit, int fd = -1);
 
  private:
   /// Takes every signal waiting on the signalfd; mutex_ held.
