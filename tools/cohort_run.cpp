@@ -301,8 +301,9 @@ fs::path fresh_temp_folder(const std::string& prefix, std::error_code& ec) {
 // mkdtemp, the run id and '_' before it): <run-id>_ and 8 characters of
 // a-z, 0-9 and '_', made with mode 0700. Made here, so that runs started
 // with one id (the nodes of a job, on a shared file system) never share
-// one; without --log-dir, the logs' fresh folder holds it.
-std::string log_folder(const run_options& o, const std::string& run_id) {
+// one; without --log-dir, the logs' fresh folder holds it. `made` becomes
+// the folder where this call made it.
+std::string log_folder(const run_options& o, const std::string& run_id, fs::path& made) {
   static constexpr std::string_view characters = "abcdefghijklmnopqrstuvwxyz0123456789_";
   const auto fresh_name = [&run_id] {
     auto bits = random_bits();
@@ -315,19 +316,25 @@ std::string log_folder(const run_options& o, const std::string& run_id) {
   fs::create_directories(o.log_dir, ec);
   for (int tries = 0;; ++tries) {
     auto folder = fresh_name();
-    // Made here; or, where it cannot be, the logs' set-up says why.
-    if (::mkdir((fs::path(o.log_dir) / folder).c_str(), 0700) == 0 || errno != EEXIST || tries == 100) return folder;
+    const auto path = fs::path(o.log_dir) / folder;
+    if (::mkdir(path.c_str(), 0700) == 0) {
+      made = path;
+      return folder;
+    }
+    // Where it cannot be made, the logs' set-up says why.
+    if (errno != EEXIST || tries == 100) return folder;
   }
 }
 
 // The ranks' logs from the flags, checked before the run's folder under the
 // log dir is made (log_folder). Files are asked for without --log-dir: a
-// fresh folder in $TMPDIR, as torchrun makes one.
-cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& run_id) {
+// fresh folder in $TMPDIR, as torchrun makes one. `made` becomes the folder
+// made here (that one, or the run's under --log-dir), if any.
+cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& run_id, fs::path& made) {
   cohort::logs_spec logs;
   logs.redirects = streams_of("redirects", o.redirects);
   logs.tee = streams_of("tee", o.tee);
-  logs.run_id = log_folder(o, run_id);
+  logs.run_id = log_folder(o, run_id, made);
   logs.tee_through_pipes = o.tee_through_pipes;
   logs.prefix = o.log_line_prefix_template;
   // Local ranks past this node's are left out, as torchrun leaves them
@@ -358,7 +365,7 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& ru
     // naming ENOENT or EACCES would read as a program not found (127) or
     // not runnable (126).
     if (ec) throw fs::filesystem_error("making a log folder in $TMPDIR", ec);
-    say("cohort-run: logs in {}\n", logs.dir.string());
+    made = logs.dir;
   }
   return logs;
 }
@@ -605,6 +612,21 @@ struct error_folder {
   }
 };
 
+// The folder a run made for its logs (the fresh one in $TMPDIR, or the
+// run's own under --log-dir), removed where the run ends before its first
+// attempt (a set-up that failed, a shutdown signal, an exception) and it
+// is still empty: no folder is left behind, and result.json names none.
+struct made_log_folder {
+  fs::path path;
+  run_record& record;
+
+  ~made_log_folder() {
+    if (path.empty() || !record.attempts.empty()) return;
+    std::error_code ec;
+    if (fs::remove(path, ec)) record.log_dir.clear();  // a folder that holds anything fails, and stays
+  }
+};
+
 void write_results(const run_options& o, const run_record& record) {
   std::vector<fs::path> files;
   if (!o.result_json.empty()) files.emplace_back(o.result_json);
@@ -767,7 +789,8 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   if (const auto sig = signals.interrupted()) return interrupted_between(*sig, 0);
 
   cohort::group_spec spec;
-  spec.logs = logs_of(o, nproc, run_id);
+  made_log_folder made{{}, record};
+  spec.logs = logs_of(o, nproc, run_id, made.path);
   if (!spec.logs.dir.empty()) {
     // Named absolute in result.json (the folder itself is made and used by
     // the path as given, which needs no search of the directories above).
@@ -866,6 +889,10 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     }
     spec.envs.clear();
     for (int local = 0; local < nproc; ++local) spec.envs[local] = rank_contract(o, p, local);
+    // Named as the first attempt starts: a run that ends before has none.
+    if (attempt == 0 && o.log_dir.empty() && !spec.logs.dir.empty()) {
+      say("cohort-run: logs in {}\n", spec.logs.dir.string());
+    }
     std::optional<round_change> ended_by;
     record.attempts.push_back(
         run_attempt(spec, signals, rdzv ? &*rdzv : nullptr, ended_by, errors, timer ? &*timer : nullptr));

@@ -1467,6 +1467,39 @@ TEST_SUITE("cohort-run") {
     CHECK(fs::is_empty(tmp.path));
   }
 
+  TEST_CASE("a set-up that fails before any rank starts removes the log folder it made, and names none") {
+    test::temp_dir logs, tmp, dir;
+    const auto json = dir.path / "result.json";
+    // The file timer's FIFO in a folder that is not there; node 0 of a job not answering.
+    const std::vector<std::pair<std::vector<std::string>, std::map<std::string, std::string>>> failing{
+        {{}, {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}, {"TORCHELASTIC_TIMER_FILE", "/nonexistent/cohort-test/fifo"}}},
+        {{"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", "1", "--rdzv-conf",
+          "join_timeout=1"},
+         {}}};
+    for (const auto& [flags, env] : failing) {
+      for (const bool log_dir : {true, false}) {
+        auto args = flags;
+        const bool timer = !env.empty();
+        CAPTURE(timer);
+        CAPTURE(log_dir);
+        if (log_dir) args.insert(args.end(), {"--log-dir", (logs.path / "a").string()});
+        args.insert(args.end(), {"--result-json", json.string(), "-t", "3", "-n", "1", "--", "/bin/true"});
+        auto with_tmp = env;
+        with_tmp["TMPDIR"] = tmp.path.string();
+        const auto r = run_launcher(args, with_tmp);
+        INFO(r.err);
+        CHECK(r.status.code() == 1);
+        CHECK(r.err.find("logs in") == std::string::npos);
+        CHECK(fs::is_empty(tmp.path));
+        if (log_dir) CHECK(fs::is_empty(logs.path / "a"));
+        REQUIRE(fs::exists(json));
+        const auto result = nlohmann::json::parse(read_file(json));
+        CHECK(result["outcome"] == "failed");
+        CHECK_FALSE(result.contains("log_dir"));
+      }
+    }
+  }
+
   TEST_CASE("runs started together with one --run-id and --log-dir each get a folder of their own") {
     for (int round = 0; round < 5; ++round) {
       CAPTURE(round);
