@@ -217,7 +217,7 @@ int serve_rounds(const std::string& what) {
   const auto all = timings();
   const auto it = std::find_if(all.begin(), all.end(), [&](const timing& t) { return t.name == what; });
   if (it == all.end()) return 2;
-  if (it->spawn_first) cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, {});
+  if (it->spawn_first) cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks);
   char go;
   while (::read(0, &go, 1) == 1) {
     const timed baseline = timed_run(it->against_fork ? raw_fork : raw_spawn);

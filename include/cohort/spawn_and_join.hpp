@@ -4,6 +4,7 @@
 
 #include "cohort/export.hpp"
 
+#include "cohort/compiler.hpp"
 #include "cohort/entry_point.hpp"
 #include "cohort/group.hpp"
 #include "cohort/process_error.hpp"
@@ -55,6 +56,21 @@ auto spawn_and_join(R (*fn)(int, P...), std::tuple<A...> args, int nprocs, const
     return values;
   }
 }
+#if COHORT_AWAIT_TEMPORARY_BUG
+/// Refused at compile time on g++ 12 and older, which destroy a
+/// join_options temporary twice when the call is part of a co_await
+/// expression (`co_await f(spawn_and_join(fn, args, n, {...}))`). Refused
+/// everywhere, since the call cannot tell whether it is inside one; a named
+/// join_options is taken by the overload above.
+template <class R, class... P, class... A>
+auto spawn_and_join(R (*fn)(int, P...), std::tuple<A...> args, int nprocs, join_options&& options) {
+  static_assert(detail::refused<R>,
+                "g++ 12 destroys a join_options temporary twice inside co_await (std::move of a named one is "
+                "refused too): name the options first, `join_options options{...}; "
+                "spawn_and_join(fn, args, n, options);`");
+  return spawn_and_join(fn, std::move(args), nprocs, static_cast<const join_options&>(options));
+}
+#endif
 /// With default options. (An overload, not a default argument: g++ 12
 /// destroys a defaulted `{}` twice when the call is part of a co_await
 /// expression.)

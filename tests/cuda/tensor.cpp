@@ -14,6 +14,7 @@
 #include "support/cuda_memory.hpp"
 #include "support/cuda_records.hpp"
 #include "support/harness.hpp"
+#include "support/join_by.hpp"
 #include "support/process_probe.hpp"
 #include "support/run_group.hpp"
 
@@ -51,12 +52,6 @@ const test::needs_device needs{"CUDA device", [] { return cuda::unavailable_reas
 namespace cuda_tensor_tests {
 
 const start_method methods[] = {start_method::spawn, start_method::forkserver};
-
-join_options with(start_method method) {
-  join_options options;
-  options.method = method;
-  return options;
-}
 
 // The float32 elements of a device tensor, copied here.
 std::vector<float> floats_of(const tensor& t) {
@@ -374,7 +369,7 @@ TEST_SUITE("cuda tensors") {
       const test::memory_mark mark(0);
       {
         tensor t = cuda::zeros({5}, dtype::float32, 0);
-        spawn_and_join(fill_given, std::tuple{t, 7.0}, 1, with(method));
+        spawn_and_join(fill_given, std::tuple{t, 7.0}, 1, test::join_by(method));
         CHECK(floats_of(t) == std::vector<float>(5, 7.0f));
       }
       cuda::empty_cache();
@@ -392,7 +387,7 @@ TEST_SUITE("cuda tensors") {
         CAPTURE(capacity);
         const test::memory_mark mark(0);
         queue<tensor> first(capacity), second(capacity);
-        const auto results = spawn_and_join(send_many, std::tuple{first, second, count}, 3, with(method));
+        const auto results = spawn_and_join(send_many, std::tuple{first, second, count}, 3, test::join_by(method));
         float expected = 0;
         for (int i = 0; i < count; ++i) expected += value_of(i);
         CHECK(results.at(2) == std::vector<float>(5, expected));
@@ -407,7 +402,7 @@ TEST_SUITE("cuda tensors") {
       const test::memory_mark mark(0);
       constexpr int count = 500;
       queue<std::vector<tensor>> q(4);
-      const auto results = spawn_and_join(small_tensors, std::tuple{q, count, 5}, 2, with(method));
+      const auto results = spawn_and_join(small_tensors, std::tuple{q, count, 5}, 2, test::join_by(method));
       const auto& seen = results.at(1);
       REQUIRE(seen.size() == count + 1);
       CHECK(std::count(seen.begin(), seen.end() - 1, 1) == count);
@@ -423,7 +418,7 @@ TEST_SUITE("cuda tensors") {
       queue<tensor> q(4);
       constexpr std::int64_t n = 1 << 16;
       constexpr std::int64_t half_a_second = 500'000'000;
-      const auto results = spawn_and_join(stream_ordered, std::tuple{q, n, half_a_second}, 2, with(method));
+      const auto results = spawn_and_join(stream_ordered, std::tuple{q, n, half_a_second}, 2, test::join_by(method));
       CHECK(results.at(1) == 0);
     }
   }
@@ -437,7 +432,8 @@ TEST_SUITE("cuda tensors") {
       queue<int> ready(1);
       constexpr int count = 1000;
       constexpr std::int64_t bytes = 256 << 10;  // 250 MiB in all, were no block reused
-      const auto results = spawn_and_join(blocks_come_back, std::tuple{q, ready, count, bytes}, 2, with(method));
+      const auto results =
+          spawn_and_join(blocks_come_back, std::tuple{q, ready, count, bytes}, 2, test::join_by(method));
       CHECK(results.at(1) == 0);
       CHECK(results.at(0) < (std::int64_t{64} << 20));
       CHECK(mark.given_back());
@@ -448,7 +444,7 @@ TEST_SUITE("cuda tensors") {
     for (auto method : methods) {
       CAPTURE(to_string(method));
       queue<mixed> q(2);
-      const auto results = spawn_and_join(mixed_values, std::tuple{q}, 2, with(method));
+      const auto results = spawn_and_join(mixed_values, std::tuple{q}, 2, test::join_by(method));
       CHECK(results.at(1) == std::vector<std::int64_t>{kDLCPU, 7, kDLCUDA, 9, kDLCUDA, 0, 3, 0, 11});
     }
   }
@@ -540,11 +536,11 @@ TEST_SUITE("cuda tensors") {
         first.synchronize();
         // A tensor and an event of device 1, used in a rank.
         tensor t = cuda::zeros({5}, dtype::float32, 1);
-        spawn_and_join(fill_given, std::tuple{t, 7.0}, 1, with(method));
+        spawn_and_join(fill_given, std::tuple{t, 7.0}, 1, test::join_by(method));
         CHECK(floats_of(t) == std::vector<float>(5, 7.0f));
         cuda::event second(1);
         second.record(nullptr);
-        const auto fired = spawn_and_join(wait_for_given, std::tuple{second}, 1, with(method));
+        const auto fired = spawn_and_join(wait_for_given, std::tuple{second}, 1, test::join_by(method));
         REQUIRE(fired.size() == 1);
         CHECK(fired[0]);
       }
@@ -575,7 +571,7 @@ TEST_SUITE("cuda tensors") {
       queue<std::int64_t> maker(1);
       queue<int> go(1);
       const auto args = std::tuple{to_relay, on, back, maker, go};
-      const auto results = spawn_and_join(relay_after_maker, args, 3, with(method));
+      const auto results = spawn_and_join(relay_after_maker, args, 3, test::join_by(method));
       CHECK(results.at(2));
       CHECK(mark.given_back());
     }
@@ -620,7 +616,8 @@ TEST_SUITE("cuda tensors") {
           const tensor t = cuda::full({1 << 18}, i, dtype::float32, 0);
           q.put(t);
         }
-        CHECK_THROWS_AS(spawn_and_join(hold_and_die, std::tuple{q, count}, 1, with(method)), process_exited_error);
+        CHECK_THROWS_AS(spawn_and_join(hold_and_die, std::tuple{q, count}, 1, test::join_by(method)),
+                        process_exited_error);
       }
       // Every block is free again, so every chunk can go.
       CHECK(cuda::empty_cache() >= 4);
@@ -695,12 +692,12 @@ TEST_SUITE("cuda tensors") {
       cuda::event done(0);
       test::kernels::get().spin_fill(t.raw_data(), 1024, 3, 200'000'000, cuda::current_stream());
       done.record(cuda::current_stream());
-      CHECK(spawn_and_join(wait_for_given, std::tuple{done}, 1, with(method)).at(0));
+      CHECK(spawn_and_join(wait_for_given, std::tuple{done}, 1, test::join_by(method)).at(0));
 
       queue<cuda::event> events(1);
       queue<int> used(1);
       auto exporter = std::async(std::launch::async, [&] {
-        spawn_and_join(export_event, std::tuple{events, used, std::int64_t{200'000'000}}, 1, with(method));
+        spawn_and_join(export_event, std::tuple{events, used, std::int64_t{200'000'000}}, 1, test::join_by(method));
       });
       cuda::event theirs = *events.get();
       CHECK(theirs.opened());

@@ -8,6 +8,7 @@
 #include "os/stack_trace.hpp"
 
 #include "support/harness.hpp"
+#include "support/join_by.hpp"
 #include "support/process_probe.hpp"
 
 #include <doctest/doctest.h>
@@ -360,7 +361,7 @@ run_result run_group(const group_spec& spec) {
 // what the std::logic_error that refused it says.
 std::string try_start(start_method method) {
   try {
-    spawn_and_join(succeed, std::tuple{}, 1, join_options{.method = method});
+    spawn_and_join(succeed, std::tuple{}, 1, test::join_by(method));
     return fmt::format("{}: started\n", to_string(method));
   } catch (const std::logic_error& e) {
     return fmt::format("{}: {}\n", to_string(method), e.what());
@@ -542,7 +543,7 @@ TEST_SUITE("entry points") {
   TEST_CASE("every method's ranks ignore the signals, and take the limits, nice value and CPUs, of the moment") {
     // The forkserver runs by now, started with this process's state of then:
     // its ranks must not take its own.
-    REQUIRE(spawn_and_join(rank_itself, std::tuple{}, 1, join_options{.method = start_method::forkserver}).size() == 1);
+    REQUIRE(spawn_and_join(rank_itself, std::tuple{}, 1, test::join_by(start_method::forkserver)).size() == 1);
     struct sigaction ignore {}, before {};
     ignore.sa_handler = SIG_IGN;
     REQUIRE(::sigaction(SIGUSR2, &ignore, &before) == 0);
@@ -583,7 +584,7 @@ TEST_SUITE("entry points") {
   TEST_CASE("every method starts its ranks in the parent's working directory and umask of the moment") {
     // The forkserver runs by now (started here, in this directory, with
     // this umask): its ranks must not take its own.
-    REQUIRE(spawn_and_join(rank_itself, std::tuple{}, 1, join_options{.method = start_method::forkserver}).size() == 1);
+    REQUIRE(spawn_and_join(rank_itself, std::tuple{}, 1, test::join_by(start_method::forkserver)).size() == 1);
     test::temp_dir elsewhere;
     const auto home = std::filesystem::current_path();
     std::filesystem::current_path(elsewhere.path);
@@ -631,7 +632,7 @@ TEST_SUITE("entry points") {
     // No rank could enter it by name (the forkserver's enter it by
     // descriptor), and a relative error_dir stays relative: its absolute
     // path is too long to use.
-    REQUIRE(spawn_and_join(rank_itself, std::tuple{}, 1, join_options{.method = start_method::forkserver}).size() == 1);
+    REQUIRE(spawn_and_join(rank_itself, std::tuple{}, 1, test::join_by(start_method::forkserver)).size() == 1);
     test::temp_dir top;
     const auto home = std::filesystem::current_path();
     std::filesystem::current_path(top.path);
@@ -706,7 +707,7 @@ TEST_SUITE("entry points") {
       std::string text("a\0b", 3);
       std::vector<std::byte> big(1 << 20, std::byte{7});
       auto values = spawn_and_join(describe_args, std::tuple{text, std::vector<int>{1, 2, 3}, big}, 2,
-                                   join_options{.method = method});
+                                   test::join_by(method));
       REQUIRE(values.size() == 2);
       CHECK(values[0] == fmt::format("0:{}:6:{}", text, big.size()));
       CHECK(values[1] == fmt::format("1:{}:6:{}", text, big.size()));
@@ -762,7 +763,7 @@ TEST_SUITE("entry points") {
   TEST_CASE("an exception in one rank reaches the parent with rank, pid, type, message and trace") {
     for_each_method([](start_method method) {
       try {
-        spawn_and_join(raise_on, std::tuple{1}, 2, join_options{.method = method});
+        spawn_and_join(raise_on, std::tuple{1}, 2, test::join_by(method));
         FAIL("no exception");
       } catch (const process_raised_error& e) {
         CHECK(e.rank() == 1);
@@ -796,7 +797,7 @@ TEST_SUITE("entry points") {
     for (start_method method : {start_method::fork, start_method::forkserver}) {
       CAPTURE(to_string(method));
       try {
-        spawn_and_join(raise_on, std::tuple{0}, 1, join_options{.method = method});
+        spawn_and_join(raise_on, std::tuple{0}, 1, test::join_by(method));
         FAIL("no exception");
       } catch (const process_raised_error& e) {
         CHECK(e.message() == "std::invalid_argument: legitimate exception from rank 0");
@@ -809,7 +810,7 @@ TEST_SUITE("entry points") {
   }
 
   TEST_CASE("outside a rank, the terminate handler forked ranks inherit does the runtime's default") {
-    spawn_and_join(succeed, std::tuple{}, 1, join_options{.method = start_method::fork});
+    spawn_and_join(succeed, std::tuple{}, 1, test::join_by(start_method::fork));
     const pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
@@ -870,7 +871,7 @@ TEST_SUITE("entry points") {
   TEST_CASE("a rank killed by a signal gives process_exited_error naming the signal") {
     for_each_method([](start_method method) {
       try {
-        spawn_and_join(signal_self, std::tuple{SIGABRT}, 2, join_options{.method = method});
+        spawn_and_join(signal_self, std::tuple{SIGABRT}, 2, test::join_by(method));
         FAIL("no exception");
       } catch (const process_exited_error& e) {
         CHECK(e.rank() == 0);
@@ -884,7 +885,7 @@ TEST_SUITE("entry points") {
   TEST_CASE("a rank that exits 0 inside a function returning a value fails, saying so, rather than leave no result") {
     for_each_method([](start_method method) {
       try {
-        spawn_and_join(exits_zero_before_returning, std::tuple{}, 2, join_options{.method = method});
+        spawn_and_join(exits_zero_before_returning, std::tuple{}, 2, test::join_by(method));
         FAIL("no exception");
       } catch (const process_raised_error& e) {  // as for a result that cannot be read: the message says why
         CHECK(e.rank() == 1);
@@ -896,7 +897,7 @@ TEST_SUITE("entry points") {
   TEST_CASE("a rank exiting non-zero gives process_exited_error with the code") {
     for_each_method([](start_method method) {
       try {
-        spawn_and_join(exit_with, std::tuple{123}, 2, join_options{.method = method});
+        spawn_and_join(exit_with, std::tuple{123}, 2, test::join_by(method));
         FAIL("no exception");
       } catch (const process_exited_error& e) {
         CHECK(e.rank() == 0);
@@ -961,7 +962,7 @@ TEST_SUITE("entry points") {
 
   TEST_CASE("a rank that succeeds first does not hide a later exception") {
     for_each_method([](start_method method) {
-      CHECK_THROWS_AS(spawn_and_join(succeed_then_raise, std::tuple{}, 2, join_options{.method = method}),
+      CHECK_THROWS_AS(spawn_and_join(succeed_then_raise, std::tuple{}, 2, test::join_by(method)),
                       process_raised_error);
     });
   }
@@ -1233,7 +1234,7 @@ TEST_SUITE("entry points") {
     REQUIRE(::sigaction(SIGUSR1, &handler, &old) == 0);
     for_each_method([](start_method method) {
       try {
-        spawn_and_join(signal_self, std::tuple{SIGUSR1}, 2, join_options{.method = method});
+        spawn_and_join(signal_self, std::tuple{SIGUSR1}, 2, test::join_by(method));
         FAIL("no exception");
       } catch (const process_exited_error& e) {
         CHECK(e.rank() == 0);
@@ -1457,7 +1458,7 @@ TEST_SUITE("entry points") {
     test::temp_dir dir;
     std::atomic<bool> served{false};
     std::thread first([&] {
-      (void)spawn_and_join(rank_itself, std::tuple{}, 1, join_options{.method = start_method::forkserver});
+      (void)spawn_and_join(rank_itself, std::tuple{}, 1, test::join_by(start_method::forkserver));
       served = true;
       // Ends once the ranks below are up.
       (void)test::within(10s, [&] { return fs::exists(dir.path / "0") && fs::exists(dir.path / "1"); }, 5ms);
@@ -1466,7 +1467,7 @@ TEST_SUITE("entry points") {
     const pid_t server = forkserver_pid();
     std::vector<pid_t> pids;
     CHECK_NOTHROW(pids = spawn_and_join(note_up_then_sleep, std::tuple{dir.path.string(), 1000}, 2,
-                                        join_options{.method = start_method::forkserver}));
+                                        test::join_by(start_method::forkserver)));
     first.join();
     CHECK(pids.size() == 2);
     CHECK(server > 0);
@@ -1591,7 +1592,7 @@ TEST_SUITE("entry points") {
       ::setrlimit(RLIMIT_NOFILE, &lowered);
       int code = 0;
       try {
-        spawn_and_join(succeed, std::tuple{}, 1, join_options{.method = start_method::forkserver});
+        spawn_and_join(succeed, std::tuple{}, 1, test::join_by(start_method::forkserver));
       } catch (const std::exception& e) {
         std::fprintf(stderr, "the first start failed: %s\n", e.what());
         code = 2;
@@ -1599,7 +1600,7 @@ TEST_SUITE("entry points") {
       ::setrlimit(RLIMIT_NOFILE, &original);
       if (code == 0) {
         try {
-          spawn_and_join(succeed, std::tuple{}, 8, join_options{.method = start_method::forkserver});
+          spawn_and_join(succeed, std::tuple{}, 8, test::join_by(start_method::forkserver));
           code = 3;
         } catch (const std::system_error& e) {
           const std::string expected = fmt::format("under the open file limit it started with, {}", low);

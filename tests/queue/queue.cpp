@@ -7,6 +7,7 @@
 #include "os/process_identity.hpp"
 
 #include "support/harness.hpp"
+#include "support/join_by.hpp"
 
 #include <doctest/doctest.h>
 
@@ -535,7 +536,7 @@ TEST_SUITE("queue") {
           sent.back().data()[0] = std::byte(10 * i);
           in.put(sent.back());
         }
-        spawn_and_join(add_rank, std::tuple{in, out, 3}, 2, {.method = method});
+        spawn_and_join(add_rank, std::tuple{in, out, 3}, 2, test::join_by(method));
         int sum = 0;
         for (int i = 0; i < 6; ++i) {
           storage back = out.get(1s).value();
@@ -963,7 +964,7 @@ TEST_SUITE("event") {
         CHECK_FALSE(done.is_set());
         go.set();
       });
-      spawn_and_join(set_after_wait, std::tuple{go, done}, 1, {.method = method});
+      spawn_and_join(set_after_wait, std::tuple{go, done}, 1, test::join_by(method));
       parent.join();
       CHECK(done.wait_for(1s));
     }

@@ -16,6 +16,7 @@
 #include "shm/segment_name.hpp"
 
 #include "support/harness.hpp"
+#include "support/join_by.hpp"
 #include "support/process_probe.hpp"
 
 #include <asio/experimental/awaitable_operators.hpp>
@@ -200,7 +201,7 @@ COHORT_ENTRYPOINT(nothing);
 // error directory, the forkserver), so that no repetition counts it as kept.
 void warm_up() {
   static const bool done = [] {
-    spawn_and_join(nothing, std::tuple{}, 1, {.method = start_method::forkserver});
+    spawn_and_join(nothing, std::tuple{}, 1, test::join_by(start_method::forkserver));
     return true;
   }();
   (void)done;
@@ -840,7 +841,7 @@ void pipeline_repetitions(bool in_own_rank) {
     CAPTURE(kill_after);
     const auto [pids, codes, outcomes, failed] =
         in_own_rank
-            ? spawn_and_join(run_pipeline_in_rank, std::tuple{victim, kill_after}, 1, {.method = start_method::fork})
+            ? spawn_and_join(run_pipeline_in_rank, std::tuple{victim, kill_after}, 1, test::join_by(start_method::fork))
                   .at(0)
             : run_pipeline(victim, kill_after);
     check.children.assign(pids.begin(), pids.end());
@@ -923,7 +924,7 @@ TEST_SUITE("sharing") {
       event filled, looked;
       REQUIRE(q.put(sent, 1s));
       auto ranks = std::async(std::launch::async, [&] {
-        spawn_and_join(fill_rows, std::tuple{given, q, filled, looked}, 1, {.method = method});
+        spawn_and_join(fill_rows, std::tuple{given, q, filled, looked}, 1, test::join_by(method));
       });
       // Looked at while the child is still there, as torch does.
       const bool was_filled = filled.wait_for(10s);
@@ -950,7 +951,7 @@ TEST_SUITE("sharing") {
       queue<tensor> q(4);
       event received;
       auto ranks = std::async(std::launch::async, [&] {
-        spawn_and_join(send_twice, std::tuple{q, received, static_cast<int>(type)}, 1, {.method = method});
+        spawn_and_join(send_twice, std::tuple{q, received, static_cast<int>(type)}, 1, test::join_by(method));
       });
       {
         auto t1 = q.get(10s);
@@ -973,7 +974,7 @@ TEST_SUITE("sharing") {
       tensor x = counting_5x5();
       queue<views> q(2);
       REQUIRE(q.put({x.storage(), x, x.select(0, 2), x.select(1, 1), x.transpose(0, 1)}, 1s));
-      const auto seen = spawn_and_join(inspect_views, std::tuple{q}, 1, {.method = start_method::fork}).at(0);
+      const auto seen = spawn_and_join(inspect_views, std::tuple{q}, 1, test::join_by(start_method::fork)).at(0);
       INFO("seen: ", fmt::format("{}", fmt::join(seen, ", ")));
       // One storage; row 2 at offset 10, stride 1; column 1 at offset 1,
       // stride 5; the transpose's strides 1, 5; then 100 where row 2 meets
@@ -1078,7 +1079,7 @@ TEST_SUITE("sharing") {
     repeat_under_each_strategy(repetitions, [](leak_check&, int) {
       inherited = tensor::zeros({5, 5}, dtype::float32, {.shared = true});
       inherited.at<float>({4, 4}) = 2;
-      const auto found = spawn_and_join(add_to_inherited_row, std::tuple{}, 2, {.method = start_method::fork});
+      const auto found = spawn_and_join(add_to_inherited_row, std::tuple{}, 2, test::join_by(start_method::fork));
       REQUIRE(found.size() == 2);
       CHECK(found[0] == 2);
       CHECK(found[1] == 2);
@@ -1102,7 +1103,7 @@ TEST_SUITE("sharing") {
       event received;
       auto ranks = std::async(std::launch::async, [&] {
         spawn_and_join(echo_with_empties, std::tuple{in, out, static_cast<int>(sent.size()), received}, 1,
-                       {.method = start_method::fork});
+                       test::join_by(start_method::fork));
       });
       std::vector<tensor> back;
       for (std::size_t i = 0; i < sent.size() + 2; ++i) {
@@ -1153,9 +1154,8 @@ TEST_SUITE("sharing") {
           sent.push_back(tensor::full({(1 << 16) + 16}, i, dtype::float32, {.shared = true}));
           REQUIRE(q.put(sent.back(), 1s));
         }
-        const auto seen =
-            spawn_and_join(receive_own_segments_under_fd_limit, std::tuple{q, n, keep}, 1, {.method = start_method::spawn})
-                .at(0);
+        const auto& spawned = test::join_by(start_method::spawn);
+        const auto seen = spawn_and_join(receive_own_segments_under_fd_limit, std::tuple{q, n, keep}, 1, spawned).at(0);
         REQUIRE(seen.size() == 2);
         CHECK(seen[0] == n);
         // What it may keep for good: the death notice's epoll descriptor and
@@ -1255,7 +1255,7 @@ TEST_SUITE("sharing") {
       queue<int> q(1);
       auto ranks = std::async(std::launch::async, [&] {
         std::this_thread::sleep_for(5ms);  // for the get below to be asleep
-        spawn_and_join(put_one_and_leave, std::tuple{q}, 1, {.method = start_method::fork});
+        spawn_and_join(put_one_and_leave, std::tuple{q}, 1, test::join_by(start_method::fork));
       });
       try {
         const auto got = q.get(5s);
@@ -1270,7 +1270,7 @@ TEST_SUITE("sharing") {
       REQUIRE(q.put(1, 1s));
       auto ranks = std::async(std::launch::async, [&] {
         std::this_thread::sleep_for(5ms);  // for the put below to be asleep
-        spawn_and_join(get_one_and_leave, std::tuple{q}, 1, {.method = start_method::fork});
+        spawn_and_join(get_one_and_leave, std::tuple{q}, 1, test::join_by(start_method::fork));
       });
       try {
         const bool put = q.put(2, 5s);
@@ -1317,7 +1317,7 @@ TEST_SUITE("sharing") {
       {
         queue<tensor> q(8);
         const auto started = std::chrono::steady_clock::now();
-        rank = spawn_and_join(push_unreceived, std::tuple{q, 4}, 1, {.method = method}).at(0);
+        rank = spawn_and_join(push_unreceived, std::tuple{q, 4}, 1, test::join_by(method)).at(0);
         CHECK(std::chrono::steady_clock::now() - started < 5s);
         CHECK(q.size() == 4);
       }
@@ -1334,7 +1334,7 @@ TEST_SUITE("sharing") {
       return;
     }
     const auto args = std::tuple{os::pid_namespace() + 1};
-    const pid_t rank = spawn_and_join(leave_stamped_files, args, 1, {.method = start_method::fork}).at(0);
+    const pid_t rank = spawn_and_join(leave_stamped_files, args, 1, test::join_by(start_method::fork)).at(0);
     const auto left = files_of(rank);
     for (const auto& name : left) fs::remove(fs::path("/dev/shm") / name);
     CHECK(left == std::vector{shm::segment_name(rank, foreign_nonce).substr(1)});
@@ -1429,7 +1429,7 @@ TEST_SUITE("sharing") {
   TEST_CASE("a queue held by more processes than its table's slots, killed one by one, still drops what is left") {
     const auto held = holders_after_dropping([](queue<storage>& q) {
       for (int i = 0; i < 130; ++i) {
-        CHECK_THROWS(spawn_and_join(hold_and_die, std::tuple{q}, 1, {.method = start_method::fork}));
+        CHECK_THROWS(spawn_and_join(hold_and_die, std::tuple{q}, 1, test::join_by(start_method::fork)));
       }
     });
     CHECK(held == 1);
@@ -1437,7 +1437,7 @@ TEST_SUITE("sharing") {
 
   TEST_CASE("a queue held by more processes at once than its table's slots still drops what is left") {
     const auto held = holders_after_dropping([](queue<storage>& q) {
-      spawn_and_join(hold_a_while, std::tuple{q}, 130, {.method = start_method::fork});
+      spawn_and_join(hold_a_while, std::tuple{q}, 130, test::join_by(start_method::fork));
     });
     CHECK(held == 1);
   }
@@ -1453,7 +1453,8 @@ TEST_SUITE("sharing") {
         CAPTURE(to_string(method));
         queue<int> pid(1);
         queue<tensor> q(4);
-        CHECK_THROWS(spawn_and_join(push_then_die, std::tuple{pid, q, static_cast<int>(strategy)}, 1, {.method = method}));
+        CHECK_THROWS(
+            spawn_and_join(push_then_die, std::tuple{pid, q, static_cast<int>(strategy)}, 1, test::join_by(method)));
         const auto sender = pid.get(1s);
         REQUIRE(sender);
         REQUIRE(q.size() == 2);
@@ -1473,7 +1474,7 @@ TEST_SUITE("sharing") {
   TEST_CASE("a rank returns shared memory of its own to a process that holds no queue") {
     for (const auto method : {start_method::spawn, start_method::fork, start_method::forkserver}) {
       CAPTURE(to_string(method));
-      const auto rows = spawn_and_join(make_shared_row, std::tuple{}, 2, {.method = method});
+      const auto rows = spawn_and_join(make_shared_row, std::tuple{}, 2, test::join_by(method));
       REQUIRE(rows.size() == 2);
       for (int rank = 0; rank < 2; ++rank) {
         CHECK(rows[static_cast<std::size_t>(rank)].is_shared());
@@ -1522,7 +1523,7 @@ TEST_SUITE("sharing") {
       queue<int> pid(1);
       queue<std::string> q(4);
       CHECK_THROWS(spawn_and_join(push_large_then_die, std::tuple{pid, q, static_cast<int>(strategy)}, 1,
-                                  {.method = start_method::forkserver}));
+                                  test::join_by(start_method::forkserver)));
       const auto sender = pid.get(1s);
       REQUIRE(sender);
       REQUIRE(q.size() == 1);
@@ -1546,7 +1547,7 @@ TEST_SUITE("sharing") {
       queue<int> pid(1);
       queue<std::tuple<tensor, tensor>> q(4);
       CHECK_THROWS(spawn_and_join(push_own_and_kept_then_die, std::tuple{pid, q, kept, static_cast<int>(strategy)}, 1,
-                                  {.method = start_method::forkserver}));
+                                  test::join_by(start_method::forkserver)));
       const auto sender = pid.get(1s);
       REQUIRE(sender);
       REQUIRE(q.size() == 1);
@@ -1569,7 +1570,7 @@ TEST_SUITE("sharing") {
         repeat_under_each_strategy(2, [&](leak_check&, int) {
           queue<tensor> q(8);
           const auto started = std::chrono::steady_clock::now();
-          const auto returned = spawn_and_join(push_then_return, std::tuple{q, 3, large}, 2, {.method = method});
+          const auto returned = spawn_and_join(push_then_return, std::tuple{q, 3, large}, 2, test::join_by(method));
           CHECK(std::chrono::steady_clock::now() - started < 10s);
           REQUIRE(returned.size() == 2);
           for (int r = 0; r < 2; ++r) CHECK(returned[static_cast<std::size_t>(r)] == tensor::full({1000}, 7 + r, dtype::float32));
@@ -1592,9 +1593,9 @@ TEST_SUITE("sharing") {
         CAPTURE(how);
         queue<tensor> q(4);
         if (how == 0) {
-          spawn_and_join(push_then_leave, std::tuple{q, how}, 1, {.method = method});
+          spawn_and_join(push_then_leave, std::tuple{q, how}, 1, test::join_by(method));
         } else {
-          CHECK_THROWS_WITH(spawn_and_join(push_then_leave, std::tuple{q, how}, 1, {.method = method}),
+          CHECK_THROWS_WITH(spawn_and_join(push_then_leave, std::tuple{q, how}, 1, test::join_by(method)),
                             doctest::Contains("after the push"));
         }
         const auto t = q.get(5s);
@@ -1612,7 +1613,7 @@ TEST_SUITE("sharing") {
       repeat_under_each_strategy(2, [&](leak_check&, int) {
         queue<tensor> q(8);
         const auto started = std::chrono::steady_clock::now();
-        (void)spawn_and_join(push_through_forked_child, std::tuple{q}, 1, {.method = method});
+        (void)spawn_and_join(push_through_forked_child, std::tuple{q}, 1, test::join_by(method));
         CHECK(std::chrono::steady_clock::now() - started < 10s);
         CHECK(q.get(5s).value() == tensor::full({64}, 5, dtype::int32));
       });
@@ -1624,7 +1625,7 @@ TEST_SUITE("sharing") {
       CAPTURE(to_string(method));
       repeat_under_each_strategy(2, [&](leak_check&, int) {
         queue<tensor> q(8);
-        (void)spawn_and_join(push_then_return, std::tuple{q, 4, true}, 1, {.method = method});
+        (void)spawn_and_join(push_then_return, std::tuple{q, 4, true}, 1, test::join_by(method));
         CHECK(q.size() == 4);
       });
     }
@@ -1639,7 +1640,7 @@ TEST_SUITE("sharing") {
       CAPTURE(to_string(method));
       repeat_under_each_strategy(1, [&](leak_check&, int) {
         queue<tensor> q(8);
-        (void)spawn_and_join(keep_queue, std::tuple{q}, 1, {.method = method});
+        (void)spawn_and_join(keep_queue, std::tuple{q}, 1, test::join_by(method));
         for (int i = 0; i < 4; ++i) REQUIRE(q.put(large_shared(i), 1s));
       });
     }
@@ -1655,7 +1656,7 @@ TEST_SUITE("sharing") {
           for (int i = 0; i < 4; ++i) REQUIRE(q.put(large_shared(i), 1s));
           REQUIRE(handed.put(q, 1s));
         }
-        (void)spawn_and_join(keep_popped_queue, std::tuple{handed}, 1, {.method = method});
+        (void)spawn_and_join(keep_popped_queue, std::tuple{handed}, 1, test::join_by(method));
         CHECK(handed.size() == 0);
       });
     }
@@ -1754,7 +1755,7 @@ TEST_SUITE("sharing") {
       repeat_under_each_strategy(2, [&](leak_check&, int) {
         queue<tensor> q(8);
         queue<int> pids(1);
-        const auto sums = spawn_and_join(push_or_pop_after_end, std::tuple{q, pids, 5}, 2, {.method = method});
+        const auto sums = spawn_and_join(push_or_pop_after_end, std::tuple{q, pids, 5}, 2, test::join_by(method));
         REQUIRE(sums.size() == 2);
         CHECK(sums[1] == 0 + 1 + 2 + 3 + 4);
       });
@@ -1779,7 +1780,7 @@ TEST_SUITE("sharing") {
       CAPTURE(static_cast<int>(how));
       queue<storage> q;
       const auto pids = spawn_and_join(fork_a_segment_maker, std::tuple{q, static_cast<int>(how)}, 1,
-                                       {.method = start_method::fork});
+                                       test::join_by(start_method::fork));
       REQUIRE(pids.size() == 1);
       REQUIRE(pids[0] > 0);
       const auto left = files_of(pids[0]);
@@ -1791,7 +1792,7 @@ TEST_SUITE("sharing") {
   TEST_CASE("a segment whose maker ended stays in /dev/shm while a value in a queue names it") {
     queue<storage> q;
     const auto pids = spawn_and_join(fork_a_segment_maker, std::tuple{q, static_cast<int>(left_by::in_flight)}, 1,
-                                     {.method = start_method::fork});
+                                     test::join_by(start_method::fork));
     REQUIRE(pids.size() == 1);
     REQUIRE(pids[0] > 0);
     CHECK(files_of(pids[0]).size() == 1);

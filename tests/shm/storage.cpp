@@ -7,6 +7,7 @@
 
 #include "support/carve_probe.hpp"
 #include "support/harness.hpp"
+#include "support/join_by.hpp"
 
 #include <doctest/doctest.h>
 
@@ -526,7 +527,7 @@ TEST_SUITE("storage") {
         CAPTURE(to_string(method));
         storage s = storage::allocate(4);
         std::memset(s.data(), 0, 4);
-        spawn_and_join(fill_at_rank, std::tuple{s, 0x5a}, 4, {.method = method});
+        spawn_and_join(fill_at_rank, std::tuple{s, 0x5a}, 4, test::join_by(method));
         CHECK(s.is_shared());
         for (int r = 0; r < 4; ++r) CHECK(std::to_integer<int>(s.data()[r]) == 0x5a);
       }
@@ -547,7 +548,7 @@ TEST_SUITE("storage") {
       strategy_scope scope(strategy);
       inherited = storage::allocate_shared(8);
       inherited.data()[7] = std::byte{99};
-      CHECK(spawn_and_join(read_inherited, std::tuple{}, 2, {.method = start_method::fork}) == std::vector{99, 99});
+      CHECK(spawn_and_join(read_inherited, std::tuple{}, 2, test::join_by(start_method::fork)) == std::vector{99, 99});
       inherited = storage();
     }
   }
