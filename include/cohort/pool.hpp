@@ -187,13 +187,25 @@ class pool {
 #if COHORT_AWAIT_TEMPORARY_BUG
   /// Refused at compile time on g++ 12 and older, which cannot compile a
   /// std::initializer_list inside a co_await expression (cohort/compiler.hpp).
-  /// The map without a token takes a braced list: it is not awaited.
-  template <class R, class A, class E, class Token>
-  auto map(R (*fn)(int, A), std::initializer_list<E> items, Token&& token) {
-    static_assert(detail::refused<E>,
+  /// Every braced list of items comes here, whatever its elements (nested,
+  /// of mixed types, empty): its element type is the item's, not deduced,
+  /// and a braced list converts to an initializer_list before a vector.
+  template <class R, class A, class Token>
+  auto map(R (*fn)(int, A), std::initializer_list<std::type_identity_t<std::decay_t<A>>> items, Token&& token) {
+    static_assert(detail::refused<Token>,
                   "g++ 12 cannot compile a braced list inside co_await: build the items' vector in a "
                   "variable first, then `co_await p.map(fn, items, token);`");
     return map(fn, std::vector<std::decay_t<A>>(items.begin(), items.end()), std::forward<Token>(token));
+  }
+  /// The same without a token: refused everywhere, since the map cannot
+  /// tell whether its result is part of a co_await expression
+  /// (`co_await sum(p.map(fn, {1, 2}))`).
+  template <class R, class A>
+  auto map(R (*fn)(int, A), std::initializer_list<std::type_identity_t<std::decay_t<A>>> items) {
+    static_assert(detail::refused<R>,
+                  "g++ 12 cannot compile a braced list inside co_await, and map cannot tell whether it is "
+                  "inside one: build the items' vector in a variable first, then `p.map(fn, items);`");
+    return map(fn, std::vector<std::decay_t<A>>(items.begin(), items.end()));
   }
 #endif
 
