@@ -98,8 +98,9 @@ class pool {
   /// results in the items' order (nothing for a void fn). An exception
   /// escaping fn is thrown here as process_raised_error-like std::runtime_error
   /// naming the item and the exception; the pool stays usable. A worker that
-  /// dies ends the pool: its failure (process_exited_error) is thrown, and
-  /// every later map throws std::logic_error. A map that throws before its
+  /// dies ends the pool: its failure (process_exited_error; one that exits
+  /// with code 0 inside an item too) is thrown, and every later map throws
+  /// std::logic_error. A map that throws before its
   /// last result (a result that cannot be received) takes back its items
   /// no worker has taken: they do not run. Returned handles (tensors,
   /// storages) hold their memory in the parent alone: the worker lets go of

@@ -47,7 +47,10 @@ class process_raised_error : public process_error {
 
 /// The rank exited with a non-zero code or was killed by a signal, without
 /// an error file. what(): "rank <r> (pid <p>) exited with code 3" /
-/// "... killed by signal SIGSEGV (11)".
+/// "... killed by signal SIGSEGV (11)". A rank whose function returns a
+/// value and that exited with code 0 before it returned (exit() inside it)
+/// failed too: exit_code() 0, and what() "... exited with code 0 before
+/// its function returned (exit() inside it?)".
 class process_exited_error : public process_error {
  public:
   process_exited_error(int rank, pid_t pid, exit_status status);

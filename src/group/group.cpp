@@ -648,15 +648,14 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
   exit_status status = end.status;
   // A result that cannot be read fails the rank: never a silent nullopt.
   std::string unreadable = std::move(end.why);
+  bool returned = true;
   if (status.success() && r < s.result_fds.size() && s.result_fds[r] >= 0) {
     try {
       s.partial.return_values[r] = read_result(s.result_fds[r]);
       // A function that returns a value always writes one: a rank that
-      // exited 0 without it ended inside the function (exit() there).
-      if (!s.partial.return_values[r]) {
-        unreadable = "cohort: the rank exited with code 0 before its function returned (exit() inside it?)";
-        status = exit_status::from_code(255);
-      }
+      // exited 0 without it ended inside the function (exit() there). It
+      // fails with the exit it made; nothing was raised.
+      returned = s.partial.return_values[r].has_value();
     } catch (const std::exception& e) {
       unreadable = fmt::format("cohort: reading the rank's result: {}", e.what());
       status = exit_status::from_code(255);
@@ -670,7 +669,7 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
   take_adopted_soon(state);  // what the rank leaves behind is handed to this process as it dies
   // A shutdown no failure started (stop(), a signal): nothing here can have
   // come before a failure.
-  if (status.success() || (s.signalled && s.partial.failures.empty())) return false;
+  if ((status.success() && returned) || (s.signalled && s.partial.failures.empty())) return false;
   rank_failure failure{rank, s.pids[r], status, unreadable, {}, s.error_files[r], std::chrono::system_clock::now()};
   // What the rank wrote cannot stop the supervision: a report that cannot
   // be read (out of memory for it) leaves the failure as its exit says.

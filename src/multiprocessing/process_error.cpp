@@ -13,8 +13,13 @@ process_raised_error::process_raised_error(int rank, pid_t pid, std::string mess
       message_(std::move(message)),
       trace_(std::move(trace)) {}
 
+// A failed rank that exited with code 0 can only have left its function
+// before it returned a value.
 process_exited_error::process_exited_error(int rank, pid_t pid, exit_status status)
-    : process_error(fmt::format("rank {} (pid {}) {}", rank, pid, status), rank, pid), status_(status) {}
+    : process_error(fmt::format("rank {} (pid {}) {}{}", rank, pid, status,
+                                status.success() ? " before its function returned (exit() inside it?)" : ""),
+                    rank, pid),
+      status_(status) {}
 
 void throw_first_failure(const run_result& result) {
   if (const rank_failure* f = result.first_failure()) {

@@ -882,14 +882,18 @@ TEST_SUITE("entry points") {
     });
   }
 
-  TEST_CASE("a rank that exits 0 inside a function returning a value fails, saying so, rather than leave no result") {
+  TEST_CASE("a rank that exits 0 inside a function returning a value fails with its exit, saying so, rather than leave "
+            "no result") {
     for_each_method([](start_method method) {
       try {
         spawn_and_join(exits_zero_before_returning, std::tuple{}, 2, test::join_by(method));
         FAIL("no exception");
-      } catch (const process_raised_error& e) {  // as for a result that cannot be read: the message says why
+      } catch (const process_exited_error& e) {  // nothing was raised: the rank exited, too early
         CHECK(e.rank() == 1);
-        CHECK(std::string(e.what()).find("exited with code 0 before its function returned") != std::string::npos);
+        CHECK(e.exit_code() == 0);
+        CHECK(e.signal() == 0);
+        CHECK(std::string(e.what()).find("exited with code 0 before its function returned (exit() inside it?)") !=
+              std::string::npos);
       }
     });
   }
