@@ -37,7 +37,7 @@ bool of_the_handler(const os::stack_frame& f, const std::string& own_module) {
   }
   // DWARF names a function of internal linkage without its scope.
   for (std::string_view own : {"on_uncaught", "on_uncaught_or_default", "on_uncaught_in_program",
-                                 "cohort::detail::trace_of_throw"}) {
+                                 "cohort::detail::trace_of_throw", "cohort::detail::report_uncaught"}) {
     if (f.function.starts_with(own) || f.function.find(fmt::format("(anonymous namespace)::{}(", own)) != std::string::npos) {
       return true;
     }
@@ -53,11 +53,14 @@ bool throws(const os::stack_frame& f) {
 }
 
 // A frame below the function: cohort's thunk (instantiated in the program),
-// the bottom of the entry's stack, the switch onto it (or libc's start of
-// that stack), and libc's start of main.
+// the call by name and a pool's worker loop (the function a pool worker
+// runs, which calls each item's), the bottom of the entry's stack, the
+// switch onto it (or libc's start of that stack), and libc's start of main.
 bool below_the_function(const os::stack_frame& f) {
   return f.function.find("cohort::detail::thunk") != std::string::npos ||
          f.function.find("cohort::detail::call_decoded") != std::string::npos ||
+         f.function.starts_with("cohort::detail::call_entry(") ||
+         f.function.starts_with("cohort::detail::cohort_pool_worker(") ||
          f.function.find("entry_stack_main") != std::string::npos || f.function == "cohort_entry_stack_switch" ||
          f.function.find("start_context") != std::string::npos ||
          f.function.starts_with("__libc_start") || f.function == "_start" ||

@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cwchar>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
@@ -126,6 +127,9 @@ COHORT_ENTRYPOINT(raise_on);
 
 void throw_int(int) { throw 42; }
 COHORT_ENTRYPOINT(throw_int);
+
+void terminate_without_exception(int) { std::terminate(); }
+COHORT_ENTRYPOINT(terminate_without_exception);
 
 // The rank, and the error file its environment names (one per rank).
 std::string rank_and_error_file(int rank) {
@@ -783,6 +787,23 @@ TEST_SUITE("entry points") {
         CHECK(e.trace().find("cohort::") == std::string::npos);
         CHECK(e.trace().find("libcohort") == std::string::npos);
         CHECK(e.trace().find("libc.so") == std::string::npos);
+      }
+    });
+  }
+
+  TEST_CASE("a rank that calls std::terminate without an exception reports a trace that starts at its function") {
+    for_each_method([](start_method method) {
+      try {
+        spawn_and_join(terminate_without_exception, std::tuple{}, 1, test::join_by(method));
+        FAIL("no exception");
+      } catch (const process_raised_error& e) {
+        CHECK(e.message() == "std::terminate called without an exception");
+        INFO(e.trace());
+        // Neither the handler's frames nor the runtime's terminate above it.
+        CHECK(e.trace().rfind("#0 entry_tests::terminate_without_exception(int)", 0) == 0);
+        CHECK(e.trace().find("cohort::") == std::string::npos);
+        CHECK(e.trace().find("libstdc++") == std::string::npos);
+        CHECK(e.trace().find("terminate()") == std::string::npos);
       }
     });
   }

@@ -27,6 +27,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <future>
 #include <memory>
@@ -102,6 +103,12 @@ void exit_zero_on_three(int, int x) {
   if (x == 3) ::_exit(0);
 }
 COHORT_ENTRYPOINT(exit_zero_on_three);
+
+int terminate_on_three(int, int x) {
+  if (x == 3) std::terminate();
+  return x;
+}
+COHORT_ENTRYPOINT(terminate_on_three);
 
 void die_on_three(int, int x) {
   if (x == 3) ::_exit(9);
@@ -229,6 +236,22 @@ TEST_SUITE("pool") {
     CHECK_THROWS_WITH_AS(p.map(square, std::vector<long>{5}), "cohort::pool: used after it was moved from",
                          std::logic_error);
     CHECK(q.map(square, std::vector<long>{6}) == std::vector<long>{36});
+  }
+
+  TEST_CASE("an item that calls std::terminate ends the pool with a trace that starts at the item's function") {
+    pool p(2);
+    try {
+      p.map(terminate_on_three, std::vector<int>{1, 2, 3, 4});
+      FAIL("no exception");
+    } catch (const process_raised_error& e) {
+      CHECK(e.message() == "std::terminate called without an exception");
+      INFO(e.trace());
+      // Neither the handler's frames above it nor the worker's loop below.
+      CHECK(e.trace().rfind("#0 pool_tests::terminate_on_three(int, int)", 0) == 0);
+      CHECK(e.trace().find("cohort::") == std::string::npos);
+      CHECK(e.trace().find("libstdc++") == std::string::npos);
+    }
+    CHECK_THROWS_AS(p.map(square, std::vector<long>{5}), std::logic_error);
   }
 
   TEST_CASE("a worker that dies ends the pool with its exit") {
