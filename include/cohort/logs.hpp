@@ -69,8 +69,9 @@ struct streams_per_rank {
 /// behind writes there later is in the file only, and a rank that cuts its
 /// own log file short can make the console read it again from its start.
 /// A console that does not take its lines holds a thread at most about a
-/// millisecond at a time; what it has not taken waits in memory, and the
-/// streams on it read no more until it has (README, "Logs").
+/// millisecond at a time, and only of the groups that write to it; what it
+/// has not taken waits in memory, and the streams on it read no more until
+/// it has (README, "Logs").
 ///
 /// Files: <dir>/<run_id>/attempt_<attempt>/<rank>/{stdout.log,stderr.log,
 /// error.json}; the group's error files go there too (unless

@@ -63,10 +63,6 @@ constexpr int pipe_size = 1024 * 1024;       // fewer wake-ups for ranks that wr
 constexpr std::size_t busy_bytes = 32 * 1024;
 constexpr std::chrono::microseconds busy_poll{500};
 
-// One writer at a time on the console, across the groups of this process:
-// each write is a run of whole lines.
-std::mutex console_mutex;
-
 void check_ranks(const char* what, const streams_per_rank& per_rank, int nprocs) {
   if (static_cast<unsigned>(per_rank.all_ranks) > 3) {
     throw std::invalid_argument(fmt::format("cohort::start_processes: logs.{} is {}, not 0..3", what,
@@ -138,12 +134,13 @@ struct scratch {
 
 // A console of the streams of this process's groups, one for each file the
 // consoles are (stdout and stderr that are one pipe share one, and so do
-// two groups on one terminal): its backlog keeps each write a run of whole
-// lines. A pump waits for it in a write at most inline_wait_ms: what it
-// does not take stays in its backlog, and the streams stop reading until
-// it has taken that, waiting on the io context; the group meanwhile goes
-// on seeing exits and signals, whoever stops reading the console (a paused
-// terminal, `| less`). Only once the pumps are stopped (drain's limit) do
+// two groups on one terminal): its lock lets one writer at a time at it,
+// and its backlog keeps each write a run of whole lines. A pump waits for
+// it in a write at most inline_wait_ms: what it does not take stays in its
+// backlog, and the streams stop reading until it has taken that, waiting
+// on the io context; the group meanwhile goes on seeing exits and signals,
+// whoever stops reading the console (a paused terminal, `| less`), and the
+// other consoles are written on. Only once the pumps are stopped (drain's limit) do
 // the writes wait for it, as a plain program's last writes do: until it
 // takes them, or until a deadline when the run was asked to end.
 struct console_out {
@@ -160,7 +157,7 @@ struct console_out {
   bool terminal = false;  // a lone '\r' redraws the line there; elsewhere it is written as '\n'
   dev_t device = 0;
   ino_t inode = 0;
-  // Under console_mutex:
+  std::mutex mutex;       // one writer at a time; guards what follows
   std::string backlog;    // lines it has not taken, from `taken` on
   std::size_t taken = 0;
   int error = 0;          // why it refused a write; it is then lost
@@ -206,7 +203,9 @@ std::shared_ptr<console_out> open_console(int fd, const struct stat* found) {
   return c;
 }
 
-// The consoles the groups of this process write to, under console_mutex.
+// The consoles the groups of this process write to, under
+// open_consoles_mutex, which no write to any of them holds.
+std::mutex open_consoles_mutex;
 std::vector<std::weak_ptr<console_out>>& open_consoles() {
   static std::vector<std::weak_ptr<console_out>> consoles;
   return consoles;
@@ -228,7 +227,7 @@ int poll_timeout(steady_time deadline) {
   return static_cast<int>(std::clamp<std::int64_t>(left, 0, std::numeric_limits<int>::max()));
 }
 
-// Writes `c`'s backlog, then `size` bytes of `data`, under console_mutex.
+// Writes `c`'s backlog, then `size` bytes of `data`, under c.mutex.
 // What the console does not take at once is kept in the backlog (`later`)
 // unless `block_until` is given, when the write waits for it until then;
 // `refused` with c.error set when the console refuses it (its reader has
@@ -433,7 +432,7 @@ group_logs::group_logs(const logs_spec& spec, const spawn_options& options, cons
   const auto console_of = [&s](int fd) {
     struct stat st {};
     const bool known = ::fstat(fd, &st) == 0;
-    std::lock_guard lock(console_mutex);
+    std::lock_guard lock(open_consoles_mutex);
     auto& open = open_consoles();
     std::erase_if(open, [](const std::weak_ptr<console_out>& c) { return c.expired(); });
     for (const auto& weak : open) {
@@ -565,7 +564,7 @@ std::optional<steady_time> console_wait(const group_logs::state& st) {
 
 // The console of `s` refused a write (its reader has gone: EPIPE) or took
 // nothing until the deadline: its streams go on to their files only. Told
-// once for each console.
+// once for each console. Under the console's lock.
 void lose_console(group_logs::state& st, log_stream& s) {
   const int error = s.out->error;
   const int console = s.console;
@@ -710,7 +709,7 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
     s.pending.erase(0, max_line);
   }
   if (!lines.empty()) {
-    std::lock_guard lock(console_mutex);
+    std::lock_guard lock(s.out->mutex);
     if (put(*s.out, lines.data(), lines.size(), console_wait(st)) == offered::refused) lose_console(st, s);
   }
 }
@@ -733,7 +732,7 @@ asio::awaitable<void> console_room(group_logs::state& st, log_stream& s, const a
         co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
       }
     }
-    std::lock_guard lock(console_mutex);
+    std::lock_guard lock(s.out->mutex);
     if (s.console >= 0 && put(*s.out, nullptr, 0, console_wait(st)) == offered::refused) lose_console(st, s);
   }
 }
@@ -806,7 +805,7 @@ bool read_followed(group_logs::state& st, log_stream& s, std::size_t& took) {
 void end_stream(group_logs::state& st, log_stream& s) {
   if (!s.pending.empty() && s.console >= 0) {
     const std::string out = s.prefix + s.pending + '\n';
-    std::lock_guard lock(console_mutex);
+    std::lock_guard lock(s.out->mutex);
     if (put(*s.out, out.data(), out.size(), console_wait(st)) == offered::refused) lose_console(st, s);
   }
   s.pending.clear();

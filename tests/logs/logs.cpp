@@ -819,6 +819,56 @@ TEST_CASE("a run asked to end waits for a console nobody reads at most another k
   if (!through_pipes) CHECK(lines.size() == 100000);
 }
 
+TEST_CASE("a console that takes nothing holds up no group that writes to another console, nor its start") {
+  test::temp_dir dir;
+  int stuck[2];
+  REQUIRE(::pipe2(stuck, O_CLOEXEC) == 0);
+  // A's rank writes far more than its console's pipe holds and exits;
+  // nobody reads that pipe until B has ended, or 30 s have passed. B
+  // starts once A's last lines wait for the console (kill_wait has passed
+  // since the rank's end), on a thread and io_context of its own.
+  const auto a_ended = dir.path / "a-ended";
+  auto a_spec = shell_ranks(1, "seq 1 100000; : > " + a_ended.string());
+  a_spec.name = "A";
+  a_spec.logs.dir = dir.path / "a";
+  a_spec.logs.tee = std_streams::out;
+  a_spec.logs.console_out = stuck[1];
+  a_spec.shutdown.kill_wait = 200ms;
+  run_result a;
+  std::thread a_thread([&] { a = run_group(a_spec); });
+  for (int i = 0; i < 1000 && !fs::exists(a_ended); ++i) std::this_thread::sleep_for(20ms);
+  std::this_thread::sleep_for(1s);
+  console_file b_console(dir.path / "b-console");
+  auto b_spec = shell_ranks(1, "echo from B");
+  b_spec.name = "B";
+  b_spec.logs.dir = dir.path / "b";
+  b_spec.logs.tee = std_streams::out;
+  b_spec.logs.console_out = b_console.fd;
+  run_result b;
+  std::atomic<bool> b_done = false;
+  std::thread b_thread([&] {
+    b = run_group(b_spec);
+    b_done = true;
+  });
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (!b_done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+  CHECK(b_done);  // before A's console was read
+  std::string a_text;
+  std::thread reader([&] { a_text = read_to_end(stuck[0]); });
+  b_thread.join();
+  a_thread.join();
+  ::close(stuck[1]);
+  reader.join();
+  ::close(stuck[0]);
+  CHECK(b.ok());
+  CHECK(b_console.text() == "[B0]:from B\n");
+  CHECK(a.ok());
+  CHECK(a.log_errors.empty());
+  const auto a_lines = lines_of(a_text);
+  REQUIRE(a_lines.size() == 100000);
+  CHECK(a_lines.back() == "[A0]:100000");
+}
+
 TEST_CASE("stdout and stderr on one pipe whose reader has gone: told once") {
   int console[2];
   REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
