@@ -571,6 +571,7 @@ void begin_stop(group_state& state) {
   if (state.stopping) return;
   state.stopping = true;
   if (!state.failed) state.partial.stopped = true;
+  if (state.logs) state.logs->ask_to_end(state.shutdown.kill_wait);
   state.stop_requested.cancel();
   state.wake.cancel();
 }
@@ -810,7 +811,7 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
   }
   co_await sweep(s, policy.kill_wait);
   if (s.logs) {  // every writer is gone: the pumps reach the end of their streams
-    co_await s.logs->drain(policy.kill_wait, s.partial.stopped);
+    co_await s.logs->drain(policy.kill_wait);
     s.partial.log_errors = s.logs->errors();
   }
   s.signals.reset();

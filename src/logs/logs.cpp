@@ -37,7 +37,6 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -140,9 +139,10 @@ struct scratch {
 // backlog, and the streams stop reading until it has taken that, waiting
 // on the io context; the group meanwhile goes on seeing exits and signals,
 // whoever stops reading the console (a paused terminal, `| less`), and the
-// other consoles are written on. Only once the pumps are stopped (drain's limit) do
-// the writes wait for it, as a plain program's last writes do: until it
-// takes them, or until a deadline when the run was asked to end.
+// other consoles are written on. Once the pumps are stopped (drain's
+// limit) the streams go on waiting for it so, as a plain program's last
+// writes wait: until it takes them, or until a deadline once the run is
+// asked to end.
 struct console_out {
   int given = -1;         // the caller's descriptor, as the first group to share this console had it
   int fd = -1;            // what is written: `own`
@@ -152,7 +152,6 @@ struct console_out {
   // first of them ends.
   os::owned_fd own;
   bool socket = false;    // written with send(MSG_DONTWAIT)
-  bool waits = false;     // a write can answer EAGAIN; otherwise it waits in the kernel, as to a file
   bool pipe = false;      // a write can raise SIGPIPE: see os/quiet_sigpipe.hpp
   bool terminal = false;  // a lone '\r' redraws the line there; elsewhere it is written as '\n'
   dev_t device = 0;
@@ -185,10 +184,9 @@ std::shared_ptr<console_out> open_console(int fd, const struct stat* found) {
   c->pipe = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode);
   c->terminal = ::isatty(fd) == 1;
   const int flags = ::fcntl(fd, F_GETFL);
-  if (flags >= 0 && (flags & O_NONBLOCK) != 0) {
-    c->waits = true;
-  } else if (S_ISSOCK(st.st_mode)) {
-    c->socket = c->waits = true;
+  if (flags >= 0 && (flags & O_NONBLOCK) != 0) return c;  // its writes answer EAGAIN already
+  if (S_ISSOCK(st.st_mode)) {
+    c->socket = true;
   } else if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
     char path[48];
     std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
@@ -197,7 +195,6 @@ std::shared_ptr<console_out> open_console(int fd, const struct stat* found) {
     if (again.get() >= 0 && ::fstat(again.get(), &same) == 0 && same.st_dev == st.st_dev && same.st_ino == st.st_ino) {
       c->fd = again.get();
       c->own = std::move(again);
-      c->waits = true;
     }
   }
   return c;
@@ -218,21 +215,12 @@ constexpr int inline_wait_ms = 1;
 // How often a stream looks again at a console whose POLLOUT wait failed.
 constexpr std::chrono::milliseconds room_retry{10};
 
-using steady_time = std::chrono::steady_clock::time_point;
-
-// The milliseconds from now to `deadline` for poll(): -1 for none (max).
-int poll_timeout(steady_time deadline) {
-  if (deadline == steady_time::max()) return -1;
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-  return static_cast<int>(std::clamp<std::int64_t>(left, 0, std::numeric_limits<int>::max()));
-}
-
-// Writes `c`'s backlog, then `size` bytes of `data`, under c.mutex.
-// What the console does not take at once is kept in the backlog (`later`)
-// unless `block_until` is given, when the write waits for it until then;
-// `refused` with c.error set when the console refuses it (its reader has
-// gone: EPIPE, never SIGPIPE) or took nothing until then (ETIMEDOUT).
-offered put(console_out& c, const char* data, std::size_t size, std::optional<steady_time> block_until) {
+// Writes `c`'s backlog, then `size` bytes of `data`, under c.mutex. What
+// the console does not take within inline_wait_ms is kept in the backlog
+// (`later`); `refused` with c.error set when the console refuses it (its
+// reader has gone: EPIPE, never SIGPIPE). A console written as it is (not
+// opened again non-blocking) holds the write in the kernel instead.
+offered put(console_out& c, const char* data, std::size_t size) {
   std::optional<os::quiet_sigpipe> quiet;
   if (c.pipe && !c.socket) quiet.emplace();
   // 0 once all of a piece is written, else the errno that stopped it.
@@ -246,8 +234,7 @@ offered put(console_out& c, const char* data, std::size_t size, std::optional<st
         // waiting for it here costs a wake-up in the kernel, where a wait
         // on the io_context costs a round through it for every pipeful.
         pollfd p{c.fd, POLLOUT, 0};
-        const int timeout = block_until ? poll_timeout(*block_until) : c.waits ? inline_wait_ms : -1;
-        if (::poll(&p, 1, timeout) == 0) return block_until ? ETIMEDOUT : EAGAIN;
+        if (::poll(&p, 1, inline_wait_ms) == 0) return EAGAIN;
         continue;
       }
       at += n;
@@ -308,14 +295,18 @@ struct group_logs::state {
   std::optional<asio::steady_timer> all_done;  // on the group's strand: cancelled when the last pump ends
   std::atomic<int> running = 0;
   // Set before the coroutines are told to stop (the followers and the
-  // watcher at the start of drain(), the pumps after its limit). A signal
-  // emitted after the wait it was meant for completed, before the
-  // coroutine resumed, cancels nothing: the coroutine sees its flag before
-  // it waits again.
-  std::atomic<bool> stop_followers = false, stop_pumps = false;
-  // Until when a stopped pump's write waits for the console (set before
-  // stop_pumps): none for a run that ended on its own.
-  steady_time console_deadline = steady_time::max();
+  // watcher at the start of drain(), the pumps after its limit), and when
+  // the time the run was given to end has passed (console_time_up: a
+  // console that still holds lines back is given up). A signal emitted
+  // after the wait it was meant for completed, before the coroutine
+  // resumed, cancels nothing: the coroutine sees its flag before it waits
+  // again.
+  std::atomic<bool> stop_followers = false, stop_pumps = false, console_time_up = false;
+  // On the group's strand: when the pumps were stopped, and when the run
+  // was first asked to end (ask_to_end), with the time it gives the
+  // consoles from the later of the two.
+  std::optional<std::chrono::steady_clock::time_point> pumps_stopped_at, asked_at;
+  std::chrono::milliseconds end_limit{0};
   std::function<void()> on_busy;  // logs_spec::on_busy
   std::atomic<bool> told_busy = false;
   std::vector<std::shared_ptr<console_out>> consoles;  // the streams' `out`
@@ -555,16 +546,9 @@ void add_error(group_logs::state& st, std::string message) {
   st.errors.push_back(std::move(message));
 }
 
-// How a write to a stream's console goes: it waits for the console only
-// once the pumps are stopped, and then until the deadline.
-std::optional<steady_time> console_wait(const group_logs::state& st) {
-  if (!st.stop_pumps) return std::nullopt;
-  return st.console_deadline;
-}
-
 // The console of `s` refused a write (its reader has gone: EPIPE) or took
-// nothing until the deadline: its streams go on to their files only. Told
-// once for each console. Under the console's lock.
+// nothing until the deadline (ETIMEDOUT): its streams go on to their files
+// only. Told once for each console. Under the console's lock.
 void lose_console(group_logs::state& st, log_stream& s) {
   const int error = s.out->error;
   const int console = s.console;
@@ -710,7 +694,7 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
   }
   if (!lines.empty()) {
     std::lock_guard lock(s.out->mutex);
-    if (put(*s.out, lines.data(), lines.size(), console_wait(st)) == offered::refused) lose_console(st, s);
+    if (put(*s.out, lines.data(), lines.size()) == offered::refused) lose_console(st, s);
   }
 }
 
@@ -718,22 +702,38 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
 // more until console_room.
 bool console_full(const log_stream& s) { return s.console >= 0 && s.out->full; }
 
-// Waits until the console of `s` has taken its backlog, without holding
-// the thread; once the pumps are stopped, the writes wait for it instead.
+// The time the run was given to end has passed: what the console of `s`
+// still holds back, and what its streams write after, reach only the
+// files.
+void give_up_console(group_logs::state& st, log_stream& s) {
+  std::lock_guard lock(s.out->mutex);
+  if (s.console < 0 || !s.out->full) return;  // it took the lines meanwhile
+  s.out->backlog.clear();
+  s.out->taken = 0;
+  s.out->full = false;
+  s.out->error = ETIMEDOUT;
+  lose_console(st, s);
+}
+
+// Waits until the console of `s` has taken its backlog, on the io context,
+// never holding the thread: its threads stay free for the group's exits,
+// signals and stop(), which can bound this wait (drain()).
 asio::awaitable<void> console_room(group_logs::state& st, log_stream& s, const asio::any_io_executor& executor) {
   while (console_full(s)) {
-    if (!st.stop_pumps) {
-      std::error_code ec;
-      co_await uring::async_poll(executor, s.out->fd, POLLOUT, asio::redirect_error(asio::use_awaitable, ec));
-      if (ec && ec != std::errc::interrupted && ec != asio::error::operation_aborted && !st.stop_pumps) {
-        // The wait itself failed (past the reactor's 500 watches of one
-        // descriptor): look again after a pause, never waiting in a write.
-        asio::steady_timer pause(executor, room_retry);
-        co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-      }
+    if (st.console_time_up) {
+      give_up_console(st, s);
+      co_return;
+    }
+    std::error_code ec;
+    co_await uring::async_poll(executor, s.out->fd, POLLOUT, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec && ec != std::errc::interrupted && ec != asio::error::operation_aborted) {
+      // The wait itself failed (past the reactor's 500 watches of one
+      // descriptor): look again after a pause, never waiting in a write.
+      asio::steady_timer pause(executor, room_retry);
+      co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
     std::lock_guard lock(s.out->mutex);
-    if (s.console >= 0 && put(*s.out, nullptr, 0, console_wait(st)) == offered::refused) lose_console(st, s);
+    if (s.console >= 0 && put(*s.out, nullptr, 0) == offered::refused) lose_console(st, s);
   }
 }
 
@@ -806,7 +806,7 @@ void end_stream(group_logs::state& st, log_stream& s) {
   if (!s.pending.empty() && s.console >= 0) {
     const std::string out = s.prefix + s.pending + '\n';
     std::lock_guard lock(s.out->mutex);
-    if (put(*s.out, out.data(), out.size(), console_wait(st)) == offered::refused) lose_console(st, s);
+    if (put(*s.out, out.data(), out.size()) == offered::refused) lose_console(st, s);
   }
   s.pending.clear();
   s.source.reset();
@@ -827,8 +827,9 @@ asio::awaitable<void> pump(std::shared_ptr<group_logs::state> state, std::size_t
   auto& s = st.streams[index];
   auto executor = co_await asio::this_coro::executor;
   co_await asio::this_coro::throw_if_cancelled(false);  // a late signal must not throw past the end below
-  for (bool open = true; open && !st.stop_pumps;) {
+  for (bool open = true; open;) {
     co_await console_room(st, s, executor);
+    if (st.stop_pumps) break;  // looked at after each wait: the signal that tells it may have come between them
     std::error_code ec;
     co_await uring::async_poll(executor, s.source.get(), POLLIN, asio::redirect_error(asio::use_awaitable, ec));
     if (ec == std::errc::interrupted) continue;
@@ -973,7 +974,47 @@ void group_logs::start(const asio::any_io_executor& io, const asio::any_io_execu
   if (!st.watched.empty()) spawn(st.streams.size(), watch_files(state_, group_strand));
 }
 
-asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit, bool asked_to_end) {
+namespace {
+
+// Tells every coroutine to look at its flags again, on its strand.
+void wake_all(const std::shared_ptr<group_logs::state>& state) {
+  for (std::size_t i = 0; i < state->cancels.size(); ++i) {
+    asio::post(state->strands[i], [state, i] { state->cancels[i]->emit(asio::cancellation_type::terminal); });
+  }
+}
+
+// Until when the stopped pumps' last writes wait for the consoles: for
+// good, unless the run was asked to end; then `end_limit` from that or
+// from when the pumps were stopped, whichever came later.
+std::chrono::steady_clock::time_point console_deadline(const group_logs::state& st) {
+  if (!st.asked_at || !st.pumps_stopped_at) return std::chrono::steady_clock::time_point::max();
+  return std::max(*st.asked_at, *st.pumps_stopped_at) + st.end_limit;
+}
+
+// Waits on the group's strand until every coroutine has ended or
+// `until()` has passed; ask_to_end() wakes it to look at `until()` again.
+template <class Until>
+asio::awaitable<void> await_ends(group_logs::state& st, Until until) {
+  for (;;) {
+    const auto deadline = until();
+    if (st.running == 0 || std::chrono::steady_clock::now() >= deadline) co_return;
+    std::error_code ec;
+    st.all_done->expires_at(deadline);
+    co_await st.all_done->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+  }
+}
+
+}  // namespace
+
+void group_logs::ask_to_end(std::chrono::milliseconds limit) {
+  auto& st = *state_;
+  if (st.asked_at) return;  // the first request bounds the wait
+  st.asked_at = std::chrono::steady_clock::now();
+  st.end_limit = limit;
+  if (st.all_done) st.all_done->cancel();
+}
+
+asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
   auto& st = *state_;
   if (!st.watched.empty()) {  // the files hold all the ranks wrote: read them to their ends
     st.stop_followers = true;
@@ -983,21 +1024,19 @@ asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit, bool as
     const auto last = st.cancels.size() - 1;
     asio::post(st.strands[last], [state = state_, last] { state->cancels[last]->emit(asio::cancellation_type::terminal); });
   }
-  if (st.running > 0) {
-    std::error_code ec;
-    st.all_done->expires_after(limit);
-    co_await st.all_done->async_wait(asio::redirect_error(asio::use_awaitable, ec));
-  }
-  if (st.running > 0) {  // a writer outlived the run, or the console takes no more: take what is there and stop
-    if (asked_to_end) st.console_deadline = std::chrono::steady_clock::now() + limit;
-    st.stop_pumps = true;
-    for (std::size_t i = 0; i < st.cancels.size(); ++i) {
-      asio::post(st.strands[i], [state = state_, i] { state->cancels[i]->emit(asio::cancellation_type::terminal); });
-    }
-    std::error_code ec;
-    st.all_done->expires_at(std::chrono::steady_clock::time_point::max());
-    if (st.running > 0) co_await st.all_done->async_wait(asio::redirect_error(asio::use_awaitable, ec));
-  }
+  const auto pumped_until = std::chrono::steady_clock::now() + limit;
+  co_await await_ends(st, [&] { return pumped_until; });
+  if (st.running == 0) co_return;
+  // A writer outlived the run, or a console takes no more: the pumps take
+  // what is there and stop, and the last lines wait for the consoles.
+  st.pumps_stopped_at = std::chrono::steady_clock::now();
+  st.stop_pumps = true;
+  wake_all(state_);
+  co_await await_ends(st, [&] { return console_deadline(st); });
+  if (st.running == 0) co_return;
+  st.console_time_up = true;  // before the wake-up, which a coroutine between waits misses
+  wake_all(state_);
+  co_await await_ends(st, [] { return std::chrono::steady_clock::time_point::max(); });
 }
 
 std::vector<std::string> group_logs::errors() const {

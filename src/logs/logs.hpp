@@ -77,10 +77,16 @@ class group_logs {
   /// then reads what is left without waiting, writes the partial lines and
   /// closes everything. Those last writes wait for a console that does not
   /// take them (a paused terminal, an unread pipe), as a plain program's
-  /// do; when the run was `asked_to_end` (a shutdown signal, stop()), at
-  /// most another `limit`: what is left then reaches only the files, and
-  /// errors() says so.
-  asio::awaitable<void> drain(std::chrono::milliseconds limit, bool asked_to_end);
+  /// do, on the io context (its threads stay free for the group's signals
+  /// and stop()); once the run is asked to end, at most the time
+  /// ask_to_end() gives them: what is left then reaches only the files, and
+  /// errors() says so. Runs on the group's strand.
+  asio::awaitable<void> drain(std::chrono::milliseconds limit);
+  /// The run was asked to end (stop(), a shutdown signal): drain()'s last
+  /// writes wait for the consoles at most `limit` from now, or from when
+  /// they begin if that is later. The first call counts; it may come at any
+  /// time, before or during drain(). Call on the group's strand.
+  void ask_to_end(std::chrono::milliseconds limit);
   /// Log files that could not be written (a full disk), one line each.
   std::vector<std::string> errors() const;
   /// How many descriptors the pumps will open once started on `io`: a

@@ -819,6 +819,59 @@ TEST_CASE("a run asked to end waits for a console nobody reads at most another k
   if (!through_pipes) CHECK(lines.size() == 100000);
 }
 
+TEST_CASE("stop() while the last lines wait for a console nobody reads ends the wait within kill_wait") {
+  bool through_pipes = false;
+  SUBCASE("followed") {}
+  SUBCASE("through pipes") { through_pipes = true; }
+  test::temp_dir dir;
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  REQUIRE(::fcntl(console[1], F_SETPIPE_SZ, 4096) == 4096);
+  // The rank writes more than the console's pipe holds (and less than its
+  // own pipe does: it ends) and exits 0; nobody reads the console until
+  // 30 s have passed. stop() comes once kill_wait has passed after the
+  // rank's end: its last lines wait for the console.
+  const auto ended = dir.path / "ended";
+  auto spec = shell_ranks(1, "seq 1 10000; : > " + ended.string());
+  tee_or_prefix(spec, dir.path, true, through_pipes);
+  spec.logs.console_out = console[1];
+  spec.shutdown.kill_wait = 500ms;
+  std::atomic<bool> done = false;
+  std::thread rescue([&] {
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (!done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+    if (!done) read_to_end(console[0]);
+  });
+  asio::io_context io;
+  const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration took{};
+  const auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
+    group g = co_await start_processes(spec);
+    asio::steady_timer pause(io);
+    for (int i = 0; i < 1000 && !fs::exists(ended); ++i) {
+      pause.expires_after(20ms);
+      co_await pause.async_wait(asio::use_awaitable);
+    }
+    pause.expires_after(1500ms);
+    co_await pause.async_wait(asio::use_awaitable);
+    g.stop();
+    auto result = co_await g.wait();
+    took = std::chrono::steady_clock::now() - start;
+    co_return result;
+  }());
+  done = true;
+  ::close(console[1]);
+  rescue.join();
+  ::close(console[0]);
+  // The rank's end, 1.5 s, and kill_wait for the console: long before it is read.
+  CHECK(took < 20s);
+  REQUIRE(r.log_errors.size() == 1);
+  CHECK(r.log_errors[0].find("took nothing for the time the run was given to end") != std::string::npos);
+  std::string seq;
+  for (int i = 1; i <= 10000; ++i) seq += std::to_string(i) + "\n";
+  CHECK(test::read_file(dir.path / "none" / "attempt_0" / "0" / "stdout.log") == seq);
+}
+
 TEST_CASE("a console that takes nothing holds up no group that writes to another console, nor its start") {
   test::temp_dir dir;
   int stuck[2];

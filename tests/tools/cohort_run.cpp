@@ -638,6 +638,33 @@ TEST_SUITE("cohort-run") {
     CHECK(r.err.find("restarting") == std::string::npos);
   }
 
+  TEST_CASE("SIGINT once the ranks have ended, while their lines wait for a console nobody reads: exit 128 + 2") {
+    test::temp_dir dir;
+    // The ranks' lines fill cohort-run's stdout, a pipe read only once
+    // `during` has returned; SIGINT comes once both ranks have exited 0.
+    // cohort-run then waits for the console at most another kill_wait
+    // (5 s) after it has stopped the pumps (5 s after the ranks' end).
+    bool ended_unread = false;
+    auto r = run_launcher({"-n", "2", "--log-dir", (dir.path / "logs").string(), "-t", "3", "--", "/bin/sh", "-c",
+                           "seq 1 100000; : > \"$0/done-$RANK\"", dir.path.string()},
+                          [&](child& c) -> asio::awaitable<void> {
+                            co_await files_appear(dir.path, 2, "done-");
+                            asio::steady_timer timer(co_await asio::this_coro::executor, 300ms);
+                            co_await timer.async_wait(asio::use_awaitable);
+                            c.signal(SIGINT);
+                            for (int i = 0; i < 1500 && !ended_unread; ++i) {  // 30 s
+                              ended_unread = test::state_of(c.pid()) == 'Z';
+                              timer.expires_after(20ms);
+                              co_await timer.async_wait(asio::use_awaitable);
+                            }
+                          });
+    INFO(r.err);
+    CHECK(ended_unread);
+    CHECK(r.status.code() == 128 + SIGINT);
+    CHECK(r.err.find("interrupted by SIGINT") != std::string::npos);
+    CHECK(r.err.find("took nothing for the time the run was given to end") != std::string::npos);
+  }
+
   TEST_CASE("a shutdown signal at any moment of a restarting run ends it, interrupted and recorded, before the next attempt") {
     // The ranks fail at once and the group restarts over and over: the
     // signals land in starts, shutdowns and the moments between attempts.
