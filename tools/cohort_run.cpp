@@ -903,7 +903,9 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     a.world_size = p.world_size;
     a.first_rank = p.first_rank;
     const auto& r = a.result;
-    if (r.ok()) {
+    // A shutdown signal once every rank had exited 0 stops nothing, but it
+    // ends the run's wait for the console: the run was interrupted.
+    if (r.ok() && !r.signal) {
       a.outcome = "succeeded";
       if (rdzv) tell_rendezvous("record this node's success", [&] { rdzv->finished(); });
       return finish("succeeded", 0);
@@ -914,7 +916,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
       a.outcome = "interrupted";
       a.reason = fmt::format("{} received", cohort::signal_name(*sig));
       say("cohort-run: interrupted by {} (run {}, attempt {}): {}\n", cohort::signal_name(*sig), run_id, attempt,
-          !r.signal                ? "its ranks had ended"
+          !r.signal || r.ok()   ? "its ranks had ended"
           : !r.failures.empty() ? "the ranks were being shut down after a failure, told below"
                                    : "the ranks were shut down");
       return finish("interrupted", 128 + *sig, a.reason);

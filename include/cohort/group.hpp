@@ -130,10 +130,12 @@ struct run_result {
   /// reaps each whenever it ends; the io_context's run() does not wait.
   std::vector<int> unreaped;
   /// The run was shut down by stop(), by cancelling wait() or by a
-  /// forwarded signal (or interrupt()), not by a failure.
+  /// forwarded signal (or interrupt()), not by a failure. A request that
+  /// came once every rank had ended stopped nothing: false then.
   bool stopped = false;
   /// The signal that ended the run, when forward_signals() or interrupt()
-  /// turned one into the shutdown.
+  /// turned one into the shutdown; also one that came once every rank had
+  /// ended, which only ended the wait for the console (`stopped` false).
   std::optional<int> signal;
   /// Log files that could not be written to the end (a full disk), and a
   /// console that refused its lines (a pipe whose reader has gone).

@@ -570,7 +570,9 @@ void finish(const std::shared_ptr<group_state>& state) {
 void begin_stop(group_state& state) {
   if (state.stopping) return;
   state.stopping = true;
-  if (!state.failed) state.partial.stopped = true;
+  // Once every rank has ended there is nothing left to stop: the result
+  // stays as the ranks left it, and only the wait for the consoles ends.
+  if (!state.failed && state.running > 0) state.partial.stopped = true;
   if (state.logs) state.logs->ask_to_end(state.shutdown.kill_wait);
   state.stop_requested.cancel();
   state.wake.cancel();

@@ -823,6 +823,66 @@ TEST_SUITE("group") {
     for (const auto& s : result.statuses) CHECK(s->signal() == SIGTERM);
   }
 
+  TEST_CASE("a stop or a shutdown signal once every rank has exited 0 stops nothing: the run is ok") {
+    bool signal = false;
+    SUBCASE("stop()") {}
+    SUBCASE("interrupt()") { signal = true; }
+    test::temp_dir dir;
+    // The ranks write more than the console's pipe holds and exit 0: the
+    // run waits for the console until the request has come, and a thread
+    // reads it then.
+    int console[2];
+    REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+    const auto ended = dir.path / "ended";
+    group_spec spec;
+    spec.entry = command("/bin/sh", {"-c", "seq 1 100000; : > \"$0-$1\"", ended.string()});
+    spec.nprocs = 2;
+    spec.args = {{0, {"0"}}, {1, {"1"}}};
+    spec.logs.prefix_all = true;
+    spec.logs.console_out = console[1];
+    std::thread reader;
+    asio::io_context io;
+    auto result = test::run(io, [&]() -> asio::awaitable<run_result> {
+      group g = co_await start_processes(spec);
+      const auto pids = g.pids();
+      asio::steady_timer pause(co_await asio::this_coro::executor);
+      // Both have ended and been reaped: the group has seen their exits.
+      const auto exited = [&] {
+        const auto reaped = [](pid_t pid) { return !fs::exists("/proc/" + std::to_string(pid)); };
+        return std::all_of(pids.begin(), pids.end(), reaped);
+      };
+      for (int i = 0; i < 1000 && !exited(); ++i) {
+        pause.expires_after(20ms);
+        co_await pause.async_wait(asio::use_awaitable);
+      }
+      pause.expires_after(200ms);
+      co_await pause.async_wait(asio::use_awaitable);
+      if (signal) {
+        g.interrupt(SIGINT);
+      } else {
+        g.stop();
+      }
+      reader = std::thread([&] {
+        char buffer[65536];
+        while (::read(console[0], buffer, sizeof buffer) > 0) {
+        }
+      });
+      co_return co_await g.wait();
+    }());
+    ::close(console[1]);
+    if (reader.joinable()) reader.join();
+    ::close(console[0]);
+    CHECK(fs::exists(ended.string() + "-0"));
+    CHECK(fs::exists(ended.string() + "-1"));
+    CHECK(result.ok());
+    CHECK_FALSE(result.stopped);
+    CHECK(result.failures.empty());
+    for (const auto& s : result.statuses) CHECK(s->code() == 0);
+    // The signal still ended the wait for the console: the result names it.
+    if (signal) CHECK(result.signal == SIGINT);
+    CHECK(result.log_errors.empty());
+  }
+
   TEST_CASE("cancelling the coroutine that waits shuts the group down") {
     asio::io_context io;
     std::vector<pid_t> pids;

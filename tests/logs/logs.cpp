@@ -819,7 +819,7 @@ TEST_CASE("a run asked to end waits for a console nobody reads at most another k
   if (!through_pipes) CHECK(lines.size() == 100000);
 }
 
-TEST_CASE("stop() while the last lines wait for a console nobody reads ends the wait within kill_wait") {
+TEST_CASE("stop() while the last lines wait for a console nobody reads ends the wait within kill_wait; the run is ok") {
   bool through_pipes = false;
   SUBCASE("followed") {}
   SUBCASE("through pipes") { through_pipes = true; }
@@ -865,6 +865,9 @@ TEST_CASE("stop() while the last lines wait for a console nobody reads ends the 
   ::close(console[0]);
   // The rank's end, 1.5 s, and kill_wait for the console: long before it is read.
   CHECK(took < 20s);
+  // The rank had exited 0 before stop(): nothing was stopped.
+  CHECK(r.ok());
+  CHECK_FALSE(r.stopped);
   REQUIRE(r.log_errors.size() == 1);
   CHECK(r.log_errors[0].find("took nothing for the time the run was given to end") != std::string::npos);
   std::string seq;

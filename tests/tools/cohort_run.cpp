@@ -662,6 +662,7 @@ TEST_SUITE("cohort-run") {
     CHECK(ended_unread);
     CHECK(r.status.code() == 128 + SIGINT);
     CHECK(r.err.find("interrupted by SIGINT") != std::string::npos);
+    CHECK(r.err.find("its ranks had ended") != std::string::npos);
     CHECK(r.err.find("took nothing for the time the run was given to end") != std::string::npos);
   }
 
