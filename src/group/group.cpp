@@ -371,7 +371,9 @@ asio::awaitable<void> await_exits(group_state& state, std::chrono::milliseconds 
   }
 }
 
-void signal_running(group_state& state, int sig) {
+// `sig` to every live rank's process group; a step of the shutdown notes
+// the groups it reached (group_signalled).
+void signal_running(group_state& state, int sig, bool shutdown_step = false) {
   state.group_signalled.resize(state.children.size());
   for (std::size_t rank = 0; rank < state.children.size(); ++rank) {
     auto& c = state.children[rank];
@@ -383,7 +385,7 @@ void signal_running(group_state& state, int sig) {
       const bool in_own_group = ::getpgid(c.pid()) == c.pid();
       std::error_code ignored;
       c.signal_group(sig, ignored);
-      if (!ignored) state.group_signalled[rank] = true;
+      if (!ignored && shutdown_step) state.group_signalled[rank] = true;
       if (ignored || !in_own_group) c.signal(sig, ignored);
     }
   }
@@ -408,16 +410,24 @@ std::vector<pid_t> groups_left(group_state& state) {
 
 void take_adopted(group_state& state);
 
-// Waits until no process is left in the groups a shutdown signal reached,
-// or `until` passes, or a second shutdown signal asks to hurry. Those handed
-// to this process as their parents die are reaped meanwhile, so that their
-// group empties.
-asio::awaitable<void> await_groups_left(group_state& state, steady::time_point until) {
+// Waits until no rank runs and no process is left in the groups the
+// shutdown's signals reached, or `until` passes, or a second shutdown
+// signal asks to hurry. While the group of an ended rank holds a process,
+// it is looked at every few milliseconds, so that it is forgotten as soon
+// as it empties (its id may be another process's from then on); those
+// handed to this process as their parents die are reaped meanwhile, so
+// that their group empties.
+asio::awaitable<void> await_step_end(group_state& state, steady::time_point until) {
   constexpr std::chrono::milliseconds look_every{5};
-  while (!state.hurry && steady::now() < until) {
-    take_adopted(state);
-    if (groups_left(state).empty()) break;
-    (void)co_await nap(state, std::min(until, steady::now() + look_every));
+  while (!state.hurry) {
+    bool left = !groups_left(state).empty();
+    if (left) {
+      take_adopted(state);
+      left = !groups_left(state).empty();
+    }
+    if (state.running == 0 && !left) break;
+    (void)co_await nap(state, left ? std::min(until, steady::now() + look_every) : until);
+    if (steady::now() >= until) break;
   }
 }
 
@@ -431,6 +441,17 @@ void track_descendants(group_state& state, bool by_parent) {
 
 void record_ended_ranks(const std::shared_ptr<group_state>& state);
 
+// Hands rank `rank`, which SIGKILL has not ended, to a thread that reaps it
+// whenever it ends. The guardian's note of its process group goes now: it
+// is let go of by the child object's pid, which the thread takes.
+void hand_to_reaping_thread(group_state& state, std::size_t rank) {
+  if (rank < state.group_noted.size() && state.group_noted[rank]) {
+    forget_rank_group(state.children[rank].pid());
+    state.group_noted[rank] = false;
+  }
+  detail::reap_on_a_thread(detail::child_access::take(state.children[rank]));
+}
+
 // One step of the shutdown: `sig` to every live rank's process group, then
 // up to `limit` for them to exit.
 asio::awaitable<void> signal_and_await(std::shared_ptr<group_state> shared, int sig, std::chrono::milliseconds limit) {
@@ -443,10 +464,8 @@ asio::awaitable<void> signal_and_await(std::shared_ptr<group_state> shared, int 
   // What an earlier signal left of a rank's group once the rank ended
   // gets this one too.
   for (const pid_t group : groups_left(state)) ::kill(-group, sig);
-  signal_running(state, sig);
-  const auto until = os::deadline_after(steady::now(), limit);
-  co_await await_exits(state, limit);
-  co_await await_groups_left(state, until);
+  signal_running(state, sig, true);
+  co_await await_step_end(state, os::deadline_after(steady::now(), limit));
 }
 
 // Lets the guardian's note of a reaped rank's process group go once the
@@ -806,7 +825,7 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
           // whenever it dies, so that no run() of the io_context waits.
           s.partial.unreaped.push_back(static_cast<int>(rank));
           s.io->drain_ends[rank].emit(asio::cancellation_type::terminal);
-          detail::reap_on_a_thread(detail::child_access::take(s.children[rank]));
+          hand_to_reaping_thread(s, rank);
         }
       }
     }
@@ -869,10 +888,7 @@ void end_unfinished(group_state& state) noexcept {
   for (std::size_t rank = 0; rank < state.children.size(); ++rank) {
     auto& c = state.children[rank];
     if (!c || c.status() || reapable(c)) continue;
-    // Its note goes now: the note is let go of by the child object's pid.
-    if (rank < state.group_noted.size() && state.group_noted[rank]) forget_rank_group(c.pid());
-    if (rank < state.group_noted.size()) state.group_noted[rank] = false;
-    detail::reap_on_a_thread(detail::child_access::take(c));
+    hand_to_reaping_thread(state, rank);
   }
 }
 

@@ -32,7 +32,9 @@
 #include <signal.h>
 #include <pthread.h>
 #include <sys/file.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -499,6 +501,7 @@ TEST_SUITE("group") {
     auto spec = ranks_of(1, {"traceable", "30"});
     spec.shutdown.term_grace = 200ms;
     spec.shutdown.kill_wait = 200ms;
+    std::optional<cohort::guardian> guard(std::in_place);  // which notes the ranks' process groups
     asio::io_context io;
     group g = start_processes(io.get_executor(), spec);
     // Holds the rank's exit from this process past SIGKILL, for 20 s at most.
@@ -518,6 +521,10 @@ TEST_SUITE("group") {
     CHECK(result->unreaped == std::vector<int>{0});
     CHECK_FALSE(result->statuses[0]);
     CHECK(result->stopped);
+    // The note goes with the run: the thread that reaps the rank lets go of
+    // its pid, which may then be another process's.
+    CHECK_FALSE(cohort::detail::rank_group_noted(g.pids()[0]));
+    guard.reset();
     holder.end();
     const auto deadline = std::chrono::steady_clock::now() + 5s;
     while (!test::children_of_self().empty() && std::chrono::steady_clock::now() < deadline) {
@@ -573,6 +580,76 @@ TEST_SUITE("group") {
     CHECK(result.first_failure()->rank == 1);
     CHECK(test::read_file(dir.path / "cleaned") == "done\n");
     CHECK(test::children_of_self().empty());
+  }
+
+  // In a pid namespace of its own, where the test sets the next pid: a
+  // process that takes the pid of a rank that ended (its group empty) and
+  // leads a group of its own is no part of the run. send_signal's signal
+  // once marked the rank's group as the shutdown's, whose later step then
+  // signalled that process.
+  TEST_CASE("a shutdown signals no process group that took the id of an ended rank's") {
+    const int code = test::exit_code_in_child([] {
+      if (::unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) return 77;
+      const pid_t init = ::fork();  // the namespace's first process
+      if (init == 0) {
+        if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+            ::mount("proc", "/proc", "proc", 0, nullptr) != 0) {
+          ::_exit(77);
+        }
+        // Started before the group, so that what it forks is not the
+        // run's: forks a process at the pid it is given, which leads its
+        // own group, and says whether a signal ended it.
+        int ask[2], answer[2];
+        if (::pipe(ask) != 0 || ::pipe(answer) != 0) ::_exit(6);
+        const pid_t maker = ::fork();
+        if (maker == 0) {
+          pid_t at = 0;
+          if (::read(ask[0], &at, sizeof at) != sizeof at) ::_exit(1);
+          std::ofstream("/proc/sys/kernel/ns_last_pid") << at - 1;
+          const pid_t other = ::fork();
+          if (other == 0) {
+            ::setpgid(0, 0);
+            ::execl("/bin/sleep", "sleep", "20", static_cast<char*>(nullptr));
+            ::_exit(127);
+          }
+          (void)!::write(answer[1], &other, sizeof other);
+          int status = 0;
+          ::waitpid(other, &status, 0);
+          ::_exit(WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+        }
+        asio::io_context io;
+        group_spec spec;
+        spec.entry = command("/bin/sh", {"-c", "if [ \"$0\" = 0 ]; then sleep 0.2; exit 0; fi; "
+                                               "if [ \"$0\" = 1 ]; then sleep 2; exit 1; fi; exec sleep 30"});
+        spec.nprocs = 3;
+        spec.args = {{0, {"0"}}, {1, {"1"}}, {2, {"2"}}};
+        group g = start_processes(io.get_executor(), spec);
+        const pid_t first = g.pids()[0];
+        std::thread runner([&io] { io.run(); });
+        g.send_signal(SIGWINCH);  // ignored by each rank
+        while (::kill(-first, 0) == 0 || fs::exists("/proc/" + std::to_string(first))) {
+          std::this_thread::sleep_for(5ms);
+        }
+        pid_t other = 0;
+        const bool made = ::write(ask[1], &first, sizeof first) == sizeof first &&
+                          ::read(answer[0], &other, sizeof other) == sizeof other && other == first;
+        (void)g.join(60s);
+        runner.join();
+        if (made) ::kill(other, SIGKILL);
+        int status = 0;
+        ::waitpid(maker, &status, 0);
+        if (!made) ::_exit(77);  // the pid went to another process first
+        // The SIGKILL above ended it, not the run's SIGTERM.
+        ::_exit(WIFEXITED(status) && WEXITSTATUS(status) == SIGKILL ? 0 : 3);
+      }
+      int status = 0;
+      return ::waitpid(init, &status, 0) == init && WIFEXITED(status) ? WEXITSTATUS(status) : 5;
+    });
+    if (code == 77) {
+      MESSAGE("no pid namespace here (or the pid went to another process): not checked");
+      return;
+    }
+    CHECK(code == 0);
   }
 
   TEST_CASE("a grandchild that escaped with setsid is gone after the run") {
