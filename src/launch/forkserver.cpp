@@ -515,16 +515,17 @@ constexpr std::chrono::seconds reply_patience{30};
 // A server stopped by a tracer is waited on for as long as it stays so.
 int wait_for_reply(const server_link& l) noexcept {
   constexpr int slice_ms = 100;
-  std::chrono::milliseconds waited{0};
+  using steady = std::chrono::steady_clock;
+  auto until = steady::now() + reply_patience;
   for (;;) {
     pollfd p{l.socket, POLLIN, 0};
-    const int n = ::poll(&p, 1, slice_ms);
+    const int n = ::poll(&p, 1, slice_ms);  // a signal cuts it short (EINTR): the clock says how long it was
     if (n > 0) return 0;
     if (n < 0 && errno != EINTR) return errno;
     const char state = os::state_of(l.server.pid());
     if (state == 'T') return ETIMEDOUT;
-    if (state != 't') waited += std::chrono::milliseconds(slice_ms);
-    if (waited >= reply_patience) return ETIMEDOUT;
+    if (state == 't') until = steady::now() + reply_patience;  // counted from the tracer's letting go
+    if (steady::now() >= until) return ETIMEDOUT;
   }
 }
 
