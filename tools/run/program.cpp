@@ -58,9 +58,11 @@ constexpr std::chrono::seconds torch_check_limit(10);
 enum class torch_check { found, not_found, interrupted };
 
 // Whether `python` finds the torch package (without importing it: that
-// takes seconds). It runs in a process group of its own, killed whole and
-// reaped where it has not answered within torch_check_limit (taken as not
-// finding it, and said) or where `wait` says the run ends.
+// takes seconds). It is killed and reaped where it has not answered within
+// torch_check_limit (taken as not finding it, and said) or where `wait`
+// says the run ends. It stays in cohort-run's process group, so that what
+// ends the whole job (a terminal's Ctrl-C, `timeout`, a SIGKILL to the
+// group) ends it too.
 torch_check finds_torch(const fs::path& python, const check_wait& wait) {
   posix_spawn_file_actions_t actions;
   ::posix_spawn_file_actions_init(&actions);
@@ -77,8 +79,7 @@ torch_check finds_torch(const fs::path& python, const check_wait& wait) {
   sigset_t none;
   sigemptyset(&none);
   ::posix_spawnattr_setsigmask(&attributes, &none);
-  ::posix_spawnattr_setpgroup(&attributes, 0);
-  ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
+  ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
   pid_t pid = 0;
   const int rc = ::posix_spawn(&pid, program.c_str(), &actions, &attributes, argv, environ);
   ::posix_spawnattr_destroy(&attributes);
@@ -107,7 +108,7 @@ torch_check finds_torch(const fs::path& python, const check_wait& wait) {
       cut_short = torch_check::interrupted;
     }
     if (cut_short) {
-      ::kill(-pid, SIGKILL);  // its group, which `pid` leads until reaped below
+      ::kill(pid, SIGKILL);  // ours until reaped below
       while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
       break;
