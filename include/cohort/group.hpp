@@ -141,7 +141,9 @@ struct run_result {
   /// console that refused its lines (a pipe whose reader has gone).
   std::vector<std::string> log_errors;
 
-  /// Every rank exited with code 0.
+  /// No failure: every rank exited with code 0 (a function rank after its
+  /// function returned), none was left unreaped, and the run was not
+  /// stopped.
   bool ok() const noexcept { return failures.empty() && unreaped.empty() && !stopped; }
   /// The earliest failure by timestamp (the first seen among equals);
   /// nullptr when none.
