@@ -135,7 +135,8 @@ struct run_result {
   bool stopped = false;
   /// The signal that ended the run, when forward_signals() or interrupt()
   /// turned one into the shutdown; also one that came once every rank had
-  /// ended, which only ended the wait for the console (`stopped` false).
+  /// ended, which only ended the wait for the console (`stopped` false),
+  /// and one that came after stop(), which it hurried.
   std::optional<int> signal;
   /// Log files that could not be written to the end (a full disk), and a
   /// console that refused its lines (a pipe whose reader has gone).

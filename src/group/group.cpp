@@ -608,7 +608,11 @@ void interrupt(group_state& s, int sig) {
     s.partial.signal = sig;
     begin_stop(s);
   } else {
+    // A signal after stop() (or after a first one) is named all the same:
+    // the run was interrupted, whatever else ended it.
+    if (!s.partial.signal) s.partial.signal = sig;
     s.hurry = true;
+    if (s.logs) s.logs->hurry();
     s.wake.cancel();
   }
 }

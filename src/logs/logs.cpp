@@ -307,6 +307,7 @@ struct group_logs::state {
   // consoles from the later of the two.
   std::optional<std::chrono::steady_clock::time_point> pumps_stopped_at, asked_at;
   std::chrono::milliseconds end_limit{0};
+  bool hurried = false;  // on the group's strand: hurry() came, and no wait is left
   std::function<void()> on_busy;  // logs_spec::on_busy
   std::atomic<bool> told_busy = false;
   std::vector<std::shared_ptr<console_out>> consoles;  // the streams' `out`
@@ -549,8 +550,7 @@ void add_error(group_logs::state& st, std::string message) {
 // The console of `s` refused a write (its reader has gone: EPIPE) or took
 // nothing until the deadline (ETIMEDOUT): its streams go on to their files
 // only. Told once for each console. Under the console's lock.
-void lose_console(group_logs::state& st, log_stream& s) {
-  const int error = s.out->error;
+void lose_console(group_logs::state& st, log_stream& s, int error) {
   const int console = s.console;
   s.console = -1;
   std::lock_guard lock(st.errors_mutex);
@@ -694,7 +694,7 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
   }
   if (!lines.empty()) {
     std::lock_guard lock(s.out->mutex);
-    if (put(*s.out, lines.data(), lines.size()) == offered::refused) lose_console(st, s);
+    if (put(*s.out, lines.data(), lines.size()) == offered::refused) lose_console(st, s, s.out->error);
   }
 }
 
@@ -705,14 +705,13 @@ bool console_full(const log_stream& s) { return s.console >= 0 && s.out->full; }
 // The time the run was given to end has passed: what the console of `s`
 // still holds back, and what its streams write after, reach only the
 // files.
+// The backlog stays: other groups may share the console, and their lines
+// in it, with the rest of a line it took part of, are still written as it
+// takes them.
 void give_up_console(group_logs::state& st, log_stream& s) {
   std::lock_guard lock(s.out->mutex);
   if (s.console < 0 || !s.out->full) return;  // it took the lines meanwhile
-  s.out->backlog.clear();
-  s.out->taken = 0;
-  s.out->full = false;
-  s.out->error = ETIMEDOUT;
-  lose_console(st, s);
+  lose_console(st, s, ETIMEDOUT);
 }
 
 // Waits until the console of `s` has taken its backlog, on the io context,
@@ -733,7 +732,7 @@ asio::awaitable<void> console_room(group_logs::state& st, log_stream& s, const a
       co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
     std::lock_guard lock(s.out->mutex);
-    if (s.console >= 0 && put(*s.out, nullptr, 0) == offered::refused) lose_console(st, s);
+    if (s.console >= 0 && put(*s.out, nullptr, 0) == offered::refused) lose_console(st, s, s.out->error);
   }
 }
 
@@ -806,7 +805,7 @@ void end_stream(group_logs::state& st, log_stream& s) {
   if (!s.pending.empty() && s.console >= 0) {
     const std::string out = s.prefix + s.pending + '\n';
     std::lock_guard lock(s.out->mutex);
-    if (put(*s.out, out.data(), out.size()) == offered::refused) lose_console(st, s);
+    if (put(*s.out, out.data(), out.size()) == offered::refused) lose_console(st, s, s.out->error);
   }
   s.pending.clear();
   s.source.reset();
@@ -1014,6 +1013,14 @@ void group_logs::ask_to_end(std::chrono::milliseconds limit) {
   if (st.all_done) st.all_done->cancel();
 }
 
+void group_logs::hurry() {
+  auto& st = *state_;
+  st.hurried = true;
+  st.asked_at = std::chrono::steady_clock::now();
+  st.end_limit = std::chrono::milliseconds(0);
+  if (st.all_done) st.all_done->cancel();
+}
+
 asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
   auto& st = *state_;
   if (!st.watched.empty()) {  // the files hold all the ranks wrote: read them to their ends
@@ -1025,7 +1032,7 @@ asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
     asio::post(st.strands[last], [state = state_, last] { state->cancels[last]->emit(asio::cancellation_type::terminal); });
   }
   const auto pumped_until = std::chrono::steady_clock::now() + limit;
-  co_await await_ends(st, [&] { return pumped_until; });
+  co_await await_ends(st, [&] { return st.hurried ? std::chrono::steady_clock::now() : pumped_until; });
   if (st.running == 0) co_return;
   // A writer outlived the run, or a console takes no more: the pumps take
   // what is there and stop, and the last lines wait for the consoles.

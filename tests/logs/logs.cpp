@@ -6,6 +6,8 @@
 #include "support/process_probe.hpp"
 #include "support/run_group.hpp"
 
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 
@@ -873,6 +875,121 @@ TEST_CASE("stop() while the last lines wait for a console nobody reads ends the 
   std::string seq;
   for (int i = 1; i <= 10000; ++i) seq += std::to_string(i) + "\n";
   CHECK(test::read_file(dir.path / "none" / "attempt_0" / "0" / "stdout.log") == seq);
+}
+
+// Before, a shutdown signal after stop() only hurried the shutdown: the
+// run's result did not name it, and the wait for the console went on for
+// all of kill_wait (cohort-run then said its run had succeeded).
+TEST_CASE("a second request to end skips the wait for a console nobody reads, and its signal is named") {
+  test::temp_dir dir;
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  REQUIRE(::fcntl(console[1], F_SETPIPE_SZ, 4096) == 4096);
+  const auto ended = dir.path / "ended";
+  auto spec = shell_ranks(1, "seq 1 10000; : > " + ended.string());
+  tee_or_prefix(spec, dir.path, true, false);
+  spec.logs.console_out = console[1];
+  spec.shutdown.kill_wait = 30s;
+  std::atomic<bool> done = false;
+  std::thread rescue([&] {  // reads the console after a minute at most
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (!done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+    if (!done) read_to_end(console[0]);
+  });
+  asio::io_context io;
+  std::chrono::steady_clock::duration took{};
+  const auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
+    group g = co_await start_processes(spec);
+    asio::steady_timer pause(io);
+    for (int i = 0; i < 1000 && !fs::exists(ended); ++i) {
+      pause.expires_after(20ms);
+      co_await pause.async_wait(asio::use_awaitable);
+    }
+    pause.expires_after(500ms);
+    co_await pause.async_wait(asio::use_awaitable);
+    g.stop();
+    pause.expires_after(100ms);
+    co_await pause.async_wait(asio::use_awaitable);
+    const auto asked = std::chrono::steady_clock::now();
+    g.interrupt(SIGINT);
+    auto result = co_await g.wait();
+    took = std::chrono::steady_clock::now() - asked;
+    co_return result;
+  }());
+  done = true;
+  ::close(console[1]);
+  rescue.join();
+  ::close(console[0]);
+  CHECK(took < 20s);  // not the 30 s stop() gave the console
+  CHECK(r.signal == std::optional<int>(SIGINT));
+  CHECK_FALSE(r.stopped);  // the rank had exited 0 before either
+  REQUIRE(r.log_errors.size() == 1);
+  CHECK(r.log_errors[0].find("took nothing for the time the run was given to end") != std::string::npos);
+}
+
+// Before, a group whose time to end ran out emptied the console's backlog,
+// which other groups on that console shared: their lines in it were lost
+// unsaid, and the rest of a line the console had taken part of was never
+// written, so that the next line was joined to it.
+TEST_CASE("a group that gives up a console leaves the lines other groups put in it") {
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  REQUIRE(::fcntl(console[1], F_SETPIPE_SZ, 4096) == 4096);
+  const auto on_console = [&console](const char* name, const std::string& script) {
+    auto spec = shell_ranks(1, script);
+    spec.name = name;
+    spec.logs.prefix_all = true;
+    spec.logs.console_out = console[1];
+    spec.shutdown.kill_wait = 500ms;
+    return spec;
+  };
+  // B's lines fill the console's pipe and backlog; A, stopped while the
+  // console takes nothing, gives it up; B writes more later.
+  const auto b_spec = on_console("B", "seq 1 2000; sleep 3; seq 2001 2003");
+  const auto a_spec = on_console("A", "seq 1 20000; sleep 60");
+  asio::io_context io;
+  run_result a, b;
+  std::atomic<bool> a_done = false;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    group g = co_await start_processes(b_spec);
+    b = co_await g.wait();
+  }, asio::detached);
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    asio::steady_timer pause(io, 300ms);
+    co_await pause.async_wait(asio::use_awaitable);
+    group g = co_await start_processes(a_spec);
+    pause.expires_after(700ms);
+    co_await pause.async_wait(asio::use_awaitable);
+    g.stop();
+    a = co_await g.wait();
+    a_done = true;
+  }, asio::detached);
+  std::string text;
+  std::thread reader([&] {  // from A's end on
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (!a_done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+    text = read_to_end(console[0]);
+  });
+  io.run();
+  ::close(console[1]);
+  reader.join();
+  ::close(console[0]);
+  CHECK(a.stopped);
+  CHECK(a.log_errors.size() == 1);
+  CHECK(b.ok());
+  CHECK(b.log_errors.empty());
+  std::istringstream lines(text);
+  int next_b = 1;
+  for (std::string line; std::getline(lines, line);) {
+    CAPTURE(line);
+    if (line.starts_with("[B0]:")) {
+      CHECK(line == fmt::format("[B0]:{}", next_b));
+      next_b = std::stoi(line.substr(5)) + 1;
+    } else {
+      CHECK(line.starts_with("[A0]:"));
+    }
+  }
+  CHECK(next_b == 2004);
 }
 
 TEST_CASE("a console that takes nothing holds up no group that writes to another console, nor its start") {
