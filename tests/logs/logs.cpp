@@ -821,51 +821,63 @@ TEST_CASE("a run asked to end waits for a console nobody reads at most another k
   if (!through_pipes) CHECK(lines.size() == 100000);
 }
 
-TEST_CASE("stop() while the last lines wait for a console nobody reads ends the wait within kill_wait; the run is ok") {
-  bool through_pipes = false;
-  SUBCASE("followed") {}
-  SUBCASE("through pipes") { through_pipes = true; }
-  test::temp_dir dir;
+// A run of one rank that writes more than its console's pipe holds (and
+// less than its own pipe does: it ends) and exits 0, with nobody reading
+// the console for `unread_for`. `settle` after the rank's end (once
+// kill_wait has passed, its last lines wait for the console), `ask` runs on
+// the group. Its result, and how long the run took from `ask` on.
+struct unread_console_run {
+  run_result result;
+  std::chrono::steady_clock::duration took{};
+};
+unread_console_run run_with_unread_console(const fs::path& dir, bool through_pipes, std::chrono::milliseconds kill_wait,
+                                           std::chrono::milliseconds settle, std::chrono::seconds unread_for,
+                                           const std::function<void(group&)>& ask) {
   int console[2];
   REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
   REQUIRE(::fcntl(console[1], F_SETPIPE_SZ, 4096) == 4096);
-  // The rank writes more than the console's pipe holds (and less than its
-  // own pipe does: it ends) and exits 0; nobody reads the console until
-  // 30 s have passed. stop() comes once kill_wait has passed after the
-  // rank's end: its last lines wait for the console.
-  const auto ended = dir.path / "ended";
+  const auto ended = dir / "ended";
   auto spec = shell_ranks(1, "seq 1 10000; : > " + ended.string());
-  tee_or_prefix(spec, dir.path, true, through_pipes);
+  tee_or_prefix(spec, dir, true, through_pipes);
   spec.logs.console_out = console[1];
-  spec.shutdown.kill_wait = 500ms;
+  spec.shutdown.kill_wait = kill_wait;
   std::atomic<bool> done = false;
   std::thread rescue([&] {
-    const auto until = std::chrono::steady_clock::now() + 30s;
+    const auto until = std::chrono::steady_clock::now() + unread_for;
     while (!done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
     if (!done) read_to_end(console[0]);
   });
   asio::io_context io;
-  const auto start = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::duration took{};
-  const auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
+  unread_console_run run;
+  run.result = test::run(io, [&]() -> asio::awaitable<run_result> {
     group g = co_await start_processes(spec);
     asio::steady_timer pause(io);
     for (int i = 0; i < 1000 && !fs::exists(ended); ++i) {
       pause.expires_after(20ms);
       co_await pause.async_wait(asio::use_awaitable);
     }
-    pause.expires_after(1500ms);
+    pause.expires_after(settle);
     co_await pause.async_wait(asio::use_awaitable);
-    g.stop();
+    const auto asked = std::chrono::steady_clock::now();
+    ask(g);
     auto result = co_await g.wait();
-    took = std::chrono::steady_clock::now() - start;
+    run.took = std::chrono::steady_clock::now() - asked;
     co_return result;
   }());
   done = true;
   ::close(console[1]);
   rescue.join();
   ::close(console[0]);
-  // The rank's end, 1.5 s, and kill_wait for the console: long before it is read.
+  return run;
+}
+
+TEST_CASE("stop() while the last lines wait for a console nobody reads ends the wait within kill_wait; the run is ok") {
+  bool through_pipes = false;
+  SUBCASE("followed") {}
+  SUBCASE("through pipes") { through_pipes = true; }
+  test::temp_dir dir;
+  const auto [r, took] = run_with_unread_console(dir.path, through_pipes, 500ms, 1500ms, 30s, [](group& g) { g.stop(); });
+  // kill_wait for the console: long before it is read.
   CHECK(took < 20s);
   // The rank had exited 0 before stop(): nothing was stopped.
   CHECK(r.ok());
@@ -882,44 +894,10 @@ TEST_CASE("stop() while the last lines wait for a console nobody reads ends the 
 // all of kill_wait (cohort-run then said its run had succeeded).
 TEST_CASE("a second request to end skips the wait for a console nobody reads, and its signal is named") {
   test::temp_dir dir;
-  int console[2];
-  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
-  REQUIRE(::fcntl(console[1], F_SETPIPE_SZ, 4096) == 4096);
-  const auto ended = dir.path / "ended";
-  auto spec = shell_ranks(1, "seq 1 10000; : > " + ended.string());
-  tee_or_prefix(spec, dir.path, true, false);
-  spec.logs.console_out = console[1];
-  spec.shutdown.kill_wait = 30s;
-  std::atomic<bool> done = false;
-  std::thread rescue([&] {  // reads the console after a minute at most
-    const auto until = std::chrono::steady_clock::now() + 60s;
-    while (!done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
-    if (!done) read_to_end(console[0]);
-  });
-  asio::io_context io;
-  std::chrono::steady_clock::duration took{};
-  const auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
-    group g = co_await start_processes(spec);
-    asio::steady_timer pause(io);
-    for (int i = 0; i < 1000 && !fs::exists(ended); ++i) {
-      pause.expires_after(20ms);
-      co_await pause.async_wait(asio::use_awaitable);
-    }
-    pause.expires_after(500ms);
-    co_await pause.async_wait(asio::use_awaitable);
+  const auto [r, took] = run_with_unread_console(dir.path, false, 30s, 500ms, 90s, [](group& g) {
     g.stop();
-    pause.expires_after(100ms);
-    co_await pause.async_wait(asio::use_awaitable);
-    const auto asked = std::chrono::steady_clock::now();
     g.interrupt(SIGINT);
-    auto result = co_await g.wait();
-    took = std::chrono::steady_clock::now() - asked;
-    co_return result;
-  }());
-  done = true;
-  ::close(console[1]);
-  rescue.join();
-  ::close(console[0]);
+  });
   CHECK(took < 20s);  // not the 30 s stop() gave the console
   CHECK(r.signal == std::optional<int>(SIGINT));
   CHECK_FALSE(r.stopped);  // the rank had exited 0 before either
