@@ -320,8 +320,9 @@ std::vector<pid_t> children_of_self() {
 
 }  // namespace
 
-std::vector<pid_t> reap_adopted(pid_window& window) {
+std::vector<pid_t> reap_adopted(pid_window& window, const std::string& marker) {
   std::vector<pid_t> alive;
+  const std::string own_groups = group_marker_prefix(::getpid());
   if (!has_children()) return alive;
   const pid_t own_group = ::getpgrp();
   bool refreshed = false;
@@ -338,8 +339,12 @@ std::vector<pid_t> reap_adopted(pid_window& window) {
       const int pidfd = config::pidfd_open(pid);
       if (pidfd < 0) continue;
       siginfo_t info{};
+      // One alive that carries the marker of another group of this
+      // process, and not this one's, is that group's: handed over as its
+      // rank died while that group runs on, it is left to it.
       if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG) == 0 &&
-          info.si_pid == 0) {
+          info.si_pid == 0 &&
+          (!environment_holds(pid, own_groups, true) || environment_holds(pid, marker, false))) {
         alive.push_back(pid);
       }
       ::close(pidfd);

@@ -98,8 +98,10 @@ class tracked_processes {
 /// forks stay in its group). Those that have died are reaped; those alive
 /// are returned, for the caller to end. Nothing is done, and nothing
 /// returned, while cohort starts processes: the scan comes again later.
-/// Refreshes `window` when it finds a child no one here started.
-std::vector<pid_t> reap_adopted(pid_window& window);
+/// Refreshes `window` when it finds a child no one here started. One alive
+/// that carries the marker of another group of this process, but not
+/// `marker` (this group's), is left to that group.
+std::vector<pid_t> reap_adopted(pid_window& window, const std::string& marker);
 
 /// Whether this process has a child, running or unreaped. In a subreaper
 /// whose ranks are all reaped, false means no descendant of theirs lives:

@@ -491,7 +491,7 @@ void forget_empty_rank_groups(group_state& state) {
 // have died, and holds those alive for the sweep: a descendant of a rank
 // whose parent died is the run's, whatever its environment says.
 void take_adopted(group_state& state) {
-  state.descendants.add(reap_adopted(state.pids_since_start));
+  state.descendants.add(reap_adopted(state.pids_since_start, state.marker));
   forget_empty_rank_groups(state);
 }
 
@@ -612,7 +612,6 @@ void interrupt(group_state& s, int sig) {
     // the run was interrupted, whatever else ended it.
     if (!s.partial.signal) s.partial.signal = sig;
     s.hurry = true;
-    if (s.logs) s.logs->hurry();
     s.wake.cancel();
   }
 }

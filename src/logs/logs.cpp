@@ -307,7 +307,6 @@ struct group_logs::state {
   // consoles from the later of the two.
   std::optional<std::chrono::steady_clock::time_point> pumps_stopped_at, asked_at;
   std::chrono::milliseconds end_limit{0};
-  bool hurried = false;  // on the group's strand: hurry() came, and no wait is left
   std::function<void()> on_busy;  // logs_spec::on_busy
   std::atomic<bool> told_busy = false;
   std::vector<std::shared_ptr<console_out>> consoles;  // the streams' `out`
@@ -1013,14 +1012,6 @@ void group_logs::ask_to_end(std::chrono::milliseconds limit) {
   if (st.all_done) st.all_done->cancel();
 }
 
-void group_logs::hurry() {
-  auto& st = *state_;
-  st.hurried = true;
-  st.asked_at = std::chrono::steady_clock::now();
-  st.end_limit = std::chrono::milliseconds(0);
-  if (st.all_done) st.all_done->cancel();
-}
-
 asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
   auto& st = *state_;
   if (!st.watched.empty()) {  // the files hold all the ranks wrote: read them to their ends
@@ -1032,7 +1023,7 @@ asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
     asio::post(st.strands[last], [state = state_, last] { state->cancels[last]->emit(asio::cancellation_type::terminal); });
   }
   const auto pumped_until = std::chrono::steady_clock::now() + limit;
-  co_await await_ends(st, [&] { return st.hurried ? std::chrono::steady_clock::now() : pumped_until; });
+  co_await await_ends(st, [&] { return pumped_until; });
   if (st.running == 0) co_return;
   // A writer outlived the run, or a console takes no more: the pumps take
   // what is there and stop, and the last lines wait for the consoles.

@@ -87,9 +87,6 @@ class group_logs {
   /// they begin if that is later. The first call counts; it may come at any
   /// time, before or during drain(). Call on the group's strand.
   void ask_to_end(std::chrono::milliseconds limit);
-  /// A second request to end (a second shutdown signal): drain() waits no
-  /// more, for the pumps or the consoles. Call on the group's strand.
-  void hurry();
   /// Log files that could not be written (a full disk), one line each.
   std::vector<std::string> errors() const;
   /// How many descriptors the pumps will open once started on `io`: a

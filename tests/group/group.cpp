@@ -652,6 +652,34 @@ TEST_SUITE("group") {
     CHECK(code == 0);
   }
 
+  // Before, the first group to end took every orphan handed to this
+  // process during its run, another group's too, and killed it.
+  TEST_CASE("a group's end leaves alone what another running group's ended rank left") {
+    test::temp_dir dir;
+    const auto left_pid = dir.path / "left";
+    // B's rank 0 leaves a process in its group and exits 0, once A has
+    // started (its pid is one A's run could have made); rank 1 runs on.
+    group_spec b;
+    b.entry = command("/bin/sh", {"-c", "if [ \"$0\" = 0 ]; then sleep 0.3; sleep 30 & echo $! > \"$1.tmp\"; "
+                                        "mv \"$1.tmp\" \"$1\"; exit 0; fi; sleep 30"});
+    b.nprocs = 2;
+    b.args = {{0, {"0", left_pid.string()}}, {1, {"1", left_pid.string()}}};
+    group_spec a = ranks_of(1, {"sleep", "1"});
+    asio::io_context io;
+    group gb = start_processes(io.get_executor(), b);
+    group ga = start_processes(io.get_executor(), a);
+    std::thread runner([&io] { io.run(); });
+    REQUIRE(ga.join(30s));
+    CHECK(ga.result()->ok());
+    REQUIRE(fs::exists(left_pid));
+    const pid_t left = std::stoi(test::read_file(left_pid));
+    CHECK(test::alive(left));  // B runs on: what its rank left is B's to end
+    gb.stop();
+    REQUIRE(gb.join(30s));
+    runner.join();
+    CHECK_FALSE(test::alive(left));
+  }
+
   TEST_CASE("a grandchild that escaped with setsid is gone after the run") {
     test::temp_dir dir;
     for (int code : {0, 1}) {
