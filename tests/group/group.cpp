@@ -567,11 +567,11 @@ TEST_SUITE("group") {
     group_spec spec;
     // Rank 0: a shell running, in the foreground, one that cleans up for
     // 0.3 s on SIGTERM; rank 1 fails once that one is ready.
-    spec.entry = command("/bin/sh", {"-c",
-                                     "if [ \"$1\" = 1 ]; then while [ ! -e \"$0/ready\" ]; do sleep 0.01; done; exit 3; fi; "
-                                     "sh -c 'trap \"sleep 0.3; echo done > \\\"$0/cleaned\\\"; exit 0\" TERM; "
-                                     "touch \"$0/ready\"; while :; do sleep 0.05; done' \"$0\"",
-                                     dir.path.string()});
+    const std::string script =
+        "if [ \"$1\" = 1 ]; then while [ ! -e \"$0/ready\" ]; do sleep 0.01; done; exit 3; fi; "
+        "sh -c 'trap \"sleep 0.3; echo done > \\\"$0/cleaned\\\"; exit 0\" TERM; "
+        "touch \"$0/ready\"; while :; do sleep 0.05; done' \"$0\"";
+    spec.entry = command("/bin/sh", {"-c", script, dir.path.string()});
     spec.nprocs = 2;
     spec.args = {{0, {"0"}}, {1, {"1"}}};
     spec.shutdown.term_grace = 30s;

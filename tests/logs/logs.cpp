@@ -876,7 +876,8 @@ TEST_CASE("stop() while the last lines wait for a console nobody reads ends the 
   SUBCASE("followed") {}
   SUBCASE("through pipes") { through_pipes = true; }
   test::temp_dir dir;
-  const auto [r, took] = run_with_unread_console(dir.path, through_pipes, 500ms, 1500ms, 30s, [](group& g) { g.stop(); });
+  const auto stop = [](group& g) { g.stop(); };
+  const auto [r, took] = run_with_unread_console(dir.path, through_pipes, 500ms, 1500ms, 30s, stop);
   // kill_wait for the console: long before it is read.
   CHECK(took < 20s);
   // The rank had exited 0 before stop(): nothing was stopped.
