@@ -91,7 +91,7 @@ bool peer_watch::alive(const peer& p, death_notice* notice) {
 }
 
 std::optional<peer> peer_watch::all_gone(const peer* peers, std::uint32_t count, std::uint32_t role,
-                                         death_notice* notice) {
+                                         death_notice* notice, bool self_has_role) {
   const pid_t self = os::this_process();
   std::lock_guard lock(mutex_);
   // Entries of processes the table no longer names go: a long-lived side
@@ -106,14 +106,21 @@ std::optional<peer> peer_watch::all_gone(const peer* peers, std::uint32_t count,
   // Every peer is looked at, so that each live one is armed.
   std::optional<peer> last;
   bool any_alive = false;
-  for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
-    if ((peers[i].roles & role) == 0 || peers[i].pid == self) continue;
-    if (alive(peers[i], notice)) {
-      any_alive = true;
-    } else {
-      last = peers[i];
+  const auto look = [&](std::uint32_t roles) {
+    for (std::uint32_t i = 0; i < count && i < max_peers; ++i) {
+      if ((peers[i].roles & roles) == 0 || peers[i].pid == self) continue;
+      if (alive(peers[i], notice)) {
+        any_alive = true;
+      } else {
+        last = peers[i];
+      }
     }
-  }
+  };
+  look(role);
+  if (any_alive) return std::nullopt;
+  // No other process ever had the role, and this one has: whoever else
+  // used the queue is all that could still end the wait.
+  if (!last && self_has_role) look(~0u);
   if (any_alive) return std::nullopt;
   return last;
 }

@@ -77,11 +77,15 @@ class peer_watch {
  public:
   /// The last of the peers with `role` found gone when every one of them
   /// is (and at least one ever was in the table); nullopt while any lives.
-  /// With `notice`, arms it with the pidfd of each one alive. Descriptors
-  /// are held only for peers still alive when last looked at, and only
-  /// while the table names them.
+  /// This process is never counted. When no other process ever had `role`
+  /// and this one has it (`self_has_role`: it fed the queue it waits to
+  /// pop), the other processes of any role count instead: one left alone
+  /// with its own queue is told once they are all gone. With `notice`,
+  /// arms it with the pidfd of each one alive. Descriptors are held only
+  /// for peers still alive when last looked at, and only while the table
+  /// names them.
   std::optional<peer> all_gone(const peer* peers, std::uint32_t count, std::uint32_t role,
-                               death_notice* notice = nullptr);
+                               death_notice* notice = nullptr, bool self_has_role = false);
   /// How many pidfds it holds now.
   std::size_t descriptors();
 

@@ -386,10 +386,13 @@ class queue_core {
     const std::uint32_t count = copy_peers(copy, &complete);
     if (!complete) return;  // a peer the table does not name may be there
     const auto role = s == side::pop ? peer_producer : peer_consumer;
-    if (auto gone = watch_.all_gone(copy, count, role)) {
+    if (auto gone = watch_.all_gone(copy, count, role, nullptr, has_role(role))) {
       if (last_try()) return;
+      // A peer without the role: this process had it alone, and every
+      // other one is gone (peer_watch::all_gone).
+      const bool alone = (gone->roles & role) == 0;
       throw peer_lost(fmt::format("cohort::queue: every {} of the queue has exited (the last seen: pid {}{})",
-                                  s == side::pop ? "producer" : "consumer", gone->pid,
+                                  alone ? "other process" : s == side::pop ? "producer" : "consumer", gone->pid,
                                   gone->rank >= 0 ? fmt::format(", rank {}", gone->rank) : ""),
                       gone->pid, gone->rank);
     }
@@ -403,7 +406,13 @@ class queue_core {
     bool complete = false;
     const std::uint32_t count = copy_peers(copy, &complete);
     const auto role = s == side::pop ? peer_producer : peer_consumer;
-    return !watch_.all_gone(copy, count, role, &death_notice::of_this_process()) || !complete;
+    return !watch_.all_gone(copy, count, role, &death_notice::of_this_process(), has_role(role)) || !complete;
+  }
+
+  // Whether this process joined the queue as `role`: pushed, or popped.
+  bool has_role(std::uint32_t role) const noexcept {
+    const auto& joined = role == peer_producer ? producer_of_ : consumer_of_;
+    return joined.load(std::memory_order_relaxed) == os::this_process();
   }
 
   std::atomic<std::uint32_t>& word(side s) const noexcept { return s == side::push ? h().space : h().items; }

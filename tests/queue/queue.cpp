@@ -729,6 +729,26 @@ TEST_SUITE("queue") {
     CHECK_FALSE(watch.all_gone(table.peers, table.count, detail::peer_producer).has_value());
   }
 
+  TEST_CASE("a pop waiting on a queue only it fed ends with peer_lost once its consumers have exited") {
+    queue<int> q(4);
+    q.put(1);
+    spawn_and_join(pop_one_and_leave, std::tuple{q}, 1);
+    try {
+      (void)q.get(10s);
+      FAIL("the pop returned");
+    } catch (const peer_lost& e) {
+      CHECK(e.rank() == 0);
+      CHECK(std::string_view(e.what()).find("every other process") != std::string_view::npos);
+    }
+    asio::io_context io;
+    CHECK_THROWS_AS(test::run(io, q.pop()), peer_lost);
+    // Alone from the start, a process is not told: another may yet come.
+    queue<int> alone(4);
+    alone.put(1);
+    CHECK(alone.get() == 1);
+    CHECK_FALSE(alone.get(100ms).has_value());
+  }
+
   TEST_CASE("a push into a full queue whose consumers have all exited ends with peer_lost") {
     queue<int> q(2);
     q.put(1);
