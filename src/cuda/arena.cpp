@@ -299,8 +299,8 @@ held_chunk::~held_chunk() {
   }
 }
 
-block allocate(int device, std::size_t nbytes) {
-  check_device(device, "cohort::cuda::empty");
+block allocate(int device, std::size_t nbytes, const char* entry) {
+  check_device(device, entry);
   auto& a = arena_of(device);
   std::lock_guard lock(a.mutex);
   const int k = class_of(nbytes);

@@ -100,10 +100,10 @@ struct block {
 };
 
 /// A block of at least `nbytes` (at least one byte's block for 0) on
-/// `device`, which the caller holds until give_back. Throws
-/// std::invalid_argument, no_device, or error (out of memory names the size
-/// and the device's free memory).
-block allocate(int device, std::size_t nbytes);
+/// `device`, which the caller holds until give_back; `entry` names the
+/// call in errors. Throws std::invalid_argument, no_device, or error (out
+/// of memory names the size and the device's free memory).
+block allocate(int device, std::size_t nbytes, const char* entry);
 /// Ends the maker's own hold: the block is free for reuse once no other
 /// process and no message holds its note, or only processes that have
 /// ended do (it then gets a new note).

@@ -832,6 +832,33 @@ void order_after_copy(int from, int to) {
   detail::check(cudaStreamWaitEvent(current, copied, 0), "cudaStreamWaitEvent", context);
 }
 
+// Copies a whole storage's bytes, on the current stream of `device`.
+void copy_bytes(void* to, const void* from, std::size_t n, int device, const char* entry) {
+  if (n == 0) return;
+  const auto context = fmt::format("{}: {} on device {}", entry, detail::describe_bytes(n), device);
+  const detail::device_guard on(device, context);
+  detail::check(cudaMemcpyAsync(to, from, n, cudaMemcpyDefault, current), "cudaMemcpyAsync", context);
+}
+
+// Device storage of `nbytes` on `device`, for the call `entry`.
+cohort::storage device_storage(int device, std::size_t nbytes, const char* entry) {
+  return cohort::detail::make_device_storage(
+      std::make_shared<owned_memory>(device, detail::allocate(device, nbytes, entry), nbytes));
+}
+
+// A copy of `t` on `device`, for the call `entry`.
+tensor copy_to_device(const tensor& t, int device, const char* entry) {
+  auto bytes = device_storage(device, t.storage().nbytes(), entry);
+  copy_bytes(bytes.data(), t.storage().data(), bytes.nbytes(), device, entry);
+  return tensor(std::move(bytes), t.dtype(), t.shape(), t.strides(), t.storage_offset(), cohort::device{kDLCUDA, device});
+}
+
+void require_device(const tensor& t, const char* entry) {
+  if (t.device().type != kDLCUDA) {
+    throw std::logic_error(fmt::format("{}: the tensor is not on a CUDA device", entry));
+  }
+}
+
 // tensor::to and a device tensor's tensor::clone. From one device to
 // another, the source's work so far is waited for first: the copy is
 // queued on the destination's stream, and the source's stream then waits
@@ -839,9 +866,10 @@ void order_after_copy(int from, int to) {
 tensor copy_tensor(const tensor& t, cohort::device to) {
   if (to.type == kDLCPU) return cuda::to_cpu(t);
   if (t.device() == to) return cuda::clone(t);
-  if (t.device().type != kDLCUDA) return cuda::to_device(t, to.id);
+  constexpr const char* entry = "cohort::tensor::to";
+  if (t.device().type != kDLCUDA) return copy_to_device(t, to.id, entry);
   cuda::synchronize(t.device().id);
-  tensor copy = cuda::to_device(t, to.id);
+  tensor copy = copy_to_device(t, to.id, entry);
   order_after_copy(t.device().id, to.id);
   return copy;
 }
@@ -851,25 +879,6 @@ tensor copy_tensor(const tensor& t, cohort::device to) {
   cohort::detail::register_device_copy(kDLCUDA, &copy_tensor);
   return true;
 }();
-
-// Device storage of `nbytes` on `device`.
-cohort::storage device_storage(int device, std::size_t nbytes) {
-  return cohort::detail::make_device_storage(std::make_shared<owned_memory>(device, detail::allocate(device, nbytes), nbytes));
-}
-
-void require_device(const tensor& t, const char* entry) {
-  if (t.device().type != kDLCUDA) {
-    throw std::logic_error(fmt::format("{}: the tensor is not on a CUDA device", entry));
-  }
-}
-
-// Copies a whole storage's bytes, on the current stream of `device`.
-void copy_bytes(void* to, const void* from, std::size_t n, int device, const char* entry) {
-  if (n == 0) return;
-  const auto context = fmt::format("{}: {} on device {}", entry, detail::describe_bytes(n), device);
-  const detail::device_guard on(device, context);
-  detail::check(cudaMemcpyAsync(to, from, n, cudaMemcpyDefault, current), "cudaMemcpyAsync", context);
-}
 
 }  // namespace
 
@@ -882,7 +891,7 @@ tensor empty(std::span<const std::int64_t> shape, dtype type, int device) {
       static_cast<std::size_t>(cohort::detail::checked_numel(shape, type, entry)) * element_size(type);
   if (nbytes > (std::size_t{1} << 62)) throw std::invalid_argument(fmt::format("{}: the size overflows", entry));
   const auto strides = cohort::detail::contiguous_strides(shape);
-  return tensor(device_storage(device, nbytes), type, shape, strides.view(), 0, cohort::device{kDLCUDA, device});
+  return tensor(device_storage(device, nbytes, entry), type, shape, strides.view(), 0, cohort::device{kDLCUDA, device});
 }
 
 tensor full(std::span<const std::int64_t> shape, double value, dtype type, int device) {
@@ -929,11 +938,7 @@ void fill_(const tensor& t, double value) {
   }
 }
 
-tensor to_device(const tensor& t, int device) {
-  auto bytes = device_storage(device, t.storage().nbytes());
-  copy_bytes(bytes.data(), t.storage().data(), bytes.nbytes(), device, "cohort::cuda::to_device");
-  return tensor(std::move(bytes), t.dtype(), t.shape(), t.strides(), t.storage_offset(), cohort::device{kDLCUDA, device});
-}
+tensor to_device(const tensor& t, int device) { return copy_to_device(t, device, "cohort::cuda::to_device"); }
 
 tensor to_cpu(const tensor& t) {
   constexpr const char* entry = "cohort::cuda::to_cpu";
@@ -950,7 +955,7 @@ tensor clone(const tensor& t) {
   constexpr const char* entry = "cohort::cuda::clone";
   require_device(t, entry);
   const int device = t.device().id;
-  auto bytes = device_storage(device, t.storage().nbytes());
+  auto bytes = device_storage(device, t.storage().nbytes(), entry);
   copy_bytes(bytes.data(), t.storage().data(), bytes.nbytes(), device, entry);
   return tensor(std::move(bytes), t.dtype(), t.shape(), t.strides(), t.storage_offset(), t.device());
 }
