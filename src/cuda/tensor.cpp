@@ -167,12 +167,17 @@ bool ended(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
 // received on has done the work queued before the release.
 struct release_parcel {
   cohort::storage note;
-  std::atomic<long>* users;
+  std::shared_ptr<detail::held_chunk> chunk;
 };
+// The note's holds go first: the maker may reuse the block then. The
+// chunk's count is taken down after, through the parcel's own hold on the
+// chunk, let go of last: once the note is gone, the arena may free a chunk
+// of this process's own, and once the count is 0, sweep_imports may drop an
+// imported one from its cache; either may be the last other hold.
 void release_now(release_parcel* r) noexcept {
-  auto* users = r->users;
-  delete r;  // the note's holds go first: the maker may reuse the block then
-  users->fetch_sub(1, std::memory_order_release);
+  auto chunk = std::move(r->chunk);
+  delete r;
+  chunk->users.fetch_sub(1, std::memory_order_release);
 }
 
 // Releases waiting for their streams: an event recorded after the last use
@@ -657,7 +662,7 @@ class received_memory final : public cohort::detail::device_memory {
   // the work queued so far on the stream it was received on is done; the
   // host is not blocked.
   ~received_memory() override {
-    auto* parcel = new (std::nothrow) release_parcel{std::move(note_), &chunk_->users};
+    auto* parcel = new (std::nothrow) release_parcel{std::move(note_), chunk_};
     if (parcel == nullptr) {
       std::ignore = cudaStreamSynchronize(stream_);
       chunk_->users.fetch_sub(1, std::memory_order_release);
