@@ -7,13 +7,16 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <map>
@@ -43,6 +46,10 @@ struct reply {
 };
 
 constexpr int answer_timeout_seconds = 10;
+// Connections answered at once, each by a thread of its own; one more is
+// closed unanswered. An asker keeps one connection to each process it
+// asked, while that process lives.
+constexpr int max_connections = 1024;
 
 sockaddr_un address_of(pid_t pid, std::uint32_t port, socklen_t& length) {
   sockaddr_un a{};
@@ -76,10 +83,10 @@ bool trusted_peer(int connection) noexcept {
          (peer.uid == ::geteuid() || peer.uid == 0);
 }
 
-// Answers one peer's requests until it hangs up; another user's, each with
-// EACCES.
+std::atomic<int> answering{0};  // connections with a thread answering them
+
+// Answers one peer's requests until it hangs up, then closes `connection`.
 void answer(int connection) {
-  const bool trusted = trusted_peer(connection);
   for (;;) {
     request q{};
     ssize_t n;
@@ -88,9 +95,7 @@ void answer(int connection) {
     if (n != static_cast<ssize_t>(sizeof q)) break;
     reply r{};
     int fd = -1;
-    if (!trusted) {
-      r.status = EACCES;
-    } else {
+    {
       auto& t = table();
       std::lock_guard lock(t.mutex);
       if (q.what == op::chunk) {
@@ -113,6 +118,74 @@ void answer(int connection) {
     if (!sent) break;
   }
   ::close(connection);
+  answering.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// Starts a thread that answers `connection` and then closes it; false, the
+// connection still the caller's, when max_connections are answered already
+// or no thread can be started (RLIMIT_NPROC, no address space for a stack).
+bool start_answering(int connection) noexcept {
+  if (answering.fetch_add(1, std::memory_order_relaxed) >= max_connections) {
+    answering.fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+  try {
+    std::thread(answer, connection).detach();
+    return true;
+  } catch (...) {  // std::system_error, std::bad_alloc
+    answering.fetch_sub(1, std::memory_order_relaxed);
+    return false;
+  }
+}
+
+int open_spare() noexcept { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
+
+// Takes connections on `listener` for good. One from another user is
+// closed at once, before anything is started for it; so is one that no
+// thread can be started for: its asker is told this process does not
+// answer. Out of descriptors (EMFILE, ENFILE), accept fails at once and
+// leaves the connection queued, its asker waiting out its 10 seconds:
+// the loop waits in poll(2), which takes no descriptor, until one is
+// queued, tries again, and if there is still none to take it on, takes it
+// on the number of a spare descriptor kept for this, closes it and opens
+// the spare again; with no spare, it tries again every 10 ms.
+void take_connections(int listener) noexcept {
+  int spare = open_spare();
+  bool short_of_descriptors = false;  // the last accept found none
+  const auto back_off = [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (spare < 0) spare = open_spare();
+  };
+  for (;;) {
+    if (short_of_descriptors) {
+      pollfd queued{listener, POLLIN, 0};
+      if (::poll(&queued, 1, -1) < 0 && errno != EINTR) back_off();
+    }
+    const int connection = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (connection >= 0) {
+      short_of_descriptors = false;
+      if (!trusted_peer(connection) || !start_answering(connection)) ::close(connection);
+      if (spare < 0) spare = open_spare();
+      continue;
+    }
+    const int e = errno;
+    if (e == EINTR || e == ECONNABORTED) continue;
+    if (e == ENOBUFS || e == ENOMEM) {
+      back_off();
+    } else if (e == EMFILE || e == ENFILE) {
+      if (short_of_descriptors && spare >= 0) {
+        ::close(spare);
+        const int refused = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+        if (refused >= 0) ::close(refused);
+        spare = open_spare();
+      } else if (short_of_descriptors) {
+        back_off();
+      }
+      short_of_descriptors = true;
+    } else {
+      return;
+    }
+  }
 }
 
 std::uint32_t start_serving() {
@@ -129,16 +202,12 @@ std::uint32_t start_serving() {
     ::close(listener);
     throw std::system_error(e, std::generic_category(), "cohort::cuda: the socket that hands out device memory");
   }
-  std::thread([listener] {
-    for (;;) {
-      const int connection = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-      if (connection < 0) {
-        if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) continue;
-        return;
-      }
-      std::thread(answer, connection).detach();
-    }
-  }).detach();
+  try {
+    std::thread(take_connections, listener).detach();
+  } catch (...) {
+    ::close(listener);
+    throw;
+  }
   return port;
 }
 
@@ -202,6 +271,16 @@ bool ask(pid_t pid, std::uint32_t port, const request& q, reply& r, int& fd, std
       ::close(s);
       return drop(e == ECONNREFUSED ? "it has ended, or never sent device memory" : std::strerror(e));
     }
+    // A process of another user closes the connection unanswered
+    // (trusted_peer); its credentials, as it listened, say so here.
+    ucred server{};
+    socklen_t size = sizeof server;
+    if (::getsockopt(s, SOL_SOCKET, SO_PEERCRED, &server, &size) == 0 && server.uid != ::geteuid() &&
+        ::geteuid() != 0) {
+      ::close(s);
+      why = fmt::format("process {} refuses another user", pid);
+      return false;
+    }
     c->fd = s;
   }
   errno = 0;
@@ -211,15 +290,14 @@ bool ask(pid_t pid, std::uint32_t port, const request& q, reply& r, int& fd, std
   const ssize_t n = os::receive_with_fds(c->fd, &r, sizeof r, &fd, 1, count, truncated);
   if (n != static_cast<ssize_t>(sizeof r)) {
     if (fd >= 0) ::close(std::exchange(fd, -1));
-    return drop(n == 0                                          ? "it has ended"
+    return drop(n == 0                                          ? "it hung up: it has ended, or could not answer"
                 : n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? "no answer within 10 seconds"
                 : n < 0                                         ? std::strerror(errno)
                                                                 : "a short reply");
   }
   if (r.status != 0) {
     if (fd >= 0) ::close(std::exchange(fd, -1));
-    why = r.status == EACCES ? fmt::format("process {} refuses another user", pid)
-                             : fmt::format("process {} has none ({})", pid, std::strerror(r.status));
+    why = fmt::format("process {} has none ({})", pid, std::strerror(r.status));
     return false;
   }
   return true;

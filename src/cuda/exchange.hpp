@@ -8,7 +8,9 @@
 // siblings where ptrace is restricted: a socket works between any two
 // processes of one user. It answers that user and root only (the peer's
 // credentials, as the kernel gives them): anyone can connect to an
-// abstract socket.
+// abstract socket, and another user's connection is closed unanswered, as
+// is one past 1024 answered at once, or one that finds no thread or no
+// descriptor to be answered with.
 #pragma once
 
 #include "cohort/cuda/event.hpp"
@@ -48,7 +50,8 @@ void serve_event_table(int fd);
 
 /// A descriptor, the caller's, of chunk `id` of `maker` from process `pid`
 /// answering on `port`; -1 with the reason in `why` when that process has
-/// ended, does not know the chunk, or does not answer within 10 seconds.
+/// ended, is another user's, does not know the chunk, or does not answer
+/// within 10 seconds.
 int fetch_chunk(pid_t pid, std::uint32_t port, pid_t maker, std::uint64_t id, std::string& why);
 /// The handle of event slot `slot` from process `pid` answering on `port`;
 /// false with the reason in `why`, as fetch_chunk.

@@ -8,16 +8,26 @@
 
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
+#include <fcntl.h>
 #include <grp.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <string>
 #include <tuple>
+#include <vector>
 
 using namespace cohort;
 
@@ -25,6 +35,14 @@ namespace exchange_tests {
 
 constexpr std::uint64_t chunk_id = 7;
 constexpr char contents[] = "bytes of a chunk";
+
+// A memfd holding `bytes` (with its NUL).
+template <std::size_t n>
+int memfd_of(const char (&bytes)[n]) {
+  const int fd = ::memfd_create("exchange-test", MFD_CLOEXEC);
+  if (fd < 0 || ::write(fd, bytes, n) != static_cast<ssize_t>(n)) throw std::runtime_error("memfd");
+  return fd;
+}
 
 // In a rank: serves a memfd holding `contents` as chunk 7 of its own, and
 // as the chunk of another maker, and a memfd as its event table; says its
@@ -49,6 +67,125 @@ std::string read_all(int fd) {
   const auto n = ::pread(fd, buffer, sizeof buffer, 0);
   ::close(fd);
   return n > 0 ? std::string(buffer, static_cast<std::size_t>(n) - 1) : std::string();
+}
+
+// A process forked from here (which never serves, so the child starts its
+// own socket) that serves `contents` as chunk 7 of its own, having asked
+// itself for it, so its socket's thread is up, and for one it does not
+// serve, so the descriptor answered before is closed: a limit then put on
+// it finds no descriptor going away on its own. Told to over a socket
+// pair, it puts itself under a limit (`squeeze`) and lifts it (`lift`),
+// saying when it has.
+class forked_server {
+ public:
+  forked_server(void (*squeeze)(), void (*lift)()) {
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) throw std::runtime_error("socketpair");
+    pid = ::fork();
+    if (pid == 0) {
+      ::close(pair[0]);
+      ::_exit(run(pair[1], squeeze, lift));
+    }
+    ::close(pair[1]);
+    control_ = pair[0];
+    if (pid < 0 || ::recv(control_, &port, sizeof port, MSG_WAITALL) != sizeof port) {
+      throw std::runtime_error("the forked server did not start");
+    }
+  }
+  ~forked_server() {
+    if (pid > 0 && running()) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+    ::close(control_);
+  }
+  forked_server(const forked_server&) = delete;
+  forked_server& operator=(const forked_server&) = delete;
+
+  void squeeze() { tell('s'); }
+  void lift() { tell('l'); }
+  bool running() const { return ::waitpid(pid, nullptr, WNOHANG) == 0; }
+  // Tells it to end; its exit status.
+  int end() {
+    tell('e');
+    int status = 0;
+    ::waitpid(std::exchange(pid, 0), &status, 0);
+    return status;
+  }
+
+  pid_t pid = 0;
+  std::uint32_t port = 0;
+
+ private:
+  void tell(char what) {
+    char heard = 0;
+    if (::send(control_, &what, 1, MSG_NOSIGNAL) != 1) return;
+    std::ignore = ::recv(control_, &heard, 1, 0);
+  }
+
+  static int run(int control, void (*squeeze)(), void (*lift)()) {
+    const int fd = memfd_of(contents);
+    const auto port = cuda::detail::own_port();
+    cuda::detail::serve_chunk(::getpid(), chunk_id, fd);
+    std::string why;
+    if (read_all(cuda::detail::fetch_chunk(::getpid(), port, ::getpid(), chunk_id, why)) != contents) return 3;
+    // And for one it does not serve: answered with no descriptor, once the
+    // answering thread has closed the one it sent before.
+    if (cuda::detail::fetch_chunk(::getpid(), port, ::getpid(), chunk_id + 100, why) != -1) return 3;
+    if (::send(control, &port, sizeof port, MSG_NOSIGNAL) != sizeof port) return 4;
+    for (char what = 0; ::recv(control, &what, 1, 0) == 1;) {
+      if (what == 's') squeeze();
+      else if (what == 'l') lift();
+      if (::send(control, &what, 1, MSG_NOSIGNAL) != 1 || what == 'e') break;
+    }
+    return 0;
+  }
+
+  int control_ = -1;
+};
+
+// No room in the address space for another thread's stack: what the
+// process maps now and 1 MiB more.
+rlimit address_space_limit{};
+void no_room_for_a_thread() {
+  ::getrlimit(RLIMIT_AS, &address_space_limit);
+  long pages = 0;
+  std::ifstream("/proc/self/statm") >> pages;
+  rlimit tight = address_space_limit;
+  tight.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (1 << 20);
+  ::setrlimit(RLIMIT_AS, &tight);
+}
+void room_for_threads() { ::setrlimit(RLIMIT_AS, &address_space_limit); }
+
+// Every descriptor taken, under a soft limit of 256.
+rlimit descriptor_limit{};
+std::vector<int> taken;
+void no_descriptor_left() {
+  ::getrlimit(RLIMIT_NOFILE, &descriptor_limit);
+  rlimit tight = descriptor_limit;
+  tight.rlim_cur = 256;
+  ::setrlimit(RLIMIT_NOFILE, &tight);
+  taken.reserve(256);
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) taken.push_back(fd);
+}
+void descriptors_back() {
+  for (const int fd : taken) ::close(fd);
+  taken.clear();
+  ::setrlimit(RLIMIT_NOFILE, &descriptor_limit);
+}
+
+// A connection to the socket of process `pid` at `port` that asks nothing.
+// (The socket's name as exchange.cpp makes it.)
+int connect_silently(pid_t pid, std::uint32_t port) {
+  const int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const auto name = fmt::format("cohort-cuda.{}.{}", pid, port);
+  std::memcpy(a.sun_path + 1, name.data(), name.size());
+  const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (s >= 0 && ::connect(s, reinterpret_cast<const sockaddr*>(&a), length) == 0) return s;
+  if (s >= 0) ::close(s);
+  return -1;
 }
 
 }  // namespace exchange_tests
@@ -78,7 +215,16 @@ TEST_CASE("a process hands out the descriptors it serves, says which it has not,
       std::string refused;
       const int got = cuda::detail::fetch_chunk(pid, port, pid, chunk_id, refused);
       const int table = cuda::detail::fetch_event_table(pid, port, refused);
-      ::_exit(got < 0 && table < 0 && refused.find("refuses another user") != std::string::npos ? 0 : 1);
+      if (got >= 0 || table >= 0 || refused.find("refuses another user") == std::string::npos) ::_exit(1);
+      // Its connection is closed at once, before anything is started for
+      // it. Before, each got a thread of its own, which waited for requests
+      // while the connection stayed open: any user could start threads
+      // there without end.
+      const int quiet = connect_silently(pid, port);
+      const timeval limit{30, 0};
+      ::setsockopt(quiet, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+      char byte = 0;
+      ::_exit(quiet >= 0 && ::recv(quiet, &byte, 1, 0) == 0 ? 0 : 2);
     }
     REQUIRE(other > 0);
     int status = 0;
@@ -113,4 +259,46 @@ TEST_CASE("a process hands out the descriptors it serves, says which it has not,
   // Once it has ended, the connection kept to it says so.
   CHECK(cuda::detail::fetch_chunk(pid, port, pid, chunk_id, why) == -1);
   CHECK(why.find("does not answer") != std::string::npos);
+}
+
+TEST_CASE("a connection that no thread can be started for is closed, and the process goes on serving") {
+  forked_server server(no_room_for_a_thread, room_for_threads);
+  server.squeeze();
+  std::string why;
+  CHECK(cuda::detail::fetch_chunk(server.pid, server.port, server.pid, chunk_id, why) == -1);
+  CHECK(why.find("does not answer") != std::string::npos);
+  // Before, the failure to start the thread ended the process (an
+  // exception out of its socket's thread: SIGABRT).
+  REQUIRE(server.running());
+  server.lift();
+  const int fd = cuda::detail::fetch_chunk(server.pid, server.port, server.pid, chunk_id, why);
+  REQUIRE(fd >= 0);
+  CHECK(read_all(fd) == contents);
+  const int status = server.end();
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
+TEST_CASE("a process out of descriptors closes a new connection at once, and serves again once it has some") {
+  forked_server server(no_descriptor_left, descriptors_back);
+  server.squeeze();
+  // Its socket's thread took the descriptor it waited with: this connection
+  // has it, and the next accept finds none.
+  const int first = connect_silently(server.pid, server.port);
+  REQUIRE(first >= 0);
+  std::string why;
+  CHECK(cuda::detail::fetch_chunk(server.pid, server.port, server.pid, chunk_id, why) == -1);
+  CHECK(why.find("does not answer") != std::string::npos);
+  // Before, the connection stayed queued while the accept loop spun,
+  // failing at once again and again, and the asker waited out its limit.
+  CHECK(why.find("no answer within") == std::string::npos);
+  REQUIRE(server.running());
+  server.lift();
+  const int fd = cuda::detail::fetch_chunk(server.pid, server.port, server.pid, chunk_id, why);
+  REQUIRE(fd >= 0);
+  CHECK(read_all(fd) == contents);
+  ::close(first);
+  const int status = server.end();
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
