@@ -89,11 +89,12 @@ std::shared_ptr<held_chunk> make_chunk(arena& a, std::size_t size, bool single) 
   auto c = std::make_shared<held_chunk>();
   c->memory = chunk::create(a.device, size, a.how);
   c->maker = ::getpid();
+  c->port = own_port();
   c->id = next_chunk_id.fetch_add(1, std::memory_order_relaxed);
   c->single = single;
   if (a.how == sharing::file_descriptor) {
     c->fd = c->memory.export_fd();
-    serve_chunk(c->maker, c->id, c->fd);
+    serve_chunk(c->maker, c->port, c->id, c->fd);
   }
   auto& t = own_chunks();
   std::lock_guard lock(t.mutex);
@@ -108,7 +109,7 @@ cohort::storage make_note(const arena& a, const held_chunk& c, std::uint64_t off
   chunk_note n{};
   n.magic = chunk_note::expected_magic;
   n.maker = static_cast<std::uint32_t>(c.maker);
-  n.maker_port = own_port();
+  n.maker_port = c.port;
   n.chunk_id = c.id;
   n.chunk_size = c.memory.size();
   n.offset = offset;
@@ -294,7 +295,7 @@ bool sent_unreceived(pid_t maker, std::uint32_t port, std::uint64_t id) {
 
 held_chunk::~held_chunk() {
   if (fd >= 0) {
-    stop_serving_chunk(maker, id);
+    stop_serving_chunk(maker, port, id, fd);
     ::close(fd);
   }
 }

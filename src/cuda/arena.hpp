@@ -73,10 +73,13 @@ bool sent_unreceived(pid_t maker, std::uint32_t port, std::uint64_t id);
 struct held_chunk {
   chunk memory;
   pid_t maker = 0;
+  std::uint32_t port = 0;  // the maker's socket
   std::uint64_t id = 0;
   bool single = false;
   /// The chunk's descriptor (file_descriptor chunks), which this process
-  /// hands out to receivers (exchange.hpp) while it holds the chunk.
+  /// hands out to receivers (exchange.hpp) while it holds the chunk: the
+  /// served table names it, and the destructor stops serving it before it
+  /// closes it.
   int fd = -1;
   /// Received tensors here over it whose stream-ordered release has not
   /// run yet.

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <system_error>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 namespace cohort::cuda::detail {
@@ -33,10 +34,10 @@ enum class op : std::uint32_t { chunk = 1, event = 2, event_table = 3 };
 
 struct request {
   op what;
-  std::uint32_t slot;   // event
-  std::uint32_t maker;  // chunk
-  std::uint32_t zero;
-  std::uint64_t id;     // chunk
+  std::uint32_t slot;        // event
+  std::uint32_t maker;       // chunk: its maker's pid,
+  std::uint32_t maker_port;  // that process's port,
+  std::uint64_t id;          // and the chunk's id there
 };
 
 struct reply {
@@ -61,9 +62,14 @@ sockaddr_un address_of(pid_t pid, std::uint32_t port, socklen_t& length) {
   return a;
 }
 
+// A chunk by its maker's pid and port, random in each process (a pid may
+// be another process's by the time a relay hands out a chunk of a maker
+// that has ended), and its id there.
+using chunk_key = std::tuple<pid_t, std::uint32_t, std::uint64_t>;
+
 struct served {
   std::mutex mutex;
-  std::map<std::pair<pid_t, std::uint64_t>, int> chunks;  // descriptors this table owns
+  std::map<chunk_key, int> chunks;  // descriptors their holders keep open while here
   std::map<std::uint32_t, ipc_event_handle> events;
   int event_table = -1;
 };
@@ -94,12 +100,14 @@ void answer(int connection) {
     while (n < 0 && errno == EINTR);
     if (n != static_cast<ssize_t>(sizeof q)) break;
     reply r{};
+    // Sent on a duplicate, taken under the lock: the table's own may be
+    // closed by its holder once the lock is let go of.
     int fd = -1;
     {
       auto& t = table();
       std::lock_guard lock(t.mutex);
       if (q.what == op::chunk) {
-        const auto found = t.chunks.find({static_cast<pid_t>(q.maker), q.id});
+        const auto found = t.chunks.find(chunk_key{static_cast<pid_t>(q.maker), q.maker_port, q.id});
         if (found == t.chunks.end()) r.status = ENOENT;
         else if ((fd = ::fcntl(found->second, F_DUPFD_CLOEXEC, 0)) < 0) r.status = errno;
       } else if (q.what == op::event_table) {
@@ -300,6 +308,10 @@ bool ask(pid_t pid, std::uint32_t port, const request& q, reply& r, int& fd, std
     why = fmt::format("process {} has none ({})", pid, std::strerror(r.status));
     return false;
   }
+  if (truncated && fd < 0) {
+    why = fmt::format("no descriptor left here to take process {}'s on (RLIMIT_NOFILE)", pid);
+    return false;
+  }
   return true;
 }
 
@@ -310,20 +322,16 @@ std::uint32_t own_port() {
   return port;
 }
 
-void serve_chunk(pid_t maker, std::uint64_t id, int fd) {
-  const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (own < 0) throw std::system_error(errno, std::generic_category(), "cohort::cuda: a chunk's descriptor");
+void serve_chunk(pid_t maker, std::uint32_t port, std::uint64_t id, int fd) {
   auto& t = table();
   std::lock_guard lock(t.mutex);
-  auto [at, added] = t.chunks.try_emplace({maker, id}, own);
-  if (!added) ::close(own);
+  t.chunks.insert_or_assign(chunk_key{maker, port, id}, fd);
 }
 
-void stop_serving_chunk(pid_t maker, std::uint64_t id) noexcept {
+void stop_serving_chunk(pid_t maker, std::uint32_t port, std::uint64_t id, int fd) noexcept {
   auto& t = table();
   std::lock_guard lock(t.mutex);
-  if (auto found = t.chunks.find({maker, id}); found != t.chunks.end()) {
-    ::close(found->second);
+  if (auto found = t.chunks.find(chunk_key{maker, port, id}); found != t.chunks.end() && found->second == fd) {
     t.chunks.erase(found);
   }
 }
@@ -352,8 +360,9 @@ int fetch_event_table(pid_t pid, std::uint32_t port, std::string& why) {
   return fd;
 }
 
-int fetch_chunk(pid_t pid, std::uint32_t port, pid_t maker, std::uint64_t id, std::string& why) {
-  const request q{op::chunk, 0, static_cast<std::uint32_t>(maker), 0, id};
+int fetch_chunk(pid_t pid, std::uint32_t port, pid_t maker, std::uint32_t maker_port, std::uint64_t id,
+                std::string& why) {
+  const request q{op::chunk, 0, static_cast<std::uint32_t>(maker), maker_port, id};
   reply r{};
   int fd = -1;
   if (!ask(pid, port, q, r, fd, why)) return -1;

@@ -38,21 +38,27 @@ inline constexpr std::size_t table_bytes = max_slots * sizeof(slot_counts);
 /// first call. Throws std::system_error when the socket cannot be made.
 std::uint32_t own_port();
 
-/// Answers requests for chunk `id` of process `maker` with a duplicate of
-/// `fd` (which stays the caller's), until stop_serving_chunk.
-void serve_chunk(pid_t maker, std::uint64_t id, int fd);
-void stop_serving_chunk(pid_t maker, std::uint64_t id) noexcept;
+/// Answers requests for chunk `id` of process `maker`, whose socket is
+/// `port`, with a duplicate of `fd`, until stop_serving_chunk with the same
+/// `fd`. The table keeps no descriptor of its own: `fd` stays the caller's,
+/// who must keep it open until then. A chunk served again under the same
+/// key is answered with the latest descriptor.
+void serve_chunk(pid_t maker, std::uint32_t port, std::uint64_t id, int fd);
+/// Stops answering with `fd` for that chunk; leaves a later serve_chunk's
+/// descriptor for it served.
+void stop_serving_chunk(pid_t maker, std::uint32_t port, std::uint64_t id, int fd) noexcept;
 /// Answers requests for event slot `slot` with `handle`.
 void serve_event(std::uint32_t slot, const ipc_event_handle& handle);
 /// Answers requests for the table of event acknowledgements with a
 /// duplicate of `fd` (a memfd, which stays the caller's).
 void serve_event_table(int fd);
 
-/// A descriptor, the caller's, of chunk `id` of `maker` from process `pid`
-/// answering on `port`; -1 with the reason in `why` when that process has
-/// ended, is another user's, does not know the chunk, or does not answer
-/// within 10 seconds.
-int fetch_chunk(pid_t pid, std::uint32_t port, pid_t maker, std::uint64_t id, std::string& why);
+/// A descriptor, the caller's, of chunk `id` of `maker` (whose socket is
+/// `maker_port`) from process `pid` answering on `port`; -1 with the
+/// reason in `why` when that process has ended, is another user's, does
+/// not know the chunk, or does not answer within 10 seconds.
+int fetch_chunk(pid_t pid, std::uint32_t port, pid_t maker, std::uint32_t maker_port, std::uint64_t id,
+                std::string& why);
 /// The handle of event slot `slot` from process `pid` answering on `port`;
 /// false with the reason in `why`, as fetch_chunk.
 bool fetch_event(pid_t pid, std::uint32_t port, std::uint32_t slot, ipc_event_handle& handle, std::string& why);

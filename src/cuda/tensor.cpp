@@ -576,6 +576,7 @@ std::shared_ptr<detail::held_chunk> chunk_for(const detail::chunk_note& note, in
   detail::forget_ended_peers();
   auto held = std::make_shared<detail::held_chunk>();
   held->maker = maker;
+  held->port = note.maker_port;
   held->id = note.chunk_id;
   held->single = note.single != 0;
   if (note.kind == static_cast<std::uint8_t>(sharing::ipc_handle)) {
@@ -584,8 +585,10 @@ std::shared_ptr<detail::held_chunk> chunk_for(const detail::chunk_note& note, in
     // From its maker, or, once the maker has ended, from the sender, which
     // holds it mapped.
     std::string why_maker, why_sender;
-    int fd = detail::fetch_chunk(maker, note.maker_port, maker, note.chunk_id, why_maker);
-    if (fd < 0 && sender != maker) fd = detail::fetch_chunk(sender, port, maker, note.chunk_id, why_sender);
+    int fd = detail::fetch_chunk(maker, note.maker_port, maker, note.maker_port, note.chunk_id, why_maker);
+    if (fd < 0 && sender != maker) {
+      fd = detail::fetch_chunk(sender, port, maker, note.maker_port, note.chunk_id, why_sender);
+    }
     if (fd < 0) {
       throw decode_error(fmt::format("cohort::decode: chunk {} of process {} cannot be had: from its maker: {}{}",
                                      note.chunk_id, maker, why_maker,
@@ -594,7 +597,7 @@ std::shared_ptr<detail::held_chunk> chunk_for(const detail::chunk_note& note, in
     held->fd = fd;
     held->memory = chunk::import(device, fd, note.chunk_size);
     // Whoever this process sends it on to may ask here.
-    detail::serve_chunk(maker, note.chunk_id, fd);
+    detail::serve_chunk(maker, note.maker_port, note.chunk_id, fd);
   }
   held->users.store(1, std::memory_order_relaxed);
   c.chunks.emplace(key, held);

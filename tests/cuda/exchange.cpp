@@ -35,6 +35,7 @@ namespace exchange_tests {
 
 constexpr std::uint64_t chunk_id = 7;
 constexpr char contents[] = "bytes of a chunk";
+constexpr char other_contents[] = "bytes of another chunk";
 
 // A memfd holding `bytes` (with its NUL).
 template <std::size_t n>
@@ -45,20 +46,33 @@ int memfd_of(const char (&bytes)[n]) {
 }
 
 // In a rank: serves a memfd holding `contents` as chunk 7 of its own, and
-// as the chunk of another maker, and a memfd as its event table; says its
-// pid and port on `where`, then waits for `done` before it ends.
+// chunks of other makers, passed on from here: chunk 8 of two processes
+// that had the same pid, 1, and differ by their ports, 10 (`contents`) and
+// 11 (`other_contents`); and chunk 9 of process 1 at port 12, served again
+// (`other_contents`) before its first holder stopped serving it. And a
+// memfd as its event table. Says its pid and port on `where`, then waits
+// for `done` before it ends.
 void serve(int, queue<std::int64_t> where, queue<int> done) {
-  const int fd = ::memfd_create("exchange-test", MFD_CLOEXEC);
-  if (fd < 0 || ::write(fd, contents, sizeof contents) != static_cast<ssize_t>(sizeof contents)) {
-    throw std::runtime_error("memfd");
-  }
-  cuda::detail::serve_chunk(::getpid(), chunk_id, fd);
-  cuda::detail::serve_chunk(1, chunk_id + 1, fd);  // a chunk another process made, passed on from here
-  cuda::detail::serve_event_table(fd);
-  ::close(fd);  // the table holds its own
+  const int fd = memfd_of(contents);
+  const int other = memfd_of(other_contents);
+  const auto port = cuda::detail::own_port();
+  cuda::detail::serve_chunk(::getpid(), port, chunk_id, fd);
+  cuda::detail::serve_chunk(1, 10, chunk_id + 1, fd);
+  cuda::detail::serve_chunk(1, 11, chunk_id + 1, other);
+  cuda::detail::serve_chunk(1, 12, chunk_id + 2, fd);
+  cuda::detail::serve_chunk(1, 12, chunk_id + 2, other);
+  cuda::detail::stop_serving_chunk(1, 12, chunk_id + 2, fd);
+  cuda::detail::serve_event_table(fd);  // the table holds a descriptor of its own
   where.put(::getpid());
-  where.put(cuda::detail::own_port());
+  where.put(port);
   done.get();
+  // The served chunks' descriptors stay this rank's, open while served.
+  cuda::detail::stop_serving_chunk(::getpid(), port, chunk_id, fd);
+  cuda::detail::stop_serving_chunk(1, 10, chunk_id + 1, fd);
+  cuda::detail::stop_serving_chunk(1, 11, chunk_id + 1, other);
+  cuda::detail::stop_serving_chunk(1, 12, chunk_id + 2, other);
+  ::close(fd);
+  ::close(other);
 }
 COHORT_ENTRYPOINT(serve);
 
@@ -126,12 +140,12 @@ class forked_server {
   static int run(int control, void (*squeeze)(), void (*lift)()) {
     const int fd = memfd_of(contents);
     const auto port = cuda::detail::own_port();
-    cuda::detail::serve_chunk(::getpid(), chunk_id, fd);
+    cuda::detail::serve_chunk(::getpid(), port, chunk_id, fd);
     std::string why;
-    if (read_all(cuda::detail::fetch_chunk(::getpid(), port, ::getpid(), chunk_id, why)) != contents) return 3;
+    if (read_all(cuda::detail::fetch_chunk(::getpid(), port, ::getpid(), port, chunk_id, why)) != contents) return 3;
     // And for one it does not serve: answered with no descriptor, once the
     // answering thread has closed the one it sent before.
-    if (cuda::detail::fetch_chunk(::getpid(), port, ::getpid(), chunk_id + 100, why) != -1) return 3;
+    if (cuda::detail::fetch_chunk(::getpid(), port, ::getpid(), port, chunk_id + 100, why) != -1) return 3;
     if (::send(control, &port, sizeof port, MSG_NOSIGNAL) != sizeof port) return 4;
     for (char what = 0; ::recv(control, &what, 1, 0) == 1;) {
       if (what == 's') squeeze();
@@ -213,7 +227,7 @@ TEST_CASE("a process hands out the descriptors it serves, says which it has not,
         ::_exit(77);
       }
       std::string refused;
-      const int got = cuda::detail::fetch_chunk(pid, port, pid, chunk_id, refused);
+      const int got = cuda::detail::fetch_chunk(pid, port, pid, port, chunk_id, refused);
       const int table = cuda::detail::fetch_event_table(pid, port, refused);
       if (got >= 0 || table >= 0 || refused.find("refuses another user") == std::string::npos) ::_exit(1);
       // Its connection is closed at once, before anything is started for
@@ -236,28 +250,62 @@ TEST_CASE("a process hands out the descriptors it serves, says which it has not,
     MESSAGE("not root: no other user to ask as, not checked");
   }
 
-  const int fd = cuda::detail::fetch_chunk(pid, port, pid, chunk_id, why);
+  // A process with one descriptor left, for its connection, and none for
+  // the chunk's: told so (forked before this process connects, as above).
+  const pid_t crowded = ::fork();
+  if (crowded == 0) {
+    rlimit tight{64, 64};
+    ::setrlimit(RLIMIT_NOFILE, &tight);
+    int last = -1;
+    for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) last = fd;
+    ::close(last);
+    std::string short_of;
+    const int got = cuda::detail::fetch_chunk(pid, port, pid, port, chunk_id, short_of);
+    ::_exit(got < 0 && short_of.find("no descriptor left here") != std::string::npos ? 0 : 1);
+  }
+  REQUIRE(crowded > 0);
+  int crowded_status = 0;
+  REQUIRE(::waitpid(crowded, &crowded_status, 0) == crowded);
+  CHECK(WIFEXITED(crowded_status));
+  CHECK(WEXITSTATUS(crowded_status) == 0);
+
+  const int fd = cuda::detail::fetch_chunk(pid, port, pid, port, chunk_id, why);
   REQUIRE(fd >= 0);
   CHECK(read_all(fd) == contents);
-  // A chunk it holds for another maker, and its event table.
-  const int passed_on = cuda::detail::fetch_chunk(pid, port, 1, chunk_id + 1, why);
+  // Chunks it holds for other makers: two that had one pid, each by its
+  // maker's port. Before, a chunk was served by its maker's pid and id, the
+  // first one served kept: a maker's pid reused, the new maker's chunk was
+  // answered with the old one's memory.
+  const int passed_on = cuda::detail::fetch_chunk(pid, port, 1, 10, chunk_id + 1, why);
   REQUIRE(passed_on >= 0);
   CHECK(read_all(passed_on) == contents);
+  const int other_maker = cuda::detail::fetch_chunk(pid, port, 1, 11, chunk_id + 1, why);
+  REQUIRE(other_maker >= 0);
+  CHECK(read_all(other_maker) == other_contents);
+  // A chunk served again, then let go of by its first holder: still
+  // served, with the latest descriptor. Before, the first holder's end
+  // stopped serving it.
+  const int served_again = cuda::detail::fetch_chunk(pid, port, 1, 12, chunk_id + 2, why);
+  REQUIRE(served_again >= 0);
+  CHECK(read_all(served_again) == other_contents);
+  // Its event table.
   const int table = cuda::detail::fetch_event_table(pid, port, why);
   REQUIRE(table >= 0);
   CHECK(read_all(table) == contents);
 
   // One it does not serve: no descriptor, and the reason.
-  CHECK(cuda::detail::fetch_chunk(pid, port, pid, chunk_id + 100, why) == -1);
+  CHECK(cuda::detail::fetch_chunk(pid, port, pid, port, chunk_id + 100, why) == -1);
+  CHECK(why.find("has none") != std::string::npos);
+  CHECK(cuda::detail::fetch_chunk(pid, port, 1, 13, chunk_id + 1, why) == -1);
   CHECK(why.find("has none") != std::string::npos);
   // The wrong port: nobody answers there.
-  CHECK(cuda::detail::fetch_chunk(pid, port + 1, pid, chunk_id, why) == -1);
+  CHECK(cuda::detail::fetch_chunk(pid, port + 1, pid, port, chunk_id, why) == -1);
   CHECK(why.find("does not answer") != std::string::npos);
 
   done.put(1);
   server.get();
   // Once it has ended, the connection kept to it says so.
-  CHECK(cuda::detail::fetch_chunk(pid, port, pid, chunk_id, why) == -1);
+  CHECK(cuda::detail::fetch_chunk(pid, port, pid, port, chunk_id, why) == -1);
   CHECK(why.find("does not answer") != std::string::npos);
 }
 
@@ -265,13 +313,13 @@ TEST_CASE("a connection that no thread can be started for is closed, and the pro
   forked_server server(no_room_for_a_thread, room_for_threads);
   server.squeeze();
   std::string why;
-  CHECK(cuda::detail::fetch_chunk(server.pid, server.port, server.pid, chunk_id, why) == -1);
+  CHECK(cuda::detail::fetch_chunk(server.pid, server.port, server.pid, server.port, chunk_id, why) == -1);
   CHECK(why.find("does not answer") != std::string::npos);
   // Before, the failure to start the thread ended the process (an
   // exception out of its socket's thread: SIGABRT).
   REQUIRE(server.running());
   server.lift();
-  const int fd = cuda::detail::fetch_chunk(server.pid, server.port, server.pid, chunk_id, why);
+  const int fd = cuda::detail::fetch_chunk(server.pid, server.port, server.pid, server.port, chunk_id, why);
   REQUIRE(fd >= 0);
   CHECK(read_all(fd) == contents);
   const int status = server.end();
@@ -287,14 +335,14 @@ TEST_CASE("a process out of descriptors closes a new connection at once, and ser
   const int first = connect_silently(server.pid, server.port);
   REQUIRE(first >= 0);
   std::string why;
-  CHECK(cuda::detail::fetch_chunk(server.pid, server.port, server.pid, chunk_id, why) == -1);
+  CHECK(cuda::detail::fetch_chunk(server.pid, server.port, server.pid, server.port, chunk_id, why) == -1);
   CHECK(why.find("does not answer") != std::string::npos);
   // Before, the connection stayed queued while the accept loop spun,
   // failing at once again and again, and the asker waited out its limit.
   CHECK(why.find("no answer within") == std::string::npos);
   REQUIRE(server.running());
   server.lift();
-  const int fd = cuda::detail::fetch_chunk(server.pid, server.port, server.pid, chunk_id, why);
+  const int fd = cuda::detail::fetch_chunk(server.pid, server.port, server.pid, server.port, chunk_id, why);
   REQUIRE(fd >= 0);
   CHECK(read_all(fd) == contents);
   ::close(first);
