@@ -7,6 +7,7 @@
 #include "support/process_probe.hpp"
 
 #include "cohort/cuda/error.hpp"
+#include "cohort/cuda/event.hpp"
 #include "cohort/queue.hpp"
 #include "cohort/spawn_and_join.hpp"
 #include "cuda/exchange.hpp"
@@ -212,4 +213,13 @@ TEST_SUITE("device tensor records") {
     CHECK(test::mappings_naming("/memfd:record-test") == tables);
     CHECK(test::descriptors_linking_to("socket:") == sockets);
   }
+}
+
+TEST_CASE("an event received by a process with no device at all is refused with no_device") {
+  // An event of process 1; its device and handle are never looked at here.
+  std::vector<std::byte> bytes(cohort::detail::handle_codec<cuda::event>::handle_size);
+  bytes[0] = std::byte{1};
+  bytes[1] = std::byte{1};
+  cohort::detail::reader in(bytes);
+  CHECK_THROWS_AS((void)cohort::detail::handle_codec<cuda::event>::read(in), cuda::no_device);
 }

@@ -148,9 +148,10 @@ namespace cohort::detail {
 /// its maker's pid, its device's UUID and its IPC handle; the receiver
 /// opens it on its own index of that device (event::from_ipc_handle). The
 /// event made here must outlive every receiver's use of it, as for
-/// ipc_handle(). An empty event crosses as one byte. A receiver that is the
-/// event's maker, does not see its device, or cannot open it gets a
-/// decode_error.
+/// ipc_handle(). An empty event crosses as one byte. A receiver with no
+/// CUDA driver or no device at all gets cuda::no_device, as for a device
+/// tensor; one that is the event's maker, does not see its device, or
+/// cannot open it gets a decode_error.
 template <>
 struct handle_codec<cuda::event> {
   static std::string signature() { return "E"; }

@@ -97,8 +97,15 @@ auto async_synchronize(int device, Token&& token = {}) {
 /// Lets go of the device memory this process keeps for reuse: its arenas'
 /// chunks with no block in use (once every receiver of their blocks is
 /// done), and its mappings of other processes' chunks that no tensor here
-/// uses. Returns how many chunks went. torch's empty_cache; no
-/// ipc_collect() is needed: blocks come back as receivers let go.
+/// uses. Returns how many chunks went. torch's empty_cache. No
+/// ipc_collect() is needed for blocks: each comes back to its maker's free
+/// list as its receivers let go. A chunk's device memory, though, stays
+/// allocated while any process maps it: a receiver unmaps a chunk it no
+/// longer uses only if it is a large tensor's own or its maker has ended
+/// (as it next maps a new chunk), and keeps a running maker's carved chunk
+/// mapped until its own empty_cache(). Until then the maker's
+/// empty_cache(), and its retry when out of device memory, let go of the
+/// chunk there without giving that memory back to the device.
 int empty_cache();
 
 }  // namespace cohort::cuda
