@@ -220,10 +220,15 @@ bool register_entry(std::string_view name, erased_function fn, entry_thunk thunk
   try {
     auto& r = entries();
     std::lock_guard lock(r.mutex);
+    // A function registered again keeps its first name. A name given to a
+    // second function is noted as shared, and the function kept as well:
+    // each of the two is then refused by that name (registered_name).
+    bool shared = false;
     for (const auto& e : r.entries) {
-      if (e.name == name && e.fn != fn) r.shared_names.emplace_back(name);
-      if (e.name == name || e.fn == fn) return true;
+      if (e.fn == fn) return true;
+      shared = shared || e.name == name;
     }
+    if (shared) r.shared_names.emplace_back(name);
     r.entries.push_back({std::string(name), fn, thunk});
     return true;
   } catch (...) {
@@ -282,7 +287,10 @@ COHORT_FORKED_CHILD_PATH found_entry look_up_entry(const std::string& name) {
   auto& r = entries();
   std::lock_guard lock(r.mutex);
   for (const auto& e : r.entries) {
-    if (same_text(e.name, name)) found = {e.thunk, e.fn};  // not memcmp: a page of libc fewer for a forked child
+    if (same_text(e.name, name)) {  // not memcmp: a page of libc fewer for a forked child
+      found = {e.thunk, e.fn};
+      break;
+    }
   }
   return found;
 }

@@ -138,6 +138,27 @@ std::string rank_and_error_file(int rank) {
 }
 COHORT_ENTRYPOINT(rank_and_error_file);
 
+// Two functions of one name, each registered under it.
+namespace shared_a {
+int work(int) { return 1; }
+COHORT_ENTRYPOINT(work);
+}  // namespace shared_a
+namespace shared_b {
+int work(int) { return 2; }
+COHORT_ENTRYPOINT(work);
+}  // namespace shared_b
+
+// What the std::logic_error that refused to start `fn` says.
+template <class Fn>
+std::string refusal_of(Fn& fn) {
+  try {
+    spawn_and_join(fn, std::tuple{}, 1);
+    return "started";
+  } catch (const std::logic_error& e) {
+    return e.what();
+  }
+}
+
 void signal_self(int rank, int sig) {
   if (rank == 0) ::raise(sig);
   std::this_thread::sleep_for(30s);
@@ -360,7 +381,6 @@ run_result run_group(const group_spec& spec) {
   }());
 }
 
-// While set, each fork of this process buffers "X" in stdout from a
 // Starts one rank of `succeed` by `method`: a line saying it started, or
 // what the std::logic_error that refused it says.
 std::string try_start(start_method method) {
@@ -504,6 +524,12 @@ TEST_SUITE("entry points") {
       REQUIRE(r.statuses.size() == 4);
       for (const auto& s : r.statuses) CHECK(s->success());
     });
+  }
+
+  TEST_CASE("two functions registered under one name are each refused by it, and say why") {
+    const std::string why = "cohort: two different entry points are registered as 'work'";
+    CHECK(refusal_of(shared_a::work) == why);
+    CHECK(refusal_of(shared_b::work) == why);
   }
 
   TEST_CASE("a rank gets a result file only when its function returns a value") {
