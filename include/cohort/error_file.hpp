@@ -31,7 +31,11 @@ std::optional<std::filesystem::path> error_file_path();
 /// {"message": {"message": ..., "extraInfo": {"py_callstack": ...,
 /// "timestamp": "<unix seconds>", "timestamp_ns": "<unix nanoseconds>"}}}
 /// (the second timestamp is cohort's: torch's readers take the first). The
-/// timestamp defaults to now. Bytes of the message or trace that are not
+/// timestamp defaults to now. "py_callstack" is the trace with the message
+/// as its last line, as Python's traceback ends (torch shows only it where
+/// there is one). A message or trace longer than 512 KiB is cut there, with
+/// a note of how much was left out, so that the file stays within what
+/// read_error_file takes. Bytes of the message or trace that are not
 /// UTF-8 are written as U+FFFD. Returns false when there is no error file to
 /// write, or it cannot be written. Never throws: it runs while a program is
 /// failing.
@@ -50,7 +54,11 @@ void record_uncaught_exceptions() noexcept;
 
 /// Reads an error file. Accepts torchelastic's shape, and a plain string in
 /// "message"; the timestamp is "timestamp_ns" where there is one, else
-/// "timestamp". nullopt when the file is missing, empty, larger than 16 MiB
+/// "timestamp". The trace is "py_callstack" without a last line that
+/// repeats the message (record_error's, or Python's traceback's). A lone
+/// UTF-16 surrogate escape (Python's json.dump writes one for each
+/// undecodable byte of a string) reads as U+FFFD. nullopt when the file is
+/// missing, empty, larger than 16 MiB
 /// or not such a file; a field of the wrong type (a null trace, a timestamp
 /// that is not a whole number) is read as absent. Only a regular file is
 /// read: the path is opened without blocking, so a FIFO, a directory or a

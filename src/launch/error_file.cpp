@@ -1,9 +1,11 @@
 // Writing and reading torchelastic-shaped error files.
 #include "cohort/error_file.hpp"
 
+#include "launch/json_text.hpp"
 #include "os/demangle.hpp"
 #include "os/owned_fd.hpp"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
@@ -17,6 +19,46 @@
 #include <typeinfo>
 
 namespace cohort {
+
+namespace {
+
+// The most of a message, and of a trace, that an error file holds: the
+// message twice (alone, and ending the trace) and the trace, escaped at
+// worst six bytes for one, stay within what its readers take (16 MiB,
+// max_error_file).
+constexpr std::size_t max_error_field = 512 * 1024;
+
+// `text`, cut to max_error_field bytes with a note of what was left out.
+std::string within_limit(std::string_view text) {
+  if (text.size() <= max_error_field) return std::string(text);
+  return fmt::format("{}... ({} bytes more left out)", text.substr(0, max_error_field), text.size() - max_error_field);
+}
+
+// What torch's "py_callstack" holds: the trace, then the message as its
+// last line, as Python's traceback.format_exc() ends with the exception's.
+// torch shows only this where there is one.
+std::string callstack_of(const std::string& message, const std::string& trace) {
+  std::string stack = trace;
+  if (!stack.empty() && stack.back() != '\n') stack += '\n';
+  return stack + message + '\n';
+}
+
+// `stack` without a last line that repeats `message` (callstack_of, or
+// Python's traceback), and the line break before it.
+std::string trace_of(std::string stack, const std::string& message) {
+  if (message.empty()) return stack;
+  for (const std::string& line : {message + '\n', message}) {
+    if (stack.size() < line.size() || stack.compare(stack.size() - line.size(), line.size(), line) != 0) continue;
+    const std::size_t start = stack.size() - line.size();
+    if (start != 0 && stack[start - 1] != '\n') continue;
+    stack.resize(start);
+    if (!stack.empty()) stack.pop_back();
+    return stack;
+  }
+  return stack;
+}
+
+}  // namespace
 
 std::optional<std::filesystem::path> error_file_path() {
   for (const char* name : {"COHORT_ERROR_FILE", "TORCHELASTIC_ERROR_FILE"}) {
@@ -36,11 +78,12 @@ bool record_error(const error_report& report) noexcept {
     // torch reads "timestamp" as whole seconds (int() of the string);
     // "timestamp_ns" is cohort's, so that failures within one second are
     // ordered as they happened.
+    const auto message = within_limit(report.message);
     nlohmann::json file = {
         {"message",
-         {{"message", report.message},
+         {{"message", message},
           {"extraInfo",
-           {{"py_callstack", report.trace},
+           {{"py_callstack", callstack_of(message, within_limit(report.trace))},
             {"timestamp", std::to_string(seconds)},
             {"timestamp_ns", std::to_string(ns)}}}}}};
     // Made before the file is opened, so that a report that cannot be put
@@ -124,7 +167,7 @@ std::optional<std::chrono::system_clock::time_point> time_at(const nlohmann::jso
 std::optional<error_report> read_error_file(const std::filesystem::path& path) {
   const auto text = regular_file_text(path);
   if (!text) return std::nullopt;
-  const auto file = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  const auto file = nlohmann::json::parse(detail::without_lone_surrogates(*text), nullptr, /*allow_exceptions=*/false);
   if (!file.is_object() || !file.contains("message")) return std::nullopt;
   const auto& message = file["message"];
   error_report report;
@@ -137,7 +180,7 @@ std::optional<error_report> read_error_file(const std::filesystem::path& path) {
   if (!message.is_object()) return std::nullopt;
   report.message = string_at(message, "message");
   if (auto extra = message.find("extraInfo"); extra != message.end() && extra->is_object()) {
-    report.trace = string_at(*extra, "py_callstack");
+    report.trace = trace_of(string_at(*extra, "py_callstack"), report.message);
     report.timestamp = time_at<std::chrono::nanoseconds>(*extra, "timestamp_ns");
     if (!report.timestamp) report.timestamp = time_at<std::chrono::seconds>(*extra, "timestamp");
   }

@@ -8,6 +8,8 @@
 
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
@@ -61,9 +63,48 @@ TEST_SUITE("error_file") {
     auto file = parse(dir.path / "error.json");
     REQUIRE(file["message"].is_object());
     CHECK(file["message"]["message"] == "std::invalid_argument: bad rank");
-    CHECK(file["message"]["extraInfo"]["py_callstack"] == "at main()");
+    // The trace ends with the message, as Python's does: torch shows only this.
+    CHECK(file["message"]["extraInfo"]["py_callstack"] == "at main()\nstd::invalid_argument: bad rank\n");
     REQUIRE(file["message"]["extraInfo"]["timestamp"].is_string());  // torch writes seconds as a string
     CHECK(std::stoll(file["message"]["extraInfo"]["timestamp"].get<std::string>()) >= before);
+    // With no trace, the message is all of it.
+    REQUIRE(record_error(std::invalid_argument("bad rank")));
+    CHECK(parse(dir.path / "error.json")["message"]["extraInfo"]["py_callstack"] == "std::invalid_argument: bad rank\n");
+    CHECK(read_error_file(dir.path / "error.json")->trace.empty());
+  }
+
+  TEST_CASE("a Python traceback reads back without its last line, which repeats the message") {
+    test::temp_dir dir;
+    std::ofstream(dir.path / "py.json") << R"({"message": {"message": "ValueError: x", "extraInfo": {"py_callstack": )"
+                                        << R"("Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: x\n", )"
+                                        << R"("timestamp": "1"}}})";
+    const auto report = read_error_file(dir.path / "py.json");
+    REQUIRE(report);
+    CHECK(report->trace == "Traceback (most recent call last):\n  File \"t.py\", line 1");
+  }
+
+  TEST_CASE("Python's escapes of lone surrogates (undecodable bytes) read as U+FFFD; pairs and escaped backslashes stay") {
+    test::temp_dir dir;
+    // What json.dump writes for os.fsdecode(b"caf\xe9"), an emoji's pair, and a backslash before "udce9".
+    std::ofstream(dir.path / "py.json")
+        << R"({"message": {"message": "OSError: caf\udce9 \ud83d\ude00 \\udce9 \udc80\ud800", "extraInfo": {}}})";
+    const auto report = read_error_file(dir.path / "py.json");
+    REQUIRE(report);
+    CHECK(report->message == "OSError: caf\xef\xbf\xbd \xf0\x9f\x98\x80 \\udce9 \xef\xbf\xbd\xef\xbf\xbd");
+  }
+
+  TEST_CASE("a message or trace past 512 KiB is cut with a note, so that the file stays readable") {
+    test::temp_dir dir;
+    error_file_env env(dir.path / "error.json");
+    // Control bytes are escaped six bytes for one: 17 MiB of them would make a file of about 200 MiB.
+    const std::string huge(17 * 1024 * 1024, '\x01');
+    REQUIRE(record_error(error_report{huge, huge, std::nullopt}));
+    const auto report = read_error_file(dir.path / "error.json");
+    REQUIRE(report);
+    const std::size_t kept = 512 * 1024;
+    const std::string note = fmt::format("... ({} bytes more left out)", huge.size() - kept);
+    CHECK(report->message == huge.substr(0, kept) + note);
+    CHECK(report->trace == huge.substr(0, kept) + note);
   }
 
   TEST_CASE("what is written reads back") {

@@ -411,6 +411,19 @@ TEST_SUITE("cohort-run") {
     CHECK(file["message"]["message"] == "ValueError: bad batch");
     CHECK(file["message"]["extraInfo"]["py_callstack"] == "tb");
     CHECK(file["message"]["errorCode"] == 3);  // the rank's exit code, as torchrun sets it
+    // A file naming an undecodable file as Python's json.dump escapes it (a
+    // lone surrogate) is read, and passed on, all the same.
+    fs::remove(own);
+    const char* undecodable =
+        "if [ $RANK = 1 ]; then printf '{\"message\": {\"message\": \"OSError: caf\\\\udce9\", \"extraInfo\": "
+        "{\"py_callstack\": \"tb\", \"timestamp\": \"1700000000\"}}}' > \"$TORCHELASTIC_ERROR_FILE\"; exit 3; fi; "
+        "sleep 30";
+    r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", undecodable}, env);
+    REQUIRE(r.status.code() == 3);
+    CHECK(r.err.find("message    : OSError: caf\xef\xbf\xbd") != std::string::npos);
+    file = nlohmann::json::parse(read_file(own));
+    CHECK(file["message"]["message"] == "OSError: caf\xef\xbf\xbd");
+    CHECK(file["message"]["errorCode"] == 3);
     // A rank that wrote none leaves nothing to pass on; a run that
     // succeeded writes nothing either.
     fs::remove(own);

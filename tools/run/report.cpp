@@ -2,6 +2,8 @@
 
 #include "run/say.hpp"
 
+#include "launch/json_text.hpp"
+
 #include <cohort/error_file.hpp>
 
 #include <fmt/chrono.h>
@@ -12,6 +14,7 @@
 
 #include <ctime>
 #include <fstream>
+#include <iterator>
 
 namespace cohort_run {
 
@@ -188,7 +191,8 @@ void write_own_error_file(const run_record& run) {
   if (run.outcome == "failed" && run.message.empty() && root != nullptr) {
     if (root->message.empty()) return;  // the rank wrote no error file
     std::ifstream in(root->error_file);
-    auto file = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    auto file = nlohmann::json::parse(cohort::detail::without_lone_surrogates(text), nullptr, /*allow_exceptions=*/false);
     if (file.is_discarded()) return;
     const int code = root->status.signaled() ? -root->status.signal() : root->status.code();
     if (code != 0 && file.is_object() && file.contains("message") && file["message"].is_object()) {
