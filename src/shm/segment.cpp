@@ -618,8 +618,10 @@ int sweep_segments_of_run(std::span<const pid_t> ranks, std::span<const pid_t> u
       // A rank's goes, unless another pid namespace's process made it (its
       // pid is no process here), or a live process did that is not a rank
       // left unreaped: a reaped rank's pid may have been taken since. A
-      // file not yet stamped is judged by its pid alone. A maker alive by
-      // its pid is passed over before its file is opened.
+      // file not yet stamped is judged by its pid alone. Another's (a
+      // rank's child's) goes once unreachable() finds it so, its maker
+      // judged by the start time in its header: a process that took the
+      // maker's pid since does not keep it.
       if (rank) {
         const bool ours = std::find(unreaped.begin(), unreaped.end(), maker) != unreaped.end();
         segment_stamp stamp{};
@@ -628,7 +630,7 @@ int sweep_segments_of_run(std::span<const pid_t> ranks, std::span<const pid_t> u
         if (stamped && made_in_other_namespace(stamp, os::pid_namespace())) return;
         if (!ours && !os::has_ended(maker, stamped ? stamp.maker_start_time : 0)) return;
       }
-      if (!rank && (!made_by_run(maker) || !os::has_ended(maker, 0) || !unreachable(name, maker, nonce))) return;
+      if (!rank && (!made_by_run(maker) || !unreachable(name, maker, nonce))) return;
       if (::shm_unlink(name.c_str()) == 0) ++swept;
     });
   } catch (...) {
@@ -637,8 +639,10 @@ int sweep_segments_of_run(std::span<const pid_t> ranks, std::span<const pid_t> u
 }
 
 bool segment::orphaned() const noexcept {
-  return strategy_ == sharing_strategy::file_system && !made_here() && os::has_ended(maker_, 0) &&
-         held_only_by_ended();
+  // The maker is judged by its start time too: a process that took its pid
+  // since would otherwise keep the name for good.
+  return strategy_ == sharing_strategy::file_system && !made_here() &&
+         os::has_ended(maker_, header().maker_start_time) && held_only_by_ended();
 }
 
 void segment::abandon() noexcept {

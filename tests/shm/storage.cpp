@@ -2,6 +2,7 @@
 
 #include "cohort/queue.hpp"
 #include "cohort/spawn_and_join.hpp"
+#include "os/process_identity.hpp"
 #include "os/spin_mutex.hpp"
 #include "shm/segment.hpp"
 
@@ -24,6 +25,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <filesystem>
@@ -1215,6 +1218,95 @@ TEST_CASE("a run's sweep removes an ended or unreaped rank's files and passes ov
   CHECK(shm::sweep_segments_of_run(unreaped, unreaped, [](pid_t) { return false; }) == 1);
   CHECK(named_segments_of(::getpid()).empty());
   CHECK(mine.is_shared());
+}
+
+// A forked child holding a named storage of a segment of its own until
+// this object goes. With the start time in the segment's header changed,
+// it stands for a process that took the pid of the segment's maker, which
+// has ended.
+class pid_taker {
+ public:
+  pid_taker() {
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const storage s = storage::allocate_shared(1 << 20);  // a segment of its own
+      (void)!::write(ready[1], "r", 1);
+      ::pause();
+      ::_exit(0);
+    }
+    ::close(ready[1]);
+    char byte = 0;
+    const bool made = ::read(ready[0], &byte, 1) == 1;
+    ::close(ready[0]);
+    REQUIRE(made);
+    const auto files = named_segments_of(pid_);
+    REQUIRE(files.size() == 1);
+    file_ = files[0];
+    const auto name = file_.filename().string();
+    nonce_ = std::strtoull(name.substr(name.rfind('_') + 1).c_str(), nullptr, 16);
+  }
+  pid_taker(const pid_taker&) = delete;
+  pid_taker& operator=(const pid_taker&) = delete;
+  ~pid_taker() {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    std::error_code ec;
+    fs::remove(file_, ec);
+  }
+
+  pid_t pid() const { return pid_; }
+  const fs::path& file() const { return file_; }
+  shm::segment_ref ref() const {
+    shm::segment_ref r;
+    r.strategy = sharing_strategy::file_system;
+    r.source = r.maker = pid_;
+    r.nonce = nonce_;
+    return r;
+  }
+  /// A start time other than its own: an earlier process of its pid's.
+  std::uint64_t other_start_time() const { return os::start_time_of(pid_).value_or(1) + 1; }
+
+ private:
+  pid_t pid_ = -1;
+  fs::path file_;
+  std::uint64_t nonce_ = 0;
+};
+
+// Before, a segment's last mapper judged its maker by the pid alone: a
+// process that had taken the pid of the ended maker kept the name for good.
+TEST_CASE("a named segment whose ended maker's pid another process took loses its name as its last mapper lets go") {
+  strategy_scope scope(sharing_strategy::file_system);
+  const pid_taker taker;
+  {
+    const auto s = shm::segment::open(taker.ref());
+    CHECK_FALSE(s->orphaned());  // its maker runs
+    s->header().maker_start_time = taker.other_start_time();
+    CHECK(s->orphaned());
+  }
+  trim_shared_memory();  // this process, its last mapper, unmaps it
+  CHECK_FALSE(fs::exists(taker.file()));
+}
+
+// Before, the sweep passed over a file of a rank's child while any
+// process had its pid.
+TEST_CASE("a run's sweep removes a rank's child's file nothing reaches, though its maker's pid was taken since") {
+  strategy_scope scope(sharing_strategy::file_system);
+  const pid_taker taker;
+  const auto made_by_run = [&taker](pid_t maker) { return maker == taker.pid(); };
+  CHECK(shm::sweep_segments_of_run({}, {}, made_by_run) == 0);  // its maker runs
+  {
+    const int fd = ::open(taker.file().c_str(), O_WRONLY | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    const auto start = taker.other_start_time();
+    const auto written = ::pwrite(fd, &start, sizeof start, offsetof(shm::segment_header, maker_start_time));
+    ::close(fd);
+    REQUIRE(written == static_cast<ssize_t>(sizeof start));
+  }
+  CHECK(shm::sweep_segments_of_run({}, {}, made_by_run) == 1);
+  CHECK_FALSE(fs::exists(taker.file()));
 }
 
 }  // namespace storage_tests
