@@ -62,9 +62,15 @@ struct spawn_options {
   /// or before a function rank's function. The child is vfork-style: it
   /// shares the parent's memory and may run while the parent holds locks,
   /// so the hook must be noexcept, allocate nothing and make only
-  /// async-signal-safe calls. It returns 0, or an errno value that fails the
-  /// launch: the spawn throws std::system_error with that value, naming the
-  /// hook, and no process is left behind. `before_exec_context` is passed
+  /// async-signal-safe calls. Before a program's exec it runs on a small
+  /// stack of its own: it may use 48 KiB of it, no more (a large buffer
+  /// belongs in memory the caller provides through the context). It
+  /// returns 0, or an errno value that fails the launch: the spawn throws
+  /// std::system_error with that value, naming the hook, and no process is
+  /// left behind. A child that dies before its exec (a hook that overruns
+  /// its stack, killed by SIGSEGV) or ends there by itself (the hook's
+  /// _exit) fails the launch too, with ECHILD and a message that says how
+  /// it ended. `before_exec_context` is passed
   /// as is and must stay valid until the spawn returns. Refused
   /// (std::invalid_argument) by the forkserver start method, whose children
   /// are forked by another program.

@@ -3,6 +3,7 @@
 // environment block, the set-up in the child and the adoption of the result.
 #pragma once
 
+#include "cohort/exit_status.hpp"
 #include "cohort/spawn.hpp"
 #include "process/child_state.hpp"
 
@@ -22,7 +23,8 @@ namespace cohort::detail {
 /// Where a launch failed; names the cause in the exception.
 enum class stage {
   none, path_lookup, open_file, pipe, clone, signals, inherit, setpgid, setsid, pdeathsig, dup2, chdir, fds, hook, exec,
-  start
+  start,
+  died  ///< a vfork-style child ended before its exec without saying why (a signal: the hook overran its stack)
 };
 
 /// What a child made by another process than the one that asks for it (a
@@ -86,6 +88,12 @@ struct launch_plan {
 
   stage failed_at = stage::none;
   int error = 0;
+  /// Set by a vfork-style child just before its execve. Its parent resumes
+  /// when the child has exec'd or ended: with neither this nor `failed_at`
+  /// set, the child ended in its set-up without saying why (killed by a
+  /// signal, or the hook's own _exit), and `died_as` is how, once reaped.
+  bool exec_reached = false;
+  exit_status died_as{};
 };
 
 /// Marks closed_stream each stream a child would be left, or handed at

@@ -309,6 +309,7 @@ namespace {
 int exec_routine(void* arg) {
   auto& p = *static_cast<launch_plan*>(arg);
   if (set_up_child(p)) {
+    p.exec_reached = true;
     ::execve(p.path, p.argv, p.envp);
     p.failed_at = stage::exec;
     p.error = errno;
@@ -317,10 +318,15 @@ int exec_routine(void* arg) {
 }
 
 // The child routine's stack: one per spawning thread, reused, with a guard
-// page below it. The thread sleeps while its child uses it.
+// page below it. The thread sleeps while its child uses it. A child that
+// overruns it dies of SIGSEGV before its exec (start_exec tells).
 class child_stack {
  public:
   static constexpr std::size_t size = 64 * 1024;
+  /// What of it the before_exec hook may use, as spawn_options says: the
+  /// usable part less the frames of the set-up below the hook (about
+  /// 1 KiB), with room to spare.
+  static constexpr std::size_t for_hook = 48 * 1024;
   static constexpr std::size_t guard = 4096;
   child_stack() {
     void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
@@ -452,11 +458,13 @@ void check_keep_fds(const std::vector<int>& keep) {
   }
 }
 
-void reap_blocking(int pidfd) {
-  siginfo_t info;
+// How the process ended, once it has.
+siginfo_t reap_blocking(int pidfd) {
+  siginfo_t info{};
   while (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED) != 0 &&
          errno == EINTR) {
   }
+  return info;
 }
 
 void kill_and_reap(int pidfd) {
@@ -510,6 +518,18 @@ int start_exec(launch_plan& p, pid_t& pid) {
   if (p.failed_at != stage::none) {
     reap_blocking(pidfd);  // it has called _exit
     ::close(pidfd);
+    return -1;
+  }
+  if (!p.exec_reached) {
+    // Ended in its set-up without a word: killed (a hook that overran the
+    // stack above), or the hook's own _exit. A launch that failed, as any
+    // other: nothing is left of it.
+    const siginfo_t info = reap_blocking(pidfd);
+    ::close(pidfd);
+    p.failed_at = stage::died;
+    p.error = ECHILD;
+    p.died_as = info.si_code == CLD_EXITED ? exit_status::from_code(info.si_status)
+                                           : exit_status::from_signal(info.si_status, info.si_code == CLD_DUMPED);
     return -1;
   }
   return pidfd;
@@ -570,6 +590,7 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
     case stage::hook: cause = ": spawn_options::before_exec"; break;
     case stage::exec: cause = ": execve"; break;
     case stage::start: cause = f.detail.empty() ? "" : ": " + f.detail; break;
+    case stage::died: cause = ": ended before its exec, " + f.detail; break;
     case stage::none: break;
   }
   return what + cause + os::descriptor_limit_note(f.error);
@@ -646,6 +667,14 @@ launch_plan& prepared_launch::plan() noexcept { return parts_->plan; }
 launch_failure prepared_launch::failure() const {
   const auto& p = parts_->plan;
   if (parts_->failure.where != stage::none) return parts_->failure;
+  if (p.failed_at == stage::died) {
+    const int sig = p.died_as.signal();
+    const bool overran = p.hook != nullptr && (sig == SIGSEGV || sig == SIGBUS);
+    return {p.failed_at, p.error,
+            fmt::format("{}{}", p.died_as, overran ? fmt::format(" (the before_exec hook has {} KiB of stack)",
+                                                                 child_stack::for_hook / 1024)
+                                                   : "")};
+  }
   return {p.failed_at, p.error, p.failed_at == stage::chdir ? parts_->cwd : ""};
 }
 

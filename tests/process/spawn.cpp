@@ -81,6 +81,20 @@ int be_nicer(void*) noexcept { return ::setpriority(PRIO_PROCESS, 0, 7) == 0 ? 0
 
 int refuse(void*) noexcept { return EPERM; }
 
+// Puts `Bytes` on the child's stack: spawn_options::before_exec allows
+// 48 KiB. No core is dumped of a child that overruns it: its memory is
+// this process's.
+template <std::size_t Bytes>
+int use_stack(void*) noexcept {
+  const rlimit no_core{0, 0};
+  ::setrlimit(RLIMIT_CORE, &no_core);
+  volatile char buffer[Bytes];
+  for (std::size_t i = 0; i < Bytes; i += 256) buffer[i] = 1;
+  return buffer[0] == 1 ? 0 : EPROTO;
+}
+
+int exit_at_once(void*) noexcept { ::_exit(3); }
+
 // The real-time signal the test below gives a handler, beside SIGUSR1 and SIGTERM.
 int handled_realtime_signal() noexcept { return SIGRTMIN + 3; }
 void no_op(int) {}
@@ -218,6 +232,30 @@ TEST_SUITE("spawn") {
     child c = spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.before_exec = refuse}, ec);
     CHECK(ec == std::error_code(EPERM, std::system_category()));
     CHECK_FALSE(c);
+  }
+
+  // Before, the spawn succeeded and the child later read as killed by
+  // SIGSEGV (or exited with 3), never having run the program.
+  TEST_CASE("a child that ends before its exec, its before_exec hook overrunning the stack, fails the spawn "
+            "saying how") {
+    CHECK(run(command{test::target, {"exit", "0"}}, {.before_exec = use_stack<48 * 1024>}).success());
+    auto overrun = spawn_error(command{test::target, {"exit", "0"}}, {.before_exec = use_stack<96 * 1024>});
+    CHECK(overrun.code() == std::error_code(ECHILD, std::system_category()));
+    const std::string what = overrun.what();
+    CHECK(what.find(test::target) != std::string::npos);
+    CHECK(what.find("ended before its exec, killed by signal SIGSEGV") != std::string::npos);
+    CHECK(what.find("the before_exec hook has 48 KiB of stack") != std::string::npos);
+    CHECK_FALSE(has_unreaped_children());
+    auto exited = spawn_error(command{test::target, {"exit", "0"}}, {.before_exec = exit_at_once});
+    CHECK(exited.code() == std::error_code(ECHILD, std::system_category()));
+    CHECK(std::string(exited.what()).find("ended before its exec, exited with code 3") != std::string::npos);
+    CHECK_FALSE(has_unreaped_children());
+    std::error_code ec;
+    asio::io_context io;
+    child c = spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.before_exec = use_stack<96 * 1024>}, ec);
+    CHECK(ec == std::error_code(ECHILD, std::system_category()));
+    CHECK_FALSE(c);
+    CHECK_FALSE(has_unreaped_children());
   }
 
   TEST_CASE("a program missing from PATH is a clear error") {
