@@ -18,6 +18,7 @@
 #include <asio/cancellation_signal.hpp>
 #include <asio/co_spawn.hpp>
 #include <asio/dispatch.hpp>
+#include <asio/error.hpp>
 #include <asio/execution/blocking.hpp>
 #include <asio/require.hpp>
 #include <asio/strand.hpp>
@@ -25,9 +26,11 @@
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include <atomic>
 #include <exception>
 #include <memory>
 #include <optional>
+#include <system_error>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -109,7 +112,19 @@ Operation rethrown(std::exception_ptr error) {
 /// handler's cancellation slot reaches the coroutine (co_spawn forwards
 /// it); the slot is cleared before the handler runs, so a signal emitted
 /// after completion reaches nothing.
+///
+/// With `stoppable_until_started` (the operation's name), a cancellation
+/// of any type counts only until the coroutine starts: it then does not
+/// run, and the operation completes with operation_aborted; once it runs,
+/// nothing reaches it. For an operation that does all it does as it
+/// starts, and that cannot be stopped then (a spawn). A cancellation
+/// emitted before the coroutine first runs, of a type other than terminal,
+/// would be gone (co_spawn's coroutine lets terminal ones alone in) before
+/// it could let it in; on another executor (run_apart) even a terminal one
+/// would come after the start.
 struct initiate_awaitable {
+  const char* stoppable_until_started = nullptr;
+
   template <class Handler, class Where, class Make>
   void operator()(Handler&& handler, Where where_given, Make make) const {
     std::optional<asio::any_io_executor> executor;
@@ -131,6 +146,10 @@ struct initiate_awaitable {
     auto completion = asio::get_associated_executor(handler, where);
     using operation = decltype(make(where));
     auto body = refused ? rethrown<operation>(refused) : make(where);
+    if (slot.is_connected() && stoppable_until_started != nullptr) {
+      return run_unless_cancelled(where, slot, completion, std::move(body), std::move(handler),
+                                  stoppable_until_started);
+    }
     if (slot.is_connected() && !same_executor(where, completion)) {
       return run_apart(where, slot, completion, std::move(body), std::move(handler));
     }
@@ -185,6 +204,34 @@ struct initiate_awaitable {
                    asio::bind_cancellation_slot(link->signal.slot(),
                                                 asio::bind_executor(link->strand, std::move(finish))));
   }
+
+  /// `operation`, unless `cancelled` holds as it starts.
+  template <class T>
+  static asio::awaitable<T> unless_cancelled(std::shared_ptr<const std::atomic<bool>> cancelled,
+                                             asio::awaitable<T> operation, const char* what) {
+    if (cancelled->load(std::memory_order_acquire)) throw std::system_error(asio::error::operation_aborted, what);
+    co_return co_await std::move(operation);
+  }
+
+  /// The run of a stoppable_until_started operation: the handler's slot
+  /// only notes a cancellation, for the coroutine to see as it starts. The
+  /// note is made on the handler's executor and read on the operation's,
+  /// maybe another thread's: the release store makes it seen by the
+  /// acquire load of a coroutine that starts after it.
+  template <class Body, class Handler>
+  static void run_unless_cancelled(const asio::any_io_executor& where, asio::cancellation_slot slot,
+                                   asio::associated_executor_t<Handler, asio::any_io_executor> completion, Body body,
+                                   Handler handler, const char* what) {
+    auto cancelled = std::make_shared<std::atomic<bool>>(false);
+    slot.assign([cancelled](asio::cancellation_type type) {
+      if (type != asio::cancellation_type::none) cancelled->store(true, std::memory_order_release);
+    });
+    asio::co_spawn(where, unless_cancelled(cancelled, std::move(body), what),
+                   asio::bind_executor(completion, [h = std::move(handler), slot](auto&&... results) mutable {
+                     if (slot.is_connected()) slot.clear();
+                     std::move(h)(std::forward<decltype(results)>(results)...);
+                   }));
+  }
 };
 
 /// Starts the operation `make` (a callable taking the executor it runs on
@@ -199,6 +246,17 @@ auto async_awaitable(Where where, Make make, Token&& token) {
   if constexpr (std::is_invocable_v<Where&>) (void)where();
   return asio::async_initiate<Token, completion_signature<T>>(initiate_awaitable{}, token, std::move(where),
                                                              std::move(make));
+}
+
+/// async_awaitable for an operation that a cancellation of any type before
+/// it starts leaves undone, and that nothing stops once started (a spawn):
+/// see initiate_awaitable's stoppable_until_started. `what` names it in
+/// the operation_aborted error.
+template <class T, class Token, class Where, class Make>
+auto async_awaitable_stoppable_until_started(const char* what, Where where, Make make, Token&& token) {
+  if constexpr (std::is_invocable_v<Where&>) (void)where();
+  return asio::async_initiate<Token, completion_signature<T>>(initiate_awaitable{.stoppable_until_started = what},
+                                                             token, std::move(where), std::move(make));
 }
 
 }  // namespace detail

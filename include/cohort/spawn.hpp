@@ -92,20 +92,22 @@ asio::awaitable<child> spawn_on(asio::any_io_executor executor, command cmd, spa
 /// cause when it cannot start (not found, not executable, bad working
 /// directory, a file that cannot be opened, a failing before_exec hook,
 /// EMFILE with the descriptor limit); no process is left behind then.
-/// `options` is copied when the operation is made. The launch itself blocks
-/// the thread it runs on until the child has exec'd; cancellation has
-/// nothing to stop.
+/// `options` is copied when the operation is made. A cancellation of any
+/// type (terminal, partial or total) emitted before the operation runs
+/// starts nothing, and it completes with asio::error::operation_aborted.
+/// The launch itself blocks the thread it runs on until the child has
+/// exec'd; once it runs, cancellation has nothing to stop.
 template <completion_token_of<child> Token = default_token>
 [[nodiscard]] auto spawn(command cmd, const spawn_options& options, Token&& token = {}) {
-  return detail::async_awaitable<child>(
-      std::nullopt, [cmd = std::move(cmd), options](asio::any_io_executor executor) {
+  return detail::async_awaitable_stoppable_until_started<child>(
+      "cohort::spawn", std::nullopt, [cmd = std::move(cmd), options](asio::any_io_executor executor) {
         return detail::spawn_on(std::move(executor), cmd, options);
       }, std::forward<Token>(token));
 }
 template <completion_token_of<child> Token = default_token>
 [[nodiscard]] auto spawn(command cmd, Token&& token = {}) {
-  return detail::async_awaitable<child>(
-      std::nullopt, [cmd = std::move(cmd)](asio::any_io_executor executor) {
+  return detail::async_awaitable_stoppable_until_started<child>(
+      "cohort::spawn", std::nullopt, [cmd = std::move(cmd)](asio::any_io_executor executor) {
         const spawn_options defaults;
         return detail::spawn_on(std::move(executor), cmd, defaults);
       }, std::forward<Token>(token));
@@ -114,8 +116,8 @@ template <completion_token_of<child> Token = default_token>
 template <completion_token_of<child> Token>
 [[nodiscard]] auto spawn(const asio::any_io_executor& executor, command cmd, const spawn_options& options,
                          Token&& token) {
-  return detail::async_awaitable<child>(
-      executor, [cmd = std::move(cmd), options](asio::any_io_executor where) {
+  return detail::async_awaitable_stoppable_until_started<child>(
+      "cohort::spawn", executor, [cmd = std::move(cmd), options](asio::any_io_executor where) {
         return detail::spawn_on(std::move(where), cmd, options);
       }, std::forward<Token>(token));
 }

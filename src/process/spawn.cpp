@@ -17,7 +17,6 @@
 #include "uring/service.hpp"
 
 #include <asio/io_context.hpp>
-#include <asio/this_coro.hpp>
 
 #include <fmt/format.h>
 
@@ -767,13 +766,10 @@ child spawn(const asio::any_io_executor& executor, const command& cmd, const spa
   return child(std::move(state));
 }
 
-// A spawn cancelled before it runs starts nothing; once started, the launch
-// is too short to stop.
+// A spawn cancelled before it runs never gets here (the spawn overloads
+// start it with async_awaitable_stoppable_until_started); once here, the
+// launch is too short to stop.
 asio::awaitable<child> detail::spawn_on(asio::any_io_executor executor, command cmd, spawn_options options) {
-  const asio::cancellation_state cancellation = co_await asio::this_coro::cancellation_state;
-  if (cancellation.cancelled() != asio::cancellation_type::none) {
-    throw std::system_error(asio::error::operation_aborted, "cohort::spawn");
-  }
   co_return spawn(executor, cmd, options);
 }
 

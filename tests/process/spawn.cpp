@@ -12,6 +12,7 @@
 #include <asio/bind_executor.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/experimental/deferred.hpp>
+#include <asio/strand.hpp>
 
 #include <fmt/format.h>
 
@@ -710,6 +711,41 @@ TEST_SUITE("spawn") {
     CHECK_THROWS_AS(spawn(asio::system_executor(), command{test::target, {"exit", "0"}}), std::invalid_argument);
     CHECK_FALSE(has_unreaped_children());
     CHECK(test::children_of_self().empty());
+  }
+
+  // Before, co_spawn's coroutine let terminal cancellations alone in, and a
+  // partial or total one emitted before it ran was lost: the process started.
+  TEST_CASE("a spawn cancelled before it runs, by any type of cancellation, starts nothing and completes as aborted") {
+    const asio::cancellation_type types[] = {asio::cancellation_type::terminal, asio::cancellation_type::partial,
+                                             asio::cancellation_type::total};
+    for (const auto type : types) {
+      for (const bool on_a_strand : {false, true}) {  // the handler's executor the operation's, or another
+        CAPTURE(static_cast<int>(type));
+        CAPTURE(on_a_strand);
+        asio::io_context io;
+        const auto strand = asio::make_strand(io);
+        const asio::any_io_executor completion =
+            on_a_strand ? asio::any_io_executor(strand) : asio::any_io_executor(io.get_executor());
+        asio::cancellation_signal cancel;
+        std::exception_ptr error;
+        child started;
+        bool done = false;
+        const spawn_options options;
+        spawn(io.get_executor(), command{test::target, {"sleep", "30"}}, options,
+              asio::bind_cancellation_slot(cancel.slot(),
+                                           asio::bind_executor(completion, [&](std::exception_ptr e, child c) {
+                                             error = e;
+                                             started = std::move(c);
+                                             done = true;
+                                           })));
+        cancel.emit(type);
+        io.run();
+        CHECK(done);
+        CHECK(test::aborted(error));
+        CHECK_FALSE(started);
+        CHECK(test::children_of_self().empty());
+      }
+    }
   }
 
   TEST_CASE("a deferred spawn cancelled before it runs starts nothing and completes as aborted") {
