@@ -36,7 +36,13 @@ struct spawn_options {
   stdio out = stdio::inherit();
   stdio err = stdio::inherit();
   /// The child leads a new process group (setpgid(0, 0)), so the group it
-  /// starts can be signalled as one (child::signal_group).
+  /// starts can be signalled as one (child::signal_group). That group is
+  /// not the terminal's foreground group: a child that reads the
+  /// controlling terminal it inherited (stdin a terminal of this process's
+  /// session), or writes to it where the terminal has `tostop` set, is
+  /// stopped by SIGTTIN (SIGTTOU), and its wait, join() and run() then wait
+  /// for good (they see exits only). For an interactive child set this to
+  /// false; otherwise give it another stdin (stdio::null(), a file, a pipe).
   bool new_process_group = true;
   /// The child leads a new session (setsid()), and with it a new process
   /// group, whatever new_process_group says. It then has no controlling
