@@ -28,6 +28,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -68,6 +69,50 @@ inline std::string http_get(int port, const std::string& path,
   ::close(fd);
   return answer;
 }
+
+/// A server on a free loopback port that answers every connection with an
+/// SSH server's greeting, whatever it is sent: something that listens where
+/// etcd was expected and speaks no HTTP at all.
+class ssh_like_server {
+ public:
+  ssh_like_server() {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof addr;
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(listener_, 16) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &size) != 0) {
+      throw std::system_error(errno, std::system_category(), "listening on a loopback port");
+    }
+    port_ = ntohs(addr.sin_port);
+    server_ = std::thread([this] {
+      // Until shutdown() in the destructor makes accept fail.
+      for (int fd; (fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
+        char request[4096];
+        static_cast<void>(::recv(fd, request, sizeof request, 0));
+        static constexpr std::string_view greeting = "SSH-2.0-OpenSSH_9.0\r\n";
+        static_cast<void>(::send(fd, greeting.data(), greeting.size(), MSG_NOSIGNAL));
+        ::close(fd);
+      }
+    });
+  }
+  ssh_like_server(const ssh_like_server&) = delete;
+  ssh_like_server& operator=(const ssh_like_server&) = delete;
+  ~ssh_like_server() {
+    ::shutdown(listener_, SHUT_RDWR);
+    server_.join();
+    ::close(listener_);
+  }
+
+  /// "127.0.0.1:port".
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int listener_ = -1;
+  int port_ = 0;
+  std::thread server_;
+};
 
 /// One etcd member, started by the constructor and stopped by the
 /// destructor. Its client URL is http://endpoint(). Leases may be as short

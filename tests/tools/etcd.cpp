@@ -156,6 +156,21 @@ TEST_SUITE("etcd client") {
     CHECK(std::chrono::steady_clock::now() - start < 10s);  // at once, not after the 30 s timeout
   }
 
+  TEST_CASE("a call to a server that speaks no HTTP fails at once, for good, saying it is not etcd's API") {
+    cohort::test::ssh_like_server ssh;
+    etcd_client client(ssh.endpoint(), 30s);
+    try {
+      client.range("/any");
+      FAIL("the range succeeded");
+    } catch (const etcd_error& e) {
+      const std::string what = e.what();
+      CHECK(what.starts_with("etcd at " + ssh.endpoint() + ": range: "));
+      CHECK(what.find("the endpoint does not speak etcd's HTTP API") != std::string::npos);
+      CHECK(e.code() == etcd_error::unknown);
+      CHECK_FALSE(e.transient());  // asking again would not make it etcd
+    }
+  }
+
   TEST_CASE("a call to a server that does not answer fails after the client's timeout") {
     // Listening, never accepting: the connection is made, no answer comes.
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -529,6 +529,25 @@ TEST_SUITE("etcd rendezvous") {
     CHECK(took < 10s);  // not a hang: a generous bound on a loaded machine
   }
 
+  TEST_CASE("an endpoint that speaks no HTTP makes next_round fail at once, not at join_timeout") {
+    cohort::test::ssh_like_server ssh;
+    auto config = node("not-etcd", 1, 1, 1);
+    config.endpoint = ssh.endpoint();
+    config.join_timeout = 20s;
+    etcd_rendezvous lone(config);
+    const auto start = clock_type::now();
+    try {
+      lone.next_round();
+      FAIL("next_round returned");
+    } catch (const rendezvous_error& e) {
+      const std::string what = e.what();
+      CHECK(what.starts_with("rendezvous of job 'not-etcd' at " + config.endpoint + ": etcd at " + config.endpoint +
+                             ": lease grant: "));
+      CHECK(contains(what, "the endpoint does not speak etcd's HTTP API"));
+    }
+    CHECK(clock_type::now() - start < 10s);  // not join_timeout's 20 s
+  }
+
   TEST_CASE("too few nodes make next_round fail at join_timeout, and a node that gave up is not counted") {
     const auto job = fresh_run_id();
     auto config = node(job, 1, 2, 3);

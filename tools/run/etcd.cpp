@@ -268,7 +268,16 @@ json etcd_client::post(std::string_view operation, std::string_view path, const 
   lib.easy_setopt(curl, CURLOPT_ERRORBUFFER, handle_->error.data());
   handle_->error[0] = '\0';
   if (const CURLcode result = lib.easy_perform(curl); result != CURLE_OK) {
-    throw fail(handle_->error[0] != '\0' ? handle_->error.data() : lib.easy_strerror(result));
+    std::string cause = handle_->error[0] != '\0' ? handle_->error.data() : lib.easy_strerror(result);
+    // An answer that is no HTTP at all ("Received HTTP/0.9 when not
+    // allowed", a status line no HTTP server writes): something else
+    // listens there, and asking again will not make it etcd. A connection
+    // refused, reset or timed out stays transient: etcd may be restarting.
+    if (result == CURLE_UNSUPPORTED_PROTOCOL || result == CURLE_WEIRD_SERVER_REPLY) {
+      throw fail(cause + " (the endpoint does not speak etcd's HTTP API: is it etcd's client URL?)",
+                 etcd_error::unknown);
+    }
+    throw fail(cause);
   }
   long status = 0;
   lib.easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);

@@ -23,7 +23,7 @@ namespace cohort_run {
 class etcd_error : public std::runtime_error {
  public:
   /// gRPC status codes etcd answers with, those a caller tells apart.
-  static constexpr int unknown = 2;          ///< also an answer that is not etcd's (a proxy, another server)
+  static constexpr int unknown = 2;          ///< also an answer that is not etcd's (a proxy, another server, no HTTP)
   static constexpr int not_found = 5;        ///< e.g. "requested lease not found"
   static constexpr int deadline_exceeded = 4;
   static constexpr int unavailable = 14;
