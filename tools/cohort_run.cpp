@@ -875,6 +875,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
       } catch (const std::exception& e) {
         if (const auto sig = signals.interrupted()) return interrupted_between(*sig, attempt);
         say("cohort-run: {}\n", e.what());
+        if (attempt > 0) record.failed_joining = attempt;
         return finish("failed", 1, e.what());
       }
       say("cohort-run: node {} of {}: ranks {} to {} of {}, master {}:{}\n", p.node_rank, p.nnodes,

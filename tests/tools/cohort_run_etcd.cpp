@@ -223,6 +223,27 @@ TEST_SUITE("cohort-run over etcd") {
     CHECK_MESSAGE(late[0].err.find("needs a --rdzv-id of its own") != std::string::npos, late[0].err);
   }
 
+  TEST_CASE("a restart whose next round cannot form: the summary names the attempt it was joining") {
+    test::temp_dir dir;
+    const auto id = fresh_id();
+    // Rank 0 succeeds, which finishes the job; rank 1 fails after it, and
+    // its node's restart finds no round to join.
+    const auto args = joined(joined(rendezvous(id, "2"), {"-n", "1", "--max-restarts", "1"}),
+                             worker(dir.path, "[ $RANK = 1 ] && { sleep 1; exit 3; }; exit 0"));
+    auto results = run_nodes({{args}, {args}});
+    const auto& failed = results[0].status.code() == 0 ? results[1] : results[0];
+    CHECK(results[0].status.code() + results[1].status.code() == 1);
+    CHECK(failed.status.code() == 1);
+    CHECK_MESSAGE(failed.err.find("the run failed joining attempt 1 (role default, run " + id +
+                                  ", 1 of 1 restarts used)\n  rendezvous of job '" + id) != std::string::npos,
+                  failed.err);
+    CHECK(failed.err.find("the job has finished") != std::string::npos);
+    // What it had restarted after, told as the attempt before.
+    CHECK(failed.err.find("Attempt 0 failed before it:\nRoot cause (first failure):") != std::string::npos);
+    CHECK(failed.err.find("exited with code 3") != std::string::npos);
+    CHECK(failed.err.find("attempt 0, 1 of 1 restarts used") == std::string::npos);
+  }
+
   TEST_CASE("etcd unreachable: a clear error within the rendezvous timeout") {
     const auto start = std::chrono::steady_clock::now();
     auto args = rendezvous(fresh_id(), "1:2", ",join_timeout=1");

@@ -134,6 +134,10 @@ void print_summary(const run_record& run) {
   if (failed_first) {
     say("cohort-run: a rank failed before the run was interrupted (role {}, run {}, attempt {})\n", run.role,
         run.run_id, a.attempt);
+  } else if (run.failed_joining) {
+    say("cohort-run: the run failed joining attempt {} (role {}, run {}, {} of {} restarts used)\n",
+        *run.failed_joining, run.role, run.run_id, run.restarts, run.max_restarts);
+    if (!run.message.empty()) say("  {}\n", run.message);
   } else {
     say("cohort-run: the run failed (role {}, run {}, attempt {}, {} of {} restarts used)\n", run.role,
         run.run_id, a.attempt, run.restarts, run.max_restarts);
@@ -141,6 +145,8 @@ void print_summary(const run_record& run) {
   }
   const auto* root = r.first_failure();
   if (root != nullptr) {
+    // Joining failed: what is told below ended the attempt before.
+    if (run.failed_joining) say("Attempt {} failed before it:\n", a.attempt);
     say("Root cause (first failure):\n");
     print_failure(*root, run, a);
   }

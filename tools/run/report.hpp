@@ -45,6 +45,9 @@ struct run_record {
   int exit_code = 0;
   /// What ended the run when no rank did (the rendezvous, a start that failed).
   std::string message;
+  /// The attempt whose rendezvous failed, where the run ended as it joined
+  /// one after the first (the last of `attempts` is the one before it).
+  std::optional<int> failed_joining;
 };
 
 /// "rank 3 (local 1, pid 42): exited with code 2: ValueError: bad batch".
