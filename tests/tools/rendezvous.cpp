@@ -9,7 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,11 +22,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -168,6 +175,138 @@ struct round_and_third {
 };
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// A TCP proxy on a loopback port to etcd at `target_port` that, once told,
+// cuts every connection, old and new, for a while from the next range
+// request it sees (a watch's read): etcd unreachable for one node alone,
+// from a known moment, for a known time.
+class cutting_proxy {
+ public:
+  explicit cutting_proxy(int target_port) : target_port_(target_port) {
+    REQUIRE(::pipe2(stop_, O_CLOEXEC) == 0);
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr = loopback(0);
+    socklen_t size = sizeof addr;
+    REQUIRE(::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listener_, 64) == 0);
+    REQUIRE(::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &size) == 0);
+    port_ = ntohs(addr.sin_port);
+    acceptor_ = std::thread([this] { accept_all(); });
+  }
+  cutting_proxy(const cutting_proxy&) = delete;
+  cutting_proxy& operator=(const cutting_proxy&) = delete;
+  ~cutting_proxy() {
+    const char byte = 0;
+    static_cast<void>(::write(stop_[1], &byte, 1));  // never read: every thread's poll sees it
+    acceptor_.join();  // first: it adds the relays
+    for (auto& t : relays_) t.join();
+    for (int fd : {listener_, stop_[0], stop_[1]}) ::close(fd);
+  }
+
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  /// From the next range request on, every connection is cut for `length`.
+  void cut_at_next_read(std::chrono::milliseconds length) {
+    std::lock_guard lock(mutex_);
+    armed_ = length;
+    cut_began_.reset();
+    reads_after_cut_ = 0;
+  }
+  /// When the cut began; nullopt before the read that began it.
+  std::optional<clock_type::time_point> cut_began() {
+    std::lock_guard lock(mutex_);
+    return cut_began_;
+  }
+  /// Whether a range request reached etcd after the cut ended, within `limit`.
+  bool wait_read_after_cut(std::chrono::milliseconds limit) {
+    std::unique_lock lock(mutex_);
+    return read_.wait_for(lock, limit, [this] { return reads_after_cut_ > 0; });
+  }
+
+ private:
+  static sockaddr_in loopback(int port) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<std::uint16_t>(port));
+    return addr;
+  }
+
+  // Whether connections are cut now, given that `request` (possibly empty)
+  // came from a client; counts the reads that pass after a cut.
+  bool cut(std::string_view request) {
+    std::lock_guard lock(mutex_);
+    const auto now = clock_type::now();
+    const bool read = request.find("/v3/kv/range") != std::string_view::npos;
+    if (cut_began_ && now < cut_ends_) return true;
+    if (read && armed_) {
+      cut_began_ = now;
+      cut_ends_ = now + *armed_;
+      armed_.reset();
+      return true;
+    }
+    if (read && cut_began_) {
+      ++reads_after_cut_;
+      read_.notify_all();
+    }
+    return false;
+  }
+
+  void accept_all() {
+    for (;;) {
+      pollfd fds[2] = {{listener_, POLLIN, 0}, {stop_[0], POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0 || fds[1].revents != 0) return;
+      const int client = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (client < 0) continue;
+      const int upstream = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      const sockaddr_in to = loopback(target_port_);
+      if (cut({}) || ::connect(upstream, reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0) {
+        ::close(client);
+        ::close(upstream);
+        continue;
+      }
+      relays_.emplace_back([this, client, upstream] { relay(client, upstream); });
+    }
+  }
+
+  // Copies both ways until either side closes, the cut comes, or the proxy goes.
+  void relay(int client, int upstream) {
+    char buf[65536];
+    for (bool open = true; open;) {
+      pollfd fds[3] = {{client, POLLIN, 0}, {upstream, POLLIN, 0}, {stop_[0], POLLIN, 0}};
+      if (::poll(fds, 3, -1) < 0 || fds[2].revents != 0) break;
+      for (int from = 0; from < 2 && open; ++from) {
+        if (fds[from].revents == 0) continue;
+        const ssize_t n = ::recv(fds[from].fd, buf, sizeof buf, 0);
+        const auto data = std::string_view(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+        open = n > 0 && !cut(from == 0 ? data : std::string_view()) &&
+               ::send(fds[1 - from].fd, buf, data.size(), MSG_NOSIGNAL) == n;
+      }
+    }
+    ::close(client);
+    ::close(upstream);
+  }
+
+  int target_port_;
+  int port_ = 0;
+  int listener_ = -1;
+  int stop_[2] = {-1, -1};
+  std::thread acceptor_;
+  std::vector<std::thread> relays_;  // one per connection, added by the acceptor alone
+  std::mutex mutex_;
+  std::condition_variable read_;
+  std::optional<std::chrono::milliseconds> armed_;
+  std::optional<clock_type::time_point> cut_began_;
+  clock_type::time_point cut_ends_;
+  int reads_after_cut_ = 0;
+};
+
+// The seconds a watch's "etcd unreachable for <seconds> s: ..." says; -1 when it says none.
+double unreachable_seconds(const std::string& reason) {
+  static const std::string head = "etcd unreachable for ";
+  if (!reason.starts_with(head)) return -1;
+  return std::stod(reason.substr(head.size()));
+}
 
 // The job's state key, as JSON.
 nlohmann::json state_of(const std::string& run_id) {
@@ -505,7 +644,39 @@ TEST_SUITE("etcd rendezvous") {
     own.resume();
     REQUIRE(change);
     CHECK(change->what == round_change::cause::etcd_unreachable);
-    CHECK(change->reason.starts_with("etcd unreachable for 1 s: etcd at " + own.endpoint() + ": range: "));
+    CHECK(unreachable_seconds(change->reason) >= 1);
+    CHECK(contains(change->reason, " s: etcd at " + own.endpoint() + ": range: "));
+  }
+
+  TEST_CASE("an etcd outage shorter than the lease leaves the round running, however long the poll; a longer one "
+            "ends it, saying how long it lasted") {
+    cutting_proxy proxy(etcd().port());
+    watch_log watched;
+    auto config = node(fresh_run_id(), 1, 1, 1);
+    config.endpoint = proxy.endpoint();
+    config.lease_ttl = 2s;
+    // Longer than the lease: the first read that fails comes more than a
+    // lease after the last that succeeded.
+    config.poll_interval = 2500ms;
+    etcd_rendezvous lone(config);
+    REQUIRE(lone.next_round().nnodes == 1);
+    lone.watch(watched.callback());
+    proxy.cut_at_next_read(600ms);
+    // Read again within the lease: the watch went on, and it stays quiet.
+    CHECK(proxy.wait_read_after_cut(10s));
+    CHECK(watched.count() == 0);
+    proxy.cut_at_next_read(std::chrono::hours(1));
+    const auto change = watched.wait(15s);
+    const auto seen = clock_type::now();
+    REQUIRE(change);
+    CHECK(change->what == round_change::cause::etcd_unreachable);
+    CHECK(contains(change->reason, " s: etcd at " + proxy.endpoint() + ": range: "));
+    // At least the lease, and no longer than the cut had lasted.
+    const auto began = proxy.cut_began();
+    REQUIRE(began);
+    const double said = unreachable_seconds(change->reason);
+    CHECK(said >= 2);
+    CHECK(said <= std::chrono::duration<double>(seen - *began).count() + 0.01);
   }
 
   TEST_CASE("an unreachable etcd makes next_round fail within join_timeout, naming the endpoint and the cause") {

@@ -438,16 +438,26 @@ void etcd_rendezvous::watch_round(std::stop_token stop, placement round,
                                   std::function<void(const round_change&)> on_change) {
   using cause = round_change::cause;
   etcd_client client(config_.endpoint, config_.request_timeout);
-  auto last_read = clock_type::now();
-  while (sleep_unless_stopped(stop, config_.poll_interval)) {
+  // While reads fail, etcd is read again a quarter of a lease apart (sooner
+  // than every poll_interval, which may be longer than the lease): an outage
+  // shorter than the lease passes unseen by the round, and one that lasts
+  // is told with its true length, counted from the first read that failed.
+  const auto retry_interval = std::clamp(config_.lease_ttl / 4, milliseconds(1), config_.poll_interval);
+  std::optional<clock_type::time_point> failing_since;  // when the first read that failed was sent
+  for (auto wait = config_.poll_interval; sleep_unless_stopped(stop, wait);) {
     std::optional<round_change> change;
+    const auto sent = clock_type::now();
     try {
       const auto s = read(client);
-      last_read = clock_type::now();
+      failing_since.reset();
+      wait = config_.poll_interval;
       change = change_in(s, round);
     } catch (const etcd_error& e) {
-      if (clock_type::now() - last_read > config_.lease_ttl) {
-        change = {cause::etcd_unreachable, "etcd unreachable for " + seconds_text(config_.lease_ttl) + ": " + e.what()};
+      if (!failing_since) failing_since = sent;
+      wait = retry_interval;
+      if (const auto outage = clock_type::now() - *failing_since; outage >= config_.lease_ttl) {
+        const auto tenths = std::chrono::floor<std::chrono::duration<std::int64_t, std::deci>>(outage);
+        change = {cause::etcd_unreachable, "etcd unreachable for " + seconds_text(tenths) + ": " + e.what()};
       }
     } catch (const rendezvous_error& e) {
       change = {cause::new_round, e.what()};

@@ -135,7 +135,9 @@ class etcd_rendezvous {
   /// (while the round has fewer than max_nodes and the job has not
   /// finished), another node started a new round, the job was closed (or
   /// finished in an earlier round), this node's own lease was lost, or etcd
-  /// stayed unreachable for lease_ttl. Replaces an earlier watch.
+  /// stayed unreachable for lease_ttl from the first read that failed (while
+  /// reads fail, one every quarter of lease_ttl, or every poll_interval where
+  /// that is shorter). Replaces an earlier watch.
   /// on_change should only hand the reason over: it must not call watch()
   /// nor destroy the rendezvous.
   void watch(std::function<void(const round_change&)> on_change);
