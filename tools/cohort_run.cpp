@@ -459,6 +459,14 @@ placement static_placement(run_options& o, int nproc) {
   if (o.min_nodes != o.max_nodes) {
     throw usage_error(fmt::format("--nnodes {}:{} needs a rendezvous: --rdzv-backend etcd-v3", o.min_nodes, o.max_nodes));
   }
+  // No rendezvous tells the other nodes of a restart: they would run on in
+  // the attempt that ended, and the restarted ranks join a world that is
+  // gone.
+  if (o.max_restarts > 0 && o.max_nodes > 1) {
+    throw usage_error(fmt::format("--max-restarts {} across {} nodes needs --rdzv-backend etcd-v3: under {}, a "
+                                  "restart would reach only this node's ranks",
+                                  o.max_restarts, o.max_nodes, o.rdzv_backend));
+  }
   // torchrun's c10d rendezvous hands out the node ranks, so its command
   // lines, the same on every node, name none: every node would be node 0.
   if (c10d && o.max_nodes > 1 && !o.node_rank_given) {

@@ -987,21 +987,20 @@ TEST_SUITE("cohort-run") {
     CHECK(v["TORCHELASTIC_MAX_RESTARTS"] == "1");
     test::temp_dir from_env;
     r = run_launcher({"--", "/bin/sh", "-c", dump_contract, from_env.path.string()},
-                     {{"PET_NPROC_PER_NODE", "3"}, {"PET_ROLE", "trainer"}, {"PET_MAX_RESTARTS", "4"},
-                      {"PET_NNODES", "2"}, {"PET_NODE_RANK", "1"}, {"PET_MASTER_ADDR", "10.1.2.3"},
-                      {"TORCH_ELASTIC_WORKER_IDENTICAL", "1"}});
+                     {{"PET_NPROC_PER_NODE", "3"}, {"PET_ROLE", "trainer"}, {"PET_NNODES", "2"}, {"PET_NODE_RANK", "1"},
+                      {"PET_MASTER_ADDR", "10.1.2.3"}, {"TORCH_ELASTIC_WORKER_IDENTICAL", "1"}});
     REQUIRE(r.status.code() == 0);
     CHECK(files_in(from_env.path) == 3);
     v = variables_in(from_env.path / "5");  // node 1 of 2, 3 ranks each
     CHECK(v["ROLE_NAME"] == "trainer");
-    CHECK(v["TORCHELASTIC_MAX_RESTARTS"] == "4");
     CHECK(v["MASTER_ADDR"] == "10.1.2.3");
     test::temp_dir wins;
     r = run_launcher({"-n", "2", "--role", "cmdline", "--", "/bin/sh", "-c", dump_contract, wins.path.string()},
-                     {{"PET_NPROC_PER_NODE", "3"}, {"PET_ROLE", "trainer"}});
+                     {{"PET_NPROC_PER_NODE", "3"}, {"PET_ROLE", "trainer"}, {"PET_MAX_RESTARTS", "4"}});
     REQUIRE(r.status.code() == 0);
     CHECK(files_in(wins.path) == 2);
     CHECK(variables_in(wins.path / "0")["ROLE_NAME"] == "cmdline");
+    CHECK(variables_in(wins.path / "0")["TORCHELASTIC_MAX_RESTARTS"] == "4");
     // Set but empty (PET_NPROC_PER_NODE=$NGPUS, NGPUS unset): torchrun
     // fails on the "" for a number or a switch; the default must not apply
     // unsaid. Not refused where the flag is given, or where "" is the
@@ -1141,6 +1140,45 @@ TEST_SUITE("cohort-run") {
     // Slurm's node id is not this job's node rank.
     r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--nnodes", "1", "--", "/bin/true"}, step);
     CHECK_MESSAGE(r.status.code() == 0, r.err);
+  }
+
+  TEST_CASE("restarts across nodes without etcd are refused, in every spelling; one node restarts as before") {
+    // No rendezvous tells the other nodes: they would run on in the attempt
+    // that ended, and the restarted ranks join a world that is gone.
+    const auto refused = [](std::vector<std::string> args, std::map<std::string, std::string> env = {}) {
+      args.insert(args.end(), {"--", "/bin/true"});
+      env.insert(identical_nodes.begin(), identical_nodes.end());  // no wait for the other node where it runs
+      const auto r = run_launcher(args, env);
+      CHECK(r.status.code() == 2);
+      CHECK_MESSAGE(r.err.find("across 2 nodes needs --rdzv-backend etcd-v3") != std::string::npos, r.err);
+      return r.err;
+    };
+    CHECK(refused({"--nnodes", "2", "--node-rank", "0", "--max-restarts", "1"}).find("under static") !=
+          std::string::npos);
+    CHECK(refused({"--rdzv-backend", "c10d", "--rdzv-endpoint", "10.1.1.1:1234", "--nnodes=2", "--node_rank=1",
+                   "--max_restarts=3"})
+              .find("--max-restarts 3 across 2 nodes needs --rdzv-backend etcd-v3: under c10d") != std::string::npos);
+    refused({"--rdzv_backend=c10d", "--rdzv-endpoint", "10.1.1.1:1234", "--nnodes", "2:2", "--node-rank", "0",
+             "--max-restarts", "1"});
+    refused({}, {{"PET_NNODES", "2"}, {"PET_NODE_RANK", "1"}, {"PET_MAX_RESTARTS", "1"}});
+    // Slurm's node count, where the flags give none.
+    refused({"--max-restarts", "1"}, {{"SLURM_STEP_ID", "0"},
+                                      {"SLURM_NODEID", "1"},
+                                      {"SLURM_NNODES", "2"},
+                                      {"SLURM_JOB_ID", "77"},
+                                      {"SLURM_JOB_NODELIST", "a,b"}});
+    // One node: restarted as before, whichever backend it names.
+    const char* second_time_lucky = "[ $TORCHELASTIC_RESTART_COUNT -ge 1 ]";
+    for (const std::vector<std::string>& one_node :
+         {std::vector<std::string>{"--nnodes", "1"}, std::vector<std::string>{"--standalone"},
+          std::vector<std::string>{"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--nnodes", "1:1"}}) {
+      auto args = one_node;
+      args.insert(args.end(), {"--max-restarts", "1", "--", "/bin/sh", "-c", second_time_lucky});
+      const auto r = run_launcher(args);
+      CHECK_MESSAGE(r.status.code() == 0, r.err);
+      CHECK(r.err.find("attempt 0 failed") != std::string::npos);
+      CHECK(r.err.find("(1 of 1 restarts)") != std::string::npos);
+    }
   }
 
   TEST_CASE("--rdzv-backend static with --rdzv-endpoint: the endpoint is the master, before --master-addr and --master-port") {

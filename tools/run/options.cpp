@@ -291,7 +291,8 @@ run_options parse_options(int argc, char** argv) {
                  "etcd-v3: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, "
                  "read_timeout (seconds) as key=value,...; static and c10d across nodes: join_timeout");
   app.add_flag("--standalone", o.standalone, "one node, master on this host, a fresh run id");
-  app.add_option("--max-restarts,--max_restarts", max_restarts, "restarts of the whole group after a failure");
+  app.add_option("--max-restarts,--max_restarts", max_restarts,
+                 "restarts of the whole group after a failure (across nodes: etcd-v3 only)");
   app.add_option("--monitor-interval,--monitor_interval", monitor_interval,
                  "seconds between checks of an etcd-v3 rendezvous (ranks' exits are seen at once, not polled)");
   app.add_option("--start-method,--start_method", o.start_method,
