@@ -18,10 +18,12 @@
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 #include <tuple>
@@ -78,14 +80,41 @@ served& table() {
   return *t;
 }
 
+// The id that this process's user namespace shows for every user it does
+// not map (/proc/sys/kernel/overflowuid, 65534 unless changed), when that
+// id is not also a user it maps (nobody, where the namespace maps it);
+// nullopt when it is, or cannot be told.
+std::optional<uid_t> unmapped_uid() noexcept {
+  static const std::optional<uid_t> id = []() -> std::optional<uid_t> {
+    unsigned long overflow = 0;
+    std::FILE* f = std::fopen("/proc/sys/kernel/overflowuid", "re");
+    if (f == nullptr) return std::nullopt;
+    const bool read = std::fscanf(f, "%lu", &overflow) == 1;
+    std::fclose(f);
+    if (!read) return std::nullopt;
+    f = std::fopen("/proc/self/uid_map", "re");
+    if (f == nullptr) return std::nullopt;
+    bool mapped = false;
+    for (unsigned long inside = 0, outside = 0, count = 0;
+         std::fscanf(f, "%lu %lu %lu", &inside, &outside, &count) == 3;) {
+      mapped = mapped || (overflow >= inside && overflow - inside < count);
+    }
+    std::fclose(f);
+    return mapped ? std::nullopt : std::optional<uid_t>(static_cast<uid_t>(overflow));
+  }();
+  return id;
+}
+
 // Whether the process at the other end of `connection` may have what this
 // one serves: a process of this user, or root, as a memfd's /proc entry
 // allows. An abstract socket has no permissions of its own, and its name
-// is listed in /proc/net/unix for every user to see.
+// is listed in /proc/net/unix for every user to see. The id shown for
+// users the namespace does not map names no one: in a namespace that maps
+// no ids, this process and every other user read as it.
 bool trusted_peer(int connection) noexcept {
   ucred peer{};
   socklen_t length = sizeof peer;
-  return ::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &length) == 0 &&
+  return ::getsockopt(connection, SOL_SOCKET, SO_PEERCRED, &peer, &length) == 0 && peer.uid != unmapped_uid() &&
          (peer.uid == ::geteuid() || peer.uid == 0);
 }
 

@@ -559,9 +559,15 @@ int sweep_imports(import_cache& c, bool all) {
 std::shared_ptr<detail::held_chunk> chunk_for(const detail::chunk_note& note, int device, pid_t sender,
                                               std::uint32_t port) {
   const auto maker = static_cast<pid_t>(note.maker);
-  if (maker == ::getpid()) {
+  // A maker of this pid answering on another port was an earlier process
+  // that had it: its chunks are asked for as any other maker's.
+  if (maker == ::getpid() && note.maker_port == detail::own_port()) {
     auto own = detail::own_chunk(note.chunk_id);
     if (!own) throw decode_error(fmt::format("cohort::decode: a device tensor names chunk {} of this process, which it has freed", note.chunk_id));
+    if (own->memory.size() != note.chunk_size) {
+      throw decode_error(fmt::format("cohort::decode: a device tensor names chunk {} of this process as {} bytes; it has {}",
+                                     note.chunk_id, note.chunk_size, own->memory.size()));
+    }
     own->users.fetch_add(1, std::memory_order_relaxed);
     return own;
   }

@@ -271,9 +271,20 @@ bool ranks_inherit_terminate_handler() noexcept {
 
 namespace {
 
-// The function registered under `name`; throws std::logic_error when none is.
+// Whether two different functions are registered under `name`.
+bool shared_name(const std::string& name) {
+  auto& r = entries();
+  std::lock_guard lock(r.mutex);
+  return std::find(r.shared_names.begin(), r.shared_names.end(), name) != r.shared_names.end();
+}
+
+// The function registered under `name`; throws std::logic_error when none
+// is, or two are.
 COHORT_FORKED_CHILD_PATH std::pair<entry_thunk, erased_function> find_entry(const std::string& name) {
   const auto found = look_up_entry(name);
+  if (found.thunk == nullptr && shared_name(name)) {
+    throw std::logic_error(fmt::format("cohort: two different entry points are registered as '{}'", name));
+  }
   if (found.thunk == nullptr) {
     throw std::logic_error(fmt::format("cohort: this program has no entry point named '{}'", name));
   }
@@ -286,6 +297,11 @@ COHORT_FORKED_CHILD_PATH found_entry look_up_entry(const std::string& name) {
   found_entry found;
   auto& r = entries();
   std::lock_guard lock(r.mutex);
+  // A name two functions share runs neither (a function_call made by hand
+  // may name one): find_entry says why.
+  for (const auto& shared : r.shared_names) {
+    if (same_text(shared, name)) return found;
+  }
   for (const auto& e : r.entries) {
     if (same_text(e.name, name)) {  // not memcmp: a page of libc fewer for a forked child
       found = {e.thunk, e.fn};

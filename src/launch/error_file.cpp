@@ -38,6 +38,7 @@ std::string within_limit(std::string_view text) {
 // last line, as Python's traceback.format_exc() ends with the exception's.
 // torch shows only this where there is one.
 std::string callstack_of(const std::string& message, const std::string& trace) {
+  if (message.empty()) return trace;
   std::string stack = trace;
   if (!stack.empty() && stack.back() != '\n') stack += '\n';
   return stack + message + '\n';

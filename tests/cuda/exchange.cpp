@@ -12,6 +12,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -307,6 +308,58 @@ TEST_CASE("a process hands out the descriptors it serves, says which it has not,
   // Once it has ended, the connection kept to it says so.
   CHECK(cuda::detail::fetch_chunk(pid, port, pid, port, chunk_id, why) == -1);
   CHECK(why.find("does not answer") != std::string::npos);
+}
+
+TEST_CASE("a process in a user namespace that maps no ids refuses another user, who reads as its own id there") {
+  if (::geteuid() != 0) {
+    MESSAGE("not root: no other user to connect as, not checked");
+    return;
+  }
+  int ready[2];
+  REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
+  const pid_t server = ::fork();
+  REQUIRE(server >= 0);
+  if (server == 0) {
+    // Its id there reads as the overflow id, as every other user's does.
+    std::uint32_t port = 0;
+    if (::unshare(CLONE_NEWUSER) == 0) {
+      port = cuda::detail::own_port();
+      cuda::detail::serve_chunk(::getpid(), port, chunk_id, memfd_of(contents));
+    }
+    std::ignore = ::write(ready[1], &port, sizeof port);
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  std::uint32_t port = 0;
+  const bool told = ::read(ready[0], &port, sizeof port) == sizeof port;
+  ::close(ready[0]);
+  if (told && port != 0) {
+    const pid_t other = ::fork();
+    REQUIRE(other >= 0);
+    if (other == 0) {
+      if (::setgroups(0, nullptr) != 0 || ::setresgid(12345, 12345, 12345) != 0 ||
+          ::setresuid(12345, 12345, 12345) != 0) {
+        ::_exit(77);
+      }
+      // Closed at once. Before, it was taken for the server's own user and
+      // answered: a request on it got the chunk.
+      const int quiet = connect_silently(server, port);
+      const timeval limit{30, 0};
+      ::setsockopt(quiet, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+      char byte = 0;
+      ::_exit(quiet >= 0 && ::recv(quiet, &byte, 1, 0) == 0 ? 0 : 2);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(other, &status, 0) == other);
+    REQUIRE(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77) MESSAGE("the child could not become another user: not checked");
+    else CHECK(WEXITSTATUS(status) == 0);
+  } else {
+    MESSAGE("no user namespace could be made here: not checked");
+  }
+  ::kill(server, SIGKILL);
+  ::waitpid(server, nullptr, 0);
 }
 
 TEST_CASE("a connection that no thread can be started for is closed, and the process goes on serving") {

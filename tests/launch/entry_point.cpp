@@ -530,6 +530,18 @@ TEST_SUITE("entry points") {
     const std::string why = "cohort: two different entry points are registered as 'work'";
     CHECK(refusal_of(shared_a::work) == why);
     CHECK(refusal_of(shared_b::work) == why);
+    // A call made by hand names the one it means no better: its rank runs
+    // neither, and says why. Before, it ran the first registered.
+    for_each_method([&](start_method method) {
+      function_call by_hand;
+      by_hand.name = "work";
+      by_hand.args = encode(std::tuple{});
+      by_hand.method = method;
+      const auto r = run_function(by_hand, 1);
+      CHECK_FALSE(r.ok());
+      REQUIRE(r.first_failure() != nullptr);
+      CHECK(r.first_failure()->message.find(why.substr(std::string("cohort: ").size())) != std::string::npos);
+    });
   }
 
   TEST_CASE("a rank gets a result file only when its function returns a value") {

@@ -117,6 +117,10 @@ TEST_SUITE("error_file") {
     CHECK(report->message == "ValueError: x");
     CHECK(report->trace == "Traceback ...");
     CHECK(report->timestamp == stamp);
+    // With no message, the trace is written and read as it is.
+    REQUIRE(record_error(error_report{"", "frame 1\nframe 2", stamp}));
+    CHECK(parse(dir.path / "error.json")["message"]["extraInfo"]["py_callstack"] == "frame 1\nframe 2");
+    CHECK(read_error_file(dir.path / "error.json")->trace == "frame 1\nframe 2");
   }
 
   TEST_CASE("a timestamp within a second reads back to the nanosecond; torch's whole seconds stay what they say") {
