@@ -28,6 +28,7 @@
 #include <set>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
@@ -169,6 +170,10 @@ struct release_parcel {
   cohort::storage note;
   std::shared_ptr<detail::held_chunk> chunk;
 };
+
+// Set on the poller's own thread (start_polling).
+thread_local bool on_poller_thread = false;
+void keep_for_another_thread(std::shared_ptr<detail::held_chunk> chunk) noexcept;
 // The note's holds go first: the maker may reuse the block then. The
 // chunk's count is taken down after, through the parcel's own hold on the
 // chunk, let go of last: once the note is gone, the arena may free a chunk
@@ -178,6 +183,7 @@ void release_now(release_parcel* r) noexcept {
   auto chunk = std::move(r->chunk);
   delete r;
   chunk->users.fetch_sub(1, std::memory_order_release);
+  if (on_poller_thread && chunk.use_count() == 1) keep_for_another_thread(std::move(chunk));
 }
 
 // Releases waiting for their streams: an event recorded after the last use
@@ -221,10 +227,27 @@ struct device_poller {
   std::map<std::pair<int, CUstream_st*>, stream_gate> gates;
   std::size_t gated = 0;  // waits not yet over, on every gate
   bool polling = false;
+  // Chunks whose last hold a release on the poller's thread had: a chunk's
+  // end waits for its device (cudaDeviceSynchronize), whose streams may
+  // wait on gates only that thread raises. Let go of by the next poll on
+  // another thread (a receipt or release of a device tensor), or
+  // empty_cache().
+  std::vector<std::shared_ptr<detail::held_chunk>> unheld;
 };
 device_poller& poller() {
   static auto* q = new device_poller;
   return *q;
+}
+
+void keep_for_another_thread(std::shared_ptr<detail::held_chunk> chunk) noexcept {
+  auto& q = poller();
+  std::lock_guard lock(q.mutex);
+  try {
+    q.unheld.push_back(std::move(chunk));
+  } catch (...) {
+    // Out of memory: kept for good where it can be, rather than ended here.
+    std::ignore = new (std::nothrow) std::shared_ptr<detail::held_chunk>(std::move(chunk));
+  }
 }
 
 // Tells a watch's waiter how its event ended, after letting go of the
@@ -247,11 +270,13 @@ void end_watch(watched_event& w, cudaError_t state) noexcept {
 // done or whose senders have ended, and tells the asynchronous waits whose
 // events are done. Whether any of these is left.
 bool poll_device(device_poller& q) {
+  std::vector<std::shared_ptr<detail::held_chunk>> unheld;  // let go of last, after the lock
   std::vector<release_parcel*> done;
   std::vector<std::pair<watched_event, cudaError_t>> finished;
   bool left = false;
   {
     std::lock_guard lock(q.mutex);
+    if (!on_poller_thread) unheld.swap(q.unheld);
     while (!q.entries.empty()) {
       auto& front = q.entries.front();
       const cudaError_t state = cudaEventQuery(front.done);
@@ -292,6 +317,7 @@ bool poll_device(device_poller& q) {
 
 void start_polling(device_poller& q) {
   std::thread([&q] {
+    on_poller_thread = true;
     for (;;) {
       {
         std::unique_lock lock(q.mutex);
@@ -1016,6 +1042,7 @@ void when_stream_done(int device, std::unique_ptr<event_waiter> waiter) {
 
 int empty_cache() {
   detail::driver("cohort::cuda::empty_cache");
+  poll_device(poller());  // chunks the poller's thread could not end, too
   int gone = detail::trim_arenas();
   auto& c = imports();
   std::lock_guard lock(c.mutex);
