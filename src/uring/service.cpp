@@ -186,6 +186,24 @@ void service::link_locked(operation& op) {
   ++in_flight_;
 }
 
+// Takes every completion the queue holds, unlinking and adding to `into`
+// each operation's (a cancel's, which has none, is passed over); how many
+// were taken. At the service's end: no handler runs here.
+unsigned service::reap_completions_locked(std::vector<operation*>& into) {
+  unsigned head;
+  unsigned seen = 0;
+  io_uring_cqe* cqe;
+  io_uring_for_each_cqe(&ring_, head, cqe) {
+    ++seen;
+    if (auto* op = static_cast<operation*>(io_uring_cqe_get_data(cqe))) {
+      unlink_locked(*op);
+      into.push_back(op);
+    }
+  }
+  io_uring_cq_advance(&ring_, seen);
+  return seen;
+}
+
 void service::unlink_locked(operation& op) {
   if (op.prev_ != nullptr) op.prev_->next_ = op.next_;
   else head_ = op.next_;
@@ -439,17 +457,7 @@ void service::shutdown() {
     {
       std::lock_guard lock(mutex_);
       shut_down_ = true;
-      unsigned head;
-      unsigned seen = 0;
-      io_uring_cqe* cqe;
-      io_uring_for_each_cqe(&ring_, head, cqe) {
-        ++seen;
-        if (auto* op = static_cast<operation*>(io_uring_cqe_get_data(cqe))) {
-          unlink_locked(*op);
-          confirmed.push_back(op);
-        }
-      }
-      io_uring_cq_advance(&ring_, seen);
+      reap_completions_locked(confirmed);
       head_ = nullptr;
     }
     watch_.reset();
@@ -487,20 +495,11 @@ void service::shutdown() {
         io_uring_sqe_set_data(sqe, nullptr);
       }
       if (io_uring_sq_ready(&ring_) > 0) io_uring_submit(&ring_);
-      unsigned head;
-      unsigned seen = 0;
-      io_uring_cqe* cqe;
-      io_uring_for_each_cqe(&ring_, head, cqe) {
-        ++seen;
-        if (auto* op = static_cast<operation*>(io_uring_cqe_get_data(cqe))) {
-          unlink_locked(*op);
-          confirmed.push_back(op);
-        }
-      }
-      io_uring_cq_advance(&ring_, seen);
+      const unsigned seen = reap_completions_locked(confirmed);
       if (io_uring_cq_has_overflow(&ring_)) io_uring_get_events(&ring_);
       if (seen == 0 && in_flight_ > 0) {
         __kernel_timespec tick{.tv_sec = 0, .tv_nsec = 10'000'000};
+        io_uring_cqe* cqe = nullptr;
         if (io_uring_wait_cqe_timeout(&ring_, &cqe, &tick) != 0) {
           const timespec pause{0, 1'000'000};  // a wait refused (EBUSY without a timed wait): a short pause
           ::nanosleep(&pause, nullptr);

@@ -125,6 +125,7 @@ class service final : public asio::execution_context::service {
   void on_ready(const std::error_code& ec);
   void link_locked(operation& op);
   void unlink_locked(operation& op);
+  unsigned reap_completions_locked(std::vector<operation*>& into);
 
   asio::io_context& io_;
   capabilities caps_;

@@ -203,6 +203,26 @@ int connect_silently(pid_t pid, std::uint32_t port) {
   return -1;
 }
 
+// Whether the process closes a connection that asks nothing at once (well
+// within 30 s) rather than waiting for its requests.
+bool closed_at_once(pid_t pid, std::uint32_t port) {
+  const int quiet = connect_silently(pid, port);
+  const timeval limit{30, 0};
+  ::setsockopt(quiet, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  char byte = 0;
+  return quiet >= 0 && ::recv(quiet, &byte, 1, 0) == 0;
+}
+
+// Reaps `other`, a child that became another user to check something and
+// exits 0 when it held, 77 when it could not become one.
+void check_other_user(pid_t other) {
+  int status = 0;
+  REQUIRE(::waitpid(other, &status, 0) == other);
+  REQUIRE(WIFEXITED(status));
+  if (WEXITSTATUS(status) == 77) MESSAGE("the child could not become another user: not checked");
+  else CHECK(WEXITSTATUS(status) == 0);
+}
+
 }  // namespace exchange_tests
 
 using namespace exchange_tests;
@@ -235,18 +255,10 @@ TEST_CASE("a process hands out the descriptors it serves, says which it has not,
       // it. Before, each got a thread of its own, which waited for requests
       // while the connection stayed open: any user could start threads
       // there without end.
-      const int quiet = connect_silently(pid, port);
-      const timeval limit{30, 0};
-      ::setsockopt(quiet, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-      char byte = 0;
-      ::_exit(quiet >= 0 && ::recv(quiet, &byte, 1, 0) == 0 ? 0 : 2);
+      ::_exit(closed_at_once(pid, port) ? 0 : 2);
     }
     REQUIRE(other > 0);
-    int status = 0;
-    REQUIRE(::waitpid(other, &status, 0) == other);
-    REQUIRE(WIFEXITED(status));
-    if (WEXITSTATUS(status) == 77) MESSAGE("the child could not become another user: not checked");
-    else CHECK(WEXITSTATUS(status) == 0);
+    check_other_user(other);
   } else {
     MESSAGE("not root: no other user to ask as, not checked");
   }
@@ -344,17 +356,9 @@ TEST_CASE("a process in a user namespace that maps no ids refuses another user, 
       }
       // Closed at once. Before, it was taken for the server's own user and
       // answered: a request on it got the chunk.
-      const int quiet = connect_silently(server, port);
-      const timeval limit{30, 0};
-      ::setsockopt(quiet, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
-      char byte = 0;
-      ::_exit(quiet >= 0 && ::recv(quiet, &byte, 1, 0) == 0 ? 0 : 2);
+      ::_exit(closed_at_once(server, port) ? 0 : 2);
     }
-    int status = 0;
-    REQUIRE(::waitpid(other, &status, 0) == other);
-    REQUIRE(WIFEXITED(status));
-    if (WEXITSTATUS(status) == 77) MESSAGE("the child could not become another user: not checked");
-    else CHECK(WEXITSTATUS(status) == 0);
+    check_other_user(other);
   } else {
     MESSAGE("no user namespace could be made here: not checked");
   }
