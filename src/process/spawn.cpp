@@ -552,15 +552,6 @@ std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executo
   // Refused before a process is made: its wait could run nowhere else (a
   // callback or use_future's system executor, unbound).
   auto context = context_lifetime(executor);
-  // The child's wait and pipes need the io_context's reactor and ring
-  // service. Made here for the io_context's first child, so that a launch
-  // out of descriptors fails before anything starts, naming the program,
-  // and not as the pipes are adopted after the clone, or in the first wait.
-  std::error_code ec;
-  if (uring::service_of(executor, ec) == nullptr) {
-    f = {stage::start, ec.value(), "bringing up the io_context's reactor"};
-    return nullptr;
-  }
   refuse_nul(cmd.program, "the program name");
   for (std::size_t i = 0; i < cmd.args.size(); ++i) refuse_nul(cmd.args[i], fmt::format("argument {}", i + 1));
   std::string path = find_program(cmd.program, options.env, options.cwd, f);

@@ -543,14 +543,6 @@ TEST_SUITE("child") {
     CHECK(exit_code_with_no_descriptor_free(io) == "2");
   }
 
-  // Before, a child's spawn left the io_context without its reactor and
-  // ring service, and its first wait made them: out of descriptors, it threw
-  // asio's "eventfd_select_interrupter: Too many open files".
-  TEST_CASE("the first wait on a fresh io_context out of descriptors still ends with the status") {
-    asio::io_context io;
-    CHECK(exit_code_with_no_descriptor_free(io) == "2");
-  }
-
   // Before, the reactor's wait took terminal cancellations alone and went on
   // to the child's exit; the ring's took every type.
   TEST_CASE("without a ring, a partial cancellation that the awaiting coroutine lets through ends the wait") {

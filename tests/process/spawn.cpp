@@ -587,44 +587,6 @@ TEST_SUITE("spawn") {
     CHECK_FALSE(has_unreaped_children());
   }
 
-  // Before, the io_context's first spawn brought up asio's reactor as it
-  // adopted the pipes, after the clone, and threw asio's own message
-  // ("eventfd_select_interrupter: Too many open files").
-  TEST_CASE("an io_context's first spawn out of descriptors is EMFILE naming the program and the limit, and starts "
-            "nothing") {
-    for (int left = 0; left <= 3; ++left) {
-      for (const bool piped : {false, true}) {
-        CAPTURE(left);
-        CAPTURE(piped);
-        asio::io_context io;  // no reactor yet
-        std::optional<std::system_error> error;
-        {
-          // The limit just above the `left` lowest free descriptors.
-          int fd = test::lowest_free_descriptor();
-          for (int found = 0; found < left; ++fd) found += ::fcntl(fd, F_GETFD) < 0 ? 1 : 0;
-          test::nofile_limit limit(static_cast<rlim_t>(fd));
-          spawn_options options;
-          if (piped) options.out = stdio::pipe();
-          try {
-            child c = spawn(io.get_executor(), command{test::target, {"exit", "0"}}, options);
-            CHECK(c.join().success());  // where the limit left enough
-          } catch (const std::system_error& e) {
-            error = e;
-          }
-          if (error) {
-            const std::string what = error->what();
-            CHECK(error->code() == std::error_code(EMFILE, std::system_category()));
-            CHECK(what.find(fmt::format("cohort::spawn '{}'", test::target)) != std::string::npos);
-            CHECK(what.find(fmt::format("RLIMIT_NOFILE is {}", limit.current())) != std::string::npos);
-          }
-        }
-        CHECK(error.has_value());
-        CHECK(test::children_of_self().empty());
-        CHECK_FALSE(has_unreaped_children());
-      }
-    }
-  }
-
   TEST_CASE("a command with its arguments in braces is built and spawned inside co_await") {
     asio::io_context io;
     const std::string code = "7";
