@@ -78,17 +78,6 @@ asio::io_context& io_context_of(const asio::any_io_executor& executor) {
   throw std::invalid_argument("cohort needs the executor of an asio::io_context (or a strand of one)");
 }
 
-service* service_of(const asio::any_io_executor& executor, std::error_code& ec) {
-  asio::io_context& io = io_context_of(executor);
-  ec.clear();
-  try {
-    return &asio::use_service<service>(io);
-  } catch (const std::system_error& e) {  // asio's reactor: its epoll set, eventfd or timerfd
-    ec = e.code();
-    return nullptr;
-  }
-}
-
 service::service(asio::io_context& io, bool with_ring) : asio::execution_context::service(io), io_(io) {
   // The descriptor object exists in both modes: it brings up asio's reactor
   // now, while descriptors are surely available, rather than inside some
@@ -116,15 +105,6 @@ service::service(asio::io_context& io, bool with_ring) : asio::execution_context
   }
   if (rc < 0) {
     caps_.why_not = std::string("io_uring_queue_init: ") + std::strerror(-rc);
-    return;
-  }
-  // A seccomp filter may allow io_uring_setup and refuse io_uring_enter:
-  // asked once now, with nothing to submit, the ring is known unusable
-  // before any operation needs it.
-  rc = io_uring_enter(ring_.ring_fd, 0, 0, 0, nullptr);
-  if (rc < 0) {
-    caps_.why_not = std::string("io_uring_enter: ") + std::strerror(-rc);
-    io_uring_queue_exit(&ring_);
     return;
   }
   io_uring_probe* probe = io_uring_get_probe_ring(&ring_);
@@ -157,8 +137,7 @@ service::service(asio::io_context& io, bool with_ring) : asio::execution_context
 }
 
 const capabilities& service::caps() const noexcept {
-  if (!caps_.ring) return caps_;
-  if (os::this_process() == owner_) return refused_.load(std::memory_order_acquire) == 0 ? caps_ : refused_caps_;
+  if (!caps_.ring || os::this_process() == owner_) return caps_;
   static const capabilities forked = [] {
     capabilities c;
     c.why_not = "a forked child of the process that made this io_context's ring, which the two share";
@@ -215,52 +194,16 @@ void service::unlink_locked(operation& op) {
 
 // Hands queued entries to the kernel. Entries the kernel could not take yet
 // (EAGAIN, EBUSY under completion backlog) stay queued; a retry is posted so
-// they are not stranded when no completion is coming to wake us. Any other
-// refusal is for good (a seccomp filter), and retrying it would spin: the
-// ring is given up.
+// they are not stranded when no completion is coming to wake us.
 void service::flush_locked() {
-  if (refused_.load(std::memory_order_relaxed) != 0) return;
   int rc;
   do rc = io_uring_submit(&ring_);
   while (rc == -EINTR);
-  if (rc >= 0) {
-    ++submits_;
-    return;
-  }
-  if (io_uring_sq_ready(&ring_) == 0) return;
-  if (rc != -EAGAIN && rc != -EBUSY) return give_up_ring_locked(-rc);
-  asio::post(io_, [this] {
-    std::lock_guard lock(mutex_);
-    if (!shut_down_) flush_locked();
-  });
-}
-
-// The kernel refuses this ring's submissions with `error`: nothing enters
-// it again, so the entries still queued are never read. Their operations
-// complete with the error, through the context; those the kernel took
-// complete as they would (their completions need no submission), and
-// caps() says no ring from now on.
-void service::give_up_ring_locked(int error) {
-  refused_caps_ = {};
-  refused_caps_.why_not = std::string("io_uring_enter: ") + std::strerror(error);
-  refused_.store(error, std::memory_order_release);
-  std::vector<operation*> queued;
-  for (operation* op = head_; op != nullptr; op = op->next_) {
-    if (op->batch_ == submits_) queued.push_back(op);
-  }
-  for (operation* op : queued) {
-    if (op->cancel_unsent_) {
-      op->cancel_unsent_ = false;
-      --unsent_cancels_;
-    }
-    unlink_locked(*op);
-    asio::post(io_, fail_later(op, -error));
-  }
-  if (in_flight_ == 0 && armed_) {
-    // No completion is coming to end the wait on the ring, which would keep
-    // io_context::run() from returning.
-    watch_->cancel();
-    armed_ = false;
+  if (rc < 0 && io_uring_sq_ready(&ring_) > 0) {
+    asio::post(io_, [this] {
+      std::lock_guard lock(mutex_);
+      if (!shut_down_) flush_locked();
+    });
   }
 }
 
@@ -292,17 +235,14 @@ void service::start(operation& op) {
     op.destroy();
     return;
   }
-  // Given up meanwhile (the caller asked caps() before): the refusal's error.
-  const int refused = refused_.load(std::memory_order_relaxed);
-  io_uring_sqe* sqe = refused != 0 ? nullptr : sqe_locked();
+  io_uring_sqe* sqe = sqe_locked();
   if (sqe == nullptr) {
     lock.unlock();
-    asio::post(io_, fail_later(&op, refused != 0 ? -refused : -EBUSY));
+    asio::post(io_, fail_later(&op, -EBUSY));
     return;
   }
   op.prepare(*sqe);
   io_uring_sqe_set_data(sqe, &op);
-  op.batch_ = submits_;
   op.cancel_requested_ = false;
   link_locked(op);
   arm_locked();
@@ -322,9 +262,7 @@ bool service::queue_cancel_locked(operation& op) {
 void service::cancel(operation& op) {
   if (os::this_process() != owner_) return;  // a forked child's copy of the parent's request
   std::lock_guard lock(mutex_);
-  // On a ring given up, no cancellation reaches the kernel: the request
-  // there completes as it would.
-  if (shut_down_ || !op.in_flight_ || op.cancel_requested_ || refused_.load(std::memory_order_relaxed) != 0) return;
+  if (shut_down_ || !op.in_flight_ || op.cancel_requested_) return;
   op.cancel_requested_ = true;
   if (queue_cancel_locked(op)) {
     flush_locked();
@@ -373,19 +311,17 @@ void service::on_ready(const std::error_code& ec) {
       }
       io_uring_cq_advance(&ring_, seen);
       // Completions beyond the queue's size wait in the kernel's backlog
-      // until asked for (an enter that submits nothing; refused, they wait
-      // for the next wake-up).
-      if (!io_uring_cq_has_overflow(&ring_) || io_uring_get_events(&ring_) < 0) break;
+      // until asked for.
+      if (!io_uring_cq_has_overflow(&ring_)) break;
+      io_uring_get_events(&ring_);
     }
-    const int refused = refused_.load(std::memory_order_relaxed);
     for (operation* op : orphans) {
-      if (io_uring_sqe* sqe = refused != 0 ? nullptr : sqe_locked()) {
+      if (io_uring_sqe* sqe = sqe_locked()) {
         op->prepare(*sqe);
         io_uring_sqe_set_data(sqe, op);
-        op->batch_ = submits_;
       } else {
         unlink_locked(*op);
-        batch.push_back({op, refused != 0 ? -refused : -EBUSY});
+        batch.push_back({op, -EBUSY});
       }
     }
     if (unsent_cancels_ > 0) {
@@ -447,21 +383,6 @@ std::vector<operation*> service::take_copies_in_child() {
 void service::shutdown() {
   if (!caps_.ring) {
     watch_.reset();
-    return;
-  }
-  if (refused_.load(std::memory_order_relaxed) != 0 && os::this_process() == owner_) {
-    // A ring given up is never entered again (its queue may hold entries of
-    // operations completed since): the completions that came are reaped,
-    // and what the kernel still holds is leaked, as below.
-    std::vector<operation*> confirmed;
-    {
-      std::lock_guard lock(mutex_);
-      shut_down_ = true;
-      reap_completions_locked(confirmed);
-      head_ = nullptr;
-    }
-    watch_.reset();
-    for (operation* op : confirmed) op->destroy();
     return;
   }
   if (os::this_process() != owner_) {

@@ -11,12 +11,10 @@
 
 #include <liburing.h>
 
-#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <system_error>
 #include <vector>
 
 namespace cohort::uring {
@@ -54,7 +52,6 @@ class operation {
   bool in_flight_ = false;
   bool cancel_requested_ = false;  // a -ECANCELED is then ours, not an orphaning
   bool cancel_unsent_ = false;     // no submission entry was free for the cancel yet
-  std::uint64_t batch_ = 0;        // the service's submits_ when its entry was queued
 };
 
 /// What the running kernel supports, probed once when the service starts.
@@ -77,13 +74,6 @@ struct capabilities {
 /// it when that thread exits. Such orphaned requests are submitted again from
 /// the thread that sees their completion, so operations survive the exit of
 /// the thread that started them.
-///
-/// A ring whose submissions the kernel refuses for good (io_uring_enter
-/// failing with another error than EINTR, EAGAIN or EBUSY: a seccomp filter
-/// on the submitting thread) is given up: the operations whose entries it
-/// never took complete with that error, those it took complete as they
-/// would, and `caps()` says no ring from then on, so that later operations
-/// use the reactor.
 class service final : public asio::execution_context::service {
  public:
   using key_type = service;
@@ -102,9 +92,7 @@ class service final : public asio::execution_context::service {
 
   /// Queues `op` on the ring and submits it. Where the ring has no room even
   /// after a flush, `op` completes with -EBUSY through the context (never
-  /// inline); on a ring given up, with the refusal's error, as do the
-  /// operations queued when it was. After shutdown `op` is destroyed.
-  /// Requires `caps().ring`.
+  /// inline). After shutdown `op` is destroyed. Requires `caps().ring`.
   void start(operation& op);
 
   /// Asks the kernel to cancel `op` if it is still in flight; a no-op
@@ -118,7 +106,6 @@ class service final : public asio::execution_context::service {
   void leave_ring_in_child(bool own_epoll);
   std::vector<operation*> take_copies_in_child();
   void flush_locked();
-  void give_up_ring_locked(int error);
   io_uring_sqe* sqe_locked();
   bool queue_cancel_locked(operation& op);
   void arm_locked();
@@ -139,15 +126,8 @@ class service final : public asio::execution_context::service {
   operation* head_ = nullptr;  // in-flight operations, for cancel and shutdown
   std::size_t in_flight_ = 0;
   std::size_t unsent_cancels_ = 0;
-  std::uint64_t submits_ = 0;  // successful submits: an operation whose batch_ is this one is not with the kernel
   bool armed_ = false;
   bool shut_down_ = false;
-  // The error that made the ring be given up (give_up_ring_locked); 0 while
-  // it is in use. Written under mutex_ with refused_caps_ first, and read
-  // by caps() without the lock: the release store publishes refused_caps_
-  // to the acquire load there.
-  std::atomic<int> refused_{0};
-  capabilities refused_caps_;
 };
 
 /// The io_context behind `executor` (an io_context's executor, or a strand
@@ -161,11 +141,6 @@ asio::io_context* find_io_context(const asio::any_io_executor& executor);
 inline service& service_of(const asio::any_io_executor& executor) {
   return asio::use_service<service>(io_context_of(executor));
 }
-/// The same for a caller that reports the failure itself: null, with `ec`
-/// set, where the service, made now if the io_context has none, cannot be
-/// made (asio's reactor, which it brings up, finds no descriptor left:
-/// EMFILE). Throws std::invalid_argument as io_context_of does.
-service* service_of(const asio::any_io_executor& executor, std::error_code& ec);
 
 /// Gives `io` a service without a ring, so that every operation on it runs
 /// on asio's reactor: for an io_context that lives for a few waits, where

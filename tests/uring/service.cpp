@@ -14,8 +14,6 @@
 #include <asio/steady_timer.hpp>
 #include <asio/thread_pool.hpp>
 
-#include <fmt/format.h>
-
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -50,46 +48,6 @@ struct fd_guard {
   int fd;
   ~fd_guard() { ::close(fd); }
 };
-
-// A poll of an empty pipe (so that it is not answered by its first look,
-// with no submission) that is written to once the poll is started: its
-// error and events, once io.run() has returned.
-std::pair<std::error_code, short> poll_pipe(asio::io_context& io) {
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return {std::error_code(errno, std::system_category()), 0};
-  const fd_guard read_end{p[0]}, write_end{p[1]};
-  std::pair<std::error_code, short> result{asio::error::would_block, 0};
-  uring::async_poll(io.get_executor(), p[0], POLLIN, [&](std::error_code ec, short events) { result = {ec, events}; });
-  if (::write(p[1], "x", 1) != 1) return {std::error_code(errno, std::system_category()), 0};
-  io.restart();
-  io.run();
-  return result;
-}
-
-// In a forked child whose thread the kernel refuses io_uring_enter (a
-// seccomp filter, as container profiles have): 0 when a ring made before
-// the refusal was given up at its first refused submission (the queued
-// poll failing with EPERM, the next one polled on the reactor) and one made
-// after it was never used; another code says which did not hold. A spin on
-// the refused submissions ends by SIGALRM.
-int ring_refused_for_good() {
-  ::alarm(20);
-  asio::io_context before;
-  if (!io_uring_support(before).ring) return 3;
-  if (!test::refuse_system_call(__NR_io_uring_enter, EPERM)) return 2;
-  const auto [refused, none] = poll_pipe(before);
-  if (refused != std::error_code(EPERM, std::system_category())) return 4;
-  const auto given_up = io_uring_support(before);
-  if (given_up.ring || given_up.why_not != "io_uring_enter: Operation not permitted") return 5;
-  const auto [ok, events] = poll_pipe(before);
-  if (ok || (events & POLLIN) == 0) return 6;
-  asio::io_context after;
-  const auto refused_at_start = io_uring_support(after);
-  if (refused_at_start.ring || refused_at_start.why_not != "io_uring_enter: Operation not permitted") return 7;
-  const auto [ok_after, events_after] = poll_pipe(after);
-  if (ok_after || (events_after & POLLIN) == 0) return 8;
-  return 0;
-}
 
 
 
@@ -131,27 +89,6 @@ TEST_SUITE("uring service") {
     io.run();
     CHECK((events & POLLIN) != 0);
     CHECK_THROWS_AS(uring::use_reactor_only(io), asio::service_already_exists);
-  }
-
-  // Before, every refused submission posted a retry of itself: the
-  // io_context spun at full CPU, and the operations never completed.
-  TEST_CASE("a ring whose submissions the kernel refuses for good is given up, and one refused from the start is "
-            "never used") {
-    if (test::reactor_mode()) return;  // no ring to give up
-    const pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) ::_exit(ring_refused_for_good());
-    int status = 0;
-    REQUIRE(::waitpid(pid, &status, 0) == pid);
-    const std::string how = WIFSIGNALED(status) ? fmt::format("killed by signal {}", WTERMSIG(status))
-                                                : fmt::format("exited with {}", WEXITSTATUS(status));
-    INFO("the child ", how);
-    REQUIRE(WIFEXITED(status));
-    if (WEXITSTATUS(status) == 2) {
-      WARN_MESSAGE(false, "no seccomp filter could be installed here: a refused io_uring_enter is not tested");
-      return;
-    }
-    CHECK(WEXITSTATUS(status) == 0);
   }
 
   TEST_CASE("run() returns when nothing is in flight, and not before") {
