@@ -107,6 +107,16 @@ service::service(asio::io_context& io, bool with_ring) : asio::execution_context
     caps_.why_not = std::string("io_uring_queue_init: ") + std::strerror(-rc);
     return;
   }
+  // A seccomp filter may allow io_uring_setup and refuse io_uring_enter:
+  // asked once now, with nothing to submit, a ring refused from its start
+  // is not used. (One refused later, by a filter set once it is made, is
+  // retried without end.)
+  rc = io_uring_enter(ring_.ring_fd, 0, 0, 0, nullptr);
+  if (rc < 0) {
+    caps_.why_not = std::string("io_uring_enter: ") + std::strerror(-rc);
+    io_uring_queue_exit(&ring_);
+    return;
+  }
   io_uring_probe* probe = io_uring_get_probe_ring(&ring_);
   if (probe != nullptr) {
     auto supported = [&](int op) { return io_uring_opcode_supported(probe, op) != 0; };
