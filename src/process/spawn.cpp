@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -519,10 +520,18 @@ int start_exec(launch_plan& p, pid_t& pid) {
     ::close(pidfd);
     return -1;
   }
+  // Ended in its set-up without a word: killed (a hook that overran the
+  // stack above), or the hook's own _exit. A launch that failed, as any
+  // other: nothing is left of it. A child that has not ended within
+  // 100 ms was replaced by a program its hook exec'd itself, which runs
+  // on as the child.
+  pollfd ended{pidfd, POLLIN, 0};
+  int polled = 1;
   if (!p.exec_reached) {
-    // Ended in its set-up without a word: killed (a hook that overran the
-    // stack above), or the hook's own _exit. A launch that failed, as any
-    // other: nothing is left of it.
+    do polled = ::poll(&ended, 1, 100);
+    while (polled < 0 && errno == EINTR);
+  }
+  if (!p.exec_reached && polled == 1) {
     const siginfo_t info = reap_blocking(pidfd);
     ::close(pidfd);
     p.failed_at = stage::died;

@@ -96,6 +96,15 @@ int use_stack(void*) noexcept {
 
 int exit_at_once(void*) noexcept { ::_exit(3); }
 
+// Execs a shell that exits with 5 after half a second, in place of the
+// spawn's program.
+int exec_itself(void*) noexcept {
+  char* const argv[] = {const_cast<char*>("sh"), const_cast<char*>("-c"), const_cast<char*>("sleep 0.5; exit 5"),
+                        nullptr};
+  ::execve("/bin/sh", argv, environ);
+  return errno;
+}
+
 // The real-time signal the test below gives a handler, beside SIGUSR1 and SIGTERM.
 int handled_realtime_signal() noexcept { return SIGRTMIN + 3; }
 void no_op(int) {}
@@ -256,6 +265,13 @@ TEST_SUITE("spawn") {
     child c = spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.before_exec = use_stack<96 * 1024>}, ec);
     CHECK(ec == std::error_code(ECHILD, std::system_category()));
     CHECK_FALSE(c);
+    CHECK_FALSE(has_unreaped_children());
+  }
+
+  TEST_CASE("a before_exec hook that execs a program itself gets that program as the child") {
+    // Before, the spawn took it for a child that ended before its exec: it
+    // waited for the program to end, then failed.
+    CHECK(run(command{"/bin/true", {}}, {.before_exec = exec_itself}).code() == 5);
     CHECK_FALSE(has_unreaped_children());
   }
 
