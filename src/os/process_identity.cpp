@@ -80,25 +80,6 @@ std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept {
   return std::strtoull(p + 1, nullptr, 10);
 }
 
-bool is_exiting(pid_t pid) noexcept {
-  char text[1024];
-  bool ended = false;
-  const char* p = stat_fields(pid, text, ended);
-  if (p == nullptr) return false;
-  // As start_time_of counts them: 9 the flags, 20 the number of threads.
-  const char state = p[2];
-  unsigned long flags = 0;
-  long threads = -1;
-  for (int field = 2; field < 20 && p != nullptr; ++field) {
-    p = std::strchr(p + 1, ' ');
-    if (field == 8 && p != nullptr) flags = std::strtoul(p + 1, nullptr, 10);
-    if (field == 19 && p != nullptr) threads = std::strtol(p + 1, nullptr, 10);
-  }
-  if (p == nullptr || ((state == 'Z' || state == 'X') && threads <= 1)) return false;  // ended
-  constexpr unsigned long pf_exiting = 0x4;  // include/linux/sched.h, set as do_exit begins
-  return (flags & pf_exiting) != 0;
-}
-
 char state_of(pid_t pid) noexcept {
   char text[1024];
   bool ended = false;

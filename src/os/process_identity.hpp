@@ -24,11 +24,6 @@ bool has_ended(pid_t pid, std::uint64_t start_time) noexcept;
 /// stopped by a signal, t for stopped by a tracer, Z...); '\0' when it has
 /// ended or /proc could not tell.
 char state_of(pid_t pid) noexcept;
-/// Whether process `pid` has begun to exit and not yet shown as ended: its
-/// flags in /proc/<pid>/stat hold the kernel's PF_EXITING. Such a process
-/// closes its descriptors before it shows as ended (has_ended). False when
-/// it runs, has ended, or /proc could not tell.
-bool is_exiting(pid_t pid) noexcept;
 /// This process's start time, read once per process; 0 when unreadable.
 std::uint64_t own_start_time() noexcept;
 /// This process's pid namespace: the inode of /proc/self/ns/pid, read once;

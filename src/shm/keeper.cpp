@@ -364,27 +364,13 @@ void take_handed_over() noexcept {
   take_handed_over_locked(gone);
 }
 
-namespace {
-
-using clock = std::chrono::steady_clock;
-// The source hands over before it ends, and the keeper takes what it
-// handed as it records that end: soon after the source is reaped.
-constexpr auto after_end = std::chrono::milliseconds(100);
-// The longest a receiver waits for what an ending source left.
-constexpr auto at_most = std::chrono::seconds(2);
-
-}  // namespace
-
-bool wait_for_exit(pid_t source) {
-  const auto start = clock::now();
-  while (os::is_exiting(source) && clock::now() - start <= at_most) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return os::has_ended(source, 0);
-}
-
 int open_kept(pid_t keeper, pid_t source, const std::string& link) {
+  using clock = std::chrono::steady_clock;
   const auto dir = fmt::format("/proc/{}/fd", keeper);
+  // The source hands over before it ends, and the keeper takes what it
+  // handed as it records that end: soon after the source is reaped.
+  constexpr auto after_end = std::chrono::milliseconds(100);
+  constexpr auto at_most = std::chrono::seconds(2);
   const auto start = clock::now();
   auto seen = start;
   for (;;) {
@@ -396,11 +382,10 @@ int open_kept(pid_t keeper, pid_t source, const std::string& link) {
       return -1;
     }
     // A source that is ending closes its descriptors before it shows as
-    // ended: one that is exiting, or ended and not yet reaped, is waited
-    // for, and one that seems to run gets `after_end` too; still running
+    // ended, so one that seems to run gets `after_end` too; still running
     // then, it holds what it sent itself: the handle names a descriptor it
     // does not have, and no keeper will be given it.
-    if ((::kill(source, 0) == 0 && os::has_ended(source, 0)) || os::is_exiting(source)) seen = now;
+    if (::kill(source, 0) == 0 && os::has_ended(source, 0)) seen = now;  // ended, not yet reaped
     if (now - seen > after_end || now - start > at_most) {
       errno = ENOENT;
       return -1;

@@ -86,11 +86,5 @@ void release_kept_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept;
 /// ending process closes its descriptors before it shows as ended), and no
 /// more.
 int open_kept(pid_t keeper, pid_t source, const std::string& link);
-/// Waits while `source`, whose descriptor of a segment is gone, is exiting
-/// (it closes its descriptors before it shows as ended), as long as
-/// open_kept waits at most; whether it has ended. A receiver then tells
-/// the value lost with its sender rather than a segment gone from a
-/// process that seems to run.
-bool wait_for_exit(pid_t source);
 
 }  // namespace cohort::shm

@@ -253,10 +253,6 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   // this process is the keeper, what it has taken (returned).
   const auto through_keeper = [&](const std::string& link, pid_t source) -> std::shared_ptr<segment> {
     if (ref.keeper == os::this_process()) {
-      // What the source handed over came before its descriptors closed;
-      // one still exiting is waited for, so that a value lost with it is
-      // told as such (its receiver judges by the source's end).
-      wait_for_exit(source);
       take_handed_over_locked(dead);
       if (auto s = known()) return s;
       errno = ENOENT;
@@ -282,7 +278,6 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
       if (auto s = through_keeper(fmt::format("/memfd:{} (deleted)", memfd_name_of(ref.nonce)), ref.source)) return s;
     }
     if (fd < 0 && (errno == ENOENT || errno == ESRCH)) {
-      if (ref.keeper <= 0) wait_for_exit(ref.source);  // as through_keeper waits
       throw segment_gone(
           fmt::format("cohort: the processes holding a segment (pid {}{}) have exited or let it go", ref.source,
                       ref.maker != ref.source ? fmt::format(", its maker pid {}", ref.maker) : ""),

@@ -749,31 +749,6 @@ void check_sender_lost(queue<T>& q, pid_t sender) {
   }
 }
 
-// Pushes a tensor of its own (file_descriptor: a memfd only it holds),
-// then stands for a sender between closing its descriptors and showing as
-// ended: its main thread exits, so that it shows as exiting, and another
-// closes its descriptors of memfd segments, says its pid once more and
-// waits to be killed.
-void push_then_stand_exiting(int, queue<int> pid, queue<tensor> q) {
-  pid.put(::getpid());
-  q.put(tensor::full({4}, 8, dtype::int32, {.shared = true}));
-  std::thread([pid]() mutable {
-    while (os::state_of(::getpid()) != 'Z') std::this_thread::sleep_for(1ms);  // the main thread has exited
-    std::vector<int> memfds;
-    for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
-      std::error_code ec;
-      if (fs::read_symlink(e.path(), ec).string().starts_with("/memfd:cohort")) {
-        memfds.push_back(std::stoi(e.path().filename().string()));
-      }
-    }
-    for (const int fd : memfds) ::close(fd);
-    pid.put(::getpid());
-    ::pause();
-  }).detach();
-  ::syscall(SYS_exit, 0);  // this thread only
-}
-COHORT_ENTRYPOINT(push_then_stand_exiting);
-
 // Under `strategy`, says its pid, pushes a string too large for the ring
 // (it travels in a shared block of its own) and is killed before anyone
 // pops it.
@@ -1493,45 +1468,6 @@ TEST_SUITE("sharing") {
         CHECK(files_of(*sender).empty());
       }
     }
-  }
-
-  // Before, a pop that found the memfd gone while its sender was still
-  // exiting (its descriptors closed, its end not yet shown) threw the
-  // shm::segment_gone of the segment, not peer_lost: the receiver, the
-  // sender's keeper, did not wait for the sender's end.
-  TEST_CASE("a value whose sender is still exiting when it is popped is peer_lost naming the sender") {
-    const strategy_scope scope(sharing_strategy::file_descriptor);
-    queue<int> pid(2);
-    queue<tensor> q(4);
-    std::thread runner([&] { CHECK_THROWS(spawn_and_join(push_then_stand_exiting, std::tuple{pid, q}, 1)); });
-    const auto sender = pid.get(10s);
-    const auto ready = pid.get(10s);
-    std::string popped;  // what the pop gave: peer_lost's pid and rank, or what else it gave
-    if (sender && !ready) ::kill(*sender, SIGKILL);
-    if (sender && ready) {
-      CHECK(os::is_exiting(*sender));
-      std::thread popper([&] {
-        try {
-          const auto got = q.get(5s);
-          popped = got ? "a value" : "nothing";
-        } catch (const peer_lost& e) {
-          popped = fmt::format("peer_lost {} {}", e.pid(), e.rank());
-        } catch (const std::exception& e) {
-          popped = e.what();
-        }
-      });
-      // Ends as the pop waits for it.
-      std::this_thread::sleep_for(100ms);
-      ::kill(*sender, SIGKILL);
-      popper.join();
-    }
-    runner.join();
-    REQUIRE(sender);
-    REQUIRE(ready);
-    CHECK(popped == fmt::format("peer_lost {} 0", *sender));
-    // The queue goes on.
-    REQUIRE(q.put(tensor::full({2}, 5, dtype::int32, {.shared = true}), 1s));
-    CHECK(q.get(1s).value().at<std::int32_t>({1}) == 5);
   }
 
   // Before, the pop threw the shm_error of the block's segment, not peer_lost.
