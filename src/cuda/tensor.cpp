@@ -183,7 +183,9 @@ void release_now(release_parcel* r) noexcept {
   auto chunk = std::move(r->chunk);
   delete r;
   chunk->users.fetch_sub(1, std::memory_order_release);
-  if (on_poller_thread && chunk.use_count() == 1) keep_for_another_thread(std::move(chunk));
+  // Handed on whatever its count now says: another thread may drop its own
+  // hold (the import cache, the arena) at any moment after.
+  if (on_poller_thread) keep_for_another_thread(std::move(chunk));
 }
 
 // Releases waiting for their streams: an event recorded after the last use
@@ -227,11 +229,11 @@ struct device_poller {
   std::map<std::pair<int, CUstream_st*>, stream_gate> gates;
   std::size_t gated = 0;  // waits not yet over, on every gate
   bool polling = false;
-  // Chunks whose last hold a release on the poller's thread had: a chunk's
-  // end waits for its device (cudaDeviceSynchronize), whose streams may
-  // wait on gates only that thread raises. Let go of by the next poll on
-  // another thread (a receipt or release of a device tensor), or
-  // empty_cache().
+  // The holds of releases run on the poller's thread, which never ends a
+  // chunk: a chunk's end waits for its device (cudaDeviceSynchronize),
+  // whose streams may wait on gates only that thread raises. Let go of by
+  // the next poll on another thread (a receipt or release of a device
+  // tensor), or empty_cache().
   std::vector<std::shared_ptr<detail::held_chunk>> unheld;
 };
 device_poller& poller() {
