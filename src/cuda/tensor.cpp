@@ -593,7 +593,8 @@ std::shared_ptr<detail::held_chunk> chunk_for(const detail::chunk_note& note, in
     auto own = detail::own_chunk(note.chunk_id);
     if (!own) throw decode_error(fmt::format("cohort::decode: a device tensor names chunk {} of this process, which it has freed", note.chunk_id));
     if (own->memory.size() != note.chunk_size) {
-      throw decode_error(fmt::format("cohort::decode: a device tensor names chunk {} of this process as {} bytes; it has {}",
+      throw decode_error(fmt::format("cohort::decode: a device tensor names chunk {} of this process as {} bytes; "
+                                     "it has {}",
                                      note.chunk_id, note.chunk_size, own->memory.size()));
     }
     own->users.fetch_add(1, std::memory_order_relaxed);
@@ -892,7 +893,8 @@ cohort::storage device_storage(int device, std::size_t nbytes, const char* entry
 tensor copy_to_device(const tensor& t, int device, const char* entry) {
   auto bytes = device_storage(device, t.storage().nbytes(), entry);
   copy_bytes(bytes.data(), t.storage().data(), bytes.nbytes(), device, entry);
-  return tensor(std::move(bytes), t.dtype(), t.shape(), t.strides(), t.storage_offset(), cohort::device{kDLCUDA, device});
+  return tensor(std::move(bytes), t.dtype(), t.shape(), t.strides(), t.storage_offset(),
+                cohort::device{kDLCUDA, device});
 }
 
 void require_device(const tensor& t, const char* entry) {

@@ -69,21 +69,24 @@ TEST_SUITE("error_file") {
     CHECK(std::stoll(file["message"]["extraInfo"]["timestamp"].get<std::string>()) >= before);
     // With no trace, the message is all of it.
     REQUIRE(record_error(std::invalid_argument("bad rank")));
-    CHECK(parse(dir.path / "error.json")["message"]["extraInfo"]["py_callstack"] == "std::invalid_argument: bad rank\n");
+    const auto alone = parse(dir.path / "error.json");
+    CHECK(alone["message"]["extraInfo"]["py_callstack"] == "std::invalid_argument: bad rank\n");
     CHECK(read_error_file(dir.path / "error.json")->trace.empty());
   }
 
   TEST_CASE("a Python traceback reads back without its last line, which repeats the message") {
     test::temp_dir dir;
-    std::ofstream(dir.path / "py.json") << R"({"message": {"message": "ValueError: x", "extraInfo": {"py_callstack": )"
-                                        << R"("Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: x\n", )"
-                                        << R"("timestamp": "1"}}})";
+    std::ofstream(dir.path / "py.json")
+        << R"({"message": {"message": "ValueError: x", "extraInfo": {"py_callstack": )"
+        << R"("Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: x\n", )"
+        << R"("timestamp": "1"}}})";
     const auto report = read_error_file(dir.path / "py.json");
     REQUIRE(report);
     CHECK(report->trace == "Traceback (most recent call last):\n  File \"t.py\", line 1");
   }
 
-  TEST_CASE("Python's escapes of lone surrogates (undecodable bytes) read as U+FFFD; pairs and escaped backslashes stay") {
+  TEST_CASE("Python's escapes of lone surrogates (undecodable bytes) read as U+FFFD; pairs and escaped backslashes "
+            "stay") {
     test::temp_dir dir;
     // What json.dump writes for os.fsdecode(b"caf\xe9"), an emoji's pair, and a backslash before "udce9".
     std::ofstream(dir.path / "py.json")

@@ -198,7 +198,8 @@ void write_own_error_file(const run_record& run) {
     if (root->message.empty()) return;  // the rank wrote no error file
     std::ifstream in(root->error_file);
     const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    auto file = nlohmann::json::parse(cohort::detail::without_lone_surrogates(text), nullptr, /*allow_exceptions=*/false);
+    auto file =
+        nlohmann::json::parse(cohort::detail::without_lone_surrogates(text), nullptr, /*allow_exceptions=*/false);
     if (file.is_discarded()) return;
     const int code = root->status.signaled() ? -root->status.signal() : root->status.code();
     if (code != 0 && file.is_object() && file.contains("message") && file["message"].is_object()) {
