@@ -504,6 +504,15 @@ pid_t clone_for_exec(launch_plan& p, child_stack& stack, int& pidfd) {
   return ::clone(exec_routine, stack.top(), CLONE_VM | CLONE_VFORK | CLONE_PIDFD | SIGCHLD, &p, &pidfd);
 }
 
+// Whether the child behind `pidfd` ends within `ms` milliseconds.
+bool ended_within(int pidfd, int ms) {
+  pollfd ended{pidfd, POLLIN, 0};
+  int polled;
+  do polled = ::poll(&ended, 1, ms);
+  while (polled < 0 && errno == EINTR);
+  return polled == 1;
+}
+
 // The vfork-style start of a program: the parent thread sleeps until the
 // child has exec'd or failed.
 int start_exec(launch_plan& p, pid_t& pid) {
@@ -525,13 +534,7 @@ int start_exec(launch_plan& p, pid_t& pid) {
   // other: nothing is left of it. A child that has not ended within
   // 100 ms was replaced by a program its hook exec'd itself, which runs
   // on as the child.
-  pollfd ended{pidfd, POLLIN, 0};
-  int polled = 1;
-  if (!p.exec_reached) {
-    do polled = ::poll(&ended, 1, 100);
-    while (polled < 0 && errno == EINTR);
-  }
-  if (!p.exec_reached && polled == 1) {
+  if (!p.exec_reached && ended_within(pidfd, 100)) {
     const siginfo_t info = reap_blocking(pidfd);
     ::close(pidfd);
     p.failed_at = stage::died;
