@@ -34,7 +34,7 @@ void detail::check_layout(cohort::dtype type, std::span<const std::int64_t> shap
   }
   if (offset < 0) fail(fmt::format("storage offset {}", offset));
   if (std::ranges::find(shape, 0) != shape.end()) {
-    // No element to reach; the sizes around the 0 must still multiply
+    // No element to reach; the sizes other than 0 must still multiply
     // within int64, as tensor::empty's do.
     (void)checked_numel(shape, type, "tensor layout");
     return;
@@ -263,22 +263,26 @@ std::int64_t checked_numel(std::span<const std::int64_t> shape, dtype type,
     throw std::invalid_argument(fmt::format("{}: {} dimensions, more than {}", operation,
                                             shape.size(), tensor::max_ndim));
   }
-  std::int64_t numel = 1;
+  // The sizes other than 0 must multiply within int64 wherever a 0 sits, so
+  // that a shape with no elements still has contiguous strides (a clone's).
+  std::int64_t nonzero = 1;
   bool overflow = false;
+  bool empty = false;
   for (std::int64_t size : shape) {
     if (size < 0) {
       throw std::invalid_argument(fmt::format("{}: negative size in shape [{}]", operation,
                                               fmt::join(shape, ", ")));
     }
-    overflow |= __builtin_mul_overflow(numel, size, &numel);
+    if (size == 0) empty = true;
+    else overflow |= __builtin_mul_overflow(nonzero, size, &nonzero);
   }
   std::int64_t bytes = 0;
   if (overflow ||
-      __builtin_mul_overflow(numel, static_cast<std::int64_t>(element_size(type)), &bytes)) {
+      __builtin_mul_overflow(nonzero, static_cast<std::int64_t>(element_size(type)), &bytes)) {
     throw std::invalid_argument(fmt::format("{}: shape [{}] of {} is too large", operation,
                                             fmt::join(shape, ", "), type));
   }
-  return numel;
+  return empty ? 0 : nonzero;
 }
 
 dim_vector contiguous_strides(std::span<const std::int64_t> shape) {

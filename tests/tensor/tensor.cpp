@@ -241,6 +241,11 @@ TEST_CASE("shapes that are negative, too deep, too large or miss the values are 
   CHECK_THROWS_AS(tensor::empty({-1}, dtype::int8), std::invalid_argument);
   CHECK_THROWS_AS(tensor::empty({std::int64_t{1} << 62, 4}, dtype::int8), std::invalid_argument);
   CHECK_THROWS_AS(tensor::empty({std::int64_t{1} << 61}, dtype::int64), std::invalid_argument);
+  CHECK_THROWS_AS(tensor::empty({0, std::int64_t{1} << 62, 4}, dtype::int8), std::invalid_argument);
+  // A shape with no elements whose other sizes fit has contiguous strides, so it clones.
+  const tensor none = tensor::empty({0, std::int64_t{1} << 31, 4}, dtype::int8);
+  CHECK(none.numel() == 0);
+  CHECK(none.clone().numel() == 0);
   const std::vector<std::int64_t> deep(65, 1);
   CHECK_THROWS_AS(tensor::empty(deep, dtype::int8), std::invalid_argument);
   CHECK(tensor::empty(std::span(deep).first(64), dtype::int8).numel() == 1);
@@ -588,6 +593,8 @@ TEST_CASE("check_layout rejects each layout a sender could get wrong") {
   rejects({std::int64_t{1} << 61}, {0}, 0, 8, "is too large");                          // their bytes
   // No elements, but sizes whose product before the 0 passes int64: numel() would overflow.
   rejects({std::int64_t{1} << 62, 4, 0}, {0, 0, 0}, 0, 8, "is too large");
+  // The same sizes with the 0 first: refused alike, where a 0 sits does not matter.
+  rejects({0, std::int64_t{1} << 62, 4}, {0, 0, 0}, 0, 8, "is too large");
 }
 
 TEST_CASE("the tensor constructor checks its layout and device") {
