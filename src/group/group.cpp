@@ -500,9 +500,29 @@ bool all_reaped(const group_state& state) {
   return std::all_of(state.children.begin(), state.children.end(), [](const child& c) { return !c || c.status(); });
 }
 
+// How a pass of the sweep ended: it held no process (nothing of the run
+// was found alive), every process it held has died and been let go of, or
+// some live on (dying, or stuck in the kernel).
+enum class pass_end { nothing_held, all_died, some_alive };
+
+// One pass of the sweep: takes the children handed to this process, then
+// SIGKILLs every process held and reaps those that have died. A process
+// that dies hands its children to this process (the subreaper) before its
+// death can be seen, so a pass that ends `all_died` may have been handed
+// more, which only the next pass takes: the end of a chain of orphans
+// (a rank's `setsid` child's own `setsid` child, and so on) comes a pass
+// per link.
+pass_end sweep_pass(group_state& state) {
+  take_adopted(state);
+  const bool held = !state.descendants.empty();
+  const bool none_left = state.descendants.kill_and_reap();
+  forget_empty_rank_groups(state);
+  return !held ? pass_end::nothing_held : none_left ? pass_end::all_died : pass_end::some_alive;
+}
+
 // Kills the group's processes besides its ranks, those noted earlier and
 // those found now, and reaps those that are or become this process's
-// children, until none is left or `limit` passes.
+// children, until a pass holds none or `limit` passes.
 asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit) {
   const auto until = os::deadline_after(steady::now(), limit);
   for (;;) {
@@ -523,10 +543,11 @@ asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit)
       co_return;
     }
     track_descendants(state, false);  // the ranks are reaped: no parent links lead from them
-    take_adopted(state);
-    const bool none_left = state.descendants.kill_and_reap();
-    forget_empty_rank_groups(state);
-    if (none_left || steady::now() >= until) co_return;
+    const pass_end end = sweep_pass(state);
+    if (end == pass_end::nothing_held || steady::now() >= until) co_return;
+    // Every process held has died: what each had was handed to this
+    // process as it died, and the next pass, at once, takes it.
+    if (end == pass_end::all_died) continue;
     asio::steady_timer tick(state.strand, std::chrono::milliseconds(1));
     std::error_code ec;
     co_await tick.async_wait(asio::redirect_error(asio::use_awaitable, ec));
@@ -559,12 +580,17 @@ void finish(const std::shared_ptr<group_state>& state) {
   shm::sweep_segments_of_run(state->pids, unreaped,
                              [&window = state->pids_since_start](pid_t maker) { return window.holds(maker); });
   // What came after the sweep: reaped, or killed and reaped if it can be at
-  // once. No more comes once the subreaper attribute is restored, nor
-  // after a sweep that found nothing of the run alive: no process was
-  // left to start more, or to leave any to this process as it died.
+  // once, pass after pass while each ends all it held (what those had is
+  // handed over as they die). No more comes once the subreaper attribute
+  // is restored, nor after a sweep that found nothing of the run alive: no
+  // process was left to start more, or to leave any to this process as it
+  // died. Bounded, as this runs on the strand and waits for no death: a
+  // run that forks as fast as its processes die is left to what the
+  // sweep's time already did.
   if (!state->nothing_left) {
-    take_adopted(*state);
-    state->descendants.kill_and_reap();
+    constexpr int most_passes = 64;
+    for (int pass = 0; pass < most_passes && sweep_pass(*state) == pass_end::all_died; ++pass) {
+    }
   }
   end_subreaper();
   state->subreaper = false;

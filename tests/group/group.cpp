@@ -786,6 +786,50 @@ TEST_SUITE("group") {
     }
   }
 
+  TEST_CASE("a chain of unmarked processes, each in a session of its own, is gone after the run") {
+    // Each link starts the next with a fresh environment in a new session
+    // and waits for it: none carries the marker or shares a rank's group
+    // or session, so each is found only once its parent has died and
+    // handed it to the supervisor, a link per pass of the sweep.
+    test::temp_dir dir;
+    constexpr int links = 30;
+    {
+      std::ofstream script(dir.path / "link.sh");
+      script << "echo $$ >> \"$2/pids\"\n"
+                "if [ \"$1\" -gt 0 ]; then\n"
+                "  /usr/bin/setsid /usr/bin/env -i /bin/sh \"$2/link.sh\" $(($1 - 1)) \"$2\" &\n"
+                "  wait\n"
+                "else\n"
+                "  : > \"$2/up\"\n"
+                "  exec /bin/sleep 300\n"
+                "fi\n";
+    }
+    for (int code : {0, 1}) {
+      INFO("the rank exits " << code);
+      fs::remove(dir.path / "pids");
+      fs::remove(dir.path / "up");
+      group_spec spec;
+      spec.entry = command("/bin/sh", {"-c",
+                                       "/usr/bin/setsid /usr/bin/env -i /bin/sh \"$0/link.sh\" " +
+                                           std::to_string(links - 1) +
+                                           " \"$0\" & while [ ! -e \"$0/up\" ]; do sleep 0.01; done; exit " +
+                                           std::to_string(code),
+                                       dir.path.string()});
+      spec.nprocs = 1;
+      const auto result = run_group(spec);
+      CHECK(result.statuses[0]->code() == code);
+      const auto pids = published_pids(dir.path);
+      REQUIRE(pids.size() == static_cast<std::size_t>(links));
+      std::vector<pid_t> left;
+      for (pid_t pid : pids) {
+        if (::kill(pid, 0) == 0) left.push_back(pid);
+      }
+      CHECK_MESSAGE(left.empty(), left.size() << " of the " << links << " links outlived the run");
+      for (pid_t pid : left) gone_within(pid, 0ms);  // killed, as the run should have
+      for (pid_t pid : left) ::waitpid(pid, nullptr, WNOHANG);
+    }
+  }
+
   TEST_CASE("bad rank maps and rank counts are refused before anything starts") {
     asio::io_context io;
     auto spec = ranks_of(3, {"exit", "0"});
