@@ -25,8 +25,10 @@ namespace cohort {
 /// program rank as its spawn returns, function ranks once all have
 /// started). Once this process has died (not at a look it asked for), it
 /// also removes the files of file_system segments (/dev/shm/cohort_<pid>_...)
-/// that this process and the noted ranks made, which nothing else would
-/// remove. The ranks
+/// that this process and the ranks of its groups made, which nothing else
+/// would remove: those of a rank that has ended too, until its run has
+/// swept them itself (a process that took the rank's pid since is told
+/// apart by its start time, which each segment is stamped with). The ranks
 /// themselves die by their parent-death signal; the guardian reaches what
 /// they started, `setsid` grandchildren included, when this process could
 /// not: killed with SIGKILL, also by a SIGKILL sent to this process's

@@ -132,7 +132,7 @@ class caught_signals {
 
 struct group_state;
 void end_unfinished(group_state& state) noexcept;
-void forget_rank_groups(group_state& state) noexcept;
+void forget_guardian_notes(group_state& state) noexcept;
 
 /// The state's objects of the io_context: the strand, its timers, and the
 /// signals that end the shutdown's waits for ranks SIGKILL did not end.
@@ -173,7 +173,7 @@ struct group_state {
       end_unfinished(*this);
       end_subreaper();
     }
-    forget_rank_groups(*this);
+    forget_guardian_notes(*this);
     for (int fd : result_fds) {
       if (fd >= 0) ::close(fd);
     }
@@ -208,6 +208,9 @@ struct group_state {
   // By rank: its process group is noted for the guardian (rank_groups.hpp).
   // Bytes, not bits: the launching threads set their ranks' at once.
   std::vector<char> group_noted;
+  // By rank: its note_rank() for the guardian, kept until the run has swept
+  // the segments the rank made; 0 for none.
+  std::vector<std::uint64_t> rank_notes;
   // By rank: a shutdown signal went to its process group, which has not
   // been seen empty since. What is left in it once the rank has ended (a
   // shell's program, say) is given the same grace as the rank.
@@ -596,8 +599,8 @@ void finish(const std::shared_ptr<group_state>& state) {
   state->subreaper = false;
   // Swept: what is left of a rank's process group (an unreaped rank, a
   // process that outlived the sweep) is no longer told apart from a group
-  // that took a recycled id.
-  forget_rank_groups(*state);
+  // that took a recycled id, and the ranks' segments are gone.
+  forget_guardian_notes(*state);
   run_result r = std::move(state->partial);
   for (std::size_t rank = 0; rank < state->children.size(); ++rank) {
     r.statuses[rank] = state->children[rank] ? state->children[rank].status() : std::nullopt;
@@ -871,14 +874,16 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
 
 }  // namespace
 
-// Lets go of the guardian's notes of every rank's process group. From the
-// child objects, not `pids`: a start that failed partway noted the ranks
-// it started before their pids were gathered.
-void forget_rank_groups(group_state& state) noexcept {
+// Lets go of the guardian's notes of every rank and its process group.
+// From the child objects, not `pids`: a start that failed partway noted
+// the ranks it started before their pids were gathered.
+void forget_guardian_notes(group_state& state) noexcept {
   for (std::size_t rank = 0; rank < state.group_noted.size(); ++rank) {
     if (state.group_noted[rank]) forget_rank_group(state.children[rank].pid());
   }
   state.group_noted.clear();
+  for (const std::uint64_t note : state.rank_notes) forget_rank(note);
+  state.rank_notes.clear();
 }
 
 // Ends what a run left when it cannot finish (a start that failed, or an
@@ -1181,6 +1186,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   } else {
     state->children.resize(options.size());
     state->group_noted.assign(options.size(), 0);
+    state->rank_notes.assign(options.size(), 0);
     detail::for_each_parallel(options.size(), detail::start_threads(spec.start_threads, options.size()), [&](std::size_t r) {
       command cmd = std::get<command>(spec.entry);
       if (auto it = spec.args.find(static_cast<int>(r)); it != spec.args.end()) {
@@ -1197,6 +1203,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
         // Noted at once: the rank runs, and may start what the guardian
         // must reach, from here on.
         state->group_noted[r] = detail::leads_group(options[r]) && detail::note_rank_group(state->children[r].pid());
+        state->rank_notes[r] = detail::note_rank(state->children[r].pid());
       } catch (const std::system_error& e) {
         throw std::system_error(e.code(), named(e, ": " + e.code().message()));
       } catch (const std::invalid_argument& e) {
@@ -1206,12 +1213,15 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   }
   for (const auto& c : state->children) state->pids.push_back(c.pid());
   // What a rank starts in its process group dies with this process, its
-  // environment marked or not: the guardian, if one runs, kills the group.
-  // (A program rank's was noted as it started.)
+  // environment marked or not: the guardian, if one runs, kills the group;
+  // and the segments the rank made go, also once it has ended. (A program
+  // rank's notes were made as it started.)
   if (function != nullptr) {
     state->group_noted.assign(state->pids.size(), 0);
+    state->rank_notes.assign(state->pids.size(), 0);
     for (std::size_t rank = 0; rank < state->pids.size(); ++rank) {
       state->group_noted[rank] = detail::leads_group(options[rank]) && detail::note_rank_group(state->pids[rank]);
+      state->rank_notes[rank] = detail::note_rank(state->pids[rank]);
     }
   }
   if (state->logs) {

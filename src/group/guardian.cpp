@@ -50,23 +50,78 @@ namespace {
 
 using os::raw_syscall;
 
-// The process groups the ranks lead (rank_groups.hpp), on pages of the
-// guardian's mapping that the parent writes as ranks start and end, and
-// the guardian reads (shared: a copy sees them too). An id may be noted
-// twice (a recycled pid, by two groups); 0 is a free slot. The slots are
-// the mapping's zeroes until written (through atomic_ref): constructing
-// them would touch every page at each start.
-struct rank_group_table {
-  static constexpr std::size_t size = 16 * 1024 - 2;  // 64 KiB in all
+// A list of notes (rank_groups.hpp), on pages of the guardian's mapping
+// that the parent writes as ranks start and end, under the registry's
+// lock, and the guardian reads (shared: a copy sees them too). A value may
+// be noted twice (a recycled pid, by two groups); 0 is a free slot. The
+// slots are the mapping's zeroes until written (through atomic_ref):
+// constructing them would touch every page at each start.
+template <class T>
+struct note_list {
+  static constexpr std::size_t size = 16 * 1024 - 2;
   std::atomic<std::size_t> used{0};  // the slots in use are below this
-  pid_t slots[size];
+  T slots[size];
 
-  std::atomic_ref<pid_t> slot(std::size_t i) { return std::atomic_ref<pid_t>(slots[i]); }
-  pid_t slot(std::size_t i) const {
-    return std::atomic_ref<pid_t>(const_cast<pid_t&>(slots[i])).load(std::memory_order_relaxed);
+  std::atomic_ref<T> slot(std::size_t i) { return std::atomic_ref<T>(slots[i]); }
+  COHORT_BARE_CODE T slot(std::size_t i) const {
+    return std::atomic_ref<T>(const_cast<T&>(slots[i])).load(std::memory_order_relaxed);
+  }
+
+  // False when every slot is taken.
+  bool add(T value) noexcept {
+    const std::size_t in_use = used.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < in_use; ++i) {
+      if (slot(i).load(std::memory_order_relaxed) == 0) {
+        slot(i).store(value, std::memory_order_release);
+        return true;
+      }
+    }
+    if (in_use == size) return false;
+    slot(in_use).store(value, std::memory_order_relaxed);
+    used.store(in_use + 1, std::memory_order_release);
+    return true;
+  }
+
+  // Lets go of one note of `value`.
+  void remove(T value) noexcept {
+    std::size_t in_use = used.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < in_use; ++i) {
+      if (slot(i).load(std::memory_order_relaxed) == value) {
+        slot(i).store(0, std::memory_order_release);
+        break;
+      }
+    }
+    while (in_use > 0 && slot(in_use - 1).load(std::memory_order_relaxed) == 0) --in_use;
+    used.store(in_use, std::memory_order_release);
+  }
+
+  COHORT_BARE_CODE bool holds(T value) const noexcept {
+    if (value == 0) return false;
+    const std::size_t in_use = std::min(used.load(std::memory_order_acquire), size);
+    for (std::size_t i = 0; i < in_use; ++i) {
+      if (slot(i) == value) return true;
+    }
+    return false;
   }
 };
-static_assert(std::atomic_ref<pid_t>::is_always_lock_free && std::atomic<std::size_t>::is_always_lock_free);
+
+// What the groups note for the guardian: the process groups the ranks
+// lead, and the ranks themselves as rank_record()s, kept after their end
+// until their run has swept the segment files they made.
+struct rank_group_table {
+  note_list<pid_t> groups;
+  note_list<std::uint64_t> ranks;
+};
+static_assert(std::atomic_ref<pid_t>::is_always_lock_free && std::atomic_ref<std::uint64_t>::is_always_lock_free &&
+              std::atomic<std::size_t>::is_always_lock_free);
+
+// A rank's note: its start time (clock ticks since boot, which take 42
+// bits only after a thousand years) above its pid (pid_max <= 2^22), as
+// a segment it made is stamped: a process that took its pid since is not
+// taken for it.
+COHORT_BARE_CODE constexpr std::uint64_t rank_record(std::uint64_t pid, std::uint64_t start_time) noexcept {
+  return start_time << 22 | pid;
+}
 
 // What the guardian works with, written before it starts, at the top of
 // its mapping (its stack grows down from below it).
@@ -81,11 +136,12 @@ struct guardian_memory {
   std::uint64_t pid_namespace = 0;  // the parent's, and so its own
 };
 
-// The table that note_rank_group writes: the first guardian's of those this
-// process runs, while it runs. One per process (os/per_process.hpp): a child
-// forked from this process finds no registry of its own, rather than its
-// parent's pointer to pages it has not (MADV_DONTFORK) and a lock that the
-// fork may have copied held; a guardian it starts makes its own.
+// The table that note_rank_group and note_rank write: the first guardian's
+// of those this process runs, while it runs. One per process
+// (os/per_process.hpp): a child forked from this process finds no registry
+// of its own, rather than its parent's pointer to pages it has not
+// (MADV_DONTFORK) and a lock that the fork may have copied held; a
+// guardian it starts makes its own.
 struct rank_group_registry {
   std::mutex mutex;
   rank_group_table* table = nullptr;
@@ -206,12 +262,7 @@ COHORT_BARE_CODE bool for_each_entry(const char* path, bool numbered_only,
 
 // Whether process group `pgid` is one the table notes.
 COHORT_BARE_CODE bool noted(const rank_group_table* table, long pgid) {
-  if (table == nullptr || pgid <= 0) return false;
-  const std::size_t used = std::min(table->used.load(std::memory_order_acquire), rank_group_table::size);
-  for (std::size_t i = 0; i < used; ++i) {
-    if (table->slot(i) == pgid) return true;
-  }
-  return false;
+  return table != nullptr && pgid > 0 && table->groups.holds(static_cast<pid_t>(pgid));
 }
 
 // Whether process `pid` (its decimal digits) has died and waits to be
@@ -266,29 +317,39 @@ COHORT_BARE_CODE int kill_ours(const guardian_memory& m) {
   return p.found;
 }
 
-// Whether `name`, in /dev/shm, is a file_system segment that this
-// process or one of its ranks made: "cohort_<maker>_<16 hex digits>"
-// (shm/segment_name.hpp), with the maker this process (`parent`) or a
-// noted rank (a rank leads its process group: the ids are its pid).
-COHORT_BARE_CODE bool made_by_ours(const char* name, const guardian_memory& m) {
+// The maker's pid in `name`, in /dev/shm, when it names a file_system
+// segment: "cohort_<maker>_<16 hex digits>" (shm/segment_name.hpp); 0
+// otherwise.
+COHORT_BARE_CODE long segment_maker(const char* name) {
   for (const char* prefix = "cohort_"; *prefix != '\0'; ++prefix, ++name) {
-    if (*name != *prefix) return false;
+    if (*name != *prefix) return 0;
   }
   long maker = 0;
   const char* digits = name;
   for (; *name >= '0' && *name <= '9'; ++name) maker = maker * 10 + (*name - '0');
-  if (name == digits || *name != '_') return false;
+  if (name == digits || *name != '_') return 0;
   int hex = 0;
   for (++name; (*name >= '0' && *name <= '9') || (*name >= 'a' && *name <= 'f'); ++name) ++hex;
-  if (hex != 16 || *name != '\0') return false;
-  return maker == m.parent_pid || noted(m.groups, maker);
+  return hex == 16 && *name == '\0' ? maker : 0;
 }
 
-// A file another pid namespace's process made is not ours, whatever pid
-// its name holds.
+// Removes the file_system segment `name` when this process or one of its
+// ranks made it: the maker is this process (`parent`), a rank whose
+// process group is noted (a rank leads its group: the ids are its pid),
+// or a rank noted as one of a run not yet swept, which may have ended
+// (told from a process that took its pid since by the start time the
+// file is stamped with). A file another pid namespace's process made is
+// not ours, whatever pid its name holds.
 COHORT_BARE_CODE void unlink_if_ours(long, const char* name, long dir, void* context) {
   const auto& m = *static_cast<const guardian_memory*>(context);
-  if (made_by_ours(name, m) && !shm::stamped_in_other_namespace(dir, name, m.pid_namespace)) {
+  const long maker = segment_maker(name);
+  if (maker <= 0) return;
+  shm::segment_stamp stamp{};
+  const bool stamped = shm::read_stamp(dir, name, stamp) && stamp.magic == shm::segment_magic;
+  if (stamped && shm::made_in_other_namespace(stamp, m.pid_namespace)) return;
+  const bool rank = stamped && stamp.maker_start_time != 0 && m.groups != nullptr &&
+                    m.groups->ranks.holds(rank_record(static_cast<std::uint64_t>(maker), stamp.maker_start_time));
+  if (maker == m.parent_pid || noted(m.groups, maker) || rank) {
     raw_syscall(SYS_unlinkat, dir, reinterpret_cast<long>(name), 0);
   }
 }
@@ -451,8 +512,9 @@ guardian::guardian() {
     end(false);
     throw;
   }
-  // The groups note their ranks' process groups in this guardian's table,
-  // unless an earlier guardian of this process's still takes them.
+  // The groups note their ranks and their process groups in this
+  // guardian's table, unless an earlier guardian of this process's still
+  // takes them.
   auto& r = registry();
   std::lock_guard lock(r.mutex);
   if (r.table == nullptr) r.table = table;
@@ -503,36 +565,35 @@ bool note_rank_group(pid_t pgid) {
   auto* r = made_registry();
   if (pgid <= 0 || r == nullptr) return false;
   std::lock_guard lock(r->mutex);
-  if (r->table == nullptr) return false;
-  auto& t = *r->table;
-  const std::size_t used = t.used.load(std::memory_order_relaxed);
-  for (std::size_t i = 0; i < used; ++i) {
-    if (t.slot(i).load(std::memory_order_relaxed) == 0) {
-      t.slot(i).store(pgid, std::memory_order_release);
-      return true;
-    }
-  }
-  if (used == rank_group_table::size) return false;
-  t.slot(used).store(pgid, std::memory_order_relaxed);
-  t.used.store(used + 1, std::memory_order_release);
-  return true;
+  return r->table != nullptr && r->table->groups.add(pgid);
 }
 
 void forget_rank_group(pid_t pgid) {
   auto* r = made_registry();
   if (pgid <= 0 || r == nullptr) return;
   std::lock_guard lock(r->mutex);
-  if (r->table == nullptr) return;
-  auto& t = *r->table;
-  std::size_t used = t.used.load(std::memory_order_relaxed);
-  for (std::size_t i = 0; i < used; ++i) {
-    if (t.slot(i).load(std::memory_order_relaxed) == pgid) {
-      t.slot(i).store(0, std::memory_order_release);
-      break;
-    }
+  if (r->table != nullptr) r->table->groups.remove(pgid);
+}
+
+std::uint64_t note_rank(pid_t pid) {
+  auto* r = made_registry();
+  if (pid <= 0 || r == nullptr) return 0;
+  {
+    std::lock_guard lock(r->mutex);
+    if (r->table == nullptr) return 0;  // no guardian: spares the read of /proc
   }
-  while (used > 0 && t.slot(used - 1).load(std::memory_order_relaxed) == 0) --used;
-  t.used.store(used, std::memory_order_release);
+  const std::uint64_t start_time = os::start_time_of(pid).value_or(0);
+  if (start_time == 0) return 0;
+  const std::uint64_t record = rank_record(static_cast<std::uint64_t>(pid), start_time);
+  std::lock_guard lock(r->mutex);
+  return r->table != nullptr && r->table->ranks.add(record) ? record : 0;
+}
+
+void forget_rank(std::uint64_t note) {
+  auto* r = made_registry();
+  if (note == 0 || r == nullptr) return;
+  std::lock_guard lock(r->mutex);
+  if (r->table != nullptr) r->table->ranks.remove(note);
 }
 
 void start_guardians_as_copies(bool copies) { copies_only.store(copies, std::memory_order_relaxed); }
@@ -542,6 +603,13 @@ bool rank_group_noted(pid_t pgid) {
   if (r == nullptr) return false;
   std::lock_guard lock(r->mutex);
   return r->table != nullptr && noted(r->table, pgid);
+}
+
+bool rank_noted(std::uint64_t note) {
+  auto* r = made_registry();
+  if (r == nullptr) return false;
+  std::lock_guard lock(r->mutex);
+  return r->table != nullptr && r->table->ranks.holds(note);
 }
 
 }  // namespace detail

@@ -1,9 +1,13 @@
-// The process groups that ranks here lead, noted where this process's
-// guardian reads them once this process has died: it kills every process
-// in them, whatever the process's environment holds (guardian.hpp).
+// The process groups that ranks here lead, and the ranks themselves, noted
+// where this process's guardian reads them once this process has died: it
+// kills every process in those groups, whatever the process's environment
+// holds, and removes the file_system segments those ranks made
+// (guardian.hpp).
 #pragma once
 
 #include <sys/types.h>
+
+#include <cstdint>
 
 namespace cohort::detail {
 
@@ -19,6 +23,22 @@ void forget_rank_group(pid_t pgid);
 
 /// Whether `pgid` is noted now (for the tests).
 bool rank_group_noted(pid_t pgid);
+
+/// Notes rank `pid`, which has started and is not yet reaped, by its pid
+/// and start time, so that the guardian removes the file_system segments
+/// it made also once it has ended (its process group's note gone), until
+/// its run has swept them itself: then forget_rank. The start time tells a
+/// process that took the pid since apart, as each segment is stamped with
+/// its maker's. The note, for forget_rank; 0, and nothing noted, when no
+/// guardian of this process's keeps notes (none runs, or its table is
+/// full) or the start time cannot be read (the rank has ended already).
+std::uint64_t note_rank(pid_t pid);
+
+/// Lets go of a note note_rank made (0: none).
+void forget_rank(std::uint64_t note);
+
+/// Whether a note note_rank made is kept now (for the tests).
+bool rank_noted(std::uint64_t note);
 
 /// Makes the guardians started from now on copies, as they are where they
 /// cannot share this process's memory (for the tests).

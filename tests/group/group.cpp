@@ -1979,6 +1979,64 @@ TEST_SUITE("group") {
     for (const auto& name : files_of(rank)) fs::remove(fs::path("/dev/shm") / name);
   }
 
+  TEST_CASE("the guardian also removes the segment files of a rank that ended before its process was killed") {
+    // Rank 0 stands for a rank that made a file_system segment and died
+    // holding it: its file, stamped with its pid and start time, is made
+    // here while it runs. It fails; rank 1 ignores SIGTERM, so the run
+    // waits out term_grace with rank 0 reaped and its process group's note
+    // gone, and the supervisor is killed then. Beside the rank's file, one
+    // with its pid stamped with another start time (a process that took
+    // the pid since) stays. Before, the rank's file stayed too: the
+    // guardian knew only the ranks whose process groups were noted.
+    if (!fs::is_directory("/dev/shm")) {
+      MESSAGE("no /dev/shm here: not checked");
+      return;
+    }
+    test::temp_dir dir;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      cohort::guardian guard;
+      group_spec spec;
+      spec.entry = command("/bin/sh", {"-c",
+                                       "if [ $1 = 0 ]; then echo $$ > \"$0/rank\"; "
+                                       "while [ ! -e \"$0/made\" ]; do sleep 0.01; done; exit 3; fi; "
+                                       "trap ': > \"$0/term\"' TERM; while true; do sleep 0.01; done",
+                                       dir.path.string()});
+      spec.nprocs = 2;
+      spec.args = {{0, {"0"}}, {1, {"1"}}};
+      spec.shutdown.term_grace = 60s;
+      asio::io_context io;
+      group g = start_processes(io.get_executor(), spec);
+      io.run_for(60s);
+      ::_exit(1);
+    }
+    REQUIRE(pid > 0);
+    pid_t rank = 0;
+    test::within(10s, [&] { return (rank = first_line_pid(dir.path / "rank")) > 0; }, 5ms);
+    const std::uint64_t start_time = rank > 0 ? os::start_time_of(rank).value_or(0) : 0;
+    const auto file = fmt::format("cohort_{}_0123456789abcdef", rank);
+    const auto other = fmt::format("cohort_{}_fedcba9876543210", rank);
+    if (start_time != 0) {
+      const shm::segment_stamp stamp{shm::segment_magic, 0x0123456789abcdefULL, shm::header_size, os::pid_namespace(),
+                                     start_time};
+      std::ofstream(fs::path("/dev/shm") / file).write(reinterpret_cast<const char*>(&stamp), sizeof stamp);
+      const shm::segment_stamp later{shm::segment_magic, 0xfedcba9876543210ULL, shm::header_size, os::pid_namespace(),
+                                     start_time + 1};
+      std::ofstream(fs::path("/dev/shm") / other).write(reinterpret_cast<const char*>(&later), sizeof later);
+    }
+    std::ofstream(dir.path / "made").flush();
+    // The shutdown's SIGTERM comes once rank 0's end is recorded.
+    const bool shutting_down = test::within(10s, [&] { return fs::exists(dir.path / "term"); }, 5ms);
+    ::kill(pid, SIGKILL);
+    CHECK(killed_soon(pid));
+    REQUIRE(start_time != 0);
+    REQUIRE(shutting_down);
+    CHECK(test::within(10s, [&] { return !fs::exists(fs::path("/dev/shm") / file); }, 5ms));
+    CHECK(fs::exists(fs::path("/dev/shm") / other));
+    fs::remove(fs::path("/dev/shm") / file);
+    fs::remove(fs::path("/dev/shm") / other);
+  }
+
   TEST_CASE("a start that fails after its first rank started lets that rank's note go") {
     // In a forked child, whose guardian is its own. The second launch's
     // hook fails it: the first rank was noted, and the ranks' pids were
