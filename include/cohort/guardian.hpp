@@ -23,7 +23,9 @@ namespace cohort {
 /// an unrelated process's, whose group must not be killed. The groups note
 /// theirs with the first guardian of this process's that is running (a
 /// program rank as its spawn returns, function ranks once all have
-/// started). Once this process has died (not at a look it asked for), it
+/// started); when that guardian ends, the next one running (the earliest
+/// started) takes every note, those of the groups still running with the
+/// rest. Once this process has died (not at a look it asked for), it
 /// also removes the files of file_system segments (/dev/shm/cohort_<pid>_...)
 /// that this process and the ranks of its groups made, which nothing else
 /// would remove: those of a rank that has ended too, until its run has

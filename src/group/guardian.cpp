@@ -44,6 +44,7 @@
 #include <string>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 namespace cohort {
 namespace {
@@ -95,6 +96,14 @@ struct note_list {
     used.store(in_use, std::memory_order_release);
   }
 
+  // Takes the notes of `other` in place of its own (none: only the
+  // registered table is ever written).
+  void take_from(const note_list& other) noexcept {
+    const std::size_t in_use = std::min(other.used.load(std::memory_order_relaxed), size);
+    for (std::size_t i = 0; i < in_use; ++i) slot(i).store(other.slot(i), std::memory_order_relaxed);
+    used.store(in_use, std::memory_order_release);
+  }
+
   COHORT_BARE_CODE bool holds(T value) const noexcept {
     if (value == 0) return false;
     const std::size_t in_use = std::min(used.load(std::memory_order_acquire), size);
@@ -137,14 +146,15 @@ struct guardian_memory {
 };
 
 // The table that note_rank_group and note_rank write: the first guardian's
-// of those this process runs, while it runs. One per process
-// (os/per_process.hpp): a child forked from this process finds no registry
-// of its own, rather than its parent's pointer to pages it has not
-// (MADV_DONTFORK) and a lock that the fork may have copied held; a
-// guardian it starts makes its own.
+// of those this process runs, while it runs; as it ends, the next running
+// one's, which takes its notes. One per process (os/per_process.hpp): a
+// child forked from this process finds no registry of its own, rather than
+// its parent's pointer to pages it has not (MADV_DONTFORK) and a lock that
+// the fork may have copied held; a guardian it starts makes its own.
 struct rank_group_registry {
   std::mutex mutex;
   rank_group_table* table = nullptr;
+  std::vector<rank_group_table*> running;  // every running guardian's, in the order they started
 };
 rank_group_registry& registry() { return os::of_this_process<rank_group_registry>(); }
 // This process's registry where a guardian made it; null otherwise (none is made).
@@ -508,16 +518,17 @@ guardian::guardian() {
   ::madvise(memory_, memory_size_, MADV_DONTFORK);
   try {
     detail::own_pid(pid_);
+    // The groups note their ranks and their process groups in this
+    // guardian's table, unless an earlier guardian of this process's still
+    // takes them; then from that one's end on.
+    auto& r = registry();
+    std::lock_guard lock(r.mutex);
+    r.running.push_back(table);
+    if (r.table == nullptr) r.table = table;
   } catch (...) {
     end(false);
     throw;
   }
-  // The groups note their ranks and their process groups in this
-  // guardian's table, unless an earlier guardian of this process's still
-  // takes them.
-  auto& r = registry();
-  std::lock_guard lock(r.mutex);
-  if (r.table == nullptr) r.table = table;
 }
 
 guardian::~guardian() { end(true); }
@@ -533,12 +544,26 @@ void guardian::end(bool look) noexcept {
     ::close(std::exchange(pidfd_, -1));
     return;
   }
-  // No group writes to this guardian's table from here on; it still reads it.
+  // No group writes to this guardian's table from here on; it still reads
+  // it. The next running guardian (the earliest started) takes its notes,
+  // those of the groups running now with the rest: each group lets go of
+  // its notes where they are then.
   if (auto* r = made_registry()) {
     std::lock_guard lock(r->mutex);
-    const auto* table = reinterpret_cast<const char*>(r->table);
     const auto* mapping = static_cast<const char*>(memory_);
-    if (table >= mapping && table < mapping + memory_size_) r->table = nullptr;
+    const auto in_mapping = [&](const rank_group_table* table) {
+      const auto* at = reinterpret_cast<const char*>(table);
+      return at >= mapping && at < mapping + memory_size_;
+    };
+    std::erase_if(r->running, in_mapping);
+    if (r->table != nullptr && in_mapping(r->table)) {
+      rank_group_table* next = r->running.empty() ? nullptr : r->running.front();
+      if (next != nullptr) {
+        next->groups.take_from(r->table->groups);
+        next->ranks.take_from(r->table->ranks);
+      }
+      r->table = next;
+    }
   }
   const char byte = look ? 'l' : 'r';
   while (::send(line_, &byte, 1, MSG_NOSIGNAL) < 0 && errno == EINTR) {

@@ -131,10 +131,12 @@ bool killed_soon(pid_t pid) {
 }
 
 // Forks a supervisor that runs `before` (when given), starts a guardian
-// and a group of one shell rank running `script` ($0 is `dir`), writes
-// `dir`/started once the start has returned (the rank's process group is
-// noted for the guardian then), and runs for up to a minute; its pid.
-pid_t guarded_supervisor(const fs::path& dir, const std::string& script, void (*before)() = nullptr) {
+// and a group of one shell rank running `script` ($0 is `dir`), runs
+// `after` (when given), writes `dir`/started once the start has returned
+// (the rank's process group is noted for the guardian then), and runs for
+// up to a minute; its pid.
+pid_t guarded_supervisor(const fs::path& dir, const std::string& script, void (*before)() = nullptr,
+                         void (*after)() = nullptr) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     if (before != nullptr) before();
@@ -143,6 +145,7 @@ pid_t guarded_supervisor(const fs::path& dir, const std::string& script, void (*
     spec.entry = command("/bin/sh", {"-c", script, dir.string()});
     asio::io_context io;
     group g = start_processes(io.get_executor(), spec);
+    if (after != nullptr) after();
     std::ofstream(dir / "started").flush();
     io.run_for(60s);
     ::_exit(1);
@@ -850,7 +853,13 @@ TEST_SUITE("group") {
     CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec),
                          "cohort::start_processes: shutdown.kill_wait is -1 ms; a wait is never negative",
                          std::invalid_argument);
+    // Before, no wait after SIGKILL was taken, and every rank it ended was
+    // reported unreaped, as one stuck in the kernel.
     spec.shutdown.kill_wait = 0ms;
+    CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec),
+                         doctest::Contains("shutdown.kill_wait is 0 ms; SIGKILL takes a moment to end a process"),
+                         std::invalid_argument);
+    spec.shutdown.kill_wait = 1ms;
     spec.shutdown.grace = -5s;
     CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec), doctest::Contains("shutdown.grace is -5000 ms"),
                          std::invalid_argument);
@@ -1894,15 +1903,23 @@ TEST_SUITE("group") {
     // a copy too, and when this process has a guardian of its own (before,
     // the supervisor forked from it took its registry for its own, noted
     // nothing in its guardian's table, and the unmarked child lived on).
-    for (const int how : {0, 1, 2}) {
+    // With how 3 the supervisor runs two guardians, and the first, which
+    // took the note, ends after the start: the second takes its notes
+    // (before, no guardian took notes from then on, and those made were
+    // lost with the first).
+    for (const int how : {0, 1, 2, 3}) {
       const bool copy = how == 1;
       CAPTURE(how);
       std::optional<cohort::guardian> own;
       if (how == 2) own.emplace();
       test::temp_dir dir;
       void (*as_copy)() = [] { cohort::detail::start_guardians_as_copies(true); };
+      static std::optional<cohort::guardian> first;  // the supervisor's, in how 3
+      void (*first_starts)() = [] { first.emplace(); };
+      void (*first_ends)() = [] { first->release(); };
       const std::string script = "env -i /bin/sleep 60 & echo $! > \"$0/fresh\"; : > \"$0/up\"; wait";
-      const pid_t pid = guarded_supervisor(dir.path, script, copy ? as_copy : nullptr);
+      const pid_t pid = guarded_supervisor(dir.path, script, copy ? as_copy : how == 3 ? first_starts : nullptr,
+                                           how == 3 ? first_ends : nullptr);
       const bool up = test::within(10s, [&] { return fs::exists(dir.path / "up") && fs::exists(dir.path / "started"); },
                                    5ms);
       ::kill(pid, SIGKILL);
