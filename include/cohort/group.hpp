@@ -44,7 +44,9 @@ namespace cohort {
 /// `kill_wait` as above. What survives even that (a process stuck in the
 /// kernel, D state) is reported in the result and reaped in the background,
 /// never waited for. A negative wait is refused as the group starts
-/// (std::invalid_argument).
+/// (std::invalid_argument), and so is a `kill_wait` of 0: SIGKILL takes a
+/// moment to end a process, and with no wait every rank it ended would be
+/// reported unreaped, as one stuck in the kernel.
 struct shutdown_policy {
   std::chrono::milliseconds grace{0};
   std::chrono::milliseconds term_grace{std::chrono::seconds(30)};

@@ -308,8 +308,10 @@ std::set<int> keys_of(const Map& map) {
 
 void validate(const group_spec& spec) {
   if (spec.nprocs < 1) throw std::invalid_argument(fmt::format("cohort::start_processes: nprocs is {}", spec.nprocs));
-  // A negative wait would be none, and a rank SIGKILL ends a moment later
-  // would be reported unreaped, as one stuck in the kernel.
+  // A negative wait would be none. And with no wait after SIGKILL, a rank
+  // it ends a moment later would be reported unreaped, as one stuck in
+  // the kernel: kill_wait is never 0 either (no grace, or no term_grace,
+  // is a choice; no wait for SIGKILL to act is none).
   const auto& policy = spec.shutdown;
   for (const auto& [wait, name] : {std::pair{policy.grace, "grace"}, std::pair{policy.term_grace, "term_grace"},
                                    std::pair{policy.kill_wait, "kill_wait"}}) {
@@ -317,6 +319,10 @@ void validate(const group_spec& spec) {
       throw std::invalid_argument(
           fmt::format("cohort::start_processes: shutdown.{} is {} ms; a wait is never negative", name, wait.count()));
     }
+  }
+  if (policy.kill_wait.count() == 0) {
+    throw std::invalid_argument("cohort::start_processes: shutdown.kill_wait is 0 ms; SIGKILL takes a moment to end a "
+                                "process, and with no wait every rank it ends would be reported unreaped");
   }
   // No rank's end could be told: each would be reaped by the kernel as it
   // exits (and a forkserver rank's pid could be another process's by the
