@@ -87,8 +87,11 @@ struct group_spec {
   /// $TMPDIR unset, empty, missing or not writable: the next of $TEMP,
   /// $TMP, /tmp, /var/tmp, /usr/tmp and the working directory that is, as
   /// Python's tempfile takes them), named for this process, the group and
-  /// the rank, removed when the run ends; those of a process killed
-  /// outright go at the first start of a group in a later process.
+  /// the rank, removed once the run has ended and its state is gone: the
+  /// group object destroyed, every wait() on it done, and the stop() its
+  /// destruction queues run by the io_context (rank_failure::error_file
+  /// can be read until then); those of a process killed outright go at
+  /// the first start of a group in a later process.
   std::filesystem::path error_dir{};
   /// Per-rank log files, tee to the console, line prefixes (see
   /// logs_spec). When logs.dir is set and error_dir is not, the error files
@@ -106,8 +109,8 @@ struct rank_failure {
   std::string message;
   std::string trace;
   /// The error file the rank was given (COHORT_ERROR_FILE), whether or not
-  /// it wrote one; in the user's error directory it is removed when the
-  /// group ends.
+  /// it wrote one; in the user's error directory it is removed once the
+  /// run has ended and the group object is destroyed.
   std::filesystem::path error_file;
   /// When the error happened (the error file's timestamp), else when the
   /// supervisor saw the exit. A timestamp in whole seconds (torch's error

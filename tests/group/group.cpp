@@ -1309,6 +1309,24 @@ TEST_SUITE("group") {
     CHECK(!fs::exists(result.first_failure()->error_file));
   }
 
+  TEST_CASE("an error file in the user's directory can be read after the run until the group object is destroyed") {
+    auto spec = ranks_of(1, {"record-error", "boom"});
+    asio::io_context io;
+    std::optional<group> g;
+    fs::path file;
+    test::run(io, [&]() -> asio::awaitable<void> {
+      g.emplace(co_await start_processes(spec));
+      const run_result result = co_await g->wait();
+      REQUIRE(result.first_failure() != nullptr);
+      file = result.first_failure()->error_file;
+    }());
+    CHECK(fs::exists(file));
+    g.reset();  // its stop() is queued on the io_context, holding the run's state until it runs
+    io.restart();
+    io.run();
+    CHECK_FALSE(fs::exists(file));
+  }
+
   TEST_CASE("the first failure is the earliest by its error file's time, not the first seen") {
     auto spec = ranks_of(2, {});
     // Rank 0 failed long ago by its own account but exits 300 ms late; rank 1
