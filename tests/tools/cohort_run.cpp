@@ -16,7 +16,9 @@
 #include <asio/steady_timer.hpp>
 
 #include <elf.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -1720,6 +1722,47 @@ TEST_SUITE("cohort-run") {
     const auto log = read_file(run_folders[0].path() / "attempt_0" / "0" / "stdout.log");
     CHECK(log.ends_with("after\n"));
     if (j.contains("error_dir")) fs::remove_all(j["error_dir"].get<std::string>());
+  }
+
+  TEST_CASE("a console held open but never read: SIGTERM still ends cohort-run, 128 + 15, its outcome recorded") {
+    test::temp_dir dir;
+    const auto file = dir.path / "result.json";
+    const auto logs = dir.path / "logs";
+    // The rank's teed lines fill cohort-run's stdout and stderr, one pipe
+    // whose read end this test holds and never reads; cohort-run's own
+    // lines after the signal meet it full.
+    int console[2];
+    REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+    const std::vector<std::string> args{"--result-json", file.string(), "--log-dir", logs.string(), "-t", "3", "-n",
+                                        "1", "--", "/bin/sh", "-c", "seq 1 200000; : > \"$0/up\"; sleep 30",
+                                        dir.path.string()};
+    bool ended = false;
+    asio::io_context io;
+    const auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
+      spawn_options options{.out = stdio::fd(console[1]), .err = stdio::same_as_stdout()};
+      options.env.set("TMPDIR", launcher_tmpdir());
+      const command cmd(launcher, args);
+      child c = co_await spawn(cmd, options);
+      ::close(console[1]);
+      co_await files_appear(dir.path, 1, "up");
+      c.signal(SIGTERM);
+      asio::steady_timer timer(co_await asio::this_coro::executor, 20ms);
+      for (int i = 0; i < 1500 && !ended; ++i) {  // 30 s
+        ended = test::state_of(c.pid()) == 'Z';
+        timer.expires_after(20ms);
+        co_await timer.async_wait(asio::use_awaitable);
+      }
+      if (!ended) c.signal(SIGKILL);
+      co_return co_await c.wait();
+    }());
+    ::close(console[0]);
+    CHECK(ended);
+    CHECK(status.code() == 128 + SIGTERM);
+    REQUIRE(fs::exists(file));
+    const auto j = nlohmann::json::parse(read_file(file));
+    CHECK(j["outcome"] == "interrupted");
+    CHECK(j["exit_code"] == 128 + SIGTERM);
+    CHECK(fs::exists(run_folder(logs, j["run_id"].get<std::string>()) / "result.json"));
   }
 
   TEST_CASE("a log dir that fills up is named in the summary with the cause") {

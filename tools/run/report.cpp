@@ -18,11 +18,6 @@
 
 namespace cohort_run {
 
-void write_out(std::FILE* stream, std::string_view text) noexcept {
-  const bool written = std::fwrite(text.data(), 1, text.size(), stream) == text.size();
-  if (!written || std::fflush(stream) != 0) std::clearerr(stream);
-}
-
 namespace {
 
 std::string describe_status(const cohort::exit_status& status) {

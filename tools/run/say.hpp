@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include <signal.h>
+
 #include <cstdio>
 #include <string_view>
 #include <utility>
@@ -14,7 +16,21 @@ namespace cohort_run {
 /// Writes `text` to `stream` as far as it will go; failures are forgotten.
 /// cohort-run ignores SIGPIPE (its ranks start with the default again), so
 /// a reader that has gone fails the write with EPIPE instead of ending it.
+/// On stdout and stderr, a console that does not take it (a paused
+/// terminal, a pipe nobody reads) is waited for as a plain program waits,
+/// until a shutdown signal came (read, or pending: no thread reads them
+/// while one waits here); from then on, the lines wait for it 5 s in all,
+/// and what it does not take after that is dropped: the run ends and its
+/// outcome is recorded whatever the console does. The first line it takes
+/// after some were dropped says how many. Any thread may call it.
 void write_out(std::FILE* stream, std::string_view text) noexcept;
+
+/// The signals that end the run, whose coming limits write_out's waits
+/// while they are still pending. Call before any thread is made.
+void end_console_waits_on(const sigset_t& shutdown) noexcept;
+
+/// A shutdown signal was read: write_out's waits are limited from now.
+void shutdown_began() noexcept;
 
 /// fmt::print to `stream`, through write_out.
 template <class... Args>

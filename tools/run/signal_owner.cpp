@@ -1,5 +1,7 @@
 #include "run/signal_owner.hpp"
 
+#include "run/say.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -27,6 +29,12 @@ signal_owner::signal_owner(std::vector<int> shutdown, std::vector<int> passed_on
   }
   signals_fd_ = ::signalfd(-1, &taken, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signals_fd_ < 0) throw std::system_error(errno, std::system_category(), "cohort-run: signalfd");
+  // A line of cohort-run's own that waits for a console nobody reads keeps
+  // the signalfd unread: one of these, pending, limits that wait.
+  sigset_t ending;
+  sigemptyset(&ending);
+  for (int sig : shutdown_) sigaddset(&ending, sig);
+  end_console_waits_on(ending);
   // A shutdown signal this process was started ignoring (a shell's `cmd &`
   // ignores SIGINT and SIGQUIT) gets its default action back, as torchrun's
   // handlers give it: the ranks inherit what is ignored here, and a Python
@@ -56,7 +64,10 @@ void signal_owner::take_waiting() {
 
 void signal_owner::take(int sig) {
   const bool ends_run = std::find(shutdown_.begin(), shutdown_.end(), sig) != shutdown_.end();
-  if (ends_run && !first_) first_ = sig;
+  if (ends_run && !first_) {
+    first_ = sig;
+    shutdown_began();
+  }
   if (group_ == nullptr) return;  // a passed-on signal with no rank to reach: nothing to do
   if (ends_run) {
     group_->interrupt(sig);

@@ -1,0 +1,168 @@
+#include "run/say.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstddef>
+#include <mutex>
+#include <string>
+
+namespace cohort_run {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// How long cohort-run's own lines wait in all, once a shutdown signal came,
+// for a console that does not take them: the group's kill_wait, which
+// bounds the wait for the ranks' last lines as well.
+constexpr std::chrono::milliseconds patience_after_signal{5000};
+// How often a write waiting for the console looks for a shutdown signal
+// that is still pending (no thread reads the signalfd meanwhile).
+constexpr std::chrono::milliseconds look_for_signals{50};
+
+// signal_owner's shutdown signals, written once before any thread is made
+// and published by `shutdown_set_given` (release there, acquire where a
+// write reads the set), and whether one was read (relaxed: a flag that
+// publishes nothing else).
+sigset_t shutdown_set;
+std::atomic<bool> shutdown_set_given = false;
+std::atomic<bool> shutdown_read = false;
+
+bool shutdown_came() noexcept {
+  if (shutdown_read.load(std::memory_order_relaxed)) return true;
+  if (!shutdown_set_given.load(std::memory_order_acquire)) return false;
+  sigset_t pending;
+  sigemptyset(&pending);
+  if (::sigpending(&pending) != 0) return false;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sigismember(&shutdown_set, sig) == 1 && sigismember(&pending, sig) == 1) return true;
+  }
+  return false;
+}
+
+// One of cohort-run's standard streams, written so that a write can wait
+// for it with a limit: a pipe or terminal opened again through /proc with
+// O_NONBLOCK (the flags of the descriptor the ranks share stay as they
+// are), a socket with MSG_DONTWAIT. A file, or what cannot be opened again
+// (another user's pipe), is written as it is: its writes wait in the
+// kernel, as before any signal.
+struct console {
+  std::once_flag opened;
+  int fd = -1;
+  bool socket = false;
+  std::mutex mutex;   // one line at a time; guards what follows
+  std::string tail;   // the rest of a line the console took only part of
+  std::size_t dropped = 0;  // lines it did not take since it last took one
+  clock::duration waited{};  // waited for it since a shutdown signal came
+
+  void open(int given) {
+    fd = given;
+    struct stat st {};
+    if (::fstat(given, &st) != 0) return;
+    const int flags = ::fcntl(given, F_GETFL);
+    if (flags >= 0 && (flags & O_NONBLOCK) != 0) return;  // its writes answer EAGAIN already
+    if (S_ISSOCK(st.st_mode)) {
+      socket = true;
+    } else if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
+      const std::string path = "/proc/self/fd/" + std::to_string(given);
+      const int again = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+      struct stat same {};
+      if (again >= 0 && ::fstat(again, &same) == 0 && same.st_dev == st.st_dev && same.st_ino == st.st_ino) {
+        fd = again;
+      } else if (again >= 0) {
+        ::close(again);
+      }
+    }
+  }
+
+  // Writes as much of `text` as the console takes; what is left is the
+  // part it did not. Waits for it without a limit until a shutdown signal
+  // came, then for what is left of patience_after_signal.
+  std::string_view put(std::string_view text) {
+    while (!text.empty()) {
+      const ssize_t n = socket ? ::send(fd, text.data(), text.size(), MSG_DONTWAIT | MSG_NOSIGNAL)
+                               : ::write(fd, text.data(), text.size());
+      if (n >= 0) {
+        text.remove_prefix(static_cast<std::size_t>(n));
+        continue;
+      }
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN) return text;  // refused (its reader has gone): forgotten
+      auto slice = look_for_signals;
+      const bool ending = shutdown_came();
+      if (ending) {
+        if (waited >= patience_after_signal) return text;
+        slice = std::min(slice, std::chrono::ceil<std::chrono::milliseconds>(patience_after_signal - waited));
+      }
+      pollfd p{fd, POLLOUT, 0};
+      const auto began = clock::now();
+      ::poll(&p, 1, static_cast<int>(slice.count()));
+      if (ending) waited += clock::now() - began;
+    }
+    return text;
+  }
+
+  void write(std::string_view text) {
+    std::lock_guard lock(mutex);
+    if (!tail.empty()) {  // a line's rest comes before any other line
+      const auto left = put(tail);
+      tail.erase(0, tail.size() - left.size());
+      if (!tail.empty()) {
+        ++dropped;
+        return;
+      }
+    }
+    std::string with_note;
+    if (dropped > 0) {
+      with_note = fmt::format("cohort-run: {} line{} of its own dropped: the console did not take them\n", dropped,
+                              dropped == 1 ? " was" : "s were");
+      with_note += text;
+      text = with_note;
+    }
+    const auto left = put(text);
+    if (left.size() == text.size()) {
+      ++dropped;
+      return;
+    }
+    dropped = 0;
+    tail = left;
+  }
+};
+
+console own[3];
+
+}  // namespace
+
+void write_out(std::FILE* stream, std::string_view text) noexcept {
+  std::fflush(stream);  // nothing of cohort-run's waits there; were it so, it goes first
+  const int fd = ::fileno(stream);
+  if (fd < 1 || fd > 2) {
+    const bool written = std::fwrite(text.data(), 1, text.size(), stream) == text.size();
+    if (!written || std::fflush(stream) != 0) std::clearerr(stream);
+    return;
+  }
+  try {
+    auto& c = own[fd];
+    std::call_once(c.opened, [&] { c.open(fd); });
+    c.write(text);
+  } catch (...) {
+    // Out of memory for the line's rest: it is left out, as a line that cannot be written.
+  }
+}
+
+void end_console_waits_on(const sigset_t& shutdown) noexcept {
+  shutdown_set = shutdown;
+  shutdown_set_given.store(true, std::memory_order_release);
+}
+
+void shutdown_began() noexcept { shutdown_read.store(true, std::memory_order_relaxed); }
+
+}  // namespace cohort_run
