@@ -973,6 +973,39 @@ TEST_SUITE("cohort-run") {
     CHECK(both.status.code() == 2);
   }
 
+  TEST_CASE("a venv's python3 that finds torch is chosen after its base interpreter that does not") {
+    test::temp_dir dir;
+    const auto venv = dir.path / "venv";
+    // A venv with a torch package of its own (a stub: it is only found).
+    const auto make = dir.path / "make-venv.sh";
+    std::ofstream(make) << "timeout 60 python3 -m venv --without-pip \"$1\" >/dev/null 2>&1 &&\n"
+                        << "site=$(\"$1/bin/python3\" -c "
+                        << "'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])') &&\n"
+                        << "mkdir -p \"$site/torch\" && : > \"$site/torch/__init__.py\"\n";
+    const std::string made = "/bin/sh " + make.string() + " " + venv.string();
+    std::error_code ec;
+    const bool venv_made = std::system(made.c_str()) == 0;
+    const auto base_python = fs::read_symlink(venv / "bin" / "python3", ec);
+    if (!venv_made || ec || base_python.is_relative()) {
+      MESSAGE("python3 -m venv made no venv whose python3 links to its base interpreter here: skipped");
+      return;
+    }
+    const std::string base_finds = base_python.string() + " -c 'import importlib.util, sys; "
+                                                          "sys.exit(importlib.util.find_spec(\"torch\") is None)'";
+    if (std::system(base_finds.c_str()) == 0) {
+      MESSAGE(base_python.string(), " finds torch itself: skipped");
+      return;
+    }
+    const auto script = dir.path / "prefix.py";
+    std::ofstream(script) << "import os, sys\nopen(os.environ['COHORT_TEST_OUT'], 'w').write(sys.prefix)\n";
+    const auto out = dir.path / "prefix";
+    // The base interpreter comes first in PATH, and finds no torch.
+    const auto path = base_python.parent_path().string() + ":" + (venv / "bin").string();
+    auto r = run_launcher({"-n", "1", script.string()}, {{"PATH", path}, {"COHORT_TEST_OUT", out.string()}});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(read_file(out) == venv.string());
+  }
+
   TEST_CASE("torchrun's flags with dashes or underscores, and from PET_ variables; the command line wins") {
     test::temp_dir dir;
     const auto files_in = [](const fs::path& d) {

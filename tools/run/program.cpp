@@ -148,12 +148,17 @@ std::string python_interpreter(const std::string& chosen, const check_wait& wait
   if (const char* exec = std::getenv("PYTHON_EXEC"); exec != nullptr && *exec != '\0') {
     return program_path(exec, "Python (PYTHON_EXEC) ");
   }
+  // One interpreter is asked once, where PATH names its folder twice (/bin
+  // and /usr/bin, one folder on a merged /usr). The file itself is not
+  // followed: a venv's bin/python3 links to its base interpreter, but finds
+  // the venv's packages, from the pyvenv.cfg next to the path it was
+  // started by.
   std::set<fs::path> tried;
   const auto candidates = all_in_path("python3");
   for (const auto& python : candidates) {
     std::error_code ec;
-    auto real = fs::canonical(python, ec);
-    if (!tried.insert(ec ? python : real).second) continue;
+    auto folder = fs::canonical(python.parent_path(), ec);
+    if (!tried.insert(ec ? python : folder / python.filename()).second) continue;
     const auto answer = finds_torch(python, wait);
     if (answer == torch_check::found) return python.string();
     if (answer == torch_check::interrupted) break;  // no rank starts: the rest is not asked
