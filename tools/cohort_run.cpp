@@ -253,7 +253,6 @@ std::map<std::string, std::string> shared_contract(const run_options& o, const p
       // The workers host their own store at MASTER_ADDR:MASTER_PORT.
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", inherited("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")},
-      {"NCCL_ASYNC_ERROR_HANDLING", inherited("NCCL_ASYNC_ERROR_HANDLING", "1")},
   };
 }
 
