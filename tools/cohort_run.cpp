@@ -47,6 +47,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -301,7 +302,9 @@ fs::path fresh_temp_folder(const std::string& prefix, std::error_code& ec) {
 // a-z, 0-9 and '_', made with mode 0700. Made here, so that runs started
 // with one id (the nodes of a job, on a shared file system) never share
 // one; without --log-dir, the logs' fresh folder holds it. `made` becomes
-// the folder where this call made it.
+// the folder where this call made it. Throws std::runtime_error naming the
+// --log-dir given where it, or the run's folder in it, cannot be made: the
+// run ends before anything starts, with no folder for its result.json.
 std::string log_folder(const run_options& o, const std::string& run_id, fs::path& made) {
   static constexpr std::string_view characters = "abcdefghijklmnopqrstuvwxyz0123456789_";
   const auto fresh_name = [&run_id] {
@@ -311,8 +314,12 @@ std::string log_folder(const run_options& o, const std::string& run_id, fs::path
     return name;
   };
   if (o.log_dir.empty()) return fresh_name();
+  const auto unusable = [&o](const char* what, const std::error_code& ec) {
+    return std::runtime_error(fmt::format("--log-dir {}: {} could not be made: {}", o.log_dir, what, ec.message()));
+  };
   std::error_code ec;
   fs::create_directories(o.log_dir, ec);
+  if (ec) throw unusable("the folder", ec);
   for (int tries = 0;; ++tries) {
     auto folder = fresh_name();
     const auto path = fs::path(o.log_dir) / folder;
@@ -320,8 +327,9 @@ std::string log_folder(const run_options& o, const std::string& run_id, fs::path
       made = path;
       return folder;
     }
-    // Where it cannot be made, the logs' set-up says why.
-    if (errno != EEXIST || tries == 100) return folder;
+    if (errno != EEXIST || tries == 100) {
+      throw unusable("the run's folder in it", std::error_code(errno, std::system_category()));
+    }
   }
 }
 

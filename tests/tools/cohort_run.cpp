@@ -594,10 +594,18 @@ TEST_SUITE("cohort-run") {
       const auto log = run_folder(dir.path, "none") / "attempt_0" / std::to_string(rank) / "stdout.log";
       CHECK(read_file(log) == "out " + std::to_string(rank) + "\n");
     }
-    auto unwritable = run_launcher({"-n", "2", "--log-dir", "/proc/no-such-dir", "--run-id", "none", "-r", "3", "true"});
+    // A --log-dir that cannot be made is named as given, and no folder of
+    // the run's is said or recorded.
+    const auto json = dir.path / "unwritable.json";
+    auto unwritable = run_launcher({"-n", "2", "--log-dir", "/proc/no-such-dir", "--run-id", "none", "-r", "3",
+                                    "--result-json", json.string(), "true"});
     CHECK(unwritable.status.code() == 1);
-    CHECK(unwritable.err.find("/proc/no-such-dir/none_") != std::string::npos);
-    CHECK(unwritable.err.find("/attempt_0/0") != std::string::npos);
+    CHECK(unwritable.err == "cohort-run: --log-dir /proc/no-such-dir: the folder could not be made: "
+                            "No such file or directory\n");
+    REQUIRE(fs::exists(json));
+    const auto recorded = nlohmann::json::parse(read_file(json));
+    CHECK(recorded["outcome"] == "failed");
+    CHECK_FALSE(recorded.contains("log_dir"));
     // Local ranks past this node's are left out, as torchrun leaves them.
     auto beyond = run_launcher({"-n", "1", "-t", "0:3,4:3", "--local-ranks-filter", "0,7", "--", "/bin/sh", "-c",
                                 "echo out $LOCAL_RANK"});
