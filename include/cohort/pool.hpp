@@ -42,13 +42,26 @@ struct pool_options {
 
 namespace detail {
 class pool_state;
+/// A map's place in the pool's line of maps, and its cancellation. Maps
+/// take their turns in the order they are made.
+struct map_ticket;
+/// A ticket for an asynchronous map, made before its cancellation slot is
+/// connected.
+std::shared_ptr<map_ticket> pool_ticket(pool_state& pool);
+/// Cancels the map: one waiting its turn leaves the line and completes at
+/// once (on a thread of the pool) as aborted; one running stops as
+/// map() documents. Thread-safe; the pool may be gone.
+void pool_cancel(const std::shared_ptr<map_ticket>& ticket) noexcept;
 /// Runs `tasks` (encoded arguments) through the function registered as
 /// `name`; returns the encoded results in order. Throws as pool::map.
+/// Without a ticket (a blocking map) it waits its turn first; with one, it
+/// is the job pool_run_detached started.
 std::vector<std::optional<encoded>> pool_run(pool_state& pool, const std::string& name,
-                                             const std::vector<encoded>& tasks,
-                                             const std::atomic<bool>* cancelled = nullptr);
-/// Runs `job` on a thread the pool owns and joins before its workers end.
-void pool_run_detached(pool_state& pool, std::function<void()> job);
+                                             const std::vector<encoded>& tasks, map_ticket* ticket = nullptr);
+/// Puts `job` in the line: it runs on a thread the pool owns once its turn
+/// comes (or once cancelled, or as the pool ends), and the pool joins that
+/// thread before its workers end. A waiting job holds no thread.
+void pool_run_detached(pool_state& pool, const std::shared_ptr<map_ticket>& ticket, std::function<void()> job);
 /// The values of a map's results.
 template <class R>
 std::vector<R> pool_values(const std::vector<std::optional<encoded>>& results) {
@@ -62,8 +75,10 @@ std::vector<R> pool_values(const std::vector<std::optional<encoded>>& results) {
 /// `workers` processes, started at construction, ended at destruction
 /// (they finish the item in hand first). A function mapped over items is
 /// registered with COHORT_ENTRYPOINT and called as fn(worker, item), where
-/// `worker` is the index of the process running it. One map at a time;
-/// map() may be called from any thread. The workers are started by the
+/// `worker` is the index of the process running it. One map at a time, in
+/// the order the maps were made (blocking and asynchronous alike, first
+/// made first run, as Python's Pool queues them); map() may be called from
+/// any thread. The workers are started by the
 /// constructing thread and hold its parent-death signal
 /// (spawn_options::parent_death_signal, SIGKILL by default), as a group's
 /// ranks do: construct the pool on a thread that outlives it, or set
@@ -117,16 +132,19 @@ class pool {
   /// void(std::exception_ptr, std::vector<R>) (void(std::exception_ptr) for a
   /// void fn) with what map() returns or throws: `co_await p.map(fn, items,
   /// asio::use_awaitable)`, a callback, asio::use_future, a deferred
-  /// operation. The items are encoded at the call; the map runs on a thread
-  /// the pool owns, never blocking the caller's io_context, and the handler
-  /// runs on its associated executor (on that thread for a handler with
-  /// none). Cancellation (the handler's cancellation slot, any type) ends
-  /// the wait with std::system_error(operation_aborted): items a worker
-  /// has taken still run, and their results are dropped; the rest do not
-  /// run. The pool
-  /// must outlive the operation; destroying it waits for the map to end: its
-  /// items not yet taken are taken back, and it completes with
-  /// std::logic_error ("the pool was destroyed before ...").
+  /// operation. The items are encoded at the call, and the map takes its
+  /// place in line then (a lazy token's call is its initiation: the
+  /// co_await). Its turn come, it runs on a thread the pool owns, never
+  /// blocking the caller's io_context; a map waiting its turn holds no
+  /// thread. The handler runs on its associated executor (on that thread
+  /// for a handler with none), and the map counts as work on it until then.
+  /// Cancellation (the handler's cancellation slot, any type) ends the wait
+  /// with std::system_error(operation_aborted), at once for a map waiting
+  /// its turn: items a worker has taken still run, and their results are
+  /// dropped; the rest do not run. The pool must outlive the operation;
+  /// destroying it waits for the map to end: its items not yet taken are
+  /// taken back, and it completes with std::logic_error ("the pool was
+  /// destroyed before ...").
   /// A handler that runs on the pool's thread must not throw (nothing
   /// there could catch it: std::terminate); it may drop the pool's last
   /// reference, and a map it starts while the pool is ending completes at
@@ -138,10 +156,10 @@ class pool {
     auto [name, tasks] = prepare(fn, items);
     return asio::async_initiate<Token, completion_signature<result>>(
         [state = &this->state()](auto handler, std::string name, std::vector<encoded> tasks) {
-          auto cancelled = std::make_shared<std::atomic<bool>>(false);
+          auto ticket = detail::pool_ticket(*state);
           auto slot = asio::get_associated_cancellation_slot(handler);
           if (slot.is_connected()) {
-            slot.assign([cancelled](asio::cancellation_type) { cancelled->store(true, std::memory_order_relaxed); });
+            slot.assign([ticket](asio::cancellation_type) { detail::pool_cancel(ticket); });
           }
           // Counted as work on the handler's executor until the handler
           // is handed to it: an io_context's run() returns only once it
@@ -149,12 +167,12 @@ class pool {
           // would emit it, just before the handler runs.
           auto executor = asio::prefer(asio::get_associated_executor(handler),
                                        asio::execution::outstanding_work.tracked);
-          auto job = [state, name = std::move(name), tasks = std::move(tasks), cancelled,
-                      h = std::move(handler), slot, executor]() mutable {
+          auto job = [state, name = std::move(name), tasks = std::move(tasks), ticket, h = std::move(handler), slot,
+                      executor]() mutable {
             std::exception_ptr error;
             std::vector<std::optional<encoded>> results;
             try {
-              results = detail::pool_run(*state, name, tasks, cancelled.get());
+              results = detail::pool_run(*state, name, tasks, ticket.get());
             } catch (...) {
               error = std::current_exception();
             }
@@ -180,7 +198,7 @@ class pool {
           };
           // std::function copies its target; the handler may move only.
           auto held = std::make_shared<decltype(job)>(std::move(job));
-          detail::pool_run_detached(*state, [held] { (*held)(); });
+          detail::pool_run_detached(*state, ticket, [held] { (*held)(); });
         },
         token, std::move(name), std::move(tasks));
   }

@@ -14,13 +14,17 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 namespace cohort {
 
@@ -84,6 +88,32 @@ COHORT_ENTRYPOINT(cohort_pool_worker);
 // thread reaches run() once the end has begun, was cut short by it.)
 thread_local bool refused_as_ending = false;
 
+// The maps waiting their turn, first made first. Shared with the tickets,
+// so that a cancel coming after the pool has gone finds it.
+struct map_line {
+  explicit map_line(pool_state* owner) : pool(owner) {}
+  std::mutex mutex;
+  pool_state* pool;      // null once the pool's end has begun
+  bool taken = false;    // a map has the turn
+  std::deque<std::shared_ptr<map_ticket>> waiting;
+  std::condition_variable turn_given;  // to blocking maps waiting
+};
+
+}  // namespace detail
+
+struct detail::map_ticket {
+  // Set by pool_cancel, from any thread; read by the map as it runs, which
+  // only polls it (relaxed: it carries no data).
+  std::atomic<bool> cancelled{false};
+  std::weak_ptr<map_line> line;
+  // Under the line's mutex. The job (which holds the ticket) goes as the
+  // map leaves the line.
+  std::function<void()> job;  // an asynchronous map's, while in line; empty for a blocking one
+  bool turn = false;          // given the turn: it runs, then passes it on
+};
+
+namespace detail {
+
 class pool_state {
  public:
   pool_state(int workers, const pool_options& options)
@@ -102,15 +132,33 @@ class pool_state {
 
   ~pool_state() {
     std::vector<detached_map> in_flight;
+    std::deque<std::shared_ptr<map_ticket>> waiting;
     {
       // From here, a map that a handler starts fails at once (run_detached):
       // it could not run, and must not wait for this end, which waits for it.
-      std::lock_guard lock(detached_mutex_);
+      std::lock_guard lock(line_->mutex);
       ending_.store(true, std::memory_order_relaxed);
+      line_->pool = nullptr;
       in_flight.swap(detached_);
+      waiting.swap(line_->waiting);
+      for (auto& ticket : waiting) {
+        if (!ticket->job) ticket->turn = true;  // a blocking map: it sees the end
+      }
+      line_->turn_given.notify_all();
     }
     take_back_tasks();
     tasks_.close();
+    // Asynchronous maps still in line fail as the end cut the one ahead
+    // short, in their order, on one thread.
+    std::vector<std::function<void()>> refused;
+    for (auto& ticket : waiting) {
+      if (ticket->job) refused.push_back(std::exchange(ticket->job, nullptr));
+    }
+    if (!refused.empty()) {
+      in_flight.push_back({std::thread([refused = std::move(refused)] {
+        for (const auto& job : refused) job();
+      }), nullptr});
+    }
     // Maps in flight end: their workers finish and leave, or have died.
     // A handler of one of them may be what destroys the pool (its last
     // reference): that thread is not joined by itself; nothing it runs
@@ -153,16 +201,26 @@ class pool_state {
   }
 
   std::vector<std::optional<encoded>> run(const std::string& name, const std::vector<encoded>& args,
-                                          const std::atomic<bool>* cancelled) {
+                                          map_ticket* ticket) {
     if (refused_as_ending) throw std::logic_error("cohort::pool: map while the pool is ending");
-    // Behind another map: a cancel is seen while waiting; the pool's end,
-    // once it has cut the map ahead short.
-    std::unique_lock lock(mutex_, std::defer_lock);
-    while (!lock.try_lock_for(std::chrono::milliseconds(20))) {
-      if (cancelled != nullptr && cancelled->load(std::memory_order_relaxed)) {
-        throw std::system_error(asio::error::operation_aborted, "cohort::pool::map");
+    const std::atomic<bool>* cancelled = nullptr;
+    if (ticket == nullptr) {
+      wait_turn();
+    } else {
+      cancelled = &ticket->cancelled;
+      // Started without the turn: it left the line cancelled, or the
+      // pool's end took it out.
+      if (!ticket->turn) {
+        if (cancelled->load(std::memory_order_relaxed)) {
+          throw std::system_error(asio::error::operation_aborted, "cohort::pool::map");
+        }
+        throw_ended();
       }
     }
+    struct passing {
+      pool_state& pool;
+      ~passing() { pool.pass_turn(); }
+    } pass{*this};
     // A map made before the pool's end began, which had not begun.
     if (ending_.load(std::memory_order_relaxed)) throw_ended();
     if (broken_) throw std::logic_error("cohort::pool: a worker has died; the pool is over");
@@ -246,8 +304,14 @@ class pool_state {
     throw std::logic_error("cohort::pool: the pool was destroyed before the map's items were all worked through");
   }
 
-  void run_detached(std::function<void()> job) {
-    std::unique_lock lock(detached_mutex_);
+  std::shared_ptr<map_ticket> ticket() const {
+    auto made = std::make_shared<map_ticket>();
+    made->line = line_;
+    return made;
+  }
+
+  void run_detached(const std::shared_ptr<map_ticket>& ticket, std::function<void()> job) {
+    std::unique_lock lock(line_->mutex);
     if (ending_.load(std::memory_order_relaxed)) {
       lock.unlock();
       // It fails at once, in run(), and completes its handler with that.
@@ -258,14 +322,77 @@ class pool_state {
       job();
       return;
     }
+    if (ticket->cancelled.load(std::memory_order_relaxed)) {
+      start(job);  // it fails at once as aborted
+    } else if (!line_->taken && line_->waiting.empty()) {
+      line_->taken = true;
+      ticket->turn = true;
+      start(job);
+    } else {
+      line_->waiting.push_back(ticket);
+      ticket->job = std::move(job);
+    }
+  }
+
+  // A map waiting its turn leaves the line, and runs at once to fail as
+  // aborted. Under the line's mutex, the pool's end not begun.
+  void cancel_waiting(const std::shared_ptr<map_ticket>& ticket) {
+    const auto it = std::find(line_->waiting.begin(), line_->waiting.end(), ticket);
+    if (it == line_->waiting.end()) return;  // running, or over
+    start(ticket->job);
+    ticket->job = nullptr;
+    line_->waiting.erase(it);
+  }
+
+ private:
+  // Blocks until a blocking map has the turn.
+  void wait_turn() {
+    std::unique_lock lock(line_->mutex);
+    if (!line_->taken && line_->waiting.empty()) {
+      line_->taken = true;
+      return;
+    }
+    auto ticket = std::make_shared<map_ticket>();
+    line_->waiting.push_back(ticket);
+    line_->turn_given.wait(lock, [&] { return ticket->turn; });
+  }
+
+  // The turn goes to the map made next, if any.
+  void pass_turn() noexcept {
+    std::lock_guard lock(line_->mutex);
+    while (!line_->waiting.empty()) {
+      auto next = line_->waiting.front();
+      if (next->job) {
+        next->turn = true;  // before its thread reads it
+        try {
+          start(next->job);
+        } catch (...) {
+          // No thread for it: left in line for a cancel or the pool's end.
+          next->turn = false;
+          return;
+        }
+        next->job = nullptr;
+      } else {
+        next->turn = true;
+        line_->turn_given.notify_all();
+      }
+      line_->waiting.pop_front();
+      return;
+    }
+    line_->taken = false;
+  }
+
+  // Runs `job` on a thread of the pool. Under the line's mutex.
+  void start(const std::function<void()>& job) {
     // Threads of maps that have ended are joined here, so they do not pile up.
     std::erase_if(detached_, [](detached_map& d) {
       if (!d.done->load(std::memory_order_acquire)) return false;
       d.thread.join();
       return true;
     });
+    detached_.reserve(detached_.size() + 1);
     auto done = std::make_shared<std::atomic<bool>>(false);
-    detached_.push_back({std::thread([job = std::move(job), done] {
+    detached_.push_back({std::thread([job, done] {
       job();
       done->store(true, std::memory_order_release);
     }), done});
@@ -279,24 +406,41 @@ class pool_state {
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   group group_;
   std::thread runner_;
-  std::timed_mutex mutex_;  // one map at a time
-  bool broken_ = false;
-  std::uint64_t next_item_ = 0;  // under mutex_
+  // One map at a time: the one with the turn.
+  std::shared_ptr<map_line> line_ = std::make_shared<map_line>(this);
+  bool broken_ = false;          // with the turn
+  std::uint64_t next_item_ = 0;  // with the turn
   struct detached_map {
     std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
+    std::shared_ptr<std::atomic<bool>> done;  // set as its job returns
   };
-  std::mutex detached_mutex_;
-  std::vector<detached_map> detached_;  // under detached_mutex_
-  std::atomic<bool> ending_{false};     // set, under detached_mutex_, as the pool's end begins
+  std::vector<detached_map> detached_;  // under the line's mutex
+  std::atomic<bool> ending_{false};     // set, under the line's mutex, as the pool's end begins
 };
 
-std::vector<std::optional<encoded>> pool_run(pool_state& pool, const std::string& name,
-                                             const std::vector<encoded>& tasks, const std::atomic<bool>* cancelled) {
-  return pool.run(name, tasks, cancelled);
+std::shared_ptr<map_ticket> pool_ticket(pool_state& pool) { return pool.ticket(); }
+
+void pool_cancel(const std::shared_ptr<map_ticket>& ticket) noexcept {
+  ticket->cancelled.store(true, std::memory_order_relaxed);
+  const auto line = ticket->line.lock();
+  if (!line) return;
+  std::lock_guard lock(line->mutex);
+  if (line->pool == nullptr) return;  // the pool's end fails the maps in line
+  try {
+    line->pool->cancel_waiting(ticket);
+  } catch (...) {
+    // No thread for it: it fails as aborted when its turn comes.
+  }
 }
 
-void pool_run_detached(pool_state& pool, std::function<void()> job) { pool.run_detached(std::move(job)); }
+std::vector<std::optional<encoded>> pool_run(pool_state& pool, const std::string& name,
+                                             const std::vector<encoded>& tasks, map_ticket* ticket) {
+  return pool.run(name, tasks, ticket);
+}
+
+void pool_run_detached(pool_state& pool, const std::shared_ptr<map_ticket>& ticket, std::function<void()> job) {
+  pool.run_detached(ticket, std::move(job));
+}
 
 }  // namespace detail
 

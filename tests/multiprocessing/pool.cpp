@@ -31,6 +31,7 @@
 #include <filesystem>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -83,6 +84,16 @@ storage unopenable_first(int, std::tuple<int, storage> item) {
   return s;
 }
 COHORT_ENTRYPOINT(unopenable_first);
+
+// Counts itself in `ran` (a count in shared memory), then squares `x`
+// 20 ms later.
+long counted_square(int, std::tuple<storage, long> item) {
+  const auto& [ran, x] = item;
+  std::atomic_ref(*reinterpret_cast<std::int64_t*>(ran.data())).fetch_add(1);
+  ::usleep(20000);
+  return x * x;
+}
+COHORT_ENTRYPOINT(counted_square);
 
 int which_worker(int worker, int) { return worker; }
 COHORT_ENTRYPOINT(which_worker);
@@ -153,6 +164,19 @@ asio::awaitable<std::pair<std::vector<long>, int>> map_beside_a_timer(pool& p, s
   done = true;
   co_return std::pair{std::move(results), ticks};
 }
+
+// `n` items of counted_square counting in `ran`.
+std::vector<std::tuple<storage, long>> counted_items(const storage& ran, int n) {
+  std::memset(ran.data(), 0, ran.nbytes());
+  return std::vector<std::tuple<storage, long>>(n, std::tuple<storage, long>(ran, 3));
+}
+
+std::int64_t count_of(const storage& ran) {
+  return std::atomic_ref(*reinterpret_cast<std::int64_t*>(ran.data())).load();
+}
+
+// The threads of this process.
+long thread_count() { return std::distance(std::filesystem::directory_iterator("/proc/self/task"), {}); }
 
 const start_method methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
 
@@ -481,6 +505,47 @@ TEST_SUITE("pool") {
     CHECK(soon);
     ahead.join();
     CHECK(test::aborted(done.get()));
+  }
+
+  // Before, each map waited on a thread of its own for a lock taken in no
+  // order: later maps overtook earlier ones, and 500 maps held 500 threads.
+  TEST_CASE("maps run in the order they were made, and the maps waiting their turn hold no thread") {
+    pool p(2);
+    const long before = thread_count();
+    constexpr int maps = 200;
+    std::mutex mutex;
+    std::vector<int> order;
+    std::promise<void> all_done;
+    for (int i = 0; i < maps; ++i) {
+      const std::vector<long> items{i};
+      // No executor: each handler runs on the pool's thread as its map ends.
+      p.map(square, items, [&, i](std::exception_ptr e, std::vector<long> v) {
+        CHECK_FALSE(e);
+        CHECK(v == std::vector<long>{static_cast<long>(i) * i});
+        std::lock_guard lock(mutex);
+        order.push_back(i);
+        if (order.size() == maps) all_done.set_value();
+      });
+    }
+    const long issued = thread_count();
+    REQUIRE(all_done.get_future().wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+    std::vector<int> made(maps);
+    std::iota(made.begin(), made.end(), 0);
+    CHECK(order == made);
+    CHECK(issued - before <= 4);
+  }
+
+  TEST_CASE("a blocking map waits its turn behind the asynchronous maps made before it") {
+    pool p(1);
+    const storage ran = storage::allocate_shared(sizeof(std::int64_t));
+    const auto items = counted_items(ran, 10);
+    std::vector<std::future<std::vector<long>>> earlier;
+    for (int i = 0; i < 5; ++i) earlier.push_back(p.map(counted_square, items, asio::use_future));
+    const std::vector<long> mine{4};
+    CHECK(p.map(square, mine) == std::vector<long>{16});
+    // Every earlier map had all its items worked through before this one ran.
+    CHECK(count_of(ran) == 50);
+    for (auto& map : earlier) CHECK(map.get() == std::vector<long>(10, 9));
   }
 
   TEST_CASE("maps waiting behind the one the pool's end cut short fail as that one does, not as a worker's death") {
