@@ -17,13 +17,20 @@
 #include <asio/async_result.hpp>
 #include <asio/cancellation_type.hpp>
 #include <asio/dispatch.hpp>
+#include <asio/execution/context.hpp>
+#include <asio/execution/executor.hpp>
 #include <asio/execution/outstanding_work.hpp>
+#include <asio/execution_context.hpp>
 #include <asio/prefer.hpp>
+#include <asio/query.hpp>
+#include <asio/system_context.hpp>
 
 #include <atomic>
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -70,6 +77,98 @@ std::vector<R> pool_values(const std::vector<std::optional<encoded>>& results) {
   for (const auto& r : results) values.push_back(r.value().template as<R>());
   return values;
 }
+
+/// A handler waiting on a thread of the pool for its map to end, reachable
+/// from the end of the execution context its executor belongs to: that
+/// context's shutdown (~io_context, before its scheduler goes) settles it
+/// by abandon(), the map's end by dispatching the handler; whichever comes
+/// first, under `mutex`, and the other then leaves it alone.
+class pending_completion {
+ public:
+  virtual ~pending_completion() = default;
+  /// From the context's shutdown: lets go of the handler unless the map's
+  /// end has handed it over already.
+  void orphan() noexcept {
+    std::unique_lock lock(mutex);
+    if (settled) return;
+    settled = true;
+    lock.unlock();
+    // Ours alone now. Destroyed outside the lock: the handler may hold the
+    // pool's last reference, whose end joins the thread about to take it.
+    abandon();
+  }
+
+ protected:
+  /// Destroys the handler without calling it and drops its work, with the
+  /// context still there.
+  virtual void abandon() noexcept = 0;
+  std::mutex mutex;
+  bool settled = false;  // handed to the executor, or abandoned; under mutex
+};
+/// Has the shutdown of `context` orphan `completion` (if it is still
+/// there).
+void watch_completion(asio::execution_context& context, const std::weak_ptr<pending_completion>& completion);
+
+/// The execution context an executor belongs to, where it can end before
+/// the map: null for one that names none (asio::use_future's runs the
+/// handler where it is called) and for the system executor (a plain
+/// callback's), whose context lasts as long as the process and would start
+/// its threads when asked for.
+template <class Executor>
+asio::execution_context* context_of(const Executor& executor) {
+  if constexpr (asio::can_query<const Executor&, asio::execution::context_t>::value) {
+    using context_type = std::decay_t<typename asio::query_result<const Executor&, asio::execution::context_t>::type>;
+    if constexpr (std::is_same_v<context_type, asio::system_context>) {
+      return nullptr;
+    } else {
+      return &asio::query(executor, asio::execution::context);
+    }
+  } else if constexpr (requires { executor.context(); }) {
+    return &executor.context();
+  } else {
+    return nullptr;
+  }
+}
+
+/// An asynchronous map's handler, with its executor (counting the map as
+/// its work) and its cancellation slot, until the map ends.
+template <class Handler, class Executor>
+class map_completion final : public pending_completion {
+ public:
+  map_completion(Handler handler, Executor executor, asio::cancellation_slot slot, std::shared_ptr<map_ticket> ticket)
+      : handler_(std::move(handler)), executor_(std::move(executor)), slot_(slot), ticket_(std::move(ticket)) {}
+
+  /// Hands `args` to the handler on its executor, unless the context has
+  /// ended. The executor's work ends here, under the lock, where the
+  /// context's shutdown cannot pass. The slot is cleared on the thread that
+  /// would emit it, just before the handler runs.
+  template <class... Args>
+  void complete(Args&&... args) {
+    std::lock_guard lock(mutex);
+    if (settled) return;
+    settled = true;
+    asio::dispatch(*executor_, [h = std::move(*handler_), slot = slot_, ... args = std::forward<Args>(args)]() mutable {
+      if (slot.is_connected()) slot.clear();
+      std::move(h)(std::move(args)...);
+    });
+    handler_.reset();
+    executor_.reset();
+  }
+
+ private:
+  void abandon() noexcept override {
+    // Nobody can take the results: the items not taken yet do not run.
+    pool_cancel(ticket_);
+    if (slot_.is_connected()) slot_.clear();
+    handler_.reset();
+    executor_.reset();
+  }
+
+  std::optional<Handler> handler_;
+  std::optional<Executor> executor_;
+  asio::cancellation_slot slot_;
+  std::shared_ptr<map_ticket> ticket_;
+};
 }  // namespace detail
 
 /// `workers` processes, started at construction, ended at destruction
@@ -141,10 +240,14 @@ class pool {
   /// Cancellation (the handler's cancellation slot, any type) ends the wait
   /// with std::system_error(operation_aborted), at once for a map waiting
   /// its turn: items a worker has taken still run, and their results are
-  /// dropped; the rest do not run. The pool must outlive the operation;
-  /// destroying it waits for the map to end: its items not yet taken are
-  /// taken back, and it completes with std::logic_error ("the pool was
-  /// destroyed before ...").
+  /// dropped; the rest do not run. Destroying the execution context of the
+  /// handler's executor (an io_context, a thread_pool) before the map ends
+  /// destroys the handler there, without calling it, as asio destroys the
+  /// handlers of its own pending operations (a coroutine awaiting the map
+  /// is destroyed), and cancels the map; nothing reaches that context
+  /// afterwards. The pool must outlive the operation; destroying it waits
+  /// for the map to end: its items not yet taken are taken back, and it
+  /// completes with std::logic_error ("the pool was destroyed before ...").
   /// A handler that runs on the pool's thread must not throw (nothing
   /// there could catch it: std::terminate); it may drop the pool's last
   /// reference, and a map it starts while the pool is ending completes at
@@ -163,12 +266,14 @@ class pool {
           }
           // Counted as work on the handler's executor until the handler
           // is handed to it: an io_context's run() returns only once it
-          // has run. The slot is cleared there too, on the thread that
-          // would emit it, just before the handler runs.
+          // has run.
           auto executor = asio::prefer(asio::get_associated_executor(handler),
                                        asio::execution::outstanding_work.tracked);
-          auto job = [state, name = std::move(name), tasks = std::move(tasks), ticket, h = std::move(handler), slot,
-                      executor]() mutable {
+          auto* context = detail::context_of(executor);
+          auto completion = std::make_shared<detail::map_completion<decltype(handler), decltype(executor)>>(
+              std::move(handler), std::move(executor), slot, ticket);
+          if (context != nullptr) detail::watch_completion(*context, completion);
+          auto job = [state, name = std::move(name), tasks = std::move(tasks), ticket, completion] {
             std::exception_ptr error;
             std::vector<std::optional<encoded>> results;
             try {
@@ -177,10 +282,7 @@ class pool {
               error = std::current_exception();
             }
             if constexpr (std::is_void_v<R>) {
-              asio::dispatch(executor, [h = std::move(h), error, slot]() mutable {
-                if (slot.is_connected()) slot.clear();
-                std::move(h)(error);
-              });
+              completion->complete(error);
             } else {
               result values;
               if (!error) {
@@ -190,13 +292,10 @@ class pool {
                   error = std::current_exception();
                 }
               }
-              asio::dispatch(executor, [h = std::move(h), error, values = std::move(values), slot]() mutable {
-                if (slot.is_connected()) slot.clear();
-                std::move(h)(error, std::move(values));
-              });
+              completion->complete(error, std::move(values));
             }
           };
-          // std::function copies its target; the handler may move only.
+          // std::function copies its target: held once, and shared.
           auto held = std::make_shared<decltype(job)>(std::move(job));
           detail::pool_run_detached(*state, ticket, [held] { (*held)(); });
         },

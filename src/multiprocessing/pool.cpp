@@ -9,6 +9,7 @@
 #include "launch/uncaught.hpp"
 
 #include <asio/error.hpp>
+#include <asio/execution_context.hpp>
 #include <asio/executor_work_guard.hpp>
 #include <asio/io_context.hpp>
 
@@ -440,6 +441,56 @@ std::vector<std::optional<encoded>> pool_run(pool_state& pool, const std::string
 
 void pool_run_detached(pool_state& pool, const std::shared_ptr<map_ticket>& ticket, std::function<void()> job) {
   pool.run_detached(ticket, std::move(job));
+}
+
+namespace {
+
+// Orphans, as its execution context shuts down, the completions of maps
+// that would hand their handlers to it: an io_context destroyed with a map
+// in flight destroys the map's handler then, as it destroys those of its
+// own operations, and the map's end leaves it alone.
+class completion_service final : public asio::execution_context::service {
+ public:
+  static asio::execution_context::id id;
+  explicit completion_service(asio::execution_context& context) : service(context) {}
+
+  void watch(const std::weak_ptr<pending_completion>& completion) {
+    std::lock_guard lock(mutex_);
+    if (watched_.size() >= prune_at_) {  // let go of the settled ones, as often as the list doubles
+      std::erase_if(watched_, [](const std::weak_ptr<pending_completion>& w) { return w.expired(); });
+      prune_at_ = std::max<std::size_t>(64, watched_.size() * 2);
+    }
+    watched_.push_back(completion);
+  }
+
+ private:
+  void shutdown() override {
+    // Orphaned outside the list's lock: a handler destroyed there may start
+    // a map, whose completion comes to watch().
+    for (;;) {
+      std::vector<std::weak_ptr<pending_completion>> watched;
+      {
+        std::lock_guard lock(mutex_);
+        watched.swap(watched_);
+      }
+      if (watched.empty()) return;
+      for (const auto& weak : watched) {
+        if (const auto completion = weak.lock()) completion->orphan();
+      }
+    }
+  }
+
+  std::mutex mutex_;
+  std::vector<std::weak_ptr<pending_completion>> watched_;  // under mutex_
+  std::size_t prune_at_ = 64;
+};
+
+asio::execution_context::id completion_service::id;
+
+}  // namespace
+
+void watch_completion(asio::execution_context& context, const std::weak_ptr<pending_completion>& completion) {
+  asio::use_service<completion_service>(context).watch(completion);
 }
 
 }  // namespace detail

@@ -14,6 +14,9 @@
 #include <asio/cancellation_signal.hpp>
 #include <asio/executor_work_guard.hpp>
 #include <asio/experimental/deferred.hpp>
+#include <asio/io_context.hpp>
+#include <asio/strand.hpp>
+#include <asio/thread_pool.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
 #include <asio/use_future.hpp>
@@ -177,6 +180,17 @@ std::int64_t count_of(const storage& ran) {
 
 // The threads of this process.
 long thread_count() { return std::distance(std::filesystem::directory_iterator("/proc/self/task"), {}); }
+
+// Counts its live copies in `*alive`: held by a handler, it tells whether
+// the handler has been destroyed.
+struct tracked {
+  explicit tracked(std::shared_ptr<int> count) : alive(std::move(count)) { ++*alive; }
+  tracked(const tracked& other) : alive(other.alive) { ++*alive; }
+  tracked(tracked&& other) noexcept : alive(other.alive) { ++*alive; }
+  tracked& operator=(const tracked&) = delete;
+  ~tracked() { --*alive; }
+  std::shared_ptr<int> alive;
+};
 
 const start_method methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
 
@@ -505,6 +519,89 @@ TEST_SUITE("pool") {
     CHECK(soon);
     ahead.join();
     CHECK(test::aborted(done.get()));
+  }
+
+  // Before, the map's thread handed the handler to the destroyed
+  // io_context's scheduler: a use after free, which crashed.
+  TEST_CASE("destroying the io_context of a map in flight destroys its handler uncalled, and the pool goes on") {
+    pool p(2);
+    const storage ran = storage::allocate_shared(sizeof(std::int64_t));
+    // 100 items of 20 ms on 2 workers: 1 s of work, the io_context goes after 100 ms.
+    const auto items = counted_items(ran, 100);
+    auto alive = std::make_shared<int>(0);
+    bool called = false;
+    auto io = std::make_unique<asio::io_context>();
+    p.map(counted_square, items,
+          asio::bind_executor(*io, [&called, held = tracked(alive)](std::exception_ptr, std::vector<long>) {
+            called = true;
+          }));
+    CHECK(*alive == 1);
+    io->run_for(std::chrono::milliseconds(100));
+    io.reset();
+    CHECK(*alive == 0);  // destroyed with the io_context, as asio destroys its own operations' handlers
+    // The map was cancelled with it: the next map's items do not wait behind
+    // its items not taken, which do not run.
+    const std::vector<long> next{7};
+    CHECK(p.map(square, next) == std::vector<long>{49});
+    CHECK(count_of(ran) < 100);
+    CHECK_FALSE(called);
+  }
+
+  TEST_CASE("destroying the io_context of a coroutine awaiting a map destroys the coroutine, and the pool goes on") {
+    pool p(2);
+    const storage ran = storage::allocate_shared(sizeof(std::int64_t));
+    const auto items = counted_items(ran, 100);
+    auto alive = std::make_shared<int>(0);
+    bool resumed = false;
+    auto io = std::make_unique<asio::io_context>();
+    asio::co_spawn(*io, [&]() -> asio::awaitable<void> {
+      const tracked local(alive);  // in the coroutine's frame
+      (void)co_await p.map(counted_square, items, asio::use_awaitable);
+      resumed = true;
+    }, asio::detached);
+    io->run_for(std::chrono::milliseconds(100));
+    CHECK(*alive == 1);
+    io.reset();
+    CHECK(*alive == 0);
+    const std::vector<long> next{8};
+    CHECK(p.map(square, next) == std::vector<long>{64});
+    CHECK_FALSE(resumed);
+  }
+
+  TEST_CASE("a map completes on a thread_pool's executor or a strand; ending the thread_pool first drops it") {
+    pool p(2);
+    asio::thread_pool threads(1);
+    const std::vector<long> items{1, 2, 3};
+    auto on_pool = p.map(square, items, asio::bind_executor(threads, asio::use_future));
+    CHECK(on_pool.get() == std::vector<long>{1, 4, 9});
+    auto strand = asio::make_strand(threads);
+    std::promise<bool> in_strand;
+    auto was_in_strand = in_strand.get_future();
+    p.map(square, items, asio::bind_executor(strand, [&](std::exception_ptr e, std::vector<long> v) {
+      CHECK_FALSE(e);
+      CHECK(v == std::vector<long>{1, 4, 9});
+      in_strand.set_value(strand.running_in_this_thread());
+    }));
+    REQUIRE(was_in_strand.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+    CHECK(was_in_strand.get());
+
+    const storage ran = storage::allocate_shared(sizeof(std::int64_t));
+    const auto slow = counted_items(ran, 100);
+    auto alive = std::make_shared<int>(0);
+    bool called = false;
+    {
+      asio::thread_pool ending(1);
+      p.map(counted_square, slow,
+            asio::bind_executor(ending, [&called, held = tracked(alive)](std::exception_ptr, std::vector<long>) {
+              called = true;
+            }));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      ending.stop();
+    }
+    CHECK(*alive == 0);
+    const std::vector<long> next{9};
+    CHECK(p.map(square, next) == std::vector<long>{81});
+    CHECK_FALSE(called);
   }
 
   // Before, each map waited on a thread of its own for a lock taken in no
