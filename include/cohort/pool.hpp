@@ -205,7 +205,12 @@ class pool {
 #endif
   pool(pool&&) noexcept;
   pool& operator=(pool&&) noexcept;
-  /// Lets the workers finish their item in hand, then ends them.
+  /// Lets the workers finish their item in hand, then ends them. A worker
+  /// that died (killed outright, SIGKILL) gave back none of its holds on
+  /// the queues' shared memory: what it held stays allocated in this
+  /// process after the pool has gone, until trim_shared_memory() lets go
+  /// of it (see storage.hpp). Call that after a pool whose worker died
+  /// where pools are made again and again.
   ~pool();
 
   /// fn(worker, item) for every item, spread over the workers; returns the
