@@ -59,6 +59,14 @@ std::shared_ptr<map_ticket> pool_ticket(pool_state& pool);
 /// once (on a thread of the pool) as aborted; one running stops as
 /// map() documents. Thread-safe; the pool may be gone.
 void pool_cancel(const std::shared_ptr<map_ticket>& ticket) noexcept;
+/// Blocks until the asynchronous maps that had their turns before this
+/// one's have handed their handlers over: handlers reach their executors
+/// in the order the maps ran. Not for a map that ran without a turn
+/// (cancelled while waiting, refused by the pool's end).
+void pool_await_hand_off(map_ticket& ticket);
+/// This map's handler is handed over (or runs): the next may go.
+/// Idempotent.
+void pool_handed_off(map_ticket& ticket) noexcept;
 /// Runs `tasks` (encoded arguments) through the function registered as
 /// `name`; returns the encoded results in order. Throws as pool::map.
 /// Without a ticket (a blocking map) it waits its turn first; with one, it
@@ -138,16 +146,25 @@ class map_completion final : public pending_completion {
   map_completion(Handler handler, Executor executor, asio::cancellation_slot slot, std::shared_ptr<map_ticket> ticket)
       : handler_(std::move(handler)), executor_(std::move(executor)), slot_(slot), ticket_(std::move(ticket)) {}
 
-  /// Hands `args` to the handler on its executor, unless the context has
-  /// ended. The executor's work ends here, under the lock, where the
-  /// context's shutdown cannot pass. The slot is cleared on the thread that
-  /// would emit it, just before the handler runs.
+  /// Hands `args` to the handler on its executor, after the maps that ran
+  /// before have handed theirs over, unless the context has ended. The
+  /// executor's work ends here, under the lock, where the context's
+  /// shutdown cannot pass. The slot is cleared on the thread that would
+  /// emit it, just before the handler runs. A handler run at once, on this
+  /// thread, lets the next map's go as it starts: it may wait for that map.
   template <class... Args>
   void complete(Args&&... args) {
+    pool_await_hand_off(*ticket_);
+    struct handing {
+      map_ticket& ticket;
+      ~handing() { pool_handed_off(ticket); }
+    } handed{*ticket_};
     std::lock_guard lock(mutex);
     if (settled) return;
     settled = true;
-    asio::dispatch(*executor_, [h = std::move(*handler_), slot = slot_, ... args = std::forward<Args>(args)]() mutable {
+    asio::dispatch(*executor_, [h = std::move(*handler_), slot = slot_, ticket = ticket_,
+                                ... args = std::forward<Args>(args)]() mutable {
+      pool_handed_off(*ticket);
       if (slot.is_connected()) slot.clear();
       std::move(h)(std::move(args)...);
     });
@@ -241,7 +258,9 @@ class pool {
   /// co_await). Its turn come, it runs on a thread the pool owns, never
   /// blocking the caller's io_context; a map waiting its turn holds no
   /// thread. The handler runs on its associated executor (on that thread
-  /// for a handler with none), and the map counts as work on it until then.
+  /// for a handler with none), and the map counts as work on it until then;
+  /// handlers are handed to their executors in the order their maps ran
+  /// (one run at once on the pool's thread lets the next go as it starts).
   /// Cancellation (the handler's cancellation slot, any type) ends the wait
   /// with std::system_error(operation_aborted), at once for a map waiting
   /// its turn: items a worker has taken still run, and their results are

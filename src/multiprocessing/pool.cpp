@@ -98,6 +98,12 @@ struct map_line {
   bool taken = false;    // a map has the turn
   std::deque<std::shared_ptr<map_ticket>> waiting;
   std::condition_variable turn_given;  // to blocking maps waiting
+  // Asynchronous maps' places in the order they had their turns, and how
+  // many have handed their handlers over: each hands its own over once
+  // `handed` reaches its place. The pool's end lets the rest go as they come.
+  std::uint64_t placed = 0;
+  std::uint64_t handed = 0;
+  std::condition_variable hand_off;
 };
 
 }  // namespace detail
@@ -111,6 +117,8 @@ struct detail::map_ticket {
   // map leaves the line.
   std::function<void()> job;  // an asynchronous map's, while in line; empty for a blocking one
   bool turn = false;          // given the turn: it runs, then passes it on
+  std::uint64_t place = 0;    // with the turn: its place among the hand-overs
+  bool handed = false;        // its handler has been handed over
 };
 
 namespace detail {
@@ -146,6 +154,7 @@ class pool_state {
         if (!ticket->job) ticket->turn = true;  // a blocking map: it sees the end
       }
       line_->turn_given.notify_all();
+      line_->hand_off.notify_all();
     }
     take_back_tasks();
     tasks_.close();
@@ -327,7 +336,7 @@ class pool_state {
       start(job);  // it fails at once as aborted
     } else if (!line_->taken && line_->waiting.empty()) {
       line_->taken = true;
-      ticket->turn = true;
+      give_turn(*ticket);
       start(job);
     } else {
       line_->waiting.push_back(ticket);
@@ -364,12 +373,13 @@ class pool_state {
     while (!line_->waiting.empty()) {
       auto next = line_->waiting.front();
       if (next->job) {
-        next->turn = true;  // before its thread reads it
+        give_turn(*next);  // before its thread reads it
         try {
           start(next->job);
         } catch (...) {
           // No thread for it: left in line for a cancel or the pool's end.
           next->turn = false;
+          --line_->placed;
           return;
         }
         next->job = nullptr;
@@ -381,6 +391,13 @@ class pool_state {
       return;
     }
     line_->taken = false;
+  }
+
+  // An asynchronous map's turn, and its place among the hand-overs. Under
+  // the line's mutex.
+  void give_turn(map_ticket& ticket) {
+    ticket.turn = true;
+    ticket.place = line_->placed++;
   }
 
   // Runs `job` on a thread of the pool. Under the line's mutex.
@@ -432,6 +449,28 @@ void pool_cancel(const std::shared_ptr<map_ticket>& ticket) noexcept {
   } catch (...) {
     // No thread for it: it fails as aborted when its turn comes.
   }
+}
+
+void pool_await_hand_off(map_ticket& ticket) {
+  if (!ticket.turn) return;
+  const auto line = ticket.line.lock();
+  if (!line) return;
+  std::unique_lock lock(line->mutex);
+  line->hand_off.wait(lock, [&] { return line->handed >= ticket.place || line->pool == nullptr; });
+}
+
+void pool_handed_off(map_ticket& ticket) noexcept {
+  if (!ticket.turn) return;
+  const auto line = ticket.line.lock();
+  if (!line) return;
+  {
+    std::lock_guard lock(line->mutex);
+    if (ticket.handed) return;
+    ticket.handed = true;
+    // Past the pool's end a later map may have gone first.
+    line->handed = std::max(line->handed, ticket.place + 1);
+  }
+  line->hand_off.notify_all();
 }
 
 std::vector<std::optional<encoded>> pool_run(pool_state& pool, const std::string& name,
