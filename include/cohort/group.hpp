@@ -187,7 +187,10 @@ class group {
   /// std::system_error(operation_aborted). Any number of waits may be in
   /// flight at once. Once the io_context the group runs on has been
   /// destroyed, the wait of an ended run gives its result on the handler's
-  /// executor, and that of a run not ended throws std::logic_error.
+  /// executor, and that of a run not ended throws std::logic_error. A wait
+  /// in flight as that io_context is destroyed runs there, and goes with it:
+  /// its handler is destroyed without being called (an awaiting coroutine
+  /// never resumes), as asio's own pending operations are.
   template <completion_token_of<run_result> Token = default_token>
   [[nodiscard]] auto wait(Token&& token = {}) {
     // Asked as the wait starts, which a lazy token does later: the
