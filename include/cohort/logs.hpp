@@ -71,15 +71,23 @@ struct streams_per_rank {
 /// A console that does not take its lines holds a thread at most about a
 /// millisecond at a time, and only of the groups that write to it; what it
 /// has not taken waits in memory, and the streams on it read no more until
-/// it has (README, "Logs").
+/// it has (README, "Logs"). A log file that is a pipe or a device is
+/// written the same way: what it does not take within about a millisecond
+/// waits in memory (one read's worth) and its stream reads no more, the
+/// rank then waiting on its pipe as it would on the file. Once the run is
+/// asked to end, such a file (a FIFO nobody reads) is waited for at most
+/// as long as a console is: then it gets no more, and
+/// run_result::log_errors says so. A log file that is a FIFO must be open
+/// for reading when the group starts.
 ///
 /// Files: <dir>/<run_id>/attempt_<attempt>/<rank>/{stdout.log,stderr.log,
 /// error.json}; the group's error files go there too (unless
 /// group_spec::error_dir is set). Folders and files are made before any
 /// rank starts (a file an earlier run left is replaced by a new one, not
 /// truncated): a directory that cannot be made or
-/// written is a std::filesystem::filesystem_error of start_processes, with
-/// the path, and nothing started.
+/// written, or a FIFO that no process has open for reading (ENXIO: the open
+/// does not wait for one), is a std::filesystem::filesystem_error of
+/// start_processes, with the path, and nothing started.
 struct logs_spec {
   /// Empty: no files; `redirects` and `tee` then have nowhere to write
   /// (std::invalid_argument at start).

@@ -104,16 +104,26 @@ void check_folder_names(const logs_spec& spec) {
 // (its auto_da_alloc guard for rewritten files), which would hold up the
 // end of the run for as long as the disk takes to write everything. Only a
 // plain file with one name is replaced; a link or a device is opened as it
-// is.
+// is. The open never waits: a FIFO that no process has open for reading is
+// refused (ENXIO) rather than holding up the start until one does. What
+// the open returns blocks, as the rank expects of its stdout; a pump makes
+// its own file non-blocking where that matters (group_logs's constructor).
 os::owned_fd open_log(const std::filesystem::path& path) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 && st.st_size > 0) {
     ::unlink(path.c_str());  // whatever stops this stops the open below, which says why
   }
-  os::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  os::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0644));
   if (fd.get() < 0) {
-    throw std::filesystem::filesystem_error("cohort::start_processes: log file", path, std::error_code(errno, std::system_category()));
+    const std::error_code ec(errno, std::system_category());
+    const bool unread_fifo =
+        ec == std::errc::no_such_device_or_address && ::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
+    throw std::filesystem::filesystem_error(
+        unread_fifo ? "cohort::start_processes: log file (a FIFO that no process has open for reading)"
+                    : "cohort::start_processes: log file",
+        path, ec);
   }
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
   return fd;
 }
 
@@ -215,6 +225,30 @@ constexpr int inline_wait_ms = 1;
 // How often a stream looks again at a console whose POLLOUT wait failed.
 constexpr std::chrono::milliseconds room_retry{10};
 
+// Writes the `left` bytes at `at` to `fd` (with send's MSG_DONTWAIT when
+// it is a `socket`), moving both past what it took: 0 once all is written,
+// else the errno that stopped it, EAGAIN when a descriptor that does not
+// wait took nothing more within inline_wait_ms. Where `fd` can raise
+// SIGPIPE, the caller holds an os::quiet_sigpipe.
+int write_out(int fd, bool socket, const char*& at, std::size_t& left) {
+  while (left > 0) {
+    const ssize_t n = socket ? ::send(fd, at, left, MSG_DONTWAIT | MSG_NOSIGNAL) : ::write(fd, at, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN) return errno;
+      // A reader that reads on (`| cat`) takes more within a moment:
+      // waiting for it here costs a wake-up in the kernel, where a wait on
+      // the io_context costs a round through it for every pipeful.
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, inline_wait_ms) == 0) return EAGAIN;
+      continue;
+    }
+    at += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  return 0;
+}
+
 // Writes `c`'s backlog, then `size` bytes of `data`, under c.mutex. What
 // the console does not take within inline_wait_ms is kept in the backlog
 // (`later`); `refused` with c.error set when the console refuses it (its
@@ -223,33 +257,14 @@ constexpr std::chrono::milliseconds room_retry{10};
 offered put(console_out& c, const char* data, std::size_t size) {
   std::optional<os::quiet_sigpipe> quiet;
   if (c.pipe && !c.socket) quiet.emplace();
-  // 0 once all of a piece is written, else the errno that stopped it.
-  const auto write_out = [&](const char*& at, std::size_t& left) {
-    while (left > 0) {
-      const ssize_t n = c.socket ? ::send(c.fd, at, left, MSG_DONTWAIT | MSG_NOSIGNAL) : ::write(c.fd, at, left);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN) return errno;
-        // A console that reads on (`| cat`) takes more within a moment:
-        // waiting for it here costs a wake-up in the kernel, where a wait
-        // on the io_context costs a round through it for every pipeful.
-        pollfd p{c.fd, POLLOUT, 0};
-        if (::poll(&p, 1, inline_wait_ms) == 0) return EAGAIN;
-        continue;
-      }
-      at += n;
-      left -= static_cast<std::size_t>(n);
-    }
-    return 0;
-  };
   const char* old = c.backlog.data() + c.taken;
   std::size_t old_left = c.backlog.size() - c.taken;
-  int error = write_out(old, old_left);
+  int error = write_out(c.fd, c.socket, old, old_left);
   c.taken = c.backlog.size() - old_left;
   if (error == 0) {
     c.backlog.clear();
     c.taken = 0;
-    error = write_out(data, size);
+    error = write_out(c.fd, c.socket, data, size);
   }
   if (error == EAGAIN) {
     c.backlog.append(data, size);
@@ -297,10 +312,10 @@ struct group_logs::state {
   // Set before the coroutines are told to stop (the followers and the
   // watcher at the start of drain(), the pumps after its limit), and when
   // the time the run was given to end has passed (console_time_up: a
-  // console that still holds lines back is given up). A signal emitted
-  // after the wait it was meant for completed, before the coroutine
-  // resumed, cancels nothing: the coroutine sees its flag before it waits
-  // again.
+  // console that still holds lines back is given up, and so is a log file
+  // that still holds bytes back). A signal emitted after the wait it was
+  // meant for completed, before the coroutine resumed, cancels nothing: the
+  // coroutine sees its flag before it waits again.
   std::atomic<bool> stop_followers = false, stop_pumps = false, console_time_up = false;
   // On the group's strand: when the pumps were stopped, and when the run
   // was first asked to end (ask_to_end), with the time it gives the
@@ -495,6 +510,12 @@ group_logs::group_logs(const logs_spec& spec, const spawn_options& options, cons
         stream.full_read = size > 0 ? std::min(read_size, static_cast<std::size_t>(size)) : read_size;
         stream.source = os::owned_fd(p[0]);
         stream.file_is_pipe = is_pipe(file.get());
+        struct stat kind {};
+        if (file.get() >= 0 && ::fstat(file.get(), &kind) == 0 && !S_ISREG(kind.st_mode)) {
+          // A pipe or device that does not take the bytes holds back the
+          // stream (write_file), never the pump's thread.
+          ::fcntl(file.get(), F_SETFL, ::fcntl(file.get(), F_GETFL) | O_NONBLOCK);
+        }
         stream.file = std::move(file);
         target = stdio::fd(p[1]);
         ends.held.emplace_back(p[1]);
@@ -520,27 +541,6 @@ void group_logs::started() {
 
 namespace {
 
-// Writes `size` bytes of `data`; false with errno set when the descriptor
-// refuses them (EAGAIN on a non-blocking console is waited out). To a pipe
-// (`pipe`) whose reader has gone, it fails with EPIPE and no SIGPIPE.
-bool write_all(int fd, bool pipe, const char* data, std::size_t size) {
-  std::optional<os::quiet_sigpipe> quiet;
-  if (pipe) quiet.emplace();
-  while (size > 0) {
-    const ssize_t n = ::write(fd, data, size);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno != EAGAIN) return false;
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, -1);
-      continue;
-    }
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
 void add_error(group_logs::state& st, std::string message) {
   std::lock_guard lock(st.errors_mutex);
   st.errors.push_back(std::move(message));
@@ -562,12 +562,41 @@ void lose_console(group_logs::state& st, log_stream& s, int error) {
                                   console, why));
 }
 
-// Writes what came in to the stream's file whole.
+// The stream's file refused a write (a full disk, a FIFO whose reader has
+// gone) or took nothing more until the deadline (ETIMEDOUT): it is closed,
+// and log_errors says so.
+void lose_file(group_logs::state& st, log_stream& s, int error) {
+  const std::string why = error == ETIMEDOUT ? "it took nothing more for the time the run was given to end"
+                                              : std::strerror(error);
+  add_error(st,
+            fmt::format("cohort: writing {} failed ({}); what the rank wrote after is not in it", s.file_path, why));
+  s.file.reset();
+  s.file_backlog.clear();
+  s.file_taken = 0;
+}
+
+// Writes the file's backlog, then `size` bytes of `data`, to the stream's
+// file. A plain file takes all of it (its writes wait in the kernel, for
+// the disk); what a pipe or device does not take within inline_wait_ms
+// waits in the backlog, and the stream reads no more until the file has
+// taken it (file_room).
 void write_file(group_logs::state& st, log_stream& s, const char* data, std::size_t size) {
-  if (s.file.get() >= 0 && !write_all(s.file.get(), s.file_is_pipe, data, size)) {
-    add_error(st, fmt::format("cohort: writing {} failed ({}); what the rank wrote after is not in it", s.file_path,
-                              std::strerror(errno)));
-    s.file.reset();
+  if (s.file.get() < 0) return;
+  std::optional<os::quiet_sigpipe> quiet;
+  if (s.file_is_pipe) quiet.emplace();
+  const char* old = s.file_backlog.data() + s.file_taken;
+  std::size_t old_left = s.file_backlog.size() - s.file_taken;
+  int error = write_out(s.file.get(), false, old, old_left);
+  s.file_taken = s.file_backlog.size() - old_left;
+  if (error == 0) {
+    s.file_backlog.clear();
+    s.file_taken = 0;
+    error = write_out(s.file.get(), false, data, size);
+  }
+  if (error == EAGAIN) {
+    if (size > 0) s.file_backlog.append(data, size);
+  } else if (error != 0) {
+    lose_file(st, s, error);
   }
 }
 
@@ -701,6 +730,10 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
 // more until console_room.
 bool console_full(const log_stream& s) { return s.console >= 0 && s.out->full; }
 
+// Whether the console or the file of `s` holds bytes back: the stream then
+// reads no more until room().
+bool held_back(const log_stream& s) { return console_full(s) || s.file_taken < s.file_backlog.size(); }
+
 // The time the run was given to end has passed: what the console of `s`
 // still holds back, and what its streams write after, reach only the
 // files.
@@ -735,6 +768,34 @@ asio::awaitable<void> console_room(group_logs::state& st, log_stream& s, const a
   }
 }
 
+// Waits until the file of `s` has taken its backlog, as console_room
+// waits for the console: on the io context, and given up once the time
+// the run was given to end has passed, so that a FIFO nobody reads holds
+// up neither the group nor the end of its run.
+asio::awaitable<void> file_room(group_logs::state& st, log_stream& s, const asio::any_io_executor& executor) {
+  while (s.file_taken < s.file_backlog.size()) {
+    if (st.console_time_up) {
+      lose_file(st, s, ETIMEDOUT);
+      co_return;
+    }
+    std::error_code ec;
+    co_await uring::async_poll(executor, s.file.get(), POLLOUT, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec && ec != std::errc::interrupted && ec != asio::error::operation_aborted) {
+      asio::steady_timer pause(executor, room_retry);
+      co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    }
+    write_file(st, s, nullptr, 0);
+  }
+}
+
+// Waits until neither the console nor the file of `s` holds bytes back.
+// Nothing is written meanwhile, so neither fills again while the other is
+// waited for.
+asio::awaitable<void> room(group_logs::state& st, log_stream& s, const asio::any_io_executor& executor) {
+  co_await console_room(st, s, executor);
+  co_await file_room(st, s, executor);
+}
+
 // What came in goes to the console first: a file write can wait on the
 // disk, and the console is where someone is watching.
 void deliver(group_logs::state& st, log_stream& s, std::string& lines, const char* data, std::size_t size) {
@@ -756,7 +817,7 @@ void tell_busy(group_logs::state& st) noexcept {
 // ended (or cannot be read), true while it is open.
 bool read_available(group_logs::state& st, log_stream& s) {
   for (;;) {
-    if (console_full(s)) return true;  // read on once the console has room
+    if (held_back(s)) return true;  // read on once the console and the file have room
     const borrowed_scratch scratch(st);
     const ssize_t n = ::read(s.source.get(), scratch->data.get(), read_size);
     if (n > 0) {
@@ -826,7 +887,7 @@ asio::awaitable<void> pump(std::shared_ptr<group_logs::state> state, std::size_t
   auto executor = co_await asio::this_coro::executor;
   co_await asio::this_coro::throw_if_cancelled(false);  // a late signal must not throw past the end below
   for (bool open = true; open;) {
-    co_await console_room(st, s, executor);
+    co_await room(st, s, executor);
     if (st.stop_pumps) break;  // looked at after each wait: the signal that tells it may have come between them
     std::error_code ec;
     co_await uring::async_poll(executor, s.source.get(), POLLIN, asio::redirect_error(asio::use_awaitable, ec));
@@ -834,10 +895,10 @@ asio::awaitable<void> pump(std::shared_ptr<group_logs::state> state, std::size_t
     if (ec) break;
     open = read_available(st, s);
   }
-  // What is left in the pipe, then the partial line; the console takes
-  // all of it before the pump ends.
-  do co_await console_room(st, s, executor);
-  while (read_available(st, s) && console_full(s));
+  // What is left in the pipe, then the partial line; the console and the
+  // file take all of it before the pump ends.
+  do co_await room(st, s, executor);
+  while (read_available(st, s) && held_back(s));
   end_stream(st, s);
   co_await console_room(st, s, executor);
   ended(state, group_strand);

@@ -41,6 +41,10 @@ struct log_stream {
   /// is ever told so.
   int watch = -1;
   os::owned_fd file;     ///< a pipe's log file, written here, or none
+  /// What the file (a pipe or a device, non-blocking) has not taken yet,
+  /// from `file_taken` on: the stream reads no more until it has.
+  std::string file_backlog;
+  std::size_t file_taken = 0;
   std::string file_path;  ///< for messages
   int console = -1;  ///< where its lines go, or -1
   console_out* out = nullptr;  ///< how they are written there (logs.cpp)
@@ -76,10 +80,11 @@ class group_logs {
   /// Waits for every pump to reach the end of its stream, at most `limit`;
   /// then reads what is left without waiting, writes the partial lines and
   /// closes everything. Those last writes wait for a console that does not
-  /// take them (a paused terminal, an unread pipe), as a plain program's
-  /// do, on the io context (its threads stay free for the group's signals
-  /// and stop()); once the run is asked to end, at most the time
-  /// ask_to_end() gives them: what is left then reaches only the files, and
+  /// take them (a paused terminal, an unread pipe), and so for a log file
+  /// that is a pipe or a device, as a plain program's do, on the io context
+  /// (its threads stay free for the group's signals and stop()); once the
+  /// run is asked to end, at most the time ask_to_end() gives them: what is
+  /// left then reaches only the files (a file given up, nothing more), and
   /// errors() says so. Runs on the group's strand.
   asio::awaitable<void> drain(std::chrono::milliseconds limit);
   /// The run was asked to end (stop(), a shutdown signal): drain()'s last

@@ -29,6 +29,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -1150,4 +1151,145 @@ TEST_CASE("a log file that cannot be written to the end is reported, and the con
   CHECK(r.log_errors[0].find("No space left on device") != std::string::npos);
   CHECK(r.log_errors[0].find((folder / "stdout.log").string()) != std::string::npos);
   CHECK(out.text() == "[worker0]:one\n[worker0]:two\n");
+}
+
+namespace {
+
+// The stdout.log of rank 0 under `dir` made a FIFO before the run, as a
+// log collector would, and its read end opened by the test (blocking),
+// or -1 with `open_reader` false.
+struct fifo_log {
+  fs::path path;
+  int reader = -1;
+  fifo_log(const fs::path& dir, bool open_reader) : path(dir / "none" / "attempt_0" / "0" / "stdout.log") {
+    fs::create_directories(path.parent_path());
+    REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+    if (!open_reader) return;
+    reader = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // a FIFO's read end opens without a writer so
+    REQUIRE(reader >= 0);
+    ::fcntl(reader, F_SETFL, ::fcntl(reader, F_GETFL) & ~O_NONBLOCK);
+  }
+  ~fifo_log() {
+    if (reader >= 0) ::close(reader);
+  }
+};
+
+std::string seq(int last) {
+  std::string text;
+  for (int i = 1; i <= last; ++i) text += std::to_string(i) + "\n";
+  return text;
+}
+
+}  // namespace
+
+// Before, the pump waited in its write to the FIFO for as long as nobody
+// read it: the thread it held saw no exits, no signals and no stop().
+TEST_CASE("a teed log file that is a FIFO nobody reads holds up neither stop() nor the end of the run") {
+  int threads = 1;
+  SUBCASE("one thread") {}
+  SUBCASE("two threads") { threads = 2; }
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  fifo_log fifo(dir.path, true);
+  // The rank writes far more than the FIFO holds, then waits to be
+  // stopped. Nobody reads the FIFO until 30 s have passed (so that a wait
+  // without end still ends).
+  auto spec = shell_ranks(1, "seq 1 300000; sleep 60 & wait");
+  spec.logs.dir = dir.path;
+  spec.logs.tee = std_streams::out;
+  spec.logs.console_out = out.fd;
+  spec.shutdown.kill_wait = 500ms;
+  std::atomic<bool> ended = false;
+  std::thread rescue([&] {
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (!ended && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+    if (!ended) read_to_end(fifo.reader);
+  });
+  asio::io_context io;
+  const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration took{};
+  const auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
+    group g = co_await start_processes(spec);
+    asio::steady_timer pause(io, 1s);
+    co_await pause.async_wait(asio::use_awaitable);
+    g.stop();
+    auto result = co_await g.wait();
+    took = std::chrono::steady_clock::now() - start;
+    co_return result;
+  }(), threads);
+  ended = true;
+  rescue.join();
+  CHECK(r.stopped);
+  // 1 s, the rank's end at SIGTERM, kill_wait for the pump, and another for the file.
+  CHECK(took < 20s);
+  REQUIRE(r.log_errors.size() == 1);
+  CHECK(r.log_errors[0].find(fifo.path.string()) != std::string::npos);
+  CHECK(r.log_errors[0].find("took nothing more for the time the run was given to end") != std::string::npos);
+  // The FIFO holds the start of what the rank wrote; the console its lines
+  // in order, but the last, which the rank may have been stopped in.
+  const std::string all = seq(300000);
+  const std::string taken = read_to_end(fifo.reader);
+  CHECK(taken.size() > 0);
+  CHECK(all.starts_with(taken));
+  const auto lines = lines_of(out.text());
+  std::string out_of_order;
+  for (std::size_t i = 0; i + 1 < lines.size() && out_of_order.empty(); ++i) {
+    if (lines[i] != "[worker0]:" + std::to_string(i + 1)) out_of_order = lines[i];
+  }
+  CHECK(out_of_order == "");
+  CHECK(lines.size() > 1000);
+}
+
+TEST_CASE("a teed log file that is a FIFO read late gets every byte") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  fifo_log fifo(dir.path, true);
+  auto spec = shell_ranks(1, "seq 1 300000");
+  spec.logs.dir = dir.path;
+  spec.logs.tee = std_streams::out;
+  spec.logs.console_out = out.fd;
+  std::string taken;
+  std::thread reader([&] {
+    std::this_thread::sleep_for(2s);
+    taken = read_to_end(fifo.reader);
+  });
+  const auto r = run_group(spec);
+  reader.join();
+  CHECK(r.ok());
+  CHECK(r.log_errors.empty());
+  CHECK(taken == seq(300000));
+  CHECK(lines_of(out.text()).size() == 300000);
+}
+
+// Before, start_processes waited in its open of the FIFO until a reader came.
+TEST_CASE("a log file that is a FIFO nobody has open for reading is refused before any rank starts") {
+  test::temp_dir dir;
+  fifo_log fifo(dir.path, false);
+  const auto started = dir.path / "started";
+  auto spec = shell_ranks(1, "touch " + started.string());
+  spec.logs.dir = dir.path;
+  spec.logs.tee = std_streams::out;
+  // A reader that comes after 10 s, so that an open without end still ends.
+  std::atomic<bool> ended = false;
+  std::thread rescue([&] {
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (!ended && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+    if (ended) return;
+    const int reader = ::open(fifo.path.c_str(), O_RDONLY | O_CLOEXEC);
+    read_to_end(reader);
+    ::close(reader);
+  });
+  std::optional<fs::filesystem_error> error;
+  try {
+    (void)run_group(spec);
+  } catch (const fs::filesystem_error& e) {
+    error = e;
+  }
+  ended = true;
+  rescue.join();
+  REQUIRE(error.has_value());
+  CHECK(error->path1() == fifo.path);
+  CHECK(error->code() == std::errc::no_such_device_or_address);
+  CHECK(std::string(error->what()).find("FIFO") != std::string::npos);
+  CHECK_FALSE(fs::exists(started));
 }
