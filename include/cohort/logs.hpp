@@ -130,8 +130,11 @@ struct logs_spec {
   /// Another value must be a descriptor open for writing when the group
   /// starts (std::invalid_argument otherwise); the group writes through a
   /// descriptor of its own, so the caller's may be closed once the group
-  /// has started. Groups whose consoles are one file share the writes, a
-  /// line at a time. A console that refuses a
+  /// has started. It lets go of that one once every stream has ended,
+  /// before wait() returns: closed then, unless another group of this
+  /// process still writes to the same console, so that a reader of the
+  /// pipe sees its end. Groups whose consoles are one file share the
+  /// writes, a line at a time. A console that refuses a
   /// write (a pipe whose reader has gone, as under `| head`) takes no more
   /// lines: the ranks run on, their log files get every byte, and
   /// run_result::log_errors says so. Such a write raises no SIGPIPE in

@@ -1073,15 +1073,19 @@ void group_logs::ask_to_end(std::chrono::milliseconds limit) {
   if (st.all_done) st.all_done->cancel();
 }
 
-asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
-  auto& st = *state_;
+namespace {
+
+// What drain() waits for: the end of every coroutine of `state`, within
+// the bounds drain() gives.
+asio::awaitable<void> end_streams(std::shared_ptr<group_logs::state> state, std::chrono::milliseconds limit) {
+  auto& st = *state;
   if (!st.watched.empty()) {  // the files hold all the ranks wrote: read them to their ends
     st.stop_followers = true;
     for (std::size_t i = 0; i < st.streams.size(); ++i) {
-      if (st.streams[i].followed) kick(state_, i);
+      if (st.streams[i].followed) kick(state, i);
     }
     const auto last = st.cancels.size() - 1;
-    asio::post(st.strands[last], [state = state_, last] { state->cancels[last]->emit(asio::cancellation_type::terminal); });
+    asio::post(st.strands[last], [state, last] { state->cancels[last]->emit(asio::cancellation_type::terminal); });
   }
   const auto pumped_until = std::chrono::steady_clock::now() + limit;
   co_await await_ends(st, [&] { return pumped_until; });
@@ -1090,12 +1094,34 @@ asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
   // what is there and stop, and the last lines wait for the consoles.
   st.pumps_stopped_at = std::chrono::steady_clock::now();
   st.stop_pumps = true;
-  wake_all(state_);
+  wake_all(state);
   co_await await_ends(st, [&] { return console_deadline(st); });
   if (st.running == 0) co_return;
   st.console_time_up = true;  // before the wake-up, which a coroutine between waits misses
-  wake_all(state_);
+  wake_all(state);
   co_await await_ends(st, [] { return std::chrono::steady_clock::time_point::max(); });
+}
+
+}  // namespace
+
+asio::awaitable<void> group_logs::drain(std::chrono::milliseconds limit) {
+  co_await end_streams(state_, limit);
+  // Every stream has ended: a reader of the console sees its end once the
+  // caller's descriptors are closed too, not only once the group is gone.
+  close_descriptors();
+}
+
+void group_logs::close_descriptors() noexcept {
+  auto& st = *state_;
+  for (auto& s : st.streams) {
+    s.source.reset();
+    s.file.reset();
+    s.console = -1;
+    s.out = nullptr;
+  }
+  st.inotify.reset();
+  for (auto& ends : st.ranks) ends.held.clear();
+  st.consoles.clear();  // a console's own descriptor closes with the last group that writes to it
 }
 
 std::vector<std::string> group_logs::errors() const {

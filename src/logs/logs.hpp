@@ -92,6 +92,14 @@ class group_logs {
   /// they begin if that is later. The first call counts; it may come at any
   /// time, before or during drain(). Call on the group's strand.
   void ask_to_end(std::chrono::milliseconds limit);
+  /// Closes every descriptor no io object owns: the streams' sources and
+  /// files, the inotify instance, the ends meant for the ranks, and this
+  /// group's hold on its consoles (a console's own descriptor closes with
+  /// the last group that writes to it). drain() does so once every stream
+  /// has ended; a group_logs that must never be destroyed (its io_context
+  /// is gone, and with it the services its io objects would reach) is
+  /// closed so before it is let go. No pump may run after.
+  void close_descriptors() noexcept;
   /// Log files that could not be written (a full disk), one line each.
   std::vector<std::string> errors() const;
   /// How many descriptors the pumps will open once started on `io`: a

@@ -14,6 +14,7 @@
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <termios.h>
 #include <unistd.h>
@@ -1292,4 +1293,67 @@ TEST_CASE("a log file that is a FIFO nobody has open for reading is refused befo
   CHECK(error->code() == std::errc::no_such_device_or_address);
   CHECK(std::string(error->what()).find("FIFO") != std::string::npos);
   CHECK_FALSE(fs::exists(started));
+}
+
+namespace {
+
+// What `fd` gives until its writers are gone, or nullopt when they are not
+// gone within `limit`: read without waiting in the read.
+std::optional<std::string> read_to_end_within(int fd, std::chrono::milliseconds limit) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  std::string text;
+  char buffer[4096];
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n == 0) return text;
+    if (n > 0) {
+      text.append(buffer, static_cast<std::size_t>(n));
+      continue;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (errno != EAGAIN || left <= 0ms) return std::nullopt;
+    pollfd p{fd, POLLIN, 0};
+    ::poll(&p, 1, static_cast<int>(left.count()));
+  }
+}
+
+}  // namespace
+
+// Before, the group held its own descriptor of the console until the group
+// object went and its io_context ran again: a reader that waits for the
+// end of the console's pipe waited past wait().
+TEST_CASE("once wait() returns, the group holds the console no more: a reader of its pipe sees the end") {
+  bool through_pipes = false, files = true;
+  SUBCASE("followed") {}
+  SUBCASE("through pipes") { through_pipes = true; }
+  SUBCASE("console only") { files = false; }
+  test::temp_dir dir;
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  auto spec = shell_ranks(2, "echo out $R; echo err $R >&2");
+  tee_or_prefix(spec, dir.path, files, through_pipes);
+  spec.logs.console_out = console[1];
+  spec.logs.console_err = console[1];
+  const int watchers_before = test::descriptors_linking_to("anon_inode:inotify");
+  std::optional<std::string> text;
+  int watchers_after = -1;
+  asio::io_context io;
+  const auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
+    group g = co_await start_processes(spec);
+    ::close(console[1]);  // the caller's may be closed once the group has started
+    auto result = co_await g.wait();
+    // The group object lives on, its io_context idle.
+    text = read_to_end_within(console[0], 5s);
+    watchers_after = test::descriptors_linking_to("anon_inode:inotify");
+    co_return result;
+  }());
+  ::close(console[0]);
+  CHECK(r.ok());
+  REQUIRE(text.has_value());
+  const auto lines = lines_of(*text);
+  const std::multiset<std::string> expected{"[worker0]:out 0", "[worker0]:err 0", "[worker1]:out 1",
+                                            "[worker1]:err 1"};
+  CHECK(std::multiset<std::string>(lines.begin(), lines.end()) == expected);
+  CHECK(watchers_after == watchers_before);  // a followed file's inotify instance is closed too
 }
