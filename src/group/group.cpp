@@ -163,6 +163,7 @@ struct group_state {
     // those objects' destructors would reach, are gone).
     if (context.expired()) {
       (void)io.release();
+      if (logs) logs->close_descriptors();  // its files and pipes are plain descriptors: closed, not left open
       (void)logs.release();
       (void)new std::shared_ptr<asio::signal_set>(std::move(signals));
       (void)new std::vector<std::shared_ptr<run_end>>(std::move(waiters));

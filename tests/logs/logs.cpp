@@ -1357,3 +1357,35 @@ TEST_CASE("once wait() returns, the group holds the console no more: a reader of
   CHECK(std::multiset<std::string>(lines.begin(), lines.end()) == expected);
   CHECK(watchers_after == watchers_before);  // a followed file's inotify instance is closed too
 }
+
+// Before, a group object that outlived its io_context kept every log
+// descriptor for good when it went: the files, the pipes' read ends, the
+// inotify instance and its console's descriptor, whose reader never saw
+// the end.
+TEST_CASE("a group kept past its io_context closes its log descriptors when it goes") {
+  bool through_pipes = false;
+  SUBCASE("followed") {}
+  SUBCASE("through pipes") { through_pipes = true; }
+  test::temp_dir dir;
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  auto spec = shell_ranks(2, "echo out $R; echo err $R >&2; sleep 30");
+  tee_or_prefix(spec, dir.path, true, through_pipes);
+  spec.logs.console_out = console[1];
+  spec.logs.console_err = console[1];
+  (void)run_group(shell_ranks(1, "true"));  // what the first run of a process opens for good
+  const int before = test::open_fd_count();
+  {
+    group g;
+    {
+      asio::io_context io;
+      g = start_processes(io.get_executor(), spec);
+      io.run_for(500ms);
+    }  // the io_context goes while the ranks run
+  }
+  CHECK(test::open_fd_count() == before);
+  ::close(console[1]);
+  const auto text = read_to_end_within(console[0], 5s);
+  ::close(console[0]);
+  CHECK(text.has_value());
+}
