@@ -692,9 +692,16 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
     s.after_return = false;
   }
   // A lone '\r' ends a line: on a terminal as it is, to be drawn over;
-  // elsewhere as '\n', so that each line there is one rank's.
+  // elsewhere as '\n', so that each line there is one rank's. "\r\n"
+  // goes out as "\n" there too, as it does when a read ends between the
+  // two (above): the same however the pipe's reads were cut.
   const auto ended = [&] {
-    if (lines.back() == '\r' && !s.out->terminal) lines.back() = '\n';
+    if (s.out->terminal) return;
+    if (lines.back() == '\r') {
+      lines.back() = '\n';
+    } else if (lines.size() >= 2 && lines[lines.size() - 2] == '\r') {  // a line's "\r\n"
+      lines.erase(lines.size() - 2, 1);
+    }
   };
   line_ends ends(end);
   const char* line_end = ends.after(data);

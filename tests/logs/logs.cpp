@@ -382,7 +382,10 @@ TEST_CASE("a line written after a burst reaches the console while its rank still
   CHECK(console.back() == "[worker0]:after the pause");
 }
 
-TEST_CASE("a carriage return ends a console line, written as a newline but to a terminal; \\r\\n is one line end") {
+// Before, \r\n came out as it is when one read took both, and as \n when
+// a read ended between them.
+TEST_CASE("a carriage return ends a console line, written as a newline but to a terminal; \\r\\n is one newline, "
+          "however the reads were cut") {
   bool through_pipes = false;
   SUBCASE("followed") {}
   SUBCASE("through pipes") { through_pipes = true; }
@@ -402,7 +405,7 @@ TEST_CASE("a carriage return ends a console line, written as a newline but to a 
   const auto r = run_watching(spec, out, "[worker0]:step 2\n", seen);
   REQUIRE(r.ok());
   // Not a terminal: each line is one rank's, ended by a newline.
-  CHECK(out.text() == "[worker0]:step 1\n[worker0]:step 2\n[worker0]:saw it\r\n[worker0]:split\n[worker0]:last\n");
+  CHECK(out.text() == "[worker0]:step 1\n[worker0]:step 2\n[worker0]:saw it\n[worker0]:split\n[worker0]:last\n");
   CHECK(test::read_file(dir.path / "logs" / "none" / "attempt_0" / "0" / "stdout.log") ==
         "step 1\rstep 2\rsaw it\r\nsplit\r\nlast");
 }
