@@ -8,6 +8,7 @@
 #include "process/launch.hpp"
 #include "launch/uncaught.hpp"
 
+#include <asio/detail/strand_executor_service.hpp>
 #include <asio/error.hpp>
 #include <asio/execution_context.hpp>
 #include <asio/executor_work_guard.hpp>
@@ -529,6 +530,13 @@ asio::execution_context::id completion_service::id;
 }  // namespace
 
 void watch_completion(asio::execution_context& context, const std::weak_ptr<pending_completion>& completion) {
+  if (!asio::has_service<completion_service>(context)) {
+    // A context shuts its services down last made first. A strand's service
+    // made after the watch would shut down before it, and a map ending in
+    // between would have its handler destroyed on the map's thread, beside
+    // the strand's own: it is made first, so that the watch goes before it.
+    (void)asio::use_service<asio::detail::strand_executor_service>(context);
+  }
   asio::use_service<completion_service>(context).watch(completion);
 }
 

@@ -604,6 +604,50 @@ TEST_SUITE("pool") {
     CHECK_FALSE(called);
   }
 
+  // Before, a strand made after the first map on its io_context shut down
+  // before the pool's watch: a map ending in between had its handler
+  // destroyed on the map's thread, while the strand's own were destroyed.
+  TEST_CASE("a strand's map in flight as its io_context goes is destroyed on the thread destroying it") {
+    pool p(2);
+    auto io = std::make_unique<asio::io_context>();
+    const std::vector<long> one{1};
+    bool first_done = false;
+    p.map(square, one, asio::bind_executor(*io, [&](std::exception_ptr, std::vector<long>) { first_done = true; }));
+    io->run_for(std::chrono::seconds(30));
+    REQUIRE(first_done);
+    io->restart();
+    auto strand = asio::make_strand(*io);
+    // Queued on the strand, never run: its end holds the strand's shutdown
+    // for 600 ms, while the map below ends.
+    struct slow_end {
+      bool live = true;
+      slow_end() = default;
+      slow_end(slow_end&& other) noexcept { other.live = false; }
+      ~slow_end() {
+        if (live) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+      }
+    };
+    asio::post(strand, [held = slow_end{}] {});
+    const storage ran = storage::allocate_shared(sizeof(std::int64_t));
+    const auto items = counted_items(ran, 20);  // 200 ms of work on 2 workers
+    std::mutex mutex;
+    std::optional<std::thread::id> ended_on;
+    std::shared_ptr<void> marker(nullptr, [&](void*) {  // runs as the handler's last copy goes
+      std::lock_guard lock(mutex);
+      ended_on = std::this_thread::get_id();
+    });
+    bool called = false;
+    p.map(counted_square, items, asio::bind_executor(strand, [&called, marker = std::move(marker)](std::exception_ptr, std::vector<long>) {
+      called = true;
+    }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    io.reset();
+    std::lock_guard lock(mutex);
+    REQUIRE(ended_on.has_value());
+    CHECK(*ended_on == std::this_thread::get_id());
+    CHECK_FALSE(called);
+  }
+
   // Before, each map waited on a thread of its own for a lock taken in no
   // order: later maps overtook earlier ones, and 500 maps held 500 threads.
   TEST_CASE("maps run in the order they were made, and the maps waiting their turn hold no thread") {
