@@ -338,7 +338,16 @@ class pool_state {
     } else if (!line_->taken && line_->waiting.empty()) {
       line_->taken = true;
       give_turn(*ticket);
-      start(job);
+      try {
+        start(job);
+      } catch (...) {
+        // No thread for it: the map fails as it is made, and the line is as
+        // it was, for the maps made next.
+        ticket->turn = false;
+        --line_->placed;
+        line_->taken = false;
+        throw;
+      }
     } else {
       line_->waiting.push_back(ticket);
       ticket->job = std::move(job);

@@ -23,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +33,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -646,6 +648,31 @@ TEST_SUITE("pool") {
     REQUIRE(ended_on.has_value());
     CHECK(*ended_on == std::this_thread::get_id());
     CHECK_FALSE(called);
+  }
+
+  // Before, a map whose thread could not be started kept the turn: every
+  // map made after it waited until the pool's end.
+  TEST_CASE("a map whose thread cannot be started fails as it is made, and the maps after it run") {
+    pool p(2);
+    const std::vector<long> items{3};
+    rlimit usual{};
+    REQUIRE(::getrlimit(RLIMIT_AS, &usual) == 0);
+    long pages = 0;
+    std::ifstream("/proc/self/statm") >> pages;
+    rlimit tight = usual;  // what the process maps now and 1 MiB more: no room for a thread's stack
+    tight.rlim_cur = static_cast<rlim_t>(pages) * static_cast<rlim_t>(::sysconf(_SC_PAGESIZE)) + (1 << 20);
+    REQUIRE(::setrlimit(RLIMIT_AS, &tight) == 0);
+    bool threw = false;
+    try {
+      p.map(square, items, [](std::exception_ptr, std::vector<long>) {});
+    } catch (const std::system_error&) {
+      threw = true;
+    }
+    REQUIRE(::setrlimit(RLIMIT_AS, &usual) == 0);
+    CHECK(threw);
+    auto next = p.map(square, items, asio::use_future);
+    REQUIRE(next.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+    CHECK(next.get() == std::vector<long>{9});
   }
 
   // Before, each map waited on a thread of its own for a lock taken in no
