@@ -607,7 +607,9 @@ std::uint64_t note_rank(pid_t pid) {
     std::lock_guard lock(r->mutex);
     if (r->table == nullptr) return 0;  // no guardian: spares the read of /proc
   }
-  const std::uint64_t start_time = os::start_time_of(pid).value_or(0);
+  // Read from a zombie too: a function rank is noted once every rank has
+  // started, and one may have ended by then.
+  const std::uint64_t start_time = os::start_time_of_child(pid).value_or(0);
   if (start_time == 0) return 0;
   const std::uint64_t record = rank_record(static_cast<std::uint64_t>(pid), start_time);
   std::lock_guard lock(r->mutex);

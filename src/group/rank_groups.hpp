@@ -31,7 +31,9 @@ bool rank_group_noted(pid_t pgid);
 /// process that took the pid since apart, as each segment is stamped with
 /// its maker's. The note, for forget_rank; 0, and nothing noted, when no
 /// guardian of this process's keeps notes (none runs, or its table is
-/// full) or the start time cannot be read (the rank has ended already).
+/// full) or the start time cannot be read. A rank that has ended already,
+/// not yet reaped, is noted: its pid is still its own, and the segments it
+/// made are swept by its run as any rank's.
 std::uint64_t note_rank(pid_t pid);
 
 /// Lets go of a note note_rank made (0: none).

@@ -61,7 +61,11 @@ const char* stat_fields(pid_t pid, char (&text)[1024], bool& ended) noexcept {
 
 }  // namespace
 
-std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept {
+namespace {
+
+// Field 22 of /proc/<pid>/stat; a zombie with no thread left counts as
+// ended (0) unless `zombie_counts`.
+std::optional<std::uint64_t> read_start_time(pid_t pid, bool zombie_counts) noexcept {
   char text[1024];
   bool ended = false;
   const char* p = stat_fields(pid, text, ended);
@@ -76,9 +80,15 @@ std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept {
   }
   if (p == nullptr) return std::nullopt;
   // A leader that called pthread_exit shows Z while its other threads run.
-  if ((state == 'Z' || state == 'X') && threads <= 1) return 0;
+  if (!zombie_counts && (state == 'Z' || state == 'X') && threads <= 1) return 0;
   return std::strtoull(p + 1, nullptr, 10);
 }
+
+}  // namespace
+
+std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept { return read_start_time(pid, false); }
+
+std::optional<std::uint64_t> start_time_of_child(pid_t pid) noexcept { return read_start_time(pid, true); }
 
 char state_of(pid_t pid) noexcept {
   char text[1024];

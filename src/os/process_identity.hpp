@@ -16,6 +16,10 @@ namespace cohort::os {
 /// with no thread left), nullopt when /proc could not tell (out of
 /// descriptors, say).
 std::optional<std::uint64_t> start_time_of(pid_t pid) noexcept;
+/// The start time of `pid`, a child of this process not yet reaped: read
+/// as start_time_of() does, but a zombie's too (its pid stays its own until
+/// it is reaped). 0 when there is no such process.
+std::optional<std::uint64_t> start_time_of_child(pid_t pid) noexcept;
 /// Whether the process `pid` that started at `start_time` has ended; false
 /// when that cannot be told. A start time of 0 (one that could not be read)
 /// is judged by the pid alone.

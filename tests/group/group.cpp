@@ -54,6 +54,7 @@
 #include <future>
 #include <iterator>
 #include <limits>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -422,6 +423,65 @@ void fork_setsid_child(int, std::string dir) {
   publish_pids(dir, {pid});
 }
 COHORT_ENTRYPOINT(fork_setsid_child);
+
+// For the test of a rank that ends before every rank has started: the
+// first rank's pid, in memory the supervisor shares with its forked ranks,
+// and the file the other ranks make on SIGTERM.
+static std::atomic<pid_t>* first_rank = nullptr;
+static char term_file[256] = {};
+
+// The ranks' hook (before their function, as they report set-up): the
+// first rank to reach it goes on; the others wait, 10 s at most, until it
+// has ended, not yet reaped (its state Z), so that the start returns after.
+// Allocates nothing.
+static int let_the_first_end(void*) noexcept {
+  const auto self = static_cast<pid_t>(::syscall(SYS_getpid));
+  pid_t first = 0;
+  if (first_rank->compare_exchange_strong(first, self)) return 0;
+  char path[32] = "/proc/";
+  char digits[16];
+  int n = 0;
+  for (pid_t p = first; p > 0; p /= 10) digits[n++] = static_cast<char>('0' + p % 10);
+  std::size_t at = std::strlen(path);
+  while (n > 0) path[at++] = digits[--n];
+  std::memcpy(path + at, "/stat", 6);
+  for (int i = 0; i < 10000; ++i) {
+    char text[512];
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    const auto got = fd >= 0 ? ::read(fd, text, sizeof text - 1) : -1;
+    if (fd >= 0) ::close(fd);
+    if (got > 0) {
+      text[got] = '\0';
+      const char* close = std::strrchr(text, ')');
+      if (close != nullptr && close[1] == ' ' && close[2] == 'Z') return 0;
+    }
+    const timespec tick{0, 1'000'000};
+    ::nanosleep(&tick, nullptr);
+  }
+  return 0;
+}
+
+// The first rank makes a file_system segment's file, stamped with its pid
+// and start time, writes its pid and dies holding it; the others note
+// SIGTERM and go on.
+void end_first_or_wait(int, std::string dir) {
+  if (first_rank->load() == os::this_process()) {
+    const std::uint64_t start_time = os::start_time_of(os::this_process()).value_or(0);
+    const shm::segment_stamp stamp{shm::segment_magic, 0x0123456789abcdefULL, shm::header_size, os::pid_namespace(),
+                                   start_time};
+    const auto file = fmt::format("/dev/shm/cohort_{}_0123456789abcdef", os::this_process());
+    std::ofstream(file).write(reinterpret_cast<const char*>(&stamp), sizeof stamp);
+    std::ofstream(fs::path(dir) / "rank.tmp") << os::this_process() << "\n";
+    fs::rename(fs::path(dir) / "rank.tmp", fs::path(dir) / "rank");
+    ::_exit(3);
+  }
+  ::signal(SIGTERM, [](int) {
+    const int fd = ::open(term_file, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) ::close(fd);
+  });
+  for (;;) ::pause();
+}
+COHORT_ENTRYPOINT(end_first_or_wait);
 
 TEST_SUITE("group") {
   TEST_CASE("every rank runs, and a run where all exit 0 has no failures") {
@@ -2070,6 +2130,56 @@ TEST_SUITE("group") {
     CHECK(fs::exists(fs::path("/dev/shm") / other));
     fs::remove(fs::path("/dev/shm") / file);
     fs::remove(fs::path("/dev/shm") / other);
+  }
+
+  TEST_CASE("the guardian removes the segment files of a function rank that ended before every rank had started") {
+    // Function ranks are noted once every rank has started: rank 0 (the
+    // first to reach the hook) makes its file and ends before the others
+    // report their set-up, so it is a zombie then. The others ignore
+    // SIGTERM, so the run waits out term_grace with it reaped and its
+    // process group's note gone, and the supervisor is killed then.
+    // Before, its file stayed: a zombie's start time was read as 0, and it
+    // was never noted.
+    if (!fs::is_directory("/dev/shm")) {
+      MESSAGE("no /dev/shm here: not checked");
+      return;
+    }
+    test::temp_dir dir;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      void* shared = ::mmap(nullptr, sizeof(std::atomic<pid_t>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                            -1, 0);
+      if (shared == MAP_FAILED) ::_exit(2);
+      first_rank = new (shared) std::atomic<pid_t>(0);
+      const std::string term = (dir.path / "term").string();
+      if (term.size() >= sizeof term_file) ::_exit(2);
+      std::memcpy(term_file, term.c_str(), term.size() + 1);
+      cohort::guardian guard;
+      group_spec spec;
+      spec.entry = call(start_method::fork, end_first_or_wait, dir.path.string());
+      spec.nprocs = 4;
+      spec.options.before_exec = let_the_first_end;
+      spec.shutdown.term_grace = 60s;
+      asio::io_context io;
+      group g = start_processes(io.get_executor(), spec);
+      std::ofstream(dir.path / "started").flush();
+      io.run_for(60s);
+      ::_exit(1);
+    }
+    REQUIRE(pid > 0);
+    pid_t rank = 0;
+    test::within(10s, [&] { return (rank = first_line_pid(dir.path / "rank")) > 0; }, 5ms);
+    const auto file = fs::path("/dev/shm") / fmt::format("cohort_{}_0123456789abcdef", rank);
+    const bool started = test::within(10s, [&] { return fs::exists(dir.path / "started"); }, 5ms);
+    // The shutdown's SIGTERM comes once rank 0's end is recorded.
+    const bool shutting_down = test::within(10s, [&] { return fs::exists(dir.path / "term"); }, 5ms);
+    ::kill(pid, SIGKILL);
+    CHECK(killed_soon(pid));
+    REQUIRE(rank > 0);
+    REQUIRE(started);
+    REQUIRE(shutting_down);
+    CHECK(test::within(10s, [&] { return !fs::exists(file); }, 5ms));
+    fs::remove(file);
   }
 
   TEST_CASE("a start that fails after its first rank started lets that rank's note go") {
