@@ -926,11 +926,44 @@ void end_unfinished(group_state& state) noexcept {
   } catch (...) {
     // Out of memory or descriptors for the scan: the ranks still go.
   }
+  // The ranks by their child objects: a start that failed partway has not
+  // gathered `pids`. Those handed to a thread stay ours until it reaps them.
+  std::vector<pid_t> ranks, unreaped;
+  try {
+    for (const auto& c : state.children) {
+      if (c) ranks.push_back(c.pid());
+    }
+  } catch (...) {
+    ranks.clear();  // out of memory: no sweep, rather than half of one
+  }
   for (std::size_t rank = 0; rank < state.children.size(); ++rank) {
     auto& c = state.children[rank];
     if (!c || c.status() || reapable(c)) continue;
+    try {
+      unreaped.push_back(c.pid());
+    } catch (...) {
+    }
     hand_to_reaping_thread(state, rank);
   }
+  // The named segments the ranks made go now, as at a run's finish: the
+  // guardian's notes of the ranks, which would have removed them had this
+  // process died, go right after.
+  try {
+    state.pids_since_start.refresh();
+  } catch (...) {
+    // Left holding every pid, as in finish().
+  }
+  // Unknown while another launch is in progress: then none counts as ours.
+  try {
+    const bool known = detail::with_owned_pids([&unreaped](const std::set<pid_t>& owned) {
+      std::erase_if(unreaped, [&owned](pid_t pid) { return !owned.contains(pid); });
+    });
+    if (!known) unreaped.clear();
+  } catch (...) {
+    unreaped.clear();
+  }
+  shm::sweep_segments_of_run(ranks, unreaped,
+                             [&window = state.pids_since_start](pid_t maker) { return window.holds(maker); });
 }
 
 }  // namespace detail

@@ -1885,6 +1885,40 @@ TEST_SUITE("group") {
     }
   }
 
+  // Before, the files stayed: only a run that finished swept them.
+  TEST_CASE("an io_context destroyed under a running group removes the segment files its ranks made") {
+    if (!fs::is_directory("/dev/shm")) {
+      MESSAGE("no /dev/shm here: not checked");
+      return;
+    }
+    test::temp_dir dir;
+    group_spec spec;
+    spec.entry =
+        command("/bin/sh", {"-c", "echo $$ > \"$0/rank\"; while true; do sleep 0.05; done", dir.path.string()});
+    spec.nprocs = 1;
+    fs::path file;
+    {
+      asio::io_context io;
+      asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+        group g = co_await start_processes(spec);
+        co_await g.wait();
+      }, asio::detached);
+      pid_t rank = 0;
+      for (int i = 0; i < 500 && (rank = first_line_pid(dir.path / "rank")) <= 0; ++i) io.run_for(20ms);
+      REQUIRE(rank > 0);
+      // The rank's file_system segment, made here under its name and stamp.
+      const std::uint64_t start_time = os::start_time_of(rank).value_or(0);
+      REQUIRE(start_time != 0);
+      file = fs::path("/dev/shm") / fmt::format("cohort_{}_0123456789abcdef", rank);
+      const shm::segment_stamp stamp{shm::segment_magic, 0x0123456789abcdefULL, shm::header_size, os::pid_namespace(),
+                                     start_time};
+      std::ofstream(file).write(reinterpret_cast<const char*>(&stamp), sizeof stamp);
+      REQUIRE(fs::exists(file));
+    }  // the supervision goes with it, unfinished
+    CHECK(!fs::exists(file));
+    fs::remove(file);
+  }
+
   // Before, the end stopped looking as soon as nothing noted was left,
   // before the killed rank had died and handed over its orphan, which then
   // went to init once the subreaper attribute was restored.
