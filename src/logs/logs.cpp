@@ -9,6 +9,7 @@
 #include "logs/logs.hpp"
 
 #include "os/quiet_sigpipe.hpp"
+#include "os/write_if_room.hpp"
 #include "uring/poll.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -162,6 +163,7 @@ struct console_out {
   // first of them ends.
   os::owned_fd own;
   bool socket = false;    // written with send(MSG_DONTWAIT)
+  bool blocking = false;  // a pipe or terminal written as it is: see os/write_if_room.hpp
   bool pipe = false;      // a write can raise SIGPIPE: see os/quiet_sigpipe.hpp
   bool terminal = false;  // a lone '\r' redraws the line there; elsewhere it is written as '\n'
   dev_t device = 0;
@@ -180,8 +182,9 @@ namespace {
 // already, a socket (send's MSG_DONTWAIT), or a pipe or terminal opened
 // again through /proc with O_NONBLOCK, which leaves the flags of the
 // caller's own descriptor alone. A plain file is written through a
-// duplicate of `fd` (its writes end without a reader), and so is anything
-// that cannot be opened again.
+// duplicate of `fd` (its writes end without a reader), and so is a pipe or
+// terminal that cannot be opened again (another user's: EACCES), but only
+// with what it takes without waiting (os::write_if_room).
 std::shared_ptr<console_out> open_console(int fd, const struct stat* found) {
   auto c = std::make_shared<console_out>();
   c->given = fd;
@@ -205,6 +208,8 @@ std::shared_ptr<console_out> open_console(int fd, const struct stat* found) {
     if (again.get() >= 0 && ::fstat(again.get(), &same) == 0 && same.st_dev == st.st_dev && same.st_ino == st.st_ino) {
       c->fd = again.get();
       c->own = std::move(again);
+    } else {
+      c->blocking = true;
     }
   }
   return c;
@@ -226,13 +231,16 @@ constexpr int inline_wait_ms = 1;
 constexpr std::chrono::milliseconds room_retry{10};
 
 // Writes the `left` bytes at `at` to `fd` (with send's MSG_DONTWAIT when
-// it is a `socket`), moving both past what it took: 0 once all is written,
+// it is a `socket`, with os::write_if_room when it is a pipe or terminal
+// `blocking` as it is), moving both past what it took: 0 once all is written,
 // else the errno that stopped it, EAGAIN when a descriptor that does not
 // wait took nothing more within inline_wait_ms. Where `fd` can raise
 // SIGPIPE, the caller holds an os::quiet_sigpipe.
-int write_out(int fd, bool socket, const char*& at, std::size_t& left) {
+int write_out(int fd, bool socket, bool blocking, const char*& at, std::size_t& left) {
   while (left > 0) {
-    const ssize_t n = socket ? ::send(fd, at, left, MSG_DONTWAIT | MSG_NOSIGNAL) : ::write(fd, at, left);
+    const ssize_t n = socket     ? ::send(fd, at, left, MSG_DONTWAIT | MSG_NOSIGNAL)
+                      : blocking ? os::write_if_room(fd, at, left)
+                                 : ::write(fd, at, left);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN) return errno;
@@ -252,19 +260,18 @@ int write_out(int fd, bool socket, const char*& at, std::size_t& left) {
 // Writes `c`'s backlog, then `size` bytes of `data`, under c.mutex. What
 // the console does not take within inline_wait_ms is kept in the backlog
 // (`later`); `refused` with c.error set when the console refuses it (its
-// reader has gone: EPIPE, never SIGPIPE). A console written as it is (not
-// opened again non-blocking) holds the write in the kernel instead.
+// reader has gone: EPIPE, never SIGPIPE).
 offered put(console_out& c, const char* data, std::size_t size) {
   std::optional<os::quiet_sigpipe> quiet;
   if (c.pipe && !c.socket) quiet.emplace();
   const char* old = c.backlog.data() + c.taken;
   std::size_t old_left = c.backlog.size() - c.taken;
-  int error = write_out(c.fd, c.socket, old, old_left);
+  int error = write_out(c.fd, c.socket, c.blocking, old, old_left);
   c.taken = c.backlog.size() - old_left;
   if (error == 0) {
     c.backlog.clear();
     c.taken = 0;
-    error = write_out(c.fd, c.socket, data, size);
+    error = write_out(c.fd, c.socket, c.blocking, data, size);
   }
   if (error == EAGAIN) {
     c.backlog.append(data, size);
@@ -586,12 +593,12 @@ void write_file(group_logs::state& st, log_stream& s, const char* data, std::siz
   if (s.file_is_pipe) quiet.emplace();
   const char* old = s.file_backlog.data() + s.file_taken;
   std::size_t old_left = s.file_backlog.size() - s.file_taken;
-  int error = write_out(s.file.get(), false, old, old_left);
+  int error = write_out(s.file.get(), false, false, old, old_left);
   s.file_taken = s.file_backlog.size() - old_left;
   if (error == 0) {
     s.file_backlog.clear();
     s.file_taken = 0;
-    error = write_out(s.file.get(), false, data, size);
+    error = write_out(s.file.get(), false, false, data, size);
   }
   if (error == EAGAIN) {
     if (size > 0) s.file_backlog.append(data, size);

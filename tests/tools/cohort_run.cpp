@@ -182,6 +182,55 @@ std::vector<std::string> needed_libraries(const fs::path& path) {
   return out;
 }
 
+// Runs cohort-run (behind `runner`, which runs it as another user, when
+// given) with its stdout and stderr on one pipe whose read end this test
+// holds and never reads: the rank's teed lines fill it, and cohort-run's
+// own lines after the signal meet it full. SIGTERM still ends the run,
+// 128 + 15, its outcome recorded.
+void sigterm_ends_a_run_whose_console_is_never_read(const std::vector<std::string>& runner) {
+  test::temp_dir dir;
+  const auto file = dir.path / "result.json";
+  const auto logs = dir.path / "logs";
+  const auto tmp = dir.path / "tmp";
+  fs::create_directory(tmp);
+  for (const auto& writable : {dir.path, tmp}) fs::permissions(writable, fs::perms::all);
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  std::vector<std::string> args(runner.begin() + (runner.empty() ? 0 : 1), runner.end());
+  if (!runner.empty()) args.push_back(launcher);
+  for (std::string arg : {"--result-json", file.c_str(), "--log-dir", logs.c_str(), "-t", "3", "-n", "1", "--",
+                          "/bin/sh", "-c", "seq 1 200000; : > \"$0/up\"; sleep 30", dir.path.c_str()}) {
+    args.push_back(std::move(arg));
+  }
+  bool ended = false;
+  asio::io_context io;
+  const auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
+    spawn_options options{.out = stdio::fd(console[1]), .err = stdio::same_as_stdout()};
+    options.env.set("TMPDIR", tmp.string());
+    const command cmd(runner.empty() ? launcher : runner.front(), args);
+    child c = co_await spawn(cmd, options);
+    ::close(console[1]);
+    co_await files_appear(dir.path, 1, "up");
+    c.signal(SIGTERM);
+    asio::steady_timer timer(co_await asio::this_coro::executor, 20ms);
+    for (int i = 0; i < 1500 && !ended; ++i) {  // 30 s
+      ended = test::state_of(c.pid()) == 'Z';
+      timer.expires_after(20ms);
+      co_await timer.async_wait(asio::use_awaitable);
+    }
+    if (!ended) c.signal(SIGKILL);
+    co_return co_await c.wait();
+  }());
+  ::close(console[0]);
+  CHECK(ended);
+  CHECK(status.code() == 128 + SIGTERM);
+  REQUIRE(fs::exists(file));
+  const auto j = nlohmann::json::parse(read_file(file));
+  CHECK(j["outcome"] == "interrupted");
+  CHECK(j["exit_code"] == 128 + SIGTERM);
+  CHECK(fs::exists(run_folder(logs, j["run_id"].get<std::string>()) / "result.json"));
+}
+
 }  // namespace
 
 TEST_SUITE("cohort-run") {
@@ -1770,44 +1819,21 @@ TEST_SUITE("cohort-run") {
   }
 
   TEST_CASE("a console held open but never read: SIGTERM still ends cohort-run, 128 + 15, its outcome recorded") {
-    test::temp_dir dir;
-    const auto file = dir.path / "result.json";
-    const auto logs = dir.path / "logs";
-    // The rank's teed lines fill cohort-run's stdout and stderr, one pipe
-    // whose read end this test holds and never reads; cohort-run's own
-    // lines after the signal meet it full.
-    int console[2];
-    REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
-    const std::vector<std::string> args{"--result-json", file.string(), "--log-dir", logs.string(), "-t", "3", "-n",
-                                        "1", "--", "/bin/sh", "-c", "seq 1 200000; : > \"$0/up\"; sleep 30",
-                                        dir.path.string()};
-    bool ended = false;
-    asio::io_context io;
-    const auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
-      spawn_options options{.out = stdio::fd(console[1]), .err = stdio::same_as_stdout()};
-      options.env.set("TMPDIR", launcher_tmpdir());
-      const command cmd(launcher, args);
-      child c = co_await spawn(cmd, options);
-      ::close(console[1]);
-      co_await files_appear(dir.path, 1, "up");
-      c.signal(SIGTERM);
-      asio::steady_timer timer(co_await asio::this_coro::executor, 20ms);
-      for (int i = 0; i < 1500 && !ended; ++i) {  // 30 s
-        ended = test::state_of(c.pid()) == 'Z';
-        timer.expires_after(20ms);
-        co_await timer.async_wait(asio::use_awaitable);
-      }
-      if (!ended) c.signal(SIGKILL);
-      co_return co_await c.wait();
-    }());
-    ::close(console[0]);
-    CHECK(ended);
-    CHECK(status.code() == 128 + SIGTERM);
-    REQUIRE(fs::exists(file));
-    const auto j = nlohmann::json::parse(read_file(file));
-    CHECK(j["outcome"] == "interrupted");
-    CHECK(j["exit_code"] == 128 + SIGTERM);
-    CHECK(fs::exists(run_folder(logs, j["run_id"].get<std::string>()) / "result.json"));
+    sigterm_ends_a_run_whose_console_is_never_read({});
+  }
+
+  TEST_CASE("another user's console held open but never read: SIGTERM still ends cohort-run, its outcome recorded") {
+    // cohort-run as nobody on this test's pipe, which it cannot open again
+    // non-blocking through /proc: it writes the descriptor as it is.
+    const std::vector<std::string> as_nobody{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"};
+    std::string probe;
+    for (const auto& word : as_nobody) probe += word + " ";
+    probe += launcher + " --help >/dev/null 2>&1";
+    if (::geteuid() != 0 || std::system(probe.c_str()) != 0) {
+      MESSAGE("not root, no setpriv, or cohort-run out of nobody's reach: skipped");
+      return;
+    }
+    sigterm_ends_a_run_whose_console_is_never_read(as_nobody);
   }
 
   TEST_CASE("a log dir that fills up is named in the summary with the cause") {

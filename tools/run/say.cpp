@@ -1,5 +1,7 @@
 #include "run/say.hpp"
 
+#include "os/write_if_room.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -51,13 +53,15 @@ bool shutdown_came() noexcept {
 // One of cohort-run's standard streams, written so that a write can wait
 // for it with a limit: a pipe or terminal opened again through /proc with
 // O_NONBLOCK (the flags of the descriptor the ranks share stay as they
-// are), a socket with MSG_DONTWAIT. A file, or what cannot be opened again
-// (another user's pipe), is written as it is: its writes wait in the
-// kernel, as before any signal.
+// are), a socket with MSG_DONTWAIT. A pipe or terminal that cannot be
+// opened again (another user's: EACCES) is written as it is, but only
+// what it takes without waiting (os::write_if_room). A file is written as
+// it is: its writes wait on the disk, never on a reader.
 struct console {
   std::once_flag opened;
   int fd = -1;
   bool socket = false;
+  bool blocking = false;  // a pipe or terminal written as it is: see os/write_if_room.hpp
   std::mutex mutex;   // one line at a time; guards what follows
   std::string tail;   // the rest of a line the console took only part of
   std::size_t dropped = 0;  // lines it did not take since it last took one
@@ -77,9 +81,10 @@ struct console {
       struct stat same {};
       if (again >= 0 && ::fstat(again, &same) == 0 && same.st_dev == st.st_dev && same.st_ino == st.st_ino) {
         fd = again;
-      } else if (again >= 0) {
-        ::close(again);
+        return;
       }
+      if (again >= 0) ::close(again);
+      blocking = true;
     }
   }
 
@@ -88,8 +93,9 @@ struct console {
   // came, then for what is left of patience_after_signal.
   std::string_view put(std::string_view text) {
     while (!text.empty()) {
-      const ssize_t n = socket ? ::send(fd, text.data(), text.size(), MSG_DONTWAIT | MSG_NOSIGNAL)
-                               : ::write(fd, text.data(), text.size());
+      const ssize_t n = socket     ? ::send(fd, text.data(), text.size(), MSG_DONTWAIT | MSG_NOSIGNAL)
+                        : blocking ? cohort::os::write_if_room(fd, text.data(), text.size())
+                                   : ::write(fd, text.data(), text.size());
       if (n >= 0) {
         text.remove_prefix(static_cast<std::size_t>(n));
         continue;
