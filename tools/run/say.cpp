@@ -128,8 +128,10 @@ struct console {
     }
     std::string with_note;
     if (dropped > 0) {
-      with_note = fmt::format("cohort-run: {} line{} of its own dropped: the console did not take them\n", dropped,
-                              dropped == 1 ? " was" : "s were");
+      with_note = dropped == 1 ? "cohort-run: 1 line of its own was dropped: the console did not take it\n"
+                               : fmt::format("cohort-run: {} lines of its own were dropped: the console did not "
+                                             "take them\n",
+                                             dropped);
       with_note += text;
       text = with_note;
     }
