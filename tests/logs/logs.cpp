@@ -774,6 +774,47 @@ TEST_CASE("a console nobody reads holds up neither the first failure nor the shu
   if (files) CHECK(test::read_file(dir.path / "none" / "attempt_0" / "0" / "stdout.log") == expected_file);
 }
 
+namespace {
+
+// A run stopped a second after it started: its result, and how long from
+// its start to its wait's end.
+struct stopped_run {
+  run_result result;
+  std::chrono::steady_clock::duration took;
+};
+
+// Runs `spec` on `threads` threads and stops it after 1 s. Should it not
+// have ended 30 s in, a thread reads `unread` to its end, so that a wait
+// without end still ends (and fails the test's bound). `writer`, if not -1,
+// is the test's own end of what `unread` reads: closed once the run has
+// ended.
+stopped_run stop_after_a_second(const group_spec& spec, int unread, int writer, int threads = 1) {
+  std::atomic<bool> ended = false;
+  std::thread rescue([&] {
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (!ended && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+    if (!ended) read_to_end(unread);
+  });
+  asio::io_context io;
+  const auto start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::duration took{};
+  const auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
+    group g = co_await start_processes(spec);
+    asio::steady_timer pause(io, 1s);
+    co_await pause.async_wait(asio::use_awaitable);
+    g.stop();
+    auto result = co_await g.wait();
+    took = std::chrono::steady_clock::now() - start;
+    co_return result;
+  }(), threads);
+  ended = true;
+  if (writer != -1) ::close(writer);
+  rescue.join();
+  return {r, took};
+}
+
+}  // namespace
+
 TEST_CASE("a run asked to end waits for a console nobody reads at most another kill_wait, then says so") {
   bool through_pipes = false;
   SUBCASE("followed") {}
@@ -787,27 +828,7 @@ TEST_CASE("a run asked to end waits for a console nobody reads at most another k
   tee_or_prefix(spec, dir.path, true, through_pipes);
   spec.logs.console_out = console[1];
   spec.shutdown.kill_wait = 500ms;
-  std::atomic<bool> ended = false;
-  std::thread rescue([&] {
-    const auto until = std::chrono::steady_clock::now() + 30s;
-    while (!ended && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
-    if (!ended) read_to_end(console[0]);
-  });
-  asio::io_context io;
-  const auto start = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::duration took{};
-  const auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
-    group g = co_await start_processes(spec);
-    asio::steady_timer pause(io, 1s);
-    co_await pause.async_wait(asio::use_awaitable);
-    g.stop();
-    auto result = co_await g.wait();
-    took = std::chrono::steady_clock::now() - start;
-    co_return result;
-  }());
-  ended = true;
-  ::close(console[1]);
-  rescue.join();
+  const auto [r, took] = stop_after_a_second(spec, console[0], console[1]);
   ::close(console[0]);
   CHECK(r.stopped);
   // 1 s, the rank's end at SIGTERM, kill_wait for the pumps, and another for the console.
@@ -1203,26 +1224,7 @@ TEST_CASE("a teed log file that is a FIFO nobody reads holds up neither stop() n
   spec.logs.tee = std_streams::out;
   spec.logs.console_out = out.fd;
   spec.shutdown.kill_wait = 500ms;
-  std::atomic<bool> ended = false;
-  std::thread rescue([&] {
-    const auto until = std::chrono::steady_clock::now() + 30s;
-    while (!ended && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
-    if (!ended) read_to_end(fifo.reader);
-  });
-  asio::io_context io;
-  const auto start = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::duration took{};
-  const auto r = test::run(io, [&]() -> asio::awaitable<run_result> {
-    group g = co_await start_processes(spec);
-    asio::steady_timer pause(io, 1s);
-    co_await pause.async_wait(asio::use_awaitable);
-    g.stop();
-    auto result = co_await g.wait();
-    took = std::chrono::steady_clock::now() - start;
-    co_return result;
-  }(), threads);
-  ended = true;
-  rescue.join();
+  const auto [r, took] = stop_after_a_second(spec, fifo.reader, -1, threads);
   CHECK(r.stopped);
   // 1 s, the rank's end at SIGTERM, kill_wait for the pump, and another for the file.
   CHECK(took < 20s);
