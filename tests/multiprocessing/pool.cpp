@@ -639,9 +639,8 @@ TEST_SUITE("pool") {
       ended_on = std::this_thread::get_id();
     });
     bool called = false;
-    p.map(counted_square, items, asio::bind_executor(strand, [&called, marker = std::move(marker)](std::exception_ptr, std::vector<long>) {
-      called = true;
-    }));
+    auto handler = [&called, marker = std::move(marker)](std::exception_ptr, std::vector<long>) { called = true; };
+    p.map(counted_square, items, asio::bind_executor(strand, std::move(handler)));
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     io.reset();
     std::lock_guard lock(mutex);
