@@ -9,7 +9,7 @@
 #include "logs/logs.hpp"
 
 #include "os/quiet_sigpipe.hpp"
-#include "os/write_if_room.hpp"
+#include "os/unwaiting_write.hpp"
 #include "uring/poll.hpp"
 
 #include <asio/bind_cancellation_slot.hpp>
@@ -162,8 +162,7 @@ struct console_out {
   // caller's descriptor, which may be closed, its number reused, once the
   // first of them ends.
   os::owned_fd own;
-  bool socket = false;    // written with send(MSG_DONTWAIT)
-  bool blocking = false;  // a pipe or terminal written as it is: see os/write_if_room.hpp
+  os::write_way way = os::write_way::plain;  // how `fd` is written so that no write waits
   bool pipe = false;      // a write can raise SIGPIPE: see os/quiet_sigpipe.hpp
   bool terminal = false;  // a lone '\r' redraws the line there; elsewhere it is written as '\n'
   dev_t device = 0;
@@ -178,13 +177,8 @@ struct console_out {
 namespace {
 
 // The console at `fd`, whose fstat is `st` (nullptr: it failed), made
-// ready for writes that do not wait: a descriptor that is non-blocking
-// already, a socket (send's MSG_DONTWAIT), or a pipe or terminal opened
-// again through /proc with O_NONBLOCK, which leaves the flags of the
-// caller's own descriptor alone. A plain file is written through a
-// duplicate of `fd` (its writes end without a reader), and so is a pipe or
-// terminal that cannot be opened again (another user's: EACCES), but only
-// with what it takes without waiting (os::write_if_room).
+// ready for writes that do not wait (os::make_unwaiting). What is not
+// opened again is written through a duplicate of `fd`.
 std::shared_ptr<console_out> open_console(int fd, const struct stat* found) {
   auto c = std::make_shared<console_out>();
   c->given = fd;
@@ -196,21 +190,11 @@ std::shared_ptr<console_out> open_console(int fd, const struct stat* found) {
   c->inode = st.st_ino;
   c->pipe = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode);
   c->terminal = ::isatty(fd) == 1;
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags >= 0 && (flags & O_NONBLOCK) != 0) return c;  // its writes answer EAGAIN already
-  if (S_ISSOCK(st.st_mode)) {
-    c->socket = true;
-  } else if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
-    char path[48];
-    std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    os::owned_fd again(::open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
-    struct stat same {};
-    if (again.get() >= 0 && ::fstat(again.get(), &same) == 0 && same.st_dev == st.st_dev && same.st_ino == st.st_ino) {
-      c->fd = again.get();
-      c->own = std::move(again);
-    } else {
-      c->blocking = true;
-    }
+  auto out = os::make_unwaiting(fd, st);
+  c->way = out.way;
+  if (out.reopened.get() >= 0) {
+    c->fd = out.reopened.get();
+    c->own = std::move(out.reopened);
   }
   return c;
 }
@@ -230,17 +214,14 @@ constexpr int inline_wait_ms = 1;
 // How often a stream looks again at a console whose POLLOUT wait failed.
 constexpr std::chrono::milliseconds room_retry{10};
 
-// Writes the `left` bytes at `at` to `fd` (with send's MSG_DONTWAIT when
-// it is a `socket`, with os::write_if_room when it is a pipe or terminal
-// `blocking` as it is), moving both past what it took: 0 once all is written,
+// Writes the `left` bytes at `at` to `fd` the `way` it is written
+// (os::write_unwaiting), moving both past what it took: 0 once all is written,
 // else the errno that stopped it, EAGAIN when a descriptor that does not
 // wait took nothing more within inline_wait_ms. Where `fd` can raise
 // SIGPIPE, the caller holds an os::quiet_sigpipe.
-int write_out(int fd, bool socket, bool blocking, const char*& at, std::size_t& left) {
+int write_out(int fd, os::write_way way, const char*& at, std::size_t& left) {
   while (left > 0) {
-    const ssize_t n = socket     ? ::send(fd, at, left, MSG_DONTWAIT | MSG_NOSIGNAL)
-                      : blocking ? os::write_if_room(fd, at, left)
-                                 : ::write(fd, at, left);
+    const ssize_t n = os::write_unwaiting(fd, way, at, left);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN) return errno;
@@ -263,15 +244,15 @@ int write_out(int fd, bool socket, bool blocking, const char*& at, std::size_t& 
 // reader has gone: EPIPE, never SIGPIPE).
 offered put(console_out& c, const char* data, std::size_t size) {
   std::optional<os::quiet_sigpipe> quiet;
-  if (c.pipe && !c.socket) quiet.emplace();
+  if (c.pipe && c.way != os::write_way::send) quiet.emplace();
   const char* old = c.backlog.data() + c.taken;
   std::size_t old_left = c.backlog.size() - c.taken;
-  int error = write_out(c.fd, c.socket, c.blocking, old, old_left);
+  int error = write_out(c.fd, c.way, old, old_left);
   c.taken = c.backlog.size() - old_left;
   if (error == 0) {
     c.backlog.clear();
     c.taken = 0;
-    error = write_out(c.fd, c.socket, c.blocking, data, size);
+    error = write_out(c.fd, c.way, data, size);
   }
   if (error == EAGAIN) {
     c.backlog.append(data, size);
@@ -593,12 +574,12 @@ void write_file(group_logs::state& st, log_stream& s, const char* data, std::siz
   if (s.file_is_pipe) quiet.emplace();
   const char* old = s.file_backlog.data() + s.file_taken;
   std::size_t old_left = s.file_backlog.size() - s.file_taken;
-  int error = write_out(s.file.get(), false, false, old, old_left);
+  int error = write_out(s.file.get(), os::write_way::plain, old, old_left);
   s.file_taken = s.file_backlog.size() - old_left;
   if (error == 0) {
     s.file_backlog.clear();
     s.file_taken = 0;
-    error = write_out(s.file.get(), false, false, data, size);
+    error = write_out(s.file.get(), os::write_way::plain, data, size);
   }
   if (error == EAGAIN) {
     if (size > 0) s.file_backlog.append(data, size);

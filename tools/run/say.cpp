@@ -1,11 +1,9 @@
 #include "run/say.hpp"
 
-#include "os/write_if_room.hpp"
+#include "os/unwaiting_write.hpp"
 
-#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -51,17 +49,13 @@ bool shutdown_came() noexcept {
 }
 
 // One of cohort-run's standard streams, written so that a write can wait
-// for it with a limit: a pipe or terminal opened again through /proc with
-// O_NONBLOCK (the flags of the descriptor the ranks share stay as they
-// are), a socket with MSG_DONTWAIT. A pipe or terminal that cannot be
-// opened again (another user's: EACCES) is written as it is, but only
-// what it takes without waiting (os::write_if_room). A file is written as
-// it is: its writes wait on the disk, never on a reader.
+// for it with a limit (os::make_unwaiting; the flags of the descriptor the
+// ranks share stay as they are).
 struct console {
   std::once_flag opened;
   int fd = -1;
-  bool socket = false;
-  bool blocking = false;  // a pipe or terminal written as it is: see os/write_if_room.hpp
+  cohort::os::write_way way = cohort::os::write_way::plain;
+  cohort::os::owned_fd reopened;
   std::mutex mutex;   // one line at a time; guards what follows
   std::string tail;   // the rest of a line the console took only part of
   std::size_t dropped = 0;  // lines it did not take since it last took one
@@ -71,21 +65,10 @@ struct console {
     fd = given;
     struct stat st {};
     if (::fstat(given, &st) != 0) return;
-    const int flags = ::fcntl(given, F_GETFL);
-    if (flags >= 0 && (flags & O_NONBLOCK) != 0) return;  // its writes answer EAGAIN already
-    if (S_ISSOCK(st.st_mode)) {
-      socket = true;
-    } else if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
-      const std::string path = "/proc/self/fd/" + std::to_string(given);
-      const int again = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-      struct stat same {};
-      if (again >= 0 && ::fstat(again, &same) == 0 && same.st_dev == st.st_dev && same.st_ino == st.st_ino) {
-        fd = again;
-        return;
-      }
-      if (again >= 0) ::close(again);
-      blocking = true;
-    }
+    auto out = cohort::os::make_unwaiting(given, st);
+    way = out.way;
+    reopened = std::move(out.reopened);
+    if (reopened.get() >= 0) fd = reopened.get();
   }
 
   // Writes as much of `text` as the console takes; what is left is the
@@ -93,9 +76,7 @@ struct console {
   // came, then for what is left of patience_after_signal.
   std::string_view put(std::string_view text) {
     while (!text.empty()) {
-      const ssize_t n = socket     ? ::send(fd, text.data(), text.size(), MSG_DONTWAIT | MSG_NOSIGNAL)
-                        : blocking ? cohort::os::write_if_room(fd, text.data(), text.size())
-                                   : ::write(fd, text.data(), text.size());
+      const ssize_t n = cohort::os::write_unwaiting(fd, way, text.data(), text.size());
       if (n >= 0) {
         text.remove_prefix(static_cast<std::size_t>(n));
         continue;
