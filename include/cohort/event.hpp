@@ -34,10 +34,8 @@ void event_store_flag_only(event& e);
 /// only when someone waits (or, once, after a waiter was killed while it
 /// waited). A wait ends at any set() made while it waits,
 /// even one that a clear() follows at once, as Python's Event.wait does.
-/// A setter killed inside set() before its wake: a blocking wait looks at
-/// the flag again at least once a second; an awaited one is woken by the
-/// next set() that finds a wait counted (its own, when the setter was
-/// killed before uncounting the waits).
+/// A setter killed inside set() before its wake: a wait, blocking or
+/// awaited, looks at the flag again at least once a second.
 class event {
  public:
   /// A new event in shared memory. Throws shm_error.

@@ -2,6 +2,7 @@
 // shared memory, and this process's watch on each through a pidfd.
 #pragma once
 
+#include "os/fork_safe_mutex.hpp"
 #include "os/owned_fd.hpp"
 
 #include <sys/types.h>
@@ -91,7 +92,10 @@ class peer_watch {
 
  private:
   bool alive(const peer& p, death_notice* notice);  // with mutex_ held
-  std::mutex mutex_;
+  // Held across system calls (/proc, pidfd_open, poll, epoll_ctl), so a
+  // plain fork() by another thread must not copy it held: the child's
+  // first wait on the queue it inherited would stop there for good.
+  os::fork_safe_mutex mutex_;
   std::map<std::pair<pid_t, std::uint64_t>, os::owned_fd> pidfds_;
 };
 

@@ -581,6 +581,48 @@ TEST_SUITE("queue") {
     CHECK_THROWS_AS(test::run(io, q.pop()), peer_lost);
   }
 
+  // Before, the watch of a queue's peers took a plain mutex across system
+  // calls: a thread's fork() while another thread of the parent held it
+  // (a wait looking at the producers) left the child's first wait that
+  // sleeps stopped on it for good, past its timeout.
+  TEST_CASE("a plain fork while another thread waits on a queue leaves the child's waits working") {
+    queue<int> q(4);
+    const pid_t producer = ::fork();
+    REQUIRE(producer >= 0);
+    if (producer == 0) {  // a live producer, which each wait looks at
+      q.put(1);
+      ::pause();
+      ::_exit(0);
+    }
+    CHECK(q.get(10s) == 1);
+    std::atomic<bool> stop = false;
+    std::thread waiter([&] {
+      while (!stop.load()) (void)q.get(1us);
+    });
+    int forks = 0, stuck = 0;
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (forks < 1000 && stuck == 0 && std::chrono::steady_clock::now() < until) {
+      const pid_t child = ::fork();
+      REQUIRE(child >= 0);
+      if (child == 0) {
+        ::alarm(3);  // a stuck wait ends the child with SIGALRM
+        (void)q.get(1ms);
+        ::_exit(0);
+      }
+      int status = 0;
+      ::waitpid(child, &status, 0);
+      ++forks;
+      if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) ++stuck;
+    }
+    stop = true;
+    waiter.join();
+    ::kill(producer, SIGKILL);
+    ::waitpid(producer, nullptr, 0);
+    INFO("forks: " << forks);
+    CHECK(stuck == 0);
+    CHECK(forks > 0);
+  }
+
   TEST_CASE("the death notice wakes a sleeper when an armed process ends, from a thread libc does not count") {
     join_options options;
     options.method = start_method::spawn;
