@@ -281,6 +281,7 @@ std::vector<double> torch_numbers(const std::string& args, const std::string& ke
 
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
+  cohort::bench::line_buffered_stdout();
   const int n = argc > 1 ? std::atoi(argv[1]) : 100000;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
   // This process sets CUDA up (the ranks start by spawn, so they may).

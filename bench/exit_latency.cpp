@@ -221,6 +221,7 @@ void run(int samples) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::bench::line_buffered_stdout();
   try {
     run(argc > 1 ? std::atoi(argv[1]) : 500);
   } catch (const std::exception& e) {

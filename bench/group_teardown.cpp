@@ -120,6 +120,7 @@ double cohort_teardown(asio::io_context& io, const cohort::group_spec& spec) {
 
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
+  cohort::bench::line_buffered_stdout();
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 200;
   cohort::group_spec spec;
   spec.entry = cohort::command(rank_program);

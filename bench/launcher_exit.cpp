@@ -208,6 +208,7 @@ void print_line(const launcher& l) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::bench::line_buffered_stdout();
   const int rounds = std::max(1, argc > 1 ? std::atoi(argv[1]) : 50);
   const int torch_rounds = std::max(3, rounds / 10);
   const programs timed;
@@ -235,19 +236,16 @@ int main(int argc, char** argv) {
   for (int round = 0, torch_done = 0; round < rounds; ++round) {
     ours.round();
     for (; torch_done < (round + 1) * torch_rounds / rounds; ++torch_done) {
-      std::fflush(stdout);
       torch.round();
     }
   }
   if (wrapper_fd >= 0) std::remove(wrapper);
 
   print_line(ours);
-  std::fflush(stdout);
   print_line(torch);
   if (ours.failure.empty() && torch.failure.empty())
     fmt::print("  cohort-run is {:.0f}x faster\n",
                cohort::bench::median(torch.samples) / cohort::bench::median(ours.samples));
-  std::fflush(stdout);
 
   // Against the machine: a minimal launcher (posix_spawn K /bin/true, then
   // wait for them) at K = 1 to 128, rounds interleaved.

@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -123,8 +124,9 @@ struct spawned {
 };
 
 // Starts argv with stdout on `out_path` (or a pipe when empty, or
-// /dev/null for "-") and stderr on /dev/null.
-spawned start(const std::vector<std::string>& args, const std::string& out_path) {
+// /dev/null for "-") and stderr on `err_path`.
+spawned start(const std::vector<std::string>& args, const std::string& out_path,
+              const std::string& err_path = "/dev/null") {
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -140,7 +142,7 @@ spawned start(const std::vector<std::string>& args, const std::string& out_path)
     ::posix_spawn_file_actions_addopen(&actions, 1, out_path == "-" ? "/dev/null" : out_path.c_str(),
                                        O_WRONLY | O_CREAT | O_TRUNC, 0644);
   }
-  ::posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  ::posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   const int error = ::posix_spawn(&s.pid, argv[0], &actions, nullptr, argv.data(), environ);
   ::posix_spawn_file_actions_destroy(&actions);
   if (p[1] >= 0) ::close(p[1]);
@@ -169,14 +171,54 @@ std::vector<std::string> writer_args(const std::string& self, long megabytes) {
 double mb_per_second(long megabytes, double seconds) { return static_cast<double>(ranks * megabytes) / seconds; }
 
 // MB/s of one launcher run, from its start to its exit, console on
-// /dev/null; its log folder is removed after, outside the time.
-double launcher_throughput(const std::vector<std::string>& launcher, const fs::path& log_dir, long megabytes) {
+// /dev/null; its log folder is removed after, outside the time. Throws
+// std::runtime_error when it fails.
+double launcher_throughput(const std::vector<std::string>& launcher, const fs::path& log_dir, long megabytes,
+                           const std::string& err_path = "/dev/null") {
   const auto began = clock::now();
-  require_ok(launcher[0], finish(start(launcher, "-").pid));
+  require_ok(launcher[0], finish(start(launcher, "-", err_path).pid));
   const double seconds = cohort::bench::seconds_since(began);
   fs::remove_all(log_dir);
   return mb_per_second(megabytes, seconds);
 }
+
+// The last line of `path` with a letter in it, or "" (a failed peer's
+// stderr: what says why).
+std::string last_words(const fs::path& path) {
+  std::string last;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char line[1024];
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      std::string text(line);
+      while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ')) text.pop_back();
+      if (std::any_of(text.begin(), text.end(), [](unsigned char c) { return std::isalpha(c); })) last = text;
+    }
+    std::fclose(f);
+  }
+  return last;
+}
+
+// A peer launcher (torchrun): its runs, and why the first that failed did.
+// Its stderr goes to `err_path`, read back only to say why; after a failure
+// it runs no more, and cohort's figures print all the same.
+struct peer {
+  fs::path err_path;
+  std::string failure{};
+
+  // Runs `once` unless an earlier run failed; false when this one failed.
+  template <class F>
+  bool run(F&& once) {
+    if (!failure.empty()) return false;
+    try {
+      once();
+      return true;
+    } catch (const std::exception& e) {
+      failure = e.what();
+      if (const auto why = last_words(err_path); !why.empty()) failure += ": " + why;
+      return false;
+    }
+  }
+};
 
 // MB/s of the writers alone, each with stdout on its own file.
 double bare_throughput(const std::string& self, const fs::path& dir, long megabytes) {
@@ -436,9 +478,11 @@ std::vector<double> stamp_latencies(int fd) {
   return ms;
 }
 
-// Console latency through a launcher: its stdout read as it comes.
-std::vector<double> launcher_latency(const std::vector<std::string>& launcher) {
-  auto s = start(launcher, "");
+// Console latency through a launcher: its stdout read as it comes, its
+// stderr on `err_path`. Throws std::runtime_error when it fails.
+std::vector<double> launcher_latency(const std::vector<std::string>& launcher,
+                                     const std::string& err_path = "/dev/null") {
+  auto s = start(launcher, "", err_path);
   auto ms = stamp_latencies(s.out);
   ::close(s.out);
   require_ok(launcher[0], finish(s.pid));
@@ -526,9 +570,39 @@ std::optional<std::string> torch_python() {
   return chosen;
 }
 
+// The temporary folder, removed however the run ends.
+struct temp_folder {
+  fs::path path;
+  temp_folder() {
+    std::string pattern = (fs::temp_directory_path() / "cohort-bench-logs-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error(fmt::format("mkdtemp: {}", std::strerror(errno)));
+    path = pattern;
+  }
+  temp_folder(const temp_folder&) = delete;
+  temp_folder& operator=(const temp_folder&) = delete;
+  ~temp_folder() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+int run(int argc, char** argv);
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::bench::line_buffered_stdout();
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "log_pump: {}\n", e.what());
+    return 1;
+  }
+}
+
+namespace {
+
+int run(int argc, char** argv) {
   if (argc > 3 && std::strcmp(argv[1], "--write") == 0) return write_lines(std::atol(argv[2]), std::stoul(argv[3]));
   if (argc > 2 && std::strcmp(argv[1], "--stamp") == 0) return write_stamps(std::atoi(argv[2]));
   const long megabytes = argc > 1 ? std::atol(argv[1]) : 256;
@@ -540,13 +614,16 @@ int main(int argc, char** argv) {
   }
   const std::string self = fs::canonical("/proc/self/exe").string();
 
-  std::string pattern = (fs::temp_directory_path() / "cohort-bench-logs-XXXXXX").string();
-  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp");
-  const fs::path dir = pattern;
+  const temp_folder folder;
+  const fs::path& dir = folder.path;
   const auto python = torch_python();
   const std::string wrapper = (dir / "torchrun.py").string();
-  if (python) {
-    cohort::bench::write_torchrun_wrapper(wrapper);
+  // torchrun's runs; a failed one is printed as failed, and it runs no more.
+  peer torch{dir / "torchrun.err"};
+  if (!python) {
+    torch.failure = "torch is not importable";
+  } else if (!cohort::bench::write_torchrun_wrapper(wrapper)) {
+    torch.failure = fmt::format("cannot write {}", wrapper);
   }
   const auto cohort_args = [&](std::vector<std::string> flags, std::vector<std::string> worker) {
     std::vector<std::string> args{cohort_run, "-n", std::to_string(ranks), "--log-dir", (dir / "cohort").string()};
@@ -593,7 +670,10 @@ int main(int argc, char** argv) {
     bound(splice_pump, spliced, splice_failure);
     piped.push_back(launcher_throughput(cohort_args(piped_flags, writer), dir / "cohort", megabytes));
     redirected.push_back(launcher_throughput(cohort_args({"-r", "3"}, writer), dir / "cohort", megabytes));
-    if (python) torch_teed.push_back(launcher_throughput(torch_args(teed_flags, writer), dir / "torch", megabytes));
+    torch.run([&] {
+      torch_teed.push_back(
+          launcher_throughput(torch_args(teed_flags, writer), dir / "torch", megabytes, torch.err_path.string()));
+    });
   }
   print_throughput("4 writers, stdout on files, no launcher", bare, nullptr);
   print_throughput("cohort-run -r 3 -t 3 (ranks write files, it follows them)", teed, &bare);
@@ -618,12 +698,12 @@ int main(int argc, char** argv) {
     fmt::print("  4 writers on pipes spliced to files: failed: {}\n", splice_failure);
   }
   print_throughput("cohort-run -r 3 (ranks write their files: no pump)", redirected, &bare);
-  if (python) {
+  if (torch.failure.empty()) {
     print_throughput("torchrun -r 3 -t 3 (start to exit: includes its start)", torch_teed, &bare);
     fmt::print("  cohort-run -r 3 -t 3 moves {}x what torchrun -r 3 -t 3 does, round by round\n",
                spread(cohort::bench::per_round(teed, torch_teed), "{:.1f}"));
   } else {
-    fmt::print("  torchrun: torch is not importable\n");
+    fmt::print("  torchrun -r 3 -t 3: failed: {}\n", torch.failure);
   }
 
   const int lines = 250;
@@ -668,8 +748,9 @@ int main(int argc, char** argv) {
   latency_row("cohort-run --tee-through-pipes", ours_piped);
   if (floor_failure.empty()) latency_row("4 ranks on pipes to the minimal pump (the floor)", floor);
   else fmt::print("  4 ranks on pipes to the minimal pump: failed: {}\n", floor_failure);
-  if (python) {
-    auto theirs = launcher_latency(torch_args({"-t", "3"}, stamper));
+  std::vector<double> theirs;
+  torch.run([&] { theirs = launcher_latency(torch_args({"-t", "3"}, stamper), torch.err_path.string()); });
+  if (torch.failure.empty()) {
     fmt::print("  {:<48} p50 {:>7.3f} ms  p99 {:>7.3f} ms  max {:>7.3f} ms  ({} lines)\n", "torchrun",
                cohort::bench::percentile(theirs, 50), cohort::bench::percentile(theirs, 99),
                cohort::bench::percentile(theirs, 100), theirs.size());
@@ -677,6 +758,10 @@ int main(int argc, char** argv) {
       fmt::print("  cohort-run's p99 is {:.0f}x lower\n",
                  cohort::bench::percentile(theirs, 99) / cohort::bench::percentile(ours, 99));
     }
+  } else {
+    fmt::print("  {:<48} failed: {}\n", "torchrun", torch.failure);
   }
-  fs::remove_all(dir);
+  return 0;
 }
+
+}  // namespace

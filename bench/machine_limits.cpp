@@ -363,6 +363,7 @@ double files(int writers, std::size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bench::line_buffered_stdout();
   if (argc == 3 && std::string(argv[1]) == "--launch") return launch(std::atoi(argv[2]));
   if (argc == 3 && std::string(argv[1]) == "--ring") {
     fmt::print("{:.0f}\n", pipeline(std::max(2ULL, std::strtoull(argv[2], nullptr, 10)), waiting::yield));

@@ -112,6 +112,7 @@ std::pair<std::vector<double>, std::vector<double>> thread_held(asio::io_context
 }  // namespace
 
 int main(int argc, char** argv) {
+  cohort::bench::line_buffered_stdout();
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 15;
   asio::io_context ring_io;
   asio::io_context* io = &ring_io;

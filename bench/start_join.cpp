@@ -299,6 +299,7 @@ using cohort::bench::spread_of;
 
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
+  cohort::bench::line_buffered_stdout();
   if (std::getenv(exit_at_once) != nullptr) return 0;
   if (argc > 2 && std::string(argv[1]) == "--alone") return serve_rounds(argv[2]);
   const int rounds = std::max(1, argc > 1 ? std::atoi(argv[1]) : 50);

@@ -1,4 +1,5 @@
-// Timing helpers shared by the benchmarks: a clock, CPU time, medians, percentiles and spreads.
+// Helpers shared by the benchmarks: a clock, CPU time, medians, percentiles and spreads, and a
+// line-buffered stdout.
 #pragma once
 
 #include <fmt/format.h>
@@ -8,12 +9,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 namespace cohort::bench {
 
 using clock = std::chrono::steady_clock;
+
+/// Makes stdout line-buffered: each line a benchmark prints is out as it is
+/// printed, on a pipe too, and stays out when a later step fails. Called
+/// first in main, before anything is printed.
+inline void line_buffered_stdout() { std::setvbuf(stdout, nullptr, _IOLBF, 0); }
 
 inline double seconds_since(clock::time_point start) {
   return std::chrono::duration<double>(clock::now() - start).count();

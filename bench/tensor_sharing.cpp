@@ -502,6 +502,7 @@ const double* peer_result(const peer_results& peers, const std::string& key, std
 
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
+  cohort::bench::line_buffered_stdout();
   using namespace bench_tensors;
   const bool pipeline_only = argc > 1 && std::string_view(argv[1]) == "--pipeline";
   if (pipeline_only) {
