@@ -261,9 +261,15 @@ int main(int argc, char** argv) {
   fmt::print("  {:>4} {:>14} {:>14} {:>12} {:>16} {:>20} {:>22}\n", "K", "cohort-run ms", "minimal ms", "ratio",
              "cohort us/rank", "cohort-run peak RSS", "CPU ms cohort/minimal");
   std::vector<double> rss_at_128;
+  // cohort-run's figures; where the minimal launcher failed, "baseline
+  // failed" in place of its time, the ratio and its CPU.
   const auto row = [](int k, const launcher& cohort, const launcher& minimal, const std::vector<double>& ratios) {
-    const auto ratio = cohort::bench::spread_of(ratios);
     const double ms = cohort::bench::median(cohort.samples) * 1e3;
+    if (!minimal.failure.empty()) {
+      return fmt::format("  {:>4} {:>14.2f} {:>27} {:>10.0f} {:>16.1f} MiB {:>14.2f} / -\n", k, ms, "baseline failed",
+                         ms * 1e3 / k, cohort::bench::median(cohort.rss_mib), cohort::bench::median(cohort.cpu_ms));
+    }
+    const auto ratio = cohort::bench::spread_of(ratios);
     return fmt::format("  {:>4} {:>14.2f} {:>14.2f} {:>5.2f}x ({:.2f}-{:.2f}) {:>10.0f} {:>16.1f} MiB {:>14.2f} / {:.2f}\n",
                        k, ms, cohort::bench::median(minimal.samples) * 1e3, ratio.median, ratio.min, ratio.max,
                        ms * 1e3 / k, cohort::bench::median(cohort.rss_mib), cohort::bench::median(cohort.cpu_ms),
@@ -279,22 +285,23 @@ int main(int argc, char** argv) {
       const bool cohort_first = round % 2 == 0;
       (cohort_first ? cohort : minimal).round();
       (cohort_first ? minimal : cohort).round();
-      if (!minimal.failure.empty()) continue;
-      if (cohort.failure.empty()) ratios.push_back(cohort.samples.back() / minimal.samples.back());
+      if (minimal.failure.empty() && cohort.failure.empty()) {
+        ratios.push_back(cohort.samples.back() / minimal.samples.back());
+      }
     }
-    if (!minimal.failure.empty()) {
-      print_line(minimal);
-      continue;
-    }
+    // A failed launcher says why; cohort-run's row prints all the same.
     if (cohort.failure.empty())
       fmt::print("{}", row(k, cohort, minimal, ratios));
     else
       print_line(cohort);
-    std::fflush(stdout);
+    if (!minimal.failure.empty()) print_line(minimal);
     if (k == 128) rss_at_128 = cohort.rss_mib;
   }
-  if (!rss_at_128.empty() && !torch.rss_mib.empty())
-    fmt::print("peak RSS (the largest of the launcher and its ranks): cohort-run at 128 ranks {:.1f} MiB, "
-               "torchrun at 8 ranks {:.1f} MiB\n",
-               cohort::bench::median(rss_at_128), cohort::bench::median(torch.rss_mib));
+  if (!rss_at_128.empty()) {
+    const std::string torch_rss = torch.rss_mib.empty() ? "torchrun failed"
+                                                        : fmt::format("torchrun at 8 ranks {:.1f} MiB",
+                                                                      cohort::bench::median(torch.rss_mib));
+    fmt::print("peak RSS (the largest of the launcher and its ranks): cohort-run at 128 ranks {:.1f} MiB, {}\n",
+               cohort::bench::median(rss_at_128), torch_rss);
+  }
 }
