@@ -263,10 +263,16 @@ double machine_limit(const std::string& args) {
 // The machine's raw ring moving `items`: items/s, or 0 when it failed.
 double raw_ring_rate(long long items) { return machine_limit(fmt::format("--ring {}", items)); }
 
+// cohort's pipeline medians that the baselines are held to: tensors/s
+// quiet with 1 producer, and plain int64 values/s.
+struct pipeline_medians {
+  double tensors, ints;
+};
+
 // The pipeline quiet, beside two busy loops, and with 2 and 4 producers,
 // each once per round in turn, the raw ring beside the first two; prints
-// each and returns the quiet median.
-double pipeline_section(int n, int rounds) {
+// each and returns the medians the baselines are held to.
+pipeline_medians pipeline_section(int n, int rounds) {
   std::vector<double> quiet, loaded, share, two, four, one_cpu, of_two_cpus, ints, ring_quiet, ring_loaded,
       of_ring_quiet, of_ring_loaded, handover, surplus_in_handovers;
   // Each stage's CPU time per tensor, in ns: quiet, and on one CPU.
@@ -360,7 +366,7 @@ double pipeline_section(int n, int rounds) {
     row("  cohort quiet, % of the raw ring's, round by round", of_ring_quiet, "%");
     row("  cohort loaded, % of the raw ring's, round by round", of_ring_loaded, "%");
   }
-  return bench::median(quiet);
+  return {bench::median(quiet), bench::median(ints)};
 }
 
 // The baselines, measured as above: plain blocking get()s, the pipeline's
@@ -526,7 +532,7 @@ int main(int argc, char** argv) {
   const std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{256} << 20,
                                        std::size_t{1} << 30};
 
-  const double rate = pipeline_section(n, rounds);
+  const auto ours = pipeline_section(n, rounds);
   if (pipeline_only) return 0;
 
   const auto blocking = ping_pong(trips, false);
@@ -555,13 +561,18 @@ int main(int argc, char** argv) {
   const auto peers = run_peers(args);
   fmt::print("baselines in python3, measured the same way (cohort Nx: cohort is N times faster)\n");
   fmt::print("  pipeline, the same window\n");
-  const auto pipeline_peer = [&](const std::string& key, const std::string& label, std::string_view unit) {
+  // Like against like: Python's ints against cohort's int64 values,
+  // torch's tensors against cohort's tensors.
+  const auto pipeline_peer = [&](const std::string& key, const std::string& label, std::string_view unit,
+                                 double rate) {
     if (const double* r = peer_result(peers, key, 1, label)) {
       fmt::print("    {:<50} {:>12.0f} {:<9} cohort {:.1f}x\n", label, r[0], unit, rate / r[0]);
     }
   };
-  pipeline_peer("python_ints", fmt::format("Python multiprocessing, plain ints ({})", python_ints), "items/s");
-  pipeline_peer("torch_pipeline", fmt::format("torch.multiprocessing ({} tensors)", torch_tensors), "tensors/s");
+  pipeline_peer("python_ints", fmt::format("Python multiprocessing, plain ints ({})", python_ints), "items/s",
+                ours.ints);
+  pipeline_peer("torch_pipeline", fmt::format("torch.multiprocessing ({} tensors)", torch_tensors), "tensors/s",
+                ours.tensors);
   fmt::print("  ping-pong\n");
   const auto pingpong_label = fmt::format("torch.multiprocessing put/get ({} trips)", torch_trips);
   if (const double* p = peer_result(peers, "torch_pingpong", 2, pingpong_label)) {
