@@ -11,6 +11,7 @@
 #include <cohort/group.hpp>
 
 #include "config.hpp"
+#include "python.hpp"
 #include "stats.hpp"
 
 #include <asio/co_spawn.hpp>
@@ -46,8 +47,7 @@ namespace {
 
 const char* const rank_program = COHORT_BENCH_RANK;
 
-// torch's fail-fast teardown, timed in Python: "<median seconds>", or
-// nothing without torch.
+// torch's fail-fast teardown, timed in Python: "<median seconds>".
 const char* torch_script = R"(
 import statistics, sys, time
 import torch.multiprocessing as mp
@@ -67,21 +67,21 @@ if __name__ == '__main__':
     print(statistics.median(samples), flush=True)
 )";
 
-double torch_teardown(int rounds) {
-  const std::string path = "/tmp/cohort-bench-teardown.py";
-  if (FILE* f = std::fopen(path.c_str(), "w")) {
-    std::fputs(torch_script, f);
-    std::fclose(f);
-  }
-  const char* python = std::getenv("COHORT_BENCH_PYTHON");
-  if (python == nullptr) python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+// torch's median seconds, or why it gave none.
+struct torch_outcome {
   double seconds = 0;
-  if (FILE* out = ::popen(fmt::format("{} {} {} 2>/dev/null", python, path, rounds).c_str(), "r")) {
-    if (std::fscanf(out, "%lf", &seconds) != 1) seconds = 0;
-    ::pclose(out);
+  std::string failure;
+};
+
+torch_outcome torch_teardown(int rounds) {
+  const auto python = cohort::bench::run_python(torch_script, std::to_string(rounds));
+  torch_outcome outcome;
+  if (!python.lines.empty() && std::sscanf(python.lines.front().c_str(), "%lf", &outcome.seconds) == 1 &&
+      outcome.seconds > 0) {
+    return outcome;
   }
-  std::remove(path.c_str());
-  return seconds;
+  outcome.failure = !python.failure.empty() ? python.failure : "no result";
+  return outcome;
 }
 constexpr int ranks = 4;
 
@@ -156,8 +156,10 @@ int main(int argc, char** argv) {
   const double fork_median = cohort::bench::median(by_fork);
   fmt::print("{:<34} {:>8.2f} {:>8.2f}\n", "cohort fork functions", fork_median * 1e3,
              cohort::bench::percentile(by_fork, 90) * 1e3);
-  if (const double torch = torch_teardown(std::max(5, rounds / 20)); torch > 0) {
-    fmt::print("{:<34} {:>8.2f} {:>8}  (cohort fork is {:.1f}x faster)\n", "torch start_processes fork", torch * 1e3, "",
-               torch / fork_median);
+  if (const auto torch = torch_teardown(std::max(5, rounds / 20)); torch.failure.empty()) {
+    fmt::print("{:<34} {:>8.2f} {:>8}  (cohort fork is {:.1f}x faster)\n", "torch start_processes fork",
+               torch.seconds * 1e3, "", torch.seconds / fork_median);
+  } else {
+    fmt::print("{:<34} failed: {}\n", "torch start_processes fork", torch.failure);
   }
 }

@@ -54,6 +54,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -158,8 +159,9 @@ void asio_fork() {
   if (reaped != ranks) throw std::runtime_error("the asio supervisor reaped too few children");
 }
 
-// Python's multiprocessing (and torch's, when importable), timed in Python;
-// prints "<name> <median seconds>" lines.
+// Python's multiprocessing and torch's, timed in Python; prints
+// "<who> <method> <median seconds>" lines, or "failed <who> <method> <why>"
+// for each that cannot run (torch not importable).
 const char* python_script = R"(
 import multiprocessing as mp, statistics, sys, time
 def noop(*args): pass
@@ -181,7 +183,10 @@ if __name__ == '__main__':
         print('python', method, median(plain(method), rounds), flush=True)
     try:
         import torch.multiprocessing as tmp
-    except ImportError:
+    except Exception as e:
+        for method in ('spawn', 'fork'):
+            print('failed torch', method, 'import torch:', type(e).__name__, str(e).splitlines()[0] if str(e) else '',
+                  flush=True)
         sys.exit(0)
     for method in ('spawn', 'fork'):
         r = 3 if method == 'spawn' else rounds
@@ -392,13 +397,39 @@ int main(int argc, char** argv) {
   const auto after = against("fork-after-spawn", "fork");
   fmt::print("  cohort fork after a spawn takes {:.2f}x ({:.2f}-{:.2f}x) cohort fork in a fresh process\n",
              after.median, after.min, after.max);
-  for (const auto& line : cohort::bench::python_lines(python_script, std::to_string(std::max(3, rounds / 5)))) {
-    char who[16], method[16];
-    double seconds = 0;
-    if (std::sscanf(line.c_str(), "%15s %15s %lf", who, method, &seconds) == 3) {
+  // Every baseline prints a line: its time, or failed and why (the
+  // script's own word, else why the interpreter failed); an interpreter
+  // that printed nothing at all, one line for them all.
+  const auto python = cohort::bench::run_python(python_script, std::to_string(std::max(3, rounds / 5)));
+  std::map<std::string, double> peer_seconds;
+  std::map<std::string, std::string> peer_failures;
+  for (const auto& line : python.lines) {
+    std::istringstream words(line);
+    std::string who, method;
+    words >> who;
+    if (who == "failed") {
+      words >> who >> method;
+      std::getline(words >> std::ws, peer_failures[who + " " + method]);
+    } else if (double seconds = 0; words >> method >> seconds) {
+      peer_seconds[who + " " + method] = seconds;
+    }
+  }
+  if (python.lines.empty() && !python.failure.empty()) {
+    fmt::print("  {:<28} failed: {}\n", "python and torch", python.failure);
+    return 0;
+  }
+  for (const char* peer : {"python spawn", "python forkserver", "python fork", "torch spawn", "torch fork"}) {
+    const std::string method = std::string(peer).substr(std::string(peer).find(' ') + 1);
+    if (const auto it = peer_seconds.find(peer); it != peer_seconds.end()) {
       const double mine = median_of.count(method) != 0 ? median_of[method] : 0;
-      fmt::print("  {:<28} {:>9.3f} ms  (cohort {} is {:.1f}x faster)\n", fmt::format("{} {}", who, method),
-                 seconds * 1e3, method, mine > 0 ? seconds / mine : 0.0);
+      fmt::print("  {:<28} {:>9.3f} ms  (cohort {} is {:.1f}x faster)\n", peer, it->second * 1e3, method,
+                 mine > 0 ? it->second / mine : 0.0);
+    } else {
+      const auto why = peer_failures.find(peer);
+      fmt::print("  {:<28} failed: {}\n", peer,
+                 why != peer_failures.end() ? why->second
+                 : !python.failure.empty()  ? python.failure
+                                            : std::string("no result"));
     }
   }
 }
