@@ -64,8 +64,12 @@ double process_cpu_seconds() {
 // its first pop returning to the end of its last item (the summer's; the
 // Python baselines time the same window), and its CPU seconds per tensor
 // it handled, over its whole loop.
-std::tuple<std::int64_t, double, double> pipeline_stage(int rank, queue<tensor> made, queue<tensor> cloned, int n,
-                                                        int producers) {
+// A producer stays until the relay has taken every tensor (a value each
+// on `relayed`): one whose whole share fits in the queue would otherwise
+// exit before the relay has seen a slower one push, and the relay's pop
+// would end with peer_lost (a queue waits only on peers it has seen).
+std::tuple<std::int64_t, double, double> pipeline_stage(int rank, queue<tensor> made, queue<tensor> cloned,
+                                                        queue<int> relayed, int n, int producers) {
   const double cpu_start = process_cpu_seconds();
   // 0 for a stage that handled nothing.
   const auto cpu_per = [cpu_start](int handled) {
@@ -79,11 +83,15 @@ std::tuple<std::int64_t, double, double> pipeline_stage(int rank, queue<tensor> 
       for (int j = 0; j < 5; ++j) d[j] = i + j;
       made.put(t);
     }
-    return {0, 0.0, cpu_per(made_here)};
+    const double cpu = cpu_per(made_here);
+    (void)relayed.get();
+    return {0, 0.0, cpu};
   }
   if (rank == producers) {
     for (int i = 0; i < n; ++i) cloned.put(made.get()->clone({.shared = true}));
-    return {0, 0.0, cpu_per(n)};
+    const double cpu = cpu_per(n);
+    for (int p = 0; p < producers; ++p) relayed.put(0);
+    return {0, 0.0, cpu};
   }
   std::int64_t sum = 0;
   steady::time_point start;
@@ -230,7 +238,8 @@ struct pipeline_run {
 // they inherit it.
 pipeline_run pipeline_rate(int n, int producers, bool pinned = false) {
   queue<tensor> made(1024), cloned(1024);
-  const auto args = std::tuple{made, cloned, n, producers};
+  queue<int> relayed(8);
+  const auto args = std::tuple{made, cloned, relayed, n, producers};
   join_options options;
   if (pinned) options.start_threads = 1;
   const auto out = spawn_and_join(pipeline_stage, args, producers + 2, options);
