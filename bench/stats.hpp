@@ -40,7 +40,17 @@ inline double percentile(std::vector<double> samples, double p) {
   return samples[std::min(rank, samples.size() - 1)];
 }
 
-inline double median(std::vector<double> samples) { return percentile(std::move(samples), 50); }
+/// The median of `samples`: the middle value, or of an even count the mean
+/// of the two middle values (nearest rank would give the upper one: with
+/// two rounds, their maximum).
+inline double median(std::vector<double> samples) {
+  if (samples.empty()) return 0;
+  const std::size_t half = samples.size() / 2;
+  std::nth_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(half), samples.end());
+  const double upper = samples[half];
+  if (samples.size() % 2 != 0) return upper;
+  return (*std::max_element(samples.begin(), samples.begin() + static_cast<std::ptrdiff_t>(half)) + upper) / 2;
+}
 
 /// a[i] / b[i]: two contenders' figures as ratios, round by round (as many
 /// as the shorter has).

@@ -390,15 +390,16 @@ pipeline_medians pipeline_section(int n, int rounds) {
 }
 
 // The baselines, measured as above: plain blocking get()s, the pipeline's
-// rate over the summer's first pop to its last, the same percentiles as
-// stats.hpp. Each result prints as "key numbers...", or "failed key why".
+// rate over the summer's first pop to its last, the same medians and
+// percentiles as stats.hpp. Each result prints as "key numbers...", or "failed key why".
 // torch's senders must outlive the receivers' use of their tensors (its
 // file_descriptor strategy fetches each descriptor from the sender), so its
 // stages wait on `done`, as torch's own tests do. A result not in within
 // LIMIT seconds fails, and so do the rest.
 const char* python_script = R"(
-import multiprocessing as mp, signal, sys, time
+import multiprocessing as mp, signal, statistics, sys, time
 LIMIT = 120
+median = statistics.median
 def percentile(xs, p):
     xs = sorted(xs)
     return xs[min(int(p / 100 * (len(xs) - 1) + 0.5), len(xs) - 1)]
@@ -454,7 +455,7 @@ def send(size, shared, sends):
         for _ in range(sends):
             big = kept if shared else torch.full((size,), 1, dtype=torch.uint8)
             t = time.perf_counter(); a.put(big); b.get(); samples.append((time.perf_counter() - t) * 1e3)
-        return percentile(samples, 50),
+        return median(samples),
     return measure
 timed_out = False
 def on_alarm(*_):
@@ -476,7 +477,7 @@ if __name__ == '__main__':
     sizes = [int(v) for v in sys.argv[6:]]
     signal.signal(signal.SIGALRM, on_alarm)
     ctx = mp.get_context('fork')
-    report('python_ints', lambda: [percentile([pipeline(ctx, produce, relay, ints, int) for _ in range(rounds)], 50)])
+    report('python_ints', lambda: [median([pipeline(ctx, produce, relay, ints, int) for _ in range(rounds)])])
     keys = ['torch_pipeline', 'torch_pingpong'] + [f'torch_send_{k}_{s}' for k in ('shared', 'private') for s in sizes]
     try:
         import torch, torch.multiprocessing as tmp
@@ -484,8 +485,8 @@ if __name__ == '__main__':
         for key in keys: print('failed', key, 'import torch:', type(e).__name__, flush=True)
         sys.exit(0)
     tctx = tmp.get_context('fork')
-    report('torch_pipeline', lambda: [percentile([pipeline(tctx, tproduce, trelay, tensors, lambda t: int(t.sum()))
-                                                  for _ in range(rounds)], 50)])
+    report('torch_pipeline', lambda: [median([pipeline(tctx, tproduce, trelay, tensors, lambda t: int(t.sum()))
+                                              for _ in range(rounds)])])
     report('torch_pingpong', lambda: echoed(tctx, ping_pong(trips)))
     for kind in ('shared', 'private'):
         for size in sizes:
