@@ -19,8 +19,9 @@
 // - under torchrun teed (Debian's torch 1.13, with the same mend as
 //   launcher_exit) where /usr/bin/python3 (or $COHORT_BENCH_PYTHON)
 //   imports torch.
-// A launcher's rate counts from its start to its exit; ratios to the
-// writers on files are taken per round. The console latency of
+// Each round runs every one of them once, in an order that changes from
+// round to round (in_rotation). A launcher's rate counts from its start
+// to its exit; ratios to the writers on files are taken per round. The console latency of
 // cohort-run's teed lines, followed and through pipes, is measured in
 // rounds that take turns with the same ranks on pipes to the minimal pump,
 // whose console is a pipe read the same way: the floor this machine gives
@@ -53,6 +54,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -440,6 +442,19 @@ void in_turns(int round, A& a, B& b) {
   }
 }
 
+// Each of `variants` once, in an order that changes round by round: from
+// the round's own first (the round's number, modulo their count) on, the
+// list's order in even rounds and the reverse in odd ones. None always
+// runs first, or always right after the same other (and what that one
+// leaves behind, such as writeback).
+void in_rotation(int round, const std::vector<std::function<void()>>& variants) {
+  const int n = static_cast<int>(variants.size());
+  for (int k = 0; k < n; ++k) {
+    const int step = round % 2 == 0 ? k : -k;
+    variants[static_cast<std::size_t>(((round + step) % n + n) % n)]();
+  }
+}
+
 // "median (min-max)" of the rounds.
 std::string spread(const std::vector<double>& rounds, const char* format) {
   const auto s = cohort::bench::spread_of(rounds);
@@ -650,31 +665,34 @@ int run(int argc, char** argv) {
   const std::vector<std::string> piped_flags{"-r", "3", "-t", "3", "--tee-through-pipes"};
   std::vector<double> bare, followed, minimal, spliced, teed, piped, redirected, torch_teed;
   std::string follower_failure, minimal_failure, splice_failure;
-  for (int i = 0; i < rounds; ++i) {
-    const auto files = [&] { bare.push_back(bare_throughput(self, dir, megabytes)); };
-    const auto pumped = [&] { teed.push_back(launcher_throughput(cohort_args(teed_flags, writer), dir / "cohort", megabytes)); };
-    in_turns(i, files, pumped);
-    // A failed pump runs no more rounds.
-    const auto bound = [&](void (*pump)(int, int, int), std::vector<double>& rates, std::string& failure) {
-      if (!failure.empty()) return;
-      const auto outcome = pump_throughput(pump, self, dir, megabytes);
-      if (outcome.failure.empty()) rates.push_back(outcome.rate);
-      else failure = outcome.failure;
-    };
-    if (follower_failure.empty()) {
-      const auto outcome = follower_throughput(self, dir, megabytes);
-      if (outcome.failure.empty()) followed.push_back(outcome.rate);
-      else follower_failure = outcome.failure;
-    }
-    bound(minimal_pump, minimal, minimal_failure);
-    bound(splice_pump, spliced, splice_failure);
-    piped.push_back(launcher_throughput(cohort_args(piped_flags, writer), dir / "cohort", megabytes));
-    redirected.push_back(launcher_throughput(cohort_args({"-r", "3"}, writer), dir / "cohort", megabytes));
-    torch.run([&] {
-      torch_teed.push_back(
-          launcher_throughput(torch_args(teed_flags, writer), dir / "torch", megabytes, torch.err_path.string()));
-    });
-  }
+  // A failed bound runs no more rounds.
+  const auto bound = [&](void (*pump)(int, int, int), std::vector<double>& rates, std::string& failure) {
+    if (!failure.empty()) return;
+    const auto outcome = pump_throughput(pump, self, dir, megabytes);
+    if (outcome.failure.empty()) rates.push_back(outcome.rate);
+    else failure = outcome.failure;
+  };
+  const std::vector<std::function<void()>> variants{
+      [&] { bare.push_back(bare_throughput(self, dir, megabytes)); },
+      [&] { teed.push_back(launcher_throughput(cohort_args(teed_flags, writer), dir / "cohort", megabytes)); },
+      [&] {
+        if (!follower_failure.empty()) return;
+        const auto outcome = follower_throughput(self, dir, megabytes);
+        if (outcome.failure.empty()) followed.push_back(outcome.rate);
+        else follower_failure = outcome.failure;
+      },
+      [&] { bound(minimal_pump, minimal, minimal_failure); },
+      [&] { bound(splice_pump, spliced, splice_failure); },
+      [&] { piped.push_back(launcher_throughput(cohort_args(piped_flags, writer), dir / "cohort", megabytes)); },
+      [&] { redirected.push_back(launcher_throughput(cohort_args({"-r", "3"}, writer), dir / "cohort", megabytes)); },
+      [&] {
+        torch.run([&] {
+          torch_teed.push_back(
+              launcher_throughput(torch_args(teed_flags, writer), dir / "torch", megabytes, torch.err_path.string()));
+        });
+      },
+  };
+  for (int i = 0; i < rounds; ++i) in_rotation(i, variants);
   print_throughput("4 writers, stdout on files, no launcher", bare, nullptr);
   print_throughput("cohort-run -r 3 -t 3 (ranks write files, it follows them)", teed, &bare);
   if (follower_failure.empty()) {
