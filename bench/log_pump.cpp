@@ -21,11 +21,12 @@
 //   imports torch.
 // Each round runs every one of them once, in an order that changes from
 // round to round (in_rotation). A launcher's rate counts from its start
-// to its exit; ratios to the writers on files are taken per round. The console latency of
-// cohort-run's teed lines, followed and through pipes, is measured in
-// rounds that take turns with the same ranks on pipes to the minimal pump,
-// whose console is a pipe read the same way: the floor this machine gives
-// any teeing launcher at the time.
+// to its exit; ratios to the writers on files are taken per round.
+// The console latency of cohort-run's teed lines, followed and through
+// pipes, is measured in rounds that take turns with the same ranks on
+// pipes to the minimal pump, whose console is a pipe read the same way
+// (the floor this machine gives any teeing launcher at the time), and
+// with torchrun, whose p99 is held to cohort-run's of the same round.
 //
 //   log_pump [megabytes per rank] [rounds] [bytes per write]
 //                                              (default 256, 3 and 1 MiB; files in $TMPDIR;
@@ -429,19 +430,6 @@ pump_outcome pump_throughput(void (*pump)(int, int, int), const std::string& sel
   return outcome;
 }
 
-// `a` then `b` in even rounds, `b` then `a` in odd ones: neither always
-// follows the other (and what it leaves behind, such as writeback).
-template <class A, class B>
-void in_turns(int round, A& a, B& b) {
-  if (round % 2 == 0) {
-    a();
-    b();
-  } else {
-    b();
-    a();
-  }
-}
-
 // Each of `variants` once, in an order that changes round by round: from
 // the round's own first (the round's number, modulo their count) on, the
 // list's order in even rounds and the reverse in odd ones. None always
@@ -727,37 +715,47 @@ int run(int argc, char** argv) {
   const int lines = 250;
   const std::vector<std::string> stamper{self, "--stamp", std::to_string(lines)};
   fmt::print("console latency: {} ranks x {} lines, 2 ms apart, teed (-t 3)\n", ranks, lines);
-  // Rounds alternate cohort-run (followed, then through pipes) and the
-  // minimal pump, each first in turn.
-  std::vector<double> ours, ours_piped, floor;
+  // Each round runs cohort-run (followed, then through pipes), the
+  // minimal pump and torchrun, in an order that changes from round to
+  // round; torchrun's p99 is held to cohort-run's of the same round.
+  std::vector<double> ours, ours_piped, floor, theirs, ours_p99, theirs_p99;
   std::string floor_failure;
-  for (int i = 0; i < rounds; ++i) {
-    const auto cohort = [&] {
-      for (const bool through_pipes : {false, true}) {
-        std::vector<std::string> flags{"-t", "3"};
-        if (through_pipes) flags.push_back("--tee-through-pipes");
-        auto ms = launcher_latency(cohort_args(flags, stamper));
-        if (ms.size() != static_cast<std::size_t>(ranks * lines)) {
-          throw std::runtime_error(fmt::format("cohort-run delivered {} of {} lines", ms.size(), ranks * lines));
+  const std::vector<std::function<void()>> latency_variants{
+      [&] {
+        for (const bool through_pipes : {false, true}) {
+          std::vector<std::string> flags{"-t", "3"};
+          if (through_pipes) flags.push_back("--tee-through-pipes");
+          auto ms = launcher_latency(cohort_args(flags, stamper));
+          if (ms.size() != static_cast<std::size_t>(ranks * lines)) {
+            throw std::runtime_error(fmt::format("cohort-run delivered {} of {} lines", ms.size(), ranks * lines));
+          }
+          if (!through_pipes) ours_p99.push_back(cohort::bench::percentile(ms, 99));
+          auto& into = through_pipes ? ours_piped : ours;
+          into.insert(into.end(), ms.begin(), ms.end());
         }
-        auto& into = through_pipes ? ours_piped : ours;
-        into.insert(into.end(), ms.begin(), ms.end());
-      }
-    };
-    const auto minimal = [&] {
-      if (!floor_failure.empty()) return;
-      try {
-        auto ms = minimal_pump_latency(self, dir, lines);
-        if (ms.size() != static_cast<std::size_t>(ranks * lines)) {
-          floor_failure = fmt::format("it delivered {} of {} lines", ms.size(), ranks * lines);
+      },
+      [&] {
+        if (!floor_failure.empty()) return;
+        try {
+          auto ms = minimal_pump_latency(self, dir, lines);
+          if (ms.size() != static_cast<std::size_t>(ranks * lines)) {
+            floor_failure = fmt::format("it delivered {} of {} lines", ms.size(), ranks * lines);
+          }
+          floor.insert(floor.end(), ms.begin(), ms.end());
+        } catch (const std::exception& e) {
+          floor_failure = e.what();
         }
-        floor.insert(floor.end(), ms.begin(), ms.end());
-      } catch (const std::exception& e) {
-        floor_failure = e.what();
-      }
-    };
-    in_turns(i, cohort, minimal);
-  }
+      },
+      [&] {
+        torch.run([&] {
+          auto ms = launcher_latency(torch_args({"-t", "3"}, stamper), torch.err_path.string());
+          if (ms.empty()) throw std::runtime_error("torchrun delivered no lines");
+          theirs_p99.push_back(cohort::bench::percentile(ms, 99));
+          theirs.insert(theirs.end(), ms.begin(), ms.end());
+        });
+      },
+  };
+  for (int i = 0; i < rounds; ++i) in_rotation(i, latency_variants);
   const auto latency_row = [](const std::string& name, const std::vector<double>& ms) {
     fmt::print("  {:<48} p50 {:>7.3f} ms  p99 {:>7.3f} ms  max {:>7.3f} ms\n", name, cohort::bench::percentile(ms, 50),
                cohort::bench::percentile(ms, 99), cohort::bench::percentile(ms, 100));
@@ -766,16 +764,12 @@ int run(int argc, char** argv) {
   latency_row("cohort-run --tee-through-pipes", ours_piped);
   if (floor_failure.empty()) latency_row("4 ranks on pipes to the minimal pump (the floor)", floor);
   else fmt::print("  4 ranks on pipes to the minimal pump: failed: {}\n", floor_failure);
-  std::vector<double> theirs;
-  torch.run([&] { theirs = launcher_latency(torch_args({"-t", "3"}, stamper), torch.err_path.string()); });
   if (torch.failure.empty()) {
     fmt::print("  {:<48} p50 {:>7.3f} ms  p99 {:>7.3f} ms  max {:>7.3f} ms  ({} lines)\n", "torchrun",
                cohort::bench::percentile(theirs, 50), cohort::bench::percentile(theirs, 99),
                cohort::bench::percentile(theirs, 100), theirs.size());
-    if (!theirs.empty()) {
-      fmt::print("  cohort-run's p99 is {:.0f}x lower\n",
-                 cohort::bench::percentile(theirs, 99) / cohort::bench::percentile(ours, 99));
-    }
+    fmt::print("  cohort-run's p99 is {}x lower, round by round\n",
+               spread(cohort::bench::per_round(theirs_p99, ours_p99), "{:.0f}"));
   } else {
     fmt::print("  {:<48} failed: {}\n", "torchrun", torch.failure);
   }
