@@ -190,6 +190,42 @@ TEST_SUITE("cohort-run over etcd") {
     }
   }
 
+  TEST_CASE("a node SIGKILLed as it joins is in no round that runs: a replacement takes its place, and no restart "
+            "is used") {
+    test::temp_dir dir;
+    const auto id = fresh_id();
+    // Leases of 3 s: node 1 is killed once it has joined the open round
+    // (two of three in), its key outlives it, and node 2 closes the round
+    // with it. Node 3 comes as the replacement.
+    const auto args =
+        joined(joined(rendezvous(id, "3", ",keep_alive_max_attempt=6"), {"-n", "1"}), worker(dir.path, "exit 0"));
+    const auto after = [](std::chrono::milliseconds wait) {
+      return [wait]() -> asio::awaitable<void> {
+        asio::steady_timer timer(co_await asio::this_coro::executor, wait);
+        co_await timer.async_wait(asio::use_awaitable);
+      };
+    };
+    std::vector<node> nodes{{args}, {args}, {args, after(1500ms)}, {args, after(1700ms)}};
+    auto results = run_nodes(nodes, [&](std::vector<std::optional<child>>& children) -> asio::awaitable<void> {
+      co_await after(1400ms)();
+      children[1]->signal(SIGKILL);
+    });
+    CHECK(results[1].status.signal() == SIGKILL);
+    for (int n : {0, 2, 3}) {
+      CAPTURE(n);
+      CHECK_MESSAGE(results[n].status.code() == 0, results[n].err);
+      CHECK_MESSAGE(results[n].err.find("restarts") == std::string::npos, results[n].err);
+    }
+    for (int rank = 0; rank < 3; ++rank) {  // every rank of the world ran, in a round of the three alive
+      CAPTURE(rank);
+      const auto contract = dir.path / ("3-" + std::to_string(rank));
+      REQUIRE(fs::exists(contract));
+      auto v = variables_in(contract);
+      CHECK(v["WORLD_SIZE"] == "3");
+      CHECK(v["TORCHELASTIC_RESTART_COUNT"] == "0");
+    }
+  }
+
   TEST_CASE("a node that comes once the job's round is full and then finished exits 1, the job not run again") {
     test::temp_dir dir;
     const auto id = fresh_id();

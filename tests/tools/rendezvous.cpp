@@ -432,6 +432,87 @@ TEST_SUITE("etcd rendezvous") {
     CHECK(second[0].master_addr != "10.0.0.3");
   }
 
+  TEST_CASE("a node killed as the round forms is placed with nobody: the round starts over, and a replacement takes "
+            "its place") {
+    const auto job = fresh_run_id();
+    auto with_short_wait = [](rendezvous_config c) {
+      c.join_timeout = 10s;
+      return c;
+    };
+    const auto doomed_config = with_short_wait(node(job, 4, 3, 3));
+    // The node to kill: a child process, forked while this one runs no
+    // other thread, that joins and waits for two more.
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      try {
+        etcd_rendezvous doomed(doomed_config);
+        doomed.next_round();
+        ::_exit(0);
+      } catch (...) {
+        ::_exit(2);
+      }
+    }
+    struct reaper {
+      pid_t pid;
+      ~reaper() {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+      }
+    } reap{child};
+    std::vector<rendezvous_config> configs{with_short_wait(node(job, 1, 3, 3)), with_short_wait(node(job, 2, 3, 3)),
+                                           with_short_wait(node(job, 3, 3, 3))};
+    const auto all = make_nodes(configs);
+    auto first = std::async(std::launch::async, [&] { return all[0]->next_round(); });
+    // Killed once it and node 1 have joined: its key outlives it by its
+    // lease, and node 2 closes the round with it.
+    etcd_client client(etcd().endpoint());
+    for (int i = 0; i < 200 && client.range_prefix("/cohort/rdzv/" + job + "/r/0/m/").kvs.size() < 2; ++i) {
+      std::this_thread::sleep_for(20ms);
+    }
+    REQUIRE(client.range_prefix("/cohort/rdzv/" + job + "/r/0/m/").kvs.size() == 2);
+    ::kill(child, SIGKILL);
+    auto second = std::async(std::launch::async, [&] { return all[1]->next_round(); });
+    std::this_thread::sleep_for(200ms);  // the round closes with the killed node
+    auto replacement = std::async(std::launch::async, [&] { return all[2]->next_round(); });
+    const std::vector<assignment> placed{first.get(), second.get(), replacement.get()};
+    check_one_round(placed, configs);
+    CHECK(placed[0].world_size == 3);
+    CHECK(placed[0].round > 0);
+    CHECK(contains(state_of(job)["why"].get<std::string>(), "(10.0.0.4) left before round 0 began: its lease expired"));
+  }
+
+  TEST_CASE("a member that does not confirm the round in time makes it start over without it") {
+    const auto job = fresh_run_id();
+    std::vector<rendezvous_config> configs{node(job, 1, 2, 3), node(job, 2, 2, 3)};
+    for (auto& c : configs) c.request_timeout = 500ms;
+    const auto all = make_nodes(configs);
+    auto first = std::async(std::launch::async, [&] { return all[0]->next_round(); });
+    // A member that joins round 0 under a lease it keeps alive, and never
+    // confirms: a node stuck between its join and its confirmation.
+    etcd_client client(etcd().endpoint());
+    for (int i = 0; i < 200 && client.range_prefix("/cohort/rdzv/" + job + "/r/0/m/").kvs.empty(); ++i) {
+      std::this_thread::sleep_for(20ms);
+    }
+    const auto stuck = client.grant_lease(1s);
+    const nlohmann::json member{{"addr", "10.0.0.9"}, {"port", 29509}, {"nproc", 1}};
+    client.put("/cohort/rdzv/" + job + "/r/0/m/stuck", member.dump(), stuck.id);
+    std::jthread keeper([id = stuck.id](std::stop_token stop) {
+      etcd_client renewing(etcd().endpoint());
+      while (!stop.stop_requested()) {
+        renewing.keep_alive(id);
+        std::this_thread::sleep_for(200ms);
+      }
+    });
+    const auto second = all[1]->next_round();
+    const auto placed = std::vector<assignment>{first.get(), second};
+    keeper.request_stop();
+    check_one_round(placed, configs);
+    CHECK(placed[0].nnodes == 2);
+    CHECK(placed[0].round == 1);
+    CHECK(contains(state_of(job)["why"].get<std::string>(), "(10.0.0.9) did not confirm round 0 within 1.6 s"));
+  }
+
   TEST_CASE("a node that leaves without finishing makes the watch fire at once") {
     const auto job = fresh_run_id();
     watch_log watched;
@@ -490,7 +571,8 @@ TEST_SUITE("etcd rendezvous") {
     auto extra_config = node(job, 3, 1, 2);
     extra_config.join_timeout = 1s;
     etcd_rendezvous extra(extra_config);
-    const auto full = "round " + std::to_string(placed[0].round) + " ran with 2 nodes and did not end";
+    const auto full =
+        "round " + std::to_string(placed[0].round) + " is full, with 2 nodes (--nnodes 1:2), and did not end";
     CHECK_THROWS_WITH_AS(extra.next_round(), doctest::Contains(full.c_str()), rendezvous_error);
     CHECK(watched.count() == 0);
   }
@@ -532,7 +614,10 @@ TEST_SUITE("etcd rendezvous") {
     const std::string finished = "rendezvous of job '" + r.job + "' at " + etcd().endpoint() +
                                  ": the job has finished: node " + std::to_string(placed[0].node_rank) +
                                  " (10.0.0.1) succeeded in round " + std::to_string(placed[0].round);
-    const auto late_told = finished + " (a run id names one job: a new job needs a --rdzv-id of its own)";
+    // It is told why it was in no round, and not that its id is an old job's.
+    const auto late_told =
+        finished + " (this node had no place: round " + std::to_string(placed[0].round) + " is full, with 2 nodes " +
+        "(--nnodes 1:2))";
     CHECK_THROWS_WITH_AS(waiting.get(), late_told.c_str(), rendezvous_error);
     // The round's other node runs on; its ranks failing, it asks for a new
     // round, and is told instead: no round opens.
@@ -547,13 +632,15 @@ TEST_SUITE("etcd rendezvous") {
     auto slow_config = node(job, 2, 2, 2);
     slow_config.poll_interval = 500ms;  // the other node closes the round, and sees it first
     etcd_rendezvous fast(node(job, 1, 2, 2)), slow(slow_config);
-    std::atomic<bool> fast_placed{false};
     std::promise<void> go;
     const auto gate = go.get_future().share();
     auto late = std::async(std::launch::async, [&] {
+      etcd_client reader(etcd().endpoint());
       return slow.next_round([&](std::chrono::milliseconds d) {
         std::this_thread::sleep_for(d);
-        if (fast_placed) gate.wait();  // until the other node's ranks have succeeded
+        // Once both confirmed the round, until the other node's ranks have
+        // succeeded: it sees every confirmation only then.
+        if (reader.range_prefix("/cohort/rdzv/" + job + "/r/0/ok/").kvs.size() == 2) gate.wait();
         return true;
       });
     });
@@ -562,7 +649,6 @@ TEST_SUITE("etcd rendezvous") {
       std::this_thread::sleep_for(50ms);
     }
     const auto first = fast.next_round();
-    fast_placed = true;
     fast.finished();
     go.set_value();
     const auto second = late.get();
@@ -605,7 +691,7 @@ TEST_SUITE("etcd rendezvous") {
     const auto job = fresh_run_id();
     watch_log watched;
     std::vector<rendezvous_config> configs{node(job, 1, 2, 2), node(job, 2, 2, 2)};
-    const auto all = make_nodes(configs);
+    auto all = make_nodes(configs);
     next_rounds(all);
     all[0]->watch(watched.callback());
     all[1]->close("rank 3 ran out of memory");
@@ -615,12 +701,19 @@ TEST_SUITE("etcd rendezvous") {
     CHECK(change->reason == "the job was closed: rank 3 ran out of memory");
     const std::string closed = "rendezvous of job '" + job + "' at " + etcd().endpoint() +
                                ": the job was closed: rank 3 ran out of memory";
-    // A node of the job learns why; only a node that never took part is
-    // told its id may be an old job's.
+    // A node of the job learns why. One that comes while the job's nodes
+    // are still there came late; one that comes once they are gone, or
+    // with another --nnodes, is told its id may be an old job's.
     CHECK_THROWS_WITH_AS(all[0]->next_round(), closed.c_str(), rendezvous_error);
-    etcd_rendezvous newcomer(node(job, 3, 2, 2));
-    const std::string stale = closed + " (a run id names one job: a new job needs a --rdzv-id of its own)";
-    CHECK_THROWS_WITH_AS(newcomer.next_round(), stale.c_str(), rendezvous_error);
+    const std::string late = closed + " (it ended before this node came)";
+    CHECK_THROWS_WITH_AS(etcd_rendezvous(node(job, 3, 2, 2)).next_round(), late.c_str(), rendezvous_error);
+    const std::string other_size = closed + " (the job ran with --nnodes 2, this node with 3: a run id names one job: "
+                                            "a new job needs a --rdzv-id of its own)";
+    CHECK_THROWS_WITH_AS(etcd_rendezvous(node(job, 4, 3, 3)).next_round(), other_size.c_str(), rendezvous_error);
+    for (auto& n : all) n.reset();  // their leases revoked: nothing of the job is left
+    const std::string stale =
+        closed + " (no node of the job is left: a run id names one job: a new job needs a --rdzv-id of its own)";
+    CHECK_THROWS_WITH_AS(etcd_rendezvous(node(job, 5, 2, 2)).next_round(), stale.c_str(), rendezvous_error);
   }
 
   TEST_CASE("restart starts a new round for every node, saying why") {

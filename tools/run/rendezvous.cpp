@@ -69,6 +69,7 @@ struct etcd_rendezvous::snapshot {
   std::vector<member> listed;   ///< running: the frozen list
   std::vector<member> joined;   ///< live member keys of the round, by creation
   std::set<std::string> done;   ///< members of the round that finished
+  std::set<std::string> confirmed;  ///< members of the running round that confirmed it
   std::set<std::string> waiting;
 
   bool has_joined(const std::string& id) const {
@@ -77,6 +78,8 @@ struct etcd_rendezvous::snapshot {
   bool lists(const std::string& id) const {
     return std::any_of(listed.begin(), listed.end(), [&](const member& m) { return m.id == id; });
   }
+  /// A listed member whose lease went before it finished: a node lost.
+  bool gone(const member& m) const { return !has_joined(m.id) && !done.contains(m.id); }
   std::string finished_text() const { return "the job has finished: " + *finished; }
 };
 
@@ -86,6 +89,11 @@ struct etcd_rendezvous::progress {
   std::int64_t round = -1;  ///< the round min_reached is counted in
   bool min_joined = false;  ///< min_nodes have joined it, since min_reached
   clock_type::time_point min_reached;
+  std::int64_t confirmed_round = -1;  ///< the running round this node confirmed
+  clock_type::time_point confirmed_at;
+  bool joined = false;  ///< this node joined a round in this call
+  std::string waited;   ///< how this node waited beside a running round since it last joined one, for the message of
+                        ///< the job's end
   std::string text = "etcd was not read";  ///< for the message of a timeout
 };
 
@@ -137,8 +145,9 @@ etcd_rendezvous::snapshot etcd_rendezvous::read(etcd_client& client) const {
   s.revision = all.revision;
   // Member keys, by round: only the state's round counts, known once all is read.
   struct round_key {
+    enum kind { joined, confirmed, done };
     std::int64_t round;
-    bool done;
+    kind what;
     member who;
     std::int64_t created;
   };
@@ -169,7 +178,7 @@ etcd_rendezvous::snapshot etcd_rendezvous::read(etcd_client& client) const {
     } else if (name.starts_with("w/")) {
       s.waiting.insert(std::string(name.substr(2)));
     } else if (name.starts_with("r/")) {
-      // r/<N>/m/<id> or r/<N>/done/<id>
+      // r/<N>/m/<id>, r/<N>/ok/<id> or r/<N>/done/<id>
       const auto rest = name.substr(2);
       std::int64_t round = 0;
       const auto [end, error] = std::from_chars(rest.data(), rest.data() + rest.size(), round);
@@ -178,12 +187,15 @@ etcd_rendezvous::snapshot etcd_rendezvous::read(etcd_client& client) const {
       if (tail.starts_with("/m/")) {
         const json value = json::parse(kv.value, nullptr, false);
         if (!value.is_object()) continue;
-        round_keys.push_back({round, false,
+        round_keys.push_back({round, round_key::joined,
                               {std::string(tail.substr(3)), value.value("addr", std::string()), value.value("port", 0),
                                value.value("nproc", 1)},
                               kv.create_revision});
+      } else if (tail.starts_with("/ok/")) {
+        round_keys.push_back(
+            {round, round_key::confirmed, {std::string(tail.substr(4)), {}, 0, 0}, kv.create_revision});
       } else if (tail.starts_with("/done/")) {
-        round_keys.push_back({round, true, {std::string(tail.substr(6)), {}, 0, 0}, kv.create_revision});
+        round_keys.push_back({round, round_key::done, {std::string(tail.substr(6)), {}, 0, 0}, kv.create_revision});
       }
     }
   }
@@ -191,8 +203,10 @@ etcd_rendezvous::snapshot etcd_rendezvous::read(etcd_client& client) const {
             [](const round_key& a, const round_key& b) { return a.created < b.created; });
   for (auto& k : round_keys) {
     if (k.round != s.round) continue;
-    if (k.done) {
+    if (k.what == round_key::done) {
       s.done.insert(k.who.id);
+    } else if (k.what == round_key::confirmed) {
+      s.confirmed.insert(k.who.id);
     } else {
       s.joined.push_back(std::move(k.who));
     }
@@ -228,7 +242,7 @@ void etcd_rendezvous::keep_alive(std::stop_token stop, std::int64_t lease) {
 }
 
 bool etcd_rendezvous::open_round(std::int64_t after, std::int64_t seen_revision, const std::string& why,
-                                 round_change::cause what) {
+                                 round_change::cause what, std::vector<compare> also) {
   // What ended the round goes with the new one: every node counts a lost
   // node alike, whichever of them saw it first.
   using cause = round_change::cause;
@@ -236,8 +250,10 @@ bool etcd_rendezvous::open_round(std::int64_t after, std::int64_t seen_revision,
                            : what == cause::node_waiting                          ? "joining"
                                                                                   : "";
   const json state{{"round", after + 1}, {"phase", "joining"}, {"why", why}, {"cause", cause_name}};
+  also.push_back(compare::written_at(prefix_ + "state", seen_revision));
+  also.push_back(compare::written_at(prefix_ + "finished", 0));
   return client_
-      .txn({compare::written_at(prefix_ + "state", seen_revision), compare::written_at(prefix_ + "finished", 0)},
+      .txn(also,
            {put_request{prefix_ + "state", state.dump()}, delete_request{prefix_ + "r/", prefix_end(prefix_ + "r/")}})
       .succeeded;
 }
@@ -311,20 +327,18 @@ assignment etcd_rendezvous::next_round(const std::function<bool(milliseconds)>& 
 
 std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) {
   const auto self = node_id();
-  // A member of the round that finished runs it even when another member's
-  // ranks succeeded before it saw the round formed; once it ran it, it is
-  // told the job has finished.
-  const bool newly_placed = s.running && s.lists(self) && !(placed_ && placed_->round == s.round);
-  if (s.closed || (s.finished && !(newly_placed && s.finished_round == s.round))) {
-    // A node of the job (placed, or listed in the round the close ended)
-    // learns why it ended; a node that never took part came late, or was
-    // started with an old job's id.
-    const bool took_part = placed_ || s.lists(self);
+  // Listed in the running round, and not yet placed in it: this node
+  // confirms it, and is placed once every member has. A member of the round
+  // that finished runs it even when another member's ranks succeeded before
+  // it saw every confirmation; once it ran it, it is told the job has
+  // finished.
+  const bool listed_unplaced = s.running && s.lists(self) && !(placed_ && placed_->round == s.round);
+  const auto nnodes = nnodes_text(config_.min_nodes, config_.max_nodes);
+  if (s.closed || (s.finished && !(listed_unplaced && s.finished_round == s.round))) {
     throw rendezvous_error(where() + ": " + (s.closed ? "the job was closed: " + *s.closed : s.finished_text()) +
-                           (took_part ? "" : " (a run id names one job: a new job needs a --rdzv-id of its own)"));
+                           ended_for(s, p));
   }
   // Before any write: a node of another job's size would re-form its rounds.
-  const auto nnodes = nnodes_text(config_.min_nodes, config_.max_nodes);
   if (s.nnodes && *s.nnodes != nnodes) {
     throw rendezvous_error(where() + ": this node runs with --nnodes " + nnodes + " and the job with --nnodes " +
                            *s.nnodes + " (every node of a job gives the same)");
@@ -339,14 +353,12 @@ std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) 
     const json me{{"addr", config_.local_addr}, {"port", config_.local_port}, {"nproc", config_.nproc}};
     client_.txn({state_unchanged}, {put_request{member_prefix(s.round) + self, me.dump(), lease_},
                                     delete_request{prefix_ + "w/" + self, {}}});
+    p.joined = true;
+    p.waited.clear();
   } else if (!s.running) {
     p.wrote = close_when_due(s, p);
-  } else if (newly_placed) {
-    // Its waiting key went in the transaction that made it a member: no
-    // request is left that could fail once it is placed.
-    placed_ = placement{s.round, s.state_revision, self, s.listed};
-    ended_by_.reset();
-    return assignment_of(self, s);
+  } else if (listed_unplaced) {
+    return confirm(s, p);
   } else if (s.lists(self)) {
     // The round this node ran: it asks for the next one.
     if (ended_by_) {
@@ -360,7 +372,14 @@ std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) 
     // member is left running.
     const bool members_left = std::any_of(s.listed.begin(), s.listed.end(),
                                           [&](const member& m) { return s.has_joined(m.id) && !s.done.contains(m.id); });
-    p.text = "round " + std::to_string(s.round) + " ran with " + nodes_text(s.listed.size()) + " and did not end";
+    const auto round = "round " + std::to_string(s.round);
+    const bool full = s.listed.size() >= static_cast<std::size_t>(config_.max_nodes);
+    p.text = full ? round + " is full, with " + nodes_text(s.listed.size()) + " (--nnodes " + nnodes +
+                        "), and did not end"
+                  : round + " ran with " + nodes_text(s.listed.size()) + " and did not end";
+    p.waited = full ? "this node had no place: " + round + " is full, with " + nodes_text(s.listed.size()) +
+                          " (--nnodes " + nnodes + ")"
+                    : "this node waited for the round after " + round;
     if (!members_left) {
       open_round(s.round, s.state_revision,
                  config_.local_addr + " joins, and no node of round " + std::to_string(s.round) + " is left");
@@ -370,6 +389,86 @@ std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) 
     }
   }
   return std::nullopt;
+}
+
+std::optional<assignment> etcd_rendezvous::confirm(const snapshot& s, progress& p) {
+  using cause = round_change::cause;
+  const auto self = node_id();
+  const auto round = std::to_string(s.round);
+  const auto node_text = [&](std::size_t i) {
+    return "node " + std::to_string(i) + " (" + s.listed[i].addr + ")";
+  };
+  p.wrote = true;
+  // A member whose lease went (a node killed as it joined): no node started
+  // its ranks without its confirmation, and none counts it as a restart of
+  // its own; a node that did, after every member confirmed, counts it as
+  // lost.
+  for (std::size_t i = 0; i < s.listed.size(); ++i) {
+    if (s.gone(s.listed[i])) {
+      open_round(s.round, s.state_revision,
+                 node_text(i) + " left before round " + round + " began: its lease expired", cause::member_lost);
+      return std::nullopt;
+    }
+  }
+  if (!s.confirmed.contains(self)) {
+    // Under this node's lease: a confirmation goes with the node.
+    client_.txn({compare::written_at(prefix_ + "state", s.state_revision)},
+                {put_request{prefix_ + "r/" + round + "/ok/" + self, "ok", lease_}});
+    p.confirmed_round = s.round;
+    p.confirmed_at = clock_type::now();
+    return std::nullopt;
+  }
+  std::optional<std::size_t> unconfirmed;
+  for (std::size_t i = 0; i < s.listed.size() && !unconfirmed; ++i) {
+    if (!s.confirmed.contains(s.listed[i].id) && !s.done.contains(s.listed[i].id)) unconfirmed = i;
+  }
+  if (!unconfirmed) {
+    // Its waiting key went in the transaction that made it a member: no
+    // request is left that could fail once it is placed.
+    placed_ = placement{s.round, s.state_revision, self, s.listed};
+    ended_by_.reset();
+    return assignment_of(self, s);
+  }
+  if (p.confirmed_round != s.round) {  // confirmed by a request that failed only to this node
+    p.confirmed_round = s.round;
+    p.confirmed_at = clock_type::now();
+  }
+  // A live member confirms within a poll and a request once it sees the
+  // round run, and a member that cannot has lost its lease within
+  // lease_ttl: past both, the round starts over, unless a confirmation
+  // came since this read.
+  const auto limit = config_.lease_ttl + config_.request_timeout + 2 * config_.poll_interval;
+  p.text = "round " + round + " formed with " + nodes_text(s.listed.size()) + ", and " + node_text(*unconfirmed) +
+           " did not confirm it";
+  if (clock_type::now() - p.confirmed_at < limit) {
+    p.wrote = false;
+    return std::nullopt;
+  }
+  const auto confirmations = prefix_ + "r/" + round + "/ok/";
+  open_round(s.round, s.state_revision,
+             node_text(*unconfirmed) + " did not confirm round " + round + " within " + seconds_text(limit),
+             cause::new_round, {compare::unwritten_since(confirmations, prefix_end(confirmations), s.revision)});
+  return std::nullopt;
+}
+
+std::string etcd_rendezvous::ended_for(const snapshot& s, const progress& p) const {
+  // A node of the job (placed, or listed in the round the end came in)
+  // learns why it ended; one that waited beside a running round since it
+  // last joined one learns why it was not in it; one that joined a round
+  // the end came before is of the job too. One that saw nothing but the
+  // end came late while nodes of the job still run; once none is left, or
+  // where its --nnodes is not the job's, it may well be another job under
+  // an old job's id.
+  if (placed_ || s.lists(node_id())) return "";
+  if (!p.waited.empty()) return " (" + p.waited + ")";
+  if (p.joined) return "";
+  const auto nnodes = nnodes_text(config_.min_nodes, config_.max_nodes);
+  const auto new_job = "a run id names one job: a new job needs a --rdzv-id of its own";
+  if (s.nnodes && *s.nnodes != nnodes) {
+    return " (the job ran with --nnodes " + *s.nnodes + ", this node with " + nnodes + ": " + new_job + ")";
+  }
+  if (!s.joined.empty() || !s.waiting.empty()) return " (it ended before this node came)";
+  return std::string(" (no node of the job is left: ") + new_job + ")";
 }
 
 bool etcd_rendezvous::close_when_due(const snapshot& s, progress& p) {

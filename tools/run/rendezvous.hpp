@@ -15,6 +15,8 @@
 //   w/<node>         a node waiting for the next round (under its lease)
 //   r/<N>/m/<node>   a member of round N: {"addr", "port", "nproc"} (under
 //                    its lease); the creation revision orders the joins
+//   r/<N>/ok/<node>  a member of round N that saw it closed and confirmed
+//                    it (under its lease)
 //   r/<N>/done/<node>  a member of round N whose ranks succeeded (no lease:
 //                    it outlives the node)
 // <node> is the node's lease id, in hex. State, nnodes, closed and finished
@@ -24,10 +26,16 @@
 // state is the one it read. Once max_nodes have joined, or min_nodes have
 // for last_call_timeout, a node closes the round with a transaction that
 // holds only while neither the state nor the membership changed since its
-// read, writing the frozen list: exactly one view wins. A node that finds
-// the round running without it registers as waiting; members then open the
-// next round (a transaction that also deletes every r/ key), as does the
-// waiting node itself when no member of the running round is left.
+// read, writing the frozen list: exactly one view wins. Each member then
+// confirms the round, and is placed in it (its ranks start) only once every
+// member has: a member whose lease went before that (a node killed as it
+// joined), or that did not confirm within a lease, a request and two polls,
+// makes the round start over before any ranks ran, so that no round runs
+// with a node that is gone, and none counts it against its restarts. A node
+// that finds the round running without it registers as waiting; members
+// then open the next round (a transaction that also deletes every r/ key),
+// as does the waiting node itself when no member of the running round is
+// left.
 //
 // A round's result is the job's, as torchrun's agent closes the rendezvous
 // once its workers succeed: after a node's ranks succeeded no new round
@@ -119,8 +127,10 @@ class etcd_rendezvous {
   etcd_rendezvous(const etcd_rendezvous&) = delete;
   etcd_rendezvous& operator=(const etcd_rendezvous&) = delete;
 
-  /// Blocks until this node is placed in a formed round, and returns its
-  /// place. Stops a watch still running. Retries while etcd is unreachable.
+  /// Blocks until this node is placed in a formed round, every member of
+  /// which confirmed it (a round whose member is lost before that starts
+  /// over), and returns its place. Stops a watch still running. Retries
+  /// while etcd is unreachable.
   /// Throws rendezvous_error once join_timeout has passed (saying how many
   /// nodes had joined, or what etcd last answered), when a node closed
   /// the job, when the job has finished, when the job's nodes are another
@@ -183,6 +193,15 @@ class etcd_rendezvous {
   /// One step of next_round on what `s` shows, at most one write; this
   /// node's assignment once it is placed.
   std::optional<assignment> step(const snapshot& s, progress& p);
+  /// One step of next_round for a member of the running round `s` shows
+  /// that is not yet placed in it: confirms it, waits for the others'
+  /// confirmations, or starts the round over when a member's lease went or
+  /// it did not confirm in time; this node's assignment once every member
+  /// confirmed.
+  std::optional<assignment> confirm(const snapshot& s, progress& p);
+  /// What a node that was in no round of a job learns besides the job's
+  /// end: why it was in none.
+  std::string ended_for(const snapshot& s, const progress& p) const;
   /// Closes the open round `s` shows when max_nodes have joined, or
   /// min_nodes have for last_call_timeout; whether it tried.
   bool close_when_due(const snapshot& s, progress& p);
@@ -191,9 +210,10 @@ class etcd_rendezvous {
   /// Grants a lease when this node has none (or lost it) and starts its keepalive.
   void ensure_lease();
   void keep_alive(std::stop_token stop, std::int64_t lease);
-  /// Opens round `after` + 1 when the state is still `seen_revision` and the job has not finished; false otherwise.
+  /// Opens round `after` + 1 when the state is still `seen_revision`, the job has not finished and the
+  /// comparisons `also` hold; false otherwise.
   bool open_round(std::int64_t after, std::int64_t seen_revision, const std::string& why,
-                  round_change::cause what = round_change::cause::new_round);
+                  round_change::cause what = round_change::cause::new_round, std::vector<compare> also = {});
   void watch_round(std::stop_token stop, placement round, std::function<void(const round_change&)> on_change);
   /// What ends `round`, as `s` shows it; nothing while it may go on.
   std::optional<round_change> change_in(const snapshot& s, const placement& round) const;
