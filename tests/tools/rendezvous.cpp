@@ -799,6 +799,31 @@ TEST_SUITE("etcd rendezvous") {
     CHECK(took < 10s);  // not a hang: a generous bound on a loaded machine
   }
 
+  TEST_CASE("a request cut short by join_timeout's end does not replace the cause etcd was unreachable for") {
+    // The first connection is dropped unanswered; the later ones are never
+    // accepted, so their requests take until join_timeout's end.
+    const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t size = sizeof addr;
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listener, 16) == 0);
+    REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &size) == 0);
+    std::thread dropper([listener] { ::close(::accept(listener, nullptr, nullptr)); });
+    auto config = node("dropped", 1, 1, 1);
+    config.endpoint = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    config.join_timeout = 1s;  // shorter than a request may take: every request is cut to what is left
+    etcd_rendezvous lone(config);
+    const std::string what = next_round_error(lone);
+    dropper.join();
+    ::close(listener);
+    CHECK(what.starts_with("rendezvous of job 'dropped' at " + config.endpoint +
+                           ": etcd unreachable until join_timeout (1 s): etcd at " + config.endpoint +
+                           ": lease grant: "));
+    CHECK_MESSAGE(!contains(what, "timed out"), what);
+  }
+
   TEST_CASE("an endpoint that speaks no HTTP makes next_round fail at once, not at join_timeout") {
     cohort::test::ssh_like_server ssh;
     auto config = node("not-etcd", 1, 1, 1);

@@ -296,10 +296,13 @@ assignment etcd_rendezvous::next_round(const std::function<bool(milliseconds)>& 
           lease_lost_.store(true, std::memory_order_relaxed);  // this node's lease expired: grant another
           p.wrote = true;
         } else if (e.transient()) {
-          // A request cut short by join_timeout's end says nothing of etcd
-          // once etcd has answered in this round: what the round came to is
-          // the better reason then.
-          if (request_timeout == config_.request_timeout || !answered) unreachable = e;
+          // A request cut short by join_timeout's end says nothing of etcd:
+          // once etcd has answered in this round, what the round came to is
+          // the better reason; before, the failure of a whole request is
+          // (a host that does not resolve, a refused connection), and the
+          // cut one's only where none came before it.
+          const bool cut = request_timeout < config_.request_timeout;
+          if (!cut || (!answered && !unreachable)) unreachable = e;
         } else {
           throw rendezvous_error(where() + ": " + e.what());
         }
