@@ -117,6 +117,14 @@ struct rank_failure {
   /// files) counts as the end of its second, or the exit if that came
   /// first, so that failures order as they happened.
   std::chrono::system_clock::time_point timestamp;
+  /// What kept the supervisor from seeing how the rank ended; empty as a
+  /// rule. "cohort: waiting for the rank's exit: ..." when its wait failed
+  /// (the rank reaped elsewhere, as by another thread's waitpid(-1)), and
+  /// "cohort: reading the rank's result: ..." when the value its function
+  /// returned could not be read. The rank counts as failed, its `status`
+  /// 255 (not its own), and `message` and `trace` stay what the rank itself
+  /// reported (empty unless it wrote an error file): nothing was raised.
+  std::string supervisor_error;
 };
 
 /// How a group's run ended.

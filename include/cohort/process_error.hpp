@@ -17,7 +17,12 @@ namespace cohort {
 
 struct run_result;
 
-/// A rank of a group failed.
+/// A rank of a group failed. Thrown as itself (neither kind below) when the
+/// run ended with a rank never reaped, was stopped from outside, or when
+/// the supervisor could not see how a rank ended (rank_failure::
+/// supervisor_error): its wait failed, the rank reaped elsewhere, or its
+/// result could not be read. what(): "rank <r> (pid <p>) failed: cohort:
+/// waiting for the rank's exit: ..." then.
 class process_error : public std::runtime_error {
  public:
   process_error(const std::string& what, int rank, pid_t pid) : std::runtime_error(what), rank_(rank), pid_(pid) {}
@@ -65,8 +70,10 @@ class process_exited_error : public process_error {
 };
 
 /// Throws the run's first failure (run_result::first_failure) as
-/// process_raised_error or process_exited_error. A run that ended with a
-/// rank never reaped, or stopped from outside, throws process_error. Returns
+/// process_raised_error (the rank wrote an error file) or
+/// process_exited_error, or as process_error when the supervisor could not
+/// see that rank's end (its supervisor_error). A run that ended with a rank
+/// never reaped, or stopped from outside, throws process_error. Returns
 /// when the run was ok().
 void throw_first_failure(const run_result& result);
 

@@ -42,8 +42,10 @@ run_result run_to_end(const function_call& call, int nprocs, const join_options&
 /// exception escaped fn, process_exited_error when a rank exited non-zero or
 /// was killed by a signal. Returns what each rank returned, in rank order
 /// (nothing for a void fn). Launch failures throw std::system_error, bad
-/// arguments std::invalid_argument, an fn not registered std::logic_error.
-/// No process of the run survives it.
+/// arguments std::invalid_argument, an fn not registered std::logic_error;
+/// a rank whose end the supervisor could not see (reaped elsewhere, its
+/// result unreadable) throws process_error. No process of the run
+/// survives it.
 template <class R, class... P, class... A>
 auto spawn_and_join(R (*fn)(int, P...), std::tuple<A...> args, int nprocs, const join_options& options) {
   const function_call call_spec = std::apply(

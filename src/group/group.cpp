@@ -708,7 +708,9 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
   const auto r = static_cast<std::size_t>(rank);
   exit_status status = end.status;
   // A result that cannot be read fails the rank: never a silent nullopt.
-  std::string unreadable = std::move(end.why);
+  // A failed wait or read is the supervisor's (rank_failure::
+  // supervisor_error), kept apart from what the rank itself reported.
+  std::string supervisor_error = std::move(end.why);
   bool returned = true;
   if (status.success() && r < s.result_fds.size() && s.result_fds[r] >= 0) {
     try {
@@ -718,7 +720,7 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
       // fails with the exit it made; nothing was raised.
       returned = s.partial.return_values[r].has_value();
     } catch (const std::exception& e) {
-      unreadable = fmt::format("cohort: reading the rank's result: {}", e.what());
+      supervisor_error = fmt::format("cohort: reading the rank's result: {}", e.what());
       status = exit_status::from_code(255);
     }
   }
@@ -731,7 +733,8 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
   // A shutdown no failure started (stop(), a signal): nothing here can have
   // come before a failure.
   if ((status.success() && returned) || (s.signalled && s.partial.failures.empty())) return false;
-  rank_failure failure{rank, s.pids[r], status, unreadable, {}, s.error_files[r], std::chrono::system_clock::now()};
+  rank_failure failure{rank, s.pids[r], status, {}, {}, s.error_files[r], std::chrono::system_clock::now(),
+                       std::move(supervisor_error)};
   // What the rank wrote cannot stop the supervision: a report that cannot
   // be read (out of memory for it) leaves the failure as its exit says.
   bool reported = false;

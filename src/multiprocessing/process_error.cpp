@@ -24,6 +24,12 @@ process_exited_error::process_exited_error(int rank, pid_t pid, exit_status stat
 void throw_first_failure(const run_result& result) {
   if (const rank_failure* f = result.first_failure()) {
     if (!f->message.empty()) throw process_raised_error(f->rank, f->pid, f->message, f->trace);
+    // The supervisor could not see the rank's end: how the rank ended is
+    // not known, and it raised nothing that was seen.
+    if (!f->supervisor_error.empty()) {
+      throw process_error(fmt::format("rank {} (pid {}) failed: {}", f->rank, f->pid, f->supervisor_error), f->rank,
+                          f->pid);
+    }
     throw process_exited_error(f->rank, f->pid, f->status);
   }
   if (!result.unreaped.empty()) {

@@ -3,6 +3,7 @@
 #include "cohort/entry_point.hpp"
 #include "cohort/error_file.hpp"
 #include "cohort/guardian.hpp"
+#include "cohort/process_error.hpp"
 #include "cohort/spawn.hpp"
 #include "cohort/tensor.hpp"
 #include "group/descendants.hpp"
@@ -493,9 +494,11 @@ TEST_SUITE("group") {
     CHECK(test::children_of_self().empty());
   }
 
-  TEST_CASE("a rank whose wait fails counts as failed once, with the wait's error as its message") {
+  TEST_CASE("a rank whose wait fails counts as failed once, by the supervisor's error, not as raising one") {
     // Rank 0 is reaped here before the group's wait runs: that wait then
-    // finds no child. Its failure shuts rank 1 down.
+    // finds no child. Its failure shuts rank 1 down. Before, the wait's
+    // error was the rank's message, and throw_first_failure threw it as a
+    // process_raised_error, "rank 0 raised cohort: waiting for ...".
     auto spec = ranks_of(2, {});
     spec.args = {{0, {"exit", "0"}}, {1, {"sleep", "30"}}};
     asio::io_context io;
@@ -510,11 +513,25 @@ TEST_SUITE("group") {
     REQUIRE(result->failures.size() == 1);
     CHECK(result->failures[0].rank == 0);
     CHECK(result->failures[0].status.code() == 255);
-    CHECK(result->failures[0].message.find("cohort: waiting for the rank's exit: ") == 0);
+    CHECK(result->failures[0].supervisor_error.find("cohort: waiting for the rank's exit: ") == 0);
+    CHECK(result->failures[0].message.empty());
     REQUIRE(result->statuses.size() == 2);
     REQUIRE(result->statuses[1]);
     CHECK(result->statuses[1]->signaled());
     CHECK(result->unreaped.empty());
+    std::string thrown;
+    try {
+      throw_first_failure(*result);
+    } catch (const process_raised_error& e) {
+      thrown = fmt::format("process_raised_error: {}", e.what());
+    } catch (const process_exited_error& e) {
+      thrown = fmt::format("process_exited_error: {}", e.what());
+    } catch (const process_error& e) {
+      CHECK(e.rank() == 0);
+      CHECK(e.pid() == g.pids()[0]);
+      thrown = e.what();
+    }
+    CHECK(thrown == fmt::format("rank 0 (pid {}) failed: {}", g.pids()[0], result->failures[0].supervisor_error));
   }
 
   TEST_CASE("per-rank arguments and environments reach their rank") {

@@ -46,6 +46,7 @@ void print_failure(const cohort::rank_failure& f, const run_record& run, const a
   say("  peak rss   : {:.1f} MiB\n", static_cast<double>(usage.max_rss_kib) / 1024);
   say("  error_file : {}\n", f.message.empty() ? "<N/A>" : f.error_file.string());
   if (!f.message.empty()) say("  message    : {}\n", f.message);
+  if (!f.supervisor_error.empty()) say("  supervisor : {}\n", f.supervisor_error);
   if (!f.trace.empty()) {
     say("  traceback  :\n");
     std::string::size_type begin = 0;
@@ -91,6 +92,7 @@ nlohmann::json attempt_json(const attempt_record& a) {
       std::error_code ec;
       if (std::filesystem::exists(f.error_file, ec)) rank["error_file"] = f.error_file.string();  // it wrote one, kept
       if (!f.message.empty()) rank["message"] = f.message;
+      if (!f.supervisor_error.empty()) rank["supervisor_error"] = f.supervisor_error;
       if (&f == root) rank["root_cause"] = true;
     }
     ranks.push_back(std::move(rank));
@@ -114,6 +116,7 @@ nlohmann::json attempt_json(const attempt_record& a) {
 std::string describe(const cohort::rank_failure& f, int first_rank) {
   auto text = fmt::format("rank {} (local {}, pid {}): {}", first_rank + f.rank, f.rank, f.pid, f.status);
   if (!f.message.empty()) text += ": " + f.message;
+  if (!f.supervisor_error.empty()) text += ": " + f.supervisor_error;
   return text;
 }
 
