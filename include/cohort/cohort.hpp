@@ -11,6 +11,7 @@
 #include "cohort/event.hpp"
 #include "cohort/exit_status.hpp"
 #include "cohort/group.hpp"
+#include "cohort/guardian.hpp"
 #include "cohort/io_uring_info.hpp"
 #include "cohort/pool.hpp"
 #include "cohort/process_error.hpp"

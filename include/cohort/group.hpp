@@ -293,9 +293,21 @@ asio::awaitable<group> start_processes_on(asio::any_io_executor executor, group_
 /// before anything keeps running: ranks already started are killed and
 /// reaped. This process becomes a child subreaper (PR_SET_CHILD_SUBREAPER),
 /// so descendants that leave their rank's process group (setsid) are still
-/// found and ended with the run. `spec` is copied when the operation is
-/// made. The launch blocks the thread it runs on; cancellation has nothing
-/// to stop.
+/// found and ended with the run. Not all of them when the ranks share this
+/// process's process group (options.new_process_group and new_session
+/// false; a program, `spawn` or `fork` rank: a `forkserver` rank is in the
+/// server's group then): this process's own children are in that group
+/// too, and a child a rank left behind at its end is this process's child
+/// like them, so an orphan handed over inside that group is left alone.
+/// What a rank leaves there is ended only when its initial environment
+/// (/proc/<pid>/environ) carries the group's marker: a fork of a program
+/// or `spawn` rank, and a program executed with the environment it
+/// inherited from a rank; not a program given an environment of its own,
+/// nor a fork of a `fork` rank that executes nothing. Or when a shutdown
+/// starts while its rank still runs: it is found by parent links then.
+/// `spec` is copied
+/// when the operation is made. The launch blocks the thread it runs on;
+/// cancellation has nothing to stop.
 template <completion_token_of<group> Token = default_token>
 [[nodiscard]] auto start_processes(const group_spec& spec, Token&& token = {}) {
   return detail::async_awaitable<group>(

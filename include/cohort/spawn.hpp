@@ -43,6 +43,9 @@ struct spawn_options {
   /// stopped by SIGTTIN (SIGTTOU), and its wait, join() and run() then wait
   /// for good (they see exits only). For an interactive child set this to
   /// false; otherwise give it another stdin (stdio::null(), a file, a pipe).
+  /// A group's rank started without it shares this process's group, and
+  /// not everything it leaves behind is ended with the run (group.hpp,
+  /// start_processes).
   bool new_process_group = true;
   /// The child leads a new session (setsid()), and with it a new process
   /// group, whatever new_process_group says. It then has no controlling

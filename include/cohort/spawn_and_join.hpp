@@ -44,8 +44,18 @@ run_result run_to_end(const function_call& call, int nprocs, const join_options&
 /// (nothing for a void fn). Launch failures throw std::system_error, bad
 /// arguments std::invalid_argument, an fn not registered std::logic_error;
 /// a rank whose end the supervisor could not see (reaped elsewhere, its
-/// result unreadable) throws process_error. No process of the run
-/// survives it.
+/// result unreadable) throws process_error. What the ranks started ends
+/// with the run, as start_processes says (group.hpp), while each rank
+/// leads its own process group (spawn.new_process_group, the default);
+/// with the ranks in this process's group, only what carries the group's
+/// marker, or what a shutdown finds under a live rank. Should this
+/// process die meanwhile (Ctrl-C or SIGTERM with their default action,
+/// SIGKILL), the ranks die by their parent-death signal, but what they
+/// started lives on, handed to init, unless a cohort::guardian
+/// (cohort/guardian.hpp), made first, kills it:
+///
+///     cohort::guardian guard;  // before the first run
+///     auto parts = cohort::spawn_and_join(fn, std::tuple{}, 4);
 template <class R, class... P, class... A>
 auto spawn_and_join(R (*fn)(int, P...), std::tuple<A...> args, int nprocs, const join_options& options) {
   const function_call call_spec = std::apply(

@@ -866,6 +866,44 @@ TEST_SUITE("group") {
     }
   }
 
+  TEST_CASE("with the ranks in this process's group, their marked helper ends with the run, its own child lives on") {
+    // In this process's group a rank's orphan is told from a child this
+    // process forked itself only by the group's marker: the helper a
+    // program rank leaves running in the background carries it and is
+    // ended; this process's own child, forked while the run lasts, is
+    // never touched.
+    test::temp_dir dir;
+    group_spec spec;
+    spec.entry = command("/bin/sh", {"-c", "/bin/sleep 60 & echo $! > \"$0/pids\"; exec /bin/sleep 0.2",
+                                     dir.path.string()});
+    spec.options.new_process_group = false;
+    pid_t own = -1;
+    asio::io_context io;
+    const run_result result = test::run(io, [&]() -> asio::awaitable<run_result> {
+      group g = co_await start_processes(spec);
+      asio::steady_timer tick(co_await asio::this_coro::executor);
+      for (int i = 0; i < 2000 && !fs::exists(dir.path / "pids"); ++i) {
+        tick.expires_after(1ms);
+        co_await tick.async_wait(asio::use_awaitable);
+      }
+      own = ::fork();
+      if (own == 0) {
+        ::pause();
+        ::_exit(0);
+      }
+      co_return co_await g.wait();
+    }());
+    REQUIRE(own > 0);
+    const bool own_alive = test::alive(own);
+    ::kill(own, SIGKILL);
+    ::waitpid(own, nullptr, 0);
+    CHECK(result.ok());
+    CHECK(own_alive);
+    const auto helpers = published_pids(dir.path);
+    REQUIRE(helpers.size() == 1);
+    CHECK(gone_within(helpers[0], 500ms));
+  }
+
   TEST_CASE("a chain of unmarked processes, each in a session of its own, is gone after the run") {
     // Each link starts the next with a fresh environment in a new session
     // and waits for it: none carries the marker or shares a rank's group
