@@ -4,18 +4,20 @@
 #include "launch/json_text.hpp"
 #include "os/demangle.hpp"
 #include "os/owned_fd.hpp"
+#include "os/quiet_sigpipe.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
-#include <fstream>
 #include <typeinfo>
 
 namespace cohort {
@@ -59,6 +61,65 @@ std::string trace_of(std::string stack, const std::string& message) {
   return stack;
 }
 
+// Writes all of `text` to `fd`; false, with errno set, when it cannot.
+bool write_all(int fd, std::string_view text) {
+  while (!text.empty()) {
+    const ssize_t n = ::write(fd, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    text.remove_prefix(static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+// `text` written over what is at `path`, as a program's own open for
+// writing would: created if missing, replaced if there.
+bool write_in_place(const std::filesystem::path& path, std::string_view text) {
+  const os::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
+  return fd.get() >= 0 && write_all(fd.get(), text);
+}
+
+// Tells apart the temporary files of this process's writes.
+std::atomic<unsigned> temporaries{0};
+
+// `text` put at `path` whole or not at all: written to a new file beside
+// it and renamed over it once complete. A reader (the supervisor, once the
+// rank has ended) finds the earlier report or this one, never part of one;
+// a write that fails (a full disk, RLIMIT_FSIZE) or that the process's end
+// cuts short leaves the earlier one. A symbolic link stays, and what it
+// names is replaced. Something other than a regular file there (a FIFO,
+// /dev/stderr), or a folder in which this process may not create a file,
+// leaves no other way than writing in place.
+bool replace_file(const std::filesystem::path& path, std::string_view text) {
+  // Past RLIMIT_FSIZE, a write raises SIGXFSZ, whose default action would
+  // end a failing program before it could say why: the write fails instead.
+  const os::quiet_signal quiet(SIGXFSZ);
+  std::filesystem::path target = path;
+  std::error_code ec;
+  if (std::filesystem::is_symlink(path, ec)) {
+    auto named = std::filesystem::weakly_canonical(path, ec);
+    if (ec) return write_in_place(path, text);
+    target = std::move(named);
+  }
+  struct stat st{};
+  if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return write_in_place(target, text);
+  // Named after the target, so that what sweeps a group's error files by
+  // their names' beginnings takes one that a killed rank left too.
+  std::filesystem::path temporary;
+  os::owned_fd fd;
+  do {
+    temporary = target;
+    temporary += fmt::format(".{}-{}.tmp", ::getpid(), temporaries.fetch_add(1, std::memory_order_relaxed));
+    fd = os::owned_fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+  } while (fd.get() < 0 && errno == EEXIST);
+  if (fd.get() < 0) return (errno == EACCES || errno == EPERM) && write_in_place(target, text);
+  if (!write_all(fd.get(), text) || ::rename(temporary.c_str(), target.c_str()) != 0) {
+    ::unlink(temporary.c_str());
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::optional<std::filesystem::path> error_file_path() {
@@ -90,10 +151,7 @@ bool record_error(const error_report& report) noexcept {
     // Made before the file is opened, so that a report that cannot be put
     // into words leaves no empty file. Bytes that are not UTF-8 (a what()
     // naming a file in Latin-1) become U+FFFD rather than losing the report.
-    const auto text = file.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
-    std::ofstream out(*path, std::ios::trunc);
-    out << text << '\n';
-    return static_cast<bool>(out.flush());
+    return replace_file(*path, file.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + '\n');
   } catch (...) {
     return false;
   }

@@ -354,6 +354,22 @@ void refuse_result_files(int) {
 }
 COHORT_ENTRYPOINT(refuse_result_files);
 
+// Throws from `depth` frames down, for a trace of that many lines.
+[[gnu::noinline]] void throw_from_below(int depth) {
+  if (depth == 0) throw std::runtime_error("the reason, deep down");
+  throw_from_below(depth - 1);
+  asm volatile("");  // not a tail call: each level keeps its frame
+}
+
+// As on a disk with 4 KiB left: the error file takes the message, and not
+// the trace of 200 frames after it.
+void raise_with_little_room(int) {
+  const rlimit little{4096, RLIM_INFINITY};
+  ::setrlimit(RLIMIT_FSIZE, &little);
+  throw_from_below(200);
+}
+COHORT_ENTRYPOINT(raise_with_little_room);
+
 // In a rank: runs 3 ranks of rank_times_two by `inner` (parallel starts
 // for spawn), and returns the sum of what they returned.
 int sum_of_inner(int, int inner) {
@@ -554,6 +570,20 @@ TEST_SUITE("entry points") {
       auto refused = run_function(call(method, refuse_result_files), 2);
       CHECK(refused.ok());
       for (const auto& value : refused.return_values) CHECK_FALSE(value.has_value());
+    });
+  }
+
+  TEST_CASE("a rank whose error file has room for its message but not its trace reports the message") {
+    for_each_method([](start_method method) {
+      try {
+        spawn_and_join(raise_with_little_room, std::tuple{}, 1, test::join_by(method));
+        FAIL("no exception");
+      } catch (const process_raised_error& e) {
+        // The first report, written before the trace was known, stands.
+        CHECK(e.message() == "std::runtime_error: the reason, deep down");
+      } catch (const process_exited_error& e) {
+        FAIL("the report was lost: " << std::string(e.what()));
+      }
     });
   }
 

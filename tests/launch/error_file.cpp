@@ -13,13 +13,17 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
 #include <future>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 using namespace cohort;
 namespace fs = std::filesystem;
@@ -178,6 +182,48 @@ TEST_SUITE("error_file") {
     auto d = read(R"({"message": {"message": "m", "extraInfo": "not an object"}})");
     REQUIRE(d);
     CHECK(d->message == "m");
+  }
+
+  TEST_CASE("a report that cannot be written whole leaves the one before it, and no other file") {
+    test::temp_dir dir;
+    const fs::path file = dir.path / "error.json";
+    error_file_env env(file);
+    REQUIRE(record_error(error_report{"RuntimeError: first", "short trace", std::nullopt}));
+    // Past RLIMIT_FSIZE, in a child of its own: the write fails, and its
+    // SIGXFSZ, whose default ends the process, does not end the writer.
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const rlimit little{4096, RLIM_INFINITY};
+      ::setrlimit(RLIMIT_FSIZE, &little);
+      const error_report second{"RuntimeError: second", std::string(64 * 1024, 't'), std::nullopt};
+      const bool written = record_error(second);
+      ::_exit(written ? 1 : 0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    const auto report = read_error_file(file);
+    REQUIRE(report);
+    CHECK(report->message == "RuntimeError: first");
+    CHECK(report->trace == "short trace");
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir.path)) names.push_back(e.path().filename().string());
+    CHECK(names == std::vector<std::string>{"error.json"});
+  }
+
+  TEST_CASE("a report written through a symbolic link replaces what it names; the link stays") {
+    test::temp_dir dir;
+    const fs::path real = dir.path / "real.json", link = dir.path / "link.json";
+    std::ofstream(real) << "old";
+    fs::create_symlink(real, link);
+    error_file_env env(link);
+    REQUIRE(record_error(std::runtime_error("through the link")));
+    CHECK(fs::is_symlink(link));
+    const auto report = read_error_file(real);
+    REQUIRE(report);
+    CHECK(report->message == "std::runtime_error: through the link");
   }
 
   TEST_CASE("TORCHELASTIC_ERROR_FILE is used when COHORT_ERROR_FILE is not set") {
