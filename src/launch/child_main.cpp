@@ -6,6 +6,7 @@
 #include "launch/forkserver.hpp"
 #include "launch/uncaught.hpp"
 #include "os/process_identity.hpp"
+#include "os/raw_syscall.hpp"
 #include "shm/arena.hpp"
 #include "shm/keeper.hpp"
 
@@ -14,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -331,6 +333,11 @@ std::vector<std::byte> result_contents(const encoded& value) {
 COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const encoded& args, int result_fd,
                                        const from_forking_process& inherited) {
   entry_run run{inherited.entry.thunk, inherited.entry.fn, rank, &args, std::nullopt};
+  // The result's descriptor came through the set-up's kept ones, whose
+  // close-on-exec it cleared (for spawn, so that it crossed the exec): what
+  // the function runs (system(), popen, a spawn keeping other descriptors)
+  // must not get a writable copy, as no other descriptor of cohort's does.
+  if (result_fd >= 0) os::raw_syscall(SYS_fcntl, result_fd, F_SETFD, FD_CLOEXEC);
   os::set_running_rank(rank);
   if (!inherited.terminate_handler_set) std::set_terminate(on_uncaught);
   shm::let_values_go_at_exit(receivers_wait);  // exit() inside the function

@@ -354,6 +354,20 @@ void refuse_result_files(int) {
 }
 COHORT_ENTRYPOINT(refuse_result_files);
 
+// What the descriptors from 3 up that a program this rank ran would
+// inherit (those without FD_CLOEXEC) name.
+std::vector<std::string> inherited_by_programs(int) {
+  std::vector<std::string> open;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(e.path().filename().string());
+    const int flags = ::fcntl(fd, F_GETFD);
+    std::error_code ec;
+    if (fd > 2 && flags >= 0 && (flags & FD_CLOEXEC) == 0) open.push_back(fs::read_symlink(e.path(), ec).string());
+  }
+  return open;
+}
+COHORT_ENTRYPOINT(inherited_by_programs);
+
 // Throws from `depth` frames down, for a trace of that many lines.
 [[gnu::noinline]] void throw_from_below(int depth) {
   if (depth == 0) throw std::runtime_error("the reason, deep down");
@@ -570,6 +584,18 @@ TEST_SUITE("entry points") {
       auto refused = run_function(call(method, refuse_result_files), 2);
       CHECK(refused.ok());
       for (const auto& value : refused.return_values) CHECK_FALSE(value.has_value());
+    });
+  }
+
+  TEST_CASE("a rank's result file is close-on-exec: programs it runs do not get it, under every start method") {
+    for_each_method([](start_method method) {
+      const auto inherited = spawn_and_join(inherited_by_programs, std::tuple{}, 2, test::join_by(method));
+      REQUIRE(inherited.size() == 2);
+      for (const auto& names : inherited) {
+        std::string listed;
+        for (const auto& name : names) listed += name + ' ';
+        CHECK(listed == "");
+      }
     });
   }
 
