@@ -116,6 +116,14 @@ std::optional<encoded> call_entry(const std::string& name, int rank, const encod
 /// Whether child_main() ran in this process (and found no entry to run).
 bool child_main_called() noexcept;
 
+/// The command that runs this program again with `args` (spawn's ranks,
+/// the forkserver): /proc/self/exe. Where the program was started by
+/// running the dynamic loader as a program (ld.so ./program), /proc/self/exe
+/// is the loader, which is given its own options and the program's path
+/// first, as it was then, so that the same loader runs the same program.
+/// nullopt where that command line could not be read.
+std::optional<command> reexecution(std::vector<std::string> args);
+
 /// Whether child_main() returned an exit code in this process: it ran an
 /// entry point (or served forks), and main should have returned that code.
 bool child_main_returned_code() noexcept;

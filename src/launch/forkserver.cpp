@@ -305,14 +305,15 @@ struct server_slot {
 };
 
 int start_server(server_link& l) {
+  const auto cmd = reexecution({"--cohort-forkserver"});
+  if (!cmd) return ENOEXEC;  // refused before, saying why (start_functions)
   int ends[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ends) != 0) return errno;
   spawn_options options;
   options.env.set(forkserver_env, std::to_string(ends[1]));
   options.keep_fds = {ends[1]};
   std::error_code ec;
-  const command cmd("/proc/self/exe", {"--cohort-forkserver"});
-  l.server = spawn(l.io.get_executor(), cmd, options, ec);
+  l.server = spawn(l.io.get_executor(), *cmd, options, ec);
   ::close(ends[1]);
   if (ec) {
     ::close(ends[0]);

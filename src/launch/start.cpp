@@ -19,8 +19,11 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <link.h>
 #include <poll.h>
 #include <stdio_ext.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,7 +35,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #ifdef __GLIBCXX__
 #include <ext/stdio_sync_filebuf.h>
 #endif
@@ -343,6 +349,80 @@ void end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono:
 
 namespace {
 
+// How this program was started, where the kernel ran the dynamic loader
+// as the program (ld.so [options] ./program args): /proc/self/exe is then the
+// loader, and what it needs to run the program again is noted here.
+struct loader_command {
+  bool through_loader = false;
+  // The loader's options, then the program's path, made absolute; nullopt
+  // where /proc/self/cmdline could not be read.
+  std::optional<std::vector<std::string>> arguments;
+};
+
+loader_command& started_through_loader() {
+  static loader_command c;
+  return c;
+}
+
+// A program that names an interpreter, run by the kernel without one
+// (AT_BASE, the interpreter's address, is 0): the loader was run itself.
+bool run_by_the_loader_itself() {
+  if (::getauxval(AT_BASE) != 0) return false;
+  bool interpreted = false;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* found) {
+        for (ElfW(Half) i = 0; i < info->dlpi_phnum; ++i) {
+          if (info->dlpi_phdr[i].p_type == PT_INTERP) *static_cast<bool*>(found) = true;
+        }
+        return 1;  // the first object is the program
+      },
+      &interpreted);
+  return interpreted;
+}
+
+// Taken as the program starts, before its main can change the working
+// directory or its argv: glibc calls a constructor with main's arguments,
+// which the loader took its own off the front of. /proc/self/cmdline still
+// holds those.
+[[gnu::constructor]] void note_loader_command(int argc, char** /*argv*/, char** /*envp*/) {
+  if (!run_by_the_loader_itself()) return;
+  auto& c = started_through_loader();
+  c.through_loader = true;
+  try {
+    std::ifstream in("/proc/self/cmdline", std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::string> all;
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t end = std::min(text.find('\0', at), text.size());
+      all.emplace_back(text, at, end - at);
+      at = end + 1;
+    }
+    // The loader's name, its options and the program's path come before
+    // the program's arguments past its argv[0].
+    if (argc < 1 || all.size() <= static_cast<std::size_t>(argc)) return;
+    std::vector<std::string> arguments(all.begin() + 1, all.end() - argc + 1);
+    // A path with no '/' is one the loader looked up, and will again.
+    std::string& program = arguments.back();
+    if (program.find('/') != std::string::npos) program = std::filesystem::absolute(program).string();
+    c.arguments = std::move(arguments);
+  } catch (...) {
+    // Unknown: a start that re-executes says so.
+  }
+}
+
+}  // namespace
+
+std::optional<command> reexecution(std::vector<std::string> args) {
+  const auto& c = started_through_loader();
+  if (!c.through_loader) return command("/proc/self/exe", std::move(args));
+  if (!c.arguments) return std::nullopt;
+  std::vector<std::string> all = *c.arguments;
+  all.insert(all.end(), std::make_move_iterator(args.begin()), std::make_move_iterator(args.end()));
+  return command("/proc/self/exe", std::move(all));
+}
+
+namespace {
+
 // spawn and forkserver re-execute this program: its main must pass control
 // to child_main, or the child would run the parent's main.
 void check_reexecutable(const function_call& call, const std::string& what) {
@@ -350,6 +430,13 @@ void check_reexecutable(const function_call& call, const std::string& what) {
     throw std::logic_error(fmt::format(
         "{}: the {} start method re-executes this program, whose main must call cohort::child_main(argc, argv) first",
         what, to_string(call.method)));
+  }
+  // Only when run through the loader can the command be unknown.
+  if (!reexecution({})) {
+    throw std::logic_error(fmt::format(
+        "{}: this program was started by running the dynamic loader (ld.so ./program), and the command line that "
+        "runs it again could not be read from /proc/self/cmdline; start it by its own path",
+        what));
   }
 }
 
@@ -379,7 +466,7 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
   if (!keeper.empty()) opts.env.set(shm::keeper_env, keeper);
   opts.keep_fds.push_back(args.get());
   if (result_fd >= 0) opts.keep_fds.push_back(result_fd);
-  const command cmd("/proc/self/exe", {"--cohort-entry", call.name, std::to_string(rank)});
+  const command cmd = *reexecution({"--cohort-entry", call.name, std::to_string(rank)});  // checked above
   launch_failure f;
   auto state = launch_program(executor, cmd, opts, f);
   if (!state) {

@@ -20,6 +20,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -526,6 +527,22 @@ int files_in(const fs::path& dir) {
   int n = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
   return n;
+}
+
+// The dynamic loader that this program names (PT_INTERP), which the tests'
+// helper programs, built alike, name too; empty where there is none.
+std::string program_interpreter() {
+  std::string found;
+  ::dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* out) {
+        for (ElfW(Half) i = 0; i < info->dlpi_phnum; ++i) {
+          if (info->dlpi_phdr[i].p_type != PT_INTERP) continue;
+          *static_cast<std::string*>(out) = reinterpret_cast<const char*>(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+        }
+        return 1;  // the first object is the program
+      },
+      &found);
+  return found;
 }
 
 }  // namespace entry_tests
@@ -1260,6 +1277,31 @@ TEST_SUITE("entry points") {
                                   "cohort::child_main(argc, argv) first", method)) != std::string::npos);
     }
     CHECK(run(command(test::target, {"spawn-function", "fork"})).code() == 0);  // fork needs no re-execution
+  }
+
+  TEST_CASE("a program run by the dynamic loader (ld.so ./program) runs its ranks by every start method") {
+    const std::string loader = program_interpreter();
+    if (loader.empty() || ::access(loader.c_str(), X_OK) != 0) {
+      MESSAGE("skipped: no dynamic loader to run (" << loader << ")");
+      return;
+    }
+    // By a path relative to its directory, which the loader's command line
+    // holds as it was written.
+    const fs::path target = test::target;
+    for (const std::string method : {"spawn", "forkserver", "fork"}) {
+      CAPTURE(method);
+      asio::io_context io;
+      spawn_options options{.cwd = target.parent_path(), .out = stdio::pipe()};
+      const command cmd(loader, {"./" + target.filename().string(), "run-function", method});
+      child c = spawn(io.get_executor(), cmd, options);
+      std::string text;
+      auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
+        text = co_await test::read_all(c.out());
+        co_return co_await c.wait();
+      }());
+      CHECK(text == "40\n41\n");
+      CHECK(status.code() == 0);
+    }
   }
 
   TEST_CASE("a rank whose main goes on past child_main's exit code cannot start ranks of its own") {

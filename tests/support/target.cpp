@@ -31,6 +31,11 @@
 //                          forkserver); print what a std::logic_error says and
 //                          exit 3, what another exception says and exit 4,
 //                          or exit 0 when the function ran
+//   run-function METHOD    as a program that starts functions does, calling
+//                          child_main first, run 2 ranks of a function that
+//                          returns its rank + 40 by start method METHOD; print
+//                          what they returned, one a line, and exit 0, or
+//                          print what the failure says and exit 4
 //   ignore-child-main      run a registered function by spawn from a main
 //                          that calls child_main and goes on past its exit
 //                          code, as the ranks' main then does too; print
@@ -69,6 +74,9 @@
 void does_nothing(int) {}
 COHORT_ENTRYPOINT(does_nothing);
 
+int rank_plus_forty(int rank) { return rank + 40; }
+COHORT_ENTRYPOINT(rank_plus_forty);
+
 namespace {
 
 int usage() {
@@ -82,6 +90,12 @@ int signal_number(const char* name) {
     if (abbrev != nullptr && std::strcmp(abbrev, name) == 0) return sig;
   }
   return std::atoi(name);
+}
+
+cohort::start_method method_named(std::string_view method) {
+  return method == "fork"         ? cohort::start_method::fork
+         : method == "forkserver" ? cohort::start_method::forkserver
+                                  : cohort::start_method::spawn;
 }
 
 }  // namespace
@@ -104,22 +118,35 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  // run-function's ranks and forkserver: this program run again.
+  if (argc > 1 && std::string_view(argv[1]).starts_with("--cohort-")) {
+    if (auto rc = cohort::child_main(argc, argv)) return *rc;
+  }
   if (argc < 2) return usage();
   std::string what = argv[1];
   const char* arg = argc > 2 ? argv[2] : "";
 
   if (what == "exit") return std::atoi(arg);
   if (what == "spawn-function") {
-    const std::string method = arg;
     cohort::join_options options;
-    options.method = method == "fork" ? cohort::start_method::fork
-                     : method == "forkserver" ? cohort::start_method::forkserver
-                                              : cohort::start_method::spawn;
+    options.method = method_named(arg);
     try {
       cohort::spawn_and_join(does_nothing, std::tuple{}, 1, options);
     } catch (const std::logic_error& e) {
       std::printf("%s\n", e.what());
       return 3;
+    } catch (const std::exception& e) {
+      std::printf("%s\n", e.what());
+      return 4;
+    }
+    return 0;
+  }
+  if (what == "run-function") {
+    (void)cohort::child_main(argc, argv);  // nothing to run here: this is the parent
+    cohort::join_options options;
+    options.method = method_named(arg);
+    try {
+      for (int value : cohort::spawn_and_join(rank_plus_forty, std::tuple{}, 2, options)) std::printf("%d\n", value);
     } catch (const std::exception& e) {
       std::printf("%s\n", e.what());
       return 4;
