@@ -1,10 +1,15 @@
 // Runs a Python baseline script: Debian's interpreter first (python3-torch
-// is installed for it), or $COHORT_BENCH_PYTHON; returns its stdout lines,
-// and why it failed where it did.
+// is installed for it), or $COHORT_BENCH_PYTHON. run_python runs it to its
+// end and returns its stdout lines; python_peer keeps it running and asks
+// it for one measurement at a time, so that its measurements take turns
+// with cohort's, round by round. Both say why it failed where it did.
 #pragma once
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,8 +17,12 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+extern char** environ;
 
 namespace cohort::bench {
 
@@ -30,6 +39,27 @@ struct python_output {
   std::vector<std::string> lines;
   std::string failure;
 };
+
+/// Why `python` ended as `status` (a wait status; negative where it could
+/// not be run), with the last line of words its stderr (in `err_path`) has.
+inline std::string python_failure(const std::string& python, int status, const char* err_path) {
+  // The shell's 127 and 126: the interpreter was not found or would not run.
+  std::string failure = status < 0             ? fmt::format("{} could not be run", python)
+                        : WIFSIGNALED(status) ? fmt::format("{} killed by signal {}", python, WTERMSIG(status))
+                                              : fmt::format("{} exited with {}", python, WEXITSTATUS(status));
+  std::string last;
+  if (FILE* e = std::fopen(err_path, "r")) {
+    char line[1024];
+    while (std::fgets(line, sizeof line, e) != nullptr) {
+      std::string text(line);
+      while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+      if (std::any_of(text.begin(), text.end(), [](unsigned char c) { return std::isalpha(c); })) last = text;
+    }
+    std::fclose(e);
+  }
+  if (!last.empty()) failure += ": " + last;
+  return failure;
+}
 
 inline python_output run_python(const char* script, const std::string& args) {
   python_output out;
@@ -50,23 +80,7 @@ inline python_output run_python(const char* script, const std::string& args) {
       while (std::fgets(line, sizeof line, pipe) != nullptr) out.lines.emplace_back(line);
       status = ::pclose(pipe);
     }
-    if (status != 0) {
-      // The shell's 127 and 126: the interpreter was not found or would not run.
-      out.failure = status < 0                 ? fmt::format("{} could not be run", python)
-                    : WIFSIGNALED(status)      ? fmt::format("{} killed by signal {}", python, WTERMSIG(status))
-                                               : fmt::format("{} exited with {}", python, WEXITSTATUS(status));
-      std::string last;
-      if (FILE* e = std::fopen(err_path, "r")) {
-        char line[1024];
-        while (std::fgets(line, sizeof line, e) != nullptr) {
-          std::string text(line);
-          while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
-          if (std::any_of(text.begin(), text.end(), [](unsigned char c) { return std::isalpha(c); })) last = text;
-        }
-        std::fclose(e);
-      }
-      if (!last.empty()) out.failure += ": " + last;
-    }
+    if (status != 0) out.failure = python_failure(python, status, err_path);
   }
   if (fd >= 0) std::remove(path);
   if (err >= 0) {
@@ -79,5 +93,128 @@ inline python_output run_python(const char* script, const std::string& args) {
 inline std::vector<std::string> python_lines(const char* script, const std::string& args) {
   return run_python(script, args).lines;
 }
+
+/// A Python script kept running and asked for one measurement at a time:
+/// it reads one request a line on its stdin and answers each with one line
+/// on its stdout. It is started at construction (with `args`), which
+/// returns once it has printed its first line, "ready", saying its imports
+/// and whatever else it does first are done: its start weighs on no
+/// measurement. Its stdin and stdout are one socket, so that asking a
+/// script that has exited fails with EPIPE and not SIGPIPE. The destructor
+/// ends its input and waits for it to exit. Not to be copied or moved.
+class python_peer {
+ public:
+  python_peer(const char* script, const std::vector<std::string>& args) : python_(python_interpreter()) {
+    const int fd = ::mkstemps(path_, 3);
+    err_ = ::mkostemp(err_path_, O_CLOEXEC);
+    if (fd >= 0) {
+      FILE* f = ::fdopen(fd, "w");
+      std::fputs(script, f);
+      std::fclose(f);
+    }
+    int ends[2];
+    if (fd < 0 || err_ < 0 || ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) {
+      failure_ = "cannot write its script";
+      return;
+    }
+    posix_spawn_file_actions_t actions;
+    ::posix_spawn_file_actions_init(&actions);
+    ::posix_spawn_file_actions_adddup2(&actions, ends[1], 0);
+    ::posix_spawn_file_actions_adddup2(&actions, ends[1], 1);
+    ::posix_spawn_file_actions_adddup2(&actions, err_, 2);
+    std::vector<std::string> words{python_, path_};
+    words.insert(words.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& w : words) argv.push_back(w.data());
+    argv.push_back(nullptr);
+    const int error = ::posix_spawnp(&pid_, python_.c_str(), &actions, nullptr, argv.data(), environ);
+    ::posix_spawn_file_actions_destroy(&actions);
+    ::close(ends[1]);
+    if (error != 0) {
+      ::close(ends[0]);
+      pid_ = -1;
+      failure_ = python_failure(python_, -1, err_path_);
+      return;
+    }
+    from_ = ::fdopen(ends[0], "r");
+    if (const auto first = read_line(); first && *first != "ready") end(fmt::format("it began with \"{}\"", *first));
+  }
+  python_peer(const python_peer&) = delete;
+  python_peer& operator=(const python_peer&) = delete;
+  ~python_peer() {
+    end("");
+    std::remove(path_);
+    if (err_ >= 0) {
+      ::close(err_);
+      std::remove(err_path_);
+    }
+  }
+
+  /// The line the script answers to `request` (a line without its newline),
+  /// without its newline; or, where it has exited (or never started) or
+  /// answers nothing, nothing, and failure() says why. Once it has failed,
+  /// every later request answers nothing at once.
+  std::optional<std::string> ask(std::string_view request) {
+    if (from_ == nullptr) return std::nullopt;
+    const std::string line = std::string(request) + "\n";
+    for (std::size_t sent = 0; sent < line.size();) {
+      const ssize_t n = ::send(::fileno(from_), line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) {
+        end("");
+        return std::nullopt;
+      }
+      sent += static_cast<std::size_t>(n);
+    }
+    return read_line();
+  }
+
+  /// Why it answers nothing; empty while it answers.
+  const std::string& failure() const { return failure_; }
+
+ private:
+  // A line from its stdout; or, at its end, nothing after end().
+  std::optional<std::string> read_line() {
+    std::string line;
+    char buffer[4096];
+    while (std::fgets(buffer, sizeof buffer, from_) != nullptr) {
+      line += buffer;
+      if (line.back() == '\n') {
+        line.pop_back();
+        return line;
+      }
+    }
+    end("");
+    return std::nullopt;
+  }
+
+  // Ends its input, waits for it to exit and, unless one is noted already,
+  // notes why it failed: `why`, or else how it exited.
+  void end(const std::string& why) {
+    if (from_ != nullptr) {
+      // Its input ends even where a process forked from this one holds the
+      // socket too.
+      ::shutdown(::fileno(from_), SHUT_WR);
+      std::fclose(from_);
+      from_ = nullptr;
+    }
+    if (pid_ < 0) return;
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    if (failure_.empty()) {
+      failure_ = !why.empty() ? why
+                 : status == 0 ? fmt::format("{} exited before it answered", python_)
+                               : python_failure(python_, status, err_path_);
+    }
+  }
+
+  std::string python_;
+  char path_[32] = "/tmp/cohort-bench-XXXXXX.py";
+  char err_path_[40] = "/tmp/cohort-bench-stderr-XXXXXX";
+  int err_ = -1;
+  pid_t pid_ = -1;
+  FILE* from_ = nullptr;
+  std::string failure_;
+};
 
 }  // namespace cohort::bench

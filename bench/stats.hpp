@@ -79,4 +79,25 @@ inline std::string spread_text(const std::vector<double>& rounds, const char* fo
   return fmt::format("{} {} (spread {}-{})", number(s.median), unit, number(s.min), number(s.max));
 }
 
+/// `a` then `b` in even rounds, `b` then `a` in odd ones: neither always
+/// goes first, nor always follows what the other leaves behind.
+template <class A, class B>
+void in_turns(int round, A&& a, B&& b) {
+  if (round % 2 == 0) {
+    a();
+    b();
+  } else {
+    b();
+    a();
+  }
+}
+
+/// Whether round `round` (from 0) is one of `turns` rounds spread evenly
+/// over `rounds` (the last of each stretch of rounds / turns): where a peer
+/// too slow for every round takes its turns. Every round where turns >= rounds.
+inline bool one_of_spread(int round, int turns, int rounds) {
+  const auto at = [&](int r) { return static_cast<long long>(r) * turns / rounds; };
+  return at(round + 1) != at(round);
+}
+
 }  // namespace cohort::bench

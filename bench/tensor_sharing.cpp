@@ -14,8 +14,16 @@
 // lock-free rings of 64-byte items, no bookkeeping, stages that yield their
 // CPU when they wait), whose rate is timed from its stages' start to their
 // end.
+// The baselines take turns with cohort round by round: a Python process
+// for each (Python's multiprocessing, torch.multiprocessing) lasts the run
+// and makes one measurement per request, and in every round each of
+// cohort's quiet pipeline, its plain int64 values, its ping-pong and its
+// sends at each size runs in turn with its baseline's, the one or the other
+// first in alternate rounds. The ratios are taken per round and printed as
+// their median and range.
 // Usage: tensor_sharing [--pipeline] [pipeline tensors = 100000] [rounds = 3] [sends per size = 10]
-// (--pipeline: the pipeline alone, no baselines)
+// (--pipeline: the pipeline alone, no baselines; rounds: the pipeline's, the
+// ping-pong's and the sends')
 #include <cohort/queue.hpp>
 #include <cohort/spawn_and_join.hpp>
 #include <cohort/tensor.hpp>
@@ -38,6 +46,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -178,11 +187,11 @@ std::vector<double> ping_pong(int trips, bool awaited) {
 }
 
 // The time from put to the receiver holding the tensor and sending it back,
-// in ms, median of `sends`: of one tensor already in shared memory when
+// in ms, of each of `sends` sends: of one tensor already in shared memory when
 // `shared`, else of a fresh private tensor each time, which the put copies
 // into shared memory. The elements are written, and the echo process is
 // running, before the clock starts.
-double send_cost(std::size_t bytes, bool shared, int sends) {
+std::vector<double> send_cost(std::size_t bytes, bool shared, int sends) {
   queue<tensor> there(4), back(4);
   const auto size = static_cast<std::int64_t>(bytes);
   const tensor already = shared ? tensor::full({size}, 1, dtype::uint8, {.shared = true}) : tensor();
@@ -201,7 +210,7 @@ double send_cost(std::size_t bytes, bool shared, int sends) {
   });
   spawn_and_join(echo, std::tuple{there, back, false}, 1);
   parent.join();
-  return bench::median(samples);
+  return samples;
 }
 
 // Keeps the calling thread, and the processes it starts while this lives
@@ -283,115 +292,16 @@ double machine_limit(const std::string& args) {
 // The machine's raw ring moving `items`: items/s, or 0 when it failed.
 double raw_ring_rate(long long items) { return machine_limit(fmt::format("--ring {}", items)); }
 
-// cohort's pipeline medians that the baselines are held to: tensors/s
-// quiet with 1 producer, and plain int64 values/s.
-struct pipeline_medians {
-  double tensors, ints;
-};
-
-// The pipeline quiet, beside two busy loops, and with 2 and 4 producers,
-// each once per round in turn, the raw ring beside the first two; prints
-// each and returns the medians the baselines are held to.
-pipeline_medians pipeline_section(int n, int rounds) {
-  std::vector<double> quiet, loaded, share, two, four, one_cpu, of_two_cpus, ints, ring_quiet, ring_loaded,
-      of_ring_quiet, of_ring_loaded, handover, surplus_in_handovers;
-  // Each stage's CPU time per tensor, in ns: quiet, and on one CPU.
-  std::vector<double> cpu[2][3];
-  const auto note_cpu = [&cpu](int mode, const pipeline_run& run) {
-    cpu[mode][0].push_back(run.producer_cpu * 1e9);
-    cpu[mode][1].push_back(run.relay_cpu * 1e9);
-    cpu[mode][2].push_back(run.summer_cpu * 1e9);
-  };
-  // About as long a window as cohort's, at the ring's rate here.
-  const long long ring_items = 20LL * n;
-  bool ring_failed = false;
-  const auto beside_ring = [&](std::vector<double>& ring, std::vector<double>& of_ring, double ours) {
-    if (ring_failed) return;
-    const double rate = raw_ring_rate(ring_items);
-    if (rate <= 0) {
-      ring_failed = true;  // printed as failed; cohort's rows print all the same
-      return;
-    }
-    ring.push_back(rate);
-    of_ring.push_back(100 * ours / rate);
-  };
-  for (int r = 0; r < rounds; ++r) {
-    const auto run = pipeline_rate(n, 1);
-    quiet.push_back(run.rate);
-    note_cpu(0, run);
-    beside_ring(ring_quiet, of_ring_quiet, quiet.back());
-    {
-      const bench::busy_loops load(2);
-      loaded.push_back(pipeline_rate(n, 1).rate);
-      beside_ring(ring_loaded, of_ring_loaded, loaded.back());
-    }
-    share.push_back(100 * loaded.back() / quiet.back());
-    two.push_back(pipeline_rate(n, 2).rate);
-    four.push_back(pipeline_rate(n, 4).rate);
-    {
-      const on_one_cpu pinned;
-      const auto pinned_run = pipeline_rate(n, 1, true);
-      one_cpu.push_back(pinned_run.rate);
-      note_cpu(1, pinned_run);
-    }
-    of_two_cpus.push_back(100 * one_cpu.back() / quiet.back());
-    // What the three stages spend per tensor on two CPUs above one, in
-    // hand-overs of a cache line between CPUs measured in the same round.
-    if (const double ns = machine_limit("--line"); ns > 0) {
-      handover.push_back(ns);
-      double surplus = 0;
-      for (int stage = 0; stage < 3; ++stage) surplus += cpu[0][stage].back() - cpu[1][stage].back();
-      surplus_in_handovers.push_back(surplus / ns);
-    }
-    ints.push_back(int_pipeline_rate(static_cast<int>(std::min(5LL * n, 10'000'000LL))));
-  }
-  fmt::print("3-stage pipeline (producers -> relay that clones -> summer) of {} five-element int64 tensors,\n"
-             "median of {} rounds; for every contender, rate = (items - 1) / time from the summer's first pop\n"
-             "returning to the end of its last item\n",
-             n, rounds);
-  const auto row = [](const char* label, const std::vector<double>& figures, const char* unit = "tensors/s") {
-    fmt::print("  {:<52} {}\n", label, bench::spread_text(figures, "{:.0f}", unit));
-  };
-  row("cohort, 1 producer", quiet);
-  row("cohort, 1 producer, two busy loops beside it", loaded);
-  row("  loaded / quiet, % of the same round's", share, "%");
-  row("cohort, 2 producers", two);
-  row("cohort, 4 producers", four);
-  row("cohort, 1 producer, all three stages on one CPU", one_cpu);
-  row("  one CPU / two, % of the same round's", of_two_cpus, "%");
-  // Where the time goes: with two CPUs, the producer and the summer share
-  // one between them while the relay has the other, or near enough.
-  const char* const stages[] = {"producer", "relay", "summer"};
-  for (int mode = 0; mode < 2; ++mode) {
-    fmt::print("  CPU time per tensor, each stage's process, {}:\n", mode == 0 ? "1 producer (on two CPUs)" : "on one CPU");
-    for (int stage = 0; stage < 3; ++stage) {
-      row(fmt::format("    {}", stages[stage]).c_str(), cpu[mode][stage], "ns");
-    }
-  }
-  if (handover.empty()) {
-    fmt::print("  {:<52} not measured (one CPU allowed, or it failed)\n", "a cache line handed between two CPUs");
-  } else {
-    row("a cache line handed between two CPUs, one way", handover, "ns");
-    row("  the stages' CPU per tensor, two CPUs above one,", surplus_in_handovers, "hand-overs");
-  }
-  row("cohort, plain int64 values through the same queues", ints, "values/s");
-  if (ring_failed) {
-    fmt::print("  {:<52} failed\n", "the machine's raw ring (machine_limits --ring)");
-  } else {
-    fmt::print("  the machine's raw ring (machine_limits --ring {}), in the same rounds, timed from its stages'\n"
-               "  start to their end\n",
-               ring_items);
-    row("  quiet", ring_quiet, "items/s");
-    row("  two busy loops beside it", ring_loaded, "items/s");
-    row("  cohort quiet, % of the raw ring's, round by round", of_ring_quiet, "%");
-    row("  cohort loaded, % of the raw ring's, round by round", of_ring_loaded, "%");
-  }
-  return {bench::median(quiet), bench::median(ints)};
-}
-
 // The baselines, measured as above: plain blocking get()s, the pipeline's
-// rate over the summer's first pop to its last, the same medians and
-// percentiles as stats.hpp. Each result prints as "key numbers...", or "failed key why".
+// rate over the summer's first pop to its last, the same medians as
+// stats.hpp. Run as a python_peer: "python" answers for Python's
+// multiprocessing (and never imports torch), "torch" for
+// torch.multiprocessing. Each request line is "key numbers..." and asks
+// for one measurement, answered as "numbers...", or "failed why":
+//   python_ints N               the pipeline of N plain ints: its rate
+//   torch_pipeline N            the pipeline of N tensors: its rate
+//   torch_pingpong TRIPS        each trip's one-way latency, in µs
+//   torch_send_KIND SIZE SENDS  each send's ms; KIND shared or private
 // torch's senders must outlive the receivers' use of their tensors (its
 // file_descriptor strategy fetches each descriptor from the sender), so its
 // stages wait on `done`, as torch's own tests do. A result not in within
@@ -400,9 +310,6 @@ const char* python_script = R"(
 import multiprocessing as mp, signal, statistics, sys, time
 LIMIT = 120
 median = statistics.median
-def percentile(xs, p):
-    xs = sorted(xs)
-    return xs[min(int(p / 100 * (len(xs) - 1) + 0.5), len(xs) - 1)]
 def produce(q, n, done):
     for i in range(n): q.put(i)
     done.wait()
@@ -446,7 +353,7 @@ def ping_pong(trips):
         lat = []
         for _ in range(trips):
             t = time.perf_counter(); a.put(small); b.get(); lat.append((time.perf_counter() - t) * 1e6 / 2)
-        return percentile(lat, 50), percentile(lat, 99)
+        return lat
     return measure
 def send(size, shared, sends):
     def measure(a, b):
@@ -455,74 +362,228 @@ def send(size, shared, sends):
         for _ in range(sends):
             big = kept if shared else torch.full((size,), 1, dtype=torch.uint8)
             t = time.perf_counter(); a.put(big); b.get(); samples.append((time.perf_counter() - t) * 1e3)
-        return median(samples),
+        return samples
     return measure
 timed_out = False
 def on_alarm(*_):
     raise TimeoutError(f'no result within {LIMIT} s')
-def report(key, measure):
+def report(measure):
     global timed_out
     if timed_out:
-        print('failed', key, 'skipped after a timeout', flush=True); return
+        print('failed skipped after a timeout', flush=True); return
     signal.alarm(LIMIT)
     try:
-        print(key, *measure(), flush=True)
+        print(*measure(), flush=True)
     except Exception as e:
         timed_out = isinstance(e, TimeoutError)
-        print('failed', key, type(e).__name__, str(e).splitlines()[0] if str(e) else '', flush=True)
+        print('failed', type(e).__name__, str(e).splitlines()[0] if str(e) else '', flush=True)
     finally:
         signal.alarm(0)
 if __name__ == '__main__':
-    ints, tensors, rounds, trips, sends = (int(v) for v in sys.argv[1:6])
-    sizes = [int(v) for v in sys.argv[6:]]
     signal.signal(signal.SIGALRM, on_alarm)
     ctx = mp.get_context('fork')
-    report('python_ints', lambda: [median([pipeline(ctx, produce, relay, ints, int) for _ in range(rounds)])])
-    keys = ['torch_pipeline', 'torch_pingpong'] + [f'torch_send_{k}_{s}' for k in ('shared', 'private') for s in sizes]
-    try:
-        import torch, torch.multiprocessing as tmp
-    except Exception as e:
-        for key in keys: print('failed', key, 'import torch:', type(e).__name__, flush=True)
-        sys.exit(0)
-    tctx = tmp.get_context('fork')
-    report('torch_pipeline', lambda: [median([pipeline(tctx, tproduce, trelay, tensors, lambda t: int(t.sum()))
-                                              for _ in range(rounds)])])
-    report('torch_pingpong', lambda: echoed(tctx, ping_pong(trips)))
-    for kind in ('shared', 'private'):
-        for size in sizes:
-            report(f'torch_send_{kind}_{size}', lambda: echoed(tctx, send(size, kind == 'shared', sends)))
+    torch_failure = None
+    if sys.argv[1] == 'torch':
+        try:
+            import torch, torch.multiprocessing as tmp
+            tctx = tmp.get_context('fork')
+        except Exception as e:
+            torch_failure = f'import torch: {type(e).__name__}'
+    print('ready', flush=True)
+    for line in iter(sys.stdin.readline, ''):
+        key, *numbers = line.split()
+        numbers = [int(v) for v in numbers]
+        if key == 'python_ints':
+            report(lambda: [pipeline(ctx, produce, relay, numbers[0], int)])
+        elif torch_failure:
+            print('failed', torch_failure, flush=True)
+        elif key == 'torch_pipeline':
+            report(lambda: [pipeline(tctx, tproduce, trelay, numbers[0], lambda t: int(t.sum()))])
+        elif key == 'torch_pingpong':
+            report(lambda: echoed(tctx, ping_pong(numbers[0])))
+        elif key.startswith('torch_send_'):
+            report(lambda: echoed(tctx, send(numbers[0], key == 'torch_send_shared', numbers[1])))
+        else:
+            print('failed unknown request', key, flush=True)
 )";
 
-// What the baselines printed: each key's numbers, and why a key failed.
-struct peer_results {
-  std::map<std::string, std::vector<double>> values;
-  std::map<std::string, std::string> failures;
+// A peer's figures, each taken in turn with cohort's of the same round,
+// and why it failed where it did (the first reason; a peer that failed in
+// any round prints as failed).
+struct peer_figures {
+  std::vector<std::vector<double>> rounds;  // what it answered, round by round
+  std::string failure;
+
+  // Asks `peer` for one measurement (`request`); keeps what it answers,
+  // at least `count` numbers, or notes why it failed. True where it answered.
+  bool ask(bench::python_peer& peer, const std::string& request, std::size_t count) {
+    if (!failure.empty()) return false;
+    const auto line = peer.ask(request);
+    if (!line) {
+      failure = peer.failure();
+      return false;
+    }
+    std::istringstream words(*line);
+    if (line->starts_with("failed")) {
+      words.ignore(6);
+      std::getline(words >> std::ws, failure);
+      if (failure.empty()) failure = "no reason given";
+      return false;
+    }
+    std::vector<double> values;
+    for (double v; words >> v;) values.push_back(v);
+    if (values.size() < count) {
+      failure = fmt::format("it answered \"{}\"", *line);
+      return false;
+    }
+    rounds.push_back(std::move(values));
+    return true;
+  }
+  // The first number of each round.
+  std::vector<double> firsts() const {
+    std::vector<double> out;
+    for (const auto& r : rounds) out.push_back(r.front());
+    return out;
+  }
+  // Every round's numbers, one after another.
+  std::vector<double> pooled() const {
+    std::vector<double> out;
+    for (const auto& r : rounds) out.insert(out.end(), r.begin(), r.end());
+    return out;
+  }
 };
 
-peer_results run_peers(const std::string& args) {
-  peer_results peers;
-  for (const auto& line : bench::python_lines(python_script, args)) {
-    std::istringstream words(line);
-    std::string key;
-    words >> key;
-    if (key == "failed") {
-      words >> key;
-      std::getline(words >> std::ws, peers.failures[key]);
-    } else {
-      auto& values = peers.values[key];
-      for (double v; words >> v;) values.push_back(v);
+// The baselines' processes, and what each measured in turn with cohort.
+struct peers {
+  bench::python_peer python{python_script, {"python"}};
+  bench::python_peer torch{python_script, {"torch"}};
+  int python_ints = 0, torch_tensors = 0, torch_trips = 0;
+  peer_figures ints, pipeline, pingpong;
+  // Round by round: the ints' and the tensors' rates over cohort's of the
+  // same round, and torch's ping-pong p50 over cohort's blocking p50.
+  std::vector<double> ints_ratio, pipeline_ratio, pingpong_ratio;
+  // By size: its sends, and their median over cohort's, round by round.
+  std::map<std::size_t, peer_figures> shared, priv;
+  std::map<std::size_t, std::vector<double>> shared_ratio, private_ratio;
+};
+
+// The pipeline quiet, beside two busy loops, and with 2 and 4 producers,
+// each once per round in turn, the raw ring beside the first two; prints
+// each. Where there are `peers`, each round's quiet run takes turns with
+// torch's pipeline, and its plain int64 values with Python's ints, their
+// ratios kept there.
+void pipeline_section(int n, int rounds, peers* peers) {
+  std::vector<double> quiet, loaded, share, two, four, one_cpu, of_two_cpus, ints, ring_quiet, ring_loaded,
+      of_ring_quiet, of_ring_loaded, handover, surplus_in_handovers;
+  // Each stage's CPU time per tensor, in ns: quiet, and on one CPU.
+  std::vector<double> cpu[2][3];
+  const auto note_cpu = [&cpu](int mode, const pipeline_run& run) {
+    cpu[mode][0].push_back(run.producer_cpu * 1e9);
+    cpu[mode][1].push_back(run.relay_cpu * 1e9);
+    cpu[mode][2].push_back(run.summer_cpu * 1e9);
+  };
+  // About as long a window as cohort's, at the ring's rate here.
+  const long long ring_items = 20LL * n;
+  bool ring_failed = false;
+  const auto beside_ring = [&](std::vector<double>& ring, std::vector<double>& of_ring, double ours) {
+    if (ring_failed) return;
+    const double rate = raw_ring_rate(ring_items);
+    if (rate <= 0) {
+      ring_failed = true;  // printed as failed; cohort's rows print all the same
+      return;
+    }
+    ring.push_back(rate);
+    of_ring.push_back(100 * ours / rate);
+  };
+  for (int r = 0; r < rounds; ++r) {
+    bool torch_answered = false;
+    bench::in_turns(
+        r,
+        [&] {
+          const auto run = pipeline_rate(n, 1);
+          quiet.push_back(run.rate);
+          note_cpu(0, run);
+          beside_ring(ring_quiet, of_ring_quiet, quiet.back());
+        },
+        [&] {
+          if (peers == nullptr) return;
+          torch_answered =
+              peers->pipeline.ask(peers->torch, fmt::format("torch_pipeline {}", peers->torch_tensors), 1);
+        });
+    if (torch_answered) peers->pipeline_ratio.push_back(quiet.back() / peers->pipeline.rounds.back().front());
+    {
+      const bench::busy_loops load(2);
+      loaded.push_back(pipeline_rate(n, 1).rate);
+      beside_ring(ring_loaded, of_ring_loaded, loaded.back());
+    }
+    share.push_back(100 * loaded.back() / quiet.back());
+    two.push_back(pipeline_rate(n, 2).rate);
+    four.push_back(pipeline_rate(n, 4).rate);
+    {
+      const on_one_cpu pinned;
+      const auto pinned_run = pipeline_rate(n, 1, true);
+      one_cpu.push_back(pinned_run.rate);
+      note_cpu(1, pinned_run);
+    }
+    of_two_cpus.push_back(100 * one_cpu.back() / quiet.back());
+    // What the three stages spend per tensor on two CPUs above one, in
+    // hand-overs of a cache line between CPUs measured in the same round.
+    if (const double ns = machine_limit("--line"); ns > 0) {
+      handover.push_back(ns);
+      double surplus = 0;
+      for (int stage = 0; stage < 3; ++stage) surplus += cpu[0][stage].back() - cpu[1][stage].back();
+      surplus_in_handovers.push_back(surplus / ns);
+    }
+    bool python_answered = false;
+    bench::in_turns(
+        r, [&] { ints.push_back(int_pipeline_rate(static_cast<int>(std::min(5LL * n, 10'000'000LL)))); },
+        [&] {
+          if (peers == nullptr) return;
+          python_answered = peers->ints.ask(peers->python, fmt::format("python_ints {}", peers->python_ints), 1);
+        });
+    if (python_answered) peers->ints_ratio.push_back(ints.back() / peers->ints.rounds.back().front());
+  }
+  fmt::print("3-stage pipeline (producers -> relay that clones -> summer) of {} five-element int64 tensors,\n"
+             "median of {} rounds; for every contender, rate = (items - 1) / time from the summer's first pop\n"
+             "returning to the end of its last item\n",
+             n, rounds);
+  const auto row = [](const char* label, const std::vector<double>& figures, const char* unit = "tensors/s") {
+    fmt::print("  {:<52} {}\n", label, bench::spread_text(figures, "{:.0f}", unit));
+  };
+  row("cohort, 1 producer", quiet);
+  row("cohort, 1 producer, two busy loops beside it", loaded);
+  row("  loaded / quiet, % of the same round's", share, "%");
+  row("cohort, 2 producers", two);
+  row("cohort, 4 producers", four);
+  row("cohort, 1 producer, all three stages on one CPU", one_cpu);
+  row("  one CPU / two, % of the same round's", of_two_cpus, "%");
+  // Where the time goes: with two CPUs, the producer and the summer share
+  // one between them while the relay has the other, or near enough.
+  const char* const stages[] = {"producer", "relay", "summer"};
+  for (int mode = 0; mode < 2; ++mode) {
+    fmt::print("  CPU time per tensor, each stage's process, {}:\n", mode == 0 ? "1 producer (on two CPUs)" : "on one CPU");
+    for (int stage = 0; stage < 3; ++stage) {
+      row(fmt::format("    {}", stages[stage]).c_str(), cpu[mode][stage], "ns");
     }
   }
-  return peers;
-}
-
-// The first `count` numbers printed under `key`; or, after printing `label`
-// as failed with the reason, nullptr.
-const double* peer_result(const peer_results& peers, const std::string& key, std::size_t count, std::string_view label) {
-  if (auto it = peers.values.find(key); it != peers.values.end() && it->second.size() >= count) return it->second.data();
-  const auto why = peers.failures.find(key);
-  fmt::print("    {:<50} failed ({})\n", label, why != peers.failures.end() ? why->second : "no result");
-  return nullptr;
+  if (handover.empty()) {
+    fmt::print("  {:<52} not measured (one CPU allowed, or it failed)\n", "a cache line handed between two CPUs");
+  } else {
+    row("a cache line handed between two CPUs, one way", handover, "ns");
+    row("  the stages' CPU per tensor, two CPUs above one,", surplus_in_handovers, "hand-overs");
+  }
+  row("cohort, plain int64 values through the same queues", ints, "values/s");
+  if (ring_failed) {
+    fmt::print("  {:<52} failed\n", "the machine's raw ring (machine_limits --ring)");
+  } else {
+    fmt::print("  the machine's raw ring (machine_limits --ring {}), in the same rounds, timed from its stages'\n"
+               "  start to their end\n",
+               ring_items);
+    row("  quiet", ring_quiet, "items/s");
+    row("  two busy loops beside it", ring_loaded, "items/s");
+    row("  cohort quiet, % of the raw ring's, round by round", of_ring_quiet, "%");
+    row("  cohort loaded, % of the raw ring's, round by round", of_ring_loaded, "%");
+  }
 }
 
 }  // namespace bench_tensors
@@ -552,65 +613,138 @@ int main(int argc, char** argv) {
   const int trips = 20000, torch_trips = 300;
   const std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{256} << 20,
                                        std::size_t{1} << 30};
-
-  const auto ours = pipeline_section(n, rounds);
+  // The baselines' processes start before cohort's first round and take
+  // their turns in every round; --pipeline runs none.
+  std::optional<peers> baselines;
+  if (!pipeline_only) {
+    baselines.emplace();
+    baselines->python_ints = python_ints;
+    baselines->torch_tensors = torch_tensors;
+    baselines->torch_trips = torch_trips;
+  }
+  pipeline_section(n, rounds, baselines ? &*baselines : nullptr);
   if (pipeline_only) return 0;
+  auto& theirs = *baselines;
 
-  const auto blocking = ping_pong(trips, false);
-  const auto awaited = ping_pong(trips, true);
-  fmt::print("ping-pong of one small shared tensor, one way (half a round trip)\n");
-  fmt::print("  {:<52} p50 {:>7.2f} µs  p99 {:>7.2f} µs\n", fmt::format("cohort blocking put/get ({} trips)", trips),
-             bench::percentile(blocking, 50), bench::percentile(blocking, 99));
-  fmt::print("  {:<52} p50 {:>7.2f} µs  p99 {:>7.2f} µs\n", fmt::format("cohort co_await push/pop ({} trips)", trips),
-             bench::percentile(awaited, 50), bench::percentile(awaited, 99));
+  // Each round: cohort's blocking and awaited ping-pong, and torch's, in
+  // turns; each side's percentiles are over all its rounds' trips.
+  std::vector<double> blocking, awaited;
+  for (int r = 0; r < rounds; ++r) {
+    double blocking_p50 = 0;
+    bool answered = false;
+    bench::in_turns(
+        r,
+        [&] {
+          const auto b = ping_pong(trips, false);
+          blocking_p50 = bench::percentile(b, 50);
+          blocking.insert(blocking.end(), b.begin(), b.end());
+          const auto a = ping_pong(trips, true);
+          awaited.insert(awaited.end(), a.begin(), a.end());
+        },
+        [&] {
+          answered = theirs.pingpong.ask(theirs.torch, fmt::format("torch_pingpong {}", torch_trips),
+                                         static_cast<std::size_t>(torch_trips));
+        });
+    if (answered) theirs.pingpong_ratio.push_back(bench::percentile(theirs.pingpong.rounds.back(), 50) / blocking_p50);
+  }
+  fmt::print("ping-pong of one small shared tensor, one way (half a round trip), percentiles of all {} rounds' "
+             "trips\n",
+             rounds);
+  const auto pingpong_row = [](const std::string& label, const std::vector<double>& samples) {
+    fmt::print("  {:<52} p50 {:>7.2f} µs  p99 {:>7.2f} µs\n", label, bench::percentile(samples, 50),
+               bench::percentile(samples, 99));
+  };
+  pingpong_row(fmt::format("cohort blocking put/get ({} trips a round)", trips), blocking);
+  pingpong_row(fmt::format("cohort co_await push/pop ({} trips a round)", trips), awaited);
 
-  fmt::print("sending one uint8 tensor, put until the receiver has sent it back, median of {} sends\n", sends);
-  std::map<std::size_t, double> ours_shared, ours_private;
+  // Each round: at each size, cohort's sends and torch's in turns; each
+  // side's median is over all its rounds' sends.
+  std::map<std::size_t, std::vector<double>> ours_shared, ours_private;
+  for (int r = 0; r < rounds; ++r) {
+    for (const bool shared : {true, false}) {
+      for (auto size : sizes) {
+        double ours_ms = 0;
+        bool answered = false;
+        auto& figures = (shared ? theirs.shared : theirs.priv)[size];
+        bench::in_turns(
+            r,
+            [&] {
+              const auto samples = send_cost(size, shared, sends);
+              ours_ms = bench::median(samples);
+              auto& pool = (shared ? ours_shared : ours_private)[size];
+              pool.insert(pool.end(), samples.begin(), samples.end());
+            },
+            [&] {
+              answered = figures.ask(theirs.torch,
+                                     fmt::format("torch_send_{} {} {}", shared ? "shared" : "private", size, sends),
+                                     static_cast<std::size_t>(sends));
+            });
+        if (answered) {
+          (shared ? theirs.shared_ratio : theirs.private_ratio)[size].push_back(
+              bench::median(figures.rounds.back()) / ours_ms);
+        }
+      }
+    }
+  }
+  fmt::print("sending one uint8 tensor, put until the receiver has sent it back, median of {} sends ({} rounds "
+             "of {})\n",
+             sends * rounds, rounds, sends);
   fmt::print("  already in shared memory\n");
-  for (auto size : sizes) {
-    ours_shared[size] = send_cost(size, true, sends);
-    fmt::print("    cohort {:>12} bytes {:>10.3f} ms\n", size, ours_shared[size]);
-  }
+  for (auto size : sizes) fmt::print("    cohort {:>12} bytes {:>10.3f} ms\n", size, bench::median(ours_shared[size]));
   fmt::print("  private, a fresh tensor each send, copied into shared memory by the put\n");
-  for (auto size : sizes) {
-    ours_private[size] = send_cost(size, false, sends);
-    fmt::print("    cohort {:>12} bytes {:>10.3f} ms\n", size, ours_private[size]);
-  }
+  for (auto size : sizes) fmt::print("    cohort {:>12} bytes {:>10.3f} ms\n", size, bench::median(ours_private[size]));
 
-  std::string args = fmt::format("{} {} {} {} {}", python_ints, torch_tensors, rounds, torch_trips, sends);
-  for (auto size : sizes) args += fmt::format(" {}", size);
-  const auto peers = run_peers(args);
-  fmt::print("baselines in python3, measured the same way (cohort Nx: cohort is N times faster)\n");
+  fmt::print("baselines in python3, measured the same way, in turns with cohort's in every round (cohort Nx: cohort\n"
+             "is N times faster, the median of the rounds' ratios, their range in brackets)\n");
+  // "median (min-max)" of the rounds' ratios.
+  const auto ratio_text = [](const std::vector<double>& ratios, const char* format) {
+    const auto s = bench::spread_of(ratios);
+    const auto number = [format](double v) { return fmt::format(fmt::runtime(format), v); };
+    return fmt::format("{}x ({}-{}x)", number(s.median), number(s.min), number(s.max));
+  };
+  // True where `figures` has every round; else prints `label` as failed.
+  const auto answered_all = [rounds](const peer_figures& figures, std::string_view label) {
+    if (figures.failure.empty() && figures.rounds.size() == static_cast<std::size_t>(rounds)) return true;
+    fmt::print("    {:<50} failed ({})\n", label, figures.failure.empty() ? "no result" : figures.failure);
+    return false;
+  };
   fmt::print("  pipeline, the same window\n");
   // Like against like: Python's ints against cohort's int64 values,
   // torch's tensors against cohort's tensors.
-  const auto pipeline_peer = [&](const std::string& key, const std::string& label, std::string_view unit,
-                                 double rate) {
-    if (const double* r = peer_result(peers, key, 1, label)) {
-      fmt::print("    {:<50} {:>12.0f} {:<9} cohort {:.1f}x\n", label, r[0], unit, rate / r[0]);
+  const auto pipeline_peer = [&](const peer_figures& figures, const std::vector<double>& ratios,
+                                 const std::string& label, std::string_view unit) {
+    if (answered_all(figures, label)) {
+      fmt::print("    {:<50} {:>12.0f} {:<9} cohort {}\n", label, bench::median(figures.firsts()), unit,
+                 ratio_text(ratios, "{:.1f}"));
     }
   };
-  pipeline_peer("python_ints", fmt::format("Python multiprocessing, plain ints ({})", python_ints), "items/s",
-                ours.ints);
-  pipeline_peer("torch_pipeline", fmt::format("torch.multiprocessing ({} tensors)", torch_tensors), "tensors/s",
-                ours.tensors);
+  pipeline_peer(theirs.ints, theirs.ints_ratio, fmt::format("Python multiprocessing, plain ints ({})", python_ints),
+                "items/s");
+  pipeline_peer(theirs.pipeline, theirs.pipeline_ratio,
+                fmt::format("torch.multiprocessing ({} tensors)", torch_tensors), "tensors/s");
   fmt::print("  ping-pong\n");
-  const auto pingpong_label = fmt::format("torch.multiprocessing put/get ({} trips)", torch_trips);
-  if (const double* p = peer_result(peers, "torch_pingpong", 2, pingpong_label)) {
-    fmt::print("    {:<50} p50 {:>7.2f} µs  p99 {:>7.2f} µs  cohort blocking p50 {:.0f}x\n", pingpong_label, p[0], p[1],
-               p[0] / bench::percentile(blocking, 50));
+  const auto pingpong_label = fmt::format("torch.multiprocessing put/get ({} trips a round)", torch_trips);
+  if (answered_all(theirs.pingpong, pingpong_label)) {
+    const auto all = theirs.pingpong.pooled();
+    fmt::print("    {:<50} p50 {:>7.2f} µs  p99 {:>7.2f} µs  cohort blocking p50 {}\n", pingpong_label,
+               bench::percentile(all, 50), bench::percentile(all, 99), ratio_text(theirs.pingpong_ratio, "{:.0f}"));
   }
-  const auto send_peers = [&](std::string_view kind, std::string_view title, const std::map<std::size_t, double>& ours) {
+  const auto send_peers = [&](std::string_view title, const std::map<std::size_t, peer_figures>& figures,
+                              const std::map<std::size_t, std::vector<double>>& ratios,
+                              const std::map<std::size_t, std::vector<double>>& ours) {
     fmt::print("  {}\n", title);
     for (auto size : sizes) {
       const auto label = fmt::format("torch  {:>12} bytes", size);
-      if (const double* ms = peer_result(peers, fmt::format("torch_send_{}_{}", kind, size), 1, label)) {
-        fmt::print("    {} {:>10.3f} ms   cohort {:>10.3f} ms   cohort {:.1f}x\n", label, ms[0], ours.at(size),
-                   ms[0] / ours.at(size));
+      if (answered_all(figures.at(size), label)) {
+        fmt::print("    {} {:>10.3f} ms   cohort {:>10.3f} ms   cohort {}\n", label,
+                   bench::median(figures.at(size).pooled()), bench::median(ours.at(size)),
+                   ratio_text(ratios.at(size), "{:.1f}"));
       }
     }
   };
-  send_peers("shared", "send, both already in shared memory (torch: share_memory_() before the clock starts)", ours_shared);
-  send_peers("private", "send, both private (each put copies a fresh tensor into shared memory)", ours_private);
+  send_peers("send, both already in shared memory (torch: share_memory_() before the clock starts)", theirs.shared,
+             theirs.shared_ratio, ours_shared);
+  send_peers("send, both private (each put copies a fresh tensor into shared memory)", theirs.priv,
+             theirs.private_ratio, ours_private);
   return 0;
 }
