@@ -22,6 +22,15 @@
 // the CPU its process used in a round and the CPU of each rank it reaped,
 // beside its baseline's (from getrusage).
 //
+// Python's and torch's start methods take turns with cohort's too: a Python
+// process for each (python_peer) lasts the run and times one start and join
+// when asked, in turn with the same method's round in cohort's process,
+// before it and after it in alternate turns; each prints its median time and
+// the median (min-max) of its rounds' ratios to cohort's. They are slow, so
+// each takes part in as many rounds as it ran before the turns (a fifth of
+// them, at least 3; torch's spawn, whose 8 fresh interpreters each import
+// torch, 3), spread evenly over the run.
+//
 //   start_join [rounds]     (default 50)
 //   start_join --alone METHOD     (internal: the process of one method; per
 //                                  byte read on stdin, times its baseline and
@@ -52,12 +61,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <memory>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -159,17 +167,17 @@ void asio_fork() {
   if (reaped != ranks) throw std::runtime_error("the asio supervisor reaped too few children");
 }
 
-// Python's multiprocessing and torch's, timed in Python; prints
-// "<who> <method> <median seconds>" lines, or "failed <who> <method> <why>"
-// for each that cannot run (torch not importable).
+// Python's multiprocessing and torch's, timed in Python, as a python_peer:
+// "python" for multiprocessing's spawn, forkserver and fork, "torch" for
+// torch.multiprocessing.start_processes' spawn and fork. Each request is a
+// method's name; the answer is the seconds one start and join of 8 ranks
+// took, or "failed <why>" (torch not importable). Each method runs once
+// untimed before the process is ready, as cohort's processes time their
+// first run apart (forkserver's starts its server there); torch's spawn
+// does not, as it keeps nothing from one run to the next.
 const char* python_script = R"(
-import multiprocessing as mp, statistics, sys, time
+import multiprocessing as mp, sys, time
 def noop(*args): pass
-def median(run, rounds):
-    samples = []
-    for _ in range(rounds):
-        t = time.perf_counter(); run(); samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
 def plain(method):
     ctx = mp.get_context(method)
     def run():
@@ -177,22 +185,58 @@ def plain(method):
         for p in ps: p.start()
         for p in ps: p.join()
     return run
+def torch_run(method):
+    return lambda: tmp.start_processes(noop, nprocs=8, start_method=method)
 if __name__ == '__main__':
-    rounds = int(sys.argv[1])
-    for method in ('spawn', 'forkserver', 'fork'):
-        print('python', method, median(plain(method), rounds), flush=True)
-    try:
-        import torch.multiprocessing as tmp
-    except Exception as e:
-        for method in ('spawn', 'fork'):
-            print('failed torch', method, 'import torch:', type(e).__name__, str(e).splitlines()[0] if str(e) else '',
-                  flush=True)
-        sys.exit(0)
-    for method in ('spawn', 'fork'):
-        r = 3 if method == 'spawn' else rounds
-        print('torch', method, median(lambda: tmp.start_processes(noop, nprocs=8, start_method=method), r), flush=True)
+    failure = None
+    if sys.argv[1] == 'python':
+        runs = {method: plain(method) for method in ('spawn', 'forkserver', 'fork')}
+        untimed = list(runs)
+    else:
+        try:
+            import torch.multiprocessing as tmp
+        except Exception as e:
+            failure = 'import torch: ' + type(e).__name__ + (': ' + str(e).splitlines()[0] if str(e) else '')
+        runs = {method: torch_run(method) for method in ('spawn', 'fork')}
+        untimed = [] if failure else ['fork']
+    for method in untimed: runs[method]()
+    print('ready', flush=True)
+    for line in iter(sys.stdin.readline, ''):
+        method = line.strip()
+        if failure:
+            print('failed', failure, flush=True); continue
+        try:
+            t = time.perf_counter(); runs[method](); print(time.perf_counter() - t, flush=True)
+        except Exception as e:
+            print('failed', type(e).__name__, str(e).splitlines()[0] if str(e) else '', flush=True)
 )";
 
+// A Python or torch start method, timed in turns with cohort's `method` in
+// `turns` of the rounds: its seconds and their ratio to cohort's, turn by
+// turn, or why it failed (a peer that failed in any turn prints as failed).
+struct peer {
+  peer(std::string name_, std::string method_, cohort::bench::python_peer* process_, int turns_)
+      : name(std::move(name_)), method(std::move(method_)), process(process_), turns(turns_) {}
+
+  std::string name, method;
+  cohort::bench::python_peer* process;
+  int turns;
+  std::vector<double> seconds, ratios;
+  std::string failure;
+
+  // One start and join of its method, timed; 0 where it failed.
+  double once() {
+    if (!failure.empty()) return 0;
+    const auto line = process->ask(method);
+    double s = 0;
+    if (!line) failure = process->failure();
+    else if (line->starts_with("failed ")) failure = line->substr(7);
+    else if (std::sscanf(line->c_str(), "%lf", &s) != 1 || s <= 0) failure = fmt::format("it answered \"{}\"", *line);
+    if (!failure.empty()) return 0;
+    seconds.push_back(s);
+    return s;
+  }
+};
 
 // What a method's process times: one of the start methods, spawn with one
 // starting thread, or fork after a spawn; its baseline is raw fork when
@@ -309,6 +353,19 @@ int main(int argc, char** argv) {
   if (argc > 2 && std::string(argv[1]) == "--alone") return serve_rounds(argv[2]);
   const int rounds = std::max(1, argc > 1 ? std::atoi(argv[1]) : 50);
 
+  // The peers' processes first: each is ready (its imports done, its
+  // untimed runs made) before cohort's first run.
+  cohort::bench::python_peer python(python_script, {"python"}), torch(python_script, {"torch"});
+  // An interpreter that could not start at all: one line for them all.
+  const bool no_python = !python.failure().empty() && !torch.failure().empty();
+  const int turns = std::min(rounds, std::max(3, rounds / 5));
+  std::vector<peer> peers{{"python spawn", "spawn", &python, turns},
+                          {"python forkserver", "forkserver", &python, turns},
+                          {"python fork", "fork", &python, turns},
+                          {"torch spawn", "spawn", &torch, std::min(rounds, 3)},
+                          {"torch fork", "fork", &torch, turns}};
+  if (no_python) peers.clear();
+
   const auto methods = timings();
   std::vector<std::unique_ptr<method_process>> processes;
   for (const auto& t : methods) processes.push_back(std::make_unique<method_process>(t.name));
@@ -331,7 +388,20 @@ int main(int argc, char** argv) {
   for (int round = 1; round <= rounds; ++round) {
     fmt::print("  {:>5}  {:16}", round, "");
     for (std::size_t m = 0; m < methods.size(); ++m) {
+      // The peers of this method whose turn it is: each runs before
+      // cohort in its even turns and after it in its odd ones.
+      std::vector<peer*> before, after;
+      for (auto& p : peers) {
+        if (p.method != methods[m].name || !cohort::bench::one_of_spread(round - 1, p.turns, rounds)) continue;
+        (p.seconds.size() % 2 == 0 ? before : after).push_back(&p);
+      }
+      std::vector<std::pair<peer*, double>> taken;
+      for (peer* p : before) taken.emplace_back(p, p->once());
       const auto r = processes[m]->round();
+      for (peer* p : after) taken.emplace_back(p, p->once());
+      for (const auto& [p, seconds] : taken) {
+        if (seconds > 0) p->ratios.push_back(seconds / r.ours.seconds);
+      }
       ours[m].push_back(r.ours.seconds);
       theirs[m].push_back(r.baseline.seconds);
       ratios[m].push_back(r.ours.seconds / r.baseline.seconds);
@@ -347,12 +417,10 @@ int main(int argc, char** argv) {
   }
 
   fmt::print("median over {} rounds; cohort/baseline as median (min-max) of the rounds' ratios\n", rounds);
-  std::map<std::string, double> median_of;
   for (std::size_t m = 0; m < methods.size(); ++m) {
     const auto ratio = spread_of(ratios[m]);
-    median_of[methods[m].name] = cohort::bench::median(ours[m]);
     fmt::print("  {:<28} {:>9.3f} ms  {:.2f}x {} of {:.3f} ms ({:.2f}-{:.2f}x; first run {:.3f} ms)\n",
-               "cohort " + methods[m].name, median_of[methods[m].name] * 1e3, ratio.median,
+               "cohort " + methods[m].name, cohort::bench::median(ours[m]) * 1e3, ratio.median,
                methods[m].against_fork ? "raw fork" : "posix_spawn", cohort::bench::median(theirs[m]) * 1e3,
                ratio.min, ratio.max, processes[m]->first() * 1e3);
   }
@@ -397,39 +465,23 @@ int main(int argc, char** argv) {
   const auto after = against("fork-after-spawn", "fork");
   fmt::print("  cohort fork after a spawn takes {:.2f}x ({:.2f}-{:.2f}x) cohort fork in a fresh process\n",
              after.median, after.min, after.max);
-  // Every baseline prints a line: its time, or failed and why (the
-  // script's own word, else why the interpreter failed); an interpreter
-  // that printed nothing at all, one line for them all.
-  const auto python = cohort::bench::run_python(python_script, std::to_string(std::max(3, rounds / 5)));
-  std::map<std::string, double> peer_seconds;
-  std::map<std::string, std::string> peer_failures;
-  for (const auto& line : python.lines) {
-    std::istringstream words(line);
-    std::string who, method;
-    words >> who;
-    if (who == "failed") {
-      words >> who >> method;
-      std::getline(words >> std::ws, peer_failures[who + " " + method]);
-    } else if (double seconds = 0; words >> method >> seconds) {
-      peer_seconds[who + " " + method] = seconds;
-    }
-  }
-  if (python.lines.empty() && !python.failure.empty()) {
-    fmt::print("  {:<28} failed: {}\n", "python and torch", python.failure);
+  // Every baseline prints a line: its median time and its ratios to
+  // cohort's, or failed and why (the script's own word, else why the
+  // interpreter failed); an interpreter that could not start at all, one
+  // line for them all.
+  if (no_python) {
+    fmt::print("  {:<28} failed: {}\n", "python and torch", python.failure());
     return 0;
   }
-  for (const char* peer : {"python spawn", "python forkserver", "python fork", "torch spawn", "torch fork"}) {
-    const std::string method = std::string(peer).substr(std::string(peer).find(' ') + 1);
-    if (const auto it = peer_seconds.find(peer); it != peer_seconds.end()) {
-      const double mine = median_of.count(method) != 0 ? median_of[method] : 0;
-      fmt::print("  {:<28} {:>9.3f} ms  (cohort {} is {:.1f}x faster)\n", peer, it->second * 1e3, method,
-                 mine > 0 ? it->second / mine : 0.0);
+  for (const auto& p : peers) {
+    if (p.failure.empty() && !p.ratios.empty()) {
+      const auto ratio = spread_of(p.ratios);
+      fmt::print("  {:<28} {:>9.3f} ms  (cohort {} is {:.1f}x faster, {:.1f}-{:.1f}x over the {} rounds it ran "
+                 "in)\n",
+                 p.name, cohort::bench::median(p.seconds) * 1e3, p.method, ratio.median, ratio.min, ratio.max,
+                 p.ratios.size());
     } else {
-      const auto why = peer_failures.find(peer);
-      fmt::print("  {:<28} failed: {}\n", peer,
-                 why != peer_failures.end() ? why->second
-                 : !python.failure.empty()  ? python.failure
-                                            : std::string("no result"));
+      fmt::print("  {:<28} failed: {}\n", p.name, p.failure.empty() ? "no result" : p.failure);
     }
   }
 }
