@@ -4,7 +4,11 @@
 // posix_spawn 4, waitid for rank 0, SIGTERM the rest, waitid each. Then the
 // same with function ranks started by fork (rank 0 throws), against
 // torch.multiprocessing.start_processes(start_method="fork") where
-// /usr/bin/python3 (or $COHORT_BENCH_PYTHON) imports torch.
+// /usr/bin/python3 (or $COHORT_BENCH_PYTHON) imports torch. torch takes
+// turns with cohort's fork rounds: a Python process (python_peer) lasts the
+// run and times one teardown when asked, in a twentieth of the rounds (at
+// least 5) spread over the run, before or after cohort's run of the round
+// in alternate turns; its ratio to cohort's is taken per round.
 //
 //   group_teardown [rounds]     (default 200)
 #include <cohort/entry_point.hpp>
@@ -24,6 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -47,42 +52,30 @@ namespace {
 
 const char* const rank_program = COHORT_BENCH_RANK;
 
-// torch's fail-fast teardown, timed in Python: "<median seconds>".
+// torch's fail-fast teardown, timed in Python, as a python_peer: each
+// request line asks for one teardown, answered with its seconds. One
+// untimed first, as cohort's first is.
 const char* torch_script = R"(
-import statistics, sys, time
+import sys, time
 import torch.multiprocessing as mp
 def fail_or_sleep(rank):
     if rank == 0:
         raise RuntimeError('rank 0 fails')
     time.sleep(60)
+def teardown():
+    t = time.perf_counter()
+    try:
+        mp.start_processes(fail_or_sleep, nprocs=4, start_method='fork')
+    except Exception:
+        pass
+    return time.perf_counter() - t
 if __name__ == '__main__':
-    samples = []
-    for _ in range(int(sys.argv[1])):
-        t = time.perf_counter()
-        try:
-            mp.start_processes(fail_or_sleep, nprocs=4, start_method='fork')
-        except Exception:
-            pass
-        samples.append(time.perf_counter() - t)
-    print(statistics.median(samples), flush=True)
+    teardown()
+    print('ready', flush=True)
+    for _ in iter(sys.stdin.readline, ''):
+        print(teardown(), flush=True)
 )";
 
-// torch's median seconds, or why it gave none.
-struct torch_outcome {
-  double seconds = 0;
-  std::string failure;
-};
-
-torch_outcome torch_teardown(int rounds) {
-  const auto python = cohort::bench::run_python(torch_script, std::to_string(rounds));
-  torch_outcome outcome;
-  if (!python.lines.empty() && std::sscanf(python.lines.front().c_str(), "%lf", &outcome.seconds) == 1 &&
-      outcome.seconds > 0) {
-    return outcome;
-  }
-  outcome.failure = !python.failure.empty() ? python.failure : "no result";
-  return outcome;
-}
 constexpr int ranks = 4;
 
 double raw_teardown() {
@@ -150,16 +143,46 @@ int main(int argc, char** argv) {
   forked.nprocs = ranks;
   forked.shutdown.grace = std::chrono::milliseconds(0);
   forked.options.err = cohort::stdio::null();
-  std::vector<double> by_fork;
+  std::vector<double> by_fork, by_torch, ratios;
+  std::string torch_failure;
+  // torch's process is ready (imported, its first teardown made) before
+  // cohort's first fork round.
+  cohort::bench::python_peer torch(torch_script, {});
+  const int turns = std::min(rounds, std::max(5, rounds / 20));
+  // One teardown of torch's; 0 where it failed, and why noted.
+  const auto torch_once = [&] {
+    if (!torch_failure.empty()) return 0.0;
+    const auto line = torch.ask("teardown");
+    double seconds = 0;
+    if (!line) torch_failure = torch.failure();
+    else if (std::sscanf(line->c_str(), "%lf", &seconds) != 1 || seconds <= 0) {
+      torch_failure = fmt::format("it answered \"{}\"", *line);
+    }
+    if (!torch_failure.empty()) return 0.0;
+    by_torch.push_back(seconds);
+    return seconds;
+  };
   cohort_teardown(io, forked);
-  for (int i = 0; i < rounds; ++i) by_fork.push_back(cohort_teardown(io, forked));
-  const double fork_median = cohort::bench::median(by_fork);
-  fmt::print("{:<34} {:>8.2f} {:>8.2f}\n", "cohort fork functions", fork_median * 1e3,
+  for (int i = 0; i < rounds; ++i) {
+    if (!cohort::bench::one_of_spread(i, turns, rounds)) {
+      by_fork.push_back(cohort_teardown(io, forked));
+      continue;
+    }
+    double theirs = 0;
+    cohort::bench::in_turns(
+        static_cast<int>(by_torch.size()), [&] { by_fork.push_back(cohort_teardown(io, forked)); },
+        [&] { theirs = torch_once(); });
+    if (theirs > 0) ratios.push_back(theirs / by_fork.back());
+  }
+  fmt::print("{:<34} {:>8.2f} {:>8.2f}\n", "cohort fork functions", cohort::bench::median(by_fork) * 1e3,
              cohort::bench::percentile(by_fork, 90) * 1e3);
-  if (const auto torch = torch_teardown(std::max(5, rounds / 20)); torch.failure.empty()) {
-    fmt::print("{:<34} {:>8.2f} {:>8}  (cohort fork is {:.1f}x faster)\n", "torch start_processes fork",
-               torch.seconds * 1e3, "", torch.seconds / fork_median);
+  if (torch_failure.empty() && !ratios.empty()) {
+    const auto ratio = cohort::bench::spread_of(ratios);
+    fmt::print("{:<34} {:>8.2f} {:>8}  (cohort fork is {:.1f}x faster, {:.1f}-{:.1f}x over the {} rounds it ran in)\n",
+               "torch start_processes fork", cohort::bench::median(by_torch) * 1e3, "", ratio.median, ratio.min,
+               ratio.max, ratios.size());
   } else {
-    fmt::print("{:<34} failed: {}\n", "torch start_processes fork", torch.failure);
+    fmt::print("{:<34} failed: {}\n", "torch start_processes fork",
+               torch_failure.empty() ? "no result" : torch_failure);
   }
 }
