@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <string>
 #include <vector>
 
 TEST_SUITE("bench stats") {
@@ -32,5 +33,27 @@ TEST_SUITE("bench stats") {
     CHECK(cohort::bench::percentile(samples, 50) == 3.0);
     CHECK(cohort::bench::percentile(samples, 0) == 1.0);
     CHECK(cohort::bench::percentile(samples, 100) == 4.0);
+  }
+
+  TEST_CASE("in turns, the first goes first in even rounds and the second in odd ones") {
+    std::string order;
+    for (int round = 0; round < 4; ++round) {
+      cohort::bench::in_turns(round, [&] { order += 'a'; }, [&] { order += 'b'; });
+    }
+    CHECK(order == "abbaabba");
+  }
+
+  TEST_CASE("a peer's turns are as many as asked, spread evenly over the rounds") {
+    const auto taken = [](int turns, int rounds) {
+      std::vector<int> out;
+      for (int r = 0; r < rounds; ++r) {
+        if (cohort::bench::one_of_spread(r, turns, rounds)) out.push_back(r);
+      }
+      return out;
+    };
+    CHECK(taken(10, 50) == std::vector<int>{4, 9, 14, 19, 24, 29, 34, 39, 44, 49});
+    CHECK(taken(3, 50) == std::vector<int>{16, 33, 49});
+    CHECK(taken(5, 5) == std::vector<int>{0, 1, 2, 3, 4});
+    CHECK(taken(0, 5).empty());
   }
 }
