@@ -112,9 +112,13 @@ class python_peer {
       std::fputs(script, f);
       std::fclose(f);
     }
-    int ends[2];
-    if (fd < 0 || err_ < 0 || ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) {
+    if (fd < 0 || err_ < 0) {
       failure_ = "cannot write its script";
+      return;
+    }
+    int ends[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) {
+      failure_ = "cannot make its socket";
       return;
     }
     posix_spawn_file_actions_t actions;
@@ -150,10 +154,10 @@ class python_peer {
     }
   }
 
-  /// The line the script answers to `request` (a line without its newline),
-  /// without its newline; or, where it has exited (or never started) or
-  /// answers nothing, nothing, and failure() says why. Once it has failed,
-  /// every later request answers nothing at once.
+  /// Sends `request` (one line, without its newline) and returns the line
+  /// the script answers, without its newline; or, where it has exited (or
+  /// never started) before answering, nothing, and failure() says why. Once
+  /// it has failed, every later request answers nothing at once.
   std::optional<std::string> ask(std::string_view request) {
     if (from_ == nullptr) return std::nullopt;
     const std::string line = std::string(request) + "\n";

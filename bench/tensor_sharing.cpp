@@ -293,8 +293,8 @@ double machine_limit(const std::string& args) {
 double raw_ring_rate(long long items) { return machine_limit(fmt::format("--ring {}", items)); }
 
 // The baselines, measured as above: plain blocking get()s, the pipeline's
-// rate over the summer's first pop to its last, the same medians as
-// stats.hpp. Run as a python_peer: "python" answers for Python's
+// rate over the summer's first pop to its last; their samples come back
+// whole, for stats.hpp's medians and percentiles. Run as a python_peer: "python" answers for Python's
 // multiprocessing (and never imports torch), "torch" for
 // torch.multiprocessing. Each request line is "key numbers..." and asks
 // for one measurement, answered as "numbers...", or "failed why":
@@ -307,9 +307,8 @@ double raw_ring_rate(long long items) { return machine_limit(fmt::format("--ring
 // stages wait on `done`, as torch's own tests do. A result not in within
 // LIMIT seconds fails, and so do the rest.
 const char* python_script = R"(
-import multiprocessing as mp, signal, statistics, sys, time
+import multiprocessing as mp, signal, sys, time
 LIMIT = 120
-median = statistics.median
 def produce(q, n, done):
     for i in range(n): q.put(i)
     done.wait()
