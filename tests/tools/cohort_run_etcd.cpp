@@ -226,6 +226,40 @@ TEST_SUITE("cohort-run over etcd") {
     }
   }
 
+  TEST_CASE("nodes of different --monitor-interval form one round: a long interval does not slow the rendezvous") {
+    test::temp_dir dir;
+    const auto id = fresh_id();
+    // Two nodes read a running round every 30 s, one every 0.05 s; a round
+    // that waited on the slow ones' polls would start over until
+    // join_timeout (20 s) ended it.
+    const auto args = joined(rendezvous(id, "3", ",join_timeout=20"), {"-n", "1"});
+    auto slow = args;
+    *std::find(slow.begin(), slow.end(), "0.05") = "30";
+    const auto after = [](std::chrono::milliseconds wait) {
+      return [wait]() -> asio::awaitable<void> {
+        asio::steady_timer timer(co_await asio::this_coro::executor, wait);
+        co_await timer.async_wait(asio::use_awaitable);
+      };
+    };
+    const auto exits = worker(dir.path, "exit 0");
+    std::vector<node> nodes{{joined(slow, exits)}, {joined(args, exits), after(300ms)},
+                            {joined(slow, exits), after(600ms)}};
+    auto results = run_nodes(nodes);
+    for (int n = 0; n < 3; ++n) {
+      CAPTURE(n);
+      CHECK_MESSAGE(results[n].status.code() == 0, results[n].err);
+      CHECK_MESSAGE(results[n].err.find("did not confirm") == std::string::npos, results[n].err);
+    }
+    for (int rank = 0; rank < 3; ++rank) {
+      CAPTURE(rank);
+      const auto contract = dir.path / ("3-" + std::to_string(rank));
+      REQUIRE(fs::exists(contract));
+      auto v = variables_in(contract);
+      CHECK(v["WORLD_SIZE"] == "3");
+      CHECK(v["TORCHELASTIC_RESTART_COUNT"] == "0");
+    }
+  }
+
   TEST_CASE("a node that comes once the job's round is full and then finished exits 1, the job not run again") {
     test::temp_dir dir;
     const auto id = fresh_id();

@@ -30,6 +30,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace cohort_run;
@@ -510,7 +511,38 @@ TEST_SUITE("etcd rendezvous") {
     check_one_round(placed, configs);
     CHECK(placed[0].nnodes == 2);
     CHECK(placed[0].round == 1);
-    CHECK(contains(state_of(job)["why"].get<std::string>(), "(10.0.0.9) did not confirm round 0 within 1.6 s"));
+    CHECK(contains(state_of(job)["why"].get<std::string>(), "(10.0.0.9) did not confirm round 0 within 1.7 s"));
+  }
+
+  TEST_CASE("nodes of different poll_intervals form their first round together: while a round forms and is "
+            "confirmed, a node reads at the rendezvous's pace, however long its poll_interval") {
+    for (const bool slow_first : {true, false}) {
+      // Joining first, the slow node is the one the other waits for; joining
+      // last, it closes the round and waits for the other's confirmation.
+      CAPTURE(slow_first);
+      const auto job = fresh_run_id();
+      auto slow_config = node(job, 1, 2, 2);
+      slow_config.poll_interval = 60s;  // longer than any wait of the test
+      auto fast_config = node(job, 2, 2, 2);
+      for (auto* c : {&slow_config, &fast_config}) c->join_timeout = 8s;
+      const std::vector<rendezvous_config> configs{slow_config, fast_config};
+      const auto all = make_nodes(configs);
+      etcd_rendezvous* const early = all[slow_first ? 0 : 1].get();
+      etcd_rendezvous* const later = all[slow_first ? 1 : 0].get();
+      auto first = std::async(std::launch::async, [early] { return early->next_round(); });
+      etcd_client client(etcd().endpoint());
+      for (int i = 0; i < 200 && client.range_prefix("/cohort/rdzv/" + job + "/r/0/m/").kvs.empty(); ++i) {
+        std::this_thread::sleep_for(20ms);
+      }
+      auto second = std::async(std::launch::async, [later] { return later->next_round(); });
+      const auto early_placed = first.get();
+      const auto later_placed = second.get();
+      const auto placed = slow_first ? std::vector<assignment>{early_placed, later_placed}
+                                     : std::vector<assignment>{later_placed, early_placed};
+      check_one_round(placed, configs);
+      CHECK(placed[0].round == 0);  // never started over for want of a confirmation
+      CHECK(placed[0].nnodes == 2);
+    }
   }
 
   TEST_CASE("a node that leaves without finishing makes the watch fire at once") {
@@ -655,6 +687,65 @@ TEST_SUITE("etcd rendezvous") {
     CHECK(second.round == first.round);
     CHECK(second.nnodes == 2);
     CHECK(second.node_rank != first.node_rank);
+  }
+
+  TEST_CASE("a member lost after another member's ranks succeeded in the round counts as done: a member that had not "
+            "seen every confirmation still runs the round") {
+    const auto job = fresh_run_id();
+    const std::string keys = "/cohort/rdzv/" + job + "/";
+    auto slow_config = node(job, 2, 3, 3);
+    slow_config.join_timeout = 5s;
+    etcd_rendezvous fast(node(job, 1, 3, 3)), slow(slow_config);
+    etcd_client client(etcd().endpoint());
+    auto first = std::async(std::launch::async, [&] { return fast.next_round(); });
+    for (int i = 0; i < 200 && client.range_prefix(keys + "r/0/m/").kvs.empty(); ++i) {
+      std::this_thread::sleep_for(20ms);
+    }
+    // The third member: joined under a lease this test keeps alive, it
+    // confirms when told, and is lost once the fast node's ranks succeeded.
+    const auto third = client.grant_lease(1s);
+    const nlohmann::json member{{"addr", "10.0.0.3"}, {"port", 29503}, {"nproc", 1}};
+    client.put(keys + "r/0/m/third", member.dump(), third.id);
+    std::jthread keeper([id = third.id](std::stop_token stop) {
+      etcd_client renewing(etcd().endpoint());
+      while (!stop.stop_requested()) {
+        renewing.keep_alive(id);
+        std::this_thread::sleep_for(200ms);
+      }
+    });
+    std::promise<void> confirmed, go;
+    auto slow_confirmed = confirmed.get_future();
+    const auto gate = go.get_future().share();
+    auto late = std::async(std::launch::async, [&] {
+      etcd_client reader(etcd().endpoint());
+      bool told = false;
+      return slow.next_round([&](std::chrono::milliseconds d) {
+        std::this_thread::sleep_for(d);
+        // Once it and the fast node confirmed the round, until the third
+        // node confirmed, the fast node's ranks succeeded and the third is
+        // lost: it sees the round again only then.
+        if (reader.range_prefix(keys + "r/0/ok/").kvs.size() >= 2) {
+          if (!std::exchange(told, true)) confirmed.set_value();
+          gate.wait();
+        }
+        return true;
+      });
+    });
+    const bool both_confirmed = slow_confirmed.wait_for(10s) == std::future_status::ready;
+    CHECK(both_confirmed);
+    client.put(keys + "r/0/ok/third", "ok", third.id);
+    const auto placed = first.get();
+    fast.finished();
+    keeper.request_stop();
+    keeper.join();
+    client.revoke_lease(third.id);
+    go.set_value();
+    const auto second = late.get();  // neither a round started over nor join_timeout's end
+    CHECK(second.round == placed.round);
+    CHECK(second.nnodes == 3);
+    CHECK(second.world_size == 3);
+    CHECK(second.node_rank != placed.node_rank);
+    CHECK(state_of(job)["round"] == placed.round);
   }
 
   TEST_CASE("a round opened as another node's ranks succeeded ends once that node says so: the job has finished") {

@@ -86,6 +86,7 @@ struct etcd_rendezvous::snapshot {
 // Where next_round stands, across its polls.
 struct etcd_rendezvous::progress {
   bool wrote = false;       ///< the step wrote: read again at once
+  milliseconds pace{0};     ///< else the wait before the next read
   std::int64_t round = -1;  ///< the round min_reached is counted in
   bool min_joined = false;  ///< min_nodes have joined it, since min_reached
   clock_type::time_point min_reached;
@@ -282,6 +283,7 @@ assignment etcd_rendezvous::next_round(const std::function<bool(milliseconds)>& 
       const auto request_timeout = std::min(config_.request_timeout, left);
       client_.timeout(request_timeout);
       p.wrote = false;
+      p.pace = std::min(config_.poll_interval, rendezvous_pace);
       try {
         ensure_lease();
         const auto s = read(client_);
@@ -307,7 +309,7 @@ assignment etcd_rendezvous::next_round(const std::function<bool(milliseconds)>& 
           throw rendezvous_error(where() + ": " + e.what());
         }
       }
-      const auto wait = p.wrote ? milliseconds(0) : std::min(config_.poll_interval, until(deadline));
+      const auto wait = p.wrote ? milliseconds(0) : std::min(p.pace, until(deadline));
       if (!wait_between_polls(wait)) {
         throw rendezvous_error(where() + ": interrupted while waiting for a round");
       }
@@ -364,11 +366,8 @@ std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) 
     return confirm(s, p);
   } else if (s.lists(self)) {
     // The round this node ran: it asks for the next one.
-    if (ended_by_) {
-      open_round(s.round, s.state_revision, ended_by_->reason, ended_by_->what);
-    } else {
-      open_round(s.round, s.state_revision, config_.local_addr + " asks for a new round");
-    }
+    p.wrote = ended_by_ ? open_round(s.round, s.state_revision, ended_by_->reason, ended_by_->what)
+                        : open_round(s.round, s.state_revision, config_.local_addr + " asks for a new round");
   } else {
     // Running without this node: it waits for the next round, which the
     // members open when they see it waiting, or it opens itself when no
@@ -384,10 +383,13 @@ std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) 
                           " (--nnodes " + nnodes + ")"
                     : "this node waited for the round after " + round;
     if (!members_left) {
-      open_round(s.round, s.state_revision,
-                 config_.local_addr + " joins, and no node of round " + std::to_string(s.round) + " is left");
+      p.wrote = open_round(s.round, s.state_revision,
+                           config_.local_addr + " joins, and no node of round " + std::to_string(s.round) + " is left");
     } else {
       p.wrote = false;
+      // Beside a full round, nothing but its end lets this node in: it reads
+      // at its own poll_interval meanwhile, as the round's watches do.
+      if (full) p.pace = config_.poll_interval;
       if (!s.waiting.contains(self)) client_.put(prefix_ + "w/" + self, config_.local_addr, lease_);
     }
   }
@@ -401,15 +403,28 @@ std::optional<assignment> etcd_rendezvous::confirm(const snapshot& s, progress& 
   const auto node_text = [&](std::size_t i) {
     return "node " + std::to_string(i) + " (" + s.listed[i].addr + ")";
   };
-  p.wrote = true;
+  const auto place = [&] {
+    // Its waiting key went in the transaction that made it a member: no
+    // request is left that could fail once it is placed.
+    placed_ = placement{s.round, s.state_revision, self, s.listed};
+    ended_by_.reset();
+    return assignment_of(self, s);
+  };
+  // A member's ranks succeeded in this round: that member was placed, so
+  // every member had confirmed it, and the round is the job's last. This
+  // node runs it too, whatever became of the others since: one lost counts
+  // as done, as it would had this node seen every confirmation in time
+  // (no round opens after a finished one).
+  if (s.finished && s.finished_round == s.round) return place();
   // A member whose lease went (a node killed as it joined): no node started
   // its ranks without its confirmation, and none counts it as a restart of
   // its own; a node that did, after every member confirmed, counts it as
   // lost.
   for (std::size_t i = 0; i < s.listed.size(); ++i) {
     if (s.gone(s.listed[i])) {
-      open_round(s.round, s.state_revision,
-                 node_text(i) + " left before round " + round + " began: its lease expired", cause::member_lost);
+      p.wrote = open_round(s.round, s.state_revision,
+                           node_text(i) + " left before round " + round + " began: its lease expired",
+                           cause::member_lost);
       return std::nullopt;
     }
   }
@@ -425,22 +440,18 @@ std::optional<assignment> etcd_rendezvous::confirm(const snapshot& s, progress& 
   for (std::size_t i = 0; i < s.listed.size() && !unconfirmed; ++i) {
     if (!s.confirmed.contains(s.listed[i].id) && !s.done.contains(s.listed[i].id)) unconfirmed = i;
   }
-  if (!unconfirmed) {
-    // Its waiting key went in the transaction that made it a member: no
-    // request is left that could fail once it is placed.
-    placed_ = placement{s.round, s.state_revision, self, s.listed};
-    ended_by_.reset();
-    return assignment_of(self, s);
-  }
+  if (!unconfirmed) return place();
   if (p.confirmed_round != s.round) {  // confirmed by a request that failed only to this node
     p.confirmed_round = s.round;
     p.confirmed_at = clock_type::now();
   }
-  // A live member confirms within a poll and a request once it sees the
-  // round run, and a member that cannot has lost its lease within
-  // lease_ttl: past both, the round starts over, unless a confirmation
-  // came since this read.
-  const auto limit = config_.lease_ttl + config_.request_timeout + 2 * config_.poll_interval;
+  // A live member confirms within a pace and a request once it sees the
+  // round run (every node reads at rendezvous_pace at most while a round
+  // forms, whatever its poll_interval), and a member that cannot has lost
+  // its lease within lease_ttl: past both, the round starts over, unless a
+  // confirmation came since this read. The limit is alike on every node
+  // that shares the job's read_timeout and lease.
+  const auto limit = config_.lease_ttl + config_.request_timeout + 2 * rendezvous_pace;
   p.text = "round " + round + " formed with " + nodes_text(s.listed.size()) + ", and " + node_text(*unconfirmed) +
            " did not confirm it";
   if (clock_type::now() - p.confirmed_at < limit) {
@@ -448,9 +459,10 @@ std::optional<assignment> etcd_rendezvous::confirm(const snapshot& s, progress& 
     return std::nullopt;
   }
   const auto confirmations = prefix_ + "r/" + round + "/ok/";
-  open_round(s.round, s.state_revision,
-             node_text(*unconfirmed) + " did not confirm round " + round + " within " + seconds_text(limit),
-             cause::new_round, {compare::unwritten_since(confirmations, prefix_end(confirmations), s.revision)});
+  p.wrote = open_round(
+      s.round, s.state_revision,
+      node_text(*unconfirmed) + " did not confirm round " + round + " within " + seconds_text(limit), cause::new_round,
+      {compare::unwritten_since(confirmations, prefix_end(confirmations), s.revision)});
   return std::nullopt;
 }
 

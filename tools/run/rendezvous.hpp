@@ -29,9 +29,12 @@
 // read, writing the frozen list: exactly one view wins. Each member then
 // confirms the round, and is placed in it (its ranks start) only once every
 // member has: a member whose lease went before that (a node killed as it
-// joined), or that did not confirm within a lease, a request and two polls,
-// makes the round start over before any ranks ran, so that no round runs
-// with a node that is gone, and none counts it against its restarts. A node
+// joined), or that did not confirm within a lease, a request and two paces
+// of the rendezvous, makes the round start over before any ranks ran, so
+// that no round runs with a node that is gone, and none counts it against
+// its restarts. While a round forms and is confirmed, every node reads at
+// that pace (rendezvous_pace), whatever its poll_interval: a deadline one
+// node sets for another's confirmation holds for both. A node
 // that finds the round running without it registers as waiting; members
 // then open the next round (a transaction that also deletes every r/ key),
 // as does the waiting node itself when no member of the running round is
@@ -80,11 +83,19 @@ struct rendezvous_config {
   /// How long a silent node stays a member (etcd rounds it up to whole
   /// seconds, and to its own minimum).
   std::chrono::milliseconds lease_ttl{std::chrono::seconds(5)};
-  /// How often membership is read: one etcd request per poll.
+  /// How often the watch reads the running round, and a node waiting beside
+  /// a full running round reads it: one etcd request per poll. next_round
+  /// reads otherwise every rendezvous_pace, or every poll_interval where
+  /// that is shorter.
   std::chrono::milliseconds poll_interval{std::chrono::milliseconds(500)};
   /// The longest one etcd request may take (rdzv-conf read_timeout).
   std::chrono::milliseconds request_timeout{std::chrono::seconds(5)};
 };
+
+/// The longest next_round waits between two reads while a round forms or
+/// waits for its members' confirmations, on every node alike: a member's
+/// confirmation is due within a lease, a request and two of these.
+inline constexpr std::chrono::milliseconds rendezvous_pace{100};
 
 /// This node's place in a formed round.
 struct assignment {
@@ -129,13 +140,16 @@ class etcd_rendezvous {
 
   /// Blocks until this node is placed in a formed round, every member of
   /// which confirmed it (a round whose member is lost before that starts
-  /// over), and returns its place. Stops a watch still running. Retries
-  /// while etcd is unreachable.
+  /// over; once a member's ranks succeeded in it, a member lost since
+  /// counts as done), and returns its place. Stops a watch still running.
+  /// Retries while etcd is unreachable.
   /// Throws rendezvous_error once join_timeout has passed (saying how many
   /// nodes had joined, or what etcd last answered), when a node closed
   /// the job, when the job has finished, when the job's nodes are another
   /// min_nodes:max_nodes, or when `pause` returns false.
-  /// `pause(d)` waits between polls (d, possibly 0); by default a plain sleep.
+  /// `pause(d)` waits between reads (d, possibly 0): at most rendezvous_pace
+  /// (or poll_interval, where shorter), and poll_interval while this node
+  /// waits beside a full running round; by default a plain sleep.
   assignment next_round(const std::function<bool(std::chrono::milliseconds)>& pause = {});
 
   /// Starts watching the round next_round last returned (std::logic_error
@@ -197,7 +211,7 @@ class etcd_rendezvous {
   /// that is not yet placed in it: confirms it, waits for the others'
   /// confirmations, or starts the round over when a member's lease went or
   /// it did not confirm in time; this node's assignment once every member
-  /// confirmed.
+  /// confirmed, or at once where the job finished in the round.
   std::optional<assignment> confirm(const snapshot& s, progress& p);
   /// What a node that was in no round of a job learns besides the job's
   /// end: why it was in none.
