@@ -239,9 +239,22 @@ struct group_state {
 
 namespace {
 
+// Removes from `folder` the unfinished reports (error.json.<pid>-<n>.tmp)
+// that ranks killed while writing their error files left there.
+void remove_unfinished_reports(const std::filesystem::path& folder) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> unfinished;
+  for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.starts_with("error.json.") && name.ends_with(".tmp")) unfinished.push_back(it->path());
+  }
+  for (const auto& path : unfinished) std::filesystem::remove(path, ec);
+}
+
 // The ranks' error files. In the spec's directory: <dir>/<rank>/error.json,
-// with a folder per rank made now and a stale error.json from an earlier run
-// removed. Otherwise in the user's directory, as
+// with a folder per rank made now, and a stale error.json from an earlier
+// run removed with what ranks killed while writing theirs left. Otherwise
+// in the user's directory, as
 // <this process>-<group>-<rank>.json: nothing to make, as a rank that fails
 // creates it, and no name an earlier process used.
 void prepare_error_files(group_state& state, unsigned group_number) {
@@ -264,6 +277,7 @@ void prepare_error_files(group_state& state, unsigned group_number) {
     const auto folder = given / std::to_string(rank);
     std::filesystem::create_directories(folder, ec);
     if (!ec) std::filesystem::remove(folder / "error.json", ec);
+    if (!ec) remove_unfinished_reports(folder);
     if (ec) throw std::system_error(ec, "cohort::start_processes: error file " + (folder / "error.json").string());
   }
   if (dir.empty() || ::access(dir.c_str(), W_OK | X_OK) != 0) dir = given;

@@ -86,38 +86,43 @@ std::atomic<unsigned> temporaries{0};
 // it and renamed over it once complete. A reader (the supervisor, once the
 // rank has ended) finds the earlier report or this one, never part of one;
 // a write that fails (a full disk, RLIMIT_FSIZE) or that the process's end
-// cuts short leaves the earlier one. A symbolic link stays, and what it
-// names is replaced. Something other than a regular file there (a FIFO,
-// /dev/stderr), or a folder in which this process may not create a file,
-// leaves no other way than writing in place.
+// cuts short leaves the earlier one. The new file takes the old one's mode.
+// Where a rename would change more than what the file holds, or cannot be
+// done, the file is written in place, as a program's own open for writing
+// would: a symbolic link (/dev/stderr names a descriptor's file, which a
+// rename would take from under it), something other than a regular file
+// (a FIFO), a file of several links or of another owner, a folder in which
+// this process may not create a file, a name too long for a suffix, a
+// rename refused (a file mounted on its own: EBUSY; a sticky folder: EPERM).
 bool replace_file(const std::filesystem::path& path, std::string_view text) {
   // Past RLIMIT_FSIZE, a write raises SIGXFSZ, whose default action would
   // end a failing program before it could say why: the write fails instead.
   const os::quiet_signal quiet(SIGXFSZ);
-  std::filesystem::path target = path;
-  std::error_code ec;
-  if (std::filesystem::is_symlink(path, ec)) {
-    auto named = std::filesystem::weakly_canonical(path, ec);
-    if (ec) return write_in_place(path, text);
-    target = std::move(named);
-  }
   struct stat st{};
-  if (::stat(target.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) return write_in_place(target, text);
+  const bool there = ::lstat(path.c_str(), &st) == 0;
+  if (there && (!S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_uid != ::geteuid())) {
+    return write_in_place(path, text);
+  }
   // Named after the target, so that what sweeps a group's error files by
   // their names' beginnings takes one that a killed rank left too.
   std::filesystem::path temporary;
   os::owned_fd fd;
   do {
-    temporary = target;
+    temporary = path;
     temporary += fmt::format(".{}-{}.tmp", ::getpid(), temporaries.fetch_add(1, std::memory_order_relaxed));
     fd = os::owned_fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
   } while (fd.get() < 0 && errno == EEXIST);
-  if (fd.get() < 0) return (errno == EACCES || errno == EPERM) && write_in_place(target, text);
-  if (!write_all(fd.get(), text) || ::rename(temporary.c_str(), target.c_str()) != 0) {
+  if (fd.get() < 0) return write_in_place(path, text);
+  if (there) (void)::fchmod(fd.get(), st.st_mode & 07777);
+  if (!write_all(fd.get(), text)) {
+    const int error = errno;
     ::unlink(temporary.c_str());
+    errno = error;
     return false;
   }
-  return true;
+  if (::rename(temporary.c_str(), path.c_str()) == 0) return true;
+  ::unlink(temporary.c_str());
+  return write_in_place(path, text);
 }
 
 }  // namespace

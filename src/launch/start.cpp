@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -384,6 +385,44 @@ bool run_by_the_loader_itself() {
 // directory or its argv: glibc calls a constructor with main's arguments,
 // which the loader took its own off the front of. /proc/self/cmdline still
 // holds those.
+// `value` of a loader option whose entries are paths, each entry that is
+// relative made absolute, so that a rank started in another directory
+// finds what the program found. Entries are split at any of `separators`,
+// kept as they were; `named` entries (no '/') are names the loader looks
+// up, not paths, and stay unless `folders` (every entry a folder's path).
+std::string absolute_entries(const std::string& value, std::string_view separators, bool folders) {
+  std::string out;
+  for (std::size_t at = 0; at <= value.size();) {
+    const std::size_t end = std::min(value.find_first_of(separators, at), value.size());
+    std::string entry = value.substr(at, end - at);
+    if (!entry.empty() && entry.front() != '/' && (folders || entry.find('/') != std::string::npos)) {
+      entry = std::filesystem::absolute(entry).string();
+    }
+    out += entry;
+    if (end < value.size()) out += value[end];
+    at = end + 1;
+  }
+  return out;
+}
+
+// The loader's options (glibc's ld.so) whose values hold paths: each taken
+// relative to the directory the program started in, which a rank's need
+// not be.
+void make_option_paths_absolute(std::vector<std::string>& options) {
+  for (std::size_t i = 0; i + 1 < options.size(); ++i) {
+    const std::string& name = options[i];
+    if (name == "--library-path" || name == "--glibc-hwcaps-prefix") {
+      options[i + 1] = absolute_entries(options[i + 1], ":;", true);
+      ++i;
+    } else if (name == "--preload" || name == "--audit") {
+      options[i + 1] = absolute_entries(options[i + 1], ": \t", false);
+      ++i;
+    } else if (name == "--argv0" || name == "--inhibit-rpath" || name == "--glibc-hwcaps-mask") {
+      ++i;  // a value, but not a path
+    }
+  }
+}
+
 [[gnu::constructor]] void note_loader_command(int argc, char** /*argv*/, char** /*envp*/) {
   if (!run_by_the_loader_itself()) return;
   auto& c = started_through_loader();
@@ -401,9 +440,9 @@ bool run_by_the_loader_itself() {
     // the program's arguments past its argv[0].
     if (argc < 1 || all.size() <= static_cast<std::size_t>(argc)) return;
     std::vector<std::string> arguments(all.begin() + 1, all.end() - argc + 1);
-    // A path with no '/' is one the loader looked up, and will again.
     std::string& program = arguments.back();
-    if (program.find('/') != std::string::npos) program = std::filesystem::absolute(program).string();
+    program = std::filesystem::absolute(program).string();
+    make_option_paths_absolute(arguments);
     c.arguments = std::move(arguments);
   } catch (...) {
     // Unknown: a start that re-executes says so.

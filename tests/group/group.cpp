@@ -1468,6 +1468,23 @@ TEST_SUITE("group") {
     }
   }
 
+  // Before, the unfinished reports of ranks killed while writing their
+  // error files (error.json.<pid>-<n>.tmp) piled up in error_dir, one per
+  // such rank and run.
+  TEST_CASE("a run removes what ranks killed while writing their error files left in error_dir") {
+    test::temp_dir dir;
+    fs::create_directories(dir.path / "0");
+    std::ofstream(dir.path / "0" / "error.json.4242-0.tmp") << "{\"mess";
+    std::ofstream(dir.path / "0" / "notes.txt") << "the user's";
+    auto spec = ranks_of(1, {"record-error", "kept"});
+    spec.error_dir = dir.path;
+    run_group(spec);
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir.path / "0")) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    CHECK(names == std::vector<std::string>{"error.json", "notes.txt"});
+  }
+
   TEST_CASE("a relative error_dir reaches ranks that run elsewhere as an absolute path") {
     test::temp_dir dir, elsewhere;
     // The ranks start deeper than this process's directory: the relative

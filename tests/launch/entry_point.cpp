@@ -1304,6 +1304,43 @@ TEST_SUITE("entry points") {
     }
   }
 
+  // Before, only the program's path was made absolute: the loader's own
+  // options that name paths (--library-path, --preload) were given again
+  // as written, relative to a directory the ranks no longer start in.
+  TEST_CASE("a program run by the loader with relative paths in its options runs its ranks elsewhere with them") {
+    const std::string loader = program_interpreter();
+    if (loader.empty() || ::access(loader.c_str(), X_OK) != 0) {
+      MESSAGE("skipped: no dynamic loader to run (" << loader << ")");
+      return;
+    }
+    const fs::path target = test::target;
+    // The build's folder, which holds the library beside the tests' folder.
+    const fs::path library = target.parent_path().parent_path() / "libcohort.so.0";
+    REQUIRE(fs::exists(library));
+    const fs::path from = library.parent_path();
+    for (const std::string method : {"spawn", "forkserver", "fork"}) {
+      CAPTURE(method);
+      asio::io_context io;
+      spawn_options options{.cwd = from, .out = stdio::pipe(), .err = stdio::pipe()};
+      // The ranks start in "/", where none of the relative paths leads.
+      const command cmd(loader, {"--library-path", ".", "--preload", "./libcohort.so.0",
+                                 fs::relative(target, from).string(), "run-function", method, "/"});
+      child c = spawn(io.get_executor(), cmd, options);
+      std::string text, errors;
+      auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
+        auto err = asio::co_spawn(io, test::read_all(c.err()), asio::use_future);
+        text = co_await test::read_all(c.out());
+        auto code = co_await c.wait();
+        errors = err.get();
+        co_return code;
+      }());
+      CAPTURE(errors);
+      CHECK(text == "40\n41\n");
+      CHECK(status.code() == 0);
+      CHECK(errors.find("cannot be preloaded") == std::string::npos);
+    }
+  }
+
   TEST_CASE("a rank whose main goes on past child_main's exit code cannot start ranks of its own") {
     asio::io_context io;
     spawn_options options{.out = stdio::pipe()};

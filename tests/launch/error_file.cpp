@@ -226,6 +226,54 @@ TEST_SUITE("error_file") {
     CHECK(report->message == "std::runtime_error: through the link");
   }
 
+  // Before, a report through a link was renamed over the file it named: an
+  // error file at /dev/stderr, a link to the log that stderr was open on,
+  // took that log from under the descriptor, whose later lines went to a
+  // file no one could open.
+  TEST_CASE("a report through a link to a file open elsewhere reaches that file's readers and writers") {
+    test::temp_dir dir;
+    const fs::path log = dir.path / "stderr.log", link = dir.path / "stderr";
+    const int open_log = ::open(log.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    REQUIRE(open_log >= 0);
+    fs::create_symlink(log, link);
+    error_file_env env(link);
+    REQUIRE(record_error(std::runtime_error("to the log")));
+    REQUIRE(::write(open_log, "after\n", 6) == 6);
+    struct stat by_name{}, by_descriptor{};
+    REQUIRE(::stat(log.c_str(), &by_name) == 0);
+    REQUIRE(::fstat(open_log, &by_descriptor) == 0);
+    ::close(open_log);
+    CHECK(by_name.st_ino == by_descriptor.st_ino);  // still the file the descriptor writes
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK(text.find("std::runtime_error: to the log") != std::string::npos);
+    CHECK(text.ends_with("after\n"));
+  }
+
+  // Before, the new report was made with the default mode and renamed over
+  // the old file, whatever its mode and links; and a name with no room for
+  // the temporary file's suffix was not written at all.
+  TEST_CASE("a report over an existing file keeps its mode and links; a long name is written too") {
+    test::temp_dir dir;
+    const fs::path file = dir.path / "error.json", other = dir.path / "other.json";
+    std::ofstream(file) << "old";
+    fs::permissions(file, fs::perms::owner_read | fs::perms::owner_write);
+    error_file_env env(file);
+    REQUIRE(record_error(std::runtime_error("private")));
+    CHECK((fs::status(file).permissions() & fs::perms::all) == (fs::perms::owner_read | fs::perms::owner_write));
+    fs::create_hard_link(file, other);
+    REQUIRE(record_error(std::runtime_error("linked")));
+    const auto through_other = read_error_file(other);
+    REQUIRE(through_other);
+    CHECK(through_other->message == "std::runtime_error: linked");
+    const fs::path long_name = dir.path / std::string(250, 'e');
+    error_file_env long_env(long_name);
+    REQUIRE(record_error(std::runtime_error("long")));
+    const auto report = read_error_file(long_name);
+    REQUIRE(report);
+    CHECK(report->message == "std::runtime_error: long");
+  }
+
   TEST_CASE("TORCHELASTIC_ERROR_FILE is used when COHORT_ERROR_FILE is not set") {
     test::temp_dir dir;
     ::unsetenv("COHORT_ERROR_FILE");

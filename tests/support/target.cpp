@@ -31,11 +31,13 @@
 //                          forkserver); print what a std::logic_error says and
 //                          exit 3, what another exception says and exit 4,
 //                          or exit 0 when the function ran
-//   run-function METHOD    as a program that starts functions does, calling
+//   run-function METHOD [DIR]
+//                          as a program that starts functions does, calling
 //                          child_main first, run 2 ranks of a function that
-//                          returns its rank + 40 by start method METHOD; print
-//                          what they returned, one a line, and exit 0, or
-//                          print what the failure says and exit 4
+//                          returns its rank + 40 by start method METHOD (in
+//                          DIR, moved to first, where given); print what
+//                          they returned, one a line, and exit 0, or print
+//                          what the failure says and exit 4
 //   ignore-child-main      run a registered function by spawn from a main
 //                          that calls child_main and goes on past its exit
 //                          code, as the ranks' main then does too; print
@@ -143,6 +145,7 @@ int main(int argc, char** argv) {
   }
   if (what == "run-function") {
     (void)cohort::child_main(argc, argv);  // nothing to run here: this is the parent
+    if (argc > 3 && ::chdir(argv[3]) != 0) return 5;
     cohort::join_options options;
     options.method = method_named(arg);
     try {
