@@ -746,6 +746,38 @@ TEST_SUITE("etcd rendezvous") {
     CHECK(second.world_size == 3);
     CHECK(second.node_rank != placed.node_rank);
     CHECK(state_of(job)["round"] == placed.round);
+    // Its ranks then run: the watch of the round does not end it for the
+    // member lost after the job finished.
+    watch_log watched;
+    slow.watch(watched.callback());
+    const auto change = watched.wait(1500ms);
+    slow.unwatch();
+    INFO((change ? change->reason : std::string()));
+    CHECK_FALSE(change.has_value());
+  }
+
+  // Before, a member read its running round only every poll_interval: one
+  // longer than the last call saw a round reopened for a waiting node only
+  // once it had closed without it, and reopened it in its turn, leaving
+  // out another member as slow, round after round.
+  TEST_CASE("a member of a long poll_interval sees a node waiting to join within half the last call") {
+    const auto job = fresh_run_id();
+    auto slow = node(job, 2, 2, 3);
+    slow.poll_interval = 20s;
+    const std::vector<rendezvous_config> configs{node(job, 1, 2, 3), slow};
+    auto all = make_nodes(configs);
+    check_one_round(next_rounds(all), configs);
+    watch_log watched;
+    all[1]->watch(watched.callback());
+    auto third_config = node(job, 3, 2, 3);
+    third_config.join_timeout = 4s;
+    etcd_rendezvous third(third_config);
+    auto waiting = std::async(std::launch::async, [&] { return next_round_error(third); });
+    const auto change = watched.wait(3s);
+    all[1]->unwatch();
+    REQUIRE(change);
+    CHECK(change->what == round_change::cause::node_waiting);
+    (void)waiting.get();
   }
 
   TEST_CASE("a round opened as another node's ranks succeeded ends once that node says so: the job has finished") {

@@ -556,15 +556,21 @@ void etcd_rendezvous::watch_round(std::stop_token stop, placement round,
   // than every poll_interval, which may be longer than the lease): an outage
   // shorter than the lease passes unseen by the round, and one that lasts
   // is told with its true length, counted from the first read that failed.
-  const auto retry_interval = std::clamp(config_.lease_ttl / 4, milliseconds(1), config_.poll_interval);
+  // A round reopened for a node that waits to join closes once min_nodes
+  // have joined for last_call_timeout: each member reads at least twice in
+  // that time, so that a member of a long poll_interval joins it too, and
+  // is not left out to reopen it in its turn, round after round.
+  const auto half_last_call = std::chrono::ceil<milliseconds>(config_.last_call_timeout / 2);
+  const auto interval = std::min(config_.poll_interval, std::max(rendezvous_pace, half_last_call));
+  const auto retry_interval = std::clamp(config_.lease_ttl / 4, milliseconds(1), interval);
   std::optional<clock_type::time_point> failing_since;  // when the first read that failed was sent
-  for (auto wait = config_.poll_interval; sleep_unless_stopped(stop, wait);) {
+  for (auto wait = interval; sleep_unless_stopped(stop, wait);) {
     std::optional<round_change> change;
     const auto sent = clock_type::now();
     try {
       const auto s = read(client);
       failing_since.reset();
-      wait = config_.poll_interval;
+      wait = interval;
       change = change_in(s, round);
     } catch (const etcd_error& e) {
       if (!failing_since) failing_since = sent;
@@ -603,7 +609,9 @@ std::optional<round_change> etcd_rendezvous::change_in(const snapshot& s, const 
   if (lease_lost_.load(std::memory_order_relaxed) || !s.has_joined(round.self)) {
     return round_change{cause::lease_lost, "this node's lease expired"};
   }
-  for (std::size_t i = 0; i < round.members.size(); ++i) {
+  // Once the job finished in this round, a member lost counts as done:
+  // nothing is left to start over, and the nodes still running run on.
+  for (std::size_t i = 0; i < round.members.size() && !s.finished; ++i) {
     const auto& m = round.members[i];
     if (!s.has_joined(m.id) && !s.done.contains(m.id)) {
       return round_change{cause::member_lost,
