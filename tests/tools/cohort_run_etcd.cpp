@@ -110,6 +110,27 @@ std::vector<std::string> joined(std::vector<std::string> a, const std::vector<st
   return a;
 }
 
+// What a node does before it starts: waits `wait`.
+std::function<asio::awaitable<void>()> after(std::chrono::milliseconds wait) {
+  return [wait]() -> asio::awaitable<void> {
+    asio::steady_timer timer(co_await asio::this_coro::executor, wait);
+    co_await timer.async_wait(asio::use_awaitable);
+  };
+}
+
+// Every rank of a world of three ran, in a round of three nodes, with no
+// restart used: each wrote its contract to `dir` (worker()).
+void check_world_of_three_ran(const fs::path& dir) {
+  for (int rank = 0; rank < 3; ++rank) {
+    CAPTURE(rank);
+    const auto contract = dir / ("3-" + std::to_string(rank));
+    REQUIRE(fs::exists(contract));
+    auto v = variables_in(contract);
+    CHECK(v["WORLD_SIZE"] == "3");
+    CHECK(v["TORCHELASTIC_RESTART_COUNT"] == "0");
+  }
+}
+
 }  // namespace
 
 TEST_SUITE("cohort-run over etcd") {
@@ -199,12 +220,6 @@ TEST_SUITE("cohort-run over etcd") {
     // with it. Node 3 comes as the replacement.
     const auto args =
         joined(joined(rendezvous(id, "3", ",keep_alive_max_attempt=6"), {"-n", "1"}), worker(dir.path, "exit 0"));
-    const auto after = [](std::chrono::milliseconds wait) {
-      return [wait]() -> asio::awaitable<void> {
-        asio::steady_timer timer(co_await asio::this_coro::executor, wait);
-        co_await timer.async_wait(asio::use_awaitable);
-      };
-    };
     std::vector<node> nodes{{args}, {args}, {args, after(1500ms)}, {args, after(1700ms)}};
     auto results = run_nodes(nodes, [&](std::vector<std::optional<child>>& children) -> asio::awaitable<void> {
       co_await after(1400ms)();
@@ -216,14 +231,7 @@ TEST_SUITE("cohort-run over etcd") {
       CHECK_MESSAGE(results[n].status.code() == 0, results[n].err);
       CHECK_MESSAGE(results[n].err.find("restarts") == std::string::npos, results[n].err);
     }
-    for (int rank = 0; rank < 3; ++rank) {  // every rank of the world ran, in a round of the three alive
-      CAPTURE(rank);
-      const auto contract = dir.path / ("3-" + std::to_string(rank));
-      REQUIRE(fs::exists(contract));
-      auto v = variables_in(contract);
-      CHECK(v["WORLD_SIZE"] == "3");
-      CHECK(v["TORCHELASTIC_RESTART_COUNT"] == "0");
-    }
+    check_world_of_three_ran(dir.path);  // in a round of the three alive
   }
 
   TEST_CASE("nodes of different --monitor-interval form one round: a long interval does not slow the rendezvous") {
@@ -235,12 +243,6 @@ TEST_SUITE("cohort-run over etcd") {
     const auto args = joined(rendezvous(id, "3", ",join_timeout=20"), {"-n", "1"});
     auto slow = args;
     *std::find(slow.begin(), slow.end(), "0.05") = "30";
-    const auto after = [](std::chrono::milliseconds wait) {
-      return [wait]() -> asio::awaitable<void> {
-        asio::steady_timer timer(co_await asio::this_coro::executor, wait);
-        co_await timer.async_wait(asio::use_awaitable);
-      };
-    };
     const auto exits = worker(dir.path, "exit 0");
     std::vector<node> nodes{{joined(slow, exits)}, {joined(args, exits), after(300ms)},
                             {joined(slow, exits), after(600ms)}};
@@ -250,14 +252,7 @@ TEST_SUITE("cohort-run over etcd") {
       CHECK_MESSAGE(results[n].status.code() == 0, results[n].err);
       CHECK_MESSAGE(results[n].err.find("did not confirm") == std::string::npos, results[n].err);
     }
-    for (int rank = 0; rank < 3; ++rank) {
-      CAPTURE(rank);
-      const auto contract = dir.path / ("3-" + std::to_string(rank));
-      REQUIRE(fs::exists(contract));
-      auto v = variables_in(contract);
-      CHECK(v["WORLD_SIZE"] == "3");
-      CHECK(v["TORCHELASTIC_RESTART_COUNT"] == "0");
-    }
+    check_world_of_three_ran(dir.path);
   }
 
   TEST_CASE("a node that comes once the job's round is full and then finished exits 1, the job not run again") {

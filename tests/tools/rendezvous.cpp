@@ -114,6 +114,15 @@ void check_one_round(const std::vector<assignment>& placed, const std::vector<re
   }
 }
 
+// A child process, killed and reaped when this goes.
+struct killed_at_end {
+  pid_t pid;
+  ~killed_at_end() {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
+};
+
 // Nodes 1 and 2 of job `run_id`, placed in one round.
 struct two_placed {
   nodes all;
@@ -390,13 +399,7 @@ TEST_SUITE("etcd rendezvous") {
       }
     }
     ::close(ends[1]);
-    struct reaper {
-      pid_t pid;
-      ~reaper() {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, nullptr, 0);
-      }
-    } reap{child};
+    const killed_at_end reap{child};
     // The others start once it has joined.
     etcd_client client(etcd().endpoint());
     for (int i = 0; i < 200 && client.range_prefix("/cohort/rdzv/" + job + "/r/").kvs.empty(); ++i) {
@@ -454,13 +457,7 @@ TEST_SUITE("etcd rendezvous") {
         ::_exit(2);
       }
     }
-    struct reaper {
-      pid_t pid;
-      ~reaper() {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, nullptr, 0);
-      }
-    } reap{child};
+    const killed_at_end reap{child};
     std::vector<rendezvous_config> configs{with_short_wait(node(job, 1, 3, 3)), with_short_wait(node(job, 2, 3, 3)),
                                            with_short_wait(node(job, 3, 3, 3))};
     const auto all = make_nodes(configs);
