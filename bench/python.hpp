@@ -8,13 +8,18 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -94,14 +99,26 @@ inline std::vector<std::string> python_lines(const char* script, const std::stri
   return run_python(script, args).lines;
 }
 
+/// Seconds a python_peer waits for a line before it gives up on the
+/// script: 300, or $COHORT_BENCH_PEER_TIMEOUT.
+inline int python_peer_timeout_s() {
+  const char* limit = std::getenv("COHORT_BENCH_PEER_TIMEOUT");
+  const int seconds = limit != nullptr ? std::atoi(limit) : 0;
+  return seconds > 0 ? seconds : 300;
+}
+
 /// A Python script kept running and asked for one measurement at a time:
 /// it reads one request a line on its stdin and answers each with one line
 /// on its stdout. It is started at construction (with `args`), which
 /// returns once it has printed its first line, "ready", saying its imports
 /// and whatever else it does first are done: its start weighs on no
 /// measurement. Its stdin and stdout are one socket, so that asking a
-/// script that has exited fails with EPIPE and not SIGPIPE. The destructor
-/// ends its input and waits for it to exit. Not to be copied or moved.
+/// script that has exited fails with EPIPE and not SIGPIPE. A line is
+/// waited for python_peer_timeout_s() at most, and no longer than the
+/// script lives (watched through its pidfd: a process it left holding its
+/// stdout does not keep the wait going); a script that fails so is killed
+/// with its process group, which it leads. The destructor ends its input
+/// and waits for it to exit. Not to be copied or moved.
 class python_peer {
  public:
   python_peer(const char* script, const std::vector<std::string>& args) : python_(python_interpreter()) {
@@ -126,13 +143,17 @@ class python_peer {
     ::posix_spawn_file_actions_adddup2(&actions, ends[1], 0);
     ::posix_spawn_file_actions_adddup2(&actions, ends[1], 1);
     ::posix_spawn_file_actions_adddup2(&actions, err_, 2);
+    posix_spawnattr_t attributes;
+    ::posix_spawnattr_init(&attributes);
+    ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
     std::vector<std::string> words{python_, path_};
     words.insert(words.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& w : words) argv.push_back(w.data());
     argv.push_back(nullptr);
-    const int error = ::posix_spawnp(&pid_, python_.c_str(), &actions, nullptr, argv.data(), environ);
+    const int error = ::posix_spawnp(&pid_, python_.c_str(), &actions, &attributes, argv.data(), environ);
     ::posix_spawn_file_actions_destroy(&actions);
+    ::posix_spawnattr_destroy(&attributes);
     ::close(ends[1]);
     if (error != 0) {
       ::close(ends[0]);
@@ -140,7 +161,8 @@ class python_peer {
       failure_ = python_failure(python_, -1, err_path_);
       return;
     }
-    from_ = ::fdopen(ends[0], "r");
+    socket_ = ends[0];
+    pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
     if (const auto first = read_line(); first && *first != "ready") end(fmt::format("it began with \"{}\"", *first));
   }
   python_peer(const python_peer&) = delete;
@@ -156,15 +178,15 @@ class python_peer {
 
   /// Sends `request` (one line, without its newline) and returns the line
   /// the script answers, without its newline; or, where it has exited (or
-  /// never started) before answering, nothing, and failure() says why. Once
-  /// it has failed, every later request answers nothing at once.
+  /// never started), or not answered in time, nothing, and failure() says
+  /// why. Once it has failed, every later request answers nothing at once.
   std::optional<std::string> ask(std::string_view request) {
-    if (from_ == nullptr) return std::nullopt;
+    if (socket_ < 0) return std::nullopt;
     const std::string line = std::string(request) + "\n";
     for (std::size_t sent = 0; sent < line.size();) {
-      const ssize_t n = ::send(::fileno(from_), line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
+      const ssize_t n = ::send(socket_, line.data() + sent, line.size() - sent, MSG_NOSIGNAL);
       if (n <= 0) {
-        end("");
+        end("", true);
         return std::nullopt;
       }
       sent += static_cast<std::size_t>(n);
@@ -176,35 +198,66 @@ class python_peer {
   const std::string& failure() const { return failure_; }
 
  private:
-  // A line from its stdout; or, at its end, nothing after end().
+  // A line from its stdout; or, at its end, its death or its time limit,
+  // nothing after end().
   std::optional<std::string> read_line() {
-    std::string line;
-    char buffer[4096];
-    while (std::fgets(buffer, sizeof buffer, from_) != nullptr) {
-      line += buffer;
-      if (line.back() == '\n') {
-        line.pop_back();
+    const int limit_s = python_peer_timeout_s();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(limit_s);
+    bool exited = false;
+    for (;;) {
+      if (const auto at = buffer_.find('\n'); at != std::string::npos) {
+        std::string line = buffer_.substr(0, at);
+        buffer_.erase(0, at + 1);
         return line;
       }
+      // Once it has exited, what it wrote before is all there will be
+      // from it: read without waiting.
+      if (!exited) {
+        pollfd ready[2] = {{socket_, POLLIN, 0}, {pidfd_, POLLIN, 0}};
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                                 std::chrono::steady_clock::now());
+        const int n = ::poll(ready, pidfd_ >= 0 ? 2 : 1, static_cast<int>(std::max<long long>(0, left.count())));
+        if (n < 0 && errno == EINTR) continue;
+        if (n == 0) {
+          end(fmt::format("{} answered nothing within {} s (COHORT_BENCH_PEER_TIMEOUT)", python_, limit_s), true);
+          return std::nullopt;
+        }
+        exited = (ready[1].revents & POLLIN) != 0;
+        if (exited && (ready[0].revents & POLLIN) == 0) {
+          end("", true);
+          return std::nullopt;
+        }
+      }
+      char chunk[4096];
+      const ssize_t got = ::recv(socket_, chunk, sizeof chunk, exited ? MSG_DONTWAIT : 0);
+      if (got <= 0) {
+        end("", true);
+        return std::nullopt;
+      }
+      buffer_.append(chunk, static_cast<std::size_t>(got));
     }
-    end("");
-    return std::nullopt;
   }
 
   // Ends its input, waits for it to exit and, unless one is noted already,
-  // notes why it failed: `why`, or else how it exited.
-  void end(const std::string& why) {
-    if (from_ != nullptr) {
+  // notes why it failed: `why`, or else how it exited. Where it `failed`,
+  // its process group is killed first: what it left running, or itself
+  // where it answers nothing.
+  void end(const std::string& why, bool failed = false) {
+    if (socket_ >= 0) {
       // Its input ends even where a process forked from this one holds the
       // socket too.
-      ::shutdown(::fileno(from_), SHUT_WR);
-      std::fclose(from_);
-      from_ = nullptr;
+      ::shutdown(socket_, SHUT_WR);
+      ::close(socket_);
+      socket_ = -1;
     }
     if (pid_ < 0) return;
+    // Its group is still its own while it is not reaped.
+    if (failed) ::kill(-pid_, SIGKILL);
     int status = 0;
     ::waitpid(pid_, &status, 0);
     pid_ = -1;
+    if (pidfd_ >= 0) ::close(pidfd_);
+    pidfd_ = -1;
     if (failure_.empty()) {
       failure_ = !why.empty() ? why
                  : status == 0 ? fmt::format("{} exited before it answered", python_)
@@ -217,7 +270,9 @@ class python_peer {
   char err_path_[40] = "/tmp/cohort-bench-stderr-XXXXXX";
   int err_ = -1;
   pid_t pid_ = -1;
-  FILE* from_ = nullptr;
+  int pidfd_ = -1;
+  int socket_ = -1;
+  std::string buffer_;  // what it wrote past the last line read
   std::string failure_;
 };
 
