@@ -109,11 +109,28 @@ double cohort_teardown(asio::io_context& io, const cohort::group_spec& spec) {
   return cohort::bench::seconds_since(start);
 }
 
+int run(int argc, char** argv);
+
 }  // namespace
 
+// A failure is printed on stderr after what was measured before it; the
+// torch peer's process is ended and its files removed on the way out.
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
   cohort::bench::line_buffered_stdout();
+  // A peer that died fails its next request with EPIPE, not this process.
+  std::signal(SIGPIPE, SIG_IGN);
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "group_teardown: {}\n", e.what());
+    return 1;
+  }
+}
+
+namespace {
+
+int run(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 200;
   cohort::group_spec spec;
   spec.entry = cohort::command(rank_program);
@@ -185,4 +202,7 @@ int main(int argc, char** argv) {
     fmt::print("{:<34} failed: {}\n", "torch start_processes fork",
                torch_failure.empty() ? "no result" : torch_failure);
   }
+  return 0;
 }
+
+}  // namespace

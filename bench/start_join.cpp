@@ -52,6 +52,7 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -344,14 +345,30 @@ class method_process {
 
 using cohort::bench::spread_of;
 
+int run(int argc, char** argv);
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
   cohort::bench::line_buffered_stdout();
   if (std::getenv(exit_at_once) != nullptr) return 0;
+  // A method's process that died makes the next write to it fail with
+  // EPIPE, which round() reports, and not kill this process silently.
+  std::signal(SIGPIPE, SIG_IGN);
   if (argc > 2 && std::string(argv[1]) == "--alone") return serve_rounds(argv[2]);
-  const int rounds = std::max(1, argc > 1 ? std::atoi(argv[1]) : 50);
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "start_join: {}\n", e.what());
+    return 1;
+  }
+}
+
+namespace {
+
+int run(int argc, char** argv) {
+  int rounds = std::max(1, argc > 1 ? std::atoi(argv[1]) : 50);
 
   // The peers' processes first: each is ready (its imports done, its
   // untimed runs made) before cohort's first run.
@@ -385,9 +402,12 @@ int main(int argc, char** argv) {
   fmt::print("  {:>5}  cohort/baseline:", "round");
   for (const auto& t : methods) fmt::print(" {}", t.name);
   fmt::print("\n");
-  for (int round = 1; round <= rounds; ++round) {
+  // Where a method's process fails, the rounds before it are summed up,
+  // and why it failed is printed on stderr.
+  std::string failure;
+  for (int round = 1; round <= rounds && failure.empty(); ++round) {
     fmt::print("  {:>5}  {:16}", round, "");
-    for (std::size_t m = 0; m < methods.size(); ++m) {
+    for (std::size_t m = 0; m < methods.size() && failure.empty(); ++m) {
       // The peers of this method whose turn it is: each runs before
       // cohort in its even turns and after it in its odd ones.
       std::vector<peer*> before, after;
@@ -397,7 +417,20 @@ int main(int argc, char** argv) {
       }
       std::vector<std::pair<peer*, double>> taken;
       for (peer* p : before) taken.emplace_back(p, p->once());
-      const auto r = processes[m]->round();
+      method_process::result r;
+      try {
+        r = processes[m]->round();
+      } catch (const std::exception& e) {
+        failure = fmt::format("round {}: {}", round, e.what());
+        // The round is left out: every method's figures keep the rounds
+        // all of them made, aligned.
+        rounds = round - 1;
+        for (auto* figures : {&ours, &theirs, &ratios, &own_cpu, &rank_cpu, &base_own_cpu, &base_rank_cpu}) {
+          for (auto& f : *figures) f.resize(std::min(f.size(), static_cast<std::size_t>(rounds)));
+        }
+        for (auto& s : supervisor) s.resize(std::min(s.size(), static_cast<std::size_t>(rounds)));
+        break;
+      }
       for (peer* p : after) taken.emplace_back(p, p->once());
       for (const auto& [p, seconds] : taken) {
         if (seconds > 0) p->ratios.push_back(seconds / r.ours.seconds);
@@ -415,6 +448,8 @@ int main(int argc, char** argv) {
     fmt::print("\n");
     std::fflush(stdout);
   }
+
+  if (!failure.empty() && rounds == 0) throw std::runtime_error(failure);
 
   fmt::print("median over {} rounds; cohort/baseline as median (min-max) of the rounds' ratios\n", rounds);
   for (std::size_t m = 0; m < methods.size(); ++m) {
@@ -469,10 +504,7 @@ int main(int argc, char** argv) {
   // cohort's, or failed and why (the script's own word, else why the
   // interpreter failed); an interpreter that could not start at all, one
   // line for them all.
-  if (no_python) {
-    fmt::print("  {:<28} failed: {}\n", "python and torch", python.failure());
-    return 0;
-  }
+  if (no_python) fmt::print("  {:<28} failed: {}\n", "python and torch", python.failure());
   for (const auto& p : peers) {
     if (p.failure.empty() && !p.ratios.empty()) {
       const auto ratio = spread_of(p.ratios);
@@ -484,4 +516,9 @@ int main(int argc, char** argv) {
       fmt::print("  {:<28} failed: {}\n", p.name, p.failure.empty() ? "no result" : p.failure);
     }
   }
+  if (failure.empty()) return 0;
+  fmt::print(stderr, "start_join: {}; the figures above are of the {} rounds before it\n", failure, rounds);
+  return 1;
 }
+
+}  // namespace

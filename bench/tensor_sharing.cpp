@@ -40,6 +40,7 @@
 #include <fmt/format.h>
 
 #include <sched.h>
+#include <signal.h>
 #include <time.h>
 
 #include <algorithm>
@@ -585,12 +586,27 @@ void pipeline_section(int n, int rounds, peers* peers) {
   }
 }
 
+int run(int argc, char** argv);
+
 }  // namespace bench_tensors
 
+// A failure is printed on stderr after the sections measured before it;
+// the peers' processes are ended and their files removed on the way out.
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
   cohort::bench::line_buffered_stdout();
-  using namespace bench_tensors;
+  // A peer or process that died fails the next write to it with EPIPE, not
+  // this process.
+  std::signal(SIGPIPE, SIG_IGN);
+  try {
+    return bench_tensors::run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tensor_sharing: {}\n", e.what());
+    return 1;
+  }
+}
+
+int bench_tensors::run(int argc, char** argv) {
   const bool pipeline_only = argc > 1 && std::string_view(argv[1]) == "--pipeline";
   if (pipeline_only) {
     --argc;
