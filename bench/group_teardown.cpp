@@ -195,9 +195,9 @@ int run(int argc, char** argv) {
              cohort::bench::percentile(by_fork, 90) * 1e3);
   if (torch_failure.empty() && !ratios.empty()) {
     const auto ratio = cohort::bench::spread_of(ratios);
-    fmt::print("{:<34} {:>8.2f} {:>8}  (cohort fork is {:.1f}x faster, {:.1f}-{:.1f}x over the {} rounds it ran in)\n",
-               "torch start_processes fork", cohort::bench::median(by_torch) * 1e3, "", ratio.median, ratio.min,
-               ratio.max, ratios.size());
+    fmt::print("{:<34} {:>8.2f} {:>8}  ({} over the {} rounds it ran in)\n", "torch start_processes fork",
+               cohort::bench::median(by_torch) * 1e3, "",
+               cohort::bench::faster_text(ratio, "cohort fork", "torch/cohort"), ratios.size());
   } else {
     fmt::print("{:<34} failed: {}\n", "torch start_processes fork",
                torch_failure.empty() ? "no result" : torch_failure);

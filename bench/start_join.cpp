@@ -508,10 +508,11 @@ int run(int argc, char** argv) {
   for (const auto& p : peers) {
     if (p.failure.empty() && !p.ratios.empty()) {
       const auto ratio = spread_of(p.ratios);
-      fmt::print("  {:<28} {:>9.3f} ms  (cohort {} is {:.1f}x faster, {:.1f}-{:.1f}x over the {} rounds it ran "
-                 "in)\n",
-                 p.name, cohort::bench::median(p.seconds) * 1e3, p.method, ratio.median, ratio.min, ratio.max,
-                 p.ratios.size());
+      // "python/cohort", "torch/cohort": the ratios' names.
+      const std::string ratio_name = p.name.substr(0, p.name.find(' ')) + "/cohort";
+      fmt::print("  {:<28} {:>9.3f} ms  ({} over the {} rounds it ran in)\n", p.name,
+                 cohort::bench::median(p.seconds) * 1e3,
+                 cohort::bench::faster_text(ratio, "cohort " + p.method, ratio_name), p.ratios.size());
     } else {
       fmt::print("  {:<28} failed: {}\n", p.name, p.failure.empty() ? "no result" : p.failure);
     }

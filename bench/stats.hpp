@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace cohort::bench {
@@ -77,6 +78,16 @@ inline std::string spread_text(const std::vector<double>& rounds, const char* fo
   const auto s = spread_of(rounds);
   const auto number = [format](double v) { return fmt::format(fmt::runtime(format), v); };
   return fmt::format("{} {} (spread {}-{})", number(s.median), unit, number(s.min), number(s.max));
+}
+
+/// How `who` compares with a baseline, from the rounds' ratios of the
+/// baseline's time to its own: "cohort fork is 2.3x faster" where the median
+/// ratio is 1 or more, "cohort fork takes 2.3x as long" where it is less;
+/// then the ratios' range, named `ratio_name` ("torch/cohort 1.9-2.8x").
+inline std::string faster_text(const spread& ratio, std::string_view who, std::string_view ratio_name) {
+  const std::string verdict = ratio.median >= 1 ? fmt::format("{} is {:.1f}x faster", who, ratio.median)
+                                                : fmt::format("{} takes {:.1f}x as long", who, 1 / ratio.median);
+  return fmt::format("{}; {} {:.2f}-{:.2f}x", verdict, ratio_name, ratio.min, ratio.max);
 }
 
 /// `a` then `b` in even rounds, `b` then `a` in odd ones: neither always
