@@ -260,7 +260,8 @@ int main(int argc, char** argv) {
              rounds_at(1), rounds_at(8), rounds_at(32));
   fmt::print("  {:>4} {:>14} {:>14} {:>12} {:>16} {:>20} {:>22}\n", "K", "cohort-run ms", "minimal ms", "ratio",
              "cohort us/rank", "cohort-run peak RSS", "CPU ms cohort/minimal");
-  std::vector<double> rss_at_128;
+  // cohort-run's peak RSS at 128 ranks, or that it failed there.
+  std::string rss_at_128 = "failed";
   // cohort-run's figures; where the minimal launcher failed, "baseline
   // failed" in place of its time, the ratio and its CPU.
   const auto row = [](int k, const launcher& cohort, const launcher& minimal, const std::vector<double>& ratios) {
@@ -295,13 +296,15 @@ int main(int argc, char** argv) {
     else
       print_line(cohort);
     if (!minimal.failure.empty()) print_line(minimal);
-    if (k == 128) rss_at_128 = cohort.rss_mib;
+    if (k == 128 && cohort.failure.empty())
+      rss_at_128 = fmt::format("{:.1f} MiB", cohort::bench::median(cohort.rss_mib));
   }
-  if (!rss_at_128.empty()) {
-    const std::string torch_rss = torch.rss_mib.empty() ? "torchrun failed"
-                                                        : fmt::format("torchrun at 8 ranks {:.1f} MiB",
-                                                                      cohort::bench::median(torch.rss_mib));
-    fmt::print("peak RSS (the largest of the launcher and its ranks): cohort-run at 128 ranks {:.1f} MiB, {}\n",
-               cohort::bench::median(rss_at_128), torch_rss);
-  }
+  // A launcher that failed in any round prints as failed: the rounds it
+  // made before are not its figure.
+  const std::string torch_rss = torch.failure.empty() && !torch.rss_mib.empty()
+                                    ? fmt::format("{:.1f} MiB", cohort::bench::median(torch.rss_mib))
+                                    : "failed";
+  fmt::print("peak RSS (the largest of the launcher and its ranks): cohort-run at 128 ranks {}, torchrun at 8 ranks "
+             "{}\n",
+             rss_at_128, torch_rss);
 }
