@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <string>
 
@@ -16,6 +17,11 @@ class interpreter {
   interpreter& operator=(const interpreter&) = delete;
   ~interpreter() { ::unsetenv("COHORT_BENCH_PYTHON"); }
 };
+
+// Seconds since `start`.
+double since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 }  // namespace
 
@@ -51,5 +57,35 @@ TEST_SUITE("bench python peer") {
     python_peer peer("", {});
     CHECK(peer.failure() == "/nonexistent/python3 could not be run");
     CHECK_FALSE(peer.ask("a").has_value());
+  }
+
+  TEST_CASE("a peer that answers nothing within its time limit is killed and says so") {
+    const interpreter sh("/bin/sh");
+    ::setenv("COHORT_BENCH_PEER_TIMEOUT", "1", 1);
+    const auto start = std::chrono::steady_clock::now();
+    python_peer peer("echo ready; read line; exec sleep 100\n", {});
+    const auto answer = peer.ask("a");
+    ::unsetenv("COHORT_BENCH_PEER_TIMEOUT");
+    CHECK_FALSE(answer.has_value());
+    CHECK(peer.failure() == "/bin/sh answered nothing within 1 s (COHORT_BENCH_PEER_TIMEOUT)");
+    // Generous: the limit is 1 s; the sleep would hold it 100.
+    CHECK(since(start) < 30);
+  }
+
+  TEST_CASE("a peer that dies while a process it left holds its stdout fails at once") {
+    const interpreter sh("/bin/sh");
+    const auto start = std::chrono::steady_clock::now();
+    python_peer peer("echo ready; read line; sleep 100 & echo gone >&2; exit 3\n", {});
+    CHECK_FALSE(peer.ask("a").has_value());
+    CHECK(peer.failure() == "/bin/sh exited with 3: gone");
+    CHECK(since(start) < 30);
+  }
+
+  TEST_CASE("a peer's answer written just before it exits is read") {
+    const interpreter sh("/bin/sh");
+    python_peer peer("echo ready; read line; echo last; exit 0\n", {});
+    CHECK(peer.ask("a") == "last");
+    CHECK_FALSE(peer.ask("b").has_value());
+    CHECK(peer.failure() == "/bin/sh exited before it answered");
   }
 }

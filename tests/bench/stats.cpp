@@ -56,4 +56,12 @@ TEST_SUITE("bench stats") {
     CHECK(taken(5, 5) == std::vector<int>{0, 1, 2, 3, 4});
     CHECK(taken(0, 5).empty());
   }
+
+  TEST_CASE("a comparison is worded by its ratio: faster, or taking as long") {
+    using cohort::bench::faster_text;
+    CHECK(faster_text({2.3, 1.9, 2.8}, "cohort fork", "torch/cohort") ==
+          "cohort fork is 2.3x faster; torch/cohort 1.90-2.80x");
+    CHECK(faster_text({0.4, 0.38, 0.52}, "cohort fork", "torch/cohort") ==
+          "cohort fork takes 2.5x as long; torch/cohort 0.38-0.52x");
+  }
 }
