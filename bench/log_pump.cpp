@@ -578,7 +578,9 @@ struct temp_folder {
   fs::path path;
   temp_folder() {
     std::string pattern = (fs::temp_directory_path() / "cohort-bench-logs-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error(fmt::format("mkdtemp: {}", std::strerror(errno)));
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      throw std::runtime_error(fmt::format("mkdtemp: {}", std::strerror(errno)));
+    }
     path = pattern;
   }
   temp_folder(const temp_folder&) = delete;

@@ -251,8 +251,16 @@ class python_peer {
       socket_ = -1;
     }
     if (pid_ < 0) return;
-    // Its group is still its own while it is not reaped.
+    // Its group is still its own while it is not reaped. A script that
+    // does not end within 10 s of its input's end is ended with its group.
     if (failed) ::kill(-pid_, SIGKILL);
+    if (!failed && pidfd_ >= 0) {
+      pollfd exited{pidfd_, POLLIN, 0};
+      int n;
+      while ((n = ::poll(&exited, 1, 10'000)) < 0 && errno == EINTR) {
+      }
+      if (n == 0) ::kill(-pid_, SIGKILL);
+    }
     int status = 0;
     ::waitpid(pid_, &status, 0);
     pid_ = -1;

@@ -407,6 +407,8 @@ int run(int argc, char** argv) {
   std::string failure;
   for (int round = 1; round <= rounds && failure.empty(); ++round) {
     fmt::print("  {:>5}  {:16}", round, "");
+    // The peers' figures of this round, left out with it where it fails.
+    std::vector<std::pair<peer*, bool>> peers_timed;  // and whether a ratio came with the time
     for (std::size_t m = 0; m < methods.size() && failure.empty(); ++m) {
       // The peers of this method whose turn it is: each runs before
       // cohort in its even turns and after it in its odd ones.
@@ -429,11 +431,19 @@ int run(int argc, char** argv) {
           for (auto& f : *figures) f.resize(std::min(f.size(), static_cast<std::size_t>(rounds)));
         }
         for (auto& s : supervisor) s.resize(std::min(s.size(), static_cast<std::size_t>(rounds)));
+        for (const auto& [p, seconds] : taken) {
+          if (seconds > 0) p->seconds.pop_back();
+        }
+        for (const auto& [p, with_ratio] : peers_timed) {
+          p->seconds.pop_back();
+          if (with_ratio) p->ratios.pop_back();
+        }
         break;
       }
       for (peer* p : after) taken.emplace_back(p, p->once());
       for (const auto& [p, seconds] : taken) {
         if (seconds > 0) p->ratios.push_back(seconds / r.ours.seconds);
+        if (seconds > 0) peers_timed.emplace_back(p, true);
       }
       ours[m].push_back(r.ours.seconds);
       theirs[m].push_back(r.baseline.seconds);

@@ -21,8 +21,10 @@ struct run_result;
 /// run ended with a rank never reaped, was stopped from outside, or when
 /// the supervisor could not see how a rank ended (rank_failure::
 /// supervisor_error): its wait failed, the rank reaped elsewhere, or its
-/// result could not be read. what(): "rank <r> (pid <p>) failed: cohort:
-/// waiting for the rank's exit: ..." then.
+/// result could not be read. what() is then "rank <r> (pid <p>) failed: "
+/// and that error ("cohort: waiting for the rank's exit: ..." or "cohort:
+/// reading the rank's result: ..."); a rank that wrote an error file is
+/// thrown as process_raised_error all the same.
 class process_error : public std::runtime_error {
  public:
   process_error(const std::string& what, int rank, pid_t pid) : std::runtime_error(what), rank_(rank), pid_(pid) {}

@@ -381,15 +381,11 @@ bool run_by_the_loader_itself() {
   return interpreted;
 }
 
-// Taken as the program starts, before its main can change the working
-// directory or its argv: glibc calls a constructor with main's arguments,
-// which the loader took its own off the front of. /proc/self/cmdline still
-// holds those.
 // `value` of a loader option whose entries are paths, each entry that is
 // relative made absolute, so that a rank started in another directory
 // finds what the program found. Entries are split at any of `separators`,
-// kept as they were; `named` entries (no '/') are names the loader looks
-// up, not paths, and stay unless `folders` (every entry a folder's path).
+// kept as they were; an entry with no '/' is a name the loader looks up,
+// not a path, and stays, unless `folders` (every entry a folder's path).
 std::string absolute_entries(const std::string& value, std::string_view separators, bool folders) {
   std::string out;
   for (std::size_t at = 0; at <= value.size();) {
@@ -423,6 +419,10 @@ void make_option_paths_absolute(std::vector<std::string>& options) {
   }
 }
 
+// Taken as the program starts, before its main can change the working
+// directory or its argv: glibc calls a constructor with main's arguments,
+// which the loader took its own off the front of. /proc/self/cmdline still
+// holds those.
 [[gnu::constructor]] void note_loader_command(int argc, char** /*argv*/, char** /*envp*/) {
   if (!run_by_the_loader_itself()) return;
   auto& c = started_through_loader();

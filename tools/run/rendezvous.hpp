@@ -83,10 +83,11 @@ struct rendezvous_config {
   /// How long a silent node stays a member (etcd rounds it up to whole
   /// seconds, and to its own minimum).
   std::chrono::milliseconds lease_ttl{std::chrono::seconds(5)};
-  /// How often the watch reads the running round, and a node waiting beside
-  /// a full running round reads it: one etcd request per poll. next_round
-  /// reads otherwise every rendezvous_pace, or every poll_interval where
-  /// that is shorter.
+  /// How often the watch reads the running round (or every half
+  /// last_call_timeout, at least every rendezvous_pace, where that is
+  /// shorter), and a node waiting beside a full running round reads it:
+  /// one etcd request per poll. next_round reads otherwise every
+  /// rendezvous_pace, or every poll_interval where that is shorter.
   std::chrono::milliseconds poll_interval{std::chrono::milliseconds(500)};
   /// The longest one etcd request may take (rdzv-conf read_timeout).
   std::chrono::milliseconds request_timeout{std::chrono::seconds(5)};
