@@ -221,11 +221,8 @@ void run(int samples) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  cohort::bench::line_buffered_stdout();
-  try {
+  return cohort::bench::run_reporting("exit_latency", [&] {
     run(argc > 1 ? std::atoi(argv[1]) : 500);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "exit_latency: {}\n", e.what());
-    return 1;
-  }
+    return 0;
+  });
 }

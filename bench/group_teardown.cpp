@@ -117,15 +117,9 @@ int run(int argc, char** argv);
 // torch peer's process is ended and its files removed on the way out.
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
-  cohort::bench::line_buffered_stdout();
   // A peer that died fails its next request with EPIPE, not this process.
   std::signal(SIGPIPE, SIG_IGN);
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "group_teardown: {}\n", e.what());
-    return 1;
-  }
+  return cohort::bench::run_reporting("group_teardown", [&] { return run(argc, argv); });
 }
 
 namespace {

@@ -596,13 +596,7 @@ int run(int argc, char** argv);
 }  // namespace
 
 int main(int argc, char** argv) {
-  cohort::bench::line_buffered_stdout();
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "log_pump: {}\n", e.what());
-    return 1;
-  }
+  return cohort::bench::run_reporting("log_pump", [&] { return run(argc, argv); });
 }
 
 namespace {

@@ -357,12 +357,7 @@ int main(int argc, char** argv) {
   // EPIPE, which round() reports, and not kill this process silently.
   std::signal(SIGPIPE, SIG_IGN);
   if (argc > 2 && std::string(argv[1]) == "--alone") return serve_rounds(argv[2]);
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "start_join: {}\n", e.what());
-    return 1;
-  }
+  return cohort::bench::run_reporting("start_join", [&] { return run(argc, argv); });
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,6 +23,20 @@ using clock = std::chrono::steady_clock;
 /// printed, on a pipe too, and stays out when a later step fails. Called
 /// first in main, before anything is printed.
 inline void line_buffered_stdout() { std::setvbuf(stdout, nullptr, _IOLBF, 0); }
+
+/// A benchmark's body, run so that what failed is said and what was measured
+/// before it stays: stdout line-buffered, an exception printed on stderr as
+/// "<name>: <what>" and returned as exit code 1; else what `body` returns.
+template <class F>
+int run_reporting(const char* name, F&& body) {
+  line_buffered_stdout();
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}: {}\n", name, e.what());
+    return 1;
+  }
+}
 
 inline double seconds_since(clock::time_point start) {
   return std::chrono::duration<double>(clock::now() - start).count();

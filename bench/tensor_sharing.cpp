@@ -599,16 +599,10 @@ int run(int argc, char** argv);
 // the peers' processes are ended and their files removed on the way out.
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
-  cohort::bench::line_buffered_stdout();
   // A peer or process that died fails the next write to it with EPIPE, not
   // this process.
   std::signal(SIGPIPE, SIG_IGN);
-  try {
-    return bench_tensors::run(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "tensor_sharing: {}\n", e.what());
-    return 1;
-  }
+  return cohort::bench::run_reporting("tensor_sharing", [&] { return bench_tensors::run(argc, argv); });
 }
 
 int bench_tensors::run(int argc, char** argv) {
