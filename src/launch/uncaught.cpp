@@ -42,7 +42,7 @@ bool of_the_handler(const os::stack_frame& f, const std::string& own_module) {
       return true;
     }
   }
-  // Without symbols for hidden functions (no libbacktrace), the handler's
+  // Without symbols for hidden functions (no libdw), the handler's
   // frames are known only by their module.
   return f.function.empty() && f.module == own_module;
 }

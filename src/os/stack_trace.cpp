@@ -1,26 +1,35 @@
-// Capturing and symbolizing the stack: libbacktrace reads DWARF and the
-// symbol tables of every loaded module; without it, dladdr names what the
-// dynamic symbol tables export.
+// Capturing and symbolizing the stack. The unwinder (backtrace(3)) gives
+// the frames' addresses; elfutils' libdw names them, reading only the
+// modules on the stack, each the first time one of its frames is named.
+// libdw is loaded when a stack is first symbolized: a process that never
+// fails never loads it. Without it, dladdr names what the dynamic symbol
+// tables export.
 #include "os/stack_trace.hpp"
 
 #include "os/demangle.hpp"
+#include "os/fork_safe_mutex.hpp"
 
 #include <fmt/format.h>
 
 #include <dlfcn.h>
 #include <execinfo.h>
-#include <link.h>
+#include <unistd.h>
 
+#include <array>
+#include <cstdlib>
 #include <mutex>
 #include <string_view>
 
-#if __has_include(<backtrace.h>) && defined(COHORT_HAVE_LIBBACKTRACE)
-#include <backtrace.h>
-#define COHORT_USE_LIBBACKTRACE 1
+#if __has_include(<elfutils/libdwfl.h>) && defined(COHORT_HAVE_LIBDW)
+#include <dwarf.h>
+#include <elfutils/libdwfl.h>
+#define COHORT_USE_LIBDW 1
 #endif
 
 namespace cohort::os {
 namespace {
+
+constexpr int max_frames = 128;
 
 // The module holding `pc` and pc's offset in it.
 std::pair<std::string, std::uintptr_t> module_of(std::uintptr_t pc) {
@@ -29,30 +38,217 @@ std::pair<std::string, std::uintptr_t> module_of(std::uintptr_t pc) {
   return {info.dli_fname, pc - reinterpret_cast<std::uintptr_t>(info.dli_fbase)};
 }
 
-#ifdef COHORT_USE_LIBBACKTRACE
-
-backtrace_state* state() {
-  // Made once per process (libbacktrace cannot free one); threaded, so any
-  // thread may capture.
-  static backtrace_state* s = backtrace_create_state(nullptr, 1, [](void*, const char*, int) {}, nullptr);
-  return s;
+// The calling function's callers' addresses, innermost first. A return
+// address points after its call: each steps back into the call, so the
+// frame names the calling function and the call's line.
+[[gnu::noinline]] std::vector<std::uintptr_t> caller_pcs() {
+  std::array<void*, max_frames + 2> pcs{};
+  const int n = ::backtrace(pcs.data(), static_cast<int>(pcs.size()));
+  std::vector<std::uintptr_t> out;
+  // pcs[0] is in caller_pcs, pcs[1] in current_stack.
+  for (int i = 2; i < n; ++i) out.push_back(reinterpret_cast<std::uintptr_t>(pcs[i]) - 1);
+  return out;
 }
 
-struct capture {
-  std::vector<stack_frame> frames;
-};
-
-int on_frame(void* data, std::uintptr_t pc, const char* file, int line, const char* function) {
-  auto& c = *static_cast<capture*>(data);
-  if (pc == static_cast<std::uintptr_t>(-1)) return 0;
+stack_frame named_by_dladdr(std::uintptr_t pc) {
   stack_frame f;
   f.pc = pc;
-  f.function = demangle(function);
-  if (file != nullptr) f.file = file;
-  f.line = line;
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(pc), &info) != 0 && info.dli_sname != nullptr) f.function = demangle(info.dli_sname);
   f.module = module_of(pc).first;
-  c.frames.push_back(std::move(f));
-  return c.frames.size() >= 128 ? 1 : 0;
+  return f;
+}
+
+#ifdef COHORT_USE_LIBDW
+
+// libdw's functions, found in the shared library loaded at first use.
+struct libdw {
+  decltype(&::dwfl_begin) begin;
+  decltype(&::dwfl_end) end;
+  decltype(&::dwfl_report_begin) report_begin;
+  decltype(&::dwfl_linux_proc_report) proc_report;
+  decltype(&::dwfl_report_end) report_end;
+  decltype(&::dwfl_addrmodule) addrmodule;
+  decltype(&::dwfl_module_addrname) addrname;
+  decltype(&::dwfl_module_addrdie) addrdie;
+  decltype(&::dwfl_module_getsrc) getsrc;
+  decltype(&::dwfl_lineinfo) lineinfo;
+  decltype(&::dwarf_getscopes) getscopes;
+  decltype(&::dwarf_tag) tag;
+  decltype(&::dwarf_attr_integrate) attr_integrate;
+  decltype(&::dwarf_formstring) formstring;
+  decltype(&::dwarf_formudata) formudata;
+  decltype(&::dwarf_diename) diename;
+  decltype(&::dwarf_getsrcfiles) getsrcfiles;
+  decltype(&::dwarf_filesrc) filesrc;
+  Dwfl_Callbacks callbacks{};
+  char* debuginfo_path = nullptr;  // libdw's default places
+};
+
+template <class F>
+bool find(void* library, const char* name, F& fn) {
+  fn = reinterpret_cast<F>(::dlsym(library, name));
+  return fn != nullptr;
+}
+
+libdw* load_libdw() {
+  // Kept loaded for the life of the process, as its functions are.
+  void* library = ::dlopen("libdw.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) return nullptr;
+  static libdw dw;
+  const bool all = find(library, "dwfl_begin", dw.begin) && find(library, "dwfl_end", dw.end) &&
+                   find(library, "dwfl_report_begin", dw.report_begin) &&
+                   find(library, "dwfl_linux_proc_report", dw.proc_report) &&
+                   find(library, "dwfl_report_end", dw.report_end) && find(library, "dwfl_addrmodule", dw.addrmodule) &&
+                   find(library, "dwfl_module_addrname", dw.addrname) &&
+                   find(library, "dwfl_module_addrdie", dw.addrdie) && find(library, "dwfl_module_getsrc", dw.getsrc) &&
+                   find(library, "dwfl_lineinfo", dw.lineinfo) && find(library, "dwarf_getscopes", dw.getscopes) &&
+                   find(library, "dwarf_tag", dw.tag) && find(library, "dwarf_attr_integrate", dw.attr_integrate) &&
+                   find(library, "dwarf_formstring", dw.formstring) && find(library, "dwarf_formudata", dw.formudata) &&
+                   find(library, "dwarf_diename", dw.diename) && find(library, "dwarf_getsrcfiles", dw.getsrcfiles) &&
+                   find(library, "dwarf_filesrc", dw.filesrc) &&
+                   find(library, "dwfl_linux_proc_find_elf", dw.callbacks.find_elf) &&
+                   find(library, "dwfl_standard_find_debuginfo", dw.callbacks.find_debuginfo);
+  if (!all) return nullptr;
+  dw.callbacks.debuginfo_path = &dw.debuginfo_path;
+  return &dw;
+}
+
+const libdw* the_libdw() {
+  static libdw* dw = load_libdw();
+  return dw;
+}
+
+// The C and C++ runtimes' own libraries. Their frames are the throw's
+// machinery and the start of the program, named from their symbol tables;
+// their debug information, where installed, comes compressed in files of
+// its own (libc6-dbg's), which take tens of milliseconds to read.
+bool of_the_runtime(std::string_view module) {
+  const auto slash = module.rfind('/');
+  const auto name = slash == std::string_view::npos ? module : module.substr(slash + 1);
+  for (std::string_view soname : {"libc.so", "libm.so", "libstdc++.so", "libgcc_s.so", "ld-linux"}) {
+    if (name.starts_with(soname)) return true;
+  }
+  return false;
+}
+
+// A symbol's name without its version ("__libc_start_main@@GLIBC_2.34").
+std::string symbol_name(const char* symbol) {
+  if (symbol == nullptr) return "";
+  const std::string_view s = symbol;
+  return demangle(std::string(s.substr(0, s.find('@'))).c_str());
+}
+
+// A function's name in DWARF: its linkage name demangled (qualified, with
+// its parameters), else its plain name.
+std::string function_name(const libdw& dw, Dwarf_Die* die) {
+  Dwarf_Attribute attr;
+  for (int at : {DW_AT_linkage_name, DW_AT_MIPS_linkage_name}) {
+    if (dw.attr_integrate(die, at, &attr) != nullptr) {
+      if (const char* s = dw.formstring(&attr)) return demangle(s);
+    }
+  }
+  const char* name = dw.diename(die);
+  return name != nullptr ? name : "";
+}
+
+// `file` as named in a compilation unit's line table: a relative name is
+// relative to the unit's compilation directory.
+std::string source_file(const libdw& dw, Dwarf_Die* cu, const char* file) {
+  if (file[0] == '/') return file;
+  Dwarf_Attribute attr;
+  const char* dir = dw.attr_integrate(cu, DW_AT_comp_dir, &attr) != nullptr ? dw.formstring(&attr) : nullptr;
+  return dir != nullptr ? fmt::format("{}/{}", dir, file) : file;
+}
+
+// The frames at `pc` of a module with DWARF: the inlined calls there,
+// innermost first, then the function that holds them. False without DWARF
+// covering pc.
+bool add_inlined_frames(const libdw& dw, Dwfl_Module* module, std::uintptr_t pc, const stack_frame& physical,
+                        std::vector<stack_frame>& frames) {
+  Dwarf_Addr bias = 0;
+  Dwarf_Die* cu = dw.addrdie(module, pc, &bias);
+  if (cu == nullptr) return false;
+  // Where pc is: the innermost function's file and line.
+  stack_frame at = physical;
+  if (Dwfl_Line* line = dw.getsrc(module, pc)) {
+    int number = 0;
+    if (const char* file = dw.lineinfo(line, nullptr, &number, nullptr, nullptr, nullptr)) {
+      at.file = source_file(dw, cu, file);
+      at.line = number;
+    }
+  }
+  Dwarf_Die* scopes = nullptr;
+  const int n = dw.getscopes(cu, pc - bias, &scopes);
+  Dwarf_Files* files = nullptr;
+  std::size_t file_count = 0;
+  bool have_files = false;
+  for (int i = 0; i < n; ++i) {
+    Dwarf_Die* scope = &scopes[i];
+    const int tag = dw.tag(scope);
+    if (tag != DW_TAG_inlined_subroutine && tag != DW_TAG_subprogram) continue;
+    stack_frame f = at;
+    if (tag == DW_TAG_subprogram) {
+      if (f.function.empty()) f.function = function_name(dw, scope);
+      frames.push_back(std::move(f));
+      std::free(scopes);
+      return true;
+    }
+    f.function = function_name(dw, scope);
+    frames.push_back(std::move(f));
+    // The caller's place: where this call was inlined.
+    at.file.clear();
+    at.line = 0;
+    Dwarf_Attribute attr;
+    Dwarf_Word value = 0;
+    if (!have_files) have_files = dw.getsrcfiles(cu, &files, &file_count) == 0;
+    if (have_files && dw.attr_integrate(scope, DW_AT_call_file, &attr) != nullptr && dw.formudata(&attr, &value) == 0 &&
+        value < file_count) {
+      if (const char* file = dw.filesrc(files, value, nullptr, nullptr)) at.file = source_file(dw, cu, file);
+    }
+    if (dw.attr_integrate(scope, DW_AT_call_line, &attr) != nullptr && dw.formudata(&attr, &value) == 0) {
+      at.line = static_cast<int>(value);
+    }
+  }
+  std::free(scopes);
+  // No function around pc: the frame as its line table places it.
+  frames.push_back(std::move(at));
+  return true;
+}
+
+// The frames at `pcs`, named by libdw; false where it cannot start.
+bool symbolize(const std::vector<std::uintptr_t>& pcs, std::vector<stack_frame>& frames) {
+  const libdw* dw = the_libdw();
+  if (dw == nullptr) return false;
+  // libdw is not built thread-safe: one thread symbolizes at a time.
+  static fork_safe_mutex one_at_a_time;
+  const std::lock_guard lock(one_at_a_time);
+  Dwfl* session = dw->begin(&dw->callbacks);
+  if (session == nullptr) return false;
+  dw->report_begin(session);
+  const bool reported = dw->proc_report(session, ::getpid()) == 0 && dw->report_end(session, nullptr, nullptr) == 0;
+  if (!reported) {
+    dw->end(session);
+    return false;
+  }
+  for (const auto pc : pcs) {
+    Dwfl_Module* module = dw->addrmodule(session, pc);
+    if (module == nullptr) {
+      frames.push_back(named_by_dladdr(pc));
+      continue;
+    }
+    stack_frame physical;
+    physical.pc = pc;
+    physical.function = symbol_name(dw->addrname(module, pc));
+    physical.module = module_of(pc).first;
+    if (of_the_runtime(physical.module) || !add_inlined_frames(*dw, module, pc, physical, frames)) {
+      if (physical.function.empty()) physical.function = named_by_dladdr(pc).function;
+      frames.push_back(std::move(physical));
+    }
+    if (frames.size() >= max_frames) break;
+  }
+  dw->end(session);
+  return true;
 }
 
 #endif
@@ -60,37 +256,13 @@ int on_frame(void* data, std::uintptr_t pc, const char* file, int line, const ch
 }  // namespace
 
 std::vector<stack_frame> current_stack() {
-#ifdef COHORT_USE_LIBBACKTRACE
-  if (auto* s = state()) {
-    capture c;
-    backtrace_full(s, 1, on_frame, [](void*, const char*, int) {}, &c);
-    // Frames without debug information: their symbol from the full symbol
-    // table, which names functions the dynamic one hides.
-    for (auto& f : c.frames) {
-      if (!f.function.empty()) continue;
-      backtrace_syminfo(
-          s, f.pc,
-          [](void* data, std::uintptr_t, const char* symbol, std::uintptr_t, std::uintptr_t) {
-            static_cast<stack_frame*>(data)->function = demangle(symbol);
-          },
-          [](void*, const char*, int) {}, &f);
-    }
-    if (!c.frames.empty()) return std::move(c.frames);
-  }
-#endif
-  void* pcs[128];
-  const int n = ::backtrace(pcs, 128);
+  const auto pcs = caller_pcs();
   std::vector<stack_frame> frames;
-  for (int i = 1; i < n; ++i) {
-    stack_frame f;
-    // A return address points after the call: step back into it, as
-    // libbacktrace does, so the frame names the calling function.
-    f.pc = reinterpret_cast<std::uintptr_t>(pcs[i]) - 1;
-    Dl_info info{};
-    if (::dladdr(pcs[i], &info) != 0 && info.dli_sname != nullptr) f.function = demangle(info.dli_sname);
-    f.module = module_of(f.pc).first;
-    frames.push_back(std::move(f));
-  }
+#ifdef COHORT_USE_LIBDW
+  if (symbolize(pcs, frames)) return frames;
+  frames.clear();
+#endif
+  for (const auto pc : pcs) frames.push_back(named_by_dladdr(pc));
   return frames;
 }
 
@@ -102,8 +274,8 @@ std::string describe(const stack_frame& frame) {
 }
 
 bool stack_has_source_lines() noexcept {
-#ifdef COHORT_USE_LIBBACKTRACE
-  return true;
+#ifdef COHORT_USE_LIBDW
+  return the_libdw() != nullptr;
 #else
   return false;
 #endif

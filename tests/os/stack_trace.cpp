@@ -1,0 +1,111 @@
+// The stack as os::current_stack sees it: inlined calls as frames of their
+// own, source lines from a module's separate debug file, only the modules
+// on the stack read, and modules loaded after an earlier trace named.
+#include "os/stack_trace.hpp"
+
+#include <doctest/doctest.h>
+
+#include <dlfcn.h>
+#include <sys/inotify.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using cohort::os::stack_frame;
+
+constexpr int inner_line = __LINE__ + 2;
+[[gnu::always_inline]] inline void inner(std::vector<stack_frame>& out) {
+  out = cohort::os::current_stack();
+}
+
+constexpr int outer_line = __LINE__ + 2;
+[[gnu::noinline]] void outer(std::vector<stack_frame>& out) {
+  inner(out);
+  asm volatile("");  // not a tail call
+}
+
+// How many times `path` was opened since the last call, through `watch`.
+int opens(int watch) {
+  std::array<char, 4096> buffer{};
+  int count = 0;
+  for (;;) {
+    const ssize_t n = ::read(watch, buffer.data(), buffer.size());
+    if (n <= 0) return count;
+    for (ssize_t at = 0; at < n;) {
+      const auto* event = reinterpret_cast<const inotify_event*>(buffer.data() + at);
+      if ((event->mask & IN_OPEN) != 0) ++count;
+      at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("an inlined call is a frame of its own, at its caller's pc, with the caller's line of the call") {
+  if (!cohort::os::stack_has_source_lines()) return;
+  std::vector<stack_frame> frames;
+  outer(frames);
+  REQUIRE(frames.size() >= 2);
+  INFO(cohort::os::describe(frames[0]), "\n", cohort::os::describe(frames[1]));
+  CHECK(frames[0].function.find("inner") != std::string::npos);
+  CHECK(frames[0].file.ends_with("os/stack_trace.cpp"));
+  CHECK(frames[0].line == inner_line);
+  CHECK(frames[1].function.find("outer") != std::string::npos);
+  CHECK(frames[1].file.ends_with("os/stack_trace.cpp"));
+  CHECK(frames[1].line == outer_line);
+  CHECK(frames[0].pc == frames[1].pc);
+  // The source file is named with its directory, as the compiler saw it.
+  CHECK(frames[0].file.starts_with("/"));
+}
+
+TEST_CASE("a trace reads a module's separate debug information only when one of its frames is on the stack") {
+  if (!cohort::os::stack_has_source_lines()) return;
+  // A trace taken before the library is loaded: one after still names it.
+  REQUIRE(!cohort::os::current_stack().empty());
+  const std::string library = COHORT_TEST_SPLIT_DEBUG;
+  void* handle = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(handle != nullptr);
+  auto* call = reinterpret_cast<void (*)(void (*)(void*), void*)>(::dlsym(handle, "split_debug_call"));
+  auto* call_line = reinterpret_cast<int (*)()>(::dlsym(handle, "split_debug_call_line"));
+  REQUIRE(reinterpret_cast<void*>(call) != nullptr);
+  REQUIRE(reinterpret_cast<void*>(call_line) != nullptr);
+  const int watch = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  REQUIRE(watch >= 0);
+  REQUIRE(::inotify_add_watch(watch, (library + ".debug").c_str(), IN_OPEN) >= 0);
+
+  // Loaded, but not on the stack: its debug file stays closed.
+  const auto before = cohort::os::current_stack();
+  REQUIRE(!before.empty());
+  CHECK(opens(watch) == 0);
+  CHECK(std::none_of(before.begin(), before.end(), [&](const stack_frame& f) { return f.module == library; }));
+
+  // On the stack: its frame has the file and line its debug file holds.
+  std::vector<stack_frame> through;
+  call([](void* out) { *static_cast<std::vector<stack_frame>*>(out) = cohort::os::current_stack(); }, &through);
+  CHECK(opens(watch) >= 1);
+  const auto frame = std::find_if(through.begin(), through.end(), [&](const stack_frame& f) { return f.module == library; });
+  REQUIRE(frame != through.end());
+  INFO(cohort::os::describe(*frame));
+  CHECK(frame->function == "split_debug_call");
+  CHECK(frame->file.ends_with("support/split_debug.cpp"));
+  CHECK(frame->line == call_line());
+  ::close(watch);
+  ::dlclose(handle);
+}
+
+TEST_CASE("frames of the C runtime are named from its symbols, without its source lines") {
+  std::vector<stack_frame> frames = cohort::os::current_stack();
+  const auto libc = std::find_if(frames.begin(), frames.end(),
+                                 [](const stack_frame& f) { return f.module.find("/libc.so") != std::string::npos; });
+  REQUIRE(libc != frames.end());
+  INFO(cohort::os::describe(*libc));
+  CHECK(!libc->function.empty());
+  CHECK(libc->function.find('@') == std::string::npos);  // no symbol version
+  CHECK(libc->file.empty());
+}
