@@ -13,16 +13,20 @@
 
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <array>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string_view>
 
 #if __has_include(<elfutils/libdwfl.h>) && defined(COHORT_HAVE_LIBDW)
 #include <dwarf.h>
+#include <elfutils/libdwelf.h>
 #include <elfutils/libdwfl.h>
+#include <libelf.h>
 #define COHORT_USE_LIBDW 1
 #endif
 
@@ -81,9 +85,15 @@ struct libdw {
   decltype(&::dwarf_diename) diename;
   decltype(&::dwarf_getsrcfiles) getsrcfiles;
   decltype(&::dwarf_filesrc) filesrc;
+  decltype(&::dwfl_module_build_id) module_build_id;
+  decltype(&::dwelf_elf_gnu_build_id) elf_build_id;
+  decltype(&::elf_begin) elf_begin;  // libelf's, found through libdw
+  decltype(&::elf_end) elf_end;
   Dwfl_Callbacks callbacks{};
-  char* debuginfo_path = nullptr;  // libdw's default places
 };
+
+int find_debug_file(Dwfl_Module* module, void** userdata, const char* name, GElf_Addr base, const char* file_name,
+                    const char* debuglink, GElf_Word crc, char** found);
 
 template <class F>
 bool find(void* library, const char* name, F& fn) {
@@ -107,16 +117,67 @@ libdw* load_libdw() {
                    find(library, "dwarf_formstring", dw.formstring) && find(library, "dwarf_formudata", dw.formudata) &&
                    find(library, "dwarf_diename", dw.diename) && find(library, "dwarf_getsrcfiles", dw.getsrcfiles) &&
                    find(library, "dwarf_filesrc", dw.filesrc) &&
-                   find(library, "dwfl_linux_proc_find_elf", dw.callbacks.find_elf) &&
-                   find(library, "dwfl_standard_find_debuginfo", dw.callbacks.find_debuginfo);
+                   find(library, "dwfl_module_build_id", dw.module_build_id) &&
+                   find(library, "dwelf_elf_gnu_build_id", dw.elf_build_id) &&
+                   find(library, "elf_begin", dw.elf_begin) && find(library, "elf_end", dw.elf_end) &&
+                   find(library, "dwfl_linux_proc_find_elf", dw.callbacks.find_elf);
   if (!all) return nullptr;
-  dw.callbacks.debuginfo_path = &dw.debuginfo_path;
+  dw.callbacks.find_debuginfo = find_debug_file;
   return &dw;
 }
 
 const libdw* the_libdw() {
   static libdw* dw = load_libdw();
   return dw;
+}
+
+// Whether the ELF file open at `fd` carries the build id `id`.
+bool carries(const libdw& dw, int fd, std::string_view id) {
+  Elf* elf = dw.elf_begin(fd, ELF_C_READ_MMAP, nullptr);
+  if (elf == nullptr) return false;
+  const void* bits = nullptr;
+  const ssize_t n = dw.elf_build_id(elf, &bits);
+  const bool same = n > 0 && std::string_view(static_cast<const char*>(bits), static_cast<std::size_t>(n)) == id;
+  dw.elf_end(elf);
+  return same;
+}
+
+// libdw's find_debuginfo: a module's separate debug file where toolchains
+// and distributions put it, by build id under /usr/lib/debug/.build-id, else
+// by its .gnu_debuglink name beside the module, in .debug/ there, and under
+// /usr/lib/debug; taken only if it carries the module's build id. Never
+// through debuginfod, as libdw's standard search would: a failing process
+// does not wait on the network, nor load its client (30 libraries).
+int find_debug_file(Dwfl_Module* module, void**, const char*, GElf_Addr, const char* file_name,
+                    const char* debuglink, GElf_Word, char** found) {
+  const libdw& dw = *the_libdw();
+  const unsigned char* bits = nullptr;
+  GElf_Addr at = 0;
+  const int n = dw.module_build_id(module, &bits, &at);
+  if (n <= 0) return -1;
+  const std::string_view id(reinterpret_cast<const char*>(bits), static_cast<std::size_t>(n));
+  std::string hex;
+  for (const unsigned char c : id) hex += fmt::format("{:02x}", c);
+  std::vector<std::string> candidates{fmt::format("/usr/lib/debug/.build-id/{}/{}.debug", hex.substr(0, 2), hex.substr(2))};
+  if (debuglink != nullptr && file_name != nullptr) {
+    const std::string_view file = file_name;
+    const auto slash = file.rfind('/');
+    const std::string dir = slash == std::string_view::npos ? "." : std::string(file.substr(0, slash));
+    candidates.push_back(fmt::format("{}/{}", dir, debuglink));
+    candidates.push_back(fmt::format("{}/.debug/{}", dir, debuglink));
+    candidates.push_back(fmt::format("/usr/lib/debug{}{}/{}", dir.starts_with('/') ? "" : "/", dir, debuglink));
+  }
+  for (const auto& candidate : candidates) {
+    if (file_name != nullptr && candidate == file_name) continue;  // the module itself
+    const int fd = ::open(candidate.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    if (carries(dw, fd, id)) {
+      *found = ::strdup(candidate.c_str());
+      return fd;
+    }
+    ::close(fd);
+  }
+  return -1;
 }
 
 // The C and C++ runtimes' own libraries. Their frames are the throw's

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <array>
+#include <fstream>
+#include <thread>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -97,6 +99,21 @@ TEST_CASE("a trace reads a module's separate debug information only when one of 
   CHECK(frame->line == call_line());
   ::close(watch);
   ::dlclose(handle);
+}
+
+TEST_CASE("a trace looks for a module's debug file on this machine only, never through debuginfod") {
+  if (!cohort::os::stack_has_source_lines()) return;
+  // A frame of libstdc++ (the start of a std::thread), whose debug file is
+  // not installed: libdw's standard search would then load its debuginfod
+  // client and, with DEBUGINFOD_URLS set, fetch the file over the network.
+  std::vector<stack_frame> frames;
+  std::thread([&] { frames = cohort::os::current_stack(); }).join();
+  CHECK(std::any_of(frames.begin(), frames.end(),
+                    [](const stack_frame& f) { return f.module.find("libstdc++") != std::string::npos; }));
+  std::ifstream maps("/proc/self/maps");
+  const std::string mapped{std::istreambuf_iterator<char>(maps), std::istreambuf_iterator<char>()};
+  CHECK(mapped.find("libdw") != std::string::npos);
+  CHECK(mapped.find("libdebuginfod") == std::string::npos);
 }
 
 TEST_CASE("frames of the C runtime are named from its symbols, without its source lines") {
