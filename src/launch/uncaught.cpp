@@ -56,7 +56,7 @@ bool throws(const os::stack_frame& f) {
 // the call by name and a pool's worker loop (the function a pool worker
 // runs, which calls each item's), the bottom of the entry's stack, the
 // switch onto it (or libc's start of that stack), and libc's start of main.
-bool below_the_function(const os::stack_frame& f) {
+bool below_the_function(const os::stack_frame& f, const std::string& own_module) {
   return f.function.find("cohort::detail::thunk") != std::string::npos ||
          f.function.find("cohort::detail::call_decoded") != std::string::npos ||
          f.function.starts_with("cohort::detail::call_entry(") ||
@@ -64,7 +64,10 @@ bool below_the_function(const os::stack_frame& f) {
          f.function.find("entry_stack_main") != std::string::npos || f.function == "cohort_entry_stack_switch" ||
          f.function.find("start_context") != std::string::npos ||
          f.function.starts_with("__libc_start") || f.function == "_start" ||
-         (f.function.empty() && in_module(f, "/libc.so"));
+         (f.function.empty() && in_module(f, "/libc.so")) ||
+         // Without symbols for hidden functions (no libdw), cohort's frames
+         // below the function are known only by their module.
+         (f.function.empty() && f.module == own_module);
 }
 
 }  // namespace
@@ -83,7 +86,10 @@ std::string trace_of_throw() {
   } else {
     while (first < end && of_the_handler(frames[first], own_module)) ++first;
   }
-  while (end > first && below_the_function(frames[end - 1])) --end;
+  // The outermost frame starts the stack (_start, a thread's start): one
+  // that no symbol names (no libdw) is left out as a named one would be.
+  if (end > first && frames[end - 1].function.empty()) --end;
+  while (end > first && below_the_function(frames[end - 1], own_module)) --end;
   std::string trace;
   for (std::size_t i = first; i < end; ++i) trace += fmt::format("#{} {}\n", i - first, os::describe(frames[i]));
   return trace;

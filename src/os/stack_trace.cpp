@@ -14,6 +14,7 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <array>
@@ -75,9 +76,13 @@ struct libdw {
   decltype(&::dwfl_addrmodule) addrmodule;
   decltype(&::dwfl_module_addrname) addrname;
   decltype(&::dwfl_module_addrdie) addrdie;
-  decltype(&::dwfl_module_getsrc) getsrc;
-  decltype(&::dwfl_lineinfo) lineinfo;
+  decltype(&::dwfl_module_nextcu) nextcu;
+  decltype(&::dwarf_haspc) haspc;
+  decltype(&::dwarf_getsrc_die) getsrc_die;
+  decltype(&::dwarf_linesrc) linesrc;
+  decltype(&::dwarf_lineno) lineno;
   decltype(&::dwarf_getscopes) getscopes;
+  decltype(&::dwarf_getscopes_die) getscopes_die;
   decltype(&::dwarf_tag) tag;
   decltype(&::dwarf_attr_integrate) attr_integrate;
   decltype(&::dwarf_formstring) formstring;
@@ -111,8 +116,11 @@ libdw* load_libdw() {
                    find(library, "dwfl_linux_proc_report", dw.proc_report) &&
                    find(library, "dwfl_report_end", dw.report_end) && find(library, "dwfl_addrmodule", dw.addrmodule) &&
                    find(library, "dwfl_module_addrname", dw.addrname) &&
-                   find(library, "dwfl_module_addrdie", dw.addrdie) && find(library, "dwfl_module_getsrc", dw.getsrc) &&
-                   find(library, "dwfl_lineinfo", dw.lineinfo) && find(library, "dwarf_getscopes", dw.getscopes) &&
+                   find(library, "dwfl_module_addrdie", dw.addrdie) && find(library, "dwfl_module_nextcu", dw.nextcu) &&
+                   find(library, "dwarf_haspc", dw.haspc) && find(library, "dwarf_getsrc_die", dw.getsrc_die) &&
+                   find(library, "dwarf_linesrc", dw.linesrc) && find(library, "dwarf_lineno", dw.lineno) &&
+                   find(library, "dwarf_getscopes", dw.getscopes) &&
+                   find(library, "dwarf_getscopes_die", dw.getscopes_die) &&
                    find(library, "dwarf_tag", dw.tag) && find(library, "dwarf_attr_integrate", dw.attr_integrate) &&
                    find(library, "dwarf_formstring", dw.formstring) && find(library, "dwarf_formudata", dw.formudata) &&
                    find(library, "dwarf_diename", dw.diename) && find(library, "dwarf_getsrcfiles", dw.getsrcfiles) &&
@@ -222,25 +230,47 @@ std::string source_file(const libdw& dw, Dwarf_Die* cu, const char* file) {
   return dir != nullptr ? fmt::format("{}/{}", dir, file) : file;
 }
 
+// The compilation unit whose code holds `pc`, and the module's bias: found
+// through .debug_aranges, else by each unit's own ranges. clang writes no
+// aranges by default; in a module that mixes its units with gcc's, libdw
+// answers from gcc's aranges with a unit that does not hold pc.
+Dwarf_Die* unit_at(const libdw& dw, Dwfl_Module* module, std::uintptr_t pc, Dwarf_Addr& bias) {
+  if (Dwarf_Die* cu = dw.addrdie(module, pc, &bias); cu != nullptr && dw.haspc(cu, pc - bias) > 0) return cu;
+  for (Dwarf_Die* cu = dw.nextcu(module, nullptr, &bias); cu != nullptr; cu = dw.nextcu(module, cu, &bias)) {
+    if (dw.haspc(cu, pc - bias) > 0) return cu;
+  }
+  return nullptr;
+}
+
 // The frames at `pc` of a module with DWARF: the inlined calls there,
 // innermost first, then the function that holds them. False without DWARF
 // covering pc.
 bool add_inlined_frames(const libdw& dw, Dwfl_Module* module, std::uintptr_t pc, const stack_frame& physical,
                         std::vector<stack_frame>& frames) {
   Dwarf_Addr bias = 0;
-  Dwarf_Die* cu = dw.addrdie(module, pc, &bias);
+  Dwarf_Die* cu = unit_at(dw, module, pc, bias);
   if (cu == nullptr) return false;
   // Where pc is: the innermost function's file and line.
   stack_frame at = physical;
-  if (Dwfl_Line* line = dw.getsrc(module, pc)) {
+  if (Dwarf_Line* line = dw.getsrc_die(cu, pc - bias)) {
     int number = 0;
-    if (const char* file = dw.lineinfo(line, nullptr, &number, nullptr, nullptr, nullptr)) {
+    const char* file = dw.linesrc(line, nullptr, nullptr);
+    if (file != nullptr && dw.lineno(line, &number) == 0) {
       at.file = source_file(dw, cu, file);
       at.line = number;
     }
   }
+  // The scopes around pc name the innermost one's own parents, where it
+  // was written; those of the code it was inlined into come from that
+  // scope, outward: each inlined call, then the function.
   Dwarf_Die* scopes = nullptr;
-  const int n = dw.getscopes(cu, pc - bias, &scopes);
+  int n = dw.getscopes(cu, pc - bias, &scopes);
+  if (n > 0) {
+    Dwarf_Die innermost = scopes[0];
+    std::free(scopes);
+    scopes = nullptr;
+    n = dw.getscopes_die(&innermost, &scopes);
+  }
   Dwarf_Files* files = nullptr;
   std::size_t file_count = 0;
   bool have_files = false;
@@ -312,6 +342,42 @@ bool symbolize(const std::vector<std::uintptr_t>& pcs, std::vector<stack_frame>&
   return true;
 }
 
+// libdw reads a line table with about 150 KiB of stack (elfutils 0.188),
+// more than a thread of a pool or a fiber may have left: the frames are
+// named on a thread of their own, with room to spare.
+constexpr std::size_t symbolizer_stack = 2 << 20;
+
+struct symbolizing {
+  const std::vector<std::uintptr_t>* pcs;
+  std::vector<stack_frame>* frames;
+  bool named = false;
+};
+
+void* symbolize_there(void* job) {
+  auto& j = *static_cast<symbolizing*>(job);
+  try {
+    j.named = symbolize(*j.pcs, *j.frames);
+  } catch (...) {
+    j.named = false;  // out of memory: dladdr names them
+  }
+  return nullptr;
+}
+
+// The frames at `pcs`, named by libdw on a thread with a stack of
+// symbolizer_stack; false where libdw or that thread cannot start.
+bool symbolize_on_own_stack(const std::vector<std::uintptr_t>& pcs, std::vector<stack_frame>& frames) {
+  pthread_attr_t attr;
+  if (::pthread_attr_init(&attr) != 0) return false;
+  symbolizing job{&pcs, &frames};
+  pthread_t thread;
+  const bool started = ::pthread_attr_setstacksize(&attr, symbolizer_stack) == 0 &&
+                       ::pthread_create(&thread, &attr, symbolize_there, &job) == 0;
+  ::pthread_attr_destroy(&attr);
+  if (!started) return false;
+  ::pthread_join(thread, nullptr);
+  return job.named;
+}
+
 #endif
 
 }  // namespace
@@ -320,7 +386,7 @@ std::vector<stack_frame> current_stack() {
   const auto pcs = caller_pcs();
   std::vector<stack_frame> frames;
 #ifdef COHORT_USE_LIBDW
-  if (symbolize(pcs, frames)) return frames;
+  if (symbolize_on_own_stack(pcs, frames)) return frames;
   frames.clear();
 #endif
   for (const auto pc : pcs) frames.push_back(named_by_dladdr(pc));

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <sys/inotify.h>
 #include <unistd.h>
 
@@ -26,10 +27,34 @@ constexpr int inner_line = __LINE__ + 2;
   out = cohort::os::current_stack();
 }
 
+constexpr int middle_line = __LINE__ + 2;
+[[gnu::always_inline]] inline void middle(std::vector<stack_frame>& out) {
+  inner(out);
+}
+
 constexpr int outer_line = __LINE__ + 2;
 [[gnu::noinline]] void outer(std::vector<stack_frame>& out) {
-  inner(out);
+  middle(out);
   asm volatile("");  // not a tail call
+}
+
+// The stack from a thread whose stack is `size` bytes.
+std::vector<stack_frame> from_a_stack_of(std::size_t size) {
+  std::vector<stack_frame> frames;
+  pthread_attr_t attr;
+  REQUIRE(::pthread_attr_init(&attr) == 0);
+  REQUIRE(::pthread_attr_setstacksize(&attr, size) == 0);
+  pthread_t thread;
+  REQUIRE(::pthread_create(
+              &thread, &attr,
+              [](void* out) -> void* {
+                outer(*static_cast<std::vector<stack_frame>*>(out));
+                return nullptr;
+              },
+              &frames) == 0);
+  ::pthread_attr_destroy(&attr);
+  ::pthread_join(thread, nullptr);
+  return frames;
 }
 
 // How many times `path` was opened since the last call, through `watch`.
@@ -49,21 +74,35 @@ int opens(int watch) {
 
 }  // namespace
 
-TEST_CASE("an inlined call is a frame of its own, at its caller's pc, with the caller's line of the call") {
+// Each inlined call a frame, at the caller's pc, with its line.
+void check_inlined(const std::vector<stack_frame>& frames) {
+  REQUIRE(frames.size() >= 3);
+  INFO(cohort::os::describe(frames[0]), "\n", cohort::os::describe(frames[1]), "\n", cohort::os::describe(frames[2]));
+  CHECK(frames[0].function.find("inner") != std::string::npos);
+  CHECK(frames[0].line == inner_line);
+  CHECK(frames[1].function.find("middle") != std::string::npos);
+  CHECK(frames[1].line == middle_line);
+  CHECK(frames[2].function.find("outer") != std::string::npos);
+  CHECK(frames[2].line == outer_line);
+  for (const auto& f : {frames[0], frames[1], frames[2]}) {
+    CHECK(f.file.ends_with("os/stack_trace.cpp"));
+    // The source file is named with its directory, as the compiler saw it.
+    CHECK(f.file.starts_with("/"));
+    CHECK(f.pc == frames[0].pc);
+  }
+}
+
+TEST_CASE("each inlined call is a frame of its own, at its caller's pc, with the caller's line of the call") {
   if (!cohort::os::stack_has_source_lines()) return;
   std::vector<stack_frame> frames;
   outer(frames);
-  REQUIRE(frames.size() >= 2);
-  INFO(cohort::os::describe(frames[0]), "\n", cohort::os::describe(frames[1]));
-  CHECK(frames[0].function.find("inner") != std::string::npos);
-  CHECK(frames[0].file.ends_with("os/stack_trace.cpp"));
-  CHECK(frames[0].line == inner_line);
-  CHECK(frames[1].function.find("outer") != std::string::npos);
-  CHECK(frames[1].file.ends_with("os/stack_trace.cpp"));
-  CHECK(frames[1].line == outer_line);
-  CHECK(frames[0].pc == frames[1].pc);
-  // The source file is named with its directory, as the compiler saw it.
-  CHECK(frames[0].file.starts_with("/"));
+  check_inlined(frames);
+}
+
+TEST_CASE("a thread with little stack left is symbolized all the same") {
+  if (!cohort::os::stack_has_source_lines()) return;
+  // libdw reads a line table with about 150 KiB of stack.
+  check_inlined(from_a_stack_of(64 << 10));
 }
 
 TEST_CASE("a trace reads a module's separate debug information only when one of its frames is on the stack") {
