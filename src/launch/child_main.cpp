@@ -7,6 +7,7 @@
 #include "launch/uncaught.hpp"
 #include "os/process_identity.hpp"
 #include "os/raw_syscall.hpp"
+#include "os/stack_switch.hpp"
 #include "shm/arena.hpp"
 #include "shm/keeper.hpp"
 
@@ -19,7 +20,6 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -78,58 +78,18 @@ constexpr auto receivers_wait = std::chrono::seconds(30);
 entry_run* current_run = nullptr;  // one entry per process
 
 // The bottom frame of the entry's stack, below which the unwinder finds no
-// frame at all (see run_on): an escaping exception meets
-// no handler, so std::terminate is called at the throw, with the thrower's
-// frames still on the stack for the trace.
-COHORT_FORKED_CHILD_PATH void entry_stack_main() {
+// frame at all (os::run_on_stack): an escaping exception meets no handler,
+// so std::terminate is called at the throw, with the thrower's frames still
+// on the stack for the trace.
+COHORT_FORKED_CHILD_PATH void entry_stack_main(void*) {
   auto& run = *current_run;
   run.result = run.thunk(run.fn, run.rank, *run.args);
 }
 
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
-// Calls `fn` with the stack pointer at `top`, and returns when it does. Its
-// frame records no return address, as glibc's start of a makecontext stack
-// does, so the unwinder ends there. Placed with the rest of a forked
-// child's path: libc's getcontext, makecontext and swapcontext would each
-// fault in a page of libc's code in every child, and two of them change
-// the signal mask by a system call.
-extern "C" void cohort_entry_stack_switch(void* top, void (*fn)());
-asm(R"(
-  .pushsection .text.hot.cohort_entry_stack_switch,"ax",@progbits
-  .p2align 4
-  .type cohort_entry_stack_switch, @function
-cohort_entry_stack_switch:
-  .cfi_startproc
-  .cfi_undefined rip
-  pushq %rbp
-  movq %rsp, %rbp
-  movq %rdi, %rsp
-  callq *%rsi
-  movq %rbp, %rsp
-  popq %rbp
-  ret
-  .cfi_endproc
-  .size cohort_entry_stack_switch, .-cohort_entry_stack_switch
-  .popsection
-)");
-
 // Runs entry_stack_main on `stack`, and returns when it does.
 COHORT_FORKED_CHILD_PATH void run_on(const entry_stack& stack) {
-  const auto top = reinterpret_cast<std::uintptr_t>(stack.bottom()) + stack.size();
-  cohort_entry_stack_switch(reinterpret_cast<void*>(top & ~std::uintptr_t{15}), entry_stack_main);
+  os::run_on_stack(stack.bottom(), stack.size(), entry_stack_main, nullptr);
 }
-#else
-// Runs entry_stack_main on `stack`, and returns when it does.
-COHORT_FORKED_CHILD_PATH void run_on(const entry_stack& stack) {
-  ucontext_t caller{}, callee{};
-  if (::getcontext(&callee) != 0) throw std::system_error(errno, std::system_category(), "cohort: getcontext");
-  callee.uc_stack.ss_sp = stack.bottom();
-  callee.uc_stack.ss_size = stack.size();
-  callee.uc_link = &caller;  // where the function's return goes
-  ::makecontext(&callee, entry_stack_main, 0);
-  if (::swapcontext(&caller, &callee) != 0) throw std::system_error(errno, std::system_category(), "cohort: swapcontext");
-}
-#endif
 
 [[noreturn]] void on_uncaught() {
   const auto [message, trace, when] = report_uncaught();

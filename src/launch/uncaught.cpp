@@ -13,6 +13,7 @@
 
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <link.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -44,7 +45,7 @@ bool of_the_handler(const os::stack_frame& f, const std::string& own_module) {
   }
   // Without symbols for hidden functions (no libdw), the handler's
   // frames are known only by their module.
-  return f.function.empty() && f.module == own_module;
+  return f.function.empty() && !own_module.empty() && f.module == own_module;
 }
 
 // The frame that threw: the runtime's throw or rethrow.
@@ -61,22 +62,32 @@ bool below_the_function(const os::stack_frame& f, const std::string& own_module)
          f.function.find("cohort::detail::call_decoded") != std::string::npos ||
          f.function.starts_with("cohort::detail::call_entry(") ||
          f.function.starts_with("cohort::detail::cohort_pool_worker(") ||
-         f.function.find("entry_stack_main") != std::string::npos || f.function == "cohort_entry_stack_switch" ||
+         f.function.find("entry_stack_main") != std::string::npos || f.function == "cohort_stack_switch" ||
          f.function.find("start_context") != std::string::npos ||
          f.function.starts_with("__libc_start") || f.function == "_start" ||
          (f.function.empty() && in_module(f, "/libc.so")) ||
          // Without symbols for hidden functions (no libdw), cohort's frames
          // below the function are known only by their module.
-         (f.function.empty() && f.module == own_module);
+         (f.function.empty() && !own_module.empty() && f.module == own_module);
+}
+
+// The shared library that holds cohort, or "" where cohort is linked into
+// the program (statically): its frames then are the program's.
+std::string cohort_library() {
+  Dl_info self{};
+  link_map* module = nullptr;
+  if (::dladdr1(reinterpret_cast<void*>(&cohort_library), &self, reinterpret_cast<void**>(&module), RTLD_DL_LINKMAP) == 0 ||
+      self.dli_fname == nullptr || module == nullptr || module->l_name == nullptr || module->l_name[0] == '\0') {
+    return "";
+  }
+  return self.dli_fname;
 }
 
 }  // namespace
 
 std::string trace_of_throw() {
   const auto frames = os::current_stack();
-  Dl_info self{};
-  const std::string own_module =
-      ::dladdr(reinterpret_cast<void*>(&trace_of_throw), &self) != 0 && self.dli_fname != nullptr ? self.dli_fname : "";
+  const std::string own_module = cohort_library();
   std::size_t first = 0, end = frames.size();
   // Below the runtime's throw lies the program; without one (terminate
   // called directly), the handler's and the runtime's frames are skipped.
@@ -86,9 +97,9 @@ std::string trace_of_throw() {
   } else {
     while (first < end && of_the_handler(frames[first], own_module)) ++first;
   }
-  // The outermost frame starts the stack (_start, a thread's start): one
-  // that no symbol names (no libdw) is left out as a named one would be.
-  if (end > first && frames[end - 1].function.empty()) --end;
+  // The stack's start (_start, a thread's start) that no symbol names (no
+  // libdw) is left out as a named one would be.
+  if (end > first && frames[end - 1].outermost && frames[end - 1].function.empty()) --end;
   while (end > first && below_the_function(frames[end - 1], own_module)) --end;
   std::string trace;
   for (std::size_t i = first; i < end; ++i) trace += fmt::format("#{} {}\n", i - first, os::describe(frames[i]));

@@ -8,20 +8,23 @@
 
 #include "os/demangle.hpp"
 #include "os/fork_safe_mutex.hpp"
+#include "os/stack_switch.hpp"
 
 #include <fmt/format.h>
 
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <fcntl.h>
-#include <pthread.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string_view>
+#include <system_error>
 
 #if __has_include(<elfutils/libdwfl.h>) && defined(COHORT_HAVE_LIBDW)
 #include <dwarf.h>
@@ -94,6 +97,9 @@ struct libdw {
   decltype(&::dwelf_elf_gnu_build_id) elf_build_id;
   decltype(&::elf_begin) elf_begin;  // libelf's, found through libdw
   decltype(&::elf_end) elf_end;
+  /// zlib's crc32, loaded with libdw (which reads compressed sections with
+  /// it); null where it is not.
+  unsigned long (*crc32)(unsigned long, const unsigned char*, unsigned) = nullptr;
   Dwfl_Callbacks callbacks{};
 };
 
@@ -130,6 +136,7 @@ libdw* load_libdw() {
                    find(library, "elf_begin", dw.elf_begin) && find(library, "elf_end", dw.elf_end) &&
                    find(library, "dwfl_linux_proc_find_elf", dw.callbacks.find_elf);
   if (!all) return nullptr;
+  find(library, "crc32", dw.crc32);
   dw.callbacks.find_debuginfo = find_debug_file;
   return &dw;
 }
@@ -150,23 +157,42 @@ bool carries(const libdw& dw, int fd, std::string_view id) {
   return same;
 }
 
+// Whether the file open at `fd` has the CRC-32 `crc` (a .gnu_debuglink's),
+// read from its start.
+bool has_crc(const libdw& dw, int fd, GElf_Word crc) {
+  if (dw.crc32 == nullptr) return false;
+  std::array<unsigned char, 1 << 16> buffer{};
+  unsigned long sum = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer.data(), buffer.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    if (n == 0) break;
+    sum = dw.crc32(sum, buffer.data(), static_cast<unsigned>(n));
+  }
+  return sum == crc;
+}
+
 // libdw's find_debuginfo: a module's separate debug file where toolchains
 // and distributions put it, by build id under /usr/lib/debug/.build-id, else
 // by its .gnu_debuglink name beside the module, in .debug/ there, and under
-// /usr/lib/debug; taken only if it carries the module's build id. Never
+// /usr/lib/debug; taken only if it carries the module's build id (for a
+// module without one, if it has the CRC its debuglink names). Never
 // through debuginfod, as libdw's standard search would: a failing process
 // does not wait on the network, nor load its client (30 libraries).
 int find_debug_file(Dwfl_Module* module, void**, const char*, GElf_Addr, const char* file_name,
-                    const char* debuglink, GElf_Word, char** found) {
+                    const char* debuglink, GElf_Word debuglink_crc, char** found) {
   const libdw& dw = *the_libdw();
   const unsigned char* bits = nullptr;
   GElf_Addr at = 0;
   const int n = dw.module_build_id(module, &bits, &at);
-  if (n <= 0) return -1;
-  const std::string_view id(reinterpret_cast<const char*>(bits), static_cast<std::size_t>(n));
-  std::string hex;
-  for (const unsigned char c : id) hex += fmt::format("{:02x}", c);
-  std::vector<std::string> candidates{fmt::format("/usr/lib/debug/.build-id/{}/{}.debug", hex.substr(0, 2), hex.substr(2))};
+  const std::string_view id(reinterpret_cast<const char*>(bits), n > 0 ? static_cast<std::size_t>(n) : 0);
+  std::vector<std::string> candidates;
+  if (!id.empty()) {
+    std::string hex;
+    for (const unsigned char c : id) hex += fmt::format("{:02x}", c);
+    candidates.push_back(fmt::format("/usr/lib/debug/.build-id/{}/{}.debug", hex.substr(0, 2), hex.substr(2)));
+  }
   if (debuglink != nullptr && file_name != nullptr) {
     const std::string_view file = file_name;
     const auto slash = file.rfind('/');
@@ -179,7 +205,7 @@ int find_debug_file(Dwfl_Module* module, void**, const char*, GElf_Addr, const c
     if (file_name != nullptr && candidate == file_name) continue;  // the module itself
     const int fd = ::open(candidate.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
-    if (carries(dw, fd, id)) {
+    if (id.empty() ? has_crc(dw, fd, debuglink_crc) : carries(dw, fd, id)) {
       *found = ::strdup(candidate.c_str());
       return fd;
     }
@@ -344,7 +370,10 @@ bool symbolize(const std::vector<std::uintptr_t>& pcs, std::vector<stack_frame>&
 
 // libdw reads a line table with about 150 KiB of stack (elfutils 0.188),
 // more than a thread of a pool or a fiber may have left: the frames are
-// named on a thread of their own, with room to spare.
+// named on a stack of their own, with room to spare, on the calling thread
+// (another thread would wait forever for the dynamic loader's lock where
+// this one holds it: an exception thrown by a library's constructor as
+// dlopen runs it).
 constexpr std::size_t symbolizer_stack = 2 << 20;
 
 struct symbolizing {
@@ -353,28 +382,33 @@ struct symbolizing {
   bool named = false;
 };
 
-void* symbolize_there(void* job) {
+// Nothing escapes it: the unwinder finds no frame below it.
+void symbolize_there(void* job) {
   auto& j = *static_cast<symbolizing*>(job);
   try {
     j.named = symbolize(*j.pcs, *j.frames);
   } catch (...) {
     j.named = false;  // out of memory: dladdr names them
   }
-  return nullptr;
 }
 
-// The frames at `pcs`, named by libdw on a thread with a stack of
-// symbolizer_stack; false where libdw or that thread cannot start.
+// The frames at `pcs`, named by libdw on a stack of symbolizer_stack bytes
+// (and a guard page below it); false where libdw or that stack cannot be
+// had.
 bool symbolize_on_own_stack(const std::vector<std::uintptr_t>& pcs, std::vector<stack_frame>& frames) {
-  pthread_attr_t attr;
-  if (::pthread_attr_init(&attr) != 0) return false;
+  const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t mapped = symbolizer_stack + page;
+  void* base = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) return false;
   symbolizing job{&pcs, &frames};
-  pthread_t thread;
-  const bool started = ::pthread_attr_setstacksize(&attr, symbolizer_stack) == 0 &&
-                       ::pthread_create(&thread, &attr, symbolize_there, &job) == 0;
-  ::pthread_attr_destroy(&attr);
-  if (!started) return false;
-  ::pthread_join(thread, nullptr);
+  if (::mprotect(base, page, PROT_NONE) == 0) {
+    try {
+      run_on_stack(static_cast<char*>(base) + page, symbolizer_stack, symbolize_there, &job);
+    } catch (const std::system_error&) {
+      job.named = false;  // no context to switch to (not x86-64)
+    }
+  }
+  ::munmap(base, mapped);
   return job.named;
 }
 
@@ -386,10 +420,13 @@ std::vector<stack_frame> current_stack() {
   const auto pcs = caller_pcs();
   std::vector<stack_frame> frames;
 #ifdef COHORT_USE_LIBDW
-  if (symbolize_on_own_stack(pcs, frames)) return frames;
-  frames.clear();
+  if (!symbolize_on_own_stack(pcs, frames)) frames.clear();
 #endif
-  for (const auto pc : pcs) frames.push_back(named_by_dladdr(pc));
+  if (frames.empty()) {
+    for (const auto pc : pcs) frames.push_back(named_by_dladdr(pc));
+  }
+  // Fewer than max_frames: the unwinder reached the stack's start.
+  if (!pcs.empty() && pcs.size() < max_frames && frames.back().pc == pcs.back()) frames.back().outermost = true;
   return frames;
 }
 

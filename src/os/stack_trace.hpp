@@ -16,6 +16,9 @@ struct stack_frame {
   std::string file;      ///< the source file; empty without debug information
   int line = 0;
   std::string module;    ///< the executable or shared object that holds pc
+  /// The stack's own first frame (_start, a thread's start); false on every
+  /// frame of a stack cut off at its 128th.
+  bool outermost = false;
 };
 
 /// The frames of the calling thread below this call. Names, files and lines

@@ -51,6 +51,16 @@ asio::awaitable<std::pair<exit_status, std::string>> run_uncaught(fs::path file)
   co_return std::pair{status, out};
 }
 
+// `thrower constructor`: a library whose constructor throws, loaded by a
+// program that records its uncaught exceptions; killed after a minute.
+asio::awaitable<exit_status> run_throwing_constructor(fs::path file) {
+  command cmd("/usr/bin/timeout", {"-s", "KILL", "60", test::thrower, "constructor", COHORT_TEST_THROWING_CONSTRUCTOR});
+  spawn_options options{.out = stdio::null(), .err = stdio::null()};
+  options.env.set("COHORT_ERROR_FILE", file.string());
+  child c = co_await spawn(cmd, options);
+  co_return co_await c.wait();
+}
+
 nlohmann::json parse(const fs::path& path) {
   std::ifstream in(path);
   return nlohmann::json::parse(in);
@@ -351,5 +361,25 @@ TEST_SUITE("error_file") {
     CHECK(report->trace.find(" main") != std::string::npos);
     CHECK(report->trace.find("__libc_start") == std::string::npos);
     CHECK(report->timestamp.has_value());
+  }
+
+  TEST_CASE("an exception escaping a library's constructor as dlopen runs it is reported, its trace too") {
+    // dlopen holds the dynamic loader's lock as the constructor runs: the
+    // trace is named on that thread, which may take the lock again.
+    test::temp_dir dir;
+    const fs::path file = dir.path / "error.json";
+    asio::io_context io;
+    const exit_status status = test::run(io, run_throwing_constructor(file));
+    CHECK(status.exited());
+    CHECK(status.code() == 1);
+    const auto report = read_error_file(file);
+    REQUIRE(report.has_value());
+    CHECK(report->message == "std::runtime_error: thrown by a constructor as its library loads");
+    INFO(report->trace);
+    const std::string first = report->trace.substr(0, report->trace.find('\n'));
+    if (os::stack_has_source_lines()) {
+      CHECK(first.rfind("#0 throwing_constructor::settings::settings()", 0) == 0);
+      CHECK(first.find("support/throwing_constructor.cpp:") != std::string::npos);
+    }
   }
 }

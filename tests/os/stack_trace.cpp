@@ -105,6 +105,33 @@ TEST_CASE("a thread with little stack left is symbolized all the same") {
   check_inlined(from_a_stack_of(64 << 10));
 }
 
+// The frame of split_debug_call in the stack of a call through the library
+// at `path`, loaded here.
+stack_frame through_split_library(const std::string& path, int& call_line) {
+  void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(handle != nullptr);
+  auto* call = reinterpret_cast<void (*)(void (*)(void*), void*)>(::dlsym(handle, "split_debug_call"));
+  auto* line = reinterpret_cast<int (*)()>(::dlsym(handle, "split_debug_call_line"));
+  REQUIRE(reinterpret_cast<void*>(call) != nullptr);
+  REQUIRE(reinterpret_cast<void*>(line) != nullptr);
+  call_line = line();
+  std::vector<stack_frame> through;
+  call([](void* out) { *static_cast<std::vector<stack_frame>*>(out) = cohort::os::current_stack(); }, &through);
+  const auto frame = std::find_if(through.begin(), through.end(), [&](const stack_frame& f) { return f.module == path; });
+  REQUIRE(frame != through.end());
+  return *frame;
+}
+
+TEST_CASE("a module without a build id has its debug file found by its debuglink's CRC") {
+  if (!cohort::os::stack_has_source_lines()) return;
+  int call_line = 0;
+  const stack_frame frame = through_split_library(COHORT_TEST_SPLIT_DEBUG_NO_ID, call_line);
+  INFO(cohort::os::describe(frame));
+  CHECK(frame.function == "split_debug_call");
+  CHECK(frame.file.ends_with("support/split_debug.cpp"));
+  CHECK(frame.line == call_line);
+}
+
 TEST_CASE("a trace reads a module's separate debug information only when one of its frames is on the stack") {
   if (!cohort::os::stack_has_source_lines()) return;
   // A trace taken before the library is loaded: one after still names it.
@@ -112,10 +139,6 @@ TEST_CASE("a trace reads a module's separate debug information only when one of 
   const std::string library = COHORT_TEST_SPLIT_DEBUG;
   void* handle = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   REQUIRE(handle != nullptr);
-  auto* call = reinterpret_cast<void (*)(void (*)(void*), void*)>(::dlsym(handle, "split_debug_call"));
-  auto* call_line = reinterpret_cast<int (*)()>(::dlsym(handle, "split_debug_call_line"));
-  REQUIRE(reinterpret_cast<void*>(call) != nullptr);
-  REQUIRE(reinterpret_cast<void*>(call_line) != nullptr);
   const int watch = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
   REQUIRE(watch >= 0);
   REQUIRE(::inotify_add_watch(watch, (library + ".debug").c_str(), IN_OPEN) >= 0);
@@ -127,15 +150,13 @@ TEST_CASE("a trace reads a module's separate debug information only when one of 
   CHECK(std::none_of(before.begin(), before.end(), [&](const stack_frame& f) { return f.module == library; }));
 
   // On the stack: its frame has the file and line its debug file holds.
-  std::vector<stack_frame> through;
-  call([](void* out) { *static_cast<std::vector<stack_frame>*>(out) = cohort::os::current_stack(); }, &through);
+  int call_line = 0;
+  const stack_frame frame = through_split_library(library, call_line);
   CHECK(opens(watch) >= 1);
-  const auto frame = std::find_if(through.begin(), through.end(), [&](const stack_frame& f) { return f.module == library; });
-  REQUIRE(frame != through.end());
-  INFO(cohort::os::describe(*frame));
-  CHECK(frame->function == "split_debug_call");
-  CHECK(frame->file.ends_with("support/split_debug.cpp"));
-  CHECK(frame->line == call_line());
+  INFO(cohort::os::describe(frame));
+  CHECK(frame.function == "split_debug_call");
+  CHECK(frame.file.ends_with("support/split_debug.cpp"));
+  CHECK(frame.line == call_line);
   ::close(watch);
   ::dlclose(handle);
 }

@@ -2,11 +2,15 @@
 // throws. Run as `thrower METHOD` (spawn, fork, forkserver), its one function
 // rank throws: it prints the line of that throw, then the trace the parent
 // received. Run as `thrower uncaught`, it asks for its uncaught exceptions
-// to be recorded, prints the line of its throw and throws from main's callee.
+// to be recorded, prints the line of its throw and throws from main's callee;
+// as `thrower constructor LIBRARY`, it asks the same and loads LIBRARY,
+// whose constructor throws.
 #include <cohort/error_file.hpp>
 #include <cohort/entry_point.hpp>
 #include <cohort/process_error.hpp>
 #include <cohort/spawn_and_join.hpp>
+
+#include <dlfcn.h>
 
 #include <cstdio>
 #include <stdexcept>
@@ -29,6 +33,13 @@ constexpr int uncaught_line = __LINE__ + 2;
 
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
+  if (argc == 3 && std::string_view(argv[1]) == "constructor") {
+    // A library whose constructor throws, loaded after asking for the
+    // uncaught exceptions to be recorded.
+    cohort::record_uncaught_exceptions();
+    ::dlopen(argv[2], RTLD_NOW);
+    return 3;
+  }
   if (argc != 2) return 2;
   const std::string_view name = argv[1];
   if (name == "uncaught") {
