@@ -95,6 +95,12 @@ std::string trace_of_throw() {
   if (thrown != frames.end()) {
     first = static_cast<std::size_t>(thrown - frames.begin()) + 1;
   } else {
+    // std::terminate called the handler: its frame is named from libstdc++'s
+    // dynamic symbols even where the handler's own frames are not.
+    const auto terminate = std::find_if(frames.begin(), frames.end(), [](const os::stack_frame& f) {
+      return f.function.starts_with("std::terminate");
+    });
+    if (terminate != frames.end()) first = static_cast<std::size_t>(terminate - frames.begin()) + 1;
     while (first < end && of_the_handler(frames[first], own_module)) ++first;
   }
   // The stack's start (_start, a thread's start) that no symbol names (no

@@ -37,7 +37,7 @@
 namespace cohort::os {
 namespace {
 
-constexpr int max_frames = 128;
+constexpr std::size_t max_frames = 128;
 
 // The module holding `pc` and pc's offset in it.
 std::pair<std::string, std::uintptr_t> module_of(std::uintptr_t pc) {
@@ -46,15 +46,18 @@ std::pair<std::string, std::uintptr_t> module_of(std::uintptr_t pc) {
   return {info.dli_fname, pc - reinterpret_cast<std::uintptr_t>(info.dli_fbase)};
 }
 
-// The calling function's callers' addresses, innermost first. A return
-// address points after its call: each steps back into the call, so the
-// frame names the calling function and the call's line.
-[[gnu::noinline]] std::vector<std::uintptr_t> caller_pcs() {
-  std::array<void*, max_frames + 2> pcs{};
+// The calling function's callers' addresses, innermost first, at most
+// max_frames; `cut` says whether the stack held more. A return address
+// points after its call: each steps back into the call, so the frame names
+// the calling function and the call's line.
+[[gnu::noinline]] std::vector<std::uintptr_t> caller_pcs(bool& cut) {
+  // pcs[0] is in caller_pcs, pcs[1] in current_stack; one more than is
+  // kept tells a stack cut off from one that fills the rest exactly.
+  std::array<void*, max_frames + 3> pcs{};
   const int n = ::backtrace(pcs.data(), static_cast<int>(pcs.size()));
+  cut = n == static_cast<int>(pcs.size());
   std::vector<std::uintptr_t> out;
-  // pcs[0] is in caller_pcs, pcs[1] in current_stack.
-  for (int i = 2; i < n; ++i) out.push_back(reinterpret_cast<std::uintptr_t>(pcs[i]) - 1);
+  for (int i = 2; i < n && out.size() < max_frames; ++i) out.push_back(reinterpret_cast<std::uintptr_t>(pcs[i]) - 1);
   return out;
 }
 
@@ -417,7 +420,8 @@ bool symbolize_on_own_stack(const std::vector<std::uintptr_t>& pcs, std::vector<
 }  // namespace
 
 std::vector<stack_frame> current_stack() {
-  const auto pcs = caller_pcs();
+  bool cut = false;
+  const auto pcs = caller_pcs(cut);
   std::vector<stack_frame> frames;
 #ifdef COHORT_USE_LIBDW
   if (!symbolize_on_own_stack(pcs, frames)) frames.clear();
@@ -425,8 +429,7 @@ std::vector<stack_frame> current_stack() {
   if (frames.empty()) {
     for (const auto pc : pcs) frames.push_back(named_by_dladdr(pc));
   }
-  // Fewer than max_frames: the unwinder reached the stack's start.
-  if (!pcs.empty() && pcs.size() < max_frames && frames.back().pc == pcs.back()) frames.back().outermost = true;
+  if (!cut && !pcs.empty() && frames.back().pc == pcs.back()) frames.back().outermost = true;
   return frames;
 }
 
