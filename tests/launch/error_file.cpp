@@ -41,10 +41,12 @@ struct error_file_env {
 
 // Runs the thrower's uncaught mode with its error file at `file`; returns
 // its exit status and what it printed.
-asio::awaitable<std::pair<exit_status, std::string>> run_uncaught(fs::path file) {
+// `thrower uncaught`; with `preload` as LD_PRELOAD where it is not empty.
+asio::awaitable<std::pair<exit_status, std::string>> run_uncaught(fs::path file, std::string preload = "") {
   command cmd(test::thrower, {"uncaught"});
   spawn_options options{.out = stdio::pipe(), .err = stdio::null()};
   options.env.set("COHORT_ERROR_FILE", file.string());
+  if (!preload.empty()) options.env.set("LD_PRELOAD", preload);
   child c = co_await spawn(cmd, options);
   std::string out = co_await test::read_all(c.out());
   exit_status status = co_await c.wait();
@@ -361,6 +363,26 @@ TEST_SUITE("error_file") {
     CHECK(report->trace.find(" main") != std::string::npos);
     CHECK(report->trace.find("__libc_start") == std::string::npos);
     CHECK(report->timestamp.has_value());
+  }
+
+  TEST_CASE("without libdw, a trace names frames by module and offset, and leaves out the C runtime's start") {
+    test::temp_dir dir;
+    const fs::path file = dir.path / "error.json";
+    asio::io_context io;
+    const auto [status, out] = test::run(io, run_uncaught(file, COHORT_TEST_NO_LIBDW));
+    CHECK(status.code() == 1);
+    const auto report = read_error_file(file);
+    REQUIRE(report.has_value());
+    INFO(report->trace);
+    // throw_uncaught and main, both unnamed: the program exports neither.
+    std::vector<std::string> lines;
+    for (std::size_t at = 0; at < report->trace.size();) {
+      const auto end = report->trace.find('\n', at);
+      lines.push_back(report->trace.substr(at, end - at));
+      at = end == std::string::npos ? report->trace.size() : end + 1;
+    }
+    REQUIRE(lines.size() == 2);
+    for (const auto& line : lines) CHECK(line.find(std::string(test::thrower) + "+0x") != std::string::npos);
   }
 
   TEST_CASE("an exception escaping a library's constructor as dlopen runs it is reported, its trace too") {
