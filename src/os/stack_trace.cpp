@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdlib>
@@ -289,12 +290,15 @@ bool add_inlined_frames(const libdw& dw, Dwfl_Module* module, std::uintptr_t pc,
       at.line = number;
     }
   }
-  // The scopes around pc name the innermost one's own parents, where it
-  // was written; those of the code it was inlined into come from that
-  // scope, outward: each inlined call, then the function.
+  // The scopes around pc, innermost first. Past an inlined call they are
+  // its parents where it was written; those of the code it was inlined
+  // into come from the innermost scope, outward (a second walk of the
+  // unit's entries, made only then): each inlined call, then the function.
   Dwarf_Die* scopes = nullptr;
   int n = dw.getscopes(cu, pc - bias, &scopes);
-  if (n > 0) {
+  const bool inlined = std::any_of(scopes, scopes + std::max(n, 0),
+                                   [&](Dwarf_Die& scope) { return dw.tag(&scope) == DW_TAG_inlined_subroutine; });
+  if (inlined) {
     Dwarf_Die innermost = scopes[0];
     std::free(scopes);
     scopes = nullptr;
