@@ -65,6 +65,11 @@ bool below_the_function(const os::stack_frame& f, const std::string& own_module)
          f.function.find("entry_stack_main") != std::string::npos || f.function == "cohort_stack_switch" ||
          f.function.find("start_context") != std::string::npos ||
          f.function.starts_with("__libc_start") || f.function == "_start" ||
+         // A std::thread's start: libc's, libstdc++'s (unnamed: hidden) and
+         // the calls to the thread's function instantiated in the program.
+         f.function == "start_thread" || f.function.starts_with("__clone") ||
+         (f.function.empty() && in_module(f, "libstdc++")) || f.function.starts_with("std::thread::_State_impl<") ||
+         f.function.starts_with("std::thread::_Invoker<") || f.function.starts_with("std::__invoke") ||
          (f.function.empty() && in_module(f, "/libc.so")) ||
          // Without symbols for hidden functions (no libdw), cohort's frames
          // below the function are known only by their module.
@@ -76,8 +81,9 @@ bool below_the_function(const os::stack_frame& f, const std::string& own_module)
 std::string cohort_library() {
   Dl_info self{};
   link_map* module = nullptr;
-  if (::dladdr1(reinterpret_cast<void*>(&cohort_library), &self, reinterpret_cast<void**>(&module), RTLD_DL_LINKMAP) == 0 ||
-      self.dli_fname == nullptr || module == nullptr || module->l_name == nullptr || module->l_name[0] == '\0') {
+  void* address = reinterpret_cast<void*>(&cohort_library);
+  if (::dladdr1(address, &self, reinterpret_cast<void**>(&module), RTLD_DL_LINKMAP) == 0 || self.dli_fname == nullptr ||
+      module == nullptr || module->l_name == nullptr || module->l_name[0] == '\0') {
     return "";
   }
   return self.dli_fname;

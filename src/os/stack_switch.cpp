@@ -71,7 +71,9 @@ void run_on_stack(void* bottom, std::size_t size, void (*fn)(void*), void* arg) 
   callee.uc_link = &caller;  // where fn's return goes
   ::makecontext(&callee, reinterpret_cast<void (*)()>(start_context), 2, static_cast<unsigned>(address >> 32),
                 static_cast<unsigned>(address));
-  if (::swapcontext(&caller, &callee) != 0) throw std::system_error(errno, std::system_category(), "cohort: swapcontext");
+  if (::swapcontext(&caller, &callee) != 0) {
+    throw std::system_error(errno, std::system_category(), "cohort: swapcontext");
+  }
 }
 #endif
 

@@ -21,11 +21,13 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string_view>
 #include <system_error>
+#include <thread>
 
 #if __has_include(<elfutils/libdwfl.h>) && defined(COHORT_HAVE_LIBDW)
 #include <dwarf.h>
@@ -40,11 +42,19 @@ namespace {
 
 constexpr std::size_t max_frames = 128;
 
-// The module holding `pc` and pc's offset in it.
+// The module holding `pc` and pc's offset in it: for the program, its own
+// path where it was started as /proc/self/exe (a spawned rank), which names
+// another program to whoever reads the trace.
 std::pair<std::string, std::uintptr_t> module_of(std::uintptr_t pc) {
   Dl_info info{};
   if (::dladdr(reinterpret_cast<void*>(pc), &info) == 0 || info.dli_fname == nullptr) return {"", pc};
-  return {info.dli_fname, pc - reinterpret_cast<std::uintptr_t>(info.dli_fbase)};
+  std::string module = info.dli_fname;
+  if (module == "/proc/self/exe") {
+    std::array<char, 4096> path{};
+    const ssize_t n = ::readlink("/proc/self/exe", path.data(), path.size() - 1);
+    if (n > 0) module.assign(path.data(), static_cast<std::size_t>(n));
+  }
+  return {module, pc - reinterpret_cast<std::uintptr_t>(info.dli_fbase)};
 }
 
 // The calling function's callers' addresses, innermost first, at most
@@ -66,7 +76,9 @@ stack_frame named_by_dladdr(std::uintptr_t pc) {
   stack_frame f;
   f.pc = pc;
   Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(pc), &info) != 0 && info.dli_sname != nullptr) f.function = demangle(info.dli_sname);
+  if (::dladdr(reinterpret_cast<void*>(pc), &info) != 0 && info.dli_sname != nullptr) {
+    f.function = demangle(info.dli_sname);
+  }
   f.module = module_of(pc).first;
   return f;
 }
@@ -340,13 +352,26 @@ bool add_inlined_frames(const libdw& dw, Dwfl_Module* module, std::uintptr_t pc,
   return true;
 }
 
-// The frames at `pcs`, named by libdw; false where it cannot start.
+// How long a thread waits for another's naming of its frames before it
+// names its own through dladdr.
+constexpr auto symbolizer_wait = std::chrono::seconds(5);
+
+// The frames at `pcs`, named by libdw; false where it cannot start, or
+// another thread names its own for longer than symbolizer_wait.
 bool symbolize(const std::vector<std::uintptr_t>& pcs, std::vector<stack_frame>& frames) {
+  // libdw is not built thread-safe: one thread symbolizes at a time. The
+  // wait for it is bounded: the thread that has it may be waiting for the
+  // dynamic loader's lock (loading libdw, or in dladdr), which this thread
+  // may hold (an exception thrown by a constructor that dlopen runs).
+  static fork_safe_mutex one_at_a_time;
+  std::unique_lock lock(one_at_a_time, std::try_to_lock);
+  for (const auto until = std::chrono::steady_clock::now() + symbolizer_wait; !lock.owns_lock();) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    lock.try_lock();
+  }
   const libdw* dw = the_libdw();
   if (dw == nullptr) return false;
-  // libdw is not built thread-safe: one thread symbolizes at a time.
-  static fork_safe_mutex one_at_a_time;
-  const std::lock_guard lock(one_at_a_time);
   Dwfl* session = dw->begin(&dw->callbacks);
   if (session == nullptr) return false;
   dw->report_begin(session);

@@ -41,9 +41,11 @@ struct error_file_env {
 
 // Runs the thrower's uncaught mode with its error file at `file`; returns
 // its exit status and what it printed.
-// `thrower uncaught`; with `preload` as LD_PRELOAD where it is not empty.
-asio::awaitable<std::pair<exit_status, std::string>> run_uncaught(fs::path file, std::string preload = "") {
-  command cmd(test::thrower, {"uncaught"});
+// `thrower uncaught` (or `thrower thread`); with `preload` as LD_PRELOAD
+// where it is not empty.
+asio::awaitable<std::pair<exit_status, std::string>> run_uncaught(fs::path file, std::string preload = "",
+                                                                  std::string mode = "uncaught") {
+  command cmd(test::thrower, {mode});
   spawn_options options{.out = stdio::pipe(), .err = stdio::null()};
   options.env.set("COHORT_ERROR_FILE", file.string());
   if (!preload.empty()) options.env.set("LD_PRELOAD", preload);
@@ -55,10 +57,11 @@ asio::awaitable<std::pair<exit_status, std::string>> run_uncaught(fs::path file,
 
 // `thrower constructor`: a library whose constructor throws, loaded by a
 // program that records its uncaught exceptions; killed after a minute.
-asio::awaitable<exit_status> run_throwing_constructor(fs::path file) {
-  command cmd("/usr/bin/timeout", {"-s", "KILL", "60", test::thrower, "constructor", COHORT_TEST_THROWING_CONSTRUCTOR});
+asio::awaitable<exit_status> run_throwing_constructor(fs::path file, std::string mode = "constructor") {
+  command cmd("/usr/bin/timeout", {"-s", "KILL", "60", test::thrower, mode, COHORT_TEST_THROWING_CONSTRUCTOR});
   spawn_options options{.out = stdio::null(), .err = stdio::null()};
   options.env.set("COHORT_ERROR_FILE", file.string());
+  options.env.set("COHORT_TEST_CONSTRUCTOR_SLEEP_MS", "500");
   child c = co_await spawn(cmd, options);
   co_return co_await c.wait();
 }
@@ -363,6 +366,36 @@ TEST_SUITE("error_file") {
     CHECK(report->trace.find(" main") != std::string::npos);
     CHECK(report->trace.find("__libc_start") == std::string::npos);
     CHECK(report->timestamp.has_value());
+  }
+
+  TEST_CASE("two threads failing at once, one in a library's constructor as dlopen runs it, end the process") {
+    // The other thread names its frames first and waits for the loader's
+    // lock, which the constructor's thread holds: that one waits a bounded
+    // time for the other, then names its own frames through dladdr.
+    test::temp_dir dir;
+    const fs::path file = dir.path / "error.json";
+    asio::io_context io;
+    const exit_status status = test::run(io, run_throwing_constructor(file, "constructor-race"));
+    CHECK(status.exited());
+    CHECK(status.code() == 1);
+    const auto report = read_error_file(file);
+    REQUIRE(report.has_value());
+    CHECK(report->message.find("std::runtime_error: ") == 0);
+  }
+
+  TEST_CASE("an exception escaping a std::thread's function has a trace that ends at that function") {
+    test::temp_dir dir;
+    const fs::path file = dir.path / "error.json";
+    asio::io_context io;
+    const auto [status, out] = test::run(io, run_uncaught(file, "", "thread"));
+    CHECK(status.code() == 1);
+    const auto report = read_error_file(file);
+    REQUIRE(report.has_value());
+    INFO(report->trace);
+    CHECK(report->trace.rfind("#0 thrower::throw_uncaught()", 0) == 0);
+    // One frame: the thread's start (libc's, libstdc++'s, std::thread's
+    // calls into the function) is left out.
+    CHECK(report->trace.find("#1 ") == std::string::npos);
   }
 
   TEST_CASE("without libdw, a trace names frames by module and offset, and leaves out the C runtime's start") {

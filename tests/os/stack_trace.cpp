@@ -117,7 +117,8 @@ stack_frame through_split_library(const std::string& path, int& call_line) {
   call_line = line();
   std::vector<stack_frame> through;
   call([](void* out) { *static_cast<std::vector<stack_frame>*>(out) = cohort::os::current_stack(); }, &through);
-  const auto frame = std::find_if(through.begin(), through.end(), [&](const stack_frame& f) { return f.module == path; });
+  const auto frame =
+      std::find_if(through.begin(), through.end(), [&](const stack_frame& f) { return f.module == path; });
   REQUIRE(frame != through.end());
   return *frame;
 }

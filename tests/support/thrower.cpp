@@ -3,18 +3,23 @@
 // rank throws: it prints the line of that throw, then the trace the parent
 // received. Run as `thrower uncaught`, it asks for its uncaught exceptions
 // to be recorded, prints the line of its throw and throws from main's callee;
-// as `thrower constructor LIBRARY`, it asks the same and loads LIBRARY,
-// whose constructor throws.
+// as `thrower thread`, the same from a std::thread's function; as
+// `thrower constructor LIBRARY`, it asks the same and loads LIBRARY, whose
+// constructor throws; as `thrower constructor-race LIBRARY`, another thread
+// throws meanwhile.
 #include <cohort/error_file.hpp>
 #include <cohort/entry_point.hpp>
 #include <cohort/process_error.hpp>
 #include <cohort/spawn_and_join.hpp>
 
 #include <dlfcn.h>
+#include <execinfo.h>
 
+#include <chrono>
 #include <cstdio>
 #include <stdexcept>
 #include <string_view>
+#include <thread>
 
 namespace thrower {
 
@@ -40,8 +45,27 @@ int main(int argc, char** argv) {
     ::dlopen(argv[2], RTLD_NOW);
     return 3;
   }
+  if (argc == 3 && std::string_view(argv[1]) == "constructor-race") {
+    // The same, while another thread fails: it starts naming its frames
+    // and waits for the loader's lock, which this thread holds in dlopen.
+    cohort::record_uncaught_exceptions();
+    void* pcs[4];
+    ::backtrace(pcs, 4);  // the unwinder loaded ahead, which takes that lock too
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      thrower::throw_uncaught();
+    }).detach();
+    ::dlopen(argv[2], RTLD_NOW);
+    return 3;
+  }
   if (argc != 2) return 2;
   const std::string_view name = argv[1];
+  if (name == "thread") {
+    cohort::record_uncaught_exceptions();
+    std::printf("%d\n", thrower::uncaught_line);
+    std::fflush(stdout);
+    std::thread(thrower::throw_uncaught).join();
+  }
   if (name == "uncaught") {
     cohort::record_uncaught_exceptions();
     std::printf("%d\n", thrower::uncaught_line);
