@@ -66,10 +66,12 @@ bool below_the_function(const os::stack_frame& f, const std::string& own_module)
          f.function.find("start_context") != std::string::npos ||
          f.function.starts_with("__libc_start") || f.function == "_start" ||
          // A std::thread's start: libc's, libstdc++'s (unnamed: hidden) and
-         // the calls to the thread's function instantiated in the program.
+         // the calls to the thread's function instantiated in the program,
+         // which DWARF names inlined without their scope.
          f.function == "start_thread" || f.function.starts_with("__clone") ||
          (f.function.empty() && in_module(f, "libstdc++")) || f.function.starts_with("std::thread::_State_impl<") ||
          f.function.starts_with("std::thread::_Invoker<") || f.function.starts_with("std::__invoke") ||
+         f.file.ends_with("/bits/std_thread.h") || f.file.ends_with("/bits/invoke.h") ||
          (f.function.empty() && in_module(f, "/libc.so")) ||
          // Without symbols for hidden functions (no libdw), cohort's frames
          // below the function are known only by their module.
@@ -112,7 +114,10 @@ std::string trace_of_throw() {
   // The stack's start (_start, a thread's start) that no symbol names (no
   // libdw) is left out as a named one would be.
   if (end > first && frames[end - 1].outermost && frames[end - 1].function.empty()) --end;
-  while (end > first && below_the_function(frames[end - 1], own_module)) --end;
+  // The frame that threw stays, whatever it is named: code inlined into
+  // a frame named as one below the function (a thread's lambda in its
+  // std::thread caller, built without -g) is the function's.
+  while (end > first + 1 && below_the_function(frames[end - 1], own_module)) --end;
   std::string trace;
   for (std::size_t i = first; i < end; ++i) trace += fmt::format("#{} {}\n", i - first, os::describe(frames[i]));
   return trace;

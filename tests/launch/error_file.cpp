@@ -393,9 +393,13 @@ TEST_SUITE("error_file") {
     REQUIRE(report.has_value());
     INFO(report->trace);
     CHECK(report->trace.rfind("#0 thrower::throw_uncaught()", 0) == 0);
-    // One frame: the thread's start (libc's, libstdc++'s, std::thread's
-    // calls into the function) is left out.
-    CHECK(report->trace.find("#1 ") == std::string::npos);
+    // The function, then the thread's lambda that called it; the thread's
+    // start (libc's, libstdc++'s, std::thread's calls into the lambda) is
+    // left out.
+    CHECK(report->trace.find("#2 ") == std::string::npos);
+    for (const char* start : {"start_thread", "clone", "bits/", "_State_impl", "libstdc++"}) {
+      CHECK(report->trace.find(start) == std::string::npos);
+    }
   }
 
   TEST_CASE("without libdw, a trace names frames by module and offset, and leaves out the C runtime's start") {

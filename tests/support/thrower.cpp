@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
     cohort::record_uncaught_exceptions();
     std::printf("%d\n", thrower::uncaught_line);
     std::fflush(stdout);
-    std::thread(thrower::throw_uncaught).join();
+    std::thread([] { thrower::throw_uncaught(); }).join();
   }
   if (name == "uncaught") {
     cohort::record_uncaught_exceptions();
