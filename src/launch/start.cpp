@@ -36,7 +36,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <string_view>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -47,6 +46,7 @@
 #include <new>
 #include <optional>
 #include <stdexcept>
+#include <string_view>
 
 extern char** environ;
 

@@ -30,6 +30,13 @@ bool in_module(const os::stack_frame& f, std::string_view name) {
   return f.module.find(name) != std::string::npos;
 }
 
+// A frame of cohort's shared library (`own_module`; "" where cohort is
+// linked into the program) that no symbol names: without libdw, its hidden
+// functions are known only by their module.
+bool unnamed_in_cohort(const os::stack_frame& f, const std::string& own_module) {
+  return f.function.empty() && !own_module.empty() && f.module == own_module;
+}
+
 // A frame of the C++ runtime's throw and terminate, or of this handler.
 bool of_the_handler(const os::stack_frame& f, const std::string& own_module) {
   if (in_module(f, "libstdc++") || in_module(f, "libgcc_s")) return true;
@@ -43,9 +50,7 @@ bool of_the_handler(const os::stack_frame& f, const std::string& own_module) {
       return true;
     }
   }
-  // Without symbols for hidden functions (no libdw), the handler's
-  // frames are known only by their module.
-  return f.function.empty() && !own_module.empty() && f.module == own_module;
+  return unnamed_in_cohort(f, own_module);
 }
 
 // The frame that threw: the runtime's throw or rethrow.
@@ -72,10 +77,7 @@ bool below_the_function(const os::stack_frame& f, const std::string& own_module)
          (f.function.empty() && in_module(f, "libstdc++")) || f.function.starts_with("std::thread::_State_impl<") ||
          f.function.starts_with("std::thread::_Invoker<") || f.function.starts_with("std::__invoke") ||
          f.file.ends_with("/bits/std_thread.h") || f.file.ends_with("/bits/invoke.h") ||
-         (f.function.empty() && in_module(f, "/libc.so")) ||
-         // Without symbols for hidden functions (no libdw), cohort's frames
-         // below the function are known only by their module.
-         (f.function.empty() && !own_module.empty() && f.module == own_module);
+         (f.function.empty() && in_module(f, "/libc.so")) || unnamed_in_cohort(f, own_module);
 }
 
 // The shared library that holds cohort, or "" where cohort is linked into

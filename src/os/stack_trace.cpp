@@ -42,19 +42,24 @@ namespace {
 
 constexpr std::size_t max_frames = 128;
 
-// The module holding `pc` and pc's offset in it: for the program, its own
-// path where it was started as /proc/self/exe (a spawned rank), which names
-// another program to whoever reads the trace.
-std::pair<std::string, std::uintptr_t> module_of(std::uintptr_t pc) {
-  Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(pc), &info) == 0 || info.dli_fname == nullptr) return {"", pc};
+// The path of the module dladdr found: for the program, its own path where
+// it was started as /proc/self/exe (a spawned rank), which names another
+// program to whoever reads the trace.
+std::string module_path(const Dl_info& info) {
   std::string module = info.dli_fname;
   if (module == "/proc/self/exe") {
     std::array<char, 4096> path{};
     const ssize_t n = ::readlink("/proc/self/exe", path.data(), path.size() - 1);
     if (n > 0) module.assign(path.data(), static_cast<std::size_t>(n));
   }
-  return {module, pc - reinterpret_cast<std::uintptr_t>(info.dli_fbase)};
+  return module;
+}
+
+// The module holding `pc` and pc's offset in it.
+std::pair<std::string, std::uintptr_t> module_of(std::uintptr_t pc) {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(pc), &info) == 0 || info.dli_fname == nullptr) return {"", pc};
+  return {module_path(info), pc - reinterpret_cast<std::uintptr_t>(info.dli_fbase)};
 }
 
 // The calling function's callers' addresses, innermost first, at most
@@ -72,14 +77,15 @@ std::pair<std::string, std::uintptr_t> module_of(std::uintptr_t pc) {
   return out;
 }
 
+// The frame at `pc` as one dladdr names it: its module, and the exported
+// symbol that covers it, demangled (empty where none does).
 stack_frame named_by_dladdr(std::uintptr_t pc) {
   stack_frame f;
   f.pc = pc;
   Dl_info info{};
-  if (::dladdr(reinterpret_cast<void*>(pc), &info) != 0 && info.dli_sname != nullptr) {
-    f.function = demangle(info.dli_sname);
-  }
-  f.module = module_of(pc).first;
+  if (::dladdr(reinterpret_cast<void*>(pc), &info) == 0) return f;
+  if (info.dli_sname != nullptr) f.function = demangle(info.dli_sname);
+  if (info.dli_fname != nullptr) f.module = module_path(info);
   return f;
 }
 
@@ -386,12 +392,10 @@ bool symbolize(const std::vector<std::uintptr_t>& pcs, std::vector<stack_frame>&
       frames.push_back(named_by_dladdr(pc));
       continue;
     }
-    stack_frame physical;
-    physical.pc = pc;
-    physical.function = symbol_name(dw->addrname(module, pc));
-    physical.module = module_of(pc).first;
+    // Named from the full symbol table, else from the exported one.
+    stack_frame physical = named_by_dladdr(pc);
+    if (std::string name = symbol_name(dw->addrname(module, pc)); !name.empty()) physical.function = std::move(name);
     if (of_the_runtime(physical.module) || !add_inlined_frames(*dw, module, pc, physical, frames)) {
-      if (physical.function.empty()) physical.function = named_by_dladdr(pc).function;
       frames.push_back(std::move(physical));
     }
     if (frames.size() >= max_frames) break;
