@@ -7,6 +7,7 @@
 #include "cohort/error_file.hpp"
 #include "cohort/when_any.hpp"
 #include "launch/entry.hpp"
+#include "launch/unfinished_report.hpp"
 #include "group/descendants.hpp"
 #include "group/error_dir.hpp"
 #include "group/rank_groups.hpp"
@@ -239,14 +240,14 @@ struct group_state {
 
 namespace {
 
-// Removes from `folder` the unfinished reports (error.json.<pid>-<n>.tmp)
+// Removes from `folder` the unfinished reports (detail::unfinished_report)
 // that ranks killed while writing their error files left there.
 void remove_unfinished_reports(const std::filesystem::path& folder) {
   std::error_code ec;
   std::vector<std::filesystem::path> unfinished;
   for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (name.starts_with("error.json.") && name.ends_with(".tmp")) unfinished.push_back(it->path());
+    if (is_unfinished_report(name, "error.json")) unfinished.push_back(it->path());
   }
   for (const auto& path : unfinished) std::filesystem::remove(path, ec);
 }

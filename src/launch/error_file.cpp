@@ -2,6 +2,7 @@
 #include "cohort/error_file.hpp"
 
 #include "launch/json_text.hpp"
+#include "launch/unfinished_report.hpp"
 #include "os/demangle.hpp"
 #include "os/owned_fd.hpp"
 #include "os/quiet_sigpipe.hpp"
@@ -108,8 +109,7 @@ bool replace_file(const std::filesystem::path& path, std::string_view text) {
   std::filesystem::path temporary;
   os::owned_fd fd;
   do {
-    temporary = path;
-    temporary += fmt::format(".{}-{}.tmp", ::getpid(), temporaries.fetch_add(1, std::memory_order_relaxed));
+    temporary = detail::unfinished_report(path, temporaries.fetch_add(1, std::memory_order_relaxed));
     fd = os::owned_fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
   } while (fd.get() < 0 && errno == EEXIST);
   if (fd.get() < 0) return write_in_place(path, text);
@@ -126,6 +126,29 @@ bool replace_file(const std::filesystem::path& path, std::string_view text) {
 }
 
 }  // namespace
+
+namespace detail {
+
+std::filesystem::path unfinished_report(const std::filesystem::path& report, unsigned n) {
+  auto path = report;
+  path += fmt::format(".{}-{}.tmp", ::getpid(), n);
+  return path;
+}
+
+bool is_unfinished_report(std::string_view name, std::string_view report_name) noexcept {
+  constexpr std::string_view suffix = ".tmp";
+  if (!name.starts_with(report_name) || !name.ends_with(suffix)) return false;
+  name = name.substr(report_name.size(), name.size() - report_name.size() - suffix.size());
+  // What is left: ".<pid>-<n>".
+  const auto digits = [](std::string_view part) {
+    return !part.empty() && part.find_first_not_of("0123456789") == std::string_view::npos;
+  };
+  const auto dash = name.find('-');
+  return name.starts_with('.') && dash != std::string_view::npos && digits(name.substr(1, dash - 1)) &&
+         digits(name.substr(dash + 1));
+}
+
+}  // namespace detail
 
 std::optional<std::filesystem::path> error_file_path() {
   for (const char* name : {"COHORT_ERROR_FILE", "TORCHELASTIC_ERROR_FILE"}) {

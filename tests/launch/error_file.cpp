@@ -2,6 +2,7 @@
 
 #include "cohort/spawn.hpp"
 
+#include "launch/unfinished_report.hpp"
 #include "os/stack_trace.hpp"
 
 #include "support/harness.hpp"
@@ -74,6 +75,25 @@ nlohmann::json parse(const fs::path& path) {
 }  // namespace
 
 TEST_SUITE("error_file") {
+  // The writer's name for a report in progress and the sweep's test of a
+  // name are one pair: a sweep that missed the writer's name would leave
+  // killed ranks' files piling up, one that took more would remove a
+  // user's files.
+  TEST_CASE("the name of a report being written is recognised beside its report, and no other") {
+    const auto written = cohort::detail::unfinished_report("/some/where/error.json", 7);
+    CHECK(written.parent_path() == "/some/where");
+    const auto name = written.filename().string();
+    CHECK(name == fmt::format("error.json.{}-7.tmp", ::getpid()));
+    CHECK(cohort::detail::is_unfinished_report(name, "error.json"));
+    CHECK(cohort::detail::is_unfinished_report("error.json.4242-0.tmp", "error.json"));
+    for (const char* other : {"error.json", "error.json.tmp", "error.json..tmp", "error.json.4242.tmp",
+                              "error.json.4242-.tmp", "error.json.-0.tmp", "error.json.x-0.tmp", "error.json.42-0x.tmp",
+                              "error.json.4242-0.tmp.bak", "error.jsonx.4242-0.tmp", "other.json.4242-0.tmp"}) {
+      CAPTURE(other);
+      CHECK_FALSE(cohort::detail::is_unfinished_report(other, "error.json"));
+    }
+  }
+
   TEST_CASE("an exception is written in torchelastic's error.json shape") {
     test::temp_dir dir;
     error_file_env env(dir.path / "error.json");
