@@ -2,6 +2,7 @@
 // processes killed outright left there.
 #include "group/error_dir.hpp"
 
+#include "os/descriptor_limit.hpp"
 #include "os/process_identity.hpp"
 #include "os/temp_directory.hpp"
 
@@ -77,7 +78,8 @@ void for_each_name(const std::filesystem::path& dir, F&& f) noexcept {
 
 [[noreturn]] void fail(int error, const std::filesystem::path& dir, const char* what) {
   throw std::system_error(error, std::system_category(),
-                          fmt::format("cohort: the error files' directory {}: {}", dir.string(), what));
+                          fmt::format("cohort: the error files' directory {}: {}{}", dir.string(), what,
+                                      os::descriptor_limit_note(error)));
 }
 
 // Whether `dir` is, or has now been made, a directory of user `self` that

@@ -1198,6 +1198,11 @@ bool leads_group(const spawn_options& o) { return o.new_process_group || o.new_s
 
 group start_processes(const asio::any_io_executor& executor, const group_spec& spec) {
   detail::validate(spec);
+  // Before the group's timers, which would bring up asio's reactor with a
+  // bare message of asio's where no descriptor is left.
+  if (detail::launch_failure f; !detail::ready_to_wait(executor, f)) {
+    throw std::system_error(f.error, std::system_category(), detail::describe_failure("cohort::start_processes", f));
+  }
   auto state = std::make_shared<detail::group_state>(executor, spec);
   detail::become_subreaper();
   state->subreaper = true;

@@ -24,6 +24,7 @@ namespace cohort::detail {
 enum class stage {
   none, path_lookup, open_file, pipe, clone, signals, inherit, setpgid, setsid, pdeathsig, dup2, chdir, fds, hook, exec,
   start,
+  reactor,  ///< asio's reactor for the io_context (its epoll and eventfd) could not be brought up
   died  ///< a vfork-style child ended before its exec without saying why (a signal: the hook overran its stack)
 };
 
@@ -186,6 +187,13 @@ std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, std::
 /// and why, and no process left.
 std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executor, const command& cmd,
                                             const spawn_options& options, launch_failure& f);
+
+/// Brings up the cohort service of `executor`'s io_context, and with it
+/// asio's reactor (an epoll descriptor and an eventfd), before a process
+/// starts: brought up later, inside the first wait for a child, a failure
+/// for want of a descriptor could only fail that wait. False, with `f` set
+/// (stage::reactor and the error), where it cannot be.
+bool ready_to_wait(const asio::any_io_executor& executor, launch_failure& f);
 
 /// How many descriptors this process holds for a child started with
 /// `options` on `executor` while the child runs: its pidfd, the parent's

@@ -564,6 +564,7 @@ std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executo
   // Refused before a process is made: its wait could run nowhere else (a
   // callback or use_future's system executor, unbound).
   auto context = context_lifetime(executor);
+  if (!ready_to_wait(executor, f)) return nullptr;
   refuse_nul(cmd.program, "the program name");
   for (std::size_t i = 0; i < cmd.args.size(); ++i) refuse_nul(cmd.args[i], fmt::format("argument {}", i + 1));
   std::string path = find_program(cmd.program, options.env, options.cwd, f);
@@ -601,10 +602,21 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
     case stage::hook: cause = ": spawn_options::before_exec"; break;
     case stage::exec: cause = ": execve"; break;
     case stage::start: cause = f.detail.empty() ? "" : ": " + f.detail; break;
+    case stage::reactor: cause = ": bringing up asio's reactor for the io_context"; break;
     case stage::died: cause = ": ended before its exec, " + f.detail; break;
     case stage::none: break;
   }
   return what + cause + os::descriptor_limit_note(f.error);
+}
+
+bool ready_to_wait(const asio::any_io_executor& executor, launch_failure& f) {
+  try {
+    (void)uring::service_of(executor);
+    return true;
+  } catch (const std::system_error& e) {
+    f = {stage::reactor, e.code().value(), ""};
+    return false;
+  }
 }
 
 std::size_t descriptors_per_child(const asio::any_io_executor& executor, const spawn_options& options) {

@@ -1740,6 +1740,29 @@ TEST_SUITE("group") {
     }
   }
 
+  // Before, the group's timers brought up asio's reactor on a fresh
+  // io_context, and with a descriptor or two left that failed with asio's
+  // bare "eventfd_select_interrupter: Too many open files".
+  TEST_CASE("on a fresh io_context, a group with few descriptors left runs or fails naming the limit") {
+    for (int free = 0; free <= 8; ++free) {
+      CAPTURE(free);
+      std::optional<run_result> result;
+      std::string failure;
+      {
+        test::nofile_limit limit(static_cast<rlim_t>(test::open_fd_count() + free));
+        try {
+          result = run_group(ranks_of(2, {"exit", "0"}));
+        } catch (const std::system_error& e) {
+          failure = e.what();
+          CHECK(e.code() == std::error_code(EMFILE, std::system_category()));
+          CHECK(failure.find(fmt::format("RLIMIT_NOFILE is {}", limit.current())) != std::string::npos);
+        }
+      }
+      if (result) CHECK(result->ok());
+      else CHECK(failure.starts_with("cohort"));
+    }
+  }
+
   TEST_CASE("the descriptor table has room for every rank's descriptors before the first rank starts") {
     // Forked, so that the table is only as large as the open descriptors
     // need. Each rank's before_exec reads its parent's FDSize (the hook runs
