@@ -1749,13 +1749,13 @@ TEST_SUITE("group") {
       std::optional<run_result> result;
       std::string failure;
       {
-        test::nofile_limit limit(static_cast<rlim_t>(test::open_fd_count() + free));
+        const test::descriptors_left left(free);
         try {
           result = run_group(ranks_of(2, {"exit", "0"}));
         } catch (const std::system_error& e) {
           failure = e.what();
           CHECK(e.code() == std::error_code(EMFILE, std::system_category()));
-          CHECK(failure.find(fmt::format("RLIMIT_NOFILE is {}", limit.current())) != std::string::npos);
+          CHECK(failure.find(fmt::format("RLIMIT_NOFILE is {}", left.limit.current())) != std::string::npos);
         }
       }
       if (result) CHECK(result->ok());

@@ -573,6 +573,31 @@ TEST_SUITE("entry points") {
     });
   }
 
+  // Before, spawn_and_join's own io_context threw asio's bare
+  // "eventfd_select_interrupter: Too many open files" with a descriptor or
+  // two left.
+  TEST_CASE("spawn_and_join with few descriptors left runs or fails naming the limit") {
+    for (int free = 0; free <= 8; ++free) {
+      CAPTURE(free);
+      bool ran = false;
+      std::string failure;
+      {
+        const test::descriptors_left left(free);
+        try {
+          join_options options;
+          options.method = start_method::fork;
+          spawn_and_join(entry_tests::succeed, std::tuple{}, 2, options);  // throws where a rank failed
+          ran = true;
+        } catch (const std::system_error& e) {
+          failure = e.what();
+          CHECK(e.code() == std::error_code(EMFILE, std::system_category()));
+          CHECK(failure.find(fmt::format("RLIMIT_NOFILE is {}", left.limit.current())) != std::string::npos);
+        }
+      }
+      if (!ran) CHECK(failure.starts_with("cohort"));
+    }
+  }
+
   TEST_CASE("two functions registered under one name are each refused by it, and say why") {
     const std::string why = "cohort: two different entry points are registered as 'work'";
     CHECK(refusal_of(shared_a::work) == why);

@@ -617,7 +617,7 @@ TEST_SUITE("spawn") {
         std::optional<exit_status> status;
         std::string failure;
         {
-          test::nofile_limit limit(static_cast<rlim_t>(test::open_fd_count() + free));
+          const test::descriptors_left left(free);
           try {
             const command cmd{test::target, {"exit", "3"}};
             spawn_options options;
@@ -627,7 +627,7 @@ TEST_SUITE("spawn") {
           } catch (const std::system_error& e) {
             failure = e.what();
             CHECK(e.code() == std::error_code(EMFILE, std::system_category()));
-            CHECK(failure.find(fmt::format("RLIMIT_NOFILE is {}", limit.current())) != std::string::npos);
+            CHECK(failure.find(fmt::format("RLIMIT_NOFILE is {}", left.limit.current())) != std::string::npos);
           }
         }
         if (status) {

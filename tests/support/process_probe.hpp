@@ -216,8 +216,27 @@ struct nofile_limit {
   }
 };
 
-/// The number the next new descriptor would get: with the soft limit there,
-/// no descriptor can be created.
+/// Exactly `free` more descriptors to be had for a scope (fewer where this
+/// process holds descriptors above the limit): the soft limit lowered to
+/// the open ones plus `free`, the gaps below it filled with /dev/null, and
+/// those closed again at its end.
+struct descriptors_left {
+  nofile_limit limit;
+  std::vector<int> filler;
+  explicit descriptors_left(int free) : limit(static_cast<rlim_t>(open_fd_count() + free)) {
+    for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) filler.push_back(fd);
+    for (int i = 0; i < free && !filler.empty(); ++i) {
+      ::close(filler.back());
+      filler.pop_back();
+    }
+  }
+  descriptors_left(const descriptors_left&) = delete;
+  descriptors_left& operator=(const descriptors_left&) = delete;
+  ~descriptors_left() {
+    for (int fd : filler) ::close(fd);
+  }
+};
+
 /// A process that traces `pid` (PTRACE_SEIZE) and never waits for it. A
 /// tracer collects a traced process's exit before its parent can: once
 /// `pid` dies, its parent cannot reap it until the holder ends. Not while
