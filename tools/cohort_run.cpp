@@ -1013,6 +1013,12 @@ int run(run_options o, run_record& record) {
 }  // namespace
 }  // namespace cohort_run
 
+// A shutdown signal from before main on (the program's static
+// initialization, such as the C++ locale's, takes longer than main's own
+// start) ends the run as one during it does, not by its default action:
+// the signal_owner takes it.
+[[gnu::constructor(101)]] void hold_signals_before_main() { cohort_run::hold_signals_from_start(); }
+
 int main(int argc, char** argv) {
   using namespace cohort_run;
   // A standard stream started closed (`2>&-`) gets /dev/null, as the ranks
@@ -1030,16 +1036,19 @@ int main(int argc, char** argv) {
   std::optional<run_options> options;
   run_record record;
   int code = 1;
-  // A console whose reader has gone fails cohort-run's writes instead of
+  // A console whose reader has gone, or a file past RLIMIT_FSIZE (a log, the
+  // results, a copied error file), fails cohort-run's writes instead of
   // ending it: the ranks run on, and the outcome is still recorded. Its
-  // ranks start with SIGPIPE at its default again (spawn resets an ignored
-  // SIGPIPE, as a shell does).
+  // ranks start with SIGPIPE and SIGXFSZ at their defaults again (spawn
+  // resets them where ignored, as a shell does).
   ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGXFSZ, SIG_IGN);
   try {
     options = parse_options(argc, argv);
     code = run(*options, record);
   } catch (const usage_error& e) {
     say("cohort-run: {}\nRun cohort-run --help for the options.\n", e.what());
+    release_signals_held_from_start();  // one that came meanwhile acts now, as it would have
     return 2;
   } catch (const std::filesystem::filesystem_error& e) {  // the logs' folder or files
     say("cohort-run: {}\n", e.what());
@@ -1063,5 +1072,6 @@ int main(int argc, char** argv) {
     write_own_error_file(record);
     print_summary(record);
   }
+  release_signals_held_from_start();  // where no signal_owner took them over
   return code;
 }

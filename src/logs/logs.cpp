@@ -27,7 +27,9 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/inotify.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -218,7 +220,7 @@ constexpr std::chrono::milliseconds room_retry{10};
 // (os::write_unwaiting), moving both past what it took: 0 once all is written,
 // else the errno that stopped it, EAGAIN when a descriptor that does not
 // wait took nothing more within inline_wait_ms. Where `fd` can raise
-// SIGPIPE, the caller holds an os::quiet_sigpipe.
+// SIGPIPE (or SIGXFSZ), the caller holds an os::quiet_signal.
 int write_out(int fd, os::write_way way, const char*& at, std::size_t& left) {
   while (left > 0) {
     const ssize_t n = os::write_unwaiting(fd, way, at, left);
@@ -242,9 +244,10 @@ int write_out(int fd, os::write_way way, const char*& at, std::size_t& left) {
 // the console does not take within inline_wait_ms is kept in the backlog
 // (`later`); `refused` with c.error set when the console refuses it (its
 // reader has gone: EPIPE, never SIGPIPE).
-offered put(console_out& c, const char* data, std::size_t size) {
-  std::optional<os::quiet_sigpipe> quiet;
-  if (c.pipe && c.way != os::write_way::send) quiet.emplace();
+offered put(console_out& c, bool size_limited, const char* data, std::size_t size) {
+  std::optional<os::quiet_signal> quiet;
+  if (c.pipe && c.way != os::write_way::send) quiet.emplace(SIGPIPE);
+  else if (size_limited && !c.pipe) quiet.emplace(SIGXFSZ);
   const char* old = c.backlog.data() + c.taken;
   std::size_t old_left = c.backlog.size() - c.taken;
   int error = write_out(c.fd, c.way, old, old_left);
@@ -271,6 +274,10 @@ offered put(console_out& c, const char* data, std::size_t size) {
 
 struct group_logs::state {
   std::vector<log_stream> streams;
+  // RLIMIT_FSIZE was finite when the group started: a write to a file past
+  // it raises SIGXFSZ, which is kept off the process as SIGPIPE is (and
+  // only then: that costs three system calls a write).
+  bool size_limited = false;
   // A read is delivered before its pump waits again, so the streams share
   // the scratches: as many as threads read at the same time, whatever the
   // number of streams, and warm in the cache of the thread that reuses one.
@@ -394,6 +401,7 @@ std::string expand_prefix(const std::string& pattern, const std::string& role, i
 
 group_logs::group_logs(const logs_spec& spec, const spawn_options& options, const std::string& role, int nprocs)
     : state_(std::make_shared<state>()) {
+  if (rlimit limit{}; ::getrlimit(RLIMIT_FSIZE, &limit) == 0) state_->size_limited = limit.rlim_cur != RLIM_INFINITY;
   if (!spec.dir.empty()) check_folder_names(spec);
   check_ranks("redirects", spec.redirects, nprocs);
   check_ranks("tee", spec.tee, nprocs);
@@ -570,8 +578,9 @@ void lose_file(group_logs::state& st, log_stream& s, int error) {
 // taken it (file_room).
 void write_file(group_logs::state& st, log_stream& s, const char* data, std::size_t size) {
   if (s.file.get() < 0) return;
-  std::optional<os::quiet_sigpipe> quiet;
-  if (s.file_is_pipe) quiet.emplace();
+  std::optional<os::quiet_signal> quiet;
+  if (s.file_is_pipe) quiet.emplace(SIGPIPE);
+  else if (st.size_limited) quiet.emplace(SIGXFSZ);
   const char* old = s.file_backlog.data() + s.file_taken;
   std::size_t old_left = s.file_backlog.size() - s.file_taken;
   int error = write_out(s.file.get(), os::write_way::plain, old, old_left);
@@ -717,7 +726,7 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
   }
   if (!lines.empty()) {
     std::lock_guard lock(s.out->mutex);
-    if (put(*s.out, lines.data(), lines.size()) == offered::refused) lose_console(st, s, s.out->error);
+    if (put(*s.out, st.size_limited, lines.data(), lines.size()) == offered::refused) lose_console(st, s, s.out->error);
   }
 }
 
@@ -759,7 +768,7 @@ asio::awaitable<void> console_room(group_logs::state& st, log_stream& s, const a
       co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
     std::lock_guard lock(s.out->mutex);
-    if (s.console >= 0 && put(*s.out, nullptr, 0) == offered::refused) lose_console(st, s, s.out->error);
+    if (s.console >= 0 && put(*s.out, st.size_limited, nullptr, 0) == offered::refused) lose_console(st, s, s.out->error);
   }
 }
 
@@ -860,7 +869,7 @@ void end_stream(group_logs::state& st, log_stream& s) {
   if (!s.pending.empty() && s.console >= 0) {
     const std::string out = s.prefix + s.pending + '\n';
     std::lock_guard lock(s.out->mutex);
-    if (put(*s.out, out.data(), out.size()) == offered::refused) lose_console(st, s, s.out->error);
+    if (put(*s.out, st.size_limited, out.data(), out.size()) == offered::refused) lose_console(st, s, s.out->error);
   }
   s.pending.clear();
   s.source.reset();

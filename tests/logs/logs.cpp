@@ -726,6 +726,48 @@ TEST_CASE("a console whose reader has gone: no SIGPIPE here, the ranks run on, t
   }
 }
 
+// Before, a pump's write past RLIMIT_FSIZE raised SIGXFSZ, whose default
+// action ended the supervising process.
+TEST_CASE("log files and a console file past RLIMIT_FSIZE: no SIGXFSZ here, log_errors names each file") {
+  test::temp_dir dir;
+  const fs::path console_path = dir.path / "console";
+  // In a child of its own: the limit, and SIGXFSZ at its default (as in
+  // most programs), are the child's.
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 10;
+    try {
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      const rlimit little{64 * 1024, RLIM_INFINITY};
+      if (::sigaction(SIGXFSZ, &dfl, nullptr) != 0 || ::setrlimit(RLIMIT_FSIZE, &little) != 0) ::_exit(11);
+      auto spec = shell_ranks(2, "seq 1 40000");  // 229 KiB each
+      tee_or_prefix(spec, dir.path, true, true);
+      const int console = ::open(console_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      spec.logs.console_out = console;
+      const auto r = run_group(spec);
+      int named = 0;  // the two ranks' stdout.log and the console
+      for (const auto& e : r.log_errors) {
+        if (e.find(std::strerror(EFBIG)) != std::string::npos) ++named;
+      }
+      code = r.ok() && named == 3 ? 0 : 12;
+    } catch (...) {
+      code = 13;
+    }
+    ::_exit(code);
+  }
+  REQUIRE(pid > 0);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK_FALSE(WIFSIGNALED(status));
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(fs::file_size(console_path) == 64 * 1024);
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(fs::file_size(dir.path / "none" / "attempt_0" / std::to_string(rank) / "stdout.log") == 64 * 1024);
+  }
+}
+
 TEST_CASE("a console nobody reads holds up neither the first failure nor the shutdown, and gets every line once read") {
   bool through_pipes = false, files = true;
   SUBCASE("followed") {}

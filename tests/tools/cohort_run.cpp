@@ -1836,6 +1836,26 @@ TEST_SUITE("cohort-run") {
     sigterm_ends_a_run_whose_console_is_never_read(as_nobody);
   }
 
+  // Before, the first log write past the limit raised SIGXFSZ, whose
+  // default action ended cohort-run: no summary, no result.json, exit 153.
+  TEST_CASE("log files past RLIMIT_FSIZE are named in the summary, and the run ends as its ranks did") {
+    test::temp_dir logs;
+    const std::string script =
+        "ulimit -f 100 && exec \"$1\" --log-dir \"$0\" --run-id fsize --tee-through-pipes -t 3 -n 2 -- "
+        "/bin/sh -c 'head -c 300000 /dev/zero; exit 0'";
+    const command cmd("/bin/sh", {"-c", script, logs.path.string(), launcher});
+    auto r = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; });
+    CHECK(r.status.code() == 0);
+    CHECK(r.err.find(std::string("(") + std::strerror(EFBIG) + ")") != std::string::npos);
+    const auto folder = run_folder(logs.path, "fsize");
+    CHECK(fs::exists(folder / "result.json"));
+    // Cut at the limit: 100 blocks, of 512 bytes in dash's ulimit, 1024 in bash's.
+    for (int rank = 0; rank < 2; ++rank) {
+      const auto size = fs::file_size(folder / "attempt_0" / std::to_string(rank) / "stdout.log");
+      CHECK((size == 100 * 512 || size == 100 * 1024));
+    }
+  }
+
   TEST_CASE("a log dir that fills up is named in the summary with the cause") {
     // A 64 KiB tmpfs of its own, in a mount namespace of its own.
     if (std::system("unshare -Urm true 2>/dev/null") != 0) {

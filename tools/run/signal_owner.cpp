@@ -15,6 +15,32 @@
 
 namespace cohort_run {
 
+namespace {
+
+// The mask at the start of main, and whether hold_signals_from_start()
+// changed it since.
+sigset_t started_with;
+bool held = false;
+
+sigset_t held_from_start() noexcept {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) sigaddset(&set, sig);
+  return set;
+}
+
+}  // namespace
+
+void hold_signals_from_start() noexcept {
+  const sigset_t set = held_from_start();
+  held = ::pthread_sigmask(SIG_BLOCK, &set, &started_with) == 0;
+}
+
+void release_signals_held_from_start() noexcept {
+  if (held) ::pthread_sigmask(SIG_SETMASK, &started_with, nullptr);
+  held = false;
+}
+
 signal_owner::signal_owner(std::vector<int> shutdown, std::vector<int> passed_on)
     : shutdown_(std::move(shutdown)), passed_on_(std::move(passed_on)) {
   sigset_t taken;
@@ -29,6 +55,14 @@ signal_owner::signal_owner(std::vector<int> shutdown, std::vector<int> passed_on
   }
   signals_fd_ = ::signalfd(-1, &taken, SFD_CLOEXEC | SFD_NONBLOCK);
   if (signals_fd_ < 0) throw std::system_error(errno, std::system_category(), "cohort-run: signalfd");
+  if (held) {
+    sigset_t others = held_from_start();
+    for (int sig = 1; sig < NSIG; ++sig) {
+      if (sigismember(&taken, sig) == 1 || sigismember(&started_with, sig) == 1) sigdelset(&others, sig);
+    }
+    ::pthread_sigmask(SIG_UNBLOCK, &others, nullptr);
+    held = false;
+  }
   // A line of cohort-run's own that waits for a console nobody reads keeps
   // the signalfd unread: one of these, pending, limits that wait.
   sigset_t ending;

@@ -22,11 +22,25 @@
 
 namespace cohort_run {
 
+/// Blocks the signals cohort-run handles and forwards unless its options
+/// say otherwise (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2), from
+/// the start of main, before its options are read: one sent meanwhile
+/// waits, pending, for the signal_owner, which then takes it or, where the
+/// options leave it out, unblocks it to its own action. Call in the
+/// process's only thread.
+void hold_signals_from_start() noexcept;
+/// The mask the process started with, back (hold_signals_from_start's
+/// undone), for an exit before any signal_owner: a signal held meanwhile
+/// then takes its own action.
+void release_signals_held_from_start() noexcept;
+
 class signal_owner {
  public:
   /// Blocks `shutdown` and `passed_on` in the calling thread, which must be
   /// the process's only one (threads made later inherit the mask; ranks
-  /// start with none blocked), and opens the signalfd. Throws
+  /// start with none blocked), and opens the signalfd. Those that
+  /// hold_signals_from_start() blocked and neither list holds are unblocked
+  /// (unless the process started with them blocked). Throws
   /// std::system_error when it cannot be had.
   signal_owner(std::vector<int> shutdown, std::vector<int> passed_on);
   /// The signals stay blocked: one that comes later changes nothing of a
