@@ -507,7 +507,12 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
   if (result_fd >= 0) opts.keep_fds.push_back(result_fd);
   const command cmd = *reexecution({"--cohort-entry", call.name, std::to_string(rank)});  // checked above
   launch_failure f;
-  auto state = launch_program(executor, cmd, opts, f);
+  std::shared_ptr<child_state> state;
+  try {
+    state = launch_program(executor, cmd, opts, f);
+  } catch (const std::invalid_argument& e) {  // the options refused (an environment variable's name): the rank named
+    throw std::invalid_argument(fmt::format("{}: {}", what, e.what()));
+  }
   if (!state) {
     // Set-up failures (a working directory, a file for a stream) name their
     // cause; the exec itself is this program's re-execution.
@@ -598,7 +603,11 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     std::vector<int> keep;
     if (x.result.get() >= 0) keep.push_back(x.result.get());
     if (call.method == start_method::fork) keep.push_back(report_write.get());
-    x.prepared = std::make_unique<prepared_launch>(options[r], keep, f);
+    try {
+      x.prepared = std::make_unique<prepared_launch>(options[r], keep, f);
+    } catch (const std::invalid_argument& e) {  // as start_spawned names it
+      throw std::invalid_argument(fmt::format("{}: {}", describe_rank(call, static_cast<int>(r)), e.what()));
+    }
     if (!x.prepared->ok()) fail(r, f);
     x.prepared->plan().close_now = true;  // no exec to close them at
   }

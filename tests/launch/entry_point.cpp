@@ -598,6 +598,26 @@ TEST_SUITE("entry points") {
     }
   }
 
+  // Before, the environment's refusal came unnamed, where a program's rank
+  // was named.
+  TEST_CASE("a function's rank whose environment is refused is named, under every start method") {
+    for_each_method([](start_method method) {
+      group_spec spec;
+      spec.entry = call(method, succeed);
+      spec.nprocs = 3;
+      spec.envs = {{0, {}}, {1, {}}, {2, {{"A=B", "1"}}}};
+      try {
+        run_group(spec);
+        FAIL("the group started");
+      } catch (const std::invalid_argument& e) {
+        CHECK(std::string(e.what()) ==
+              fmt::format("cohort: rank 2 of 'succeed' ({}): cohort::environment: bad variable name 'A=B': it holds '='",
+                          to_string(method)));
+      }
+      CHECK(test::children_of_self().empty());
+    });
+  }
+
   TEST_CASE("two functions registered under one name are each refused by it, and say why") {
     const std::string why = "cohort: two different entry points are registered as 'work'";
     CHECK(refusal_of(shared_a::work) == why);
