@@ -306,12 +306,14 @@ asio::awaitable<group> start_processes_on(asio::any_io_executor executor, group_
 /// nor a fork of a `fork` rank that executes nothing. Or when a shutdown
 /// starts while its rank still runs: it is found by parent links then.
 /// `spec` is copied
-/// when the operation is made. The launch blocks the thread it runs on;
-/// cancellation has nothing to stop.
+/// when the operation is made. A cancellation of any type (terminal,
+/// partial or total) emitted before the operation runs starts no rank, and
+/// it completes with asio::error::operation_aborted. The launch blocks the
+/// thread it runs on; once it runs, cancellation has nothing to stop.
 template <completion_token_of<group> Token = default_token>
 [[nodiscard]] auto start_processes(const group_spec& spec, Token&& token = {}) {
-  return detail::async_awaitable<group>(
-      std::nullopt,
+  return detail::async_awaitable_stoppable_until_started<group>(
+      "cohort::start_processes", std::nullopt,
       // Made once per operation: its copy of the spec moves on into the start.
       [spec](asio::any_io_executor executor) mutable {
         return detail::start_processes_on(std::move(executor), std::move(spec));
@@ -321,8 +323,8 @@ template <completion_token_of<group> Token = default_token>
 /// As above, supervision on `executor` (an io_context's).
 template <completion_token_of<group> Token>
 [[nodiscard]] auto start_processes(const asio::any_io_executor& executor, const group_spec& spec, Token&& token) {
-  return detail::async_awaitable<group>(
-      executor,
+  return detail::async_awaitable_stoppable_until_started<group>(
+      "cohort::start_processes", executor,
       [spec](asio::any_io_executor where) mutable {
         return detail::start_processes_on(std::move(where), std::move(spec));
       },

@@ -1700,21 +1700,35 @@ TEST_SUITE("group") {
     for (pid_t pid : pids) CHECK_FALSE(test::alive(pid));
   }
 
-  TEST_CASE("a deferred start cancelled before it runs starts no rank and completes as aborted") {
-    asio::io_context io;
-    const group_spec spec = ranks_of(2, {"sleep", "30"});
-    auto start = start_processes(spec, asio::experimental::deferred);
-    asio::cancellation_signal cancel;
-    std::exception_ptr error;
-    group started;
-    std::move(start)(asio::bind_cancellation_slot(cancel.slot(), asio::bind_executor(io, [&](std::exception_ptr e, group g) {
-      error = e;
-      started = std::move(g);
-    })));
-    cancel.emit(asio::cancellation_type::terminal);
-    io.run();
-    CHECK(test::aborted(error));
-    CHECK(started.pids().empty());
+  // Before, a partial or total cancellation emitted before the start ran
+  // was lost, and the ranks started.
+  TEST_CASE("a deferred start cancelled before it runs, by any type of cancellation, starts no rank and completes as "
+            "aborted") {
+    const asio::cancellation_type types[] = {asio::cancellation_type::terminal, asio::cancellation_type::partial,
+                                             asio::cancellation_type::total};
+    for (const auto type : types) {
+      CAPTURE(static_cast<int>(type));
+      asio::io_context io;
+      const group_spec spec = ranks_of(2, {"sleep", "30"});
+      auto start = start_processes(spec, asio::experimental::deferred);
+      asio::cancellation_signal cancel;
+      std::exception_ptr error;
+      group started;
+      std::move(start)(asio::bind_cancellation_slot(cancel.slot(), asio::bind_executor(io, [&](std::exception_ptr e, group g) {
+        error = e;
+        started = std::move(g);
+      })));
+      cancel.emit(type);
+      io.run();
+      CHECK(test::aborted(error));
+      try {
+        if (error) std::rethrow_exception(error);
+      } catch (const std::system_error& e) {
+        CHECK(std::string(e.what()).starts_with("cohort::start_processes"));
+      }
+      CHECK(started.pids().empty());
+      CHECK(test::children_of_self().empty());
+    }
   }
 
   TEST_CASE("program ranks run the spawn options' before_exec hook") {
