@@ -931,29 +931,64 @@ void end_unfinished(group_state& state) noexcept {
     return std::all_of(state.children.begin(), state.children.end(),
                        [&reapable](const child& c) { return !c || c.status() || reapable(c); });
   };
-  try {
-    track_descendants(state, true);
-    signal_running(state, SIGKILL);
-    const auto until = steady::now() + std::chrono::seconds(1);
-    for (;;) {
-      const bool dead = ranks_dead();
-      take_adopted(state);
-      if ((state.descendants.kill_and_reap() && dead) || steady::now() >= until) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  } catch (...) {
-    // Out of memory or descriptors for the scan: the ranks still go.
-  }
   // The ranks by their child objects: a start that failed partway has not
   // gathered `pids`. Those handed to a thread stay ours until it reaps them.
   std::vector<pid_t> ranks, unreaped;
+  bool all_ranks = true;
   try {
+    ranks.reserve(state.children.size());
     for (const auto& c : state.children) {
       if (c) ranks.push_back(c.pid());
     }
   } catch (...) {
-    ranks.clear();  // out of memory: no sweep, rather than half of one
+    all_ranks = false;  // out of memory: no sweep, rather than half of one
   }
+  // A start that failed for want of descriptors (EMFILE) left none for the
+  // scans: each rank that has died is reaped and let go of at once, its
+  // pidfd closed, so that the scans after it have them.
+  // Their results' files are read by no one now.
+  for (int& fd : state.result_fds) {
+    if (fd >= 0) ::close(std::exchange(fd, -1));
+  }
+  const auto let_dead_ranks_go = [&state, &reapable] {
+    for (std::size_t rank = 0; rank < state.children.size(); ++rank) {
+      auto& c = state.children[rank];
+      if (!c || (!c.status() && !reapable(c))) continue;
+      std::error_code ignored;
+      if (!c.status() && !c.try_wait(ignored)) continue;
+      if (rank < state.group_noted.size() && state.group_noted[rank]) {  // as forget_guardian_notes would later
+        forget_rank_group(c.pid());
+        state.group_noted[rank] = false;
+      }
+      c = child();
+    }
+  };
+  try {
+    track_descendants(state, true);
+  } catch (...) {
+    // Out of memory or descriptors: what the ranks leave is found below, as
+    // they die and hand it to this process.
+  }
+  signal_running(state, SIGKILL);
+  const auto until = steady::now() + std::chrono::seconds(1);
+  for (;;) {
+    let_dead_ranks_go();
+    const bool dead = ranks_dead();
+    // Done once a pass holds nothing: one that killed what it held may
+    // have been handed its children (a rank's shell, killed as it started
+    // them) after its look (see sweep_pass).
+    bool done = false;
+    try {
+      take_adopted(state);
+      const bool held = !state.descendants.empty();
+      done = state.descendants.kill_and_reap() && !held;
+    } catch (...) {
+      // Out of memory or descriptors for the scan: looked again next time.
+    }
+    if ((done && dead) || steady::now() >= until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!all_ranks) ranks.clear();
   for (std::size_t rank = 0; rank < state.children.size(); ++rank) {
     auto& c = state.children[rank];
     if (!c || c.status() || reapable(c)) continue;

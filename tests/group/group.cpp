@@ -1777,6 +1777,52 @@ TEST_SUITE("group") {
     }
   }
 
+  // Before, the scans for what the ranks left could open nothing once the
+  // start had run out of descriptors (the started ranks held them), and
+  // their first pass ended the sweep: a rank's shell killed as it started
+  // its children handed them over after it. Live `setsid` children and
+  // zombies were left to this process.
+  TEST_CASE("a start that runs out of descriptors partway leaves no process of its ranks behind") {
+    static std::atomic<int> launched{0};
+    bool partway = false;
+    for (int free = 4; free <= 40 && !partway; ++free) {
+      CAPTURE(free);
+      launched = 0;
+      group_spec spec;
+      spec.entry = command("/bin/sh", {"-c", "sleep 100 & setsid sleep 101 & wait"});
+      spec.nprocs = 12;
+      spec.start_threads = 1;
+      // The third rank's launch waits, so that the first ones have started
+      // their children when a later one fails.
+      spec.options.before_exec = [](void*) noexcept {
+        if (launched.fetch_add(1) + 1 == 3) {
+          const timespec pause{0, 300'000'000};
+          ::nanosleep(&pause, nullptr);
+        }
+        return 0;
+      };
+      std::string failure;
+      {
+        const test::descriptors_left left(free);
+        try {
+          run_group(spec);
+        } catch (const std::system_error& e) {
+          failure = e.what();
+        }
+      }
+      if (failure.empty() || launched < 4) continue;  // it ran, or failed before its ranks had children
+      partway = true;
+      CHECK(failure.find("RLIMIT_NOFILE") != std::string::npos);
+      const auto left_behind = test::children_of_self();
+      CHECK(left_behind.empty());
+      for (pid_t pid : left_behind) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+      }
+    }
+    CHECK(partway);
+  }
+
   TEST_CASE("the descriptor table has room for every rank's descriptors before the first rank starts") {
     // Forked, so that the table is only as large as the open descriptors
     // need. Each rank's before_exec reads its parent's FDSize (the hook runs
