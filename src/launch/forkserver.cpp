@@ -14,6 +14,7 @@
 #include "os/per_process.hpp"
 #include "os/process_identity.hpp"
 #include "os/raw_syscall.hpp"
+#include "process/launch.hpp"
 #include "process/parallel.hpp"
 #include "shm/keeper.hpp"
 
@@ -312,13 +313,17 @@ int start_server(server_link& l) {
   spawn_options options;
   options.env.set(forkserver_env, std::to_string(ends[1]));
   options.keep_fds = {ends[1]};
-  std::error_code ec;
-  l.server = spawn(l.io.get_executor(), *cmd, options, ec);
+  // Launched as spawn() launches, but without bringing up the reactor of
+  // an io_context that never runs (ready_to_wait): three descriptors held
+  // for the server's life, for nothing.
+  launch_failure f;
+  auto state = launch_program(l.io.get_executor(), *cmd, options, f);
   ::close(ends[1]);
-  if (ec) {
+  if (!state) {
     ::close(ends[0]);
-    return ec.value();
+    return f.error;
   }
+  l.server = child(std::move(state));
   l.socket = ends[0];
   rlimit limit{};
   if (::getrlimit(RLIMIT_NOFILE, &limit) == 0) l.fd_limit = limit.rlim_cur;

@@ -183,16 +183,18 @@ std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, std::
                                     const spawn_options& options, const process_starter& start, launch_failure& f,
                                     const std::vector<int>& extra_keep = {});
 
-/// Launches `cmd` as spawn() does: nullptr on failure, with `f` saying where
-/// and why, and no process left.
+/// Launches `cmd` as spawn() does (but for ready_to_wait, which spawn()
+/// calls first): nullptr on failure, with `f` saying where and why, and no
+/// process left.
 std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executor, const command& cmd,
                                             const spawn_options& options, launch_failure& f);
 
 /// Brings up the cohort service of `executor`'s io_context, and with it
-/// asio's reactor (an epoll descriptor and an eventfd), before a process
-/// starts: brought up later, inside the first wait for a child, a failure
-/// for want of a descriptor could only fail that wait. False, with `f` set
-/// (stage::reactor and the error), where it cannot be.
+/// asio's reactor (an epoll descriptor, an eventfd and a timerfd) and the
+/// service's io_uring ring where there is one, before a process starts
+/// (spawn, start_processes): brought up later, inside the first wait for a
+/// child, a failure for want of a descriptor could only fail that wait.
+/// False, with `f` set (stage::reactor and the error), where it cannot be.
 bool ready_to_wait(const asio::any_io_executor& executor, launch_failure& f);
 
 /// How many descriptors this process holds for a child started with

@@ -564,7 +564,6 @@ std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executo
   // Refused before a process is made: its wait could run nowhere else (a
   // callback or use_future's system executor, unbound).
   auto context = context_lifetime(executor);
-  if (!ready_to_wait(executor, f)) return nullptr;
   refuse_nul(cmd.program, "the program name");
   for (std::size_t i = 0; i < cmd.args.size(); ++i) refuse_nul(cmd.args[i], fmt::format("argument {}", i + 1));
   std::string path = find_program(cmd.program, options.env, options.cwd, f);
@@ -765,6 +764,10 @@ std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, std::
 child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options,
             std::error_code& ec) {
   detail::launch_failure f;
+  if (!detail::ready_to_wait(executor, f)) {
+    ec.assign(f.error, std::system_category());
+    return child();
+  }
   auto state = detail::launch_program(executor, cmd, options, f);
   if (!state) {
     ec.assign(f.error, std::system_category());
@@ -776,7 +779,7 @@ child spawn(const asio::any_io_executor& executor, const command& cmd, const spa
 
 child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options) {
   detail::launch_failure f;
-  auto state = detail::launch_program(executor, cmd, options, f);
+  auto state = detail::ready_to_wait(executor, f) ? detail::launch_program(executor, cmd, options, f) : nullptr;
   if (!state) throw std::system_error(f.error, std::system_category(), detail::describe(cmd, f));
   return child(std::move(state));
 }
