@@ -91,7 +91,12 @@ struct group_spec {
   /// group object destroyed, every wait() on it done, and the stop() its
   /// destruction queues run by the io_context (rank_failure::error_file
   /// can be read until then); those of a process killed outright go at
-  /// the first start of a group in a later process.
+  /// the first start of a group in a later process. A group of this
+  /// process whose state lives on (see above) holds its error_dir: a start
+  /// given the same one (the same folder by any path, or the same logs'
+  /// attempt folder) throws std::invalid_argument, as its reports would
+  /// overwrite and be read as the other's. Groups of other processes are
+  /// not told apart: give each its own.
   std::filesystem::path error_dir{};
   /// Per-rank log files, tee to the console, line prefixes (see
   /// logs_spec). When logs.dir is set and error_dir is not, the error files

@@ -3,6 +3,7 @@
 #include "group/descendants.hpp"
 
 #include "config.hpp"
+#include "os/descriptor_limit.hpp"
 #include "os/per_process.hpp"
 #include "os/process_identity.hpp"
 #include "process/owned_pids.hpp"
@@ -30,6 +31,7 @@
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <utility>
 
 namespace cohort::detail {
 namespace {
@@ -238,6 +240,7 @@ void tracked_processes::add(const std::vector<pid_t>& pids) {
     if (held_.contains(pid)) continue;
     const int pidfd = config::pidfd_open(pid);
     if (pidfd >= 0) held_.emplace(pid, pidfd);
+    else if (os::out_of_descriptors(errno)) missed_ = true;
   }
 }
 
@@ -263,7 +266,7 @@ bool tracked_processes::kill_and_reap() {
     }
     ++it;
   }
-  if (any_alive) return false;
+  if (std::exchange(missed_, false) || any_alive) return false;
   for (const auto& [pid, pidfd] : held_) {
     siginfo_t info{};
     ::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG);
@@ -280,19 +283,24 @@ namespace {
 // keeps no such lists, or one could not be read. `threads`, when given, is
 // set to the number of threads listed.
 std::optional<std::vector<pid_t>> listed_children_of_self(std::size_t* threads = nullptr) {
-  const std::unique_ptr<DIR, int (*)(DIR*)> tasks(::opendir("/proc/self/task"), ::closedir);
-  if (!tasks) return std::nullopt;
+  // The threads first, their folder closed before a list is read: one
+  // descriptor at a time, for a process that has few left.
+  std::vector<std::string> tids;
+  {
+    const std::unique_ptr<DIR, int (*)(DIR*)> tasks(::opendir("/proc/self/task"), ::closedir);
+    if (!tasks) return std::nullopt;
+    while (dirent* entry = ::readdir(tasks.get())) {
+      if (entry->d_name[0] != '.') tids.emplace_back(entry->d_name);
+    }
+  }
   std::optional<std::vector<pid_t>> found;  // stays empty until a list is read
-  std::size_t listed = 0;
-  while (dirent* entry = ::readdir(tasks.get())) {
-    if (entry->d_name[0] == '.') continue;
-    ++listed;
-    char path[sizeof "/proc/self/task//children" + sizeof entry->d_name];
-    std::snprintf(path, sizeof path, "/proc/self/task/%s/children", entry->d_name);
+  const std::size_t listed = tids.size();
+  for (const auto& tid : tids) {
+    const std::string path = "/proc/self/task/" + tid + "/children";
     // Unreadable: a kernel without the lists, or a thread that ended
     // meanwhile and may have handed its children to one already read, so
     // that the listing is not whole.
-    const auto text = read_whole(path);
+    const auto text = read_whole(path.c_str());
     if (!text) return std::nullopt;
     if (!found) found.emplace();
     const char* at = text->c_str();
@@ -307,9 +315,11 @@ std::optional<std::vector<pid_t>> listed_children_of_self(std::size_t* threads =
 }
 
 // This process's children, from the lists, or, where the kernel has none,
-// by the parent of every process.
-std::vector<pid_t> children_of_self() {
-  if (auto listed = listed_children_of_self()) return std::move(*listed);
+// by the parent of every process; nullopt where neither could be read for
+// want of a descriptor.
+std::optional<std::vector<pid_t>> children_of_self() {
+  if (auto listed = listed_children_of_self()) return listed;
+  if (const int error = errno; os::out_of_descriptors(error)) return std::nullopt;
   std::vector<pid_t> found;
   const pid_t self = ::getpid();
   for_each_process([&](pid_t pid) {
@@ -320,14 +330,17 @@ std::vector<pid_t> children_of_self() {
 
 }  // namespace
 
-std::vector<pid_t> reap_adopted(pid_window& window, const std::string& marker) {
+std::optional<std::vector<pid_t>> reap_adopted(pid_window& window, const std::string& marker) {
   std::vector<pid_t> alive;
   const std::string own_groups = group_marker_prefix(::getpid());
   if (!has_children()) return alive;
   const pid_t own_group = ::getpgrp();
   bool refreshed = false;
+  bool listed = true;
   with_owned_pids([&](const std::set<pid_t>& owned) {
-    for (pid_t pid : children_of_self()) {
+    const auto children = children_of_self();
+    listed = children.has_value();
+    for (pid_t pid : children.value_or(std::vector<pid_t>{})) {
       if (owned.contains(pid) || ::getpgid(pid) == own_group) continue;
       // Only for a child no one here started (most calls find none): the
       // window then covers every child listed.
@@ -337,19 +350,30 @@ std::vector<pid_t> reap_adopted(pid_window& window, const std::string& marker) {
       }
       if (!window.holds(pid)) continue;
       const int pidfd = config::pidfd_open(pid);
-      if (pidfd < 0) continue;
       siginfo_t info{};
+      int waited;
+      if (pidfd >= 0) {
+        waited = ::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG);
+      } else if (os::out_of_descriptors(errno)) {
+        // No descriptor to be had (a start that ran out of them ends its
+        // ranks): by its pid, which stays this child's until it is reaped
+        // here (reaped meanwhile by another thread, the pid is no child of
+        // this process's, and the wait fails).
+        waited = ::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG);
+      } else {
+        continue;
+      }
       // One alive that carries the marker of another group of this
       // process, and not this one's, is that group's: handed over as its
       // rank died while that group runs on, it is left to it.
-      if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG) == 0 &&
-          info.si_pid == 0 &&
+      if (waited == 0 && info.si_pid == 0 &&
           (!environment_holds(pid, own_groups, true) || environment_holds(pid, marker, false))) {
         alive.push_back(pid);
       }
-      ::close(pidfd);
+      if (pidfd >= 0) ::close(pidfd);
     }
   });
+  if (!listed) return std::nullopt;
   return alive;
 }
 

@@ -79,16 +79,23 @@ class tracked_processes {
   ~tracked_processes();
 
   /// Starts holding each of `pids` not held yet (those already gone are
-  /// skipped).
+  /// skipped). One that cannot be held for want of a descriptor (EMFILE,
+  /// ENFILE) is noted as missed: a later scan finds it again.
   void add(const std::vector<pid_t>& pids);
   /// SIGKILLs every process held, reaps those that are this process's
   /// children and have died, and lets go of every one that is gone (reaped
-  /// here, or dead and another's to reap). True when none is left.
+  /// here, or dead and another's to reap). True when none is left and none
+  /// was missed since the last call.
   bool kill_and_reap();
-  bool empty() const noexcept { return held_.empty(); }
+  /// Holds none and missed none since the last kill_and_reap().
+  bool empty() const noexcept { return held_.empty() && !missed_; }
+  /// Notes that a scan could not look (no descriptor to be had): as a
+  /// process add() could not hold.
+  void note_missed() noexcept { missed_ = true; }
 
  private:
   std::map<pid_t, int> held_;  // pid -> pidfd
+  bool missed_ = false;
 };
 
 /// The children of this process that were handed to it, as a subreaper, by
@@ -101,7 +108,9 @@ class tracked_processes {
 /// Refreshes `window` when it finds a child no one here started. One alive
 /// that carries the marker of another group of this process, but not
 /// `marker` (this group's), is left to that group.
-std::vector<pid_t> reap_adopted(pid_window& window, const std::string& marker);
+/// nullopt where this process's children could not be listed for want of a
+/// descriptor: the caller looks again later.
+std::optional<std::vector<pid_t>> reap_adopted(pid_window& window, const std::string& marker);
 
 /// Whether this process has a child, running or unreaped. In a subreaper
 /// whose ranks are all reaped, false means no descendant of theirs lives:

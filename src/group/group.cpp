@@ -15,6 +15,7 @@
 #include "os/deadline.hpp"
 #include "os/descriptor_limit.hpp"
 #include "os/descriptor_table.hpp"
+#include "os/fork_safe_mutex.hpp"
 #include "os/owned_fd.hpp"
 #include "os/process_identity.hpp"
 #include "process/child_state.hpp"
@@ -134,6 +135,7 @@ class caught_signals {
 struct group_state;
 void end_unfinished(group_state& state) noexcept;
 void forget_guardian_notes(group_state& state) noexcept;
+void release_error_dir(group_state& state) noexcept;
 
 /// The state's objects of the io_context: the strand, its timers, and the
 /// signals that end the shutdown's waits for ranks SIGKILL did not end.
@@ -176,6 +178,7 @@ struct group_state {
       end_subreaper();
     }
     forget_guardian_notes(*this);
+    release_error_dir(*this);
     for (int fd : result_fds) {
       if (fd >= 0) ::close(fd);
     }
@@ -191,6 +194,7 @@ struct group_state {
   int nprocs;
   shutdown_policy shutdown;
   std::filesystem::path error_dir;  // the spec's, or the logs' attempt folder
+  std::filesystem::path held_error_dir;  // error_dir as claim_error_dir holds it; empty: none held
   std::string marker;  // "COHORT_GROUP_<id>=1", in every rank's environment
   std::vector<std::filesystem::path> error_files;  // per rank
   std::string error_file_prefix;  // of this group's files in the user's directory; empty when error_dir is set
@@ -240,6 +244,45 @@ struct group_state {
 
 namespace {
 
+// The error_dirs held by this process's groups, as claim_error_dir made
+// them: their states have not gone yet.
+struct held_error_dirs {
+  os::fork_safe_mutex mutex;
+  std::set<std::filesystem::path> paths;
+};
+held_error_dirs& error_dirs_held() {
+  static auto* held = new held_error_dirs;  // never destroyed: groups may end after static destruction begins
+  return *held;
+}
+
+// `dir` held for `state` (state.held_error_dir), by the path of the folder
+// it names; throws std::invalid_argument when another group holds it.
+void claim_error_dir(group_state& state, const std::filesystem::path& dir) {
+  std::error_code ec;
+  auto key = std::filesystem::weakly_canonical(std::filesystem::absolute(dir, ec), ec);
+  if (ec || key.empty()) key = dir;
+  auto& held = error_dirs_held();
+  const std::lock_guard lock(held.mutex);
+  if (!held.paths.insert(key).second) {
+    throw std::invalid_argument(fmt::format(
+        "cohort::start_processes: error_dir {} is another group's of this process, which has not ended; the ranks' "
+        "reports would overwrite each other's: give each group its own",
+        dir.string()));
+  }
+  state.held_error_dir = std::move(key);
+}
+
+}  // namespace
+
+void release_error_dir(group_state& state) noexcept {
+  if (state.held_error_dir.empty()) return;
+  auto& held = error_dirs_held();
+  const std::lock_guard lock(held.mutex);
+  held.paths.erase(state.held_error_dir);
+}
+
+namespace {
+
 // Removes from `folder` the unfinished reports (detail::unfinished_report)
 // that ranks killed while writing their error files left there.
 void remove_unfinished_reports(const std::filesystem::path& folder) {
@@ -272,6 +315,7 @@ void prepare_error_files(group_state& state, unsigned group_number) {
   // moved to), and the report would be lost. A path over PATH_MAX, or one
   // through a directory this process may not search, stays as given.
   const auto& given = state.error_dir;
+  claim_error_dir(state, given);
   std::error_code ec;
   auto dir = std::filesystem::absolute(given, ec);
   for (int rank = 0; rank < state.nprocs; ++rank) {
@@ -516,7 +560,8 @@ void forget_empty_rank_groups(group_state& state) {
 // have died, and holds those alive for the sweep: a descendant of a rank
 // whose parent died is the run's, whatever its environment says.
 void take_adopted(group_state& state) {
-  state.descendants.add(reap_adopted(state.pids_since_start, state.marker));
+  if (auto alive = reap_adopted(state.pids_since_start, state.marker)) state.descendants.add(*alive);
+  else state.descendants.note_missed();
   forget_empty_rank_groups(state);
 }
 
