@@ -608,17 +608,35 @@ struct error_folder {
   fs::path path;
   bool keep = false;
 
+  // A file that cannot be kept (a full disk) is named as none, with a line
+  // that says why: the group's goes with it, and a part of a copy is no
+  // report. The rank's message and trace are still in `r`.
   void take(cohort::run_result& r, int attempt) {
     for (auto& f : r.failures) {
       std::error_code ec;
       if (f.error_file.empty() || !fs::exists(f.error_file, ec)) continue;
-      if (path.empty()) {
-        path = fresh_temp_folder("cohort-run-errors-", ec);
-        if (ec) return;
+      if (path.empty()) path = fresh_temp_folder("cohort-run-errors-", ec);
+      fs::path kept;
+      if (!ec) {
+        kept = path / fmt::format("attempt_{}", attempt) / std::to_string(f.rank) / "error.json";
+        fs::create_directories(kept.parent_path(), ec);
       }
-      const auto kept = path / fmt::format("attempt_{}", attempt) / std::to_string(f.rank) / "error.json";
-      fs::create_directories(kept.parent_path(), ec);
-      if (!ec && fs::copy_file(f.error_file, kept, fs::copy_options::overwrite_existing, ec)) f.error_file = kept;
+      if (!ec && fs::copy_file(f.error_file, kept, fs::copy_options::overwrite_existing, ec)) {
+        f.error_file = kept;
+        continue;
+      }
+      say("cohort-run: rank {}'s error file could not be kept{}: {}\n", f.rank,
+          kept.empty() ? std::string() : " as " + kept.string(), ec.message());
+      // What was made for it goes, the folders where they hold nothing else
+      // (a folder that is not empty is not removed).
+      std::error_code ignored;
+      if (!kept.empty()) {
+        fs::remove(kept, ignored);
+        fs::remove(kept.parent_path(), ignored);
+        fs::remove(kept.parent_path().parent_path(), ignored);
+      }
+      if (!path.empty() && fs::remove(path, ignored)) path.clear();
+      f.error_file.clear();
     }
   }
   ~error_folder() {
@@ -931,8 +949,12 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     if (const auto sig = r.signal ? r.signal : signals.interrupted()) {
       a.outcome = "interrupted";
       a.reason = fmt::format("{} received", cohort::signal_name(*sig));
+      // Every rank exited 0 or failed on its own: none was being shut down.
+      const auto succeeded = std::count_if(r.statuses.begin(), r.statuses.end(),
+                                           [](const auto& s) { return s && s->success(); });
+      const bool all_ended = static_cast<std::size_t>(succeeded) + r.failures.size() == r.statuses.size();
       say("cohort-run: interrupted by {} (run {}, attempt {}): {}\n", cohort::signal_name(*sig), run_id, attempt,
-          !r.signal || r.ok()   ? "its ranks had ended"
+          !r.signal || r.ok() || all_ended ? "its ranks had ended"
           : !r.failures.empty() ? "the ranks were being shut down after a failure, told below"
                                    : "the ranks were shut down");
       return finish("interrupted", 128 + *sig, a.reason);

@@ -1,5 +1,6 @@
 // cohort-run driven as its users drive it: shell workers, exit codes,
 // signals, restarts, the environment contract and the failure summary.
+#include "cohort/error_file.hpp"
 #include "cohort/spawn.hpp"
 
 #include "os/stack_trace.hpp"
@@ -740,6 +741,32 @@ TEST_SUITE("cohort-run") {
     CHECK(r.err.find("interrupted by SIGINT") != std::string::npos);
     CHECK(r.err.find("its ranks had ended") != std::string::npos);
     CHECK(r.err.find("took nothing for the time the run was given to end") != std::string::npos);
+  }
+
+  // Before, a run whose ranks had all ended, one of them failing, was said
+  // to be interrupted while "the ranks were being shut down after a
+  // failure", though none was.
+  TEST_CASE("SIGINT once the ranks have ended, one of them failing, while their lines wait for a console nobody "
+            "reads: its ranks had ended") {
+    test::temp_dir dir;
+    // Rank 1 exits 0 at once; rank 0 fills the console, then fails once
+    // rank 1 has been reaped, so that no rank is left to shut down.
+    auto r = run_launcher({"-n", "2", "--log-dir", (dir.path / "logs").string(), "-t", "3", "--", "/bin/sh", "-c",
+                           "if [ $RANK = 1 ]; then echo $$ > \"$0/pid.tmp\"; mv \"$0/pid.tmp\" \"$0/pid\"; exit 0; fi; "
+                           "seq 1 100000; while [ ! -e \"$0/pid\" ]; do sleep 0.01; done; "
+                           "while kill -0 $(cat \"$0/pid\") 2>/dev/null; do sleep 0.01; done; : > \"$0/done-0\"; exit 3",
+                           dir.path.string()},
+                          [&](child& c) -> asio::awaitable<void> {
+                            co_await files_appear(dir.path, 1, "done-");
+                            asio::steady_timer timer(co_await asio::this_coro::executor, 300ms);
+                            co_await timer.async_wait(asio::use_awaitable);
+                            c.signal(SIGINT);
+                          });
+    INFO(r.err);
+    CHECK(r.status.code() == 128 + SIGINT);
+    CHECK(r.err.find("interrupted by SIGINT") != std::string::npos);
+    CHECK(r.err.find("its ranks had ended") != std::string::npos);
+    CHECK(r.err.find("being shut down") == std::string::npos);
   }
 
   TEST_CASE("a shutdown signal at any moment of a restarting run ends it, interrupted and recorded, before the next attempt") {
@@ -1854,6 +1881,40 @@ TEST_SUITE("cohort-run") {
       const auto size = fs::file_size(folder / "attempt_0" / std::to_string(rank) / "stdout.log");
       CHECK((size == 100 * 512 || size == 100 * 1024));
     }
+  }
+
+  // Before, a copy cut short was kept, the summary named the group's file
+  // (removed with the group), and cohort-run's own error file was left
+  // unwritten.
+  TEST_CASE("an error file that cannot be kept is named as none, and cohort-run's own error file still gets the "
+            "report") {
+    if (std::system("unshare -Urm true 2>/dev/null") != 0) {
+      MESSAGE("no user and mount namespaces here: skipped");
+      return;
+    }
+    test::temp_dir tmp, outer;
+    const auto outer_file = outer.path / "error.json";
+    // A 64 KiB tmpfs as $TMPDIR, 45,000 bytes of it taken: the rank's 12 KB
+    // report fits in the group's folder there, and its copy does not.
+    const std::string script =
+        "mount -t tmpfs -o size=64k tmpfs \"$1\" && head -c 45000 /dev/zero > \"$1/filler\" && "
+        "TMPDIR=\"$1\" TORCHELASTIC_ERROR_FILE=\"$3\" \"$2\" -n 1 -- /bin/sh -c \"$4\"; rc=$?; ls \"$1\" >&2; exit $rc";
+    const std::string rank =
+        "tb=$(head -c 12000 /dev/zero | tr '\\0' y); printf '{\"message\":{\"message\":\"boom\",\"extraInfo\":"
+        "{\"py_callstack\":\"%s\",\"timestamp\":\"1\"}}}' \"$tb\" > \"$TORCHELASTIC_ERROR_FILE\"; exit 5";
+    const command cmd("unshare", {"-Urm", "/bin/sh", "-c", script, "sh", tmp.path.string(), launcher,
+                                  outer_file.string(), rank});
+    auto r = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; });
+    CHECK(r.status.code() == 5);
+    CHECK(r.err.find("rank 0's error file could not be kept") != std::string::npos);
+    CHECK(r.err.find("error_file : <N/A>") != std::string::npos);
+    CHECK(r.err.find("error files are kept") == std::string::npos);
+    // $TMPDIR afterwards (`ls`): no folder of kept error files left there.
+    CHECK(r.err.ends_with("\ncohort-errors-0\nfiller\n"));
+    const auto report = read_error_file(outer_file);
+    REQUIRE(report);
+    CHECK(report->message == "boom");
+    CHECK(report->trace.size() >= 12000);
   }
 
   TEST_CASE("a log dir that fills up is named in the summary with the cause") {

@@ -44,7 +44,7 @@ void print_failure(const cohort::rank_failure& f, const run_record& run, const a
   say("  cpu time   : {:.3f} s user, {:.3f} s system\n", in_seconds(usage.user_time),
       in_seconds(usage.system_time));
   say("  peak rss   : {:.1f} MiB\n", static_cast<double>(usage.max_rss_kib) / 1024);
-  say("  error_file : {}\n", f.message.empty() ? "<N/A>" : f.error_file.string());
+  say("  error_file : {}\n", f.message.empty() || f.error_file.empty() ? "<N/A>" : f.error_file.string());
   if (!f.message.empty()) say("  message    : {}\n", f.message);
   if (!f.supervisor_error.empty()) say("  supervisor : {}\n", f.supervisor_error);
   if (!f.trace.empty()) {
@@ -198,7 +198,14 @@ void write_own_error_file(const run_record& run) {
     const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
     auto file =
         nlohmann::json::parse(cohort::detail::without_lone_surrogates(text), nullptr, /*allow_exceptions=*/false);
-    if (file.is_discarded()) return;
+    if (file.is_discarded()) {
+      // Not kept (see error_folder), or no longer readable: the report as
+      // the supervisor read it.
+      if (!cohort::record_error(cohort::error_report{root->message, root->trace, root->timestamp})) {
+        say("cohort-run: writing its error file {} failed\n", path->string());
+      }
+      return;
+    }
     const int code = root->status.signaled() ? -root->status.signal() : root->status.code();
     if (code != 0 && file.is_object() && file.contains("message") && file["message"].is_object()) {
       file["message"]["errorCode"] = code;
