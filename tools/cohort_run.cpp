@@ -949,12 +949,8 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
     if (const auto sig = r.signal ? r.signal : signals.interrupted()) {
       a.outcome = "interrupted";
       a.reason = fmt::format("{} received", cohort::signal_name(*sig));
-      // Every rank exited 0 or failed on its own: none was being shut down.
-      const auto succeeded = std::count_if(r.statuses.begin(), r.statuses.end(),
-                                           [](const auto& s) { return s && s->success(); });
-      const bool all_ended = static_cast<std::size_t>(succeeded) + r.failures.size() == r.statuses.size();
       say("cohort-run: interrupted by {} (run {}, attempt {}): {}\n", cohort::signal_name(*sig), run_id, attempt,
-          !r.signal || r.ok() || all_ended ? "its ranks had ended"
+          !r.signal || r.ok()   ? "its ranks had ended"
           : !r.failures.empty() ? "the ranks were being shut down after a failure, told below"
                                    : "the ranks were shut down");
       return finish("interrupted", 128 + *sig, a.reason);

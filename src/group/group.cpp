@@ -310,12 +310,13 @@ void prepare_error_files(group_state& state, unsigned group_number) {
     }
     return;
   }
+  // This group's alone while it lives (claim_error_dir).
+  claim_error_dir(state, state.error_dir);
   // Absolute where that path can be used: a rank given a relative one
   // would write it under its own working directory (options.cwd, or one it
   // moved to), and the report would be lost. A path over PATH_MAX, or one
   // through a directory this process may not search, stays as given.
   const auto& given = state.error_dir;
-  claim_error_dir(state, given);
   std::error_code ec;
   auto dir = std::filesystem::absolute(given, ec);
   for (int rank = 0; rank < state.nprocs; ++rank) {
@@ -979,14 +980,13 @@ void end_unfinished(group_state& state) noexcept {
   // The ranks by their child objects: a start that failed partway has not
   // gathered `pids`. Those handed to a thread stay ours until it reaps them.
   std::vector<pid_t> ranks, unreaped;
-  bool all_ranks = true;
   try {
     ranks.reserve(state.children.size());
     for (const auto& c : state.children) {
       if (c) ranks.push_back(c.pid());
     }
   } catch (...) {
-    all_ranks = false;  // out of memory: no sweep, rather than half of one
+    // Out of memory (the reserve, before any pid): no sweep of segments.
   }
   // A start that failed for want of descriptors (EMFILE) left none for the
   // scans: each rank that has died is reaped and let go of at once, its
@@ -1017,7 +1017,11 @@ void end_unfinished(group_state& state) noexcept {
   signal_running(state, SIGKILL);
   const auto until = steady::now() + std::chrono::seconds(1);
   for (;;) {
-    let_dead_ranks_go();
+    try {
+      let_dead_ranks_go();
+    } catch (...) {
+      // Out of memory: they are reaped by their child objects, or handed over, below.
+    }
     const bool dead = ranks_dead();
     // Done once a pass holds nothing: one that killed what it held may
     // have been handed its children (a rank's shell, killed as it started
@@ -1033,7 +1037,6 @@ void end_unfinished(group_state& state) noexcept {
     if ((done && dead) || steady::now() >= until) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  if (!all_ranks) ranks.clear();
   for (std::size_t rank = 0; rank < state.children.size(); ++rank) {
     auto& c = state.children[rank];
     if (!c || c.status() || reapable(c)) continue;

@@ -314,8 +314,8 @@ int start_server(server_link& l) {
   options.env.set(forkserver_env, std::to_string(ends[1]));
   options.keep_fds = {ends[1]};
   // Launched as spawn() launches, but without bringing up the reactor of
-  // an io_context that never runs (ready_to_wait): three descriptors held
-  // for the server's life, for nothing.
+  // an io_context that never runs (ready_to_wait): three descriptors (four
+  // with a ring) held for the server's life, for nothing.
   launch_failure f;
   auto state = launch_program(l.io.get_executor(), *cmd, options, f);
   ::close(ends[1]);

@@ -276,7 +276,7 @@ struct group_logs::state {
   std::vector<log_stream> streams;
   // RLIMIT_FSIZE was finite when the group started: a write to a file past
   // it raises SIGXFSZ, which is kept off the process as SIGPIPE is (and
-  // only then: that costs three system calls a write).
+  // only then: that costs four system calls a write).
   bool size_limited = false;
   // A read is delivered before its pump waits again, so the streams share
   // the scratches: as many as threads read at the same time, whatever the

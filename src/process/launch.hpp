@@ -24,7 +24,7 @@ namespace cohort::detail {
 enum class stage {
   none, path_lookup, open_file, pipe, clone, signals, inherit, setpgid, setsid, pdeathsig, dup2, chdir, fds, hook, exec,
   start,
-  reactor,  ///< asio's reactor for the io_context (its epoll and eventfd) could not be brought up
+  reactor,  ///< asio's reactor for the io_context could not be brought up (see ready_to_wait)
   died  ///< a vfork-style child ended before its exec without saying why (a signal: the hook overran its stack)
 };
 

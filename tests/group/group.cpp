@@ -1795,7 +1795,6 @@ TEST_SUITE("group") {
       CAPTURE(free);
       std::optional<run_result> result;
       std::string failure;
-      MESSAGE(fmt::format("self {} pgid {}", ::getpid(), ::getpgrp()));
       {
         const test::descriptors_left left(free);
         try {

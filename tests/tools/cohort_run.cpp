@@ -743,32 +743,6 @@ TEST_SUITE("cohort-run") {
     CHECK(r.err.find("took nothing for the time the run was given to end") != std::string::npos);
   }
 
-  // Before, a run whose ranks had all ended, one of them failing, was said
-  // to be interrupted while "the ranks were being shut down after a
-  // failure", though none was.
-  TEST_CASE("SIGINT once the ranks have ended, one of them failing, while their lines wait for a console nobody "
-            "reads: its ranks had ended") {
-    test::temp_dir dir;
-    // Rank 1 exits 0 at once; rank 0 fills the console, then fails once
-    // rank 1 has been reaped, so that no rank is left to shut down.
-    auto r = run_launcher({"-n", "2", "--log-dir", (dir.path / "logs").string(), "-t", "3", "--", "/bin/sh", "-c",
-                           "if [ $RANK = 1 ]; then echo $$ > \"$0/pid.tmp\"; mv \"$0/pid.tmp\" \"$0/pid\"; exit 0; fi; "
-                           "seq 1 100000; while [ ! -e \"$0/pid\" ]; do sleep 0.01; done; "
-                           "while kill -0 $(cat \"$0/pid\") 2>/dev/null; do sleep 0.01; done; : > \"$0/done-0\"; exit 3",
-                           dir.path.string()},
-                          [&](child& c) -> asio::awaitable<void> {
-                            co_await files_appear(dir.path, 1, "done-");
-                            asio::steady_timer timer(co_await asio::this_coro::executor, 300ms);
-                            co_await timer.async_wait(asio::use_awaitable);
-                            c.signal(SIGINT);
-                          });
-    INFO(r.err);
-    CHECK(r.status.code() == 128 + SIGINT);
-    CHECK(r.err.find("interrupted by SIGINT") != std::string::npos);
-    CHECK(r.err.find("its ranks had ended") != std::string::npos);
-    CHECK(r.err.find("being shut down") == std::string::npos);
-  }
-
   TEST_CASE("a shutdown signal at any moment of a restarting run ends it, interrupted and recorded, before the next attempt") {
     // The ranks fail at once and the group restarts over and over: the
     // signals land in starts, shutdowns and the moments between attempts.

@@ -17,8 +17,8 @@ namespace cohort_run {
 
 namespace {
 
-// The mask at the start of main, and whether hold_signals_from_start()
-// changed it since.
+// The mask before hold_signals_from_start() (called before main), and
+// whether it changed it since.
 sigset_t started_with;
 bool held = false;
 

@@ -24,7 +24,7 @@ namespace cohort_run {
 
 /// Blocks the signals cohort-run handles and forwards unless its options
 /// say otherwise (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2), from
-/// the start of main, before its options are read: one sent meanwhile
+/// before main (a constructor), before its options are read: one sent meanwhile
 /// waits, pending, for the signal_owner, which then takes it or, where the
 /// options leave it out, unblocks it to its own action. Call in the
 /// process's only thread.
