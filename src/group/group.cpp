@@ -511,14 +511,20 @@ void track_descendants(group_state& state, bool by_parent) {
 
 void record_ended_ranks(const std::shared_ptr<group_state>& state);
 
-// Hands rank `rank`, which SIGKILL has not ended, to a thread that reaps it
-// whenever it ends. The guardian's note of its process group goes now: it
-// is let go of by the child object's pid, which the thread takes.
-void hand_to_reaping_thread(group_state& state, std::size_t rank) {
+// Lets go of the guardian's note of rank `rank`'s process group, where
+// there is one: before its child object goes, whose pid names the group.
+void forget_group_note(group_state& state, std::size_t rank) {
   if (rank < state.group_noted.size() && state.group_noted[rank]) {
     forget_rank_group(state.children[rank].pid());
     state.group_noted[rank] = false;
   }
+}
+
+// Hands rank `rank`, which SIGKILL has not ended, to a thread that reaps it
+// whenever it ends. The guardian's note of its process group goes now: it
+// is let go of by the child object's pid, which the thread takes.
+void hand_to_reaping_thread(group_state& state, std::size_t rank) {
+  forget_group_note(state, rank);
   detail::reap_on_a_thread(detail::child_access::take(state.children[rank]));
 }
 
@@ -988,23 +994,20 @@ void end_unfinished(group_state& state) noexcept {
   } catch (...) {
     // Out of memory (the reserve, before any pid): no sweep of segments.
   }
-  // A start that failed for want of descriptors (EMFILE) left none for the
-  // scans: each rank that has died is reaped and let go of at once, its
-  // pidfd closed, so that the scans after it have them.
   // Their results' files are read by no one now.
   for (int& fd : state.result_fds) {
     if (fd >= 0) ::close(std::exchange(fd, -1));
   }
+  // A start that failed for want of descriptors (EMFILE) left none for the
+  // scans: each rank that has died is reaped and let go of at once, its
+  // pidfd closed, so that the scans after it have them.
   const auto let_dead_ranks_go = [&state, &reapable] {
     for (std::size_t rank = 0; rank < state.children.size(); ++rank) {
       auto& c = state.children[rank];
       if (!c || (!c.status() && !reapable(c))) continue;
       std::error_code ignored;
       if (!c.status() && !c.try_wait(ignored)) continue;
-      if (rank < state.group_noted.size() && state.group_noted[rank]) {  // as forget_guardian_notes would later
-        forget_rank_group(c.pid());
-        state.group_noted[rank] = false;
-      }
+      forget_group_note(state, rank);  // as forget_guardian_notes would later
       c = child();
     }
   };

@@ -764,11 +764,7 @@ std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, std::
 child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options,
             std::error_code& ec) {
   detail::launch_failure f;
-  if (!detail::ready_to_wait(executor, f)) {
-    ec.assign(f.error, std::system_category());
-    return child();
-  }
-  auto state = detail::launch_program(executor, cmd, options, f);
+  auto state = detail::ready_to_wait(executor, f) ? detail::launch_program(executor, cmd, options, f) : nullptr;
   if (!state) {
     ec.assign(f.error, std::system_category());
     return child();
