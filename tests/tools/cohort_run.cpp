@@ -1889,6 +1889,7 @@ TEST_SUITE("cohort-run") {
     REQUIRE(report);
     CHECK(report->message == "boom");
     CHECK(report->trace.size() >= 12000);
+    CHECK(nlohmann::json::parse(read_file(outer_file))["message"]["errorCode"] == 5);  // as when it is kept
   }
 
   TEST_CASE("a log dir that fills up is named in the summary with the cause") {

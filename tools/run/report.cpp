@@ -196,15 +196,22 @@ void write_own_error_file(const run_record& run) {
     if (root->message.empty()) return;  // the rank wrote no error file
     std::ifstream in(root->error_file);
     const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    auto file =
-        nlohmann::json::parse(cohort::detail::without_lone_surrogates(text), nullptr, /*allow_exceptions=*/false);
+    const auto parse = [](const std::string& text) {
+      return nlohmann::json::parse(cohort::detail::without_lone_surrogates(text), nullptr,
+                                   /*allow_exceptions=*/false);
+    };
+    auto file = parse(text);
     if (file.is_discarded()) {
       // Not kept (see error_folder), or no longer readable: the report as
-      // the supervisor read it.
+      // the supervisor read it, in torchelastic's shape, read back for its
+      // errorCode below.
       if (!cohort::record_error(cohort::error_report{root->message, root->trace, root->timestamp})) {
         say("cohort-run: writing its error file {} failed\n", path->string());
+        return;
       }
-      return;
+      std::ifstream written(*path);
+      file = parse(std::string{std::istreambuf_iterator<char>(written), std::istreambuf_iterator<char>()});
+      if (file.is_discarded()) return;
     }
     const int code = root->status.signaled() ? -root->status.signal() : root->status.code();
     if (code != 0 && file.is_object() && file.contains("message") && file["message"].is_object()) {

@@ -63,9 +63,10 @@ std::string result_json(const run_record& run);
 /// What torch's @record does for torchrun, for whatever supervises
 /// cohort-run: when it was given an error file of its own
 /// (cohort::error_file_path()), a run that failed leaves its root cause
-/// there. That is the error file the root cause's rank wrote, with the
-/// rank's exit code (minus the signal that ended it) as the message's
-/// errorCode; nothing when the rank wrote none. A run that failed with no
+/// there. That is the error file the root cause's rank wrote (or, where
+/// that file could not be kept, the report as the group read it, in
+/// torchelastic's shape), with the rank's exit code (minus the signal that
+/// ended it) as the message's errorCode; nothing when the rank wrote none. A run that failed with no
 /// rank to blame, or was interrupted, leaves what ended it.
 void write_own_error_file(const run_record& run);
 
