@@ -1286,9 +1286,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   detail::validate(spec);
   // Before the group's timers, which would bring up asio's reactor with a
   // bare message of asio's where no descriptor is left.
-  if (detail::launch_failure f; !detail::ready_to_wait(executor, f)) {
-    throw std::system_error(f.error, std::system_category(), detail::describe_failure("cohort::start_processes", f));
-  }
+  detail::ready_to_wait(executor, "cohort::start_processes");
   auto state = std::make_shared<detail::group_state>(executor, spec);
   detail::become_subreaper();
   state->subreaper = true;

@@ -2,7 +2,6 @@
 #include "cohort/spawn_and_join.hpp"
 
 #include "process/launch.hpp"
-#include "uring/service.hpp"
 
 #include <asio/io_context.hpp>
 
@@ -23,12 +22,7 @@ run_result run_to_end(const function_call& call, int nprocs, const join_options&
   // teardown (bench/start_join: fork ranks 1.40-1.43x raw fork so, against
   // 1.46-1.51x with a ring).
   asio::io_context io;
-  try {
-    uring::use_reactor_only(io);
-  } catch (const std::system_error& e) {  // no descriptor for the reactor: a launch failure's message
-    const launch_failure f{stage::reactor, e.code().value(), ""};
-    throw std::system_error(f.error, std::system_category(), describe_failure("cohort::spawn_and_join", f));
-  }
+  ready_to_wait_on_reactor_only(io, "cohort::spawn_and_join");
   group g = start_processes(io.get_executor(), spec);
   io.run();
   run_result result = g.result().value();

@@ -196,6 +196,11 @@ std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executo
 /// child, a failure for want of a descriptor could only fail that wait.
 /// False, with `f` set (stage::reactor and the error), where it cannot be.
 bool ready_to_wait(const asio::any_io_executor& executor, launch_failure& f);
+/// The same, throwing std::system_error with describe_failure(what, f).
+void ready_to_wait(const asio::any_io_executor& executor, const std::string& what);
+/// The same for an io_context of one run, whose exits then wait on asio's
+/// reactor only (uring::use_reactor_only: no ring is made).
+void ready_to_wait_on_reactor_only(asio::io_context& io, const std::string& what);
 
 /// How many descriptors this process holds for a child started with
 /// `options` on `executor` while the child runs: its pidfd, the parent's

@@ -608,14 +608,37 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
   return what + cause + os::descriptor_limit_note(f.error);
 }
 
-bool ready_to_wait(const asio::any_io_executor& executor, launch_failure& f) {
+namespace {
+
+// Whether `bring_up` (the cohort service's making) ran without the
+// system_error of a reactor that could not be made; `f` says why not.
+template <class BringUp>
+bool brought_up(BringUp bring_up, launch_failure& f) {
   try {
-    (void)uring::service_of(executor);
+    bring_up();
     return true;
   } catch (const std::system_error& e) {
     f = {stage::reactor, e.code().value(), ""};
     return false;
   }
+}
+
+[[noreturn]] void throw_launch_failure(const std::string& what, const launch_failure& f) {
+  throw std::system_error(f.error, std::system_category(), describe_failure(what, f));
+}
+
+}  // namespace
+
+bool ready_to_wait(const asio::any_io_executor& executor, launch_failure& f) {
+  return brought_up([&] { (void)uring::service_of(executor); }, f);
+}
+
+void ready_to_wait(const asio::any_io_executor& executor, const std::string& what) {
+  if (launch_failure f; !ready_to_wait(executor, f)) throw_launch_failure(what, f);
+}
+
+void ready_to_wait_on_reactor_only(asio::io_context& io, const std::string& what) {
+  if (launch_failure f; !brought_up([&] { uring::use_reactor_only(io); }, f)) throw_launch_failure(what, f);
 }
 
 std::size_t descriptors_per_child(const asio::any_io_executor& executor, const spawn_options& options) {
