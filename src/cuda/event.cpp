@@ -107,8 +107,10 @@ void event::synchronize() const {
   detail::check(cudaEventSynchronize(event_.get()), "cudaEventSynchronize", describe(entry, device_));
 }
 
-void event::when_done(std::unique_ptr<detail::event_waiter> waiter) const {
-  check_usable(event_.get(), "cohort::cuda::event::async_wait");
+void event::check_waitable() const { check_usable(event_.get(), "cohort::cuda::event::async_wait"); }
+
+void event::when_done(std::unique_ptr<detail::event_waiter>& waiter) const {
+  check_waitable();
   detail::watch_event(device_, event_.get(), event_, std::move(waiter));
 }
 

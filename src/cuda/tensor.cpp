@@ -1030,7 +1030,9 @@ void watch_event(int device, CUevent_st* e, std::shared_ptr<CUevent_st> keep, st
   wake_poller(q);
 }
 
-void when_stream_done(int device, std::unique_ptr<event_waiter> waiter) {
+void check_stream_device(int device) { check_device(device, "cohort::cuda::async_synchronize"); }
+
+void when_stream_done(int device, std::unique_ptr<event_waiter>& waiter) {
   constexpr const char* entry = "cohort::cuda::async_synchronize";
   check_device(device, entry);
   const auto context = fmt::format("{}: device {}", entry, device);

@@ -14,6 +14,11 @@
 
 #include "support/cuda_records.hpp"
 
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
+#include <asio/io_context.hpp>
+#include <asio/use_awaitable.hpp>
+
 #include <dlfcn.h>
 
 #include <functional>
@@ -84,6 +89,34 @@ TEST_SUITE("cuda without a device") {
     check_no_device("cohort::cuda::empty_cache", [] { cuda::empty_cache(); });
     check_no_device("cohort::cuda::async_synchronize",
                     [] { cuda::async_synchronize(0, [](std::exception_ptr) { FAIL("completed without a device"); }); });
+  }
+
+  // Before, the check ran in the wait's initiation, which use_awaitable runs
+  // where nothing can catch: the process ended in std::terminate.
+  TEST_CASE("an awaited wait without a device, or on an empty event, throws in the awaiting coroutine") {
+    asio::io_context io;
+    std::string synchronize_error, wait_error;
+    bool after = false;
+    const auto waits = [&]() -> asio::awaitable<void> {
+      try {
+        co_await cuda::async_synchronize(0);
+      } catch (const cuda::no_device& e) {
+        synchronize_error = e.what();
+      }
+      try {
+        const cuda::event none;
+        co_await none.async_wait();
+      } catch (const std::logic_error& e) {
+        wait_error = e.what();
+      }
+      after = true;
+    };
+    asio::co_spawn(io, waits(), asio::detached);
+    io.run();
+    CHECK(synchronize_error ==
+          std::string("cohort::cuda::async_synchronize: no CUDA device: ") + cuda::unavailable_reason());
+    CHECK(wait_error == "cohort::cuda::event::async_wait: an empty event");
+    CHECK(after);
   }
 
   TEST_CASE("a device tensor's record, received without a device, is a decode_error naming the reason") {

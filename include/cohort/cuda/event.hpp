@@ -55,11 +55,22 @@ struct posting_waiter final : event_waiter {
   }
 };
 
+/// Starts a wait: `enroll(waiter)` takes the waiter (moves it out) once
+/// nothing is left that could throw. A failure before that completes the
+/// handler with it: thrown from the initiation, it would end the program
+/// under use_awaitable, whose initiation runs where no caller can catch.
 template <class Token, class Register>
 auto initiate_wait(Token&& token, Register&& enroll) {
   return asio::async_initiate<Token, completion_signature<void>>(
       [enroll = std::forward<Register>(enroll)](auto handler) mutable {
-        enroll(std::make_unique<posting_waiter<decltype(handler)>>(std::move(handler)));
+        std::unique_ptr<event_waiter> waiter =
+            std::make_unique<posting_waiter<decltype(handler)>>(std::move(handler));
+        try {
+          enroll(waiter);
+        } catch (...) {
+          if (!waiter) throw;  // taken: the handler is no longer here to tell
+          waiter->done(std::current_exception());
+        }
       },
       token);
 }
@@ -110,12 +121,15 @@ class event {
   /// a thread of this layer polls the event and completes the handler on
   /// its associated executor, with error when the event reports a failure.
   /// The wait holds a copy of the event; it cannot be cancelled.
+  /// An empty event (std::logic_error) or no device (no_device) is thrown
+  /// by this call, before any wait starts.
   template <completion_token_of<void> Token = default_token>
   auto async_wait(Token&& token = {}) const {
+    check_waitable();
     // A copy: a token that starts the wait later (use_awaitable, deferred)
     // may outlive this object.
-    return detail::initiate_wait(std::forward<Token>(token), [self = *this](std::unique_ptr<detail::event_waiter> w) {
-      self.when_done(std::move(w));
+    return detail::initiate_wait(std::forward<Token>(token), [self = *this](std::unique_ptr<detail::event_waiter>& w) {
+      self.when_done(w);
     });
   }
   /// Whether the work captured by the last record is done (cudaEventQuery);
@@ -126,9 +140,12 @@ class event {
 
   /// The cudaEvent_t, this object's still.
   CUevent_st* native_handle() const noexcept { return event_.get(); }
-  /// async_wait's work: `waiter` is told once the last record's work is
-  /// done. Throws std::logic_error for an empty event, no_device.
-  void when_done(std::unique_ptr<detail::event_waiter> waiter) const;
+  /// Throws std::logic_error for an empty event, no_device where there is
+  /// none, naming async_wait.
+  void check_waitable() const;
+  /// async_wait's work: takes `waiter`, which is told once the last
+  /// record's work is done. Throws as check_waitable(), `waiter` left.
+  void when_done(std::unique_ptr<detail::event_waiter>& waiter) const;
   int device() const noexcept { return device_; }
   /// Opened from another process's handle, not made here.
   bool opened() const noexcept { return opened_; }

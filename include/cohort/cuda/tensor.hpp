@@ -77,20 +77,26 @@ tensor clone(const tensor& t);
 void synchronize(int device);
 
 namespace detail {
+/// Throws as synchronize() for a `device` that cannot be used, naming
+/// async_synchronize.
+void check_stream_device(int device);
 /// async_synchronize's work: records an event on the current stream of
-/// `device` and tells `waiter` once it is done.
-void when_stream_done(int device, std::unique_ptr<event_waiter> waiter);
+/// `device` and takes `waiter`, told once that work is done. Throws, with
+/// `waiter` left, where the work cannot be marked.
+void when_stream_done(int device, std::unique_ptr<event_waiter>& waiter);
 }  // namespace detail
 
 /// As synchronize(), blocking no thread: completes `token`
 /// (void(std::exception_ptr); an awaitable by default) once the work queued
 /// so far on the current stream of `device` is done, on the handler's
-/// associated executor (event::async_wait). Throws as synchronize() when
-/// the work cannot be marked.
+/// associated executor (event::async_wait). No device to use (no_device,
+/// a device number out of range) is thrown by this call; CUDA's failure
+/// to mark the work, when the wait starts, completes the token with it.
 template <completion_token_of<void> Token = default_token>
 auto async_synchronize(int device, Token&& token = {}) {
-  return detail::initiate_wait(std::forward<Token>(token), [device](std::unique_ptr<detail::event_waiter> w) {
-    detail::when_stream_done(device, std::move(w));
+  detail::check_stream_device(device);
+  return detail::initiate_wait(std::forward<Token>(token), [device](std::unique_ptr<detail::event_waiter>& w) {
+    detail::when_stream_done(device, w);
   });
 }
 
