@@ -166,7 +166,7 @@ cohort::streams_per_rank streams_of(const std::string& flag, const std::string& 
   };
   if (value.find(':') == std::string::npos) return number(value);
   std::map<int, cohort::std_streams> ranks;
-  for (const auto& item : comma_list(value)) {
+  for (const auto& item : comma_items(value)) {  // an empty item is refused, as torchrun's pattern does
     const auto colon = item.find(':');
     int rank = -1;
     bool whole = false;  // the rank is all there is before the colon, blanks aside
@@ -391,22 +391,28 @@ struct host_port {
   std::string host;
   std::optional<int> port;
 };
-host_port endpoint_parts(const std::string& e) {
-  const auto colon = port_colon(e);
-  std::string host = e.substr(0, colon);
+// `given` as a host, brackets around an IPv6 address taken off: what
+// torchrun's endpoint parser takes for one, a name, an IPv4 or an IPv6
+// address, never a character no host has (it would be waited for until the
+// join timeout, never resolving). Usage errors name `flag` and `value`.
+std::string checked_host(std::string given, const std::string& flag, const std::string& value) {
+  std::string host = std::move(given);
   if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  if (host.empty()) throw usage_error(fmt::format("--rdzv-endpoint {}: no host", e));
-  // What torchrun's endpoint parser takes for a host: a name, an IPv4 or
-  // an IPv6 address, never a character no host has (it would be waited
-  // for until the join timeout, never resolving).
+  if (host.empty()) throw usage_error(fmt::format("{} '{}': no host", flag, value));
   const auto not_host = [](unsigned char c) {
     return !std::isalnum(c) && c != '_' && c != '.' && c != ':' && c != '-';
   };
   if (std::ranges::any_of(host, not_host)) {
-    throw usage_error(fmt::format("--rdzv-endpoint {}: the host is not a host name, an IPv4 or an IPv6 address "
+    throw usage_error(fmt::format("{} '{}': the host is not a host name, an IPv4 or an IPv6 address "
                                   "(letters, digits, '_', '.', ':' and '-')",
-                                  e));
+                                  flag, value));
   }
+  return host;
+}
+
+host_port endpoint_parts(const std::string& e) {
+  const auto colon = port_colon(e);
+  std::string host = checked_host(e.substr(0, colon), "--rdzv-endpoint", e);
   if (colon == std::string::npos) return {std::move(host), std::nullopt};
   const int port = whole_number("--rdzv-endpoint's port", e.substr(colon + 1), 0);
   if (port > 65535) throw usage_error(fmt::format("--rdzv-endpoint {}: the port is not 0 to 65535", e));
@@ -441,7 +447,11 @@ placement static_placement(run_options& o, int nproc) {
   // The master's host:port, for c10d (29400 when no port is named; port 0,
   // torchrun's localhost:0, picks a free one) and for static, where torchrun
   // takes it before --master-addr and --master-port.
-  if (!o.rdzv_endpoint.empty()) master_from_endpoint(o, c10d ? std::optional(29400) : std::nullopt);
+  if (!o.rdzv_endpoint.empty()) {
+    master_from_endpoint(o, c10d ? std::optional(29400) : std::nullopt);
+  } else if (o.master_addr_given) {
+    o.master_addr = checked_host(o.master_addr, "--master-addr", o.master_addr);
+  }
   // Slurm places the node unless the flags do. c10d's command lines across
   // nodes give --nnodes and leave the node rank to the rendezvous, so there
   // Slurm still gives it. --standalone is one node, whatever Slurm says.
@@ -527,7 +537,7 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
   c.min_nodes = o.min_nodes;
   c.max_nodes = o.max_nodes;
   c.nproc = nproc;
-  c.local_addr = o.local_addr.empty() ? host_name() : o.local_addr;
+  c.local_addr = o.local_addr.empty() ? host_name() : checked_host(o.local_addr, "--local-addr", o.local_addr);
   c.local_port = o.master_port != 0 ? o.master_port : free_port();
   c.poll_interval = std::max(millis(o.monitor_interval), std::chrono::milliseconds(10));
   double keep_alive_interval = 1, keep_alive_max_attempt = 3;

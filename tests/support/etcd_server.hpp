@@ -70,12 +70,11 @@ inline std::string http_get(int port, const std::string& path,
   return answer;
 }
 
-/// A server on a free loopback port that answers every connection with an
-/// SSH server's greeting, whatever it is sent: something that listens where
-/// etcd was expected and speaks no HTTP at all.
-class ssh_like_server {
+/// A server on a free loopback port that answers every connection with
+/// `answer`, whatever it is sent, and closes it.
+class canned_server {
  public:
-  ssh_like_server() {
+  explicit canned_server(std::string answer) : answer_(std::move(answer)) {
     listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -91,15 +90,14 @@ class ssh_like_server {
       for (int fd; (fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC)) >= 0;) {
         char request[4096];
         static_cast<void>(::recv(fd, request, sizeof request, 0));
-        static constexpr std::string_view greeting = "SSH-2.0-OpenSSH_9.0\r\n";
-        static_cast<void>(::send(fd, greeting.data(), greeting.size(), MSG_NOSIGNAL));
+        static_cast<void>(::send(fd, answer_.data(), answer_.size(), MSG_NOSIGNAL));
         ::close(fd);
       }
     });
   }
-  ssh_like_server(const ssh_like_server&) = delete;
-  ssh_like_server& operator=(const ssh_like_server&) = delete;
-  ~ssh_like_server() {
+  canned_server(const canned_server&) = delete;
+  canned_server& operator=(const canned_server&) = delete;
+  ~canned_server() {
     ::shutdown(listener_, SHUT_RDWR);
     server_.join();
     ::close(listener_);
@@ -109,9 +107,26 @@ class ssh_like_server {
   std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
 
  private:
+  std::string answer_;
   int listener_ = -1;
   int port_ = 0;
   std::thread server_;
+};
+
+/// Something that listens where etcd was expected and speaks no HTTP at
+/// all: an SSH server's greeting.
+class ssh_like_server : public canned_server {
+ public:
+  ssh_like_server() : canned_server("SSH-2.0-OpenSSH_9.0\r\n") {}
+};
+
+/// An HTTP server that answers every request with status 200 and `json`:
+/// something that speaks HTTP and JSON, but not etcd's.
+class json_server : public canned_server {
+ public:
+  explicit json_server(const std::string& json)
+      : canned_server("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+                      std::to_string(json.size()) + "\r\n\r\n" + json) {}
 };
 
 /// One etcd member, started by the constructor and stopped by the

@@ -666,6 +666,25 @@ TEST_SUITE("cohort-run") {
     auto bad = run_launcher({"-n", "2", "-t", "0:3,x", "true"});
     CHECK(bad.status.code() == 2);
     CHECK(bad.err.find("--tee") != std::string::npos);
+    // An empty item is refused, as torchrun's int('') and its pattern of
+    // rank:streams refuse it; before, it was left out (',' filtered nothing).
+    for (const std::vector<std::string>& flags :
+         {std::vector<std::string>{"--local-ranks-filter", ","}, {"--local-ranks-filter", ",0"},
+          {"-t", "0:3,"}, {"-t", "0:3,,1:1"}, {"-r", ",0:3"}}) {
+      CAPTURE(flags[1]);
+      std::vector<std::string> args{"-n", "2"};
+      args.insert(args.end(), flags.begin(), flags.end());
+      args.push_back("/bin/true");
+      auto empty_item = run_launcher(args);
+      CHECK(empty_item.status.code() == 2);
+      CHECK(empty_item.err.find(flags[0] == "-t" ? "--tee: '" : flags[0] == "-r" ? "--redirects: '"
+                                                                                  : "--local-ranks-filter: '") !=
+            std::string::npos);
+    }
+    // The item as given, blanks and all.
+    auto blank = run_launcher({"-n", "2", "--local-ranks-filter", "0, ", "/bin/true"});
+    CHECK(blank.status.code() == 2);
+    CHECK(blank.err.find("--local-ranks-filter: ' ' is not a whole number") != std::string::npos);
     // Blanks around the numbers, as torchrun's int() takes them.
     auto spaced = run_launcher({"-n", "3", "-t", "0:3, 1 : 3,2: 3", "--local-ranks-filter", "0, 2 ", "--", "/bin/sh",
                                 "-c", "echo out $LOCAL_RANK"});
@@ -1315,6 +1334,32 @@ TEST_SUITE("cohort-run") {
       CHECK(r.status.code() == 2);
       CHECK(r.err.find("is not a host name, an IPv4 or an IPv6 address") != std::string::npos);
     }
+    // The same of --master-addr, on one node as on several (before, its
+    // ranks got MASTER_ADDR=two words, and node 1 waited out its join
+    // timeout), and of --local-addr under etcd-v3, before etcd is asked.
+    const std::vector<std::vector<std::string>> bad_hosts{
+        {"--master-addr", "two words"},
+        {"--master-addr", "two words", "--nnodes", "2", "--node-rank", "1", "--master-port", "2345"},
+        {"--master-addr", ""},
+        {"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:1", "--local-addr", "a/b"}};
+    for (const auto& flags : bad_hosts) {
+      CAPTURE(flags[1]);
+      std::vector<std::string> args = flags;
+      args.insert(args.end(), {"--", "/bin/true"});
+      r = run_launcher(args, identical_nodes);
+      CHECK(r.status.code() == 2);
+      CHECK(r.err.find(flags.back() == "a/b" ? "--local-addr 'a/b': the host is not a host name"
+                       : flags[1].empty()    ? "--master-addr '': no host"
+                                             : "--master-addr 'two words': the host is not a host name") !=
+            std::string::npos);
+    }
+    // Brackets around an IPv6 address are taken off, as from the endpoint.
+    test::temp_dir bracketed;
+    r = run_launcher({"--master-addr", "[fd00::7]", "--nnodes", "2", "--node-rank", "1", "--master-port", "2345", "-n",
+                      "1", "--", "/bin/sh", "-c", dump_contract, bracketed.path.string()},
+                     identical_nodes);
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(variables_in(bracketed.path / "1")["MASTER_ADDR"] == "fd00::7");
     // --standalone is a node of its own, whatever endpoint is given.
     test::temp_dir alone;
     r = run_launcher({"--standalone", "--rdzv-endpoint", "10.1.1.2:2345", "--", "/bin/sh", "-c", dump_contract,
@@ -1513,6 +1558,12 @@ TEST_SUITE("cohort-run") {
                           {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[${role_name}:${rank}/${local_rank}]"}});
     REQUIRE(r.status.code() == 0);
     CHECK((r.out == "[trainer:0/0]hi\n[trainer:1/1]hi\n" || r.out == "[trainer:1/1]hi\n[trainer:0/0]hi\n"));
+    // Only in place of the flag: given, even as the default, the flag wins.
+    r = run_launcher({"-n", "1", "-t", "1", "--log-line-prefix-template", "[${role}${local_rank}]:", "--", "/bin/sh",
+                      "-c", "echo hi"},
+                     {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "ENV${rank}:"}});
+    REQUIRE(r.status.code() == 0);
+    CHECK(r.out == "[default0]:hi\n");
   }
 
   TEST_CASE("Slurm: node rank, node count, run id and master address come from srun's variables") {

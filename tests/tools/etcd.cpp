@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
+#include <vector>
 #include <thread>
 
 using namespace cohort_run;
@@ -168,6 +170,45 @@ TEST_SUITE("etcd client") {
       CHECK(what.find("the endpoint does not speak etcd's HTTP API") != std::string::npos);
       CHECK(e.code() == etcd_error::unknown);
       CHECK_FALSE(e.transient());  // asking again would not make it etcd
+    }
+  }
+
+  // Before, a field of the wrong type or a number that was not one escaped
+  // as nlohmann's or std::stoll's bare exception, a key outside the prefix
+  // as an out_of_range of the rendezvous, and an answer of {} was a lease.
+  TEST_CASE("an answer in JSON that is not etcd's fails for good, naming the endpoint, the call and the answer") {
+    struct case_of {
+      const char* answer;
+      const char* why;
+      std::function<void(etcd_client&)> call;
+    };
+    const std::vector<case_of> cases{
+        {R"({"header":{"revision":"x"},"ID":"zz","TTL":"abc"})", "'ID' is \"zz\", not a whole number",
+         [](etcd_client& c) { c.grant_lease(5s); }},
+        {"{}", "no lease ID", [](etcd_client& c) { c.grant_lease(5s); }},
+        {R"({"header":{"revision":"7"},"kvs":"oops"})", "'kvs' is \"oops\", not an array",
+         [](etcd_client& c) { c.range_prefix("/run/"); }},
+        {R"({"kvs":[{"key":"L290aGVy"}]})", "a key outside '/run/'", [](etcd_client& c) { c.range_prefix("/run/"); }},
+        {R"({"kvs":[{"key":7}]})", "'key' is 7, not base64 text", [](etcd_client& c) { c.range("/run/a"); }},
+        {R"({"header":{"revision":"12x"}})", "'revision' is \"12x\", not a whole number",
+         [](etcd_client& c) { c.put("/run/a", "v"); }},
+        {R"({"responses":{}})", "'responses' is {}, not an array", [](etcd_client& c) { c.txn({}, {}, {}); }},
+        {R"({"result":[]})", "not an object where 'TTL' was looked for", [](etcd_client& c) { c.keep_alive(1); }},
+    };
+    for (const auto& c : cases) {
+      CAPTURE(c.answer);
+      cohort::test::json_server server(c.answer);
+      etcd_client client(server.endpoint(), 30s);
+      try {
+        c.call(client);
+        FAIL("the call succeeded");
+      } catch (const etcd_error& e) {
+        const std::string what = e.what();
+        CHECK(what.starts_with("etcd at " + server.endpoint() + ": "));
+        CHECK(what.find(std::string("an answer that is not etcd's (") + c.why + ")") != std::string::npos);
+        CHECK(e.code() == etcd_error::unknown);
+        CHECK_FALSE(e.transient());
+      }
     }
   }
 

@@ -5,12 +5,14 @@
 #include <curl/curl.h>
 #include <dlfcn.h>
 
-#include <type_traits>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <mutex>
+#include <type_traits>
 
 namespace cohort_run {
 
@@ -49,7 +51,7 @@ std::string base64_decode(std::string_view text) {
   for (char c : text) {
     if (c == '=') break;
     const auto digit = base64_alphabet.find(c);
-    if (digit == std::string_view::npos) throw std::invalid_argument("not base64");
+    if (digit == std::string_view::npos) throw std::invalid_argument("text that is not base64");
     n = n << 6 | static_cast<unsigned>(digit);
     bits += 6;
     if (bits >= 8) {
@@ -62,22 +64,48 @@ std::string base64_decode(std::string_view text) {
 
 // A 64-bit field of an answer: a string (as the gateway writes them), a
 // number, or absent (the gateway leaves out zeros).
+// Throws std::invalid_argument for anything else: a field of another type,
+// or a string that is not a whole number.
 std::int64_t number(const json& object, const char* name) {
+  if (!object.is_object()) throw std::invalid_argument(fmt::format("not an object where '{}' was looked for", name));
   const auto it = object.find(name);
   if (it == object.end() || it->is_null()) return 0;
-  if (it->is_string()) return std::stoll(it->get<std::string>());
-  return it->get<std::int64_t>();
+  if (it->is_number_integer()) return it->get<std::int64_t>();
+  const std::string text = it->is_string() ? it->get<std::string>() : std::string();
+  std::int64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (!it->is_string() || text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    throw std::invalid_argument(fmt::format("'{}' is {}, not a whole number", name, it->dump()));
+  }
+  return value;
 }
 
 std::string bytes(const json& object, const char* name) {
   const auto it = object.find(name);
-  return it == object.end() ? std::string() : base64_decode(it->get<std::string>());
+  if (it == object.end()) return std::string();
+  if (!it->is_string()) throw std::invalid_argument(fmt::format("'{}' is {}, not base64 text", name, it->dump()));
+  return base64_decode(it->get<std::string>());
+}
+
+// An object's array field, absent as empty.
+const json& array_at(const json& object, const char* name) {
+  static const json none = json::array();
+  const auto it = object.find(name);
+  if (it == object.end() || it->is_null()) return none;
+  if (!it->is_array()) throw std::invalid_argument(fmt::format("'{}' is {}, not an array", name, it->dump()));
+  return *it;
+}
+
+const json& header_of(const json& answer) {
+  static const json none = json::object();
+  const auto it = answer.find("header");
+  return it == answer.end() ? none : *it;
 }
 
 range_result range_from(const json& answer) {
   range_result r;
-  r.revision = number(answer.value("header", json::object()), "revision");
-  for (const auto& kv : answer.value("kvs", json::array())) {
+  r.revision = number(header_of(answer), "revision");
+  for (const auto& kv : array_at(answer, "kvs")) {
     r.kvs.push_back({bytes(kv, "key"), bytes(kv, "value"), number(kv, "create_revision"),
                      number(kv, "mod_revision"), number(kv, "version"), number(kv, "lease")});
   }
@@ -296,26 +324,45 @@ json etcd_client::post(std::string_view operation, std::string_view path, const 
   return parsed;
 }
 
+template <class Decode>
+auto etcd_client::call(std::string_view operation, std::string_view path, const json& body, Decode decode) {
+  const json answer = post(operation, path, body);
+  try {
+    return decode(answer);
+  } catch (const std::exception& e) {  // an answer of HTTP 200 in JSON, but not etcd's
+    throw etcd_error(fmt::format("etcd at {}: {}: an answer that is not etcd's ({}): {}", endpoint_, operation,
+                                 e.what(), answer.dump().substr(0, 200)),
+                     etcd_error::unknown);
+  }
+}
+
 range_result etcd_client::range(std::string_view key) {
-  return range_from(post("range", "kv/range", key_range(key, {})));
+  return call("range", "kv/range", key_range(key, {}), range_from);
 }
 
 range_result etcd_client::range_prefix(std::string_view prefix) {
-  return range_from(post("range", "kv/range", key_range(prefix, prefix_end(prefix))));
+  return call("range", "kv/range", key_range(prefix, prefix_end(prefix)), [&](const json& answer) {
+    range_result r = range_from(answer);
+    for (const auto& kv : r.kvs) {
+      if (!kv.key.starts_with(prefix)) throw std::invalid_argument(fmt::format("a key outside '{}'", prefix));
+    }
+    return r;
+  });
 }
 
 std::int64_t etcd_client::put(std::string_view key, std::string_view value, std::int64_t lease) {
   json body{{"key", base64_encode(key)}, {"value", base64_encode(value)}};
   if (lease != 0) body["lease"] = std::to_string(lease);
-  return number(post("put", "kv/put", body).value("header", json::object()), "revision");
+  return call("put", "kv/put", body, [](const json& answer) { return number(header_of(answer), "revision"); });
 }
 
 std::int64_t etcd_client::erase(std::string_view key) {
-  return number(post("delete", "kv/deleterange", key_range(key, {})), "deleted");
+  return call("delete", "kv/deleterange", key_range(key, {}), [](const json& answer) { return number(answer, "deleted"); });
 }
 
 std::int64_t etcd_client::erase_prefix(std::string_view prefix) {
-  return number(post("delete", "kv/deleterange", key_range(prefix, prefix_end(prefix))), "deleted");
+  return call("delete", "kv/deleterange", key_range(prefix, prefix_end(prefix)),
+              [](const json& answer) { return number(answer, "deleted"); });
 }
 
 txn_result etcd_client::txn(const std::vector<compare>& compares, const std::vector<request>& success,
@@ -324,26 +371,33 @@ txn_result etcd_client::txn(const std::vector<compare>& compares, const std::vec
   for (const auto& c : compares) body["compare"].push_back(compare_json(c));
   for (const auto& r : success) body["success"].push_back(request_json(r));
   for (const auto& r : failure) body["failure"].push_back(request_json(r));
-  const json answer = post("txn", "kv/txn", body);
-  txn_result result;
-  result.succeeded = answer.value("succeeded", false);
-  result.revision = number(answer.value("header", json::object()), "revision");
-  for (const auto& response : answer.value("responses", json::array())) {
-    if (const auto it = response.find("response_range"); it != response.end()) result.ranges.push_back(range_from(*it));
-  }
-  return result;
+  return call("txn", "kv/txn", body, [](const json& answer) {
+    txn_result result;
+    result.succeeded = answer.value("succeeded", false);
+    result.revision = number(header_of(answer), "revision");
+    for (const auto& response : array_at(answer, "responses")) {
+      if (!response.is_object()) throw std::invalid_argument("a response that is not an object");
+      if (const auto it = response.find("response_range"); it != response.end()) result.ranges.push_back(range_from(*it));
+    }
+    return result;
+  });
 }
 
 lease etcd_client::grant_lease(std::chrono::seconds ttl) {
-  const json answer = post("lease grant", "lease/grant", {{"TTL", std::to_string(ttl.count())}});
-  return {number(answer, "ID"), std::chrono::seconds(number(answer, "TTL"))};
+  return call("lease grant", "lease/grant", {{"TTL", std::to_string(ttl.count())}}, [](const json& answer) {
+    const lease granted{number(answer, "ID"), std::chrono::seconds(number(answer, "TTL"))};
+    if (granted.id == 0) throw std::invalid_argument("no lease ID");  // etcd's leases are never 0
+    return granted;
+  });
 }
 
 std::chrono::seconds etcd_client::keep_alive(std::int64_t id) {
-  const json answer = post("lease keepalive", "lease/keepalive", {{"ID", std::to_string(id)}});
   // A stream of one message: {"result": {"ID": ..., "TTL": ...}}; a lease
   // that is gone comes back without its TTL (or with "0").
-  return std::chrono::seconds(std::max<std::int64_t>(number(answer.value("result", json::object()), "TTL"), 0));
+  return call("lease keepalive", "lease/keepalive", {{"ID", std::to_string(id)}}, [](const json& answer) {
+    const auto it = answer.find("result");
+    return std::chrono::seconds(std::max<std::int64_t>(it == answer.end() ? 0 : number(*it, "TTL"), 0));
+  });
 }
 
 bool etcd_client::revoke_lease(std::int64_t id) {

@@ -156,6 +156,11 @@ class etcd_client {
   struct handle;
   /// POSTs `body` to /v3/`path` and returns etcd's JSON answer; `operation` names the call in errors.
   nlohmann::json post(std::string_view operation, std::string_view path, const nlohmann::json& body);
+  /// post()'s answer read by `decode`, whose exceptions (an answer in JSON
+  /// that is not etcd's) become etcd_errors naming the endpoint, the call
+  /// and the answer.
+  template <class Decode>
+  auto call(std::string_view operation, std::string_view path, const nlohmann::json& body, Decode decode);
 
   std::string endpoint_;
   std::chrono::milliseconds timeout_;

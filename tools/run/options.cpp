@@ -222,15 +222,22 @@ std::string trimmed(const std::string& text, std::string_view blanks) {
   return first == std::string::npos ? std::string() : text.substr(first, text.find_last_not_of(blanks) + 1 - first);
 }
 
-std::vector<std::string> comma_list(const std::string& list) {
+std::vector<std::string> comma_items(const std::string& list) {
   std::vector<std::string> items;
+  if (list.empty()) return items;
   std::string::size_type begin = 0;
   while (begin <= list.size()) {
     auto end = list.find(',', begin);
     if (end == std::string::npos) end = list.size();
-    if (end > begin) items.push_back(list.substr(begin, end - begin));
+    items.push_back(list.substr(begin, end - begin));
     begin = end + 1;
   }
+  return items;
+}
+
+std::vector<std::string> comma_list(const std::string& list) {
+  auto items = comma_items(list);
+  std::erase_if(items, [](const std::string& item) { return item.empty(); });
   return items;
 }
 
@@ -334,9 +341,10 @@ run_options parse_options(int argc, char** argv) {
   // cohort-run's own.
   app.add_option("--signals-to-forward,--signals_to_forward", signals_to_forward,
                  "signals passed on to every rank, the run going on (default SIGUSR1,SIGUSR2)");
-  app.add_option("--log-line-prefix-template,--log_line_prefix_template", o.log_line_prefix_template,
-                 "prefix of teed console lines: ${role} (or ${role_name}), ${rank}, ${local_rank}, also "
-                 "without braces, $$ for $, as torchrun expands it (also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)");
+  auto* prefix_template_flag =
+      app.add_option("--log-line-prefix-template,--log_line_prefix_template", o.log_line_prefix_template,
+                     "prefix of teed console lines: ${role} (or ${role_name}), ${rank}, ${local_rank}, also "
+                     "without braces, $$ for $, as torchrun expands it (also TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)");
   app.add_flag("--tee-through-pipes,--tee_through_pipes", o.tee_through_pipes,
                "teed streams through pipes that cohort-run writes to the log files, rather than files the "
                "ranks write and it follows: faster for ranks that write in small pieces; what the pipes hold "
@@ -377,9 +385,10 @@ run_options parse_options(int argc, char** argv) {
   o.max_restarts = whole_number("--max-restarts", max_restarts, 0);
   o.monitor_interval = seconds("--monitor-interval", monitor_interval);
   o.grace_period = seconds("--shutdown-timeout", grace_period);
-  // Blanks around each number are Python's int()'s, as torchrun takes them.
-  for (const auto& item : comma_list(local_ranks_filter)) {
-    o.local_ranks_filter.push_back(whole_number("--local-ranks-filter", trimmed(item), 0));
+  // Blanks around each number are Python's int()'s, as torchrun takes them;
+  // an empty item is refused, as int('') is there.
+  for (const auto& item : comma_items(local_ranks_filter)) {
+    o.local_ranks_filter.push_back(whole_number("--local-ranks-filter", item, 0));
   }
   o.signals_to_handle = signals("--signals-to-handle", signals_to_handle);
   for (int sig : signals("--signals-to-forward", signals_to_forward)) {
@@ -390,7 +399,7 @@ run_options parse_options(int argc, char** argv) {
   check_choice("--rdzv-backend", o.rdzv_backend, {"static", "etcd-v3", "etcd", "etcd-v2", "c10d"});
   check_choice("--start-method", o.start_method, {"spawn", "fork", "forkserver"});
   if (!o.numa_binding.empty()) check_choice("--numa-binding", o.numa_binding, {"node", "socket", "exclusive", "core-complex"});
-  if (o.log_line_prefix_template == "[${role}${local_rank}]:") {
+  if (prefix_template_flag->count() == 0) {
     if (const char* from_torch = std::getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")) o.log_line_prefix_template = from_torch;
   }
   if (o.python.empty()) {

@@ -80,6 +80,8 @@ run_options parse_options(int argc, char** argv);
 
 /// "a,b,,c" -> a b c: the items of a comma-separated list, empty ones left out.
 std::vector<std::string> comma_list(const std::string& list);
+/// "a,b,,c" -> a b "" c: every item, empty ones too; "" -> none.
+std::vector<std::string> comma_items(const std::string& list);
 /// What Python's str.strip() and int() take for blanks.
 inline constexpr std::string_view python_blanks = " \t\n\r\v\f";
 /// `text` without the characters of `blanks` at either end.
