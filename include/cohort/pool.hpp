@@ -264,7 +264,10 @@ class pool {
   /// Cancellation (the handler's cancellation slot, any type) ends the wait
   /// with std::system_error(operation_aborted), at once for a map waiting
   /// its turn: items a worker has taken still run, and their results are
-  /// dropped; the rest do not run. Destroying the execution context of the
+  /// dropped; the rest do not run. A map whose turn comes while no thread
+  /// can be started (a full pids cgroup) completes at once with
+  /// std::system_error ("cohort::pool::map: starting the thread that runs
+  /// the map"), the maps after it unaffected. Destroying the execution context of the
   /// handler's executor (an io_context, a thread_pool) before the map ends
   /// destroys the handler there, without calling it, as asio destroys the
   /// handlers of its own pending operations (a coroutine awaiting the map
@@ -321,7 +324,18 @@ class pool {
           };
           // std::function copies its target: held once, and shared.
           auto held = std::make_shared<decltype(job)>(std::move(job));
-          detail::pool_run_detached(*state, ticket, [held] { (*held)(); });
+          try {
+            detail::pool_run_detached(*state, ticket, [held] { (*held)(); });
+          } catch (...) {
+            // No thread for its turn: the map fails as it is made, through
+            // its handler (thrown from here, under use_awaitable nothing
+            // could catch it, and the work counted on the executor would go).
+            if constexpr (std::is_void_v<R>) {
+              completion->complete(std::current_exception());
+            } else {
+              completion->complete(std::current_exception(), result{});
+            }
+          }
         },
         token, std::move(name), std::move(tasks));
   }

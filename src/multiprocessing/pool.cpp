@@ -420,10 +420,16 @@ class pool_state {
     });
     detached_.reserve(detached_.size() + 1);
     auto done = std::make_shared<std::atomic<bool>>(false);
-    detached_.push_back({std::thread([job, done] {
-      job();
-      done->store(true, std::memory_order_release);
-    }), done});
+    std::thread thread;
+    try {
+      thread = std::thread([job, done] {
+        job();
+        done->store(true, std::memory_order_release);
+      });
+    } catch (const std::system_error& e) {
+      throw std::system_error(e.code(), "cohort::pool::map: starting the thread that runs the map");
+    }
+    detached_.push_back({std::move(thread), done});
   }
 
  private:

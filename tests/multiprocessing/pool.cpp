@@ -23,6 +23,8 @@
 
 #include <fmt/format.h>
 
+#include <dlfcn.h>
+#include <pthread.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -44,6 +46,20 @@
 #include <tuple>
 
 using namespace cohort;
+
+namespace {
+// While set, every thread this process starts fails to start, as under a
+// full pids cgroup (RLIMIT_NPROC does not hold root back).
+std::atomic<bool> refuse_threads{false};
+}  // namespace
+
+// This program's pthread_create comes before libc's for every caller.
+extern "C" int pthread_create(pthread_t* thread, const pthread_attr_t* attr, void* (*fn)(void*), void* arg) {
+  if (refuse_threads.load()) return EAGAIN;
+  using real_create = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
+  static const auto real = reinterpret_cast<real_create>(::dlsym(RTLD_NEXT, "pthread_create"));
+  return real(thread, attr, fn, arg);
+}
 
 namespace pool_tests {
 
@@ -371,6 +387,56 @@ TEST_SUITE("pool") {
       co_return co_await pool(2).map(square, items, asio::use_awaitable);
     }());
     CHECK(results == std::vector<long>{1, 4, 9});
+  }
+
+  // Before, the thread's failure was thrown from the map's initiation:
+  // awaited, the process ended in std::terminate; with a callback, the call
+  // threw and the work it had counted on the io_context went, stopping it.
+  TEST_CASE("a map whose thread cannot start fails through its handler, and the next map runs") {
+    pool p(2);
+    const std::vector<long> items{1, 2, 3};
+    const std::string why = "cohort::pool::map: starting the thread that runs the map: ";
+    asio::io_context io;
+    std::string awaited_error;
+    std::vector<long> after;
+    const auto maps = [&]() -> asio::awaitable<void> {
+      refuse_threads = true;
+      try {
+        (void)co_await p.map(square, items, asio::use_awaitable);
+      } catch (const std::system_error& e) {
+        awaited_error = e.what();
+      }
+      refuse_threads = false;
+      after = co_await p.map(square, items, asio::use_awaitable);
+    };
+    asio::co_spawn(io, maps(), asio::detached);
+    io.run();
+    CHECK(awaited_error == why + std::strerror(EAGAIN));
+    CHECK(after == std::vector<long>{1, 4, 9});
+
+    // A callback: the error reaches it, and the io_context runs on to it.
+    io.restart();
+    std::string callback_error;
+    bool called = false;
+    refuse_threads = true;
+    try {
+      p.map(square, items, asio::bind_executor(io, [&](std::exception_ptr error, std::vector<long>) {
+              called = true;
+              try {
+                if (error) std::rethrow_exception(error);
+              } catch (const std::system_error& e) {
+                callback_error = e.what();
+              }
+            }));
+    } catch (...) {
+      refuse_threads = false;
+      FAIL("the map threw at its call");
+    }
+    refuse_threads = false;
+    io.run();
+    CHECK(called);
+    CHECK(callback_error == why + std::strerror(EAGAIN));
+    CHECK(p.map(square, items) == std::vector<long>{1, 4, 9});
   }
 
   TEST_CASE("an awaited map leaves its io_context free to run other work") {
