@@ -511,6 +511,9 @@ tensor tensor::reshape(std::span<const std::int64_t> shape) const {
   } else if (known != numel()) {
     throw invalid();
   }
+  // No elements: the sizes other than 0 must still fit, as tensor::empty's
+  // must, or the view could be neither cloned nor received.
+  (void)detail::checked_numel(sizes.view(), dtype_, "tensor::reshape");
   auto strides = detail::contiguous_strides(sizes.view());
   return view(offset_, std::move(sizes), std::move(strides));
 }

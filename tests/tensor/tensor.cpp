@@ -406,6 +406,14 @@ TEST_CASE("reshape infers one size and keeps the storage and offset") {
   CHECK_THROWS_AS(t.reshape({-2, -6}), std::invalid_argument);
   CHECK(dims(tensor::empty({0}, dtype::int8).reshape({2, 0, 3}).shape()) == "[2, 0, 3]");
   CHECK_THROWS_AS(tensor::empty({0}, dtype::int8).reshape({-1, 0}), std::invalid_argument);
+  // No elements, and sizes whose product, 0 aside, is past int64's bytes:
+  // refused as tensor::empty refuses them (before, made, then neither
+  // cloned nor received).
+  const std::vector<std::int64_t> huge{0, std::int64_t{1} << 62};
+  CHECK_THROWS_WITH_AS(tensor::empty({0}, dtype::float64).reshape(huge),
+                       "tensor::reshape: shape [0, 4611686018427387904] of float64 is too large",
+                       std::invalid_argument);
+  CHECK_THROWS_AS(tensor::empty({0}, dtype::float64, {.shared = true}).reshape(huge), std::invalid_argument);
 }
 
 TEST_CASE("reshape of a non-contiguous tensor throws; its contiguous() copy reshapes") {
