@@ -118,6 +118,9 @@ asio::awaitable<void> event::wait_on(asio::any_io_executor executor, storage sta
   const std::uint32_t begun = s.flag.load();
   if ((begun & set_bit) != 0) co_return;
   using namespace asio::experimental::awaitable_operators;
+  // Before the timer, which would bring up asio's reactor with asio's bare
+  // message where no descriptor is left.
+  (void)uring::service_for(executor, "cohort::event::wait");
   asio::steady_timer recheck(executor);
   while (s.flag.load() == begun) {
     const counted_sleeper sleeper(s.sleepers);

@@ -1134,6 +1134,9 @@ struct sleeping {
 asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
   using namespace asio::experimental::awaitable_operators;
   auto executor = co_await asio::this_coro::executor;
+  // Before the timer, which would bring up asio's reactor with asio's bare
+  // message where no descriptor is left.
+  (void)uring::service_for(executor, s == side::push ? "cohort::queue::push" : "cohort::queue::pop");
   asio::steady_timer timer(executor, sleep_slice(s));
   // As wait_for: the epoch is read before the peers are armed.
   auto& epoch = death_notice::of_this_process().epoch();

@@ -2,6 +2,7 @@
 #include "uring/service.hpp"
 
 #include "config.hpp"
+#include "os/descriptor_limit.hpp"
 #include "os/process_identity.hpp"
 
 #include <asio/post.hpp>
@@ -18,7 +19,9 @@
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <string_view>
+#include <system_error>
 #include <typeinfo>
 #include <utility>
 #include <vector>
@@ -76,6 +79,16 @@ asio::io_context* find_io_context(const asio::any_io_executor& executor) {
 asio::io_context& io_context_of(const asio::any_io_executor& executor) {
   if (auto* io = find_io_context(executor)) return *io;
   throw std::invalid_argument("cohort needs the executor of an asio::io_context (or a strand of one)");
+}
+
+service& service_for(const asio::any_io_executor& executor, const char* what) {
+  asio::io_context& io = io_context_of(executor);
+  try {
+    return asio::use_service<service>(io);
+  } catch (const std::system_error& e) {
+    throw std::system_error(e.code(), std::string(what) + ": bringing up asio's reactor for the io_context" +
+                                          os::descriptor_limit_note(e.code().value()));
+  }
 }
 
 service::service(asio::io_context& io, bool with_ring) : asio::execution_context::service(io), io_(io) {

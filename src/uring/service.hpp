@@ -142,6 +142,12 @@ inline service& service_of(const asio::any_io_executor& executor) {
   return asio::use_service<service>(io_context_of(executor));
 }
 
+/// The same, for an operation about to wait on the io_context: where the
+/// service, and with it asio's reactor, cannot be brought up (no descriptor
+/// left), a std::system_error naming `what` and the open file limit, not
+/// asio's bare "eventfd_select_interrupter: Too many open files".
+service& service_for(const asio::any_io_executor& executor, const char* what);
+
 /// Gives `io` a service without a ring, so that every operation on it runs
 /// on asio's reactor: for an io_context that lives for a few waits, where
 /// a ring's set-up and teardown cost more than it saves (a blocking

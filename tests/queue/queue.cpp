@@ -8,6 +8,7 @@
 
 #include "support/harness.hpp"
 #include "support/join_by.hpp"
+#include "support/process_probe.hpp"
 
 #include <doctest/doctest.h>
 
@@ -230,6 +231,39 @@ TEST_SUITE("queue") {
     CHECK_THROWS_WITH_AS(queue<int>(0), doctest::Contains("bounded"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(queue<int>((std::size_t{1} << 24) + 1), doctest::Contains("2^24"), std::invalid_argument);
     CHECK(queue<int>(1).capacity() == 1);
+  }
+
+  // Before, asio's bare "epoll: Too many open files" (or its eventfd's),
+  // naming neither the wait nor the limit.
+  TEST_CASE("an awaited pop or event wait with no descriptor left for the reactor names itself and the limit") {
+    queue<int> q(2);
+    event e;
+    asio::io_context io;  // fresh: no reactor yet
+    std::string pop_error, wait_error;
+    const auto waits = [&]() -> asio::awaitable<void> {
+      try {
+        (void)co_await q.pop();
+      } catch (const std::system_error& error) {
+        pop_error = error.what();
+      }
+      try {
+        co_await e.wait();
+      } catch (const std::system_error& error) {
+        wait_error = error.what();
+      }
+    };
+    {
+      const test::descriptors_left none(0);
+      asio::co_spawn(io, waits(), asio::detached);
+      io.run();
+    }
+    const auto expected = [](const std::string& what) {
+      return what + ": bringing up asio's reactor for the io_context (open file limit RLIMIT_NOFILE is ";
+    };
+    CHECK(pop_error.starts_with(expected("cohort::queue::pop")));
+    CHECK(wait_error.starts_with(expected("cohort::event::wait")));
+    CHECK(pop_error.ends_with(std::string("): ") + std::strerror(EMFILE)));
+    CHECK(wait_error.ends_with(std::string("): ") + std::strerror(EMFILE)));
   }
 
   TEST_CASE("values come out in the order they went in") {
