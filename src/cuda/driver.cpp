@@ -71,12 +71,19 @@ driver_state initialise() {
   driver_state s;
   // 0 when no driver could be loaded: the runtime found no libcuda.so.1.
   int driver_version = 0;
+  int count = 0;
   if (cudaDriverGetVersion(&driver_version) != cudaSuccess || driver_version == 0) {
-    s.unavailable = "no driver (libcuda.so.1 could not be loaded)";
-    s.init_error = cudaErrorInsufficientDriver;
+    // The toolkit's stub libcuda.so (for linking, not running) reports no
+    // version either; the runtime tells it apart as it counts devices.
+    if (cudaGetDeviceCount(&count) == cudaErrorStubLibrary) {
+      s.unavailable = "no driver (the libcuda.so.1 found is the CUDA toolkit's stub, not a driver's)";
+      s.init_error = cudaErrorStubLibrary;
+    } else {
+      s.unavailable = "no driver (libcuda.so.1 could not be loaded)";
+      s.init_error = cudaErrorInsufficientDriver;
+    }
     return s;
   }
-  int count = 0;
   const cudaError_t counted = cudaGetDeviceCount(&count);
   if (counted == cudaErrorInsufficientDriver) {
     s.unavailable = fmt::format("driver too old (it runs CUDA {}; this library was built with CUDA {})",

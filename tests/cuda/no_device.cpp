@@ -21,6 +21,8 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -55,7 +57,9 @@ TEST_SUITE("cuda without a device") {
     void* driver = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     const std::string reason = cuda::unavailable_reason();
     CAPTURE(reason);
-    if (driver != nullptr) {
+    if (std::getenv("COHORT_TEST_STUB_DRIVER") != nullptr) {
+      CHECK(reason == "no driver (the libcuda.so.1 found is the CUDA toolkit's stub, not a driver's)");
+    } else if (driver != nullptr) {
       ::dlclose(driver);
       const bool no_device = reason.starts_with("no device (the driver, CUDA ") &&
                              reason.ends_with("sees none; CUDA_VISIBLE_DEVICES=-1)");
@@ -63,6 +67,28 @@ TEST_SUITE("cuda without a device") {
     } else {
       CHECK(reason == "no driver (libcuda.so.1 could not be loaded)");
     }
+  }
+
+  // Before, the stub read as no library at all ("could not be loaded").
+  TEST_CASE("the CUDA toolkit's stub driver, found first, is named as the stub") {
+    if (std::getenv("COHORT_TEST_STUB_DRIVER") != nullptr) return;  // this program, run below
+    const std::filesystem::path stub = "/usr/local/cuda/targets/x86_64-linux/lib/stubs/libcuda.so";
+    if (!std::filesystem::exists(stub)) {
+      MESSAGE("no CUDA toolkit stub at ", stub.string(), ": skipped");
+      return;
+    }
+    std::string made = (std::filesystem::temp_directory_path() / "cohort-stub-XXXXXX").string();
+    REQUIRE(::mkdtemp(made.data()) != nullptr);
+    const std::filesystem::path dir = made;
+    std::filesystem::create_symlink(stub, dir / "libcuda.so.1");
+    // This program again, finding the stub first: its check above of the
+    // reason, and every entry point's no_device.
+    const std::string run = "LD_LIBRARY_PATH='" + dir.string() + "' COHORT_TEST_STUB_DRIVER=1 /proc/" +
+                            std::to_string(::getpid()) +
+                            "/exe -tc='CUDA is not available*,every entry point*' > /dev/null 2>&1";
+    const int status = std::system(run.c_str());
+    std::filesystem::remove_all(dir);
+    CHECK(status == 0);
   }
 
   TEST_CASE("every entry point throws no_device, naming itself and the reason") {

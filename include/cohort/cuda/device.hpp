@@ -26,8 +26,9 @@ namespace cohort::cuda {
 bool available();
 
 /// Why CUDA cannot be used: "no driver (libcuda.so.1 could not be loaded)",
-/// "no device (...)", "driver too old (...)", or CUDA's own error; empty when
-/// available().
+/// "no driver (the libcuda.so.1 found is the CUDA toolkit's stub, not a
+/// driver's)", "no device (...)", "driver too old (...)", or CUDA's own
+/// error; empty when available().
 std::string unavailable_reason();
 
 /// How many devices this process sees (CUDA_VISIBLE_DEVICES applied); 0
