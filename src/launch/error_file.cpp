@@ -187,7 +187,7 @@ bool record_error(const error_report& report) noexcept {
 
 bool record_error(const std::exception& error, std::string_view trace) noexcept {
   try {
-    return record_error(error_report{os::demangle(typeid(error)) + ": " + error.what(), std::string(trace), std::nullopt});
+    return record_error(error_report{os::exception_message(error), std::string(trace), std::nullopt});
   } catch (...) {
     return false;
   }

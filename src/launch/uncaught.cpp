@@ -131,7 +131,7 @@ std::string current_exception_message() {
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
-    return os::demangle(typeid(e)) + ": " + e.what();
+    return os::exception_message(e);
   } catch (...) {
     const std::type_info* type = abi::__cxa_current_exception_type();
     return type != nullptr ? os::demangle(*type) : "unknown exception";

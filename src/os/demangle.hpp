@@ -1,6 +1,7 @@
 // The readable names of C++ symbols and types.
 #pragma once
 
+#include <exception>
 #include <string>
 #include <typeinfo>
 
@@ -11,5 +12,12 @@ namespace cohort::os {
 std::string demangle(const char* mangled);
 /// The demangled name of a type.
 inline std::string demangle(const std::type_info& type) { return demangle(type.name()); }
+
+/// "<demangled type>: <what()>", a what() that breaks its contract by
+/// returning null read as empty.
+inline std::string exception_message(const std::exception& e) {
+  const char* what = e.what();
+  return demangle(typeid(e)) + ": " + (what != nullptr ? what : "");
+}
 
 }  // namespace cohort::os

@@ -132,6 +132,13 @@ COHORT_ENTRYPOINT(throw_int);
 void terminate_without_exception(int) { std::terminate(); }
 COHORT_ENTRYPOINT(terminate_without_exception);
 
+// An exception whose what() breaks its contract: null.
+struct null_what : std::exception {
+  const char* what() const noexcept override { return nullptr; }
+};
+void throw_null_what(int) { throw null_what{}; }
+COHORT_ENTRYPOINT(throw_null_what);
+
 // The rank, and the error file its environment names (one per rank).
 std::string rank_and_error_file(int rank) {
   const char* file = std::getenv("COHORT_ERROR_FILE");
@@ -960,6 +967,20 @@ TEST_SUITE("entry points") {
         CHECK(e.trace().find("cohort::") == std::string::npos);
         CHECK(e.trace().find("libstdc++") == std::string::npos);
         CHECK(e.trace().find("terminate()") == std::string::npos);
+      }
+    });
+  }
+
+  // Before, the handler read the null what() into a string: the rank died
+  // of SIGSEGV, with no report.
+  TEST_CASE("a rank whose exception's what() is null reports its type") {
+    for_each_method([](start_method method) {
+      try {
+        spawn_and_join(throw_null_what, std::tuple{}, 1, test::join_by(method));
+        FAIL("no exception");
+      } catch (const process_raised_error& e) {
+        CHECK(e.message() == "entry_tests::null_what: ");
+        CHECK(e.trace().rfind("#0 entry_tests::throw_null_what(int)", 0) == 0);
       }
     });
   }
