@@ -18,7 +18,11 @@ namespace cohort {
 struct resource_usage {
   std::chrono::microseconds user_time{0};    ///< CPU time in user mode
   std::chrono::microseconds system_time{0};  ///< CPU time in the kernel
-  std::int64_t max_rss_kib = 0;              ///< peak resident set, KiB
+  /// Peak resident set, KiB: the kernel's peak for the process, which
+  /// before its exec was this process's memory (a spawn's vfork-style
+  /// clone, or a fork, alike), so never below this process's own peak at
+  /// the spawn, however small the program.
+  std::int64_t max_rss_kib = 0;
 
   bool operator==(const resource_usage&) const = default;
 };

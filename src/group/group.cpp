@@ -48,6 +48,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -907,6 +908,14 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
   // Whether a forwarded signal started the shutdown: one that comes once a
   // failure has started it changes the result, not the sequence.
   const std::optional<int> forwarded = s.partial.signal;
+  // Once SIGKILL is sent, one kill_wait bounds the rest: the ranks' exits,
+  // the sweep of what they left and the logs' last reads, together.
+  std::optional<std::chrono::steady_clock::time_point> kill_wait_ends;
+  const auto kill_wait_left = [&] {
+    if (!kill_wait_ends) return policy.kill_wait;
+    return std::max(std::chrono::ceil<std::chrono::milliseconds>(*kill_wait_ends - std::chrono::steady_clock::now()),
+                    std::chrono::milliseconds(0));
+  };
 
   if (s.running > 0) {
     for (int rank = 0; rank < s.nprocs; ++rank) {
@@ -925,9 +934,10 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
     if (forwarded != SIGTERM) co_await signal_and_await(state, SIGTERM, policy.term_grace);
     if (s.running > 0) {
       signal_running(s, SIGKILL);
+      kill_wait_ends = std::chrono::steady_clock::now() + policy.kill_wait;
       co_await sweep(s, std::chrono::milliseconds(0));
       s.hurry = false;  // the bounded wait after SIGKILL always runs
-      co_await await_exits(s, policy.kill_wait);
+      co_await await_exits(s, kill_wait_left());
       for (std::size_t rank = 0; rank < s.children.size(); ++rank) {
         if (!s.recorded[rank]) {
           // Reported, not waited for: its drain ends, and a thread reaps it
@@ -939,9 +949,9 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
       }
     }
   }
-  co_await sweep(s, policy.kill_wait);
+  co_await sweep(s, kill_wait_left());
   if (s.logs) {  // every writer is gone: the pumps reach the end of their streams
-    co_await s.logs->drain(policy.kill_wait);
+    co_await s.logs->drain(kill_wait_left());
     s.partial.log_errors = s.logs->errors();
   }
   s.signals.reset();

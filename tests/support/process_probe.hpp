@@ -242,10 +242,13 @@ struct descriptors_left {
 /// `pid` dies, its parent cannot reap it until the holder ends. Not while
 /// it runs: seized, it goes on. The holder ends by end() or the destructor
 /// (SIGKILL, reaped), else by itself after `lifetime_s` seconds. It stays
-/// in this process's group, so no group sweep takes it for a rank's.
+/// in this process's group, so no group sweep takes it for a rank's. With
+/// `stop_at_exit` (PTRACE_O_TRACEEXIT, as strace traces) the process stops
+/// as it begins to exit, before its descriptors close or it leaves its
+/// process group: it stays there, alive, until the holder ends.
 class exit_holder {
  public:
-  explicit exit_holder(pid_t pid, unsigned lifetime_s = 20) {
+  explicit exit_holder(pid_t pid, unsigned lifetime_s = 20, bool stop_at_exit = false) {
     int ends[2];
     if (::pipe2(ends, O_CLOEXEC) != 0) return;
     pid_ = ::fork();
@@ -256,7 +259,7 @@ class exit_holder {
       // few tries cover a target that allows it only as it starts.
       char held = 'n';
       for (int tries = 0; tries < 100; ++tries) {
-        if (::ptrace(PTRACE_SEIZE, pid, nullptr, nullptr) == 0) {
+        if (::ptrace(PTRACE_SEIZE, pid, nullptr, stop_at_exit ? PTRACE_O_TRACEEXIT : 0) == 0) {
           held = 'y';
           break;
         }
