@@ -538,7 +538,7 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
   c.max_nodes = o.max_nodes;
   c.nproc = nproc;
   c.local_addr = o.local_addr.empty() ? host_name() : checked_host(o.local_addr, "--local-addr", o.local_addr);
-  c.local_port = o.master_port != 0 ? o.master_port : free_port();
+  c.local_port = o.master_port;  // 0: a free one at each round
   c.poll_interval = std::max(millis(o.monitor_interval), std::chrono::milliseconds(10));
   double keep_alive_interval = 1, keep_alive_max_attempt = 3;
   for (const auto& item : comma_list(o.rdzv_conf)) {

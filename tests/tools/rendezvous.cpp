@@ -353,6 +353,24 @@ TEST_SUITE("etcd rendezvous") {
     CHECK(placed[0].world_size == 6);
   }
 
+  // Before, a port of 0 was published as it was: MASTER_PORT 0.
+  TEST_CASE("a node given no port offers one free here as it joins the round") {
+    const auto job = fresh_run_id();
+    std::vector<rendezvous_config> configs{node(job, 1, 1, 1)};
+    configs[0].local_port = 0;
+    const auto all = make_nodes(configs);
+    const auto placed = next_rounds(all);
+    REQUIRE(placed.size() == 1);
+    CHECK(placed[0].master_port > 0);
+    // Free: this process can listen on it.
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(placed[0].master_port));
+    CHECK(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    ::close(fd);
+  }
+
   TEST_CASE("two nodes of 2:4 form a round once the last call has passed") {
     const auto job = fresh_run_id();
     std::vector<rendezvous_config> configs{node(job, 1, 2, 4, 4), node(job, 2, 2, 4, 4)};

@@ -3,6 +3,8 @@
 // (rendezvous.hpp describes the keys and the rounds).
 #include "run/rendezvous.hpp"
 
+#include "run/port.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -355,7 +357,10 @@ std::optional<assignment> etcd_rendezvous::step(const snapshot& s, progress& p) 
     client_.txn({state_unchanged},
                 {put_request{prefix_ + "state", first.dump()}, put_request{prefix_ + "nnodes", nnodes}});
   } else if (!s.running && !s.has_joined(self)) {
-    const json me{{"addr", config_.local_addr}, {"port", config_.local_port}, {"nproc", config_.nproc}};
+    // A port free now, as torchrun picks one at each rendezvous: one picked
+    // as the job began may be another program's by a later round.
+    const int port = config_.local_port != 0 ? config_.local_port : free_port();
+    const json me{{"addr", config_.local_addr}, {"port", port}, {"nproc", config_.nproc}};
     client_.txn({state_unchanged}, {put_request{member_prefix(s.round) + self, me.dump(), lease_},
                                     delete_request{prefix_ + "w/" + self, {}}});
     p.joined = true;

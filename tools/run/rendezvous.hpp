@@ -77,7 +77,9 @@ struct rendezvous_config {
   int max_nodes = 1;
   int nproc = 1;           ///< this node's ranks (LOCAL_WORLD_SIZE)
   std::string local_addr;  ///< the address other nodes reach this node at
-  int local_port = 0;      ///< a free port here, MASTER_PORT if this node becomes node 0
+  /// MASTER_PORT if this node becomes node 0; 0: a port free here as the
+  /// node joins each round.
+  int local_port = 0;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};     ///< the longest next_round waits
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};  ///< wait for more nodes once min_nodes joined
   /// How long a silent node stays a member (etcd rounds it up to whole
