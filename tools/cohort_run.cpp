@@ -399,12 +399,13 @@ std::string checked_host(std::string given, const std::string& flag, const std::
   std::string host = std::move(given);
   if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   if (host.empty()) throw usage_error(fmt::format("{} '{}': no host", flag, value));
+  // '%' for an IPv6 address's zone (fe80::1%eth0).
   const auto not_host = [](unsigned char c) {
-    return !std::isalnum(c) && c != '_' && c != '.' && c != ':' && c != '-';
+    return !std::isalnum(c) && c != '_' && c != '.' && c != ':' && c != '-' && c != '%';
   };
   if (std::ranges::any_of(host, not_host)) {
     throw usage_error(fmt::format("{} '{}': the host is not a host name, an IPv4 or an IPv6 address "
-                                  "(letters, digits, '_', '.', ':' and '-')",
+                                  "(letters, digits, '_', '.', ':', '-' and '%')",
                                   flag, value));
   }
   return host;

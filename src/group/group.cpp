@@ -908,8 +908,9 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
   // Whether a forwarded signal started the shutdown: one that comes once a
   // failure has started it changes the result, not the sequence.
   const std::optional<int> forwarded = s.partial.signal;
-  // Once SIGKILL is sent, one kill_wait bounds the rest: the ranks' exits,
-  // the sweep of what they left and the logs' last reads, together.
+  // Once SIGKILL is sent (to the ranks, or by the sweep to what they left),
+  // one kill_wait bounds the rest: the ranks' exits, the sweep and the
+  // logs' last reads, together.
   std::optional<std::chrono::steady_clock::time_point> kill_wait_ends;
   const auto kill_wait_left = [&] {
     if (!kill_wait_ends) return policy.kill_wait;
@@ -949,6 +950,9 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
       }
     }
   }
+  // What the ranks left is killed now, if the ranks' SIGKILL did not reach
+  // it: the same kill_wait then covers the logs' last reads.
+  if (!kill_wait_ends) kill_wait_ends = std::chrono::steady_clock::now() + policy.kill_wait;
   co_await sweep(s, kill_wait_left());
   if (s.logs) {  // every writer is gone: the pumps reach the end of their streams
     co_await s.logs->drain(kill_wait_left());

@@ -85,10 +85,21 @@ int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> r
 }
 COHORT_ENTRYPOINT(cohort_pool_worker);
 
-// Set while run_detached runs a map made as the pool was ending, on the
-// caller's thread: run() refuses it as such. (A map made before, whose
-// thread reaches run() once the end has begun, was cut short by it.)
-thread_local bool refused_as_ending = false;
+// Set while a map is run here only to fail at once, run() throwing it:
+// one made as the pool was ending, run by run_detached on the caller's
+// thread (a map made before, whose thread reaches run() once the end has
+// begun, was cut short by it), or one whose turn came while no thread could
+// be started, run by pass_turn.
+thread_local std::exception_ptr refusal;
+
+// Runs `job` with `why` as its refusal.
+void run_refused(const std::function<void()>& job, std::exception_ptr why) {
+  struct refusing {
+    explicit refusing(std::exception_ptr why) noexcept { refusal = std::move(why); }
+    ~refusing() { refusal = nullptr; }
+  } scope(std::move(why));
+  job();
+}
 
 // The maps waiting their turn, first made first. Shared with the tickets,
 // so that a cancel coming after the pool has gone finds it.
@@ -213,7 +224,7 @@ class pool_state {
 
   std::vector<std::optional<encoded>> run(const std::string& name, const std::vector<encoded>& args,
                                           map_ticket* ticket) {
-    if (refused_as_ending) throw std::logic_error("cohort::pool: map while the pool is ending");
+    if (refusal) std::rethrow_exception(refusal);
     const std::atomic<bool>* cancelled = nullptr;
     if (ticket == nullptr) {
       wait_turn();
@@ -326,11 +337,7 @@ class pool_state {
     if (ending_.load(std::memory_order_relaxed)) {
       lock.unlock();
       // It fails at once, in run(), and completes its handler with that.
-      struct refusing {
-        refusing() noexcept { refused_as_ending = true; }
-        ~refusing() { refused_as_ending = false; }
-      } scope;
-      job();
+      run_refused(job, std::make_exception_ptr(std::logic_error("cohort::pool: map while the pool is ending")));
       return;
     }
     if (ticket->cancelled.load(std::memory_order_relaxed)) {
@@ -377,30 +384,48 @@ class pool_state {
     line_->turn_given.wait(lock, [&] { return ticket->turn; });
   }
 
-  // The turn goes to the map made next, if any.
+  // The turn goes to the map made next, if any. One whose thread cannot be
+  // started fails (here, at once, with why), and the turn goes on.
   void pass_turn() noexcept {
-    std::lock_guard lock(line_->mutex);
-    while (!line_->waiting.empty()) {
-      auto next = line_->waiting.front();
-      if (next->job) {
-        give_turn(*next);  // before its thread reads it
-        try {
-          start(next->job);
-        } catch (...) {
-          // No thread for it: left in line for a cancel or the pool's end.
-          next->turn = false;
-          --line_->placed;
-          return;
+    std::function<void()> refused;
+    std::exception_ptr why;
+    {
+      std::lock_guard lock(line_->mutex);
+      for (;;) {
+        if (line_->waiting.empty()) {
+          line_->taken = false;
+          break;
         }
-        next->job = nullptr;
-      } else {
-        next->turn = true;
-        line_->turn_given.notify_all();
+        auto next = line_->waiting.front();
+        if (next->job) {
+          give_turn(*next);  // before its thread reads it
+          try {
+            start(next->job);
+          } catch (...) {
+            next->turn = false;
+            --line_->placed;
+            why = std::current_exception();
+            refused = std::move(next->job);
+            next->job = nullptr;
+            line_->waiting.pop_front();
+            // Failed below, outside the lock; the turn stays taken until
+            // then, so that no later map goes first.
+            break;
+          }
+          next->job = nullptr;
+        } else {
+          next->turn = true;
+          line_->turn_given.notify_all();
+        }
+        line_->waiting.pop_front();
+        break;
       }
-      line_->waiting.pop_front();
-      return;
     }
-    line_->taken = false;
+    if (!refused) return;
+    // It fails at once in run(), before its turn would be passed on: the
+    // turn goes on from here.
+    run_refused(refused, why);
+    pass_turn();
   }
 
   // An asynchronous map's turn, and its place among the hand-overs. Under

@@ -625,6 +625,53 @@ TEST_SUITE("group") {
     CHECK(test::children_of_self().empty());  // reaped once the tracer let go
   }
 
+  // Before, the sweep and the logs' last reads each waited a kill_wait of
+  // their own for a process a tracer held at its exit.
+  TEST_CASE("a descendant held past the sweep's SIGKILL keeps the run's end within one kill_wait, logs and all") {
+    test::temp_dir dir, logs;
+    group_spec spec;
+    spec.name = "held";
+    spec.nprocs = 1;
+    // A child that holds the rank's stdout, then the rank's own success.
+    spec.entry = command("/bin/sh", {"-c",
+                                     "sleep 30 & echo $! > \"$0/pid\"; "
+                                     "while [ ! -e \"$0/go\" ]; do sleep 0.01; done; exit 0",
+                                     dir.path.string()});
+    spec.shutdown.kill_wait = 2s;
+    spec.logs.dir = logs.path;
+    spec.logs.tee = std_streams::all;
+    spec.logs.tee_through_pipes = true;
+    spec.logs.console_out = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    asio::io_context io;
+    group g = start_processes(io.get_executor(), spec);
+    pid_t child = 0;
+    for (const auto until = std::chrono::steady_clock::now() + 10s;
+         (child = first_line_pid(dir.path / "pid")) <= 0 && std::chrono::steady_clock::now() < until;) {
+      std::this_thread::sleep_for(10ms);
+    }
+    REQUIRE(child > 0);
+    test::exit_holder holder(child, 20, /*stop_at_exit=*/true);
+    std::ofstream(dir.path / "go").flush();
+    if (!holder.held()) {
+      MESSAGE("ptrace is refused here: not checked");
+      io.run();
+      ::close(spec.logs.console_out);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    io.run();
+    const auto took = std::chrono::steady_clock::now() - start;
+    ::close(spec.logs.console_out);
+    CHECK(took >= 1900ms);  // it did wait for the held child
+    CHECK(took < 3400ms);   // once: before, 4 s
+    REQUIRE(g.result());
+    CHECK(g.result()->statuses[0]->success());
+    // Let go, it dies as this process's child (its subreaper's, as the rank
+    // ended), which no run reaps any more.
+    holder.end();
+    CHECK(::waitpid(child, nullptr, 0) == child);
+  }
+
   TEST_CASE("ranks that succeed early leave supervision on: a later failure still shuts the rest down") {
     auto spec = ranks_of(4, {});
     spec.args = {{0, {"exit", "0"}}, {1, {"exit-after", "200", "4"}}, {2, {"sleep", "30"}}, {3, {"exit", "0"}}};

@@ -437,6 +437,30 @@ TEST_SUITE("pool") {
     CHECK(called);
     CHECK(callback_error == why + std::strerror(EAGAIN));
     CHECK(p.map(square, items) == std::vector<long>{1, 4, 9});
+
+    // A map waiting in line whose turn comes while no thread can start:
+    // it fails so, and the line goes on (before, the line stayed taken,
+    // and every later map waited for good).
+    io.restart();
+    const std::vector<long> slow_items(4, 3);
+    std::string queued_error;
+    std::vector<long> later;
+    p.map(slow_square, slow_items, asio::bind_executor(io, [&](std::exception_ptr, std::vector<long>) {
+      refuse_threads = false;
+      p.map(square, items, asio::bind_executor(io, [&](std::exception_ptr, std::vector<long> r) { later = r; }));
+    }));
+    p.map(square, items, asio::bind_executor(io, [&](std::exception_ptr error, std::vector<long>) {
+      try {
+        if (error) std::rethrow_exception(error);
+      } catch (const std::system_error& e) {
+        queued_error = e.what();
+      }
+    }));
+    refuse_threads = true;  // the slow map has its thread; the one behind it will have none
+    io.run_for(std::chrono::seconds(20));
+    refuse_threads = false;
+    CHECK(queued_error == why + std::strerror(EAGAIN));
+    CHECK(later == std::vector<long>{1, 4, 9});
   }
 
   TEST_CASE("an awaited map leaves its io_context free to run other work") {

@@ -1353,6 +1353,13 @@ TEST_SUITE("cohort-run") {
                                              : "--master-addr 'two words': the host is not a host name") !=
             std::string::npos);
     }
+    // An IPv6 zone is a host's.
+    test::temp_dir zoned;
+    r = run_launcher({"--master-addr", "fe80::1%eth0", "--nnodes", "2", "--node-rank", "1", "--master-port", "2345",
+                      "-n", "1", "--", "/bin/sh", "-c", dump_contract, zoned.path.string()},
+                     identical_nodes);
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(variables_in(zoned.path / "1")["MASTER_ADDR"] == "fe80::1%eth0");
     // Brackets around an IPv6 address are taken off, as from the endpoint.
     test::temp_dir bracketed;
     r = run_launcher({"--master-addr", "[fd00::7]", "--nnodes", "2", "--node-rank", "1", "--master-port", "2345", "-n",
