@@ -21,12 +21,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace cohort {
 
@@ -224,7 +226,9 @@ class pool_state {
 
   std::vector<std::optional<encoded>> run(const std::string& name, const std::vector<encoded>& args,
                                           map_ticket* ticket) {
-    if (refusal) std::rethrow_exception(refusal);
+    // Taken once: a handler the refused map's completion runs here must not
+    // find it.
+    if (refusal) std::rethrow_exception(std::exchange(refusal, nullptr));
     const std::atomic<bool>* cancelled = nullptr;
     if (ticket == nullptr) {
       wait_turn();
@@ -385,10 +389,10 @@ class pool_state {
   }
 
   // The turn goes to the map made next, if any. One whose thread cannot be
-  // started fails (here, at once, with why), and the turn goes on.
+  // started fails with why, once the turn has gone on past it: here, at
+  // once, outside the lock (its handler, if it runs here, may make a map).
   void pass_turn() noexcept {
-    std::function<void()> refused;
-    std::exception_ptr why;
+    std::vector<std::pair<std::function<void()>, std::exception_ptr>> refused;
     {
       std::lock_guard lock(line_->mutex);
       for (;;) {
@@ -404,13 +408,14 @@ class pool_state {
           } catch (...) {
             next->turn = false;
             --line_->placed;
-            why = std::current_exception();
-            refused = std::move(next->job);
+            try {
+              refused.emplace_back(std::move(next->job), std::current_exception());
+            } catch (...) {
+              break;  // no memory to fail it: left in line, for a cancel or the pool's end
+            }
             next->job = nullptr;
             line_->waiting.pop_front();
-            // Failed below, outside the lock; the turn stays taken until
-            // then, so that no later map goes first.
-            break;
+            continue;
           }
           next->job = nullptr;
         } else {
@@ -421,11 +426,7 @@ class pool_state {
         break;
       }
     }
-    if (!refused) return;
-    // It fails at once in run(), before its turn would be passed on: the
-    // turn goes on from here.
-    run_refused(refused, why);
-    pass_turn();
+    for (auto& [job, why] : refused) run_refused(job, why);
   }
 
   // An asynchronous map's turn, and its place among the hand-overs. Under
