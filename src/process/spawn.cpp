@@ -318,16 +318,21 @@ int exec_routine(void* arg) {
 }
 
 // The child routine's stack: one per spawning thread, reused, with a guard
-// page below it. The thread sleeps while its child uses it. A child that
-// overruns it dies of SIGSEGV before its exec (start_exec tells).
+// region below it. The thread sleeps while its child uses it. A child that
+// overruns it dies of SIGSEGV before its exec (start_exec tells). The child
+// shares this process's memory: a frame that reached past the guard would
+// write into whatever mapping lies below, unseen (a hook's large buffer,
+// written from its low end first, in code built without stack-clash
+// probes). So the guard is far larger than a page: address space only,
+// never backed by memory.
 class child_stack {
  public:
-  static constexpr std::size_t size = 64 * 1024;
+  static constexpr std::size_t guard = 1024 * 1024;
+  static constexpr std::size_t size = guard + 60 * 1024;
   /// What of it the before_exec hook may use, as spawn_options says: the
   /// usable part less the frames of the set-up below the hook (about
   /// 1 KiB), with room to spare.
   static constexpr std::size_t for_hook = 48 * 1024;
-  static constexpr std::size_t guard = 4096;
   child_stack() {
     void* m = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
     if (m == MAP_FAILED || ::mprotect(m, guard, PROT_NONE) != 0) {

@@ -84,7 +84,10 @@ int refuse(void*) noexcept { return EPERM; }
 
 // Puts `Bytes` on the child's stack: spawn_options::before_exec allows
 // 48 KiB. No core is dumped of a child that overruns it: its memory is
-// this process's.
+// this process's. Written from its low end first, as an unprobed buffer
+// may be: the first write lands `Bytes` below the frame at once, past the
+// stack and into its guard (before, a guard of one page, which such a
+// write could skip, to land in this process's other memory).
 template <std::size_t Bytes>
 int use_stack(void*) noexcept {
   const rlimit no_core{0, 0};
