@@ -267,8 +267,8 @@ class pool {
   /// dropped; the rest do not run. A map whose turn comes while no thread
   /// can be started (a full pids cgroup) completes at once with
   /// std::system_error ("cohort::pool::map: starting the thread that runs
-  /// the map"), the maps after it unaffected. Destroying the execution context of the
-  /// handler's executor (an io_context, a thread_pool) before the map ends
+  /// the map"), the maps after it unaffected. Destroying the execution
+  /// context of the handler's executor (an io_context, a thread_pool) before the map ends
   /// destroys the handler there, without calling it, as asio destroys the
   /// handlers of its own pending operations (a coroutine awaiting the map
   /// is destroyed), and cancels the map; nothing reaches that context
