@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -149,6 +150,16 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
   // machine has would wake the OOM killer rather than fail.
   if (strategy == sharing_strategy::file_descriptor && size > (std::size_t{64} << 20) && size > memory_available()) {
     fail("more than the memory available", ENOMEM);
+  }
+  // A file longer than RLIMIT_FSIZE is SIGXFSZ, whose default action ends
+  // the process: refused here instead, as the limit stands now.
+  if (rlimit limit{};
+      ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && size > limit.rlim_cur) {
+    ::close(fd);
+    if (!name.empty()) ::shm_unlink(name.c_str());
+    throw shm_error(fmt::format("cohort: a {}-byte segment is longer than this process's RLIMIT_FSIZE allows ({} bytes)",
+                                size, limit.rlim_cur),
+                    size);
   }
   if (::ftruncate(fd, static_cast<off_t>(size)) != 0) fail("ftruncate", errno);
   // Reserved now, so a full /dev/shm is this exception and never a SIGBUS

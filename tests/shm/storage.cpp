@@ -937,6 +937,35 @@ TEST_SUITE("storage") {
     }
   }
 
+  // Before, a segment longer than RLIMIT_FSIZE allows was SIGXFSZ at its
+  // ftruncate, which ended the process and left a named segment's file.
+  TEST_CASE("a segment longer than the file size limit allows is an shm_error, and leaves no file") {
+    for (const auto strategy : strategies) {
+      CAPTURE(static_cast<int>(strategy));
+      const int code = test::exit_code_in_child([strategy] {
+        set_sharing_strategy(strategy);
+        const rlimit limit{std::size_t{1} << 20, RLIM_INFINITY};
+        if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) return 77;
+        const std::string own = fmt::format("cohort_{}_", ::getpid());
+        auto own_files = [&own] {
+          int n = 0;
+          for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+            n += entry.path().filename().string().starts_with(own) ? 1 : 0;
+          }
+          return n;
+        };
+        try {
+          (void)storage::allocate_shared(std::size_t{2} << 20);
+          return 2;
+        } catch (const shm_error& e) {
+          if (std::string(e.what()).find("RLIMIT_FSIZE") == std::string::npos) return 3;
+        }
+        return own_files() == 0 ? 0 : 4;
+      });
+      CHECK(code == 0);
+    }
+  }
+
   TEST_CASE("a tampered handle is refused and the receiver keeps working") {
     storage s = storage::allocate_shared(64);
     const auto good = encode(s);
