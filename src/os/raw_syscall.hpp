@@ -11,6 +11,7 @@
 #pragma once
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 
 #include <cerrno>
@@ -84,16 +85,28 @@ inline constexpr bool raw_syscall_is_private = false;
 }
 
 /// Closes every descriptor from 3 up but those in `keep` (increasing;
-/// negative ones are none), with close_range and no libc code. Returns 0,
-/// or the errno of the first call that failed (it goes on past it).
+/// negative ones are none), with close_range and no libc code; where
+/// close_range is refused (before Linux 5.9, or by a seccomp filter), one
+/// by one below RLIMIT_NOFILE. Returns 0, or the errno of the first call
+/// that failed (it goes on past it).
 [[gnu::always_inline]] inline int close_all_but(const int* keep, std::size_t count) noexcept {
   long from = 3;
   long failed = 0;
+  long limit = -1;  // RLIMIT_NOFILE, once close_range was refused
   for (std::size_t i = 0; i <= count; ++i) {
     const long next = i < count ? keep[i] : long{~0U} + 1;  // past the last: up to ~0U
     if (next < from) continue;
     if (next > from) {
-      const long r = raw_syscall(SYS_close_range, from, next - 1, 0);
+      long r = limit < 0 ? raw_syscall(SYS_close_range, from, next - 1, 0) : -ENOSYS;
+      if (r == -ENOSYS || r == -EPERM) {
+        if (limit < 0) {
+          rlimit files{};
+          const bool known = raw_syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, 0, reinterpret_cast<long>(&files)) == 0;
+          limit = known && files.rlim_cur < (rlim_t{1} << 20) ? static_cast<long>(files.rlim_cur) : long{1} << 20;
+        }
+        for (long fd = from; fd < next && fd < limit; ++fd) raw_syscall(SYS_close, fd);
+        r = 0;
+      }
       if (r != 0 && failed == 0) failed = -r;
     }
     from = next + 1;
