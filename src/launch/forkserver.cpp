@@ -189,39 +189,60 @@ struct server_state {
 // In the forked child: puts the kept descriptors at the numbers they had in
 // the requester, sets itself up, reports, runs the function. `own` are the
 // rank's descriptors as received (rank_slot order, then the kept ones); the
-// other ranks' go with the set-up. What escapes ends the rank through
-// std::terminate.
+// other ranks' and the server's are closed first. What escapes ends the
+// rank through std::terminate.
 COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp, const shm::keeper_address& keeper,
                                         std::span<const int> own, int report, int dir, const server_state& server,
                                         const from_forking_process& inherited) noexcept {
   auto& [name, args, returns_value, entries, plans, keeper_text, dir_sent, state] = r;
   auto& [rank, parent, death_signal, leads, cwd, env, kept, closed] = plan;
   if (dir_sent) os::raw_syscall(SYS_fchdir, dir);
-  // The requester's descriptor limit first: a kept number may lie above the
-  // server's (a limit raised since the server started), and the set-up
-  // below sets it again with the others.
+  // Placed under the higher of the two descriptor limits: a kept number
+  // may lie above the server's (the requester raised its limit since the
+  // server started), and a descriptor of the request above the requester's
+  // (it lowered its own). A lower one is the set-up's to set, with the
+  // others.
   const rlimit& files = server.asked.limits[RLIMIT_NOFILE];
-  if (files.rlim_cur != 0) os::raw_syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, reinterpret_cast<long>(&files), 0);
-  // Every descriptor needed is first moved above all the numbers involved,
-  // so that placing one never overwrites another.
-  int top = std::max(2, report);
-  for (int fd : own) top = std::max(top, fd);
-  for (int number : kept) top = std::max(top, number);
-  const auto moved_above = [top, report, rank](int fd) {
-    const long to = os::raw_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, top + 1);
-    if (to < 0) report_failure(report, rank, stage::fds, static_cast<int>(-to));
-    return static_cast<int>(to);
+  if (files.rlim_cur > server.self.limits[RLIMIT_NOFILE].rlim_cur) {
+    os::raw_syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, reinterpret_cast<long>(&files), 0);
+  }
+  // Only the rank's own descriptors and the report stay: the other ranks'
+  // and the server's would go with the set-up anyway, and each held now
+  // takes a number under the limit. (Where close_range is refused they
+  // stay, and the set-up fails as it would have.)
+  fd_array held{};  // increasing, as close_all_but wants them
+  std::size_t held_count = 0;
+  for (int fd : own) held[held_count++] = fd;
+  held[held_count++] = report;
+  std::sort(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(held_count));
+  os::close_all_but(held.data(), held_count);
+  // Then each that sits where a standard stream or a kept descriptor goes
+  // moves to the lowest number that none goes to, so that placing one
+  // never overwrites another. The kept numbers increase (the server
+  // checked).
+  const auto taken = [&kept](long fd) { return fd < 3 || std::binary_search(kept.begin(), kept.end(), fd); };
+  const auto moved = [&taken, &report, rank](int fd) {
+    if (!taken(fd)) return fd;
+    for (long from = 3;;) {
+      const long to = os::raw_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, from);
+      if (to < 0) report_failure(report, rank, stage::fds, static_cast<int>(-to));
+      if (!taken(to)) {
+        os::raw_syscall(SYS_close, fd);
+        return static_cast<int>(to);
+      }
+      os::raw_syscall(SYS_close, to);
+      from = to + 1;
+    }
   };
+  report = moved(report);
   fd_array fds{};
-  for (std::size_t i = 0; i < own.size(); ++i) fds[i] = moved_above(own[i]);
-  report = moved_above(report);
-  // In increasing order, as set_up_child wants them: the kept numbers (the
-  // server checked they increase), then those moved above them in the order
-  // they were moved, the result's (when sent) before the report's.
+  for (std::size_t i = 0; i < own.size(); ++i) fds[i] = moved(own[i]);
+  // In increasing order, as set_up_child wants them: the kept numbers, the
+  // result's (when sent) and the report's.
   fd_array keep{};
   std::size_t keep_count = 0;
   for (std::size_t i = 0; i < kept.size(); ++i) {
-    // dup2's way: each was moved above every number, so none is in place.
+    // dup2's way: none of the rank's descriptors sits at a kept number now.
     if (const long e = os::raw_syscall(SYS_dup3, fds[first_kept(returns_value) + i], kept[i], 0); e < 0) {
       report_failure(report, rank, stage::fds, static_cast<int>(-e));
     }
@@ -230,6 +251,7 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   const int result = returns_value ? fds[result_slot] : -1;
   if (result >= 0) keep[keep_count++] = result;
   keep[keep_count++] = report;
+  std::sort(keep.begin(), keep.begin() + static_cast<std::ptrdiff_t>(keep_count));
   launch_plan p;
   p.envp = envp;
   p.source = {fds[in_fd], fds[out_fd], fds[err_fd]};

@@ -1692,6 +1692,65 @@ TEST_SUITE("entry points") {
     }
   }
 
+  // Before, the forkserver's rank moved every descriptor above the highest
+  // number it was to keep: with one kept just below the open file limit
+  // there was no number left, and the start failed with "Too many open
+  // files" where spawn and fork kept it.
+  TEST_CASE("a rank keeps a descriptor numbered just below the open file limit, through every start method") {
+    const int code = test::exit_code_in_child([] {
+      rlimit files{};
+      if (::getrlimit(RLIMIT_NOFILE, &files) != 0) return 77;
+      files.rlim_cur = std::min<rlim_t>(files.rlim_max, 512);
+      if (::setrlimit(RLIMIT_NOFILE, &files) != 0) return 77;
+      detail::stop_forkserver();  // the next one starts under this limit
+      const int limit = static_cast<int>(files.rlim_cur);
+      for (int below : {1, 4}) {
+        const int high = ::dup2(::open("/dev/null", O_RDONLY | O_CLOEXEC), limit - below);
+        if (high != limit - below) return 2;
+        for (start_method method : all_methods) {
+          join_options options{.method = method};
+          options.spawn.keep_fds = {high};
+          try {
+            if (spawn_and_join(descriptor_open, std::tuple{high}, 2, options) != std::vector{1, 1}) return 3;
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "%s\n", e.what());
+            return 10 + static_cast<int>(method);
+          }
+        }
+      }
+      detail::stop_forkserver();
+      return 0;
+    });
+    CHECK(code == 0);
+  }
+
+  // Before, the forkserver's rank moved its descriptors above the numbers
+  // the server had received them at: under a limit lowered since the server
+  // started, the ranks whose descriptors it held above that limit failed
+  // with "Too many open files".
+  TEST_CASE("a forkserver started before the open file limit was lowered starts many ranks under the lower one") {
+    const int code = test::exit_code_in_child([] {
+      detail::stop_forkserver();
+      const join_options options{.method = start_method::forkserver};
+      (void)spawn_and_join(succeed, std::tuple{}, 1, options);  // the server starts under this limit
+      const test::nofile_limit lowered(static_cast<rlim_t>(test::open_fd_count() + 64));
+      constexpr int ranks = 20;
+      std::vector<int> seen;
+      try {
+        seen = spawn_and_join(rank_itself, std::tuple{}, ranks, options);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        return 2;
+      }
+      for (int rank = 0; rank < ranks; ++rank) {
+        if (seen.at(static_cast<std::size_t>(rank)) != rank) return 3;
+      }
+      detail::stop_forkserver();
+      return 0;
+    });
+    CHECK(code == 0);
+  }
+
   // Before, the forkserver cloned with clone3 alone: where that is refused
   // (ENOSYS from a kernel before 5.3, or from a container runtime's default
   // seccomp profile), every forkserver start failed.
