@@ -3,8 +3,9 @@
 // descriptors (SCM_RIGHTS) are the write end of the set-up report pipe the
 // ranks share, a memfd holding the call and every rank's plan in cohort's
 // encoding, then each rank's standard streams, result memfd and kept
-// descriptors. The reply holds each rank's pid in turn, up to the first
-// that could not be forked: -errno for it.
+// descriptors. The reply is 0, or the errno that refused the request as a
+// whole; then each rank's pid in turn, up to the first that could not be
+// cloned: -errno for it.
 #include "launch/forkserver.hpp"
 
 #include "config.hpp"
@@ -384,20 +385,20 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     bool truncated = false;
     const ssize_t n = os::receive_with_fds(socket, &b, sizeof b, fds.data(), fds.size(), count, truncated);
     if (n <= 0) return 0;  // the requester is gone
-    std::vector<int> replies;  // a pid per rank, up to the first failure: -errno
+    std::vector<int> replies{0};  // the request's refusal, then a pid per rank up to the first failure: -errno
     std::vector<std::byte> bytes;
     std::unique_ptr<request> r;
     std::span<rank_plan> ranks;  // those to fork, in r
     std::vector<std::vector<char*>> envps;  // theirs
     shm::keeper_address keeper;  // theirs
     if (truncated) {
-      replies.push_back(-EMFILE);  // its descriptors did not fit under this server's limit
+      replies[0] = EMFILE;  // its descriptors did not fit under this server's limit
     } else if (n != static_cast<ssize_t>(sizeof b) || count < shared_slots) {
-      replies.push_back(-EINVAL);
+      replies[0] = EINVAL;
     } else if (!known) {
-      replies.push_back(-ENOSYS);  // no PR_GET_TID_ADDRESS (a kernel without CONFIG_CHECKPOINT_RESTORE)
+      replies[0] = ENOSYS;  // no PR_GET_TID_ADDRESS (a kernel without CONFIG_CHECKPOINT_RESTORE)
     } else if (!read_whole(fds[request_slot], bytes)) {
-      replies.push_back(-errno);
+      replies[0] = errno != 0 ? errno : EIO;
     } else {
       try {
         r = std::make_unique<request>(decode<request>(encoded::from_bytes(std::move(bytes))));
@@ -424,11 +425,11 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
         inherited.entry = look_up_entry(name);
       } catch (const std::bad_alloc&) {
         ranks = {};
-        replies.push_back(-ENOMEM);
+        replies[0] = ENOMEM;
       } catch (const std::exception&) {
         // Whatever threw after `ranks` was set: none of them is forked.
         ranks = {};
-        replies.push_back(-EINVAL);
+        replies[0] = EINVAL;
       }
     }
     for (std::size_t i = 0, at = shared_slots; i < ranks.size(); ++i) {
@@ -598,7 +599,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
         int error = 0;
         run_on_lasting_thread([&] { error = start_server(l); });
         if (error != 0) {
-          f = {stage::start, error, ""};
+          f = {stage::start, error, "starting the forkserver"};
           return 0;
         }
       }
@@ -613,6 +614,8 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       // One message at a time: its descriptors in flight stay under the
       // limit on them.
       int error = 0;
+      bool refused = false;  // the request as a whole, before any clone
+      bool clone_failed = false;  // the server's clone of requests[started]
       while (started < requests.size() && error == 0) {
         const std::size_t sent = send_batch(l.socket, requests, kept, call.returns_value, started, report_write.get(),
                                             plans.get(), here.get());
@@ -633,12 +636,19 @@ std::size_t start_from_server(std::span<server_request> requests, const function
           error = n == 0 ? EPIPE : errno;
           break;
         }
-        const std::size_t answered = std::min(sent, static_cast<std::size_t>(n) / sizeof(int));
-        for (std::size_t i = 0; i < answered && error == 0; ++i) {
+        const std::size_t ints = static_cast<std::size_t>(n) / sizeof(int);
+        if (ints == 0 || replies[0] != 0) {
+          refused = true;
+          error = ints > 0 && replies[0] > 0 ? replies[0] : EPROTO;
+          break;
+        }
+        const std::size_t answered = std::min(sent, ints - 1);
+        for (std::size_t i = 1; i <= answered && error == 0; ++i) {
           if (replies[i] > 0) {
             requests[started++].pid = replies[i];  // ours: CLONE_PARENT
           } else {
-            error = replies[i] < 0 ? -replies[i] : EPROTO;
+            clone_failed = replies[i] < 0;
+            error = clone_failed ? -replies[i] : EPROTO;
           }
         }
         if (error == 0 && answered < sent) error = EPROTO;
@@ -662,14 +672,17 @@ std::size_t start_from_server(std::span<server_request> requests, const function
         continue;
       }
       f = {stage::start, error,
-           error == EMFILE ? fmt::format("the forkserver could not take the ranks' descriptors under the open file "
-                                         "limit it started with, {}", l.fd_limit)
-           : stuck         ? fmt::format("the forkserver (pid {}) stopped answering during the start, after {} of "
-                                         "its {} ranks, and was ended (the next start starts another)",
-                                         server, started, requests.size())
-           : gone          ? fmt::format("the forkserver ended during the start, after {} of its {} ranks "
-                                         "(the next start starts another)", started, requests.size())
-                           : ""};
+           clone_failed ? std::string("the forkserver's clone of the rank")
+           : refused && error == EMFILE
+               ? fmt::format("the forkserver could not take the ranks' descriptors under the open file limit it "
+                             "started with, {}", l.fd_limit)
+           : refused ? std::string("the forkserver refused the request")
+           : stuck   ? fmt::format("the forkserver (pid {}) stopped answering during the start, after {} of its {} "
+                                   "ranks, and was ended (the next start starts another)",
+                                   server, started, requests.size())
+           : gone    ? fmt::format("the forkserver ended during the start, after {} of its {} ranks (the next start "
+                                   "starts another)", started, requests.size())
+                     : std::string("the request to the forkserver")};
       return started;
     }
   } catch (const std::bad_alloc&) {
