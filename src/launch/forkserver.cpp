@@ -315,12 +315,18 @@ struct server_link {
   asio::io_context io;  // never run: holds the server's child object
   child server;
   int socket = -1;
-  rlim_t fd_limit = 0;  // RLIMIT_NOFILE when it started, which the server keeps
+  rlim_t fd_limit = 0;  // the hard RLIMIT_NOFILE when it started: the server's soft one (it raises its own)
+  std::size_t most_fds = max_fds;  // in one message: fewer under a low fd_limit, and fewer once one was refused
 
   ~server_link() {
     if (socket >= 0) ::close(socket);
   }
 };
+
+// The descriptors a server may hold of its own beside a message's: its
+// standard streams and socket, and a few the program opened before
+// child_main.
+constexpr rlim_t server_own_fds = 16;
 
 struct server_slot {
   std::mutex mutex;
@@ -349,7 +355,9 @@ int start_server(server_link& l) {
   l.server = child(std::move(state));
   l.socket = ends[0];
   rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0) l.fd_limit = limit.rlim_cur;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0) l.fd_limit = limit.rlim_max;
+  const rlim_t room = l.fd_limit > server_own_fds ? l.fd_limit - server_own_fds : 0;
+  l.most_fds = static_cast<std::size_t>(std::min<rlim_t>(max_fds, room));
   return 0;
 }
 
@@ -368,6 +376,13 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
   ::syscall(SYS_get_robust_list, 0, &self.robust_head, &self.robust_size);
   server_state server;
   server.reset = signals_to_reset();  // this server sets no handler later
+  // Its soft descriptor limit raised to the hard one, which the client
+  // sizes its messages by: a request's descriptors then fit whatever soft
+  // limit the requester has set since. Each rank takes the requester's.
+  if (rlimit files{}; ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
   server.self = current_requester_state();
   from_forking_process inherited;  // each request names its function
   inherited.terminate_handler_set = ranks_inherit_terminate_handler();
@@ -501,10 +516,12 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
   return fd;
 }
 
-// Sends the ranks from `first` on that fit in one message; returns how many
-// it sent, or 0 with errno set. `kept` as for write_plans.
+// Sends the ranks from `first` on whose descriptors number at most `most`
+// (always one rank, up to max_fds); returns how many it sent, or 0 with
+// errno set. `kept` as for write_plans.
 std::size_t send_batch(int socket, std::span<const server_request> requests, std::span<const std::vector<int>> kept,
-                       bool returns_value, std::size_t first, int report_fd, int request_fd, int dir_fd) {
+                       bool returns_value, std::size_t first, std::size_t most, int report_fd, int request_fd,
+                       int dir_fd) {
   fd_array fds{};
   fds[report_slot] = report_fd;
   fds[request_slot] = request_fd;
@@ -513,7 +530,8 @@ std::size_t send_batch(int socket, std::span<const server_request> requests, std
   std::size_t end = first;
   for (; end < requests.size(); ++end) {
     const launch_plan& p = *requests[end].plan;
-    if (count + first_kept(returns_value) + kept[end].size() > max_fds) break;
+    const std::size_t with = count + first_kept(returns_value) + kept[end].size();
+    if (with > max_fds || (with > most && end > first)) break;
     // Inherited streams are the caller's own; stderr as stdout (source 1,
     // "stdout once placed") is what stdout gets; a stream the rank closes
     // has a stand-in, the request's descriptor (its plan says so).
@@ -617,8 +635,8 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       bool refused = false;  // the request as a whole, before any clone
       bool clone_failed = false;  // the server's clone of requests[started]
       while (started < requests.size() && error == 0) {
-        const std::size_t sent = send_batch(l.socket, requests, kept, call.returns_value, started, report_write.get(),
-                                            plans.get(), here.get());
+        const std::size_t sent = send_batch(l.socket, requests, kept, call.returns_value, started, l.most_fds,
+                                            report_write.get(), plans.get(), here.get());
         if (sent == 0) {
           error = errno;
           break;
@@ -637,6 +655,16 @@ std::size_t start_from_server(std::span<server_request> requests, const function
           break;
         }
         const std::size_t ints = static_cast<std::size_t>(n) / sizeof(int);
+        if (ints > 0 && replies[0] == EMFILE && sent > 1) {
+          // More descriptors than the server had room for, its own more
+          // than server_own_fds: from now on in messages of half as many.
+          std::size_t carried = shared_slots;
+          for (std::size_t r = started; r < started + sent; ++r) {
+            carried += first_kept(call.returns_value) + kept[r].size();
+          }
+          l.most_fds = carried / 2;
+          continue;
+        }
         if (ints == 0 || replies[0] != 0) {
           refused = true;
           error = ints > 0 && replies[0] > 0 ? replies[0] : EPROTO;
@@ -674,8 +702,8 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       f = {stage::start, error,
            clone_failed ? std::string("the forkserver's clone of the rank")
            : refused && error == EMFILE
-               ? fmt::format("the forkserver could not take the ranks' descriptors under the open file limit it "
-                             "started with, {}", l.fd_limit)
+               ? fmt::format("the forkserver could not take one rank's descriptors under its open file limit, {}",
+                             l.fd_limit)
            : refused ? std::string("the forkserver refused the request")
            : stuck   ? fmt::format("the forkserver (pid {}) stopped answering during the start, after {} of its {} "
                                    "ranks, and was ended (the next start starts another)",
