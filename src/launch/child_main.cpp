@@ -128,15 +128,28 @@ bool parse_entry(std::string_view value, int& args_fd, int& result_fd, int& rank
 
 }  // namespace
 
-entry_stack::entry_stack() {
+std::size_t entry_stack::size_for_limit() noexcept {
   rlimit limit{};
-  size_ = 8u << 20;
-  if (::getrlimit(RLIMIT_STACK, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur >= (64u << 10)) {
-    size_ = std::min<std::size_t>(limit.rlim_cur, std::size_t{1} << 30);
+  std::size_t size = fallback_size;
+  if (::getrlimit(RLIMIT_STACK, &limit) == 0 && limit.rlim_cur >= (64u << 10)) {
+    size = limit.rlim_cur == RLIM_INFINITY ? largest_size : std::min<std::size_t>(limit.rlim_cur, largest_size);
   }
   const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  size_ = (size_ + page - 1) / page * page;
-  base_ = ::mmap(nullptr, size_ + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE, -1, 0);
+  return (size + page - 1) / page * page;
+}
+
+entry_stack::entry_stack() {
+  size_ = size_for_limit();
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const auto map = [this, page] {
+    return ::mmap(nullptr, size_ + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK | MAP_NORESERVE,
+                  -1, 0);
+  };
+  base_ = map();
+  if (base_ == MAP_FAILED && size_ > fallback_size) {  // address space refused (RLIMIT_AS) for a large limit
+    size_ = fallback_size;
+    base_ = map();
+  }
   if (base_ == MAP_FAILED) throw std::system_error(errno, std::system_category(), "cohort: the entry point's stack");
   ::mprotect(base_, page, PROT_NONE);
   bottom_ = static_cast<char*>(base_) + page;
@@ -306,7 +319,11 @@ COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const 
   // caller's: see entry_stack_main.
   std::optional<entry_stack> own;
   current_run = &run;
-  run_on(inherited.stack != nullptr ? *inherited.stack : own.emplace());
+  // The one mapped ahead of the forks serves where it has the size the
+  // rank's own limit asks (a forkserver's was sized by the server's limit
+  // as it started; the rank has the caller's now).
+  const bool fits = inherited.stack != nullptr && inherited.stack->size() == entry_stack::size_for_limit();
+  run_on(fits ? *inherited.stack : own.emplace());
   current_run = nullptr;
   // What it returned is read once it has ended: the storages it names get
   // references of their own, which the reader takes over.

@@ -23,7 +23,9 @@ inline constexpr const char* entry_env = "COHORT_ENTRY";
 inline constexpr const char* forkserver_env = "COHORT_FORKSERVER";
 
 /// A stack of its own for a function, with a guard page below it, the size
-/// a thread would get (RLIMIT_STACK, else 8 MiB). A context switch onto it
+/// RLIMIT_STACK gives the main thread (1 GiB where it is unlimited or
+/// larger, 8 MiB where it cannot be read or is below 64 KiB, and where a
+/// larger one cannot be mapped). A context switch onto it
 /// costs far less than a thread in a freshly forked child. Mapped before
 /// ranks are forked, it is in place in each of them, as its own copy, with
 /// no mapping to make there. Throws std::system_error when it cannot be
@@ -31,11 +33,15 @@ inline constexpr const char* forkserver_env = "COHORT_FORKSERVER";
 class entry_stack {
  public:
   entry_stack();
+  /// The size one made now would have, by this process's RLIMIT_STACK.
+  static std::size_t size_for_limit() noexcept;
   /// One mapped ahead of the forks of a batch into `into`, which the
   /// forking function holds in its own frame (a page each child touches
   /// anyway, where one of the heap would be a fault more in each); null
   /// when it cannot be (each child then maps its own).
   static const entry_stack* ahead_of_forks(std::optional<entry_stack>& into) noexcept;
+  static constexpr std::size_t fallback_size = std::size_t{8} << 20;
+  static constexpr std::size_t largest_size = std::size_t{1} << 30;
   entry_stack(const entry_stack&) = delete;
   entry_stack& operator=(const entry_stack&) = delete;
   ~entry_stack();

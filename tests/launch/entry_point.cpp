@@ -73,6 +73,17 @@ COHORT_ENTRYPOINT(descriptor_open);
 int rank_with_own_tid(int rank) { return rank + (::pthread_kill(::pthread_self(), 0) == 0 ? 100 : 0); }
 COHORT_ENTRYPOINT(rank_with_own_tid);
 
+// Uses about `kib` KiB of stack, a KiB a frame.
+[[gnu::noinline]] int use_stack_frames(int kib) {
+  volatile char frame[1024];
+  for (auto& c : frame) c = static_cast<char>(kib);
+  return kib == 0 ? 0 : use_stack_frames(kib - 1) + (frame[kib % 1024] & 0);
+}
+
+// The rank, once `mib` MiB of stack were used.
+int rank_after_deep_stack(int rank, int mib) { return use_stack_frames(mib * 1024) + rank; }
+COHORT_ENTRYPOINT(rank_after_deep_stack);
+
 // What a rank took of its parent that a fork or an exec would hand on:
 // SIGUSR2 ignored or not, its descriptor limit, nice value and CPU count.
 std::string inherited_state(int) {
@@ -1827,6 +1838,57 @@ TEST_SUITE("entry points") {
       } else {
         CHECK(code == 0);
       }
+    }
+  }
+
+  // Before, the function's stack was 8 MiB wherever RLIMIT_STACK was
+  // unlimited (`ulimit -s unlimited`), where the caller's own recursion
+  // had room: a rank going deeper died of SIGSEGV.
+  TEST_CASE("a function rank has the stack room an unlimited RLIMIT_STACK gives, by every start method") {
+    const int code = test::exit_code_in_child([] {
+      const rlimit unlimited{RLIM_INFINITY, RLIM_INFINITY};
+      if (::setrlimit(RLIMIT_STACK, &unlimited) != 0) return 77;
+      detail::stop_forkserver();  // the next one starts under this limit
+      int failed = 0;
+      for (std::size_t i = 0; i < std::size(all_methods); ++i) {
+        if (spawn_and_join(rank_after_deep_stack, std::tuple{24}, 1, test::join_by(all_methods[i])) != std::vector{0}) {
+          failed = 10 + static_cast<int>(i);
+        }
+      }
+      detail::stop_forkserver();
+      return failed;
+    });
+    if (code == 77) {
+      MESSAGE("RLIMIT_STACK could not be made unlimited here: not checked");
+    } else {
+      CHECK(code == 0);
+    }
+  }
+
+  // Before, a forkserver rank's stack had the size the server's limit gave
+  // as it started: a caller that raised its RLIMIT_STACK since had ranks
+  // die of SIGSEGV where fork and spawn ranks had room.
+  TEST_CASE("a forkserver rank has the stack room of the caller's RLIMIT_STACK, raised since the server started") {
+    const int code = test::exit_code_in_child([] {
+      rlimit limit{};
+      if (::getrlimit(RLIMIT_STACK, &limit) != 0 || (limit.rlim_max != RLIM_INFINITY && limit.rlim_max < (64u << 20))) {
+        return 77;
+      }
+      limit.rlim_cur = 8u << 20;
+      if (::setrlimit(RLIMIT_STACK, &limit) != 0) return 77;
+      detail::stop_forkserver();
+      const auto by_server = test::join_by(start_method::forkserver);
+      if (spawn_and_join(rank_itself, std::tuple{}, 1, by_server) != std::vector{0}) return 2;  // the server starts
+      limit.rlim_cur = 64u << 20;
+      if (::setrlimit(RLIMIT_STACK, &limit) != 0) return 77;
+      const auto ranks = spawn_and_join(rank_after_deep_stack, std::tuple{24}, 2, by_server);
+      detail::stop_forkserver();
+      return ranks == std::vector{0, 1} ? 0 : 3;
+    });
+    if (code == 77) {
+      MESSAGE("RLIMIT_STACK could not be set here: not checked");
+    } else {
+      CHECK(code == 0);
     }
   }
 
