@@ -387,6 +387,20 @@ COHORT_BARE_CODE void close_all_but(int a, int b) {
   for_each_entry("/proc/self/fd", true, close_unless_kept, kept);
 }
 
+// Puts /dev/null over the standard streams, but `a` and `b` where they are
+// among them: the guardian writes nothing, and its parent's pipes and
+// terminal reach their end of file as the parent lets go of them. Each is
+// closed where /dev/null cannot be opened.
+COHORT_BARE_CODE void stdio_to_null(int a, int b) {
+  const long null = raw_syscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>("/dev/null"), O_RDWR | O_CLOEXEC);
+  for (long fd = 0; fd < 3; ++fd) {
+    if (fd == a || fd == b || fd == null) continue;
+    if (null < 0) raw_syscall(SYS_close, fd);
+    else raw_syscall(SYS_dup3, null, fd, 0);
+  }
+  if (null > 2) raw_syscall(SYS_close, null);
+}
+
 // How the guardian's wait ended: the parent let it go ('r' on the line),
 // asked for a look ('l', or a wait that failed), or is gone (the line's end
 // of file, or its pidfd readable, which also catches a copy of the
@@ -429,6 +443,7 @@ COHORT_BARE_CODE int guard(void* memory) {
   raw_syscall(SYS_prctl, PR_SET_NAME, reinterpret_cast<long>("cohort-guardian"));
   raw_syscall(SYS_close, m.parent_end);
   close_all_but(m.line, m.parent);
+  stdio_to_null(m.line, m.parent);
   if (const ending end = wait_for_look(m); end != ending::released) {
     // Its marked processes go too, and those in its ranks' process groups.
     // Killed ones stop showing once dead, so a pass that finds none ends

@@ -2634,6 +2634,46 @@ TEST_SUITE("group") {
     }
   }
 
+  // Before, the guardian kept this process's standard streams open: a
+  // reader of its stdout pipe saw no end of file while the guardian lived,
+  // though this process had let go of the pipe.
+  TEST_CASE("the guardian holds none of this process's standard streams") {
+    const pid_t child = ::fork();
+    if (child == 0) {
+      int ends[2];
+      if (::pipe(ends) != 0) ::_exit(2);
+      for (int target = 0; target < 3; ++target) ::dup2(ends[target == 0 ? 0 : 1], target);
+      ::close(ends[0]);
+      ::close(ends[1]);
+      cohort::guardian guard;
+      const std::string fds = "/proc/" + std::to_string(guard.pid()) + "/fd/";
+      const auto link = [](const std::string& path) {
+        std::error_code ec;
+        return fs::read_symlink(path, ec).string();
+      };
+      // Set up once it holds nothing above the streams but its own two.
+      test::within(10s, [&] {
+        int n = 0;
+        std::error_code ec;
+        for (const auto& entry : fs::directory_iterator(fds, ec)) n += std::stoi(entry.path().filename().string()) > 2;
+        return n <= 2;
+      });
+      int held = 0;
+      for (int target = 0; target < 3; ++target) {
+        const std::string own = link("/proc/self/fd/" + std::to_string(target));
+        const std::string its = link(fds + std::to_string(target));
+        held += its == own || its != "/dev/null" ? 1 : 0;
+      }
+      guard.release();
+      ::_exit(held == 0 ? 0 : 10 + held);
+    }
+    REQUIRE(child > 0);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+
   TEST_CASE("a guardian started on a thread whose stack and storage are gone still sweeps at its end") {
     // glibc puts a thread's storage (errno, the stack protector's canary)
     // on the stack it is given: once that is unmapped, a guardian that
