@@ -297,6 +297,31 @@ COHORT_BARE_CODE bool dead(const char* pid) {
   return state == 'Z' || state == 'X';
 }
 
+// The name a guardian gives itself, as its thread's name: at most 15
+// characters.
+constexpr char guardian_name[] = "cohort-guardian";
+static_assert(sizeof guardian_name <= 16);
+
+// Whether process `pid` (its decimal digits) is a guardian. One that a
+// rank's process started (a supervisor among the ranks) carries the rank's
+// marker, and does its own work once its parent is gone: killed first,
+// what it alone knows of (its own ranks' process groups) would live on.
+COHORT_BARE_CODE bool a_guardian(const char* pid) {
+  const long fd = open_proc_file(pid, "/comm");
+  if (fd < 0) return false;
+  char name[sizeof guardian_name + 1];
+  long n = 0;
+  do {
+    n = raw_syscall(SYS_read, fd, reinterpret_cast<long>(name), sizeof name);
+  } while (n == -EINTR);
+  raw_syscall(SYS_close, fd);
+  if (n != static_cast<long>(sizeof guardian_name) || name[n - 1] != '\n') return false;  // the name, then a newline
+  for (long i = 0; i + 1 < n; ++i) {
+    if (name[i] != guardian_name[i]) return false;
+  }
+  return true;
+}
+
 // One pass over /proc: what it looks for, and how many it found.
 struct kill_pass {
   const guardian_memory& m;
@@ -306,14 +331,16 @@ struct kill_pass {
 
 // Kills process `pid` of the pass when it is marked, or in a process group
 // or session a rank led: found, unless it has died already (a zombie stays
-// in its group until reaped, by another).
+// in its group until reaped, by another). Another guardian is spared.
 COHORT_BARE_CODE void kill_if_ours(long pid, const char* name, long, void* context) {
   auto& p = *static_cast<kill_pass*>(context);
   if (pid == p.self) return;
   if (marked(name, p.m)) {
+    if (a_guardian(name)) return;
     raw_syscall(SYS_kill, pid, SIGKILL);
     ++p.found;
   } else if (noted(p.m.groups, raw_syscall(SYS_getpgid, pid)) || noted(p.m.groups, raw_syscall(SYS_getsid, pid))) {
+    if (a_guardian(name)) return;
     raw_syscall(SYS_kill, pid, SIGKILL);
     if (!dead(name)) ++p.found;
   }
@@ -440,7 +467,7 @@ COHORT_BARE_CODE int guard(void* memory) {
     set_disposition(signal, fault ? SIG_DFL : SIG_IGN);
   }
   os::set_signal_mask(0);
-  raw_syscall(SYS_prctl, PR_SET_NAME, reinterpret_cast<long>("cohort-guardian"));
+  raw_syscall(SYS_prctl, PR_SET_NAME, reinterpret_cast<long>(guardian_name));
   raw_syscall(SYS_close, m.parent_end);
   close_all_but(m.line, m.parent);
   stdio_to_null(m.line, m.parent);

@@ -2292,6 +2292,29 @@ TEST_SUITE("group") {
     }
   }
 
+  // Before, the guardian of a supervisor that was one of the ranks carried
+  // the rank's marker, and this process's guardian killed it, often before
+  // it had done its work: what that supervisor's rank had started with a
+  // fresh environment lived on. Three rounds, as it was a race.
+  TEST_CASE("the guardian spares a rank's own guardian, which kills what that one's ranks started") {
+    for (int round = 0; round < 3; ++round) {
+      CAPTURE(round);
+      test::temp_dir dir;
+      const std::string inner = "env -i /bin/sleep 60 & echo $! > \"$0/fresh\"; : > \"$0/up\"; wait";
+      const std::string script = "exec '" COHORT_TEST_SUPERVISOR "' --guarded \"$0\" '" + inner + "'";
+      const pid_t pid = guarded_supervisor(dir.path, script);
+      const bool up = test::within(10s, [&] { return fs::exists(dir.path / "up") && fs::exists(dir.path / "started"); },
+                                   5ms);
+      ::kill(pid, SIGKILL);
+      CHECK(killed_soon(pid));
+      REQUIRE(up);
+      const pid_t fresh = first_line_pid(dir.path / "fresh");
+      REQUIRE(fresh > 0);
+      CHECK(test::within(10s, [&] { return !test::alive(fresh); }, 5ms));
+      if (test::alive(fresh)) ::kill(fresh, SIGKILL);
+    }
+  }
+
   // Before, the guardian stayed in the supervisor's process group, and a
   // SIGKILL sent to the group (`timeout -s KILL`) ended it with the
   // supervisor: what the rank had started lived on.
