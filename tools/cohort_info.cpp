@@ -6,25 +6,62 @@
 
 #include <sys/utsname.h>
 
-#include <cstring>
+#include <cstdio>
+#include <exception>
+#include <string_view>
+
+namespace {
+
+constexpr std::string_view usage =
+    "usage: cohort-info [--help | --version]\n"
+    "Prints the kernel and the io_uring operations cohort uses.\n"
+    "COHORT_IO_URING=0 forces asio's reactor instead of the ring.\n";
+
+// What stands in for each operation without the ring: exits, pipes and
+// reads are watched on asio's reactor; an awaited futex wait sleeps in
+// futex_waitv on a helper thread.
+void print_support(const cohort::io_uring_info& info) {
+  constexpr const char* reactor = "no (asio's reactor)";
+  constexpr const char* helper = "no (futex_waitv on a helper thread)";
+  auto yes = [](bool b, const char* instead) { return b ? "yes" : instead; };
+  fmt::print("io_uring: on\n  waitid: {}\n  poll:   {}\n  read:   {}\n  futex:  {}\n  cancel: {}\n",
+             yes(info.waitid, reactor), yes(info.poll, reactor), yes(info.read, reactor), yes(info.futex, helper),
+             yes(info.cancel, reactor));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
-    fmt::print("usage: cohort-info\nPrints the kernel and the io_uring operations cohort uses.\n"
-               "COHORT_IO_URING=0 forces asio's reactor instead of the ring.\n");
-    return 0;
+  if (argc > 1) {
+    const std::string_view arg = argv[1];
+    if (argc == 2 && (arg == "--help" || arg == "-h")) {
+      fmt::print("{}", usage);
+      return 0;
+    }
+    if (argc == 2 && arg == "--version") {
+      fmt::print("cohort {}\n", COHORT_VERSION);
+      return 0;
+    }
+    fmt::print(stderr, "cohort-info: unexpected argument '{}'\n{}", argc == 2 ? arg : std::string_view(argv[argc - 1]),
+               usage);
+    return 2;
   }
-  utsname u{};
-  ::uname(&u);
-  asio::io_context io;
-  auto info = cohort::io_uring_support(io);
-  auto yes = [](bool b) { return b ? "yes" : "no (reactor fallback)"; };
-  fmt::print("cohort {}\nkernel: {} {}\n", COHORT_VERSION, u.sysname, u.release);
-  if (!info.ring) {
-    fmt::print("io_uring: off ({}); every operation uses asio's reactor\n", info.why_not);
+  try {
+    utsname u{};
+    ::uname(&u);
+    asio::io_context io;
+    const auto info = cohort::io_uring_support(io);
+    fmt::print("cohort {}\nkernel: {} {}\n", COHORT_VERSION, u.sysname, u.release);
+    if (!info.ring) {
+      fmt::print("io_uring: off ({}): asio's reactor watches exits, pipes and reads, and an awaited futex wait "
+                 "sleeps in futex_waitv on a helper thread\n",
+                 info.why_not);
+      return 0;
+    }
+    print_support(info);
     return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "cohort-info: {}\n", e.what());
+    return 1;
   }
-  fmt::print("io_uring: on\n  waitid: {}\n  poll:   {}\n  read:   {}\n  futex:  {}\n  cancel: {}\n",
-             yes(info.waitid), yes(info.poll), yes(info.read), yes(info.futex), yes(info.cancel));
-  return 0;
 }

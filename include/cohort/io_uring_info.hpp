@@ -14,7 +14,7 @@ namespace cohort {
 
 /// Probed once per io_context, when cohort first uses it.
 struct io_uring_info {
-  bool ring = false;    ///< cohort drives a ring; false: asio's reactor does everything
+  bool ring = false;    ///< cohort drives a ring; false: asio's reactor, and a helper thread's futex_waitv for awaited futex waits
   bool waitid = false;  ///< IORING_OP_WAITID (Linux 6.7): exits arrive on the ring
   bool poll = false;    ///< IORING_OP_POLL_ADD
   bool read = false;    ///< IORING_OP_READ
@@ -23,6 +23,9 @@ struct io_uring_info {
   std::string why_not;  ///< why there is no ring, when there is none
 };
 
+/// What `io`'s ring can do, probed as cohort first uses `io`. Throws
+/// std::system_error when asio's reactor cannot be brought up for it (no
+/// descriptor left: the message names the open file limit).
 io_uring_info io_uring_support(asio::io_context& io);
 
 /// Gives `io` no ring: every cohort operation on it runs on asio's reactor,

@@ -6,7 +6,7 @@
 namespace cohort {
 
 io_uring_info io_uring_support(asio::io_context& io) {
-  const auto& caps = asio::use_service<uring::service>(io).caps();
+  const auto& caps = uring::service_for(io.get_executor(), "cohort::io_uring_support").caps();
   return {caps.ring, caps.waitid, caps.poll, caps.read, caps.futex, caps.cancel, caps.why_not};
 }
 
