@@ -9,7 +9,8 @@ usage: embed.py subproject SOURCE_ROOT
        embed.py installed SOURCE_ROOT BUILD_ROOT
            installs BUILD_ROOT into a temporary folder (meson install
            --destdir), then builds and runs tests/embed/meson through
-           pkg-config and tests/embed/cmake through find_package(cohort).
+           pkg-config and tests/embed/cmake through find_package(cohort),
+           the latter with c++ and, where installed, clang++.
 
 Each project is tests/embed/<kind>/ plus tests/embed/main.cpp, copied into a
 temporary folder; the program it builds runs /bin/true and `exit 3` through
@@ -132,7 +133,7 @@ def installed(source_root, build_root):
         pc_env = dict(os.environ, PKG_CONFIG_PATH=str(libdir / "pkgconfig"), PKG_CONFIG_SYSROOT_DIR=str(dest))
         pc = (libdir / "pkgconfig" / "cohort.pc").read_text()
         print(pc)
-        for line in ("Requires: fmt", "-DASIO_STANDALONE", "header_only_requires=asio"):
+        for line in ("Requires: fmt", "-DASIO_STANDALONE", "-DASIO_HAS_CO_AWAIT=1", "header_only_requires=asio"):
             if line not in pc:
                 raise Failure(f"cohort.pc lacks {line!r}")
         consumer = project(source_root, "meson", tmp / "pkg-config")
@@ -142,12 +143,15 @@ def installed(source_root, build_root):
         run_program(build / "uses-cohort", env=run_env)
         refuses_cpp17(build, env=pc_env)
 
-        # CMake's find_package, from the files next to the .pc file.
-        consumer = project(source_root, "cmake", tmp / "cmake")
-        build = tmp / "cmake-build"
-        run(["cmake", "-S", consumer, "-B", build, "-G", "Ninja", f"-DCMAKE_PREFIX_PATH={prefix}"])
-        run(["cmake", "--build", build])
-        run_program(build / "uses-cohort", env=run_env)
+        # CMake's find_package, from the files next to the .pc file; again
+        # with clang++ where it is installed, whichever compiler built cohort.
+        for compiler in ["c++"] + (["clang++"] if shutil.which("clang++") else []):
+            consumer = project(source_root, "cmake", tmp / f"cmake-{compiler}")
+            build = tmp / f"cmake-build-{compiler}"
+            run(["cmake", "-S", consumer, "-B", build, "-G", "Ninja", f"-DCMAKE_PREFIX_PATH={prefix}",
+                 f"-DCMAKE_CXX_COMPILER={compiler}"])
+            run(["cmake", "--build", build])
+            run_program(build / "uses-cohort", env=run_env)
     print("installed: found through pkg-config and through find_package, and the programs ran")
 
 
