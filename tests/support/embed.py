@@ -136,6 +136,8 @@ def installed(source_root, build_root):
         for line in ("Requires: fmt", "-DASIO_STANDALONE", "-DASIO_HAS_CO_AWAIT=1", "header_only_requires=asio"):
             if line not in pc:
                 raise Failure(f"cohort.pc lacks {line!r}")
+        if "Requires.private" in pc and not (libdir / "libcohort.a").exists():
+            raise Failure("cohort.pc has Requires.private, which only a static link needs, and no static library")
         consumer = project(source_root, "meson", tmp / "pkg-config")
         build = tmp / "pkg-config-build"
         run(["meson", "setup", build, consumer, "--wrap-mode=nofallback"], env=pc_env)
