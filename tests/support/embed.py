@@ -133,7 +133,8 @@ def installed(source_root, build_root):
         pc_env = dict(os.environ, PKG_CONFIG_PATH=str(libdir / "pkgconfig"), PKG_CONFIG_SYSROOT_DIR=str(dest))
         pc = (libdir / "pkgconfig" / "cohort.pc").read_text()
         print(pc)
-        for line in ("Requires: fmt", "-DASIO_STANDALONE", "-DASIO_HAS_CO_AWAIT=1", "header_only_requires=asio"):
+        for line in ("Requires: fmt", "-DASIO_STANDALONE", "-DASIO_HAS_CO_AWAIT=1",
+                     "header_only_requires=asio dlpack\n"):
             if line not in pc:
                 raise Failure(f"cohort.pc lacks {line!r}")
         if "Requires.private" in pc and not (libdir / "libcohort.a").exists():
