@@ -3,16 +3,19 @@
 
 usage: embed.py subproject SOURCE_ROOT
            tests/embed/meson with cohort as its subproject (a link to
-           SOURCE_ROOT in its subprojects/): it builds and runs, and cohort's
-           tests, benchmarks, examples and tools were not built.
+           SOURCE_ROOT in its subprojects/): it builds and runs, though the
+           project names no cpp_std, and cohort's tests, benchmarks,
+           examples and tools were not built.
        embed.py installed SOURCE_ROOT BUILD_ROOT
            installs BUILD_ROOT into a temporary folder (meson install
            --destdir), then builds and runs tests/embed/meson through
-           pkg-config and tests/embed/cmake through find_package(cohort).
+           pkg-config and tests/embed/cmake through find_package(cohort),
+           the latter with c++ and, where installed, clang++.
 
 Each project is tests/embed/<kind>/ plus tests/embed/main.cpp, copied into a
 temporary folder; the program it builds runs /bin/true and `exit 3` through
-cohort::run and checks their exit statuses.
+cohort::run and checks their exit statuses. Built as C++17 (meson's
+uses-cohort-cpp17), it must stop at cohort's "cohort needs C++20".
 """
 
 import json
@@ -46,6 +49,16 @@ def project(source_root, kind, into):
     return into
 
 
+def refuses_cpp17(build, env=None):
+    """The program built as C++17 stops at cohort's #error."""
+    print("$ ninja -C", build, "uses-cohort-cpp17", flush=True)
+    done = subprocess.run(["ninja", "-C", str(build), "uses-cohort-cpp17"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=env)
+    if done.returncode == 0 or "cohort needs C++20" not in done.stdout:
+        print(done.stdout)
+        raise Failure("built as C++17, the program did not stop at \"cohort needs C++20\"")
+
+
 def run_program(program, env=None):
     said = run([program], env=env)
     print(said, end="")
@@ -65,6 +78,7 @@ def as_subproject(source_root):
         run(["meson", "setup", build, parent, "--force-fallback-for=cohort", "--buildtype=plain"])
         run(["ninja", "-C", build, "-j", "2"])
         run_program(build / "uses-cohort")
+        refuses_cpp17(build)
 
         built = [t for t in json.loads(run(["meson", "introspect", "--targets", build]))
                  if t["subproject"] == "cohort"]
@@ -119,21 +133,28 @@ def installed(source_root, build_root):
         pc_env = dict(os.environ, PKG_CONFIG_PATH=str(libdir / "pkgconfig"), PKG_CONFIG_SYSROOT_DIR=str(dest))
         pc = (libdir / "pkgconfig" / "cohort.pc").read_text()
         print(pc)
-        for line in ("Requires: fmt", "-DASIO_STANDALONE", "header_only_requires=asio"):
+        for line in ("Requires: fmt", "-DASIO_STANDALONE", "-DASIO_HAS_CO_AWAIT=1",
+                     "header_only_requires=asio dlpack\n"):
             if line not in pc:
                 raise Failure(f"cohort.pc lacks {line!r}")
+        if "Requires.private" in pc and not (libdir / "libcohort.a").exists():
+            raise Failure("cohort.pc has Requires.private, which only a static link needs, and no static library")
         consumer = project(source_root, "meson", tmp / "pkg-config")
         build = tmp / "pkg-config-build"
         run(["meson", "setup", build, consumer, "--wrap-mode=nofallback"], env=pc_env)
         run(["ninja", "-C", build], env=pc_env)
         run_program(build / "uses-cohort", env=run_env)
+        refuses_cpp17(build, env=pc_env)
 
-        # CMake's find_package, from the files next to the .pc file.
-        consumer = project(source_root, "cmake", tmp / "cmake")
-        build = tmp / "cmake-build"
-        run(["cmake", "-S", consumer, "-B", build, "-G", "Ninja", f"-DCMAKE_PREFIX_PATH={prefix}"])
-        run(["cmake", "--build", build])
-        run_program(build / "uses-cohort", env=run_env)
+        # CMake's find_package, from the files next to the .pc file; again
+        # with clang++ where it is installed, whichever compiler built cohort.
+        for compiler in ["c++"] + (["clang++"] if shutil.which("clang++") else []):
+            consumer = project(source_root, "cmake", tmp / f"cmake-{compiler}")
+            build = tmp / f"cmake-build-{compiler}"
+            run(["cmake", "-S", consumer, "-B", build, "-G", "Ninja", f"-DCMAKE_PREFIX_PATH={prefix}",
+                 f"-DCMAKE_CXX_COMPILER={compiler}"])
+            run(["cmake", "--build", build])
+            run_program(build / "uses-cohort", env=run_env)
     print("installed: found through pkg-config and through find_package, and the programs ran")
 
 

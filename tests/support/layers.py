@@ -36,8 +36,8 @@ BELOW = {
 }
 
 # The public headers (include/cohort/<name>.hpp) by layer. "base" lies below
-# every layer (the export macros, the version); "all", the umbrella header,
-# may include every layer.
+# every layer (the export macros, what the headers require, the version);
+# "all", the umbrella header, may include every layer.
 PUBLIC = {
     "uring": ["io_uring_info"],
     "encoding": ["encoding"],
@@ -49,7 +49,7 @@ PUBLIC = {
     "launch": ["entry_point", "error_file", "launch_hook"],
     "group": ["group", "guardian", "when_any"],
     "multiprocessing": ["process_error", "spawn_and_join", "pool"],
-    "base": ["compiler", "completion_token", "export", "version"],
+    "base": ["compiler", "completion_token", "export", "requirements", "version"],
     "all": ["cohort"],
 }
 

@@ -1,0 +1,19 @@
+// What cohort's public headers require of the compiler and of Asio, checked
+// before anything else: cohort/export.hpp, which every public header
+// includes first, includes it.
+#pragma once
+
+#if __cplusplus < 202002L
+#error "cohort needs C++20: compile with -std=c++20 (in meson, cpp_std=c++20; in CMake, cxx_std_20)"
+#endif
+
+// Asio 1.22 turns co_await on for clang only where libc++'s
+// <experimental/coroutine> exists, not with libstdc++'s <coroutine>, which
+// works once Asio is told. cohort.pc and cohort::cohort give the same flag,
+// for a program that includes Asio before cohort.
+#if !defined(ASIO_HAS_CO_AWAIT) && defined(__cpp_impl_coroutine)
+#if defined(ASIO_DETAIL_CONFIG_HPP)
+#error "Asio was included before cohort and without co_await: compile with -DASIO_HAS_CO_AWAIT=1, as cohort.pc and cohort::cohort do"
+#endif
+#define ASIO_HAS_CO_AWAIT 1
+#endif
