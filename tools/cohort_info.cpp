@@ -18,11 +18,11 @@ constexpr std::string_view usage =
     "COHORT_IO_URING=0 forces asio's reactor instead of the ring.\n";
 
 // What stands in for each operation without the ring: exits, pipes and
-// reads are watched on asio's reactor; an awaited futex wait sleeps in
-// futex_waitv on a helper thread.
+// reads are watched on asio's reactor; an awaited futex wait sleeps on a
+// helper thread (in futex_waitv, or one wait a thread before Linux 5.16).
 void print_support(const cohort::io_uring_info& info) {
   constexpr const char* reactor = "no (asio's reactor)";
-  constexpr const char* helper = "no (futex_waitv on a helper thread)";
+  constexpr const char* helper = "no (a helper thread)";
   auto yes = [](bool b, const char* instead) { return b ? "yes" : instead; };
   fmt::print("io_uring: on\n  waitid: {}\n  poll:   {}\n  read:   {}\n  futex:  {}\n  cancel: {}\n",
              yes(info.waitid, reactor), yes(info.poll, reactor), yes(info.read, reactor), yes(info.futex, helper),
@@ -42,8 +42,8 @@ int main(int argc, char** argv) {
       fmt::print("cohort {}\n", COHORT_VERSION);
       return 0;
     }
-    fmt::print(stderr, "cohort-info: unexpected argument '{}'\n{}", argc == 2 ? arg : std::string_view(argv[argc - 1]),
-               usage);
+    const bool known = arg == "--help" || arg == "-h" || arg == "--version";
+    fmt::print(stderr, "cohort-info: unexpected argument '{}'\n{}", known ? argv[2] : argv[1], usage);
     return 2;
   }
   try {
@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     fmt::print("cohort {}\nkernel: {} {}\n", COHORT_VERSION, u.sysname, u.release);
     if (!info.ring) {
       fmt::print("io_uring: off ({}): asio's reactor watches exits, pipes and reads, and an awaited futex wait "
-                 "sleeps in futex_waitv on a helper thread\n",
+                 "sleeps on a helper thread\n",
                  info.why_not);
       return 0;
     }

@@ -14,7 +14,7 @@ namespace cohort {
 
 /// Probed once per io_context, when cohort first uses it.
 struct io_uring_info {
-  bool ring = false;    ///< cohort drives a ring; false: asio's reactor, and a helper thread's futex_waitv for awaited futex waits
+  bool ring = false;    ///< cohort drives a ring; false: asio's reactor, and helper threads for awaited futex waits
   bool waitid = false;  ///< IORING_OP_WAITID (Linux 6.7): exits arrive on the ring
   bool poll = false;    ///< IORING_OP_POLL_ADD
   bool read = false;    ///< IORING_OP_READ

@@ -5,7 +5,9 @@
 #include "config.hpp"
 #include "launch/forkserver.hpp"
 #include "launch/uncaught.hpp"
+#include "os/descriptor_limit.hpp"
 #include "os/process_identity.hpp"
+#include "os/quiet_sigpipe.hpp"
 #include "os/raw_syscall.hpp"
 #include "os/stack_switch.hpp"
 #include "shm/arena.hpp"
@@ -181,6 +183,7 @@ bool read_whole(int fd, std::vector<std::byte>& out) {
 }
 
 COHORT_FORKED_CHILD_PATH bool write_whole(int fd, std::span<const std::byte> bytes) {
+  const os::quiet_signal past_the_limit(SIGXFSZ);  // EFBIG, not the process's end
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::pwrite(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
@@ -336,7 +339,9 @@ COHORT_FORKED_CHILD_PATH int run_entry(const std::string& name, int rank, const 
   stop_forkserver();  // what the function started by the forkserver has ended with it
   if (result_fd < 0) return 0;  // what it returned is not wanted
   if (!result.empty() && !write_whole(result_fd, result)) {
-    throw std::system_error(errno, std::system_category(), "cohort: writing the entry point's result");
+    const int error = errno;
+    throw std::system_error(error, std::system_category(),
+                            "cohort: writing the entry point's result" + os::file_size_limit_note(error));
   }
   ::close(result_fd);
   return 0;

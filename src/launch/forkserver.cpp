@@ -10,6 +10,7 @@
 
 #include "config.hpp"
 #include "launch/entry.hpp"
+#include "os/descriptor_limit.hpp"
 #include "os/descriptor_passing.hpp"
 #include "os/owned_fd.hpp"
 #include "os/per_process.hpp"
@@ -509,7 +510,7 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
                     std::move(entries), std::move(plans), keeper, dir_sent, to_wire(current_requester_state())};
   const int fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
   if (fd < 0 || !write_whole(fd, encode(req).bytes())) {
-    f = {stage::start, errno, ""};
+    f = {stage::start, errno, fd < 0 ? "the request's memfd" : "writing the request" + os::file_size_limit_note(errno)};
     if (fd >= 0) ::close(fd);
     return -1;
   }
@@ -716,7 +717,13 @@ std::size_t start_from_server(std::span<server_request> requests, const function
   } catch (const std::bad_alloc&) {
     f = {stage::start, ENOMEM, ""};
   } catch (const std::system_error& e) {
-    f = {stage::start, e.code().value(), ""};
+    // Its own words without the error's, which the failure adds (the
+    // thread the server is started from could not be made, say).
+    std::string what = e.what();
+    const std::string error = ": " + e.code().message();
+    if (what.ends_with(error)) what.resize(what.size() - error.size());
+    if (what.starts_with("cohort: ")) what.erase(0, 8);
+    f = {stage::start, e.code().value(), what};
   }
   return started;
 }

@@ -498,7 +498,8 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
     throw std::system_error(args.error(), std::system_category(), what + ": memfd_create" + os::descriptor_limit_note(args.error()));
   }
   if (!write_whole(args.get(), call.args.bytes())) {
-    throw std::system_error(errno, std::system_category(), what + ": writing the arguments");
+    const int error = errno;
+    throw std::system_error(error, std::system_category(), what + ": writing the arguments" + os::file_size_limit_note(error));
   }
   spawn_options opts = options;
   opts.env.set(entry_env, fmt::format("{},{},{},{}", args.get(), result_fd, rank, call.name));

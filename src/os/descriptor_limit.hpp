@@ -1,5 +1,6 @@
 // Running out of descriptors: telling it from other errors, and naming the
-// descriptor limit in messages about it.
+// descriptor limit in messages about it; and the file size limit, in
+// messages about a write it refused.
 #pragma once
 
 #include <fmt/format.h>
@@ -22,6 +23,15 @@ inline std::string descriptor_limit_note(int error) {
   rlimit lim{};
   ::getrlimit(RLIMIT_NOFILE, &lim);
   return fmt::format(" (open file limit RLIMIT_NOFILE is {})", lim.rlim_cur);
+}
+
+/// " (longer than RLIMIT_FSIZE allows, N bytes)" for EFBIG; empty for any
+/// other error.
+inline std::string file_size_limit_note(int error) {
+  if (error != EFBIG) return {};
+  rlimit lim{};
+  ::getrlimit(RLIMIT_FSIZE, &lim);
+  return fmt::format(" (longer than RLIMIT_FSIZE allows, {} bytes)", lim.rlim_cur);
 }
 
 }  // namespace cohort::os

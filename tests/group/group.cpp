@@ -156,6 +156,21 @@ pid_t guarded_supervisor(const fs::path& dir, const std::string& script, void (*
   return pid;
 }
 
+// Once the rank of supervisor `pid` (guarded_supervisor) is up, sends
+// SIGKILL to `target` (the supervisor, or its process group), and checks
+// that the supervisor ends, and soon after it the process whose pid the
+// rank wrote first in `dir/noted`.
+void check_killed_with_supervisor(const fs::path& dir, pid_t pid, pid_t target, const char* noted) {
+  const bool up = test::within(30s, [&] { return fs::exists(dir / "up") && fs::exists(dir / "started"); }, 5ms);
+  ::kill(target, SIGKILL);
+  CHECK(killed_soon(pid));
+  REQUIRE(up);
+  const pid_t left = first_line_pid(dir / noted);
+  REQUIRE(left > 0);
+  CHECK(test::within(10s, [&] { return !test::alive(left); }, 5ms));
+  if (test::alive(left)) ::kill(left, SIGKILL);
+}
+
 // The exit code of forked child `pid` once it ends, within 60 s; past that
 // it is killed and reaped, and the test fails.
 int exit_code_of(pid_t pid) {
@@ -2279,15 +2294,7 @@ TEST_SUITE("group") {
       const std::string script = "env -i /bin/sleep 60 & echo $! > \"$0/fresh\"; : > \"$0/up\"; wait";
       const pid_t pid = guarded_supervisor(dir.path, script, copy ? as_copy : how == 3 ? first_starts : nullptr,
                                            how == 3 ? first_ends : nullptr);
-      const bool up = test::within(10s, [&] { return fs::exists(dir.path / "up") && fs::exists(dir.path / "started"); },
-                                   5ms);
-      ::kill(pid, SIGKILL);
-      CHECK(killed_soon(pid));
-      REQUIRE(up);
-      const pid_t fresh = first_line_pid(dir.path / "fresh");
-      REQUIRE(fresh > 0);
-      CHECK(test::within(10s, [&] { return !test::alive(fresh); }, 5ms));
-      if (test::alive(fresh)) ::kill(fresh, SIGKILL);
+      check_killed_with_supervisor(dir.path, pid, pid, "fresh");
       if (own) own->release();
     }
   }
@@ -2303,15 +2310,7 @@ TEST_SUITE("group") {
       const std::string inner = "env -i /bin/sleep 60 & echo $! > \"$0/fresh\"; : > \"$0/up\"; wait";
       const std::string script = "exec '" COHORT_TEST_SUPERVISOR "' --guarded \"$0\" '" + inner + "'";
       const pid_t pid = guarded_supervisor(dir.path, script);
-      const bool up = test::within(10s, [&] { return fs::exists(dir.path / "up") && fs::exists(dir.path / "started"); },
-                                   5ms);
-      ::kill(pid, SIGKILL);
-      CHECK(killed_soon(pid));
-      REQUIRE(up);
-      const pid_t fresh = first_line_pid(dir.path / "fresh");
-      REQUIRE(fresh > 0);
-      CHECK(test::within(10s, [&] { return !test::alive(fresh); }, 5ms));
-      if (test::alive(fresh)) ::kill(fresh, SIGKILL);
+      check_killed_with_supervisor(dir.path, pid, pid, "fresh");
     }
   }
 
@@ -2322,15 +2321,7 @@ TEST_SUITE("group") {
     test::temp_dir dir;
     const std::string script = "setsid sleep 60 & echo $! > \"$0/grandchild\"; : > \"$0/up\"; wait";
     const pid_t pid = guarded_supervisor(dir.path, script, [] { ::setpgid(0, 0); });
-    const bool up = test::within(10s, [&] { return fs::exists(dir.path / "up") && fs::exists(dir.path / "started"); },
-                                 5ms);
-    ::kill(-pid, SIGKILL);
-    CHECK(killed_soon(pid));
-    REQUIRE(up);
-    const pid_t grandchild = first_line_pid(dir.path / "grandchild");
-    REQUIRE(grandchild > 0);
-    CHECK(test::within(10s, [&] { return !test::alive(grandchild); }, 5ms));
-    if (test::alive(grandchild)) ::kill(grandchild, SIGKILL);
+    check_killed_with_supervisor(dir.path, pid, -pid, "grandchild");
   }
 
   TEST_CASE("once its process is killed, the guardian removes the segment files that process and its ranks made") {

@@ -80,6 +80,12 @@ COHORT_ENTRYPOINT(rank_with_own_tid);
   return kib == 0 ? 0 : use_stack_frames(kib - 1) + (frame[kib % 1024] & 0);
 }
 
+// Text of `n` bytes, and the size of a text.
+std::string text_of_size(int, std::size_t n) { return std::string(n, 'x'); }
+COHORT_ENTRYPOINT(text_of_size);
+std::size_t size_of_text(int, const std::string& text) { return text.size(); }
+COHORT_ENTRYPOINT(size_of_text);
+
 // The rank, once `mib` MiB of stack were used.
 int rank_after_deep_stack(int rank, int mib) { return use_stack_frames(mib * 1024) + rank; }
 COHORT_ENTRYPOINT(rank_after_deep_stack);
@@ -1860,6 +1866,44 @@ TEST_SUITE("entry points") {
     });
     if (code == 77) {
       MESSAGE("RLIMIT_STACK could not be made unlimited here: not checked");
+    } else {
+      CHECK(code == 0);
+    }
+  }
+
+  // Before, the arguments' and the result's memfds were written past
+  // RLIMIT_FSIZE: SIGXFSZ ended the caller (arguments, spawn and
+  // forkserver) or the rank (its result).
+  TEST_CASE("arguments or a result longer than RLIMIT_FSIZE allows fail the start or the rank, naming the limit") {
+    const int code = test::exit_code_in_child([] {
+      const rlimit limit{std::size_t{1} << 20, RLIM_INFINITY};
+      if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) return 77;
+      detail::stop_forkserver();  // the next one starts under this limit
+      const auto names_limit = [](auto&& run) {
+        try {
+          run();
+          return false;
+        } catch (const std::exception& e) {
+          return std::string(e.what()).find("RLIMIT_FSIZE") != std::string::npos;
+        }
+      };
+      const std::string long_text(std::size_t{2} << 20, 'x');
+      int failed = 0;
+      for (std::size_t i = 0; i < std::size(all_methods); ++i) {
+        const auto options = test::join_by(all_methods[i]);
+        if (all_methods[i] != start_method::fork &&
+            !names_limit([&] { (void)spawn_and_join(size_of_text, std::tuple{long_text}, 1, options); })) {
+          failed = 10 + static_cast<int>(i);
+        }
+        if (!names_limit([&] { (void)spawn_and_join(text_of_size, std::tuple{long_text.size()}, 1, options); })) {
+          failed = 20 + static_cast<int>(i);
+        }
+      }
+      detail::stop_forkserver();
+      return failed;
+    });
+    if (code == 77) {
+      MESSAGE("RLIMIT_FSIZE could not be set here: not checked");
     } else {
       CHECK(code == 0);
     }

@@ -53,6 +53,10 @@ check("an unknown argument is refused with status 2, named, and the usage",
       stray.returncode == 2 and stray.stdout == "" and "unexpected argument '--bogus'" in stray.stderr and
       "usage: cohort-info" in stray.stderr, stray)
 
+two = run(["foo", "bar"])
+check("of two unknown arguments, the first is named", two.returncode == 2 and "unexpected argument 'foo'" in two.stderr,
+      two)
+
 extra = run(["--help", "more"])
 check("an argument after --help is refused", extra.returncode == 2 and "unexpected argument 'more'" in extra.stderr,
       extra)
