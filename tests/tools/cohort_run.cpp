@@ -994,6 +994,27 @@ TEST_SUITE("cohort-run") {
     CHECK(r.err.find("failed") == std::string::npos);
   }
 
+  // Before, the same SIGINT twice (a terminal's Ctrl-C on `timeout N
+  // cohort-run`, which passes it on) was a second shutdown signal: the
+  // ranks were killed at once, their handlers cut short.
+  TEST_CASE("the same shutdown signal again within 100 ms is one signal: the ranks' handlers run to their end") {
+    test::temp_dir dir;
+    auto r = run_launcher({"-n", "2", "--grace-period", "10", "--", "/bin/sh", "-c",
+                           "trap 'sleep 0.3; echo int > \"$0/int-$RANK\"; exit 0' INT; echo > \"$0/$RANK\"; "
+                           "while true; do sleep 0.05; done",
+                           dir.path.string()},
+                          [&dir](child& c) -> asio::awaitable<void> {
+                            co_await files_appear(dir.path, 2);
+                            c.signal(SIGINT);
+                            asio::steady_timer timer(co_await asio::this_coro::executor, 20ms);
+                            co_await timer.async_wait(asio::use_awaitable);
+                            c.signal(SIGINT);
+                          });
+    CHECK(r.status.code() == 130);
+    CHECK(read_file(dir.path / "int-0") == "int\n");
+    CHECK(read_file(dir.path / "int-1") == "int\n");
+  }
+
   TEST_CASE("a Python script runs with the first python3 in PATH that finds torch, as torchrun runs it") {
     test::temp_dir dir;
     // Interpreters that say what they were asked to run; only B finds torch.

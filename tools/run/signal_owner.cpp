@@ -98,8 +98,16 @@ void signal_owner::take_waiting() {
 
 void signal_owner::take(int sig) {
   const bool ends_run = std::find(shutdown_.begin(), shutdown_.end(), sig) != shutdown_.end();
+  const auto now = std::chrono::steady_clock::now();
+  // The first shutdown signal again within this long is the same one
+  // passed on (a terminal's Ctrl-C reaching `timeout N cohort-run`, which
+  // sends it on to cohort-run and its group): it does not skip the waits
+  // as a second one does.
+  constexpr auto echo = std::chrono::milliseconds(100);
+  if (ends_run && first_ && sig == *first_ && now - first_at_ < echo) return;
   if (ends_run && !first_) {
     first_ = sig;
+    first_at_ = now;
     shutdown_began();
   }
   if (group_ == nullptr) return;  // a passed-on signal with no rank to reach: nothing to do

@@ -75,6 +75,7 @@ class signal_owner {
   cohort::group* group_ = nullptr;
   std::unique_ptr<asio::posix::stream_descriptor> readable_;  // a dup of signals_fd_, while attached
   std::optional<int> first_;
+  std::chrono::steady_clock::time_point first_at_;
 };
 
 }  // namespace cohort_run
