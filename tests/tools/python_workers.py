@@ -4,6 +4,7 @@ was interrupted.
 
     python_workers.py COHORT_RUN
 """
+import json
 import os
 import signal
 import subprocess
@@ -61,6 +62,37 @@ with tempfile.TemporaryDirectory() as tmp:
         check(os.path.exists(os.path.join(tmp, f"finally-{rank}")), f"rank {rank}: its finally did not run")
     check("interrupted by SIGINT" in err, f"summary: {err}")
     check("failed" not in err, f"summary says failed: {err}")
+
+# --run-path runs the script under what torch's `record` does for torchrun:
+# an escaping exception reaches the error file, the summary and cohort-run's
+# own error file.
+RAISER = """
+import os
+if os.environ["RANK"] == "1":
+    raise ValueError("run-path boom")
+"""
+
+with tempfile.TemporaryDirectory() as tmp:
+    script = os.path.join(tmp, "raiser.py")
+    with open(script, "w") as f:
+        f.write(textwrap.dedent(RAISER))
+    outer = os.path.join(tmp, "outer.json")
+    try:
+        done = subprocess.run([cohort_run, "--python", sys.executable, "-n", "2", "--run-path", script],
+                              capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, TMPDIR=tmp, TORCHELASTIC_ERROR_FILE=outer))
+        check(done.returncode == 1, f"--run-path: exit code {done.returncode}: {done.stderr}")
+        check("ValueError: run-path boom" in done.stderr, f"--run-path: the summary: {done.stderr}")
+        try:
+            with open(outer) as f:
+                written = json.load(f)
+            check(written["message"]["message"] == "ValueError: run-path boom" and
+                  "run-path boom" in written["message"]["extraInfo"]["py_callstack"],
+                  f"--run-path: cohort-run's error file: {written}")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            failures.append(f"--run-path: cohort-run's error file: {e!r}: {done.stderr}")
+    except subprocess.TimeoutExpired:
+        failures.append("--run-path: cohort-run did not end within 120 s")
 
 for failure in failures:
     print("FAILED:", failure)

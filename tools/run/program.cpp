@@ -167,6 +167,24 @@ std::string python_interpreter(const std::string& chosen, const check_wait& wait
   return candidates.front().string();
 }
 
+// --run-path's program: the script through runpy.run_path, under what
+// torch's `record` does for torchrun's function entry point: an escaping
+// exception (not SystemExit) is written to TORCHELASTIC_ERROR_FILE in
+// torch's form, unless the script wrote one, and raised on.
+constexpr const char* run_path_program =
+    "import runpy, sys\n"
+    "sys.argv = sys.argv[1:]\n"
+    "try:\n"
+    "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    "except Exception as e:\n"
+    "    import json, os, time, traceback\n"
+    "    path = os.environ.get('TORCHELASTIC_ERROR_FILE')\n"
+    "    if path and not os.path.exists(path):\n"
+    "        with open(path, 'w') as f:\n"
+    "            json.dump({'message': {'message': f'{type(e).__name__}: {e}', 'extraInfo': {\n"
+    "                'py_callstack': traceback.format_exc(), 'timestamp': str(int(time.time()))}}}, f)\n"
+    "    raise\n";
+
 std::vector<std::string> rank_command(const run_options& o, const check_wait& wait) {
   const auto& program = o.program.front();
   const std::vector<std::string> args(o.program.begin() + 1, o.program.end());
@@ -177,8 +195,7 @@ std::vector<std::string> rank_command(const run_options& o, const check_wait& wa
   };
   switch (o.form) {
     case program_form::run_path:
-      with_python({"-c", "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
-                   existing_script(program)});
+      with_python({"-c", run_path_program, existing_script(program)});
       break;
     case program_form::module:
       with_python({"-m", program});
