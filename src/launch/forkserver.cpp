@@ -343,6 +343,12 @@ int start_server(server_link& l) {
   spawn_options options;
   options.env.set(forkserver_env, std::to_string(ends[1]));
   options.keep_fds = {ends[1]};
+  // Its standard streams are none of the caller's: each request sends the
+  // ones its ranks inherit, and the caller's pipes and terminal reach
+  // their end of file as the caller lets go of them.
+  options.in = stdio::null();
+  options.out = stdio::null();
+  options.err = stdio::null();
   // Launched as spawn() launches, but without bringing up the reactor of
   // an io_context that never runs (ready_to_wait): three descriptors (four
   // with a ring) held for the server's life, for nothing.

@@ -20,6 +20,7 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <link.h>
 #include <pthread.h>
 #include <sys/prctl.h>
@@ -1907,6 +1908,31 @@ TEST_SUITE("entry points") {
     } else {
       CHECK(code == 0);
     }
+  }
+
+  // Before, the forkserver held the standard streams the caller had as it
+  // started: a reader of the caller's stdout pipe saw no end of file while
+  // the server lived, though the caller had let go of the pipe.
+  TEST_CASE("the forkserver holds none of the caller's standard streams") {
+    const int code = test::exit_code_in_child([] {
+      int ends[2];
+      if (::pipe2(ends, O_CLOEXEC) != 0) return 2;
+      ::dup2(ends[1], 1);
+      ::close(ends[1]);
+      detail::stop_forkserver();
+      if (spawn_and_join(rank_itself, std::tuple{}, 2, test::join_by(start_method::forkserver)) != std::vector{0, 1}) {
+        return 3;
+      }
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 1);  // this process lets go of the pipe; the server lives on
+      ::close(null);
+      pollfd readable{ends[0], POLLIN, 0};
+      char byte = 0;
+      const bool ended = ::poll(&readable, 1, 5000) == 1 && ::read(ends[0], &byte, 1) == 0;
+      detail::stop_forkserver();
+      return ended ? 0 : 4;
+    });
+    CHECK(code == 0);
   }
 
   // Before, a forkserver rank's stack had the size the server's limit gave
