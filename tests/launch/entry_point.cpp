@@ -538,6 +538,16 @@ std::system_error start_failure(const join_options& options, int n) {
 // The forkserver of this process.
 pid_t forkserver_pid() { return test::forkserver_of_self(); }
 
+// Checks the code of a check run by test::exit_code_in_child: 0 holds, 77
+// is `not_set_up` (said, not failed), anything else fails.
+void check_child_code(int code, const char* not_set_up) {
+  if (code == 77) {
+    MESSAGE(not_set_up);
+  } else {
+    CHECK(code == 0);
+  }
+}
+
 // Runs one rank of `succeed` on `io` by `method`, and readies io for more.
 void run_once(asio::io_context& io, start_method method) {
   group_spec once;
@@ -1703,11 +1713,7 @@ TEST_SUITE("entry points") {
       detail::stop_forkserver();
       return seen == std::vector{1, 1} ? 0 : 3;
     });
-    if (code == 77) {
-      MESSAGE("the descriptor limit could not be raised to 4096 here: not checked");
-    } else {
-      CHECK(code == 0);
-    }
+    check_child_code(code, "the descriptor limit could not be raised to 4096 here: not checked");
   }
 
   // Before, the forkserver's rank moved every descriptor above the highest
@@ -1792,11 +1798,7 @@ TEST_SUITE("entry points") {
       detail::stop_forkserver();
       return 0;
     });
-    if (code == 77) {
-      MESSAGE("the hard descriptor limit could not be lowered here: not checked");
-    } else {
-      CHECK(code == 0);
-    }
+    check_child_code(code, "the hard descriptor limit could not be lowered here: not checked");
   }
 
   // Before, the forkserver cloned with clone3 alone: where that is refused
@@ -1814,11 +1816,7 @@ TEST_SUITE("entry points") {
       detail::stop_forkserver();
       return 0;
     });
-    if (code == 77) {
-      MESSAGE("seccomp filters are refused here: not checked");
-    } else {
-      CHECK(code == 0);
-    }
+    check_child_code(code, "seccomp filters are refused here: not checked");
   }
 
   // Before, a fork or forkserver rank closed the descriptors it does not
@@ -1840,11 +1838,7 @@ TEST_SUITE("entry points") {
         }
         return 0;
       });
-      if (code == 77) {
-        MESSAGE("seccomp filters are refused here: not checked");
-      } else {
-        CHECK(code == 0);
-      }
+      check_child_code(code, "seccomp filters are refused here: not checked");
     }
   }
 
@@ -1865,11 +1859,7 @@ TEST_SUITE("entry points") {
       detail::stop_forkserver();
       return failed;
     });
-    if (code == 77) {
-      MESSAGE("RLIMIT_STACK could not be made unlimited here: not checked");
-    } else {
-      CHECK(code == 0);
-    }
+    check_child_code(code, "RLIMIT_STACK could not be made unlimited here: not checked");
   }
 
   // Before, the arguments' and the result's memfds were written past
@@ -1903,11 +1893,7 @@ TEST_SUITE("entry points") {
       detail::stop_forkserver();
       return failed;
     });
-    if (code == 77) {
-      MESSAGE("RLIMIT_FSIZE could not be set here: not checked");
-    } else {
-      CHECK(code == 0);
-    }
+    check_child_code(code, "RLIMIT_FSIZE could not be set here: not checked");
   }
 
   // Before, the forkserver held the standard streams the caller had as it
@@ -1955,11 +1941,7 @@ TEST_SUITE("entry points") {
       detail::stop_forkserver();
       return ranks == std::vector{0, 1} ? 0 : 3;
     });
-    if (code == 77) {
-      MESSAGE("RLIMIT_STACK could not be set here: not checked");
-    } else {
-      CHECK(code == 0);
-    }
+    check_child_code(code, "RLIMIT_STACK could not be set here: not checked");
   }
 
   // A forkserver's ranks are its siblings, and their parent-death signal
