@@ -409,7 +409,7 @@ COHORT_BARE_CODE void close_unless_kept(long fd, const char*, long dir, void* co
 // (before Linux 5.9, or by a seccomp filter).
 COHORT_BARE_CODE void close_all_but(int a, int b) {
   const int kept_in_order[2] = {a < b ? a : b, a < b ? b : a};
-  if (os::close_all_but(kept_in_order, 2) == 0) return;
+  if (os::close_all_but(kept_in_order, 2, false) == 0) return;
   int kept[2] = {a, b};
   for_each_entry("/proc/self/fd", true, close_unless_kept, kept);
 }

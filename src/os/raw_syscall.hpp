@@ -87,9 +87,9 @@ inline constexpr bool raw_syscall_is_private = false;
 /// Closes every descriptor from 3 up but those in `keep` (increasing;
 /// negative ones are none), with close_range and no libc code; where
 /// close_range is refused (before Linux 5.9, or by a seccomp filter), one
-/// by one below RLIMIT_NOFILE. Returns 0, or the errno of the first call
-/// that failed (it goes on past it).
-[[gnu::always_inline]] inline int close_all_but(const int* keep, std::size_t count) noexcept {
+/// by one below RLIMIT_NOFILE, unless `one_by_one` is false. Returns 0, or
+/// the errno of the first call that failed (it goes on past it).
+[[gnu::always_inline]] inline int close_all_but(const int* keep, std::size_t count, bool one_by_one = true) noexcept {
   long from = 3;
   long failed = 0;
   long limit = -1;  // RLIMIT_NOFILE, once close_range was refused
@@ -98,7 +98,7 @@ inline constexpr bool raw_syscall_is_private = false;
     if (next < from) continue;
     if (next > from) {
       long r = limit < 0 ? raw_syscall(SYS_close_range, from, next - 1, 0) : -ENOSYS;
-      if (r == -ENOSYS || r == -EPERM) {
+      if (one_by_one && (r == -ENOSYS || r == -EPERM)) {
         if (limit < 0) {
           rlimit files{};
           const bool known = raw_syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, 0, reinterpret_cast<long>(&files)) == 0;
