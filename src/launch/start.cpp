@@ -499,7 +499,8 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
   }
   if (!write_whole(args.get(), call.args.bytes())) {
     const int error = errno;
-    throw std::system_error(error, std::system_category(), what + ": writing the arguments" + os::file_size_limit_note(error));
+    throw std::system_error(error, std::system_category(),
+                            what + ": writing the arguments" + os::file_size_limit_note(error));
   }
   spawn_options opts = options;
   opts.env.set(entry_env, fmt::format("{},{},{},{}", args.get(), result_fd, rank, call.name));

@@ -170,7 +170,8 @@ std::string python_interpreter(const std::string& chosen, const check_wait& wait
 // --run-path's program: the script through runpy.run_path, under what
 // torch's `record` does for torchrun's function entry point: an escaping
 // exception (not SystemExit) is written to TORCHELASTIC_ERROR_FILE in
-// torch's form, unless the script wrote one, and raised on.
+// torch's form, unless the script wrote one (or it cannot be written), and
+// raised on.
 constexpr const char* run_path_program =
     "import runpy, sys\n"
     "sys.argv = sys.argv[1:]\n"
@@ -180,9 +181,12 @@ constexpr const char* run_path_program =
     "    import json, os, time, traceback\n"
     "    path = os.environ.get('TORCHELASTIC_ERROR_FILE')\n"
     "    if path and not os.path.exists(path):\n"
-    "        with open(path, 'w') as f:\n"
-    "            json.dump({'message': {'message': f'{type(e).__name__}: {e}', 'extraInfo': {\n"
-    "                'py_callstack': traceback.format_exc(), 'timestamp': str(int(time.time()))}}}, f)\n"
+    "        try:\n"
+    "            with open(path, 'w') as f:\n"
+    "                json.dump({'message': {'message': f'{type(e).__name__}: {e}', 'extraInfo': {\n"
+    "                    'py_callstack': traceback.format_exc(), 'timestamp': str(int(time.time()))}}}, f)\n"
+    "        except OSError:\n"
+    "            pass\n"
     "    raise\n";
 
 std::vector<std::string> rank_command(const run_options& o, const check_wait& wait) {
