@@ -268,17 +268,17 @@ class pool {
   /// can be started (a full pids cgroup) completes at once with
   /// std::system_error ("cohort::pool::map: starting the thread that runs
   /// the map"), the maps after it unaffected. Destroying the execution
-  /// context of the handler's executor (an io_context, a thread_pool) before the map ends
-  /// destroys the handler there, without calling it, as asio destroys the
-  /// handlers of its own pending operations (a coroutine awaiting the map
-  /// is destroyed), and cancels the map; nothing reaches that context
-  /// afterwards. The pool must outlive the operation; destroying it waits
-  /// for the map to end: its items not yet taken are taken back, and it
-  /// completes with std::logic_error ("the pool was destroyed before ...").
-  /// A handler that runs on the pool's thread must not throw (nothing
-  /// there could catch it: std::terminate); it may drop the pool's last
-  /// reference, and a map it starts while the pool is ending completes at
-  /// once with std::logic_error.
+  /// context of the handler's executor (an io_context, a thread_pool)
+  /// before the map ends destroys the handler there, without calling it, as
+  /// asio destroys the handlers of its own pending operations (a coroutine
+  /// awaiting the map is destroyed), and cancels the map; nothing reaches
+  /// that context afterwards. The pool must outlive the operation;
+  /// destroying it waits for the map to end: its items not yet taken are
+  /// taken back, and it completes with std::logic_error ("the pool was
+  /// destroyed before ..."). A handler that runs on the pool's thread must
+  /// not throw (nothing there could catch it: std::terminate); it may drop
+  /// the pool's last reference, and a map it starts while the pool is
+  /// ending completes at once with std::logic_error.
   template <class R, class A, class Token>
     requires completion_token_of<Token, std::conditional_t<std::is_void_v<R>, void, std::vector<std::decay_t<R>>>>
   auto map(R (*fn)(int, A), const std::vector<std::decay_t<A>>& items, Token&& token) {
