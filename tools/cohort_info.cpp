@@ -34,17 +34,14 @@ void print_support(const cohort::io_uring_info& info) {
 int main(int argc, char** argv) {
   if (argc > 1) {
     const std::string_view arg = argv[1];
-    if (argc == 2 && (arg == "--help" || arg == "-h")) {
-      fmt::print("{}", usage);
-      return 0;
-    }
-    if (argc == 2 && arg == "--version") {
-      fmt::print("cohort {}\n", COHORT_VERSION);
-      return 0;
-    }
     const bool known = arg == "--help" || arg == "-h" || arg == "--version";
-    fmt::print(stderr, "cohort-info: unexpected argument '{}'\n{}", known ? argv[2] : argv[1], usage);
-    return 2;
+    if (!known || argc > 2) {
+      fmt::print(stderr, "cohort-info: unexpected argument '{}'\n{}", known ? argv[2] : argv[1], usage);
+      return 2;
+    }
+    if (arg == "--version") fmt::print("cohort {}\n", COHORT_VERSION);
+    else fmt::print("{}", usage);
+    return 0;
   }
   try {
     utsname u{};

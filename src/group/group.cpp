@@ -13,6 +13,7 @@
 #include "group/rank_groups.hpp"
 #include "logs/logs.hpp"
 #include "os/deadline.hpp"
+#include "os/demangle.hpp"
 #include "os/descriptor_limit.hpp"
 #include "os/descriptor_table.hpp"
 #include "os/fork_safe_mutex.hpp"
@@ -1354,9 +1355,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
         cmd.args.insert(cmd.args.end(), it->second.begin(), it->second.end());
       }
       // A rank that cannot start is named, as a function's rank is.
-      const auto named = [&](const std::exception& e, const std::string& suffix) {
-        std::string what = e.what();
-        if (!suffix.empty() && what.ends_with(suffix)) what.resize(what.size() - suffix.size());
+      const auto named = [&](const std::string& what) {
         return fmt::format("cohort: rank {} of '{}': {}", r, cmd.program, what);
       };
       try {
@@ -1366,9 +1365,9 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
         state->group_noted[r] = detail::leads_group(options[r]) && detail::note_rank_group(state->children[r].pid());
         state->rank_notes[r] = detail::note_rank(state->children[r].pid());
       } catch (const std::system_error& e) {
-        throw std::system_error(e.code(), named(e, ": " + e.code().message()));
+        throw std::system_error(e.code(), named(os::system_error_words(e)));
       } catch (const std::invalid_argument& e) {
-        throw std::invalid_argument(named(e, ""));
+        throw std::invalid_argument(named(e.what()));
       }
     });
   }

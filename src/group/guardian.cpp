@@ -275,19 +275,26 @@ COHORT_BARE_CODE bool noted(const rank_group_table* table, long pgid) {
   return table != nullptr && pgid > 0 && table->groups.holds(static_cast<pid_t>(pgid));
 }
 
+// Reads at most `size` bytes of /proc/<pid><tail> into `into`, at once:
+// how many, or negative where it cannot be opened or read.
+COHORT_BARE_CODE long read_proc_file(const char* pid, const char* tail, char* into, long size) {
+  const long fd = open_proc_file(pid, tail);
+  if (fd < 0) return fd;
+  long n = 0;
+  do {
+    n = raw_syscall(SYS_read, fd, reinterpret_cast<long>(into), size);
+  } while (n == -EINTR);
+  raw_syscall(SYS_close, fd);
+  return n;
+}
+
 // Whether process `pid` (its decimal digits) has died and waits to be
 // reaped: its state in /proc/<pid>/stat, after the name in parentheses
 // (which may itself hold any character), is Z. A process that is gone
 // counts as dead.
 COHORT_BARE_CODE bool dead(const char* pid) {
-  const long fd = open_proc_file(pid, "/stat");
-  if (fd < 0) return true;
   COHORT_UNINITIALIZED char stat[512];
-  long n = 0;
-  do {
-    n = raw_syscall(SYS_read, fd, reinterpret_cast<long>(stat), sizeof stat);
-  } while (n == -EINTR);
-  raw_syscall(SYS_close, fd);
+  const long n = read_proc_file(pid, "/stat", stat, sizeof stat);
   long close_paren = -1;
   for (long i = 0; i < n; ++i) {
     if (stat[i] == ')') close_paren = i;
@@ -307,14 +314,8 @@ static_assert(sizeof guardian_name <= 16);
 // marker, and does its own work once its parent is gone: killed first,
 // what it alone knows of (its own ranks' process groups) would live on.
 COHORT_BARE_CODE bool a_guardian(const char* pid) {
-  const long fd = open_proc_file(pid, "/comm");
-  if (fd < 0) return false;
   char name[sizeof guardian_name + 1];
-  long n = 0;
-  do {
-    n = raw_syscall(SYS_read, fd, reinterpret_cast<long>(name), sizeof name);
-  } while (n == -EINTR);
-  raw_syscall(SYS_close, fd);
+  const long n = read_proc_file(pid, "/comm", name, sizeof name);
   if (n != static_cast<long>(sizeof guardian_name) || name[n - 1] != '\n') return false;  // the name, then a newline
   for (long i = 0; i + 1 < n; ++i) {
     if (name[i] != guardian_name[i]) return false;
@@ -335,15 +336,14 @@ struct kill_pass {
 COHORT_BARE_CODE void kill_if_ours(long pid, const char* name, long, void* context) {
   auto& p = *static_cast<kill_pass*>(context);
   if (pid == p.self) return;
-  if (marked(name, p.m)) {
-    if (a_guardian(name)) return;
-    raw_syscall(SYS_kill, pid, SIGKILL);
-    ++p.found;
-  } else if (noted(p.m.groups, raw_syscall(SYS_getpgid, pid)) || noted(p.m.groups, raw_syscall(SYS_getsid, pid))) {
-    if (a_guardian(name)) return;
-    raw_syscall(SYS_kill, pid, SIGKILL);
-    if (!dead(name)) ++p.found;
+  const bool is_marked = marked(name, p.m);
+  if (!is_marked && !noted(p.m.groups, raw_syscall(SYS_getpgid, pid)) &&
+      !noted(p.m.groups, raw_syscall(SYS_getsid, pid))) {
+    return;
   }
+  if (a_guardian(name)) return;
+  raw_syscall(SYS_kill, pid, SIGKILL);
+  if (is_marked || !dead(name)) ++p.found;
 }
 
 // One pass over /proc: kills every marked process and every process in a

@@ -11,6 +11,7 @@
 #include "config.hpp"
 #include "launch/entry.hpp"
 #include "os/descriptor_limit.hpp"
+#include "os/demangle.hpp"
 #include "os/descriptor_passing.hpp"
 #include "os/owned_fd.hpp"
 #include "os/per_process.hpp"
@@ -525,10 +526,11 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
 
 // Sends the ranks from `first` on whose descriptors number at most `most`
 // (always one rank, up to max_fds); returns how many it sent, or 0 with
-// errno set. `kept` as for write_plans.
+// errno set, and in `carried` how many descriptors the message held.
+// `kept` as for write_plans.
 std::size_t send_batch(int socket, std::span<const server_request> requests, std::span<const std::vector<int>> kept,
                        bool returns_value, std::size_t first, std::size_t most, int report_fd, int request_fd,
-                       int dir_fd) {
+                       int dir_fd, std::size_t& carried) {
   fd_array fds{};
   fds[report_slot] = report_fd;
   fds[request_slot] = request_fd;
@@ -554,6 +556,7 @@ std::size_t send_batch(int socket, std::span<const server_request> requests, std
     return 0;
   }
   const batch b{static_cast<std::uint32_t>(first), static_cast<std::uint32_t>(end - first)};
+  carried = count;
   return os::send_with_fds(socket, &b, sizeof b, fds.data(), count) ? end - first : 0;
 }
 
@@ -642,8 +645,9 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       bool refused = false;  // the request as a whole, before any clone
       bool clone_failed = false;  // the server's clone of requests[started]
       while (started < requests.size() && error == 0) {
+        std::size_t carried = 0;
         const std::size_t sent = send_batch(l.socket, requests, kept, call.returns_value, started, l.most_fds,
-                                            report_write.get(), plans.get(), here.get());
+                                            report_write.get(), plans.get(), here.get(), carried);
         if (sent == 0) {
           error = errno;
           break;
@@ -665,10 +669,6 @@ std::size_t start_from_server(std::span<server_request> requests, const function
         if (ints > 0 && replies[0] == EMFILE && sent > 1) {
           // More descriptors than the server had room for, its own more
           // than server_own_fds: from now on in messages of half as many.
-          std::size_t carried = shared_slots;
-          for (std::size_t r = started; r < started + sent; ++r) {
-            carried += first_kept(call.returns_value) + kept[r].size();
-          }
           l.most_fds = carried / 2;
           continue;
         }
@@ -725,9 +725,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
   } catch (const std::system_error& e) {
     // Its own words without the error's, which the failure adds (the
     // thread the server is started from could not be made, say).
-    std::string what = e.what();
-    const std::string error = ": " + e.code().message();
-    if (what.ends_with(error)) what.resize(what.size() - error.size());
+    std::string what = os::system_error_words(e);
     if (what.starts_with("cohort: ")) what.erase(0, 8);
     f = {stage::start, e.code().value(), what};
   }

@@ -1,8 +1,9 @@
-// The readable names of C++ symbols and types.
+// The readable names of C++ symbols and types, and what exceptions say.
 #pragma once
 
 #include <exception>
 #include <string>
+#include <system_error>
 #include <typeinfo>
 
 namespace cohort::os {
@@ -18,6 +19,15 @@ inline std::string demangle(const std::type_info& type) { return demangle(type.n
 inline std::string exception_message(const std::exception& e) {
   const char* what = e.what();
   return demangle(typeid(e)) + ": " + (what != nullptr ? what : "");
+}
+
+/// What `e` says before the ": <its error's message>" std::system_error
+/// appends, for a message that names the error in its own way.
+inline std::string system_error_words(const std::system_error& e) {
+  std::string what = e.what();
+  const std::string error = ": " + e.code().message();
+  if (what.ends_with(error)) what.resize(what.size() - error.size());
+  return what;
 }
 
 }  // namespace cohort::os

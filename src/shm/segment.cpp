@@ -139,11 +139,12 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
                                   what, available),
                       size, available);
     }
-    throw shm_error(fmt::format("cohort: {} of a {}-byte segment: {}{}", what, size, errno_text(error),
+    throw shm_error(fmt::format("cohort: {} of a {}-byte segment: {}{}{}", what, size, errno_text(error),
                                 mapping && error == ENOMEM
                                     ? " (no room in this process's address space: its RLIMIT_AS, or "
                                       "vm.max_map_count mappings)"
-                                    : ""),
+                                    : "",
+                                os::file_size_limit_note(error)),
                     size, free);
   };
   // memfds have no size limit of their own: reserving more than the
@@ -155,11 +156,7 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
   // the process: refused here instead, as the limit stands now.
   if (rlimit limit{};
       ::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && size > limit.rlim_cur) {
-    ::close(fd);
-    if (!name.empty()) ::shm_unlink(name.c_str());
-    throw shm_error(fmt::format("cohort: a {}-byte segment is longer than this process's RLIMIT_FSIZE allows ({} bytes)",
-                                size, limit.rlim_cur),
-                    size);
+    fail("ftruncate", EFBIG);
   }
   if (::ftruncate(fd, static_cast<off_t>(size)) != 0) fail("ftruncate", errno);
   // Reserved now, so a full /dev/shm is this exception and never a SIGBUS
