@@ -30,7 +30,8 @@ void event_store_flag_only(event& e);
 
 /// Starts clear. Copies, and handles sent to other processes (as entry
 /// point arguments or through queues), are the same event. Every call may
-/// come from any thread of any process holding it. set() enters the kernel
+/// come from any thread of any process holding it (a cancellation slot's
+/// signal from the wait's executor, as asio requires). set() enters the kernel
 /// only when someone waits (or, once, after a waiter was killed while it
 /// waited). A wait ends at any set() made while it waits,
 /// even one that a clear() follows at once, as Python's Event.wait does.

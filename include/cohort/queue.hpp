@@ -213,7 +213,9 @@ void drop_record(std::span<const std::byte> bytes) {
 /// bytes are copied. Values larger than a quarter of the ring travel in a
 /// shared block of their own.
 ///
-/// Every call may come from any thread. A wait ends with peer_lost when the
+/// Every call may come from any thread; a cancellation slot's signal comes
+/// from the operation's executor, as asio requires (on an io_context run by
+/// several threads, a strand). A wait ends with peer_lost when the
 /// processes that could end it are all gone (see peer_lost); processes
 /// count as producers once they have pushed, as consumers once they have
 /// popped, so a pop whose producers so far have all exited ends with
