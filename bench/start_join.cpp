@@ -19,8 +19,9 @@
 // same. It prints every round's ratio of each method to its baseline, then
 // per method the median time, its baseline's, and the median ratio over
 // rounds with its spread (min-max). Then where the time goes: per method
-// the CPU its process used in a round and the CPU of each rank it reaped,
-// beside its baseline's (from getrusage).
+// the CPU its process used in a round, the CPU of each rank it reaped, and
+// its process's minor page faults (each page it writes while a child still
+// shares it is one), beside its baseline's (from getrusage).
 //
 // Python's and torch's start methods take turns with cohort's too: a Python
 // process for each (python_peer) lasts the run and times one start and join
@@ -89,15 +90,16 @@ double seconds_of(F&& once) {
 }
 
 // CPU seconds, user and system, of this process (all its threads) and of
-// its children reaped so far.
+// its children reaped so far; and this process's minor page faults, where
+// a page written while a child still shares it is copied.
 struct cpu_times {
-  double self = 0, children = 0;
+  double self = 0, children = 0, faults = 0;
 };
 cpu_times cpu_now() {
   rusage self{}, children{};
   ::getrusage(RUSAGE_SELF, &self);
   ::getrusage(RUSAGE_CHILDREN, &children);
-  return {cohort::bench::cpu_seconds(self), cohort::bench::cpu_seconds(children)};
+  return {cohort::bench::cpu_seconds(self), cohort::bench::cpu_seconds(children), static_cast<double>(self.ru_minflt)};
 }
 
 // One start and join timed: wall seconds, and the CPU seconds this process
@@ -111,7 +113,7 @@ timed timed_run(F&& once) {
   const auto before = cpu_now();
   const double seconds = seconds_of(std::forward<F>(once));
   const auto after = cpu_now();
-  return {seconds, {after.self - before.self, after.children - before.children}};
+  return {seconds, {after.self - before.self, after.children - before.children, after.faults - before.faults}};
 }
 
 void raw_spawn() {
@@ -275,8 +277,8 @@ int serve_rounds(const std::string& what) {
         timed_run([&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, it->options); });
     const timed supervisor = it->against_fork ? timed_run(asio_fork) : timed{};
     const std::string line =
-        fmt::format("{} {} {} {} {} {} {}\n", ours.seconds, baseline.seconds, ours.cpu.self, ours.cpu.children,
-                    baseline.cpu.self, baseline.cpu.children, supervisor.seconds);
+        fmt::format("{} {} {} {} {} {} {} {} {}\n", ours.seconds, baseline.seconds, ours.cpu.self, ours.cpu.children,
+                    baseline.cpu.self, baseline.cpu.children, supervisor.seconds, ours.cpu.faults, baseline.cpu.faults);
     if (::write(1, line.data(), line.size()) != static_cast<ssize_t>(line.size())) return 1;
   }
   return 0;
@@ -327,8 +329,9 @@ class method_process {
   result round() {
     result r;
     if (::write(to_, "g", 1) != 1 ||
-        std::fscanf(from_, "%lf %lf %lf %lf %lf %lf %lf", &r.ours.seconds, &r.baseline.seconds, &r.ours.cpu.self,
-                    &r.ours.cpu.children, &r.baseline.cpu.self, &r.baseline.cpu.children, &r.supervisor) != 7)
+        std::fscanf(from_, "%lf %lf %lf %lf %lf %lf %lf %lf %lf", &r.ours.seconds, &r.baseline.seconds,
+                    &r.ours.cpu.self, &r.ours.cpu.children, &r.baseline.cpu.self, &r.baseline.cpu.children,
+                    &r.supervisor, &r.ours.cpu.faults, &r.baseline.cpu.faults) != 9)
       throw std::runtime_error(fmt::format("cohort {}: its process answered no time", what_));
     return r;
   }
@@ -386,9 +389,10 @@ int run(int argc, char** argv) {
   // just before it in the method's own process.
   std::vector<std::vector<double>> ours(methods.size()), theirs(methods.size()), ratios(methods.size());
   // CPU per round, in ms: the method's process, and per rank its children
-  // (in µs); the same for its baseline.
+  // (in µs); the same for its baseline. And the method's process's minor
+  // page faults per round, beside its baseline's.
   std::vector<std::vector<double>> own_cpu(methods.size()), rank_cpu(methods.size()), base_own_cpu(methods.size()),
-      base_rank_cpu(methods.size());
+      base_rank_cpu(methods.size()), own_faults(methods.size()), base_faults(methods.size());
   // The fork methods' asio supervisor: its seconds, round by round.
   std::vector<std::vector<double>> supervisor(methods.size());
   fmt::print("start+join of {} ranks, {} rounds; each round, in each method's process: its baseline, then the "
@@ -422,7 +426,8 @@ int run(int argc, char** argv) {
         // The round is left out: every method's figures keep the rounds
         // all of them made, aligned.
         rounds = round - 1;
-        for (auto* figures : {&ours, &theirs, &ratios, &own_cpu, &rank_cpu, &base_own_cpu, &base_rank_cpu}) {
+        for (auto* figures :
+             {&ours, &theirs, &ratios, &own_cpu, &rank_cpu, &base_own_cpu, &base_rank_cpu, &own_faults, &base_faults}) {
           for (auto& f : *figures) f.resize(std::min(f.size(), static_cast<std::size_t>(rounds)));
         }
         for (auto& s : supervisor) s.resize(std::min(s.size(), static_cast<std::size_t>(rounds)));
@@ -447,6 +452,8 @@ int run(int argc, char** argv) {
       rank_cpu[m].push_back(r.ours.cpu.children * 1e6 / ranks);
       base_own_cpu[m].push_back(r.baseline.cpu.self * 1e3);
       base_rank_cpu[m].push_back(r.baseline.cpu.children * 1e6 / ranks);
+      own_faults[m].push_back(r.ours.cpu.faults);
+      base_faults[m].push_back(r.baseline.cpu.faults);
       if (r.supervisor > 0) supervisor[m].push_back(r.supervisor);
       fmt::print(" {:>{}.2f}x", ratios[m].back(), methods[m].name.size() - 1);
     }
@@ -481,13 +488,15 @@ int run(int argc, char** argv) {
   // each rank's, against its baseline's. The forkserver's ranks are this
   // process's children (made with CLONE_PARENT) and counted; the
   // forkserver's own work of making them is not, as it is never reaped.
-  fmt::print("CPU per round, medians: the method's process (ms), and each rank it reaped (us); its baseline's beside\n");
+  fmt::print("CPU per round, medians: the method's process (ms), each rank it reaped (us), and the method's "
+             "process's minor page faults; its baseline's beside\n");
   for (std::size_t m = 0; m < methods.size(); ++m) {
     const bool server = methods[m].options.method == cohort::start_method::forkserver;
-    fmt::print("  {:<28} {:>7.3f} ms ({:<11} {:.3f} ms)   per rank {:>6.0f} us ({:.0f} us){}\n",
+    fmt::print("  {:<28} {:>7.3f} ms ({:<11} {:.3f} ms)   per rank {:>6.0f} us ({:.0f} us)   faults {:>4.0f} ({:.0f}){}\n",
                "cohort " + methods[m].name, cohort::bench::median(own_cpu[m]),
                methods[m].against_fork ? "raw fork" : "posix_spawn", cohort::bench::median(base_own_cpu[m]),
                cohort::bench::median(rank_cpu[m]), cohort::bench::median(base_rank_cpu[m]),
+               cohort::bench::median(own_faults[m]), cohort::bench::median(base_faults[m]),
                server ? "   (the forkserver's own CPU not counted)" : "");
   }
   // Two methods against each other, round by round as above.

@@ -8,6 +8,7 @@
 #include "launch/forkserver.hpp"
 #include "os/cuda_driver.hpp"
 #include "os/descriptor_limit.hpp"
+#include "os/fork_safe_mutex.hpp"
 #include "process/launch.hpp"
 #include "os/owned_fd.hpp"
 #include "os/process_identity.hpp"
@@ -234,6 +235,7 @@ struct rank_to_fork {
     for (std::size_t r = 0; r < std::min(forked, on_stack); ++r) ranks[r]->pid = pids[r];
   };
   shm::fork_batch batch;
+  const os::fork_safe_mutexes_held held;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     batch.before_fork();
     const pid_t pid = ::fork();

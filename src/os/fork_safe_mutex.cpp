@@ -5,6 +5,13 @@
 
 namespace cohort::os {
 
+namespace {
+
+// Whether this thread holds them all across its forks (fork_safe_mutexes_held).
+thread_local bool held_across_forks = false;
+
+}  // namespace
+
 // The live mutexes, in a list of their own; the list's lock is held from a
 // fork's start to its end in both processes.
 struct fork_safe_mutexes {
@@ -15,27 +22,48 @@ struct fork_safe_mutexes {
     static fork_safe_mutexes& list = *new fork_safe_mutexes;  // never destroyed: a fork may come at exit
     return list;
   }
-  static void before_fork() {
+  static void lock_all() {
     auto& l = all();
     l.mutex.lock();
     for (auto* m = l.head; m != nullptr; m = m->next_) m->mutex_.lock();
   }
-  // In the parent and in the child alike: the thread that forked holds them.
-  static void after_fork() {
+  // The thread that locked them, in the process that forked or in its child.
+  static void unlock_all() {
     auto& l = all();
     for (auto* m = l.head; m != nullptr; m = m->next_) m->mutex_.unlock();
     l.mutex.unlock();
+  }
+  static void before_fork() {
+    if (!held_across_forks) lock_all();
+  }
+  static void after_fork_in_parent() {
+    if (!held_across_forks) unlock_all();
+  }
+  static void after_fork_in_child() {
+    held_across_forks = false;
+    unlock_all();
   }
 };
 
 namespace {
 
 [[maybe_unused]] const bool handlers = [] {
-  ::pthread_atfork(fork_safe_mutexes::before_fork, fork_safe_mutexes::after_fork, fork_safe_mutexes::after_fork);
+  ::pthread_atfork(fork_safe_mutexes::before_fork, fork_safe_mutexes::after_fork_in_parent,
+                   fork_safe_mutexes::after_fork_in_child);
   return true;
 }();
 
 }  // namespace
+
+fork_safe_mutexes_held::fork_safe_mutexes_held() {
+  fork_safe_mutexes::lock_all();
+  held_across_forks = true;
+}
+
+fork_safe_mutexes_held::~fork_safe_mutexes_held() {
+  held_across_forks = false;
+  fork_safe_mutexes::unlock_all();
+}
 
 fork_safe_mutex::fork_safe_mutex() {
   auto& l = fork_safe_mutexes::all();

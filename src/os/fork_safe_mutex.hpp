@@ -24,9 +24,23 @@ class fork_safe_mutex {
 
  private:
   friend struct fork_safe_mutexes;
+  friend class fork_safe_mutexes_held;
   std::mutex mutex_;
   fork_safe_mutex* prev_ = nullptr;
   fork_safe_mutex* next_ = nullptr;
+};
+
+/// Every fork_safe_mutex, held by this thread while it forks several
+/// children back to back: the forks leave them alone in this process, where
+/// releasing them after each fork would write their pages, each a page
+/// copied per fork while a child still shares it. Each child releases its
+/// copies as after any fork. This thread must not take one meanwhile.
+class fork_safe_mutexes_held {
+ public:
+  fork_safe_mutexes_held();
+  fork_safe_mutexes_held(const fork_safe_mutexes_held&) = delete;
+  fork_safe_mutexes_held& operator=(const fork_safe_mutexes_held&) = delete;
+  ~fork_safe_mutexes_held();
 };
 
 }  // namespace cohort::os

@@ -100,4 +100,49 @@ TEST_SUITE("fork_safe_mutex") {
     stop = true;
     changer.join();
   }
+
+  // The forks of a batch leave the mutexes alone in this process (taking
+  // them again there would hang this thread on its own lock); each child
+  // finds them free; another thread waits for the batch's end.
+  TEST_CASE("held across forks: each child finds the lock free, other threads wait for the end") {
+    os::fork_safe_mutex m;
+    std::atomic<bool> taken{false};
+    std::thread other;
+    pid_t children[3] = {};
+    {
+      const os::fork_safe_mutexes_held held;
+      other = std::thread([&] {
+        std::lock_guard lock(m);
+        taken = true;
+      });
+      for (pid_t& child : children) {
+        child = ::fork();
+        if (child == 0) {
+          if (!m.try_lock()) ::_exit(1);
+          m.unlock();
+          ::_exit(0);
+        }
+        REQUIRE(child > 0);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      CHECK_FALSE(taken.load());
+    }
+    other.join();
+    CHECK(taken.load());
+    for (const pid_t child : children) {
+      int status = 0;
+      REQUIRE(::waitpid(child, &status, 0) == child);
+      CHECK(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == 0);
+    }
+    // Free again in this process, for a plain fork as for this thread.
+    REQUIRE(m.try_lock());
+    m.unlock();
+    const pid_t child = ::fork();
+    if (child == 0) ::_exit(m.try_lock() ? 0 : 1);
+    REQUIRE(child > 0);
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WEXITSTATUS(status) == 0);
+  }
 }
