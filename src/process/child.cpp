@@ -4,6 +4,7 @@
 #include "config.hpp"
 #include "process/child_state.hpp"
 #include "os/descriptor_limit.hpp"
+#include "os/fork_safe_mutex.hpp"
 #include "uring/service.hpp"
 #include "uring/waitid.hpp"
 
@@ -50,9 +51,12 @@ exit_status to_status(const siginfo_t& info, const rusage& usage) {
 namespace {
 
 // Orders the close of a child's pipe descriptors as an io_context shuts
-// down before the release of their objects after it.
-std::mutex& left_mutex() {
-  static std::mutex m;
+// down before the release of their objects after it. Fork-safe: a thread
+// of this process spawning with pipes may hold it as another forks, and
+// the child's own first spawn with a pipe takes it. Never destroyed: an
+// io_context may shut down as statics go.
+os::fork_safe_mutex& left_mutex() {
+  static auto& m = *new os::fork_safe_mutex;
   return m;
 }
 

@@ -12,6 +12,7 @@
 #include <asio/bind_executor.hpp>
 #include <asio/cancellation_signal.hpp>
 #include <asio/experimental/deferred.hpp>
+#include <asio/read.hpp>
 #include <asio/strand.hpp>
 
 #include <fmt/format.h>
@@ -25,11 +26,16 @@
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
 
 using namespace cohort;
 namespace fs = std::filesystem;
@@ -410,6 +416,61 @@ TEST_SUITE("spawn") {
       return;
     }
     CHECK(code == 3);
+  }
+
+  // Before, a lock that spawns with pipes take (their watch for the
+  // io_context's end) was a plain mutex: a child forked while another
+  // thread held it found it held for good, and its own first spawn with a
+  // pipe hung. Held briefly, so many forks: on the old code one in one to
+  // four hundred hung.
+  TEST_CASE("a fork while other threads spawn with pipes: the child's own spawn with a pipe runs") {
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> spawners;
+    for (int t = 0; t < 2; ++t) {
+      spawners.emplace_back([&stop] {
+        asio::io_context io;
+        spawn_options options;
+        options.out = stdio::pipe();
+        while (!stop) {
+          child c = spawn(io.get_executor(), command{"/bin/true", {}}, options);
+          std::string text;
+          std::error_code ec;
+          asio::read(c.out(), asio::dynamic_buffer(text), ec);
+          c.join();
+        }
+      });
+    }
+    int hung = 0, failed = 0;
+    for (int round = 0; round < 1000; ++round) {
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        ::alarm(10);  // a hang ends the child with SIGALRM
+        try {
+          asio::io_context io;
+          spawn_options options;
+          options.out = stdio::pipe();
+          child c = spawn(io.get_executor(), command{"/bin/sh", {"-c", "echo hi; exit 3"}}, options);
+          std::string text;
+          std::error_code ec;
+          asio::read(c.out(), asio::dynamic_buffer(text), ec);
+          ::_exit(c.join().code() == 3 && text == "hi\n" ? 0 : 1);
+        } catch (...) {
+          ::_exit(2);
+        }
+      }
+      REQUIRE(pid > 0);
+      // Looked at every few milliseconds, so that the spawners run on
+      // between the forks.
+      int status = 0;
+      while (::waitpid(pid, &status, WNOHANG) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) ++hung;
+      else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+      if (hung > 0) break;
+    }
+    stop = true;
+    for (auto& t : spawners) t.join();
+    CHECK(hung == 0);
+    CHECK(failed == 0);
   }
 
   TEST_CASE("the error_code overload reports instead of throwing") {
