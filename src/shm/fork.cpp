@@ -72,10 +72,12 @@ fork_under_way& under_way() {
   return f;
 }
 
-// The table of storages first, then the arena (the order allocate() takes
-// its own locks in is kept inside lock_arena_for_fork), then the holds: a
-// batch takes them in the same order, so a fork on another thread
-// meanwhile waits rather than holding one the batch needs.
+// The table of storages first (after the locks of moves into shared
+// memory, which a move holds as it takes the others), then the arena (the
+// order allocate() takes its own locks in is kept inside
+// lock_arena_for_fork), then the holds: a batch takes them in the same
+// order, so a fork on another thread meanwhile waits rather than holding
+// one the batch needs.
 void lock_all() {
   lock_storages_for_fork();
   lock_arena_for_fork();

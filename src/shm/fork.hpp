@@ -83,8 +83,9 @@ struct listed_storage {
 using storage_list = std::vector<listed_storage>;
 
 // The handlers' parts, each kept beside what it locks: arena.cpp's (the
-// arena and the registry) and storage.cpp's (the table of storages). The
-// child's parts release the locks too.
+// arena and the registry) and storage.cpp's (the moves of private storages
+// into shared memory, then the table of storages). The child's parts
+// release the locks too.
 void lock_arena_for_fork();
 void unlock_arena_after_fork() noexcept;
 void arena_after_fork_in_child();

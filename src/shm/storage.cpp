@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cstdlib>
@@ -341,8 +342,30 @@ shm::segment_ref checked_ref(const handle_wire& w, bool from_queue_record) {
 
 }  // namespace
 
-void shm::lock_storages_for_fork() { identities().mutex.lock(); }
-void shm::unlock_storages_after_fork() noexcept { identities().mutex.unlock(); }
+namespace {
+
+// The locks of moves into shared memory (move_lock), taken by the fork
+// handlers with the rest: a child forked while another thread moved a
+// storage would find that stripe held for good. Never destroyed, as the
+// table.
+std::array<std::mutex, 64>& move_stripes() {
+  static auto& stripes = *new std::array<std::mutex, 64>;
+  return stripes;
+}
+
+}  // namespace
+
+// The stripes first: a move holds one as it takes the arena's and the
+// table's locks.
+void shm::lock_storages_for_fork() {
+  for (auto& m : move_stripes()) m.lock();
+  identities().mutex.lock();
+}
+
+void shm::unlock_storages_after_fork() noexcept {
+  identities().mutex.unlock();
+  for (auto& m : move_stripes()) m.unlock();
+}
 
 shm::storage_list shm::live_storages_locked() {
   storage_list live;
@@ -508,8 +531,8 @@ const shm::segment* shared_segment(const storage_impl* impl) noexcept {
 // a tensor over it first: moves, and loans of its bytes (to_dlpack), take
 // the lock of its stripe. Storages apart seldom share one.
 std::mutex& move_lock(const storage_impl* impl) noexcept {
-  static std::mutex stripes[64];
-  return stripes[(reinterpret_cast<std::uintptr_t>(impl) / alignof(storage_impl)) % std::size(stripes)];
+  auto& stripes = move_stripes();
+  return stripes[(reinterpret_cast<std::uintptr_t>(impl) / alignof(storage_impl)) % stripes.size()];
 }
 
 }  // namespace
