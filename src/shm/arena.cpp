@@ -329,7 +329,11 @@ int trim() {
     a.arenas.insert(a.arenas.begin(), arenas.begin(), arenas.end());
     a.lingering.insert(a.lingering.end(), lingering.begin(), lingering.end());
   }
-  return static_cast<int>(unused.size() + before - kept);
+  // Of those let go of here, only the ones this is the last pointer to
+  // go now: a segment kept for a rank that ended may still hold storages
+  // of this process, and goes with the last of them.
+  const auto going = std::count_if(unused.begin(), unused.end(), [](const auto& s) { return s.use_count() == 1; });
+  return static_cast<int>(static_cast<std::size_t>(going) + before - kept);
 }
 
 }  // namespace cohort::shm

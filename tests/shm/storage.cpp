@@ -132,6 +132,41 @@ class idle_mapper {
   pid_t pid_ = -1;
 };
 
+// Sends n storages of a MiB and more, each filled with its index + 1.
+int send_large(int, queue<storage> q, int n) {
+  for (int i = 0; i < n; ++i) {
+    storage s = storage::allocate_shared((std::size_t{1} << 20) + static_cast<std::size_t>(i));
+    std::memset(s.data(), i + 1, s.nbytes());
+    if (!q.put(s, std::chrono::seconds(10))) return i;
+  }
+  return n;
+}
+COHORT_ENTRYPOINT(send_large);
+
+// In a process of its own: takes what a rank sent before it ended and
+// holds it, then trims. Returns what the trim said went, or a negative
+// value for the step that could not be done.
+int trim_while_received_held(int) {
+  constexpr int n = 8;
+  trim_shared_memory();
+  queue<storage> q(n);
+  if (spawn_and_join(send_large, std::tuple{q, n}, 1).at(0) != n) return -1;
+  std::vector<storage> held;
+  for (int i = 0; i < n; ++i) {
+    auto s = q.get(std::chrono::seconds(10));
+    if (!s) return -2;
+    held.push_back(*s);
+  }
+  const int went = trim_shared_memory();
+  for (int i = 0; i < n; ++i) {
+    const storage& s = held[static_cast<std::size_t>(i)];
+    const auto value = static_cast<std::byte>(i + 1);
+    if (s.data()[0] != value || s.data()[s.nbytes() - 1] != value) return -3;
+  }
+  return went;
+}
+COHORT_ENTRYPOINT(trim_while_received_held);
+
 // In a process of its own, whose arena nothing else holds, under
 // file_system (a segment's name tells whether it went): 64 blocks, of which
 // 32 are freed last by another process, 16 here, and 16 kept. Returns what
@@ -833,6 +868,12 @@ TEST_SUITE("storage") {
     CHECK(seen[3] == 1);
     CHECK(seen[4] == 1);  // none, the last freed by another process: let go
     CHECK(seen[5] == 0);  // and unlinked
+  }
+
+  // Before, a trim counted the segments kept for a rank that had ended as
+  // gone, though the storages received from it still mapped them.
+  TEST_CASE("trim counts none of a rank's segments that storages here still hold as gone") {
+    CHECK(spawn_and_join(trim_while_received_held, std::tuple{}, 1).at(0) == 0);
   }
 
   TEST_CASE("a segment forked into more processes than its table of mappers holds is let go of once they have ended") {
