@@ -195,7 +195,7 @@ std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executo
 /// (spawn, start_processes): brought up later, inside the first wait for a
 /// child, a failure for want of a descriptor could only fail that wait.
 /// False, with `f` set (stage::reactor and the error), where it cannot be.
-bool ready_to_wait(const asio::any_io_executor& executor, launch_failure& f);
+bool ready_to_wait(const asio::any_io_executor& executor, launch_failure& f, const char* what = "cohort::spawn");
 /// The same, throwing std::system_error with describe_failure(what, f).
 void ready_to_wait(const asio::any_io_executor& executor, const std::string& what);
 /// The same for an io_context of one run, whose exits then wait on asio's

@@ -634,12 +634,12 @@ bool brought_up(BringUp bring_up, launch_failure& f) {
 
 }  // namespace
 
-bool ready_to_wait(const asio::any_io_executor& executor, launch_failure& f) {
-  return brought_up([&] { (void)uring::service_of(executor); }, f);
+bool ready_to_wait(const asio::any_io_executor& executor, launch_failure& f, const char* what) {
+  return brought_up([&] { (void)uring::service_of(executor, what); }, f);
 }
 
 void ready_to_wait(const asio::any_io_executor& executor, const std::string& what) {
-  if (launch_failure f; !ready_to_wait(executor, f)) throw_launch_failure(what, f);
+  if (launch_failure f; !ready_to_wait(executor, f, what.c_str())) throw_launch_failure(what, f);
 }
 
 void ready_to_wait_on_reactor_only(asio::io_context& io, const std::string& what) {

@@ -9,6 +9,8 @@
 #include <asio/prefer.hpp>
 #include <asio/strand.hpp>
 
+#include <fmt/format.h>
+
 #include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
@@ -42,12 +44,6 @@ bool switched_off() {
   return value != nullptr && std::string_view(value) == "0";
 }
 
-// any_io_executor::target<T>() in Asio 1.22 does not check the type; this does.
-template <class T>
-const T* exact_target(const asio::any_io_executor& executor) {
-  return executor.target_type() == typeid(T) ? executor.target<T>() : nullptr;
-}
-
 // Completes an operation that never reached the kernel, through the
 // io_context; destroys it uncalled if the context goes first.
 struct fail_later {
@@ -64,11 +60,27 @@ struct fail_later {
 
 }  // namespace
 
+namespace {
+
+// any_io_executor::target<T>() in Asio 1.22 does not check the type; this does.
+template <class T>
+const T* exact_target(const asio::any_io_executor& executor) {
+  return executor.target_type() == typeid(T) ? executor.target<T>() : nullptr;
+}
+
+}  // namespace
+
+// An io_context's executor, or a strand of one, or a strand of that, with
+// any outstanding-work property (the one any_io_executor can take away).
 asio::io_context* find_io_context(const asio::any_io_executor& executor) {
+  if (!executor) return nullptr;
   auto plain = asio::prefer(executor, asio::execution::outstanding_work.untracked);
   if (auto* ex = exact_target<asio::io_context::executor_type>(plain)) return &ex->context();
   if (auto* strand = exact_target<asio::strand<asio::io_context::executor_type>>(plain)) {
     return &strand->get_inner_executor().context();
+  }
+  if (auto* strand = exact_target<asio::strand<asio::strand<asio::io_context::executor_type>>>(plain)) {
+    return find_io_context(strand->get_inner_executor());
   }
   if (auto* strand = exact_target<asio::strand<asio::any_io_executor>>(plain)) {
     return find_io_context(strand->get_inner_executor());
@@ -76,13 +88,16 @@ asio::io_context* find_io_context(const asio::any_io_executor& executor) {
   return nullptr;
 }
 
-asio::io_context& io_context_of(const asio::any_io_executor& executor) {
+asio::io_context& io_context_of(const asio::any_io_executor& executor, const char* what) {
   if (auto* io = find_io_context(executor)) return *io;
-  throw std::invalid_argument("cohort needs the executor of an asio::io_context (or a strand of one)");
+  throw std::invalid_argument(
+      fmt::format("{}: cohort needs the executor of an asio::io_context (or a strand of one), and this one is {}",
+                  what, executor ? "of another kind, or has properties required of it that cohort cannot see through"
+                                 : "empty"));
 }
 
 service& service_for(const asio::any_io_executor& executor, const char* what) {
-  asio::io_context& io = io_context_of(executor);
+  asio::io_context& io = io_context_of(executor, what);
   try {
     return asio::use_service<service>(io);
   } catch (const std::system_error& e) {

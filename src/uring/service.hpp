@@ -130,16 +130,18 @@ class service final : public asio::execution_context::service {
   bool shut_down_ = false;
 };
 
-/// The io_context behind `executor` (an io_context's executor, or a strand
-/// of one). Throws std::invalid_argument for any other executor: cohort's
-/// operations need an io_context's reactor.
-asio::io_context& io_context_of(const asio::any_io_executor& executor);
+/// The io_context behind `executor` (an io_context's executor, a strand of
+/// one, or a strand of that). Throws std::invalid_argument, naming `what`,
+/// for any other executor: cohort's operations need an io_context's
+/// reactor.
+asio::io_context& io_context_of(const asio::any_io_executor& executor, const char* what = "cohort");
 /// The same, or null for any other executor.
 asio::io_context* find_io_context(const asio::any_io_executor& executor);
 
-/// The service of the io_context behind `executor`.
-inline service& service_of(const asio::any_io_executor& executor) {
-  return asio::use_service<service>(io_context_of(executor));
+/// The service of the io_context behind `executor` (io_context_of names
+/// `what` where there is none).
+inline service& service_of(const asio::any_io_executor& executor, const char* what = "cohort") {
+  return asio::use_service<service>(io_context_of(executor, what));
 }
 
 /// The same, for an operation about to wait on the io_context: where the

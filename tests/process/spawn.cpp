@@ -792,6 +792,20 @@ TEST_SUITE("spawn") {
     CHECK(test::children_of_self().empty());
   }
 
+  // Before, a strand of a strand was refused as no io_context's executor,
+  // and the refusal named no operation.
+  TEST_CASE("spawn runs on a strand of a strand of an io_context, and an executor of another kind is refused by name") {
+    asio::io_context io;
+    const spawn_options options;
+    const auto strand = asio::make_strand(asio::make_strand(io));
+    child c = spawn(strand, command{test::target, {"exit", "4"}}, options);
+    CHECK(c.join().code() == 4);
+    CHECK_THROWS_WITH_AS(spawn(asio::system_executor(), command{test::target, {"exit", "0"}}, options),
+                         doctest::Contains("cohort::spawn: cohort needs the executor of an asio::io_context"),
+                         std::invalid_argument);
+    CHECK_FALSE(has_unreaped_children());
+  }
+
   // Before, co_spawn's coroutine let terminal cancellations alone in, and a
   // partial or total one emitted before it ran was lost: the process started.
   TEST_CASE("a spawn cancelled before it runs, by any type of cancellation, starts nothing and completes as aborted") {
