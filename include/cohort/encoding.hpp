@@ -422,6 +422,23 @@ inline bool same_text(std::string_view a, std::string_view b) noexcept {
   return true;
 }
 
+// A signature as a message shows it: a byte outside printable ASCII, or a
+// backslash, as \xNN. A corrupted blob's signature may hold any byte.
+inline std::string printable(std::string_view text) {
+  constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f && byte != '\\') {
+      out += c;
+    } else {
+      out += {'\\', 'x', digits[byte >> 4], digits[byte & 0xf]};
+    }
+  }
+  return out;
+}
+
 // Splits a blob into its signature and payload; throws decode_error when the
 // prefix is malformed.
 inline parts split(std::span<const std::byte> blob) {
@@ -523,8 +540,8 @@ template <crossable T>
 T decode(std::span<const std::byte> blob) {
   const auto [signature, payload] = detail::split(blob);
   if (const auto wanted = type_signature<T>(); !detail::same_text(signature, wanted)) {
-    throw decode_error("cohort::decode: the value is " + std::string(signature) + ", asked for " +
-                       wanted);
+    throw decode_error("cohort::decode: the value is " + detail::printable(signature) + ", asked for " +
+                       detail::printable(wanted));
   }
   detail::reader in(payload);
   T value = detail::read<T>(in);

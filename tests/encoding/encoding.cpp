@@ -237,6 +237,20 @@ TEST_CASE("decoding as another type throws naming both") {
   CHECK_THROWS_AS(encode(std::pair<int, int>{}).as<std::tuple<int>>(), decode_error);
 }
 
+// Before, the signature's bytes went into the message as they were: a
+// terminal showed "the value is T, asked for T" for "T\x01".
+TEST_CASE("a corrupted signature is named with its unprintable bytes escaped") {
+  std::string what;
+  try {
+    (void)decode<std::string>(blob(std::string_view("s\x01\x1b[2J\x9f", 7), bytes_of({0})));
+  } catch (const decode_error& e) {
+    what = e.what();
+  }
+  CHECK(what.find("the value is s\\x01\\x1b[2J\\x9f,") != std::string::npos);
+  CHECK(what.find("asked for s") != std::string::npos);
+  CHECK(std::all_of(what.begin(), what.end(), [](char c) { return c >= 0x20 && c < 0x7f; }));
+}
+
 TEST_CASE("every strict prefix of a valid blob throws") {
   const auto value = encode(std::vector<std::tuple<std::string, std::int64_t, double>>{
       {"alpha", -300, 2.5}, {"", 1LL << 40, -0.0}});
