@@ -129,7 +129,7 @@ using process_starter = std::function<int(launch_plan& p, pid_t& pid)>;
 struct launch_failure {
   stage where = stage::none;
   int error = 0;
-  std::string detail;  // the file or directory involved
+  std::string detail;  // the file or directory involved; for an exec, what is missing
 };
 
 /// The parent's side of one launch, prepared before the process is made:

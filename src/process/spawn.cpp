@@ -36,6 +36,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -363,14 +364,37 @@ std::string find_program(const std::string& program, const environment& env, con
     return {};
   }
   if (program.find('/') != std::string::npos) return program;
-  int error = ENOENT;
+  // The first file found that cannot be executed (a directory, a file
+  // without execute permission): execvp goes on past it, and reports it
+  // (EACCES) when nothing else is found.
+  std::string refused;
   for (const auto& candidate : env.path_candidates(program)) {
     const std::string seen_from_here = cwd.empty() || candidate.front() == '/' ? candidate : (cwd / candidate).string();
     if (is_executable_file(seen_from_here)) return candidate;
-    if (::access(seen_from_here.c_str(), F_OK) == 0) error = EACCES;
+    if (refused.empty() && ::access(seen_from_here.c_str(), F_OK) == 0) refused = seen_from_here;
   }
-  f = {stage::path_lookup, error, ""};
+  f = {stage::path_lookup, refused.empty() ? ENOENT : EACCES, refused};
   return {};
+}
+
+// Why an execve of `file` (the path as this process sees it) gave ENOENT
+// when the file is there: the interpreter it asks for is missing, the one
+// its #! line names (read, as the kernel reads it, from its first 256
+// bytes) or an ELF program's loader. Empty when the file itself is gone.
+std::string missing_interpreter(const std::string& file) {
+  const os::owned_fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return {};
+  std::array<char, 256> head{};
+  const ssize_t got = ::read(fd.get(), head.data(), head.size());
+  const std::string_view text(head.data(), got > 0 ? static_cast<std::size_t>(got) : 0);
+  if (text.starts_with("#!")) {
+    const std::size_t begin = text.find_first_not_of(" \t", 2);
+    const std::size_t end = text.find_first_of(" \t\r\n", begin);
+    const std::string_view interpreter = begin == std::string_view::npos ? "" : text.substr(begin, end - begin);
+    return fmt::format("the interpreter its #! line names, '{}', is missing", interpreter);
+  }
+  if (text.starts_with("\x7f" "ELF")) return "the program loader (ELF interpreter) it names is missing";
+  return "the file is there; the interpreter it asks for is missing";
 }
 
 int open_cloexec(const std::filesystem::path& path, int flags, failure& f) {
@@ -555,7 +579,11 @@ int start_exec(launch_plan& p, pid_t& pid) {
 std::string describe(const command& cmd, const failure& f) {
   std::string what = fmt::format("cohort::spawn '{}'", cmd.program);
   if (f.where == stage::path_lookup) {
-    return what + (cmd.program.empty() ? ": empty program name" : ": not found in PATH");
+    if (cmd.program.empty()) return what + ": empty program name";
+    if (f.detail.empty()) return what + ": not found in PATH";
+    std::error_code ec;
+    return fmt::format("{}: {} found in PATH is {}", what, f.detail,
+                       std::filesystem::is_directory(f.detail, ec) ? "a directory" : "not executable");
   }
   return describe_failure(what, f);
 }
@@ -581,11 +609,15 @@ std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executo
   argv.reserve(args.size() + 1);
   for (auto& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
-  return launch(executor, std::move(context), options, [&](launch_plan& p, pid_t& pid) {
+  auto state = launch(executor, std::move(context), options, [&](launch_plan& p, pid_t& pid) {
     p.path = path.c_str();
     p.argv = argv.data();
     return start_exec(p, pid);
   }, f);
+  if (!state && f.where == stage::exec && f.error == ENOENT) {
+    f.detail = missing_interpreter(options.cwd.empty() || path.front() == '/' ? path : (options.cwd / path).string());
+  }
+  return state;
 }
 
 std::string describe_failure(const std::string& what, const launch_failure& f) {
@@ -604,7 +636,7 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
     case stage::chdir: cause = fmt::format(": cannot change directory to '{}'", f.detail); break;
     case stage::fds: cause = ": keeping inherited descriptors"; break;
     case stage::hook: cause = ": spawn_options::before_exec"; break;
-    case stage::exec: cause = ": execve"; break;
+    case stage::exec: cause = f.detail.empty() ? ": execve" : ": execve: " + f.detail; break;
     case stage::start: cause = f.detail.empty() ? "" : ": " + f.detail; break;
     case stage::reactor: cause = ": bringing up asio's reactor for the io_context"; break;
     case stage::died: cause = ": ended before its exec, " + f.detail; break;

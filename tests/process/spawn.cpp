@@ -356,6 +356,53 @@ TEST_SUITE("spawn") {
     CHECK(status.code() == 5);
   }
 
+  // Before, both said "not found in PATH", naming no file.
+  TEST_CASE("a file or directory found in PATH that cannot be executed is named when nothing after it runs") {
+    test::temp_dir dir;
+    fs::create_directories(dir.path / "first");
+    fs::create_directories(dir.path / "second");
+    const auto plain = dir.path / "first" / "cohort-plain";
+    std::ofstream(plain) << "not a program\n";
+    fs::create_directory(dir.path / "first" / "cohort-directory");
+    const spawn_options path{.env = environment::inherit().set("PATH", (dir.path / "first").string() + ":" +
+                                                                          (dir.path / "second").string())};
+
+    auto file = spawn_error(command{"cohort-plain", {}}, path);
+    CHECK(file.code() == std::error_code(EACCES, std::system_category()));
+    const std::string file_what = file.what();
+    CHECK(file_what.find(plain.string()) != std::string::npos);
+    CHECK(file_what.find("not executable") != std::string::npos);
+    CHECK(file_what.find("not found") == std::string::npos);
+
+    auto directory = spawn_error(command{"cohort-directory", {}}, path);
+    CHECK(directory.code() == std::error_code(EACCES, std::system_category()));
+    const std::string directory_what = directory.what();
+    CHECK(directory_what.find((dir.path / "first" / "cohort-directory").string()) != std::string::npos);
+    CHECK(directory_what.find("a directory") != std::string::npos);
+
+    // As execvp does, the search goes on past them to a program.
+    fs::copy_file(test::target, dir.path / "second" / "cohort-plain");
+    asio::io_context io;
+    CHECK(spawn(io.get_executor(), command{"cohort-plain", {"exit", "4"}}, path).join().code() == 4);
+  }
+
+  // Before, it said only "execve: No such file or directory", of a file
+  // that is there.
+  TEST_CASE("a script whose #! line names a missing interpreter fails naming that interpreter") {
+    test::temp_dir dir;
+    const auto script = dir.path / "script.sh";
+    std::ofstream(script) << "#! /nonexistent/cohort-interpreter -e\necho hi\n";
+    fs::permissions(script, fs::perms::owner_all);
+    auto e = spawn_error(command{script.string(), {}});
+    CHECK(e.code() == std::error_code(ENOENT, std::system_category()));
+    const std::string what = e.what();
+    CHECK(what.find(script.string()) != std::string::npos);
+    CHECK(what.find("interpreter") != std::string::npos);
+    CHECK(what.find("'/nonexistent/cohort-interpreter'") != std::string::npos);
+    CHECK(what.find("missing") != std::string::npos);
+    CHECK_FALSE(has_unreaped_children());
+  }
+
   TEST_CASE("a file that is not executable, or not a program, fails at exec with the cause") {
     test::temp_dir dir;
     auto plain = dir.path / "plain.txt";
