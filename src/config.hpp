@@ -46,8 +46,13 @@ inline constexpr const char* io_uring_env = "COHORT_IO_URING";
 /// glibc 2.36 declares the pidfd calls without C linkage for C++
 /// (<sys/pidfd.h> lacks __BEGIN_DECLS), so they are reached by number.
 inline int pidfd_open(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
-inline int pidfd_send_signal(int pidfd, int signal) {
-  return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0));
+inline int pidfd_send_signal(int pidfd, int signal, unsigned flags = 0) {
+  return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, flags));
 }
+/// pidfd_send_signal flag (PIDFD_SIGNAL_PROCESS_GROUP, Linux 6.9): to the
+/// process group whose id is the pidfd's process's pid. The group is the
+/// one that process led, never a later one given its number. Older
+/// kernels refuse the flag with EINVAL.
+inline constexpr unsigned pidfd_signal_process_group = 1U << 2;
 
 }  // namespace cohort::config

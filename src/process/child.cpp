@@ -385,8 +385,14 @@ void child::signal_group(int sig) {
   if (ec) throw std::system_error(ec, fmt::format("cohort::child::signal_group: {} to group {}", signal_name(sig), pid()));
 }
 
-// The group id is the child's pid, which stays reserved while the child is
-// unreaped, so the group cannot be a recycled one.
+// The group id is the child's pid. A child reaped elsewhere (by the kernel,
+// where this process ignores SIGCHLD, or by a waitpid(-1) of the program)
+// has given that number up, and a new group may carry it: such a child is
+// taken as reaped, as its pidfd's waitid tells (ECHILD). Past that, Linux
+// 6.9's pidfd_send_signal reaches the group the child led and no other.
+// Before 6.9, killpg by number: a child reaped elsewhere between the look
+// and the killpg, its number taken by a new group in that moment, would
+// have that group signalled.
 void child::signal_group(int sig, std::error_code& ec) {
   ec.clear();
   if (!state_) throw std::logic_error("cohort::child::signal_group: no process");
@@ -395,7 +401,15 @@ void child::signal_group(int sig, std::error_code& ec) {
     return;
   }
   if (state_->status) return;
-  if (::killpg(state_->pid, sig) != 0 && errno != ESRCH) ec.assign(errno, std::system_category());
+  siginfo_t info{};
+  if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(state_->pidfd), &info,
+               WEXITED | WNOHANG | WNOWAIT) != 0) {
+    if (errno != ECHILD) ec.assign(errno, std::system_category());
+    return;
+  }
+  int rc = config::pidfd_send_signal(state_->pidfd, sig, config::pidfd_signal_process_group);
+  if (rc != 0 && errno == EINVAL) rc = ::killpg(state_->pid, sig);  // before 6.9 (a bad signal is refused again)
+  if (rc != 0 && errno != ESRCH) ec.assign(errno, std::system_category());
 }
 
 void child::detach() {

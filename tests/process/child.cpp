@@ -19,6 +19,9 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -59,6 +62,75 @@ std::string exit_code_with_no_descriptor_free(asio::io_context& io) {
   } catch (const std::system_error& e) {
     return e.what();
   }
+}
+
+// Makes `pid` the next pid this process's pid namespace gives out, if it
+// is free. False when the namespace's ns_last_pid cannot be written.
+bool next_pid_is(pid_t pid) {
+  const int file = ::open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC);
+  if (file < 0) return false;
+  const std::string last = std::to_string(pid - 1);
+  const bool written = ::write(file, last.data(), last.size()) == static_cast<ssize_t>(last.size());
+  ::close(file);
+  return written;
+}
+
+// A process that leads a process group of its own until a signal ends it
+// (at its default disposition: doctest's handlers are copied with the fork).
+pid_t start_group_leader() {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::signal(SIGTERM, SIG_DFL);
+    ::setpgid(0, 0);
+    ::pause();
+    ::_exit(0);
+  }
+  if (pid > 0) ::setpgid(pid, pid);
+  return pid;
+}
+
+// In a new pid namespace, whose first process it is (its few pids taken in
+// order, ns_last_pid setting the next): spawns `exit 0`, lets it be reaped
+// elsewhere (by the kernel, SIGCHLD ignored, or by a waitpid(-1)), starts
+// a process that takes its pid and leads a process group of that number,
+// and signals the spawned child's group with SIGTERM. 0 when that process
+// was left alone, 1 when the signal killed it, 77 when the reuse could not
+// be set up here.
+int group_signal_after_pid_reuse(bool kernel_reaps) {
+  return test::exit_code_in_child([kernel_reaps] {
+    if (::unshare(CLONE_NEWPID) != 0) return 77;
+    return test::exit_code_in_child([kernel_reaps] {
+      if (kernel_reaps) ::signal(SIGCHLD, SIG_IGN);
+      asio::io_context io;
+      child c = spawn(io.get_executor(), target({"exit", "0"}));
+      const pid_t pid = c.pid();
+      pollfd exited{c.native_handle(), POLLIN, 0};
+      if (::poll(&exited, 1, 10'000) != 1) return 5;
+      if (!kernel_reaps && ::waitpid(-1, nullptr, 0) != pid) return 6;
+      ::signal(SIGCHLD, SIG_DFL);  // the group leader's end is reported
+      // The kernel frees a pid it reaped a moment after the exit shows:
+      // taken again until the leader gets it.
+      pid_t other = -1;
+      for (int tries = 0; tries < 1000 && other != pid; ++tries) {
+        if (other > 0) {
+          ::kill(other, SIGKILL);
+          ::waitpid(other, nullptr, 0);
+          std::this_thread::sleep_for(1ms);
+        }
+        if (!next_pid_is(pid)) return 77;
+        other = start_group_leader();
+      }
+      if (other != pid) {
+        if (other > 0) ::kill(other, SIGKILL);
+        return 77;
+      }
+      std::error_code ec;
+      c.signal_group(SIGTERM, ec);
+      const bool killed = test::within(200ms, [other] { return ::waitpid(other, nullptr, WNOHANG) == other; });
+      if (!killed) ::kill(other, SIGKILL);
+      return killed ? 1 : ec ? 8 : 0;
+    });
+  });
 }
 
 }  // namespace
@@ -172,6 +244,21 @@ TEST_SUITE("child") {
       while (test::alive(grandchild) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
       CHECK_FALSE(test::alive(grandchild));
     }());
+  }
+
+  // Before, it called killpg with the child's pid, which the child, reaped
+  // by the kernel or by the program's own waitpid(-1), had given up: the
+  // group now carrying that number was signalled.
+  TEST_CASE("signal_group() does nothing for a child reaped elsewhere, whose pid a new process group has taken") {
+    for (const bool kernel_reaps : {true, false}) {
+      CAPTURE(kernel_reaps);
+      const int code = group_signal_after_pid_reuse(kernel_reaps);
+      if (code == 77) {
+        MESSAGE("a pid namespace, or the choice of the next pid in it, is refused here: nothing checked");
+        return;
+      }
+      CHECK(code == 0);
+    }
   }
 
   TEST_CASE("signal_group() is refused for a child that does not lead a group") {
