@@ -173,6 +173,37 @@ TEST_SUITE("etcd client") {
     }
   }
 
+  // Before, the whole page came after "HTTP 501: ", a dozen lines of HTML.
+  TEST_CASE("a web server's error page fails for good in one line, saying it does not look like etcd's v3 JSON API") {
+    const std::string page =
+        "<!DOCTYPE HTML>\n<html lang=\"en\">\n    <head>\n        <title>Error response</title>\n    </head>\n"
+        "    <body>\n        <h1>Error response</h1>\n        <p>Error code: 501</p>\n    </body>\n</html>\n";
+    cohort::test::canned_server web("HTTP/1.0 501 Unsupported method ('POST')\r\nContent-Type: text/html\r\n"
+                                    "Content-Length: " + std::to_string(page.size()) + "\r\n\r\n" + page);
+    etcd_client client(web.endpoint(), 30s);
+    try {
+      client.grant_lease(5s);
+      FAIL("the grant succeeded");
+    } catch (const etcd_error& e) {
+      const std::string what = e.what();
+      CHECK(what == "etcd at " + web.endpoint() +
+                        ": lease grant: HTTP 501: <!DOCTYPE HTML> (the answer does not look like etcd's v3 JSON API: is "
+                        "the endpoint etcd's client URL?)");
+      CHECK(e.code() == etcd_error::unknown);
+      CHECK_FALSE(e.transient());
+    }
+  }
+
+  TEST_CASE("a long first line of an answer that is not etcd's is cut") {
+    cohort::test::canned_server web("HTTP/1.0 404 Not Found\r\nContent-Length: 300\r\n\r\n" + std::string(300, 'x'));
+    etcd_client client(web.endpoint(), 30s);
+    CHECK_THROWS_WITH_AS(client.range("/any"),
+                         ("etcd at " + web.endpoint() + ": range: HTTP 404: " + std::string(100, 'x') +
+                          "... (the answer does not look like etcd's v3 JSON API: is the endpoint etcd's client URL?)")
+                             .c_str(),
+                         etcd_error);
+  }
+
   // Before, a field of the wrong type or a number that was not one escaped
   // as nlohmann's or std::stoll's bare exception, a key outside the prefix
   // as an out_of_range of the rendezvous, and an answer of {} was a lease.

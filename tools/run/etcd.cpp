@@ -160,6 +160,13 @@ json compare_json(const compare& c) {
   return j;
 }
 
+// The first line of `text`, cut to `limit` bytes ("..." after a cut).
+std::string first_line(std::string_view text, std::size_t limit) {
+  auto line = text.substr(0, text.find_first_of("\r\n"));
+  if (line.size() <= limit) return std::string(line);
+  return std::string(line.substr(0, limit)) + "...";
+}
+
 std::size_t append_to(char* data, std::size_t size, std::size_t count, void* text) {
   static_cast<std::string*>(text)->append(data, size * count);
   return size * count;
@@ -318,8 +325,13 @@ json etcd_client::post(std::string_view operation, std::string_view path, const 
     throw fail(error.value("message", std::string("HTTP ") + std::to_string(status)),
                code == 0 ? etcd_error::unknown : code);
   }
+  // Anything else (a web server's page, a proxy's error) is no answer of
+  // etcd's: one line of it tells which server it is.
   if (status != 200 || parsed.is_discarded() || !parsed.is_object()) {
-    throw fail("HTTP " + std::to_string(status) + ": " + answer.substr(0, 200), etcd_error::unknown);
+    const auto line = first_line(answer, 100);
+    throw fail("HTTP " + std::to_string(status) + (line.empty() ? "" : ": " + line) +
+                   " (the answer does not look like etcd's v3 JSON API: is the endpoint etcd's client URL?)",
+               etcd_error::unknown);
   }
   return parsed;
 }
