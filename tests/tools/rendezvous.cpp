@@ -890,6 +890,58 @@ TEST_SUITE("etcd rendezvous") {
     CHECK(contains(change->reason, " s: etcd at " + own.endpoint() + ": range: "));
   }
 
+  // Before, a renewal etcd left unanswered was tried again a third of the
+  // lease later: the lease expired as that try was sent, whatever the
+  // outage's length past two thirds of the lease.
+  TEST_CASE("etcd frozen for four fifths of the lease leaves this node's lease, and its round, alive") {
+    cohort::test::etcd_server own;  // to freeze without freezing the other tests' etcd
+    watch_log watched;
+    const auto job = fresh_run_id();
+    auto config = node(job, 1, 1, 1);
+    config.endpoint = own.endpoint();
+    config.lease_ttl = 4s;  // renewals tried a third of a second apart: the lease outlives 3.3 s of outage
+    etcd_rendezvous lone(config);
+    REQUIRE(lone.next_round().nnodes == 1);
+    lone.watch(watched.callback());
+    // Twice, each outage at another point between two renewals.
+    for (int outage = 0; outage < 2; ++outage) {
+      own.pause();
+      std::this_thread::sleep_for(3200ms);
+      own.resume();
+      // Past the lease of the renewal before the outage.
+      const auto change = watched.wait(2500ms);
+      CHECK_MESSAGE(!change, (change ? change->reason : std::string()));
+    }
+    etcd_client client(own.endpoint());
+    CHECK(client.range_prefix("/cohort/rdzv/" + job + "/r/0/m/").kvs.size() == 1);
+  }
+
+  TEST_CASE("etcd frozen past the lease loses it, and the watch says etcd did not answer its renewals, and for how "
+            "long") {
+    cohort::test::etcd_server own;
+    watch_log watched;
+    auto config = node(fresh_run_id(), 1, 1, 1);
+    config.endpoint = own.endpoint();
+    config.lease_ttl = 2s;
+    config.request_timeout = 10s;  // the watch's read waits out the outage, and then sees the lease gone
+    etcd_rendezvous lone(config);
+    REQUIRE(lone.next_round().nnodes == 1);
+    lone.watch(watched.callback());
+    own.pause();
+    std::this_thread::sleep_for(3500ms);
+    own.resume();
+    const auto change = watched.wait(10s);
+    REQUIRE(change);
+    CHECK(change->what == round_change::cause::lease_lost);
+    const std::string head = "this node's lease expired: etcd did not answer its renewals for ";
+    REQUIRE_MESSAGE(change->reason.starts_with(head), change->reason);
+    // From the first renewal that went unanswered to the lease's end: most of a lease.
+    const double said = std::stod(change->reason.substr(head.size()));
+    CHECK(said >= 1.5);
+    CHECK(said <= 3);
+    CHECK(change->reason.ends_with(" s"));
+  }
+
   TEST_CASE("an etcd outage shorter than the lease leaves the round running, however long the poll; a longer one "
             "ends it, saying how long it lasted") {
     cutting_proxy proxy(etcd().port());

@@ -221,27 +221,51 @@ void etcd_rendezvous::ensure_lease() {
   if (lease_ != 0 && !lease_lost_.load(std::memory_order_relaxed)) return;
   keeper_ = {};
   const auto ttl = std::max<std::int64_t>(1, (config_.lease_ttl.count() + 999) / 1000);
+  const auto asked = clock_type::now();
   const auto granted = client_.grant_lease(std::chrono::seconds(ttl));
   lease_ = granted.id;
+  unanswered_ms_.store(0, std::memory_order_relaxed);
   lease_lost_.store(false, std::memory_order_relaxed);
-  keeper_ = std::jthread([this, id = granted.id](std::stop_token stop) { keep_alive(stop, id); });
+  keeper_ = std::jthread([this, id = granted.id, expires = asked + granted.ttl](std::stop_token stop) {
+    keep_alive(stop, id, expires);
+  });
 }
 
-void etcd_rendezvous::keep_alive(std::stop_token stop, std::int64_t lease) {
-  const auto period = std::max(config_.lease_ttl / 3, milliseconds(50));
-  etcd_client client(config_.endpoint, std::max(period, milliseconds(200)));
-  auto renewed = clock_type::now();
-  while (sleep_unless_stopped(stop, period)) {
+void etcd_rendezvous::keep_alive(std::stop_token stop, std::int64_t lease, clock_type::time_point expires) {
+  // A renewal is tried every twelfth of the lease, and again at once after
+  // one etcd left unanswered that long; none waits past the time the lease
+  // is known to live (`expires`, counted from the try etcd last answered).
+  // Tries are thus never more than a step apart: the lease lives at least
+  // a step less than its time to live into an outage, and etcd answers a
+  // try within a step of the outage's end (at its end, where etcd was
+  // frozen and a try waits). An outage shorter than the lease less two
+  // steps leaves the lease alive.
+  const auto step = std::max(config_.lease_ttl / 12, milliseconds(100));
+  etcd_client client(config_.endpoint, step);
+  // When the first try etcd did not answer was sent; max while it answers.
+  auto failing_since = clock_type::time_point::max();
+  for (auto next = clock_type::now() + step; sleep_unless_stopped(stop, until(next));) {
+    const auto sent = clock_type::now();
+    if (sent >= expires) break;
+    next = sent + step;
+    client.timeout(std::min(step, until(expires)));
     try {
-      if (client.keep_alive(lease) == std::chrono::seconds(0)) break;
-      renewed = clock_type::now();
+      const auto ttl = client.keep_alive(lease);
+      if (ttl == std::chrono::seconds(0)) break;  // expired, or revoked
+      expires = sent + ttl;
+      failing_since = clock_type::time_point::max();
     } catch (const std::exception&) {
-      // etcd unreachable, or an answer that does not parse. Not renewed
-      // for a whole time to live: etcd has let it expire.
-      if (clock_type::now() - renewed > config_.lease_ttl) break;
+      // etcd unreachable, or an answer that does not parse.
+      failing_since = std::min(failing_since, sent);
+      if (clock_type::now() >= expires) break;  // etcd has let it expire
     }
   }
-  if (!stop.stop_requested()) lease_lost_.store(true, std::memory_order_relaxed);
+  if (stop.stop_requested()) return;
+  if (const auto now = clock_type::now(); failing_since < now) {
+    unanswered_ms_.store(std::chrono::duration_cast<milliseconds>(now - failing_since).count(),
+                         std::memory_order_relaxed);
+  }
+  lease_lost_.store(true, std::memory_order_release);
 }
 
 bool etcd_rendezvous::open_round(std::int64_t after, std::int64_t seen_revision, const std::string& why,
@@ -611,8 +635,13 @@ std::optional<round_change> etcd_rendezvous::change_in(const snapshot& s, const 
     const auto what = s.cause == "lost" ? cause::member_lost : s.cause == "joining" ? cause::node_waiting : cause::new_round;
     return round_change{what, "round " + std::to_string(s.round) + " was started: " + s.why};
   }
-  if (lease_lost_.load(std::memory_order_relaxed) || !s.has_joined(round.self)) {
-    return round_change{cause::lease_lost, "this node's lease expired"};
+  if (lease_lost_.load(std::memory_order_acquire) || !s.has_joined(round.self)) {
+    std::string why = "this node's lease expired";
+    if (const milliseconds unanswered(unanswered_ms_.load(std::memory_order_relaxed)); unanswered > milliseconds(0)) {
+      const auto tenths = std::chrono::floor<std::chrono::duration<std::int64_t, std::deci>>(unanswered);
+      why += ": etcd did not answer its renewals for " + seconds_text(tenths);
+    }
+    return round_change{cause::lease_lost, why};
   }
   // Once the job finished in this round, a member lost counts as done:
   // nothing is left to start over, and the nodes still running run on.

@@ -226,7 +226,9 @@ class etcd_rendezvous {
   std::string member_prefix(std::int64_t round) const;
   /// Grants a lease when this node has none (or lost it) and starts its keepalive.
   void ensure_lease();
-  void keep_alive(std::stop_token stop, std::int64_t lease);
+  /// Renews `lease`, which lives until `expires` unless renewed, until `stop`
+  /// or until it is lost (then sets lease_lost_).
+  void keep_alive(std::stop_token stop, std::int64_t lease, std::chrono::steady_clock::time_point expires);
   /// Opens round `after` + 1 when the state is still `seen_revision`, the job has not finished and the
   /// comparisons `also` hold; false otherwise.
   bool open_round(std::int64_t after, std::int64_t seen_revision, const std::string& why,
@@ -243,9 +245,15 @@ class etcd_rendezvous {
   std::optional<placement> placed_;
   std::int64_t lease_ = 0;  ///< this node's lease; 0 before the first grant
   // Set by the keepalive when the lease is gone (and by next_round when etcd
-  // says so), read by next_round and the watch. Relaxed on both sides: the
-  // flag publishes no other data, and its readers read etcd again.
+  // says so), read by next_round and the watch. The keepalive's store is a
+  // release, and the watch's load an acquire: the flag publishes
+  // unanswered_ms_, written before it, to the watch's message. next_round's
+  // are relaxed: it reads etcd again, and nothing else.
   std::atomic<bool> lease_lost_{false};
+  /// How long etcd had left this node's renewals unanswered when the
+  /// keepalive gave the lease up; 0 when it had answered. Relaxed: ordered
+  /// by lease_lost_.
+  std::atomic<std::int64_t> unanswered_ms_{0};
   /// What ended the round this node was placed in, as its watch saw it.
   std::optional<round_change> ended_by_;
   std::jthread keeper_;
