@@ -231,7 +231,9 @@ class byte_run {
 
 inline void write_varint(std::vector<std::byte>& out, std::uint64_t value) {
   std::byte bytes[10];
-  out.insert(out.end(), bytes, put_varint(bytes, value));
+  // At most ten bytes; said again so that g++ 12 sees it (-Warray-bounds).
+  const auto size = std::min<std::size_t>(static_cast<std::size_t>(put_varint(bytes, value) - bytes), sizeof bytes);
+  out.insert(out.end(), bytes, bytes + size);
 }
 
 inline void write_raw(std::vector<std::byte>& out, const void* data, std::size_t size) {

@@ -126,9 +126,10 @@ class caught_signals {
  private:
   // Per signal: the action before the first run that caught it, and how
   // many runs catch it now.
+  // Fork-safe: a child, which inherits the actions, notes them in turn.
   using notes_t = std::map<int, std::pair<struct sigaction, int>>;
-  static std::pair<std::mutex, notes_t>& shared() {
-    static std::pair<std::mutex, notes_t> s;
+  static std::pair<os::fork_safe_mutex, notes_t>& shared() {
+    static auto& s = *new std::pair<os::fork_safe_mutex, notes_t>;  // never destroyed: a group may end as statics go
     return s;
   }
   std::vector<int> noted_;

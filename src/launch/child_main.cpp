@@ -6,6 +6,7 @@
 #include "launch/forkserver.hpp"
 #include "launch/uncaught.hpp"
 #include "os/descriptor_limit.hpp"
+#include "os/fork_safe_mutex.hpp"
 #include "os/process_identity.hpp"
 #include "os/quiet_sigpipe.hpp"
 #include "os/raw_syscall.hpp"
@@ -50,7 +51,9 @@ struct registered {
 };
 
 struct registry {
-  std::mutex mutex;
+  // Fork-safe: any thread may look a name up (a call, a pool's map) as
+  // another forks, and the child looks names up in turn.
+  os::fork_safe_mutex mutex;
   std::vector<registered> entries;
   std::vector<std::string> shared_names;  // given to two different functions
 };

@@ -8,6 +8,7 @@
 // line to the console.
 #include "logs/logs.hpp"
 
+#include "os/per_process.hpp"
 #include "os/quiet_sigpipe.hpp"
 #include "os/unwaiting_write.hpp"
 #include "uring/poll.hpp"
@@ -201,13 +202,15 @@ std::shared_ptr<console_out> open_console(int fd, const struct stat* found) {
   return c;
 }
 
-// The consoles the groups of this process write to, under
-// open_consoles_mutex, which no write to any of them holds.
-std::mutex open_consoles_mutex;
-std::vector<std::weak_ptr<console_out>>& open_consoles() {
-  static std::vector<std::weak_ptr<console_out>> consoles;
-  return consoles;
-}
+// The consoles the groups of this process write to, under the list's
+// mutex, which no write to any of them holds. Each process's own: a child
+// forked while a pump of its parent wrote to a console (its lock held)
+// opens that console again for its groups, never sharing the parent's.
+struct console_list {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<console_out>> consoles;
+};
+console_list& open_consoles() { return os::of_this_process<console_list>(); }
 
 enum class offered { all, later, refused };
 // How long a write waits in the pump's thread for a console that took
@@ -434,8 +437,9 @@ group_logs::group_logs(const logs_spec& spec, const spawn_options& options, cons
   const auto console_of = [&s](int fd) {
     struct stat st {};
     const bool known = ::fstat(fd, &st) == 0;
-    std::lock_guard lock(open_consoles_mutex);
-    auto& open = open_consoles();
+    auto& list = open_consoles();
+    std::lock_guard lock(list.mutex);
+    auto& open = list.consoles;
     std::erase_if(open, [](const std::weak_ptr<console_out>& c) { return c.expired(); });
     for (const auto& weak : open) {
       auto c = weak.lock();

@@ -7,6 +7,7 @@
 #include "launch/forkserver.hpp"
 #include "os/stack_trace.hpp"
 
+#include "support/fork_beside.hpp"
 #include "support/harness.hpp"
 #include "support/join_by.hpp"
 #include "support/process_probe.hpp"
@@ -2098,5 +2099,16 @@ TEST_SUITE("entry points") {
       return 0;
     });
     CHECK(code == 0);
+  }
+
+  // Before, the registry of entry points had a plain mutex: a child forked
+  // while another thread named an entry point (a call, a pool's map) found
+  // it held for good, and hung naming one in turn.
+  TEST_CASE("a plain fork while other threads name entry points: the child names them too") {
+    const auto outcome = test::fork_beside(
+        2, [] { (void)cohort::call(&entry_tests::rank_itself); }, 300,
+        [] { return cohort::call(&entry_tests::rank_itself).name == "rank_itself" ? 0 : 1; });
+    CHECK(outcome.hung == 0);
+    CHECK(outcome.failed == 0);
   }
 }

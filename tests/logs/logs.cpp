@@ -2,6 +2,7 @@
 // whole and prefixed, the console filter, and errors before any rank starts.
 #include "cohort/group.hpp"
 
+#include "support/fork_beside.hpp"
 #include "support/harness.hpp"
 #include "support/process_probe.hpp"
 #include "support/run_group.hpp"
@@ -1435,4 +1436,49 @@ TEST_CASE("a group kept past its io_context closes its log descriptors when it g
   const auto text = read_to_end_within(console[0], 5s);
   ::close(console[0]);
   CHECK(text.has_value());
+}
+
+// Before, a forked child's groups shared the parent's consoles, whose
+// lock a pump of the parent could hold at the fork: the child's group on
+// the same console never ended.
+TEST_CASE("a plain fork while a group's pump writes to a console: the child's group on that console ends") {
+  int ends[2];
+  REQUIRE(::pipe2(ends, O_CLOEXEC) == 0);
+  std::thread drain([read_end = ends[0]] {
+    char buffer[1 << 16];
+    while (::read(read_end, buffer, sizeof buffer) > 0) {
+    }
+  });
+  const auto shell = [&ends](int nprocs, const char* script) {
+    group_spec spec;
+    spec.entry = command{"/bin/sh", {"-c", script}};
+    spec.nprocs = nprocs;
+    spec.logs.prefix_all = true;
+    spec.logs.console_out = ends[1];
+    return spec;
+  };
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  const auto writing = shell(2, "exec yes abcdefghijklmnopqrstuvwxyz");
+  group g = start_processes(io.get_executor(), writing);
+  std::thread first([&io] { io.run(); }), second([&io] { io.run(); });
+  std::this_thread::sleep_for(200ms);
+  const auto outcome = test::fork_beside(0, {}, 10, [&shell] {
+    asio::io_context child_io;
+    const auto echoing = shell(1, "echo child-line");
+    group child_group = start_processes(child_io.get_executor(), echoing);
+    std::thread runner([&child_io] { child_io.run(); });
+    runner.detach();
+    return child_group.join(9s) ? (child_group.result()->ok() ? 0 : 3) : 2;
+  });
+  g.stop();
+  CHECK(g.join(30s));
+  work.reset();
+  first.join();
+  second.join();
+  ::close(ends[1]);
+  drain.join();
+  ::close(ends[0]);
+  CHECK(outcome.hung == 0);
+  CHECK(outcome.failed == 0);
 }

@@ -3,6 +3,7 @@
 #include "os/clone3.hpp"
 #include "process/launch.hpp"
 
+#include "support/fork_beside.hpp"
 #include "support/harness.hpp"
 #include "support/process_probe.hpp"
 
@@ -471,53 +472,21 @@ TEST_SUITE("spawn") {
   // pipe hung. Held briefly, so many forks: on the old code one in one to
   // four hundred hung.
   TEST_CASE("a fork while other threads spawn with pipes: the child's own spawn with a pipe runs") {
-    std::atomic<bool> stop{false};
-    std::vector<std::thread> spawners;
-    for (int t = 0; t < 2; ++t) {
-      spawners.emplace_back([&stop] {
-        asio::io_context io;
-        spawn_options options;
-        options.out = stdio::pipe();
-        while (!stop) {
-          child c = spawn(io.get_executor(), command{"/bin/true", {}}, options);
-          std::string text;
-          std::error_code ec;
-          asio::read(c.out(), asio::dynamic_buffer(text), ec);
-          c.join();
-        }
-      });
-    }
-    int hung = 0, failed = 0;
-    for (int round = 0; round < 1000; ++round) {
-      const pid_t pid = ::fork();
-      if (pid == 0) {
-        ::alarm(10);  // a hang ends the child with SIGALRM
-        try {
-          asio::io_context io;
-          spawn_options options;
-          options.out = stdio::pipe();
-          child c = spawn(io.get_executor(), command{"/bin/sh", {"-c", "echo hi; exit 3"}}, options);
-          std::string text;
-          std::error_code ec;
-          asio::read(c.out(), asio::dynamic_buffer(text), ec);
-          ::_exit(c.join().code() == 3 && text == "hi\n" ? 0 : 1);
-        } catch (...) {
-          ::_exit(2);
-        }
-      }
-      REQUIRE(pid > 0);
-      // Looked at every few milliseconds, so that the spawners run on
-      // between the forks.
-      int status = 0;
-      while (::waitpid(pid, &status, WNOHANG) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) ++hung;
-      else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
-      if (hung > 0) break;
-    }
-    stop = true;
-    for (auto& t : spawners) t.join();
-    CHECK(hung == 0);
-    CHECK(failed == 0);
+    const auto spawn_with_a_pipe = [](const command& cmd) {
+      asio::io_context io;
+      spawn_options options;
+      options.out = stdio::pipe();
+      child c = spawn(io.get_executor(), cmd, options);
+      std::string text;
+      std::error_code ec;
+      asio::read(c.out(), asio::dynamic_buffer(text), ec);
+      return std::pair{c.join().code(), text};
+    };
+    const auto outcome = test::fork_beside(
+        2, [&] { spawn_with_a_pipe(command{"/bin/true", {}}); }, 1000,
+        [&] { return spawn_with_a_pipe(command{"/bin/sh", {"-c", "echo hi; exit 3"}}) == std::pair{3, std::string("hi\n")} ? 0 : 1; });
+    CHECK(outcome.hung == 0);
+    CHECK(outcome.failed == 0);
   }
 
   TEST_CASE("the error_code overload reports instead of throwing") {

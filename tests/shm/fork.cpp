@@ -4,6 +4,7 @@
 #include "cohort/storage.hpp"
 
 #include "support/carve_probe.hpp"
+#include "support/fork_beside.hpp"
 
 #include <doctest/doctest.h>
 
@@ -258,35 +259,23 @@ TEST_SUITE("fork") {
   // that stripe held for good, and its own move of a storage on the same
   // stripe hung.
   TEST_CASE("a plain fork while another thread moves storages into shared memory: the child's moves run") {
-    std::atomic<bool> stop{false};
-    std::thread mover([&stop] {
-      while (!stop.load(std::memory_order_relaxed)) {
-        storage s = storage::allocate(1 << 20);  // a long copy, a lock held long
-        s.share_memory();
-      }
-    });
-    int hung = 0, failed = 0;
-    for (int round = 0; round < 50 && hung == 0; ++round) {
-      const pid_t pid = ::fork();
-      REQUIRE(pid >= 0);
-      if (pid == 0) {
-        ::alarm(10);  // a hang ends the child with SIGALRM
-        // Storages enough to fall on every stripe.
-        std::vector<storage> moved;
-        for (int i = 0; i < 256; ++i) {
-          moved.push_back(storage::allocate(64));
-          moved.back().share_memory();
-        }
-        ::_exit(std::all_of(moved.begin(), moved.end(), [](const storage& s) { return s.is_shared(); }) ? 0 : 1);
-      }
-      int status = 0;
-      while (::waitpid(pid, &status, WNOHANG) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      if (WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM) ++hung;
-      else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
-    }
-    stop = true;
-    mover.join();
-    CHECK(hung == 0);
-    CHECK(failed == 0);
+    const auto outcome = test::fork_beside(
+        1,
+        [] {
+          storage s = storage::allocate(1 << 20);  // a long copy, a lock held long
+          s.share_memory();
+        },
+        50,
+        [] {
+          // Storages enough to fall on every stripe.
+          std::vector<storage> moved;
+          for (int i = 0; i < 256; ++i) {
+            moved.push_back(storage::allocate(64));
+            moved.back().share_memory();
+          }
+          return std::all_of(moved.begin(), moved.end(), [](const storage& s) { return s.is_shared(); }) ? 0 : 1;
+        });
+    CHECK(outcome.hung == 0);
+    CHECK(outcome.failed == 0);
   }
 }
