@@ -388,9 +388,21 @@ std::string missing_interpreter(const std::string& file) {
   const ssize_t got = ::read(fd.get(), head.data(), head.size());
   const std::string_view text(head.data(), got > 0 ? static_cast<std::size_t>(got) : 0);
   if (text.starts_with("#!")) {
+    // The kernel ends the name at a blank or at the line's end, and no
+    // sooner: a carriage return is part of it.
     const std::size_t begin = text.find_first_not_of(" \t", 2);
-    const std::size_t end = text.find_first_of(" \t\r\n", begin);
-    const std::string_view interpreter = begin == std::string_view::npos ? "" : text.substr(begin, end - begin);
+    const std::size_t end = text.find_first_of(" \t\n", begin);
+    std::string_view interpreter = begin == std::string_view::npos ? "" : text.substr(begin, end - begin);
+    if (interpreter.ends_with('\r')) {
+      interpreter.remove_suffix(1);
+      return fmt::format("its #! line ends in a carriage return (DOS line endings), so the interpreter looked for is "
+                         "'{}\\r', which is missing",
+                         interpreter);
+    }
+    if (::access(std::string(interpreter).c_str(), F_OK) == 0) {
+      return fmt::format("the interpreter its #! line names, '{}', is there, but one it asks for in turn is missing",
+                         interpreter);
+    }
     return fmt::format("the interpreter its #! line names, '{}', is missing", interpreter);
   }
   if (text.starts_with("\x7f" "ELF")) return "the program loader (ELF interpreter) it names is missing";
@@ -582,7 +594,7 @@ std::string describe(const command& cmd, const failure& f) {
     if (cmd.program.empty()) return what + ": empty program name";
     if (f.detail.empty()) return what + ": not found in PATH";
     std::error_code ec;
-    return fmt::format("{}: {} found in PATH is {}", what, f.detail,
+    return fmt::format("{}: '{}' found in PATH is {}", what, f.detail,
                        std::filesystem::is_directory(f.detail, ec) ? "a directory" : "not executable");
   }
   return describe_failure(what, f);

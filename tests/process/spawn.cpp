@@ -404,6 +404,31 @@ TEST_SUITE("spawn") {
     CHECK_FALSE(has_unreaped_children());
   }
 
+  // Before, a carriage return ending the #! line was cut off the name, so
+  // an interpreter that is there was said to be missing; and so was one
+  // that is there but names a missing interpreter in turn.
+  TEST_CASE("a script with DOS line endings, or whose interpreter's own is missing, says so") {
+    test::temp_dir dir;
+    const auto dos = dir.path / "dos.sh";
+    std::ofstream(dos) << "#!/bin/sh\r\necho hi\r\n";
+    fs::permissions(dos, fs::perms::owner_all);
+    const std::string dos_what = spawn_error(command{dos.string(), {}}).what();
+    CHECK(dos_what.find("carriage return") != std::string::npos);
+    CHECK(dos_what.find("'/bin/sh\\r'") != std::string::npos);
+    CHECK(dos_what.find("'/bin/sh', is missing") == std::string::npos);
+
+    const auto inner = dir.path / "inner";
+    std::ofstream(inner) << "#!/nonexistent/cohort-interpreter\n";
+    fs::permissions(inner, fs::perms::owner_all);
+    const auto outer = dir.path / "outer.sh";
+    std::ofstream(outer) << "#!" << inner.string() << "\necho hi\n";
+    fs::permissions(outer, fs::perms::owner_all);
+    const std::string outer_what = spawn_error(command{outer.string(), {}}).what();
+    CHECK(outer_what.find("'" + inner.string() + "', is missing") == std::string::npos);
+    CHECK(outer_what.find("is there") != std::string::npos);
+    CHECK_FALSE(has_unreaped_children());
+  }
+
   TEST_CASE("a file that is not executable, or not a program, fails at exec with the cause") {
     test::temp_dir dir;
     auto plain = dir.path / "plain.txt";

@@ -204,6 +204,47 @@ TEST_SUITE("etcd client") {
                          etcd_error);
   }
 
+  // Before, the cut could split a character in two, and control bytes
+  // went out raw: an escape sequence reached the terminal, and a NUL ended
+  // the message before its hint.
+  TEST_CASE("an answer that is not etcd's is cut between characters, its control bytes shown as \\xNN") {
+    const std::string accents = "a" + [] {
+      std::string e;
+      for (int i = 0; i < 60; ++i) e += "\xc3\xa9";  // é, two bytes each
+      return e;
+    }();
+    cohort::test::canned_server accented("HTTP/1.0 502 Bad Gateway\r\nContent-Length: " + std::to_string(accents.size()) +
+                                         "\r\n\r\n" + accents);
+    etcd_client first(accented.endpoint(), 30s);
+    try {
+      first.range("/any");
+      FAIL("the range succeeded");
+    } catch (const etcd_error& e) {
+      const std::string what = e.what();
+      const auto cut = what.find("...");
+      REQUIRE(cut != std::string::npos);
+      // 'a' and then whole two-byte characters only.
+      const auto body = what.substr(0, cut).substr(what.find("HTTP 502: ") + 10);
+      CHECK(body.size() % 2 == 1);
+      CHECK(body.substr(1) == accents.substr(1, body.size() - 1));
+    }
+    const char raw[] = "\x1b[31mred\x1b[0m\tx\0tail";
+    const std::string controls(raw, sizeof raw - 1);
+    cohort::test::canned_server controlled("HTTP/1.0 502 Bad Gateway\r\nContent-Length: " +
+                                           std::to_string(controls.size()) + "\r\n\r\n" + controls);
+    etcd_client second(controlled.endpoint(), 30s);
+    try {
+      second.range("/any");
+      FAIL("the range succeeded");
+    } catch (const etcd_error& e) {
+      const std::string what = e.what();
+      CHECK(what.find('\x1b') == std::string::npos);
+      CHECK(what.find("\\x1b[31mred") != std::string::npos);
+      CHECK(what.find("\\x00tail") != std::string::npos);
+      CHECK(what.find("does not look like etcd's v3 JSON API") != std::string::npos);
+    }
+  }
+
   // Before, a field of the wrong type or a number that was not one escaped
   // as nlohmann's or std::stoll's bare exception, a key outside the prefix
   // as an out_of_range of the rendezvous, and an answer of {} was a lease.

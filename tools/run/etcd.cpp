@@ -160,11 +160,28 @@ json compare_json(const compare& c) {
   return j;
 }
 
-// The first line of `text`, cut to `limit` bytes ("..." after a cut).
+// The first line of `text`, cut to `limit` bytes ("..." after a cut), at
+// the start of a UTF-8 character; a control byte (NUL, an escape) shows as
+// \xNN, so that the line reaches the terminal as one readable line.
 std::string first_line(std::string_view text, std::size_t limit) {
   auto line = text.substr(0, text.find_first_of("\r\n"));
-  if (line.size() <= limit) return std::string(line);
-  return std::string(line.substr(0, limit)) + "...";
+  const bool cut = line.size() > limit;
+  if (cut) {
+    std::size_t end = limit;
+    while (end > 0 && (static_cast<unsigned char>(line[end]) & 0xc0) == 0x80) --end;  // inside a character
+    line = line.substr(0, end);
+  }
+  std::string shown;
+  shown.reserve(line.size() + 3);
+  for (const char c : line) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      shown += fmt::format("\\x{:02x}", byte);
+    } else {
+      shown += c;
+    }
+  }
+  return cut ? shown + "..." : shown;
 }
 
 std::size_t append_to(char* data, std::size_t size, std::size_t count, void* text) {
