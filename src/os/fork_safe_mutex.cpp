@@ -3,6 +3,11 @@
 
 #include <pthread.h>
 
+#include <array>
+#include <bitset>
+#include <cstddef>
+#include <vector>
+
 namespace cohort::os {
 
 namespace {
@@ -12,26 +17,70 @@ thread_local bool held_across_forks = false;
 
 }  // namespace
 
-// The live mutexes, in a list of their own; the list's lock is held from a
-// fork's start to its end in both processes.
+// The live mutexes, in slots on pages of their own; the first slot of the
+// first page is the pages' own lock, held from a fork's start to its end in
+// both processes. The pages are never given back: a fork may come at exit.
 struct fork_safe_mutexes {
-  std::mutex mutex;
-  fork_safe_mutex* head = nullptr;
+  static constexpr std::size_t per_page = 4096 / sizeof(std::mutex);
+  struct alignas(4096) page {
+    std::array<std::mutex, per_page> slots;
+  };
+  std::vector<page*> pages;
+  std::vector<std::bitset<per_page>> used;  // beside the pages: only a slot's taking and return write it
 
   static fork_safe_mutexes& all() {
-    static fork_safe_mutexes& list = *new fork_safe_mutexes;  // never destroyed: a fork may come at exit
+    static fork_safe_mutexes& list = *[] {
+      auto* l = new fork_safe_mutexes;
+      l->pages.push_back(new page);
+      l->used.emplace_back().set(0);  // the pages' lock
+      return l;
+    }();
     return list;
   }
+  std::mutex& lock_of_pages() { return pages.front()->slots[0]; }
+
+  std::mutex* take_slot() {
+    std::lock_guard lock(lock_of_pages());
+    for (std::size_t p = 0; p < pages.size(); ++p) {
+      if (used[p].all()) continue;
+      std::size_t s = 0;
+      while (used[p][s]) ++s;
+      used[p].set(s);
+      return &pages[p]->slots[s];
+    }
+    pages.reserve(pages.size() + 1);
+    used.reserve(used.size() + 1);
+    auto* fresh = new page;
+    pages.push_back(fresh);
+    used.emplace_back().set(0);
+    return &fresh->slots[0];
+  }
+  void give_back(std::mutex* slot) {
+    std::lock_guard lock(lock_of_pages());
+    for (std::size_t p = 0; p < pages.size(); ++p) {
+      const auto* first = pages[p]->slots.data();
+      if (slot >= first && slot < first + per_page) used[p].reset(static_cast<std::size_t>(slot - first));
+    }
+  }
+  template <class Fn>
+  void for_each_slot(Fn fn) {
+    for (std::size_t p = 0; p < pages.size(); ++p) {
+      for (std::size_t s = p == 0 ? 1 : 0; s < per_page; ++s) {
+        if (used[p][s]) fn(pages[p]->slots[s]);
+      }
+    }
+  }
+
   static void lock_all() {
     auto& l = all();
-    l.mutex.lock();
-    for (auto* m = l.head; m != nullptr; m = m->next_) m->mutex_.lock();
+    l.lock_of_pages().lock();
+    l.for_each_slot([](std::mutex& m) { m.lock(); });
   }
   // The thread that locked them, in the process that forked or in its child.
   static void unlock_all() {
     auto& l = all();
-    for (auto* m = l.head; m != nullptr; m = m->next_) m->mutex_.unlock();
-    l.mutex.unlock();
+    l.for_each_slot([](std::mutex& m) { m.unlock(); });
+    l.lock_of_pages().unlock();
   }
   static void before_fork() {
     if (!held_across_forks) lock_all();
@@ -65,23 +114,8 @@ fork_safe_mutexes_held::~fork_safe_mutexes_held() {
   fork_safe_mutexes::unlock_all();
 }
 
-fork_safe_mutex::fork_safe_mutex() {
-  auto& l = fork_safe_mutexes::all();
-  std::lock_guard lock(l.mutex);
-  next_ = l.head;
-  if (next_ != nullptr) next_->prev_ = this;
-  l.head = this;
-}
+fork_safe_mutex::fork_safe_mutex() : mutex_(fork_safe_mutexes::all().take_slot()) {}
 
-fork_safe_mutex::~fork_safe_mutex() {
-  auto& l = fork_safe_mutexes::all();
-  std::lock_guard lock(l.mutex);
-  if (prev_ != nullptr) {
-    prev_->next_ = next_;
-  } else {
-    l.head = next_;
-  }
-  if (next_ != nullptr) next_->prev_ = prev_;
-}
+fork_safe_mutex::~fork_safe_mutex() { fork_safe_mutexes::all().give_back(mutex_); }
 
 }  // namespace cohort::os

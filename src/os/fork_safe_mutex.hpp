@@ -18,16 +18,17 @@ class fork_safe_mutex {
   fork_safe_mutex& operator=(const fork_safe_mutex&) = delete;
   ~fork_safe_mutex();
 
-  void lock() { mutex_.lock(); }
-  bool try_lock() { return mutex_.try_lock(); }
-  void unlock() { mutex_.unlock(); }
+  void lock() { mutex_->lock(); }
+  bool try_lock() { return mutex_->try_lock(); }
+  void unlock() { mutex_->unlock(); }
 
  private:
-  friend struct fork_safe_mutexes;
-  friend class fork_safe_mutexes_held;
-  std::mutex mutex_;
-  fork_safe_mutex* prev_ = nullptr;
-  fork_safe_mutex* next_ = nullptr;
+  // A slot on the pages that hold every fork_safe_mutex side by side: each
+  // fork writes each of their pages twice in the forking process (taking
+  // them while the last child still shares the page, releasing them while
+  // the new one does), a page copied each time, so they share as few
+  // pages as they can.
+  std::mutex* mutex_;
 };
 
 /// Every fork_safe_mutex, held by this thread while it forks several

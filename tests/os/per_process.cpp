@@ -9,8 +9,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 using namespace cohort;
 
@@ -144,5 +146,41 @@ TEST_SUITE("fork_safe_mutex") {
     int status = 0;
     REQUIRE(::waitpid(child, &status, 0) == child);
     CHECK(WEXITSTATUS(status) == 0);
+  }
+
+  // They live side by side on pages of slots, a page's worth at a time:
+  // those on later pages, and slots given back and taken again, are taken
+  // around each fork as the first ones are.
+  TEST_CASE("a page's worth and more: a fork waits for the holder of any of them") {
+    std::vector<std::unique_ptr<os::fork_safe_mutex>> many;
+    for (int i = 0; i < 300; ++i) many.push_back(std::make_unique<os::fork_safe_mutex>());
+    for (int i = 0; i < 300; i += 3) many[static_cast<std::size_t>(i)].reset();  // slots given back
+    for (int i = 0; i < 50; ++i) many.push_back(std::make_unique<os::fork_safe_mutex>());  // and taken again
+    for (const std::size_t pick : {std::size_t{1}, std::size_t{250}, many.size() - 1}) {
+      auto& m = *many[pick];
+      std::atomic<bool> holding{false};
+      std::thread holder([&] {
+        std::lock_guard lock(m);
+        holding = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      });
+      while (!holding) std::this_thread::yield();
+      const pid_t child = ::fork();  // waits for the holder to let go
+      if (child == 0) {
+        bool all_free = true;
+        for (auto& each : many) {
+          if (!each) continue;
+          if (!each->try_lock()) all_free = false;
+          else each->unlock();
+        }
+        ::_exit(all_free ? 0 : 1);
+      }
+      REQUIRE(child > 0);
+      holder.join();
+      int status = 0;
+      REQUIRE(::waitpid(child, &status, 0) == child);
+      CHECK(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == 0);
+    }
   }
 }
