@@ -58,8 +58,9 @@ struct registry {
   std::vector<std::string> shared_names;  // given to two different functions
 };
 
+// Never destroyed: a thread may still name an entry point as statics go.
 registry& entries() {
-  static registry r;
+  static auto& r = *new registry;
   return r;
 }
 

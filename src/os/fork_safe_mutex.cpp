@@ -25,19 +25,17 @@ struct fork_safe_mutexes {
   struct alignas(4096) page {
     std::array<std::mutex, per_page> slots;
   };
-  std::vector<page*> pages;
-  std::vector<std::bitset<per_page>> used;  // beside the pages: only a slot's taking and return write it
+  page* const first = new page;  // apart from `pages`, which grows under its lock
+  std::vector<page*> pages{first};
+  // Beside the pages: only a slot's taking and return write it. The first
+  // page's first slot is the pages' lock.
+  std::vector<std::bitset<per_page>> used{std::bitset<per_page>().set(0)};
 
   static fork_safe_mutexes& all() {
-    static fork_safe_mutexes& list = *[] {
-      auto* l = new fork_safe_mutexes;
-      l->pages.push_back(new page);
-      l->used.emplace_back().set(0);  // the pages' lock
-      return l;
-    }();
+    static fork_safe_mutexes& list = *new fork_safe_mutexes;
     return list;
   }
-  std::mutex& lock_of_pages() { return pages.front()->slots[0]; }
+  std::mutex& lock_of_pages() { return first->slots[0]; }
 
   std::mutex* take_slot() {
     std::lock_guard lock(lock_of_pages());

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -83,13 +84,24 @@ class lifetime_service final : public asio::execution_context::service {
 
  private:
   void shutdown() override {
+    // The states are held until the lock is let go of: one whose last
+    // holder lets go meanwhile ends here, after the context is gone, so
+    // its end leaves the descriptors closed here alone (close_pipes), where
+    // ending inside the loop it would close their numbers again.
+    std::vector<std::shared_ptr<child_state>> held;
     std::lock_guard lock(left_mutex());
+    try {
+      held.reserve(watched_.size());
+    } catch (const std::bad_alloc&) {
+      // Without room, each ends where the loop lets go of it, as before.
+    }
     for (const auto& weak : watched_) {
-      const auto state = weak.lock();
+      auto state = weak.lock();
       if (!state) continue;
       if (state->in) ::close(state->in->native_handle());
       if (state->out) ::close(state->out->native_handle());
       if (state->err) ::close(state->err->native_handle());
+      if (held.size() < held.capacity()) held.push_back(std::move(state));
     }
     watched_.clear();
     alive_.reset();
