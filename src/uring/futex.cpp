@@ -87,8 +87,13 @@ void futex_threads::notify_fork(asio::execution_context::fork_event event) {
 }
 
 void futex_threads::start(futex_thread_wait& w) {
-  std::lock_guard lock(mutex_);
-  if (shut_down_) return w.destroy();
+  std::unique_lock lock(mutex_);
+  if (shut_down_) {
+    // Outside the lock: what the wait's end lets go of (a coroutine's
+    // frame, a queue's watch) may take or make other locks.
+    lock.unlock();
+    return w.destroy();
+  }
   leave_inherited_helpers_locked();
   // acquire: pairs with the waker's release store, for the data it published.
   if (w.word_.load(std::memory_order_acquire) != w.expected_) return w.post({});
