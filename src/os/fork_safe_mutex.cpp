@@ -32,7 +32,7 @@ struct fork_safe_mutexes {
   std::vector<std::bitset<per_page>> used{std::bitset<per_page>().set(0)};
 
   static fork_safe_mutexes& all() {
-    static fork_safe_mutexes& list = *new fork_safe_mutexes;
+    static fork_safe_mutexes& list = *new fork_safe_mutexes;  // never destroyed, as the pages
     return list;
   }
   std::mutex& lock_of_pages() { return first->slots[0]; }
@@ -56,8 +56,8 @@ struct fork_safe_mutexes {
   void give_back(std::mutex* slot) {
     std::lock_guard lock(lock_of_pages());
     for (std::size_t p = 0; p < pages.size(); ++p) {
-      const auto* first = pages[p]->slots.data();
-      if (slot >= first && slot < first + per_page) used[p].reset(static_cast<std::size_t>(slot - first));
+      const auto* begin = pages[p]->slots.data();
+      if (slot >= begin && slot < begin + per_page) used[p].reset(static_cast<std::size_t>(slot - begin));
     }
   }
   template <class Fn>
