@@ -413,9 +413,7 @@ void child::signal_group(int sig, std::error_code& ec) {
     return;
   }
   if (state_->status) return;
-  siginfo_t info{};
-  if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(state_->pidfd), &info,
-               WEXITED | WNOHANG | WNOWAIT) != 0) {
+  if (!uring::unreaped(state_->pidfd)) {
     if (errno != ECHILD) ec.assign(errno, std::system_category());
     return;
   }
