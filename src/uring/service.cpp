@@ -44,6 +44,12 @@ bool switched_off() {
   return value != nullptr && std::string_view(value) == "0";
 }
 
+// any_io_executor::target<T>() in Asio 1.22 does not check the type; this does.
+template <class T>
+const T* exact_target(const asio::any_io_executor& executor) {
+  return executor.target_type() == typeid(T) ? executor.target<T>() : nullptr;
+}
+
 // Completes an operation that never reached the kernel, through the
 // io_context; destroys it uncalled if the context goes first.
 struct fail_later {
@@ -57,16 +63,6 @@ struct fail_later {
   }
   void operator()() { std::exchange(op, nullptr)->complete(res); }
 };
-
-}  // namespace
-
-namespace {
-
-// any_io_executor::target<T>() in Asio 1.22 does not check the type; this does.
-template <class T>
-const T* exact_target(const asio::any_io_executor& executor) {
-  return executor.target_type() == typeid(T) ? executor.target<T>() : nullptr;
-}
 
 }  // namespace
 
