@@ -1,6 +1,8 @@
 // Every fork_safe_mutex, taken around each fork.
 #include "os/fork_safe_mutex.hpp"
 
+#include "os/process_identity.hpp"
+
 #include <pthread.h>
 
 #include <array>
@@ -92,11 +94,20 @@ struct fork_safe_mutexes {
   }
 };
 
+void take_fork_safe_mutexes_around_forks() noexcept {
+  static const bool registered = [] {
+    forget_process_id_in_forked_children();
+    ::pthread_atfork(fork_safe_mutexes::before_fork, fork_safe_mutexes::after_fork_in_parent,
+                     fork_safe_mutexes::after_fork_in_child);
+    return true;
+  }();
+  (void)registered;
+}
+
 namespace {
 
 [[maybe_unused]] const bool handlers = [] {
-  ::pthread_atfork(fork_safe_mutexes::before_fork, fork_safe_mutexes::after_fork_in_parent,
-                   fork_safe_mutexes::after_fork_in_child);
+  take_fork_safe_mutexes_around_forks();
   return true;
 }();
 

@@ -31,6 +31,15 @@ class fork_safe_mutex {
   std::mutex* mutex_;
 };
 
+/// Registers, once, the fork handlers that take every fork_safe_mutex
+/// around each fork, after the one that makes a child forget its parent's
+/// pid. A layer whose own handlers must take their locks before these, and
+/// run in the child after these are released, calls it before registering
+/// them: the order of a program's static initializers is its link order,
+/// which a static link of the library may change. Called by this file's own
+/// initializer too.
+void take_fork_safe_mutexes_around_forks() noexcept;
+
 /// Every fork_safe_mutex, held by this thread while it forks several
 /// children back to back: the forks leave them alone in this process, where
 /// releasing them after each fork would write their pages, each a page

@@ -29,11 +29,19 @@ int rank_of_this_process = -1;
 // forget_process_id themselves; those that share the parent's memory until
 // they exec touch neither.)
 [[maybe_unused]] const bool forgotten_in_forked_children = [] {
-  ::pthread_atfork(nullptr, nullptr, [] { forget_process_id(); });
+  forget_process_id_in_forked_children();
   return true;
 }();
 
 }  // namespace
+
+void forget_process_id_in_forked_children() noexcept {
+  static const bool registered = [] {
+    ::pthread_atfork(nullptr, nullptr, [] { forget_process_id(); });
+    return true;
+  }();
+  (void)registered;
+}
 
 namespace {
 

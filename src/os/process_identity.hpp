@@ -47,6 +47,13 @@ pid_t this_process() noexcept;
 /// handlers do it) that goes on running this program.
 void forget_process_id() noexcept;
 
+/// Registers, once, the fork handler that makes every child of glibc's fork
+/// forget its parent's pid, first of all child handlers that call this
+/// before registering their own: the order of a program's static
+/// initializers is its link order, which a static link of the library may
+/// change. Called by this file's own initializer too.
+void forget_process_id_in_forked_children() noexcept;
+
 
 /// The rank this process runs as an entry point, or -1 (not a rank).
 int running_rank() noexcept;

@@ -4,6 +4,7 @@
 #include "shm/fork.hpp"
 
 #include "config.hpp"
+#include "os/fork_safe_mutex.hpp"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -177,7 +178,12 @@ COHORT_FORKED_CHILD_PATH void in_child() {
   unlock_storages_after_fork();
 }
 
+// Registered after the fork-safe locks' handlers, whatever the link order:
+// these take shared memory's locks before those are taken, as a batch does
+// (fork_batch before os::fork_safe_mutexes_held), and run in the child once
+// the pid is forgotten and those are released.
 [[maybe_unused]] const bool handlers = [] {
+  os::take_fork_safe_mutexes_around_forks();
   ::pthread_atfork(
       [] {
         if (!in_batch) before_plain_fork();
