@@ -15,7 +15,9 @@
 #include "run/signal_owner.hpp"
 #include "run/slurm.hpp"
 
+#include "os/descriptor_limit.hpp"
 #include "os/process_identity.hpp"
+#include "os/replace_file.hpp"
 #include "os/temp_directory.hpp"
 
 #include <cohort/group.hpp>
@@ -680,10 +682,14 @@ void write_results(const run_options& o, const run_record& record) {
   for (const auto& file : files) {
     std::error_code ec;
     if (file.has_parent_path()) fs::create_directories(file.parent_path(), ec);
-    std::ofstream out(file, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) say("cohort-run: writing {} failed: {}\n", file.string(), std::strerror(errno));
+    // Whole or not at all: a reader never finds part of it. Where it could
+    // not be written, an earlier run's file there goes, so that none is
+    // read as this run's.
+    if (cohort::os::replace_file(file, text)) continue;
+    const int error = errno;
+    const bool stale = fs::is_regular_file(fs::symlink_status(file, ec)) && fs::remove(file, ec);
+    say("cohort-run: writing {} failed: {}{}{}\n", file.string(), std::strerror(error),
+        cohort::os::file_size_limit_note(error), stale ? "; the earlier file there was removed" : "");
   }
 }
 

@@ -7,7 +7,6 @@
 #include "cohort/error_file.hpp"
 #include "cohort/when_any.hpp"
 #include "launch/entry.hpp"
-#include "launch/unfinished_report.hpp"
 #include "group/descendants.hpp"
 #include "group/error_dir.hpp"
 #include "group/rank_groups.hpp"
@@ -19,6 +18,7 @@
 #include "os/fork_safe_mutex.hpp"
 #include "os/owned_fd.hpp"
 #include "os/process_identity.hpp"
+#include "os/replace_file.hpp"
 #include "process/child_state.hpp"
 #include "process/launch.hpp"
 #include "process/owned_pids.hpp"
@@ -286,14 +286,14 @@ void release_error_dir(group_state& state) noexcept {
 
 namespace {
 
-// Removes from `folder` the unfinished reports (detail::unfinished_report)
+// Removes from `folder` the unfinished reports (os::unfinished_file)
 // that ranks killed while writing their error files left there.
 void remove_unfinished_reports(const std::filesystem::path& folder) {
   std::error_code ec;
   std::vector<std::filesystem::path> unfinished;
   for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (is_unfinished_report(name, "error.json")) unfinished.push_back(it->path());
+    if (os::is_unfinished_file(name, "error.json")) unfinished.push_back(it->path());
   }
   for (const auto& path : unfinished) std::filesystem::remove(path, ec);
 }

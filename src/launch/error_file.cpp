@@ -2,10 +2,9 @@
 #include "cohort/error_file.hpp"
 
 #include "launch/json_text.hpp"
-#include "launch/unfinished_report.hpp"
 #include "os/demangle.hpp"
 #include "os/owned_fd.hpp"
-#include "os/quiet_sigpipe.hpp"
+#include "os/replace_file.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -62,93 +61,7 @@ std::string trace_of(std::string stack, const std::string& message) {
   return stack;
 }
 
-// Writes all of `text` to `fd`; false, with errno set, when it cannot.
-bool write_all(int fd, std::string_view text) {
-  while (!text.empty()) {
-    const ssize_t n = ::write(fd, text.data(), text.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return false;
-    text.remove_prefix(static_cast<std::size_t>(n));
-  }
-  return true;
-}
-
-// `text` written over what is at `path`, as a program's own open for
-// writing would: created if missing, replaced if there.
-bool write_in_place(const std::filesystem::path& path, std::string_view text) {
-  const os::owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
-  return fd.get() >= 0 && write_all(fd.get(), text);
-}
-
-// Tells apart the temporary files of this process's writes.
-std::atomic<unsigned> temporaries{0};
-
-// `text` put at `path` whole or not at all: written to a new file beside
-// it and renamed over it once complete. A reader (the supervisor, once the
-// rank has ended) finds the earlier report or this one, never part of one;
-// a write that fails (a full disk, RLIMIT_FSIZE) or that the process's end
-// cuts short leaves the earlier one. The new file takes the old one's mode.
-// Where a rename would change more than what the file holds, or cannot be
-// done, the file is written in place, as a program's own open for writing
-// would: a symbolic link (/dev/stderr names a descriptor's file, which a
-// rename would take from under it), something other than a regular file
-// (a FIFO), a file of several links or of another owner, a folder in which
-// this process may not create a file, a name too long for a suffix, a
-// rename refused (a file mounted on its own: EBUSY; a sticky folder: EPERM).
-bool replace_file(const std::filesystem::path& path, std::string_view text) {
-  // Past RLIMIT_FSIZE, a write raises SIGXFSZ, whose default action would
-  // end a failing program before it could say why: the write fails instead.
-  const os::quiet_signal quiet(SIGXFSZ);
-  struct stat st{};
-  const bool there = ::lstat(path.c_str(), &st) == 0;
-  if (there && (!S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_uid != ::geteuid())) {
-    return write_in_place(path, text);
-  }
-  // Named after the target, so that what sweeps a group's error files by
-  // their names' beginnings takes one that a killed rank left too.
-  std::filesystem::path temporary;
-  os::owned_fd fd;
-  do {
-    temporary = detail::unfinished_report(path, temporaries.fetch_add(1, std::memory_order_relaxed));
-    fd = os::owned_fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
-  } while (fd.get() < 0 && errno == EEXIST);
-  if (fd.get() < 0) return write_in_place(path, text);
-  if (there) (void)::fchmod(fd.get(), st.st_mode & 07777);
-  if (!write_all(fd.get(), text)) {
-    const int error = errno;
-    ::unlink(temporary.c_str());
-    errno = error;
-    return false;
-  }
-  if (::rename(temporary.c_str(), path.c_str()) == 0) return true;
-  ::unlink(temporary.c_str());
-  return write_in_place(path, text);
-}
-
 }  // namespace
-
-namespace detail {
-
-std::filesystem::path unfinished_report(const std::filesystem::path& report, unsigned n) {
-  auto path = report;
-  path += fmt::format(".{}-{}.tmp", ::getpid(), n);
-  return path;
-}
-
-bool is_unfinished_report(std::string_view name, std::string_view report_name) noexcept {
-  constexpr std::string_view suffix = ".tmp";
-  if (!name.starts_with(report_name) || !name.ends_with(suffix)) return false;
-  name = name.substr(report_name.size(), name.size() - report_name.size() - suffix.size());
-  // What is left: ".<pid>-<n>".
-  const auto digits = [](std::string_view part) {
-    return !part.empty() && part.find_first_not_of("0123456789") == std::string_view::npos;
-  };
-  const auto dash = name.find('-');
-  return name.starts_with('.') && dash != std::string_view::npos && digits(name.substr(1, dash - 1)) &&
-         digits(name.substr(dash + 1));
-}
-
-}  // namespace detail
 
 std::optional<std::filesystem::path> error_file_path() {
   for (const char* name : {"COHORT_ERROR_FILE", "TORCHELASTIC_ERROR_FILE"}) {
@@ -179,7 +92,7 @@ bool record_error(const error_report& report) noexcept {
     // Made before the file is opened, so that a report that cannot be put
     // into words leaves no empty file. Bytes that are not UTF-8 (a what()
     // naming a file in Latin-1) become U+FFFD rather than losing the report.
-    return replace_file(*path, file.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + '\n');
+    return os::replace_file(*path, file.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + '\n');
   } catch (...) {
     return false;
   }

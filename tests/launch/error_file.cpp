@@ -2,7 +2,7 @@
 
 #include "cohort/spawn.hpp"
 
-#include "launch/unfinished_report.hpp"
+#include "os/replace_file.hpp"
 #include "os/stack_trace.hpp"
 
 #include "support/harness.hpp"
@@ -80,17 +80,17 @@ TEST_SUITE("error_file") {
   // killed ranks' files piling up, one that took more would remove a
   // user's files.
   TEST_CASE("the name of a report being written is recognised beside its report, and no other") {
-    const auto written = cohort::detail::unfinished_report("/some/where/error.json", 7);
+    const auto written = cohort::os::unfinished_file("/some/where/error.json", 7);
     CHECK(written.parent_path() == "/some/where");
     const auto name = written.filename().string();
     CHECK(name == fmt::format("error.json.{}-7.tmp", ::getpid()));
-    CHECK(cohort::detail::is_unfinished_report(name, "error.json"));
-    CHECK(cohort::detail::is_unfinished_report("error.json.4242-0.tmp", "error.json"));
+    CHECK(cohort::os::is_unfinished_file(name, "error.json"));
+    CHECK(cohort::os::is_unfinished_file("error.json.4242-0.tmp", "error.json"));
     for (const char* other : {"error.json", "error.json.tmp", "error.json..tmp", "error.json.4242.tmp",
                               "error.json.4242-.tmp", "error.json.-0.tmp", "error.json.x-0.tmp", "error.json.42-0x.tmp",
                               "error.json.4242-0.tmp.bak", "error.jsonx.4242-0.tmp", "other.json.4242-0.tmp"}) {
       CAPTURE(other);
-      CHECK_FALSE(cohort::detail::is_unfinished_report(other, "error.json"));
+      CHECK_FALSE(cohort::os::is_unfinished_file(other, "error.json"));
     }
   }
 

@@ -1859,6 +1859,26 @@ TEST_SUITE("cohort-run") {
     CHECK_FALSE(rank.contains("message"));
   }
 
+  TEST_CASE("--result-json past RLIMIT_FSIZE: no part of it is left, nor an earlier run's, and the message says why") {
+    test::temp_dir dir;
+    const auto file = dir.path / "result.json";
+    std::ofstream(file) << "{\"from\": \"an earlier run\"}\n";
+    // 512 bytes a file (dash counts 512-byte blocks), well below the record
+    // of four ranks.
+    const command cmd("/bin/sh", {"-c", "ulimit -f 1 && exec \"$0\" \"$@\"", launcher, "--result-json", file.string(),
+                                  "-n", "4", "--", "/bin/true"});
+    auto r = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; });
+    CHECK(r.status.code() == 0);  // the ranks' outcome
+    const std::string left = fs::exists(file) ? read_file(file) : std::string();
+    CHECK_MESSAGE(!fs::exists(file), "left: ", left);
+    CHECK(r.err.find("cohort-run: writing " + file.string() + " failed: File too large (longer than RLIMIT_FSIZE allows") !=
+          std::string::npos);
+    CHECK(r.err.find("the earlier file there was removed") != std::string::npos);
+    std::size_t others = 0;
+    for (const auto& e : fs::directory_iterator(dir.path)) others += e.path() != file;
+    CHECK(others == 0);  // no unfinished file beside it
+  }
+
   TEST_CASE("a console whose reader has gone: cohort-run runs on, exits with the ranks' code and records the outcome") {
     test::temp_dir dir;
     const auto file = dir.path / "result.json";
