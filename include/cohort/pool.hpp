@@ -227,7 +227,10 @@ class pool {
   /// the queues' shared memory: what it held stays allocated in this
   /// process after the pool has gone, until trim_shared_memory() lets go
   /// of it (see storage.hpp). Call that after a pool whose worker died
-  /// where pools are made again and again.
+  /// where pools are made again and again. In a child of the program's own
+  /// fork(), the copy of a pool its parent made is left alone: its workers
+  /// and its thread are the parent's, and the child neither ends them nor
+  /// may map on them (std::logic_error); it makes a pool of its own.
   ~pool();
 
   /// fn(worker, item) for every item, spread over the workers; returns the
@@ -380,7 +383,8 @@ class pool {
     return {std::move(name), std::move(tasks)};
   }
 
-  // The state; std::logic_error for a pool moved from.
+  // The state; std::logic_error for a pool moved from, or made by the
+  // process this one was forked from.
   detail::pool_state& state() const;
   std::unique_ptr<detail::pool_state> state_;
 };

@@ -7,6 +7,7 @@
 #include "launch/entry.hpp"
 #include "process/launch.hpp"
 #include "launch/uncaught.hpp"
+#include "os/process_identity.hpp"
 
 #include <asio/detail/strand_executor_service.hpp>
 #include <asio/error.hpp>
@@ -140,7 +141,7 @@ namespace detail {
 class pool_state {
  public:
   pool_state(int workers, const pool_options& options)
-      : workers_(workers), tasks_(1024), results_(1024), work_(io_.get_executor()) {
+      : maker_(os::this_process()), workers_(workers), tasks_(1024), results_(1024), work_(io_.get_executor()) {
     if (workers < 1) throw std::invalid_argument("cohort::pool: at least one worker");
     refuse_piped_streams(options.spawn, "cohort::pool: pool_options::spawn");
     group_spec spec;
@@ -270,6 +271,7 @@ class pool_state {
   }
 
   int workers() const noexcept { return workers_; }
+  pid_t maker() const noexcept { return maker_; }
 
  private:
   // Sends the items numbered from `first` and receives their results into
@@ -459,6 +461,7 @@ class pool_state {
   }
 
  private:
+  const pid_t maker_;  // the process whose workers these are
   int workers_;
   queue<pool_task> tasks_;
   queue<pool_outcome> results_;
@@ -586,12 +589,38 @@ void watch_completion(asio::execution_context& context, const std::weak_ptr<pend
 pool::pool(int workers, const pool_options& options)
     : state_(std::make_unique<detail::pool_state>(workers, options)) {}
 pool::pool(pool&&) noexcept = default;
-pool& pool::operator=(pool&&) noexcept = default;
-pool::~pool() = default;
+
+namespace {
+
+// A forked child's copy of its parent's pool is never destroyed: its end
+// would close the parent's queues, take back the parent's items and wait
+// for workers and a thread that are the parent's alone.
+void let_go(std::unique_ptr<detail::pool_state>& state) noexcept {
+  if (state && state->maker() != os::this_process()) (void)state.release();
+}
+
+}  // namespace
+
+pool& pool::operator=(pool&& other) noexcept {
+  if (this != &other) {
+    let_go(state_);
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+pool::~pool() { let_go(state_); }
+
 int pool::workers() const noexcept { return state_ ? state_->workers() : 0; }
 
 detail::pool_state& pool::state() const {
   if (!state_) throw std::logic_error("cohort::pool: used after it was moved from");
+  if (state_->maker() != os::this_process()) {
+    throw std::logic_error(fmt::format(
+        "cohort::pool: this pool's workers are process {}'s, which this process was forked from; a forked child "
+        "makes a pool of its own",
+        state_->maker()));
+  }
   return *state_;
 }
 

@@ -26,6 +26,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -292,6 +293,35 @@ TEST_SUITE("pool") {
     CHECK_THROWS_WITH_AS(p.map(square, std::vector<long>{5}), "cohort::pool: used after it was moved from",
                          std::logic_error);
     CHECK(q.map(square, std::vector<long>{6}) == std::vector<long>{36});
+  }
+
+  TEST_CASE("a child of the program's own fork refuses its parent's pool and leaves it alone as its copy goes") {
+    pool_options options;
+    options.method = start_method::fork;
+    pool p(2, options);
+    CHECK(p.map(square, std::vector<long>{1, 2}) == std::vector<long>{1, 4});
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      ::alarm(20);  // a copy's end that waited for the parent's workers would never return
+      int code = 0;
+      try {
+        p.map(square, std::vector<long>{3});
+        code = 1;  // it ran on the parent's workers
+      } catch (const std::logic_error& e) {
+        if (std::string(e.what()).find("a forked child makes a pool of its own") == std::string::npos) code = 2;
+      } catch (...) {
+        code = 3;
+      }
+      { pool gone = std::move(p); }
+      ::_exit(code);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK_MESSAGE(WIFEXITED(status), "the child ended by signal ", WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+    if (WIFEXITED(status)) CHECK(WEXITSTATUS(status) == 0);
+    // The parent's pool goes on, its queues open and its items its own.
+    CHECK(p.map(square, std::vector<long>(10, 4)) == std::vector<long>(10, 16));
   }
 
   TEST_CASE("an item that calls std::terminate ends the pool with a trace that starts at the item's function") {
