@@ -159,6 +159,12 @@ struct run_result {
   /// Log files that could not be written to the end (a full disk), and a
   /// console that refused its lines (a pipe whose reader has gone).
   std::vector<std::string> log_errors;
+  /// Why the run's end could not look for, or hold, each of the run's other
+  /// processes (the ranks' children, `setsid` ones included) to kill them:
+  /// this process had no descriptor left (RLIMIT_NOFILE) for the whole of
+  /// the end's sweep. Those it could not find may live on. Empty when it
+  /// could.
+  std::string sweep_error;
 
   /// No failure: every rank exited with code 0 (a function rank after its
   /// function returned), none was left unreaped, and the run was not

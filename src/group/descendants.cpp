@@ -266,7 +266,8 @@ bool tracked_processes::kill_and_reap() {
     }
     ++it;
   }
-  if (std::exchange(missed_, false) || any_alive) return false;
+  missed_last_ = std::exchange(missed_, false);
+  if (missed_last_ || any_alive) return false;
   for (const auto& [pid, pidfd] : held_) {
     siginfo_t info{};
     ::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, WEXITED | WNOHANG);

@@ -92,10 +92,14 @@ class tracked_processes {
   /// Notes that a scan could not look (no descriptor to be had): as a
   /// process add() could not hold.
   void note_missed() noexcept { missed_ = true; }
+  /// Whether the last kill_and_reap() found a process missed, or a scan
+  /// that could not look, since the one before it.
+  bool missed_in_last_pass() const noexcept { return missed_last_; }
 
  private:
   std::map<pid_t, int> held_;  // pid -> pidfd
   bool missed_ = false;
+  bool missed_last_ = false;
 };
 
 /// The children of this process that were handed to it, as a subreaper, by

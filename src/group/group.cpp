@@ -679,6 +679,12 @@ void finish(const std::shared_ptr<group_state>& state) {
   // that took a recycled id, and the ranks' segments are gone.
   forget_guardian_notes(*state);
   run_result r = std::move(state->partial);
+  if (!state->nothing_left && state->descendants.missed_in_last_pass()) {
+    r.sweep_error = fmt::format(
+        "the run's end could not look for all of its other processes (the ranks' children) for want of a "
+        "descriptor{}: some may live on",
+        os::descriptor_limit_note(EMFILE));
+  }
   for (std::size_t rank = 0; rank < state->children.size(); ++rank) {
     r.statuses[rank] = state->children[rank] ? state->children[rank].status() : std::nullopt;
   }

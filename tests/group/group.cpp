@@ -848,6 +848,47 @@ TEST_SUITE("group") {
     }
   }
 
+  TEST_CASE("a run's end that has no descriptor to look for the ranks' children with says so in sweep_error") {
+    test::temp_dir dir;
+    {
+      auto spec = ranks_of(1, {"setsid-grandchild", "0"});
+      spec.options.out = stdio::file(dir.path / "could");
+      const auto result = run_group(spec);
+      CHECK(result.sweep_error.empty());
+      CHECK_FALSE(test::alive(first_line_pid(dir.path / "could")));
+    }
+    // In a child of its own, whose descriptors run out once its rank is up.
+    const pid_t runner = ::fork();
+    REQUIRE(runner >= 0);
+    if (runner == 0) {
+      ::alarm(30);
+      rlimit few{64, 64};
+      ::setrlimit(RLIMIT_NOFILE, &few);
+      asio::io_context io;
+      auto spec = ranks_of(1, {"setsid-grandchild", "0"});
+      spec.options.out = stdio::file(dir.path / "could-not");
+      spec.shutdown.kill_wait = 200ms;
+      group g = start_processes(io.get_executor(), spec);
+      if (!test::within(10s, [&] { return first_line_pid(dir.path / "could-not") > 0; }, 5ms)) ::_exit(10);
+      std::vector<int> taken;
+      for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) taken.push_back(fd);
+      run_result result;
+      asio::co_spawn(io, [&]() -> asio::awaitable<void> { result = co_await g.wait(); }, asio::detached);
+      io.run();
+      for (const int fd : taken) ::close(fd);
+      ::kill(first_line_pid(dir.path / "could-not"), SIGKILL);
+      const bool said = result.sweep_error.find("for want of a descriptor (open file limit RLIMIT_NOFILE is 64): "
+                                                "some may live on") != std::string::npos;
+      if (!said) std::fprintf(stderr, "sweep_error: '%s'\n", result.sweep_error.c_str());
+      ::_exit(said && result.statuses[0] && result.statuses[0]->success() ? 0 : 1);
+    }
+    int status = 0;
+    REQUIRE(test::within(40s, [&] { return ::waitpid(runner, &status, WNOHANG) == runner; }, 10ms));
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    const pid_t left = first_line_pid(dir.path / "could-not");
+    if (left > 0) ::kill(left, SIGKILL);
+  }
+
   TEST_CASE("a grandchild that escaped with setsid is gone after the run, also beside a child cohort started") {
     // The run's end skips its look when every child left is one cohort
     // started (here a guardian); the grandchild handed over is not one.

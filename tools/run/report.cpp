@@ -106,6 +106,7 @@ nlohmann::json attempt_json(const attempt_record& a) {
                    {"seconds", std::chrono::duration<double>(a.lasted).count()},
                    {"ranks", std::move(ranks)},
                    {"log_errors", r.log_errors}};
+  if (!r.sweep_error.empty()) j["sweep_error"] = r.sweep_error;
   if (!a.reason.empty()) j["reason"] = a.reason;
   if (r.signal) j["signal"] = cohort::signal_name(*r.signal);
   return j;
@@ -125,6 +126,7 @@ void print_summary(const run_record& run) {
   const auto& a = run.attempts.back();
   const auto& r = a.result;
   for (const auto& error : r.log_errors) say("cohort-run: the logs are incomplete: {}\n", error);
+  if (!r.sweep_error.empty()) say("cohort-run: {}\n", r.sweep_error);
   // A shutdown signal that came as a failure's shutdown ran ends the run as
   // interrupted; the failure is still what went wrong, and is told.
   const bool failed_first = run.outcome == "interrupted" && !r.failures.empty();
