@@ -1,13 +1,17 @@
-// Running out of descriptors: telling it from other errors, and naming the
-// descriptor limit in messages about it; and the file size limit, in
-// messages about a write it refused.
+// Running out of descriptors: telling it from other errors, telling whether
+// there is room for more, and naming the descriptor limit in messages about
+// it; and the file size limit, in messages about a write it refused.
 #pragma once
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
+#include <iterator>
 #include <string>
 
 namespace cohort::os {
@@ -23,6 +27,21 @@ inline std::string descriptor_limit_note(int error) {
   rlimit lim{};
   ::getrlimit(RLIMIT_NOFILE, &lim);
   return fmt::format(" (open file limit RLIMIT_NOFILE is {})", lim.rlim_cur);
+}
+
+/// Whether `count` more descriptors (at most 256) can be had now: copies of
+/// `fd` are made to tell, and closed. Another thread may take them after.
+inline bool descriptors_free(int fd, std::size_t count) noexcept {
+  int copies[256];
+  std::size_t made = 0;
+  while (made < count && made < std::size(copies)) {
+    const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) break;
+    copies[made++] = copy;
+  }
+  const bool room = made == count;
+  while (made > 0) ::close(copies[--made]);
+  return room;
 }
 
 /// " (longer than RLIMIT_FSIZE allows, N bytes)" for EFBIG; empty for any

@@ -4,6 +4,7 @@
 
 #include "config.hpp"
 
+#include "os/descriptor_limit.hpp"
 #include "os/descriptor_passing.hpp"
 #include "os/owned_fd.hpp"
 #include "os/process_identity.hpp"
@@ -50,6 +51,15 @@ struct keeper_state {
   std::string name;  // the socket's abstract address, without its leading 0 byte
   std::vector<std::shared_ptr<segment>> kept;
   bool watching = false;  // a watcher thread lets go of kept segments as the values naming them end
+  // Messages left in the socket for want of descriptors to take them with.
+  bool waiting_for_room = false;
+  // What was handed over and lost here, and why (why_not_kept).
+  struct loss {
+    pid_t sender;
+    std::uint64_t nonce;  // 0: any of the sender's
+    std::string why;
+  };
+  std::vector<loss> lost;
 };
 
 keeper_state& own_state() {
@@ -166,23 +176,57 @@ pid_t own_keeper() noexcept { return keeper_found.of == os::this_process() ? kee
 
 namespace {
 
-// Sends `fds` to this process's keeper; whether it could. Apart from
-// hand_over_to_keeper, whose frame then stays small: a forked rank with
-// nothing to hand over touches no further page of its stack for it.
-[[gnu::noinline]] bool send_to_keeper(const std::vector<int>& fds) noexcept {
-  if (own_keeper() == 0) return false;
-  const os::owned_fd s(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (s.get() < 0) return false;
-  // The keeper's queue of messages may be full for a while; not for long.
+// This process's socket to its keeper, connected once values first name its
+// shared memory: a rank that runs out of descriptors after that still has
+// the one its hand-over needs. `socket_of` tells a fork child that the
+// socket is its parent's.
+std::atomic<int> keeper_socket{-1};
+std::atomic<pid_t> keeper_socket_of{0};
+
+// A socket connected to this process's keeper, -1 (errno set) when none
+// could be made. The sender waits at most 2 s for room in the keeper's queue.
+int connect_to_keeper() noexcept {
+  const int s = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return -1;
   const timeval patience{2, 0};
-  ::setsockopt(s.get(), SOL_SOCKET, SO_SNDTIMEO, &patience, sizeof patience);
+  ::setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &patience, sizeof patience);
   socklen_t length = 0;
   const auto a = address_of({keeper_found.name, keeper_found.name_size}, length);
-  if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&a), length) != 0) return false;
-  const char byte = 0;
+  if (::connect(s, reinterpret_cast<const sockaddr*>(&a), length) != 0) {
+    const int error = errno;
+    ::close(s);
+    errno = error;
+    return -1;
+  }
+  return s;
+}
+
+// Makes keeper_socket for this process, once, where it has a keeper.
+void keep_socket_to_keeper() noexcept {
+  if (own_keeper() == 0 || keeper_socket_of.load(std::memory_order_acquire) == os::this_process()) return;
+  const int s = connect_to_keeper();
+  if (s < 0) return;  // made again as it ends
+  // The descriptor, then whose it is (release): a reader that sees its own
+  // pid (acquire) sees the descriptor too.
+  keeper_socket.store(s, std::memory_order_relaxed);
+  keeper_socket_of.store(os::this_process(), std::memory_order_release);
+}
+
+// Sends `fds` to this process's keeper; whether it could. Each message's
+// byte says how many descriptors it carries, so that the keeper can make
+// room for them before it takes them. Apart from hand_over_to_keeper,
+// whose frame then stays small: a forked rank with nothing to hand over
+// touches no further page of its stack for it.
+[[gnu::noinline]] bool send_to_keeper(const std::vector<int>& fds) noexcept {
+  if (own_keeper() == 0) return false;
+  const bool kept = keeper_socket_of.load(std::memory_order_acquire) == os::this_process();
+  const os::owned_fd made(kept ? -1 : connect_to_keeper());
+  const int s = kept ? keeper_socket.load(std::memory_order_relaxed) : made.get();
+  if (s < 0) return false;
   for (std::size_t first = 0; first < fds.size(); first += os::max_passed) {
     const auto count = std::min(os::max_passed, fds.size() - first);
-    if (!os::send_with_fds(s.get(), &byte, 1, fds.data() + first, count)) return false;
+    const auto byte = static_cast<unsigned char>(count);  // max_passed < 256
+    if (!os::send_with_fds(s, &byte, 1, fds.data() + first, count)) return false;
   }
   return true;
 }
@@ -255,6 +299,9 @@ void on_first_values_named() noexcept {
   const pid_t self = os::this_process();
   if (exit_armed_by.load(std::memory_order_acquire) != self) return;
   if (exit_registered_by.exchange(self) == self) return;
+  // Its end will hand values over: the socket for it is made now, while
+  // the rank's function has not had the chance to use up its descriptors.
+  keep_socket_to_keeper();
   std::atexit(let_values_go_as_exiting);
 }
 
@@ -272,10 +319,44 @@ bool look_at_kept() {
   std::vector<std::shared_ptr<segment>> gone;  // unmapped after the lock is released
   std::lock_guard lock(r.mutex);
   auto& k = own_state();
-  release_kept_locked(gone);
-  if (!k.kept.empty()) return false;
+  if (k.waiting_for_room) {
+    take_handed_over_locked(gone);
+  } else {
+    release_kept_locked(gone);
+  }
+  if (!k.kept.empty() || k.waiting_for_room) return false;
   k.watching = false;
   return true;
+}
+
+}  // namespace
+
+namespace {
+
+// Records that what `sender` handed over (the segment `nonce`, or 0: any
+// of its) was lost here, and why, for the receiver that looks for it.
+void note_lost(keeper_state& k, pid_t sender, std::uint64_t nonce, std::string why) noexcept {
+  try {
+    // A bounded record: the oldest go first.
+    constexpr std::size_t at_most = 1024;
+    if (k.lost.size() >= at_most) k.lost.erase(k.lost.begin());
+    k.lost.push_back({sender, nonce, std::move(why)});
+  } catch (...) {
+    // Unrecorded: its receiver is told its sender exited.
+  }
+}
+
+// Whether `count` more descriptors can be had here; when not, the
+// registry's caches give up what they hold in descriptors first (what
+// they let go of is moved to `gone`). The registry's lock is held.
+bool make_room(const keeper_state& k, std::size_t count, std::vector<std::shared_ptr<segment>>& gone) noexcept {
+  if (os::descriptors_free(k.socket, count)) return true;
+  try {
+    segments().shed(gone);
+  } catch (...) {
+    return false;
+  }
+  return os::descriptors_free(k.socket, count);
 }
 
 }  // namespace
@@ -283,7 +364,23 @@ bool look_at_kept() {
 void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept {
   auto& k = own_state();
   if (k.socket < 0) return;
+  // What no value names any more goes first: its descriptor makes room.
+  release_kept_locked(gone);
+  k.waiting_for_room = false;
   for (;;) {
+    // A message's byte says how many descriptors it carries. Received
+    // without room for them all, the kernel would drop the rest, and the
+    // values naming them would be lost for good: without room, it stays
+    // queued (the queue holds its segments) until some is made.
+    unsigned char carried = 0;
+    const ssize_t peeked = ::recv(k.socket, &carried, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (peeked < 0 && errno == EINTR) continue;
+    if (peeked < 0) break;  // none left (EAGAIN)
+    const std::size_t count = carried > 0 ? std::min<std::size_t>(carried, os::max_passed) : os::max_passed;
+    if (!make_room(k, count, gone)) {
+      k.waiting_for_room = true;
+      break;
+    }
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * os::max_passed) + CMSG_SPACE(sizeof(ucred))];
     char byte = 0;
     iovec io{&byte, 1};
@@ -294,42 +391,70 @@ void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexce
     m.msg_controllen = sizeof control;
     const ssize_t n = ::recvmsg(k.socket, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) break;  // none left (EAGAIN)
+    if (n < 0) break;
     std::vector<int> fds;
     const ucred* sender = nullptr;
     for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
       if (c->cmsg_level != SOL_SOCKET) continue;
       if (c->cmsg_type == SCM_RIGHTS) {
-        const auto count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        const auto got = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         const auto* first = reinterpret_cast<const int*>(CMSG_DATA(c));
-        for (std::size_t i = 0; i < count; ++i) {
+        for (std::size_t i = 0; i < got; ++i) {
           int fd;
           std::memcpy(&fd, first + i, sizeof fd);
-          fds.push_back(fd);
+          try {
+            fds.push_back(fd);
+          } catch (...) {
+            ::close(fd);
+          }
         }
       } else if (c->cmsg_type == SCM_CREDENTIALS) {
         sender = reinterpret_cast<const ucred*>(CMSG_DATA(c));
       }
     }
     const bool trusted = sender != nullptr && sender->uid == ::geteuid();
+    // Another thread took the room made (or the sender said less than it
+    // sent): the kernel dropped what did not fit.
+    if (trusted && (m.msg_flags & MSG_CTRUNC) != 0) {
+      note_lost(k, sender->pid, 0,
+                fmt::format("descriptors pid {} handed over to its keeper, this process, were dropped: they did not "
+                            "fit under its descriptor limit{}",
+                            sender->pid, os::descriptor_limit_note(EMFILE)));
+    }
     for (const int fd : fds) {
       if (!trusted) {
         ::close(fd);
         continue;
       }
+      const auto nonce = segment::nonce_in(fd);
       try {
         k.kept.push_back(segment::keep(fd, sender->pid));
+      } catch (const std::exception& e) {
+        // Not a segment (keep closed it), or no room to map it: its values
+        // are lost, and their receivers here are told why.
+        note_lost(k, sender->pid, nonce, fmt::format("its keeper, this process, could not keep it: {}", e.what()));
       } catch (...) {
-        // Not a segment (keep closed it), or no memory to keep it: its
-        // values are lost with their sender, as they would be without one.
+        note_lost(k, sender->pid, nonce, "its keeper, this process, could not keep it");
       }
     }
   }
   release_kept_locked(gone);
-  if (k.kept.empty() || k.watching) return;
-  // Without a thread, what is kept goes as the next rank ends, at the next
-  // trim, or as the last queue object goes.
+  if ((k.kept.empty() && !k.waiting_for_room) || k.watching) return;
+  // Without a thread, what is kept goes (and what waits for room comes) as
+  // the next rank ends, at the next trim, or as the last queue object goes.
   k.watching = os::start_watcher(kept_check, look_at_kept);
+}
+
+std::string why_not_kept(pid_t source, std::uint64_t nonce) {
+  auto& k = own_state();
+  for (auto it = k.lost.rbegin(); it != k.lost.rend(); ++it) {
+    if ((nonce != 0 && it->nonce == nonce) || (it->nonce == 0 && it->sender == source)) return it->why;
+  }
+  if (k.waiting_for_room) {
+    return fmt::format("what was handed over to its keeper, this process, waits for descriptors to take it: {}{}",
+                       std::system_category().message(EMFILE), os::descriptor_limit_note(EMFILE));
+  }
+  return {};
 }
 
 void note_ranks_running(int change) noexcept { ranks_running.fetch_add(change, std::memory_order_relaxed); }

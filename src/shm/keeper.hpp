@@ -70,10 +70,19 @@ void let_values_go_at_exit(std::chrono::steady_clock::duration limit) noexcept;
 void note_ranks_running(int change) noexcept;
 void note_queue_objects(int change) noexcept;
 /// Takes what ranks have handed over, and lets go of what is kept and no
-/// value names any more. Called as a rank's end is recorded.
+/// value names any more. Called as a rank's end is recorded. A message
+/// whose descriptors find no room here, once the registry's caches gave up
+/// theirs, is left queued, and taken as room is made (a watcher looks
+/// every 100 ms).
 void take_handed_over() noexcept;
 /// The same, with the registry's lock held; what goes is moved to `gone`.
 void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept;
+/// Why this process, a keeper, holds no segment `nonce` (0: unknown) that
+/// `source` handed over: what was lost taking it (its descriptor dropped
+/// for want of room, or no room to map it), or that what was handed over
+/// waits for descriptors to take it. Empty when it knows no reason. The
+/// registry's lock is held.
+std::string why_not_kept(pid_t source, std::uint64_t nonce);
 /// Lets go of kept segments that no value names any more, with the
 /// registry's lock held; they are moved to `gone`.
 void release_kept_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept;

@@ -79,7 +79,16 @@ void registry::defer(std::vector<std::shared_ptr<segment>> found) noexcept {
 std::size_t registry::shed(std::vector<std::shared_ptr<segment>>& gone) {
   take_deferred(gone);  // each may still hold a descriptor
   std::size_t closed = 0;
-  for (const auto& s : received) closed += s->give_up_descriptor() ? 1 : 0;
+  // Every segment of another process's mapped here, not only those
+  // received: one kept for an ended rank and let go of since may still be
+  // used by storages here. Moved to `gone`, as the last pointer to one
+  // would unmap it here, under the lock.
+  for (const auto& [nonce, weak] : segments) {
+    auto s = weak.lock();
+    if (!s || !s->give_up_descriptor()) continue;
+    ++closed;
+    gone.push_back(std::move(s));
+  }
   auto unused = forget_unused();
   gone.insert(gone.end(), unused.begin(), unused.end());
   return closed;

@@ -57,8 +57,9 @@ struct registry {
   // descriptors unless a message in flight may name them through it.
   std::vector<std::shared_ptr<segment>> forget_dead();
   // When this process is short of descriptors: every unused one, and the
-  // descriptors of all of them (a mapping needs none). Returns how many
-  // descriptors that closed at once.
+  // descriptors of all of them and of every other segment of another
+  // process's mapped here but those kept for ended ranks (a mapping needs
+  // none). Returns how many descriptors that closed at once.
   std::size_t shed(std::vector<std::shared_ptr<segment>>& gone);
   // Moves what `deferred` holds to the end of `gone`; into an empty
   // `gone` without allocating. On bad_alloc nothing has moved.

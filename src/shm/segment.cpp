@@ -56,6 +56,12 @@ int with_descriptor_room(const Open& open, const Shed& shed) {
   return -1;
 }
 
+// What an mmap's ENOMEM means: no room in this process's address space.
+const char* address_space_note(int error) noexcept {
+  return error == ENOMEM ? " (no room in this process's address space: its RLIMIT_AS, or vm.max_map_count mappings)"
+                         : "";
+}
+
 std::uint64_t random_nonce() {
   std::uint64_t n = 0;
   if (::getrandom(&n, sizeof n, 0) != static_cast<ssize_t>(sizeof n)) {
@@ -140,11 +146,7 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
                       size, available);
     }
     throw shm_error(fmt::format("cohort: {} of a {}-byte segment: {}{}{}", what, size, errno_text(error),
-                                mapping && error == ENOMEM
-                                    ? " (no room in this process's address space: its RLIMIT_AS, or "
-                                      "vm.max_map_count mappings)"
-                                    : "",
-                                os::file_size_limit_note(error)),
+                                mapping ? address_space_note(error) : "", os::file_size_limit_note(error)),
                     size, free);
   };
   // memfds have no size limit of their own: reserving more than the
@@ -263,6 +265,9 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
     if (ref.keeper == os::this_process()) {
       take_handed_over_locked(dead);
       if (auto s = known()) return s;
+      if (auto why = why_not_kept(source, ref.nonce); !why.empty()) {
+        throw shm_error(fmt::format("cohort: opening segment {}: {}", where, why));
+      }
       errno = ENOENT;
       return nullptr;
     }
@@ -344,7 +349,9 @@ std::shared_ptr<segment> segment::map_checked(int fd, const std::string& where, 
     ::close(fd);
     fd = -1;
   }
-  if (base == MAP_FAILED) throw shm_error(fmt::format("cohort: mapping {}: {}", where, errno_text(error)));
+  if (base == MAP_FAILED) {
+    throw shm_error(fmt::format("cohort: mapping {}: {}{}", where, errno_text(error), address_space_note(error)));
+  }
   const auto* h = static_cast<const segment_header*>(base);
   // A nonce of 0 in `ref`: any segment's (one handed over, which names none).
   if (h->magic != segment_magic || (ref.nonce != 0 && h->nonce != ref.nonce) || h->size != size) {
@@ -361,11 +368,7 @@ std::shared_ptr<segment> segment::map_checked(int fd, const std::string& where, 
 std::shared_ptr<segment> segment::keep(int fd, pid_t sender) {
   auto& r = segments();
   note_named_by_values(r);  // values of the ended sender now need this process
-  const auto nonce = [fd]() -> std::uint64_t {
-    segment_header h;
-    if (::pread(fd, &h, offsetof(segment_header, live), 0) != static_cast<ssize_t>(offsetof(segment_header, live))) return 0;
-    return h.magic == segment_magic ? h.nonce : 0;
-  }();
+  const auto nonce = nonce_in(fd);
   if (nonce != 0) {
     if (auto it = r.segments.find(nonce); it != r.segments.end()) {
       if (auto s = it->second.lock()) {
@@ -391,6 +394,12 @@ std::shared_ptr<segment> segment::keep(int fd, pid_t sender) {
   s->kept_.store(true, std::memory_order_relaxed);
   s->note_mapper();
   return s;
+}
+
+std::uint64_t segment::nonce_in(int fd) noexcept {
+  segment_stamp stamp;
+  if (::pread(fd, &stamp, sizeof stamp, 0) != static_cast<ssize_t>(sizeof stamp)) return 0;
+  return stamp.magic == segment_magic ? stamp.nonce : 0;
 }
 
 segment_ref segment::ref() const noexcept {

@@ -294,6 +294,8 @@ class segment {
   /// unkept. Takes `fd` in every case. Throws shm_error when it is not a
   /// segment. The registry's lock is held.
   static std::shared_ptr<segment> keep(int fd, pid_t sender);
+  /// The nonce in the header of the segment `fd` holds; 0 when it holds none.
+  static std::uint64_t nonce_in(int fd) noexcept;
   /// Ends keep(): its descriptor may go as any received segment's.
   void unkeep() noexcept {
     kept_.store(false, std::memory_order_relaxed);

@@ -489,6 +489,40 @@ void push_through_forked_child(int, queue<tensor> q) {
 }
 COHORT_ENTRYPOINT(push_through_forked_child);
 
+// Pushes `n` tensors of a segment each (i at every element), under its
+// full descriptor limit: its keeper's may be lower.
+void push_large(int, queue<tensor> q, int n) {
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = limit.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+  for (int i = 0; i < n; ++i) q.put(tensor::full({100000}, i, dtype::float32, {.shared = true}));
+}
+COHORT_ENTRYPOINT(push_large);
+
+// Pushes a shared tensor (rank + 1 at every element), then opens
+// descriptors until none is left under a limit of 64, and returns.
+void push_then_use_up_descriptors(int rank, queue<tensor> q) {
+  q.put(tensor::full({64}, rank + 1, dtype::float32, {.shared = true}));
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = 64;
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+  while (::open("/dev/null", O_RDONLY | O_CLOEXEC) >= 0) {
+  }
+}
+COHORT_ENTRYPOINT(push_then_use_up_descriptors);
+
+// Lowers this process's descriptor limit to leave `room` descriptors free.
+void leave_descriptors_free(int room) {
+  int highest = 0;
+  for (const auto& [fd, target] : open_descriptors()) highest = std::max(highest, fd);
+  rlimit limit{};
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = static_cast<rlim_t>(highest + 1 + room);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
+}
+
 // A queue a rank keeps past its end, as a worker that caches what it was
 // handed in a global would: a fork rank's end runs no destructor.
 std::optional<queue<tensor>> kept_past_end;
@@ -1618,6 +1652,76 @@ TEST_SUITE("sharing") {
         CHECK(q.get(5s).value() == tensor::full({64}, 5, dtype::int32));
       });
     }
+  }
+
+  // Before, a rank that had used up its descriptors could not make the
+  // socket its hand-over needs: a fork rank waited 30 s for receivers while
+  // the only one was blocked in the join, and its values were lost then.
+  TEST_CASE("a rank that uses up its descriptors after pushing hands its values over and ends at once") {
+    warm_up();
+    for (const auto method : methods) {
+      CAPTURE(to_string(method));
+      const leak_check check;
+      queue<tensor> q(4);
+      const auto started = std::chrono::steady_clock::now();
+      (void)spawn_and_join(push_then_use_up_descriptors, std::tuple{q}, 2, test::join_by(method));
+      CHECK(std::chrono::steady_clock::now() - started < 10s);
+      std::map<int, int> seen;
+      for (int i = 0; i < 2; ++i) {
+        const tensor t = q.get(5s).value();
+        ++seen[static_cast<int>(t.at<float>({0}))];
+      }
+      CHECK(seen == std::map<int, int>{{1, 1}, {2, 1}});
+    }
+  }
+
+  // Before, a keeper out of descriptors took what a rank handed over as far
+  // as its limit let it, and the kernel dropped the rest: their values
+  // popped as peer_lost, "the sender ... exited".
+  TEST_CASE("a keeper short of descriptors gives up those of values it received and takes all a rank hands over") {
+    const int code = test::exit_code_in_child([] {
+      queue<tensor> q(64);
+      (void)spawn_and_join(push_large, std::tuple{q, 30}, 1, test::join_by(start_method::fork));
+      std::vector<tensor> held;  // their segments keep descriptors here, which can be given up
+      for (int i = 0; i < 30; ++i) held.push_back(q.get(5s).value());
+      leave_descriptors_free(30);
+      (void)spawn_and_join(push_large, std::tuple{q, 40}, 1, test::join_by(start_method::fork));
+      int right = 0;
+      for (int i = 0; i < 40; ++i) {
+        try {
+          const tensor t = q.get(5s).value();
+          right += t.at<float>({99999}) == static_cast<float>(i) ? 1 : 0;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "value %d: %s\n", i, e.what());
+        }
+      }
+      return right == 40 ? 0 : 1;
+    });
+    CHECK(code == 0);
+  }
+
+  // Before, the values whose descriptors did not fit popped as peer_lost,
+  // "the sender ... exited": the keeper's limit went unnamed.
+  TEST_CASE("a value a keeper out of descriptors cannot take is an shm_error naming RLIMIT_NOFILE, none peer_lost") {
+    const int code = test::exit_code_in_child([] {
+      queue<tensor> q(64);
+      leave_descriptors_free(20);
+      (void)spawn_and_join(push_large, std::tuple{q, 40}, 1, test::join_by(start_method::fork));
+      int right = 0;
+      int named = 0;
+      for (int i = 0; i < 40; ++i) {
+        try {
+          const tensor t = q.get(5s).value();
+          right += t.at<float>({99999}) == static_cast<float>(i) ? 1 : 0;
+        } catch (const shm_error& e) {
+          named += std::string_view(e.what()).find("RLIMIT_NOFILE") != std::string_view::npos ? 1 : 0;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "value %d: %s\n", i, e.what());
+        }
+      }
+      return right + named == 40 ? 0 : 1;
+    });
+    CHECK(code == 0);
   }
 
   TEST_CASE("values a rank pushed that nobody pops are let go once the queue is dropped, after the rank ended") {
