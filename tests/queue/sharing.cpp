@@ -513,13 +513,15 @@ void push_then_use_up_descriptors(int rank, queue<tensor> q) {
 }
 COHORT_ENTRYPOINT(push_then_use_up_descriptors);
 
-// Lowers this process's descriptor limit to leave `room` descriptors free.
+// Lowers this process's descriptor limit to leave `room` descriptors free:
+// as many numbers below it as no descriptor has.
 void leave_descriptors_free(int room) {
-  int highest = 0;
-  for (const auto& [fd, target] : open_descriptors()) highest = std::max(highest, fd);
+  const auto open = open_descriptors();
+  int below = 0;  // the limit
+  for (int taken = 0; below - taken < room || open.contains(below); ++below) taken += open.contains(below) ? 1 : 0;
   rlimit limit{};
   ::getrlimit(RLIMIT_NOFILE, &limit);
-  limit.rlim_cur = static_cast<rlim_t>(highest + 1 + room);
+  limit.rlim_cur = static_cast<rlim_t>(below);
   REQUIRE(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
 }
 
