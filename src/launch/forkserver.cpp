@@ -707,7 +707,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
         continue;
       }
       f = {stage::start, error,
-           clone_failed ? std::string("the forkserver's clone of the rank")
+           clone_failed ? "the forkserver's clone of the rank" + os::process_limit_note(error)
            : refused && error == EMFILE
                ? fmt::format("the forkserver could not take one rank's descriptors under its open file limit, {}",
                              l.fd_limit)

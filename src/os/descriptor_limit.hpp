@@ -1,6 +1,7 @@
 // Running out of descriptors: telling it from other errors, telling whether
 // there is room for more, and naming the descriptor limit in messages about
-// it; and the file size limit, in messages about a write it refused.
+// it; the process limits, in messages about a fork they refused; and the
+// file size limit, in messages about a write it refused.
 #pragma once
 
 #include <fmt/format.h>
@@ -42,6 +43,20 @@ inline bool descriptors_free(int fd, std::size_t count) noexcept {
   const bool room = made == count;
   while (made > 0) ::close(copies[--made]);
   return room;
+}
+
+/// For a fork or clone that failed with EAGAIN: the limits that refuse a
+/// new process, RLIMIT_NPROC (where finite, and this process is not root's,
+/// which it does not bind) and the system's. Empty for any other error.
+inline std::string process_limit_note(int error) {
+  if (error != EAGAIN) return {};
+  constexpr const char* system = "kernel.threads-max, kernel.pid_max, a cgroup's pids.max";
+  rlimit lim{};
+  if (::getuid() != 0 && ::getrlimit(RLIMIT_NPROC, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    return fmt::format(" (process limit RLIMIT_NPROC is {} for this user; or the system's: {})", lim.rlim_cur,
+                       system);
+  }
+  return fmt::format(" (no room for a process under the system's limits: {})", system);
 }
 
 /// " (longer than RLIMIT_FSIZE allows, N bytes)" for EFBIG; empty for any

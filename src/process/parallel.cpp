@@ -1,6 +1,7 @@
 // The pool of launching threads.
 #include "process/parallel.hpp"
 
+#include "os/descriptor_limit.hpp"
 #include "os/per_process.hpp"
 
 #include <signal.h>
@@ -130,7 +131,8 @@ void run_on_lasting_thread(const std::function<void()>& fn) {
   if (lasting) return fn();
   auto& pool = os::of_this_process<launch_pool>();
   if (!pool.grow(1)) {
-    throw std::system_error(EAGAIN, std::generic_category(), "cohort: a thread to start a process from");
+    throw std::system_error(EAGAIN, std::generic_category(),
+                            "cohort: a thread to start a process from" + os::process_limit_note(EAGAIN));
   }
   std::mutex mutex;
   std::condition_variable finished;

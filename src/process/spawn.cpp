@@ -654,7 +654,8 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
     case stage::died: cause = ": ended before its exec, " + f.detail; break;
     case stage::none: break;
   }
-  return what + cause + os::descriptor_limit_note(f.error);
+  return what + cause + os::descriptor_limit_note(f.error) +
+         (f.where == stage::clone ? os::process_limit_note(f.error) : std::string());
 }
 
 namespace {

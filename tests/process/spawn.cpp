@@ -205,6 +205,35 @@ TEST_SUITE("spawn") {
     CHECK(output_of({"print-cwd"}) == fs::current_path().string());
   }
 
+  TEST_CASE("a spawn the process limit refuses names RLIMIT_NPROC") {
+    // Not for root, whom RLIMIT_NPROC does not bind: in a child that runs
+    // as nobody, with no room for one more process.
+    const pid_t runner = ::fork();
+    REQUIRE(runner >= 0);
+    if (runner == 0) {
+      ::alarm(20);
+      if (::getuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(10);
+      const rlimit none{0, 0};
+      if (::setrlimit(RLIMIT_NPROC, &none) != 0) ::_exit(11);
+      asio::io_context io;
+      try {
+        spawn(io.get_executor(), command("/bin/true"));
+        ::_exit(12);
+      } catch (const std::system_error& e) {
+        const std::string what = e.what();
+        const bool named = e.code() == std::error_code(EAGAIN, std::system_category()) &&
+                           what.find(": clone (process limit RLIMIT_NPROC is 0 for this user; or the system's: ") !=
+                               std::string::npos;
+        if (!named) std::fprintf(stderr, "%s\n", what.c_str());
+        ::_exit(named ? 0 : 13);
+      }
+    }
+    int status = 0;
+    REQUIRE(::waitpid(runner, &status, 0) == runner);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+
   TEST_CASE("a bad working directory fails the spawn, naming it, and leaves no zombie") {
     auto e = spawn_error(command{test::target, {"exit", "0"}}, {.cwd = "/nonexistent/dir"});
     CHECK(e.code() == std::error_code(ENOENT, std::system_category()));
