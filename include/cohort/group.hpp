@@ -250,7 +250,10 @@ class group {
   /// then `term_grace` for the ranks to exit; those still running get
   /// SIGTERM and another `term_grace` (unless X is SIGTERM, already sent),
   /// then SIGKILL as in shutdown_policy. A second shutdown signal skips what
-  /// is left of the waits: SIGKILL at once. A shutdown started by a failure
+  /// is left of the waits: SIGKILL at once. The first one caught again
+  /// within 100 ms is the same one passed on, not a second (a terminal's
+  /// Ctrl-C reaching `timeout N program`, which sends it on to the program
+  /// and its process group), as cohort-run counts it. A shutdown started by a failure
   /// keeps its own sequence (a shutdown signal then is only recorded); after
   /// stop(), one counts as the second. Replaces the handlers of those
   /// signals in this process while the run lasts (asio::signal_set), and

@@ -1412,7 +1412,7 @@ TEST_SUITE("group") {
       asio::steady_timer settle(co_await asio::this_coro::executor, 100ms);  // SIGTERM is ignored by then
       co_await settle.async_wait(asio::use_awaitable);
       ::kill(::getpid(), SIGTERM);
-      settle.expires_after(100ms);
+      settle.expires_after(300ms);  // past the 100 ms in which it would be the first passed on again
       co_await settle.async_wait(asio::use_awaitable);
       ::kill(::getpid(), SIGTERM);
       co_return co_await g.wait();
@@ -1420,6 +1420,38 @@ TEST_SUITE("group") {
     CHECK(std::chrono::steady_clock::now() - start < 30s);  // far below the 60 s grace
     CHECK(*result.signal == SIGTERM);
     CHECK(result.statuses[0]->signal() == SIGKILL);
+  }
+
+  TEST_CASE("the first shutdown signal again at once is the same one passed on, not a second: the waits are kept") {
+    // As `timeout N program` passes on a terminal's Ctrl-C, which reached
+    // the program itself too.
+    test::temp_dir dir;
+    asio::io_context io;
+    const auto start = std::chrono::steady_clock::now();
+    auto result = test::run(io, [&]() -> asio::awaitable<run_result> {
+      group_spec spec;
+      spec.entry = command("/bin/sh", {"-c",
+                                       "trap 'echo INT >> \"$0/seen\"' INT; trap 'echo TERM >> \"$0/seen\"; exit 0' TERM; "
+                                       "echo > \"$0/ready\"; while true; do sleep 0.05; done",
+                                       dir.path.string()});
+      spec.shutdown.term_grace = 1s;
+      group g = co_await start_processes(spec);
+      g.forward_signals({SIGINT}, {});
+      asio::steady_timer tick(co_await asio::this_coro::executor);
+      for (int i = 0; i < 10000 && !fs::exists(dir.path / "ready"); ++i) {
+        tick.expires_after(1ms);
+        co_await tick.async_wait(asio::use_awaitable);
+      }
+      ::kill(::getpid(), SIGINT);
+      ::kill(::getpid(), SIGINT);
+      co_return co_await g.wait();
+    }());
+    CHECK(std::chrono::steady_clock::now() - start >= 900ms);  // SIGTERM came after term_grace
+    REQUIRE(result.signal);
+    CHECK(*result.signal == SIGINT);
+    REQUIRE(result.statuses[0]);
+    CHECK(result.statuses[0]->exited());  // by its TERM trap, not SIGKILL
+    CHECK(test::read_file(dir.path / "seen") == "INT\nTERM\n");
   }
 
   TEST_CASE("a forwarded SIGINT reaches the ranks first, and one that handles it ends on its own") {

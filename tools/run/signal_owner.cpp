@@ -102,7 +102,7 @@ void signal_owner::take(int sig) {
   // The first shutdown signal again within this long is the same one
   // passed on (a terminal's Ctrl-C reaching `timeout N cohort-run`, which
   // sends it on to cohort-run and its group): it does not skip the waits
-  // as a second one does.
+  // as a second one does. (A group's forward_signals counts its own so.)
   constexpr auto echo = std::chrono::milliseconds(100);
   if (ends_run && first_ && sig == *first_ && now - first_at_ < echo) return;
   if (ends_run && !first_) {
