@@ -51,8 +51,10 @@ struct keeper_state {
   std::string name;  // the socket's abstract address, without its leading 0 byte
   std::vector<std::shared_ptr<segment>> kept;
   bool watching = false;  // a watcher thread lets go of kept segments as the values naming them end
-  // Messages left in the socket for want of descriptors to take them with.
+  // Messages left in the socket for want of descriptors to take them with,
+  // and since when the first of them has waited.
   bool waiting_for_room = false;
+  std::chrono::steady_clock::time_point waiting_since{};
   // What was handed over and lost here, and why (why_not_kept).
   struct loss {
     pid_t sender;
@@ -359,6 +361,23 @@ bool make_room(const keeper_state& k, std::size_t count, std::vector<std::shared
   return os::descriptors_free(k.socket, count);
 }
 
+// How long a hand-over waits at the head of the socket for room for all its
+// descriptors: those behind it wait too (a datagram socket hands them over
+// in order), their senders' sends block once the socket's queue is full,
+// and its segments stay allocated. Past it, it is taken as far as room goes.
+constexpr std::chrono::seconds room_patience{1};
+
+// The credentials a message came with, when they are this user's.
+const ucred* from_this_user(msghdr& m) noexcept {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+      const auto* sender = reinterpret_cast<const ucred*>(CMSG_DATA(c));
+      return sender->uid == ::geteuid() ? sender : nullptr;
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept {
@@ -368,19 +387,40 @@ void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexce
   release_kept_locked(gone);
   k.waiting_for_room = false;
   for (;;) {
-    // A message's byte says how many descriptors it carries. Received
-    // without room for them all, the kernel would drop the rest, and the
-    // values naming them would be lost for good: without room, it stays
-    // queued (the queue holds its segments) until some is made.
+    // The next message's sender, and its byte, which says how many
+    // descriptors it carries, without taking it: with room for its
+    // credentials alone, none of its descriptors comes with the look.
     unsigned char carried = 0;
-    const ssize_t peeked = ::recv(k.socket, &carried, 1, MSG_PEEK | MSG_DONTWAIT);
+    iovec look_io{&carried, 1};
+    alignas(cmsghdr) char credentials[CMSG_SPACE(sizeof(ucred))];
+    msghdr look{};
+    look.msg_iov = &look_io;
+    look.msg_iovlen = 1;
+    look.msg_control = credentials;
+    look.msg_controllen = sizeof credentials;
+    const ssize_t peeked = ::recvmsg(k.socket, &look, MSG_PEEK | MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (peeked < 0 && errno == EINTR) continue;
     if (peeked < 0) break;  // none left (EAGAIN)
-    const std::size_t count = carried > 0 ? std::min<std::size_t>(carried, os::max_passed) : os::max_passed;
-    if (!make_room(k, count, gone)) {
-      k.waiting_for_room = true;
-      break;
+    if (peeked == 0 || from_this_user(look) == nullptr) {
+      // Not a rank's (any user can reach the socket's name): taken without
+      // room for descriptors, which the kernel closes.
+      while (::recv(k.socket, &carried, 1, MSG_DONTWAIT) < 0 && errno == EINTR) {
+      }
+      continue;
     }
+    // Received without room for them all, the kernel would drop the rest,
+    // and the values naming them would be lost for good: without room, it
+    // stays queued (the queue holds its segments) a while, as some is made.
+    const std::size_t count = std::min<std::size_t>(carried, os::max_passed);
+    if (!make_room(k, count, gone)) {
+      const auto now = std::chrono::steady_clock::now();
+      if (k.waiting_since == std::chrono::steady_clock::time_point{}) k.waiting_since = now;
+      if (now - k.waiting_since < room_patience) {
+        k.waiting_for_room = true;
+        break;
+      }
+    }
+    k.waiting_since = {};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * os::max_passed) + CMSG_SPACE(sizeof(ucred))];
     char byte = 0;
     iovec io{&byte, 1};
@@ -413,8 +453,9 @@ void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexce
       }
     }
     const bool trusted = sender != nullptr && sender->uid == ::geteuid();
-    // Another thread took the room made (or the sender said less than it
-    // sent): the kernel dropped what did not fit.
+    // Taken past its patience without room for all, or another thread took
+    // the room made (or the sender said less than it sent): the kernel
+    // dropped what did not fit.
     if (trusted && (m.msg_flags & MSG_CTRUNC) != 0) {
       note_lost(k, sender->pid, 0,
                 fmt::format("descriptors pid {} handed over to its keeper, this process, were dropped: they did not "
@@ -444,6 +485,8 @@ void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexce
   // the next rank ends, at the next trim, or as the last queue object goes.
   k.watching = os::start_watcher(kept_check, look_at_kept);
 }
+
+bool waiting_for_room_locked() noexcept { return own_state().waiting_for_room; }
 
 std::string why_not_kept(pid_t source, std::uint64_t nonce) {
   auto& k = own_state();

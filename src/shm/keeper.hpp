@@ -73,10 +73,14 @@ void note_queue_objects(int change) noexcept;
 /// value names any more. Called as a rank's end is recorded. A message
 /// whose descriptors find no room here, once the registry's caches gave up
 /// theirs, is left queued, and taken as room is made (a watcher looks
-/// every 100 ms).
+/// every 100 ms), or after a second as far as room goes: those behind it
+/// wait for it.
 void take_handed_over() noexcept;
 /// The same, with the registry's lock held; what goes is moved to `gone`.
 void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept;
+/// Whether a hand-over waits on this keeper's socket for room for its
+/// descriptors (at most a second). The registry's lock is held.
+bool waiting_for_room_locked() noexcept;
 /// Why this process, a keeper, holds no segment `nonce` (0: unknown) that
 /// `source` handed over: what was lost taking it (its descriptor dropped
 /// for want of room, or no room to map it), or that what was handed over

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cerrno>
 #include <cstdio>
@@ -31,6 +32,7 @@
 #include <new>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -263,8 +265,15 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   // this process is the keeper, what it has taken (returned).
   const auto through_keeper = [&](const std::string& link, pid_t source) -> std::shared_ptr<segment> {
     if (ref.keeper == os::this_process()) {
-      take_handed_over_locked(dead);
-      if (auto s = known()) return s;
+      // What a hand-over waiting for room names comes once room is made,
+      // or once it has waited its second, taken as far as room goes.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1100);
+      for (;;) {
+        take_handed_over_locked(dead);
+        if (auto s = known()) return s;
+        if (!waiting_for_room_locked() || std::chrono::steady_clock::now() >= until) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
       if (auto why = why_not_kept(source, ref.nonce); !why.empty()) {
         throw shm_error(fmt::format("cohort: opening segment {}: {}", where, why));
       }
