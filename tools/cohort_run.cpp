@@ -687,7 +687,11 @@ void write_results(const run_options& o, const run_record& record) {
     // read as this run's.
     if (cohort::os::replace_file(file, text)) continue;
     const int error = errno;
-    const bool stale = fs::is_regular_file(fs::symlink_status(file, ec)) && fs::remove(file, ec);
+    // Only a file replace_file would have renamed over (a regular file of
+    // one link, this user's): not another user's, nor a link of several.
+    struct stat st{};
+    const bool stale = ::lstat(file.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 &&
+                       st.st_uid == ::geteuid() && fs::remove(file, ec);
     say("cohort-run: writing {} failed: {}{}{}\n", file.string(), std::strerror(error),
         cohort::os::file_size_limit_note(error), stale ? "; the earlier file there was removed" : "");
   }

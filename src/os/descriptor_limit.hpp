@@ -46,15 +46,17 @@ inline bool descriptors_free(int fd, std::size_t count) noexcept {
 }
 
 /// For a fork or clone that failed with EAGAIN: the limits that refuse a
-/// new process, RLIMIT_NPROC (where finite, and this process is not root's,
-/// which it does not bind) and the system's. Empty for any other error.
+/// new process, RLIMIT_NPROC (where finite: it binds all but the first
+/// user namespace's root and holders of CAP_SYS_RESOURCE or CAP_SYS_ADMIN
+/// there, which cannot be told from here) and the system's. Empty for any
+/// other error.
 inline std::string process_limit_note(int error) {
   if (error != EAGAIN) return {};
   constexpr const char* system = "kernel.threads-max, kernel.pid_max, a cgroup's pids.max";
   rlimit lim{};
-  if (::getuid() != 0 && ::getrlimit(RLIMIT_NPROC, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
-    return fmt::format(" (process limit RLIMIT_NPROC is {} for this user; or the system's: {})", lim.rlim_cur,
-                       system);
+  if (::getrlimit(RLIMIT_NPROC, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    return fmt::format(" (process limit RLIMIT_NPROC is {} for this user, where it binds; or the system's: {})",
+                       lim.rlim_cur, system);
   }
   return fmt::format(" (no room for a process under the system's limits: {})", system);
 }

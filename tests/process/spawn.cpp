@@ -222,7 +222,7 @@ TEST_SUITE("spawn") {
       } catch (const std::system_error& e) {
         const std::string what = e.what();
         const bool named = e.code() == std::error_code(EAGAIN, std::system_category()) &&
-                           what.find(": clone (process limit RLIMIT_NPROC is 0 for this user; or the system's: ") !=
+                           what.find(": clone (process limit RLIMIT_NPROC is 0 for this user, where it binds; or the system's: ") !=
                                std::string::npos;
         if (!named) std::fprintf(stderr, "%s\n", what.c_str());
         ::_exit(named ? 0 : 13);
