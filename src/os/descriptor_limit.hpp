@@ -30,19 +30,25 @@ inline std::string descriptor_limit_note(int error) {
   return fmt::format(" (open file limit RLIMIT_NOFILE is {})", lim.rlim_cur);
 }
 
-/// Whether `count` more descriptors (at most 256) can be had now: copies of
-/// `fd` are made to tell, and closed. Another thread may take them after.
-inline bool descriptors_free(int fd, std::size_t count) noexcept {
+/// How many more descriptors, up to `most` (at most 256), can be had now:
+/// copies of `fd` are made to tell, and closed. Another thread may take
+/// them after.
+inline std::size_t descriptors_free_up_to(int fd, std::size_t most) noexcept {
   int copies[256];
   std::size_t made = 0;
-  while (made < count && made < std::size(copies)) {
+  while (made < most && made < std::size(copies)) {
     const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (copy < 0) break;
     copies[made++] = copy;
   }
-  const bool room = made == count;
+  const std::size_t room = made;
   while (made > 0) ::close(copies[--made]);
   return room;
+}
+
+/// Whether `count` more descriptors (at most 256) can be had now.
+inline bool descriptors_free(int fd, std::size_t count) noexcept {
+  return descriptors_free_up_to(fd, count) == count;
 }
 
 /// For a fork or clone that failed with EAGAIN: the limits that refuse a

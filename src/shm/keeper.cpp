@@ -364,8 +364,11 @@ bool make_room(const keeper_state& k, std::size_t count, std::vector<std::shared
 // How long a hand-over waits at the head of the socket for room for all its
 // descriptors: those behind it wait too (a datagram socket hands them over
 // in order), their senders' sends block once the socket's queue is full,
-// and its segments stay allocated. Past it, it is taken as far as room goes.
+// and its segments stay allocated. Past it, it is taken as far as room goes
+// while `spare` descriptors stay free for the rest of this process (its
+// next io_context, a rank's start); the kernel drops the others.
 constexpr std::chrono::seconds room_patience{1};
+constexpr std::size_t spare = 16;
 
 // The credentials a message came with, when they are this user's.
 const ucred* from_this_user(msghdr& m) noexcept {
@@ -412,6 +415,7 @@ void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexce
     // and the values naming them would be lost for good: without room, it
     // stays queued (the queue holds its segments) a while, as some is made.
     const std::size_t count = std::min<std::size_t>(carried, os::max_passed);
+    std::size_t room = count;  // descriptors the message may install here
     if (!make_room(k, count, gone)) {
       const auto now = std::chrono::steady_clock::now();
       if (k.waiting_since == std::chrono::steady_clock::time_point{}) k.waiting_since = now;
@@ -419,8 +423,12 @@ void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexce
         k.waiting_for_room = true;
         break;
       }
+      const std::size_t free = os::descriptors_free_up_to(k.socket, count + spare);
+      room = free > spare ? free - spare : 0;
     }
     k.waiting_since = {};
+    // Room for the credentials and `room` descriptors: the kernel installs
+    // no more than the buffer holds, and drops the rest.
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * os::max_passed) + CMSG_SPACE(sizeof(ucred))];
     char byte = 0;
     iovec io{&byte, 1};
@@ -428,7 +436,7 @@ void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexce
     m.msg_iov = &io;
     m.msg_iovlen = 1;
     m.msg_control = control;
-    m.msg_controllen = sizeof control;
+    m.msg_controllen = CMSG_SPACE(sizeof(ucred)) + (room > 0 ? CMSG_SPACE(sizeof(int) * room) : 0);
     const ssize_t n = ::recvmsg(k.socket, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) break;

@@ -1734,7 +1734,7 @@ TEST_SUITE("sharing") {
   // head of the keeper's socket for good: every hand-over behind it waited
   // too, its senders blocked once the socket's queue was full, and their
   // values popped as "waits for descriptors".
-  TEST_CASE("a hand-over too large for a keeper's room is taken as far as room goes; those behind it come whole") {
+  TEST_CASE("a hand-over too large for a keeper's room is taken as far as room goes, spare descriptors kept; those behind it come whole") {
     const int code = test::exit_code_in_child([] {
       queue<tensor> q(64);
       leave_descriptors_free(20);
