@@ -211,7 +211,9 @@ void drop_record(std::span<const std::byte> bytes) {
 /// tuples of them arrive as views of the sender's shared memory (a private
 /// tensor is moved into shared memory when pushed); scalars, strings and
 /// bytes are copied. Values larger than a quarter of the ring travel in a
-/// shared block of their own.
+/// shared block of their own, and so do values the ring's bytes cannot
+/// hold while the queue holds fewer than its capacity: a queue takes
+/// `capacity` values whatever their sizes.
 ///
 /// Every call may come from any thread; a cancellation slot's signal comes
 /// from the operation's executor, as asio requires (on an io_context run by

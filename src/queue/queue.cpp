@@ -316,6 +316,13 @@ class queue_core {
         wake_after(side::pop);
         return true;
       }
+      // Refused for the ring's bytes while the count has room: the value
+      // goes out of line, in a record of two lines at most (a storage's
+      // handle), for which fits() keeps room while the count has it.
+      if (!r.overflowed && record_bytes(r.bytes.size()) > 2 * line && count_has_room()) {
+        overflow(r);
+        continue;
+      }
       // Room that claims keep: room a killed claimant kept comes back.
       // Each look reads /proc/<pid>/stat for every live claimant: a push
       // about to sleep looks every time, a refused try at most every
@@ -495,9 +502,23 @@ class queue_core {
 
  private:
   // Whether the ring has room for the tail's position `tail` to move
-  // `lines` further while the head is at `head`.
+  // `lines` further while the head is at `head`. A record of more than two
+  // lines must leave two for each value the
+  // queue may still take after it (the ring has two per value of
+  // capacity): a value refused so goes out of line, in a record of two
+  // lines at most (push), so that `capacity` values fit whatever their
+  // sizes.
   bool fits(position head, position tail, std::uint32_t lines) const noexcept {
-    return tail.values - head.values < h().capacity && ring_lines() - (tail.lines - head.lines) >= lines;
+    const std::uint64_t held = static_cast<std::uint32_t>(tail.values - head.values);
+    const std::uint32_t free = ring_lines() - (tail.lines - head.lines);
+    if (held >= h().capacity || free < lines) return false;
+    return lines <= 2 || free - lines >= 2 * (h().capacity - held - 1);
+  }
+  // Whether the queue holds fewer than `capacity` values, by count alone.
+  bool count_has_room() const noexcept {
+    const auto head = kept_from(position::of(h().head.load(std::memory_order_acquire)));
+    const auto tail = position::of(h().tail.load(std::memory_order_acquire));
+    return static_cast<std::uint32_t>(tail.values - head.values) < h().capacity;
   }
 
   // The lines a record of `len` bytes takes at the tail `tail`, with those

@@ -509,30 +509,31 @@ TEST_SUITE("queue") {
     CHECK(c.closed());
   }
 
-  TEST_CASE("a put or push into a ring too full for its bytes, not its count, ends at its timeout") {
-    // Each value takes under a quarter of the ring, so it stays in the
-    // ring: a few fill it while the count stays far below the capacity.
-    queue<std::string> q(1024);
-    const std::string big(30'000, 'x');
-    int taken = 0;
-    while (q.try_push(big)) ++taken;
-    REQUIRE(taken > 0);
-    REQUIRE(q.size() < q.capacity());
-    ::alarm(20);  // a wait that never ends fails the program
-    const auto start = std::chrono::steady_clock::now();
-    CHECK_FALSE(q.put(big, 30ms));
-    CHECK(std::chrono::steady_clock::now() - start >= 30ms);
-    using namespace asio::experimental::awaitable_operators;
-    asio::io_context io;
-    auto race = [&]() -> asio::awaitable<bool> {
-      asio::steady_timer t(co_await asio::this_coro::executor, 30ms);
-      auto r = co_await (q.push(big) || t.async_wait(asio::use_awaitable));
-      co_return r.index() == 1;
-    };
-    CHECK(test::run(io, race()));
-    ::alarm(0);
-    CHECK(q.size() == static_cast<std::size_t>(taken));
-    CHECK(q.get(1s) == big);
+  // Before, values under a quarter of the ring stayed in it whatever their
+  // number: a queue of capacity 16 was full after 8 strings of 8000 bytes,
+  // and a rank that put 16 before anyone popped blocked for good.
+  TEST_CASE("a queue takes its capacity in values whatever their sizes: those the ring's bytes cannot hold go out of line") {
+    for (const std::size_t capacity : {std::size_t{1}, std::size_t{16}, std::size_t{120}, std::size_t{1024}}) {
+      for (const std::size_t size : {std::size_t{0}, std::size_t{100}, std::size_t{1000}, std::size_t{8000},
+                                     std::size_t{16000}, std::size_t{30000}}) {
+        CAPTURE(capacity);
+        CAPTURE(size);
+        queue<std::string> q(capacity);
+        std::size_t taken = 0;
+        // Each value says which it is in its first bytes.
+        const auto value = [size](std::size_t i) {
+          std::string v(size, static_cast<char>('a' + i % 26));
+          if (size >= 8) std::memcpy(v.data(), &i, sizeof i);
+          return v;
+        };
+        while (taken < capacity + 2 && q.try_push(value(taken))) ++taken;
+        CHECK(taken == capacity);
+        CHECK(q.size() == capacity);
+        CHECK_FALSE(q.put(value(taken), 10ms));  // full by its count: the put ends at its timeout
+        for (std::size_t i = 0; i < capacity; ++i) CHECK(q.get(1s) == value(i));
+        CHECK(q.size() == 0);
+      }
+    }
   }
 
   TEST_CASE("a storage pushed and dropped by its sender arrives intact") {
