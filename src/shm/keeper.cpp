@@ -331,10 +331,6 @@ bool look_at_kept() {
   return true;
 }
 
-}  // namespace
-
-namespace {
-
 // Records that what `sender` handed over (the segment `nonce`, or 0: any
 // of its) was lost here, and why, for the receiver that looks for it.
 void note_lost(keeper_state& k, pid_t sender, std::uint64_t nonce, std::string why) noexcept {
@@ -361,13 +357,9 @@ bool make_room(const keeper_state& k, std::size_t count, std::vector<std::shared
   return os::descriptors_free(k.socket, count);
 }
 
-// How long a hand-over waits at the head of the socket for room for all its
-// descriptors: those behind it wait too (a datagram socket hands them over
-// in order), their senders' sends block once the socket's queue is full,
-// and its segments stay allocated. Past it, it is taken as far as room goes
-// while `spare` descriptors stay free for the rest of this process (its
-// next io_context, a rank's start); the kernel drops the others.
-constexpr std::chrono::seconds room_patience{1};
+// A hand-over taken past room_patience is taken as far as room goes while
+// `spare` descriptors stay free for the rest of this process (its next
+// io_context, a rank's start); the kernel drops the others.
 constexpr std::size_t spare = 16;
 
 // The credentials a message came with, when they are this user's.
@@ -441,26 +433,22 @@ void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexce
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) break;
     std::vector<int> fds;
-    const ucred* sender = nullptr;
     for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
-      if (c->cmsg_level != SOL_SOCKET) continue;
-      if (c->cmsg_type == SCM_RIGHTS) {
-        const auto got = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        const auto* first = reinterpret_cast<const int*>(CMSG_DATA(c));
-        for (std::size_t i = 0; i < got; ++i) {
-          int fd;
-          std::memcpy(&fd, first + i, sizeof fd);
-          try {
-            fds.push_back(fd);
-          } catch (...) {
-            ::close(fd);
-          }
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const auto got = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      const auto* first = reinterpret_cast<const int*>(CMSG_DATA(c));
+      for (std::size_t i = 0; i < got; ++i) {
+        int fd;
+        std::memcpy(&fd, first + i, sizeof fd);
+        try {
+          fds.push_back(fd);
+        } catch (...) {
+          ::close(fd);
         }
-      } else if (c->cmsg_type == SCM_CREDENTIALS) {
-        sender = reinterpret_cast<const ucred*>(CMSG_DATA(c));
       }
     }
-    const bool trusted = sender != nullptr && sender->uid == ::geteuid();
+    const ucred* const sender = from_this_user(m);
+    const bool trusted = sender != nullptr;
     // Taken past its patience without room for all, or another thread took
     // the room made (or the sender said less than it sent): the kernel
     // dropped what did not fit.
@@ -477,7 +465,7 @@ void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexce
       }
       const auto nonce = segment::nonce_in(fd);
       try {
-        k.kept.push_back(segment::keep(fd, sender->pid));
+        k.kept.push_back(segment::keep(fd, sender->pid, nonce));
       } catch (const std::exception& e) {
         // Not a segment (keep closed it), or no room to map it: its values
         // are lost, and their receivers here are told why.

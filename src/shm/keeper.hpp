@@ -78,8 +78,13 @@ void note_queue_objects(int change) noexcept;
 void take_handed_over() noexcept;
 /// The same, with the registry's lock held; what goes is moved to `gone`.
 void take_handed_over_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept;
+/// How long a hand-over waits at the head of the keeper's socket for room
+/// for all its descriptors: those behind it wait too (a datagram socket
+/// hands them over in order), their senders' sends block once the socket's
+/// queue is full, and its segments stay allocated.
+inline constexpr std::chrono::seconds room_patience{1};
 /// Whether a hand-over waits on this keeper's socket for room for its
-/// descriptors (at most a second). The registry's lock is held.
+/// descriptors (room_patience at most). The registry's lock is held.
 bool waiting_for_room_locked() noexcept;
 /// Why this process, a keeper, holds no segment `nonce` (0: unknown) that
 /// `source` handed over: what was lost taking it (its descriptor dropped

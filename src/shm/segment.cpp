@@ -266,8 +266,8 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   const auto through_keeper = [&](const std::string& link, pid_t source) -> std::shared_ptr<segment> {
     if (ref.keeper == os::this_process()) {
       // What a hand-over waiting for room names comes once room is made,
-      // or once it has waited its second, taken as far as room goes.
-      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1100);
+      // or once it has waited room_patience, taken as far as room goes.
+      const auto until = std::chrono::steady_clock::now() + room_patience + std::chrono::milliseconds(100);
       for (;;) {
         take_handed_over_locked(dead);
         if (auto s = known()) return s;
@@ -374,10 +374,9 @@ std::shared_ptr<segment> segment::map_checked(int fd, const std::string& where, 
   return s;
 }
 
-std::shared_ptr<segment> segment::keep(int fd, pid_t sender) {
+std::shared_ptr<segment> segment::keep(int fd, pid_t sender, std::uint64_t nonce) {
   auto& r = segments();
   note_named_by_values(r);  // values of the ended sender now need this process
-  const auto nonce = nonce_in(fd);
   if (nonce != 0) {
     if (auto it = r.segments.find(nonce); it != r.segments.end()) {
       if (auto s = it->second.lock()) {

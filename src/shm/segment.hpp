@@ -291,9 +291,9 @@ class segment {
   /// The segment a memfd that `sender` handed over as it ended holds,
   /// mapped here (or this process's mapping of it, given `fd` when it had
   /// given up its own), marked as kept: it keeps its descriptor until
-  /// unkept. Takes `fd` in every case. Throws shm_error when it is not a
-  /// segment. The registry's lock is held.
-  static std::shared_ptr<segment> keep(int fd, pid_t sender);
+  /// unkept. `nonce` is nonce_in(fd). Takes `fd` in every case. Throws
+  /// shm_error when it is not a segment. The registry's lock is held.
+  static std::shared_ptr<segment> keep(int fd, pid_t sender, std::uint64_t nonce);
   /// The nonce in the header of the segment `fd` holds; 0 when it holds none.
   static std::uint64_t nonce_in(int fd) noexcept;
   /// Ends keep(): its descriptor may go as any received segment's.
