@@ -10,6 +10,7 @@
 #include "group/descendants.hpp"
 #include "group/error_dir.hpp"
 #include "group/rank_groups.hpp"
+#include "group/signal_echo.hpp"
 #include "logs/logs.hpp"
 #include "os/deadline.hpp"
 #include "os/demangle.hpp"
@@ -228,9 +229,7 @@ struct group_state {
   bool stopping = false;
   bool signalled = false;  // the shutdown's first signal went out: later non-zero exits are its doing
   bool hurry = false;      // a second shutdown signal: no more grace
-  // The first shutdown signal forward_signals caught, and when.
-  int first_caught = 0;
-  steady::time_point first_caught_at;
+  first_shutdown_signal first_caught;  // by forward_signals
   bool subreaper = false;  // holds a become_subreaper(), until the run ends
   bool adoption_scan_posted = false;  // a take_adopted() is queued on the strand
   bool nothing_left = false;  // the sweep found every rank reaped and no descendant alive
@@ -739,19 +738,7 @@ void on_signal(const std::shared_ptr<group_state>& state, const std::vector<int>
   if (std::find(passed_on.begin(), passed_on.end(), sig) != passed_on.end()) {
     signal_running(s, sig);
   } else {
-    // The first one again within this long is the same one passed on (a
-    // terminal's Ctrl-C reaching `timeout N program`, which sends it on to
-    // the program and its process group): it does not skip the waits as a
-    // second one does. cohort-run's signal_owner counts its own so.
-    constexpr auto echo = std::chrono::milliseconds(100);
-    const auto now = steady::now();
-    if (s.first_caught == 0) {
-      s.first_caught = sig;
-      s.first_caught_at = now;
-      interrupt(s, sig);
-    } else if (sig != s.first_caught || now - s.first_caught_at >= echo) {
-      interrupt(s, sig);
-    }
+    if (!s.first_caught.is_echo(sig)) interrupt(s, sig);
   }
   s.signals->async_wait([state, passed_on](std::error_code ec, int next) {
     if (!ec) on_signal(state, passed_on, next);

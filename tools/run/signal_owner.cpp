@@ -98,17 +98,13 @@ void signal_owner::take_waiting() {
 
 void signal_owner::take(int sig) {
   const bool ends_run = std::find(shutdown_.begin(), shutdown_.end(), sig) != shutdown_.end();
-  const auto now = std::chrono::steady_clock::now();
-  // The first shutdown signal again within this long is the same one
-  // passed on (a terminal's Ctrl-C reaching `timeout N cohort-run`, which
-  // sends it on to cohort-run and its group): it does not skip the waits
-  // as a second one does. (A group's forward_signals counts its own so.)
-  constexpr auto echo = std::chrono::milliseconds(100);
-  if (ends_run && first_ && sig == *first_ && now - first_at_ < echo) return;
-  if (ends_run && !first_) {
-    first_ = sig;
-    first_at_ = now;
-    shutdown_began();
+  if (ends_run) {
+    // The first one again at once is the same one passed on (a terminal's
+    // Ctrl-C reaching `timeout N cohort-run`, which sends it on to
+    // cohort-run and its group): it does not skip the waits.
+    const bool began = !first_.signal();
+    if (first_.is_echo(sig)) return;
+    if (began) shutdown_began();
   }
   if (group_ == nullptr) return;  // a passed-on signal with no rank to reach: nothing to do
   if (ends_run) {
@@ -140,7 +136,7 @@ void signal_owner::attach(cohort::group& g, const asio::any_io_executor& ex) {
   }
   group_ = &g;
   try {
-    if (first_) g.interrupt(*first_);  // came while no group ran
+    if (const auto first = first_.signal()) g.interrupt(*first);  // came while no group ran
     take_waiting();
     wait_next();
   } catch (...) {  // out of memory: attached to nothing, as before the call
@@ -159,7 +155,7 @@ void signal_owner::detach() {
 std::optional<int> signal_owner::interrupted() {
   std::lock_guard lock(mutex_);
   take_waiting();
-  return first_;
+  return first_.signal();
 }
 
 bool signal_owner::pause(std::chrono::milliseconds limit, int fd) {

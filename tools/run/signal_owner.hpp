@@ -11,6 +11,8 @@
 
 #include <cohort/group.hpp>
 
+#include "group/signal_echo.hpp"
+
 #include <asio/any_io_executor.hpp>
 #include <asio/posix/stream_descriptor.hpp>
 
@@ -74,8 +76,7 @@ class signal_owner {
   std::mutex mutex_;     // guards what follows
   cohort::group* group_ = nullptr;
   std::unique_ptr<asio::posix::stream_descriptor> readable_;  // a dup of signals_fd_, while attached
-  std::optional<int> first_;
-  std::chrono::steady_clock::time_point first_at_;
+  cohort::detail::first_shutdown_signal first_;
 };
 
 }  // namespace cohort_run
