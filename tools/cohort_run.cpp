@@ -687,11 +687,9 @@ void write_results(const run_options& o, const run_record& record) {
     // read as this run's.
     if (cohort::os::replace_file(file, text)) continue;
     const int error = errno;
-    // Only a file replace_file would have renamed over (a regular file of
-    // one link, this user's): not another user's, nor a link of several.
-    struct stat st{};
-    const bool stale = ::lstat(file.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1 &&
-                       st.st_uid == ::geteuid() && fs::remove(file, ec);
+    // Only a file replace_file would have renamed over: not another
+    // user's, nor a link of several.
+    const bool stale = cohort::os::replaced_by_rename(file) && fs::remove(file, ec);
     say("cohort-run: writing {} failed: {}{}{}\n", file.string(), std::strerror(error),
         cohort::os::file_size_limit_note(error), stale ? "; the earlier file there was removed" : "");
   }

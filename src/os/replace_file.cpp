@@ -39,7 +39,17 @@ bool write_in_place(const std::filesystem::path& path, std::string_view text) {
 // Tells apart the unfinished files of this process's writes.
 std::atomic<unsigned> unfinished{0};
 
+// What replace_file renames over: a regular file of one link, this user's.
+bool renamed_over(const struct stat& st) noexcept {
+  return S_ISREG(st.st_mode) && st.st_nlink == 1 && st.st_uid == ::geteuid();
+}
+
 }  // namespace
+
+bool replaced_by_rename(const std::filesystem::path& path) noexcept {
+  struct stat st{};
+  return ::lstat(path.c_str(), &st) == 0 && renamed_over(st);
+}
 
 bool replace_file(const std::filesystem::path& path, std::string_view text) {
   // Past RLIMIT_FSIZE, a write raises SIGXFSZ, whose default action would
@@ -47,9 +57,7 @@ bool replace_file(const std::filesystem::path& path, std::string_view text) {
   const quiet_signal quiet(SIGXFSZ);
   struct stat st{};
   const bool there = ::lstat(path.c_str(), &st) == 0;
-  if (there && (!S_ISREG(st.st_mode) || st.st_nlink != 1 || st.st_uid != ::geteuid())) {
-    return write_in_place(path, text);
-  }
+  if (there && !renamed_over(st)) return write_in_place(path, text);
   // Named after the target, so that what sweeps a folder's files by their
   // names' beginnings (a group's error files) takes one that a killed
   // process left too.

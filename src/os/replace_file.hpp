@@ -22,6 +22,11 @@ namespace cohort::os {
 /// EPERM). False, with errno set, when the text could not be written.
 bool replace_file(const std::filesystem::path& path, std::string_view text);
 
+/// Whether replace_file renames its new file over what is at `path` (a
+/// regular file of one link, this user's), rather than writing it in place
+/// (anything else there); false when nothing is there.
+bool replaced_by_rename(const std::filesystem::path& path) noexcept;
+
 /// Where this process writes the `n`th content it puts at `path`:
 /// "<path>.<pid>-<n>.tmp", beside it.
 std::filesystem::path unfinished_file(const std::filesystem::path& path, unsigned n);
