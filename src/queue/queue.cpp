@@ -201,11 +201,18 @@ struct queue_header {
   std::uint64_t head_seen;                   // head as a push last read it
   alignas(line) std::atomic<std::uint64_t> tail;  // a position: where the next record goes; stored under push_lock
   std::atomic<std::int32_t> tail_cpu{-1};         // the CPU the last push ran on (-1: none yet), for the pops' waits
+  // A position: the values and lines (those skipped before them included)
+  // of the records of more than two lines pushed so far; stored under
+  // push_lock.
+  std::atomic<std::uint64_t> big_pushed;
   // The consumers' side.
   alignas(line) shm::shared_lock pop_lock;  // guards the records in the ring and tail_seen
   std::uint64_t tail_seen;                  // tail as a pop last read it
   alignas(line) std::atomic<std::uint64_t> head;  // a position: the oldest record; stored under pop_lock
   std::atomic<std::int32_t> head_cpu{-1};         // the CPU the last pop ran on (-1: none yet), for the pushes' waits
+  // The same of those popped so far: stored under pop_lock after `head`,
+  // so never ahead of it.
+  std::atomic<std::uint64_t> big_popped;
   // What changes when a wait sleeps or a process comes or goes.
   alignas(line) shm::shared_lock table_lock;  // guards everything below
   // Waits that may be asleep on `items` and on `space`; read without the
@@ -270,7 +277,7 @@ class queue_core {
       throw std::invalid_argument("cohort::queue: the capacity must be at least 1 (every queue is bounded)");
     }
     if (capacity > (std::size_t{1} << 24)) throw std::invalid_argument("cohort::queue: a capacity over 2^24 values");
-    const std::size_t ring = std::bit_ceil(std::max<std::size_t>(std::size_t{64} << 10, capacity * 2 * line));
+    const std::size_t ring = std::bit_ceil(std::max<std::size_t>(std::size_t{64} << 10, (capacity * 2 + 1) * line));
     storage state = storage::allocate_shared(sizeof(queue_header) + ring);
     auto* h = new (state.data()) queue_header{};
     h->magic = magic;
@@ -501,18 +508,25 @@ class queue_core {
   }
 
  private:
-  // Whether the ring has room for the tail's position `tail` to move
-  // `lines` further while the head is at `head`. A record of more than two
-  // lines must leave two for each value the
-  // queue may still take after it (the ring has two per value of
-  // capacity): a value refused so goes out of line, in a record of two
-  // lines at most (push), so that `capacity` values fit whatever their
-  // sizes.
-  bool fits(position head, position tail, std::uint32_t lines) const noexcept {
+  // Whether the ring has room for a record of `len` bytes to take `lines`
+  // at the tail's position `tail` (those it skips at the ring's end
+  // included) while the head is at `head`. A record of more than two lines
+  // must leave two for each value the queue may still take after it, and
+  // one that a record of two lines may skip at the ring's end, over the
+  // lines of the records of more than two lines held (the ring has two per
+  // value of capacity and one more): a value refused so goes out of line,
+  // in a record of two lines at most (push), so that `capacity` values fit
+  // whatever their sizes and whichever records were popped before.
+  bool fits(position head, position tail, std::size_t len, std::uint32_t lines) const noexcept {
     const std::uint64_t held = static_cast<std::uint32_t>(tail.values - head.values);
     const std::uint32_t free = ring_lines() - (tail.lines - head.lines);
     if (held >= h().capacity || free < lines) return false;
-    return lines <= 2 || free - lines >= 2 * (h().capacity - held - 1);
+    if (record_bytes(len) <= 2 * line) return true;
+    const auto pushed = position::of(h().big_pushed.load(std::memory_order_relaxed));
+    const auto popped = position::of(h().big_popped.load(std::memory_order_acquire));
+    const std::uint64_t big_lines = std::uint32_t{pushed.lines - popped.lines} + std::uint64_t{lines};
+    const std::uint64_t big_values = std::uint32_t{pushed.values - popped.values} + std::uint64_t{1};
+    return big_values <= h().capacity && big_lines + 2 * (h().capacity - big_values) + 1 <= ring_lines();
   }
   // Whether the queue holds fewer than `capacity` values, by count alone.
   bool count_has_room() const noexcept {
@@ -535,7 +549,7 @@ class queue_core {
   bool has_room(std::size_t len) const noexcept {
     const auto head = kept_from(position::of(h().head.load(std::memory_order_acquire)));
     const auto tail = position::of(h().tail.load(std::memory_order_acquire));
-    return fits(head, tail, placement(tail, len).first);
+    return fits(head, tail, len, placement(tail, len).first);
   }
 
   // Whether a refused try's look for ended claimants is due: one per
@@ -554,7 +568,7 @@ class queue_core {
     const auto head = position::of(h().head.load(std::memory_order_acquire));
     const auto tail = position::of(h().tail.load(std::memory_order_acquire));
     const auto lines = placement(tail, len).first;
-    return fits(head, tail, lines) && !fits(kept_from(head), tail, lines);
+    return fits(head, tail, len, lines) && !fits(kept_from(head), tail, len, lines);
   }
 
   // The head's position, its lines moved back to where the oldest record
@@ -580,9 +594,9 @@ class queue_core {
     if (h().closed.load(std::memory_order_relaxed) != 0) throw queue_closed("cohort::queue: push into a closed queue");
     const auto tail = position::of(h().tail.load(std::memory_order_relaxed));
     const auto [lines, at] = placement(tail, r.bytes.size());
-    if (!fits(position::of(h().head_seen), tail, lines)) {
+    if (!fits(position::of(h().head_seen), tail, r.bytes.size(), lines)) {
       h().head_seen = kept_from(position::of(h().head.load(std::memory_order_acquire))).word();
-      if (!fits(position::of(h().head_seen), tail, lines)) return false;
+      if (!fits(position::of(h().head_seen), tail, r.bytes.size(), lines)) return false;
     }
     if (at != line_of(tail)) std::memcpy(ring() + std::uint64_t{line_of(tail)} * line, &skip, 4);  // wraps
     std::byte* const record = ring() + std::uint64_t{at} * line;
@@ -591,6 +605,10 @@ class queue_core {
     std::memcpy(record + 8, r.bytes.data(), r.bytes.size());
     // Held for the message before a pop can take it.
     hold_for_message(r.handles);
+    if (record_bytes(r.bytes.size()) > 2 * line) {
+      const auto big = position::of(h().big_pushed.load(std::memory_order_relaxed));
+      h().big_pushed.store(position{big.values + 1, big.lines + lines}.word(), std::memory_order_relaxed);
+    }
     h().tail_cpu.store(::sched_getcpu(), std::memory_order_relaxed);
     h().tail.store(position{tail.values + 1, tail.lines + lines}.word(), std::memory_order_release);
     return true;
@@ -619,6 +637,10 @@ class queue_core {
     if (claim != nullptr) claim_locked(*claim, head.lines, out);
     h().head_cpu.store(::sched_getcpu(), std::memory_order_relaxed);
     h().head.store(position{head.values + 1, head.lines + moved}.word(), std::memory_order_release);
+    if (record_bytes(out.size()) > 2 * line) {
+      const auto big = position::of(h().big_popped.load(std::memory_order_relaxed));
+      h().big_popped.store(position{big.values + 1, big.lines + moved}.word(), std::memory_order_release);
+    }
     return flags;
   }
 

@@ -536,6 +536,45 @@ TEST_SUITE("queue") {
     }
   }
 
+  // Before, the room kept for the values still to come was reckoned when a
+  // record of more than two lines went in, from the lines the records
+  // before it took: once those of one line were popped, each gave back one
+  // line where a value still to come may need two. Capacity 512 held 387
+  // values so, and 1000 held 599; and where the ring holds exactly two
+  // lines a value (capacities of 512 and more, powers of two), a record of
+  // two lines that skips the ring's last line made it one short.
+  TEST_CASE("a queue takes its capacity in values whatever was popped before") {
+    const std::string one_line = "a";
+    const std::string two_lines(100, 'x');
+    const std::string many_lines(16000, 'b');  // in the ring, not out of line: under a quarter of it
+    for (const std::size_t capacity : {std::size_t{120}, std::size_t{512}, std::size_t{1000}, std::size_t{1024}}) {
+      CAPTURE(capacity);
+      {
+        INFO("one record of one line popped, then records of two lines: one of them skips the ring's end");
+        queue<std::string> q(capacity);
+        REQUIRE(q.try_push(one_line));
+        REQUIRE(q.get(1s) == one_line);
+        std::size_t taken = 0;
+        while (taken < capacity + 2 && q.try_push(two_lines)) ++taken;
+        CHECK(taken == capacity);
+      }
+      {
+        INFO("records of one line, a record of many, the first popped, then records of two lines");
+        queue<std::string> q(capacity);
+        const std::size_t first = capacity * 6 / 10;
+        for (std::size_t i = 0; i < first; ++i) REQUIRE(q.try_push(one_line));
+        REQUIRE(q.try_push(many_lines));
+        for (std::size_t i = 0; i < first; ++i) REQUIRE(q.get(1s) == one_line);
+        std::size_t taken = 0;
+        while (taken < capacity + 2 && q.try_push(two_lines)) ++taken;
+        CHECK(taken == capacity - 1);
+        CHECK(q.size() == capacity);
+        CHECK(q.get(1s) == many_lines);
+        for (std::size_t i = 0; i < taken; ++i) CHECK(q.get(1s) == two_lines);
+      }
+    }
+  }
+
   TEST_CASE("a storage pushed and dropped by its sender arrives intact") {
     for (auto strategy : strategies) {
       set_sharing_strategy(strategy);
