@@ -17,3 +17,19 @@
 #endif
 #define ASIO_HAS_CO_AWAIT 1
 #endif
+
+// Asio recycles the memory of its handlers between translation units: a
+// block one allocated, another frees. Where Asio's configuration is read
+// after a standard library header it allocates with std::aligned_alloc
+// and frees with std::free, and otherwise with operator new and delete; so
+// a program that included Asio or cohort first, as most do, freed with
+// one what the library had allocated with the other, which a replaced
+// operator new (a heap profiler's, a pool's) cannot survive. The library,
+// cohort.pc and cohort::cohort turn std::aligned_alloc off; so does this,
+// for a program that included nothing of Asio yet.
+#if defined(ASIO_HAS_STD_ALIGNED_ALLOC)
+#error "Asio was included before cohort, after a standard library header, and set to allocate with std::aligned_alloc: compile with -DASIO_DISABLE_STD_ALIGNED_ALLOC=1, as cohort.pc and cohort::cohort do, so that it allocates as the library does"
+#endif
+#if !defined(ASIO_DISABLE_STD_ALIGNED_ALLOC)
+#define ASIO_DISABLE_STD_ALIGNED_ALLOC 1
+#endif
