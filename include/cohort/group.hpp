@@ -88,8 +88,9 @@ struct group_spec {
   /// $TMP, /tmp, /var/tmp, /usr/tmp and the working directory that is, as
   /// Python's tempfile takes them), named for this process, the group and
   /// the rank, removed once the run has ended and its state is gone: the
-  /// group object destroyed, every wait() on it done, and the stop() its
-  /// destruction queues run by the io_context (rank_failure::error_file
+  /// group object destroyed and every wait() on it done (for a group
+  /// destroyed before its run ended, also the shutdown that its
+  /// destruction starts run by the io_context; rank_failure::error_file
   /// can be read until then); those of a process killed outright go at
   /// the first start of a group in a later process. A group of this
   /// process whose state lives on (see above) holds its error_dir: a start
@@ -188,7 +189,9 @@ struct group_state;
 /// A running group. Supervision starts with the group and goes on whether or
 /// not anyone waits: a rank's failure shuts the others down by itself.
 /// Destroying the group object stops the group (as stop()) and leaves the
-/// shutdown to finish on the io_context.
+/// shutdown to finish on the io_context. Once the run has ended there is
+/// nothing to stop: the run's state goes with the group object, or with
+/// the last wait() on it, whether or not the io_context runs again.
 class group {
  public:
   group() noexcept;

@@ -1096,20 +1096,37 @@ void end_unfinished(group_state& state) noexcept {
 
 }  // namespace detail
 
+namespace {
+
+// Whether a group object that lets go of `state` stops its run: one that
+// runs on a live io_context and has not ended. The stop() is queued on the
+// strand and holds the state until it runs, so one queued for an ended run
+// (nothing left to stop) would keep the state past an io_context that is
+// not run again, until that io_context's destruction, when the state's
+// strand and timers can no longer be destroyed (~group_state leaves them).
+bool stops_as_released(const detail::group_state& state) {
+  if (state.context.expired()) return false;
+  std::lock_guard lock(state.mutex);
+  return !state.finished;
+}
+
+}  // namespace
+
 group::group() noexcept = default;
 group::group(std::shared_ptr<detail::group_state> state) noexcept : state_(std::move(state)) {}
 group::group(group&&) noexcept = default;
 group& group::operator=(group&& other) noexcept {
   if (this != &other) {
-    if (state_ && !state_->context.expired()) stop();
+    if (state_ && stops_as_released(*state_)) stop();
     state_ = std::move(other.state_);
   }
   return *this;
 }
 group::~group() {
   // Once its io_context is gone, the state's end (the last reference) ends
-  // what the run left.
-  if (state_ && !state_->context.expired()) stop();
+  // what the run left. An ended run's state goes here, or with the last
+  // wait() on it.
+  if (state_ && stops_as_released(*state_)) stop();
 }
 
 namespace {
