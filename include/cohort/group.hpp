@@ -287,14 +287,28 @@ auto start_processes(group_spec&& spec, Token&& token = {}) {
   static_assert(detail::refused<Token>,
                 "g++ 12 destroys a group_spec temporary twice inside co_await (std::move of a named one is "
                 "refused too): name the group_spec "
-                "first, `group_spec spec{...}; co_await start_processes(spec);`, or call "
-                "start_processes(executor, spec), which is not awaited");
+                "first, `group_spec spec{...}; co_await start_processes(spec);`");
   return start_processes(static_cast<const group_spec&>(spec), std::forward<Token>(token));
 }
 #endif
 
 /// Starts the ranks now; supervision runs on `executor` (an io_context's).
 group start_processes(const asio::any_io_executor& executor, const group_spec& spec);
+#if COHORT_AWAIT_TEMPORARY_BUG
+/// Refused at compile time on g++ 12 and older, which destroy a group_spec
+/// temporary twice when the call is part of a co_await expression
+/// (`co_await start_processes(executor, group_spec{...}).wait()`). Refused
+/// everywhere, since the call cannot tell whether it is inside one; a named
+/// group_spec is taken by the overload above.
+template <class Refused = void>
+group start_processes(const asio::any_io_executor& executor, group_spec&& spec) {
+  static_assert(detail::refused<Refused>,
+                "g++ 12 destroys a group_spec temporary twice inside co_await (std::move of a named one is "
+                "refused too): name the group_spec first, `group_spec spec{...}; "
+                "start_processes(executor, spec);`");
+  return start_processes(executor, static_cast<const group_spec&>(spec));
+}
+#endif
 
 namespace detail {
 asio::awaitable<group> start_processes_on(asio::any_io_executor executor, group_spec spec);
@@ -356,8 +370,7 @@ auto start_processes(const asio::any_io_executor& executor, group_spec&& spec, T
   static_assert(detail::refused<Token>,
                 "g++ 12 destroys a group_spec temporary twice inside co_await (std::move of a named one is "
                 "refused too): name the group_spec "
-                "first, `group_spec spec{...}; co_await start_processes(executor, spec, token);`, or call "
-                "start_processes(executor, spec), which is not awaited");
+                "first, `group_spec spec{...}; co_await start_processes(executor, spec, token);`");
   return start_processes(executor, static_cast<const group_spec&>(spec), std::forward<Token>(token));
 }
 #endif

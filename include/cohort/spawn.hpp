@@ -141,20 +141,18 @@ auto spawn(command cmd, spawn_options&& options, Token&& token = {}) {
   static_assert(detail::refused<Token>,
                 "g++ 12 destroys a spawn_options temporary twice inside co_await (std::move of a named one is "
                 "refused too): name the options "
-                "first, `spawn_options options{...}; co_await spawn(cmd, options);`, or call "
-                "spawn(executor, cmd, options), which is not awaited");
+                "first, `spawn_options options{...}; co_await spawn(cmd, options);`");
   return spawn(std::move(cmd), static_cast<const spawn_options&>(options), std::forward<Token>(token));
 }
-/// The same for the form that takes an executor and a token. (The error_code
-/// form below is not awaited, and takes a temporary.)
+/// The same for the form that takes an executor and a token. (The
+/// error_code form is refused below.)
 template <class Token>
   requires(!std::is_same_v<std::remove_cvref_t<Token>, std::error_code>)
 auto spawn(const asio::any_io_executor& executor, command cmd, spawn_options&& options, Token&& token) {
   static_assert(detail::refused<Token>,
                 "g++ 12 destroys a spawn_options temporary twice inside co_await (std::move of a named one is "
                 "refused too): name the options "
-                "first, `spawn_options options{...}; co_await spawn(executor, cmd, options, token);`, or "
-                "call spawn(executor, cmd, options), which is not awaited");
+                "first, `spawn_options options{...}; co_await spawn(executor, cmd, options, token);`");
   return spawn(executor, std::move(cmd), static_cast<const spawn_options&>(options), std::forward<Token>(token));
 }
 #endif
@@ -163,6 +161,30 @@ auto spawn(const asio::any_io_executor& executor, command cmd, spawn_options&& o
 child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options);
 child spawn(const asio::any_io_executor& executor, const command& cmd,
             const spawn_options& options, std::error_code& ec);
+#if COHORT_AWAIT_TEMPORARY_BUG
+/// Refused at compile time on g++ 12 and older, which destroy a
+/// spawn_options temporary twice when the call is part of a co_await
+/// expression (`co_await spawn(executor, cmd, {...}).wait()`). Refused
+/// everywhere, since the call cannot tell whether it is inside one; a named
+/// spawn_options is taken by the overloads above.
+template <class Refused = void>
+child spawn(const asio::any_io_executor& executor, const command& cmd, spawn_options&& options) {
+  static_assert(detail::refused<Refused>,
+                "g++ 12 destroys a spawn_options temporary twice inside co_await (std::move of a named one is "
+                "refused too): name the options first, `spawn_options options{...}; "
+                "spawn(executor, cmd, options);`");
+  return spawn(executor, cmd, static_cast<const spawn_options&>(options));
+}
+template <class Refused = void>
+child spawn(const asio::any_io_executor& executor, const command& cmd, spawn_options&& options,
+            std::error_code& ec) {
+  static_assert(detail::refused<Refused>,
+                "g++ 12 destroys a spawn_options temporary twice inside co_await (std::move of a named one is "
+                "refused too): name the options first, `spawn_options options{...}; "
+                "spawn(executor, cmd, options, ec);`");
+  return spawn(executor, cmd, static_cast<const spawn_options&>(options), ec);
+}
+#endif
 /// With default options. (An overload, not a default argument: g++ 12
 /// would destroy a defaulted `{}` twice in `co_await spawn(executor,
 /// cmd).wait()`.)
@@ -175,6 +197,24 @@ inline child spawn(const asio::any_io_executor& executor, const command& cmd) {
 /// (std::invalid_argument): nothing would read them.
 exit_status run(const command& cmd, const spawn_options& options);
 exit_status run(const command& cmd, const spawn_options& options, std::error_code& ec);
+#if COHORT_AWAIT_TEMPORARY_BUG
+/// Refused at compile time on g++ 12 and older, as spawn's are (above):
+/// `co_await f(run(cmd, {...}).code())` destroys the options twice.
+template <class Refused = void>
+exit_status run(const command& cmd, spawn_options&& options) {
+  static_assert(detail::refused<Refused>,
+                "g++ 12 destroys a spawn_options temporary twice inside co_await (std::move of a named one is "
+                "refused too): name the options first, `spawn_options options{...}; run(cmd, options);`");
+  return run(cmd, static_cast<const spawn_options&>(options));
+}
+template <class Refused = void>
+exit_status run(const command& cmd, spawn_options&& options, std::error_code& ec) {
+  static_assert(detail::refused<Refused>,
+                "g++ 12 destroys a spawn_options temporary twice inside co_await (std::move of a named one is "
+                "refused too): name the options first, `spawn_options options{...}; run(cmd, options, ec);`");
+  return run(cmd, static_cast<const spawn_options&>(options), ec);
+}
+#endif
 /// With default options (an overload, as spawn's above).
 inline exit_status run(const command& cmd) {
   const spawn_options defaults;

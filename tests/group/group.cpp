@@ -1865,7 +1865,8 @@ TEST_SUITE("group") {
 
   TEST_CASE("a group's wait with a callback completes with the run's result") {
     asio::io_context io;
-    group g = start_processes(io.get_executor(), ranks_of(2, {"exit", "0"}));
+    const group_spec spec = ranks_of(2, {"exit", "0"});
+    group g = start_processes(io.get_executor(), spec);
     std::optional<run_result> result;
     std::exception_ptr error;
     g.wait([&](std::exception_ptr e, run_result r) {
@@ -1895,7 +1896,8 @@ TEST_SUITE("group") {
 
   TEST_CASE("a deferred group wait cancelled through its slot shuts the group down and completes as aborted") {
     asio::io_context io;
-    group g = start_processes(io.get_executor(), ranks_of(2, {"sleep", "30"}));
+    const group_spec spec = ranks_of(2, {"sleep", "30"});
+    group g = start_processes(io.get_executor(), spec);
     auto pids = g.pids();
     auto wait = g.wait(asio::experimental::deferred);
     asio::cancellation_signal cancel;

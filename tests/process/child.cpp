@@ -263,7 +263,8 @@ TEST_SUITE("child") {
 
   TEST_CASE("signal_group() is refused for a child that does not lead a group") {
     asio::io_context io;
-    child c = spawn(io.get_executor(), target({"sleep", "30"}), {.new_process_group = false});
+    const spawn_options options{.new_process_group = false};
+    child c = spawn(io.get_executor(), target({"sleep", "30"}), options);
     std::error_code ec;
     c.signal_group(SIGTERM, ec);
     CHECK(ec == std::errc::invalid_argument);
@@ -584,7 +585,8 @@ TEST_SUITE("child") {
     asio::io_context io;
     pid_t pid = 0;
     std::thread([&] {
-      child c = spawn(io.get_executor(), target({"sleep", "0"}), spawn_options{.parent_death_signal = 0});
+      const spawn_options options{.parent_death_signal = 0};
+      child c = spawn(io.get_executor(), target({"sleep", "0"}), options);
       pid = c.pid();
       c.detach();
     }).join();

@@ -278,7 +278,8 @@ TEST_SUITE("spawn") {
     CHECK_FALSE(has_unreaped_children());
     std::error_code ec;
     asio::io_context io;
-    child c = spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.before_exec = refuse}, ec);
+    const spawn_options refusing{.before_exec = refuse};
+    child c = spawn(io.get_executor(), command{test::target, {"exit", "0"}}, refusing, ec);
     CHECK(ec == std::error_code(EPERM, std::system_category()));
     CHECK_FALSE(c);
   }
@@ -287,7 +288,8 @@ TEST_SUITE("spawn") {
   // SIGSEGV (or exited with 3), never having run the program.
   TEST_CASE("a child that ends before its exec, its before_exec hook overrunning the stack, fails the spawn "
             "saying how") {
-    CHECK(run(command{test::target, {"exit", "0"}}, {.before_exec = use_stack<48 * 1024>}).success());
+    const spawn_options within{.before_exec = use_stack<48 * 1024>};
+    CHECK(run(command{test::target, {"exit", "0"}}, within).success());
     auto overrun = spawn_error(command{test::target, {"exit", "0"}}, {.before_exec = use_stack<96 * 1024>});
     CHECK(overrun.code() == std::error_code(ECHILD, std::system_category()));
     const std::string what = overrun.what();
@@ -301,7 +303,8 @@ TEST_SUITE("spawn") {
     CHECK_FALSE(has_unreaped_children());
     std::error_code ec;
     asio::io_context io;
-    child c = spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.before_exec = use_stack<96 * 1024>}, ec);
+    const spawn_options overrunning{.before_exec = use_stack<96 * 1024>};
+    child c = spawn(io.get_executor(), command{test::target, {"exit", "0"}}, overrunning, ec);
     CHECK(ec == std::error_code(ECHILD, std::system_category()));
     CHECK_FALSE(c);
     CHECK_FALSE(has_unreaped_children());
@@ -310,7 +313,8 @@ TEST_SUITE("spawn") {
   TEST_CASE("a before_exec hook that execs a program itself gets that program as the child") {
     // Before, the spawn took it for a child that ended before its exec: it
     // waited for the program to end, then failed.
-    CHECK(run(command{"/bin/true", {}}, {.before_exec = exec_itself}).code() == 5);
+    const spawn_options options{.before_exec = exec_itself};
+    CHECK(run(command{"/bin/true", {}}, options).code() == 5);
     CHECK_FALSE(has_unreaped_children());
   }
 
@@ -546,10 +550,11 @@ TEST_SUITE("spawn") {
   TEST_CASE("the error_code overload reports instead of throwing") {
     asio::io_context io;
     std::error_code ec;
-    child c = spawn(io.get_executor(), command{"cohort-no-such-program", {}}, {}, ec);
+    const spawn_options defaults;
+    child c = spawn(io.get_executor(), command{"cohort-no-such-program", {}}, defaults, ec);
     CHECK(ec == std::error_code(ENOENT, std::system_category()));
     CHECK_FALSE(c);
-    auto status = run(command{"cohort-no-such-program", {}}, {}, ec);
+    auto status = run(command{"cohort-no-such-program", {}}, defaults, ec);
     CHECK(ec == std::error_code(ENOENT, std::system_category()));
     (void)status;
   }
@@ -670,8 +675,10 @@ TEST_SUITE("spawn") {
 
   TEST_CASE("keep_fds must name open descriptors above 2") {
     asio::io_context io;
-    CHECK_THROWS_AS(spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.keep_fds = {1}}), std::invalid_argument);
-    CHECK_THROWS_AS(spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.keep_fds = {987654}}), std::invalid_argument);
+    const spawn_options standard{.keep_fds = {1}};
+    CHECK_THROWS_AS(spawn(io.get_executor(), command{test::target, {"exit", "0"}}, standard), std::invalid_argument);
+    const spawn_options closed{.keep_fds = {987654}};
+    CHECK_THROWS_AS(spawn(io.get_executor(), command{test::target, {"exit", "0"}}, closed), std::invalid_argument);
   }
 
   TEST_CASE("a spawn leaves no descriptor open in the parent") {
@@ -721,8 +728,9 @@ TEST_SUITE("spawn") {
     {
       test::nofile_limit limit(static_cast<rlim_t>(test::open_fd_count() + 8));
       try {
+        const spawn_options piped{.out = stdio::pipe()};
         for (int i = 0; i < 64; ++i) {
-          children.push_back(spawn(io.get_executor(), command{test::target, {"sleep", "30"}}, {.out = stdio::pipe()}));
+          children.push_back(spawn(io.get_executor(), command{test::target, {"sleep", "30"}}, piped));
         }
       } catch (const std::system_error& e) {
         error = e;

@@ -66,11 +66,13 @@ TEST_SUITE("stdio") {
   TEST_CASE("a file receives output, truncated or appended") {
     test::temp_dir dir;
     auto log = dir.path / "out.log";
-    CHECK(run(command{test::target, {"write", "1", "first"}}, {.out = stdio::file(log)}).success());
+    const spawn_options truncating{.out = stdio::file(log)};
+    CHECK(run(command{test::target, {"write", "1", "first"}}, truncating).success());
     CHECK(test::read_file(log) == "first");
-    CHECK(run(command{test::target, {"write", "1", "second"}}, {.out = stdio::file(log)}).success());
+    CHECK(run(command{test::target, {"write", "1", "second"}}, truncating).success());
     CHECK(test::read_file(log) == "second");
-    CHECK(run(command{test::target, {"write", "1", "+third"}}, {.out = stdio::append(log)}).success());
+    const spawn_options appending{.out = stdio::append(log)};
+    CHECK(run(command{test::target, {"write", "1", "+third"}}, appending).success());
     CHECK(test::read_file(log) == "second+third");
   }
 
@@ -79,7 +81,8 @@ TEST_SUITE("stdio") {
     auto input = dir.path / "in.txt";
     std::ofstream(input) << "from a file";
     auto output = dir.path / "out.txt";
-    CHECK(run(command{test::target, {"cat"}}, {.in = stdio::file(input), .out = stdio::file(output)}).success());
+    const spawn_options options{.in = stdio::file(input), .out = stdio::file(output)};
+    CHECK(run(command{test::target, {"cat"}}, options).success());
     CHECK(test::read_file(output) == "from a file");
   }
 
@@ -94,13 +97,15 @@ TEST_SUITE("stdio") {
       co_return got;
     }());
     CHECK(text.empty());
-    CHECK(run(command{test::target, {"write", "1", "gone"}}, {.out = stdio::null()}).success());
+    const spawn_options swallowed{.out = stdio::null()};
+    CHECK(run(command{test::target, {"write", "1", "gone"}}, swallowed).success());
   }
 
   TEST_CASE("a descriptor of the parent can be handed over") {
     int p[2];
     REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
-    CHECK(run(command{test::target, {"write", "1", "via fd"}}, {.out = stdio::fd(p[1])}).success());
+    const spawn_options options{.out = stdio::fd(p[1])};
+    CHECK(run(command{test::target, {"write", "1", "via fd"}}, options).success());
     ::close(p[1]);
     char buf[32];
     auto n = ::read(p[0], buf, sizeof buf);
@@ -113,7 +118,8 @@ TEST_SUITE("stdio") {
     REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
     int saved_stdin = ::dup(0);
     REQUIRE(::dup2(p[1], 0) == 0);
-    auto status = run(command{test::target, {"write", "1", "fd0"}}, {.in = stdio::null(), .out = stdio::fd(0)});
+    const spawn_options options{.in = stdio::null(), .out = stdio::fd(0)};
+    auto status = run(command{test::target, {"write", "1", "fd0"}}, options);
     ::dup2(saved_stdin, 0);
     ::close(saved_stdin);
     ::close(p[1]);
@@ -126,8 +132,9 @@ TEST_SUITE("stdio") {
 
   TEST_CASE("a file that cannot be opened fails the spawn, naming the file") {
     asio::io_context io;
+    const spawn_options options{.out = stdio::file("/nonexistent-dir/x.log")};
     try {
-      spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.out = stdio::file("/nonexistent-dir/x.log")});
+      spawn(io.get_executor(), command{test::target, {"exit", "0"}}, options);
       FAIL("spawn succeeded");
     } catch (const std::system_error& e) {
       CHECK(e.code() == std::error_code(ENOENT, std::system_category()));
@@ -137,9 +144,11 @@ TEST_SUITE("stdio") {
 
   TEST_CASE("same_as_stdout() is for stderr only, and pipes are refused by run()") {
     asio::io_context io;
-    CHECK_THROWS_AS(spawn(io.get_executor(), command{test::target, {"exit", "0"}}, {.out = stdio::same_as_stdout()}),
+    const spawn_options stdout_as_stdout{.out = stdio::same_as_stdout()};
+    CHECK_THROWS_AS(spawn(io.get_executor(), command{test::target, {"exit", "0"}}, stdout_as_stdout),
                     std::invalid_argument);
-    CHECK_THROWS_AS(run(command{test::target, {"exit", "0"}}, {.out = stdio::pipe()}), std::invalid_argument);
+    const spawn_options piped{.out = stdio::pipe()};
+    CHECK_THROWS_AS(run(command{test::target, {"exit", "0"}}, piped), std::invalid_argument);
   }
 
   TEST_CASE("asking for a pipe that was not configured is a logic error") {
