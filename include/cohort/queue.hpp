@@ -203,6 +203,13 @@ void drop_record(std::span<const std::byte> bytes) {
   (void)read_record<T>(bytes);
 }
 
+#if COHORT_AWAIT_TEMPORARY_BUG
+/// Nothing converts to it: a std::initializer_list of it can only be `{}`.
+struct no_element {
+  no_element() = delete;
+};
+#endif
+
 }  // namespace detail
 
 /// A bounded FIFO of T shared by processes: copies and handles sent to
@@ -321,23 +328,38 @@ class queue {
 #if COHORT_AWAIT_TEMPORARY_BUG
   /// Refused at compile time on g++ 12 and older, which cannot compile a
   /// std::initializer_list inside a co_await expression (cohort/compiler.hpp).
-  /// The return type is deduced so that the reason is given at the call,
-  /// before the compiler's own error at the function's end.
-  template <class E>
-    requires detail::is_vector<T>
-  auto push(std::initializer_list<E> values) {
-    static_assert(detail::refused<E>,
+  /// Every braced list of values for a queue of vectors comes here, whatever
+  /// its elements (nested, of mixed types): its element type is the
+  /// vector's, not deduced, and a braced list converts to an
+  /// initializer_list before a vector. The return type is deduced so that
+  /// the reason is given at the call, before the compiler's own error at the
+  /// function's end.
+  template <class V = T>
+    requires detail::is_vector<V>
+  auto push(std::initializer_list<typename V::value_type> values) {
+    static_assert(detail::refused<V>,
                   "g++ 12 cannot compile a braced list inside co_await: build the vector in a "
                   "variable first, then `co_await q.push(std::move(values));`");
-    return push(T(values.begin(), values.end()));
+    return push(V(values.begin(), values.end()));
   }
-  template <class E, class Token>
-    requires detail::is_vector<T>
-  auto push(std::initializer_list<E> values, Token&& token) {
-    static_assert(detail::refused<E>,
+  /// The same with a token, where `{}` is refused too (see below).
+  template <class Token, class V = T>
+    requires detail::is_vector<V>
+  auto push(std::initializer_list<typename V::value_type> values, Token&& token) {
+    static_assert(detail::refused<V>,
                   "g++ 12 cannot compile a braced list inside co_await: build the vector in a "
                   "variable first, then `co_await q.push(std::move(values), token);`");
-    return push(T(values.begin(), values.end()), std::forward<Token>(token));
+    return push(V(values.begin(), values.end()), std::forward<Token>(token));
+  }
+  /// `co_await q.push({})` pushes an empty vector, as it does with other
+  /// compilers: an empty list has no array for g++ 12 to get wrong. This
+  /// overload takes only an empty list, and takes it before the refusal
+  /// above, which is a template. (With a token, no such overload can be
+  /// preferred to the refusal's: g++ 12 finds the two ambiguous.)
+  [[nodiscard]] auto push(std::initializer_list<detail::no_element>)
+    requires detail::is_vector<T>
+  {
+    return push(T());
   }
 #endif
   /// Pops, waiting while empty; an asio asynchronous operation completing

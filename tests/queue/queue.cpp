@@ -967,6 +967,19 @@ TEST_SUITE("queue") {
     CHECK(popped == 7);
   }
 
+  // g++ 12 refuses other braced lists pushed inside co_await
+  // (tests/compile_fail/queue_push_*.cpp), but not the empty one.
+  TEST_CASE("an empty braced list pushed inside co_await arrives as an empty vector") {
+    asio::io_context io;
+    auto q = make_queue<std::vector<int>>(4);
+    auto popped = test::run(io, [](queue<std::vector<int>> q) -> asio::awaitable<std::vector<int>> {
+      co_await q.push({});
+      co_return co_await q.pop();
+    }(q));
+    CHECK(popped.empty());
+    CHECK(q.size() == 0);
+  }
+
   TEST_CASE("a pop with use_future is woken by a push from this thread") {
     asio::io_context io;
     auto q = make_queue<std::string>(4);
