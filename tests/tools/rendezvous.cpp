@@ -200,10 +200,12 @@ std::string next_round_error(etcd_rendezvous& r) {
 // A TCP proxy on a loopback port to etcd at `target_port` that, once told,
 // cuts every connection, old and new, for a while from the next range
 // request it sees (a watch's read): etcd unreachable for one node alone,
-// from a known moment, for a known time.
-class cutting_proxy {
+// from a known moment, for a known time. Told to hold the requests to one
+// path, it passes each on to etcd that much later: etcd slow to answer
+// them, yet taking every one.
+class etcd_proxy {
  public:
-  explicit cutting_proxy(int target_port) : target_port_(target_port) {
+  explicit etcd_proxy(int target_port) : target_port_(target_port) {
     REQUIRE(::pipe2(stop_, O_CLOEXEC) == 0);
     listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr = loopback(0);
@@ -214,9 +216,9 @@ class cutting_proxy {
     port_ = ntohs(addr.sin_port);
     acceptor_ = std::thread([this] { accept_all(); });
   }
-  cutting_proxy(const cutting_proxy&) = delete;
-  cutting_proxy& operator=(const cutting_proxy&) = delete;
-  ~cutting_proxy() {
+  etcd_proxy(const etcd_proxy&) = delete;
+  etcd_proxy& operator=(const etcd_proxy&) = delete;
+  ~etcd_proxy() {
     const char byte = 0;
     static_cast<void>(::write(stop_[1], &byte, 1));  // never read: every thread's poll sees it
     acceptor_.join();  // first: it adds the relays
@@ -232,6 +234,19 @@ class cutting_proxy {
     armed_ = length;
     cut_began_.reset();
     reads_after_cut_ = 0;
+  }
+  /// From now on, each request to `path` ("/v3/lease/grant") reaches etcd
+  /// `length` after it came, on a connection that passes nothing else
+  /// meanwhile.
+  void hold(std::string path, std::chrono::milliseconds length) {
+    std::lock_guard lock(mutex_);
+    held_path_ = std::move(path);
+    hold_ = length;
+  }
+  /// How many requests were held.
+  int held() {
+    std::lock_guard lock(mutex_);
+    return held_;
   }
   /// When the cut began; nullopt before the read that began it.
   std::optional<clock_type::time_point> cut_began() {
@@ -290,6 +305,14 @@ class cutting_proxy {
     }
   }
 
+  // How long to hold `request` before it goes on to etcd; counts the held.
+  std::chrono::milliseconds hold_for(std::string_view request) {
+    std::lock_guard lock(mutex_);
+    if (held_path_.empty() || request.find(held_path_) == std::string_view::npos) return {};
+    ++held_;
+    return hold_;
+  }
+
   // Copies both ways until either side closes, the cut comes, or the proxy goes.
   void relay(int client, int upstream) {
     char buf[65536];
@@ -300,6 +323,7 @@ class cutting_proxy {
         if (fds[from].revents == 0) continue;
         const ssize_t n = ::recv(fds[from].fd, buf, sizeof buf, 0);
         const auto data = std::string_view(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+        if (from == 0) std::this_thread::sleep_for(hold_for(data));
         open = n > 0 && !cut(from == 0 ? data : std::string_view()) &&
                ::send(fds[1 - from].fd, buf, data.size(), MSG_NOSIGNAL) == n;
       }
@@ -320,6 +344,9 @@ class cutting_proxy {
   std::optional<clock_type::time_point> cut_began_;
   clock_type::time_point cut_ends_;
   int reads_after_cut_ = 0;
+  std::string held_path_;  // empty: none held
+  std::chrono::milliseconds hold_{0};
+  int held_ = 0;
 };
 
 // The seconds a watch's "etcd unreachable for <seconds> s: ..." says; -1 when it says none.
@@ -916,6 +943,50 @@ TEST_SUITE("etcd rendezvous") {
     CHECK(client.range_prefix("/cohort/rdzv/" + job + "/r/0/m/").kvs.size() == 1);
   }
 
+  // Before, the lease was counted from the grant's request: one etcd
+  // answered later than the lease less a step was given up before its
+  // first renewal, and the round ended "this node's lease expired" though
+  // etcd had granted it as the request came and kept it.
+  TEST_CASE("a lease grant that etcd answers late leaves the lease, and the round, alive") {
+    etcd_proxy proxy(etcd().port());
+    watch_log watched;
+    const auto job = fresh_run_id();
+    auto config = node(job, 1, 1, 1);
+    config.endpoint = proxy.endpoint();
+    config.lease_ttl = 2s;  // renewed a sixth of a second apart
+    proxy.hold("/v3/lease/grant", 1900ms);
+    etcd_rendezvous lone(config);
+    REQUIRE(lone.next_round().nnodes == 1);
+    lone.watch(watched.callback());
+    // Past twice the lease, counted from the grant's request.
+    const auto change = watched.wait(4s);
+    CHECK_MESSAGE(!change, (change ? change->reason : std::string()));
+    CHECK(proxy.held() == 1);  // one lease, never given up
+    etcd_client client(etcd().endpoint());
+    CHECK(client.range_prefix("/cohort/rdzv/" + job + "/r/0/m/").kvs.size() == 1);
+  }
+
+  // Before, a renewal etcd had not answered within a step was given up: a
+  // lease whose every renewal etcd answered a little late was counted lost,
+  // "etcd did not answer its renewals for 1.8 s".
+  TEST_CASE("renewals that etcd answers later than their step leave the lease, and the round, alive") {
+    etcd_proxy proxy(etcd().port());
+    watch_log watched;
+    const auto job = fresh_run_id();
+    auto config = node(job, 1, 1, 1);
+    config.endpoint = proxy.endpoint();
+    config.lease_ttl = 2s;  // renewed a sixth of a second apart
+    proxy.hold("/v3/lease/keepalive", 500ms);
+    etcd_rendezvous lone(config);
+    REQUIRE(lone.next_round().nnodes == 1);
+    lone.watch(watched.callback());
+    const auto change = watched.wait(5s);
+    CHECK_MESSAGE(!change, (change ? change->reason : std::string()));
+    CHECK(proxy.held() >= 2);
+    etcd_client client(etcd().endpoint());
+    CHECK(client.range_prefix("/cohort/rdzv/" + job + "/r/0/m/").kvs.size() == 1);
+  }
+
   TEST_CASE("etcd frozen past the lease loses it, and the watch says etcd did not answer its renewals, and for how "
             "long") {
     cohort::test::etcd_server own;
@@ -944,7 +1015,7 @@ TEST_SUITE("etcd rendezvous") {
 
   TEST_CASE("an etcd outage shorter than the lease leaves the round running, however long the poll; a longer one "
             "ends it, saying how long it lasted") {
-    cutting_proxy proxy(etcd().port());
+    etcd_proxy proxy(etcd().port());
     watch_log watched;
     auto config = node(fresh_run_id(), 1, 1, 1);
     config.endpoint = proxy.endpoint();

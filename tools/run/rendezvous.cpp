@@ -232,32 +232,41 @@ void etcd_rendezvous::ensure_lease() {
 }
 
 void etcd_rendezvous::keep_alive(std::stop_token stop, std::int64_t lease, clock_type::time_point expires) {
-  // A renewal is tried every twelfth of the lease, and again at once after
-  // one etcd left unanswered that long; none waits past the time the lease
-  // is known to live (`expires`, counted from the try etcd last answered).
-  // Tries are thus never more than a step apart: the lease lives at least
-  // a step less than its time to live into an outage, and etcd answers a
-  // try within a step of the outage's end (at its end, where etcd was
-  // frozen and a try waits). An outage shorter than the lease less two
-  // steps leaves the lease alive.
+  // `expires` is the least the lease lives, as this node knows: its time to
+  // live from when the request etcd last answered (the grant, or a renewal)
+  // was sent. It says when to renew first: a step (a twelfth of the lease)
+  // from now, or a step before `expires` where that is sooner (at once
+  // after a grant that took most of the lease); each try after comes a
+  // step after the one before. It does not say the lease is gone: etcd
+  // counts from when it took the request, later. A try waits for etcd's
+  // answer as long as the lease may live (until `expires`, and at least a
+  // step), and the next goes at once where the answer came late.
+  // The lease is lost when etcd says so (a time to live of 0, or no such
+  // lease), or when a try went unanswered and `expires` has passed. A try
+  // that fails at once (a refused connection) is tried again a step later.
+  // An outage shorter than the lease less two steps leaves it alive: the
+  // try sent as it began is answered as it ends (etcd frozen), or one sent
+  // within a step of its end is (connections refused).
   const auto step = std::max(config_.lease_ttl / 12, milliseconds(100));
   etcd_client client(config_.endpoint, step);
   // When the first try etcd did not answer was sent; max while it answers.
   auto failing_since = clock_type::time_point::max();
-  for (auto next = clock_type::now() + step; sleep_unless_stopped(stop, until(next));) {
+  for (auto next = std::min(clock_type::now() + step, expires - step); sleep_unless_stopped(stop, until(next));) {
     const auto sent = clock_type::now();
-    if (sent >= expires) break;
     next = sent + step;
-    client.timeout(std::min(step, until(expires)));
+    client.timeout(std::max(step, until(expires)));
     try {
       const auto ttl = client.keep_alive(lease);
       if (ttl == std::chrono::seconds(0)) break;  // expired, or revoked
       expires = sent + ttl;
       failing_since = clock_type::time_point::max();
-    } catch (const std::exception&) {
-      // etcd unreachable, or an answer that does not parse.
+    } catch (const std::exception& e) {
+      // etcd unreachable, or an answer that does not parse; or etcd's word
+      // that the lease is gone.
+      const auto* answer = dynamic_cast<const etcd_error*>(&e);
+      if (answer != nullptr && answer->code() == etcd_error::not_found) break;
       failing_since = std::min(failing_since, sent);
-      if (clock_type::now() >= expires) break;  // etcd has let it expire
+      if (clock_type::now() >= expires) break;  // etcd may have let it expire
     }
   }
   if (stop.stop_requested()) return;

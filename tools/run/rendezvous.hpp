@@ -226,8 +226,10 @@ class etcd_rendezvous {
   std::string member_prefix(std::int64_t round) const;
   /// Grants a lease when this node has none (or lost it) and starts its keepalive.
   void ensure_lease();
-  /// Renews `lease`, which lives until `expires` unless renewed, until `stop`
-  /// or until it is lost (then sets lease_lost_).
+  /// Renews `lease`, which lives at least until `expires` unless renewed,
+  /// until `stop` or until it is lost: etcd says it is gone, or left a
+  /// renewal unanswered past the time it was known to live (then sets
+  /// lease_lost_).
   void keep_alive(std::stop_token stop, std::int64_t lease, std::chrono::steady_clock::time_point expires);
   /// Opens round `after` + 1 when the state is still `seen_revision`, the job has not finished and the
   /// comparisons `also` hold; false otherwise.
