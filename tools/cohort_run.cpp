@@ -503,12 +503,8 @@ placement static_placement(run_options& o, int nproc) {
 }
 
 double conf_seconds(const std::string& key, const std::string& value) {
-  const double s = seconds("--rdzv-conf " + key, value);
   // Counted in milliseconds: less than one would be none.
-  if (!(s >= 0.001) || s > 1e6) {
-    throw usage_error(fmt::format("--rdzv-conf {}: '{}' is not a number of seconds from 0.001 to 1e6", key, value));
-  }
-  return s;
+  return seconds("--rdzv-conf " + key, value, 0.001, 1e6, "0.001 to 1e6");
 }
 
 std::chrono::milliseconds millis(double seconds) {

@@ -1533,6 +1533,13 @@ TEST_SUITE("cohort-run") {
     CHECK(error_of({"--grace-period", "abc"}).find("not a number of seconds") != std::string::npos);
     // Before, a wait this long overflowed into none: the ranks were killed at once.
     CHECK(error_of({"--grace-period", "1e16"}).find("from 0 to 1e9") != std::string::npos);
+    // Before, a value that was no number, or a negative one, was said to need 0 to 1e9.
+    for (const std::string value : {"abc", "-1", "nan", "0.0001", "1e7"}) {
+      CAPTURE(value);
+      CHECK(error_of({"--rdzv-conf", "join_timeout=" + value})
+                .find("--rdzv-conf join_timeout: '" + value + "' is not a number of seconds from 0.001 to 1e6") !=
+            std::string::npos);
+    }
     CHECK(error_of({"--master-port", "70000"}).find("1 to 65535") != std::string::npos);
     CHECK(error_of({"--start-method", "thread"}).find("spawn, fork, forkserver") != std::string::npos);
     CHECK(error_of({"--rdzv-backend", "zookeeper"}).find("etcd-v3") != std::string::npos);

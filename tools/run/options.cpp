@@ -204,15 +204,18 @@ std::vector<std::string> written_out(const CLI::App& app, int argc, char** argv)
 }  // namespace
 
 double seconds(const std::string& flag, const std::string& text) {
+  // At most 10^9 s (31 years): what the run counts in milliseconds stays
+  // far inside 64 bits. Beyond, a wait came out negative: no wait at all.
+  return seconds(flag, text, 0, 1e9, "0 to 1e9");
+}
+
+double seconds(const std::string& flag, const std::string& text, double least, double most, std::string_view range) {
   const std::string number = trimmed(text);  // as Python's float() reads it
   char* end = nullptr;
   const double value = std::strtod(number.c_str(), &end);
-  // At most 10^9 s (31 years): what the run counts in milliseconds stays
-  // far inside 64 bits. Beyond, a wait came out negative: no wait at all.
-  if (number.empty() || end != number.c_str() + number.size() || !std::isfinite(value) || value < 0 ||
-      value > 1e9) {
-    throw usage_error(
-        fmt::format("{}: '{}' is not a number of seconds from 0 to 1e9 (e.g. 30 or 0.5)", flag, text));
+  if (number.empty() || end != number.c_str() + number.size() || !std::isfinite(value) || value < least ||
+      value > most) {
+    throw usage_error(fmt::format("{}: '{}' is not a number of seconds from {} (e.g. 30 or 0.5)", flag, text, range));
   }
   return value;
 }

@@ -93,6 +93,10 @@ void check_run_id(const std::string& id, std::string_view from);
 /// A number of seconds, 0 to 10^9, blanks around it taken (as Python's
 /// float() takes them); throws usage_error naming `flag`.
 double seconds(const std::string& flag, const std::string& text);
+/// A number of seconds from `least` to `most`, read as seconds(flag, text)
+/// reads it; the usage_error says the range as `range` writes it ("0.001
+/// to 1e6").
+double seconds(const std::string& flag, const std::string& text, double least, double most, std::string_view range);
 /// "5" -> 5, blanks around it and a plus sign taken (as Python's int()
 /// takes them); a message naming `flag` and what it accepts otherwise.
 int whole_number(const std::string& flag, const std::string& text, int least);
