@@ -63,17 +63,46 @@ bool take_number(std::string_view& text, std::uint64_t& value) {
   return true;
 }
 
-// Calls `f(at, name)` for each entry of `dir` but "." and "..": `at` is the
-// listing's descriptor, for the *at calls.
+// Calls `f(at, name)` for each entry of `listing` but "." and "..", then
+// closes it: `at` is the listing's descriptor, for the *at calls.
 template <class F>
-void for_each_name(const std::filesystem::path& dir, F&& f) noexcept {
-  DIR* listing = ::opendir(dir.c_str());
+void for_each_entry(DIR* listing, F&& f) noexcept {
   if (listing == nullptr) return;
   while (const dirent* entry = ::readdir(listing)) {
     const std::string_view name = entry->d_name;
     if (name != "." && name != "..") f(::dirfd(listing), name);
   }
   ::closedir(listing);
+}
+
+// The same for the entries of `dir`.
+template <class F>
+void for_each_name(const std::filesystem::path& dir, F&& f) noexcept {
+  for_each_entry(::opendir(dir.c_str()), std::forward<F>(f));
+}
+
+// How many directories deep remove_entry goes: each level holds a
+// descriptor, and a rank may nest directories without end.
+constexpr int max_removal_depth = 16;
+
+// Removes `name` from the directory `at` whatever it is: a rank may leave a
+// FIFO, a link or a directory at its error file's name. A directory goes
+// with what it holds, down to max_removal_depth levels (one that holds
+// more stays, with what could not be removed). A link is removed, never
+// followed. Errors are ignored.
+void remove_entry(int at, const std::string& name, int depth = 0) noexcept {
+  if (::unlinkat(at, name.c_str(), 0) == 0 || errno != EISDIR || depth >= max_removal_depth) return;
+  const int fd = ::openat(at, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  DIR* listing = ::fdopendir(fd);
+  if (listing == nullptr) {
+    ::close(fd);
+    return;
+  }
+  for_each_entry(listing, [&](int inside, std::string_view entry) {
+    remove_entry(inside, std::string(entry), depth + 1);
+  });
+  ::unlinkat(at, name.c_str(), AT_REMOVEDIR);
 }
 
 [[noreturn]] void fail(int error, const std::filesystem::path& dir, const char* what) {
@@ -165,8 +194,7 @@ class user_dir {
       const bool own = ::fstat(fd, &st) == 0 && st.st_uid == self;
       ::close(fd);
       if (!own) return;
-      remove_files_named(parent_ / entry, "");
-      ::unlinkat(at, entry.c_str(), AT_REMOVEDIR);
+      remove_entry(at, entry);
     });
   }
 
@@ -199,14 +227,14 @@ void release_group_files(const std::filesystem::path& dir, const std::string& pr
 
 void remove_files_named(const std::filesystem::path& dir, const std::string& prefix) noexcept {
   for_each_name(dir, [&](int at, std::string_view name) {
-    if (name.starts_with(prefix)) ::unlinkat(at, std::string(name).c_str(), 0);
+    if (name.starts_with(prefix)) remove_entry(at, std::string(name));
   });
 }
 
 void remove_stale_error_files(const std::filesystem::path& dir) noexcept {
   for_each_name(dir, [&](int at, std::string_view name) {
     const auto owner = owner_in(name, "");
-    if (owner && os::has_ended(owner->first, owner->second)) ::unlinkat(at, std::string(name).c_str(), 0);
+    if (owner && os::has_ended(owner->first, owner->second)) remove_entry(at, std::string(name));
   });
 }
 

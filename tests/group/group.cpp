@@ -1572,6 +1572,25 @@ TEST_SUITE("group") {
     CHECK(!fs::exists(result.first_failure()->error_file));
   }
 
+  // Before, a directory at the name stayed, as only files were removed.
+  TEST_CASE("a directory a rank leaves at its error file's name goes with the group, and a link in it is not followed") {
+    test::temp_dir outside;
+    std::ofstream(outside.path / "kept") << "not the rank's";
+    group_spec spec;
+    spec.entry = command("/bin/sh", {"-c",
+                                     "mkdir -p \"$COHORT_ERROR_FILE/deeper\" && : > \"$COHORT_ERROR_FILE/deeper/x\" && "
+                                     "ln -s \"$0\" \"$COHORT_ERROR_FILE/link\"; exit 6",
+                                     outside.path.string()});
+    spec.nprocs = 1;
+    const auto result = run_group(spec);
+    const auto* first = result.first_failure();
+    REQUIRE(first != nullptr);
+    CHECK(first->status.code() == 6);
+    CHECK(first->message.empty());
+    CHECK_FALSE(fs::exists(fs::symlink_status(first->error_file)));
+    CHECK(names_in(outside.path) == std::vector<std::string>{"kept"});
+  }
+
   TEST_CASE("an error file in the user's directory can be read after the run until the group object is destroyed") {
     auto spec = ranks_of(1, {"record-error", "boom"});
     asio::io_context io;
@@ -1802,6 +1821,22 @@ TEST_SUITE("group") {
     std::sort(kept.begin(), kept.end());
     CHECK(names_in(dir) == kept);
     CHECK((fs::status(dir).permissions() & fs::perms::all) == fs::perms::owner_all);  // made private again
+  }
+
+  // Before, a directory at a stale file's name stayed for good.
+  TEST_CASE("a directory an ended process's rank left at its error file's name is removed, with what it holds") {
+    test::temp_dir tmp, outside;
+    std::ofstream(outside.path / "kept") << "not the rank's";
+    const fs::path dir = user_error_dir(tmp.path);
+    fs::create_directory(dir);
+    const auto [ended, ended_start] = ended_process();
+    const fs::path stale = dir / error_file_name(ended, ended_start);
+    fs::create_directories(stale / "deeper");
+    std::ofstream(stale / "deeper" / "x") << "{}";
+    fs::create_directory_symlink(outside.path, stale / "link");
+    CHECK(run_in_tmpdir(tmp.path, {"spawn-function", "fork"}).code() == 0);
+    CHECK(names_in(dir).empty());
+    CHECK(names_in(outside.path) == std::vector<std::string>{"kept"});
   }
 
   TEST_CASE("a run whose ranks succeed leaves only the user's error directory, empty") {
