@@ -6,6 +6,7 @@
 #include "cohort/export.hpp"
 
 #include <chrono>
+#include <cstdint>
 #include <exception>
 #include <filesystem>
 #include <optional>
@@ -52,13 +53,17 @@ bool record_error(const std::exception& error, std::string_view trace = {}) noex
 /// rank does this by itself.
 void record_uncaught_exceptions() noexcept;
 
+/// The largest error file read_error_file reads, in bytes (16 MiB): a rank
+/// that wrote more there would have its supervisor hold all of it.
+inline constexpr std::uintmax_t max_error_file_size = 16 * 1024 * 1024;
+
 /// Reads an error file. Accepts torchelastic's shape, and a plain string in
 /// "message"; the timestamp is "timestamp_ns" where there is one, else
 /// "timestamp". The trace is "py_callstack" without a last line that
 /// repeats the message (record_error's, or Python's traceback's). A lone
 /// UTF-16 surrogate escape (Python's json.dump writes one for each
 /// undecodable byte of a string) reads as U+FFFD. nullopt when the file is
-/// missing, empty, larger than 16 MiB
+/// missing, empty, larger than max_error_file_size
 /// or not such a file; a field of the wrong type (a null trace, a timestamp
 /// that is not a whole number) is read as absent. Only a regular file is
 /// read: the path is opened without blocking, so a FIFO, a directory or a

@@ -27,7 +27,7 @@ namespace {
 // The most of a message, and of a trace, that an error file holds: the
 // message twice (alone, and ending the trace) and the trace, escaped at
 // worst six bytes for one, stay within what its readers take (16 MiB,
-// max_error_file).
+// max_error_file_size).
 constexpr std::size_t max_error_field = 512 * 1024;
 
 // `text`, cut to max_error_field bytes with a note of what was left out.
@@ -108,11 +108,7 @@ bool record_error(const std::exception& error, std::string_view trace) noexcept 
 
 namespace {
 
-// The largest error file that is read. A report is a message and a trace;
-// a rank that wrote more there would have its supervisor hold all of it.
-constexpr std::size_t max_error_file = 16 * 1024 * 1024;
-
-// The whole of the regular file at `path`, at most max_error_file bytes;
+// The whole of the regular file at `path`, at most max_error_file_size bytes;
 // nullopt for anything else. The rank chose what lies there: it is opened
 // without blocking, so that a FIFO (whose open waits for a writer) or a
 // device cannot hold up its supervisor, and then only a regular file is read.
@@ -120,7 +116,7 @@ std::optional<std::string> regular_file_text(const std::filesystem::path& path) 
   const os::owned_fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
   struct stat st{};
   if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  if (st.st_size < 0 || static_cast<std::size_t>(st.st_size) > max_error_file) return std::nullopt;
+  if (st.st_size < 0 || static_cast<std::uintmax_t>(st.st_size) > max_error_file_size) return std::nullopt;
   std::string text;
   text.reserve(static_cast<std::size_t>(st.st_size));
   char buffer[64 * 1024];
@@ -130,7 +126,7 @@ std::optional<std::string> regular_file_text(const std::filesystem::path& path) 
     if (n < 0) return std::nullopt;
     if (n == 0) return text;
     text.append(buffer, static_cast<std::size_t>(n));
-    if (text.size() > max_error_file) return std::nullopt;  // grown since fstat
+    if (text.size() > max_error_file_size) return std::nullopt;  // grown since fstat
   }
 }
 
