@@ -16,6 +16,7 @@
 #include "run/slurm.hpp"
 
 #include "os/descriptor_limit.hpp"
+#include "os/owned_fd.hpp"
 #include "os/process_identity.hpp"
 #include "os/replace_file.hpp"
 #include "os/temp_directory.hpp"
@@ -607,6 +608,50 @@ void place_by_sizes(placement& p, const std::vector<int>& sizes) {
   p.first_rank = static_cast<int>(first);
 }
 
+// Copies the rank's error file at `from` to `to`, made or emptied. The
+// rank chose what lies at `from`: it is opened without following a link
+// and without blocking, and only a regular file is copied. Returns false
+// with `ec` clear when there is none (nothing, a link, a FIFO, a directory,
+// a device: passed over, as the group passed it over), and false with `ec`
+// set when it could not be copied whole.
+bool copy_error_file(const fs::path& from, const fs::path& to, std::error_code& ec) {
+  ec.clear();
+  const cohort::os::owned_fd in(::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  struct stat st{};
+  if (in.get() < 0) {
+    if (errno != ENOENT && errno != ELOOP && errno != ENXIO) ec.assign(errno, std::system_category());
+    return false;
+  }
+  if (::fstat(in.get(), &st) != 0) {
+    ec.assign(errno, std::system_category());
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) return false;
+  const cohort::os::owned_fd out(::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (out.get() < 0) {
+    ec.assign(errno, std::system_category());
+    return false;
+  }
+  char buffer[64 * 1024];
+  for (;;) {
+    const ssize_t n = ::read(in.get(), buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n < 0) ec.assign(errno, std::system_category());
+      return n == 0;
+    }
+    for (ssize_t done = 0; done < n;) {
+      const ssize_t written = ::write(out.get(), buffer + done, static_cast<std::size_t>(n - done));
+      if (written < 0 && errno == EINTR) continue;
+      if (written <= 0) {
+        ec.assign(written < 0 ? errno : EIO, std::system_category());
+        return false;
+      }
+      done += written;
+    }
+  }
+}
+
 // Without a log folder, the ranks' error files are in the group's private
 // folder, which goes with the group. Those of failed ranks are copied here
 // first ($TMPDIR/cohort-run-errors-XXXXXX/attempt_<k>/<rank>/error.json),
@@ -619,23 +664,32 @@ struct error_folder {
 
   // A file that cannot be kept (a full disk) is named as none, with a line
   // that says why: the group's goes with it, and a part of a copy is no
-  // report. The rank's message and trace are still in `r`.
+  // report. So is anything at the path but a regular file, without a line:
+  // the rank left no report there. The rank's message and trace are still
+  // in `r`.
   void take(cohort::run_result& r, int attempt) {
     for (auto& f : r.failures) {
       std::error_code ec;
-      if (f.error_file.empty() || !fs::exists(f.error_file, ec)) continue;
+      if (f.error_file.empty() || !fs::is_regular_file(fs::symlink_status(f.error_file, ec))) {
+        f.error_file.clear();
+        continue;
+      }
       if (path.empty()) path = fresh_temp_folder("cohort-run-errors-", ec);
       fs::path kept;
       if (!ec) {
         kept = path / fmt::format("attempt_{}", attempt) / std::to_string(f.rank) / "error.json";
         fs::create_directories(kept.parent_path(), ec);
       }
-      if (!ec && fs::copy_file(f.error_file, kept, fs::copy_options::overwrite_existing, ec)) {
+      if (!ec && copy_error_file(f.error_file, kept, ec)) {
         f.error_file = kept;
         continue;
       }
-      say("cohort-run: rank {}'s error file could not be kept{}: {}\n", f.rank,
-          kept.empty() ? std::string() : " as " + kept.string(), ec.message());
+      // No error: replaced by something else since it was looked at, and
+      // passed over as that.
+      if (ec) {
+        say("cohort-run: rank {}'s error file could not be kept{}: {}\n", f.rank,
+            kept.empty() ? std::string() : " as " + kept.string(), ec.message());
+      }
       // What was made for it goes, the folders where they hold nothing else
       // (a folder that is not empty is not removed).
       std::error_code ignored;

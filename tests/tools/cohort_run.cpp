@@ -1998,6 +1998,23 @@ TEST_SUITE("cohort-run") {
     CHECK(nlohmann::json::parse(read_file(outer_file))["message"]["errorCode"] == 5);  // as when it is kept
   }
 
+  // Before, each was given to a copy, which failed with "Invalid argument"
+  // (a FIFO, a directory, a device), or copied what a link named.
+  TEST_CASE("anything but a regular file at a rank's error file is passed over: no copy, and no line about one") {
+    const std::vector<std::string> leave = {"mkfifo \"$TORCHELASTIC_ERROR_FILE\"", "mkdir \"$TORCHELASTIC_ERROR_FILE\"",
+                                            "ln -s /dev/zero \"$TORCHELASTIC_ERROR_FILE\"",
+                                            "ln -s /etc/passwd \"$TORCHELASTIC_ERROR_FILE\""};
+    for (const auto& what : leave) {
+      CAPTURE(what);
+      auto r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", what + "; exit 6"});
+      CHECK(r.status.code() == 6);
+      CHECK(r.err.find("exitcode   : 6") != std::string::npos);
+      CHECK(r.err.find("error_file : <N/A>") != std::string::npos);
+      CHECK(r.err.find("could not be kept") == std::string::npos);
+      CHECK(r.err.find("error files are kept") == std::string::npos);
+    }
+  }
+
   TEST_CASE("a log dir that fills up is named in the summary with the cause") {
     // A 64 KiB tmpfs of its own, in a mount namespace of its own.
     if (std::system("unshare -Urm true 2>/dev/null") != 0) {
