@@ -108,6 +108,15 @@ outcome run_launcher(std::vector<std::string> args, std::map<std::string, std::s
   return run_launcher(std::move(args), [](child&) -> asio::awaitable<void> { co_return; }, std::move(env));
 }
 
+// The folder of kept error files that a summary in `err` names, or empty.
+fs::path kept_error_folder(const std::string& err) {
+  const std::string said = "The ranks' error files are kept in ";
+  const auto at = err.find(said);
+  if (at == std::string::npos) return {};
+  const auto begin = at + said.size();
+  return err.substr(begin, err.find('\n', begin) - begin);
+}
+
 // Runs cohort-run with `args`, its stdout going to the file `out`.
 outcome run_launcher_to(const fs::path& out, std::vector<std::string> args) {
   asio::io_context io;
@@ -2012,6 +2021,30 @@ TEST_SUITE("cohort-run") {
       CHECK(r.err.find("error_file : <N/A>") != std::string::npos);
       CHECK(r.err.find("could not be kept") == std::string::npos);
       CHECK(r.err.find("error files are kept") == std::string::npos);
+    }
+  }
+
+  // Before, the summary said <N/A> for a kept file that was no report, as
+  // for one that could not be kept.
+  TEST_CASE("an error file that is no report is kept, and the summary names it and says why it was not read") {
+    test::temp_dir dir;
+    const auto result = dir.path / "result.json";
+    const std::vector<std::pair<std::string, std::string>> files = {
+        {"printf '{\"message\": {\"message\": \"RuntimeError: half' > \"$TORCHELASTIC_ERROR_FILE\"",
+         "(not read as a report: not JSON in torchelastic's shape)"},
+        {"truncate -s 17M \"$TORCHELASTIC_ERROR_FILE\"",
+         "(not read as a report: 17825792 bytes, over the 16 MiB limit)"}};
+    for (const auto& [write, why] : files) {
+      CAPTURE(write);
+      auto r = run_launcher({"--result-json", result.string(), "-n", "1", "--", "/bin/sh", "-c", write + "; exit 3"});
+      CHECK(r.status.code() == 3);
+      const fs::path errors = kept_error_folder(r.err);
+      REQUIRE_FALSE(errors.empty());
+      const auto kept = errors / "attempt_0" / "0" / "error.json";
+      CHECK(fs::is_regular_file(kept));
+      CHECK(r.err.find("error_file : " + kept.string() + " " + why) != std::string::npos);
+      CHECK(nlohmann::json::parse(read_file(result))["attempts"][0]["ranks"][0]["error_file"] == kept.string());
+      fs::remove_all(errors);
     }
   }
 

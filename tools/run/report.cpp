@@ -34,6 +34,31 @@ std::string local_time(std::chrono::system_clock::time_point when) {
   return fmt::format("{:%Y-%m-%d_%H:%M:%S}", local);
 }
 
+// Whether the rank left a regular file at its error file's path (or one
+// was kept for it): anything else there, a link included, is no report.
+bool has_error_file(const cohort::rank_failure& f) {
+  std::error_code ec;
+  return !f.error_file.empty() && std::filesystem::is_regular_file(std::filesystem::symlink_status(f.error_file, ec));
+}
+
+// What the summary says of a failed rank's error file: where it is, with
+// why it was not read as a report where the group found no message in it;
+// <N/A> where there is none, or none could be kept.
+std::string error_file_text(const cohort::rank_failure& f) {
+  if (!has_error_file(f)) return "<N/A>";
+  const std::string path = f.error_file.string();
+  if (!f.message.empty()) return path;
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(f.error_file, ec);
+  if (!ec && size == 0) return path + " (empty: no report)";
+  if (!ec && size > cohort::max_error_file_size) {
+    return fmt::format("{} (not read as a report: {} bytes, over the {} MiB limit)", path, size,
+                       cohort::max_error_file_size / (1024 * 1024));
+  }
+  if (!cohort::read_error_file(f.error_file)) return path + " (not read as a report: not JSON in torchelastic's shape)";
+  return path;
+}
+
 void print_failure(const cohort::rank_failure& f, const run_record& run, const attempt_record& a) {
   const auto& usage = f.status.usage();
   say("  time       : {}\n", local_time(f.timestamp));
@@ -44,7 +69,7 @@ void print_failure(const cohort::rank_failure& f, const run_record& run, const a
   say("  cpu time   : {:.3f} s user, {:.3f} s system\n", in_seconds(usage.user_time),
       in_seconds(usage.system_time));
   say("  peak rss   : {:.1f} MiB\n", static_cast<double>(usage.max_rss_kib) / 1024);
-  say("  error_file : {}\n", f.message.empty() || f.error_file.empty() ? "<N/A>" : f.error_file.string());
+  say("  error_file : {}\n", error_file_text(f));
   if (!f.message.empty()) say("  message    : {}\n", f.message);
   if (!f.supervisor_error.empty()) say("  supervisor : {}\n", f.supervisor_error);
   if (!f.trace.empty()) {
@@ -89,8 +114,7 @@ nlohmann::json attempt_json(const attempt_record& a) {
     for (const auto& f : r.failures) {
       if (f.rank != static_cast<int>(local)) continue;
       rank["failed"] = true;
-      std::error_code ec;
-      if (std::filesystem::exists(f.error_file, ec)) rank["error_file"] = f.error_file.string();  // it wrote one, kept
+      if (has_error_file(f)) rank["error_file"] = f.error_file.string();  // it wrote one, kept
       if (!f.message.empty()) rank["message"] = f.message;
       if (!f.supervisor_error.empty()) rank["supervisor_error"] = f.supervisor_error;
       if (&f == root) rank["root_cause"] = true;
