@@ -44,10 +44,11 @@ namespace cohort::detail {
 
 namespace {
 
-// "chtqueu4": the layout with a lock for each side, a peer table of 256
-// and the pops' claims; a queue of a layout before ("chtqueue" to
-// "chtqueu3") is refused rather than misread.
-constexpr std::uint64_t magic = 0x3475657571746863ULL;
+// "chtqueu5": the layout with a lock for each side, a peer table of 256,
+// the pops' claims, the counts of records of more than two lines and a
+// line past the ring; a queue of a layout before ("chtqueue" to
+// "chtqueu4") is refused rather than misread.
+constexpr std::uint64_t magic = 0x3575657571746863ULL;
 constexpr std::uint32_t skip = 0xffffffffU;             // the rest of the ring is unused: wrap
 constexpr std::uint32_t overflowed = 1;                 // the record is a storage holding the value
 // How long a wait sleeps before it looks at whether the other side is
@@ -277,8 +278,10 @@ class queue_core {
       throw std::invalid_argument("cohort::queue: the capacity must be at least 1 (every queue is bounded)");
     }
     if (capacity > (std::size_t{1} << 24)) throw std::invalid_argument("cohort::queue: a capacity over 2^24 values");
-    const std::size_t ring = std::bit_ceil(std::max<std::size_t>(std::size_t{64} << 10, (capacity * 2 + 1) * line));
-    storage state = storage::allocate_shared(sizeof(queue_header) + ring);
+    const std::size_t ring = std::bit_ceil(std::max<std::size_t>(std::size_t{64} << 10, capacity * 2 * line));
+    // And one line past the ring, where a record of two lines that starts
+    // on the ring's last line ends.
+    storage state = storage::allocate_shared(sizeof(queue_header) + ring + line);
     auto* h = new (state.data()) queue_header{};
     h->magic = magic;
     h->signature = hash_of(signature);
@@ -297,7 +300,7 @@ class queue_core {
       throw decode_error(fmt::format("cohort::queue: the queue does not hold values of type {}", signature));
     }
     if (!std::has_single_bit(h->ring_bytes) || h->ring_bytes < line || h->ring_bytes / line > (std::uint64_t{1} << 31) ||
-        h->ring_bytes > s.nbytes() - sizeof(queue_header) || h->capacity == 0 || h->capacity > (std::uint64_t{1} << 24)) {
+        h->ring_bytes + line > s.nbytes() - sizeof(queue_header) || h->capacity == 0 || h->capacity > (std::uint64_t{1} << 24)) {
       throw decode_error("cohort::queue: a queue's shared state is malformed");
     }
     auto q = std::make_shared<queue_core>(std::move(s), drop, h);
@@ -511,22 +514,26 @@ class queue_core {
   // Whether the ring has room for a record of `len` bytes to take `lines`
   // at the tail's position `tail` (those it skips at the ring's end
   // included) while the head is at `head`. A record of more than two lines
-  // must leave two for each value the queue may still take after it, and
-  // one that a record of two lines may skip at the ring's end, over the
-  // lines of the records of more than two lines held (the ring has two per
-  // value of capacity and one more): a value refused so goes out of line,
-  // in a record of two lines at most (push), so that `capacity` values fit
-  // whatever their sizes and whichever records were popped before.
+  // must leave two lines for each value the queue may still take after it
+  // over the lines of the records of more than two lines held (the ring
+  // has two per value of capacity, and a record of two lines or fewer
+  // never skips any): a value refused so goes out of line, in a record of
+  // two lines at most (push), so that `capacity` values fit whatever their
+  // sizes and whichever records were popped before.
   bool fits(position head, position tail, std::size_t len, std::uint32_t lines) const noexcept {
     const std::uint64_t held = static_cast<std::uint32_t>(tail.values - head.values);
     const std::uint32_t free = ring_lines() - (tail.lines - head.lines);
     if (held >= h().capacity || free < lines) return false;
     if (record_bytes(len) <= 2 * line) return true;
+    // The counts are written apart from the tail and the head: a process
+    // killed between the two stores leaves them one record off for good,
+    // which the ring's own counts bound.
     const auto pushed = position::of(h().big_pushed.load(std::memory_order_relaxed));
     const auto popped = position::of(h().big_popped.load(std::memory_order_acquire));
-    const std::uint64_t big_lines = std::uint32_t{pushed.lines - popped.lines} + std::uint64_t{lines};
-    const std::uint64_t big_values = std::uint32_t{pushed.values - popped.values} + std::uint64_t{1};
-    return big_values <= h().capacity && big_lines + 2 * (h().capacity - big_values) + 1 <= ring_lines();
+    const std::uint64_t used = ring_lines() - free;
+    const std::uint64_t big_lines = std::min<std::uint64_t>(std::uint32_t{pushed.lines - popped.lines}, used) + lines;
+    const std::uint64_t big_values = std::min<std::uint64_t>(std::uint32_t{pushed.values - popped.values}, held) + 1;
+    return big_values <= h().capacity && big_lines + 2 * (h().capacity - big_values) <= ring_lines();
   }
   // Whether the queue holds fewer than `capacity` values, by count alone.
   bool count_has_room() const noexcept {
@@ -537,11 +544,13 @@ class queue_core {
 
   // The lines a record of `len` bytes takes at the tail `tail`, with those
   // it skips at the ring's end when it does not fit there; and the line it
-  // starts on.
+  // starts on. A record of two lines on the ring's last line ends on the
+  // line past the ring instead, standing for the ring's first, which no
+  // record uses in that lap.
   std::pair<std::uint32_t, std::uint32_t> placement(position tail, std::size_t len) const noexcept {
     const std::uint32_t at = line_of(tail);
     const auto lines = static_cast<std::uint32_t>(record_bytes(len) / line);
-    if (at + lines > ring_lines()) return {ring_lines() - at + lines, 0};
+    if (at + lines > ring_lines() && lines > 2) return {ring_lines() - at + lines, 0};
     return {lines, at};
   }
 
@@ -659,7 +668,7 @@ class queue_core {
     const std::byte* const record = ring() + std::uint64_t{at} * line;
     std::memcpy(head_words, record, 8);
     const std::uint64_t len = head_words[0];
-    if (len > h().ring_bytes - 8 - std::uint64_t{at} * line) {
+    if (len > h().ring_bytes + line - 8 - std::uint64_t{at} * line) {
       throw decode_error(fmt::format("cohort::queue: a record of {} bytes overruns the ring", len));
     }
     out.assign(record + 8, record + 8 + len);
