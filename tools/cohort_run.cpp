@@ -609,17 +609,18 @@ void place_by_sizes(placement& p, const std::vector<int>& sizes) {
 }
 
 // Copies the rank's error file at `from` to `to`, made or emptied. The
-// rank chose what lies at `from`: it is opened without following a link
-// and without blocking, and only a regular file is copied. Returns false
-// with `ec` clear when there is none (nothing, a link, a FIFO, a directory,
-// a device: passed over, as the group passed it over), and false with `ec`
-// set when it could not be copied whole.
+// rank chose what lies at `from`: it is opened without blocking, a link
+// followed as the group's reader follows it, and only a regular file is
+// copied. Returns false with `ec` clear when there is none (nothing, a
+// dangling link, a FIFO, a directory, a device: passed over, as the group
+// passed it over), and false with `ec` set when it could not be copied
+// whole.
 bool copy_error_file(const fs::path& from, const fs::path& to, std::error_code& ec) {
   ec.clear();
-  const cohort::os::owned_fd in(::open(from.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
+  const cohort::os::owned_fd in(::open(from.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
   struct stat st{};
   if (in.get() < 0) {
-    if (errno != ENOENT && errno != ELOOP && errno != ENXIO) ec.assign(errno, std::system_category());
+    if (errno != ENOENT && errno != ELOOP && errno != ENXIO && errno != ENOTDIR) ec.assign(errno, std::system_category());
     return false;
   }
   if (::fstat(in.get(), &st) != 0) {
@@ -670,7 +671,7 @@ struct error_folder {
   void take(cohort::run_result& r, int attempt) {
     for (auto& f : r.failures) {
       std::error_code ec;
-      if (f.error_file.empty() || !fs::is_regular_file(fs::symlink_status(f.error_file, ec))) {
+      if (f.error_file.empty() || !fs::is_regular_file(fs::status(f.error_file, ec))) {
         f.error_file.clear();
         continue;
       }

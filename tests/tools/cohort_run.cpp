@@ -2012,7 +2012,7 @@ TEST_SUITE("cohort-run") {
   TEST_CASE("anything but a regular file at a rank's error file is passed over: no copy, and no line about one") {
     const std::vector<std::string> leave = {"mkfifo \"$TORCHELASTIC_ERROR_FILE\"", "mkdir \"$TORCHELASTIC_ERROR_FILE\"",
                                             "ln -s /dev/zero \"$TORCHELASTIC_ERROR_FILE\"",
-                                            "ln -s /etc/passwd \"$TORCHELASTIC_ERROR_FILE\""};
+                                            "ln -s /nonexistent \"$TORCHELASTIC_ERROR_FILE\""};
     for (const auto& what : leave) {
       CAPTURE(what);
       auto r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", what + "; exit 6"});
@@ -2029,8 +2029,13 @@ TEST_SUITE("cohort-run") {
   TEST_CASE("an error file that is no report is kept, and the summary names it and says why it was not read") {
     test::temp_dir dir;
     const auto result = dir.path / "result.json";
+    // A link is followed to the regular file it names, as the group reads it.
+    const auto half = dir.path / "half.json";
+    std::ofstream(half) << "{\"message\": {\"message\": \"RuntimeError: half";
     const std::vector<std::pair<std::string, std::string>> files = {
         {"printf '{\"message\": {\"message\": \"RuntimeError: half' > \"$TORCHELASTIC_ERROR_FILE\"",
+         "(not read as a report: not JSON in torchelastic's shape)"},
+        {"ln -s " + half.string() + " \"$TORCHELASTIC_ERROR_FILE\"",
          "(not read as a report: not JSON in torchelastic's shape)"},
         {"truncate -s 17M \"$TORCHELASTIC_ERROR_FILE\"",
          "(not read as a report: 17825792 bytes, over the 16 MiB limit)"}};

@@ -34,11 +34,11 @@ std::string local_time(std::chrono::system_clock::time_point when) {
   return fmt::format("{:%Y-%m-%d_%H:%M:%S}", local);
 }
 
-// Whether the rank left a regular file at its error file's path (or one
-// was kept for it): anything else there, a link included, is no report.
+// Whether the rank left a regular file at its error file's path, or a
+// link to one (or one was kept for it): anything else there is no report.
 bool has_error_file(const cohort::rank_failure& f) {
   std::error_code ec;
-  return !f.error_file.empty() && std::filesystem::is_regular_file(std::filesystem::symlink_status(f.error_file, ec));
+  return !f.error_file.empty() && std::filesystem::is_regular_file(std::filesystem::status(f.error_file, ec));
 }
 
 // What the summary says of a failed rank's error file: where it is, with
