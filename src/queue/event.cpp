@@ -113,7 +113,7 @@ bool event::is_set() const noexcept { return (state_of(state_).flag.load() & set
 asio::awaitable<void> event::wait_on(asio::any_io_executor executor, storage state) {
   // Refused here, every time, not inside the first sleep, where the throw
   // would find no coroutine to reach (std::terminate).
-  (void)uring::io_context_of(executor);
+  (void)uring::io_context_of(executor, "cohort::event::wait");
   auto& s = state_of(state);
   const std::uint32_t begun = s.flag.load();
   if ((begun & set_bit) != 0) co_return;

@@ -1216,7 +1216,8 @@ template <class Attempt>
 asio::awaitable<void> wait_async(std::shared_ptr<queue_core> q, side s, Attempt attempt) {
   // Refused here, every time, not inside the first sleep, where the throw
   // would find no coroutine to reach (std::terminate).
-  (void)uring::io_context_of(co_await asio::this_coro::executor);
+  (void)uring::io_context_of(co_await asio::this_coro::executor,
+                             s == side::push ? "cohort::queue::push" : "cohort::queue::pop");
   if (at_once(*q, s, attempt)) co_return;
   shm::dispose_deferred();  // time this coroutine would spend waiting
   // A spin first, as a blocking wait's: it holds this thread for at most

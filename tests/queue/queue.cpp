@@ -21,6 +21,7 @@
 #include <asio/experimental/awaitable_operators.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
+#include <asio/thread_pool.hpp>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -573,6 +574,35 @@ TEST_SUITE("queue") {
         for (std::size_t i = 0; i < taken; ++i) CHECK(q.get(1s) == two_lines);
       }
     }
+  }
+
+  // Before, each said only "cohort: cohort needs the executor of an
+  // asio::io_context".
+  TEST_CASE("a push, a pop or an event's wait awaited on a thread_pool is refused, naming which") {
+    queue<int> full(1);
+    REQUIRE(full.try_push(1));
+    queue<int> empty(1);
+    event e;
+    asio::thread_pool threads(1);
+    // What the coroutine `body`, run on the thread_pool, ended with.
+    const auto refusal = [&threads](std::function<asio::awaitable<void>()> body) {
+      std::promise<std::string> said;
+      asio::co_spawn(threads, std::move(body), [&said](std::exception_ptr failure) {
+        try {
+          if (failure) std::rethrow_exception(failure);
+          said.set_value("no refusal");
+        } catch (const std::invalid_argument& refused) {
+          said.set_value(refused.what());
+        } catch (...) {
+          said.set_value("another exception");
+        }
+      });
+      return said.get_future().get();
+    };
+    const int value = 2;
+    CHECK(refusal([&]() -> asio::awaitable<void> { co_await full.push(value); }).starts_with("cohort::queue::push: "));
+    CHECK(refusal([&]() -> asio::awaitable<void> { (void)co_await empty.pop(); }).starts_with("cohort::queue::pop: "));
+    CHECK(refusal([&]() -> asio::awaitable<void> { co_await e.wait(); }).starts_with("cohort::event::wait: "));
   }
 
   TEST_CASE("a storage pushed and dropped by its sender arrives intact") {
