@@ -1709,6 +1709,23 @@ TEST_SUITE("cohort-run") {
     CHECK(fs::is_empty(logs.path));
   }
 
+  // Before, an id too long for a folder's name was blamed on --log-dir:
+  // "--log-dir L: the run's folder in it could not be made: File name too
+  // long".
+  TEST_CASE("a --run-id too long to name the logs' folder is a usage error, exit 2; the longest that can, works") {
+    test::temp_dir logs;
+    const std::string too_long(247, 'j');
+    auto r = run_launcher({"--run-id", too_long, "--log-dir", logs.path.string(), "-n", "1", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK(r.err.find("cohort-run: --run-id 'jjjjjjjjjjjjjjjj...': a run id names the logs' folder, with 9 bytes after "
+                     "it, so it may be 246 bytes long at most; this one is 247\n") != std::string::npos);
+    CHECK(fs::is_empty(logs.path));
+    const std::string longest(246, 'j');
+    r = run_launcher({"--run-id", longest, "--log-dir", logs.path.string(), "-n", "1", "--", "/bin/true"});
+    CHECK(r.status.code() == 0);
+    CHECK(run_folders(logs.path, longest).size() == 1);
+  }
+
   TEST_CASE("a usage error found after the flags are read comes before any folder is made or logs are named") {
     test::temp_dir logs, tmp;
     const std::vector<std::vector<std::string>> bad{

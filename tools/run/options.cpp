@@ -447,12 +447,18 @@ run_options parse_options(int argc, char** argv) {
   return o;
 }
 
-// The run id names the logs' folder (<log-dir>/<run-id>/), as torchrun's
-// names its: it must be one folder's name, not a path that leads out.
+// The run id names the logs' folder (<log-dir>/<run-id>_XXXXXXXX/), as
+// torchrun's names its: it must be one folder's name, not a path that
+// leads out, and leave room in a name of NAME_MAX bytes for the suffix.
 void check_run_id(const std::string& id, std::string_view from) {
   if (id == "." || id == ".." || id.find('/') != std::string::npos) {
     throw usage_error(fmt::format("{} '{}': a run id names the logs' folder, so it may not hold '/' nor be "
                                   "'.' or '..'", from, id));
+  }
+  if (id.size() > max_run_id_bytes) {
+    throw usage_error(fmt::format("{} '{}...': a run id names the logs' folder, with 9 bytes after it, so it may "
+                                  "be {} bytes long at most; this one is {}",
+                                  from, id.substr(0, 16), max_run_id_bytes, id.size()));
   }
 }
 

@@ -3,6 +3,7 @@
 // command line wins), cohort-run's own flags, and the program forms.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -86,9 +87,12 @@ std::vector<std::string> comma_items(const std::string& list);
 inline constexpr std::string_view python_blanks = " \t\n\r\v\f";
 /// `text` without the characters of `blanks` at either end.
 std::string trimmed(const std::string& text, std::string_view blanks = python_blanks);
+/// The longest run id: the logs' folder is named `<run-id>_XXXXXXXX`, in
+/// a name of at most NAME_MAX (255) bytes.
+inline constexpr std::size_t max_run_id_bytes = 255 - 9;
 /// Throws usage_error, naming where `id` came from (`from`: --run-id,
 /// SLURM_JOB_ID), unless it can name the logs' folder: one folder's name,
-/// not a path that leads elsewhere.
+/// not a path that leads elsewhere, of max_run_id_bytes at most.
 void check_run_id(const std::string& id, std::string_view from);
 /// A number of seconds, 0 to 10^9, blanks around it taken (as Python's
 /// float() takes them); throws usage_error naming `flag`.
