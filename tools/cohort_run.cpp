@@ -641,14 +641,9 @@ bool copy_error_file(const fs::path& from, const fs::path& to, std::error_code& 
       if (n < 0) ec.assign(errno, std::system_category());
       return n == 0;
     }
-    for (ssize_t done = 0; done < n;) {
-      const ssize_t written = ::write(out.get(), buffer + done, static_cast<std::size_t>(n - done));
-      if (written < 0 && errno == EINTR) continue;
-      if (written <= 0) {
-        ec.assign(written < 0 ? errno : EIO, std::system_category());
-        return false;
-      }
-      done += written;
+    if (!cohort::os::write_all(out.get(), std::string_view(buffer, static_cast<std::size_t>(n)))) {
+      ec.assign(errno, std::system_category());
+      return false;
     }
   }
 }

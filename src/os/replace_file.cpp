@@ -16,18 +16,20 @@
 
 namespace cohort::os {
 
-namespace {
-
-// Writes all of `text` to `fd`; false, with errno set, when it cannot.
 bool write_all(int fd, std::string_view text) {
   while (!text.empty()) {
     const ssize_t n = ::write(fd, text.data(), text.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return false;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;  // nothing taken, and no reason given
+      return false;
+    }
     text.remove_prefix(static_cast<std::size_t>(n));
   }
   return true;
 }
+
+namespace {
 
 // `text` written over what is at `path`, as a program's own open for
 // writing would: created if missing, replaced if there.

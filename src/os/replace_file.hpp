@@ -7,6 +7,10 @@
 
 namespace cohort::os {
 
+/// Writes all of `text` to `fd`, again where a write is interrupted or
+/// short; false, with errno set, when it cannot.
+bool write_all(int fd, std::string_view text);
+
 /// `text` put at `path` whole or not at all: a reader finds the earlier
 /// content or this, never part of it. A write that fails (a full disk,
 /// RLIMIT_FSIZE: never SIGXFSZ) or that the process's end cuts short leaves
