@@ -54,13 +54,24 @@ struct when_any_outcome {
 
 /// Awaits one op. The optional gives co_spawn the default-constructible
 /// result it needs whatever T is.
+/// Runs `op` and sets `ended` once it has returned or thrown, while its
+/// when_any still runs it: start() reads the flag to tell an op that ended
+/// as it started (a pop of a queue that held a value) from one that waits.
 template <class T>
-asio::awaitable<std::optional<when_any_value<T>>> settle(asio::awaitable<T> op) {
-  if constexpr (std::is_void_v<T>) {
-    co_await std::move(op);
-    co_return std::monostate{};
-  } else {
-    co_return co_await std::move(op);
+asio::awaitable<std::optional<when_any_value<T>>> settle(asio::awaitable<T> op, bool* ended) {
+  try {
+    if constexpr (std::is_void_v<T>) {
+      co_await std::move(op);
+      *ended = true;
+      co_return std::monostate{};
+    } else {
+      auto value = co_await std::move(op);
+      *ended = true;
+      co_return value;
+    }
+  } catch (...) {
+    *ended = true;
+    throw;
   }
 }
 
@@ -88,16 +99,18 @@ class when_any_state : public std::enable_shared_from_this<when_any_state<T, Han
   }
 
   /// Starts the ops in order, each as its own co_spawn on the strand, each
-  /// running inline up to its first suspension. co_spawn reports an op that
-  /// ends without suspending later, from the strand's queue, so every op
-  /// normally starts; one reported inline (it hopped to another executor and
-  /// back) decides the race at once, and the ops after it are destroyed
-  /// without running.
+  /// running inline up to its first suspension. An op that ends there,
+  /// without suspending, wins unless a completion queued on the strand
+  /// before its own comes first: the ops after it are destroyed without
+  /// running, so that they take nothing (a later pop of a queue that holds
+  /// a value would take the value, to be discarded). co_spawn reports such
+  /// an op later, from the strand's queue; one reported inline (it hopped
+  /// to another executor and back) decides the race at once too.
   void start(std::vector<asio::awaitable<T>> ops) {
-    for (std::size_t i = 0; i < ops.size() && !decided_; ++i) {
+    for (std::size_t i = 0; i < ops.size() && !decided_ && !op_ended_; ++i) {
       started_ = i + 1;
       ++running_;
-      asio::co_spawn(strand_, settle(std::move(ops[i])),
+      asio::co_spawn(strand_, settle(std::move(ops[i]), &op_ended_),
                      asio::bind_cancellation_slot(signals_[i].slot(), op_done{this->shared_from_this(), i}));
     }
     starting_ = false;
@@ -173,6 +186,7 @@ class when_any_state : public std::enable_shared_from_this<when_any_state<T, Han
   std::size_t running_ = 0;
   bool starting_ = true;
   bool decided_ = false;
+  bool op_ended_ = false;  // set by settle() on the strand, as each op ends
   std::unique_ptr<when_any_outcome<T>> outcome_ = std::make_unique<when_any_outcome<T>>();
 };
 
@@ -225,7 +239,9 @@ inline asio::awaitable<std::size_t> index_of_first(std::vector<asio::awaitable<v
 /// is rethrown, after the others have finished. What the others complete with
 /// after their cancellation (values, operation_aborted, any exception) is
 /// discarded. Of ops that complete as they start, without suspending, the one
-/// earlier in `ops` wins. Otherwise the first completion to reach when_any
+/// earlier in `ops` wins, and the ops after it are not started: over the
+/// pops of several queues that hold values, only the winner's pop takes
+/// one. Otherwise the first completion to reach when_any
 /// wins, whatever its place in `ops`: of two that become ready together (two
 /// timers that expired while the loop was busy), the one asio runs first.
 /// An op that ignores cancellation delays when_any until it ends. What the

@@ -259,6 +259,43 @@ TEST_CASE("of ops that all complete at once, the first in the vector wins") {
   CHECK(log.alive == 0);
 }
 
+/// Takes one of `held` at once, as a pop of a queue that holds values does.
+asio::awaitable<int> take_one(int& held, int value) {
+  --held;
+  co_return value;
+}
+
+TEST_CASE("of ops that complete at once, those after the first are never started") {
+  asio::io_context io;
+  int first = 1, second = 1, third = 1;
+  std::vector<asio::awaitable<int>> ops;
+  ops.push_back(take_one(first, 10));
+  ops.push_back(take_one(second, 20));
+  ops.push_back(take_one(third, 30));
+  auto [index, value] = test::run(io, when_any(std::move(ops)));
+  CHECK(index == 0);
+  CHECK(value == 10);
+  CHECK(first == 0);
+  CHECK(second == 1);
+  CHECK(third == 1);
+}
+
+TEST_CASE("an op that completes at once after pending ones: those after it are never started") {
+  asio::io_context io;
+  op_log log;
+  int later = 1;
+  std::vector<asio::awaitable<int>> ops;
+  ops.push_back(after(log, 200ms, 0));
+  ops.push_back(at_once(log, 42));
+  ops.push_back(take_one(later, 7));
+  auto [index, value] = test::run(io, when_any(std::move(ops)));
+  CHECK(index == 1);
+  CHECK(value == 42);
+  CHECK(later == 1);
+  CHECK(log.cancelled == 1);
+  CHECK(log.alive == 0);
+}
+
 TEST_CASE("awaitables without a result complete with the winner's index") {
   asio::io_context io;
   op_log log;
@@ -293,11 +330,11 @@ TEST_CASE("an op that completed before the awaiting coroutine was cancelled stil
   op_log log;
   std::atomic<bool> cleaned_up{false};
   std::vector<asio::awaitable<int>> ops;
-  ops.push_back(at_once(log, 0));
   // Still ending (50 ms of cleanup) when the cancellation comes at 10 ms.
   ops.push_back(slow_to_cancel(log, 50ms, cleaned_up));
+  ops.push_back(at_once(log, 10));
   cancelled_run result;
-  CHECK(run_cancelled(std::move(ops), log, 10ms, result) == 0);
+  CHECK(run_cancelled(std::move(ops), log, 10ms, result) == 1);
   REQUIRE(result.ended);
   CHECK(!result.error);
   CHECK(result.alive_at_end == 0);
@@ -407,7 +444,9 @@ TEST_CASE("on four threads, 200 concurrent when_anys each pick their earliest op
   for (int rep = 0; rep < reps; ++rep) {
     const rep_result& r = results[static_cast<std::size_t>(rep)];
     const auto winner = static_cast<std::size_t>(rep % width);
-    if (r.index != winner || r.value != rep % width || r.alive_on_return != 0 || r.cancelled_on_return != width - 1) {
+    // A winner that completes at once leaves the ops after it unstarted.
+    const int cancelled = rep % 2 == 0 ? rep % width : width - 1;
+    if (r.index != winner || r.value != rep % width || r.alive_on_return != 0 || r.cancelled_on_return != cancelled) {
       ++wrong;
     }
   }
