@@ -1,5 +1,5 @@
-// Helpers shared by the benchmarks: a clock, CPU time, medians, percentiles and spreads, and a
-// line-buffered stdout.
+// Helpers shared by the benchmarks: a clock, CPU time, medians, percentiles and spreads, the
+// order of contenders' turns, and a line-buffered stdout.
 #pragma once
 
 #include <fmt/format.h>
@@ -116,6 +116,21 @@ void in_turns(int round, A&& a, B&& b) {
     b();
     a();
   }
+}
+
+/// The order in which `count` contenders run in round `round` (from 0), as
+/// their indices: 0 to count - 1 turned left by round / 2 places, then in
+/// odd rounds reversed. Every 2 * count rounds each goes first twice, and
+/// one of three or more follows one neighbour in even rounds and the other
+/// in odd ones: none always runs right after the same other one. (Two
+/// contenders alternate in pairs of rounds; in_turns alternates each round.)
+inline std::vector<std::size_t> round_order(int round, std::size_t count) {
+  std::vector<std::size_t> order(count);
+  if (count == 0) return order;
+  const std::size_t turn = static_cast<std::size_t>(round / 2) % count;
+  for (std::size_t i = 0; i < count; ++i) order[i] = (turn + i) % count;
+  if (round % 2 != 0) std::reverse(order.begin(), order.end());
+  return order;
 }
 
 /// Whether round `round` (from 0) is one of `turns` rounds spread evenly

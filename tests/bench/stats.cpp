@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,34 @@ TEST_SUITE("bench stats") {
       cohort::bench::in_turns(round, [&] { order += 'a'; }, [&] { order += 'b'; });
     }
     CHECK(order == "abbaabba");
+  }
+
+  TEST_CASE("a round's order turns by one every two rounds and is reversed in odd ones") {
+    std::string orders;
+    for (int round = 0; round < 6; ++round) {
+      for (auto i : cohort::bench::round_order(round, 3)) orders += static_cast<char>('a' + i);
+      orders += ' ';
+    }
+    CHECK(orders == "abc cba bca acb cab bac ");
+  }
+
+  TEST_CASE("over a round's order's cycle, each goes first twice and follows more than one other") {
+    for (std::size_t count = 3; count <= 6; ++count) {
+      std::vector<int> first(count);
+      std::vector<std::vector<bool>> followed(count, std::vector<bool>(count));
+      for (int round = 0; round < 2 * static_cast<int>(count); ++round) {
+        const auto order = cohort::bench::round_order(round, count);
+        REQUIRE(order.size() == count);
+        ++first[order[0]];
+        for (std::size_t i = 1; i < count; ++i) followed[order[i]][order[i - 1]] = true;
+      }
+      for (std::size_t v = 0; v < count; ++v) {
+        CAPTURE(count);
+        CAPTURE(v);
+        CHECK(first[v] == 2);
+        CHECK(std::count(followed[v].begin(), followed[v].end(), true) == 2);
+      }
+    }
   }
 
   TEST_CASE("a peer's turns are as many as asked, spread evenly over the rounds") {
