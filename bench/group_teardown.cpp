@@ -1,7 +1,9 @@
 // Fail-fast teardown: 4 ranks, rank 0 fails at once, the others sleep; the
 // time from start_processes to the run's result, with no grace period
 // before SIGTERM. The baseline does the same by hand in the same run:
-// posix_spawn 4, waitid for rank 0, SIGTERM the rest, waitid each. Then the
+// posix_spawn 4, waitid for rank 0, SIGTERM the rest, waitid each. Each
+// round runs both, the one or the other first in alternate rounds, and
+// their ratio is taken per round: its median and range print. Then the
 // same with function ranks started by fork (rank 0 throws), against
 // torch.multiprocessing.start_processes(start_method="fork") where
 // /usr/bin/python3 (or $COHORT_BENCH_PYTHON) imports torch. torch takes
@@ -136,8 +138,8 @@ int run(int argc, char** argv) {
   raw_teardown();
   cohort_teardown(io, spec);  // warm-up
   for (int i = 0; i < rounds; ++i) {
-    raw.push_back(raw_teardown());
-    ours.push_back(cohort_teardown(io, spec));
+    cohort::bench::in_turns(
+        i, [&] { raw.push_back(raw_teardown()); }, [&] { ours.push_back(cohort_teardown(io, spec)); });
   }
   fmt::print("fail-fast teardown of {} ranks (rank 0 fails at once, grace 0), {} rounds, ms\n", ranks, rounds);
   fmt::print("{:<34} {:>8} {:>8}\n", "variant", "p50", "p90");
@@ -145,7 +147,9 @@ int run(int argc, char** argv) {
              cohort::bench::percentile(raw, 90) * 1e3);
   fmt::print("{:<34} {:>8.2f} {:>8.2f}\n", "cohort start_processes + wait", cohort::bench::median(ours) * 1e3,
              cohort::bench::percentile(ours, 90) * 1e3);
-  fmt::print("ratio of medians (cohort / raw): {:.2f}x\n", cohort::bench::median(ours) / cohort::bench::median(raw));
+  const auto against_raw = cohort::bench::spread_of(cohort::bench::per_round(ours, raw));
+  fmt::print("cohort / raw, median of the rounds' ratios: {:.2f}x (spread {:.2f}-{:.2f}x)\n", against_raw.median,
+             against_raw.min, against_raw.max);
 
   // Function ranks by fork; a failing rank prints its error on stderr,
   // which this benchmark sends to /dev/null.
