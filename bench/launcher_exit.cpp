@@ -6,7 +6,10 @@
 // that before calling torch.distributed.run.main().
 //
 // The two launchers' rounds are interleaved, so that drift weighs on both:
-// torchrun's fewer rounds are spread evenly among cohort-run's. A launcher
+// torchrun's fewer rounds are spread evenly among cohort-run's, each beside
+// one of cohort-run's, the one or the other first in alternate turns, and
+// torchrun's time over cohort-run's is taken per round: its median and
+// range print, worded as cohort-run being faster or taking longer. A launcher
 // that fails (exits non-zero, is killed, takes over two minutes, or cannot
 // start, torch missing included) runs no more rounds, and its line reads
 // "failed: <why>" after the other's figures.
@@ -233,9 +236,22 @@ int main(int argc, char** argv) {
   fmt::print("start to exit of 8 ranks of /bin/true: medians of {} rounds of cohort-run and {} of torchrun, "
              "interleaved\n",
              rounds, torch_rounds);
+  // torchrun's seconds over cohort-run's of the same round, turn by turn.
+  std::vector<double> torch_ratios;
   for (int round = 0, torch_done = 0; round < rounds; ++round) {
-    ours.round();
-    for (; torch_done < (round + 1) * torch_rounds / rounds; ++torch_done) {
+    const int torch_until = (round + 1) * torch_rounds / rounds;
+    if (torch_done == torch_until) {
+      ours.round();
+      continue;
+    }
+    // torchrun's turn beside this round's run of cohort-run; where torchrun
+    // has more rounds than cohort-run, its other turns of the round follow,
+    // each against the same run.
+    cohort::bench::in_turns(torch_done, [&] { ours.round(); }, [&] { torch.round(); });
+    for (;;) {
+      if (ours.failure.empty() && torch.failure.empty())
+        torch_ratios.push_back(torch.samples.back() / ours.samples.back());
+      if (++torch_done == torch_until) break;
       torch.round();
     }
   }
@@ -243,9 +259,11 @@ int main(int argc, char** argv) {
 
   print_line(ours);
   print_line(torch);
-  if (ours.failure.empty() && torch.failure.empty())
-    fmt::print("  cohort-run is {:.0f}x faster\n",
-               cohort::bench::median(torch.samples) / cohort::bench::median(ours.samples));
+  if (ours.failure.empty() && torch.failure.empty() && !torch_ratios.empty()) {
+    fmt::print("  {} (over the {} rounds torchrun ran in)\n",
+               cohort::bench::faster_text(cohort::bench::spread_of(torch_ratios), "cohort-run", "torchrun/cohort-run"),
+               torch_ratios.size());
+  }
 
   // Against the machine: a minimal launcher (posix_spawn K /bin/true, then
   // wait for them) at K = 1 to 128, rounds interleaved.
