@@ -2,13 +2,17 @@
 // on an io_context) against a raw posix_spawn + pidfd_open + waitid loop and
 // Boost.Process v2 (when built with it), in one run. "cohort, blocking
 // join()" reaps with join() instead, to tell launch cost from wait cost. Each
-// round runs every variant once, in turn, the first of them moving on by one
-// each round, so that no variant always runs right after the same other one;
-// the report gives each variant's median over the rounds and the median of
-// its per-round ratios to the raw loop, with their range. Then how long one
-// launch holds the thread that makes it (both return once the child has
-// exec'd): cohort::spawn against posix_spawn, taking turns, each child
-// reaped before the next launch.
+// round runs every variant once, in an order that changes round by round
+// (round_order: turned by one every two rounds, reversed in odd ones), so
+// that no variant always goes first or always runs right after the same
+// other one; the report gives each variant's median over the rounds and the
+// median of its per-round ratios to the raw loop, with their range. A
+// variant that throws at some N runs no more at that N and prints as failed
+// with why; the others' rows print all the same, and the exit status is 1.
+// Then how long one launch holds the thread that makes it (both return once
+// the child has exec'd): cohort::spawn against posix_spawn, the one or the
+// other first in alternate launches, each child reaped before the next
+// launch.
 //
 //   spawn_reap [rounds]     (default 15)
 #include <cohort/cohort.hpp>
@@ -29,7 +33,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <utility>
 #include <stdexcept>
@@ -42,20 +48,35 @@ namespace {
 
 const char* const program = "/bin/true";
 
+// Starts `n` children, then reaps each through its pidfd. Throws where a
+// launch, a pidfd or a reap fails or a child does not exit 0, once every
+// child it started is reaped.
 void raw_spawn_reap(int n) {
   std::vector<int> pidfds;
   pidfds.reserve(static_cast<std::size_t>(n));
   char* const argv[] = {const_cast<char*>(program), nullptr};
-  for (int i = 0; i < n; ++i) {
+  std::string failure;
+  for (int i = 0; i < n && failure.empty(); ++i) {
     pid_t pid;
-    if (::posix_spawn(&pid, program, nullptr, nullptr, argv, environ) != 0) throw std::runtime_error("posix_spawn");
-    pidfds.push_back(cohort::config::pidfd_open(pid));
+    if (const int error = ::posix_spawn(&pid, program, nullptr, nullptr, argv, environ); error != 0) {
+      failure = fmt::format("posix_spawn: {}", std::strerror(error));
+    } else if (const int fd = cohort::config::pidfd_open(pid); fd < 0) {
+      failure = fmt::format("pidfd_open: {}", std::strerror(errno));
+      ::waitpid(pid, nullptr, 0);
+    } else {
+      pidfds.push_back(fd);
+    }
   }
   for (int fd : pidfds) {
-    siginfo_t info;
-    ::waitid(static_cast<idtype_t>(cohort::config::p_pidfd), static_cast<id_t>(fd), &info, WEXITED);
+    siginfo_t info{};
+    if (::waitid(static_cast<idtype_t>(cohort::config::p_pidfd), static_cast<id_t>(fd), &info, WEXITED) != 0) {
+      if (failure.empty()) failure = fmt::format("waitid: {}", std::strerror(errno));
+    } else if ((info.si_code != CLD_EXITED || info.si_status != 0) && failure.empty()) {
+      failure = "a child failed";
+    }
     ::close(fd);
   }
+  if (!failure.empty()) throw std::runtime_error(failure);
 }
 
 std::vector<cohort::child> cohort_launch(asio::io_context& io, int n) {
@@ -88,31 +109,45 @@ void cohort_spawn_join(asio::io_context& io, int n) {
   }
 }
 
-// Microseconds each call held its thread, `launches` times each, taking
-// turns: posix_spawn's and cohort::spawn's, each child reaped after.
+// Microseconds each call held its thread, `launches` times each, the one
+// or the other first in alternate launches: posix_spawn's and
+// cohort::spawn's, each child reaped after.
 std::pair<std::vector<double>, std::vector<double>> thread_held(asio::io_context& io, int launches) {
   std::vector<double> raw, cohort_held;
   char* const argv[] = {const_cast<char*>(program), nullptr};
   const cohort::command cmd(program);
   const cohort::spawn_options options;
   for (int i = 0; i < launches; ++i) {
-    pid_t pid;
-    auto start = cohort::bench::clock::now();
-    if (::posix_spawn(&pid, program, nullptr, nullptr, argv, environ) != 0) throw std::runtime_error("posix_spawn");
-    raw.push_back(cohort::bench::seconds_since(start) * 1e6);
-    ::waitpid(pid, nullptr, 0);
-    start = cohort::bench::clock::now();
-    cohort::child c = cohort::spawn(io.get_executor(), cmd, options);
-    cohort_held.push_back(cohort::bench::seconds_since(start) * 1e6);
-    if (!c.join().success()) throw std::runtime_error("a child failed");
+    cohort::bench::in_turns(
+        i,
+        [&] {
+          pid_t pid;
+          const auto start = cohort::bench::clock::now();
+          if (::posix_spawn(&pid, program, nullptr, nullptr, argv, environ) != 0) throw std::runtime_error("posix_spawn");
+          raw.push_back(cohort::bench::seconds_since(start) * 1e6);
+          ::waitpid(pid, nullptr, 0);
+        },
+        [&] {
+          const auto start = cohort::bench::clock::now();
+          cohort::child c = cohort::spawn(io.get_executor(), cmd, options);
+          cohort_held.push_back(cohort::bench::seconds_since(start) * 1e6);
+          if (!c.join().success()) throw std::runtime_error("a child failed");
+        });
   }
   return {raw, cohort_held};
 }
 
+int run(int argc, char** argv);
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  cohort::bench::line_buffered_stdout();
+  return cohort::bench::run_reporting("spawn_reap", [&] { return run(argc, argv); });
+}
+
+namespace {
+
+int run(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 15;
   asio::io_context ring_io;
   asio::io_context* io = &ring_io;
@@ -132,21 +167,39 @@ int main(int argc, char** argv) {
   fmt::print("{:>4}  {:<24} {:>10} {:>13} {:>22}\n", "N", "variant", "median ms", "us per child",
              "vs raw, by round");
   const std::size_t count = variants.size();
+  bool any_failed = false;
   for (int n : {1, 8, 64, 512}) {
     std::vector<std::vector<double>> samples(count);
-    for (auto& [name, run] : variants) run(n);  // warm-up
-    for (int r = 0; r < rounds; ++r) {
-      for (std::size_t k = 0; k < count; ++k) {
-        const std::size_t v = (static_cast<std::size_t>(r) + k) % count;
-        auto start = cohort::bench::clock::now();
+    // Why each variant failed at this N; empty while it has not.
+    std::vector<std::string> failures(count);
+    // One run of variant `v`, its seconds kept where `timed`.
+    const auto attempt = [&](std::size_t v, bool timed) {
+      if (!failures[v].empty()) return;
+      try {
+        const auto start = cohort::bench::clock::now();
         variants[v].second(n);
-        samples[v].push_back(cohort::bench::seconds_since(start));
+        if (timed) samples[v].push_back(cohort::bench::seconds_since(start));
+      } catch (const std::exception& e) {
+        failures[v] = e.what();
       }
+    };
+    for (std::size_t v = 0; v < count; ++v) attempt(v, false);  // warm-up
+    for (int r = 0; r < rounds; ++r) {
+      for (std::size_t v : cohort::bench::round_order(r, count)) attempt(v, true);
     }
+    // A variant that failed in any round prints as failed: the rounds it
+    // made before are not its figure.
     for (std::size_t v = 0; v < count; ++v) {
+      if (!failures[v].empty()) {
+        any_failed = true;
+        fmt::print("{:>4}  {:<24} failed: {}\n", n, variants[v].first, failures[v]);
+        continue;
+      }
       const double m = cohort::bench::median(samples[v]);
       std::string versus = "1.00x";
-      if (v != 0) {
+      if (v != 0 && !failures[0].empty()) {
+        versus = "raw failed";
+      } else if (v != 0) {
         const auto ratio = cohort::bench::spread_of(cohort::bench::per_round(samples[v], samples[0]));
         versus = fmt::format("{:.2f}x ({:.2f}-{:.2f})", ratio.median, ratio.min, ratio.max);
       }
@@ -164,4 +217,11 @@ int main(int argc, char** argv) {
   }
   fmt::print("  cohort::spawn / posix_spawn, p50: {:.2f}x\n",
              cohort::bench::median(held) / cohort::bench::median(raw));
+  if (any_failed) {
+    fmt::print(stderr, "spawn_reap: a variant failed; its row says why\n");
+    return 1;
+  }
+  return 0;
 }
+
+}  // namespace
