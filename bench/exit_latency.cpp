@@ -11,8 +11,11 @@
 //  - asio alone: the pidfd as an asio stream_descriptor, a coroutine
 //    awaiting its readiness, then the same waitid: asio's reactor, its
 //    scheduler and a coroutine's resumption, with none of cohort.
-// The modes take turns in 5 rounds, so that drift weighs on all alike;
-// every row prints its p50 over the floor's.
+// The modes take turns in 5 rounds, so that drift weighs on all alike,
+// in an order that changes round by round (round_order: turned by one every
+// two rounds, reversed in odd ones), so that no mode always goes first or
+// always runs right after the same other one; every row prints its p50 over
+// the floor's.
 // The stamp goes to a file, read after the wait: on a pipe, which a loop
 // watches, its write woke the loop just before the exit and delayed the
 // notification by that wake-up (about 6 us here for a bare epoll loop
@@ -45,6 +48,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <iterator>
 #include <string>
 #include <stdexcept>
 #include <vector>
@@ -204,12 +209,15 @@ void run(int samples) {
   ::setenv("COHORT_IO_URING", "0", 1);
   cohort::io_uring_support(reactor);
   std::vector<double> floor, bare, alone, on_ring, on_reactor;
+  const std::function<void()> modes[] = {
+      [&] { add(floor, measure_blocking_waitid(stamper, stamp.path, per_round)); },
+      [&] { add(bare, measure_bare_epoll(stamper, stamp.path, per_round)); },
+      [&] { add(alone, run_on(plain, measure_asio(stamper, stamp.path, per_round))); },
+      [&] { add(on_ring, run_on(ring, measure(stamper, stamp.path, per_round))); },
+      [&] { add(on_reactor, run_on(reactor, measure(stamper, stamp.path, per_round))); },
+  };
   for (int round = 0; round < rounds; ++round) {
-    add(floor, measure_blocking_waitid(stamper, stamp.path, per_round));
-    add(bare, measure_bare_epoll(stamper, stamp.path, per_round));
-    add(alone, run_on(plain, measure_asio(stamper, stamp.path, per_round)));
-    add(on_ring, run_on(ring, measure(stamper, stamp.path, per_round)));
-    add(on_reactor, run_on(reactor, measure(stamper, stamp.path, per_round)));
+    for (std::size_t mode : cohort::bench::round_order(round, std::size(modes))) modes[mode]();
   }
   const double floor_p50 = report("floor: blocking waitid(P_PIDFD)", floor, 0);
   report("bare loop: epoll on the pidfd, waitid", bare, floor_p50);

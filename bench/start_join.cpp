@@ -14,9 +14,12 @@
 //
 // Rounds are interleaved, so that drift weighs on both sides alike: in each
 // round, each method's process times its baseline of the same kind (raw
-// fork for fork and forkserver, posix_spawn for spawn), then the method
-// once: the same process forks both, so the memory a fork copies is the
-// same. It prints every round's ratio of each method to its baseline, then
+// fork for fork and forkserver, posix_spawn for spawn) and the method once
+// (and for a fork method the asio supervisor below), in an order that
+// changes round by round (round_order: turned by one every two rounds,
+// reversed in odd ones): the same process forks each, so the memory a fork
+// copies is the same, and none always goes first or always follows the
+// same other one. It prints every round's ratio of each method to its baseline, then
 // per method the median time, its baseline's, and the median ratio over
 // rounds with its spread (min-max). Then where the time goes: per method
 // the CPU its process used in a round, the CPU of each rank it reaped, and
@@ -63,6 +66,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -263,19 +267,26 @@ std::vector<timing> timings() {
 // start_join --alone METHOD: per byte read on stdin, one run of its
 // baseline (raw fork or posix_spawn), one of the method, and for a fork
 // method one of the asio supervisor, from this same process (its memory,
-// its threads: what a fork copies), their seconds written as a line on
-// stdout (the supervisor's 0 where it did not run); ends at end of input.
+// its threads: what a fork copies), in round_order's order of the round (the
+// first byte's round 0: the first run, timed apart); their seconds written
+// as a line on stdout (the supervisor's 0 where it did not run); ends at
+// end of input.
 int serve_rounds(const std::string& what) {
   const auto all = timings();
   const auto it = std::find_if(all.begin(), all.end(), [&](const timing& t) { return t.name == what; });
   if (it == all.end()) return 2;
   if (it->spawn_first) cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks);
   char go;
-  while (::read(0, &go, 1) == 1) {
-    const timed baseline = timed_run(it->against_fork ? raw_fork : raw_spawn);
-    const timed ours =
-        timed_run([&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, it->options); });
-    const timed supervisor = it->against_fork ? timed_run(asio_fork) : timed{};
+  for (int round = 0; ::read(0, &go, 1) == 1; ++round) {
+    timed baseline, ours, supervisor;
+    const std::function<void()> runs[] = {
+        [&] { baseline = timed_run(it->against_fork ? raw_fork : raw_spawn); },
+        [&] {
+          ours = timed_run([&] { cohort::spawn_and_join(bench_ranks::noop, std::tuple{}, ranks, it->options); });
+        },
+        [&] { supervisor = timed_run(asio_fork); },
+    };
+    for (std::size_t r : cohort::bench::round_order(round, it->against_fork ? 3 : 2)) runs[r]();
     const std::string line =
         fmt::format("{} {} {} {} {} {} {} {} {}\n", ours.seconds, baseline.seconds, ours.cpu.self, ours.cpu.children,
                     baseline.cpu.self, baseline.cpu.children, supervisor.seconds, ours.cpu.faults, baseline.cpu.faults);
@@ -321,7 +332,7 @@ class method_process {
     ::waitpid(pid_, nullptr, 0);
   }
 
-  /// One start and join, and its baseline just before in the same process.
+  /// One start and join, and its baseline beside it in the same process.
   struct result {
     timed ours, baseline;
     double supervisor = 0;  // the asio supervisor's seconds; 0 where it did not run
@@ -386,7 +397,7 @@ int run(int argc, char** argv) {
   for (const auto& t : methods) processes.push_back(std::make_unique<method_process>(t.name));
 
   // Per round: each method's time and its ratio to its baseline, timed
-  // just before it in the method's own process.
+  // beside it in the method's own process.
   std::vector<std::vector<double>> ours(methods.size()), theirs(methods.size()), ratios(methods.size());
   // CPU per round, in ms: the method's process, and per rank its children
   // (in µs); the same for its baseline. And the method's process's minor
@@ -395,8 +406,8 @@ int run(int argc, char** argv) {
       base_rank_cpu(methods.size()), own_faults(methods.size()), base_faults(methods.size());
   // The fork methods' asio supervisor: its seconds, round by round.
   std::vector<std::vector<double>> supervisor(methods.size());
-  fmt::print("start+join of {} ranks, {} rounds; each round, in each method's process: its baseline, then the "
-             "method once\n",
+  fmt::print("start+join of {} ranks, {} rounds; each round, in each method's process: its baseline and the "
+             "method once, in an order that changes round by round\n",
              ranks, rounds);
   fmt::print("  {:>5}  cohort/baseline:", "round");
   for (const auto& t : methods) fmt::print(" {}", t.name);

@@ -12,8 +12,8 @@
 // place of the tensors; the quiet and the loaded runs each take turns with the
 // machine's raw ring (machine_limits --ring: the same three stages on two
 // lock-free rings of 64-byte items, no bookkeeping, stages that yield their
-// CPU when they wait), whose rate is timed from its stages' start to their
-// end.
+// CPU when they wait), the one or the other first in alternate rounds,
+// whose rate is timed from its stages' start to their end.
 // The baselines take turns with cohort round by round: a Python process
 // for each (Python's multiprocessing, torch.multiprocessing) lasts the run
 // and makes one measurement per request, and in every round each of
@@ -473,10 +473,10 @@ struct peers {
 };
 
 // The pipeline quiet, beside two busy loops, and with 2 and 4 producers,
-// each once per round in turn, the raw ring beside the first two; prints
-// each. Where there are `peers`, each round's quiet run takes turns with
-// torch's pipeline, and its plain int64 values with Python's ints, their
-// ratios kept there.
+// each once per round in turn, the raw ring beside each of the first two
+// (before or after it in alternate rounds); prints each. Where there are
+// `peers`, each round's quiet run takes turns with torch's pipeline, and
+// its plain int64 values with Python's ints, their ratios kept there.
 void pipeline_section(int n, int rounds, peers* peers) {
   std::vector<double> quiet, loaded, share, two, four, one_cpu, of_two_cpus, ints, ring_quiet, ring_loaded,
       of_ring_quiet, of_ring_loaded, handover, surplus_in_handovers;
@@ -490,25 +490,34 @@ void pipeline_section(int n, int rounds, peers* peers) {
   // About as long a window as cohort's, at the ring's rate here.
   const long long ring_items = 20LL * n;
   bool ring_failed = false;
-  const auto beside_ring = [&](std::vector<double>& ring, std::vector<double>& of_ring, double ours) {
-    if (ring_failed) return;
-    const double rate = raw_ring_rate(ring_items);
-    if (rate <= 0) {
-      ring_failed = true;  // printed as failed; cohort's rows print all the same
-      return;
-    }
-    ring.push_back(rate);
-    of_ring.push_back(100 * ours / rate);
+  // cohort's run `ours`, which adds its rate to `rates`, and the raw ring's
+  // into `ring`, the one or the other first in alternate rounds; cohort's
+  // rate as a share of the ring's into `of_ring`.
+  const auto beside_ring = [&](int round, std::vector<double>& ring, std::vector<double>& of_ring,
+                               const std::vector<double>& rates, const auto& ours) {
+    bool ring_ran = false;
+    bench::in_turns(round, ours, [&] {
+      if (ring_failed) return;
+      const double rate = raw_ring_rate(ring_items);
+      if (rate <= 0) {
+        ring_failed = true;  // printed as failed; cohort's rows print all the same
+        return;
+      }
+      ring.push_back(rate);
+      ring_ran = true;
+    });
+    if (ring_ran) of_ring.push_back(100 * rates.back() / ring.back());
   };
   for (int r = 0; r < rounds; ++r) {
     bool torch_answered = false;
     bench::in_turns(
         r,
         [&] {
-          const auto run = pipeline_rate(n, 1);
-          quiet.push_back(run.rate);
-          note_cpu(0, run);
-          beside_ring(ring_quiet, of_ring_quiet, quiet.back());
+          beside_ring(r, ring_quiet, of_ring_quiet, quiet, [&] {
+            const auto run = pipeline_rate(n, 1);
+            quiet.push_back(run.rate);
+            note_cpu(0, run);
+          });
         },
         [&] {
           if (peers == nullptr) return;
@@ -518,8 +527,7 @@ void pipeline_section(int n, int rounds, peers* peers) {
     if (torch_answered) peers->pipeline_ratio.push_back(quiet.back() / peers->pipeline.rounds.back().front());
     {
       const bench::busy_loops load(2);
-      loaded.push_back(pipeline_rate(n, 1).rate);
-      beside_ring(ring_loaded, of_ring_loaded, loaded.back());
+      beside_ring(r, ring_loaded, of_ring_loaded, loaded, [&] { loaded.push_back(pipeline_rate(n, 1).rate); });
     }
     share.push_back(100 * loaded.back() / quiet.back());
     two.push_back(pipeline_rate(n, 2).rate);
