@@ -259,29 +259,49 @@ if __name__ == '__main__':
         print('failed', what, type(e).__name__, str(e).replace('\n', ' ')[:200], flush=True)
 )";
 
-// The numbers the torch baseline run with `args` printed after `key`;
-// empty, with its failure printed, when it failed.
-std::vector<double> torch_numbers(const std::string& args, const std::string& key) {
+// What one run of the torch baseline printed: the numbers after its `key`,
+// or why it failed (the script's own "failed" line, else why the
+// interpreter failed, else that it printed no `key`).
+struct torch_run {
   std::vector<double> numbers;
-  for (const auto& line : bench::python_lines(python_script, args)) {
+  std::string failure;
+};
+
+torch_run torch_numbers(const std::string& args, const std::string& key) {
+  torch_run result;
+  const auto output = bench::run_python(python_script, args);
+  bool answered = false;
+  for (const auto& line : output.lines) {
     std::istringstream in(line);
     std::string first;
     in >> first;
     if (first == key) {
+      answered = true;
       double v;
-      while (in >> v) numbers.push_back(v);
-    } else if (first == "failed") {
-      fmt::print("  torch: {}", line);
+      while (in >> v) result.numbers.push_back(v);
+    } else if (first == "failed" && result.failure.empty()) {
+      std::getline(in >> std::ws, result.failure);
     }
   }
-  return numbers;
+  if (result.failure.empty()) result.failure = output.failure;
+  if (result.failure.empty() && !answered) result.failure = fmt::format("it printed no \"{}\" line", key);
+  if (!result.failure.empty()) result.numbers.clear();
+  return result;
 }
+
+int run(int argc, char** argv);
 
 }  // namespace
 
+// A failure is printed on stderr after what was measured before it.
 int main(int argc, char** argv) {
   if (auto rc = cohort::child_main(argc, argv)) return *rc;
-  cohort::bench::line_buffered_stdout();
+  return cohort::bench::run_reporting("cuda_sharing", [&] { return run(argc, argv); });
+}
+
+namespace {
+
+int run(int argc, char** argv) {
   const int n = argc > 1 ? std::atoi(argv[1]) : 100000;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
   // This process sets CUDA up (the ranks start by spawn, so they may).
@@ -291,29 +311,48 @@ int main(int argc, char** argv) {
     return 77;
   }
   fmt::print("device tensors between processes: {} five-element tensors producer -> relay (clone) -> consumer (sum), "
-             "{} rounds interleaved\n", n, rounds);
+             "{} rounds interleaved, the one or the other first in alternate rounds\n", n, rounds);
+  // torch's rates and cohort's over them, round by round. A torch round
+  // that fails ends its rounds: torch then prints as failed, with why, and
+  // no figure of the rounds it made before.
   std::vector<double> ours, theirs, ratios;
+  std::string torch_failure;
   for (int r = 0; r < rounds; ++r) {
-    queue<tensor> first(1024), second(1024);
-    queue<int> ready(4);
-    const auto ends = spawn_and_join(pipeline_rank, std::tuple{first, second, ready, n}, 3);
-    const double seconds = static_cast<double>(ends.at(2) - ends.at(0)) / 1e9;
-    ours.push_back(n / seconds);
-    const auto torch_seconds = torch_numbers(fmt::format("pipeline {}", n), "torch_pipeline");
-    const double torch_rate = torch_seconds.size() == 1 && torch_seconds[0] > 0 ? n / torch_seconds[0] : 0;
+    double torch_rate = 0;
+    bench::in_turns(
+        r,
+        [&] {
+          queue<tensor> first(1024), second(1024);
+          queue<int> ready(4);
+          const auto ends = spawn_and_join(pipeline_rank, std::tuple{first, second, ready, n}, 3);
+          const double seconds = static_cast<double>(ends.at(2) - ends.at(0)) / 1e9;
+          ours.push_back(n / seconds);
+        },
+        [&] {
+          if (!torch_failure.empty()) return;
+          const auto torch = torch_numbers(fmt::format("pipeline {}", n), "torch_pipeline");
+          if (!torch.failure.empty())
+            torch_failure = torch.failure;
+          else if (torch.numbers.size() != 1 || torch.numbers[0] <= 0)
+            torch_failure = fmt::format("it answered {} numbers, the first {}", torch.numbers.size(),
+                                        torch.numbers.empty() ? 0.0 : torch.numbers[0]);
+          else
+            torch_rate = n / torch.numbers[0];
+        });
     fmt::print("  round {}: cohort {:.0f} tensors/s, torch {}\n", r, ours.back(),
-               torch_rate > 0 ? fmt::format("{:.0f} tensors/s ({:.1f}x)", torch_rate, ours.back() / torch_rate) : "failed");
+               torch_rate > 0 ? fmt::format("{:.0f} tensors/s ({:.1f}x)", torch_rate, ours.back() / torch_rate)
+                              : "failed");
     if (torch_rate > 0) {
       theirs.push_back(torch_rate);
       ratios.push_back(ours.back() / torch_rate);
     }
   }
   fmt::print("cohort: {}\n", bench::spread_text(ours, "{:.0f}", "tensors/s"));
-  if (!theirs.empty()) {
+  if (torch_failure.empty() && !theirs.empty()) {
     fmt::print("torch.multiprocessing: {}\n", bench::spread_text(theirs, "{:.0f}", "tensors/s"));
     fmt::print("cohort / torch: {}\n", bench::spread_text(ratios, "{:.1f}", "x"));
   } else {
-    fmt::print("torch.multiprocessing: failed\n");
+    fmt::print("torch.multiprocessing: failed: {}\n", torch_failure.empty() ? "no result" : torch_failure);
   }
 
   fmt::print("\none tensor of each size sent twice (first: a new chunk mapped; the first of all opens the event too), us\n");
@@ -322,7 +361,8 @@ int main(int argc, char** argv) {
   const auto times = spawn_and_join(sizes_rank, std::tuple{q, posted, back}, 2);
   std::string size_args;
   for (auto s : sizes) size_args += fmt::format(" {}", s);
-  const auto torch_times = torch_numbers("sizes" + size_args, "torch_sizes");
+  const auto torch_sizes = torch_numbers("sizes" + size_args, "torch_sizes");
+  const auto& torch_times = torch_sizes.numbers;
   const std::size_t count = std::size(sizes) * 2;
   fmt::print("{:>12} {:>10} {:>10} {:>10} {:>10}   {:>10} {:>10} {:>10} {:>10}\n", "bytes", "put 1", "put 2", "get 1", "get 2",
              "torch put1", "put 2", "get 1", "get 2");
@@ -337,12 +377,18 @@ int main(int argc, char** argv) {
                us(static_cast<double>(times.at(0).at(2 * i + 1))), us(static_cast<double>(times.at(1).at(2 * i))),
                us(static_cast<double>(times.at(1).at(2 * i + 1))), torch_cols);
   }
+  if (torch_times.size() != 2 * count) {
+    fmt::print("torch.multiprocessing: failed: {}\n",
+               !torch_sizes.failure.empty() ? torch_sizes.failure
+                                            : fmt::format("it answered {} numbers of {}", torch_times.size(), 2 * count));
+  }
 
   constexpr int trips = 1000;
   fmt::print("\nping-pong of a 4 KiB device tensor, {} round trips, each side synchronising its stream on receipt, us\n", trips);
-  const auto show = [](const char* who, std::vector<double> ns) {
+  // One row; where `ns` is empty, failed and why.
+  const auto show = [](const char* who, std::vector<double> ns, const std::string& failure = "no result") {
     if (ns.empty()) {
-      fmt::print("  {:<40} failed\n", who);
+      fmt::print("  {:<40} failed: {}\n", who, failure);
       return 0.0;
     }
     const double p50 = bench::percentile(ns, 50) / 1e3;
@@ -356,11 +402,13 @@ int main(int argc, char** argv) {
     std::vector<double> ns(trip_times.at(0).begin(), trip_times.at(0).end());
     (clone != 0 ? ours_clone_p50 : ours_p50) = show(clone != 0 ? "cohort, echo sends a clone" : "cohort, echo sends it back", ns);
   }
-  const double torch_p50 =
-      show("torch.multiprocessing, echo sends a clone", torch_numbers(fmt::format("pingpong {}", trips), "torch_pingpong"));
+  const auto torch_trips = torch_numbers(fmt::format("pingpong {}", trips), "torch_pingpong");
+  const double torch_p50 = show("torch.multiprocessing, echo sends a clone", torch_trips.numbers, torch_trips.failure);
   if (torch_p50 > 0 && ours_clone_p50 > 0) {
     fmt::print("  p50 torch / cohort: {:.1f}x (both clone), {:.1f}x (cohort sends it back)\n", torch_p50 / ours_clone_p50,
                torch_p50 / ours_p50);
   }
   return 0;
 }
+
+}  // namespace

@@ -25,6 +25,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -38,8 +39,9 @@ inline std::string python_interpreter() {
   return ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
 }
 
-/// What a script printed on stdout, line by line, and, where it did not
-/// exit 0, why: its status and the last line of its stderr.
+/// What a script printed on stdout, line by line (each whole, however
+/// long, without its newline), and, where it did not exit 0, why: its
+/// status and the last line of its stderr.
 struct python_output {
   std::vector<std::string> lines;
   std::string failure;
@@ -81,8 +83,16 @@ inline python_output run_python(const char* script, const std::string& args) {
     const std::string python = python_interpreter();
     int status = -1;
     if (FILE* pipe = ::popen(fmt::format("{} {} {} 2>{}", python, path, args, err_path).c_str(), "r")) {
-      char line[256];
-      while (std::fgets(line, sizeof line, pipe) != nullptr) out.lines.emplace_back(line);
+      char chunk[4096];
+      std::string line;
+      while (std::fgets(chunk, sizeof chunk, pipe) != nullptr) {
+        line += chunk;
+        if (line.back() != '\n') continue;  // the rest of a long line follows
+        line.pop_back();
+        out.lines.push_back(std::move(line));
+        line.clear();
+      }
+      if (!line.empty()) out.lines.push_back(std::move(line));  // the last, with no newline
       status = ::pclose(pipe);
     }
     if (status != 0) out.failure = python_failure(python, status, err_path);
@@ -93,10 +103,6 @@ inline python_output run_python(const char* script, const std::string& args) {
     std::remove(err_path);
   }
   return out;
-}
-
-inline std::vector<std::string> python_lines(const char* script, const std::string& args) {
-  return run_python(script, args).lines;
 }
 
 /// Seconds a python_peer waits for a line before it gives up on the

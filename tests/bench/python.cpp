@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 // The peer's interpreter is $COHORT_BENCH_PYTHON: here /bin/sh, whose
 // "scripts" answer as a Python script would, so no Python is needed.
@@ -24,6 +25,30 @@ double since(std::chrono::steady_clock::time_point start) {
 }
 
 }  // namespace
+
+TEST_SUITE("bench python script") {
+  using cohort::bench::run_python;
+
+  TEST_CASE("a script run to its end gives each line whole, however long, without its newline") {
+    const interpreter sh("/bin/sh");
+    // 1,000 numbers on one line (about 4 KB), as a baseline's trips print.
+    const auto out = run_python("echo first; seq -s ' ' 1000 1999; printf last\n", "");
+    CHECK(out.failure.empty());
+    REQUIRE(out.lines.size() == 3);
+    CHECK(out.lines[0] == "first");
+    CHECK(out.lines[1].size() == 4999);
+    CHECK(out.lines[1].starts_with("1000 1001 "));
+    CHECK(out.lines[1].ends_with(" 1998 1999"));
+    CHECK(out.lines[2] == "last");
+  }
+
+  TEST_CASE("a script that fails says how, with its last line on stderr") {
+    const interpreter sh("/bin/sh");
+    const auto out = run_python("echo partial; echo broken >&2; exit 4\n", "");
+    CHECK(out.lines == std::vector<std::string>{"partial"});
+    CHECK(out.failure == "/bin/sh exited with 4: broken");
+  }
+}
 
 TEST_SUITE("bench python peer") {
   using cohort::bench::python_peer;
