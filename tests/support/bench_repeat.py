@@ -47,12 +47,16 @@ check("summary", body, [
 # A failing run: the status says so, its output is named, the others are
 # still summarized; --keep keeps every run's output.
 with tempfile.TemporaryDirectory() as keep:
-    failing = 'echo "value $((COHORT_BENCH_RUN * 2))"; exit $((COHORT_BENCH_RUN == 2))'
+    failing = ('echo "value $((COHORT_BENCH_RUN * 2))"; if [ "$COHORT_BENCH_RUN" = 3 ]; then echo late; fi; '
+               'exit $((COHORT_BENCH_RUN == 2))')
     done = subprocess.run([repeat, "--runs", "3", "--keep", keep, "--", "sh", "-c", failing],
                           capture_output=True, text=True)
     check("exit status with a failed run", done.returncode, 1)
     check("the failed run named", "run 2 failed (1)" in done.stderr, True)
-    check("the others summarized", done.stdout.splitlines()[1:], ["value 4 (2-6)"])
+    check("the failed runs counted", done.stdout.splitlines()[0].endswith(": 2 of 3 runs (1 failed, left out)"),
+          True)
+    check("the others summarized", done.stdout.splitlines()[1:],
+          ["value 4 (2-6)", "late   [in 1 of the 2 runs that did not fail]"])
     check("outputs kept", sorted(os.listdir(keep)), ["sh-1-1.txt", "sh-1-2.txt", "sh-1-3.txt"])
 
 # Two benches take turns: run 1 of each before run 2 of either.
