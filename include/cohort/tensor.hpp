@@ -460,8 +460,9 @@ class tensor {
   /// the CPU is complete when it returns, a copy to a device is ordered on
   /// the stream. Throws std::logic_error when no layer for the device is
   /// loaded in this process, or for a copy between two non-CPU device types,
-  /// and what the layer throws (cohort::cuda::error or no_device,
-  /// std::invalid_argument for a device index out of range).
+  /// std::invalid_argument for a CPU other than device 0, and what the layer
+  /// throws (cohort::cuda::error or no_device, std::invalid_argument for a
+  /// device index out of range).
   tensor to(cohort::device to) const;
   /// to(device{kDLCPU, 0}).
   tensor to_cpu() const { return to(cohort::device{}); }

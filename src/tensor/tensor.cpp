@@ -556,6 +556,10 @@ void detail::register_device_copy(int device_type, device_copy copy) noexcept {
 }
 
 tensor tensor::to(cohort::device to) const {
+  // As the constructor refuses it: no tensor lives on another CPU.
+  if (to.type == kDLCPU && to.id != 0) {
+    throw std::invalid_argument(fmt::format("tensor::to: CPU device {}; the CPU is device 0", to.id));
+  }
   if (to == device_ || (to.type == kDLCPU && device_.type == kDLCPU)) return *this;
   if (device_.type != kDLCPU && to.type != kDLCPU && device_.type != to.type) {
     throw std::logic_error(fmt::format("tensor::to: from device {}:{} to device {}:{}: copy through the CPU",

@@ -744,9 +744,8 @@ TEST_CASE("tensor::to, to_cpu and a device tensor's clone go to the device's lay
   using device_storage_tests::pretend_copies;
   using device_storage_tests::pretend_copy;
   const tensor host = tensor::full({2, 3}, 1.5, dtype::float32);
-  // The CPU, whatever its index, is where a CPU tensor already is.
+  // The CPU is where a CPU tensor already is.
   CHECK(host.to(device{}).storage().same(host.storage()));
-  CHECK(host.to(device{kDLCPU, 2}).storage().same(host.storage()));
   CHECK(host.to_cpu().storage().same(host.storage()));
   // No layer for CUDA in this process.
   try {
@@ -775,6 +774,12 @@ TEST_CASE("tensor::to, to_cpu and a device tensor's clone go to the device's lay
   CHECK(pretend_copies == 3);
   CHECK(back.device() == device{});
   CHECK(equal(back, host));
+  // Before, any CPU index was taken as the CPU, though no tensor can be
+  // made on another: both are refused as the constructor refuses them.
+  for (const tensor& from : {host, on_device}) {
+    CHECK_THROWS_WITH_AS((void)from.to(device{kDLCPU, 2}), "tensor::to: CPU device 2; the CPU is device 0",
+                         std::invalid_argument);
+  }
   // Between two device types there is no one layer to ask.
   CHECK_THROWS_AS((void)on_device.to(device{kDLROCM, 0}), std::logic_error);
   // A layer's copy keeps the layout: contiguous() does not ask it.
