@@ -6,6 +6,9 @@
 
 #include "cohort/cuda/error.hpp"
 
+#include <dlfcn.h>
+#include <link.h>
+
 #include <fmt/format.h>
 
 #include <cstdint>
@@ -40,6 +43,27 @@ bool resolve(const char* symbol, unsigned version, F& slot, std::string& why) {
   }
   slot = reinterpret_cast<F>(function);
   return true;
+}
+
+// Why the runtime found no driver: no libcuda.so.1 to load, or one that
+// loads and is not a driver it can use, named by where it lies and, where
+// it lacks one, the first of the functions every driver of CUDA 12 or newer
+// has.
+std::string no_driver_reason() {
+  void* library = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (library == nullptr) return "no driver (libcuda.so.1 could not be loaded)";
+  std::string where = "libcuda.so.1";
+  const link_map* map = nullptr;
+  if (::dlinfo(library, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name[0] != '\0') where = map->l_name;
+  std::string what = "gives no driver version";
+  for (const char* symbol : {"cuInit", "cuDriverGetVersion", "cuGetProcAddress_v2"}) {
+    if (::dlsym(library, symbol) == nullptr) {
+      what = fmt::format("has no {}", symbol);
+      break;
+    }
+  }
+  ::dlclose(library);
+  return fmt::format("no driver (the libcuda.so.1 found, {}, is not a CUDA driver: it {})", where, what);
 }
 
 bool resolve_all(driver_api& api, std::string& why) {
@@ -79,7 +103,7 @@ driver_state initialise() {
       s.unavailable = "no driver (the libcuda.so.1 found is the CUDA toolkit's stub, not a driver's)";
       s.init_error = cudaErrorStubLibrary;
     } else {
-      s.unavailable = "no driver (libcuda.so.1 could not be loaded)";
+      s.unavailable = no_driver_reason();
       s.init_error = cudaErrorInsufficientDriver;
     }
     return s;
@@ -113,9 +137,15 @@ driver_state initialise() {
 }
 
 // Device `device`'s primary context, retained on first use; nullptr with
-// the driver's result in `result` when it could not be.
+// the driver's result in `result` when it could not be, or when this
+// process has no such device (every entry point checks the index first:
+// this keeps a call that did not from reading past the contexts).
 CUcontext primary(int device, CUresult& result) noexcept {
   const driver_state& s = state();
+  if (device < 0 || device >= s.device_count) {
+    result = CUDA_ERROR_INVALID_DEVICE;
+    return nullptr;
+  }
   primary_context& p = s.primaries[static_cast<std::size_t>(device)];
   std::call_once(p.retained, [&] {
     CUdevice handle = 0;

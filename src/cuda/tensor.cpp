@@ -875,7 +875,8 @@ void order_after_copy(int from, int to) {
   detail::check(cudaStreamWaitEvent(current, copied, 0), "cudaStreamWaitEvent", context);
 }
 
-// Copies a whole storage's bytes, on the current stream of `device`.
+// Copies a whole storage's bytes, on the current stream of `device`, a
+// device checked by check_device.
 void copy_bytes(void* to, const void* from, std::size_t n, int device, const char* entry) {
   if (n == 0) return;
   const auto context = fmt::format("{}: {} on device {}", entry, detail::describe_bytes(n), device);
@@ -903,15 +904,32 @@ void require_device(const tensor& t, const char* entry) {
   }
 }
 
+// A CPU copy of the device tensor `t`, complete when it returns, for the
+// call `entry`. The tensor's device is checked first: a device tensor may
+// be made over any memory (cohort::detail::make_device_storage), on a
+// device this process cannot use.
+tensor copy_to_cpu(const tensor& t, const char* entry) {
+  require_device(t, entry);
+  const int device = t.device().id;
+  detail::check_device(device, entry);
+  auto bytes = cohort::storage::allocate(t.storage().nbytes());
+  copy_bytes(bytes.data(), t.storage().data(), bytes.nbytes(), device, entry);
+  synchronize(device);
+  return tensor(std::move(bytes), t.dtype(), t.shape(), t.strides(), t.storage_offset());
+}
+
 // tensor::to and a device tensor's tensor::clone. From one device to
 // another, the source's work so far is waited for first: the copy is
 // queued on the destination's stream, and the source's stream then waits
 // for it.
 tensor copy_tensor(const tensor& t, cohort::device to) {
-  if (to.type == kDLCPU) return cuda::to_cpu(t);
-  if (t.device() == to) return cuda::clone(t);
   constexpr const char* entry = "cohort::tensor::to";
+  if (to.type == kDLCPU) return copy_to_cpu(t, entry);
+  if (t.device() == to) return cuda::clone(t);
   if (t.device().type != kDLCUDA) return copy_to_device(t, to.id, entry);
+  // Both devices before any work, so that what is refused names this call.
+  detail::check_device(t.device().id, entry);
+  detail::check_device(to.id, entry);
   cuda::synchronize(t.device().id);
   tensor copy = copy_to_device(t, to.id, entry);
   order_after_copy(t.device().id, to.id);
@@ -958,6 +976,7 @@ void fill_(const tensor& t, double value) {
   std::uint64_t pattern = 0;
   std::memcpy(&pattern, one.raw_data(), size);
   const int device = t.device().id;
+  detail::check_device(device, entry);
   const auto context = fmt::format("{}: {} elements on device {}", entry, n, device);
   const auto& api = detail::driver(entry);
   const detail::device_guard on(device, context);
@@ -985,14 +1004,8 @@ void fill_(const tensor& t, double value) {
 tensor to_device(const tensor& t, int device) { return copy_to_device(t, device, "cohort::cuda::to_device"); }
 
 tensor to_cpu(const tensor& t) {
-  constexpr const char* entry = "cohort::cuda::to_cpu";
   if (t.device().type == kDLCPU) return t;
-  require_device(t, entry);
-  const int device = t.device().id;
-  auto bytes = cohort::storage::allocate(t.storage().nbytes());
-  copy_bytes(bytes.data(), t.storage().data(), bytes.nbytes(), device, entry);
-  synchronize(device);
-  return tensor(std::move(bytes), t.dtype(), t.shape(), t.strides(), t.storage_offset());
+  return copy_to_cpu(t, "cohort::cuda::to_cpu");
 }
 
 tensor clone(const tensor& t) {

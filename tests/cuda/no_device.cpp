@@ -11,6 +11,8 @@
 #include <cohort/cuda/error.hpp>
 #include <cohort/cuda/event.hpp>
 #include <cohort/cuda/tensor.hpp>
+#include <cohort/storage.hpp>
+#include <cohort/tensor.hpp>
 
 #include "support/cuda_records.hpp"
 
@@ -21,11 +23,14 @@
 
 #include <dlfcn.h>
 
+#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 using namespace cohort;
 
@@ -44,6 +49,30 @@ void check_no_device(const std::string& entry, const std::function<void()>& call
     CHECK(e.reason() == cuda::unavailable_reason());
     CHECK(e.call() == entry);
   }
+}
+
+// Host bytes posing as memory on CUDA device `index`: what a device tensor
+// made through the layers' interface holds where no device can make one.
+class posing_memory final : public detail::device_memory {
+ public:
+  explicit posing_memory(int index) : index_(index) {}
+  std::byte* data() const noexcept override { return bytes_.get(); }
+  std::size_t nbytes() const noexcept override { return 16; }
+  int device_type() const noexcept override { return kDLCUDA; }
+  int device_index() const noexcept override { return index_; }
+  std::size_t handle_bound() const noexcept override { return 0; }
+  void write(std::vector<std::byte>&) const override { throw std::logic_error("posing memory is not sent"); }
+
+ private:
+  int index_;
+  std::unique_ptr<std::byte[]> bytes_ = std::make_unique<std::byte[]>(16);
+};
+
+// Four float32 elements "on" CUDA device `index`.
+tensor posing_tensor(int index) {
+  const std::array<std::int64_t, 1> shape{4}, strides{1};
+  return tensor(detail::make_device_storage(std::make_shared<posing_memory>(index)), dtype::float32, shape, strides, 0,
+                device{kDLCUDA, index});
 }
 
 }  // namespace
@@ -91,6 +120,33 @@ TEST_SUITE("cuda without a device") {
     CHECK(status == 0);
   }
 
+  // Before, a library that loads read as no library at all.
+  TEST_CASE("a libcuda.so.1 found first that is not a driver is named, with what it lacks") {
+    if (const char* dir = std::getenv("COHORT_TEST_NOT_A_DRIVER_IN"); dir != nullptr) {  // this program, run below
+      CHECK(cuda::unavailable_reason() == std::string("no driver (the libcuda.so.1 found, ") + dir +
+                                              "/libcuda.so.1, is not a CUDA driver: it has no cuInit)");
+      return;
+    }
+    // A library with none of the driver's functions (meson names it).
+    const char* library = std::getenv("COHORT_TEST_NOT_A_DRIVER");
+    if (library == nullptr) {
+      MESSAGE("COHORT_TEST_NOT_A_DRIVER is not set: skipped");
+      return;
+    }
+    std::string made = (std::filesystem::temp_directory_path() / "cohort-not-a-driver-XXXXXX").string();
+    REQUIRE(::mkdtemp(made.data()) != nullptr);
+    const std::filesystem::path dir = made;
+    std::filesystem::create_symlink(std::filesystem::absolute(library), dir / "libcuda.so.1");
+    // This program again, finding that library first: the reason above,
+    // and every entry point's no_device.
+    const std::string run = "LD_LIBRARY_PATH='" + dir.string() + "' COHORT_TEST_NOT_A_DRIVER_IN='" + dir.string() +
+                            "' /proc/" + std::to_string(::getpid()) +
+                            "/exe -tc='a libcuda.so.1 found first*,every entry point*' > /dev/null 2>&1";
+    const int status = std::system(run.c_str());
+    std::filesystem::remove_all(dir);
+    CHECK(status == 0);
+  }
+
   TEST_CASE("every entry point throws no_device, naming itself and the reason") {
     check_no_device("cohort::cuda::device_uuid", [] { cuda::device_uuid(0); });
     check_no_device("cohort::cuda::find_device", [] { cuda::find_device(cuda::uuid{}); });
@@ -115,6 +171,21 @@ TEST_SUITE("cuda without a device") {
     check_no_device("cohort::cuda::empty_cache", [] { cuda::empty_cache(); });
     check_no_device("cohort::cuda::async_synchronize",
                     [] { cuda::async_synchronize(0, [](std::exception_ptr) { FAIL("completed without a device"); }); });
+  }
+
+  // Before, a copy from such a tensor went to the driver's contexts of a
+  // device unchecked, and the process ended in SIGSEGV; a copy from one
+  // device to another named cohort::cuda::synchronize.
+  TEST_CASE("a device tensor on a device this process cannot use is refused where it is read, naming the call") {
+    const tensor on_0 = posing_tensor(0), on_5 = posing_tensor(5);
+    check_no_device("cohort::tensor::to", [&] { (void)on_0.to_cpu(); });
+    check_no_device("cohort::tensor::to", [&] { (void)on_5.to(device{}); });
+    check_no_device("cohort::tensor::to", [&] { (void)on_0.to(device{kDLCUDA, 1}); });
+    check_no_device("cohort::tensor::to", [&] { (void)on_5.to(device{kDLCUDA, 0}); });
+    check_no_device("cohort::cuda::to_cpu", [&] { (void)cuda::to_cpu(on_0); });
+    check_no_device("cohort::cuda::to_cpu", [&] { (void)cuda::to_cpu(on_5); });
+    check_no_device("cohort::cuda::clone", [&] { (void)on_0.clone(); });
+    check_no_device("cohort::cuda::fill_", [&] { cuda::fill_(on_5, 2); });
   }
 
   // Before, the check ran in the wait's initiation, which use_awaitable runs
