@@ -1,21 +1,28 @@
 #!/usr/bin/env python3
 """Builds another project against cohort, the ways README.md describes.
 
-usage: embed.py subproject SOURCE_ROOT
+usage: embed.py subproject SOURCE_ROOT [--cuda]
            tests/embed/meson with cohort as its subproject (a link to
            SOURCE_ROOT in its subprojects/): it builds and runs, though the
            project names no cpp_std, and cohort's tests, benchmarks,
-           examples and tools were not built.
-       embed.py installed SOURCE_ROOT BUILD_ROOT
+           examples and tools were not built. With --cuda, again with
+           cohort-cuda asked for, building and running uses-cohort-cuda.
+       embed.py installed SOURCE_ROOT BUILD_ROOT [--cuda]
            installs BUILD_ROOT into a temporary folder (meson install
            --destdir), then builds and runs tests/embed/meson through
            pkg-config and tests/embed/cmake through find_package(cohort),
-           the latter with c++ and, where installed, clang++.
+           the latter with c++ and, where installed, clang++. With --cuda
+           (BUILD_ROOT built cohort-cuda), uses-cohort-cuda too, through
+           meson and through `pkg-config --libs cohort-cuda` on a command
+           line with -Wl,--as-needed.
 
-Each project is tests/embed/<kind>/ plus tests/embed/main.cpp, copied into a
-temporary folder; the program it builds runs /bin/true and `exit 3` through
-cohort::run and checks their exit statuses. Built as C++17 (meson's
-uses-cohort-cpp17), it must stop at cohort's "cohort needs C++20".
+Each project is tests/embed/<kind>/ plus tests/embed/main.cpp and
+tests/embed/uses_cohort_cuda.cpp, copied into a temporary folder; the program
+it builds runs /bin/true and `exit 3` through cohort::run and checks their
+exit statuses. Built as C++17 (meson's uses-cohort-cpp17), it must stop at
+cohort's "cohort needs C++20". uses-cohort-cuda links cohort-cuda and calls
+none of its functions (tensor::to reaches it through the core library): the
+CUDA layer must be loaded, copying the tensor or saying there is no device.
 """
 
 import json
@@ -46,6 +53,7 @@ def project(source_root, kind, into):
     embed = Path(source_root) / "tests" / "embed"
     shutil.copytree(embed / kind, into)
     shutil.copy(embed / "main.cpp", into / "main.cpp")
+    shutil.copy(embed / "uses_cohort_cuda.cpp", into / "uses_cohort_cuda.cpp")
     return into
 
 
@@ -66,7 +74,15 @@ def run_program(program, env=None):
         raise Failure(f"{program.name} said {said!r}")
 
 
-def as_subproject(source_root):
+def run_cuda_program(program, env=None):
+    """uses-cohort-cuda found the CUDA layer loaded, though it calls none of its functions."""
+    said = run([program], env=env)
+    print(said, end="")
+    if not (said.startswith("copied to device 2:0") or said.startswith("cohort::tensor::to: no CUDA device: ")):
+        raise Failure(f"{program.name} did not load the CUDA layer it links: it said {said!r}")
+
+
+def as_subproject(source_root, cuda):
     with tempfile.TemporaryDirectory(prefix="cohort-embed-") as tmp:
         tmp = Path(tmp)
         parent = project(source_root, "meson", tmp / "parent")
@@ -100,6 +116,13 @@ def as_subproject(source_root):
         for looked_for, lines in signs.items():
             if any(line in log for line in lines):
                 raise Failure(f"the subproject looked for {looked_for}, which only its tools or tests need")
+
+        if cuda:
+            build = tmp / "build-cuda"
+            run(["meson", "setup", build, parent, "--force-fallback-for=cohort", "--buildtype=plain",
+                 "-Dcuda=enabled", "-Dcohort:cuda=enabled"])
+            run(["ninja", "-C", build, "-j", "2", "uses-cohort-cuda"])
+            run_cuda_program(build / "uses-cohort-cuda")
     print("as a subproject: only the library was built, and the program ran")
 
 
@@ -108,7 +131,7 @@ def build_options(build_root):
     return {o["name"]: o["value"] for o in options if o["name"] in ("prefix", "libdir", "includedir")}
 
 
-def installed(source_root, build_root):
+def installed(source_root, build_root, cuda):
     options = build_options(build_root)
     with tempfile.TemporaryDirectory(prefix="cohort-install-") as tmp:
         tmp = Path(tmp)
@@ -141,10 +164,19 @@ def installed(source_root, build_root):
             raise Failure("cohort.pc has Requires.private, which only a static link needs, and no static library")
         consumer = project(source_root, "meson", tmp / "pkg-config")
         build = tmp / "pkg-config-build"
-        run(["meson", "setup", build, consumer, "--wrap-mode=nofallback"], env=pc_env)
+        run(["meson", "setup", build, consumer, "--wrap-mode=nofallback"] + (["-Dcuda=enabled"] if cuda else []),
+            env=pc_env)
         run(["ninja", "-C", build], env=pc_env)
         run_program(build / "uses-cohort", env=run_env)
         refuses_cpp17(build, env=pc_env)
+        if cuda:
+            run_cuda_program(build / "uses-cohort-cuda", env=run_env)
+            # As README.md has it, on a command line; --as-needed as
+            # compilers that pass it by default (Ubuntu's) link.
+            flags = run(["pkg-config", "--cflags", "--libs", "cohort-cuda"], env=pc_env).split()
+            program = tmp / "uses-cohort-cuda"
+            run(["c++", "-std=c++20", "-Wl,--as-needed", consumer / "uses_cohort_cuda.cpp", "-o", program] + flags)
+            run_cuda_program(program, env=run_env)
 
         # CMake's find_package, from the files next to the .pc file; again
         # with clang++ where it is installed, whichever compiler built cohort.
@@ -160,10 +192,14 @@ def installed(source_root, build_root):
 
 def main():
     try:
-        if len(sys.argv) == 3 and sys.argv[1] == "subproject":
-            as_subproject(sys.argv[2])
-        elif len(sys.argv) == 4 and sys.argv[1] == "installed":
-            installed(sys.argv[2], sys.argv[3])
+        args = sys.argv[1:]
+        cuda = args[-1:] == ["--cuda"]
+        if cuda:
+            args = args[:-1]
+        if len(args) == 2 and args[0] == "subproject":
+            as_subproject(args[1], cuda)
+        elif len(args) == 3 and args[0] == "installed":
+            installed(args[1], args[2], cuda)
         else:
             print(__doc__)
             return 2
