@@ -98,7 +98,8 @@ template <class R, class... P>
 constexpr void check_signature() {
   static_assert((crossable<std::decay_t<P>> && ...),
                 "cohort: every parameter after the rank must be a type that can cross to another process "
-                "(integers, floating point, bool, std::string, byte vectors, vectors, tuples and pairs of these)");
+                "(integers, floating point, bool, std::string, byte vectors, the shared handles storage, tensor, "
+                "queue and event, and vectors, tuples and pairs of these)");
   static_assert(std::is_void_v<R> || crossable<std::decay_t<R>>,
                 "cohort: an entry point returns void or a type that can cross to another process");
   static_assert(((!std::is_rvalue_reference_v<P>) && ...), "cohort: an entry point takes no rvalue references");
