@@ -773,6 +773,16 @@ attempt_record run_attempt(cohort::group_spec& spec, signal_owner& signals, etcd
     ~forget_on_busy() { spec.logs.on_busy = nullptr; }
   } forget{spec};
   asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    // Their file timers' signals reach them, and what they start, until
+    // they have ended; a rank's timer that expires before the start has
+    // named the ranks waits for it.
+    struct watched {
+      file_timer_server* timer;
+      ~watched() {
+        if (timer != nullptr) timer->watch({});
+      }
+    } watch{timer};
+    if (timer != nullptr) timer->starting();
     auto g = co_await cohort::start_processes(spec);
     // Signals reach the group until it has ended; one that came during the
     // start reaches it now.
@@ -782,13 +792,6 @@ attempt_record run_attempt(cohort::group_spec& spec, signal_owner& signals, etcd
       ~attached() { signals.detach(); }
     } attach{signals, g, co_await asio::this_coro::executor};
     a.pids = g.pids();
-    // Their file timers' signals reach them, and what they start, until they have ended.
-    struct watched {
-      file_timer_server* timer;
-      ~watched() {
-        if (timer != nullptr) timer->watch({});
-      }
-    } watch{timer};
     if (timer != nullptr) timer->watch(a.pids);
     if (rdzv != nullptr) {
       rdzv->watch([&, group = &g](const round_change& change) {

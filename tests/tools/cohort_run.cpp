@@ -108,6 +108,20 @@ outcome run_launcher(std::vector<std::string> args, std::map<std::string, std::s
   return run_launcher(std::move(args), [](child&) -> asio::awaitable<void> { co_return; }, std::move(env));
 }
 
+// Runs cohort-run with `args`, its stderr going to the file `err` (which
+// the ranks find in $COHORT_TEST_ERR, to wait for what it says there); the
+// outcome's err is what the file holds at the end.
+outcome run_launcher_err_to(const fs::path& err, std::vector<std::string> args,
+                            std::map<std::string, std::string> env = {}) {
+  std::vector<std::string> shell_args{"-c", "exec \"$0\" \"$@\" 2> \"$COHORT_TEST_ERR\"", launcher};
+  shell_args.insert(shell_args.end(), args.begin(), args.end());
+  env["COHORT_TEST_ERR"] = err.string();
+  const command cmd("/bin/sh", std::move(shell_args));
+  auto r = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; }, std::move(env));
+  r.err = read_file(err);
+  return r;
+}
+
 // The folder of kept error files that a summary in `err` names, or empty.
 fs::path kept_error_folder(const std::string& err) {
   const std::string said = "The ranks' error files are kept in ";
@@ -1459,6 +1473,106 @@ TEST_SUITE("cohort-run") {
     CHECK(test::alive(pid));
     ::kill(pid, SIGKILL);
     (void)test::run(io, outsider.wait());
+  }
+
+  // Each rank asks at once for a timer that expired long ago: its request
+  // can come before the start has returned the ranks' pids.
+  TEST_CASE("a file timer that expires while the ranks are still starting reaches its rank once they are named") {
+    const auto r = run_launcher({"-n", "32", "--", "/bin/sh", "-c",
+                                 "printf '{\"version\": 1, \"pid\": %d, \"scope_id\": \"early\", "
+                                 "\"expiration_time\": 1, \"signal\": 9}\\n' $$ > \"$TORCHELASTIC_TIMER_FILE\"; "
+                                 "sleep 10; echo not killed"},
+                                {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}});
+    CHECK(r.status.code() == 128 + SIGKILL);
+    CHECK_MESSAGE(r.err.find("is no rank of this run") == std::string::npos, r.err);
+    CHECK(r.err.find("cohort-run: the file timer 'early' of pid ") != std::string::npos);
+    CHECK(r.out.find("not killed") == std::string::npos);
+  }
+
+  // Rank 0 writes half a request and ends; rank 1 waits until cohort-run has
+  // said it dropped it (at most 10 s), then asks for a timer of its own.
+  TEST_CASE("part of a line whose writer closed the file timer's FIFO is dropped, not joined to the next request") {
+    test::temp_dir dir;
+    const auto r = run_launcher_err_to(
+        dir.path / "err",
+        {"-n", "2", "--", "/bin/sh", "-c",
+         "if [ $RANK = 0 ]; then printf '{\"version\": 1, \"pid\": 12' > \"$TORCHELASTIC_TIMER_FILE\"; exit 0; fi; "
+         "i=0; until grep -q 'part of a line' \"$COHORT_TEST_ERR\" || [ $i = 100 ]; do sleep 0.1; i=$((i + 1)); done; "
+         "printf '{\"version\": 1, \"pid\": %d, \"scope_id\": \"after\", \"expiration_time\": 1, "
+         "\"signal\": 9}\\n' $$ > \"$TORCHELASTIC_TIMER_FILE\"; sleep 10; echo not killed"},
+        {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}});
+    CHECK(r.status.code() == 128 + SIGKILL);
+    CHECK_MESSAGE(r.err.find("got part of a line, which its writer closed without ending: dropped: {\"version\": 1, "
+                             "\"pid\": 12\n") != std::string::npos,
+                  r.err);
+    CHECK(r.err.find("not a timer request") == std::string::npos);
+    CHECK(r.err.find("the file timer 'after' of pid ") != std::string::npos);
+    CHECK(r.out.find("not killed") == std::string::npos);
+  }
+
+  // The rank's sleep is started by a shell that ends at once: its parent is
+  // then cohort-run, the run's subreaper. The rank waits for it to end (at
+  // most 10 s).
+  TEST_CASE("a file timer reaches an orphan of a rank's, which cohort-run adopted") {
+    const auto r = run_launcher(
+        {"-n", "1", "--", "/bin/sh", "-c",
+         "o=$(sh -c 'sleep 30 > /dev/null 2>&1 & echo $!'); "
+         "grep -q \"^PPid:[[:space:]]*$PPID\\$\" /proc/$o/status && echo adopted; "
+         "printf '{\"version\": 1, \"pid\": %d, \"scope_id\": \"orphan\", \"expiration_time\": 1, "
+         "\"signal\": 15}\\n' $o > \"$TORCHELASTIC_TIMER_FILE\"; "
+         "alive() { [ -d /proc/$o ] && [ \"$(cut -d' ' -f3 /proc/$o/stat)\" != Z ]; }; "
+         "i=0; while alive && [ $i != 100 ]; do sleep 0.1; i=$((i + 1)); done; alive && echo alive || echo ended"},
+        {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(r.out == "adopted\nended\n");
+    CHECK_MESSAGE(r.err.find("the file timer 'orphan' of pid ") != std::string::npos, r.err);
+    CHECK(r.err.find("expired: it was sent SIGTERM") != std::string::npos);
+  }
+
+  // The rank names every child of cohort-run but itself (its guardian
+  // among them), and checks each is alive once cohort-run has refused them.
+  TEST_CASE("a file timer naming a child of cohort-run that is neither a rank nor the run's orphan sends it nothing") {
+    test::temp_dir dir;
+    const auto r = run_launcher_err_to(
+        dir.path / "err",
+        {"-n", "1", "--", "/bin/sh", "-c",
+         "others=$(cat /proc/$PPID/task/*/children | tr ' ' '\\n' | grep -v \"^$$\\$\" | grep .); "
+         "[ -n \"$others\" ] || { echo none; exit 0; }; "
+         "for c in $others; do printf '{\"version\": 1, \"pid\": %d, \"scope_id\": \"other\", "
+         "\"expiration_time\": 1, \"signal\": 9}\\n' $c > \"$TORCHELASTIC_TIMER_FILE\"; done; "
+         "for c in $others; do i=0; until grep -q \"pid $c is no rank\" \"$COHORT_TEST_ERR\" || [ $i = 100 ]; "
+         "do sleep 0.1; i=$((i + 1)); done; [ -d /proc/$c ] && echo alive || echo gone; done"},
+        {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(r.out.find("gone") == std::string::npos);
+    if (r.out != "none\n") CHECK(r.out.find("alive") != std::string::npos);
+    CHECK(r.err.find("was sent") == std::string::npos);
+  }
+
+  // A timer whose signal the kernel would refuse, and one of a child that
+  // has ended but is not reaped (its parent, a `sleep`, never reaps).
+  TEST_CASE("a file timer with a signal no process can be sent, or of a process that has ended, is said so") {
+    test::temp_dir dir;
+    const auto r = run_launcher_err_to(
+        dir.path / "err",
+        {"-n", "1", "--", "/bin/sh", "-c",
+         "printf '{\"version\": 1, \"pid\": %d, \"scope_id\": \"s\", \"expiration_time\": 1, "
+         "\"signal\": 65}\\n' $$ > \"$TORCHELASTIC_TIMER_FILE\"; "
+         "sh -c 'sleep 0 & echo $! > \"$0/zombie\"; exec sleep 5' \"$0\" & "
+         "until [ -s \"$0/zombie\" ]; do sleep 0.05; done; z=$(cat \"$0/zombie\"); "
+         "until [ \"$(cut -d' ' -f3 /proc/$z/stat)\" = Z ]; do sleep 0.05; done; "
+         "printf '{\"version\": 1, \"pid\": %d, \"scope_id\": \"zombie\", \"expiration_time\": 1, "
+         "\"signal\": 9}\\n' $z > \"$TORCHELASTIC_TIMER_FILE\"; "
+         "i=0; until grep -q \"'zombie'\" \"$COHORT_TEST_ERR\" || [ $i = 100 ]; do sleep 0.1; i=$((i + 1)); done; "
+         "kill $!; echo ran on",
+         dir.path.string()},
+        {{"TORCHELASTIC_ENABLE_FILE_TIMER", "1"}});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(r.out == "ran on\n");
+    CHECK(r.err.find("not a timer request: {\"version\": 1, \"pid\": ") != std::string::npos);
+    CHECK_MESSAGE(r.err.find("has ended (its parent has not reaped it yet): it gets no signal") != std::string::npos,
+                  r.err);
+    CHECK(r.err.find("was sent") == std::string::npos);
   }
 
   TEST_CASE("a '--' right after a script is dropped, as torchrun's parser drops it; after '-- program' it is kept") {

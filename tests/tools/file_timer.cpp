@@ -3,6 +3,7 @@
 #include "run/file_timer.hpp"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <string>
 #include <utility>
@@ -37,12 +38,22 @@ TEST_SUITE("file timer") {
         parse_timer_request(R"({"version": 1, "pid": 4242, "scope_id": "s", "expiration_time": -1, "signal": 0})");
     REQUIRE(release);
     CHECK(release->expires < 0);
+    // The last signal the kernel knows, SIGRTMAX, is one; none names none.
+    for (const int signal : {64, 0, -1}) {
+      CAPTURE(signal);
+      const auto r = parse_timer_request(fmt::format(
+          R"({{"version": 1, "pid": 1, "scope_id": "s", "expiration_time": 1, "signal": {}}})", signal));
+      REQUIRE(r);
+      CHECK(r->signal == signal);
+    }
     for (const char* bad : {"", "not json", "[1, 2]", R"({"pid": 1, "scope_id": "s", "expiration_time": 1})",
                             R"({"pid": "1", "scope_id": "s", "expiration_time": 1, "signal": 9})",
                             R"({"pid": 0, "scope_id": "s", "expiration_time": 1, "signal": 9})",
                             R"({"pid": -5, "scope_id": "s", "expiration_time": 1, "signal": 9})",
                             R"({"pid": 1, "scope_id": 3, "expiration_time": 1, "signal": 9})",
-                            R"({"pid": 1, "scope_id": "s", "expiration_time": "soon", "signal": 9})"}) {
+                            R"({"pid": 1, "scope_id": "s", "expiration_time": "soon", "signal": 9})",
+                            R"({"pid": 1, "scope_id": "s", "expiration_time": 1, "signal": 65})",
+                            R"({"pid": 1, "scope_id": "s", "expiration_time": 1, "signal": 100})"}) {
       CAPTURE(bad);
       CHECK_FALSE(parse_timer_request(bad));
     }

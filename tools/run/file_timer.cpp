@@ -4,6 +4,8 @@
 
 #include "run/say.hpp"
 
+#include "process/owned_pids.hpp"
+
 #include <cohort/exit_status.hpp>
 
 #include <fcntl.h>
@@ -24,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <system_error>
 
 namespace cohort_run {
@@ -34,10 +37,13 @@ double seconds_since_epoch() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// What /proc/<pid>/stat says of a process: its parent and its start time
-// (in clock ticks since boot); nullopt when it is gone.
+// What /proc/<pid>/stat says of a process: its state ('Z': ended, not yet
+// reaped), parent, process group and start time (in clock ticks since
+// boot); nullopt when it is gone.
 struct process_stat {
+  char state = 0;
   pid_t parent = 0;
+  pid_t process_group = 0;
   unsigned long long start_time = 0;
 };
 std::optional<process_stat> stat_of(pid_t pid) {
@@ -49,14 +55,15 @@ std::optional<process_stat> stat_of(pid_t pid) {
   const auto close = text.rfind(')');
   if (close == std::string::npos) return std::nullopt;
   process_stat s;
-  char state = 0;
   int parent = 0;
+  int process_group = 0;
   if (std::sscanf(text.c_str() + close + 1,
-                  " %c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &state,
-                  &parent, &s.start_time) != 3) {
+                  " %c %d %d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &s.state,
+                  &parent, &process_group, &s.start_time) != 4) {
     return std::nullopt;
   }
   s.parent = parent;
+  s.process_group = process_group;
   return s;
 }
 
@@ -92,7 +99,9 @@ std::optional<timer_request> parse_timer_request(std::string_view line) {
   timer_request r;
   const auto p = pid->get<long long>();
   const auto s = signal->get<long long>();
-  if (p <= 0 || p > 0x3fffffff || s < -1024 || s > 1024) return std::nullopt;
+  // A signal at or below 0 asks for none (torch's server sends none); one
+  // above the last the kernel knows (SIGRTMAX, NSIG - 1) reaches no process.
+  if (p <= 0 || p > 0x3fffffff || s < -1024 || s >= NSIG) return std::nullopt;
   r.pid = static_cast<pid_t>(p);
   r.scope = scope->get<std::string>();
   r.expires = expires->get<double>();
@@ -168,30 +177,84 @@ file_timer_server::~file_timer_server() {
   (void)!::write(wake_, &one, sizeof one);
   thread_.join();
   ::close(fifo_);
-  ::close(keep_open_);
+  if (keep_open_ >= 0) ::close(keep_open_);
   ::close(wake_);
   ::unlink(path_.c_str());
+}
+
+void file_timer_server::starting() {
+  std::lock_guard lock(mutex_);
+  ranks_.clear();
+  ranks_known_ = false;
 }
 
 void file_timer_server::watch(std::vector<pid_t> ranks) {
   std::lock_guard lock(mutex_);
   ranks_ = std::move(ranks);
+  ranks_known_ = true;
 }
 
-bool file_timer_server::of_the_run(pid_t pid) {
+file_timer_server::membership file_timer_server::of_the_run(pid_t pid) {
   std::vector<pid_t> ranks;
+  bool known = false;
   {
     std::lock_guard lock(mutex_);
     ranks = ranks_;
+    known = ranks_known_;
   }
-  // The process, or an ancestor of it up to this one, is a rank.
-  for (int depth = 0; pid > 1 && pid != ::getpid() && depth < 64; ++depth) {
-    if (std::find(ranks.begin(), ranks.end(), pid) != ranks.end()) return true;
+  // The process, or an ancestor of it below this one, is a rank, or an
+  // orphan of the run that this process adopted.
+  const pid_t self = ::getpid();
+  for (int depth = 0; pid > 1 && pid != self && depth < 64; ++depth) {
+    if (std::find(ranks.begin(), ranks.end(), pid) != ranks.end()) return membership::of_the_run;
     const auto stat = stat_of(pid);
-    if (!stat) return false;
+    if (!stat) return membership::not_of_it;
+    if (stat->parent == self) {
+      // A child of this process that is no rank named: a rank being
+      // started, an orphan the run handed to this process (its
+      // subreaper), or a process cohort started itself (the guardian, the
+      // look for torch). Those cohort started are owned, or stay in this
+      // process's process group; a rank leads a group of its own, and what
+      // it starts stays there or leaves it.
+      if (!known) return membership::not_known_yet;
+      if (stat->process_group == ::getpgrp()) return membership::not_of_it;
+      std::optional<bool> owned;
+      if (!cohort::detail::with_owned_pids([&](const std::set<pid_t>& pids) { owned = pids.contains(pid); })) {
+        return membership::not_known_yet;  // a start is under way: it may be a child not yet owned
+      }
+      return *owned ? membership::not_of_it : membership::of_the_run;
+    }
     pid = stat->parent;
   }
-  return false;
+  return membership::not_of_it;
+}
+
+bool file_timer_server::send(const expired_timer& t) {
+  const auto now = stat_of(t.pid);
+  if (!now || now->start_time != t.start_time) return true;  // it has ended
+  switch (of_the_run(t.pid)) {
+    case membership::not_known_yet:
+      return false;
+    case membership::not_of_it:
+      say("cohort-run: the file timer '{}' of pid {} expired; pid {} is no rank of this run, nor started by one: it "
+          "gets no signal\n", t.scope, t.pid, t.pid);
+      return true;
+    case membership::of_the_run:
+      break;
+  }
+  if (now->state == 'Z') {
+    say("cohort-run: the file timer '{}' of pid {} expired; pid {} has ended (its parent has not reaped it yet): "
+        "it gets no signal\n", t.scope, t.pid, t.pid);
+    return true;
+  }
+  if (::kill(t.pid, t.signal) == 0) {
+    say("cohort-run: the file timer '{}' of pid {} expired: it was sent {}\n", t.scope, t.pid,
+        cohort::signal_name(t.signal));
+  } else if (errno != ESRCH) {  // ESRCH: it has ended since
+    say("cohort-run: the file timer '{}' of pid {} expired, but {} could not be sent to it: {}\n", t.scope, t.pid,
+        cohort::signal_name(t.signal), std::strerror(errno));
+  }
+  return true;
 }
 
 void file_timer_server::serve() noexcept {
@@ -199,25 +262,40 @@ void file_timer_server::serve() noexcept {
   // The start time of each process with a timer, read as its request came:
   // a process that has ended since, its pid taken by another, gets nothing.
   std::map<pid_t, unsigned long long> started;
+  // Expired while the ranks were being started: sent once they are named.
+  std::vector<expired_timer> waiting;
   std::string pending;  // a line not yet whole
   bool skip_to_line = false;
   for (;;) {
-    int timeout = 100;  // ms; as torch's agent looks, at the least
+    int timeout = 100;  // ms; as torch's agent looks, at the least (and for the timers that wait)
     if (const auto next = timers.next_expiry()) {
       const double left = (*next - seconds_since_epoch()) * 1000;  // may be far past what an int holds
       timeout = static_cast<int>(std::clamp(std::ceil(left), 0.0, static_cast<double>(timeout)));
     }
-    pollfd fds[2] = {{fifo_, POLLIN, 0}, {wake_, POLLIN, 0}};
+    // With a line partly read, this server's own write end is closed, so
+    // that the read sees the end of the file once every writer has closed
+    // it. Without one otherwise (it could not be opened again), the FIFO
+    // would be reported hung up at every look: it waits for the next.
+    const bool in_line = !pending.empty() || skip_to_line;
+    pollfd fds[2] = {{in_line || keep_open_ >= 0 ? fifo_ : -1, POLLIN, 0}, {wake_, POLLIN, 0}};
     if (::poll(fds, 2, timeout) < 0 && errno != EINTR) {
       say("cohort-run: the file timer stops: poll failed: {}\n", std::strerror(errno));
       return;
     }
     if ((fds[1].revents & POLLIN) != 0) return;
-    if ((fds[0].revents & POLLIN) != 0) {
+    if ((fds[0].revents & (POLLIN | POLLHUP)) != 0) {
       // One read a look: a writer that never stops does not hold the expiries up.
       char buffer[4096];
       const ssize_t n = ::read(fifo_, buffer, sizeof buffer);
       if (n > 0) pending.append(buffer, static_cast<std::size_t>(n));
+      if (n == 0 && in_line) {  // the end of the file: every writer closed it in the middle of this line
+        if (!pending.empty()) {
+          say("cohort-run: the file timer's FIFO got part of a line, which its writer closed without ending: "
+              "dropped: {}\n", std::string_view(pending).substr(0, 200));
+        }
+        pending.clear();
+        skip_to_line = false;
+      }
       if (skip_to_line) {  // the rest of a line too long to be a request
         const auto end = pending.find('\n');
         skip_to_line = end == std::string::npos;
@@ -244,25 +322,30 @@ void file_timer_server::serve() noexcept {
       // No request is that long (torch's are at most PIPE_BUF): what is
       // there goes, up to the next line.
       if (pending.size() > 65536) {
+        say("cohort-run: the file timer's FIFO got a line longer than 65536 bytes, which is no timer request: "
+            "dropped: {}\n", std::string_view(pending).substr(0, 200));
         pending.clear();
         skip_to_line = true;
       }
     }
-    for (const auto& [pid, why] : timers.take_expired(seconds_since_epoch())) {
-      const auto& [signal, scope] = why;
+    if (const bool now_in_line = !pending.empty() || skip_to_line; now_in_line && keep_open_ >= 0) {
+      ::close(keep_open_);
+      keep_open_ = -1;
+    } else if (!now_in_line && keep_open_ < 0) {
+      // The FIFO this server reads, even where its path now names another.
+      keep_open_ = ::open(fmt::format("/proc/self/fd/{}", fifo_).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    }
+    std::vector<expired_timer> due = std::move(waiting);
+    waiting.clear();
+    for (auto& [pid, why] : timers.take_expired(seconds_since_epoch())) {
+      auto& [signal, scope] = why;
       const auto start = started.extract(pid);
       if (signal <= 0) continue;  // torch's server clears them without a signal
-      const auto now = stat_of(pid);
-      if (!now || start.empty() || now->start_time != start.mapped()) continue;  // it has ended
-      if (!of_the_run(pid)) {
-        say("cohort-run: the file timer '{}' of pid {} expired; pid {} is no rank of this run, nor started by "
-            "one: it gets no signal\n", scope, pid, pid);
-        continue;
-      }
-      if (::kill(pid, signal) == 0) {
-        say("cohort-run: the file timer '{}' of pid {} expired: it was sent {}\n", scope, pid,
-            cohort::signal_name(signal));
-      }
+      if (start.empty()) continue;
+      due.push_back({pid, signal, std::move(scope), start.mapped()});
+    }
+    for (auto& t : due) {
+      if (!send(t)) waiting.push_back(std::move(t));
     }
   }
 }

@@ -24,7 +24,8 @@
 namespace cohort_run {
 
 /// One timer request as a line of the FIFO holds it; nullopt for a line
-/// that is not one (not JSON, a field missing or of another type).
+/// that is not one (not JSON, a field missing or of another type, a signal
+/// the kernel would refuse: above SIGRTMAX).
 struct timer_request {
   pid_t pid = 0;
   std::string scope;
@@ -53,8 +54,17 @@ class timer_table {
 /// Serves the timers at a FIFO on a thread of its own until destroyed.
 /// Only the ranks of the attempt that runs (watch()) and what they started
 /// are sent signals: a request naming another process is refused, with a
-/// line on stderr. A process is told by its pid and start time: the timers
-/// of one that ended never reach another that took its pid.
+/// line on stderr. What they started includes the orphans this process, the
+/// run's subreaper, adopted from them: a child of this process that cohort
+/// did not start and that left its process group. A process is told by its
+/// pid and start time: the timers of one that ended never reach another
+/// that took its pid.
+///
+/// A line is read as torch's readline() reads it: where every writer has
+/// closed the FIFO in the middle of a line, the part written is dropped
+/// (with a line on stderr), and the next writer starts a line of its own.
+/// A writer that holds the FIFO open meanwhile continues the line, as it
+/// would under torch.
 class file_timer_server {
  public:
   /// Makes the FIFO at `path` (what was there is removed first, as torch
@@ -66,20 +76,37 @@ class file_timer_server {
   file_timer_server& operator=(const file_timer_server&) = delete;
 
   const std::string& path() const noexcept { return path_; }
+  /// The ranks of an attempt are being started: until watch() names them,
+  /// a timer that expires for a process that may be one of them, or one
+  /// they started, waits, and its signal is sent (or refused) then. A rank
+  /// may write its request before the start has returned its pid.
+  void starting();
   /// The ranks whose processes (and their descendants) may be signalled:
   /// those of the attempt that runs now; none between attempts.
   void watch(std::vector<pid_t> ranks);
 
  private:
+  enum class membership { of_the_run, not_of_it, not_known_yet };
+  struct expired_timer {
+    pid_t pid = 0;
+    int signal = 0;
+    std::string scope;
+    unsigned long long start_time = 0;  // of the process, as its request came
+  };
+
   void serve() noexcept;
-  bool of_the_run(pid_t pid);
+  membership of_the_run(pid_t pid);
+  /// Sends an expired timer's signal, or says why none is sent; false when
+  /// it must wait for the ranks to be named.
+  bool send(const expired_timer& t);
 
   std::string path_;
   int fifo_ = -1;       // read end
-  int keep_open_ = -1;  // a write end of its own: the reads never see the end of the file
+  int keep_open_ = -1;  // a write end of its own while no line is partly read: no end of the file is seen then
   int wake_ = -1;       // an eventfd: the destructor's call to stop
   std::mutex mutex_;
   std::vector<pid_t> ranks_;  // under mutex_
+  bool ranks_known_ = true;   // under mutex_; false from starting() to watch()
   std::thread thread_;
 };
 
