@@ -474,7 +474,10 @@ placement static_placement(run_options& o, int nproc) {
       o.node_rank = step->node_id;
       o.node_rank_given = true;
       if (o.run_id.empty()) o.run_id = step->job_id;
-      if (!o.master_addr_given) o.master_addr = step->first_host;
+      if (!o.master_addr_given) {
+        o.master_addr = checked_host(step->first_host, fmt::format("under Slurm: {}", step->nodelist_name),
+                                     step->first_host);
+      }
     }
   }
   if (o.min_nodes != o.max_nodes) {

@@ -1762,6 +1762,13 @@ TEST_SUITE("cohort-run") {
     r = run_launcher({"-n", "1", "--", "/bin/true"}, slurm);
     CHECK(r.status.code() == 2);
     CHECK(r.err.find("SLURM_JOB_NODELIST") != std::string::npos);
+    // The master's host from the node list is checked as --master-addr is
+    // (the join would wait for it to its timeout).
+    slurm["SLURM_JOB_NODELIST"] = "a/b,n2";
+    r = run_launcher({"-n", "1", "--rdzv-conf", "join_timeout=5", "--", "/bin/true"}, slurm);
+    CHECK(r.status.code() == 2);
+    CHECK_MESSAGE(r.err.find("under Slurm: SLURM_JOB_NODELIST 'a/b': the host is not a host name") != std::string::npos,
+                  r.err);
     // --nproc-per-node gpu: the GPUs CUDA_VISIBLE_DEVICES leaves.
     test::temp_dir gpus;
     r = run_launcher({"--nproc-per-node", "gpu", "--", "/bin/sh", "-c", dump_contract, gpus.path.string()},

@@ -1,5 +1,5 @@
-// Slurm's node lists, expanded as Slurm expands them, and a step's place
-// from srun's variables.
+// Slurm's node lists, read for their first host as Slurm expands them, and
+// a step's place from srun's variables.
 #include "run/slurm.hpp"
 
 #include <doctest/doctest.h>
@@ -7,26 +7,26 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
-using cohort_run::expand_nodelist;
-using hosts = std::vector<std::string>;
+using cohort_run::nodelist_first_host;
 
 TEST_SUITE("slurm") {
-  TEST_CASE("node lists: ranges, single numbers, widths kept, several groups, plain names") {
-    CHECK(expand_nodelist("node1") == hosts{"node1"});
-    CHECK(expand_nodelist("gpu[01-03,7],cpu-a") == hosts{"gpu01", "gpu02", "gpu03", "gpu7", "cpu-a"});
-    CHECK(expand_nodelist("n[8-11]") == hosts{"n8", "n9", "n10", "n11"});
-    CHECK(expand_nodelist("n[008-010]") == hosts{"n008", "n009", "n010"});
-    CHECK(expand_nodelist("rack[1-2]-node[3,5]") == hosts{"rack1-node3", "rack1-node5", "rack2-node3", "rack2-node5"});
-    CHECK(expand_nodelist("a,b[2],c") == hosts{"a", "b2", "c"});
-    CHECK(expand_nodelist("") == hosts{});
+  TEST_CASE("node lists: the first host, with ranges, single numbers, widths kept, several groups, plain names") {
+    CHECK(nodelist_first_host("node1") == "node1");
+    CHECK(nodelist_first_host("gpu[01-03,7],cpu-a") == "gpu01");
+    CHECK(nodelist_first_host("n[8-11]") == "n8");
+    CHECK(nodelist_first_host("n[008-010]") == "n008");
+    CHECK(nodelist_first_host("rack[1-2]-node[3,5]") == "rack1-node3");
+    CHECK(nodelist_first_host("a,b[2],c") == "a");
+    CHECK(nodelist_first_host("x[7,2-3]") == "x7");
+    CHECK_FALSE(nodelist_first_host(""));
   }
 
-  TEST_CASE("node lists Slurm would not write are refused") {
-    for (const char* bad : {"gpu[1-", "gpu1]", "gpu[]", "gpu[3-1]", "gpu[a-b]", "gpu[[1]]", "gpu[1-2-3]"}) {
+  TEST_CASE("node lists Slurm would not write are refused, wherever in the list") {
+    for (const char* bad : {"gpu[1-", "gpu1]", "gpu[]", "gpu[3-1]", "gpu[a-b]", "gpu[[1]]", "gpu[1-2-3]", "gpu[1,]",
+                            "gpu[,1]", "a,gpu[1,]", "a,b[3-1]", "n[99999999999999999999]", "n[0-200000]"}) {
       CAPTURE(bad);
-      CHECK_THROWS_AS(expand_nodelist(bad), std::invalid_argument);
+      CHECK_THROWS_AS(nodelist_first_host(bad), std::invalid_argument);
     }
   }
 
@@ -59,5 +59,29 @@ TEST_SUITE("slurm") {
                          std::invalid_argument);
     ::setenv("SLURM_NODEID", "one", 1);
     CHECK_THROWS_WITH_AS(cohort_run::slurm_step_from_environment(), doctest::Contains("SLURM_NODEID"), std::invalid_argument);
+  }
+
+  TEST_CASE("a step's node list is read, not expanded: a list of 10^10 hosts gives its first; a bad part is named") {
+    for (const char* name : {"SLURM_NNODES", "SLURM_STEP_NUM_NODES", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST"}) {
+      ::unsetenv(name);
+    }
+    ::setenv("SLURM_STEP_ID", "0", 1);
+    ::setenv("SLURM_NODEID", "0", 1);
+    ::setenv("SLURM_NNODES", "2", 1);
+    ::setenv("SLURM_JOB_ID", "77", 1);
+    ::setenv("SLURM_JOB_NODELIST", "n[00000-99999]x[0-99999]", 1);
+    const auto step = cohort_run::slurm_step_from_environment();
+    REQUIRE(step);
+    CHECK(step->first_host == "n00000x0");
+    CHECK(std::string(step->nodelist_name) == "SLURM_JOB_NODELIST");
+    // A range list that ends in a comma names no range there.
+    ::setenv("SLURM_JOB_NODELIST", "node[1,]", 1);
+    CHECK_THROWS_WITH_AS(cohort_run::slurm_step_from_environment(), doctest::Contains("SLURM_JOB_NODELIST"),
+                         std::invalid_argument);
+    // A number too large for any count is out of range, not "not a number".
+    ::setenv("SLURM_JOB_NODELIST", "n[1-2]", 1);
+    ::setenv("SLURM_NODEID", "99999999999999999999", 1);
+    CHECK_THROWS_WITH_AS(cohort_run::slurm_step_from_environment(), doctest::Contains("is out of range"),
+                         std::invalid_argument);
   }
 }

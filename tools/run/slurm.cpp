@@ -3,8 +3,11 @@
 #include <fmt/format.h>
 
 #include <charconv>
+#include <climits>
 #include <cstdlib>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 namespace cohort_run {
 namespace {
@@ -28,39 +31,46 @@ std::vector<std::string_view> top_level_items(std::string_view list) {
   return items;
 }
 
+// Throws std::invalid_argument for what is not a number, std::out_of_range
+// for one too large for an unsigned long.
 unsigned long number(std::string_view digits) {
   unsigned long value = 0;
   const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
-  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size()) {
+  if (digits.empty() || end != digits.data() + digits.size() ||
+      (ec != std::errc() && ec != std::errc::result_out_of_range)) {
     throw std::invalid_argument(fmt::format("'{}' is not a number", digits));
   }
+  if (ec == std::errc::result_out_of_range) throw std::out_of_range(fmt::format("'{}' is too large", digits));
   return value;
 }
 
-// One host name pattern: "a[1-2]b[3,5]" -> a1b3 a1b5 a2b3 a2b5.
-void expand_name(std::string_view name, const std::string& head, std::vector<std::string>& hosts) {
-  const auto open = name.find('[');
-  if (open == std::string_view::npos) {
-    hosts.push_back(head + std::string(name));
-    return;
-  }
-  const auto close = name.find(']', open);
-  const std::string prefix = head + std::string(name.substr(0, open));
-  const auto rest = name.substr(close + 1);
-  std::string_view ranges = name.substr(open + 1, close - open - 1);
-  if (ranges.empty()) throw std::invalid_argument("empty brackets");
-  while (!ranges.empty()) {
-    const auto comma = ranges.find(',');
-    const auto range = ranges.substr(0, comma);
-    ranges = comma == std::string_view::npos ? std::string_view() : ranges.substr(comma + 1);
-    const auto dash = range.find('-');
-    const auto low = range.substr(0, dash);
-    const unsigned long first = number(low);
-    const unsigned long last = dash == std::string_view::npos ? first : number(range.substr(dash + 1));
-    if (last < first) throw std::invalid_argument(fmt::format("range '{}' runs backwards", range));
-    if (last - first > 100000) throw std::invalid_argument(fmt::format("range '{}' is too long", range));
-    for (unsigned long i = first; i <= last; ++i) {
-      expand_name(rest, fmt::format("{}{:0{}}", prefix, i, low.size()), hosts);
+// The first host one host name pattern stands for ("a[1-2]b[3,5]" -> a1b3),
+// the whole pattern checked: every range of every bracket group.
+std::string first_of_name(std::string_view name) {
+  std::string first;
+  for (;;) {
+    const auto open = name.find('[');
+    first += name.substr(0, open);
+    if (open == std::string_view::npos) return first;
+    const auto close = name.find(']', open);
+    std::string_view ranges = name.substr(open + 1, close - open - 1);
+    name = name.substr(close + 1);
+    if (ranges.empty()) throw std::invalid_argument("empty brackets");
+    bool first_range = true;
+    for (;;) {
+      const auto comma = ranges.find(',');
+      const auto range = ranges.substr(0, comma);
+      const auto dash = range.find('-');
+      const auto low = range.substr(0, dash);
+      const unsigned long from = number(low);
+      const unsigned long to = dash == std::string_view::npos ? from : number(range.substr(dash + 1));
+      if (to < from) throw std::invalid_argument(fmt::format("range '{}' runs backwards", range));
+      if (to - from > 100000) throw std::invalid_argument(fmt::format("range '{}' is too long", range));
+      if (first_range) first += fmt::format("{:0{}}", from, low.size());
+      first_range = false;
+      if (comma == std::string_view::npos) break;
+      ranges = ranges.substr(comma + 1);
+      if (ranges.empty()) throw std::invalid_argument("a ',' with no range after it");
     }
   }
 }
@@ -76,6 +86,8 @@ int count_in(const char* name, const std::string& text, int least) {
     value = number(text);
   } catch (const std::invalid_argument&) {
     throw std::invalid_argument(fmt::format("{}='{}' is not a number", name, text));
+  } catch (const std::out_of_range&) {
+    value = ULONG_MAX;  // too large for any count
   }
   if (value < static_cast<unsigned long>(least) || value > 1000000) {
     throw std::invalid_argument(fmt::format("{}='{}' is out of range", name, text));
@@ -85,10 +97,17 @@ int count_in(const char* name, const std::string& text, int least) {
 
 }  // namespace
 
-std::vector<std::string> expand_nodelist(std::string_view list) {
-  std::vector<std::string> hosts;
-  for (const auto item : top_level_items(list)) expand_name(item, "", hosts);
-  return hosts;
+std::optional<std::string> nodelist_first_host(std::string_view list) {
+  std::optional<std::string> first;
+  try {
+    for (const auto item : top_level_items(list)) {
+      auto host = first_of_name(item);
+      if (!first) first = std::move(host);
+    }
+  } catch (const std::out_of_range& e) {  // a number in brackets too large
+    throw std::invalid_argument(e.what());
+  }
+  return first;
 }
 
 std::optional<slurm_step> slurm_step_from_environment() {
@@ -103,10 +122,11 @@ std::optional<slurm_step> slurm_step_from_environment() {
   step.job_id = variable("SLURM_JOB_ID");
   const char* list_name = std::getenv("SLURM_STEP_NODELIST") != nullptr ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
   const std::string list = variable(list_name);
+  step.nodelist_name = list_name;
   try {
-    const auto hosts = expand_nodelist(list);
-    if (hosts.empty()) throw std::invalid_argument("no host");
-    step.first_host = hosts.front();
+    auto first = nodelist_first_host(list);
+    if (!first) throw std::invalid_argument("no host");
+    step.first_host = std::move(*first);
   } catch (const std::invalid_argument& e) {
     throw std::invalid_argument(fmt::format("{}='{}' is not a Slurm node list: {}", list_name, list, e.what()));
   }

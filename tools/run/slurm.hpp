@@ -5,21 +5,23 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <vector>
 
 namespace cohort_run {
 
-/// The hosts of a Slurm node list, in order: "gpu[01-03,7],cpu-a" ->
-/// gpu01 gpu02 gpu03 gpu7 cpu-a (widths kept; several bracket groups in
-/// one name give every combination). Throws std::invalid_argument for a
-/// list Slurm would not write.
-std::vector<std::string> expand_nodelist(std::string_view list);
+/// The first host of a Slurm node list, as Slurm expands it:
+/// "gpu[01-03,7],cpu-a" -> gpu01 (widths kept; several bracket groups in
+/// one name give every combination, the first of each group's first range
+/// first); nullopt for an empty list. The list is read, not expanded: its
+/// length bounds the time and memory, however many hosts it names. Throws
+/// std::invalid_argument for a list Slurm would not write, wherever in it.
+std::optional<std::string> nodelist_first_host(std::string_view list);
 
 struct slurm_step {
   int node_id = 0;  ///< SLURM_NODEID
   int nnodes = 1;   ///< SLURM_STEP_NUM_NODES, else SLURM_NNODES
   std::string job_id;      ///< SLURM_JOB_ID
   std::string first_host;  ///< of SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST
+  const char* nodelist_name = "";  ///< the variable first_host was read from
 };
 
 /// The step this process runs in under srun (SLURM_STEP_ID and SLURM_NODEID
