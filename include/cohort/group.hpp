@@ -262,7 +262,8 @@ class group {
   /// signals in this process while the run lasts (asio::signal_set), and
   /// puts back after it what the process had before (a handler, SIG_IGN),
   /// unless another asio::signal_set still holds the signal. Call once per
-  /// group.
+  /// group. std::invalid_argument for SIGKILL and SIGSTOP, and for SIGCHLD,
+  /// which each rank's exit sends this process.
   void forward_signals(std::vector<int> shutdown_signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT},
                        std::vector<int> passed_on = {});
 

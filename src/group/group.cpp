@@ -1171,6 +1171,12 @@ void group::forward_signals(std::vector<int> shutdown_signals, std::vector<int> 
       if (!detail::catchable(sig)) {
         throw std::invalid_argument(fmt::format("cohort::group::forward_signals: cannot handle {}", signal_name(sig)));
       }
+      // Each rank's exit sends this process one: caught, every exit would
+      // start the shutdown, or reach every other rank.
+      if (sig == SIGCHLD) {
+        throw std::invalid_argument(
+            "cohort::group::forward_signals: cannot take SIGCHLD, which each rank's exit sends this process");
+      }
     }
   }
   refuse_gone_context(*state_, "forward_signals");

@@ -1498,6 +1498,9 @@ TEST_SUITE("group") {
     group g = start_processes(io.get_executor(), spec);
     CHECK_THROWS_AS(g.forward_signals({SIGKILL}), std::invalid_argument);
     CHECK_THROWS_AS(g.forward_signals({}, {0}), std::invalid_argument);
+    // Each rank's exit sends SIGCHLD: taken, it would end or reach the run at every exit.
+    CHECK_THROWS_AS(g.forward_signals({SIGTERM, SIGCHLD}), std::invalid_argument);
+    CHECK_THROWS_AS(g.forward_signals({}, {SIGCHLD}), std::invalid_argument);
     CHECK_THROWS_AS(g.interrupt(SIGKILL), std::invalid_argument);
     CHECK_THROWS_AS(g.interrupt(SIGSTOP), std::invalid_argument);
     CHECK_THROWS_AS(g.send_signal(0), std::invalid_argument);

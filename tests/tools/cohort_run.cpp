@@ -33,6 +33,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 using namespace cohort;
@@ -915,6 +916,28 @@ TEST_SUITE("cohort-run") {
       CHECK(r.status.code() == 0);
       CHECK(read_file(dir.path / "sig-0") == "got\n");
       CHECK(read_file(dir.path / "sig-1") == "got\n");
+    }
+  }
+
+  // Before, --signals-to-handle SIGCHLD was taken: each rank's exit then
+  // interrupted the run, exit 128 + 17, though every rank succeeded.
+  TEST_CASE("signals cohort-run gets in its own work are refused as shutdown or forwarded signals, exit 2, saying why") {
+    const std::vector<std::tuple<std::string, std::string, std::string>> refused{
+        {"--signals-to-handle", "SIGTERM,SIGCHLD", "SIGCHLD is refused: cohort-run gets one each time a rank"},
+        {"--signals-to-handle", "PIPE", "SIGPIPE is refused: cohort-run raises it itself"},
+        {"--signals-to-handle", "SIGCONT", "SIGCONT is refused: cohort-run gets one each time it is resumed"},
+        {"--signals-to-handle", std::to_string(SIGWINCH),
+         "SIGWINCH is refused: cohort-run gets one each time its terminal is resized"},
+        {"--signals-to-forward", "SIGUSR1,CHLD", "SIGCHLD is refused: cohort-run gets one each time a rank"},
+        {"--signals-to-forward", "SIGPIPE", "SIGPIPE is refused: cohort-run raises it itself"}};
+    for (const auto& [flag, list, said] : refused) {
+      CAPTURE(flag);
+      CAPTURE(list);
+      auto r = run_launcher({flag, list, "-n", "2", "--", "/bin/sh", "-c", "echo ran"});
+      INFO(r.err);
+      CHECK(r.status.code() == 2);
+      CHECK(r.out.empty());
+      CHECK(r.err.find(flag + ": " + said) != std::string::npos);
     }
   }
 

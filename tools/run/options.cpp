@@ -45,9 +45,34 @@ std::string environment_name(const std::string& long_name) {
   return name;
 }
 
-std::vector<int> signals(const std::string& flag, const std::string& list) {
+// Why cohort-run refuses `sig` as one that shuts the run down (`shuts_down`)
+// or that it passes on, or nullptr where it takes it. It gets these in its
+// own ordinary work, where they mean no shutdown and nothing for the ranks.
+const char* refused_because(int sig, bool shuts_down) {
+  switch (sig) {
+    case SIGCHLD:
+      return "cohort-run gets one each time a rank, or a program it runs, ends";
+    case SIGPIPE:
+      return "cohort-run raises it itself each time it writes to a pipe or socket whose reader has gone "
+             "(a console that was closed)";
+    case SIGCONT:
+      return shuts_down ? "cohort-run gets one each time it is resumed after a stop (Ctrl-Z, then fg or bg)" : nullptr;
+    case SIGWINCH:
+      return shuts_down ? "cohort-run gets one each time its terminal is resized" : nullptr;
+    default:
+      return nullptr;
+  }
+}
+
+std::vector<int> signals(const std::string& flag, const std::string& list, bool shuts_down) {
   std::vector<int> numbers;
-  for (const auto& name : comma_list(list)) numbers.push_back(signal_number(flag, name));
+  for (const auto& name : comma_list(list)) {
+    const int sig = signal_number(flag, name);
+    if (const char* why = refused_because(sig, shuts_down)) {
+      throw usage_error(fmt::format("{}: {} is refused: {}", flag, cohort::signal_name(sig), why));
+    }
+    numbers.push_back(sig);
+  }
   return numbers;
 }
 
@@ -343,7 +368,7 @@ run_options parse_options(int argc, char** argv) {
                  "SIGTERM,SIGINT,SIGHUP,SIGQUIT)");
   // cohort-run's own.
   app.add_option("--signals-to-forward,--signals_to_forward", signals_to_forward,
-                 "signals passed on to every rank, the run going on (default SIGUSR1,SIGUSR2)");
+                 "signals passed on to every rank's process group, the run going on (default SIGUSR1,SIGUSR2)");
   auto* prefix_template_flag =
       app.add_option("--log-line-prefix-template,--log_line_prefix_template", o.log_line_prefix_template,
                      "prefix of teed console lines: ${role} (or ${role_name}), ${rank}, ${local_rank}, also "
@@ -393,8 +418,8 @@ run_options parse_options(int argc, char** argv) {
   for (const auto& item : comma_items(local_ranks_filter)) {
     o.local_ranks_filter.push_back(whole_number("--local-ranks-filter", item, 0));
   }
-  o.signals_to_handle = signals("--signals-to-handle", signals_to_handle);
-  for (int sig : signals("--signals-to-forward", signals_to_forward)) {
+  o.signals_to_handle = signals("--signals-to-handle", signals_to_handle, true);
+  for (int sig : signals("--signals-to-forward", signals_to_forward, false)) {
     if (std::find(o.signals_to_handle.begin(), o.signals_to_handle.end(), sig) == o.signals_to_handle.end()) {
       o.signals_to_forward.push_back(sig);
     }

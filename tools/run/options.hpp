@@ -50,7 +50,7 @@ struct run_options {
   double monitor_interval = 0.1;
   double grace_period = 30;  ///< seconds each shutdown signal is given
   std::vector<int> signals_to_handle;   ///< shut the group down
-  std::vector<int> signals_to_forward;  ///< passed on to every rank
+  std::vector<int> signals_to_forward;  ///< passed on to every rank's process group
   // Logs and results.
   std::string log_dir;
   std::string redirects = "0";
