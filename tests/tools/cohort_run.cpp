@@ -842,9 +842,12 @@ TEST_SUITE("cohort-run") {
     test::temp_dir dir, tmp;
     const auto bin = dir.path / "bin";
     fs::create_directories(bin);
-    // It names its pid in `check` (whole, by a rename), then stalls for a minute.
-    std::ofstream(bin / "python3") << "#!/bin/sh\necho $$ > \"$COHORT_TEST_OUT/pid\"\n"
-                                   << "mv \"$COHORT_TEST_OUT/pid\" \"$COHORT_TEST_OUT/check\"\nexec sleep 60\n";
+    // A wrapper: it starts a child that stalls for a minute, names the
+    // child's pid in `child` and its own in `check` (whole, by a rename),
+    // and waits for the child.
+    std::ofstream(bin / "python3") << "#!/bin/sh\nsleep 60 &\necho $! > \"$COHORT_TEST_OUT/child\"\n"
+                                   << "echo $$ > \"$COHORT_TEST_OUT/pid\"\n"
+                                   << "mv \"$COHORT_TEST_OUT/pid\" \"$COHORT_TEST_OUT/check\"\nwait\n";
     fs::permissions(bin / "python3", fs::perms::owner_all);
     const auto script = (dir.path / "train.py").string();
     std::ofstream(script) << "print('not run')\n";
@@ -868,17 +871,24 @@ TEST_SUITE("cohort-run") {
     REQUIRE(fs::exists(dir.path / "check"));
     const auto check = static_cast<pid_t>(std::stol(read_file(dir.path / "check")));
     CHECK((::kill(check, 0) != 0 && errno == ESRCH));  // killed and reaped
+    // Its child too: the check's whole process group is killed.
+    const auto stalled = static_cast<pid_t>(std::stol(read_file(dir.path / "child")));
+    CHECK(test::within(10s, [stalled] { return !test::alive(stalled); }, 5ms));
     REQUIRE(fs::exists(json));
     CHECK(nlohmann::json::parse(read_file(json))["outcome"] == "interrupted");
   }
 
   TEST_CASE("a python3 that does not say within 10 s whether it finds torch is taken as not finding it, and named") {
     test::temp_dir dir;
-    // A stalls on the question; B finds torch and says what it runs.
+    // A stalls on the question, in a child of its own whose pid it names
+    // in `child`; B finds torch and says what it runs.
+    const auto child_file = dir.path / "child";
     for (const char* name : {"A", "B"}) {
       fs::create_directories(dir.path / name);
       std::ofstream(dir.path / name / "python3")
-          << "#!/bin/sh\ncase \"$*\" in *find_spec*) " << (name[0] == 'A' ? "exec sleep 60" : "exit 0") << ";; esac\n"
+          << "#!/bin/sh\ncase \"$*\" in *find_spec*) "
+          << (name[0] == 'A' ? "sleep 60 & echo $! > '" + child_file.string() + "'; wait" : std::string("exit 0"))
+          << ";; esac\n"
           << "echo \"" << name << " $*\"\n";
       fs::permissions(dir.path / name / "python3", fs::perms::owner_all);
     }
@@ -893,6 +903,10 @@ TEST_SUITE("cohort-run") {
     CHECK(r.out == "B -u " + script + "\n");
     CHECK(r.err.find("cohort-run: " + a + "/python3 did not say within 10 s whether it finds torch: "
                      "taken as not finding it\n") != std::string::npos);
+    // Its child is killed with it: the check's whole process group.
+    REQUIRE(fs::exists(child_file));
+    const auto stalled = static_cast<pid_t>(std::stol(read_file(child_file)));
+    CHECK(test::within(10s, [stalled] { return !test::alive(stalled); }, 5ms));
   }
 
   TEST_CASE("a worker that ignores SIGTERM is SIGKILLed after --grace-period") {

@@ -58,11 +58,13 @@ constexpr std::chrono::seconds torch_check_limit(10);
 enum class torch_check { found, not_found, interrupted };
 
 // Whether `python` finds the torch package (without importing it: that
-// takes seconds). It is killed and reaped where it has not answered within
-// torch_check_limit (taken as not finding it, and said) or where `wait`
-// says the run ends. It stays in cohort-run's process group, so that what
-// ends the whole job (a terminal's Ctrl-C, `timeout`, a SIGKILL to the
-// group) ends it too.
+// takes seconds). Where it has not answered within torch_check_limit
+// (taken as not finding it, and said) or where `wait` says the run ends,
+// its process group is killed and it is reaped. It leads a group of its
+// own for that: a python3 that is a wrapper (a shell script, a module
+// system's shim) runs the interpreter as a child of its own, which a kill
+// of its pid alone would leave running. What ends the whole job (a
+// terminal's Ctrl-C, `timeout`) reaches cohort-run, which then ends it.
 torch_check finds_torch(const fs::path& python, const check_wait& wait) {
   posix_spawn_file_actions_t actions;
   ::posix_spawn_file_actions_init(&actions);
@@ -73,13 +75,15 @@ torch_check finds_torch(const fs::path& python, const check_wait& wait) {
   std::string dash_c = "-c";
   std::string code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)";
   char* argv[] = {program.data(), dash_c.data(), code.data(), nullptr};
-  // Started with no signal blocked (cohort-run blocks those it handles).
+  // Started with no signal blocked (cohort-run blocks those it handles),
+  // leading a process group of its own.
   posix_spawnattr_t attributes;
   ::posix_spawnattr_init(&attributes);
   sigset_t none;
   sigemptyset(&none);
   ::posix_spawnattr_setsigmask(&attributes, &none);
-  ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+  ::posix_spawnattr_setpgroup(&attributes, 0);
+  ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
   pid_t pid = 0;
   const int rc = ::posix_spawn(&pid, program.c_str(), &actions, &attributes, argv, environ);
   ::posix_spawnattr_destroy(&attributes);
@@ -95,7 +99,7 @@ torch_check finds_torch(const fs::path& python, const check_wait& wait) {
   for (;;) {
     const pid_t got = ::waitpid(pid, &status, WNOHANG);
     if (got == pid) break;
-    if (got < 0 && errno != EINTR) {  // not ours to reap: no answer
+    if (got < 0 && errno != EINTR) {  // not ours to reap, nor its group to kill: no answer
       cut_short = torch_check::not_found;
       break;
     }
@@ -108,7 +112,7 @@ torch_check finds_torch(const fs::path& python, const check_wait& wait) {
       cut_short = torch_check::interrupted;
     }
     if (cut_short) {
-      ::kill(pid, SIGKILL);  // ours until reaped below
+      ::kill(-pid, SIGKILL);  // the group it leads, its pid ours until reaped below
       while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
       }
       break;
