@@ -1075,6 +1075,38 @@ TEST_SUITE("cohort-run") {
     CHECK(read_file(dir.path / "int-1") == "int\n");
   }
 
+  // Before, SIGTERM and SIGINT pending together were read as SIGINT, then
+  // SIGTERM as a second signal: the ranks were killed at once, their
+  // handlers cut short.
+  TEST_CASE("two shutdown signals pending together are one: the lowest numbered is named, the ranks' handlers run to their end") {
+    test::temp_dir dir;
+    auto r = run_launcher({"-n", "2", "--grace-period", "10", "--", "/bin/sh", "-c",
+                           "trap 'sleep 0.3; echo int > \"$0/int-$RANK\"; exit 0' INT; "
+                           "trap 'sleep 0.3; echo term > \"$0/term-$RANK\"; exit 0' TERM; echo > \"$0/$RANK\"; "
+                           "while true; do sleep 0.05; done",
+                           dir.path.string()},
+                          [&dir](child& c) -> asio::awaitable<void> {
+                            co_await files_appear(dir.path, 2);
+                            // Stopped, cohort-run reads neither until both are pending.
+                            c.signal(SIGSTOP);
+                            asio::steady_timer timer(co_await asio::this_coro::executor);
+                            while (test::state_of(c.pid()) != 'T') {
+                              timer.expires_after(5ms);
+                              co_await timer.async_wait(asio::use_awaitable);
+                            }
+                            c.signal(SIGTERM);
+                            c.signal(SIGINT);
+                            c.signal(SIGCONT);
+                          });
+    INFO(r.err);
+    CHECK(r.status.code() == 128 + SIGINT);
+    CHECK(r.err.find("interrupted by SIGINT") != std::string::npos);
+    CHECK(read_file(dir.path / "int-0") == "int\n");
+    CHECK(read_file(dir.path / "int-1") == "int\n");
+    CHECK_FALSE(fs::exists(dir.path / "term-0"));
+    CHECK_FALSE(fs::exists(dir.path / "term-1"));
+  }
+
   TEST_CASE("a Python script runs with the first python3 in PATH that finds torch, as torchrun runs it") {
     test::temp_dir dir;
     // Interpreters that say what they were asked to run; only B finds torch.

@@ -85,15 +85,27 @@ signal_owner::signal_owner(std::vector<int> shutdown, std::vector<int> passed_on
 signal_owner::~signal_owner() { ::close(signals_fd_); }
 
 void signal_owner::take_waiting() {
+  // The shutdown signals waiting together count as one: the signalfd gives
+  // pending ones lowest number first, whatever order they came in, so
+  // which came first cannot be known, nor whether the later one is a
+  // second. The one taken is the first one again where it is among them
+  // (an echo, or a second one), else the lowest numbered.
+  std::optional<int> ending;
   signalfd_siginfo info[8];
   for (;;) {
     const ssize_t got = ::read(signals_fd_, info, sizeof info);
     if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return;  // EAGAIN: none left
+    if (got <= 0) break;  // EAGAIN: none left
     for (std::size_t i = 0; i < static_cast<std::size_t>(got) / sizeof info[0]; ++i) {
-      take(static_cast<int>(info[i].ssi_signo));
+      const int sig = static_cast<int>(info[i].ssi_signo);
+      if (std::find(shutdown_.begin(), shutdown_.end(), sig) == shutdown_.end()) {
+        take(sig);
+      } else if (!ending || sig == first_.signal() || (ending != first_.signal() && sig < *ending)) {
+        ending = sig;
+      }
     }
   }
+  if (ending) take(*ending);
 }
 
 void signal_owner::take(int sig) {

@@ -66,7 +66,8 @@ class signal_owner {
   bool pause(std::chrono::milliseconds limit, int fd = -1);
 
  private:
-  /// Takes every signal waiting on the signalfd; mutex_ held.
+  /// Takes every signal waiting on the signalfd, the shutdown signals among
+  /// them as one; mutex_ held.
   void take_waiting();
   void take(int sig);
   void wait_next();
