@@ -46,6 +46,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -304,11 +305,13 @@ fs::path fresh_temp_folder(const std::string& prefix, std::error_code& ec) {
 // mkdtemp, the run id and '_' before it): <run-id>_ and 8 characters of
 // a-z, 0-9 and '_', made with mode 0700. Made here, so that runs started
 // with one id (the nodes of a job, on a shared file system) never share
-// one; without --log-dir, the logs' fresh folder holds it. `made` becomes
-// the folder where this call made it. Throws std::runtime_error naming the
-// --log-dir given where it, or the run's folder in it, cannot be made: the
-// run ends before anything starts, with no folder for its result.json.
-std::string log_folder(const run_options& o, const std::string& run_id, fs::path& made) {
+// one; without --log-dir, the logs' fresh folder holds it. The folders
+// this call makes (those of --log-dir that were not there, then the run's)
+// are added to `made`, in the order made, as each is made. Throws
+// std::runtime_error naming the --log-dir given where it, or the run's
+// folder in it, cannot be made: the run ends before anything starts, with
+// no folder for its result.json.
+std::string log_folder(const run_options& o, const std::string& run_id, std::vector<fs::path>& made) {
   static constexpr std::string_view characters = "abcdefghijklmnopqrstuvwxyz0123456789_";
   const auto fresh_name = [&run_id] {
     auto bits = random_bits();
@@ -320,14 +323,24 @@ std::string log_folder(const run_options& o, const std::string& run_id, fs::path
   const auto unusable = [&o](const char* what, const std::error_code& ec) {
     return std::runtime_error(fmt::format("--log-dir {}: {} could not be made: {}", o.log_dir, what, ec.message()));
   };
-  std::error_code ec;
-  fs::create_directories(o.log_dir, ec);
-  if (ec) throw unusable("the folder", ec);
+  // One folder at a time, as create_directories makes them, so that those
+  // made here are known: only those are removed where the run ends before
+  // it starts.
+  fs::path above;
+  for (const auto& part : fs::path(o.log_dir)) {
+    above /= part;
+    if (part.empty()) continue;  // a trailing '/'
+    if (::mkdir(above.c_str(), 0777) == 0) {
+      made.push_back(above);
+    } else if (errno != EEXIST) {
+      throw unusable("the folder", std::error_code(errno, std::system_category()));
+    }
+  }
   for (int tries = 0;; ++tries) {
     auto folder = fresh_name();
     const auto path = fs::path(o.log_dir) / folder;
     if (::mkdir(path.c_str(), 0700) == 0) {
-      made = path;
+      made.push_back(path);
       return folder;
     }
     if (errno != EEXIST || tries == 100) {
@@ -338,9 +351,9 @@ std::string log_folder(const run_options& o, const std::string& run_id, fs::path
 
 // The ranks' logs from the flags, checked before the run's folder under the
 // log dir is made (log_folder). Files are asked for without --log-dir: a
-// fresh folder in $TMPDIR, as torchrun makes one. `made` becomes the folder
-// made here (that one, or the run's under --log-dir), if any.
-cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& run_id, fs::path& made) {
+// fresh folder in $TMPDIR, as torchrun makes one. The folders made here
+// (that one, or --log-dir's and the run's in it) are added to `made`.
+cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& run_id, std::vector<fs::path>& made) {
   cohort::logs_spec logs;
   logs.redirects = streams_of("redirects", o.redirects);
   logs.tee = streams_of("tee", o.tee);
@@ -375,7 +388,7 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& ru
     // naming ENOENT or EACCES would read as a program not found (127) or
     // not runnable (126).
     if (ec) throw fs::filesystem_error("making a log folder in $TMPDIR", ec);
-    made = logs.dir;
+    made.push_back(logs.dir);
   }
   return logs;
 }
@@ -707,18 +720,25 @@ struct error_folder {
   }
 };
 
-// The folder a run made for its logs (the fresh one in $TMPDIR, or the
-// run's own under --log-dir), removed where the run ends before its first
-// attempt (a set-up that failed, a shutdown signal, an exception) and it
-// is still empty: no folder is left behind, and result.json names none.
-struct made_log_folder {
-  fs::path path;
+// The folders a run made for its logs (the fresh one in $TMPDIR, or the
+// run's own under --log-dir and those of --log-dir that were not there),
+// in the order made, removed where the run ends before its first attempt
+// (a set-up that failed, a shutdown signal, an exception) and they are
+// still empty: no folder is left behind, and result.json names none.
+struct made_log_folders {
+  std::vector<fs::path> paths;
   run_record& record;
 
-  ~made_log_folder() {
-    if (path.empty() || !record.attempts.empty()) return;
+  ~made_log_folders() {
+    if (paths.empty() || !record.attempts.empty()) return;
+    // The last one made first: a folder that holds anything fails, and
+    // stays, and so do those above it.
     std::error_code ec;
-    if (fs::remove(path, ec)) record.log_dir.clear();  // a folder that holds anything fails, and stays
+    if (!fs::remove(paths.back(), ec)) return;
+    record.log_dir.clear();
+    for (auto it = std::next(paths.rbegin()); it != paths.rend(); ++it) {
+      if (!fs::remove(*it, ec)) return;
+    }
   }
 };
 
@@ -893,8 +913,8 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   if (const auto sig = signals.interrupted()) return interrupted_between(*sig, 0);
 
   cohort::group_spec spec;
-  made_log_folder made{{}, record};
-  spec.logs = logs_of(o, nproc, run_id, made.path);
+  made_log_folders made{{}, record};
+  spec.logs = logs_of(o, nproc, run_id, made.paths);
   if (!spec.logs.dir.empty()) {
     // Named absolute in result.json (the folder itself is made and used by
     // the path as given, which needs no search of the directories above).

@@ -370,8 +370,12 @@ TEST_SUITE("cohort-run") {
     const std::string port = std::to_string(cohort_run::free_port());
     const std::vector<std::string> waiting{"--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1",
                                            "--master-port", port, "--", "/bin/true"};
+    // The folders it makes for --log-dir go with the run's own, still empty.
+    test::temp_dir logs;
+    auto with_logs = waiting;
+    with_logs.insert(with_logs.begin(), {"--log-dir", (logs.path / "a" / "b").string()});
     const auto started = std::chrono::steady_clock::now();
-    auto r = run_launcher(waiting, [](child& c) -> asio::awaitable<void> {
+    auto r = run_launcher(with_logs, [](child& c) -> asio::awaitable<void> {
       asio::steady_timer later(co_await asio::this_coro::executor, 500ms);
       co_await later.async_wait(asio::use_awaitable);
       c.signal(SIGTERM);
@@ -379,6 +383,7 @@ TEST_SUITE("cohort-run") {
     CHECK(r.status.code() == 128 + SIGTERM);
     CHECK_MESSAGE(r.err.find("interrupted by SIGTERM") != std::string::npos, r.err);
     CHECK(std::chrono::steady_clock::now() - started < 20s);
+    CHECK(fs::is_empty(logs.path));
     auto timed = waiting;
     timed.insert(timed.begin(), {"--rdzv-conf", "join_timeout=1"});
     r = run_launcher(timed);
@@ -1945,7 +1950,7 @@ TEST_SUITE("cohort-run") {
     CHECK(fs::is_empty(tmp.path));
   }
 
-  TEST_CASE("a set-up that fails before any rank starts removes the log folder it made, and names none") {
+  TEST_CASE("a set-up that fails before any rank starts removes the log folders it made, and names none") {
     test::temp_dir logs, tmp, dir;
     const auto json = dir.path / "result.json";
     // The file timer's FIFO in a folder that is not there; node 0 of a job not answering.
@@ -1960,7 +1965,9 @@ TEST_SUITE("cohort-run") {
         const bool timer = !env.empty();
         CAPTURE(timer);
         CAPTURE(log_dir);
-        if (log_dir) args.insert(args.end(), {"--log-dir", (logs.path / "a").string()});
+        // `kept` was there before: it stays; `a` and `b` are made, and go.
+        fs::create_directories(logs.path / "kept");
+        if (log_dir) args.insert(args.end(), {"--log-dir", (logs.path / "kept" / "a" / "b").string()});
         args.insert(args.end(), {"--result-json", json.string(), "-t", "3", "-n", "1", "--", "/bin/true"});
         auto with_tmp = env;
         with_tmp["TMPDIR"] = tmp.path.string();
@@ -1969,7 +1976,7 @@ TEST_SUITE("cohort-run") {
         CHECK(r.status.code() == 1);
         CHECK(r.err.find("logs in") == std::string::npos);
         CHECK(fs::is_empty(tmp.path));
-        if (log_dir) CHECK(fs::is_empty(logs.path / "a"));
+        CHECK(fs::is_empty(logs.path / "kept"));
         REQUIRE(fs::exists(json));
         const auto result = nlohmann::json::parse(read_file(json));
         CHECK(result["outcome"] == "failed");
