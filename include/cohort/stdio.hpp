@@ -13,7 +13,11 @@ COHORT_API_BEGIN
 namespace cohort {
 
 /// One standard stream of a child. Files are opened by the parent before
-/// the child starts, so a bad path is an error of `spawn`.
+/// the child starts, so a bad path is an error of `spawn`. The open never
+/// waits: a FIFO that no process has open for reading fails an output's
+/// open (ENXIO, the message says why), and one that no process has open
+/// for writing is stdin all the same, read as end of file until a writer
+/// opens it. The child gets the file blocking.
 class stdio {
  public:
   struct inherit_t {};

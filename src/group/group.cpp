@@ -1310,7 +1310,7 @@ void share_output_files(std::vector<spawn_options>& options, std::vector<os::own
         const int error = errno;
         const std::string path = file->path.string();
         throw std::system_error(error, std::system_category(),
-                                fmt::format("cohort::start_processes: options.{}: cannot open '{}'", name, path));
+                                fmt::format("cohort::start_processes: options.{}: {}", name, cannot_open(path, error)));
       }
       os::owned_fd owned(fd);
       it->second = same_as_before(fd, file->flags);

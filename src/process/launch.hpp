@@ -220,8 +220,14 @@ void refuse_piped_streams(const spawn_options& options, std::string_view where);
 
 /// Opens a stream's file as spawn does for stream `target` (0 for stdin):
 /// with its flags, else read-only for stdin and, for output, created
-/// (0644) and truncated; close-on-exec. -1 with errno set on failure.
+/// (0644) and truncated; close-on-exec. The open never waits: a FIFO with
+/// no reader fails for writing (ENXIO), and one with no writer opens for
+/// reading. -1 with errno set on failure.
 int open_stream_file(const stdio::file_t& file, int target) noexcept;
+
+/// "cannot open '<path>'", saying why where errno's message would not: a
+/// FIFO that no process reads, for ENXIO from open_stream_file.
+std::string cannot_open(const std::string& path, int error);
 
 /// "<what>: <cause>" for a failed launch, naming the descriptor limit on EMFILE.
 std::string describe_failure(const std::string& what, const launch_failure& f);

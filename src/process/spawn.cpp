@@ -27,6 +27,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -636,7 +637,7 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
   std::string cause;
   switch (f.where) {
     case stage::path_lookup: cause = ": not found"; break;
-    case stage::open_file: cause = fmt::format(": cannot open '{}'", f.detail); break;
+    case stage::open_file: cause = ": " + cannot_open(f.detail, f.error); break;
     case stage::pipe: cause = ": pipe2"; break;
     case stage::clone: cause = ": clone"; break;
     case stage::signals: cause = ": resetting signals"; break;
@@ -860,9 +861,24 @@ asio::awaitable<child> detail::spawn_on(asio::any_io_executor executor, command 
   co_return spawn(executor, cmd, options);
 }
 
+// Opened non-blocking, so that a FIFO never holds up the spawning thread
+// (an io_context's, under co_await): opened for writing with no reader it
+// fails (ENXIO) where a blocking open would wait for one; opened for
+// reading it is the child's to read, end of file until a writer comes.
+// The child gets it blocking, as a program expects its streams, unless the
+// caller's flags asked otherwise.
 int detail::open_stream_file(const stdio::file_t& file, int target) noexcept {
   const int flags = file.flags != 0 ? file.flags : target == 0 ? O_RDONLY : O_WRONLY | O_CREAT | O_TRUNC;
-  return ::open(file.path.c_str(), flags | O_CLOEXEC, 0644);
+  const int fd = ::open(file.path.c_str(), flags | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd >= 0 && (flags & O_NONBLOCK) == 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+std::string detail::cannot_open(const std::string& path, int error) {
+  struct stat st {};
+  const bool unread_fifo = error == ENXIO && ::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
+  return fmt::format("cannot open '{}'{}", path,
+                     unread_fifo ? " for writing: a FIFO that no process has open for reading" : "");
 }
 
 const char* detail::piped_stream(const spawn_options& options) noexcept {

@@ -2142,6 +2142,24 @@ TEST_SUITE("group") {
       CHECK(std::string(e.what()).find("options.out: cannot open") != std::string::npos);
       CHECK(e.code().value() == ENOENT);
     }
+    // So is a FIFO that no process reads, at once, where its open waited
+    // for a reader.
+    const fs::path fifo = dir.path / "out.fifo";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    spec.options.out = stdio::file(fifo);
+    auto started = std::async(std::launch::async, [&] { return run_group(spec); });
+    const bool at_once = started.wait_for(5s) == std::future_status::ready;
+    // A start stuck opening the FIFO: a reader's open lets it go on.
+    const int reader = at_once ? -1 : ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    CHECK(at_once);
+    try {
+      started.get();
+      ::close(reader);
+      FAIL("no exception");
+    } catch (const std::system_error& e) {
+      CHECK(std::string(e.what()).find("a FIFO that no process has open for reading") != std::string::npos);
+      CHECK(e.code().value() == ENXIO);
+    }
   }
 
   TEST_CASE("a start whose rank cannot start launches no rank after it; a count past pid_max is refused at once") {

@@ -8,10 +8,14 @@
 #include <asio/write.hpp>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <sstream>
 
 using namespace cohort;
 namespace fs = std::filesystem;
@@ -140,6 +144,77 @@ TEST_SUITE("stdio") {
       CHECK(e.code() == std::error_code(ENOENT, std::system_category()));
       CHECK(std::string(e.what()).find("/nonexistent-dir/x.log") != std::string::npos);
     }
+  }
+
+  // Before, the open waited for the FIFO's other end, holding up the
+  // spawning thread (an io_context's, under co_await) for good.
+  TEST_CASE("stdout to a FIFO that no process reads fails the spawn at once, saying so") {
+    test::temp_dir dir;
+    const fs::path fifo = dir.path / "out.fifo";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    const spawn_options to_fifo{.out = stdio::file(fifo)};
+    auto started = std::async(std::launch::async, [&] { return run(command{test::target, {"exit", "0"}}, to_fifo); });
+    const bool at_once = started.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+    // A spawn stuck opening the FIFO: a reader's open lets it go on.
+    const int reader = at_once ? -1 : ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    CHECK(at_once);
+    try {
+      started.get();
+      ::close(reader);
+      FAIL("spawn succeeded");
+    } catch (const std::system_error& e) {
+      CHECK(e.code() == std::error_code(ENXIO, std::system_category()));
+      const std::string what = e.what();
+      CHECK(what.find(fifo.string()) != std::string::npos);
+      CHECK(what.find("FIFO") != std::string::npos);
+      CHECK(what.find("for reading") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("stdin from a FIFO that no process writes starts at once and reads end of file") {
+    test::temp_dir dir;
+    const fs::path fifo = dir.path / "in.fifo";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    const fs::path output = dir.path / "out.txt";
+    const spawn_options from_fifo{.in = stdio::file(fifo), .out = stdio::file(output)};
+    auto ran = std::async(std::launch::async, [&] { return run(command{test::target, {"cat"}}, from_fifo); });
+    const bool at_once = ran.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+    if (!at_once) {
+      // A spawn stuck opening the FIFO: a writer's open lets it go on.
+      const int writer = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+      if (writer >= 0) ::close(writer);
+    }
+    CHECK(at_once);
+    CHECK(ran.get().success());
+    CHECK(test::read_file(output).empty());
+  }
+
+  TEST_CASE("a FIFO opened for the child's stdin or stdout is blocking in the child") {
+    test::temp_dir dir;
+    const fs::path in = dir.path / "in.fifo";
+    const fs::path out = dir.path / "out.fifo";
+    REQUIRE(::mkfifo(in.c_str(), 0600) == 0);
+    REQUIRE(::mkfifo(out.c_str(), 0600) == 0);
+    // Each with its other end open here, so that no open would wait.
+    const int reader = ::open(out.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    REQUIRE(reader >= 0);
+    const int writer = ::open(in.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    REQUIRE(writer >= 0);
+    const fs::path report = dir.path / "fdinfo.txt";
+    const spawn_options fifos{.in = stdio::file(in), .out = stdio::file(out), .err = stdio::file(report)};
+    const auto status = run(command{"/bin/sh", {"-c", "cat /proc/self/fdinfo/0 /proc/self/fdinfo/1 >&2"}}, fifos);
+    ::close(reader);
+    ::close(writer);
+    CHECK(status.success());
+    std::istringstream lines(test::read_file(report));
+    int streams = 0;
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.starts_with("flags:")) continue;
+      ++streams;
+      const int flags = std::stoi(line.substr(line.find_first_of("01234567")), nullptr, 8);
+      CHECK((flags & O_NONBLOCK) == 0);
+    }
+    CHECK(streams == 2);
   }
 
   TEST_CASE("same_as_stdout() is for stderr only, and pipes are refused by run()") {
