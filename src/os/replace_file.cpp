@@ -32,10 +32,15 @@ bool write_all(int fd, std::string_view text) {
 namespace {
 
 // `text` written over what is at `path`, as a program's own open for
-// writing would: created if missing, replaced if there.
+// writing would: created if missing, replaced if there. The open never
+// waits: a FIFO that no process has open for reading fails (ENXIO), where
+// a blocking open would hold up the writer, a failing process on its way
+// out, until a reader came. The writes block, as on any file.
 bool write_in_place(const std::filesystem::path& path, std::string_view text) {
-  const owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
-  return fd.get() >= 0 && write_all(fd.get(), text);
+  const owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0666));
+  if (fd.get() < 0) return false;
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+  return write_all(fd.get(), text);
 }
 
 // Tells apart the unfinished files of this process's writes.

@@ -23,7 +23,9 @@ bool write_all(int fd, std::string_view text);
 /// (a FIFO), a file of several links or of another owner, a folder in which
 /// this process may not create a file, a name too long for a suffix, a
 /// rename refused (a file mounted on its own: EBUSY; a sticky folder:
-/// EPERM). False, with errno set, when the text could not be written.
+/// EPERM). That open never waits: a FIFO that no process has open for
+/// reading fails it (ENXIO). False, with errno set, when the text could
+/// not be written.
 bool replace_file(const std::filesystem::path& path, std::string_view text);
 
 /// Whether replace_file renames its new file over what is at `path` (a

@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <future>
@@ -283,6 +284,32 @@ TEST_SUITE("error_file") {
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     CHECK(text.find("std::runtime_error: to the log") != std::string::npos);
     CHECK(text.ends_with("after\n"));
+  }
+
+  // Before, the open waited for a reader: a failing process whose error
+  // file was such a FIFO never ended.
+  TEST_CASE("a report to a FIFO that no process reads fails at once; one with a reader gets it") {
+    test::temp_dir dir;
+    const fs::path fifo = dir.path / "error.json";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    error_file_env env(fifo);
+    auto recorded = std::async(std::launch::async, [] { return record_error(std::runtime_error("unread")); });
+    const bool at_once = recorded.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+    // A write stuck opening the FIFO: a reader's open lets it go on.
+    const int unblocking = at_once ? -1 : ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    CHECK(at_once);
+    CHECK_FALSE(recorded.get());
+    ::close(unblocking);
+
+    const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    REQUIRE(reader >= 0);
+    REQUIRE(record_error(std::runtime_error("read")));
+    char buffer[4096];
+    const ssize_t got = ::read(reader, buffer, sizeof buffer);
+    ::close(reader);
+    REQUIRE(got > 0);
+    CHECK(std::string_view(buffer, static_cast<std::size_t>(got)).find("std::runtime_error: read") !=
+          std::string_view::npos);
   }
 
   // Before, the new report was made with the default mode and renamed over
