@@ -31,6 +31,9 @@ struct spawn_options {
   /// Empty: this process's working directory. The child moves there before
   /// its exec, so a relative program path, and the program's search along
   /// the relative entries of PATH, start from it, as execvp there would.
+  /// Unlike execvp, and as posix_spawnp, a file with no #! line that is not
+  /// of an executable format is not run with /bin/sh: its spawn fails
+  /// (ENOEXEC) saying so.
   std::filesystem::path cwd{};
   stdio in = stdio::inherit();
   stdio out = stdio::inherit();
@@ -100,7 +103,8 @@ asio::awaitable<child> spawn_on(asio::any_io_executor executor, command cmd, spa
 /// executor first). Fails with std::system_error naming the program and the
 /// cause when it cannot start (not found, not executable, bad working
 /// directory, a file that cannot be opened, a failing before_exec hook,
-/// EMFILE with the descriptor limit); no process is left behind then.
+/// EMFILE with the descriptor limit, arguments past the kernel's limits);
+/// no process is left behind then.
 /// `options` is copied when the operation is made. A cancellation of any
 /// type (terminal, partial or total) emitted before the operation runs
 /// starts nothing, and it completes with asio::error::operation_aborted.

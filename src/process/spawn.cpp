@@ -36,8 +36,11 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -367,27 +370,39 @@ std::string find_program(const std::string& program, const environment& env, con
   if (program.find('/') != std::string::npos) return program;
   // The first file found that cannot be executed (a directory, a file
   // without execute permission): execvp goes on past it, and reports it
-  // (EACCES) when nothing else is found.
+  // (EACCES) when nothing else is found. Else the first path that could
+  // not be looked at for another reason than its absence (a name too
+  // long, ENAMETOOLONG; a loop of links), which says more than ENOENT.
   std::string refused;
+  failure unseen{stage::path_lookup, ENOENT, ""};
   for (const auto& candidate : env.path_candidates(program)) {
     const std::string seen_from_here = cwd.empty() || candidate.front() == '/' ? candidate : (cwd / candidate).string();
     if (is_executable_file(seen_from_here)) return candidate;
-    if (refused.empty() && ::access(seen_from_here.c_str(), F_OK) == 0) refused = seen_from_here;
+    if (!refused.empty()) continue;
+    if (::access(seen_from_here.c_str(), F_OK) == 0) {
+      refused = seen_from_here;
+    } else if (unseen.error == ENOENT && errno != ENOENT && errno != ENOTDIR) {
+      unseen = {stage::path_lookup, errno, seen_from_here};
+    }
   }
-  f = {stage::path_lookup, refused.empty() ? ENOENT : EACCES, refused};
+  f = refused.empty() ? unseen : failure{stage::path_lookup, EACCES, refused};
   return {};
 }
 
-// Why an execve of `file` (the path as this process sees it) gave ENOENT
-// when the file is there: the interpreter it asks for is missing, the one
-// its #! line names (read, as the kernel reads it, from its first 256
-// bytes) or an ELF program's loader. Empty when the file itself is gone.
-std::string missing_interpreter(const std::string& file) {
-  const os::owned_fd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return {};
+// The first 256 bytes of `file`, as much as the kernel reads for a #!
+// line; nullopt where it cannot be read (gone, or not this user's to read).
+std::optional<std::string> head_of(const std::string& file) {
+  const os::owned_fd fd(::open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) return std::nullopt;
   std::array<char, 256> head{};
   const ssize_t got = ::read(fd.get(), head.data(), head.size());
-  const std::string_view text(head.data(), got > 0 ? static_cast<std::size_t>(got) : 0);
+  return std::string(head.data(), got > 0 ? static_cast<std::size_t>(got) : 0);
+}
+
+// Why an execve gave ENOENT when the file (whose first bytes are `text`)
+// is there: the interpreter it asks for is missing, the one its #! line
+// names or an ELF program's loader.
+std::string missing_interpreter(std::string_view text) {
   if (text.starts_with("#!")) {
     // The kernel ends the name at a blank or at the line's end, and no
     // sooner: a carriage return is part of it.
@@ -408,6 +423,62 @@ std::string missing_interpreter(const std::string& file) {
   }
   if (text.starts_with("\x7f" "ELF")) return "the program loader (ELF interpreter) it names is missing";
   return "the file is there; the interpreter it asks for is missing";
+}
+
+// Why the arguments and environment were too long for execve (E2BIG), as
+// the kernel judges: one string over MAX_ARG_STRLEN (32 pages), or all of
+// them with their pointers over the room it gives them: a quarter of the
+// stack limit, at most 6 MiB (3/4 of _STK_LIM) and at least ARG_MAX
+// (128 KiB). Empty where neither is seen here (a before_exec hook that
+// lowered the stack limit).
+std::string too_long_for_exec(char* const* argv, char* const* envp) {
+  const std::size_t max_string = 32 * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  std::size_t total = 0;
+  for (char* const* list : {argv, envp}) {
+    for (std::size_t i = 0; list[i] != nullptr; ++i) {
+      const std::string_view text(list[i]);
+      if (text.size() + 1 > max_string) {
+        const std::string what = list == argv ? fmt::format("argument {}", i)
+                                              : fmt::format("environment variable {}", text.substr(0, text.find('=')));
+        return fmt::format("{} is {} bytes, over the kernel's limit of {} bytes for one string (MAX_ARG_STRLEN)",
+                           what, text.size() + 1, max_string);
+      }
+      total += text.size() + 1 + sizeof(char*);
+    }
+  }
+  std::size_t room = 6 * 1024 * 1024;
+  if (rlimit stack{}; ::getrlimit(RLIMIT_STACK, &stack) == 0 && stack.rlim_cur != RLIM_INFINITY) {
+    room = std::min<std::size_t>(room, stack.rlim_cur / 4);
+  }
+  room = std::max<std::size_t>(room, 128 * 1024);
+  if (total <= room) return {};
+  return fmt::format("the arguments and environment take {} bytes with their pointers, over the {} bytes the kernel "
+                     "gives them (a quarter of the stack limit RLIMIT_STACK, at most 6 MiB, at least ARG_MAX)",
+                     total, room);
+}
+
+// What an execve's error leaves unsaid, for `file` (the path as this
+// process sees it): a missing interpreter (ENOENT with the file there), a
+// directory (EACCES), a file of no executable format (ENOEXEC: no shell
+// runs it, unlike execvp's fallback), arguments too long (E2BIG). Worked
+// out in the parent once the child has failed.
+std::string exec_failure(const std::string& file, int error, char* const* argv, char* const* envp) {
+  std::error_code ec;
+  switch (error) {
+    case ENOENT: {
+      const auto head = head_of(file);
+      return head ? missing_interpreter(*head) : "";
+    }
+    case EACCES: return std::filesystem::is_directory(file, ec) ? "it is a directory" : "";
+    case ENOEXEC: {
+      const auto head = head_of(file);
+      if (head && head->starts_with("#!")) return "its #! line names no interpreter, or one of no executable format";
+      return "no #! line and not an executable format (cohort does not run such a file with /bin/sh, as execvp "
+             "would)";
+    }
+    case E2BIG: return too_long_for_exec(argv, envp);
+    default: return {};
+  }
 }
 
 int open_cloexec(const std::filesystem::path& path, int flags, failure& f) {
@@ -594,6 +665,12 @@ std::string describe(const command& cmd, const failure& f) {
   if (f.where == stage::path_lookup) {
     if (cmd.program.empty()) return what + ": empty program name";
     if (f.detail.empty()) return what + ": not found in PATH";
+    if (f.error == ENAMETOOLONG && cmd.program.size() > NAME_MAX) {
+      return fmt::format("{}: cannot be looked for in PATH: the name is {} bytes, over the {} a file name may have "
+                         "(NAME_MAX)",
+                         what, cmd.program.size(), NAME_MAX);
+    }
+    if (f.error != EACCES) return fmt::format("{}: not found in PATH, where '{}' cannot be looked at", what, f.detail);
     std::error_code ec;
     return fmt::format("{}: '{}' found in PATH is {}", what, f.detail,
                        std::filesystem::is_directory(f.detail, ec) ? "a directory" : "not executable");
@@ -627,8 +704,12 @@ std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executo
     p.argv = argv.data();
     return start_exec(p, pid);
   }, f);
-  if (!state && f.where == stage::exec && f.error == ENOENT) {
-    f.detail = missing_interpreter(options.cwd.empty() || path.front() == '/' ? path : (options.cwd / path).string());
+  if (!state && f.where == stage::exec) {
+    std::vector<char> env_text;
+    std::vector<char*> envp;
+    if (f.error == E2BIG && !options.env.unchanged_inherit()) options.env.materialize(env_text, envp);
+    f.detail = exec_failure(options.cwd.empty() || path.front() == '/' ? path : (options.cwd / path).string(), f.error,
+                            argv.data(), envp.empty() ? environ : envp.data());
   }
   return state;
 }

@@ -480,6 +480,58 @@ TEST_SUITE("spawn") {
     CHECK_FALSE(has_unreaped_children());
   }
 
+  // Before, each said only what execve's errno says: "Exec format error",
+  // "Permission denied" of a directory.
+  TEST_CASE("a file of no executable format says no shell runs it, and a directory named with a slash says so") {
+    test::temp_dir dir;
+    const auto script = dir.path / "no-shebang";
+    std::ofstream(script) << "echo hi\n";
+    fs::permissions(script, fs::perms::owner_all);
+    auto noexec = spawn_error(command{script.string(), {}});
+    CHECK(noexec.code() == std::error_code(ENOEXEC, std::system_category()));
+    const std::string noexec_what = noexec.what();
+    CHECK(noexec_what.find("no #! line") != std::string::npos);
+    CHECK(noexec_what.find("/bin/sh") != std::string::npos);
+
+    const auto subdir = dir.path / "sub";
+    fs::create_directory(subdir);
+    for (const std::string& named : {subdir.string(), subdir.string() + "/"}) {
+      auto directory = spawn_error(command{named, {}});
+      CHECK(directory.code() == std::error_code(EACCES, std::system_category()));
+      CHECK(std::string(directory.what()).find("is a directory") != std::string::npos);
+    }
+    CHECK_FALSE(has_unreaped_children());
+  }
+
+  // Before, a name too long for a file was "not found in PATH" with ENOENT.
+  TEST_CASE("a program name longer than a file name may be fails the PATH search with ENAMETOOLONG, saying so") {
+    auto e = spawn_error(command{std::string(5000, 'a'), {}});
+    CHECK(e.code() == std::error_code(ENAMETOOLONG, std::system_category()));
+    CHECK(std::string(e.what()).find("NAME_MAX") != std::string::npos);
+  }
+
+  // Before, both said only "Argument list too long".
+  TEST_CASE("an argument past the kernel's limit for one string, or arguments past their room, are named") {
+    auto one = spawn_error(command{test::target, {"exit", std::string(200'000, 'x')}});
+    CHECK(one.code() == std::error_code(E2BIG, std::system_category()));
+    const std::string one_what = one.what();
+    CHECK(one_what.find("argument 2") != std::string::npos);
+    CHECK(one_what.find("MAX_ARG_STRLEN") != std::string::npos);
+
+    const spawn_options big_env{.env = environment::inherit().set("COHORT_BIG", std::string(200'000, 'y'))};
+    const std::string env_what = spawn_error(command{test::target, {"exit", "0"}}, big_env).what();
+    CHECK(env_what.find("COHORT_BIG") != std::string::npos);
+    CHECK(env_what.find("MAX_ARG_STRLEN") != std::string::npos);
+
+    // 7 MiB in all, past the most the kernel gives whatever the stack limit.
+    auto all = spawn_error(command{test::target, std::vector<std::string>(70, std::string(100'000, 'z'))});
+    CHECK(all.code() == std::error_code(E2BIG, std::system_category()));
+    const std::string all_what = all.what();
+    CHECK(all_what.find("stack limit") != std::string::npos);
+    CHECK(all_what.find("MAX_ARG_STRLEN") == std::string::npos);
+    CHECK_FALSE(has_unreaped_children());
+  }
+
   // A child of this test (made by `make`, which returns its pid, 0 in the
   // child) that runs `sh -c "exit 3"` with the default options and ends
   // with the code the run reported: 100 for a death, 101 for an error; 77
