@@ -883,6 +883,35 @@ TEST_SUITE("cohort-run") {
     CHECK(nlohmann::json::parse(read_file(json))["outcome"] == "interrupted");
   }
 
+  // The check leads a process group of its own, which a SIGKILL sent to
+  // cohort-run (or to cohort-run's group) does not reach: it dies with
+  // cohort-run by its parent-death signal.
+  TEST_CASE("a python3 asked whether it finds torch dies with a cohort-run killed by SIGKILL") {
+    test::temp_dir dir, tmp;
+    const auto bin = dir.path / "bin";
+    fs::create_directories(bin);
+    // Names its pid in `check` (whole, by a rename), then stalls as that
+    // same process.
+    std::ofstream(bin / "python3") << "#!/bin/sh\necho $$ > \"$COHORT_TEST_OUT/pid\"\n"
+                                   << "mv \"$COHORT_TEST_OUT/pid\" \"$COHORT_TEST_OUT/check\"\nexec sleep 60\n";
+    fs::permissions(bin / "python3", fs::perms::owner_all);
+    const auto script = (dir.path / "train.py").string();
+    std::ofstream(script) << "print('not run')\n";
+    auto r = run_launcher({"-n", "1", script},
+                          [&dir](child& c) -> asio::awaitable<void> {
+                            co_await files_appear(dir.path, 1, "check");
+                            c.signal(SIGKILL);
+                          },
+                          {{"PATH", bin.string() + ":/usr/bin:/bin"},
+                           {"COHORT_TEST_OUT", dir.path.string()},
+                           {"TMPDIR", tmp.path.string()}});
+    CHECK(r.status.signal() == SIGKILL);
+    REQUIRE(fs::exists(dir.path / "check"));
+    const auto check = static_cast<pid_t>(std::stol(read_file(dir.path / "check")));
+    CHECK(test::within(10s, [check] { return !test::alive(check); }, 5ms));
+    if (test::alive(check)) ::kill(check, SIGKILL);
+  }
+
   TEST_CASE("a python3 that does not say within 10 s whether it finds torch is taken as not finding it, and named") {
     test::temp_dir dir;
     // A stalls on the question, in a child of its own whose pid it names

@@ -212,10 +212,11 @@ file_timer_server::membership file_timer_server::of_the_run(pid_t pid) {
     if (stat->parent == self) {
       // A child of this process that is no rank named: a rank being
       // started, an orphan the run handed to this process (its
-      // subreaper), or a process cohort started itself (the guardian, the
-      // look for torch). Those cohort started are owned, or stay in this
-      // process's process group; a rank leads a group of its own, and what
-      // it starts stays there or leaves it.
+      // subreaper), or a process cohort started itself (the guardian, which
+      // is owned; the look for torch has been reaped before any rank
+      // starts). Those in this process's process group are no orphan of the
+      // run: a rank leads a group of its own, and what it starts stays
+      // there or leaves it.
       if (!known) return membership::not_known_yet;
       if (stat->process_group == ::getpgrp()) return membership::not_of_it;
       std::optional<bool> owned;

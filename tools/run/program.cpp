@@ -7,7 +7,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,8 +20,6 @@
 #include <optional>
 #include <set>
 #include <string_view>
-
-extern char** environ;
 
 namespace cohort_run {
 namespace {
@@ -63,32 +61,39 @@ enum class torch_check { found, not_found, interrupted };
 // its process group is killed and it is reaped. It leads a group of its
 // own for that: a python3 that is a wrapper (a shell script, a module
 // system's shim) runs the interpreter as a child of its own, which a kill
-// of its pid alone would leave running. What ends the whole job (a
-// terminal's Ctrl-C, `timeout`) reaches cohort-run, which then ends it.
+// of its pid alone would leave running. Out of cohort-run's group, it is
+// not reached by a SIGKILL sent to that group (`timeout -s KILL`), so it
+// dies with cohort-run by its parent-death signal instead: the process
+// cohort-run started (a wrapper's `exec`ed interpreter too), not what a
+// wrapper runs as a child of its own.
 torch_check finds_torch(const fs::path& python, const check_wait& wait) {
-  posix_spawn_file_actions_t actions;
-  ::posix_spawn_file_actions_init(&actions);
-  ::posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  ::posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-  ::posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
   std::string program = python.string();
   std::string dash_c = "-c";
   std::string code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)";
   char* argv[] = {program.data(), dash_c.data(), code.data(), nullptr};
-  // Started with no signal blocked (cohort-run blocks those it handles),
-  // leading a process group of its own.
-  posix_spawnattr_t attributes;
-  ::posix_spawnattr_init(&attributes);
-  sigset_t none;
-  sigemptyset(&none);
-  ::posix_spawnattr_setsigmask(&attributes, &none);
-  ::posix_spawnattr_setpgroup(&attributes, 0);
-  ::posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETPGROUP);
-  pid_t pid = 0;
-  const int rc = ::posix_spawn(&pid, program.c_str(), &actions, &attributes, argv, environ);
-  ::posix_spawnattr_destroy(&attributes);
-  ::posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return torch_check::not_found;
+  const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null < 0) return torch_check::not_found;
+  const pid_t parent = ::getpid();
+  // Between fork and exec only calls safe in a child of a threaded
+  // process. Started with no signal blocked (cohort-run blocks those it
+  // handles), leading a process group of its own.
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // cohort-run died before the line above
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int fd = 0; fd < 3; ++fd) ::dup2(null, fd);
+    ::execv(program.c_str(), argv);
+    ::_exit(127);
+  }
+  ::close(null);
+  if (pid < 0) return torch_check::not_found;
+  // Set here too, so that the kill below finds the group whichever side
+  // ran first.
+  ::setpgid(pid, pid);
   // Readable once the check ends. Without one (a kernel before 5.3, a
   // filter that refuses the call), the check is looked at every 50 ms.
   const int ended = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
