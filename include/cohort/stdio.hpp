@@ -16,8 +16,11 @@ namespace cohort {
 /// the child starts, so a bad path is an error of `spawn`. The open never
 /// waits: a FIFO that no process has open for reading fails an output's
 /// open (ENXIO, the message says why), and one that no process has open
-/// for writing is stdin all the same, read as end of file until a writer
-/// opens it. The child gets the file blocking.
+/// for writing is stdin all the same: a read returns end of file until a
+/// writer opens it, though `poll` and `select` report nothing to read
+/// until a first writer has come and gone. The child gets the file
+/// blocking. A file under another process's lease is waited for, as a
+/// plain open waits.
 class stdio {
  public:
   struct inherit_t {};

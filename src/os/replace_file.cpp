@@ -1,6 +1,7 @@
 // A file's content replaced whole or not at all.
 #include "os/replace_file.hpp"
 
+#include "os/open_without_waiting.hpp"
 #include "os/owned_fd.hpp"
 #include "os/quiet_sigpipe.hpp"
 
@@ -37,7 +38,7 @@ namespace {
 // a blocking open would hold up the writer, a failing process on its way
 // out, until a reader came. The writes block, as on any file.
 bool write_in_place(const std::filesystem::path& path, std::string_view text) {
-  const owned_fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NONBLOCK, 0666));
+  const owned_fd fd(open_without_waiting(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
   if (fd.get() < 0) return false;
   ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
   return write_all(fd.get(), text);

@@ -10,6 +10,7 @@
 #include "process/child_state.hpp"
 #include "os/descriptor_limit.hpp"
 #include "process/launch.hpp"
+#include "os/open_without_waiting.hpp"
 #include "os/owned_fd.hpp"
 #include "os/process_identity.hpp"
 #include "os/clone3.hpp"
@@ -372,7 +373,8 @@ std::string find_program(const std::string& program, const environment& env, con
   // without execute permission): execvp goes on past it, and reports it
   // (EACCES) when nothing else is found. Else the first path that could
   // not be looked at for another reason than its absence (a name too
-  // long, ENAMETOOLONG; a loop of links), which says more than ENOENT.
+  // long, ENAMETOOLONG; a loop of links), which says more than ENOENT. A
+  // folder of PATH this user may not search (EACCES) holds nothing found.
   std::string refused;
   failure unseen{stage::path_lookup, ENOENT, ""};
   for (const auto& candidate : env.path_candidates(program)) {
@@ -381,7 +383,7 @@ std::string find_program(const std::string& program, const environment& env, con
     if (!refused.empty()) continue;
     if (::access(seen_from_here.c_str(), F_OK) == 0) {
       refused = seen_from_here;
-    } else if (unseen.error == ENOENT && errno != ENOENT && errno != ENOTDIR) {
+    } else if (unseen.error == ENOENT && errno != ENOENT && errno != ENOTDIR && errno != EACCES) {
       unseen = {stage::path_lookup, errno, seen_from_here};
     }
   }
@@ -950,7 +952,7 @@ asio::awaitable<child> detail::spawn_on(asio::any_io_executor executor, command 
 // caller's flags asked otherwise.
 int detail::open_stream_file(const stdio::file_t& file, int target) noexcept {
   const int flags = file.flags != 0 ? file.flags : target == 0 ? O_RDONLY : O_WRONLY | O_CREAT | O_TRUNC;
-  const int fd = ::open(file.path.c_str(), flags | O_CLOEXEC | O_NONBLOCK, 0644);
+  const int fd = os::open_without_waiting(file.path.c_str(), flags | O_CLOEXEC, 0644);
   if (fd >= 0 && (flags & O_NONBLOCK) == 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
 }

@@ -503,6 +503,37 @@ TEST_SUITE("spawn") {
     CHECK_FALSE(has_unreaped_children());
   }
 
+  // Before, a PATH folder this user may not search made a program that is
+  // nowhere "found in PATH is not executable" (EACCES).
+  TEST_CASE("a PATH folder that cannot be searched holds nothing found: a program that is nowhere is not found") {
+    test::temp_dir dir;
+    const auto locked = dir.path / "locked";
+    fs::create_directory(locked);
+    const spawn_options path{.env = environment::inherit().set("PATH", locked.string() + ":/usr/bin:/bin")};
+    // In a child, as nobody where this is root (whom no folder's mode stops).
+    const pid_t looker = ::fork();
+    REQUIRE(looker >= 0);
+    if (looker == 0) {
+      if (::geteuid() == 0 ? ::setgid(65534) != 0 || ::setuid(65534) != 0 : ::chmod(locked.c_str(), 0) != 0) {
+        ::_exit(77);
+      }
+      if (::access((locked / "x").c_str(), F_OK) == 0 || errno != EACCES) ::_exit(78);
+      try {
+        asio::io_context io;
+        spawn(io.get_executor(), command{"cohort-no-such-program", {}}, path);
+      } catch (const std::system_error& e) {
+        const bool not_found = std::string(e.what()).find("not found in PATH") != std::string::npos;
+        ::_exit(e.code() == std::error_code(ENOENT, std::system_category()) && not_found ? 0 : 1);
+      }
+      ::_exit(2);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(looker, &status, 0) == looker);
+    fs::permissions(locked, fs::perms::owner_all);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+
   // Before, a name too long for a file was "not found in PATH" with ENOENT.
   TEST_CASE("a program name longer than a file name may be fails the PATH search with ENAMETOOLONG, saying so") {
     auto e = spawn_error(command{std::string(5000, 'a'), {}});

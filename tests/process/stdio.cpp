@@ -8,16 +8,27 @@
 #include <asio/write.hpp>
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <sstream>
+#include <string>
 
 using namespace cohort;
+
+namespace {
+// The descriptor a lease holder of the test below holds its lease by.
+int leased_fd = -1;
+}  // namespace
+
 namespace fs = std::filesystem;
 
 TEST_SUITE("stdio") {
@@ -187,6 +198,54 @@ TEST_SUITE("stdio") {
     CHECK(at_once);
     CHECK(ran.get().success());
     CHECK(test::read_file(output).empty());
+  }
+
+  // Opened non-blocking, a file under another process's lease was refused
+  // (EWOULDBLOCK) where a plain open waits for the lease to be given up.
+  TEST_CASE("stdout to a file under another process's lease waits for the lease, as a plain open does") {
+    test::temp_dir dir;
+    const fs::path file = dir.path / "leased.txt";
+    std::ofstream(file) << "before\n";
+    int ready[2];
+    REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
+    // The holder gives its lease up when told the lease is being broken
+    // (SIGIO), as a file server does.
+    const pid_t holder = ::fork();
+    REQUIRE(holder >= 0);
+    if (holder == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      leased_fd = ::open(file.c_str(), O_RDONLY);
+      struct sigaction give_up {};
+      give_up.sa_handler = [](int) { ::fcntl(leased_fd, F_SETLEASE, F_UNLCK); };
+      ::sigaction(SIGIO, &give_up, nullptr);
+      const char held = leased_fd >= 0 && ::fcntl(leased_fd, F_SETLEASE, F_RDLCK) == 0 ? 'y' : 'n';
+      if (::write(ready[1], &held, 1) != 1) ::_exit(1);
+      for (;;) ::pause();
+    }
+    ::close(ready[1]);
+    char held = 0;
+    const bool told = ::read(ready[0], &held, 1) == 1;
+    ::close(ready[0]);
+    std::optional<exit_status> status;
+    std::string failure;
+    if (told && held == 'y') {
+      const spawn_options to_file{.out = stdio::file(file)};
+      try {
+        status = run(command{test::target, {"write", "1", "after\n"}}, to_file);
+      } catch (const std::system_error& e) {
+        failure = e.what();
+      }
+    }
+    ::kill(holder, SIGKILL);
+    ::waitpid(holder, nullptr, 0);
+    REQUIRE(told);
+    if (held != 'y') {
+      MESSAGE("no lease can be taken on this file system: nothing to check");
+      return;
+    }
+    REQUIRE_MESSAGE(status, failure);
+    CHECK(status->success());
+    CHECK(test::read_file(file) == "after\n");
   }
 
   TEST_CASE("a FIFO opened for the child's stdin or stdout is blocking in the child") {
