@@ -34,9 +34,10 @@ namespace {
 
 // `text` written over what is at `path`, as a program's own open for
 // writing would: created if missing, replaced if there. The open never
-// waits: a FIFO that no process has open for reading fails (ENXIO), where
-// a blocking open would hold up the writer, a failing process on its way
-// out, until a reader came. The writes block, as on any file.
+// waits for a reader: a FIFO that no process has open for reading fails
+// (ENXIO), where a blocking open would hold up the writer, a failing
+// process on its way out, until a reader came (a file under a lease is
+// waited for, as any open waits). The writes block, as on any file.
 bool write_in_place(const std::filesystem::path& path, std::string_view text) {
   const owned_fd fd(open_without_waiting(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
   if (fd.get() < 0) return false;

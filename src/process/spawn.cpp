@@ -944,10 +944,12 @@ asio::awaitable<child> detail::spawn_on(asio::any_io_executor executor, command 
   co_return spawn(executor, cmd, options);
 }
 
-// Opened non-blocking, so that a FIFO never holds up the spawning thread
-// (an io_context's, under co_await): opened for writing with no reader it
-// fails (ENXIO) where a blocking open would wait for one; opened for
-// reading it is the child's to read, end of file until a writer comes.
+// Opened without waiting for a FIFO's other end, so that a FIFO never
+// holds up the spawning thread (an io_context's, under co_await): opened
+// for writing with no reader it fails (ENXIO) where a blocking open would
+// wait for one; opened for reading it is the child's to read, end of file
+// until a writer comes. A file under a lease is waited for, as any open
+// waits.
 // The child gets it blocking, as a program expects its streams, unless the
 // caller's flags asked otherwise.
 int detail::open_stream_file(const stdio::file_t& file, int target) noexcept {
