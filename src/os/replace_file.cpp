@@ -41,7 +41,6 @@ namespace {
 bool write_in_place(const std::filesystem::path& path, std::string_view text) {
   const owned_fd fd(open_without_waiting(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
   if (fd.get() < 0) return false;
-  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
   return write_all(fd.get(), text);
 }
 

@@ -954,9 +954,7 @@ asio::awaitable<child> detail::spawn_on(asio::any_io_executor executor, command 
 // caller's flags asked otherwise.
 int detail::open_stream_file(const stdio::file_t& file, int target) noexcept {
   const int flags = file.flags != 0 ? file.flags : target == 0 ? O_RDONLY : O_WRONLY | O_CREAT | O_TRUNC;
-  const int fd = os::open_without_waiting(file.path.c_str(), flags | O_CLOEXEC, 0644);
-  if (fd >= 0 && (flags & O_NONBLOCK) == 0) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  return fd;
+  return os::open_without_waiting(file.path.c_str(), flags | O_CLOEXEC, 0644);
 }
 
 std::string detail::cannot_open(const std::string& path, int error) {
