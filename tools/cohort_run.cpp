@@ -31,6 +31,7 @@
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/random.h>
@@ -41,6 +42,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
@@ -409,13 +411,14 @@ struct host_port {
 };
 // `given` as a host, brackets around an IPv6 address taken off: what
 // torchrun's endpoint parser takes for one, a name, an IPv4 or an IPv6
-// address, never a character no host has (it would be waited for until the
-// join timeout, never resolving). Usage errors name `flag` and `value`.
+// address, never a host no name or address can be (it would be waited for
+// until the join timeout, never resolving). A ':' or a '%' (an IPv6
+// zone's, fe80::1%eth0) is an IPv6 address's only: 127.0.0.1:29500 is a
+// host with its port, not a host. Usage errors name `flag` and `value`.
 std::string checked_host(std::string given, const std::string& flag, const std::string& value) {
   std::string host = std::move(given);
   if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   if (host.empty()) throw usage_error(fmt::format("{} '{}': no host", flag, value));
-  // '%' for an IPv6 address's zone (fe80::1%eth0).
   const auto not_host = [](unsigned char c) {
     return !std::isalnum(c) && c != '_' && c != '.' && c != ':' && c != '-' && c != '%';
   };
@@ -424,21 +427,49 @@ std::string checked_host(std::string given, const std::string& flag, const std::
                                   "(letters, digits, '_', '.', ':', '-' and '%')",
                                   flag, value));
   }
+  const auto zone = host.find('%');
+  if (zone != std::string::npos || host.find(':') != std::string::npos) {
+    const std::string address = host.substr(0, zone);
+    in6_addr parsed{};
+    if (zone + 1 == host.size() || ::inet_pton(AF_INET6, address.c_str(), &parsed) != 1) {
+      throw usage_error(fmt::format("{} '{}': the host is not a host name, an IPv4 or an IPv6 address ('{}' holds "
+                                    "':' or '%', which only an IPv6 address does; a port goes apart from the host, "
+                                    "and an IPv6 address in an endpoint goes in brackets: [addr]:port)",
+                                    flag, value, host));
+    }
+  }
   return host;
 }
 
 host_port endpoint_parts(const std::string& e) {
   const auto colon = port_colon(e);
-  std::string host = checked_host(e.substr(0, colon), "--rdzv-endpoint", e);
+  const std::string given_host = e.substr(0, colon);
+  // torchrun takes the last ':' for the port's: 2001:db8::5 would be host
+  // 2001:db8: and port 5, ::1 host ':' and port 1. (A host that opens a
+  // bracket it does not close is checked_host's to refuse.)
+  if (colon != std::string::npos && !given_host.starts_with('[') && given_host.find(':') != std::string::npos) {
+    throw usage_error(fmt::format("--rdzv-endpoint '{}': an IPv6 address goes in brackets, [addr]:port or [addr] "
+                                  "(unbracketed, its last ':' would be taken for the port's)",
+                                  e));
+  }
+  std::string host = checked_host(given_host, "--rdzv-endpoint", e);
   if (colon == std::string::npos) return {std::move(host), std::nullopt};
-  const int port = whole_number("--rdzv-endpoint's port", e.substr(colon + 1), 0);
-  if (port > 65535) throw usage_error(fmt::format("--rdzv-endpoint {}: the port is not 0 to 65535", e));
+  // As torchrun reads the port: 1 to 5 digits, nothing else.
+  const std::string digits = e.substr(colon + 1);
+  int port = 0;
+  const bool number = !digits.empty() && digits.size() <= 5 &&
+                      std::ranges::all_of(digits, [](unsigned char c) { return std::isdigit(c) != 0; });
+  if (number) std::from_chars(digits.data(), digits.data() + digits.size(), port);
+  if (!number || port > 65535) {
+    throw usage_error(fmt::format("--rdzv-endpoint '{}': the port '{}' is not 0 to 65535", e, digits));
+  }
   return {std::move(host), port};
 }
 
 // --rdzv-endpoint as the master's address and port, as torchrun reads it:
 // host[:port], an IPv6 host in brackets ([::1]:29400, [::1]). The port is
-// `default_port` where none is named (nullopt: one is required).
+// `default_port` where none is named (nullopt: one is required); port 0,
+// any free port, is checked against the node count once Slurm's is known.
 void master_from_endpoint(run_options& o, std::optional<int> default_port) {
   const auto& e = o.rdzv_endpoint;
   auto [host, port] = endpoint_parts(e);
@@ -446,11 +477,6 @@ void master_from_endpoint(run_options& o, std::optional<int> default_port) {
     throw usage_error(fmt::format("--rdzv-endpoint {}: the static rendezvous needs the master's port (host:port)", e));
   }
   o.master_port = port ? *port : *default_port;
-  if (o.master_port == 0 && o.max_nodes > 1) {
-    throw usage_error(fmt::format("--rdzv-endpoint {}: port 0 (any free port) serves one node only; give the "
-                                  "master's port",
-                                  e));
-  }
   o.master_addr = std::move(host);
   o.master_addr_given = true;
 }
@@ -492,6 +518,13 @@ placement static_placement(run_options& o, int nproc) {
                                      step->first_host);
       }
     }
+  }
+  // Checked once Slurm's node count is known, as the flags': a free port
+  // on each node would be no master's the others could find.
+  if (!o.rdzv_endpoint.empty() && o.master_port == 0 && o.max_nodes > 1) {
+    throw usage_error(fmt::format("--rdzv-endpoint {}: port 0 (any free port) serves one node only, and the job has {} "
+                                  "nodes; give the master's port",
+                                  o.rdzv_endpoint, o.max_nodes));
   }
   if (o.min_nodes != o.max_nodes) {
     throw usage_error(fmt::format("--nnodes {}:{} needs a rendezvous: --rdzv-backend etcd-v3", o.min_nodes, o.max_nodes));

@@ -1403,6 +1403,18 @@ TEST_SUITE("cohort-run") {
     // Slurm's node id is not this job's node rank.
     r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--nnodes", "1", "--", "/bin/true"}, step);
     CHECK_MESSAGE(r.status.code() == 0, r.err);
+    // Port 0 is refused across Slurm's two nodes as across --nnodes 2 (before,
+    // each node of the step took port 29500, named by no one).
+    for (const std::string node_id : {"0", "1"}) {
+      CAPTURE(node_id);
+      auto on_node = step;
+      on_node["SLURM_NODEID"] = node_id;
+      r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--", "/bin/true"}, on_node);
+      CHECK(r.status.code() == 2);
+      CHECK_MESSAGE(r.err.find("port 0 (any free port) serves one node only, and the job has 2 nodes") !=
+                        std::string::npos,
+                    r.err);
+    }
   }
 
   TEST_CASE("restarts across nodes without etcd are refused, in every spelling; one node restarts as before") {
@@ -1474,13 +1486,45 @@ TEST_SUITE("cohort-run") {
     REQUIRE_MESSAGE(r.status.code() == 0, r.err);
     CHECK(variables_in(padded.path / "1")["MASTER_ADDR"] == "10.1.1.3");
     CHECK(variables_in(padded.path / "1")["MASTER_PORT"] == "2347");
-    for (const char* endpoint : {"bad/host:2345", "two words:2345", "host;rm:2345", "[fd00::7 ]:2346"}) {
+    for (const std::string endpoint : {"bad/host:2345", "two words:2345", "host;rm:2345", "[fd00::7 ]:2346",
+                                       "[host:5]:2345", "[fd00::7%]:2346", "host%eth0:2345", "[::1]x:2345",
+                                       "[::1:2345"}) {
       CAPTURE(endpoint);
       r = run_launcher({"--rdzv-endpoint", endpoint, "--nnodes", "2", "--node-rank", "1", "--", "/bin/true"},
                        identical_nodes);
       CHECK(r.status.code() == 2);
-      CHECK(r.err.find("is not a host name, an IPv4 or an IPv6 address") != std::string::npos);
+      CHECK_MESSAGE(r.err.find("is not a host name, an IPv4 or an IPv6 address") != std::string::npos, r.err);
     }
+    // An IPv6 address without brackets: torchrun takes its last ':' for the
+    // port's (2001:db8::5 is host 2001:db8: and port 5). Refused, on one
+    // node as on several, with the brackets it needs.
+    for (const std::string endpoint : {"2001:db8::5", "::1", "fd00::7:2346", "fe80::1%eth0:2346"}) {
+      for (const bool several : {false, true}) {
+        CAPTURE(endpoint);
+        CAPTURE(several);
+        std::vector<std::string> args{"--rdzv-endpoint", endpoint};
+        if (several) args.insert(args.end(), {"--nnodes", "2", "--node-rank", "1"});
+        args.insert(args.end(), {"--", "/bin/true"});
+        r = run_launcher(args, identical_nodes);
+        CHECK(r.status.code() == 2);
+        CHECK_MESSAGE(r.err.find("an IPv6 address goes in brackets, [addr]:port or [addr]") != std::string::npos,
+                      r.err);
+      }
+    }
+    // A port is 1 to 5 digits, as torchrun reads it: no sign, no blanks.
+    for (const std::string endpoint : {"10.1.1.2:+5", "10.1.1.2: 2345", "10.1.1.2:2345 x", "10.1.1.2:",
+                                       "10.1.1.2:000002345", "10.1.1.2:65536"}) {
+      CAPTURE(endpoint);
+      r = run_launcher({"--rdzv-endpoint", endpoint, "--", "/bin/true"});
+      CHECK(r.status.code() == 2);
+      CHECK_MESSAGE(r.err.find("is not 0 to 65535") != std::string::npos, r.err);
+    }
+    test::temp_dir leading_zero;
+    r = run_launcher({"--rdzv-endpoint", "10.1.1.2:02345", "--nnodes", "2", "--node-rank", "1", "-n", "1", "--",
+                      "/bin/sh", "-c", dump_contract, leading_zero.path.string()},
+                     identical_nodes);
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(variables_in(leading_zero.path / "1")["MASTER_PORT"] == "2345");
     // The same of --master-addr, on one node as on several (before, its
     // ranks got MASTER_ADDR=two words, and node 1 waited out its join
     // timeout), and of --local-addr under etcd-v3, before etcd is asked.
@@ -1499,6 +1543,27 @@ TEST_SUITE("cohort-run") {
                        : flags[1].empty()    ? "--master-addr '': no host"
                                              : "--master-addr 'two words': the host is not a host name") !=
             std::string::npos);
+    }
+    // A ':' or a '%' is an IPv6 address's only: a host with its port, or a
+    // colon that makes no IPv6 address, is refused (before, the ranks got
+    // MASTER_ADDR=127.0.0.1:29500, and node 1 waited out its join timeout).
+    const std::vector<std::vector<std::string>> not_addresses{
+        {"--master-addr", "127.0.0.1:29500"},
+        {"--master-addr", "127.0.0.1:29500", "--nnodes", "2", "--node-rank", "1", "--master-port", "2345"},
+        {"--master-addr", "fd00::7::8"},
+        {"--master-addr", "node%eth0"},
+        {"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:1", "--local-addr", "10.0.0.1:5"}};
+    for (const auto& flags : not_addresses) {
+      const auto& host = flags[0] == "--master-addr" ? flags[1] : flags.back();
+      CAPTURE(host);
+      std::vector<std::string> args = flags;
+      args.insert(args.end(), {"--", "/bin/true"});
+      r = run_launcher(args, identical_nodes);
+      CHECK(r.status.code() == 2);
+      CHECK_MESSAGE(r.err.find("'" + host + "': the host is not a host name, an IPv4 or an IPv6 address ('" + host +
+                               "' holds ':' or '%', which only an IPv6 address does") != std::string::npos,
+                    r.err);
+      CHECK(r.err.find("[addr]:port") != std::string::npos);
     }
     // An IPv6 zone is a host's.
     test::temp_dir zoned;
