@@ -411,6 +411,23 @@ TEST_SUITE("node sizes") {
     CHECK(binds_plainly(port));
   }
 
+  TEST_CASE("a node that greeted node 0 but whose wait ended before every node joined is told so, not that node 0 did "
+            "not answer") {
+    // Node 2 never comes: node 1's wait ends first, with its greeting taken.
+    const int port = cohort_run::free_port();
+    const auto endings = run_nodes({node(port, 3, 0, 1, 4s), node(port, 3, 1, 1, 1500ms)});
+    const auto why = error_of(endings[1]);
+    CHECK_MESSAGE(why.find("node 0 at 127.0.0.1:" + std::to_string(port) +
+                           " was reached and took this node's greeting, but not every node of the 3 joined it within "
+                           "1.5 s") != std::string::npos,
+                  why);
+    CHECK(why.find("node 0 did not answer") == std::string::npos);
+    CHECK(why.find("a node started again after that cannot join") == std::string::npos);
+    // Node 0 names the nodes missing: node 1 left at its own timeout.
+    const auto waited = error_of(endings[0]);
+    CHECK_MESSAGE(waited.find("for nodes 1, 2 of 3") != std::string::npos, waited);
+  }
+
   TEST_CASE("a shutdown signal (pause says false) ends either side's wait with no sizes") {
     const int port = cohort_run::free_port();
     for (const int rank : {0, 1}) {

@@ -383,6 +383,10 @@ struct try_result {
   // Node 0's address was not found: no lookup answered in time, or it
   // said the name does not resolve.
   bool unresolved = false;
+  // Node 0 took the greeting and held the connection with no answer until
+  // the deadline: it answers once every node has greeted it, so some node
+  // had not joined.
+  bool held = false;
 };
 
 // The fewest tries in a row, unanswered over node_sizes_config's
@@ -510,7 +514,7 @@ try_result try_node_zero(const node_sizes_config& c, clock::time_point deadline,
     while (state == line_state::more) {
       if (clock::now() >= deadline) {
         why = "node 0 did not answer";
-        return {};
+        return {.sizes = std::nullopt, .interrupted = false, .unanswered = false, .unresolved = false, .held = true};
       }
       poll_for(one, deadline, milliseconds(100));
       if (!pause_for(c, milliseconds(0))) return {.sizes = std::nullopt, .interrupted = true};
@@ -567,6 +571,16 @@ std::optional<std::vector<int>> join(const node_sizes_config& c) {
       throw node_sizes_error(fmt::format("node 0's address was not found within {} s ({}); --rdzv-conf join_timeout "
                                          "sets the wait",
                                          seconds_of(c.timeout), why));
+    }
+    // Node 0 names the nodes it waits for only at its own timeout, to the
+    // nodes still connected then: this node's wait ended first.
+    if (over && result.held) {
+      throw node_sizes_error(fmt::format(
+          "node 0 at {}:{} was reached and took this node's greeting, but not every node of the {} joined it within "
+          "{} s (node 0 answers once every node has; its own message names the missing ones); --rdzv-conf "
+          "join_timeout sets the wait. TORCH_ELASTIC_WORKER_IDENTICAL=1 skips the exchange when every node runs as "
+          "many ranks",
+          c.master_addr, c.master_port, c.nnodes, seconds_of(c.timeout)));
     }
     if (over) {
       throw node_sizes_error(fmt::format(
