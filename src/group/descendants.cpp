@@ -7,6 +7,7 @@
 #include "os/per_process.hpp"
 #include "os/process_identity.hpp"
 #include "process/owned_pids.hpp"
+#include "shm/segment.hpp"
 
 #include <fmt/format.h>
 
@@ -71,7 +72,9 @@ pid_t parent_of(pid_t pid) {
 
 }  // namespace
 
-std::string group_marker_prefix(pid_t supervisor) { return fmt::format("COHORT_GROUP_{}_", supervisor); }
+std::string group_marker_prefix(pid_t supervisor) {
+  return fmt::format("{}{}_", shm::run_marker_start, supervisor);
+}
 
 void for_each_process(const std::function<void(pid_t)>& fn) {
   DIR* proc = ::opendir("/proc");

@@ -199,7 +199,9 @@ struct group_state {
   shutdown_policy shutdown;
   std::filesystem::path error_dir;  // the spec's, or the logs' attempt folder
   std::filesystem::path held_error_dir;  // error_dir as claim_error_dir holds it; empty: none held
-  std::string marker;  // "COHORT_GROUP_<id>=1", in every rank's environment
+  // "COHORT_GROUP_<id>=1", in every rank's environment, and recorded in each
+  // segment a process of the run makes (shm::segment_header::run_markers).
+  std::string marker;
   std::vector<std::filesystem::path> error_files;  // per rank
   std::string error_file_prefix;  // of this group's files in the user's directory; empty when error_dir is set
   std::vector<child> children;
@@ -639,7 +641,10 @@ asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit)
 void finish(const std::shared_ptr<group_state>& state) {
   // Named shared memory the ranks made and did not free (a rank killed
   // holding it) goes with them; so does what other processes of the run
-  // made (a rank's own children) once nothing can reach it.
+  // made (a rank's own children: started since the run began, with its
+  // marker in their environment) once nothing can reach it. An unrelated
+  // process that ended meanwhile keeps its files: its pid is in the window
+  // too, but the run's marker is not in its files' headers.
   try {
     state->pids_since_start.refresh();
   } catch (...) {
@@ -659,7 +664,7 @@ void finish(const std::shared_ptr<group_state>& state) {
   (void)detail::with_owned_pids([&unreaped](const std::set<pid_t>& owned) {
     std::erase_if(unreaped, [&owned](pid_t pid) { return !owned.contains(pid); });
   });
-  shm::sweep_segments_of_run(state->pids, unreaped,
+  shm::sweep_segments_of_run(state->pids, unreaped, state->marker,
                              [&window = state->pids_since_start](pid_t maker) { return window.holds(maker); });
   // What came after the sweep: reaped, or killed and reaped if it can be at
   // once, pass after pass while each ends all it held (what those had is
@@ -1090,7 +1095,7 @@ void end_unfinished(group_state& state) noexcept {
   } catch (...) {
     unreaped.clear();
   }
-  shm::sweep_segments_of_run(ranks, unreaped,
+  shm::sweep_segments_of_run(ranks, unreaped, state.marker,
                              [&window = state.pids_since_start](pid_t maker) { return window.holds(maker); });
 }
 

@@ -89,6 +89,23 @@ std::size_t memory_available() {
   return found ? kib * 1024 : SIZE_MAX;
 }
 
+// Records in `h` the run markers in this process's environment. Read as
+// each segment is made, not once per process: a forked rank is given its
+// environment, its run's marker with it, after the fork, and making a
+// segment costs several system calls anyway.
+void record_run_markers(segment_header& h) noexcept {
+  std::size_t n = 0;
+  for (char** e = environ; e != nullptr && *e != nullptr && n < max_run_markers; ++e) {
+    const std::string_view entry(*e);
+    if (entry.starts_with(run_marker_start)) h.run_markers[n++] = run_marker_hash(entry);
+  }
+}
+
+// Whether `h` records `marker` as one in its maker's environment.
+bool holds_run_marker(const segment_header& h, std::uint64_t marker) noexcept {
+  return std::find(std::begin(h.run_markers), std::end(h.run_markers), marker) != std::end(h.run_markers);
+}
+
 }  // namespace
 
 static_assert(sizeof(segment_header) <= segment::single_block, "the header runs into the first block");
@@ -180,6 +197,7 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
   h->nonce = nonce;
   h->maker_pid_namespace = os::pid_namespace();
   h->maker_start_time = os::own_start_time();
+  record_run_markers(*h);
   h->size = size;
   h->live.store(1, std::memory_order_relaxed);
   h->bump = single_block;
@@ -594,12 +612,13 @@ bool mapped_here(std::uint64_t nonce) {
   return it != r.segments.end() && !it->second.expired();
 }
 
-// Whether the named segment `name` is one nothing can reach any more: its
-// header says its maker, of this process's pid namespace, has ended (a pid
-// in the name of another namespace's segment means nothing here), no
-// message naming it is in flight and every other process that mapped it
+// Whether the named segment `name` is one of the run `run_marker` (a
+// run_marker_hash) that nothing can reach any more: its header records
+// the marker, says its maker, of this process's pid namespace, has ended
+// (a pid in the name of another namespace's segment means nothing here),
+// no message naming it is in flight and every other process that mapped it
 // has ended; and this process does not map it (now).
-bool unreachable(const std::string& name, pid_t maker, std::uint64_t nonce) {
+bool unreachable_of_run(const std::string& name, pid_t maker, std::uint64_t nonce, std::uint64_t run_marker) {
   const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
   if (fd < 0) return false;
   struct stat st {};
@@ -612,8 +631,9 @@ bool unreachable(const std::string& name, pid_t maker, std::uint64_t nonce) {
   if (base == MAP_FAILED) return false;
   const auto& h = *static_cast<const segment_header*>(base);
   const auto received = h.received.load(std::memory_order_acquire);  // first, as messages_in_flight reads
-  const bool gone = h.magic == segment_magic && h.nonce == nonce && h.maker_pid_namespace != 0 &&
-                    h.maker_pid_namespace == os::pid_namespace() && os::has_ended(maker, h.maker_start_time) &&
+  const bool gone = h.magic == segment_magic && h.nonce == nonce && holds_run_marker(h, run_marker) &&
+                    h.maker_pid_namespace != 0 && h.maker_pid_namespace == os::pid_namespace() &&
+                    os::has_ended(maker, h.maker_start_time) &&
                     h.sent.load(std::memory_order_acquire) == received && mappers_ended(h, os::this_process()) &&
                     !mapped_here(nonce);
   ::munmap(base, header_size);
@@ -628,9 +648,10 @@ void segment::unlink_name() const noexcept {
   if (strategy_ == sharing_strategy::file_system) ::shm_unlink(segment_name(maker_, nonce_).c_str());
 }
 
-int sweep_segments_of_run(std::span<const pid_t> ranks, std::span<const pid_t> unreaped,
+int sweep_segments_of_run(std::span<const pid_t> ranks, std::span<const pid_t> unreaped, std::string_view run_marker,
                           const std::function<bool(pid_t)>& made_by_run) noexcept {
   int swept = 0;
+  const std::uint64_t marker = run_marker_hash(run_marker);
   try {
     for_each_named_segment([&](pid_t maker, std::uint64_t nonce) {
       const auto name = segment_name(maker, nonce);
@@ -638,10 +659,12 @@ int sweep_segments_of_run(std::span<const pid_t> ranks, std::span<const pid_t> u
       // A rank's goes, unless another pid namespace's process made it (its
       // pid is no process here), or a live process did that is not a rank
       // left unreaped: a reaped rank's pid may have been taken since. A
-      // file not yet stamped is judged by its pid alone. Another's (a
-      // rank's child's) goes once unreachable() finds it so, its maker
-      // judged by the start time in its header: a process that took the
-      // maker's pid since does not keep it.
+      // file not yet stamped is judged by its pid alone. Another's goes
+      // when a process of the run made it (a rank's child: its pid is one
+      // allocated since the run started and its header records the run's
+      // marker, which an unrelated process that ended meanwhile has not)
+      // and nothing reaches it, its maker judged by the start time in its
+      // header: a process that took the maker's pid since does not keep it.
       if (rank) {
         const bool ours = std::find(unreaped.begin(), unreaped.end(), maker) != unreaped.end();
         segment_stamp stamp{};
@@ -650,7 +673,7 @@ int sweep_segments_of_run(std::span<const pid_t> ranks, std::span<const pid_t> u
         if (stamped && made_in_other_namespace(stamp, os::pid_namespace())) return;
         if (!ours && !os::has_ended(maker, stamped ? stamp.maker_start_time : 0)) return;
       }
-      if (!rank && (!made_by_run(maker) || !unreachable(name, maker, nonce))) return;
+      if (!rank && (!made_by_run(maker) || !unreachable_of_run(name, maker, nonce, marker))) return;
       if (::shm_unlink(name.c_str()) == 0) ++swept;
     });
   } catch (...) {

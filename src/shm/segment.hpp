@@ -24,6 +24,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 namespace cohort::shm {
 
@@ -121,6 +122,26 @@ COHORT_BARE_CODE inline bool stamped_in_other_namespace(long dir, const char* na
   return read_stamp(dir, name, stamp) && made_in_other_namespace(stamp, own);
 }
 
+/// How the marker variable of every group run begins ("COHORT_GROUP_"):
+/// each run sets one of its own ("COHORT_GROUP_<supervisor>_<n>_<random>=1")
+/// in every rank's environment, which the ranks' children inherit.
+inline constexpr std::string_view run_marker_start = "COHORT_GROUP_";
+
+/// The run markers a segment's header records: a process in nested runs
+/// (a rank of a group that a rank of another started) has one per level.
+inline constexpr std::size_t max_run_markers = 4;
+
+/// What a segment's header records of the run marker `entry`
+/// ("NAME=value"): an FNV-1a hash of it, never 0 (an unused slot).
+constexpr std::uint64_t run_marker_hash(std::string_view entry) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : entry) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return h == 0 ? 1 : h;
+}
+
 /// The start of every segment, in shared memory: its stamp's fields, then
 /// the counts. Fields that different processes write sit on cache lines of
 /// their own.
@@ -130,6 +151,12 @@ struct segment_header {
   std::uint64_t size;
   std::uint64_t maker_pid_namespace;  ///< as segment_stamp has them
   std::uint64_t maker_start_time;
+  /// run_marker_hash() of each run marker in the maker's environment as it
+  /// made the segment, 0 in the slots left over: what tells a run's sweep
+  /// that a process of the run made it. A maker with more than
+  /// max_run_markers has the first it finds recorded, the rest not: the
+  /// sweep of a run left out passes over the segment.
+  std::uint64_t run_markers[max_run_markers];
   /// Blocks not yet freed (a block waiting in `remote_free` counts), plus
   /// one while the maker's arena may still carve from it. A named segment
   /// is unlinked by whoever takes it to zero. Until the arena retires it,
@@ -353,14 +380,20 @@ class segment {
 /// every one that one of `ranks` (processes that have ended, or that are
 /// among `unreaped`: this process's children, killed but not reaped, whose
 /// pids no other process can have) made (not one that a live process,
-/// which took the pid of a reaped rank since, made), and
-/// every one whose maker has ended and is one `made_by_run` names (a rank's
-/// own child, killed or exited holding it) that nothing can reach any more:
-/// no live process maps it, this one included, and no message naming it is
-/// in flight. Mappings of a rank's stay valid; only opening them by name
-/// ends: a value still in flight that names one is lost with its maker
-/// (segment_gone). Returns how many went.
-int sweep_segments_of_run(std::span<const pid_t> ranks, std::span<const pid_t> unreaped,
+/// which took the pid of a reaped rank since, made), and every other one
+/// that a process of the run made (a rank's own child, killed or exited
+/// holding it) and nothing can reach any more. A process of the run is one
+/// whose pid `made_by_run` names (one allocated since the run started) and
+/// whose environment held the run's marker `run_marker` ("NAME=value", as
+/// the ranks' environment has it) when it made the segment, as the
+/// segment's header records; a process that started with an environment
+/// without it, or in more than max_run_markers runs, is not one. Nothing
+/// can reach a segment once its maker has ended, no live process maps it,
+/// this one included, and no message naming it is in flight. Mappings of a
+/// rank's stay valid; only opening them by name ends: a value still in
+/// flight that names one is lost with its maker (segment_gone). Returns
+/// how many went.
+int sweep_segments_of_run(std::span<const pid_t> ranks, std::span<const pid_t> unreaped, std::string_view run_marker,
                           const std::function<bool(pid_t)>& made_by_run) noexcept;
 
 }  // namespace cohort::shm

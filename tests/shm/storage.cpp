@@ -53,6 +53,10 @@ std::vector<fs::path> named_segments_of(pid_t pid) {
   return found;
 }
 
+// A run marker that no run has: the processes these tests start with it
+// stand for processes of a run that only these tests sweep.
+char test_run_marker[] = "COHORT_GROUP_storage_tests=1";
+
 int open_descriptors() {
   int n = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
@@ -1278,14 +1282,16 @@ TEST_CASE("a run's sweep removes an ended or unreaped rank's files and passes ov
   const storage mine = storage::allocate_shared(1 << 20);
   const auto own = named_segments_of(::getpid());
   REQUIRE(own.size() == 1);
-  // This process stands for one that took an ended rank's pid.
+  // This process stands for one that took an ended rank's pid. The child
+  // ran with no run's marker: another run that ends meanwhile on this
+  // machine passes over its file.
   const pid_t ranks[] = {child, ::getpid()};
-  CHECK(shm::sweep_segments_of_run(ranks, {}, [](pid_t) { return false; }) == 1);
+  CHECK(shm::sweep_segments_of_run(ranks, {}, test_run_marker, [](pid_t) { return false; }) == 1);
   CHECK(named_segments_of(child).empty());
   CHECK(named_segments_of(::getpid()) == own);
   // A rank still unreaped is the process its pid names: its files go.
   const pid_t unreaped[] = {::getpid()};
-  CHECK(shm::sweep_segments_of_run(unreaped, unreaped, [](pid_t) { return false; }) == 1);
+  CHECK(shm::sweep_segments_of_run(unreaped, unreaped, test_run_marker, [](pid_t) { return false; }) == 1);
   CHECK(named_segments_of(::getpid()).empty());
   CHECK(mine.is_shared());
 }
@@ -1293,7 +1299,8 @@ TEST_CASE("a run's sweep removes an ended or unreaped rank's files and passes ov
 // A forked child holding a named storage of a segment of its own until
 // this object goes. With the start time in the segment's header changed,
 // it stands for a process that took the pid of the segment's maker, which
-// has ended.
+// has ended. It runs with test_run_marker in its environment, as a process
+// of a run that only these tests sweep.
 class pid_taker {
  public:
   pid_taker() {
@@ -1301,6 +1308,7 @@ class pid_taker {
     REQUIRE(::pipe(ready) == 0);
     pid_ = ::fork();
     if (pid_ == 0) {
+      ::putenv(test_run_marker);
       const storage s = storage::allocate_shared(1 << 20);  // a segment of its own
       (void)!::write(ready[1], "r", 1);
       ::pause();
@@ -1366,7 +1374,7 @@ TEST_CASE("a run's sweep removes a rank's child's file nothing reaches, though i
   strategy_scope scope(sharing_strategy::file_system);
   const pid_taker taker;
   const auto made_by_run = [&taker](pid_t maker) { return maker == taker.pid(); };
-  CHECK(shm::sweep_segments_of_run({}, {}, made_by_run) == 0);  // its maker runs
+  CHECK(shm::sweep_segments_of_run({}, {}, test_run_marker, made_by_run) == 0);  // its maker runs
   {
     const int fd = ::open(taker.file().c_str(), O_WRONLY | O_CLOEXEC);
     REQUIRE(fd >= 0);
@@ -1375,7 +1383,10 @@ TEST_CASE("a run's sweep removes a rank's child's file nothing reaches, though i
     ::close(fd);
     REQUIRE(written == static_cast<ssize_t>(sizeof start));
   }
-  CHECK(shm::sweep_segments_of_run({}, {}, made_by_run) == 1);
+  // Another run's sweep passes over it: its maker was no process of that run.
+  CHECK(shm::sweep_segments_of_run({}, {}, "COHORT_GROUP_storage_tests_other=1", made_by_run) == 0);
+  CHECK(fs::exists(taker.file()));
+  CHECK(shm::sweep_segments_of_run({}, {}, test_run_marker, made_by_run) == 1);
   CHECK_FALSE(fs::exists(taker.file()));
 }
 
