@@ -1390,4 +1390,68 @@ TEST_CASE("a run's sweep removes a rank's child's file nothing reaches, though i
   CHECK_FALSE(fs::exists(taker.file()));
 }
 
+// Forks a child that makes a file_system segment and _exits holding it, as
+// a process killed holding it would; returns the child's pid once it is
+// reaped, or -1.
+pid_t leave_a_file() {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    set_sharing_strategy(sharing_strategy::file_system);
+    const storage s = storage::allocate_shared(1 << 20);
+    ::_exit(named_segments_of(::getpid()).empty() ? 1 : 0);
+  }
+  int status = 0;
+  if (child < 0 || ::waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return -1;
+  return child;
+}
+
+pid_t child_leaves_a_file(int) { return leave_a_file(); }
+COHORT_ENTRYPOINT(child_leaves_a_file);
+
+// Makes the file `started`, then waits until the file `release` exists
+// (for at most a minute).
+bool wait_for_release(int, std::string started, std::string release) {
+  std::ofstream(started).put('s');
+  return test::within(std::chrono::minutes(1), [&release] { return fs::exists(release); });
+}
+COHORT_ENTRYPOINT(wait_for_release);
+
+TEST_CASE("a run's end removes the file a rank's child left, however the rank started") {
+  for (const auto method : methods) {
+    CAPTURE(to_string(method));
+    const auto children = spawn_and_join(child_leaves_a_file, std::tuple{}, 1, test::join_by(method));
+    REQUIRE(children.size() == 1);
+    REQUIRE(children[0] > 0);
+    CHECK(named_segments_of(children[0]).empty());
+  }
+}
+
+// Before, a run's end removed the file of any process that had started
+// since the run began and ended holding it, whatever it was: another
+// program's, or a child of the run's own supervisor.
+TEST_CASE("a run's end leaves the file of a process not of the run that ended while it ran") {
+  const test::temp_dir dir;
+  const auto started = dir.path / "started", release = dir.path / "release";
+  std::exception_ptr error;
+  std::vector<bool> released;
+  std::thread run([&] {
+    try {
+      released = spawn_and_join(wait_for_release, std::tuple{started.string(), release.string()}, 1);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  // Started once the rank runs: within the run's window, but not of the run.
+  const bool running = test::within(std::chrono::minutes(1), [&] { return fs::exists(started); });
+  const pid_t child = running ? leave_a_file() : -1;
+  std::ofstream(release).put('r');
+  run.join();
+  REQUIRE_FALSE(error);
+  CHECK(released == std::vector{true});
+  REQUIRE(child > 0);
+  const auto files = named_segments_of(child);
+  CHECK(files.size() == 1);
+  for (const auto& file : files) fs::remove(file);
+}
+
 }  // namespace storage_tests
