@@ -5,8 +5,10 @@
 #include "config.hpp"
 #include "os/raw_syscall.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -45,13 +47,12 @@ void forget_process_id_in_forked_children() noexcept {
 
 namespace {
 
-// The fields of /proc/<pid>/stat after the command's closing parenthesis
+// The fields of a /proc stat file (/proc/<pid>/stat, or a thread's
+// /proc/<pid>/task/<tid>/stat) after the command's closing parenthesis
 // (the command may hold any character), copied into `text`: nullptr when
-// the process has ended (`ended` set) or /proc could not tell.
-const char* stat_fields(pid_t pid, char (&text)[1024], bool& ended) noexcept {
+// the process or thread has ended (`ended` set) or /proc could not tell.
+const char* stat_fields(const char* path, char (&text)[1024], bool& ended) noexcept {
   ended = false;
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
   const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     ended = errno == ENOENT || errno == ESRCH;
@@ -65,6 +66,12 @@ const char* stat_fields(pid_t pid, char (&text)[1024], bool& ended) noexcept {
   text[n] = '\0';
   const char* p = std::strrchr(text, ')');
   return p != nullptr && p[1] == ' ' ? p : nullptr;
+}
+
+const char* stat_fields(pid_t pid, char (&text)[1024], bool& ended) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  return stat_fields(path, text, ended);
 }
 
 }  // namespace
@@ -109,6 +116,78 @@ bool has_ended(pid_t pid, std::uint64_t start_time) noexcept {
   const auto now = start_time_of(pid);
   if (start_time == 0) return now == std::optional<std::uint64_t>(0);  // unknown then: by the pid alone
   return now && *now != start_time;
+}
+
+namespace {
+
+// PF_EXITING in the flags of /proc/<pid>/stat (field 9): set by the kernel
+// on a thread as it begins to exit, before it lets go of its memory and
+// its descriptors, and kept until it is reaped.
+constexpr unsigned long thread_exiting = 0x4;
+
+// SIGKILL in a thread's own pending signals (SigPnd in its status): put
+// there on every thread of a process that was killed or called
+// exit_group, and taken off by the thread as it begins to exit. Nothing
+// blocks or catches it: such a thread exits.
+constexpr unsigned long long kill_pending = 1ULL << (SIGKILL - 1);
+
+// Whether thread `tid` of `pid` has begun to exit or is bound to: true
+// too when it has gone since its process's threads were listed.
+bool thread_going(pid_t pid, const char* tid) noexcept {
+  char path[128];
+  std::snprintf(path, sizeof path, "/proc/%d/task/%s/stat", static_cast<int>(pid), tid);
+  char text[1024];
+  bool ended = false;
+  const char* p = stat_fields(path, text, ended);
+  if (p == nullptr) return ended;
+  // Fields counted after the parenthesis: 3 the state, 9 the flags.
+  for (int field = 2; field < 9 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
+  if (p == nullptr) return false;
+  if ((std::strtoul(p + 1, nullptr, 10) & thread_exiting) != 0) return true;
+  std::snprintf(path, sizeof path, "/proc/%d/task/%s/status", static_cast<int>(pid), tid);
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT || errno == ESRCH;
+  char status[4096];
+  const auto n = ::read(fd, status, sizeof status - 1);
+  const int error = errno;
+  ::close(fd);
+  if (n <= 0) return n < 0 && error == ESRCH;
+  status[n] = '\0';
+  const char* pending = std::strstr(status, "\nSigPnd:");
+  return pending != nullptr && (std::strtoull(pending + 9, nullptr, 16) & kill_pending) != 0;
+}
+
+// Whether every thread of `pid` has begun to exit or is bound to: false
+// when one has not, or when /proc could not tell. The leader alone does
+// not tell: a leader that called pthread_exit is exiting while the other
+// threads run on, and a killed process's leader may be a zombie while the
+// others have yet to notice the kill.
+bool every_thread_going(pid_t pid) noexcept {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/task", static_cast<int>(pid));
+  DIR* const dir = ::opendir(path);
+  if (dir == nullptr) return false;
+  bool going = true;
+  int threads = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] < '0' || entry->d_name[0] > '9') continue;
+    ++threads;
+    if (!thread_going(pid, entry->d_name)) {
+      going = false;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return going && threads > 0;
+}
+
+}  // namespace
+
+bool has_ended_or_is_ending(pid_t pid, std::uint64_t start_time) noexcept {
+  if (has_ended(pid, start_time)) return true;
+  // The threads read may be those of a process that took the pid since
+  // the one meant ended; asked again after, the start time tells.
+  return every_thread_going(pid) || has_ended(pid, start_time);
 }
 
 std::uint64_t own_start_time() noexcept {

@@ -24,6 +24,13 @@ std::optional<std::uint64_t> start_time_of_child(pid_t pid) noexcept;
 /// when that cannot be told. A start time of 0 (one that could not be read)
 /// is judged by the pid alone.
 bool has_ended(pid_t pid, std::uint64_t start_time) noexcept;
+/// Whether the process `pid` that started at `start_time` has ended, as
+/// has_ended() tells, or is ending: every thread of it has begun to exit
+/// or has SIGKILL pending (the process was killed, or called exit_group),
+/// though it is not yet a zombie. Such a process may have closed its
+/// descriptors already, or have a zombie leader whose /proc/<pid>/fd
+/// shows none. False when that cannot be told.
+bool has_ended_or_is_ending(pid_t pid, std::uint64_t start_time) noexcept;
 /// The state letter of process `pid` in /proc/<pid>/stat (R, S, D, T for
 /// stopped by a signal, t for stopped by a tracer, Z...); '\0' when it has
 /// ended or /proc could not tell.
