@@ -34,10 +34,12 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <climits>
 #include <cstring>
 #include <new>
 #include <optional>
+#include <thread>
 #include <utility>
 
 namespace cohort::detail {
@@ -1312,8 +1314,21 @@ void rethrow_receive_failure(queue_core& q) {
     const peer* sender = std::find_if(copy, end, [&](const peer& p) { return p.pid == e.source(); });
     // The start time in the table tells a pid recycled since; a sender the
     // table never named (a value passed on by a process gone from it) is
-    // judged by its pid.
-    if (!os::has_ended(e.source(), sender != end ? sender->start_time : 0)) throw;
+    // judged by its pid. A sender that is ending counts as gone already: a
+    // killed process closes its descriptors, or its leader turns a zombie
+    // whose /proc/<pid>/fd shows none, before it shows as ended. One of its
+    // threads may also be between taking its SIGKILL off and marking itself
+    // exiting (cancelling its io_uring requests, say), where neither tells:
+    // the sender is looked at again for a few milliseconds before the
+    // failure counts as the segment's own. A live sender keeps open what
+    // its values in flight name, so the wait is, as a rule, spent only on
+    // what fails anyway.
+    const std::uint64_t start_time = sender != end ? sender->start_time : 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+    while (!os::has_ended_or_is_ending(e.source(), start_time)) {
+      if (std::chrono::steady_clock::now() >= until) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     const int rank = sender != end ? sender->rank : -1;
     throw peer_lost(fmt::format("cohort::queue: the sender of a value (pid {}{}) exited before it was received, "
                                 "and the shared memory holding the value went with it",
