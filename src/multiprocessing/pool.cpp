@@ -274,6 +274,16 @@ class pool_state {
   pid_t maker() const noexcept { return maker_; }
 
  private:
+  // Whether a worker has ended or begun to exit: the group has ended, or a
+  // worker's pid names no process, a zombie or one exiting. Judged by the
+  // pid alone: one the supervisor has reaped may, rarely, name a process
+  // started since, and the failure is then thrown as it is.
+  bool a_worker_has_ended() const {
+    if (group_.result()) return true;
+    const auto pids = group_.pids();
+    return std::any_of(pids.begin(), pids.end(), [](pid_t pid) { return os::has_ended_or_is_ending(pid, 0); });
+  }
+
   // Sends the items numbered from `first` and receives their results into
   // `out`, the first item's error into `error`.
   void receive_all(const std::string& name, const std::vector<encoded>& args, const std::atomic<bool>* cancelled,
@@ -300,6 +310,12 @@ class pool_state {
       try {
         outcome = results_.get(std::chrono::milliseconds(50));
       } catch (const peer_lost&) {
+        // A worker died with its result unread: the group's end tells how.
+      } catch (...) {
+        // A result that could not be received otherwise while a worker has
+        // ended (its memory went with the worker, say) is that death too,
+        // and the pool ends with the worker's failure, not with this one.
+        if (!a_worker_has_ended()) throw;
       }
       if (!outcome) {
         if (!group_.join(std::chrono::milliseconds(0))) continue;
