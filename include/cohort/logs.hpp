@@ -128,7 +128,10 @@ struct logs_spec {
   int first_rank = 0;
   /// Where console lines go; -1: this process's stdout (1) and stderr (2).
   /// Another value must be a descriptor open for writing when the group
-  /// starts (std::invalid_argument otherwise); the group writes through a
+  /// starts (std::invalid_argument otherwise), and so must this process's
+  /// stdout or stderr where lines go to it through this process (teed or
+  /// prefixed ones): checked before the group opens anything, which could
+  /// otherwise take the number of a closed one. The group writes through a
   /// descriptor of its own, so the caller's may be closed once the group
   /// has started. It lets go of that one once every stream has ended,
   /// before wait() returns: closed then, unless another group of this

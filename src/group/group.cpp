@@ -425,6 +425,9 @@ void validate(const group_spec& spec) {
   }
   check_rank_keys("args", keys_of(spec.args), spec.nprocs);
   check_rank_keys("envs", keys_of(spec.envs), spec.nprocs);
+  // Before the group opens anything: a descriptor of its own could take
+  // the number of a closed stdout, and get the console's lines.
+  if (spec.logs.active()) check_consoles(spec.logs, spec.options, spec.nprocs);
 }
 
 // Sleeps until `until` or until something cancels state.wake; returns

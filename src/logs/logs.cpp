@@ -103,6 +103,36 @@ void check_folder_names(const logs_spec& spec) {
   }
 }
 
+// Where stream `i` (0: stdout, 1: stderr) of `rank` goes.
+struct route {
+  bool named;       // redirected or teed: to its file
+  bool to_file;
+  bool to_console;
+  // Sent elsewhere than this process's own stream by the options: no
+  // console's, so left there unless named.
+  bool kept;
+};
+route route_of(const logs_spec& spec, const spawn_options& options, int rank, int i) {
+  const std_streams which = i == 0 ? std_streams::out : std_streams::err;
+  const std_streams redirect = spec.redirects.of(rank), tee = spec.tee.of(rank);
+  const bool shown = !spec.console_ranks || spec.console_ranks->contains(rank);
+  const bool named = has(redirect, which) || has(tee, which);
+  return {.named = named,
+          .to_file = named || (!shown && !spec.dir.empty()),
+          .to_console = shown && (!has(redirect, which) || has(tee, which)),
+          .kept = !named && !std::holds_alternative<stdio::inherit_t>((i == 0 ? options.out : options.err).get())};
+}
+
+// Whether stream `i` of some rank reaches the console through this
+// process (followed, or through a pipe), rather than as the rank's own.
+bool reaches_console(const logs_spec& spec, const spawn_options& options, int nprocs, int i) {
+  for (int rank = 0; rank < nprocs; ++rank) {
+    const route r = route_of(spec, options, rank, i);
+    if (!r.kept && r.to_console && (r.to_file || spec.prefix_all)) return true;
+  }
+  return false;
+}
+
 // A log file left by an earlier run (the same run id) is replaced, not
 // truncated: ext4 flushes a file truncated to nothing when it is closed
 // (its auto_da_alloc guard for rewritten files), which would hold up the
@@ -173,6 +203,9 @@ struct console_out {
   std::mutex mutex;       // one writer at a time; guards what follows
   std::string backlog;    // lines it has not taken, from `taken` on
   std::size_t taken = 0;
+  // When it last took bytes: whether it took any while a group waited for
+  // it to take the rest, in the time its run was given to end.
+  std::chrono::steady_clock::time_point last_took{};
   int error = 0;          // why it refused a write; it is then lost
   std::atomic<bool> full = false;  // a backlog waits: the streams read no more
 };
@@ -253,6 +286,7 @@ offered put(console_out& c, bool size_limited, const char* data, std::size_t siz
   else if (size_limited && !c.pipe) quiet.emplace(SIGXFSZ);
   const char* old = c.backlog.data() + c.taken;
   std::size_t old_left = c.backlog.size() - c.taken;
+  const std::size_t offered_bytes = old_left + size;
   int error = write_out(c.fd, c.way, old, old_left);
   c.taken = c.backlog.size() - old_left;
   if (error == 0) {
@@ -260,6 +294,7 @@ offered put(console_out& c, bool size_limited, const char* data, std::size_t siz
     c.taken = 0;
     error = write_out(c.fd, c.way, data, size);
   }
+  if (old_left + size < offered_bytes) c.last_took = std::chrono::steady_clock::now();
   if (error == EAGAIN) {
     c.backlog.append(data, size);
     c.full = true;
@@ -320,6 +355,10 @@ struct group_logs::state {
   // consoles from the later of the two.
   std::optional<std::chrono::steady_clock::time_point> pumps_stopped_at, asked_at;
   std::chrono::milliseconds end_limit{0};
+  // Once console_time_up is set (and read only after it is seen set): when
+  // that time began, to tell a console or file that took nothing in it
+  // from one that took some of what waited, not all.
+  std::chrono::steady_clock::time_point end_wait_from{};
   std::function<void()> on_busy;  // logs_spec::on_busy
   std::atomic<bool> told_busy = false;
   std::vector<std::shared_ptr<console_out>> consoles;  // the streams' `out`
@@ -402,6 +441,27 @@ std::string expand_prefix(const std::string& pattern, const std::string& role, i
   return out;
 }
 
+void check_consoles(const logs_spec& spec, const spawn_options& options, int nprocs) {
+  // A console the lines could never reach is refused here, where they
+  // would otherwise be lost with no error to show for it. This process's
+  // own stdout or stderr is looked at only where lines go to it through
+  // this process: a program that closed it may still start groups whose
+  // ranks do not write there.
+  const std::pair<const char*, int> consoles[] = {{"console_out", spec.console_out}, {"console_err", spec.console_err}};
+  for (int i = 0; i < 2; ++i) {
+    const auto [what, given] = consoles[i];
+    if (given == -1 && !reaches_console(spec, options, nprocs, i)) continue;
+    const int fd = given == -1 ? i + 1 : given;
+    const int flags = fd < 0 ? -1 : ::fcntl(fd, F_GETFL);
+    if (flags < 0 || (flags & O_ACCMODE) == O_RDONLY) {
+      const std::string value =
+          given == -1 ? fmt::format("-1 (this process's {}, {})", i == 0 ? "stdout" : "stderr", fd) : std::to_string(fd);
+      throw std::invalid_argument(fmt::format("cohort::start_processes: logs.{} is {}, {}", what, value,
+                                              flags < 0 ? "not an open descriptor" : "open for reading only"));
+    }
+  }
+}
+
 group_logs::group_logs(const logs_spec& spec, const spawn_options& options, const std::string& role, int nprocs)
     : state_(std::make_shared<state>()) {
   if (rlimit limit{}; ::getrlimit(RLIMIT_FSIZE, &limit) == 0) state_->size_limited = limit.rlim_cur != RLIM_INFINITY;
@@ -415,19 +475,7 @@ group_logs::group_logs(const logs_spec& spec, const spawn_options& options, cons
       }
     }
   }
-  // A console the lines could never reach is refused here, where they
-  // would otherwise be lost with no error to show for it.
-  const std::pair<const char*, int> consoles[] = {{"console_out", spec.console_out}, {"console_err", spec.console_err}};
-  for (const auto& [what, fd] : consoles) {
-    if (fd == -1) continue;
-    const int flags = fd < 0 ? -1 : ::fcntl(fd, F_GETFL);
-    if (flags < 0 || (flags & O_ACCMODE) == O_RDONLY) {
-      throw std::invalid_argument(fmt::format("cohort::start_processes: logs.{} is {}, {}", what, fd,
-                                              flags < 0 ? "not an open descriptor" : "open for reading only"));
-    }
-  }
   const int console[2] = {spec.console_out >= 0 ? spec.console_out : 1, spec.console_err >= 0 ? spec.console_err : 2};
-  const std_streams which[2] = {std_streams::out, std_streams::err};
   const char* file_names[2] = {"stdout.log", "stderr.log"};
   auto& s = *state_;
   s.on_busy = spec.on_busy;
@@ -455,8 +503,6 @@ group_logs::group_logs(const logs_spec& spec, const spawn_options& options, cons
   s.ranks.resize(static_cast<std::size_t>(nprocs));
   s.streams.reserve(static_cast<std::size_t>(nprocs) * 2);
   for (int rank = 0; rank < nprocs; ++rank) {
-    const std_streams redirect = spec.redirects.of(rank), tee = spec.tee.of(rank);
-    const bool shown = !spec.console_ranks || spec.console_ranks->contains(rank);
     std::filesystem::path folder;
     if (!spec.dir.empty()) {
       folder = spec.attempt_dir() / std::to_string(rank);
@@ -466,15 +512,12 @@ group_logs::group_logs(const logs_spec& spec, const spawn_options& options, cons
     }
     auto& ends = s.ranks[static_cast<std::size_t>(rank)];
     for (int i = 0; i < 2; ++i) {
-      const bool named = has(redirect, which[i]) || has(tee, which[i]);
-      if (named && spec.dir.empty()) {
+      const route r = route_of(spec, options, rank, i);
+      if (r.named && spec.dir.empty()) {
         throw std::invalid_argument("cohort::start_processes: logs.redirects and logs.tee need logs.dir");
       }
-      // Sent elsewhere than this process's own stream by the options: no
-      // console's, so left there unless named.
-      if (!named && !std::holds_alternative<stdio::inherit_t>((i == 0 ? options.out : options.err).get())) continue;
-      const bool to_file = named || (!shown && !spec.dir.empty());
-      const bool to_console = shown && (!has(redirect, which[i]) || has(tee, which[i]));
+      if (r.kept) continue;
+      const bool to_file = r.to_file, to_console = r.to_console;
       std::optional<stdio>& target = i == 0 ? ends.out : ends.err;
       os::owned_fd file = to_file ? open_log(folder / file_names[i]) : os::owned_fd();
       // A stream of this rank that reaches the console through this process.
@@ -546,28 +589,33 @@ void add_error(group_logs::state& st, std::string message) {
   st.errors.push_back(std::move(message));
 }
 
-// The console of `s` refused a write (its reader has gone: EPIPE) or took
-// nothing until the deadline (ETIMEDOUT): its streams go on to their files
-// only. Told once for each console. Under the console's lock.
-void lose_console(group_logs::state& st, log_stream& s, int error) {
+// Why a console or file that still held bytes back was given up once the
+// time the run was given to end had passed, by whether it took any in that
+// time: it may read on, only more slowly than the ranks wrote.
+const char* why_given_up(const group_logs::state& st, std::chrono::steady_clock::time_point last_took,
+                         const char* nothing, const char* some) {
+  return last_took >= st.end_wait_from ? some : nothing;
+}
+
+// The console of `s` refused a write (its reader has gone: `why` is the
+// error's text) or had not taken its lines by the deadline: its streams go
+// on to their files only. Told once for each console. Under the console's
+// lock.
+void lose_console(group_logs::state& st, log_stream& s, const char* why) {
   const int console = s.console;
   s.console = -1;
   std::lock_guard lock(st.errors_mutex);
   if (std::ranges::find(st.lost_consoles, s.out) != st.lost_consoles.end()) return;
   st.lost_consoles.push_back(s.out);
-  const std::string why = error == ETIMEDOUT ? "it took nothing for the time the run was given to end"
-                                              : std::strerror(error);
   st.errors.push_back(fmt::format("cohort: writing to the console (descriptor {}) failed ({}); "
                                   "what the ranks wrote after reached only their log files, where they have them",
                                   console, why));
 }
 
 // The stream's file refused a write (a full disk, a FIFO whose reader has
-// gone) or took nothing more until the deadline (ETIMEDOUT): it is closed,
-// and log_errors says so.
-void lose_file(group_logs::state& st, log_stream& s, int error) {
-  const std::string why = error == ETIMEDOUT ? "it took nothing more for the time the run was given to end"
-                                              : std::strerror(error);
+// gone: `why` is the error's text) or had not taken its bytes by the
+// deadline: it is closed, and log_errors says so.
+void lose_file(group_logs::state& st, log_stream& s, const char* why) {
   add_error(st,
             fmt::format("cohort: writing {} failed ({}); what the rank wrote after is not in it", s.file_path, why));
   s.file.reset();
@@ -587,6 +635,7 @@ void write_file(group_logs::state& st, log_stream& s, const char* data, std::siz
   else if (st.size_limited) quiet.emplace(SIGXFSZ);
   const char* old = s.file_backlog.data() + s.file_taken;
   std::size_t old_left = s.file_backlog.size() - s.file_taken;
+  const std::size_t offered_bytes = old_left + size;
   int error = write_out(s.file.get(), os::write_way::plain, old, old_left);
   s.file_taken = s.file_backlog.size() - old_left;
   if (error == 0) {
@@ -594,10 +643,11 @@ void write_file(group_logs::state& st, log_stream& s, const char* data, std::siz
     s.file_taken = 0;
     error = write_out(s.file.get(), os::write_way::plain, data, size);
   }
+  if (old_left + size < offered_bytes) s.file_last_took = std::chrono::steady_clock::now();
   if (error == EAGAIN) {
     if (size > 0) s.file_backlog.append(data, size);
   } else if (error != 0) {
-    lose_file(st, s, error);
+    lose_file(st, s, std::strerror(error));
   }
 }
 
@@ -730,7 +780,9 @@ void write_console(group_logs::state& st, log_stream& s, std::string& lines, con
   }
   if (!lines.empty()) {
     std::lock_guard lock(s.out->mutex);
-    if (put(*s.out, st.size_limited, lines.data(), lines.size()) == offered::refused) lose_console(st, s, s.out->error);
+    if (put(*s.out, st.size_limited, lines.data(), lines.size()) == offered::refused) {
+      lose_console(st, s, std::strerror(s.out->error));
+    }
   }
 }
 
@@ -751,7 +803,9 @@ bool held_back(const log_stream& s) { return console_full(s) || s.file_taken < s
 void give_up_console(group_logs::state& st, log_stream& s) {
   std::lock_guard lock(s.out->mutex);
   if (s.console < 0 || !s.out->full) return;  // it took the lines meanwhile
-  lose_console(st, s, ETIMEDOUT);
+  lose_console(st, s,
+               why_given_up(st, s.out->last_took, "it took nothing for the time the run was given to end",
+                            "it had not taken every line when the time the run was given to end ran out"));
 }
 
 // Waits until the console of `s` has taken its backlog, on the io context,
@@ -772,7 +826,9 @@ asio::awaitable<void> console_room(group_logs::state& st, log_stream& s, const a
       co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     }
     std::lock_guard lock(s.out->mutex);
-    if (s.console >= 0 && put(*s.out, st.size_limited, nullptr, 0) == offered::refused) lose_console(st, s, s.out->error);
+    if (s.console >= 0 && put(*s.out, st.size_limited, nullptr, 0) == offered::refused) {
+      lose_console(st, s, std::strerror(s.out->error));
+    }
   }
 }
 
@@ -783,7 +839,9 @@ asio::awaitable<void> console_room(group_logs::state& st, log_stream& s, const a
 asio::awaitable<void> file_room(group_logs::state& st, log_stream& s, const asio::any_io_executor& executor) {
   while (s.file_taken < s.file_backlog.size()) {
     if (st.console_time_up) {
-      lose_file(st, s, ETIMEDOUT);
+      lose_file(st, s,
+                why_given_up(st, s.file_last_took, "it took nothing more for the time the run was given to end",
+                             "it had not taken every byte when the time the run was given to end ran out"));
       co_return;
     }
     std::error_code ec;
@@ -873,7 +931,9 @@ void end_stream(group_logs::state& st, log_stream& s) {
   if (!s.pending.empty() && s.console >= 0) {
     const std::string out = s.prefix + s.pending + '\n';
     std::lock_guard lock(s.out->mutex);
-    if (put(*s.out, st.size_limited, out.data(), out.size()) == offered::refused) lose_console(st, s, s.out->error);
+    if (put(*s.out, st.size_limited, out.data(), out.size()) == offered::refused) {
+      lose_console(st, s, std::strerror(s.out->error));
+    }
   }
   s.pending.clear();
   s.source.reset();
@@ -1105,6 +1165,7 @@ asio::awaitable<void> end_streams(std::shared_ptr<group_logs::state> state, std:
   wake_all(state);
   co_await await_ends(st, [&] { return console_deadline(st); });
   if (st.running == 0) co_return;
+  st.end_wait_from = std::max(*st.asked_at, *st.pumps_stopped_at);
   st.console_time_up = true;  // before the wake-up, which a coroutine between waits misses
   wake_all(state);
   co_await await_ends(st, [] { return std::chrono::steady_clock::time_point::max(); });

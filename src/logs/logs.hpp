@@ -45,6 +45,8 @@ struct log_stream {
   /// from `file_taken` on: the stream reads no more until it has.
   std::string file_backlog;
   std::size_t file_taken = 0;
+  /// When the file last took bytes (a pipe or a device written here).
+  std::chrono::steady_clock::time_point file_last_took{};
   std::string file_path;  ///< for messages
   int console = -1;  ///< where its lines go, or -1
   console_out* out = nullptr;  ///< how they are written there (logs.cpp)
@@ -58,11 +60,19 @@ struct log_stream {
   std::size_t full_read = 0;
 };
 
+/// Throws std::invalid_argument for a console of `spec` that is not open
+/// for writing: one the caller gave, or this process's stdout or stderr
+/// where lines go to it through this process. Call before the group opens
+/// anything, which could take the number of a closed stdout: its lines
+/// would go there.
+void check_consoles(const logs_spec& spec, const spawn_options& options, int nprocs);
+
 /// Everything a group's logs need, made before any rank starts.
 class group_logs {
  public:
-  /// Checks `spec`, makes the folders, opens (and truncates) the files and
-  /// makes the pipes. Throws std::invalid_argument for a bad spec and
+  /// Checks `spec` (its consoles were checked before: check_consoles),
+  /// makes the folders, opens (and truncates) the files and makes the
+  /// pipes. Throws std::invalid_argument for a bad spec and
   /// std::filesystem::filesystem_error with the path that cannot be made or
   /// written.
   group_logs(const logs_spec& spec, const spawn_options& options, const std::string& role, int nprocs);

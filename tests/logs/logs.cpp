@@ -890,6 +890,42 @@ TEST_CASE("a run asked to end waits for a console nobody reads at most another k
   if (!through_pipes) CHECK(lines.size() == 100000);
 }
 
+// Before, a console that took lines all along, only more slowly than the
+// rank wrote them, was said to have taken nothing in the time the run was
+// given to end.
+TEST_CASE("a console that reads on too slowly for the time the run was given to end is said to have taken some") {
+  bool through_pipes = false;
+  SUBCASE("followed") {}
+  SUBCASE("through pipes") { through_pipes = true; }
+  test::temp_dir dir;
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  // Far more than the reader below takes before the run ends: 4 KiB every
+  // 10 ms, from the start until the group has let go of the pipe.
+  auto spec = shell_ranks(1, "seq 1 1000000; sleep 60 & wait");
+  tee_or_prefix(spec, dir.path, true, through_pipes);
+  spec.logs.console_out = console[1];
+  spec.shutdown.kill_wait = 500ms;
+  std::size_t read = 0;
+  std::thread reader([&] {
+    std::vector<char> buffer(4096);
+    for (ssize_t n; (n = ::read(console[0], buffer.data(), buffer.size())) > 0;) {
+      read += static_cast<std::size_t>(n);
+      std::this_thread::sleep_for(10ms);
+    }
+  });
+  const auto [r, took] = stop_after_a_second(spec, -1, console[1]);
+  reader.join();
+  ::close(console[0]);
+  CHECK(r.stopped);
+  CHECK(read > 0);
+  REQUIRE(r.log_errors.size() == 1);
+  CHECK(r.log_errors[0].find("descriptor " + std::to_string(console[1])) != std::string::npos);
+  CHECK(r.log_errors[0].find("it had not taken every line when the time the run was given to end ran out") !=
+        std::string::npos);
+  CHECK(r.log_errors[0].find("took nothing") == std::string::npos);
+}
+
 // A run of one rank that writes more than its console's pipe holds (and
 // less than its own pipe does: it ends) and exits 0, with nobody reading
 // the console for `unread_for`. `settle` after the rank's end (once
@@ -1168,6 +1204,76 @@ TEST_CASE("bad logs are errors before any rank starts") {
   CHECK(test::open_fd_count() == descriptors);
 }
 
+namespace {
+
+// Runs `spec` with this process's descriptor `fd` (1 or 2) closed, and
+// open again once the run has ended or was refused: the refusal's message,
+// or nullopt and the run's result.
+std::pair<std::optional<std::string>, run_result> run_with_closed(int fd, const group_spec& spec) {
+  std::fflush(nullptr);
+  const int saved = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  REQUIRE(saved >= 0);
+  ::close(fd);
+  std::optional<std::string> refusal;
+  run_result r;
+  try {
+    r = run_group(spec);
+  } catch (const std::invalid_argument& e) {
+    refusal = e.what();
+  }
+  ::dup2(saved, fd);
+  ::close(saved);
+  return {refusal, r};
+}
+
+}  // namespace
+
+// Before, the default console was looked at only once the group had made
+// its log files and pipes, one of which could then have the number of a
+// closed stdout: the lines were written into it, and log_errors named
+// descriptor 1.
+TEST_CASE("a closed stdout or stderr that lines would reach as the console is refused before the group opens anything") {
+  test::temp_dir dir;
+  const auto descriptors = test::open_fd_count();
+  auto spec = shell_ranks(1, "echo lost; echo lost >&2");
+  spec.logs.dir = dir.path;
+  SUBCASE("stdout") {
+    spec.logs.tee = std_streams::out;
+    const auto [refusal, r] = run_with_closed(1, spec);
+    CHECK(refusal ==
+          std::optional<std::string>("cohort::start_processes: logs.console_out is -1 (this process's stdout, 1), "
+                                     "not an open descriptor"));
+  }
+  SUBCASE("stderr") {
+    spec.logs.tee = std_streams::err;
+    const auto [refusal, r] = run_with_closed(2, spec);
+    CHECK(refusal ==
+          std::optional<std::string>("cohort::start_processes: logs.console_err is -1 (this process's stderr, 2), "
+                                     "not an open descriptor"));
+  }
+  SUBCASE("prefixed") {
+    spec.logs.dir.clear();
+    spec.logs.prefix_all = true;
+    const auto [refusal, r] = run_with_closed(1, spec);
+    CHECK(refusal.value_or("").find("logs.console_out is -1") != std::string::npos);
+  }
+  CHECK_FALSE(fs::exists(dir.path / "none"));  // nothing made
+  CHECK(test::children_of_self().empty());
+  CHECK(test::open_fd_count() == descriptors);
+}
+
+TEST_CASE("a closed stdout that no line reaches as the console stops no group") {
+  test::temp_dir dir;
+  auto spec = shell_ranks(1, "echo kept");
+  spec.logs.dir = dir.path;
+  spec.logs.redirects = std_streams::out;  // stdout to its file only
+  const auto [refusal, r] = run_with_closed(1, spec);
+  CHECK(refusal == std::nullopt);
+  CHECK(r.ok());
+  CHECK(r.log_errors.empty());
+  CHECK(test::read_file(dir.path / "none" / "attempt_0" / "0" / "stdout.log") == "kept\n");
+}
+
 TEST_CASE("a run id that is not one folder's name, or a negative attempt, is refused before any folder is made") {
   test::temp_dir dir;
   const fs::path logs = dir.path / "a" / "b" / "c";
@@ -1287,6 +1393,45 @@ TEST_CASE("a teed log file that is a FIFO nobody reads holds up neither stop() n
   }
   CHECK(out_of_order == "");
   CHECK(lines.size() > 1000);
+}
+
+// Before, a FIFO read all along, only more slowly than the rank wrote,
+// was said to have taken nothing more in the time the run was given to end.
+TEST_CASE("a teed log file that is a FIFO read on too slowly is said to have taken some") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  fifo_log fifo(dir.path, true);
+  // Far more than the reader below takes before the run ends: 4 KiB every
+  // 10 ms, from the start until the group has closed the FIFO.
+  auto spec = shell_ranks(1, "seq 1 1000000; sleep 60 & wait");
+  spec.logs.dir = dir.path;
+  spec.logs.tee = std_streams::out;
+  spec.logs.console_out = out.fd;
+  spec.shutdown.kill_wait = 500ms;
+  std::size_t read = 0;
+  std::atomic<bool> ended = false;
+  std::thread reader([&] {
+    std::vector<char> buffer(4096);
+    for (;;) {
+      const ssize_t n = ::read(fifo.reader, buffer.data(), buffer.size());
+      if (n > 0) read += static_cast<std::size_t>(n);
+      if (n < 0 && errno != EINTR) break;
+      // The end of the FIFO, once the group has closed it; before the
+      // group has opened it, a FIFO without a writer reads as ended too.
+      if (n == 0 && (read > 0 || ended)) break;
+      std::this_thread::sleep_for(10ms);
+    }
+  });
+  const auto [r, took] = stop_after_a_second(spec, -1, -1);
+  ended = true;
+  reader.join();
+  CHECK(r.stopped);
+  CHECK(read > 0);
+  REQUIRE(r.log_errors.size() == 1);
+  CHECK(r.log_errors[0].find(fifo.path.string()) != std::string::npos);
+  CHECK(r.log_errors[0].find("it had not taken every byte when the time the run was given to end ran out") !=
+        std::string::npos);
+  CHECK(r.log_errors[0].find("took nothing") == std::string::npos);
 }
 
 TEST_CASE("a teed log file that is a FIFO read late gets every byte") {
