@@ -254,7 +254,16 @@ void linger(std::shared_ptr<segment> s) {
   {
     std::lock_guard lock(a.mutex);
     if (!a.ended) {
-      a.lingering.push_back(std::move(s));
+      // Listed once, however many storages over its block end while others
+      // hold it (one this process had, then one it decoded from a value
+      // left in a queue, say): an entry more would be a pointer more to
+      // it, and one that only ended processes hold is let go of only once
+      // nothing but its entry points at it.
+      if (std::find(a.lingering.begin(), a.lingering.end(), s) == a.lingering.end()) {
+        a.lingering.push_back(std::move(s));
+      } else {
+        s.reset();  // not the last pointer: its entry holds one
+      }
       if (a.watching) return;
       a.watching = true;
     }

@@ -19,8 +19,9 @@ namespace cohort::shm {
 std::pair<std::shared_ptr<segment>, std::uint64_t> allocate(std::size_t nbytes);
 /// Keeps a segment this process made, and no longer uses itself, open and
 /// mapped until its last block is freed, so others can still open it. A
-/// thread of its own, made while any segment lingers, lets go of each
-/// within about 100 ms of that free.
+/// segment given again while it lingers is kept once. A thread of its
+/// own, made while any segment lingers, lets go of each within about
+/// 100 ms of that free.
 void linger(std::shared_ptr<segment> s);
 /// Waits, for at most `limit`, for the messages in flight that name memfd
 /// segments this process made to be received: receivers may have to open
