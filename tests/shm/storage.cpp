@@ -57,6 +57,16 @@ std::vector<fs::path> named_segments_of(pid_t pid) {
 // stand for processes of a run that only these tests sweep.
 char test_run_marker[] = "COHORT_GROUP_storage_tests=1";
 
+// Mappings in this process of the segment `nonce` names: a named file's or
+// a memfd's, whose names both end in it.
+int mappings_of(std::uint64_t nonce) {
+  const auto name = fmt::format("{:016x}", nonce);
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find(name) != std::string::npos ? 1 : 0;
+  return n;
+}
+
 int open_descriptors() {
   int n = 0;
   for ([[maybe_unused]] const auto& e : fs::directory_iterator("/proc/self/fd")) ++n;
@@ -704,6 +714,45 @@ TEST_SUITE("storage") {
     REQUIRE_MESSAGE(child->exec(status), "the child ended with status ", status, " before its exec");
     trim_shared_memory();
     CHECK(detail::shared_holders(kept) == 1);
+  }
+
+  // Before, a segment of its own that this process made was kept once for
+  // each storage over its block that ended while another process held it:
+  // this process's own, then one decoded from a value of it popped here or
+  // left in a queue. Kept twice, it was never let go of once only a killed
+  // child held it: under file_system its file stayed in /dev/shm, under
+  // file_descriptor its memory stayed, until this process ended.
+  TEST_CASE("a large storage that only an ended child still holds is let go of after a value of it is popped or drained") {
+    for (auto strategy : strategies) {
+      for (const bool drained : {true, false}) {
+        INFO(to_string(strategy), drained ? std::string(", drained") : std::string(", popped back"));
+        strategy_scope scope(strategy);  // checks that no file is left
+        std::uint64_t nonce = 0;
+        {
+          queue<storage> q(4);
+          // Private: its first put moves it into a segment of its own.
+          storage s = storage::allocate(300 << 10);
+          const pid_t pid = ::fork();
+          REQUIRE(pid >= 0);
+          if (pid == 0) {
+            const auto v = q.get(std::chrono::seconds(5));
+            ::_exit(v ? 0 : 1);  // its hold on the block is never given back
+          }
+          REQUIRE(q.put(s, std::chrono::seconds(1)));
+          int status = 0;
+          REQUIRE(::waitpid(pid, &status, 0) == pid);
+          REQUIRE(WIFEXITED(status));
+          REQUIRE(WEXITSTATUS(status) == 0);
+          nonce = detail::segment_of(s);
+          REQUIRE(nonce != 0);
+          REQUIRE(q.put(s, std::chrono::seconds(1)));
+          s = storage();
+          if (!drained) CHECK(q.get(std::chrono::seconds(1)).has_value());
+        }  // the queue's last holder drops what is left in it
+        trim_shared_memory();
+        CHECK(mappings_of(nonce) == 0);
+      }
+    }
   }
 
   // Before, each later fork's child dropped the copy it inherited of this
