@@ -417,9 +417,10 @@ TEST_SUITE("node sizes") {
     const int port = cohort_run::free_port();
     const auto endings = run_nodes({node(port, 3, 0, 1, 4s), node(port, 3, 1, 1, 1500ms)});
     const auto why = error_of(endings[1]);
-    CHECK_MESSAGE(why.find("node 0 at 127.0.0.1:" + std::to_string(port) +
-                           " was reached and took this node's greeting, but not every node of the 3 joined it within "
-                           "1.5 s") != std::string::npos,
+    CHECK_MESSAGE(why.find("what listens at 127.0.0.1:" + std::to_string(port) +
+                           " took this node's greeting but gave no answer within 1.5 s. cohort-run's node 0 answers "
+                           "once every node of the 3 has greeted it, so a node has likely not joined yet") !=
+                      std::string::npos,
                   why);
     CHECK(why.find("node 0 did not answer") == std::string::npos);
     CHECK(why.find("a node started again after that cannot join") == std::string::npos);

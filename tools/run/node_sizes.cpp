@@ -576,11 +576,12 @@ std::optional<std::vector<int>> join(const node_sizes_config& c) {
     // nodes still connected then: this node's wait ended first.
     if (over && result.held) {
       throw node_sizes_error(fmt::format(
-          "node 0 at {}:{} was reached and took this node's greeting, but not every node of the {} joined it within "
-          "{} s (node 0 answers once every node has; its own message names the missing ones); --rdzv-conf "
+          "what listens at {}:{} took this node's greeting but gave no answer within {} s. cohort-run's node 0 "
+          "answers once every node of the {} has greeted it, so a node has likely not joined yet (node 0's own "
+          "message names the missing ones); otherwise what listens there is not a node 0 that works. --rdzv-conf "
           "join_timeout sets the wait. TORCH_ELASTIC_WORKER_IDENTICAL=1 skips the exchange when every node runs as "
           "many ranks",
-          c.master_addr, c.master_port, c.nnodes, seconds_of(c.timeout)));
+          c.master_addr, c.master_port, seconds_of(c.timeout), c.nnodes));
     }
     if (over) {
       throw node_sizes_error(fmt::format(
