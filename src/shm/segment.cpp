@@ -193,11 +193,14 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     fd = -1;
   }
   auto* h = new (base) segment_header{};
+  // The run markers before the magic: a file a sweep takes for a segment
+  // holds them already.
+  record_run_markers(*h);
+  std::atomic_signal_fence(std::memory_order_release);  // kept in this order by the compiler too
   h->magic = segment_magic;
   h->nonce = nonce;
   h->maker_pid_namespace = os::pid_namespace();
   h->maker_start_time = os::own_start_time();
-  record_run_markers(*h);
   h->size = size;
   h->live.store(1, std::memory_order_relaxed);
   h->bump = single_block;
