@@ -35,6 +35,13 @@ struct child_access;
 /// uninterruptible sleep (D state) delays that reap until the kernel lets it
 /// die.
 ///
+/// The child is the spawning process's alone. In a process that fork()
+/// made from it, a copy of the object (or of a coroutine frame or an
+/// io_context that holds one) kills nothing and reaps nothing as it goes,
+/// detach() only lets go of it, and wait(), join(), try_wait(), signal()
+/// and signal_group() fail with errc::no_child_process (ECHILD), saying
+/// whose child it is.
+///
 /// Like asio's I/O objects, one child object must not be used from two
 /// threads at once.
 class child {

@@ -206,17 +206,24 @@ void child_state::close_pipes() noexcept {
   (void)err.release();
 }
 
-// What a waitid that found no child (ECHILD) means for a child of this
-// process, whose pidfd says it has ended: " (...)", or empty for any other
-// error.
+std::string not_here_note(const child_state& state) {
+  return fmt::format(
+      " (it is process {}'s child, not this process's: this object is a copy that fork() made of the one that "
+      "spawned it, and only process {} can wait for it, signal it or kill it)",
+      state.owner, state.owner);
+}
+
 bool kernel_reaps_children() noexcept {
   struct sigaction action {};
   ::sigaction(SIGCHLD, nullptr, &action);
   return action.sa_handler == SIG_IGN || (action.sa_flags & SA_NOCLDWAIT) != 0;
 }
 
-std::string reaped_elsewhere_note(const std::error_code& ec) {
+// What a waitid that found no child (ECHILD) means for `state`'s process:
+// " (...)", or empty for any other error.
+std::string reaped_elsewhere_note(const child_state& state, const std::error_code& ec) {
   if (ec != std::error_code(ECHILD, std::system_category())) return {};
+  if (!state.here()) return not_here_note(state);
   if (kernel_reaps_children()) {
     return " (this process ignores SIGCHLD, by SIG_IGN or SA_NOCLDWAIT: the kernel reaps its children as they exit, "
            "and their exit status is lost; set SIGCHLD back to SIG_DFL before starting processes)";
@@ -224,10 +231,16 @@ std::string reaped_elsewhere_note(const std::error_code& ec) {
   return " (it was reaped elsewhere in this process: a waitpid(-1) or wait() of another part of the program)";
 }
 
-// glibc's waitid() has no rusage argument; the system call does.
+// glibc's waitid() has no rusage argument; the system call does. A copy
+// made by fork reaps nothing: were this process to become the child's
+// parent (a subreaper adopting it), its status is still its spawner's.
 std::optional<exit_status> child_state::reap(bool block, std::error_code& ec) {
   ec.clear();
   if (status) return status;
+  if (!here()) {
+    ec.assign(ECHILD, std::system_category());
+    return std::nullopt;
+  }
   siginfo_t info{};
   rusage usage{};
   long rc;
@@ -262,9 +275,12 @@ child::~child() { release(); }
 
 // Kills a child that still runs, and reaps it; a wait in flight reaps it
 // instead, when it ends, whether it completes, is cancelled or is destroyed.
+// A copy that fork() made (a forked process's, which it drops as it
+// returns from main, say) only lets go of its descriptors: the child is its
+// spawner's, which still waits for it.
 void child::release() noexcept {
   auto state = std::move(state_);
-  if (!state || state->status) return;
+  if (!state || state->status || !state->here()) return;
   config::pidfd_send_signal(state->pidfd, SIGKILL);
   if (state->waiting) {
     state->kept_by = detail::child_state::keeper::killed;
@@ -320,13 +336,19 @@ asio::awaitable<exit_status> child::wait_for(std::shared_ptr<detail::child_state
   if (!state) throw std::logic_error("cohort::child::wait: no process");
   if (state->status) co_return *state->status;
   if (state->waiting) throw std::logic_error("cohort::child::wait: a wait is already in flight");
+  if (!state->here()) {  // failed at once, not once the spawner's child has exited
+    throw std::system_error(ECHILD, std::system_category(),
+                            fmt::format("cohort::child::wait: waitid for pid {}{}", state->pid,
+                                        detail::not_here_note(*state)));
+  }
   state->waiting = true;
-  // However the wait ends, a process whose object went meanwhile is reaped.
+  // However the wait ends, a process whose object went meanwhile is reaped
+  // (by its spawner: a copy of the wait that fork() made reaps nothing).
   struct end_of_wait {
     std::shared_ptr<detail::child_state> s;
     ~end_of_wait() {
       s->waiting = false;
-      if (s->status) return;
+      if (s->status || !s->here()) return;
       if (s->kept_by == detail::child_state::keeper::killed) {
         std::error_code ignored;
         s->reap(true, ignored);
@@ -341,7 +363,7 @@ asio::awaitable<exit_status> child::wait_for(std::shared_ptr<detail::child_state
   if (ec == asio::error::operation_aborted) throw std::system_error(ec, "cohort::child::wait");
   const int error = ec.category() == std::system_category() ? ec.value() : 0;
   throw std::system_error(ec, fmt::format("cohort::child::wait: waitid for pid {}{}{}", state->pid,
-                                          os::descriptor_limit_note(error), detail::reaped_elsewhere_note(ec)));
+                                          os::descriptor_limit_note(error), detail::reaped_elsewhere_note(*state, ec)));
 }
 
 exit_status child::join() {
@@ -349,7 +371,7 @@ exit_status child::join() {
   auto status = join(ec);
   if (ec) {
     throw std::system_error(ec, fmt::format("cohort::child::join: waitid for pid {}{}", pid(),
-                                            detail::reaped_elsewhere_note(ec)));
+                                            detail::reaped_elsewhere_note(*state_, ec)));
   }
   return status;
 }
@@ -366,7 +388,7 @@ std::optional<exit_status> child::try_wait() {
   auto status = try_wait(ec);
   if (ec) {
     throw std::system_error(ec, fmt::format("cohort::child::try_wait: waitid for pid {}{}", pid(),
-                                            detail::reaped_elsewhere_note(ec)));
+                                            detail::reaped_elsewhere_note(*state_, ec)));
   }
   return status;
 }
@@ -379,13 +401,20 @@ std::optional<exit_status> child::try_wait(std::error_code& ec) {
 void child::signal(int sig) {
   std::error_code ec;
   signal(sig, ec);
-  if (ec) throw std::system_error(ec, fmt::format("cohort::child::signal: {} to pid {}", signal_name(sig), pid()));
+  if (ec) {
+    throw std::system_error(ec, fmt::format("cohort::child::signal: {} to pid {}{}", signal_name(sig), pid(),
+                                            detail::reaped_elsewhere_note(*state_, ec)));
+  }
 }
 
 void child::signal(int sig, std::error_code& ec) {
   ec.clear();
   if (!state_) throw std::logic_error("cohort::child::signal: no process");
   if (state_->status) return;
+  if (!state_->here()) {  // another process's child: see not_here_note
+    ec.assign(ECHILD, std::system_category());
+    return;
+  }
   if (config::pidfd_send_signal(state_->pidfd, sig) != 0 && errno != ESRCH) {
     ec.assign(errno, std::system_category());
   }
@@ -394,7 +423,10 @@ void child::signal(int sig, std::error_code& ec) {
 void child::signal_group(int sig) {
   std::error_code ec;
   signal_group(sig, ec);
-  if (ec) throw std::system_error(ec, fmt::format("cohort::child::signal_group: {} to group {}", signal_name(sig), pid()));
+  if (ec) {
+    throw std::system_error(ec, fmt::format("cohort::child::signal_group: {} to group {}{}", signal_name(sig), pid(),
+                                            detail::reaped_elsewhere_note(*state_, ec)));
+  }
 }
 
 // The group id is the child's pid. A child reaped elsewhere (by the kernel,
@@ -413,6 +445,10 @@ void child::signal_group(int sig, std::error_code& ec) {
     return;
   }
   if (state_->status) return;
+  if (!state_->here()) {  // another process's child: see not_here_note
+    ec.assign(ECHILD, std::system_category());
+    return;
+  }
   if (!uring::unreaped(state_->pidfd)) {
     if (errno != ECHILD) ec.assign(errno, std::system_category());
     return;
@@ -422,10 +458,12 @@ void child::signal_group(int sig, std::error_code& ec) {
   if (rc != 0 && errno != ESRCH) ec.assign(errno, std::system_category());
 }
 
+// A copy that fork() made lets go of its descriptors alone: its spawner
+// reaps the child.
 void child::detach() {
-  if (state_ && !state_->status) refuse_gone_context(*state_, "detach");
+  if (state_ && !state_->status && state_->here()) refuse_gone_context(*state_, "detach");
   auto state = std::move(state_);
-  if (!state || state->status) return;
+  if (!state || state->status || !state->here()) return;
   state->close_pipes();
   if (state->waiting) {
     state->kept_by = detail::child_state::keeper::detached;  // the wait in flight hands over

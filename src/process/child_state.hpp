@@ -3,6 +3,7 @@
 
 #include "cohort/child.hpp"
 #include "cohort/exit_status.hpp"
+#include "os/process_identity.hpp"
 #include "process/owned_pids.hpp"
 
 #include <asio/any_io_executor.hpp>
@@ -21,7 +22,9 @@ namespace cohort::detail {
 /// Held by the child object and by each operation in flight on it, so an
 /// operation outlives the object that started it. Closes the pidfd when the
 /// last holder lets go. The pid is owned (own_pid) from here until reaped or
-/// the last holder lets go.
+/// the last holder lets go. A copy of it that fork() made acts on the
+/// process in no way: the process is the spawning process's child, not the
+/// copy's (see here()).
 struct child_state {
   child_state(asio::any_io_executor ex, pid_t p, int fd) : executor(std::move(ex)), pid(p), pidfd(fd) { own_pid(pid); }
   child_state(const child_state&) = delete;
@@ -30,15 +33,22 @@ struct child_state {
 
   /// Reaps through the pidfd (waitid with rusage). Without `block`, returns
   /// nullopt while the child runs. Sets `status`. ECHILD when someone else
-  /// reaped it (a waitpid(-1) elsewhere in the process).
+  /// reaped it (a waitpid(-1) elsewhere in the process), or when this is a
+  /// forked process's copy (not here()).
   std::optional<exit_status> reap(bool block, std::error_code& ec);
 
   /// Whether the io_context of `executor` has been destroyed: nothing of
   /// it (the executor, the pipes' reactor) may be touched then.
   bool context_gone() const noexcept { return context.expired(); }
 
+  /// Whether this is the process that spawned the child, not a copy of it
+  /// that fork() made: the copy's pidfd still reaches the child, but the
+  /// child is not its to kill or reap.
+  bool here() const noexcept { return owner == os::this_process(); }
+
   asio::any_io_executor executor;
   std::weak_ptr<const void> context;  ///< context_lifetime(executor)
+  pid_t owner = os::this_process();  ///< the process that spawned it
   pid_t pid;
   int pidfd;
   std::optional<exit_status> status;

@@ -195,6 +195,76 @@ TEST_SUITE("child") {
     CHECK_THROWS_WITH_AS(c.join(), doctest::Contains("reaped elsewhere"), std::system_error);
   }
 
+  // Before, the forked process's copy killed the child with SIGKILL as it
+  // went, through the pidfd it had inherited.
+  TEST_CASE("a copy that fork() made, dropped in the forked process, leaves the child running to its own exit") {
+    asio::io_context io;
+    spawn_options opts{.in = stdio::pipe()};
+    child c = spawn(io.get_executor(), target({"cat"}), opts);
+    // The forked process ends as a return from main would: its copy goes.
+    CHECK(test::exit_code_in_child([&c] {
+            child copy = std::move(c);
+            return 0;
+          }) == 0);
+    c.in().close();  // cat's end of file
+    const exit_status status = c.join();
+    CHECK_FALSE(status.signaled());
+    CHECK(status.code() == 0);
+  }
+
+  TEST_CASE("a forked process that destroys its copy of the io_context, a wait in flight on it, leaves the child be") {
+    std::optional<asio::io_context> io(std::in_place);
+    child c = spawn(io->get_executor(), target({"sleep", "30"}));
+    const pid_t pid = c.pid();
+    std::optional<exit_status> waited;
+    // The child object lives in the awaiting coroutine's frame alone.
+    asio::co_spawn(
+        *io,
+        [](child owned, std::optional<exit_status>& into) -> asio::awaitable<void> { into = co_await owned.wait(); }(
+            std::move(c), waited),
+        asio::detached);
+    io->poll();  // the wait is in flight
+    REQUIRE_FALSE(waited);
+    CHECK(test::exit_code_in_child([&io] {
+            io.reset();
+            return 0;
+          }) == 0);
+    REQUIRE(::kill(pid, SIGTERM) == 0);
+    io->run();
+    REQUIRE(waited);
+    CHECK(waited->signal() == SIGTERM);
+  }
+
+  // Before, join() said it had been reaped elsewhere in this process.
+  TEST_CASE("a forked process's copy of a child neither waits for it nor signals it, and says whose child it is") {
+    asio::io_context io;
+    spawn_options opts{.in = stdio::pipe()};
+    child c = spawn(io.get_executor(), target({"cat"}), opts);
+    const int refused = test::exit_code_in_child([&] {
+      const auto says_whose = [&c](auto&& call) {
+        try {
+          call();
+        } catch (const std::system_error& e) {
+          return e.code() == std::errc::no_child_process &&
+                 std::string_view(e.what()).find(fmt::format("process {}'s child", ::getppid())) != std::string::npos;
+        }
+        return false;
+      };
+      int code = 0;
+      if (!says_whose([&c] { (void)c.join(); })) code |= 1;
+      if (!says_whose([&c] { (void)c.try_wait(); })) code |= 2;
+      if (!says_whose([&c] { c.signal(SIGTERM); })) code |= 4;
+      if (!says_whose([&c] { c.signal_group(SIGTERM); })) code |= 8;
+      if (!says_whose([&c, &io] { (void)test::run(io, c.wait()); })) code |= 16;
+      return code;
+    });
+    CHECK(refused == 0);
+    c.in().close();
+    const exit_status status = c.join();
+    CHECK_FALSE(status.signaled());
+    CHECK(status.code() == 0);
+  }
+
   TEST_CASE("resource usage reports CPU time and peak memory") {
     asio::io_context io;
     child burner = spawn(io.get_executor(), target({"burn-cpu", "200"}));
