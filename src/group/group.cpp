@@ -175,6 +175,16 @@ struct group_state {
       (void)new std::shared_ptr<asio::signal_set>(std::move(signals));
       (void)new std::vector<std::shared_ptr<run_end>>(std::move(waiters));
     }
+    // A copy that fork() made (a process forked while the run went on, and
+    // ending): the run, its ranks, their process groups and the files they
+    // write are the starting process's, which still supervises them. Only
+    // the copy's own descriptors go.
+    if (owner != os::this_process()) {
+      for (int fd : result_fds) {
+        if (fd >= 0) ::close(fd);
+      }
+      return;
+    }
     // A start that failed, or a run whose supervision went with its
     // io_context: nothing of it may outlive it.
     if (subreaper) {
@@ -192,6 +202,7 @@ struct group_state {
   }
 
   std::weak_ptr<const void> context;  // expires with the io_context the group runs on
+  pid_t owner = os::this_process();  // the process that started the run
   std::unique_ptr<io_objects> io;
   asio::strand<asio::any_io_executor>& strand;
   // What supervision reads of the spec; the rest serves the start alone.

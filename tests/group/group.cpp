@@ -849,6 +849,27 @@ TEST_SUITE("group") {
     }
   }
 
+  // Before, the copy's end ended the run as one whose io_context is
+  // destroyed under it: the rank's children were killed (and, but for the
+  // child objects' own guard, the ranks too).
+  TEST_CASE("a process forked during a run that drops its copy of it leaves the ranks and their children running") {
+    std::optional<asio::io_context> io(std::in_place);
+    group_spec spec;
+    spec.entry = command("/bin/sh", {"-c", "sleep 30 & wait"});
+    spec.nprocs = 1;
+    std::optional<group> g(start_processes(io->get_executor(), spec));
+    CHECK(test::exit_code_in_child([&] {
+            g.reset();
+            io.reset();
+            return 0;
+          }) == 0);
+    g->stop();  // SIGTERM to the rank's process group: the shell and its sleep
+    const run_result result = test::run(*io, g->wait());
+    REQUIRE(result.statuses.size() == 1);
+    REQUIRE(result.statuses[0]);
+    CHECK(result.statuses[0]->signal() == SIGTERM);
+  }
+
   TEST_CASE("a run's end that has no descriptor to look for the ranks' children with says so in sweep_error") {
     test::temp_dir dir;
     {
