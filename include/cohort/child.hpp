@@ -71,7 +71,13 @@ class child {
   /// (terminal only, by default); otherwise only terminal cancellation
   /// does. Fails with std::logic_error while another wait() is in flight.
   /// Throws std::logic_error once the io_context the child was spawned on
-  /// has been destroyed (join() and try_wait() still reap it). A child that
+  /// has been destroyed (join() and try_wait() still reap it). A wait in
+  /// flight as that io_context is destroyed never completes: as asio does
+  /// with every operation outstanding on an io_context it destroys, its
+  /// handler is destroyed without being called, even one bound to another,
+  /// live executor (a coroutine awaiting it there is never resumed, and its
+  /// frame is destroyed), and the child is left unreaped for join(),
+  /// try_wait() or the object's end. A child that
   /// died while another process traces it (ptrace) is this process's to
   /// reap only once the tracer has collected its exit or gone; until then
   /// the wait looks again at pauses growing to 100 ms.
