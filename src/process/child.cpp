@@ -313,6 +313,9 @@ std::optional<exit_status> child::status() const noexcept {
 
 std::optional<asio::any_io_executor> child::executor_of(const std::shared_ptr<detail::child_state>& state) {
   if (!state) return std::nullopt;
+  // A fork's copy: the wait fails where the waiter runs (wait_for), its
+  // own io_context gone or not.
+  if (!state->here()) return std::nullopt;
   refuse_gone_context(*state, "wait");
   return state->executor;
 }
@@ -335,12 +338,14 @@ asio::awaitable<exit_status> child::wait_awaited(std::shared_ptr<detail::child_s
 asio::awaitable<exit_status> child::wait_for(std::shared_ptr<detail::child_state> state) {
   if (!state) throw std::logic_error("cohort::child::wait: no process");
   if (state->status) co_return *state->status;
-  if (state->waiting) throw std::logic_error("cohort::child::wait: a wait is already in flight");
-  if (!state->here()) {  // failed at once, not once the spawner's child has exited
+  // Failed at once, not once the spawner's child has exited; before the
+  // look at a wait in flight, which fork() copies with the rest.
+  if (!state->here()) {
     throw std::system_error(ECHILD, std::system_category(),
                             fmt::format("cohort::child::wait: waitid for pid {}{}", state->pid,
                                         detail::not_here_note(*state)));
   }
+  if (state->waiting) throw std::logic_error("cohort::child::wait: a wait is already in flight");
   state->waiting = true;
   // However the wait ends, a process whose object went meanwhile is reaped
   // (by its spawner: a copy of the wait that fork() made reaps nothing).
@@ -378,7 +383,8 @@ exit_status child::join() {
 
 exit_status child::join(std::error_code& ec) {
   if (!state_) throw std::logic_error("cohort::child::join: no process");
-  if (state_->waiting) throw std::logic_error("cohort::child::join: a wait is already in flight");
+  // A fork's copy of a child with a wait in flight: reap() refuses it.
+  if (state_->waiting && state_->here()) throw std::logic_error("cohort::child::join: a wait is already in flight");
   auto status = state_->reap(true, ec);
   return status ? *status : exit_status::from_code(-1);
 }

@@ -265,6 +265,45 @@ TEST_SUITE("child") {
     CHECK(status.code() == 0);
   }
 
+  // Before, a copy whose object had a wait in flight as fork() came said a
+  // wait was in flight (std::logic_error), and one whose io_context was
+  // gone that join() would reap it.
+  TEST_CASE("a forked process's copy of a child with a wait in flight says whose child it is, its io_context gone or "
+            "not") {
+    std::optional<asio::io_context> io(std::in_place);
+    spawn_options opts{.in = stdio::pipe()};
+    child c = spawn(io->get_executor(), target({"cat"}), opts);
+    std::optional<exit_status> waited;
+    c.wait([&waited](std::exception_ptr, exit_status s) { waited = s; });
+    io->poll();  // the wait is in flight
+    REQUIRE_FALSE(waited);
+    const int refused = test::exit_code_in_child([&] {
+      const auto says_whose = [](auto&& call) {
+        try {
+          call();
+        } catch (const std::system_error& e) {
+          return e.code() == std::errc::no_child_process &&
+                 std::string_view(e.what()).find(fmt::format("process {}'s child", ::getppid())) != std::string::npos;
+        } catch (...) {
+        }
+        return false;
+      };
+      int code = 0;
+      if (!says_whose([&c] { (void)c.join(); })) code |= 1;
+      asio::io_context elsewhere;
+      if (!says_whose([&c, &elsewhere] { (void)test::run(elsewhere, c.wait()); })) code |= 2;
+      io.reset();
+      if (!says_whose([&c, &elsewhere] { (void)test::run(elsewhere, c.wait()); })) code |= 4;
+      return code;
+    });
+    CHECK(refused == 0);
+    c.in().close();
+    io->run();
+    REQUIRE(waited);
+    CHECK_FALSE(waited->signaled());
+    CHECK(waited->code() == 0);
+  }
+
   TEST_CASE("resource usage reports CPU time and peak memory") {
     asio::io_context io;
     child burner = spawn(io.get_executor(), target({"burn-cpu", "200"}));
