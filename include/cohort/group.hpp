@@ -212,7 +212,11 @@ class group {
   /// executor, and that of a run not ended throws std::logic_error. A wait
   /// in flight as that io_context is destroyed runs there, and goes with it:
   /// its handler is destroyed without being called (an awaiting coroutine
-  /// never resumes), as asio's own pending operations are.
+  /// never resumes), as asio's own pending operations are. In a process
+  /// that fork() made during the run, the copy's wait of a run not ended,
+  /// like its join(), stop(), send_signal(), interrupt() and
+  /// forward_signals(), throws std::logic_error: the run is the starting
+  /// process's.
   template <completion_token_of<run_result> Token = default_token>
   [[nodiscard]] auto wait(Token&& token = {}) {
     // Asked as the wait starts, which a lazy token does later: the

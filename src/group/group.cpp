@@ -441,6 +441,11 @@ void validate(const group_spec& spec) {
   if (spec.logs.active()) check_consoles(spec.logs, spec.options, spec.nprocs);
 }
 
+// Whether `state` is a copy that fork() made in another process (one that
+// runs its copy of the io_context, say): the run is the starting process's
+// to supervise, and nothing of the copy's supervision acts on it.
+bool fork_copy(const group_state& state) noexcept { return state.owner != os::this_process(); }
+
 // Sleeps until `until` or until something cancels state.wake; returns
 // whether the deadline passed.
 asio::awaitable<bool> nap(group_state& state, steady::time_point until) {
@@ -465,6 +470,7 @@ asio::awaitable<void> await_exits(group_state& state, std::chrono::milliseconds 
 // `sig` to every live rank's process group; a step of the shutdown notes
 // the groups it reached (group_signalled).
 void signal_running(group_state& state, int sig, bool shutdown_step = false) {
+  if (fork_copy(state)) return;
   state.group_signalled.resize(state.children.size());
   for (std::size_t rank = 0; rank < state.children.size(); ++rank) {
     auto& c = state.children[rank];
@@ -553,6 +559,7 @@ void hand_to_reaping_thread(group_state& state, std::size_t rank) {
 // up to `limit` for them to exit.
 asio::awaitable<void> signal_and_await(std::shared_ptr<group_state> shared, int sig, std::chrono::milliseconds limit) {
   auto& state = *shared;
+  if (fork_copy(state)) co_return;
   // Before anything dies: what dies with a rank (the ranks of a group it
   // started, by their parent-death signal) could not be told apart after.
   track_descendants(state, true);
@@ -588,6 +595,7 @@ void forget_empty_rank_groups(group_state& state) {
 // have died, and holds those alive for the sweep: a descendant of a rank
 // whose parent died is the run's, whatever its environment says.
 void take_adopted(group_state& state) {
+  if (fork_copy(state)) return;
   if (auto alive = reap_adopted(state.pids_since_start, state.marker)) state.descendants.add(*alive);
   else state.descendants.note_missed();
   forget_empty_rank_groups(state);
@@ -622,6 +630,7 @@ pass_end sweep_pass(group_state& state) {
 // those found now, and reaps those that are or become this process's
 // children, until a pass holds none or `limit` passes.
 asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit) {
+  if (fork_copy(state)) co_return;
   const auto until = os::deadline_after(steady::now(), limit);
   for (;;) {
     // No child at all, not even a rank: nothing of the run is left to find.
@@ -653,6 +662,7 @@ asio::awaitable<void> sweep(group_state& state, std::chrono::milliseconds limit)
 }
 
 void finish(const std::shared_ptr<group_state>& state) {
+  if (fork_copy(*state)) return;
   // Named shared memory the ranks made and did not free (a rank killed
   // holding it) goes with them; so does what other processes of the run
   // made (a rank's own children: started since the run began, with its
@@ -720,7 +730,7 @@ void finish(const std::shared_ptr<group_state>& state) {
 }
 
 void begin_stop(group_state& state) {
-  if (state.stopping) return;
+  if (state.stopping || fork_copy(state)) return;
   state.stopping = true;
   // Once every rank has ended there is nothing left to stop: the result
   // stays as the ranks left it, and only the wait for the consoles ends.
@@ -737,6 +747,7 @@ bool catchable(int sig) { return sig > 0 && sig < NSIG && sig != SIGKILL && sig 
 // A shutdown signal: the first starts the shutdown, a later one (or one
 // after stop()) hurries it.
 void interrupt(group_state& s, int sig) {
+  if (fork_copy(s)) return;
   if (!s.stopping) {
     s.partial.signal = sig;
     begin_stop(s);
@@ -753,7 +764,7 @@ void interrupt(group_state& s, int sig) {
 // The run may have ended since asio queued this call, taking the set.
 void on_signal(const std::shared_ptr<group_state>& state, const std::vector<int>& passed_on, int sig) {
   auto& s = *state;
-  if (!s.signals) return;
+  if (!s.signals || fork_copy(s)) return;
   if (std::find(passed_on.begin(), passed_on.end(), sig) != passed_on.end()) {
     signal_running(s, sig);
   } else {
@@ -934,6 +945,7 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
   for (int rank = 0; rank < s.nprocs; ++rank) race.push_back(race_rank(state, rank));
   race.push_back(race_stop(state));
   co_await when_any(std::move(race));
+  if (fork_copy(s)) co_return;  // see fork_copy: from here on, each step acts on the run
   // Whether a forwarded signal started the shutdown: one that comes once a
   // failure has started it changes the result, not the sequence.
   const std::optional<int> forwarded = s.partial.signal;
@@ -1124,7 +1136,7 @@ namespace {
 // not run again, until that io_context's destruction, when the state's
 // strand and timers can no longer be destroyed (~group_state leaves them).
 bool stops_as_released(const detail::group_state& state) {
-  if (state.context.expired()) return false;
+  if (state.context.expired() || detail::fork_copy(state)) return false;
   std::lock_guard lock(state.mutex);
   return !state.finished;
 }
@@ -1153,6 +1165,13 @@ namespace {
 // What needs the io_context the group runs on fails once it has been
 // destroyed: no strand is left to run on, and the run cannot end.
 void refuse_gone_context(const detail::group_state& state, const char* what) {
+  // A copy that fork() made: its supervision stands down (fork_copy), and
+  // neither can it end.
+  if (detail::fork_copy(state)) {
+    throw std::logic_error(fmt::format("cohort::group::{}: the group was started by process {}, and this is a copy "
+                                       "of it that fork() made: only that process can act on or wait for its run",
+                                       what, state.owner));
+  }
   if (!state.context.expired()) return;
   throw std::logic_error(fmt::format("cohort::group::{}: the io_context the group runs on has been destroyed; "
                                      "destroying the group ends its ranks",
@@ -1250,7 +1269,7 @@ bool group::join(std::chrono::milliseconds timeout) {
 
 std::optional<asio::any_io_executor> group::executor_of(const std::shared_ptr<detail::group_state>& state) {
   if (!state) return std::nullopt;
-  if (state->context.expired()) {
+  if (state->context.expired() || detail::fork_copy(*state)) {
     // An ended run's wait gives its result where the waiter runs; one not
     // ended cannot end.
     if (group(state).result()) return std::nullopt;

@@ -870,6 +870,50 @@ TEST_SUITE("group") {
     CHECK(result.statuses[0]->signal() == SIGTERM);
   }
 
+  // Before, a forked process that went on running its copy of the
+  // io_context (as asio's notify_fork has it) and dropped its copy of the
+  // group stopped the run there: the copy's waits for the ranks failed, and
+  // its shutdown killed what the ranks had started. Nor could its join()
+  // or wait() ever end.
+  TEST_CASE("a process forked during a run that runs its copy of the io_context acts on nothing of the run") {
+    test::temp_dir dir;
+    std::optional<asio::io_context> io(std::in_place);
+    group_spec spec;
+    spec.entry = command("/bin/sh", {"-c", fmt::format("sleep 30 & echo $! > {}; wait", (dir.path / "sleep").string())});
+    spec.nprocs = 1;
+    std::optional<group> g(start_processes(io->get_executor(), spec));
+    REQUIRE(test::within(10s, [&] { return first_line_pid(dir.path / "sleep") > 0; }, 5ms));
+    const pid_t sleeper = first_line_pid(dir.path / "sleep");
+    const int refused = test::exit_code_in_child([&] {
+      io->notify_fork(asio::execution_context::fork_child);
+      int code = 0;
+      const auto refuses = [](auto&& call) {
+        try {
+          call();
+        } catch (const std::logic_error& e) {
+          return std::string_view(e.what()).find("a copy of it that fork() made") != std::string_view::npos;
+        } catch (...) {
+        }
+        return false;
+      };
+      asio::io_context elsewhere;
+      if (!refuses([&] { g->stop(); })) code |= 1;
+      if (!refuses([&] { g->send_signal(SIGUSR1); })) code |= 2;
+      if (!refuses([&] { (void)g->join(0ms); })) code |= 4;
+      if (!refuses([&] { (void)test::run(elsewhere, g->wait()); })) code |= 8;
+      g.reset();
+      io->run_for(1s);  // what of the run's supervision the copy holds runs here
+      return code;
+    });
+    CHECK(refused == 0);
+    CHECK(test::alive(sleeper));
+    g->stop();  // SIGTERM to the rank's process group: the shell and its sleep
+    const run_result result = test::run(*io, g->wait());
+    REQUIRE(result.statuses.size() == 1);
+    REQUIRE(result.statuses[0]);
+    CHECK(result.statuses[0]->signal() == SIGTERM);
+  }
+
   TEST_CASE("a run's end that has no descriptor to look for the ranks' children with says so in sweep_error") {
     test::temp_dir dir;
     {
