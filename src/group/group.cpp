@@ -551,6 +551,7 @@ void forget_group_note(group_state& state, std::size_t rank) {
 // whenever it ends. The guardian's note of its process group goes now: it
 // is let go of by the child object's pid, which the thread takes.
 void hand_to_reaping_thread(group_state& state, std::size_t rank) {
+  if (fork_copy(state)) return;
   forget_group_note(state, rank);
   detail::reap_on_a_thread(detail::child_access::take(state.children[rank]));
 }
@@ -909,6 +910,7 @@ asio::awaitable<rank_end> exit_of(group_state& s, int rank) {
 asio::awaitable<void> race_rank(std::shared_ptr<group_state> state, int rank) {
   auto& s = *state;
   rank_end end = co_await exit_of(s, rank);
+  if (fork_copy(s)) co_return;  // its wait fails in a copy: no end of the rank's
   const bool failed = record_exit(state, rank, std::move(end));
   if (failed || s.running == 0) co_return;
   asio::steady_timer parked(s.strand, steady::time_point::max());
@@ -928,6 +930,7 @@ asio::awaitable<void> race_stop(std::shared_ptr<group_state> state) {
 asio::awaitable<void> drain(std::shared_ptr<group_state> state, int rank) {
   auto& s = *state;
   rank_end end = co_await exit_of(s, rank);
+  if (fork_copy(s)) co_return;  // a copy forked during the shutdown: see fork_copy
   // An exit seen as the shutdown gave up on the rank: reported unreaped.
   if (std::ranges::find(s.partial.unreaped, rank) != s.partial.unreaped.end()) co_return;
   if (s.recorded[static_cast<std::size_t>(rank)]) co_return;  // found ended before the first signal
@@ -974,12 +977,14 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
       co_await await_exits(s, policy.grace);
     }
     if (forwarded != SIGTERM) co_await signal_and_await(state, SIGTERM, policy.term_grace);
+    if (fork_copy(s)) co_return;  // forked during the shutdown, and in the copy
     if (s.running > 0) {
       signal_running(s, SIGKILL);
       kill_wait_ends = std::chrono::steady_clock::now() + policy.kill_wait;
       co_await sweep(s, std::chrono::milliseconds(0));
       s.hurry = false;  // the bounded wait after SIGKILL always runs
       co_await await_exits(s, kill_wait_left());
+      if (fork_copy(s)) co_return;
       for (std::size_t rank = 0; rank < s.children.size(); ++rank) {
         if (!s.recorded[rank]) {
           // Reported, not waited for: its drain ends, and a thread reaps it
@@ -995,6 +1000,7 @@ asio::awaitable<void> supervise(std::shared_ptr<group_state> state) {
   // it: the same kill_wait then covers the logs' last reads.
   if (!kill_wait_ends) kill_wait_ends = std::chrono::steady_clock::now() + policy.kill_wait;
   co_await sweep(s, kill_wait_left());
+  if (fork_copy(s)) co_return;
   if (s.logs) {  // every writer is gone: the pumps reach the end of their streams
     co_await s.logs->drain(kill_wait_left());
     s.partial.log_errors = s.logs->errors();
