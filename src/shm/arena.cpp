@@ -247,6 +247,14 @@ bool look_at_lingering() {
   return true;
 }
 
+// Starts the watcher, for which the caller set `watching`.
+void watch_lingering(arena_state& a) noexcept {
+  if (!os::start_watcher(linger_check, look_at_lingering)) {  // let go of at the next large allocation, or trim()
+    std::lock_guard lock(a.mutex);
+    a.watching = false;
+  }
+}
+
 }  // namespace
 
 void linger(std::shared_ptr<segment> s) {
@@ -272,10 +280,7 @@ void linger(std::shared_ptr<segment> s) {
     let_go_if_dead_weight(s);
     return;
   }
-  if (!os::start_watcher(linger_check, look_at_lingering)) {  // let go of at the next large allocation, or trim()
-    std::lock_guard lock(a.mutex);
-    a.watching = false;
-  }
+  watch_lingering(a);
 }
 
 COHORT_FORKED_CHILD_PATH void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept {
@@ -333,11 +338,16 @@ int trim() {
     return true;
   });
   const auto kept = arenas.size() + lingering.size();
+  bool watch = false;
   {
     std::lock_guard lock(a.mutex);
     a.arenas.insert(a.arenas.begin(), arenas.begin(), arenas.end());
     a.lingering.insert(a.lingering.end(), lingering.begin(), lingering.end());
+    // The watcher may have looked while the list was out here, found it
+    // empty and ended: what still lingers gets one again.
+    if (!a.lingering.empty() && !a.watching && !a.ended) watch = a.watching = true;
   }
+  if (watch) watch_lingering(a);
   // Of those let go of here, only the ones this is the last pointer to
   // go now: a segment kept for a rank that ended may still hold storages
   // of this process, and goes with the last of them.
