@@ -176,10 +176,22 @@ struct leak_check {
       stray = stray_segments(children, since);
     }
     CHECK_MESSAGE(stray.empty(), fmt::format("left in /dev/shm: {}", fmt::join(stray, ", ")));
-    auto fds = open_descriptors();
-    // The death notice's, made at the first sleeping wait and kept for the
-    // process's life (as the arena's first segment is).
-    fds.erase(detail::death_notice::of_this_process().descriptor());
+    const auto descriptors = [] {
+      auto fds = open_descriptors();
+      // The death notice's, made at the first sleeping wait and kept for
+      // the process's life (as the arena's first segment is).
+      fds.erase(detail::death_notice::of_this_process().descriptor());
+      return fds;
+    };
+    auto fds = descriptors();
+    // The keeper's watcher thread may be between taking a segment it let
+    // go of off its list and closing it: what is kept for good is still
+    // there later.
+    for (int i = 0; i < 25 && fds.size() > fds_before.size(); ++i) {
+      std::this_thread::sleep_for(10ms);
+      trim_shared_memory();
+      fds = descriptors();
+    }
     std::vector<std::string> kept;
     for (const auto& [fd, target] : fds) {
       if (auto it = fds_before.find(fd); it == fds_before.end() || it->second != target) {
