@@ -495,6 +495,9 @@ placement static_placement(run_options& o, int nproc) {
   } else if (o.master_addr_given) {
     o.master_addr = checked_host(o.master_addr, "--master-addr", o.master_addr);
   }
+  // Only etcd-v3 uses --local-addr; here it is checked all the same, so a
+  // command line that names no host there fails on every backend alike.
+  if (!o.local_addr.empty()) checked_host(o.local_addr, "--local-addr", o.local_addr);
   // Slurm places the node unless the flags do. c10d's command lines across
   // nodes give --nnodes and leave the node rank to the rendezvous, so there
   // Slurm still gives it. --standalone is one node, whatever Slurm says.

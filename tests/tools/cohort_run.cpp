@@ -1527,12 +1527,15 @@ TEST_SUITE("cohort-run") {
     CHECK(variables_in(leading_zero.path / "1")["MASTER_PORT"] == "2345");
     // The same of --master-addr, on one node as on several (before, its
     // ranks got MASTER_ADDR=two words, and node 1 waited out its join
-    // timeout), and of --local-addr under etcd-v3, before etcd is asked.
+    // timeout), and of --local-addr on every backend, under etcd-v3 before
+    // etcd is asked (before, static and c10d took any).
     const std::vector<std::vector<std::string>> bad_hosts{
         {"--master-addr", "two words"},
         {"--master-addr", "two words", "--nnodes", "2", "--node-rank", "1", "--master-port", "2345"},
         {"--master-addr", ""},
-        {"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:1", "--local-addr", "a/b"}};
+        {"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:1", "--local-addr", "a/b"},
+        {"--local-addr", "a/b"},
+        {"--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:2345", "--local-addr", "a/b"}};
     for (const auto& flags : bad_hosts) {
       CAPTURE(flags[1]);
       std::vector<std::string> args = flags;
@@ -1552,7 +1555,9 @@ TEST_SUITE("cohort-run") {
         {"--master-addr", "127.0.0.1:29500", "--nnodes", "2", "--node-rank", "1", "--master-port", "2345"},
         {"--master-addr", "fd00::7::8"},
         {"--master-addr", "node%eth0"},
-        {"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:1", "--local-addr", "10.0.0.1:5"}};
+        {"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:1", "--local-addr", "10.0.0.1:5"},
+        {"--local-addr", "127.0.0.1:29500"},
+        {"--rdzv-backend", "c10d", "--local-addr", "127.0.0.1:29500"}};
     for (const auto& flags : not_addresses) {
       const auto& host = flags[0] == "--master-addr" ? flags[1] : flags.back();
       CAPTURE(host);
