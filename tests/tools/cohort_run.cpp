@@ -1814,6 +1814,33 @@ TEST_SUITE("cohort-run") {
     CHECK(r.out.find("29999 0") != std::string::npos);
   }
 
+  // Before, "SIGTERM, SIGUSR1" was refused, naming 'SIG SIGUSR1'.
+  TEST_CASE("blanks around the names of --signals-to-handle and --signals-to-forward are taken off, as torchrun takes them") {
+    test::temp_dir handled;
+    auto r = run_launcher({"--signals-to-handle", "SIGTERM, SIGUSR1 ", "-n", "2", "--", "/bin/sh", "-c",
+                           "echo > \"$0/$RANK\"; sleep 30", handled.path.string()},
+                          signal_when_up(handled.path, 2, SIGUSR1));
+    CHECK(r.status.code() == 128 + SIGUSR1);
+    CHECK_MESSAGE(r.err.find("interrupted by SIGUSR1") != std::string::npos, r.err);
+    test::temp_dir forwarded;
+    r = run_launcher({"--signals-to-forward", " SIGUSR1,\tWINCH ", "-n", "2", "--", "/bin/sh", "-c",
+                      "trap 'echo got > \"$0/sig-$RANK\"; exit 0' WINCH; echo > \"$0/$RANK\"; "
+                      "while true; do sleep 0.05; done",
+                      forwarded.path.string()},
+                     signal_when_up(forwarded.path, 2, SIGWINCH));
+    CHECK(r.status.code() == 0);
+    CHECK(read_file(forwarded.path / "sig-0") == "got\n");
+    CHECK(read_file(forwarded.path / "sig-1") == "got\n");
+    // A name refused for what it is, not for its blanks; one that is no
+    // signal is named as given.
+    r = run_launcher({"--signals-to-handle", "SIGTERM, SIGCHLD", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK_MESSAGE(r.err.find("--signals-to-handle: SIGCHLD is refused") != std::string::npos, r.err);
+    r = run_launcher({"--signals-to-forward", "SIGUSR1, NOPE", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK_MESSAGE(r.err.find("--signals-to-forward: ' NOPE' is not a signal") != std::string::npos, r.err);
+  }
+
   TEST_CASE("bad numbers and --nnodes forms: one short line that says what is accepted, exit 2") {
     const auto error_of = [](std::vector<std::string> args) {
       args.insert(args.end(), {"--", "/bin/true"});

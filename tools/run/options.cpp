@@ -67,6 +67,9 @@ const char* refused_because(int sig, bool shuts_down) {
 std::vector<int> signals(const std::string& flag, const std::string& list, bool shuts_down) {
   std::vector<int> numbers;
   for (const auto& name : comma_list(list)) {
+    // Blanks around a name are taken off, as torchrun takes them: an item
+    // of blanks only is as empty as ",,".
+    if (trimmed(name).empty()) continue;
     const int sig = signal_number(flag, name);
     if (const char* why = refused_because(sig, shuts_down)) {
       throw usage_error(fmt::format("{}: {} is refused: {}", flag, cohort::signal_name(sig), why));
@@ -281,7 +284,8 @@ int whole_number(const std::string& flag, const std::string& text, int least) {
   return value;
 }
 
-int signal_number(const std::string& flag, std::string name) {
+int signal_number(const std::string& flag, const std::string& given) {
+  std::string name = trimmed(given);
   if (!name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     const int sig = whole_number(flag, name, 1);
     if (sig < NSIG && sig != SIGKILL && sig != SIGSTOP) return sig;
@@ -291,7 +295,8 @@ int signal_number(const std::string& flag, std::string name) {
       if (cohort::signal_name(sig) == name && sig != SIGKILL && sig != SIGSTOP) return sig;
     }
   }
-  throw usage_error(fmt::format("{}: '{}' is not a signal that can be handled (e.g. SIGUSR1, USR1 or 10)", flag, name));
+  throw usage_error(
+      fmt::format("{}: '{}' is not a signal that can be handled (e.g. SIGUSR1, USR1 or 10)", flag, given));
 }
 
 run_options parse_options(int argc, char** argv) {

@@ -104,7 +104,8 @@ double seconds(const std::string& flag, const std::string& text, double least, d
 /// "5" -> 5, blanks around it and a plus sign taken (as Python's int()
 /// takes them); a message naming `flag` and what it accepts otherwise.
 int whole_number(const std::string& flag, const std::string& text, int least);
-/// A signal by name ("SIGUSR1", "USR1") or number.
-int signal_number(const std::string& flag, std::string name);
+/// A signal by name ("SIGUSR1", "USR1") or number, blanks around it taken;
+/// a usage_error naming `flag` and `given` as it came otherwise.
+int signal_number(const std::string& flag, const std::string& given);
 
 }  // namespace cohort_run
