@@ -555,6 +555,37 @@ placement static_placement(run_options& o, int nproc) {
   return {o.node_rank, o.max_nodes, o.max_nodes * nproc, o.node_rank * nproc, o.master_addr, o.master_port};
 }
 
+// One key=value of --rdzv-conf.
+struct conf_item {
+  std::string key;
+  std::string value;
+};
+
+// --rdzv-conf's items, as torchrun's parser reads them: blanks around the
+// whole, and around each key and value, are taken off, so a list written
+// "join_timeout=5, last_call_timeout=3" names last_call_timeout. An item
+// that is no key=value, or gives no key or no value (an empty item, as in
+// "a=1,,b=2", too), is a usage error: torchrun refuses it as well.
+std::vector<conf_item> conf_items(const std::string& conf) {
+  std::vector<conf_item> items;
+  for (const auto& item : comma_items(trimmed(conf))) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos && !trimmed(item).empty()) {
+      throw usage_error(fmt::format("--rdzv-conf: '{}' is not key=value", item));
+    }
+    std::string key = trimmed(item.substr(0, eq));
+    if (key.empty()) {
+      throw usage_error(fmt::format("--rdzv-conf '{}': an item has no key (give key=value items, one comma between "
+                                    "two)",
+                                    conf));
+    }
+    std::string value = trimmed(item.substr(eq + 1));
+    if (value.empty()) throw usage_error(fmt::format("--rdzv-conf: '{}' gives {} no value", item, key));
+    items.push_back({std::move(key), std::move(value)});
+  }
+  return items;
+}
+
 double conf_seconds(const std::string& key, const std::string& value) {
   // Counted in milliseconds: less than one would be none.
   return seconds("--rdzv-conf " + key, value, 0.001, 1e6, "0.001 to 1e6");
@@ -593,10 +624,7 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
   c.local_port = o.master_port;  // 0: a free one at each round
   c.poll_interval = std::max(millis(o.monitor_interval), std::chrono::milliseconds(10));
   double keep_alive_interval = 1, keep_alive_max_attempt = 3;
-  for (const auto& item : comma_list(o.rdzv_conf)) {
-    const auto eq = item.find('=');
-    if (eq == std::string::npos) throw usage_error(fmt::format("--rdzv-conf: '{}' is not key=value", item));
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+  for (const auto& [key, value] : conf_items(o.rdzv_conf)) {
     if (key == "join_timeout" || key == "timeout") {
       c.join_timeout = millis(conf_seconds(key, value));
     } else if (key == "last_call_timeout") {
@@ -628,12 +656,9 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
 // join_timeout would otherwise leave the wait at 600 s.
 std::chrono::milliseconds static_join_timeout(const run_options& o) {
   std::chrono::milliseconds timeout = std::chrono::seconds(600);
-  for (const auto& item : comma_list(o.rdzv_conf)) {
-    const auto eq = item.find('=');
-    if (eq == std::string::npos) throw usage_error(fmt::format("--rdzv-conf: '{}' is not key=value", item));
-    const std::string key = item.substr(0, eq);
+  for (const auto& [key, value] : conf_items(o.rdzv_conf)) {
     if (key == "join_timeout" || key == "timeout") {
-      timeout = millis(conf_seconds(key, item.substr(eq + 1)));
+      timeout = millis(conf_seconds(key, value));
     } else if (key != "last_call_timeout" && key != "keep_alive_interval" && key != "keep_alive_max_attempt" &&
                key != "read_timeout" && key != "close_timeout" && key != "is_host" && key != "use_libuv" &&
                key != "protocol") {

@@ -1814,6 +1814,44 @@ TEST_SUITE("cohort-run") {
     CHECK(r.out.find("29999 0") != std::string::npos);
   }
 
+  // Before, "join_timeout=5, last_call_timeout=3" was refused, naming the
+  // key ' last_call_timeout' (under etcd-v3, as one of those it lists).
+  TEST_CASE("blanks around --rdzv-conf's keys and values are taken off, as torchrun takes them; an item with no key is refused") {
+    const std::string port = std::to_string(cohort_run::free_port());
+    auto r = run_launcher({"--rdzv-conf", " join_timeout = 1 , last_call_timeout=3 ", "--nnodes", "2", "--node-rank",
+                           "1", "--master-addr", "127.0.0.1", "--master-port", port, "--", "/bin/true"});
+    CHECK(r.status.code() == 1);
+    CHECK_MESSAGE(r.err.find("node 0 did not answer at 127.0.0.1:" + port + " within 1 s") != std::string::npos, r.err);
+    // Under etcd-v3, every key is read before etcd is asked: the error is
+    // read_timeout's value, so the keys before it were taken.
+    r = run_launcher({"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-conf",
+                      "join_timeout=5, last_call_timeout = 3, protocol = http ,\tread_timeout= 0.0001", "--",
+                      "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK_MESSAGE(r.err.find("--rdzv-conf read_timeout: '0.0001' is not a number of seconds") != std::string::npos,
+                  r.err);
+    const std::vector<std::string> etcd{"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:1"};
+    const std::vector<std::pair<std::string, std::string>> refused{
+        {"join_timeout=1,,last_call_timeout=3", "an item has no key"},
+        {"join_timeout=1, ", "an item has no key"},
+        {"=5", "an item has no key"},
+        {" = 5", "an item has no key"},
+        {"join_timeout= ", "gives join_timeout no value"},
+        {"join_timeout=1, bogus = 2", "no key 'bogus'"}};
+    for (const bool elastic : {false, true}) {
+      for (const auto& [conf, said] : refused) {
+        CAPTURE(elastic);
+        CAPTURE(conf);
+        std::vector<std::string> args = elastic ? etcd : std::vector<std::string>{};
+        args.insert(args.end(), {"--rdzv-conf", conf, "--", "/bin/true"});
+        r = run_launcher(args);
+        CHECK(r.status.code() == 2);
+        CHECK_MESSAGE(r.err.find("--rdzv-conf") != std::string::npos, r.err);
+        CHECK_MESSAGE(r.err.find(said) != std::string::npos, r.err);
+      }
+    }
+  }
+
   // Before, "SIGTERM, SIGUSR1" was refused, naming 'SIG SIGUSR1'.
   TEST_CASE("blanks around the names of --signals-to-handle and --signals-to-forward are taken off, as torchrun takes them") {
     test::temp_dir handled;
