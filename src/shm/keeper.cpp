@@ -250,7 +250,16 @@ COHORT_FORKED_CHILD_PATH bool hand_over_to_keeper() noexcept {
       if (!s || !s->messages_in_flight()) continue;
       const auto ref = s->ref();
       if (ref.strategy == sharing_strategy::file_system) {
-        if (!s->made_here()) continue;  // its maker's keeper has it, if any
+        if (!s->made_here()) {
+          // Kept here for a rank of this process's, whose group has swept
+          // its name: only the descriptor reaches it. Another's received
+          // here is its maker's keeper's to hand on.
+          if (const int fd = s->kept_descriptor(); fd >= 0) {
+            fds.push_back(fd);
+            held.push_back(std::move(s));
+          }
+          continue;
+        }
         const int fd = ::shm_open(segment_name(ref.maker, ref.nonce).c_str(), O_RDWR | O_CLOEXEC, 0);
         if (fd < 0) return false;
         opened.emplace_back(fd);
@@ -505,7 +514,9 @@ void note_queue_objects(int change) noexcept {
 void release_kept_locked(std::vector<std::shared_ptr<segment>>& gone) noexcept {
   auto& k = own_state();
   if (k.kept.empty()) return;
-  const bool nobody_left = ranks_running.load(std::memory_order_relaxed) <= 0 &&
+  // A process with a keeper of its own hands what values still name over
+  // as it ends: a receiver may be there, or a rank it starts.
+  const bool nobody_left = own_keeper() == 0 && ranks_running.load(std::memory_order_relaxed) <= 0 &&
                            queue_objects.load(std::memory_order_relaxed) <= 0;
   std::erase_if(k.kept, [&gone, nobody_left](auto& s) {
     if (s->messages_in_flight() && !(nobody_left && s->others_ended())) return false;

@@ -50,10 +50,12 @@ void set_keeper(const keeper_address& keeper) noexcept;
 void find_keeper_in_environment() noexcept;
 /// This process's keeper, or 0.
 pid_t own_keeper() noexcept;
-/// Hands the keeper the descriptors of the memfd segments held here that
-/// values in flight name. Returns whether no value needs this process any
-/// more: false when some do and there is no keeper or the handing failed
-/// (the caller then waits for their receivers).
+/// Hands the keeper the descriptors of the segments held here that values
+/// in flight name: memfds opened through this process, named files it
+/// made, and what it keeps for its own ranks (a named file's through the
+/// kept descriptor: its group swept the name). Returns whether no value
+/// needs this process any more: false when some do and there is no keeper
+/// or the handing failed (the caller then waits for their receivers).
 bool hand_over_to_keeper() noexcept;
 /// What a rank does with the values it sent as it ends, once per process:
 /// hands them over (hand_over_to_keeper), or else, with `wait`, waits up to
@@ -64,9 +66,10 @@ void let_values_go(std::chrono::steady_clock::duration limit, bool wait) noexcep
 void let_values_go_at_exit(std::chrono::steady_clock::duration limit) noexcept;
 /// Counts the function ranks this process has started and not yet seen
 /// end, and the queue objects it holds. While either is above 0, a kept
-/// segment goes only once no value names it; when both are 0 and every
-/// other process that mapped it has ended, it goes too: a value popped by
-/// a process killed before it was decoded would otherwise keep it for good.
+/// segment goes only once no value names it; when both are 0, every other
+/// process that mapped it has ended and this process has no keeper (which
+/// would be handed it), it goes too: a value popped by a process killed
+/// before it was decoded would otherwise keep it for good.
 void note_ranks_running(int change) noexcept;
 void note_queue_objects(int change) noexcept;
 /// Takes what ranks have handed over, and lets go of what is kept and no

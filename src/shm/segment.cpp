@@ -281,20 +281,26 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
   // The lock is held: the registry sheds directly, and what it lets go of
   // is unmapped once the lock is released.
   const auto shed = [&] { return r.shed(dead); };
+  // What this process, as a keeper, has taken of what its ranks handed
+  // over, or takes now. What a hand-over waiting for room names comes once
+  // room is made, or once it has waited room_patience, taken as far as
+  // room goes.
+  const auto taken_here = [&]() -> std::shared_ptr<segment> {
+    const auto until = std::chrono::steady_clock::now() + room_patience + std::chrono::milliseconds(100);
+    for (;;) {
+      take_handed_over_locked(dead);
+      if (auto s = known()) return s;
+      if (!waiting_for_room_locked() || std::chrono::steady_clock::now() >= until) return nullptr;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  pid_t kept_by = ref.keeper;  // whose descriptor through_keeper opened
   // Through the keeper `ref` names, to which `source` handed it over as it
   // ended: the keeper's descriptor that links to `link` (fd set), or, when
   // this process is the keeper, what it has taken (returned).
   const auto through_keeper = [&](const std::string& link, pid_t source) -> std::shared_ptr<segment> {
     if (ref.keeper == os::this_process()) {
-      // What a hand-over waiting for room names comes once room is made,
-      // or once it has waited room_patience, taken as far as room goes.
-      const auto until = std::chrono::steady_clock::now() + room_patience + std::chrono::milliseconds(100);
-      for (;;) {
-        take_handed_over_locked(dead);
-        if (auto s = known()) return s;
-        if (!waiting_for_room_locked() || std::chrono::steady_clock::now() >= until) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
+      if (auto s = taken_here()) return s;
       if (auto why = why_not_kept(source, ref.nonce); !why.empty()) {
         throw shm_error(fmt::format("cohort: opening segment {}: {}", where, why));
       }
@@ -302,6 +308,18 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
       return nullptr;
     }
     fd = with_descriptor_room([&] { return open_kept(ref.keeper, source, link); }, shed);
+    if (fd >= 0 || errno != ESRCH) return nullptr;
+    // The keeper has ended too (a rank that started ranks of its own), and
+    // handed what it kept to its own keeper as it ended: this process, or
+    // the one this process hands over to, which started both (a sibling's).
+    if (auto s = taken_here()) return s;
+    const pid_t further = own_keeper();
+    if (further == 0 || further == ref.keeper) {
+      errno = ESRCH;
+      return nullptr;
+    }
+    kept_by = further;
+    fd = with_descriptor_room([&] { return open_kept(further, ref.keeper, link); }, shed);
     return nullptr;
   };
   if (ref.strategy == sharing_strategy::file_descriptor) {
@@ -334,9 +352,9 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
     // open by the maker's keeper while values name it.
     if (fd < 0 && errno == ENOENT && ref.keeper > 0) {
       if (auto s = through_keeper(where + " (deleted)", ref.maker)) return s;
-      if (fd >= 0) where = fmt::format("{} (kept by pid {})", where, ref.keeper);
+      if (fd >= 0) where = fmt::format("{} (kept by pid {})", where, kept_by);
     }
-    if (fd < 0 && errno == ENOENT && os::has_ended(ref.maker, 0)) {
+    if (fd < 0 && (errno == ENOENT || errno == ESRCH) && os::has_ended(ref.maker, 0)) {
       throw segment_gone(fmt::format("cohort: {} went with its maker, pid {}, which has exited", where, ref.maker),
                          ref.maker);
     }
@@ -418,6 +436,7 @@ std::shared_ptr<segment> segment::keep(int fd, pid_t sender, std::uint64_t nonce
   const bool sealed = got >= 0 && (got & static_cast<int>(seals)) == static_cast<int>(seals);
   ref.strategy = sealed ? sharing_strategy::file_descriptor : sharing_strategy::file_system;
   ref.source = ref.maker = sender;
+  ref.keeper = os::this_process();  // what a value passed on from here names, of a named segment
   ref.nonce = nonce;
   auto s = map_checked(fd, fmt::format("a segment handed over by pid {}", sender), ref, true);
   s->kept_.store(true, std::memory_order_relaxed);
@@ -436,8 +455,11 @@ segment_ref segment::ref() const noexcept {
   // and a receiver checks what it opens through a number since reused.
   const int fd = fd_.load(std::memory_order_relaxed);
   const bool through_here = strategy_ == sharing_strategy::file_descriptor && fd >= 0;
+  // A named segment made here goes to this process's keeper as it ends,
+  // as a memfd it holds does: once the group has swept the name, a
+  // receiver finds it there.
   return {strategy_, through_here ? os::this_process() : maker_, through_here ? fd : maker_fd_, maker_, maker_fd_,
-          through_here ? own_keeper() : keeper_, nonce_};
+          through_here || made_here() ? own_keeper() : keeper_, nonce_};
 }
 
 segment_ref segment::pass_on() noexcept {

@@ -53,7 +53,9 @@ struct segment_ref {
   pid_t maker = 0;            ///< the process that made it (a named segment's name holds it)
   int maker_fd = -1;          ///< the maker's descriptor of the memfd, tried when the sender is gone
   /// The process the sender hands its memfds to as it ends (shm/keeper.hpp),
-  /// tried when the sender and the maker are gone; 0 for none.
+  /// or, of a named segment, the maker's keeper or the process keeping it;
+  /// tried when the sender and the maker are gone, and then, once it has
+  /// ended too, the receiver's own process and own keeper; 0 for none.
   pid_t keeper = 0;
   /// Random, in the header and in a named segment's name: what identifies
   /// it, and what tells a descriptor number since reused for another file.
@@ -323,6 +325,11 @@ class segment {
   static std::shared_ptr<segment> keep(int fd, pid_t sender, std::uint64_t nonce);
   /// The nonce in the header of the segment `fd` holds; 0 when it holds none.
   static std::uint64_t nonce_in(int fd) noexcept;
+  /// The descriptor keep() holds, -1 when it is not kept here. Stays this
+  /// process's: a caller that passes it on passes a copy (SCM_RIGHTS).
+  int kept_descriptor() const noexcept {
+    return kept_.load(std::memory_order_relaxed) ? fd_.load(std::memory_order_relaxed) : -1;
+  }
   /// Ends keep(): its descriptor may go as any received segment's.
   void unkeep() noexcept {
     kept_.store(false, std::memory_order_relaxed);
