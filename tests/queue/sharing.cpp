@@ -484,6 +484,33 @@ int push_or_pop_after_end(int rank, queue<tensor> q, queue<int> pids, int n) {
 }
 COHORT_ENTRYPOINT(push_or_pop_after_end);
 
+// Under `strategy`, pushes a shared tensor (42 at every element) and
+// returns another (43): a rank of a rank.
+tensor push_and_return_as_grandchild(int, queue<tensor> q, int strategy) {
+  set_sharing_strategy(static_cast<sharing_strategy>(strategy));
+  q.put(tensor::full({64}, 42, dtype::float32, {.shared = true}));
+  return tensor::full({64}, 43, dtype::float32, {.shared = true});
+}
+COHORT_ENTRYPOINT(push_and_return_as_grandchild);
+
+// Starts push_and_return_as_grandchild by `method` and returns what it
+// returned when `give_back`, else an empty tensor; `q` is held here only
+// as the argument, dropped as it returns.
+tensor start_grandchild(int, queue<tensor> q, int strategy, int method, bool give_back) {
+  set_sharing_strategy(static_cast<sharing_strategy>(strategy));
+  auto returned = spawn_and_join(push_and_return_as_grandchild, std::tuple{q, strategy}, 1,
+                                 test::join_by(static_cast<start_method>(method)));
+  return give_back ? returned.at(0) : tensor();
+}
+COHORT_ENTRYPOINT(start_grandchild);
+
+// The first element of the tensor popped within 5 s; -1 when none came.
+float pop_first_element(int, queue<tensor> q) {
+  const auto t = q.get(5s);
+  return t ? t->at<float>({0}) : -1.0f;
+}
+COHORT_ENTRYPOINT(pop_first_element);
+
 // What push_through_forked_child leaves to the child it forks: the child
 // sends a tensor of its parent's, and the parent writes no handle of it.
 // Optional: a queue made at every start of this program would hold shared
@@ -1957,6 +1984,67 @@ TEST_SUITE("sharing") {
         REQUIRE(sums.size() == 2);
         CHECK(sums[1] == 0 + 1 + 2 + 3 + 4);
       });
+    }
+  }
+
+  // Before, the middle rank of nested groups let go of what its own rank
+  // handed over once it held no queue object, before it ended, so nothing
+  // reached the top (peer_lost: "the sender ... exited before it was
+  // received"); under file_system it handed over only what it made itself,
+  // and its group had swept its rank's names ("went with its maker").
+  TEST_CASE("a tensor a rank's own rank pushed is popped here after both ended") {
+    for (const auto method : methods) {
+      CAPTURE(to_string(method));
+      repeat_under_each_strategy(1, [&](leak_check&, int) {
+        queue<tensor> q(8);
+        const int strategy = static_cast<int>(get_sharing_strategy());
+        const auto started = std::chrono::steady_clock::now();
+        (void)spawn_and_join(start_grandchild, std::tuple{q, strategy, static_cast<int>(method), false}, 1,
+                             test::join_by(method));
+        CHECK(std::chrono::steady_clock::now() - started < 10s);
+        const auto t = q.get(5s);
+        REQUIRE(t.has_value());
+        CHECK(*t == tensor::full({64}, 42, dtype::float32));
+      });
+    }
+  }
+
+  // Before, under file_system the middle rank did not hand over the
+  // returned tensor's file, which its group had swept: "reading the rank's
+  // result: ... went with its maker".
+  TEST_CASE("a rank returns the tensor its own rank returned") {
+    for (const auto method : methods) {
+      CAPTURE(to_string(method));
+      repeat_under_each_strategy(1, [&](leak_check&, int) {
+        queue<tensor> q(8);
+        const int strategy = static_cast<int>(get_sharing_strategy());
+        const auto returned =
+            spawn_and_join(start_grandchild, std::tuple{q, strategy, static_cast<int>(method), true}, 1,
+                           test::join_by(method));
+        REQUIRE(returned.size() == 1);
+        CHECK(returned[0] == tensor::full({64}, 43, dtype::float32));
+        CHECK(q.get(5s).has_value());  // what was pushed, not left to the leak check
+      });
+    }
+  }
+
+  // Before, a handle named only the grandchild's keeper, the middle rank:
+  // once it had ended, a rank of another group found nothing there.
+  TEST_CASE("a rank pops a tensor that a rank of an ended sibling pushed") {
+    for (const auto method : methods) {
+      for (const auto consumer_method : methods) {
+        CAPTURE(to_string(method));
+        CAPTURE(to_string(consumer_method));
+        repeat_under_each_strategy(1, [&](leak_check&, int) {
+          queue<tensor> q(8);
+          const int strategy = static_cast<int>(get_sharing_strategy());
+          (void)spawn_and_join(start_grandchild, std::tuple{q, strategy, static_cast<int>(method), false}, 1,
+                               test::join_by(method));
+          const auto popped = spawn_and_join(pop_first_element, std::tuple{q}, 1, test::join_by(consumer_method));
+          REQUIRE(popped.size() == 1);
+          CHECK(popped[0] == 42.0f);
+        });
+      }
     }
   }
 
