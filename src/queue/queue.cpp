@@ -5,6 +5,7 @@
 // side sleeps.
 #include "cohort/queue.hpp"
 
+#include "cohort/when_any.hpp"
 #include "queue/peers.hpp"
 #include "queue/spin_budget.hpp"
 #include "os/deadline.hpp"
@@ -37,10 +38,13 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <exception>
 #include <new>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace cohort::detail {
 
@@ -1185,26 +1189,49 @@ struct sleeping {
   ~sleeping() { q.unsleep(s, seq); }
 };
 
-asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
+// Ends at the first of: a wake on the side's word, a change of the death
+// notice's epoch, the end of the side's sleep slice. A branch that fails
+// ends nothing; `||` throws multiple_exceptions once all three have
+// failed, as a cancellation from outside makes them.
+asio::awaitable<void> first_wake(queue_core& q, side s, std::uint32_t seq, std::atomic<std::uint32_t>& epoch,
+                                 std::uint32_t seen) {
   using namespace asio::experimental::awaitable_operators;
+  // when_any's strand, where `||` starts its branches: there no two of
+  // them complete at once, as on an io_context run by several threads,
+  // where the one that won cancelled another while that one was being
+  // freed.
+  auto strand = co_await asio::this_coro::executor;
+  asio::steady_timer timer(strand, sleep_slice(s));
+  co_await (uring::async_futex_wait(strand, q.word(s), seq, asio::use_awaitable) ||
+            uring::async_futex_wait(strand, epoch, seen, asio::use_awaitable) ||
+            timer.async_wait(asio::use_awaitable));
+}
+
+asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
   auto executor = co_await asio::this_coro::executor;
   // Before the timer, which would bring up asio's reactor with asio's bare
   // message where no descriptor is left.
   (void)uring::service_for(executor, s == side::push ? "cohort::queue::push" : "cohort::queue::pop");
-  asio::steady_timer timer(executor, sleep_slice(s));
   // As wait_for: the epoch is read before the peers are armed.
   auto& epoch = death_notice::of_this_process().epoch();
   const auto seen = epoch.load(std::memory_order_acquire);
   if (!q.arm_peers(s)) co_return;  // every peer gone: peer_lost, after one more try
-  // Cancelled from outside, every branch fails and `||` throws
-  // multiple_exceptions: the wait is then simply cancelled.
+  // when_any runs the race on a strand of its own, whatever executor this
+  // coroutine has, and hands a cancellation from outside to that strand:
+  // the wait is then simply cancelled. One op, not three: when_any ends at
+  // the first that ends, also one that failed (a helper thread's futex
+  // wait that a fork cancelled), where `||` waits for one that succeeds.
+  std::vector<asio::awaitable<void>> race;
+  race.push_back(first_wake(q, s, seq, epoch, seen));
   std::exception_ptr failure;
   try {
-    co_await (uring::async_futex_wait(executor, q.word(s), seq, asio::use_awaitable) ||
-              uring::async_futex_wait(executor, epoch, seen, asio::use_awaitable) ||
-              timer.async_wait(asio::use_awaitable));
+    co_await when_any(std::move(race));
   } catch (const asio::multiple_exceptions& e) {
     failure = e.first_exception();
+  } catch (const std::system_error& e) {
+    // when_any's own, when cancelled before the race ended.
+    if (e.code() != asio::error::operation_aborted) throw;
+    failure = std::current_exception();
   }
   if (!failure) co_return;
   const asio::cancellation_state state = co_await asio::this_coro::cancellation_state;

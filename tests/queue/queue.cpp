@@ -970,6 +970,56 @@ TEST_SUITE("queue") {
     CHECK(cohort::detail::queue_sleepers(*core) == std::pair<std::uint32_t, std::uint32_t>{0, 0});
   }
 
+  TEST_CASE("awaited pushes and pops on an io_context that four threads run, without a strand, move every value once") {
+    // The coroutines run on the io_context itself: a wait's wake and the
+    // end of its sleep slice (a millisecond, for a push) can come at once,
+    // on two threads. Before, the one could cancel the other while it was
+    // being freed (SIGSEGV, in most runs of these rounds). Each round runs
+    // for a while rather than for a number of values: how many sleep, not
+    // how many values move, makes the chance.
+    constexpr int producers = 32, consumers = 32, rounds = 12;
+    for (int round = 0; round < rounds; ++round) {
+      CAPTURE(round);
+      queue<long> q(2);
+      asio::io_context io;
+      std::atomic<bool> stop{false};
+      std::atomic<long> pushed{0}, pushed_sum{0}, popped{0}, popped_sum{0};
+      std::atomic<int> producing{producers}, failures{0};
+      const auto producer = [&](long first) -> asio::awaitable<void> {
+        for (long value = first; !stop; value += producers) {
+          co_await q.push(value);
+          ++pushed;
+          pushed_sum += value;
+        }
+        if (--producing == 0) q.close();
+      };
+      const auto consumer = [&]() -> asio::awaitable<void> {
+        for (;;) {
+          try {
+            popped_sum += co_await q.pop();
+          } catch (const queue_closed&) {
+            co_return;
+          }
+          ++popped;
+        }
+      };
+      const auto count_failure = [&](std::exception_ptr e) {
+        if (e) ++failures;
+      };
+      for (int p = 0; p < producers; ++p) asio::co_spawn(io, producer(p), count_failure);
+      for (int c = 0; c < consumers; ++c) asio::co_spawn(io, consumer(), count_failure);
+      std::vector<std::thread> threads;
+      for (int t = 0; t < 4; ++t) threads.emplace_back([&io] { io.run(); });
+      std::this_thread::sleep_for(500ms);
+      stop = true;
+      for (auto& t : threads) t.join();
+      CHECK(failures == 0);
+      CHECK(pushed > 0);
+      CHECK(popped == pushed);
+      CHECK(popped_sum == pushed_sum);
+    }
+  }
+
   TEST_CASE("a queue handle of one value type is refused as another") {
     queue<int> q(1);
     CHECK_THROWS_AS((void)decode<queue<std::string>>(encode(q)), decode_error);
