@@ -1,12 +1,15 @@
 // cohort::event: a flag word and a sleeper count in shared memory.
 #include "cohort/event.hpp"
 
+#include "cohort/when_any.hpp"
 #include "os/deadline.hpp"
 #include "os/futex.hpp"
 #include "uring/futex.hpp"
 
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/multiple_exceptions.hpp>
 #include <asio/steady_timer.hpp>
+#include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 #include <cstdint>
 #include <exception>
 #include <system_error>
+#include <vector>
 
 namespace cohort {
 
@@ -109,6 +113,27 @@ bool event::is_set() const noexcept { return (state_of(state_).flag.load() & set
 // A wait ends once the flag's word differs from what it was as the wait
 // began, clear: only a set() changes a clear word.
 
+namespace {
+
+// Ends at a wake on the generation's word or after recheck_after, whichever
+// comes first: asleep a second at most, as a blocking wait, so that a set()
+// whose setter was killed before its wake is seen that late. A branch that
+// fails ends nothing; `||` throws multiple_exceptions once both have
+// failed, as a cancellation from outside makes them.
+asio::awaitable<void> wake_or_recheck(std::atomic<std::uint32_t>& word, std::uint32_t generation) {
+  using namespace asio::experimental::awaitable_operators;
+  // when_any's strand, where `||` starts its branches: there the two
+  // never complete at once, as on an io_context run by several threads,
+  // where the one that won cancelled the other while that one was being
+  // freed.
+  auto strand = co_await asio::this_coro::executor;
+  asio::steady_timer recheck(strand, recheck_after);
+  co_await (uring::async_futex_wait(strand, word, generation, asio::use_awaitable) ||
+            recheck.async_wait(asio::use_awaitable));
+}
+
+}  // namespace
+
 // `state` keeps the flag mapped while the wait lasts.
 asio::awaitable<void> event::wait_on(asio::any_io_executor executor, storage state) {
   // Refused here, every time, not inside the first sleep, where the throw
@@ -117,25 +142,27 @@ asio::awaitable<void> event::wait_on(asio::any_io_executor executor, storage sta
   auto& s = state_of(state);
   const std::uint32_t begun = s.flag.load();
   if ((begun & set_bit) != 0) co_return;
-  using namespace asio::experimental::awaitable_operators;
   // Before the timer, which would bring up asio's reactor with asio's bare
   // message where no descriptor is left.
   (void)uring::service_for(executor, "cohort::event::wait");
-  asio::steady_timer recheck(executor);
   while (s.flag.load() == begun) {
     const counted_sleeper sleeper(s.sleepers);
     if (s.flag.load() != begun) break;
-    // As a blocking wait: asleep a second at most, so that a set() whose
-    // setter was killed before its wake is seen that late. Cancelled from
-    // outside, both branches fail and `||` throws multiple_exceptions.
-    recheck.expires_after(recheck_after);
+    // when_any runs the race on a strand of its own, whatever executor
+    // this coroutine has, and hands a cancellation from outside to that
+    // strand. One op, not two: when_any ends at the first that ends, also
+    // a futex wait that failed, where `||` waits for one that succeeds.
+    std::vector<asio::awaitable<void>> race;
+    race.push_back(wake_or_recheck(generation_word(s), static_cast<std::uint32_t>(sleeper.generation)));
     std::exception_ptr failure;
     try {
-      co_await (uring::async_futex_wait(executor, generation_word(s), static_cast<std::uint32_t>(sleeper.generation),
-                                        asio::use_awaitable) ||
-                recheck.async_wait(asio::use_awaitable));
+      co_await when_any(std::move(race));
     } catch (const asio::multiple_exceptions& e) {
       failure = e.first_exception();
+    } catch (const std::system_error& e) {
+      // when_any's own, when cancelled before the race ended.
+      if (e.code() != asio::error::operation_aborted) throw;
+      failure = std::current_exception();
     }
     if (!failure) continue;
     const asio::cancellation_state cancelled = co_await asio::this_coro::cancellation_state;
