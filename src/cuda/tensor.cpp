@@ -884,6 +884,20 @@ void copy_bytes(void* to, const void* from, std::size_t n, int device, const cha
   detail::check(cudaMemcpyAsync(to, from, n, cudaMemcpyDefault, current), "cudaMemcpyAsync", context);
 }
 
+// Copies `n` bytes of device `from_device`'s memory to device `to_device`'s,
+// on the current stream of `to_device`. A peer copy, not cudaMemcpyAsync:
+// this layer's chunks are mapped for their own device alone
+// (cuMemSetAccess), and a plain copy queued on another device would read
+// memory that device has no access to.
+void copy_between_devices(void* to, int to_device, const void* from, int from_device, std::size_t n,
+                          const char* entry) {
+  if (n == 0) return;
+  const auto context =
+      fmt::format("{}: {} from device {} to device {}", entry, detail::describe_bytes(n), from_device, to_device);
+  const detail::device_guard on(to_device, context);
+  detail::check(cudaMemcpyPeerAsync(to, to_device, from, from_device, n, current), "cudaMemcpyPeerAsync", context);
+}
+
 // Device storage of `nbytes` on `device`, for the call `entry`.
 cohort::storage device_storage(int device, std::size_t nbytes, const char* entry) {
   return cohort::detail::make_device_storage(
@@ -931,9 +945,10 @@ tensor copy_tensor(const tensor& t, cohort::device to) {
   detail::check_device(t.device().id, entry);
   detail::check_device(to.id, entry);
   cuda::synchronize(t.device().id);
-  tensor copy = copy_to_device(t, to.id, entry);
+  auto bytes = device_storage(to.id, t.storage().nbytes(), entry);
+  copy_between_devices(bytes.data(), to.id, t.storage().data(), t.device().id, bytes.nbytes(), entry);
   order_after_copy(t.device().id, to.id);
-  return copy;
+  return tensor(std::move(bytes), t.dtype(), t.shape(), t.strides(), t.storage_offset(), to);
 }
 
 [[maybe_unused]] const bool reader_registered = [] {

@@ -194,6 +194,11 @@ std::string no_device_here(int, queue<tensor> q) {
 }
 COHORT_ENTRYPOINT(no_device_here);
 
+// In a rank: returns the elements of the tensor it receives, copied to
+// device `to` first.
+std::vector<float> received_copied_to(int, queue<tensor> q, int to) { return floats_of(q.get()->to(device{kDLCUDA, to})); }
+COHORT_ENTRYPOINT(received_copied_to);
+
 // In a rank: takes `count` tensors and is killed holding them.
 void hold_and_die(int, queue<tensor> q, int count) {
   std::vector<tensor> held;
@@ -600,6 +605,34 @@ TEST_SUITE("cuda tensors") {
       const tensor reused = cuda::zeros({elements}, dtype::float32, 1);
       CHECK(reused.raw_data() == at);
       CHECK(floats_of(*copy) == std::vector<float>(elements, 3.0f));
+    }
+    cuda::empty_cache();
+    CHECK(mark.given_back());
+  }
+
+  TEST_CASE("tensor::to another device copies a block of a shared chunk and a chunk of its own whole, there and back") {
+    if (cuda::device_count() < 2) {
+      MESSAGE("fewer than two devices: nothing to check");
+      return;
+    }
+    const test::memory_mark mark(0);
+    {
+      // A block of a shared chunk and a larger tensor's own chunk: each
+      // mapped for device 0 alone.
+      const tensor small = cuda::full({1 << 10}, 4.0, dtype::float32, 0);
+      const tensor large = cuda::full({1 << 20}, 5.0, dtype::float32, 0);
+      const tensor small_copy = small.to(device{kDLCUDA, 1});
+      const tensor large_copy = large.to(device{kDLCUDA, 1});
+      CHECK(small_copy.device() == device{kDLCUDA, 1});
+      CHECK(floats_of(small_copy) == std::vector<float>(1 << 10, 4.0f));
+      CHECK(floats_of(large_copy) == std::vector<float>(1 << 20, 5.0f));
+      // And back.
+      CHECK(floats_of(small_copy.to(device{kDLCUDA, 0})) == std::vector<float>(1 << 10, 4.0f));
+      // Received in a rank, whose mapping of the chunk is for device 0 alone.
+      queue<tensor> q(1);
+      q.put(small);
+      const auto seen = spawn_and_join(received_copied_to, std::tuple{q, 1}, 1);
+      CHECK(seen.at(0) == std::vector<float>(1 << 10, 4.0f));
     }
     cuda::empty_cache();
     CHECK(mark.given_back());
