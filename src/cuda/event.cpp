@@ -25,11 +25,16 @@ static_assert(sizeof(cudaIpcEventHandle_t) == sizeof(ipc_event_handle::bytes));
 
 std::string describe(const char* entry, int device) { return fmt::format("{}: event on device {}", entry, device); }
 
-// The CUDA event `e`, destroyed with the last copy that holds it. An event
-// recorded and not yet complete is destroyed at once, its resources freed
-// by the driver when the work completes.
-std::shared_ptr<CUevent_st> owned(cudaEvent_t e) {
-  return std::shared_ptr<CUevent_st>(e, [](CUevent_st* made) { std::ignore = cudaEventDestroy(made); });
+// The CUDA event `e` of `device`, destroyed with the last copy that holds
+// it, on whichever thread that is: with its device's context current, as
+// every call here makes it, since on a thread with none the runtime would
+// make device 0's. An event recorded and not yet complete is destroyed at
+// once, its resources freed by the driver when the work completes.
+std::shared_ptr<CUevent_st> owned(cudaEvent_t e, int device) {
+  return std::shared_ptr<CUevent_st>(e, [device](CUevent_st* made) {
+    const detail::device_guard current(device);
+    std::ignore = cudaEventDestroy(made);
+  });
 }
 
 // Throws std::logic_error for an empty event, no_device where it cannot be
@@ -49,7 +54,7 @@ event::event(int device) {
   cudaEvent_t made = nullptr;
   detail::check(cudaEventCreateWithFlags(&made, cudaEventInterprocess | cudaEventDisableTiming),
                 "cudaEventCreateWithFlags", context);
-  event_ = owned(made);
+  event_ = owned(made, device);
   device_ = device;
 }
 
@@ -63,7 +68,7 @@ event event::from_ipc_handle(int device, const ipc_event_handle& handle) {
   cudaEvent_t opened = nullptr;
   detail::check(cudaIpcOpenEventHandle(&opened, raw), "cudaIpcOpenEventHandle", context);
   event e;
-  e.event_ = owned(opened);
+  e.event_ = owned(opened, device);
   e.device_ = device;
   e.opened_ = true;
   return e;
@@ -104,7 +109,9 @@ void event::wait(CUstream_st* stream) const {
 void event::synchronize() const {
   constexpr const char* entry = "cohort::cuda::event::synchronize";
   check_usable(event_.get(), entry);
-  detail::check(cudaEventSynchronize(event_.get()), "cudaEventSynchronize", describe(entry, device_));
+  const auto context = describe(entry, device_);
+  const detail::device_guard current(device_, context);
+  detail::check(cudaEventSynchronize(event_.get()), "cudaEventSynchronize", context);
 }
 
 void event::check_waitable() const { check_usable(event_.get(), "cohort::cuda::event::async_wait"); }
@@ -117,17 +124,21 @@ void event::when_done(std::unique_ptr<detail::event_waiter>& waiter) const {
 bool event::query() const {
   constexpr const char* entry = "cohort::cuda::event::query";
   check_usable(event_.get(), entry);
+  const auto context = describe(entry, device_);
+  const detail::device_guard current(device_, context);
   const cudaError_t done = cudaEventQuery(event_.get());
   if (done == cudaErrorNotReady) return false;
-  detail::check(done, "cudaEventQuery", describe(entry, device_));
+  detail::check(done, "cudaEventQuery", context);
   return true;
 }
 
 ipc_event_handle event::ipc_handle() const {
   constexpr const char* entry = "cohort::cuda::event::ipc_handle";
   check_usable(event_.get(), entry);
+  const auto context = describe(entry, device_);
+  const detail::device_guard current(device_, context);
   cudaIpcEventHandle_t raw{};
-  detail::check(cudaIpcGetEventHandle(&raw, event_.get()), "cudaIpcGetEventHandle", describe(entry, device_));
+  detail::check(cudaIpcGetEventHandle(&raw, event_.get()), "cudaIpcGetEventHandle", context);
   ipc_event_handle handle;
   std::memcpy(handle.bytes.data(), &raw, sizeof raw);
   return handle;

@@ -270,7 +270,9 @@ void end_watch(watched_event& w, cudaError_t state) noexcept {
 // Takes the releases at the front whose streams have done their work (and
 // runs their parcels after the lock), ends the gated waits whose events are
 // done or whose senders have ended, and tells the asynchronous waits whose
-// events are done. Whether any of these is left.
+// events are done. Whether any of these is left. Each event is asked with
+// its own device's context current: on a thread with none (the poller's,
+// a decoding one) the runtime would make device 0's.
 bool poll_device(device_poller& q) {
   std::vector<std::shared_ptr<detail::held_chunk>> unheld;  // let go of last, after the lock
   std::vector<release_parcel*> done;
@@ -281,6 +283,7 @@ bool poll_device(device_poller& q) {
     if (!on_poller_thread) unheld.swap(q.unheld);
     while (!q.entries.empty()) {
       auto& front = q.entries.front();
+      const detail::device_guard on(front.device);
       const cudaError_t state = cudaEventQuery(front.done);
       if (state == cudaErrorNotReady) break;
       if (state != cudaSuccess) std::ignore = cudaGetLastError();  // a failed device runs nothing more
@@ -291,6 +294,7 @@ bool poll_device(device_poller& q) {
     for (auto& [where, gate] : q.gates) {
       while (!gate.waiting.empty()) {
         auto& front = gate.waiting.front();
+        const detail::device_guard on(where.first);
         const cudaError_t state = cudaEventQuery(front.event);
         if (state == cudaErrorNotReady && !ended(front.sender)) break;
         if (state != cudaSuccess && state != cudaErrorNotReady) std::ignore = cudaGetLastError();
@@ -301,6 +305,7 @@ bool poll_device(device_poller& q) {
       }
     }
     for (auto it = q.watched.begin(); it != q.watched.end();) {
+      const detail::device_guard on(it->device);
       const cudaError_t state = cudaEventQuery(it->event);
       if (state == cudaErrorNotReady) {
         ++it;
@@ -389,6 +394,7 @@ void release_after(int device, CUstream_st* stream, release_parcel* parcel) noex
 // where the driver has stream memory operations; else on the event itself.
 void wait_on_sender_event(int device, const event& e, pid_t sender, slot_counts& counts) {
   const auto& api = detail::driver("cohort::decode");
+  const detail::device_guard on(device, fmt::format("cohort::decode: a device tensor from process {}", sender));
   const cudaError_t state = cudaEventQuery(e.native_handle());
   if (state == cudaSuccess) {
     acknowledge(counts);
@@ -404,7 +410,6 @@ void wait_on_sender_event(int device, const event& e, pid_t sender, slot_counts&
     bool gated = false;
     {
       std::lock_guard lock(q.mutex);
-      const detail::device_guard on(device);
       auto& gate = q.gates[{device, current}];
       if (gate.word == nullptr) {
         void* word = nullptr;
@@ -702,6 +707,7 @@ class received_memory final : public cohort::detail::device_memory {
   ~received_memory() override {
     auto* parcel = new (std::nothrow) release_parcel{std::move(note_), chunk_};
     if (parcel == nullptr) {
+      const detail::device_guard on(device_);
       std::ignore = cudaStreamSynchronize(stream_);
       chunk_->users.fetch_sub(1, std::memory_order_release);
       return;
@@ -865,7 +871,10 @@ void order_after_copy(int from, int to) {
     detail::check(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming), "cudaEventCreateWithFlags", context);
   }
   // Destroyed at once: the driver keeps what the queued wait needs.
-  const auto destroy = [](CUevent_st* e) { std::ignore = cudaEventDestroy(e); };
+  const auto destroy = [to](CUevent_st* e) {
+    const detail::device_guard on(to);
+    std::ignore = cudaEventDestroy(e);
+  };
   const std::unique_ptr<CUevent_st, decltype(destroy)> keep(copied, destroy);
   {
     const detail::device_guard on(to, context);
@@ -1044,9 +1053,13 @@ namespace detail {
 
 void watch_event(int device, CUevent_st* e, std::shared_ptr<CUevent_st> keep, std::unique_ptr<event_waiter> waiter) {
   watched_event w{device, e, std::move(keep), std::move(waiter)};
-  const cudaError_t state = cudaEventQuery(e);
+  cudaError_t state = cudaSuccess;
+  {
+    const device_guard on(device);
+    state = cudaEventQuery(e);
+    if (state != cudaSuccess && state != cudaErrorNotReady) std::ignore = cudaGetLastError();
+  }
   if (state != cudaErrorNotReady) {
-    if (state != cudaSuccess) std::ignore = cudaGetLastError();
     end_watch(w, state);
     return;
   }
@@ -1067,7 +1080,11 @@ void when_stream_done(int device, std::unique_ptr<event_waiter>& waiter) {
   const device_guard on(device, context);
   cudaEvent_t marker = nullptr;
   check(cudaEventCreateWithFlags(&marker, cudaEventDisableTiming), "cudaEventCreateWithFlags", context);
-  std::shared_ptr<CUevent_st> keep(marker, [](CUevent_st* e) { std::ignore = cudaEventDestroy(e); });
+  // Destroyed where the wait ends, maybe on the poller's thread.
+  std::shared_ptr<CUevent_st> keep(marker, [device](CUevent_st* e) {
+    const device_guard on(device);
+    std::ignore = cudaEventDestroy(e);
+  });
   check(cudaEventRecord(marker, current), "cudaEventRecord", context);
   watch_event(device, marker, std::move(keep), std::move(waiter));
 }

@@ -26,6 +26,9 @@
 #include <asio/io_context.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
+
+#include <cudaTypedefs.h>
 
 #include <fmt/format.h>
 
@@ -198,6 +201,76 @@ COHORT_ENTRYPOINT(no_device_here);
 // device `to` first.
 std::vector<float> received_copied_to(int, queue<tensor> q, int to) { return floats_of(q.get()->to(device{kDLCUDA, to})); }
 COHORT_ENTRYPOINT(received_copied_to);
+
+// Whether device `device`'s primary context is active in this process
+// (cuDevicePrimaryCtxGetState), asked through the runtime as the layer asks.
+bool primary_context_active(int device) {
+  const auto resolve = [](const char* symbol, unsigned version, auto& slot) {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    test::cuda_check(cudaGetDriverEntryPointByVersion(symbol, &function, version, cudaEnableDefault, &found), symbol);
+    if (found != cudaDriverEntryPointSuccess || function == nullptr) throw std::runtime_error(symbol);
+    slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(function);
+  };
+  PFN_cuDeviceGet_v2000 device_get = nullptr;
+  PFN_cuDevicePrimaryCtxGetState_v7000 get_state = nullptr;
+  resolve("cuDeviceGet", 2000, device_get);
+  resolve("cuDevicePrimaryCtxGetState", 7000, get_state);
+  CUdevice handle = 0;
+  unsigned flags = 0;
+  int active = 0;
+  if (device_get(&handle, device) != CUDA_SUCCESS || get_state(handle, &flags, &active) != CUDA_SUCCESS) {
+    throw std::runtime_error("cuDevicePrimaryCtxGetState");
+  }
+  return active != 0;
+}
+
+// A host function that holds its stream up for a fifth of a second.
+void CUDART_CB hold_a_fifth(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }
+
+// Holds `stream`, of device 1, up for a fifth of a second, from a thread of
+// its own: this one keeps no context current, as a program that uses only
+// the layer's calls has none.
+void hold_up(cudaStream_t stream) {
+  std::thread([stream] {
+    test::cuda_check(cudaSetDevice(1), "cudaSetDevice");
+    test::cuda_check(cudaLaunchHostFunc(stream, hold_a_fifth, nullptr), "cudaLaunchHostFunc");
+  }).join();
+}
+
+// In a rank given only device 1's work: receives a tensor of device 1 on a
+// stream held up a while (so that its release, and waits on events, go to
+// the polling thread), copies it out, queries, waits on and co_awaits
+// events of device 1, lets the tensor go and waits for its release. Returns
+// whether device 0's primary context was made here, and the tensor's elements.
+std::pair<bool, std::vector<float>> device_one_only(int, queue<tensor> q) {
+  ::alarm(60);
+  cudaStream_t stream = nullptr;
+  std::thread([&stream] {
+    test::cuda_check(cudaSetDevice(1), "cudaSetDevice");
+    test::cuda_check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  }).join();
+  hold_up(stream);
+  cuda::set_current_stream(stream);
+  std::vector<float> values;
+  {
+    const tensor t = *q.get();
+    cuda::event marked(1);
+    marked.record(stream);
+    if (marked.query()) throw std::logic_error("the held-up stream's event is done at once");
+    auto watched = marked.async_wait(asio::use_future);
+    values = floats_of(t);
+    watched.get();
+    marked.synchronize();
+    hold_up(stream);
+  }
+  // The release queued behind the hold is the poller's; this wait's event
+  // is recorded after it, so the release is seen done first.
+  cuda::async_synchronize(1, asio::use_future).get();
+  cuda::set_current_stream(nullptr);
+  return {primary_context_active(0), values};
+}
+COHORT_ENTRYPOINT(device_one_only);
 
 // In a rank: takes `count` tensors and is killed holding them.
 void hold_and_die(int, queue<tensor> q, int count) {
@@ -636,6 +709,19 @@ TEST_SUITE("cuda tensors") {
     }
     cuda::empty_cache();
     CHECK(mark.given_back());
+  }
+
+  TEST_CASE("a rank that uses only device 1 makes no context on device 0") {
+    if (cuda::device_count() < 2) {
+      MESSAGE("fewer than two devices: nothing to check");
+      return;
+    }
+    queue<tensor> q(1);
+    q.put(cuda::full({256}, 6.0, dtype::float32, 1));
+    const auto results = spawn_and_join(device_one_only, std::tuple{q}, 1);
+    const auto& [made, values] = results.at(0);
+    CHECK_FALSE(made);
+    CHECK(values == std::vector<float>(256, 6.0f));
   }
 
   TEST_CASE("a receiver killed holding tensors gives their blocks back to the maker") {
