@@ -71,19 +71,22 @@ event event::from_ipc_handle(int device, const ipc_event_handle& handle) {
   e.event_ = owned(opened, device);
   e.device_ = device;
   e.opened_ = true;
+  e.opened_from_ = handle;
   return e;
 }
 
 event::event(event&& other) noexcept
     : event_(std::move(other.event_)),
       device_(std::exchange(other.device_, -1)),
-      opened_(std::exchange(other.opened_, false)) {}
+      opened_(std::exchange(other.opened_, false)),
+      opened_from_(other.opened_from_) {}
 
 event& event::operator=(event&& other) noexcept {
   if (this != &other) {
     event_ = std::move(other.event_);
     device_ = std::exchange(other.device_, -1);
     opened_ = std::exchange(other.opened_, false);
+    opened_from_ = other.opened_from_;
   }
   return *this;
 }
@@ -135,6 +138,7 @@ bool event::query() const {
 ipc_event_handle event::ipc_handle() const {
   constexpr const char* entry = "cohort::cuda::event::ipc_handle";
   check_usable(event_.get(), entry);
+  if (opened_) return opened_from_;
   const auto context = describe(entry, device_);
   const detail::device_guard current(device_, context);
   cudaIpcEventHandle_t raw{};
@@ -153,8 +157,8 @@ void handle_codec<cuda::event>::write(std::vector<std::byte>& out, const cuda::e
     out.push_back(std::byte{0});
     return;
   }
-  // Opened events are passed on as their maker made them: the handle is
-  // the same in every process.
+  // Opened events are passed on as their maker made them, by the handle
+  // they were opened from (ipc_handle()): the same in every process.
   const auto handle = value.ipc_handle();
   const auto id = cuda::device_uuid(value.device());
   const auto maker = static_cast<std::uint32_t>(value.opened() ? 0 : ::getpid());

@@ -332,6 +332,27 @@ void export_event(int, queue<cuda::event> out, queue<int> used, std::int64_t ns)
 }
 COHORT_ENTRYPOINT(export_event);
 
+// Ranks 0 and 1: rank 0 passes on the event it receives; rank 1 makes its
+// stream wait on the event passed on, then returns the words of `t` that
+// are not 42 (sent before the kernel that writes them was queued, so only
+// the event orders the copy after that kernel).
+std::int64_t relay_event(int rank, queue<tensor> data, queue<cuda::event> first, queue<cuda::event> second) {
+  ::alarm(60);
+  if (rank == 0) {
+    const cuda::event opened = *first.get();
+    if (!opened.opened()) throw std::logic_error("the event is not opened here");
+    second.put(opened);
+    return 0;
+  }
+  const tensor t = *data.get();
+  const cuda::event passed_on = *second.get();
+  passed_on.wait(cuda::current_stream());
+  const tensor host = cuda::to_cpu(t);
+  const auto words = host.data<std::uint32_t>();
+  return std::count_if(words.begin(), words.end(), [](std::uint32_t w) { return w != 42; });
+}
+COHORT_ENTRYPOINT(relay_event);
+
 // Ranks 0, 1, 2: maker, relay, receiver. The maker sends a tensor of a
 // chunk of its own (2 MiB) full of 7 and ends; the relay sends it on and
 // drops it, and once the maker has ended maps a chunk of the receiver's
@@ -824,6 +845,22 @@ TEST_SUITE("cuda tensors") {
       CHECK(theirs.query());
       used.put(1);
       exporter.get();
+    }
+    // An event received and passed on still orders a third process's work
+    // after the maker's kernel.
+    for (auto method : methods) {
+      CAPTURE(to_string(method));
+      tensor t = cuda::zeros({1024}, dtype::uint32, 0);
+      queue<tensor> data(1);
+      queue<cuda::event> first(1), second(1);
+      data.put(t);
+      test::kernels::get().spin_fill(t.raw_data(), 1024, 42, 3'000'000'000, cuda::current_stream());
+      cuda::event done(0);
+      done.record(cuda::current_stream());
+      first.put(done);
+      const auto wrong = spawn_and_join(relay_event, std::tuple{data, first, second}, 2, test::join_by(method));
+      CHECK(wrong.at(1) == 0);
+      cuda::synchronize(0);
     }
     // The process that made an event cannot open it: received here, it is refused.
     cuda::event mine(0);

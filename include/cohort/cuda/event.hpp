@@ -135,7 +135,10 @@ class event {
   /// Whether the work captured by the last record is done (cudaEventQuery);
   /// true for an event never recorded.
   bool query() const;
-  /// What another process opens this event by (cudaIpcGetEventHandle).
+  /// What another process opens this event by: cudaIpcGetEventHandle's
+  /// for an event made here; for an opened one, the handle it was opened
+  /// from (CUDA gives handles only for events made interprocess, which an
+  /// opened event is not), so that it may be passed on.
   ipc_event_handle ipc_handle() const;
 
   /// The cudaEvent_t, this object's still.
@@ -155,6 +158,7 @@ class event {
   std::shared_ptr<CUevent_st> event_;
   int device_ = -1;
   bool opened_ = false;
+  ipc_event_handle opened_from_;  // an opened event's maker's handle
 };
 
 }  // namespace cohort::cuda
