@@ -294,10 +294,14 @@ bool poll_device(device_poller& q) {
     for (auto& [where, gate] : q.gates) {
       while (!gate.waiting.empty()) {
         auto& front = gate.waiting.front();
-        const detail::device_guard on(where.first);
-        const cudaError_t state = cudaEventQuery(front.event);
-        if (state == cudaErrorNotReady && !ended(front.sender)) break;
-        if (state != cudaSuccess && state != cudaErrorNotReady) std::ignore = cudaGetLastError();
+        // A sender that has ended is not asked about its event: once its
+        // maker destroyed it, an opened event's use is undefined.
+        if (!ended(front.sender)) {
+          const detail::device_guard on(where.first);
+          const cudaError_t state = cudaEventQuery(front.event);
+          if (state == cudaErrorNotReady) break;
+          if (state != cudaSuccess) std::ignore = cudaGetLastError();
+        }
         __atomic_store_n(gate.word, front.seq, __ATOMIC_RELEASE);
         acknowledge(*front.counts);
         gate.waiting.pop_front();
@@ -507,7 +511,8 @@ slot_counts* table_of(opened_events& o, pid_t sender, std::uint32_t port, std::s
 void acknowledge_refused(pid_t sender, std::uint32_t port, std::uint32_t slot) noexcept {
   if (slot >= max_slots) return;
   try {
-    if (sender == ::getpid()) {
+    // As chunk_for: this pid on another port was an earlier process.
+    if (sender == ::getpid() && port == detail::own_port()) {
       auto& pool = send_events();
       std::lock_guard lock(pool.mutex);
       if (slot < pool.slots.size()) acknowledge(pool.table[slot]);
@@ -525,7 +530,8 @@ void acknowledge_refused(pid_t sender, std::uint32_t port, std::uint32_t slot) n
 // Makes the current stream wait for the sender's work on the tensor.
 void wait_for_sender(int device, pid_t sender, std::uint32_t port, std::uint32_t slot) {
   if (slot >= max_slots) throw decode_error(fmt::format("cohort::decode: a device tensor names event slot {}", slot));
-  if (sender == ::getpid()) {
+  // As chunk_for: this pid on another port was an earlier process.
+  if (sender == ::getpid() && port == detail::own_port()) {
     auto& pool = send_events();
     std::lock_guard lock(pool.mutex);
     if (slot >= pool.slots.size()) {

@@ -9,6 +9,7 @@
 #include "cohort/process_error.hpp"
 #include "cohort/queue.hpp"
 #include "cohort/spawn_and_join.hpp"
+#include "cuda/exchange.hpp"
 
 #include "support/cuda_kernels.hpp"
 #include "support/cuda_memory.hpp"
@@ -44,6 +45,7 @@
 #include <stdexcept>
 #include <thread>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -613,6 +615,27 @@ TEST_SUITE("cuda tensors") {
     }
     cuda::empty_cache();
     CHECK(mark.given_back());
+  }
+
+  TEST_CASE("a record whose sender is this pid on another port is an earlier process's: its event is not waited for here") {
+    const tensor t = cuda::full({4}, 2.5, dtype::float32, 0);
+    const auto sent = encode(t);  // held while its bytes are read back
+    std::vector<std::byte> bytes(sent.bytes().begin(), sent.bytes().end());
+    // The sender and its port, as the record holds them: the port made another.
+    std::array<std::byte, 8> sender_and_port;
+    const auto pid = static_cast<std::uint32_t>(::getpid());
+    const std::uint32_t port = cuda::detail::own_port();
+    std::memcpy(sender_and_port.data(), &pid, 4);
+    std::memcpy(sender_and_port.data() + 4, &port, 4);
+    const auto at = std::search(bytes.begin(), bytes.end(), sender_and_port.begin(), sender_and_port.end());
+    REQUIRE(at != bytes.end());
+    const std::uint32_t other = port + 1;
+    std::memcpy(&*(at + 4), &other, 4);
+    CHECK_THROWS_WITH_AS((void)decode<tensor>(encoded::from_bytes(bytes)),
+                         doctest::Contains(fmt::format("the event table of a device tensor from process {}", pid).c_str()),
+                         decode_error);
+    // The true record still crosses.
+    CHECK(floats_of(decode<tensor>(encode(t))) == std::vector<float>(4, 2.5f));
   }
 
   TEST_CASE("tensors and events of a second device cross as the first's do (test_event_handle_multi_gpu)") {
