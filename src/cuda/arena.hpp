@@ -76,6 +76,11 @@ struct held_chunk {
   std::uint32_t port = 0;  // the maker's socket
   std::uint64_t id = 0;
   bool single = false;
+  /// An ipc_handle chunk opened here from its maker's handle: closed as
+  /// soon as no received tensor here uses it, before this process lets go
+  /// of the note that named it (CUDA leaves the maker's free of memory
+  /// that another process still has open undefined).
+  bool opened = false;
   /// The chunk's descriptor (file_descriptor chunks), which this process
   /// hands out to receivers (exchange.hpp) while it holds the chunk: the
   /// served table names it, and the destructor stops serving it before it

@@ -174,15 +174,48 @@ struct release_parcel {
 // Set on the poller's own thread (start_polling).
 thread_local bool on_poller_thread = false;
 void keep_for_another_thread(std::shared_ptr<detail::held_chunk> chunk) noexcept;
+void close_on_another_thread(release_parcel* r) noexcept;
+bool last_user_of_opened(detail::held_chunk& chunk) noexcept;
+
+// Closes an opened chunk that no tensor here uses any more (its
+// cudaIpcCloseMemHandle waits for the device first, as chunk's release
+// does), then lets go of the parcel's note: the maker frees the chunk once
+// every receiver has let go of its notes.
+void close_then_release(release_parcel* r) noexcept {
+  { const chunk closed = std::move(r->chunk->memory); }
+  delete r;
+}
+
+// Takes one user off `c`, received here, outside a release (a receipt that
+// failed after the chunk was had): an opened chunk left with none is closed
+// at once, before the caller lets go of the note.
+void drop_user(detail::held_chunk& c) noexcept {
+  if (!c.opened) {
+    c.users.fetch_sub(1, std::memory_order_release);
+    return;
+  }
+  if (last_user_of_opened(c)) {
+    const chunk closed = std::move(c.memory);
+  }
+}
+
 // The note's holds go first: the maker may reuse the block then. The
 // chunk's count is taken down after, through the parcel's own hold on the
 // chunk, let go of last: once the note is gone, the arena may free a chunk
 // of this process's own, and once the count is 0, sweep_imports may drop an
-// imported one from its cache; either may be the last other hold.
+// imported one from its cache; either may be the last other hold. An
+// opened chunk's last user closes it before the note goes (on another
+// thread than the poller's, which never ends a chunk).
 void release_now(release_parcel* r) noexcept {
+  if (r->chunk->opened && last_user_of_opened(*r->chunk)) {
+    if (on_poller_thread) close_on_another_thread(r);
+    else close_then_release(r);
+    return;
+  }
   auto chunk = std::move(r->chunk);
+  const bool counted = chunk->opened;  // by last_user_of_opened
   delete r;
-  chunk->users.fetch_sub(1, std::memory_order_release);
+  if (!counted) chunk->users.fetch_sub(1, std::memory_order_release);
   // Handed on whatever its count now says: another thread may drop its own
   // hold (the import cache, the arena) at any moment after.
   if (on_poller_thread) keep_for_another_thread(std::move(chunk));
@@ -235,6 +268,9 @@ struct device_poller {
   // the next poll on another thread (a receipt or release of a device
   // tensor), or empty_cache().
   std::vector<std::shared_ptr<detail::held_chunk>> unheld;
+  // Releases whose opened chunk the poller's thread left to close, their
+  // notes held until it is: closed by the next poll on another thread.
+  std::vector<release_parcel*> unclosed;
 };
 device_poller& poller() {
   static auto* q = new device_poller;
@@ -249,6 +285,17 @@ void keep_for_another_thread(std::shared_ptr<detail::held_chunk> chunk) noexcept
   } catch (...) {
     // Out of memory: kept for good where it can be, rather than ended here.
     std::ignore = new (std::nothrow) std::shared_ptr<detail::held_chunk>(std::move(chunk));
+  }
+}
+
+void close_on_another_thread(release_parcel* r) noexcept {
+  auto& q = poller();
+  std::lock_guard lock(q.mutex);
+  try {
+    q.unclosed.push_back(r);
+  } catch (...) {
+    // Out of memory: left open for good, its note held, so that the maker
+    // never frees it.
   }
 }
 
@@ -275,12 +322,16 @@ void end_watch(watched_event& w, cudaError_t state) noexcept {
 // a decoding one) the runtime would make device 0's.
 bool poll_device(device_poller& q) {
   std::vector<std::shared_ptr<detail::held_chunk>> unheld;  // let go of last, after the lock
+  std::vector<release_parcel*> unclosed;
   std::vector<release_parcel*> done;
   std::vector<std::pair<watched_event, cudaError_t>> finished;
   bool left = false;
   {
     std::lock_guard lock(q.mutex);
-    if (!on_poller_thread) unheld.swap(q.unheld);
+    if (!on_poller_thread) {
+      unheld.swap(q.unheld);
+      unclosed.swap(q.unclosed);
+    }
     while (!q.entries.empty()) {
       auto& front = q.entries.front();
       const detail::device_guard on(front.device);
@@ -322,6 +373,7 @@ bool poll_device(device_poller& q) {
     left = !q.entries.empty() || q.gated > 0 || !q.watched.empty();
   }
   for (auto* parcel : done) release_now(parcel);
+  for (auto* parcel : unclosed) close_then_release(parcel);
   for (auto& [w, state] : finished) end_watch(w, state);
   return left;
 }
@@ -578,6 +630,7 @@ import_cache& imports() {
 // or any chunk of a maker that has ended; every unused one when `all`. A
 // chunk named by a message this process sent on stays until that message
 // is received: its receiver may ask here for it once the maker has ended.
+// (An opened chunk leaves as its last user goes: last_user_of_opened.)
 int sweep_imports(import_cache& c, bool all) {
   int gone = 0;
   for (auto it = c.chunks.begin(); it != c.chunks.end();) {
@@ -592,6 +645,18 @@ int sweep_imports(import_cache& c, bool all) {
     }
   }
   return gone;
+}
+
+// Takes one user off `c`, an ipc_handle chunk opened here; true when it was
+// the last, the chunk then out of the cache, so that no receipt takes it up
+// again before the caller closes it (a later one opens the handle anew).
+bool last_user_of_opened(detail::held_chunk& c) noexcept {
+  auto& cache = imports();
+  std::lock_guard lock(cache.mutex);
+  if (c.users.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
+  const auto found = cache.chunks.find(std::tuple{c.maker, c.port, c.id});
+  if (found != cache.chunks.end() && found->second.get() == &c) cache.chunks.erase(found);
+  return true;
 }
 
 // The chunk `note` names, mapped here on `device`, with one more user.
@@ -627,6 +692,7 @@ std::shared_ptr<detail::held_chunk> chunk_for(const detail::chunk_note& note, in
   held->single = note.single != 0;
   if (note.kind == static_cast<std::uint8_t>(sharing::ipc_handle)) {
     held->memory = chunk::open(device, note.ipc, note.chunk_size);
+    held->opened = true;
   } else {
     // From its maker, or, once the maker has ended, from the sender, which
     // holds it mapped.
@@ -715,7 +781,7 @@ class received_memory final : public cohort::detail::device_memory {
     if (parcel == nullptr) {
       const detail::device_guard on(device_);
       std::ignore = cudaStreamSynchronize(stream_);
-      chunk_->users.fetch_sub(1, std::memory_order_release);
+      drop_user(*chunk_);  // before note_ goes, after this body
       return;
     }
     release_after(device_, stream_, parcel);
@@ -815,7 +881,7 @@ cohort::storage read_device_storage(cohort::detail::reader& in) {
     // received tensor still gets a storage of its own over the block.
     memory = std::make_shared<received_memory>(std::move(note), chunk, n.offset, w.nbytes, *device);
   } catch (...) {
-    chunk->users.fetch_sub(1, std::memory_order_release);
+    drop_user(*chunk);  // before the note goes, as this call ends
     throw;
   }
   return cohort::detail::make_device_storage(std::move(memory));
