@@ -181,9 +181,10 @@ double largest_finite() {
   }
 }
 
-// `value` as an element of type T, for fill_.
+// `value` as an element of type T, for fill_ and full; `caller` is the one
+// the user called, which an error names.
 template <class T>
-T convert(double value) {
+T convert(double value, const char* caller) {
   if constexpr (std::same_as<T, bool>) {
     return value != 0;
   } else if constexpr (std::integral<T>) {
@@ -191,7 +192,7 @@ T convert(double value) {
     const double limit = std::ldexp(1.0, std::numeric_limits<T>::digits);
     if (!(whole >= (std::is_signed_v<T> ? -limit : 0.0) && whole < limit)) {
       throw std::invalid_argument(
-          fmt::format("tensor::fill_: {} does not fit {}", value, dtype_of<T>));
+          fmt::format("{}: {} does not fit {}", caller, value, dtype_of<T>));
     }
     return static_cast<T>(whole);
   } else {
@@ -199,7 +200,7 @@ T convert(double value) {
     // largest finite element is refused rather than made infinite.
     if (std::isfinite(value) && std::fabs(value) > largest_finite<T>()) {
       throw std::invalid_argument(
-          fmt::format("tensor::fill_: {} is beyond the largest finite {}", value, dtype_of<T>));
+          fmt::format("{}: {} is beyond the largest finite {}", caller, value, dtype_of<T>));
     }
     if constexpr (std::floating_point<T>) {
       return static_cast<T>(value);
@@ -207,6 +208,22 @@ T convert(double value) {
       return T(static_cast<float>(value));
     }
   }
+}
+
+// Sets every element of `t`, a tensor on the host, to `value`; `caller`
+// names the function the user called in the error of a value that does not
+// fit.
+void fill(tensor& t, double value, const char* caller) {
+  visit_dtype(t.dtype(), [&]<class T>(type_tag<T>) {
+    const T element = convert<T>(value, caller);
+    const std::int64_t length = row_length(t);
+    const std::int64_t step = row_step(t);
+    for_each_row(std::array<const tensor*, 1>{&t}, [&](const auto& first) {
+      for (std::int64_t i = 0; i < length; ++i) {
+        std::memcpy(first[0] + i * step, &element, sizeof element);
+      }
+    });
+  });
 }
 
 template <class T>
@@ -344,7 +361,7 @@ tensor tensor::zeros(std::span<const std::int64_t> shape, cohort::dtype type,
 tensor tensor::full(std::span<const std::int64_t> shape, double value, cohort::dtype type,
                     tensor_options options) {
   tensor out = empty(shape, type, options);
-  out.fill_(value);
+  fill(out, value, "tensor::full");
   return out;
 }
 
@@ -589,16 +606,7 @@ tensor tensor::clone(tensor_options options) const {
 
 tensor& tensor::fill_(double value) {
   check_on_host("fill_");
-  visit_dtype(dtype_, [&]<class T>(type_tag<T>) {
-    const T element = convert<T>(value);
-    const std::int64_t length = row_length(*this);
-    const std::int64_t step = row_step(*this);
-    for_each_row(std::array<const tensor*, 1>{this}, [&](const auto& first) {
-      for (std::int64_t i = 0; i < length; ++i) {
-        std::memcpy(first[0] + i * step, &element, sizeof element);
-      }
-    });
-  });
+  fill(*this, value, "tensor::fill_");
   return *this;
 }
 

@@ -193,6 +193,17 @@ TEST_CASE("full refuses a value an integer dtype cannot hold") {
   CHECK_THROWS_AS(tensor::full({1}, NAN, dtype::int32), std::invalid_argument);
 }
 
+// Before, full's refusal named fill_, a function the caller never called.
+TEST_CASE("a refused value's error names the function called, full or fill_") {
+  CHECK_THROWS_WITH_AS(tensor::full({2}, 1000, dtype::int8), "tensor::full: 1000 does not fit int8",
+                       std::invalid_argument);
+  CHECK_THROWS_WITH_AS(tensor::full({1}, 1e300, dtype::float32),
+                       "tensor::full: 1e+300 is beyond the largest finite float32", std::invalid_argument);
+  auto t = tensor::full({2}, 1, dtype::int8);
+  CHECK_THROWS_WITH_AS(t.fill_(1000), "tensor::fill_: 1000 does not fit int8", std::invalid_argument);
+  CHECK(t.at<std::int8_t>({1}) == 1);
+}
+
 // Before, a finite value past a floating dtype's range filled infinities.
 TEST_CASE("full refuses a finite value past a floating dtype's largest, and takes infinity and NaN") {
   CHECK(tensor::full({1}, 65504, dtype::float16).item<float16>().bits == 0x7BFF);
