@@ -429,6 +429,13 @@ void child::signal(int sig, std::error_code& ec) {
 void child::signal_group(int sig) {
   std::error_code ec;
   signal_group(sig, ec);
+  if (ec && !state_->group_leader) {
+    // No group carries the child's pid: naming one would send the reader
+    // looking for it.
+    throw std::system_error(ec, fmt::format("cohort::child::signal_group: {} to child {}: it does not lead a "
+                                            "process group (spawn it with new_process_group = true)",
+                                            signal_name(sig), pid()));
+  }
   if (ec) {
     throw std::system_error(ec, fmt::format("cohort::child::signal_group: {} to group {}{}", signal_name(sig), pid(),
                                             detail::reaped_elsewhere_note(*state_, ec)));
@@ -446,11 +453,11 @@ void child::signal_group(int sig) {
 void child::signal_group(int sig, std::error_code& ec) {
   ec.clear();
   if (!state_) throw std::logic_error("cohort::child::signal_group: no process");
+  if (state_->status) return;
   if (!state_->group_leader) {
     ec = std::make_error_code(std::errc::invalid_argument);  // its group is not its own
     return;
   }
-  if (state_->status) return;
   if (!state_->here()) {  // another process's child: see not_here_note
     ec.assign(ECHILD, std::system_category());
     return;

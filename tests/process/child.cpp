@@ -379,6 +379,30 @@ TEST_SUITE("child") {
     CHECK(ec == std::errc::invalid_argument);
   }
 
+  // Before, the throwing form named a group that does not exist, and a
+  // reaped child that never led a group was refused too.
+  TEST_CASE("signal_group() on a child that leads no group says so, and does nothing once it is reaped") {
+    asio::io_context io;
+    const spawn_options options{.new_process_group = false};
+    child c = spawn(io.get_executor(), target({"sleep", "30"}), options);
+    try {
+      c.signal_group(SIGTERM);
+      FAIL("signal_group() took a child that leads no group");
+    } catch (const std::system_error& e) {
+      CHECK(e.code() == std::errc::invalid_argument);
+      const std::string what = e.what();
+      CHECK(what.find("does not lead a process group") != std::string::npos);
+      CHECK(what.find("new_process_group = true") != std::string::npos);
+      CHECK(what.find("to group") == std::string::npos);
+    }
+    c.signal(SIGKILL);
+    CHECK(c.join().signal() == SIGKILL);
+    std::error_code ec;
+    c.signal_group(SIGTERM, ec);
+    CHECK_FALSE(ec);
+    CHECK_NOTHROW(c.signal_group(SIGTERM));
+  }
+
   TEST_CASE("destroying a running child kills and reaps it") {
     asio::io_context io;
     pid_t pid;
