@@ -137,7 +137,11 @@ struct rank_failure {
 struct run_result {
   /// Per rank, in rank order; nullopt for a rank never reaped (see unreaped).
   std::vector<std::optional<exit_status>> statuses;
-  /// Ranks that failed on their own, in the order they were seen.
+  /// Ranks that failed on their own, in the order they were seen. A rank
+  /// the shutdown's signals ended is not among them; one reaped after the
+  /// shutdown's first signal is, when the report it wrote (its error
+  /// file's timestamp, whole seconds taken at their latest) is dated
+  /// before that signal: it failed before the shutdown reached it.
   std::vector<rank_failure> failures;
   /// Per rank, in rank order: what the rank's function returned (decode it
   /// with as<T>()); nullopt for programs, void functions and ranks that failed.

@@ -241,6 +241,9 @@ struct group_state {
   bool failed = false;
   bool stopping = false;
   bool signalled = false;  // the shutdown's first signal went out: later non-zero exits are its doing
+  // When the shutdown's first signal went out: a report dated before it
+  // was not written because of it.
+  std::chrono::system_clock::time_point first_signal_at;
   bool hurry = false;      // a second shutdown signal: no more grace
   first_shutdown_signal first_caught;  // by forward_signals
   bool subreaper = false;  // holds a become_subreaper(), until the run ends
@@ -564,7 +567,10 @@ asio::awaitable<void> signal_and_await(std::shared_ptr<group_state> shared, int 
   // Before anything dies: what dies with a rank (the ranks of a group it
   // started, by their parent-death signal) could not be told apart after.
   track_descendants(state, true);
-  if (!state.signalled) record_ended_ranks(shared);
+  if (!state.signalled) {
+    record_ended_ranks(shared);
+    state.first_signal_at = std::chrono::system_clock::now();
+  }
   state.signalled = true;
   // What an earlier signal left of a rank's group once the rank ended
   // gets this one too.
@@ -859,13 +865,14 @@ bool record_exit(const std::shared_ptr<group_state>& state, int rank, rank_end e
   } catch (const std::exception&) {
   }
   if (s.signalled) {
-    // Ended by the shutdown, as a rule. But a rank can fail first and
-    // still be writing its report (its stack being symbolized) when a
-    // later failure's shutdown reaches it: its report, dated before every
-    // failure recorded, makes it the failure it was, the first.
-    const auto later = [&](const rank_failure& f) { return failure.timestamp < f.timestamp; };
-    const bool earlier = reported && std::all_of(s.partial.failures.begin(), s.partial.failures.end(), later);
-    if (earlier) s.partial.failures.push_back(std::move(failure));
+    // Ended by the shutdown, as a rule: a report it made the rank write
+    // (torch's @record on SIGTERM) is dated after its first signal, whole
+    // seconds taken at their latest. But a rank can fail on its own while
+    // another's failure is seen, and still be exiting (its stack being
+    // symbolized) as the shutdown reaches it: its report, dated before the
+    // first signal, makes it the failure it was, whether or not it came
+    // first (first_failure() orders them by date).
+    if (reported && failure.timestamp < s.first_signal_at) s.partial.failures.push_back(std::move(failure));
     return false;
   }
   s.partial.failures.push_back(std::move(failure));

@@ -441,6 +441,37 @@ void fork_setsid_child(int, std::string dir) {
 }
 COHORT_ENTRYPOINT(fork_setsid_child);
 
+// Two ranks that fail on their own, one just after the other, the second
+// still exiting as the shutdown the first started reaches it. Rank 0
+// reports its error, waits until rank 1 has reported its own, and exits 1.
+// Rank 1 waits for rank 0's report, reports its own (dated after rank 0's,
+// before the shutdown) with SIGTERM blocked, and exits 1 200 ms after the
+// shutdown's SIGTERM: it is reaped after the shutdown signalled.
+void fail_one_after_the_other(int rank, std::string dir) {
+  const fs::path folder(dir);
+  const auto reported = [&](int which) { return fs::exists(folder / fmt::format("reported-{}", which)); };
+  const auto report = [&](const char* message) {
+    if (!record_error(error_report{message, {}, std::nullopt})) ::_exit(2);
+    std::ofstream(folder / fmt::format("reported-{}", rank)).flush();
+  };
+  if (rank == 0) {
+    report("std::runtime_error: first");
+    test::within(10s, [&] { return reported(1); });
+    ::_exit(1);
+  }
+  sigset_t term;
+  ::sigemptyset(&term);
+  ::sigaddset(&term, SIGTERM);
+  ::pthread_sigmask(SIG_BLOCK, &term, nullptr);
+  test::within(10s, [&] { return reported(0); });
+  report("std::runtime_error: second");
+  const timespec limit{10, 0};
+  if (::sigtimedwait(&term, nullptr, &limit) != SIGTERM) ::_exit(3);
+  std::this_thread::sleep_for(200ms);
+  ::_exit(1);
+}
+COHORT_ENTRYPOINT(fail_one_after_the_other);
+
 // For the test of a rank that ends before every rank has started: the
 // first rank's pid, in memory the supervisor shares with its forked ranks,
 // and the file the other ranks make on SIGTERM.
@@ -1686,6 +1717,28 @@ TEST_SUITE("group") {
     CHECK(result.failures.front().rank == 1);  // seen first
     CHECK(result.first_failure()->rank == 0);
     CHECK(result.first_failure()->message == "std::runtime_error: early");
+  }
+
+  // Before, rank 1 counted only when its report was dated before every
+  // failure recorded: reported just after rank 0's, it was left out as
+  // though the shutdown had ended it.
+  TEST_CASE("a rank that reported its failure before the shutdown's signal, reaped after it, is a failure") {
+    test::temp_dir dir;
+    group_spec spec;
+    spec.entry = call(start_method::fork, fail_one_after_the_other, dir.path.string());
+    spec.nprocs = 2;
+    spec.shutdown.grace = 0s;
+    spec.shutdown.term_grace = 10s;
+    const auto result = run_group(spec);
+    REQUIRE(result.failures.size() == 2);
+    CHECK(result.failures[0].rank == 0);  // seen first
+    CHECK(result.failures[1].rank == 1);
+    CHECK(result.failures[1].status.code() == 1);
+    CHECK(result.failures[1].message == "std::runtime_error: second");
+    CHECK(result.failures[0].timestamp < result.failures[1].timestamp);
+    REQUIRE(result.first_failure() != nullptr);
+    CHECK(result.first_failure()->rank == 0);
+    CHECK(result.first_failure()->message == "std::runtime_error: first");
   }
 
   TEST_CASE("error files go where error_dir says, one folder per rank") {
