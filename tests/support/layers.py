@@ -39,7 +39,7 @@ BELOW = {
 # every layer (the export macros, what the headers require, the version);
 # "all", the umbrella header, may include every layer.
 PUBLIC = {
-    "uring": ["io_uring_info"],
+    "uring": ["io_uring_info", "when_any"],
     "encoding": ["encoding"],
     "process": ["child", "command", "environment", "exit_status", "spawn", "stdio", "thread_name"],
     "logs": ["logs"],
@@ -47,7 +47,7 @@ PUBLIC = {
     "tensor": ["tensor"],
     "queue": ["queue", "event"],
     "launch": ["entry_point", "error_file", "launch_hook"],
-    "group": ["group", "guardian", "when_any"],
+    "group": ["group", "guardian"],
     "multiprocessing": ["process_error", "spawn_and_join", "pool"],
     "base": ["compiler", "completion_token", "export", "requirements", "version"],
     "all": ["cohort"],
