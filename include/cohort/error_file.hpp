@@ -41,14 +41,18 @@ std::optional<std::filesystem::path> error_file_path();
 /// write, or it cannot be written. Never throws: it runs while a program is
 /// failing.
 bool record_error(const error_report& report) noexcept;
-/// The same for an exception: the message is "<demangled type>: <what()>".
+/// The same for an exception: the message is "<demangled type>: <what()>",
+/// then "; caused by " and the same of each exception nested in it
+/// (std::throw_with_nested).
 bool record_error(const std::exception& error, std::string_view trace = {}) noexcept;
 
 /// Makes an exception that no handler catches, in any thread of this
 /// program, write the error file (record_error) with its message and the
 /// symbolized stack trace of its throw, print both on stderr and end the
 /// process with exit code 1: what torch's @record does for a Python worker,
-/// for a C++ program run as a rank (by cohort-run or a group). Replaces the
+/// for a C++ program run as a rank (by cohort-run or a group). Where
+/// threads fail at once, the first one's report stands: the others wait for
+/// its handler to end the process. Replaces the
 /// terminate handler; call it first thing in main. A function entry point's
 /// rank does this by itself.
 void record_uncaught_exceptions() noexcept;

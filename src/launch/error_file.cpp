@@ -2,7 +2,7 @@
 #include "cohort/error_file.hpp"
 
 #include "launch/json_text.hpp"
-#include "os/demangle.hpp"
+#include "launch/uncaught.hpp"
 #include "os/owned_fd.hpp"
 #include "os/replace_file.hpp"
 
@@ -100,7 +100,7 @@ bool record_error(const error_report& report) noexcept {
 
 bool record_error(const std::exception& error, std::string_view trace) noexcept {
   try {
-    return record_error(error_report{os::exception_message(error), std::string(trace), std::nullopt});
+    return record_error(error_report{detail::exception_message(error), std::string(trace), std::nullopt});
   } catch (...) {
     return false;
   }

@@ -5,6 +5,7 @@
 
 #include "launch/entry.hpp"
 #include "os/demangle.hpp"
+#include "os/per_process.hpp"
 #include "os/stack_trace.hpp"
 
 #include "cohort/error_file.hpp"
@@ -18,9 +19,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <exception>
+#include <optional>
 #include <string_view>
+#include <thread>
+#include <typeinfo>
+#include <utility>
 
 namespace cohort {
 namespace detail {
@@ -93,17 +100,176 @@ std::string cohort_library() {
   return self.dli_fname;
 }
 
+// What a handler has said so far of the exception it reports. The handler
+// keeps it outside its frame: a what() that throws calls std::terminate
+// again on the same thread (what() is noexcept), and that second handler
+// goes on from it.
+struct words {
+  std::string text;
+  bool in_what = false;  // text ends with the type of the exception whose what() runs
+};
+
+// The demangled type, std::throw_with_nested's wrapper of the runtime's
+// own named as the type the program gave it.
+std::string type_name(const std::type_info& type) {
+  std::string name = os::demangle(type);
+  constexpr std::string_view wrapper = "std::_Nested_exception<";
+  if (name.starts_with(wrapper) && name.ends_with('>')) name = name.substr(wrapper.size(), name.size() - wrapper.size() - 1);
+  return name;
+}
+
+// The type of the exception being handled.
+std::string current_type_name() {
+  const std::type_info* type = abi::__cxa_current_exception_type();
+  return type != nullptr ? type_name(*type) : "unknown exception";
+}
+
+void describe(const std::exception_ptr& error, words& said);
+
+// "<type>: <what()>" of `e`, a what() that breaks its contract by returning
+// null read as empty, then "; caused by " and the same of the exception
+// nested in it, if any.
+void describe(const std::exception& e, words& said) {
+  said.text += type_name(typeid(e));
+  said.text += ": ";
+  said.in_what = true;
+  const char* what = e.what();
+  said.in_what = false;
+  said.text += what != nullptr ? what : "";
+  const auto* nested = dynamic_cast<const std::nested_exception*>(&e);
+  if (nested != nullptr && nested->nested_ptr()) {
+    said.text += "; caused by ";
+    describe(nested->nested_ptr(), said);
+  }
+}
+
+// The same for `error`, one not derived from std::exception by its type
+// alone (and its nested exception's words).
+void describe(const std::exception_ptr& error, words& said) {
+  std::exception_ptr cause;
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    describe(e, said);
+    return;
+  } catch (const std::nested_exception& nested) {
+    said.text += current_type_name();
+    cause = nested.nested_ptr();
+  } catch (...) {
+    said.text += current_type_name();
+  }
+  if (cause) {
+    said.text += "; caused by ";
+    describe(cause, said);
+  }
+}
+
+void describe_current(words& said) {
+  if (const auto error = std::current_exception()) {
+    describe(error, said);
+  } else {
+    said.text += "std::terminate called without an exception";
+  }
+}
+
+// The report of a process's uncaught exceptions, one per process: a child
+// forked while a thread of its parent reported finds it unowned. The first
+// thread in a terminate handler owns it and writes it; another that fails
+// meanwhile waits for the owner's handler to end the process, so that the
+// error file names the first failure, not the last.
+struct uncaught_state {
+  std::atomic<pid_t> owner{0};  // the owning thread, 0 until one claims it
+  // The owner's message once made, and whether its report is written (its
+  // handler then ends the process): released by the owner, acquired by a
+  // thread that waited too long.
+  std::atomic<const std::string*> message{nullptr};
+  std::atomic<bool> written{false};
+  // The owner's thread alone uses the rest, in each handler it enters.
+  int entries = 0;
+  int open = 0;  // parentheses said.text leaves open
+  words said;
+  error_report report;
+};
+
+// How long a thread that fails while another reports waits for that report
+// to end the process: the owner may wait for the dynamic loader's lock,
+// which this thread may hold (an exception thrown by a library's
+// constructor as dlopen runs it). Longer than the owner's wait for the
+// symbolizer (os::current_stack).
+constexpr auto owner_wait = std::chrono::seconds(10);
+
+// The owner's report as far as made (its message) where its handler has
+// not ended the process within owner_wait; nullopt where it has not made
+// its message either, for this thread to report its own exception.
+std::optional<error_report> wait_for_owner(uncaught_state& state) {
+  const auto until = std::chrono::steady_clock::now() + owner_wait;
+  // Once the report is written, its handler is on its way to _exit.
+  while (std::chrono::steady_clock::now() < until || state.written.load(std::memory_order_acquire)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const std::string* message = state.message.load(std::memory_order_acquire);
+  if (message == nullptr) return std::nullopt;
+  return error_report{*message, {}, std::chrono::system_clock::now()};
+}
+
+// Writes the report with what was said: the message, then the trace.
+// The message is published first for a thread that waits too long, which
+// reads it only while the report is not written: the owner may move the
+// report out once it is.
+void write_report(uncaught_state& state) noexcept {
+  try {
+    state.report.message = state.said.text;
+    state.message.store(&state.report.message, std::memory_order_release);
+    record_error(state.report);
+    state.report.trace = trace_of_throw();
+    record_error(state.report);
+  } catch (...) {
+    // Out of memory for the words: what was made stands.
+  }
+  state.written.store(true, std::memory_order_release);
+}
+
+// The report where the handler is entered again on the owner's thread. A
+// what() that threw is written "<type>: (its what() threw <its words>)";
+// a what() that throws in turn gets the same, and past a few its exception
+// is named by type alone. Anything else that ended the handler leaves the
+// report as it was.
+error_report report_again(uncaught_state& state) noexcept {
+  if (!state.said.in_what) {
+    if (state.message.load(std::memory_order_relaxed) == nullptr) write_report(state);
+    state.written.store(true, std::memory_order_release);
+    return std::move(state.report);
+  }
+  state.said.in_what = false;
+  try {
+    state.said.text += "(its what() threw ";
+    ++state.open;
+    if (state.entries > 3) {
+      state.said.text += current_type_name();
+    } else {
+      describe_current(state.said);
+    }
+    state.said.text.append(static_cast<std::size_t>(state.open), ')');
+  } catch (...) {
+    // Out of memory for the words: what was made stands.
+  }
+  write_report(state);
+  return std::move(state.report);
+}
+
 }  // namespace
 
 std::string trace_of_throw() {
   const auto frames = os::current_stack();
   const std::string own_module = cohort_library();
   std::size_t first = 0, end = frames.size();
-  // Below the runtime's throw lies the program; without one (terminate
-  // called directly), the handler's and the runtime's frames are skipped.
-  const auto thrown = std::find_if(frames.begin(), frames.end(), throws);
-  if (thrown != frames.end()) {
-    first = static_cast<std::size_t>(thrown - frames.begin()) + 1;
+  // Below the runtime's throw lies the program: below the outermost one,
+  // where a what() the handler called threw and entered it again. Without
+  // one (terminate called directly), the handler's and the runtime's
+  // frames are skipped.
+  const auto thrown = std::find_if(frames.rbegin(), frames.rend(), throws);
+  if (thrown != frames.rend()) {
+    first = static_cast<std::size_t>(frames.rend() - thrown);
   } else {
     // std::terminate called the handler: its frame is named from libstdc++'s
     // dynamic symbols even where the handler's own frames are not.
@@ -125,17 +291,16 @@ std::string trace_of_throw() {
   return trace;
 }
 
+std::string exception_message(const std::exception& e) {
+  words said;
+  describe(e, said);
+  return said.text;
+}
+
 std::string current_exception_message() {
-  auto error = std::current_exception();
-  if (!error) return "std::terminate called without an exception";
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return os::exception_message(e);
-  } catch (...) {
-    const std::type_info* type = abi::__cxa_current_exception_type();
-    return type != nullptr ? os::demangle(*type) : "unknown exception";
-  }
+  words said;
+  describe_current(said);
+  return said.text;
 }
 
 error_report report_uncaught() noexcept {
@@ -156,16 +321,34 @@ error_report report_uncaught() noexcept {
     ignore.sa_handler = SIG_IGN;
     ::sigaction(sig, &ignore, nullptr);  // refused for libc's own signals, which it keeps blocked
   }
-  error_report report{{}, {}, std::chrono::system_clock::now()};
+  uncaught_state* state = nullptr;
   try {
-    report.message = current_exception_message();
-    record_error(report);
-    report.trace = trace_of_throw();
-    record_error(report);
+    state = &os::of_this_process<uncaught_state>();
+  } catch (...) {
+    // Out of memory: this thread reports alone.
+  }
+  const pid_t self = ::gettid();
+  pid_t owner = 0;
+  // The first thread here owns the report; its own thread, entering
+  // again, finds itself. Relaxed: a thread that finds another the owner
+  // reads what that one made through `message` and `written`, which order
+  // it.
+  if (state != nullptr && !state->owner.compare_exchange_strong(owner, self, std::memory_order_relaxed) &&
+      owner != self) {
+    if (auto owners = wait_for_owner(*state)) return std::move(*owners);
+    state = nullptr;
+  }
+  uncaught_state alone;
+  if (state == nullptr) state = &alone;
+  if (state->entries++ > 0) return report_again(*state);
+  state->report.timestamp = std::chrono::system_clock::now();
+  try {
+    describe_current(state->said);
   } catch (...) {
     // Out of memory for the words: what was made stands.
   }
-  return report;
+  write_report(*state);
+  return std::move(state->report);
 }
 
 namespace {

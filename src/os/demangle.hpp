@@ -1,7 +1,6 @@
 // The readable names of C++ symbols and types, and what exceptions say.
 #pragma once
 
-#include <exception>
 #include <string>
 #include <system_error>
 #include <typeinfo>
@@ -13,13 +12,6 @@ namespace cohort::os {
 std::string demangle(const char* mangled);
 /// The demangled name of a type.
 inline std::string demangle(const std::type_info& type) { return demangle(type.name()); }
-
-/// "<demangled type>: <what()>", a what() that breaks its contract by
-/// returning null read as empty.
-inline std::string exception_message(const std::exception& e) {
-  const char* what = e.what();
-  return demangle(typeid(e)) + ": " + (what != nullptr ? what : "");
-}
 
 /// What `e` says before the ": <its error's message>" std::system_error
 /// appends, for a message that names the error in its own way.

@@ -158,6 +158,29 @@ struct null_what : std::exception {
 void throw_null_what(int) { throw null_what{}; }
 COHORT_ENTRYPOINT(throw_null_what);
 
+// One whose what() breaks it another way: it throws.
+const char* fail_to_say() { throw std::runtime_error("what() itself failed"); }
+struct what_throws : std::exception {
+  const char* what() const noexcept override { return fail_to_say(); }
+};
+void throw_what_throws(int) { throw what_throws{}; }
+COHORT_ENTRYPOINT(throw_what_throws);
+
+// Exceptions nested in exceptions: one of std::exception's in another, an
+// int in that.
+void throw_nested(int) {
+  try {
+    try {
+      throw 7;
+    } catch (...) {
+      std::throw_with_nested(std::runtime_error("reading batch 12"));
+    }
+  } catch (...) {
+    std::throw_with_nested(std::logic_error("training step 3"));
+  }
+}
+COHORT_ENTRYPOINT(throw_nested);
+
 // The rank, and the error file its environment names (one per rank).
 std::string rank_and_error_file(int rank) {
   const char* file = std::getenv("COHORT_ERROR_FILE");
@@ -1010,6 +1033,35 @@ TEST_SUITE("entry points") {
       } catch (const process_raised_error& e) {
         CHECK(e.message() == "entry_tests::null_what: ");
         CHECK(e.trace().rfind("#0 entry_tests::throw_null_what(int)", 0) == 0);
+      }
+    });
+  }
+
+  // Before, what() threw inside the handler, which then reported that
+  // exception, with the handler's frames in its trace.
+  TEST_CASE("a rank whose exception's what() throws reports its type and what that threw, with the trace of its throw") {
+    for_each_method([](start_method method) {
+      try {
+        spawn_and_join(throw_what_throws, std::tuple{}, 1, test::join_by(method));
+        FAIL("no exception");
+      } catch (const process_raised_error& e) {
+        CHECK(e.message() == "entry_tests::what_throws: (its what() threw std::runtime_error: what() itself failed)");
+        INFO(e.trace());
+        CHECK(e.trace().rfind("#0 entry_tests::throw_what_throws(int)", 0) == 0);
+        CHECK(e.trace().find("cohort::") == std::string::npos);
+        CHECK(e.trace().find("fail_to_say") == std::string::npos);
+      }
+    });
+  }
+
+  TEST_CASE("a rank's nested exception is reported by the types the program threw, each cause after it") {
+    for_each_method([](start_method method) {
+      try {
+        spawn_and_join(throw_nested, std::tuple{}, 1, test::join_by(method));
+        FAIL("no exception");
+      } catch (const process_raised_error& e) {
+        CHECK(e.message() ==
+              "std::logic_error: training step 3; caused by std::runtime_error: reading batch 12; caused by int");
       }
     });
   }

@@ -416,9 +416,10 @@ TEST_SUITE("error_file") {
   }
 
   TEST_CASE("two threads failing at once, one in a library's constructor as dlopen runs it, end the process") {
-    // The other thread names its frames first and waits for the loader's
-    // lock, which the constructor's thread holds: that one waits a bounded
-    // time for the other, then names its own frames through dladdr.
+    // The other thread reports first and, naming its frames, waits for
+    // the loader's lock, which the constructor's thread holds: that one
+    // waits a bounded time for the other's report, then ends the process
+    // with the other's message in the error file.
     test::temp_dir dir;
     const fs::path file = dir.path / "error.json";
     asio::io_context io;
@@ -427,7 +428,42 @@ TEST_SUITE("error_file") {
     CHECK(status.code() == 1);
     const auto report = read_error_file(file);
     REQUIRE(report.has_value());
-    CHECK(report->message.find("std::runtime_error: ") == 0);
+    CHECK(report->message == "std::runtime_error: uncaught in main");
+  }
+
+  TEST_CASE("a thread that fails while another reports its exception leaves that report, the first, in the error file") {
+    // The main thread's exception's what(), called as its report is made,
+    // lets the other thread throw and takes 200 ms: time for that thread's
+    // report to be written, had it not waited.
+    test::temp_dir dir;
+    const fs::path file = dir.path / "error.json";
+    asio::io_context io;
+    const auto [status, out] = test::run(io, run_uncaught(file, "", "two-threads"));
+    CHECK(status.exited());
+    CHECK(status.code() == 1);
+    const auto report = read_error_file(file);
+    REQUIRE(report.has_value());
+    CHECK(report->message == "thrower::slow_to_say: first, the main thread");
+    INFO(report->trace);
+    CHECK(report->trace.rfind("#0 thrower::throw_first()", 0) == 0);
+  }
+
+  TEST_CASE("a child forked as a thread of its parent reports an exception reports its own, to its own error file") {
+    // The parent's report is under way as the child forks: the child's
+    // thread finds the report unowned, rather than wait on a thread it
+    // lacks and then leave its error file unwritten.
+    test::temp_dir dir;
+    const fs::path file = dir.path / "error.json";
+    asio::io_context io;
+    const auto [status, out] = test::run(io, run_uncaught(file, "", "fork-as-it-reports"));
+    CHECK(status.code() == 1);
+    CHECK(out == "1\n");  // the child's exit code
+    const auto child = read_error_file(dir.path / "error.json.child");
+    REQUIRE(child.has_value());
+    CHECK(child->message == "std::runtime_error: second, another thread");
+    const auto parent = read_error_file(file);
+    REQUIRE(parent.has_value());
+    CHECK(parent->message == "thrower::slow_to_say: first, the main thread");
   }
 
   TEST_CASE("an exception escaping a std::thread's function has a trace that ends at that function") {

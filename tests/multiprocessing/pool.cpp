@@ -132,6 +132,18 @@ int throw_int_on_three(int, int x) {
 }
 COHORT_ENTRYPOINT(throw_int_on_three);
 
+int nested_on_three(int, int x) {
+  if (x == 3) {
+    try {
+      throw std::runtime_error("inner");
+    } catch (...) {
+      std::throw_with_nested(std::domain_error("three"));
+    }
+  }
+  return x;
+}
+COHORT_ENTRYPOINT(nested_on_three);
+
 void exit_zero_on_three(int, int x) {
   if (x == 3) ::_exit(0);
 }
@@ -277,6 +289,13 @@ TEST_SUITE("pool") {
     CHECK_THROWS_WITH_AS(p.map(throw_int_on_three, std::vector<int>{1, 2, 3, 4}),
                          doctest::Contains("item 2 raised int"), std::runtime_error);
     CHECK(p.map(square, std::vector<long>{5}) == std::vector<long>{25});
+  }
+
+  TEST_CASE("a nested exception fails its item with the type the item threw and its cause") {
+    pool p(1);
+    CHECK_THROWS_WITH_AS(p.map(nested_on_three, std::vector<int>{1, 2, 3, 4}),
+                         doctest::Contains("item 2 raised std::domain_error: three; caused by std::runtime_error: inner"),
+                         std::runtime_error);
   }
 
   TEST_CASE("a pipe in a pool's streams is refused, naming pool_options") {

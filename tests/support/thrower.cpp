@@ -6,7 +6,11 @@
 // as `thrower thread`, the same from a std::thread's function; as
 // `thrower constructor LIBRARY`, it asks the same and loads LIBRARY, whose
 // constructor throws; as `thrower constructor-race LIBRARY`, another thread
-// throws meanwhile.
+// throws meanwhile. As `thrower two-threads`, its main thread throws an
+// exception whose what() lets another thread throw, then takes 200 ms; as
+// `thrower fork-as-it-reports`, that what() forks a child whose thread
+// throws, with the error file's path and ".child" as its own, and prints
+// the child's exit code.
 #include <cohort/error_file.hpp>
 #include <cohort/entry_point.hpp>
 #include <cohort/process_error.hpp>
@@ -14,9 +18,14 @@
 
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
@@ -33,6 +42,24 @@ constexpr int uncaught_line = __LINE__ + 2;
 [[noreturn]] void throw_uncaught() {
   throw std::runtime_error("uncaught in main");
 }
+
+// What the main thread's exception's what() does as the handler reports
+// it, before it takes its time.
+void (*while_saying)() = nullptr;
+
+struct slow_to_say : std::runtime_error {
+  using std::runtime_error::runtime_error;
+  const char* what() const noexcept override {
+    if (while_saying != nullptr) while_saying();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    return std::runtime_error::what();
+  }
+};
+
+[[noreturn]] void throw_first() { throw slow_to_say("first, the main thread"); }
+[[noreturn]] void throw_second() { throw std::runtime_error("second, another thread"); }
+
+std::atomic<bool> saying{false};
 
 }  // namespace thrower
 
@@ -60,6 +87,35 @@ int main(int argc, char** argv) {
   }
   if (argc != 2) return 2;
   const std::string_view name = argv[1];
+  if (name == "two-threads") {
+    cohort::record_uncaught_exceptions();
+    thrower::while_saying = [] {
+      thrower::saying = true;
+      thrower::saying.notify_all();
+    };
+    std::thread([] {
+      thrower::saying.wait(false);
+      thrower::throw_second();
+    }).detach();
+    thrower::throw_first();
+  }
+  if (name == "fork-as-it-reports") {
+    cohort::record_uncaught_exceptions();
+    thrower::while_saying = [] {
+      const pid_t child = ::fork();
+      if (child == 0) {
+        const std::string file = std::string(std::getenv("COHORT_ERROR_FILE")) + ".child";
+        ::setenv("COHORT_ERROR_FILE", file.c_str(), 1);
+        // A thread of its own: this one's stack holds the parent's handler.
+        std::thread([] { thrower::throw_second(); }).join();
+      }
+      int status = 0;
+      ::waitpid(child, &status, 0);
+      std::printf("%d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+      std::fflush(stdout);
+    };
+    thrower::throw_first();
+  }
   if (name == "thread") {
     cohort::record_uncaught_exceptions();
     std::printf("%d\n", thrower::uncaught_line);
