@@ -482,6 +482,20 @@ TEST_SUITE("cohort-run") {
     CHECK(r.err.find("error_file : /") != std::string::npos);
   }
 
+  TEST_CASE("a message of several lines has its later lines indented under its first in the summary") {
+    const char* script =
+        "printf '{\"message\": {\"message\": \"ValueError: bad batch\\\\n  shape (3, 4)\\\\n\\\\nsee above\", "
+        "\"extraInfo\": {\"py_callstack\": \"tb\", \"timestamp\": \"1700000000\"}}}' > \"$TORCHELASTIC_ERROR_FILE\"; "
+        "exit 1";
+    auto r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", script});
+    CHECK(r.status.code() == 1);
+    INFO(r.err);
+    CHECK(r.err.find("  message    : ValueError: bad batch\n"
+                     "                 shape (3, 4)\n"
+                     "\n"
+                     "               see above\n") != std::string::npos);
+  }
+
   TEST_CASE("given an error file of its own, cohort-run leaves the root cause there, as torchrun's @record does") {
     test::temp_dir dir;
     const auto own = dir.path / "launcher-error.json";

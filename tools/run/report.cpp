@@ -15,6 +15,7 @@
 #include <ctime>
 #include <fstream>
 #include <iterator>
+#include <string_view>
 
 namespace cohort_run {
 
@@ -59,6 +60,23 @@ std::string error_file_text(const cohort::rank_failure& f) {
   return path;
 }
 
+// A value of the summary with its lines after the first indented to the
+// column where its first starts: a message of several lines stays clear of
+// the labels.
+std::string indented(std::string_view value) {
+  constexpr std::string_view under_label = "               ";  // "  message    : "
+  std::string text;
+  for (std::size_t begin = 0;;) {
+    const auto end = value.find('\n', begin);
+    text += value.substr(begin, end - begin);
+    if (end == std::string_view::npos) break;
+    text += '\n';
+    begin = end + 1;
+    if (begin < value.size() && value[begin] != '\n') text += under_label;
+  }
+  return text;
+}
+
 void print_failure(const cohort::rank_failure& f, const run_record& run, const attempt_record& a) {
   const auto& usage = f.status.usage();
   say("  time       : {}\n", local_time(f.timestamp));
@@ -70,8 +88,8 @@ void print_failure(const cohort::rank_failure& f, const run_record& run, const a
       in_seconds(usage.system_time));
   say("  peak rss   : {:.1f} MiB\n", static_cast<double>(usage.max_rss_kib) / 1024);
   say("  error_file : {}\n", error_file_text(f));
-  if (!f.message.empty()) say("  message    : {}\n", f.message);
-  if (!f.supervisor_error.empty()) say("  supervisor : {}\n", f.supervisor_error);
+  if (!f.message.empty()) say("  message    : {}\n", indented(f.message));
+  if (!f.supervisor_error.empty()) say("  supervisor : {}\n", indented(f.supervisor_error));
   if (!f.trace.empty()) {
     say("  traceback  :\n");
     std::string::size_type begin = 0;
