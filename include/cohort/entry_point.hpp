@@ -118,6 +118,26 @@ bool register_function(std::string_view name, R (*fn)(int, P...)) noexcept {
   return register_entry(name, reinterpret_cast<erased_function>(fn), &thunk<R, P...>);
 }
 
+/// Whether F is a function type whose first parameter is the rank, an int.
+template <class F>
+inline constexpr bool takes_rank_first = false;
+template <class R, class... P>
+inline constexpr bool takes_rank_first<R(int, P...)> = true;
+template <class R, class... P>
+inline constexpr bool takes_rank_first<R(int, P...) noexcept> = true;
+
+// Any other function (or object) would otherwise leave only "no matching
+// function"; the constraint keeps this one out of the way of a noexcept
+// entry point, which it would match better than the overload above.
+template <class F>
+  requires(!takes_rank_first<F>)
+bool register_function(std::string_view, F*) noexcept {
+  static_assert(takes_rank_first<F>,
+                "cohort: an entry point is a function, and its first parameter is the rank, an int: "
+                "write fn(int rank, ...)");
+  return false;
+}
+
 }  // namespace detail
 
 /// Binds a registered function to the arguments it receives after the rank.
