@@ -138,16 +138,19 @@ int ranks_per_node(const std::string& value) {
     if (value == "gpu" && gpus == 0) throw usage_error("--nproc-per-node gpu: no GPU is visible");
     return gpus > 0 ? gpus : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
+  // A count as Python's int() reads it, blanks around it taken off, as
+  // torchrun takes it; cpu, gpu and auto above are compared whole, as there.
+  const std::string digits = trimmed(value);
   std::size_t used = 0;
   long long n = 0;
   bool too_big = false;
   try {
-    n = std::stoll(value, &used);
+    n = std::stoll(digits, &used);
   } catch (const std::out_of_range&) {
-    too_big = value.find_first_not_of(" \t+0123456789") == std::string::npos;
+    too_big = digits.find_first_not_of("+0123456789") == std::string::npos;
   } catch (const std::exception&) {
   }
-  if (!too_big && (used != value.size() || n < 1)) {
+  if (!too_big && (used != digits.size() || n < 1)) {
     throw usage_error(fmt::format("--nproc-per-node: '{}' is not a positive number, cpu, gpu or auto", value));
   }
   // Refused before any rank's environment is made: a count of a billion
@@ -493,7 +496,8 @@ placement static_placement(run_options& o, int nproc) {
   if (!o.rdzv_endpoint.empty()) {
     master_from_endpoint(o, c10d ? std::optional(29400) : std::nullopt);
   } else if (o.master_addr_given) {
-    o.master_addr = checked_host(o.master_addr, "--master-addr", o.master_addr);
+    // Blanks around it taken off, as torchrun strips the endpoint it makes of it.
+    o.master_addr = checked_host(trimmed(o.master_addr), "--master-addr", o.master_addr);
   }
   // Only etcd-v3 uses --local-addr; here it is checked all the same, so a
   // command line that names no host there fails on every backend alike.

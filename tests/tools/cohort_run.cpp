@@ -1828,6 +1828,22 @@ TEST_SUITE("cohort-run") {
     CHECK(r.out.find("29999 0") != std::string::npos);
   }
 
+  // Before, both were refused: ' 127.0.0.1 ' as not a host, '2 ' as not a
+  // positive number.
+  TEST_CASE("blanks around --master-addr and --nproc-per-node's count are taken off, as torchrun takes them") {
+    auto r = run_launcher({"--master-addr", " 127.0.0.1 ", "--nproc-per-node", "2 ", "--", "/bin/sh", "-c",
+                           "echo \"[$MASTER_ADDR] $LOCAL_WORLD_SIZE\""});
+    REQUIRE_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(r.out.find("[127.0.0.1] 2") != std::string::npos);
+    // Blanks alone are no host and no count.
+    r = run_launcher({"--master-addr", "  ", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK(r.err.find("--master-addr '  ': no host") != std::string::npos);
+    r = run_launcher({"-n", " ", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK(r.err.find("--nproc-per-node: ' ' is not a positive number") != std::string::npos);
+  }
+
   // Before, "join_timeout=5, last_call_timeout=3" was refused, naming the
   // key ' last_call_timeout' (under etcd-v3, as one of those it lists).
   TEST_CASE("blanks around --rdzv-conf's keys and values are taken off, as torchrun takes them; an item with no key is refused") {
