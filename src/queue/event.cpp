@@ -1,7 +1,7 @@
 // cohort::event: a flag word and a sleeper count in shared memory.
 #include "cohort/event.hpp"
 
-#include "cohort/when_any.hpp"
+#include "queue/strand_race.hpp"
 #include "os/deadline.hpp"
 #include "os/futex.hpp"
 #include "uring/futex.hpp"
@@ -148,28 +148,8 @@ asio::awaitable<void> event::wait_on(asio::any_io_executor executor, storage sta
   while (s.flag.load() == begun) {
     const counted_sleeper sleeper(s.sleepers);
     if (s.flag.load() != begun) break;
-    // when_any runs the race on a strand of its own, whatever executor
-    // this coroutine has, and hands a cancellation from outside to that
-    // strand. One op, not two: when_any ends at the first that ends, also
-    // a futex wait that failed, where `||` waits for one that succeeds.
-    std::vector<asio::awaitable<void>> race;
-    race.push_back(wake_or_recheck(generation_word(s), static_cast<std::uint32_t>(sleeper.generation)));
-    std::exception_ptr failure;
-    try {
-      co_await when_any(std::move(race));
-    } catch (const asio::multiple_exceptions& e) {
-      failure = e.first_exception();
-    } catch (const std::system_error& e) {
-      // when_any's own, when cancelled before the race ended.
-      if (e.code() != asio::error::operation_aborted) throw;
-      failure = std::current_exception();
-    }
-    if (!failure) continue;
-    const asio::cancellation_state cancelled = co_await asio::this_coro::cancellation_state;
-    if (cancelled.cancelled() != asio::cancellation_type::none) {
-      throw std::system_error(asio::error::operation_aborted, "cohort::event");
-    }
-    std::rethrow_exception(failure);
+    co_await detail::race_on_own_strand(
+        wake_or_recheck(generation_word(s), static_cast<std::uint32_t>(sleeper.generation)), "cohort::event");
   }
 }
 

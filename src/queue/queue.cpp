@@ -7,6 +7,7 @@
 
 #include "cohort/when_any.hpp"
 #include "queue/peers.hpp"
+#include "queue/strand_race.hpp"
 #include "queue/spin_budget.hpp"
 #include "os/deadline.hpp"
 #include "os/fence.hpp"
@@ -1207,25 +1208,14 @@ asio::awaitable<void> first_wake(queue_core& q, side s, std::uint32_t seq, std::
             timer.async_wait(asio::use_awaitable));
 }
 
-asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
-  auto executor = co_await asio::this_coro::executor;
-  // Before the timer, which would bring up asio's reactor with asio's bare
-  // message where no descriptor is left.
-  (void)uring::service_for(executor, s == side::push ? "cohort::queue::push" : "cohort::queue::pop");
-  // As wait_for: the epoch is read before the peers are armed.
-  auto& epoch = death_notice::of_this_process().epoch();
-  const auto seen = epoch.load(std::memory_order_acquire);
-  if (!q.arm_peers(s)) co_return;  // every peer gone: peer_lost, after one more try
-  // when_any runs the race on a strand of its own, whatever executor this
-  // coroutine has, and hands a cancellation from outside to that strand:
-  // the wait is then simply cancelled. One op, not three: when_any ends at
-  // the first that ends, also one that failed (a helper thread's futex
-  // wait that a fork cancelled), where `||` waits for one that succeeds.
-  std::vector<asio::awaitable<void>> race;
-  race.push_back(first_wake(q, s, seq, epoch, seen));
+}  // namespace
+
+asio::awaitable<void> race_on_own_strand(asio::awaitable<void> race, const char* what) {
+  std::vector<asio::awaitable<void>> ops;
+  ops.push_back(std::move(race));
   std::exception_ptr failure;
   try {
-    co_await when_any(std::move(race));
+    co_await when_any(std::move(ops));
   } catch (const asio::multiple_exceptions& e) {
     failure = e.first_exception();
   } catch (const std::system_error& e) {
@@ -1235,8 +1225,24 @@ asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
   }
   if (!failure) co_return;
   const asio::cancellation_state state = co_await asio::this_coro::cancellation_state;
-  if (state.cancelled() != asio::cancellation_type::none) throw std::system_error(asio::error::operation_aborted, "cohort::queue");
+  if (state.cancelled() != asio::cancellation_type::none) throw std::system_error(asio::error::operation_aborted, what);
   std::rethrow_exception(failure);
+}
+
+namespace {
+
+asio::awaitable<void> sleep_async(queue_core& q, side s, std::uint32_t seq) {
+  auto executor = co_await asio::this_coro::executor;
+  // Before the timer, which would bring up asio's reactor with asio's bare
+  // message where no descriptor is left.
+  (void)uring::service_for(executor, s == side::push ? "cohort::queue::push" : "cohort::queue::pop");
+  // As wait_for: the epoch is read before the peers are armed.
+  auto& epoch = death_notice::of_this_process().epoch();
+  const auto seen = epoch.load(std::memory_order_acquire);
+  if (!q.arm_peers(s)) co_return;  // every peer gone: peer_lost, after one more try
+  // One op, not three: a helper thread's futex wait that a fork cancelled
+  // ends the race (race_on_own_strand), and the caller tries again.
+  co_await race_on_own_strand(first_wake(q, s, seq, epoch, seen), "cohort::queue");
 }
 
 // Suspends until a push or pop goes through, or the other side is gone
