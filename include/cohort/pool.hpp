@@ -57,8 +57,10 @@ struct map_ticket;
 std::shared_ptr<map_ticket> pool_ticket(pool_state& pool);
 /// Cancels the map: one waiting its turn leaves the line and completes at
 /// once (on a thread of the pool) as aborted; one running stops as
-/// map() documents. Thread-safe; the pool may be gone.
-void pool_cancel(const std::shared_ptr<map_ticket>& ticket) noexcept;
+/// map() documents. Thread-safe; the pool may be gone. The ticket is taken
+/// by value: the caller is a slot's handler, and nothing here reads that
+/// handler's own copy, which may go as the map completes.
+void pool_cancel(std::shared_ptr<map_ticket> ticket) noexcept;
 /// Blocks until the asynchronous maps that had their turns before this
 /// one's have handed their handlers over: handlers reach their executors
 /// in the order the maps ran. Not for a map that ran without a turn
@@ -139,7 +141,10 @@ asio::execution_context* context_of(const Executor& executor) {
 }
 
 /// An asynchronous map's handler, with its executor (counting the map as
-/// its work) and its cancellation slot, until the map ends.
+/// its work) and its cancellation slot, until the map ends. The slot is
+/// that of a handler whose executor has an execution context, the one its
+/// signal is emitted from; empty for one with none, whose slot the map
+/// leaves alone.
 template <class Handler, class Executor>
 class map_completion final : public pending_completion {
  public:
@@ -150,7 +155,8 @@ class map_completion final : public pending_completion {
   /// before have handed theirs over, unless the context has ended. The
   /// executor's work ends here, under the lock, where the context's
   /// shutdown cannot pass. The slot is cleared on the thread that would
-  /// emit it, just before the handler runs. A handler run at once, on this
+  /// emit it (a thread of the handler's context), just before the handler
+  /// runs. A handler run at once, on this
   /// thread, lets the next map's go as it starts: it may wait for that map.
   template <class... Args>
   void complete(Args&&... args) {
@@ -267,10 +273,16 @@ class pool {
   /// Cancellation (the handler's cancellation slot, any type) ends the wait
   /// with std::system_error(operation_aborted), at once for a map waiting
   /// its turn: items a worker has taken still run, and their results are
-  /// dropped; the rest do not run. A map whose turn comes while no thread
-  /// can be started (a full pids cgroup) completes at once with
-  /// std::system_error ("cohort::pool::map: starting the thread that runs
-  /// the map"), the maps after it unaffected. Destroying the execution
+  /// dropped; the rest do not run. The signal of a handler whose executor
+  /// has an execution context (an io_context, a strand, a coroutine's) is
+  /// emitted from that context, and the map clears the slot as the handler
+  /// runs; that of one with none (a callback, asio::use_future) may be
+  /// emitted from any thread, and the map leaves its slot alone: the
+  /// handler it put there stays until the slot takes another or the signal
+  /// goes, and cancels nothing once the map has ended. A map whose turn
+  /// comes while no thread can be started (a full pids cgroup) completes at
+  /// once with std::system_error ("cohort::pool::map: starting the thread
+  /// that runs the map"), the maps after it unaffected. Destroying the execution
   /// context of the handler's executor (an io_context, a thread_pool)
   /// before the map ends destroys the handler there, without calling it, as
   /// asio destroys the handlers of its own pending operations (a coroutine
@@ -300,8 +312,15 @@ class pool {
           auto executor = asio::prefer(asio::get_associated_executor(handler),
                                        asio::execution::outstanding_work.tracked);
           auto* context = detail::context_of(executor);
+          // The slot is cleared as the handler runs only where that is
+          // where its signal is emitted: on the handler's context. A future's
+          // or a callback's handler runs on the map's thread, while its
+          // signal may be emitted from any other: clearing the slot there
+          // could destroy its handler under a running emit. That handler
+          // stays until the slot takes another or the signal goes; a cancel
+          // of a map that has ended does nothing.
           auto completion = std::make_shared<detail::map_completion<decltype(handler), decltype(executor)>>(
-              std::move(handler), std::move(executor), slot, ticket);
+              std::move(handler), std::move(executor), context != nullptr ? slot : asio::cancellation_slot(), ticket);
           if (context != nullptr) detail::watch_completion(*context, completion);
           auto job = [state, name = std::move(name), tasks = std::move(tasks), ticket, completion] {
             std::exception_ptr error;

@@ -499,7 +499,7 @@ class pool_state {
 
 std::shared_ptr<map_ticket> pool_ticket(pool_state& pool) { return pool.ticket(); }
 
-void pool_cancel(const std::shared_ptr<map_ticket>& ticket) noexcept {
+void pool_cancel(std::shared_ptr<map_ticket> ticket) noexcept {
   ticket->cancelled.store(true, std::memory_order_relaxed);
   const auto line = ticket->line.lock();
   if (!line) return;

@@ -226,7 +226,6 @@ struct tracked {
 const start_method methods[] = {start_method::spawn, start_method::fork, start_method::forkserver};
 
 // Maps slow_square over `items`, and cancels the map through `cancel`
-// (which must outlive the pool: a map clears its slot as it completes)
 // after `after`; what its handler gets.
 std::future<std::exception_ptr> map_cancelled_after(pool& p, const std::vector<long>& items,
                                                     asio::cancellation_signal& cancel,
@@ -660,6 +659,52 @@ TEST_SUITE("pool") {
     CHECK(soon);
     ahead.join();
     CHECK(test::aborted(done.get()));
+  }
+
+  // Before, the thread that fails a cancelled waiting map ran a future's or
+  // a callback's handler there and then, and cleared the slot first: it
+  // destroyed the slot's handler while the signal, on this thread, still
+  // ran it, a use after free that crashed now and then.
+  TEST_CASE("maps cancelled while they wait complete as aborted, again and again, under a future or a callback") {
+    pool p(1);
+    // 1000 items of 20 ms: the map ahead holds the pool for 20 s, until cancelled.
+    asio::cancellation_signal cancel_ahead;
+    auto ahead = p.map(slow_square, std::vector<long>(1000, 1),
+                       asio::bind_cancellation_slot(cancel_ahead.slot(), asio::use_future));
+    const std::vector<long> items{2, 3};
+    int futures_aborted = 0;
+    for (int i = 0; i < 500; ++i) {
+      // A signal of its own each time, gone once its map has completed.
+      auto cancel = std::make_unique<asio::cancellation_signal>();
+      auto done = p.map(square, items, asio::bind_cancellation_slot(cancel->slot(), asio::use_future));
+      cancel->emit(asio::cancellation_type::terminal);
+      REQUIRE(done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+      try {
+        (void)done.get();
+      } catch (const std::system_error& e) {
+        if (e.code() == std::error_code(asio::error::operation_aborted)) ++futures_aborted;
+      }
+    }
+    CHECK(futures_aborted == 500);
+    int callbacks_aborted = 0;
+    for (int i = 0; i < 500; ++i) {
+      auto cancel = std::make_unique<asio::cancellation_signal>();
+      std::promise<std::exception_ptr> outcome;
+      auto done = outcome.get_future();
+      p.map(square, items, asio::bind_cancellation_slot(cancel->slot(), [&outcome](std::exception_ptr e, std::vector<long>) {
+              outcome.set_value(e);
+            }));
+      cancel->emit(asio::cancellation_type::terminal);
+      REQUIRE(done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+      if (test::aborted(done.get())) ++callbacks_aborted;
+    }
+    CHECK(callbacks_aborted == 500);
+    // The map ahead ran all along; cancelled, it ends too, and the pool goes on.
+    REQUIRE(ahead.wait_for(std::chrono::seconds(0)) == std::future_status::timeout);
+    cancel_ahead.emit(asio::cancellation_type::terminal);
+    REQUIRE(ahead.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    CHECK_THROWS_AS((void)ahead.get(), std::system_error);
+    CHECK(p.map(square, std::vector<long>{5}) == std::vector<long>{25});
   }
 
   // Before, the map's thread handed the handler to the destroyed
