@@ -24,6 +24,7 @@
 //   exit_latency [samples]     (default 500 per mode)
 #include <cohort/cohort.hpp>
 
+#include "arguments.hpp"
 #include "stats.hpp"
 
 #include <asio/co_spawn.hpp>
@@ -229,8 +230,11 @@ void run(int samples) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::vector<int> counts{500};
+  const char* const usage = "exit_latency [samples per mode = 500]";
+  if (const auto rc = cohort::bench::read_counts(argc, argv, usage, counts)) return *rc;
   return cohort::bench::run_reporting("exit_latency", [&] {
-    run(argc > 1 ? std::atoi(argv[1]) : 500);
+    run(counts[0]);
     return 0;
   });
 }

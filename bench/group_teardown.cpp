@@ -16,6 +16,7 @@
 #include <cohort/entry_point.hpp>
 #include <cohort/group.hpp>
 
+#include "arguments.hpp"
 #include "config.hpp"
 #include "python.hpp"
 #include "stats.hpp"
@@ -127,7 +128,9 @@ int main(int argc, char** argv) {
 namespace {
 
 int run(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::atoi(argv[1]) : 200;
+  std::vector<int> counts{200};
+  if (const auto rc = cohort::bench::read_counts(argc, argv, "group_teardown [rounds = 200]", counts)) return *rc;
+  const int rounds = counts[0];
   cohort::group_spec spec;
   spec.entry = cohort::command(rank_program);
   spec.nprocs = ranks;

@@ -24,6 +24,7 @@
 //   launcher_exit [rounds]     (default 50; torchrun runs a tenth of them, at least 3;
 //                               K = 32 and 128 a fifth, at least 3, and K = 1
 //                               and 8 32 / K times that)
+#include "arguments.hpp"
 #include "stats.hpp"
 #include "torchrun.hpp"
 
@@ -212,7 +213,9 @@ void print_line(const launcher& l) {
 
 int main(int argc, char** argv) {
   cohort::bench::line_buffered_stdout();
-  const int rounds = std::max(1, argc > 1 ? std::atoi(argv[1]) : 50);
+  std::vector<int> counts{50};
+  if (const auto rc = cohort::bench::read_counts(argc, argv, "launcher_exit [rounds = 50]", counts)) return *rc;
+  const int rounds = counts[0];
   const int torch_rounds = std::max(3, rounds / 10);
   const programs timed;
   const char* const cohort_run = timed.cohort_run.c_str();

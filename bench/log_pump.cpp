@@ -33,6 +33,7 @@
 //                                               4096 writes as stdio does to a file)
 //   log_pump --write <megabytes> <bytes>       (a writer rank: 100-byte lines)
 //   log_pump --stamp <lines>                   (a rank writing its clock, a line every 2 ms)
+#include "arguments.hpp"
 #include "stats.hpp"
 #include "torchrun.hpp"
 
@@ -604,10 +605,13 @@ namespace {
 int run(int argc, char** argv) {
   if (argc > 3 && std::strcmp(argv[1], "--write") == 0) return write_lines(std::atol(argv[2]), std::stoul(argv[3]));
   if (argc > 2 && std::strcmp(argv[1], "--stamp") == 0) return write_stamps(std::atoi(argv[2]));
-  const long megabytes = argc > 1 ? std::atol(argv[1]) : 256;
-  const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
-  if (argc > 3) bytes_per_write = std::stoul(argv[3]);
-  if (bytes_per_write == 0 || bytes_per_write > (1u << 20)) {
+  std::vector<int> counts{256, 3, static_cast<int>(bytes_per_write)};
+  const char* const usage = "log_pump [megabytes per rank = 256] [rounds = 3] [bytes per write = 1048576]";
+  if (const auto rc = cohort::bench::read_counts(argc, argv, usage, counts)) return *rc;
+  const long megabytes = counts[0];
+  const int rounds = counts[1];
+  bytes_per_write = static_cast<std::size_t>(counts[2]);
+  if (bytes_per_write > (1u << 20)) {
     fmt::print(stderr, "log_pump: bytes per write are 1 to 1048576\n");
     return 2;
   }

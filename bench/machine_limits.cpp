@@ -22,6 +22,7 @@
 //   machine_limits --launch K   (the minimal launcher itself)
 //   machine_limits --ring N     (one yielding pipeline of N items; prints its items/s, or 0 for a wrong sum)
 //   machine_limits --line       (the hand-over of a cache line; prints its ns, or 0 where only one CPU is allowed)
+#include "arguments.hpp"
 #include "load.hpp"
 #include "stats.hpp"
 
@@ -373,7 +374,10 @@ int main(int argc, char** argv) {
     fmt::print("{:.1f}\n", line_handover_ns(10, 20'000));
     return 0;
   }
-  const int rounds = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
+  std::vector<int> counts{5};
+  const char* const usage = "machine_limits [rounds = 5] | --launch K | --ring N | --line";
+  if (const auto rc = bench::read_counts(argc, argv, usage, counts)) return *rc;
+  const int rounds = counts[0];
   const std::string self = std::filesystem::canonical("/proc/self/exe").string();
   const std::vector<int> launcher_ks{1, 8, 32, 128};
 

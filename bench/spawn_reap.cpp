@@ -17,6 +17,7 @@
 //   spawn_reap [rounds]     (default 15)
 #include <cohort/cohort.hpp>
 
+#include "arguments.hpp"
 #include "config.hpp"
 #include "stats.hpp"
 #ifdef COHORT_BENCH_BOOST
@@ -148,7 +149,9 @@ int main(int argc, char** argv) {
 namespace {
 
 int run(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::atoi(argv[1]) : 15;
+  std::vector<int> counts{15};
+  if (const auto rc = cohort::bench::read_counts(argc, argv, "spawn_reap [rounds = 15]", counts)) return *rc;
+  const int rounds = counts[0];
   asio::io_context ring_io;
   asio::io_context* io = &ring_io;
   const auto info = cohort::io_uring_support(ring_io);

@@ -49,6 +49,7 @@
 #include <asio/posix/stream_descriptor.hpp>
 #include <asio/use_awaitable.hpp>
 
+#include "arguments.hpp"
 #include "config.hpp"
 #include "python.hpp"
 #include "stats.hpp"
@@ -377,7 +378,9 @@ int main(int argc, char** argv) {
 namespace {
 
 int run(int argc, char** argv) {
-  int rounds = std::max(1, argc > 1 ? std::atoi(argv[1]) : 50);
+  std::vector<int> counts{50};
+  if (const auto rc = cohort::bench::read_counts(argc, argv, "start_join [rounds = 50]", counts)) return *rc;
+  int rounds = counts[0];
 
   // The peers' processes first: each is ready (its imports done, its
   // untimed runs made) before cohort's first run.

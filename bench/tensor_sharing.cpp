@@ -28,6 +28,7 @@
 #include <cohort/spawn_and_join.hpp>
 #include <cohort/tensor.hpp>
 
+#include "arguments.hpp"
 #include "load.hpp"
 #include "python.hpp"
 #include "stats.hpp"
@@ -619,18 +620,12 @@ int bench_tensors::run(int argc, char** argv) {
     --argc;
     ++argv;
   }
-  // Whole positive numbers only: anything else (--help among them) is
-  // answered with the usage, not run as a count of 0.
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a(argv[i]);
-    if (i > 3 || a.empty() || a.size() > 9 || a.find_first_not_of("0123456789") != std::string_view::npos) {
-      fmt::print(stderr, "usage: tensor_sharing [--pipeline] [pipeline tensors = 100000] [rounds = 3] [sends per size = 10]\n");
-      return 2;
-    }
-  }
-  const int n = std::max(4, argc > 1 ? std::atoi(argv[1]) : 100000);
-  const int rounds = std::max(1, argc > 2 ? std::atoi(argv[2]) : 3);
-  const int sends = std::max(1, argc > 3 ? std::atoi(argv[3]) : 10);
+  std::vector<int> counts{100000, 3, 10};
+  const char* const usage = "tensor_sharing [--pipeline] [pipeline tensors = 100000] [rounds = 3] [sends per size = 10]";
+  if (const auto rc = bench::read_counts(argc, argv, usage, counts)) return *rc;
+  const int n = std::max(4, counts[0]);
+  const int rounds = counts[1];
+  const int sends = counts[2];
   const int python_ints = std::min(n, 100000), torch_tensors = std::min(n, 2000);
   const int trips = 20000, torch_trips = 300;
   const std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{256} << 20,
