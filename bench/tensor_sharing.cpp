@@ -2,7 +2,8 @@
 // Python's multiprocessing with plain ints), each measured the same way:
 //  - a 3-stage pipeline (producer -> relay that clones -> summer) of
 //    five-element int64 tensors, the CPU shape of torch's test_cuda_send_many,
-//    timed from the summer's first pop to its last;
+//    timed from the summer's pops of each producer's first tensor, until
+//    which none makes another, to the end of its last (see open_window);
 //  - ping-pong latency of one small tensor between two processes, blocking
 //    and awaited;
 //  - the cost of sending one tensor, by size, both already in shared memory
@@ -69,18 +70,33 @@ double process_cpu_seconds() {
   return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
+// Opens a pipeline's window, on the summer's side: each producer has made
+// its first item and waits on `go`; the summer, having popped those (so
+// every stage has run, its one-time costs paid), starts its clock and lets
+// the `producers` go, a value each. Every later item is then made, moved
+// and summed inside the window, whatever the count. (With the producers
+// free from the start, a count the queues hold could all be made before
+// the summer's first pop, and the window timed the summer draining it.)
+// Returns the window's start.
+steady::time_point open_window(queue<int>& go, int producers) {
+  const auto start = steady::now();
+  for (int p = 0; p < producers; ++p) go.put(0);
+  return start;
+}
+
 // Ranks 0..producers-1 make the n tensors between them (rank p the items
 // p, p + producers, ...), the next rank clones each, the last sums them.
 // Each returns its sum (the summer's; 0 for the others), the seconds from
-// its first pop returning to the end of its last item (the summer's; the
-// Python baselines time the same window), and its CPU seconds per tensor
-// it handled, over its whole loop.
+// the window's opening (open_window) to the end of its last item (the
+// summer's; the Python baselines time the same window), and its CPU
+// seconds per tensor it handled, over its whole loop. n >= 2 * producers:
+// each producer has an item inside the window too.
 // A producer stays until the relay has taken every tensor (a value each
 // on `relayed`): one whose whole share fits in the queue would otherwise
 // exit before the relay has seen a slower one push, and the relay's pop
 // would end with peer_lost (a queue waits only on peers it has seen).
 std::tuple<std::int64_t, double, double> pipeline_stage(int rank, queue<tensor> made, queue<tensor> cloned,
-                                                        queue<int> relayed, int n, int producers) {
+                                                        queue<int> relayed, queue<int> go, int n, int producers) {
   const double cpu_start = process_cpu_seconds();
   // 0 for a stage that handled nothing.
   const auto cpu_per = [cpu_start](int handled) {
@@ -93,6 +109,7 @@ std::tuple<std::int64_t, double, double> pipeline_stage(int rank, queue<tensor> 
       auto d = t.data<std::int64_t>();
       for (int j = 0; j < 5; ++j) d[j] = i + j;
       made.put(t);
+      if (i == rank) (void)go.get();
     }
     const double cpu = cpu_per(made_here);
     (void)relayed.get();
@@ -105,31 +122,33 @@ std::tuple<std::int64_t, double, double> pipeline_stage(int rank, queue<tensor> 
     return {0, 0.0, cpu};
   }
   std::int64_t sum = 0;
-  steady::time_point start;
-  for (int i = 0; i < n; ++i) {
+  const auto take = [&] {
     tensor t = cloned.get().value();
-    if (i == 0) start = steady::now();
     for (auto v : t.data<std::int64_t>()) sum += v;
-  }
+  };
+  for (int i = 0; i < producers; ++i) take();
+  const auto start = open_window(go, producers);
+  for (int i = producers; i < n; ++i) take();
   const double window = seconds_since(start);
   return {sum, window, cpu_per(n)};
 }
 COHORT_ENTRYPOINT(pipeline_stage);
 
 // The same three stages passing plain int64 values through the same
-// queues: what the queues cost without tensors.
-std::tuple<std::int64_t, double> int_stage(int rank, queue<std::int64_t> made, queue<std::int64_t> passed, int n) {
+// queues, in the same window: what the queues cost without tensors.
+std::tuple<std::int64_t, double> int_stage(int rank, queue<std::int64_t> made, queue<std::int64_t> passed,
+                                           queue<int> go, int n) {
   if (rank == 0) {
-    for (int i = 0; i < n; ++i) made.put(i);
+    for (int i = 0; i < n; ++i) {
+      made.put(i);
+      if (i == 0) (void)go.get();
+    }
   } else if (rank == 1) {
     for (int i = 0; i < n; ++i) passed.put(made.get().value());
   } else {
-    std::int64_t sum = 0;
-    steady::time_point start;
-    for (int i = 0; i < n; ++i) {
-      sum += passed.get().value();
-      if (i == 0) start = steady::now();
-    }
+    std::int64_t sum = passed.get().value();
+    const auto start = open_window(go, 1);
+    for (int i = 1; i < n; ++i) sum += passed.get().value();
     return {sum, seconds_since(start)};
   }
   return {0, 0.0};
@@ -242,17 +261,18 @@ class on_one_cpu {
   cpu_set_t before_;
 };
 
-// One pipeline run of n plain integers: the summer's rate in values/s.
+// One pipeline run of n plain integers: its rate in values/s.
 double int_pipeline_rate(int n) {
   queue<std::int64_t> made(1024), passed(1024);
-  const auto out = spawn_and_join(int_stage, std::tuple{made, passed, n}, 3);
+  queue<int> go(8);
+  const auto out = spawn_and_join(int_stage, std::tuple{made, passed, go, n}, 3);
   const auto [sum, seconds] = out.at(2);
   if (sum != std::int64_t{n} * (n - 1) / 2) throw std::runtime_error("the integer pipeline summed wrong");
   return (n - 1) / seconds;
 }
 
-// One pipeline run of n tensors: the summer's rate in tensors/s, and the
-// CPU time per tensor of each stage (the producers' mean).
+// One pipeline run of n tensors: its rate in tensors/s, and the CPU time
+// per tensor of each stage (the producers' mean).
 struct pipeline_run {
   double rate;
   double producer_cpu, relay_cpu, summer_cpu;  // seconds per tensor
@@ -261,8 +281,8 @@ struct pipeline_run {
 // they inherit it.
 pipeline_run pipeline_rate(int n, int producers, bool pinned = false) {
   queue<tensor> made(1024), cloned(1024);
-  queue<int> relayed(8);
-  const auto args = std::tuple{made, cloned, relayed, n, producers};
+  queue<int> relayed(8), go(8);
+  const auto args = std::tuple{made, cloned, relayed, go, n, producers};
   join_options options;
   if (pinned) options.start_threads = 1;
   const auto out = spawn_and_join(pipeline_stage, args, producers + 2, options);
@@ -273,7 +293,7 @@ pipeline_run pipeline_rate(int n, int producers, bool pinned = false) {
   if (sum != expected) throw std::runtime_error(fmt::format("the pipeline summed {}, expected {}", sum, expected));
   double producer_cpu = 0;
   for (std::size_t r = 0; r < p; ++r) producer_cpu += std::get<2>(out.at(r)) / producers;
-  return {(n - 1) / seconds, producer_cpu, std::get<2>(out.at(p)), summer_cpu};
+  return {(n - producers) / seconds, producer_cpu, std::get<2>(out.at(p)), summer_cpu};
 }
 
 // One figure that `machine_limits <args>` prints, or 0 when it failed.
@@ -296,7 +316,8 @@ double machine_limit(const std::string& args) {
 double raw_ring_rate(long long items) { return machine_limit(fmt::format("--ring {}", items)); }
 
 // The baselines, measured as above: plain blocking get()s, the pipeline's
-// rate over the summer's first pop to its last; their samples come back
+// rate over the summer's first pop to its last, the producer holding back
+// all but its first item until then (`go`); their samples come back
 // whole, for stats.hpp's medians and percentiles. Run as a python_peer: "python" answers for Python's
 // multiprocessing (and never imports torch), "torch" for
 // torch.multiprocessing. Each request line is "key numbers..." and asks
@@ -312,26 +333,31 @@ double raw_ring_rate(long long items) { return machine_limit(fmt::format("--ring
 const char* python_script = R"(
 import multiprocessing as mp, signal, sys, time
 LIMIT = 120
-def produce(q, n, done):
-    for i in range(n): q.put(i)
+def produce(q, n, done, go):
+    for i in range(n):
+        q.put(i)
+        if i == 0: go.wait()
     done.wait()
 def relay(a, b, n, done):
     for _ in range(n): b.put(a.get())
     done.wait()
-def tproduce(q, n, done):
+def tproduce(q, n, done, go):
     import torch
-    for i in range(n): q.put(torch.arange(i, i + 5, dtype=torch.int64))
+    for i in range(n):
+        q.put(torch.arange(i, i + 5, dtype=torch.int64))
+        if i == 0: go.wait()
     done.wait()
 def trelay(a, b, n, done):
     for _ in range(n): b.put(a.get().clone())
     done.wait()
 def pipeline(ctx, make, move, n, summing):
-    a, b, done = ctx.Queue(), ctx.Queue(), ctx.Event()
-    ps = [ctx.Process(target=make, args=(a, n, done), daemon=True),
+    a, b, done, go = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
+    ps = [ctx.Process(target=make, args=(a, n, done, go), daemon=True),
           ctx.Process(target=move, args=(a, b, n, done), daemon=True)]
     for p in ps: p.start()
     first = b.get()
     start = time.perf_counter()
+    go.set()
     total = summing(first)
     for _ in range(n - 1): total += summing(b.get())
     rate = (n - 1) / (time.perf_counter() - start)
@@ -558,8 +584,9 @@ void pipeline_section(int n, int rounds, peers* peers) {
     if (python_answered) peers->ints_ratio.push_back(ints.back() / peers->ints.rounds.back().front());
   }
   fmt::print("3-stage pipeline (producers -> relay that clones -> summer) of {} five-element int64 tensors,\n"
-             "median of {} rounds; for every contender, rate = (items - 1) / time from the summer's first pop\n"
-             "returning to the end of its last item\n",
+             "median of {} rounds; for every contender, rate = items after the first ones / time from the\n"
+             "summer's pops of each producer's first item (until which none makes another) to the end of its\n"
+             "last item\n",
              n, rounds);
   const auto row = [](const char* label, const std::vector<double>& figures, const char* unit = "tensors/s") {
     fmt::print("  {:<52} {}\n", label, bench::spread_text(figures, "{:.0f}", unit));
@@ -623,7 +650,9 @@ int bench_tensors::run(int argc, char** argv) {
   std::vector<int> counts{100000, 3, 10};
   const char* const usage = "tensor_sharing [--pipeline] [pipeline tensors = 100000] [rounds = 3] [sends per size = 10]";
   if (const auto rc = bench::read_counts(argc, argv, usage, counts)) return *rc;
-  const int n = std::max(4, counts[0]);
+  // At least two items a producer, for up to 4 producers: their first
+  // ones pass before the window opens (pipeline_stage).
+  const int n = std::max(8, counts[0]);
   const int rounds = counts[1];
   const int sends = counts[2];
   const int python_ints = std::min(n, 100000), torch_tensors = std::min(n, 2000);
