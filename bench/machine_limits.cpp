@@ -408,16 +408,18 @@ int main(int argc, char** argv) {
     file_rate.push_back(files(4, 64u << 20));
   }
   fmt::print("The machine's limits, median of {} rounds (spread across rounds)\n", rounds);
+  // A space always parts the label from its figure, however long the
+  // label: bench/repeat finds a row's numbers as words of their own.
   const auto row = [](const std::string& label, const std::vector<double>& figures, const char* format,
-                      const char* unit) { fmt::print("  {:<56}{}\n", label, bench::spread_text(figures, format, unit)); };
+                      const char* unit) { fmt::print("  {:<58} {}\n", label, bench::spread_text(figures, format, unit)); };
   row("raw ring pipeline, 3 processes, 64-byte items, yielding", yield_rate, "{:.2f}", "M items/s");
   row("  the same, two busy loops beside it", yield_loaded, "{:.2f}", "M items/s");
   row("raw ring pipeline, spinning only", spin_rate, "{:.2f}", "M items/s");
   row("  the same, two busy loops beside it", spin_loaded, "{:.2f}", "M items/s");
-  row("futex ping-pong between 2 processes, p50", ping_p50, "{:.2f}", "us");
-  row("futex ping-pong between 2 processes, p99", ping_p99, "{:.2f}", "us");
+  row("futex ping-pong between 2 processes, round trip, p50", ping_p50, "{:.2f}", "us");
+  row("futex ping-pong between 2 processes, round trip, p99", ping_p99, "{:.2f}", "us");
   if (line_ns.front() > 0) row("a cache line handed between 2 processes on 2 CPUs, one way", line_ns, "{:.0f}", "ns");
-  else fmt::print("  {:<56}{}\n", "a cache line handed between 2 processes on 2 CPUs", "not measured: one CPU allowed");
+  else fmt::print("  {:<58} {}\n", "a cache line handed between 2 processes on 2 CPUs", "not measured: one CPU allowed");
   row("exit to blocking waitid's wake, p50", exit_p50, "{:.1f}", "us");
   row("fork + _exit + wait, p50", fork_p50, "{:.1f}", "us");
   row("posix_spawn /bin/true + wait, p50", spawn_p50, "{:.1f}", "us");
