@@ -16,8 +16,8 @@
 //   (--tee-through-pipes: it reads the pipes and writes the files and the
 //   console), and redirected (the ranks write the files: the launcher only
 //   starts and reaps them);
-// - under torchrun teed (Debian's torch 1.13, with the same mend as
-//   launcher_exit) where /usr/bin/python3 (or $COHORT_BENCH_PYTHON)
+// - under torchrun --standalone teed (Debian's torch 1.13, with the same
+//   mend as launcher_exit) where /usr/bin/python3 (or $COHORT_BENCH_PYTHON)
 //   imports torch.
 // Each round runs every one of them once, in an order that changes from
 // round to round (in_rotation). A launcher's rate counts from its start
@@ -636,8 +636,11 @@ int run(int argc, char** argv) {
     return args;
   };
   const auto torch_args = [&](std::vector<std::string> flags, std::vector<std::string> worker) {
-    std::vector<std::string> args{*python, wrapper, "--nproc_per_node", std::to_string(ranks), "--log_dir",
-                                  (dir / "torch").string()};
+    // --standalone: a rendezvous of its own on a free port, as
+    // launcher_exit's torchrun has; without it torchrun takes port 29500,
+    // which another job on the machine may hold.
+    std::vector<std::string> args{*python, wrapper, "--standalone", "--nproc_per_node", std::to_string(ranks),
+                                  "--log_dir", (dir / "torch").string()};
     args.insert(args.end(), flags.begin(), flags.end());
     args.push_back("--no_python");
     args.insert(args.end(), worker.begin(), worker.end());
