@@ -283,19 +283,23 @@ int main(int argc, char** argv) {
              "cohort us/rank", "cohort-run peak RSS", "CPU ms cohort/minimal");
   // cohort-run's peak RSS at 128 ranks, or that it failed there.
   std::string rss_at_128 = "failed";
-  // cohort-run's figures; where the minimal launcher failed, "baseline
-  // failed" in place of its time, the ratio and its CPU.
+  // Both launchers' figures; a launcher that failed in any round reads
+  // "failed" in each of its columns, the ratio "-", and the other's
+  // figures print all the same.
   const auto row = [](int k, const launcher& cohort, const launcher& minimal, const std::vector<double>& ratios) {
-    const double ms = cohort::bench::median(cohort.samples) * 1e3;
-    if (!minimal.failure.empty()) {
-      return fmt::format("  {:>4} {:>14.2f} {:>27} {:>10.0f} {:>16.1f} MiB {:>14.2f} / -\n", k, ms, "baseline failed",
-                         ms * 1e3 / k, cohort::bench::median(cohort.rss_mib), cohort::bench::median(cohort.cpu_ms));
-    }
+    using cohort::bench::median;
+    const bool ours = cohort.failure.empty(), theirs = minimal.failure.empty();
+    const auto figure = [](bool ran, const char* format, double value) {
+      return ran ? fmt::format(fmt::runtime(format), value) : std::string("failed");
+    };
+    const double ms = median(cohort.samples) * 1e3;
     const auto ratio = cohort::bench::spread_of(ratios);
-    return fmt::format("  {:>4} {:>14.2f} {:>14.2f} {:>5.2f}x ({:.2f}-{:.2f}) {:>10.0f} {:>16.1f} MiB {:>14.2f} / {:.2f}\n",
-                       k, ms, cohort::bench::median(minimal.samples) * 1e3, ratio.median, ratio.min, ratio.max,
-                       ms * 1e3 / k, cohort::bench::median(cohort.rss_mib), cohort::bench::median(cohort.cpu_ms),
-                       cohort::bench::median(minimal.cpu_ms));
+    const std::string ratio_text =
+        ours && theirs ? fmt::format("{:>5.2f}x ({:.2f}-{:.2f})", ratio.median, ratio.min, ratio.max) : "-";
+    return fmt::format("  {:>4} {:>14} {:>14} {:>18} {:>10} {:>20} {:>14} / {}\n", k, figure(ours, "{:.2f}", ms),
+                       figure(theirs, "{:.2f}", median(minimal.samples) * 1e3), ratio_text,
+                       figure(ours, "{:.0f}", ms * 1e3 / k), figure(ours, "{:.1f} MiB", median(cohort.rss_mib)),
+                       figure(ours, "{:.2f}", median(cohort.cpu_ms)), figure(theirs, "{:.2f}", median(minimal.cpu_ms)));
   };
   for (int k : {1, 8, 32, 128}) {
     const auto ranks = std::to_string(k);
@@ -311,11 +315,9 @@ int main(int argc, char** argv) {
         ratios.push_back(cohort.samples.back() / minimal.samples.back());
       }
     }
-    // A failed launcher says why; cohort-run's row prints all the same.
-    if (cohort.failure.empty())
-      fmt::print("{}", row(k, cohort, minimal, ratios));
-    else
-      print_line(cohort);
+    // A failed launcher says why below the row.
+    fmt::print("{}", row(k, cohort, minimal, ratios));
+    if (!cohort.failure.empty()) print_line(cohort);
     if (!minimal.failure.empty()) print_line(minimal);
     if (k == 128 && cohort.failure.empty())
       rss_at_128 = fmt::format("{:.1f} MiB", cohort::bench::median(cohort.rss_mib));
