@@ -219,38 +219,44 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   held[held_count++] = report;
   std::sort(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(held_count));
   os::close_all_but(held.data(), held_count);
-  // Then each that sits where a standard stream or a kept descriptor goes
-  // moves to the lowest number that none goes to, so that placing one
-  // never overwrites another. The kept numbers increase (the server
-  // checked).
-  const auto taken = [&kept](long fd) { return fd < 3 || std::binary_search(kept.begin(), kept.end(), fd); };
-  const auto moved = [&taken, &report, rank](int fd) {
-    if (!taken(fd)) return fd;
-    for (long from = 3;;) {
-      const long to = os::raw_syscall(SYS_fcntl, fd, F_DUPFD_CLOEXEC, from);
-      if (to < 0) report_failure(report, rank, stage::fds, static_cast<int>(-to));
-      if (!taken(to)) {
-        os::raw_syscall(SYS_close, fd);
-        return static_cast<int>(to);
-      }
-      os::raw_syscall(SYS_close, to);
-      from = to + 1;
-    }
-  };
-  report = moved(report);
+  // Then each kept one goes to its number, whatever sits there first
+  // moving to the lowest free number, and each is closed where it was as
+  // soon as it is placed: the rank holds no more descriptors than it was
+  // sent, and one more for a moment, so it keeps as many under the
+  // requester's limit as a spawned or forked rank does. The kept numbers
+  // increase (the server checked), so none of them is taken twice.
   fd_array fds{};
-  for (std::size_t i = 0; i < own.size(); ++i) fds[i] = moved(own[i]);
-  // In increasing order, as set_up_child wants them: the kept numbers, the
-  // result's (when sent) and the report's.
-  fd_array keep{};
+  std::copy(own.begin(), own.end(), fds.begin());
+  const auto vacate = [&](long number) {
+    int* occupant = report == number ? &report : nullptr;
+    for (std::size_t i = 0; occupant == nullptr && i < own.size(); ++i) {
+      if (fds[i] == number) occupant = &fds[i];
+    }
+    if (occupant == nullptr) return;
+    const long to = os::raw_syscall(SYS_fcntl, *occupant, F_DUPFD_CLOEXEC, 3);
+    if (to < 0) report_failure(report, rank, stage::fds, static_cast<int>(-to));
+    os::raw_syscall(SYS_close, *occupant);
+    *occupant = static_cast<int>(to);
+  };
+  fd_array keep{};  // in increasing order, as set_up_child wants them
   std::size_t keep_count = 0;
   for (std::size_t i = 0; i < kept.size(); ++i) {
-    // dup2's way: none of the rank's descriptors sits at a kept number now.
-    if (const long e = os::raw_syscall(SYS_dup3, fds[first_kept(returns_value) + i], kept[i], 0); e < 0) {
-      report_failure(report, rank, stage::fds, static_cast<int>(-e));
+    int& source = fds[first_kept(returns_value) + i];
+    if (source != kept[i]) {
+      vacate(kept[i]);
+      if (const long e = os::raw_syscall(SYS_dup3, source, kept[i], 0); e < 0) {
+        report_failure(report, rank, stage::fds, static_cast<int>(-e));
+      }
+      os::raw_syscall(SYS_close, source);
+      source = kept[i];
     }
     keep[keep_count++] = kept[i];
   }
+  // The rest (the streams' sources, the result, the report) anywhere but
+  // where set_up_child places the streams: a source left at 1 would be
+  // overwritten by standard input's before it is placed. Every kept
+  // number is taken now, so none of them lands on one.
+  for (long stream = 0; stream < 3; ++stream) vacate(stream);
   const int result = returns_value ? fds[result_slot] : -1;
   if (result >= 0) keep[keep_count++] = result;
   keep[keep_count++] = report;

@@ -70,6 +70,12 @@ COHORT_ENTRYPOINT(rank_itself);
 int descriptor_open(int, int fd) { return ::fcntl(fd, F_GETFD) >= 0 ? 1 : 0; }
 COHORT_ENTRYPOINT(descriptor_open);
 
+// How many of the rank's descriptors `fds` are open.
+int descriptors_open(int, const std::vector<int>& fds) {
+  return static_cast<int>(std::count_if(fds.begin(), fds.end(), [](int fd) { return ::fcntl(fd, F_GETFD) >= 0; }));
+}
+COHORT_ENTRYPOINT(descriptors_open);
+
 // The rank plus 100 when the thread's own id is the one glibc holds for it
 // (tgkill to it reaches this process), the rank alone when not.
 int rank_with_own_tid(int rank) { return rank + (::pthread_kill(::pthread_self(), 0) == 0 ? 100 : 0); }
@@ -1847,6 +1853,38 @@ TEST_SUITE("entry points") {
       } catch (const std::exception& e) {
         std::fprintf(stderr, "%s\n", e.what());
         return 2;
+      }
+      detail::stop_forkserver();
+      return 0;
+    });
+    check_child_code(code, "the hard descriptor limit could not be lowered here: not checked");
+  }
+
+  // Before, a forkserver rank moved every descriptor it was sent clear of
+  // the numbers it keeps, and left each kept one's source open once
+  // placed: it needed about twice as many numbers as it kept, and under a
+  // low open file limit failed with "Too many open files" where spawned
+  // and forked ranks kept them all.
+  TEST_CASE("a rank keeps nearly as many descriptors as the open file limit allows, through every start method") {
+    const int code = test::exit_code_in_child([] {
+      const int open_now = test::open_fd_count();
+      const int count = std::min(open_now + 24, static_cast<int>(detail::max_kept));
+      rlimit files{};
+      files.rlim_cur = files.rlim_max = static_cast<rlim_t>(open_now + count + 24);
+      if (::setrlimit(RLIMIT_NOFILE, &files) != 0) return 77;
+      detail::stop_forkserver();  // the next one starts under this limit
+      std::vector<int> kept;
+      for (int i = 0; i < count; ++i) kept.push_back(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+      if (std::count(kept.begin(), kept.end(), -1) != 0) return 2;
+      for (start_method method : all_methods) {
+        join_options options{.method = method};
+        options.spawn.keep_fds = kept;
+        try {
+          if (spawn_and_join(descriptors_open, std::tuple{kept}, 2, options) != std::vector{count, count}) return 3;
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "%s\n", e.what());
+          return 10 + static_cast<int>(method);
+        }
       }
       detail::stop_forkserver();
       return 0;
