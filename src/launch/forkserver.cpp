@@ -125,6 +125,9 @@ std::size_t descriptors_of(const rank_plan& plan, bool returns_value) {
   return first_kept(returns_value) + std::get<6>(plan).size();
 }
 
+// The refusal of a server that runs more than one thread (serve_forks).
+constexpr int refused_threaded = EDEADLK;
+
 // Which plans of the request a message carries the descriptors of.
 struct batch {
   std::uint32_t first;
@@ -178,6 +181,20 @@ COHORT_FORKED_CHILD_PATH pid_t clone_as_sibling(const thread_identity& self) {
   if (pid == 0) os::forget_process_id();
   if (pid < 0) errno = static_cast<int>(-pid);
   return static_cast<pid_t>(pid);
+}
+
+// How many threads this process runs (Threads: in /proc/self/status); 1
+// where /proc cannot tell.
+int threads_running() noexcept {
+  const int fd = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 1;
+  char text[4096];  // about 1.5 KiB, the count in its first half
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) return 1;
+  text[n] = '\0';
+  const char* line = std::strstr(text, "\nThreads:");
+  return line != nullptr ? std::atoi(line + 9) : 1;
 }
 
 // What the server hands each child of a request besides the request: the
@@ -388,6 +405,12 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
   thread_identity self;
   const bool known = ::prctl(PR_GET_TID_ADDRESS, &self.tid) == 0 && self.tid != nullptr;
   ::syscall(SYS_get_robust_list, 0, &self.robust_head, &self.robust_size);
+  // A thread of the program's running here (started before main, by a
+  // static initialiser of the program or of a library it loads) may hold
+  // a lock at any clone, which the raw clone below copies held into the
+  // child for good (glibc's fork takes its own locks around a fork; this
+  // clone does not): every request is refused until that thread ends.
+  bool threaded = threads_running() > 1;
   server_state server;
   server.reset = signals_to_reset();  // this server sets no handler later
   // Its soft descriptor limit raised to the hard one, which the client
@@ -420,12 +443,15 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     std::span<rank_plan> ranks;  // those to fork, in r
     std::vector<std::vector<char*>> envps;  // theirs
     shm::keeper_address keeper;  // theirs
+    if (threaded) threaded = threads_running() > 1;
     if (truncated) {
       replies[0] = EMFILE;  // its descriptors did not fit under this server's limit
     } else if (n != static_cast<ssize_t>(sizeof b) || count < shared_slots) {
       replies[0] = EINVAL;
     } else if (!known) {
       replies[0] = ENOSYS;  // no PR_GET_TID_ADDRESS (a kernel without CONFIG_CHECKPOINT_RESTORE)
+    } else if (threaded) {
+      replies[0] = refused_threaded;
     } else if (!read_whole(fds[request_slot], bytes)) {
       replies[0] = errno != 0 ? errno : EIO;
     } else {
@@ -717,6 +743,10 @@ std::size_t start_from_server(std::span<server_request> requests, const function
            : refused && error == EMFILE
                ? fmt::format("the forkserver could not take one rank's descriptors under its open file limit, {}",
                              l.fd_limit)
+           : refused && error == refused_threaded
+               ? std::string("the forkserver runs more than one thread, started before main (by a static initialiser "
+                             "of the program or of a library it loads), and a rank cloned from it could hang on a "
+                             "lock that thread holds; use the spawn or fork start method")
            : refused ? std::string("the forkserver refused the request")
            : stuck   ? fmt::format("the forkserver (pid {}) stopped answering during the start, after {} of its {} "
                                    "ranks, and was ended (the next start starts another)",

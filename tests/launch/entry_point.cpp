@@ -76,6 +76,18 @@ int descriptors_open(int, const std::vector<int>& fds) {
 }
 COHORT_ENTRYPOINT(descriptors_open);
 
+// A thread started before main, as a library's static initialiser may start
+// one, in each run of this program whose environment names it: the
+// forkserver's too, which is this program run again.
+constexpr const char* thread_before_main_env = "COHORT_TEST_THREAD_BEFORE_MAIN";
+const bool thread_before_main = [] {
+  if (std::getenv(thread_before_main_env) == nullptr) return false;
+  std::thread([] {
+    for (;;) ::pause();
+  }).detach();
+  return true;
+}();
+
 // The rank plus 100 when the thread's own id is the one glibc holds for it
 // (tgkill to it reaches this process), the rank alone when not.
 int rank_with_own_tid(int rank) { return rank + (::pthread_kill(::pthread_self(), 0) == 0 ? 100 : 0); }
@@ -1890,6 +1902,40 @@ TEST_SUITE("entry points") {
       return 0;
     });
     check_child_code(code, "the hard descriptor limit could not be lowered here: not checked");
+  }
+
+  // Before, a forkserver whose program had started a thread before main
+  // (a library's static initialiser) cloned ranks all the same: a rank
+  // cloned while that thread held a lock (malloc's, stdio's) hung on it
+  // for good.
+  TEST_CASE("a forkserver running a thread started before main refuses to start ranks, saying why") {
+    const int code = test::exit_code_in_child([] {
+      detail::stop_forkserver();
+      ::setenv(thread_before_main_env, "1", 1);
+      try {
+        (void)spawn_and_join(rank_itself, std::tuple{}, 2, test::join_by(start_method::forkserver));
+        return 2;
+      } catch (const std::system_error& e) {
+        const std::string what = e.what();
+        const bool said = what.find("rank 0 of 'rank_itself' (forkserver)") != std::string::npos &&
+                          what.find("more than one thread, started before main") != std::string::npos &&
+                          what.find("use the spawn or fork start method") != std::string::npos;
+        if (!said || e.code().value() != EDEADLK) {
+          std::fprintf(stderr, "%s\n", what.c_str());
+          return 3;
+        }
+      }
+      if (!test::children_of_self().empty()) return 4;  // the server aside
+      // A server started without that thread starts them.
+      detail::stop_forkserver();
+      ::unsetenv(thread_before_main_env);
+      if (spawn_and_join(rank_itself, std::tuple{}, 2, test::join_by(start_method::forkserver)) != std::vector{0, 1}) {
+        return 5;
+      }
+      detail::stop_forkserver();
+      return 0;
+    });
+    CHECK(code == 0);
   }
 
   // Before, the forkserver cloned with clone3 alone: where that is refused
