@@ -359,11 +359,18 @@ struct server_slot {
   bool stops_at_exit = false;  // stop_forkserver() is registered with atexit
 };
 
-int start_server(server_link& l) {
+// Starts the server; false with `f` saying why not.
+bool start_server(server_link& l, launch_failure& f) {
   const auto cmd = reexecution({"--cohort-forkserver"});
-  if (!cmd) return ENOEXEC;  // refused before, saying why (start_functions)
+  if (!cmd) {  // refused before, saying why (start_functions)
+    f = {stage::start, ENOEXEC, ""};
+    return false;
+  }
   int ends[2];
-  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ends) != 0) return errno;
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ends) != 0) {
+    f = {stage::start, errno, "socketpair"};
+    return false;
+  }
   spawn_options options;
   options.env.set(forkserver_env, std::to_string(ends[1]));
   options.keep_fds = {ends[1]};
@@ -376,12 +383,11 @@ int start_server(server_link& l) {
   // Launched as spawn() launches, but without bringing up the reactor of
   // an io_context that never runs (ready_to_wait): three descriptors (four
   // with a ring) held for the server's life, for nothing.
-  launch_failure f;
   auto state = launch_program(l.io.get_executor(), *cmd, options, f);
   ::close(ends[1]);
   if (!state) {
     ::close(ends[0]);
-    return f.error;
+    return false;
   }
   l.server = child(std::move(state));
   l.socket = ends[0];
@@ -389,7 +395,7 @@ int start_server(server_link& l) {
   if (::getrlimit(RLIMIT_NOFILE, &limit) == 0) l.fd_limit = limit.rlim_max;
   const rlim_t room = l.fd_limit > server_own_fds ? l.fd_limit - server_own_fds : 0;
   l.most_fds = static_cast<std::size_t>(std::min<rlim_t>(max_fds, room));
-  return 0;
+  return true;
 }
 
 void drop_server(server_link& l) {
@@ -656,10 +662,11 @@ std::size_t start_from_server(std::span<server_request> requests, const function
         // signal of both follows the thread that started the server. Begun
         // on a caller's thread, they were killed when it ended, in the
         // middle of another thread's run.
-        int error = 0;
-        run_on_lasting_thread([&] { error = start_server(l); });
-        if (error != 0) {
-          f = {stage::start, error, "starting the forkserver"};
+        launch_failure why;
+        bool started_server = false;
+        run_on_lasting_thread([&] { started_server = start_server(l, why); });
+        if (!started_server) {
+          f = failure_of_step("starting the forkserver", why);
           return 0;
         }
       }

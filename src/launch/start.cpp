@@ -519,8 +519,10 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
   }
   if (!state) {
     // Set-up failures (a working directory, a file for a stream) name their
-    // cause; the exec itself is this program's re-execution.
-    if (f.where == stage::exec || f.where == stage::path_lookup) f = {stage::start, f.error, "re-executing /proc/self/exe"};
+    // cause; the exec itself is this program's re-execution, and says why it
+    // failed (an environment variable too long for the kernel, say).
+    if (f.where == stage::exec) f = failure_of_step("re-executing /proc/self/exe", f);
+    if (f.where == stage::path_lookup) f = {stage::start, f.error, "re-executing /proc/self/exe"};
     throw std::system_error(f.error, std::system_category(), describe_failure(what, f));
   }
   return child(std::move(state));

@@ -232,4 +232,10 @@ std::string cannot_open(const std::string& path, int error);
 /// "<what>: <cause>" for a failed launch, naming the descriptor limit on EMFILE.
 std::string describe_failure(const std::string& what, const launch_failure& f);
 
+/// A failed launch that was one step of a larger start (starting the
+/// forkserver, re-executing this program for a rank) as that start's
+/// failure: stage::start, its detail `step` and what describe_failure says
+/// of `f`, so that the start's message keeps why the step failed.
+launch_failure failure_of_step(const std::string& step, const launch_failure& f);
+
 }  // namespace cohort::detail

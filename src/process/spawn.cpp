@@ -742,6 +742,15 @@ std::string describe_failure(const std::string& what, const launch_failure& f) {
          (f.where == stage::clone ? os::process_limit_note(f.error) : std::string());
 }
 
+launch_failure failure_of_step(const std::string& step, const launch_failure& f) {
+  // The descriptor limit's note is the whole start's message's to add, at
+  // its end, where it adds it anyway.
+  std::string told = describe_failure(step, f);
+  const std::string note = os::descriptor_limit_note(f.error);
+  if (told.ends_with(note)) told.resize(told.size() - note.size());
+  return {stage::start, f.error, std::move(told)};
+}
+
 namespace {
 
 // Whether `bring_up` (the cohort service's making) ran without the

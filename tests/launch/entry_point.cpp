@@ -1938,6 +1938,35 @@ TEST_SUITE("entry points") {
     CHECK(code == 0);
   }
 
+  // Before, a start whose exec failed with E2BIG said only "Argument list
+  // too long" for the forkserver's start and a spawned rank's
+  // re-execution, where a spawn names the variable and the kernel's limit.
+  TEST_CASE("an environment variable too long for an exec is named when the forkserver or a spawned rank cannot start") {
+    const int code = test::exit_code_in_child([] {
+      detail::stop_forkserver();
+      ::setenv("COHORT_TEST_HUGE", std::string(200000, 'x').c_str(), 1);
+      for (const auto& [method, step] : {std::pair{start_method::spawn, "re-executing /proc/self/exe: execve: "},
+                                         std::pair{start_method::forkserver, "starting the forkserver: execve: "}}) {
+        try {
+          (void)spawn_and_join(succeed, std::tuple{}, 1, test::join_by(method));
+          return 2;
+        } catch (const std::system_error& e) {
+          const std::string what = e.what();
+          const bool said =
+              what.find(fmt::format("rank 0 of 'succeed' ({}): {}environment variable COHORT_TEST_HUGE is 200018 bytes",
+                                    to_string(method), step)) != std::string::npos &&
+              what.find("(MAX_ARG_STRLEN)") != std::string::npos;
+          if (!said || e.code().value() != E2BIG) {
+            std::fprintf(stderr, "%s\n", what.c_str());
+            return 3;
+          }
+        }
+      }
+      return test::children_of_self().empty() ? 0 : 4;
+    });
+    CHECK(code == 0);
+  }
+
   // Before, the forkserver cloned with clone3 alone: where that is refused
   // (ENOSYS from a kernel before 5.3, or from a container runtime's default
   // seccomp profile), every forkserver start failed.
