@@ -641,7 +641,7 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
   for (std::size_t r = 0; r < n; ++r) {
     auto& x = *ranks[r];
     const int pidfd = config::pidfd_open(x.pid);
-    if (pidfd < 0) fail(r, {stage::start, errno, ""});
+    if (pidfd < 0) fail(r, {stage::start, errno, "pidfd_open"});
     children.push_back(child(x.prepared->adopt(executor, context, std::exchange(x.pid, -1), pidfd)));
   }
   // The ranks set themselves up meanwhile; a failure of one ends them all.

@@ -1967,6 +1967,35 @@ TEST_SUITE("entry points") {
     CHECK(code == 0);
   }
 
+  // Before, a rank whose pidfd could not be opened (the descriptor limit
+  // reached once the ranks were made) gave no word of what failed.
+  TEST_CASE("a fork or forkserver rank whose pidfd cannot be opened says so") {
+    for (start_method method : {start_method::fork, start_method::forkserver}) {
+      CAPTURE(to_string(method));
+      const int code = test::exit_code_in_child([method] {
+        detail::stop_forkserver();
+        (void)spawn_and_join(succeed, std::tuple{}, 1, test::join_by(method));  // the server's descriptors open now
+        const test::nofile_limit low(static_cast<rlim_t>(test::open_fd_count() + 24));
+        try {
+          (void)spawn_and_join(succeed, std::tuple{}, 64, test::join_by(method));
+          return 2;
+        } catch (const std::system_error& e) {
+          const std::string what = e.what();
+          const bool said =
+              what.find(fmt::format("({}): pidfd_open (open file limit RLIMIT_NOFILE is", to_string(method))) !=
+              std::string::npos;
+          if (!said || e.code().value() != EMFILE) {
+            std::fprintf(stderr, "%s\n", what.c_str());
+            return 3;
+          }
+        }
+        detail::stop_forkserver();
+        return test::children_of_self().empty() ? 0 : 4;
+      });
+      CHECK(code == 0);
+    }
+  }
+
   // Before, the forkserver cloned with clone3 alone: where that is refused
   // (ENOSYS from a kernel before 5.3, or from a container runtime's default
   // seccomp profile), every forkserver start failed.
