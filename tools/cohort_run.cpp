@@ -444,6 +444,13 @@ std::string checked_host(std::string given, const std::string& flag, const std::
   return host;
 }
 
+// --local-addr as a host, blanks around it taken off as around the
+// endpoint. torchrun publishes it as given, blanks and all, where the
+// other nodes cannot reach it; blanks only are no host.
+std::string local_address(const std::string& given) {
+  return checked_host(stripped(given), "--local-addr", given);
+}
+
 host_port endpoint_parts(const std::string& e) {
   const auto colon = port_colon(e);
   const std::string given_host = e.substr(0, colon);
@@ -501,7 +508,7 @@ placement static_placement(run_options& o, int nproc) {
   }
   // Only etcd-v3 uses --local-addr; here it is checked all the same, so a
   // command line that names no host there fails on every backend alike.
-  if (!o.local_addr.empty()) checked_host(o.local_addr, "--local-addr", o.local_addr);
+  if (!o.local_addr.empty()) local_address(o.local_addr);
   // Slurm places the node unless the flags do. c10d's command lines across
   // nodes give --nnodes and leave the node rank to the rendezvous, so there
   // Slurm still gives it. --standalone is one node, whatever Slurm says.
@@ -624,7 +631,7 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
   c.min_nodes = o.min_nodes;
   c.max_nodes = o.max_nodes;
   c.nproc = nproc;
-  c.local_addr = o.local_addr.empty() ? host_name() : checked_host(o.local_addr, "--local-addr", o.local_addr);
+  c.local_addr = o.local_addr.empty() ? host_name() : local_address(o.local_addr);
   c.local_port = o.master_port;  // 0: a free one at each round
   c.poll_interval = std::max(millis(o.monitor_interval), std::chrono::milliseconds(10));
   double keep_alive_interval = 1, keep_alive_max_attempt = 3;

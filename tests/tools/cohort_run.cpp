@@ -1844,6 +1844,41 @@ TEST_SUITE("cohort-run") {
     CHECK(r.err.find("--nproc-per-node: ' ' is not a positive number") != std::string::npos);
   }
 
+  // Before, the endpoint's no-break space and \x1f were kept, and refused
+  // as no host's; --local-addr's blanks were refused on every backend; and
+  // an endpoint of blanks only was taken for none under static.
+  TEST_CASE("blanks around --rdzv-endpoint and --local-addr are taken off as Python's str.strip() takes them; an "
+            "endpoint of blanks only is refused under static, as torchrun refuses it") {
+    test::temp_dir dir;
+    auto r = run_launcher({"--rdzv-endpoint", "\xc2\xa0" "10.1.1.3:2347\x1f\t", "--local-addr", "\xe3\x80\x80 10.0.0.2\n",
+                           "--nnodes", "2", "--node-rank", "1", "-n", "1", "--", "/bin/sh", "-c", dump_contract,
+                           dir.path.string()},
+                          identical_nodes);
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(variables_in(dir.path / "1")["MASTER_ADDR"] == "10.1.1.3");
+    CHECK(variables_in(dir.path / "1")["MASTER_PORT"] == "2347");
+    r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", " 10.0.0.2 ", "--",
+                      "/bin/true"});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    // Blanks only: no endpoint. torchrun's static rendezvous refuses it (an
+    // empty one is none given: --master-addr and --master-port), c10d takes
+    // it for none given, as an empty one.
+    r = run_launcher({"--rdzv-endpoint", " \t", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK_MESSAGE(r.err.find("--rdzv-endpoint ' \t': blanks only, no host:port") != std::string::npos, r.err);
+    r = run_launcher({"--rdzv-endpoint", "", "--", "/bin/true"});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", " ", "--", "/bin/true"});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    // --standalone takes no endpoint, whatever is given.
+    r = run_launcher({"--standalone", "--rdzv-endpoint", " ", "--", "/bin/true"});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    // A --local-addr of blanks only is no host.
+    r = run_launcher({"--local-addr", "\xc2\xa0 ", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK_MESSAGE(r.err.find("--local-addr '\xc2\xa0 ': no host") != std::string::npos, r.err);
+  }
+
   // Before, "join_timeout=5, last_call_timeout=3" was refused, naming the
   // key ' last_call_timeout' (under etcd-v3, as one of those it lists).
   TEST_CASE("blanks around --rdzv-conf's keys and values are taken off, as torchrun takes them; an item with no key is refused") {

@@ -253,6 +253,30 @@ std::string trimmed(const std::string& text, std::string_view blanks) {
   return first == std::string::npos ? std::string() : text.substr(first, text.find_last_not_of(blanks) + 1 - first);
 }
 
+std::string stripped(const std::string& text) {
+  static constexpr std::string_view ascii = " \t\n\r\v\f\x1c\x1d\x1e\x1f";
+  // The rest of Python's whitespace, each in UTF-8: U+0085, U+00A0, U+1680,
+  // U+2000 to U+200A, U+2028, U+2029, U+202F, U+205F and U+3000.
+  static constexpr std::string_view wide[] = {
+      "\xc2\x85",     "\xc2\xa0",     "\xe1\x9a\x80", "\xe2\x80\x80", "\xe2\x80\x81", "\xe2\x80\x82",
+      "\xe2\x80\x83", "\xe2\x80\x84", "\xe2\x80\x85", "\xe2\x80\x86", "\xe2\x80\x87", "\xe2\x80\x88",
+      "\xe2\x80\x89", "\xe2\x80\x8a", "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaf", "\xe2\x81\x9f",
+      "\xe3\x80\x80"};
+  std::string_view rest = text;
+  // The length of the blank at the front (or the back) of rest; 0 for none.
+  const auto blank = [&](bool front) -> std::size_t {
+    if (rest.empty()) return 0;
+    if (ascii.find(front ? rest.front() : rest.back()) != std::string_view::npos) return 1;
+    for (const auto w : wide) {
+      if (front ? rest.starts_with(w) : rest.ends_with(w)) return w.size();
+    }
+    return 0;
+  };
+  while (const auto n = blank(true)) rest.remove_prefix(n);
+  while (const auto n = blank(false)) rest.remove_suffix(n);
+  return std::string(rest);
+}
+
 std::vector<std::string> comma_items(const std::string& list) {
   std::vector<std::string> items;
   if (list.empty()) return items;
@@ -462,8 +486,17 @@ run_options parse_options(int argc, char** argv) {
     o.form = program_form::direct;
   }
 
-  // Blanks around the endpoint are dropped, as torchrun drops them.
-  o.rdzv_endpoint = trimmed(o.rdzv_endpoint);
+  // Blanks around the endpoint are taken off, as torchrun's str.strip()
+  // takes them. An endpoint of blanks only names no master: torchrun's
+  // static rendezvous refuses it, where an empty one means --master-addr
+  // and --master-port; c10d and etcd-v3 take it for none given.
+  const std::string endpoint = stripped(o.rdzv_endpoint);
+  if (endpoint.empty() && !o.rdzv_endpoint.empty() && o.rdzv_backend == "static" && !o.standalone) {
+    throw usage_error(fmt::format("--rdzv-endpoint '{}': blanks only, no host:port; give the master's host:port, or "
+                                  "leave --rdzv-endpoint out for --master-addr and --master-port",
+                                  o.rdzv_endpoint));
+  }
+  o.rdzv_endpoint = endpoint;
   if (o.standalone) {
     if (o.max_nodes != 1) throw usage_error("--standalone runs one node: --nnodes must be 1");
     o.rdzv_backend = "static";

@@ -83,10 +83,13 @@ run_options parse_options(int argc, char** argv);
 std::vector<std::string> comma_list(const std::string& list);
 /// "a,b,,c" -> a b "" c: every item, empty ones too; "" -> none.
 std::vector<std::string> comma_items(const std::string& list);
-/// What Python's str.strip() and int() take for blanks.
+/// The ASCII blanks that Python's str.strip(), int() and float() all take.
 inline constexpr std::string_view python_blanks = " \t\n\r\v\f";
 /// `text` without the characters of `blanks` at either end.
 std::string trimmed(const std::string& text, std::string_view blanks = python_blanks);
+/// `text` without what Python's str.strip() takes off a UTF-8 command line:
+/// python_blanks, \x1c to \x1f, and Unicode's spaces (U+00A0, U+2003 ...).
+std::string stripped(const std::string& text);
 /// The longest run id: the logs' folder is named `<run-id>_XXXXXXXX`, in
 /// a name of at most NAME_MAX (255) bytes.
 inline constexpr std::size_t max_run_id_bytes = 255 - 9;
