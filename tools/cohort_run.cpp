@@ -33,10 +33,13 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +48,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -221,6 +225,49 @@ std::string fresh_run_id() {
 std::string host_name() {
   char name[256]{};
   return ::gethostname(name, sizeof name - 1) == 0 ? name : "?";
+}
+
+// This node's name as torchrun publishes it where --local-addr is not
+// given, Python's socket.getfqdn(): the host name's first address (as it
+// is where the name is an IPv4 or IPv6 address), looked up backwards; of
+// the name found there and its aliases, the first with a dot, else that
+// name. Where either lookup fails, the host name. A host name that leads
+// to a loopback address gives that address's name, often localhost, as
+// under torchrun. Both lookups block, as Python's do.
+std::string qualified_host_name() {
+  const std::string name = host_name();
+  sockaddr_storage address{};
+  auto& v4 = reinterpret_cast<sockaddr_in&>(address);
+  auto& v6 = reinterpret_cast<sockaddr_in6&>(address);
+  if (::inet_pton(AF_INET, name.c_str(), &v4.sin_addr) == 1) {
+    address.ss_family = AF_INET;
+  } else if (name.find('%') == std::string::npos && ::inet_pton(AF_INET6, name.c_str(), &v6.sin6_addr) == 1) {
+    address.ss_family = AF_INET6;
+  } else {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    addrinfo* found = nullptr;
+    if (::getaddrinfo(name.c_str(), nullptr, &hints, &found) != 0) return name;
+    std::memcpy(&address, found->ai_addr, std::min<std::size_t>(found->ai_addrlen, sizeof address));
+    ::freeaddrinfo(found);
+  }
+  const int family = address.ss_family;
+  if (family != AF_INET && family != AF_INET6) return name;
+  const void* bytes = family == AF_INET ? static_cast<const void*>(&v4.sin_addr) : &v6.sin6_addr;
+  const socklen_t size = family == AF_INET ? sizeof v4.sin_addr : sizeof v6.sin6_addr;
+  hostent entry{};
+  hostent* host = nullptr;
+  int error = 0;
+  // Python's buffer: an answer that does not fit fails the lookup there too.
+  char buffer[16384];
+  ::gethostbyaddr_r(bytes, size, family, &entry, buffer, sizeof buffer - 1, &host, &error);
+  if (host == nullptr || host->h_addrtype != family) return name;
+  const auto dotted = [](const char* n) { return std::strchr(n, '.') != nullptr; };
+  if (dotted(host->h_name)) return host->h_name;
+  for (char** alias = host->h_aliases; *alias != nullptr; ++alias) {
+    if (dotted(*alias)) return *alias;
+  }
+  return host->h_name;
 }
 
 // The exit code cohort-run gives for a rank's status: its code, or
@@ -631,7 +678,7 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
   c.min_nodes = o.min_nodes;
   c.max_nodes = o.max_nodes;
   c.nproc = nproc;
-  c.local_addr = o.local_addr.empty() ? host_name() : local_address(o.local_addr);
+  c.local_addr = o.local_addr.empty() ? qualified_host_name() : local_address(o.local_addr);
   c.local_port = o.master_port;  // 0: a free one at each round
   c.poll_interval = std::max(millis(o.monitor_interval), std::chrono::milliseconds(10));
   double keep_alive_interval = 1, keep_alive_max_attempt = 3;

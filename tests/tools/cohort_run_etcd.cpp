@@ -61,6 +61,21 @@ std::vector<std::string> rendezvous(const std::string& id, const std::string& nn
           "--local-addr", "127.0.0.1", "--monitor-interval", "0.05", "--grace-period", "2"};
 }
 
+// This host's name as Python's socket.getfqdn() gives it: what torchrun
+// publishes for a node given no --local-addr.
+std::string python_fqdn() {
+  asio::io_context io;
+  return test::run(io, []() -> asio::awaitable<std::string> {
+    const command ask(COHORT_TEST_PYTHON, {"-c", "import socket; print(socket.getfqdn())"});
+    spawn_options options{.out = stdio::pipe()};
+    child python = co_await spawn(ask, options);
+    const std::string out = co_await test::read_all(python.out());
+    const auto status = co_await python.wait();
+    REQUIRE_MESSAGE(status.code() == 0, out);
+    co_return out.substr(0, out.find('\n'));
+  }());
+}
+
 std::string fresh_id() {
   static int count = 0;
   return "e2e" + std::to_string(++count) + "-" + std::to_string(::getpid());
@@ -307,6 +322,31 @@ TEST_SUITE("cohort-run over etcd") {
     CHECK(failed.err.find("Attempt 0 failed before it:\nRoot cause (first failure):") != std::string::npos);
     CHECK(failed.err.find("exited with code 3") != std::string::npos);
     CHECK(failed.err.find("attempt 0, 1 of 1 restarts used") == std::string::npos);
+  }
+
+  // Before, a node given no --local-addr published its host name as
+  // gethostname() gives it, where torchrun publishes socket.getfqdn()'s
+  // (they differ where the host name's address is named otherwise, as
+  // localhost for a host name that /etc/hosts gives 127.0.0.1), and blanks
+  // around --local-addr were refused.
+  TEST_CASE("a node's address for the others is --local-addr, blanks around it taken off, else Python's "
+            "socket.getfqdn(), as torchrun's") {
+    const std::string fqdn = python_fqdn();
+    for (const bool given : {false, true}) {
+      CAPTURE(given);
+      test::temp_dir dir;
+      auto args = rendezvous(fresh_id(), "1");
+      const auto flag = std::ranges::find(args, "--local-addr");
+      REQUIRE(flag != args.end());
+      if (given) {
+        flag[1] = "\xc2\xa0 127.0.0.1\t";  // a no-break space, as Python's str.strip() takes it
+      } else {
+        args.erase(flag, flag + 2);
+      }
+      auto results = run_nodes({{joined(args, worker(dir.path, "exit 0"))}});
+      REQUIRE_MESSAGE(results[0].status.code() == 0, results[0].err);
+      CHECK(variables_in(dir.path / "1-0")["MASTER_ADDR"] == (given ? "127.0.0.1" : fqdn));
+    }
   }
 
   TEST_CASE("etcd unreachable: a clear error within the rendezvous timeout") {

@@ -378,7 +378,8 @@ run_options parse_options(int argc, char** argv) {
   app.add_option("--master-port,--master_port", master_port,
                  "port on it (default: a free one on one node, 29500 across nodes)");
   app.add_option("--local-addr,--local_addr", o.local_addr,
-                 "this node's address for the others (etcd-v3; default: its host name)");
+                 "this node's address for the others (etcd-v3; default: its fully qualified name, as Python's "
+                 "socket.getfqdn() gives it)");
   app.add_option("--logs-specs,--logs_specs", o.logs_specs,
                  "accepted; torchrun's logs_specs are Python plugins: the logs follow --log-dir's layout");
   app.add_option("--numa-binding,--numa_binding", o.numa_binding,
