@@ -529,7 +529,9 @@ inline bool same_storage(const tensor& a, const tensor& b) noexcept {
 
 /// As torch prints on one line: "tensor([[1, 2], [3, 4]], dtype=int64)",
 /// "tensor(2.5, dtype=float32)", "tensor([], dtype=bool)"; bools print as
-/// True and False, floats in fmt's shortest form. Past 1,000 elements, as
+/// True and False, floats in the shortest form that reads back to the
+/// same value of their own dtype (a float16 0.1 as "0.1"), every NaN as
+/// "nan". Past 1,000 elements, as
 /// torch summarizes, each dimension longer than six shows its first and
 /// last three around "...": "tensor([0, 1, 2, ..., 9997, 9998, 9999], dtype=int64)".
 std::string to_string(const tensor& t);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <concepts>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <limits>
@@ -226,13 +227,40 @@ void fill(tensor& t, double value, const char* caller) {
   });
 }
 
+// A 16-bit float's shortest form of its own, as fmt gives a float's: the
+// fewest significant digits that read back, as a float rounded to T, to
+// the same bits (0.1, where the float the half holds reads 0.099975586).
+template <class T>
+void append_half(std::string& out, T value) {
+  const float exact = static_cast<float>(value);
+  for (int digits = 1; digits < std::numeric_limits<float>::max_digits10; ++digits) {
+    const std::string text = fmt::format("{:.{}g}", exact, digits);
+    const float read = std::strtof(text.c_str(), nullptr);
+    if (T(read).bits == value.bits) {
+      fmt::format_to(std::back_inserter(out), "{}", read);  // "60000", not "6e+04"
+      return;
+    }
+  }
+  fmt::format_to(std::back_inserter(out), "{}", exact);
+}
+
 template <class T>
 void append_element(std::string& out, const std::byte* element) {
   const T value = load<T>(element);
   if constexpr (std::same_as<T, bool>) {
     out += value ? "True" : "False";
   } else if constexpr (std::same_as<T, float16> || std::same_as<T, bfloat16>) {
-    fmt::format_to(std::back_inserter(out), "{}", static_cast<float>(value));
+    if (std::isnan(static_cast<float>(value))) {
+      out += "nan";  // as torch prints every NaN, whatever its sign bit
+    } else {
+      append_half(out, value);
+    }
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(value)) {
+      out += "nan";
+    } else {
+      fmt::format_to(std::back_inserter(out), "{}", value);
+    }
   } else {
     fmt::format_to(std::back_inserter(out), "{}", value);
   }

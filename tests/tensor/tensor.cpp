@@ -5,10 +5,12 @@
 
 #include <cmath>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -510,6 +512,42 @@ TEST_CASE("a dimension of one element may have any stride: fill_, == and printin
   CHECK(fmt::format("{}", row) == "tensor([[2, 2, 2]], dtype=float32)");
   CHECK(fmt::format("{}", column) == "tensor([[2], [2], [2]], dtype=float32)");
   CHECK(column == column.clone());
+}
+
+// Before, a 16-bit float printed the float it holds, to the float's own
+// digits ("0.099975586"), and a NaN with its sign bit set printed "-nan".
+TEST_CASE("16-bit floats print their own shortest form, and every NaN prints as nan, as torch's do") {
+  CHECK(fmt::format("{}", tensor::full({2}, 0.1, dtype::float16)) == "tensor([0.1, 0.1], dtype=float16)");
+  CHECK(fmt::format("{}", tensor::full({1}, 1e38, dtype::bfloat16)) == "tensor([1e+38], dtype=bfloat16)");
+  CHECK(fmt::format("{}", tensor::full({1}, 60000, dtype::float16)) == "tensor([60000], dtype=float16)");
+  CHECK(fmt::format("{}", tensor::full({1}, -0.0, dtype::float16)) == "tensor([-0], dtype=float16)");
+  for (const auto type : {dtype::float16, dtype::bfloat16, dtype::float32, dtype::float64}) {
+    CHECK(fmt::format("{}", tensor::full({1}, -std::nan(""), type)).starts_with("tensor([nan]"));
+  }
+  // Every finite half, each way: what prints reads back to the same bits,
+  // in no more significant digits than the float it holds prints in.
+  const auto significant = [](std::string text) {
+    text = text.substr(0, text.find('e'));
+    std::erase_if(text, [](char c) { return c == '-' || c == '.'; });
+    const auto first = text.find_first_not_of('0');
+    return first == std::string::npos ? std::size_t{1} : text.find_last_not_of('0') - first + 1;
+  };
+  int wrong = 0;
+  const auto check = [&]<class T>(T value) {
+    const float exact = static_cast<float>(value);
+    if (!std::isfinite(exact)) return;
+    const T values[] = {value};
+    const std::string text = fmt::format("{}", tensor::from_data(std::span<const T>(values)));
+    const std::string shown = text.substr(8, text.find(']') - 8);  // between "tensor([" and "]"
+    if (T(std::strtof(shown.c_str(), nullptr)).bits != value.bits || significant(shown) > significant(fmt::format("{}", exact))) {
+      ++wrong;
+    }
+  };
+  for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+    check(float16::from_bits(static_cast<std::uint16_t>(bits)));
+    check(bfloat16::from_bits(static_cast<std::uint16_t>(bits)));
+  }
+  CHECK(wrong == 0);
 }
 
 TEST_CASE("tensors print like torch's, on one line") {
