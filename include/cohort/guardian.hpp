@@ -23,14 +23,21 @@ namespace cohort {
 /// an unrelated process's, whose group must not be killed. The groups note
 /// theirs with the first guardian of this process's that is running (a
 /// program rank as its spawn returns, function ranks once all have
-/// started); when that guardian ends, the next one running (the earliest
-/// started) takes every note, those of the groups still running with the
-/// rest. Once this process has died (not at a look it asked for), it
-/// also removes the files of file_system segments (/dev/shm/cohort_<pid>_...)
-/// that this process and the ranks of its groups made, which nothing else
-/// would remove: those of a rank that has ended too, until its run has
-/// swept them itself (a process that took the rank's pid since is told
-/// apart by its start time, which each segment is stamped with). The ranks
+/// started); before that, from the end of its set-up on, before it runs
+/// anything of the caller's (a before_exec hook, the exec, the function),
+/// each rank has told the guardian of itself on the guardian's socket,
+/// and that note stands in until the group's replaces it (or the rank's
+/// start fails and it is withdrawn). When that guardian ends, the next one
+/// running (the earliest started) takes every note of the groups, those
+/// of the groups still running with the rest. Once this process has died
+/// (not at a look it asked for), it also removes the files of file_system
+/// segments (/dev/shm/cohort_<pid>_...) that this process and the ranks of
+/// its groups made, which nothing else would remove: those of a rank that
+/// has ended too, until its run has swept them itself (a process that took
+/// the rank's pid since is told apart by its start time, which each
+/// segment is stamped with), and those any process made with the marker of
+/// a run not yet swept in its environment (a rank's own child), as each
+/// segment records it. The ranks
 /// themselves die by their parent-death signal; the guardian reaches what
 /// they started, `setsid` grandchildren included, when this process could
 /// not: killed with SIGKILL, also by a SIGKILL sent to this process's

@@ -234,6 +234,9 @@ struct group_state {
   // By rank: its note_rank() for the guardian, kept until the run has swept
   // the segments the rank made; 0 for none.
   std::vector<std::uint64_t> rank_notes;
+  // The run's marker as noted for the guardian (note_run), kept as long as
+  // the rank notes; 0 for none.
+  std::uint64_t run_note = 0;
   // By rank: a shutdown signal went to its process group, which has not
   // been seen empty since. What is left in it once the rank has ended (a
   // shell's program, say) is given the same grace as the rank.
@@ -1029,6 +1032,7 @@ void forget_guardian_notes(group_state& state) noexcept {
   state.group_noted.clear();
   for (const std::uint64_t note : state.rank_notes) forget_rank(note);
   state.rank_notes.clear();
+  forget_run(std::exchange(state.run_note, 0));
 }
 
 // Ends what a run left when it cannot finish (a start that failed, or an
@@ -1414,6 +1418,17 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   }
   std::vector<os::owned_fd> output_files;
   detail::share_output_files(options, output_files);
+  // The guardian knows the run's marker before any rank starts, and each
+  // rank from before it runs anything of the caller's: the rank announces
+  // itself on the guardian's line, and its note there is withdrawn once
+  // the rank is noted here (or its start failed).
+  if (const std::uint64_t run = shm::run_marker_hash(state->marker); detail::note_run(run)) state->run_note = run;
+  const os::owned_fd line = detail::start_line();
+  const auto noted_here = [&](std::size_t rank, pid_t pid) {
+    state->group_noted[rank] = detail::leads_group(options[rank]) && detail::note_rank_group(pid);
+    state->rank_notes[rank] = detail::note_rank(pid);
+    detail::withdraw_start_note(line.get(), pid);
+  };
   // Room in the descriptor table for what the running ranks hold, made
   // before the launching threads fill it: growing it then would stall them
   // (os/descriptor_table.hpp). A function rank's result descriptor and the
@@ -1425,7 +1440,8 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   // unwinds.
   if (function != nullptr) {
     state->args = function->args;
-    state->children = detail::start_functions(state->strand, *function, options, state->result_fds, spec.start_threads);
+    state->children =
+        detail::start_functions(state->strand, *function, options, state->result_fds, spec.start_threads, line.get());
     shm::note_ranks_running(static_cast<int>(state->children.size()));
     state->counted_as_keeper = true;
   } else {
@@ -1442,11 +1458,8 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
         return fmt::format("cohort: rank {} of '{}': {}", r, cmd.program, what);
       };
       try {
-        state->children[r] = spawn(state->strand, cmd, options[r]);
-        // Noted at once: the rank runs, and may start what the guardian
-        // must reach, from here on.
-        state->group_noted[r] = detail::leads_group(options[r]) && detail::note_rank_group(state->children[r].pid());
-        state->rank_notes[r] = detail::note_rank(state->children[r].pid());
+        state->children[r] = detail::spawn_announced(state->strand, cmd, options[r], line.get());
+        noted_here(r, state->children[r].pid());
       } catch (const std::system_error& e) {
         throw std::system_error(e.code(), named(os::system_error_words(e)));
       } catch (const std::invalid_argument& e) {
@@ -1458,14 +1471,12 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   // What a rank starts in its process group dies with this process, its
   // environment marked or not: the guardian, if one runs, kills the group;
   // and the segments the rank made go, also once it has ended. (A program
-  // rank's notes were made as it started.)
+  // rank's notes were made as it started; until then, as a function
+  // rank's until here, its announcement stood in for them.)
   if (function != nullptr) {
     state->group_noted.assign(state->pids.size(), 0);
     state->rank_notes.assign(state->pids.size(), 0);
-    for (std::size_t rank = 0; rank < state->pids.size(); ++rank) {
-      state->group_noted[rank] = detail::leads_group(options[rank]) && detail::note_rank_group(state->pids[rank]);
-      state->rank_notes[rank] = detail::note_rank(state->pids[rank]);
-    }
+    for (std::size_t rank = 0; rank < state->pids.size(); ++rank) noted_here(rank, state->pids[rank]);
   }
   if (state->logs) {
     state->logs->started();

@@ -18,6 +18,7 @@
 #include "os/per_process.hpp"
 #include "os/process_identity.hpp"
 #include "os/raw_syscall.hpp"
+#include "process/launch.hpp"
 #include "process/owned_pids.hpp"
 #include "shm/segment.hpp"
 
@@ -50,6 +51,7 @@ namespace cohort {
 namespace {
 
 using os::raw_syscall;
+using detail::start_note;
 
 // A list of notes (rank_groups.hpp), on pages of the guardian's mapping
 // that the parent writes as ranks start and end, under the registry's
@@ -69,7 +71,7 @@ struct note_list {
   }
 
   // False when every slot is taken.
-  bool add(T value) noexcept {
+  COHORT_BARE_CODE bool add(T value) noexcept {
     const std::size_t in_use = used.load(std::memory_order_relaxed);
     for (std::size_t i = 0; i < in_use; ++i) {
       if (slot(i).load(std::memory_order_relaxed) == 0) {
@@ -84,7 +86,7 @@ struct note_list {
   }
 
   // Lets go of one note of `value`.
-  void remove(T value) noexcept {
+  COHORT_BARE_CODE void remove(T value) noexcept {
     std::size_t in_use = used.load(std::memory_order_relaxed);
     for (std::size_t i = 0; i < in_use; ++i) {
       if (slot(i).load(std::memory_order_relaxed) == value) {
@@ -115,11 +117,20 @@ struct note_list {
 };
 
 // What the groups note for the guardian: the process groups the ranks
-// lead, and the ranks themselves as rank_record()s, kept after their end
-// until their run has swept the segment files they made.
+// lead, the ranks themselves as rank_record()s, kept after their end
+// until their run has swept the segment files they made, and the runs'
+// markers (shm::run_marker_hash), noted before their first rank starts.
+// And what the guardian notes itself, read from its line: the ranks that
+// announced their start (process/launch.hpp start_note) and whose
+// launchers have not yet withdrawn that, having noted them here (or
+// failed to start them). A rank runs nothing of its caller's before its
+// note is on the line, so from its first instruction of user code on,
+// the guardian knows its process group and the segments it makes.
 struct rank_group_table {
   note_list<pid_t> groups;
   note_list<std::uint64_t> ranks;
+  note_list<std::uint64_t> runs;
+  note_list<pid_t> started;  // the guardian's own: never taken by the next one
 };
 static_assert(std::atomic_ref<pid_t>::is_always_lock_free && std::atomic_ref<std::uint64_t>::is_always_lock_free &&
               std::atomic<std::size_t>::is_always_lock_free);
@@ -140,7 +151,7 @@ struct guardian_memory {
   int parent = -1;          // a pidfd of the parent, or -1
   char prefix[64] = {};     // the groups' marker, "COHORT_GROUP_<pid>_"
   std::size_t prefix_size = 0;
-  const rank_group_table* groups = nullptr;  // on the pages above
+  rank_group_table* groups = nullptr;  // on the pages above; the guardian writes `started` alone
   long parent_pid = 0;
   std::uint64_t pid_namespace = 0;  // the parent's, and so its own
 };
@@ -154,6 +165,8 @@ struct guardian_memory {
 struct rank_group_registry {
   std::mutex mutex;
   rank_group_table* table = nullptr;
+  int line = -1;  // the line of the guardian whose table `table` is
+  std::vector<std::pair<rank_group_table*, int>> lines;  // each running guardian's
   std::vector<rank_group_table*> running;  // every running guardian's, in the order they started
 };
 rank_group_registry& registry() { return os::of_this_process<rank_group_registry>(); }
@@ -270,9 +283,12 @@ COHORT_BARE_CODE bool for_each_entry(const char* path, bool numbered_only,
   return true;
 }
 
-// Whether process group `pgid` is one the table notes.
+// Whether process group `pgid` is one the table notes, or one a rank that
+// announced its start leads (a rank that does not lead one has no group of
+// its pid's number: nothing is in it).
 COHORT_BARE_CODE bool noted(const rank_group_table* table, long pgid) {
-  return table != nullptr && pgid > 0 && table->groups.holds(static_cast<pid_t>(pgid));
+  return table != nullptr && pgid > 0 &&
+         (table->groups.holds(static_cast<pid_t>(pgid)) || table->started.holds(static_cast<pid_t>(pgid)));
 }
 
 // Reads at most `size` bytes of /proc/<pid><tail> into `into`, at once:
@@ -372,11 +388,13 @@ COHORT_BARE_CODE long segment_maker(const char* name) {
 
 // Removes the file_system segment `name` when this process or one of its
 // ranks made it: the maker is this process (`parent`), a rank whose
-// process group is noted (a rank leads its group: the ids are its pid),
-// or a rank noted as one of a run not yet swept, which may have ended
-// (told from a process that took its pid since by the start time the
-// file is stamped with). A file another pid namespace's process made is
-// not ours, whatever pid its name holds.
+// process group is noted (a rank leads its group: the ids are its pid) or
+// that announced its start, a rank noted as one of a run not yet swept,
+// which may have ended (told from a process that took its pid since by the
+// start time the file is stamped with), or any process whose environment
+// held the marker of a run not yet swept as it made the file (a rank's
+// own child), as the file's stamp records it. A file another pid
+// namespace's process made is not ours, whatever pid its name holds.
 COHORT_BARE_CODE void unlink_if_ours(long, const char* name, long dir, void* context) {
   const auto& m = *static_cast<const guardian_memory*>(context);
   const long maker = segment_maker(name);
@@ -386,7 +404,16 @@ COHORT_BARE_CODE void unlink_if_ours(long, const char* name, long dir, void* con
   if (stamped && shm::made_in_other_namespace(stamp, m.pid_namespace)) return;
   const bool rank = stamped && stamp.maker_start_time != 0 && m.groups != nullptr &&
                     m.groups->ranks.holds(rank_record(static_cast<std::uint64_t>(maker), stamp.maker_start_time));
-  if (maker == m.parent_pid || noted(m.groups, maker) || rank) {
+  bool of_run = false;
+  if (stamped && m.groups != nullptr) {
+    const auto& runs = m.groups->runs;
+    const std::size_t in_use = std::min(runs.used.load(std::memory_order_acquire), runs.size);
+    for (std::size_t i = 0; i < in_use && !of_run; ++i) {
+      const std::uint64_t run = runs.slot(i);
+      of_run = run != 0 && shm::holds_run_marker(stamp.run_markers, run);
+    }
+  }
+  if (maker == m.parent_pid || noted(m.groups, maker) || rank || of_run) {
     raw_syscall(SYS_unlinkat, dir, reinterpret_cast<long>(name), 0);
   }
 }
@@ -428,13 +455,54 @@ COHORT_BARE_CODE void stdio_to_null(int a, int b) {
   if (null > 2) raw_syscall(SYS_close, null);
 }
 
+// What the line says: start_notes, each 8 bytes, from the parent and
+// from the ranks as they start ('+' and '-', see rank_group_table), and
+// from the parent 'r' (released) or 'l' (look). A read may end inside a
+// note; its start waits here for the rest.
+struct line_reader {
+  char bytes[64 * sizeof(start_note)];
+  std::size_t held;  // bytes of a note begun
+};
+
 // How the guardian's wait ended: the parent let it go ('r' on the line),
 // asked for a look ('l', or a wait that failed), or is gone (the line's end
 // of file, or its pidfd readable, which also catches a copy of the
 // parent's end held by a child it forked).
 enum class ending { released, look, parent_gone };
 
-COHORT_BARE_CODE ending wait_for_look(const guardian_memory& m) {
+// Reads the line once, waiting for something to read or not, and takes
+// the start notes read; the parent's word, when one came ('r', 'l'), goes
+// to `word`. False when nothing more can be read now: nothing is waiting,
+// or the line has ended (`ended` set).
+COHORT_BARE_CODE bool read_line(guardian_memory& m, line_reader& r, bool wait, char& word, bool& ended) {
+  const long n = raw_syscall(SYS_recvfrom, m.line, reinterpret_cast<long>(r.bytes + r.held), sizeof r.bytes - r.held,
+                             wait ? 0 : MSG_DONTWAIT, 0, 0);
+  if (n == -EINTR) return true;
+  if (n == 0) ended = true;
+  if (n <= 0) return false;
+  r.held += static_cast<std::size_t>(n);
+  std::size_t at = 0;
+  for (; r.held - at >= sizeof(start_note); at += sizeof(start_note)) {
+    start_note note;
+    __builtin_memcpy(&note, r.bytes + at, sizeof note);
+    if (note.what == '+' && note.pid > 0) m.groups->started.add(note.pid);  // full: known once noted, as before
+    else if (note.what == '-' && note.pid > 0) m.groups->started.remove(note.pid);
+    else if (word == 0) word = note.what;
+  }
+  for (std::size_t i = at; i < r.held; ++i) r.bytes[i - at] = r.bytes[i];
+  r.held -= at;
+  return true;
+}
+
+// Takes every start note waiting on the line, without waiting for more.
+COHORT_BARE_CODE void drain_line(guardian_memory& m, line_reader& r) {
+  char word = 0;
+  bool ended = false;
+  while (read_line(m, r, false, word, ended)) {
+  }
+}
+
+COHORT_BARE_CODE ending wait_for_look(guardian_memory& m, line_reader& r) {
   for (;;) {
     pollfd watched[2] = {{m.line, POLLIN, 0}, {m.parent, POLLIN, 0}};  // a negative descriptor is skipped
     const long ready = raw_syscall(SYS_ppoll, reinterpret_cast<long>(watched), 2, 0, 0);
@@ -442,11 +510,12 @@ COHORT_BARE_CODE ending wait_for_look(const guardian_memory& m) {
     if (ready < 0) return ending::look;  // cannot wait: look now rather than never
     if (watched[1].revents != 0) return ending::parent_gone;
     if (watched[0].revents == 0) continue;
-    char byte = 0;
-    const long n = raw_syscall(SYS_read, m.line, reinterpret_cast<long>(&byte), 1);
-    if (n == -EINTR || n == -EAGAIN) continue;
-    if (n == 0) return ending::parent_gone;
-    return n == 1 && byte == 'r' ? ending::released : ending::look;
+    char word = 0;
+    bool ended = false;
+    while (word == 0 && read_line(m, r, false, word, ended)) {
+    }
+    if (word != 0) return word == 'r' ? ending::released : ending::look;
+    if (ended) return ending::parent_gone;
   }
 }
 
@@ -458,7 +527,7 @@ COHORT_BARE_CODE ending wait_for_look(const guardian_memory& m) {
 // faults of its own code: a Ctrl-C, or any signal sent to a group, leaves
 // it to do its work.
 COHORT_BARE_CODE int guard(void* memory) {
-  const auto& m = *static_cast<const guardian_memory*>(memory);
+  auto& m = *static_cast<guardian_memory*>(memory);
   raw_syscall(SYS_setpgid, 0, 0);
   for (int signal = 1; signal < 65; ++signal) {
     if (signal == SIGKILL || signal == SIGSTOP) continue;
@@ -471,22 +540,29 @@ COHORT_BARE_CODE int guard(void* memory) {
   raw_syscall(SYS_close, m.parent_end);
   close_all_but(m.line, m.parent);
   stdio_to_null(m.line, m.parent);
-  if (const ending end = wait_for_look(m); end != ending::released) {
+  COHORT_UNINITIALIZED line_reader line;
+  line.held = 0;
+  if (const ending end = wait_for_look(m, line); end != ending::released) {
     // Its marked processes go too, and those in its ranks' process groups.
     // Killed ones stop showing once dead, so a pass that finds none ends
     // the work; at most 10 s, for a process stuck in the kernel.
     const long until = monotonic_ns() + 10'000'000'000L;
     const timespec pause{0, 5'000'000};
-    while (kill_ours(m) > 0 && monotonic_ns() < until) {
+    // Each pass after the notes still on the line: those sent before the
+    // parent ended, and any a rank sent as it started meanwhile.
+    for (;;) {
+      drain_line(m, line);
+      if (kill_ours(m) == 0 || monotonic_ns() >= until) break;
       raw_syscall(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, reinterpret_cast<long>(&pause), 0);
     }
+    drain_line(m, line);
     // Then, once the parent is gone, the files of file_system segments
     // that it and its ranks made: their makers are gone, and nothing else
     // would remove them (a group's end removes its ranks' files, a
     // process's end its own). A parent that asked for the look lives on,
     // and may still pass its own on.
     if (end == ending::parent_gone) {
-      for_each_entry("/dev/shm", false, unlink_if_ours, const_cast<guardian_memory*>(&m));
+      for_each_entry("/dev/shm", false, unlink_if_ours, &m);
     }
   }
   raw_syscall(SYS_exit_group, 0);
@@ -566,7 +642,11 @@ guardian::guardian() {
     auto& r = registry();
     std::lock_guard lock(r.mutex);
     r.running.push_back(table);
-    if (r.table == nullptr) r.table = table;
+    r.lines.emplace_back(table, line_);
+    if (r.table == nullptr) {
+      r.table = table;
+      r.line = line_;
+    }
   } catch (...) {
     end(false);
     throw;
@@ -598,18 +678,19 @@ void guardian::end(bool look) noexcept {
       return at >= mapping && at < mapping + memory_size_;
     };
     std::erase_if(r->running, in_mapping);
+    std::erase_if(r->lines, [&](const auto& entry) { return in_mapping(entry.first); });
     if (r->table != nullptr && in_mapping(r->table)) {
       rank_group_table* next = r->running.empty() ? nullptr : r->running.front();
       if (next != nullptr) {
         next->groups.take_from(r->table->groups);
         next->ranks.take_from(r->table->ranks);
+        next->runs.take_from(r->table->runs);
       }
       r->table = next;
+      r->line = r->lines.empty() ? -1 : r->lines.front().second;
     }
   }
-  const char byte = look ? 'l' : 'r';
-  while (::send(line_, &byte, 1, MSG_NOSIGNAL) < 0 && errno == EINTR) {
-  }
+  detail::send_start_note(line_, detail::start_note{look ? 'l' : 'r', {}, 0});
   ::close(line_);
   line_ = -1;
   // Waited for through its pidfd: a pid reaped elsewhere could name
@@ -665,13 +746,35 @@ void forget_rank(std::uint64_t note) {
   if (r->table != nullptr) r->table->ranks.remove(note);
 }
 
+bool note_run(std::uint64_t marker) {
+  auto* r = made_registry();
+  if (marker == 0 || r == nullptr) return false;
+  std::lock_guard lock(r->mutex);
+  return r->table != nullptr && r->table->runs.add(marker);
+}
+
+void forget_run(std::uint64_t marker) {
+  auto* r = made_registry();
+  if (marker == 0 || r == nullptr) return;
+  std::lock_guard lock(r->mutex);
+  if (r->table != nullptr) r->table->runs.remove(marker);
+}
+
+os::owned_fd start_line() {
+  auto* r = made_registry();
+  if (r == nullptr) return {};
+  std::lock_guard lock(r->mutex);
+  // A copy: the guardian may end, and its line close, while ranks start.
+  return os::owned_fd(r->line >= 0 ? ::fcntl(r->line, F_DUPFD_CLOEXEC, 3) : -1);
+}
+
 void start_guardians_as_copies(bool copies) { copies_only.store(copies, std::memory_order_relaxed); }
 
 bool rank_group_noted(pid_t pgid) {
   auto* r = made_registry();
   if (r == nullptr) return false;
   std::lock_guard lock(r->mutex);
-  return r->table != nullptr && noted(r->table, pgid);
+  return r->table != nullptr && pgid > 0 && r->table->groups.holds(pgid);
 }
 
 bool rank_noted(std::uint64_t note) {

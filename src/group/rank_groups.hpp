@@ -5,6 +5,8 @@
 // (guardian.hpp).
 #pragma once
 
+#include "os/owned_fd.hpp"
+
 #include <sys/types.h>
 
 #include <cstdint>
@@ -41,6 +43,25 @@ void forget_rank(std::uint64_t note);
 
 /// Whether a note note_rank made is kept now (for the tests).
 bool rank_noted(std::uint64_t note);
+
+/// Notes a run's marker, shm::run_marker_hash of the "NAME=value" its
+/// ranks' environment holds, before the run's first rank starts: the
+/// guardian then removes the file_system segments any process made with
+/// that marker in its environment (a rank's own child), until the run has
+/// swept them itself: then forget_run. False, and nothing noted, when no
+/// guardian of this process's keeps notes.
+bool note_run(std::uint64_t marker);
+
+/// Lets go of a note note_run made.
+void forget_run(std::uint64_t marker);
+
+/// A copy of the line of the guardian that takes notes now, for ranks to
+/// announce their start on (launch_plan::announce_fd), so that the guardian
+/// knows each from before it runs anything of its caller's until it is
+/// noted here; invalid when no guardian runs. The launcher withdraws each
+/// note (withdraw_start_note) once it has noted the rank with
+/// note_rank_group and note_rank, or as the rank's start fails.
+os::owned_fd start_line();
 
 /// Makes the guardians started from now on copies, as they are where they
 /// cannot share this process's memory (for the tests).

@@ -142,9 +142,12 @@ bool child_main_returned_code() noexcept;
 /// last. Throws std::system_error naming the first rank that could not
 /// start, with no process of the call left.
 /// spawn ranks are started on `threads` threads at once (see start_threads).
+/// Each rank announces its start on `announce_fd` before it runs the
+/// function (launch_plan::announce_fd); a start that fails withdraws the
+/// notes before it reaps the ranks.
 std::vector<child> start_functions(const asio::any_io_executor& executor, const function_call& call,
                                    const std::vector<spawn_options>& options, std::vector<int>& result_fds,
-                                   unsigned threads = 1);
+                                   unsigned threads = 1, int announce_fd = -1);
 
 /// Reads what a function child left in its result memfd: nullopt when it
 /// returned nothing. The storages it names are held here for as long as
@@ -173,8 +176,10 @@ bool await_set_up(int report_fd, std::size_t count, std::size_t& rank, stage& wh
 /// share (the caller holds no write end), until it ends or `patience` passes
 /// without a report, and kills (SIGKILL, the process and the group it
 /// leads) and reaps each reporting process not in `known`: this process's
-/// children, by CLONE_PARENT.
-void end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono::milliseconds patience);
+/// children, by CLONE_PARENT. The start note each sent on `announce_fd`
+/// is withdrawn once it has died, before it is reaped.
+void end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono::milliseconds patience,
+                       int announce_fd = -1);
 
 /// Reads a whole file from offset 0 into `out`; false with errno set.
 bool read_whole(int fd, std::vector<std::byte>& out);

@@ -61,8 +61,10 @@ namespace {
 
 // The descriptors of a request: the shared ones, then each rank's, at most
 // max_kept kept ones for a rank alone.
-// dir_slot: the requester's working directory (O_PATH), or a stand-in.
-enum shared_slot { report_slot, request_slot, dir_slot, shared_slots };
+// dir_slot: the requester's working directory (O_PATH), or a stand-in;
+// announce_slot: the socket the ranks announce their start on
+// (launch_plan::announce_fd), or a stand-in.
+enum shared_slot { report_slot, request_slot, dir_slot, announce_slot, shared_slots };
 enum rank_slot { in_fd, out_fd, err_fd, result_slot, rank_slots };
 constexpr std::size_t max_fds = std::size_t{shared_slots} + rank_slots + max_kept;
 static_assert(max_fds <= os::max_passed, "more descriptors than one message carries");
@@ -83,11 +85,12 @@ using rank_plan = std::tuple<int, int, int, int, std::string, std::vector<int>, 
 // forked rank would have inherited of the requester: whether the message's
 // dir_slot holds its working directory, where each rank starts, before
 // options.cwd (entered by descriptor: whatever its path's length, or the
-// permissions above it), and its requester_state (state_wire: umask,
-// ignored signals, limits, nice value, affinity).
+// permissions above it), whether its announce_slot holds the socket the
+// ranks announce their start on, and its requester_state (state_wire:
+// umask, ignored signals, limits, nice value, affinity).
 using state_wire = std::tuple<int, std::uint64_t, std::vector<std::uint64_t>, int, std::vector<std::uint64_t>>;
 using request = std::tuple<std::string, std::vector<std::byte>, bool, std::vector<std::string>,
-                           std::vector<rank_plan>, std::string, bool, state_wire>;
+                           std::vector<rank_plan>, std::string, bool, bool, state_wire>;
 
 // A requester_state as a request carries it: the umask, the ignored
 // signals, the limits (soft, hard, for each resource), the nice value, the
@@ -212,9 +215,9 @@ struct server_state {
 // other ranks' and the server's are closed first. What escapes ends the
 // rank through std::terminate.
 COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp, const shm::keeper_address& keeper,
-                                        std::span<const int> own, int report, int dir, const server_state& server,
-                                        const from_forking_process& inherited) noexcept {
-  auto& [name, args, returns_value, entries, plans, keeper_text, dir_sent, state] = r;
+                                        std::span<const int> own, int report, int dir, int announce,
+                                        const server_state& server, const from_forking_process& inherited) noexcept {
+  auto& [name, args, returns_value, entries, plans, keeper_text, dir_sent, announce_sent, state] = r;
   auto& [rank, parent, death_signal, leads, cwd, env, kept, closed] = plan;
   if (dir_sent) os::raw_syscall(SYS_fchdir, dir);
   // Placed under the higher of the two descriptor limits: a kept number
@@ -234,6 +237,8 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   std::size_t held_count = 0;
   for (int fd : own) held[held_count++] = fd;
   held[held_count++] = report;
+  if (!announce_sent) announce = -1;
+  if (announce >= 0) held[held_count++] = announce;
   std::sort(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(held_count));
   os::close_all_but(held.data(), held_count);
   // Then each kept one goes to its number, whatever sits there first
@@ -245,7 +250,7 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   fd_array fds{};
   std::copy(own.begin(), own.end(), fds.begin());
   const auto vacate = [&](long number) {
-    int* occupant = report == number ? &report : nullptr;
+    int* occupant = report == number ? &report : announce == number ? &announce : nullptr;
     for (std::size_t i = 0; occupant == nullptr && i < own.size(); ++i) {
       if (fds[i] == number) occupant = &fds[i];
     }
@@ -269,7 +274,8 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
     }
     keep[keep_count++] = kept[i];
   }
-  // The rest (the streams' sources, the result, the report) anywhere but
+  // The rest (the streams' sources, the result, the report, the socket to
+  // announce the start on) anywhere but
   // where set_up_child places the streams: a source left at 1 would be
   // overwritten by standard input's before it is placed. Every kept
   // number is taken now, so none of them lands on one.
@@ -296,6 +302,7 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
   p.reset_signals = &server.reset;
   p.requester = &server.asked;
   p.maker = &server.self;
+  p.announce_fd = announce;  // closed by the set-up, once told
   set_up_or_report(p, report, rank);
   environ = envp;
   shm::set_keeper(keeper);
@@ -309,13 +316,13 @@ COHORT_FORKED_CHILD_PATH int run_forked(request& r, rank_plan& plan, char** envp
 // The forked child's way from the server's loop to its exit.
 [[noreturn]] COHORT_FORKED_CHILD_PATH void become_rank(int socket, std::unique_ptr<request> r, rank_plan& plan,
                                                        char** envp, const shm::keeper_address& keeper,
-                                                       std::span<const int> own, int report, int dir,
+                                                       std::span<const int> own, int report, int dir, int announce,
                                                        const server_state& server,
                                                        const from_forking_process& inherited) noexcept {
   os::raw_syscall(SYS_close, socket);
   // The child's for good: its environment points into it, and what it
   // leaves behind need not be freed page by page.
-  end_forked_rank(run_forked(*r.release(), plan, envp, keeper, own, report, dir, server, inherited));
+  end_forked_rank(run_forked(*r.release(), plan, envp, keeper, own, report, dir, announce, server, inherited));
 }
 
 // Each rank's environment as environ wants it, pointing into the request's
@@ -463,7 +470,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
     } else {
       try {
         r = std::make_unique<request>(decode<request>(encoded::from_bytes(std::move(bytes))));
-        auto& [name, args, returns_value, entries, plans, keeper_text, dir_sent, state] = *r;
+        auto& [name, args, returns_value, entries, plans, keeper_text, dir_sent, announce_sent, state] = *r;
         server.asked = from_wire(state);
         if (b.count == 0 || b.first > plans.size() || b.count > plans.size() - b.first) {
           throw std::invalid_argument("ranks");
@@ -498,7 +505,7 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
       const pid_t pid = clone_as_sibling(self);
       if (pid == 0) {
         become_rank(socket, std::move(r), ranks[i], envps[i].data(), keeper, std::span<const int>(fds).subspan(at, own),
-                    fds[report_slot], fds[dir_slot], server, inherited);
+                    fds[report_slot], fds[dir_slot], fds[announce_slot], server, inherited);
       }
       replies.push_back(pid > 0 ? pid : -errno);
       if (pid < 0) break;
@@ -525,7 +532,8 @@ std::vector<int> kept_by(const server_request& r) {
 // Writes the call, every rank's plan and their keeper into a memfd;
 // returns it, or -1 with `f` saying why. `kept[i]` is kept_by(requests[i]).
 int write_plans(std::span<const server_request> requests, std::span<const std::vector<int>> kept,
-                const function_call& call, const std::string& keeper, bool dir_sent, launch_failure& f) {
+                const function_call& call, const std::string& keeper, bool dir_sent, bool announce_sent,
+                launch_failure& f) {
   std::vector<std::string> entries;
   std::unordered_map<std::string_view, int> numbers;  // of the entries, by their text in the plans
   std::vector<rank_plan> plans;
@@ -552,7 +560,8 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
   }
   const auto args = call.args.bytes();
   const request req{call.name, std::vector<std::byte>(args.begin(), args.end()), call.returns_value,
-                    std::move(entries), std::move(plans), keeper, dir_sent, to_wire(current_requester_state())};
+                    std::move(entries), std::move(plans), keeper, dir_sent, announce_sent,
+                    to_wire(current_requester_state())};
   const int fd = ::memfd_create("cohort-request", MFD_CLOEXEC);
   if (fd < 0 || !write_whole(fd, encode(req).bytes())) {
     f = {stage::start, errno, fd < 0 ? "the request's memfd" : "writing the request" + os::file_size_limit_note(errno)};
@@ -568,11 +577,12 @@ int write_plans(std::span<const server_request> requests, std::span<const std::v
 // `kept` as for write_plans.
 std::size_t send_batch(int socket, std::span<const server_request> requests, std::span<const std::vector<int>> kept,
                        bool returns_value, std::size_t first, std::size_t most, int report_fd, int request_fd,
-                       int dir_fd, std::size_t& carried) {
+                       int dir_fd, int announce_fd, std::size_t& carried) {
   fd_array fds{};
   fds[report_slot] = report_fd;
   fds[request_slot] = request_fd;
   fds[dir_slot] = dir_fd >= 0 ? dir_fd : request_fd;  // the request says which
+  fds[announce_slot] = announce_fd >= 0 ? announce_fd : request_fd;
   std::size_t count = shared_slots;
   std::size_t end = first;
   for (; end < requests.size(); ++end) {
@@ -653,7 +663,9 @@ std::size_t start_from_server(std::span<server_request> requests, const function
     // The working directory by descriptor: a rank enters it whatever its
     // path (none when it cannot be opened: the server's then).
     const os::owned_fd here(::open(".", O_PATH | O_DIRECTORY | O_CLOEXEC));
-    const os::owned_fd plans(write_plans(requests, kept, call, keeper, here.get() >= 0, f));
+    // The ranks' shared socket to announce their start on, when they have one.
+    const int announce = requests.empty() ? -1 : requests.front().plan->announce_fd;
+    const os::owned_fd plans(write_plans(requests, kept, call, keeper, here.get() >= 0, announce >= 0, f));
     if (plans.get() < 0) return 0;
     for (bool restarted = false;;) {
       if (l.socket < 0) {
@@ -686,7 +698,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       while (started < requests.size() && error == 0) {
         std::size_t carried = 0;
         const std::size_t sent = send_batch(l.socket, requests, kept, call.returns_value, started, l.most_fds,
-                                            report_write.get(), plans.get(), here.get(), carried);
+                                            report_write.get(), plans.get(), here.get(), announce, carried);
         if (sent == 0) {
           error = errno;
           break;
@@ -740,7 +752,7 @@ std::size_t start_from_server(std::span<server_request> requests, const function
       report_write.reset();
       std::vector<pid_t> known;
       for (std::size_t r = 0; r < started; ++r) known.push_back(requests[r].pid);
-      end_unknown_ranks(report_read.get(), known, unnamed_patience);
+      end_unknown_ranks(report_read.get(), known, unnamed_patience, announce);
       if (gone && started == 0 && !restarted) {  // a server dead at once: started again, once
         restarted = true;
         continue;

@@ -316,7 +316,8 @@ bool await_set_up(int report_fd, std::size_t count, std::size_t& rank, stage& wh
   }
 }
 
-void end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono::milliseconds patience) {
+void end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono::milliseconds patience,
+                       int announce_fd) {
   auto deadline = std::chrono::steady_clock::now() + patience;
   setup_report batch[64];
   for (;;) {
@@ -339,12 +340,16 @@ void end_unknown_ranks(int report_fd, std::span<const pid_t> known, std::chrono:
       ::kill(pid, SIGKILL);
       const int pidfd = config::pidfd_open(pid);
       if (pidfd < 0) {  // no descriptor to wait on: as ~rank_launch
+        end_and_withdraw(announce_fd, std::span(&pid, 1));
         ::waitpid(pid, nullptr, 0);
         continue;
       }
       pollfd exited{pidfd, POLLIN, 0};
       ::poll(&exited, 1, 1000);  // one stuck in the kernel is left, not waited on for good
       ::close(pidfd);
+      if (::waitid(P_PID, static_cast<id_t>(pid), nullptr, WEXITED | WNOHANG | WNOWAIT) == 0) {
+        withdraw_start_note(announce_fd, pid);  // dead, its pid still its own
+      }
       ::waitpid(pid, nullptr, WNOHANG);
     }
   }
@@ -493,7 +498,8 @@ void check_forkable(const std::string& what) {
 }
 
 child start_spawned(const asio::any_io_executor& executor, const function_call& call, int rank,
-                    const spawn_options& options, int result_fd, const std::string& keeper, const std::string& what) {
+                    const spawn_options& options, int result_fd, const std::string& keeper, const std::string& what,
+                    int announce_fd) {
   check_reexecutable(call, what);
   memfd args("cohort-args");
   if (args.get() < 0) {
@@ -513,7 +519,7 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
   launch_failure f;
   std::shared_ptr<child_state> state;
   try {
-    state = launch_program(executor, cmd, opts, f);
+    state = launch_program(executor, cmd, opts, f, announce_fd);
   } catch (const std::invalid_argument& e) {  // the options refused (an environment variable's name): the rank named
     throw std::invalid_argument(fmt::format("{}: {}", what, e.what()));
   }
@@ -540,7 +546,7 @@ std::string describe_rank(const function_call& call, int rank) {
 
 std::vector<child> start_functions(const asio::any_io_executor& executor, const function_call& call,
                                    const std::vector<spawn_options>& options, std::vector<int>& result_fds,
-                                   unsigned threads) {
+                                   unsigned threads, int announce_fd) {
   const auto n = options.size();
   const auto fail = [&](std::size_t rank, launch_failure f) {
     // A rank that never execs reports only where it failed: the directory
@@ -565,13 +571,22 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
   if (call.method == start_method::spawn) {
     check_reexecutable(call, describe_rank(call, 0));
     children.resize(n);
-    for_each_parallel(n, start_threads(threads, n), [&](std::size_t r) {
-      memfd result(result_file(call));
-      if (result.error() != 0) fail(r, {stage::start, result.error(), "memfd_create"});
-      children[r] = start_spawned(executor, call, static_cast<int>(r), options[r], result.get(), keeper,
-                                  describe_rank(call, static_cast<int>(r)));
-      result_fds[r] = result.release();
-    });
+    try {
+      for_each_parallel(n, start_threads(threads, n), [&](std::size_t r) {
+        memfd result(result_file(call));
+        if (result.error() != 0) fail(r, {stage::start, result.error(), "memfd_create"});
+        children[r] = start_spawned(executor, call, static_cast<int>(r), options[r], result.get(), keeper,
+                                    describe_rank(call, static_cast<int>(r)), announce_fd);
+        result_fds[r] = result.release();
+      });
+    } catch (...) {
+      std::vector<pid_t> started;
+      for (const auto& c : children) {
+        if (c) started.push_back(c.pid());
+      }
+      end_and_withdraw(announce_fd, started);
+      throw;
+    }
     return children;
   }
   if (call.method == start_method::fork) check_forkable(describe_rank(call, 0));
@@ -616,37 +631,50 @@ std::vector<child> start_functions(const asio::any_io_executor& executor, const 
     }
     if (!x.prepared->ok()) fail(r, f);
     x.prepared->plan().close_now = true;  // no exec to close them at
+    x.prepared->plan().announce_fd = announce_fd;
   }
 
-  launch_failure f;
-  if (call.method == start_method::fork) {
-    const auto keeper_address = shm::parse_keeper(keeper);  // taken apart here, not in each child
-    const int failed = fork_all(ranks, call, report_write.get(), keeper_address, f);
-    report_write.reset();
-    if (failed >= 0) fail(static_cast<std::size_t>(failed), f);
-  } else {
-    std::vector<server_request> requests;
-    requests.reserve(n);
-    for (std::size_t r = 0; r < n; ++r) {
-      requests.push_back({&ranks[r]->prepared->plan(), static_cast<int>(r), ranks[r]->result.get()});
+  // A start that fails once ranks are made ends them, and withdraws the
+  // start notes they may have sent, before they are reaped.
+  try {
+    launch_failure f;
+    if (call.method == start_method::fork) {
+      const auto keeper_address = shm::parse_keeper(keeper);  // taken apart here, not in each child
+      const int failed = fork_all(ranks, call, report_write.get(), keeper_address, f);
+      report_write.reset();
+      if (failed >= 0) fail(static_cast<std::size_t>(failed), f);
+    } else {
+      std::vector<server_request> requests;
+      requests.reserve(n);
+      for (std::size_t r = 0; r < n; ++r) {
+        requests.push_back({&ranks[r]->prepared->plan(), static_cast<int>(r), ranks[r]->result.get()});
+      }
+      int report_fd = -1;
+      const std::size_t started = start_from_server(requests, call, keeper, report_fd, f);
+      report_read = os::owned_fd(report_fd);
+      for (std::size_t r = 0; r < started; ++r) ranks[r]->pid = requests[r].pid;
+      if (started < n) fail(started, f);
     }
-    int report_fd = -1;
-    const std::size_t started = start_from_server(requests, call, keeper, report_fd, f);
-    report_read = os::owned_fd(report_fd);
-    for (std::size_t r = 0; r < started; ++r) ranks[r]->pid = requests[r].pid;
-    if (started < n) fail(started, f);
-  }
 
-  // Ours until reaped, so their pids cannot be recycled before this.
-  for (std::size_t r = 0; r < n; ++r) {
-    auto& x = *ranks[r];
-    const int pidfd = config::pidfd_open(x.pid);
-    if (pidfd < 0) fail(r, {stage::start, errno, "pidfd_open"});
-    children.push_back(child(x.prepared->adopt(executor, context, std::exchange(x.pid, -1), pidfd)));
+    // Ours until reaped, so their pids cannot be recycled before this.
+    for (std::size_t r = 0; r < n; ++r) {
+      auto& x = *ranks[r];
+      const int pidfd = config::pidfd_open(x.pid);
+      if (pidfd < 0) fail(r, {stage::start, errno, "pidfd_open"});
+      children.push_back(child(x.prepared->adopt(executor, context, std::exchange(x.pid, -1), pidfd)));
+    }
+    // The ranks set themselves up meanwhile; a failure of one ends them all.
+    std::size_t failed = 0;
+    if (!await_set_up(report_read.release(), n, failed, f.where, f.error)) fail(failed, f);
+  } catch (...) {
+    std::vector<pid_t> started;
+    for (std::size_t r = 0; r < n; ++r) {
+      if (ranks[r]->pid > 0) started.push_back(ranks[r]->pid);
+      else if (r < children.size() && children[r]) started.push_back(children[r].pid());
+    }
+    end_and_withdraw(announce_fd, started);
+    throw;
   }
-  // The ranks set themselves up meanwhile; a failure of one ends them all.
-  std::size_t failed = 0;
-  if (!await_set_up(report_read.release(), n, failed, f.where, f.error)) fail(failed, f);
   for (std::size_t r = 0; r < n; ++r) result_fds[r] = ranks[r]->result.release();
   return children;
 }

@@ -5,16 +5,20 @@
 
 #include "cohort/exit_status.hpp"
 #include "cohort/spawn.hpp"
+#include "os/raw_syscall.hpp"
 #include "process/child_state.hpp"
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 
 #include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -86,6 +90,11 @@ struct launch_plan {
   /// spawn_options::before_exec and its context; called last.
   int (*hook)(void* context) noexcept = nullptr;
   void* hook_context = nullptr;
+  /// A stream socket the child sends a start_note of itself on ('+', its
+  /// pid) once its process group is made, before it runs anything of its
+  /// caller's (the hook, the exec, a function), and then closes; -1: none.
+  /// The socket is not the child's to keep: it is closed before the hook.
+  int announce_fd = -1;
 
   stage failed_at = stage::none;
   int error = 0;
@@ -95,7 +104,43 @@ struct launch_plan {
   /// signal, or the hook's own _exit), and `died_as` is how, once reaped.
   bool exec_reached = false;
   exit_status died_as{};
+  /// Set by a vfork-style child once it has sent its start_note: its
+  /// launcher withdraws the note should the launch fail.
+  bool announced = false;
 };
+
+/// What a child sends on launch_plan::announce_fd as it starts ('+'), and
+/// what its launcher sends on the same socket to withdraw that ('-'): once
+/// it has taken note of the child itself, or before it reaps a child whose
+/// launch failed (the pid is then free for another process). One write of
+/// 8 bytes each: the notes of many processes on one socket never interleave.
+struct start_note {
+  char what;
+  char unused[3];
+  std::int32_t pid;
+};
+static_assert(sizeof(start_note) == 8);
+
+/// Sends `note` on the stream socket `fd`, waiting for room; never raises
+/// SIGPIPE. False when it could not be sent (the reader is gone). Raw
+/// system calls only: a new child calls it.
+COHORT_BARE_CODE inline bool send_start_note(int fd, const start_note& note) noexcept {
+  for (;;) {
+    const long n = os::raw_syscall(SYS_sendto, fd, reinterpret_cast<long>(&note), sizeof note, MSG_NOSIGNAL, 0, 0);
+    if (n != -EINTR) return n == static_cast<long>(sizeof note);
+  }
+}
+
+/// Withdraws the start_note of `pid` on `fd` (nothing when -1): see start_note.
+inline void withdraw_start_note(int fd, pid_t pid) noexcept {
+  if (fd >= 0 && pid > 0) send_start_note(fd, start_note{'-', {}, static_cast<std::int32_t>(pid)});
+}
+
+/// For a launch that fails once children announced themselves on
+/// `announce_fd` (nothing when -1): kills each of `pids` (this process's
+/// children, unreaped) and, once it has died, so that it can announce
+/// nothing more, withdraws its note. They are left for their owners to reap.
+void end_and_withdraw(int announce_fd, std::span<const pid_t> pids) noexcept;
 
 /// Marks closed_stream each stream a child would be left, or handed at
 /// the same number, that an exec would close (a descriptor of this
@@ -185,9 +230,15 @@ std::shared_ptr<child_state> launch(const asio::any_io_executor& executor, std::
 
 /// Launches `cmd` as spawn() does (but for ready_to_wait, which spawn()
 /// calls first): nullptr on failure, with `f` saying where and why, and no
-/// process left.
+/// process left. The child announces itself on `announce_fd`
+/// (launch_plan::announce_fd), whose note a failed launch withdraws.
 std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executor, const command& cmd,
-                                            const spawn_options& options, launch_failure& f);
+                                            const spawn_options& options, launch_failure& f, int announce_fd = -1);
+
+/// spawn(), the child announcing itself on `announce_fd`
+/// (launch_plan::announce_fd), whose note a failed launch withdraws.
+child spawn_announced(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options,
+                      int announce_fd);
 
 /// Brings up the cohort service of `executor`'s io_context, and with it
 /// asio's reactor (an epoll descriptor, an eventfd and a timerfd) and the

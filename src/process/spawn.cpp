@@ -286,6 +286,14 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
     if (src == closed_stream) os::raw_syscall(SYS_close, target);
   }
   if (p.cwd != nullptr && !done(os::raw_syscall(SYS_chdir, reinterpret_cast<long>(p.cwd)), stage::chdir)) return false;
+  // Told before anything of the caller's runs, and closed at once: the
+  // socket is the launcher's, and a child holding it would hide the
+  // launcher's end from its reader.
+  if (p.announce_fd >= 0) {
+    const start_note note{'+', {}, static_cast<std::int32_t>(os::raw_syscall(SYS_getpid))};
+    p.announced = send_start_note(p.announce_fd, note);
+    os::raw_syscall(SYS_close, p.announce_fd);
+  }
   if (p.close_fds && p.close_now) {
     if (const int error = os::close_all_but(p.keep, p.keep_count); error != 0) return failed(p, stage::fds, error);
   } else if (p.close_fds && os::raw_syscall(SYS_close_range, 3, ~0U, config::close_range_cloexec) != 0) {
@@ -639,7 +647,10 @@ int start_exec(launch_plan& p, pid_t& pid) {
     p.error = errno;
     return -1;
   }
+  // The child has ended, unreaped, when its launch failed: its start note
+  // goes while its pid is still its own.
   if (p.failed_at != stage::none) {
+    if (p.announced) withdraw_start_note(p.announce_fd, pid);
     reap_blocking(pidfd);  // it has called _exit
     ::close(pidfd);
     return -1;
@@ -650,10 +661,13 @@ int start_exec(launch_plan& p, pid_t& pid) {
   // 100 ms was replaced by a program its hook exec'd itself, which runs
   // on as the child.
   if (!p.exec_reached && ended_within(pidfd, 100)) {
+    if (p.announced) withdraw_start_note(p.announce_fd, pid);
     const siginfo_t info = reap_blocking(pidfd);
     ::close(pidfd);
+    // No system call failed: the error only says that the process is gone,
+    // and died_as how it ended.
     p.failed_at = stage::died;
-    p.error = ECHILD;
+    p.error = ESRCH;
     p.died_as = info.si_code == CLD_EXITED ? exit_status::from_code(info.si_status)
                                            : exit_status::from_signal(info.si_status, info.si_code == CLD_DUMPED);
     return -1;
@@ -685,7 +699,7 @@ std::string describe(const command& cmd, const failure& f) {
 bool launches_use_clone3() noexcept { return !clone3_refused.load(std::memory_order_relaxed); }
 
 std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executor, const command& cmd,
-                                            const spawn_options& options, failure& f) {
+                                            const spawn_options& options, failure& f, int announce_fd) {
   // Refused before a process is made: its wait could run nowhere else (a
   // callback or use_future's system executor, unbound).
   auto context = context_lifetime(executor);
@@ -704,6 +718,7 @@ std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executo
   auto state = launch(executor, std::move(context), options, [&](launch_plan& p, pid_t& pid) {
     p.path = path.c_str();
     p.argv = argv.data();
+    p.announce_fd = announce_fd;
     return start_exec(p, pid);
   }, f);
   if (!state && f.where == stage::exec) {
@@ -874,6 +889,7 @@ std::shared_ptr<child_state> prepared_launch::adopt(const asio::any_io_executor&
   try {
     state = std::make_shared<child_state>(executor, pid, pidfd);
   } catch (...) {
+    end_and_withdraw(parts_->plan.announce_fd, std::span(&pid, 1));
     kill_and_reap(pidfd);
     ::close(pidfd);
     throw;
@@ -890,12 +906,24 @@ std::shared_ptr<child_state> prepared_launch::adopt(const asio::any_io_executor&
     }
     if (!parts_->pipes.empty()) watch_pipes(state);
   } catch (...) {
+    end_and_withdraw(parts_->plan.announce_fd, std::span(&pid, 1));
     config::pidfd_send_signal(state->pidfd, SIGKILL);
     std::error_code ignored;
     state->reap(true, ignored);
     throw;
   }
   return state;
+}
+
+void end_and_withdraw(int announce_fd, std::span<const pid_t> pids) noexcept {
+  if (announce_fd < 0) return;
+  for (const pid_t pid : pids) ::kill(pid, SIGKILL);
+  for (const pid_t pid : pids) {
+    siginfo_t info{};
+    while (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT) != 0 && errno == EINTR) {
+    }
+    withdraw_start_note(announce_fd, pid);
+  }
 }
 
 signals_blocked::signals_blocked() noexcept {
@@ -940,9 +968,14 @@ child spawn(const asio::any_io_executor& executor, const command& cmd, const spa
 }
 
 child spawn(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options) {
-  detail::launch_failure f;
-  auto state = detail::ready_to_wait(executor, f) ? detail::launch_program(executor, cmd, options, f) : nullptr;
-  if (!state) throw std::system_error(f.error, std::system_category(), detail::describe(cmd, f));
+  return detail::spawn_announced(executor, cmd, options, -1);
+}
+
+child detail::spawn_announced(const asio::any_io_executor& executor, const command& cmd, const spawn_options& options,
+                              int announce_fd) {
+  launch_failure f;
+  auto state = ready_to_wait(executor, f) ? launch_program(executor, cmd, options, f, announce_fd) : nullptr;
+  if (!state) throw std::system_error(f.error, std::system_category(), describe(cmd, f));
   return child(std::move(state));
 }
 

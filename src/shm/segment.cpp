@@ -101,11 +101,6 @@ void record_run_markers(segment_header& h) noexcept {
   }
 }
 
-// Whether `h` records `marker` as one in its maker's environment.
-bool holds_run_marker(const segment_header& h, std::uint64_t marker) noexcept {
-  return std::find(std::begin(h.run_markers), std::end(h.run_markers), marker) != std::end(h.run_markers);
-}
-
 }  // namespace
 
 static_assert(sizeof(segment_header) <= segment::single_block, "the header runs into the first block");
@@ -656,7 +651,7 @@ bool unreachable_of_run(const std::string& name, pid_t maker, std::uint64_t nonc
   if (base == MAP_FAILED) return false;
   const auto& h = *static_cast<const segment_header*>(base);
   const auto received = h.received.load(std::memory_order_acquire);  // first, as messages_in_flight reads
-  const bool gone = h.magic == segment_magic && h.nonce == nonce && holds_run_marker(h, run_marker) &&
+  const bool gone = h.magic == segment_magic && h.nonce == nonce && holds_run_marker(h.run_markers, run_marker) &&
                     h.maker_pid_namespace != 0 && h.maker_pid_namespace == os::pid_namespace() &&
                     os::has_ended(maker, h.maker_start_time) &&
                     h.sent.load(std::memory_order_acquire) == received && mappers_ended(h, os::this_process()) &&

@@ -75,6 +75,37 @@ class segment_gone : public shm_error {
   pid_t source_;
 };
 
+/// How the marker variable of every group run begins ("COHORT_GROUP_"):
+/// each run sets one of its own ("COHORT_GROUP_<supervisor>_<n>_<random>=1")
+/// in every rank's environment, which the ranks' children inherit.
+inline constexpr std::string_view run_marker_start = "COHORT_GROUP_";
+
+/// The run markers a segment's header records: a process in nested runs
+/// (a rank of a group that a rank of another started) has one per level.
+inline constexpr std::size_t max_run_markers = 4;
+
+/// What a segment's header records of the run marker `entry`
+/// ("NAME=value"): an FNV-1a hash of it, never 0 (an unused slot).
+constexpr std::uint64_t run_marker_hash(std::string_view entry) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : entry) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return h == 0 ? 1 : h;
+}
+
+/// Whether `markers`, a segment's run markers, record `marker` (a
+/// run_marker_hash) as one in its maker's environment. Touches nothing but
+/// its arguments: the guardian calls it.
+COHORT_BARE_CODE constexpr bool holds_run_marker(const std::uint64_t (&markers)[max_run_markers],
+                                                 std::uint64_t marker) noexcept {
+  for (const std::uint64_t m : markers) {
+    if (m == marker) return true;
+  }
+  return false;
+}
+
 /// What every segment's header begins with.
 inline constexpr std::uint64_t segment_magic = 0x746d67737472686fULL;  // "ohrtsgmt"
 
@@ -89,6 +120,7 @@ struct segment_stamp {
   /// name apart from another namespace's, on a /dev/shm that namespaces share.
   std::uint64_t maker_pid_namespace;
   std::uint64_t maker_start_time;
+  std::uint64_t run_markers[max_run_markers];  ///< as segment_header has them
 };
 
 /// Whether `stamp`, read from the start of a named segment's file, says a
@@ -122,26 +154,6 @@ COHORT_BARE_CODE inline bool read_stamp(long dir, const char* name, segment_stam
 COHORT_BARE_CODE inline bool stamped_in_other_namespace(long dir, const char* name, std::uint64_t own) noexcept {
   segment_stamp stamp{};
   return read_stamp(dir, name, stamp) && made_in_other_namespace(stamp, own);
-}
-
-/// How the marker variable of every group run begins ("COHORT_GROUP_"):
-/// each run sets one of its own ("COHORT_GROUP_<supervisor>_<n>_<random>=1")
-/// in every rank's environment, which the ranks' children inherit.
-inline constexpr std::string_view run_marker_start = "COHORT_GROUP_";
-
-/// The run markers a segment's header records: a process in nested runs
-/// (a rank of a group that a rank of another started) has one per level.
-inline constexpr std::size_t max_run_markers = 4;
-
-/// What a segment's header records of the run marker `entry`
-/// ("NAME=value"): an FNV-1a hash of it, never 0 (an unused slot).
-constexpr std::uint64_t run_marker_hash(std::string_view entry) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (const char c : entry) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001b3ULL;
-  }
-  return h == 0 ? 1 : h;
 }
 
 /// The start of every segment, in shared memory: its stamp's fields, then
@@ -205,7 +217,8 @@ static_assert(offsetof(segment_header, magic) == offsetof(segment_stamp, magic) 
               offsetof(segment_header, nonce) == offsetof(segment_stamp, nonce) &&
               offsetof(segment_header, size) == offsetof(segment_stamp, size) &&
               offsetof(segment_header, maker_pid_namespace) == offsetof(segment_stamp, maker_pid_namespace) &&
-              offsetof(segment_header, maker_start_time) == offsetof(segment_stamp, maker_start_time));
+              offsetof(segment_header, maker_start_time) == offsetof(segment_stamp, maker_start_time) &&
+              offsetof(segment_header, run_markers) == offsetof(segment_stamp, run_markers));
 
 /// Precedes each block's data, in shared memory.
 struct alignas(alignment) block_header {

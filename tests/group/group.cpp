@@ -516,7 +516,7 @@ void end_first_or_wait(int, std::string dir) {
   if (first_rank->load() == os::this_process()) {
     const std::uint64_t start_time = os::start_time_of(os::this_process()).value_or(0);
     const shm::segment_stamp stamp{shm::segment_magic, 0x0123456789abcdefULL, shm::header_size, os::pid_namespace(),
-                                   start_time};
+                                   start_time, {}};
     const auto file = fmt::format("/dev/shm/cohort_{}_0123456789abcdef", os::this_process());
     std::ofstream(file).write(reinterpret_cast<const char*>(&stamp), sizeof stamp);
     std::ofstream(fs::path(dir) / "rank.tmp") << os::this_process() << "\n";
@@ -530,6 +530,58 @@ void end_first_or_wait(int, std::string dir) {
   for (;;) ::pause();
 }
 COHORT_ENTRYPOINT(end_first_or_wait);
+
+// For the tests of a supervisor killed while its ranks start: the ranks
+// that have passed their set-up hook, counted in memory the supervisor
+// shares with its ranks (a forked one's hook runs in the rank, a spawned
+// one's in memory shared with the supervisor), and the file that lets the
+// others on.
+static std::atomic<int>* ranks_let_on = nullptr;
+static char go_on_file[256] = {};
+
+// The first rank through goes on at once; the others wait, in their set-up,
+// for go_on_file (at most 20 s): the start has not returned until then.
+static int hold_all_but_the_first(void*) noexcept {
+  if (ranks_let_on->fetch_add(1) == 0) return 0;
+  for (int i = 0; i < 2000 && ::access(go_on_file, F_OK) != 0; ++i) {
+    const timespec tick{0, 10'000'000};
+    ::nanosleep(&tick, nullptr);
+  }
+  return 0;
+}
+
+// Starts a child in this rank's process group with an empty environment,
+// publishes its pid in `dir`/fresh and says it is up.
+void start_unmarked_child(int, std::string dir) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    char sleep_name[] = "sleep", sixty[] = "60";
+    char* const argv[] = {sleep_name, sixty, nullptr};
+    char* const envp[] = {nullptr};
+    ::execve("/bin/sleep", argv, envp);
+    ::_exit(127);
+  }
+  std::ofstream(fs::path(dir) / "fresh.tmp") << pid << "\n";
+  fs::rename(fs::path(dir) / "fresh.tmp", fs::path(dir) / "fresh");
+  std::ofstream(fs::path(dir) / "up").flush();
+  ::pause();
+}
+COHORT_ENTRYPOINT(start_unmarked_child);
+
+// Forks a child that makes a file_system segment (a shared tensor it
+// keeps), publishes its pid in `dir`/maker once it has, and sleeps.
+void fork_segment_maker(int, std::string dir) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    set_sharing_strategy(sharing_strategy::file_system);
+    const tensor kept = tensor::full({16}, 1.0, dtype::float32, {.shared = true});
+    std::ofstream(fs::path(dir) / "maker.tmp") << os::this_process() << "\n";
+    fs::rename(fs::path(dir) / "maker.tmp", fs::path(dir) / "maker");
+    for (;;) ::pause();
+  }
+  ::pause();
+}
+COHORT_ENTRYPOINT(fork_segment_maker);
 
 TEST_SUITE("group") {
   TEST_CASE("every rank runs, and a run where all exit 0 has no failures") {
@@ -2458,7 +2510,7 @@ TEST_SUITE("group") {
       REQUIRE(start_time != 0);
       file = fs::path("/dev/shm") / fmt::format("cohort_{}_0123456789abcdef", rank);
       const shm::segment_stamp stamp{shm::segment_magic, 0x0123456789abcdefULL, shm::header_size, os::pid_namespace(),
-                                     start_time};
+                                     start_time, {}};
       std::ofstream(file).write(reinterpret_cast<const char*>(&stamp), sizeof stamp);
       REQUIRE(fs::exists(file));
     }  // the supervision goes with it, unfinished
@@ -2640,7 +2692,7 @@ TEST_SUITE("group") {
     const auto foreign = fmt::format("cohort_{}_fedcba9876543210", rank);
     if (rank_file) {
       const shm::segment_stamp stamp{shm::segment_magic, 0xfedcba9876543210ULL, shm::header_size,
-                                     os::pid_namespace() + 1, 1};
+                                     os::pid_namespace() + 1, 1, {}};
       std::ofstream(fs::path("/dev/shm") / foreign).write(reinterpret_cast<const char*>(&stamp), sizeof stamp);
     }
     ::kill(pid, SIGKILL);
@@ -2652,6 +2704,84 @@ TEST_SUITE("group") {
     CHECK(files_of(rank) == only_foreign);
     for (const auto& name : files_of(pid)) fs::remove(fs::path("/dev/shm") / name);
     for (const auto& name : files_of(rank)) fs::remove(fs::path("/dev/shm") / name);
+  }
+
+  // The supervisor is killed while its start waits for the set-up of all
+  // but one rank, which already runs its function and has started an
+  // unmarked child in its process group. Before, function ranks were noted
+  // for the guardian only once all had started: the child lived on.
+  TEST_CASE("the guardian kills what a rank started before the rest of its group had started") {
+    for (const start_method method : {start_method::fork, start_method::spawn}) {
+      CAPTURE(to_string(method));
+      test::temp_dir dir;
+      const std::string go_on = (dir.path / "go-on").string();
+      REQUIRE(go_on.size() < sizeof go_on_file);
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        void* shared = ::mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                              -1, 0);
+        if (shared == MAP_FAILED) ::_exit(2);
+        ranks_let_on = new (shared) std::atomic<int>(0);
+        std::memcpy(go_on_file, go_on.c_str(), go_on.size() + 1);
+        cohort::guardian guard;
+        group_spec spec;
+        spec.entry = call(method, start_unmarked_child, dir.path.string());
+        spec.nprocs = 3;
+        spec.options.before_exec = hold_all_but_the_first;
+        asio::io_context io;
+        group g = start_processes(io.get_executor(), spec);
+        io.run_for(60s);
+        ::_exit(1);
+      }
+      REQUIRE(pid > 0);
+      const bool up = test::within(30s, [&] { return fs::exists(dir.path / "up"); }, 5ms);
+      ::kill(pid, SIGKILL);
+      CHECK(killed_soon(pid));
+      std::ofstream(go_on).flush();
+      REQUIRE(up);
+      const pid_t left = first_line_pid(dir.path / "fresh");
+      REQUIRE(left > 0);
+      CHECK(test::within(10s, [&] { return !test::alive(left); }, 5ms));
+      if (test::alive(left)) ::kill(left, SIGKILL);
+    }
+  }
+
+  // Before, the guardian removed only the files whose maker was the
+  // supervisor or one of its ranks: a rank's own child is neither.
+  TEST_CASE("once its process is killed, the guardian removes the segment files a rank's own child made") {
+    if (!fs::is_directory("/dev/shm")) {
+      MESSAGE("no /dev/shm here: not checked");
+      return;
+    }
+    test::temp_dir dir;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      cohort::guardian guard;
+      group_spec spec;
+      spec.entry = call(start_method::fork, fork_segment_maker, dir.path.string());
+      asio::io_context io;
+      group g = start_processes(io.get_executor(), spec);
+      io.run_for(60s);
+      ::_exit(1);
+    }
+    REQUIRE(pid > 0);
+    const auto files_of = [](pid_t maker) {
+      std::vector<std::string> found;
+      const std::string prefix = "cohort_" + std::to_string(maker) + "_";
+      for (const auto& e : fs::directory_iterator("/dev/shm")) {
+        if (e.path().filename().string().starts_with(prefix)) found.push_back(e.path().filename().string());
+      }
+      return found;
+    };
+    pid_t maker = 0;
+    test::within(30s, [&] { return (maker = first_line_pid(dir.path / "maker")) > 0; }, 5ms);
+    const bool made = maker > 0 && !files_of(maker).empty();
+    ::kill(pid, SIGKILL);
+    CHECK(killed_soon(pid));
+    REQUIRE(made);
+    CHECK(test::within(10s, [&] { return files_of(maker).empty() && !test::alive(maker); }, 5ms));
+    if (test::alive(maker)) ::kill(maker, SIGKILL);
+    for (const auto& name : files_of(maker)) fs::remove(fs::path("/dev/shm") / name);
   }
 
   TEST_CASE("the guardian also removes the segment files of a rank that ended before its process was killed") {
@@ -2693,10 +2823,10 @@ TEST_SUITE("group") {
     const auto other = fmt::format("cohort_{}_fedcba9876543210", rank);
     if (start_time != 0) {
       const shm::segment_stamp stamp{shm::segment_magic, 0x0123456789abcdefULL, shm::header_size, os::pid_namespace(),
-                                     start_time};
+                                     start_time, {}};
       std::ofstream(fs::path("/dev/shm") / file).write(reinterpret_cast<const char*>(&stamp), sizeof stamp);
       const shm::segment_stamp later{shm::segment_magic, 0xfedcba9876543210ULL, shm::header_size, os::pid_namespace(),
-                                     start_time + 1};
+                                     start_time + 1, {}};
       std::ofstream(fs::path("/dev/shm") / other).write(reinterpret_cast<const char*>(&later), sizeof later);
     }
     std::ofstream(dir.path / "made").flush();

@@ -105,6 +105,10 @@ int use_stack(void*) noexcept {
 }
 
 int exit_at_once(void*) noexcept { ::_exit(3); }
+int kill_self(void*) noexcept {
+  ::syscall(SYS_kill, ::syscall(SYS_getpid), SIGKILL);
+  return 0;
+}
 
 // Execs a shell that exits with 5 after half a second, in place of the
 // spawn's program.
@@ -291,22 +295,33 @@ TEST_SUITE("spawn") {
     const spawn_options within{.before_exec = use_stack<48 * 1024>};
     CHECK(run(command{test::target, {"exit", "0"}}, within).success());
     auto overrun = spawn_error(command{test::target, {"exit", "0"}}, {.before_exec = use_stack<96 * 1024>});
-    CHECK(overrun.code() == std::error_code(ECHILD, std::system_category()));
+    CHECK(overrun.code() == std::error_code(ESRCH, std::system_category()));
     const std::string what = overrun.what();
     CHECK(what.find(test::target) != std::string::npos);
     CHECK(what.find("ended before its exec, killed by signal SIGSEGV") != std::string::npos);
     CHECK(what.find("the before_exec hook has 48 KiB of stack") != std::string::npos);
     CHECK_FALSE(has_unreaped_children());
     auto exited = spawn_error(command{test::target, {"exit", "0"}}, {.before_exec = exit_at_once});
-    CHECK(exited.code() == std::error_code(ECHILD, std::system_category()));
+    CHECK(exited.code() == std::error_code(ESRCH, std::system_category()));
     CHECK(std::string(exited.what()).find("ended before its exec, exited with code 3") != std::string::npos);
     CHECK_FALSE(has_unreaped_children());
     std::error_code ec;
     asio::io_context io;
     const spawn_options overrunning{.before_exec = use_stack<96 * 1024>};
     child c = spawn(io.get_executor(), command{test::target, {"exit", "0"}}, overrunning, ec);
-    CHECK(ec == std::error_code(ECHILD, std::system_category()));
+    CHECK(ec == std::error_code(ESRCH, std::system_category()));
     CHECK_FALSE(c);
+    CHECK_FALSE(has_unreaped_children());
+  }
+
+  // Before, the message ended in "No child processes" (ECHILD's words),
+  // which said nothing true of it.
+  TEST_CASE("a child killed before its exec fails the spawn saying how it ended, and no more") {
+    auto killed = spawn_error(command{test::target, {"exit", "0"}}, {.before_exec = kill_self});
+    const std::string what = killed.what();
+    CHECK(what.find("ended before its exec, killed by signal SIGKILL") != std::string::npos);
+    CHECK(what.find("No child processes") == std::string::npos);
+    CHECK(what.ends_with(": No such process"));
     CHECK_FALSE(has_unreaped_children());
   }
 

@@ -616,7 +616,7 @@ int leave_stamped_files(int, std::uint64_t other) {
     const auto name = shm::segment_name(self, nonce);
     const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) throw std::runtime_error("shm_open " + name);
-    const shm::segment_stamp stamp{shm::segment_magic, nonce, shm::header_size, pid_namespace, 1};
+    const shm::segment_stamp stamp{shm::segment_magic, nonce, shm::header_size, pid_namespace, 1, {}};
     const bool written =
         ::ftruncate(fd, shm::header_size) == 0 && ::pwrite(fd, &stamp, sizeof stamp, 0) == sizeof stamp;
     ::close(fd);
