@@ -2684,10 +2684,13 @@ TEST_SUITE("group") {
       }
       return found;
     };
+    // The rank's pid read once its line is whole: the file exists from the
+    // shell's open, before its write.
+    pid_t rank = 0;
     const bool up = test::within(10s, [&] {
-      return fs::exists(dir.path / "rank") && fs::exists(dir.path / "started") && !files_of(pid).empty();
+      if (rank <= 0 && fs::exists(dir.path / "rank")) rank = first_line_pid(dir.path / "rank");
+      return rank > 0 && fs::exists(dir.path / "started") && !files_of(pid).empty();
     }, 5ms);
-    const pid_t rank = up ? first_line_pid(dir.path / "rank") : 0;
     const bool rank_file = up && !files_of(rank).empty();
     const auto foreign = fmt::format("cohort_{}_fedcba9876543210", rank);
     if (rank_file) {
