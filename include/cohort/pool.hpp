@@ -195,7 +195,7 @@ class map_completion final : public pending_completion {
 }  // namespace detail
 
 /// `workers` processes, started at construction, ended at destruction
-/// (they finish the item in hand first). A function mapped over items is
+/// (they finish the item in hand first) or by terminate() (at once). A function mapped over items is
 /// registered with COHORT_ENTRYPOINT and called as fn(worker, item), where
 /// `worker` is the index of the process running it. One map at a time, in
 /// the order the maps were made (blocking and asynchronous alike, first
@@ -236,8 +236,25 @@ class pool {
   /// where pools are made again and again. In a child of the program's own
   /// fork(), the copy of a pool its parent made is left alone: its workers
   /// and its thread are the parent's, and the child neither ends them nor
-  /// may map on them (std::logic_error); it makes a pool of its own.
+  /// may map on them (std::logic_error); it makes a pool of its own. After
+  /// terminate() it returns at once: nothing is left to wait for.
   ~pool();
+
+  /// Ends the workers now, items in hand and all (Python's
+  /// Pool.terminate()): the group's shutdown ends them (SIGTERM to each
+  /// worker's process group after pool_options::shutdown's grace, SIGKILL
+  /// after its term_grace), and they are reaped before it returns. Every
+  /// map running or waiting its turn, blocking or asynchronous, ends with
+  /// std::logic_error ("cohort::pool: the pool was terminated: ..."), and
+  /// so does every later map. The asynchronous ones have completed when it
+  /// returns (their handlers handed to their executors); a blocking map on
+  /// another thread throws as soon as it sees the workers gone. As for a worker
+  /// that died, what the workers held of the queues' shared memory stays
+  /// allocated until trim_shared_memory(). Thread-safe, against maps and
+  /// against itself: a later call waits for the first to end the pool,
+  /// except one from a handler running on the pool's thread, which returns
+  /// at once. Nothing for a pool moved from, or a forked child's copy.
+  void terminate() noexcept;
 
   /// fn(worker, item) for every item, spread over the workers; returns the
   /// results in the items' order (nothing for a void fn). An exception
@@ -290,7 +307,8 @@ class pool {
   /// that context afterwards. The pool must outlive the operation;
   /// destroying it waits for the map to end: its items not yet taken are
   /// taken back, and it completes with std::logic_error ("the pool was
-  /// destroyed before ..."). A handler that runs on the pool's thread must
+  /// destroyed before ..."); terminate() waits for no item, and the map
+  /// completes with std::logic_error ("the pool was terminated ..."). A handler that runs on the pool's thread must
   /// not throw (nothing there could catch it: std::terminate); it may drop
   /// the pool's last reference, and a map it starts while the pool is
   /// ending completes at once with std::logic_error.

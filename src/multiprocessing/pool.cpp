@@ -95,6 +95,17 @@ COHORT_ENTRYPOINT(cohort_pool_worker);
 // be started, run by pass_turn.
 thread_local std::exception_ptr refusal;
 
+// How the pool's end came: its destruction lets the workers finish the item
+// in hand; terminate() ends them at once.
+enum class end_kind { none, destroyed, terminated };
+
+constexpr const char* terminated_message =
+    "cohort::pool: the pool was terminated: its workers were ended, and no map runs on it";
+
+// The pool whose map (or whose end's refused maps) this thread runs: an end
+// called from there must not wait for another end, which joins this thread.
+thread_local const pool_state* map_thread_of = nullptr;
+
 // Runs `job` with `why` as its refusal.
 void run_refused(const std::function<void()>& job, std::exception_ptr why) {
   struct refusing {
@@ -154,14 +165,29 @@ class pool_state {
     runner_ = std::thread([this] { io_.run(); });
   }
 
-  ~pool_state() {
+  ~pool_state() { end(end_kind::destroyed); }
+
+  // Ends the pool, once: the maps in line and in flight fail as `how` says,
+  // and the workers leave. Destroyed, they finish the item in hand first;
+  // terminated, the group's shutdown ends them at once. A later call waits
+  // for the first to finish, unless it comes from a thread of the pool's
+  // maps (a handler), which the first one may be joining.
+  void end(end_kind how) noexcept {
+    {
+      std::unique_lock lock(end_mutex_);
+      if (end_begun_) {
+        if (map_thread_of != this) end_done_.wait(lock, [&] { return ended_; });
+        return;
+      }
+      end_begun_ = true;
+    }
     std::vector<detached_map> in_flight;
     std::deque<std::shared_ptr<map_ticket>> waiting;
     {
       // From here, a map that a handler starts fails at once (run_detached):
       // it could not run, and must not wait for this end, which waits for it.
       std::lock_guard lock(line_->mutex);
-      ending_.store(true, std::memory_order_relaxed);
+      ending_.store(how, std::memory_order_relaxed);
       line_->pool = nullptr;
       in_flight.swap(detached_);
       waiting.swap(line_->waiting);
@@ -173,6 +199,11 @@ class pool_state {
     }
     take_back_tasks();
     tasks_.close();
+    // Workers in the middle of an item are ended by the group's shutdown
+    // (SIGTERM, then SIGKILL, as pool_options::shutdown says), and the maps
+    // waiting for them see the group end. The memory of stop()'s dispatch
+    // failing leaves no way to end them: std::terminate, as noexcept says.
+    if (how == end_kind::terminated) group_.stop();
     // Asynchronous maps still in line fail as the end cut the one ahead
     // short, in their order, on one thread.
     std::vector<std::function<void()>> refused;
@@ -180,7 +211,8 @@ class pool_state {
       if (ticket->job) refused.push_back(std::exchange(ticket->job, nullptr));
     }
     if (!refused.empty()) {
-      in_flight.push_back({std::thread([refused = std::move(refused)] {
+      in_flight.push_back({std::thread([this, refused = std::move(refused)] {
+        map_thread_of = this;
         for (const auto& job : refused) job();
       }), nullptr});
     }
@@ -201,6 +233,11 @@ class pool_state {
     while (!group_.join(std::chrono::milliseconds(10))) drain_results();
     work_.reset();
     runner_.join();  // the group ends when every worker has returned
+    {
+      std::lock_guard lock(end_mutex_);
+      ended_ = true;
+    }
+    end_done_.notify_all();
   }
 
   void drain_results() noexcept {
@@ -249,7 +286,7 @@ class pool_state {
       ~passing() { pool.pass_turn(); }
     } pass{*this};
     // A map made before the pool's end began, which had not begun.
-    if (ending_.load(std::memory_order_relaxed)) throw_ended();
+    if (ending()) throw_ended();
     if (broken_) throw std::logic_error("cohort::pool: a worker has died; the pool is over");
     std::vector<std::optional<encoded>> out(args.size());
     std::optional<std::string> error;
@@ -320,9 +357,11 @@ class pool_state {
       if (!outcome) {
         if (!group_.join(std::chrono::milliseconds(0))) continue;
         broken_ = true;
+        // The workers' deaths are terminate()'s doing, not failures.
+        if (ending_.load(std::memory_order_relaxed) == end_kind::terminated) throw_ended();
         auto result = group_.result().value();
         throw_first_failure(result);
-        if (ending_.load(std::memory_order_relaxed)) throw_ended();
+        if (ending()) throw_ended();
         throw std::logic_error("cohort::pool: the workers ended");
       }
       auto& [number, returned, bytes, holds] = *outcome;
@@ -342,9 +381,10 @@ class pool_state {
   }
 
  public:
-  // A map the pool's end cut short: its items not yet taken were taken
-  // back, and the workers have left.
-  [[noreturn]] static void throw_ended() {
+  // A map the pool's end cut short (its items not yet taken were taken
+  // back, and the workers have left), or, after terminate(), any map.
+  [[noreturn]] void throw_ended() const {
+    if (ending_.load(std::memory_order_relaxed) == end_kind::terminated) throw std::logic_error(terminated_message);
     throw std::logic_error("cohort::pool: the pool was destroyed before the map's items were all worked through");
   }
 
@@ -356,10 +396,12 @@ class pool_state {
 
   void run_detached(const std::shared_ptr<map_ticket>& ticket, std::function<void()> job) {
     std::unique_lock lock(line_->mutex);
-    if (ending_.load(std::memory_order_relaxed)) {
+    if (ending()) {
+      const bool terminated = ending_.load(std::memory_order_relaxed) == end_kind::terminated;
       lock.unlock();
       // It fails at once, in run(), and completes its handler with that.
-      run_refused(job, std::make_exception_ptr(std::logic_error("cohort::pool: map while the pool is ending")));
+      run_refused(job, std::make_exception_ptr(std::logic_error(
+                           terminated ? terminated_message : "cohort::pool: map while the pool is ending")));
       return;
     }
     if (ticket->cancelled.load(std::memory_order_relaxed)) {
@@ -466,7 +508,8 @@ class pool_state {
     auto done = std::make_shared<std::atomic<bool>>(false);
     std::thread thread;
     try {
-      thread = std::thread([job, done] {
+      thread = std::thread([this, job, done] {
+        map_thread_of = this;
         job();
         done->store(true, std::memory_order_release);
       });
@@ -494,7 +537,16 @@ class pool_state {
     std::shared_ptr<std::atomic<bool>> done;  // set as its job returns
   };
   std::vector<detached_map> detached_;  // under the line's mutex
-  std::atomic<bool> ending_{false};     // set, under the line's mutex, as the pool's end begins
+  // Set, under the line's mutex, as the pool's end begins. Read relaxed by
+  // maps that have the turn: a map seeing the group ended by terminate()
+  // sees it set, ordered by the group's own lock between the two.
+  std::atomic<end_kind> ending_{end_kind::none};
+  bool ending() const noexcept { return ending_.load(std::memory_order_relaxed) != end_kind::none; }
+  // The pool's end runs once (end()).
+  std::mutex end_mutex_;
+  std::condition_variable end_done_;
+  bool end_begun_ = false;  // under end_mutex_
+  bool ended_ = false;      // under end_mutex_
 };
 
 std::shared_ptr<map_ticket> pool_ticket(pool_state& pool) { return pool.ticket(); }
@@ -626,6 +678,10 @@ pool& pool::operator=(pool&& other) noexcept {
 }
 
 pool::~pool() { let_go(state_); }
+
+void pool::terminate() noexcept {
+  if (state_ && state_->maker() == os::this_process()) state_->end(detail::end_kind::terminated);
+}
 
 int pool::workers() const noexcept { return state_ ? state_->workers() : 0; }
 

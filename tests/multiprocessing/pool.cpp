@@ -32,6 +32,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -41,6 +43,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -163,6 +166,15 @@ COHORT_ENTRYPOINT(die_on_three);
 int worker_pid(int, int) { return ::getpid(); }
 COHORT_ENTRYPOINT(worker_pid);
 
+// Writes its worker's pid into slot `index` of `pids` (a shared array of
+// std::int64_t), then never returns.
+void sleep_forever(int, std::tuple<storage, int> item) {
+  const auto& [pids, index] = item;
+  std::atomic_ref(reinterpret_cast<std::int64_t*>(pids.data())[index]).store(::getpid());
+  for (;;) ::pause();
+}
+COHORT_ENTRYPOINT(sleep_forever);
+
 storage make_storage(int, int value) {
   storage s = storage::allocate_shared(16);
   std::memset(s.data(), value, 16);
@@ -207,6 +219,41 @@ std::vector<std::tuple<storage, long>> counted_items(const storage& ran, int n) 
 
 std::int64_t count_of(const storage& ran) {
   return std::atomic_ref(*reinterpret_cast<std::int64_t*>(ran.data())).load();
+}
+
+// Two items of sleep_forever writing into `pids`, which they clear: on a
+// pool of two workers, each worker takes one (the first never lets go).
+std::vector<std::tuple<storage, int>> forever_items(const storage& pids) {
+  std::memset(pids.data(), 0, pids.nbytes());
+  return {{pids, 0}, {pids, 1}};
+}
+
+// The pids sleep_forever wrote into `pids`, once both workers have (within 10 s).
+std::vector<pid_t> stuck_workers(const storage& pids) {
+  const auto* slots = reinterpret_cast<std::int64_t*>(pids.data());
+  const auto both = [&] {
+    return std::atomic_ref(slots[0]).load() != 0 && std::atomic_ref(slots[1]).load() != 0;
+  };
+  REQUIRE(test::within(std::chrono::seconds(10), both));
+  return {static_cast<pid_t>(slots[0]), static_cast<pid_t>(slots[1])};
+}
+
+// Whether no process `pid` exists any more: ended and reaped.
+bool reaped(pid_t pid) { return ::kill(pid, 0) == -1 && errno == ESRCH; }
+
+// What a map's handler was given: the logic_error's text, or what else came.
+template <class... Values>
+auto said_into(std::promise<std::string>& said) {
+  return [&said](std::exception_ptr e, Values...) {
+    try {
+      if (e) std::rethrow_exception(e);
+      said.set_value("completed");
+    } catch (const std::logic_error& error) {
+      said.set_value(error.what());
+    } catch (...) {
+      said.set_value("another exception");
+    }
+  };
 }
 
 // The threads of this process.
@@ -982,6 +1029,142 @@ TEST_SUITE("pool") {
     // The map the end cut short says so.
     REQUIRE(first_said.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
     CHECK(first_said.get() == "cohort::pool: the pool was destroyed before the map's items were all worked through");
+  }
+
+  TEST_CASE("terminate() ends workers stuck in their items: the running blocking map and the maps behind it fail as terminated") {
+    std::optional<pool> p(std::in_place, 2);
+    const storage pids = storage::allocate_shared(2 * sizeof(std::int64_t));
+    const auto items = forever_items(pids);
+    std::promise<std::string> blocking_said;
+    auto blocking = blocking_said.get_future();
+    std::thread mapper([&] {
+      try {
+        p->map(sleep_forever, items);
+        blocking_said.set_value("completed");
+      } catch (const std::logic_error& error) {
+        blocking_said.set_value(error.what());
+      } catch (...) {
+        blocking_said.set_value("another exception");
+      }
+    });
+    const auto workers = stuck_workers(pids);
+    // Behind the blocking map: a future's and a callback's, waiting their turn.
+    const std::vector<long> two{2};
+    auto future = p->map(square, two, asio::use_future);
+    std::promise<std::string> callback_said;
+    auto callback = callback_said.get_future();
+    p->map(square, two, said_into<std::vector<long>>(callback_said));
+
+    std::thread terminator([&] { p->terminate(); });
+    terminator.join();
+    // Asynchronous maps have completed as terminate() returns.
+    REQUIRE(future.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
+    CHECK_THROWS_WITH_AS(future.get(), doctest::Contains("the pool was terminated"), std::logic_error);
+    REQUIRE(callback.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
+    CHECK(callback.get().find("the pool was terminated") != std::string::npos);
+    REQUIRE(blocking.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+    CHECK(blocking.get().find("the pool was terminated") != std::string::npos);
+    mapper.join();
+    for (const pid_t worker : workers) CHECK(reaped(worker));
+
+    // Later maps, blocking and asynchronous, are refused.
+    CHECK_THROWS_WITH_AS(p->map(square, two), doctest::Contains("the pool was terminated"), std::logic_error);
+    CHECK_THROWS_WITH_AS(p->map(square, two, asio::use_future).get(), doctest::Contains("the pool was terminated"),
+                         std::logic_error);
+    const auto before = std::chrono::steady_clock::now();
+    p.reset();
+    CHECK(std::chrono::steady_clock::now() - before < std::chrono::seconds(5));
+  }
+
+  TEST_CASE("terminate() completes an awaited map in hand and a blocking map waiting behind it") {
+    for (const auto method : methods) {
+      CAPTURE(method);
+      pool_options options;
+      options.method = method;
+      std::optional<pool> p(std::in_place, 2, options);
+      const storage pids = storage::allocate_shared(2 * sizeof(std::int64_t));
+      const auto items = forever_items(pids);
+      asio::io_context io;
+      std::promise<std::string> awaited_said;
+      auto awaited = awaited_said.get_future();
+      asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+        try {
+          co_await p->map(sleep_forever, items, asio::use_awaitable);
+          awaited_said.set_value("completed");
+        } catch (const std::logic_error& error) {
+          awaited_said.set_value(error.what());
+        } catch (...) {
+          awaited_said.set_value("another exception");
+        }
+      }, asio::detached);
+      std::thread runner([&] { io.run(); });
+      const auto workers = stuck_workers(pids);
+      std::promise<std::string> blocking_said;
+      auto blocking = blocking_said.get_future();
+      std::thread mapper([&] {
+        try {
+          const std::vector<long> two{2};
+          p->map(square, two);
+          blocking_said.set_value("completed");
+        } catch (const std::logic_error& error) {
+          blocking_said.set_value(error.what());
+        } catch (...) {
+          blocking_said.set_value("another exception");
+        }
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the blocking map waits its turn, likely
+      p->terminate();
+      REQUIRE(awaited.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+      CHECK(awaited.get().find("the pool was terminated") != std::string::npos);
+      REQUIRE(blocking.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+      CHECK(blocking.get().find("the pool was terminated") != std::string::npos);
+      runner.join();
+      mapper.join();
+      for (const pid_t worker : workers) CHECK(reaped(worker));
+      const auto before = std::chrono::steady_clock::now();
+      p.reset();
+      CHECK(std::chrono::steady_clock::now() - before < std::chrono::seconds(5));
+    }
+  }
+
+  TEST_CASE("terminate() on an idle pool ends its workers and its threads, and a second call changes nothing") {
+    const std::vector<long> items{1, 2, 3};
+    {
+      // The threads a first pool starts for the whole process stay: the
+      // launch threads, and the watcher of peers' deaths, which a map that
+      // waits for its results starts.
+      pool first(2);
+      CHECK(first.map(slow_square, items) == std::vector<long>{1, 4, 9});
+    }
+    const auto children_before = test::children_of_self();
+    const long threads_before = thread_count();
+    // Watchers of the shared memory come and go on their own schedule: the
+    // pool's threads are those that would stay.
+    const auto threads_back = [&] { return thread_count() <= threads_before; };
+    std::optional<pool> p(std::in_place, 2);
+    CHECK(p->map(square, items) == std::vector<long>{1, 4, 9});
+    std::vector<pid_t> workers;
+    for (const pid_t child : test::children_of_self()) {
+      if (std::find(children_before.begin(), children_before.end(), child) == children_before.end()) {
+        workers.push_back(child);
+      }
+    }
+    CHECK(workers.size() == 2);
+    p->terminate();
+    for (const pid_t worker : workers) CHECK(reaped(worker));
+    CHECK(test::within(std::chrono::seconds(10), threads_back));
+    p->terminate();
+    CHECK_THROWS_WITH_AS(p->map(square, items), doctest::Contains("the pool was terminated"), std::logic_error);
+    p.reset();
+    CHECK(test::within(std::chrono::seconds(10), threads_back));
+  }
+
+  TEST_CASE("terminate() on a pool moved from does nothing") {
+    pool p(1);
+    pool q(std::move(p));
+    p.terminate();  // NOLINT(bugprone-use-after-move): what is tested
+    const std::vector<long> items{3};
+    CHECK(q.map(square, items) == std::vector<long>{9});
   }
 }
 
