@@ -92,6 +92,16 @@ group two_shell_ranks_up(asio::io_context& io, std::thread& runner, const fs::pa
   return g;
 }
 
+// The names of the file_system segments in /dev/shm named for `maker`.
+std::vector<std::string> segment_files_of(pid_t maker) {
+  std::vector<std::string> found;
+  const std::string prefix = "cohort_" + std::to_string(maker) + "_";
+  for (const auto& e : fs::directory_iterator("/dev/shm")) {
+    if (e.path().filename().string().starts_with(prefix)) found.push_back(e.path().filename().string());
+  }
+  return found;
+}
+
 pid_t first_line_pid(const fs::path& file) {
   std::ifstream in(file);
   pid_t pid = 0;
@@ -2676,22 +2686,14 @@ TEST_SUITE("group") {
       set_sharing_strategy(sharing_strategy::file_system);
       static const tensor kept = tensor::full({16}, 1.0, dtype::float32, {.shared = true});
     });
-    const auto files_of = [](pid_t maker) {
-      std::vector<std::string> found;
-      const std::string prefix = "cohort_" + std::to_string(maker) + "_";
-      for (const auto& e : fs::directory_iterator("/dev/shm")) {
-        if (e.path().filename().string().starts_with(prefix)) found.push_back(e.path().filename().string());
-      }
-      return found;
-    };
     // The rank's pid read once its line is whole: the file exists from the
     // shell's open, before its write.
     pid_t rank = 0;
     const bool up = test::within(10s, [&] {
       if (rank <= 0 && fs::exists(dir.path / "rank")) rank = first_line_pid(dir.path / "rank");
-      return rank > 0 && fs::exists(dir.path / "started") && !files_of(pid).empty();
+      return rank > 0 && fs::exists(dir.path / "started") && !segment_files_of(pid).empty();
     }, 5ms);
-    const bool rank_file = up && !files_of(rank).empty();
+    const bool rank_file = up && !segment_files_of(rank).empty();
     const auto foreign = fmt::format("cohort_{}_fedcba9876543210", rank);
     if (rank_file) {
       const shm::segment_stamp stamp{shm::segment_magic, 0xfedcba9876543210ULL, shm::header_size,
@@ -2703,10 +2705,12 @@ TEST_SUITE("group") {
     REQUIRE(up);
     REQUIRE(rank_file);
     const std::vector<std::string> only_foreign{foreign};
-    CHECK(test::within(10s, [&] { return files_of(pid).empty() && files_of(rank) == only_foreign; }, 5ms));
-    CHECK(files_of(rank) == only_foreign);
-    for (const auto& name : files_of(pid)) fs::remove(fs::path("/dev/shm") / name);
-    for (const auto& name : files_of(rank)) fs::remove(fs::path("/dev/shm") / name);
+    CHECK(test::within(10s, [&] {
+      return segment_files_of(pid).empty() && segment_files_of(rank) == only_foreign;
+    }, 5ms));
+    CHECK(segment_files_of(rank) == only_foreign);
+    for (const auto& name : segment_files_of(pid)) fs::remove(fs::path("/dev/shm") / name);
+    for (const auto& name : segment_files_of(rank)) fs::remove(fs::path("/dev/shm") / name);
   }
 
   // The supervisor is killed while its start waits for the set-up of all
@@ -2768,23 +2772,15 @@ TEST_SUITE("group") {
       ::_exit(1);
     }
     REQUIRE(pid > 0);
-    const auto files_of = [](pid_t maker) {
-      std::vector<std::string> found;
-      const std::string prefix = "cohort_" + std::to_string(maker) + "_";
-      for (const auto& e : fs::directory_iterator("/dev/shm")) {
-        if (e.path().filename().string().starts_with(prefix)) found.push_back(e.path().filename().string());
-      }
-      return found;
-    };
     pid_t maker = 0;
     test::within(30s, [&] { return (maker = first_line_pid(dir.path / "maker")) > 0; }, 5ms);
-    const bool made = maker > 0 && !files_of(maker).empty();
+    const bool made = maker > 0 && !segment_files_of(maker).empty();
     ::kill(pid, SIGKILL);
     CHECK(killed_soon(pid));
     REQUIRE(made);
-    CHECK(test::within(10s, [&] { return files_of(maker).empty() && !test::alive(maker); }, 5ms));
+    CHECK(test::within(10s, [&] { return segment_files_of(maker).empty() && !test::alive(maker); }, 5ms));
     if (test::alive(maker)) ::kill(maker, SIGKILL);
-    for (const auto& name : files_of(maker)) fs::remove(fs::path("/dev/shm") / name);
+    for (const auto& name : segment_files_of(maker)) fs::remove(fs::path("/dev/shm") / name);
   }
 
   TEST_CASE("the guardian also removes the segment files of a rank that ended before its process was killed") {
