@@ -384,8 +384,14 @@ class pool_state {
   // A map the pool's end cut short (its items not yet taken were taken
   // back, and the workers have left), or, after terminate(), any map.
   [[noreturn]] void throw_ended() const {
-    if (ending_.load(std::memory_order_relaxed) == end_kind::terminated) throw std::logic_error(terminated_message);
-    throw std::logic_error("cohort::pool: the pool was destroyed before the map's items were all worked through");
+    throw ended_error("cohort::pool: the pool was destroyed before the map's items were all worked through");
+  }
+
+  // After terminate() every map fails with the same words; while the
+  // pool is being destroyed, `why` says what the map met.
+  std::logic_error ended_error(const char* why) const {
+    if (ending_.load(std::memory_order_relaxed) == end_kind::terminated) return std::logic_error(terminated_message);
+    return std::logic_error(why);
   }
 
   std::shared_ptr<map_ticket> ticket() const {
@@ -397,11 +403,10 @@ class pool_state {
   void run_detached(const std::shared_ptr<map_ticket>& ticket, std::function<void()> job) {
     std::unique_lock lock(line_->mutex);
     if (ending()) {
-      const bool terminated = ending_.load(std::memory_order_relaxed) == end_kind::terminated;
+      auto error = std::make_exception_ptr(ended_error("cohort::pool: map while the pool is ending"));
       lock.unlock();
       // It fails at once, in run(), and completes its handler with that.
-      run_refused(job, std::make_exception_ptr(std::logic_error(
-                           terminated ? terminated_message : "cohort::pool: map while the pool is ending")));
+      run_refused(job, error);
       return;
     }
     if (ticket->cancelled.load(std::memory_order_relaxed)) {
