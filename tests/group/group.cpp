@@ -144,27 +144,34 @@ bool killed_soon(pid_t pid) {
 }
 
 // Forks a supervisor that runs `before` (when given), starts a guardian
-// and a group of one shell rank running `script` ($0 is `dir`), runs
-// `after` (when given), writes `dir`/started once the start has returned
-// (the rank's process group is noted for the guardian then), and runs for
-// up to a minute; its pid.
-pid_t guarded_supervisor(const fs::path& dir, const std::string& script, void (*before)() = nullptr,
-                         void (*after)() = nullptr) {
+// and a group of `spec`, runs `after` (when given), writes the file
+// `started` (when named) once the start has returned (the ranks' process
+// groups are noted for the guardian then), and runs for up to a minute;
+// its pid.
+pid_t guarded_group(const group_spec& spec, void (*before)() = nullptr, void (*after)() = nullptr,
+                    const fs::path& started = {}) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     if (before != nullptr) before();
     cohort::guardian guard;
-    group_spec spec;
-    spec.entry = command("/bin/sh", {"-c", script, dir.string()});
     asio::io_context io;
     group g = start_processes(io.get_executor(), spec);
     if (after != nullptr) after();
-    std::ofstream(dir / "started").flush();
+    if (!started.empty()) std::ofstream(started).flush();
     io.run_for(60s);
     ::_exit(1);
   }
   REQUIRE(pid > 0);
   return pid;
+}
+
+// guarded_group of one shell rank running `script` ($0 is `dir`), which
+// writes `dir`/started.
+pid_t guarded_supervisor(const fs::path& dir, const std::string& script, void (*before)() = nullptr,
+                         void (*after)() = nullptr) {
+  group_spec spec;
+  spec.entry = command("/bin/sh", {"-c", script, dir.string()});
+  return guarded_group(spec, before, after, dir / "started");
 }
 
 // Once the rank of supervisor `pid` (guarded_supervisor) is up, sends
@@ -2761,17 +2768,9 @@ TEST_SUITE("group") {
       return;
     }
     test::temp_dir dir;
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      cohort::guardian guard;
-      group_spec spec;
-      spec.entry = call(start_method::fork, fork_segment_maker, dir.path.string());
-      asio::io_context io;
-      group g = start_processes(io.get_executor(), spec);
-      io.run_for(60s);
-      ::_exit(1);
-    }
-    REQUIRE(pid > 0);
+    group_spec spec;
+    spec.entry = call(start_method::fork, fork_segment_maker, dir.path.string());
+    const pid_t pid = guarded_group(spec);
     pid_t maker = 0;
     test::within(30s, [&] { return (maker = first_line_pid(dir.path / "maker")) > 0; }, 5ms);
     const bool made = maker > 0 && !segment_files_of(maker).empty();
@@ -2797,24 +2796,16 @@ TEST_SUITE("group") {
       return;
     }
     test::temp_dir dir;
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      cohort::guardian guard;
-      group_spec spec;
-      spec.entry = command("/bin/sh", {"-c",
-                                       "if [ $1 = 0 ]; then echo $$ > \"$0/rank\"; "
-                                       "while [ ! -e \"$0/made\" ]; do sleep 0.01; done; exit 3; fi; "
-                                       "trap ': > \"$0/term\"' TERM; while true; do sleep 0.01; done",
-                                       dir.path.string()});
-      spec.nprocs = 2;
-      spec.args = {{0, {"0"}}, {1, {"1"}}};
-      spec.shutdown.term_grace = 60s;
-      asio::io_context io;
-      group g = start_processes(io.get_executor(), spec);
-      io.run_for(60s);
-      ::_exit(1);
-    }
-    REQUIRE(pid > 0);
+    group_spec spec;
+    spec.entry = command("/bin/sh", {"-c",
+                                     "if [ $1 = 0 ]; then echo $$ > \"$0/rank\"; "
+                                     "while [ ! -e \"$0/made\" ]; do sleep 0.01; done; exit 3; fi; "
+                                     "trap ': > \"$0/term\"' TERM; while true; do sleep 0.01; done",
+                                     dir.path.string()});
+    spec.nprocs = 2;
+    spec.args = {{0, {"0"}}, {1, {"1"}}};
+    spec.shutdown.term_grace = 60s;
+    const pid_t pid = guarded_group(spec);
     pid_t rank = 0;
     test::within(10s, [&] { return (rank = first_line_pid(dir.path / "rank")) > 0; }, 5ms);
     const std::uint64_t start_time = rank > 0 ? os::start_time_of(rank).value_or(0) : 0;
