@@ -472,7 +472,7 @@ TEST_SUITE("etcd rendezvous") {
       REQUIRE(change);
       CHECK(change->what == round_change::cause::member_lost);
       CHECK(change->reason ==
-            "node " + std::to_string(child_rank) + " (10.0.0.3) left without finishing: its lease expired");
+            "node " + std::to_string(child_rank) + " (10.0.0.3) left without finishing: its lease ended (the node was stopped, or etcd stopped hearing from it)");
     }
     const auto second = next_rounds(all);
     check_one_round(second, configs);
@@ -522,7 +522,7 @@ TEST_SUITE("etcd rendezvous") {
     check_one_round(placed, configs);
     CHECK(placed[0].world_size == 3);
     CHECK(placed[0].round > 0);
-    CHECK(contains(state_of(job)["why"].get<std::string>(), "(10.0.0.4) left before round 0 began: its lease expired"));
+    CHECK(contains(state_of(job)["why"].get<std::string>(), "(10.0.0.4) left before round 0 began: its lease ended"));
   }
 
   TEST_CASE("a member that does not confirm the round in time makes it start over without it") {

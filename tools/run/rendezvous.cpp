@@ -46,6 +46,11 @@ milliseconds until(clock_type::time_point deadline) {
   return std::max(milliseconds(0), std::chrono::ceil<milliseconds>(deadline - clock_type::now()));
 }
 
+// Why another member's keys went: its lease ended, which etcd does alike
+// for a node that revoked it as it was stopped and for one it stopped
+// hearing from; this node cannot tell which.
+constexpr const char* lease_gone = "its lease ended (the node was stopped, or etcd stopped hearing from it)";
+
 std::string nodes_text(std::size_t n) { return std::to_string(n) + (n == 1 ? " node" : " nodes"); }
 
 // MIN:MAX as --nnodes gives it: N where both are N.
@@ -461,7 +466,7 @@ std::optional<assignment> etcd_rendezvous::confirm(const snapshot& s, progress& 
   for (std::size_t i = 0; i < s.listed.size(); ++i) {
     if (s.gone(s.listed[i])) {
       p.wrote = open_round(s.round, s.state_revision,
-                           node_text(i) + " left before round " + round + " began: its lease expired",
+                           node_text(i) + " left before round " + round + " began: " + lease_gone,
                            cause::member_lost);
       return std::nullopt;
     }
@@ -658,7 +663,7 @@ std::optional<round_change> etcd_rendezvous::change_in(const snapshot& s, const 
     const auto& m = round.members[i];
     if (!s.has_joined(m.id) && !s.done.contains(m.id)) {
       return round_change{cause::member_lost,
-                          "node " + std::to_string(i) + " (" + m.addr + ") left without finishing: its lease expired"};
+                          "node " + std::to_string(i) + " (" + m.addr + ") left without finishing: " + lease_gone};
     }
   }
   if (!s.finished && !s.waiting.empty() && round.members.size() < static_cast<std::size_t>(config_.max_nodes)) {

@@ -114,7 +114,7 @@ struct assignment {
 /// Why a watched round must end.
 struct round_change {
   enum class cause {
-    member_lost,       ///< a member's lease expired before it finished
+    member_lost,       ///< a member's lease ended before it finished
     node_waiting,      ///< a node waits to join, and the round has room
     new_round,         ///< another node started a new round (its restart); one started because a
                        ///< node was lost or waits to join reports member_lost or node_waiting
