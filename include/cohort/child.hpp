@@ -99,7 +99,8 @@ class child {
   std::optional<exit_status> status() const noexcept;
 
   /// Sends `signal` through the pidfd (pidfd_send_signal). Does nothing once
-  /// the child has exited. Throws std::system_error for a bad signal number.
+  /// the child has exited. Throws std::system_error (EINVAL) for a bad
+  /// signal number, exited or not.
   void signal(int signal);
   void signal(int signal, std::error_code& ec);
   /// To every process in the child's process group (killpg). Only for

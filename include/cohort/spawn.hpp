@@ -81,7 +81,7 @@ struct spawn_options {
   /// std::system_error with that value, naming the hook, and no process is
   /// left behind. A child that dies before its exec (a hook that overruns
   /// its stack, killed by SIGSEGV) or ends there by itself (the hook's
-  /// _exit) fails the launch too, with ECHILD and a message that says how
+  /// _exit) fails the launch too, with ESRCH and a message that says how
   /// it ended. `before_exec_context` is passed
   /// as is and must stay valid until the spawn returns. Refused
   /// (std::invalid_argument) by the forkserver start method, whose children

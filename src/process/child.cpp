@@ -404,6 +404,15 @@ std::optional<exit_status> child::try_wait(std::error_code& ec) {
   return state_->reap(false, ec);
 }
 
+namespace {
+
+// What pidfd_send_signal takes (0 probes): the same refusal whether the
+// child is running or reaped, so that a bad number never passes unseen
+// because the child happened to have ended.
+bool signal_number_valid(int sig) noexcept { return sig >= 0 && sig <= SIGRTMAX; }
+
+}  // namespace
+
 void child::signal(int sig) {
   std::error_code ec;
   signal(sig, ec);
@@ -416,6 +425,10 @@ void child::signal(int sig) {
 void child::signal(int sig, std::error_code& ec) {
   ec.clear();
   if (!state_) throw std::logic_error("cohort::child::signal: no process");
+  if (!signal_number_valid(sig)) {
+    ec.assign(EINVAL, std::system_category());  // as the kernel refuses it
+    return;
+  }
   if (state_->status) return;
   if (!state_->here()) {  // another process's child: see not_here_note
     ec.assign(ECHILD, std::system_category());
@@ -429,7 +442,7 @@ void child::signal(int sig, std::error_code& ec) {
 void child::signal_group(int sig) {
   std::error_code ec;
   signal_group(sig, ec);
-  if (ec && !state_->group_leader) {
+  if (ec && !state_->group_leader && signal_number_valid(sig)) {
     // No group carries the child's pid: naming one would send the reader
     // looking for it.
     throw std::system_error(ec, fmt::format("cohort::child::signal_group: {} to child {}: it does not lead a "
@@ -453,6 +466,10 @@ void child::signal_group(int sig) {
 void child::signal_group(int sig, std::error_code& ec) {
   ec.clear();
   if (!state_) throw std::logic_error("cohort::child::signal_group: no process");
+  if (!signal_number_valid(sig)) {
+    ec.assign(EINVAL, std::system_category());  // as the kernel refuses it
+    return;
+  }
   if (state_->status) return;
   if (!state_->group_leader) {
     ec = std::make_error_code(std::errc::invalid_argument);  // its group is not its own

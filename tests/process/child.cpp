@@ -335,6 +335,28 @@ TEST_SUITE("child") {
     c.signal(12345, ec);
     CHECK(ec == std::error_code(EINVAL, std::system_category()));
     CHECK_THROWS_WITH_AS(c.signal(12345), doctest::Contains("cohort::child::signal"), std::system_error);
+    c.signal(SIGKILL);
+    CHECK(c.join().signal() == SIGKILL);
+    // Reaped, the same number is refused the same way: the check does not
+    // depend on whether the child happened to have ended.
+    c.signal(-1, ec);
+    CHECK(ec == std::errc::invalid_argument);
+    c.signal_group(12345, ec);
+    CHECK(ec == std::errc::invalid_argument);
+    CHECK_THROWS_AS(c.signal(12345), std::system_error);
+  }
+
+  TEST_CASE("signal_group() names a bad signal number as such, not as a child leading no group") {
+    asio::io_context io;
+    const spawn_options options{.new_process_group = false};
+    child c = spawn(io.get_executor(), target({"sleep", "30"}), options);
+    try {
+      c.signal_group(12345);
+      FAIL("signal_group() took signal 12345");
+    } catch (const std::system_error& e) {
+      CHECK(e.code() == std::errc::invalid_argument);
+      CHECK(std::string(e.what()).find("does not lead a process group") == std::string::npos);
+    }
   }
 
   TEST_CASE("signal_group() reaches the child's descendants in its process group") {
