@@ -13,15 +13,16 @@
 #include <array>
 #include <bit>
 #include <climits>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 COHORT_API_BEGIN
@@ -307,6 +308,45 @@ struct tensor_options {
   /// processes without a copy; private memory otherwise.
   bool shared = false;
 };
+// The `= {}` default arguments below are made inside the co_await
+// expressions that call them, where g++ 12 destroys an aggregate twice
+// (cohort/compiler.hpp): harmless only while destroying one does nothing.
+static_assert(std::is_trivially_destructible_v<tensor_options>,
+              "tensor_options must stay trivially destructible: g++ 12 destroys its `= {}` default "
+              "argument twice inside co_await; make the defaults overloads (as spawn's options are) "
+              "before giving it a member that owns memory");
+
+/// Integers given as a tensor's shape or as an index into one: in braces,
+/// `tensor::zeros({2, 3}, dtype::float32)`, `t.at<float>({0, 1})`, `{}` for
+/// none (a 0-d shape), each converted to int64; or any contiguous range of
+/// int64 (a std::vector, a std::array, another tensor's shape()). The
+/// braces call a constructor rather than make a std::initializer_list,
+/// which g++ 12 cannot compile inside a co_await expression
+/// (cohort/compiler.hpp), so a tensor may be made right in
+/// `co_await q.push(tensor::zeros({2, 3}, dtype::float32))`. A list made of
+/// integers holds them (up to six without allocating); one made from a
+/// range refers to it, and is valid while the range is.
+class int_list {
+ public:
+  int_list() noexcept = default;
+  template <std::integral... I>
+    requires(sizeof...(I) > 0)
+  int_list(I... values) : owned_(sizeof...(I)) {
+    std::size_t i = 0;
+    ((owned_[i++] = static_cast<std::int64_t>(values)), ...);
+  }
+  template <class R>
+    requires std::convertible_to<R&&, std::span<const std::int64_t>>
+  int_list(R&& values) noexcept : borrowed_(std::forward<R>(values)) {}
+
+  std::span<const std::int64_t> view() const noexcept {
+    return borrowed_.empty() ? owned_.view() : borrowed_;
+  }
+
+ private:
+  std::span<const std::int64_t> borrowed_;
+  detail::dim_vector owned_;
+};
 
 /// A typed, strided view of a storage: torch's Tensor on the CPU, without
 /// arithmetic. Sizes, strides and the storage offset count elements. Copies
@@ -334,43 +374,25 @@ class tensor {
   /// Contiguous and uninitialised. Throws std::invalid_argument for a
   /// negative size, more than 64 dimensions or a size that overflows, and
   /// what the storage's allocation throws.
-  static tensor empty(std::span<const std::int64_t> shape, cohort::dtype type,
-                      tensor_options options = {});
-  static tensor empty(std::initializer_list<std::int64_t> shape, cohort::dtype type,
-                      tensor_options options = {}) {
-    return empty(std::span(shape.begin(), shape.size()), type, options);
-  }
+  static tensor empty(int_list shape, cohort::dtype type, tensor_options options = {});
   /// Contiguous, every element 0 (false, +0.0).
-  static tensor zeros(std::span<const std::int64_t> shape, cohort::dtype type,
-                      tensor_options options = {});
-  static tensor zeros(std::initializer_list<std::int64_t> shape, cohort::dtype type,
-                      tensor_options options = {}) {
-    return zeros(std::span(shape.begin(), shape.size()), type, options);
-  }
+  static tensor zeros(int_list shape, cohort::dtype type, tensor_options options = {});
   /// Contiguous, every element `value` as fill_() converts it.
-  static tensor full(std::span<const std::int64_t> shape, double value, cohort::dtype type,
-                     tensor_options options = {});
-  static tensor full(std::initializer_list<std::int64_t> shape, double value, cohort::dtype type,
-                     tensor_options options = {}) {
-    return full(std::span(shape.begin(), shape.size()), value, type, options);
-  }
+  static tensor full(int_list shape, double value, cohort::dtype type, tensor_options options = {});
   /// A contiguous copy of `values` in row-major order. Throws
   /// std::invalid_argument when the shape does not hold values.size().
   template <element T>
-  static tensor from_data(std::span<const T> values, std::span<const std::int64_t> shape,
-                          tensor_options options = {}) {
-    return from_bytes(std::as_bytes(values), dtype_of<T>, shape, options);
+  static tensor from_data(std::span<const T> values, int_list shape, tensor_options options = {}) {
+    return from_bytes(std::as_bytes(values), dtype_of<T>, shape.view(), options);
   }
-  template <element T>
-  static tensor from_data(std::span<const T> values, std::initializer_list<std::int64_t> shape,
-                          tensor_options options = {}) {
-    return from_data(values, std::span(shape.begin(), shape.size()), options);
-  }
-  /// One dimension of values.size().
-  template <element T>
-  static tensor from_data(std::span<const T> values, tensor_options options = {}) {
+  /// One dimension of values.size(). The options' type is a template
+  /// parameter so that `from_data(values, {6})` and `from_data(values, {})`,
+  /// which could make either an int_list or options, are the shapes above:
+  /// the overload with the deduced type is the less specialized.
+  template <element T, std::same_as<tensor_options> Options = tensor_options>
+  static tensor from_data(std::span<const T> values, Options options = {}) {
     const auto size = static_cast<std::int64_t>(values.size());
-    return from_data(values, std::span(&size, 1), options);
+    return from_bytes(std::as_bytes(values), dtype_of<T>, std::span(&size, 1), options);
   }
 
   std::size_t ndim() const noexcept { return shape_.size(); }
@@ -409,12 +431,12 @@ class tensor {
   /// has the wrong length, std::out_of_range for an index out of range. A
   /// bool element must hold 0 or 1.
   template <element T>
-  T& at(std::initializer_list<std::int64_t> index) {
-    return *reinterpret_cast<T*>(element_at(dtype_of<T>, {index.begin(), index.size()}));
+  T& at(int_list index) {
+    return *reinterpret_cast<T*>(element_at(dtype_of<T>, index.view()));
   }
   template <element T>
-  const T& at(std::initializer_list<std::int64_t> index) const {
-    return *reinterpret_cast<const T*>(element_at(dtype_of<T>, {index.begin(), index.size()}));
+  const T& at(int_list index) const {
+    return *reinterpret_cast<const T*>(element_at(dtype_of<T>, index.view()));
   }
   /// The one element of a tensor of any shape with numel() 1. Throws
   /// std::invalid_argument when T is not the dtype or there is not exactly
@@ -437,10 +459,7 @@ class tensor {
   /// A view with `shape` (one size may be -1, inferred). Throws
   /// std::logic_error for a non-contiguous tensor (call contiguous() first)
   /// and std::invalid_argument for a shape of another element count.
-  tensor reshape(std::span<const std::int64_t> shape) const;
-  tensor reshape(std::initializer_list<std::int64_t> shape) const {
-    return reshape(std::span(shape.begin(), shape.size()));
-  }
+  tensor reshape(int_list shape) const;
   /// A view with dimensions `dim0` and `dim1` swapped. Throws
   /// std::out_of_range for a bad dim.
   tensor transpose(std::int64_t dim0, std::int64_t dim1) const;

@@ -1043,7 +1043,8 @@ tensor copy_tensor(const tensor& t, cohort::device to) {
 CUstream_st* current_stream() noexcept { return current; }
 void set_current_stream(CUstream_st* stream) noexcept { current = stream; }
 
-tensor empty(std::span<const std::int64_t> shape, dtype type, int device) {
+tensor empty(int_list sizes, dtype type, int device) {
+  const auto shape = sizes.view();
   constexpr const char* entry = "cohort::cuda::empty";
   const auto nbytes =
       static_cast<std::size_t>(cohort::detail::checked_numel(shape, type, entry)) * element_size(type);
@@ -1052,13 +1053,13 @@ tensor empty(std::span<const std::int64_t> shape, dtype type, int device) {
   return tensor(device_storage(device, nbytes, entry), type, shape, strides.view(), 0, cohort::device{kDLCUDA, device});
 }
 
-tensor full(std::span<const std::int64_t> shape, double value, dtype type, int device) {
+tensor full(int_list shape, double value, dtype type, int device) {
   tensor out = empty(shape, type, device);
   fill_(out, value);
   return out;
 }
 
-tensor zeros(std::span<const std::int64_t> shape, dtype type, int device) { return full(shape, 0.0, type, device); }
+tensor zeros(int_list shape, dtype type, int device) { return full(shape, 0.0, type, device); }
 
 void fill_(const tensor& t, double value) {
   constexpr const char* entry = "cohort::cuda::fill_";

@@ -369,8 +369,8 @@ tensor::tensor(cohort::storage storage, cohort::dtype type, std::span<const std:
   detail::check_layout(type, shape, strides, offset, storage_.nbytes());
 }
 
-tensor tensor::empty(std::span<const std::int64_t> shape, cohort::dtype type,
-                     tensor_options options) {
+tensor tensor::empty(int_list sizes, cohort::dtype type, tensor_options options) {
+  const auto shape = sizes.view();
   const auto nbytes =
       static_cast<std::size_t>(detail::checked_numel(shape, type, "tensor::empty")) * element_size(type);
   auto strides = detail::contiguous_strides(shape);
@@ -379,15 +379,13 @@ tensor tensor::empty(std::span<const std::int64_t> shape, cohort::dtype type,
                 std::move(strides));
 }
 
-tensor tensor::zeros(std::span<const std::int64_t> shape, cohort::dtype type,
-                     tensor_options options) {
+tensor tensor::zeros(int_list shape, cohort::dtype type, tensor_options options) {
   tensor out = empty(shape, type, options);
   if (out.nbytes() > 0) std::memset(out.raw_data(), 0, out.nbytes());
   return out;
 }
 
-tensor tensor::full(std::span<const std::int64_t> shape, double value, cohort::dtype type,
-                    tensor_options options) {
+tensor tensor::full(int_list shape, double value, cohort::dtype type, tensor_options options) {
   tensor out = empty(shape, type, options);
   fill(out, value, "tensor::full");
   return out;
@@ -530,7 +528,8 @@ tensor tensor::select(std::int64_t dim, std::int64_t index) const {
   return view(moved_offset(position, d, "select"), std::move(shape), std::move(strides));
 }
 
-tensor tensor::reshape(std::span<const std::int64_t> shape) const {
+tensor tensor::reshape(int_list asked) const {
+  const auto shape = asked.view();
   if (!is_contiguous()) {
     throw std::logic_error(
         "tensor::reshape: the tensor is not contiguous; call contiguous() first (on the CPU)");

@@ -1212,6 +1212,41 @@ TEST_SUITE("sharing") {
     });
   }
 
+  // g++ 12 cannot compile a std::initializer_list inside co_await: shapes
+  // and indices in braces are int_lists, which a constructor builds.
+  TEST_CASE("tensors made with braced shapes and read at braced indices inside co_await cross as made") {
+    asio::io_context io;
+    queue<tensor> q(8);
+    queue<float> elements(2);
+    const std::vector<float> values{0, 1, 2, 3, 4, 5};
+    const tensor counting = tensor::from_data<float>(values, {6});
+    test::run(io, [&]() -> asio::awaitable<void> {
+      co_await q.push(tensor::zeros({2, 3}, dtype::float32));
+      co_await q.push(tensor::full({4}, 1.5, dtype::float64));
+      co_await q.push(tensor::from_data(std::span(values), {2, 3}));
+      co_await q.push(counting.reshape({3, 2}));
+      co_await q.push(tensor::full({}, 7, dtype::int64));
+      // Seven sizes: more than an int_list holds without allocating.
+      co_await q.push(tensor::empty({1, 2, 1, 2, 1, 2, 1}, dtype::uint8));
+      co_await elements.push(counting.reshape({2, 3}).at<float>({1, -1}));
+    }());
+    const std::vector<std::vector<std::int64_t>> shapes{{2, 3}, {4}, {2, 3}, {3, 2}, {}, {1, 2, 1, 2, 1, 2, 1}};
+    std::vector<tensor> back;
+    while (auto t = q.try_pop()) back.push_back(std::move(*t));
+    REQUIRE(back.size() == shapes.size());
+    for (std::size_t i = 0; i < back.size(); ++i) {
+      CAPTURE(i);
+      CHECK(std::vector(back[i].shape().begin(), back[i].shape().end()) == shapes[i]);
+    }
+    CHECK(back[0] == tensor::zeros(shapes[0], dtype::float32));
+    CHECK(back[1] == tensor::full(shapes[1], 1.5, dtype::float64));
+    CHECK(back[2].at<float>({1, 0}) == 3);
+    CHECK(back[3].at<float>({2, 1}) == 5);
+    CHECK(back[4].item<std::int64_t>() == 7);
+    CHECK(back[5].dtype() == dtype::uint8);
+    CHECK(elements.try_pop() == 5.0f);
+  }
+
   TEST_CASE("2000 tensors cross into a rank limited to 64 descriptors") {
     // Spawned: a forked rank would inherit the mapping instead of opening it.
     repeat_under_each_strategy(repetitions, [](leak_check&, int) {

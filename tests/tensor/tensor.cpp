@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <fmt/ranges.h>
 
+#include <array>
 #include <cmath>
 #include <climits>
 #include <cstdlib>
@@ -48,6 +49,13 @@ static_assert(sizeof(float16) == 2 && sizeof(bfloat16) == 2);
 static_assert(float16(1.0f).bits == 0x3C00 && bfloat16(1.0f).bits == 0x3F80);  // constexpr
 static_assert(std::is_nothrow_move_constructible_v<tensor> &&
               std::is_nothrow_move_assignable_v<tensor>);
+// Braces make an int_list through a constructor, never as an aggregate
+// or an initializer_list, neither of which g++ 12 builds right inside co_await.
+static_assert(!std::is_aggregate_v<int_list>);
+static_assert(std::is_convertible_v<std::vector<std::int64_t>&, int_list> &&
+              std::is_convertible_v<std::span<const std::int64_t>, int_list> &&
+              std::is_convertible_v<std::size_t, int_list>);
+static_assert(!std::is_convertible_v<double, int_list> && !std::is_convertible_v<std::vector<int>&, int_list>);
 
 }  // namespace
 
@@ -182,6 +190,42 @@ TEST_CASE("zeros, full and from_data hold the values asked for") {
   CHECK(t.at<std::int64_t>({1, 2}) == 6);
   CHECK(t.at<std::int64_t>({-1, -3}) == 4);
   CHECK(dims(tensor::from_data<float>(std::vector<float>{1, 2, 3}).shape()) == "[3]");
+}
+
+TEST_CASE("shapes and indices are integers in braces, of any integer type, or ranges of int64") {
+  CHECK(tensor::zeros({}, dtype::float32).ndim() == 0);
+  CHECK(tensor::zeros({}, dtype::float32).numel() == 1);
+  const std::size_t rows = 2;
+  const std::uint8_t columns = 3;
+  CHECK(dims(tensor::zeros({rows, columns}, dtype::int8).shape()) == "[2, 3]");
+  const std::vector<std::int64_t> shape{3, 2};
+  const auto t = tensor::full(shape, 1, dtype::int64);
+  CHECK(dims(t.shape()) == "[3, 2]");
+  CHECK(dims(tensor::empty(t.shape(), dtype::int64).shape()) == "[3, 2]");
+  CHECK(dims(t.reshape(std::array<std::int64_t, 2>{2, 3}).shape()) == "[2, 3]");
+  const std::vector<std::int64_t> index{2, 1};
+  CHECK(counting(6, {3, 2}).at<std::int64_t>(index) == 5);
+  // Seven sizes, more than an int_list holds inline, survive its copies.
+  const int_list seven{1, 2, 1, 2, 1, 2, 3};
+  const int_list copy = seven;
+  CHECK(dims(tensor::empty(copy, dtype::uint8).shape()) == "[1, 2, 1, 2, 1, 2, 3]");
+}
+
+// from_data's braces may make a shape or options: a shape when they hold
+// integers or nothing, as when they made an initializer_list.
+TEST_CASE("from_data takes braces of integers as the shape and designated braces as the options") {
+  const std::vector<float> six{0, 1, 2, 3, 4, 5};
+  const std::vector<float> one{9};
+  CHECK(dims(tensor::from_data<float>(six, {6}).shape()) == "[6]");
+  CHECK(dims(tensor::from_data<float>(six, {2, 3}).shape()) == "[2, 3]");
+  CHECK(tensor::from_data<float>(one, {}).ndim() == 0);
+  CHECK_THROWS_AS(tensor::from_data<float>(six, {5}), std::invalid_argument);
+  const auto shared = tensor::from_data<float>(six, {.shared = true});
+  CHECK(dims(shared.shape()) == "[6]");
+  CHECK(shared.is_shared());
+  const tensor_options options{.shared = true};
+  CHECK(tensor::from_data<float>(six, options).is_shared());
+  CHECK_FALSE(tensor::from_data<float>(six).is_shared());
 }
 
 TEST_CASE("full refuses a value an integer dtype cannot hold") {

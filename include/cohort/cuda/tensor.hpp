@@ -9,9 +9,7 @@
 #include "cohort/tensor.hpp"
 
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
-#include <span>
 
 struct CUstream_st;
 
@@ -33,21 +31,12 @@ void set_current_stream(CUstream_st* stream) noexcept;
 /// crosses to other processes as it is. Throws std::invalid_argument for a
 /// bad shape or device index, no_device, or error (out of memory names the
 /// size asked for and the device's free memory).
-tensor empty(std::span<const std::int64_t> shape, dtype type, int device);
-inline tensor empty(std::initializer_list<std::int64_t> shape, dtype type, int device) {
-  return empty(std::span(shape.begin(), shape.size()), type, device);
-}
+tensor empty(int_list shape, dtype type, int device);
 /// As empty(), every element `value` converted as tensor::fill_ converts
 /// it, set on the current stream.
-tensor full(std::span<const std::int64_t> shape, double value, dtype type, int device);
-inline tensor full(std::initializer_list<std::int64_t> shape, double value, dtype type, int device) {
-  return full(std::span(shape.begin(), shape.size()), value, type, device);
-}
+tensor full(int_list shape, double value, dtype type, int device);
 /// As full() with 0.
-tensor zeros(std::span<const std::int64_t> shape, dtype type, int device);
-inline tensor zeros(std::initializer_list<std::int64_t> shape, dtype type, int device) {
-  return zeros(std::span(shape.begin(), shape.size()), type, device);
-}
+tensor zeros(int_list shape, dtype type, int device);
 
 /// Sets every element of a contiguous device tensor to `value`, on the
 /// current stream. Throws std::logic_error for a tensor not on a CUDA
