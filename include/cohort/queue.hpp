@@ -15,6 +15,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -23,6 +24,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -208,6 +210,66 @@ void drop_record(std::span<const std::byte> bytes) {
 struct no_element {
   no_element() = delete;
 };
+
+/// A vector given in braces as an element of a pair or tuple: a constructor
+/// gathers the values, where the vector's own would take a
+/// std::initializer_list. Also a named vector, or `{}`.
+template <class V>
+class braced_vector {
+ public:
+  braced_vector() = default;
+  braced_vector(V values) : values_(std::move(values)) {}
+  template <class... U>
+    requires(sizeof...(U) > 0 && (std::convertible_to<U, typename V::value_type> && ...))
+  braced_vector(U&&... each) {
+    values_.reserve(sizeof...(U));
+    (values_.emplace_back(std::forward<U>(each)), ...);
+  }
+  V take() && { return std::move(values_); }
+
+ private:
+  V values_;
+};
+
+template <class E>
+struct braced_part {
+  using type = E;
+};
+template <class E>
+struct braced_part<std::vector<E>> {
+  using type = braced_vector<std::vector<E>>;
+};
+
+template <class E>
+E&& part_value(E& part) {
+  return std::move(part);
+}
+template <class V>
+V part_value(braced_vector<V>& part) {
+  return std::move(part).take();
+}
+
+template <class T>
+inline constexpr bool holds_vector = false;
+template <class... E>
+inline constexpr bool holds_vector<std::tuple<E...>> = (is_vector<E> || ...);
+template <class A, class B>
+inline constexpr bool holds_vector<std::pair<A, B>> = is_vector<A> || is_vector<B>;
+
+/// A pair or tuple holding a vector, pushed as values in braces,
+/// `{"a", {1, 2}}`: its constructor takes each element, a vector's as
+/// braced_vector does.
+template <class T>
+class braced_tuple;
+template <template <class...> class Tuple, class... E>
+class braced_tuple<Tuple<E...>> {
+ public:
+  braced_tuple(typename braced_part<E>::type... parts) : value_(part_value(parts)...) {}
+  Tuple<E...> take() && { return std::move(value_); }
+
+ private:
+  Tuple<E...> value_;
+};
 #endif
 
 }  // namespace detail
@@ -360,6 +422,18 @@ class queue {
     requires detail::is_vector<T>
   {
     return push(T());
+  }
+  /// `co_await q.push({"a", {1, 2}})`, for a queue of pairs or tuples
+  /// holding a vector, pushes as it does with other compilers: the braces
+  /// go to constructors (detail::braced_tuple) rather than make the
+  /// vector from a std::initializer_list. This overload takes the braces
+  /// before push(const T&), which could take them too, as it is not a
+  /// template. With a token none can be preferred, and the compiler's own
+  /// error remains: build the value in a variable first.
+  [[nodiscard]] auto push(detail::braced_tuple<T> values)
+    requires detail::holds_vector<T>
+  {
+    return push(std::move(values).take());
   }
 #endif
   /// Pops, waiting while empty; an asio asynchronous operation completing

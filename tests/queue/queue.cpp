@@ -1060,6 +1060,27 @@ TEST_SUITE("queue") {
     CHECK(q.size() == 0);
   }
 
+  // Their braces go to constructors rather than make a vector from an
+  // initializer_list, which g++ 12 cannot compile inside co_await.
+  TEST_CASE("pairs and tuples holding vectors, pushed in braces inside co_await, arrive as written") {
+    asio::io_context io;
+    auto pairs = make_queue<std::pair<std::string, std::vector<int>>>(4);
+    auto tuples = make_queue<std::tuple<int, std::vector<std::string>, std::vector<int>>>(4);
+    const std::vector<int> named{7, 8};
+    test::run(io, [&]() -> asio::awaitable<void> {
+      co_await pairs.push({"a", {1, 2}});
+      co_await pairs.push({"b", {}});
+      co_await pairs.push({"c", named});
+      co_await tuples.push({3, {"x", "yz"}, {5}});
+    }());
+    CHECK(pairs.try_pop() == std::pair<std::string, std::vector<int>>{"a", {1, 2}});
+    CHECK(pairs.try_pop() == std::pair<std::string, std::vector<int>>{"b", {}});
+    CHECK(pairs.try_pop() == std::pair<std::string, std::vector<int>>{"c", {7, 8}});
+    CHECK(tuples.try_pop() ==
+          std::tuple<int, std::vector<std::string>, std::vector<int>>{3, {"x", "yz"}, {5}});
+    CHECK(named == std::vector<int>{7, 8});
+  }
+
   TEST_CASE("a pop with use_future is woken by a push from this thread") {
     asio::io_context io;
     auto q = make_queue<std::string>(4);
