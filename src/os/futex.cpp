@@ -37,6 +37,11 @@ futex_result result_of(long rc, std::error_code& ec) {
   }
 }
 
+// Whether futex_waitv's failure says the call is not there: ENOSYS from a
+// kernel before 5.16, or from a seccomp filter; EPERM or EACCES from a
+// filter that answers calls it does not know so (Docker's default profile).
+bool refused(int error) { return error == ENOSYS || error == EPERM || error == EACCES; }
+
 // futex_waitv on two words, until `deadline` (CLOCK_MONOTONIC; null: none).
 long wait_on_two(std::atomic<std::uint32_t>& word, std::uint32_t expected, std::atomic<std::uint32_t>& other,
                  std::uint32_t other_expected, const timespec* deadline) {
@@ -48,6 +53,14 @@ long wait_on_two(std::atomic<std::uint32_t>& word, std::uint32_t expected, std::
 }
 
 }  // namespace
+
+bool futex_waitv_supported() {
+  static const bool supported = [] {
+    // No words and no deadline: EINVAL where the call may be made.
+    return !(::syscall(SYS_futex_waitv, nullptr, 0, 0, nullptr, CLOCK_MONOTONIC) < 0 && refused(errno));
+  }();
+  return supported;
+}
 
 futex_result futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected,
                         std::optional<std::chrono::nanoseconds> timeout, std::error_code& ec) {
@@ -79,24 +92,22 @@ int futex_wake(std::atomic<std::uint32_t>& word, int count) {
 futex_result futex_wait_either(std::atomic<std::uint32_t>& word, std::uint32_t expected,
                                std::atomic<std::uint32_t>& stop, std::error_code& ec) {
   ec.clear();
-  const long rc = wait_on_two(word, expected, stop, 0, nullptr);
-  if (rc < 0 && errno == ENOSYS) return futex_wait(word, expected, stop_check, ec);
-  return result_of(rc, ec);
+  if (!futex_waitv_supported()) return futex_wait(word, expected, stop_check, ec);
+  return result_of(wait_on_two(word, expected, stop, 0, nullptr), ec);
 }
 
 futex_result futex_wait_two(std::atomic<std::uint32_t>& word, std::uint32_t expected,
                             std::atomic<std::uint32_t>& other, std::uint32_t other_expected,
                             std::chrono::nanoseconds timeout, std::error_code& ec) {
   ec.clear();
+  if (!futex_waitv_supported()) return futex_wait(word, expected, std::min(timeout, two_check), ec);
   // futex_waitv's timeout is absolute.
   timespec at{};
   ::clock_gettime(CLOCK_MONOTONIC, &at);
   const auto ns = std::max(timeout, std::chrono::nanoseconds::zero()).count() + at.tv_nsec;
   at.tv_sec += static_cast<time_t>(ns / 1'000'000'000);
   at.tv_nsec = static_cast<long>(ns % 1'000'000'000);
-  const long rc = wait_on_two(word, expected, other, other_expected, &at);
-  if (rc < 0 && errno == ENOSYS) return futex_wait(word, expected, std::min(timeout, two_check), ec);
-  return result_of(rc, ec);
+  return result_of(wait_on_two(word, expected, other, other_expected, &at), ec);
 }
 
 }  // namespace cohort::os

@@ -52,10 +52,15 @@ futex_result futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected
 /// naming "futex wake" for the failures futex_wait throws for.
 int futex_wake(std::atomic<std::uint32_t>& word, int count);
 
+/// Whether futex_waitv (Linux 5.16) may be called here: false where the
+/// kernel lacks it or a seccomp filter refuses it (ENOSYS, EPERM or EACCES,
+/// as container profiles answer calls they do not know). Asked once.
+bool futex_waitv_supported();
+
 /// Sleeps while `word` holds `expected` and `stop` holds 0, until either is
 /// woken (futex_waitv, Linux 5.16): one thread's wait that another can end
 /// by storing to `stop` and waking it, with no wake lost in between. Where
-/// the kernel lacks futex_waitv it sleeps on `word` alone for at most 50 ms
+/// futex_waitv is not supported it sleeps on `word` alone for at most 50 ms
 /// (then reports `timed_out`), so the caller sees `stop` change that late at
 /// worst. Failures as for the `ec` form of futex_wait.
 futex_result futex_wait_either(std::atomic<std::uint32_t>& word, std::uint32_t expected,
@@ -63,8 +68,8 @@ futex_result futex_wait_either(std::atomic<std::uint32_t>& word, std::uint32_t e
 
 /// Sleeps while `word` holds `expected` and `other` holds `other_expected`,
 /// until either is woken, for at most `timeout` (futex_waitv, Linux 5.16):
-/// one wait on two conditions with no wake lost in between. Where the kernel
-/// lacks futex_waitv it sleeps on `word` alone for at most 10 ms (then
+/// one wait on two conditions with no wake lost in between. Where
+/// futex_waitv is not supported it sleeps on `word` alone for at most 10 ms (then
 /// reports `timed_out`), so a change of `other` is seen that late at worst.
 /// Failures as for the `ec` form of futex_wait.
 futex_result futex_wait_two(std::atomic<std::uint32_t>& word, std::uint32_t expected,

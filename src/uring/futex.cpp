@@ -30,14 +30,6 @@ constexpr std::size_t waitv_most = 128;
 // How often a helper without futex_waitv looks at its control word.
 constexpr std::chrono::milliseconds control_check{50};
 
-bool have_waitv() {
-  static const bool have = [] {
-    // No words and no deadline: EINVAL where the call exists, ENOSYS where not.
-    return !(::syscall(SYS_futex_waitv, nullptr, 0, 0, nullptr, CLOCK_MONOTONIC) < 0 && errno == ENOSYS);
-  }();
-  return have;
-}
-
 void bump(futex_helper& h) {
   // release: the helper reads its waits under the lock; this only wakes it.
   h.control.fetch_add(1, std::memory_order_release);
@@ -50,7 +42,7 @@ futex_threads::futex_threads(asio::execution_context& context)
     : asio::execution_context::service(context), owner_(os::this_process()) {}
 futex_threads::~futex_threads() = default;
 
-std::size_t futex_threads::waits_per_thread() { return have_waitv() ? waitv_most - 1 : 1; }
+std::size_t futex_threads::waits_per_thread() { return os::futex_waitv_supported() ? waitv_most - 1 : 1; }
 
 std::size_t futex_threads::threads() const {
   std::lock_guard lock(mutex_);
@@ -161,7 +153,7 @@ void futex_threads::run(futex_helper& h) {
         words.push_back({w->expected_, reinterpret_cast<std::uintptr_t>(&w->word_), config::futex2_size_u32, 0});
       }
     }
-    if (!have_waitv()) {
+    if (!os::futex_waitv_supported()) {
       // One wait at most: sleep on its word, looking at the control word
       // every control_check; or on the control word alone.
       const auto& first = words.back();

@@ -104,7 +104,8 @@ class futex_thread_wait {
 /// The helper threads of one io_context's futex waits. Each sleeps in one
 /// futex_waitv (Linux 5.16) on its own control word and up to 127 waits'
 /// words at once, so a thousand pending waits take 8 threads, not a
-/// thousand; where the kernel lacks futex_waitv each holds one wait and
+/// thousand; where futex_waitv is not supported (see
+/// os::futex_waitv_supported) each holds one wait and
 /// looks at its control word every 50 ms. Threads are made as the pending
 /// waits need them and kept for later waits. In a forked child of the
 /// process that made them, they do not run: the child's waits get helpers
@@ -131,8 +132,8 @@ class futex_threads final : public asio::execution_context::service {
   void cancel(futex_thread_wait& w);
   /// The helper threads made so far, each kept for later waits.
   std::size_t threads() const;
-  /// The most waits a helper holds: 127, or 1 where the kernel lacks
-  /// futex_waitv.
+  /// The most waits a helper holds: 127, or 1 where futex_waitv is not
+  /// supported.
   static std::size_t waits_per_thread();
 
  private:

@@ -37,6 +37,8 @@
 #include <functional>
 #include <future>
 #include <numeric>
+#include <sstream>
+#include <string>
 #include <thread>
 
 using namespace cohort;
@@ -915,6 +917,48 @@ TEST_SUITE("queue") {
     });
     CHECK(test::run(io, q.pop()) == 5);
     pusher.join();
+  }
+
+  // Before, only ENOSYS counted as no futex_waitv: under a filter that
+  // answers EPERM, as Docker's default profile does for calls it does not
+  // know, a blocking get threw "futex wait: Operation not permitted", and a
+  // helper thread spun on the refused call through an awaited pop's wait.
+  TEST_CASE("where futex_waitv is refused with EPERM, a blocking get and an awaited pop wait without spinning") {
+    int out[2];
+    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      // A program of its own: this one may have asked for futex_waitv already.
+      if (!test::refuse_system_call(SYS_futex_waitv, EPERM)) ::_exit(77);
+      ::dup2(out[1], STDOUT_FILENO);
+      ::execl(test::target.c_str(), test::target.c_str(), "wait-on-queue", "500", nullptr);
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    std::string text;
+    char buffer[256];
+    for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<std::size_t>(n));
+    ::close(out[0]);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77) {
+      WARN_MESSAGE(false, "no seccomp filter could be installed here: a refused futex_waitv is not tested");
+      return;
+    }
+    INFO(text);
+    REQUIRE(WEXITSTATUS(status) == 0);
+    std::istringstream lines(text);
+    std::string got, popped;
+    long long cpu_ms = -1, wall_ms = -1;
+    std::getline(lines, got);
+    std::getline(lines, popped);
+    lines >> cpu_ms >> wall_ms;
+    CHECK(got == "7");
+    CHECK(popped == "8");
+    CHECK(wall_ms >= 400);
+    CHECK(cpu_ms * 10 < wall_ms);  // a sleep: a spin took a quarter of a core and more
   }
 
   TEST_CASE("a cancelled pop leaves the queue working") {

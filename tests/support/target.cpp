@@ -48,12 +48,23 @@
 //                          the error file and 1/0 for whether it was there
 //                          after the wait and after the child; exit() with
 //                          the group never destroyed
+//   wait-on-queue MS       get a value from a queue, blocking, then pop one on
+//                          an io_context without the ring (its wait on a
+//                          helper thread), each put by another thread MS
+//                          milliseconds later; print each value (or what
+//                          the wait threw), then the CPU and the wall
+//                          milliseconds of the awaited wait
 //   setsid-grandchild CODE start a grandchild that calls setsid() and sleeps 60 s,
 //                          print its pid, then exit with CODE
 #include <cohort/entry_point.hpp>
 #include <cohort/error_file.hpp>
 #include <cohort/group.hpp>
+#include <cohort/io_uring_info.hpp>
+#include <cohort/queue.hpp>
 #include <cohort/spawn_and_join.hpp>
+
+#include <asio/co_spawn.hpp>
+#include <asio/detached.hpp>
 
 #include <dirent.h>
 #include <signal.h>
@@ -71,6 +82,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 void does_nothing(int) {}
@@ -92,6 +104,12 @@ int signal_number(const char* name) {
     if (abbrev != nullptr && std::strcmp(abbrev, name) == 0) return sig;
   }
   return std::atoi(name);
+}
+
+long long milliseconds_of(clockid_t clock) {
+  timespec t{};
+  ::clock_gettime(clock, &t);
+  return t.tv_sec * 1000LL + t.tv_nsec / 1'000'000;
 }
 
 cohort::start_method method_named(std::string_view method) {
@@ -310,6 +328,39 @@ int main(int argc, char** argv) {
   if (what == "exit-env") {
     const char* value = std::getenv(arg);
     return value != nullptr ? std::atoi(value) : 100;
+  }
+  if (what == "wait-on-queue") {
+    const auto later = std::chrono::milliseconds(std::atoi(arg));
+    cohort::queue<int> q(1);
+    std::jthread putter([q, later]() mutable {
+      std::this_thread::sleep_for(later);
+      q.put(7);
+      std::this_thread::sleep_for(later);
+      q.put(8);
+    });
+    try {
+      std::printf("%d\n", q.get().value());
+    } catch (const std::exception& e) {
+      std::printf("%s\n", e.what());
+    }
+    asio::io_context io;
+    cohort::use_reactor_only(io);
+    const long long cpu = milliseconds_of(CLOCK_PROCESS_CPUTIME_ID), wall = milliseconds_of(CLOCK_MONOTONIC);
+    asio::co_spawn(
+        io,
+        [q]() mutable -> asio::awaitable<void> {
+          try {
+            const int value = co_await q.pop();
+            std::printf("%d\n", value);
+          } catch (const std::exception& e) {
+            std::printf("%s\n", e.what());
+          }
+        },
+        asio::detached);
+    io.run();
+    std::printf("%lld %lld\n", milliseconds_of(CLOCK_PROCESS_CPUTIME_ID) - cpu,
+                milliseconds_of(CLOCK_MONOTONIC) - wall);
+    return 0;
   }
   if (what == "setsid-grandchild") {
     int ready[2];
