@@ -32,7 +32,9 @@ io_uring_info io_uring_support(asio::io_context& io);
 /// and io_uring_support(io).ring is false. For an io_context that lives
 /// for a few waits, where a ring's set-up and teardown (about 70 us of CPU
 /// on a 2-CPU virtual machine) cost more than it saves. Call before cohort
-/// first uses `io`; throws asio::service_already_exists after.
+/// first uses `io`; throws asio::service_already_exists after. Throws
+/// std::system_error when asio's reactor cannot be brought up for it (no
+/// descriptor left: the message names the open file limit).
 void use_reactor_only(asio::io_context& io);
 
 }  // namespace cohort

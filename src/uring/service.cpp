@@ -50,6 +50,19 @@ const T* exact_target(const asio::any_io_executor& executor) {
   return executor.target_type() == typeid(T) ? executor.target<T>() : nullptr;
 }
 
+// Runs `bring_up`, which makes an io_context's service and with it asio's
+// reactor: a failure there says only "epoll: Too many open files", so it is
+// thrown again naming `what` and the open file limit.
+template <class BringUp>
+decltype(auto) bringing_up_reactor(const char* what, BringUp bring_up) {
+  try {
+    return bring_up();
+  } catch (const std::system_error& e) {
+    throw std::system_error(e.code(), std::string(what) + ": bringing up asio's reactor for the io_context" +
+                                          os::descriptor_limit_note(e.code().value()));
+  }
+}
+
 // Completes an operation that never reached the kernel, through the
 // io_context; destroys it uncalled if the context goes first.
 struct fail_later {
@@ -94,12 +107,7 @@ asio::io_context& io_context_of(const asio::any_io_executor& executor, const cha
 
 service& service_for(const asio::any_io_executor& executor, const char* what) {
   asio::io_context& io = io_context_of(executor, what);
-  try {
-    return asio::use_service<service>(io);
-  } catch (const std::system_error& e) {
-    throw std::system_error(e.code(), std::string(what) + ": bringing up asio's reactor for the io_context" +
-                                          os::descriptor_limit_note(e.code().value()));
-  }
+  return bringing_up_reactor(what, [&]() -> service& { return asio::use_service<service>(io); });
 }
 
 service::service(asio::io_context& io, bool with_ring) : asio::execution_context::service(io), io_(io) {
@@ -181,7 +189,7 @@ const capabilities& service::caps() const noexcept {
 }
 
 void use_reactor_only(asio::io_context& io) {
-  auto made = std::make_unique<service>(io, false);
+  auto made = bringing_up_reactor("cohort::use_reactor_only", [&] { return std::make_unique<service>(io, false); });
   asio::add_service(io, made.get());  // throws asio::service_already_exists, `made` still ours
   made.release();
 }

@@ -154,7 +154,9 @@ service& service_for(const asio::any_io_executor& executor, const char* what);
 /// on asio's reactor: for an io_context that lives for a few waits, where
 /// a ring's set-up and teardown cost more than it saves (a blocking
 /// spawn_and_join's). Call before anything uses the service of `io`;
-/// throws asio::service_already_exists after.
+/// throws asio::service_already_exists after. Throws std::system_error
+/// naming the open file limit, as service_for does, when asio's reactor
+/// cannot be brought up.
 void use_reactor_only(asio::io_context& io);
 
 }  // namespace cohort::uring

@@ -24,8 +24,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <memory>
 #include <optional>
+#include <string>
 #include <thread>
 
 using namespace cohort;
@@ -121,6 +123,24 @@ TEST_SUITE("uring service") {
     io.run();
     CHECK((events & POLLIN) != 0);
     CHECK_THROWS_AS(uring::use_reactor_only(io), asio::service_already_exists);
+  }
+
+  // Before, use_reactor_only let asio's bare "epoll: Too many open files"
+  // through, naming neither the call nor the limit, as service_for did not.
+  TEST_CASE("use_reactor_only with no descriptor left for the reactor names itself and the limit") {
+    asio::io_context io;  // fresh: no reactor yet
+    std::string error;
+    {
+      const test::descriptors_left none(0);
+      try {
+        uring::use_reactor_only(io);
+      } catch (const std::system_error& e) {
+        error = e.what();
+      }
+    }
+    CHECK(error.starts_with("cohort::use_reactor_only: bringing up asio's reactor for the io_context "
+                            "(open file limit RLIMIT_NOFILE is "));
+    CHECK(error.ends_with(std::string("): ") + std::strerror(EMFILE)));
   }
 
   // Before, every refused submission posted a retry of itself: the
