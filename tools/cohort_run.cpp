@@ -1078,7 +1078,7 @@ int run_attempts(run_options& o, run_record& record, const std::vector<std::stri
   try {
     if (const auto path = file_timer_path_from_environment()) timer.emplace(*path);
   } catch (const std::system_error& e) {
-    say("{}\n", e.what());
+    say("cohort-run: {}\n", e.what());
     return finish("failed", 1, e.what());
   }
   if (timer && std::getenv("TORCHELASTIC_TIMER_FILE") == nullptr) {
@@ -1283,7 +1283,7 @@ int main(int argc, char** argv) {
     record.outcome = "failed";
     record.message = e.what();
   } catch (const std::system_error& e) {
-    say("{}\n", e.what());
+    say("cohort-run: {}\n", e.what());
     record.outcome = "failed";
     record.message = e.what();
     // A program that cannot be found or run: as a shell says it.

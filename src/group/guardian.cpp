@@ -15,6 +15,7 @@
 #include "config.hpp"
 #include "group/descendants.hpp"
 #include "group/rank_groups.hpp"
+#include "os/descriptor_limit.hpp"
 #include "os/per_process.hpp"
 #include "os/process_identity.hpp"
 #include "os/raw_syscall.hpp"
@@ -577,7 +578,9 @@ guardian::guardian() {
   // here when the guardian is gone.
   int ends[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) {
-    throw std::system_error(errno, std::system_category(), "cohort::guardian: socketpair");
+    const int error = errno;
+    throw std::system_error(error, std::system_category(),
+                            "cohort::guardian: socketpair" + os::descriptor_limit_note(error));
   }
   const int parent = config::pidfd_open(::getpid());  // -1 where refused: the line alone tells
   const auto close_ours = [&] {
@@ -628,7 +631,10 @@ guardian::guardian() {
     ::close(ends[1]);
     ::munmap(memory_, memory_size_);
     memory_ = nullptr;
-    throw std::system_error(error, std::system_category(), "cohort::guardian: clone");
+    // The clone makes a pidfd as well as a process.
+    throw std::system_error(error, std::system_category(), "cohort::guardian: clone" +
+                                                               os::descriptor_limit_note(error) +
+                                                               os::process_limit_note(error));
   }
   line_ = ends[1];
   // The guardian's stack is no child's business: forks of this process

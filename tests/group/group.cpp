@@ -2967,6 +2967,47 @@ TEST_SUITE("group") {
     CHECK(exit_code_of(pid) == 0);
   }
 
+  // Before, the guardian's start said only "socketpair: Too many open
+  // files" or "clone: Resource temporarily unavailable", naming no limit.
+  TEST_CASE("a guardian that can get no descriptor or no process names the limit that refused it") {
+    const auto failure = [](int descriptors) {
+      const test::descriptors_left left(descriptors);
+      try {
+        cohort::guardian guard;
+        guard.release();
+      } catch (const std::system_error& e) {
+        return std::string(e.what());
+      }
+      return std::string();
+    };
+    const std::string limit_note = " (open file limit RLIMIT_NOFILE is ";
+    const std::string no_socket = failure(0);
+    CHECK(no_socket.starts_with("cohort::guardian: socketpair" + limit_note));
+    CHECK(no_socket.ends_with(std::strerror(EMFILE)));
+    // Room for the socket pair, none for the pidfd that the clone makes.
+    const std::string no_pidfd = failure(2);
+    CHECK(no_pidfd.starts_with("cohort::guardian: clone" + limit_note));
+    CHECK(no_pidfd.ends_with(std::strerror(EMFILE)));
+    // A user with no process left to make: root is not bound by RLIMIT_NPROC.
+    const int code = test::exit_code_in_child([] {
+      if (::setresuid(65534, 65534, 65534) != 0) return 77;
+      const rlimit none{0, 0};
+      if (::setrlimit(RLIMIT_NPROC, &none) != 0) return 2;
+      try {
+        cohort::guardian guard;
+        return 3;
+      } catch (const std::system_error& e) {
+        const std::string what = e.what();
+        return what.starts_with("cohort::guardian: clone (process limit RLIMIT_NPROC is 0 for this user") ? 0 : 4;
+      }
+    });
+    if (code == 77) {
+      MESSAGE("no other user can be taken here: the process limit is not tried");
+    } else {
+      CHECK(code == 0);
+    }
+  }
+
   TEST_CASE("the guardian shares this process's memory on Linux 5.16 and later (x86-64, AArch64), and is a copy before") {
     utsname name{};
     REQUIRE(::uname(&name) == 0);

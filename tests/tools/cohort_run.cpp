@@ -440,6 +440,25 @@ TEST_SUITE("cohort-run") {
     CHECK(std::all_of(limits.begin(), limits.end(), [](const std::string& l) { return l == "64"; }));
   }
 
+  // Before, a few limits gave asio's bare "epoll: Too many open files", or
+  // the guardian's "cohort::guardian: socketpair: ...", with no
+  // "cohort-run: " before it and no limit named.
+  TEST_CASE("cohort-run under a descriptor limit too small to start says so as its own, naming the limit") {
+    int failed = 0;
+    for (int limit = 4; limit <= 16; ++limit) {
+      CAPTURE(limit);
+      const command cmd("/bin/sh", {"-c", "ulimit -n \"$0\" && exec \"$@\"", std::to_string(limit), launcher, "-n",
+                                    "1", "--", "/bin/true"});
+      const outcome o = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; });
+      if (o.status.success()) continue;
+      ++failed;
+      INFO(o.err);
+      CHECK(o.err.starts_with("cohort-run: "));
+      CHECK(o.err.find(fmt::format("(open file limit RLIMIT_NOFILE is {})", limit)) != std::string::npos);
+    }
+    CHECK(failed > 0);  // the smallest limit leaves no room to start
+  }
+
   TEST_CASE("teed through pipes, with log files, 120 ranks start under a soft limit of 64 descriptors") {
     // Each rank holds up to eight here while it starts (both ends of two
     // pipes, two log files, two pidfds).

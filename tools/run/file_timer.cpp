@@ -71,7 +71,7 @@ std::optional<process_stat> stat_of(pid_t pid) {
 std::string fresh_uuid() {
   std::uint8_t b[16] = {};
   if (::getrandom(b, sizeof b, 0) != static_cast<ssize_t>(sizeof b)) {
-    throw std::system_error(errno, std::system_category(), "cohort-run: random bytes for the file timer's FIFO");
+    throw std::system_error(errno, std::system_category(), "random bytes for the file timer's FIFO");
   }
   b[6] = static_cast<std::uint8_t>((b[6] & 0x0f) | 0x40);
   b[8] = static_cast<std::uint8_t>((b[8] & 0x3f) | 0x80);
@@ -159,7 +159,7 @@ file_timer_server::file_timer_server(std::string path) : path_(std::move(path)) 
     for (int fd : {fifo_, keep_open_, wake_}) {
       if (fd >= 0) ::close(fd);
     }
-    throw std::system_error(error, std::system_category(), fmt::format("cohort-run: {} {}", what, path_));
+    throw std::system_error(error, std::system_category(), fmt::format("{} {}", what, path_));
   };
   ::unlink(path_.c_str());
   if (::mkfifo(path_.c_str(), 0666) != 0) fail("making the file timer's FIFO");

@@ -13,7 +13,7 @@ namespace cohort_run {
 
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::system_error(errno, std::system_category(), "cohort-run: socket");
+  if (fd < 0) throw std::system_error(errno, std::system_category(), "socket");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
@@ -22,7 +22,7 @@ int free_port() {
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     const int error = errno;
     ::close(fd);
-    throw std::system_error(error, std::system_category(), "cohort-run: finding a free port");
+    throw std::system_error(error, std::system_category(), "finding a free port");
   }
   ::close(fd);
   return ntohs(addr.sin_port);

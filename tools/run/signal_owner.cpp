@@ -1,5 +1,6 @@
 #include "run/signal_owner.hpp"
 
+#include "os/descriptor_limit.hpp"
 #include "run/say.hpp"
 
 #include <fcntl.h>
@@ -51,10 +52,10 @@ signal_owner::signal_owner(std::vector<int> shutdown, std::vector<int> passed_on
   // Blocked before the signalfd exists: one that comes meanwhile waits,
   // pending, for it.
   if (const int e = ::pthread_sigmask(SIG_BLOCK, &taken, nullptr); e != 0) {
-    throw std::system_error(e, std::system_category(), "cohort-run: blocking the signals it handles");
+    throw std::system_error(e, std::system_category(), "blocking the signals it handles");
   }
   signals_fd_ = ::signalfd(-1, &taken, SFD_CLOEXEC | SFD_NONBLOCK);
-  if (signals_fd_ < 0) throw std::system_error(errno, std::system_category(), "cohort-run: signalfd");
+  if (signals_fd_ < 0) throw std::system_error(errno, std::system_category(), "signalfd");
   if (held) {
     sigset_t others = held_from_start();
     for (int sig = 1; sig < NSIG; ++sig) {
@@ -139,7 +140,11 @@ void signal_owner::wait_next() {
 void signal_owner::attach(cohort::group& g, const asio::any_io_executor& ex) {
   std::lock_guard lock(mutex_);
   const int copy = ::fcntl(signals_fd_, F_DUPFD_CLOEXEC, 0);
-  if (copy < 0) throw std::system_error(errno, std::system_category(), "cohort-run: dup of its signalfd");
+  if (copy < 0) {
+    const int error = errno;
+    throw std::system_error(error, std::system_category(),
+                            "dup of its signalfd" + cohort::os::descriptor_limit_note(error));
+  }
   try {
     readable_ = std::make_unique<asio::posix::stream_descriptor>(ex, copy);
   } catch (...) {
