@@ -8,11 +8,12 @@
 namespace cohort::os {
 
 /// The first of $TMPDIR, $TEMP, $TMP, /tmp, /var/tmp, /usr/tmp and the
-/// current directory that is a directory in which this process can make a
-/// file, made absolute: what Python's tempfile.gettempdir() answers. A
+/// current directory that is a directory in which this process can make
+/// and write a file (not on a full file system), made absolute: what Python's tempfile.gettempdir() answers. A
 /// variable set to the empty string counts as unset. Each call looks again
-/// (a directory that the checks of its mode and file system do not pass is
-/// tried by making and removing a file there), so that a variable changed
+/// (a directory that the checks of its mode and file system, its free
+/// blocks and inodes included, do not pass is tried by making, writing
+/// and removing a file there), so that a variable changed
 /// since counts. Empty, with `ec` set, when none will do.
 std::filesystem::path temp_directory(std::error_code& ec);
 /// The same; throws std::filesystem::filesystem_error when none will do.

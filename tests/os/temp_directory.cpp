@@ -4,7 +4,11 @@
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <sched.h>
 #include <stdlib.h>
+#include <sys/mount.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -53,6 +57,29 @@ bool writable(const fs::path& dir) {
   return true;
 }
 
+// In a forked child with a mount namespace of its own: mounts at `dir` a
+// tmpfs and fills it, of its blocks (one page, written) or of its inodes
+// (empty files), and tells whether temp_directory() passes it over for
+// $TEMP, `next`: 0 when it does, 77 when no tmpfs could be mounted here,
+// another code when it does not.
+int full_file_system_passed_over(const fs::path& dir, const fs::path& next, bool of_blocks) {
+  if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 77;
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, of_blocks ? "size=4k,nr_inodes=64" : "size=1m,nr_inodes=8") != 0) {
+    return 77;
+  }
+  for (int i = 0;; ++i) {
+    const int fd = ::open((dir / std::to_string(i)).c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) break;
+    const bool more = !of_blocks || ::write(fd, "x", 1) == 1;
+    ::close(fd);
+    if (!more) break;
+  }
+  struct statfs counts {};
+  if (::statfs(dir.c_str(), &counts) != 0 || (of_blocks ? counts.f_bavail : counts.f_ffree) != 0) return 2;  // not full
+  temp_variables set(dir.string(), next.string());
+  return os::temp_directory() == next ? 0 : 1;
+}
+
 }  // namespace
 
 TEST_SUITE("temp_directory") {
@@ -85,6 +112,24 @@ TEST_SUITE("temp_directory") {
     }
     temp_variables set("", "", tmp.path.string());
     CHECK(os::temp_directory() == tmp.path);
+  }
+
+  // Before, a $TMPDIR that passed the checks of its mode and file system
+  // was taken even where no file could be written, where Python's
+  // tempfile, making and writing one, goes on to the next.
+  TEST_CASE("a $TMPDIR on a full file system, of blocks or of inodes, is passed over as Python passes it over") {
+    test::temp_dir full, next;
+    for (const bool of_blocks : {true, false}) {
+      CAPTURE(of_blocks);
+      const int code = test::exit_code_in_child([&] {
+        return full_file_system_passed_over(full.path, next.path, of_blocks);
+      });
+      if (code == 77) {
+        MESSAGE("no tmpfs can be mounted here (no mount namespace of its own): a full file system is not tried");
+        return;
+      }
+      CHECK(code == 0);
+    }
   }
 
   TEST_CASE("a relative $TMPDIR is made absolute") {
