@@ -66,6 +66,10 @@ struct function_call {
 /// child: once child_main has returned one, this process refuses to start
 /// functions (std::logic_error), where each rank would otherwise start ranks
 /// of its own in turn.
+///
+/// COHORT_ENTRY and COHORT_FORKSERVER are cohort's own, set in the processes
+/// it starts: a value it would not have set (COHORT_FORKSERVER naming no
+/// socket, a malformed COHORT_ENTRY) throws std::invalid_argument naming it.
 [[nodiscard("main must return the exit code child_main returns")]] std::optional<int> child_main(int argc,
                                                                                                char** argv);
 

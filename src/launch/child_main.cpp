@@ -38,6 +38,8 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace cohort {
@@ -130,6 +132,21 @@ bool parse_entry(std::string_view value, int& args_fd, int& result_fd, int& rank
   }
   name = value;
   return !name.empty();
+}
+
+// The forkserver's socket that `value` names, or -1 where it names none:
+// a value cohort did not set, which would otherwise have this program
+// serve forks on whatever descriptor it named (0 for "" or "abc") and
+// exit 0 without running its main.
+int parse_forkserver(std::string_view value) {
+  int socket = -1;
+  const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), socket);
+  struct stat st {};
+  if (ec != std::errc{} || end != value.data() + value.size() || socket < 0 || ::fstat(socket, &st) != 0 ||
+      !S_ISSOCK(st.st_mode)) {
+    return -1;
+  }
+  return socket;
 }
 
 }  // namespace
@@ -367,8 +384,15 @@ std::optional<int> child_main(int /*argc*/, char** /*argv*/) {
   // re-execution in turn.
   detail::main_called.store(true, std::memory_order_relaxed);
   if (const char* server = std::getenv(detail::forkserver_env)) {
-    const int socket = std::atoi(server);
-    ::unsetenv(detail::forkserver_env);
+    const std::string value = server;
+    ::unsetenv(detail::forkserver_env);  // not inherited by what it starts
+    const int socket = detail::parse_forkserver(value);
+    if (socket < 0) {
+      throw std::invalid_argument(fmt::format(
+          "cohort::child_main: {}=\"{}\" names no socket: the variable is cohort's own, set only in the forkserver "
+          "it starts",
+          detail::forkserver_env, value));
+    }
     const int code = detail::serve_forks(socket);
     detail::main_handed_back.store(true, std::memory_order_relaxed);
     return code;

@@ -50,6 +50,7 @@
 #include <iostream>
 #include <iterator>
 #include <thread>
+#include <tuple>
 
 using namespace cohort;
 using namespace std::chrono_literals;
@@ -638,9 +639,39 @@ asio::awaitable<std::string> output_of(std::string program, std::vector<std::str
   co_return text;
 }
 
+// Runs this test program, listing its tests (its main runs then), with
+// COHORT_FORKSERVER set to `value`; returns how it ended and what it wrote
+// to stdout and to stderr.
+asio::awaitable<std::tuple<exit_status, std::string, std::string>> listed_with_forkserver(std::string value) {
+  command cmd(std::filesystem::read_symlink("/proc/self/exe").string(), {"--list-test-cases"});
+  spawn_options options{.in = stdio::null(), .out = stdio::pipe(), .err = stdio::pipe()};  // 0: not a socket
+  options.env.set("COHORT_FORKSERVER", value);
+  child c = co_await spawn(cmd, options);
+  std::string out = co_await test::read_all(c.out());
+  std::string err = co_await test::read_all(c.err());
+  const exit_status status = co_await c.wait();
+  co_return std::tuple{status, out, err};
+}
+
 }  // namespace
 
 TEST_SUITE("entry points") {
+  // Before, child_main served forks on descriptor 0 for any value that was
+  // not a number ("", "abc"), and the program exited 0 without running its
+  // main, silently.
+  TEST_CASE("child_main refuses a COHORT_FORKSERVER that names no socket, naming the variable, and main does not run") {
+    for (const std::string value : {"abc", "", "0", "12x"}) {
+      CAPTURE(value);
+      asio::io_context io;
+      const auto [status, out, err] = test::run(io, listed_with_forkserver(value));
+      INFO(err);
+      CHECK_FALSE(status.success());
+      CHECK(out.find("every rank of a function runs") == std::string::npos);
+      CHECK(err.find(fmt::format("COHORT_FORKSERVER=\"{}\" names no socket", value)) != std::string::npos);
+    }
+  }
+
+
   TEST_CASE("every rank of a function runs and the run succeeds") {
     for_each_method([](start_method method) {
       auto r = run_function(call(method, succeed), 4);
