@@ -21,9 +21,11 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -281,7 +283,17 @@ child::~child() { release(); }
 void child::release() noexcept {
   auto state = std::move(state_);
   if (!state || state->status || !state->here()) return;
-  config::pidfd_send_signal(state->pidfd, SIGKILL);
+  if (config::pidfd_send_signal(state->pidfd, SIGKILL) != 0 && errno != ESRCH) {
+    // Refused (a seccomp filter): its pid names it as surely while it is
+    // unreaped, still running by the pidfd, so kill() reaches it instead
+    // of the reap below waiting for it without end.
+    siginfo_t info{};
+    if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(state->pidfd), &info,
+                 WEXITED | WNOHANG | WNOWAIT) == 0 &&
+        info.si_pid == 0) {
+      ::kill(state->pid, SIGKILL);
+    }
+  }
   if (state->waiting) {
     state->kept_by = detail::child_state::keeper::killed;
   } else {

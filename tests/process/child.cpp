@@ -24,6 +24,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -435,6 +436,27 @@ TEST_SUITE("child") {
     }
     CHECK_FALSE(test::alive(pid));
     CHECK_FALSE(fs::exists("/proc/" + std::to_string(pid)));  // reaped, not a zombie
+  }
+
+  // Before, a refused pidfd_send_signal left the child running, and its
+  // destruction waited for it to end by itself.
+  TEST_CASE("destroying a running child kills and reaps it where pidfd_send_signal is refused") {
+    const int code = test::exit_code_in_child([] {
+      ::alarm(20);  // a destruction that waits for the child's own end
+      if (!test::refuse_system_call(SYS_pidfd_send_signal, EPERM)) return 77;
+      asio::io_context io;
+      pid_t pid;
+      {
+        child c = spawn(io.get_executor(), target({"sleep", "30"}));
+        pid = c.pid();
+      }
+      return fs::exists("/proc/" + std::to_string(pid)) ? 1 : 0;
+    });
+    if (code == 77) {
+      MESSAGE("no seccomp filter could be installed here: a refused pidfd_send_signal is not tested");
+      return;
+    }
+    CHECK(code == 0);  // -1: the alarm ended it, the child not killed
   }
 
   TEST_CASE("assigning over a running child kills the old one; a moved-from child holds nothing") {
