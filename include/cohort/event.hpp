@@ -7,6 +7,7 @@
 #include "cohort/completion_token.hpp"
 #include "cohort/encoding.hpp"
 #include "cohort/storage.hpp"
+#include "cohort/timeout.hpp"
 
 #include <asio/awaitable.hpp>
 
@@ -69,6 +70,12 @@ class event {
   }
   /// Blocks until the event is set (true) or `timeout` passes (false).
   bool wait_for(std::optional<std::chrono::nanoseconds> timeout = std::nullopt) const;
+  /// The same with a timeout of any duration type: one too long to count in
+  /// nanoseconds (seconds::max()) waits without end.
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> timeout) const {
+    return wait_for(std::optional(detail::saturating_cast<std::chrono::nanoseconds>(timeout)));
+  }
 
  private:
   static asio::awaitable<void> wait_on(asio::any_io_executor executor, storage state);

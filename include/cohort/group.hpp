@@ -13,6 +13,7 @@
 #include "cohort/exit_status.hpp"
 #include "cohort/logs.hpp"
 #include "cohort/spawn.hpp"
+#include "cohort/timeout.hpp"
 
 #include <asio/any_io_executor.hpp>
 #include <asio/awaitable.hpp>
@@ -233,6 +234,12 @@ class group {
   /// has ended (the result is then in result()). The io_context must run on
   /// another thread meanwhile.
   bool join(std::chrono::milliseconds timeout);
+  /// The same with a timeout of any duration type: one too long to count in
+  /// milliseconds (hours::max()) waits without end.
+  template <class Rep, class Period>
+  bool join(std::chrono::duration<Rep, Period> timeout) {
+    return join(detail::saturating_cast<std::chrono::milliseconds>(timeout));
+  }
   /// The result, once the run has ended.
   std::optional<run_result> result() const;
   /// The ranks' pids, in rank order.

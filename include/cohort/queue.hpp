@@ -9,6 +9,7 @@
 #include "cohort/completion_token.hpp"
 #include "cohort/encoding.hpp"
 #include "cohort/storage.hpp"
+#include "cohort/timeout.hpp"
 
 #include <asio/awaitable.hpp>
 
@@ -361,6 +362,17 @@ class queue {
     detail::record_claim claim;
     if (!detail::queue_get(*core_, out, timeout, &claim)) return std::nullopt;
     return detail::receive_record<T>(*core_, out, claim);
+  }
+  /// put() and get() with a timeout of any duration type: one too long to
+  /// count in nanoseconds (seconds::max(), hours::max()) waits without end,
+  /// where its conversion would wrap to a negative timeout.
+  template <class Rep, class Period>
+  bool put(const T& value, std::chrono::duration<Rep, Period> timeout) {
+    return put(value, std::optional(detail::saturating_cast<std::chrono::nanoseconds>(timeout)));
+  }
+  template <class Rep, class Period>
+  std::optional<T> get(std::chrono::duration<Rep, Period> timeout) {
+    return get(std::optional(detail::saturating_cast<std::chrono::nanoseconds>(timeout)));
   }
 
   /// Pushes, waiting while full; an asio asynchronous operation completing

@@ -1478,6 +1478,11 @@ TEST_SUITE("group") {
     CHECK(g.join(std::chrono::milliseconds::max()));
     REQUIRE(g.result());
     CHECK(g.result()->ok());
+    // One too long to count in milliseconds, which wrapped to a negative
+    // timeout before.
+    auto later_spec = ranks_of(1, {"exit-after", "150", "0"});
+    group later = start_processes(io.get_executor(), later_spec);
+    CHECK(later.join(std::chrono::hours::max()));
     work.reset();
     runner.join();
   }

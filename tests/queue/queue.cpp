@@ -1218,6 +1218,44 @@ TEST_SUITE("event") {
     setter.join();
   }
 
+  // seconds::max() in nanoseconds wraps to -1 s: before, each of these
+  // returned at once as timed out.
+  TEST_CASE("a timeout of a coarser unit too long to count in nanoseconds waits as long as it takes") {
+    static_assert(detail::saturating_cast<std::chrono::nanoseconds>(std::chrono::seconds::max()) ==
+                  std::chrono::nanoseconds::max());
+    static_assert(detail::saturating_cast<std::chrono::nanoseconds>(std::chrono::hours::min()) ==
+                  std::chrono::nanoseconds::min());
+    static_assert(detail::saturating_cast<std::chrono::nanoseconds>(std::chrono::seconds(9'223'372'036)) ==
+                  std::chrono::nanoseconds(9'223'372'036'000'000'000));
+    static_assert(detail::saturating_cast<std::chrono::milliseconds>(std::chrono::duration<double>(0.25)) == 250ms);
+    queue<int> q(1);
+    std::thread pusher([&] {
+      std::this_thread::sleep_for(150ms);
+      q.put(7);
+    });
+    CHECK(q.get(std::chrono::seconds::max()) == 7);
+    pusher.join();
+    q.put(1);
+    std::thread popper([&] {
+      std::this_thread::sleep_for(150ms);
+      CHECK(q.get() == 1);
+    });
+    CHECK(q.put(2, std::chrono::hours::max()));
+    popper.join();
+    CHECK(q.get() == 2);
+    event e;
+    std::thread setter([&] {
+      std::this_thread::sleep_for(150ms);
+      e.set();
+    });
+    CHECK(e.wait_for(std::chrono::milliseconds::max()));
+    setter.join();
+    // A fractional timeout counts too.
+    const auto start = std::chrono::steady_clock::now();
+    CHECK_FALSE(q.get(std::chrono::duration<double>(0.05)));
+    CHECK(std::chrono::steady_clock::now() - start >= 50ms);
+  }
+
   TEST_CASE("an event wait ends at a set() that a clear() follows at once, blocking or awaited, as Python's does") {
     event e;
     std::thread setter([&] {
