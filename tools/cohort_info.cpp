@@ -6,7 +6,9 @@
 
 #include <sys/utsname.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string_view>
 
@@ -29,6 +31,17 @@ void print_support(const cohort::io_uring_info& info) {
              yes(info.cancel, reactor));
 }
 
+// `code`, once what was printed has reached stdout; 1 where it did not
+// (stdout a full disk, a closed pipe), saying so, where the report would
+// otherwise be lost with a status that says it was given.
+int printed(int code) {
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    fmt::print(stderr, "cohort-info: writing to stdout: {}\n", std::strerror(errno));
+    return 1;
+  }
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -41,7 +54,7 @@ int main(int argc, char** argv) {
     }
     if (arg == "--version") fmt::print("cohort {}\n", COHORT_VERSION);
     else fmt::print("{}", usage);
-    return 0;
+    return printed(0);
   }
   try {
     utsname u{};
@@ -53,10 +66,10 @@ int main(int argc, char** argv) {
       fmt::print("io_uring: off ({}): asio's reactor watches exits, pipes and reads, and an awaited futex wait "
                  "sleeps on a helper thread\n",
                  info.why_not);
-      return 0;
+      return printed(0);
     }
     print_support(info);
-    return 0;
+    return printed(0);
   } catch (const std::exception& e) {
     fmt::print(stderr, "cohort-info: {}\n", e.what());
     return 1;

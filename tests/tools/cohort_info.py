@@ -66,6 +66,13 @@ check("no descriptor for the reactor: status 1 and a message naming the limit, n
       starved.returncode == 1 and "RLIMIT_NOFILE is 4" in starved.stderr and "terminate" not in starved.stderr,
       starved)
 
+if os.path.exists("/dev/full"):
+    with open("/dev/full", "w") as full:
+        lost = subprocess.run([cohort_info], stdout=full, capture_output=False, stderr=subprocess.PIPE, text=True,
+                              timeout=60)
+    check("a report that cannot be written is status 1, saying why",
+          lost.returncode == 1 and "writing to stdout" in lost.stderr and "No space left" in lost.stderr, lost)
+
 if failures:
     print("\n\n".join(failures))
     sys.exit(1)
