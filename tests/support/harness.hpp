@@ -24,11 +24,14 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <iterator>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <system_error>
 #include <vector>
 
@@ -96,16 +99,36 @@ struct needs_device {
 };
 
 /// Runs `work` on `io` with `threads` threads until io runs out of work;
-/// returns its result or rethrows its exception.
+/// returns its result or rethrows its exception. It completes through a
+/// plain callback, which runs on `io`: asio::use_future's completion is
+/// posted through asio's system executor, whose first use starts a pool of
+/// threads that lasts the program, and a plain fork of a program with such
+/// threads hangs in the pool's destructor when it calls exit().
 template <class T>
 T run(asio::io_context& io, asio::awaitable<T> work, int threads = 1) {
-  auto result = asio::co_spawn(io, std::move(work), asio::use_future);
+  std::exception_ptr error;
+  bool done = false;
+  std::optional<std::conditional_t<std::is_void_v<T>, bool, T>> result;
+  if constexpr (std::is_void_v<T>) {
+    asio::co_spawn(io, std::move(work), [&](std::exception_ptr e) {
+      error = e;
+      done = true;
+    });
+  } else {
+    asio::co_spawn(io, std::move(work), [&](std::exception_ptr e, T value) {
+      error = e;
+      if (!e) result.emplace(std::move(value));
+      done = true;
+    });
+  }
   std::vector<std::thread> extra;
   for (int i = 1; i < threads; ++i) extra.emplace_back([&io] { io.run(); });
   io.run();
   for (auto& t : extra) t.join();
   io.restart();
-  return result.get();
+  if (error) std::rethrow_exception(error);
+  if (!done) throw std::logic_error("test::run: the work ended without completing");
+  if constexpr (!std::is_void_v<T>) return std::move(*result);
 }
 
 /// Whether `error` holds a std::system_error for operation_aborted: how a
