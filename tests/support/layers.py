@@ -49,7 +49,7 @@ PUBLIC = {
     "launch": ["entry_point", "error_file", "launch_hook"],
     "group": ["group", "guardian"],
     "multiprocessing": ["process_error", "spawn_and_join", "pool"],
-    "base": ["compiler", "completion_token", "export", "requirements", "version"],
+    "base": ["compiler", "completion_token", "export", "requirements", "timeout", "version"],
     "all": ["cohort"],
 }
 
