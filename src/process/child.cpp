@@ -285,14 +285,9 @@ void child::release() noexcept {
   if (!state || state->status || !state->here()) return;
   if (config::pidfd_send_signal(state->pidfd, SIGKILL) != 0 && errno != ESRCH) {
     // Refused (a seccomp filter): its pid names it as surely while it is
-    // unreaped, still running by the pidfd, so kill() reaches it instead
-    // of the reap below waiting for it without end.
-    siginfo_t info{};
-    if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(state->pidfd), &info,
-                 WEXITED | WNOHANG | WNOWAIT) == 0 &&
-        info.si_pid == 0) {
-      ::kill(state->pid, SIGKILL);
-    }
+    // unreaped, so kill() reaches it instead of the reap below waiting for
+    // it without end.
+    if (uring::unreaped(state->pidfd)) ::kill(state->pid, SIGKILL);
   }
   if (state->waiting) {
     state->kept_by = detail::child_state::keeper::killed;
