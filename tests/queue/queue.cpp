@@ -195,6 +195,26 @@ int watch_a_death(int, bool mixed_ids) {
 }
 COHORT_ENTRYPOINT(watch_a_death);
 
+// On `q`, of capacity 1 and empty: get(`get_timeout`) waits for the value
+// another thread puts 150 ms later, and put(`put_timeout`) on the full queue
+// for the room another thread makes 150 ms later. Leaves `q` holding 2.
+template <class GetTimeout, class PutTimeout>
+void check_waits_for_the_other_side(queue<int>& q, GetTimeout get_timeout, PutTimeout put_timeout) {
+  std::thread pusher([&] {
+    std::this_thread::sleep_for(150ms);
+    q.put(7);
+  });
+  CHECK(q.get(get_timeout) == 7);
+  pusher.join();
+  q.put(1);
+  std::thread popper([&] {
+    std::this_thread::sleep_for(150ms);
+    CHECK(q.get() == 1);
+  });
+  CHECK(q.put(2, put_timeout));
+  popper.join();
+}
+
 TEST_SUITE("queue") {
   // Before, what a handle counted for a message stayed counted when the push
   // failed: a device tensor's note and event slot then waited for good for
@@ -481,19 +501,7 @@ TEST_SUITE("queue") {
 
   TEST_CASE("a timeout too long for the clock to add waits as long as it takes, and a negative one not at all") {
     queue<int> q(1);
-    std::thread pusher([&] {
-      std::this_thread::sleep_for(150ms);
-      q.put(7);
-    });
-    CHECK(q.get(std::chrono::nanoseconds::max()) == 7);
-    pusher.join();
-    q.put(1);
-    std::thread popper([&] {
-      std::this_thread::sleep_for(150ms);
-      CHECK(q.get() == 1);
-    });
-    CHECK(q.put(2, std::chrono::nanoseconds::max()));
-    popper.join();
+    check_waits_for_the_other_side(q, std::chrono::nanoseconds::max(), std::chrono::nanoseconds::max());
     CHECK(q.get() == 2);
     const auto start = std::chrono::steady_clock::now();
     CHECK_FALSE(q.get(std::chrono::nanoseconds::min()));
@@ -1229,19 +1237,7 @@ TEST_SUITE("event") {
                   std::chrono::nanoseconds(9'223'372'036'000'000'000));
     static_assert(detail::saturating_cast<std::chrono::milliseconds>(std::chrono::duration<double>(0.25)) == 250ms);
     queue<int> q(1);
-    std::thread pusher([&] {
-      std::this_thread::sleep_for(150ms);
-      q.put(7);
-    });
-    CHECK(q.get(std::chrono::seconds::max()) == 7);
-    pusher.join();
-    q.put(1);
-    std::thread popper([&] {
-      std::this_thread::sleep_for(150ms);
-      CHECK(q.get() == 1);
-    });
-    CHECK(q.put(2, std::chrono::hours::max()));
-    popper.join();
+    check_waits_for_the_other_side(q, std::chrono::seconds::max(), std::chrono::hours::max());
     CHECK(q.get() == 2);
     event e;
     std::thread setter([&] {
