@@ -358,7 +358,7 @@ class pool_state {
         if (!group_.join(std::chrono::milliseconds(0))) continue;
         broken_ = true;
         // The workers' deaths are terminate()'s doing, not failures.
-        if (ending_.load(std::memory_order_relaxed) == end_kind::terminated) throw_ended();
+        if (terminated()) throw_ended();
         auto result = group_.result().value();
         throw_first_failure(result);
         if (ending()) throw_ended();
@@ -390,7 +390,7 @@ class pool_state {
   // After terminate() every map fails with the same words; while the
   // pool is being destroyed, `why` says what the map met.
   std::logic_error ended_error(const char* why) const {
-    if (ending_.load(std::memory_order_relaxed) == end_kind::terminated) return std::logic_error(terminated_message);
+    if (terminated()) return std::logic_error(terminated_message);
     return std::logic_error(why);
   }
 
@@ -547,6 +547,7 @@ class pool_state {
   // sees it set, ordered by the group's own lock between the two.
   std::atomic<end_kind> ending_{end_kind::none};
   bool ending() const noexcept { return ending_.load(std::memory_order_relaxed) != end_kind::none; }
+  bool terminated() const noexcept { return ending_.load(std::memory_order_relaxed) == end_kind::terminated; }
   // The pool's end runs once (end()).
   std::mutex end_mutex_;
   std::condition_variable end_done_;

@@ -418,6 +418,13 @@ namespace {
 // because the child happened to have ended.
 bool signal_number_valid(int sig) noexcept { return sig >= 0 && sig <= SIGRTMAX; }
 
+// Sets EINVAL, as the kernel would, where the number is not a signal.
+bool refused_signal_number(int sig, std::error_code& ec) noexcept {
+  if (signal_number_valid(sig)) return false;
+  ec.assign(EINVAL, std::system_category());
+  return true;
+}
+
 }  // namespace
 
 void child::signal(int sig) {
@@ -432,10 +439,7 @@ void child::signal(int sig) {
 void child::signal(int sig, std::error_code& ec) {
   ec.clear();
   if (!state_) throw std::logic_error("cohort::child::signal: no process");
-  if (!signal_number_valid(sig)) {
-    ec.assign(EINVAL, std::system_category());  // as the kernel refuses it
-    return;
-  }
+  if (refused_signal_number(sig, ec)) return;
   if (state_->status) return;
   if (!state_->here()) {  // another process's child: see not_here_note
     ec.assign(ECHILD, std::system_category());
@@ -473,10 +477,7 @@ void child::signal_group(int sig) {
 void child::signal_group(int sig, std::error_code& ec) {
   ec.clear();
   if (!state_) throw std::logic_error("cohort::child::signal_group: no process");
-  if (!signal_number_valid(sig)) {
-    ec.assign(EINVAL, std::system_category());  // as the kernel refuses it
-    return;
-  }
+  if (refused_signal_number(sig, ec)) return;
   if (state_->status) return;
   if (!state_->group_leader) {
     ec = std::make_error_code(std::errc::invalid_argument);  // its group is not its own
