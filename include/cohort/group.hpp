@@ -279,8 +279,11 @@ class group {
   /// unless another asio::signal_set still holds the signal. Call once per
   /// group. std::invalid_argument for SIGKILL and SIGSTOP, and for SIGCHLD,
   /// which each rank's exit sends this process.
-  void forward_signals(std::vector<int> shutdown_signals = {SIGINT, SIGTERM, SIGHUP, SIGQUIT},
-                       std::vector<int> passed_on = {});
+  void forward_signals(std::vector<int> shutdown_signals, std::vector<int> passed_on = {});
+  /// The same with SIGINT, SIGTERM, SIGHUP and SIGQUIT as the shutdown
+  /// signals (an overload rather than a braced default argument, which g++
+  /// 12 refuses inside a co_await expression).
+  void forward_signals();
 
   explicit group(std::shared_ptr<detail::group_state> state) noexcept;
 

@@ -1219,6 +1219,8 @@ void group::interrupt(int sig) {
   asio::dispatch(state_->strand, [state = state_, sig] { detail::interrupt(*state, sig); });
 }
 
+void group::forward_signals() { forward_signals(std::vector<int>{SIGINT, SIGTERM, SIGHUP, SIGQUIT}); }
+
 void group::forward_signals(std::vector<int> shutdown_signals, std::vector<int> passed_on) {
   if (!state_) throw std::logic_error("cohort::group::forward_signals: no group");
   for (const auto* list : {&shutdown_signals, &passed_on}) {

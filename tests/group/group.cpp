@@ -1504,6 +1504,23 @@ TEST_SUITE("group") {
     for (const auto& s : result.statuses) CHECK(s->signal() == SIGTERM);
   }
 
+  TEST_CASE("forward_signals() with no arguments shuts down on SIGHUP, and is callable inside a co_await expression") {
+    asio::io_context io;
+    auto result = test::run(io, []() -> asio::awaitable<run_result> {
+      group_spec spec = ranks_of(2, {"sleep", "30"});
+      group g = co_await start_processes(spec);
+      asio::steady_timer settle(co_await asio::this_coro::executor, 20ms);  // the handler is in place
+      // A braced default argument here was refused by g++ 12.
+      co_await (g.forward_signals(), settle.async_wait(asio::use_awaitable));
+      ::kill(::getpid(), SIGHUP);
+      co_return co_await g.wait();
+    }());
+    REQUIRE(result.signal);
+    CHECK(*result.signal == SIGHUP);
+    CHECK(result.stopped);
+    for (const auto& s : result.statuses) CHECK(s->signal() == SIGHUP);
+  }
+
   TEST_CASE("after the run, the signals it caught are handled as they were before") {
     static std::atomic<int> caught{0};
     struct sigaction counting {};
