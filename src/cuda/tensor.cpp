@@ -1043,9 +1043,12 @@ tensor copy_tensor(const tensor& t, cohort::device to) {
 CUstream_st* current_stream() noexcept { return current; }
 void set_current_stream(CUstream_st* stream) noexcept { current = stream; }
 
-tensor empty(int_list sizes, dtype type, int device) {
+namespace {
+
+// A tensor made on `device`, its failures named after `entry`: the call the
+// program made.
+tensor empty_for(int_list sizes, dtype type, int device, const char* entry) {
   const auto shape = sizes.view();
-  constexpr const char* entry = "cohort::cuda::empty";
   const auto nbytes =
       static_cast<std::size_t>(cohort::detail::checked_numel(shape, type, entry)) * element_size(type);
   if (nbytes > (std::size_t{1} << 62)) throw std::invalid_argument(fmt::format("{}: the size overflows", entry));
@@ -1053,13 +1056,23 @@ tensor empty(int_list sizes, dtype type, int device) {
   return tensor(device_storage(device, nbytes, entry), type, shape, strides.view(), 0, cohort::device{kDLCUDA, device});
 }
 
-tensor full(int_list shape, double value, dtype type, int device) {
-  tensor out = empty(shape, type, device);
+tensor full_for(int_list shape, double value, dtype type, int device, const char* entry) {
+  tensor out = empty_for(shape, type, device, entry);
   fill_(out, value);
   return out;
 }
 
-tensor zeros(int_list shape, dtype type, int device) { return full(shape, 0.0, type, device); }
+}  // namespace
+
+tensor empty(int_list sizes, dtype type, int device) { return empty_for(sizes, type, device, "cohort::cuda::empty"); }
+
+tensor full(int_list shape, double value, dtype type, int device) {
+  return full_for(shape, value, type, device, "cohort::cuda::full");
+}
+
+tensor zeros(int_list shape, dtype type, int device) {
+  return full_for(shape, 0.0, type, device, "cohort::cuda::zeros");
+}
 
 void fill_(const tensor& t, double value) {
   constexpr const char* entry = "cohort::cuda::fill_";

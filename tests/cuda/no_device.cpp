@@ -163,7 +163,8 @@ TEST_SUITE("cuda without a device") {
                     [] { cuda::event::from_ipc_handle(0, cuda::ipc_event_handle{}); });
     // Device tensors.
     check_no_device("cohort::cuda::empty", [] { cuda::empty({4}, dtype::float32, 0); });
-    check_no_device("cohort::cuda::empty", [] { cuda::full({4}, 1, dtype::float32, 0); });
+    check_no_device("cohort::cuda::full", [] { cuda::full({4}, 1, dtype::float32, 0); });
+    check_no_device("cohort::cuda::zeros", [] { cuda::zeros({4}, dtype::float32, 0); });
     check_no_device("cohort::cuda::to_device", [] { cuda::to_device(tensor::zeros({4}, dtype::float32), 0); });
     // tensor::to reaches the layer through the core library.
     check_no_device("cohort::tensor::to", [] { (void)tensor::zeros({4}, dtype::float32).to(device{kDLCUDA, 0}); });
