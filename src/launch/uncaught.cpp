@@ -65,6 +65,15 @@ bool throws(const os::stack_frame& f) {
   return f.function == "__cxa_throw" || f.function == "__cxa_rethrow" || f.function.starts_with("std::rethrow_exception");
 }
 
+// A frame of the standard library's std::throw_with_nested, which throws
+// for the function that called it (inlined from a header, so named even
+// where libstdc++'s own frames are not).
+bool throws_for_its_caller(const os::stack_frame& f) {
+  return f.function.starts_with("std::throw_with_nested<") || f.function.starts_with("std::__throw_with_nested_impl<") ||
+         f.function.starts_with("void std::throw_with_nested<") ||
+         f.function.starts_with("void std::__throw_with_nested_impl<");
+}
+
 // A frame below the function: cohort's thunk (instantiated in the program),
 // the call by name and a pool's worker loop (the function a pool worker
 // runs, which calls each item's), the bottom of the entry's stack, the
@@ -270,6 +279,7 @@ std::string trace_of_throw() {
   const auto thrown = std::find_if(frames.rbegin(), frames.rend(), throws);
   if (thrown != frames.rend()) {
     first = static_cast<std::size_t>(frames.rend() - thrown);
+    while (first + 1 < end && throws_for_its_caller(frames[first])) ++first;
   } else {
     // std::terminate called the handler: its frame is named from libstdc++'s
     // dynamic symbols even where the handler's own frames are not.

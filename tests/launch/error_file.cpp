@@ -431,6 +431,19 @@ TEST_SUITE("error_file") {
     CHECK(report->message == "std::runtime_error: uncaught in main");
   }
 
+  TEST_CASE("the trace of a std::throw_with_nested starts at the function that called it, not in the standard library") {
+    test::temp_dir dir;
+    const fs::path file = dir.path / "error.json";
+    asio::io_context io;
+    const auto [status, out] = test::run(io, run_uncaught(file, "", "nested"));
+    CHECK(status.code() == 1);
+    const auto report = read_error_file(file);
+    REQUIRE(report.has_value());
+    CHECK(report->message.starts_with("std::logic_error: training step 3"));
+    INFO(report->trace);
+    CHECK(report->trace.rfind("#0 thrower::throw_nested()", 0) == 0);
+  }
+
   TEST_CASE("a thread that fails while another reports its exception leaves that report, the first, in the error file") {
     // The main thread's exception's what(), called as its report is made,
     // lets the other thread throw and takes 200 ms: time for that thread's

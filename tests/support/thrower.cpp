@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <string>
 #include <stdexcept>
+#include <exception>
 #include <string_view>
 #include <thread>
 
@@ -58,6 +59,14 @@ struct slow_to_say : std::runtime_error {
 
 [[noreturn]] void throw_first() { throw slow_to_say("first, the main thread"); }
 [[noreturn]] void throw_second() { throw std::runtime_error("second, another thread"); }
+
+[[noreturn]] void throw_nested() {
+  try {
+    throw std::runtime_error("reading batch 12");
+  } catch (...) {
+    std::throw_with_nested(std::logic_error("training step 3"));
+  }
+}
 
 std::atomic<bool> saying{false};
 
@@ -121,6 +130,10 @@ int main(int argc, char** argv) {
     std::printf("%d\n", thrower::uncaught_line);
     std::fflush(stdout);
     std::thread([] { thrower::throw_uncaught(); }).join();
+  }
+  if (name == "nested") {
+    cohort::record_uncaught_exceptions();
+    thrower::throw_nested();
   }
   if (name == "uncaught") {
     cohort::record_uncaught_exceptions();
