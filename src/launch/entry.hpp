@@ -21,6 +21,11 @@ namespace cohort::detail {
 inline constexpr const char* entry_env = "COHORT_ENTRY";
 /// In the forkserver process: "<socket fd>".
 inline constexpr const char* forkserver_env = "COHORT_FORKSERVER";
+/// The names of the memfds that entry_env's descriptors are, by which
+/// child_main tells them from a stray value's: the arguments, and the
+/// result the function's value is written to.
+inline constexpr const char* args_memfd_name = "cohort-args";
+inline constexpr const char* result_memfd_name = "cohort-result";
 
 /// A stack of its own for a function, with a guard page below it, the size
 /// RLIMIT_STACK gives the main thread (1 GiB where it is unlimited or

@@ -75,7 +75,7 @@ class memfd {
 };
 
 // The memfd a rank's result lands in, when the function returns one.
-const char* result_file(const function_call& call) { return call.returns_value ? "cohort-result" : nullptr; }
+const char* result_file(const function_call& call) { return call.returns_value ? result_memfd_name : nullptr; }
 
 // One rank of a batch: its result memfd (when wanted), its prepared launch
 // and its process, from when it is made until a child object adopts it. A
@@ -501,7 +501,7 @@ child start_spawned(const asio::any_io_executor& executor, const function_call& 
                     const spawn_options& options, int result_fd, const std::string& keeper, const std::string& what,
                     int announce_fd) {
   check_reexecutable(call, what);
-  memfd args("cohort-args");
+  memfd args(args_memfd_name);
   if (args.get() < 0) {
     throw std::system_error(args.error(), std::system_category(), what + ": memfd_create" + os::descriptor_limit_note(args.error()));
   }
