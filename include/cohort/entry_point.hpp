@@ -69,7 +69,8 @@ struct function_call {
 ///
 /// COHORT_ENTRY and COHORT_FORKSERVER are cohort's own, set in the processes
 /// it starts: a value it would not have set (COHORT_FORKSERVER naming no
-/// socket, a malformed COHORT_ENTRY) throws std::invalid_argument naming it.
+/// socket, a COHORT_ENTRY malformed or naming descriptors other than the
+/// memfds cohort made for the rank) throws std::invalid_argument naming it.
 [[nodiscard("main must return the exit code child_main returns")]] std::optional<int> child_main(int argc,
                                                                                                char** argv);
 

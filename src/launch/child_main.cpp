@@ -122,7 +122,21 @@ COHORT_FORKED_CHILD_PATH void run_on(const entry_stack& stack) {
   std::abort();
 }
 
-// Parses "<args fd>,<result fd>,<rank>,<name>".
+// Whether `fd` is a memfd made under `name`, as /proc/self/fd shows it.
+bool is_memfd_named(int fd, std::string_view name) {
+  char link[32];
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  char target[64];
+  const ssize_t n = ::readlink(link, target, sizeof target);
+  return n > 0 && std::string_view(target, static_cast<std::size_t>(n)) == fmt::format("/memfd:{} (deleted)", name);
+}
+
+// Parses "<args fd>,<result fd>,<rank>,<name>"; false where `value` is not
+// one cohort gives: malformed, or naming descriptors other than the memfds
+// start_spawned made (the result's is -1 where no value is wanted). A
+// stray value would otherwise have this program take whatever descriptor
+// it named, standard input say, for the arguments, and run a function
+// instead of its main.
 bool parse_entry(std::string_view value, int& args_fd, int& result_fd, int& rank, std::string& name) {
   int* fields[] = {&args_fd, &result_fd, &rank};
   for (int* field : fields) {
@@ -131,7 +145,8 @@ bool parse_entry(std::string_view value, int& args_fd, int& result_fd, int& rank
     value.remove_prefix(static_cast<std::size_t>(end - value.data()) + 1);
   }
   name = value;
-  return !name.empty();
+  return !name.empty() && rank >= 0 && is_memfd_named(args_fd, args_memfd_name) &&
+         (result_fd == -1 || is_memfd_named(result_fd, result_memfd_name));
 }
 
 // The forkserver's socket that `value` names, or -1 where it names none:
@@ -399,12 +414,18 @@ std::optional<int> child_main(int /*argc*/, char** /*argv*/) {
   }
   const char* entry = std::getenv(detail::entry_env);
   if (entry == nullptr) return std::nullopt;
+  const std::string value = entry;
+  ::unsetenv(detail::entry_env);  // not inherited by what the function starts
   int args_fd = -1, result_fd = -1, rank = -1;
   std::string name;
-  const bool parsed = detail::parse_entry(entry, args_fd, result_fd, rank, name);
-  ::unsetenv(detail::entry_env);  // not inherited by what the function starts
+  // Refused before the rank's handler is set: this process is no rank.
+  if (!detail::parse_entry(value, args_fd, result_fd, rank, name)) {
+    throw std::invalid_argument(fmt::format(
+        "cohort::child_main: {}=\"{}\" names no arguments cohort wrote: the variable is cohort's own, set only in "
+        "the processes it starts to run a function",
+        detail::entry_env, value));
+  }
   std::set_terminate(detail::on_uncaught);
-  if (!parsed) throw std::invalid_argument(fmt::format("cohort::child_main: malformed {}", detail::entry_env));
   std::vector<std::byte> bytes;
   if (!detail::read_whole(args_fd, bytes)) {
     throw std::system_error(errno, std::system_category(), "cohort::child_main: reading the arguments");

@@ -640,12 +640,14 @@ asio::awaitable<std::string> output_of(std::string program, std::vector<std::str
 }
 
 // Runs this test program, listing its tests (its main runs then), with
-// COHORT_FORKSERVER set to `value`; returns how it ended and what it wrote
-// to stdout and to stderr.
-asio::awaitable<std::tuple<exit_status, std::string, std::string>> listed_with_forkserver(std::string value) {
+// `variable` set to `value` and `in` for its stdin (held open until it
+// ends, where a pipe); returns how it ended and what it wrote to stdout and
+// to stderr.
+asio::awaitable<std::tuple<exit_status, std::string, std::string>> listed_with(std::string variable,
+                                                                                 std::string value, stdio in) {
   command cmd(std::filesystem::read_symlink("/proc/self/exe").string(), {"--list-test-cases"});
-  spawn_options options{.in = stdio::null(), .out = stdio::pipe(), .err = stdio::pipe()};  // 0: not a socket
-  options.env.set("COHORT_FORKSERVER", value);
+  spawn_options options{.in = std::move(in), .out = stdio::pipe(), .err = stdio::pipe()};
+  options.env.set(variable, value);
   child c = co_await spawn(cmd, options);
   std::string out = co_await test::read_all(c.out());
   std::string err = co_await test::read_all(c.err());
@@ -663,11 +665,45 @@ TEST_SUITE("entry points") {
     for (const std::string value : {"abc", "", "0", "12x"}) {
       CAPTURE(value);
       asio::io_context io;
-      const auto [status, out, err] = test::run(io, listed_with_forkserver(value));
+      const auto [status, out, err] = test::run(io, listed_with("COHORT_FORKSERVER", value, stdio::null()));  // 0: not a socket
       INFO(err);
       CHECK_FALSE(status.success());
       CHECK(out.find("every rank of a function runs") == std::string::npos);
       CHECK(err.find(fmt::format("COHORT_FORKSERVER=\"{}\" names no socket", value)) != std::string::npos);
+    }
+  }
+
+  // Before, a value of the right shape had this program read whatever
+  // descriptor it named as the arguments: standard input holding what
+  // decodes as them ran the function in place of main and exited 0, and
+  // any failure was reported as that of a rank -1, not naming the variable.
+  TEST_CASE("child_main refuses a COHORT_ENTRY naming descriptors cohort did not make, naming the variable, and main does not run") {
+    const test::temp_dir dir;
+    const fs::path args_file = dir.path / "args";
+    {
+      const encoded no_arguments = encode(std::tuple<>{});
+      std::ofstream file(args_file, std::ios::binary);
+      file.write(reinterpret_cast<const char*>(no_arguments.bytes().data()),
+                 static_cast<std::streamsize>(no_arguments.bytes().size()));
+    }
+    const std::string name = call(entry_tests::succeed).name;
+    const std::vector<std::tuple<std::string, stdio>> cases = {
+        {fmt::format("0,-1,0,{}", name), stdio::file(args_file)},  // a regular file holding a call's arguments
+        {fmt::format("0,-1,0,{}", name), stdio::pipe()},           // a pipe held open
+        {fmt::format("0,1,0,{}", name), stdio::pipe()},
+        {fmt::format("99,-1,0,{}", name), stdio::null()},          // no descriptor
+        {"garbage", stdio::null()},
+    };
+    for (const auto& [value, in] : cases) {
+      CAPTURE(value);
+      asio::io_context io;
+      const auto [status, out, err] = test::run(io, listed_with("COHORT_ENTRY", value, in));
+      INFO(err);
+      CHECK_FALSE(status.success());
+      CHECK(out.find("every rank of a function runs") == std::string::npos);
+      CHECK(err.find("std::invalid_argument") != std::string::npos);
+      CHECK(err.find(fmt::format("COHORT_ENTRY=\"{}\" names no arguments cohort wrote", value)) != std::string::npos);
+      CHECK(err.find("rank -1") == std::string::npos);
     }
   }
 
