@@ -1010,7 +1010,9 @@ TEST_SUITE("cohort-run") {
         {"--signals-to-handle", std::to_string(SIGWINCH),
          "SIGWINCH is refused: cohort-run gets one each time its terminal is resized"},
         {"--signals-to-forward", "SIGUSR1,CHLD", "SIGCHLD is refused: cohort-run gets one each time a rank"},
-        {"--signals-to-forward", "SIGPIPE", "SIGPIPE is refused: cohort-run raises it itself"}};
+        {"--signals-to-forward", "SIGPIPE", "SIGPIPE is refused: cohort-run raises it itself"},
+        {"--signals-to-handle", "KILL", "SIGKILL is refused: no process can catch it"},
+        {"--signals-to-forward", std::to_string(SIGSTOP), "SIGSTOP is refused: no process can catch it"}};
     for (const auto& [flag, list, said] : refused) {
       CAPTURE(flag);
       CAPTURE(list);

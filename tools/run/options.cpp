@@ -22,7 +22,7 @@ constexpr const char* version = "0.1.0";
 constexpr const char* usage_lines =
     "Usage: cohort-run [OPTIONS] script.py [args...]      a Python script, with Python (as torchrun)\n"
     "       cohort-run [OPTIONS] -m module [args...]      python -m module\n"
-    "       cohort-run [OPTIONS] --run-path /abs/script.py [args...]\n"
+    "       cohort-run [OPTIONS] --run-path script.py [args...]\n"
     "       cohort-run [OPTIONS] --no-python program [args...]\n"
     "       cohort-run [OPTIONS] -- program [args...]     any program, as given\n"
     "\n"
@@ -310,17 +310,23 @@ int whole_number(const std::string& flag, const std::string& text, int least) {
 
 int signal_number(const std::string& flag, const std::string& given) {
   std::string name = trimmed(given);
+  int sig = 0;
   if (!name.empty() && std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    const int sig = whole_number(flag, name, 1);
-    if (sig < NSIG && sig != SIGKILL && sig != SIGSTOP) return sig;
+    sig = whole_number(flag, name, 1);
+    if (sig >= NSIG) sig = 0;
   } else {
     if (name.rfind("SIG", 0) != 0) name = "SIG" + name;
-    for (int sig = 1; sig < NSIG; ++sig) {
-      if (cohort::signal_name(sig) == name && sig != SIGKILL && sig != SIGSTOP) return sig;
+    for (int n = 1; n < NSIG && sig == 0; ++n) {
+      if (cohort::signal_name(n) == name) sig = n;
     }
   }
-  throw usage_error(
-      fmt::format("{}: '{}' is not a signal that can be handled (e.g. SIGUSR1, USR1 or 10)", flag, given));
+  if (sig == 0) throw usage_error(fmt::format("{}: '{}' is not a signal (e.g. SIGUSR1, USR1 or 10)", flag, given));
+  if (sig == SIGKILL || sig == SIGSTOP) {
+    throw usage_error(fmt::format("{}: {} is refused: no process can catch it (the kernel {} the receiver at once), "
+                                  "so cohort-run would never see it come",
+                                  flag, cohort::signal_name(sig), sig == SIGKILL ? "kills" : "stops"));
+  }
+  return sig;
 }
 
 run_options parse_options(int argc, char** argv) {
@@ -350,7 +356,8 @@ run_options parse_options(int argc, char** argv) {
                  "etcd's host[:port] (port 2379 by default), or the master's host:port for static and c10d "
                  "(c10d's port 0: a free one, on one node)");
   app.add_option("--rdzv-id,--rdzv_id,--run-id,--run_id", o.run_id,
-                 "the job's id, TORCHELASTIC_RUN_ID (default: a fresh one per run; 'none' under etcd-v3)");
+                 "the job's id, TORCHELASTIC_RUN_ID (default: SLURM_JOB_ID where Slurm places the node or under "
+                 "etcd-v3, else 'none' across nodes and under etcd-v3, else a fresh one per run)");
   app.add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf,
                  "etcd-v3: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, "
                  "read_timeout (seconds) as key=value,...; static and c10d across nodes: join_timeout");
@@ -366,9 +373,9 @@ run_options parse_options(int argc, char** argv) {
   app.add_option("--role", o.role, "the ranks' role name");
   app.add_flag("-m,--module", module, "run the script as a module: python -m");
   app.add_flag("--no-python,--no_python", no_python, "run the program itself, not with Python");
-  app.add_flag("--run-path,--run_path", run_path, "run the script with runpy.run_path (an absolute path)");
+  app.add_flag("--run-path,--run_path", run_path, "run the script with runpy.run_path (a path, relative or absolute)");
   app.add_option("--log-dir,--log_dir", o.log_dir,
-                 "folder for the ranks' logs: <dir>/<run-id>/attempt_<k>/<local-rank>/, and result.json");
+                 "folder for the ranks' logs: <dir>/<run-id>_XXXXXXXX/attempt_<k>/<local-rank>/, and result.json there");
   app.add_option("-r,--redirects", o.redirects, "streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both; or 0:3,1:0");
   app.add_option("-t,--tee", o.tee, "streams to log files and the console, prefixed; values as --redirects");
   app.add_option("--local-ranks-filter,--local_ranks_filter", local_ranks_filter,
