@@ -313,6 +313,11 @@ std::map<std::string, std::string> shared_contract(const run_options& o, const p
   };
 }
 
+// --log-dir /dev/null (Python's os.devnull, named exactly so), which
+// torchrun's logs specs take for no files at all: no folder, no log file
+// and no error file.
+bool no_log_files(const run_options& o) { return o.log_dir == "/dev/null"; }
+
 // torchrun's environment contract, the part that is local rank `local`'s own.
 std::map<std::string, std::string> rank_contract(const run_options& o, const placement& p, int local) {
   const int rank = p.first_rank + local;
@@ -321,6 +326,12 @@ std::map<std::string, std::string> rank_contract(const run_options& o, const pla
       {"LOCAL_RANK", std::to_string(local)},
       {"ROLE_RANK", std::to_string(rank)},
   };
+  if (no_log_files(o)) {
+    // No error file either, as torchrun sets TORCHELASTIC_ERROR_FILE=""
+    // then: a rank writes its report nowhere, and nothing is kept of it.
+    variables["TORCHELASTIC_ERROR_FILE"] = "";
+    variables["COHORT_ERROR_FILE"] = "";
+  }
   if (o.virtual_local_rank) {  // each rank sees its own GPU, as device 0
     variables["LOCAL_RANK"] = "0";
     const auto gpus = visible_device_entries();
@@ -409,7 +420,14 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& ru
   cohort::logs_spec logs;
   logs.redirects = streams_of("redirects", o.redirects);
   logs.tee = streams_of("tee", o.tee);
-  logs.run_id = log_folder(o, run_id, made);
+  if (no_log_files(o)) {
+    // Checked all the same; with no file to write, every stream reaches
+    // the console as it would without them, as under torchrun.
+    logs.redirects = {};
+    logs.tee = {};
+  } else {
+    logs.run_id = log_folder(o, run_id, made);
+  }
   logs.tee_through_pipes = o.tee_through_pipes;
   logs.prefix = o.log_line_prefix_template;
   // Local ranks past this node's are left out, as torchrun leaves them
@@ -432,7 +450,7 @@ cohort::logs_spec logs_of(const run_options& o, int nproc, const std::string& ru
     }
   }
   if (!o.log_dir.empty()) {
-    logs.dir = o.log_dir;
+    if (!no_log_files(o)) logs.dir = o.log_dir;
   } else if (!logs.redirects.empty() || !logs.tee.empty()) {
     std::error_code ec;
     logs.dir = fresh_temp_folder("cohort-run-", ec);

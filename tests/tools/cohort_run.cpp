@@ -693,6 +693,55 @@ TEST_SUITE("cohort-run") {
     }
   }
 
+  // Before, --log-dir /dev/null was refused: "the run's folder in it could
+  // not be made: Not a directory".
+  TEST_CASE("--log-dir /dev/null: no folder and no file, every stream on the console, no error file, as under torchrun") {
+    test::temp_dir tmp, results;
+    const auto json = results.path / "result.json";
+    // The folders cohort-run would make in $TMPDIR: its logs', its kept error files'.
+    const auto made_in_tmp = [&tmp] {
+      std::vector<std::string> made;
+      for (const auto& e : fs::directory_iterator(tmp.path)) {
+        if (e.path().filename().string().starts_with("cohort-run")) made.push_back(e.path().filename().string());
+      }
+      return made;
+    };
+    auto r = run_launcher({"-n", "2", "--log-dir", "/dev/null", "-r", "0:3", "-t", "1:3", "--result-json", json.string(),
+                           "--", "/bin/sh", "-c",
+                           "echo out $LOCAL_RANK \"<${TORCHELASTIC_ERROR_FILE-unset}>\" \"<${COHORT_ERROR_FILE-unset}>\"; "
+                           "echo err $LOCAL_RANK >&2"},
+                          {{"TMPDIR", tmp.path.string()}});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    // Redirected and teed streams alike reach the console as the ranks
+    // wrote them: torchrun has no file to follow for a prefixed copy.
+    CHECK(r.out.size() == std::string("out 0 <> <>\n").size() * 2);
+    CHECK(r.out.find("out 0 <> <>\n") != std::string::npos);
+    CHECK(r.out.find("out 1 <> <>\n") != std::string::npos);
+    CHECK(r.err.find("err 0\n") != std::string::npos);
+    CHECK(r.err.find("err 1\n") != std::string::npos);
+    CHECK(r.err.find("[default") == std::string::npos);
+    CHECK(r.err.find("logs in") == std::string::npos);
+    CHECK(made_in_tmp().empty());
+    REQUIRE(fs::exists(json));
+    const auto recorded = nlohmann::json::parse(read_file(json));
+    CHECK(recorded["outcome"] == "succeeded");
+    CHECK_FALSE(recorded.contains("log_dir"));
+    // --local-ranks-filter still holds back the other ranks' streams.
+    r = run_launcher({"-n", "2", "--log-dir", "/dev/null", "--local-ranks-filter", "1", "--", "/bin/sh", "-c",
+                      "echo out $LOCAL_RANK"},
+                     {{"TMPDIR", tmp.path.string()}});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(r.out == "out 1\n");
+    // A rank that fails leaves no error file to keep: its exit code is the
+    // run's, and nothing is made for it.
+    r = run_launcher({"-n", "2", "--log-dir", "/dev/null", "--", "/bin/sh", "-c",
+                      "if [ $RANK = 1 ]; then echo '{}' > \"${COHORT_ERROR_FILE:-/dev/null}\"; exit 3; fi"},
+                     {{"TMPDIR", tmp.path.string()}});
+    CHECK(r.status.code() == 3);
+    CHECK_MESSAGE(kept_error_folder(r.err).empty(), r.err);
+    CHECK(made_in_tmp().empty());
+  }
+
   TEST_CASE("--local-ranks-filter: only those ranks reach the console") {
     test::temp_dir dir;
     auto r = run_launcher({"-n", "3", "--log-dir", dir.path.string(), "-t", "3", "--local-ranks-filter", "1", "--run-id", "none",

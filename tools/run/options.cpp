@@ -375,7 +375,9 @@ run_options parse_options(int argc, char** argv) {
   app.add_flag("--no-python,--no_python", no_python, "run the program itself, not with Python");
   app.add_flag("--run-path,--run_path", run_path, "run the script with runpy.run_path (a path, relative or absolute)");
   app.add_option("--log-dir,--log_dir", o.log_dir,
-                 "folder for the ranks' logs: <dir>/<run-id>_XXXXXXXX/attempt_<k>/<local-rank>/, and result.json there");
+                 "folder for the ranks' logs: <dir>/<run-id>_XXXXXXXX/attempt_<k>/<local-rank>/, and result.json there; "
+                 "/dev/null: no files at all, as torchrun takes it (no folder, no error files, and every stream "
+                 "reaches the console as without --redirects and --tee)");
   app.add_option("-r,--redirects", o.redirects, "streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both; or 0:3,1:0");
   app.add_option("-t,--tee", o.tee, "streams to log files and the console, prefixed; values as --redirects");
   app.add_option("--local-ranks-filter,--local_ranks_filter", local_ranks_filter,
