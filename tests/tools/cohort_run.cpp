@@ -1362,6 +1362,23 @@ TEST_SUITE("cohort-run") {
     CHECK(run_launcher({"--no-python", "true"}, {{"PET_RDZV_ENDPOINT", ""}}).status.code() == 0);
   }
 
+  // Before, both were refused as set but empty.
+  TEST_CASE("PET_LOCAL_RANKS_FILTER=\"\" is no filter and PET_ROLE=\"\" the role \"\", as torchrun takes them") {
+    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", "echo rank $LOCAL_RANK"}, {{"PET_LOCAL_RANKS_FILTER", ""}});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(r.out.find("rank 0\n") != std::string::npos);
+    CHECK(r.out.find("rank 1\n") != std::string::npos);
+    test::temp_dir dir;
+    r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", dump_contract, dir.path.string()}, {{"PET_ROLE", ""}});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(variables_in(dir.path / "0")["ROLE_NAME"].empty());
+    // The command line still wins.
+    r = run_launcher({"-n", "1", "--role", "trainer", "--", "/bin/sh", "-c", dump_contract, dir.path.string()},
+                     {{"PET_ROLE", ""}});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(variables_in(dir.path / "0")["ROLE_NAME"] == "trainer");
+  }
+
   TEST_CASE("flags as torchrun's parser reads them: given twice, the last wins; abbreviated, when one flag is meant") {
     test::temp_dir twice;
     auto r = run_launcher({"--nproc-per-node", "3", "--nproc_per_node=2", "--role", "a", "--role", "b", "--standalone",

@@ -83,21 +83,24 @@ std::vector<int> signals(const std::string& flag, const std::string& list, bool 
 // CLI11 takes it for unset, and the flag's default would apply unsaid;
 // torchrun takes it as the value "", which fails a number or a switch
 // (PET_NPROC_PER_NODE=$NGPUS with NGPUS unset). Refused for those; for a
-// text whose default is empty as well (an endpoint, a folder), "" is that
-// default.
-void refuse_empty_environment(const CLI::App& app) {
-  static constexpr std::string_view empty_by_default[] = {"rdzv-endpoint", "rdzv-conf", "log-dir", "local-addr"};
+// text whose default is empty as well (an endpoint, a folder, the ranks'
+// filter), "" is that default; PET_ROLE="" is the role "", as --role '' is.
+void take_empty_environment(const CLI::App& app, run_options& o) {
+  static constexpr std::string_view empty_by_default[] = {"rdzv-endpoint", "rdzv-conf", "log-dir", "local-addr",
+                                                          "local-ranks-filter"};
   for (const auto* option : app.get_options()) {
     const std::string name = option->get_envname();
-    if (name.empty() || option->count() > 0 || std::ranges::find(empty_by_default, option->get_lnames().front()) !=
-                                                    std::end(empty_by_default)) {
+    const std::string& flag = option->get_lnames().front();
+    if (name.empty() || option->count() > 0 || std::ranges::find(empty_by_default, flag) != std::end(empty_by_default)) {
       continue;
     }
     const char* value = std::getenv(name.c_str());
-    if (value != nullptr && *value == '\0') {
-      throw usage_error(fmt::format("{} is set but empty: give --{} a value there, or unset it", name,
-                                    option->get_lnames().front()));
+    if (value == nullptr || *value != '\0') continue;
+    if (flag == "role") {
+      o.role.clear();
+      continue;
     }
+    throw usage_error(fmt::format("{} is set but empty: give --{} a value there, or unset it", name, flag));
   }
 }
 
@@ -438,7 +441,7 @@ run_options parse_options(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     throw usage_error(e.what());
   }
-  refuse_empty_environment(app);
+  take_empty_environment(app, o);
 
   parse_nnodes(nnodes, o);
   o.nnodes_given = nnodes_flag->count() > 0;
