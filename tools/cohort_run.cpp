@@ -711,7 +711,7 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
       keep_alive_max_attempt = whole_number("--rdzv-conf keep_alive_max_attempt", value, 1);
     } else if (key == "read_timeout") {
       c.request_timeout = millis(conf_seconds(key, value));
-    } else if (key == "close_timeout" || key == "is_host" || key == "use_libuv") {
+    } else if (key == "close_timeout" || key == "is_host" || key == "use_libuv" || key == "store_type") {
       // c10d's; nothing to do with etcd.
     } else if (key == "protocol") {
       if (value != "http") throw usage_error(fmt::format("--rdzv-conf protocol={}: etcd is reached over http only", value));
@@ -729,12 +729,20 @@ rendezvous_config etcd_config(const run_options& o, int nproc, const std::string
 // --rdzv-conf's join_timeout (or timeout), as torchrun's rendezvous takes
 // it; 600 s when not given. Its other keys are etcd's and c10d's, taken
 // and left alone; a key no backend has is refused, as a misspelt
-// join_timeout would otherwise leave the wait at 600 s.
+// join_timeout would otherwise leave the wait at 600 s. Under c10d, a
+// store_type that torchrun's c10d backend has no store for is refused, as
+// it refuses it.
 std::chrono::milliseconds static_join_timeout(const run_options& o) {
   std::chrono::milliseconds timeout = std::chrono::seconds(600);
   for (const auto& [key, value] : conf_items(o.rdzv_conf)) {
     if (key == "join_timeout" || key == "timeout") {
       timeout = millis(conf_seconds(key, value));
+    } else if (key == "store_type") {
+      std::string type = value;
+      std::ranges::transform(type, type.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      if (o.rdzv_backend == "c10d" && type != "tcp" && type != "file") {
+        throw usage_error(fmt::format("--rdzv-conf store_type={}: c10d's store is tcp or file", value));
+      }
     } else if (key != "last_call_timeout" && key != "keep_alive_interval" && key != "keep_alive_max_attempt" &&
                key != "read_timeout" && key != "close_timeout" && key != "is_host" && key != "use_libuv" &&
                key != "protocol") {

@@ -2004,6 +2004,29 @@ TEST_SUITE("cohort-run") {
     }
   }
 
+  // Before, store_type, a key of torchrun's c10d backend, was refused:
+  // "no key 'store_type'".
+  TEST_CASE("--rdzv-conf store_type: tcp or file is taken and left alone; another is refused under c10d, as torchrun refuses it") {
+    for (const char* conf : {"store_type=tcp", "store_type = FILE, join_timeout=5"}) {
+      CAPTURE(conf);
+      auto r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", conf, "--",
+                             "/bin/sh", "-c", "echo ran"});
+      CHECK_MESSAGE(r.status.code() == 0, r.err);
+      CHECK(r.out == "ran\n");
+    }
+    auto r = run_launcher({"--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf",
+                           "store_type=redis", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK_MESSAGE(r.err.find("--rdzv-conf store_type=redis: c10d's store is tcp or file") != std::string::npos, r.err);
+    // Elsewhere it is c10d's key, taken as its others are: under etcd-v3,
+    // the error is read_timeout's, the key before it taken.
+    r = run_launcher({"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-conf",
+                      "store_type=tcp,read_timeout=0.0001", "--", "/bin/true"});
+    CHECK(r.status.code() == 2);
+    CHECK_MESSAGE(r.err.find("--rdzv-conf read_timeout: '0.0001' is not a number of seconds") != std::string::npos,
+                  r.err);
+  }
+
   // Before, "SIGTERM, SIGUSR1" was refused, naming 'SIG SIGUSR1'.
   TEST_CASE("blanks around the names of --signals-to-handle and --signals-to-forward are taken off, as torchrun takes them") {
     test::temp_dir handled;
