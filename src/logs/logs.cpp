@@ -46,6 +46,8 @@
 #include <stdexcept>
 #include <system_error>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace cohort::detail {
 namespace {
@@ -208,7 +210,49 @@ struct console_out {
   std::chrono::steady_clock::time_point last_took{};
   int error = 0;          // why it refused a write; it is then lost
   std::atomic<bool> full = false;  // a backlog waits: the streams read no more
+  // The last byte it wrote ended no line (ends_line): the line's rest
+  // waits in the backlog, or never comes once the console is given up.
+  // Another writer of the file then starts a line of its own
+  // (take_open_line), and so does a console opened on it after this one
+  // has gone.
+  bool mid_line = false;
+
+  console_out() = default;
+  console_out(const console_out&) = delete;
+  console_out& operator=(const console_out&) = delete;
+  ~console_out();
 };
+
+namespace {
+
+// The files that a console of this process left inside a line when it
+// went: the next writer there (a console opened on it again, or
+// take_open_line's caller) starts with a newline. A lock of its own: a
+// console goes with its last holder, who may hold the list of consoles'.
+struct open_line_list {
+  std::mutex mutex;
+  std::vector<std::pair<dev_t, ino_t>> files;
+};
+
+// Whether a console left the file (`device`, `inode`) inside a line; the
+// record goes, so only one writer hears it.
+bool take_left_open(dev_t device, ino_t inode) {
+  auto& left = os::of_this_process<open_line_list>();
+  std::lock_guard lock(left.mutex);
+  return std::erase(left.files, std::pair{device, inode}) > 0;
+}
+
+}  // namespace
+
+console_out::~console_out() {
+  if (!mid_line || (device == 0 && inode == 0)) return;  // a line's end, or a file that fstat did not name
+  try {
+    auto& left = os::of_this_process<open_line_list>();
+    std::lock_guard lock(left.mutex);
+    left.files.emplace_back(device, inode);
+  } catch (...) {  // out of memory: the next writer may start inside the line
+  }
+}
 
 namespace {
 
@@ -231,6 +275,12 @@ std::shared_ptr<console_out> open_console(int fd, const struct stat* found) {
   if (out.reopened.get() >= 0) {
     c->fd = out.reopened.get();
     c->own = std::move(out.reopened);
+  }
+  // A line left open there ends before its first line; should it go
+  // before writing one, the line is still open.
+  if (take_left_open(c->device, c->inode)) {
+    c->backlog = "\n";
+    c->mid_line = true;
   }
   return c;
 }
@@ -276,6 +326,10 @@ int write_out(int fd, os::write_way way, const char*& at, std::size_t& left) {
   return 0;
 }
 
+// Whether a console line may end with `last`: '\n', or on a terminal a
+// lone '\r', drawn over by the next line as the rank meant.
+bool ends_line(char last) { return last == '\n' || last == '\r'; }
+
 // Writes `c`'s backlog, then `size` bytes of `data`, under c.mutex. What
 // the console does not take within inline_wait_ms is kept in the backlog
 // (`later`); `refused` with c.error set when the console refuses it (its
@@ -287,12 +341,16 @@ offered put(console_out& c, bool size_limited, const char* data, std::size_t siz
   const char* old = c.backlog.data() + c.taken;
   std::size_t old_left = c.backlog.size() - c.taken;
   const std::size_t offered_bytes = old_left + size;
+  const char* const old_from = old;
   int error = write_out(c.fd, c.way, old, old_left);
+  if (old != old_from) c.mid_line = !ends_line(old[-1]);
   c.taken = c.backlog.size() - old_left;
   if (error == 0) {
     c.backlog.clear();
     c.taken = 0;
+    const char* const data_from = data;
     error = write_out(c.fd, c.way, data, size);
+    if (data != data_from) c.mid_line = !ends_line(data[-1]);
   }
   if (old_left + size < offered_bytes) c.last_took = std::chrono::steady_clock::now();
   if (error == EAGAIN) {
@@ -1191,6 +1249,23 @@ void group_logs::close_descriptors() noexcept {
   st.inotify.reset();
   for (auto& ends : st.ranks) ends.held.clear();
   st.consoles.clear();  // a console's own descriptor closes with the last group that writes to it
+}
+
+bool take_open_line(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  bool open = false;
+  {
+    auto& list = open_consoles();
+    std::lock_guard lock(list.mutex);
+    for (const auto& weak : list.consoles) {
+      const auto c = weak.lock();
+      if (!c || c->device != st.st_dev || c->inode != st.st_ino) continue;
+      std::lock_guard line(c->mutex);
+      open = std::exchange(c->mid_line, false) || open;
+    }
+  }
+  return take_left_open(st.st_dev, st.st_ino) || open;
 }
 
 std::vector<std::string> group_logs::errors() const {

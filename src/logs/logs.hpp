@@ -123,6 +123,16 @@ class group_logs {
   std::shared_ptr<state> state_;
 };
 
+/// For a writer of lines of its own to a file that consoles of this
+/// process's groups may be too (cohort-run's on its stderr): whether such a
+/// console wrote there the start of a line and not its end, which then
+/// waits for the console to take it, or never comes (the console was given
+/// up, or its groups have gone). The caller starts its text with a newline,
+/// so that a line of its own begins, and the line counts as ended: the
+/// next caller hears nothing of it, and the rest, if it comes, starts a
+/// line too. Takes the console's lock for a moment; any thread may call it.
+bool take_open_line(int fd);
+
 /// Expands ${role} (also ${role_name}), ${rank} and ${local_rank} in `pattern`.
 std::string expand_prefix(const std::string& pattern, const std::string& role, int rank, int local_rank);
 

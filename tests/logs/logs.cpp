@@ -1076,6 +1076,58 @@ TEST_CASE("a group that gives up a console leaves the lines other groups put in 
   CHECK(next_b == 2004);
 }
 
+// Before, the next group's first line went on where the given-up line
+// stopped: "[A0]:yyy...yyy[B0]:whole".
+TEST_CASE("a console given up inside a line: the next group on that file starts on a line of its own") {
+  int console[2];
+  REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+  REQUIRE(::fcntl(console[1], F_SETPIPE_SZ, 4096) == 4096);
+  const auto on_console = [&console](const char* name, const std::string& script) {
+    auto spec = shell_ranks(1, script);
+    spec.name = name;
+    spec.logs.prefix_all = true;
+    spec.logs.console_out = console[1];
+    spec.shutdown.kill_wait = 500ms;
+    return spec;
+  };
+  // A's one line is longer than the pipe holds: the console takes its
+  // start, and nobody reads it until A, stopped, has given it up.
+  const auto a_spec = on_console("A", "head -c 30000 /dev/zero | tr '\\0' y; echo; exec sleep 60");
+  const auto b_spec = on_console("B", "echo whole");
+  asio::io_context io;
+  run_result a, b;
+  std::atomic<bool> a_done = false;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    group g = co_await start_processes(a_spec);
+    asio::steady_timer pause(io, 700ms);
+    co_await pause.async_wait(asio::use_awaitable);
+    g.stop();
+    a = co_await g.wait();
+    a_done = true;
+    group next = co_await start_processes(b_spec);
+    b = co_await next.wait();
+  }, asio::detached);
+  std::string text;
+  std::thread reader([&] {  // from A's end on
+    const auto until = std::chrono::steady_clock::now() + 60s;
+    while (!a_done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+    text = read_to_end(console[0]);
+  });
+  io.run();
+  ::close(console[1]);
+  reader.join();
+  ::close(console[0]);
+  CHECK(a.stopped);
+  REQUIRE(a.log_errors.size() == 1);
+  CHECK(a.log_errors[0].find("took nothing for the time the run was given to end") != std::string::npos);
+  CHECK(b.ok());
+  const auto lines = lines_of(text);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].starts_with("[A0]:yyyy"));
+  CHECK(lines[0].size() < 30005);  // the start of A's line only
+  CHECK(lines[1] == "[B0]:whole");
+}
+
 TEST_CASE("a console that takes nothing holds up no group that writes to another console, nor its start") {
   test::temp_dir dir;
   int stuck[2];

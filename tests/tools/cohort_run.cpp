@@ -259,6 +259,49 @@ void sigterm_ends_a_run_whose_console_is_never_read(const std::vector<std::strin
 }  // namespace
 
 TEST_SUITE("cohort-run") {
+  // Before, cohort-run's line went on where the rank's stopped, on the
+  // same line: "[default0]:yyy...yyycohort-run: interrupted by SIGTERM".
+  TEST_CASE("cohort-run's own line after a console given up inside a rank's line starts a line of its own") {
+    test::temp_dir dir;
+    int console[2];
+    REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
+    // The rank's one line (in 64 KiB pieces on the console) is longer than
+    // the console's pipe holds, however large the system lets it grow: the
+    // console takes its start, and nobody reads it until cohort-run has
+    // given it up, 10 s after the signal (its ranks' end: kill_wait for the
+    // pumps, another for the console), and waits to write its own line (at
+    // most 5 s).
+    const command cmd(launcher, {"-n", "1", "--log-dir", (dir.path / "logs").string(), "-t", "3", "--", "/bin/sh",
+                                 "-c", "head -c 2000000 /dev/zero | tr '\\0' y; echo; : > \"$0/up\"; exec sleep 60",
+                                 dir.path.string()});
+    std::string text;
+    asio::io_context io;
+    const auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {
+      spawn_options options{.out = stdio::fd(console[1]), .err = stdio::same_as_stdout()};
+      options.env.set("TMPDIR", launcher_tmpdir());
+      child c = co_await spawn(cmd, options);
+      ::close(console[1]);
+      co_await files_appear(dir.path, 1, "up");
+      c.signal(SIGTERM);
+      asio::steady_timer pause(co_await asio::this_coro::executor, 12500ms);
+      co_await pause.async_wait(asio::use_awaitable);
+      asio::readable_pipe reader(co_await asio::this_coro::executor, console[0]);
+      text = co_await test::read_all(reader);
+      co_return co_await c.wait();
+    }());
+    CHECK(status.code() == 128 + SIGTERM);
+    CHECK(text.find("the logs are incomplete") != std::string::npos);  // the console was given up
+    CHECK(text.starts_with("[default0]:yyyy"));
+    const auto said = text.find("cohort-run: interrupted by SIGTERM");
+    REQUIRE(said != std::string::npos);
+    CHECK(text[said - 1] == '\n');
+    // Before it, the start of the rank's line's last piece: the rest was not taken.
+    const auto given_up = text.substr(0, said - 1);
+    const auto last_line = given_up.substr(given_up.rfind('\n') + 1);
+    CHECK(last_line.starts_with("[default0]:yyyy"));
+    CHECK(last_line.size() < std::string("[default0]:").size() + 64 * 1024);
+  }
+
 #if COHORT_TEST_LEAN_COHORT_RUN
   TEST_CASE("cohort-run loads no shared library but libc and the loader: it starts once per job") {
     for (const auto& name : needed_libraries(launcher)) {

@@ -1,5 +1,6 @@
 #include "run/say.hpp"
 
+#include "logs/logs.hpp"
 #include "os/unwaiting_write.hpp"
 
 #include <poll.h>
@@ -53,19 +54,22 @@ bool shutdown_came() noexcept {
 // ranks share stay as they are).
 struct console {
   std::once_flag opened;
+  int given = -1;  // 1 or 2
   int fd = -1;
   cohort::os::write_way way = cohort::os::write_way::plain;
   cohort::os::owned_fd reopened;
   std::mutex mutex;   // one line at a time; guards what follows
-  std::string tail;   // the rest of a line the console took only part of
+  // What goes before the next line: the rest of one the console took only
+  // part of, or a newline that ends a group's (cohort::detail::take_open_line).
+  std::string tail;
   std::size_t dropped = 0;  // lines it did not take since it last took one
   clock::duration waited{};  // waited for it since a shutdown signal came
 
-  void open(int given) {
-    fd = given;
+  void open(int number) {
+    given = fd = number;
     struct stat st {};
-    if (::fstat(given, &st) != 0) return;
-    auto out = cohort::os::make_unwaiting(given, st);
+    if (::fstat(number, &st) != 0) return;
+    auto out = cohort::os::make_unwaiting(number, st);
     way = out.way;
     reopened = std::move(out.reopened);
     if (reopened.get() >= 0) fd = reopened.get();
@@ -99,6 +103,9 @@ struct console {
 
   void write(std::string_view text) {
     std::lock_guard lock(mutex);
+    // A group's console on this file left part of a rank's line there (it
+    // was given up, or still waits for the rest): this line starts anew.
+    if (cohort::detail::take_open_line(given)) tail.insert(0, 1, '\n');
     if (!tail.empty()) {  // a line's rest comes before any other line
       const auto left = put(tail);
       tail.erase(0, tail.size() - left.size());
