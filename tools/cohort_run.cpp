@@ -951,6 +951,9 @@ attempt_record run_attempt(cohort::group_spec& spec, signal_owner& signals, etcd
       }
     } watch{timer};
     if (timer != nullptr) timer->starting();
+    // The descriptor the group's signals are read from is had before the
+    // start: where the limit leaves none for it, no rank has run.
+    signals.prepare_attach();
     auto g = co_await cohort::start_processes(spec);
     // Signals reach the group until it has ended; one that came during the
     // start reaches it now.

@@ -502,6 +502,44 @@ TEST_SUITE("cohort-run") {
     CHECK(failed > 0);  // the smallest limit leaves no room to start
   }
 
+  // Before, a limit that left the start its last descriptor left none for
+  // reading the signals: the ranks ran, their lines reached the console,
+  // and they were killed, result.json recording no attempt. (A start that
+  // fails, a rank that cannot be spawned, may have spawned others, killed
+  // as it unwinds; their lines are never pumped.)
+  TEST_CASE("under each descriptor limit about what a start needs, cohort-run runs every rank or fails in its start") {
+    int ran = 0, failed = 0;
+    for (int limit = 8; limit <= 128 && ran < 3; ++limit) {
+      CAPTURE(limit);
+      test::temp_dir dir;
+      const auto file = dir.path / "result.json";
+      // The ranks live on a while, their streams' pumps waiting, as the start ends.
+      const command cmd("/bin/sh", {"-c", "ulimit -n \"$0\" && exec \"$@\"", std::to_string(limit), launcher,
+                                    "--result-json", file.string(), "--log-dir", (dir.path / "logs").string(),
+                                    "--tee-through-pipes", "-t", "1", "-n", "8", "--", "/bin/sh", "-c",
+                                    ": > \"$0/ran.$RANK\"; echo up; exec sleep 0.5", dir.path.string()});
+      const outcome o = run_command(cmd, [](child&) -> asio::awaitable<void> { co_return; });
+      INFO(o.err);
+      std::size_t lines = 0;
+      for (std::size_t at = 0; (at = o.out.find("]:up", at)) != std::string::npos; ++at) ++lines;
+      if (o.status.success()) {
+        ++ran;
+        std::size_t marks = 0;
+        for (const auto& e : fs::directory_iterator(dir.path)) marks += e.path().filename().string().starts_with("ran.");
+        CHECK(marks == 8);
+        CHECK(lines == 8);
+        REQUIRE(fs::exists(file));
+        CHECK(nlohmann::json::parse(read_file(file))["attempts"].size() == 1);
+        continue;
+      }
+      ++failed;
+      CHECK(o.err.find("Too many open files") != std::string::npos);
+      CHECK(lines == 0);
+    }
+    CHECK(failed > 0);
+    CHECK(ran == 3);  // the first limits that let the run start
+  }
+
   TEST_CASE("teed through pipes, with log files, 120 ranks start under a soft limit of 64 descriptors") {
     // Each rank holds up to eight here while it starts (both ends of two
     // pipes, two log files, two pidfds).

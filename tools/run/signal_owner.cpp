@@ -30,6 +30,17 @@ sigset_t held_from_start() noexcept {
   return set;
 }
 
+// A duplicate of `fd` (the signalfd), for an io_context to wait on.
+cohort::os::owned_fd duplicate(int fd) {
+  cohort::os::owned_fd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (copy.get() < 0) {
+    const int error = errno;
+    throw std::system_error(error, std::system_category(),
+                            "dup of its signalfd" + cohort::os::descriptor_limit_note(error));
+  }
+  return copy;
+}
+
 }  // namespace
 
 void hold_signals_from_start() noexcept {
@@ -137,14 +148,15 @@ void signal_owner::wait_next() {
   });
 }
 
+void signal_owner::prepare_attach() {
+  std::lock_guard lock(mutex_);
+  if (prepared_.get() < 0) prepared_ = duplicate(signals_fd_);
+}
+
 void signal_owner::attach(cohort::group& g, const asio::any_io_executor& ex) {
   std::lock_guard lock(mutex_);
-  const int copy = ::fcntl(signals_fd_, F_DUPFD_CLOEXEC, 0);
-  if (copy < 0) {
-    const int error = errno;
-    throw std::system_error(error, std::system_category(),
-                            "dup of its signalfd" + cohort::os::descriptor_limit_note(error));
-  }
+  if (prepared_.get() < 0) prepared_ = duplicate(signals_fd_);
+  const int copy = prepared_.release();
   try {
     readable_ = std::make_unique<asio::posix::stream_descriptor>(ex, copy);
   } catch (...) {
@@ -167,6 +179,7 @@ void signal_owner::detach() {
   std::lock_guard lock(mutex_);
   group_ = nullptr;
   readable_.reset();  // its wait ends, operation_aborted
+  prepared_.reset();
 }
 
 std::optional<int> signal_owner::interrupted() {

@@ -12,6 +12,7 @@
 #include <cohort/group.hpp>
 
 #include "group/signal_echo.hpp"
+#include "os/owned_fd.hpp"
 
 #include <asio/any_io_executor.hpp>
 #include <asio/posix/stream_descriptor.hpp>
@@ -56,6 +57,12 @@ class signal_owner {
   /// group::send_signal. A shutdown signal that came before goes to it at
   /// once. detach() must come before `ex`'s io_context goes.
   void attach(cohort::group& g, const asio::any_io_executor& ex);
+  /// Takes the descriptor that the next attach() reads the signals from,
+  /// before the group starts: where the descriptor limit leaves none for
+  /// it, the start fails here, before any rank runs, rather than once the
+  /// ranks run. Kept until attach() or detach(); attach() takes one itself
+  /// where none was taken. Throws std::system_error.
+  void prepare_attach();
   void detach();
   /// The first shutdown signal, once one came (reading those waiting).
   std::optional<int> interrupted();
@@ -77,6 +84,7 @@ class signal_owner {
   std::mutex mutex_;     // guards what follows
   cohort::group* group_ = nullptr;
   std::unique_ptr<asio::posix::stream_descriptor> readable_;  // a dup of signals_fd_, while attached
+  cohort::os::owned_fd prepared_;  // a dup of signals_fd_ for the next attach()
   cohort::detail::first_shutdown_signal first_;
 };
 
