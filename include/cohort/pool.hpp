@@ -290,7 +290,8 @@ class pool {
   /// Cancellation (the handler's cancellation slot, any type) ends the wait
   /// with std::system_error(operation_aborted), at once for a map waiting
   /// its turn: items a worker has taken still run, and their results are
-  /// dropped; the rest do not run. The signal of a handler whose executor
+  /// dropped; the rest do not run. An item a worker has taken holds the
+  /// storages it names until that worker has answered. The signal of a handler whose executor
   /// has an execution context (an io_context, a strand, a coroutine's) is
   /// emitted from that context, and the map clears the slot as the handler
   /// runs; that of one with none (a callback, asio::use_future) may be

@@ -35,7 +35,11 @@ namespace cohort {
 
 namespace detail {
 
-using pool_task = std::tuple<std::uint64_t, std::string, std::vector<std::byte>>;     // item, function, arguments
+// item, function, arguments, and the storages the arguments' handles name:
+// the queue holds them while in flight and the worker that takes the item
+// takes them over, so they outlive a map that is cancelled (or taken back
+// by the pool's end) while that worker has still to decode its item.
+using pool_task = std::tuple<std::uint64_t, std::string, std::vector<std::byte>, std::vector<storage>>;
 // item, returned, result or error, and the storages the result's handles name
 using pool_outcome = std::tuple<std::uint64_t, bool, std::vector<std::byte>, std::vector<storage>>;
 
@@ -68,7 +72,8 @@ int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> r
     } catch (const queue_closed&) {
       return 0;
     }
-    auto& [item, name, bytes] = *task;
+    // `holds` keeps the item's storages until its result is sent.
+    auto& [item, name, bytes, holds] = *task;
     try {
       auto result = call_entry(name, worker, encoded::from_bytes(std::move(bytes)));
       std::vector<std::byte> out;
@@ -334,7 +339,8 @@ class pool_state {
         const auto bytes = args[sent].bytes();
         bool pushed = false;
         try {
-          pushed = tasks_.try_push({first + sent, name, std::vector<std::byte>(bytes.begin(), bytes.end())});
+          pushed = tasks_.try_push(
+              {first + sent, name, std::vector<std::byte>(bytes.begin(), bytes.end()), held_storages(args[sent])});
         } catch (const queue_closed&) {
           throw_ended();  // closed by the pool's end
         }

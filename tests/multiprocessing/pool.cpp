@@ -192,6 +192,20 @@ int segment_mappings(int, int) {
 }
 COHORT_ENTRYPOINT(segment_mappings);
 
+// Item 0 (no text) marks its storage once 300 ms have passed (item 1 is in
+// the queue by then) and returns; the others write 0xAB over their storage,
+// once their text, large enough to take a while, has been decoded.
+void mark_or_scribble(int, std::tuple<std::string, storage> item) {
+  const auto& [text, s] = item;
+  if (text.empty()) {
+    ::usleep(300000);
+    std::atomic_ref(*reinterpret_cast<std::int64_t*>(s.data())).store(1);
+    return;
+  }
+  std::memset(s.data(), 0xAB, s.nbytes());
+}
+COHORT_ENTRYPOINT(mark_or_scribble);
+
 // Maps slow_square over `items` on `p` awaited, while a timer on the same
 // io_context counts its ticks; returns the results and the ticks.
 asio::awaitable<std::pair<std::vector<long>, int>> map_beside_a_timer(pool& p, std::vector<long> items) {
@@ -652,6 +666,51 @@ TEST_SUITE("pool") {
       (void)map_cancelled_after(p, more, cancel_more, std::chrono::milliseconds(50));
     }
     CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(3));
+  }
+
+  // Before, an item crossed as bytes alone, and only the map's encoded items
+  // held its storages: they went as the cancelled map completed, while the
+  // worker still decoded the item it had taken, and a storage the parent
+  // made next could take the freed block, which the worker then wrote.
+  TEST_CASE("a cancelled map's item in a worker's hand keeps its storages: storages made after the cancel stay untouched") {
+    pool p(1);
+    const storage marked = storage::allocate_shared(sizeof(std::int64_t));
+    int overwritten = 0;
+    for (int round = 0; round < 5; ++round) {
+      std::memset(marked.data(), 0, marked.nbytes());
+      asio::cancellation_signal cancel;
+      std::promise<std::exception_ptr> outcome;
+      auto done = outcome.get_future();
+      {
+        // The caller's copy of the written storage goes here: the map's
+        // items alone hold it.
+        std::vector<std::tuple<std::string, storage>> items;
+        items.emplace_back(std::string(), marked);
+        items.emplace_back(std::string(std::size_t{128} << 20, 'x'), storage::allocate_shared(64));
+        p.map(mark_or_scribble, items,
+              asio::bind_cancellation_slot(cancel.slot(), [&outcome](std::exception_ptr e) { outcome.set_value(e); }));
+      }
+      // Item 0 ends, and the worker takes item 1: its text takes a while to
+      // decode, and the cancel comes meanwhile.
+      REQUIRE(test::within(std::chrono::seconds(10), [&] { return count_of(marked) == 1; }));
+      cancel.emit(asio::cancellation_type::terminal);
+      REQUIRE(done.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+      CHECK(test::aborted(done.get()));
+      // Storages of the written one's size, zeroed, made as the map's thread
+      // lets go of its items and after: one could take a freed block.
+      std::vector<storage> fresh;
+      for (int i = 0; i < 12; ++i) {
+        if (i % 4 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        fresh.push_back(storage::allocate_shared(64));
+        std::memset(fresh.back().data(), 0, 64);
+      }
+      // The next map's item runs once the item in hand has ended.
+      CHECK(p.map(square, std::vector<long>{3}) == std::vector<long>{9});
+      for (const auto& s : fresh) {
+        if (std::to_integer<int>(s.data()[0]) == 0xAB) ++overwritten;
+      }
+    }
+    CHECK(overwritten == 0);
   }
 
   TEST_CASE("a map that fails on a result it cannot receive leaves its items not yet taken unrun") {
