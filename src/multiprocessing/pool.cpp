@@ -202,8 +202,11 @@ class pool_state {
       line_->turn_given.notify_all();
       line_->hand_off.notify_all();
     }
-    take_back_tasks();
+    // Closed before the take-back: a map still running pushes its next item
+    // before the close, where the take-back finds it, or not at all; one
+    // pushed between the two would run during the end.
     tasks_.close();
+    take_back_tasks();
     // Workers in the middle of an item are ended by the group's shutdown
     // (SIGTERM, then SIGKILL, as pool_options::shutdown says), and the maps
     // waiting for them see the group end. The memory of stop()'s dispatch
@@ -263,7 +266,7 @@ class pool_state {
       while (tasks_.try_pop()) {
       }
     } catch (...) {
-      // The queue is closed or its memory is gone: nothing left to take back.
+      // Closed and empty, or its memory is gone: nothing left to take back.
     }
   }
 
