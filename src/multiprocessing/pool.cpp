@@ -53,8 +53,11 @@ constexpr std::chrono::milliseconds idle_trim_after{100};
 // only so that a worker ending early with code 0 (an item that
 // called exit) is a failure of its rank, which ends the pool: a void
 // function's rank that exits 0 has simply finished, and the map would wait
-// for its item for good.
-int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> results) {
+// for its item for good. A worker whose parent has died (a pool whose
+// workers do not die with it: parent_death_signal 0) exits with code 1,
+// saying nothing: nobody is left to report to, and its end is no failure
+// of its own.
+int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> results) try {
   for (;;) {
     std::optional<pool_task> task;
     try {
@@ -90,6 +93,10 @@ int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> r
       results.put({item, false, std::vector<std::byte>(first, first + text.size()), {}});
     }
   }
+} catch (const peer_lost&) {
+  // The parent, the one producer of items and consumer of results, has
+  // gone (an item's own peer_lost fails only that item, above).
+  return 1;
 }
 COHORT_ENTRYPOINT(cohort_pool_worker);
 
