@@ -8,6 +8,7 @@
 // line to the console.
 #include "logs/logs.hpp"
 
+#include "os/descriptor_limit.hpp"
 #include "os/per_process.hpp"
 #include "os/quiet_sigpipe.hpp"
 #include "os/unwaiting_write.hpp"
@@ -156,7 +157,7 @@ os::owned_fd open_log(const std::filesystem::path& path) {
         ec == std::errc::no_such_device_or_address && ::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
     throw std::filesystem::filesystem_error(
         unread_fifo ? "cohort::start_processes: log file (a FIFO that no process has open for reading)"
-                    : "cohort::start_processes: log file",
+                    : "cohort::start_processes: log file" + os::descriptor_limit_note(ec.value()),
         path, ec);
   }
   ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
@@ -602,7 +603,11 @@ group_logs::group_logs(const logs_spec& spec, const spawn_options& options, cons
         ends.held.push_back(std::move(file));
       } else if (to_console && (to_file || spec.prefix_all)) {
         int p[2];
-        if (::pipe2(p, O_CLOEXEC) != 0) throw std::system_error(errno, std::system_category(), "cohort::start_processes: pipe2 for logs");
+        if (::pipe2(p, O_CLOEXEC) != 0) {
+          const int error = errno;
+          throw std::system_error(error, std::system_category(),
+                                  "cohort::start_processes: pipe2 for logs" + os::descriptor_limit_note(error));
+        }
         // A smaller pipe only costs wake-ups. F_SETPIPE_SZ answers the size
         // it set; where it is refused, the pipe keeps the size it has.
         int size = ::fcntl(p[0], F_SETPIPE_SZ, pipe_size);

@@ -14,6 +14,9 @@
 
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
@@ -32,6 +35,7 @@
 #include <iterator>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -1678,4 +1682,47 @@ TEST_CASE("a plain fork while a group's pump writes to a console: the child's gr
   ::close(ends[0]);
   CHECK(outcome.hung == 0);
   CHECK(outcome.failed == 0);
+}
+
+// Before, a log file or a rank's pipe that found no descriptor failed with
+// the bare "Too many open files", where spawn's own failures name the
+// limit.
+TEST_CASE("a group whose logs find no descriptor left fails naming the open file limit") {
+  test::temp_dir dir;
+  console_file out(dir.path / "console");
+  std::set<std::string> failures;
+  for (int free = 0; free <= 24; ++free) {
+    CAPTURE(free);
+    auto spec = shell_ranks(2, "echo hi $R");
+    spec.logs.dir = dir.path / "logs";
+    spec.logs.run_id = "free" + std::to_string(free);
+    spec.logs.tee = std_streams::all;
+    spec.logs.tee_through_pipes = true;
+    spec.logs.console_out = out.fd;
+    spec.logs.console_err = out.fd;
+    std::optional<run_result> result;
+    std::string failure;
+    rlim_t limit = 0;
+    {
+      const test::descriptors_left left(free);
+      limit = left.limit.current();
+      try {
+        result = run_group(spec);
+      } catch (const std::system_error& e) {
+        failure = e.what();
+        CHECK(e.code() == std::error_code(EMFILE, std::system_category()));
+      }
+    }
+    if (result) {
+      CHECK(result->ok());
+    } else {
+      INFO(failure);
+      CHECK(failure.find(fmt::format("RLIMIT_NOFILE is {}", limit)) != std::string::npos);
+      failures.insert(failure.substr(0, failure.find(" (")));
+    }
+  }
+  // The log files' and pipes' failures are among those met.
+  INFO(fmt::format("{}", fmt::join(failures, " | ")));
+  CHECK(std::any_of(failures.begin(), failures.end(),
+                    [](const std::string& f) { return f.find("for logs") != std::string::npos || f.find("log file") != std::string::npos; }));
 }
