@@ -31,6 +31,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
@@ -321,8 +322,22 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
     // Through the sender, or else through the maker (the sender passed on
     // what it received and is gone), or else through the sender's keeper
     // (the sender handed it over as it ended).
-    // O_NOCTTY: a descriptor a bad handle names may be a terminal.
-    const auto by_path = [&where] { return ::open(where.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY); };
+    // Only a descriptor that links to the segment's memfd is opened: one a
+    // bad handle names (a FIFO, a device, a file of another program) is
+    // never opened, which for some has effects of its own; a number since
+    // taken by another file is passed over as gone. What the link names
+    // is told again, once mapped, by the header.
+    const std::string memfd_link = fmt::format("/memfd:{} (deleted)", memfd_name_of(ref.nonce));
+    const auto by_path = [&where, &memfd_link] {
+      char link[128];
+      const ssize_t length = ::readlink(where.c_str(), link, sizeof link);
+      if (length < 0) return -1;  // as the open would fail: ENOENT, ESRCH, EACCES
+      if (std::string_view(link, static_cast<std::size_t>(length)) != memfd_link) {
+        errno = ENOENT;
+        return -1;
+      }
+      return ::open(where.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY);
+    };
     where = fmt::format("/proc/{}/fd/{}", ref.source, ref.fd);
     fd = with_descriptor_room(by_path, shed);
     if (fd < 0 && (errno == ENOENT || errno == ESRCH) && ref.maker != ref.source) {
@@ -331,7 +346,7 @@ std::shared_ptr<segment> segment::open(const segment_ref& ref) {
     }
     if (fd < 0 && (errno == ENOENT || errno == ESRCH) && ref.keeper > 0) {
       where = fmt::format("/proc/{}/fd (kept for pid {})", ref.keeper, ref.source);
-      if (auto s = through_keeper(fmt::format("/memfd:{} (deleted)", memfd_name_of(ref.nonce)), ref.source)) return s;
+      if (auto s = through_keeper(memfd_link, ref.source)) return s;
     }
     if (fd < 0 && (errno == ENOENT || errno == ESRCH)) {
       throw segment_gone(

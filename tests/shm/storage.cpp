@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <fcntl.h>
+#include <sys/inotify.h>
 #include <sys/resource.h>
 #include <sys/mount.h>
 #include <sched.h>
@@ -1504,3 +1505,31 @@ TEST_CASE("a run's end leaves the file of a process not of the run that ended wh
 }
 
 }  // namespace storage_tests
+
+// Before, a handle naming a descriptor that was no segment of cohort's (a
+// corrupt one, or a number since taken by another file) had the receiver
+// open that file read-write before telling it apart, which for a FIFO or a
+// device is not without effects.
+TEST_CASE("a handle naming a descriptor that is not a cohort memfd is refused without opening it") {
+  storage_tests::strategy_scope scope(sharing_strategy::file_descriptor);
+  test::temp_dir dir;
+  const auto path = dir.path / "plain";
+  { std::ofstream(path) << "not a segment"; }
+  const int file = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(file >= 0);
+  const int watch = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  REQUIRE(watch >= 0);
+  REQUIRE(::inotify_add_watch(watch, path.c_str(), IN_OPEN) >= 0);
+  shm::segment_ref ref;
+  ref.strategy = sharing_strategy::file_descriptor;
+  ref.source = ref.maker = ::getpid();
+  ref.fd = ref.maker_fd = file;
+  ref.nonce = 0x5eed;
+  CHECK_THROWS_AS(shm::segment::open(ref), shm_error);
+  char events[4096];
+  const ssize_t got = ::read(watch, events, sizeof events);
+  CHECK(got < 0);  // no event: nothing opened the file
+  CHECK(errno == EAGAIN);
+  ::close(watch);
+  ::close(file);
+}
