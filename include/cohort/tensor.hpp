@@ -458,7 +458,8 @@ class tensor {
   tensor select(std::int64_t dim, std::int64_t index) const;
   /// A view with `shape` (one size may be -1, inferred). Throws
   /// std::logic_error for a non-contiguous tensor (call contiguous() first)
-  /// and std::invalid_argument for a shape of another element count.
+  /// and std::invalid_argument for a shape of another element count or of
+  /// more than max_ndim dimensions.
   tensor reshape(int_list shape) const;
   /// A view with dimensions `dim0` and `dim1` swapped. Throws
   /// std::out_of_range for a bad dim.

@@ -538,7 +538,9 @@ tensor tensor::reshape(int_list asked) const {
     return std::invalid_argument(fmt::format("tensor::reshape: shape [{}] does not fit {} elements",
                                              fmt::join(shape, ", "), numel()));
   };
-  if (shape.size() > max_ndim) throw invalid();
+  if (shape.size() > max_ndim) {
+    throw std::invalid_argument(fmt::format("tensor::reshape: {} dimensions, more than {}", shape.size(), max_ndim));
+  }
   detail::dim_vector sizes(shape);
   std::optional<std::size_t> inferred;
   std::int64_t known = 1;

@@ -463,6 +463,10 @@ TEST_CASE("reshape infers one size and keeps the storage and offset") {
   CHECK_THROWS_AS(t.reshape({-2, -6}), std::invalid_argument);
   CHECK(dims(tensor::empty({0}, dtype::int8).reshape({2, 0, 3}).shape()) == "[2, 0, 3]");
   CHECK_THROWS_AS(tensor::empty({0}, dtype::int8).reshape({-1, 0}), std::invalid_argument);
+  // Too many dimensions is said as such, not as a count that does not fit.
+  const std::vector<std::int64_t> ones(tensor::max_ndim + 1, 1);
+  CHECK_THROWS_WITH_AS(tensor::full({1}, 1, dtype::int8).reshape(ones), "tensor::reshape: 65 dimensions, more than 64",
+                       std::invalid_argument);
   // No elements, and sizes whose product, 0 aside, is past int64's bytes:
   // refused as tensor::empty refuses them (before, made, then neither
   // cloned nor received).
