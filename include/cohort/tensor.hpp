@@ -440,7 +440,7 @@ class tensor {
   }
   /// The one element of a tensor of any shape with numel() 1. Throws
   /// std::invalid_argument when T is not the dtype or there is not exactly
-  /// one element.
+  /// one element. A bool element must hold 0 or 1, as for at().
   template <element T>
   T item() const {
     return *reinterpret_cast<const T*>(only_element(dtype_of<T>));
