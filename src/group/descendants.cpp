@@ -318,11 +318,38 @@ std::optional<std::vector<pid_t>> listed_children_of_self(std::size_t* threads =
   return found;
 }
 
+// One descriptor a supervisor keeps while it runs groups, given up for the
+// listing of its children where it has none left: the ranks' pidfds and
+// the descendants' can take the last ones, and a listing that could not be
+// read left the children handed to it unreaped, zombies holding their
+// process groups alive, so that a shutdown waited out its whole term_grace.
+struct listing_reserve {
+  std::mutex mutex;
+  int fd = -1;
+};
+
+// The listing again, with the reserve given up for it (and taken back
+// after, unless another thread took the descriptor meanwhile).
+std::optional<std::vector<pid_t>> listed_with_reserve() {
+  auto& reserve = os::of_this_process<listing_reserve>();
+  std::lock_guard lock(reserve.mutex);
+  if (reserve.fd < 0) return std::nullopt;
+  ::close(reserve.fd);
+  auto listed = listed_children_of_self();
+  const int error = errno;
+  reserve.fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  errno = error;
+  return listed;
+}
+
 // This process's children, from the lists, or, where the kernel has none,
 // by the parent of every process; nullopt where neither could be read for
 // want of a descriptor.
 std::optional<std::vector<pid_t>> children_of_self() {
   if (auto listed = listed_children_of_self()) return listed;
+  if (os::out_of_descriptors(errno)) {
+    if (auto listed = listed_with_reserve()) return listed;
+  }
   if (const int error = errno; os::out_of_descriptors(error)) return std::nullopt;
   std::vector<pid_t> found;
   const pid_t self = ::getpid();
@@ -333,6 +360,12 @@ std::optional<std::vector<pid_t>> children_of_self() {
 }
 
 }  // namespace
+
+void keep_listing_reserve() {
+  auto& reserve = os::of_this_process<listing_reserve>();
+  std::lock_guard lock(reserve.mutex);
+  if (reserve.fd < 0) reserve.fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
 
 std::optional<std::vector<pid_t>> reap_adopted(pid_window& window, const std::string& marker) {
   std::vector<pid_t> alive;

@@ -116,6 +116,11 @@ class tracked_processes {
 /// descriptor: the caller looks again later.
 std::optional<std::vector<pid_t>> reap_adopted(pid_window& window, const std::string& marker);
 
+/// Keeps one descriptor aside, once per process, for reap_adopted's listing
+/// of this process's children when no other is left. Called as a group
+/// starts, while descriptors can still be had.
+void keep_listing_reserve();
+
 /// Whether this process has a child, running or unreaped. In a subreaper
 /// whose ranks are all reaped, false means no descendant of theirs lives:
 /// each one whose parent died was handed to this process.

@@ -1394,6 +1394,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   auto state = std::make_shared<detail::group_state>(executor, spec);
   detail::become_subreaper();
   state->subreaper = true;
+  detail::keep_listing_reserve();
   static std::atomic<unsigned> groups_started{0};
   const unsigned group_number = groups_started++;
   state->marker = detail::marker_of(group_number);

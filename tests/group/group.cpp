@@ -2242,6 +2242,39 @@ TEST_SUITE("group") {
     }
   }
 
+  // Before, a supervisor whose ranks' pidfds and their descendants' took
+  // its last descriptors could not list its children, and left the shells'
+  // children handed to it unreaped: zombies that kept the ranks' process
+  // groups alive, so that the shutdown waited out all of term_grace.
+  TEST_CASE("with its last descriptors taken, a shutdown still reaps the orphans it is handed and waits for no grace") {
+    int started = 0;
+    for (int free = 0; free <= 24; ++free) {
+      CAPTURE(free);
+      group_spec spec;
+      spec.entry = command("/bin/sh", {"-c", "if [ $0 = 3 ]; then exit 3; fi; sleep 200; true"});
+      spec.nprocs = 8;
+      for (int r = 0; r < spec.nprocs; ++r) spec.args[r] = {std::to_string(r)};
+      spec.shutdown.term_grace = 20s;
+      std::optional<run_result> result;
+      const auto began = std::chrono::steady_clock::now();
+      {
+        const test::descriptors_left left(free);
+        try {
+          result = run_group(spec);
+        } catch (const std::system_error& e) {
+          CHECK(e.code() == std::error_code(EMFILE, std::system_category()));
+        }
+      }
+      if (!result) continue;
+      ++started;
+      const auto took = std::chrono::steady_clock::now() - began;
+      CHECK(took < 10s);  // a bound against waiting out term_grace, far above the milliseconds it takes
+      REQUIRE(result->failures.size() == 1);
+      CHECK(result->failures.front().rank == 3);
+    }
+    CHECK(started > 0);
+  }
+
   // Before, the scans for what the ranks left could open nothing once the
   // start had run out of descriptors (the started ranks held them), and
   // their first pass ended the sweep: a rank's shell killed as it started
