@@ -2,7 +2,14 @@
 // is a coroutine inside, started through asio::async_initiate, so that it
 // takes any token (asio::use_awaitable, the default; a callback;
 // asio::use_future; asio::deferred; asio::experimental::as_tuple ...) and
-// completes as void(std::exception_ptr[, T]).
+// completes as void(std::exception_ptr[, T]). It runs on the executor it
+// was given, or on the handler's associated executor, an io_context's; a
+// handler that names none (a plain callback, asio::use_future, an operation
+// inside make_parallel_group), for an operation given no executor, is
+// refused: the initiating call throws std::invalid_argument, and an
+// operation that another launches later (a deferred one) completes with it
+// at once, on the launching thread. Nothing runs on asio's system thread
+// pool, which cohort never starts.
 #pragma once
 
 #include "cohort/export.hpp"
@@ -25,11 +32,13 @@
 #include <asio/system_executor.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/use_awaitable.hpp>
+#include <asio/use_future.hpp>
 
 #include <atomic>
 #include <exception>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <system_error>
 #include <tuple>
 #include <type_traits>
@@ -68,17 +77,42 @@ using default_token = asio::use_awaitable_t<>;
 
 namespace detail {
 
-/// The handler's associated executor as an any_io_executor; for a handler
-/// with none of that kind (a plain callback, asio::use_future), the system
-/// executor, on which cohort's operations fail with std::invalid_argument.
+/// Whether `Executor` hands what it runs to asio's system thread pool: the
+/// system executor (a handler's when it names none), and asio::use_future's.
+template <class Executor>
+struct on_system_pool : std::false_type {};
+template <class Blocking, class Relationship, class Allocator>
+struct on_system_pool<asio::basic_system_executor<Blocking, Relationship, Allocator>> : std::true_type {};
+template <class T, class Blocking>
+struct on_system_pool<asio::detail::promise_executor<T, Blocking>> : std::true_type {};
+
+/// Whether the handler's associated executor is one a cohort operation can
+/// run on. Not for a handler that names none (a plain callback,
+/// asio::use_future, an operation inside asio 1.22's make_parallel_group):
+/// run there, the operation would start asio's system thread pool for the
+/// program's life and complete on one of its threads, racing with whatever
+/// started it on the caller's thread.
 template <class Handler>
-asio::any_io_executor io_executor_of(const Handler& handler) {
-  auto executor = asio::get_associated_executor(handler);
-  if constexpr (std::is_convertible_v<decltype(executor), asio::any_io_executor>) {
-    return executor;
-  } else {
-    return asio::require(asio::system_executor(), asio::execution::blocking.never);
-  }
+inline constexpr bool has_io_executor =
+    std::is_convertible_v<asio::associated_executor_t<Handler>, asio::any_io_executor> &&
+    !on_system_pool<asio::associated_executor_t<Handler>>::value;
+
+/// What an operation with no executor of its own, given such a handler,
+/// fails with.
+inline constexpr const char* no_io_executor =
+    "cohort: the completion handler has no associated io_context executor (a plain callback, "
+    "asio::use_future, an operation inside make_parallel_group): bind one with asio::bind_executor";
+
+/// True while async_awaitable's token starts the operation, and read (and
+/// cleared) by the initiation as it begins: an initiation that runs inside
+/// the initiating call (a callback, asio::use_future) may throw to the
+/// caller; one run later, by an awaiting coroutine or by another operation
+/// that launches a deferred one, may not, as asio 1.22 starts it inside a
+/// noexcept function, where a throw ends the program. Per thread, as the
+/// call and the initiation it makes run on one.
+inline bool& initiating_call() noexcept {
+  thread_local bool inside = false;
+  return inside;
 }
 
 /// `operation`, run as the coroutine that co_spawn starts, so that every
@@ -107,7 +141,10 @@ Operation rethrown(std::exception_ptr error) {
 /// Runs `make(executor)`, an asio::awaitable<T>, by co_spawn on `executor`, or, when
 /// there is none, on the handler's associated executor (the awaiting
 /// coroutine's for use_awaitable), and completes the handler on its own
-/// associated executor. `where` is the executor (an optional one, or
+/// associated executor. With neither (has_io_executor), nothing runs: the
+/// initiating call throws std::invalid_argument (no_io_executor), or, for
+/// an operation launched later by another (a deferred one inside
+/// make_parallel_group), the handler is completed with it at once. `where` is the executor (an optional one, or
 /// std::nullopt), or a callable that gives it as the operation starts. The
 /// handler's cancellation slot reaches the coroutine (co_spawn forwards
 /// it); the slot is cleared before the handler runs, so a signal emitted
@@ -127,6 +164,7 @@ struct initiate_awaitable {
 
   template <class Handler, class Where, class Make>
   void operator()(Handler&& handler, Where where_given, Make make) const {
+    const bool at_call = std::exchange(initiating_call(), false);
     std::optional<asio::any_io_executor> executor;
     // What a callable `where` throws completes the operation, where the
     // handler runs: thrown out of an awaiting coroutine's initiation, it
@@ -141,10 +179,23 @@ struct initiate_awaitable {
     } else {
       executor = std::move(where_given);
     }
+    using operation = decltype(make(std::declval<const asio::any_io_executor&>()));
+    asio::any_io_executor where;
+    if constexpr (has_io_executor<Handler>) {
+      where = executor && !refused ? *executor : asio::any_io_executor(asio::get_associated_executor(handler));
+    } else {
+      // Nowhere to run: refused before anything starts. Launched by another
+      // operation, the handler is that operation's, which takes a
+      // completion made inside its launch (make_parallel_group does).
+      if (!executor || refused) {
+        if (!refused) refused = std::make_exception_ptr(std::invalid_argument(no_io_executor));
+        if (at_call) std::rethrow_exception(refused);
+        return complete_now<typename operation::value_type>(std::move(handler), refused);
+      }
+      where = *executor;
+    }
     auto slot = asio::get_associated_cancellation_slot(handler);
-    const asio::any_io_executor where = executor && !refused ? *executor : io_executor_of(handler);
     auto completion = asio::get_associated_executor(handler, where);
-    using operation = decltype(make(where));
     auto body = refused ? rethrown<operation>(refused) : make(where);
     if (slot.is_connected() && stoppable_until_started != nullptr) {
       return run_unless_cancelled(where, slot, completion, std::move(body), std::move(handler),
@@ -162,6 +213,15 @@ struct initiate_awaitable {
   }
 
  private:
+  template <class T, class Handler>
+  static void complete_now(Handler handler, std::exception_ptr error) {
+    if constexpr (std::is_void_v<T>) {
+      std::move(handler)(std::move(error));
+    } else {
+      std::move(handler)(std::move(error), T());
+    }
+  }
+
   template <class Executor>
   static bool same_executor(const asio::any_io_executor& where, const Executor& completion) {
     if constexpr (std::is_convertible_v<Executor, asio::any_io_executor>) {
@@ -234,6 +294,16 @@ struct initiate_awaitable {
   }
 };
 
+/// Marks, for its life, the initiating call that may start the operation
+/// (initiating_call).
+struct initiating {
+  initiating() noexcept : outer(std::exchange(initiating_call(), true)) {}
+  ~initiating() { initiating_call() = outer; }
+  initiating(const initiating&) = delete;
+  initiating& operator=(const initiating&) = delete;
+  bool outer;
+};
+
 /// Starts the operation `make` (a callable taking the executor it runs on
 /// and returning asio::awaitable<T>) for `token`, on `where`
 /// (initiate_awaitable). `make` and a callable `where` hold copies of
@@ -244,6 +314,7 @@ struct initiate_awaitable {
 template <class T, class Token, class Where, class Make>
 auto async_awaitable(Where where, Make make, Token&& token) {
   if constexpr (std::is_invocable_v<Where&>) (void)where();
+  const initiating guard;
   return asio::async_initiate<Token, completion_signature<T>>(initiate_awaitable{}, token, std::move(where),
                                                              std::move(make));
 }
@@ -255,6 +326,7 @@ auto async_awaitable(Where where, Make make, Token&& token) {
 template <class T, class Token, class Where, class Make>
 auto async_awaitable_stoppable_until_started(const char* what, Where where, Make make, Token&& token) {
   if constexpr (std::is_invocable_v<Where&>) (void)where();
+  const initiating guard;
   return asio::async_initiate<Token, completion_signature<T>>(initiate_awaitable{.stoppable_until_started = what},
                                                              token, std::move(where), std::move(make));
 }

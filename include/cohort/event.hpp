@@ -56,7 +56,9 @@ class event {
   /// asio::awaitable<void> that starts lazily, when awaited. It runs on the
   /// handler's associated executor, which must be an io_context's (the
   /// awaiting coroutine's for use_awaitable; bind one with
-  /// asio::bind_executor for a callback or asio::use_future). Cancellation
+  /// asio::bind_executor for a callback or asio::use_future); a handler
+  /// that names none is refused with std::invalid_argument (see
+  /// cohort/completion_token.hpp). Cancellation
   /// of any type through the token's cancellation slot ends it with
   /// std::system_error(operation_aborted); the event is untouched.
   template <completion_token_of<void> Token = default_token>

@@ -338,7 +338,9 @@ asio::awaitable<group> start_processes_on(asio::any_io_executor executor, group_
 /// asio::awaitable<group> that starts lazily, when awaited. Supervision runs
 /// on the handler's associated executor, which must be an io_context's (the
 /// awaiting coroutine's for use_awaitable; bind one with asio::bind_executor
-/// for a callback or asio::use_future, or pass the executor first). Bad rank
+/// for a callback or asio::use_future, or pass the executor first); given
+/// a handler that names none, and no executor, the call throws
+/// std::invalid_argument (see cohort/completion_token.hpp). Bad rank
 /// maps (missing or extra keys), nprocs < 1, and launch failures fail it
 /// before anything keeps running: ranks already started are killed and
 /// reaped. This process becomes a child subreaper (PR_SET_CHILD_SUBREAPER),

@@ -380,7 +380,9 @@ class queue {
   /// starts lazily, when awaited. It runs on the handler's associated
   /// executor, which must be an io_context's (the awaiting coroutine's for
   /// use_awaitable; bind one with asio::bind_executor for a callback or
-  /// asio::use_future). `value` is encoded when the operation is made.
+  /// asio::use_future); a handler that names none is refused with
+  /// std::invalid_argument, nothing pushed (see cohort/completion_token.hpp).
+  /// `value` is encoded when the operation is made.
   /// Cancellation through the token's cancellation slot (of any type:
   /// terminal, partial or total) ends it with
   /// std::system_error(operation_aborted) and leaves the value unpushed.

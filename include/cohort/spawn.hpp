@@ -100,7 +100,9 @@ asio::awaitable<child> spawn_on(asio::any_io_executor executor, command cmd, spa
 /// and pipes run on the handler's associated executor, which must be an
 /// io_context's (the awaiting coroutine's for use_awaitable; bind one with
 /// asio::bind_executor for a callback or asio::use_future, or pass the
-/// executor first). Fails with std::system_error naming the program and the
+/// executor first); given a handler that names none, and no executor, the
+/// call throws std::invalid_argument and starts nothing (see
+/// cohort/completion_token.hpp). Fails with std::system_error naming the program and the
 /// cause when it cannot start (not found, not executable, bad working
 /// directory, a file that cannot be opened, a failing before_exec hook,
 /// EMFILE with the descriptor limit, arguments past the kernel's limits);

@@ -700,8 +700,8 @@ bool launches_use_clone3() noexcept { return !clone3_refused.load(std::memory_or
 
 std::shared_ptr<child_state> launch_program(const asio::any_io_executor& executor, const command& cmd,
                                             const spawn_options& options, failure& f, int announce_fd) {
-  // Refused before a process is made: its wait could run nowhere else (a
-  // callback or use_future's system executor, unbound).
+  // Refused before a process is made: its wait could run nowhere else (an
+  // executor given of another kind, asio::system_executor's).
   auto context = context_lifetime(executor);
   refuse_nul(cmd.program, "the program name");
   for (std::size_t i = 0; i < cmd.args.size(); ++i) refuse_nul(cmd.args[i], fmt::format("argument {}", i + 1));

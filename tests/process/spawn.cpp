@@ -958,11 +958,14 @@ TEST_SUITE("spawn") {
     CHECK_FALSE(has_unreaped_children());
   }
 
-  TEST_CASE("spawn with use_future and no io_context to wait on is refused before any process starts") {
+  TEST_CASE("spawn whose handler names no executor, and given none, is refused at the call before any process starts") {
     const spawn_options options;
-    auto refused = spawn(command{test::target, {"exit", "0"}}, options, asio::use_future);
-    CHECK_THROWS_WITH_AS(refused.get(), doctest::Contains("cohort needs the executor of an asio::io_context"),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS((void)spawn(command{test::target, {"exit", "0"}}, options, asio::use_future),
+                         doctest::Contains("has no associated io_context executor"), std::invalid_argument);
+    bool called = false;
+    CHECK_THROWS_WITH_AS(spawn(command{test::target, {"exit", "0"}}, [&](std::exception_ptr, child) { called = true; }),
+                         doctest::Contains("bind one with asio::bind_executor"), std::invalid_argument);
+    CHECK_FALSE(called);
     CHECK_THROWS_AS(spawn(asio::system_executor(), command{test::target, {"exit", "0"}}), std::invalid_argument);
     CHECK_FALSE(has_unreaped_children());
     CHECK(test::children_of_self().empty());

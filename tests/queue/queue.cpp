@@ -19,9 +19,11 @@
 #include <asio/experimental/deferred.hpp>
 #include <asio/detached.hpp>
 #include <asio/experimental/awaitable_operators.hpp>
+#include <asio/experimental/parallel_group.hpp>
 #include <asio/steady_timer.hpp>
 #include <asio/this_coro.hpp>
 #include <asio/thread_pool.hpp>
+#include <asio/use_future.hpp>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -144,6 +146,9 @@ void set_after_wait(int, event go, event done) {
   done.set();
 }
 COHORT_ENTRYPOINT(set_after_wait);
+
+// The threads of this process now.
+std::ptrdiff_t threads_now() { return std::distance(std::filesystem::directory_iterator("/proc/self/task"), {}); }
 
 // The waits counted asleep on one side (`which`: first for pops, second
 // for pushes) when a count is first seen above 0, within 10 s; 0 if none.
@@ -1146,27 +1151,65 @@ TEST_SUITE("queue") {
     CHECK(q.try_pop() == "again");
   }
 
-  TEST_CASE("a pop, push or event wait with no io_context to run on fails with invalid_argument, waiting or not") {
-    // use_future binds no executor: the operation runs on the system
-    // executor, which cohort refuses, also where it would have to sleep.
+  TEST_CASE("a pop, push or event wait whose handler names no executor is refused at the call, moving nothing") {
+    // A plain callback or use_future names no executor: the operation has
+    // nowhere to run, and asio's system thread pool, where it would have
+    // run, is not started for it.
     auto q = make_queue<int>(1);
     event e;
-    const auto refused = [](auto&& future) {
+    const auto before = threads_now();
+    const auto refused = [](auto&& start) {
       try {
-        future.get();
+        start();
       } catch (const std::invalid_argument& error) {
-        return std::string(error.what()).find("io_context") != std::string::npos;
+        const std::string what = error.what();
+        return what.find("has no associated io_context executor") != std::string::npos &&
+               what.find("asio::bind_executor") != std::string::npos;
       }
       return false;
     };
-    CHECK(refused(q.pop(asio::use_future)));  // empty: it would sleep
+    bool called = false;
+    CHECK(refused([&] { (void)q.pop(asio::use_future); }));  // empty: it would sleep
+    CHECK(refused([&] { q.pop([&](std::exception_ptr, int) { called = true; }); }));
     REQUIRE(q.try_push(1));
-    CHECK(refused(q.push(2, asio::use_future)));  // full: it would sleep
-    CHECK(refused(q.pop(asio::use_future)));      // a value there: refused all the same
-    CHECK(q.try_pop() == 1);                      // and left there
-    CHECK(refused(e.wait(asio::use_future)));
+    CHECK(refused([&] { (void)q.push(2, asio::use_future); }));  // full: it would sleep
+    CHECK(refused([&] { q.push(2, [&](std::exception_ptr) { called = true; }); }));
+    CHECK(refused([&] { (void)q.pop(asio::use_future); }));  // a value there: refused all the same
+    CHECK(q.try_pop() == 1);                                   // and left there
+    CHECK(refused([&] { (void)e.wait(asio::use_future); }));
     e.set();
-    CHECK(refused(e.wait(asio::use_future)));
+    CHECK(refused([&] { e.wait([&](std::exception_ptr) { called = true; }); }));
+    CHECK_FALSE(called);
+    CHECK(threads_now() == before);
+  }
+
+  TEST_CASE("a pop inside make_parallel_group, whose handler names no executor, fails at once and leaves the value") {
+    asio::io_context io;
+    auto q = make_queue<int>(4);
+    REQUIRE(q.try_push(42));
+    const auto before = threads_now();
+    std::size_t first = 2;
+    std::string failure;
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      asio::steady_timer timer(co_await asio::this_coro::executor, 10s);
+      auto both = asio::experimental::make_parallel_group(q.pop(asio::experimental::deferred),
+                                                          timer.async_wait(asio::experimental::deferred));
+      auto [order, error, value, waited] =
+          co_await both.async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
+      first = order[0];
+      try {
+        if (error) std::rethrow_exception(error);
+      } catch (const std::invalid_argument& refusal) {
+        failure = refusal.what();
+      }
+    }, asio::detached);
+    io.run();  // the timer, which the pop's end cancels, bounds it
+    CHECK(first == 0);
+    CHECK(failure.find("has no associated io_context executor") != std::string::npos);
+    CHECK(failure.find("make_parallel_group") != std::string::npos);
+    CHECK(q.size() == 1);
+    CHECK(q.try_pop() == 42);
+    CHECK(threads_now() == before);
   }
 
   TEST_CASE("deferred pops and pushes cancelled through their slots complete as aborted and move nothing") {
