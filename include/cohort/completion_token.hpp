@@ -249,8 +249,13 @@ struct initiate_awaitable {
                         asio::associated_executor_t<Handler, asio::any_io_executor> completion, Body body,
                         Handler handler) {
     auto link = std::make_shared<forwarded_cancellation>(where);
-    slot.assign([link](asio::cancellation_type type) {
-      asio::dispatch(link->strand, [link, type] { link->signal.emit(type); });
+    // The operation holds the link, and the caller's slot only watches it:
+    // should `where`'s io_context be destroyed with the operation in
+    // flight, the link, and the strand of that io_context in it, go with
+    // the operation, while this stays in the caller's slot, on another
+    // io_context, to be destroyed with it, long after.
+    slot.assign([watched = std::weak_ptr<forwarded_cancellation>(link)](asio::cancellation_type type) {
+      if (auto link = watched.lock()) asio::dispatch(link->strand, [link, type] { link->signal.emit(type); });
     });
     auto finish = [link, completion, slot, h = std::move(handler)](auto&&... results) mutable {
       link->signal.slot().clear();  // a cancellation still on its way to the strand reaches nothing

@@ -745,6 +745,40 @@ TEST_SUITE("child") {
     CHECK_FALSE(fs::exists("/proc/" + std::to_string(pid)));
   }
 
+  TEST_CASE("a wait awaited from another io_context, in flight as the child's io_context goes, keeps nothing of it") {
+    // What forwards the awaiting side's cancellation to the wait stays in
+    // that side's slot after the child's io_context has destroyed the
+    // wait; it must not keep a strand of the destroyed io_context, whose
+    // end would then touch freed memory as the other io_context goes
+    // (AddressSanitizer sees it).
+    using namespace asio::experimental::awaitable_operators;
+    std::optional<asio::io_context> own(std::in_place);
+    std::optional<asio::io_context> other(std::in_place);
+    child c = spawn(own->get_executor(), target({"sleep", "30"}));
+    bool expired = false;
+    bool resumed = false;
+    auto expire = [](asio::steady_timer& timer, bool& fired) -> asio::awaitable<void> {
+      co_await timer.async_wait(asio::use_awaitable);
+      fired = true;
+    };
+    auto await_or_expire = [expire](child& awaited, bool& fired, bool& done) -> asio::awaitable<void> {
+      asio::steady_timer timer(co_await asio::this_coro::executor, 100ms);
+      (void)co_await (awaited.wait(asio::use_awaitable) || expire(timer, fired));
+      done = true;
+    };
+    asio::co_spawn(*other, await_or_expire(c, expired, resumed), asio::detached);
+    other->poll();  // the wait starts, on the child's io_context
+    own->poll();
+    own.reset();  // the wait goes with it, never completed
+    other->restart();
+    other->run_for(10s);  // the timer expires, and cancels a wait that is gone
+    CHECK(expired);
+    CHECK_FALSE(resumed);  // as a wait destroyed uncalled leaves its awaiter
+    other.reset();
+    c.signal(SIGKILL);
+    CHECK(c.join().signal() == SIGKILL);
+  }
+
   TEST_CASE("a child detached while its wait is cancelled is reaped in the background") {
     asio::io_context io;
     child c = spawn(io.get_executor(), target({"sleep", "0"}));
