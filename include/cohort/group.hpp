@@ -211,8 +211,10 @@ class group {
   /// on its own associated executor. Cancelling the wait (through the
   /// token's cancellation slot) shuts the group down as a failure would; the
   /// wait then ends, after the shutdown, with
-  /// std::system_error(operation_aborted). Any number of waits may be in
-  /// flight at once. Once the io_context the group runs on has been
+  /// std::system_error(operation_aborted). Only terminal cancellation
+  /// reaches it, as a child's wait not awaited on the child's executor:
+  /// partial and total cancellation are ignored, and the wait goes on. Any
+  /// number of waits may be in flight at once. Once the io_context the group runs on has been
   /// destroyed, the wait of an ended run gives its result on the handler's
   /// executor, and that of a run not ended throws std::logic_error. A wait
   /// in flight as that io_context is destroyed runs there, and goes with it:
