@@ -77,6 +77,17 @@ group_spec shell_ranks(int nprocs, const std::string& script) {
   return spec;
 }
 
+// One shell rank named `name` running `script`, every line prefixed on
+// the console `fd`, with half a second for its end once killed.
+group_spec on_console(int fd, const char* name, const std::string& script) {
+  auto spec = shell_ranks(1, script);
+  spec.name = name;
+  spec.logs.prefix_all = true;
+  spec.logs.console_out = fd;
+  spec.shutdown.kill_wait = 500ms;
+  return spec;
+}
+
 void print_lines(int rank) {
   std::printf("first %d\nsecond %d\nno newline %d", rank, rank, rank);
   std::fprintf(stderr, "error %d\n", rank);
@@ -1023,18 +1034,10 @@ TEST_CASE("a group that gives up a console leaves the lines other groups put in 
   int console[2];
   REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
   REQUIRE(::fcntl(console[1], F_SETPIPE_SZ, 4096) == 4096);
-  const auto on_console = [&console](const char* name, const std::string& script) {
-    auto spec = shell_ranks(1, script);
-    spec.name = name;
-    spec.logs.prefix_all = true;
-    spec.logs.console_out = console[1];
-    spec.shutdown.kill_wait = 500ms;
-    return spec;
-  };
   // B's lines fill the console's pipe and backlog; A, stopped while the
   // console takes nothing, gives it up; B writes more later.
-  const auto b_spec = on_console("B", "seq 1 2000; sleep 3; seq 2001 2003");
-  const auto a_spec = on_console("A", "seq 1 20000; sleep 60");
+  const auto b_spec = on_console(console[1], "B", "seq 1 2000; sleep 3; seq 2001 2003");
+  const auto a_spec = on_console(console[1], "A", "seq 1 20000; sleep 60");
   asio::io_context io;
   run_result a, b;
   std::atomic<bool> a_done = false;
@@ -1086,18 +1089,10 @@ TEST_CASE("a console given up inside a line: the next group on that file starts 
   int console[2];
   REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
   REQUIRE(::fcntl(console[1], F_SETPIPE_SZ, 4096) == 4096);
-  const auto on_console = [&console](const char* name, const std::string& script) {
-    auto spec = shell_ranks(1, script);
-    spec.name = name;
-    spec.logs.prefix_all = true;
-    spec.logs.console_out = console[1];
-    spec.shutdown.kill_wait = 500ms;
-    return spec;
-  };
   // A's one line is longer than the pipe holds: the console takes its
   // start, and nobody reads it until A, stopped, has given it up.
-  const auto a_spec = on_console("A", "head -c 30000 /dev/zero | tr '\\0' y; echo; exec sleep 60");
-  const auto b_spec = on_console("B", "echo whole");
+  const auto a_spec = on_console(console[1], "A", "head -c 30000 /dev/zero | tr '\\0' y; echo; exec sleep 60");
+  const auto b_spec = on_console(console[1], "B", "echo whole");
   asio::io_context io;
   run_result a, b;
   std::atomic<bool> a_done = false;
