@@ -461,7 +461,8 @@ class tensor {
   /// and std::invalid_argument for a shape of another element count or of
   /// more than max_ndim dimensions.
   tensor reshape(int_list shape) const;
-  /// A view with dimensions `dim0` and `dim1` swapped. Throws
+  /// A view with dimensions `dim0` and `dim1` swapped (a 0-d tensor takes
+  /// 0 and -1, as in torch, and is returned as it is). Throws
   /// std::out_of_range for a bad dim.
   tensor transpose(std::int64_t dim0, std::int64_t dim1) const;
   /// This tensor when contiguous; otherwise a contiguous clone, in shared

@@ -565,6 +565,8 @@ tensor tensor::reshape(int_list asked) const {
 }
 
 tensor tensor::transpose(std::int64_t dim0, std::int64_t dim1) const {
+  // A 0-d tensor takes dims 0 and -1, as torch's does, and is itself.
+  if (ndim() == 0 && (dim0 == 0 || dim0 == -1) && (dim1 == 0 || dim1 == -1)) return *this;
   const auto a = static_cast<std::size_t>(checked_dim(dim0, ndim(), "transpose"));
   const auto b = static_cast<std::size_t>(checked_dim(dim1, ndim(), "transpose"));
   tensor out = *this;

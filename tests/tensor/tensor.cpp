@@ -443,6 +443,11 @@ TEST_CASE("transpose swaps sizes and strides") {
   CHECK_FALSE(swapped.is_contiguous());
   CHECK(swapped.at<std::int64_t>({2, 1}) == 5);
   CHECK(swapped.at<std::int64_t>({1, 0}) == 1);
+  // A 0-d tensor takes 0 and -1, as torch's does, and stays as it is.
+  const auto scalar = tensor::full({}, 4, dtype::int64);
+  CHECK(scalar.transpose(0, -1).ndim() == 0);
+  CHECK(scalar.transpose(-1, 0).item<std::int64_t>() == 4);
+  CHECK_THROWS_AS(scalar.transpose(0, 1), std::out_of_range);
 }
 
 TEST_CASE("reshape infers one size and keeps the storage and offset") {
