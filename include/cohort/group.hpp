@@ -159,8 +159,10 @@ struct run_result {
   bool stopped = false;
   /// The signal that ended the run, when forward_signals() or interrupt()
   /// turned one into the shutdown; also one that came once every rank had
-  /// ended, which only ended the wait for the console (`stopped` false),
-  /// and one that came after stop(), which it hurried.
+  /// ended but before the run's end (while it still waited for the
+  /// console), which only ended that wait (`stopped` false), and one that
+  /// came after stop(), which it hurried. One that comes after the run has
+  /// ended (join() or wait() has returned) is not recorded.
   std::optional<int> signal;
   /// Log files that could not be written to the end (a full disk), and a
   /// console that refused its lines (a pipe whose reader has gone).
