@@ -171,7 +171,8 @@ struct run_result {
   /// processes (the ranks' children, `setsid` ones included) to kill them:
   /// this process had no descriptor left (RLIMIT_NOFILE) for the whole of
   /// the end's sweep. Those it could not find may live on. Empty when it
-  /// could.
+  /// could. (Those handed to this process as their parents die are ended
+  /// even then, through a descriptor the supervisor keeps aside.)
   std::string sweep_error;
 
   /// No failure: every rank exited with code 0 (a function rank after its

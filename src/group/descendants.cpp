@@ -328,18 +328,40 @@ struct listing_reserve {
   int fd = -1;
 };
 
-// The listing again, with the reserve given up for it (and taken back
-// after, unless another thread took the descriptor meanwhile).
-std::optional<std::vector<pid_t>> listed_with_reserve() {
+// Runs `use` with the reserve given up for it (and taken back after,
+// unless another thread took the descriptor meanwhile); nullopt where no
+// reserve is kept. `use` must close what it opens.
+template <class Use>
+auto with_reserve(Use use) -> std::optional<decltype(use())> {
   auto& reserve = os::of_this_process<listing_reserve>();
   std::lock_guard lock(reserve.mutex);
   if (reserve.fd < 0) return std::nullopt;
   ::close(reserve.fd);
-  auto listed = listed_children_of_self();
+  auto result = use();
   const int error = errno;
   reserve.fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   errno = error;
-  return listed;
+  return result;
+}
+
+// The listing again, with the reserve given up for it.
+std::optional<std::vector<pid_t>> listed_with_reserve() {
+  auto listed = with_reserve([] { return listed_children_of_self(); });
+  return listed ? std::move(*listed) : std::nullopt;
+}
+
+// SIGKILL to `pid`, a live child of this process that no pidfd could be
+// opened for, through one opened in the reserve's place. Not by its pid:
+// another thread may reap the child once it dies, and the pid may then be
+// another process's.
+void kill_through_reserve(pid_t pid) {
+  (void)with_reserve([pid] {
+    const int pidfd = config::pidfd_open(pid);
+    if (pidfd < 0) return false;
+    config::pidfd_send_signal(pidfd, SIGKILL);
+    ::close(pidfd);
+    return true;
+  });
 }
 
 // This process's children, from the lists, or, where the kernel has none,
@@ -406,6 +428,10 @@ std::optional<std::vector<pid_t>> reap_adopted(pid_window& window, const std::st
       if (waited == 0 && info.si_pid == 0 &&
           (!environment_holds(pid, own_groups, true) || environment_holds(pid, marker, false))) {
         alive.push_back(pid);
+        // None to hold it by either (the caller's hold fails and is noted
+        // missed): ended now, so that a look that follows reaps it by its
+        // pid, as above. Left alive, no pass would ever end it.
+        if (pidfd < 0) kill_through_reserve(pid);
       }
       if (pidfd >= 0) ::close(pidfd);
     }
