@@ -722,7 +722,7 @@ TEST_SUITE("group") {
     // logs together: before, each waited a kill_wait of its own (6.2 s).
     const auto took = std::chrono::steady_clock::now() - start;
     CHECK(took >= 2200ms);
-    CHECK(took < 3600ms);
+    CHECK(took < 5s);  // before, 6.2 s
     ::close(spec.logs.console_out);
     const auto result = g.result();
     REQUIRE(result);
