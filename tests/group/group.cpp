@@ -495,14 +495,22 @@ COHORT_ENTRYPOINT(fail_one_after_the_other);
 static std::atomic<pid_t>* first_rank = nullptr;
 static char term_file[256] = {};
 
+// Notes SIGTERM in term_file.
+static void note_term(int) {
+  const int fd = ::open(term_file, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0) ::close(fd);
+}
+
 // The ranks' hook (before their function, as they report set-up): the
-// first rank to reach it goes on; the others wait, 10 s at most, until it
-// has ended, not yet reaped (its state Z), so that the start returns after.
-// Allocates nothing.
+// first rank to reach it goes on; the others note SIGTERM from here on (a
+// shutdown may come before their function runs) and wait, 10 s at most,
+// until it has ended, not yet reaped (its state Z), so that the start
+// returns after. Allocates nothing.
 static int let_the_first_end(void*) noexcept {
   const auto self = static_cast<pid_t>(::syscall(SYS_getpid));
   pid_t first = 0;
   if (first_rank->compare_exchange_strong(first, self)) return 0;
+  ::signal(SIGTERM, note_term);
   char path[32] = "/proc/";
   char digits[16];
   int n = 0;
@@ -540,10 +548,7 @@ void end_first_or_wait(int, std::string dir) {
     fs::rename(fs::path(dir) / "rank.tmp", fs::path(dir) / "rank");
     ::_exit(3);
   }
-  ::signal(SIGTERM, [](int) {
-    const int fd = ::open(term_file, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    if (fd >= 0) ::close(fd);
-  });
+  ::signal(SIGTERM, note_term);
   for (;;) ::pause();
 }
 COHORT_ENTRYPOINT(end_first_or_wait);
@@ -802,9 +807,16 @@ TEST_SUITE("group") {
   }
 
   TEST_CASE("a rank that ignores SIGTERM is SIGKILLed once the grace period is over") {
-    auto spec = ranks_of(2, {});
-    spec.args = {{0, {"exit-after", "300", "1"}}, {1, {"ignore-term"}}};  // fails once SIGTERM is ignored
-    spec.options.out = stdio::null();
+    // Rank 0 fails once rank 1 ignores SIGTERM, whenever that is on a
+    // loaded machine.
+    test::temp_dir dir;
+    group_spec spec;
+    spec.entry = command("/bin/sh", {"-c",
+                                     "if [ \"$1\" = 1 ]; then trap '' TERM; : > \"$0/ignoring\"; exec sleep 60; fi; "
+                                     "while [ ! -e \"$0/ignoring\" ]; do sleep 0.01; done; exit 1",
+                                     dir.path.string()});
+    spec.nprocs = 2;
+    spec.args = {{0, {"0"}}, {1, {"1"}}};
     spec.shutdown.term_grace = 300ms;
     auto start = std::chrono::steady_clock::now();
     auto result = run_group(spec);
@@ -916,10 +928,15 @@ TEST_SUITE("group") {
     // started (its pid is one A's run could have made); rank 1 runs on.
     group_spec b;
     b.entry = command("/bin/sh", {"-c", "if [ \"$0\" = 0 ]; then sleep 0.3; sleep 30 & echo $! > \"$1.tmp\"; "
-                                        "mv \"$1.tmp\" \"$1\"; exit 0; fi; sleep 30"});
+                                        "mv \"$1.tmp\" \"$1\"; exit 0; fi; exec sleep 30"});
     b.nprocs = 2;
     b.args = {{0, {"0", left_pid.string()}}, {1, {"1", left_pid.string()}}};
-    group_spec a = ranks_of(1, {"sleep", "1"});
+    // A ends soon after B's rank 0 has left its process, however long that
+    // takes on a loaded machine.
+    group_spec a;
+    a.entry = command("/bin/sh", {"-c", "n=0; while [ ! -e \"$0\" ] && [ $n -lt 2000 ]; do sleep 0.01; n=$((n+1)); done; "
+                                        "sleep 0.2", left_pid.string()});
+    a.nprocs = 1;
     asio::io_context io;
     group gb = start_processes(io.get_executor(), b);
     group ga = start_processes(io.get_executor(), a);
@@ -1595,16 +1612,20 @@ TEST_SUITE("group") {
   }
 
   TEST_CASE("a second shutdown signal skips the grace period") {
+    test::temp_dir dir;
     asio::io_context io;
     auto start = std::chrono::steady_clock::now();
-    auto result = test::run(io, []() -> asio::awaitable<run_result> {
+    auto result = test::run(io, [&dir]() -> asio::awaitable<run_result> {
       group_spec spec = ranks_of(1, {"ignore-term"});
-      spec.options.out = stdio::null();
+      spec.options.out = stdio::file(dir.path / "out");
       spec.shutdown.term_grace = 60s;
       group g = co_await start_processes(spec);
       g.forward_signals({SIGTERM}, {});
-      asio::steady_timer settle(co_await asio::this_coro::executor, 100ms);  // SIGTERM is ignored by then
-      co_await settle.async_wait(asio::use_awaitable);
+      asio::steady_timer settle(co_await asio::this_coro::executor);
+      for (int i = 0; i < 1000 && test::read_file(dir.path / "out") != "ready\n"; ++i) {  // SIGTERM is ignored by then
+        settle.expires_after(10ms);
+        co_await settle.async_wait(asio::use_awaitable);
+      }
       ::kill(::getpid(), SIGTERM);
       settle.expires_after(300ms);  // past the 100 ms in which it would be the first passed on again
       co_await settle.async_wait(asio::use_awaitable);
@@ -2879,7 +2900,7 @@ TEST_SUITE("group") {
     spec.entry = command("/bin/sh", {"-c",
                                      "if [ $1 = 0 ]; then echo $$ > \"$0/rank\"; "
                                      "while [ ! -e \"$0/made\" ]; do sleep 0.01; done; exit 3; fi; "
-                                     "trap ': > \"$0/term\"' TERM; while true; do sleep 0.01; done",
+                                     "trap ': > \"$0/term\"' TERM; : > \"$0/armed\"; while true; do sleep 0.01; done",
                                      dir.path.string()});
     spec.nprocs = 2;
     spec.args = {{0, {"0"}}, {1, {"1"}}};
@@ -2898,6 +2919,8 @@ TEST_SUITE("group") {
                                      start_time + 1, {}};
       std::ofstream(fs::path("/dev/shm") / other).write(reinterpret_cast<const char*>(&later), sizeof later);
     }
+    // Rank 0 ends once rank 1 has its trap for the shutdown's SIGTERM.
+    test::within(10s, [&] { return fs::exists(dir.path / "armed"); }, 5ms);
     std::ofstream(dir.path / "made").flush();
     // The shutdown's SIGTERM comes once rank 0's end is recorded.
     const bool shutting_down = test::within(10s, [&] { return fs::exists(dir.path / "term"); }, 5ms);

@@ -158,6 +158,22 @@ auto signal_when_up(const fs::path& dir, std::size_t n, int sig, std::string pre
   };
 }
 
+// Waits until `c` blocks `sig` (the SigBlk mask of /proc/<pid>/status),
+// as cohort-run does from its first constructor on: a signal before that
+// ends it unrecorded, by the signal's default action, however late its
+// loader runs on a loaded machine. At most 10 s.
+asio::awaitable<void> until_blocked(child& c, int sig) {
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  for (int i = 0; i < 10'000; ++i) {
+    std::ifstream status("/proc/" + std::to_string(c.pid()) + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.starts_with("SigBlk:") && (std::stoull(line.substr(7), nullptr, 16) >> (sig - 1) & 1) != 0) co_return;
+    }
+    timer.expires_after(std::chrono::milliseconds(1));
+    co_await timer.async_wait(asio::use_awaitable);
+  }
+}
+
 // A node other than node 0 run alone, with no node 0 to tell its rank
 // count to: the job says every node runs as many (torchrun's fast path),
 // so the ranks are numbered without the exchange.
@@ -224,7 +240,7 @@ void sigterm_ends_a_run_whose_console_is_never_read(const std::vector<std::strin
   std::vector<std::string> args(runner.begin() + (runner.empty() ? 0 : 1), runner.end());
   if (!runner.empty()) args.push_back(launcher);
   for (std::string arg : {"--result-json", file.c_str(), "--log-dir", logs.c_str(), "-t", "3", "-n", "1", "--",
-                          "/bin/sh", "-c", "seq 1 200000; : > \"$0/up\"; sleep 30", dir.path.c_str()}) {
+                          "/bin/sh", "-c", "seq 1 200000; : > \"$0/up\"; exec sleep 30", dir.path.c_str()}) {
     args.push_back(std::move(arg));
   }
   bool ended = false;
@@ -419,6 +435,7 @@ TEST_SUITE("cohort-run") {
     with_logs.insert(with_logs.begin(), {"--log-dir", (logs.path / "a" / "b").string()});
     const auto started = std::chrono::steady_clock::now();
     auto r = run_launcher(with_logs, [](child& c) -> asio::awaitable<void> {
+      co_await until_blocked(c, SIGTERM);
       asio::steady_timer later(co_await asio::this_coro::executor, 500ms);
       co_await later.async_wait(asio::use_awaitable);
       c.signal(SIGTERM);
@@ -556,7 +573,7 @@ TEST_SUITE("cohort-run") {
   }
 
   TEST_CASE("a failing rank: the others are shut down, the summary names it, the exit code is its") {
-    auto r = run_launcher({"-n", "3", "--", "/bin/sh", "-c", "if [ $RANK = 1 ]; then exit 3; fi; sleep 30"});
+    auto r = run_launcher({"-n", "3", "--", "/bin/sh", "-c", "if [ $RANK = 1 ]; then exit 3; fi; exec sleep 30"});
     CHECK(r.status.code() == 3);
     CHECK(r.err.find("Root cause (first failure):") != std::string::npos);
     CHECK(r.err.find("rank       : 1 (local_rank: 1)") != std::string::npos);
@@ -565,7 +582,7 @@ TEST_SUITE("cohort-run") {
   }
 
   TEST_CASE("a rank killed by a signal: exit code 128 + the signal, named in the summary") {
-    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", "if [ $RANK = 0 ]; then kill -SEGV $$; fi; sleep 30"});
+    auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c", "if [ $RANK = 0 ]; then kill -SEGV $$; fi; exec sleep 30"});
     CHECK(r.status.code() == 128 + SIGSEGV);
     CHECK(r.err.find("exitcode   : signal SIGSEGV (11)") != std::string::npos);
   }
@@ -642,7 +659,7 @@ TEST_SUITE("cohort-run") {
     // Interrupted: what ended it.
     fs::remove(own);
     test::temp_dir up;
-    r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", "touch \"$0/up\"; sleep 30", up.path.string()},
+    r = run_launcher({"-n", "1", "--", "/bin/sh", "-c", "touch \"$0/up\"; exec sleep 30", up.path.string()},
                      signal_when_up(up.path, 1, SIGTERM), env);
     CHECK(r.status.code() == 128 + SIGTERM);
     CHECK(nlohmann::json::parse(read_file(own))["message"]["message"] == "cohort-run: SIGTERM received");
@@ -894,7 +911,7 @@ TEST_SUITE("cohort-run") {
     // handles, its ranks must start with none.
     auto r = run_launcher({"-n", "2", "--", "/bin/sh", "-c",
                            "echo $$ > \"$0/$RANK\"; grep SigBlk /proc/self/status > \"$0/blocked-$RANK\"; "
-                           ": > \"$0/up-$RANK\"; sleep 30",
+                           ": > \"$0/up-$RANK\"; exec sleep 30",
                            dir.path.string()},
                           signal_when_up(dir.path, 2, SIGTERM, "up-"));
     CHECK(r.status.code() == 128 + SIGTERM);
@@ -965,6 +982,7 @@ TEST_SUITE("cohort-run") {
       auto r = run_launcher({"-n", "2", "--max-restarts", "400", "--result-json", json.string(), "--", "/bin/sh", "-c",
                              "exit 1"},
                             [after](child& c) -> asio::awaitable<void> {
+                              co_await until_blocked(c, SIGTERM);
                               asio::steady_timer timer(co_await asio::this_coro::executor, after);
                               co_await timer.async_wait(asio::use_awaitable);
                               c.signal(SIGTERM);
@@ -993,6 +1011,7 @@ TEST_SUITE("cohort-run") {
     const auto json = dir.path / "result.json";
     auto r = run_launcher({"--result-json", json.string(), "-n", "1", script},
                           [](child& c) -> asio::awaitable<void> {
+                            co_await until_blocked(c, SIGTERM);
                             asio::steady_timer timer(co_await asio::this_coro::executor, std::chrono::milliseconds(300));
                             co_await timer.async_wait(asio::use_awaitable);
                             c.signal(SIGTERM);
@@ -2112,7 +2131,7 @@ TEST_SUITE("cohort-run") {
   TEST_CASE("blanks around the names of --signals-to-handle and --signals-to-forward are taken off, as torchrun takes them") {
     test::temp_dir handled;
     auto r = run_launcher({"--signals-to-handle", "SIGTERM, SIGUSR1 ", "-n", "2", "--", "/bin/sh", "-c",
-                           "echo > \"$0/$RANK\"; sleep 30", handled.path.string()},
+                           "echo > \"$0/$RANK\"; exec sleep 30", handled.path.string()},
                           signal_when_up(handled.path, 2, SIGUSR1));
     CHECK(r.status.code() == 128 + SIGUSR1);
     CHECK_MESSAGE(r.err.find("interrupted by SIGUSR1") != std::string::npos, r.err);
@@ -2541,7 +2560,7 @@ TEST_SUITE("cohort-run") {
     const std::vector<std::string> args{"--result-json", file.string(), "--log-dir", (dir.path / "logs").string(),
                                         "-t", "3", "-n", "2", "--", "/bin/sh", "-c",
                                         "while [ ! -e \"$0\" ]; do echo line; sleep 0.01; done; "
-                                        "if [ $RANK = 0 ]; then echo after; exit 3; fi; sleep 30",
+                                        "if [ $RANK = 0 ]; then echo after; exit 3; fi; exec sleep 30",
                                         marker.string()};
     asio::io_context io;
     const auto status = test::run(io, [&]() -> asio::awaitable<exit_status> {

@@ -286,7 +286,7 @@ TEST_SUITE("cohort-run over etcd") {
   TEST_CASE("a node whose ranks fail for good closes the job: the others stop, naming it") {
     test::temp_dir dir;
     const auto id = fresh_id();
-    const auto args = joined(joined(rendezvous(id, "2"), {"-n", "1"}), worker(dir.path, "[ $RANK = 1 ] && exit 3; sleep 60"));
+    const auto args = joined(joined(rendezvous(id, "2"), {"-n", "1"}), worker(dir.path, "[ $RANK = 1 ] && exit 3; exec sleep 60"));
     auto results = run_nodes({{args}, {args}});
     const auto& failed = results[0].status.code() == 3 ? results[0] : results[1];
     const auto& other = results[0].status.code() == 3 ? results[1] : results[0];
