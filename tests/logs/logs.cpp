@@ -1035,8 +1035,14 @@ TEST_CASE("a group that gives up a console leaves the lines other groups put in 
   REQUIRE(::pipe2(console, O_CLOEXEC) == 0);
   REQUIRE(::fcntl(console[1], F_SETPIPE_SZ, 4096) == 4096);
   // B's lines fill the console's pipe and backlog; A, stopped while the
-  // console takes nothing, gives it up; B writes more later.
-  const auto b_spec = on_console(console[1], "B", "seq 1 2000; sleep 3; seq 2001 2003");
+  // console takes nothing, gives it up; B writes more once the console is
+  // read again.
+  test::temp_dir dir;
+  const auto go = dir.path / "go";
+  const auto b_spec = on_console(console[1], "B",
+                                 fmt::format("seq 1 2000; n=0; while [ ! -e '{}' ] && [ $n -lt 6000 ]; do sleep 0.01; "
+                                             "n=$((n+1)); done; seq 2001 2003",
+                                             go.string()));
   const auto a_spec = on_console(console[1], "A", "seq 1 20000; sleep 60");
   asio::io_context io;
   run_result a, b;
@@ -1059,6 +1065,7 @@ TEST_CASE("a group that gives up a console leaves the lines other groups put in 
   std::thread reader([&] {  // from A's end on
     const auto until = std::chrono::steady_clock::now() + 60s;
     while (!a_done && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(10ms);
+    std::ofstream(go).flush();
     text = read_to_end(console[0]);
   });
   io.run();

@@ -1298,7 +1298,7 @@ TEST_SUITE("event") {
   TEST_CASE("an event wait ends at a set() that a clear() follows at once, blocking or awaited, as Python's does") {
     event e;
     std::thread setter([&] {
-      std::this_thread::sleep_for(150ms);  // the waits below are asleep by then
+      test::within(10s, [&] { return detail::event_sleepers(e) == 2; }, 1ms);  // both waits below are asleep
       e.set();
       e.clear();
     });

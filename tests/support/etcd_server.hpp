@@ -196,6 +196,9 @@ class etcd_server {
                                   "--initial-advertise-peer-urls=" + url(peer_port_),
                                   "--initial-cluster=test=" + url(peer_port_),
                                   "--initial-cluster-state=new",
+                                  // No wait for the disk, whose stalls on a loaded machine
+                                  // could outlast the tests' 1 s leases.
+                                  "--unsafe-no-fsync",
                                   // A lease's least time to live is 1.5 election timeouts.
                                   "--heartbeat-interval=20",
                                   "--election-timeout=200"};

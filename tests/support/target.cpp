@@ -74,6 +74,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -332,9 +333,11 @@ int main(int argc, char** argv) {
   if (what == "wait-on-queue") {
     const auto later = std::chrono::milliseconds(std::atoi(arg));
     cohort::queue<int> q(1);
-    std::jthread putter([q, later]() mutable {
+    std::atomic<bool> timing{false};  // the second put's pause starts once the timed wait's clocks are read
+    std::jthread putter([q, later, &timing]() mutable {
       std::this_thread::sleep_for(later);
       q.put(7);
+      timing.wait(false);
       std::this_thread::sleep_for(later);
       q.put(8);
     });
@@ -346,6 +349,8 @@ int main(int argc, char** argv) {
     asio::io_context io;
     cohort::use_reactor_only(io);
     const long long cpu = milliseconds_of(CLOCK_PROCESS_CPUTIME_ID), wall = milliseconds_of(CLOCK_MONOTONIC);
+    timing = true;
+    timing.notify_one();
     asio::co_spawn(
         io,
         [q]() mutable -> asio::awaitable<void> {
