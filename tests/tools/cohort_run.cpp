@@ -28,10 +28,12 @@
 #include <filesystem>
 #include <array>
 #include <fstream>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -158,34 +160,36 @@ auto signal_when_up(const fs::path& dir, std::size_t n, int sig, std::string pre
   };
 }
 
-// Waits until `c` blocks `sig` (the SigBlk mask of /proc/<pid>/status),
-// as cohort-run does from its first constructor on: a signal before that
-// ends it unrecorded, by the signal's default action, however late its
-// loader runs on a loaded machine. At most 10 s.
+// Whether `sig` is in one of the signal masks of /proc/<pid>/status that
+// `names` names ("SigBlk", "SigPnd", "ShdPnd").
+bool in_signal_mask(pid_t pid, std::initializer_list<std::string_view> names, int sig) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    for (const auto name : names) {
+      if (line.starts_with(name) && line.size() > name.size() + 1 && line[name.size()] == ':' &&
+          (std::stoull(line.substr(name.size() + 1), nullptr, 16) >> (sig - 1) & 1) != 0) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+// Waits until `c` blocks `sig`, as cohort-run does from its first
+// constructor on: a signal before that ends it unrecorded, by the signal's
+// default action, however late its loader runs on a loaded machine. At
+// most 10 s.
 asio::awaitable<void> until_blocked(child& c, int sig) {
   asio::steady_timer timer(co_await asio::this_coro::executor);
-  for (int i = 0; i < 10'000; ++i) {
-    std::ifstream status("/proc/" + std::to_string(c.pid()) + "/status");
-    for (std::string line; std::getline(status, line);) {
-      if (line.starts_with("SigBlk:") && (std::stoull(line.substr(7), nullptr, 16) >> (sig - 1) & 1) != 0) co_return;
-    }
+  for (int i = 0; i < 10'000 && !in_signal_mask(c.pid(), {"SigBlk"}, sig); ++i) {
     timer.expires_after(std::chrono::milliseconds(1));
     co_await timer.async_wait(asio::use_awaitable);
   }
 }
 
-// Whether `sig` is pending for `pid` (its SigPnd or ShdPnd mask): cohort-run
-// reads its shutdown signals from a signalfd, which takes them off.
-bool pending(pid_t pid, int sig) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(status, line);) {
-    if ((line.starts_with("SigPnd:") || line.starts_with("ShdPnd:")) &&
-        (std::stoull(line.substr(7), nullptr, 16) >> (sig - 1) & 1) != 0) {
-      return true;
-    }
-  }
-  return false;
-}
+// Whether `sig` is pending for `pid`: cohort-run reads its shutdown
+// signals from a signalfd, which takes them off.
+bool pending(pid_t pid, int sig) { return in_signal_mask(pid, {"SigPnd", "ShdPnd"}, sig); }
 
 // A node other than node 0 run alone, with no node 0 to tell its rank
 // count to: the job says every node runs as many (torchrun's fast path),
