@@ -42,7 +42,11 @@ namespace cohort {
 /// they started, `setsid` grandchildren included, when this process could
 /// not: killed with SIGKILL, also by a SIGKILL sent to this process's
 /// whole process group, since the guardian leads a process group of its
-/// own. It ignores every signal but SIGKILL and SIGSTOP (and the faults of
+/// own. It misses a fork of a `fork` or `forkserver` rank that leaves the
+/// rank's process group and executes nothing: its initial environment,
+/// which the guardian reads in /proc/<pid>/environ, is this process's or
+/// the server's, without the marker, and the guardian follows no parent
+/// links. It ignores every signal but SIGKILL and SIGSTOP (and the faults of
 /// its own code), so a Ctrl-C meant for this process, or any signal sent
 /// to a process group, leaves it to do its work; no handler of this
 /// process's ever runs in it.
