@@ -353,9 +353,12 @@ std::optional<std::vector<pid_t>> listed_with_reserve() {
 // SIGKILL to `pid`, a live child of this process that no pidfd could be
 // opened for, through one opened in the reserve's place. Not by its pid:
 // another thread may reap the child once it dies, and the pid may then be
-// another process's.
-void kill_through_reserve(pid_t pid) {
-  (void)with_reserve([pid] {
+// another process's. Its environment is read again first, with the
+// reserve: one that carries the marker of another group of this process
+// (`own_groups`), and not this one's (`marker`), is left to that group.
+void kill_through_reserve(pid_t pid, const std::string& own_groups, const std::string& marker) {
+  (void)with_reserve([&] {
+    if (environment_holds(pid, own_groups, true) && !environment_holds(pid, marker, false)) return false;
     const int pidfd = config::pidfd_open(pid);
     if (pidfd < 0) return false;
     config::pidfd_send_signal(pidfd, SIGKILL);
@@ -431,7 +434,7 @@ std::optional<std::vector<pid_t>> reap_adopted(pid_window& window, const std::st
         // None to hold it by either (the caller's hold fails and is noted
         // missed): ended now, so that a look that follows reaps it by its
         // pid, as above. Left alive, no pass would ever end it.
-        if (pidfd < 0) kill_through_reserve(pid);
+        if (pidfd < 0) kill_through_reserve(pid, own_groups, marker);
       }
       if (pidfd >= 0) ::close(pidfd);
     }
