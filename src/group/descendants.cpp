@@ -328,6 +328,9 @@ struct listing_reserve {
   int fd = -1;
 };
 
+// The descriptor the reserve holds: -1 where none could be had.
+int open_reserve() { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
+
 // Runs `use` with the reserve given up for it (and taken back after,
 // unless another thread took the descriptor meanwhile); nullopt where no
 // reserve is kept. `use` must close what it opens.
@@ -339,9 +342,17 @@ auto with_reserve(Use use) -> std::optional<decltype(use())> {
   ::close(reserve.fd);
   auto result = use();
   const int error = errno;
-  reserve.fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  reserve.fd = open_reserve();
   errno = error;
   return result;
+}
+
+// Whether `pid` carries the marker of another group of this process
+// (`own_groups`, their prefix) and not this group's (`marker`): a process
+// handed over as that group's rank died, left to that group while it runs.
+// One whose environment cannot be read is not.
+bool another_groups(pid_t pid, const std::string& own_groups, const std::string& marker) {
+  return environment_holds(pid, own_groups, true) && !environment_holds(pid, marker, false);
 }
 
 // The listing again, with the reserve given up for it.
@@ -354,11 +365,10 @@ std::optional<std::vector<pid_t>> listed_with_reserve() {
 // opened for, through one opened in the reserve's place. Not by its pid:
 // another thread may reap the child once it dies, and the pid may then be
 // another process's. Its environment is read again first, with the
-// reserve: one that carries the marker of another group of this process
-// (`own_groups`), and not this one's (`marker`), is left to that group.
+// reserve: another group's process is left to that group.
 void kill_through_reserve(pid_t pid, const std::string& own_groups, const std::string& marker) {
   (void)with_reserve([&] {
-    if (environment_holds(pid, own_groups, true) && !environment_holds(pid, marker, false)) return false;
+    if (another_groups(pid, own_groups, marker)) return false;
     const int pidfd = config::pidfd_open(pid);
     if (pidfd < 0) return false;
     config::pidfd_send_signal(pidfd, SIGKILL);
@@ -389,7 +399,7 @@ std::optional<std::vector<pid_t>> children_of_self() {
 void keep_listing_reserve() {
   auto& reserve = os::of_this_process<listing_reserve>();
   std::lock_guard lock(reserve.mutex);
-  if (reserve.fd < 0) reserve.fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (reserve.fd < 0) reserve.fd = open_reserve();
 }
 
 std::optional<std::vector<pid_t>> reap_adopted(pid_window& window, const std::string& marker) {
@@ -425,11 +435,8 @@ std::optional<std::vector<pid_t>> reap_adopted(pid_window& window, const std::st
       } else {
         continue;
       }
-      // One alive that carries the marker of another group of this
-      // process, and not this one's, is that group's: handed over as its
-      // rank died while that group runs on, it is left to it.
-      if (waited == 0 && info.si_pid == 0 &&
-          (!environment_holds(pid, own_groups, true) || environment_holds(pid, marker, false))) {
+      // One alive that is another group's is left to it.
+      if (waited == 0 && info.si_pid == 0 && !another_groups(pid, own_groups, marker)) {
         alive.push_back(pid);
         // None to hold it by either (the caller's hold fails and is noted
         // missed): ended now, so that a look that follows reaps it by its
