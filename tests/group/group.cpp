@@ -3140,12 +3140,7 @@ TEST_SUITE("group") {
     {
       cohort::guardian guard;
       // A mask of /proc/<guardian>/status, once it has unblocked its signals.
-      const std::string status_path = "/proc/" + std::to_string(guard.pid()) + "/status";
-      const auto mask = [&](const std::string& name) {
-        const std::string status = test::read_file(status_path);
-        const auto at = status.find("\n" + name + ":\t");
-        return at == std::string::npos ? ~0ULL : std::stoull(status.substr(at + name.size() + 3, 16), nullptr, 16);
-      };
+      const auto mask = [&](const char* name) { return test::signal_mask(guard.pid(), name).value_or(~0ULL); };
       REQUIRE(test::within(10s, [&] { return mask("SigBlk") == 0; }));
       const auto bit = [](int signal) { return 1ULL << (signal - 1); };
       const auto ignored = mask("SigIgn");

@@ -17,7 +17,9 @@
 #include <cerrno>
 #include <cstddef>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <optional>
 #include <system_error>
 
 #include <filesystem>
@@ -37,6 +39,19 @@ inline char state_of(pid_t pid) {
   if (!std::getline(stat, line)) return '\0';
   auto close = line.rfind(')');
   return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '\0';
+}
+
+/// The signal mask `name` ("SigBlk", "SigPnd", "ShdPnd", "SigIgn",
+/// "SigCgt") of `pid` in /proc/<pid>/status, bit sig - 1 for signal sig;
+/// nullopt when it is gone.
+inline std::optional<std::uint64_t> signal_mask(pid_t pid, std::string_view name) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.size() > name.size() && line.starts_with(name) && line[name.size()] == ':') {
+      return std::stoull(line.substr(name.size() + 1), nullptr, 16);
+    }
+  }
+  return std::nullopt;
 }
 
 /// Whether `pid` exists and is not a zombie.

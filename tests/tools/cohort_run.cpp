@@ -28,7 +28,6 @@
 #include <filesystem>
 #include <array>
 #include <fstream>
-#include <initializer_list>
 #include <map>
 #include <set>
 #include <sstream>
@@ -160,19 +159,9 @@ auto signal_when_up(const fs::path& dir, std::size_t n, int sig, std::string pre
   };
 }
 
-// Whether `sig` is in one of the signal masks of /proc/<pid>/status that
-// `names` names ("SigBlk", "SigPnd", "ShdPnd").
-bool in_signal_mask(pid_t pid, std::initializer_list<std::string_view> names, int sig) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(status, line);) {
-    for (const auto name : names) {
-      if (line.starts_with(name) && line.size() > name.size() + 1 && line[name.size()] == ':' &&
-          (std::stoull(line.substr(name.size() + 1), nullptr, 16) >> (sig - 1) & 1) != 0) {
-        return true;
-      }
-    }
-  }
-  return false;
+// Whether `sig` is in `pid`'s signal mask `name` (test::signal_mask).
+bool in_mask(pid_t pid, std::string_view name, int sig) {
+  return (test::signal_mask(pid, name).value_or(0) >> (sig - 1) & 1) != 0;
 }
 
 // Waits until `c` blocks `sig`, as cohort-run does from its first
@@ -181,7 +170,7 @@ bool in_signal_mask(pid_t pid, std::initializer_list<std::string_view> names, in
 // most 10 s.
 asio::awaitable<void> until_blocked(child& c, int sig) {
   asio::steady_timer timer(co_await asio::this_coro::executor);
-  for (int i = 0; i < 10'000 && !in_signal_mask(c.pid(), {"SigBlk"}, sig); ++i) {
+  for (int i = 0; i < 10'000 && !in_mask(c.pid(), "SigBlk", sig); ++i) {
     timer.expires_after(std::chrono::milliseconds(1));
     co_await timer.async_wait(asio::use_awaitable);
   }
@@ -189,7 +178,7 @@ asio::awaitable<void> until_blocked(child& c, int sig) {
 
 // Whether `sig` is pending for `pid`: cohort-run reads its shutdown
 // signals from a signalfd, which takes them off.
-bool pending(pid_t pid, int sig) { return in_signal_mask(pid, {"SigPnd", "ShdPnd"}, sig); }
+bool pending(pid_t pid, int sig) { return in_mask(pid, "SigPnd", sig) || in_mask(pid, "ShdPnd", sig); }
 
 // A node other than node 0 run alone, with no node 0 to tell its rank
 // count to: the job says every node runs as many (torchrun's fast path),
