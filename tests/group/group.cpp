@@ -934,8 +934,10 @@ TEST_SUITE("group") {
     // A ends soon after B's rank 0 has left its process, however long that
     // takes on a loaded machine.
     group_spec a;
-    a.entry = command("/bin/sh", {"-c", "n=0; while [ ! -e \"$0\" ] && [ $n -lt 2000 ]; do sleep 0.01; n=$((n+1)); done; "
-                                        "sleep 0.2", left_pid.string()});
+    a.entry = command("/bin/sh", {"-c",
+                                  "n=0; while [ ! -e \"$0\" ] && [ $n -lt 2000 ]; do sleep 0.01; n=$((n+1)); done; "
+                                  "sleep 0.2",
+                                  left_pid.string()});
     a.nprocs = 1;
     asio::io_context io;
     group gb = start_processes(io.get_executor(), b);
@@ -2350,10 +2352,7 @@ TEST_SUITE("group") {
       const auto left_behind = test::children_of_self();
       std::string described;
       for (pid_t pid : left_behind) {
-        std::ifstream cmdline("/proc/" + std::to_string(pid) + "/cmdline");
-        std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-        std::replace(args.begin(), args.end(), '\0', ' ');
-        described += fmt::format("{} {} [{}]; ", pid, test::state_of(pid), args);
+        described += fmt::format("{} {} [{}]; ", pid, test::state_of(pid), test::command_line(pid));
       }
       CAPTURE(described);
       CHECK(left_behind.empty());

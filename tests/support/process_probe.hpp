@@ -54,6 +54,15 @@ inline std::optional<std::uint64_t> signal_mask(pid_t pid, std::string_view name
   return std::nullopt;
 }
 
+/// The command line of `pid` (/proc/<pid>/cmdline), its arguments
+/// separated by spaces; empty when it is gone.
+inline std::string command_line(pid_t pid) {
+  std::ifstream cmdline("/proc/" + std::to_string(pid) + "/cmdline");
+  std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+  std::replace(args.begin(), args.end(), '\0', ' ');
+  return args;
+}
+
 /// Whether `pid` exists and is not a zombie.
 inline bool alive(pid_t pid) {
   const char state = state_of(pid);
@@ -86,9 +95,7 @@ inline std::vector<child_entry> child_entries() {
     std::string skip;
     for (int field = 5; field < 22; ++field) rest >> skip;  // to field 22, the start time
     rest >> c.start_time;
-    std::ifstream cmdline(entry.path() / "cmdline");
-    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
-    c.server_image = args.find("--cohort-forkserver") != std::string::npos;
+    c.server_image = command_line(c.pid).find("--cohort-forkserver") != std::string::npos;
     found.push_back(c);
   }
   return found;
