@@ -42,11 +42,15 @@ namespace cohort {
 /// they started, `setsid` grandchildren included, when this process could
 /// not: killed with SIGKILL, also by a SIGKILL sent to this process's
 /// whole process group, since the guardian leads a process group of its
-/// own. It misses a fork of a `fork` or `forkserver` rank that leaves the
-/// rank's process group and executes nothing: its initial environment,
-/// which the guardian reads in /proc/<pid>/environ, is this process's or
-/// the server's, without the marker, and the guardian follows no parent
-/// links. It ignores every signal but SIGKILL and SIGSTOP (and the faults of
+/// own. A `forkserver` rank, and each fork of it that executes nothing,
+/// shows the server's initial environment in /proc/<pid>/environ, which
+/// carries a marker of this process's server (COHORT_FORKSERVER_OF_<this
+/// pid>): once this process has died, the guardian kills what carries that
+/// too, the server included (not at a look asked for, which leaves the
+/// server running for the next start). It misses a fork of a `fork` rank
+/// that leaves the rank's process group and executes nothing: its initial
+/// environment is this process's own, without the marker, and the
+/// guardian follows no parent links. It ignores every signal but SIGKILL and SIGSTOP (and the faults of
 /// its own code), so a Ctrl-C meant for this process, or any signal sent
 /// to a process group, leaves it to do its work; no handler of this
 /// process's ever runs in it.

@@ -380,6 +380,8 @@ bool start_server(server_link& l, launch_failure& f) {
   }
   spawn_options options;
   options.env.set(forkserver_env, std::to_string(ends[1]));
+  const std::string marker = forkserver_marker(::getpid());
+  options.env.set(marker.substr(0, marker.size() - 1), "1");
   options.keep_fds = {ends[1]};
   // Its standard streams are none of the caller's: each request sends the
   // ones its ranks inherit, and the caller's pipes and terminal reach
@@ -412,6 +414,8 @@ void drop_server(server_link& l) {
 }
 
 }  // namespace
+
+std::string forkserver_marker(pid_t owner) { return fmt::format("COHORT_FORKSERVER_OF_{}=", owner); }
 
 // Hot: each child returns from its clone through this loop.
 COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {

@@ -8,6 +8,7 @@
 #include "cohort/tensor.hpp"
 #include "group/descendants.hpp"
 #include "group/rank_groups.hpp"
+#include "launch/forkserver.hpp"
 #include "os/process_identity.hpp"
 #include "shm/segment.hpp"
 
@@ -589,6 +590,24 @@ void start_unmarked_child(int, std::string dir) {
   ::pause();
 }
 COHORT_ENTRYPOINT(start_unmarked_child);
+
+// Forks a child that leaves for a session of its own and sleeps, executing
+// nothing; writes its pid to `dir`/detached, then `dir`/up, and waits.
+void fork_detached_child(int, std::string dir) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setsid();
+    const int null = ::open("/dev/null", O_RDWR);  // holds no pipe of the test's open
+    for (int fd : {0, 1, 2}) ::dup2(null, fd);
+    ::sleep(60);
+    ::_exit(0);
+  }
+  std::ofstream(fs::path(dir) / "detached.tmp") << pid << "\n";
+  fs::rename(fs::path(dir) / "detached.tmp", fs::path(dir) / "detached");
+  std::ofstream(fs::path(dir) / "up").flush();
+  ::pause();
+}
+COHORT_ENTRYPOINT(fork_detached_child);
 
 // Forks a child that makes a file_system segment (a shared tensor it
 // keeps), publishes its pid in `dir`/maker once it has, and sleeps.
@@ -2857,6 +2876,44 @@ TEST_SUITE("group") {
       CHECK(test::within(10s, [&] { return !test::alive(left); }, 5ms));
       if (test::alive(left)) ::kill(left, SIGKILL);
     }
+  }
+
+  // A forkserver rank's child that leaves the rank's process group and
+  // executes nothing shows the server's initial environment in
+  // /proc/<pid>/environ, not the rank's: before, it carried no marker the
+  // guardian knew, and outlived the supervisor killed outright. (A fork
+  // of a `fork` rank shows the supervisor's own, and is still missed.)
+  TEST_CASE("the guardian kills the forkserver rank's child that left for a session of its own") {
+    test::temp_dir dir;
+    group_spec spec;
+    spec.entry = call(start_method::forkserver, fork_detached_child, dir.path.string());
+    spec.nprocs = 2;
+    const pid_t pid = guarded_group(spec, nullptr, nullptr, dir.path / "started");
+    check_killed_with_supervisor(dir.path, pid, pid, "detached");
+  }
+
+  // The forkserver's marker counts only once the guardian's process is
+  // gone: a look asked for leaves the server to serve the next start.
+  TEST_CASE("a guardian's look leaves this process's forkserver running") {
+    test::temp_dir dir;
+    group_spec spec;
+    spec.entry = call(start_method::forkserver, fork_setsid_child, dir.path.string());
+    const auto escaped = run_publishing(spec, dir.path, false);
+    REQUIRE(escaped.size() == 1);
+    CHECK(gone_within(escaped[0], 500ms));  // the run's end swept the rank's child
+    const std::string marker = cohort::detail::forkserver_marker(::getpid()) + "1";
+    std::vector<pid_t> servers;
+    cohort::detail::for_each_process([&](pid_t pid) {
+      if (cohort::detail::environment_holds(pid, marker)) servers.push_back(pid);
+    });
+    REQUIRE(servers.size() == 1);
+    { cohort::guardian guard; }  // reaped once it has looked
+    CHECK_FALSE(test::within(300ms, [&] { return !test::alive(servers[0]); }));
+    test::temp_dir next;
+    spec.entry = call(start_method::forkserver, fork_setsid_child, next.path.string());
+    const auto again = run_publishing(spec, next.path, false);
+    REQUIRE(again.size() == 1);
+    CHECK(gone_within(again[0], 500ms));
   }
 
   // Before, the guardian removed only the files whose maker was the
