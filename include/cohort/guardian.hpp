@@ -42,18 +42,19 @@ namespace cohort {
 /// they started, `setsid` grandchildren included, when this process could
 /// not: killed with SIGKILL, also by a SIGKILL sent to this process's
 /// whole process group, since the guardian leads a process group of its
-/// own. A `forkserver` rank, and each fork of it that executes nothing,
-/// shows the server's initial environment in /proc/<pid>/environ, which
-/// carries a marker of this process's server (COHORT_FORKSERVER_OF_<this
-/// pid>): once this process has died, the guardian kills what carries that
-/// too, the server included (not at a look asked for, which leaves the
-/// server running for the next start). It misses a fork of a `fork` rank
-/// that leaves the rank's process group and executes nothing: its initial
-/// environment is this process's own, without the marker, and the
-/// guardian follows no parent links. It ignores every signal but SIGKILL and SIGSTOP (and the faults of
-/// its own code), so a Ctrl-C meant for this process, or any signal sent
-/// to a process group, leaves it to do its work; no handler of this
-/// process's ever runs in it.
+/// own. A fork of a `fork` or `forkserver` rank that executes nothing
+/// shows this process's or the server's initial environment in
+/// /proc/<pid>/environ, without the marker: those carry a mapping instead,
+/// which forks copy and an exec drops (a page of a memfd named
+/// cohort-ranks-of-<this pid>, in /proc/<pid>/maps), and once this process
+/// has died the guardian kills what carries it too: the forkserver, the
+/// ranks, and their forks, `setsid` ones included. A look asked for reads
+/// no mappings, and leaves the forkserver running for the next start. A
+/// process that another thread of this process forks while a start forks
+/// `fork` ranks carries the mapping too. It ignores every signal but
+/// SIGKILL and SIGSTOP (and the faults of its own code), so a Ctrl-C meant
+/// for this process, or any signal sent to a process group, leaves it to
+/// do its work; no handler of this process's ever runs in it.
 ///
 /// On Linux 5.16 and later, on x86-64 and AArch64, the guardian shares this
 /// process's memory (a clone with CLONE_VM, running on a stack of its own

@@ -15,7 +15,7 @@
 #include "config.hpp"
 #include "group/descendants.hpp"
 #include "group/rank_groups.hpp"
-#include "launch/forkserver.hpp"
+#include "launch/rank_mark.hpp"
 #include "os/descriptor_limit.hpp"
 #include "os/per_process.hpp"
 #include "os/process_identity.hpp"
@@ -151,11 +151,12 @@ struct guardian_memory {
   int line = -1;            // its end of the socket pair
   int parent_end = -1;      // the parent's end, closed at once
   int parent = -1;          // a pidfd of the parent, or -1
-  // The markers it looks for in environments: the groups',
-  // "COHORT_GROUP_<pid>_", and the forkserver's, "COHORT_FORKSERVER_OF_<pid>="
-  // (launch/entry.hpp), which the second counts only once the parent is gone.
-  char prefix[2][64] = {};
-  std::size_t prefix_size[2] = {};
+  char prefix[64] = {};     // the groups' marker, "COHORT_GROUP_<pid>_"
+  std::size_t prefix_size = 0;
+  // The mark of the parent's forked ranks as /proc/<pid>/maps shows it,
+  // "/memfd:cohort-ranks-of-<pid> " (launch/rank_mark.hpp).
+  char mark[64] = {};
+  std::size_t mark_size = 0;
   rank_group_table* groups = nullptr;  // on the pages above; the guardian writes `started` alone
   long parent_pid = 0;
   std::uint64_t pid_namespace = 0;  // the parent's, and so its own
@@ -225,14 +226,14 @@ COHORT_BARE_CODE long open_proc_file(const char* pid, const char* tail) {
 }
 
 // Whether the initial environment of process `pid` (its decimal digits) has
-// a variable that starts with one of the first `markers` of m.prefix.
-COHORT_BARE_CODE bool marked(const char* pid, const guardian_memory& m, int markers) {
+// a variable that starts with the marker.
+COHORT_BARE_CODE bool marked(const char* pid, const guardian_memory& m) {
   const long fd = open_proc_file(pid, "/environ");
   if (fd < 0) return false;  // gone, or not ours to read
-  // How much of each marker the current variable has matched; `differs`
+  // How much of the marker the current variable has matched; `differs`
   // once it cannot.
   constexpr std::size_t differs = ~std::size_t{0};
-  std::size_t matched[2] = {0, 0};
+  std::size_t matched = 0;
   bool found = false;
   COHORT_UNINITIALIZED char block[4096];
   while (!found) {
@@ -240,13 +241,36 @@ COHORT_BARE_CODE bool marked(const char* pid, const guardian_memory& m, int mark
     if (n == -EINTR) continue;
     if (n <= 0) break;
     for (long i = 0; i < n && !found; ++i) {
-      for (int k = 0; k < markers && !found; ++k) {
-        if (block[i] == '\0') {
-          matched[k] = 0;  // the next variable
-        } else if (matched[k] != differs) {
-          matched[k] = block[i] == m.prefix[k][matched[k]] ? matched[k] + 1 : differs;
-          found = matched[k] == m.prefix_size[k];
-        }
+      if (block[i] == '\0') {
+        matched = 0;  // the next variable
+      } else if (matched != differs) {
+        matched = block[i] == m.prefix[matched] ? matched + 1 : differs;
+        found = matched == m.prefix_size;
+      }
+    }
+  }
+  raw_syscall(SYS_close, fd);
+  return found;
+}
+
+// Whether process `pid` (its decimal digits) maps the mark of the parent's
+// forked ranks. The mark's first character, '/', appears in it nowhere
+// else, so a match that fails can only begin again at that character.
+COHORT_BARE_CODE bool carries_mark(const char* pid, const guardian_memory& m) {
+  const long fd = open_proc_file(pid, "/maps");
+  if (fd < 0) return false;  // gone, or not ours to read
+  std::size_t matched = 0;
+  bool found = false;
+  COHORT_UNINITIALIZED char block[4096];
+  while (!found) {
+    const long n = raw_syscall(SYS_read, fd, reinterpret_cast<long>(block), sizeof block);
+    if (n == -EINTR) continue;
+    if (n <= 0) break;
+    for (long i = 0; i < n && !found; ++i) {
+      if (block[i] == m.mark[matched]) {
+        found = ++matched == m.mark_size;
+      } else {
+        matched = block[i] == m.mark[0] ? 1 : 0;
       }
     }
   }
@@ -349,7 +373,7 @@ COHORT_BARE_CODE bool a_guardian(const char* pid) {
 // One pass over /proc: what it looks for, and how many it found.
 struct kill_pass {
   const guardian_memory& m;
-  int markers;  // how many of m.prefix it looks for
+  bool parent_gone;  // which looks also for the mark of the parent's forked ranks
   long self;
   int found;
 };
@@ -360,7 +384,7 @@ struct kill_pass {
 COHORT_BARE_CODE void kill_if_ours(long pid, const char* name, long, void* context) {
   auto& p = *static_cast<kill_pass*>(context);
   if (pid == p.self) return;
-  const bool is_marked = marked(name, p.m, p.markers);
+  const bool is_marked = marked(name, p.m) || (p.parent_gone && carries_mark(name, p.m));
   if (!is_marked && !noted(p.m.groups, raw_syscall(SYS_getpgid, pid)) &&
       !noted(p.m.groups, raw_syscall(SYS_getsid, pid))) {
     return;
@@ -370,11 +394,11 @@ COHORT_BARE_CODE void kill_if_ours(long pid, const char* name, long, void* conte
   if (is_marked || !dead(name)) ++p.found;
 }
 
-// One pass over /proc: kills every process marked with one of the first
-// `markers` of m.prefix and every process in a rank's group; the number
-// found alive.
-COHORT_BARE_CODE int kill_ours(const guardian_memory& m, int markers) {
-  kill_pass p{m, markers, raw_syscall(SYS_getpid), 0};
+// One pass over /proc: kills every marked process (with `parent_gone`,
+// every one that carries the mark of the parent's forked ranks too) and
+// every process in a rank's group; the number found alive.
+COHORT_BARE_CODE int kill_ours(const guardian_memory& m, bool parent_gone) {
+  kill_pass p{m, parent_gone, raw_syscall(SYS_getpid), 0};
   for_each_entry("/proc", true, kill_if_ours, &p);
   return p.found;
 }
@@ -554,19 +578,19 @@ COHORT_BARE_CODE int guard(void* memory) {
   if (const ending end = wait_for_look(m, line); end != ending::released) {
     // Its marked processes go too, and those in its ranks' process groups.
     // Killed ones stop showing once dead, so a pass that finds none ends
-    // the work; at most 10 s, for a process stuck in the kernel. The
-    // forkserver's marker counts only once the parent is gone: a parent
-    // that asked for the look keeps its server (whose ranks' own
-    // children its groups' ends sweep), which its next start would
-    // otherwise find dead.
-    const int markers = end == ending::parent_gone ? 2 : 1;
+    // the work; at most 10 s, for a process stuck in the kernel. The mark
+    // of the forked ranks counts only once the parent is gone: a parent
+    // that asked for the look keeps its forkserver, which carries the mark
+    // too (and its groups' ends sweep what their ranks left), and the
+    // look reads no process's mappings.
+    const bool parent_gone = end == ending::parent_gone;
     const long until = monotonic_ns() + 10'000'000'000L;
     const timespec pause{0, 5'000'000};
     // Each pass after the notes still on the line: those sent before the
     // parent ended, and any a rank sent as it started meanwhile.
     for (;;) {
       drain_line(m, line);
-      if (kill_ours(m, markers) == 0 || monotonic_ns() >= until) break;
+      if (kill_ours(m, parent_gone) == 0 || monotonic_ns() >= until) break;
       raw_syscall(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, reinterpret_cast<long>(&pause), 0);
     }
     drain_line(m, line);
@@ -586,7 +610,8 @@ COHORT_BARE_CODE int guard(void* memory) {
 }  // namespace
 
 guardian::guardian() {
-  const std::string prefixes[2] = {detail::group_marker_prefix(::getpid()), detail::forkserver_marker(::getpid())};
+  const std::string prefix = detail::group_marker_prefix(::getpid());
+  const std::string mark = detail::rank_mark_in_maps(::getpid());
   // A socket pair, not a pipe: the word end() sends cannot raise SIGPIPE
   // here when the guardian is gone.
   int ends[2];
@@ -629,10 +654,10 @@ guardian::guardian() {
   m->parent_pid = ::getpid();
   owner_ = static_cast<pid_t>(m->parent_pid);
   m->pid_namespace = os::pid_namespace();
-  for (int k = 0; k < 2; ++k) {
-    m->prefix_size[k] = std::min(prefixes[k].size(), sizeof m->prefix[k]);
-    std::memcpy(m->prefix[k], prefixes[k].data(), m->prefix_size[k]);
-  }
+  m->prefix_size = std::min(prefix.size(), sizeof m->prefix);
+  std::memcpy(m->prefix, prefix.data(), m->prefix_size);
+  m->mark_size = std::min(mark.size(), sizeof m->mark);
+  std::memcpy(m->mark, mark.data(), m->mark_size);
   auto* table = new (top + page) rank_group_table;  // default-initialized: the slots stay unwritten
   m->groups = table;
 

@@ -10,6 +10,7 @@
 
 #include "config.hpp"
 #include "launch/entry.hpp"
+#include "launch/rank_mark.hpp"
 #include "os/descriptor_limit.hpp"
 #include "os/demangle.hpp"
 #include "os/descriptor_passing.hpp"
@@ -380,8 +381,6 @@ bool start_server(server_link& l, launch_failure& f) {
   }
   spawn_options options;
   options.env.set(forkserver_env, std::to_string(ends[1]));
-  const std::string marker = forkserver_marker(::getpid());
-  options.env.set(marker.substr(0, marker.size() - 1), "1");
   options.keep_fds = {ends[1]};
   // Its standard streams are none of the caller's: each request sends the
   // ones its ranks inherit, and the caller's pipes and terminal reach
@@ -415,8 +414,6 @@ void drop_server(server_link& l) {
 
 }  // namespace
 
-std::string forkserver_marker(pid_t owner) { return fmt::format("COHORT_FORKSERVER_OF_{}=", owner); }
-
 // Hot: each child returns from its clone through this loop.
 COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
   thread_identity self;
@@ -444,6 +441,10 @@ COHORT_FORKED_CHILD_PATH int serve_forks(int socket) {
   // a child binding one itself faults in the dynamic linker's tables of
   // every library, each child again.
   flush_standard_streams();
+  // The mark of the requester's ranks (the server's parent), which every
+  // child, and each fork of theirs that executes nothing, carries: the
+  // requester's guardian finds them by it.
+  map_rank_mark(::getppid());
   // Mapped once for all children, each of which has its own copy.
   std::optional<entry_stack> stack;
   inherited.stack = entry_stack::ahead_of_forks(stack);

@@ -7,10 +7,7 @@
 #include "cohort/entry_point.hpp"
 #include "process/launch.hpp"
 
-#include <sys/types.h>
-
 #include <span>
-#include <string>
 
 namespace cohort::detail {
 
@@ -18,14 +15,6 @@ namespace cohort::detail {
 /// in the server when the requester goes (0), and in each forked child with
 /// the child's exit code, for main to return.
 int serve_forks(int socket);
-
-/// The marker in the initial environment of the forkserver that process
-/// `owner` starts, "COHORT_FORKSERVER_OF_<owner>=" (then "1"): every child
-/// the server forks, and each fork of those that executes nothing, shows it
-/// in /proc/<pid>/environ, where the ranks' own markers (set in their
-/// environ after the fork) never show. The guardian kills what carries it
-/// once its process is gone.
-std::string forkserver_marker(pid_t owner);
 
 /// The most descriptors (keep_fds) a forkserver child can be given.
 inline constexpr std::size_t max_kept = 240;

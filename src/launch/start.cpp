@@ -6,6 +6,7 @@
 #include "config.hpp"
 #include "cohort/storage.hpp"
 #include "launch/forkserver.hpp"
+#include "launch/rank_mark.hpp"
 #include "os/cuda_driver.hpp"
 #include "os/descriptor_limit.hpp"
 #include "os/fork_safe_mutex.hpp"
@@ -234,6 +235,9 @@ struct rank_to_fork {
   const auto record = [&](std::size_t forked) {
     for (std::size_t r = 0; r < std::min(forked, on_stack); ++r) ranks[r]->pid = pids[r];
   };
+  // The ranks, and every fork of theirs that executes nothing, carry the
+  // mark this process's guardian finds them by.
+  const ranks_marked marked;
   shm::fork_batch batch;
   const os::fork_safe_mutexes_held held;
   for (std::size_t r = 0; r < ranks.size(); ++r) {

@@ -8,7 +8,7 @@
 #include "cohort/tensor.hpp"
 #include "group/descendants.hpp"
 #include "group/rank_groups.hpp"
-#include "launch/forkserver.hpp"
+#include "launch/rank_mark.hpp"
 #include "os/process_identity.hpp"
 #include "shm/segment.hpp"
 
@@ -2878,22 +2878,26 @@ TEST_SUITE("group") {
     }
   }
 
-  // A forkserver rank's child that leaves the rank's process group and
-  // executes nothing shows the server's initial environment in
-  // /proc/<pid>/environ, not the rank's: before, it carried no marker the
-  // guardian knew, and outlived the supervisor killed outright. (A fork
-  // of a `fork` rank shows the supervisor's own, and is still missed.)
-  TEST_CASE("the guardian kills the forkserver rank's child that left for a session of its own") {
-    test::temp_dir dir;
-    group_spec spec;
-    spec.entry = call(start_method::forkserver, fork_detached_child, dir.path.string());
-    spec.nprocs = 2;
-    const pid_t pid = guarded_group(spec, nullptr, nullptr, dir.path / "started");
-    check_killed_with_supervisor(dir.path, pid, pid, "detached");
+  // A child of a `fork` or `forkserver` rank that leaves the rank's process
+  // group and executes nothing shows the supervisor's or the server's
+  // initial environment in /proc/<pid>/environ, not the rank's: before, it
+  // carried no marker the guardian knew, and outlived the supervisor
+  // killed outright.
+  TEST_CASE("the guardian kills the forked rank's child that left for a session of its own") {
+    for (const start_method method : {start_method::fork, start_method::forkserver}) {
+      CAPTURE(to_string(method));
+      test::temp_dir dir;
+      group_spec spec;
+      spec.entry = call(method, fork_detached_child, dir.path.string());
+      spec.nprocs = 2;
+      const pid_t pid = guarded_group(spec, nullptr, nullptr, dir.path / "started");
+      check_killed_with_supervisor(dir.path, pid, pid, "detached");
+    }
   }
 
-  // The forkserver's marker counts only once the guardian's process is
-  // gone: a look asked for leaves the server to serve the next start.
+  // The forked ranks' mark counts only once the guardian's process is
+  // gone: a look asked for leaves the forkserver, which carries the mark,
+  // to serve the next start.
   TEST_CASE("a guardian's look leaves this process's forkserver running") {
     test::temp_dir dir;
     group_spec spec;
@@ -2901,10 +2905,12 @@ TEST_SUITE("group") {
     const auto escaped = run_publishing(spec, dir.path, false);
     REQUIRE(escaped.size() == 1);
     CHECK(gone_within(escaped[0], 500ms));  // the run's end swept the rank's child
-    const std::string marker = cohort::detail::forkserver_marker(::getpid()) + "1";
+    const std::string mark = cohort::detail::rank_mark_in_maps(::getpid());
     std::vector<pid_t> servers;
     cohort::detail::for_each_process([&](pid_t pid) {
-      if (cohort::detail::environment_holds(pid, marker)) servers.push_back(pid);
+      std::ifstream maps(fmt::format("/proc/{}/maps", pid));
+      const std::string text((std::istreambuf_iterator<char>(maps)), std::istreambuf_iterator<char>());
+      if (text.find(mark) != std::string::npos) servers.push_back(pid);
     });
     REQUIRE(servers.size() == 1);
     { cohort::guardian guard; }  // reaped once it has looked
