@@ -159,6 +159,7 @@ struct guardian_memory {
   std::size_t mark_size = 0;
   rank_group_table* groups = nullptr;  // on the pages above; the guardian writes `started` alone
   long parent_pid = 0;
+  std::uint64_t parent_start_time = 0;  // clock ticks since boot; 0 where unknown
   std::uint64_t pid_namespace = 0;  // the parent's, and so its own
 };
 
@@ -335,20 +336,38 @@ COHORT_BARE_CODE long read_proc_file(const char* pid, const char* tail, char* in
   return n;
 }
 
-// Whether process `pid` (its decimal digits) has died and waits to be
-// reaped: its state in /proc/<pid>/stat, after the name in parentheses
-// (which may itself hold any character), is Z. A process that is gone
-// counts as dead.
-COHORT_BARE_CODE bool dead(const char* pid) {
+// What /proc/<pid>/stat says of process `pid` (its decimal digits): its
+// state, the letter after the name in parentheses (which may itself hold
+// any character), 0 where it cannot be read (gone); and its start time,
+// field 22, in clock ticks since boot.
+struct stat_look {
+  char state;
+  std::uint64_t start_time;
+};
+COHORT_BARE_CODE stat_look look_at_stat(const char* pid) {
   COHORT_UNINITIALIZED char stat[512];
   const long n = read_proc_file(pid, "/stat", stat, sizeof stat);
   long close_paren = -1;
   for (long i = 0; i < n; ++i) {
     if (stat[i] == ')') close_paren = i;
   }
-  if (close_paren < 0 || close_paren + 2 >= n) return true;
-  const char state = stat[close_paren + 2];
-  return state == 'Z' || state == 'X';
+  if (close_paren < 0 || close_paren + 2 >= n) return {0, 0};
+  stat_look look{stat[close_paren + 2], 0};
+  // A space before each field after the parenthesis: past the 20th, field
+  // 22 begins.
+  long at = close_paren + 1;
+  for (int field = 2; field < 22 && at < n; ++at) {
+    if (stat[at] == ' ') ++field;
+  }
+  for (; at < n && stat[at] >= '0' && stat[at] <= '9'; ++at) look.start_time = look.start_time * 10 + (stat[at] - '0');
+  return look;
+}
+
+// Whether process `pid` (its decimal digits) has died and waits to be
+// reaped (Z), or is gone.
+COHORT_BARE_CODE bool dead(const char* pid) {
+  const char state = look_at_stat(pid).state;
+  return state == 0 || state == 'Z' || state == 'X';
 }
 
 // The name a guardian gives itself, as its thread's name: at most 15
@@ -378,17 +397,24 @@ struct kill_pass {
   int found;
 };
 
-// Kills process `pid` of the pass when it is marked, or in a process group
-// or session a rank led: found, unless it has died already (a zombie stays
-// in its group until reaped, by another). Another guardian is spared.
+// Kills process `pid` of the pass when it is in a process group or session
+// a rank led, or marked (with the pass's `parent_gone`, also by the
+// mapping of the parent's forked ranks): found, unless it has died already
+// (a zombie stays in its group until reaped, by another). Another guardian
+// is spared, and any process that started before the parent: none of its
+// descendants can have, so its marker or mapping is of an earlier process
+// that had the parent's pid. The mappings are read last: a process's can
+// be long.
 COHORT_BARE_CODE void kill_if_ours(long pid, const char* name, long, void* context) {
   auto& p = *static_cast<kill_pass*>(context);
   if (pid == p.self) return;
-  const bool is_marked = marked(name, p.m) || (p.parent_gone && carries_mark(name, p.m));
-  if (!is_marked && !noted(p.m.groups, raw_syscall(SYS_getpgid, pid)) &&
-      !noted(p.m.groups, raw_syscall(SYS_getsid, pid))) {
-    return;
-  }
+  const bool in_group =
+      noted(p.m.groups, raw_syscall(SYS_getpgid, pid)) || noted(p.m.groups, raw_syscall(SYS_getsid, pid));
+  bool is_marked = !in_group && marked(name, p.m);
+  if (!in_group && !is_marked && !p.parent_gone) return;
+  const stat_look look = look_at_stat(name);
+  if (look.state == 0 || look.start_time < p.m.parent_start_time) return;
+  if (!in_group && !is_marked && !(is_marked = carries_mark(name, p.m))) return;
   if (a_guardian(name)) return;
   raw_syscall(SYS_kill, pid, SIGKILL);
   if (is_marked || !dead(name)) ++p.found;
@@ -652,6 +678,7 @@ guardian::guardian() {
   m->parent_end = ends[1];
   m->parent = parent;
   m->parent_pid = ::getpid();
+  m->parent_start_time = os::own_start_time();
   owner_ = static_cast<pid_t>(m->parent_pid);
   m->pid_namespace = os::pid_namespace();
   m->prefix_size = std::min(prefix.size(), sizeof m->prefix);

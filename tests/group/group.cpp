@@ -112,8 +112,8 @@ pid_t first_line_pid(const fs::path& file) {
 
 // A process carrying the marker of a group of this process, as a rank's
 // setsid grandchild would: sleep 30 with COHORT_GROUP_<this pid>_0=1.
-pid_t marked_sleeper() {
-  const std::string marker = cohort::detail::group_marker_prefix(::getpid()) + "0=1";
+pid_t marked_sleeper(pid_t supervisor = ::getpid()) {
+  const std::string marker = cohort::detail::group_marker_prefix(supervisor) + "0=1";
   const pid_t pid = ::fork();
   if (pid == 0) {
     char* argv[] = {const_cast<char*>("sleep"), const_cast<char*>("30"), nullptr};
@@ -2740,6 +2740,68 @@ TEST_SUITE("group") {
       guard.reset();  // this process's own end: it looks
       CHECK(killed_soon(pid));
     }
+  }
+
+  // Before, the guardian killed whatever carried its process's marker,
+  // however old: what an earlier supervisor that had the same pid left
+  // behind died with the later one. The later supervisor takes the pid
+  // through ns_last_pid, which only a privileged process can write. One
+  // started after it with its marker, as its rank's child would be, dies.
+  TEST_CASE("the guardian spares a process older than its own, whatever marker it carries") {
+    const char* last_pid = "/proc/sys/kernel/ns_last_pid";
+    if (::access(last_pid, W_OK) != 0) {
+      MESSAGE("ns_last_pid cannot be written here: not checked");
+      return;
+    }
+    long pid_max = 0;
+    std::ifstream("/proc/sys/kernel/pid_max") >> pid_max;
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      long last = 0;
+      std::ifstream(last_pid) >> last;
+      const auto target = static_cast<pid_t>(last + 1000 < pid_max ? last + 1000 : 1000 + attempt);
+      if (::kill(target, 0) == 0 || errno != ESRCH) continue;  // taken
+      const pid_t older = marked_sleeper(target);
+      // Start times count clock ticks (10 ms where USER_HZ is 100): one
+      // that starts in the same tick is not older.
+      std::this_thread::sleep_for(30ms);
+      int ends[2];
+      REQUIRE(::pipe(ends) == 0);
+      std::ofstream(last_pid) << target - 1 << std::flush;
+      const pid_t supervisor = ::fork();
+      if (supervisor == 0) {
+        ::close(ends[0]);
+        if (::getpid() != target) ::_exit(3);
+        cohort::guardian guard;
+        const pid_t guardian = guard.pid();
+        [[maybe_unused]] const auto n = ::write(ends[1], &guardian, sizeof guardian);
+        ::pause();
+        ::_exit(1);
+      }
+      REQUIRE(supervisor > 0);
+      ::close(ends[1]);
+      pid_t guardian = -1;
+      const bool took = supervisor == target && ::read(ends[0], &guardian, sizeof guardian) == sizeof guardian;
+      ::close(ends[0]);
+      if (!took) {
+        ::kill(supervisor, SIGKILL);
+        exit_of(supervisor, 0);
+        ::kill(older, SIGKILL);
+        exit_of(older, 0);
+        continue;
+      }
+      const pid_t younger = marked_sleeper(target);
+      ::kill(supervisor, SIGKILL);
+      CHECK(killed_soon(supervisor));
+      CHECK(killed_soon(younger));
+      // The guardian's pass is over once it has ended.
+      CHECK(test::within(15s, [&] { return !test::alive(guardian); }, 5ms));
+      ::waitpid(guardian, nullptr, WNOHANG);  // where it was handed to this process
+      CHECK(exit_of(older, WNOHANG) == -1);  // still asleep
+      ::kill(older, SIGKILL);
+      exit_of(older, 0);
+      return;
+    }
+    MESSAGE("no pid could be taken again here: not checked");
   }
 
   TEST_CASE("the guardian kills what a rank started in its process group with a fresh environment") {
