@@ -102,6 +102,20 @@ void record_run_markers(segment_header& h) noexcept {
   }
 }
 
+// Links the unnamed file `fd` (O_TMPFILE) under `name` in /dev/shm: by
+// its /proc/self/fd entry, or where /proc is not mounted by the
+// descriptor itself (AT_EMPTY_PATH, which takes CAP_DAC_READ_SEARCH).
+// False with errno set, EEXIST where the name is taken.
+bool link_under(int fd, const std::string& name) noexcept {
+  char own[40];
+  std::snprintf(own, sizeof own, "/proc/self/fd/%d", fd);
+  char path[96];
+  std::snprintf(path, sizeof path, "/dev/shm%s", name.c_str());
+  if (::linkat(AT_FDCWD, own, AT_FDCWD, path, AT_SYMLINK_FOLLOW) == 0) return true;
+  if (errno != ENOENT) return false;
+  return ::linkat(fd, "", AT_FDCWD, path, AT_EMPTY_PATH) == 0;
+}
+
 }  // namespace
 
 static_assert(sizeof(segment_header) <= segment::single_block, "the header runs into the first block");
@@ -129,6 +143,7 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
   const pid_t self = os::this_process();
   int fd = -1;
   std::string name;
+  bool unnamed = false;  // a file_system segment's file, until it is linked under `name`
   if (strategy == sharing_strategy::file_descriptor) {
     // Named by its nonce, so that a keeper's descriptor of it can be found.
     const auto memfd_name = memfd_name_of(nonce);
@@ -138,13 +153,26 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     if (fd < 0) throw shm_error(fmt::format("cohort: memfd_create: {}", errno_text(errno)), size);
   } else {
     name = segment_name(self, nonce);
-    fd = with_descriptor_room(
-        [&name] { return ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600); }, shed_descriptors);
+    // Unnamed until its header is stamped, then linked under its name: a
+    // process killed while it makes one (posix_fallocate of megabytes
+    // takes a while) leaves no file that no stamp says whose it is. Named
+    // from the start where /dev/shm makes no unnamed files.
+    fd = with_descriptor_room([] { return ::open("/dev/shm", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600); },
+                              shed_descriptors);
+    unnamed = fd >= 0;
+    if (!unnamed && (errno == EMFILE || errno == ENFILE)) {
+      throw shm_error(fmt::format("cohort: open /dev/shm: {}", errno_text(errno)), size);
+    }
+    if (!unnamed) {
+      fd = with_descriptor_room(
+          [&name] { return ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600); },
+          shed_descriptors);
+    }
     if (fd < 0) throw shm_error(fmt::format("cohort: shm_open {}: {}", name, errno_text(errno)), size);
   }
   auto fail = [&](std::string_view what, int error) {
     ::close(fd);
-    if (!name.empty()) ::shm_unlink(name.c_str());
+    if (!name.empty() && !unnamed) ::shm_unlink(name.c_str());
     const auto free = strategy == sharing_strategy::file_system ? dev_shm_free() : 0;
     // ENOMEM from mmap is this process's address space (RLIMIT_AS) or its
     // count of mappings, not the room the memory was reserved in.
@@ -184,10 +212,6 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
   }
   void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) fail("mmap", errno);
-  if (strategy == sharing_strategy::file_system) {
-    ::close(fd);
-    fd = -1;
-  }
   auto* h = new (base) segment_header{};
   // The run markers before the magic: a file a sweep takes for a segment
   // holds them already.
@@ -207,6 +231,15 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     b->capacity = size - header_size;
     b->stamp = block_stamp(nonce, single_block);
     h->bump = size;
+  }
+  if (unnamed && !link_under(fd, name)) {
+    const int error = errno;
+    ::munmap(base, size);
+    fail("linkat", error);
+  }
+  if (strategy == sharing_strategy::file_system) {
+    ::close(fd);
+    fd = -1;
   }
   std::shared_ptr<segment> s(new segment(static_cast<std::byte*>(base), size, strategy, fd, self, fd, 0));
   auto& r = segments();
