@@ -48,10 +48,15 @@ namespace cohort {
 /// which forks copy and an exec drops (a page of a memfd named
 /// cohort-ranks-of-<this pid>, in /proc/<pid>/maps), and once this process
 /// has died the guardian kills what carries it too: the forkserver, the
-/// ranks, and their forks, `setsid` ones included. A look asked for reads
-/// no mappings, and leaves the forkserver running for the next start. A
-/// process that another thread of this process forks while a start forks
-/// `fork` ranks carries the mapping too. It ignores every signal but
+/// ranks, and their forks, `setsid` ones included (where a memfd can be
+/// made and mapped: a seccomp filter that refuses memfd_create leaves them
+/// unmarked). A look asked for reads no mappings, and leaves the
+/// forkserver running for the next start. A process that another thread
+/// of this process forks while a start forks `fork` ranks carries the
+/// mapping too. The guardian spares every process that started before this
+/// one (by the start time in /proc/<pid>/stat, in clock ticks): whatever
+/// marker or mapping it carries names an earlier process that had this
+/// one's pid. It ignores every signal but
 /// SIGKILL and SIGSTOP (and the faults of its own code), so a Ctrl-C meant
 /// for this process, or any signal sent to a process group, leaves it to
 /// do its work; no handler of this process's ever runs in it.
