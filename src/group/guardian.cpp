@@ -226,57 +226,69 @@ COHORT_BARE_CODE long open_proc_file(const char* pid, const char* tail) {
   return raw_syscall(SYS_openat, AT_FDCWD, reinterpret_cast<long>(path), O_RDONLY | O_CLOEXEC);
 }
 
-// Whether the initial environment of process `pid` (its decimal digits) has
-// a variable that starts with the marker.
-COHORT_BARE_CODE bool marked(const char* pid, const guardian_memory& m) {
-  const long fd = open_proc_file(pid, "/environ");
-  if (fd < 0) return false;  // gone, or not ours to read
-  // How much of the marker the current variable has matched; `differs`
-  // once it cannot.
-  constexpr std::size_t differs = ~std::size_t{0};
-  std::size_t matched = 0;
+// Feeds /proc/<pid><tail> (`pid` its decimal digits) to `found_at`, a
+// character at a time, until it returns true (true) or the file ends
+// (false; also where it cannot be read: gone, or not ours to read).
+template <class Step>
+COHORT_BARE_CODE bool scan_proc_file(const char* pid, const char* tail, Step&& found_at) {
+  const long fd = open_proc_file(pid, tail);
+  if (fd < 0) return false;
   bool found = false;
   COHORT_UNINITIALIZED char block[4096];
   while (!found) {
     const long n = raw_syscall(SYS_read, fd, reinterpret_cast<long>(block), sizeof block);
     if (n == -EINTR) continue;
     if (n <= 0) break;
-    for (long i = 0; i < n && !found; ++i) {
-      if (block[i] == '\0') {
-        matched = 0;  // the next variable
-      } else if (matched != differs) {
-        matched = block[i] == m.prefix[matched] ? matched + 1 : differs;
-        found = matched == m.prefix_size;
-      }
-    }
+    for (long i = 0; i < n && !found; ++i) found = found_at(block[i]);
   }
   raw_syscall(SYS_close, fd);
   return found;
 }
 
-// Whether process `pid` (its decimal digits) maps the mark of the parent's
-// forked ranks. The mark's first character, '/', appears in it nowhere
-// else, so a match that fails can only begin again at that character.
-COHORT_BARE_CODE bool carries_mark(const char* pid, const guardian_memory& m) {
-  const long fd = open_proc_file(pid, "/maps");
-  if (fd < 0) return false;  // gone, or not ours to read
+// Matches a variable that starts with `prefix` in an environment block.
+struct prefix_step {
+  const char* prefix;
+  std::size_t size;
+  // How much of the prefix the current variable has matched; `differs`
+  // once it cannot.
+  static constexpr std::size_t differs = ~std::size_t{0};
   std::size_t matched = 0;
-  bool found = false;
-  COHORT_UNINITIALIZED char block[4096];
-  while (!found) {
-    const long n = raw_syscall(SYS_read, fd, reinterpret_cast<long>(block), sizeof block);
-    if (n == -EINTR) continue;
-    if (n <= 0) break;
-    for (long i = 0; i < n && !found; ++i) {
-      if (block[i] == m.mark[matched]) {
-        found = ++matched == m.mark_size;
-      } else {
-        matched = block[i] == m.mark[0] ? 1 : 0;
-      }
+  COHORT_BARE_CODE bool operator()(char c) {
+    if (c == '\0') {
+      matched = 0;  // the next variable
+    } else if (matched != differs) {
+      matched = c == prefix[matched] ? matched + 1 : differs;
     }
+    return matched == size;
   }
-  raw_syscall(SYS_close, fd);
-  return found;
+};
+
+// Matches `text` anywhere, where its first character appears in it nowhere
+// else: a match that fails can only begin again at that character.
+struct text_step {
+  const char* text;
+  std::size_t size;
+  std::size_t matched = 0;
+  COHORT_BARE_CODE bool operator()(char c) {
+    if (c == text[matched]) {
+      ++matched;
+    } else {
+      matched = c == text[0] ? 1 : 0;
+    }
+    return matched == size;
+  }
+};
+
+// Whether the initial environment of process `pid` (its decimal digits) has
+// a variable that starts with the marker.
+COHORT_BARE_CODE bool marked(const char* pid, const guardian_memory& m) {
+  return scan_proc_file(pid, "/environ", prefix_step{m.prefix, m.prefix_size});
+}
+
+// Whether process `pid` (its decimal digits) maps the mark of the parent's
+// forked ranks (its first character, '/', appears in it nowhere else).
+COHORT_BARE_CODE bool carries_mark(const char* pid, const guardian_memory& m) {
+  return scan_proc_file(pid, "/maps", text_step{m.mark, m.mark_size});
 }
 
 // Calls each(number, name, dir, context) for every entry of the directory
