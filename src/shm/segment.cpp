@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cerrno>
@@ -102,6 +103,10 @@ void record_run_markers(segment_header& h) noexcept {
   }
 }
 
+// Whether an unnamed file in /dev/shm could not be linked under its name
+// here: file_system segments are then named from the start.
+std::atomic<bool> unnamed_refused{false};
+
 // Links the unnamed file `fd` (O_TMPFILE) under `name` in /dev/shm: by
 // its /proc/self/fd entry, or where /proc is not mounted by the
 // descriptor itself (AT_EMPTY_PATH, which takes CAP_DAC_READ_SEARCH).
@@ -156,9 +161,12 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     // Unnamed until its header is stamped, then linked under its name: a
     // process killed while it makes one (posix_fallocate of megabytes
     // takes a while) leaves no file that no stamp says whose it is. Named
-    // from the start where /dev/shm makes no unnamed files.
-    fd = with_descriptor_room([] { return ::open("/dev/shm", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600); },
-                              shed_descriptors);
+    // from the start where /dev/shm makes no unnamed files, or where one
+    // could not be linked.
+    if (!unnamed_refused.load(std::memory_order_relaxed)) {
+      fd = with_descriptor_room([] { return ::open("/dev/shm", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600); },
+                                shed_descriptors);
+    }
     unnamed = fd >= 0;
     if (!unnamed && (errno == EMFILE || errno == ENFILE)) {
       throw shm_error(fmt::format("cohort: open /dev/shm: {}", errno_text(errno)), size);
@@ -235,7 +243,12 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
   if (unnamed && !link_under(fd, name)) {
     const int error = errno;
     ::munmap(base, size);
-    fail("linkat", error);
+    if (error == EEXIST) fail("linkat", error);
+    // No way to link it here (a /proc of another pid namespace, and no
+    // CAP_DAC_READ_SEARCH): from now on named from the start.
+    ::close(fd);
+    unnamed_refused.store(true, std::memory_order_relaxed);
+    return make(size, strategy, is_arena);
   }
   if (strategy == sharing_strategy::file_system) {
     ::close(fd);
