@@ -5,8 +5,9 @@
 // that leaves for a session of its own and executes nothing (which makes a
 // segment of its own too), a double fork's grandchild that does the same,
 // and a program with an environment of its own in the rank's process group.
-// The runs take turns over the start methods, and a shell rank that does
-// the same with programs. This process is a subreaper: whatever the
+// The runs take turns over the start methods, a shell rank that does the
+// same with programs, and ranks that supervise two such ranks each, with a
+// guardian of their own. This process is a subreaper: whatever the
 // supervisor leaves is handed to it, and must be gone within 20 s of the
 // kill, with every segment file the run's processes made.
 // Exits 1 on any process or file left.
@@ -94,10 +95,28 @@ void rank_main(int, std::string dir) {
 }
 COHORT_ENTRYPOINT(rank_main);
 
+// A rank that supervises a group of its own, with a guardian of its own:
+// two forkserver ranks that do what rank_main does.
+void supervising_rank(int, std::string dir) {
+  note_pid(dir, "rank");
+  cohort::guardian guard;
+  cohort::group_spec spec;
+  spec.nprocs = 2;
+  spec.entry = cohort::call(cohort::start_method::forkserver, rank_main, dir);
+  asio::io_context io;
+  cohort::group g = cohort::start_processes(io.get_executor(), spec);
+  io.run_for(60s);
+}
+COHORT_ENTRYPOINT(supervising_rank);
+
 // The shell rank's script ($0: the run's folder).
 constexpr const char* shell_rank =
     "echo $$ rank >> \"$0/pids\"; setsid sleep 60 < /dev/null > /dev/null 2>&1 & "
     "( setsid sleep 60 < /dev/null > /dev/null 2>&1 & ) ; env -i /bin/sleep 60 & wait";
+
+// The kinds of run, taken in turn: fork, forkserver and spawn ranks running
+// rank_main, shell ranks, and fork ranks that supervise a group of their own.
+constexpr int kinds = 5;
 
 // Forks the supervisor: a guardian, then the group of run `run`, run for a
 // minute at most.
@@ -109,11 +128,12 @@ pid_t start_supervisor(int run, const fs::path& dir) {
   cohort::guardian guard;
   cohort::group_spec spec;
   spec.nprocs = 3;
-  switch (run % 4) {
+  switch (run % kinds) {
     case 0: spec.entry = cohort::call(cohort::start_method::fork, rank_main, dir.string()); break;
     case 1: spec.entry = cohort::call(cohort::start_method::forkserver, rank_main, dir.string()); break;
     case 2: spec.entry = cohort::call(cohort::start_method::spawn, rank_main, dir.string()); break;
-    default: spec.entry = cohort::command("/bin/sh", {"-c", shell_rank, dir.string()}); break;
+    case 3: spec.entry = cohort::command("/bin/sh", {"-c", shell_rank, dir.string()}); break;
+    default: spec.entry = cohort::call(cohort::start_method::fork, supervising_rank, dir.string()); break;
   }
   try {
     asio::io_context io;
@@ -187,7 +207,7 @@ int main(int argc, char** argv) {
     ::waitpid(supervisor, nullptr, 0);
     if (!all_gone_within(20s)) {
       for (const pid_t pid : children()) {
-        fmt::print("run {} (kind {}, kill after {} us): left {} {}\n", run, run % 4, delay.count(), pid,
+        fmt::print("run {} (kind {}, kill after {} us): left {} {}\n", run, run % kinds, delay.count(), pid,
                    command_line(pid));
         ::kill(pid, SIGKILL);
         ++processes_left;
@@ -202,7 +222,7 @@ int main(int argc, char** argv) {
       const std::string name = entry.path().filename().string();
       for (const auto& [maker, what] : makers) {
         if (name.starts_with("cohort_" + maker + "_")) {
-          fmt::print("run {} (kind {}, kill after {} us): left /dev/shm/{} ({} bytes), made by a {}\n", run, run % 4,
+          fmt::print("run {} (kind {}, kill after {} us): left /dev/shm/{} ({} bytes), made by a {}\n", run, run % kinds,
                      delay.count(), name, fs::file_size(entry.path(), ec), what);
           fs::remove(entry.path(), ec);
           ++files_left;
