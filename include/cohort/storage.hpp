@@ -28,10 +28,11 @@ enum class sharing_strategy {
   /// /proc/<pid>/fd entry, so the owner (or the sender of an argument) must
   /// be alive when a receiver first sees that segment. The default.
   file_descriptor,
-  /// Named files /dev/shm/cohort_<pid>_<random>, made O_EXCL with mode 0600,
-  /// unlinked when their last block is freed, and swept by the group that
-  /// ran their creator when it ends. A receiver opens them by name, so they
-  /// outlive their creator.
+  /// Named files /dev/shm/cohort_<pid>_<random>, mode 0600, linked under
+  /// their name once their header says who made them, unlinked when their
+  /// last block is freed, and swept by the group that ran their creator
+  /// when it ends. A receiver opens them by name, so they outlive their
+  /// creator.
   file_system,
 };
 

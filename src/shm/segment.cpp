@@ -121,6 +121,21 @@ bool link_under(int fd, const std::string& name) noexcept {
   return ::linkat(fd, "", AT_FDCWD, path, AT_EMPTY_PATH) == 0;
 }
 
+// The segment at `base` mapped again through its file opened by `name`,
+// and the first mapping dropped: one made through the unnamed file shows
+// in /proc/<pid>/maps as "/dev/shm/#<inode> (deleted)" even once the file
+// is linked, this one by its name, as a receiver's does. The same pages
+// either way: where the file cannot be opened or mapped again, `base`.
+void* remap_by_name(void* base, std::size_t size, const std::string& name) noexcept {
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return base;
+  void* named = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (named == MAP_FAILED) return base;
+  ::munmap(base, size);
+  return named;
+}
+
 }  // namespace
 
 static_assert(sizeof(segment_header) <= segment::single_block, "the header runs into the first block");
@@ -163,13 +178,15 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     // takes a while) leaves no file that no stamp says whose it is. Named
     // from the start where /dev/shm makes no unnamed files, or where one
     // could not be linked.
+    int unnamed_error = 0;
     if (!unnamed_refused.load(std::memory_order_relaxed)) {
       fd = with_descriptor_room([] { return ::open("/dev/shm", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600); },
                                 shed_descriptors);
+      if (fd < 0) unnamed_error = errno;
     }
     unnamed = fd >= 0;
-    if (!unnamed && (errno == EMFILE || errno == ENFILE)) {
-      throw shm_error(fmt::format("cohort: open /dev/shm: {}", errno_text(errno)), size);
+    if (unnamed_error == EMFILE || unnamed_error == ENFILE) {
+      throw shm_error(fmt::format("cohort: open /dev/shm: {}", errno_text(unnamed_error)), size);
     }
     if (!unnamed) {
       fd = with_descriptor_room(
@@ -250,6 +267,7 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     unnamed_refused.store(true, std::memory_order_relaxed);
     return make(size, strategy, is_arena);
   }
+  if (unnamed) base = remap_by_name(base, size, name);
   if (strategy == sharing_strategy::file_system) {
     ::close(fd);
     fd = -1;
