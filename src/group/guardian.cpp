@@ -159,7 +159,11 @@ struct guardian_memory {
   std::size_t mark_size = 0;
   rank_group_table* groups = nullptr;  // on the pages above; the guardian writes `started` alone
   long parent_pid = 0;
-  std::uint64_t parent_start_time = 0;  // clock ticks since boot; 0 where unknown
+  char parent_digits[24] = {};  // parent_pid's decimal digits
+  // Clock ticks since boot; 0 where unknown. Read again by the guardian as
+  // it starts, in its own time namespace, which gives /proc/<pid>/stat's
+  // start times of every process it reads their offset.
+  std::uint64_t parent_start_time = 0;
   std::uint64_t pid_namespace = 0;  // the parent's, and so its own
 };
 
@@ -590,6 +594,21 @@ COHORT_BARE_CODE ending wait_for_look(guardian_memory& m, line_reader& r) {
   }
 }
 
+// Reads the parent's start time as this guardian reads every other
+// process's, in its own time namespace (the parent's may differ: one made
+// by unshare(CLONE_NEWTIME) holds its children alone). Kept only while the
+// parent is still there (its pidfd not readable): once it has ended its
+// pid may be another process's. Otherwise the parent's own reading stands.
+COHORT_BARE_CODE void read_parent_start_time(guardian_memory& m) {
+  if (m.parent < 0) return;
+  const stat_look parent = look_at_stat(m.parent_digits);
+  pollfd still{m.parent, POLLIN, 0};
+  const timespec now{0, 0};
+  if (parent.state != 0 && raw_syscall(SYS_ppoll, reinterpret_cast<long>(&still), 1, reinterpret_cast<long>(&now), 0) == 0) {
+    m.parent_start_time = parent.start_time;
+  }
+}
+
 // The guardian. It starts with every signal blocked (its parent blocked
 // them around the clone), so no handler of the parent's ever runs here.
 // It leads a process group of its own, so that a SIGKILL sent to its
@@ -611,6 +630,7 @@ COHORT_BARE_CODE int guard(void* memory) {
   raw_syscall(SYS_close, m.parent_end);
   close_all_but(m.line, m.parent);
   stdio_to_null(m.line, m.parent);
+  read_parent_start_time(m);
   COHORT_UNINITIALIZED line_reader line;
   line.held = 0;
   if (const ending end = wait_for_look(m, line); end != ending::released) {
@@ -690,7 +710,8 @@ guardian::guardian() {
   m->parent_end = ends[1];
   m->parent = parent;
   m->parent_pid = ::getpid();
-  m->parent_start_time = os::own_start_time();
+  m->parent_start_time = os::start_time_of(::getpid()).value_or(0);
+  std::snprintf(m->parent_digits, sizeof m->parent_digits, "%ld", m->parent_pid);
   owner_ = static_cast<pid_t>(m->parent_pid);
   m->pid_namespace = os::pid_namespace();
   m->prefix_size = std::min(prefix.size(), sizeof m->prefix);
