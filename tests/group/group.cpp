@@ -573,6 +573,15 @@ static int hold_all_but_the_first(void*) noexcept {
   return 0;
 }
 
+// Writes `pid` to `dir`/`file` (whole, by a rename), then `dir`/up, and
+// waits to be ended.
+[[noreturn]] void publish_up_and_wait(const std::string& dir, const char* file, pid_t pid) {
+  std::ofstream(fs::path(dir) / fmt::format("{}.tmp", file)) << pid << "\n";
+  fs::rename(fs::path(dir) / fmt::format("{}.tmp", file), fs::path(dir) / file);
+  std::ofstream(fs::path(dir) / "up").flush();
+  for (;;) ::pause();
+}
+
 // Starts a child in this rank's process group with an empty environment,
 // publishes its pid in `dir`/fresh and says it is up.
 void start_unmarked_child(int, std::string dir) {
@@ -584,10 +593,7 @@ void start_unmarked_child(int, std::string dir) {
     ::execve("/bin/sleep", argv, envp);
     ::_exit(127);
   }
-  std::ofstream(fs::path(dir) / "fresh.tmp") << pid << "\n";
-  fs::rename(fs::path(dir) / "fresh.tmp", fs::path(dir) / "fresh");
-  std::ofstream(fs::path(dir) / "up").flush();
-  ::pause();
+  publish_up_and_wait(dir, "fresh", pid);
 }
 COHORT_ENTRYPOINT(start_unmarked_child);
 
@@ -602,10 +608,7 @@ void fork_detached_child(int, std::string dir) {
     ::sleep(60);
     ::_exit(0);
   }
-  std::ofstream(fs::path(dir) / "detached.tmp") << pid << "\n";
-  fs::rename(fs::path(dir) / "detached.tmp", fs::path(dir) / "detached");
-  std::ofstream(fs::path(dir) / "up").flush();
-  ::pause();
+  publish_up_and_wait(dir, "detached", pid);
 }
 COHORT_ENTRYPOINT(fork_detached_child);
 
