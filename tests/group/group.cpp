@@ -2745,6 +2745,62 @@ TEST_SUITE("group") {
     }
   }
 
+  // /proc/<pid>/stat gives start times with the reader's boottime offset.
+  // The supervisor here moves its children, a marked one and a guardian
+  // that is a copy, into a time namespace 100 s behind its own. Before,
+  // that guardian compared the children's start times, read there, with
+  // the supervisor's, read in its own: the marked child seemed to have
+  // started before the supervisor, and was spared. Needs CAP_SYS_ADMIN and
+  // Linux 5.6.
+  TEST_CASE("the guardian compares start times in its own time namespace") {
+    for (const bool copy : {false, true}) {
+      CAPTURE(copy);
+      test::temp_dir dir;
+      const std::string marked = (dir.path / "marked").string(), up = (dir.path / "up").string();
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        // A guardian that shares this process's memory stays in its time
+        // namespace; a copy goes where the other children go.
+        if (copy) cohort::detail::start_guardians_as_copies(true);
+        if (::unshare(CLONE_NEWTIME) != 0) ::_exit(77);
+        const int offsets = ::open("/proc/self/timens_offsets", O_WRONLY | O_CLOEXEC);
+        constexpr char behind[] = "boottime -100 0\n";
+        if (offsets < 0 || ::write(offsets, behind, sizeof behind - 1) != sizeof behind - 1) ::_exit(77);
+        ::close(offsets);
+        cohort::guardian guard;
+        const std::string marker = cohort::detail::group_marker_prefix(::getpid()) + "0=1";
+        const pid_t child = ::fork();
+        if (child == 0) {
+          char* argv[] = {const_cast<char*>("sleep"), const_cast<char*>("60"), nullptr};
+          char* envp[] = {const_cast<char*>(marker.c_str()), nullptr};
+          ::execve("/bin/sleep", argv, envp);
+          ::_exit(127);
+        }
+        if (child < 0) ::_exit(2);
+        std::ofstream(marked + ".tmp") << child << "\n";
+        fs::rename(marked + ".tmp", marked);
+        std::ofstream(up).flush();
+        for (;;) ::pause();
+      }
+      REQUIRE(pid > 0);
+      int status = -1;
+      const bool started =
+          test::within(30s, [&] { return fs::exists(up) || (status = exit_of(pid, WNOHANG)) != -1; }, 5ms);
+      if (status != -1) {
+        REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 77));
+        MESSAGE("no time namespace can be made here: not checked");
+        return;
+      }
+      REQUIRE(started);
+      const pid_t left = first_line_pid(marked);
+      REQUIRE(left > 0);
+      ::kill(pid, SIGKILL);
+      CHECK(killed_soon(pid));
+      CHECK(test::within(10s, [&] { return !test::alive(left); }, 5ms));
+      if (test::alive(left)) ::kill(left, SIGKILL);
+    }
+  }
+
   // Before, the guardian killed whatever carried its process's marker,
   // however old: what an earlier supervisor that had the same pid left
   // behind died with the later one. The later supervisor takes the pid
