@@ -159,11 +159,14 @@ struct guardian_memory {
   std::size_t mark_size = 0;
   rank_group_table* groups = nullptr;  // on the pages above; the guardian writes `started` alone
   long parent_pid = 0;
-  char parent_digits[24] = {};  // parent_pid's decimal digits
-  // Clock ticks since boot; 0 where unknown. Read again by the guardian as
-  // it starts, in its own time namespace, which gives /proc/<pid>/stat's
-  // start times of every process it reads their offset.
+  // The parent's start time and the guardian's, in clock ticks since boot
+  // as the parent reads /proc/<pid>/stat; 0 where unknown. The second is
+  // written once the guardian has started: the guardian reads its own
+  // start time too, in its time namespace, which may not be the parent's
+  // (a copy goes where the parent's other children go), and which gives
+  // every start time it reads its offset.
   std::uint64_t parent_start_time = 0;
+  std::uint64_t own_start_time = 0;  // std::atomic_ref: written by the parent after the clone
   std::uint64_t pid_namespace = 0;  // the parent's, and so its own
 };
 
@@ -409,6 +412,7 @@ COHORT_BARE_CODE bool a_guardian(const char* pid) {
 struct kill_pass {
   const guardian_memory& m;
   bool parent_gone;  // which looks also for the mark of the parent's forked ranks
+  std::uint64_t since;  // the parent's start time here: what started before is not ours
   long self;
   int found;
 };
@@ -429,18 +433,30 @@ COHORT_BARE_CODE void kill_if_ours(long pid, const char* name, long, void* conte
   bool is_marked = !in_group && marked(name, p.m);
   if (!in_group && !is_marked && !p.parent_gone) return;
   const stat_look look = look_at_stat(name);
-  if (look.state == 0 || look.start_time < p.m.parent_start_time) return;
+  if (look.state == 0 || look.start_time < p.since) return;
   if (!in_group && !is_marked && !(is_marked = carries_mark(name, p.m))) return;
   if (a_guardian(name)) return;
   raw_syscall(SYS_kill, pid, SIGKILL);
   if (is_marked || !dead(name)) ++p.found;
 }
 
+// The parent's start time in this guardian's time namespace, from the
+// parent's reading of it and of the guardian's own: 0 (no process is
+// older) where either is unknown.
+COHORT_BARE_CODE std::uint64_t parent_start_here(const guardian_memory& m) {
+  const std::uint64_t parent = m.parent_start_time;
+  const std::uint64_t own_there =
+      std::atomic_ref<const std::uint64_t>(m.own_start_time).load(std::memory_order_acquire);
+  const std::uint64_t own_here = look_at_stat("self").start_time;
+  if (parent == 0 || own_there == 0 || own_here == 0 || parent + own_here < own_there) return 0;
+  return parent + own_here - own_there;
+}
+
 // One pass over /proc: kills every marked process (with `parent_gone`,
 // every one that carries the mark of the parent's forked ranks too) and
 // every process in a rank's group; the number found alive.
 COHORT_BARE_CODE int kill_ours(const guardian_memory& m, bool parent_gone) {
-  kill_pass p{m, parent_gone, raw_syscall(SYS_getpid), 0};
+  kill_pass p{m, parent_gone, parent_start_here(m), raw_syscall(SYS_getpid), 0};
   for_each_entry("/proc", true, kill_if_ours, &p);
   return p.found;
 }
@@ -594,23 +610,6 @@ COHORT_BARE_CODE ending wait_for_look(guardian_memory& m, line_reader& r) {
   }
 }
 
-// Reads the parent's start time as this guardian reads every other
-// process's, in its own time namespace (the parent's may differ: one made
-// by unshare(CLONE_NEWTIME) holds its children alone). Kept only while the
-// parent is still there (its pidfd not readable): once it has ended its
-// pid may be another process's. Otherwise the parent's own reading stands.
-COHORT_BARE_CODE void read_parent_start_time(guardian_memory& m) {
-  if (m.parent < 0) return;
-  const stat_look parent = look_at_stat(m.parent_digits);
-  pollfd still{m.parent, POLLIN, 0};
-  const timespec now{0, 0};
-  if (parent.state != 0 && raw_syscall(SYS_ppoll, reinterpret_cast<long>(&still), 1, reinterpret_cast<long>(&now), 0) == 0) {
-    m.parent_start_time = parent.start_time;
-  }
-}
-
-// The guardian. It starts with every signal blocked (its parent blocked
-// them around the clone), so no handler of the parent's ever runs here.
 // It leads a process group of its own, so that a SIGKILL sent to its
 // parent's group (`timeout -s KILL`, `kill -9 -PGID`) does not end it with
 // the parent; and it ignores every signal but SIGKILL, SIGSTOP and the
@@ -630,7 +629,6 @@ COHORT_BARE_CODE int guard(void* memory) {
   raw_syscall(SYS_close, m.parent_end);
   close_all_but(m.line, m.parent);
   stdio_to_null(m.line, m.parent);
-  read_parent_start_time(m);
   COHORT_UNINITIALIZED line_reader line;
   line.held = 0;
   if (const ending end = wait_for_look(m, line); end != ending::released) {
@@ -711,7 +709,6 @@ guardian::guardian() {
   m->parent = parent;
   m->parent_pid = ::getpid();
   m->parent_start_time = os::start_time_of(::getpid()).value_or(0);
-  std::snprintf(m->parent_digits, sizeof m->parent_digits, "%ld", m->parent_pid);
   owner_ = static_cast<pid_t>(m->parent_pid);
   m->pid_namespace = os::pid_namespace();
   m->prefix_size = std::min(prefix.size(), sizeof m->prefix);
@@ -737,6 +734,9 @@ guardian::guardian() {
                                                                os::process_limit_note(error));
   }
   line_ = ends[1];
+  // Its start time as this process reads it, beside this process's own.
+  std::atomic_ref<std::uint64_t>(m->own_start_time)
+      .store(os::start_time_of_child(pid_).value_or(0), std::memory_order_release);
   // The guardian's stack is no child's business: forks of this process
   // would otherwise copy it (and write-protect it for the guardian).
   ::madvise(memory_, memory_size_, MADV_DONTFORK);
