@@ -4,6 +4,8 @@
 
 #include <cohort/io_uring_info.hpp>
 
+#include "support/read_file.hpp"
+
 #include <asio/co_spawn.hpp>
 #include <asio/error.hpp>
 #include <asio/executor_work_guard.hpp>
@@ -174,11 +176,6 @@ struct temp_dir {
   ~temp_dir() { std::filesystem::remove_all(path); }
 };
 
-/// The whole of a file, byte for byte; empty when it cannot be read.
-inline std::string read_file(const std::filesystem::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 /// Whether `done()` holds within `limit`, asked every `tick` (and once more
 /// at the end).

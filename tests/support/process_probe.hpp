@@ -1,6 +1,8 @@
 // Looking at processes from the outside, as a test must.
 #pragma once
 
+#include "support/read_file.hpp"
+
 #include <fcntl.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -34,9 +36,7 @@ namespace cohort::test {
 
 /// The state letter of `pid` in /proc/<pid>/stat; '\0' when it is gone.
 inline char state_of(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return '\0';
+  const std::string line = read_file("/proc/" + std::to_string(pid) + "/stat");
   auto close = line.rfind(')');
   return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '\0';
 }
@@ -45,7 +45,7 @@ inline char state_of(pid_t pid) {
 /// "SigCgt") of `pid` in /proc/<pid>/status, bit sig - 1 for signal sig;
 /// nullopt when it is gone.
 inline std::optional<std::uint64_t> signal_mask(pid_t pid, std::string_view name) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::istringstream status(read_file("/proc/" + std::to_string(pid) + "/status"));
   for (std::string line; std::getline(status, line);) {
     if (line.size() > name.size() && line.starts_with(name) && line[name.size()] == ':') {
       return std::stoull(line.substr(name.size() + 1), nullptr, 16);
@@ -57,8 +57,7 @@ inline std::optional<std::uint64_t> signal_mask(pid_t pid, std::string_view name
 /// The command line of `pid` (/proc/<pid>/cmdline), its arguments
 /// separated by spaces; empty when it is gone.
 inline std::string command_line(pid_t pid) {
-  std::ifstream cmdline("/proc/" + std::to_string(pid) + "/cmdline");
-  std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+  std::string args = read_file("/proc/" + std::to_string(pid) + "/cmdline");
   std::replace(args.begin(), args.end(), '\0', ' ');
   return args;
 }
