@@ -132,6 +132,20 @@ int exit_of(pid_t pid, int options) {
   return ::waitpid(pid, &status, options) == pid ? status : -1;
 }
 
+// A forked child that is killed and reaped when the scope ends, a failed
+// REQUIRE's included, unless it was reaped before (pid set to -1).
+struct child_of_test {
+  pid_t pid;
+  explicit child_of_test(pid_t child) : pid(child) {}
+  child_of_test(const child_of_test&) = delete;
+  child_of_test& operator=(const child_of_test&) = delete;
+  ~child_of_test() {
+    if (pid <= 0) return;
+    ::kill(pid, SIGKILL);
+    exit_of(pid, 0);
+  }
+};
+
 // Whether child `pid` ends by SIGKILL within 10 s. Reaped either way (killed
 // here when it outlives the wait).
 bool killed_soon(pid_t pid) {
@@ -2798,10 +2812,12 @@ TEST_SUITE("group") {
         for (;;) ::pause();
       }
       REQUIRE(pid > 0);
+      child_of_test supervisor{pid};
       int status = -1;
       const bool started =
           test::within(30s, [&] { return fs::exists(up) || (status = exit_of(pid, WNOHANG)) != -1; }, 5ms);
       if (status != -1) {
+        supervisor.pid = -1;  // reaped
         REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 77));
         MESSAGE("no time namespace can be made here: not checked");
         return;
@@ -2810,6 +2826,7 @@ TEST_SUITE("group") {
       const pid_t left = first_line_pid(marked);
       REQUIRE(left > 0);
       ::kill(pid, SIGKILL);
+      supervisor.pid = -1;  // reaped by killed_soon
       CHECK(killed_soon(pid));
       CHECK(test::within(10s, [&] { return !test::alive(left); }, 5ms));
       if (test::alive(left)) ::kill(left, SIGKILL);
@@ -2862,27 +2879,21 @@ TEST_SUITE("group") {
         ::_exit(1);
       }
       REQUIRE(supervisor > 0);
+      child_of_test ends_with_test{supervisor}, older_ends{older};
       ::close(ends[1]);
       pid_t guardian = -1;
       const bool took = supervisor == target && ::read(ends[0], &guardian, sizeof guardian) == sizeof guardian;
       ::close(ends[0]);
-      if (!took) {
-        ::kill(supervisor, SIGKILL);
-        exit_of(supervisor, 0);
-        ::kill(older, SIGKILL);
-        exit_of(older, 0);
-        continue;
-      }
+      if (!took) continue;  // both killed and reaped
       const pid_t younger = marked_sleeper(target);
       ::kill(supervisor, SIGKILL);
+      ends_with_test.pid = -1;
       CHECK(killed_soon(supervisor));
       CHECK(killed_soon(younger));
       // The guardian's pass is over once it has ended.
       CHECK(test::within(15s, [&] { return !test::alive(guardian); }, 5ms));
       ::waitpid(guardian, nullptr, WNOHANG);  // where it was handed to this process
-      CHECK(exit_of(older, WNOHANG) == -1);  // still asleep
-      ::kill(older, SIGKILL);
-      exit_of(older, 0);
+      CHECK(exit_of(older, WNOHANG) == -1);  // still asleep; killed and reaped as the scope ends
       return;
     }
     MESSAGE("no pid could be taken again here: not checked");
