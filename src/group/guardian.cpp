@@ -442,11 +442,11 @@ COHORT_BARE_CODE void kill_if_ours(long pid, const char* name, long, void* conte
 
 // The parent's start time in this guardian's time namespace, from the
 // parent's reading of it and of the guardian's own: 0 (no process is
-// older) where either is unknown.
-COHORT_BARE_CODE std::uint64_t parent_start_here(const guardian_memory& m) {
+// older) where either is unknown. Read once the look begins: the parent
+// has written what it will by then.
+COHORT_BARE_CODE std::uint64_t parent_start_here(guardian_memory& m) {
   const std::uint64_t parent = m.parent_start_time;
-  const std::uint64_t own_there =
-      std::atomic_ref<const std::uint64_t>(m.own_start_time).load(std::memory_order_acquire);
+  const std::uint64_t own_there = std::atomic_ref<std::uint64_t>(m.own_start_time).load(std::memory_order_acquire);
   const std::uint64_t own_here = look_at_stat("self").start_time;
   if (parent == 0 || own_there == 0 || own_here == 0 || parent + own_here < own_there) return 0;
   return parent + own_here - own_there;
@@ -454,9 +454,10 @@ COHORT_BARE_CODE std::uint64_t parent_start_here(const guardian_memory& m) {
 
 // One pass over /proc: kills every marked process (with `parent_gone`,
 // every one that carries the mark of the parent's forked ranks too) and
-// every process in a rank's group; the number found alive.
-COHORT_BARE_CODE int kill_ours(const guardian_memory& m, bool parent_gone) {
-  kill_pass p{m, parent_gone, parent_start_here(m), raw_syscall(SYS_getpid), 0};
+// every process in a rank's group that started from `since` on; the
+// number found alive.
+COHORT_BARE_CODE int kill_ours(const guardian_memory& m, bool parent_gone, std::uint64_t since) {
+  kill_pass p{m, parent_gone, since, raw_syscall(SYS_getpid), 0};
   for_each_entry("/proc", true, kill_if_ours, &p);
   return p.found;
 }
@@ -610,6 +611,8 @@ COHORT_BARE_CODE ending wait_for_look(guardian_memory& m, line_reader& r) {
   }
 }
 
+// The guardian. It starts with every signal blocked (its parent blocked
+// them around the clone), so no handler of the parent's ever runs here.
 // It leads a process group of its own, so that a SIGKILL sent to its
 // parent's group (`timeout -s KILL`, `kill -9 -PGID`) does not end it with
 // the parent; and it ignores every signal but SIGKILL, SIGSTOP and the
@@ -640,13 +643,14 @@ COHORT_BARE_CODE int guard(void* memory) {
     // too (and its groups' ends sweep what their ranks left), and the
     // look reads no process's mappings.
     const bool parent_gone = end == ending::parent_gone;
+    const std::uint64_t since = parent_start_here(m);
     const long until = monotonic_ns() + 10'000'000'000L;
     const timespec pause{0, 5'000'000};
     // Each pass after the notes still on the line: those sent before the
     // parent ended, and any a rank sent as it started meanwhile.
     for (;;) {
       drain_line(m, line);
-      if (kill_ours(m, parent_gone) == 0 || monotonic_ns() >= until) break;
+      if (kill_ours(m, parent_gone, since) == 0 || monotonic_ns() >= until) break;
       raw_syscall(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, reinterpret_cast<long>(&pause), 0);
     }
     drain_line(m, line);
