@@ -175,7 +175,7 @@ std::shared_ptr<segment> segment::make(std::size_t size, sharing_strategy strate
     name = segment_name(self, nonce);
     // Unnamed until its header is stamped, then linked under its name: a
     // process killed while it makes one (posix_fallocate of megabytes
-    // takes a while) leaves no file that no stamp says whose it is. Named
+    // takes a while) leaves no file without a stamp saying whose it is. Named
     // from the start where /dev/shm makes no unnamed files, or where one
     // could not be linked.
     int unnamed_error = 0;
