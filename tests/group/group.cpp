@@ -110,10 +110,15 @@ pid_t first_line_pid(const fs::path& file) {
   return pid;
 }
 
-// A process carrying the marker of a group of this process, as a rank's
-// setsid grandchild would: sleep 30 with COHORT_GROUP_<this pid>_0=1.
-pid_t marked_sleeper(pid_t supervisor = ::getpid()) {
-  const std::string marker = cohort::detail::group_marker_prefix(supervisor) + "0=1";
+// The marker a process of a group of `supervisor`'s carries:
+// COHORT_GROUP_<supervisor>_0=1.
+std::string group_marker_of(pid_t supervisor) { return cohort::detail::group_marker_prefix(supervisor) + "0=1"; }
+
+// Forks a process carrying the marker of a group of `supervisor`'s, as a
+// rank's setsid grandchild would: sleep 30 with that marker alone in its
+// environment. Its pid, or -1.
+pid_t fork_marked_sleeper(pid_t supervisor) {
+  const std::string marker = group_marker_of(supervisor);
   const pid_t pid = ::fork();
   if (pid == 0) {
     char* argv[] = {const_cast<char*>("sleep"), const_cast<char*>("30"), nullptr};
@@ -121,8 +126,15 @@ pid_t marked_sleeper(pid_t supervisor = ::getpid()) {
     ::execve("/bin/sleep", argv, envp);
     ::_exit(127);
   }
-  // Until its environment is the marked one (exec done).
-  REQUIRE(test::within(10s, [&] { return cohort::detail::environment_holds(pid, marker); }));
+  return pid;
+}
+
+// fork_marked_sleeper, by default for this process's groups, once its
+// environment is the marked one (exec done).
+pid_t marked_sleeper(pid_t supervisor = ::getpid()) {
+  const pid_t pid = fork_marked_sleeper(supervisor);
+  REQUIRE(pid > 0);
+  REQUIRE(test::within(10s, [&] { return cohort::detail::environment_holds(pid, group_marker_of(supervisor)); }));
   return pid;
 }
 
@@ -2797,19 +2809,9 @@ TEST_SUITE("group") {
         } catch (...) {  // never back into the test runner
           ::_exit(2);
         }
-        const std::string marker = cohort::detail::group_marker_prefix(::getpid()) + "0=1";
-        const pid_t child = ::fork();
-        if (child == 0) {
-          char* argv[] = {const_cast<char*>("sleep"), const_cast<char*>("60"), nullptr};
-          char* envp[] = {const_cast<char*>(marker.c_str()), nullptr};
-          ::execve("/bin/sleep", argv, envp);
-          ::_exit(127);
-        }
+        const pid_t child = fork_marked_sleeper(::getpid());
         if (child < 0) ::_exit(2);
-        std::ofstream(marked + ".tmp") << child << "\n";
-        fs::rename(marked + ".tmp", marked);
-        std::ofstream(up).flush();
-        for (;;) ::pause();
+        publish_up_and_wait(dir.path.string(), "marked", child);
       }
       REQUIRE(pid > 0);
       child_of_test supervisor{pid};

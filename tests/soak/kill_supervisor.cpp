@@ -15,6 +15,8 @@
 //   kill_supervisor [RUNS [SEED]]     (default 30 runs)
 #include <cohort/cohort.hpp>
 
+#include "support/process_probe.hpp"
+
 #include <asio/io_context.hpp>
 
 #include <fmt/format.h>
@@ -144,23 +146,6 @@ pid_t start_supervisor(int run, const fs::path& dir) {
   ::_exit(1);
 }
 
-// This process's children, read from /proc/self/task/*/children.
-std::vector<pid_t> children() {
-  std::vector<pid_t> found;
-  for (const auto& task : fs::directory_iterator("/proc/self/task")) {
-    std::ifstream in(task.path() / "children");
-    for (pid_t pid; in >> pid;) found.push_back(pid);
-  }
-  return found;
-}
-
-std::string command_line(pid_t pid) {
-  std::ifstream in(fmt::format("/proc/{}/cmdline", pid));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  for (char& c : text) c = c == '\0' ? ' ' : c;
-  return text;
-}
-
 // Reaps every child that has ended, until none is left (true) or `limit`
 // has passed (false).
 bool all_gone_within(std::chrono::steady_clock::duration limit) {
@@ -206,9 +191,9 @@ int main(int argc, char** argv) {
     ::kill(supervisor, SIGKILL);
     ::waitpid(supervisor, nullptr, 0);
     if (!all_gone_within(20s)) {
-      for (const pid_t pid : children()) {
+      for (const pid_t pid : cohort::test::children_of_self(true)) {
         fmt::print("run {} (kind {}, kill after {} us): left {} {}\n", run, run % kinds, delay.count(), pid,
-                   command_line(pid));
+                   cohort::test::command_line(pid));
         ::kill(pid, SIGKILL);
         ++processes_left;
       }

@@ -176,7 +176,6 @@ struct temp_dir {
   ~temp_dir() { std::filesystem::remove_all(path); }
 };
 
-
 /// Whether `done()` holds within `limit`, asked every `tick` (and once more
 /// at the end).
 template <class Done>

@@ -81,9 +81,7 @@ inline std::vector<child_entry> child_entries() {
   for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
     const auto name = entry.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string line;
-    if (!std::getline(stat, line)) continue;
+    const std::string line = read_file(entry.path() / "stat");
     const auto close = line.rfind(')');
     if (close == std::string::npos) continue;
     std::istringstream rest(line.substr(close + 2));
