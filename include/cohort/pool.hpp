@@ -206,6 +206,9 @@ class map_completion final : public pending_completion {
 /// ranks do: construct the pool on a thread that outlives it, or set
 /// pool_options::spawn.parent_death_signal to 0. (Workers started by
 /// `forkserver` hold that of a thread that lives as long as the process.)
+/// Without that signal, a worker ends on its own, saying nothing, once it
+/// finds the pool's process gone: waiting for an item, the first one
+/// included, or starting after that process has exited.
 class pool {
  public:
   /// Starts the workers. Throws what start_processes throws.

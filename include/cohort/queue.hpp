@@ -150,6 +150,11 @@ std::pair<std::uint32_t, std::uint32_t> queue_sleepers(const queue_core& q);
 /// `lines` cache lines of the ring would have left them (for tests of what
 /// wraps past 2^32); throws std::logic_error when the queue holds values.
 void queue_skip_ahead(queue_core& q, std::uint32_t values, std::uint32_t lines);
+/// Counts this process a producer of the queue from now on, as its first
+/// push would: a consumer's wait ends (peer_lost) once every producer has
+/// gone, this process among them even if it never pushed. For a queue whose
+/// one producer is known before it pushes (a pool's parent).
+void queue_join_as_producer(queue_core& q);
 /// Marks the queue's table of processes as missing one, as a process that
 /// found it full leaves it (for tests).
 void queue_mark_peers_incomplete(queue_core& q);

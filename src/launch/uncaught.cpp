@@ -75,14 +75,16 @@ bool throws_for_its_caller(const os::stack_frame& f) {
 }
 
 // A frame below the function: cohort's thunk (instantiated in the program),
-// the call by name and a pool's worker loop (the function a pool worker
-// runs, which calls each item's), the bottom of the entry's stack, the
-// switch onto it (or libc's start of that stack), and libc's start of main.
+// the call by name, a pool's worker loop (the function a pool worker runs,
+// which calls each item's) and its thunk, the bottom of the entry's stack,
+// the switch onto it (or libc's start of that stack), and libc's start of
+// main.
 bool below_the_function(const os::stack_frame& f, const std::string& own_module) {
   return f.function.find("cohort::detail::thunk") != std::string::npos ||
          f.function.find("cohort::detail::call_decoded") != std::string::npos ||
          f.function.starts_with("cohort::detail::call_entry(") ||
          f.function.starts_with("cohort::detail::cohort_pool_worker(") ||
+         f.function.starts_with("cohort::detail::pool_worker_thunk(") ||
          f.function.find("entry_stack_main") != std::string::npos || f.function == "cohort_stack_switch" ||
          f.function.find("start_context") != std::string::npos ||
          f.function.starts_with("__libc_start") || f.function == "_start" ||

@@ -8,6 +8,7 @@
 #include "process/launch.hpp"
 #include "launch/uncaught.hpp"
 #include "os/process_identity.hpp"
+#include "shm/segment.hpp"
 
 #include <asio/detail/strand_executor_service.hpp>
 #include <asio/error.hpp>
@@ -54,7 +55,7 @@ constexpr std::chrono::milliseconds idle_trim_after{100};
 // called exit) is a failure of its rank, which ends the pool: a void
 // function's rank that exits 0 has simply finished, and the map would wait
 // for its item for good. A worker whose parent has died (a pool whose
-// workers do not die with it: parent_death_signal 0) exits with code 1,
+// workers do not die with it: parent_death_signal 0) ends, returning 1 and
 // saying nothing: nobody is left to report to, and its end is no failure
 // of its own.
 int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> results) try {
@@ -98,7 +99,27 @@ int cohort_pool_worker(int worker, queue<pool_task> tasks, queue<pool_outcome> r
   // gone (an item's own peer_lost fails only that item, above).
   return 1;
 }
-COHORT_ENTRYPOINT(cohort_pool_worker);
+using pool_queues = std::tuple<queue<pool_task>, queue<pool_outcome>>;
+
+// The worker's thunk: it decodes the queues apart from the worker's run. A
+// worker that starts after its parent has died finds their shared memory
+// gone with it, and ends as one whose parent dies while it waits for an
+// item does (above), where the entry point's own thunk would report the
+// loss as the rank's failure, on its stderr.
+std::optional<encoded> pool_worker_thunk(erased_function /*cohort_pool_worker*/, int worker, const encoded& args) {
+  std::optional<pool_queues> queues;
+  try {
+    queues.emplace(decode<pool_queues>(args));
+  } catch (const shm::segment_gone& e) {
+    if (!os::has_ended_or_is_ending(e.source(), 0)) throw;
+    return encode(1);
+  }
+  auto& [tasks, results] = *queues;
+  return encode(cohort_pool_worker(worker, std::move(tasks), std::move(results)));
+}
+
+[[maybe_unused]] const bool pool_worker_registered = register_entry(
+    "cohort_pool_worker", reinterpret_cast<erased_function>(&cohort_pool_worker), &pool_worker_thunk);
 
 // Set while a map is run here only to fail at once, run() throwing it:
 // one made as the pool was ending, run by run_detached on the caller's
@@ -167,6 +188,9 @@ class pool_state {
       : maker_(os::this_process()), workers_(workers), tasks_(1024), results_(1024), work_(io_.get_executor()) {
     if (workers < 1) throw std::invalid_argument("cohort::pool: at least one worker");
     refuse_piped_streams(options.spawn, "cohort::pool: pool_options::spawn");
+    // The one producer of items from the start: a worker waiting for its
+    // first item ends once this process has gone.
+    queue_join_as_producer(queue_access::core(tasks_));
     group_spec spec;
     spec.name = "pool";
     spec.entry = call(options.method, cohort_pool_worker, tasks_, results_);

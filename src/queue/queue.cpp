@@ -506,6 +506,8 @@ class queue_core {
     h().head_seen = h().tail_seen = at;
   }
 
+  void join_as_producer() noexcept { join(peer_producer); }
+
   void mark_peers_incomplete() {
     const locked lock(h().table_lock);
     h().peers.incomplete = 1;
@@ -1378,6 +1380,8 @@ std::size_t queue_size(const queue_core& q) { return std::min<std::size_t>(q.val
 std::size_t queue_capacity(const queue_core& q) { return q.h().capacity; }
 std::pair<std::uint32_t, std::uint32_t> queue_sleepers(const queue_core& q) { return q.sleepers(); }
 void queue_skip_ahead(queue_core& q, std::uint32_t values, std::uint32_t lines) { q.skip_ahead(values, lines); }
+void queue_join_as_producer(queue_core& q) { q.join_as_producer(); }
+
 void queue_mark_peers_incomplete(queue_core& q) { q.mark_peers_incomplete(); }
 const storage& queue_storage(const queue_core& q) { return q.state(); }
 std::shared_ptr<queue_core> queue_from_storage(storage s, std::string_view signature, record_drop drop) {
