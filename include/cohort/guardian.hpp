@@ -59,7 +59,10 @@ namespace cohort {
 /// one's pid. It ignores every signal but
 /// SIGKILL and SIGSTOP (and the faults of its own code), so a Ctrl-C meant
 /// for this process, or any signal sent to a process group, leaves it to
-/// do its work; no handler of this process's ever runs in it.
+/// do its work; no handler of this process's ever runs in it. The
+/// constructor returns once the guardian has its name (cohort-guardian),
+/// by which every guardian spares every other, and leads its own process
+/// group: it throws std::runtime_error where the guardian ended first.
 ///
 /// On Linux 5.16 and later, on x86-64 and AArch64, the guardian shares this
 /// process's memory (a clone with CLONE_VM, running on a stack of its own

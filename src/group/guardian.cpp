@@ -44,6 +44,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -394,6 +395,10 @@ COHORT_BARE_CODE bool dead(const char* pid) {
 constexpr char guardian_name[] = "cohort-guardian";
 static_assert(sizeof guardian_name <= 16);
 
+// What a guardian sends its parent once it has its name and its own
+// process group.
+constexpr char guardian_named = 'n';
+
 // Whether process `pid` (its decimal digits) is a guardian. One that a
 // rank's process started (a supervisor among the ranks) carries the rank's
 // marker, and does its own work once its parent is gone: killed first,
@@ -621,6 +626,13 @@ COHORT_BARE_CODE ending wait_for_look(guardian_memory& m, line_reader& r) {
 COHORT_BARE_CODE int guard(void* memory) {
   auto& m = *static_cast<guardian_memory*>(memory);
   raw_syscall(SYS_setpgid, 0, 0);
+  raw_syscall(SYS_prctl, PR_SET_NAME, reinterpret_cast<long>(guardian_name));
+  // Another guardian knows this one by its name from here on, and finds it
+  // in no group of its parent's: the parent, told so, goes on to start
+  // ranks (until then, a guardian whose pass came first took this one, not
+  // yet run, for a process of its parent's rank, and killed it).
+  constexpr char named = guardian_named;
+  raw_syscall(SYS_sendto, m.line, reinterpret_cast<long>(&named), 1, MSG_NOSIGNAL, 0, 0);
   for (int signal = 1; signal < 65; ++signal) {
     if (signal == SIGKILL || signal == SIGSTOP) continue;
     const bool fault = signal == SIGSEGV || signal == SIGBUS || signal == SIGILL || signal == SIGFPE || signal == SIGTRAP ||
@@ -628,10 +640,11 @@ COHORT_BARE_CODE int guard(void* memory) {
     set_disposition(signal, fault ? SIG_DFL : SIG_IGN);
   }
   os::set_signal_mask(0);
-  raw_syscall(SYS_prctl, PR_SET_NAME, reinterpret_cast<long>(guardian_name));
   raw_syscall(SYS_close, m.parent_end);
-  close_all_but(m.line, m.parent);
+  // Its streams first: once it holds nothing but them and its two, its
+  // set-up is done.
   stdio_to_null(m.line, m.parent);
+  close_all_but(m.line, m.parent);
   COHORT_UNINITIALIZED line_reader line;
   line.held = 0;
   if (const ending end = wait_for_look(m, line); end != ending::released) {
@@ -665,6 +678,29 @@ COHORT_BARE_CODE int guard(void* memory) {
   }
   raw_syscall(SYS_exit_group, 0);
   __builtin_unreachable();
+}
+
+// Waits on the parent's end of the line until the guardian started behind
+// `pidfd` says it has its name and its own process group (until then it
+// looks to other guardians like any process of this one's); throws where
+// it ended first.
+void wait_until_named(int line, int pidfd) {
+  for (;;) {
+    pollfd watched[2] = {{line, POLLIN, 0}, {pidfd, POLLIN, 0}};
+    if (::poll(watched, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      throw std::system_error(errno, std::system_category(), "cohort::guardian: poll");
+    }
+    if (watched[0].revents != 0) {
+      char word = 0;
+      const ssize_t n = ::recv(line, &word, 1, MSG_DONTWAIT);
+      if (n == 1 && word == guardian_named) return;
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    }
+    if (watched[0].revents != 0 || watched[1].revents != 0) {
+      throw std::runtime_error("cohort::guardian: the guardian ended as it started");
+    }
+  }
 }
 
 }  // namespace
@@ -745,6 +781,7 @@ guardian::guardian() {
   // would otherwise copy it (and write-protect it for the guardian).
   ::madvise(memory_, memory_size_, MADV_DONTFORK);
   try {
+    wait_until_named(line_, pidfd_);
     detail::own_pid(pid_);
     // The groups note their ranks and their process groups in this
     // guardian's table, unless an earlier guardian of this process's still

@@ -2930,6 +2930,28 @@ TEST_SUITE("group") {
     }
   }
 
+  // A guardian's pass spares another guardian by its name, and kills what
+  // is in the process group of a rank: the rank's own guardian before it
+  // has run took its parent's name and group. Before, the guardian set its
+  // name and group only once it ran, and a supervisor among the ranks
+  // started its own ranks meanwhile: under load, the outer guardian, its
+  // supervisor killed, killed the inner one before it had run, and what the
+  // inner ranks had started lived on.
+  TEST_CASE("a guardian has its name and leads a process group of its own once it is made") {
+    for (const bool copy : {false, true}) {
+      CAPTURE(copy);
+      cohort::detail::start_guardians_as_copies(copy);
+      std::optional<cohort::guardian> guard(std::in_place);
+      cohort::detail::start_guardians_as_copies(false);
+      const pid_t pid = guard->pid();
+      const std::string name = test::read_file(fs::path("/proc") / std::to_string(pid) / "comm");
+      const pid_t group = ::getpgid(pid);
+      guard->release();
+      CHECK(name == "cohort-guardian\n");
+      CHECK(group == pid);
+    }
+  }
+
   // Before, the guardian of a supervisor that was one of the ranks carried
   // the rank's marker, and this process's guardian killed it, often before
   // it had done its work: what that supervisor's rank had started with a
