@@ -612,8 +612,12 @@ static int hold_all_but_the_first(void*) noexcept {
 // Writes `pid` to `dir`/`file` (whole, by a rename), then `dir`/up, and
 // waits to be ended.
 [[noreturn]] void publish_up_and_wait(const std::string& dir, const char* file, pid_t pid) {
-  std::ofstream(fs::path(dir) / fmt::format("{}.tmp", file)) << pid << "\n";
-  fs::rename(fs::path(dir) / fmt::format("{}.tmp", file), fs::path(dir) / file);
+  // Written under a name of this process's own: the ranks of a group that
+  // publish at once would otherwise write one file, and one rename it
+  // while another had just truncated it.
+  const fs::path written = fs::path(dir) / fmt::format("{}.{}.tmp", file, ::getpid());
+  std::ofstream(written) << pid << "\n";
+  fs::rename(written, fs::path(dir) / file);
   std::ofstream(fs::path(dir) / "up").flush();
   for (;;) ::pause();
 }
@@ -2809,8 +2813,14 @@ TEST_SUITE("group") {
         } catch (...) {  // never back into the test runner
           ::_exit(2);
         }
+        // Published once the child has its marker: killed before its exec,
+        // it would show this process's environment, and be spared.
         const pid_t child = fork_marked_sleeper(::getpid());
-        if (child < 0) ::_exit(2);
+        if (child < 0 || !test::within(10s, [&] {
+              return cohort::detail::environment_holds(child, group_marker_of(::getpid()));
+            })) {
+          ::_exit(2);
+        }
         publish_up_and_wait(dir.path.string(), "marked", child);
       }
       REQUIRE(pid > 0);
