@@ -19,25 +19,43 @@ inline bool unreaped(int pidfd) {
                   WEXITED | WNOHANG | WNOWAIT) == 0;
 }
 
-/// The ring part. Completion: res 0 with `info` filled (info.si_pid is the
-/// child's pid); -ECHILD when the process is not our child or was reaped
-/// elsewhere; -ECANCELED when cancelled. With WNOWAIT in `options` the child
-/// stays waitable.
+/// The ring part. The request carries no siginfo address and always
+/// WNOWAIT: the kernel writes nothing into this process's memory, and the
+/// child stays waitable until result() looks at it from this thread, with
+/// the caller's own options (a reap, without WNOWAIT there). Completion:
+/// res 0 once the child has exited; -ECHILD when the process is not our
+/// child or was reaped elsewhere; -ECANCELED when cancelled.
+///
+/// Why no address: a process that ends with the request in flight has it
+/// cancelled by a kernel worker, once its descriptors close. Linux (seen
+/// on 6.18) then writes the zeroed siginfo through whatever address space
+/// that worker last borrowed, which can be another process's: a forked
+/// sibling, whose heap lies at the same addresses, had freed chunks zeroed
+/// (si_signo, si_errno, si_code, then si_pid, si_uid, si_status).
 struct waitid_ring {
   int pidfd;
   int options;
-  siginfo_t info{};
 
-  void prepare(io_uring_sqe& sqe) {
+  void prepare(io_uring_sqe& sqe) const {
     io_uring_prep_rw(config::op_waitid, &sqe, pidfd, nullptr, config::p_pidfd, 0);
-    sqe.file_index = static_cast<unsigned>(options);
-    sqe.addr2 = reinterpret_cast<std::uintptr_t>(&info);
+    sqe.file_index = static_cast<unsigned>(options | WNOWAIT);
   }
-  std::pair<std::error_code, siginfo_t> result(int res) { return {error_from_res(res), info}; }
-  /// When the submitting thread exits, a pending waitid fails with -EFAULT
-  /// or -ECHILD (the waiter is gone), not -ECANCELED. -ECHILD is told apart
-  /// from a child really reaped elsewhere by asking again from this thread.
-  /// Harmless to repeat with WNOWAIT, which cohort always uses.
+  std::pair<std::error_code, siginfo_t> result(int res) const {
+    siginfo_t info{};
+    if (res < 0) return {error_from_res(res), info};
+    if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, options | WNOHANG) != 0) {
+      return {std::error_code(errno, std::system_category()), info};
+    }
+    // Seen exited by the ring, yet not by this look: reported, not waited
+    // on again.
+    if (info.si_pid == 0) return {std::make_error_code(std::errc::resource_unavailable_try_again), info};
+    return {std::error_code{}, info};
+  }
+  /// When the submitting thread exits, a pending waitid fails with -ECHILD
+  /// (looked at from a kernel worker, which has no children) or, where a
+  /// siginfo address was given, -EFAULT; not with -ECANCELED. -ECHILD is
+  /// told apart from a child really reaped elsewhere by asking again from
+  /// this thread. Harmless to repeat: the request never reaps (WNOWAIT).
   bool orphaned(int res) const {
     if (res == -EFAULT) return true;
     return res == -ECHILD && unreaped(pidfd);
@@ -88,6 +106,12 @@ auto async_waitid(const asio::any_io_executor& executor, int pidfd, pid_t pid, i
                                 pidfd, POLLIN, waitid_attempt{pidfd, pid, options}, std::forward<Token>(token));
 }
 
+/// The ring part of async_exited: the completion says it all, with no
+/// look after it.
+struct exit_ring : waitid_ring {
+  std::pair<std::error_code, siginfo_t> result(int res) const { return {error_from_res(res), siginfo_t{}}; }
+};
+
 /// The reactor part of async_exited: waitid_attempt's, except that the
 /// watch reading ready says it all. A pidfd reads ready once its process
 /// has exited and stays so, so the exit needs no waitid to confirm it.
@@ -98,13 +122,13 @@ struct exit_attempt : waitid_attempt {
 /// Waits for the process behind `pidfd` (process `pid`, a child of this
 /// process) to exit, leaving it to be reaped; completes with
 /// `void(std::error_code, siginfo_t)`. For a caller that reaps next: the
-/// siginfo is the kernel's where the ring or a first look saw the exit,
-/// and empty where the reactor's watch did. The pidfd must stay open until
-/// completion.
+/// siginfo is the kernel's where a first look saw the exit, and empty
+/// where the ring or the reactor's watch did. The pidfd must stay open
+/// until completion.
 template <class Token>
 auto async_exited(const asio::any_io_executor& executor, int pidfd, pid_t pid, Token&& token) {
   constexpr int options = WEXITED | WNOWAIT;
-  return async_start<siginfo_t>(executor, service_of(executor).caps().waitid, waitid_ring{pidfd, options}, pidfd,
+  return async_start<siginfo_t>(executor, service_of(executor).caps().waitid, exit_ring{{pidfd, options}}, pidfd,
                                 POLLIN, exit_attempt{{pidfd, pid, options}}, std::forward<Token>(token));
 }
 

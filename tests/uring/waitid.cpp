@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <thread>
 
 using namespace cohort;
@@ -268,6 +269,28 @@ TEST_SUITE("waitid") {
     siginfo_t info{};
     REQUIRE(::waitid(P_PIDFD, static_cast<id_t>(child.pidfd), &info, WEXITED | WNOHANG) == 0);
     CHECK(info.si_pid == 0);  // still running
+  }
+
+  // A request still in flight when its process ends is cancelled by a
+  // kernel worker, which wrote the siginfo through whatever address space
+  // it had borrowed: a forked sibling's freed heap chunks were zeroed. The
+  // request names no siginfo and never reaps; the look after it does both.
+  TEST_CASE("a waitid request gives the kernel no address to write into, and never reaps") {
+    for (const int options : {WEXITED, WEXITED | WNOWAIT}) {
+      CAPTURE(options);
+      io_uring_sqe sqe;
+      std::memset(&sqe, 0xff, sizeof sqe);
+      const uring::waitid_ring wait{7, options};
+      wait.prepare(sqe);
+      CHECK(sqe.fd == 7);
+      CHECK(sqe.addr2 == 0);
+      CHECK(sqe.file_index == static_cast<unsigned>(options | WNOWAIT));
+      std::memset(&sqe, 0xff, sizeof sqe);
+      const uring::exit_ring exit{{7, options}};
+      exit.prepare(sqe);
+      CHECK(sqe.addr2 == 0);
+      CHECK(sqe.file_index == static_cast<unsigned>(options | WNOWAIT));
+    }
   }
 
   TEST_CASE("async_exited tells of the exit and leaves the child to be reaped, or ends cancelled") {
