@@ -286,8 +286,8 @@ TEST_SUITE("waitid") {
       CHECK(sqe.addr2 == 0);
       CHECK(sqe.file_index == static_cast<unsigned>(options | WNOWAIT));
       std::memset(&sqe, 0xff, sizeof sqe);
-      const uring::exit_ring exit{{7, options}};
-      exit.prepare(sqe);
+      const uring::exit_ring exited{{7, options}};
+      exited.prepare(sqe);
       CHECK(sqe.addr2 == 0);
       CHECK(sqe.file_index == static_cast<unsigned>(options | WNOWAIT));
     }
