@@ -9,6 +9,10 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <optional>
+#include <system_error>
+#include <utility>
+
 namespace cohort::uring {
 
 /// Whether the process behind `pidfd` is still this thread's to reap
@@ -17,6 +21,18 @@ inline bool unreaped(int pidfd) {
   siginfo_t info{};
   return ::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info,
                   WEXITED | WNOHANG | WNOWAIT) == 0;
+}
+
+/// One look at the child behind `pidfd`, with `options` and WNOHANG (a
+/// reap, without WNOWAIT): its siginfo, or the error; nothing while it
+/// has not exited.
+inline std::optional<std::pair<std::error_code, siginfo_t>> look(int pidfd, int options) {
+  siginfo_t info{};
+  if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, options | WNOHANG) != 0) {
+    return std::pair{std::error_code(errno, std::system_category()), info};
+  }
+  if (info.si_pid == 0) return std::nullopt;
+  return std::pair{std::error_code{}, info};
 }
 
 /// The ring part. The request carries no siginfo address and always
@@ -41,25 +57,19 @@ struct waitid_ring {
     sqe.file_index = static_cast<unsigned>(options | WNOWAIT);
   }
   std::pair<std::error_code, siginfo_t> result(int res) const {
-    siginfo_t info{};
-    if (res < 0) return {error_from_res(res), info};
-    if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info, options | WNOHANG) != 0) {
-      return {std::error_code(errno, std::system_category()), info};
-    }
-    // Seen exited by the ring, yet not by this look: reported, not waited
+    if (res < 0) return {error_from_res(res), siginfo_t{}};
+    // Seen exited by the ring, yet not by the look: reported, not waited
     // on again.
-    if (info.si_pid == 0) return {std::make_error_code(std::errc::resource_unavailable_try_again), info};
-    return {std::error_code{}, info};
+    return look(pidfd, options)
+        .value_or(std::pair{std::make_error_code(std::errc::resource_unavailable_try_again), siginfo_t{}});
   }
   /// When the submitting thread exits, a pending waitid fails with -ECHILD
-  /// (looked at from a kernel worker, which has no children) or, where a
-  /// siginfo address was given, -EFAULT; not with -ECANCELED. -ECHILD is
-  /// told apart from a child really reaped elsewhere by asking again from
-  /// this thread. Harmless to repeat: the request never reaps (WNOWAIT).
-  bool orphaned(int res) const {
-    if (res == -EFAULT) return true;
-    return res == -ECHILD && unreaped(pidfd);
-  }
+  /// (looked at from a kernel worker, which has no children), not with
+  /// -ECANCELED. It is told apart from a child really reaped elsewhere by
+  /// asking again from this thread. Harmless to repeat: the request never
+  /// reaps (WNOWAIT). (With a siginfo address, the worker's failed write
+  /// made it -EFAULT; there is none now.)
+  bool orphaned(int res) const { return res == -ECHILD && unreaped(pidfd); }
 };
 
 /// The reactor part: the pidfd reads ready once the process has exited.
@@ -85,15 +95,7 @@ struct waitid_attempt {
     return own;
   }
 
-  std::optional<std::pair<std::error_code, siginfo_t>> operator()() const {
-    siginfo_t info{};
-    if (::waitid(static_cast<idtype_t>(config::p_pidfd), static_cast<id_t>(pidfd), &info,
-                 options | WNOHANG) != 0) {
-      return std::pair{std::error_code(errno, std::system_category()), info};
-    }
-    if (info.si_pid == 0) return std::nullopt;
-    return std::pair{std::error_code{}, info};
-  }
+  std::optional<std::pair<std::error_code, siginfo_t>> operator()() const { return look(pidfd, options); }
 };
 
 /// Waits for the process behind `pidfd` (process `pid`, a child of this
