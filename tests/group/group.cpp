@@ -2942,6 +2942,14 @@ TEST_SUITE("group") {
     }
   }
 
+  // Makes the guardians started while it lives copies, or not.
+  struct guardians_as_copies {
+    explicit guardians_as_copies(bool copy) { cohort::detail::start_guardians_as_copies(copy); }
+    ~guardians_as_copies() { cohort::detail::start_guardians_as_copies(false); }
+    guardians_as_copies(const guardians_as_copies&) = delete;
+    guardians_as_copies& operator=(const guardians_as_copies&) = delete;
+  };
+
   // A guardian's pass spares another guardian by its name, and kills what
   // is in the process group of a rank: the rank's own guardian before it
   // has run took its parent's name and group. Before, the guardian set its
@@ -2952,9 +2960,12 @@ TEST_SUITE("group") {
   TEST_CASE("a guardian has its name and leads a process group of its own once it is made") {
     for (const bool copy : {false, true}) {
       CAPTURE(copy);
-      cohort::detail::start_guardians_as_copies(copy);
-      std::optional<cohort::guardian> guard(std::in_place);
-      cohort::detail::start_guardians_as_copies(false);
+      std::optional<cohort::guardian> guard;
+      {
+        // Off again on the way out, even if the guardian's constructor throws.
+        const guardians_as_copies as_copies(copy);
+        guard.emplace();
+      }
       const pid_t pid = guard->pid();
       const std::string name = test::read_file(fs::path("/proc") / std::to_string(pid) / "comm");
       const pid_t group = ::getpgid(pid);
