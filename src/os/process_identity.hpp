@@ -61,7 +61,6 @@ void forget_process_id() noexcept;
 /// change. Called by this file's own initializer too.
 void forget_process_id_in_forked_children() noexcept;
 
-
 /// The rank this process runs as an entry point, or -1 (not a rank).
 int running_rank() noexcept;
 /// Sets what running_rank() returns: called once by a rank's start, before

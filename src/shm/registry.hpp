@@ -107,5 +107,4 @@ inline void note_named_by_values(registry& r) noexcept {
   }
 }
 
-
 }  // namespace cohort::shm

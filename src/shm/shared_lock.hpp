@@ -9,7 +9,6 @@
 
 namespace cohort::shm {
 
-
 /// A lock in shared memory that processes take, with no kernel call while
 /// nobody waits. Its word holds the holder's pid, and `sleeping` while a
 /// waiter may sleep on it; `holder` records that pid beside the holder's
