@@ -71,6 +71,19 @@ struct queue_record {
   ~queue_record() { undo_unsent(handles); }  // an awaited push's record, never pushed
 };
 
+/// The most bytes a thread's buffer keeps between its pushes or pops: one
+/// that a larger value grew is let go of once the push or pop is over, so
+/// that a thread keeps no memory as large as the largest value it moved.
+inline constexpr std::size_t kept_buffer_bytes = std::size_t{1} << 20;
+
+/// Lets go of `bytes`' memory when it is above kept_buffer_bytes, at its end.
+struct buffer_release {
+  std::vector<std::byte>& bytes;
+  ~buffer_release() {
+    if (bytes.capacity() > kept_buffer_bytes) std::vector<std::byte>().swap(bytes);
+  }
+};
+
 /// Lets go of the storages a record holds for its value once a push is
 /// over: one that went through has handed them to the queue already, and
 /// one that failed (full, timed out, closed) must not keep the value's
@@ -80,6 +93,7 @@ struct record_release {
   ~record_release() {
     undo_unsent(record.handles);
     record.handles.held.clear();
+    const buffer_release bytes{record.bytes};
   }
 };
 
@@ -347,6 +361,7 @@ class queue {
   /// shared memory its other storages name is held no longer for it.
   std::optional<T> try_pop() {
     auto& out = buffer();
+    const detail::buffer_release release{out};
     detail::record_claim claim;
     if (!detail::queue_try_pop(*core_, out, &claim)) return std::nullopt;
     return detail::receive_record<T>(*core_, out, claim);
@@ -364,6 +379,7 @@ class queue {
   /// Throws queue_closed, peer_lost, and what try_pop throws.
   std::optional<T> get(std::optional<std::chrono::nanoseconds> timeout = std::nullopt) {
     auto& out = buffer();
+    const detail::buffer_release release{out};
     detail::record_claim claim;
     if (!detail::queue_get(*core_, out, timeout, &claim)) return std::nullopt;
     return detail::receive_record<T>(*core_, out, claim);

@@ -116,6 +116,11 @@ bool let_go_unless_last(const storage& s) noexcept;
 /// by at_forked_rank_end, then lets go of the shared memory its storages
 /// hold.
 void release_shared_memory_holds() noexcept;
+/// Runs the work set by at_forked_rank_end, the holds kept: the first part
+/// of release_shared_memory_holds, and the first work of exit(), which
+/// destroys no local of main() (a queue that no other process can pop
+/// from is drained there).
+void run_rank_end_work() noexcept;
 }
 
 /// A reference-counted run of bytes. Copies share the bytes (as torch's
@@ -174,6 +179,7 @@ class storage {
   friend bool detail::let_go_unless_last(const storage& s) noexcept;
   friend class detail::storage_impl;
   friend void detail::release_shared_memory_holds() noexcept;
+  friend void detail::run_rank_end_work() noexcept;
   explicit storage(std::shared_ptr<detail::storage_impl> impl) noexcept : impl_(std::move(impl)) {}
   std::shared_ptr<detail::storage_impl> impl_;
 };

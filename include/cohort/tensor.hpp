@@ -274,6 +274,12 @@ class dim_vector {
   std::int64_t& operator[](std::size_t i) noexcept { return data()[i]; }
   std::int64_t operator[](std::size_t i) const noexcept { return data()[i]; }
   std::span<const std::int64_t> view() const noexcept { return {data(), size_}; }
+  /// Holds `value` alone.
+  void assign_one(std::int64_t value) noexcept {
+    heap_.reset();
+    inline_[0] = value;
+    size_ = 1;
+  }
 
  private:
   std::array<std::int64_t, inline_capacity> inline_{};
@@ -357,13 +363,38 @@ class int_list {
 ///
 /// Thread-safety is the storage's: distinct tensors may be used from
 /// distinct threads, and writes to shared elements need the caller's
-/// synchronisation. A moved-from tensor may only be assigned or destroyed.
+/// synchronisation. A moved-from tensor is what tensor() makes.
 class tensor {
  public:
   static constexpr std::size_t max_ndim = 64;
 
   /// A float32 tensor of shape [0], without storage.
   tensor();
+  tensor(const tensor&) = default;
+  tensor& operator=(const tensor&) = default;
+  /// Leaves `other` as tensor() makes it, never a tensor of one element
+  /// over no storage.
+  tensor(tensor&& other) noexcept
+      : storage_(std::move(other.storage_)),
+        offset_(other.offset_),
+        shape_(std::move(other.shape_)),
+        strides_(std::move(other.strides_)),
+        dtype_(other.dtype_),
+        device_(other.device_) {
+    other.make_empty();
+  }
+  tensor& operator=(tensor&& other) noexcept {
+    if (this != &other) {
+      storage_ = std::move(other.storage_);
+      offset_ = other.offset_;
+      shape_ = std::move(other.shape_);
+      strides_ = std::move(other.strides_);
+      dtype_ = other.dtype_;
+      device_ = other.device_;
+      other.make_empty();
+    }
+    return *this;
+  }
   /// A view of `storage`; throws std::invalid_argument when the layout does
   /// not fit it (detail::check_layout), or when the device is not the
   /// storage's (the CPU for host memory).
@@ -528,6 +559,14 @@ class tensor {
   std::byte* contiguous_data(cohort::dtype asked) const;
   std::byte* element_at(cohort::dtype asked, std::span<const std::int64_t> index) const;
   std::byte* only_element(cohort::dtype asked) const;
+  // As tensor() makes it, its storage already let go of.
+  void make_empty() noexcept {
+    offset_ = 0;
+    shape_.assign_one(0);
+    strides_.assign_one(1);
+    dtype_ = cohort::dtype::float32;
+    device_ = {};
+  }
   // offset_ moved by `index` steps along dimension d; throws std::overflow_error.
   std::int64_t moved_offset(std::int64_t index, std::size_t d, const char* what) const;
 

@@ -325,10 +325,15 @@ class queue_core {
   // Pushes `r` unless full. When full and `sleep` is set, counts this caller
   // as a sleeper and sets `seq` to the word to sleep on.
   bool push(queue_record& r, bool sleep, std::uint32_t& seq) {
-    if (r.bytes.size() > h().ring_bytes / 4) overflow(r);
     join(peer_producer);
     for (;;) {
-      if (put_record(r)) {
+      // A value too large for the ring goes out of line once the count has
+      // room for it: a refused try copies nothing.
+      if (too_large(r)) {
+        if (h().closed.load(std::memory_order_relaxed) != 0) throw queue_closed("cohort::queue: push into a closed queue");
+        if (count_has_room()) overflow(r);
+      }
+      if (!too_large(r) && put_record(r)) {
         r.handles.held.clear();
         wake_after(side::pop);
         return true;
@@ -349,7 +354,9 @@ class queue_core {
       seq = count_asleep(side::push);
       // Room made (or the queue closed) after the look above and before
       // the count woke nobody: seen here.
-      if (!has_room(r.bytes.size()) && h().closed.load(std::memory_order_relaxed) == 0) return false;
+      if (!(too_large(r) ? count_has_room() : has_room(r.bytes.size())) && h().closed.load(std::memory_order_relaxed) == 0) {
+        return false;
+      }
       unsleep(side::push, seq);
     }
   }
@@ -544,6 +551,9 @@ class queue_core {
     const std::uint64_t big_values = std::min<std::uint64_t>(std::uint32_t{pushed.values - popped.values}, held) + 1;
     return big_values <= h().capacity && big_lines + 2 * (h().capacity - big_values) <= ring_lines();
   }
+  // Whether `r` must go out of line before it is pushed.
+  bool too_large(const queue_record& r) const noexcept { return !r.overflowed && r.bytes.size() > h().ring_bytes / 4; }
+
   // Whether the queue holds fewer than `capacity` values, by count alone.
   bool count_has_room() const noexcept {
     const auto head = kept_from(position::of(h().head.load(std::memory_order_acquire)));

@@ -60,9 +60,12 @@ struct arena_state {
 // The work at exit, as the process's statics are destroyed: the arena's
 // segments are retired (or let go of, when only ended processes hold
 // them), and so are the large ones that linger.
+std::atomic<void (*)() noexcept> exit_work{nullptr};  // at_exit_first
+
 struct arena_exit {
   arena_state& a;
   ~arena_exit() {
+    if (const auto work = exit_work.load(std::memory_order_acquire)) work();
     sweep_fork_holds();
     std::vector<std::shared_ptr<segment>> arenas, lingering;
     {
@@ -121,6 +124,8 @@ arena_state& arena() {
 }
 
 }  // namespace
+
+void at_exit_first(void (*work)() noexcept) noexcept { exit_work.store(work, std::memory_order_release); }
 
 // A fork child makes its own arena: the parent's goes on being carved by
 // the parent, which also holds the descriptors others open.

@@ -33,5 +33,10 @@ void wait_for_receivers(std::chrono::steady_clock::duration limit) noexcept;
 /// segments that others have freed, and unmaps segments of other processes
 /// that no storage here uses; returns how many segments went.
 int trim();
+/// Sets the work the process's exit does first, before the arena retires
+/// its segments and unnames those still held: the table of storages sets
+/// it as it is made, to run the upper layers' work for the holds left
+/// (a queue that no other process can pop from is drained).
+void at_exit_first(void (*work)() noexcept) noexcept;
 
 }  // namespace cohort::shm

@@ -180,6 +180,10 @@ identity_map& identities() {
   static auto* m = [] {
     auto* made = new identity_map;  // outlives every static storage
     identities_made.store(made, std::memory_order_release);
+    // exit() destroys no local: a queue that main() held, and that no other
+    // process can pop from, would keep the values left in it, and their
+    // file_system segments their names, for good.
+    shm::at_exit_first(&detail::run_rank_end_work);
     return made;
   }();
   return *m;
@@ -941,13 +945,12 @@ bool let_go_unless_last(const storage& s) noexcept {
   return true;
 }
 
-COHORT_FORKED_CHILD_PATH void release_shared_memory_holds() noexcept {
-  shm::sweep_fork_holds();
+// Outside the table's lock: the work may receive and drop values (a
+// queue's last holder drains it), which takes the lock.
+COHORT_FORKED_CHILD_PATH void run_rank_end_work() noexcept {
   auto* known = identities_made.load(std::memory_order_acquire);
   if (known == nullptr) return;  // no shared storage was ever held here
   auto& m = *known;
-  // The upper layers' work first, outside the lock: it may receive and
-  // drop values (a queue's last holder drains it), which takes the lock.
   std::vector<std::pair<std::shared_ptr<storage_impl>, hold_work>> work;
   try {
     std::lock_guard lock(m.mutex);
@@ -961,6 +964,14 @@ COHORT_FORKED_CHILD_PATH void release_shared_memory_holds() noexcept {
     // No memory for the list: the work is left undone, as a killed rank leaves it.
   }
   for (const auto& [impl, w] : work) w.run(storage(impl), w.context);
+}
+
+COHORT_FORKED_CHILD_PATH void release_shared_memory_holds() noexcept {
+  shm::sweep_fork_holds();
+  run_rank_end_work();
+  auto* known = identities_made.load(std::memory_order_acquire);
+  if (known == nullptr) return;
+  auto& m = *known;
   // Dropped after the lock: another thread may let go of a storage
   // meanwhile, leaving the copy here the last, whose end takes the lock.
   std::vector<std::shared_ptr<storage_impl>> seen;

@@ -220,6 +220,15 @@ void check_waits_for_the_other_side(queue<int>& q, GetTimeout get_timeout, PutTi
   popper.join();
 }
 
+// RssAnon in /proc/self/status: this process's anonymous memory in RAM, in KiB.
+long anonymous_kib() {
+  std::istringstream status(test::read_file("/proc/self/status"));
+  for (std::string line; std::getline(status, line);) {
+    if (line.starts_with("RssAnon:")) return std::stol(line.substr(8));
+  }
+  return -1;
+}
+
 TEST_SUITE("queue") {
   // Before, what a handle counted for a message stayed counted when the push
   // failed: a device tensor's note and event slot then waited for good for
@@ -417,6 +426,22 @@ TEST_SUITE("queue") {
       REQUIRE(q.try_push(big));
       CHECK(q.try_pop() == big);
     }
+  }
+
+  // Before, the thread's buffers for encoding a value and for copying one
+  // out of its block kept their size: 128 MiB here, for good.
+  TEST_CASE("a thread keeps no buffer as large as the largest value it pushed and popped") {
+    queue<std::string> q(2);
+    const long before = anonymous_kib();
+    REQUIRE(before > 0);
+    {
+      const std::string big(64 << 20, 'x');  // past glibc's largest mmap threshold: freed to the system
+      REQUIRE(q.try_push(big));
+      CHECK(q.try_pop() == big);
+    }
+    REQUIRE(q.try_push("small"));
+    CHECK(q.try_pop() == "small");
+    CHECK(anonymous_kib() - before < 16 * 1024);
   }
 
   TEST_CASE("a push counts the get it wakes as no longer asleep at once") {

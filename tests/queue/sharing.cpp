@@ -30,6 +30,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -1422,6 +1423,65 @@ TEST_SUITE("sharing") {
     }
     trim_shared_memory();
     CHECK(files_of(::getpid()) == before);
+  }
+
+  // Before, such a try put the value in a block of shared memory of its
+  // own first, and let go of it once refused: a file made and removed, and
+  // the value copied, at every try.
+  TEST_CASE("a try_push refused by a full queue puts a value too large for the ring nowhere; one taken goes out of line") {
+    const strategy_scope scope(sharing_strategy::file_system);
+    queue<std::string> q(1);
+    REQUIRE(q.try_push("first"));
+    const std::string big(4 << 20, 'x');
+    const int watch = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    REQUIRE(watch >= 0);
+    REQUIRE(::inotify_add_watch(watch, "/dev/shm", IN_CREATE) >= 0);
+    // The files of this process's segments made since the last call.
+    const auto made = [watch, prefix = fmt::format("cohort_{}_", ::getpid())] {
+      int n = 0;
+      alignas(inotify_event) char buffer[4096];
+      for (ssize_t got; (got = ::read(watch, buffer, sizeof buffer)) > 0;) {
+        for (ssize_t at = 0; at < got;) {
+          const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
+          if (event->len > 0 && std::string_view(event->name).starts_with(prefix)) ++n;
+          at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+        }
+      }
+      return n;
+    };
+    for (int i = 0; i < 3; ++i) CHECK_FALSE(q.try_push(big));
+    CHECK(made() == 0);
+    CHECK(q.try_pop() == "first");
+    REQUIRE(q.try_push(big));
+    CHECK(made() == 1);  // what the refused tries would have shown
+    CHECK(q.try_pop() == big);
+    ::close(watch);
+  }
+
+  // exit() destroys no local of main(): before, the queue held there kept
+  // the values left in it, and their files kept their names for good.
+  TEST_CASE("a process that calls exit() holding the only hold on a queue with values in it leaves no file in /dev/shm") {
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      set_sharing_strategy(sharing_strategy::file_system);
+      queue<tensor> q(8);
+      const bool pushed = q.try_push(tensor::full({4}, 1, dtype::float32)) && q.try_push(large_shared(2));
+      std::exit(pushed ? 0 : 1);
+    }
+    int status = 0;
+    // The child's exit() runs this test program's other destructors too.
+    const bool ended = test::within(120s, [&] { return ::waitpid(child, &status, WNOHANG) == child; }, 5ms);
+    if (!ended) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+    }
+    REQUIRE_MESSAGE(ended, "the forked process did not end within 120 s");
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    const auto left = files_of(child);
+    for (const auto& name : left) fs::remove(fs::path("/dev/shm") / name);
+    CHECK_MESSAGE(left.empty(), fmt::format("left in /dev/shm: {}", fmt::join(left, ", ")));
   }
 
   TEST_CASE("a queue dropped with a tensor never popped closes the tensor's memfd") {

@@ -752,6 +752,32 @@ TEST_CASE("a default tensor is an empty float32 vector without storage") {
   CHECK(t.storage().nbytes() == 0);
 }
 
+// Before, a moved-from tensor kept no shape at all: a 0-d tensor of one
+// element over no storage, which printing or cloning read through null.
+TEST_CASE("a tensor moved from, by construction or assignment, is a default tensor, and works as one") {
+  for (const bool assign : {false, true}) {
+    CAPTURE(assign);
+    tensor from = tensor::full({2, 3}, 5, dtype::int64, {.shared = true});
+    const auto assigned = [&from] {
+      tensor t;
+      t = std::move(from);
+      return t;
+    };
+    const tensor to = assign ? assigned() : tensor(std::move(from));
+    CHECK(to == tensor::full({2, 3}, 5, dtype::int64));
+    CHECK(dims(from.shape()) == "[0]");
+    CHECK(dims(from.strides()) == "[1]");
+    CHECK(from.dtype() == dtype::float32);
+    CHECK(from.numel() == 0);
+    CHECK(from.nbytes() == 0);
+    CHECK(from.storage_offset() == 0);
+    CHECK(from.storage().nbytes() == 0);
+    CHECK(from.clone().numel() == 0);
+    CHECK(to_string(from) == to_string(tensor()));
+    CHECK(from == tensor());
+  }
+}
+
 }  // TEST_SUITE
 
 TEST_CASE("a tensor of 1 to 64 dimensions crosses as a view of the same storage with its layout") {
