@@ -12,16 +12,25 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 COHORT_API_BEGIN
 
 namespace cohort {
 
-/// What an error file says.
+/// What an error file says. Built by a constructor, not as an aggregate:
+/// g++ 12 destroys an aggregate temporary twice inside a co_await
+/// expression (cohort/compiler.hpp), and `record_error(error_report{...})`
+/// may well sit in one.
 struct error_report {
   std::string message;  ///< "<type>: <what>" for exceptions
   std::string trace;    ///< the stack trace, when the writer had one
   std::optional<std::chrono::system_clock::time_point> timestamp;  ///< when the error happened
+
+  error_report() = default;
+  explicit error_report(std::string message, std::string trace = {},
+                        std::optional<std::chrono::system_clock::time_point> timestamp = std::nullopt)
+      : message(std::move(message)), trace(std::move(trace)), timestamp(timestamp) {}
 };
 
 /// The file this process should write its error to: $COHORT_ERROR_FILE,

@@ -25,6 +25,7 @@
 #include <future>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace cohort;
@@ -148,6 +149,25 @@ TEST_SUITE("error_file") {
     const std::string note = fmt::format("... ({} bytes more left out)", huge.size() - kept);
     CHECK(report->message == huge.substr(0, kept) + note);
     CHECK(report->trace == huge.substr(0, kept) + note);
+  }
+
+  // Before, error_report was an aggregate, which g++ 12 destroys twice
+  // inside a co_await expression: this aborted with a double free.
+  TEST_CASE("a report built inside a co_await expression is written once and read back") {
+    static_assert(!std::is_aggregate_v<error_report>);
+    test::temp_dir dir;
+    error_file_env env(dir.path / "error.json");
+    const std::string message(100, 'm'), trace(100, 't');  // past std::string's inline buffer
+    const auto passed = [](bool written) -> asio::awaitable<bool> { co_return written; };
+    const auto write = [&]() -> asio::awaitable<bool> {
+      co_return co_await passed(record_error(error_report{message, trace, std::nullopt}));
+    };
+    asio::io_context io;
+    CHECK(test::run(io, write()));
+    const auto report = read_error_file(dir.path / "error.json");
+    REQUIRE(report);
+    CHECK(report->message == message);
+    CHECK(report->trace == trace);
   }
 
   TEST_CASE("what is written reads back") {
