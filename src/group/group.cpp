@@ -283,8 +283,12 @@ held_error_dirs& error_dirs_held() {
 // it names; throws std::invalid_argument when another group holds it.
 void claim_error_dir(group_state& state, const std::filesystem::path& dir) {
   std::error_code ec;
-  auto key = std::filesystem::weakly_canonical(std::filesystem::absolute(dir, ec), ec);
-  if (ec || key.empty()) key = dir;
+  // Of a folder not made yet, weakly_canonical keeps a trailing separator
+  // ("ed/", also from "ed/x/.."): the folder by no path to it would then be
+  // held as "ed" once made.
+  auto key = std::filesystem::weakly_canonical(std::filesystem::absolute(dir, ec), ec).lexically_normal();
+  if (ec || key.empty()) key = dir.lexically_normal();
+  if (!key.has_filename() && key.has_relative_path()) key = key.parent_path();
   auto& held = error_dirs_held();
   const std::lock_guard lock(held.mutex);
   if (!held.paths.insert(key).second) {

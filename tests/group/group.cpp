@@ -1991,6 +1991,30 @@ TEST_SUITE("group") {
     CHECK(run_group(second_spec).ok());
   }
 
+  // Before, the path of a folder not made yet was held as written, a
+  // trailing separator kept: a second group given the folder without it
+  // once it was made started, and removed the first's report.
+  TEST_CASE("an error_dir not made yet is held by the folder, however its path ends") {
+    test::temp_dir dir;
+    for (const auto& first_path : {dir.path / "fresh" / "", dir.path / "fresh" / "x" / "..", dir.path / "fresh" / "."}) {
+      CAPTURE(first_path);
+      fs::remove_all(dir.path / "fresh");
+      asio::io_context io;
+      auto first_spec = ranks_of(1, {"sleep", "30"});
+      first_spec.error_dir = first_path;
+      std::optional<group> first(start_processes(io.get_executor(), first_spec));
+      auto second_spec = ranks_of(1, {"exit", "0"});
+      for (const auto& same : {dir.path / "fresh", dir.path / "fresh" / ""}) {
+        CAPTURE(same);
+        second_spec.error_dir = same;
+        CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), second_spec),
+                             doctest::Contains("is another group's of this process"), std::invalid_argument);
+      }
+      first->stop();
+      io.run();
+    }
+  }
+
   // Before, destroying the group queued a stop() on the io_context even
   // once the run had ended, and that stop() held the run's state: with the
   // io_context not run again, the state lived on until the io_context's
