@@ -149,6 +149,7 @@ struct io_objects {
   asio::strand<asio::any_io_executor> strand;
   asio::steady_timer wake{strand};  // the shutdown sleeps on it; exits and stop() cancel it
   asio::steady_timer stop_requested{strand, std::chrono::steady_clock::time_point::max()};  // stop() cancels it
+  asio::steady_timer orphan_look{strand};  // reap_orphans_while_running sleeps on it; finish() cancels it
   std::unique_ptr<asio::cancellation_signal[]> drain_ends;  // by rank
 };
 
@@ -719,6 +720,7 @@ void finish(const std::shared_ptr<group_state>& state) {
   }
   end_subreaper();
   state->subreaper = false;
+  state->io->orphan_look.cancel();
   // Swept: what is left of a rank's process group (an unreaped rank, a
   // process that outlived the sweep) is no longer told apart from a group
   // that took a recycled id, and the ranks' segments are gone.
@@ -801,6 +803,38 @@ void take_adopted_soon(const std::shared_ptr<group_state>& state) {
     // Not a subreaper any more: the run has ended.
     if (state->subreaper && state->running > 0) take_adopted(*state);
   });
+}
+
+// How often, while ranks run, this process looks for dead children.
+constexpr std::chrono::seconds orphan_look_period{1};
+
+// Whether a child of this process has ended and is not reaped yet.
+bool a_child_ended() noexcept {
+  siginfo_t info{};
+  return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid != 0;
+}
+
+// While ranks run: every orphan_look_period, when a child of this process
+// has ended unreaped, takes what was handed to it (take_adopted). Before,
+// an orphan of a rank that died while the ranks ran stayed a zombie until
+// a rank ended: a rank that left one a second held a pid for each, and
+// would have used up a machine's 32,768 in nine hours. Holds the state
+// only on the strand, where it lives while a rank runs: its end is not
+// held up.
+asio::awaitable<void> reap_orphans_while_running(std::weak_ptr<group_state> weak) {
+  for (;;) {
+    asio::steady_timer* look = nullptr;
+    {
+      const auto state = weak.lock();
+      if (!state || fork_copy(*state) || !state->subreaper || state->running == 0) co_return;
+      if (a_child_ended()) take_adopted(*state);
+      look = &state->io->orphan_look;
+      look->expires_after(orphan_look_period);
+    }
+    std::error_code ec;
+    co_await look->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (ec == asio::error::operation_aborted) co_return;  // the run ended, or its state went
+  }
 }
 
 // How a rank ended, as its wait saw it: when the wait itself failed, the
@@ -1494,6 +1528,7 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   state->partial.statuses.resize(static_cast<std::size_t>(spec.nprocs));
   state->partial.return_values.resize(static_cast<std::size_t>(spec.nprocs));
   asio::co_spawn(state->strand, detail::supervise(state), asio::detached);
+  asio::co_spawn(state->strand, detail::reap_orphans_while_running(state), asio::detached);
   return group(std::move(state));
 }
 

@@ -1229,6 +1229,36 @@ TEST_SUITE("group") {
     }
   }
 
+  // Before, what a running rank left behind was reaped only as a rank
+  // ended: its orphans stayed zombies of this process meanwhile.
+  TEST_CASE("orphans a running rank leaves are reaped as they die, while the rank still runs") {
+    test::temp_dir dir;
+    asio::io_context io;
+    std::thread runner;
+    group_spec spec;
+    spec.entry = command("/bin/sh", {"-c",
+                                     "for i in 1 2 3; do /bin/sh -c '/bin/sleep 0.1 & echo $! >> \"$0/orphans\"' \"$0\"; "
+                                     "done; : > \"$0/up\"; exec /bin/sleep 30",
+                                     dir.path.string()});
+    spec.nprocs = 1;
+    group g = start_processes(io.get_executor(), spec);
+    runner = std::thread([&io] { io.run(); });
+    REQUIRE(test::within(10s, [&] { return fs::exists(dir.path / "up"); }, 5ms));
+    std::vector<pid_t> orphans;
+    std::istringstream listed(test::read_file(dir.path / "orphans"));
+    for (pid_t pid; listed >> pid;) orphans.push_back(pid);
+    REQUIRE(orphans.size() == 3);
+    // Each is this process's once its parent shell has ended, and a zombie
+    // from its end on until reaped; then it is gone.
+    const auto all_gone = [&] {
+      return std::all_of(orphans.begin(), orphans.end(), [](pid_t pid) { return test::state_of(pid) == '\0'; });
+    };
+    CHECK(test::within(10s, all_gone, 10ms));
+    CHECK(test::alive(g.pids().at(0)));  // the rank still runs
+    g.stop();
+    runner.join();
+  }
+
   TEST_CASE("a child of a forked rank that left for its own session is gone after the run") {
     for (auto method : {start_method::fork, start_method::forkserver}) {
       INFO(std::string(to_string(method)));
