@@ -1392,6 +1392,46 @@ TEST_SUITE("cohort-run") {
     CHECK(both.status.code() == 2);
   }
 
+  // Before, the check ran with the current folder first in sys.path, as
+  // `-c` puts it: an empty torch/ folder there was found, as a namespace
+  // package, and an interpreter without torch was chosen.
+  TEST_CASE("a torch folder in the current folder does not make a python3 without torch the one chosen") {
+    test::temp_dir dir;
+    std::string python;
+    for (const char* candidate : {"/usr/bin/python3", "/bin/python3"}) {
+      if (python.empty() && ::access(candidate, X_OK) == 0) python = candidate;
+    }
+    if (python.empty()) {
+      MESSAGE("no /usr/bin/python3: skipped");
+      return;
+    }
+    fs::create_directories(dir.path / "work" / "torch");
+    // Without its site folder (-S), A's interpreter finds no installed
+    // torch, only the folder; B says it finds torch.
+    const std::string without_torch = python + " -S -c 'import importlib.util, sys; "
+                                               "sys.exit(importlib.util.find_spec(\"torch\") is None)'";
+    const std::string in_work = "cd " + (dir.path / "work").string() + " && " + without_torch;
+    REQUIRE_MESSAGE(std::system(in_work.c_str()) == 0, "the trap: the folder is found from the current folder");
+    for (const char* name : {"A", "B"}) {
+      fs::create_directories(dir.path / name);
+      std::ofstream(dir.path / name / "python3")
+          << "#!/bin/sh\ncase \"$*\" in *find_spec*) "
+          << (name[0] == 'A' ? "exec " + python + " -S \"$@\"" : std::string("exit 0")) << ";; esac\n"
+          << "echo \"" << name << "\" > \"$COHORT_TEST_OUT\"\n";
+      fs::permissions(dir.path / name / "python3", fs::perms::owner_all);
+    }
+    const auto script = (dir.path / "train.py").string();
+    std::ofstream(script) << "print('not run here')\n";
+    const auto out = dir.path / "ran";
+    const command in_dir("/bin/sh", {"-c", "cd \"$0\" && exec \"$1\" -n 1 \"$2\"", (dir.path / "work").string(),
+                                     launcher, script});
+    const auto r = run_command(in_dir, [](child&) -> asio::awaitable<void> { co_return; },
+                               {{"PATH", (dir.path / "A").string() + ":" + (dir.path / "B").string()},
+                                {"COHORT_TEST_OUT", out.string()}});
+    CHECK_MESSAGE(r.status.code() == 0, r.err);
+    CHECK(read_file(out) == "B\n");
+  }
+
   TEST_CASE("a venv's python3 that finds torch is chosen after its base interpreter that does not") {
     test::temp_dir dir;
     const auto venv = dir.path / "venv";

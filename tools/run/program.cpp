@@ -69,7 +69,13 @@ enum class torch_check { found, not_found, interrupted };
 torch_check finds_torch(const fs::path& python, const check_wait& wait) {
   std::string program = python.string();
   std::string dash_c = "-c";
-  std::string code = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)";
+  // Not from the current folder, which `-c` puts first in sys.path (as ''):
+  // a script runs with its own folder there instead, and an empty torch/
+  // folder here would be found, as a namespace package, by an interpreter
+  // that has no torch. Nor such a package anywhere: torch has an __init__.
+  std::string code =
+      "import importlib.util, sys; sys.path = [p for p in sys.path if p]; "
+      "s = importlib.util.find_spec('torch'); sys.exit(s is None or s.origin is None)";
   char* argv[] = {program.data(), dash_c.data(), code.data(), nullptr};
   const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   if (null < 0) return torch_check::not_found;
