@@ -431,6 +431,9 @@ void validate(const group_spec& spec) {
         "cohort::start_processes: nprocs is {}, more processes than the system has pids (pid_max {})", spec.nprocs,
         pid_max));
   }
+  if (spec.error_dir.native().find('\0') != std::string::npos) {
+    throw std::invalid_argument("cohort::start_processes: error_dir holds NUL");
+  }
   if (std::holds_alternative<function_call>(spec.entry) && !spec.args.empty()) {
     throw std::invalid_argument("cohort::start_processes: args are for programs; a function's arguments are in its call");
   }
@@ -757,8 +760,11 @@ void begin_stop(group_state& state) {
 }
 
 // A signal a process can catch: what forward_signals handles, and what
-// interrupt() may stand for.
-bool catchable(int sig) { return sig > 0 && sig < NSIG && sig != SIGKILL && sig != SIGSTOP; }
+// interrupt() may stand for. Not those that glibc keeps for its threads
+// (32 and 33, below SIGRTMIN): sigaction refuses them.
+bool catchable(int sig) {
+  return sig > 0 && sig < NSIG && sig != SIGKILL && sig != SIGSTOP && (sig < __SIGRTMIN || sig >= SIGRTMIN);
+}
 
 // A shutdown signal: the first starts the shutdown, a later one (or one
 // after stop()) hurries it.

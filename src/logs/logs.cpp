@@ -88,6 +88,11 @@ void check_ranks(const char* what, const streams_per_rank& per_rank, int nprocs)
 // The run id and the attempt name folders under logs.dir: the run id must
 // be one folder's name there, never a path that leads out of it.
 void check_folder_names(const logs_spec& spec) {
+  // The system's calls would take the path up to its NUL: folders made
+  // there, and files of another name.
+  if (spec.dir.native().find('\0') != std::string::npos) {
+    throw std::invalid_argument("cohort::start_processes: logs.dir holds NUL");
+  }
   const std::string& id = spec.run_id;
   if (id.find('\0') != std::string::npos) {
     throw std::invalid_argument("cohort::start_processes: logs.run_id holds NUL; it names a folder under logs.dir");

@@ -1332,6 +1332,28 @@ TEST_CASE("a closed stdout that no line reaches as the console stops no group") 
   CHECK(test::read_file(dir.path / "none" / "attempt_0" / "0" / "stdout.log") == "kept\n");
 }
 
+// Before, the folders were made up to the NUL, and the start failed there
+// with a file system error.
+TEST_CASE("a logs.dir or error_dir holding NUL is refused before any folder is made") {
+  test::temp_dir dir;
+  for (const bool logs : {true, false}) {
+    CAPTURE(logs);
+    auto spec = shell_ranks(1, "exit 0");
+    const std::string with_nul = (dir.path / "lo").string() + std::string("\0gs", 3);
+    if (logs) {
+      spec.logs.dir = with_nul;
+      spec.logs.redirects = std_streams::all;
+    } else {
+      spec.error_dir = with_nul;
+    }
+    CHECK_THROWS_WITH_AS(run_group(spec),
+                         logs ? "cohort::start_processes: logs.dir holds NUL"
+                              : "cohort::start_processes: error_dir holds NUL",
+                         std::invalid_argument);
+    CHECK_FALSE(fs::exists(dir.path / "lo"));
+  }
+}
+
 TEST_CASE("a run id that is not one folder's name, or a negative attempt, is refused before any folder is made") {
   test::temp_dir dir;
   const fs::path logs = dir.path / "a" / "b" / "c";
