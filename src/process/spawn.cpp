@@ -307,7 +307,11 @@ COHORT_FORKED_CHILD_PATH bool set_up_child(launch_plan& p) noexcept {
     if (!done(os::raw_syscall(SYS_fcntl, p.keep[i], F_SETFD, 0), stage::fds)) return false;
   }
   if (p.hook != nullptr) {
-    if (const int error = p.hook(p.hook_context); error != 0) {
+    if (int error = p.hook(p.hook_context); error != 0) {
+      // -1 as C's calls fail, errno saying why (an errno of 0 as EINVAL);
+      // another negative value as the kernel's, -errno.
+      if (error == -1) error = errno > 0 ? errno : EINVAL;
+      else if (error < 0) error = -error;
       p.failed_at = stage::hook;
       p.error = error;
       return false;

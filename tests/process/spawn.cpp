@@ -88,6 +88,13 @@ int lower_nofile(void* context) noexcept {
 int be_nicer(void*) noexcept { return ::setpriority(PRIO_PROCESS, 0, 7) == 0 ? 0 : errno; }
 
 int refuse(void*) noexcept { return EPERM; }
+// As C's calls fail: -1, errno saying why.
+int refuse_as_c(void*) noexcept {
+  errno = EACCES;
+  return -1;
+}
+// As the kernel's calls fail: -errno.
+int refuse_as_kernel(void*) noexcept { return -ENOENT; }
 
 // Puts `Bytes` on the child's stack: spawn_options::before_exec allows
 // 48 KiB. No core is dumped of a child that overruns it: its memory is
@@ -286,6 +293,18 @@ TEST_SUITE("spawn") {
     child c = spawn(io.get_executor(), command{test::target, {"exit", "0"}}, refusing, ec);
     CHECK(ec == std::error_code(EPERM, std::system_category()));
     CHECK_FALSE(c);
+  }
+
+  // Before, a negative return was taken as the errno value itself:
+  // "Unknown error -1".
+  TEST_CASE("a before_exec hook that fails as C's calls do, or as the kernel's, fails the spawn with that errno") {
+    for (const auto& [hook, expected] : {std::pair{&refuse_as_c, EACCES}, std::pair{&refuse_as_kernel, ENOENT}}) {
+      CAPTURE(expected);
+      auto e = spawn_error(command{test::target, {"exit", "0"}}, {.before_exec = hook});
+      CHECK(e.code() == std::error_code(expected, std::system_category()));
+      CHECK(std::string(e.what()).find(std::strerror(expected)) != std::string::npos);
+      CHECK_FALSE(has_unreaped_children());
+    }
   }
 
   // Before, the spawn succeeded and the child later read as killed by
