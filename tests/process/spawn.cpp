@@ -30,6 +30,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
