@@ -434,6 +434,15 @@ void validate(const group_spec& spec) {
   if (spec.error_dir.native().find('\0') != std::string::npos) {
     throw std::invalid_argument("cohort::start_processes: error_dir holds NUL");
   }
+  // Every call() holds a value (a tuple, empty or not): a function_call
+  // built by hand without one would fail in each rank, a forkserver's
+  // with no report at all.
+  if (const auto* function = std::get_if<function_call>(&spec.entry); function != nullptr && function->args.empty()) {
+    throw std::invalid_argument(fmt::format(
+        "cohort::start_processes: the call of '{}' holds no arguments, not even an empty tuple; make it with "
+        "cohort::call(fn, args...)",
+        function->name));
+  }
   if (std::holds_alternative<function_call>(spec.entry) && !spec.args.empty()) {
     throw std::invalid_argument("cohort::start_processes: args are for programs; a function's arguments are in its call");
   }

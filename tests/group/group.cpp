@@ -1807,6 +1807,20 @@ TEST_SUITE("group") {
     CHECK(run.after_sigint >= 400ms);
   }
 
+  // Before, each rank failed: a spawn or fork rank with a decode_error
+  // under rank -1, a forkserver rank killed by SIGABRT with no report.
+  TEST_CASE("a function_call without arguments, built by hand, is refused at the start") {
+    for (auto method : {start_method::spawn, start_method::fork, start_method::forkserver}) {
+      INFO(std::string(to_string(method)));
+      group_spec spec;
+      spec.entry = function_call{"fork_setsid_child", encoded{}, method, false};
+      asio::io_context io;
+      CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), spec),
+                           doctest::Contains("the call of 'fork_setsid_child' holds no arguments"),
+                           std::invalid_argument);
+    }
+  }
+
   TEST_CASE("signals that cannot be handled are refused") {
     asio::io_context io;
     auto spec = ranks_of(1, {"exit", "0"});
