@@ -96,7 +96,8 @@ struct group_spec {
   /// the first start of a group in a later process. A group of this
   /// process whose state lives on (see above) holds its error_dir: a start
   /// given the same one (the same folder by any path, or the same logs'
-  /// attempt folder) throws std::invalid_argument, as its reports would
+  /// attempt folder, whatever the error_dirs) throws std::invalid_argument
+  /// before it makes or truncates any file, as its reports and logs would
   /// overwrite and be read as the other's. Groups of other processes are
   /// not told apart: give each its own.
   std::filesystem::path error_dir{};

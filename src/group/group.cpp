@@ -56,6 +56,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <string_view>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -139,7 +140,7 @@ class caught_signals {
 struct group_state;
 void end_unfinished(group_state& state) noexcept;
 void forget_guardian_notes(group_state& state) noexcept;
-void release_error_dir(group_state& state) noexcept;
+void release_folders(group_state& state) noexcept;
 
 /// The state's objects of the io_context: the strand, its timers, and the
 /// signals that end the shutdown's waits for ranks SIGKILL did not end.
@@ -193,7 +194,7 @@ struct group_state {
       end_subreaper();
     }
     forget_guardian_notes(*this);
-    release_error_dir(*this);
+    release_folders(*this);
     for (int fd : result_fds) {
       if (fd >= 0) ::close(fd);
     }
@@ -210,7 +211,7 @@ struct group_state {
   int nprocs;
   shutdown_policy shutdown;
   std::filesystem::path error_dir;  // the spec's, or the logs' attempt folder
-  std::filesystem::path held_error_dir;  // error_dir as claim_error_dir holds it; empty: none held
+  std::vector<std::filesystem::path> held_folders;  // error_dir and the logs' attempt folder, as claim_folders holds them
   // "COHORT_GROUP_<id>=1", in every rank's environment, and recorded in each
   // segment a process of the run makes (shm::segment_header::run_markers).
   std::string marker;
@@ -269,8 +270,8 @@ struct group_state {
 
 namespace {
 
-// The error_dirs held by this process's groups, as claim_error_dir made
-// them: their states have not gone yet.
+// The folders held by this process's groups, as claim_folders made them:
+// their states have not gone yet.
 struct held_error_dirs {
   os::fork_safe_mutex mutex;
   std::set<std::filesystem::path> paths;
@@ -280,9 +281,8 @@ held_error_dirs& error_dirs_held() {
   return *held;
 }
 
-// `dir` held for `state` (state.held_error_dir), by the path of the folder
-// it names; throws std::invalid_argument when another group holds it.
-void claim_error_dir(group_state& state, const std::filesystem::path& dir) {
+// The path of the folder `dir` names, as the folders are held by.
+std::filesystem::path folder_key(const std::filesystem::path& dir) {
   std::error_code ec;
   // Of a folder not made yet, weakly_canonical keeps a trailing separator
   // ("ed/", also from "ed/x/.."): the folder by no path to it would then be
@@ -290,24 +290,42 @@ void claim_error_dir(group_state& state, const std::filesystem::path& dir) {
   auto key = std::filesystem::weakly_canonical(std::filesystem::absolute(dir, ec), ec).lexically_normal();
   if (ec || key.empty()) key = dir.lexically_normal();
   if (!key.has_filename() && key.has_relative_path()) key = key.parent_path();
+  return key;
+}
+
+// `dir` held for `state` (state.held_folders), by the path of the folder it
+// names, unless the state holds it already; throws std::invalid_argument,
+// naming it as `what`, when another group holds it.
+void claim_folder(group_state& state, const std::filesystem::path& dir, std::string_view what) {
+  auto key = folder_key(dir);
+  if (std::find(state.held_folders.begin(), state.held_folders.end(), key) != state.held_folders.end()) return;
   auto& held = error_dirs_held();
   const std::lock_guard lock(held.mutex);
   if (!held.paths.insert(key).second) {
     throw std::invalid_argument(fmt::format(
-        "cohort::start_processes: error_dir {} is another group's of this process, which has not ended; the ranks' "
-        "reports would overwrite each other's: give each group its own",
-        dir.string()));
+        "cohort::start_processes: {} {} is another group's of this process, which has not ended; the ranks' "
+        "reports and logs would overwrite each other's: give each group its own",
+        what, dir.string()));
   }
-  state.held_error_dir = std::move(key);
+  state.held_folders.push_back(std::move(key));
 }
 
 }  // namespace
 
-void release_error_dir(group_state& state) noexcept {
-  if (state.held_error_dir.empty()) return;
+// The folders the run writes its ranks' reports and logs in, held for it
+// before anything is made there: a start given another group's (the same
+// folder by any path) is refused before it truncates a file of that group.
+void claim_folders(group_state& state, const group_spec& spec) {
+  constexpr std::string_view attempt_folder = "the logs' attempt folder";
+  if (!state.error_dir.empty()) claim_folder(state, state.error_dir, spec.error_dir.empty() ? attempt_folder : "error_dir");
+  if (spec.logs.active() && !spec.logs.dir.empty()) claim_folder(state, spec.logs.attempt_dir(), attempt_folder);
+}
+
+void release_folders(group_state& state) noexcept {
+  if (state.held_folders.empty()) return;
   auto& held = error_dirs_held();
   const std::lock_guard lock(held.mutex);
-  held.paths.erase(state.held_error_dir);
+  for (const auto& key : state.held_folders) held.paths.erase(key);
 }
 
 namespace {
@@ -339,8 +357,7 @@ void prepare_error_files(group_state& state, unsigned group_number) {
     }
     return;
   }
-  // This group's alone while it lives (claim_error_dir).
-  claim_error_dir(state, state.error_dir);
+  // This group's alone while it lives (claim_folders).
   // Absolute where that path can be used: a rank given a relative one
   // would write it under its own working directory (options.cwd, or one it
   // moved to), and the report would be lost. A path over PATH_MAX, or one
@@ -1451,8 +1468,9 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   static std::atomic<unsigned> groups_started{0};
   const unsigned group_number = groups_started++;
   state->marker = detail::marker_of(group_number);
+  if (spec.logs.active() && spec.error_dir.empty() && !spec.logs.dir.empty()) state->error_dir = spec.logs.attempt_dir();
+  detail::claim_folders(*state, spec);
   if (spec.logs.active()) {
-    if (spec.error_dir.empty() && !spec.logs.dir.empty()) state->error_dir = spec.logs.attempt_dir();
     state->logs = std::make_unique<detail::group_logs>(spec.logs, spec.options, spec.name, spec.nprocs);
   }
   detail::prepare_error_files(*state, group_number);

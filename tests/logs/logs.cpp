@@ -1332,6 +1332,34 @@ TEST_CASE("a closed stdout that no line reaches as the console stops no group") 
   CHECK(test::read_file(dir.path / "none" / "attempt_0" / "0" / "stdout.log") == "kept\n");
 }
 
+// Before, a second group truncated the first's log files as it started:
+// and then was refused where both wrote their reports in the attempt
+// folder, or went on where each had an error_dir of its own.
+TEST_CASE("a group given the logs' attempt folder of a group still running is refused before it truncates its files") {
+  for (const bool own_error_dirs : {false, true}) {
+    CAPTURE(own_error_dirs);
+    test::temp_dir dir;
+    auto first = shell_ranks(1, "echo first; exec sleep 30");
+    first.logs.dir = dir.path / "logs";
+    first.logs.redirects = std_streams::all;
+    first.logs.run_id = "job";
+    if (own_error_dirs) first.error_dir = dir.path / "errors-1";
+    asio::io_context io;
+    group g = start_processes(io.get_executor(), first);
+    std::thread runner([&io] { io.run(); });
+    const auto log = dir.path / "logs" / "job" / "attempt_0" / "0" / "stdout.log";
+    REQUIRE(test::within(10s, [&] { return fs::exists(log) && test::read_file(log) == "first\n"; }, 5ms));
+    auto second = first;
+    second.entry = command("/bin/sh", {"-c", "echo second"});
+    if (own_error_dirs) second.error_dir = dir.path / "errors-2";
+    CHECK_THROWS_WITH_AS(start_processes(io.get_executor(), second),
+                         doctest::Contains("the logs' attempt folder"), std::invalid_argument);
+    CHECK(test::read_file(log) == "first\n");
+    g.stop();
+    runner.join();
+  }
+}
+
 // Before, the folders were made up to the NUL, and the start failed there
 // with a file system error.
 TEST_CASE("a logs.dir or error_dir holding NUL is refused before any folder is made") {
