@@ -308,6 +308,37 @@ dim_vector contiguous_strides(std::span<const std::int64_t> shape);
 
 }  // namespace detail
 
+/// A value for full() and fill_(), as torch's Scalar: an integer of any
+/// type is held exactly (bool as 0 or 1), a floating-point value as a
+/// double. So int64 values past 2^53 fill an int64 tensor as they are.
+class scalar {
+ public:
+  template <std::integral T>
+  constexpr scalar(T value) noexcept  // NOLINT: converts, as a number argument does
+      : kind_(std::is_signed_v<T> ? kind::signed_integer : kind::unsigned_integer),
+        signed_(std::is_signed_v<T> ? static_cast<std::int64_t>(value) : 0),
+        unsigned_(std::is_signed_v<T> ? 0 : static_cast<std::uint64_t>(value)) {}
+  template <std::floating_point T>
+  constexpr scalar(T value) noexcept : kind_(kind::floating), floating_(static_cast<double>(value)) {}  // NOLINT
+
+  enum class kind { signed_integer, unsigned_integer, floating };
+  constexpr kind held() const noexcept { return kind_; }
+  constexpr std::int64_t signed_value() const noexcept { return signed_; }
+  constexpr std::uint64_t unsigned_value() const noexcept { return unsigned_; }
+  /// The value as a double (rounded, for an integer past 2^53).
+  constexpr double as_double() const noexcept {
+    return kind_ == kind::floating         ? floating_
+           : kind_ == kind::signed_integer ? static_cast<double>(signed_)
+                                           : static_cast<double>(unsigned_);
+  }
+
+ private:
+  kind kind_;
+  std::int64_t signed_ = 0;
+  std::uint64_t unsigned_ = 0;
+  double floating_ = 0;
+};
+
 /// How a new tensor's storage is made.
 struct tensor_options {
   /// In shared memory (storage::allocate_shared), to send to other
@@ -409,7 +440,7 @@ class tensor {
   /// Contiguous, every element 0 (false, +0.0).
   static tensor zeros(int_list shape, cohort::dtype type, tensor_options options = {});
   /// Contiguous, every element `value` as fill_() converts it.
-  static tensor full(int_list shape, double value, cohort::dtype type, tensor_options options = {});
+  static tensor full(int_list shape, scalar value, cohort::dtype type, tensor_options options = {});
   /// A contiguous copy of `values` in row-major order. Throws
   /// std::invalid_argument when the shape does not hold values.size().
   template <element T>
@@ -520,12 +551,13 @@ class tensor {
   tensor to_cpu() const { return to(cohort::device{}); }
 
   /// Sets every element, through views too, to `value` converted to the
-  /// dtype: integers truncate toward zero, bool is value != 0, float16 and
-  /// bfloat16 round from float. Throws std::invalid_argument, changing
-  /// nothing, when the value does not fit an integer dtype, or when it is
-  /// finite and beyond a floating dtype's largest finite value (as torch
-  /// refuses it; infinity and NaN are taken).
-  tensor& fill_(double value);
+  /// dtype: floating values truncate toward zero into integers, bool is
+  /// value != 0, float16 and bfloat16 round from float; an integer value
+  /// goes into an integer dtype exactly. Throws std::invalid_argument,
+  /// changing nothing, when the value does not fit an integer dtype, or
+  /// when it is finite and beyond a floating dtype's largest finite value
+  /// (as torch refuses it; infinity and NaN are taken).
+  tensor& fill_(scalar value);
 
   /// A DLPack tensor over the same bytes, for another framework to borrow.
   /// Its data points at the first element, with byte_offset 0 (as torch

@@ -1056,7 +1056,7 @@ tensor empty_for(int_list sizes, dtype type, int device, const char* entry) {
   return tensor(device_storage(device, nbytes, entry), type, shape, strides.view(), 0, cohort::device{kDLCUDA, device});
 }
 
-tensor full_for(int_list shape, double value, dtype type, int device, const char* entry) {
+tensor full_for(int_list shape, scalar value, dtype type, int device, const char* entry) {
   tensor out = empty_for(shape, type, device, entry);
   fill_(out, value);
   return out;
@@ -1066,7 +1066,7 @@ tensor full_for(int_list shape, double value, dtype type, int device, const char
 
 tensor empty(int_list sizes, dtype type, int device) { return empty_for(sizes, type, device, "cohort::cuda::empty"); }
 
-tensor full(int_list shape, double value, dtype type, int device) {
+tensor full(int_list shape, scalar value, dtype type, int device) {
   return full_for(shape, value, type, device, "cohort::cuda::full");
 }
 
@@ -1074,7 +1074,7 @@ tensor zeros(int_list shape, dtype type, int device) {
   return full_for(shape, 0.0, type, device, "cohort::cuda::zeros");
 }
 
-void fill_(const tensor& t, double value) {
+void fill_(const tensor& t, scalar value) {
   constexpr const char* entry = "cohort::cuda::fill_";
   require_device(t, entry);
   if (!t.is_contiguous()) throw std::logic_error(fmt::format("{}: the tensor is not contiguous", entry));

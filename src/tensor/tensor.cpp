@@ -211,10 +211,41 @@ T convert(double value, const char* caller) {
   }
 }
 
+// `value`, an integer, as an element of type T; as convert() above.
+template <class T, class I>
+T convert_integer(I value, const char* caller) {
+  if constexpr (std::same_as<T, bool>) {
+    return value != 0;
+  } else if constexpr (std::integral<T>) {
+    if (!std::in_range<T>(value)) {
+      throw std::invalid_argument(fmt::format("{}: {} does not fit {}", caller, value, dtype_of<T>));
+    }
+    return static_cast<T>(value);
+  } else {
+    const double approximate = static_cast<double>(value);
+    if (std::fabs(approximate) > largest_finite<T>()) {
+      throw std::invalid_argument(fmt::format("{}: {} is beyond the largest finite {}", caller, value, dtype_of<T>));
+    }
+    if constexpr (std::floating_point<T>) {
+      return static_cast<T>(value);  // rounded once
+    } else {
+      return T(static_cast<float>(value));
+    }
+  }
+}
+
+// `value` as an element of type T, whichever number it holds.
+template <class T>
+T convert(scalar value, const char* caller) {
+  if (value.held() == scalar::kind::signed_integer) return convert_integer<T>(value.signed_value(), caller);
+  if (value.held() == scalar::kind::unsigned_integer) return convert_integer<T>(value.unsigned_value(), caller);
+  return convert<T>(value.as_double(), caller);
+}
+
 // Sets every element of `t`, a tensor on the host, to `value`; `caller`
 // names the function the user called in the error of a value that does not
 // fit.
-void fill(tensor& t, double value, const char* caller) {
+void fill(tensor& t, scalar value, const char* caller) {
   visit_dtype(t.dtype(), [&]<class T>(type_tag<T>) {
     const T element = convert<T>(value, caller);
     const std::int64_t length = row_length(t);
@@ -385,7 +416,7 @@ tensor tensor::zeros(int_list shape, cohort::dtype type, tensor_options options)
   return out;
 }
 
-tensor tensor::full(int_list shape, double value, cohort::dtype type, tensor_options options) {
+tensor tensor::full(int_list shape, scalar value, cohort::dtype type, tensor_options options) {
   tensor out = empty(shape, type, options);
   fill(out, value, "tensor::full");
   return out;
@@ -635,7 +666,7 @@ tensor tensor::clone(tensor_options options) const {
   return out;
 }
 
-tensor& tensor::fill_(double value) {
+tensor& tensor::fill_(scalar value) {
   check_on_host("fill_");
   fill(*this, value, "tensor::fill_");
   return *this;

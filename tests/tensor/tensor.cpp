@@ -239,6 +239,33 @@ TEST_CASE("full refuses a value an integer dtype cannot hold") {
   CHECK_THROWS_AS(tensor::full({1}, NAN, dtype::int32), std::invalid_argument);
 }
 
+// Before, full and fill_ took a double: int64 values past 2^53 were
+// rounded, and INT64_MAX, rounded up to 2^63, was refused.
+TEST_CASE("integer values fill integer tensors exactly, past 2^53 too, and are refused by range alone") {
+  constexpr std::int64_t odd = (std::int64_t{1} << 53) + 1;
+  CHECK(tensor::full({1}, odd, dtype::int64).item<std::int64_t>() == odd);
+  for (const std::int64_t v : {std::numeric_limits<std::int64_t>::max(), std::numeric_limits<std::int64_t>::min()}) {
+    CAPTURE(v);
+    auto t = tensor::zeros({3}, dtype::int64);
+    t.fill_(v);
+    CHECK(t.at<std::int64_t>({2}) == v);
+  }
+  CHECK(tensor::full({1}, std::numeric_limits<std::uint64_t>::max(), dtype::uint64).item<std::uint64_t>() ==
+        std::numeric_limits<std::uint64_t>::max());
+  CHECK_THROWS_WITH_AS(tensor::full({1}, std::numeric_limits<std::int64_t>::max(), dtype::int32),
+                       "tensor::full: 9223372036854775807 does not fit int32", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(tensor::full({1}, std::numeric_limits<std::uint64_t>::max(), dtype::int64),
+                       "tensor::full: 18446744073709551615 does not fit int64", std::invalid_argument);
+  CHECK_THROWS_WITH_AS(tensor::full({1}, -1, dtype::uint64), "tensor::full: -1 does not fit uint64",
+                       std::invalid_argument);
+  // Into floating dtypes and bool as before: rounded, refused past the largest finite, != 0.
+  CHECK(tensor::full({1}, odd, dtype::float64).item<double>() == 0x1p53);
+  CHECK_THROWS_WITH_AS(tensor::full({1}, 70000, dtype::float16),
+                       "tensor::full: 70000 is beyond the largest finite float16", std::invalid_argument);
+  CHECK(tensor::full({1}, 2, dtype::boolean).item<bool>());
+  CHECK(tensor::full({1}, std::int8_t{-3}, dtype::float32).item<float>() == -3.0f);
+}
+
 // Before, full's refusal named fill_, a function the caller never called.
 TEST_CASE("a refused value's error names the function called, full or fill_") {
   CHECK_THROWS_WITH_AS(tensor::full({2}, 1000, dtype::int8), "tensor::full: 1000 does not fit int8",

@@ -34,14 +34,14 @@ void set_current_stream(CUstream_st* stream) noexcept;
 tensor empty(int_list shape, dtype type, int device);
 /// As empty(), every element `value` converted as tensor::fill_ converts
 /// it, set on the current stream.
-tensor full(int_list shape, double value, dtype type, int device);
+tensor full(int_list shape, scalar value, dtype type, int device);
 /// As full() with 0.
 tensor zeros(int_list shape, dtype type, int device);
 
 /// Sets every element of a contiguous device tensor to `value`, on the
 /// current stream. Throws std::logic_error for a tensor not on a CUDA
 /// device or not contiguous, std::invalid_argument as tensor::fill_.
-void fill_(const tensor& t, double value);
+void fill_(const tensor& t, scalar value);
 
 /// tensor::to and tensor::to_cpu call to_device and to_cpu below, and
 /// tensor::clone of a device tensor calls clone, once this library is loaded;
