@@ -80,9 +80,10 @@ struct spawn_options {
   /// returns 0, or an errno value that fails the launch: the spawn throws
   /// std::system_error with that value, naming the hook, and no process is
   /// left behind. -1 fails it with errno's value, as C's calls fail (EINVAL
-  /// where errno is 0), and another negative value -e with e. A child that dies before its exec (a hook that overruns
-  /// its stack, killed by SIGSEGV) or ends there by itself (the hook's
-  /// _exit) fails the launch too, with ESRCH and a message that says how
+  /// where errno is 0), and another negative value -e with e. A child that
+  /// dies before its exec (a hook that overruns its stack, killed by
+  /// SIGSEGV) or ends there by itself (the hook's _exit) fails the launch
+  /// too, with ESRCH and a message that says how
   /// it ended. `before_exec_context` is passed
   /// as is and must stay valid until the spawn returns. Refused
   /// (std::invalid_argument) by the forkserver start method, whose children

@@ -211,7 +211,8 @@ struct group_state {
   int nprocs;
   shutdown_policy shutdown;
   std::filesystem::path error_dir;  // the spec's, or the logs' attempt folder
-  std::vector<std::filesystem::path> held_folders;  // error_dir and the logs' attempt folder, as claim_folders holds them
+  // error_dir and the logs' attempt folder, as claim_folders holds them
+  std::vector<std::filesystem::path> held_folders;
   // "COHORT_GROUP_<id>=1", in every rank's environment, and recorded in each
   // segment a process of the run makes (shm::segment_header::run_markers).
   std::string marker;
@@ -272,12 +273,12 @@ namespace {
 
 // The folders held by this process's groups, as claim_folders made them:
 // their states have not gone yet.
-struct held_error_dirs {
+struct held_folder_paths {
   os::fork_safe_mutex mutex;
   std::set<std::filesystem::path> paths;
 };
-held_error_dirs& error_dirs_held() {
-  static auto* held = new held_error_dirs;  // never destroyed: groups may end after static destruction begins
+held_folder_paths& folders_held() {
+  static auto* held = new held_folder_paths;  // never destroyed: groups may end after static destruction begins
   return *held;
 }
 
@@ -299,7 +300,7 @@ std::filesystem::path folder_key(const std::filesystem::path& dir) {
 void claim_folder(group_state& state, const std::filesystem::path& dir, std::string_view what) {
   auto key = folder_key(dir);
   if (std::find(state.held_folders.begin(), state.held_folders.end(), key) != state.held_folders.end()) return;
-  auto& held = error_dirs_held();
+  auto& held = folders_held();
   const std::lock_guard lock(held.mutex);
   if (!held.paths.insert(key).second) {
     throw std::invalid_argument(fmt::format(
@@ -317,13 +318,15 @@ void claim_folder(group_state& state, const std::filesystem::path& dir, std::str
 // folder by any path) is refused before it truncates a file of that group.
 void claim_folders(group_state& state, const group_spec& spec) {
   constexpr std::string_view attempt_folder = "the logs' attempt folder";
-  if (!state.error_dir.empty()) claim_folder(state, state.error_dir, spec.error_dir.empty() ? attempt_folder : "error_dir");
+  if (!state.error_dir.empty()) {
+    claim_folder(state, state.error_dir, spec.error_dir.empty() ? attempt_folder : "error_dir");
+  }
   if (spec.logs.active() && !spec.logs.dir.empty()) claim_folder(state, spec.logs.attempt_dir(), attempt_folder);
 }
 
 void release_folders(group_state& state) noexcept {
   if (state.held_folders.empty()) return;
-  auto& held = error_dirs_held();
+  auto& held = folders_held();
   const std::lock_guard lock(held.mutex);
   for (const auto& key : state.held_folders) held.paths.erase(key);
 }
@@ -1468,7 +1471,9 @@ group start_processes(const asio::any_io_executor& executor, const group_spec& s
   static std::atomic<unsigned> groups_started{0};
   const unsigned group_number = groups_started++;
   state->marker = detail::marker_of(group_number);
-  if (spec.logs.active() && spec.error_dir.empty() && !spec.logs.dir.empty()) state->error_dir = spec.logs.attempt_dir();
+  if (spec.logs.active() && spec.error_dir.empty() && !spec.logs.dir.empty()) {
+    state->error_dir = spec.logs.attempt_dir();
+  }
   detail::claim_folders(*state, spec);
   if (spec.logs.active()) {
     state->logs = std::make_unique<detail::group_logs>(spec.logs, spec.options, spec.name, spec.nprocs);

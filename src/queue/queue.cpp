@@ -330,7 +330,9 @@ class queue_core {
       // A value too large for the ring goes out of line once the count has
       // room for it: a refused try copies nothing.
       if (too_large(r)) {
-        if (h().closed.load(std::memory_order_relaxed) != 0) throw queue_closed("cohort::queue: push into a closed queue");
+        if (h().closed.load(std::memory_order_relaxed) != 0) {
+          throw queue_closed("cohort::queue: push into a closed queue");
+        }
         if (count_has_room()) overflow(r);
       }
       if (!too_large(r) && put_record(r)) {
@@ -354,9 +356,8 @@ class queue_core {
       seq = count_asleep(side::push);
       // Room made (or the queue closed) after the look above and before
       // the count woke nobody: seen here.
-      if (!(too_large(r) ? count_has_room() : has_room(r.bytes.size())) && h().closed.load(std::memory_order_relaxed) == 0) {
-        return false;
-      }
+      const bool room = too_large(r) ? count_has_room() : has_room(r.bytes.size());
+      if (!room && h().closed.load(std::memory_order_relaxed) == 0) return false;
       unsleep(side::push, seq);
     }
   }

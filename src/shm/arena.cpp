@@ -57,11 +57,12 @@ struct arena_state {
   bool ended = false;     // the work at exit is done: a segment given to linger() is looked at once
 };
 
-// The work at exit, as the process's statics are destroyed: the arena's
-// segments are retired (or let go of, when only ended processes hold
-// them), and so are the large ones that linger.
 std::atomic<void (*)() noexcept> exit_work{nullptr};  // at_exit_first
 
+// The work at exit, as the process's statics are destroyed: the upper
+// layers' first (at_exit_first), then the arena's segments are retired (or
+// let go of, when only ended processes hold them), and so are the large
+// ones that linger.
 struct arena_exit {
   arena_state& a;
   ~arena_exit() {
