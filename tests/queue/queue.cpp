@@ -222,11 +222,8 @@ void check_waits_for_the_other_side(queue<int>& q, GetTimeout get_timeout, PutTi
 
 // RssAnon in /proc/self/status: this process's anonymous memory in RAM, in KiB.
 long anonymous_kib() {
-  std::istringstream status(test::read_file("/proc/self/status"));
-  for (std::string line; std::getline(status, line);) {
-    if (line.starts_with("RssAnon:")) return std::stol(line.substr(8));
-  }
-  return -1;
+  const auto kib = test::status_field(::getpid(), "RssAnon");
+  return kib ? std::stol(*kib) : -1;
 }
 
 TEST_SUITE("queue") {

@@ -678,6 +678,23 @@ std::vector<std::string> files_of(pid_t maker) {
   return found;
 }
 
+// Waits up to 120 s for `child`, a plain fork of this process that ends by
+// exit(), and checks that it exited with 0. Its exit() runs the destructors
+// of whatever this program holds: a thread pool that an earlier test
+// started (asio's system executor's) hangs there, its threads not forked,
+// so the wait has a bound; a child still running then is killed.
+void check_exits_with_zero(pid_t child) {
+  int status = 0;
+  const bool ended = test::within(120s, [&] { return ::waitpid(child, &status, WNOHANG) == child; }, 5ms);
+  if (!ended) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+  }
+  REQUIRE_MESSAGE(ended, "the forked process did not end within 120 s");
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+
 // How many memfd segments this process holds open.
 int cohort_memfds() {
   int n = 0;
@@ -1346,10 +1363,7 @@ TEST_SUITE("sharing") {
 
   TEST_CASE("a process that ends after a rank holding its queues was SIGKILLed leaves no file in /dev/shm") {
     // A process of no group (no sweep follows it): a plain fork of this one
-    // runs the pipeline under file_system and exits without trimming. Its
-    // exit() runs the destructors of whatever this program holds: a thread
-    // pool that an earlier test started (asio's system executor's) hangs
-    // there, its threads not forked, so the wait for it has a bound.
+    // runs the pipeline under file_system and exits without trimming.
     const pid_t supervisor = ::fork();
     REQUIRE(supervisor >= 0);
     if (supervisor == 0) {
@@ -1357,20 +1371,8 @@ TEST_SUITE("sharing") {
       const auto codes = std::get<1>(run_pipeline(1, 3));
       std::exit(codes.size() == 3 && codes[1] == 128 + SIGKILL ? 0 : 1);
     }
-    int status = 0;
-    const bool ended = test::within(120s, [&] { return ::waitpid(supervisor, &status, WNOHANG) == supervisor; }, 5ms);
-    if (!ended) {
-      ::kill(supervisor, SIGKILL);
-      ::waitpid(supervisor, &status, 0);
-    }
-    REQUIRE_MESSAGE(ended, "the forked process did not end within 120 s");
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-    const auto prefix = fmt::format("cohort_{}_", supervisor);
-    std::vector<std::string> left;
-    for (const auto& e : fs::directory_iterator("/dev/shm")) {
-      if (e.path().filename().string().starts_with(prefix)) left.push_back(e.path().filename().string());
-    }
+    check_exits_with_zero(supervisor);
+    const auto left = files_of(supervisor);
     CHECK_MESSAGE(left.empty(), fmt::format("left in /dev/shm: {}", fmt::join(left, ", ")));
   }
 
@@ -1469,16 +1471,7 @@ TEST_SUITE("sharing") {
       const bool pushed = q.try_push(tensor::full({4}, 1, dtype::float32)) && q.try_push(large_shared(2));
       std::exit(pushed ? 0 : 1);
     }
-    int status = 0;
-    // The child's exit() runs this test program's other destructors too.
-    const bool ended = test::within(120s, [&] { return ::waitpid(child, &status, WNOHANG) == child; }, 5ms);
-    if (!ended) {
-      ::kill(child, SIGKILL);
-      ::waitpid(child, &status, 0);
-    }
-    REQUIRE_MESSAGE(ended, "the forked process did not end within 120 s");
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
+    check_exits_with_zero(child);
     const auto left = files_of(child);
     for (const auto& name : left) fs::remove(fs::path("/dev/shm") / name);
     CHECK_MESSAGE(left.empty(), fmt::format("left in /dev/shm: {}", fmt::join(left, ", ")));

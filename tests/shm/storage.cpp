@@ -9,6 +9,7 @@
 #include "support/carve_probe.hpp"
 #include "support/harness.hpp"
 #include "support/join_by.hpp"
+#include "support/process_probe.hpp"
 
 #include <doctest/doctest.h>
 
@@ -1014,12 +1015,8 @@ TEST_SUITE("storage") {
   // room in memory, with the memory available (plenty) beside it.
   TEST_CASE("a segment that the address space limit refuses says so") {
     const int code = test::exit_code_in_child([] {
-      std::ifstream status("/proc/self/status");
-      std::string line;
-      std::size_t kib = 0;
-      while (std::getline(status, line)) {
-        if (line.starts_with("VmSize:")) kib = std::stoul(line.substr(7));
-      }
+      const auto size = test::status_field(::getpid(), "VmSize");
+      const std::size_t kib = size ? std::stoul(*size) : 0;
       const rlimit limit{(kib << 10) + (std::size_t{64} << 20), RLIM_INFINITY};
       if (kib == 0 || ::setrlimit(RLIMIT_AS, &limit) != 0) return 77;
       try {

@@ -41,17 +41,26 @@ inline char state_of(pid_t pid) {
   return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '\0';
 }
 
+/// The field `name` of `pid` in /proc/<pid>/status ("VmSize", "SigBlk"):
+/// the text after its colon; nullopt when the process is gone or has no
+/// such field.
+inline std::optional<std::string> status_field(pid_t pid, std::string_view name) {
+  std::istringstream status(read_file("/proc/" + std::to_string(pid) + "/status"));
+  for (std::string line; std::getline(status, line);) {
+    if (line.size() > name.size() && line.starts_with(name) && line[name.size()] == ':') {
+      return line.substr(name.size() + 1);
+    }
+  }
+  return std::nullopt;
+}
+
 /// The signal mask `name` ("SigBlk", "SigPnd", "ShdPnd", "SigIgn",
 /// "SigCgt") of `pid` in /proc/<pid>/status, bit sig - 1 for signal sig;
 /// nullopt when it is gone.
 inline std::optional<std::uint64_t> signal_mask(pid_t pid, std::string_view name) {
-  std::istringstream status(read_file("/proc/" + std::to_string(pid) + "/status"));
-  for (std::string line; std::getline(status, line);) {
-    if (line.size() > name.size() && line.starts_with(name) && line[name.size()] == ':') {
-      return std::stoull(line.substr(name.size() + 1), nullptr, 16);
-    }
-  }
-  return std::nullopt;
+  const auto mask = status_field(pid, name);
+  if (!mask) return std::nullopt;
+  return std::stoull(*mask, nullptr, 16);
 }
 
 /// The command line of `pid` (/proc/<pid>/cmdline), its arguments
